@@ -1,0 +1,27 @@
+# Two entry points for a fresh machine: `make demo` and `make test`.
+# Both create .venv when missing and install the package with its dev extras; torch is pinned by
+# constraints.txt so that CPU machines take the local CPU wheel instead of the CUDA build.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test install clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt torch==2.13.0
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python recipes/demo.py
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+clean:
+	rm -rf $(VENV) outputs multirun lightning_logs

@@ -1,0 +1,290 @@
+"""Cluster: devices, machines, and N x N bandwidth (bytes/s) and latency (s) matrices.
+
+Built from a :class:`~lightning_hexiscale.config.ClusterConfig` (a YAML preset under conf/cluster/,
+a user file, or the profiler's output). Device ids are 0..N-1 in the order the machines are
+declared. Links: GPUs of one machine use that machine's intra link; GPUs of different machines use
+``inter_machine`` unless ``machine_links`` overrides the pair; a ``matrix_file`` (profiled cluster)
+overrides everything with measured matrices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+from omegaconf import DictConfig, OmegaConf
+
+from lightning_hexiscale import catalog
+from lightning_hexiscale.errors import ConfigError
+from lightning_hexiscale.units import format_bandwidth, format_bytes, parse_bandwidth, parse_bytes, parse_flops, parse_time
+
+
+@dataclass(frozen=True)
+class Device:
+    """One GPU (or emulated CPU device)."""
+
+    id: int
+    machine: int
+    """Index of its machine in ``Cluster.machines``."""
+    gpu_type: str
+    peak_flops: float
+    """Peak dense 16-bit FLOP/s."""
+    flops: float
+    """Sustained FLOP/s the cost model uses (peak * efficiency)."""
+    memory_bytes: float
+    hopper: bool = False
+
+
+@dataclass(frozen=True)
+class Machine:
+    name: str
+    gpu_type: str
+    devices: tuple[int, ...]
+    hostname: str | None = None
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Appendix B overlap slowdowns theta (1.0 = perfect overlap, as in the paper's defaults)."""
+
+    theta_ddp: float = 1.0
+    theta_zero2: float = 1.0
+    theta_zero3_fwd: float = 1.0
+    theta_zero3_bwd: float = 1.0
+
+
+class Cluster:
+    """Devices plus pairwise links. ``bandwidth[i, j]`` in bytes/s (inf on the diagonal),
+    ``latency[i, j]`` in seconds (0 on the diagonal); both symmetric."""
+
+    def __init__(self, name: str, devices: list[Device], machines: list[Machine], bandwidth: np.ndarray,
+                 latency: np.ndarray, calibration: Calibration = Calibration(), description: str = ""):
+        n = len(devices)
+        if n == 0:
+            raise ConfigError("cluster.machines", [], "a cluster needs at least one device", "declare a machine")
+        for key, m in (("bandwidth", bandwidth), ("latency", latency)):
+            if m.shape != (n, n):
+                raise ConfigError(f"cluster.{key}", f"shape {m.shape}", f"must be {n} x {n} (one row per device)",
+                                  "give one row and one column per device")
+        self.name = name
+        self.description = description
+        self.devices = tuple(devices)
+        self.machines = tuple(machines)
+        self.bandwidth = bandwidth.astype(float)
+        self.latency = latency.astype(float)
+        np.fill_diagonal(self.bandwidth, np.inf)
+        np.fill_diagonal(self.latency, 0.0)
+        self.bandwidth.setflags(write=False)
+        self.latency.setflags(write=False)
+        self.calibration = calibration
+
+    # ---- views ---------------------------------------------------------------------------
+    @property
+    def num_devices(self) -> int:
+        return len(self.devices)
+
+    @property
+    def flops(self) -> np.ndarray:
+        """Sustained FLOP/s per device."""
+        return np.array([d.flops for d in self.devices])
+
+    @property
+    def memory(self) -> np.ndarray:
+        """Memory in bytes per device."""
+        return np.array([d.memory_bytes for d in self.devices])
+
+    @property
+    def total_memory(self) -> float:
+        return float(self.memory.sum())
+
+    def graph(self, devices: list[int] | None = None):
+        """networkx view: vertices = devices (attrs flops, memory, gpu_type, machine), edges weighted
+        by bandwidth (bytes/s) between every pair of the given devices (all by default)."""
+        import networkx as nx
+
+        ids = list(range(self.num_devices)) if devices is None else list(devices)
+        g = nx.Graph()
+        for i in ids:
+            d = self.devices[i]
+            g.add_node(i, flops=d.flops, memory=d.memory_bytes, gpu_type=d.gpu_type, machine=d.machine)
+        for a_i, a in enumerate(ids):
+            for b in ids[a_i + 1:]:
+                g.add_edge(a, b, bandwidth=float(self.bandwidth[a, b]), latency=float(self.latency[a, b]))
+        return g
+
+    def subset(self, devices: list[int]) -> Cluster:
+        """A cluster of the given devices, renumbered 0..k-1 in the given order."""
+        idx = np.array(devices)
+        remap = {old: new for new, old in enumerate(devices)}
+        devs = [replace(self.devices[o], id=remap[o]) for o in devices]
+        machines = [Machine(m.name, m.gpu_type, tuple(remap[d] for d in m.devices if d in remap), m.hostname)
+                     for m in self.machines if any(d in remap for d in m.devices)]
+        mid = {m.name: i for i, m in enumerate(machines)}
+        devs = [replace(d, machine=mid[self.machines[self.devices[o].machine].name]) for d, o in zip(devs, devices)]
+        return Cluster(f"{self.name}[{len(devices)}]", devs, machines, self.bandwidth[np.ix_(idx, idx)].copy(),
+                       self.latency[np.ix_(idx, idx)].copy(), self.calibration, self.description)
+
+    def replicate(self, k: int, inter_bandwidth: float | None = None, inter_latency: float | None = None) -> Cluster:
+        """k copies of this cluster joined by ``inter_bandwidth`` (default: this cluster's slowest link)."""
+        n = self.num_devices
+        bw_inter = inter_bandwidth if inter_bandwidth is not None else float(self.bandwidth[np.isfinite(self.bandwidth)].min() if n > 1 else 1e9)
+        lat_inter = inter_latency if inter_latency is not None else float(self.latency.max())
+        bw = np.full((n * k, n * k), bw_inter)
+        lat = np.full((n * k, n * k), lat_inter)
+        devices, machines = [], []
+        for c in range(k):
+            sl = slice(c * n, (c + 1) * n)
+            bw[sl, sl] = self.bandwidth
+            lat[sl, sl] = self.latency
+            for m in self.machines:
+                machines.append(Machine(f"{m.name}#{c}", m.gpu_type, tuple(d + c * n for d in m.devices), None))
+            devices += [replace(d, id=d.id + c * n, machine=d.machine + c * len(self.machines)) for d in self.devices]
+        return Cluster(f"{self.name}x{k}", devices, machines, bw, lat, self.calibration, self.description)
+
+    def summary(self) -> str:
+        """One line per machine: name, GPUs, memory, intra link; then the inter-machine links."""
+        lines = [f"cluster {self.name}: {self.num_devices} devices on {len(self.machines)} machines, "
+                 f"{self.flops.sum() / 1e15:.2f} PFLOPS peak, {format_bytes(self.total_memory)} memory"]
+        for m in self.machines:
+            d0 = m.devices[0]
+            intra = format_bandwidth(self.bandwidth[d0, m.devices[1]]) if len(m.devices) > 1 else "-"
+            lines.append(f"  {m.name}: {len(m.devices)}x{m.gpu_type} "
+                         f"({format_bytes(self.devices[d0].memory_bytes)} each), intra {intra}, "
+                         f"devices {m.devices[0]}-{m.devices[-1]}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"Cluster({self.name!r}, {self.num_devices} devices, {len(self.machines)} machines)"
+
+    # ---- construction --------------------------------------------------------------------
+    @classmethod
+    def from_config(cls, cfg: Any) -> Cluster:
+        """Build from a ClusterConfig (DictConfig or plain dict with the same keys)."""
+        if isinstance(cfg, dict):
+            from lightning_hexiscale.config import ClusterConfig
+
+            try:
+                cfg = OmegaConf.merge(OmegaConf.structured(ClusterConfig), cfg)
+            except Exception as e:
+                raise ConfigError("cluster", "<dict>", str(e).splitlines()[0], "fix the cluster description") from None
+        c = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
+        name = c["name"]
+        extra = {}
+        for tname, t in (c.get("gpu_types") or {}).items():
+            extra[tname] = catalog.GpuType(
+                tname, parse_flops(t["flops"], f"cluster.gpu_types.{tname}.flops"),
+                parse_bytes(t["memory"], f"cluster.gpu_types.{tname}.memory"),
+                _pos_float(t.get("efficiency", 1.0), f"cluster.gpu_types.{tname}.efficiency"), bool(t.get("hopper", False)))
+        machines_cfg = c.get("machines") or []
+        if not machines_cfg:
+            raise ConfigError("cluster.machines", machines_cfg, "a cluster needs at least one machine",
+                              "add e.g. {gpu: A800, count: 8, intra_bandwidth: \"200 GB/s\"}")
+        devices: list[Device] = []
+        machines: list[Machine] = []
+        intra_bw: list[float] = []
+        intra_lat: list[float] = []
+        for mi, m in enumerate(machines_cfg):
+            key = f"cluster.machines[{mi}]"
+            gt = catalog.lookup(m["gpu"], extra)
+            if gt is None:
+                raise ConfigError(f"{key}.gpu", m["gpu"], "unknown GPU type",
+                                  f"use one of {', '.join(catalog.known_names(extra))} or define it under gpu_types")
+            for field_ in ("count", "repeat"):
+                if not isinstance(m.get(field_, 1), int) or m.get(field_, 1) < 1:
+                    raise ConfigError(f"{key}.{field_}", m.get(field_), "must be a positive integer", "fix the count")
+            bw = parse_bandwidth(m["intra_bandwidth"], f"{key}.intra_bandwidth")
+            lat = parse_time(m.get("intra_latency", "5us"), f"{key}.intra_latency")
+            for r in range(m.get("repeat", 1)):
+                label = m.get("name") or f"{gt.name}-{mi}"
+                if m.get("repeat", 1) > 1:
+                    label = f"{label}.{r}"
+                ids = tuple(range(len(devices), len(devices) + m["count"]))
+                machines.append(Machine(label, gt.name, ids, m.get("hostname")))
+                for i in ids:
+                    devices.append(Device(i, len(machines) - 1, gt.name, gt.peak_flops, gt.flops, gt.memory_bytes, gt.hopper))
+                intra_bw.append(bw)
+                intra_lat.append(lat)
+        n = len(devices)
+        inter = c.get("inter_machine") or {}
+        bw = np.full((n, n), parse_bandwidth(inter.get("bandwidth"), "cluster.inter_machine.bandwidth"))
+        lat = np.full((n, n), parse_time(inter.get("latency", "10us"), "cluster.inter_machine.latency"))
+        by_name = {}
+        for m in machines:
+            by_name.setdefault(m.name, m)
+        for mi, m in enumerate(machines):
+            ix = np.ix_(m.devices, m.devices)
+            bw[ix], lat[ix] = intra_bw[mi], intra_lat[mi]
+        for li, link in enumerate(c.get("machine_links") or []):
+            key = f"cluster.machine_links[{li}]"
+            names = link["machines"]
+            if len(names) != 2 or any(x not in by_name for x in names):
+                raise ConfigError(f"{key}.machines", names, "must name two declared machines",
+                                  f"use names from: {', '.join(by_name)}")
+            a, b = by_name[names[0]].devices, by_name[names[1]].devices
+            lb = parse_bandwidth(link["bandwidth"], f"{key}.bandwidth")
+            ll = parse_time(link.get("latency", "10us"), f"{key}.latency")
+            bw[np.ix_(a, b)] = bw[np.ix_(b, a)] = lb
+            lat[np.ix_(a, b)] = lat[np.ix_(b, a)] = ll
+        if c.get("matrix_file"):
+            bw, lat = _load_matrices(c["matrix_file"], n)
+        cal = Calibration(**{k: _pos_float(v, f"cluster.calibration.{k}") for k, v in (c.get("calibration") or {}).items()})
+        return cls(name, devices, machines, bw, lat, cal, c.get("description", ""))
+
+    @classmethod
+    def load(cls, name_or_path: str) -> Cluster:
+        """A preset name (conf/cluster/NAME.yaml) or a path to a cluster YAML."""
+        from lightning_hexiscale.config import ClusterConfig, conf_dir, load_yaml_node, preset_names
+
+        p = Path(name_or_path)
+        if not p.is_file():
+            p = conf_dir() / "cluster" / f"{name_or_path}.yaml"
+            if not p.is_file():
+                raise ConfigError("cluster", name_or_path, "no such preset or file",
+                                  f"use a path or one of: {', '.join(preset_names('cluster'))}")
+        return cls.from_config(load_yaml_node(p, ClusterConfig, "cluster"))
+
+
+def _pos_float(v: Any, key: str) -> float:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise ConfigError(key, v, "must be a number", "write e.g. 1.0") from None
+    if not f > 0:
+        raise ConfigError(key, v, "must be greater than zero", "use a positive value")
+    return f
+
+
+def _load_matrices(path: str, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Read ``bandwidth_Bps`` and ``latency_s`` matrices (YAML/JSON); check shape, sign, symmetry."""
+    from lightning_hexiscale.config import conf_dir
+
+    p = Path(path)
+    if not p.is_file() and (conf_dir() / path).is_file():
+        p = conf_dir() / path
+    if not p.is_file():
+        raise ConfigError("cluster.matrix_file", path, "file not found", "give a path relative to the working directory or conf/")
+    data = yaml.safe_load(p.read_text()) or {}
+    out = []
+    for key in ("bandwidth_Bps", "latency_s"):
+        if key not in data:
+            raise ConfigError(f"cluster.matrix_file:{key}", None, "missing matrix", f"add {key}: an {n} x {n} list of lists")
+        m = np.asarray(data[key], dtype=float)
+        if m.shape != (n, n):
+            raise ConfigError(f"cluster.matrix_file:{key}", f"shape {m.shape}",
+                              f"must be {n} x {n}: the machines declare {n} devices", "regenerate the matrix or fix the machines")
+        off = ~np.eye(n, dtype=bool)
+        if key == "bandwidth_Bps" and not (m[off] > 0).all():
+            i, j = np.argwhere(~(m > 0) & off)[0]
+            raise ConfigError(f"cluster.matrix_file:{key}[{i}][{j}]", m[i, j], "bandwidth must be > 0", "fix the measurement")
+        if key == "latency_s" and not (m[off] >= 0).all():
+            i, j = np.argwhere(~(m >= 0) & off)[0]
+            raise ConfigError(f"cluster.matrix_file:{key}[{i}][{j}]", m[i, j], "latency must be >= 0", "fix the measurement")
+        if not np.allclose(m[off], m.T[off], rtol=1e-6):
+            i, j = np.argwhere(~np.isclose(m, m.T, rtol=1e-6) & off)[0]
+            raise ConfigError(f"cluster.matrix_file:{key}[{i}][{j}]", m[i, j],
+                              f"matrix must be symmetric but [{j}][{i}] = {m[j, i]}", "average the two directions")
+        out.append(m)
+    return out[0], out[1]

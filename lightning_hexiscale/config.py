@@ -1,0 +1,251 @@
+"""Hydra structured configs: the typed schemas every YAML under conf/ extends, and composition.
+
+Schemas are registered in Hydra's ConfigStore as ``<group>/base_<group>`` so a preset reads
+``defaults: [base_cluster, _self_]`` and a misspelt key fails with "Key 'bandwith' not in ...".
+Quantities with units stay strings here ("200 GB/s"); :mod:`lightning_hexiscale.cluster` parses them.
+Nothing below the entry points reads argv: the CLI and recipes compose a config and pass it down.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from lightning_hexiscale.errors import ConfigError
+
+
+@dataclass
+class GpuTypeConfig:
+    """A user-defined GPU type (adds to or overrides the built-in catalog)."""
+
+    flops: str = MISSING
+    """Peak dense 16-bit tensor throughput, e.g. "312 TFLOPS"."""
+    memory: str = MISSING
+    """Device memory, e.g. "80 GiB"."""
+    efficiency: float = 1.0
+    """Sustained fraction of peak the cost model assumes."""
+    hopper: bool = False
+
+
+@dataclass
+class LinkConfig:
+    """A network link class: bandwidth and latency (alpha-beta model)."""
+
+    bandwidth: str = MISSING
+    """e.g. "1 GB/s", "5.6 Gbps" (bits), "200 GB/s"."""
+    latency: str = "10us"
+    """One-message latency alpha, e.g. "10us"."""
+
+
+@dataclass
+class MachineConfig:
+    """A machine (host) with ``count`` identical GPUs; ``repeat`` declares several identical machines."""
+
+    gpu: str = MISSING
+    """GPU type: a catalog name (A800, RTX4090, ...) or a key of ``gpu_types``."""
+    count: int = MISSING
+    """GPUs in this machine."""
+    intra_bandwidth: str = MISSING
+    """Bandwidth between two GPUs of this machine, e.g. "200 GB/s" (NVLink) or "32 GB/s" (PCIe)."""
+    intra_latency: str = "5us"
+    name: str = ""
+    """Label used in tables (defaults to gpu type and index)."""
+    repeat: int = 1
+    """Number of identical machines this entry stands for."""
+    hostname: Optional[str] = None
+    """Host name (set by the profiler; used to map ranks to machines)."""
+
+
+@dataclass
+class MachineLinkConfig:
+    """Override of the inter-machine link between two named machines (e.g. an RDMA pair)."""
+
+    machines: List[str] = MISSING
+    bandwidth: str = MISSING
+    latency: str = "10us"
+
+
+@dataclass
+class CalibrationConfig:
+    """Cost-model constants (Appendix B theta overlap slowdowns); 1.0 = no slowdown. Fitted by the profiler."""
+
+    theta_ddp: float = 1.0
+    theta_zero2: float = 1.0
+    theta_zero3_fwd: float = 1.0
+    theta_zero3_bwd: float = 1.0
+
+
+@dataclass
+class ClusterConfig:
+    """A cluster: machines, links, optional measured matrices."""
+
+    name: str = MISSING
+    description: str = ""
+    machines: List[MachineConfig] = MISSING
+    inter_machine: LinkConfig = field(default_factory=lambda: LinkConfig(bandwidth="1 GB/s"))
+    """Default link between GPUs of different machines."""
+    machine_links: List[MachineLinkConfig] = field(default_factory=list)
+    gpu_types: Dict[str, GpuTypeConfig] = field(default_factory=dict)
+    matrix_file: Optional[str] = None
+    """YAML/JSON with ``bandwidth_Bps`` and ``latency_s`` N x N matrices that override the links
+    (profiled clusters). Relative paths are resolved against the working directory, then conf/."""
+    calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
+
+
+@dataclass
+class ModelConfig:
+    """A LLaMA shape (see :class:`lightning_hexiscale.models.config.LlamaConfig`)."""
+
+    name: str = MISSING
+    hidden_size: int = MISSING
+    num_layers: int = MISSING
+    num_heads: int = MISSING
+    num_kv_heads: int = MISSING
+    ffn_hidden_size: int = MISSING
+    vocab_size: int = MISSING
+    seq_len: int = MISSING
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+
+
+@dataclass
+class TrainConfig:
+    """Training workload settings shared by the planner, the estimate and the recipes."""
+
+    global_batch: int = 32
+    """Sequences per optimizer step, summed over pipelines."""
+    micro_batch_size: Optional[int] = None
+    """Sequences per micro-batch; None lets the planner choose."""
+    schedule: str = "1f1b"
+    """gpipe or 1f1b."""
+    recompute: bool = True
+    """Activation recomputation per layer."""
+    dp_sharding: str = "ddp"
+    """ddp, zero2 or zero3 across pipelines."""
+    dtype: str = "bf16"
+    """Training precision of parameters/activations: bf16, fp16 or fp32."""
+
+
+@dataclass
+class PlannerConfig:
+    """Search settings (§4)."""
+
+    iterations: int = 50
+    seed: int = 0
+    tau: int = 2
+    """Top-tau greedy stage-order search width."""
+    balance: float = 1.2
+    """Max (heaviest part compute) / (mean part compute) in the phase-1 partition."""
+    max_pipelines: Optional[int] = None
+    progress: bool = True
+
+
+@dataclass
+class HexiScaleConfig:
+    """The root config composed by the CLI and recipes."""
+
+    cluster: ClusterConfig = MISSING
+    model: ModelConfig = MISSING
+    train: TrainConfig = field(default_factory=TrainConfig)
+    planner: PlannerConfig = field(default_factory=PlannerConfig)
+
+
+def register_configs() -> None:
+    """Register the schemas in Hydra's ConfigStore (idempotent)."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=HexiScaleConfig)
+    cs.store(group="cluster", name="base_cluster", node=ClusterConfig)
+    cs.store(group="model", name="base_model", node=ModelConfig)
+    cs.store(group="train", name="base_train", node=TrainConfig)
+    cs.store(group="planner", name="base_planner", node=PlannerConfig)
+
+
+def conf_dir() -> Path:
+    """The conf/ directory: $HEXISCALE_CONF_DIR, else conf/ next to the package (source checkout)."""
+    env = os.environ.get("HEXISCALE_CONF_DIR")
+    if env:
+        return Path(env).resolve()
+    return Path(__file__).resolve().parent.parent / "conf"
+
+
+def preset_names(group: str) -> list[str]:
+    """Names of the YAML presets in conf/<group>/."""
+    return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
+
+
+def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "config") -> DictConfig:
+    """Compose conf/<config_name>.yaml with Hydra-style overrides (``cluster=hetero3 train.global_batch=64``).
+
+    ``cluster=path/to/file.yaml`` (an existing file) loads that file as the cluster instead of a
+    preset, checked against the same schema. Errors come back as :class:`ConfigError`.
+    """
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_configs()
+    files: dict[str, str] = {}
+    rest: list[str] = []
+    for o in overrides:
+        key, _, value = o.partition("=")
+        if key in ("cluster", "model") and value.endswith((".yaml", ".yml")) and Path(value).is_file():
+            files[key] = value
+        else:
+            rest.append(o)
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            cfg = hydra_compose(config_name=config_name, overrides=rest)
+    except Exception as e:  # Hydra wraps every composition error; keep its message, drop the traceback
+        raise _compose_error(e, rest) from None
+    finally:
+        GlobalHydra.instance().clear()
+    for key, path in files.items():
+        schema = ClusterConfig if key == "cluster" else ModelConfig
+        node = load_yaml_node(path, schema, key)
+        OmegaConf.set_struct(cfg, False)
+        cfg[key] = node
+        OmegaConf.set_struct(cfg, True)
+    return cfg
+
+
+def load_yaml_node(path: str | Path, schema: type, key: str) -> DictConfig:
+    """Load one YAML file and check it against ``schema`` (unknown keys and wrong types fail)."""
+    try:
+        raw = OmegaConf.load(path)
+    except Exception as e:
+        raise ConfigError(key, str(path), f"cannot read YAML ({e})", "fix the file") from None
+    if isinstance(raw, DictConfig) and "defaults" in raw:
+        raw = OmegaConf.masked_copy(raw, [k for k in raw if k != "defaults"])
+    try:
+        return OmegaConf.merge(OmegaConf.structured(schema), raw)
+    except Exception as e:
+        raise ConfigError(key, str(path), _clean(str(e)), "see conf/ for the schema of this file") from None
+
+
+def _compose_error(e: Exception, overrides: list[str]) -> ConfigError:
+    msg = _clean(str(e))
+    cause = e.__cause__ or e.__context__
+    if cause is not None and str(cause) and str(cause) not in msg:
+        msg += ": " + _clean(str(cause))
+    for group in ("cluster", "model", "train", "planner"):
+        if f"'{group}/" in msg or f"group {group}" in msg or f"{group}=" in msg:
+            fix = f"available {group} presets: {', '.join(preset_names(group))}"
+            return ConfigError(group, next((o for o in overrides if o.startswith(group + "=")), group), msg, fix)
+    return ConfigError("overrides", " ".join(overrides), msg, "check key names against conf/ and the schemas in lightning_hexiscale/config.py")
+
+
+def _clean(msg: str) -> str:
+    """First meaningful lines of an OmegaConf/Hydra message, without the full_key/object_type footer."""
+    keep = [ln.strip() for ln in msg.splitlines() if ln.strip() and not ln.strip().startswith(("full_key", "object_type", "reference_type"))]
+    return " ".join(keep[:3])
+
+
+def to_container(cfg: Any) -> Any:
+    return OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg

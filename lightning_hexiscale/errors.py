@@ -1,0 +1,34 @@
+"""Typed errors. Every message names the config key, the bad value, the rule and the fix.
+
+The CLI and recipes catch :class:`HexiScaleError` and print its message without a traceback;
+the Python API lets it propagate so callers can catch it by type.
+"""
+
+from __future__ import annotations
+
+
+class HexiScaleError(Exception):
+    """Base class for every error this package raises on bad input."""
+
+
+class ConfigError(HexiScaleError, ValueError):
+    """A configuration value breaks a rule.
+
+    Built from its parts so that every message has the same shape:
+    ``<key> = <value>: <rule>. Fix: <fix>``.
+    """
+
+    def __init__(self, key: str, value: object, rule: str, fix: str | None = None):
+        self.key, self.value, self.rule, self.fix = key, value, rule, fix
+        msg = f"{key} = {value!r}: {rule}"
+        if fix:
+            msg += f". Fix: {fix}"
+        super().__init__(msg)
+
+
+class PlanError(ConfigError):
+    """A plan is inconsistent with itself, the cluster or the model."""
+
+
+class InfeasiblePlan(HexiScaleError):
+    """No plan fits: the message says what is missing (e.g. memory needed vs available)."""

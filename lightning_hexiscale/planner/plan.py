@@ -1,0 +1,301 @@
+"""The Plan: a frozen, typed description of an asymmetric parallel execution.
+
+Plan -> pipelines (data-parallel replicas, each with its own batch and micro-batch size)
+     -> stages (a TP group of devices and a contiguous range of layers).
+
+Conventions the runtime relies on:
+- ``Stage.devices[0]`` is the stage leader (it sends/receives activations between stages).
+- The TP degree of a stage is ``len(Stage.devices)``.
+- Layers are [start, end) half-open ranges; the first stage of every pipeline also holds the token
+  embedding, the last stage the final norm and the LM head.
+- Rank mapping: global rank r runs the r-th device of ``Plan.device_order`` (all used device ids,
+  sorted ascending), so a plan over devices {0..N-1} maps rank r to device r.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from lightning_hexiscale.errors import PlanError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from lightning_hexiscale.cluster import Cluster
+    from lightning_hexiscale.models.config import LlamaConfig
+
+SCHEDULES = ("gpipe", "1f1b")
+DP_SHARDINGS = ("ddp", "zero2", "zero3")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One pipeline stage: a tensor-parallel group running a contiguous range of layers."""
+
+    devices: tuple[int, ...]
+    """Cluster device ids of the TP group; ``devices[0]`` is the stage leader."""
+    layers: tuple[int, int]
+    """Half-open range [start, end) of transformer layers run by this stage."""
+
+    @property
+    def tp(self) -> int:
+        """Derived: tensor-parallel degree = number of devices."""
+        return len(self.devices)
+
+    @property
+    def num_layers(self) -> int:
+        """Derived: end - start."""
+        return self.layers[1] - self.layers[0]
+
+    @property
+    def leader(self) -> int:
+        """Derived: ``devices[0]``."""
+        return self.devices[0]
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """One data-parallel replica: its own batch, micro-batch and stages."""
+
+    batch_size: int
+    """Sequences this pipeline processes per optimizer step (its share of the global batch)."""
+    micro_batch_size: int
+    """Sequences per micro-batch; divides ``batch_size``."""
+    stages: tuple[Stage, ...]
+    """Stages in execution order."""
+
+    @property
+    def num_micro_batches(self) -> int:
+        """Derived: batch_size // micro_batch_size."""
+        return self.batch_size // self.micro_batch_size
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        """Derived: every device of every stage, in stage order."""
+        return tuple(d for s in self.stages for d in s.devices)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A complete asymmetric execution plan. Pure data; see :meth:`validate` for the rules."""
+
+    pipelines: tuple[Pipeline, ...]
+    """The data-parallel replicas."""
+    num_layers: int
+    """Transformer layers of the model the plan was made for."""
+    schedule: str = "1f1b"
+    """Pipeline schedule: ``gpipe`` or ``1f1b``."""
+    recompute: bool = True
+    """Activation recomputation per layer."""
+    dp_sharding: str = "ddp"
+    """Data-parallel sharding across pipelines: ``ddp``, ``zero2`` or ``zero3``."""
+    meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    """Free-form provenance (model, cluster, planner, source); not used by the runtime."""
+
+    # ---- derived -------------------------------------------------------------------------
+    @property
+    def global_batch(self) -> int:
+        """Derived: sum of pipeline batch sizes."""
+        return sum(p.batch_size for p in self.pipelines)
+
+    @property
+    def device_order(self) -> tuple[int, ...]:
+        """Derived: all device ids used, sorted; global rank r runs ``device_order[r]``."""
+        return tuple(sorted(d for p in self.pipelines for d in p.devices))
+
+    @property
+    def world_size(self) -> int:
+        """Derived: number of devices (= processes) the plan needs."""
+        return len(self.device_order)
+
+    @property
+    def num_pipelines(self) -> int:
+        return len(self.pipelines)
+
+    def rank_of(self, device: int) -> int:
+        """Global rank that runs ``device``."""
+        return self.device_order.index(device)
+
+    # ---- validation ----------------------------------------------------------------------
+    def validate(self, cluster: Cluster | None = None, model: LlamaConfig | None = None,
+                 global_batch: int | None = None) -> Plan:
+        """Check every rule; raise :class:`PlanError` naming the key, value, rule and fix.
+
+        Rules: at least one pipeline; each device used at most once; each pipeline covers layers
+        0..num_layers-1 once, in order; micro-batch divides batch; batches sum to ``global_batch``
+        (when given); devices exist in ``cluster`` (when given); TP degree fits the model's heads
+        (when ``model`` is given); ``num_layers`` matches the model. Returns ``self``.
+        """
+        if self.schedule not in SCHEDULES:
+            raise PlanError("plan.schedule", self.schedule, f"must be one of {SCHEDULES}", "pick one of them")
+        if self.dp_sharding not in DP_SHARDINGS:
+            raise PlanError("plan.dp_sharding", self.dp_sharding, f"must be one of {DP_SHARDINGS}", "pick one of them")
+        if not self.pipelines:
+            raise PlanError("plan.pipelines", [], "a plan needs at least one pipeline", "add a pipeline")
+        if model is not None and self.num_layers != model.num_layers:
+            raise PlanError("plan.num_layers", self.num_layers,
+                            f"the model {model.name} has {model.num_layers} layers",
+                            "plan for the same model, or choose the model the plan was made for")
+        seen: dict[int, str] = {}
+        for i, pipe in enumerate(self.pipelines):
+            key = f"plan.pipelines[{i}]"
+            for name in ("batch_size", "micro_batch_size"):
+                v = getattr(pipe, name)
+                if not isinstance(v, int) or v < 1:
+                    raise PlanError(f"{key}.{name}", v, "must be a positive integer", "fix the plan file")
+            if pipe.batch_size % pipe.micro_batch_size:
+                raise PlanError(f"{key}.micro_batch_size", pipe.micro_batch_size,
+                                f"must divide the pipeline's batch_size={pipe.batch_size}",
+                                "choose a micro-batch size that divides the batch")
+            if not pipe.stages:
+                raise PlanError(f"{key}.stages", [], "a pipeline needs at least one stage", "add a stage")
+            expect = 0
+            for j, st in enumerate(pipe.stages):
+                skey = f"{key}.stages[{j}]"
+                if not st.devices:
+                    raise PlanError(f"{skey}.devices", [], "a stage needs at least one device", "list its devices")
+                for d in st.devices:
+                    if not isinstance(d, int) or d < 0:
+                        raise PlanError(f"{skey}.devices", list(st.devices), "device ids are integers >= 0",
+                                        "use the ids of the cluster's devices")
+                    if d in seen:
+                        raise PlanError(f"{skey}.devices", list(st.devices),
+                                        f"device {d} is already used by {seen[d]}; each device runs at most one stage",
+                                        "use every device once")
+                    seen[d] = skey
+                    if cluster is not None and d >= cluster.num_devices:
+                        raise PlanError(f"{skey}.devices", list(st.devices),
+                                        f"device {d} does not exist: cluster {cluster.name} has devices "
+                                        f"0..{cluster.num_devices - 1}", "use ids from the cluster")
+                start, end = st.layers
+                if start != expect or end <= start:
+                    raise PlanError(f"{skey}.layers", list(st.layers),
+                                    f"stage layers must be non-empty and continue at layer {expect} "
+                                    f"(each pipeline covers layers 0..{self.num_layers - 1} once, in order)",
+                                    f"start this stage at {expect}")
+                expect = end
+                if model is not None:
+                    model.check_tp(st.tp, key=f"{skey}.devices (TP degree)")
+            if expect != self.num_layers:
+                raise PlanError(f"{key}.stages", f"layers 0-{expect - 1}",
+                                f"pipeline {i} covers layers 0-{expect - 1} of {self.num_layers}; "
+                                "every pipeline must run every layer",
+                                f"extend its last stage to layer {self.num_layers}")
+        if global_batch is not None and self.global_batch != global_batch:
+            raise PlanError("train.global_batch", global_batch,
+                            f"the plan's pipeline batches {[p.batch_size for p in self.pipelines]} sum to "
+                            f"{self.global_batch}", f"set train.global_batch={self.global_batch} or re-plan")
+        return self
+
+    # ---- serialisation -------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (the plan file format); inverse of :meth:`from_dict`."""
+        return {
+            "num_layers": self.num_layers,
+            "schedule": self.schedule,
+            "recompute": self.recompute,
+            "dp_sharding": self.dp_sharding,
+            "pipelines": [
+                {
+                    "batch_size": p.batch_size,
+                    "micro_batch_size": p.micro_batch_size,
+                    "stages": [{"devices": list(s.devices), "layers": list(s.layers)} for s in p.stages],
+                }
+                for p in self.pipelines
+            ],
+            "meta": dict(self.meta),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "plan") -> Plan:
+        """Build from the plan-file dict; unknown or missing keys raise :class:`PlanError`."""
+        _keys(data, {"num_layers", "pipelines"}, {"schedule", "recompute", "dp_sharding", "meta"}, source)
+        pipes = []
+        for i, p in enumerate(data["pipelines"] or []):
+            pkey = f"{source}.pipelines[{i}]"
+            _keys(p, {"batch_size", "micro_batch_size", "stages"}, set(), pkey)
+            stages = []
+            for j, s in enumerate(p["stages"] or []):
+                skey = f"{pkey}.stages[{j}]"
+                _keys(s, {"devices", "layers"}, set(), skey)
+                layers = s["layers"]
+                if not isinstance(layers, (list, tuple)) or len(layers) != 2:
+                    raise PlanError(f"{skey}.layers", layers, "must be [start, end) with two integers",
+                                    "write e.g. layers: [0, 20]")
+                stages.append(Stage(devices=tuple(s["devices"]), layers=(int(layers[0]), int(layers[1]))))
+            pipes.append(Pipeline(batch_size=p["batch_size"], micro_batch_size=p["micro_batch_size"],
+                                  stages=tuple(stages)))
+        return cls(pipelines=tuple(pipes), num_layers=data["num_layers"],
+                   schedule=data.get("schedule", "1f1b"), recompute=bool(data.get("recompute", True)),
+                   dp_sharding=data.get("dp_sharding", "ddp"), meta=dict(data.get("meta") or {}))
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def save(self, path: str | Path) -> None:
+        """Write YAML (or JSON for a .json path) atomically: temporary file, then rename."""
+        path = Path(path)
+        text = self.to_json() if path.suffix == ".json" else self.to_yaml()
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Plan:
+        """Read a plan file (YAML or JSON)."""
+        path = Path(path)
+        if not path.is_file():
+            raise PlanError("--plan", str(path), "no such plan file", "give the path of a plan YAML/JSON file")
+        try:
+            data = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as e:
+            raise PlanError("--plan", str(path), f"not valid YAML/JSON ({e})", "fix the file") from None
+        if not isinstance(data, dict):
+            raise PlanError("--plan", str(path), "a plan file holds a mapping", "see conf/plans/ for examples")
+        return cls.from_dict(data, source=path.name)
+
+    # ---- display -------------------------------------------------------------------------
+    def table(self, cluster: Cluster | None = None) -> str:
+        """A table like the paper's Tab. 7: pipeline, stage, GPUs, layers, TP (+ batch)."""
+        rows = [("pipeline", "batch/mb", "stage", "GPUs", "layers", "#", "TP")]
+        for i, p in enumerate(self.pipelines):
+            for j, s in enumerate(p.stages):
+                gpus = _describe_devices(s.devices, cluster)
+                rows.append((str(i) if j == 0 else "", f"{p.batch_size}/{p.micro_batch_size}" if j == 0 else "",
+                             str(j), gpus, f"{s.layers[0]}-{s.layers[1] - 1}", str(s.num_layers), str(s.tp)))
+        widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+        lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        head = (f"{self.num_pipelines} pipelines, {self.world_size} devices, global batch {self.global_batch}, "
+                f"schedule {self.schedule}, dp {self.dp_sharding}, recompute {'on' if self.recompute else 'off'}")
+        return head + "\n" + "\n".join(lines)
+
+
+def _describe_devices(devices: tuple[int, ...], cluster: Cluster | None) -> str:
+    ids = ",".join(str(d) for d in devices)
+    if cluster is None:
+        return f"[{ids}]"
+    types: dict[str, int] = {}
+    for d in devices:
+        if d < cluster.num_devices:
+            t = cluster.devices[d].gpu_type
+            types[t] = types.get(t, 0) + 1
+    return " + ".join(f"{n}x{t}" for t, n in types.items()) + f" [{ids}]"
+
+
+def _keys(data: Any, required: set[str], optional: set[str], where: str) -> None:
+    if not isinstance(data, dict):
+        raise PlanError(where, data, "expected a mapping", "see conf/plans/ for the plan file format")
+    unknown = set(data) - required - optional
+    if unknown:
+        raise PlanError(f"{where}.{sorted(unknown)[0]}", data[sorted(unknown)[0]],
+                        f"unknown key; allowed keys are {sorted(required | optional)}", "remove or rename it")
+    missing = required - set(data)
+    if missing:
+        raise PlanError(f"{where}.{sorted(missing)[0]}", None, "required key is missing", "add it")
