@@ -237,7 +237,9 @@ def _compose_error(e: Exception, overrides: list[str]) -> ConfigError:
     for group in ("cluster", "model", "train", "planner"):
         if f"'{group}/" in msg or f"group {group}" in msg or f"{group}=" in msg:
             fix = f"available {group} presets: {', '.join(preset_names(group))}"
-            return ConfigError(group, next((o for o in overrides if o.startswith(group + "=")), group), msg, fix)
+            value = next((o.split("=", 1)[1] for o in overrides if o.startswith(group + "=")), group)
+            msg = msg.split(" Available options")[0]
+            return ConfigError(group, value, msg, fix)
     return ConfigError("overrides", " ".join(overrides), msg, "check key names against conf/ and the schemas in lightning_hexiscale/config.py")
 
 

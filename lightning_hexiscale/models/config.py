@@ -168,3 +168,31 @@ class LlamaConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_config(cls, cfg) -> LlamaConfig:
+        """From a ModelConfig node (DictConfig) or a plain dict with the same keys."""
+        from omegaconf import DictConfig, OmegaConf
+
+        d = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+        allowed = set(cls.__dataclass_fields__)
+        unknown = sorted(set(d) - allowed)
+        if unknown:
+            raise ConfigError(f"model.{unknown[0]}", d[unknown[0]], f"unknown key; allowed: {sorted(allowed)}",
+                              "remove or rename it")
+        return cls(**d)
+
+    @classmethod
+    def load(cls, name_or_path: str) -> LlamaConfig:
+        """A preset name (conf/model/NAME.yaml) or a path to a model YAML."""
+        from pathlib import Path
+
+        from lightning_hexiscale.config import ModelConfig, conf_dir, load_yaml_node, preset_names
+
+        p = Path(name_or_path)
+        if not p.is_file():
+            p = conf_dir() / "model" / f"{name_or_path}.yaml"
+            if not p.is_file():
+                raise ConfigError("model", name_or_path, "no such preset or file",
+                                  f"use a path or one of: {', '.join(preset_names('model'))}")
+        return cls.from_config(load_yaml_node(p, ModelConfig, "model"))

@@ -1,0 +1,197 @@
+"""Appendix B of the HexiScale paper as named, pure cost terms.
+
+Notation (paper Tab. 1): a stage's device set d_ij with |d_ij| = t (its TP degree), per-pair latency
+alpha[d, d'] (s) and bandwidth beta[d, d'] (bytes/s), device compute c_d (FLOP/s), micro-batch
+B_mb, sequence length S, hidden size H, bytes per element B_type, n_mb micro-batches.
+All times are seconds for ONE micro-batch of ONE layer unless a docstring says otherwise.
+Composition into stage, pipeline and iteration times is in :mod:`lightning_hexiscale.planner.estimate`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+Group = Sequence[int]
+
+
+def comm_tp(group: Group, message_bytes: float, bandwidth: np.ndarray, latency: np.ndarray) -> float:
+    """Comm-TP-Fwd (= Comm-TP-Bwd) of one layer for one micro-batch, Appendix B eq. 1:
+
+        4 * max_{d in g} sum_{d' in g \\ {d}} ( alpha[d,d'] + M / (|g| * beta[d,d']) ),  M = B_mb*S*H*B_type
+
+    i.e. two ring all-reduces (after attention and after the MLP) of the activation M, each moving
+    2(t-1)/t * M per device. Zero for a single device.
+    """
+    t = len(group)
+    if t <= 1:
+        return 0.0
+    g = np.asarray(group)
+    lat = latency[np.ix_(g, g)]
+    bw = bandwidth[np.ix_(g, g)]
+    per_pair = lat + message_bytes / (t * bw)
+    np.fill_diagonal(per_pair, 0.0)
+    return float(4.0 * per_pair.sum(axis=1).max())
+
+
+def comp_layer_fwd(layer_fwd_flops: float, shard_fraction: float, flops: float) -> float:
+    """Comp-TP-Fwd, Appendix B eq. 2: FLOPs of the layer's forward on this rank / c_d.
+
+    With the paper's 12H^2-parameter layer, layer_fwd_flops = 24*B_mb*S*H^2*(1 + S/(6H)) and
+    shard_fraction = 1/|d|, giving 24*B_mb*S*H^2*(1+S/6H) / (c_d*|d|). ``flops`` is the slowest
+    device of the group (a TP group waits for its slowest member); ``shard_fraction`` is the
+    largest share of the layer on one rank (1/t for even splits).
+    """
+    return layer_fwd_flops * shard_fraction / flops
+
+
+def comp_layer_bwd(fwd_s: float) -> float:
+    """Comp-TP-Bwd = 2 x Comp-TP-Fwd (gradients w.r.t. inputs and weights), Appendix B eq. 2."""
+    return 2.0 * fwd_s
+
+
+def layer_time_fwd(comp_fwd_s: float, comm_tp_s: float) -> float:
+    """T_f = Comp-TP-Fwd + Comm-TP-Fwd (Appendix B eq. 3)."""
+    return comp_fwd_s + comm_tp_s
+
+
+def layer_time_bwd(comp_fwd_s: float, comm_tp_s: float, recompute: bool) -> float:
+    """T_b = Comp-TP-Bwd + Comm-TP-Bwd (Appendix B eq. 3), plus one re-run forward when recomputing.
+
+    The paper folds recomputation into its assumptions; here it is explicit so that turning it off
+    is priced: recompute adds Comp-TP-Fwd + Comm-TP-Fwd to every backward.
+    """
+    t_b = comp_layer_bwd(comp_fwd_s) + comm_tp_s
+    if recompute:
+        t_b += comp_fwd_s + comm_tp_s
+    return t_b
+
+
+def comm_dp(partners: Sequence[tuple[int, int, float]], layer_bytes: float, num_pipelines: int,
+            bandwidth: np.ndarray, latency: np.ndarray) -> float:
+    """T_comm of one layer for one device (one reduce-scatter or all-gather), Appendix B eq. 4:
+
+        sum_{d' in D_dp \\ {d}} ( alpha[d,d'] + share(d,d') * 12H^2*B_type / (|D_dp| * beta[d,d']) )
+
+    generalised to asymmetric TP: ``partners`` lists (d, d', share) with share the fraction of the
+    layer's weights that d and d' both hold (1 when both are unsharded). With TP 1 everywhere this
+    is exactly the paper's formula (|D_dp| = number of pipelines). An all-reduce costs 2*T_comm.
+    """
+    if num_pipelines <= 1:
+        return 0.0
+    total = 0.0
+    for d, dp, share in partners:
+        total += latency[d, dp] + share * layer_bytes / (num_pipelines * bandwidth[d, dp])
+    return total
+
+
+def dp_overhead_layer(n_mb: int, t_f: float, t_b: float, t_comm: float, sharding: str,
+                      theta: tuple[float, float, float, float] = (1.0, 1.0, 1.0, 1.0)) -> float:
+    """DP-Overhead-Layer(k, sigma), Appendix B eq. 5: time of one layer over ALL n_mb micro-batches
+    including its data-parallel collectives and their overlap with the last backward:
+
+        DDP:    n_mb*T_f + (n_mb-1)*T_b + theta_1 * max(T_b, 2*T_comm)
+        ZeRO-2: n_mb*T_f + (n_mb-1)*T_b + theta_2 * max(T_b, 2*T_comm)
+        ZeRO-3: n_mb*theta_3f*max(T_f, T_comm) + (n_mb-1)*theta_3b*max(T_b, T_comm)
+                + theta_3b*max(T_b, 2*T_comm)
+
+    ``theta`` = (theta_1, theta_2, theta_3f, theta_3b), profiled slowdowns of overlapped work.
+    """
+    th1, th2, th3f, th3b = theta
+    if sharding == "ddp":
+        return n_mb * t_f + (n_mb - 1) * t_b + th1 * max(t_b, 2 * t_comm)
+    if sharding == "zero2":
+        return n_mb * t_f + (n_mb - 1) * t_b + th2 * max(t_b, 2 * t_comm)
+    if sharding == "zero3":
+        return (n_mb * th3f * max(t_f, t_comm) + (n_mb - 1) * th3b * max(t_b, t_comm)
+                + th3b * max(t_b, 2 * t_comm))
+    raise ValueError(f"unknown dp_sharding {sharding!r}")
+
+
+def comm_pp_hop(src: Group, dst: Group, message_bytes: float, bandwidth: np.ndarray, latency: np.ndarray,
+                leaders: tuple[int, int] | None = None) -> float:
+    """Comm-PP-Hop(d_ij, d_i,j+1) for one micro-batch, Appendix B eq. 6:
+
+        2 * min_{d in src, d' in dst} [ (alpha[d,d'] + M / beta[d,d'])
+                                        + sum_{d'' in dst \\ {d'}} (alpha[d',d''] + M / (|dst| * beta[d',d''])) ]
+
+    a leader-to-leader send of the activation M = B_mb*S*H*B_type followed by the receiving leader's
+    broadcast in its TP group, x2 for the activation gradient going back. ``leaders`` fixes the
+    pair (the plan's stage leaders, as the runtime uses them) instead of the minimum over pairs.
+    """
+    dst = list(dst)
+    pairs = [leaders] if leaders is not None else [(d, dp) for d in src for dp in dst]
+    best = np.inf
+    for d, dp in pairs:
+        t = latency[d, dp] + message_bytes / bandwidth[d, dp]
+        for dpp in dst:
+            if dpp != dp:
+                t += latency[dp, dpp] + message_bytes / (len(dst) * bandwidth[dp, dpp])
+        best = min(best, t)
+    return float(2.0 * best)
+
+
+def pipeline_time(stage_s: Sequence[float], hop_s: Sequence[float], n_mb: int) -> float:
+    """Pipeline-Time(i), Appendix B eq. 8, with per-micro-batch stage times:
+
+        sum_j (Stage_j + Hop_j) + (n_mb - 1) * max_j (Stage_j + Hop_j)
+
+    The first micro-batch crosses every stage once; the rest stream at the pace of the slowest
+    stage (the paper writes the max over j = 2..D_pp, read here as over all stages). The same
+    expression holds for GPipe and 1F1B, which differ in memory, not time.
+    """
+    per = [s + h for s, h in zip(stage_s, hop_s)]
+    return float(sum(per) + (n_mb - 1) * max(per))
+
+
+def total_time(pipeline_s: Sequence[float]) -> float:
+    """Total-Time(sigma) = max_i Pipeline-Time(i), Appendix B eq. 9: the slowest pipeline sets the pace."""
+    return float(max(pipeline_s))
+
+
+def mem_layer_paper(hidden: int, tp: int, micro_batch: int, seq_len: int, dtype_bytes: int) -> float:
+    """Mem-Layer(sigma), Appendix B eq. 10 (full recompute, DDP): 48*H^2*B_type/|d| + B_mb*S*H*B_type bytes.
+
+    Kept for reference and tests; :func:`memory_per_device` is the model the planner uses (real
+    parameter counts, optimizer states, sharding, in-flight micro-batches).
+    """
+    return 48.0 * hidden**2 * dtype_bytes / tp + micro_batch * seq_len * hidden * dtype_bytes
+
+
+def activation_bytes_layer(micro_batch: int, seq_len: int, hidden: int, tp: int, dtype_bytes: int) -> float:
+    """Activations one layer keeps for backward without recomputation, for one micro-batch:
+
+        S*B*H*(5 + 12/t) * B_type   (Korthikanti et al. 2022, Tab. 2, TP without sequence parallelism,
+                                     with the 5*a*S/H attention-score term removed: flash-style
+                                     attention does not store the S x S scores)
+
+    written per element (the paper counts 34 bytes = 17 elements of 2 bytes at t = 1).
+    """
+    return seq_len * micro_batch * hidden * (5.0 + 12.0 / tp) * dtype_bytes
+
+
+def inflight_micro_batches(schedule: str, num_stages: int, stage_index: int, n_mb: int) -> int:
+    """Micro-batches whose activations a stage holds at its peak: GPipe n_mb; 1F1B min(D_pp - j, n_mb)."""
+    if schedule == "gpipe":
+        return n_mb
+    return min(num_stages - stage_index, n_mb)
+
+
+def state_bytes_per_param(sharding: str, num_pipelines: int, dtype_bytes: int, optimizer_bytes: float) -> float:
+    """Bytes per local parameter for weights, gradients and optimizer states (ZeRO paper, §5):
+
+        DDP:    B_type + B_type + K
+        ZeRO-2: B_type + (B_type + K) / N_dp
+        ZeRO-3: (B_type + B_type + K) / N_dp
+    with K = ``optimizer_bytes`` (12 for Adam with fp32 master weights) and N_dp the pipelines
+    sharing each chunk.
+    """
+    n = max(num_pipelines, 1)
+    if sharding == "ddp":
+        return 2 * dtype_bytes + optimizer_bytes
+    if sharding == "zero2":
+        return dtype_bytes + (dtype_bytes + optimizer_bytes) / n
+    if sharding == "zero3":
+        return (2 * dtype_bytes + optimizer_bytes) / n
+    raise ValueError(f"unknown dp_sharding {sharding!r}")

@@ -1,0 +1,300 @@
+"""Compose the Appendix B terms into an :class:`Estimate` of one training iteration under a Plan.
+
+Per micro-batch, stage j of pipeline i runs its l_ij layers forward and backward:
+    Stage_ij = l_ij * (T_f + T_b) (+ LM head on the last stage)
+per iteration the pipeline takes Pipeline-Time(i) (Appendix B eq. 8) plus the data-parallel time
+its layers cannot hide behind the last backward, which is
+    DP-Overhead-Layer(k) - n_mb * (T_f + T_b)   summed over the stage's layers (eq. 5),
+and the iteration takes the slowest pipeline (eq. 9). All ``*_s`` fields of the breakdown are per
+iteration (all micro-batches of that pipeline); ``time_per_micro_batch_s`` is per micro-batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from lightning_hexiscale.cluster import Cluster
+from lightning_hexiscale.models.config import LlamaConfig
+from lightning_hexiscale.planner import cost_model as cm
+from lightning_hexiscale.planner.plan import Plan, Stage
+from lightning_hexiscale.units import format_bytes
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What is trained: the model and the numeric format (the plan says how it is parallelised)."""
+
+    model: LlamaConfig
+    dtype: str = "bf16"
+    """Parameter/activation precision: bf16, fp16 or fp32."""
+    optimizer_bytes_per_param: float = 12.0
+    """Optimizer state K per parameter: Adam with fp32 master weights = 4 + 4 + 4."""
+    reserve_bytes: float = 1.0 * 2**30
+    """Memory per device not available to the model (runtime context, allocator slack)."""
+
+    @property
+    def dtype_bytes(self) -> int:
+        """Derived: B_type."""
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def seq_len(self) -> int:
+        return self.model.seq_len
+
+
+@dataclass(frozen=True)
+class OutOfMemory:
+    device: int
+    gpu_type: str
+    needed_bytes: float
+    available_bytes: float
+
+    def __str__(self) -> str:
+        return (f"device {self.device} ({self.gpu_type}) needs {format_bytes(self.needed_bytes)} but has "
+                f"{format_bytes(self.available_bytes)} (short by {format_bytes(self.needed_bytes - self.available_bytes)})")
+
+
+@dataclass(frozen=True)
+class StageEstimate:
+    devices: list[int]
+    tp: int
+    layers: list[int]
+    """[start, end) of the stage's layers."""
+    compute_s: float
+    """Forward + backward (+ recompute) computation over all micro-batches of the iteration."""
+    tp_comm_s: float
+    """Tensor-parallel all-reduces over all micro-batches."""
+    pp_comm_s: float
+    """Sending activations to the next stage and gradients back, over all micro-batches."""
+    dp_comm_s: float
+    """Data-parallel collectives of this stage's layers (whether overlapped or not)."""
+    dp_exposed_s: float
+    """Part of the data-parallel time not hidden behind the last backward."""
+    time_per_micro_batch_s: float
+    """Stage_ij + Hop_ij for one micro-batch."""
+    peak_memory_bytes: float
+    """Largest peak memory over the stage's devices."""
+    memory_capacity_bytes: float
+    """Smallest device memory in the stage."""
+
+
+@dataclass(frozen=True)
+class PipelineEstimate:
+    batch: int
+    micro_batch: int
+    num_micro_batches: int
+    time_s: float
+    """Pipeline-Time(i) plus exposed data-parallel time."""
+    bubble_s: float
+    """Pipeline fill and drain: sum_j(Stage_j+Hop_j) - max_j(Stage_j+Hop_j)."""
+    stages: list[StageEstimate]
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Cost-model estimate of one iteration. ``cost`` is +inf when any device runs out of memory."""
+
+    iteration_time_s: float
+    tokens_per_s: float
+    pflops: float
+    """Model FLOPs of the iteration (no recomputation counted) / iteration time, in PFLOP/s."""
+    feasible: bool
+    pipelines: list[PipelineEstimate]
+    out_of_memory: list[OutOfMemory] = field(default_factory=list)
+    bottleneck_pipeline: int = 0
+    breakdown: dict[str, float] = field(default_factory=dict)
+    """Bottleneck pipeline, per iteration: compute_s, tp_comm_s, pp_comm_s, dp_exposed_s, bubble_s
+    (each summed over its stages, for orientation; stages overlap in time)."""
+
+    @property
+    def cost(self) -> float:
+        """What the planner minimises: iteration time, or +inf for an out-of-memory plan."""
+        return self.iteration_time_s if self.feasible else float("inf")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stable JSON document of ``hexiscale estimate --json`` (fields documented in README)."""
+        d = asdict(self)
+        d["out_of_memory"] = [dict(asdict(o), message=str(o)) for o in self.out_of_memory]
+        return d
+
+    def summary(self) -> str:
+        lines = [f"iteration {self.iteration_time_s:.3f} s, {self.tokens_per_s:,.0f} tokens/s, "
+                 f"{self.pflops:.3f} PFLOPS, {'fits in memory' if self.feasible else 'OUT OF MEMORY'}"]
+        for o in self.out_of_memory[:5]:
+            lines.append(f"  OOM: {o}")
+        if len(self.out_of_memory) > 5:
+            lines.append(f"  ... and {len(self.out_of_memory) - 5} more devices out of memory")
+        hdr = ("pipe", "stage", "layers", "TP", "compute", "TP comm", "PP comm", "DP comm", "DP exposed", "peak mem", "capacity")
+        rows = [hdr]
+        for i, p in enumerate(self.pipelines):
+            for j, s in enumerate(p.stages):
+                rows.append((f"{i}" + ("*" if i == self.bottleneck_pipeline and j == 0 else ""), str(j),
+                             f"{s.layers[0]}-{s.layers[1] - 1}", str(s.tp), f"{s.compute_s:.3f}s", f"{s.tp_comm_s:.3f}s",
+                             f"{s.pp_comm_s:.3f}s", f"{s.dp_comm_s:.3f}s", f"{s.dp_exposed_s:.3f}s",
+                             format_bytes(s.peak_memory_bytes), format_bytes(s.memory_capacity_bytes)))
+        w = [max(len(r[c]) for r in rows) for c in range(len(hdr))]
+        lines += ["  ".join(v.rjust(x) for v, x in zip(r, w)) for r in rows]
+        for i, p in enumerate(self.pipelines):
+            lines.append(f"pipeline {i}: batch {p.batch} = {p.num_micro_batches} x {p.micro_batch}, "
+                         f"time {p.time_s:.3f} s (bubble {p.bubble_s:.3f} s)")
+        lines.append("(* bottleneck pipeline; stage times are per iteration, summed over micro-batches)")
+        return "\n".join(lines)
+
+
+def _overlap(r: int, t: int, r2: int, t2: int) -> float:
+    """Shared fraction of a layer between TP rank r of t and TP rank r2 of t2 (even splits)."""
+    lo, hi = max(r / t, r2 / t2), min((r + 1) / t, (r2 + 1) / t2)
+    return max(0.0, hi - lo)
+
+
+def _dp_comm_per_layer(plan: Plan, i: int, stage: Stage, cluster: Cluster, layer_bytes: float) -> list[tuple[int, float]]:
+    """[(layers, T_comm)] over the stage's layer intervals whose holders in other pipelines are fixed."""
+    if plan.num_pipelines == 1:
+        return [(stage.num_layers, 0.0)]
+    cuts = {stage.layers[0], stage.layers[1]}
+    for p in plan.pipelines:
+        for s in p.stages:
+            for b in s.layers:
+                if stage.layers[0] < b < stage.layers[1]:
+                    cuts.add(b)
+    bounds = sorted(cuts)
+    out = []
+    for a, b in zip(bounds, bounds[1:]):
+        holders = []
+        for k, p in enumerate(plan.pipelines):
+            if k != i:
+                holders.append(next(s for s in p.stages if s.layers[0] <= a < s.layers[1]))
+        worst = 0.0
+        for r, d in enumerate(stage.devices):
+            partners = []
+            for h in holders:
+                for r2, d2 in enumerate(h.devices):
+                    share = _overlap(r, stage.tp, r2, h.tp)
+                    if share > 0:
+                        partners.append((d, d2, share))
+            worst = max(worst, cm.comm_dp(partners, layer_bytes, plan.num_pipelines, cluster.bandwidth, cluster.latency))
+        out.append((b - a, worst))
+    return out
+
+
+def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
+    """Estimate iteration time, throughput and memory of ``plan`` on ``cluster`` (Appendix B)."""
+    model = workload.model
+    bt = workload.dtype_bytes
+    S, H = model.seq_len, model.hidden_size
+    cal = cluster.calibration
+    theta = (cal.theta_ddp, cal.theta_zero2, cal.theta_zero3_fwd, cal.theta_zero3_bwd)
+    layer_bytes = model.layer_params * bt
+    n_dp = plan.num_pipelines
+    pipes: list[PipelineEstimate] = []
+    ooms: list[OutOfMemory] = []
+    for i, pipe in enumerate(plan.pipelines):
+        mb, n_mb = pipe.micro_batch_size, pipe.num_micro_batches
+        act_msg = mb * S * H * bt
+        n_st = len(pipe.stages)
+        per_mb, hops, tails, rows = [], [], [], []
+        for j, st in enumerate(pipe.stages):
+            l = st.num_layers
+            c_min = min(cluster.devices[d].flops for d in st.devices)
+            frac = model.max_shard_fraction(st.tp)
+            comp_f = cm.comp_layer_fwd(model.layer_forward_flops(mb), frac, c_min)
+            tp_f = cm.comm_tp(st.devices, act_msg, cluster.bandwidth, cluster.latency)
+            t_f = cm.layer_time_fwd(comp_f, tp_f)
+            t_b = cm.layer_time_bwd(comp_f, tp_f, plan.recompute)
+            head_s = 3.0 * model.head_forward_flops(mb) / c_min if j == n_st - 1 else 0.0
+            hop = (cm.comm_pp_hop(st.devices, pipe.stages[j + 1].devices, act_msg, cluster.bandwidth,
+                                  cluster.latency, leaders=(st.leader, pipe.stages[j + 1].leader))
+                   if j + 1 < n_st else 0.0)
+            stage_mb = 0.0
+            tail = 0.0
+            dp_comm = 0.0
+            for n_layers, t_comm in _dp_comm_per_layer(plan, i, st, cluster, layer_bytes):
+                if plan.dp_sharding == "zero3":
+                    f_eff, b_eff = theta[2] * max(t_f, t_comm), theta[3] * max(t_b, t_comm)
+                    dp_comm += n_layers * (2 * n_mb + 1) * t_comm
+                else:
+                    f_eff, b_eff = t_f, t_b
+                    dp_comm += n_layers * 2 * t_comm
+                over = cm.dp_overhead_layer(n_mb, t_f, t_b, t_comm, plan.dp_sharding, theta)
+                tail += n_layers * max(0.0, over - n_mb * (f_eff + b_eff))
+                stage_mb += n_layers * (f_eff + b_eff)
+            stage_mb += head_s
+            per_mb.append(stage_mb)
+            hops.append(hop)
+            tails.append(tail)
+            n_comp = 4.0 if plan.recompute else 3.0
+            n_tp = 3.0 if plan.recompute else 2.0
+            peak, cap = _stage_memory(plan, pipe, j, st, cluster, workload, ooms)
+            rows.append(dict(devices=list(st.devices), tp=st.tp, layers=list(st.layers),
+                             compute_s=n_mb * (l * n_comp * comp_f + head_s), tp_comm_s=n_mb * l * n_tp * tp_f,
+                             pp_comm_s=n_mb * hop, dp_comm_s=dp_comm, dp_exposed_s=tail,
+                             time_per_micro_batch_s=stage_mb + hop, peak_memory_bytes=peak, memory_capacity_bytes=cap))
+        t_pipe = cm.pipeline_time(per_mb, hops, n_mb) + max(tails)
+        steps = [s + h for s, h in zip(per_mb, hops)]
+        pipes.append(PipelineEstimate(pipe.batch_size, mb, n_mb, t_pipe, sum(steps) - max(steps),
+                                      [StageEstimate(**r) for r in rows]))
+    it = cm.total_time([p.time_s for p in pipes])
+    worst = max(range(len(pipes)), key=lambda k: pipes[k].time_s)
+    gb = plan.global_batch
+    bp = pipes[worst]
+    breakdown = {k: sum(getattr(s, k) for s in bp.stages) for k in ("compute_s", "tp_comm_s", "pp_comm_s", "dp_exposed_s")}
+    breakdown["bubble_s"] = bp.bubble_s
+    return Estimate(iteration_time_s=it, tokens_per_s=gb * S / it, pflops=model.model_flops_per_iteration(gb) / it / 1e15,
+                    feasible=not ooms, pipelines=pipes, out_of_memory=ooms, bottleneck_pipeline=worst, breakdown=breakdown)
+
+
+def _stage_memory(plan: Plan, pipe, j: int, st: Stage, cluster: Cluster, workload: Workload,
+                  ooms: list[OutOfMemory]) -> tuple[float, float]:
+    """Peak bytes on each device of the stage; appends out-of-memory devices to ``ooms``.
+
+    params_local = l * layer_params * shard (+ embedding on the first stage, norm + LM head on the
+    last, replicated over the TP group); states = params_local * bytes/param (ddp/zero2/zero3);
+    activations = in-flight micro-batches * stored activations (layer inputs only when recomputing)
+    + one layer's full activations as working memory + fp32 logits and their gradient on the last
+    stage; + ``reserve_bytes``.
+    """
+    model = workload.model
+    bt = workload.dtype_bytes
+    S, H = model.seq_len, model.hidden_size
+    n_st = len(pipe.stages)
+    mb, n_mb = pipe.micro_batch_size, pipe.num_micro_batches
+    frac = model.max_shard_fraction(st.tp)
+    params = st.num_layers * model.layer_params * frac
+    if j == 0:
+        params += model.embedding_params
+    if j == n_st - 1:
+        params += model.head_params
+    states = params * cm.state_bytes_per_param(plan.dp_sharding, plan.num_pipelines, bt, workload.optimizer_bytes_per_param)
+    if plan.dp_sharding == "zero3":
+        states += 2 * model.layer_params * frac * bt  # current + prefetched gathered layer
+    inflight = cm.inflight_micro_batches(plan.schedule, n_st, j, n_mb)
+    full = cm.activation_bytes_layer(mb, S, H, st.tp, bt)
+    if plan.recompute:
+        acts = inflight * st.num_layers * mb * S * H * bt + full
+    else:
+        acts = inflight * st.num_layers * full
+    if j == n_st - 1:
+        acts += 2 * mb * S * model.vocab_size * 4
+    peak = states + acts + workload.reserve_bytes
+    cap = min(cluster.devices[d].memory_bytes for d in st.devices)
+    for d in st.devices:
+        if peak > cluster.devices[d].memory_bytes:
+            ooms.append(OutOfMemory(d, cluster.devices[d].gpu_type, peak, cluster.devices[d].memory_bytes))
+    return peak, cap
+
+
+def workload_from_config(cfg) -> Workload:
+    """Workload from a composed root config (``cfg.model`` and ``cfg.train``)."""
+    dtype = cfg.train.dtype
+    if dtype not in DTYPE_BYTES:
+        from lightning_hexiscale.errors import ConfigError
+
+        raise ConfigError("train.dtype", dtype, f"must be one of {sorted(DTYPE_BYTES)}", "use bf16")
+    # fp32 training keeps no separate master copy: Adam's m and v only (4 + 4 bytes).
+    return Workload(LlamaConfig.from_config(cfg.model), dtype=dtype,
+                    optimizer_bytes_per_param=8.0 if dtype == "fp32" else 12.0)
