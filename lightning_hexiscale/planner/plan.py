@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from lightning_hexiscale.errors import PlanError
+from lightning_hexiscale.errors import ConfigError, PlanError
 
 if TYPE_CHECKING:  # pragma: no cover
     from lightning_hexiscale.cluster import Cluster
@@ -178,7 +178,10 @@ class Plan:
                                     f"start this stage at {expect}")
                 expect = end
                 if model is not None:
-                    model.check_tp(st.tp, key=f"{skey}.devices (TP degree)")
+                    try:
+                        model.check_tp(st.tp, key=f"{skey}.devices (TP degree)")
+                    except ConfigError as e:
+                        raise PlanError(e.key, e.value, e.rule, e.fix) from None
             if expect != self.num_layers:
                 raise PlanError(f"{key}.stages", f"layers 0-{expect - 1}",
                                 f"pipeline {i} covers layers 0-{expect - 1} of {self.num_layers}; "

@@ -1,0 +1,71 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lightning_hexiscale.cli import main
+
+PLANS = sorted(str(p) for p in Path("conf/plans").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("plan", PLANS)
+def test_estimate_every_shipped_plan(plan, capsys):
+    assert main(["estimate", "--plan", plan]) == 0
+    out = capsys.readouterr().out
+    assert "iteration" in out and "PFLOPS" in out and "pipeline 0" in out
+
+
+def test_estimate_json_fields(capsys):
+    assert main(["estimate", "--plan", "conf/plans/hetero3_llama30b_tab7.yaml", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["feasible"] is True and doc["cluster"] == "hetero3" and doc["model"] == "llama_30b"
+    assert doc["iteration_time_s"] > 0 and doc["tokens_per_s"] > 0 and doc["pflops"] > 0
+    assert [p["batch"] for p in doc["pipelines"]] == [80, 64, 64, 48]
+    st = doc["pipelines"][3]["stages"][7]
+    assert st["layers"] == [56, 60] and st["tp"] == 2 and st["devices"] == [54, 55]
+    for key in ("compute_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "peak_memory_bytes"):
+        assert st[key] >= 0
+
+
+def test_train_overrides_change_the_estimate(capsys):
+    plan = "conf/plans/hetero3_llama30b_tab7.yaml"
+    main(["estimate", "--plan", plan, "--json"])
+    base = json.loads(capsys.readouterr().out)
+    main(["estimate", "--plan", plan, "--json", "train.dp_sharding=zero3", "cluster.inter_machine.bandwidth=80 Gbps"])
+    other = json.loads(capsys.readouterr().out)
+    assert other["dp_sharding"] == "zero3" and other["iteration_time_s"] != base["iteration_time_s"]
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["cluster=hetero2"], "device 40 does not exist"),
+    (["cluster=nope"], "available cluster presets"),
+    (["cluster.inter_machine.bandwith=1 GB/s"], "bandwith"),
+    (["cluster.inter_machine.bandwidth=3"], "needs a unit"),
+    (["train.global_batch=100"], "sum to 256"),
+    (["model=llama2_7b"], "has 32 layers"),
+    (["train.dtype=fp8"], "train.dtype"),
+    (["notanoverride"], "not KEY=VALUE"),
+])
+def test_errors_exit_2_with_message(args, fragment, capsys):
+    assert main(["estimate", "--plan", "conf/plans/hetero3_llama30b_tab7.yaml", *args]) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and "Traceback" not in err
+
+
+def test_missing_plan_file(capsys):
+    assert main(["estimate", "--plan", "nope.yaml"]) == 2
+    assert "no such plan file" in capsys.readouterr().err
+
+
+def test_console_script_help_and_list():
+    exe = Path(sys.executable).parent / "hexiscale"
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "lightning_hexiscale.cli"]
+    out = subprocess.run(cmd + ["--help"], capture_output=True, text=True, check=True).stdout
+    assert "estimate" in out and "cluster=NAME" in out
+    out = subprocess.run(cmd + ["list"], capture_output=True, text=True, check=True).stdout
+    assert "hetero3" in out and "llama_30b" in out and "hetero3_llama30b_tab7.yaml" in out
+    bad = subprocess.run(cmd + ["estimate", "--plan", "conf/plans/hetero3_llama30b_tab7.yaml", "cluster=zz"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr

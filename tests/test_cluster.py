@@ -1,0 +1,139 @@
+import numpy as np
+import pytest
+import yaml
+
+from lightning_hexiscale.cluster import Cluster
+from lightning_hexiscale.config import compose, preset_names
+from lightning_hexiscale.errors import ConfigError
+
+GiB = 2**30
+
+
+@pytest.mark.parametrize("name", preset_names("cluster"))
+def test_every_preset_loads_through_hydra(name):
+    c = Cluster.from_config(compose([f"cluster={name}"]).cluster)
+    n = c.num_devices
+    assert c.bandwidth.shape == (n, n) and c.latency.shape == (n, n)
+    off = ~np.eye(n, dtype=bool)
+    assert (c.bandwidth[off] > 0).all() and np.isfinite(c.bandwidth[off]).all()
+    assert np.array_equal(c.bandwidth, c.bandwidth.T)
+    assert sum(len(m.devices) for m in c.machines) == n
+
+
+@pytest.mark.parametrize("name,n,types", [
+    ("case_study", 8, {"A800": 3, "RTX4090": 3, "RTX3090": 2}),
+    ("hetero1", 40, {"RTX3080Ti": 8, "RTX3090": 8, "RTX4090": 24}),
+    ("hetero2", 32, {"RTX3080Ti": 8, "RTX3090": 8, "RTX4090": 8, "A800": 8}),
+    ("hetero3", 56, {"RTX3090": 16, "RTX4090": 32, "A800": 8}),
+    ("large_240", 240, {"RTX3090": 64, "RTX4090": 160, "A800": 16}),
+    ("h800_h20_32", 48, {"H800": 16, "H20": 32}),
+    ("cpu_hetero4", 4, {"CPU-FAST": 2, "CPU-SLOW": 2}),
+])
+def test_paper_cluster_compositions(name, n, types):
+    c = Cluster.load(name)
+    assert c.num_devices == n
+    counts = {}
+    for d in c.devices:
+        counts[d.gpu_type] = counts.get(d.gpu_type, 0) + 1
+    assert counts == types
+
+
+def test_case_study_links():
+    c = Cluster.load("case_study")
+    assert c.bandwidth[0, 1] == 200e9          # NVLink inside A
+    assert c.bandwidth[3, 4] == 32e9           # PCIe inside B
+    assert c.bandwidth[6, 7] == 16e9           # PCIe inside C
+    assert c.bandwidth[0, 3] == 2**30 and c.bandwidth[5, 6] == 2**30  # 1 GiB/s Ethernet between machines
+    assert c.devices[0].memory_bytes == 80 * GiB and c.devices[3].memory_bytes == 24 * GiB
+
+
+def test_hetero_inter_machine_is_5_6_gbps():
+    c = Cluster.load("hetero3")
+    assert c.bandwidth[0, 8] == pytest.approx(0.7e9)
+    assert c.bandwidth[8, 15] == 32e9 and c.bandwidth[8, 16] == pytest.approx(0.7e9)
+
+
+def test_graph_view():
+    c = Cluster.load("case_study")
+    g = c.graph()
+    assert g.number_of_nodes() == 8 and g.number_of_edges() == 28
+    assert g.edges[0, 1]["bandwidth"] == 200e9 and g.nodes[3]["gpu_type"] == "RTX4090"
+    assert set(c.graph([0, 1, 2]).nodes) == {0, 1, 2}
+
+
+def test_replicate_and_subset():
+    c = Cluster.load("hetero2")
+    big = c.replicate(4)
+    assert big.num_devices == 128 and len(big.machines) == 16
+    assert big.bandwidth[0, 32] == pytest.approx(0.7e9) and big.bandwidth[32, 33] == c.bandwidth[0, 1]
+    sub = c.subset([24, 25, 0])
+    assert sub.num_devices == 3 and sub.devices[0].gpu_type == "A800" and sub.bandwidth[0, 1] == 200e9
+
+
+def _write(tmp_path, data, name="c.yaml"):
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+BASE = {"name": "t", "machines": [{"gpu": "A800", "count": 2, "intra_bandwidth": "200 GB/s"}],
+        "inter_machine": {"bandwidth": "1 GB/s", "latency": "10us"}}
+
+
+def test_user_gpu_type_and_file_cluster(tmp_path):
+    data = dict(BASE, gpu_types={"MI300X": {"flops": "1307 TFLOPS", "memory": "192 GiB"}},
+                machines=[{"gpu": "MI300X", "count": 2, "intra_bandwidth": "400 GB/s"}])
+    c = Cluster.load(str(_write(tmp_path, data)))
+    assert c.devices[0].peak_flops == 1307e12 and c.devices[1].memory_bytes == 192 * GiB
+
+
+def test_cluster_file_via_compose(tmp_path):
+    p = _write(tmp_path, BASE)
+    cfg = compose([f"cluster={p}"])
+    assert Cluster.from_config(cfg.cluster).num_devices == 2
+
+
+def test_matrix_file_overrides_links(tmp_path):
+    m = tmp_path / "m.yaml"
+    m.write_text(yaml.safe_dump({"bandwidth_Bps": [[0, 5e9], [5e9, 0]], "latency_s": [[0, 2e-5], [2e-5, 0]]}))
+    c = Cluster.load(str(_write(tmp_path, dict(BASE, matrix_file=str(m)))))
+    assert c.bandwidth[0, 1] == 5e9 and c.latency[1, 0] == 2e-5
+
+
+@pytest.mark.parametrize("mutate,fragment", [
+    (lambda d: d["machines"][0].update(gpu="Z9000"), "unknown GPU type"),
+    (lambda d: d["machines"][0].update(intra_bandwidth="200"), "needs a unit"),
+    (lambda d: d["machines"][0].update(intra_bandwidth="-3 GB/s"), "not a bandwidth"),
+    (lambda d: d["machines"][0].update(count=0), "positive integer"),
+    (lambda d: d["inter_machine"].update(bandwith="1 GB/s"), "bandwith"),
+    (lambda d: d.update(machines=[]), "at least one machine"),
+    (lambda d: d.update(gpu_types={"X": {"flops": "1 TFLOPS", "memory": "12"}}), "needs a unit"),
+])
+def test_bad_cluster_files_give_clear_errors(tmp_path, mutate, fragment):
+    import copy
+
+    data = copy.deepcopy(BASE)
+    mutate(data)
+    with pytest.raises(ConfigError) as ei:
+        Cluster.load(str(_write(tmp_path, data)))
+    assert fragment in str(ei.value)
+
+
+@pytest.mark.parametrize("matrix,fragment", [
+    ({"bandwidth_Bps": [[0, 1e9, 1e9]] * 3, "latency_s": [[0, 0], [0, 0]]}, "must be 2 x 2"),
+    ({"bandwidth_Bps": [[0, 1e9], [2e9, 0]], "latency_s": [[0, 0], [0, 0]]}, "symmetric"),
+    ({"bandwidth_Bps": [[0, 0], [0, 0]], "latency_s": [[0, 0], [0, 0]]}, "must be > 0"),
+    ({"bandwidth_Bps": [[0, 1e9], [1e9, 0]]}, "missing matrix"),
+])
+def test_bad_matrix_files(tmp_path, matrix, fragment):
+    m = tmp_path / "m.yaml"
+    m.write_text(yaml.safe_dump(matrix))
+    with pytest.raises(ConfigError, match=fragment):
+        Cluster.load(str(_write(tmp_path, dict(BASE, matrix_file=str(m)))))
+
+
+def test_unknown_preset_lists_the_presets():
+    with pytest.raises(ConfigError, match="hetero3"):
+        Cluster.load("hetero9")
+    with pytest.raises(ConfigError, match="available cluster presets"):
+        compose(["cluster=hetero9"])

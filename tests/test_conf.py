@@ -1,0 +1,42 @@
+"""Every preset under conf/ composes through Hydra and builds its typed object."""
+
+import pytest
+
+from lightning_hexiscale.cluster import Cluster
+from lightning_hexiscale.config import compose, preset_names
+from lightning_hexiscale.models.config import LlamaConfig
+from lightning_hexiscale.planner.estimate import workload_from_config
+
+
+@pytest.mark.parametrize("model", preset_names("model"))
+def test_every_model_preset(model):
+    cfg = compose([f"model={model}"])
+    m = LlamaConfig.from_config(cfg.model)
+    assert m.name == model and m.total_params > 0
+    assert workload_from_config(cfg).model == m
+
+
+def test_root_config_defaults():
+    cfg = compose([])
+    assert cfg.cluster.name == "cpu_hetero4" and cfg.model.name == "llama_tiny"
+    assert cfg.train.schedule == "1f1b" and cfg.planner.iterations > 0
+    assert Cluster.from_config(cfg.cluster).num_devices == 4
+
+
+@pytest.mark.parametrize("override,fragment", [
+    ("train.global_batchh=3", "global_batchh"),
+    ("planner.iterations=many", "iterations"),
+    ("model.hidden_size=abc", "hidden_size"),
+])
+def test_typos_and_wrong_types_fail_clearly(override, fragment):
+    from lightning_hexiscale.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=fragment):
+        compose([override])
+
+
+def test_presets_listed():
+    assert {"case_study", "hetero1", "hetero2", "hetero3", "large_240", "cpu_hetero4"} <= set(preset_names("cluster"))
+    assert {"homo_a800_2x8_eth", "homo_a800_2x8_rdma", "homo_a800_4x8_eth", "homo_a800_4x8_rdma"} <= set(preset_names("cluster"))
+    assert {"h800_h20_16", "h800_h20_24", "h800_h20_32"} <= set(preset_names("cluster"))
+    assert {"llama_tiny", "llama2_7b", "llama2_13b", "llama_30b", "llama2_70b"} <= set(preset_names("model"))

@@ -1,0 +1,69 @@
+import pytest
+
+from lightning_hexiscale.errors import ConfigError
+from lightning_hexiscale.models.config import LlamaConfig, split_even
+
+
+def test_presets_have_published_parameter_counts():
+    # Published totals: Llama-2 7B 6.74B, 13B 13.0B, LLaMA 30B 32.5B, Llama-2 70B 69.0B.
+    expect = {"llama2_7b": 6.74e9, "llama2_13b": 13.0e9, "llama_30b": 32.5e9, "llama2_70b": 69.0e9}
+    for name, n in expect.items():
+        assert LlamaConfig.load(name).total_params == pytest.approx(n, rel=0.005), name
+
+
+def test_gqa_shapes():
+    m = LlamaConfig.load("llama2_70b")
+    assert m.num_kv_heads == 8 and m.head_dim == 128 and m.kv_dim == 1024 and m.heads_per_kv == 8
+
+
+def test_flops_reduce_to_paper_formula_for_12h2_layer():
+    # kv_dim = H and F = 8H/3 give exactly 12 H^2 matmul weights.
+    h, s, b = 96, 512, 3
+    m = LlamaConfig("classic", h, 2, 4, 4, 8 * h // 3, 100, s)
+    assert m.layer_matmul_params == 12 * h * h
+    assert m.layer_forward_flops(b) == pytest.approx(24 * b * s * h * h * (1 + s / (6 * h)))
+
+
+def test_model_flops_per_iteration_is_three_forwards():
+    m = LlamaConfig.load("llama_tiny")
+    fwd = m.num_layers * m.layer_forward_flops(8) + m.head_forward_flops(8)
+    assert m.model_flops_per_iteration(8) == pytest.approx(3 * fwd)
+
+
+def test_split_even():
+    assert split_even(52, 8) == [(0, 7), (7, 14), (14, 21), (21, 28), (28, 34), (34, 40), (40, 46), (46, 52)]
+    assert split_even(4, 2) == [(0, 2), (2, 4)]
+    with pytest.raises(ValueError):
+        split_even(2, 3)
+
+
+def test_uneven_tp_split_of_llama30b():
+    m = LlamaConfig.load("llama_30b")
+    sizes = [e - s for s, e in m.kv_head_split(8)]
+    assert sizes == [7, 7, 7, 7, 6, 6, 6, 6]
+    assert 1 / 8 < m.max_shard_fraction(8) < 7 / 52 + 1e-9
+    assert m.max_shard_fraction(4) == pytest.approx(1 / 4)
+
+
+def test_tp_larger_than_kv_heads_is_rejected_with_fix():
+    m = LlamaConfig.load("llama2_70b")
+    with pytest.raises(ConfigError, match="at most 8 devices"):
+        m.check_tp(16)
+
+
+@pytest.mark.parametrize("field,value,fragment", [
+    ("num_heads", 3, "must divide hidden_size"),
+    ("num_kv_heads", 3, "must divide num_heads"),
+    ("num_layers", 0, "positive integer"),
+])
+def test_bad_model_shapes(field, value, fragment):
+    kw = dict(name="m", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, ffn_hidden_size=128, vocab_size=10, seq_len=8)
+    kw[field] = value
+    with pytest.raises(ConfigError, match=fragment):
+        LlamaConfig(**kw)
+
+
+def test_unknown_model_key():
+    with pytest.raises(ConfigError, match="unknown key"):
+        LlamaConfig.from_config(dict(name="m", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                                     ffn_hidden_size=128, vocab_size=10, seq_len=8, n_embd=3))

@@ -1,0 +1,108 @@
+import copy
+import json
+
+import pytest
+import yaml
+
+from lightning_hexiscale.cluster import Cluster
+from lightning_hexiscale.errors import PlanError
+from lightning_hexiscale.models.config import LlamaConfig
+from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
+
+TAB7 = "conf/plans/hetero3_llama30b_tab7.yaml"
+
+
+def fig1_plan() -> Plan:
+    """The paper's Fig. 1 bottom on a toy model: a TP-2 one-stage pipeline next to a 3-stage TP-1 one."""
+    return Plan(pipelines=(
+        Pipeline(3, 1, (Stage((0, 1), (0, 4)),)),
+        Pipeline(1, 1, (Stage((2,), (0, 2)), Stage((3,), (2, 3)), Stage((4,), (3, 4)))),
+    ), num_layers=4)
+
+
+def test_derived_fields():
+    p = fig1_plan()
+    assert p.global_batch == 4 and p.world_size == 5 and p.device_order == (0, 1, 2, 3, 4)
+    assert p.pipelines[0].stages[0].tp == 2 and p.pipelines[1].num_micro_batches == 1
+    assert p.rank_of(3) == 3
+
+
+def test_tab7_plan_validates_and_matches_paper():
+    plan = Plan.load(TAB7)
+    plan.validate(Cluster.load("hetero3"), LlamaConfig.load("llama_30b"), global_batch=256)
+    assert [p.batch_size for p in plan.pipelines] == [80, 64, 64, 48]
+    assert [len(p.stages) for p in plan.pipelines] == [1, 4, 4, 8]
+    assert plan.pipelines[0].stages[0].tp == 8 and plan.world_size == 56
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".json"])
+def test_round_trip(tmp_path, suffix):
+    plan = Plan.load(TAB7)
+    path = tmp_path / f"p{suffix}"
+    plan.save(path)
+    again = Plan.load(path)
+    assert again == plan and again.meta == plan.meta
+    if suffix == ".json":
+        json.loads(path.read_text())
+    assert Plan.from_dict(plan.to_dict()) == plan
+
+
+def _bad(mutate):
+    d = fig1_plan().to_dict()
+    mutate(d)
+    return Plan.from_dict(d)
+
+
+@pytest.mark.parametrize("mutate,key,fragment", [
+    (lambda d: d["pipelines"][1]["stages"][0].update(devices=[1]), "pipelines[1].stages[0].devices", "already used"),
+    (lambda d: d["pipelines"][1]["stages"][1].update(layers=[3, 3]), "pipelines[1].stages[1].layers", "continue at layer 2"),
+    (lambda d: d["pipelines"][1]["stages"][2].update(layers=[2, 4]), "pipelines[1].stages[2].layers", "continue at layer 3"),
+    (lambda d: d["pipelines"][0]["stages"][0].update(layers=[0, 3]), "pipelines[0].stages", "covers layers 0-2 of 4"),
+    (lambda d: d["pipelines"][0].update(micro_batch_size=2), "pipelines[0].micro_batch_size", "must divide"),
+    (lambda d: d["pipelines"][0].update(batch_size=0), "pipelines[0].batch_size", "positive integer"),
+    (lambda d: d.update(schedule="zigzag"), "plan.schedule", "must be one of"),
+    (lambda d: d.update(dp_sharding="zero9"), "plan.dp_sharding", "must be one of"),
+    (lambda d: d.update(pipelines=[]), "plan.pipelines", "at least one pipeline"),
+])
+def test_validation_errors_name_key_and_rule(mutate, key, fragment):
+    with pytest.raises(PlanError) as ei:
+        _bad(mutate).validate()
+    assert key in str(ei.value) and fragment in str(ei.value) and "Fix:" in str(ei.value)
+
+
+def test_validation_against_cluster_model_and_batch():
+    plan = fig1_plan()
+    with pytest.raises(PlanError, match="does not exist"):
+        plan.validate(Cluster.load("cpu_hetero4"))
+    tiny = LlamaConfig.load("llama_tiny")  # 4 layers, 2 KV heads
+    plan.validate(model=tiny)
+    with pytest.raises(PlanError, match="sum to 4"):
+        plan.validate(global_batch=5)
+    wide = Plan((Pipeline(1, 1, (Stage((0, 1, 2), (0, 4)),)),), 4)
+    with pytest.raises(PlanError, match="at least one key/value head per rank"):
+        wide.validate(model=tiny)
+    with pytest.raises(PlanError, match="has 4 layers"):
+        Plan((Pipeline(1, 1, (Stage((0,), (0, 3)),)),), 3).validate(model=tiny)
+
+
+@pytest.mark.parametrize("text,fragment", [
+    ("num_layers: 4\npipelines: [{batch_size: 1, micro_batch_size: 1, stages: [{devices: [0], layers: [0, 4]}], extra: 1}]", "unknown key"),
+    ("num_layers: 4\npipelines: [{batch_size: 1, micro_batch_size: 1, stages: [{devices: [0], layers: [0]}]}]", "two integers"),
+    ("pipelines: []", "required key is missing"),
+    ("- 1\n- 2", "holds a mapping"),
+    ("num_layers: [", "not valid YAML"),
+])
+def test_bad_plan_files(tmp_path, text, fragment):
+    p = tmp_path / "bad.yaml"
+    p.write_text(text)
+    with pytest.raises(PlanError, match=fragment):
+        Plan.load(p)
+    with pytest.raises(PlanError, match="no such plan file"):
+        Plan.load(tmp_path / "missing.yaml")
+
+
+def test_table_lists_every_stage():
+    plan = Plan.load(TAB7)
+    t = plan.table(Cluster.load("hetero3"))
+    assert "8xA800" in t and t.count("2xRTX3090") == 8 and "global batch 256" in t
+    assert len(t.splitlines()) == 3 + sum(len(p.stages) for p in plan.pipelines)

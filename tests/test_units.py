@@ -1,0 +1,55 @@
+import math
+
+import pytest
+
+from lightning_hexiscale.errors import ConfigError
+from lightning_hexiscale.units import format_bandwidth, format_bytes, parse_bandwidth, parse_bytes, parse_flops, parse_time
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("200 GB/s", 200e9), ("1 GiB/s", 2**30), ("5.6 Gbps", 5.6e9 / 8), ("32GB/s", 32e9),
+    ("80 Gbps", 10e9), ("100 MB/s", 1e8), ("1.5e3 MB/s", 1.5e9), ("400 Gbit/s", 50e9),
+])
+def test_bandwidth(text, expected):
+    assert parse_bandwidth(text) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("text,expected", [("80GB", 80e9), ("24 GiB", 24 * 2**30), ("512MiB", 512 * 2**20), ("1 TB", 1e12)])
+def test_bytes(text, expected):
+    assert parse_bytes(text) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("text,expected", [("10us", 1e-5), ("0.5 ms", 5e-4), ("2s", 2.0), ("0us", 0.0), ("100ns", 1e-7)])
+def test_time(text, expected):
+    assert parse_time(text) == pytest.approx(expected)
+
+
+def test_flops():
+    assert parse_flops("312 TFLOPS") == pytest.approx(312e12)
+    assert parse_flops("71 TFLOP/s") == pytest.approx(71e12)
+
+
+@pytest.mark.parametrize("parser,bad,fragment", [
+    (parse_bandwidth, "200", "needs a unit"),
+    (parse_bandwidth, 200, "needs a unit"),
+    (parse_bandwidth, "200 GB", "unknown bandwidth unit"),
+    (parse_bandwidth, "0 GB/s", "greater than zero"),
+    (parse_bytes, "80", "needs a unit"),
+    (parse_bytes, "80 Gbps", "unknown size unit"),
+    (parse_time, "10", "needs a unit"),
+    (parse_time, "10 parsecs", "unknown time unit"),
+    (parse_bandwidth, "fast", "not a bandwidth"),
+    (parse_bandwidth, None, "written with its unit"),
+])
+def test_bad_values_name_key_rule_and_fix(parser, bad, fragment):
+    with pytest.raises(ConfigError) as ei:
+        parser(bad, "cluster.inter_machine.bandwidth")
+    msg = str(ei.value)
+    assert msg.startswith("cluster.inter_machine.bandwidth = ")
+    assert fragment in msg and "Fix:" in msg
+
+
+def test_format():
+    assert format_bytes(24 * 2**30) == "24.0 GiB"
+    assert format_bandwidth(200e9) == "200 GB/s"
+    assert not math.isnan(parse_bandwidth("1e-3 GB/s"))
