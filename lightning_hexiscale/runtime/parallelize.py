@@ -1,0 +1,293 @@
+"""Turn the plain LLaMA (built on the meta device) into this rank's pipeline stage.
+
+What a rank of stage (layers [a, b), TP degree t, TP rank r) holds, by global parameter name:
+
+- ``embed.weight`` on first stages and ``norm.weight`` + ``lm_head.weight`` on last stages, whole
+  and REPLICATED on every rank of the stage's TP group (all ranks compute the same embedding and
+  the same logits; the vocabulary is not split). Their gradients are equal on all TP ranks.
+- for each layer l in [a, b): the two RMSNorm weights, whole and replicated; q/k/v and gate/up
+  as column-parallel shards (rows), o and down as row-parallel shards (columns). The ranges come
+  from the model's uneven splits: KV heads ``kv_head_split(t)[r] = [s, e)`` give rows
+  [s*g*d, e*g*d) of q_proj and o_proj's columns, rows [s*d, e*d) of k_proj / v_proj
+  (g = query heads per KV head, d = head dim); ``ffn_split(t)[r]`` gives the FFN columns.
+
+Local parameter names equal the global names (layers live in a ModuleDict keyed by the global layer
+index), so a rank's state dict maps to the full model's by name plus a [start, end) range along one
+dim: see :class:`ParamSpec`, :func:`stage_shards`, :func:`load_full_state_dict`,
+:func:`local_shards` and :func:`assemble_full_state_dict`.
+
+Order of transformations: TP shards replace the meta linears first (shapes only), then the stage is
+materialised on its device (only local shards get memory), then initialised or loaded, and
+activation recomputation wraps each layer at call time (so it re-runs the TP collectives in
+backward, in the same order on every TP rank).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from lightning_hexiscale.models.config import LlamaConfig
+from lightning_hexiscale.models.llama import Llama, RMSNorm, TransformerBlock, init_tensor, rope_tables
+from lightning_hexiscale.runtime import tensor_parallel as tpl
+
+ProcessGroup = torch.distributed.ProcessGroup
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """How one global parameter is laid out over a TP group."""
+
+    name: str
+    """Global name, as in ``Llama.named_parameters()``."""
+    shape: tuple[int, ...]
+    """Full shape."""
+    shard_dim: int | None
+    """Dimension split over TP ranks; ``None`` when replicated."""
+    split: str | None
+    """``"kv"`` (split in whole KV-head groups), ``"ffn"`` (FFN columns) or ``None``."""
+    unit: int
+    """Elements along ``shard_dim`` per split unit: g*d for q/o, d for k/v, 1 for the FFN."""
+    layer: int | None
+    """Layer index, or ``None`` for the embedding / final norm / LM head."""
+    place: str
+    """``"first"`` (embedding), ``"layer"`` or ``"last"`` (final norm, LM head)."""
+
+    def ranges(self, config: LlamaConfig, tp: int) -> list[tuple[int, int]]:
+        """[start, end) along ``shard_dim`` held by each of ``tp`` ranks ([0, full) when replicated)."""
+        if self.shard_dim is None:
+            return [(0, self.shape[0])] * tp
+        units = config.kv_head_split(tp) if self.split == "kv" else config.ffn_split(tp)
+        return [(s * self.unit, e * self.unit) for s, e in units]
+
+
+def param_specs(config: LlamaConfig) -> list[ParamSpec]:
+    """Every parameter of the model in one canonical order: embed, layers 0..L-1, norm, lm_head."""
+    h, f, v = config.hidden_size, config.ffn_hidden_size, config.vocab_size
+    gd, d = config.heads_per_kv * config.head_dim, config.head_dim
+    q_out = config.num_heads * d
+    specs = [ParamSpec("embed.weight", (v, h), None, None, 1, None, "first")]
+    for layer in range(config.num_layers):
+        p = f"layers.{layer}."
+        specs += [
+            ParamSpec(p + "attn_norm.weight", (h,), None, None, 1, layer, "layer"),
+            ParamSpec(p + "attn.q_proj.weight", (q_out, h), 0, "kv", gd, layer, "layer"),
+            ParamSpec(p + "attn.k_proj.weight", (config.kv_dim, h), 0, "kv", d, layer, "layer"),
+            ParamSpec(p + "attn.v_proj.weight", (config.kv_dim, h), 0, "kv", d, layer, "layer"),
+            ParamSpec(p + "attn.o_proj.weight", (h, q_out), 1, "kv", gd, layer, "layer"),
+            ParamSpec(p + "mlp_norm.weight", (h,), None, None, 1, layer, "layer"),
+            ParamSpec(p + "mlp.gate_proj.weight", (f, h), 0, "ffn", 1, layer, "layer"),
+            ParamSpec(p + "mlp.up_proj.weight", (f, h), 0, "ffn", 1, layer, "layer"),
+            ParamSpec(p + "mlp.down_proj.weight", (h, f), 1, "ffn", 1, layer, "layer"),
+        ]
+    specs += [ParamSpec("norm.weight", (h,), None, None, 1, None, "last"),
+              ParamSpec("lm_head.weight", (v, h), None, None, 1, None, "last")]
+    return specs
+
+
+def stage_holds(spec: ParamSpec, layers: tuple[int, int], is_first: bool, is_last: bool) -> bool:
+    """Whether a stage running ``layers`` (first/last flags given) holds ``spec``."""
+    if spec.place == "first":
+        return is_first
+    if spec.place == "last":
+        return is_last
+    return layers[0] <= spec.layer < layers[1]
+
+
+@dataclass(frozen=True)
+class LocalShard:
+    """This rank's piece of a global parameter: [start, end) along ``spec.shard_dim`` (or all of it)."""
+
+    spec: ParamSpec
+    start: int
+    end: int
+
+    def slice_of(self, full: torch.Tensor) -> torch.Tensor:
+        """The local piece of a full-shape tensor (a view)."""
+        if self.spec.shard_dim is None:
+            return full
+        return full.narrow(self.spec.shard_dim, self.start, self.end - self.start)
+
+
+def stage_shards(config: LlamaConfig, layers: tuple[int, int], is_first: bool, is_last: bool,
+                 tp: int, tp_rank: int) -> dict[str, LocalShard]:
+    """Global name -> :class:`LocalShard` for every parameter a rank of this stage holds."""
+    out = {}
+    for spec in param_specs(config):
+        if stage_holds(spec, layers, is_first, is_last):
+            start, end = spec.ranges(config, tp)[tp_rank]
+            out[spec.name] = LocalShard(spec, start, end)
+    return out
+
+
+class _NormIntoTP(RMSNorm):
+    """RMSNorm whose output enters the TP region (f): one gradient all-reduce for q, k and v
+    (or gate and up) together. Same parameter name and values as the plain RMSNorm."""
+
+    def __init__(self, dim: int, eps: float, group: ProcessGroup | None):
+        super().__init__(dim, eps)
+        self.group = group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return tpl.copy_to_tp_region(super().forward(x), self.group)
+
+
+def _shard_block(block: TransformerBlock, config: LlamaConfig, tp: int, tp_rank: int,
+                 group: ProcessGroup | None) -> None:
+    """Replace a (meta) block's norms and linears by their TP versions (shapes only), in place."""
+    h, d, g, eps = config.hidden_size, config.head_dim, config.heads_per_kv, config.rms_norm_eps
+    kv0, kv1 = config.kv_head_split(tp)[tp_rank]
+    f0, f1 = config.ffn_split(tp)[tp_rank]
+    nkv = kv1 - kv0
+    meta = torch.device("meta")
+    with meta:
+        block.attn_norm = _NormIntoTP(h, eps, group)
+        block.mlp_norm = _NormIntoTP(h, eps, group)
+    attn, mlp = block.attn, block.mlp
+    attn.q_proj = tpl.ColumnParallelLinear(h, nkv * g * d, group, copy_input=False, device=meta)
+    attn.k_proj = tpl.ColumnParallelLinear(h, nkv * d, group, copy_input=False, device=meta)
+    attn.v_proj = tpl.ColumnParallelLinear(h, nkv * d, group, copy_input=False, device=meta)
+    attn.o_proj = tpl.RowParallelLinear(nkv * g * d, h, group, device=meta)
+    attn.num_heads, attn.num_kv_heads = nkv * g, nkv
+    attn.attention_fn = tpl.attention
+    mlp.gate_proj = tpl.ColumnParallelLinear(h, f1 - f0, group, copy_input=False, device=meta)
+    mlp.up_proj = tpl.ColumnParallelLinear(h, f1 - f0, group, copy_input=False, device=meta)
+    mlp.down_proj = tpl.RowParallelLinear(f1 - f0, h, group, device=meta)
+
+
+class StageModule(nn.Module):
+    """One rank's part of one pipeline stage.
+
+    ``forward(x)``: x is tokens (B, S) on a first stage, else the hidden state (B, S, H) received
+    from the previous stage; returns logits (B, S, V) on a last stage, else the hidden state.
+    """
+
+    def __init__(self, config: LlamaConfig, layers: tuple[int, int], is_first: bool, is_last: bool,
+                 tp: int, tp_rank: int, blocks: dict[str, TransformerBlock], embed: nn.Module | None,
+                 norm: nn.Module | None, lm_head: nn.Module | None, recompute: bool = False):
+        super().__init__()
+        self.config, self.layer_range = config, layers
+        self.is_first, self.is_last, self.tp, self.tp_rank = is_first, is_last, tp, tp_rank
+        self.recompute = recompute
+        self.embed = embed
+        self.layers = nn.ModuleDict(blocks)
+        self.norm, self.lm_head = norm, lm_head
+
+    def shards(self) -> dict[str, LocalShard]:
+        """Global name -> local piece, for every parameter of this module."""
+        return stage_shards(self.config, self.layer_range, self.is_first, self.is_last, self.tp, self.tp_rank)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x) if self.is_first else x
+        c = self.config
+        # RoPE tables in the norm's compute dtype (float32, or float64 for a float64 model).
+        cos, sin = rope_tables(h.shape[1], c.head_dim, c.rope_theta, h.device,
+                               torch.promote_types(h.dtype, torch.float32))
+        for block in self.layers.values():
+            if self.recompute and torch.is_grad_enabled():
+                # Non-reentrant checkpoint: keeps only the block input, re-runs the block (and its
+                # TP all-reduces) in backward; works with inputs that do not require grad.
+                h = checkpoint(block, h, cos, sin, use_reentrant=False)
+            else:
+                h = block(h, cos, sin)
+        if self.is_last:
+            return self.lm_head(self.norm(h))
+        return h
+
+
+def build_stage(model: Llama, layers: tuple[int, int], is_first: bool, is_last: bool, tp: int, tp_rank: int,
+                tp_group: ProcessGroup | None, *, device: torch.device | str = "cpu",
+                dtype: torch.dtype = torch.float32, recompute: bool = False, seed: int | None = 0) -> StageModule:
+    """This rank's :class:`StageModule`, cut out of ``model`` (a :class:`Llama` on the meta device).
+
+    Only the local shards are materialised, on ``device`` in ``dtype``. With ``seed`` they are
+    initialised to the slices of :func:`init_tensor` (bit-identical to ``Llama.init_weights(seed)``);
+    with ``seed=None`` they are left uninitialised (load a state dict next).
+    ``tp_group`` must be the stage's TP group when ``tp > 1`` (``None`` for TP 1).
+    """
+    config = model.config
+    if any(not p.is_meta for p in model.parameters()):
+        raise ValueError("build_stage expects the plain Llama on the meta device: build it under "
+                         "torch.device('meta') so that only this rank's shards get memory")
+    if tp > 1 and tp_group is None:
+        raise ValueError(f"a stage with TP degree {tp} needs its TP process group")
+    group = tp_group if tp > 1 else None
+    blocks = {}
+    for layer in range(*layers):
+        block = model.layers[layer]
+        _shard_block(block, config, tp, tp_rank, group)
+        blocks[str(layer)] = block
+    stage = StageModule(config, layers, is_first, is_last, tp, tp_rank, blocks,
+                        model.embed if is_first else None,
+                        model.norm if is_last else None, model.lm_head if is_last else None, recompute)
+    stage.to(dtype=dtype)  # still meta: free
+    stage.to_empty(device=device)
+    if seed is not None:
+        init_stage_weights(stage, seed)
+    return stage
+
+
+@torch.no_grad()
+def init_stage_weights(stage: StageModule, seed: int) -> None:
+    """Each local parameter := its slice of ``init_tensor(global name, full shape, seed)``.
+
+    Draws the full tensor of one parameter at a time on CPU (a transient of one full parameter),
+    which is what makes the result independent of the TP degree.
+    """
+    shards = stage.shards()
+    for name, p in stage.named_parameters():
+        shard = shards[name]
+        full = init_tensor(name, shard.spec.shape, seed, p.dtype)
+        p.copy_(shard.slice_of(full))
+
+
+@torch.no_grad()
+def load_full_state_dict(stage: StageModule, state: dict[str, torch.Tensor]) -> None:
+    """Copy this rank's pieces out of a full (global-name) state dict."""
+    shards = stage.shards()
+    for name, p in stage.named_parameters():
+        if name not in state:
+            raise KeyError(f"state dict has no entry {name!r} needed by this stage")
+        full = state[name]
+        if tuple(full.shape) != shards[name].spec.shape:
+            raise ValueError(f"{name}: state dict shape {tuple(full.shape)} != model shape {shards[name].spec.shape}")
+        p.copy_(shards[name].slice_of(full.to(p.device)))
+
+
+def local_shards(stage: StageModule, grads: bool = False) -> dict[str, tuple[torch.Tensor, int | None, int, int]]:
+    """Global name -> (local tensor, shard dim or None, start, end): the inverse of
+    :func:`load_full_state_dict`. With ``grads`` the tensors are the gradients (zeros when None)."""
+    shards = stage.shards()
+    out = {}
+    for name, p in stage.named_parameters():
+        t = p.detach() if not grads else (p.grad if p.grad is not None else torch.zeros_like(p))
+        s = shards[name]
+        out[name] = (t, s.spec.shard_dim, s.start, s.end)
+    return out
+
+
+def assemble_full_state_dict(pieces: list[dict[str, tuple[torch.Tensor, int | None, int, int]]],
+                             config: LlamaConfig) -> dict[str, torch.Tensor]:
+    """Full tensors from the :func:`local_shards` of several ranks (any plan; the first piece of a
+    region wins where pipelines overlap). Raises if some element of some parameter is missing."""
+    out: dict[str, torch.Tensor] = {}
+    covered: dict[str, torch.Tensor] = {}
+    shapes = {s.name: s.shape for s in param_specs(config)}
+    for piece in pieces:
+        for name, (t, dim, start, end) in piece.items():
+            if name not in out:
+                out[name] = torch.zeros(shapes[name], dtype=t.dtype)
+                covered[name] = torch.zeros(shapes[name][0] if dim is None else shapes[name][dim], dtype=torch.bool)
+            if dim is None:
+                out[name].copy_(t.cpu())
+                covered[name][:] = True
+            else:
+                out[name].narrow(dim, start, end - start).copy_(t.cpu())
+                covered[name][start:end] = True
+    missing = [n for n in shapes if n not in covered or not bool(covered[n].all())]
+    if missing:
+        raise ValueError(f"pieces do not cover the model: missing (parts of) {missing[:5]}")
+    return out

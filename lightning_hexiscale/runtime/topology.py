@@ -1,0 +1,189 @@
+"""Plan + global rank -> this rank's role, and every process group the runtime needs.
+
+Rank mapping (from the Plan): global rank r runs device ``plan.device_order[r]``. A stage's ranks
+are its devices' ranks in the stage's device order; the first is the stage leader.
+
+Process groups, ALL created once, up front, by EVERY rank, in ONE deterministic order (the sorted
+list of rank tuples from :func:`group_ranks`). ``torch.distributed.new_group`` is collective over
+the default group: a rank that skipped a group, or created them in another order, would make the
+first collective on it hang (see NOTES-torch-lightning.md). The groups are:
+
+- one TP group per stage with TP degree > 1 (its ranks, leader first in the plan but sorted here);
+- one data-parallel group per distinct set of "holder" ranks of a gradient segment
+  (:func:`lightning_hexiscale.runtime.grad_sync.sync_segments`): one rank per pipeline, so only
+  when the plan has two or more pipelines.
+
+Point-to-point traffic between stages and the loss reduction use the default (world) group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+from lightning_hexiscale.errors import PlanError
+from lightning_hexiscale.models.config import LlamaConfig
+from lightning_hexiscale.planner.plan import Plan
+
+
+@dataclass(frozen=True)
+class Role:
+    """What one global rank does in a plan. Pure data."""
+
+    rank: int
+    """Global rank."""
+    device: int
+    """Cluster device id the rank runs (``plan.device_order[rank]``)."""
+    pipeline: int
+    """Index of its pipeline (data-parallel replica)."""
+    stage: int
+    """Index of its stage within the pipeline."""
+    num_stages: int
+    """Stages of its pipeline."""
+    tp_rank: int
+    """Position within the stage's TP group (0 = leader)."""
+    stage_ranks: tuple[int, ...]
+    """Global ranks of its stage, leader first."""
+    prev_stage_ranks: tuple[int, ...]
+    """Global ranks of the previous stage (empty on a first stage)."""
+    next_stage_ranks: tuple[int, ...]
+    """Global ranks of the next stage (empty on a last stage)."""
+    layers: tuple[int, int]
+    """[start, end) of the layers the stage runs."""
+    batch_offset: int
+    """Derived from the plan: first sample of the global batch this pipeline takes
+    (sum of the batch sizes of the pipelines before it)."""
+    batch_size: int
+    """Samples of the global batch this pipeline takes: [batch_offset, batch_offset + batch_size)."""
+    micro_batch_size: int
+    """Samples per micro-batch."""
+
+    @property
+    def tp(self) -> int:
+        return len(self.stage_ranks)
+
+    @property
+    def is_first(self) -> bool:
+        return self.stage == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.stage == self.num_stages - 1
+
+    @property
+    def leader(self) -> int:
+        return self.stage_ranks[0]
+
+    @property
+    def is_leader(self) -> bool:
+        return self.tp_rank == 0
+
+    @property
+    def prev_leader(self) -> int | None:
+        return self.prev_stage_ranks[0] if self.prev_stage_ranks else None
+
+    @property
+    def next_leader(self) -> int | None:
+        return self.next_stage_ranks[0] if self.next_stage_ranks else None
+
+    @property
+    def num_micro_batches(self) -> int:
+        return self.batch_size // self.micro_batch_size
+
+    @property
+    def scatter_gather_prev(self) -> bool:
+        """Previous stage has the same TP degree t > 1: peer-to-peer 1/t chunks + all-gather."""
+        return self.tp > 1 and len(self.prev_stage_ranks) == self.tp
+
+    @property
+    def scatter_gather_next(self) -> bool:
+        """Next stage has the same TP degree t > 1 (see :attr:`scatter_gather_prev`)."""
+        return self.tp > 1 and len(self.next_stage_ranks) == self.tp
+
+
+def stage_rank_lists(plan: Plan) -> list[list[tuple[int, ...]]]:
+    """[pipeline][stage] -> global ranks of that stage, leader first."""
+    order = {d: r for r, d in enumerate(plan.device_order)}
+    return [[tuple(order[d] for d in st.devices) for st in p.stages] for p in plan.pipelines]
+
+
+def role_of(plan: Plan, rank: int) -> Role:
+    """The role of global ``rank`` in ``plan`` (the plan must be valid)."""
+    if not 0 <= rank < plan.world_size:
+        raise PlanError("rank", rank, f"the plan uses {plan.world_size} ranks (0..{plan.world_size - 1})",
+                        "launch exactly plan.world_size processes")
+    ranks = stage_rank_lists(plan)
+    offset = 0
+    for i, pipe in enumerate(plan.pipelines):
+        for j, st in enumerate(pipe.stages):
+            if rank in ranks[i][j]:
+                return Role(rank=rank, device=plan.device_order[rank], pipeline=i, stage=j,
+                            num_stages=len(pipe.stages), tp_rank=ranks[i][j].index(rank),
+                            stage_ranks=ranks[i][j], prev_stage_ranks=ranks[i][j - 1] if j > 0 else (),
+                            next_stage_ranks=ranks[i][j + 1] if j + 1 < len(pipe.stages) else (),
+                            layers=st.layers, batch_offset=offset, batch_size=pipe.batch_size,
+                            micro_batch_size=pipe.micro_batch_size)
+        offset += pipe.batch_size
+    raise AssertionError(f"rank {rank} is in no stage")  # unreachable for a valid plan
+
+
+def group_ranks(plan: Plan, config: LlamaConfig) -> list[tuple[int, ...]]:
+    """Every process group the runtime uses, as sorted rank tuples, in creation order (sorted).
+
+    Pure: the same list on every rank. TP groups of stages with TP > 1, plus the holder sets of
+    the gradient segments (one rank per pipeline) when there are two or more pipelines.
+    """
+    from lightning_hexiscale.runtime.grad_sync import sync_segments  # grad_sync imports this module
+
+    wanted: set[tuple[int, ...]] = set()
+    for pipe in stage_rank_lists(plan):
+        for st in pipe:
+            if len(st) > 1:
+                wanted.add(tuple(sorted(st)))
+    if plan.num_pipelines > 1:
+        wanted.update(seg.ranks for seg in sync_segments(plan, config))
+    return sorted(wanted)
+
+
+class Topology:
+    """This rank's :class:`Role` plus handles to the process groups it belongs to.
+
+    Constructing it is collective: every rank of the default group must construct a Topology of
+    the same plan at the same point (it calls ``dist.new_group`` for every group of the plan).
+    """
+
+    def __init__(self, plan: Plan, config: LlamaConfig, rank: int | None = None):
+        if not dist.is_initialized():
+            raise RuntimeError("Topology needs torch.distributed initialised (init_process_group) first")
+        world = dist.get_world_size()
+        if world != plan.world_size:
+            raise PlanError("world_size", world, f"the plan needs exactly {plan.world_size} processes "
+                            f"(devices {list(plan.device_order)})",
+                            f"launch {plan.world_size} processes or use a plan for {world} devices")
+        self.plan, self.config = plan, config
+        self.rank = dist.get_rank() if rank is None else rank
+        self.role = role_of(plan, self.rank)
+        self.all_group_ranks = group_ranks(plan, config)
+        self._groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
+        for ranks in self.all_group_ranks:
+            pg = dist.new_group(list(ranks))  # collective: every rank, same order
+            if self.rank in ranks:
+                self._groups[ranks] = pg
+
+    def group(self, ranks: tuple[int, ...] | list[int]) -> dist.ProcessGroup:
+        """The process group of exactly these ranks (this rank must be one of them)."""
+        key = tuple(sorted(ranks))
+        if key not in self._groups:
+            raise KeyError(f"rank {self.rank} has no process group for ranks {key}")
+        return self._groups[key]
+
+    @property
+    def tp_group(self) -> dist.ProcessGroup | None:
+        """The stage's TP group, or None when the stage has TP degree 1."""
+        return self.group(self.role.stage_ranks) if self.role.tp > 1 else None
+
+    @property
+    def groups(self) -> dict[tuple[int, ...], dist.ProcessGroup]:
+        """Rank tuple -> group, for the groups this rank belongs to."""
+        return dict(self._groups)
