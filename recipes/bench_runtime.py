@@ -1,0 +1,240 @@
+"""CPU benchmark of the HexiScale runtime against torch DistributedDataParallel.
+
+Both sides train the same LLaMA on the same 2 (default) gloo ranks, same data, same micro-batching
+and optimizer (SGD): the HexiScale side with a homogeneous pure-DP plan (one single-device
+pipeline per rank, equal batches) through ``PipelineEngine``; the DDP side with
+``DistributedDataParallel`` around the plain ``Llama`` (``no_sync`` on all but the last
+micro-batch). Launches alternate (hexiscale, ddp, hexiscale, ddp, ...) so that background load hits
+both; for each side the best median step time over the rounds is kept.
+
+Printed: step time and throughput (tokens/s = global_batch * seq_len / step time) of each side, the
+ratio hexiscale / ddp (target >= 0.95), and the measured peak memory per rank of each side.
+
+Peak memory per rank: the growth of the process's resident set (Linux VmHWM, reset to the current
+RSS through /proc/self/clear_refs when the kernel allows it) from just before the model is built to
+the end of the timed steps: parameters, gradients, optimizer state, activations and communication
+buffers, plus allocator slack (glibc keeps freed blocks). One-time lazy initialisation is excluded
+by :func:`prime_process` before the baseline. :func:`measure_peak_bytes` returns it
+for any plan (for the cost-model comparison).
+
+    python recipes/bench_runtime.py            # ~1 minute on 2 cores
+    python recipes/bench_runtime.py --steps 3 --rounds 1 --layers 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import multiprocessing as mp
+import os
+import socket
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from lightning_hexiscale.models.config import LlamaConfig
+from lightning_hexiscale.models.llama import Llama
+from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.runtime.engine import PipelineEngine
+
+
+# ---- memory ------------------------------------------------------------------------------------
+def _read_status_kib(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def reset_peak_rss() -> int:
+    """Reset the peak-RSS mark to the current RSS if the kernel allows it; return the baseline bytes.
+
+    Writing "5" to /proc/self/clear_refs resets VmHWM (Linux >= 4.0); otherwise the baseline is the
+    current peak, so the measured growth can only be under-estimated when the process peaked before.
+    """
+    with contextlib.suppress(OSError):
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    hwm = _read_status_kib("VmHWM")
+    return (hwm if hwm is not None else 0) * 1024
+
+
+def prime_process() -> None:
+    """Run a throw-away 1-layer, width-16 model forward/backward/step and a tiny all-reduce, so that
+    one-time lazy initialisation (kernel dispatch tables, oneDNN/SDPA set-up, gloo buffers; about
+    100 MiB of resident memory on the first step, measured) happens before the baseline and is not
+    counted as training memory. The toy model itself frees ~10 KiB."""
+    tiny = LlamaConfig(name="prime", hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
+                       ffn_hidden_size=16, vocab_size=16, seq_len=4)
+    model = Llama(tiny).init_weights(0)
+    tok = torch.zeros(1, tiny.seq_len, dtype=torch.long)
+    model.loss(model(tok), tok).backward()
+    torch.optim.SGD(model.parameters(), lr=1.0).step()
+    if dist.is_initialized():
+        dist.all_reduce(torch.zeros(16))
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process in bytes (VmHWM)."""
+    hwm = _read_status_kib("VmHWM")
+    if hwm is None:  # not Linux: ru_maxrss is KiB on Linux, bytes on macOS
+        import resource
+
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return rss if sys.platform == "darwin" else rss * 1024
+    return hwm * 1024
+
+
+# ---- data --------------------------------------------------------------------------------------
+def make_batch(config: LlamaConfig, global_batch: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(step)
+    seq = torch.randint(0, config.vocab_size, (global_batch, config.seq_len + 1), generator=gen)
+    return seq[:, :-1], seq[:, 1:]
+
+
+def pure_dp_plan(world: int, config: LlamaConfig, batch_per_rank: int, micro_batch: int) -> Plan:
+    """One single-device pipeline per rank, all layers, equal batches."""
+    return Plan.from_dict({"num_layers": config.num_layers, "schedule": "1f1b", "recompute": False,
+                           "pipelines": [{"batch_size": batch_per_rank, "micro_batch_size": micro_batch,
+                                          "stages": [{"devices": [r], "layers": [0, config.num_layers]}]}
+                                         for r in range(world)]})
+
+
+# ---- one rank ----------------------------------------------------------------------------------
+def _worker(rank: int, world: int, port: int, mode: str, plan_dict: dict, config: LlamaConfig,
+            steps: int, warmup: int, threads: int, out) -> None:
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+    try:
+        plan = Plan.from_dict(plan_dict)
+        prime_process()
+        baseline = reset_peak_rss()
+        if mode == "hexiscale":
+            engine = PipelineEngine(plan, config, seed=0)
+            params = list(engine.parameters())
+
+            def step_fn(tok, tgt):
+                engine.train_step(tok, tgt)
+        else:
+            pipe = plan.pipelines[rank]
+            offset = sum(p.batch_size for p in plan.pipelines[:rank])
+            model = Llama(config).init_weights(0)
+            ddp = DistributedDataParallel(model)
+            params = list(model.parameters())
+            m = pipe.num_micro_batches
+
+            def step_fn(tok, tgt):
+                tok, tgt = tok[offset:offset + pipe.batch_size], tgt[offset:offset + pipe.batch_size]
+                for p in params:
+                    p.grad = None
+                for i, (x, y) in enumerate(zip(tok.split(pipe.micro_batch_size), tgt.split(pipe.micro_batch_size))):
+                    with ddp.no_sync() if i < m - 1 else contextlib.nullcontext():
+                        (model.loss(ddp(x), y) / m).backward()
+        opt = torch.optim.SGD(params, lr=1e-3)
+        times = []
+        for step in range(warmup + steps):
+            tok, tgt = make_batch(config, plan.global_batch, step)
+            dist.barrier()
+            t0 = time.perf_counter()
+            step_fn(tok, tgt)
+            opt.step()
+            times.append(time.perf_counter() - t0)
+        out.put((rank, "ok", times[warmup:], peak_rss_bytes() - baseline))
+    except Exception as e:  # reported by the parent
+        out.put((rank, "error", repr(e), 0))
+    finally:
+        dist.destroy_process_group()
+
+
+def launch(mode: str, plan: Plan, config: LlamaConfig, steps: int, warmup: int = 1, threads: int = 1,
+           timeout: float = 300.0) -> list[tuple[list[float], int]]:
+    """Run ``mode`` ("hexiscale" or "ddp") on ``plan.world_size`` forked gloo ranks; per rank:
+    (step times in s, peak memory growth in bytes)."""
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    world = plan.world_size
+    procs = [ctx.Process(target=_worker, args=(r, world, port, mode, plan.to_dict(), config, steps, warmup,
+                                               threads, out), daemon=True) for r in range(world)]
+    for p in procs:
+        p.start()
+    results = {}
+    try:
+        for _ in range(world):
+            rank, status, value, peak = out.get(timeout=timeout)
+            if status != "ok":
+                raise RuntimeError(f"{mode} rank {rank} failed: {value}")
+            results[rank] = (value, peak)
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    return [results[r] for r in range(world)]
+
+
+def measure_peak_bytes(plan: Plan, config: LlamaConfig, steps: int = 2) -> list[int]:
+    """Measured peak memory growth per rank (bytes, index = global rank) of training ``plan`` on CPU
+    gloo ranks for ``steps`` steps; see the module docstring for what is counted."""
+    return [peak for _, peak in launch("hexiscale", plan, config, steps=steps, warmup=0)]
+
+
+# ---- entry point -------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ranks", type=int, default=2, help="processes (pipelines) [2]")
+    ap.add_argument("--hidden", type=int, default=256, help="model width H [256]")
+    ap.add_argument("--layers", type=int, default=4, help="transformer layers [4]")
+    ap.add_argument("--heads", type=int, default=8, help="query heads [8]; KV heads = heads / 2")
+    ap.add_argument("--vocab", type=int, default=2048, help="vocabulary [2048]")
+    ap.add_argument("--seq", type=int, default=128, help="sequence length in tokens [128]")
+    ap.add_argument("--batch", type=int, default=8, help="sequences per rank per step [8]")
+    ap.add_argument("--micro-batch", type=int, default=4, help="sequences per micro-batch [4]")
+    ap.add_argument("--steps", type=int, default=6, help="timed steps per launch [5]")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed steps per launch [1]")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating launches per side [3]")
+    ap.add_argument("--threads", type=int, default=1, help="intra-op threads per rank [1]")
+    args = ap.parse_args(argv)
+
+    config = LlamaConfig(name="bench", hidden_size=args.hidden, num_layers=args.layers, num_heads=args.heads,
+                         num_kv_heads=max(1, args.heads // 2), ffn_hidden_size=(8 * args.hidden // 3 + 7) // 8 * 8,
+                         vocab_size=args.vocab, seq_len=args.seq)
+    plan = pure_dp_plan(args.ranks, config, args.batch, args.micro_batch).validate(model=config)
+    tokens = plan.global_batch * config.seq_len
+    print(f"model: {config.total_params / 1e6:.2f} M params (H={config.hidden_size}, L={config.num_layers}, "
+          f"V={config.vocab_size}, S={config.seq_len}); {args.ranks} gloo ranks x {args.threads} thread(s); "
+          f"global batch {plan.global_batch} ({args.batch}/rank, micro-batch {args.micro_batch}) = {tokens} tokens/step")
+    best: dict[str, float] = {}
+    peaks: dict[str, list[int]] = {}
+    for rnd in range(args.rounds):
+        for mode in ("hexiscale", "ddp"):
+            res = launch(mode, plan, config, args.steps, args.warmup, args.threads)
+            # a step ends when the slowest rank ends: take the per-step max over ranks, then the median
+            step = statistics.median(max(ts) for ts in zip(*(times for times, _ in res)))
+            print(f"  round {rnd} {mode:9s}: median step {step * 1e3:8.1f} ms")
+            best[mode] = min(best.get(mode, float("inf")), step)
+            peaks[mode] = [max(a, b) for a, b in zip(peaks.get(mode, [0] * len(res)), (p for _, p in res))]
+    print()
+    for mode in ("hexiscale", "ddp"):
+        mib = ", ".join(f"{p / 2**20:.1f}" for p in peaks[mode])
+        print(f"{mode:9s}: {best[mode] * 1e3:8.1f} ms/step  {tokens / best[mode]:10.0f} tokens/s  "
+              f"peak memory growth per rank [MiB]: {mib}")
+    ratio = best["ddp"] / best["hexiscale"]
+    print(f"throughput ratio hexiscale / ddp = {ratio:.3f} (target >= 0.95)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
