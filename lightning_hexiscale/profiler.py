@@ -1,0 +1,107 @@
+"""`hexiscale profile`: measure this cluster and write the cluster YAML the planner reads.
+
+    hexiscale profile --local 2 --out outputs/cpu2.yaml          # 2 forked CPU ranks (gloo)
+    torchrun --nproc-per-node 8 --nnodes 2 ... -m lightning_hexiscale.cli profile --out c.yaml
+    hexiscale estimate --plan my_plan.yaml cluster=outputs/cpu2.yaml
+
+Measures, per rank, sustained matmul FLOP/s (bf16 on CUDA, fp32 on CPU) and memory (CUDA total,
+or CPU RAM / ranks on the host), and alpha, beta for every pair of ranks (see
+:mod:`lightning_hexiscale.profiling`). The other subcommands of this concern are registered here
+too: ``calibrate`` (fit efficiency and theta from measured steps) and ``check-estimate``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from lightning_hexiscale.cli import subcommand
+from lightning_hexiscale.errors import ConfigError
+from lightning_hexiscale.units import parse_bytes
+
+
+def _sizes(text: str) -> list[int]:
+    out = []
+    for part in text.split(","):
+        try:
+            out.append(int(parse_bytes(part.strip(), "--sizes")))
+        except ConfigError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    if len(set(out)) < 2:
+        raise argparse.ArgumentTypeError("give at least two distinct sizes, e.g. 1KiB,64KiB,1MiB,4MiB")
+    return out
+
+
+def _positive_int(text: str) -> int:
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def add_launch_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--local", type=_positive_int, metavar="N", default=None,
+                   help="fork N CPU ranks here (gloo, one thread each) instead of joining a torchrun/SLURM/"
+                        "Lightning-launched process group")
+    p.add_argument("--timeout", type=float, default=900.0, metavar="S",
+                   help="deadline in seconds for the whole run and every collective (default 900)")
+
+
+def _profile_args(p: argparse.ArgumentParser) -> None:
+    add_launch_args(p)
+    p.add_argument("--out", default="profiled_cluster.yaml", metavar="PATH.yaml",
+                   help="cluster YAML to write (its matrices go to PATH.matrix.yaml beside it)")
+    p.add_argument("--name", default=None, help="cluster name (default: the file's stem)")
+    p.add_argument("--sizes", type=_sizes, default=None, metavar="S1,S2,...",
+                   help="ping-pong message sizes, e.g. 1KiB,64KiB,1MiB,4MiB (default: 1 KiB..4 MiB on CPU, "
+                        "4 KiB..64 MiB on CUDA)")
+    p.add_argument("--reps", type=_positive_int, default=5, help="timed ping-pongs per size and pair (default 5)")
+    p.add_argument("--max-pairs", type=_positive_int, default=None, metavar="K",
+                   help="pairs measured at once (default: no limit on CUDA, cores/2 on CPU)")
+    p.add_argument("--no-isolate-hosts", dest="isolate_hosts", action="store_false",
+                   help="let several cross-host pairs of one host share its NIC in a step (faster, less exact)")
+    p.add_argument("--link-stat", choices=("median", "min"), default="median",
+                   help="time per message size: median (typical, default) or min (best case) of the reps")
+    p.add_argument("--matmul-size", type=_positive_int, default=None, metavar="N",
+                   help="matmul size N for the FLOP/s test (default 8192 on CUDA, 1024 on CPU)")
+    p.add_argument("--matmul-time", type=float, default=0.5, metavar="S", help="seconds of matmuls per rank (default 0.5)")
+
+
+def _profile_rank(rank: int, world: int, opts: dict):
+    from lightning_hexiscale.profiling.measure import profile_process_group
+
+    return profile_process_group(log=lambda m: print(m, flush=True), **opts)
+
+
+def run_profile(args: argparse.Namespace):
+    """Profile with the launch mode of ``args``; returns the ProfileResult on rank 0, else None."""
+    from lightning_hexiscale.profiling.launch import run_from_env, run_local
+
+    opts = dict(sizes=args.sizes, reps=args.reps, max_pairs=args.max_pairs, isolate_hosts=args.isolate_hosts,
+                matmul_n=args.matmul_size, matmul_time_s=args.matmul_time, link_stat=args.link_stat)
+    if args.local:
+        return run_local(args.local, _profile_rank, opts, timeout_s=args.timeout)[0]
+    return run_from_env(_profile_rank, opts, timeout_s=args.timeout)
+
+
+@subcommand("profile", "measure every rank's FLOP/s and memory and alpha/beta of every rank pair; "
+                       "write a cluster YAML", _profile_args)
+def cmd_profile(args: argparse.Namespace) -> int:
+    from lightning_hexiscale.cluster import Cluster
+    from lightning_hexiscale.profiling.writer import link_summary, write_cluster
+
+    result = run_profile(args)
+    if result is None:  # not rank 0 of an external launch: rank 0 writes
+        return 0
+    path, mpath = write_cluster(result, args.out, args.name)
+    print(link_summary(result))
+    cluster = Cluster.load(str(path))  # prove the planner reads what was written
+    print(cluster.summary())
+    print(f"wrote {path} and {mpath}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    from lightning_hexiscale.cli import main
+
+    sys.exit(main(["profile", *sys.argv[1:]]))

@@ -1,0 +1,11 @@
+"""Measuring a cluster and holding the cost model against measured training steps.
+
+- :mod:`.fit`        pure: alpha-beta least squares, round-robin pair schedule
+- :mod:`.measure`    collective: matmul FLOP/s, memory, ping-pong of every pair -> ProfileResult
+- :mod:`.writer`     ProfileResult -> cluster YAML + matrix file that ``Cluster.load`` reads
+- :mod:`.launch`     forked local CPU ranks, or torchrun / SLURM / Lightning environments
+- :mod:`.calibrate`  efficiency per device type and theta_ddp from measured steps
+- :mod:`.check`      run a plan for a few steps; measured vs estimated time and memory
+
+The CLI (``hexiscale profile | calibrate | check-estimate``) lives in :mod:`lightning_hexiscale.profiler`.
+"""

@@ -1,0 +1,155 @@
+"""Pure pieces of the profiler: the alpha-beta fit and the pair schedule. No torch, no I/O.
+
+Link model (the paper's Appendix B notation): sending ``s`` bytes from device d to d' takes
+
+    t(s) = alpha[d, d'] + s / beta[d, d']        (seconds; alpha in s, beta in bytes/s)
+
+measured as half the round trip of a ping-pong (d sends s bytes, d' sends them back), at several
+sizes, and fitted by least squares. Pairs are measured in rounds of a round-robin tournament:
+N - 1 rounds of N/2 disjoint pairs cover all N(N-1)/2 pairs exactly once, so with every pair of a
+round running at the same time 64 ranks need 63 rounds instead of 2016 sequential pair tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+Pair = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class LinkFit:
+    """Result of :func:`fit_alpha_beta` for one pair."""
+
+    alpha_s: float
+    """Latency alpha in seconds (>= 0)."""
+    beta_Bps: float
+    """Bandwidth beta in bytes/s (> 0)."""
+    rel_rms: float
+    """Root-mean-square relative residual of the fit over the sizes, e.g. 0.03 = 3 %."""
+
+
+def fit_alpha_beta(sizes_bytes: Sequence[float], times_s: Sequence[float], reduce: str = "median") -> LinkFit:
+    """Least-squares fit of t = alpha + s / beta to (size, one-way time) samples.
+
+    Samples of the same size are first reduced to one time: ``median`` (default: the typical time,
+    robust to a stray slow sample; it keeps effects every message pays, such as a sleeping
+    receiver's wake-up, which on a virtual machine can add milliseconds) or ``min`` (the link's
+    best case, the classic micro-benchmark convention). The fit minimises RELATIVE residuals,
+
+        min_{alpha, g}  sum_k ((alpha + s_k * g - t_k) / t_k)^2,   beta = 1 / g,
+
+    because the times span orders of magnitude (0.1 ms at 1 KiB, 10 ms at 16 MiB): an absolute
+    least-squares fit would let the large sizes swallow alpha entirely. A negative alpha (noise at
+    the small sizes) is clamped to 0 and g refitted alone: g = sum(s/t) / sum((s/t)^2).
+
+    Raises ValueError when fewer than two distinct sizes are given or when the time does not grow
+    with the size (no bandwidth can be read from such data).
+    """
+    s = np.asarray(sizes_bytes, dtype=float)
+    t = np.asarray(times_s, dtype=float)
+    if s.shape != t.shape or s.ndim != 1:
+        raise ValueError(f"sizes and times must be 1-D of equal length, got {s.shape} and {t.shape}")
+    if not (np.isfinite(t).all() and (t > 0).all()):
+        raise ValueError(f"times must be finite and > 0, got {t.tolist()}")
+    if reduce not in ("median", "min"):
+        raise ValueError(f"reduce must be 'median' or 'min', got {reduce!r}")
+    uniq = np.unique(s)
+    if len(uniq) < 2:
+        raise ValueError(f"need at least two distinct message sizes to separate alpha from beta, got {uniq.tolist()}")
+    agg = np.median if reduce == "median" else np.min
+    med = np.array([agg(t[s == u]) for u in uniq])
+    a = np.stack([1.0 / med, uniq / med], axis=1)
+    (alpha, g), *_ = np.linalg.lstsq(a, np.ones_like(med), rcond=None)
+    if alpha < 0:
+        x = uniq / med
+        alpha, g = 0.0, float(x.sum() / (x * x).sum())
+    if not g > 0:
+        raise ValueError(f"the time does not grow with the message size (medians {med.tolist()} s for sizes "
+                         f"{uniq.tolist()} B): use larger messages so that bandwidth dominates the largest")
+    pred = alpha + uniq * g
+    rel = float(np.sqrt(np.mean(((pred - med) / med) ** 2)))
+    return LinkFit(float(alpha), float(1.0 / g), rel)
+
+
+def round_robin(n: int) -> list[list[Pair]]:
+    """Round-robin tournament (circle method) over ranks 0..n-1: every pair exactly once, the pairs
+    of one round disjoint. n - 1 rounds of n/2 pairs for even n; n rounds of (n-1)/2 pairs (one
+    rank rests) for odd n. Pairs are (low, high).
+
+    Circle method: keep rank 0 fixed, lay the others on a circle and rotate by one per round;
+    in each round position i plays position n'-1-i (n' = n rounded up to even, the extra slot
+    being a bye).
+    """
+    if n < 2:
+        return []
+    players: list[int | None] = list(range(n)) + ([None] if n % 2 else [])
+    m = len(players)
+    rounds = []
+    for _ in range(m - 1):
+        pairs = []
+        for i in range(m // 2):
+            a, b = players[i], players[m - 1 - i]
+            if a is not None and b is not None:
+                pairs.append((min(a, b), max(a, b)))
+        rounds.append(sorted(pairs))
+        players = [players[0], players[-1]] + players[1:-1]
+    return rounds
+
+
+def split_round(pairs: Sequence[Pair], hosts: Sequence[str], max_pairs: int | None = None,
+                isolate_hosts: bool = True) -> list[list[Pair]]:
+    """Split one round's disjoint pairs into sub-rounds that run one after the other.
+
+    Concurrent pairs distort each other when they share a resource; two rules prevent the known
+    cases, greedily in pair order (deterministic, so every rank computes the same schedule):
+
+    - ``isolate_hosts``: at most one cross-host pair per host in a sub-round, because all cross-host
+      pairs of a host share its network interface (8 GPUs of one host measured against 8 of another
+      at once would each see 1/8 of the NIC). Pairs inside one host run concurrently.
+    - ``max_pairs``: at most this many pairs at once (None: no limit), e.g. cores // 2 on a CPU
+      host where each rank of a gloo pair keeps a core busy copying bytes.
+    """
+    if max_pairs is not None and max_pairs < 1:
+        raise ValueError(f"max_pairs must be >= 1 or None, got {max_pairs}")
+    subs: list[list[Pair]] = []
+    busy: list[set[str]] = []  # hosts whose NIC a sub-round's cross-host pair already uses
+    for a, b in pairs:
+        cross = hosts[a] != hosts[b]
+        for k, sub in enumerate(subs):
+            if max_pairs is not None and len(sub) >= max_pairs:
+                continue
+            if cross and isolate_hosts and (hosts[a] in busy[k] or hosts[b] in busy[k]):
+                continue
+            sub.append((a, b))
+            if cross:
+                busy[k] |= {hosts[a], hosts[b]}
+            break
+        else:
+            subs.append([(a, b)])
+            busy.append({hosts[a], hosts[b]} if cross else set())
+    return subs
+
+
+def pair_schedule(n: int, hosts: Sequence[str], max_pairs: int | None = None,
+                  isolate_hosts: bool = True) -> list[list[Pair]]:
+    """All pairs of ``n`` ranks as a list of steps, each a list of disjoint pairs measured at once:
+    the :func:`round_robin` rounds, each split by :func:`split_round`."""
+    if len(hosts) != n:
+        raise ValueError(f"need one host name per rank: {len(hosts)} names for {n} ranks")
+    return [sub for rnd in round_robin(n) for sub in split_round(rnd, hosts, max_pairs, isolate_hosts)]
+
+
+def default_sizes(cuda: bool) -> tuple[int, ...]:
+    """Message sizes in bytes for the ping-pong: from latency-dominated to bandwidth-dominated.
+
+    CPU/gloo: 1 KiB .. 4 MiB (loopback TCP reaches ~1-2 GB/s, so 4 MiB takes a few ms: bandwidth
+    dominated, and a pair costs ~50 ms). GPU/NCCL: 4 KiB .. 64 MiB (NVLink at 200+ GB/s needs tens of
+    MiB before bandwidth dominates the ~10 us launch latency).
+    """
+    if cuda:
+        return (4 << 10, 256 << 10, 4 << 20, 16 << 20, 64 << 20)
+    return (1 << 10, 64 << 10, 512 << 10, 2 << 20, 4 << 20)

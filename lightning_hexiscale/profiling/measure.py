@@ -1,0 +1,199 @@
+"""The measurements, run collectively by every rank of an initialised process group.
+
+:func:`profile_process_group` is the whole profile: host names -> matmul FLOP/s and memory of each
+rank -> alpha/beta of every pair -> a :class:`~lightning_hexiscale.profiling.writer.ProfileResult`
+on rank 0. It uses whatever default process group exists (NCCL on GPUs, gloo on CPU), so it runs
+the same under torchrun, SLURM, ``hexiscale profile --local N`` or inside a function launched by
+Lightning (``Fabric(strategy="ddp", devices=8).launch(fn)`` with ``fn`` calling it).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from lightning_hexiscale.profiling.fit import LinkFit, fit_alpha_beta, pair_schedule
+from lightning_hexiscale.profiling.writer import ProfileResult
+
+
+def current_device() -> torch.device:
+    """The device this rank measures: its CUDA device under NCCL, else the CPU."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def device_type_name(device: torch.device) -> str:
+    """``CPU``, or the CUDA device name with non-alphanumerics replaced: ``NVIDIA-H100-80GB-HBM3``."""
+    if device.type == "cuda":
+        return re.sub(r"[^A-Za-z0-9]+", "-", torch.cuda.get_device_name(device)).strip("-")
+    return "CPU"
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_matmul_flops(device: torch.device, n: int | None = None, min_time_s: float = 0.5) -> float:
+    """Sustained FLOP/s of an n x n @ n x n matmul (2 n^3 FLOPs) on this rank, in FLOP/s.
+
+    bf16 on CUDA (the training precision the catalog's peak figures refer to); fp32 on CPU, where
+    bf16 matmuls have no fast path on most CPUs and the CPU runtime trains in fp32. The rate is
+    total FLOPs / total time over a window of at least ``min_time_s`` after two warm-up products,
+    so time-slicing among ranks that share cores is averaged in (every rank measures at the same
+    time, as they compute during training).
+    """
+    cuda = device.type == "cuda"
+    n = n or (8192 if cuda else 1024)
+    dtype = torch.bfloat16 if cuda else torch.float32
+    gen = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
+    b = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
+    c = torch.empty(n, n, device=device, dtype=dtype)
+    for _ in range(2):
+        torch.mm(a, b, out=c)
+    _sync(device)
+    reps = 0
+    t0 = time.perf_counter()
+    while True:
+        torch.mm(a, b, out=c)
+        reps += 1
+        if reps % 4 == 0 or not cuda:
+            _sync(device)
+            if time.perf_counter() - t0 >= min_time_s:
+                break
+    elapsed = time.perf_counter() - t0
+    return 2.0 * n**3 * reps / elapsed
+
+
+def device_memory_bytes(device: torch.device, ranks_on_host: int) -> float:
+    """Memory one rank may use, in bytes: the CUDA device's total memory, or on CPU the host's
+    physical RAM divided by the ranks that share the host."""
+    if device.type == "cuda":
+        return float(torch.cuda.get_device_properties(device).total_memory)
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return float(total) / max(ranks_on_host, 1)
+
+
+def _is_hopper(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
+
+
+def ping_pong(peer: int, initiator: bool, sizes: Sequence[int], reps: int, device: torch.device,
+              send_buf: torch.Tensor, recv_buf: torch.Tensor) -> list[float]:
+    """One-way times (s) per message, ``reps`` per size after one warm-up, as half round trips.
+
+    The initiator sends s bytes and waits for the same s bytes back; the half round trip is the
+    one-way time t(s) = alpha + s/beta with clock offsets between hosts cancelled (one clock).
+    Non-blocking isend/irecv + wait: a blocking gloo ``send`` can wait for the matching receive,
+    which this order provides, but isend keeps it safe if the order ever changes. Only the
+    initiator's list is meaningful; the responder returns [].
+    """
+    times: list[float] = []
+    for s in sizes:
+        out, inp = send_buf[:s], recv_buf[:s]
+        for k in range(reps + 1):
+            _sync(device)
+            t0 = time.perf_counter()
+            if initiator:
+                dist.isend(out, peer).wait()
+                dist.irecv(inp, peer).wait()
+            else:
+                dist.irecv(inp, peer).wait()
+                dist.isend(out, peer).wait()
+            _sync(device)
+            if initiator and k > 0:
+                times.append((time.perf_counter() - t0) / 2.0)
+    return times
+
+
+def profile_process_group(sizes: Sequence[int] | None = None, reps: int = 5, max_pairs: int | None = None,
+                          isolate_hosts: bool = True, matmul_n: int | None = None,
+                          matmul_time_s: float = 0.5, link_stat: str = "median", log=None) -> ProfileResult | None:
+    """Profile every rank of the default process group; collective (all ranks call it).
+
+    Steps (each fenced by a barrier so that one phase does not disturb the next):
+    1. host names are all-gathered (they define machines and the CPU memory share);
+    2. every rank measures its matmul FLOP/s at the same time, and its memory;
+    3. the pairs run in the steps of :func:`~lightning_hexiscale.profiling.fit.pair_schedule`:
+       disjoint pairs at once, at most ``max_pairs`` pairs per step (default: no limit on CUDA,
+       ``cores // 2`` on a CPU host, because a gloo pair keeps two cores busy and more pairs than
+       that would measure the CPU scheduler, not the link), and with ``isolate_hosts`` at most one
+       cross-host pair per host per step;
+    4. each pair's initiator fits alpha, beta (``link_stat``: median or min per size, see
+       :func:`~lightning_hexiscale.profiling.fit.fit_alpha_beta`); rank 0 gathers everything.
+
+    Returns the :class:`ProfileResult` on rank 0 and None elsewhere.
+    """
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = current_device()
+    cuda = device.type == "cuda"
+    from lightning_hexiscale.profiling.fit import default_sizes
+
+    sizes = sorted(int(s) for s in (sizes or default_sizes(cuda)))
+    say = (log or (lambda msg: None)) if rank == 0 else (lambda msg: None)
+
+    hosts: list[str] = [""] * world
+    dist.all_gather_object(hosts, socket.gethostname())
+    on_host = hosts.count(hosts[rank])
+    say(f"profiling {world} ranks on {len(set(hosts))} host(s), backend {dist.get_backend()}")
+
+    dist.barrier()
+    flops = measure_matmul_flops(device, matmul_n, matmul_time_s)
+    me = {"type": device_type_name(device), "flops": flops, "memory": device_memory_bytes(device, on_host),
+          "hopper": _is_hopper(device)}
+    info: list[dict] = [{}] * world
+    dist.all_gather_object(info, me)
+    say(f"matmul FLOP/s measured on all ranks at once ({'bf16' if cuda else 'fp32'})")
+
+    if max_pairs is None and not cuda:
+        max_pairs = max(1, (os.cpu_count() or 2) // 2)
+    steps = pair_schedule(world, hosts, max_pairs, isolate_hosts)
+    buf_out = torch.ones(max(sizes) if sizes else 1, dtype=torch.uint8, device=device)
+    buf_in = torch.empty_like(buf_out)
+    mine: dict[tuple[int, int], tuple[LinkFit, list[float]]] = {}
+    t_start = time.perf_counter()
+    for k, step in enumerate(steps):
+        dist.barrier()
+        for a, b in step:
+            if rank in (a, b):
+                peer = b if rank == a else a
+                times = ping_pong(peer, rank == a, sizes, reps, device, buf_out, buf_in)
+                if rank == a:
+                    fit = fit_alpha_beta([s for s in sizes for _ in range(reps)], times, link_stat)
+                    mine[(a, b)] = (fit, times)
+        if k == 0 or (k + 1) % max(1, len(steps) // 10) == 0:
+            say(f"  link step {k + 1}/{len(steps)} ({len(step)} pair(s) at once), "
+                f"{time.perf_counter() - t_start:.1f} s")
+    dist.barrier()
+    fits: list[dict] = [{}] * world
+    dist.all_gather_object(fits, {pair: (f.alpha_s, f.beta_Bps, f.rel_rms) for pair, (f, _) in mine.items()})
+    if rank != 0:
+        return None
+    bw = np.full((world, world), np.inf)
+    lat = np.zeros((world, world))
+    err = np.zeros((world, world))
+    for part in fits:
+        for (a, b), (alpha, beta, rel) in part.items():
+            lat[a, b] = lat[b, a] = alpha
+            bw[a, b] = bw[b, a] = beta
+            err[a, b] = err[b, a] = rel
+    notes = [f"flops: sustained {matmul_n or (8192 if cuda else 1024)}^3 matmul, "
+             f"{'bf16 on CUDA' if cuda else 'fp32 on CPU (one intra-op thread per rank)'}, all ranks at once"]
+    notes.append("memory: CUDA total device memory" if cuda else
+                 "memory: CPU host RAM divided by the ranks on that host")
+    notes.append(f"links: {link_stat} of {reps} ping-pongs per size; "
+                 + (f"at most {max_pairs} pair(s) at once" if max_pairs else "all disjoint pairs of a round at once")
+                 + ("; cross-host pairs one per host at a time" if isolate_hosts else ""))
+    return ProfileResult(hostnames=hosts, device_types=[i["type"] for i in info], flops=[i["flops"] for i in info],
+                         memory_bytes=[i["memory"] for i in info], bandwidth_Bps=bw, latency_s=lat, fit_rel_rms=err,
+                         hopper=[i["hopper"] for i in info], backend=dist.get_backend(),
+                         flops_dtype="bfloat16" if cuda else "float32", sizes_bytes=list(sizes), notes=notes)

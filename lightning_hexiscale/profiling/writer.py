@@ -1,0 +1,228 @@
+"""Profile result -> a cluster YAML the planner reads directly (plus its matrix file). No torch.
+
+Output, for a profile named ``NAME`` written to ``DIR/NAME.yaml``:
+
+- ``DIR/NAME.yaml``: a :class:`~lightning_hexiscale.config.ClusterConfig` document. Machines are
+  inferred from host names: a maximal run of consecutive ranks on one host with one device type is
+  one machine, so device id == global rank (the runtime's rank mapping for a plan over devices
+  0..N-1; a host whose ranks are not consecutive becomes several machine entries). ``gpu_types``
+  holds each device type's measured sustained matmul FLOP/s (median over its ranks) and memory,
+  with ``efficiency`` 1.0 until :mod:`~lightning_hexiscale.profiling.calibrate` fits it.
+  ``intra_bandwidth`` / ``inter_machine`` carry medians for reading; the measured matrices override them.
+- ``DIR/NAME.matrix.yaml``: ``bandwidth_Bps`` and ``latency_s`` N x N (symmetric; diagonal inf / 0),
+  plus the per-rank raw figures (flops, memory, hosts) and the fit residuals, for the record.
+  ``matrix_file`` in the cluster YAML is written as an ABSOLUTE path: the loader resolves relative
+  paths against the working directory then conf/, not against the YAML's folder, so an absolute
+  path is the one that works from anywhere on this machine (after moving the two files, edit it).
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from lightning_hexiscale.units import format_bandwidth
+
+
+@dataclass
+class ProfileResult:
+    """Everything the profiler measured, indexed by global rank. Units: FLOP/s, bytes, bytes/s, s."""
+
+    hostnames: list[str]
+    device_types: list[str]
+    """Per rank: a type name, e.g. ``CPU`` or ``NVIDIA-H100-80GB-HBM3`` (sanitised device name)."""
+    flops: list[float]
+    """Per rank: sustained matmul FLOP/s (bf16 on CUDA, fp32 on CPU; see ``flops_dtype``)."""
+    memory_bytes: list[float]
+    """Per rank: CUDA total device memory, or on CPU the host's RAM / ranks on that host."""
+    bandwidth_Bps: np.ndarray
+    """N x N fitted beta (inf on the diagonal)."""
+    latency_s: np.ndarray
+    """N x N fitted alpha (0 on the diagonal)."""
+    fit_rel_rms: np.ndarray
+    """N x N relative RMS residual of each pair's alpha-beta fit (0 on the diagonal)."""
+    hopper: list[bool] = field(default_factory=list)
+    backend: str = "gloo"
+    flops_dtype: str = "float32"
+    sizes_bytes: list[int] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    """Human-readable caveats written as comments into the YAML (e.g. how memory was derived)."""
+
+    @property
+    def world_size(self) -> int:
+        return len(self.hostnames)
+
+
+@dataclass(frozen=True)
+class MachineGroup:
+    name: str
+    hostname: str
+    device_type: str
+    ranks: tuple[int, ...]
+
+
+def infer_machines(hostnames: list[str], device_types: list[str]) -> list[MachineGroup]:
+    """Maximal runs of consecutive ranks with the same (host, device type), in rank order.
+
+    Names are the host names, made unique with ``.1``, ``.2`` ... when a host yields several runs
+    (non-consecutive ranks or mixed device types).
+    """
+    runs: list[tuple[str, str, list[int]]] = []
+    for r, (h, t) in enumerate(zip(hostnames, device_types)):
+        if runs and runs[-1][0] == h and runs[-1][1] == t:
+            runs[-1][2].append(r)
+        else:
+            runs.append((h, t, [r]))
+    seen: dict[str, int] = {}
+    out = []
+    for h, t, ranks in runs:
+        k = seen.get(h, 0)
+        seen[h] = k + 1
+        out.append(MachineGroup(h if k == 0 else f"{h}.{k}", h, t, tuple(ranks)))
+    return out
+
+
+def _fmt_flops(x: float) -> str:
+    return f"{x / 1e9:.9g} GFLOPS"
+
+
+def _fmt_bytes(x: float) -> str:
+    return f"{int(round(x))} B"
+
+
+def _fmt_bw(x: float) -> str:
+    return f"{x / 1e6:.9g} MB/s"
+
+
+def _fmt_time(x: float) -> str:
+    return f"{x * 1e6:.6g}us"
+
+
+def _median_off_diag(m: np.ndarray, mask: np.ndarray) -> float | None:
+    vals = m[mask & ~np.eye(len(m), dtype=bool)]
+    return float(np.median(vals)) if vals.size else None
+
+
+def cluster_document(p: ProfileResult, name: str, matrix_path: str,
+                     calibration: dict[str, float] | None = None,
+                     efficiency: dict[str, float] | None = None) -> dict[str, Any]:
+    """The ClusterConfig dict for ``p`` (see the module docstring for the layout)."""
+    n = p.world_size
+    hosts = np.array(p.hostnames)
+    same_host = hosts[:, None] == hosts[None, :]
+    bw_all = _median_off_diag(p.bandwidth_Bps, np.ones((n, n), dtype=bool))
+    lat_all = _median_off_diag(p.latency_s, np.ones((n, n), dtype=bool))
+    machines = []
+    for m in infer_machines(p.hostnames, p.device_types):
+        idx = list(m.ranks)
+        inside = np.zeros((n, n), dtype=bool)
+        inside[np.ix_(idx, idx)] = True
+        # A one-device machine has no intra link; the field is required, so write the overall median.
+        bw = _median_off_diag(p.bandwidth_Bps, inside) or bw_all or 1e9
+        lat = _median_off_diag(p.latency_s, inside)
+        lat = lat if lat is not None else (lat_all or 0.0)
+        machines.append({"name": m.name, "gpu": m.device_type, "count": len(idx), "intra_bandwidth": _fmt_bw(bw),
+                         "intra_latency": _fmt_time(lat), "hostname": m.hostname})
+    inter_bw = _median_off_diag(p.bandwidth_Bps, ~same_host) or bw_all or 1e9
+    inter_lat = _median_off_diag(p.latency_s, ~same_host)
+    inter_lat = inter_lat if inter_lat is not None else (lat_all or 0.0)
+    gpu_types = {}
+    for t in dict.fromkeys(p.device_types):
+        ranks = [r for r in range(n) if p.device_types[r] == t]
+        gpu_types[t] = {"flops": _fmt_flops(float(np.median([p.flops[r] for r in ranks]))),
+                        "memory": _fmt_bytes(min(p.memory_bytes[r] for r in ranks)),
+                        "efficiency": float((efficiency or {}).get(t, 1.0)),
+                        "hopper": bool(p.hopper[ranks[0]]) if p.hopper else False}
+    doc = {"defaults": ["base_cluster", "_self_"],  # so that it also works as a preset under conf/cluster/
+           "name": name,
+           "description": f"profiled by `hexiscale profile`: {n} ranks on {len(set(p.hostnames))} host(s), "
+                          f"{p.backend}, matmul {p.flops_dtype}",
+           "machines": machines,
+           "inter_machine": {"bandwidth": _fmt_bw(inter_bw), "latency": _fmt_time(inter_lat)},
+           "gpu_types": gpu_types,
+           "matrix_file": matrix_path}
+    if calibration:
+        doc["calibration"] = {k: float(v) for k, v in calibration.items()}
+    return doc
+
+
+def matrix_document(p: ProfileResult) -> dict[str, Any]:
+    """The matrix file: the two matrices the loader reads, plus the raw per-rank record."""
+    def mat(m: np.ndarray) -> list[list[float]]:
+        return [[float(x) for x in row] for row in m]
+
+    return {"bandwidth_Bps": mat(p.bandwidth_Bps), "latency_s": mat(p.latency_s),
+            "fit_rel_rms": mat(p.fit_rel_rms), "hostnames": list(p.hostnames), "device_types": list(p.device_types),
+            "flops_per_rank": [float(x) for x in p.flops], "memory_bytes_per_rank": [float(x) for x in p.memory_bytes],
+            "sizes_bytes": [int(s) for s in p.sizes_bytes], "backend": p.backend, "flops_dtype": p.flops_dtype}
+
+
+def write_cluster(p: ProfileResult, out: str | Path, name: str | None = None,
+                  calibration: dict[str, float] | None = None,
+                  efficiency: dict[str, float] | None = None) -> tuple[Path, Path]:
+    """Write ``out`` (cluster YAML) and ``<out stem>.matrix.yaml`` next to it; return both paths.
+
+    Each file is written to a temporary name and renamed, so a reader never sees half a file.
+    """
+    out = Path(out).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    name = name or re.sub(r"[^A-Za-z0-9_.-]", "_", out.stem)
+    mpath = out.with_name(out.stem + ".matrix.yaml")
+    header = [f"# Written by `hexiscale profile` on {datetime.datetime.now().isoformat(timespec='seconds')}.",
+              f"# {p.world_size} ranks; device id = global rank. Links: alpha + size/beta fitted to ping-pong",
+              f"# half round trips at sizes {', '.join(str(s) for s in p.sizes_bytes)} B; matrices in {mpath.name}."]
+    header += [f"# {line}" for line in p.notes]
+    _atomic_write(mpath, yaml.safe_dump(matrix_document(p), sort_keys=False, width=1 << 16))
+    doc = cluster_document(p, name, str(mpath), calibration, efficiency)
+    _atomic_write(out, "\n".join(header) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=1 << 16))
+    return out, mpath
+
+
+def update_calibration(path: str | Path, calibration: dict[str, float], efficiency: dict[str, float]) -> None:
+    """Rewrite a profiled cluster YAML with fitted ``calibration`` and ``gpu_types.*.efficiency``,
+    keeping its header comments and every other field."""
+    path = Path(path)
+    text = path.read_text()
+    header = [ln for ln in text.splitlines() if ln.startswith("#")]
+    doc = yaml.safe_load(text)
+    cal = dict(doc.get("calibration") or {})
+    cal.update({k: float(v) for k, v in calibration.items()})
+    doc["calibration"] = cal
+    for t, e in efficiency.items():
+        if t not in (doc.get("gpu_types") or {}):
+            raise KeyError(f"device type {t!r} is not under gpu_types of {path}")
+        if not (math.isfinite(e) and e > 0):
+            raise ValueError(f"efficiency of {t} must be a finite positive number, got {e}")
+        doc["gpu_types"][t]["efficiency"] = float(e)
+    stamp = f"# Calibrated {datetime.datetime.now().isoformat(timespec='seconds')}: " + ", ".join(
+        [f"{k}={v:.4g}" for k, v in calibration.items()] + [f"efficiency[{t}]={e:.4g}" for t, e in efficiency.items()])
+    _atomic_write(path, "\n".join(header + [stamp]) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=1 << 16))
+
+
+def link_summary(p: ProfileResult) -> str:
+    """Per-rank compute/memory lines and the range of the measured links, for the terminal."""
+    lines = []
+    for r in range(p.world_size):
+        lines.append(f"  rank {r:3d} {p.hostnames[r]:>16s} {p.device_types[r]:>10s} "
+                     f"{p.flops[r] / 1e9:10.2f} GFLOP/s ({p.flops_dtype})  memory {p.memory_bytes[r] / 2**30:8.2f} GiB")
+    n = p.world_size
+    if n > 1:
+        off = ~np.eye(n, dtype=bool)
+        bw, lat, err = p.bandwidth_Bps[off], p.latency_s[off], p.fit_rel_rms[off]
+        lines.append(f"  links: beta {format_bandwidth(bw.min())} .. {format_bandwidth(bw.max())} "
+                     f"(median {format_bandwidth(float(np.median(bw)))}), alpha {lat.min() * 1e6:.1f} .. "
+                     f"{lat.max() * 1e6:.1f} us, fit residual <= {err.max() * 100:.1f} %")
+    return "\n".join(lines)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)

@@ -1,0 +1,57 @@
+"""Rank discovery from launcher environments, and the local launcher's failure reporting."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from lightning_hexiscale.profiling.launch import RankFailure, env_rank, run_local
+
+LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
+               "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for k in LAUNCH_VARS:
+        monkeypatch.delenv(k, raising=False)
+    return monkeypatch
+
+
+@pytest.mark.parametrize("env,want", [
+    ({}, None),
+    ({"RANK": "5", "WORLD_SIZE": "16", "LOCAL_RANK": "1"}, (5, 16, 1, "torchrun")),
+    ({"SLURM_PROCID": "9", "SLURM_NTASKS": "32", "SLURM_LOCALID": "1"}, (9, 32, 1, "slurm")),
+    # Lightning's script launcher: LOCAL_RANK, NODE_RANK, WORLD_SIZE (+ LOCAL_WORLD_SIZE when multi-node)
+    ({"LOCAL_RANK": "3", "WORLD_SIZE": "4"}, (3, 4, 3, "lightning")),
+    ({"LOCAL_RANK": "2", "NODE_RANK": "1", "WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8"}, (10, 16, 2, "lightning")),
+])
+def test_env_rank(clean_env, env, want):
+    for k, v in env.items():
+        clean_env.setenv(k, v)
+    got = env_rank()
+    assert (None if got is None else (got.rank, got.world, got.local_rank, got.launcher)) == want
+
+
+def _ok(rank, world):
+    import torch.distributed as dist
+
+    return (rank, world, dist.get_world_size(), os.getpid())
+
+
+def _raises_on_1(rank, world):
+    if rank == 1:
+        raise ValueError("boom on rank 1")
+    import torch.distributed as dist
+
+    dist.barrier()  # rank 0 would wait forever: the parent must kill it
+    return rank
+
+
+@pytest.mark.timeout(60)
+def test_run_local_results_and_failures():
+    res = run_local(3, _ok, timeout_s=30)
+    assert [r[:3] for r in res] == [(0, 3, 3), (1, 3, 3), (2, 3, 3)] and len({r[3] for r in res}) == 3
+    with pytest.raises(RankFailure, match="boom on rank 1"):
+        run_local(2, _raises_on_1, timeout_s=30)

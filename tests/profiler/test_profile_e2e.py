@@ -1,0 +1,40 @@
+"""A real 2-rank CPU profile, end to end through the CLI: forked gloo ranks -> YAML -> Cluster."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lightning_hexiscale.cli import main
+from lightning_hexiscale.cluster import Cluster
+
+
+@pytest.mark.timeout(60)
+def test_profile_local_two_ranks(tmp_path, capsys):
+    out = tmp_path / "cpu2_profiled.yaml"
+    rc = main(["profile", "--local", "2", "--out", str(out), "--sizes", "1KiB,256KiB,1MiB,2MiB",
+               "--reps", "3", "--matmul-size", "256", "--matmul-time", "0.2", "--timeout", "45"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "rank   1" in text and "wrote" in text
+    c = Cluster.load(str(out))
+    assert c.num_devices == 2 and len(c.machines) == 1 and c.devices[0].gpu_type == "CPU"
+    # Plausible figures for one CPU core and loopback TCP, not exact ones (shared machine).
+    assert 1e8 < c.devices[0].flops < 1e13
+    assert 0 < c.memory[0] <= c.memory.sum() / 2 * 1.0001
+    assert np.isfinite(c.bandwidth[0, 1]) and 1e7 < c.bandwidth[0, 1] < 1e12
+    assert 0 <= c.latency[0, 1] < 0.1
+    assert c.bandwidth[0, 1] == c.bandwidth[1, 0]
+
+
+def test_profile_errors_without_a_launcher(monkeypatch, capsys):
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(k, raising=False)
+    assert main(["profile", "--out", "x.yaml"]) == 2
+    assert "--local N" in capsys.readouterr().err
+
+
+def test_profile_rejects_one_size(capsys):
+    with pytest.raises(SystemExit):
+        main(["profile", "--local", "2", "--sizes", "1KiB"])
+    assert "two distinct sizes" in capsys.readouterr().err
