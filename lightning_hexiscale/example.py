@@ -1,0 +1,78 @@
+"""An ordinary one-device LightningModule for causal language modelling with the plain LLaMA.
+
+Nothing in it knows about pipelines, tensor parallelism or heterogeneous devices: it trains as is
+on one device (``Trainer(accelerator="cpu", devices=1)``) and unchanged under
+``Trainer(strategy="hexiscale", devices=N)``. It meets the strategy's contract:
+
+- ``configure_model`` builds the :class:`Llama` as ``self.model`` (the strategy builds it on the meta
+  device and replaces it by this rank's stage); it initialises the weights only when they are real,
+  from ``self.init_seed``, which is also the seed the strategy initialises its shards from;
+- the loss is ``self.model.loss(self.model(tokens), targets)``: the mean token cross-entropy of the
+  batch (under the strategy: of the global batch, the same value on every rank);
+- a batch is a (B, S + 1) tensor of token ids: inputs are [:, :-1], targets [:, 1:].
+"""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import torch
+from typing_extensions import override
+
+from lightning_hexiscale.models.config import LlamaConfig
+from lightning_hexiscale.models.llama import Llama
+
+
+class LlamaLitModule(pl.LightningModule):
+    """Causal LM training of :class:`Llama` with AdamW.
+
+    Args:
+        config: the model shape (a :class:`LlamaConfig` or a preset name such as ``"llama_tiny"``).
+        lr: AdamW learning rate.
+        weight_decay: AdamW decoupled weight decay.
+        betas: AdamW betas.
+        warmup_steps: linear learning-rate warm-up over this many optimizer steps (0: none).
+        init_seed: weight initialisation seed (``Llama.init_weights``).
+        dtype: parameter dtype (``torch.float64`` for exactness tests).
+    """
+
+    def __init__(self, config: LlamaConfig | str = "llama_tiny", lr: float = 3e-3, weight_decay: float = 0.1,
+                 betas: tuple[float, float] = (0.9, 0.95), warmup_steps: int = 0, init_seed: int = 0,
+                 dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.config = LlamaConfig.load(config) if isinstance(config, str) else config
+        self.lr, self.weight_decay, self.betas = lr, weight_decay, tuple(betas)
+        self.warmup_steps, self.init_seed, self.param_dtype = warmup_steps, init_seed, dtype
+        self.model: Llama | None = None
+
+    @override
+    def configure_model(self) -> None:
+        if self.model is not None:  # called again by a later fit/validate
+            return
+        self.model = Llama(self.config).to(self.param_dtype)
+        if not next(self.model.parameters()).is_meta:
+            self.model.init_weights(self.init_seed)
+
+    def _loss(self, batch: torch.Tensor) -> torch.Tensor:
+        tokens, targets = batch[:, :-1], batch[:, 1:]
+        return self.model.loss(self.model(tokens), targets)
+
+    @override
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        loss = self._loss(batch)
+        self.log("train_loss", loss, prog_bar=True)
+        return loss
+
+    @override
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        loss = self._loss(batch)
+        self.log("val_loss", loss, prog_bar=True)
+        return loss
+
+    @override
+    def configure_optimizers(self):
+        opt = torch.optim.AdamW(self.parameters(), lr=self.lr, betas=self.betas, weight_decay=self.weight_decay)
+        if not self.warmup_steps:
+            return opt
+        warm = self.warmup_steps
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / warm))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

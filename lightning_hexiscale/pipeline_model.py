@@ -1,0 +1,140 @@
+"""What a LightningModule's ``self.model`` becomes under the hexiscale strategy.
+
+A module written for one device computes its loss as ``self.model.loss(self.model(tokens), targets)``
+with the plain :class:`~lightning_hexiscale.models.llama.Llama`. Under the strategy ``self.model`` is a
+:class:`PipelineModel` with the same two calls, but the logits of a pipeline exist only on its last
+stage and only one micro-batch at a time, so:
+
+- ``self.model(tokens)`` returns a :class:`PipelineLogits` placeholder that only remembers the tokens;
+- ``self.model.loss(logits, targets)`` runs the whole pipeline step on this pipeline's batch and
+  returns the GLOBAL mean loss (all pipelines, all micro-batches; the same value on every rank):
+  in training (grad enabled, module in train mode) the schedule's forward and backward, leaving the
+  gradients in the stage parameters; otherwise forward only (validation, ``trainer.validate``).
+
+Loss weights, so that SUM-reducing gradients over pipelines gives one-device gradients: a
+micro-batch of m sequences weighs its mean token loss by m / (G * k), G the global batch, k the
+Trainer's ``accumulate_grad_batches`` (Lightning divides the one-device loss by k before backward).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from lightning_hexiscale.errors import HexiScaleError
+from lightning_hexiscale.models.llama import causal_lm_loss
+from lightning_hexiscale.runtime.schedule import global_loss
+
+if TYPE_CHECKING:  # pragma: no cover
+    from lightning_hexiscale.runtime.engine import PipelineEngine
+
+_CONTRACT = ("under the hexiscale strategy the logits of self.model(tokens) exist only on the last pipeline "
+             "stage; compute the loss with self.model.loss(self.model(tokens), targets) (mean token "
+             "cross-entropy, as on one device)")
+
+
+class PipelineLogits:
+    """Placeholder for the logits of ``tokens``; consumed by :meth:`PipelineModel.loss` only.
+
+    Any other use (``F.cross_entropy(logits, ...)``, ``logits.view(...)``) raises
+    :class:`HexiScaleError` with the contract, instead of a confusing error deep in torch.
+    """
+
+    def __init__(self, tokens: torch.Tensor):
+        self.tokens = tokens
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        raise HexiScaleError(f"{getattr(func, '__name__', func)}(logits): {_CONTRACT}")
+
+    def __getattr__(self, name: str) -> Any:
+        raise HexiScaleError(f"logits.{name}: {_CONTRACT}")
+
+
+class PipelineModel(nn.Module):
+    """This rank's pipeline stage (TP shards included) behind the Llama's ``forward`` / ``loss`` API.
+
+    ``stage`` is a registered submodule, so ``LightningModule.parameters()`` (and the optimizer the
+    module's ``configure_optimizers`` builds from it) are this rank's local shards.
+    """
+
+    def __init__(self, engine: PipelineEngine, loss_dtype: torch.dtype, accumulate: int = 1):
+        super().__init__()
+        self.stage = engine.stage
+        self._engine = engine
+        self.config = engine.config
+        self.loss_dtype = loss_dtype
+        self.accumulate = accumulate
+        """k = accumulate_grad_batches; set by the strategy before each fit."""
+
+    @property
+    def engine(self) -> PipelineEngine:
+        return self._engine
+
+    def forward(self, tokens: torch.Tensor) -> PipelineLogits:
+        return PipelineLogits(tokens)
+
+    def loss(self, logits: PipelineLogits, targets: torch.Tensor) -> torch.Tensor:
+        """Global mean token cross-entropy of this step's global batch (0-d tensor, same on every rank)."""
+        if not isinstance(logits, PipelineLogits):
+            raise HexiScaleError(f"self.model.loss got {type(logits).__name__}: {_CONTRACT}")
+        if torch.is_grad_enabled() and self.training:
+            value = self._train(logits.tokens, targets)
+        else:
+            value = self._evaluate(logits.tokens, targets)
+        return torch.tensor(value, dtype=self.loss_dtype, device=logits.tokens.device)
+
+    def zero_grad_local(self) -> None:
+        """Start of an accumulation window: drop the stage's gradients (Lightning's zero_grad is skipped)."""
+        for p in self.stage.parameters():
+            p.grad = None
+
+    # ---- training ------------------------------------------------------------------------
+    def _train(self, tokens: torch.Tensor, targets: torch.Tensor) -> float:
+        e = self._engine
+        scale = e.loss_scale / self.accumulate
+        pipeline_loss = e.executor.run(tokens, targets, scale)
+        # The reduced value is the scaled sum; undo the 1/k so the shown loss is this batch's mean.
+        return global_loss(pipeline_loss, e.role, e._loss_device()) * self.accumulate
+
+    # ---- forward only --------------------------------------------------------------------
+    @torch.no_grad()
+    def _evaluate(self, tokens: torch.Tensor, targets: torch.Tensor) -> float:
+        """Forward through the pipeline in micro-batches of the plan's size (the last may be smaller).
+
+        Every rank of the pipeline holds the same n samples, so all stages cut the same chunks and
+        the i-th receive matches the i-th send. The last-stage leader of each pipeline contributes
+        (sum over chunks of chunk_mean * chunk_size, n) to one world all-reduce; loss = sum / sum n.
+        """
+        e = self._engine
+        ex, role = e.executor, e.role
+        n = tokens.shape[0]
+        mb = role.micro_batch_size
+        weighted = torch.zeros((), dtype=torch.float64)
+        for i, start in enumerate(range(0, n, mb)):
+            tok = tokens[start:start + mb].to(ex.device)
+            c = tok.shape[0]
+            if role.is_first:
+                x = tok
+            else:
+                # The executor's leader-receive + TP-broadcast path; forward tags only, so the
+                # training step's tags are untouched.
+                x = ex._recv((c, tok.shape[1], self.config.hidden_size), backward=False, micro_batch=i)
+            with torch.autocast(ex.device.type, dtype=ex.autocast_dtype or torch.bfloat16,
+                                enabled=ex.autocast_dtype is not None):
+                out = self.stage(x)
+            if role.is_last:
+                mean = causal_lm_loss(out, targets[start:start + mb].to(ex.device))
+                weighted += mean.double().cpu() * c
+            else:
+                ex._send(out, backward=False, micro_batch=i)
+        ex._wait_sends()
+        contributes = role.is_last and role.is_leader
+        buf = torch.zeros(2, dtype=torch.float64, device=e._loss_device())
+        if contributes:
+            buf[0], buf[1] = weighted.item(), float(n)
+        dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+        return float(buf[0] / buf[1])

@@ -1,0 +1,384 @@
+"""HexiScaleStrategy: asymmetric parallel training (paper §3) behind ``Trainer(strategy="hexiscale")``.
+
+The only place where Lightning meets the runtime. Per process (global rank r):
+
+1. ``setup_environment``: DDPStrategy's process group (gloo on CPU, NCCL on CUDA), one intra-op
+   thread share per process on CPU.
+2. ``configure_model`` runs under ``torch.device("meta")``: the module's :class:`Llama` has shapes,
+   no memory.
+3. ``setup``: the plan (a file, a Plan, or the planner's search on the cluster), checked against the
+   world size and the devices; the runtime's :class:`PipelineEngine` builds every process group and
+   this rank's stage (layers and TP shards of ``plan.device_order[r]``), initialised from the
+   module's ``init_seed`` (bit-identical to ``Llama.init_weights(init_seed)``) or from the weights the
+   module already holds; ``module.model`` becomes a :class:`PipelineModel` (see its contract).
+4. Each training batch: pipeline i's slice of the global batch (:mod:`lightning_hexiscale.data`);
+   ``training_step`` runs the schedule (forward + backward) through ``self.model.loss``;
+   Lightning's backward and zero_grad are skipped (``fit_loop._skip_backward``), because they would
+   wipe the gradients the schedule just produced; the strategy zeroes them at the start of each
+   accumulation window instead.
+5. ``optimizer_step``: the closure is wrapped so that, after the last accumulated batch, the
+   asymmetric gradient sync runs before Lightning's ``on_before_optimizer_step``, gradient clipping
+   (by the global norm over TP/PP/DP, not the local one) and ``optimizer.step``.
+
+Checkpoints are plan-independent (:mod:`lightning_hexiscale.runtime.checkpoint`).
+"""
+
+from __future__ import annotations
+
+import os
+import types
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable, Generator, Literal
+
+import torch
+import torch.distributed as dist
+from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.fabric.utilities.optimizer import _optimizers_to_device
+from torch.optim import Optimizer
+from torch.utils.data import DataLoader
+from typing_extensions import override
+
+from lightning_hexiscale.cluster import Cluster
+from lightning_hexiscale.errors import ConfigError
+from lightning_hexiscale.models.config import LlamaConfig
+from lightning_hexiscale.models.llama import Llama
+from lightning_hexiscale.pipeline_model import PipelineModel
+from lightning_hexiscale.planner.plan import DP_SHARDINGS, SCHEDULES, Plan
+from lightning_hexiscale.strategy_plan import describe_local_devices, plan_for
+
+StartMethod = Literal["popen", "spawn", "fork", "forkserver"]
+
+
+class HexiScaleStrategy(DDPStrategy):
+    """Asymmetric pipeline x tensor x data parallelism over heterogeneous devices.
+
+    Args:
+        cluster: a preset name (``conf/cluster/NAME.yaml``), a cluster YAML path (e.g. from
+            ``hexiscale profile``) or a :class:`Cluster`. ``None``: describe the local devices
+            (homogeneous: ``num_nodes x devices`` of the local GPU type, or CPU devices).
+        plan: a plan file, a :class:`Plan`, or ``None`` to plan with the planner's search on the
+            cluster for ``global_batch``.
+        global_batch: sequences per optimizer step, summed over pipelines (= the DataLoader's
+            ``batch_size``). ``None``: the plan's, or the training DataLoader's batch size.
+        micro_batch_size / schedule / recompute / dp_sharding: override the plan's values (or bind
+            the search). ``dp_sharding`` only informs the planner and the estimate: the runtime
+            synchronises gradients DDP-style (every pipeline holds its full copy of the state).
+        seed: seed of the per-epoch data permutation (default: ``PL_GLOBAL_SEED`` or 0). Weights
+            are initialised from the module's ``init_seed`` attribute (default 0).
+        planner_iterations: search iterations when planning here.
+        start_method: launcher: ``popen`` (default; re-runs the script, works under Hydra),
+            ``spawn``, ``fork``. Under torchrun or SLURM the cluster environment launches instead.
+        num_threads: intra-op threads per process on CPU; ``"auto"`` = cores // local processes.
+        check_devices: refuse to run a plan made for GPU types on CPU (or vice versa).
+        process_group_backend / timeout / accelerator / parallel_devices / cluster_environment /
+        checkpoint_io / precision_plugin: as for ``DDPStrategy``.
+    """
+
+    strategy_name = "hexiscale"
+
+    def __init__(self, cluster: str | Path | Cluster | None = None, plan: str | Path | Plan | None = None, *,
+                 global_batch: int | None = None, micro_batch_size: int | None = None,
+                 schedule: str | None = None, recompute: bool | None = None, dp_sharding: str | None = None,
+                 seed: int | None = None, planner_iterations: int = 20, start_method: StartMethod = "popen",
+                 num_threads: int | Literal["auto"] = "auto", check_devices: bool = True,
+                 process_group_backend: str | None = None, timeout: timedelta | None = default_pg_timeout,
+                 accelerator=None, parallel_devices=None, cluster_environment=None, checkpoint_io=None,
+                 precision_plugin=None) -> None:
+        super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
+                         cluster_environment=cluster_environment, checkpoint_io=checkpoint_io,
+                         precision_plugin=precision_plugin, process_group_backend=process_group_backend,
+                         timeout=timeout, start_method=start_method)
+        if schedule is not None and schedule not in SCHEDULES:
+            raise ConfigError("HexiScaleStrategy(schedule)", schedule, f"must be one of {SCHEDULES}", "use 1f1b")
+        if dp_sharding is not None and dp_sharding not in DP_SHARDINGS:
+            raise ConfigError("HexiScaleStrategy(dp_sharding)", dp_sharding, f"must be one of {DP_SHARDINGS}",
+                              "use ddp")
+        for key, v in (("global_batch", global_batch), ("micro_batch_size", micro_batch_size)):
+            if v is not None and (not isinstance(v, int) or v < 1):
+                raise ConfigError(f"HexiScaleStrategy({key})", v, "must be a positive integer (or None)", "fix it")
+        if not (num_threads == "auto" or (isinstance(num_threads, int) and num_threads >= 1)):
+            raise ConfigError("HexiScaleStrategy(num_threads)", num_threads, "must be 'auto' or an integer >= 1",
+                              "use 'auto'")
+        if not isinstance(cluster, (str, Path, Cluster, type(None))):
+            raise ConfigError("HexiScaleStrategy(cluster)", type(cluster).__name__,
+                              "must be a preset name, a cluster YAML path, a Cluster or None", "pass cluster='cpu_hetero4'")
+        if not isinstance(plan, (str, Path, Plan, type(None))):
+            raise ConfigError("HexiScaleStrategy(plan)", type(plan).__name__,
+                              "must be a plan file path, a Plan or None", "pass plan='conf/plans/....yaml'")
+        self._cluster_arg, self._plan_arg = cluster, plan
+        self._global_batch = global_batch
+        self._overrides = {"micro_batch_size": micro_batch_size, "schedule": schedule, "recompute": recompute,
+                           "dp_sharding": dp_sharding}
+        self.seed = int(os.environ.get("PL_GLOBAL_SEED", 0)) if seed is None else int(seed)
+        self.planner_iterations = planner_iterations
+        self.num_threads = num_threads
+        self.check_devices = check_devices
+        self.cluster: Cluster | None = cluster if isinstance(cluster, Cluster) else None
+        self.plan: Plan | None = plan if isinstance(plan, Plan) else None
+        self._pipeline_model: PipelineModel | None = None
+        self._saved_clip: Callable | None = None
+
+    # ---- environment -----------------------------------------------------------------------
+    @override
+    def setup_environment(self) -> None:
+        if self.root_device.type == "cpu":
+            # Several processes share few cores: one thread each avoids a 9x slowdown (NOTES).
+            n = self.num_threads if self.num_threads != "auto" else max(1, (os.cpu_count() or 1) // max(1, self.num_processes))
+            torch.set_num_threads(n)
+        super().setup_environment()
+
+    @contextmanager
+    @override
+    def tensor_init_context(self, empty_init: bool | None = None) -> Generator[None, None, None]:
+        # The full model is never materialised: the stage materialises only this rank's shards.
+        with torch.device("meta"), self.precision_plugin.tensor_init_context():
+            yield
+
+    @contextmanager
+    @override
+    def model_sharded_context(self) -> Generator[None, None, None]:
+        with torch.device("meta"):
+            yield
+
+    # ---- setup ---------------------------------------------------------------------------
+    @property
+    def pipeline_model(self) -> PipelineModel:
+        """This rank's :class:`PipelineModel` (after ``setup``)."""
+        if self._pipeline_model is None:
+            raise RuntimeError("HexiScaleStrategy.setup has not run yet")
+        return self._pipeline_model
+
+    @override
+    def setup(self, trainer) -> None:
+        assert self.accelerator is not None
+        self.accelerator.setup(trainer)
+        module = self.lightning_module
+        fitting = trainer.state.fn == TrainerFn.FITTING
+        if fitting and not module.automatic_optimization:
+            raise ConfigError("LightningModule.automatic_optimization", False,
+                              "the hexiscale strategy runs forward and backward inside self.model.loss and "
+                              "supports automatic optimisation only", "remove automatic_optimization = False")
+        existing = getattr(module, "model", None)
+        if isinstance(existing, PipelineModel):  # a second fit/validate with the same module
+            self._pipeline_model = existing
+        else:
+            self._pipeline_model = self._build_pipeline_model(module, trainer)
+            module.model = self._pipeline_model
+        self._pipeline_model.accumulate = trainer.accumulate_grad_batches
+        self.model = module
+        # Let the DataLoader's own shuffle flag decide, as on one device (Lightning's injected
+        # DistributedSampler would always shuffle); process_dataloader cuts it per pipeline.
+        if hasattr(trainer, "_accelerator_connector"):
+            trainer._accelerator_connector.use_distributed_sampler = False
+        if fitting:
+            trainer.fit_loop._skip_backward = True
+            self.setup_optimizers(trainer)
+        self.setup_precision_plugin()
+        self._install_global_clipping()
+        if fitting:
+            _optimizers_to_device(self.optimizers, self.root_device)
+
+    def _build_pipeline_model(self, module, trainer) -> PipelineModel:
+        from lightning_hexiscale.runtime.engine import PipelineEngine
+
+        llama = find_llama(module)
+        config: LlamaConfig = llama.config
+        given = Plan.load(self._plan_arg) if isinstance(self._plan_arg, (str, Path)) else self._plan_arg
+        self.cluster = self._resolve_cluster(given)
+        # Every rank plans (the search is deterministic for a seed); rank 0's plan is checked against
+        # everyone's, because ranks with different plans would build different groups and hang.
+        self.plan = plan_for(given, self.cluster, config, self._global_batch_for(trainer), self._overrides,
+                             dtype=self._workload_dtype(), seed=self.seed, iterations=self.planner_iterations)
+        if self.broadcast(self.plan.to_dict(), 0) != self.plan.to_dict():
+            raise RuntimeError(f"rank {self.global_rank} planned differently from rank 0; pass an explicit plan file")
+        self._check_world(self.plan)
+        self._check_devices(self.plan)
+        param = next(llama.parameters())
+        state = None if param.is_meta else {k: v.detach() for k, v in llama.state_dict().items()}
+        engine = PipelineEngine(self.plan, config, rank=self.global_rank, seed=int(getattr(module, "init_seed", 0)),
+                                device=self.root_device, dtype=param.dtype, autocast_dtype=self._autocast_dtype(),
+                                state_dict=state)
+        loss_dtype = torch.float64 if param.dtype == torch.float64 else torch.float32
+        return PipelineModel(engine, loss_dtype, trainer.accumulate_grad_batches)
+
+    def _resolve_cluster(self, plan: Plan | None) -> Cluster:
+        """The cluster argument; else the cluster a given plan names in ``meta.cluster``; else the local devices."""
+        c = self._cluster_arg
+        if c is None and plan is not None and plan.meta.get("cluster"):
+            c = plan.meta["cluster"]
+        if isinstance(c, Cluster):
+            return c
+        if c is not None:
+            return Cluster.load(str(c))
+        return describe_local_devices(self.root_device, self.num_nodes, self.num_processes)
+
+    def _global_batch_for(self, trainer) -> int | None:
+        """The explicit global batch, else the training DataLoader's batch size (read, not consumed)."""
+        if self._global_batch is not None or self._plan_arg is not None:
+            return self._global_batch
+        try:
+            source = trainer.fit_loop._data_source
+            loader = source.dataloader() if source.is_defined() else None
+        except Exception:  # no loader reachable before fit; the error below says what to pass
+            loader = None
+        if isinstance(loader, DataLoader) and loader.batch_size:
+            return int(loader.batch_size)
+        raise ConfigError("HexiScaleStrategy(global_batch)", None,
+                          "planning needs the global batch and no training DataLoader with a batch_size was found",
+                          "pass HexiScaleStrategy(global_batch=G) or a plan file")
+
+    def _workload_dtype(self) -> str:
+        p = getattr(self.precision_plugin, "precision", "32-true")
+        return "bf16" if str(p).startswith("bf16") else ("fp16" if str(p).startswith("16") else "fp32")
+
+    def _autocast_dtype(self) -> torch.dtype | None:
+        plugin = self.precision_plugin
+        if isinstance(plugin, MixedPrecision):
+            if plugin.precision != "bf16-mixed":
+                raise ConfigError("Trainer(precision)", plugin.precision,
+                                  "the hexiscale strategy runs backward itself and has no fp16 loss scaler",
+                                  "use precision='bf16-mixed' (or '32-true', 'bf16-true', '64-true')")
+            return torch.bfloat16
+        return None
+
+    def _check_world(self, plan: Plan) -> None:
+        if self.world_size != plan.world_size:
+            where = f"cluster {self.cluster.name}, " if self.cluster is not None else ""
+            raise ConfigError(
+                "Trainer(num_nodes, devices)", f"{self.world_size} processes ({self.num_nodes} node(s) x "
+                f"{self.num_processes} device(s))",
+                f"the plan runs {plan.world_size} processes, one per device ({where}devices "
+                f"{list(plan.device_order)})",
+                f"start {plan.world_size} processes: Trainer(accelerator='cpu', devices={plan.world_size}) to "
+                f"emulate on CPU, or num_nodes x devices = {plan.world_size} under torchrun/SLURM")
+
+    def _check_devices(self, plan: Plan) -> None:
+        if not self.check_devices or self.cluster is None:
+            return
+        types_ = sorted({self.cluster.devices[d].gpu_type for d in plan.device_order})
+        gpu_types = [t for t in types_ if not t.startswith("CPU")]
+        local = self.root_device.type
+        if local == "cpu" and gpu_types:
+            raise ConfigError("HexiScaleStrategy(cluster)", self.cluster.name,
+                              f"the plan runs on {', '.join(gpu_types)} GPUs but this process has only a CPU",
+                              "launch on the GPUs the cluster describes (torchrun/SLURM), or pass check_devices=False")
+        if local == "cuda" and len(gpu_types) < len(types_):
+            raise ConfigError("HexiScaleStrategy(cluster)", self.cluster.name,
+                              "the plan describes emulated CPU devices but this process runs on CUDA",
+                              "describe the GPUs in a cluster file (or pass cluster=None)")
+
+    # ---- training ------------------------------------------------------------------------
+    @override
+    def training_step(self, *args: Any, **kwargs: Any):
+        trainer = self.lightning_module.trainer
+        # Same rule as Lightning's zero_grad_fn, which _skip_backward disables.
+        if trainer.fit_loop.epoch_loop.batch_idx % trainer.accumulate_grad_batches == 0:
+            self.pipeline_model.zero_grad_local()
+        return super().training_step(*args, **kwargs)
+
+    @override
+    def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any], model=None, **kwargs: Any) -> Any:
+        engine = self.pipeline_model.engine
+
+        def closure_then_sync():
+            out = closure()
+            engine.grad_sync.sync()  # SUM across pipelines = the global-mean gradient
+            return out
+
+        return super().optimizer_step(optimizer, closure_then_sync, model, **kwargs)
+
+    @override
+    def backward(self, closure_loss: torch.Tensor, optimizer: Optimizer | None, *args: Any, **kwargs: Any) -> torch.Tensor:
+        # self.model.loss already ran the schedule's backward; nothing is left to differentiate.
+        return closure_loss
+
+    def _install_global_clipping(self) -> None:
+        """Route norm clipping through :meth:`clip_grad_by_global_norm` on this strategy's plugin.
+
+        Lightning's precision plugin clips by the local norm; it is set by the accelerator connector
+        after __init__, so the plugin instance is patched here and restored in ``teardown``.
+        """
+        plugin = self.precision_plugin
+        if self._saved_clip is None:
+            self._saved_clip = plugin.clip_grad_by_norm
+            plugin.clip_grad_by_norm = types.MethodType(lambda _p, opt, val: self.clip_grad_by_global_norm(val), plugin)
+
+    @torch.no_grad()
+    def global_grad_norm(self) -> float:
+        """L2 norm of the gradient of the whole model: every element counted once.
+
+        Pipeline 0 holds every parameter exactly once across its ranks (after the sync all pipelines
+        hold the same values); within a TP group, replicated tensors are counted on the leader only.
+        ||g|| = sqrt(all-reduce_SUM over ranks of pipeline 0 of sum(g^2)).
+        """
+        pm = self.pipeline_model
+        role = pm.engine.role
+        shards = pm.stage.shards()
+        total = torch.zeros(1, dtype=torch.float64, device=pm.engine._loss_device())
+        if role.pipeline == 0:
+            for name, p in pm.stage.named_parameters():
+                if p.grad is None or (shards[name].spec.shard_dim is None and not role.is_leader):
+                    continue
+                total += p.grad.detach().double().pow(2).sum().to(total.device)
+        dist.all_reduce(total, op=dist.ReduceOp.SUM)
+        return float(total.sqrt().item())
+
+    @torch.no_grad()
+    def clip_grad_by_global_norm(self, max_norm: float) -> float:
+        """Scale every local gradient by min(1, max_norm / (||g|| + 1e-6)), as
+        ``torch.nn.utils.clip_grad_norm_`` does on one device; returns ||g||."""
+        norm = self.global_grad_norm()
+        coef = max_norm / (norm + 1e-6)
+        if coef < 1.0:
+            for p in self.pipeline_model.stage.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(coef)
+        return norm
+
+    # ---- data ----------------------------------------------------------------------------
+    @override
+    def process_dataloader(self, dataloader: object) -> object:
+        from lightning_hexiscale.data import plan_dataloader
+
+        if not isinstance(dataloader, DataLoader):
+            raise ConfigError("dataloader", type(dataloader).__name__,
+                              "the hexiscale strategy cuts each global batch into per-pipeline slices and needs a "
+                              "torch DataLoader over a map-style dataset", "return a DataLoader(dataset, batch_size=G)")
+        trainer = self.lightning_module.trainer
+        training = bool(trainer.training)
+        assert self.plan is not None
+        return plan_dataloader(dataloader, [p.batch_size for p in self.plan.pipelines],
+                               self.pipeline_model.engine.role.pipeline, seed=self.seed, drop_last=training,
+                               key="train_dataloader" if training else "eval_dataloader")
+
+    # ---- teardown ------------------------------------------------------------------------
+    @override
+    def teardown(self) -> None:
+        if self._saved_clip is not None:
+            self.precision_plugin.__dict__.pop("clip_grad_by_norm", None)  # back to the class method
+            self._saved_clip = None
+        super().teardown()
+
+    @classmethod
+    @override
+    def register_strategies(cls, strategy_registry) -> None:
+        from lightning_hexiscale.registration import register_strategies
+
+        register_strategies()
+
+
+def find_llama(module) -> Llama:
+    """The contract: the LightningModule holds its :class:`Llama` as ``self.model`` (built in
+    ``configure_model``) or returns it from ``module.llama()``."""
+    llama = module.llama() if callable(getattr(module, "llama", None)) else getattr(module, "model", None)
+    if not isinstance(llama, Llama):
+        raise ConfigError(f"{type(module).__name__}.model", type(llama).__name__,
+                          "the hexiscale strategy turns the module's Llama into this rank's pipeline stage and "
+                          "finds it as self.model (or self.llama())",
+                          "build it in configure_model: self.model = Llama(config)")
+    return llama

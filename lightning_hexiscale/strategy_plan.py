@@ -1,0 +1,125 @@
+"""Where the strategy's plan comes from: a file, a Plan, or the planner's search on a cluster.
+
+The runtime consumes only a Plan; this module is the strategy's (and the recipes') one door to the
+planner, so that the rules live in one place:
+
+- explicit ``schedule`` / ``recompute`` / ``dp_sharding`` / ``micro_batch_size`` override the plan's;
+- the plan is validated against the cluster, the model and the global batch (when given);
+- with no cluster, the local devices are described as a homogeneous cluster
+  (:func:`describe_local_devices`);
+- without the planner's search module (an install that lacks it), :func:`fallback_data_parallel_plan`
+  gives a plain data-parallel plan with batches in proportion to device speed, and says so.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lightning_hexiscale import catalog
+from lightning_hexiscale.cluster import Cluster
+from lightning_hexiscale.data import split_proportional
+from lightning_hexiscale.errors import ConfigError
+from lightning_hexiscale.models.config import LlamaConfig
+from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
+
+
+def describe_local_devices(root_device: torch.device, num_nodes: int, devices_per_node: int) -> Cluster:
+    """A homogeneous cluster of ``num_nodes`` machines x ``devices_per_node`` local devices.
+
+    CPU processes become ``CPU-FAST`` devices; a CUDA device is looked up in the GPU catalog by its
+    name ("NVIDIA A800-SXM4-80GB" -> A800). Links are nominal (NVLink-class inside a machine,
+    10 GB/s between machines): profile the cluster (``hexiscale profile``) for measured ones.
+    """
+    if root_device.type == "cuda":
+        gpu = _catalog_name(torch.cuda.get_device_name(root_device))
+        intra, inter = "100 GB/s", "10 GB/s"
+    else:
+        gpu, intra, inter = "CPU-FAST", "10 GB/s", "1 GB/s"
+    return Cluster.from_config({
+        "name": f"local_{num_nodes}x{devices_per_node}_{gpu}",
+        "description": "the local devices, described by HexiScaleStrategy (cluster=None)",
+        "machines": [{"name": "node", "gpu": gpu, "count": devices_per_node, "intra_bandwidth": intra,
+                      "repeat": num_nodes}],
+        "inter_machine": {"bandwidth": inter, "latency": "20us"},
+    })
+
+
+def _catalog_name(device_name: str) -> str:
+    """Longest catalog name contained in the device name, ignoring case, spaces and dashes."""
+    norm = lambda s: re.sub(r"[\s\-_]", "", s).upper()  # noqa: E731
+    dev = norm(device_name)
+    hits = [n for n in catalog.known_names() if norm(n.split("-")[0]) in dev and not n.startswith("CPU")]
+    if not hits:
+        raise ConfigError("HexiScaleStrategy(cluster)", device_name, "this GPU is not in the catalog",
+                          "pass cluster=<cluster YAML> (hexiscale profile writes one) or add the type under gpu_types")
+    return max(hits, key=len)
+
+
+def fallback_data_parallel_plan(cluster: Cluster, config: LlamaConfig, global_batch: int) -> Plan:
+    """One single-device pipeline per device, batches in proportion to sustained FLOP/s (each >= 1),
+    micro-batch 1. Used only when the planner's search module is not installed."""
+    n = cluster.num_devices
+    if global_batch < n:
+        raise ConfigError("global_batch", global_batch, f"the data-parallel fallback plan needs one sequence per "
+                          f"device ({n} devices)", f"use a global batch of at least {n}")
+    speeds = [max(1, round(d.flops / min(x.flops for x in cluster.devices) * 100)) for d in cluster.devices]
+    sizes = [1 + s for s in split_proportional(global_batch - n, speeds)]
+    pipes = tuple(Pipeline(batch_size=b, micro_batch_size=1, stages=(Stage(devices=(d,), layers=(0, config.num_layers)),))
+                  for d, b in enumerate(sizes))
+    return Plan(pipelines=pipes, num_layers=config.num_layers, meta={"source": "fallback_data_parallel_plan",
+                                                                       "cluster": cluster.name, "model": config.name})
+
+
+def search_plan(cluster: Cluster, config: LlamaConfig, global_batch: int, overrides: dict[str, Any], *,
+                dtype: str = "bf16", seed: int = 0, iterations: int = 20, progress: bool = False):
+    """The planner's search (§4) -> (Plan, Estimate or None). Gradient sync in the runtime is DDP-style,
+    so the search is bound to ``dp_sharding='ddp'`` unless the caller overrides it."""
+    from lightning_hexiscale.planner.estimate import Workload
+
+    try:
+        from lightning_hexiscale.planner.search import SearchSettings, search
+    except ModuleNotFoundError as e:
+        if not (e.name or "").startswith("lightning_hexiscale"):
+            raise
+        warnings.warn("lightning_hexiscale.planner.search is not available: using a plain data-parallel plan "
+                      "(fallback_data_parallel_plan)", stacklevel=2)
+        return fallback_data_parallel_plan(cluster, config, global_batch), None
+    settings = SearchSettings(iterations=iterations, seed=seed, progress=progress,
+                              schedule=overrides.get("schedule") or "1f1b",
+                              recompute=True if overrides.get("recompute") is None else bool(overrides["recompute"]),
+                              micro_batch_size=overrides.get("micro_batch_size"),
+                              dp_sharding=overrides.get("dp_sharding") or "ddp")
+    result = search(cluster, Workload(config, dtype=dtype), global_batch, settings)
+    return result.plan, result.estimate
+
+
+def apply_overrides(plan: Plan, overrides: dict[str, Any]) -> Plan:
+    """Explicit schedule / recompute / dp_sharding / micro_batch_size replace the plan's values."""
+    changes = {k: overrides[k] for k in ("schedule", "recompute", "dp_sharding") if overrides.get(k) is not None}
+    mb = overrides.get("micro_batch_size")
+    if mb is not None:
+        for i, p in enumerate(plan.pipelines):
+            if p.batch_size % mb:
+                raise ConfigError("micro_batch_size", mb, f"must divide pipeline {i}'s batch_size={p.batch_size}",
+                                  "choose a divisor of every pipeline batch, or leave it to the plan")
+        changes["pipelines"] = tuple(replace(p, micro_batch_size=mb) for p in plan.pipelines)
+    return replace(plan, **changes) if changes else plan
+
+
+def plan_for(plan: str | Path | Plan | None, cluster: Cluster, config: LlamaConfig, global_batch: int | None,
+             overrides: dict[str, Any], *, dtype: str = "bf16", seed: int = 0, iterations: int = 20) -> Plan:
+    """A validated plan: ``plan`` itself, the file it names, or the search's plan on ``cluster``."""
+    if plan is None:
+        if global_batch is None:
+            raise ConfigError("global_batch", None, "planning needs the global batch", "pass global_batch=G")
+        plan, _ = search_plan(cluster, config, global_batch, overrides, dtype=dtype, seed=seed, iterations=iterations)
+    elif not isinstance(plan, Plan):
+        plan = Plan.load(plan)
+    plan = apply_overrides(plan, overrides)
+    return plan.validate(cluster, config, global_batch=global_batch)
