@@ -1,0 +1,385 @@
+"""From GPU groups to a complete Plan: stage costs, intra-group strategies, leaders, layer and batch splits.
+
+Shared by the §4 search and the baselines. The choices made here use the pipeline-local terms of
+Appendix B (the same :mod:`cost_model` functions :func:`estimate.estimate` composes), cached per
+stage; every complete plan is then scored by ``estimate()``. Pipeline-local means: per micro-batch
+
+    Stage_j = l_j * (T_f + T_b)_j + head_j + Hop_j,      Pipeline(n) = sum_j Stage_j + (n - 1) * max_j Stage_j
+
+with T_f, T_b from eq. 1-3 (recompute adds one forward to T_b; ZeRO-3 scales them by theta_3f,
+theta_3b), head_j the LM head (3 x 2BSHV FLOPs) on the last stage, Hop_j eq. 6 with the chosen
+leaders. The data-parallel term is left to ``estimate()`` (it couples the pipelines).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from lightning_hexiscale.cluster import Cluster
+from lightning_hexiscale.errors import ConfigError
+from lightning_hexiscale.planner import cost_model as cm
+from lightning_hexiscale.planner.estimate import Workload
+from lightning_hexiscale.planner.partition import group_bandwidth, top_tau_order
+from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
+from lightning_hexiscale.units import format_bytes
+
+DP_OPTIONS = ("ddp", "zero2", "zero3")
+_UNCAPPED = 1 << 40
+
+
+class Evaluator:
+    """Cached pipeline-local cost terms for one cluster and workload."""
+
+    def __init__(self, cluster: Cluster, workload: Workload, schedule: str = "1f1b", recompute: bool = True):
+        self.cluster, self.workload, self.schedule, self.recompute = cluster, workload, schedule, recompute
+        self.model = workload.model
+        self.bw, self.lat = cluster.bandwidth, cluster.latency
+        self.flops, self.memory = cluster.flops, cluster.memory
+        self.machine = np.array([d.machine for d in cluster.devices])
+        c = cluster.calibration
+        self.theta3 = (c.theta_zero3_fwd, c.theta_zero3_bwd)
+        self.max_tp = self.model.num_kv_heads
+        self._layer: dict[tuple, float] = {}
+        self._hop: dict[tuple, np.ndarray] = {}
+        self._frac: dict[int, float] = {}
+        self._order: dict[tuple, list[int]] = {}
+        self._options: dict[tuple, list[list[tuple[int, ...]]]] = {}
+        self._drafts: dict[tuple, PipeDraft | None] = {}
+
+    def signature(self, groups: list[tuple[int, ...]]) -> bytes:
+        """Digest of everything a pipeline's draft depends on, device for device in group order:
+        bandwidth and latency among its devices, their FLOP/s and memory, group sizes, machine layout."""
+        idx = np.array([d for g in groups for d in g])
+        h = hashlib.blake2b(digest_size=16)
+        sub = np.ix_(idx, idx)
+        for arr in (self.bw[sub], self.lat[sub], self.flops[idx], self.memory[idx]):
+            h.update(np.ascontiguousarray(arr).tobytes())
+        relabel = {m: i for i, m in enumerate(dict.fromkeys(self.machine[idx].tolist()))}
+        h.update(repr(([len(g) for g in groups], [relabel[m] for m in self.machine[idx].tolist()])).encode())
+        return h.digest()
+
+    def act_bytes(self, mb: int) -> float:
+        """M = B_mb * S * H * B_type, the activation one hop or TP all-reduce moves."""
+        return mb * self.model.seq_len * self.model.hidden_size * self.workload.dtype_bytes
+
+    def frac(self, tp: int) -> float:
+        if tp not in self._frac:
+            self._frac[tp] = self.model.max_shard_fraction(tp)
+        return self._frac[tp]
+
+    def layer_s(self, devices: tuple[int, ...], mb: int, sharding: str) -> float:
+        """One layer, one micro-batch, forward + backward (+ recompute) on this TP group (eq. 1-3)."""
+        key = (tuple(sorted(devices)), mb, sharding == "zero3")
+        if key not in self._layer:
+            c_min = float(min(self.flops[d] for d in devices))
+            comp_f = cm.comp_layer_fwd(self.model.layer_forward_flops(mb), self.frac(len(devices)), c_min)
+            tp_f = cm.comm_tp(key[0], self.act_bytes(mb), self.bw, self.lat)
+            t_f = cm.layer_time_fwd(comp_f, tp_f)
+            t_b = cm.layer_time_bwd(comp_f, tp_f, self.recompute)
+            self._layer[key] = self.theta3[0] * t_f + self.theta3[1] * t_b if key[2] else t_f + t_b
+        return self._layer[key]
+
+    def head_s(self, devices: tuple[int, ...], mb: int) -> float:
+        """LM head forward + backward for one micro-batch on the last stage (as estimate() prices it)."""
+        return 3.0 * self.model.head_forward_flops(mb) / float(min(self.flops[d] for d in devices))
+
+    def max_layers(self, devices: tuple[int, ...], j: int, num_stages: int, mb: int, n_mb: int,
+                   sharding: str, num_pipelines: int) -> int:
+        """Most layers stage j can hold: the largest l with fixed + l * per_layer <= min device memory,
+        the same memory model as ``estimate._stage_memory`` (states, in-flight activations, working
+        layer, embedding on the first stage, LM head and fp32 logits on the last, reserve)."""
+        w, m = self.workload, self.model
+        bt, S, H = w.dtype_bytes, m.seq_len, m.hidden_size
+        tp = len(devices)
+        frac = self.frac(tp)
+        spp = cm.state_bytes_per_param(sharding, num_pipelines, bt, w.optimizer_bytes_per_param)
+        inflight = cm.inflight_micro_batches(self.schedule, num_stages, j, n_mb)
+        full = cm.activation_bytes_layer(mb, S, H, tp, bt)
+        per_layer = m.layer_params * frac * spp + (inflight * mb * S * H * bt if self.recompute else inflight * full)
+        fixed = w.reserve_bytes + (full if self.recompute else 0.0)
+        if sharding == "zero3":
+            fixed += 2 * m.layer_params * frac * bt
+        if j == 0:
+            fixed += m.embedding_params * spp
+        if j == num_stages - 1:
+            fixed += m.head_params * spp + 2 * mb * S * m.vocab_size * 4
+        cap = float(min(self.memory[d] for d in devices))
+        return int(math.floor((cap - fixed) / per_layer * (1 - 1e-12))) if cap > fixed else 0
+
+    # ---- intra-group strategies and order ------------------------------------------------------
+    def group_options(self, group: tuple[int, ...]) -> list[list[tuple[int, ...]]]:
+        """Intra-group strategies: the group's devices split per machine, each machine part cut into
+        consecutive TP groups of t (the last may be smaller), t a power of two or a divisor of the
+        part, t <= KV heads. Returned as stage lists in execution order."""
+        if group not in self._options:
+            parts = [tuple(d for d in group if self.machine[d] == mach) for mach in dict.fromkeys(self.machine[list(group)])]
+            per_part = []
+            for part in parts:
+                g = len(part)
+                ts = [t for t in range(1, min(g, self.max_tp) + 1) if (t & (t - 1)) == 0 or g % t == 0]
+                per_part.append([[part[i:i + t] for i in range(0, g, t)] for t in ts])
+            combos = list(itertools.product(*per_part))
+            if len(combos) > 32:  # many machine parts: the same rule for every part
+                combos = [tuple(opts[min(i, len(opts) - 1)] for opts in per_part) for i in range(max(map(len, per_part)))]
+            self._options[group] = [[st for part in combo for st in part] for combo in combos]
+        return self._options[group]
+
+    def group_order(self, groups: list[tuple[int, ...]], tau: int) -> list[int]:
+        key = (tuple(groups), tau)
+        if key not in self._order:
+            self._order[key] = top_tau_order(group_bandwidth(self.bw, groups), tau)[0]
+        return self._order[key]
+
+    def hop_matrix(self, src: tuple[int, ...], dst: tuple[int, ...], mb: int) -> np.ndarray:
+        """Comm-PP-Hop (eq. 6) for every (src leader, dst leader) pair, |src| x |dst|, vectorised:
+        2 * [alpha[s,d] + M/beta[s,d] + sum_{d'' in dst, d'' != d} (alpha[d,d''] + M/(|dst| beta[d,d'']))]."""
+        key = (src, dst, mb)
+        if key not in self._hop:
+            m = self.act_bytes(mb)
+            s_idx, d_idx = np.asarray(src), np.asarray(dst)
+            send = self.lat[np.ix_(s_idx, d_idx)] + m / self.bw[np.ix_(s_idx, d_idx)]
+            inner = self.lat[np.ix_(d_idx, d_idx)] + m / (len(dst) * self.bw[np.ix_(d_idx, d_idx)])
+            np.fill_diagonal(inner, 0.0)
+            self._hop[key] = 2.0 * (send + inner.sum(axis=1)[None, :])
+        return self._hop[key]
+
+    def leaders(self, stages: list[tuple[int, ...]], mb: int) -> tuple[list[tuple[int, ...]], list[float]]:
+        """Leaders minimising the sum of hops (Viterbi over the chain: state = leader of stage j).
+        Returns the stages with their leader first, and Hop_j per stage (0 for the last)."""
+        if len(stages) == 1:
+            return [stages[0]], [0.0]
+        cost = np.zeros(len(stages[0]))
+        back = []
+        for j in range(1, len(stages)):
+            total = cost[:, None] + self.hop_matrix(stages[j - 1], stages[j], mb)
+            arg = np.argmin(total, axis=0)  # first minimum: ties keep the lowest position
+            back.append(arg)
+            cost = total[arg, np.arange(len(stages[j]))]
+        pos = [int(np.argmin(cost))]
+        for arg in reversed(back):
+            pos.append(int(arg[pos[-1]]))
+        pos.reverse()
+        lead = [st[p] for st, p in zip(stages, pos)]
+        out = [(ld,) + tuple(d for d in st if d != ld) for st, ld in zip(stages, lead)]
+        hops = [float(self.hop_matrix(stages[j], stages[j + 1], mb)[pos[j], pos[j + 1]])
+                for j in range(len(stages) - 1)] + [0.0]
+        return out, hops
+
+
+@dataclass(frozen=True)
+class PipeDraft:
+    """A pipeline before its batch is known: stages (leader first), layer counts, per-micro-batch times."""
+
+    stages: tuple[tuple[int, ...], ...]
+    layers: tuple[int, ...]
+    per_mb_s: tuple[float, ...]
+    """Stage_j + Hop_j for one micro-batch."""
+    max_micro: int = _UNCAPPED
+    """Micro-batches this pipeline may take before running out of memory (GPipe only)."""
+
+    @property
+    def sum_s(self) -> float:
+        return sum(self.per_mb_s)
+
+    @property
+    def max_s(self) -> float:
+        return max(self.per_mb_s)
+
+    def time_s(self, n_mb: int) -> float:
+        """Pipeline-Time (eq. 8) for n_mb micro-batches, without the data-parallel tail."""
+        return self.sum_s + (n_mb - 1) * self.max_s
+
+    def relabel(self, mapping: Any) -> PipeDraft:
+        """The same draft with device d renamed mapping[d] (device -> position or back)."""
+        stages = tuple(tuple(int(mapping[d]) for d in st) for st in self.stages)
+        return PipeDraft(stages, self.layers, self.per_mb_s, self.max_micro)
+
+
+def split_layers(layer_s: list[float], fixed_s: list[float], max_layers: list[int], num_layers: int) -> list[int] | None:
+    """Layers per stage (§4.4 "layer assignment"), None when they cannot fit.
+
+    1. Proportional to speed: each stage starts with one layer, then each further layer goes to the
+       stage whose time l_j * t_j + f_j grows least (the integer form of l_j proportional to 1/t_j).
+    2. Out-of-memory rebalancing: a stage above ``max_layers`` gives layers, one at a time, to the
+       stage with the most free memory (in layers).
+    3. Refine: move a layer off the slowest stage while that lowers the slowest stage time.
+    """
+    S = len(layer_s)
+    if S > num_layers or min(max_layers) < 1 or sum(min(m, num_layers) for m in max_layers) < num_layers:
+        return None
+    n = [1] * S
+    heap = [(2 * layer_s[j] + fixed_s[j], j) for j in range(S)]
+    heapq.heapify(heap)
+    for _ in range(num_layers - S):
+        _, j = heapq.heappop(heap)
+        n[j] += 1
+        heapq.heappush(heap, ((n[j] + 1) * layer_s[j] + fixed_s[j], j))
+    for j in range(S):
+        while n[j] > max_layers[j]:
+            r = max(range(S), key=lambda q: (max_layers[q] - n[q], -q))
+            n[j] -= 1
+            n[r] += 1
+    while True:
+        t = [n[j] * layer_s[j] + fixed_s[j] for j in range(S)]
+        b = max(range(S), key=lambda q: t[q])
+        if n[b] <= 1:
+            break
+        room = [r for r in range(S) if r != b and n[r] < max_layers[r]]
+        if not room:
+            break
+        r = min(room, key=lambda q: (n[q] + 1) * layer_s[q] + fixed_s[q])
+        if (n[r] + 1) * layer_s[r] + fixed_s[r] >= t[b] * (1 - 1e-12):
+            break
+        n[b] -= 1
+        n[r] += 1
+    return n
+
+
+def split_batches(sum_s: list[float], max_s: list[float], tail_s: list[float], total_micro: int,
+                  caps: list[int] | None = None) -> list[int]:
+    """Micro-batches per pipeline in proportion to simulated speed (§4.4 "batch assignment").
+
+    Pipeline i with n micro-batches takes sum_i + (n - 1) * max_i + tail_i (eq. 8 plus its
+    data-parallel tail, which does not depend on n). Each pipeline gets one micro-batch, then each
+    further one goes to the pipeline that would finish earliest with it: for these affine times
+    the greedy gives the smallest possible slowest pipeline. ``caps`` bounds each count.
+    """
+    P = len(sum_s)
+    caps = caps or [_UNCAPPED] * P
+    n = [1] * P
+    heap = [(sum_s[i] + max_s[i] + tail_s[i], i) for i in range(P)]
+    heapq.heapify(heap)
+    left = total_micro - P
+    while left > 0 and heap:
+        _, i = heapq.heappop(heap)
+        if n[i] >= caps[i]:
+            continue
+        n[i] += 1
+        left -= 1
+        heapq.heappush(heap, (sum_s[i] + n[i] * max_s[i] + tail_s[i], i))
+    if left > 0:  # every pipeline at its cap: the rest goes round-robin (estimate() will say OOM)
+        for k in range(left):
+            n[k % P] += 1
+    return n
+
+
+def chain_draft(ev: Evaluator, stages: list[tuple[int, ...]], mb: int, sharding: str, num_pipelines: int,
+                n_mb: int) -> PipeDraft | None:
+    """Leaders, layer split and per-micro-batch times for a stage chain (None: does not fit)."""
+    stages, hops = ev.leaders(stages, mb)
+    S = len(stages)
+    layer_s = [ev.layer_s(st, mb, sharding) for st in stages]
+    fixed = list(hops)
+    fixed[-1] += ev.head_s(stages[-1], mb)
+    gpipe = ev.schedule == "gpipe"
+    mem_n = max(2 * n_mb, 1) if gpipe else S
+    caps = [ev.max_layers(st, j, S, mb, mem_n, sharding, num_pipelines) for j, st in enumerate(stages)]
+    n = split_layers(layer_s, fixed, caps, ev.model.num_layers)
+    if n is None:
+        return None
+    per = tuple(n[j] * layer_s[j] + fixed[j] for j in range(S))
+    return PipeDraft(tuple(stages), tuple(n), per, mem_n if gpipe else _UNCAPPED)
+
+
+def draft_pipeline(ev: Evaluator, groups: list[tuple[int, ...]], mb: int, sharding: str, num_pipelines: int,
+                   total_micro: int, tau: int) -> PipeDraft | None:
+    """Phase 2 steps (ii)-(iii) for one pipeline: order the groups by top-tau, pick each group's
+    intra-group strategy by coordinate descent on Pipeline(n) (start: every group at its highest
+    layer rate sum 1/t_j, or its fewest stages when the chain would exceed the layers), try the
+    reversed chain, return the best draft (None: nothing fits).
+
+    Pipelines on identical hardware (same bandwidth, latency, FLOP/s, memory and machine layout,
+    device for device) get the same draft: it is computed once, in positions, and relabelled.
+    """
+    n_est = max(1, total_micro // num_pipelines)
+    flat = [d for g in groups for d in g]
+    key = (ev.signature(groups), mb, sharding, num_pipelines, n_est, tau)
+    if key in ev._drafts:
+        local = ev._drafts[key]
+        return None if local is None else local.relabel(flat)
+    d = _draft(ev, groups, mb, sharding, num_pipelines, n_est, tau)
+    pos = {dev: i for i, dev in enumerate(flat)}
+    ev._drafts[key] = None if d is None else d.relabel(pos)
+    return d
+
+
+def _draft(ev: Evaluator, groups: list[tuple[int, ...]], mb: int, sharding: str, num_pipelines: int,
+           n_est: int, tau: int) -> PipeDraft | None:
+    order = ev.group_order(groups, tau)
+    ordered = [groups[i] for i in order]
+    opts = [ev.group_options(g) for g in ordered]
+    choice = [max(range(len(o)), key=lambda k: (sum(1.0 / ev.layer_s(st, mb, sharding) for st in o[k]), -k))
+              for o in opts]
+    if sum(len(o[k]) for o, k in zip(opts, choice)) > ev.model.num_layers:
+        choice = [min(range(len(o)), key=lambda k: (len(o[k]), k)) for o in opts]
+    cache: dict[tuple, PipeDraft | None] = {}
+
+    def build(ch: tuple[int, ...], rev: bool) -> PipeDraft | None:
+        if (ch, rev) not in cache:
+            stages = [st for g, k in enumerate(ch) for st in opts[g][k]]
+            cache[(ch, rev)] = chain_draft(ev, stages[::-1] if rev else stages, mb, sharding, num_pipelines, n_est)
+        return cache[(ch, rev)]
+
+    def t(d: PipeDraft | None) -> float:
+        return d.time_s(n_est) if d is not None else math.inf
+
+    best_ch, rev = tuple(choice), False
+    best = build(best_ch, False)
+    for _ in range(2):
+        improved = False
+        for g in range(len(opts)):
+            for k in range(len(opts[g])):
+                if k == best_ch[g]:
+                    continue
+                ch = best_ch[:g] + (k,) + best_ch[g + 1:]
+                d = build(ch, rev)
+                if t(d) < t(best) * (1 - 1e-9):
+                    best, best_ch, improved = d, ch, True
+        if not improved:
+            break
+    other = build(best_ch, True)
+    return other if t(other) < t(best) * (1 - 1e-9) else best
+
+
+def make_plan(drafts: list[PipeDraft], micro_counts: list[int], mb: int, sharding: str, schedule: str,
+              recompute: bool, num_layers: int, meta: dict[str, Any]) -> Plan:
+    """The Plan of drafted pipelines: layer counts become [start, end) ranges, batches n_i * mb."""
+    pipes = []
+    for d, n in zip(drafts, micro_counts):
+        bounds = np.concatenate([[0], np.cumsum(d.layers)]).tolist()
+        stages = tuple(Stage(tuple(int(x) for x in st), (int(bounds[j]), int(bounds[j + 1]))) for j, st in enumerate(d.stages))
+        pipes.append(Pipeline(batch_size=int(n * mb), micro_batch_size=int(mb), stages=stages))
+    return Plan(tuple(pipes), num_layers, schedule=schedule, recompute=recompute, dp_sharding=sharding, meta=dict(meta))
+
+
+def micro_batch_candidates(global_batch: int, user_mb: int | None, num_devices: int) -> list[int]:
+    """Micro-batch sizes to try: the user's (must divide the global batch), else the divisors of
+    the global batch up to 16 (up to 8 beyond 64 devices, to bound the search time)."""
+    if user_mb is not None:
+        if user_mb < 1 or global_batch % user_mb:
+            raise ConfigError("train.micro_batch_size", user_mb, f"must divide train.global_batch={global_batch}",
+                              "choose a divisor of the global batch or null to let the planner choose")
+        return [int(user_mb)]
+    top = 16 if num_devices <= 64 else 8
+    return [m for m in range(1, min(top, global_batch) + 1) if global_batch % m == 0]
+
+
+def minimum_memory_message(cluster: Cluster, workload: Workload, global_batch: int) -> str:
+    """What is missing when nothing fits: training-state bytes against the cluster's memory."""
+    m = workload.model
+    per_param = 2 * workload.dtype_bytes + workload.optimizer_bytes_per_param
+    need = m.total_params * per_param
+    usable = cluster.total_memory - cluster.num_devices * workload.reserve_bytes
+    return (f"no plan fits in memory: {m.name} ({m.total_params / 1e9:.2f}B parameters) needs {format_bytes(need)} "
+            f"for weights, gradients and optimizer states ({per_param:g} bytes per parameter, even fully sharded "
+            f"with ZeRO-3) plus activations for global batch {global_batch}; cluster {cluster.name} has "
+            f"{format_bytes(cluster.total_memory)} ({format_bytes(max(usable, 0))} after the "
+            f"{format_bytes(workload.reserve_bytes)} reserve per device). Fix: use more or larger GPUs, a smaller "
+            f"model, or a smaller train.micro_batch_size")

@@ -1,0 +1,415 @@
+"""Baselines: the plan spaces of other systems, searched under the SAME cost model as §4.
+
+Every baseline returns a :class:`BaselineResult` whose plan (when one fits) is scored by
+``estimate()``, with the same micro-batch candidates and dp_sharding options as the search, so a
+speedup measures the parallel layout alone. Which restriction stands for which system:
+
+- :func:`megatron` (Megatron-LM): symmetric (dp, tp, pp) over all devices, dp * tp * pp = N,
+  pp dividing the layers (equal layers per stage), equal batches per replica; ranks laid out in
+  machine order with TP fastest, then DP then PP (Megatron's order) or TP, PP, DP; best over
+  degrees, micro-batch sizes and both layouts.
+- :func:`galvatron` (Galvatron): the same symmetric degrees and layouts, but the layer split per
+  stage is free (chosen by the speed of the slowest replica at each stage, memory-capped).
+- :func:`metis` (Metis, ATC'24): data-parallel first: D_dp replicas made by dealing every machine's
+  GPUs over the replicas, TP raised (1, 2, 4, 8) only when a replica does not fit in memory,
+  stages ordered by GPU type (fastest first), layers in proportion to speed, batches in
+  proportion to replica speed.
+- :func:`random_search` (the paper's Fig. 6 ablation): the §4 search with phase 1 replaced by
+  random compute-agnostic partitions (a seeded random permutation cut into D_dp equal sizes).
+- :func:`exhaustive`: see its docstring; the optimum of a stated plan space on small clusters.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from lightning_hexiscale.cluster import Cluster
+from lightning_hexiscale.errors import ConfigError
+from lightning_hexiscale.planner.assemble import (DP_OPTIONS, Evaluator, PipeDraft, chain_draft, make_plan,
+                                                  micro_batch_candidates, split_batches, split_layers)
+from lightning_hexiscale.planner.estimate import Estimate, Workload, estimate
+from lightning_hexiscale.planner.partition import DeviceGraph, partition
+from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
+from lightning_hexiscale.planner.search import SearchResult, SearchSettings, _Search
+
+
+@dataclass(frozen=True)
+class BaselineResult:
+    name: str
+    plan: Plan | None
+    estimate: Estimate | None
+    note: str = ""
+    """Why nothing fits, or which configuration won."""
+    ignoring_memory: Estimate | None = None
+    """The fastest configuration tried when memory is ignored (the paper's §3.1 case study ignores
+    it): for comparisons where every configuration of the baseline runs out of memory."""
+
+
+class _Best:
+    """Keeps the lowest-cost (plan, estimate) seen, and the closest miss for the message."""
+
+    def __init__(self, name: str):
+        self.name, self.cost, self.plan, self.est, self.tried, self.note = name, math.inf, None, None, 0, ""
+        self.loose: Estimate | None = None
+
+    def offer(self, plan: Plan, cluster: Cluster, workload: Workload, note: str = "") -> None:
+        self.tried += 1
+        est = estimate(plan, cluster, workload)
+        if est.cost < self.cost:
+            self.cost, self.plan, self.est, self.note = est.cost, plan, est, note
+        if self.loose is None or est.iteration_time_s < self.loose.iteration_time_s:
+            self.loose = est
+
+    def result(self) -> BaselineResult:
+        if self.plan is None:
+            return BaselineResult(self.name, None, None, f"no configuration fits in memory ({self.tried} tried)",
+                                  self.loose)
+        return BaselineResult(self.name, self.plan, self.est, self.note, self.loose)
+
+
+def _shardings(s: SearchSettings) -> tuple[str, ...]:
+    return (s.dp_sharding,) if s.dp_sharding else DP_OPTIONS
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _meta(name: str, cluster: Cluster, workload: Workload) -> dict[str, Any]:
+    return {"planner": name, "model": workload.model.name, "cluster": cluster.name}
+
+
+def _symmetric_layouts(cluster: Cluster, dp: int, tp: int, pp: int) -> list[list[list[tuple[int, ...]]]]:
+    """Device layouts [replica][stage] -> TP group for both Megatron rank orders (machine order)."""
+    ids = list(range(cluster.num_devices))
+    out = []
+    # rank r = ((stage * dp) + replica) * tp + t   (Megatron: TP fastest, then DP, then PP)
+    out.append([[tuple(ids[((s * dp) + r) * tp:((s * dp) + r + 1) * tp]) for s in range(pp)] for r in range(dp)])
+    # rank r = ((replica * pp) + stage) * tp + t   (each replica on consecutive machines)
+    out.append([[tuple(ids[((r * pp) + s) * tp:((r * pp) + s + 1) * tp]) for s in range(pp)] for r in range(dp)])
+    return out
+
+
+def _symmetric(name: str, cluster: Cluster, workload: Workload, global_batch: int, s: SearchSettings,
+               free_layers: bool) -> BaselineResult:
+    L, N = workload.model.num_layers, cluster.num_devices
+    ev = Evaluator(cluster, workload, s.schedule, s.recompute)
+    best = _Best(name)
+    for tp in _divisors(N):
+        if tp > workload.model.num_kv_heads:
+            continue
+        for pp in _divisors(N // tp):
+            dp = N // tp // pp
+            if pp > L or global_batch % dp or (not free_layers and L % pp):
+                continue
+            for layout in _symmetric_layouts(cluster, dp, tp, pp):
+                for mb in micro_batch_candidates(global_batch // dp, s.micro_batch_size, N):
+                    for sh in _shardings(s):
+                        layers = _symmetric_layers(ev, layout, mb, sh, dp, global_batch // dp // mb) if free_layers \
+                            else [L // pp] * pp
+                        if layers is None:
+                            continue
+                        bounds = np.concatenate([[0], np.cumsum(layers)]).tolist()
+                        pipes = tuple(Pipeline(global_batch // dp, mb, tuple(
+                            Stage(st, (bounds[j], bounds[j + 1])) for j, st in enumerate(rep))) for rep in layout)
+                        plan = Plan(pipes, L, s.schedule, s.recompute, sh, _meta(name, cluster, workload))
+                        best.offer(plan, cluster, workload, f"(dp, tp, pp) = ({dp}, {tp}, {pp}), micro-batch {mb}, {sh}")
+    return best.result()
+
+
+def _symmetric_layers(ev: Evaluator, layout, mb: int, sharding: str, dp: int, n_mb: int) -> list[int] | None:
+    """Galvatron's free split: one layer count per stage index, shared by all replicas, from the
+    slowest replica's stage speed and the tightest replica's memory."""
+    pp = len(layout[0])
+    layer_s = [max(ev.layer_s(rep[j], mb, sharding) for rep in layout) for j in range(pp)]
+    fixed = [0.0] * pp
+    fixed[-1] = max(ev.head_s(rep[-1], mb) for rep in layout)
+    caps = [min(ev.max_layers(rep[j], j, pp, mb, pp if ev.schedule == "1f1b" else n_mb, sharding, dp)
+                for rep in layout) for j in range(pp)]
+    return split_layers(layer_s, fixed, caps, ev.model.num_layers)
+
+
+def megatron(cluster: Cluster, workload: Workload, global_batch: int, settings: SearchSettings | None = None) -> BaselineResult:
+    """Megatron-LM: symmetric (dp, tp, pp), equal layers, equal batches (see the module docstring)."""
+    return _symmetric("megatron", cluster, workload, global_batch, settings or SearchSettings(), free_layers=False)
+
+
+def galvatron(cluster: Cluster, workload: Workload, global_batch: int, settings: SearchSettings | None = None) -> BaselineResult:
+    """Galvatron: symmetric (dp, tp, pp) with a free per-stage layer split (see the module docstring)."""
+    return _symmetric("galvatron", cluster, workload, global_batch, settings or SearchSettings(), free_layers=True)
+
+
+def metis(cluster: Cluster, workload: Workload, global_batch: int, settings: SearchSettings | None = None) -> BaselineResult:
+    """Metis: data parallelism first, TP only when memory forces it, stages by GPU type."""
+    s = settings or SearchSettings()
+    ev = Evaluator(cluster, workload, s.schedule, s.recompute)
+    graph = DeviceGraph.from_cluster(cluster)
+    best = _Best("metis")
+    mbs = micro_batch_candidates(global_batch, s.micro_batch_size, cluster.num_devices)
+    for dp in range(1, min(cluster.num_devices, global_batch) + 1):
+        replicas = partition(graph, dp, "max")
+        for tp in (1, 2, 4, 8):
+            if tp > workload.model.num_kv_heads:
+                break
+            chains = [_by_type_chain(cluster, rep, tp) for rep in replicas]
+            fitted = False
+            for mb in mbs:
+                total = global_batch // mb
+                if total < dp:
+                    continue
+                for sh in _shardings(s):
+                    drafts = [chain_draft(ev, ch, mb, sh, dp, max(1, total // dp)) for ch in chains]
+                    if any(d is None for d in drafts):
+                        continue
+                    fitted = True
+                    counts = split_batches([d.sum_s for d in drafts], [d.max_s for d in drafts], [0.0] * dp, total,
+                                           [d.max_micro for d in drafts])
+                    plan = make_plan(drafts, counts, mb, sh, s.schedule, s.recompute, workload.model.num_layers,
+                                     _meta("metis", cluster, workload))
+                    best.offer(plan, cluster, workload, f"{dp} replicas, TP {tp}, micro-batch {mb}, {sh}")
+            if fitted:
+                break  # TP only as far as memory forces it
+    return best.result()
+
+
+def _by_type_chain(cluster: Cluster, devices: np.ndarray, tp: int) -> list[tuple[int, ...]]:
+    """Stages of TP ``tp`` inside machines, ordered fastest GPU type first (then machine, id)."""
+    by_machine: dict[int, list[int]] = {}
+    for d in sorted(devices.tolist()):
+        by_machine.setdefault(cluster.devices[d].machine, []).append(d)
+    stages = [tuple(ds[i:i + tp]) for ds in by_machine.values() for i in range(0, len(ds), tp)]
+    return sorted(stages, key=lambda st: (-cluster.devices[st[0]].flops, cluster.devices[st[0]].machine, st[0]))
+
+
+class _RandomSearch(_Search):
+    """The §4 search with phase 1 replaced by random equal-size partitions (Fig. 6)."""
+
+    def phase1(self, dp: int, cut: str, balance: float, seed: int) -> list[np.ndarray]:
+        perm = self.rng.permutation(self.cluster.num_devices)
+        return sorted((np.sort(part) for part in np.array_split(perm, dp)), key=lambda a: int(a.min()))
+
+
+def random_search(cluster: Cluster, workload: Workload, global_batch: int,
+                  settings: SearchSettings | None = None) -> SearchResult:
+    """The search with random phase-1 partitions; same iterations, seed and everything else."""
+    s = settings or SearchSettings()
+    return _RandomSearch(cluster, workload, global_batch, s).run()
+
+
+def random_baseline(cluster: Cluster, workload: Workload, global_batch: int,
+                    settings: SearchSettings | None = None) -> BaselineResult:
+    from lightning_hexiscale.errors import InfeasiblePlan
+
+    try:
+        r = random_search(cluster, workload, global_batch, replace(settings or SearchSettings(), progress=False))
+    except InfeasiblePlan as e:
+        return BaselineResult("random", None, None, str(e))
+    return BaselineResult("random", replace(r.plan, meta={**r.plan.meta, "planner": "random"}), r.estimate,
+                          f"{r.plan.num_pipelines} pipelines")
+
+
+def run_baselines(cluster: Cluster, workload: Workload, global_batch: int, settings: SearchSettings | None = None,
+                  names: tuple[str, ...] = ("megatron", "galvatron", "metis", "random")) -> dict[str, BaselineResult]:
+    """Run the named baselines; ``exhaustive`` only when asked (it is exponential)."""
+    fns = {"megatron": megatron, "galvatron": galvatron, "metis": metis, "random": random_baseline,
+           "exhaustive": exhaustive}
+    s = replace(settings or SearchSettings(), progress=False)
+    return {n: fns[n](cluster, workload, global_batch, s) for n in names}
+
+
+
+# ---- exhaustive ----------------------------------------------------------------------------------
+def exhaustive(cluster: Cluster, workload: Workload, global_batch: int, settings: SearchSettings | None = None,
+               max_devices: int = 12, combos_per_partition: int = 16) -> BaselineResult:
+    """The optimum of the following plan space, for small clusters (up to ``max_devices``):
+
+    - pipelines: every partition of the devices into pipelines. Devices of one machine must be
+      interchangeable (same type, same links; checked), so a partition is a multiset of per-machine
+      count vectors summing to the machine sizes, and each is enumerated once;
+    - stages of a pipeline: for each machine it uses, every integer partition of its devices into
+      TP groups (sizes up to the KV heads); a machine's stages are consecutive; every order of the
+      machine blocks and every distinct order of the TP sizes inside a block;
+    - per stage chain: leaders by a Viterbi pass, layers by :func:`split_layers` followed by a local
+      search over single-layer moves between any two stages (memory-capped);
+    - batches: :func:`split_batches` on the chains' times, then again with the estimate's DP tails;
+    - every micro-batch size the search may use and every dp sharding it may use.
+
+    Pipelines couple only through data parallelism, so for each partition the ``K`` best chains of
+    every pipeline by its own time are combined (K**D_dp <= ``combos_per_partition``) and each
+    combination is scored by ``estimate()``. A partition is skipped when even its pipelines' own
+    times (a lower bound of the estimate) cannot beat the best plan so far.
+    """
+    s = settings or SearchSettings()
+    N = cluster.num_devices
+    if N > max_devices:
+        raise ConfigError("cluster", cluster.name, f"exhaustive search enumerates every partition; {N} devices is "
+                          f"more than max_devices={max_devices}", "use a small cluster (cluster.subset) or the search")
+    machines = [list(m.devices) for m in cluster.machines]
+    _check_interchangeable(cluster, machines)
+    ev = Evaluator(cluster, workload, s.schedule, s.recompute)
+    L, max_tp = workload.model.num_layers, workload.model.num_kv_heads
+    best = _Best("exhaustive")
+    chains_cache: dict[tuple, list[PipeDraft]] = {}
+    sizes = tuple(len(m) for m in machines)
+    for mb in micro_batch_candidates(global_batch, s.micro_batch_size, N):
+        total = global_batch // mb
+        for parts in _vector_partitions(sizes, sizes):
+            P = len(parts)
+            if P > total:
+                continue
+            for sh in _shardings(s):
+                n_est = max(1, total // P)
+                per_pipe = []
+                for vec in parts:
+                    key = (vec, mb, sh, P, n_est)
+                    if key not in chains_cache:
+                        chains_cache[key] = _all_chains(ev, machines, vec, mb, sh, P, n_est, max_tp, L)
+                    per_pipe.append(chains_cache[key])
+                if any(not c for c in per_pipe):
+                    continue
+                counts = split_batches([c[0].sum_s for c in per_pipe], [c[0].max_s for c in per_pipe], [0.0] * P, total)
+                bound = max(c[0].time_s(n) for c, n in zip(per_pipe, counts))
+                if bound >= best.cost:
+                    continue
+                k = max(1, int(combos_per_partition ** (1.0 / P)))
+                for combo in itertools.product(*(c[:k] for c in per_pipe)):
+                    drafts = _place(list(combo), parts, machines)
+                    _offer_with_batches(best, drafts, mb, sh, total, s, cluster, workload)
+    return best.result()
+
+
+def _check_interchangeable(cluster: Cluster, machines: list[list[int]]) -> None:
+    bw, lat = cluster.bandwidth, cluster.latency
+    for m, devs in enumerate(machines):
+        d0 = devs[0]
+        others = [d for d in range(cluster.num_devices) if d not in devs]
+        for d in devs[1:]:
+            same = (cluster.devices[d].gpu_type == cluster.devices[d0].gpu_type
+                    and np.allclose(bw[d, others], bw[d0, others]) and np.allclose(lat[d, others], lat[d0, others])
+                    and np.allclose(bw[d, [x for x in devs if x != d]], bw[d0, devs[1]]))
+            if not same:
+                raise ConfigError("cluster", cluster.name, f"exhaustive search needs the devices of a machine to be "
+                                  f"interchangeable, but devices {d0} and {d} of machine {m} differ",
+                                  "use the search, or a cluster with uniform links inside each machine")
+
+
+def _vector_partitions(remaining: tuple[int, ...], upper: tuple[int, ...]):
+    """Multisets of non-zero count vectors summing to ``remaining``, each vector <= ``upper`` in
+    lexicographic order (so every multiset comes out once, largest vector first)."""
+    if not any(remaining):
+        yield []
+        return
+    for vec in itertools.product(*(range(r, -1, -1) for r in remaining)):
+        if not any(vec) or vec > upper:
+            continue
+        rest = tuple(r - v for r, v in zip(remaining, vec))
+        for tail in _vector_partitions(rest, vec):
+            yield [vec] + tail
+
+
+def _int_partitions(n: int, largest: int) -> list[list[int]]:
+    if n == 0:
+        return [[]]
+    return [[p] + rest for p in range(min(n, largest), 0, -1) for rest in _int_partitions(n - p, p)]
+
+
+def _all_chains(ev: Evaluator, machines: list[list[int]], vec: tuple[int, ...], mb: int, sharding: str, P: int,
+                n_est: int, max_tp: int, L: int) -> list[PipeDraft]:
+    """Every stage chain of a pipeline holding vec[m] devices of machine m (canonical devices: the
+    first vec[m] of each machine), drafted and locally polished; sorted by own time."""
+    used = [m for m, c in enumerate(vec) if c]
+    per_machine = []
+    for m in used:
+        orders = set()
+        for sizes in _int_partitions(vec[m], max_tp):
+            orders.update(itertools.permutations(sizes))
+        devs = machines[m][:vec[m]]
+        blocks = []
+        for order in sorted(orders):
+            start, block = 0, []
+            for t in order:
+                block.append(tuple(devs[start:start + t]))
+                start += t
+            blocks.append(block)
+        per_machine.append(blocks)
+    out = []
+    for machine_order in itertools.permutations(range(len(used))):
+        for choice in itertools.product(*(per_machine[i] for i in machine_order)):
+            stages = [st for block in choice for st in block]
+            if len(stages) > L:
+                continue
+            d = _polished(ev, stages, mb, sharding, P, n_est)
+            if d is not None:
+                out.append(d)
+    return sorted(out, key=lambda d: d.time_s(n_est))
+
+
+def _polished(ev: Evaluator, stages: list[tuple[int, ...]], mb: int, sharding: str, P: int, n_est: int) -> PipeDraft | None:
+    """chain_draft, then single-layer moves between any two stages while Pipeline(n_est) drops."""
+    d = chain_draft(ev, stages, mb, sharding, P, n_est)
+    if d is None or len(d.stages) == 1:
+        return d
+    S = len(d.stages)
+    layer_s = [ev.layer_s(st, mb, sharding) for st in d.stages]
+    fixed = [d.per_mb_s[j] - d.layers[j] * layer_s[j] for j in range(S)]
+    mem_n = d.max_micro if d.max_micro < (1 << 40) else S
+    caps = [ev.max_layers(st, j, S, mb, mem_n, sharding, P) for j, st in enumerate(d.stages)]
+    n = list(d.layers)
+
+    def cost(n: list[int]) -> float:
+        per = [n[j] * layer_s[j] + fixed[j] for j in range(S)]
+        return sum(per) + (n_est - 1) * max(per)
+
+    cur, improved = cost(n), True
+    while improved:
+        improved = False
+        for a, b in itertools.permutations(range(S), 2):
+            if n[a] > 1 and n[b] < caps[b]:
+                n[a] -= 1
+                n[b] += 1
+                c = cost(n)
+                if c < cur * (1 - 1e-12):
+                    cur, improved = c, True
+                else:
+                    n[a] += 1
+                    n[b] -= 1
+    per = tuple(n[j] * layer_s[j] + fixed[j] for j in range(S))
+    return PipeDraft(d.stages, tuple(n), per, d.max_micro)
+
+
+def _place(drafts: list[PipeDraft], parts: list[tuple[int, ...]], machines: list[list[int]]) -> list[PipeDraft]:
+    """Map canonical devices (the first devices of each machine) to distinct real devices."""
+    nxt = [0] * len(machines)
+    out = []
+    for d, vec in zip(drafts, parts):
+        mapping = {}
+        for m, c in enumerate(vec):
+            for k in range(c):
+                mapping[machines[m][k]] = machines[m][nxt[m] + k]
+            nxt[m] += c
+        out.append(d.relabel(mapping))
+    return out
+
+
+def _offer_with_batches(best: _Best, drafts: list[PipeDraft], mb: int, sh: str, total: int, s: SearchSettings,
+                        cluster: Cluster, workload: Workload) -> None:
+    P, L = len(drafts), workload.model.num_layers
+    meta = _meta("exhaustive", cluster, workload)
+    counts = split_batches([d.sum_s for d in drafts], [d.max_s for d in drafts], [0.0] * P, total,
+                           [d.max_micro for d in drafts])
+    plan = make_plan(drafts, counts, mb, sh, s.schedule, s.recompute, L, meta)
+    best.offer(plan, cluster, workload, f"{P} pipelines, micro-batch {mb}, {sh}")
+    if P > 1 and best.plan is plan:
+        est = best.est
+        sums = [sum(x.time_per_micro_batch_s for x in p.stages) for p in est.pipelines]
+        maxs = [max(x.time_per_micro_batch_s for x in p.stages) for p in est.pipelines]
+        tails = [p.time_s - (sm + (p.num_micro_batches - 1) * mx) for p, sm, mx in zip(est.pipelines, sums, maxs)]
+        again = split_batches(sums, maxs, tails, total, [d.max_micro for d in drafts])
+        if again != counts:
+            best.offer(make_plan(drafts, again, mb, sh, s.schedule, s.recompute, L, meta), cluster, workload,
+                       f"{P} pipelines, micro-batch {mb}, {sh}")

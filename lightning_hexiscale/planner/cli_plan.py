@@ -1,0 +1,231 @@
+"""`hexiscale plan`: run the §4 search (and optionally the baselines) and report the plan.
+
+    hexiscale plan cluster=hetero3 model=llama_30b train.global_batch=256 planner.iterations=50 \\
+        [--baselines] [--out plan.yaml] [--picture plan.png|plan.svg] [--json]
+    hexiscale plan -m cluster=hetero1,hetero2 model=llama2_7b,llama2_13b --baselines [--sweep-dir DIR]
+
+A multirun (``-m``) takes the cartesian product of comma-separated override values (Hydra's
+basic sweeper syntax), plans each combination and writes one summary table, ``summary.csv`` and
+``summary.md``, plus each plan's YAML, into the sweep directory; the markdown is printed too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from lightning_hexiscale.cli import _explicit, subcommand
+from lightning_hexiscale.errors import ConfigError, HexiScaleError
+
+
+def _args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--baselines", action="store_true", help="also run megatron, galvatron, metis and random "
+                   "under the same cost model and print a comparison")
+    p.add_argument("--out", metavar="PLAN.yaml", help="write the plan (YAML, or JSON for a .json path)")
+    p.add_argument("--picture", metavar="PLAN.png", help="draw the plan (PNG or SVG by extension; needs matplotlib)")
+    p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
+    p.add_argument("-m", "--multirun", action="store_true",
+                   help="sweep: comma-separated override values, cartesian product, one summary table")
+    p.add_argument("--sweep-dir", metavar="DIR", help="multirun output folder (default outputs/plan-sweep-<timestamp>)")
+
+
+def plan_once(overrides: list[str], with_baselines: bool, progress: bool | None = None) -> dict[str, Any]:
+    """Compose, search, validate; returns everything the reports need."""
+    from lightning_hexiscale.cluster import Cluster
+    from lightning_hexiscale.config import compose
+    from lightning_hexiscale.planner.estimate import workload_from_config
+    from lightning_hexiscale.planner.search import SearchSettings, search
+
+    cfg = compose(overrides)
+    cluster = Cluster.from_config(cfg.cluster)
+    workload = workload_from_config(cfg)
+    changes = {} if progress is None else {"progress": progress}
+    settings = SearchSettings.from_config(cfg, dp_sharding_explicit=_explicit(overrides, "train.dp_sharding"), **changes)
+    gb = int(cfg.train.global_batch)
+    result = search(cluster, workload, gb, settings)
+    result.plan.validate(cluster, workload.model, global_batch=gb)
+    out: dict[str, Any] = {"cfg": cfg, "cluster": cluster, "workload": workload, "result": result,
+                           "global_batch": gb, "settings": settings}
+    if with_baselines:
+        from lightning_hexiscale.planner.baselines import run_baselines
+
+        out["baselines"] = run_baselines(cluster, workload, gb, settings)
+    return out
+
+
+def estimate_document(plan, cluster, workload, est, plan_file: str | None) -> dict[str, Any]:
+    """The same document ``hexiscale estimate --json`` prints for this plan."""
+    return {"plan_file": plan_file, "cluster": cluster.name, "model": workload.model.name,
+            "global_batch": plan.global_batch, "dp_sharding": plan.dp_sharding, "schedule": plan.schedule,
+            "recompute": plan.recompute, **est.to_dict()}
+
+
+def baseline_rows(best_time: float, baselines: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """{name: {iteration_time_s, pflops, feasible, speedup}}: speedup = baseline time / search time."""
+    rows = {}
+    for name, b in baselines.items():
+        feasible = b.estimate is not None and b.estimate.feasible
+        t = b.estimate.iteration_time_s if feasible else math.inf
+        loose = b.ignoring_memory
+        rows[name] = {"iteration_time_s": t if feasible else None,
+                      "pflops": b.estimate.pflops if feasible else 0.0, "feasible": feasible,
+                      "speedup": (t / best_time) if feasible else None, "note": b.note,
+                      "iteration_time_ignoring_memory_s": loose.iteration_time_s if loose is not None else None}
+    return rows
+
+
+def comparison_table(best, rows: dict[str, dict[str, Any]]) -> str:
+    lines = [f"{'system':<12} {'iteration':>11} {'PFLOPS':>8} {'search speedup':>15}",
+             f"{'hexiscale':<12} {best.iteration_time_s:>10.3f}s {best.pflops:>8.3f} {'1.00x':>15}"]
+    for name, r in rows.items():
+        if r["feasible"]:
+            lines.append(f"{name:<12} {r['iteration_time_s']:>10.3f}s {r['pflops']:>8.3f} {r['speedup']:>14.2f}x")
+        else:
+            loose = r["iteration_time_ignoring_memory_s"]
+            extra = (f"; ignoring memory (as the paper's case study does) its best is {loose:.3f} s, "
+                     f"{loose / best.iteration_time_s:.2f}x the search's time") if loose else ""
+            lines.append(f"{name:<12} {'OOM':>11} {'-':>8} {'-':>15}  {r['note']}{extra}")
+    return "\n".join(lines)
+
+
+@subcommand("plan", "search an asymmetric parallel plan (§4 two-phase graph partitioning) and report it", _args)
+def cmd_plan(args: argparse.Namespace) -> int:
+    if args.multirun:
+        return _sweep(args)
+    run = plan_once(args.overrides, args.baselines, progress=None if not args.json else False)
+    cluster, workload, res = run["cluster"], run["workload"], run["result"]
+    plan, est = res.plan, res.estimate
+    if args.out:
+        plan.save(args.out)
+    if args.picture:
+        draw_plan(plan, cluster, args.picture, title=f"{workload.model.name} on {cluster.name}: "
+                  f"{est.iteration_time_s:.2f} s/iteration, {est.pflops:.2f} PFLOPS")
+    rows = baseline_rows(est.iteration_time_s, run["baselines"]) if args.baselines else None
+    if args.json:
+        doc = {"plan": plan.to_dict(), "estimate": estimate_document(plan, cluster, workload, est, args.out),
+               "search_time_s": res.search_time_s,
+               "log": [{"iteration": e.iteration, "num_pipelines": e.num_pipelines, "cut": e.cut,
+                        "cost_s": _finite(e.cost_s), "best_s": _finite(e.best_s)} for e in res.log]}
+        if rows is not None:
+            doc["baselines"] = rows
+        print(json.dumps(doc, indent=2))
+        return 0
+    print(cluster.summary())
+    print()
+    print(plan.table(cluster))
+    print()
+    print(est.summary())
+    print(f"\nsearch: {len(res.log)} iterations in {res.search_time_s:.2f} s")
+    if rows is not None:
+        print("\n" + comparison_table(est, rows))
+    if args.out:
+        print(f"plan written to {args.out}")
+    if args.picture:
+        print(f"picture written to {args.picture}")
+    return 0
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+# ---- multirun ----------------------------------------------------------------------------------
+def sweep_overrides(overrides: list[str]) -> list[list[str]]:
+    """Cartesian product of ``key=a,b,c`` overrides (the order of keys is kept)."""
+    axes = []
+    for o in overrides:
+        key, _, value = o.partition("=")
+        axes.append([f"{key}={v}" for v in value.split(",")] if "," in value else [o])
+    return [list(combo) for combo in itertools.product(*axes)]
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    combos = sweep_overrides(args.overrides)
+    out_dir = Path(args.sweep_dir or f"outputs/plan-sweep-{time.strftime('%Y%m%d-%H%M%S')}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    names = ["megatron", "galvatron", "metis", "random"] if args.baselines else []
+    header = ["overrides", "cluster", "model", "global_batch", "pipelines", "iteration_time_s", "pflops",
+              "search_time_s"] + [f"{n}_{k}" for n in names for k in ("time_s", "speedup")] + ["error"]
+    rows = []
+    for combo in combos:
+        row: dict[str, Any] = {"overrides": " ".join(combo)}
+        try:
+            run = plan_once(combo, args.baselines, progress=False)
+        except HexiScaleError as e:
+            row["error"] = str(e).split(". Fix:")[0]
+            rows.append(row)
+            continue
+        res, cl, wl = run["result"], run["cluster"], run["workload"]
+        tag = "-".join(f"{o.split('=', 1)[1]}" for o in combo if "=" in o).replace("/", "_")
+        res.plan.save(out_dir / f"plan-{tag}.yaml")
+        row.update(cluster=cl.name, model=wl.model.name, global_batch=run["global_batch"],
+                   pipelines=res.plan.num_pipelines, iteration_time_s=round(res.estimate.iteration_time_s, 4),
+                   pflops=round(res.estimate.pflops, 4), search_time_s=round(res.search_time_s, 3))
+        if args.baselines:
+            for n, r in baseline_rows(res.estimate.iteration_time_s, run["baselines"]).items():
+                row[f"{n}_time_s"] = round(r["iteration_time_s"], 4) if r["feasible"] else "OOM"
+                row[f"{n}_speedup"] = round(r["speedup"], 3) if r["feasible"] else "-"
+        rows.append(row)
+    with open(out_dir / "summary.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=header)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: r.get(k, "") for k in header})
+    md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    md += ["| " + " | ".join(str(r.get(k, "")) for k in header) + " |" for r in rows]
+    (out_dir / "summary.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+    print(f"\nsweep of {len(rows)} runs written to {out_dir}/summary.csv and summary.md")
+    return 0 if all(not r.get("error") for r in rows) else 2
+
+
+# ---- picture -----------------------------------------------------------------------------------
+def draw_plan(plan, cluster, path: str | Path, title: str = "") -> None:
+    """Pipelines as rows, stages as boxes spanning their layers, coloured by GPU type, with the
+    GPUs, layer range and TP degree written in. PNG or SVG by the file extension."""
+    path = Path(path)
+    if path.suffix.lower() not in (".png", ".svg"):
+        raise ConfigError("--picture", str(path), "the picture is PNG or SVG, chosen by the extension",
+                          "use a path ending in .png or .svg")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.patches import Patch, Rectangle
+    except ImportError:
+        raise ConfigError("--picture", str(path), "drawing needs matplotlib, which is not installed",
+                          "pip install 'lightning-hexiscale[plot]' or leave out --picture") from None
+    types = sorted({cluster.devices[d].gpu_type for p in plan.pipelines for d in p.devices})
+    palette = plt.get_cmap("tab10")
+    colour = {t: palette(i % 10) for i, t in enumerate(types)}
+    P, L = plan.num_pipelines, plan.num_layers
+    fig, ax = plt.subplots(figsize=(max(8.0, L * 0.22), 0.9 * P + 1.4))
+    for i, pipe in enumerate(plan.pipelines):
+        y = P - 1 - i
+        for st in pipe.stages:
+            kinds: dict[str, int] = {}
+            for d in st.devices:
+                kinds[cluster.devices[d].gpu_type] = kinds.get(cluster.devices[d].gpu_type, 0) + 1
+            main = max(kinds, key=kinds.get)
+            a, b = st.layers
+            ax.add_patch(Rectangle((a, y + 0.08), b - a, 0.84, facecolor=colour[main], edgecolor="black", alpha=0.85))
+            label = f"{'+'.join(f'{n}x{t}' for t, n in kinds.items())}\nTP{st.tp} L{a}-{b - 1}"
+            ax.text((a + b) / 2, y + 0.5, label, ha="center", va="center", fontsize=7, clip_on=True)
+        ax.text(-0.5, y + 0.5, f"p{i} b{pipe.batch_size}/{pipe.micro_batch_size}", ha="right", va="center", fontsize=8)
+    ax.set_xlim(0, L)
+    ax.set_ylim(0, P)
+    ax.set_yticks([])
+    ax.set_xlabel("transformer layer")
+    ax.set_title(title or f"plan: {P} pipelines, {plan.world_size} devices", fontsize=10)
+    ax.legend(handles=[Patch(color=colour[t], label=t) for t in types], loc="upper left",
+              bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, format=path.suffix.lower()[1:])
+    plt.close(fig)

@@ -1,0 +1,304 @@
+"""The two-phase hierarchical search of §4 with the iterative optimisation of §4.4.
+
+One iteration, for a number of pipelines D_dp and a cut option (min / max, §4.4):
+
+1. Phase 1 (§4.2): the global graph is cut into D_dp GPU sets (:func:`partition.partition`).
+2. Phase 2 (§4.3): set i is cut into k_i groups of well-connected GPUs (min cut, looser balance);
+   the groups are ordered by the top-tau path search over inter-group bandwidth; each group's
+   *intra-group strategy* (its GPUs split per machine into stages of TP t) is chosen with the cost
+   model by coordinate descent on the pipeline's time; stage leaders minimise the hops (a Viterbi
+   pass over the stage chain); the reversed chain is tried too (LM head at the other end).
+3. Layers to stages in proportion to speed, then out-of-memory rebalancing, then a local refine
+   (:func:`split_layers`); micro-batches to pipelines in proportion to simulated speed
+   (:func:`split_batches`), every pipeline getting a whole number of micro-batches.
+4. Every (micro-batch size, dp_sharding) variant becomes a complete Plan scored by
+   ``estimate(plan).cost``; the best plan over all iterations is kept.
+
+Across iterations D_dp is enumerated (every value for small clusters, a geometric ladder plus
+machine counts for large ones), then the best D_dp values are revisited with varied k_i, METIS
+seeds and balance. The cut option comes from exponential moving averages of the simulated
+data-parallel time and pipeline (hop + bubble) time: when DP dominates, the next iteration
+maximises the cut (DP gets the fast links), otherwise it minimises it; one iteration in five
+takes the other option so that both averages stay informed. All randomness comes from one
+``numpy.random.default_rng(seed)``: a seed gives the same plan.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from lightning_hexiscale.cluster import Cluster
+from lightning_hexiscale.errors import ConfigError, InfeasiblePlan
+from lightning_hexiscale.planner.assemble import (DP_OPTIONS, Evaluator, PipeDraft, draft_pipeline, make_plan,
+                                                  micro_batch_candidates, minimum_memory_message, split_batches)
+from lightning_hexiscale.planner.estimate import Estimate, Workload, estimate
+from lightning_hexiscale.planner.partition import DeviceGraph, partition
+from lightning_hexiscale.planner.plan import SCHEDULES, Plan
+
+CUTS = ("auto", "min", "max")
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """What the search may vary and for how long. Built from ``cfg.planner`` + ``cfg.train``."""
+
+    iterations: int = 50
+    seed: int = 0
+    tau: int = 2
+    """Top-tau width of the stage-order search."""
+    balance: float = 1.2
+    """Phase-1 bound: max set compute / mean set compute."""
+    group_balance: float = 2.0
+    """Phase-2 bound: groups may differ more (layers follow compute anyway)."""
+    max_pipelines: int | None = None
+    cut: str = "auto"
+    """auto (moving averages, §4.4), min or max."""
+    progress: bool = False
+    schedule: str = "1f1b"
+    recompute: bool = True
+    micro_batch_size: int | None = None
+    """None: the search tries the divisors of the global batch up to 16."""
+    dp_sharding: str | None = None
+    """None: the search tries ddp, zero2 and zero3."""
+
+    def __post_init__(self) -> None:
+        if self.iterations < 1:
+            raise ConfigError("planner.iterations", self.iterations, "must be at least 1", "use e.g. 50")
+        if self.tau < 1:
+            raise ConfigError("planner.tau", self.tau, "must be at least 1", "use e.g. 2")
+        if self.cut not in CUTS:
+            raise ConfigError("planner.cut", self.cut, f"must be one of {CUTS}", "use auto")
+        if self.schedule not in SCHEDULES:
+            raise ConfigError("train.schedule", self.schedule, f"must be one of {SCHEDULES}", "use 1f1b")
+        if self.dp_sharding is not None and self.dp_sharding not in DP_OPTIONS:
+            raise ConfigError("train.dp_sharding", self.dp_sharding, f"must be one of {DP_OPTIONS}", "use zero2")
+        if self.max_pipelines is not None and self.max_pipelines < 1:
+            raise ConfigError("planner.max_pipelines", self.max_pipelines, "must be at least 1 (or null)", "use null")
+
+    @classmethod
+    def from_config(cls, cfg: Any, dp_sharding_explicit: bool = False, **changes: Any) -> SearchSettings:
+        """From a composed root config; ``train.dp_sharding`` binds only when the user set it."""
+        p, t = cfg.planner, cfg.train
+        kw = dict(iterations=int(p.iterations), seed=int(p.seed), tau=int(p.tau), balance=float(p.balance),
+                  max_pipelines=p.max_pipelines, progress=bool(p.progress), schedule=str(t.schedule),
+                  recompute=bool(t.recompute), micro_batch_size=t.micro_batch_size,
+                  dp_sharding=str(t.dp_sharding) if dp_sharding_explicit else None)
+        for key in ("cut", "group_balance"):
+            if key in p:
+                kw[key] = p[key]
+        kw.update(changes)
+        return cls(**kw)
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    iteration: int
+    num_pipelines: int
+    cut: str
+    cost_s: float
+    """Best cost of this iteration (inf: nothing fitted)."""
+    best_s: float
+    """Best cost so far."""
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    plan: Plan
+    estimate: Estimate
+    log: list[LogEntry] = field(default_factory=list)
+    search_time_s: float = 0.0
+
+
+class Progress:
+    """A tiny tqdm-like bar on stderr (no dependency): ``it/total [elapsed] best``."""
+
+    def __init__(self, total: int, enabled: bool, label: str = "search"):
+        self.total, self.enabled, self.label, self.t0 = total, enabled and total > 1, label, time.perf_counter()
+
+    def update(self, i: int, best: float) -> None:
+        if not self.enabled:
+            return
+        width = 24
+        done = int(width * i / self.total)
+        best_s = f"{best:.3f} s" if math.isfinite(best) else "-"
+        sys.stderr.write(f"\r{self.label} [{'#' * done}{'.' * (width - done)}] {i}/{self.total} "
+                         f"{time.perf_counter() - self.t0:.1f}s best {best_s}")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def dp_candidates(num_devices: int, max_dp: int, num_machines: int) -> list[int]:
+    """D_dp values the first pass enumerates: all of 1..16, then a x1.3 ladder, plus the machine
+    count and its halves/doubles (pipelines that align with machines), capped at ``max_dp``."""
+    vals = set(range(1, min(max_dp, 16) + 1))
+    x = 16
+    while x < max_dp:
+        x = int(math.ceil(x * 1.3))
+        vals.add(min(x, max_dp))
+    for m in (num_machines // 2, num_machines, 2 * num_machines, 4 * num_machines):
+        if 1 <= m <= max_dp:
+            vals.add(m)
+    return sorted(vals)
+
+
+class _Search:
+    """State of one search run (caches, moving averages, best plan)."""
+
+    def __init__(self, cluster: Cluster, workload: Workload, global_batch: int, s: SearchSettings):
+        self.cluster, self.workload, self.gb, self.s = cluster, workload, global_batch, s
+        self.L = workload.model.num_layers
+        self.ev = Evaluator(cluster, workload, s.schedule, s.recompute)
+        self.graph = DeviceGraph.from_cluster(cluster)
+        self.rng = np.random.default_rng(s.seed)
+        self.mbs = micro_batch_candidates(global_batch, s.micro_batch_size, cluster.num_devices)
+        self.shardings = (s.dp_sharding,) if s.dp_sharding else DP_OPTIONS
+        max_dp = min(cluster.num_devices, global_batch // min(self.mbs))
+        if s.max_pipelines:
+            max_dp = min(max_dp, s.max_pipelines)
+        self.dps = dp_candidates(cluster.num_devices, max_dp, len(cluster.machines))
+        self._p1: dict[tuple, list[np.ndarray]] = {}
+        self._p2: dict[tuple, list[tuple[int, ...]]] = {}
+        self.ema = {"dp": 0.0, "pp": 0.0}
+        self.best: tuple[float, Plan | None, Estimate | None] = (math.inf, None, None)
+        self.by_dp: dict[int, float] = {}
+
+    # ---- phases -------------------------------------------------------------------------------
+    def phase1(self, dp: int, cut: str, balance: float, seed: int) -> list[np.ndarray]:
+        key = (dp, cut, balance, seed if cut == "min" else seed % dp)
+        if key not in self._p1:
+            self._p1[key] = partition(self.graph, dp, cut, balance, seed)
+        return self._p1[key]
+
+    def phase2(self, devices: np.ndarray, k: int, seed: int) -> list[tuple[int, ...]]:
+        """k_i groups of well-connected GPUs (min cut); each group's devices sorted machine-first."""
+        key = (tuple(devices.tolist()), k, seed)
+        if key not in self._p2:
+            sub = DeviceGraph.from_cluster(self.cluster, devices)
+            groups = partition(sub, k, "min", self.s.group_balance, seed)
+            self._p2[key] = [tuple(sorted(g.tolist())) for g in groups]
+        return self._p2[key]
+
+    def machines_in(self, devices: np.ndarray) -> int:
+        return len({self.cluster.devices[d].machine for d in devices})
+
+    # ---- one iteration ------------------------------------------------------------------------
+    def evaluate(self, groups_per_pipe: list[list[tuple[int, ...]]]) -> tuple[float, Plan | None, Estimate | None]:
+        """Best complete plan over micro-batch sizes and dp shardings for one phase-2 result."""
+        P = len(groups_per_pipe)
+        best: tuple[float, Plan | None, Estimate | None] = (math.inf, None, None)
+        for mb in self.mbs:
+            total_mb = self.gb // mb
+            if total_mb < P:
+                continue
+            for sharding in self.shardings:
+                drafts = [draft_pipeline(self.ev, g, mb, sharding, P, total_mb, self.s.tau) for g in groups_per_pipe]
+                if any(d is None for d in drafts):
+                    continue
+                plan, est = self.score(drafts, mb, sharding, total_mb)
+                if est.cost < best[0]:
+                    best = (est.cost, plan, est)
+        return best
+
+    def score(self, drafts: list[PipeDraft], mb: int, sharding: str, total_mb: int) -> tuple[Plan, Estimate]:
+        """Batches from the local model, estimate; then once more with the estimate's own
+        per-pipeline times (which include the data-parallel tails) if that moves any batch."""
+        counts = split_batches([d.sum_s for d in drafts], [d.max_s for d in drafts], [0.0] * len(drafts), total_mb,
+                               [d.max_micro for d in drafts])
+        plan = make_plan(drafts, counts, mb, sharding, self.s.schedule, self.s.recompute, self.L, self.meta())
+        est = estimate(plan, self.cluster, self.workload)
+        if len(drafts) > 1 and est.feasible:
+            tails = [p.time_s - (sum(x.time_per_micro_batch_s for x in p.stages)
+                                 + (p.num_micro_batches - 1) * max(x.time_per_micro_batch_s for x in p.stages))
+                     for p in est.pipelines]
+            sums = [sum(x.time_per_micro_batch_s for x in p.stages) for p in est.pipelines]
+            maxs = [max(x.time_per_micro_batch_s for x in p.stages) for p in est.pipelines]
+            again = split_batches(sums, maxs, tails, total_mb, [d.max_micro for d in drafts])
+            if again != counts:
+                plan2 = make_plan(drafts, again, mb, sharding, self.s.schedule, self.s.recompute, self.L, self.meta())
+                est2 = estimate(plan2, self.cluster, self.workload)
+                if est2.cost < est.cost:
+                    plan, est = plan2, est2
+        return plan, est
+
+    def meta(self) -> dict[str, Any]:
+        return {"planner": "hexiscale-search", "model": self.workload.model.name, "cluster": self.cluster.name,
+                "seed": self.s.seed, "iterations": self.s.iterations}
+
+    def choose_cut(self, it: int) -> str:
+        if self.s.cut != "auto":
+            return self.s.cut
+        if it < 2:
+            return ("min", "max")[it]
+        pick = "max" if self.ema["dp"] > self.ema["pp"] else "min"
+        if self.rng.random() < 0.2:
+            pick = "max" if pick == "min" else "min"
+        return pick
+
+    def plan_iteration(self, it: int) -> tuple[int, str, float, int, float]:
+        """(D_dp, cut, balance, seed, k-jitter probability) for iteration ``it``."""
+        cut = self.choose_cut(it)
+        explore = len(self.dps)
+        if it < min(explore, self.s.iterations):
+            if explore > self.s.iterations:  # more values than iterations: an even subsample
+                idx = int(round(it * (explore - 1) / max(self.s.iterations - 1, 1)))
+                return self.dps[idx], cut, self.s.balance, self.s.seed, 0.0
+            return self.dps[it], cut, self.s.balance, self.s.seed, 0.0
+        ranked = sorted((c, dp) for dp, c in self.by_dp.items() if math.isfinite(c))
+        pool = [dp for _, dp in ranked[:3]] or self.dps
+        dp = int(pool[int(self.rng.integers(len(pool)))])
+        if self.rng.random() < 0.3:  # a neighbour of a good D_dp in the candidate ladder
+            j = self.dps.index(dp) if dp in self.dps else 0
+            dp = self.dps[int(np.clip(j + self.rng.choice([-1, 1]), 0, len(self.dps) - 1))]
+        balance = float(self.rng.choice([self.s.balance, self.s.balance, 1.05, 1.5, 2.0]))
+        return dp, cut, balance, int(self.rng.integers(1 << 30)), 0.5
+
+    def run(self) -> SearchResult:
+        t0 = time.perf_counter()
+        log: list[LogEntry] = []
+        bar = Progress(self.s.iterations, self.s.progress)
+        for it in range(self.s.iterations):
+            dp, cut, balance, seed, jitter = self.plan_iteration(it)
+            sets = self.phase1(dp, cut, balance, seed)
+            groups = []
+            for d in sets:
+                k = self.machines_in(d)
+                if jitter and self.rng.random() < jitter:
+                    k = int(np.clip(k + self.rng.choice([-1, 1, 2]), 1, len(d)))
+                groups.append(self.phase2(d, min(k, len(d)), seed))
+            cost, plan, est = self.evaluate(groups)
+            self.by_dp[dp] = min(self.by_dp.get(dp, math.inf), cost)
+            if est is not None and math.isfinite(cost):
+                b = est.breakdown
+                for key, v in (("dp", b["dp_exposed_s"]), ("pp", b["pp_comm_s"] + b["bubble_s"])):
+                    self.ema[key] = 0.7 * self.ema[key] + 0.3 * v
+            if cost < self.best[0]:
+                self.best = (cost, plan, est)
+            log.append(LogEntry(it, dp, cut, cost, self.best[0]))
+            bar.update(it + 1, self.best[0])
+        bar.close()
+        _, plan, est = self.best
+        if plan is None:
+            raise InfeasiblePlan(minimum_memory_message(self.cluster, self.workload, self.gb))
+        return SearchResult(plan, est, log, time.perf_counter() - t0)
+
+
+def search(cluster: Cluster, workload: Workload, global_batch: int,
+           settings: SearchSettings | None = None) -> SearchResult:
+    """Find a low-cost plan for ``workload`` on ``cluster`` with ``global_batch`` sequences per step.
+
+    Raises :class:`InfeasiblePlan` when no plan tried fits in memory, saying what is missing.
+    """
+    s = settings or SearchSettings()
+    if global_batch < 1:
+        raise ConfigError("train.global_batch", global_batch, "must be a positive integer", "use e.g. 32")
+    return _Search(cluster, workload, global_batch, s).run()

@@ -1,0 +1,76 @@
+"""Baselines under the same cost model: valid plans, their restrictions, exhaustive >= search."""
+
+import pytest
+
+from lightning_hexiscale.cluster import Cluster
+from lightning_hexiscale.errors import ConfigError
+from lightning_hexiscale.models.config import LlamaConfig
+from lightning_hexiscale.planner import baselines as B
+from lightning_hexiscale.planner.estimate import Workload
+from lightning_hexiscale.planner.search import SearchSettings, search
+
+FAST = SearchSettings(iterations=6)
+
+
+@pytest.fixture(scope="module")
+def hetero1_7b():
+    return Cluster.load("hetero1"), Workload(LlamaConfig.load("llama2_7b")), 64
+
+
+@pytest.mark.parametrize("name", ["megatron", "galvatron", "metis", "random"])
+def test_baselines_return_valid_plans_that_fit(name, hetero1_7b):
+    c, w, gb = hetero1_7b
+    r = B.run_baselines(c, w, gb, FAST, (name,))[name]
+    assert r.plan is not None and r.estimate.feasible, r.note
+    r.plan.validate(c, w.model, global_batch=gb)
+    assert r.plan.meta["planner"] == name
+
+
+def test_megatron_is_symmetric_with_equal_layers_and_batches(hetero1_7b):
+    plan = B.megatron(*hetero1_7b, FAST).plan
+    assert len({p.batch_size for p in plan.pipelines}) == 1
+    assert len({s.num_layers for p in plan.pipelines for s in p.stages}) == 1
+    assert len({s.tp for p in plan.pipelines for s in p.stages}) == 1
+    assert len({len(p.stages) for p in plan.pipelines}) == 1
+    assert plan.world_size == 40
+
+
+def test_galvatron_shares_one_layer_split_over_replicas(hetero1_7b):
+    plan = B.galvatron(*hetero1_7b, FAST).plan
+    assert len({tuple(s.layers for s in p.stages) for p in plan.pipelines}) == 1
+    assert len({s.tp for p in plan.pipelines for s in p.stages}) == 1
+
+
+def test_metis_orders_stages_by_gpu_type(hetero1_7b):
+    c, w, gb = hetero1_7b
+    plan = B.metis(c, w, gb, FAST).plan
+    for p in plan.pipelines:
+        speeds = [c.devices[s.leader].flops for s in p.stages]
+        assert speeds == sorted(speeds, reverse=True)
+
+
+def test_megatron_on_the_case_study_is_out_of_memory_but_reports_its_time():
+    """The paper's §3.1 case study ignores memory; under this cost model no symmetric plan fits."""
+    c, w = Cluster.load("case_study"), Workload(LlamaConfig.load("llama2_13b"))
+    r = B.megatron(c, w, 24, FAST)
+    assert r.plan is None and "fits in memory" in r.note
+    assert r.ignoring_memory is not None and r.ignoring_memory.iteration_time_s > 0
+
+
+def test_exhaustive_bounds_the_search_on_a_tiny_cluster(tiny):
+    c = Cluster.load("cpu_hetero4")
+    ex = B.exhaustive(c, tiny, 8, SearchSettings())
+    se = search(c, tiny, 8, SearchSettings(iterations=30))
+    ex.plan.validate(c, tiny.model, global_batch=8)
+    assert ex.estimate.iteration_time_s <= se.estimate.iteration_time_s * (1 + 1e-9)
+    assert ex.estimate.iteration_time_s / se.estimate.iteration_time_s >= 0.97
+
+
+def test_exhaustive_refuses_large_clusters(tiny):
+    with pytest.raises(ConfigError, match="max_devices"):
+        B.exhaustive(Cluster.load("hetero2"), tiny, 8)
+
+
+def test_random_search_logs_like_the_search(hetero1_7b):
+    r = B.random_search(*hetero1_7b, FAST)
+    assert len(r.log) == FAST.iterations and r.estimate.feasible

@@ -1,0 +1,69 @@
+"""`hexiscale plan` through lightning_hexiscale.cli.main: JSON, baselines, sweep, picture, errors."""
+
+import csv
+import json
+
+import pytest
+
+from lightning_hexiscale.cli import main
+
+BASE = ["cluster=case_study", "model=llama2_13b", "train.global_batch=24", "planner.iterations=6"]
+
+
+def test_plan_json_has_plan_estimate_and_search_time(capsys, tmp_path):
+    out = tmp_path / "plan.yaml"
+    assert main(["plan", "--json", "--out", str(out), *BASE]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert {"plan", "estimate", "search_time_s", "log"} <= set(doc)
+    assert doc["plan"]["num_layers"] == 40 and sum(p["batch_size"] for p in doc["plan"]["pipelines"]) == 24
+    assert doc["estimate"]["feasible"] is True and doc["estimate"]["cluster"] == "case_study"
+    # the estimate document is the one `hexiscale estimate --json` prints for the written plan
+    assert main(["estimate", "--plan", str(out), "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["iteration_time_s"] == pytest.approx(doc["estimate"]["iteration_time_s"])
+    assert set(again) == set(doc["estimate"])
+
+
+def test_plan_json_with_baselines(capsys):
+    assert main(["plan", "--json", "--baselines", *BASE]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc["baselines"]) == {"megatron", "galvatron", "metis", "random"}
+    for row in doc["baselines"].values():
+        assert {"iteration_time_s", "pflops", "feasible"} <= set(row)
+    assert doc["baselines"]["galvatron"]["feasible"] is True
+
+
+def test_plan_text_report(capsys):
+    assert main(["plan", "--baselines", *BASE, "planner.progress=false"]) == 0
+    out = capsys.readouterr().out
+    assert "pipeline" in out and "PFLOPS" in out and "search:" in out and "galvatron" in out
+
+
+@pytest.mark.parametrize("ext", ["png", "svg"])
+def test_picture_is_written(tmp_path, capsys, ext):
+    pic = tmp_path / f"plan.{ext}"
+    assert main(["plan", "--picture", str(pic), *BASE, "planner.progress=false"]) == 0
+    assert pic.stat().st_size > 1000
+
+
+def test_picture_with_a_bad_extension_is_a_config_error(tmp_path, capsys):
+    assert main(["plan", "--picture", str(tmp_path / "plan.jpg"), *BASE, "planner.progress=false"]) == 2
+    assert "--picture" in capsys.readouterr().err
+
+
+def test_sweep_writes_csv_and_markdown(tmp_path, capsys):
+    args = ["plan", "-m", "--baselines", "--sweep-dir", str(tmp_path), "cluster=cpu_hetero4,cpu2", "model=llama_tiny",
+            "train.global_batch=8", "planner.iterations=4"]
+    assert main(args) == 0
+    rows = list(csv.DictReader(open(tmp_path / "summary.csv")))
+    assert [r["cluster"] for r in rows] == ["cpu_hetero4", "cpu2"]
+    assert all(float(r["iteration_time_s"]) > 0 and r["megatron_time_s"] for r in rows)
+    md = (tmp_path / "summary.md").read_text()
+    assert md.startswith("| overrides") and "cpu_hetero4" in md and "cpu_hetero4" in capsys.readouterr().out
+    assert len(list(tmp_path.glob("plan-*.yaml"))) == 2
+
+
+def test_infeasible_model_exits_2_with_the_reason(capsys):
+    assert main(["plan", "cluster=cpu2", "model=llama2_70b", "planner.iterations=2", "planner.progress=false"]) == 2
+    err = capsys.readouterr().err
+    assert "no plan fits in memory" in err and "Fix:" in err
