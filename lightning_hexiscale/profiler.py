@@ -101,6 +101,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+# The calibration and check subcommands register themselves on import (they reuse the helpers above).
+from lightning_hexiscale.profiling import commands as _commands  # noqa: E402,F401
+
 if __name__ == "__main__":  # pragma: no cover
     from lightning_hexiscale.cli import main
 

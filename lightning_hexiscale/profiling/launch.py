@@ -21,6 +21,7 @@ import datetime
 import multiprocessing as mp
 import os
 import queue
+import resource
 import socket
 import time
 import traceback
@@ -153,3 +154,62 @@ def run_from_env(fn, *args, timeout_s: float = 600.0, backend: str | None = None
         return fn(er.rank, er.world, *args)
     finally:
         dist.destroy_process_group()
+
+
+# ---- load from other jobs on a shared host -----------------------------------------------------------
+def _cpu_jiffies() -> tuple[int, int] | None:
+    """(total, idle + iowait) jiffies of all CPUs since boot, from /proc/stat (None off Linux)."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return sum(v[:8]), v[3] + v[4]
+
+
+def host_busy_fraction(window_s: float = 1.0) -> float:
+    """Fraction of all CPUs' time that was busy during the next ``window_s`` seconds (0..1)."""
+    a = _cpu_jiffies()
+    time.sleep(window_s)
+    b = _cpu_jiffies()
+    if a is None or b is None or b[0] == a[0]:
+        return 0.0
+    return 1.0 - (b[1] - a[1]) / (b[0] - a[0])
+
+
+def wait_for_quiet_host(max_busy: float = 0.1, window_s: float = 1.0, timeout_s: float = 300.0) -> float:
+    """Wait until the host is at most ``max_busy`` busy over a window (other jobs idle), at most
+    ``timeout_s``; return the last busy fraction seen (above ``max_busy`` when it timed out)."""
+    deadline = time.monotonic() + timeout_s
+    busy = host_busy_fraction(window_s)
+    while busy > max_busy and time.monotonic() < deadline:
+        busy = host_busy_fraction(window_s)
+    return busy
+
+
+class HostLoad:
+    """Context manager measuring the CPU time OTHER processes used while it was open, as a fraction
+    of the host's capacity (wall time x CPUs): others = all busy CPU time (from /proc/stat) minus
+    this process's and its reaped children's CPU time (getrusage). Wrap :func:`run_local`, whose
+    children are joined before it returns. ``others_fraction`` 0.25 on 2 cores = half a core taken."""
+
+    def __enter__(self) -> HostLoad:
+        self._t0, self._j0 = time.monotonic(), _cpu_jiffies()
+        self._r0 = self._ours()
+        self.others_fraction = 0.0
+        return self
+
+    @staticmethod
+    def _ours() -> float:
+        s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+    def __exit__(self, *exc) -> None:
+        j1 = _cpu_jiffies()
+        wall = time.monotonic() - self._t0
+        if self._j0 is None or j1 is None or wall <= 0:
+            return
+        hz = os.sysconf("SC_CLK_TCK")
+        busy_s = ((j1[0] - self._j0[0]) - (j1[1] - self._j0[1])) / hz
+        others = max(0.0, busy_s - (self._ours() - self._r0))
+        self.others_fraction = others / (wall * (os.cpu_count() or 1))

@@ -42,14 +42,15 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure_matmul_flops(device: torch.device, n: int | None = None, min_time_s: float = 0.5) -> float:
+def measure_matmul_flops(device: torch.device, n: int | None = None, min_time_s: float = 0.5, windows: int = 5) -> float:
     """Sustained FLOP/s of an n x n @ n x n matmul (2 n^3 FLOPs) on this rank, in FLOP/s.
 
     bf16 on CUDA (the training precision the catalog's peak figures refer to); fp32 on CPU, where
-    bf16 matmuls have no fast path on most CPUs and the CPU runtime trains in fp32. The rate is
-    total FLOPs / total time over a window of at least ``min_time_s`` after two warm-up products,
-    so time-slicing among ranks that share cores is averaged in (every rank measures at the same
-    time, as they compute during training).
+    bf16 matmuls have no fast path on most CPUs and the CPU runtime trains in fp32. After two
+    warm-up products, ``windows`` windows of at least ``min_time_s / windows`` each are timed and
+    the BEST window's rate (FLOPs / time) is returned: load from other jobs on a shared host only
+    ever slows a window down. Every rank measures at the same time, as they compute during
+    training, so ranks that share cores (more ranks than cores) each see their share of a core.
     """
     cuda = device.type == "cuda"
     n = n or (8192 if cuda else 1024)
@@ -61,17 +62,19 @@ def measure_matmul_flops(device: torch.device, n: int | None = None, min_time_s:
     for _ in range(2):
         torch.mm(a, b, out=c)
     _sync(device)
-    reps = 0
-    t0 = time.perf_counter()
-    while True:
-        torch.mm(a, b, out=c)
-        reps += 1
-        if reps % 4 == 0 or not cuda:
-            _sync(device)
-            if time.perf_counter() - t0 >= min_time_s:
-                break
-    elapsed = time.perf_counter() - t0
-    return 2.0 * n**3 * reps / elapsed
+    best = 0.0
+    for _ in range(max(1, windows)):
+        reps = 0
+        t0 = time.perf_counter()
+        while True:
+            torch.mm(a, b, out=c)
+            reps += 1
+            if reps % 4 == 0 or not cuda:
+                _sync(device)
+                if time.perf_counter() - t0 >= min_time_s / max(1, windows):
+                    break
+        best = max(best, 2.0 * n**3 * reps / (time.perf_counter() - t0))
+    return best
 
 
 def device_memory_bytes(device: torch.device, ranks_on_host: int) -> float:
@@ -187,7 +190,8 @@ def profile_process_group(sizes: Sequence[int] | None = None, reps: int = 5, max
             bw[a, b] = bw[b, a] = beta
             err[a, b] = err[b, a] = rel
     notes = [f"flops: sustained {matmul_n or (8192 if cuda else 1024)}^3 matmul, "
-             f"{'bf16 on CUDA' if cuda else 'fp32 on CPU (one intra-op thread per rank)'}, all ranks at once"]
+             f"{'bf16 on CUDA' if cuda else 'fp32 on CPU (one intra-op thread per rank)'}, all ranks at once, "
+             f"best of 5 windows"]
     notes.append("memory: CUDA total device memory" if cuda else
                  "memory: CPU host RAM divided by the ranks on that host")
     notes.append(f"links: {link_stat} of {reps} ping-pongs per size; "

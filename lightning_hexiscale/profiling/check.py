@@ -1,0 +1,236 @@
+"""Run a plan for a few steps with the runtime engine and hold the cost model's estimate against it.
+
+Measured, per rank, in the ranks' own process group (forked CPU ranks or an external launch):
+
+- step time: from a barrier's release to the end of ``PipelineEngine.train_step`` (forward,
+  backward, pipeline p2p, TP all-reduces, the asymmetric gradient sync, the loss all-reduce);
+  the optimizer step is timed apart, because the Appendix B cost model does not price it.
+  Iteration time of a step = the slowest rank's; over steps, the fastest or the median (:data:`STATS`).
+- peak memory: growth of the process's peak resident set (Linux VmHWM, reset through
+  /proc/self/clear_refs) from just before the engine is built to the end of the steps, with an
+  AdamW step so that optimizer states exist. One-time lazy initialisation (dispatch tables, gloo
+  buffers) is done by a throw-away step before the baseline. On CUDA: torch.cuda.max_memory_allocated.
+
+Estimated: :func:`~lightning_hexiscale.planner.estimate.estimate` on the given cluster, with the
+workload the CPU runtime trains (fp32 parameters, AdamW m and v = 8 bytes per parameter, no reserve).
+Deviation = (estimated - measured) / measured.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from lightning_hexiscale.cluster import Cluster
+from lightning_hexiscale.models.config import LlamaConfig
+from lightning_hexiscale.planner.estimate import Estimate, Workload, estimate
+from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.units import format_bytes
+
+
+def cpu_workload(model: LlamaConfig) -> Workload:
+    """What the CPU runtime trains: fp32 weights, AdamW (m, v: 8 bytes/param), nothing reserved."""
+    return Workload(model, dtype="fp32", optimizer_bytes_per_param=8.0, reserve_bytes=0.0)
+
+
+def make_batch(config: LlamaConfig, global_batch: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Deterministic random tokens (G, S) and their next-token targets."""
+    gen = torch.Generator().manual_seed(1000 + step)
+    seq = torch.randint(0, config.vocab_size, (global_batch, config.seq_len + 1), generator=gen)
+    return seq[:, :-1], seq[:, 1:]
+
+
+# ---- memory --------------------------------------------------------------------------------------
+def _status_kib(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def reset_peak_memory(device: torch.device) -> float:
+    """Start a peak-memory window; return the baseline in bytes."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return float(torch.cuda.memory_allocated(device))
+    with contextlib.suppress(OSError):  # "5" resets VmHWM to the current RSS (Linux >= 4.0)
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    return float((_status_kib("VmHWM") or 0) * 1024)
+
+
+def peak_memory(device: torch.device) -> float:
+    if device.type == "cuda":
+        return float(torch.cuda.max_memory_allocated(device))
+    return float((_status_kib("VmHWM") or 0) * 1024)
+
+
+def prime(device: torch.device) -> None:
+    """A throw-away tiny forward/backward/AdamW step and all-reduce: lazy one-time initialisation
+    (~100 MiB of RSS on the first CPU step) happens here, before the memory baseline."""
+    from lightning_hexiscale.models.llama import Llama
+
+    tiny = LlamaConfig(name="prime", hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
+                       ffn_hidden_size=16, vocab_size=16, seq_len=4)
+    model = Llama(tiny).init_weights(0).to(device)
+    tok = torch.zeros(1, tiny.seq_len, dtype=torch.long, device=device)
+    model.loss(model(tok), tok).backward()
+    torch.optim.AdamW(model.parameters(), lr=1e-3).step()
+    if dist.is_initialized():
+        dist.all_reduce(torch.zeros(16, device=device))
+
+
+# ---- one rank ------------------------------------------------------------------------------------
+def measure_plan_rank(rank: int, world: int, plan_dict: dict, config: LlamaConfig, steps: int = 3,
+                      warmup: int = 1) -> dict:
+    """Collective: train ``plan`` for ``warmup + steps`` steps on this rank; return its measurements
+    (``step_s``, ``optimizer_s`` lists over the timed steps, ``peak_bytes``)."""
+    from lightning_hexiscale.profiling.measure import current_device
+    from lightning_hexiscale.runtime.engine import PipelineEngine
+
+    plan = Plan.from_dict(plan_dict)
+    if world != plan.world_size:
+        raise ValueError(f"the plan needs {plan.world_size} ranks, the process group has {world}")
+    device = current_device()
+    prime(device)
+    base = reset_peak_memory(device)
+    engine = PipelineEngine(plan, config, rank, seed=0, device=device, dtype=torch.float32)
+    opt = torch.optim.AdamW(engine.parameters(), lr=1e-4)
+    step_s, opt_s = [], []
+    for k in range(warmup + steps):
+        tok, tgt = make_batch(config, plan.global_batch, k)
+        dist.barrier()
+        t0 = time.perf_counter()
+        engine.train_step(tok, tgt)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t1 = time.perf_counter()
+        opt.step()
+        t2 = time.perf_counter()
+        if k >= warmup:
+            step_s.append(t1 - t0)
+            opt_s.append(t2 - t1)
+    return {"rank": rank, "step_s": step_s, "optimizer_s": opt_s, "peak_bytes": peak_memory(device) - base}
+
+
+STATS = ("min", "median")
+"""How step times become one iteration time. ``min``: the fastest timed step; on a host shared with
+other jobs, load only ever adds time, so the fastest step is the closest to the machine's own
+speed. ``median``: the typical step; the right choice on a dedicated machine (where the two agree)."""
+
+
+@dataclass(frozen=True)
+class PlanMeasurement:
+    """Measurements of one plan, gathered from every rank."""
+
+    steps_s: list[float]
+    """Per timed step: the slowest rank's step time (s), optimizer step excluded."""
+    optimizer_s: float
+    """Median over steps of the slowest rank's optimizer step (s), for reference."""
+    step_s_per_rank: list[float]
+    """Median step time of each rank (s)."""
+    peak_bytes_per_rank: list[float]
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.steps_s)
+
+    @property
+    def min_s(self) -> float:
+        return min(self.steps_s)
+
+    def iteration_s(self, stat: str = "min") -> float:
+        """The iteration time under ``stat`` (see :data:`STATS`)."""
+        if stat not in STATS:
+            raise ValueError(f"stat must be one of {STATS}, got {stat!r}")
+        return self.min_s if stat == "min" else self.median_s
+
+    @property
+    def spread(self) -> float:
+        """(max - min) / median of the per-step iteration times: run-to-run noise."""
+        return (max(self.steps_s) - min(self.steps_s)) / self.median_s
+
+    @classmethod
+    def from_ranks(cls, per_rank: list[dict]) -> PlanMeasurement:
+        steps = [max(r["step_s"][k] for r in per_rank) for k in range(len(per_rank[0]["step_s"]))]
+        opts = [max(r["optimizer_s"][k] for r in per_rank) for k in range(len(per_rank[0]["optimizer_s"]))]
+        return cls(steps, statistics.median(opts), [statistics.median(r["step_s"]) for r in per_rank],
+                   [r["peak_bytes"] for r in per_rank])
+
+
+def run_plan(plan: Plan, config: LlamaConfig, steps: int = 3, warmup: int = 1, local: int | None = None,
+             timeout_s: float = 600.0) -> PlanMeasurement | None:
+    """Measure ``plan`` on ``local`` forked CPU ranks, or in the launcher's environment when
+    ``local`` is None (then only rank 0 gets the result; the others get None)."""
+    from lightning_hexiscale.profiling.launch import run_from_env, run_local
+
+    if local is not None:
+        if local != plan.world_size:
+            from lightning_hexiscale.errors import ConfigError
+
+            raise ConfigError("--local", local, f"the plan runs on {plan.world_size} ranks",
+                              f"use --local {plan.world_size}")
+        return PlanMeasurement.from_ranks(run_local(local, measure_plan_rank, plan.to_dict(), config, steps, warmup,
+                                                    timeout_s=timeout_s))
+    per_rank = run_from_env(_gather_rank, plan.to_dict(), config, steps, warmup, timeout_s=timeout_s)
+    return PlanMeasurement.from_ranks(per_rank) if per_rank is not None else None
+
+
+def _gather_rank(rank: int, world: int, *args) -> list[dict] | None:
+    mine = measure_plan_rank(rank, world, *args)
+    everything: list[dict] = [{}] * world
+    dist.all_gather_object(everything, mine)
+    return everything if rank == 0 else None
+
+
+# ---- comparison ----------------------------------------------------------------------------------
+def deviation(estimated: float, measured: float) -> float:
+    """(estimated - measured) / measured: +0.10 = the model predicts 10 % too slow/large."""
+    return (estimated - measured) / measured
+
+
+def stage_of_rank(plan: Plan) -> dict[int, tuple[int, int]]:
+    """Global rank -> (pipeline, stage) under the plan's rank mapping."""
+    out = {}
+    for i, p in enumerate(plan.pipelines):
+        for j, s in enumerate(p.stages):
+            for d in s.devices:
+                out[plan.rank_of(d)] = (i, j)
+    return out
+
+
+def comparison_table(plan: Plan, est: Estimate, m: PlanMeasurement) -> str:
+    """Per-rank measured step time and peak memory beside the estimate, then the iteration line."""
+    where = stage_of_rank(plan)
+    rows = [("rank", "pipe/stage", "step (meas.)", "peak mem (meas.)", "peak mem (est.)", "mem dev.")]
+    for r in range(plan.world_size):
+        i, j = where[r]
+        e_mem = est.pipelines[i].stages[j].peak_memory_bytes
+        rows.append((str(r), f"{i}/{j}", f"{m.step_s_per_rank[r]:.3f} s", format_bytes(m.peak_bytes_per_rank[r]),
+                     format_bytes(e_mem), f"{deviation(e_mem, m.peak_bytes_per_rank[r]) * 100:+.1f} %"))
+    w = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    lines = ["  ".join(v.rjust(x) for v, x in zip(row, w)) for row in rows]
+    e = est.iteration_time_s
+    lines.append(f"iteration time: estimated {e:.3f} s; measured fastest step {m.min_s:.3f} s "
+                 f"(deviation {deviation(e, m.min_s) * 100:+.1f} %), median step {m.median_s:.3f} s "
+                 f"(deviation {deviation(e, m.median_s) * 100:+.1f} %); step-to-step spread {m.spread * 100:.0f} %; "
+                 f"optimizer step {m.optimizer_s:.3f} s (not priced by the cost model)")
+    return "\n".join(lines)
+
+
+def check(plan: Plan, cluster: Cluster, config: LlamaConfig, steps: int = 3, warmup: int = 1,
+          local: int | None = None, timeout_s: float = 600.0) -> tuple[Estimate, PlanMeasurement] | None:
+    """Estimate and measure ``plan``; (estimate, measurement) on rank 0 / local, None elsewhere."""
+    plan.validate(cluster, config)
+    est = estimate(plan, cluster, cpu_workload(config))
+    m = run_plan(plan, config, steps, warmup, local, timeout_s)
+    return None if m is None else (est, m)

@@ -1,0 +1,119 @@
+"""`hexiscale calibrate` and `hexiscale check-estimate` (registered when the CLI imports the profiler).
+
+    hexiscale calibrate --local 2 cluster=outputs/cpu2.yaml model=llama_tiny
+    hexiscale check-estimate --local 2 --plan my_plan.yaml cluster=outputs/cpu2.yaml model=llama_tiny
+
+Both run real training steps with the runtime engine: on ``--local N`` forked CPU ranks, or under
+torchrun / SLURM / Lightning's launcher (every rank runs the command; rank 0 prints and writes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+from lightning_hexiscale.cli import compose_for_plan, subcommand
+from lightning_hexiscale.errors import ConfigError
+from lightning_hexiscale.profiler import _positive_int, add_launch_args
+from lightning_hexiscale.profiling.check import STATS
+
+
+def _measure_args(p: argparse.ArgumentParser) -> None:
+    add_launch_args(p)
+    p.add_argument("--steps", type=_positive_int, default=5, help="timed steps (default 5)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1)")
+    p.add_argument("--stat", choices=STATS, default="min",
+                   help="step times -> one time: min (fastest step; load from other jobs only adds time; "
+                        "default) or median (typical step; use on a dedicated machine)")
+
+
+def _calibrate_args(p: argparse.ArgumentParser) -> None:
+    _measure_args(p)
+    p.add_argument("--micro-batch", type=_positive_int, default=2, help="sequences per micro-batch (default 2)")
+    p.add_argument("--micro-batches", type=_positive_int, default=2, help="micro-batches per step (default 2)")
+    p.add_argument("--recompute", action="store_true", help="calibrate with activation recomputation on")
+    p.add_argument("--out", default=None, metavar="PATH.yaml",
+                   help="write the calibrated cluster here (default: update the cluster file in place)")
+
+
+def _cluster_file(overrides: list[str]) -> Path:
+    for o in overrides:
+        key, _, value = o.partition("=")
+        if key == "cluster":
+            if Path(value).is_file():
+                return Path(value)
+            break
+    raise ConfigError("cluster", next((o.split("=", 1)[1] for o in overrides if o.startswith("cluster=")), None),
+                      "calibrate writes its fit into a cluster FILE", "pass cluster=PATH.yaml (e.g. from `hexiscale profile`)")
+
+
+@subcommand("calibrate", "fit efficiency per device type and theta_ddp to measured training steps; "
+                         "store them in the cluster file", _calibrate_args)
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from lightning_hexiscale.cluster import Cluster
+    from lightning_hexiscale.config import compose
+    from lightning_hexiscale.models.config import LlamaConfig
+    from lightning_hexiscale.profiling.calibrate import calibrate
+    from lightning_hexiscale.profiling.writer import update_calibration
+
+    path = _cluster_file(args.overrides)
+    cfg = compose(args.overrides)
+    cluster = Cluster.from_config(cfg.cluster)
+    model = LlamaConfig.from_config(cfg.model)
+    res = calibrate(cluster, model, args.micro_batch, args.micro_batches, args.recompute, args.steps, args.warmup,
+                    args.local, args.timeout, args.stat)
+    if res is None:
+        return 0
+    print(res.summary())
+    out = Path(args.out) if args.out else path
+    if out.resolve() != path.resolve():
+        shutil.copyfile(path, out)
+    update_calibration(out, {"theta_ddp": res.theta_ddp}, res.efficiency)
+    Cluster.load(str(out))  # the written file must still load
+    print(f"wrote calibration to {out}")
+    return 0
+
+
+def _check_args(p: argparse.ArgumentParser) -> None:
+    _measure_args(p)
+    p.add_argument("--plan", required=True, metavar="PLAN.yaml", help="plan file to run and estimate")
+    p.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
+
+
+@subcommand("check-estimate", "run a plan for a few steps; print measured iteration time and peak memory "
+                              "per rank beside the cost model's estimate", _check_args)
+def cmd_check_estimate(args: argparse.Namespace) -> int:
+    from lightning_hexiscale.cluster import Cluster
+    from lightning_hexiscale.config import compose
+    from lightning_hexiscale.models.config import LlamaConfig
+    from lightning_hexiscale.planner.plan import Plan
+    from lightning_hexiscale.profiling.check import check, comparison_table, deviation
+
+    plan = Plan.load(args.plan)
+    cfg = compose(compose_for_plan(args.overrides, plan.meta))
+    cluster = Cluster.from_config(cfg.cluster)
+    model = LlamaConfig.from_config(cfg.model)
+    if plan.dp_sharding != "ddp":
+        print(f"note: the runtime all-reduces gradients (DDP); the plan says {plan.dp_sharding}, estimated as ddp")
+        plan = replace(plan, dp_sharding="ddp")
+    res = check(plan, cluster, model, args.steps, args.warmup, args.local, args.timeout)
+    if res is None:
+        return 0
+    est, m = res
+    if args.json:
+        t = m.iteration_s(args.stat)
+        print(json.dumps({"plan_file": args.plan, "cluster": cluster.name, "model": model.name, "stat": args.stat,
+                          "estimated_s": est.iteration_time_s, "measured_s": t,
+                          "deviation": deviation(est.iteration_time_s, t), "steps_s": m.steps_s,
+                          "optimizer_s": m.optimizer_s, "step_s_per_rank": m.step_s_per_rank,
+                          "peak_bytes_per_rank": m.peak_bytes_per_rank,
+                          "estimated_peak_bytes_per_stage": [[s.peak_memory_bytes for s in p.stages]
+                                                             for p in est.pipelines]}, indent=2))
+    else:
+        print(plan.table(cluster))
+        print()
+        print(comparison_table(plan, est, m))
+    return 0

@@ -1,0 +1,120 @@
+"""Calibration fits on synthetic data, and check-estimate / calibrate end to end on 2 CPU ranks."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import yaml
+
+from lightning_hexiscale.cli import main
+from lightning_hexiscale.cluster import Calibration, Cluster
+from lightning_hexiscale.models.config import LlamaConfig
+from lightning_hexiscale.planner.estimate import estimate
+from lightning_hexiscale.profiling.calibrate import (current_efficiency, fit_efficiency, fit_theta, pure_dp_plan,
+                                                     single_device_plan, with_calibration)
+from lightning_hexiscale.profiling.check import PlanMeasurement, cpu_workload, deviation
+from lightning_hexiscale.profiling.writer import ProfileResult, write_cluster
+
+MODEL = LlamaConfig(name="cal", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, ffn_hidden_size=128,
+                    vocab_size=128, seq_len=32)
+
+
+def two_type_cluster(tmp_path) -> Cluster:
+    n = 4
+    bw = np.full((n, n), 1e9)
+    np.fill_diagonal(bw, np.inf)
+    lat = np.full((n, n), 50e-6)
+    np.fill_diagonal(lat, 0)
+    p = ProfileResult(hostnames=["h"] * n, device_types=["FAST", "FAST", "SLOW", "SLOW"], flops=[2e11, 2e11, 1e11, 1e11],
+                      memory_bytes=[2**30] * n, bandwidth_Bps=bw, latency_s=lat, fit_rel_rms=np.zeros((n, n)),
+                      sizes_bytes=[1, 2])
+    return Cluster.load(str(write_cluster(p, tmp_path / "c.yaml")[0]))
+
+
+def test_fit_efficiency_recovers_the_hidden_factor_per_type(tmp_path):
+    """Synthetic 'measurements': the true compute rates are 40 % (FAST) and 70 % (SLOW) of the
+    profiled matmul rates, with +-2 % noise per rank; the fit recovers them within the noise and
+    the refitted cluster then predicts each rank's compute time."""
+    c = two_type_cluster(tmp_path)
+    truth = {"FAST": 0.4, "SLOW": 0.7}
+    one = single_device_plan(MODEL, 2, 3, recompute=True)
+    pred = [estimate(one, c.subset([r]), cpu_workload(MODEL)).iteration_time_s for r in range(4)]
+    noise = [1.02, 0.98, 1.01, 0.99]
+    meas = [p / truth[d.gpu_type] * k for p, d, k in zip(pred, c.devices, noise)]
+    eff = fit_efficiency([d.gpu_type for d in c.devices], pred, meas, current_efficiency(c))
+    assert eff["FAST"] == pytest.approx(0.4, rel=0.02) and eff["SLOW"] == pytest.approx(0.7, rel=0.02)
+    fitted = with_calibration(c, eff)
+    for r in range(4):
+        t = estimate(one, fitted.subset([r]), cpu_workload(MODEL)).iteration_time_s
+        assert abs(deviation(t, meas[r])) < 0.03
+    # Multiplicative on top of an existing efficiency: a second fit on the same data changes nothing.
+    again = fit_efficiency([d.gpu_type for d in c.devices],
+                           [estimate(one, fitted.subset([r]), cpu_workload(MODEL)).iteration_time_s for r in range(4)],
+                           meas, current_efficiency(fitted))
+    assert again == pytest.approx(eff, rel=1e-9)
+
+
+def test_fit_theta_recovers_theta_ddp(tmp_path):
+    """A pure-DP 'measurement' generated with theta_ddp = 2.5 on a slow link: the fit finds 2.5."""
+    c = with_calibration(two_type_cluster(tmp_path), {"FAST": 0.5, "SLOW": 0.5})
+    plan = pure_dp_plan(4, MODEL, 2, 2, recompute=False)
+
+    def predict(theta):
+        return estimate(plan, with_calibration(c, calibration=replace(c.calibration, theta_ddp=theta)),
+                        cpu_workload(MODEL)).iteration_time_s
+
+    assert predict(2.5) > predict(1.0)  # the estimate does depend on theta here
+    assert fit_theta(predict, predict(2.5)) == pytest.approx(2.5, rel=0.02)
+
+
+def test_fit_theta_flat_estimate_prefers_one():
+    assert fit_theta(lambda th: 1.0, 0.5) == 1.0
+    assert fit_theta(lambda th: 1.0 + max(0.0, th - 2.0), 1.0) == 1.0
+    assert fit_theta(lambda th: th, 50.0) == pytest.approx(20.0)  # clamped to the range
+
+
+def test_with_calibration_keeps_links_and_sets_theta(tmp_path):
+    c = two_type_cluster(tmp_path)
+    d = with_calibration(c, {"SLOW": 0.5}, Calibration(theta_ddp=1.7))
+    assert d.devices[0].flops == c.devices[0].flops and d.devices[2].flops == pytest.approx(0.5e11)
+    assert d.calibration.theta_ddp == 1.7 and (d.bandwidth == c.bandwidth).all()
+
+
+def test_plan_measurement_statistics():
+    per_rank = [{"step_s": [1.0, 2.0, 3.0], "optimizer_s": [0.1] * 3, "peak_bytes": 10.0},
+                {"step_s": [1.5, 1.0, 4.0], "optimizer_s": [0.2] * 3, "peak_bytes": 20.0}]
+    m = PlanMeasurement.from_ranks(per_rank)
+    assert m.steps_s == [1.5, 2.0, 4.0]  # the slowest rank per step
+    assert m.iteration_s("min") == 1.5 and m.iteration_s("median") == 2.0 and m.optimizer_s == 0.2
+    assert m.spread == pytest.approx(2.5 / 2.0)
+
+
+@pytest.mark.timeout(90)
+def test_calibrate_and_check_estimate_cli_on_two_ranks(tmp_path, capsys):
+    """Profile -> calibrate (writes theta_ddp and efficiency) -> check-estimate --json, 2 CPU ranks."""
+    prof = tmp_path / "p.yaml"
+    assert main(["profile", "--local", "2", "--out", str(prof), "--sizes", "1KiB,256KiB,1MiB", "--reps", "3",
+                 "--matmul-size", "256", "--matmul-time", "0.2"]) == 0
+    model = [f"model.{k}={v}" for k, v in MODEL.to_dict().items() if k not in ("rms_norm_eps", "rope_theta")]
+    assert main(["calibrate", "--local", "2", "--steps", "2", f"cluster={prof}", *model]) == 0
+    doc = yaml.safe_load(prof.read_text())
+    assert 0 < doc["gpu_types"]["CPU"]["efficiency"] < 10 and 0.1 <= doc["calibration"]["theta_ddp"] <= 20
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump(pure_dp_plan(2, MODEL, 2, 1, False).to_dict()))
+    capsys.readouterr()
+    assert main(["check-estimate", "--local", "2", "--steps", "2", "--plan", str(plan), "--json",
+                 f"cluster={prof}", *model]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["measured_s"] > 0 and out["estimated_s"] > 0 and len(out["peak_bytes_per_rank"]) == 2
+    assert out["deviation"] == pytest.approx((out["estimated_s"] - out["measured_s"]) / out["measured_s"])
+
+
+def test_check_estimate_wrong_rank_count(tmp_path, capsys):
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump(pure_dp_plan(2, MODEL, 1, 1, False).to_dict()))
+    model = [f"model.{k}={v}" for k, v in MODEL.to_dict().items() if k not in ("rms_norm_eps", "rope_theta")]
+    assert main(["check-estimate", "--local", "3", "--plan", str(plan), "cluster=cpu2", *model]) == 2
+    assert "--local 2" in capsys.readouterr().err
