@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml constraints.txt
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python recipes/demo.py
+	$(BIN)/python recipes/train.py trainer.max_steps=30
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider

@@ -65,7 +65,7 @@ class LlamaLitModule(pl.LightningModule):
     @override
     def validation_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         loss = self._loss(batch)
-        self.log("val_loss", loss, prog_bar=True)
+        self.log("val_loss", loss, prog_bar=True, sync_dist=True)  # equal on every rank: a no-op mean
         return loss
 
     @override

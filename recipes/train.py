@@ -1,0 +1,286 @@
+"""Train a LLaMA with the hexiscale strategy: plan on the cluster, print the plan, train.
+
+    python recipes/train.py                                  # 4 CPU processes emulate cpu_hetero4, llama_tiny
+    python recipes/train.py trainer.max_steps=200 trainer.precision=bf16-mixed
+    python recipes/train.py data.kind=text data.path=book.txt # a local text file, byte tokens
+    python recipes/train.py cluster=hetero3 model=llama_30b   # plans; says what hardware it needs
+    python recipes/train.py cluster=hetero3 model=llama_30b dry_run=true   # only plans, anywhere
+    python recipes/train.py -m cluster=cpu2,cpu_hetero4 train.global_batch=8,16
+
+Config: conf/config.yaml (cluster, model, train, planner groups) plus ``trainer.*`` and ``data.*``
+(lightning_hexiscale/recipe_config.py), ``plan=<file>`` and ``dry_run``. Emulated CPU clusters run
+here as one process per device; GPU clusters run under torchrun or SLURM (one process per GPU,
+node k on machine k of the cluster file), or here when this machine has the GPUs.
+
+Exit status: 0 trained (or planned, with dry_run); 2 bad configuration (one message naming the key,
+value, rule and fix); 3 the plan needs hardware this machine does not have.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from lightning_hexiscale.config import register_configs
+from lightning_hexiscale.errors import HexiScaleError
+
+EXIT_CONFIG, EXIT_HARDWARE = 2, 3
+register_configs()
+
+
+class HardwareMissing(HexiScaleError):
+    """The plan's devices are not here; the message says what is needed and how to launch it."""
+
+
+def is_rank_zero() -> bool:
+    """The launching process or global rank 0 (popen children and torchrun/SLURM ranks have env vars)."""
+    for key in ("RANK", "SLURM_PROCID"):
+        if key in os.environ:
+            return int(os.environ[key]) == 0
+    return int(os.environ.get("LOCAL_RANK", 0)) == 0 and int(os.environ.get("NODE_RANK", 0)) == 0
+
+
+def say(*args) -> None:
+    if is_rank_zero():
+        print(*args, flush=True)
+
+
+def overrides_given() -> list[str]:
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
+def is_multirun() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def output_dir(cfg: DictConfig) -> Path:
+    """trainer.output_dir, else Hydra's run directory, resolved to a plain path now: spawned workers
+    have no HydraConfig to resolve ``${hydra:...}`` with."""
+    if cfg.trainer.output_dir:
+        return Path(cfg.trainer.output_dir).resolve()
+    from hydra.core.hydra_config import HydraConfig
+
+    return Path(HydraConfig.get().runtime.output_dir).resolve() if HydraConfig.initialized() else Path.cwd()
+
+
+# ---- planning ----------------------------------------------------------------------------------
+def make_plan(cfg: DictConfig, cluster, model, out: Path):
+    """The plan file given, or the search's plan; ranks launched by popen reuse rank 0's plan file."""
+    from lightning_hexiscale.cli import _explicit
+    from lightning_hexiscale.planner.estimate import estimate, workload_from_config
+    from lightning_hexiscale.planner.plan import Plan
+    from lightning_hexiscale.strategy_plan import apply_overrides, search_plan
+
+    given = overrides_given()
+    workload = workload_from_config(cfg)
+    gb = int(cfg.train.global_batch)
+    overrides = {k: cfg.train[k] for k in ("schedule", "recompute", "dp_sharding", "micro_batch_size")
+                 if _explicit(given, f"train.{k}")}
+    saved = out / "plan.yaml"
+    if cfg.plan:
+        plan = apply_overrides(Plan.load(cfg.plan), overrides)
+    elif not is_rank_zero() and saved.is_file():
+        plan = Plan.load(saved)
+    else:
+        # The runtime synchronises gradients DDP-style, so the search is bound to ddp unless told otherwise.
+        p = cfg.planner
+        plan, _ = search_plan(cluster, model, gb, {"dp_sharding": "ddp", **overrides}, dtype=workload.dtype,
+                              seed=int(p.seed), iterations=int(p.iterations), progress=False)
+    plan.validate(cluster, model, global_batch=gb if (not cfg.plan or _explicit(given, "train.global_batch")) else None)
+    return plan, estimate(plan, cluster, workload)
+
+
+def launch_settings(cluster, plan, plan_file: Path) -> dict:
+    """Trainer(accelerator, devices, num_nodes) for this plan here, or HardwareMissing."""
+    import torch
+
+    types = sorted({cluster.devices[d].gpu_type for d in plan.device_order})
+    if all(t.startswith("CPU") for t in types):  # emulated devices: one CPU process per device
+        return {"accelerator": "cpu", "devices": plan.world_size, "num_nodes": 1}
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    launched = "WORLD_SIZE" in os.environ and ("TORCHELASTIC_RUN_ID" in os.environ or "SLURM_PROCID" in os.environ)
+    if launched and gpus:
+        world = int(os.environ["WORLD_SIZE"])
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("SLURM_NTASKS_PER_NODE", gpus)))
+        if world == plan.world_size:
+            return {"accelerator": "gpu", "devices": local, "num_nodes": max(1, world // local)}
+    elif gpus >= plan.world_size and len({cluster.devices[d].machine for d in plan.device_order}) == 1:
+        return {"accelerator": "gpu", "devices": plan.world_size, "num_nodes": 1}
+    raise HardwareMissing(hardware_message(cluster, plan, gpus, plan_file))
+
+
+def hardware_message(cluster, plan, local_gpus: int, plan_file: Path) -> str:
+    import torch
+
+    by_type: dict[str, int] = {}
+    machines: dict[int, int] = {}
+    for d in plan.device_order:
+        dev = cluster.devices[d]
+        by_type[dev.gpu_type] = by_type.get(dev.gpu_type, 0) + 1
+        machines[dev.machine] = machines.get(dev.machine, 0) + 1
+    need = " + ".join(f"{n}x{t}" for t, n in by_type.items())
+    per_machine = ", ".join(f"{cluster.machines[m].name}: {n}" for m, n in sorted(machines.items()))
+    here = (f"{local_gpus} CUDA GPU(s) ({torch.cuda.get_device_name(0)})" if local_gpus else "no CUDA GPU")
+    args = " ".join(o for o in overrides_given() if not o.startswith(("plan=", "hydra."))) or f"cluster={cluster.name}"
+    nodes = len(machines)
+    return (f"cannot launch here: the plan runs {plan.world_size} processes, one per GPU, on {need} in {nodes} "
+            f"machine(s) ({per_machine}); this machine has {here}.\n"
+            f"Launch one process per GPU on the cluster, node k on machine k of cluster {cluster.name} "
+            f"(device ids follow its machine order), with the plan above (copy it to every machine):\n"
+            f"  torchrun --nnodes={nodes} --node-rank=<k> --nproc-per-node=<GPUs of machine k> "
+            f"--master-addr=<machine 0> --master-port=29500 recipes/train.py {args} plan={plan_file}\n"
+            f"  srun --nodes={nodes} --ntasks={plan.world_size} --gpus-per-task=1 python recipes/train.py {args} "
+            f"plan={plan_file}\n"
+            f"or pass dry_run=true to plan only.")
+
+
+# ---- training ----------------------------------------------------------------------------------
+def make_data(cfg: DictConfig, model, global_batch: int):
+    from torch.utils.data import DataLoader, Subset
+
+    from lightning_hexiscale.data import make_dataset
+
+    d = cfg.data
+    ds = make_dataset(d.kind, model.seq_len, path=d.path, num_samples=int(d.num_samples), seed=int(d.seed),
+                      vocab_size=model.vocab_size)
+    n_val = min(int(d.val_samples), len(ds) // 10)
+    n_train = len(ds) - n_val
+    if n_train < global_batch:
+        from lightning_hexiscale.errors import ConfigError
+
+        raise ConfigError("data", f"{len(ds)} sequences", f"fewer than one global batch ({global_batch}) to train on",
+                          "use more data (data.num_samples) or a smaller train.global_batch")
+    train = DataLoader(Subset(ds, range(n_train)), batch_size=global_batch, shuffle=True, drop_last=True)
+    val = DataLoader(Subset(ds, range(n_train, len(ds))), batch_size=global_batch) if n_val >= 1 else None
+    return train, val
+
+
+def train(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict) -> dict:
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.loggers import CSVLogger
+
+    from lightning_hexiscale.example import LlamaLitModule
+    from lightning_hexiscale.strategy import HexiScaleStrategy
+
+    class LossHistory(pl.Callback):
+        """Prints the global training loss (the same on every rank) at log steps, on rank 0."""
+
+        def __init__(self):
+            self.first: float | None = None
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            if (batch_idx + 1) % trainer.accumulate_grad_batches:
+                return
+            loss = float(outputs["loss"]) * trainer.accumulate_grad_batches
+            self.first = loss if self.first is None else self.first
+            step = trainer.global_step
+            if trainer.is_global_zero and (step == 1 or step % max(1, trainer.log_every_n_steps) == 0):
+                print(f"step {step:5d}  loss {loss:.4f}", flush=True)
+
+        def on_train_end(self, trainer, module):
+            if trainer.is_global_zero and self.first is not None:
+                last = float(trainer.callback_metrics.get("train_loss", float("nan")))
+                print(f"training loss: first {self.first:.4f} -> last {last:.4f} after {trainer.global_step} steps",
+                      flush=True)
+
+    t = cfg.trainer
+    pl.seed_everything(int(t.seed), verbose=False)
+    train_dl, val_dl = make_data(cfg, model, plan.global_batch)
+    module = LlamaLitModule(model, lr=float(t.lr), weight_decay=float(t.weight_decay), warmup_steps=int(t.warmup_steps),
+                            init_seed=int(t.seed))
+    if t.weights:
+        from lightning_hexiscale.weights import attach_weights
+
+        attach_weights(module, t.weights)
+    # Multirun: fresh spawned workers per job, so no process or process group outlives its job.
+    launcher = "spawn" if is_multirun() else str(t.launcher)
+    strategy = HexiScaleStrategy(cluster=cluster, plan=plan, start_method=launcher, seed=int(t.seed))
+    ckpt = ModelCheckpoint(dirpath=str(out / "checkpoints"), save_last=True, save_top_k=0 if not t.checkpoint_every else -1,
+                           every_n_train_steps=int(t.checkpoint_every) or None)
+    trainer = pl.Trainer(
+        strategy=strategy, **launch, precision=str(t.precision), max_steps=int(t.max_steps),
+        accumulate_grad_batches=int(t.accumulate_grad_batches), gradient_clip_val=t.gradient_clip_val,
+        val_check_interval=int(t.val_every) if t.val_every and val_dl is not None else None,
+        check_val_every_n_epoch=None if t.val_every else 1, limit_val_batches=int(t.limit_val_batches) if t.val_every else 0,
+        num_sanity_val_steps=0, log_every_n_steps=int(t.log_every), default_root_dir=str(out),
+        logger=CSVLogger(str(out), name="logs"), callbacks=[ckpt, LossHistory()],
+        enable_progress_bar=bool(t.progress_bar), enable_model_summary=False)
+    trainer.fit(module, train_dl, val_dl if t.val_every else None, ckpt_path=t.resume)
+    return dict(trainer.callback_metrics)
+
+
+def quiet_logs() -> None:
+    """Hydra also routes Lightning's INFO lines through the root logger: print them once; and hide a
+    deprecation warning Lightning raises against the torch it runs on (not ours to fix)."""
+    import logging
+    import warnings
+
+    for name in ("lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).propagate = False
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*is deprecated")
+
+
+def run(cfg: DictConfig) -> int:
+    from lightning_hexiscale.cluster import Cluster
+    from lightning_hexiscale.models.config import LlamaConfig
+
+    quiet_logs()
+
+    out = output_dir(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    cluster = Cluster.from_config(cfg.cluster)
+    model = LlamaConfig.from_config(cfg.model)
+    plan, est = make_plan(cfg, cluster, model, out)
+    if is_rank_zero():
+        plan.save(out / "plan.yaml")
+        (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    say(cluster.summary(), "\n")
+    say(plan.table(cluster), "\n")
+    say(est.summary(), "\n")
+    say(f"plan written to {out / 'plan.yaml'}")
+    if cfg.dry_run:
+        say("dry_run=true: planned only.")
+        return 0
+    launch = launch_settings(cluster, plan, out / "plan.yaml")
+    if is_multirun():
+        # A previous job's port is in TIME_WAIT or still bound; let Lightning choose a free one.
+        os.environ.pop("MASTER_PORT", None)
+    metrics = train(cfg, cluster, model, plan, out, launch)
+    say("final metrics: " + ", ".join(f"{k}={float(v):.4f}" for k, v in sorted(metrics.items())))
+    return 0
+
+
+_STATUS: list[int] = []
+
+
+@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+def _main(cfg: DictConfig) -> int:
+    try:
+        code = run(cfg)
+    except HardwareMissing as e:
+        print(f"recipes/train.py: {e}", file=sys.stderr)
+        code = EXIT_HARDWARE
+    except HexiScaleError as e:
+        print(f"recipes/train.py: error: {e}", file=sys.stderr)
+        code = EXIT_CONFIG
+    _STATUS.append(code)
+    return code
+
+
+def main() -> int:
+    _main()
+    return max(_STATUS, default=EXIT_CONFIG)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
