@@ -30,15 +30,16 @@ import types
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Generator, Literal
+from typing import Any, Callable, Generator, Literal, Mapping
 
 import torch
 import torch.distributed as dist
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.fabric.utilities.optimizer import _optimizers_to_device
+from lightning.fabric.utilities.optimizer import _optimizer_to_device, _optimizers_to_device
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 from typing_extensions import override
@@ -355,6 +356,73 @@ class HexiScaleStrategy(DDPStrategy):
         return plan_dataloader(dataloader, [p.batch_size for p in self.plan.pipelines],
                                self.pipeline_model.engine.role.pipeline, seed=self.seed, drop_last=training,
                                key="train_dataloader" if training else "eval_dataloader")
+
+    # ---- checkpoints (plan-independent; see runtime/checkpoint.py) ------------------------
+    @property
+    @override
+    def restore_checkpoint_after_setup(self) -> bool:
+        return True  # the stage (and so the shards to load into) exists only after setup
+
+    @override
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        """The module's own state outside the pipeline (the pipeline goes to per-layer files)."""
+        return {k: v for k, v in self.lightning_module.state_dict().items() if not k.startswith("model.")}
+
+    @override
+    def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
+        return {}  # written per layer by save_checkpoint, by global parameter name
+
+    @override
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Any | None = None) -> None:
+        """Collective: every rank enters (the Trainer barriers right after)."""
+        from lightning_hexiscale.runtime import checkpoint as ckpt
+
+        pm = self.pipeline_model
+        with_optim = "optimizer_states" in checkpoint and bool(self.optimizers)
+        if with_optim and len(self.optimizers) > 1:
+            raise ConfigError("configure_optimizers", f"{len(self.optimizers)} optimizers",
+                              "hexiscale checkpoints hold one optimizer's state", "use one optimizer")
+        optimizer = self.optimizers[0] if with_optim else None
+        if isinstance(optimizer, LightningOptimizer):
+            optimizer = optimizer._optimizer
+        assert self.plan is not None
+        extra = {"format": ckpt.FORMAT, "model": pm.config.to_dict(), "plan": self.plan.to_dict(),
+                 "units": ckpt.all_units(pm.config),
+                 "optimizer": ckpt.optimizer_meta(optimizer, pm.stage) if optimizer is not None else None}
+        ckpt.save(filepath, checkpoint, pm.stage, pm.engine.topology, optimizer, extra)
+
+    @override
+    def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
+        from lightning_hexiscale.runtime import checkpoint as ckpt
+
+        meta = ckpt.read_meta(checkpoint_path)
+        meta["hexiscale"]["path"] = str(checkpoint_path)
+        return meta
+
+    @override
+    def load_model_state_dict(self, checkpoint: Mapping[str, Any], strict: bool = True) -> None:
+        from lightning_hexiscale.runtime import checkpoint as ckpt
+
+        extra = checkpoint.get("state_dict") or {}
+        if extra:
+            self.lightning_module.load_state_dict(extra, strict=False)
+        ckpt.load_stage(checkpoint["hexiscale"]["path"], self.pipeline_model.stage, dict(checkpoint))
+
+    @override
+    def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
+        from lightning_hexiscale.runtime import checkpoint as ckpt
+
+        for optimizer in self.optimizers[:1]:
+            inner = optimizer._optimizer if isinstance(optimizer, LightningOptimizer) else optimizer
+            ckpt.load_optimizer(checkpoint["hexiscale"]["path"], self.pipeline_model.stage, inner, dict(checkpoint))
+            _optimizer_to_device(inner, self.root_device)
+
+    @override
+    def remove_checkpoint(self, filepath) -> None:
+        from lightning_hexiscale.runtime import checkpoint as ckpt
+
+        if self.is_global_zero:
+            ckpt.remove(filepath)
 
     # ---- teardown ------------------------------------------------------------------------
     @override
