@@ -76,3 +76,26 @@ class LlamaLitModule(pl.LightningModule):
         warm = self.warmup_steps
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / warm))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+class LossPrinter(pl.Callback):
+    """Prints the training loss (under the hexiscale strategy: the global one) every ``log_every_n_steps``
+    optimizer steps and, at the end, the first and last values; on global rank 0 only."""
+
+    def __init__(self):
+        self.first: float | None = None
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if (batch_idx + 1) % trainer.accumulate_grad_batches:
+            return
+        loss = float(outputs["loss"]) * trainer.accumulate_grad_batches
+        self.first = loss if self.first is None else self.first
+        step = trainer.global_step
+        if trainer.is_global_zero and (step == 1 or step % max(1, trainer.log_every_n_steps) == 0):
+            print(f"step {step:5d}  loss {loss:.4f}", flush=True)
+
+    def on_train_end(self, trainer, module):
+        if trainer.is_global_zero and self.first is not None:
+            last = float(trainer.callback_metrics.get("train_loss", float("nan")))
+            print(f"training loss: first {self.first:.4f} -> last {last:.4f} after {trainer.global_step} steps",
+                  flush=True)

@@ -169,29 +169,8 @@ def train(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict) -> dic
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger
 
-    from lightning_hexiscale.example import LlamaLitModule
+    from lightning_hexiscale.example import LlamaLitModule, LossPrinter
     from lightning_hexiscale.strategy import HexiScaleStrategy
-
-    class LossHistory(pl.Callback):
-        """Prints the global training loss (the same on every rank) at log steps, on rank 0."""
-
-        def __init__(self):
-            self.first: float | None = None
-
-        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-            if (batch_idx + 1) % trainer.accumulate_grad_batches:
-                return
-            loss = float(outputs["loss"]) * trainer.accumulate_grad_batches
-            self.first = loss if self.first is None else self.first
-            step = trainer.global_step
-            if trainer.is_global_zero and (step == 1 or step % max(1, trainer.log_every_n_steps) == 0):
-                print(f"step {step:5d}  loss {loss:.4f}", flush=True)
-
-        def on_train_end(self, trainer, module):
-            if trainer.is_global_zero and self.first is not None:
-                last = float(trainer.callback_metrics.get("train_loss", float("nan")))
-                print(f"training loss: first {self.first:.4f} -> last {last:.4f} after {trainer.global_step} steps",
-                      flush=True)
 
     t = cfg.trainer
     pl.seed_everything(int(t.seed), verbose=False)
@@ -213,7 +192,7 @@ def train(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict) -> dic
         val_check_interval=int(t.val_every) if t.val_every and val_dl is not None else None,
         check_val_every_n_epoch=None if t.val_every else 1, limit_val_batches=int(t.limit_val_batches) if t.val_every else 0,
         num_sanity_val_steps=0, log_every_n_steps=int(t.log_every), default_root_dir=str(out),
-        logger=CSVLogger(str(out), name="logs"), callbacks=[ckpt, LossHistory()],
+        logger=CSVLogger(str(out), name="logs"), callbacks=[ckpt, LossPrinter()],
         enable_progress_bar=bool(t.progress_bar), enable_model_summary=False)
     trainer.fit(module, train_dl, val_dl if t.val_every else None, ckpt_path=t.resume)
     return dict(trainer.callback_metrics)

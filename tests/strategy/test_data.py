@@ -1,0 +1,60 @@
+"""Per-pipeline batches and the token datasets (pure, milliseconds)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from lightning_hexiscale.data import (PlanBatchSampler, TokenFileDataset, generated_corpus, plan_dataloader,
+                                      split_proportional, text_file_dataset)
+from lightning_hexiscale.errors import ConfigError
+
+
+def test_split_proportional():
+    assert split_proportional(16, [6, 5, 5]) == [6, 5, 5]
+    assert split_proportional(8, [6, 5, 5]) == [3, 3, 2]
+    assert sum(split_proportional(7, [3, 1])) == 7
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_pipelines_cut_one_shared_permutation(shuffle):
+    sizes = [3, 1, 2]
+    samplers = [PlanBatchSampler(24, sizes, i, shuffle=shuffle, seed=5) for i in range(3)]
+    for epoch in (0, 1):
+        for s in samplers:
+            s.sampler.set_epoch(epoch)
+        per_pipe = [list(s) for s in samplers]
+        assert [len(b) for b in per_pipe[0]] == [3] * 4 and len(samplers[1]) == 4
+        steps = [sum((per_pipe[i][k] for i in range(3)), []) for k in range(4)]
+        flat = sum(steps, [])
+        assert sorted(flat) == list(range(24))  # every sample once per epoch, batch k = window k
+        assert (flat == list(range(24))) == (not shuffle)
+    if shuffle:  # the permutation changes with the epoch
+        samplers[0].set_epoch(0)
+        a = list(samplers[0])
+        samplers[0].set_epoch(1)
+        assert a != list(samplers[0])
+
+
+def test_plan_dataloader_checks_the_global_batch():
+    ds = generated_corpus(20, 8)
+    with pytest.raises(ConfigError, match="batch_size=6"):
+        plan_dataloader(DataLoader(ds, batch_size=4), [4, 2], 0, seed=0, drop_last=True)
+    val = plan_dataloader(DataLoader(ds, batch_size=3), [4, 2], 1, seed=0, drop_last=False)
+    assert [b.shape[0] for b in val] == [1] * 7  # 20 = 6 full batches of 3 (2+1) + 2 (1+1)
+
+
+def test_datasets(tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("héllo world, " * 20)
+    ds = text_file_dataset(text, 16)
+    assert ds[0].shape == (17,) and int(ds[0].max()) < 256 and torch.equal(ds[0][16:], ds[1][:1])
+    ids = np.arange(1000, dtype=np.uint16) % 300
+    ids.tofile(tmp_path / "t.bin")
+    assert TokenFileDataset(tmp_path / "t.bin", 32)[1][0].item() == 32
+    with pytest.raises(ConfigError, match="vocabulary"):
+        TokenFileDataset(tmp_path / "t.bin", 32, vocab_size=256)
+    g1, g2 = generated_corpus(8, 32, seed=1), generated_corpus(8, 32, seed=1)
+    assert torch.equal(g1[3], g2[3])
