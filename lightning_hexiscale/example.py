@@ -6,7 +6,8 @@ on one device (``Trainer(accelerator="cpu", devices=1)``) and unchanged under
 
 - ``configure_model`` builds the :class:`Llama` as ``self.model`` (the strategy builds it on the meta
   device and replaces it by this rank's stage); it initialises the weights only when they are real,
-  from ``self.init_seed``, which is also the seed the strategy initialises its shards from;
+  from ``self.init_seed``, which is also the seed the strategy initialises its shards from, or from
+  ``self.init_state_dict`` (global name -> full tensor, e.g. HF weights via ``weights.attach_weights``);
 - the loss is ``self.model.loss(self.model(tokens), targets)``: the mean token cross-entropy of the
   batch (under the strategy: of the global batch, the same value on every rank);
 - a batch is a (B, S + 1) tensor of token ids: inputs are [:, :-1], targets [:, 1:].
@@ -51,6 +52,9 @@ class LlamaLitModule(pl.LightningModule):
         self.model = Llama(self.config).to(self.param_dtype)
         if not next(self.model.parameters()).is_meta:
             self.model.init_weights(self.init_seed)
+            given = getattr(self, "init_state_dict", None)  # set by weights.attach_weights
+            if given is not None:
+                self.model.load_state_dict({k: given[k] for k in self.model.state_dict()})
 
     def _loss(self, batch: torch.Tensor) -> torch.Tensor:
         tokens, targets = batch[:, :-1], batch[:, 1:]

@@ -200,7 +200,11 @@ class HexiScaleStrategy(DDPStrategy):
         self._check_world(self.plan)
         self._check_devices(self.plan)
         param = next(llama.parameters())
-        state = None if param.is_meta else {k: v.detach() for k, v in llama.state_dict().items()}
+        # Start from given weights: module.init_state_dict (e.g. weights.attach_weights), or the
+        # Llama's own when the module materialised it; else initialise from module.init_seed.
+        state = getattr(module, "init_state_dict", None)
+        if state is None and not param.is_meta:
+            state = {k: v.detach() for k, v in llama.state_dict().items()}
         engine = PipelineEngine(self.plan, config, rank=self.global_rank, seed=int(getattr(module, "init_seed", 0)),
                                 device=self.root_device, dtype=param.dtype, autocast_dtype=self._autocast_dtype(),
                                 state_dict=state)
