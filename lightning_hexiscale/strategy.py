@@ -191,6 +191,8 @@ class HexiScaleStrategy(DDPStrategy):
         config: LlamaConfig = llama.config
         given = Plan.load(self._plan_arg) if isinstance(self._plan_arg, (str, Path)) else self._plan_arg
         self.cluster = self._resolve_cluster(given)
+        if given is not None:  # the world-size message is clearer than "device 5 does not exist"
+            self._check_world(given)
         # Every rank plans (the search is deterministic for a seed); rank 0's plan is checked against
         # everyone's, because ranks with different plans would build different groups and hang.
         self.plan = plan_for(given, self.cluster, config, self._global_batch_for(trainer), self._overrides,
