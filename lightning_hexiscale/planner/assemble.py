@@ -47,11 +47,16 @@ class Evaluator:
         self.theta3 = (c.theta_zero3_fwd, c.theta_zero3_bwd)
         self.max_tp = self.model.num_kv_heads
         self._layer: dict[tuple, float] = {}
-        self._hop: dict[tuple, np.ndarray] = {}
+        self._hop: dict[tuple, tuple[np.ndarray, bool]] = {}
         self._frac: dict[int, float] = {}
         self._order: dict[tuple, list[int]] = {}
         self._options: dict[tuple, list[list[tuple[int, ...]]]] = {}
         self._drafts: dict[tuple, PipeDraft | None] = {}
+        self._caps: dict[tuple, int] = {}
+        self._choices: dict[tuple, tuple[tuple[int, ...], bool]] = {}
+        self.reuse_choices = cluster.num_devices > 64
+        """Beyond 64 devices a structure's intra-group strategies are chosen once (first micro-batch
+        size and sharding tried) and reused, to bound the search time; see :func:`draft_pipeline`."""
 
     def signature(self, groups: list[tuple[int, ...]]) -> bytes:
         """Digest of everything a pipeline's draft depends on, device for device in group order:
@@ -95,20 +100,27 @@ class Evaluator:
         """Most layers stage j can hold: the largest l with fixed + l * per_layer <= min device memory,
         the same memory model as ``estimate._stage_memory`` (states, in-flight activations, working
         layer, embedding on the first stage, LM head and fp32 logits on the last, reserve)."""
+        inflight = cm.inflight_micro_batches(self.schedule, num_stages, j, n_mb)
+        key = (tuple(sorted(devices)), j == 0, j == num_stages - 1, inflight, mb, sharding, num_pipelines)
+        if key not in self._caps:
+            self._caps[key] = self._max_layers(key[0], key[1], key[2], inflight, mb, sharding, num_pipelines)
+        return self._caps[key]
+
+    def _max_layers(self, devices: tuple[int, ...], first: bool, last: bool, inflight: int, mb: int,
+                    sharding: str, num_pipelines: int) -> int:
         w, m = self.workload, self.model
         bt, S, H = w.dtype_bytes, m.seq_len, m.hidden_size
         tp = len(devices)
         frac = self.frac(tp)
         spp = cm.state_bytes_per_param(sharding, num_pipelines, bt, w.optimizer_bytes_per_param)
-        inflight = cm.inflight_micro_batches(self.schedule, num_stages, j, n_mb)
         full = cm.activation_bytes_layer(mb, S, H, tp, bt)
         per_layer = m.layer_params * frac * spp + (inflight * mb * S * H * bt if self.recompute else inflight * full)
         fixed = w.reserve_bytes + (full if self.recompute else 0.0)
         if sharding == "zero3":
             fixed += 2 * m.layer_params * frac * bt
-        if j == 0:
+        if first:
             fixed += m.embedding_params * spp
-        if j == num_stages - 1:
+        if last:
             fixed += m.head_params * spp + 2 * mb * S * m.vocab_size * 4
         cap = float(min(self.memory[d] for d in devices))
         return int(math.floor((cap - fixed) / per_layer * (1 - 1e-12))) if cap > fixed else 0
@@ -137,9 +149,10 @@ class Evaluator:
             self._order[key] = top_tau_order(group_bandwidth(self.bw, groups), tau)[0]
         return self._order[key]
 
-    def hop_matrix(self, src: tuple[int, ...], dst: tuple[int, ...], mb: int) -> np.ndarray:
+    def hop_matrix(self, src: tuple[int, ...], dst: tuple[int, ...], mb: int) -> tuple[np.ndarray, bool]:
         """Comm-PP-Hop (eq. 6) for every (src leader, dst leader) pair, |src| x |dst|, vectorised:
-        2 * [alpha[s,d] + M/beta[s,d] + sum_{d'' in dst, d'' != d} (alpha[d,d''] + M/(|dst| beta[d,d'']))]."""
+        2 * [alpha[s,d] + M/beta[s,d] + sum_{d'' in dst, d'' != d} (alpha[d,d''] + M/(|dst| beta[d,d'']))],
+        and whether every pair costs the same (then the leaders do not matter)."""
         key = (src, dst, mb)
         if key not in self._hop:
             m = self.act_bytes(mb)
@@ -147,18 +160,23 @@ class Evaluator:
             send = self.lat[np.ix_(s_idx, d_idx)] + m / self.bw[np.ix_(s_idx, d_idx)]
             inner = self.lat[np.ix_(d_idx, d_idx)] + m / (len(dst) * self.bw[np.ix_(d_idx, d_idx)])
             np.fill_diagonal(inner, 0.0)
-            self._hop[key] = 2.0 * (send + inner.sum(axis=1)[None, :])
+            h = 2.0 * (send + inner.sum(axis=1)[None, :])
+            self._hop[key] = (h, bool(h.max() == h.min()))
         return self._hop[key]
 
     def leaders(self, stages: list[tuple[int, ...]], mb: int) -> tuple[list[tuple[int, ...]], list[float]]:
         """Leaders minimising the sum of hops (Viterbi over the chain: state = leader of stage j).
-        Returns the stages with their leader first, and Hop_j per stage (0 for the last)."""
+        Returns the stages with their leader first, and Hop_j per stage (0 for the last).
+        When every hop costs the same for any leaders (uniform links), the first devices lead."""
         if len(stages) == 1:
             return [stages[0]], [0.0]
+        mats = [self.hop_matrix(stages[j - 1], stages[j], mb) for j in range(1, len(stages))]
+        if all(flat for _, flat in mats):
+            return list(stages), [float(h[0, 0]) for h, _ in mats] + [0.0]
         cost = np.zeros(len(stages[0]))
         back = []
         for j in range(1, len(stages)):
-            total = cost[:, None] + self.hop_matrix(stages[j - 1], stages[j], mb)
+            total = cost[:, None] + mats[j - 1][0]
             arg = np.argmin(total, axis=0)  # first minimum: ties keep the lowest position
             back.append(arg)
             cost = total[arg, np.arange(len(stages[j]))]
@@ -168,8 +186,7 @@ class Evaluator:
         pos.reverse()
         lead = [st[p] for st, p in zip(stages, pos)]
         out = [(ld,) + tuple(d for d in st if d != ld) for st, ld in zip(stages, lead)]
-        hops = [float(self.hop_matrix(stages[j], stages[j + 1], mb)[pos[j], pos[j + 1]])
-                for j in range(len(stages) - 1)] + [0.0]
+        hops = [float(mats[j][0][pos[j], pos[j + 1]]) for j in range(len(stages) - 1)] + [0.0]
         return out, hops
 
 
@@ -292,29 +309,39 @@ def draft_pipeline(ev: Evaluator, groups: list[tuple[int, ...]], mb: int, shardi
                    total_micro: int, tau: int) -> PipeDraft | None:
     """Phase 2 steps (ii)-(iii) for one pipeline: order the groups by top-tau, pick each group's
     intra-group strategy by coordinate descent on Pipeline(n) (start: every group at its highest
-    layer rate sum 1/t_j, or its fewest stages when the chain would exceed the layers), try the
-    reversed chain, return the best draft (None: nothing fits).
+    layer rate sum 1/t_j, or its fewest stages when the chain would exceed the layers; groups on
+    identical hardware change together), try the reversed chain, return the best draft (None:
+    nothing fits).
 
     Pipelines on identical hardware (same bandwidth, latency, FLOP/s, memory and machine layout,
     device for device) get the same draft: it is computed once, in positions, and relabelled.
     """
     n_est = max(1, total_micro // num_pipelines)
     flat = [d for g in groups for d in g]
-    key = (ev.signature(groups), mb, sharding, num_pipelines, n_est, tau)
+    sig = ev.signature(groups)
+    key = (sig, mb, sharding, num_pipelines, n_est, tau)
     if key in ev._drafts:
         local = ev._drafts[key]
         return None if local is None else local.relabel(flat)
-    d = _draft(ev, groups, mb, sharding, num_pipelines, n_est, tau)
+    d = _draft(ev, groups, mb, sharding, num_pipelines, n_est, tau, (sig, num_pipelines, tau))
     pos = {dev: i for i, dev in enumerate(flat)}
     ev._drafts[key] = None if d is None else d.relabel(pos)
     return d
 
 
 def _draft(ev: Evaluator, groups: list[tuple[int, ...]], mb: int, sharding: str, num_pipelines: int,
-           n_est: int, tau: int) -> PipeDraft | None:
+           n_est: int, tau: int, choice_key: tuple) -> PipeDraft | None:
     order = ev.group_order(groups, tau)
     ordered = [groups[i] for i in order]
     opts = [ev.group_options(g) for g in ordered]
+    if ev.reuse_choices and choice_key in ev._choices:
+        # large clusters: the strategies chosen for this structure at the first (micro-batch,
+        # sharding) tried are kept; a full descent runs only when they no longer fit
+        ch, rev = ev._choices[choice_key]
+        stages = [st for g, k in enumerate(ch) for st in opts[g][k]]
+        d = chain_draft(ev, stages[::-1] if rev else stages, mb, sharding, num_pipelines, n_est)
+        if d is not None:
+            return d
     choice = [max(range(len(o)), key=lambda k: (sum(1.0 / ev.layer_s(st, mb, sharding) for st in o[k]), -k))
               for o in opts]
     if sum(len(o[k]) for o, k in zip(opts, choice)) > ev.model.num_layers:
@@ -330,22 +357,31 @@ def _draft(ev: Evaluator, groups: list[tuple[int, ...]], mb: int, sharding: str,
     def t(d: PipeDraft | None) -> float:
         return d.time_s(n_est) if d is not None else math.inf
 
+    # groups on identical hardware (same signature) move together: one descent step per class
+    classes: dict[bytes, list[int]] = {}
+    for g, grp in enumerate(ordered):
+        classes.setdefault(ev.signature([grp]), []).append(g)
     best_ch, rev = tuple(choice), False
     best = build(best_ch, False)
     for _ in range(2):
         improved = False
-        for g in range(len(opts)):
-            for k in range(len(opts[g])):
-                if k == best_ch[g]:
+        for members in classes.values():
+            for k in range(len(opts[members[0]])):
+                if all(best_ch[g] == k for g in members):
                     continue
-                ch = best_ch[:g] + (k,) + best_ch[g + 1:]
-                d = build(ch, rev)
+                ch = list(best_ch)
+                for g in members:
+                    ch[g] = k
+                d = build(tuple(ch), rev)
                 if t(d) < t(best) * (1 - 1e-9):
-                    best, best_ch, improved = d, ch, True
+                    best, best_ch, improved = d, tuple(ch), True
         if not improved:
             break
     other = build(best_ch, True)
-    return other if t(other) < t(best) * (1 - 1e-9) else best
+    rev = t(other) < t(best) * (1 - 1e-9)
+    if best is not None or other is not None:
+        ev._choices[choice_key] = (best_ch, rev)
+    return other if rev else best
 
 
 def make_plan(drafts: list[PipeDraft], micro_counts: list[int], mb: int, sharding: str, schedule: str,

@@ -153,7 +153,11 @@ def _overlap(r: int, t: int, r2: int, t2: int) -> float:
 
 
 def _dp_comm_per_layer(plan: Plan, i: int, stage: Stage, cluster: Cluster, layer_bytes: float) -> list[tuple[int, float]]:
-    """[(layers, T_comm)] over the stage's layer intervals whose holders in other pipelines are fixed."""
+    """[(layers, T_comm)] over the stage's layer intervals whose holders in other pipelines are fixed.
+
+    Reference form, one stage at a time (kept for tests); :func:`_dp_comm_all` computes the same
+    numbers for every stage at once and is what :func:`estimate` uses.
+    """
     if plan.num_pipelines == 1:
         return [(stage.num_layers, 0.0)]
     cuts = {stage.layers[0], stage.layers[1]}
@@ -182,6 +186,99 @@ def _dp_comm_per_layer(plan: Plan, i: int, stage: Stage, cluster: Cluster, layer
     return out
 
 
+_DP_CACHE_SIZE = 256
+
+
+def _dp_comm_all(plan: Plan, cluster: Cluster, layer_bytes: float) -> dict[tuple[int, int], list[tuple[int, float]]]:
+    """:func:`_dp_comm_per_layer` for every stage (i, j) at once, vectorised with numpy.
+
+    Sweep the global layer intervals (between any two stage boundaries of any pipeline). For each
+    device slot keep F[slot, k] = sum over the TP ranks r2 of pipeline k's current holder of
+    alpha + share * layer_bytes / (N_dp * beta) (eq. 4 per partner); at a boundary only the
+    columns of the pipelines whose holder changed, and the rows of the devices that start a
+    stage, are recomputed, so a plan costs O(N^2) pair terms in a few dozen array operations
+    instead of a Python loop over every (stage, interval, rank, partner). T_comm of a stage on an
+    interval is the max over its devices of the row sum. Same terms as the reference, summed in
+    a different order (differences at the level of float rounding). Results are memoised per
+    cluster for the last few plan layouts (they do not depend on batch, micro-batch or sharding).
+    """
+    P = plan.num_pipelines
+    if P == 1:
+        return {(0, j): [(st.num_layers, 0.0)] for j, st in enumerate(plan.pipelines[0].stages)}
+    key = (layer_bytes, tuple(tuple((s.devices, s.layers) for s in p.stages) for p in plan.pipelines))
+    cache = cluster.__dict__.setdefault("_dp_comm_cache", {})
+    if key in cache:
+        return cache[key]
+    bw, lat = cluster.bandwidth, cluster.latency
+    scale = layer_bytes / P
+    # device slots, stage by stage
+    dev, lo, hi, pipe_of = [], [], [], []
+    first_slot: dict[tuple[int, int], int] = {}
+    for k, p in enumerate(plan.pipelines):
+        for j, st in enumerate(p.stages):
+            first_slot[(k, j)] = len(dev)
+            t = st.tp
+            for r, d in enumerate(st.devices):
+                dev.append(d)
+                lo.append(r / t)
+                hi.append((r + 1) / t)
+                pipe_of.append(k)
+    dev_a, lo_a, hi_a, pipe_a = np.array(dev), np.array(lo), np.array(hi), np.array(pipe_of)
+    bounds = sorted({b for p in plan.pipelines for s in p.stages for b in s.layers})
+    starts = np.array(bounds[:-1])
+    holder = np.empty((P, len(starts)), dtype=np.int64)
+    for k, p in enumerate(plan.pipelines):
+        holder[k] = np.searchsorted(np.array([s.layers[1] for s in p.stages]), starts, side="right")
+
+    def slots(k: int, j: int) -> np.ndarray:
+        a = first_slot[(k, j)]
+        return np.arange(a, a + plan.pipelines[k].stages[j].tp)
+
+    def terms(rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        share = np.minimum(hi_a[rows][:, None], hi_a[cols][None, :]) - np.maximum(lo_a[rows][:, None], lo_a[cols][None, :])
+        ix = np.ix_(dev_a[rows], dev_a[cols])
+        return np.where(share > 0, lat[ix] + share * layer_bytes / (P * bw[ix]), 0.0)
+
+    def by_pipeline(t: np.ndarray, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Column sums per pipeline (cols are grouped by pipeline, in pipeline order)."""
+        ks, first = np.unique(pipe_a[cols], return_index=True)
+        return ks, np.add.reduceat(t, first, axis=1)
+
+    F = np.zeros((len(dev), P))
+    worst: dict[tuple[int, int], list[float]] = {}
+    prev = np.full(P, -1)
+    for g in range(len(starts)):
+        changed = np.flatnonzero(holder[:, g] != prev)
+        prev = holder[:, g].copy()
+        active = np.concatenate([slots(k, int(holder[k, g])) for k in range(P)])
+        fresh = np.concatenate([slots(int(k), int(holder[k, g])) for k in changed])
+        staying = np.setdiff1d(active, fresh, assume_unique=True)
+        if len(fresh):  # new stages: whole rows against every current holder
+            ks, sums = by_pipeline(terms(fresh, active), active)
+            F[fresh] = 0.0
+            F[np.ix_(fresh, ks)] = sums
+        if len(staying):  # unchanged stages: only the columns of pipelines whose holder changed
+            ks, sums = by_pipeline(terms(staying, fresh), fresh)
+            F[np.ix_(staying, ks)] = sums
+        F[active, pipe_a[active]] = 0.0  # a pipeline does not synchronise with itself
+        cost = F[active].sum(axis=1)
+        pos = 0
+        for k in range(P):
+            j = int(holder[k, g])
+            t = plan.pipelines[k].stages[j].tp
+            worst.setdefault((k, j), []).append(float(cost[pos:pos + t].max()))
+            pos += t
+    out: dict[tuple[int, int], list[tuple[int, float]]] = {}
+    for k, p in enumerate(plan.pipelines):
+        for j, st in enumerate(p.stages):
+            a, b = bounds.index(st.layers[0]), bounds.index(st.layers[1])
+            out[(k, j)] = [(bounds[q + 1] - bounds[q], w) for q, w in zip(range(a, b), worst[(k, j)])]
+    if len(cache) >= _DP_CACHE_SIZE:
+        cache.pop(next(iter(cache)))
+    cache[key] = out
+    return out
+
+
 def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
     """Estimate iteration time, throughput and memory of ``plan`` on ``cluster`` (Appendix B)."""
     model = workload.model
@@ -191,6 +288,7 @@ def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
     theta = (cal.theta_ddp, cal.theta_zero2, cal.theta_zero3_fwd, cal.theta_zero3_bwd)
     layer_bytes = model.layer_params * bt
     n_dp = plan.num_pipelines
+    dp_terms = _dp_comm_all(plan, cluster, layer_bytes)
     pipes: list[PipelineEstimate] = []
     ooms: list[OutOfMemory] = []
     for i, pipe in enumerate(plan.pipelines):
@@ -201,7 +299,7 @@ def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
         for j, st in enumerate(pipe.stages):
             l = st.num_layers
             c_min = min(cluster.devices[d].flops for d in st.devices)
-            frac = model.max_shard_fraction(st.tp)
+            frac = _shard_fraction(model, st.tp)
             comp_f = cm.comp_layer_fwd(model.layer_forward_flops(mb), frac, c_min)
             tp_f = cm.comm_tp(st.devices, act_msg, cluster.bandwidth, cluster.latency)
             t_f = cm.layer_time_fwd(comp_f, tp_f)
@@ -213,7 +311,7 @@ def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
             stage_mb = 0.0
             tail = 0.0
             dp_comm = 0.0
-            for n_layers, t_comm in _dp_comm_per_layer(plan, i, st, cluster, layer_bytes):
+            for n_layers, t_comm in dp_terms[(i, j)]:
                 if plan.dp_sharding == "zero3":
                     f_eff, b_eff = theta[2] * max(t_f, t_comm), theta[3] * max(t_b, t_comm)
                     dp_comm += n_layers * (2 * n_mb + 1) * t_comm
@@ -239,13 +337,26 @@ def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
         pipes.append(PipelineEstimate(pipe.batch_size, mb, n_mb, t_pipe, sum(steps) - max(steps),
                                       [StageEstimate(**r) for r in rows]))
     it = cm.total_time([p.time_s for p in pipes])
-    worst = max(range(len(pipes)), key=lambda k: pipes[k].time_s)
+    # the first of the slowest pipelines, ties judged to 1e-12 so that float rounding in the
+    # data-parallel sums cannot move the bottleneck between equally fast pipelines
+    worst = next(k for k, p in enumerate(pipes) if p.time_s >= it * (1 - 1e-12))
     gb = plan.global_batch
     bp = pipes[worst]
     breakdown = {k: sum(getattr(s, k) for s in bp.stages) for k in ("compute_s", "tp_comm_s", "pp_comm_s", "dp_exposed_s")}
     breakdown["bubble_s"] = bp.bubble_s
     return Estimate(iteration_time_s=it, tokens_per_s=gb * S / it, pflops=model.model_flops_per_iteration(gb) / it / 1e15,
                     feasible=not ooms, pipelines=pipes, out_of_memory=ooms, bottleneck_pipeline=worst, breakdown=breakdown)
+
+
+def _shard_fraction(model: LlamaConfig, tp: int) -> float:
+    """model.max_shard_fraction(tp), memoised per model shape (the planner calls estimate() often)."""
+    key = (model, tp)
+    if key not in _FRAC:
+        _FRAC[key] = model.max_shard_fraction(tp)
+    return _FRAC[key]
+
+
+_FRAC: dict[tuple[LlamaConfig, int], float] = {}
 
 
 def _stage_memory(plan: Plan, pipe, j: int, st: Stage, cluster: Cluster, workload: Workload,
@@ -263,7 +374,7 @@ def _stage_memory(plan: Plan, pipe, j: int, st: Stage, cluster: Cluster, workloa
     S, H = model.seq_len, model.hidden_size
     n_st = len(pipe.stages)
     mb, n_mb = pipe.micro_batch_size, pipe.num_micro_batches
-    frac = model.max_shard_fraction(st.tp)
+    frac = _shard_fraction(model, st.tp)
     params = st.num_layers * model.layer_params * frac
     if j == 0:
         params += model.embedding_params

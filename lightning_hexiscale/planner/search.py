@@ -42,6 +42,7 @@ from lightning_hexiscale.planner.partition import DeviceGraph, partition
 from lightning_hexiscale.planner.plan import SCHEDULES, Plan
 
 CUTS = ("auto", "min", "max")
+_SCORED_LARGE = 4
 
 
 @dataclass(frozen=True)
@@ -162,6 +163,11 @@ class _Search:
         self.rng = np.random.default_rng(s.seed)
         self.mbs = micro_batch_candidates(global_batch, s.micro_batch_size, cluster.num_devices)
         self.shardings = (s.dp_sharding,) if s.dp_sharding else DP_OPTIONS
+        cal = cluster.calibration
+        if not s.dp_sharding and cal.theta_zero2 <= cal.theta_ddp:
+            # ZeRO-2 prices data parallelism like DDP (Appendix B eq. 5, theta_2 <= theta_1) with
+            # less memory per device: DDP can never be strictly better, so it is not tried
+            self.shardings = ("zero2", "zero3")
         max_dp = min(cluster.num_devices, global_batch // min(self.mbs))
         if s.max_pipelines:
             max_dp = min(max_dp, s.max_pipelines)
@@ -193,9 +199,14 @@ class _Search:
 
     # ---- one iteration ------------------------------------------------------------------------
     def evaluate(self, groups_per_pipe: list[list[tuple[int, ...]]]) -> tuple[float, Plan | None, Estimate | None]:
-        """Best complete plan over micro-batch sizes and dp shardings for one phase-2 result."""
+        """Best complete plan over micro-batch sizes and dp shardings for one phase-2 result.
+
+        Every variant is drafted; up to 64 devices each is scored by ``estimate()``; beyond, the
+        variants are ranked by their pipelines' own times (no DP term) and the best
+        ``_SCORED_LARGE`` are scored, which bounds the cost of an iteration on 1024 GPUs.
+        """
         P = len(groups_per_pipe)
-        best: tuple[float, Plan | None, Estimate | None] = (math.inf, None, None)
+        cands = []
         for mb in self.mbs:
             total_mb = self.gb // mb
             if total_mb < P:
@@ -204,9 +215,18 @@ class _Search:
                 drafts = [draft_pipeline(self.ev, g, mb, sharding, P, total_mb, self.s.tau) for g in groups_per_pipe]
                 if any(d is None for d in drafts):
                     continue
-                plan, est = self.score(drafts, mb, sharding, total_mb)
-                if est.cost < best[0]:
-                    best = (est.cost, plan, est)
+                counts = split_batches([d.sum_s for d in drafts], [d.max_s for d in drafts], [0.0] * P, total_mb,
+                                       [d.max_micro for d in drafts])
+                own = max(d.time_s(n) for d, n in zip(drafts, counts))
+                cands.append((own, len(cands), mb, sharding, drafts))
+        cands.sort(key=lambda c: (c[0], c[1]))
+        if self.cluster.num_devices > 64:
+            cands = cands[:_SCORED_LARGE]
+        best: tuple[float, Plan | None, Estimate | None] = (math.inf, None, None)
+        for _, _, mb, sharding, drafts in cands:
+            plan, est = self.score(drafts, mb, sharding, self.gb // mb)
+            if est.cost < best[0]:
+                best = (est.cost, plan, est)
         return best
 
     def score(self, drafts: list[PipeDraft], mb: int, sharding: str, total_mb: int) -> tuple[Plan, Estimate]:
