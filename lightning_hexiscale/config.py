@@ -143,6 +143,12 @@ class PlannerConfig:
     """Max (heaviest part compute) / (mean part compute) in the phase-1 partition."""
     max_pipelines: Optional[int] = None
     progress: bool = True
+    cut: str = "auto"
+    """Phase-1 cut between pipelines (§4.4): auto (moving averages of simulated DP and pipeline
+    costs), min (pipelines on well-connected islands) or max (every machine dealt over the pipelines)."""
+    group_balance: float = 2.0
+    """Max / mean group compute in the phase-2 split of a pipeline into groups (looser than
+    ``balance``: layers follow compute, so groups may differ)."""
 
 
 @dataclass

@@ -1,0 +1,31 @@
+"""The vectorised data-parallel terms of estimate() equal the per-stage reference form."""
+
+import pytest
+
+from lightning_hexiscale.cluster import Cluster
+from lightning_hexiscale.models.config import LlamaConfig
+from lightning_hexiscale.planner import estimate as E
+from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner.search import SearchSettings, search
+
+
+def _plans():
+    yield Plan.load("conf/plans/hetero3_llama30b_tab7.yaml"), Cluster.load("hetero3"), LlamaConfig.load("llama_30b")
+    yield Plan.load("conf/plans/case_study_llama2_13b.yaml"), Cluster.load("case_study"), LlamaConfig.load("llama2_13b")
+    for name, model, gb in (("hetero1", "llama2_7b", 64), ("h800_h20_16", "llama_30b", 128)):
+        c, m = Cluster.load(name), LlamaConfig.load(model)
+        for seed in range(2):
+            yield search(c, E.Workload(m), gb, SearchSettings(iterations=6, seed=seed, cut="max" if seed else "min")).plan, c, m
+
+
+@pytest.mark.parametrize("case", list(_plans()), ids=lambda c: f"{c[1].name}-{c[0].num_pipelines}p")
+def test_dp_terms_match_the_reference(case):
+    plan, cluster, model = case
+    layer_bytes = model.layer_params * 2
+    cluster.__dict__.pop("_dp_comm_cache", None)
+    fast = E._dp_comm_all(plan, cluster, layer_bytes)
+    for i, p in enumerate(plan.pipelines):
+        for j, st in enumerate(p.stages):
+            ref = E._dp_comm_per_layer(plan, i, st, cluster, layer_bytes)
+            assert [n for n, _ in fast[(i, j)]] == [n for n, _ in ref]
+            assert [t for _, t in fast[(i, j)]] == pytest.approx([t for _, t in ref], rel=1e-12, abs=1e-15)
