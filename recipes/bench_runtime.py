@@ -4,11 +4,12 @@ Both sides train the same LLaMA on the same 2 (default) gloo ranks, same data, s
 and optimizer (SGD): the HexiScale side with a homogeneous pure-DP plan (one single-device
 pipeline per rank, equal batches) through ``PipelineEngine``; the DDP side with
 ``DistributedDataParallel`` around the plain ``Llama`` (``no_sync`` on all but the last
-micro-batch). Launches alternate (hexiscale, ddp, hexiscale, ddp, ...) so that background load hits
-both; for each side the best median step time over the rounds is kept.
+micro-batch). Both sides live in the same processes and alternate step by step, so that background
+load on a shared machine hits both alike; a step's time is the slowest rank's.
 
 Printed: step time and throughput (tokens/s = global_batch * seq_len / step time) of each side, the
-ratio hexiscale / ddp (target >= 0.95), and the measured peak memory per rank of each side.
+ratio hexiscale / ddp (target >= 0.95), and the measured peak memory per rank of each side (each
+side alone in its own launch).
 
 Peak memory per rank: the growth of the process's resident set (Linux VmHWM, reset to the current
 RSS through /proc/self/clear_refs when the kernel allows it) from just before the model is built to
@@ -17,8 +18,8 @@ buffers, plus allocator slack (glibc keeps freed blocks). One-time lazy initiali
 by :func:`prime_process` before the baseline. :func:`measure_peak_bytes` returns it
 for any plan (for the cost-model comparison).
 
-    python recipes/bench_runtime.py            # ~1 minute on 2 cores
-    python recipes/bench_runtime.py --steps 3 --rounds 1 --layers 2
+    python recipes/bench_runtime.py            # ~30 s on 2 idle cores
+    python recipes/bench_runtime.py --steps 4 --layers 2
 """
 
 from __future__ import annotations
@@ -110,7 +111,30 @@ def pure_dp_plan(world: int, config: LlamaConfig, batch_per_rank: int, micro_bat
 
 
 # ---- one rank ----------------------------------------------------------------------------------
-def _worker(rank: int, world: int, port: int, mode: str, plan_dict: dict, config: LlamaConfig,
+def _build(mode: str, rank: int, plan: Plan, config: LlamaConfig):
+    """(step function, parameters) of one side on this rank."""
+    if mode == "hexiscale":
+        engine = PipelineEngine(plan, config, seed=0)
+        return (lambda tok, tgt: engine.train_step(tok, tgt)), list(engine.parameters())
+    pipe = plan.pipelines[rank]
+    offset = sum(p.batch_size for p in plan.pipelines[:rank])
+    model = Llama(config).init_weights(0)
+    ddp = DistributedDataParallel(model)
+    params = list(model.parameters())
+    m = pipe.num_micro_batches
+
+    def step_fn(tok, tgt):
+        tok, tgt = tok[offset:offset + pipe.batch_size], tgt[offset:offset + pipe.batch_size]
+        for p in params:
+            p.grad = None
+        for i, (x, y) in enumerate(zip(tok.split(pipe.micro_batch_size), tgt.split(pipe.micro_batch_size))):
+            with ddp.no_sync() if i < m - 1 else contextlib.nullcontext():
+                (model.loss(ddp(x), y) / m).backward()
+
+    return step_fn, params
+
+
+def _worker(rank: int, world: int, port: int, modes: tuple[str, ...], plan_dict: dict, config: LlamaConfig,
             steps: int, warmup: int, threads: int, out) -> None:
     torch.set_num_threads(threads)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
@@ -119,54 +143,42 @@ def _worker(rank: int, world: int, port: int, mode: str, plan_dict: dict, config
         plan = Plan.from_dict(plan_dict)
         prime_process()
         baseline = reset_peak_rss()
-        if mode == "hexiscale":
-            engine = PipelineEngine(plan, config, seed=0)
-            params = list(engine.parameters())
-
-            def step_fn(tok, tgt):
-                engine.train_step(tok, tgt)
-        else:
-            pipe = plan.pipelines[rank]
-            offset = sum(p.batch_size for p in plan.pipelines[:rank])
-            model = Llama(config).init_weights(0)
-            ddp = DistributedDataParallel(model)
-            params = list(model.parameters())
-            m = pipe.num_micro_batches
-
-            def step_fn(tok, tgt):
-                tok, tgt = tok[offset:offset + pipe.batch_size], tgt[offset:offset + pipe.batch_size]
-                for p in params:
-                    p.grad = None
-                for i, (x, y) in enumerate(zip(tok.split(pipe.micro_batch_size), tgt.split(pipe.micro_batch_size))):
-                    with ddp.no_sync() if i < m - 1 else contextlib.nullcontext():
-                        (model.loss(ddp(x), y) / m).backward()
-        opt = torch.optim.SGD(params, lr=1e-3)
-        times = []
+        sides = {}
+        for mode in modes:
+            step_fn, params = _build(mode, rank, plan, config)
+            sides[mode] = (step_fn, torch.optim.SGD(params, lr=1e-3))
+        times: dict[str, list[float]] = {m: [] for m in modes}
         for step in range(warmup + steps):
             tok, tgt = make_batch(config, plan.global_batch, step)
-            dist.barrier()
-            t0 = time.perf_counter()
-            step_fn(tok, tgt)
-            opt.step()
-            times.append(time.perf_counter() - t0)
-        out.put((rank, "ok", times[warmup:], peak_rss_bytes() - baseline))
+            # Alternate the sides step by step (and swap who goes first) so that background load
+            # on a shared machine hits both alike.
+            for mode in (modes if step % 2 == 0 else modes[::-1]):
+                step_fn, opt = sides[mode]
+                dist.barrier()
+                t0 = time.perf_counter()
+                step_fn(tok, tgt)
+                opt.step()
+                if step >= warmup:
+                    times[mode].append(time.perf_counter() - t0)
+        out.put((rank, "ok", times, peak_rss_bytes() - baseline))
     except Exception as e:  # reported by the parent
         out.put((rank, "error", repr(e), 0))
     finally:
         dist.destroy_process_group()
 
 
-def launch(mode: str, plan: Plan, config: LlamaConfig, steps: int, warmup: int = 1, threads: int = 1,
-           timeout: float = 300.0) -> list[tuple[list[float], int]]:
-    """Run ``mode`` ("hexiscale" or "ddp") on ``plan.world_size`` forked gloo ranks; per rank:
-    (step times in s, peak memory growth in bytes)."""
+def launch(modes: tuple[str, ...], plan: Plan, config: LlamaConfig, steps: int, warmup: int = 1,
+           threads: int = 1, timeout: float = 300.0) -> list[tuple[dict[str, list[float]], int]]:
+    """Run the sides ``modes`` ("hexiscale", "ddp"), interleaved step by step, on ``plan.world_size``
+    forked gloo ranks; per rank: ({mode: step times in s}, peak memory growth in bytes of all the
+    sides together: launch one side alone to measure its memory)."""
     ctx = mp.get_context("fork")
     out = ctx.Queue()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     world = plan.world_size
-    procs = [ctx.Process(target=_worker, args=(r, world, port, mode, plan.to_dict(), config, steps, warmup,
+    procs = [ctx.Process(target=_worker, args=(r, world, port, tuple(modes), plan.to_dict(), config, steps, warmup,
                                                threads, out), daemon=True) for r in range(world)]
     for p in procs:
         p.start()
@@ -175,7 +187,7 @@ def launch(mode: str, plan: Plan, config: LlamaConfig, steps: int, warmup: int =
         for _ in range(world):
             rank, status, value, peak = out.get(timeout=timeout)
             if status != "ok":
-                raise RuntimeError(f"{mode} rank {rank} failed: {value}")
+                raise RuntimeError(f"{modes} rank {rank} failed: {value}")
             results[rank] = (value, peak)
     finally:
         for p in procs:
@@ -188,7 +200,7 @@ def launch(mode: str, plan: Plan, config: LlamaConfig, steps: int, warmup: int =
 def measure_peak_bytes(plan: Plan, config: LlamaConfig, steps: int = 2) -> list[int]:
     """Measured peak memory growth per rank (bytes, index = global rank) of training ``plan`` on CPU
     gloo ranks for ``steps`` steps; see the module docstring for what is counted."""
-    return [peak for _, peak in launch("hexiscale", plan, config, steps=steps, warmup=0)]
+    return [peak for _, peak in launch(("hexiscale",), plan, config, steps=steps, warmup=0)]
 
 
 # ---- entry point -------------------------------------------------------------------------------
@@ -202,9 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq", type=int, default=128, help="sequence length in tokens [128]")
     ap.add_argument("--batch", type=int, default=8, help="sequences per rank per step [8]")
     ap.add_argument("--micro-batch", type=int, default=4, help="sequences per micro-batch [4]")
-    ap.add_argument("--steps", type=int, default=6, help="timed steps per launch [5]")
-    ap.add_argument("--warmup", type=int, default=1, help="untimed steps per launch [1]")
-    ap.add_argument("--rounds", type=int, default=3, help="alternating launches per side [3]")
+    ap.add_argument("--steps", type=int, default=20, help="timed steps per side [20]")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps per side [2]")
+    ap.add_argument("--mem-steps", type=int, default=2, help="steps of the separate memory launches [2]")
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads per rank [1]")
     args = ap.parse_args(argv)
 
@@ -216,23 +228,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model: {config.total_params / 1e6:.2f} M params (H={config.hidden_size}, L={config.num_layers}, "
           f"V={config.vocab_size}, S={config.seq_len}); {args.ranks} gloo ranks x {args.threads} thread(s); "
           f"global batch {plan.global_batch} ({args.batch}/rank, micro-batch {args.micro_batch}) = {tokens} tokens/step")
-    best: dict[str, float] = {}
-    peaks: dict[str, list[int]] = {}
-    for rnd in range(args.rounds):
-        for mode in ("hexiscale", "ddp"):
-            res = launch(mode, plan, config, args.steps, args.warmup, args.threads)
-            # a step ends when the slowest rank ends: take the per-step max over ranks, then the median
-            step = statistics.median(max(ts) for ts in zip(*(times for times, _ in res)))
-            print(f"  round {rnd} {mode:9s}: median step {step * 1e3:8.1f} ms")
-            best[mode] = min(best.get(mode, float("inf")), step)
-            peaks[mode] = [max(a, b) for a, b in zip(peaks.get(mode, [0] * len(res)), (p for _, p in res))]
+    res = launch(("hexiscale", "ddp"), plan, config, args.steps, args.warmup, args.threads)
+    # A step ends when the slowest rank ends: per step, the max over ranks.
+    step_times = {m: [max(ts) for ts in zip(*(times[m] for times, _ in res))] for m in ("hexiscale", "ddp")}
+    median = {m: statistics.median(t) for m, t in step_times.items()}
+    pair_ratio = statistics.median(d / h for h, d in zip(step_times["hexiscale"], step_times["ddp"]))
+    peaks = {m: [p for _, p in launch((m,), plan, config, args.mem_steps, 0, args.threads)] for m in ("hexiscale", "ddp")}
     print()
     for mode in ("hexiscale", "ddp"):
         mib = ", ".join(f"{p / 2**20:.1f}" for p in peaks[mode])
-        print(f"{mode:9s}: {best[mode] * 1e3:8.1f} ms/step  {tokens / best[mode]:10.0f} tokens/s  "
+        print(f"{mode:9s}: median {median[mode] * 1e3:7.1f} ms/step  {tokens / median[mode]:9.0f} tokens/s  "
               f"peak memory growth per rank [MiB]: {mib}")
-    ratio = best["ddp"] / best["hexiscale"]
-    print(f"throughput ratio hexiscale / ddp = {ratio:.3f} (target >= 0.95)")
+    print(f"throughput ratio hexiscale / ddp = {median['ddp'] / median['hexiscale']:.3f} (ratio of medians), "
+          f"{pair_ratio:.3f} (median of per-step ratios); target >= 0.95")
     return 0
 
 

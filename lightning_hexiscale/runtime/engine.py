@@ -93,7 +93,8 @@ class PipelineEngine:
         if zero_grad:
             for p in self.stage.parameters():
                 p.grad = None
-        pipeline_loss = self.executor.run(tok, tgt, self.loss_scale)
+        pipeline_loss = self.executor.run(tok, tgt, self.loss_scale,
+                                          self.grad_sync.arm if sync_grads else None)
         if sync_grads:
             self.grad_sync.sync()
         return global_loss(pipeline_loss, self.role, self._loss_device())

@@ -27,6 +27,7 @@ bytes on gloo); the send handles and buffers are kept until the end of the step 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -141,8 +142,12 @@ class PipelineExecutor:
         self._sends.clear()
 
     # ---- the step -----------------------------------------------------------------------
-    def run(self, tokens: torch.Tensor, targets: torch.Tensor, loss_scale: float) -> torch.Tensor:
+    def run(self, tokens: torch.Tensor, targets: torch.Tensor, loss_scale: float,
+            before_last_backward: Callable[[], None] | None = None) -> torch.Tensor:
         """Run the schedule on this pipeline's batch (B_i, S) of tokens and targets.
+
+        ``before_last_backward`` is called right before the last micro-batch's backward (the
+        gradient synchroniser arms its hooks there, to overlap communication with it).
 
         Returns the pipeline's summed scaled loss (a detached scalar) on last-stage ranks and 0
         elsewhere; see :func:`global_loss` for the value on every rank.
@@ -156,7 +161,8 @@ class PipelineExecutor:
         inputs: dict[int, torch.Tensor] = {}
         outputs: dict[int, torch.Tensor] = {}
         total = torch.zeros((), dtype=torch.float64)
-        for kind, i in schedule_ops(self.schedule, role.num_stages, role.stage, role.num_micro_batches):
+        ops = schedule_ops(self.schedule, role.num_stages, role.stage, role.num_micro_batches)
+        for n, (kind, i) in enumerate(ops):
             if kind == "F":
                 if role.is_first:
                     x = tok_mb[i].to(self.device)
@@ -174,6 +180,8 @@ class PipelineExecutor:
                 outputs[i] = out
             else:
                 out = outputs.pop(i)
+                if n == len(ops) - 1 and before_last_backward is not None:
+                    before_last_backward()
                 if role.is_last:
                     out.backward()
                 else:

@@ -51,22 +51,27 @@ def reference(config: LlamaConfig, global_batch: int, optimizer: str) -> tuple[l
 
 
 def _worker(rank: int, world: int, plan_dict: dict, config: LlamaConfig, optimizer: str,
-            dtype: torch.dtype = torch.float64, autocast_dtype: torch.dtype | None = None, steps: int = STEPS):
+            dtype: torch.dtype = torch.float64, autocast_dtype: torch.dtype | None = None, steps: int = STEPS,
+            bucket_cap_bytes: int = 4 * 2**20):
     plan = Plan.from_dict(plan_dict)
-    engine = PipelineEngine(plan, config, seed=SEED, dtype=dtype, autocast_dtype=autocast_dtype)
+    engine = PipelineEngine(plan, config, seed=SEED, dtype=dtype, autocast_dtype=autocast_dtype,
+                            bucket_cap_bytes=bucket_cap_bytes)
     opt = make_optimizer(optimizer, engine.parameters())
     losses = []
     for step in range(steps):
         tokens, targets = make_batch(config, plan.global_batch, step)
         losses.append(engine.train_step(tokens, targets))
         opt.step()
-    return {"losses": losses,
+    return {"losses": losses, "buckets": len(engine.grad_sync.dp_buckets),
+            "overlapped": engine.grad_sync.overlapped_buckets,
             "shards": {k: (t.clone(), d, s, e) for k, (t, d, s, e) in engine.local_shards().items()}}
 
 
-def check_equivalence(run_ranks, plan: Plan, config: LlamaConfig, optimizer: str = "sgd") -> None:
+def check_equivalence(run_ranks, plan: Plan, config: LlamaConfig, optimizer: str = "sgd",
+                      bucket_cap_bytes: int = 4 * 2**20) -> list[dict]:
     plan.validate(model=config)
-    results = run_ranks(plan.world_size, _worker, plan.to_dict(), config, optimizer)
+    results = run_ranks(plan.world_size, _worker, plan.to_dict(), config, optimizer, torch.float64, None, STEPS,
+                        bucket_cap_bytes)
     ref_losses, ref_state = reference(config, plan.global_batch, optimizer)
     for rank, res in enumerate(results):
         assert res["losses"] == pytest.approx(ref_losses, abs=ATOL), f"rank {rank} losses"
@@ -79,6 +84,7 @@ def check_equivalence(run_ranks, plan: Plan, config: LlamaConfig, optimizer: str
     init = Llama(config).to(torch.float64).init_weights(SEED).state_dict()
     moved = max((full[k] - init[k]).abs().max().item() for k in full)
     assert moved > 1e-3
+    return results
 
 
 def plan_of(pipelines: list[tuple[int, int, list[tuple[list[int], tuple[int, int]]]]], num_layers: int,
@@ -144,6 +150,17 @@ def test_equivalence_uneven_tp3_vs_tp2_pipelines(run_ranks, tiny_mha):
     different holder pairs, plus a two-stage TP-2 -> TP-3 hop (broadcast path)."""
     plan = plan_of([(2, 1, [([0, 1, 2], (0, 4))]), (2, 2, [([3, 4], (0, 2)), ([5, 6, 7], (2, 4))])], 4)
     check_equivalence(run_ranks, plan, tiny_mha, optimizer="adamw")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_equivalence_tiny_buckets_overlap_with_backward(run_ranks, tiny_mha, schedule):
+    """2 KiB buckets: dozens of buckets per holder group, most started from gradient hooks during
+    the last backward, in per-group order, across pipelines whose stages differ (TP 3 vs 2 stages)."""
+    plan = plan_of([(2, 1, [([0, 1, 2], (0, 4))]), (4, 2, [([3], (0, 1)), ([4], (1, 4))])], 4, schedule=schedule)
+    results = check_equivalence(run_ranks, plan, tiny_mha, bucket_cap_bytes=2048)
+    assert all(r["buckets"] > 20 for r in results)
+    assert all(r["overlapped"] > 0 for r in results)
 
 
 @pytest.mark.timeout(120)
