@@ -109,18 +109,17 @@ class GradSynchronizer:
 
     Overlap with backward: :meth:`arm` (called right before the last micro-batch's backward)
     registers post-accumulate-grad hooks; a bucket's all-reduce starts as soon as all its
-    gradients are final. Within one holder group, buckets always start in the same fixed order
-    (reverse parameter order, the order backward produces them; a bucket that becomes ready early
-    waits for its predecessors), so every member issues the group's collectives in the same order.
-    Different groups are independent communicators. :meth:`sync` starts what is left, waits, and
-    writes the sums back; it works with or without :meth:`arm`.
+    gradients are final AND all buckets before it in :attr:`dp_buckets` have started. That list is
+    in one global order (reverse parameter order, the order backward produces gradients), so every
+    rank issues its collectives consistently with it whatever its stage layout. :meth:`sync` starts
+    what is left, waits, and writes the sums back; it works with or without :meth:`arm`.
     """
 
     def __init__(self, stage: StageModule, topology: Topology, bucket_cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES):
         self.stage, self.topology = stage, topology
         role = topology.role
         self.params = dict(stage.named_parameters())
-        shards = stage.shards()
+        self._shards = shards = stage.shards()
         self.enabled = topology.plan.num_pipelines > 1
         per_group: dict[tuple[int, ...], list[Item]] = {}
         for seg in sync_segments(topology.plan, topology.config):
@@ -128,9 +127,14 @@ class GradSynchronizer:
                 continue
             local_start = seg.start - shards[seg.name].start if seg.shard_dim is not None else 0
             per_group.setdefault(seg.ranks, []).append((seg.name, seg.shard_dim, local_start, seg.end - seg.start))
-        # Buckets per group in reverse canonical order = launch order.
-        self.dp_buckets: list[tuple[tuple[int, ...], list[Item]]] = [
-            (ranks, b) for ranks in sorted(per_group) for b in self._pack(per_group[ranks][::-1], bucket_cap_bytes)]
+        # Pack each group's items in reverse canonical order (the order backward finishes them), then
+        # order ALL buckets by a key every member computes alike: (canonical position of the bucket's
+        # first item, descending; holder ranks). Each rank starts its buckets as a prefix of that
+        # order, so all ranks issue their collectives consistently with one global order: safe for
+        # communicators that must not interleave (NCCL) and deadlock-free.
+        self._position = {spec.name: i for i, spec in enumerate(param_specs(topology.config))}
+        buckets = [(ranks, b) for ranks in per_group for b in self._pack(per_group[ranks][::-1], bucket_cap_bytes)]
+        self.dp_buckets: list[tuple[tuple[int, ...], list[Item]]] = sorted(buckets, key=self._order_key)
         self._param_buckets: dict[str, list[int]] = {}
         for i, (_, items) in enumerate(self.dp_buckets):
             for name in {it[0] for it in items}:
@@ -143,6 +147,14 @@ class GradSynchronizer:
         self.overlapped_buckets = 0
         """Diagnostics: buckets of the last :meth:`sync` that started during backward."""
         self._reset()
+
+    def _order_key(self, bucket: tuple[tuple[int, ...], list[Item]]) -> tuple:
+        """(-canonical index of the first item's parameter, -its GLOBAL start, holder ranks): equal on
+        every member of the bucket's group, because the members pack the same items alike."""
+        ranks, items = bucket
+        name, dim, local_start, _ = items[0]
+        global_start = local_start + (self._shards[name].start if dim is not None else 0)
+        return (-self._position[name], -global_start, ranks)
 
     def _reset(self) -> None:
         self._missing = [len({it[0] for it in items}) for _, items in self.dp_buckets]
@@ -191,15 +203,13 @@ class GradSynchronizer:
         self._start_in_order(only_ready=True)
 
     def _start_in_order(self, only_ready: bool) -> None:
-        """Start buckets in list order within each group; with ``only_ready`` stop at the first
-        bucket of a group whose gradients are not all final yet."""
-        blocked: set[tuple[int, ...]] = set()
+        """Start buckets in list order; with ``only_ready`` stop at the first bucket whose
+        gradients are not all final yet (later ones wait, to keep the global order)."""
         for i, (ranks, items) in enumerate(self.dp_buckets):
-            if i in self._started or ranks in blocked:
+            if i in self._started:
                 continue
             if only_ready and i not in self._ready:
-                blocked.add(ranks)
-                continue
+                return
             flat = self._flat(items)
             work = dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.topology.group(ranks), async_op=True)
             self._started[i] = (work, flat)

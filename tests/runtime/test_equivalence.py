@@ -62,7 +62,10 @@ def _worker(rank: int, world: int, plan_dict: dict, config: LlamaConfig, optimiz
         tokens, targets = make_batch(config, plan.global_batch, step)
         losses.append(engine.train_step(tokens, targets))
         opt.step()
-    return {"losses": losses, "buckets": len(engine.grad_sync.dp_buckets),
+    gs = engine.grad_sync
+    layout = [(ranks, gs._order_key((ranks, items)), sum(gs._view(*it).numel() for it in items))
+              for ranks, items in gs.dp_buckets]
+    return {"losses": losses, "buckets": len(gs.dp_buckets), "bucket_layout": layout,
             "overlapped": engine.grad_sync.overlapped_buckets,
             "shards": {k: (t.clone(), d, s, e) for k, (t, d, s, e) in engine.local_shards().items()}}
 
@@ -161,6 +164,14 @@ def test_equivalence_tiny_buckets_overlap_with_backward(run_ranks, tiny_mha, sch
     results = check_equivalence(run_ranks, plan, tiny_mha, bucket_cap_bytes=2048)
     assert all(r["buckets"] > 20 for r in results)
     assert all(r["overlapped"] > 0 for r in results)
+    # Every member of a holder group sees the same buckets (key, size) in the same order.
+    by_group: dict = {}
+    for rank, r in enumerate(results):
+        for ranks, key, numel in r["bucket_layout"]:
+            by_group.setdefault(ranks, {}).setdefault(rank, []).append((key, numel))
+    for ranks, members in by_group.items():
+        assert sorted(members) == list(ranks)
+        assert all(seq == members[ranks[0]] for seq in members.values()), ranks
 
 
 @pytest.mark.timeout(120)
