@@ -256,7 +256,36 @@ def _main(cfg: DictConfig) -> int:
     return code
 
 
+def check_overrides(argv: list[str]) -> None:
+    """Compose the command line's overrides with the project's own composer before Hydra does.
+
+    Hydra reports an unknown preset (``cluster=nope``) or key with a traceback hint and exit status
+    1, before any code of ours runs; :func:`compose` raises a ConfigError that names the key, the
+    value, the rule and the available presets. A multirun sweep (``cluster=a,b``) is checked one
+    value at a time, the other keys at their first value.
+    """
+    from lightning_hexiscale.config import compose
+
+    args = [a for a in argv if not a.startswith("-") and "=" in a and not a.lstrip("+~").startswith("hydra.")]
+    multirun = any(a in ("-m", "--multirun") for a in argv)
+    if not multirun:
+        compose(args)
+        return
+    first = [a.split("=", 1)[0] + "=" + a.split("=", 1)[1].split(",")[0] for a in args]
+    for i, a in enumerate(args):
+        key, value = a.split("=", 1)
+        for v in value.split(",") if "," in value else []:
+            compose(first[:i] + [f"{key}={v}"] + first[i + 1:])
+    compose(first)
+
+
 def main() -> int:
+    if "LOCAL_RANK" not in os.environ:  # popen children re-run this script; the launcher checked already
+        try:
+            check_overrides(sys.argv[1:])
+        except HexiScaleError as e:
+            print(f"recipes/train.py: error: {e}", file=sys.stderr)
+            return EXIT_CONFIG
     _main()
     return max(_STATUS, default=EXIT_CONFIG)
 
