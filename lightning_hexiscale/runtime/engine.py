@@ -85,15 +85,21 @@ class PipelineEngine:
         return tokens[self.role.batch_offset:self.role.batch_offset + self.role.batch_size]
 
     def train_step(self, tokens: torch.Tensor, targets: torch.Tensor, *, zero_grad: bool = True,
-                   sync_grads: bool = True) -> float:
+                   sync_grads: bool = True, loss_scale_factor: float = 1.0) -> float:
         """Forward + backward of one global batch (G, S) of tokens and targets; returns the global
-        mean loss (same value on every rank). With ``zero_grad`` the local grads are reset first;
-        with ``sync_grads`` they are summed across pipelines at the end (collective)."""
+        mean loss (same value on every rank).
+
+        With ``zero_grad`` the local grads are reset first; with ``sync_grads`` they are summed
+        across pipelines at the end (collective). To accumulate k global batches per optimizer
+        step, call with ``zero_grad`` only on the first, ``sync_grads`` only on the last and
+        ``loss_scale_factor=1/k`` on all: the gradients are then the mean over the k batches, and
+        the returned losses (scaled alike) sum to the mean loss.
+        """
         tok, tgt = self.local_batch(tokens), self.local_batch(targets)
         if zero_grad:
             for p in self.stage.parameters():
                 p.grad = None
-        pipeline_loss = self.executor.run(tok, tgt, self.loss_scale,
+        pipeline_loss = self.executor.run(tok, tgt, self.loss_scale * loss_scale_factor,
                                           self.grad_sync.arm if sync_grads else None)
         if sync_grads:
             self.grad_sync.sync()

@@ -201,7 +201,8 @@ class StageModule(nn.Module):
 def build_stage(model: Llama, layers: tuple[int, int], is_first: bool, is_last: bool, tp: int, tp_rank: int,
                 tp_group: ProcessGroup | None, *, device: torch.device | str = "cpu",
                 dtype: torch.dtype = torch.float32, recompute: bool = False, seed: int | None = 0) -> StageModule:
-    """This rank's :class:`StageModule`, cut out of ``model`` (a :class:`Llama` on the meta device).
+    """This rank's :class:`StageModule`, cut out of ``model`` (a :class:`Llama` on the meta device;
+    its blocks are modified in place and reused, so build a fresh meta model per stage).
 
     Only the local shards are materialised, on ``device`` in ``dtype``. With ``seed`` they are
     initialised to the slices of :func:`init_tensor` (bit-identical to ``Llama.init_weights(seed)``);

@@ -125,8 +125,9 @@ def test_equivalence_paper_fig1_bottom(run_ranks, tiny_gqa):
 
 @pytest.mark.timeout(120)
 def test_equivalence_equal_tp_scatter_gather(run_ranks, tiny_gqa):
-    """(4) Two adjacent stages with TP 2 each: activations and gradients take the scatter/gather path."""
-    plan = plan_of([(4, 2, [([0, 1], (0, 1)), ([2, 3], (1, 4))])], 4)
+    """(4) Two adjacent stages with TP 2 each: activations and gradients take the scatter/gather path
+    (GPipe, recomputation re-running the TP all-reduces in backward)."""
+    plan = plan_of([(4, 2, [([0, 1], (0, 1)), ([2, 3], (1, 4))])], 4, schedule="gpipe", recompute=True)
     check_equivalence(run_ranks, plan, tiny_gqa)
 
 
@@ -150,8 +151,9 @@ def test_equivalence_uneven_head_split_tp3(run_ranks, tiny_mha):
 @pytest.mark.timeout(120)
 def test_equivalence_uneven_tp3_vs_tp2_pipelines(run_ranks, tiny_mha):
     """(6b) TP 3 vs TP 2 on the same layers: segments [0,2u) [2u,3u) [3u,4u) held by three
-    different holder pairs, plus a two-stage TP-2 -> TP-3 hop (broadcast path)."""
-    plan = plan_of([(2, 1, [([0, 1, 2], (0, 4))]), (2, 2, [([3, 4], (0, 2)), ([5, 6, 7], (2, 4))])], 4)
+    different holder pairs, plus a two-stage TP-2 -> TP-3 hop (broadcast path); 8 ranks, recompute."""
+    plan = plan_of([(2, 1, [([0, 1, 2], (0, 4))]), (2, 2, [([3, 4], (0, 2)), ([5, 6, 7], (2, 4))])], 4,
+                   recompute=True)
     check_equivalence(run_ranks, plan, tiny_mha, optimizer="adamw")
 
 
@@ -172,6 +174,33 @@ def test_equivalence_tiny_buckets_overlap_with_backward(run_ranks, tiny_mha, sch
     for ranks, members in by_group.items():
         assert sorted(members) == list(ranks)
         assert all(seq == members[ranks[0]] for seq in members.values()), ranks
+
+
+def _accumulate_worker(rank: int, world: int, plan_dict: dict, config: LlamaConfig, k: int):
+    plan = Plan.from_dict(plan_dict)
+    engine = PipelineEngine(plan, config, seed=SEED, dtype=torch.float64)
+    opt = make_optimizer("sgd", engine.parameters())
+    losses = []
+    for step in range(STEPS):
+        tokens, targets = make_batch(config, k * plan.global_batch, step)
+        parts = zip(tokens.split(plan.global_batch), targets.split(plan.global_batch))
+        losses.append(sum(engine.train_step(t, y, zero_grad=j == 0, sync_grads=j == k - 1, loss_scale_factor=1 / k)
+                          for j, (t, y) in enumerate(parts)))
+        opt.step()
+    return {"losses": losses, "shards": {n: (t.clone(), d, s, e) for n, (t, d, s, e) in engine.local_shards().items()}}
+
+
+@pytest.mark.timeout(120)
+def test_equivalence_accumulation_over_global_batches(run_ranks, tiny_gqa):
+    """Three global batches per optimizer step (sync only on the last) == one step on the 3x batch."""
+    plan = plan_of([(2, 1, [([0, 1], (0, 4))]), (1, 1, [([2], (0, 2)), ([3], (2, 4))])], 4)
+    results = run_ranks(plan.world_size, _accumulate_worker, plan.to_dict(), tiny_gqa, 3)
+    ref_losses, ref_state = reference(tiny_gqa, 3 * plan.global_batch, "sgd")
+    for res in results:
+        assert res["losses"] == pytest.approx(ref_losses, abs=ATOL)
+        for name, (t, dim, start, end) in res["shards"].items():
+            want = ref_state[name] if dim is None else ref_state[name].narrow(dim, start, end - start)
+            assert (t - want).abs().max().item() < ATOL, name
 
 
 @pytest.mark.timeout(120)
