@@ -1,0 +1,26 @@
+"""recipes/bench_runtime.py runs end to end (tiny sizes) and prints the ratio and memory lines."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "bench_runtime.py"
+
+
+def test_help():
+    out = subprocess.run([sys.executable, str(RECIPE), "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "DistributedDataParallel" in out.stdout
+
+
+@pytest.mark.timeout(120)
+def test_tiny_run_prints_ratio_and_memory():
+    args = ["--hidden", "32", "--layers", "1", "--heads", "2", "--vocab", "64", "--seq", "16", "--batch", "2",
+            "--micro-batch", "1", "--steps", "2", "--warmup", "0", "--mem-steps", "1"]
+    out = subprocess.run([sys.executable, str(RECIPE), *args], capture_output=True, text=True, timeout=110)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "throughput ratio hexiscale / ddp" in out.stdout
+    assert out.stdout.count("peak memory growth per rank") == 2
