@@ -91,14 +91,47 @@ class PlanBatchSampler(Sampler[list[int]]):
         self.batch_sizes, self.pipeline, self.drop_last = list(batch_sizes), pipeline, drop_last
         self.global_batch = sum(batch_sizes)
         self.sampler = _EpochPermutation(num_samples, shuffle, seed)
+        self.consumed = 0
+        """Global batches of the current epoch the training loop has taken (the strategy counts them
+        in ``training_step``: the sampler itself runs ahead by Lightning's prefetch)."""
+        self._resume_at = 0
 
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
 
+    # ---- mid-epoch resume ----------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Where the epoch stands, in global batches: plan-independent (another plan with the same
+        global batch resumes at the same window of the same permutation)."""
+        s = self.sampler
+        return {"epoch": s.epoch, "batches": self.consumed, "global_batch": self.global_batch,
+                "num_samples": s.num_samples, "shuffle": s.shuffle, "seed": s.seed}
+
+    def load_state_dict(self, state: dict) -> None:
+        """The next iteration starts at global batch ``state["batches"]`` of the saved epoch."""
+        batches = int(state.get("batches", 0))
+        if not 0 < batches < len(self):
+            return  # saved at an epoch boundary: the next epoch starts from its first batch anyway
+        s = self.sampler
+        now = {"global_batch": self.global_batch, "num_samples": s.num_samples, "shuffle": s.shuffle, "seed": s.seed}
+        changed = [k for k in now if k in state and state[k] != now[k]]
+        if changed:
+            k = changed[0]
+            raise ConfigError(f"resume: data {k}", now[k],
+                              f"the checkpoint was saved {batches} global batches into an epoch with {k}="
+                              f"{state[k]!r}, so its position means nothing here",
+                              f"resume with the same data, global batch and seed, or from an end-of-epoch checkpoint")
+        self._resume_at = batches
+
     def __iter__(self) -> Iterator[list[int]]:
         perm = list(self.sampler)
         g = self.global_batch
-        for start in range(0, len(perm), g):
+        # A resumed epoch skips the windows already trained on; the skip is cleared once the first
+        # batch is produced, so an iterator Lightning creates and drops before training keeps it.
+        first = self._resume_at
+        self.consumed = first
+        for start in range(first * g, len(perm), g):
+            self._resume_at = 0
             window = perm[start:start + g]
             sizes = self.batch_sizes if len(window) == g else split_proportional(len(window), self.batch_sizes)
             if len(window) < g and (self.drop_last or min(sizes) == 0):
@@ -111,6 +144,22 @@ class PlanBatchSampler(Sampler[list[int]]):
         if rest and not self.drop_last and min(split_proportional(rest, self.batch_sizes)) > 0:
             return full + 1
         return full
+
+
+class PlanDataLoader(DataLoader):
+    """A DataLoader over a :class:`PlanBatchSampler` that Lightning can save and restore mid-epoch.
+
+    Lightning restarts a DataLoader without ``state_dict`` / ``load_state_dict`` from its first
+    batch when resuming a checkpoint saved mid-epoch (the batches seen before the save are seen
+    twice, those after it never); with them, its fit loop stores the state in the checkpoint and
+    loads it before the resumed epoch starts, so the run continues at the next global batch.
+    """
+
+    def state_dict(self) -> dict:
+        return self.batch_sampler.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.batch_sampler.load_state_dict(state)
 
 
 def loader_shuffles(loader: DataLoader) -> bool:
@@ -156,7 +205,7 @@ def plan_dataloader(loader: DataLoader, batch_sizes: Sequence[int], pipeline: in
                           "needs at least one sample per batch", f"use a batch size of at least {len(sizes)}")
     sampler = PlanBatchSampler(len(loader.dataset), sizes, pipeline, shuffle=loader_shuffles(loader),
                                seed=seed, drop_last=drop_last or loader.drop_last)
-    return DataLoader(loader.dataset, batch_sampler=sampler, num_workers=loader.num_workers,
+    return PlanDataLoader(loader.dataset, batch_sampler=sampler, num_workers=loader.num_workers,
                       collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
                       worker_init_fn=loader.worker_init_fn, persistent_workers=loader.persistent_workers,
                       multiprocessing_context=loader.multiprocessing_context if loader.num_workers else None)

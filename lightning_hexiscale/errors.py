@@ -32,3 +32,16 @@ class PlanError(ConfigError):
 
 class InfeasiblePlan(HexiScaleError):
     """No plan fits: the message says what is missing (e.g. memory needed vs available)."""
+
+
+class TrainingFailure(HexiScaleError):
+    """A running job stopped: every rank raises it (or exits) together, the message says why and
+    where. Not a configuration error: recipes/train.py exits with status 4 for it."""
+
+
+class NonFiniteError(TrainingFailure):
+    """A non-finite loss or gradient, with ``nonfinite='stop'``: the message names the step and the ranks."""
+
+
+class RankFailure(TrainingFailure):
+    """Another rank failed or stopped responding: the message names it when it can be known."""

@@ -26,7 +26,9 @@ Checkpoints are plan-independent (:mod:`lightning_hexiscale.runtime.checkpoint`)
 from __future__ import annotations
 
 import os
+import sys
 import types
+import uuid
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -39,13 +41,14 @@ from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from lightning.fabric.utilities.optimizer import _optimizer_to_device, _optimizers_to_device
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from lightning_hexiscale.cluster import Cluster
-from lightning_hexiscale.errors import ConfigError
+from lightning_hexiscale.errors import ConfigError, NonFiniteError
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.models.llama import Llama
 from lightning_hexiscale.pipeline_model import PipelineModel
@@ -53,6 +56,7 @@ from lightning_hexiscale.planner.plan import DP_SHARDINGS, SCHEDULES, Plan
 from lightning_hexiscale.strategy_plan import describe_local_devices, plan_for
 
 StartMethod = Literal["popen", "spawn", "fork", "forkserver"]
+NONFINITE_POLICIES = ("skip", "stop")
 
 
 class HexiScaleStrategy(DDPStrategy):
@@ -76,7 +80,17 @@ class HexiScaleStrategy(DDPStrategy):
             ``spawn``, ``fork``. Under torchrun or SLURM the cluster environment launches instead.
         num_threads: intra-op threads per process on CPU; ``"auto"`` = cores // local processes.
         check_devices: refuse to run a plan made for GPU types on CPU (or vice versa).
-        process_group_backend / timeout / accelerator / parallel_devices / cluster_environment /
+        nonfinite: what to do when the loss or a gradient is not finite on any rank (checked on every
+            optimizer step, all ranks agree): ``"stop"`` raises :class:`NonFiniteError` naming the
+            step and the ranks; ``"skip"`` drops the update (the step still counts: data and LR
+            schedule move on, as with a loss scaler's skipped step) and records it in
+            ``nonfinite_events``.
+        timeout: process-group timeout of every collective and p2p wait (a ``timedelta`` or
+            seconds): a rank waiting on a dead or hung peer raises after this long.
+        watchdog: run :class:`~lightning_hexiscale.runtime.failure.FailureWatch` (heartbeats over the
+            rendezvous store): when a rank fails, every rank stops within ``watchdog_grace_s`` seconds
+            more (exit status 4) and says which rank failed.
+        process_group_backend / accelerator / parallel_devices / cluster_environment /
         checkpoint_io / precision_plugin: as for ``DDPStrategy``.
     """
 
@@ -87,9 +101,18 @@ class HexiScaleStrategy(DDPStrategy):
                  schedule: str | None = None, recompute: bool | None = None, dp_sharding: str | None = None,
                  seed: int | None = None, planner_iterations: int = 20, start_method: StartMethod = "popen",
                  num_threads: int | Literal["auto"] = "auto", check_devices: bool = True,
-                 process_group_backend: str | None = None, timeout: timedelta | None = default_pg_timeout,
+                 nonfinite: Literal["skip", "stop"] = "stop", watchdog: bool = True, watchdog_grace_s: float = 5.0,
+                 process_group_backend: str | None = None, timeout: timedelta | float | None = default_pg_timeout,
                  accelerator=None, parallel_devices=None, cluster_environment=None, checkpoint_io=None,
                  precision_plugin=None) -> None:
+        if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+            if timeout <= 0:
+                raise ConfigError("HexiScaleStrategy(timeout)", timeout, "must be a positive number of seconds",
+                                  "use e.g. timeout=600")
+            timeout = timedelta(seconds=float(timeout))
+        if nonfinite not in NONFINITE_POLICIES:
+            raise ConfigError("HexiScaleStrategy(nonfinite)", nonfinite, f"must be one of {NONFINITE_POLICIES}",
+                              "use 'stop' (raise) or 'skip' (drop the update)")
         super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
                          cluster_environment=cluster_environment, checkpoint_io=checkpoint_io,
                          precision_plugin=precision_plugin, process_group_backend=process_group_backend,
@@ -123,6 +146,12 @@ class HexiScaleStrategy(DDPStrategy):
         self.plan: Plan | None = plan if isinstance(plan, Plan) else None
         self._pipeline_model: PipelineModel | None = None
         self._saved_clip: Callable | None = None
+        self.nonfinite = nonfinite
+        self.nonfinite_events: list[dict[str, Any]] = []
+        """One entry per optimizer step with a non-finite loss or gradient (the same on every rank)."""
+        self.watchdog, self.watchdog_grace_s = watchdog, float(watchdog_grace_s)
+        self._watch = None
+        self._train_sampler = None
 
     # ---- environment -----------------------------------------------------------------------
     @override
@@ -183,6 +212,16 @@ class HexiScaleStrategy(DDPStrategy):
         self._install_global_clipping()
         if fitting:
             _optimizers_to_device(self.optimizers, self.root_device)
+        self._start_watch()
+
+    def _start_watch(self) -> None:
+        """One FailureWatch per run (a token from rank 0 keeps earlier runs' keys out)."""
+        if not self.watchdog or self._watch is not None or self.world_size < 1 or not dist.is_initialized():
+            return
+        from lightning_hexiscale.runtime.failure import FailureWatch
+
+        token = self.broadcast(uuid.uuid4().hex[:12] if self.global_rank == 0 else None, 0)
+        self._watch = FailureWatch(self.global_rank, self.world_size, token, grace_s=self.watchdog_grace_s).start()
 
     def _build_pipeline_model(self, module, trainer) -> PipelineModel:
         from lightning_hexiscale.runtime.engine import PipelineEngine
@@ -286,18 +325,56 @@ class HexiScaleStrategy(DDPStrategy):
         # Same rule as Lightning's zero_grad_fn, which _skip_backward disables.
         if trainer.fit_loop.epoch_loop.batch_idx % trainer.accumulate_grad_batches == 0:
             self.pipeline_model.zero_grad_local()
+        if self._train_sampler is not None:
+            self._train_sampler.consumed += 1  # the loader's resume position (data.PlanDataLoader)
         return super().training_step(*args, **kwargs)
 
     @override
     def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any], model=None, **kwargs: Any) -> Any:
         engine = self.pipeline_model.engine
 
-        def closure_then_sync():
+        # The closure (forward, backward, sync) runs here rather than inside optimizer.step, so that a
+        # non-finite step can be dropped before Lightning's hooks, clipping and the update see it.
+        with torch.enable_grad():
             out = closure()
-            engine.grad_sync.sync()  # SUM across pipelines = the global-mean gradient
+        engine.grad_sync.sync()  # SUM across pipelines = the global-mean gradient
+        if not self._all_finite(out):
             return out
+        return super().optimizer_step(optimizer, lambda: out, model, **kwargs)
 
-        return super().optimizer_step(optimizer, closure_then_sync, model, **kwargs)
+    @torch.no_grad()
+    def _all_finite(self, loss: Any) -> bool:
+        """Every rank's loss and gradients finite? One all-reduce of a per-rank code (1: loss, 2: a
+        gradient, 3: both) so that every rank takes the same decision and names the same ranks."""
+        local = 0
+        if torch.is_tensor(loss) and not bool(torch.isfinite(loss).all()):
+            local |= 1
+        grads = [p.grad for p in self.pipeline_model.stage.parameters() if p.grad is not None]
+        if grads and not bool(torch.stack([torch.isfinite(g).all() for g in grads]).all()):
+            local |= 2
+        codes = torch.zeros(self.world_size, dtype=torch.float32, device=self.pipeline_model.engine._loss_device())
+        codes[self.global_rank] = local
+        if self.world_size > 1:
+            dist.all_reduce(codes, op=dist.ReduceOp.SUM)
+        bad = {r: int(c) for r, c in enumerate(codes.tolist()) if c}
+        if not bad:
+            return True
+        trainer = self.lightning_module.trainer
+        what = " and ".join(w for bit, w in ((1, "loss"), (2, "gradients")) if any(c & bit for c in bad.values()))
+        event = {"step": trainer.global_step, "epoch": trainer.current_epoch,
+                 "batch": trainer.fit_loop.epoch_loop.batch_idx, "ranks": sorted(bad), "what": what,
+                 "action": self.nonfinite}
+        self.nonfinite_events.append(event)
+        where = (f"non-finite {what} at optimizer step {event['step']} (epoch {event['epoch']}, batch "
+                 f"{event['batch']}) on rank(s) {event['ranks']}")
+        if self.nonfinite == "stop":
+            raise NonFiniteError(f"{where}; stopping (nonfinite='stop'). Fix: lower the learning rate, enable "
+                                 f"gradient clipping, check the data of that batch, or pass nonfinite='skip' to drop "
+                                 f"such steps")
+        if self.global_rank == 0:
+            rank_zero_warn(f"{where}; the update is skipped (nonfinite='skip')")
+        self.pipeline_model.zero_grad_local()
+        return False
 
     @override
     def backward(self, closure_loss: torch.Tensor, optimizer: Optimizer | None, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -347,6 +424,18 @@ class HexiScaleStrategy(DDPStrategy):
                     p.grad.mul_(coef)
         return norm
 
+    # ---- failures --------------------------------------------------------------------------
+    @override
+    def on_exception(self, exception: BaseException) -> None:
+        """Report this rank's failure to the others and say on stderr which rank failed first."""
+        super().on_exception(exception)
+        if self._watch is None or isinstance(exception, (KeyboardInterrupt, NonFiniteError)):
+            return  # non-finite steps stop every rank together by design: nothing to tell
+        self._watch.report(exception)
+        why = self._watch.explain()
+        sys.stderr.write(f"hexiscale: rank {self.global_rank} stopped by {_short_exc(exception)}; {why}\n")
+        sys.stderr.flush()
+
     # ---- data ----------------------------------------------------------------------------
     @override
     def process_dataloader(self, dataloader: object) -> object:
@@ -359,9 +448,12 @@ class HexiScaleStrategy(DDPStrategy):
         trainer = self.lightning_module.trainer
         training = bool(trainer.training)
         assert self.plan is not None
-        return plan_dataloader(dataloader, [p.batch_size for p in self.plan.pipelines],
-                               self.pipeline_model.engine.role.pipeline, seed=self.seed, drop_last=training,
-                               key="train_dataloader" if training else "eval_dataloader")
+        loader = plan_dataloader(dataloader, [p.batch_size for p in self.plan.pipelines],
+                                 self.pipeline_model.engine.role.pipeline, seed=self.seed, drop_last=training,
+                                 key="train_dataloader" if training else "eval_dataloader")
+        if training:
+            self._train_sampler = loader.batch_sampler
+        return loader
 
     # ---- checkpoints (plan-independent; see runtime/checkpoint.py) ------------------------
     @property
@@ -433,6 +525,9 @@ class HexiScaleStrategy(DDPStrategy):
     # ---- teardown ------------------------------------------------------------------------
     @override
     def teardown(self) -> None:
+        if self._watch is not None:
+            self._watch.stop()
+            self._watch = None
         if self._saved_clip is not None:
             self.precision_plugin.__dict__.pop("clip_grad_by_norm", None)  # back to the class method
             self._saved_clip = None
@@ -456,3 +551,8 @@ def find_llama(module) -> Llama:
                           "finds it as self.model (or self.llama())",
                           "build it in configure_model: self.model = Llama(config)")
     return llama
+
+
+def _short_exc(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]

@@ -1,0 +1,129 @@
+"""Nothing is lost: a job killed after step k resumes from its last checkpoint and ends with exactly
+the parameters of an uninterrupted run (data order mid-epoch, AdamW state and the warm-up schedule
+included); a crash in the middle of a save leaves the previous checkpoint loadable and the partial
+one refused.
+
+Plan A (4 ranks: a TP-2 pipeline next to a two-stage pipeline), float64, a shuffled loader of 5
+global batches per epoch, 8 steps: the kill at step 3 is mid-epoch and the run crosses an epoch
+boundary after the resume. Ranks are forked (strategy_helpers); a rank that calls ``os._exit``
+takes the launcher down, as a killed job would.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from strategy_helpers import TINY, hexiscale_trainer, module, plan_of, read_ranks
+from torch.utils.data import DataLoader
+
+from lightning_hexiscale.data import generated_corpus
+from lightning_hexiscale.errors import ConfigError
+from lightning_hexiscale.runtime import checkpoint as ckpt
+
+PLAN = plan_of([(4, 2, [([0, 1], (0, 4))]), (2, 1, [([2], (0, 2)), ([3], (2, 4))])])
+G, STEPS, KILL_AT = 6, 8, 3
+
+
+def shuffled_loader() -> DataLoader:
+    return DataLoader(generated_corpus(G * 5, TINY.seq_len, seed=1), batch_size=G, shuffle=True)
+
+
+class KillAt(Callback):
+    """Every rank dies (``os._exit``, no cleanup) when batch ``step`` starts: after the checkpoint of
+    step ``step`` was written, before anything of the next step."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        if trainer.global_step == self.step:
+            os._exit(17)
+
+
+class CrashDuringSave(Callback):
+    """At step ``step``, the stage leaders write one file of the checkpoint and then die."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if trainer.global_step != self.step:
+            return
+        real = ckpt._write_units
+
+        def write_then_die(tmp, stage, gathered, with_optim):
+            real(tmp, stage, gathered, with_optim)
+            os._exit(18)
+
+        ckpt._write_units = write_then_die
+
+
+def every_step(dirpath) -> ModelCheckpoint:
+    return ModelCheckpoint(dirpath=str(dirpath), save_last=True, save_top_k=0, every_n_train_steps=1)
+
+
+@pytest.mark.timeout(120)
+def test_killed_job_resumes_exactly(tmp_path):
+    ref_dir, run_dir, res_dir, ck = (tmp_path / d for d in ("ref", "run", "resumed", "ck"))
+    for d in (ref_dir, run_dir, res_dir):
+        d.mkdir()
+    kw = dict(max_steps=STEPS, gradient_clip_val=0.5)
+    hexiscale_trainer(PLAN, ref_dir, **kw).fit(module(warmup_steps=4), shuffled_loader())
+    ref = read_ranks(ref_dir, PLAN.world_size)
+
+    with pytest.raises(Exception):  # the launcher reports the exit of its children
+        hexiscale_trainer(PLAN, run_dir, callbacks=[every_step(ck), KillAt(KILL_AT)], enable_checkpointing=True,
+                          **kw).fit(module(warmup_steps=4), shuffled_loader())
+    last = ck / "last.ckpt"
+    meta = ckpt.read_meta(last)
+    assert meta["global_step"] == KILL_AT
+    # Lightning stored the loader's position: 3 of the epoch's 5 global batches were trained on.
+    assert meta["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]["batches"] == KILL_AT
+
+    hexiscale_trainer(PLAN, res_dir, **kw).fit(module(warmup_steps=4), shuffled_loader(), ckpt_path=str(last))
+    resumed = read_ranks(res_dir, PLAN.world_size)
+    for rank, (r, want) in enumerate(zip(resumed, ref)):
+        assert r["losses"] == pytest.approx(want["losses"][KILL_AT:], abs=1e-12), f"rank {rank}: losses"
+        for name, (t, *_rest) in r["shards"].items():
+            err = (t - want["shards"][name][0]).abs().max().item()
+            assert err < 1e-12, f"rank {rank}: {name} differs by {err:.3g} from the uninterrupted run"
+
+
+@pytest.mark.timeout(90)
+def test_crash_during_save_keeps_the_last_good_checkpoint(tmp_path):
+    run_dir, ck = tmp_path / "run", tmp_path / "ck"
+    run_dir.mkdir()
+    with pytest.raises(Exception):
+        hexiscale_trainer(PLAN, run_dir, callbacks=[every_step(ck), CrashDuringSave(2)], enable_checkpointing=True,
+                          max_steps=4).fit(module(), shuffled_loader())
+    last = ck / "last.ckpt"
+    assert ckpt.read_meta(last)["global_step"] == 1  # the save of step 2 never replaced it
+    state = ckpt.load_llama_state_dict(last)
+    assert all(torch.isfinite(v).all() for v in state.values())
+    partial = list(ck.glob("last.ckpt.tmp-*"))
+    assert len(partial) == 1, list(ck.iterdir())
+    with pytest.raises(ConfigError, match="partial checkpoint: the COMPLETE marker is missing"):
+        ckpt.read_meta(partial[0])
+
+
+def test_sampler_position_is_plan_independent_and_checked():
+    from lightning_hexiscale.data import PlanBatchSampler
+
+    a = PlanBatchSampler(60, [4, 2], 0, shuffle=True, seed=3)
+    a.set_epoch(1)
+    a.consumed = 4
+    state = a.state_dict()
+    # Another plan with the same global batch continues at the same window of the same permutation.
+    b = PlanBatchSampler(60, [3, 3], 1, shuffle=True, seed=3)
+    b.set_epoch(1)
+    b.load_state_dict(state)
+    full = PlanBatchSampler(60, [6], 0, shuffle=True, seed=3)
+    full.set_epoch(1)
+    windows = list(full)
+    assert list(b) == [w[3:6] for w in windows[4:]]
+    assert len(list(b)) == len(windows)  # the skip applies to one epoch only
+    with pytest.raises(ConfigError, match="global_batch"):
+        PlanBatchSampler(60, [4, 4], 0, shuffle=True, seed=3).load_state_dict(state)
