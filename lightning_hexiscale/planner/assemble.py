@@ -53,10 +53,16 @@ class Evaluator:
         self._options: dict[tuple, list[list[tuple[int, ...]]]] = {}
         self._drafts: dict[tuple, PipeDraft | None] = {}
         self._caps: dict[tuple, int] = {}
-        self._choices: dict[tuple, tuple[tuple[int, ...], bool]] = {}
+        self._group_sig: dict[tuple[int, ...], bytes] = {}
+        self._choices: dict[tuple, tuple[tuple[int, ...], int]] = {}
         self.reuse_choices = cluster.num_devices > 64
         """Beyond 64 devices a structure's intra-group strategies are chosen once (first micro-batch
         size and sharding tried) and reused, to bound the search time; see :func:`draft_pipeline`."""
+
+    def group_signature(self, group: tuple[int, ...]) -> bytes:
+        if group not in self._group_sig:
+            self._group_sig[group] = self.signature([group])
+        return self._group_sig[group]
 
     def signature(self, groups: list[tuple[int, ...]]) -> bytes:
         """Digest of everything a pipeline's draft depends on, device for device in group order:
@@ -128,14 +134,16 @@ class Evaluator:
     # ---- intra-group strategies and order ------------------------------------------------------
     def group_options(self, group: tuple[int, ...]) -> list[list[tuple[int, ...]]]:
         """Intra-group strategies: the group's devices split per machine, each machine part cut into
-        consecutive TP groups of t (the last may be smaller), t a power of two or a divisor of the
-        part, t <= KV heads. Returned as stage lists in execution order."""
+        consecutive TP groups of t (the last may be smaller: 4 GPUs with t = 3 give TP 3 + TP 1),
+        t <= KV heads; beyond 64 devices only t a power of two or a divisor of the part.
+        Returned as stage lists in execution order."""
         if group not in self._options:
             parts = [tuple(d for d in group if self.machine[d] == mach) for mach in dict.fromkeys(self.machine[list(group)])]
             per_part = []
             for part in parts:
                 g = len(part)
-                ts = [t for t in range(1, min(g, self.max_tp) + 1) if (t & (t - 1)) == 0 or g % t == 0]
+                ts = [t for t in range(1, min(g, self.max_tp) + 1)
+                      if not self.reuse_choices or (t & (t - 1)) == 0 or g % t == 0]
                 per_part.append([[part[i:i + t] for i in range(0, g, t)] for t in ts])
             combos = list(itertools.product(*per_part))
             if len(combos) > 32:  # many machine parts: the same rule for every part
@@ -290,6 +298,8 @@ def split_batches(sum_s: list[float], max_s: list[float], tail_s: list[float], t
 def chain_draft(ev: Evaluator, stages: list[tuple[int, ...]], mb: int, sharding: str, num_pipelines: int,
                 n_mb: int) -> PipeDraft | None:
     """Leaders, layer split and per-micro-batch times for a stage chain (None: does not fit)."""
+    if len(stages) > ev.model.num_layers:  # every stage needs a layer
+        return None
     stages, hops = ev.leaders(stages, mb)
     S = len(stages)
     layer_s = [ev.layer_s(st, mb, sharding) for st in stages]
@@ -337,9 +347,8 @@ def _draft(ev: Evaluator, groups: list[tuple[int, ...]], mb: int, sharding: str,
     if ev.reuse_choices and choice_key in ev._choices:
         # large clusters: the strategies chosen for this structure at the first (micro-batch,
         # sharding) tried are kept; a full descent runs only when they no longer fit
-        ch, rev = ev._choices[choice_key]
-        stages = [st for g, k in enumerate(ch) for st in opts[g][k]]
-        d = chain_draft(ev, stages[::-1] if rev else stages, mb, sharding, num_pipelines, n_est)
+        ch, orient = ev._choices[choice_key]
+        d = chain_draft(ev, _chain(opts, ch, orient), mb, sharding, num_pipelines, n_est)
         if d is not None:
             return d
     choice = [max(range(len(o)), key=lambda k: (sum(1.0 / ev.layer_s(st, mb, sharding) for st in o[k]), -k))
@@ -348,11 +357,10 @@ def _draft(ev: Evaluator, groups: list[tuple[int, ...]], mb: int, sharding: str,
         choice = [min(range(len(o)), key=lambda k: (len(o[k]), k)) for o in opts]
     cache: dict[tuple, PipeDraft | None] = {}
 
-    def build(ch: tuple[int, ...], rev: bool) -> PipeDraft | None:
-        if (ch, rev) not in cache:
-            stages = [st for g, k in enumerate(ch) for st in opts[g][k]]
-            cache[(ch, rev)] = chain_draft(ev, stages[::-1] if rev else stages, mb, sharding, num_pipelines, n_est)
-        return cache[(ch, rev)]
+    def build(ch: tuple[int, ...], orient: int) -> PipeDraft | None:
+        if (ch, orient) not in cache:
+            cache[(ch, orient)] = chain_draft(ev, _chain(opts, ch, orient), mb, sharding, num_pipelines, n_est)
+        return cache[(ch, orient)]
 
     def t(d: PipeDraft | None) -> float:
         return d.time_s(n_est) if d is not None else math.inf
@@ -360,9 +368,9 @@ def _draft(ev: Evaluator, groups: list[tuple[int, ...]], mb: int, sharding: str,
     # groups on identical hardware (same signature) move together: one descent step per class
     classes: dict[bytes, list[int]] = {}
     for g, grp in enumerate(ordered):
-        classes.setdefault(ev.signature([grp]), []).append(g)
-    best_ch, rev = tuple(choice), False
-    best = build(best_ch, False)
+        classes.setdefault(ev.group_signature(grp), []).append(g)
+    best_ch = tuple(choice)
+    best = build(best_ch, 0)
     for _ in range(2):
         improved = False
         for members in classes.values():
@@ -372,16 +380,32 @@ def _draft(ev: Evaluator, groups: list[tuple[int, ...]], mb: int, sharding: str,
                 ch = list(best_ch)
                 for g in members:
                     ch[g] = k
-                d = build(tuple(ch), rev)
+                d = build(tuple(ch), 0)
                 if t(d) < t(best) * (1 - 1e-9):
                     best, best_ch, improved = d, tuple(ch), True
         if not improved:
             break
-    other = build(best_ch, True)
-    rev = t(other) < t(best) * (1 - 1e-9)
-    if best is not None or other is not None:
-        ev._choices[choice_key] = (best_ch, rev)
-    return other if rev else best
+    # the chain's two ends matter (embedding on the first stage, LM head on the last): try the
+    # group order reversed, the stages inside each group reversed, and both
+    orient = 0
+    for o in (1, 2, 3):
+        d = build(best_ch, o)
+        if t(d) < t(best) * (1 - 1e-9):
+            best, orient = d, o
+    if best is not None:
+        ev._choices[choice_key] = (best_ch, orient)
+    return best
+
+
+def _chain(opts: list[list[list[tuple[int, ...]]]], ch: tuple[int, ...], orient: int) -> list[tuple[int, ...]]:
+    """Stage chain of the chosen options; orient bit 0 reverses the group order, bit 1 the stage
+    order inside every group (the top-tau path is as good either way round)."""
+    blocks = [list(opts[g][k]) for g, k in enumerate(ch)]
+    if orient & 2:
+        blocks = [b[::-1] for b in blocks]
+    if orient & 1:
+        blocks = blocks[::-1]
+    return [st for b in blocks for st in b]
 
 
 def make_plan(drafts: list[PipeDraft], micro_counts: list[int], mb: int, sharding: str, schedule: str,

@@ -216,7 +216,7 @@ def group_bandwidth(cluster_bandwidth: np.ndarray, groups: list[tuple[int, ...]]
     return out
 
 
-def top_tau_order(weight: np.ndarray, tau: int = 2, budget: int = 2_000) -> tuple[list[int], float]:
+def top_tau_order(weight: np.ndarray, tau: int = 2, budget: int = 500) -> tuple[list[int], float]:
     """Stage order by the top-tau greedy path search of §4.3 step (iii).
 
     ``weight[a, b]`` is the bandwidth between groups a and b (bytes/s). The cost of a path is the

@@ -42,7 +42,7 @@ from lightning_hexiscale.planner.partition import DeviceGraph, partition
 from lightning_hexiscale.planner.plan import SCHEDULES, Plan
 
 CUTS = ("auto", "min", "max")
-_SCORED_LARGE = 4
+_SCORED_LARGE = 2
 
 
 @dataclass(frozen=True)
@@ -189,9 +189,17 @@ class _Search:
         """k_i groups of well-connected GPUs (min cut); each group's devices sorted machine-first."""
         key = (tuple(devices.tolist()), k, seed)
         if key not in self._p2:
-            sub = DeviceGraph.from_cluster(self.cluster, devices)
-            groups = partition(sub, k, "min", self.s.group_balance, seed)
-            self._p2[key] = [tuple(sorted(g.tolist())) for g in groups]
+            by_machine: dict[int, list[int]] = {}
+            for d in sorted(key[0]):
+                by_machine.setdefault(self.cluster.devices[d].machine, []).append(d)
+            if k == len(by_machine):
+                # k = the machines in the set: a machine is a clique of the fastest links, so the
+                # min cut into k groups is the machines themselves (METIS would trade that for balance)
+                self._p2[key] = [tuple(g) for g in by_machine.values()]
+            else:
+                sub = DeviceGraph.from_cluster(self.cluster, devices)
+                groups = partition(sub, k, "min", self.s.group_balance, seed)
+                self._p2[key] = [tuple(sorted(g.tolist())) for g in groups]
         return self._p2[key]
 
     def machines_in(self, devices: np.ndarray) -> int:

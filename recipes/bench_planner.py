@@ -1,0 +1,215 @@
+"""Planner benchmarks: search time at scale (Fig. 8), quality against the exhaustive optimum and the
+baselines, and convergence against random partitions (Fig. 6). Every ratio is measured in this run.
+
+    python recipes/bench_planner.py                      # everything (about 10 minutes on 2 cores)
+    python recipes/bench_planner.py --quick              # a subset in about a minute
+    python recipes/bench_planner.py --sections speed --sizes 1024
+
+Sections:
+  speed        50 iterations on 128, 256, 512, 1024 GPUs (copies of hetero2 joined at 5.6 Gbps, as
+               in Fig. 8), Llama-2 7B, global batch 4 x GPUs; target: 1024 GPUs in at most 30 s.
+  quality      search / exhaustive optimum (throughput ratio) on small clusters; target >= 0.97 each.
+  baselines    search vs megatron, galvatron, metis and random on case_study, hetero1-3 and the
+               H800+H20 clusters (speedup = baseline iteration time / search iteration time).
+  convergence  best throughput over iterations, search vs random partitions (Fig. 6), several seeds;
+               the plot goes to <out>/convergence.png.
+Results are also written to <out>/results.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from lightning_hexiscale.cluster import Cluster
+from lightning_hexiscale.models.config import LlamaConfig
+from lightning_hexiscale.planner import baselines as B
+from lightning_hexiscale.planner.estimate import Workload
+from lightning_hexiscale.planner.search import SearchSettings, search
+
+
+def _w(model: str) -> Workload:
+    return Workload(LlamaConfig.load(model))
+
+
+def _pick(cluster: Cluster, per_machine: dict[int, int]) -> Cluster:
+    """A small cluster: the first n devices of the given machines (links and types kept)."""
+    ids = [d for m, n in per_machine.items() for d in cluster.machines[m].devices[:n]]
+    return cluster.subset(ids)
+
+
+def small_clusters() -> list[tuple[str, Cluster, str, int]]:
+    """(label, cluster, model, global batch): machines of identical GPUs, 2 to 12 devices."""
+    h1, h2, h3, hh = (Cluster.load(n) for n in ("hetero1", "hetero2", "hetero3", "h800_h20_16"))
+    homo = Cluster.load("homo_a800_2x8_eth")
+    return [
+        ("case_study 13B", Cluster.load("case_study"), "llama2_13b", 24),
+        ("case_study 7B", Cluster.load("case_study"), "llama2_7b", 32),
+        ("cpu2 tiny", Cluster.load("cpu2"), "llama_tiny", 8),
+        ("cpu_hetero4 tiny", Cluster.load("cpu_hetero4"), "llama_tiny", 8),
+        ("cpu_hetero8 tiny", Cluster.load("cpu_hetero8"), "llama_tiny", 16),
+        ("4x3080Ti+4x4090 7B", _pick(h1, {0: 4, 2: 4}), "llama2_7b", 32),
+        ("4x3090+4xA800 7B", _pick(h2, {1: 4, 3: 4}), "llama2_7b", 32),
+        ("2x(3080Ti,3090,4090,A800) 7B", _pick(h2, {0: 2, 1: 2, 2: 2, 3: 2}), "llama2_7b", 32),
+        ("4xH800+4xH20 13B", _pick(hh, {0: 4, 2: 4}), "llama2_13b", 32),
+        ("2x4 A800 Ethernet 13B", _pick(homo, {0: 4, 1: 4}), "llama2_13b", 32),
+        ("3xA800+3x4090+4x3090 13B", _pick(h3, {0: 3, 1: 3, 6: 4}), "llama2_13b", 40),
+    ]
+
+
+BASELINE_CASES = [("case_study", "llama2_13b", 24), ("case_study", "llama2_7b", 24), ("hetero1", "llama2_7b", 128),
+                  ("hetero2", "llama2_13b", 128), ("hetero3", "llama_30b", 256), ("h800_h20_16", "llama_30b", 384),
+                  ("h800_h20_24", "llama_30b", 384), ("h800_h20_32", "llama_30b", 384)]
+
+
+def bench_speed(sizes: list[int], iterations: int) -> list[dict]:
+    print(f"\n== search time, {iterations} iterations, copies of hetero2, Llama-2 7B, global batch 4 x GPUs ==")
+    print(f"{'GPUs':>6} {'search':>9} {'iteration':>10} {'PFLOPS':>8} {'pipelines':>10}")
+    base, w, rows = Cluster.load("hetero2"), _w("llama2_7b"), []
+    for n in sizes:
+        c = base.replicate(n // base.num_devices)
+        r = search(c, w, 4 * n, SearchSettings(iterations=iterations, progress=False))
+        rows.append(dict(gpus=n, search_time_s=r.search_time_s, iteration_time_s=r.estimate.iteration_time_s,
+                         pflops=r.estimate.pflops, pipelines=r.plan.num_pipelines))
+        print(f"{n:>6} {r.search_time_s:>8.1f}s {r.estimate.iteration_time_s:>9.2f}s {r.estimate.pflops:>8.2f} "
+              f"{r.plan.num_pipelines:>10}", flush=True)
+    big = [r for r in rows if r["gpus"] == 1024]
+    if big:
+        print(f"target 1024 GPUs <= 30 s: {'met' if big[0]['search_time_s'] <= 30 else 'MISSED'} "
+              f"({big[0]['search_time_s']:.1f} s)")
+    return rows
+
+
+def bench_quality(cases, iterations: int) -> list[dict]:
+    print(f"\n== search ({iterations} iterations) / exhaustive optimum, throughput ratio (target >= 0.97) ==")
+    rows = []
+    for label, c, model, gb in cases:
+        w = _w(model)
+        t0 = time.perf_counter()
+        ex = B.exhaustive(c, w, gb, SearchSettings())
+        t_ex = time.perf_counter() - t0
+        se = search(c, w, gb, SearchSettings(iterations=iterations, progress=False))
+        ratio = ex.estimate.iteration_time_s / se.estimate.iteration_time_s
+        rows.append(dict(cluster=label, devices=c.num_devices, model=model, global_batch=gb,
+                         search_s=se.estimate.iteration_time_s, exhaustive_s=ex.estimate.iteration_time_s,
+                         ratio=ratio, exhaustive_time_s=t_ex, search_time_s=se.search_time_s))
+        print(f"{label:<30} {c.num_devices:>3} GPUs  search {se.estimate.iteration_time_s:9.3f}s  exhaustive "
+              f"{ex.estimate.iteration_time_s:9.3f}s  ratio {ratio:.3f} {'ok' if ratio >= 0.97 else 'BELOW'}  "
+              f"({se.search_time_s:.1f}s vs {t_ex:.1f}s)", flush=True)
+    if rows:
+        print(f"min ratio {min(r['ratio'] for r in rows):.3f} over {len(rows)} clusters")
+    return rows
+
+
+def bench_baselines(cases, iterations: int) -> list[dict]:
+    print(f"\n== search vs baselines (same cost model; speedup = baseline time / search time) ==")
+    rows = []
+    for name, model, gb in cases:
+        c, w = Cluster.load(name), _w(model)
+        se = search(c, w, gb, SearchSettings(iterations=iterations, progress=False))
+        res = B.run_baselines(c, w, gb, SearchSettings(iterations=iterations))
+        row = dict(cluster=name, model=model, global_batch=gb, search_s=se.estimate.iteration_time_s,
+                   search_pflops=se.estimate.pflops)
+        line = f"{name:<12} {model:<10} gb {gb:<4} search {se.estimate.iteration_time_s:8.3f}s"
+        for b, r in res.items():
+            if r.estimate is not None:
+                sp = r.estimate.iteration_time_s / se.estimate.iteration_time_s
+                row[b] = dict(time_s=r.estimate.iteration_time_s, speedup=sp, feasible=True)
+                line += f" | {b} {sp:.2f}x"
+            else:
+                loose = r.ignoring_memory.iteration_time_s / se.estimate.iteration_time_s if r.ignoring_memory else None
+                row[b] = dict(time_s=None, speedup=None, feasible=False, speedup_ignoring_memory=loose)
+                line += f" | {b} OOM" + (f" ({loose:.2f}x ignoring memory)" if loose else "")
+        rows.append(row)
+        print(line, flush=True)
+    return rows
+
+
+def bench_convergence(runs: int, iterations: int, out: Path) -> list[dict]:
+    print(f"\n== convergence, search vs random partitions ({runs} seeds x {iterations} iterations, Fig. 6) ==")
+    cases = [("hetero1", "llama2_7b", 128), ("hetero3", "llama_30b", 256)]
+    rows, curves = [], {}
+    for name, model, gb in cases:
+        c, w = Cluster.load(name), _w(model)
+        flops = w.model.model_flops_per_iteration(gb) / 1e15
+        for kind, fn in (("search", search), ("random", B.random_search)):
+            runs_best = []
+            for seed in range(runs):
+                r = fn(c, w, gb, SearchSettings(iterations=iterations, seed=seed, progress=False))
+                runs_best.append([flops / e.best_s if math.isfinite(e.best_s) else 0.0 for e in r.log])
+            curves[(name, kind)] = np.array(runs_best)
+        s, rnd = curves[(name, "search")][:, -1], curves[(name, "random")][:, -1]
+        rows.append(dict(cluster=name, model=model, search_pflops=float(s.mean()), random_pflops=float(rnd.mean()),
+                         ratio=float(s.mean() / max(rnd.mean(), 1e-12))))
+        print(f"{name:<8} {model:<10} search {s.mean():.2f} PFLOPS (min {s.min():.2f}), random {rnd.mean():.2f} "
+              f"PFLOPS (min {rnd.min():.2f}): {s.mean() / max(rnd.mean(), 1e-12):.2f}x", flush=True)
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot (pip install matplotlib)")
+        return rows
+    fig, axes = plt.subplots(1, len(cases), figsize=(5 * len(cases), 3.6))
+    for ax, (name, model, _) in zip(np.atleast_1d(axes), cases):
+        for kind, colour in (("search", "tab:blue"), ("random", "tab:orange")):
+            a = curves[(name, kind)]
+            x = np.arange(1, a.shape[1] + 1)
+            ax.plot(x, a.mean(axis=0), color=colour, label=f"{kind} (mean of {runs})")
+            ax.fill_between(x, a.min(axis=0), a.max(axis=0), color=colour, alpha=0.2)
+        ax.set_title(f"{model} on {name}")
+        ax.set_xlabel("iteration")
+        ax.set_ylabel("best estimated PFLOPS")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "convergence.png")
+    print(f"plot: {out / 'convergence.png'}")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="a subset: 128 and 256 GPUs, 4 small clusters, "
+                   "2 baseline clusters, 2 seeds x 20 iterations of convergence")
+    p.add_argument("--sections", default="speed,quality,baselines,convergence",
+                   help="comma-separated subset of speed,quality,baselines,convergence")
+    p.add_argument("--sizes", default="128,256,512,1024", help="GPU counts for the speed section (multiples of 32)")
+    p.add_argument("--iterations", type=int, default=50, help="search iterations (default 50)")
+    p.add_argument("--runs", type=int, default=5, help="seeds per method in the convergence section")
+    p.add_argument("--out", default="outputs/bench-planner", help="folder for results.json and convergence.png")
+    a = p.parse_args(argv)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    sections = set(a.sections.split(","))
+    unknown = sections - {"speed", "quality", "baselines", "convergence"}
+    if unknown:
+        p.error(f"unknown section(s) {sorted(unknown)}; choose from speed, quality, baselines, convergence")
+    sizes = [int(x) for x in a.sizes.split(",")]
+    quality_cases, base_cases, runs, conv_it = small_clusters(), BASELINE_CASES, a.runs, a.iterations
+    if a.quick:
+        sizes = [n for n in sizes if n <= 256]
+        quality_cases, base_cases, runs, conv_it = quality_cases[:4], base_cases[:3], 2, 20
+    results: dict[str, object] = {"iterations": a.iterations}
+    t0 = time.perf_counter()
+    if "speed" in sections:
+        results["speed"] = bench_speed(sizes, a.iterations)
+    if "quality" in sections:
+        results["quality"] = bench_quality(quality_cases, a.iterations)
+    if "baselines" in sections:
+        results["baselines"] = bench_baselines(base_cases, a.iterations)
+    if "convergence" in sections:
+        results["convergence"] = bench_convergence(runs, conv_it, out)
+    (out / "results.json").write_text(json.dumps(results, indent=2, default=float))
+    print(f"\nall sections in {time.perf_counter() - t0:.0f} s; results in {out / 'results.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
