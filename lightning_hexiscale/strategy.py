@@ -333,13 +333,15 @@ class HexiScaleStrategy(DDPStrategy):
     def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any], model=None, **kwargs: Any) -> Any:
         engine = self.pipeline_model.engine
 
-        # The closure (forward, backward, sync) runs here rather than inside optimizer.step, so that a
+        # The closure (forward, backward) runs here rather than inside optimizer.step, so that a
         # non-finite step can be dropped before Lightning's hooks, clipping and the update see it.
+        # The check comes before the sync, which would spread one rank's NaN to the other pipelines
+        # and hide where it came from; every rank decides the same, so the sync is skipped by all.
         with torch.enable_grad():
             out = closure()
-        engine.grad_sync.sync()  # SUM across pipelines = the global-mean gradient
         if not self._all_finite(out):
             return out
+        engine.grad_sync.sync()  # SUM across pipelines = the global-mean gradient
         return super().optimizer_step(optimizer, lambda: out, model, **kwargs)
 
     @torch.no_grad()
