@@ -108,26 +108,38 @@ def bench_quality(cases, iterations: int) -> list[dict]:
 
 
 def bench_baselines(cases, iterations: int) -> list[dict]:
-    print(f"\n== search vs baselines (same cost model; speedup = baseline time / search time) ==")
+    print("\n== search vs baselines (same cost model; speedup = baseline time / search time) ==")
+    print("   own: each system's dp sharding as the paper ran it (Megatron/Metis DDP, Galvatron ZeRO-3);")
+    print("   l4l: like for like, every baseline may also pick ddp / zero2 / zero3 as the search does")
     rows = []
     for name, model, gb in cases:
         c, w = Cluster.load(name), _w(model)
         se = search(c, w, gb, SearchSettings(iterations=iterations, progress=False))
-        res = B.run_baselines(c, w, gb, SearchSettings(iterations=iterations))
         row = dict(cluster=name, model=model, global_batch=gb, search_s=se.estimate.iteration_time_s,
                    search_pflops=se.estimate.pflops)
-        line = f"{name:<12} {model:<10} gb {gb:<4} search {se.estimate.iteration_time_s:8.3f}s"
-        for b, r in res.items():
-            if r.estimate is not None:
-                sp = r.estimate.iteration_time_s / se.estimate.iteration_time_s
-                row[b] = dict(time_s=r.estimate.iteration_time_s, speedup=sp, feasible=True)
-                line += f" | {b} {sp:.2f}x"
-            else:
-                loose = r.ignoring_memory.iteration_time_s / se.estimate.iteration_time_s if r.ignoring_memory else None
-                row[b] = dict(time_s=None, speedup=None, feasible=False, speedup_ignoring_memory=loose)
-                line += f" | {b} OOM" + (f" ({loose:.2f}x ignoring memory)" if loose else "")
+        line = f"{name:<12} {model:<10} gb {gb:<4} search {se.estimate.iteration_time_s:7.2f}s"
+        own = B.run_baselines(c, w, gb, SearchSettings(iterations=iterations))
+        l4l = B.run_baselines(c, w, gb, SearchSettings(iterations=iterations), ("megatron", "galvatron", "metis"),
+                              like_for_like=True)
+        for b in ("megatron", "galvatron", "metis", "random"):
+            row[b] = {}
+            parts = []
+            for tag, res in (("own", own), ("l4l", l4l)):
+                if b not in res:
+                    continue
+                r = res[b]
+                if r.estimate is not None:
+                    sp = r.estimate.iteration_time_s / se.estimate.iteration_time_s
+                    row[b][tag] = dict(time_s=r.estimate.iteration_time_s, speedup=sp)
+                    parts.append(f"{sp:.2f}x")
+                else:
+                    loose = r.ignoring_memory.iteration_time_s / se.estimate.iteration_time_s if r.ignoring_memory else None
+                    row[b][tag] = dict(time_s=None, speedup=None, speedup_ignoring_memory=loose)
+                    parts.append("OOM" + (f"({loose:.2f}x no-mem)" if loose else ""))
+            line += f" | {b} " + "/".join(parts)
         rows.append(row)
         print(line, flush=True)
+    print("(x/y = own/l4l; OOM(z no-mem) = nothing fits, z = its best time ignoring memory as the paper's §3.1 does)")
     return rows
 
 

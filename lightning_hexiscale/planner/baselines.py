@@ -1,8 +1,11 @@
 """Baselines: the plan spaces of other systems, searched under the SAME cost model as §4.
 
 Every baseline returns a :class:`BaselineResult` whose plan (when one fits) is scored by
-``estimate()``, with the same micro-batch candidates and dp_sharding options as the search, so a
-speedup measures the parallel layout alone. Which restriction stands for which system:
+``estimate()``, with the same micro-batch candidates as the search. Data-parallel sharding is the
+system's own as the paper ran it (Appendix G: Megatron and Metis DDP, Galvatron ZeRO-3) unless
+``like_for_like=True``, which gives each the search's ddp / zero2 / zero3 choice so that a speedup
+measures the parallel layout alone; a user's ``train.dp_sharding`` binds everyone. Which
+restriction stands for which system:
 
 - :func:`megatron` (Megatron-LM): symmetric (dp, tp, pp) over all devices, dp * tp * pp = N,
   pp dividing the layers (equal layers per stage), equal batches per replica; ranks laid out in
@@ -72,8 +75,18 @@ class _Best:
         return BaselineResult(self.name, self.plan, self.est, self.note, self.loose)
 
 
-def _shardings(s: SearchSettings) -> tuple[str, ...]:
-    return (s.dp_sharding,) if s.dp_sharding else DP_OPTIONS
+# Appendix G, "Data-parallel sharding strategies": Megatron and Metis use DDP, Galvatron ZeRO-3.
+SYSTEM_SHARDING = {"megatron": ("ddp",), "metis": ("ddp",), "galvatron": ("zero3",)}
+
+
+def _shardings(s: SearchSettings, system: str | None = None, like_for_like: bool = True) -> tuple[str, ...]:
+    """The user's train.dp_sharding when set; else the system's own (Appendix G) unless
+    ``like_for_like``, which gives every baseline the search's three options."""
+    if s.dp_sharding:
+        return (s.dp_sharding,)
+    if system is not None and not like_for_like:
+        return SYSTEM_SHARDING[system]
+    return DP_OPTIONS
 
 
 def _divisors(n: int) -> list[int]:
@@ -96,7 +109,7 @@ def _symmetric_layouts(cluster: Cluster, dp: int, tp: int, pp: int) -> list[list
 
 
 def _symmetric(name: str, cluster: Cluster, workload: Workload, global_batch: int, s: SearchSettings,
-               free_layers: bool) -> BaselineResult:
+               free_layers: bool, like_for_like: bool) -> BaselineResult:
     L, N = workload.model.num_layers, cluster.num_devices
     ev = Evaluator(cluster, workload, s.schedule, s.recompute)
     best = _Best(name)
@@ -109,7 +122,7 @@ def _symmetric(name: str, cluster: Cluster, workload: Workload, global_batch: in
                 continue
             for layout in _symmetric_layouts(cluster, dp, tp, pp):
                 for mb in micro_batch_candidates(global_batch // dp, s.micro_batch_size, N):
-                    for sh in _shardings(s):
+                    for sh in _shardings(s, name, like_for_like):
                         layers = _symmetric_layers(ev, layout, mb, sh, dp, global_batch // dp // mb) if free_layers \
                             else [L // pp] * pp
                         if layers is None:
@@ -134,17 +147,20 @@ def _symmetric_layers(ev: Evaluator, layout, mb: int, sharding: str, dp: int, n_
     return split_layers(layer_s, fixed, caps, ev.model.num_layers)
 
 
-def megatron(cluster: Cluster, workload: Workload, global_batch: int, settings: SearchSettings | None = None) -> BaselineResult:
+def megatron(cluster: Cluster, workload: Workload, global_batch: int, settings: SearchSettings | None = None,
+             like_for_like: bool = False) -> BaselineResult:
     """Megatron-LM: symmetric (dp, tp, pp), equal layers, equal batches (see the module docstring)."""
-    return _symmetric("megatron", cluster, workload, global_batch, settings or SearchSettings(), free_layers=False)
+    return _symmetric("megatron", cluster, workload, global_batch, settings or SearchSettings(), False, like_for_like)
 
 
-def galvatron(cluster: Cluster, workload: Workload, global_batch: int, settings: SearchSettings | None = None) -> BaselineResult:
+def galvatron(cluster: Cluster, workload: Workload, global_batch: int, settings: SearchSettings | None = None,
+              like_for_like: bool = False) -> BaselineResult:
     """Galvatron: symmetric (dp, tp, pp) with a free per-stage layer split (see the module docstring)."""
-    return _symmetric("galvatron", cluster, workload, global_batch, settings or SearchSettings(), free_layers=True)
+    return _symmetric("galvatron", cluster, workload, global_batch, settings or SearchSettings(), True, like_for_like)
 
 
-def metis(cluster: Cluster, workload: Workload, global_batch: int, settings: SearchSettings | None = None) -> BaselineResult:
+def metis(cluster: Cluster, workload: Workload, global_batch: int, settings: SearchSettings | None = None,
+          like_for_like: bool = False) -> BaselineResult:
     """Metis: data parallelism first, TP only when memory forces it, stages by GPU type."""
     s = settings or SearchSettings()
     ev = Evaluator(cluster, workload, s.schedule, s.recompute)
@@ -162,7 +178,7 @@ def metis(cluster: Cluster, workload: Workload, global_batch: int, settings: Sea
                 total = global_batch // mb
                 if total < dp:
                     continue
-                for sh in _shardings(s):
+                for sh in _shardings(s, "metis", like_for_like):
                     drafts = [chain_draft(ev, ch, mb, sh, dp, max(1, total // dp)) for ch in chains]
                     if any(d is None for d in drafts):
                         continue
@@ -214,13 +230,25 @@ def random_baseline(cluster: Cluster, workload: Workload, global_batch: int,
 
 
 def run_baselines(cluster: Cluster, workload: Workload, global_batch: int, settings: SearchSettings | None = None,
-                  names: tuple[str, ...] = ("megatron", "galvatron", "metis", "random")) -> dict[str, BaselineResult]:
-    """Run the named baselines; ``exhaustive`` only when asked (it is exponential)."""
-    fns = {"megatron": megatron, "galvatron": galvatron, "metis": metis, "random": random_baseline,
-           "exhaustive": exhaustive}
+                  names: tuple[str, ...] = ("megatron", "galvatron", "metis", "random"),
+                  like_for_like: bool = False) -> dict[str, BaselineResult]:
+    """Run the named baselines; ``exhaustive`` only when asked (it is exponential).
+    ``like_for_like`` gives megatron, galvatron and metis every dp sharding the search may use
+    instead of their own (Appendix G: DDP, ZeRO-3, DDP)."""
     s = replace(settings or SearchSettings(), progress=False)
-    return {n: fns[n](cluster, workload, global_batch, s) for n in names}
-
+    out = {}
+    for n in names:
+        if n in SYSTEM_SHARDING:
+            fn = {"megatron": megatron, "galvatron": galvatron, "metis": metis}[n]
+            out[n] = fn(cluster, workload, global_batch, s, like_for_like=like_for_like)
+        elif n == "random":
+            out[n] = random_baseline(cluster, workload, global_batch, s)
+        elif n == "exhaustive":
+            out[n] = exhaustive(cluster, workload, global_batch, s)
+        else:
+            raise ConfigError("baselines", n, "unknown baseline",
+                              "use megatron, galvatron, metis, random or exhaustive")
+    return out
 
 
 # ---- exhaustive ----------------------------------------------------------------------------------

@@ -27,6 +27,8 @@ from lightning_hexiscale.errors import ConfigError, HexiScaleError
 def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--baselines", action="store_true", help="also run megatron, galvatron, metis and random "
                    "under the same cost model and print a comparison")
+    p.add_argument("--like-for-like", action="store_true", help="give the baselines every dp sharding the search "
+                   "may use (default: their own, as the paper ran them: Megatron/Metis DDP, Galvatron ZeRO-3)")
     p.add_argument("--out", metavar="PLAN.yaml", help="write the plan (YAML, or JSON for a .json path)")
     p.add_argument("--picture", metavar="PLAN.png", help="draw the plan (PNG or SVG by extension; needs matplotlib)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
@@ -35,7 +37,8 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sweep-dir", metavar="DIR", help="multirun output folder (default outputs/plan-sweep-<timestamp>)")
 
 
-def plan_once(overrides: list[str], with_baselines: bool, progress: bool | None = None) -> dict[str, Any]:
+def plan_once(overrides: list[str], with_baselines: bool, progress: bool | None = None,
+              like_for_like: bool = False) -> dict[str, Any]:
     """Compose, search, validate; returns everything the reports need."""
     from lightning_hexiscale.cluster import Cluster
     from lightning_hexiscale.config import compose
@@ -55,7 +58,7 @@ def plan_once(overrides: list[str], with_baselines: bool, progress: bool | None 
     if with_baselines:
         from lightning_hexiscale.planner.baselines import run_baselines
 
-        out["baselines"] = run_baselines(cluster, workload, gb, settings)
+        out["baselines"] = run_baselines(cluster, workload, gb, settings, like_for_like=like_for_like)
     return out
 
 
@@ -98,7 +101,8 @@ def comparison_table(best, rows: dict[str, dict[str, Any]]) -> str:
 def cmd_plan(args: argparse.Namespace) -> int:
     if args.multirun:
         return _sweep(args)
-    run = plan_once(args.overrides, args.baselines, progress=None if not args.json else False)
+    run = plan_once(args.overrides, args.baselines, progress=None if not args.json else False,
+                    like_for_like=args.like_for_like)
     cluster, workload, res = run["cluster"], run["workload"], run["result"]
     plan, est = res.plan, res.estimate
     if args.out:
@@ -156,7 +160,7 @@ def _sweep(args: argparse.Namespace) -> int:
     for combo in combos:
         row: dict[str, Any] = {"overrides": " ".join(combo)}
         try:
-            run = plan_once(combo, args.baselines, progress=False)
+            run = plan_once(combo, args.baselines, progress=False, like_for_like=args.like_for_like)
         except HexiScaleError as e:
             row["error"] = str(e).split(". Fix:")[0]
             rows.append(row)

@@ -28,6 +28,9 @@ Dense graphs are built straight from the bandwidth matrix as CSR arrays with num
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING
@@ -126,16 +129,23 @@ def partition(graph: DeviceGraph, k: int, objective: str = "min", balance: float
 
 
 def _metis(graph: DeviceGraph, k: int, balance: float, seed: int) -> np.ndarray:
-    """Min-cut labels from pymetis, with any empty part refilled (METIS may leave one empty on tiny
-    or very unbalanced graphs: the part must exist, so it takes the vertex that the largest part
-    is least connected to)."""
+    """Min-cut labels from pymetis. Recursive bisection first for k <= 8 (the paper's step ii);
+    when it leaves a part empty (it can, with very unequal vertex weights and a loose bound) the
+    k-way scheme is tried; any part still empty takes the vertex its largest part is least
+    connected to. METIS reports such trouble on the C stdout, which is silenced here so that
+    ``--json`` output stays one JSON document."""
     import pymetis
 
     xadj, adjncy, ew, vw = graph.csr
     opts = pymetis.Options(ufactor=max(1, int(round(1000 * (balance - 1.0)))), seed=int(seed) % (2**31 - 1), niter=10)
-    _, labels = pymetis.part_graph(k, adjacency=pymetis.CSRAdjacency(xadj, adjncy), vweights=vw, eweights=ew,
-                                   options=opts, recursive=k <= 8)
-    labels = np.asarray(labels, dtype=np.int64)
+    labels = None
+    for recursive in ((True, False) if k <= 8 else (False,)):
+        with _quiet_c_stdout():
+            _, out = pymetis.part_graph(k, adjacency=pymetis.CSRAdjacency(xadj, adjncy), vweights=vw, eweights=ew,
+                                        options=opts, recursive=recursive)
+        labels = np.asarray(out, dtype=np.int64)
+        if len(np.unique(labels)) == k:
+            return labels
     bw = np.where(np.isfinite(graph.bandwidth), graph.bandwidth, 0.0)
     for p in range(k):
         if not (labels == p).any():
@@ -144,6 +154,24 @@ def _metis(graph: DeviceGraph, k: int, balance: float, seed: int) -> np.ndarray:
             inside = bw[np.ix_(donor, donor)].sum(axis=1)
             labels[donor[int(np.argmin(inside))]] = p
     return labels
+
+
+@contextlib.contextmanager
+def _quiet_c_stdout():
+    """Send file descriptor 1 to /dev/null for the duration (C libraries print there directly)."""
+    try:
+        sys.stdout.flush()
+        saved = os.dup(1)
+    except (OSError, ValueError, AttributeError):  # no real stdout (embedded interpreters)
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _agglomerate(graph: DeviceGraph, k: int, balance: float) -> np.ndarray:

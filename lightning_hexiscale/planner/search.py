@@ -15,8 +15,9 @@ One iteration, for a number of pipelines D_dp and a cut option (min / max, §4.4
    ``estimate(plan).cost``; the best plan over all iterations is kept.
 
 Across iterations D_dp is enumerated (every value for small clusters, a geometric ladder plus
-machine counts for large ones), then the best D_dp values are revisited with varied k_i, METIS
-seeds and balance. The cut option comes from exponential moving averages of the simulated
+machine counts for large ones), the four best D_dp values then get the cut option the first sweep
+did not give them, and the best D_dp values (and their neighbours) are revisited with varied k_i,
+METIS seeds and balance. The cut option comes from exponential moving averages of the simulated
 data-parallel time and pipeline (hop + bubble) time: when DP dominates, the next iteration
 maximises the cut (DP gets the fast links), otherwise it minimises it; one iteration in five
 takes the other option so that both averages stay informed. All randomness comes from one
@@ -177,6 +178,7 @@ class _Search:
         self.ema = {"dp": 0.0, "pp": 0.0}
         self.best: tuple[float, Plan | None, Estimate | None] = (math.inf, None, None)
         self.by_dp: dict[int, float] = {}
+        self.tried: set[tuple[int, str]] = set()
 
     # ---- phases -------------------------------------------------------------------------------
     def phase1(self, dp: int, cut: str, balance: float, seed: int) -> list[np.ndarray]:
@@ -282,6 +284,12 @@ class _Search:
                 return self.dps[idx], cut, self.s.balance, self.s.seed, 0.0
             return self.dps[it], cut, self.s.balance, self.s.seed, 0.0
         ranked = sorted((c, dp) for dp, c in self.by_dp.items() if math.isfinite(c))
+        if self.s.cut == "auto":
+            # the promising D_dp values get the cut option the first sweep did not give them
+            for _, dp in ranked[:4]:
+                for other in ("min", "max"):
+                    if (dp, other) not in self.tried:
+                        return dp, other, self.s.balance, self.s.seed, 0.0
         pool = [dp for _, dp in ranked[:3]] or self.dps
         dp = int(pool[int(self.rng.integers(len(pool)))])
         if self.rng.random() < 0.3:  # a neighbour of a good D_dp in the candidate ladder
@@ -305,6 +313,7 @@ class _Search:
                 groups.append(self.phase2(d, min(k, len(d)), seed))
             cost, plan, est = self.evaluate(groups)
             self.by_dp[dp] = min(self.by_dp.get(dp, math.inf), cost)
+            self.tried.add((dp, cut))
             if est is not None and math.isfinite(cost):
                 b = est.breakdown
                 for key, v in (("dp", b["dp_exposed_s"]), ("pp", b["pp_comm_s"] + b["bubble_s"])):

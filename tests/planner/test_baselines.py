@@ -26,6 +26,14 @@ def test_baselines_return_valid_plans_that_fit(name, hetero1_7b):
     assert r.plan.meta["planner"] == name
 
 
+def test_baselines_use_their_own_sharding_unless_like_for_like(hetero1_7b):
+    """Appendix G: Megatron and Metis run DDP, Galvatron ZeRO-3; like-for-like lets them choose."""
+    res = B.run_baselines(*hetero1_7b, FAST, ("megatron", "galvatron", "metis"))
+    assert {n: r.plan.dp_sharding for n, r in res.items()} == {"megatron": "ddp", "galvatron": "zero3", "metis": "ddp"}
+    l4l = B.run_baselines(*hetero1_7b, FAST, ("metis",), like_for_like=True)["metis"]
+    assert l4l.estimate.iteration_time_s <= res["metis"].estimate.iteration_time_s
+
+
 def test_megatron_is_symmetric_with_equal_layers_and_batches(hetero1_7b):
     plan = B.megatron(*hetero1_7b, FAST).plan
     assert len({p.batch_size for p in plan.pipelines}) == 1
