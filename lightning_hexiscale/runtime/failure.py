@@ -116,15 +116,30 @@ class FailureWatch:
         except Exception as e:
             return (f"the rendezvous store (hosted by global rank 0) is unreachable ({_short(e)}): rank 0 failed "
                     f"or was killed")
-        parts = []
-        silent = [r for r in range(self.world_size) if r != self.rank and before[r] == after[r]]
-        if silent:
-            parts.append(f"rank(s) {silent} stopped responding (no heartbeat for {wait_s:.1f} s: killed, crashed "
-                         f"or hung)")
+        # A rank whose heartbeat stopped and that reported nothing died without a word (SIGKILL,
+        # os._exit, a segfault, the OOM killer, a hang): the likely origin. Ranks that reported
+        # did so in order; after a death their reports are mostly the peers' broken connections.
         reports.sort()
+        reporters = {r for _, r, _ in reports}
+        silent = [r for r in range(self.world_size) if r != self.rank and before[r] == after[r] and r not in reporters]
+        parts = []
+        if silent:
+            who = f"rank {silent[0]}" if len(silent) == 1 else f"ranks {silent}"
+            parts.append(f"{who} stopped without reporting an error (no heartbeat for {wait_s:.1f} s: killed, "
+                         f"crashed or hung)")
+        if reports and "Timed out" in reports[0][2]:
+            # The others timed out waiting; a rank that is alive and has not timed out too never
+            # entered that collective: it is blocked elsewhere (a hang, a deadlock, endless work).
+            quiet = [r for r in range(self.world_size)
+                     if r != self.rank and r not in reporters and r not in silent and not self._reported(r)]
+            if quiet:
+                who = f"rank {quiet[0]} is" if len(quiet) == 1 else f"ranks {quiet} are"
+                parts.append(f"{who} alive but never joined the collective the others timed out in (hung, or "
+                             f"blocked outside the collectives)")
         if reports:
             _, first, msg = reports[0]
-            parts.append(f"rank {first} failed first: {msg}")
+            lead = "then" if parts else "first"
+            parts.append(f"{lead} rank {first} failed: {msg}")
             others = [r for _, r, _ in reports[1:]]
             if others:
                 parts.append(f"then rank(s) {others}")
@@ -132,6 +147,13 @@ class FailureWatch:
             parts.append("no rank reported a failure and every rank is alive: a collective timed out (a rank "
                          "blocked outside the collectives, or ranks calling different collectives)")
         return "; ".join(parts)
+
+    def _reported(self, rank: int) -> bool:
+        """A report that arrived after the scan (a peer that timed out a moment later)."""
+        try:
+            return self._store.check([self._key(f"failed/{rank}")])
+        except Exception:
+            return False
 
     def _beats(self) -> list[int]:
         return [self._store.add(self._key(f"hb/{r}"), 0) for r in range(self.world_size)]
