@@ -49,6 +49,12 @@ class TrainerConfig:
     output_dir: Optional[str] = None
     """Where logs, the plan and checkpoints go; null = Hydra's run directory."""
     progress_bar: bool = True
+    nonfinite: str = "stop"
+    """A non-finite loss or gradient on any rank: stop (exit status 4, naming the step and ranks) or
+    skip (drop that update on every rank and go on)."""
+    timeout_s: float = 600.0
+    """Process-group timeout: a collective or p2p wait on a dead or hung rank fails after this long;
+    with the failure watch every rank then stops within a few seconds (exit status 4)."""
 
 
 @dataclass

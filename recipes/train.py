@@ -13,7 +13,9 @@ here as one process per device; GPU clusters run under torchrun or SLURM (one pr
 node k on machine k of the cluster file), or here when this machine has the GPUs.
 
 Exit status: 0 trained (or planned, with dry_run); 2 bad configuration (one message naming the key,
-value, rule and fix); 3 the plan needs hardware this machine does not have.
+value, rule and fix); 3 the plan needs hardware this machine does not have; 4 training stopped (a
+non-finite step with ``trainer.nonfinite=stop``, or a rank failed: see "Failure behaviour" in the
+README); 1 any other error.
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from lightning_hexiscale.config import register_configs
-from lightning_hexiscale.errors import HexiScaleError
+from lightning_hexiscale.errors import HexiScaleError, TrainingFailure
 
-EXIT_CONFIG, EXIT_HARDWARE = 2, 3
+EXIT_CONFIG, EXIT_HARDWARE, EXIT_FAILED = 2, 3, 4
 register_configs()
 
 
@@ -183,7 +185,8 @@ def train(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict) -> dic
         attach_weights(module, t.weights)
     # Multirun: fresh spawned workers per job, so no process or process group outlives its job.
     launcher = "spawn" if is_multirun() else str(t.launcher)
-    strategy = HexiScaleStrategy(cluster=cluster, plan=plan, start_method=launcher, seed=int(t.seed))
+    strategy = HexiScaleStrategy(cluster=cluster, plan=plan, start_method=launcher, seed=int(t.seed),
+                                 nonfinite=str(t.nonfinite), timeout=float(t.timeout_s))
     ckpt = ModelCheckpoint(dirpath=str(out / "checkpoints"), save_last=True, save_top_k=0 if not t.checkpoint_every else -1,
                            every_n_train_steps=int(t.checkpoint_every) or None)
     trainer = pl.Trainer(
@@ -209,12 +212,24 @@ def quiet_logs() -> None:
     warnings.filterwarnings("ignore", message=".*LeafSpec.*is deprecated")
 
 
+def check_failure_settings(cfg: DictConfig) -> None:
+    """trainer.nonfinite and trainer.timeout_s, checked before planning (not after minutes of it)."""
+    from lightning_hexiscale.errors import ConfigError
+
+    if cfg.trainer.nonfinite not in ("skip", "stop"):
+        raise ConfigError("trainer.nonfinite", cfg.trainer.nonfinite, "must be skip or stop",
+                          "trainer.nonfinite=stop (raise, exit 4) or trainer.nonfinite=skip (drop the update)")
+    if not float(cfg.trainer.timeout_s) > 0:
+        raise ConfigError("trainer.timeout_s", cfg.trainer.timeout_s, "must be a positive number of seconds",
+                          "e.g. trainer.timeout_s=600")
+
+
 def run(cfg: DictConfig) -> int:
     from lightning_hexiscale.cluster import Cluster
     from lightning_hexiscale.models.config import LlamaConfig
 
     quiet_logs()
-
+    check_failure_settings(cfg)
     out = output_dir(cfg)
     out.mkdir(parents=True, exist_ok=True)
     cluster = Cluster.from_config(cfg.cluster)
@@ -249,6 +264,9 @@ def _main(cfg: DictConfig) -> int:
     except HardwareMissing as e:
         print(f"recipes/train.py: {e}", file=sys.stderr)
         code = EXIT_HARDWARE
+    except TrainingFailure as e:  # the same on every rank (e.g. a non-finite step with nonfinite=stop)
+        print(f"recipes/train.py: training stopped: {e}", file=sys.stderr)
+        code = EXIT_FAILED
     except HexiScaleError as e:
         print(f"recipes/train.py: error: {e}", file=sys.stderr)
         code = EXIT_CONFIG

@@ -33,6 +33,8 @@ RECIPE_CASES = {
     "key_typo": (["trainer.max_step=3"], ["trainer.max_step", "Key 'max_step' not in 'TrainerConfig'"]),
     "sweep_with_unknown_preset": (["-m", "cluster=cpu2,nope"], ["cluster = 'nope'"]),
     "wrong_type": (["train.global_batch=abc"], ["train.global_batch=abc", "could not be converted to Integer"]),
+    "bad_nonfinite_policy": (["trainer.nonfinite=ignore"], ["trainer.nonfinite = 'ignore': must be skip or stop"]),
+    "zero_timeout": (["trainer.timeout_s=0"], ["trainer.timeout_s = 0"]),
     "fits_nowhere": (["cluster=cpu2", "model=llama2_70b", "planner.iterations=2"],
                      ["no plan fits in memory", "needs 1.0 TiB", "cluster cpu2 has 8.0 GiB"]),
 }
