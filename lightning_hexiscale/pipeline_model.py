@@ -96,7 +96,7 @@ class PipelineModel(nn.Module):
     def _train(self, tokens: torch.Tensor, targets: torch.Tensor) -> float:
         e = self._engine
         scale = e.loss_scale / self.accumulate
-        pipeline_loss = e.executor.run(tokens, targets, scale)
+        pipeline_loss = e.run_pipeline(tokens, targets, scale)
         # The reduced value is the scaled sum; undo the 1/k so the shown loss is this batch's mean.
         return global_loss(pipeline_loss, e.role, e._loss_device()) * self.accumulate
 
@@ -114,6 +114,23 @@ class PipelineModel(nn.Module):
         n = tokens.shape[0]
         mb = role.micro_batch_size
         weighted = torch.zeros((), dtype=torch.float64)
+        # ZeRO-3: gather every block once for the whole batch (pipelines cut different numbers of
+        # chunks, so per-use gathers could not be paired across pipelines here).
+        with e.full_params():
+            self._forward_chunks(tokens, targets, weighted)
+        contributes = role.is_last and role.is_leader
+        buf = torch.zeros(2, dtype=torch.float64, device=e._loss_device())
+        if contributes:
+            buf[0], buf[1] = weighted.item(), float(n)
+        dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+        return float(buf[0] / buf[1])
+
+    def _forward_chunks(self, tokens: torch.Tensor, targets: torch.Tensor, weighted: torch.Tensor) -> None:
+        """Forward of the micro-batch chunks; adds chunk_mean * chunk_size to ``weighted`` on last stages."""
+        e = self._engine
+        ex, role = e.executor, e.role
+        n = tokens.shape[0]
+        mb = role.micro_batch_size
         for i, start in enumerate(range(0, n, mb)):
             tok = tokens[start:start + mb].to(ex.device)
             c = tok.shape[0]
@@ -132,9 +149,3 @@ class PipelineModel(nn.Module):
             else:
                 ex._send(out, backward=False, micro_batch=i)
         ex._wait_sends()
-        contributes = role.is_last and role.is_leader
-        buf = torch.zeros(2, dtype=torch.float64, device=e._loss_device())
-        if contributes:
-            buf[0], buf[1] = weighted.item(), float(n)
-        dist.all_reduce(buf, op=dist.ReduceOp.SUM)
-        return float(buf[0] / buf[1])

@@ -53,6 +53,8 @@ from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.models.llama import Llama
 from lightning_hexiscale.pipeline_model import PipelineModel
 from lightning_hexiscale.planner.plan import DP_SHARDINGS, SCHEDULES, Plan
+from lightning_hexiscale.strategy_zero import (checkpoint_optimizer, grad_norm_sq_local, load_target, scale_grads,
+                                               shard_optimizers)
 from lightning_hexiscale.strategy_plan import describe_local_devices, plan_for
 
 StartMethod = Literal["popen", "spawn", "fork", "forkserver"]
@@ -71,8 +73,9 @@ class HexiScaleStrategy(DDPStrategy):
         global_batch: sequences per optimizer step, summed over pipelines (= the DataLoader's
             ``batch_size``). ``None``: the plan's, or the training DataLoader's batch size.
         micro_batch_size / schedule / recompute / dp_sharding: override the plan's values (or bind
-            the search). ``dp_sharding`` only informs the planner and the estimate: the runtime
-            synchronises gradients DDP-style (every pipeline holds its full copy of the state).
+            the search). ``dp_sharding``: ``ddp`` (every pipeline holds its full copy of the state),
+            ``zero2`` (gradients and optimizer states sharded over the pipelines) or ``zero3``
+            (parameters too); see :mod:`lightning_hexiscale.strategy_zero`.
         seed: seed of the per-epoch data permutation (default: ``PL_GLOBAL_SEED`` or 0). Weights
             are initialised from the module's ``init_seed`` attribute (default 0).
         planner_iterations: search iterations when planning here.
@@ -208,6 +211,7 @@ class HexiScaleStrategy(DDPStrategy):
         if fitting:
             trainer.fit_loop._skip_backward = True
             self.setup_optimizers(trainer)
+            shard_optimizers(self.pipeline_model.engine, self.optimizers)  # zero2/zero3 only
         self.setup_precision_plugin()
         self._install_global_clipping()
         if fitting:
@@ -341,7 +345,7 @@ class HexiScaleStrategy(DDPStrategy):
             out = closure()
         if not self._all_finite(out):
             return out
-        engine.grad_sync.sync()  # SUM across pipelines = the global-mean gradient
+        engine.sync_grads()  # SUM across pipelines = the global-mean gradient (ZeRO: reduce-scatter)
         return super().optimizer_step(optimizer, lambda: out, model, **kwargs)
 
     @torch.no_grad()
@@ -406,7 +410,10 @@ class HexiScaleStrategy(DDPStrategy):
         role = pm.engine.role
         shards = pm.stage.shards()
         total = torch.zeros(1, dtype=torch.float64, device=pm.engine._loss_device())
-        if role.pipeline == 0:
+        owned = grad_norm_sq_local(pm.engine)  # ZeRO: the owned chunks, each element once
+        if owned is not None:
+            total += owned.to(total.device)
+        elif role.pipeline == 0:
             for name, p in pm.stage.named_parameters():
                 if p.grad is None or (shards[name].spec.shard_dim is None and not role.is_leader):
                     continue
@@ -420,7 +427,7 @@ class HexiScaleStrategy(DDPStrategy):
         ``torch.nn.utils.clip_grad_norm_`` does on one device; returns ||g||."""
         norm = self.global_grad_norm()
         coef = max_norm / (norm + 1e-6)
-        if coef < 1.0:
+        if coef < 1.0 and not scale_grads(self.pipeline_model.engine, coef):
             for p in self.pipeline_model.stage.parameters():
                 if p.grad is not None:
                     p.grad.mul_(coef)
@@ -486,10 +493,12 @@ class HexiScaleStrategy(DDPStrategy):
         if isinstance(optimizer, LightningOptimizer):
             optimizer = optimizer._optimizer
         assert self.plan is not None
+        optimizer = checkpoint_optimizer(pm.engine, optimizer)  # ZeRO: gathered full local state
         extra = {"format": ckpt.FORMAT, "model": pm.config.to_dict(), "plan": self.plan.to_dict(),
                  "units": ckpt.all_units(pm.config),
                  "optimizer": ckpt.optimizer_meta(optimizer, pm.stage) if optimizer is not None else None}
-        ckpt.save(filepath, checkpoint, pm.stage, pm.engine.topology, optimizer, extra)
+        with pm.engine.full_params():  # ZeRO-3: the blocks whole while they are written
+            ckpt.save(filepath, checkpoint, pm.stage, pm.engine.topology, optimizer, extra)
 
     @override
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
@@ -506,7 +515,8 @@ class HexiScaleStrategy(DDPStrategy):
         extra = checkpoint.get("state_dict") or {}
         if extra:
             self.lightning_module.load_state_dict(extra, strict=False)
-        ckpt.load_stage(checkpoint["hexiscale"]["path"], self.pipeline_model.stage, dict(checkpoint))
+        with self.pipeline_model.engine.full_params(gather=False, writeback=True):  # ZeRO-3: re-shard after
+            ckpt.load_stage(checkpoint["hexiscale"]["path"], self.pipeline_model.stage, dict(checkpoint))
 
     @override
     def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
@@ -514,7 +524,8 @@ class HexiScaleStrategy(DDPStrategy):
 
         for optimizer in self.optimizers[:1]:
             inner = optimizer._optimizer if isinstance(optimizer, LightningOptimizer) else optimizer
-            ckpt.load_optimizer(checkpoint["hexiscale"]["path"], self.pipeline_model.stage, inner, dict(checkpoint))
+            target = load_target(self.pipeline_model.engine, inner)
+            ckpt.load_optimizer(checkpoint["hexiscale"]["path"], self.pipeline_model.stage, target, dict(checkpoint))
             _optimizer_to_device(inner, self.root_device)
 
     @override

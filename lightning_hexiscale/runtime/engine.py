@@ -12,6 +12,12 @@ Per training step on a global batch of G sequences (G = plan.global_batch):
 
 Afterwards ``optimizer.step()`` on :meth:`PipelineEngine.parameters` with any element-wise torch
 optimizer (SGD, AdamW) keeps every copy of every parameter element identical across ranks.
+
+``plan.dp_sharding`` = ``zero2`` / ``zero3``: step 3 is a reduce-scatter among each segment's
+holders and the optimizer must be wrapped, ``opt = engine.wrap_optimizer(torch_optimizer)``, so
+that it steps only this rank's chunks and all-gathers the parameters (:mod:`.zero`); ZeRO-3 also
+gathers each block's parameters around its uses (:mod:`.zero3`). ``wrap_optimizer`` returns the
+optimizer itself under ``ddp``, so the same loop runs all three.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ from lightning_hexiscale.runtime.grad_sync import DEFAULT_BUCKET_CAP_BYTES, Grad
 from lightning_hexiscale.runtime.parallelize import build_stage, load_full_state_dict, local_shards
 from lightning_hexiscale.runtime.schedule import PipelineExecutor, global_loss
 from lightning_hexiscale.runtime.topology import Topology
+from lightning_hexiscale.runtime.zero import ShardedOptimizer, ZeroSharder
+from lightning_hexiscale.runtime.zero3 import Zero3Gatherer
 
 
 class PipelineEngine:
@@ -44,7 +52,7 @@ class PipelineEngine:
         device / dtype: where and in which dtype the local parameters live.
         autocast_dtype: e.g. ``torch.bfloat16`` to run forward under autocast; ``None`` = off.
         state_dict: optional full (global-name) state dict to load instead of initialising.
-        bucket_cap_bytes: gradient-sync bucket size.
+        bucket_cap_bytes: gradient-sync (and ZeRO) bucket size.
     """
 
     def __init__(self, plan: Plan, model_config: LlamaConfig, rank: int | None = None, *, seed: int = 0,
@@ -64,11 +72,59 @@ class PipelineEngine:
         if state_dict is not None:
             load_full_state_dict(self.stage, state_dict)
         self.executor = PipelineExecutor(self.stage, self.topology, plan.schedule, autocast_dtype)
-        self.grad_sync = GradSynchronizer(self.stage, self.topology, bucket_cap_bytes)
+        self.sharding = plan.dp_sharding
+        self.grad_sync: GradSynchronizer | None = None
+        self.zero: ZeroSharder | None = None
+        self.zero3: Zero3Gatherer | None = None
+        self.sharded_optimizer: ShardedOptimizer | None = None
+        if self.sharding == "ddp":
+            self.grad_sync = GradSynchronizer(self.stage, self.topology, bucket_cap_bytes)
+        else:
+            self.zero = ZeroSharder(self.stage, self.topology, self.sharding, bucket_cap_bytes)
+            if self.sharding == "zero3":
+                self.zero3 = Zero3Gatherer(self.zero)
 
     def parameters(self):
         """This rank's local parameters (shards), for the optimizer."""
         return self.stage.parameters()
+
+    def wrap_optimizer(self, optimizer):
+        """The optimizer to step after :meth:`train_step`: ``optimizer`` itself under ddp, else a
+        :class:`ShardedOptimizer` of its class and hyper-parameters over this rank's chunks."""
+        if self.zero is None:
+            return optimizer
+        self.sharded_optimizer = self.zero.attach(optimizer)
+        return self.sharded_optimizer
+
+    def sync_grads(self) -> None:
+        """Sum gradients across pipelines (collective): all-reduce (ddp) or reduce-scatter (zero)."""
+        if self.zero is not None:
+            self.zero.reduce_grads()
+        else:
+            self.grad_sync.sync()
+
+    def run_pipeline(self, tokens: torch.Tensor, targets: torch.Tensor, loss_scale: float, arm: bool = False):
+        """One schedule run on this pipeline's batch (forward + backward of all micro-batches);
+        returns the pipeline's scaled loss (see :meth:`PipelineExecutor.run`). ``arm``: start the
+        ddp gradient all-reduces during the last backward."""
+        hook = self.grad_sync.arm if (arm and self.grad_sync is not None) else None
+        if self.zero3 is None:
+            return self.executor.run(tokens, targets, loss_scale, hook)
+        with self.zero3.training_run():
+            return self.executor.run(tokens, targets, loss_scale, hook)
+
+    def full_params(self, gather: bool = True, writeback: bool = False):
+        """Context with every local parameter whole (ZeRO-3; a no-op otherwise); see
+        :meth:`Zero3Gatherer.full_params`."""
+        from contextlib import nullcontext
+
+        return nullcontext() if self.zero3 is None else self.zero3.full_params(gather, writeback)
+
+    @torch.no_grad()
+    def grad_norm_sq_local(self) -> torch.Tensor | None:
+        """Under zero2/zero3 after :meth:`sync_grads`: this rank's share of ||g||^2 (each element
+        owned once); ``None`` under ddp (the strategy counts pipeline 0's gradients instead)."""
+        return None if self.zero is None else self.zero.grad_norm_sq()
 
     @property
     def loss_scale(self) -> float:
@@ -99,10 +155,9 @@ class PipelineEngine:
         if zero_grad:
             for p in self.stage.parameters():
                 p.grad = None
-        pipeline_loss = self.executor.run(tok, tgt, self.loss_scale * loss_scale_factor,
-                                          self.grad_sync.arm if sync_grads else None)
+        pipeline_loss = self.run_pipeline(tok, tgt, self.loss_scale * loss_scale_factor, arm=sync_grads)
         if sync_grads:
-            self.grad_sync.sync()
+            self.sync_grads()
         return global_loss(pipeline_loss, self.role, self._loss_device())
 
     def _loss_device(self) -> torch.device:
@@ -110,5 +165,7 @@ class PipelineEngine:
         return self.device if dist.get_backend() == "nccl" else torch.device("cpu")
 
     def local_shards(self) -> dict[str, tuple[torch.Tensor, int | None, int, int]]:
-        """Global name -> (local tensor, shard dim, start, end) of this rank's parameters."""
-        return local_shards(self.stage)
+        """Global name -> (local tensor, shard dim, start, end) of this rank's parameters
+        (collective under ZeRO-3, which gathers the blocks to copy them)."""
+        with self.full_params():
+            return {k: (t.clone(), d, s, e) for k, (t, d, s, e) in local_shards(self.stage).items()}

@@ -1,0 +1,394 @@
+"""ZeRO-2 / ZeRO-3 across asymmetric pipelines: sharded gradients, optimizer states, (parameters).
+
+Layout: :mod:`lightning_hexiscale.runtime.zero_layout` (each bucket's holders, one per pipeline;
+this rank owns chunk i of c = ceil(n/k) elements). Per optimizer step, for every bucket in the one
+global order of :func:`~lightning_hexiscale.runtime.zero_layout.build_buckets`:
+
+1. :meth:`ZeroSharder.reduce_grads`: reduce-scatter(SUM) of the flat bucket of local gradients
+   among its holders -> this rank's c summed elements. Pipelines weighted their losses by
+   micro_batch / global_batch, so the sum is the global-mean gradient (as in grad_sync). A local
+   gradient is freed as soon as every bucket holding a piece of it has been flattened.
+2. :meth:`ShardedOptimizer.step`: a torch optimizer of the user's class and hyper-parameters steps
+   only the c owned elements (one inner optimizer per bucket, its parameters leaf views of the
+   chunk, one per run of elements in the same param group). Element-wise optimizers (SGD, Adam,
+   AdamW) give exactly the unsharded update. Then all-gather of the updated chunks among the
+   holders -> every holder's full local parameter again (ZeRO-2 and the ``whole`` buckets of
+   ZeRO-3), and a broadcast of the replicated parameters (norms, embedding, LM head) from the
+   stage leader to its TP group, since only leaders hold those in the cross-pipeline groups.
+   ZeRO-3's ``sharded`` buckets keep their chunk as the only persistent copy (the "master"); the
+   block's full local parameters are gathered on demand (:mod:`lightning_hexiscale.runtime.zero3`).
+
+Memory per rank (bytes per local parameter, fp32 weights and AdamW, k pipelines): DDP 4 + 4 + 8;
+ZeRO-2 4 + 4 + 8/k during backward (the local gradient accumulates over the pipeline's
+micro-batches before the cross-pipeline reduction can start, because pipelines run different numbers
+of micro-batches), 4 + 4/k + 8/k after the reduce-scatter; ZeRO-3 4/k + 4 + 8/k plus one or two
+gathered blocks. Appendix B's ZeRO-2 term B + (B + K)/N assumes gradients sharded during backward too.
+
+Collectives are issued in list order with at most ``WINDOW`` in flight. Every rank's list is a
+subsequence of one global order, so the globally first unfinished bucket always has all its holders
+at it: no deadlock, whatever groups a rank belongs to.
+"""
+
+from __future__ import annotations
+
+import inspect
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.optim import Optimizer
+
+from lightning_hexiscale.runtime.parallelize import StageModule
+from lightning_hexiscale.runtime.topology import Topology
+from lightning_hexiscale.runtime.zero_layout import Bucket, Item, build_buckets, chunk_runs
+
+WINDOW = 2
+"""Bucket collectives in flight: overlap of two transfers, two buckets of transient memory."""
+
+
+def item_view(t: torch.Tensor, it: Item) -> torch.Tensor:
+    """The item's piece of a local (full-local-shape) tensor."""
+    return t if it.dim is None else t.narrow(it.dim, it.start, it.length)
+
+
+def flatten(tensors: dict[str, torch.Tensor | None], b: Bucket, like: torch.Tensor) -> torch.Tensor:
+    """Flat k*c buffer of the bucket's items (missing tensors as zeros), zero-padded."""
+    parts = []
+    for it in b.items:
+        t = tensors.get(it.name)
+        parts.append(torch.zeros(it.numel, dtype=like.dtype, device=like.device) if t is None
+                     else item_view(t, it).reshape(-1))
+    if b.padded > b.numel:
+        parts.append(torch.zeros(b.padded - b.numel, dtype=like.dtype, device=like.device))
+    return torch.cat(parts)
+
+
+def unflatten(flat: torch.Tensor, b: Bucket, into: dict[str, torch.Tensor]) -> None:
+    """Copy the flat buffer's items into the local tensors ``into[name]`` (in place)."""
+    for it, off in zip(b.items, b.offsets):
+        v = item_view(into[it.name], it)
+        v.copy_(flat[off:off + it.numel].view(v.shape))
+
+
+class _Window:
+    """Runs async collectives with at most WINDOW in flight; ``done(i, value)`` on completion."""
+
+    def __init__(self, done):
+        self.pending: list[tuple[int, Any, Any]] = []
+        self.done = done
+
+    def add(self, i: int, work, value) -> None:
+        self.pending.append((i, work, value))
+        if len(self.pending) >= WINDOW:
+            self.pop()
+
+    def pop(self) -> None:
+        i, work, value = self.pending.pop(0)
+        if work is not None:
+            work.wait()
+        self.done(i, value)
+
+    def drain(self) -> None:
+        while self.pending:
+            self.pop()
+
+
+class ZeroSharder:
+    """This rank's ZeRO state for its stage (``sharding`` is ``"zero2"`` or ``"zero3"``).
+
+    Build once per stage (after the weights are loaded), collectively (no communication here, but
+    ZeRO-3 frees the block parameters right away).
+    """
+
+    def __init__(self, stage: StageModule, topology: Topology, sharding: str, bucket_cap_bytes: int):
+        if sharding not in ("zero2", "zero3"):
+            raise ValueError(f"ZeroSharder needs zero2 or zero3, got {sharding!r}")
+        self.stage, self.topology, self.sharding = stage, topology, sharding
+        self.params = dict(stage.named_parameters())
+        first = next(iter(self.params.values()))
+        self.dtype, self.device = first.dtype, first.device
+        group_index = {r: i for i, r in enumerate(topology.all_group_ranks)}
+        self.buckets: list[Bucket] = build_buckets(topology.plan, topology.config, topology.rank, stage.shards(),
+                                                   first.element_size(), bucket_cap_bytes, group_index)
+        self.groups = [topology.group(b.ranks) if b.k > 1 else None for b in self.buckets]
+        self.grads: list[torch.Tensor | None] = [None] * len(self.buckets)
+        role = topology.role
+        shards = stage.shards()
+        # Replicated tensors reach the non-leader TP ranks by broadcast (only leaders are holders).
+        self.replicated = [n for n, s in shards.items() if s.spec.shard_dim is None] if role.tp > 1 else []
+        self.zero3 = sharding == "zero3"
+        self.masters: list[torch.Tensor | None] = [None] * len(self.buckets)
+        """ZeRO-3: the owned chunk of each ``sharded`` bucket, the only persistent copy of it."""
+        if self.zero3:
+            self.reshard_from_params()
+
+    def is_master(self, i: int) -> bool:
+        return self.zero3 and self.buckets[i].kind == "sharded"
+
+    def _chunk(self, flat: torch.Tensor, b: Bucket) -> torch.Tensor:
+        return flat[b.index * b.chunk:(b.index + 1) * b.chunk]
+
+    # ---- ZeRO-3 storage ------------------------------------------------------------------------
+    @torch.no_grad()
+    def reshard_from_params(self) -> None:
+        """ZeRO-3: masters := owned chunks of the current full local parameters, then free the
+        block parameters (p.data becomes an empty tensor; gathered again on demand)."""
+        sharded = set()
+        for i, b in enumerate(self.buckets):
+            if self.is_master(i):
+                self.masters[i] = self._chunk(flatten(self.params, b, self.params[b.items[0].name]), b).clone()
+                sharded.update(it.name for it in b.items)
+        for name in sharded:
+            self.params[name].data = torch.empty(0, dtype=self.dtype, device=self.device)
+        self.sharded_names = sorted(sharded)
+
+    # ---- gradients -------------------------------------------------------------------------------
+    @torch.no_grad()
+    def reduce_grads(self) -> None:
+        """Reduce-scatter(SUM) every bucket's gradients; frees the local full gradients.
+
+        Collective over the world: every rank calls it at the same point of the step.
+        """
+        grads = {n: p.grad for n, p in self.params.items()}
+        left = {}
+        for b in self.buckets:
+            for it in b.items:
+                left[it.name] = left.get(it.name, 0) + 1
+
+        def done(i, out):
+            self.grads[i] = out
+
+        window = _Window(done)
+        for i, b in enumerate(self.buckets):
+            flat = flatten(grads, b, torch.empty(0, dtype=self.dtype, device=self.device))
+            for it in b.items:  # the flat copy holds what is needed: drop the local gradient
+                left[it.name] -= 1
+                if left[it.name] == 0:
+                    self.params[it.name].grad = None
+                    grads[it.name] = None
+            if b.k == 1:
+                window.add(i, None, flat)
+                continue
+            out = torch.empty(b.chunk, dtype=self.dtype, device=self.device)
+            work = dist.reduce_scatter_tensor(out, flat, op=dist.ReduceOp.SUM, group=self.groups[i], async_op=True)
+            window.add(i, work, out)
+        window.drain()
+
+    def grad_norm_sq(self) -> torch.Tensor:
+        """Sum of squares of the owned gradient chunks (float64). Every element of the model's
+        gradient is owned by exactly one rank, so a world all-reduce of this is ||g||^2."""
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        for g in self.grads:
+            if g is not None:
+                total += g.double().pow(2).sum()
+        return total
+
+    @torch.no_grad()
+    def scale_grads(self, coef: float) -> None:
+        for g in self.grads:
+            if g is not None:
+                g.mul_(coef)
+
+    def all_finite(self) -> bool:
+        return all(bool(torch.isfinite(g).all()) for g in self.grads if g is not None)
+
+    # ---- parameters after the step ---------------------------------------------------------------
+    @torch.no_grad()
+    def broadcast_replicated(self) -> None:
+        """Stage leader -> its TP group: the replicated parameters (collective in the TP group)."""
+        if not self.replicated:
+            return
+        role = self.topology.role
+        flat = torch.cat([self.params[n].detach().reshape(-1) for n in self.replicated])
+        dist.broadcast(flat, src=role.leader, group=self.topology.tp_group)
+        off = 0
+        for n in self.replicated:
+            p = self.params[n]
+            p.data.copy_(flat[off:off + p.numel()].view(p.shape))
+            off += p.numel()
+
+    def attach(self, optimizer: Optimizer) -> ShardedOptimizer:
+        """A :class:`ShardedOptimizer` with ``optimizer``'s class and hyper-parameters."""
+        return ShardedOptimizer(self, optimizer)
+
+
+class ShardedOptimizer:
+    """Steps only this rank's chunks with inner optimizers of the user's optimizer class.
+
+    The user's optimizer (built on the stage parameters, e.g. by ``configure_optimizers``) keeps its
+    ``param_groups``: LR schedulers keep writing there, and every :meth:`step` copies the current
+    hyper-parameters into the inner optimizers. Its own ``state`` stays empty.
+    """
+
+    def __init__(self, sharder: ZeroSharder, optimizer: Optimizer):
+        self.sharder, self.user = sharder, optimizer
+        names = {id(p): n for n, p in sharder.params.items()}
+        group_of = {}
+        for g, group in enumerate(optimizer.param_groups):
+            for p in group["params"]:
+                group_of[names[id(p)]] = g
+        missing = [n for n in sharder.params if n not in group_of]
+        if missing:
+            raise ValueError(f"the optimizer does not cover the stage parameters {missing[:3]}: build it on "
+                             f"engine.parameters() / self.parameters()")
+        self.runs: list[list[tuple[int, int, int]]] = []
+        self.leaves: list[list[torch.Tensor]] = []
+        self.inner: list[Optimizer] = []
+        self.inner_groups: list[list[int]] = []  # inner group j -> user group g
+        for b in sharder.buckets:
+            runs = chunk_runs(b, group_of)
+            leaves = [torch.empty(0, dtype=sharder.dtype, device=sharder.device) for _ in runs]
+            gs = sorted({g for _, _, g in runs})
+            groups = [{"params": [leaf for leaf, (_, _, g2) in zip(leaves, runs) if g2 == g], **self._hyper(g)}
+                      for g in gs]
+            self.runs.append(runs)
+            self.leaves.append(leaves)
+            self.inner.append(type(optimizer)(groups, **self._defaults()))
+            self.inner_groups.append(gs)
+
+    def _defaults(self) -> dict[str, Any]:
+        # Only what the constructor accepts (AdamW's defaults carry e.g. decoupled_weight_decay);
+        # every group gets the full hyper-parameters of its user group anyway.
+        accepted = inspect.signature(type(self.user).__init__).parameters
+        return {k: v for k, v in self.user.defaults.items() if k in accepted}
+
+    def _hyper(self, g: int) -> dict[str, Any]:
+        return {k: v for k, v in self.user.param_groups[g].items() if k != "params"}
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.user.param_groups
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.sharder.params.values():
+            p.grad = None
+
+    def _bind(self, i: int, base: torch.Tensor) -> None:
+        """Point bucket i's leaves at ``base`` (the owned chunk) and its gradient chunk."""
+        g = self.sharder.grads[i]
+        for leaf, (a, b, _) in zip(self.leaves[i], self.runs[i]):
+            leaf.grad = None
+            leaf.data = base[a:b]
+            if g is not None:
+                leaf.grad = g[a:b]
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """Inner steps on the owned chunks, all-gather of updated chunks, TP broadcast (collective)."""
+        loss = closure() if closure is not None else None
+        sh = self.sharder
+        for i, gs in enumerate(self.inner_groups):
+            for j, g in enumerate(gs):
+                self.inner[i].param_groups[j].update(self._hyper(g))
+        params = {n: p.data for n, p in sh.params.items()}
+
+        def done(i, full):
+            if full is not None:
+                unflatten(full[:sh.buckets[i].padded], sh.buckets[i], params)
+
+        window = _Window(done)
+        for i, b in enumerate(sh.buckets):
+            if sh.is_master(i):
+                self._bind(i, sh.masters[i])
+                self.inner[i].step()
+                continue
+            flat = flatten(params, b, sh.params[b.items[0].name])
+            own = sh._chunk(flat, b)
+            self._bind(i, own)
+            self.inner[i].step()
+            if b.k == 1:
+                window.add(i, None, flat)
+                continue
+            full = torch.empty(b.padded, dtype=sh.dtype, device=sh.device)
+            work = dist.all_gather_into_tensor(full, own.clone(), group=sh.groups[i], async_op=True)
+            window.add(i, work, full)
+        window.drain()
+        empty = torch.empty(0, dtype=sh.dtype, device=sh.device)
+        for i in range(len(sh.buckets)):
+            sh.grads[i] = None
+            if not sh.is_master(i):
+                self._bind(i, empty)  # drop the views of the transient flat buffers
+        sh.broadcast_replicated()
+        return loss
+
+    # ---- checkpoints: full local-shape optimizer state by global name ------------------------------
+    def _vector_keys(self, i: int) -> tuple[list[str], dict[str, Any]]:
+        state = self.inner[i].state.get(self.leaves[i][0], {})
+        vec = sorted(k for k, v in state.items() if torch.is_tensor(v) and v.dim() > 0)
+        scal = {k: v for k, v in state.items() if k not in vec}
+        return vec, scal
+
+    @torch.no_grad()
+    def full_state(self) -> dict[str, dict[str, Any]]:
+        """{global name: {key: local-shape tensor or scalar}}, gathered from the holders (collective).
+
+        Parameters this rank holds only as a non-leader replica (norms etc. with TP > 1) get ``{}``:
+        the checkpoint writer takes those from the stage leader.
+        """
+        sh = self.sharder
+        out: dict[str, dict[str, Any]] = {n: {} for n in sh.params}
+        shapes = {n: sh.stage.shards()[n] for n in sh.params}
+        for i, b in enumerate(sh.buckets):
+            vec, scal = self._vector_keys(i)
+            for key in vec:
+                own = torch.cat([self.inner[i].state[leaf][key].reshape(-1) for leaf in self.leaves[i]])
+                full = own
+                if b.k > 1:
+                    full = torch.empty(b.padded, dtype=own.dtype, device=own.device)
+                    dist.all_gather_into_tensor(full, own.contiguous(), group=sh.groups[i])
+                into = {}
+                for it in b.items:
+                    if key not in out[it.name]:
+                        s = shapes[it.name]
+                        shape = list(s.spec.shape)
+                        if s.spec.shard_dim is not None:
+                            shape[s.spec.shard_dim] = s.end - s.start
+                        out[it.name][key] = torch.zeros(shape, dtype=own.dtype, device=own.device)
+                    into[it.name] = out[it.name][key]
+                unflatten(full, b, into)
+            for it in b.items:
+                for k, v in scal.items():
+                    out[it.name][k] = v.clone() if torch.is_tensor(v) else v
+        return out
+
+    @torch.no_grad()
+    def load_full_state(self, state: dict[str, dict[str, Any]]) -> None:
+        """Inverse of :meth:`full_state` (no communication: each rank slices its own chunks)."""
+        sh = self.sharder
+        for i, b in enumerate(sh.buckets):
+            first = state.get(b.items[0].name, {})
+            vec = sorted(k for k, v in first.items() if torch.is_tensor(v) and v.dim() > 0)
+            per_leaf: list[dict[str, Any]] = [{} for _ in self.leaves[i]]
+            for key in vec:
+                flat = flatten({it.name: state[it.name][key] for it in b.items}, b, first[key])
+                own = sh._chunk(flat, b)
+                for d, (a, e, _) in zip(per_leaf, self.runs[i]):
+                    d[key] = own[a:e].clone()
+            for d in per_leaf:
+                for k, v in first.items():
+                    if k not in vec:
+                        d[k] = v.clone() if torch.is_tensor(v) else v
+            self.inner[i].state.clear()
+            for leaf, d in zip(self.leaves[i], per_leaf):
+                if d:
+                    self.inner[i].state[leaf] = d
+
+    def checkpoint_view(self) -> SimpleNamespace:
+        """An object the plan-independent checkpoint code reads like a torch optimizer:
+        ``param_groups`` (the user's) and ``state`` {param: full local-shape state}. Collective."""
+        full = self.full_state()
+        # A non-leader TP rank holds no state for the replicated tensors (its leader does, and the
+        # writer takes replicated values from the leader); it still lists the same keys, as None.
+        keys = next((list(st) for st in full.values() if st), [])
+        state = {p: full[n] or dict.fromkeys(keys) for n, p in self.sharder.params.items()}
+        return SimpleNamespace(param_groups=self.user.param_groups, state=state, load_state_dict=self.load_state_dict)
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        """torch's optimizer state-dict format (indices in param-group order, as
+        :func:`lightning_hexiscale.runtime.checkpoint.load_optimizer` builds it)."""
+        names = {id(p): n for n, p in self.sharder.params.items()}
+        order = [names[id(p)] for g in self.user.param_groups for p in g["params"]]
+        self.load_full_state({order[idx]: st for idx, st in sd["state"].items()})
+        for group, saved in zip(self.user.param_groups, sd["param_groups"]):
+            group.update({k: v for k, v in saved.items() if k != "params"})
