@@ -220,7 +220,14 @@ def draw_plan(plan, cluster, path: str | Path, title: str = "") -> None:
             main = max(kinds, key=kinds.get)
             a, b = st.layers
             ax.add_patch(Rectangle((a, y + 0.08), b - a, 0.84, facecolor=colour[main], edgecolor="black", alpha=0.85))
-            label = f"{'+'.join(f'{n}x{t}' for t, n in kinds.items())}\nTP{st.tp} L{a}-{b - 1}"
+            # narrow boxes get a shorter label (or none) so that neighbours do not overprint
+            width = (b - a) / L * fig.get_figwidth() * 72  # points
+            if width >= 60:
+                label = f"{'+'.join(f'{n}x{t}' for t, n in kinds.items())}\nTP{st.tp} L{a}-{b - 1}"
+            elif width >= 18:
+                label = f"TP{st.tp}"
+            else:
+                label = ""
             ax.text((a + b) / 2, y + 0.5, label, ha="center", va="center", fontsize=7, clip_on=True)
         ax.text(-0.5, y + 0.5, f"p{i} b{pipe.batch_size}/{pipe.micro_batch_size}", ha="right", va="center", fontsize=8)
     ax.set_xlim(0, L)
