@@ -78,8 +78,8 @@ def fallback_data_parallel_plan(cluster: Cluster, config: LlamaConfig, global_ba
 
 def search_plan(cluster: Cluster, config: LlamaConfig, global_batch: int, overrides: dict[str, Any], *,
                 dtype: str = "bf16", seed: int = 0, iterations: int = 20, progress: bool = False):
-    """The planner's search (§4) -> (Plan, Estimate or None). Gradient sync in the runtime is DDP-style,
-    so the search is bound to ``dp_sharding='ddp'`` unless the caller overrides it."""
+    """The planner's search (§4) -> (Plan, Estimate or None). The runtime runs ddp, zero2 and zero3, so
+    the search picks the sharding with the cost model unless ``overrides['dp_sharding']`` binds it."""
     from lightning_hexiscale.planner.estimate import Workload
 
     try:
@@ -94,7 +94,7 @@ def search_plan(cluster: Cluster, config: LlamaConfig, global_batch: int, overri
                               schedule=overrides.get("schedule") or "1f1b",
                               recompute=True if overrides.get("recompute") is None else bool(overrides["recompute"]),
                               micro_batch_size=overrides.get("micro_batch_size"),
-                              dp_sharding=overrides.get("dp_sharding") or "ddp")
+                              dp_sharding=overrides.get("dp_sharding") or None)
     result = search(cluster, Workload(config, dtype=dtype), global_batch, settings)
     return result.plan, result.estimate
 

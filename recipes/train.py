@@ -93,9 +93,9 @@ def make_plan(cfg: DictConfig, cluster, model, out: Path):
     elif not is_rank_zero() and saved.is_file():
         plan = Plan.load(saved)
     else:
-        # The runtime synchronises gradients DDP-style, so the search is bound to ddp unless told otherwise.
+        # The search picks ddp / zero2 / zero3 with the cost model unless train.dp_sharding was given.
         p = cfg.planner
-        plan, _ = search_plan(cluster, model, gb, {"dp_sharding": "ddp", **overrides}, dtype=workload.dtype,
+        plan, _ = search_plan(cluster, model, gb, overrides, dtype=workload.dtype,
                               seed=int(p.seed), iterations=int(p.iterations), progress=False)
     plan.validate(cluster, model, global_batch=gb if (not cfg.plan or _explicit(given, "train.global_batch")) else None)
     return plan, estimate(plan, cluster, workload)

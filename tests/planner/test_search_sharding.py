@@ -1,0 +1,34 @@
+"""The planner picks dp_sharding per cluster with the cost model, or takes it from the caller
+(``train.dp_sharding`` / ``HexiScaleStrategy(dp_sharding=...)``), through the entry point the
+strategy and the recipe use (:func:`lightning_hexiscale.strategy_plan.search_plan`)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from lightning_hexiscale.cluster import Cluster
+from lightning_hexiscale.models.config import LlamaConfig
+from lightning_hexiscale.planner.estimate import Workload, estimate
+from lightning_hexiscale.strategy_plan import search_plan
+
+
+@pytest.mark.parametrize("cluster,model,batch", [("hetero1", "llama2_7b", 64), ("cpu_hetero4", "llama_tiny", 16)])
+def test_search_picks_the_cheapest_sharding_for_its_layout(cluster, model, batch):
+    c, m = Cluster.load(cluster), LlamaConfig.load(model)
+    plan, est = search_plan(c, m, batch, {}, iterations=4)
+    assert plan.dp_sharding in ("ddp", "zero2", "zero3")
+    w = Workload(m)
+    # Same layout under the other shardings: none is feasible and faster than the chosen one.
+    for other in ("ddp", "zero2", "zero3"):
+        alt = estimate(dataclasses.replace(plan, dp_sharding=other), c, w)
+        if alt.feasible:
+            assert est.iteration_time_s <= alt.iteration_time_s * (1 + 1e-9), other
+
+
+@pytest.mark.parametrize("sharding", ["ddp", "zero2", "zero3"])
+def test_explicit_sharding_binds_the_search(sharding):
+    plan, _ = search_plan(Cluster.load("cpu_hetero4"), LlamaConfig.load("llama_tiny"), 16,
+                          {"dp_sharding": sharding}, iterations=3)
+    assert plan.dp_sharding == sharding
