@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from lightning_hexiscale.runtime.topology import role_of
-from lightning_hexiscale.runtime.zero import ZeroSharder
+from lightning_hexiscale.runtime.zero import ZeroSharder, unflatten
 
 
 class Zero3Gatherer:
@@ -113,8 +113,6 @@ class Zero3Gatherer:
             shape = list(s.spec.shape)
             shape[s.spec.shard_dim] = s.end - s.start
             tensors[name] = torch.empty(shape, dtype=sh.dtype, device=sh.device)
-        from lightning_hexiscale.runtime.zero import unflatten
-
         for b, full in fulls:
             unflatten(full, b, tensors)
         for name, t in tensors.items():
