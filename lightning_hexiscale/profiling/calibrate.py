@@ -1,9 +1,9 @@
-"""Calibration: fit the cost model's efficiency per device type and theta_ddp to measured steps.
+"""Calibration: fit the cost model's efficiency per device type, sync latency and theta_ddp to measured steps.
 
 The profile measures hardware (a large square matmul, ping-pong links); training runs smaller,
-thinner matmuls plus attention, norms and element-wise work, so the model's compute rate is a
-fraction of the matmul rate, and the data-parallel sync overlaps (or does not) in its own way.
-Two steps, each a few measured training steps on the ranks themselves:
+thinner matmuls plus attention, norms and element-wise work, synchronises ranks that finish their
+work at slightly different times, and overlaps (or does not) the data-parallel sync in its own way.
+Three constants, fitted in this order to a few measured training steps on the ranks themselves:
 
 1. Efficiency per device type. Every rank trains the whole model alone (no communication; all
    ranks at once, as in training, so shared cores are shared here too) and
@@ -11,10 +11,18 @@ Two steps, each a few measured training steps on the ranks themselves:
    where T_est is the cost model's time for that one-device, one-stage plan (pure compute: layers
    x (fwd + 2 fwd for backward [+ fwd when recomputing]) + LM head, at FLOP/s = peak x efficiency).
    Compute time is proportional to 1/efficiency, so one multiplicative step fits it exactly.
-2. theta_ddp (Appendix B eq. 5, DDP: theta_1 * max(T_b, 2 T_comm) for the last backward and the
+2. Sync latency delta (seconds), added to every off-diagonal alpha[d, d']. The ping-pong alpha is
+   the link's; a collective also waits for its slowest member and for a blocked rank to be woken
+   up (on a virtual machine a sleeping vCPU can take ~2 ms to wake). A plan of TP-2 stages over
+   rank pairs (0,1), (2,3), ... is measured, and delta in [0, 20 ms] is the value whose estimate
+   matches it (Appendix B eq. 1 charges 4 alpha per layer-forward of a TP-2 stage, so the TP plan
+   pins alpha down).
+3. theta_ddp (Appendix B eq. 5, DDP: theta_1 * max(T_b, 2 T_comm) for the last backward and the
    gradient all-reduce). A pure data-parallel plan over all ranks is measured, and theta is the
-   value whose estimate matches it, found on a geometric grid over [0.1, 20] (the estimate is
-   monotone non-decreasing in theta; ties, where the estimate is flat, go to the theta nearest 1).
+   value whose estimate matches it, on a geometric grid over [0.1, 20] (ties, where the estimate is
+   flat, go to the theta nearest 1).
+Steps 2 and 3 are refined in turn (three rounds), since each plan's estimate depends a little on
+the other constant. Each fit is a 1-D search on a grid: the estimate is monotone in each constant.
 
 theta_zero2 / theta_zero3_* stay 1.0: the runtime has no ZeRO-2/3 sharding to measure them on.
 """
@@ -51,25 +59,37 @@ def fit_efficiency(types: Sequence[str], predicted_s: Sequence[float], measured_
     return out
 
 
+def fit_scalar(predict: Callable[[float], float], measured_s: float, grid: Sequence[float],
+               prefer: float) -> float:
+    """The grid value whose prediction is nearest ``measured_s`` (relative error); among equally good
+    values (a flat part of the estimate) the one nearest ``prefer``."""
+    g = np.asarray(list(grid) + [prefer], dtype=float)
+    errs = np.array([abs(predict(float(x)) - measured_s) / measured_s for x in g])
+    tied = g[errs <= errs.min() + 1e-9]
+    return float(tied[np.argmin(np.abs(tied - prefer))])
+
+
 def fit_theta(predict: Callable[[float], float], measured_s: float, lo: float = 0.1, hi: float = 20.0,
               points: int = 400) -> float:
-    """The theta in [lo, hi] whose prediction is nearest ``measured_s`` (relative error); among equally
-    good values (a flat part of the estimate) the one nearest 1 in log scale."""
-    grid = np.geomspace(lo, hi, points)
-    grid = np.append(grid, 1.0)
-    errs = np.array([abs(predict(float(th)) - measured_s) / measured_s for th in grid])
-    best = errs.min()
-    tied = grid[errs <= best + 1e-9]
-    return float(tied[np.argmin(np.abs(np.log(tied)))])
+    """theta in [lo, hi] (geometric grid) matching ``measured_s``; ties go to the theta nearest 1."""
+    return fit_scalar(predict, measured_s, np.geomspace(lo, hi, points), 1.0)
+
+
+def fit_sync_latency(predict: Callable[[float], float], measured_s: float, hi: float = 20e-3,
+                     points: int = 801) -> float:
+    """delta in [0, hi] seconds (25 us steps by default) matching ``measured_s``; ties go to 0."""
+    return fit_scalar(predict, measured_s, np.linspace(0.0, hi, points), 0.0)
 
 
 def with_calibration(cluster: Cluster, efficiency: dict[str, float] | None = None,
-                     calibration: Calibration | None = None) -> Cluster:
-    """A copy of ``cluster`` whose device FLOP/s are peak x the given efficiency per type and whose
-    theta constants are ``calibration`` (unchanged where not given)."""
+                     calibration: Calibration | None = None, sync_latency_s: float = 0.0) -> Cluster:
+    """A copy of ``cluster`` whose device FLOP/s are peak x the given efficiency per type, whose theta
+    constants are ``calibration`` (unchanged where not given) and whose off-diagonal latencies are
+    raised by ``sync_latency_s``."""
     eff = efficiency or {}
     devices = [replace(d, flops=d.peak_flops * eff[d.gpu_type]) if d.gpu_type in eff else d for d in cluster.devices]
-    return Cluster(cluster.name, devices, list(cluster.machines), cluster.bandwidth.copy(), cluster.latency.copy(),
+    latency = cluster.latency + sync_latency_s * (1.0 - np.eye(cluster.num_devices))
+    return Cluster(cluster.name, devices, list(cluster.machines), cluster.bandwidth.copy(), latency,
                    calibration or cluster.calibration, cluster.description)
 
 
@@ -92,6 +112,17 @@ def pure_dp_plan(world: int, config: LlamaConfig, micro_batch: int, num_micro_ba
                            "pipelines": [{"batch_size": b, "micro_batch_size": micro_batch,
                                           "stages": [{"devices": [r], "layers": [0, config.num_layers]}]}
                                          for r in range(world)]})
+
+
+def tp_pairs_plan(world: int, config: LlamaConfig, micro_batch: int, num_micro_batches: int, recompute: bool) -> Plan:
+    """One pipeline per rank pair (0,1), (2,3), ...: a single TP-2 stage over all layers (an odd last
+    rank gets a single-device pipeline), equal batches."""
+    b = micro_batch * num_micro_batches
+    groups = [[r, r + 1] for r in range(0, world - 1, 2)] + ([[world - 1]] if world % 2 else [])
+    return Plan.from_dict({"num_layers": config.num_layers, "schedule": "1f1b", "recompute": recompute,
+                           "pipelines": [{"batch_size": b, "micro_batch_size": micro_batch,
+                                          "stages": [{"devices": g, "layers": [0, config.num_layers]}]}
+                                         for g in groups]})
 
 
 # ---- measurement on the ranks ------------------------------------------------------------------
@@ -129,22 +160,28 @@ def measure_compute_rank(rank: int, world: int, config: LlamaConfig, micro_batch
 class CalibrationResult:
     efficiency: dict[str, float]
     """Fitted efficiency per device type."""
+    sync_latency_s: float
+    """Fitted delta added to every off-diagonal alpha (s)."""
     theta_ddp: float
     compute_measured_s: list[float]
     """Per rank: measured compute-only time of the calibration batch."""
     compute_predicted_s: list[float]
     """Per rank: its estimate before the fit."""
+    tp_measured_s: float
+    tp_predicted_s: tuple[float, float]
+    """TP-pairs plan estimate (fitted efficiency, delta 0, theta 1) and after the full fit."""
     dp_measured_s: float
-    dp_predicted_before_s: float
-    """Pure-DP estimate with the fitted efficiency and theta_ddp = 1."""
-    dp_predicted_after_s: float
+    dp_predicted_s: tuple[float, float]
+    """Pure-DP estimate (fitted efficiency, delta 0, theta 1) and after the full fit."""
 
     def summary(self) -> str:
         lines = ["efficiency per device type: " + ", ".join(f"{t} {e:.4f}" for t, e in self.efficiency.items())]
         for r, (p, m) in enumerate(zip(self.compute_predicted_s, self.compute_measured_s)):
             lines.append(f"  rank {r}: compute alone measured {m:.3f} s, estimated {p:.3f} s before calibration")
+        lines.append(f"sync latency delta = {self.sync_latency_s * 1e6:.0f} us: TP-2 pairs measured {self.tp_measured_s:.3f} s, "
+                     f"estimated {self.tp_predicted_s[0]:.3f} s before, {self.tp_predicted_s[1]:.3f} s after")
         lines.append(f"theta_ddp = {self.theta_ddp:.3f}: pure DP measured {self.dp_measured_s:.3f} s, estimated "
-                     f"{self.dp_predicted_before_s:.3f} s with theta 1, {self.dp_predicted_after_s:.3f} s after")
+                     f"{self.dp_predicted_s[0]:.3f} s before, {self.dp_predicted_s[1]:.3f} s after")
         return "\n".join(lines)
 
 
@@ -153,52 +190,101 @@ def _calibrate_rank(rank: int, world: int, config: LlamaConfig, micro_batch: int
     from lightning_hexiscale.profiling.check import measure_plan_rank
 
     compute = measure_compute_rank(rank, world, config, micro_batch, num_micro_batches, recompute, steps, warmup)
-    plan = pure_dp_plan(world, config, micro_batch, num_micro_batches, recompute)
-    dp = measure_plan_rank(rank, world, plan.to_dict(), config, steps, warmup)
+    tp_plan = tp_pairs_plan(world, config, micro_batch, num_micro_batches, recompute)
+    tp = measure_plan_rank(rank, world, tp_plan.to_dict(), config, steps, warmup) if world > 1 else None
+    dp_plan = pure_dp_plan(world, config, micro_batch, num_micro_batches, recompute)
+    dp = measure_plan_rank(rank, world, dp_plan.to_dict(), config, steps, warmup)
     everything: list = [None] * world
-    dist.all_gather_object(everything, (compute, dp))
+    dist.all_gather_object(everything, (compute, tp, dp))
     return everything if rank == 0 else None
 
 
-def calibrate(cluster: Cluster, config: LlamaConfig, micro_batch: int = 2, num_micro_batches: int = 2,
-              recompute: bool = False, steps: int = 5, warmup: int = 1, local: int | None = None,
-              timeout_s: float = 900.0, stat: str = "min") -> CalibrationResult | None:
-    """Measure on ``local`` forked ranks (or the launcher's ranks) and fit; None on ranks > 0.
+@dataclass(frozen=True)
+class CalibrationSteps:
+    """Raw step times of the two calibration measurements (seconds)."""
 
-    ``stat`` reduces the timed steps to one time (``min`` or ``median``, see
-    :data:`~lightning_hexiscale.profiling.check.STATS`); use the same when checking estimates.
-    """
+    compute_s: list[list[float]]
+    """Per rank: its timed compute-only steps."""
+    tp_steps_s: list[float]
+    """Per timed step of the TP-pairs plan: the slowest rank's step time (empty for one rank)."""
+    dp_steps_s: list[float]
+    """Per timed pure-DP step: the slowest rank's step time."""
+
+    def merged(self, other: CalibrationSteps) -> CalibrationSteps:
+        """Both launches' steps together (so the fastest / median is over all of them)."""
+        return CalibrationSteps([a + b for a, b in zip(self.compute_s, other.compute_s)],
+                                self.tp_steps_s + other.tp_steps_s, self.dp_steps_s + other.dp_steps_s)
+
+
+def measure_calibration(world: int, config: LlamaConfig, micro_batch: int = 2, num_micro_batches: int = 2,
+                        recompute: bool = False, steps: int = 5, warmup: int = 1, local: int | None = None,
+                        timeout_s: float = 900.0) -> CalibrationSteps | None:
+    """Run both calibration measurements on ``local`` forked ranks (or the launcher's ranks, when
+    ``local`` is None); the steps on rank 0 / local, None on the other ranks."""
     from lightning_hexiscale.profiling.check import PlanMeasurement
     from lightning_hexiscale.profiling.launch import run_from_env, run_local
 
-    world = cluster.num_devices
     args = (config, micro_batch, num_micro_batches, recompute, steps, warmup)
     if local is not None:
         if local != world:
             from lightning_hexiscale.errors import ConfigError
 
-            raise ConfigError("--local", local, f"the cluster {cluster.name} has {world} devices, one per rank",
-                              f"use --local {world}")
+            raise ConfigError("--local", local, f"the cluster has {world} devices, one per rank", f"use --local {world}")
         per_rank = run_local(local, _calibrate_rank, *args, timeout_s=timeout_s)[0]
     else:
         per_rank = run_from_env(_calibrate_rank, *args, timeout_s=timeout_s)
         if per_rank is None:
             return None
+    tp = PlanMeasurement.from_ranks([t for _, t, _ in per_rank]).steps_s if world > 1 else []
+    return CalibrationSteps([c for c, _, _ in per_rank], tp, PlanMeasurement.from_ranks([d for _, _, d in per_rank]).steps_s)
+
+
+def fit_calibration(cluster: Cluster, config: LlamaConfig, measured: CalibrationSteps, micro_batch: int = 2,
+                    num_micro_batches: int = 2, recompute: bool = False, stat: str = "min") -> CalibrationResult:
+    """Fit efficiency per device type, then theta_ddp, to ``measured`` (see the module docstring).
+
+    ``stat`` reduces step times to one time (``min`` or ``median``, see
+    :data:`~lightning_hexiscale.profiling.check.STATS`); use the same when checking estimates.
+    """
     reduce = min if stat == "min" else statistics.median
-    compute_meas = [reduce(c) for c, _ in per_rank]
-    dp = PlanMeasurement.from_ranks([d for _, d in per_rank])
-    dp_s = dp.iteration_s(stat)
+    world = cluster.num_devices
+    compute_meas = [reduce(c) for c in measured.compute_s]
     workload = cpu_workload(config)
     one = single_device_plan(config, micro_batch, num_micro_batches, recompute)
-    pred = [estimate(one, cluster.subset([r]), workload).iteration_time_s for r in range(world)]
+    base = Calibration(**{**cluster.calibration.__dict__, "theta_ddp": 1.0})
+    # theta 1 for the compute-only plan: the estimate applies theta_ddp to the last backward even
+    # of a single pipeline (eq. 5 read literally), but a rank training alone overlaps nothing.
+    plain = with_calibration(cluster, calibration=base)
+    pred = [estimate(one, plain.subset([r]), workload).iteration_time_s for r in range(world)]
     types = [d.gpu_type for d in cluster.devices]
     eff = fit_efficiency(types, pred, compute_meas, current_efficiency(cluster))
-    fitted = with_calibration(cluster, eff)
-    plan = pure_dp_plan(world, config, micro_batch, num_micro_batches, recompute)
+    dp_plan = pure_dp_plan(world, config, micro_batch, num_micro_batches, recompute)
+    tp_plan = tp_pairs_plan(world, config, micro_batch, num_micro_batches, recompute)
 
-    def predict(theta: float) -> float:
-        c = with_calibration(fitted, calibration=replace(cluster.calibration, theta_ddp=theta))
+    def predict(plan: Plan, delta: float, theta: float) -> float:
+        c = with_calibration(cluster, eff, replace(base, theta_ddp=theta), delta)
         return estimate(plan, c, workload).iteration_time_s
 
-    theta = fit_theta(predict, dp_s) if world > 1 else cluster.calibration.theta_ddp
-    return CalibrationResult(eff, theta, compute_meas, pred, dp_s, predict(1.0), predict(theta))
+    dp_s = reduce(measured.dp_steps_s)
+    delta, theta = 0.0, 1.0
+    if world > 1:
+        tp_s = reduce(measured.tp_steps_s)
+        for _ in range(3):
+            delta = fit_sync_latency(lambda d: predict(tp_plan, d, theta), tp_s)
+            theta = fit_theta(lambda t: predict(dp_plan, delta, t), dp_s)
+        tp_pred = (predict(tp_plan, 0.0, 1.0), predict(tp_plan, delta, theta))
+    else:
+        tp_s, tp_pred = float("nan"), (float("nan"), float("nan"))
+    return CalibrationResult(eff, delta, theta, compute_meas, pred, tp_s, tp_pred, dp_s,
+                             (predict(dp_plan, 0.0, 1.0), predict(dp_plan, delta, theta)))
+
+
+def calibrate(cluster: Cluster, config: LlamaConfig, micro_batch: int = 2, num_micro_batches: int = 2,
+              recompute: bool = False, steps: int = 5, warmup: int = 1, local: int | None = None,
+              timeout_s: float = 900.0, stat: str = "min") -> CalibrationResult | None:
+    """Measure (:func:`measure_calibration`) and fit (:func:`fit_calibration`); None on ranks > 0."""
+    measured = measure_calibration(cluster.num_devices, config, micro_batch, num_micro_batches, recompute, steps,
+                                   warmup, local, timeout_s)
+    if measured is None:
+        return None
+    return fit_calibration(cluster, config, measured, micro_batch, num_micro_batches, recompute, stat)

@@ -50,18 +50,19 @@ def _cluster_file(overrides: list[str]) -> Path:
                       "calibrate writes its fit into a cluster FILE", "pass cluster=PATH.yaml (e.g. from `hexiscale profile`)")
 
 
-@subcommand("calibrate", "fit efficiency per device type and theta_ddp to measured training steps; "
+@subcommand("calibrate", "fit efficiency per device type, sync latency and theta_ddp to measured training steps; "
                          "store them in the cluster file", _calibrate_args)
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from lightning_hexiscale.cluster import Cluster
     from lightning_hexiscale.config import compose
     from lightning_hexiscale.models.config import LlamaConfig
-    from lightning_hexiscale.profiling.calibrate import calibrate
-    from lightning_hexiscale.profiling.writer import update_calibration
+    from lightning_hexiscale.profiling.calibrate import calibrate, with_calibration
+    from lightning_hexiscale.profiling.writer import previous_sync_latency, update_calibration
 
     path = _cluster_file(args.overrides)
     cfg = compose(args.overrides)
-    cluster = Cluster.from_config(cfg.cluster)
+    # Fit against the measured link latencies: take out a delta an earlier calibration added.
+    cluster = with_calibration(Cluster.from_config(cfg.cluster), sync_latency_s=-previous_sync_latency(path))
     model = LlamaConfig.from_config(cfg.model)
     res = calibrate(cluster, model, args.micro_batch, args.micro_batches, args.recompute, args.steps, args.warmup,
                     args.local, args.timeout, args.stat)
@@ -71,7 +72,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else path
     if out.resolve() != path.resolve():
         shutil.copyfile(path, out)
-    update_calibration(out, {"theta_ddp": res.theta_ddp}, res.efficiency)
+    update_calibration(out, {"theta_ddp": res.theta_ddp}, res.efficiency, res.sync_latency_s)
     Cluster.load(str(out))  # the written file must still load
     print(f"wrote calibration to {out}")
     return 0

@@ -185,9 +185,15 @@ def write_cluster(p: ProfileResult, out: str | Path, name: str | None = None,
     return out, mpath
 
 
-def update_calibration(path: str | Path, calibration: dict[str, float], efficiency: dict[str, float]) -> None:
+def update_calibration(path: str | Path, calibration: dict[str, float], efficiency: dict[str, float],
+                       sync_latency_s: float | None = None) -> None:
     """Rewrite a profiled cluster YAML with fitted ``calibration`` and ``gpu_types.*.efficiency``,
-    keeping its header comments and every other field."""
+    keeping its header comments and every other field.
+
+    With ``sync_latency_s`` (delta, seconds) the matrix file is rewritten too: its measured link
+    latencies are kept as ``latency_link_s`` and ``latency_s`` := latency_link_s + delta off the
+    diagonal, so that calibrating again replaces delta instead of adding to it.
+    """
     path = Path(path)
     text = path.read_text()
     header = [ln for ln in text.splitlines() if ln.startswith("#")]
@@ -201,9 +207,30 @@ def update_calibration(path: str | Path, calibration: dict[str, float], efficien
         if not (math.isfinite(e) and e > 0):
             raise ValueError(f"efficiency of {t} must be a finite positive number, got {e}")
         doc["gpu_types"][t]["efficiency"] = float(e)
-    stamp = f"# Calibrated {datetime.datetime.now().isoformat(timespec='seconds')}: " + ", ".join(
-        [f"{k}={v:.4g}" for k, v in calibration.items()] + [f"efficiency[{t}]={e:.4g}" for t, e in efficiency.items()])
+    notes = [f"{k}={v:.4g}" for k, v in calibration.items()] + [f"efficiency[{t}]={e:.4g}" for t, e in efficiency.items()]
+    if sync_latency_s is not None:
+        if not (math.isfinite(sync_latency_s) and sync_latency_s >= 0):
+            raise ValueError(f"sync latency must be a finite number >= 0 s, got {sync_latency_s}")
+        mpath = Path(doc["matrix_file"])
+        mdoc = yaml.safe_load(mpath.read_text())
+        link = np.asarray(mdoc.get("latency_link_s", mdoc["latency_s"]), dtype=float)
+        n = len(link)
+        mdoc["latency_link_s"] = [[float(x) for x in row] for row in link]
+        mdoc["latency_s"] = [[float(x) for x in row] for row in link + sync_latency_s * (1.0 - np.eye(n))]
+        mdoc["sync_latency_s"] = float(sync_latency_s)
+        _atomic_write(mpath, yaml.safe_dump(mdoc, sort_keys=False, width=1 << 16))
+        notes.append(f"sync latency {sync_latency_s * 1e6:.0f} us added to every alpha in {mpath.name}")
+    stamp = f"# Calibrated {datetime.datetime.now().isoformat(timespec='seconds')}: " + ", ".join(notes)
     _atomic_write(path, "\n".join(header + [stamp]) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=1 << 16))
+
+
+def previous_sync_latency(path: str | Path) -> float:
+    """The sync latency delta (s) a calibrated cluster file already added to its alphas (0 if none)."""
+    doc = yaml.safe_load(Path(path).read_text())
+    mfile = doc.get("matrix_file")
+    if not mfile or not Path(mfile).is_file():
+        return 0.0
+    return float((yaml.safe_load(Path(mfile).read_text()) or {}).get("sync_latency_s", 0.0))
 
 
 def link_summary(p: ProfileResult) -> str:
