@@ -238,9 +238,16 @@ def load_yaml_node(path: str | Path, schema: type, key: str) -> DictConfig:
     if isinstance(raw, DictConfig) and "defaults" in raw:
         raw = OmegaConf.masked_copy(raw, [k for k in raw if k != "defaults"])
     try:
-        return OmegaConf.merge(OmegaConf.structured(schema), raw)
+        node = OmegaConf.merge(OmegaConf.structured(schema), raw)
     except Exception as e:
         raise ConfigError(key, str(path), _clean(str(e)), "see conf/ for the schema of this file") from None
+    # A relative matrix_file is first looked up next to the cluster file itself, so a profiled
+    # cluster (YAML + matrix) can be moved as a pair.
+    if schema is ClusterConfig and node.matrix_file and not Path(node.matrix_file).is_absolute():
+        beside = Path(path).resolve().parent / node.matrix_file
+        if beside.is_file():
+            node.matrix_file = str(beside)
+    return node
 
 
 def _compose_error(e: Exception, overrides: list[str]) -> ConfigError:

@@ -137,3 +137,13 @@ def test_unknown_preset_lists_the_presets():
         Cluster.load("hetero9")
     with pytest.raises(ConfigError, match="available cluster presets"):
         compose(["cluster=hetero9"])
+
+
+def test_relative_matrix_file_resolves_next_to_the_cluster_file(tmp_path, monkeypatch):
+    sub = tmp_path / "profiled"
+    sub.mkdir()
+    (sub / "m.yaml").write_text(yaml.safe_dump({"bandwidth_Bps": [[0, 7e9], [7e9, 0]], "latency_s": [[0, 1e-5], [1e-5, 0]]}))
+    path = _write(sub, dict(BASE, matrix_file="m.yaml"))
+    monkeypatch.chdir(tmp_path)  # the matrix is not in the working directory
+    assert Cluster.load(str(path)).bandwidth[0, 1] == 7e9
+    assert Cluster.from_config(compose([f"cluster={path}"]).cluster).bandwidth[0, 1] == 7e9

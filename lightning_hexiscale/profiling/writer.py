@@ -11,9 +11,9 @@ Output, for a profile named ``NAME`` written to ``DIR/NAME.yaml``:
   ``intra_bandwidth`` / ``inter_machine`` carry medians for reading; the measured matrices override them.
 - ``DIR/NAME.matrix.yaml``: ``bandwidth_Bps`` and ``latency_s`` N x N (symmetric; diagonal inf / 0),
   plus the per-rank raw figures (flops, memory, hosts) and the fit residuals, for the record.
-  ``matrix_file`` in the cluster YAML is written as an ABSOLUTE path: the loader resolves relative
-  paths against the working directory then conf/, not against the YAML's folder, so an absolute
-  path is the one that works from anywhere on this machine (after moving the two files, edit it).
+  ``matrix_file`` in the cluster YAML is written as an absolute path, which works from anywhere on
+  this machine; the loader also resolves a relative path against the YAML's own folder first, so
+  after moving the two files together, ``matrix_file: NAME.matrix.yaml`` is enough.
 """
 
 from __future__ import annotations

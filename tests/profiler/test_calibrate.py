@@ -97,7 +97,7 @@ def test_plan_measurement_statistics():
 def test_calibrate_and_check_estimate_cli_on_two_ranks(tmp_path, capsys):
     """Profile -> calibrate (writes theta_ddp and efficiency) -> check-estimate --json, 2 CPU ranks."""
     prof = tmp_path / "p.yaml"
-    assert main(["profile", "--local", "2", "--out", str(prof), "--sizes", "1KiB,256KiB,1MiB", "--reps", "3",
+    assert main(["profile", "--local", "2", "--out", str(prof), "--sizes", "1KiB,1MiB,8MiB", "--reps", "3",
                  "--matmul-size", "256", "--matmul-time", "0.2"]) == 0
     model = [f"model.{k}={v}" for k, v in MODEL.to_dict().items() if k not in ("rms_norm_eps", "rope_theta")]
     assert main(["calibrate", "--local", "2", "--steps", "2", f"cluster={prof}", *model]) == 0
