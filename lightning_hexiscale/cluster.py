@@ -236,15 +236,9 @@ class Cluster:
     @classmethod
     def load(cls, name_or_path: str) -> Cluster:
         """A preset name (conf/cluster/NAME.yaml) or a path to a cluster YAML."""
-        from lightning_hexiscale.config import ClusterConfig, conf_dir, load_yaml_node, preset_names
+        from lightning_hexiscale.config import ClusterConfig, load_preset
 
-        p = Path(name_or_path)
-        if not p.is_file():
-            p = conf_dir() / "cluster" / f"{name_or_path}.yaml"
-            if not p.is_file():
-                raise ConfigError("cluster", name_or_path, "no such preset or file",
-                                  f"use a path or one of: {', '.join(preset_names('cluster'))}")
-        return cls.from_config(load_yaml_node(p, ClusterConfig, "cluster"))
+        return cls.from_config(load_preset("cluster", name_or_path, ClusterConfig))
 
 
 def _pos_float(v: Any, key: str) -> float:

@@ -193,6 +193,17 @@ def preset_names(group: str) -> list[str]:
     return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
 
 
+def load_preset(group: str, name_or_path: str, schema: type) -> DictConfig:
+    """A preset name (conf/<group>/NAME.yaml) or a path to a YAML file, checked against ``schema``."""
+    p = Path(name_or_path)
+    if not p.is_file():
+        p = conf_dir() / group / f"{name_or_path}.yaml"
+        if not p.is_file():
+            raise ConfigError(group, name_or_path, "no such preset or file",
+                              f"use a path or one of: {', '.join(preset_names(group))}")
+    return load_yaml_node(p, schema, group)
+
+
 def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "config") -> DictConfig:
     """Compose conf/<config_name>.yaml with Hydra-style overrides (``cluster=hetero3 train.global_batch=64``).
 

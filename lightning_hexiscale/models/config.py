@@ -185,14 +185,6 @@ class LlamaConfig:
     @classmethod
     def load(cls, name_or_path: str) -> LlamaConfig:
         """A preset name (conf/model/NAME.yaml) or a path to a model YAML."""
-        from pathlib import Path
+        from lightning_hexiscale.config import ModelConfig, load_preset
 
-        from lightning_hexiscale.config import ModelConfig, conf_dir, load_yaml_node, preset_names
-
-        p = Path(name_or_path)
-        if not p.is_file():
-            p = conf_dir() / "model" / f"{name_or_path}.yaml"
-            if not p.is_file():
-                raise ConfigError("model", name_or_path, "no such preset or file",
-                                  f"use a path or one of: {', '.join(preset_names('model'))}")
-        return cls.from_config(load_yaml_node(p, ModelConfig, "model"))
+        return cls.from_config(load_preset("model", name_or_path, ModelConfig))
