@@ -8,8 +8,8 @@ micro-batch). Both sides live in the same processes and alternate step by step, 
 load on a shared machine hits both alike; a step's time is the slowest rank's.
 
 Printed: step time and throughput (tokens/s = global_batch * seq_len / step time) of each side, the
-ratio hexiscale / ddp (target >= 0.95), and the measured peak memory per rank of each side (each
-side alone in its own launch).
+ratio hexiscale / ddp (target >= 0.95), the measured peak memory per rank of each side (each
+side alone in its own launch), and the cost model's estimate of it for the same plan.
 
 Peak memory per rank: the growth of the process's resident set (Linux VmHWM, reset to the current
 RSS through /proc/self/clear_refs when the kernel allows it) from just before the model is built to
@@ -241,7 +241,23 @@ def main(argv: list[str] | None = None) -> int:
               f"peak memory growth per rank [MiB]: {mib}")
     print(f"throughput ratio hexiscale / ddp = {median['ddp'] / median['hexiscale']:.3f} (ratio of medians), "
           f"{pair_ratio:.3f} (median of per-step ratios); target >= 0.95")
+    est = estimated_peak_bytes(plan, config)
+    worst = max(peaks["hexiscale"])
+    print(f"cost model (planner/estimate.py) peak memory per rank: {est / 2**20:.1f} MiB; "
+          f"measured hexiscale / estimated = {worst / est:.2f}")
     return 0
+
+
+def estimated_peak_bytes(plan: Plan, config: LlamaConfig) -> float:
+    """The cost model's peak memory of the plan's largest stage for this benchmark's setting:
+    fp32 weights and gradients (B_type = 4), plain SGD (no optimizer state, K = 0), no reserve."""
+    from lightning_hexiscale.cluster import Cluster
+    from lightning_hexiscale.planner.estimate import Workload, estimate
+
+    cluster = Cluster.load("cpu2").replicate((plan.world_size + 1) // 2)
+    work = Workload(config, dtype="fp32", optimizer_bytes_per_param=0.0, reserve_bytes=0.0)
+    est = estimate(plan, cluster, work)
+    return max(s.peak_memory_bytes for p in est.pipelines for s in p.stages)
 
 
 if __name__ == "__main__":
