@@ -25,7 +25,6 @@ import torch.distributed as dist
 from torch import nn
 
 from lightning_hexiscale.errors import HexiScaleError
-from lightning_hexiscale.models.llama import causal_lm_loss
 from lightning_hexiscale.runtime.schedule import global_loss
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -98,54 +97,23 @@ class PipelineModel(nn.Module):
         scale = e.loss_scale / self.accumulate
         pipeline_loss = e.run_pipeline(tokens, targets, scale)
         # The reduced value is the scaled sum; undo the 1/k so the shown loss is this batch's mean.
-        return global_loss(pipeline_loss, e.role, e._loss_device()) * self.accumulate
+        return global_loss(pipeline_loss, e.role, e.loss_device) * self.accumulate
 
     # ---- forward only --------------------------------------------------------------------
     @torch.no_grad()
     def _evaluate(self, tokens: torch.Tensor, targets: torch.Tensor) -> float:
-        """Forward through the pipeline in micro-batches of the plan's size (the last may be smaller).
-
-        Every rank of the pipeline holds the same n samples, so all stages cut the same chunks and
-        the i-th receive matches the i-th send. The last-stage leader of each pipeline contributes
-        (sum over chunks of chunk_mean * chunk_size, n) to one world all-reduce; loss = sum / sum n.
+        """Forward through the pipeline (the executor's forward-only walk, micro-batches of the
+        plan's size). The last-stage leader of each pipeline contributes (sum over chunks of
+        chunk_mean * chunk_size, n) to one world all-reduce; loss = sum / sum n.
         """
         e = self._engine
-        ex, role = e.executor, e.role
-        n = tokens.shape[0]
-        mb = role.micro_batch_size
-        weighted = torch.zeros((), dtype=torch.float64)
+        role = e.role
         # ZeRO-3: gather every block once for the whole batch (pipelines cut different numbers of
         # chunks, so per-use gathers could not be paired across pipelines here).
         with e.full_params():
-            self._forward_chunks(tokens, targets, weighted)
-        contributes = role.is_last and role.is_leader
-        buf = torch.zeros(2, dtype=torch.float64, device=e._loss_device())
-        if contributes:
-            buf[0], buf[1] = weighted.item(), float(n)
+            weighted = e.executor.forward_only(tokens, targets)
+        buf = torch.zeros(2, dtype=torch.float64, device=e.loss_device)
+        if role.is_last and role.is_leader:
+            buf[0], buf[1] = weighted.item(), float(tokens.shape[0])
         dist.all_reduce(buf, op=dist.ReduceOp.SUM)
         return float(buf[0] / buf[1])
-
-    def _forward_chunks(self, tokens: torch.Tensor, targets: torch.Tensor, weighted: torch.Tensor) -> None:
-        """Forward of the micro-batch chunks; adds chunk_mean * chunk_size to ``weighted`` on last stages."""
-        e = self._engine
-        ex, role = e.executor, e.role
-        n = tokens.shape[0]
-        mb = role.micro_batch_size
-        for i, start in enumerate(range(0, n, mb)):
-            tok = tokens[start:start + mb].to(ex.device)
-            c = tok.shape[0]
-            if role.is_first:
-                x = tok
-            else:
-                # The executor's leader-receive + TP-broadcast path; forward tags only, so the
-                # training step's tags are untouched.
-                x = ex._recv((c, tok.shape[1], self.config.hidden_size), backward=False, micro_batch=i)
-            with torch.autocast(ex.device.type, dtype=ex.autocast_dtype or torch.bfloat16,
-                                enabled=ex.autocast_dtype is not None):
-                out = self.stage(x)
-            if role.is_last:
-                mean = causal_lm_loss(out, targets[start:start + mb].to(ex.device))
-                weighted += mean.double().cpu() * c
-            else:
-                ex._send(out, backward=False, micro_batch=i)
-        ex._wait_sends()

@@ -358,7 +358,7 @@ class HexiScaleStrategy(DDPStrategy):
         grads = [p.grad for p in self.pipeline_model.stage.parameters() if p.grad is not None]
         if grads and not bool(torch.stack([torch.isfinite(g).all() for g in grads]).all()):
             local |= 2
-        codes = torch.zeros(self.world_size, dtype=torch.float32, device=self.pipeline_model.engine._loss_device())
+        codes = torch.zeros(self.world_size, dtype=torch.float32, device=self.pipeline_model.engine.loss_device)
         codes[self.global_rank] = local
         if self.world_size > 1:
             dist.all_reduce(codes, op=dist.ReduceOp.SUM)
@@ -409,7 +409,7 @@ class HexiScaleStrategy(DDPStrategy):
         pm = self.pipeline_model
         role = pm.engine.role
         shards = pm.stage.shards()
-        total = torch.zeros(1, dtype=torch.float64, device=pm.engine._loss_device())
+        total = torch.zeros(1, dtype=torch.float64, device=pm.engine.loss_device)
         owned = grad_norm_sq_local(pm.engine)  # ZeRO: the owned chunks, each element once
         if owned is not None:
             total += owned.to(total.device)

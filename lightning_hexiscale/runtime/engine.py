@@ -158,10 +158,11 @@ class PipelineEngine:
         pipeline_loss = self.run_pipeline(tok, tgt, self.loss_scale * loss_scale_factor, arm=sync_grads)
         if sync_grads:
             self.sync_grads()
-        return global_loss(pipeline_loss, self.role, self._loss_device())
+        return global_loss(pipeline_loss, self.role, self.loss_device)
 
-    def _loss_device(self) -> torch.device:
-        # NCCL reduces only CUDA tensors; gloo only CPU ones.
+    @property
+    def loss_device(self) -> torch.device:
+        """Device of tensors reduced with the world group: NCCL reduces only CUDA tensors, gloo only CPU ones."""
         return self.device if dist.get_backend() == "nccl" else torch.device("cpu")
 
     def local_shards(self) -> dict[str, tuple[torch.Tensor, int | None, int, int]]:

@@ -193,6 +193,36 @@ class PipelineExecutor:
         return total
 
 
+    @torch.no_grad()
+    def forward_only(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Forward of this pipeline's (n, S) batch in micro-batches of the plan's size, the last one
+        possibly smaller (evaluation batches need not divide by it); no backward, no gradients.
+
+        Every rank of the pipeline holds the same n samples, so all stages cut the same chunks and
+        the i-th receive matches the i-th send; forward tags only, so a later training step's tags
+        are untouched. Returns sum over chunks of (chunk mean loss * chunk size), float64, on
+        last-stage ranks and 0 elsewhere.
+        """
+        role, stage = self.role, self.stage
+        mb = role.micro_batch_size
+        weighted = torch.zeros((), dtype=torch.float64)
+        for i, start in enumerate(range(0, tokens.shape[0], mb)):
+            tok = tokens[start:start + mb].to(self.device)
+            if role.is_first:
+                x = tok
+            else:
+                x = self._recv((tok.shape[0], tok.shape[1], stage.config.hidden_size), backward=False, micro_batch=i)
+            with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.bfloat16,
+                                enabled=self.autocast_dtype is not None):
+                out = stage(x)
+            if role.is_last:
+                weighted += causal_lm_loss(out, targets[start:start + mb].to(self.device)).double().cpu() * tok.shape[0]
+            else:
+                self._send(out, backward=False, micro_batch=i)
+        self._wait_sends()
+        return weighted
+
+
 def global_loss(pipeline_loss: torch.Tensor, role: Role, device: torch.device | str = "cpu") -> float:
     """The global-mean loss on EVERY rank: one world all-reduce(SUM) in which only the last-stage
     leader of each pipeline contributes its (already batch-weighted) pipeline loss.
