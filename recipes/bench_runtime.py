@@ -41,65 +41,28 @@ from torch.nn.parallel import DistributedDataParallel
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.models.llama import Llama
 from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.profiling.check import make_batch, peak_memory, prime, reset_peak_memory
 from lightning_hexiscale.runtime.engine import PipelineEngine
 
 
-# ---- memory ------------------------------------------------------------------------------------
-def _read_status_kib(field: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
+# ---- memory and data: the same helpers `hexiscale check-estimate` measures with ----------------
+_CPU = torch.device("cpu")
 
 
 def reset_peak_rss() -> int:
-    """Reset the peak-RSS mark to the current RSS if the kernel allows it; return the baseline bytes.
-
-    Writing "5" to /proc/self/clear_refs resets VmHWM (Linux >= 4.0); otherwise the baseline is the
-    current peak, so the measured growth can only be under-estimated when the process peaked before.
-    """
-    with contextlib.suppress(OSError):
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    hwm = _read_status_kib("VmHWM")
-    return (hwm if hwm is not None else 0) * 1024
+    """Reset the peak-RSS mark (VmHWM) to the current RSS where the kernel allows it; baseline bytes."""
+    return int(reset_peak_memory(_CPU))
 
 
 def prime_process() -> None:
-    """Run a throw-away 1-layer, width-16 model forward/backward/step and a tiny all-reduce, so that
-    one-time lazy initialisation (kernel dispatch tables, oneDNN/SDPA set-up, gloo buffers; about
-    100 MiB of resident memory on the first step, measured) happens before the baseline and is not
-    counted as training memory. The toy model itself frees ~10 KiB."""
-    tiny = LlamaConfig(name="prime", hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
-                       ffn_hidden_size=16, vocab_size=16, seq_len=4)
-    model = Llama(tiny).init_weights(0)
-    tok = torch.zeros(1, tiny.seq_len, dtype=torch.long)
-    model.loss(model(tok), tok).backward()
-    torch.optim.SGD(model.parameters(), lr=1.0).step()
-    if dist.is_initialized():
-        dist.all_reduce(torch.zeros(16))
+    """One throw-away tiny step and all-reduce, so that one-time lazy initialisation (about 100 MiB
+    of resident memory on the first step, measured) happens before the baseline."""
+    prime(_CPU)
 
 
 def peak_rss_bytes() -> int:
     """Peak resident set size of this process in bytes (VmHWM)."""
-    hwm = _read_status_kib("VmHWM")
-    if hwm is None:  # not Linux: ru_maxrss is KiB on Linux, bytes on macOS
-        import resource
-
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return rss if sys.platform == "darwin" else rss * 1024
-    return hwm * 1024
-
-
-# ---- data --------------------------------------------------------------------------------------
-def make_batch(config: LlamaConfig, global_batch: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(step)
-    seq = torch.randint(0, config.vocab_size, (global_batch, config.seq_len + 1), generator=gen)
-    return seq[:, :-1], seq[:, 1:]
+    return int(peak_memory(_CPU))
 
 
 def pure_dp_plan(world: int, config: LlamaConfig, batch_per_rank: int, micro_batch: int) -> Plan:
