@@ -1,10 +1,8 @@
-"""Baselines: the plan spaces of other systems, searched under the SAME cost model as §4.
+"""Baselines: the plan spaces of other systems, each chosen the way that system chooses, all timed
+by the SAME cost model as §4 on the real cluster.
 
 Every baseline returns a :class:`BaselineResult` whose plan (when one fits) is scored by
-``estimate()``, with the same micro-batch candidates as the search. Data-parallel sharding is the
-system's own as the paper ran it (Appendix G: Megatron and Metis DDP, Galvatron ZeRO-3) unless
-``like_for_like=True``, which gives each the search's ddp / zero2 / zero3 choice so that a speedup
-measures the parallel layout alone; a user's ``train.dp_sharding`` binds everyone. Which
+``estimate()`` on the true cluster, with the same micro-batch candidates as the search. Which
 restriction stands for which system:
 
 - :func:`megatron` (Megatron-LM): symmetric (dp, tp, pp) over all devices, dp * tp * pp = N,
@@ -20,6 +18,22 @@ restriction stands for which system:
 - :func:`random_search` (the paper's Fig. 6 ablation): the §4 search with phase 1 replaced by
   random compute-agnostic partitions (a seeded random permutation cut into D_dp equal sizes).
 - :func:`exhaustive`: see its docstring; the optimum of a stated plan space on small clusters.
+
+Two readings of Megatron and Galvatron (``aware``):
+
+- faithful (default, ``aware=False``): the real systems are heterogeneity-unaware. Megatron's user
+  and Galvatron's profiler-driven search see one GPU type and uniform links, so the candidates of
+  the space are ranked by ``estimate()`` on :func:`homogeneous_belief` of the cluster, and the
+  believed-best plan is then timed on the true cluster. That is what the paper measured: a plan
+  picked blind to heterogeneity, run on heterogeneous GPUs.
+- aware (``aware=True``, ``hexiscale plan --aware-baselines``): the candidates are ranked with the
+  true cluster, giving the best plan of the restricted space; a speedup then measures the plan
+  space alone. A stronger opponent than the real systems.
+
+Metis is heterogeneity-aware (it profiles every GPU type and the links), so it has one reading.
+Data-parallel sharding, independently: the system's own as the paper ran it (Appendix G: Megatron
+and Metis DDP, Galvatron ZeRO-3) unless ``like_for_like=True``, which gives each the search's ddp /
+zero2 / zero3 choice; a user's ``train.dp_sharding`` binds everyone.
 """
 
 from __future__ import annotations
@@ -60,10 +74,12 @@ class _Best:
         self.name, self.cost, self.plan, self.est, self.tried, self.note = name, math.inf, None, None, 0, ""
         self.loose: Estimate | None = None
 
-    def offer(self, plan: Plan, cluster: Cluster, workload: Workload, note: str = "") -> None:
-        self.tried += 1
+    def offer(self, plan: Plan, cluster: Cluster, workload: Workload, note: str = "", blind: bool = False) -> None:
+        """``blind``: a plan built ignoring memory, offered only for the ``ignoring_memory`` figure."""
         est = estimate(plan, cluster, workload)
-        if est.cost < self.cost:
+        if not blind:
+            self.tried += 1
+        if not blind and est.cost < self.cost:
             self.cost, self.plan, self.est, self.note = est.cost, plan, est, note
         if self.loose is None or est.iteration_time_s < self.loose.iteration_time_s:
             self.loose = est
@@ -73,6 +89,79 @@ class _Best:
             return BaselineResult(self.name, None, None, f"no configuration fits in memory ({self.tried} tried)",
                                   self.loose)
         return BaselineResult(self.name, self.plan, self.est, self.note, self.loose)
+
+
+class _Believed:
+    """How a heterogeneity-unaware system picks: every candidate is ranked by its cost under the
+    homogeneous ``belief``; the believed-best plan is then timed on the true cluster. A plan that
+    fits the belief but not the real devices would run out of memory and the user would retune
+    (Appendix G: "with a higher data parallel degree, the out-of-memory issue persists"), so the
+    next plan in believed order is taken; infeasible when no believed-feasible plan fits."""
+
+    def __init__(self, name: str, belief: Cluster):
+        self.name, self.belief, self.tried = name, belief, 0
+        self.ranked: list[tuple[float, int, Plan, str]] = []
+        self.fastest: tuple[float, int, Plan] | None = None
+
+    def offer(self, plan: Plan, cluster: Cluster, workload: Workload, note: str = "", blind: bool = False) -> None:
+        est = estimate(plan, self.belief, workload)
+        if self.fastest is None or est.iteration_time_s < self.fastest[0]:
+            self.fastest = (est.iteration_time_s, self.tried, plan)
+        if blind:
+            return
+        if est.feasible:
+            self.ranked.append((est.cost, self.tried, plan, note))
+        self.tried += 1
+
+    def result(self, cluster: Cluster, workload: Workload) -> BaselineResult:
+        # ignoring memory: the plan the system would pick if memory were no constraint, timed truly
+        loose = estimate(self.fastest[2], cluster, workload) if self.fastest is not None else None
+        self.ranked.sort(key=lambda r: (r[0], r[1]))
+        for k, (believed, _, plan, note) in enumerate(self.ranked):
+            est = estimate(plan, cluster, workload)
+            if est.feasible:
+                retuned = f", {k} believed-better plans do not fit the real devices" if k else ""
+                return BaselineResult(self.name, plan, est, f"{note}; chosen under a homogeneous belief "
+                                      f"(believed {believed:.3f} s{retuned})", loose)
+        return BaselineResult(self.name, None, None, f"no configuration fits in memory ({self.tried} tried, "
+                              f"{len(self.ranked)} fit the homogeneous belief)", loose)
+
+
+def homogeneous_belief(cluster: Cluster, memory_bytes: float | None = None) -> Cluster:
+    """The cluster as a heterogeneity-unaware planner sees it: same machines and device ids, but
+    every device alike and every link of a kind alike.
+
+    - FLOP/s: the mean sustained (and peak) FLOP/s of the devices. Galvatron profiles one device
+      type and Megatron's user tunes for one; the mean is the homogeneous cluster of the same total
+      compute (the paper compares "given the same theoretical FLOPS"), so the belief's balance of
+      compute against communication is neither optimistic nor pessimistic, and there is no tie to
+      break on clusters with as many GPUs of each type (hetero2).
+    - Memory: the smallest device's. Galvatron's search takes one memory budget for all devices
+      and a user who wants the plan to run sets it to the smallest GPU; a plan that fits this
+      belief then fits the real devices too (the memory model depends on no other device property).
+      ``memory_bytes`` sets another budget (e.g. the largest GPU's: a user who tunes on the big
+      machine), where believed plans may not fit and :class:`_Believed` falls back.
+    - Links: intra-machine pairs at the median intra-machine bandwidth and latency,
+      inter-machine pairs at the median inter-machine value (the one ``inter_machine`` value of
+      a preset unless ``machine_links`` overrides some pairs).
+    """
+    n = cluster.num_devices
+    flops, peak = float(cluster.flops.mean()), float(np.mean([d.peak_flops for d in cluster.devices]))
+    memory = float(cluster.memory.min()) if memory_bytes is None else float(memory_bytes)
+    label = "uniform"
+    devices = [replace(d, gpu_type=label, peak_flops=peak, flops=flops, memory_bytes=memory, hopper=False)
+               for d in cluster.devices]
+    machines = [replace(m, gpu_type=label) for m in cluster.machines]
+    mach = np.array([d.machine for d in cluster.devices])
+    same = mach[:, None] == mach[None, :]
+    intra, inter = same & ~np.eye(n, dtype=bool), ~same
+    bw, lat = np.zeros((n, n)), np.zeros((n, n))
+    for mask in (intra, inter):
+        if mask.any():
+            bw[mask] = float(np.median(cluster.bandwidth[mask]))
+            lat[mask] = float(np.median(cluster.latency[mask]))
+    return Cluster(f"{cluster.name} (homogeneous belief)", devices, machines, bw, lat, cluster.calibration,
+                   cluster.description)
 
 
 # Appendix G, "Data-parallel sharding strategies": Megatron and Metis use DDP, Galvatron ZeRO-3.
@@ -109,10 +198,13 @@ def _symmetric_layouts(cluster: Cluster, dp: int, tp: int, pp: int) -> list[list
 
 
 def _symmetric(name: str, cluster: Cluster, workload: Workload, global_batch: int, s: SearchSettings,
-               free_layers: bool, like_for_like: bool) -> BaselineResult:
+               free_layers: bool, like_for_like: bool, aware: bool, belief: Cluster | None) -> BaselineResult:
     L, N = workload.model.num_layers, cluster.num_devices
-    ev = Evaluator(cluster, workload, s.schedule, s.recompute)
-    best = _Best(name)
+    # unaware: the free layer split too is computed from the belief (Galvatron's own cost model);
+    # device ids are shared, so a believed plan runs on the real devices in the same machine order
+    belief = cluster if aware else (belief or homogeneous_belief(cluster))
+    ev = Evaluator(belief, workload, s.schedule, s.recompute)
+    best: _Best | _Believed = _Best(name) if aware else _Believed(name, belief)
     for tp in _divisors(N):
         if tp > workload.model.num_kv_heads:
             continue
@@ -125,38 +217,48 @@ def _symmetric(name: str, cluster: Cluster, workload: Workload, global_batch: in
                     for sh in _shardings(s, name, like_for_like):
                         layers = _symmetric_layers(ev, layout, mb, sh, dp, global_batch // dp // mb) if free_layers \
                             else [L // pp] * pp
-                        if layers is None:
-                            continue
+                        # no capped split fits: still priced with an uncapped one for the figure that
+                        # ignores memory (as the paper's §3.1 case study does), never as a candidate
+                        blind = layers is None
+                        if blind:
+                            layers = _symmetric_layers(ev, layout, mb, sh, dp, global_batch // dp // mb, capped=False)
                         bounds = np.concatenate([[0], np.cumsum(layers)]).tolist()
                         pipes = tuple(Pipeline(global_batch // dp, mb, tuple(
                             Stage(st, (bounds[j], bounds[j + 1])) for j, st in enumerate(rep))) for rep in layout)
                         plan = Plan(pipes, L, s.schedule, s.recompute, sh, _meta(name, cluster, workload))
-                        best.offer(plan, cluster, workload, f"(dp, tp, pp) = ({dp}, {tp}, {pp}), micro-batch {mb}, {sh}")
-    return best.result()
+                        best.offer(plan, cluster, workload, f"(dp, tp, pp) = ({dp}, {tp}, {pp}), micro-batch {mb}, {sh}",
+                                   blind)
+    return best.result() if isinstance(best, _Best) else best.result(cluster, workload)
 
 
-def _symmetric_layers(ev: Evaluator, layout, mb: int, sharding: str, dp: int, n_mb: int) -> list[int] | None:
+def _symmetric_layers(ev: Evaluator, layout, mb: int, sharding: str, dp: int, n_mb: int,
+                      capped: bool = True) -> list[int] | None:
     """Galvatron's free split: one layer count per stage index, shared by all replicas, from the
-    slowest replica's stage speed and the tightest replica's memory."""
+    slowest replica's stage speed and the tightest replica's memory (ignored when not ``capped``)."""
     pp = len(layout[0])
     layer_s = [max(ev.layer_s(rep[j], mb, sharding) for rep in layout) for j in range(pp)]
     fixed = [0.0] * pp
     fixed[-1] = max(ev.head_s(rep[-1], mb) for rep in layout)
+    L = ev.model.num_layers
     caps = [min(ev.max_layers(rep[j], j, pp, mb, pp if ev.schedule == "1f1b" else n_mb, sharding, dp)
-                for rep in layout) for j in range(pp)]
-    return split_layers(layer_s, fixed, caps, ev.model.num_layers)
+                for rep in layout) if capped else L for j in range(pp)]
+    return split_layers(layer_s, fixed, caps, L)
 
 
 def megatron(cluster: Cluster, workload: Workload, global_batch: int, settings: SearchSettings | None = None,
-             like_for_like: bool = False) -> BaselineResult:
-    """Megatron-LM: symmetric (dp, tp, pp), equal layers, equal batches (see the module docstring)."""
-    return _symmetric("megatron", cluster, workload, global_batch, settings or SearchSettings(), False, like_for_like)
+             like_for_like: bool = False, aware: bool = False, belief: Cluster | None = None) -> BaselineResult:
+    """Megatron-LM: symmetric (dp, tp, pp), equal layers, equal batches, chosen under ``belief``
+    (default :func:`homogeneous_belief`) unless ``aware`` (see the module docstring)."""
+    return _symmetric("megatron", cluster, workload, global_batch, settings or SearchSettings(), False,
+                      like_for_like, aware, belief)
 
 
 def galvatron(cluster: Cluster, workload: Workload, global_batch: int, settings: SearchSettings | None = None,
-              like_for_like: bool = False) -> BaselineResult:
-    """Galvatron: symmetric (dp, tp, pp) with a free per-stage layer split (see the module docstring)."""
-    return _symmetric("galvatron", cluster, workload, global_batch, settings or SearchSettings(), True, like_for_like)
+              like_for_like: bool = False, aware: bool = False, belief: Cluster | None = None) -> BaselineResult:
+    """Galvatron: symmetric (dp, tp, pp) with a free per-stage layer split, chosen under ``belief``
+    (default :func:`homogeneous_belief`) unless ``aware`` (see the module docstring)."""
+    return _symmetric("galvatron", cluster, workload, global_batch, settings or SearchSettings(), True,
+                      like_for_like, aware, belief)
 
 
 def metis(cluster: Cluster, workload: Workload, global_batch: int, settings: SearchSettings | None = None,
@@ -231,16 +333,19 @@ def random_baseline(cluster: Cluster, workload: Workload, global_batch: int,
 
 def run_baselines(cluster: Cluster, workload: Workload, global_batch: int, settings: SearchSettings | None = None,
                   names: tuple[str, ...] = ("megatron", "galvatron", "metis", "random"),
-                  like_for_like: bool = False) -> dict[str, BaselineResult]:
+                  like_for_like: bool = False, aware: bool = False) -> dict[str, BaselineResult]:
     """Run the named baselines; ``exhaustive`` only when asked (it is exponential).
     ``like_for_like`` gives megatron, galvatron and metis every dp sharding the search may use
-    instead of their own (Appendix G: DDP, ZeRO-3, DDP)."""
+    instead of their own (Appendix G: DDP, ZeRO-3, DDP); ``aware`` ranks megatron's and
+    galvatron's candidates with the true cluster instead of the homogeneous belief."""
     s = replace(settings or SearchSettings(), progress=False)
     out = {}
     for n in names:
-        if n in SYSTEM_SHARDING:
-            fn = {"megatron": megatron, "galvatron": galvatron, "metis": metis}[n]
-            out[n] = fn(cluster, workload, global_batch, s, like_for_like=like_for_like)
+        if n in ("megatron", "galvatron"):
+            fn = megatron if n == "megatron" else galvatron
+            out[n] = fn(cluster, workload, global_batch, s, like_for_like=like_for_like, aware=aware)
+        elif n == "metis":
+            out[n] = metis(cluster, workload, global_batch, s, like_for_like=like_for_like)
         elif n == "random":
             out[n] = random_baseline(cluster, workload, global_batch, s)
         elif n == "exhaustive":

@@ -6,7 +6,7 @@ from lightning_hexiscale.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner import baselines as B
-from lightning_hexiscale.planner.estimate import Workload
+from lightning_hexiscale.planner.estimate import Workload, estimate
 from lightning_hexiscale.planner.search import SearchSettings, search
 
 FAST = SearchSettings(iterations=6)
@@ -82,3 +82,62 @@ def test_exhaustive_refuses_large_clusters(tiny):
 def test_random_search_logs_like_the_search(hetero1_7b):
     r = B.random_search(*hetero1_7b, FAST)
     assert len(r.log) == FAST.iterations and r.estimate.feasible
+
+
+# ---- heterogeneity-unaware (faithful) megatron and galvatron -------------------------------------
+def test_homogeneous_belief_is_one_device_kind_and_two_link_kinds():
+    """Mean FLOP/s, smallest memory, median intra-machine and inter-machine links (case_study: three
+    machines with NVLink 200 GB/s, PCIe 32 and 16 GB/s, joined at 1 GiB/s)."""
+    c = Cluster.load("case_study")
+    b = B.homogeneous_belief(c)
+    assert b.num_devices == c.num_devices and [d.machine for d in b.devices] == [d.machine for d in c.devices]
+    assert b.flops == pytest.approx([c.flops.mean()] * 8)
+    assert set(b.memory.tolist()) == {c.memory.min()}
+    intra = [b.bandwidth[i, j] for i in range(8) for j in range(8) if i != j and c.devices[i].machine == c.devices[j].machine]
+    inter = [b.bandwidth[i, j] for i in range(8) for j in range(8) if c.devices[i].machine != c.devices[j].machine]
+    # intra pairs: 6 on A (200 GB/s), 6 on B (32 GB/s), 2 on C (16 GB/s): the median is 32 GB/s
+    assert set(intra) == {32e9} and set(inter) == {2.0 ** 30}
+
+
+@pytest.mark.parametrize("name", ["megatron", "galvatron"])
+def test_unaware_baselines_choose_under_the_belief_and_are_timed_truly(name, tiny):
+    """cpu_hetero4: 2 fast + 2 slow devices. Believing 4 equal devices, galvatron (like megatron)
+    picks equal batches and layers; knowing the truth it gives the fast devices more layers."""
+    c, gb = Cluster.load("cpu_hetero4"), 8
+    belief = B.homogeneous_belief(c)
+    unaware = getattr(B, name)(c, tiny, gb, FAST)
+    aware = getattr(B, name)(c, tiny, gb, FAST, aware=True)
+    for r in (unaware, aware):
+        r.plan.validate(c, tiny.model, global_batch=gb)
+        assert r.estimate.feasible
+        assert r.estimate.iteration_time_s == pytest.approx(estimate(r.plan, c, tiny).iteration_time_s)
+    assert "homogeneous belief" in unaware.note
+    assert len({p.batch_size for p in unaware.plan.pipelines}) == 1
+    assert len({s.num_layers for p in unaware.plan.pipelines for s in p.stages}) == 1
+    # the unaware pick is the best under the belief, the aware pick the best in truth
+    assert estimate(unaware.plan, belief, tiny).cost <= estimate(aware.plan, belief, tiny).cost * (1 + 1e-9)
+    assert aware.estimate.iteration_time_s <= unaware.estimate.iteration_time_s * (1 + 1e-9)
+    if name == "galvatron":
+        assert len({s.num_layers for p in aware.plan.pipelines for s in p.stages}) > 1
+
+
+def test_unaware_baseline_retunes_when_the_believed_best_plan_does_not_fit(hetero1_7b):
+    """Believing every GPU has the 4090's 24 GiB, megatron's best plans run out of memory on the
+    12 GiB 3080Ti: the next plan in believed order that fits the real devices is taken."""
+    c, w, gb = hetero1_7b
+    roomy = B.homogeneous_belief(c, memory_bytes=float(c.memory.max()))
+    r = B.megatron(c, w, gb, FAST, belief=roomy)
+    assert r.estimate.feasible and "believed-better plans do not fit" in r.note
+    r.plan.validate(c, w.model, global_batch=gb)
+    first = int(r.note.split("s, ")[-1].split()[0])
+    assert first >= 1  # that many plans the belief preferred were skipped
+
+
+@pytest.mark.parametrize("preset,model,gb", [("cpu_hetero4", "llama_tiny", 8), ("hetero1", "llama2_7b", 64)])
+def test_search_beats_or_equals_the_unaware_baselines(preset, model, gb):
+    c, w = Cluster.load(preset), Workload(LlamaConfig.load(model))
+    se = search(c, w, gb, SearchSettings(iterations=20))  # 6 iterations are not enough on hetero1
+    for name, r in B.run_baselines(c, w, gb, FAST, ("megatron", "galvatron")).items():
+        assert r.estimate.feasible, (name, r.note)
+        r.plan.validate(c, w.model, global_batch=gb)
+        assert se.estimate.iteration_time_s <= r.estimate.iteration_time_s * (1 + 1e-9), name

@@ -30,7 +30,13 @@ def test_plan_json_with_baselines(capsys):
     assert set(doc["baselines"]) == {"megatron", "galvatron", "metis", "random"}
     for row in doc["baselines"].values():
         assert {"iteration_time_s", "pflops", "feasible"} <= set(row)
-    assert doc["baselines"]["galvatron"]["feasible"] is True
+    # heterogeneity-unaware by default: galvatron believes 8 GPUs of 24 GiB (the smallest), where
+    # Llama-2 13B's 208 GB of training state cannot fit; it reports its memory-blind time instead
+    galv = doc["baselines"]["galvatron"]
+    assert galv["feasible"] is False and galv["iteration_time_ignoring_memory_s"] > 0
+    assert main(["plan", "--json", "--baselines", "--aware-baselines", *BASE]) == 0
+    aware = json.loads(capsys.readouterr().out)["baselines"]
+    assert aware["galvatron"]["feasible"] is True
 
 
 def test_plan_text_report(capsys):
