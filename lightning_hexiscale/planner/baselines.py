@@ -205,8 +205,11 @@ def _symmetric(name: str, cluster: Cluster, workload: Workload, global_batch: in
     belief = cluster if aware else (belief or homogeneous_belief(cluster))
     ev = Evaluator(belief, workload, s.schedule, s.recompute)
     best: _Best | _Believed = _Best(name) if aware else _Believed(name, belief)
+    m = workload.model
     for tp in _divisors(N):
-        if tp > workload.model.num_kv_heads:
+        # Megatron's TP layers (which Galvatron also uses) need TP to divide the attention heads
+        # and the KV groups; the project's uneven head split is not available to these systems.
+        if m.num_heads % tp or m.num_kv_heads % tp:
             continue
         for pp in _divisors(N // tp):
             dp = N // tp // pp
@@ -247,7 +250,7 @@ def _symmetric_layers(ev: Evaluator, layout, mb: int, sharding: str, dp: int, n_
 
 def megatron(cluster: Cluster, workload: Workload, global_batch: int, settings: SearchSettings | None = None,
              like_for_like: bool = False, aware: bool = False, belief: Cluster | None = None) -> BaselineResult:
-    """Megatron-LM: symmetric (dp, tp, pp), equal layers, equal batches, chosen under ``belief``
+    """Megatron-LM: symmetric (dp, tp, pp) with TP dividing the heads, equal layers, equal batches, chosen under ``belief``
     (default :func:`homogeneous_belief`) unless ``aware`` (see the module docstring)."""
     return _symmetric("megatron", cluster, workload, global_batch, settings or SearchSettings(), False,
                       like_for_like, aware, belief)

@@ -13,44 +13,46 @@ FAST = SearchSettings(iterations=6)
 
 
 @pytest.fixture(scope="module")
-def hetero1_7b():
-    return Cluster.load("hetero1"), Workload(LlamaConfig.load("llama2_7b")), 64
+def hetero2_7b():
+    # hetero2 rather than hetero1: with TP restricted to divisors of the 32 heads, no symmetric
+    # Megatron plan of Llama-2 7B fits hetero1's 12 GiB 3080Ti under DDP.
+    return Cluster.load("hetero2"), Workload(LlamaConfig.load("llama2_7b")), 64
 
 
 @pytest.mark.parametrize("name", ["megatron", "galvatron", "metis", "random"])
-def test_baselines_return_valid_plans_that_fit(name, hetero1_7b):
-    c, w, gb = hetero1_7b
+def test_baselines_return_valid_plans_that_fit(name, hetero2_7b):
+    c, w, gb = hetero2_7b
     r = B.run_baselines(c, w, gb, FAST, (name,))[name]
     assert r.plan is not None and r.estimate.feasible, r.note
     r.plan.validate(c, w.model, global_batch=gb)
     assert r.plan.meta["planner"] == name
 
 
-def test_baselines_use_their_own_sharding_unless_like_for_like(hetero1_7b):
+def test_baselines_use_their_own_sharding_unless_like_for_like(hetero2_7b):
     """Appendix G: Megatron and Metis run DDP, Galvatron ZeRO-3; like-for-like lets them choose."""
-    res = B.run_baselines(*hetero1_7b, FAST, ("megatron", "galvatron", "metis"))
+    res = B.run_baselines(*hetero2_7b, FAST, ("megatron", "galvatron", "metis"))
     assert {n: r.plan.dp_sharding for n, r in res.items()} == {"megatron": "ddp", "galvatron": "zero3", "metis": "ddp"}
-    l4l = B.run_baselines(*hetero1_7b, FAST, ("metis",), like_for_like=True)["metis"]
+    l4l = B.run_baselines(*hetero2_7b, FAST, ("metis",), like_for_like=True)["metis"]
     assert l4l.estimate.iteration_time_s <= res["metis"].estimate.iteration_time_s
 
 
-def test_megatron_is_symmetric_with_equal_layers_and_batches(hetero1_7b):
-    plan = B.megatron(*hetero1_7b, FAST).plan
+def test_megatron_is_symmetric_with_equal_layers_and_batches(hetero2_7b):
+    plan = B.megatron(*hetero2_7b, FAST).plan
     assert len({p.batch_size for p in plan.pipelines}) == 1
     assert len({s.num_layers for p in plan.pipelines for s in p.stages}) == 1
     assert len({s.tp for p in plan.pipelines for s in p.stages}) == 1
     assert len({len(p.stages) for p in plan.pipelines}) == 1
-    assert plan.world_size == 40
+    assert plan.world_size == 32
 
 
-def test_galvatron_shares_one_layer_split_over_replicas(hetero1_7b):
-    plan = B.galvatron(*hetero1_7b, FAST).plan
+def test_galvatron_shares_one_layer_split_over_replicas(hetero2_7b):
+    plan = B.galvatron(*hetero2_7b, FAST).plan
     assert len({tuple(s.layers for s in p.stages) for p in plan.pipelines}) == 1
     assert len({s.tp for p in plan.pipelines for s in p.stages}) == 1
 
 
-def test_metis_orders_stages_by_gpu_type(hetero1_7b):
-    c, w, gb = hetero1_7b
+def test_metis_orders_stages_by_gpu_type(hetero2_7b):
+    c, w, gb = hetero2_7b
     plan = B.metis(c, w, gb, FAST).plan
     for p in plan.pipelines:
         speeds = [c.devices[s.leader].flops for s in p.stages]
@@ -79,8 +81,8 @@ def test_exhaustive_refuses_large_clusters(tiny):
         B.exhaustive(Cluster.load("hetero2"), tiny, 8)
 
 
-def test_random_search_logs_like_the_search(hetero1_7b):
-    r = B.random_search(*hetero1_7b, FAST)
+def test_random_search_logs_like_the_search(hetero2_7b):
+    r = B.random_search(*hetero2_7b, FAST)
     assert len(r.log) == FAST.iterations and r.estimate.feasible
 
 
@@ -121,10 +123,10 @@ def test_unaware_baselines_choose_under_the_belief_and_are_timed_truly(name, tin
         assert len({s.num_layers for p in aware.plan.pipelines for s in p.stages}) > 1
 
 
-def test_unaware_baseline_retunes_when_the_believed_best_plan_does_not_fit(hetero1_7b):
-    """Believing every GPU has the 4090's 24 GiB, megatron's best plans run out of memory on the
+def test_unaware_baseline_retunes_when_the_believed_best_plan_does_not_fit(hetero2_7b):
+    """Believing every GPU has the largest memory (an A800's 80 GiB), megatron's best plans run out of memory on the
     12 GiB 3080Ti: the next plan in believed order that fits the real devices is taken."""
-    c, w, gb = hetero1_7b
+    c, w, gb = hetero2_7b
     roomy = B.homogeneous_belief(c, memory_bytes=float(c.memory.max()))
     r = B.megatron(c, w, gb, FAST, belief=roomy)
     assert r.estimate.feasible and "believed-better plans do not fit" in r.note
@@ -133,10 +135,10 @@ def test_unaware_baseline_retunes_when_the_believed_best_plan_does_not_fit(heter
     assert first >= 1  # that many plans the belief preferred were skipped
 
 
-@pytest.mark.parametrize("preset,model,gb", [("cpu_hetero4", "llama_tiny", 8), ("hetero1", "llama2_7b", 64)])
+@pytest.mark.parametrize("preset,model,gb", [("cpu_hetero4", "llama_tiny", 8), ("hetero2", "llama2_7b", 64)])
 def test_search_beats_or_equals_the_unaware_baselines(preset, model, gb):
     c, w = Cluster.load(preset), Workload(LlamaConfig.load(model))
-    se = search(c, w, gb, SearchSettings(iterations=20))  # 6 iterations are not enough on hetero1
+    se = search(c, w, gb, SearchSettings(iterations=20))  # 6 iterations are not enough on hetero2
     for name, r in B.run_baselines(c, w, gb, FAST, ("megatron", "galvatron")).items():
         assert r.estimate.feasible, (name, r.note)
         r.plan.validate(c, w.model, global_batch=gb)
