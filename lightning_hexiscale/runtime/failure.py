@@ -127,9 +127,11 @@ class FailureWatch:
             who = f"rank {silent[0]}" if len(silent) == 1 else f"ranks {silent}"
             parts.append(f"{who} stopped without reporting an error (no heartbeat for {wait_s:.1f} s: killed, "
                          f"crashed or hung)")
-        if reports and "Timed out" in reports[0][2]:
-            # The others timed out waiting; a rank that is alive and has not timed out too never
+        if any("Timed out" in msg for _, _, msg in reports):
+            # Some ranks timed out waiting; a rank that is alive and has not timed out too never
             # entered that collective: it is blocked elsewhere (a hang, a deadlock, endless work).
+            # Any report counts, not only the first: a peer's "connection closed" (the timed-out
+            # rank dropping its sockets) can be filed a moment before the timeout itself.
             quiet = [r for r in range(self.world_size)
                      if r != self.rank and r not in reporters and r not in silent and not self._reported(r)]
             if quiet:
