@@ -70,18 +70,23 @@ def _worker(rank: int, world: int, plan_dict: dict, config: LlamaConfig, optimiz
             "shards": {k: (t.clone(), d, s, e) for k, (t, d, s, e) in engine.local_shards().items()}}
 
 
-def check_equivalence(run_ranks, plan: Plan, config: LlamaConfig, optimizer: str = "sgd",
-                      bucket_cap_bytes: int = 4 * 2**20) -> list[dict]:
-    plan.validate(model=config)
-    results = run_ranks(plan.world_size, _worker, plan.to_dict(), config, optimizer, torch.float64, None, STEPS,
-                        bucket_cap_bytes)
-    ref_losses, ref_state = reference(config, plan.global_batch, optimizer)
+def assert_matches_reference(results: list[dict], ref_losses: list[float], ref_state: dict) -> None:
+    """Every rank's losses and every local shard equal the single-process reference within ATOL."""
     for rank, res in enumerate(results):
         assert res["losses"] == pytest.approx(ref_losses, abs=ATOL), f"rank {rank} losses"
         for name, (t, dim, start, end) in res["shards"].items():
             want = ref_state[name] if dim is None else ref_state[name].narrow(dim, start, end - start)
             err = (t - want).abs().max().item()
             assert err < ATOL, f"rank {rank}: {name}[{start}:{end} on dim {dim}] differs by {err:.3g}"
+
+
+def check_equivalence(run_ranks, plan: Plan, config: LlamaConfig, optimizer: str = "sgd",
+                      bucket_cap_bytes: int = 4 * 2**20) -> list[dict]:
+    plan.validate(model=config)
+    results = run_ranks(plan.world_size, _worker, plan.to_dict(), config, optimizer, torch.float64, None, STEPS,
+                        bucket_cap_bytes)
+    ref_losses, ref_state = reference(config, plan.global_batch, optimizer)
+    assert_matches_reference(results, ref_losses, ref_state)
     # Every element of every parameter is held somewhere, and training moved it (not a vacuous test).
     full = assemble_full_state_dict([r["shards"] for r in results], config)
     init = Llama(config).to(torch.float64).init_weights(SEED).state_dict()

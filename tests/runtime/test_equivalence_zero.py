@@ -13,13 +13,12 @@ import dataclasses
 
 import pytest
 import torch
-from test_equivalence import SEED, STEPS, make_batch, make_optimizer, plan_of, reference
+from test_equivalence import SEED, STEPS, assert_matches_reference, make_batch, make_optimizer, plan_of, reference
 
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.plan import Plan
 from lightning_hexiscale.runtime.engine import PipelineEngine
 
-ATOL = 1e-6
 
 
 def _zero_worker(rank: int, world: int, plan_dict: dict, config: LlamaConfig, optimizer: str, cap: int):
@@ -44,12 +43,7 @@ def check_zero(run_ranks, plan: Plan, config: LlamaConfig, sharding: str, optimi
     plan.validate(model=config)
     results = run_ranks(plan.world_size, _zero_worker, plan.to_dict(), config, optimizer, cap)
     ref_losses, ref_state = reference(config, plan.global_batch, optimizer)
-    for rank, res in enumerate(results):
-        assert res["losses"] == pytest.approx(ref_losses, abs=ATOL), f"rank {rank} losses"
-        for name, (t, dim, start, end) in res["shards"].items():
-            want = ref_state[name] if dim is None else ref_state[name].narrow(dim, start, end - start)
-            err = (t - want).abs().max().item()
-            assert err < ATOL, f"rank {rank}: {name}[{start}:{end} on dim {dim}] differs by {err:.3g}"
+    assert_matches_reference(results, ref_losses, ref_state)
     return results
 
 
