@@ -38,7 +38,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from lightning_hexiscale.cluster import Cluster
+from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.estimate import estimate
 from lightning_hexiscale.planner.plan import Plan

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lightning_hexiscale.cluster import Cluster
+from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner import baselines as B
 from lightning_hexiscale.planner.estimate import Workload

@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
 def estimated_peak_bytes(plan: Plan, config: LlamaConfig) -> float:
     """The cost model's peak memory of the plan's largest stage for this benchmark's setting:
     fp32 weights and gradients (B_type = 4), plain SGD (no optimizer state, K = 0), no reserve."""
-    from lightning_hexiscale.cluster import Cluster
+    from lightning_hexiscale.config.cluster import Cluster
     from lightning_hexiscale.planner.estimate import Workload, estimate
 
     cluster = Cluster.load("cpu2").replicate((plan.world_size + 1) // 2)

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from bench_runtime import make_batch, peak_rss_bytes, prime_process, pure_dp_plan, reset_peak_rss
 
-from lightning_hexiscale.cluster import Cluster
+from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.estimate import Workload, estimate
 from lightning_hexiscale.planner.plan import Plan

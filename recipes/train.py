@@ -8,7 +8,7 @@
     python recipes/train.py -m cluster=cpu2,cpu_hetero4 train.global_batch=8,16
 
 Config: conf/config.yaml (cluster, model, train, planner groups) plus ``trainer.*`` and ``data.*``
-(lightning_hexiscale/recipe_config.py), ``plan=<file>`` and ``dry_run``. Emulated CPU clusters run
+(lightning_hexiscale/config/recipe.py), ``plan=<file>`` and ``dry_run``. Emulated CPU clusters run
 here as one process per device; GPU clusters run under torchrun or SLURM (one process per GPU,
 node k on machine k of the cluster file), or here when this machine has the GPUs.
 
@@ -27,7 +27,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from lightning_hexiscale.config import register_configs
+from lightning_hexiscale.config.schema import register_configs
 from lightning_hexiscale.errors import HexiScaleError, TrainingFailure
 
 EXIT_CONFIG, EXIT_HARDWARE, EXIT_FAILED = 2, 3, 4
@@ -77,10 +77,10 @@ def output_dir(cfg: DictConfig) -> Path:
 # ---- planning ----------------------------------------------------------------------------------
 def make_plan(cfg: DictConfig, cluster, model, out: Path):
     """The plan file given, or the search's plan; ranks launched by popen reuse rank 0's plan file."""
-    from lightning_hexiscale.cli import _explicit
+    from lightning_hexiscale.cli.common import explicit as _explicit
     from lightning_hexiscale.planner.estimate import estimate, workload_from_config
     from lightning_hexiscale.planner.plan import Plan
-    from lightning_hexiscale.strategy_plan import apply_overrides, search_plan
+    from lightning_hexiscale.lightning.plan_resolution import apply_overrides, search_plan
 
     given = overrides_given()
     workload = workload_from_config(cfg)
@@ -171,8 +171,8 @@ def train(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict) -> dic
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger
 
-    from lightning_hexiscale.example import LlamaLitModule, LossPrinter
-    from lightning_hexiscale.strategy import HexiScaleStrategy
+    from lightning_hexiscale.lightning.example import LlamaLitModule, LossPrinter
+    from lightning_hexiscale.lightning.strategy import HexiScaleStrategy
 
     t = cfg.trainer
     pl.seed_everything(int(t.seed), verbose=False)
@@ -180,7 +180,7 @@ def train(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict) -> dic
     module = LlamaLitModule(model, lr=float(t.lr), weight_decay=float(t.weight_decay), warmup_steps=int(t.warmup_steps),
                             init_seed=int(t.seed))
     if t.weights:
-        from lightning_hexiscale.weights import attach_weights
+        from lightning_hexiscale.data.weights import attach_weights
 
         attach_weights(module, t.weights)
     # Multirun: fresh spawned workers per job, so no process or process group outlives its job.
@@ -225,7 +225,7 @@ def check_failure_settings(cfg: DictConfig) -> None:
 
 
 def run(cfg: DictConfig) -> int:
-    from lightning_hexiscale.cluster import Cluster
+    from lightning_hexiscale.config.cluster import Cluster
     from lightning_hexiscale.models.config import LlamaConfig
 
     quiet_logs()
@@ -282,7 +282,7 @@ def check_overrides(argv: list[str]) -> None:
     value, the rule and the available presets. A multirun sweep (``cluster=a,b``) is checked one
     value at a time, the other keys at their first value.
     """
-    from lightning_hexiscale.config import compose
+    from lightning_hexiscale.config.schema import compose
 
     args = [a for a in argv if not a.startswith("-") and "=" in a and not a.lstrip("+~").startswith("hydra.")]
     multirun = any(a in ("-m", "--multirun") for a in argv)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from lightning_hexiscale.cli import main
-from lightning_hexiscale.cluster import Cluster
+from lightning_hexiscale.cli.main import main
+from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import HexiScaleError
 
 ROOT = Path(__file__).parent / "bad_configs"

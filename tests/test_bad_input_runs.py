@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from lightning_hexiscale.cli import main as cli_main
-from lightning_hexiscale.cluster import Cluster
-from lightning_hexiscale.config import compose
+from lightning_hexiscale.cli.main import main as cli_main
+from lightning_hexiscale.config.cluster import Cluster
+from lightning_hexiscale.config.schema import compose
 from lightning_hexiscale.errors import ConfigError, InfeasiblePlan
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.estimate import Workload

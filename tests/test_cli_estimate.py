@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_hexiscale.cli import main
+from lightning_hexiscale.cli.main import main
 
 PLANS = sorted(str(p) for p in Path("conf/plans").glob("*.yaml"))
 

@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 import yaml
 
-from lightning_hexiscale.cluster import Cluster
-from lightning_hexiscale.config import compose, preset_names
+from lightning_hexiscale.config.cluster import Cluster
+from lightning_hexiscale.config.schema import compose, preset_names
 from lightning_hexiscale.errors import ConfigError
 
 GiB = 2**30

@@ -2,8 +2,8 @@
 
 import pytest
 
-from lightning_hexiscale.cluster import Cluster
-from lightning_hexiscale.config import compose, preset_names
+from lightning_hexiscale.config.cluster import Cluster
+from lightning_hexiscale.config.schema import compose, preset_names
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.estimate import workload_from_config
 

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from lightning_hexiscale.cluster import Cluster
+from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner import cost_model as cm
 from lightning_hexiscale.planner.estimate import Workload, estimate

@@ -4,7 +4,7 @@ import json
 import pytest
 import yaml
 
-from lightning_hexiscale.cluster import Cluster
+from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import PlanError
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage

@@ -3,7 +3,7 @@ import math
 import pytest
 
 from lightning_hexiscale.errors import ConfigError
-from lightning_hexiscale.units import format_bandwidth, format_bytes, parse_bandwidth, parse_bytes, parse_flops, parse_time
+from lightning_hexiscale.config.units import format_bandwidth, format_bytes, parse_bandwidth, parse_bytes, parse_flops, parse_time
 
 
 @pytest.mark.parametrize("text,expected", [

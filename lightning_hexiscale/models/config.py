@@ -185,6 +185,6 @@ class LlamaConfig:
     @classmethod
     def load(cls, name_or_path: str) -> LlamaConfig:
         """A preset name (conf/model/NAME.yaml) or a path to a model YAML."""
-        from lightning_hexiscale.config import ModelConfig, load_preset
+        from lightning_hexiscale.config.schema import ModelConfig, load_preset
 
         return cls.from_config(load_preset("model", name_or_path, ModelConfig))

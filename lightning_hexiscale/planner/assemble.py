@@ -22,13 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from lightning_hexiscale.cluster import Cluster
+from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.planner import cost_model as cm
 from lightning_hexiscale.planner.estimate import Workload
 from lightning_hexiscale.planner.partition import group_bandwidth, top_tau_order
 from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
-from lightning_hexiscale.units import format_bytes
+from lightning_hexiscale.config.units import format_bytes
 
 DP_OPTIONS = ("ddp", "zero2", "zero3")
 _UNCAPPED = 1 << 40

@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from lightning_hexiscale.cluster import Cluster
+from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.planner.assemble import (DP_OPTIONS, Evaluator, PipeDraft, chain_draft, make_plan,
                                                   micro_batch_candidates, split_batches, split_layers)

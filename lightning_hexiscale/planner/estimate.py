@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from lightning_hexiscale.cluster import Cluster
+from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner import cost_model as cm
 from lightning_hexiscale.planner.plan import Plan, Stage
-from lightning_hexiscale.units import format_bytes
+from lightning_hexiscale.config.units import format_bytes
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 

@@ -40,7 +40,7 @@ import numpy as np
 from lightning_hexiscale.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from lightning_hexiscale.cluster import Cluster
+    from lightning_hexiscale.config.cluster import Cluster
 
 OBJECTIVES = ("min", "max")
 _MAX_TOTAL_WEIGHT = 2**30

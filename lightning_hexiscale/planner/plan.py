@@ -24,7 +24,7 @@ import yaml
 from lightning_hexiscale.errors import ConfigError, PlanError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from lightning_hexiscale.cluster import Cluster
+    from lightning_hexiscale.config.cluster import Cluster
     from lightning_hexiscale.models.config import LlamaConfig
 
 SCHEDULES = ("gpipe", "1f1b")

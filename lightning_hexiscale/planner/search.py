@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from lightning_hexiscale.cluster import Cluster
+from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError, InfeasiblePlan
 from lightning_hexiscale.planner.assemble import (DP_OPTIONS, Evaluator, PipeDraft, draft_pipeline, make_plan,
                                                   micro_batch_candidates, minimum_memory_message, split_batches)

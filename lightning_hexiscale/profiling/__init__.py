@@ -7,5 +7,6 @@
 - :mod:`.calibrate`  efficiency per device type and theta_ddp from measured steps
 - :mod:`.check`      run a plan for a few steps; measured vs estimated time and memory
 
-The CLI (``hexiscale profile | calibrate | check-estimate``) lives in :mod:`lightning_hexiscale.profiler`.
+The commands (``hexiscale profile | calibrate | check-estimate``) live in :mod:`lightning_hexiscale.cli.profile`
+and :mod:`lightning_hexiscale.cli.calibrate`.
 """

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from lightning_hexiscale.cluster import Calibration, Cluster
+from lightning_hexiscale.config.cluster import Calibration, Cluster
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.estimate import estimate
 from lightning_hexiscale.planner.plan import Plan

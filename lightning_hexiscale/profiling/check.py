@@ -26,11 +26,11 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from lightning_hexiscale.cluster import Cluster
+from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.estimate import Estimate, Workload, estimate
 from lightning_hexiscale.planner.plan import Plan
-from lightning_hexiscale.units import format_bytes
+from lightning_hexiscale.config.units import format_bytes
 
 
 def cpu_workload(model: LlamaConfig) -> Workload:

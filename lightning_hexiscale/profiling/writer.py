@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from lightning_hexiscale.units import format_bandwidth
+from lightning_hexiscale.config.units import format_bandwidth
 
 
 @dataclass

@@ -27,77 +27,18 @@ last micro-batch's backward as their gradients become final (see :class:`GradSyn
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass
-
 import torch
 import torch.distributed as dist
 
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.plan import Plan
 from lightning_hexiscale.runtime.parallelize import StageModule, param_specs, stage_holds
-from lightning_hexiscale.runtime.topology import Topology, stage_rank_lists
+from lightning_hexiscale.runtime.topology import Topology, sync_segments
 
 DEFAULT_BUCKET_CAP_BYTES = 4 * 2**20
 """4 MiB. Smaller than DDP's 25 MiB so that several buckets overlap with the last backward even for
 small stages; a gloo all-reduce costs ~0.14 ms of latency against ~18 ms per 4 MB on 8 ranks
 (NOTES), so the extra collectives cost little."""
-
-
-@dataclass(frozen=True)
-class Segment:
-    """A piece of one parameter's gradient that one rank per pipeline holds."""
-
-    name: str
-    """Global parameter name."""
-    shard_dim: int | None
-    """Dim the segment's [start, end) range is along; ``None`` for a replicated parameter (whole)."""
-    start: int
-    end: int
-    ranks: tuple[int, ...]
-    """Holder ranks, one per pipeline, sorted ascending (the DP process group)."""
-
-
-def segment_bounds(ranges: list[list[tuple[int, int]]]) -> list[tuple[int, int, tuple[int, ...]]]:
-    """Union-of-boundaries segmentation. ``ranges[p]`` = the [start, end) ranges of pipeline p's
-    ranks, covering the same [0, n). Returns (start, end, holder index per pipeline) per segment.
-
-    >>> segment_bounds([[(0, 2), (2, 3), (3, 4)], [(0, 2), (2, 4)]])
-    [(0, 2, (0, 0)), (2, 3, (1, 1)), (3, 4, (2, 1))]
-    """
-    cuts = sorted({b for rs in ranges for r in rs for b in r})
-    out = []
-    for a, b in zip(cuts, cuts[1:]):
-        holders = tuple(next(i for i, (s, e) in enumerate(rs) if s <= a < e) for rs in ranges)
-        out.append((a, b, holders))
-    return out
-
-
-@functools.lru_cache(maxsize=16)
-def sync_segments(plan: Plan, config: LlamaConfig) -> tuple[Segment, ...]:
-    """Every gradient segment of the model under ``plan``, in canonical (parameter, start) order.
-
-    Pure and identical on every rank; :func:`lightning_hexiscale.runtime.topology.group_ranks`
-    builds the DP process groups from the holder sets.
-    """
-    stage_ranks = stage_rank_lists(plan)
-    segs: list[Segment] = []
-    for spec in param_specs(config):
-        holders_per_pipe: list[list[int]] = []  # ranks of the stage holding spec, per pipeline
-        ranges_per_pipe: list[list[tuple[int, int]]] = []
-        for i, pipe in enumerate(plan.pipelines):
-            last = len(pipe.stages) - 1
-            j = next(j for j, st in enumerate(pipe.stages) if stage_holds(spec, st.layers, j == 0, j == last))
-            ranks = stage_ranks[i][j]
-            if spec.shard_dim is None:  # replicated: only the leader takes part
-                ranks = ranks[:1]
-            holders_per_pipe.append(list(ranks))
-            ranges_per_pipe.append(spec.ranges(config, len(ranks)) if spec.shard_dim is not None
-                                   else [(0, spec.shape[0])])
-        for a, b, idx in segment_bounds(ranges_per_pipe):
-            ranks = tuple(sorted(holders_per_pipe[p][k] for p, k in enumerate(idx)))
-            segs.append(Segment(spec.name, spec.shard_dim, a, b, ranks))
-    return tuple(segs)
 
 
 Item = tuple[str, int | None, int, int]

@@ -10,7 +10,7 @@ first collective on it hang (see NOTES-torch-lightning.md). The groups are:
 
 - one TP group per stage with TP degree > 1 (its ranks, leader first in the plan but sorted here);
 - one data-parallel group per distinct set of "holder" ranks of a gradient segment
-  (:func:`lightning_hexiscale.runtime.grad_sync.sync_segments`): one rank per pipeline, so only
+  (:func:`sync_segments`): one rank per pipeline, so only
   when the plan has two or more pipelines.
 
 Point-to-point traffic between stages and the loss reduction use the default (world) group.
@@ -18,6 +18,7 @@ Point-to-point traffic between stages and the loss reduction use the default (wo
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch.distributed as dist
@@ -25,6 +26,7 @@ import torch.distributed as dist
 from lightning_hexiscale.errors import PlanError
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.runtime.parallelize import param_specs, stage_holds
 
 
 @dataclass(frozen=True)
@@ -128,14 +130,70 @@ def role_of(plan: Plan, rank: int) -> Role:
     raise AssertionError(f"rank {rank} is in no stage")  # unreachable for a valid plan
 
 
+# ---- gradient segments: what the data-parallel groups are made of ------------------------------
+@dataclass(frozen=True)
+class Segment:
+    """A piece of one parameter's gradient that one rank per pipeline holds."""
+
+    name: str
+    """Global parameter name."""
+    shard_dim: int | None
+    """Dim the segment's [start, end) range is along; ``None`` for a replicated parameter (whole)."""
+    start: int
+    end: int
+    ranks: tuple[int, ...]
+    """Holder ranks, one per pipeline, sorted ascending (the DP process group)."""
+
+
+def segment_bounds(ranges: list[list[tuple[int, int]]]) -> list[tuple[int, int, tuple[int, ...]]]:
+    """Union-of-boundaries segmentation. ``ranges[p]`` = the [start, end) ranges of pipeline p's
+    ranks, covering the same [0, n). Returns (start, end, holder index per pipeline) per segment.
+
+    >>> segment_bounds([[(0, 2), (2, 3), (3, 4)], [(0, 2), (2, 4)]])
+    [(0, 2, (0, 0)), (2, 3, (1, 1)), (3, 4, (2, 1))]
+    """
+    cuts = sorted({b for rs in ranges for r in rs for b in r})
+    out = []
+    for a, b in zip(cuts, cuts[1:]):
+        holders = tuple(next(i for i, (s, e) in enumerate(rs) if s <= a < e) for rs in ranges)
+        out.append((a, b, holders))
+    return out
+
+
+@functools.lru_cache(maxsize=16)
+def sync_segments(plan: Plan, config: LlamaConfig) -> tuple[Segment, ...]:
+    """Every gradient segment of the model under ``plan``, in canonical (parameter, start) order.
+
+    Pure and identical on every rank; :func:`group_ranks`
+    builds the DP process groups from the holder sets.
+    """
+    stage_ranks = stage_rank_lists(plan)
+    segs: list[Segment] = []
+    for spec in param_specs(config):
+        holders_per_pipe: list[list[int]] = []  # ranks of the stage holding spec, per pipeline
+        ranges_per_pipe: list[list[tuple[int, int]]] = []
+        for i, pipe in enumerate(plan.pipelines):
+            last = len(pipe.stages) - 1
+            j = next(j for j, st in enumerate(pipe.stages) if stage_holds(spec, st.layers, j == 0, j == last))
+            ranks = stage_ranks[i][j]
+            if spec.shard_dim is None:  # replicated: only the leader takes part
+                ranks = ranks[:1]
+            holders_per_pipe.append(list(ranks))
+            ranges_per_pipe.append(spec.ranges(config, len(ranks)) if spec.shard_dim is not None
+                                   else [(0, spec.shape[0])])
+        for a, b, idx in segment_bounds(ranges_per_pipe):
+            ranks = tuple(sorted(holders_per_pipe[p][k] for p, k in enumerate(idx)))
+            segs.append(Segment(spec.name, spec.shard_dim, a, b, ranks))
+    return tuple(segs)
+
+
+
 def group_ranks(plan: Plan, config: LlamaConfig) -> list[tuple[int, ...]]:
     """Every process group the runtime uses, as sorted rank tuples, in creation order (sorted).
 
     Pure: the same list on every rank. TP groups of stages with TP > 1, plus the holder sets of
     the gradient segments (one rank per pipeline) when there are two or more pipelines.
     """
-    from lightning_hexiscale.runtime.grad_sync import sync_segments  # grad_sync imports this module
-
     wanted: set[tuple[int, ...]] = set()
     for pipe in stage_rank_lists(plan):
         for st in pipe:

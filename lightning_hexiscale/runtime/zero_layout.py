@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.plan import Plan
-from lightning_hexiscale.runtime.grad_sync import sync_segments
+from lightning_hexiscale.runtime.topology import sync_segments
 from lightning_hexiscale.runtime.parallelize import LocalShard
 
 ZERO3_TAG_BASE = 1 << 24

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from lightning_hexiscale.cli import main
+from lightning_hexiscale.cli.main import main
 
 BASE = ["cluster=case_study", "model=llama2_13b", "train.global_batch=24", "planner.iterations=6"]
 

@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from lightning_hexiscale.cluster import Cluster
+from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.planner.partition import DeviceGraph, cut_weight, group_bandwidth, partition, top_tau_order
 

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from lightning_hexiscale.cluster import Cluster
+from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError, InfeasiblePlan
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.assemble import Evaluator, chain_draft, make_plan, split_batches, split_layers
@@ -25,7 +25,7 @@ PRESETS = {
 
 
 def test_every_preset_is_covered():
-    from lightning_hexiscale.config import preset_names
+    from lightning_hexiscale.config.schema import preset_names
 
     assert sorted(PRESETS) == preset_names("cluster")
 

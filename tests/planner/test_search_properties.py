@@ -18,8 +18,8 @@ import re
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lightning_hexiscale import catalog
-from lightning_hexiscale.cluster import Cluster
+from lightning_hexiscale.config import catalog
+from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import InfeasiblePlan
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.estimate import Workload, estimate

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import yaml
 
-from lightning_hexiscale.cli import main
-from lightning_hexiscale.cluster import Calibration, Cluster
+from lightning_hexiscale.cli.main import main
+from lightning_hexiscale.config.cluster import Calibration, Cluster
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.estimate import estimate
 from lightning_hexiscale.profiling.calibrate import (CalibrationSteps, current_efficiency, fit_calibration,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lightning_hexiscale.cli import main
-from lightning_hexiscale.cluster import Cluster
+from lightning_hexiscale.cli.main import main
+from lightning_hexiscale.config.cluster import Cluster
 
 
 @pytest.mark.timeout(60)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import yaml
 
-from lightning_hexiscale.cluster import Cluster
-from lightning_hexiscale.config import compose
+from lightning_hexiscale.config.cluster import Cluster
+from lightning_hexiscale.config.schema import compose
 from lightning_hexiscale.profiling.writer import ProfileResult, infer_machines, update_calibration, write_cluster
 
 

@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from lightning_hexiscale.errors import PlanError
 from lightning_hexiscale.planner.plan import Plan
-from lightning_hexiscale.runtime.grad_sync import segment_bounds, sync_segments
+from lightning_hexiscale.runtime.topology import segment_bounds, sync_segments
 from lightning_hexiscale.runtime.topology import Topology, group_ranks, role_of
 
 

@@ -21,7 +21,7 @@ import lightning.pytorch as pl
 import torch
 from strategy_helpers import TINY, loader, module, plan_of
 
-from lightning_hexiscale.strategy import HexiScaleStrategy
+from lightning_hexiscale.lightning.strategy import HexiScaleStrategy
 
 # Pipeline 0: two stages on ranks 0 and 1; pipeline 1: one stage on rank 2.
 PLAN = plan_of([(4, 2, [([0], (0, 2)), ([1], (2, 4))]), (2, 1, [([2], (0, 4))])])

@@ -22,11 +22,11 @@ from torch.utils.data import DataLoader
 import lightning_hexiscale  # noqa: F401  (registers "hexiscale")
 import lightning_hexiscale.runtime.engine  # noqa: F401
 from lightning_hexiscale.data import generated_corpus
-from lightning_hexiscale.example import LlamaLitModule
+from lightning_hexiscale.lightning.example import LlamaLitModule
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.pipeline_model import PipelineModel
+from lightning_hexiscale.lightning.pipeline_model import PipelineModel
 from lightning_hexiscale.planner.plan import Plan
-from lightning_hexiscale.strategy import HexiScaleStrategy
+from lightning_hexiscale.lightning.strategy import HexiScaleStrategy
 
 TINY = LlamaConfig(name="tiny_test", hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2,
                    ffn_hidden_size=100, vocab_size=256, seq_len=16)

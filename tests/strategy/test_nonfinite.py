@@ -13,7 +13,7 @@ from lightning.pytorch.callbacks import Callback
 from strategy_helpers import PG_TIMEOUT, Recorder, loader, module, plan_of, read_ranks
 
 import lightning.pytorch as pl
-from lightning_hexiscale.strategy import HexiScaleStrategy
+from lightning_hexiscale.lightning.strategy import HexiScaleStrategy
 
 PLAN = plan_of([(4, 2, [([0, 1], (0, 4))]), (2, 1, [([2], (0, 2)), ([3], (2, 4))])])
 BAD_STEP, BAD_RANK, STEPS = 2, 1, 4

@@ -15,9 +15,9 @@ import lightning.pytorch as pl
 import pytest
 from strategy_helpers import PG_TIMEOUT, loader, module, plan_of
 
-from lightning_hexiscale.config import compose, preset_names
+from lightning_hexiscale.config.schema import compose, preset_names
 from lightning_hexiscale.errors import ConfigError
-from lightning_hexiscale.strategy import HexiScaleStrategy
+from lightning_hexiscale.lightning.strategy import HexiScaleStrategy
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "recipes" / "train.py"

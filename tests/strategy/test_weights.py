@@ -15,8 +15,8 @@ import torch
 from strategy_helpers import PG_TIMEOUT, TINY, loader, module, plan_of
 
 from lightning_hexiscale.errors import ConfigError
-from lightning_hexiscale.strategy import HexiScaleStrategy
-from lightning_hexiscale.weights import HFLlamaWeights, attach_weights
+from lightning_hexiscale.lightning.strategy import HexiScaleStrategy
+from lightning_hexiscale.data.weights import HFLlamaWeights, attach_weights
 
 _ST = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float64: "F64"}
 

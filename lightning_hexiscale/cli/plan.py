@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lightning_hexiscale.cli import _explicit, subcommand
+from lightning_hexiscale.cli.common import explicit, subcommand
 from lightning_hexiscale.errors import ConfigError, HexiScaleError
 
 
@@ -46,8 +46,8 @@ def _args(p: argparse.ArgumentParser) -> None:
 def plan_once(overrides: list[str], with_baselines: bool, progress: bool | None = None,
               like_for_like: bool = False, aware: bool = False) -> dict[str, Any]:
     """Compose, search, validate; returns everything the reports need."""
-    from lightning_hexiscale.cluster import Cluster
-    from lightning_hexiscale.config import compose
+    from lightning_hexiscale.config.cluster import Cluster
+    from lightning_hexiscale.config.schema import compose
     from lightning_hexiscale.planner.estimate import workload_from_config
     from lightning_hexiscale.planner.search import SearchSettings, search
 
@@ -55,7 +55,7 @@ def plan_once(overrides: list[str], with_baselines: bool, progress: bool | None 
     cluster = Cluster.from_config(cfg.cluster)
     workload = workload_from_config(cfg)
     changes = {} if progress is None else {"progress": progress}
-    settings = SearchSettings.from_config(cfg, dp_sharding_explicit=_explicit(overrides, "train.dp_sharding"), **changes)
+    settings = SearchSettings.from_config(cfg, dp_sharding_explicit=explicit(overrides, "train.dp_sharding"), **changes)
     gb = int(cfg.train.global_batch)
     result = search(cluster, workload, gb, settings)
     result.plan.validate(cluster, workload.model, global_batch=gb)

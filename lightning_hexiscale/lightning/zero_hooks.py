@@ -16,14 +16,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
-from lightning.pytorch.core.optimizer import LightningOptimizer
 from torch.optim import Optimizer
 
 from lightning_hexiscale.errors import ConfigError
-
-
-def _raw(optimizer) -> Optimizer:
-    return optimizer._optimizer if isinstance(optimizer, LightningOptimizer) else optimizer
+from lightning_hexiscale.lightning import internals
 
 
 def shard_optimizers(engine, optimizers: list) -> None:
@@ -34,7 +30,7 @@ def shard_optimizers(engine, optimizers: list) -> None:
         raise ConfigError("configure_optimizers", f"{len(optimizers)} optimizers",
                           f"dp_sharding={engine.sharding} shards one optimizer's state over the pipelines",
                           "return one optimizer, or use dp_sharding='ddp'")
-    raw = _raw(optimizers[0])
+    raw = internals.unwrap_optimizer(optimizers[0])
     if getattr(raw, "_hexiscale_sharded", None) is not None:
         return
     sharded = engine.wrap_optimizer(raw)
@@ -42,11 +38,10 @@ def shard_optimizers(engine, optimizers: list) -> None:
     def step(closure=None):
         loss = closure() if closure is not None else None
         sharded.step()
-        raw._opt_called = True  # what torch's LR-scheduler wrapper would record
+        internals.record_step_called(raw)
         return loss
 
-    step._wrapped_by_lr_sched = True  # keeps LRScheduler from warning about an overridden step
-    raw.step = step
+    internals.mark_step_wrapped(raw, step)
     raw._hexiscale_sharded = sharded
 
 

@@ -6,8 +6,8 @@
 
 Measures, per rank, sustained matmul FLOP/s (bf16 on CUDA, fp32 on CPU) and memory (CUDA total,
 or CPU RAM / ranks on the host), and alpha, beta for every pair of ranks (see
-:mod:`lightning_hexiscale.profiling`). The other subcommands of this concern are registered here
-too: ``calibrate`` (fit efficiency and theta from measured steps) and ``check-estimate``.
+:mod:`lightning_hexiscale.profiling`). ``calibrate`` and ``check-estimate`` live in
+:mod:`lightning_hexiscale.cli.calibrate`.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from lightning_hexiscale.cli import subcommand
+from lightning_hexiscale.cli.common import add_launch_args, positive_int, subcommand
 from lightning_hexiscale.errors import ConfigError
-from lightning_hexiscale.units import parse_bytes
+from lightning_hexiscale.config.units import parse_bytes
 
 
 def _sizes(text: str) -> list[int]:
@@ -32,21 +32,6 @@ def _sizes(text: str) -> list[int]:
     return out
 
 
-def _positive_int(text: str) -> int:
-    v = int(text)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
-
-
-def add_launch_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--local", type=_positive_int, metavar="N", default=None,
-                   help="fork N CPU ranks here (gloo, one thread each) instead of joining a torchrun/SLURM/"
-                        "Lightning-launched process group")
-    p.add_argument("--timeout", type=float, default=900.0, metavar="S",
-                   help="deadline in seconds for the whole run and every collective (default 900)")
-
-
 def _profile_args(p: argparse.ArgumentParser) -> None:
     add_launch_args(p)
     p.add_argument("--out", default="profiled_cluster.yaml", metavar="PATH.yaml",
@@ -55,14 +40,14 @@ def _profile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sizes", type=_sizes, default=None, metavar="S1,S2,...",
                    help="ping-pong message sizes, e.g. 1KiB,64KiB,1MiB,4MiB (default: 1 KiB..4 MiB on CPU, "
                         "4 KiB..64 MiB on CUDA)")
-    p.add_argument("--reps", type=_positive_int, default=5, help="timed ping-pongs per size and pair (default 5)")
-    p.add_argument("--max-pairs", type=_positive_int, default=None, metavar="K",
+    p.add_argument("--reps", type=positive_int, default=5, help="timed ping-pongs per size and pair (default 5)")
+    p.add_argument("--max-pairs", type=positive_int, default=None, metavar="K",
                    help="pairs measured at once (default: no limit on CUDA, cores/2 on CPU)")
     p.add_argument("--no-isolate-hosts", dest="isolate_hosts", action="store_false",
                    help="let several cross-host pairs of one host share its NIC in a step (faster, less exact)")
     p.add_argument("--link-stat", choices=("median", "min"), default="median",
                    help="time per message size: median (typical, default) or min (best case) of the reps")
-    p.add_argument("--matmul-size", type=_positive_int, default=None, metavar="N",
+    p.add_argument("--matmul-size", type=positive_int, default=None, metavar="N",
                    help="matmul size N for the FLOP/s test (default 8192 on CUDA, 1024 on CPU)")
     p.add_argument("--matmul-time", type=float, default=0.5, metavar="S", help="seconds of matmuls per rank (default 0.5)")
 
@@ -87,7 +72,7 @@ def run_profile(args: argparse.Namespace):
 @subcommand("profile", "measure every rank's FLOP/s and memory and alpha/beta of every rank pair; "
                        "write a cluster YAML", _profile_args)
 def cmd_profile(args: argparse.Namespace) -> int:
-    from lightning_hexiscale.cluster import Cluster
+    from lightning_hexiscale.config.cluster import Cluster
     from lightning_hexiscale.profiling.writer import link_summary, write_cluster
 
     result = run_profile(args)
@@ -99,12 +84,3 @@ def cmd_profile(args: argparse.Namespace) -> int:
     print(cluster.summary())
     print(f"wrote {path} and {mpath}")
     return 0
-
-
-# The calibration and check subcommands register themselves on import (they reuse the helpers above).
-from lightning_hexiscale.profiling import commands as _commands  # noqa: E402,F401
-
-if __name__ == "__main__":  # pragma: no cover
-    from lightning_hexiscale.cli import main
-
-    sys.exit(main(["profile", *sys.argv[1:]]))

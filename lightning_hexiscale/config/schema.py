@@ -2,7 +2,7 @@
 
 Schemas are registered in Hydra's ConfigStore as ``<group>/base_<group>`` so a preset reads
 ``defaults: [base_cluster, _self_]`` and a misspelt key fails with "Key 'bandwith' not in ...".
-Quantities with units stay strings here ("200 GB/s"); :mod:`lightning_hexiscale.cluster` parses them.
+Quantities with units stay strings here ("200 GB/s"); :mod:`lightning_hexiscale.config.cluster` parses them.
 Nothing below the entry points reads argv: the CLI and recipes compose a config and pass it down.
 """
 
@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from lightning_hexiscale.errors import ConfigError
-from lightning_hexiscale.recipe_config import DataConfig, TrainerConfig
+from lightning_hexiscale.config.recipe import DataConfig, TrainerConfig
 
 
 @dataclass
@@ -159,7 +159,7 @@ class HexiScaleConfig:
     model: ModelConfig = MISSING
     train: TrainConfig = field(default_factory=TrainConfig)
     planner: PlannerConfig = field(default_factory=PlannerConfig)
-    # recipes/train.py: see lightning_hexiscale/recipe_config.py (ignored by the CLI).
+    # recipes/train.py: see lightning_hexiscale/config/recipe.py (ignored by the CLI).
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     data: DataConfig = field(default_factory=DataConfig)
     plan: Optional[str] = None
@@ -185,7 +185,7 @@ def conf_dir() -> Path:
     env = os.environ.get("HEXISCALE_CONF_DIR")
     if env:
         return Path(env).resolve()
-    return Path(__file__).resolve().parent.parent / "conf"
+    return Path(__file__).resolve().parents[2] / "conf"
 
 
 def preset_names(group: str) -> list[str]:
@@ -272,7 +272,7 @@ def _compose_error(e: Exception, overrides: list[str]) -> ConfigError:
             value = next((o.split("=", 1)[1] for o in overrides if o.startswith(group + "=")), group)
             msg = msg.split(" Available options")[0]
             return ConfigError(group, value, msg, fix)
-    return ConfigError("overrides", " ".join(overrides), msg, "check key names against conf/ and the schemas in lightning_hexiscale/config.py")
+    return ConfigError("overrides", " ".join(overrides), msg, "check key names against conf/ and the schemas in lightning_hexiscale/config/schema.py")
 
 
 def _clean(msg: str) -> str:

@@ -17,9 +17,9 @@ import numpy as np
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from lightning_hexiscale import catalog
+from lightning_hexiscale.config import catalog
 from lightning_hexiscale.errors import ConfigError
-from lightning_hexiscale.units import format_bandwidth, format_bytes, parse_bandwidth, parse_bytes, parse_flops, parse_time
+from lightning_hexiscale.config.units import format_bandwidth, format_bytes, parse_bandwidth, parse_bytes, parse_flops, parse_time
 
 
 @dataclass(frozen=True)
@@ -164,7 +164,7 @@ class Cluster:
     def from_config(cls, cfg: Any) -> Cluster:
         """Build from a ClusterConfig (DictConfig or plain dict with the same keys)."""
         if isinstance(cfg, dict):
-            from lightning_hexiscale.config import ClusterConfig
+            from lightning_hexiscale.config.schema import ClusterConfig
 
             try:
                 cfg = OmegaConf.merge(OmegaConf.structured(ClusterConfig), cfg)
@@ -236,7 +236,7 @@ class Cluster:
     @classmethod
     def load(cls, name_or_path: str) -> Cluster:
         """A preset name (conf/cluster/NAME.yaml) or a path to a cluster YAML."""
-        from lightning_hexiscale.config import ClusterConfig, load_preset
+        from lightning_hexiscale.config.schema import ClusterConfig, load_preset
 
         return cls.from_config(load_preset("cluster", name_or_path, ClusterConfig))
 
@@ -261,7 +261,7 @@ def _pos_float(v: Any, key: str) -> float:
 
 def _load_matrices(path: str, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Read ``bandwidth_Bps`` and ``latency_s`` matrices (YAML/JSON); check shape, sign, symmetry."""
-    from lightning_hexiscale.config import conf_dir
+    from lightning_hexiscale.config.schema import conf_dir
 
     p = Path(path)
     if not p.is_file() and (conf_dir() / path).is_file():

@@ -9,7 +9,7 @@ Importing ``lightning.pytorch`` costs 3-4 s, which ``import lightning_hexiscale`
 ``hexiscale estimate`` call) should not pay. So :func:`install` registers at once when Lightning is
 already imported, and otherwise adds a one-shot import hook that registers right after
 ``lightning.pytorch.strategies`` finishes executing. The registered entries are small factories
-that import :mod:`lightning_hexiscale.strategy` only when a Trainer asks for the strategy.
+that import :mod:`lightning_hexiscale.lightning.strategy` only when a Trainer asks for the strategy.
 
 Names: ``hexiscale`` (popen launcher, the default; works under Hydra), ``hexiscale_spawn`` and
 ``hexiscale_fork``.
@@ -27,7 +27,7 @@ STRATEGY_NAMES = {"hexiscale": "popen", "hexiscale_spawn": "spawn", "hexiscale_f
 
 
 def _factory(**kwargs: Any):
-    from lightning_hexiscale.strategy import HexiScaleStrategy
+    from lightning_hexiscale.lightning.strategy import HexiScaleStrategy
 
     return HexiScaleStrategy(**kwargs)
 

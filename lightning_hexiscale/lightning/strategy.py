@@ -11,7 +11,7 @@ The only place where Lightning meets the runtime. Per process (global rank r):
    this rank's stage (layers and TP shards of ``plan.device_order[r]``), initialised from the
    module's ``init_seed`` (bit-identical to ``Llama.init_weights(init_seed)``) or from the weights the
    module already holds; ``module.model`` becomes a :class:`PipelineModel` (see its contract).
-4. Each training batch: pipeline i's slice of the global batch (:mod:`lightning_hexiscale.data`);
+4. Each training batch: pipeline i's slice of the global batch (:mod:`lightning_hexiscale.data.samplers`);
    ``training_step`` runs the schedule (forward + backward) through ``self.model.loss``;
    Lightning's backward and zero_grad are skipped (``fit_loop._skip_backward``), because they would
    wipe the gradients the schedule just produced; the strategy zeroes them at the start of each
@@ -37,25 +37,24 @@ from typing import Any, Callable, Generator, Literal, Mapping
 import torch
 import torch.distributed as dist
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
-from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
-from lightning.fabric.utilities.optimizer import _optimizer_to_device, _optimizers_to_device
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 from typing_extensions import override
 
-from lightning_hexiscale.cluster import Cluster
+from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError, NonFiniteError
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.models.llama import Llama
-from lightning_hexiscale.pipeline_model import PipelineModel
+from lightning_hexiscale.lightning import internals
+from lightning_hexiscale.lightning.pipeline_model import PipelineModel
 from lightning_hexiscale.planner.plan import DP_SHARDINGS, SCHEDULES, Plan
-from lightning_hexiscale.strategy_zero import (checkpoint_optimizer, grad_norm_sq_local, load_target, scale_grads,
+from lightning_hexiscale.lightning.zero_hooks import (checkpoint_optimizer, grad_norm_sq_local, load_target, scale_grads,
                                                shard_optimizers)
-from lightning_hexiscale.strategy_plan import describe_local_devices, plan_for
+from lightning_hexiscale.lightning.plan_resolution import describe_local_devices, plan_for
 
 StartMethod = Literal["popen", "spawn", "fork", "forkserver"]
 NONFINITE_POLICIES = ("skip", "stop")
@@ -75,7 +74,7 @@ class HexiScaleStrategy(DDPStrategy):
         micro_batch_size / schedule / recompute / dp_sharding: override the plan's values (or bind
             the search). ``dp_sharding``: ``ddp`` (every pipeline holds its full copy of the state),
             ``zero2`` (gradients and optimizer states sharded over the pipelines) or ``zero3``
-            (parameters too); see :mod:`lightning_hexiscale.strategy_zero`.
+            (parameters too); see :mod:`lightning_hexiscale.lightning.zero_hooks`.
         seed: seed of the per-epoch data permutation (default: ``PL_GLOBAL_SEED`` or 0). Weights
             are initialised from the module's ``init_seed`` attribute (default 0).
         planner_iterations: search iterations when planning here.
@@ -189,6 +188,7 @@ class HexiScaleStrategy(DDPStrategy):
     @override
     def setup(self, trainer) -> None:
         assert self.accelerator is not None
+        internals.check()
         self.accelerator.setup(trainer)
         module = self.lightning_module
         fitting = trainer.state.fn == TrainerFn.FITTING
@@ -206,16 +206,15 @@ class HexiScaleStrategy(DDPStrategy):
         self.model = module
         # Let the DataLoader's own shuffle flag decide, as on one device (Lightning's injected
         # DistributedSampler would always shuffle); process_dataloader cuts it per pipeline.
-        if hasattr(trainer, "_accelerator_connector"):
-            trainer._accelerator_connector.use_distributed_sampler = False
+        internals.keep_dataloader_sampler(trainer)
         if fitting:
-            trainer.fit_loop._skip_backward = True
+            internals.skip_lightning_backward(trainer)
             self.setup_optimizers(trainer)
             shard_optimizers(self.pipeline_model.engine, self.optimizers)  # zero2/zero3 only
         self.setup_precision_plugin()
         self._install_global_clipping()
         if fitting:
-            _optimizers_to_device(self.optimizers, self.root_device)
+            internals.optimizers_to_device(self.optimizers, self.root_device)
         self._start_watch()
 
     def _start_watch(self) -> None:
@@ -271,11 +270,7 @@ class HexiScaleStrategy(DDPStrategy):
         """The explicit global batch, else the training DataLoader's batch size (read, not consumed)."""
         if self._global_batch is not None or self._plan_arg is not None:
             return self._global_batch
-        try:
-            source = trainer.fit_loop._data_source
-            loader = source.dataloader() if source.is_defined() else None
-        except Exception:  # no loader reachable before fit; the error below says what to pass
-            loader = None
+        loader = internals.train_dataloader(trainer)
         if isinstance(loader, DataLoader) and loader.batch_size:
             return int(loader.batch_size)
         raise ConfigError("HexiScaleStrategy(global_batch)", None,
@@ -448,7 +443,7 @@ class HexiScaleStrategy(DDPStrategy):
     # ---- data ----------------------------------------------------------------------------
     @override
     def process_dataloader(self, dataloader: object) -> object:
-        from lightning_hexiscale.data import plan_dataloader
+        from lightning_hexiscale.data.samplers import plan_dataloader
 
         if not isinstance(dataloader, DataLoader):
             raise ConfigError("dataloader", type(dataloader).__name__,
@@ -490,8 +485,7 @@ class HexiScaleStrategy(DDPStrategy):
             raise ConfigError("configure_optimizers", f"{len(self.optimizers)} optimizers",
                               "hexiscale checkpoints hold one optimizer's state", "use one optimizer")
         optimizer = self.optimizers[0] if with_optim else None
-        if isinstance(optimizer, LightningOptimizer):
-            optimizer = optimizer._optimizer
+        optimizer = internals.unwrap_optimizer(optimizer)
         assert self.plan is not None
         optimizer = checkpoint_optimizer(pm.engine, optimizer)  # ZeRO: gathered full local state
         extra = {"format": ckpt.FORMAT, "model": pm.config.to_dict(), "plan": self.plan.to_dict(),
@@ -523,10 +517,10 @@ class HexiScaleStrategy(DDPStrategy):
         from lightning_hexiscale.runtime import checkpoint as ckpt
 
         for optimizer in self.optimizers[:1]:
-            inner = optimizer._optimizer if isinstance(optimizer, LightningOptimizer) else optimizer
+            inner = internals.unwrap_optimizer(optimizer)
             target = load_target(self.pipeline_model.engine, inner)
             ckpt.load_optimizer(checkpoint["hexiscale"]["path"], self.pipeline_model.stage, target, dict(checkpoint))
-            _optimizer_to_device(inner, self.root_device)
+            internals.optimizers_to_device([inner], self.root_device)
 
     @override
     def remove_checkpoint(self, filepath) -> None:
@@ -549,9 +543,9 @@ class HexiScaleStrategy(DDPStrategy):
     @classmethod
     @override
     def register_strategies(cls, strategy_registry) -> None:
-        from lightning_hexiscale.registration import register_strategies
-
-        register_strategies()
+        # DDPStrategy's version would register "ddp", "ddp_spawn", ... as this class; the hexiscale
+        # names are registered by lightning_hexiscale.lightning.registration on import instead.
+        return None
 
 
 def find_llama(module) -> Llama:

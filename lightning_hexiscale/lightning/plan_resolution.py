@@ -21,9 +21,9 @@ from typing import Any
 
 import torch
 
-from lightning_hexiscale import catalog
-from lightning_hexiscale.cluster import Cluster
-from lightning_hexiscale.data import split_proportional
+from lightning_hexiscale.config import catalog
+from lightning_hexiscale.config.cluster import Cluster
+from lightning_hexiscale.data.samplers import split_proportional
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage

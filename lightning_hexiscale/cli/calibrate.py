@@ -1,4 +1,4 @@
-"""`hexiscale calibrate` and `hexiscale check-estimate` (registered when the CLI imports the profiler).
+"""`hexiscale calibrate` and `hexiscale check-estimate` (command-line side; the work is in :mod:`lightning_hexiscale.profiling`).
 
     hexiscale calibrate --local 2 cluster=outputs/cpu2.yaml model=llama_tiny
     hexiscale check-estimate --local 2 --plan my_plan.yaml cluster=outputs/cpu2.yaml model=llama_tiny
@@ -15,15 +15,14 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
-from lightning_hexiscale.cli import compose_for_plan, subcommand
+from lightning_hexiscale.cli.common import add_launch_args, compose_for_plan, positive_int, subcommand
 from lightning_hexiscale.errors import ConfigError
-from lightning_hexiscale.profiler import _positive_int, add_launch_args
 from lightning_hexiscale.profiling.check import STATS
 
 
 def _measure_args(p: argparse.ArgumentParser) -> None:
     add_launch_args(p)
-    p.add_argument("--steps", type=_positive_int, default=5, help="timed steps (default 5)")
+    p.add_argument("--steps", type=positive_int, default=5, help="timed steps (default 5)")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1)")
     p.add_argument("--stat", choices=STATS, default="min",
                    help="step times -> one time: min (fastest step; load from other jobs only adds time; "
@@ -32,8 +31,8 @@ def _measure_args(p: argparse.ArgumentParser) -> None:
 
 def _calibrate_args(p: argparse.ArgumentParser) -> None:
     _measure_args(p)
-    p.add_argument("--micro-batch", type=_positive_int, default=2, help="sequences per micro-batch (default 2)")
-    p.add_argument("--micro-batches", type=_positive_int, default=2, help="micro-batches per step (default 2)")
+    p.add_argument("--micro-batch", type=positive_int, default=2, help="sequences per micro-batch (default 2)")
+    p.add_argument("--micro-batches", type=positive_int, default=2, help="micro-batches per step (default 2)")
     p.add_argument("--recompute", action="store_true", help="calibrate with activation recomputation on")
     p.add_argument("--out", default=None, metavar="PATH.yaml",
                    help="write the calibrated cluster here (default: update the cluster file in place)")
@@ -53,8 +52,8 @@ def _cluster_file(overrides: list[str]) -> Path:
 @subcommand("calibrate", "fit efficiency per device type, sync latency and theta_ddp to measured training steps; "
                          "store them in the cluster file", _calibrate_args)
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from lightning_hexiscale.cluster import Cluster
-    from lightning_hexiscale.config import compose
+    from lightning_hexiscale.config.cluster import Cluster
+    from lightning_hexiscale.config.schema import compose
     from lightning_hexiscale.models.config import LlamaConfig
     from lightning_hexiscale.profiling.calibrate import calibrate, with_calibration
     from lightning_hexiscale.profiling.writer import previous_sync_latency, update_calibration
@@ -87,8 +86,8 @@ def _check_args(p: argparse.ArgumentParser) -> None:
 @subcommand("check-estimate", "run a plan for a few steps; print measured iteration time and peak memory "
                               "per rank beside the cost model's estimate", _check_args)
 def cmd_check_estimate(args: argparse.Namespace) -> int:
-    from lightning_hexiscale.cluster import Cluster
-    from lightning_hexiscale.config import compose
+    from lightning_hexiscale.config.cluster import Cluster
+    from lightning_hexiscale.config.schema import compose
     from lightning_hexiscale.models.config import LlamaConfig
     from lightning_hexiscale.planner.plan import Plan
     from lightning_hexiscale.profiling.check import check, comparison_table, deviation

@@ -1,0 +1,32 @@
+"""Lazy package exports (PEP 562), so that ``import lightning_hexiscale`` stays cheap.
+
+``hexiscale estimate`` imports the package and should not pay for torch or Lightning (2-4 s); the
+names that need them are resolved on first attribute access instead of at import.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+
+def lazy_exports(package: str, names: dict[str, str]) -> tuple[Callable[[str], object], Callable[[], list[str]]]:
+    """``(__getattr__, __dir__)`` for ``package``: ``names`` maps an exported name to the module
+    (absolute) that defines it; the value is cached in the package on first use."""
+
+    def __getattr__(name: str) -> object:
+        module = names.get(name)
+        if module is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(module), name)
+        setattr(importlib.import_module(package), name, value)
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted(set(globals_of(package)) | set(names))
+
+    return __getattr__, __dir__
+
+
+def globals_of(package: str) -> list[str]:
+    return list(vars(importlib.import_module(package)))

@@ -1,0 +1,69 @@
+"""Shared pieces of the `hexiscale` subcommands: the registry, override helpers and launch flags.
+
+Subcommand modules register themselves with :func:`subcommand`; :mod:`lightning_hexiscale.cli.main`
+imports every one of them and builds the parser. Nothing here imports a subcommand module, so
+there is no import circle between the entry point and the commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+EPILOG = """overrides (Hydra syntax, composed over conf/config.yaml):
+  cluster=NAME|PATH.yaml   a preset of conf/cluster/ or a cluster file (e.g. from `hexiscale profile`)
+  model=NAME|PATH.yaml     a preset of conf/model/
+  train.global_batch=N     train.dtype=bf16|fp16|fp32  train.schedule=1f1b|gpipe
+  train.recompute=true|false  train.dp_sharding=ddp|zero2|zero3
+  cluster.inter_machine.bandwidth="10 Gbps"   any key of the cluster, model or train config
+run `hexiscale list` for the presets."""
+
+SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
+
+
+def subcommand(name: str, help_: str, configure: Callable[[argparse.ArgumentParser], None]):
+    """Register ``fn(args) -> exit code`` as ``hexiscale NAME`` (other modules add theirs this way)."""
+    def deco(fn: Callable[[argparse.Namespace], int]):
+        SUBCOMMANDS[name] = (help_, configure, fn)
+        return fn
+    return deco
+
+
+def explicit(overrides: Sequence[str], key: str) -> bool:
+    return any(o.split("=", 1)[0].lstrip("+~") == key for o in overrides)
+
+
+def compose_for_plan(overrides: list[str], plan_meta: dict) -> list[str]:
+    """Default ``cluster=`` and ``model=`` to the ones a plan file names in its ``meta``."""
+    out = list(overrides)
+    for key in ("cluster", "model"):
+        if not explicit(out, key) and plan_meta.get(key):
+            out.insert(0, f"{key}={plan_meta[key]}")
+    return out
+
+
+def apply_train_overrides(plan, cfg, overrides: Sequence[str]):
+    """Explicit train.schedule / train.recompute / train.dp_sharding overrides replace the plan's values."""
+    changes = {}
+    for key in ("schedule", "recompute", "dp_sharding"):
+        if explicit(overrides, f"train.{key}"):
+            changes[key] = cfg.train[key]
+    return replace(plan, **changes) if changes else plan
+
+
+
+# ---- launch flags shared by profile, calibrate and check-estimate -----------------------------
+def positive_int(text: str) -> int:
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def add_launch_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--local", type=positive_int, metavar="N", default=None,
+                   help="fork N CPU ranks here (gloo, one thread each) instead of joining a torchrun/SLURM/"
+                        "Lightning-launched process group")
+    p.add_argument("--timeout", type=float, default=900.0, metavar="S",
+                   help="deadline in seconds for the whole run and every collective (default 900)")

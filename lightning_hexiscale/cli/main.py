@@ -1,0 +1,64 @@
+"""`hexiscale`: the command-line entry point. One module per subcommand registers itself
+(:func:`lightning_hexiscale.cli.common.subcommand`); this module imports them all and dispatches.
+
+    hexiscale estimate --plan conf/plans/hetero3_llama30b_tab7.yaml cluster=hetero3 model=llama_30b
+
+Every subcommand takes Hydra-style overrides after its options, composed over conf/config.yaml.
+Bad input exits with status 2 and a one-paragraph message (key, value, rule, fix); no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+# Importing a command module registers it; the order of these lines is the order of `hexiscale --help`.
+from lightning_hexiscale.cli import estimate  # noqa: F401  isort: skip
+from lightning_hexiscale.cli import presets  # noqa: F401  isort: skip
+from lightning_hexiscale.cli import plan  # noqa: F401  isort: skip
+from lightning_hexiscale.cli import profile  # noqa: F401  isort: skip
+from lightning_hexiscale.cli import calibrate  # noqa: F401  isort: skip
+from lightning_hexiscale.cli.common import EPILOG, SUBCOMMANDS
+from lightning_hexiscale.errors import HexiScaleError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hexiscale", description="Plan and estimate asymmetric parallel LLM training on heterogeneous GPU clusters.",
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (help_, configure, _fn) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_, description=help_, epilog=EPILOG,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        configure(p)
+        p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Hydra-style config overrides")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    bad = [e for e in extra if e.startswith("-")]
+    if bad:
+        parser.error(f"unrecognized arguments: {' '.join(bad)}")
+    args.overrides = list(getattr(args, "overrides", [])) + extra
+    for o in args.overrides:
+        if "=" not in o:
+            print(f"hexiscale: error: override {o!r} is not KEY=VALUE. Fix: write e.g. cluster=hetero3", file=sys.stderr)
+            return 2
+    try:
+        return SUBCOMMANDS[args.command][2](args)
+    except HexiScaleError as e:
+        print(f"hexiscale {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `hexiscale ... | head`: the reader left; not an error of ours
+        sys.stderr.close()
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

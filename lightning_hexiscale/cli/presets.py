@@ -1,0 +1,32 @@
+"""`hexiscale list` and `hexiscale cluster`: the presets under conf/ and one cluster's description."""
+
+from __future__ import annotations
+
+import argparse
+
+from lightning_hexiscale.cli.common import subcommand
+
+
+@subcommand("list", "list the cluster, model and plan presets under conf/", lambda p: None)
+def cmd_list(args: argparse.Namespace) -> int:
+    from lightning_hexiscale.config.schema import conf_dir, preset_names
+
+    for group in ("cluster", "model"):
+        print(f"{group}:")
+        for name in preset_names(group):
+            first = (conf_dir() / group / f"{name}.yaml").read_text().splitlines()[0].lstrip("# ")
+            print(f"  {name:22s} {first}")
+    print("plans:")
+    for p in sorted((conf_dir() / "plans").glob("*.yaml")):
+        print(f"  conf/plans/{p.name}")
+    return 0
+
+
+@subcommand("cluster", "describe a cluster: machines, GPUs, memory, links", lambda p: None)
+def cmd_cluster(args: argparse.Namespace) -> int:
+    from lightning_hexiscale.config.cluster import Cluster
+    from lightning_hexiscale.config.schema import compose
+
+    cfg = compose(args.overrides)
+    print(Cluster.from_config(cfg.cluster).summary())
+    return 0

@@ -1,0 +1,132 @@
+"""Token datasets that need no download. Each yields 1-D int64 tensors of ``seq_len + 1`` tokens
+(inputs = [:-1], targets = [1:]):
+
+- :class:`TokenFileDataset`: a tokenised ``.bin`` file (``np.memmap`` of uint16 token ids);
+- :func:`text_file_dataset`: a local UTF-8 text file through the byte-level tokenizer (token = byte
+  value, vocabulary 256, so ``llama_tiny`` needs nothing else);
+- :func:`generated_corpus`: a deterministic English-like corpus generated from a seed (a small
+  grammar over a fixed word list), so a demo has data that ships with the code and a loss that falls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from lightning_hexiscale.errors import ConfigError
+
+BYTE_VOCAB = 256
+"""Vocabulary of the byte-level tokenizer: one token per byte value."""
+
+
+class TokenWindows(Dataset):
+    """Non-overlapping windows of ``seq_len + 1`` tokens over a 1-D token array.
+
+    Sample i = tokens[i*seq_len : i*seq_len + seq_len + 1] (consecutive windows share one token, so
+    every token but the first is a target exactly once); N = (len - 1) // seq_len samples.
+    """
+
+    def __init__(self, tokens: np.ndarray | torch.Tensor, seq_len: int, vocab_size: int | None = None,
+                 key: str = "data"):
+        if seq_len < 1:
+            raise ConfigError(f"{key}.seq_len", seq_len, "must be a positive integer", "use the model's seq_len")
+        self.tokens, self.seq_len = tokens, seq_len
+        self.num_samples = (len(tokens) - 1) // seq_len
+        if self.num_samples < 1:
+            raise ConfigError(key, f"{len(tokens)} tokens", f"needs at least seq_len + 1 = {seq_len + 1} tokens",
+                              "use a longer file or a shorter model.seq_len")
+        if vocab_size is not None and len(tokens):
+            top = int(np.asarray(tokens[: min(len(tokens), 1 << 20)]).max())
+            if top >= vocab_size:
+                raise ConfigError(key, f"token id {top}", f"the model's vocabulary has {vocab_size} ids",
+                                  "tokenise with the model's tokenizer or choose a model with a larger vocab_size")
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        s = i * self.seq_len
+        return torch.as_tensor(np.asarray(self.tokens[s:s + self.seq_len + 1], dtype=np.int64))
+
+
+class TokenFileDataset(TokenWindows):
+    """A tokenised corpus on disk: a flat ``np.memmap`` of uint16 token ids (nanoGPT's ``.bin`` format)."""
+
+    def __init__(self, path: str | Path, seq_len: int, vocab_size: int | None = None, dtype: str = "uint16"):
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError("data.path", str(p), "no such token file", "give the path of a .bin file of uint16 ids")
+        super().__init__(np.memmap(p, dtype=np.dtype(dtype), mode="r"), seq_len, vocab_size, key="data.path")
+
+
+def byte_tokenize(text: str) -> np.ndarray:
+    """Byte-level tokenizer: the UTF-8 bytes of ``text`` as token ids 0..255 (no vocabulary file)."""
+    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int64)
+
+
+def byte_detokenize(tokens: Sequence[int]) -> str:
+    return bytes(int(t) for t in tokens).decode("utf-8", errors="replace")
+
+
+def text_file_dataset(path: str | Path, seq_len: int) -> TokenWindows:
+    """A local UTF-8 text file, byte-tokenised (vocabulary 256)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError("data.path", str(p), "no such text file", "give the path of a local UTF-8 text file")
+    return TokenWindows(byte_tokenize(p.read_text(encoding="utf-8")), seq_len, BYTE_VOCAB, key="data.path")
+
+
+_SUBJECTS = ["the engineer", "a small model", "the cluster", "every pipeline", "the planner", "a fast GPU",
+             "the slow machine", "each stage", "the optimizer", "a student"]
+_VERBS = ["trains", "sends", "reads", "splits", "balances", "measures", "writes", "computes", "moves", "checks"]
+_OBJECTS = ["the gradients", "a batch of tokens", "the layers", "its activations", "the network links",
+            "a long sequence", "the weights", "every shard", "the loss", "a plan"]
+_ENDS = ["before the next step", "over the slow link", "in parallel", "with care", "on every rank",
+         "at the end of the epoch", "without waiting", "for the whole cluster"]
+
+
+def generated_text(num_chars: int, seed: int = 0) -> str:
+    """Deterministic English-like text of about ``num_chars`` characters: sentences drawn from a small
+    grammar (subject verb object [ending].) with a seeded generator. Its byte-level entropy is far
+    below log(256), so a tiny model's loss falls quickly from ~5.5 nats."""
+    rng = np.random.default_rng(seed)
+    out: list[str] = []
+    n = 0
+    while n < num_chars:
+        words = [_SUBJECTS[rng.integers(len(_SUBJECTS))], _VERBS[rng.integers(len(_VERBS))],
+                 _OBJECTS[rng.integers(len(_OBJECTS))]]
+        if rng.random() < 0.5:
+            words.append(_ENDS[rng.integers(len(_ENDS))])
+        s = " ".join(words).capitalize() + ". "
+        out.append(s)
+        n += len(s)
+    return "".join(out)[:num_chars]
+
+
+def generated_corpus(num_samples: int, seq_len: int, seed: int = 0) -> TokenWindows:
+    """``num_samples`` windows of :func:`generated_text`, byte-tokenised."""
+    text = generated_text(num_samples * seq_len + 1, seed)
+    return TokenWindows(byte_tokenize(text), seq_len, BYTE_VOCAB, key="data")
+
+
+def make_dataset(kind: str, seq_len: int, *, path: str | None = None, num_samples: int = 512, seed: int = 0,
+                 vocab_size: int | None = None) -> TokenWindows:
+    """Dataset by kind: ``generated`` (default demo data), ``text`` (``path``: UTF-8 file) or ``bin``
+    (``path``: uint16 token file)."""
+    if kind == "generated":
+        return generated_corpus(num_samples, seq_len, seed)
+    if path is None:
+        raise ConfigError("data.path", None, f"data.kind={kind} reads a local file", "set data.path=/path/to/file")
+    if kind == "text":
+        ds = text_file_dataset(path, seq_len)
+        if vocab_size is not None and vocab_size < BYTE_VOCAB:
+            raise ConfigError("model.vocab_size", vocab_size, "byte-level text needs a vocabulary of 256",
+                              "use a model with vocab_size >= 256")
+        return ds
+    if kind == "bin":
+        return TokenFileDataset(path, seq_len, vocab_size)
+    raise ConfigError("data.kind", kind, "must be one of generated, text, bin", "use data.kind=generated")

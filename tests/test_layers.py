@@ -1,0 +1,154 @@
+"""The package's architecture as tests: no import circles, each folder imports only the layers
+below it, and the separation rules of DESIGN.md (the planner never imports torch.distributed, the
+model is free of parallelism, only the Lightning layer and the CLI meet Lightning).
+
+Imports are read from the source with ``ast`` (function-level imports included, since a lazy import
+is still a dependency), so the test sees circles that Python's import system tolerates.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = "lightning_hexiscale"
+ROOT = Path(__file__).resolve().parents[1] / PKG
+
+LAYERS = ["errors", "_lazy", "config", "models", "data", "planner", "runtime", "profiling", "lightning", "cli"]
+"""Bottom to top. A module may import its own layer and the layers before it, never one after."""
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Absolute module names ``path`` imports: ``from a.b import c`` counts as ``a.b.c`` when that is
+    a module of the package (a submodule import), else as ``a.b``."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative imports are not used in this package; resolve them anyway
+                base = _module_name(path).split(".")
+                base = base[: len(base) - node.level + (1 if path.name == "__init__.py" else 0)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            subs = {f"{mod}.{a.name}" for a in node.names} & _MODULES
+            out.update(subs)
+            if len(subs) < len(node.names):
+                out.add(mod)
+    return out
+
+
+_MODULES = {_module_name(p) for p in ROOT.rglob("*.py")}
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = {_module_name(p): p for p in ROOT.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in mods.items():
+        graph[name] = {m for m in _imports(path) if m in mods and m != name}
+    return graph
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circles():
+    assert _cycles(_graph()) == []
+
+
+def test_cycle_finder_finds_a_cycle():
+    # The check above must be able to fail.
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_every_module_is_in_a_layer():
+    unknown = sorted(m for m in _graph() if _layer(m) not in LAYERS and m != PKG)
+    assert unknown == [], f"modules outside the layers {LAYERS}: {unknown}"
+
+
+def test_layers_import_only_downwards():
+    bad = []
+    for mod, deps in _graph().items():
+        if mod == PKG:  # the package root re-exports from every layer (lazily)
+            continue
+        here = LAYERS.index(_layer(mod))
+        for dep in deps:
+            if dep != PKG and LAYERS.index(_layer(dep)) > here:
+                bad.append(f"{mod} -> {dep}")
+    assert bad == [], "imports from a higher layer:\n" + "\n".join(sorted(bad))
+
+
+@pytest.mark.parametrize("layer, forbidden", [
+    ("planner", "torch.distributed"),   # the planner runs without a process group
+    ("planner", "torch"),               # and without torch: `hexiscale plan` must stay fast
+    ("config", "torch"),
+    ("models", "torch.distributed"),    # the model is free of parallelism
+    ("planner", "lightning"),
+    ("runtime", "lightning"),           # the Lightning layer is the only place Lightning meets the runtime
+    ("models", "lightning"),
+    ("data", "lightning"),
+    ("profiling", "lightning"),
+])
+def test_layer_does_not_import(layer, forbidden):
+    offenders = []
+    for path in (ROOT / layer).rglob("*.py"):
+        for m in _imports(path):
+            if m == forbidden or m.startswith(forbidden + "."):
+                offenders.append(f"{path.relative_to(ROOT.parent)} imports {m}")
+    assert offenders == []
+
+
+def test_runtime_consumes_only_a_plan():
+    """The runtime never calls the planner: of the planner it may read only the Plan types."""
+    bad = sorted(f"{m} -> {d}" for m, deps in _graph().items() if _layer(m) == "runtime"
+                 for d in deps if _layer(d) == "planner" and d not in (f"{PKG}.planner", f"{PKG}.planner.plan"))
+    assert bad == []
