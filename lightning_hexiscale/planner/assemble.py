@@ -25,7 +25,8 @@ import numpy as np
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.planner import cost_model as cm
-from lightning_hexiscale.planner.estimate import Workload
+from lightning_hexiscale.planner.estimate import (Workload, head_time, layer_times, stage_memory_terms,
+                                                  usable_memory)
 from lightning_hexiscale.planner.partition import group_bandwidth, top_tau_order
 from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
 from lightning_hexiscale.config.units import format_bytes
@@ -48,7 +49,6 @@ class Evaluator:
         self.max_tp = self.model.num_kv_heads
         self._layer: dict[tuple, float] = {}
         self._hop: dict[tuple, tuple[np.ndarray, bool]] = {}
-        self._frac: dict[int, float] = {}
         self._order: dict[tuple, list[int]] = {}
         self._options: dict[tuple, list[list[tuple[int, ...]]]] = {}
         self._drafts: dict[tuple, PipeDraft | None] = {}
@@ -80,56 +80,31 @@ class Evaluator:
         """M = B_mb * S * H * B_type, the activation one hop or TP all-reduce moves."""
         return mb * self.model.seq_len * self.model.hidden_size * self.workload.dtype_bytes
 
-    def frac(self, tp: int) -> float:
-        if tp not in self._frac:
-            self._frac[tp] = self.model.max_shard_fraction(tp)
-        return self._frac[tp]
-
     def layer_s(self, devices: tuple[int, ...], mb: int, sharding: str) -> float:
-        """One layer, one micro-batch, forward + backward (+ recompute) on this TP group (eq. 1-3)."""
+        """One layer, one micro-batch, forward + backward (+ recompute) on this TP group (eq. 1-3),
+        as :func:`estimate.layer_step` prices it with no data-parallel communication."""
         key = (tuple(sorted(devices)), mb, sharding == "zero3")
         if key not in self._layer:
-            c_min = float(min(self.flops[d] for d in devices))
-            comp_f = cm.comp_layer_fwd(self.model.layer_forward_flops(mb), self.frac(len(devices)), c_min)
-            tp_f = cm.comm_tp(key[0], self.act_bytes(mb), self.bw, self.lat)
-            t_f = cm.layer_time_fwd(comp_f, tp_f)
-            t_b = cm.layer_time_bwd(comp_f, tp_f, self.recompute)
+            t_f, t_b, _, _ = layer_times(self.cluster, self.workload, key[0], mb, self.recompute)
             self._layer[key] = self.theta3[0] * t_f + self.theta3[1] * t_b if key[2] else t_f + t_b
         return self._layer[key]
 
     def head_s(self, devices: tuple[int, ...], mb: int) -> float:
-        """LM head forward + backward for one micro-batch on the last stage (as estimate() prices it)."""
-        return 3.0 * self.model.head_forward_flops(mb) / float(min(self.flops[d] for d in devices))
+        """LM head forward + backward for one micro-batch on the last stage (:func:`estimate.head_time`)."""
+        return head_time(self.cluster, self.workload, devices, mb)
 
     def max_layers(self, devices: tuple[int, ...], j: int, num_stages: int, mb: int, n_mb: int,
                    sharding: str, num_pipelines: int) -> int:
-        """Most layers stage j can hold: the largest l with fixed + l * per_layer <= min device memory,
-        the same memory model as ``estimate._stage_memory`` (states, in-flight activations, working
-        layer, embedding on the first stage, LM head and fp32 logits on the last, reserve)."""
+        """Most layers stage j can hold: the largest l with fixed + l * per_layer <= usable memory of its
+        smallest device (:func:`estimate.stage_memory_terms`, the model ``estimate()`` checks)."""
         inflight = cm.inflight_micro_batches(self.schedule, num_stages, j, n_mb)
         key = (tuple(sorted(devices)), j == 0, j == num_stages - 1, inflight, mb, sharding, num_pipelines)
         if key not in self._caps:
-            self._caps[key] = self._max_layers(key[0], key[1], key[2], inflight, mb, sharding, num_pipelines)
+            fixed, per_layer = stage_memory_terms(self.workload, sharding, num_pipelines, self.schedule,
+                                                  self.recompute, num_stages, j, len(devices), mb, n_mb)
+            cap = usable_memory(self.workload, float(min(self.memory[d] for d in devices)))
+            self._caps[key] = int(math.floor((cap - fixed) / per_layer * (1 - 1e-12))) if cap > fixed else 0
         return self._caps[key]
-
-    def _max_layers(self, devices: tuple[int, ...], first: bool, last: bool, inflight: int, mb: int,
-                    sharding: str, num_pipelines: int) -> int:
-        w, m = self.workload, self.model
-        bt, S, H = w.dtype_bytes, m.seq_len, m.hidden_size
-        tp = len(devices)
-        frac = self.frac(tp)
-        spp = cm.state_bytes_per_param(sharding, num_pipelines, bt, w.optimizer_bytes_per_param)
-        full = cm.activation_bytes_layer(mb, S, H, tp, bt)
-        per_layer = m.layer_params * frac * spp + (inflight * mb * S * H * bt if self.recompute else inflight * full)
-        fixed = w.reserve_bytes + (full if self.recompute else 0.0)
-        if sharding == "zero3":
-            fixed += 2 * m.layer_params * frac * bt
-        if first:
-            fixed += m.embedding_params * spp
-        if last:
-            fixed += m.head_params * spp + 2 * mb * S * m.vocab_size * 4
-        cap = float(min(self.memory[d] for d in devices))
-        return int(math.floor((cap - fixed) / per_layer * (1 - 1e-12))) if cap > fixed else 0
 
     # ---- intra-group strategies and order ------------------------------------------------------
     def group_options(self, group: tuple[int, ...]) -> list[list[tuple[int, ...]]]:

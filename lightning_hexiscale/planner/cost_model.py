@@ -109,6 +109,27 @@ def dp_overhead_layer(n_mb: int, t_f: float, t_b: float, t_comm: float, sharding
     raise ValueError(f"unknown dp_sharding {sharding!r}")
 
 
+def dp_exposed_layer(t_b: float, t_comm: float, sharding: str,
+                     theta: tuple[float, float, float, float] = (1.0, 1.0, 1.0, 1.0)) -> float:
+    """The part of DP-Overhead-Layer (eq. 5) that the per-micro-batch times do not already hold, i.e.
+    the data-parallel time of one layer left exposed after its last backward, per iteration:
+
+        DDP:    max(0, theta_1 * max(T_b, 2*T_comm) - T_b)
+        ZeRO-2: max(0, theta_2 * max(T_b, 2*T_comm) - T_b)
+        ZeRO-3: theta_3b * (max(T_b, 2*T_comm) - max(T_b, T_comm))
+
+    so that DP-Overhead-Layer = n_mb * (f + b) + exposed with f + b = T_f + T_b (DDP, ZeRO-2) or
+    theta_3f*max(T_f, T_comm) + theta_3b*max(T_b, T_comm) (ZeRO-3). It does not depend on n_mb and
+    is non-decreasing in T_comm (the planner's oracle relies on both).
+    """
+    th1, th2, _, th3b = theta
+    if sharding in ("ddp", "zero2"):
+        return max(0.0, (th1 if sharding == "ddp" else th2) * max(t_b, 2 * t_comm) - t_b)
+    if sharding == "zero3":
+        return th3b * (max(t_b, 2 * t_comm) - max(t_b, t_comm))
+    raise ValueError(f"unknown dp_sharding {sharding!r}")
+
+
 def comm_pp_hop(src: Group, dst: Group, message_bytes: float, bandwidth: np.ndarray, latency: np.ndarray,
                 leaders: tuple[int, int] | None = None) -> float:
     """Comm-PP-Hop(d_ij, d_i,j+1) for one micro-batch, Appendix B eq. 6:

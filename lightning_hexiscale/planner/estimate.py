@@ -19,6 +19,7 @@ import numpy as np
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner import cost_model as cm
+from lightning_hexiscale.planner.dp_comm import dp_comm_all
 from lightning_hexiscale.planner.plan import Plan, Stage
 from lightning_hexiscale.config.units import format_bytes
 
@@ -36,6 +37,15 @@ class Workload:
     """Optimizer state K per parameter: Adam with fp32 master weights = 4 + 4 + 4."""
     reserve_bytes: float = 1.0 * 2**30
     """Memory per device not available to the model (runtime context, allocator slack)."""
+    memory_headroom: float = 0.0
+    """Fraction of every device's memory the plan must leave free (``train.memory_headroom``)."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.memory_headroom < 1.0:
+            from lightning_hexiscale.errors import ConfigError
+
+            raise ConfigError("train.memory_headroom", self.memory_headroom, "must be a fraction in [0, 1)",
+                              "use e.g. 0.05 to keep 5 % of every device free, or 0")
 
     @property
     def dtype_bytes(self) -> int:
@@ -146,188 +156,128 @@ class Estimate:
         return "\n".join(lines)
 
 
-def _overlap(r: int, t: int, r2: int, t2: int) -> float:
-    """Shared fraction of a layer between TP rank r of t and TP rank r2 of t2 (even splits)."""
-    lo, hi = max(r / t, r2 / t2), min((r + 1) / t, (r2 + 1) / t2)
-    return max(0.0, hi - lo)
+def calibration_theta(cluster: Cluster) -> tuple[float, float, float, float]:
+    """(theta_1, theta_2, theta_3f, theta_3b) of the cluster's calibration (Appendix B eq. 5)."""
+    cal = cluster.calibration
+    return (cal.theta_ddp, cal.theta_zero2, cal.theta_zero3_fwd, cal.theta_zero3_bwd)
 
 
-def _dp_comm_per_layer(plan: Plan, i: int, stage: Stage, cluster: Cluster, layer_bytes: float) -> list[tuple[int, float]]:
-    """[(layers, T_comm)] over the stage's layer intervals whose holders in other pipelines are fixed.
+def layer_times(cluster: Cluster, workload: Workload, devices: tuple[int, ...] | list[int], mb: int,
+                recompute: bool) -> tuple[float, float, float, float]:
+    """(T_f, T_b, Comp-TP-Fwd, Comm-TP-Fwd) of one layer for one micro-batch of ``mb`` sequences on
+    the TP group ``devices`` (eq. 1-3): the slowest member sets the compute pace, the largest shard
+    the FLOPs per rank; recomputation adds one forward to T_b."""
+    model = workload.model
+    c_min = min(cluster.devices[d].flops for d in devices)
+    comp_f = cm.comp_layer_fwd(model.layer_forward_flops(mb), _shard_fraction(model, len(devices)), c_min)
+    tp_f = cm.comm_tp(devices, activation_message_bytes(workload, mb), cluster.bandwidth, cluster.latency)
+    return cm.layer_time_fwd(comp_f, tp_f), cm.layer_time_bwd(comp_f, tp_f, recompute), comp_f, tp_f
 
-    Reference form, one stage at a time (kept for tests); :func:`_dp_comm_all` computes the same
-    numbers for every stage at once and is what :func:`estimate` uses.
+
+def activation_message_bytes(workload: Workload, mb: int) -> float:
+    """M = B_mb * S * H * B_type: the activation one hop or TP all-reduce moves for one micro-batch."""
+    return mb * workload.model.seq_len * workload.model.hidden_size * workload.dtype_bytes
+
+
+def head_time(cluster: Cluster, workload: Workload, devices: tuple[int, ...] | list[int], mb: int) -> float:
+    """LM head forward + backward (3 x 2*B*S*H*V FLOPs) for one micro-batch on the last stage, at the
+    pace of the stage's slowest device."""
+    return 3.0 * workload.model.head_forward_flops(mb) / min(cluster.devices[d].flops for d in devices)
+
+
+def hop_time(cluster: Cluster, workload: Workload, src: tuple[int, ...], dst: tuple[int, ...], mb: int) -> float:
+    """Comm-PP-Hop (eq. 6) from stage ``src`` to stage ``dst`` for one micro-batch, between the two
+    stage leaders (``devices[0]``), which is how the runtime sends."""
+    return cm.comm_pp_hop(src, dst, activation_message_bytes(workload, mb), cluster.bandwidth, cluster.latency,
+                          leaders=(src[0], dst[0]))
+
+
+def layer_step(t_f: float, t_b: float, t_comm: float, sharding: str,
+               theta: tuple[float, float, float, float]) -> tuple[float, float]:
+    """(time per micro-batch, exposed data-parallel time per iteration) of one layer (eq. 5):
+    ZeRO-3 overlaps every forward and backward with its gathers (theta_3f*max(T_f, T_comm) +
+    theta_3b*max(T_b, T_comm)); DDP and ZeRO-2 run T_f + T_b; the exposed part is
+    :func:`cost_model.dp_exposed_layer`. Both are non-decreasing in ``t_comm``."""
+    if sharding == "zero3":
+        step = theta[2] * max(t_f, t_comm) + theta[3] * max(t_b, t_comm)
+    else:
+        step = t_f + t_b
+    return step, cm.dp_exposed_layer(t_b, t_comm, sharding, theta)
+
+
+def stage_memory_terms(workload: Workload, sharding: str, num_pipelines: int, schedule: str, recompute: bool,
+                       num_stages: int, j: int, tp: int, mb: int, n_mb: int) -> tuple[float, float]:
+    """(fixed, per_layer) bytes on each device of stage j of a pipeline of ``num_stages`` stages, so
+    that its peak is ``fixed + layers * per_layer``:
+
+    - per layer: the layer's parameter shard times the state bytes per parameter (weights,
+      gradients, optimizer; ZeRO shards them, :func:`cost_model.state_bytes_per_param`), plus the
+      activations kept for backward for each in-flight micro-batch (its input when recomputing,
+      else every activation, :func:`cost_model.activation_bytes_layer`);
+    - fixed: the embedding (first stage) and the LM head (last stage) with their states, ZeRO-3's
+      gathered current and prefetched layer, one layer's working activations when recomputing,
+      fp32 logits and their gradient on the last stage, and the ``reserve_bytes``.
     """
-    if plan.num_pipelines == 1:
-        return [(stage.num_layers, 0.0)]
-    cuts = {stage.layers[0], stage.layers[1]}
-    for p in plan.pipelines:
-        for s in p.stages:
-            for b in s.layers:
-                if stage.layers[0] < b < stage.layers[1]:
-                    cuts.add(b)
-    bounds = sorted(cuts)
-    out = []
-    for a, b in zip(bounds, bounds[1:]):
-        holders = []
-        for k, p in enumerate(plan.pipelines):
-            if k != i:
-                holders.append(next(s for s in p.stages if s.layers[0] <= a < s.layers[1]))
-        worst = 0.0
-        for r, d in enumerate(stage.devices):
-            partners = []
-            for h in holders:
-                for r2, d2 in enumerate(h.devices):
-                    share = _overlap(r, stage.tp, r2, h.tp)
-                    if share > 0:
-                        partners.append((d, d2, share))
-            worst = max(worst, cm.comm_dp(partners, layer_bytes, plan.num_pipelines, cluster.bandwidth, cluster.latency))
-        out.append((b - a, worst))
-    return out
+    model = workload.model
+    bt = workload.dtype_bytes
+    S, H = model.seq_len, model.hidden_size
+    frac = _shard_fraction(model, tp)
+    spp = cm.state_bytes_per_param(sharding, num_pipelines, bt, workload.optimizer_bytes_per_param)
+    inflight = cm.inflight_micro_batches(schedule, num_stages, j, n_mb)
+    full = cm.activation_bytes_layer(mb, S, H, tp, bt)
+    per_layer = model.layer_params * frac * spp + (inflight * mb * S * H * bt if recompute else inflight * full)
+    fixed = workload.reserve_bytes + (full if recompute else 0.0)
+    if sharding == "zero3":
+        fixed += 2 * model.layer_params * frac * bt  # current + prefetched gathered layer
+    if j == 0:
+        fixed += model.embedding_params * spp
+    if j == num_stages - 1:
+        fixed += model.head_params * spp + 2 * mb * S * model.vocab_size * 4
+    return fixed, per_layer
 
 
-_DP_CACHE_SIZE = 256
-
-
-def _dp_comm_all(plan: Plan, cluster: Cluster, layer_bytes: float) -> dict[tuple[int, int], list[tuple[int, float]]]:
-    """:func:`_dp_comm_per_layer` for every stage (i, j) at once, vectorised with numpy.
-
-    Sweep the global layer intervals (between any two stage boundaries of any pipeline). For each
-    device slot keep F[slot, k] = sum over the TP ranks r2 of pipeline k's current holder of
-    alpha + share * layer_bytes / (N_dp * beta) (eq. 4 per partner); at a boundary only the
-    columns of the pipelines whose holder changed, and the rows of the devices that start a
-    stage, are recomputed, so a plan costs O(N^2) pair terms in a few dozen array operations
-    instead of a Python loop over every (stage, interval, rank, partner). T_comm of a stage on an
-    interval is the max over its devices of the row sum. Same terms as the reference, summed in
-    a different order (differences at the level of float rounding). Results are memoised per
-    cluster for the last few plan layouts (they do not depend on batch, micro-batch or sharding).
-    """
-    P = plan.num_pipelines
-    if P == 1:
-        return {(0, j): [(st.num_layers, 0.0)] for j, st in enumerate(plan.pipelines[0].stages)}
-    key = (layer_bytes, tuple(tuple((s.devices, s.layers) for s in p.stages) for p in plan.pipelines))
-    cache = cluster.__dict__.setdefault("_dp_comm_cache", {})
-    if key in cache:
-        return cache[key]
-    bw, lat = cluster.bandwidth, cluster.latency
-    scale = layer_bytes / P
-    # device slots, stage by stage
-    dev, lo, hi, pipe_of = [], [], [], []
-    first_slot: dict[tuple[int, int], int] = {}
-    for k, p in enumerate(plan.pipelines):
-        for j, st in enumerate(p.stages):
-            first_slot[(k, j)] = len(dev)
-            t = st.tp
-            for r, d in enumerate(st.devices):
-                dev.append(d)
-                lo.append(r / t)
-                hi.append((r + 1) / t)
-                pipe_of.append(k)
-    dev_a, lo_a, hi_a, pipe_a = np.array(dev), np.array(lo), np.array(hi), np.array(pipe_of)
-    bounds = sorted({b for p in plan.pipelines for s in p.stages for b in s.layers})
-    starts = np.array(bounds[:-1])
-    holder = np.empty((P, len(starts)), dtype=np.int64)
-    for k, p in enumerate(plan.pipelines):
-        holder[k] = np.searchsorted(np.array([s.layers[1] for s in p.stages]), starts, side="right")
-
-    def slots(k: int, j: int) -> np.ndarray:
-        a = first_slot[(k, j)]
-        return np.arange(a, a + plan.pipelines[k].stages[j].tp)
-
-    def terms(rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
-        share = np.minimum(hi_a[rows][:, None], hi_a[cols][None, :]) - np.maximum(lo_a[rows][:, None], lo_a[cols][None, :])
-        ix = np.ix_(dev_a[rows], dev_a[cols])
-        return np.where(share > 0, lat[ix] + share * layer_bytes / (P * bw[ix]), 0.0)
-
-    def by_pipeline(t: np.ndarray, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Column sums per pipeline (cols are grouped by pipeline, in pipeline order)."""
-        ks, first = np.unique(pipe_a[cols], return_index=True)
-        return ks, np.add.reduceat(t, first, axis=1)
-
-    F = np.zeros((len(dev), P))
-    worst: dict[tuple[int, int], list[float]] = {}
-    prev = np.full(P, -1)
-    for g in range(len(starts)):
-        changed = np.flatnonzero(holder[:, g] != prev)
-        prev = holder[:, g].copy()
-        active = np.concatenate([slots(k, int(holder[k, g])) for k in range(P)])
-        fresh = np.concatenate([slots(int(k), int(holder[k, g])) for k in changed])
-        staying = np.setdiff1d(active, fresh, assume_unique=True)
-        if len(fresh):  # new stages: whole rows against every current holder
-            ks, sums = by_pipeline(terms(fresh, active), active)
-            F[fresh] = 0.0
-            F[np.ix_(fresh, ks)] = sums
-        if len(staying):  # unchanged stages: only the columns of pipelines whose holder changed
-            ks, sums = by_pipeline(terms(staying, fresh), fresh)
-            F[np.ix_(staying, ks)] = sums
-        F[active, pipe_a[active]] = 0.0  # a pipeline does not synchronise with itself
-        cost = F[active].sum(axis=1)
-        pos = 0
-        for k in range(P):
-            j = int(holder[k, g])
-            t = plan.pipelines[k].stages[j].tp
-            worst.setdefault((k, j), []).append(float(cost[pos:pos + t].max()))
-            pos += t
-    out: dict[tuple[int, int], list[tuple[int, float]]] = {}
-    for k, p in enumerate(plan.pipelines):
-        for j, st in enumerate(p.stages):
-            a, b = bounds.index(st.layers[0]), bounds.index(st.layers[1])
-            out[(k, j)] = [(bounds[q + 1] - bounds[q], w) for q, w in zip(range(a, b), worst[(k, j)])]
-    if len(cache) >= _DP_CACHE_SIZE:
-        cache.pop(next(iter(cache)))
-    cache[key] = out
-    return out
+def usable_memory(workload: Workload, capacity_bytes: float) -> float:
+    """Bytes of a device the plan may use: its capacity less the ``memory_headroom`` fraction."""
+    return capacity_bytes * (1.0 - workload.memory_headroom)
 
 
 def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
     """Estimate iteration time, throughput and memory of ``plan`` on ``cluster`` (Appendix B)."""
     model = workload.model
-    bt = workload.dtype_bytes
-    S, H = model.seq_len, model.hidden_size
-    cal = cluster.calibration
-    theta = (cal.theta_ddp, cal.theta_zero2, cal.theta_zero3_fwd, cal.theta_zero3_bwd)
-    layer_bytes = model.layer_params * bt
-    n_dp = plan.num_pipelines
-    dp_terms = _dp_comm_all(plan, cluster, layer_bytes)
+    S = model.seq_len
+    theta = calibration_theta(cluster)
+    layer_bytes = model.layer_params * workload.dtype_bytes
+    dp_terms = dp_comm_all(plan, cluster, layer_bytes)
     pipes: list[PipelineEstimate] = []
     ooms: list[OutOfMemory] = []
+    n_comp = 4.0 if plan.recompute else 3.0
+    n_tp = 3.0 if plan.recompute else 2.0
     for i, pipe in enumerate(plan.pipelines):
         mb, n_mb = pipe.micro_batch_size, pipe.num_micro_batches
-        act_msg = mb * S * H * bt
         n_st = len(pipe.stages)
         per_mb, hops, tails, rows = [], [], [], []
         for j, st in enumerate(pipe.stages):
             l = st.num_layers
-            c_min = min(cluster.devices[d].flops for d in st.devices)
-            frac = _shard_fraction(model, st.tp)
-            comp_f = cm.comp_layer_fwd(model.layer_forward_flops(mb), frac, c_min)
-            tp_f = cm.comm_tp(st.devices, act_msg, cluster.bandwidth, cluster.latency)
-            t_f = cm.layer_time_fwd(comp_f, tp_f)
-            t_b = cm.layer_time_bwd(comp_f, tp_f, plan.recompute)
-            head_s = 3.0 * model.head_forward_flops(mb) / c_min if j == n_st - 1 else 0.0
-            hop = (cm.comm_pp_hop(st.devices, pipe.stages[j + 1].devices, act_msg, cluster.bandwidth,
-                                  cluster.latency, leaders=(st.leader, pipe.stages[j + 1].leader))
-                   if j + 1 < n_st else 0.0)
-            stage_mb = 0.0
-            tail = 0.0
-            dp_comm = 0.0
+            t_f, t_b, comp_f, tp_f = layer_times(cluster, workload, st.devices, mb, plan.recompute)
+            head_s = head_time(cluster, workload, st.devices, mb) if j == n_st - 1 else 0.0
+            hop = hop_time(cluster, workload, st.devices, pipe.stages[j + 1].devices, mb) if j + 1 < n_st else 0.0
+            stage_mb, tail, dp_comm = head_s, 0.0, 0.0
             for n_layers, t_comm in dp_terms[(i, j)]:
-                if plan.dp_sharding == "zero3":
-                    f_eff, b_eff = theta[2] * max(t_f, t_comm), theta[3] * max(t_b, t_comm)
-                    dp_comm += n_layers * (2 * n_mb + 1) * t_comm
-                else:
-                    f_eff, b_eff = t_f, t_b
-                    dp_comm += n_layers * 2 * t_comm
-                over = cm.dp_overhead_layer(n_mb, t_f, t_b, t_comm, plan.dp_sharding, theta)
-                tail += n_layers * max(0.0, over - n_mb * (f_eff + b_eff))
-                stage_mb += n_layers * (f_eff + b_eff)
-            stage_mb += head_s
+                step, exposed = layer_step(t_f, t_b, t_comm, plan.dp_sharding, theta)
+                stage_mb += n_layers * step
+                tail += n_layers * exposed
+                dp_comm += n_layers * (2 * n_mb + 1 if plan.dp_sharding == "zero3" else 2) * t_comm
             per_mb.append(stage_mb)
             hops.append(hop)
             tails.append(tail)
-            n_comp = 4.0 if plan.recompute else 3.0
-            n_tp = 3.0 if plan.recompute else 2.0
-            peak, cap = _stage_memory(plan, pipe, j, st, cluster, workload, ooms)
+            fixed, per_layer = stage_memory_terms(workload, plan.dp_sharding, plan.num_pipelines, plan.schedule,
+                                                  plan.recompute, n_st, j, st.tp, mb, n_mb)
+            peak = fixed + l * per_layer
+            cap = min(cluster.devices[d].memory_bytes for d in st.devices)
+            for d in st.devices:
+                usable = usable_memory(workload, cluster.devices[d].memory_bytes)
+                if peak > usable:
+                    ooms.append(OutOfMemory(d, cluster.devices[d].gpu_type, peak, usable))
             rows.append(dict(devices=list(st.devices), tp=st.tp, layers=list(st.layers),
                              compute_s=n_mb * (l * n_comp * comp_f + head_s), tp_comm_s=n_mb * l * n_tp * tp_f,
                              pp_comm_s=n_mb * hop, dp_comm_s=dp_comm, dp_exposed_s=tail,
@@ -357,46 +307,6 @@ def _shard_fraction(model: LlamaConfig, tp: int) -> float:
 
 
 _FRAC: dict[tuple[LlamaConfig, int], float] = {}
-
-
-def _stage_memory(plan: Plan, pipe, j: int, st: Stage, cluster: Cluster, workload: Workload,
-                  ooms: list[OutOfMemory]) -> tuple[float, float]:
-    """Peak bytes on each device of the stage; appends out-of-memory devices to ``ooms``.
-
-    params_local = l * layer_params * shard (+ embedding on the first stage, norm + LM head on the
-    last, replicated over the TP group); states = params_local * bytes/param (ddp/zero2/zero3);
-    activations = in-flight micro-batches * stored activations (layer inputs only when recomputing)
-    + one layer's full activations as working memory + fp32 logits and their gradient on the last
-    stage; + ``reserve_bytes``.
-    """
-    model = workload.model
-    bt = workload.dtype_bytes
-    S, H = model.seq_len, model.hidden_size
-    n_st = len(pipe.stages)
-    mb, n_mb = pipe.micro_batch_size, pipe.num_micro_batches
-    frac = _shard_fraction(model, st.tp)
-    params = st.num_layers * model.layer_params * frac
-    if j == 0:
-        params += model.embedding_params
-    if j == n_st - 1:
-        params += model.head_params
-    states = params * cm.state_bytes_per_param(plan.dp_sharding, plan.num_pipelines, bt, workload.optimizer_bytes_per_param)
-    if plan.dp_sharding == "zero3":
-        states += 2 * model.layer_params * frac * bt  # current + prefetched gathered layer
-    inflight = cm.inflight_micro_batches(plan.schedule, n_st, j, n_mb)
-    full = cm.activation_bytes_layer(mb, S, H, st.tp, bt)
-    if plan.recompute:
-        acts = inflight * st.num_layers * mb * S * H * bt + full
-    else:
-        acts = inflight * st.num_layers * full
-    if j == n_st - 1:
-        acts += 2 * mb * S * model.vocab_size * 4
-    peak = states + acts + workload.reserve_bytes
-    cap = min(cluster.devices[d].memory_bytes for d in st.devices)
-    for d in st.devices:
-        if peak > cluster.devices[d].memory_bytes:
-            ooms.append(OutOfMemory(d, cluster.devices[d].gpu_type, peak, cluster.devices[d].memory_bytes))
-    return peak, cap
 
 
 def workload_from_config(cfg) -> Workload:
