@@ -14,13 +14,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
-
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner import cost_model as cm
 from lightning_hexiscale.planner.dp_comm import dp_comm_all
-from lightning_hexiscale.planner.plan import Plan, Stage
+from lightning_hexiscale.planner.plan import Plan
 from lightning_hexiscale.config.units import format_bytes
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -208,7 +206,16 @@ def layer_step(t_f: float, t_b: float, t_comm: float, sharding: str,
 def stage_memory_terms(workload: Workload, sharding: str, num_pipelines: int, schedule: str, recompute: bool,
                        num_stages: int, j: int, tp: int, mb: int, n_mb: int) -> tuple[float, float]:
     """(fixed, per_layer) bytes on each device of stage j of a pipeline of ``num_stages`` stages, so
-    that its peak is ``fixed + layers * per_layer``:
+    that its peak is ``fixed + layers * per_layer``; see :func:`stage_memory_at` (the position
+    matters only through first / last stage and the in-flight micro-batches)."""
+    return stage_memory_at(workload, sharding, num_pipelines, recompute, j == 0, j == num_stages - 1,
+                           cm.inflight_micro_batches(schedule, num_stages, j, n_mb), tp, mb)
+
+
+def stage_memory_at(workload: Workload, sharding: str, num_pipelines: int, recompute: bool, first: bool,
+                    last: bool, inflight: int, tp: int, mb: int) -> tuple[float, float]:
+    """(fixed, per_layer) bytes on each device of a stage of TP ``tp`` holding ``inflight`` micro-batches
+    of ``mb`` sequences at its peak:
 
     - per layer: the layer's parameter shard times the state bytes per parameter (weights,
       gradients, optimizer; ZeRO shards them, :func:`cost_model.state_bytes_per_param`), plus the
@@ -223,15 +230,14 @@ def stage_memory_terms(workload: Workload, sharding: str, num_pipelines: int, sc
     S, H = model.seq_len, model.hidden_size
     frac = _shard_fraction(model, tp)
     spp = cm.state_bytes_per_param(sharding, num_pipelines, bt, workload.optimizer_bytes_per_param)
-    inflight = cm.inflight_micro_batches(schedule, num_stages, j, n_mb)
     full = cm.activation_bytes_layer(mb, S, H, tp, bt)
     per_layer = model.layer_params * frac * spp + (inflight * mb * S * H * bt if recompute else inflight * full)
     fixed = workload.reserve_bytes + (full if recompute else 0.0)
     if sharding == "zero3":
         fixed += 2 * model.layer_params * frac * bt  # current + prefetched gathered layer
-    if j == 0:
+    if first:
         fixed += model.embedding_params * spp
-    if j == num_stages - 1:
+    if last:
         fixed += model.head_params * spp + 2 * mb * S * model.vocab_size * 4
     return fixed, per_layer
 
