@@ -48,7 +48,7 @@ How, exactly and fast enough:
 4. **Joint batch split, exactly.** For fixed structures, g_i(b) = min over micro-batch sizes m | b
    that fit in memory of pipeline i's time at b / m micro-batches; the best integer split is the
    minimax min_{b_1+...+b_P=G} max_i g_i(b_i), found by a binary search over the candidate values
-   with an exact subset-sum (bitset) feasibility test (:func:`minimax_split`).
+   with an exact subset-sum (bitset) feasibility test (:func:`batching.minimax_split`).
 5. **Branch and bound.** Phase 1 bounds every (partition, sharding) by the minimax of its
    pipelines' coarse bounds; partitions are visited best first and the search stops when the next
    bound reaches the incumbent. Inside a partition the per-pipeline structures whose bound can
@@ -79,9 +79,10 @@ from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.planner import cost_model as cm
 from lightning_hexiscale.planner import estimate as E
+from lightning_hexiscale.planner.batching import BatchTimer, layout_plan, minimax_split, mask, sumset, with_batches
 from lightning_hexiscale.planner.dp_comm import dp_comm_all
 from lightning_hexiscale.planner.estimate import Estimate, Workload, estimate
-from lightning_hexiscale.planner.plan import DP_SHARDINGS, SCHEDULES, Pipeline, Plan, Stage
+from lightning_hexiscale.planner.plan import DP_SHARDINGS, SCHEDULES, Plan
 
 MAX_DEVICES = 8
 _CHUNK = 256
@@ -217,72 +218,6 @@ def multiset_permutations(items: list) -> list[tuple]:
     return out
 
 
-def _sumset(reach: int, allowed: int, limit: int) -> int:
-    """Bitset of a + b for a in ``reach``, b in ``allowed`` (bits above ``limit`` dropped)."""
-    out, b = 0, 0
-    mask = (1 << (limit + 1)) - 1
-    while allowed:
-        if allowed & 1:
-            out |= reach << b
-        allowed >>= 1
-        b += 1
-    return out & mask
-
-
-def _mask(g: np.ndarray, below: float, strict: bool = True) -> int:
-    """Bitset of the indices b with g[b] < below (<= when not ``strict``)."""
-    hit = g < below if strict else g <= below
-    if len(g) <= 63:
-        return int(_BITS[:len(g)][hit].sum())
-    m = 0
-    for b in np.flatnonzero(hit).tolist():
-        m |= 1 << b
-    return m
-
-
-_BITS = np.array([1 << b for b in range(63)], dtype=np.int64)
-
-
-def minimax_split(g: list[np.ndarray], total: int) -> tuple[float, list[int]]:
-    """min over b_1 + ... + b_P = total (b_i >= 1) of max_i g[i][b_i], and a split reaching it.
-
-    ``g[i][b]`` is pipeline i's time with batch b (inf: not allowed). Exact: binary search over the
-    distinct finite values v for the least one with a split where every g[i][b_i] <= v (a subset-sum
-    over bitsets), then a split is read back. Returns (inf, []) when no split exists.
-    """
-    vals = np.unique(np.concatenate([x[np.isfinite(x)] for x in g])) if g else np.array([])
-    if not len(vals):
-        return math.inf, []
-
-    def reach_of(v: float) -> list[int] | None:
-        masks = [_mask(x, v, strict=False) & ~1 for x in g]
-        reach = [1]
-        for m in masks:
-            reach.append(_sumset(reach[-1], m, total))
-        return reach if (reach[-1] >> total) & 1 else None
-
-    lo, hi = 0, len(vals) - 1
-    if reach_of(float(vals[hi])) is None:
-        return math.inf, []
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if reach_of(float(vals[mid])) is not None:
-            hi = mid
-        else:
-            lo = mid + 1
-    v = float(vals[lo])
-    reach = reach_of(v)
-    split, left = [], total
-    for i in range(len(g) - 1, -1, -1):
-        for b in np.flatnonzero(g[i] <= v).tolist():
-            if 1 <= b <= left and (reach[i] >> (left - b)) & 1:
-                split.append(b)
-                left -= b
-                break
-    split.reverse()
-    return v, split
-
-
 # ---- the search --------------------------------------------------------------------------------
 class _Oracle:
     def __init__(self, cluster: Cluster, workload: Workload, global_batch: int, s: OracleSettings,
@@ -320,6 +255,7 @@ class _Oracle:
         self._mem: dict[tuple, tuple[float, float]] = {}
         self._cap: dict[tuple, float] = {}
         self._arr: dict[tuple, object] = {}
+        self.timer = BatchTimer(cluster, workload, global_batch, [s.micro_batch_size] if s.micro_batch_size else None)
         self.ms = [s.micro_batch_size] if s.micro_batch_size else list(range(1, global_batch + 1))
         self._l1: dict[tuple, tuple] = {}
         self._l2: dict[tuple, tuple] = {}
@@ -752,11 +688,11 @@ class _Oracle:
                 m.clear()
             suffix[:] = [1] * (P + 1)
             for i in range(P - 1, -1, -1):
-                suffix[i] = _sumset(suffix[i + 1], _mask(tables[i][1].min(axis=0), bar) & ~1, G)
+                suffix[i] = sumset(suffix[i + 1], mask(tables[i][1].min(axis=0), bar) & ~1, G)
 
-        def row_mask(i: int, r: int) -> int:
+        def rowmask(i: int, r: int) -> int:
             if r not in masks[i]:
-                masks[i][r] = _mask(tables[i][1][r], bar_now()) & ~1
+                masks[i][r] = mask(tables[i][1][r], bar_now()) & ~1
             return masks[i][r]
 
         def rec(i: int, reach: int, chosen: list[int]) -> None:
@@ -773,11 +709,11 @@ class _Oracle:
                 refresh()
                 if garr[r].min() >= bar_now():
                     break  # rows are sorted by their least bound
-                mk = row_mask(i, r)
+                mk = rowmask(i, r)
                 if not mk:
                     continue
-                nr = _sumset(reach, mk, G)
-                if not (_sumset(nr, suffix[i + 1], G) >> G) & 1:
+                nr = sumset(reach, mk, G)
+                if not (sumset(nr, suffix[i + 1], G) >> G) & 1:
                     continue
                 rec(i + 1, nr, chosen + [r])
 
@@ -807,26 +743,25 @@ class _Oracle:
                     devs.append(tuple(pools[lab].pop(0) for lab in variant[k]))
                     k += 1
                 stages_dev.append(devs)
-            layout = _plan(stages_dev, [split for _, split in combo], [1] * P, [1] * P, sh, self.s, self.L)
+            layout = layout_plan(stages_dev, [split for _, split in combo], sh, self.s.schedule, self.s.recompute,
+                                 self.L)
             dp = dp_comm_all(layout, self.cluster, self.layer_bytes)
             bar = self.best[0]
             suffix = [1] * (P + 1)
             for i in range(P - 1, -1, -1):
-                suffix[i] = _sumset(suffix[i + 1], _mask(bounds[i], bar) & ~1, self.G)
+                suffix[i] = sumset(suffix[i + 1], mask(bounds[i], bar) & ~1, self.G)
             g_all, pick, reach = [], [], 1
-            for i, (chain, split) in enumerate(combo):
-                g, m_of = self.exact_pipeline(i, chain, split, dp, P, sh, bounds[i] < bar)
-                reach = _sumset(reach, _mask(g, bar) & ~1, self.G)
-                if not (_sumset(reach, suffix[i + 1], self.G) >> self.G) & 1:
+            for i in range(P):
+                g, m_of = self.timer.pipeline(layout, i, dp, bounds[i] < bar)
+                reach = sumset(reach, mask(g, bar) & ~1, self.G)
+                if not (sumset(reach, suffix[i + 1], self.G) >> self.G) & 1:
                     break  # no batch split lets this variant beat the incumbent
                 g_all.append(g)
                 pick.append(m_of)
             else:
                 cost, batches = minimax_split(g_all, self.G)
                 if cost < self.best[0]:
-                    mbs = [pick[i][b] for i, b in enumerate(batches)]
-                    plan = _plan(stages_dev, [split for _, split in combo], batches, mbs, sh, self.s, self.L,
-                                 meta=self.meta())
+                    plan = with_batches(layout, batches, [pick[i][b] for i, b in enumerate(batches)], self.meta())
                     est = estimate(plan, self.cluster, self.w)
                     if not math.isclose(est.cost, cost, rel_tol=1e-9):
                         raise RuntimeError(f"oracle: exact time {cost} of {plan.to_dict()} disagrees with "
@@ -834,57 +769,8 @@ class _Oracle:
                     if est.cost < self.best[0]:
                         self.best = (est.cost, plan, est)
 
-    def exact_pipeline(self, i: int, chain: tuple, split: tuple, dp: dict, P: int, sh: str, wanted: np.ndarray):
-        """g[b]: pipeline i's exact time at each batch b with ``wanted[b]`` (best micro-batch size),
-        and that size per b; the same arithmetic as ``estimate()``."""
-        qm, qn, qb = self.qpairs(P)[:3]
-        S = len(chain)
-        sel = np.flatnonzero(wanted[qb])
-        mems = [self.mem_pos(sh, P, S, len(st)) for st in chain]
-        fits = np.ones(len(sel), dtype=bool)
-        for j, st in enumerate(chain):
-            fits &= mems[j][0][sel, j] + split[j] * mems[j][1][sel, j] <= self.cap(st)
-        sel = sel[fits]
-        g = np.full(self.G + 1, math.inf)
-        if not len(sel):
-            return g, {}
-        ms = np.unique(qm[sel])
-        A, B, C = np.empty(self.G + 1), np.empty(self.G + 1), np.empty(self.G + 1)
-        for m in ms.tolist():
-            per, tails = [], []
-            for j, st in enumerate(chain):
-                t_f, t_b = self.layer_tb(st, m)
-                stage_mb, tail = (self.head(st, m) if j == S - 1 else 0.0), 0.0
-                for n_layers, t_comm in dp[(i, j)]:
-                    step, exposed = E.layer_step(t_f, t_b, t_comm, sh, self.theta)
-                    stage_mb += n_layers * step
-                    tail += n_layers * exposed
-                per.append(stage_mb + (self.hop(st[0], chain[j + 1], m) if j + 1 < S else 0.0))
-                tails.append(tail)
-            # cost_model.pipeline_time's arithmetic: sum(per) + (n - 1) * max(per), then + the tail
-            A[m], B[m], C[m] = sum(per), max(per), max(tails)
-        m_sel, n_sel, b_sel = qm[sel], qn[sel], qb[sel]
-        T = (A[m_sel] + (n_sel - 1) * B[m_sel]) + C[m_sel]
-        order = np.lexsort((T, b_sel))
-        first = np.ones(len(order), dtype=bool)
-        first[1:] = b_sel[order][1:] != b_sel[order][:-1]
-        best_q = order[first]
-        g[b_sel[best_q]] = T[best_q]
-        return g, dict(zip(b_sel[best_q].tolist(), m_sel[best_q].tolist()))
-
     def meta(self) -> dict:
         return {"planner": "oracle", "model": self.w.model.name, "cluster": self.cluster.name}
-
-
-def _plan(stages: list[list[tuple[int, ...]]], splits: list[tuple[int, ...]], batches: list[int], mbs: list[int],
-          sharding: str, s: OracleSettings, num_layers: int, meta: dict | None = None) -> Plan:
-    pipes = []
-    for devs, split, b, m in zip(stages, splits, batches, mbs):
-        bounds = np.concatenate([[0], np.cumsum(split)]).tolist()
-        pipes.append(Pipeline(int(b), int(m), tuple(Stage(tuple(int(x) for x in d), (int(bounds[j]), int(bounds[j + 1])))
-                                                     for j, d in enumerate(devs))))
-    return Plan(tuple(pipes), num_layers, schedule=s.schedule, recompute=s.recompute, dp_sharding=sharding,
-                meta=dict(meta or {}))
 
 
 def oracle(cluster: Cluster, workload: Workload, global_batch: int, settings=None, time_limit_s: float = 60.0,

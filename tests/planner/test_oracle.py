@@ -15,7 +15,8 @@ from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.estimate import Workload, estimate
-from lightning_hexiscale.planner.oracle import (OracleSettings, _Oracle, compositions, device_classes, minimax_split,
+from lightning_hexiscale.planner.batching import minimax_split
+from lightning_hexiscale.planner.oracle import (OracleSettings, _Oracle, compositions, device_classes,
                                                 oracle, vector_partitions)
 from oracle_reference import brute_force, chains, set_partitions
 

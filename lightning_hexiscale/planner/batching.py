@@ -1,0 +1,235 @@
+"""The best batches and micro-batch sizes for a fixed layout, exactly (shared by the search and the oracle).
+
+A *layout* is a Plan whose stages (devices, layer ranges) and dp sharding are fixed; its batches and
+micro-batch sizes are free. Under ``estimate()`` pipeline i with micro-batch size m and n
+micro-batches takes
+
+    T_i(m, n) = A_i(m) + (n - 1) * B_i(m) + C_i(m)
+
+with A = sum_j (Stage_j + Hop_j), B = max_j (Stage_j + Hop_j) per micro-batch and C the largest
+exposed data-parallel tail (Appendix B eq. 5 and 8). The data-parallel T_comm depends on the layout
+only, so it is computed once (:func:`dp_comm.dp_comm_all`). Memory decides which (m, n) fit. Then
+g_i(b) = min over m | b that fit of T_i(m, b / m), and the iteration time of the best integer
+batch split is the minimax
+
+    min_{b_1 + ... + b_P = G, b_i >= 1}  max_i g_i(b_i)
+
+solved exactly by :func:`minimax_split` (binary search over candidate values with a bitset
+subset-sum test). This replaces §4.4's proportional batch assignment, which rounds and ignores that
+the micro-batch size may differ per pipeline.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from lightning_hexiscale.config.cluster import Cluster
+from lightning_hexiscale.planner import cost_model as cm
+from lightning_hexiscale.planner import estimate as E
+from lightning_hexiscale.planner.dp_comm import dp_comm_all
+from lightning_hexiscale.planner.estimate import Workload
+from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
+
+_BITS = np.array([1 << b for b in range(63)], dtype=np.int64)
+
+
+def sumset(reach: int, allowed: int, limit: int) -> int:
+    """Bitset of a + b for a in ``reach``, b in ``allowed`` (bits above ``limit`` dropped)."""
+    out, b = 0, 0
+    while allowed:
+        if allowed & 1:
+            out |= reach << b
+        allowed >>= 1
+        b += 1
+    return out & ((1 << (limit + 1)) - 1)
+
+
+def mask(g: np.ndarray, below: float, strict: bool = True) -> int:
+    """Bitset of the indices b with g[b] < below (<= when not ``strict``)."""
+    hit = g < below if strict else g <= below
+    if len(g) <= 63:
+        return int(_BITS[:len(g)][hit].sum())
+    m = 0
+    for b in np.flatnonzero(hit).tolist():
+        m |= 1 << b
+    return m
+
+
+def minimax_split(g: list[np.ndarray], total: int) -> tuple[float, list[int]]:
+    """min over b_1 + ... + b_P = total (b_i >= 1) of max_i g[i][b_i], and a split reaching it.
+
+    ``g[i][b]`` is pipeline i's time with batch b (inf: not allowed). Exact: binary search over the
+    distinct finite values v for the least one with a split where every g[i][b_i] <= v (a subset-sum
+    over bitsets), then a split is read back. Returns (inf, []) when no split exists.
+    """
+    vals = np.unique(np.concatenate([x[np.isfinite(x)] for x in g])) if g else np.array([])
+    if not len(vals):
+        return math.inf, []
+
+    def reach_of(v: float) -> list[int] | None:
+        reach = [1]
+        for x in g:
+            reach.append(sumset(reach[-1], mask(x, v, strict=False) & ~1, total))
+        return reach if (reach[-1] >> total) & 1 else None
+
+    lo, hi = 0, len(vals) - 1
+    if reach_of(float(vals[hi])) is None:
+        return math.inf, []
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if reach_of(float(vals[mid])) is not None:
+            hi = mid
+        else:
+            lo = mid + 1
+    v = float(vals[lo])
+    reach = reach_of(v)
+    split, left = [], total
+    for i in range(len(g) - 1, -1, -1):
+        for b in np.flatnonzero(g[i] <= v).tolist():
+            if 1 <= b <= left and (reach[i] >> (left - b)) & 1:
+                split.append(b)
+                left -= b
+                break
+    split.reverse()
+    return v, split
+
+
+def with_batches(layout: Plan, batches: list[int], micro_batches: list[int], meta: dict | None = None) -> Plan:
+    """The layout with the given batch and micro-batch size per pipeline."""
+    pipes = tuple(Pipeline(int(b), int(m), p.stages) for p, b, m in zip(layout.pipelines, batches, micro_batches))
+    return Plan(pipes, layout.num_layers, layout.schedule, layout.recompute, layout.dp_sharding,
+                dict(layout.meta if meta is None else meta))
+
+
+def layout_plan(stages: list[list[tuple[int, ...]]], splits: list[tuple[int, ...]], sharding: str, schedule: str,
+                recompute: bool, num_layers: int, meta: dict | None = None) -> Plan:
+    """A layout (batch 1, micro-batch 1 per pipeline) from stage device tuples and layer counts."""
+    pipes = []
+    for devs, split in zip(stages, splits):
+        bounds = np.concatenate([[0], np.cumsum(split)]).astype(int).tolist()
+        pipes.append(Pipeline(1, 1, tuple(Stage(tuple(int(x) for x in d), (bounds[j], bounds[j + 1]))
+                                          for j, d in enumerate(devs))))
+    return Plan(tuple(pipes), num_layers, schedule=schedule, recompute=recompute, dp_sharding=sharding,
+                meta=dict(meta or {}))
+
+
+class BatchTimer:
+    """Exact pipeline times of layouts over batches and micro-batch sizes, for one cluster, workload
+    and global batch G; the per-stage terms are memoised across layouts."""
+
+    def __init__(self, cluster: Cluster, workload: Workload, global_batch: int,
+                 micro_batch_sizes: list[int] | None = None):
+        self.cluster, self.w, self.G = cluster, workload, global_batch
+        self.ms = sorted(set(micro_batch_sizes)) if micro_batch_sizes else list(range(1, global_batch + 1))
+        self.theta = E.calibration_theta(cluster)
+        self.layer_bytes = workload.model.layer_params * workload.dtype_bytes
+        self._lt: dict[tuple, tuple[float, float]] = {}
+        self._head: dict[tuple, float] = {}
+        self._hop: dict[tuple, float] = {}
+        self._mem: dict[tuple, tuple[float, float]] = {}
+        self._cap: dict[tuple, float] = {}
+        self._q: dict[int, tuple] = {}
+
+    def qpairs(self, P: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(m, n, b = m * n) of the pairs a pipeline of a P-pipeline plan may take (b <= G - P + 1;
+        b = G for one pipeline)."""
+        if P not in self._q:
+            hi = self.G - (P - 1)
+            pairs = sorted((m * n, m, n) for m in self.ms if m <= hi for n in range(1, hi // m + 1)
+                           if P > 1 or m * n == self.G)
+            self._q[P] = tuple(np.array([p[k] for p in pairs], dtype=np.int64) for k in (1, 2, 0))
+        return self._q[P]
+
+    def layer_tb(self, devices: tuple[int, ...], m: int, recompute: bool) -> tuple[float, float]:
+        key = (devices, m, recompute)
+        if key not in self._lt:
+            self._lt[key] = E.layer_times(self.cluster, self.w, devices, m, recompute)[:2]
+        return self._lt[key]
+
+    def head(self, devices: tuple[int, ...], m: int) -> float:
+        key = (devices, m)
+        if key not in self._head:
+            self._head[key] = E.head_time(self.cluster, self.w, devices, m)
+        return self._head[key]
+
+    def hop(self, src: tuple[int, ...], dst: tuple[int, ...], m: int) -> float:
+        key = (src[0], dst, m)
+        if key not in self._hop:
+            self._hop[key] = E.hop_time(self.cluster, self.w, src, dst, m)
+        return self._hop[key]
+
+    def cap(self, devices: tuple[int, ...]) -> float:
+        if devices not in self._cap:
+            self._cap[devices] = E.usable_memory(self.w, min(self.cluster.devices[d].memory_bytes for d in devices))
+        return self._cap[devices]
+
+    def mem(self, plan: Plan, S: int, j: int, tp: int, m: int, n: int) -> tuple[float, float]:
+        inflight = cm.inflight_micro_batches(plan.schedule, S, j, n)
+        key = (plan.dp_sharding, plan.num_pipelines, plan.recompute, j == 0, j == S - 1, inflight, tp, m)
+        if key not in self._mem:
+            self._mem[key] = E.stage_memory_at(self.w, *key)
+        return self._mem[key]
+
+    def pipeline(self, layout: Plan, i: int, dp: dict, wanted: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
+        """g[b]: pipeline i's exact time at batch b with its best micro-batch size (inf where nothing
+        fits or ``wanted[b]`` is False), and that size per b. Same arithmetic as ``estimate()``."""
+        P, sh = layout.num_pipelines, layout.dp_sharding
+        qm, qn, qb = self.qpairs(P)
+        stages = layout.pipelines[i].stages
+        S = len(stages)
+        sel = np.arange(len(qm)) if wanted is None else np.flatnonzero(wanted[qb])
+        keep = []
+        for q in sel.tolist():
+            m, n = int(qm[q]), int(qn[q])
+            ok = True
+            for j, st in enumerate(stages):
+                fixed, per = self.mem(layout, S, j, st.tp, m, n)
+                if fixed + st.num_layers * per > self.cap(st.devices):
+                    ok = False
+                    break
+            if ok:
+                keep.append(q)
+        g = np.full(self.G + 1, math.inf)
+        if not keep:
+            return g, {}
+        sel = np.array(keep, dtype=np.int64)
+        A, B, C = np.empty(self.G + 1), np.empty(self.G + 1), np.empty(self.G + 1)
+        for m in np.unique(qm[sel]).tolist():
+            per_mb, tails = [], []
+            for j, st in enumerate(stages):
+                t_f, t_b = self.layer_tb(st.devices, m, layout.recompute)
+                stage_mb, tail = (self.head(st.devices, m) if j == S - 1 else 0.0), 0.0
+                for n_layers, t_comm in dp[(i, j)]:
+                    step, exposed = E.layer_step(t_f, t_b, t_comm, sh, self.theta)
+                    stage_mb += n_layers * step
+                    tail += n_layers * exposed
+                per_mb.append(stage_mb + (self.hop(st.devices, stages[j + 1].devices, m) if j + 1 < S else 0.0))
+                tails.append(tail)
+            # cost_model.pipeline_time's arithmetic: sum(per) + (n - 1) * max(per), then + the tail
+            A[m], B[m], C[m] = sum(per_mb), max(per_mb), max(tails)
+        m_sel, n_sel, b_sel = qm[sel], qn[sel], qb[sel]
+        T = (A[m_sel] + (n_sel - 1) * B[m_sel]) + C[m_sel]
+        order = np.lexsort((T, b_sel))
+        first = np.ones(len(order), dtype=bool)
+        first[1:] = b_sel[order][1:] != b_sel[order][:-1]
+        best_q = order[first]
+        g[b_sel[best_q]] = T[best_q]
+        return g, dict(zip(b_sel[best_q].tolist(), m_sel[best_q].tolist()))
+
+    def best(self, layout: Plan, meta: dict | None = None) -> tuple[float, Plan | None]:
+        """The layout's least iteration time over batch splits and per-pipeline micro-batch sizes,
+        and that plan (None when nothing fits)."""
+        dp = dp_comm_all(layout, self.cluster, self.layer_bytes)
+        gs, picks = [], []
+        for i in range(layout.num_pipelines):
+            g, m_of = self.pipeline(layout, i, dp)
+            if not np.isfinite(g).any():
+                return math.inf, None
+            gs.append(g)
+            picks.append(m_of)
+        cost, batches = minimax_split(gs, self.G)
+        if not batches:
+            return math.inf, None
+        return cost, with_batches(layout, batches, [picks[i][b] for i, b in enumerate(batches)], meta)
