@@ -48,6 +48,7 @@ class Evaluator:
         self.theta3 = (c.theta_zero3_fwd, c.theta_zero3_bwd)
         self.max_tp = self.model.num_kv_heads
         self._layer: dict[tuple, float] = {}
+        self._tb: dict[tuple, tuple[float, float]] = {}
         self._hop: dict[tuple, tuple[np.ndarray, bool]] = {}
         self._order: dict[tuple, list[int]] = {}
         self._options: dict[tuple, list[list[tuple[int, ...]]]] = {}
@@ -85,9 +86,16 @@ class Evaluator:
         as :func:`estimate.layer_step` prices it with no data-parallel communication."""
         key = (tuple(sorted(devices)), mb, sharding == "zero3")
         if key not in self._layer:
-            t_f, t_b, _, _ = layer_times(self.cluster, self.workload, key[0], mb, self.recompute)
+            t_f, t_b = self.layer_tb(key[0], mb)
             self._layer[key] = self.theta3[0] * t_f + self.theta3[1] * t_b if key[2] else t_f + t_b
         return self._layer[key]
+
+    def layer_tb(self, devices: tuple[int, ...], mb: int) -> tuple[float, float]:
+        """(T_f, T_b) of one layer for one micro-batch on this TP group (:func:`estimate.layer_times`)."""
+        key = (tuple(sorted(devices)), mb)
+        if key not in self._tb:
+            self._tb[key] = layer_times(self.cluster, self.workload, key[0], mb, self.recompute)[:2]
+        return self._tb[key]
 
     def head_s(self, devices: tuple[int, ...], mb: int) -> float:
         """LM head forward + backward for one micro-batch on the last stage (:func:`estimate.head_time`)."""
@@ -123,7 +131,18 @@ class Evaluator:
             combos = list(itertools.product(*per_part))
             if len(combos) > 32:  # many machine parts: the same rule for every part
                 combos = [tuple(opts[min(i, len(opts) - 1)] for opts in per_part) for i in range(max(map(len, per_part)))]
-            self._options[group] = [[st for part in combo for st in part] for combo in combos]
+            options = [[st for part in combo for st in part] for combo in combos]
+            if len(parts) > 1 and not self.reuse_choices:
+                # beyond §4 (small clusters): TP across the group's machines, one TP group per GPU
+                # type or one for the whole group, so that devices too small to hold a stage alone
+                # can share one (the slow links then carry few layers)
+                types = {}
+                for d in group:
+                    types.setdefault(self.cluster.devices[d].gpu_type, []).append(d)
+                for cross in ([tuple(ds) for ds in types.values()], [tuple(group)]):
+                    if all(len(st) <= self.max_tp for st in cross) and cross not in options:
+                        options.append(cross)
+            self._options[group] = options
         return self._options[group]
 
     def group_order(self, groups: list[tuple[int, ...]], tau: int) -> list[int]:
@@ -171,6 +190,86 @@ class Evaluator:
         out = [(ld,) + tuple(d for d in st if d != ld) for st, ld in zip(stages, lead)]
         hops = [float(mats[j][0][pos[j], pos[j + 1]]) for j in range(len(stages) - 1)] + [0.0]
         return out, hops
+
+
+    # ---- phase 2, steps (ii)-(iii): one pipeline's draft ------------------------------------------
+    def draft(self, groups: list[tuple[int, ...]], ctx: DraftContext) -> PipeDraft | None:
+        """Order the groups by top-tau, pick each group's intra-group strategy by coordinate descent
+        on Pipeline(n_mb) (start: every group at its highest layer rate sum 1/t_j, or its fewest
+        stages when the chain would exceed the layers; groups on identical hardware change
+        together), try the reversed chain, return the best draft (None: nothing fits).
+
+        Pipelines on identical hardware (same bandwidth, latency, FLOP/s, memory and machine layout,
+        device for device) get the same draft: it is computed once, in positions, and relabelled.
+        """
+        flat = [d for g in groups for d in g]
+        sig = self.signature(groups)
+        key = (sig, ctx)
+        if key in self._drafts:
+            local = self._drafts[key]
+            return None if local is None else local.relabel(flat)
+        d = self._descend(groups, ctx, (sig, ctx.num_pipelines, ctx.tau))
+        pos = {dev: i for i, dev in enumerate(flat)}
+        self._drafts[key] = None if d is None else d.relabel(pos)
+        return d
+
+    def _descend(self, groups: list[tuple[int, ...]], ctx: DraftContext, choice_key: tuple) -> PipeDraft | None:
+        order = self.group_order(groups, ctx.tau)
+        ordered = [groups[i] for i in order]
+        opts = [self.group_options(g) for g in ordered]
+        if self.reuse_choices and choice_key in self._choices:
+            # large clusters: the strategies chosen for this structure at the first (micro-batch,
+            # sharding) tried are kept; a full descent runs only when they no longer fit
+            ch, orient = self._choices[choice_key]
+            d = chain_draft(self, _chain(opts, ch, orient), ctx)
+            if d is not None:
+                return d
+        mb, sh = ctx.mb, ctx.sharding
+        choice = [max(range(len(o)), key=lambda k: (sum(1.0 / self.layer_s(st, mb, sh) for st in o[k]), -k))
+                  for o in opts]
+        if sum(len(o[k]) for o, k in zip(opts, choice)) > self.model.num_layers:
+            choice = [min(range(len(o)), key=lambda k: (len(o[k]), k)) for o in opts]
+        built: dict[tuple, PipeDraft | None] = {}
+        # groups on identical hardware (same signature) move together: one descent step per class
+        classes: dict[bytes, list[int]] = {}
+        for g, grp in enumerate(ordered):
+            classes.setdefault(self.group_signature(grp), []).append(g)
+        best_ch = tuple(choice)
+        best = self._built(opts, best_ch, 0, ctx, built)
+        for _ in range(2):
+            improved = False
+            for members in classes.values():
+                for k in range(len(opts[members[0]])):
+                    if all(best_ch[g] == k for g in members):
+                        continue
+                    ch = list(best_ch)
+                    for g in members:
+                        ch[g] = k
+                    d = self._built(opts, tuple(ch), 0, ctx, built)
+                    if _draft_time(d, ctx) < _draft_time(best, ctx) * (1 - 1e-9):
+                        best, best_ch, improved = d, tuple(ch), True
+            if not improved:
+                break
+        # the chain's two ends matter (embedding on the first stage, LM head on the last): try the
+        # group order reversed, the stages inside each group reversed, and both
+        orient = 0
+        for o in (1, 2, 3):
+            d = self._built(opts, best_ch, o, ctx, built)
+            if _draft_time(d, ctx) < _draft_time(best, ctx) * (1 - 1e-9):
+                best, orient = d, o
+        if best is not None:
+            self._choices[choice_key] = (best_ch, orient)
+        return best
+
+    def _built(self, opts: list, ch: tuple[int, ...], orient: int, ctx: DraftContext,
+               built: dict[tuple, PipeDraft | None]) -> PipeDraft | None:
+        if (ch, orient) not in built:
+            built[(ch, orient)] = chain_draft(self, _chain(opts, ch, orient), ctx)
+        return built[(ch, orient)]
+
+
+def _draft_time(d: PipeDraft | None, ctx: DraftContext) -> float:
+    return d.time_s(ctx.n_mb) if d is not None else math.inf
 
 
 @dataclass(frozen=True)
@@ -270,19 +369,33 @@ def split_batches(sum_s: list[float], max_s: list[float], tail_s: list[float], t
     return n
 
 
-def chain_draft(ev: Evaluator, stages: list[tuple[int, ...]], mb: int, sharding: str, num_pipelines: int,
-                n_mb: int) -> PipeDraft | None:
+@dataclass(frozen=True)
+class DraftContext:
+    """Everything a pipeline draft depends on besides its devices (one immutable value instead of
+    arguments threaded through helper functions)."""
+
+    mb: int
+    """Micro-batch size the layer split and leaders are chosen for."""
+    sharding: str
+    num_pipelines: int
+    n_mb: int
+    """Micro-batches the pipeline is expected to run: the descent's objective Pipeline(n_mb), and
+    GPipe's in-flight memory."""
+    tau: int = 2
+
+
+def chain_draft(ev: Evaluator, stages: list[tuple[int, ...]], ctx: DraftContext) -> PipeDraft | None:
     """Leaders, layer split and per-micro-batch times for a stage chain (None: does not fit)."""
     if len(stages) > ev.model.num_layers:  # every stage needs a layer
         return None
-    stages, hops = ev.leaders(stages, mb)
+    stages, hops = ev.leaders(stages, ctx.mb)
     S = len(stages)
-    layer_s = [ev.layer_s(st, mb, sharding) for st in stages]
+    layer_s = [ev.layer_s(st, ctx.mb, ctx.sharding) for st in stages]
     fixed = list(hops)
-    fixed[-1] += ev.head_s(stages[-1], mb)
+    fixed[-1] += ev.head_s(stages[-1], ctx.mb)
     gpipe = ev.schedule == "gpipe"
-    mem_n = max(2 * n_mb, 1) if gpipe else S
-    caps = [ev.max_layers(st, j, S, mb, mem_n, sharding, num_pipelines) for j, st in enumerate(stages)]
+    mem_n = max(2 * ctx.n_mb, 1) if gpipe else S
+    caps = [ev.max_layers(st, j, S, ctx.mb, mem_n, ctx.sharding, ctx.num_pipelines) for j, st in enumerate(stages)]
     n = split_layers(layer_s, fixed, caps, ev.model.num_layers)
     if n is None:
         return None
@@ -290,86 +403,9 @@ def chain_draft(ev: Evaluator, stages: list[tuple[int, ...]], mb: int, sharding:
     return PipeDraft(tuple(stages), tuple(n), per, mem_n if gpipe else _UNCAPPED)
 
 
-def draft_pipeline(ev: Evaluator, groups: list[tuple[int, ...]], mb: int, sharding: str, num_pipelines: int,
-                   total_micro: int, tau: int) -> PipeDraft | None:
-    """Phase 2 steps (ii)-(iii) for one pipeline: order the groups by top-tau, pick each group's
-    intra-group strategy by coordinate descent on Pipeline(n) (start: every group at its highest
-    layer rate sum 1/t_j, or its fewest stages when the chain would exceed the layers; groups on
-    identical hardware change together), try the reversed chain, return the best draft (None:
-    nothing fits).
-
-    Pipelines on identical hardware (same bandwidth, latency, FLOP/s, memory and machine layout,
-    device for device) get the same draft: it is computed once, in positions, and relabelled.
-    """
-    n_est = max(1, total_micro // num_pipelines)
-    flat = [d for g in groups for d in g]
-    sig = ev.signature(groups)
-    key = (sig, mb, sharding, num_pipelines, n_est, tau)
-    if key in ev._drafts:
-        local = ev._drafts[key]
-        return None if local is None else local.relabel(flat)
-    d = _draft(ev, groups, mb, sharding, num_pipelines, n_est, tau, (sig, num_pipelines, tau))
-    pos = {dev: i for i, dev in enumerate(flat)}
-    ev._drafts[key] = None if d is None else d.relabel(pos)
-    return d
-
-
-def _draft(ev: Evaluator, groups: list[tuple[int, ...]], mb: int, sharding: str, num_pipelines: int,
-           n_est: int, tau: int, choice_key: tuple) -> PipeDraft | None:
-    order = ev.group_order(groups, tau)
-    ordered = [groups[i] for i in order]
-    opts = [ev.group_options(g) for g in ordered]
-    if ev.reuse_choices and choice_key in ev._choices:
-        # large clusters: the strategies chosen for this structure at the first (micro-batch,
-        # sharding) tried are kept; a full descent runs only when they no longer fit
-        ch, orient = ev._choices[choice_key]
-        d = chain_draft(ev, _chain(opts, ch, orient), mb, sharding, num_pipelines, n_est)
-        if d is not None:
-            return d
-    choice = [max(range(len(o)), key=lambda k: (sum(1.0 / ev.layer_s(st, mb, sharding) for st in o[k]), -k))
-              for o in opts]
-    if sum(len(o[k]) for o, k in zip(opts, choice)) > ev.model.num_layers:
-        choice = [min(range(len(o)), key=lambda k: (len(o[k]), k)) for o in opts]
-    cache: dict[tuple, PipeDraft | None] = {}
-
-    def build(ch: tuple[int, ...], orient: int) -> PipeDraft | None:
-        if (ch, orient) not in cache:
-            cache[(ch, orient)] = chain_draft(ev, _chain(opts, ch, orient), mb, sharding, num_pipelines, n_est)
-        return cache[(ch, orient)]
-
-    def t(d: PipeDraft | None) -> float:
-        return d.time_s(n_est) if d is not None else math.inf
-
-    # groups on identical hardware (same signature) move together: one descent step per class
-    classes: dict[bytes, list[int]] = {}
-    for g, grp in enumerate(ordered):
-        classes.setdefault(ev.group_signature(grp), []).append(g)
-    best_ch = tuple(choice)
-    best = build(best_ch, 0)
-    for _ in range(2):
-        improved = False
-        for members in classes.values():
-            for k in range(len(opts[members[0]])):
-                if all(best_ch[g] == k for g in members):
-                    continue
-                ch = list(best_ch)
-                for g in members:
-                    ch[g] = k
-                d = build(tuple(ch), 0)
-                if t(d) < t(best) * (1 - 1e-9):
-                    best, best_ch, improved = d, tuple(ch), True
-        if not improved:
-            break
-    # the chain's two ends matter (embedding on the first stage, LM head on the last): try the
-    # group order reversed, the stages inside each group reversed, and both
-    orient = 0
-    for o in (1, 2, 3):
-        d = build(best_ch, o)
-        if t(d) < t(best) * (1 - 1e-9):
-            best, orient = d, o
-    if best is not None:
-        ev._choices[choice_key] = (best_ch, orient)
-    return best
+def draft_pipeline(ev: Evaluator, groups: list[tuple[int, ...]], ctx: DraftContext) -> PipeDraft | None:
+    """Phase 2 steps (ii)-(iii) for one pipeline (:meth:`Evaluator.draft`)."""
+    return ev.draft(groups, ctx)
 
 
 def _chain(opts: list[list[list[tuple[int, ...]]]], ch: tuple[int, ...], orient: int) -> list[tuple[int, ...]]:
@@ -395,15 +431,29 @@ def make_plan(drafts: list[PipeDraft], micro_counts: list[int], mb: int, shardin
 
 
 def micro_batch_candidates(global_batch: int, user_mb: int | None, num_devices: int) -> list[int]:
-    """Micro-batch sizes to try: the user's (must divide the global batch), else the divisors of
-    the global batch up to 16 (up to 8 beyond 64 devices, to bound the search time)."""
+    """Micro-batch sizes to draft layer splits with: the user's (must divide the global batch), else
+    the powers of two up to 16 (up to 8 beyond 64 devices, to bound the search time)."""
     if user_mb is not None:
-        if user_mb < 1 or global_batch % user_mb:
-            raise ConfigError("train.micro_batch_size", user_mb, f"must divide train.global_batch={global_batch}",
-                              "choose a divisor of the global batch or null to let the planner choose")
+        _check_user_mb(global_batch, user_mb)
         return [int(user_mb)]
     top = 16 if num_devices <= 64 else 8
-    return [m for m in range(1, min(top, global_batch) + 1) if global_batch % m == 0]
+    return [m for m in (1, 2, 4, 8, 16) if m <= min(top, global_batch)]
+
+
+def batch_micro_sizes(global_batch: int, user_mb: int | None, num_devices: int) -> list[int]:
+    """Micro-batch sizes the batch split may give a pipeline: the user's, else every size up to 64
+    (up to 8 beyond 64 devices); each pipeline picks its own."""
+    if user_mb is not None:
+        _check_user_mb(global_batch, user_mb)
+        return [int(user_mb)]
+    top = 64 if num_devices <= 64 else 8
+    return list(range(1, min(top, global_batch) + 1))
+
+
+def _check_user_mb(global_batch: int, user_mb: int) -> None:
+    if not isinstance(user_mb, int) or user_mb < 1 or global_batch % user_mb:
+        raise ConfigError("train.micro_batch_size", user_mb, f"must divide train.global_batch={global_batch}",
+                          "choose a divisor of the global batch or null to let the planner choose")
 
 
 def minimum_memory_message(cluster: Cluster, workload: Workload, global_batch: int) -> str:

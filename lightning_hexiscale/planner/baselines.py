@@ -47,7 +47,7 @@ import numpy as np
 
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError
-from lightning_hexiscale.planner.assemble import (DP_OPTIONS, Evaluator, chain_draft, make_plan,
+from lightning_hexiscale.planner.assemble import (DP_OPTIONS, DraftContext, Evaluator, chain_draft, make_plan,
                                                   micro_batch_candidates, split_batches, split_layers)
 from lightning_hexiscale.planner.estimate import Estimate, Workload, estimate
 from lightning_hexiscale.planner.oracle import MAX_DEVICES, oracle
@@ -285,7 +285,7 @@ def metis(cluster: Cluster, workload: Workload, global_batch: int, settings: Sea
                 if total < dp:
                     continue
                 for sh in _shardings(s, "metis", like_for_like):
-                    drafts = [chain_draft(ev, ch, mb, sh, dp, max(1, total // dp)) for ch in chains]
+                    drafts = [chain_draft(ev, ch, DraftContext(mb, sh, dp, max(1, total // dp))) for ch in chains]
                     if any(d is None for d in drafts):
                         continue
                     fitted = True
@@ -311,9 +311,9 @@ def _by_type_chain(cluster: Cluster, devices: np.ndarray, tp: int) -> list[tuple
 class _RandomSearch(_Search):
     """The §4 search with phase 1 replaced by random equal-size partitions (Fig. 6)."""
 
-    def phase1(self, dp: int, cut: str, balance: float, seed: int) -> list[np.ndarray]:
+    def phase1(self, step) -> list[np.ndarray]:
         perm = self.rng.permutation(self.cluster.num_devices)
-        return sorted((np.sort(part) for part in np.array_split(perm, dp)), key=lambda a: int(a.min()))
+        return sorted((np.sort(part) for part in np.array_split(perm, step.dp)), key=lambda a: int(a.min()))
 
 
 def random_search(cluster: Cluster, workload: Workload, global_batch: int,

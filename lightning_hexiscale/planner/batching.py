@@ -36,14 +36,29 @@ _BITS = np.array([1 << b for b in range(63)], dtype=np.int64)
 
 
 def sumset(reach: int, allowed: int, limit: int) -> int:
-    """Bitset of a + b for a in ``reach``, b in ``allowed`` (bits above ``limit`` dropped)."""
-    out, b = 0, 0
+    """Bitset of a + b for a in ``reach``, b in ``allowed`` (bits above ``limit`` dropped).
+
+    ``allowed`` is taken run by run: a run of w consecutive values [a, a + w) contributes
+    (reach << a) smeared over w positions, built by doubling in O(log w) shifts, so long runs (a
+    pipeline that may take any batch in a range) cost a few big-integer operations, not w."""
+    out, top = 0, (1 << (limit + 1)) - 1
+    b = 0
     while allowed:
-        if allowed & 1:
-            out |= reach << b
-        allowed >>= 1
-        b += 1
-    return out & ((1 << (limit + 1)) - 1)
+        if not allowed & 1:
+            skip = (allowed & -allowed).bit_length() - 1
+            allowed >>= skip
+            b += skip
+            continue
+        w = (~allowed & (allowed + 1)).bit_length() - 1  # length of the run of ones at the bottom
+        r, covered = (reach << b) & top, 1
+        while covered < w:
+            step = min(covered, w - covered)
+            r |= r << step
+            covered += step
+        out |= r
+        allowed >>= w
+        b += w
+    return out & top
 
 
 def mask(g: np.ndarray, below: float, strict: bool = True) -> int:
@@ -51,10 +66,7 @@ def mask(g: np.ndarray, below: float, strict: bool = True) -> int:
     hit = g < below if strict else g <= below
     if len(g) <= 63:
         return int(_BITS[:len(g)][hit].sum())
-    m = 0
-    for b in np.flatnonzero(hit).tolist():
-        m |= 1 << b
-    return m
+    return int.from_bytes(np.packbits(hit[::-1]).tobytes(), "big") >> (-len(g) % 8)
 
 
 def minimax_split(g: list[np.ndarray], total: int) -> tuple[float, list[int]]:
@@ -233,3 +245,8 @@ class BatchTimer:
         if not batches:
             return math.inf, None
         return cost, with_batches(layout, batches, [picks[i][b] for i, b in enumerate(batches)], meta)
+
+
+def layout_key(plan: Plan) -> tuple:
+    """What identifies a layout: sharding and, per pipeline, its stages' devices and layer ranges."""
+    return (plan.dp_sharding, tuple(tuple((s.devices, s.layers) for s in p.stages) for p in plan.pipelines))

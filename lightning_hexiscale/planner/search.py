@@ -36,14 +36,18 @@ import numpy as np
 
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError, InfeasiblePlan
-from lightning_hexiscale.planner.assemble import (DP_OPTIONS, Evaluator, PipeDraft, draft_pipeline, make_plan,
-                                                  micro_batch_candidates, minimum_memory_message, split_batches)
+from lightning_hexiscale.planner.assemble import (DP_OPTIONS, DraftContext, Evaluator, batch_micro_sizes, chain_draft,
+                                                  micro_batch_candidates, minimum_memory_message)
+from lightning_hexiscale.planner import refine
+from lightning_hexiscale.planner.batching import BatchTimer, layout_key, layout_plan
+from lightning_hexiscale.planner.dp_split import resplit, resplit_cost
 from lightning_hexiscale.planner.estimate import Estimate, Workload, estimate
 from lightning_hexiscale.planner.partition import DeviceGraph, partition
 from lightning_hexiscale.planner.plan import SCHEDULES, Plan
 
 CUTS = ("auto", "min", "max")
-_SCORED_LARGE = 2
+_STARTS = 4
+"""Layouts (the best for each number of pipelines, best first) the final local improvement starts from."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,21 @@ class SearchSettings:
                 kw[key] = p[key]
         kw.update(changes)
         return cls(**kw)
+
+
+@dataclass(frozen=True)
+class Iteration:
+    """What one iteration of the search tries."""
+
+    dp: int
+    """D_dp, the number of pipelines."""
+    cut: str
+    balance: float
+    seed: int
+    jitter: float = 0.0
+    """Probability of varying k_i (the groups per pipeline) around the machine count."""
+    peel: int = 0
+    """The strongest ``peel`` devices become single-device replicas (mixed structures)."""
 
 
 @dataclass(frozen=True)
@@ -179,12 +198,30 @@ class _Search:
         self.best: tuple[float, Plan | None, Estimate | None] = (math.inf, None, None)
         self.by_dp: dict[int, float] = {}
         self.tried: set[tuple[int, str]] = set()
+        self.timer = BatchTimer(cluster, workload, global_batch, batch_micro_sizes(global_batch, s.micro_batch_size,
+                                                                                 cluster.num_devices))
+        self.top: dict[int, tuple[float, Plan]] = {}
+        n = cluster.num_devices
+        self.strongest = sorted(range(n), key=lambda d: (-cluster.devices[d].flops, -cluster.devices[d].memory_bytes, d))
+        # mixed structures: r single-device replicas + the rest as 1 or 2 pipelines (small clusters)
+        self.peels = [] if n > 64 else [(r, rest) for r in range(1, min(n - 1, 8) + 1) for rest in (1, 2)
+                                        if r + rest <= max_dp and n - r >= rest]
 
     # ---- phases -------------------------------------------------------------------------------
-    def phase1(self, dp: int, cut: str, balance: float, seed: int) -> list[np.ndarray]:
-        key = (dp, cut, balance, seed if cut == "min" else seed % dp)
+    def phase1(self, step: Iteration) -> list[np.ndarray]:
+        """D_dp GPU sets (§4.2). With ``step.peel = r`` the r strongest devices are single-device
+        sets and the rest is cut into D_dp - r sets (mixed structures, beyond §4)."""
+        dp, cut, balance, seed = step.dp, step.cut, step.balance, step.seed
+        key = (dp, cut, balance, seed if cut == "min" else seed % dp, step.peel)
         if key not in self._p1:
-            self._p1[key] = partition(self.graph, dp, cut, balance, seed)
+            if step.peel:
+                solo = self.strongest[:step.peel]
+                rest = np.array(sorted(set(range(self.cluster.num_devices)) - set(solo)), dtype=np.int64)
+                sub = DeviceGraph.from_cluster(self.cluster, rest)
+                parts = [np.array([d]) for d in solo] + partition(sub, dp - step.peel, cut, balance, seed)
+                self._p1[key] = sorted(parts, key=lambda a: int(a.min()))
+            else:
+                self._p1[key] = partition(self.graph, dp, cut, balance, seed)
         return self._p1[key]
 
     def phase2(self, devices: np.ndarray, k: int, seed: int) -> list[tuple[int, ...]]:
@@ -204,61 +241,68 @@ class _Search:
                 self._p2[key] = [tuple(sorted(g.tolist())) for g in groups]
         return self._p2[key]
 
+    def type_groups(self, devices: np.ndarray) -> list[tuple[int, ...]]:
+        """The set's devices grouped by GPU type (a group may span machines)."""
+        by_type: dict[str, list[int]] = {}
+        for d in sorted(devices.tolist()):
+            by_type.setdefault(self.cluster.devices[d].gpu_type, []).append(d)
+        return [tuple(g) for g in by_type.values()]
+
     def machines_in(self, devices: np.ndarray) -> int:
         return len({self.cluster.devices[d].machine for d in devices})
 
     # ---- one iteration ------------------------------------------------------------------------
     def evaluate(self, groups_per_pipe: list[list[tuple[int, ...]]]) -> tuple[float, Plan | None, Estimate | None]:
-        """Best complete plan over micro-batch sizes and dp shardings for one phase-2 result.
+        """Best complete plan for one phase-2 result.
 
-        Every variant is drafted; up to 64 devices each is scored by ``estimate()``; beyond, the
-        variants are ranked by their pipelines' own times (no DP term) and the best
-        ``_SCORED_LARGE`` are scored, which bounds the cost of an iteration on 1024 GPUs.
+        Each pipeline is drafted (strategies, leaders, layer split) for every dp sharding and a few
+        micro-batch sizes; every distinct layout then gets its exact best batch split and
+        micro-batch size per pipeline (:meth:`batching.BatchTimer.best`), and the best plan is
+        scored by ``estimate()``.
         """
         P = len(groups_per_pipe)
-        cands = []
-        for mb in self.mbs:
-            total_mb = self.gb // mb
-            if total_mb < P:
-                continue
-            for sharding in self.shardings:
-                drafts = [draft_pipeline(self.ev, g, mb, sharding, P, total_mb, self.s.tau) for g in groups_per_pipe]
+        layouts: dict[tuple, Plan] = {}
+        for sharding in self.shardings:
+            for mb in self.draft_mbs(P):
+                ctx = DraftContext(mb, sharding, P, max(1, self.gb // P // mb), self.s.tau)
+                drafts = [self.ev.draft(g, ctx) for g in groups_per_pipe]
                 if any(d is None for d in drafts):
                     continue
-                counts = split_batches([d.sum_s for d in drafts], [d.max_s for d in drafts], [0.0] * P, total_mb,
-                                       [d.max_micro for d in drafts])
-                own = max(d.time_s(n) for d, n in zip(drafts, counts))
-                cands.append((own, len(cands), mb, sharding, drafts))
-        cands.sort(key=lambda c: (c[0], c[1]))
-        if self.cluster.num_devices > 64:
-            cands = cands[:_SCORED_LARGE]
-        best: tuple[float, Plan | None, Estimate | None] = (math.inf, None, None)
-        for _, _, mb, sharding, drafts in cands:
-            plan, est = self.score(drafts, mb, sharding, self.gb // mb)
-            if est.cost < best[0]:
-                best = (est.cost, plan, est)
-        return best
+                variants = [drafts]
+                if P > 1:  # the same stages with layers split for their data-parallel links too
+                    flat = [tuple(d for g in groups for d in g) for groups in groups_per_pipe]
+                    variants.append([resplit(self.ev, d, flat[:i] + flat[i + 1:], ctx) for i, d in enumerate(drafts)])
+                for ds in variants:
+                    layout = layout_plan([list(d.stages) for d in ds], [d.layers for d in ds], sharding,
+                                         self.s.schedule, self.s.recompute, self.L)
+                    layouts.setdefault(layout_key(layout), layout)
+        best: tuple[float, Plan | None] = (math.inf, None)
+        for layout in layouts.values():
+            cost, plan = self.timer.best(layout, self.meta())
+            if plan is not None:
+                self.remember(cost, plan)
+                if cost < best[0]:
+                    best = (cost, plan)
+        if best[1] is None:
+            return math.inf, None, None
+        est = estimate(best[1], self.cluster, self.workload)
+        return est.cost, best[1], est
 
-    def score(self, drafts: list[PipeDraft], mb: int, sharding: str, total_mb: int) -> tuple[Plan, Estimate]:
-        """Batches from the local model, estimate; then once more with the estimate's own
-        per-pipeline times (which include the data-parallel tails) if that moves any batch."""
-        counts = split_batches([d.sum_s for d in drafts], [d.max_s for d in drafts], [0.0] * len(drafts), total_mb,
-                               [d.max_micro for d in drafts])
-        plan = make_plan(drafts, counts, mb, sharding, self.s.schedule, self.s.recompute, self.L, self.meta())
-        est = estimate(plan, self.cluster, self.workload)
-        if len(drafts) > 1 and est.feasible:
-            tails = [p.time_s - (sum(x.time_per_micro_batch_s for x in p.stages)
-                                 + (p.num_micro_batches - 1) * max(x.time_per_micro_batch_s for x in p.stages))
-                     for p in est.pipelines]
-            sums = [sum(x.time_per_micro_batch_s for x in p.stages) for p in est.pipelines]
-            maxs = [max(x.time_per_micro_batch_s for x in p.stages) for p in est.pipelines]
-            again = split_batches(sums, maxs, tails, total_mb, [d.max_micro for d in drafts])
-            if again != counts:
-                plan2 = make_plan(drafts, again, mb, sharding, self.s.schedule, self.s.recompute, self.L, self.meta())
-                est2 = estimate(plan2, self.cluster, self.workload)
-                if est2.cost < est.cost:
-                    plan, est = plan2, est2
-        return plan, est
+    def draft_mbs(self, num_pipelines: int) -> list[int]:
+        """Micro-batch sizes to draft layer splits with: those of the candidates that fit a
+        pipeline's share of the batch (the batch split then picks one per pipeline)."""
+        share = max(1, self.gb // num_pipelines)
+        fit = [m for m in self.mbs if m <= share] or [min(self.mbs)]
+        if self.cluster.num_devices > 64:
+            return fit[:1] + fit[-1:] if len(fit) > 1 else fit
+        return fit
+
+    def remember(self, cost: float, plan: Plan) -> None:
+        """Keep the best layout for each number of pipelines: the starts of the final local
+        improvement (varied structures, not only variations of the best one)."""
+        P = plan.num_pipelines
+        if P not in self.top or cost < self.top[P][0]:
+            self.top[P] = (cost, plan)
 
     def meta(self) -> dict[str, Any]:
         return {"planner": "hexiscale-search", "model": self.workload.model.name, "cluster": self.cluster.name,
@@ -274,60 +318,117 @@ class _Search:
             pick = "max" if pick == "min" else "min"
         return pick
 
-    def plan_iteration(self, it: int) -> tuple[int, str, float, int, float]:
-        """(D_dp, cut, balance, seed, k-jitter probability) for iteration ``it``."""
+    def plan_iteration(self, it: int) -> Iteration:
+        """What iteration ``it`` tries: first every D_dp (both cut options soon after), then, on
+        clusters of up to 64 devices, mixed structures (the r strongest devices as single-device
+        replicas, the rest as one or two pipelines), then variations around the best D_dp values."""
         cut = self.choose_cut(it)
         explore = len(self.dps)
         if it < min(explore, self.s.iterations):
             if explore > self.s.iterations:  # more values than iterations: an even subsample
                 idx = int(round(it * (explore - 1) / max(self.s.iterations - 1, 1)))
-                return self.dps[idx], cut, self.s.balance, self.s.seed, 0.0
-            return self.dps[it], cut, self.s.balance, self.s.seed, 0.0
+                return Iteration(self.dps[idx], cut, self.s.balance, self.s.seed)
+            return Iteration(self.dps[it], cut, self.s.balance, self.s.seed)
+        if it - explore < len(self.peels):
+            r, rest = self.peels[it - explore]
+            return Iteration(r + rest, cut, self.s.balance, self.s.seed, peel=r)
         ranked = sorted((c, dp) for dp, c in self.by_dp.items() if math.isfinite(c))
         if self.s.cut == "auto":
-            # the promising D_dp values get the cut option the first sweep did not give them
-            for _, dp in ranked[:4]:
+            # the promising D_dp values (all of them when the iterations allow) get the cut option
+            # the first sweep did not give them
+            wide = 2 * explore + len(self.peels) <= 0.7 * self.s.iterations
+            for _, dp in (ranked if wide else ranked[:4]):
                 for other in ("min", "max"):
                     if (dp, other) not in self.tried:
-                        return dp, other, self.s.balance, self.s.seed, 0.0
+                        return Iteration(dp, other, self.s.balance, self.s.seed)
         pool = [dp for _, dp in ranked[:3]] or self.dps
         dp = int(pool[int(self.rng.integers(len(pool)))])
         if self.rng.random() < 0.3:  # a neighbour of a good D_dp in the candidate ladder
             j = self.dps.index(dp) if dp in self.dps else 0
             dp = self.dps[int(np.clip(j + self.rng.choice([-1, 1]), 0, len(self.dps) - 1))]
         balance = float(self.rng.choice([self.s.balance, self.s.balance, 1.05, 1.5, 2.0]))
-        return dp, cut, balance, int(self.rng.integers(1 << 30)), 0.5
+        return Iteration(dp, cut, balance, int(self.rng.integers(1 << 30)), jitter=0.5)
 
     def run(self) -> SearchResult:
         t0 = time.perf_counter()
         log: list[LogEntry] = []
         bar = Progress(self.s.iterations, self.s.progress)
         for it in range(self.s.iterations):
-            dp, cut, balance, seed, jitter = self.plan_iteration(it)
-            sets = self.phase1(dp, cut, balance, seed)
+            step = self.plan_iteration(it)
+            sets = self.phase1(step)
             groups = []
             for d in sets:
                 k = self.machines_in(d)
-                if jitter and self.rng.random() < jitter:
+                if step.jitter and self.rng.random() < step.jitter:
                     k = int(np.clip(k + self.rng.choice([-1, 1, 2]), 1, len(d)))
-                groups.append(self.phase2(d, min(k, len(d)), seed))
+                groups.append(self.phase2(d, min(k, len(d)), step.seed))
             cost, plan, est = self.evaluate(groups)
-            self.by_dp[dp] = min(self.by_dp.get(dp, math.inf), cost)
-            self.tried.add((dp, cut))
+            if self.cluster.num_devices <= 64:
+                # beyond §4 (small clusters): the same sets grouped by GPU type across machines
+                by_type = [self.type_groups(d) for d in sets]
+                if by_type != groups:
+                    alt = self.evaluate(by_type)
+                    if alt[0] < cost:
+                        cost, plan, est = alt
+            if not step.peel:
+                self.by_dp[step.dp] = min(self.by_dp.get(step.dp, math.inf), cost)
+                self.tried.add((step.dp, step.cut))
             if est is not None and math.isfinite(cost):
                 b = est.breakdown
                 for key, v in (("dp", b["dp_exposed_s"]), ("pp", b["pp_comm_s"] + b["bubble_s"])):
                     self.ema[key] = 0.7 * self.ema[key] + 0.3 * v
             if cost < self.best[0]:
                 self.best = (cost, plan, est)
-            log.append(LogEntry(it, dp, cut, cost, self.best[0]))
+            log.append(LogEntry(it, step.dp, step.cut, cost, self.best[0]))
             bar.update(it + 1, self.best[0])
         bar.close()
+        self.improve()
         _, plan, est = self.best
         if plan is None:
             raise InfeasiblePlan(capacity_message(self.cluster, self.workload, self.gb)
                                  or minimum_memory_message(self.cluster, self.workload, self.gb))
         return SearchResult(plan, est, log, time.perf_counter() - t0)
+
+    def improve(self) -> None:
+        """Local improvement of the best layouts found (:mod:`planner.refine`), beyond §4."""
+        budget = refine.budget_for(self.cluster.num_devices, self.s.iterations)
+        ctx = refine.RefineContext(self.timer, self.workload.model, self.shardings,
+                                   move_devices=self.cluster.num_devices <= 64, repair=self.repair,
+                                   meta=self.meta(), seed=self.s.seed)
+        starts = sorted(self.top.values(), key=lambda cp: cp[0])[:_STARTS]
+        for k, (cost, plan) in enumerate(starts):
+            if budget <= 0:
+                break
+            share = budget if k == len(starts) - 1 else max(budget // 2, 1)
+            cost, plan, used = refine.improve(plan, cost, ctx, share)
+            budget -= used
+            if cost < self.best[0] * (1 - 1e-12):
+                est = estimate(plan, self.cluster, self.workload)
+                if est.cost < self.best[0]:
+                    self.best = (est.cost, plan, est)
+
+    def repair(self, layout: refine.Layout, before: refine.Layout) -> refine.Layout:
+        """The pipelines a move changed get their leaders (phase 2) and a data-parallel-aware
+        layer split (:func:`dp_split.resplit`) afresh."""
+        sharding, pipes = layout
+        old = set(before[1])
+        P = len(pipes)
+        flat = [tuple(d for st, _ in p for d in st) for p in pipes]
+        out = []
+        for i, p in enumerate(pipes):
+            if p in old:
+                out.append(p)
+                continue
+            ctx = DraftContext(1, sharding, P, max(1, self.gb // P), self.s.tau)
+            best = None
+            for stages in ([st for st, _ in p], [st for st, _ in p][::-1]):  # either end may lead
+                d = chain_draft(self.ev, stages, ctx)
+                if d is not None:
+                    d, t = resplit_cost(self.ev, d, flat[:i] + flat[i + 1:], ctx)
+                    if best is None or t < best[1]:
+                        best = (d, t)
+            out.append(p if best is None else tuple(zip(best[0].stages, best[0].layers)))
+        return sharding, tuple(out)
 
 
 def capacity_message(cluster: Cluster, workload: Workload, global_batch: int) -> str | None:
