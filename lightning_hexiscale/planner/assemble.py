@@ -32,6 +32,10 @@ from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
 from lightning_hexiscale.config.units import format_bytes
 
 DP_OPTIONS = ("ddp", "zero2", "zero3")
+SMALL_CLUSTER = 16
+"""Up to this many devices the search also tries what §4 does not (cross-machine TP groups, GPU-type
+groups, single-device replicas peeled off, device moves in the final improvement): affordable there,
+and where heterogeneous optima most often need it."""
 _UNCAPPED = 1 << 40
 
 
@@ -57,6 +61,8 @@ class Evaluator:
         self._group_sig: dict[tuple[int, ...], bytes] = {}
         self._choices: dict[tuple, tuple[tuple[int, ...], int]] = {}
         self.reuse_choices = cluster.num_devices > 64
+        self.cross_machine_tp = cluster.num_devices <= SMALL_CLUSTER
+        """Up to SMALL_CLUSTER devices, groups spanning machines may also form TP groups across them."""
         """Beyond 64 devices a structure's intra-group strategies are chosen once (first micro-batch
         size and sharding tried) and reused, to bound the search time; see :func:`draft_pipeline`."""
 
@@ -132,7 +138,7 @@ class Evaluator:
             if len(combos) > 32:  # many machine parts: the same rule for every part
                 combos = [tuple(opts[min(i, len(opts) - 1)] for opts in per_part) for i in range(max(map(len, per_part)))]
             options = [[st for part in combo for st in part] for combo in combos]
-            if len(parts) > 1 and not self.reuse_choices:
+            if len(parts) > 1 and self.cross_machine_tp:
                 # beyond §4 (small clusters): TP across the group's machines, one TP group per GPU
                 # type or one for the whole group, so that devices too small to hold a stage alone
                 # can share one (the slow links then carry few layers)
@@ -441,13 +447,14 @@ def micro_batch_candidates(global_batch: int, user_mb: int | None, num_devices: 
 
 
 def batch_micro_sizes(global_batch: int, user_mb: int | None, num_devices: int) -> list[int]:
-    """Micro-batch sizes the batch split may give a pipeline: the user's, else every size up to 64
-    (up to 8 beyond 64 devices); each pipeline picks its own."""
+    """Micro-batch sizes the batch split may give a pipeline: the user's, else every size up to 16
+    and a few larger ones up to 64 (1, 2, 4, 8 beyond 64 devices); each pipeline picks its own."""
     if user_mb is not None:
         _check_user_mb(global_batch, user_mb)
         return [int(user_mb)]
-    top = 64 if num_devices <= 64 else 8
-    return list(range(1, min(top, global_batch) + 1))
+    if num_devices > 64:
+        return [m for m in (1, 2, 4, 8) if m <= global_batch]
+    return [m for m in list(range(1, 17)) + [20, 24, 28, 32, 40, 48, 56, 64] if m <= global_batch]
 
 
 def _check_user_mb(global_batch: int, user_mb: int) -> None:

@@ -33,6 +33,8 @@ from lightning_hexiscale.planner.estimate import Workload
 from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
 
 _BITS = np.array([1 << b for b in range(63)], dtype=np.int64)
+_PIPE_CACHE = 20000
+"""Pipelines whose batch times are memoised (a search revisits the same pipelines often)."""
 
 
 def sumset(reach: int, allowed: int, limit: int) -> int:
@@ -143,15 +145,18 @@ class BatchTimer:
         self._mem: dict[tuple, tuple[float, float]] = {}
         self._cap: dict[tuple, float] = {}
         self._q: dict[int, tuple] = {}
+        self._limit: dict[tuple, np.ndarray] = {}
+        self._pipe: dict[tuple, tuple[np.ndarray, dict]] = {}
 
-    def qpairs(self, P: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(m, n, b = m * n) of the pairs a pipeline of a P-pipeline plan may take (b <= G - P + 1;
-        b = G for one pipeline)."""
+    def qpairs(self, P: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(m, n, b = m * n, index of m in ``self.ms``) of the pairs a pipeline of a P-pipeline plan
+        may take (b <= G - P + 1; b = G for one pipeline)."""
         if P not in self._q:
             hi = self.G - (P - 1)
             pairs = sorted((m * n, m, n) for m in self.ms if m <= hi for n in range(1, hi // m + 1)
                            if P > 1 or m * n == self.G)
-            self._q[P] = tuple(np.array([p[k] for p in pairs], dtype=np.int64) for k in (1, 2, 0))
+            qm, qn, qb = (np.array([p[k] for p in pairs], dtype=np.int64) for k in (1, 2, 0))
+            self._q[P] = (qm, qn, qb, np.searchsorted(np.array(self.ms), qm))
         return self._q[P]
 
     def layer_tb(self, devices: tuple[int, ...], m: int, recompute: bool) -> tuple[float, float]:
@@ -184,29 +189,66 @@ class BatchTimer:
             self._mem[key] = E.stage_memory_at(self.w, *key)
         return self._mem[key]
 
-    def pipeline(self, layout: Plan, i: int, dp: dict, wanted: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
-        """g[b]: pipeline i's exact time at batch b with its best micro-batch size (inf where nothing
-        fits or ``wanted[b]`` is False), and that size per b. Same arithmetic as ``estimate()``."""
-        P, sh = layout.num_pipelines, layout.dp_sharding
-        qm, qn, qb = self.qpairs(P)
+    def fits(self, layout: Plan, i: int, m: int, n: int) -> bool:
+        """Whether every stage of pipeline i fits with n micro-batches of m (``estimate()``'s check:
+        fixed + layers * per_layer <= usable memory of the stage's smallest device)."""
         stages = layout.pipelines[i].stages
         S = len(stages)
-        sel = np.arange(len(qm)) if wanted is None else np.flatnonzero(wanted[qb])
-        keep = []
-        for q in sel.tolist():
-            m, n = int(qm[q]), int(qn[q])
-            ok = True
-            for j, st in enumerate(stages):
-                fixed, per = self.mem(layout, S, j, st.tp, m, n)
-                if fixed + st.num_layers * per > self.cap(st.devices):
-                    ok = False
+        for j, st in enumerate(stages):
+            fixed, per = self.mem(layout, S, j, st.tp, m, n)
+            if fixed + st.num_layers * per > self.cap(st.devices):
+                return False
+        return True
+
+    def most_micro_batches(self, layout: Plan, i: int, m: int, n_top: int) -> int:
+        """The largest n <= n_top with pipeline i fitting n micro-batches of m (0: none). Memory
+        grows with the in-flight micro-batches, which grow with n (1F1B: min(S - j, n), constant
+        from n = S on; GPipe: n), so the n that fit are a prefix: bisection."""
+        S = len(layout.pipelines[i].stages)
+        if layout.schedule != "gpipe" and n_top >= S and self.fits(layout, i, m, S):
+            return n_top
+        if not self.fits(layout, i, m, 1):
+            return 0
+        lo, hi = 1, n_top if layout.schedule == "gpipe" else min(n_top, S)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.fits(layout, i, m, mid):
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def pipeline(self, layout: Plan, i: int, dp: dict, wanted: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
+        """g[b]: pipeline i's exact time at batch b with its best micro-batch size (inf where nothing
+        fits or ``wanted[b]`` is False), and that size per b. Same arithmetic as ``estimate()``.
+        Memoised per pipeline (its stages, its data-parallel terms, the plan-wide settings)."""
+        P, sh = layout.num_pipelines, layout.dp_sharding
+        stages = layout.pipelines[i].stages
+        S = len(stages)
+        shape = (P, sh, layout.schedule, layout.recompute, tuple((st.devices, st.layers) for st in stages))
+        key = (shape, tuple(tuple(dp[(i, j)]) for j in range(S)))
+        if wanted is None and key in self._pipe:
+            return self._pipe[key]
+        qm, qn, qb, qmi = self.qpairs(P)
+        if shape not in self._limit:
+            n_top = max(self.G - (P - 1), 1)
+            limit = np.zeros(len(self.ms), dtype=np.int64)
+            for k, m in enumerate(self.ms):
+                if m > n_top:
                     break
-            if ok:
-                keep.append(q)
+                limit[k] = self.most_micro_batches(layout, i, m, n_top // m)
+                if not limit[k]:  # a larger micro-batch needs more memory still
+                    break
+            self._limit[shape] = limit
+        ok = qn <= self._limit[shape][qmi]
+        if wanted is not None:
+            ok &= wanted[qb]
+        sel = np.flatnonzero(ok)
         g = np.full(self.G + 1, math.inf)
-        if not keep:
+        if not len(sel):
+            if wanted is None:
+                self._pipe[key] = (g, {})
             return g, {}
-        sel = np.array(keep, dtype=np.int64)
         A, B, C = np.empty(self.G + 1), np.empty(self.G + 1), np.empty(self.G + 1)
         for m in np.unique(qm[sel]).tolist():
             per_mb, tails = [], []
@@ -228,7 +270,12 @@ class BatchTimer:
         first[1:] = b_sel[order][1:] != b_sel[order][:-1]
         best_q = order[first]
         g[b_sel[best_q]] = T[best_q]
-        return g, dict(zip(b_sel[best_q].tolist(), m_sel[best_q].tolist()))
+        out = (g, dict(zip(b_sel[best_q].tolist(), m_sel[best_q].tolist())))
+        if wanted is None:
+            if len(self._pipe) > _PIPE_CACHE:
+                self._pipe.clear()
+            self._pipe[key] = out
+        return out
 
     def best(self, layout: Plan, meta: dict | None = None) -> tuple[float, Plan | None]:
         """The layout's least iteration time over batch splits and per-pipeline micro-batch sizes,

@@ -36,9 +36,9 @@ import numpy as np
 
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError, InfeasiblePlan
-from lightning_hexiscale.planner.assemble import (DP_OPTIONS, DraftContext, Evaluator, batch_micro_sizes, chain_draft,
-                                                  micro_batch_candidates, minimum_memory_message)
 from lightning_hexiscale.planner import refine
+from lightning_hexiscale.planner.assemble import (DP_OPTIONS, SMALL_CLUSTER, DraftContext, Evaluator, batch_micro_sizes,
+                                                  chain_draft, micro_batch_candidates, minimum_memory_message)
 from lightning_hexiscale.planner.batching import BatchTimer, layout_key, layout_plan
 from lightning_hexiscale.planner.dp_split import resplit, resplit_cost
 from lightning_hexiscale.planner.estimate import Estimate, Workload, estimate
@@ -203,9 +203,10 @@ class _Search:
         self.top: dict[int, tuple[float, Plan]] = {}
         n = cluster.num_devices
         self.strongest = sorted(range(n), key=lambda d: (-cluster.devices[d].flops, -cluster.devices[d].memory_bytes, d))
+        self.small = n <= SMALL_CLUSTER
         # mixed structures: r single-device replicas + the rest as 1 or 2 pipelines (small clusters)
-        self.peels = [] if n > 64 else [(r, rest) for r in range(1, min(n - 1, 8) + 1) for rest in (1, 2)
-                                        if r + rest <= max_dp and n - r >= rest]
+        self.peels = [] if not self.small else [(r, rest) for r in range(1, min(n - 1, 8) + 1) for rest in (1, 2)
+                                                if r + rest <= max_dp and n - r >= rest]
 
     # ---- phases -------------------------------------------------------------------------------
     def phase1(self, step: Iteration) -> list[np.ndarray]:
@@ -293,7 +294,7 @@ class _Search:
         pipeline's share of the batch (the batch split then picks one per pipeline)."""
         share = max(1, self.gb // num_pipelines)
         fit = [m for m in self.mbs if m <= share] or [min(self.mbs)]
-        if self.cluster.num_devices > 64:
+        if not self.small:
             return fit[:1] + fit[-1:] if len(fit) > 1 else fit
         return fit
 
@@ -363,7 +364,7 @@ class _Search:
                     k = int(np.clip(k + self.rng.choice([-1, 1, 2]), 1, len(d)))
                 groups.append(self.phase2(d, min(k, len(d)), step.seed))
             cost, plan, est = self.evaluate(groups)
-            if self.cluster.num_devices <= 64:
+            if self.small:
                 # beyond §4 (small clusters): the same sets grouped by GPU type across machines
                 by_type = [self.type_groups(d) for d in sets]
                 if by_type != groups:
@@ -393,7 +394,7 @@ class _Search:
         """Local improvement of the best layouts found (:mod:`planner.refine`), beyond §4."""
         budget = refine.budget_for(self.cluster.num_devices, self.s.iterations)
         ctx = refine.RefineContext(self.timer, self.workload.model, self.shardings,
-                                   move_devices=self.cluster.num_devices <= 64, repair=self.repair,
+                                   move_devices=self.small, repair=self.repair,
                                    meta=self.meta(), seed=self.s.seed)
         starts = sorted(self.top.values(), key=lambda cp: cp[0])[:_STARTS]
         for k, (cost, plan) in enumerate(starts):

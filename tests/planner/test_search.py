@@ -7,7 +7,8 @@ import pytest
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError, InfeasiblePlan
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.assemble import Evaluator, chain_draft, make_plan, split_batches, split_layers
+from lightning_hexiscale.planner.assemble import (DraftContext, Evaluator, chain_draft, make_plan, split_batches,
+                                                  split_layers)
 from lightning_hexiscale.planner.estimate import Workload, estimate
 from lightning_hexiscale.planner.search import SearchSettings, dp_candidates, search
 
@@ -119,7 +120,7 @@ def test_local_model_matches_estimate_for_one_pipeline(llama7b):
     c = Cluster.load("hetero2")
     ev = Evaluator(c, llama7b)
     stages = [(24, 25, 26, 27, 28, 29, 30, 31), (16, 17, 18, 19), (20, 21, 22, 23), (8, 9), (10, 11)]
-    d = chain_draft(ev, stages, 2, "ddp", 1, 16)
+    d = chain_draft(ev, stages, DraftContext(2, "ddp", 1, 16))
     plan = make_plan([d], [16], 2, "ddp", "1f1b", True, 32, {})
     est = estimate(plan, c, llama7b)
     assert est.feasible
