@@ -114,7 +114,9 @@ class Iteration:
     jitter: float = 0.0
     """Probability of varying k_i (the groups per pipeline) around the machine count."""
     peel: int = 0
-    """The strongest ``peel`` devices become single-device replicas (mixed structures)."""
+    """The ``peel`` strongest replica units become replicas of their own (mixed structures)."""
+    unit: int = 1
+    """Devices per peeled replica: 1 (single devices) or 2 (same-machine TP-2 pairs)."""
 
 
 @dataclass(frozen=True)
@@ -205,21 +207,39 @@ class _Search:
         self.strongest = sorted(range(n), key=lambda d: (-cluster.devices[d].flops, -cluster.devices[d].memory_bytes, d))
         self.small = n <= SMALL_CLUSTER
         # mixed structures: r single-device replicas + the rest as 1 or 2 pipelines (small clusters)
-        self.peels = [] if not self.small else [(r, rest) for r in range(1, min(n - 1, 8) + 1) for rest in (1, 2)
-                                                if r + rest <= max_dp and n - r >= rest]
+        self.peels: list[tuple[int, int, int]] = []
+        self.peeled = 0
+        self.units: dict[int, list[tuple[int, ...]]] = {1: [(d,) for d in self.strongest], 2: self.pairs()}
+        if self.small:
+            # mixed structures: r replica units (single devices or same-machine pairs, strongest
+            # first) + the rest as 1 or 2 pipelines
+            for r in range(1, 9):
+                for unit in (1, 2):
+                    for rest in (1, 2):
+                        left = n - unit * r
+                        if r <= len(self.units[unit]) and left >= rest and r + rest <= max_dp:
+                            self.peels.append((r, rest, unit))
 
-    # ---- phases -------------------------------------------------------------------------------
+    def pairs(self) -> list[tuple[int, ...]]:
+        """Same-machine device pairs, strongest machines first (TP-2 replica candidates)."""
+        by_machine: dict[int, list[int]] = {}
+        for d in self.strongest:
+            by_machine.setdefault(self.cluster.devices[d].machine, []).append(d)
+        return [tuple(ds[k:k + 2]) for ds in by_machine.values() for k in range(0, len(ds) - 1, 2)]
+
     def phase1(self, step: Iteration) -> list[np.ndarray]:
-        """D_dp GPU sets (§4.2). With ``step.peel = r`` the r strongest devices are single-device
-        sets and the rest is cut into D_dp - r sets (mixed structures, beyond §4)."""
+        """D_dp GPU sets (§4.2). With ``step.peel = r`` the r strongest replica units (devices or
+        same-machine pairs) are sets of their own and the rest is cut into D_dp - r sets (mixed
+        structures, beyond §4)."""
         dp, cut, balance, seed = step.dp, step.cut, step.balance, step.seed
-        key = (dp, cut, balance, seed if cut == "min" else seed % dp, step.peel)
+        key = (dp, cut, balance, seed if cut == "min" else seed % dp, step.peel, step.unit)
         if key not in self._p1:
             if step.peel:
-                solo = self.strongest[:step.peel]
-                rest = np.array(sorted(set(range(self.cluster.num_devices)) - set(solo)), dtype=np.int64)
+                solo = self.units[step.unit][:step.peel]
+                taken = {d for u in solo for d in u}
+                rest = np.array(sorted(set(range(self.cluster.num_devices)) - taken), dtype=np.int64)
                 sub = DeviceGraph.from_cluster(self.cluster, rest)
-                parts = [np.array([d]) for d in solo] + partition(sub, dp - step.peel, cut, balance, seed)
+                parts = [np.array(u) for u in solo] + partition(sub, dp - step.peel, cut, balance, seed)
                 self._p1[key] = sorted(parts, key=lambda a: int(a.min()))
             else:
                 self._p1[key] = partition(self.graph, dp, cut, balance, seed)
@@ -320,9 +340,10 @@ class _Search:
         return pick
 
     def plan_iteration(self, it: int) -> Iteration:
-        """What iteration ``it`` tries: first every D_dp (both cut options soon after), then, on
-        clusters of up to 64 devices, mixed structures (the r strongest devices as single-device
-        replicas, the rest as one or two pipelines), then variations around the best D_dp values."""
+        """What iteration ``it`` tries: first every D_dp; then the promising D_dp values (every one
+        when the iterations allow) with the cut option they did not get; then, on clusters of up
+        to 16 devices, mixed structures (the strongest devices or same-machine pairs as replicas,
+        the rest as one or two pipelines); then variations around the best D_dp values."""
         cut = self.choose_cut(it)
         explore = len(self.dps)
         if it < min(explore, self.s.iterations):
@@ -330,18 +351,17 @@ class _Search:
                 idx = int(round(it * (explore - 1) / max(self.s.iterations - 1, 1)))
                 return Iteration(self.dps[idx], cut, self.s.balance, self.s.seed)
             return Iteration(self.dps[it], cut, self.s.balance, self.s.seed)
-        if it - explore < len(self.peels):
-            r, rest = self.peels[it - explore]
-            return Iteration(r + rest, cut, self.s.balance, self.s.seed, peel=r)
         ranked = sorted((c, dp) for dp, c in self.by_dp.items() if math.isfinite(c))
         if self.s.cut == "auto":
-            # the promising D_dp values (all of them when the iterations allow) get the cut option
-            # the first sweep did not give them
-            wide = 2 * explore + len(self.peels) <= 0.7 * self.s.iterations
+            wide = 2 * explore + len(self.peels) <= self.s.iterations
             for _, dp in (ranked if wide else ranked[:4]):
                 for other in ("min", "max"):
                     if (dp, other) not in self.tried:
                         return Iteration(dp, other, self.s.balance, self.s.seed)
+        if self.peeled < len(self.peels):
+            r, rest, unit = self.peels[self.peeled]
+            self.peeled += 1
+            return Iteration(r + rest, cut, self.s.balance, self.s.seed, peel=r, unit=unit)
         pool = [dp for _, dp in ranked[:3]] or self.dps
         dp = int(pool[int(self.rng.integers(len(pool)))])
         if self.rng.random() < 0.3:  # a neighbour of a good D_dp in the candidate ladder
