@@ -129,6 +129,9 @@ class TrainConfig:
     """ddp, zero2 or zero3 across pipelines."""
     dtype: str = "bf16"
     """Training precision of parameters/activations: bf16, fp16 or fp32."""
+    memory_headroom: float = 0.0
+    """Fraction of every device's memory the planner keeps free (0 <= x < 1): a plan fits when each
+    device's estimated peak is at most (1 - memory_headroom) x its memory."""
 
 
 @dataclass

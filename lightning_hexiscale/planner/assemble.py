@@ -114,10 +114,9 @@ class Evaluator:
         inflight = cm.inflight_micro_batches(self.schedule, num_stages, j, n_mb)
         key = (tuple(sorted(devices)), j == 0, j == num_stages - 1, inflight, mb, sharding, num_pipelines)
         if key not in self._caps:
-            fixed, per_layer = stage_memory_terms(self.workload, sharding, num_pipelines, self.schedule,
-                                                  self.recompute, num_stages, j, len(devices), mb, n_mb)
-            cap = usable_memory(self.workload, float(min(self.memory[d] for d in devices)))
-            self._caps[key] = int(math.floor((cap - fixed) / per_layer * (1 - 1e-12))) if cap > fixed else 0
+            terms = stage_memory_terms(self.workload, sharding, num_pipelines, self.schedule, self.recompute,
+                                       num_stages, j, len(devices), mb, n_mb)
+            self._caps[key] = terms.max_layers(usable_memory(self.workload, float(min(self.memory[d] for d in devices))))
         return self._caps[key]
 
     # ---- intra-group strategies and order ------------------------------------------------------

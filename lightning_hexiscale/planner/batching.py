@@ -138,15 +138,16 @@ class BatchTimer:
         self.cluster, self.w, self.G = cluster, workload, global_batch
         self.ms = sorted(set(micro_batch_sizes)) if micro_batch_sizes else list(range(1, global_batch + 1))
         self.theta = E.calibration_theta(cluster)
-        self.layer_bytes = workload.model.layer_params * workload.dtype_bytes
+        self.layer_bytes = E.dp_layer_bytes(workload)
         self._lt: dict[tuple, tuple[float, float]] = {}
         self._head: dict[tuple, float] = {}
         self._hop: dict[tuple, float] = {}
-        self._mem: dict[tuple, tuple[float, float]] = {}
+        self._mem: dict[tuple, E.MemoryTerms] = {}
         self._cap: dict[tuple, float] = {}
         self._q: dict[int, tuple] = {}
         self._limit: dict[tuple, np.ndarray] = {}
         self._pipe: dict[tuple, tuple[np.ndarray, dict]] = {}
+        self._rep: dict[tuple, dict] = {}
 
     def qpairs(self, P: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(m, n, b = m * n, index of m in ``self.ms``) of the pairs a pipeline of a P-pipeline plan
@@ -182,7 +183,7 @@ class BatchTimer:
             self._cap[devices] = E.usable_memory(self.w, min(self.cluster.devices[d].memory_bytes for d in devices))
         return self._cap[devices]
 
-    def mem(self, plan: Plan, S: int, j: int, tp: int, m: int, n: int) -> tuple[float, float]:
+    def mem(self, plan: Plan, S: int, j: int, tp: int, m: int, n: int) -> E.MemoryTerms:
         inflight = cm.inflight_micro_batches(plan.schedule, S, j, n)
         key = (plan.dp_sharding, plan.num_pipelines, plan.recompute, j == 0, j == S - 1, inflight, tp, m)
         if key not in self._mem:
@@ -195,8 +196,7 @@ class BatchTimer:
         stages = layout.pipelines[i].stages
         S = len(stages)
         for j, st in enumerate(stages):
-            fixed, per = self.mem(layout, S, j, st.tp, m, n)
-            if fixed + st.num_layers * per > self.cap(st.devices):
+            if self.mem(layout, S, j, st.tp, m, n).peak(st.num_layers) > self.cap(st.devices):
                 return False
         return True
 
@@ -226,7 +226,8 @@ class BatchTimer:
         stages = layout.pipelines[i].stages
         S = len(stages)
         shape = (P, sh, layout.schedule, layout.recompute, tuple((st.devices, st.layers) for st in stages))
-        key = (shape, tuple(tuple(dp[(i, j)]) for j in range(S)))
+        rep = self.replicated(layout)
+        key = (shape, tuple(tuple(dp[(i, j)]) for j in range(S)), tuple(tuple(rep.get((i, j), ())) for j in range(S)))
         if wanted is None and key in self._pipe:
             return self._pipe[key]
         qm, qn, qb, qmi = self.qpairs(P)
@@ -259,6 +260,8 @@ class BatchTimer:
                     step, exposed = E.layer_step(t_f, t_b, t_comm, sh, self.theta)
                     stage_mb += n_layers * step
                     tail += n_layers * exposed
+                if (i, j) in rep:
+                    tail += E.replicated_exposed(rep[(i, j)], self.head(st.devices, m), sh, self.theta)
                 per_mb.append(stage_mb + (self.hop(st.devices, stages[j + 1].devices, m) if j + 1 < S else 0.0))
                 tails.append(tail)
             # cost_model.pipeline_time's arithmetic: sum(per) + (n - 1) * max(per), then + the tail
@@ -276,6 +279,15 @@ class BatchTimer:
                 self._pipe.clear()
             self._pipe[key] = out
         return out
+
+    def replicated(self, layout: Plan) -> dict:
+        """:func:`estimate.replicated_comm` of the layout, memoised (it depends on the leaders only)."""
+        key = (layout.num_pipelines, tuple((p.stages[0].devices, p.stages[-1].devices) for p in layout.pipelines))
+        if key not in self._rep:
+            if len(self._rep) > _PIPE_CACHE:
+                self._rep.clear()
+            self._rep[key] = E.replicated_comm(layout, self.cluster, self.w)
+        return self._rep[key]
 
     def best(self, layout: Plan, meta: dict | None = None) -> tuple[float, Plan | None]:
         """The layout's least iteration time over batch splits and per-pipeline micro-batch sizes,

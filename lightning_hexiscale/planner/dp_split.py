@@ -37,7 +37,7 @@ def stage_comm(ev: Evaluator, stage: tuple[int, ...], others: list[tuple[int, ..
     """The estimated data-parallel T_comm of one layer on ``stage`` (module docstring)."""
     if not others:
         return 0.0
-    layer_bytes = ev.model.layer_params * ev.workload.dtype_bytes
+    layer_bytes = E.dp_layer_bytes(ev.workload)
     t = len(stage)
     worst = 0.0
     for d in stage:

@@ -11,8 +11,11 @@ iteration (all micro-batches of that pipeline); ``time_per_micro_batch_s`` is pe
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+import numpy as np
 
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
@@ -37,6 +40,11 @@ class Workload:
     """Memory per device not available to the model (runtime context, allocator slack)."""
     memory_headroom: float = 0.0
     """Fraction of every device's memory the plan must leave free (``train.memory_headroom``)."""
+    device: str = "cuda"
+    """What the runtime runs on: ``cuda`` (NCCL buffers, multi-tensor optimizer step) or ``cpu``."""
+    comm_buffer_bytes: float = 64 * 2**20
+    """Buffers per communicator on CUDA (NCCL: 4 MiB NCCL_BUFFSIZE per channel, protocol and
+    direction; 64 MiB is a few channels' worth). 0 to ignore."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.memory_headroom < 1.0:
@@ -44,6 +52,10 @@ class Workload:
 
             raise ConfigError("train.memory_headroom", self.memory_headroom, "must be a fraction in [0, 1)",
                               "use e.g. 0.05 to keep 5 % of every device free, or 0")
+        if self.device not in ("cuda", "cpu"):
+            from lightning_hexiscale.errors import ConfigError
+
+            raise ConfigError("workload.device", self.device, "must be cuda or cpu", "use cuda for GPU clusters")
 
     @property
     def dtype_bytes(self) -> int:
@@ -190,6 +202,48 @@ def hop_time(cluster: Cluster, workload: Workload, src: tuple[int, ...], dst: tu
                           leaders=(src[0], dst[0]))
 
 
+def dp_element_bytes(workload: Workload) -> int:
+    """Bytes per gradient element on the data-parallel wire."""
+    return workload.dtype_bytes
+
+
+def dp_layer_bytes(workload: Workload) -> float:
+    """Bytes of one layer's gradient on the data-parallel wire (eq. 4's 12H^2 * B_type)."""
+    return workload.model.layer_params * dp_element_bytes(workload)
+
+
+def replicated_comm(plan: Plan, cluster: Cluster, workload: Workload) -> dict[tuple[int, int], list[tuple[str, float, float]]]:
+    """Per stage holding the embedding (first stages) or the LM head (last stages):
+    [(kind, T_comm, TP broadcast)] of its gradient sync between pipelines
+    (:func:`cost_model.comm_dp_replicated`, :func:`cost_model.tp_broadcast`); empty with one pipeline."""
+    P = plan.num_pipelines
+    if P == 1:
+        return {}
+    model, bt = workload.model, dp_element_bytes(workload)
+    bw, lat = cluster.bandwidth, cluster.latency
+    out: dict[tuple[int, int], list[tuple[str, float, float]]] = {}
+    for kind, pick, params in (("embedding", 0, model.embedding_params), ("head", -1, model.head_params)):
+        stages = [p.stages[pick] for p in plan.pipelines]
+        leaders = np.array([st.leader for st in stages])
+        # eq. 4 between the leaders: every pair at once, a leader does not talk to itself
+        terms = lat[np.ix_(leaders, leaders)] + params * bt / (P * bw[np.ix_(leaders, leaders)])
+        np.fill_diagonal(terms, 0.0)
+        tcs = terms.sum(axis=1)
+        for i, st in enumerate(stages):
+            j = 0 if pick == 0 else len(plan.pipelines[i].stages) - 1
+            out.setdefault((i, j), []).append(
+                (kind, float(tcs[i]), cm.tp_broadcast(st.leader, st.devices, params * bt, bw, lat)))
+    return out
+
+
+def replicated_exposed(terms: list[tuple[str, float, float]], head_s: float, sharding: str,
+                       theta: tuple[float, float, float, float]) -> float:
+    """Exposed time of a stage's embedding / LM-head syncs (:func:`cost_model.dp_exposed_replicated`);
+    the LM head's backward (2/3 of ``head_s``, its forward + backward) is what its sync overlaps."""
+    return sum(cm.dp_exposed_replicated(2.0 * head_s / 3.0 if kind == "head" else 0.0, tc, bc, sharding, theta)
+               for kind, tc, bc in terms)
+
+
 def layer_step(t_f: float, t_b: float, t_comm: float, sharding: str,
                theta: tuple[float, float, float, float]) -> tuple[float, float]:
     """(time per micro-batch, exposed data-parallel time per iteration) of one layer (eq. 5):
@@ -203,43 +257,111 @@ def layer_step(t_f: float, t_b: float, t_comm: float, sharding: str,
     return step, cm.dp_exposed_layer(t_b, t_comm, sharding, theta)
 
 
+@dataclass(frozen=True)
+class MemoryTerms:
+    """Bytes on each device of a stage, phase by phase, each affine in the stage's layer count l:
+    the peak is max over phases of ``fixed + l * per_layer``. Phases: the backward (states,
+    stored activations, autograd working set, logits), the gradient sync (states, communication
+    buckets) and the optimizer step (states, its temporaries)."""
+
+    phases: tuple[tuple[float, float], ...]
+    """((fixed, per_layer), ...) in bytes."""
+
+    def peak(self, layers: int) -> float:
+        return max(f + layers * p for f, p in self.phases)
+
+    def max_layers(self, usable_bytes: float) -> int:
+        """The most layers that fit in ``usable_bytes`` in every phase (0 if none)."""
+        most = math.inf
+        for f, p in self.phases:
+            if f > usable_bytes:
+                return 0
+            if p > 0:
+                most = min(most, math.floor((usable_bytes - f) / p * (1 - 1e-12)))
+        return int(min(most, 1 << 30))
+
+
 def stage_memory_terms(workload: Workload, sharding: str, num_pipelines: int, schedule: str, recompute: bool,
-                       num_stages: int, j: int, tp: int, mb: int, n_mb: int) -> tuple[float, float]:
-    """(fixed, per_layer) bytes on each device of stage j of a pipeline of ``num_stages`` stages, so
-    that its peak is ``fixed + layers * per_layer``; see :func:`stage_memory_at` (the position
-    matters only through first / last stage and the in-flight micro-batches)."""
+                       num_stages: int, j: int, tp: int, mb: int, n_mb: int) -> MemoryTerms:
+    """Memory of stage j of a pipeline of ``num_stages`` stages; see :func:`stage_memory_at` (the
+    position matters only through first / last stage and the in-flight micro-batches)."""
     return stage_memory_at(workload, sharding, num_pipelines, recompute, j == 0, j == num_stages - 1,
                            cm.inflight_micro_batches(schedule, num_stages, j, n_mb), tp, mb)
 
 
 def stage_memory_at(workload: Workload, sharding: str, num_pipelines: int, recompute: bool, first: bool,
-                    last: bool, inflight: int, tp: int, mb: int) -> tuple[float, float]:
-    """(fixed, per_layer) bytes on each device of a stage of TP ``tp`` holding ``inflight`` micro-batches
-    of ``mb`` sequences at its peak:
+                    last: bool, inflight: int, tp: int, mb: int) -> MemoryTerms:
+    """Bytes on each device of a stage of TP ``tp`` holding ``inflight`` micro-batches of ``mb``
+    sequences at its peak, as the runtime allocates them (each term a named function of
+    :mod:`cost_model`):
 
-    - per layer: the layer's parameter shard times the state bytes per parameter (weights,
-      gradients, optimizer; ZeRO shards them, :func:`cost_model.state_bytes_per_param`), plus the
-      activations kept for backward for each in-flight micro-batch (its input when recomputing,
-      else every activation, :func:`cost_model.activation_bytes_layer`);
-    - fixed: the embedding (first stage) and the LM head (last stage) with their states, ZeRO-3's
-      gathered current and prefetched layer, one layer's working activations when recomputing,
-      fp32 logits and their gradient on the last stage, and the ``reserve_bytes``.
+    - in every phase: the parameters' states (weights, gradients, optimizer;
+      :func:`cost_model.runtime_state_bytes_per_param`) of the stage's layers, of the embedding
+      (first stage) and of the final norm and LM head (last stage; replicated over TP), ZeRO-3's
+      gathered current and prefetched layer, ``reserve_bytes``, and on CUDA the collective
+      library's buffers for each communicator the device joins (world, TP group, pipeline
+      neighbours, one data-parallel group; :func:`cost_model.comm_buffer_bytes`);
+    - backward: the stored activations of the in-flight micro-batches (each layer's input when
+      recomputing, else :func:`cost_model.stored_activation_bytes`), the working set of the layer
+      being back-propagated (its recomputed activations when recomputing, plus
+      :func:`cost_model.backward_working_bytes`), and the loss's float32 logits on the last stage
+      (:func:`cost_model.logits_bytes`);
+    - gradient sync: DDP's bucket copies of every synchronised gradient, ZeRO's two buckets in
+      flight (:func:`cost_model.ddp_bucket_bytes`, :func:`cost_model.zero_window_bytes`);
+    - optimizer step: Adam's temporaries (:func:`cost_model.optimizer_temp_bytes`): one float32
+      state per parameter stepped at once (all of them with the multi-tensor step on CUDA, one
+      bucket under ZeRO, the largest parameter with the CPU's single-tensor step).
     """
     model = workload.model
     bt = workload.dtype_bytes
-    S, H = model.seq_len, model.hidden_size
-    frac = _shard_fraction(model, tp)
-    spp = cm.state_bytes_per_param(sharding, num_pipelines, bt, workload.optimizer_bytes_per_param)
-    full = cm.activation_bytes_layer(mb, S, H, tp, bt)
-    per_layer = model.layer_params * frac * spp + (inflight * mb * S * H * bt if recompute else inflight * full)
-    fixed = workload.reserve_bytes + (full if recompute else 0.0)
+    S, H, F = model.seq_len, model.hidden_size, model.ffn_hidden_size
+    tokens = mb * S
+    P = max(num_pipelines, 1)
+    K = workload.optimizer_bytes_per_param
+    layer_local = model.layer_params * _shard_fraction(model, tp)
+    extra_params = (model.embedding_params if first else 0) + (model.head_params if last else 0)
+    comms = 1 + (tp > 1) + (not first) + (not last) + (P > 1)
+    common = workload.reserve_bytes + (cm.comm_buffer_bytes(comms, workload.comm_buffer_bytes)
+                                       if workload.device == "cuda" else 0.0)
     if sharding == "zero3":
-        fixed += 2 * model.layer_params * frac * bt  # current + prefetched gathered layer
-    if first:
-        fixed += model.embedding_params * spp
+        common += 2 * layer_local * bt  # the gathered current and next layer
+
+    def states(phase: str) -> tuple[float, float]:
+        spp = cm.runtime_state_bytes_per_param(sharding, P, bt, K, phase, recompute)
+        return common + extra_params * spp, layer_local * spp
+
+    phases = []
+    # backward: stored activations, the working set of the layer in its backward, the logits
+    full = cm.stored_activation_bytes(tokens, H, model.kv_dim, F, tp, bt)
+    fixed, per = states("backward")
+    work = (full if recompute else 0.0) + cm.backward_working_bytes(tokens, H, F, tp, bt)
     if last:
-        fixed += model.head_params * spp + 2 * mb * S * model.vocab_size * 4
-    return fixed, per_layer
+        work += cm.logits_bytes(tokens, model.vocab_size)
+    phases.append((fixed + work, per + inflight * (tokens * H * bt if recompute else full)))
+    # gradient sync between pipelines: DDP's bucket copies, ZeRO's buckets in flight
+    if P > 1:
+        fixed, per = states("sync")
+        if sharding == "ddp":
+            phases.append((fixed + cm.ddp_bucket_bytes(extra_params, bt), per + cm.ddp_bucket_bytes(layer_local, bt)))
+        else:
+            phases.append((fixed + cm.zero_window_bytes(_BUCKET_CAP_BYTES), per))
+    # optimizer step: Adam's temporaries (one float32 state per parameter stepped at once)
+    fixed, per = states("step")
+    state_b = max(4, bt) if K > 2 * bt else bt
+    if sharding != "ddp":
+        phases.append((fixed + cm.zero_window_bytes(_BUCKET_CAP_BYTES)
+                       + cm.optimizer_temp_bytes(_BUCKET_CAP_BYTES / bt, state_b), per))
+    elif workload.device == "cuda":
+        phases.append((fixed + cm.optimizer_temp_bytes(extra_params, state_b),
+                       per + cm.optimizer_temp_bytes(layer_local, state_b)))
+    else:
+        largest = max(H * F / tp, model.vocab_size * H if (first or last) else 0)
+        phases.append((fixed + cm.optimizer_temp_bytes(largest, state_b), per))
+    return MemoryTerms(tuple(phases))
+
+
+_BUCKET_CAP_BYTES = 4 * 2**20
+"""The runtime's gradient-sync and ZeRO bucket size (``runtime.grad_sync.DEFAULT_BUCKET_CAP_BYTES``)."""
 
 
 def usable_memory(workload: Workload, capacity_bytes: float) -> float:
@@ -252,8 +374,8 @@ def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
     model = workload.model
     S = model.seq_len
     theta = calibration_theta(cluster)
-    layer_bytes = model.layer_params * workload.dtype_bytes
-    dp_terms = dp_comm_all(plan, cluster, layer_bytes)
+    dp_terms = dp_comm_all(plan, cluster, dp_layer_bytes(workload))
+    rep_terms = replicated_comm(plan, cluster, workload)
     pipes: list[PipelineEstimate] = []
     ooms: list[OutOfMemory] = []
     n_comp = 4.0 if plan.recompute else 3.0
@@ -273,12 +395,15 @@ def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
                 stage_mb += n_layers * step
                 tail += n_layers * exposed
                 dp_comm += n_layers * (2 * n_mb + 1 if plan.dp_sharding == "zero3" else 2) * t_comm
+            rep = rep_terms.get((i, j), [])
+            if rep:
+                tail += replicated_exposed(rep, head_time(cluster, workload, st.devices, mb), plan.dp_sharding, theta)
+                dp_comm += sum(2 * tc + bc for _, tc, bc in rep)
             per_mb.append(stage_mb)
             hops.append(hop)
             tails.append(tail)
-            fixed, per_layer = stage_memory_terms(workload, plan.dp_sharding, plan.num_pipelines, plan.schedule,
-                                                  plan.recompute, n_st, j, st.tp, mb, n_mb)
-            peak = fixed + l * per_layer
+            peak = stage_memory_terms(workload, plan.dp_sharding, plan.num_pipelines, plan.schedule,
+                                      plan.recompute, n_st, j, st.tp, mb, n_mb).peak(l)
             cap = min(cluster.devices[d].memory_bytes for d in st.devices)
             for d in st.devices:
                 usable = usable_memory(workload, cluster.devices[d].memory_bytes)
@@ -324,4 +449,16 @@ def workload_from_config(cfg) -> Workload:
         raise ConfigError("train.dtype", dtype, f"must be one of {sorted(DTYPE_BYTES)}", "use bf16")
     # fp32 training keeps no separate master copy: Adam's m and v only (4 + 4 bytes).
     return Workload(LlamaConfig.from_config(cfg.model), dtype=dtype,
-                    optimizer_bytes_per_param=8.0 if dtype == "fp32" else 12.0)
+                    optimizer_bytes_per_param=8.0 if dtype == "fp32" else 12.0,
+                    memory_headroom=float(cfg.train.get("memory_headroom", 0.0) or 0.0),
+                    device="cpu" if _cpu_cluster(cfg) else "cuda")
+
+
+def _cpu_cluster(cfg) -> bool:
+    """Whether every machine of ``cfg.cluster`` is a CPU device type (``CPU``, ``CPU-FAST``, ...: the
+    emulated presets and profiled CPU hosts), i.e. the runtime runs on gloo without NCCL buffers."""
+    try:
+        machines = cfg.cluster.machines
+        return bool(machines) and all(str(m["gpu"]).upper().startswith("CPU") for m in machines)
+    except (AttributeError, KeyError, TypeError):
+        return False

@@ -229,7 +229,7 @@ class _Oracle:
         self.counts = tuple(len(c) for c in self.classes)
         self.K = len(self.classes)
         self.theta = E.calibration_theta(cluster)
-        self.layer_bytes = model.layer_params * workload.dtype_bytes
+        self.layer_bytes = E.dp_layer_bytes(workload)
         self.shardings = (s.dp_sharding,) if s.dp_sharding else DP_SHARDINGS
         self.max_p = min(cluster.num_devices, global_batch, s.max_pipelines or cluster.num_devices)
         self.t0 = time.perf_counter()
@@ -252,7 +252,7 @@ class _Oracle:
         self._lt: dict[tuple, tuple[float, float]] = {}
         self._head: dict[tuple, float] = {}
         self._hop: dict[tuple, float] = {}
-        self._mem: dict[tuple, tuple[float, float]] = {}
+        self._mem: dict[tuple, E.MemoryTerms] = {}
         self._cap: dict[tuple, float] = {}
         self._arr: dict[tuple, object] = {}
         self.timer = BatchTimer(cluster, workload, global_batch, [s.micro_batch_size] if s.micro_batch_size else None)
@@ -342,29 +342,30 @@ class _Oracle:
                                                         for k in key))
         return self._cap[key]
 
-    def mem_pos(self, sh: str, P: int, S: int, tp: int) -> tuple[np.ndarray, np.ndarray]:
-        """Exact (fixed, per_layer) bytes of a TP-tp stage at each position j (columns) of an S-stage
-        pipeline, for each (m, n) pair (rows), from :func:`estimate.stage_memory_at`."""
-        key = ("mem", sh, P, S, tp)
+    def room_pos(self, sh: str, P: int, S: int, tp: int, cap: float) -> np.ndarray:
+        """(Q, S): the most layers a TP-tp stage with ``cap`` usable bytes holds at position j of an
+        S-stage pipeline, per (m, n) pair, in every memory phase (:func:`estimate.stage_memory_at`),
+        rounded generously: a bound may admit a split the exact check (``BatchTimer.fits``, the
+        arithmetic of ``estimate()``) then rejects, never the reverse."""
+        key = ("room", sh, P, S, tp, cap)
         if key not in self._arr:
             qm, qn = self.qpairs(P)[:2]
-            F, R = np.empty((len(qm), S)), np.empty((len(qm), S))
+            room = np.empty((len(qm), S))
             for q, (m, n) in enumerate(zip(qm.tolist(), qn.tolist())):
                 for j in range(S):
                     inflight = cm.inflight_micro_batches(self.s.schedule, S, j, n)
                     k = (sh, P, j == 0, j == S - 1, inflight, tp, m)
                     if k not in self._mem:
                         self._mem[k] = E.stage_memory_at(self.w, sh, P, self.s.recompute, *k[2:])
-                    F[q, j], R[q, j] = self._mem[k]
-            self._arr[key] = (F, R)
+                    room[q, j] = _generous_room(self._mem[k], cap)
+            self._arr[key] = room
         return self._arr[key]
 
-    def mem_any(self, sh: str, P: int, S: int, tp: int) -> tuple[np.ndarray, np.ndarray]:
-        """Per (m, n): the least fixed and the least per-layer bytes over every position (relaxation)."""
-        key = ("memany", sh, P, S, tp)
+    def room_any(self, sh: str, P: int, S: int, tp: int, cap: float) -> np.ndarray:
+        """(Q,): the most layers at the stage's most favourable position (a relaxation)."""
+        key = ("roomany", sh, P, S, tp, cap)
         if key not in self._arr:
-            F, R = self.mem_pos(sh, P, S, tp)
-            self._arr[key] = (F.min(axis=1), R.min(axis=1))
+            self._arr[key] = self.room_pos(sh, P, S, tp, cap).max(axis=1)
         return self._arr[key]
 
     def tc_lb(self, st: tuple[int, ...], ctx: tuple, P: int) -> float:
@@ -473,18 +474,12 @@ class _Oracle:
 
     def set_fits(self, v: tuple[int, ...], P: int, sh: str, S: int) -> np.ndarray:
         """(n, Q, K) whether each stage set of S stages can hold each layer split at each (m, n), with
-        the memory relaxed over positions (:meth:`mem_any`)."""
+        each stage at its most favourable position (:meth:`room_any`)."""
         key = ("fits", v, P, sh, S)
         if key not in self._arr:
             sets, idx, floor, tps, caps = self.stage_sets(v)[1][S]
-            top = int(tps.max())
-            MF = np.stack([self.mem_any(sh, P, S, t)[0] for t in range(1, top + 1)])
-            MR = np.stack([self.mem_any(sh, P, S, t)[1] for t in range(1, top + 1)])
-            fixed = MF[tps - 1].transpose(0, 2, 1)  # (n, Q, S)
-            per = MR[tps - 1].transpose(0, 2, 1)
-            capq = caps[:, None, :]
-            with np.errstate(divide="ignore", invalid="ignore"):
-                room = np.where(fixed <= capq * (1 + 1e-12), np.floor((capq - fixed) / per * (1 + 1e-9) + 1e-9), -1.0)
+            room = np.stack([np.stack([self.room_any(sh, P, S, int(t), float(c)) for t, c in zip(tr, cr)], axis=1)
+                             for tr, cr in zip(tps, caps)])  # (n, Q, S)
             Lc = self.comps(S)
             self._arr[key] = (Lc[None, None, :, :] <= room[:, :, None, :]).all(axis=3)
         return self._arr[key]
@@ -574,24 +569,13 @@ class _Oracle:
         W = np.array([[self.uw(st, ctx, P, sh)[1] for st in ch] for ch in chains]).transpose(0, 2, 1)
         H = np.array([[self.hop_arr(ch[j][0], ch[j + 1]) for j in range(S - 1)] + [self.head_arr(ch[-1])]
                       for ch in chains]).transpose(0, 2, 1)
-        caps = np.array([[self.cap(st) for st in ch] for ch in chains])  # (n, S)
-        tps = np.array([[len(st) for st in ch] for ch in chains], dtype=np.int64)
-        top = int(tps.max())
-        MF = np.stack([self.mem_pos(sh, P, S, t)[0] for t in range(1, top + 1)])  # (tp, Q, S)
-        MR = np.stack([self.mem_pos(sh, P, S, t)[1] for t in range(1, top + 1)])
-        cols = np.arange(S)
-        fixed = MF[tps - 1, :, cols[None, :]].transpose(0, 2, 1)  # (n, Q, S)
-        per = MR[tps - 1, :, cols[None, :]].transpose(0, 2, 1)
+        room = np.array([[self.room_pos(sh, P, S, len(st), self.cap(st))[:, j] for j, st in enumerate(ch)]
+                         for ch in chains]).transpose(0, 2, 1)  # (n, Q, S)
         X = Lc[None, None, :, :] * U[:, :, None, :] + H[:, :, None, :]  # (n, M, K, S)
         A = X.sum(axis=3)
         B = X.max(axis=3)
         C = (Lc[None, None, :, :] * W[:, :, None, :]).max(axis=3)
         T = A[:, qmi] + (qn - 1)[None, :, None] * B[:, qmi] + C[:, qmi]  # (n, Q, K)
-        capq = caps[:, None, :]
-        # layers that fit, rounded generously (a bound may call a tight split feasible; the exact
-        # evaluation checks fixed + l * per <= cap as estimate() does)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            room = np.where(fixed <= capq * (1 + 1e-12), np.floor((capq - fixed) / per * (1 + 1e-9) + 1e-9), -1.0)
         fits = (Lc[None, None, :, :] <= room[:, :, None, :]).all(axis=3)
         return np.where(fits, T, math.inf)
 
@@ -787,6 +771,17 @@ def oracle(cluster: Cluster, workload: Workload, global_batch: int, settings=Non
     if time_limit_s <= 0:
         raise ConfigError("time_limit_s", time_limit_s, "must be positive", "give the oracle e.g. 60 seconds")
     return _Oracle(cluster, workload, global_batch, OracleSettings.of(settings), time_limit_s).run(incumbent)
+
+
+def _generous_room(terms: E.MemoryTerms, cap: float) -> float:
+    """The most layers fitting ``cap`` in every phase, rounded up by a hair (see :meth:`_Oracle.room_pos`)."""
+    most = math.inf
+    for f, p in terms.phases:
+        if f > cap * (1 + 1e-12):
+            return -1.0
+        if p > 0:
+            most = min(most, math.floor((cap - f) / p * (1 + 1e-9) + 1e-9))
+    return float(min(most, 1 << 30))
 
 
 def _contexts(vecs: tuple) -> list[tuple]:

@@ -186,10 +186,11 @@ class _Search:
         self.mbs = micro_batch_candidates(global_batch, s.micro_batch_size, cluster.num_devices)
         self.shardings = (s.dp_sharding,) if s.dp_sharding else DP_OPTIONS
         cal = cluster.calibration
-        if not s.dp_sharding and cal.theta_zero2 <= cal.theta_ddp:
-            # ZeRO-2 prices data parallelism like DDP (Appendix B eq. 5, theta_2 <= theta_1) with
-            # less memory per device: DDP can never be strictly better, so it is not tried
-            self.shardings = ("zero2", "zero3")
+        self.skip_ddp = not s.dp_sharding and cal.theta_zero2 <= cal.theta_ddp
+        """ZeRO-2 prices data parallelism like DDP (Appendix B eq. 5, theta_2 <= theta_1) and, with
+        two or more pipelines, needs no more memory in any phase (estimate.stage_memory_at): DDP
+        cannot be strictly better there, so it is tried only for one pipeline (where ZeRO-2 shards
+        nothing but still keeps its flat buffers)."""
         max_dp = min(cluster.num_devices, global_batch // min(self.mbs))
         if s.max_pipelines:
             max_dp = min(max_dp, s.max_pipelines)
@@ -283,7 +284,7 @@ class _Search:
         """
         P = len(groups_per_pipe)
         layouts: dict[tuple, Plan] = {}
-        for sharding in self.shardings:
+        for sharding in self.shardings_for(P):
             for mb in self.draft_mbs(P):
                 ctx = DraftContext(mb, sharding, P, max(1, self.gb // P // mb), self.s.tau)
                 drafts = [self.ev.draft(g, ctx) for g in groups_per_pipe]
@@ -308,6 +309,11 @@ class _Search:
             return math.inf, None, None
         est = estimate(best[1], self.cluster, self.workload)
         return est.cost, best[1], est
+
+    def shardings_for(self, num_pipelines: int) -> tuple[str, ...]:
+        if self.skip_ddp and num_pipelines > 1:
+            return tuple(sh for sh in self.shardings if sh != "ddp")
+        return self.shardings
 
     def draft_mbs(self, num_pipelines: int) -> list[int]:
         """Micro-batch sizes to draft layer splits with: those of the candidates that fit a

@@ -66,7 +66,8 @@ def test_log_is_one_entry_per_iteration_with_a_falling_best():
     assert [e.iteration for e in r.log] == list(range(15))
     bests = [e.best_s for e in r.log]
     assert all(b2 <= b1 for b1, b2 in zip(bests, bests[1:]))
-    assert bests[-1] == pytest.approx(r.estimate.iteration_time_s) and r.search_time_s > 0
+    # the final local improvement (planner/refine.py) runs after the logged iterations
+    assert r.estimate.iteration_time_s <= bests[-1] * (1 + 1e-12) and r.search_time_s > 0
 
 
 def test_user_dp_sharding_and_micro_batch_bind(llama7b):
