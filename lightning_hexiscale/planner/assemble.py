@@ -446,13 +446,16 @@ def micro_batch_candidates(global_batch: int, user_mb: int | None, num_devices: 
 
 
 def batch_micro_sizes(global_batch: int, user_mb: int | None, num_devices: int) -> list[int]:
-    """Micro-batch sizes the batch split may give a pipeline: the user's, else every size up to 16
-    and a few larger ones up to 64 (1, 2, 4, 8 beyond 64 devices); each pipeline picks its own."""
+    """Micro-batch sizes the batch split may give a pipeline: the user's, else every size up to 64 on
+    clusters of up to SMALL_CLUSTER devices, every size up to 16 and a few larger ones up to 64 up to
+    64 devices, 1, 2, 4, 8 beyond; each pipeline picks its own."""
     if user_mb is not None:
         _check_user_mb(global_batch, user_mb)
         return [int(user_mb)]
     if num_devices > 64:
         return [m for m in (1, 2, 4, 8) if m <= global_batch]
+    if num_devices <= SMALL_CLUSTER:  # a pipeline's batch may be any integer: every size may matter
+        return list(range(1, min(64, global_batch) + 1))
     return [m for m in list(range(1, 17)) + [20, 24, 28, 32, 40, 48, 56, 64] if m <= global_batch]
 
 

@@ -218,6 +218,26 @@ class BatchTimer:
                 hi = mid - 1
         return lo
 
+    def limits(self, layout: Plan, i: int) -> np.ndarray:
+        """Per micro-batch size of ``self.ms``: the most micro-batches pipeline i fits (memoised)."""
+        stages = layout.pipelines[i].stages
+        P = layout.num_pipelines
+        shape = (P, layout.dp_sharding, layout.schedule, layout.recompute,
+                 tuple((st.devices, st.layers) for st in stages))
+        if shape not in self._limit:
+            n_top = max(self.G - (P - 1), 1)
+            limit = np.zeros(len(self.ms), dtype=np.int64)
+            for k, m in enumerate(self.ms):
+                if m > n_top:
+                    break
+                limit[k] = self.most_micro_batches(layout, i, m, n_top // m)
+                if not limit[k]:  # a larger micro-batch needs more memory still
+                    break
+            if len(self._limit) > _PIPE_CACHE:
+                self._limit.clear()
+            self._limit[shape] = limit
+        return self._limit[shape]
+
     def pipeline(self, layout: Plan, i: int, dp: dict, wanted: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
         """g[b]: pipeline i's exact time at batch b with its best micro-batch size (inf where nothing
         fits or ``wanted[b]`` is False), and that size per b. Same arithmetic as ``estimate()``.
@@ -231,17 +251,7 @@ class BatchTimer:
         if wanted is None and key in self._pipe:
             return self._pipe[key]
         qm, qn, qb, qmi = self.qpairs(P)
-        if shape not in self._limit:
-            n_top = max(self.G - (P - 1), 1)
-            limit = np.zeros(len(self.ms), dtype=np.int64)
-            for k, m in enumerate(self.ms):
-                if m > n_top:
-                    break
-                limit[k] = self.most_micro_batches(layout, i, m, n_top // m)
-                if not limit[k]:  # a larger micro-batch needs more memory still
-                    break
-            self._limit[shape] = limit
-        ok = qn <= self._limit[shape][qmi]
+        ok = qn <= self.limits(layout, i)[qmi]
         if wanted is not None:
             ok &= wanted[qb]
         sel = np.flatnonzero(ok)
@@ -292,6 +302,8 @@ class BatchTimer:
     def best(self, layout: Plan, meta: dict | None = None) -> tuple[float, Plan | None]:
         """The layout's least iteration time over batch splits and per-pipeline micro-batch sizes,
         and that plan (None when nothing fits)."""
+        if any(not self.limits(layout, i).any() for i in range(layout.num_pipelines)):
+            return math.inf, None  # a pipeline fits no micro-batch: no need for the DP terms
         dp = dp_comm_all(layout, self.cluster, self.layer_bytes)
         gs, picks = [], []
         for i in range(layout.num_pipelines):

@@ -26,6 +26,7 @@ takes the other option so that both averages stay informed. All randomness comes
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 import time
@@ -46,6 +47,8 @@ from lightning_hexiscale.planner.partition import DeviceGraph, partition
 from lightning_hexiscale.planner.plan import SCHEDULES, Plan
 
 CUTS = ("auto", "min", "max")
+_REPLICA_LAYOUTS = 256
+"""Replica-only layouts the search scores on small clusters (one TP size per machine, every combination)."""
 _STARTS = 4
 """Layouts (the best for each number of pipelines, best first) the final local improvement starts from."""
 
@@ -409,12 +412,41 @@ class _Search:
             log.append(LogEntry(it, step.dp, step.cut, cost, self.best[0]))
             bar.update(it + 1, self.best[0])
         bar.close()
+        if self.small:
+            self.replicas()
         self.improve()
         _, plan, est = self.best
         if plan is None:
             raise InfeasiblePlan(capacity_message(self.cluster, self.workload, self.gb)
                                  or minimum_memory_message(self.cluster, self.workload, self.gb))
         return SearchResult(plan, est, log, time.perf_counter() - t0)
+
+    def replicas(self) -> None:
+        """Mixed structures of replicas only (beyond §4, small clusters): every machine cut into TP
+        groups of one size t (t dividing its device count, at most the KV heads), each a
+        single-stage pipeline of all layers; every combination of sizes over the machines (at most
+        ``_REPLICA_LAYOUTS``), each scored exactly. They join the starts of the final improvement."""
+        per_machine = []
+        for m in self.cluster.machines:
+            devs = sorted(m.devices, key=lambda d: (-self.cluster.devices[d].flops, d))
+            ts = [t for t in range(1, min(len(devs), self.workload.model.num_kv_heads) + 1) if len(devs) % t == 0]
+            per_machine.append([[tuple(devs[i:i + t]) for i in range(0, len(devs), t)] for t in ts])
+        for k, combo in enumerate(itertools.product(*per_machine)):
+            if k >= _REPLICA_LAYOUTS:
+                break
+            groups = [g for part in combo for g in part]
+            if len(groups) > self.gb:
+                continue
+            for sharding in self.shardings_for(len(groups)):
+                layout = layout_plan([[g] for g in groups], [(self.L,)] * len(groups), sharding, self.s.schedule,
+                                     self.s.recompute, self.L)
+                cost, plan = self.timer.best(layout, self.meta())
+                if plan is not None:
+                    self.remember(cost, plan)
+                    if cost < self.best[0] * (1 - 1e-12):
+                        est = estimate(plan, self.cluster, self.workload)
+                        if est.cost < self.best[0]:
+                            self.best = (est.cost, plan, est)
 
     def improve(self) -> None:
         """Local improvement of the best layouts found (:mod:`planner.refine`), beyond §4."""
