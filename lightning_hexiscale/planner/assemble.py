@@ -58,6 +58,9 @@ class Evaluator:
         self._options: dict[tuple, list[list[tuple[int, ...]]]] = {}
         self._drafts: dict[tuple, PipeDraft | None] = {}
         self._caps: dict[tuple, int] = {}
+        self._usable: dict[tuple[int, ...], float] = {}
+        self._sig: dict[tuple, bytes] = {}
+        self._leaders: dict[tuple, tuple[list[tuple[int, ...]], list[float]]] = {}
         self._group_sig: dict[tuple[int, ...], bytes] = {}
         self._choices: dict[tuple, tuple[tuple[int, ...], int]] = {}
         self.reuse_choices = cluster.num_devices > 64
@@ -74,14 +77,20 @@ class Evaluator:
     def signature(self, groups: list[tuple[int, ...]]) -> bytes:
         """Digest of everything a pipeline's draft depends on, device for device in group order:
         bandwidth and latency among its devices, their FLOP/s and memory, group sizes, machine layout."""
+        key = tuple(groups)
+        if key in self._sig:
+            return self._sig[key]
         idx = np.array([d for g in groups for d in g])
         h = hashlib.blake2b(digest_size=16)
-        sub = np.ix_(idx, idx)
+        sub = (idx[:, None], idx)
         for arr in (self.bw[sub], self.lat[sub], self.flops[idx], self.memory[idx]):
             h.update(np.ascontiguousarray(arr).tobytes())
         relabel = {m: i for i, m in enumerate(dict.fromkeys(self.machine[idx].tolist()))}
         h.update(repr(([len(g) for g in groups], [relabel[m] for m in self.machine[idx].tolist()])).encode())
-        return h.digest()
+        if len(self._sig) > 100000:
+            self._sig.clear()
+        self._sig[key] = h.digest()
+        return self._sig[key]
 
     def act_bytes(self, mb: int) -> float:
         """M = B_mb * S * H * B_type, the activation one hop or TP all-reduce moves."""
@@ -111,12 +120,16 @@ class Evaluator:
                    sharding: str, num_pipelines: int) -> int:
         """Most layers stage j can hold: the largest l with fixed + l * per_layer <= usable memory of its
         smallest device (:func:`estimate.stage_memory_terms`, the model ``estimate()`` checks)."""
+        usable = self._usable.get(devices)
+        if usable is None:
+            usable = self._usable[devices] = usable_memory(self.workload, float(min(self.memory[d] for d in devices)))
         inflight = cm.inflight_micro_batches(self.schedule, num_stages, j, n_mb)
-        key = (tuple(sorted(devices)), j == 0, j == num_stages - 1, inflight, mb, sharding, num_pipelines)
+        # memory depends on the devices only through the TP degree and the smallest memory
+        key = (len(devices), usable, j == 0, j == num_stages - 1, inflight, mb, sharding, num_pipelines)
         if key not in self._caps:
             terms = stage_memory_terms(self.workload, sharding, num_pipelines, self.schedule, self.recompute,
                                        num_stages, j, len(devices), mb, n_mb)
-            self._caps[key] = terms.max_layers(usable_memory(self.workload, float(min(self.memory[d] for d in devices))))
+            self._caps[key] = terms.max_layers(usable)
         return self._caps[key]
 
     # ---- intra-group strategies and order ------------------------------------------------------
@@ -163,9 +176,9 @@ class Evaluator:
         key = (src, dst, mb)
         if key not in self._hop:
             m = self.act_bytes(mb)
-            s_idx, d_idx = np.asarray(src), np.asarray(dst)
-            send = self.lat[np.ix_(s_idx, d_idx)] + m / self.bw[np.ix_(s_idx, d_idx)]
-            inner = self.lat[np.ix_(d_idx, d_idx)] + m / (len(dst) * self.bw[np.ix_(d_idx, d_idx)])
+            s_idx, d_idx = np.asarray(src)[:, None], np.asarray(dst)
+            send = self.lat[s_idx, d_idx] + m / self.bw[s_idx, d_idx]
+            inner = self.lat[d_idx[:, None], d_idx] + m / (len(dst) * self.bw[d_idx[:, None], d_idx])
             np.fill_diagonal(inner, 0.0)
             h = 2.0 * (send + inner.sum(axis=1)[None, :])
             self._hop[key] = (h, bool(h.max() == h.min()))
@@ -174,9 +187,19 @@ class Evaluator:
     def leaders(self, stages: list[tuple[int, ...]], mb: int) -> tuple[list[tuple[int, ...]], list[float]]:
         """Leaders minimising the sum of hops (Viterbi over the chain: state = leader of stage j).
         Returns the stages with their leader first, and Hop_j per stage (0 for the last).
-        When every hop costs the same for any leaders (uniform links), the first devices lead."""
+        When every hop costs the same for any leaders (uniform links), the first devices lead.
+        Memoised per chain and micro-batch size."""
         if len(stages) == 1:
             return [stages[0]], [0.0]
+        key = (tuple(stages), mb)
+        if key not in self._leaders:
+            if len(self._leaders) > 100000:
+                self._leaders.clear()
+            self._leaders[key] = self._viterbi(stages, mb)
+        out, hops = self._leaders[key]
+        return list(out), list(hops)
+
+    def _viterbi(self, stages: list[tuple[int, ...]], mb: int) -> tuple[list[tuple[int, ...]], list[float]]:
         mats = [self.hop_matrix(stages[j - 1], stages[j], mb) for j in range(1, len(stages))]
         if all(flat for _, flat in mats):
             return list(stages), [float(h[0, 0]) for h, _ in mats] + [0.0]

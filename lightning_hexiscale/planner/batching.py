@@ -16,7 +16,11 @@ batch split is the minimax
 
 solved exactly by :func:`minimax_split` (binary search over candidate values with a bitset
 subset-sum test). This replaces §4.4's proportional batch assignment, which rounds and ignores that
-the micro-batch size may differ per pipeline.
+the micro-batch size may differ per pipeline. Beyond 64 devices (hundreds of pipelines, batches
+of thousands) the subset-sum is too slow for a search that scores many layouts: there every
+pipeline gets the same micro-batch size m (each m dividing G is tried) and the micro-batch counts
+come from water-filling, which is exact for one m because every pipeline's time grows linearly
+with its count (:meth:`BatchTimer.best_uniform`).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from lightning_hexiscale.planner.estimate import Workload
 from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
 
 _BITS = np.array([1 << b for b in range(63)], dtype=np.int64)
+_EXACT_DEVICES = 64
 _PIPE_CACHE = 20000
 """Pipelines whose batch times are memoised (a search revisits the same pipelines often)."""
 
@@ -136,6 +141,9 @@ class BatchTimer:
     def __init__(self, cluster: Cluster, workload: Workload, global_batch: int,
                  micro_batch_sizes: list[int] | None = None):
         self.cluster, self.w, self.G = cluster, workload, global_batch
+        self.exact = cluster.num_devices <= _EXACT_DEVICES
+        """Per-pipeline micro-batch sizes and the exact minimax split up to _EXACT_DEVICES devices;
+        beyond, one micro-batch size for all and water-filling (:meth:`best_uniform`)."""
         self.ms = sorted(set(micro_batch_sizes)) if micro_batch_sizes else list(range(1, global_batch + 1))
         self.theta = E.calibration_theta(cluster)
         self.layer_bytes = E.dp_layer_bytes(workload)
@@ -148,6 +156,8 @@ class BatchTimer:
         self._limit: dict[tuple, np.ndarray] = {}
         self._pipe: dict[tuple, tuple[np.ndarray, dict]] = {}
         self._rep: dict[tuple, dict] = {}
+        self._known: tuple | None = None
+        """(plan, breakdown) of the last winner of :meth:`best_uniform` (saves recomputing it)."""
 
     def qpairs(self, P: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(m, n, b = m * n, index of m in ``self.ms``) of the pairs a pipeline of a P-pipeline plan
@@ -262,20 +272,7 @@ class BatchTimer:
             return g, {}
         A, B, C = np.empty(self.G + 1), np.empty(self.G + 1), np.empty(self.G + 1)
         for m in np.unique(qm[sel]).tolist():
-            per_mb, tails = [], []
-            for j, st in enumerate(stages):
-                t_f, t_b = self.layer_tb(st.devices, m, layout.recompute)
-                stage_mb, tail = (self.head(st.devices, m) if j == S - 1 else 0.0), 0.0
-                for n_layers, t_comm in dp[(i, j)]:
-                    step, exposed = E.layer_step(t_f, t_b, t_comm, sh, self.theta)
-                    stage_mb += n_layers * step
-                    tail += n_layers * exposed
-                if (i, j) in rep:
-                    tail += E.replicated_exposed(rep[(i, j)], self.head(st.devices, m), sh, self.theta)
-                per_mb.append(stage_mb + (self.hop(st.devices, stages[j + 1].devices, m) if j + 1 < S else 0.0))
-                tails.append(tail)
-            # cost_model.pipeline_time's arithmetic: sum(per) + (n - 1) * max(per), then + the tail
-            A[m], B[m], C[m] = sum(per_mb), max(per_mb), max(tails)
+            A[m], B[m], C[m] = self.abc(layout, i, dp, rep, m)
         m_sel, n_sel, b_sel = qm[sel], qn[sel], qb[sel]
         T = (A[m_sel] + (n_sel - 1) * B[m_sel]) + C[m_sel]
         order = np.lexsort((T, b_sel))
@@ -288,6 +285,90 @@ class BatchTimer:
             if len(self._pipe) > _PIPE_CACHE:
                 self._pipe.clear()
             self._pipe[key] = out
+        return out
+
+    def abc(self, layout: Plan, i: int, dp: dict, rep: dict, m: int) -> tuple[float, float, float]:
+        """(A, B, C) of pipeline i at micro-batch size m: its time with n micro-batches is
+        (A + (n - 1) * B) + C, ``cost_model.pipeline_time``'s arithmetic plus the tail, as in estimate()."""
+        stages, sh = layout.pipelines[i].stages, layout.dp_sharding
+        S = len(stages)
+        per_mb, tails = [], []
+        for j, st in enumerate(stages):
+            t_f, t_b = self.layer_tb(st.devices, m, layout.recompute)
+            stage_mb, tail = (self.head(st.devices, m) if j == S - 1 else 0.0), 0.0
+            for n_layers, t_comm in dp[(i, j)]:
+                step, exposed = E.layer_step(t_f, t_b, t_comm, sh, self.theta)
+                stage_mb += n_layers * step
+                tail += n_layers * exposed
+            if (i, j) in rep:
+                tail += E.replicated_exposed(rep[(i, j)], self.head(st.devices, m), sh, self.theta)
+            per_mb.append(stage_mb + (self.hop(st.devices, stages[j + 1].devices, m) if j + 1 < S else 0.0))
+            tails.append(tail)
+        return sum(per_mb), max(per_mb), max(tails)
+
+    def best_uniform(self, layout: Plan, dp: dict, meta: dict | None) -> tuple[float, Plan | None]:
+        """Large clusters: one micro-batch size m for every pipeline (m dividing G), the integer
+        micro-batch counts by water-filling, exact for each m: pipeline i's time A_i + (n - 1) B_i + C_i
+        grows linearly in n, so the least slowest pipeline with sum n_i = G / m, 1 <= n_i <= memory
+        cap, is found by bisection on the level v (n_i = floor((v - A_i - C_i) / B_i) + 1) and then
+        taking the surplus off the slowest pipelines."""
+        P = layout.num_pipelines
+        rep = self.replicated(layout)
+        limits = np.array([self.limits(layout, i) for i in range(P)], dtype=np.int64)
+        best: tuple[float, Plan | None] = (math.inf, None)
+        for k, m in enumerate(self.ms):
+            if self.G % m:
+                continue
+            N = self.G // m
+            caps = limits[:, k]
+            if N < P or caps.min() < 1 or caps.sum() < N:
+                continue
+            abc = np.array([self.abc(layout, i, dp, rep, m) for i in range(P)])
+            A, B, C = abc[:, 0], abc[:, 1], abc[:, 2]
+            lo, hi = float(((A + C).max())), float((A + (np.minimum(caps, N) - 1) * B + C).max())
+
+            def counts(v: float) -> np.ndarray:
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    n = np.floor((v - A - C) / np.where(B > 0, B, np.inf)) + 1
+                return np.clip(np.where(B > 0, n, caps), 1, caps).astype(np.int64)
+
+            for _ in range(64):
+                mid = 0.5 * (lo + hi)
+                if counts(mid).sum() >= N:
+                    hi = mid
+                else:
+                    lo = mid
+            n = counts(hi)
+            for _ in range(int(n.sum() - N)):  # the surplus leaves the slowest pipelines
+                t = (A + (n - 1) * B) + C
+                t[n <= 1] = -math.inf
+                n[int(np.argmax(t))] -= 1
+            t = (A + (n - 1) * B) + C
+            cost = float(t.max())
+            if cost < best[0]:
+                plan = with_batches(layout, (n * m).tolist(), [m] * P, meta)
+                w = int(np.argmax(t))
+                stages = layout.pipelines[w].stages
+                hops = sum(self.hop(a.devices, b.devices, m) for a, b in zip(stages, stages[1:]))
+                best = (cost, plan)
+                self._known = (plan, (float(C[w]), float(n[w] * hops + (A[w] - B[w]))))
+        return best
+
+    def breakdown(self, plan: Plan) -> tuple[float, float]:
+        """(exposed data-parallel time, hops + bubble) per iteration of the plan's slowest pipeline:
+        the inputs of §4.4's choice between the two cut options."""
+        if self._known is not None and self._known[0] is plan:
+            return self._known[1]
+        dp = dp_comm_all(plan, self.cluster, self.layer_bytes)
+        rep = self.replicated(plan)
+        worst, out = -math.inf, (0.0, 0.0)
+        for i, p in enumerate(plan.pipelines):
+            m, n = p.micro_batch_size, p.num_micro_batches
+            A, B, C = self.abc(plan, i, dp, rep, m)
+            t = (A + (n - 1) * B) + C
+            if t > worst:
+                hops = sum(self.hop(a.devices, b.devices, m) for a, b in zip(p.stages, p.stages[1:]))
+                worst, out = t, (C, n * hops + (A - B))
         return out
 
     def replicated(self, layout: Plan) -> dict:
@@ -305,6 +386,8 @@ class BatchTimer:
         if any(not self.limits(layout, i).any() for i in range(layout.num_pipelines)):
             return math.inf, None  # a pipeline fits no micro-batch: no need for the DP terms
         dp = dp_comm_all(layout, self.cluster, self.layer_bytes)
+        if not self.exact:
+            return self.best_uniform(layout, dp, meta)
         gs, picks = [], []
         for i in range(layout.num_pipelines):
             g, m_of = self.pipeline(layout, i, dp)

@@ -49,6 +49,8 @@ from lightning_hexiscale.planner.plan import SCHEDULES, Plan
 CUTS = ("auto", "min", "max")
 _REPLICA_LAYOUTS = 256
 """Replica-only layouts the search scores on small clusters (one TP size per machine, every combination)."""
+_PRUNE = 1.25
+"""Large clusters: a layout whose pipelines alone take 1.25 x the best plan so far is not scored."""
 _STARTS = 4
 """Layouts (the best for each number of pipelines, best first) the final local improvement starts from."""
 
@@ -201,7 +203,7 @@ class _Search:
         self._p1: dict[tuple, list[np.ndarray]] = {}
         self._p2: dict[tuple, list[tuple[int, ...]]] = {}
         self.ema = {"dp": 0.0, "pp": 0.0}
-        self.best: tuple[float, Plan | None, Estimate | None] = (math.inf, None, None)
+        self.best: tuple[float, Plan | None] = (math.inf, None)
         self.by_dp: dict[int, float] = {}
         self.tried: set[tuple[int, str]] = set()
         self.timer = BatchTimer(cluster, workload, global_batch, batch_micro_sizes(global_batch, s.micro_batch_size,
@@ -277,41 +279,46 @@ class _Search:
         return len({self.cluster.devices[d].machine for d in devices})
 
     # ---- one iteration ------------------------------------------------------------------------
-    def evaluate(self, groups_per_pipe: list[list[tuple[int, ...]]]) -> tuple[float, Plan | None, Estimate | None]:
+    def evaluate(self, groups_per_pipe: list[list[tuple[int, ...]]]) -> tuple[float, Plan | None, tuple | None]:
         """Best complete plan for one phase-2 result.
 
         Each pipeline is drafted (strategies, leaders, layer split) for every dp sharding and a few
         micro-batch sizes; every distinct layout then gets its exact best batch split and
-        micro-batch size per pipeline (:meth:`batching.BatchTimer.best`), and the best plan is
-        scored by ``estimate()``.
+        micro-batch size per pipeline (:meth:`batching.BatchTimer.best`, the arithmetic of
+        ``estimate()``). Returns (cost, plan, (exposed DP time, hops + bubble) of its slowest pipeline).
         """
         P = len(groups_per_pipe)
-        layouts: dict[tuple, Plan] = {}
+        best: tuple[float, Plan | None] = (math.inf, None)
         for sharding in self.shardings_for(P):
+            if self.cluster.num_devices > 64 and sharding == "zero3" and best[1] is not None:
+                # large clusters: ZeRO-3 only when ZeRO-2 fits nothing (its gathers overlap
+                # compute at theta_3 >= 1 at best; it is there for memory), to bound the time
+                continue
+            layouts: dict[tuple, Plan] = {}
             for mb in self.draft_mbs(P):
                 ctx = DraftContext(mb, sharding, P, max(1, self.gb // P // mb), self.s.tau)
                 drafts = [self.ev.draft(g, ctx) for g in groups_per_pipe]
                 if any(d is None for d in drafts):
                     continue
+                if self.cluster.num_devices > 64 and _local_time(drafts, self.gb // mb) > _PRUNE * self.best[0]:
+                    continue  # large clusters: hopeless even without data parallelism; not scored
                 variants = [drafts]
-                if P > 1:  # the same stages with layers split for their data-parallel links too
+                if P > 1 and self.cluster.num_devices <= 64:  # layers split for their DP links too
                     flat = [tuple(d for g in groups for d in g) for groups in groups_per_pipe]
                     variants.append([resplit(self.ev, d, flat[:i] + flat[i + 1:], ctx) for i, d in enumerate(drafts)])
                 for ds in variants:
                     layout = layout_plan([list(d.stages) for d in ds], [d.layers for d in ds], sharding,
                                          self.s.schedule, self.s.recompute, self.L)
                     layouts.setdefault(layout_key(layout), layout)
-        best: tuple[float, Plan | None] = (math.inf, None)
-        for layout in layouts.values():
-            cost, plan = self.timer.best(layout, self.meta())
-            if plan is not None:
-                self.remember(cost, plan)
-                if cost < best[0]:
-                    best = (cost, plan)
+            for layout in layouts.values():
+                cost, plan = self.timer.best(layout, self.meta())
+                if plan is not None:
+                    self.remember(cost, plan)
+                    if cost < best[0]:
+                        best = (cost, plan)
         if best[1] is None:
             return math.inf, None, None
-        est = estimate(best[1], self.cluster, self.workload)
-        return est.cost, best[1], est
+        return best[0], best[1], self.timer.breakdown(best[1])
 
     def shardings_for(self, num_pipelines: int) -> tuple[str, ...]:
         if self.skip_ddp and num_pipelines > 1:
@@ -323,6 +330,8 @@ class _Search:
         pipeline's share of the batch (the batch split then picks one per pipeline)."""
         share = max(1, self.gb // num_pipelines)
         fit = [m for m in self.mbs if m <= share] or [min(self.mbs)]
+        if self.cluster.num_devices > 64:  # one draft (the split picks the micro-batch size anyway)
+            return fit[:1]
         if not self.small:
             return fit[:1] + fit[-1:] if len(fit) > 1 else fit
         return fit
@@ -404,22 +413,21 @@ class _Search:
                 self.by_dp[step.dp] = min(self.by_dp.get(step.dp, math.inf), cost)
                 self.tried.add((step.dp, step.cut))
             if est is not None and math.isfinite(cost):
-                b = est.breakdown
-                for key, v in (("dp", b["dp_exposed_s"]), ("pp", b["pp_comm_s"] + b["bubble_s"])):
+                for key, v in zip(("dp", "pp"), est):
                     self.ema[key] = 0.7 * self.ema[key] + 0.3 * v
             if cost < self.best[0]:
-                self.best = (cost, plan, est)
+                self.best = (cost, plan)
             log.append(LogEntry(it, step.dp, step.cut, cost, self.best[0]))
             bar.update(it + 1, self.best[0])
         bar.close()
         if self.small:
             self.replicas()
         self.improve()
-        _, plan, est = self.best
+        _, plan = self.best
         if plan is None:
             raise InfeasiblePlan(capacity_message(self.cluster, self.workload, self.gb)
                                  or minimum_memory_message(self.cluster, self.workload, self.gb))
-        return SearchResult(plan, est, log, time.perf_counter() - t0)
+        return SearchResult(plan, estimate(plan, self.cluster, self.workload), log, time.perf_counter() - t0)
 
     def replicas(self) -> None:
         """Mixed structures of replicas only (beyond §4, small clusters): every machine cut into TP
@@ -444,9 +452,7 @@ class _Search:
                 if plan is not None:
                     self.remember(cost, plan)
                     if cost < self.best[0] * (1 - 1e-12):
-                        est = estimate(plan, self.cluster, self.workload)
-                        if est.cost < self.best[0]:
-                            self.best = (est.cost, plan, est)
+                        self.best = (cost, plan)
 
     def improve(self) -> None:
         """Local improvement of the best layouts found (:mod:`planner.refine`), beyond §4."""
@@ -462,9 +468,7 @@ class _Search:
             cost, plan, used = refine.improve(plan, cost, ctx, share)
             budget -= used
             if cost < self.best[0] * (1 - 1e-12):
-                est = estimate(plan, self.cluster, self.workload)
-                if est.cost < self.best[0]:
-                    self.best = (est.cost, plan, est)
+                self.best = (cost, plan)
 
     def repair(self, layout: refine.Layout, before: refine.Layout) -> refine.Layout:
         """The pipelines a move changed get their leaders (phase 2) and a data-parallel-aware
@@ -488,6 +492,24 @@ class _Search:
                         best = (d, t)
             out.append(p if best is None else tuple(zip(best[0].stages, best[0].layers)))
         return sharding, tuple(out)
+
+
+def _local_time(drafts: list, total_micro: int) -> float:
+    """The slowest pipeline's own time (no data-parallel tail) with ``total_micro`` micro-batches
+    shared by water-filling: pipeline i takes sum_i + (n_i - 1) * max_i."""
+    P = len(drafts)
+    if total_micro < P:
+        return math.inf
+    s = np.array([d.sum_s for d in drafts])
+    m = np.array([d.max_s for d in drafts])
+    lo, hi = float(s.max()), float((s + (total_micro - 1) * m).max())
+    for _ in range(50):
+        mid = 0.5 * (lo + hi)
+        if np.floor((mid - s) / m + 1).clip(min=0).sum() >= total_micro:
+            hi = mid
+        else:
+            lo = mid
+    return hi
 
 
 def capacity_message(cluster: Cluster, workload: Workload, global_batch: int) -> str | None:
