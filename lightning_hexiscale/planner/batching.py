@@ -306,7 +306,8 @@ class BatchTimer:
             tails.append(tail)
         return sum(per_mb), max(per_mb), max(tails)
 
-    def best_uniform(self, layout: Plan, dp: dict, meta: dict | None) -> tuple[float, Plan | None]:
+    def best_uniform(self, layout: Plan, dp: dict, meta: dict | None,
+                     limits: np.ndarray | None = None) -> tuple[float, Plan | None]:
         """Large clusters: one micro-batch size m for every pipeline (m dividing G), the integer
         micro-batch counts by water-filling, exact for each m: pipeline i's time A_i + (n - 1) B_i + C_i
         grows linearly in n, so the least slowest pipeline with sum n_i = G / m, 1 <= n_i <= memory
@@ -314,7 +315,8 @@ class BatchTimer:
         taking the surplus off the slowest pipelines."""
         P = layout.num_pipelines
         rep = self.replicated(layout)
-        limits = np.array([self.limits(layout, i) for i in range(P)], dtype=np.int64)
+        if limits is None:
+            limits = np.array([self.limits(layout, i) for i in range(P)], dtype=np.int64)
         best: tuple[float, Plan | None] = (math.inf, None)
         for k, m in enumerate(self.ms):
             if self.G % m:
@@ -383,11 +385,12 @@ class BatchTimer:
     def best(self, layout: Plan, meta: dict | None = None) -> tuple[float, Plan | None]:
         """The layout's least iteration time over batch splits and per-pipeline micro-batch sizes,
         and that plan (None when nothing fits)."""
-        if any(not self.limits(layout, i).any() for i in range(layout.num_pipelines)):
+        limits = [self.limits(layout, i) for i in range(layout.num_pipelines)]
+        if any(not lim.any() for lim in limits):
             return math.inf, None  # a pipeline fits no micro-batch: no need for the DP terms
         dp = dp_comm_all(layout, self.cluster, self.layer_bytes)
         if not self.exact:
-            return self.best_uniform(layout, dp, meta)
+            return self.best_uniform(layout, dp, meta, np.array(limits, dtype=np.int64))
         gs, picks = [], []
         for i in range(layout.num_pipelines):
             g, m_of = self.pipeline(layout, i, dp)

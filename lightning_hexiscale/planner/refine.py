@@ -51,13 +51,13 @@ class RefineContext:
 
 def budget_for(num_devices: int, iterations: int) -> int:
     """Candidates the final improvement may score: 24 per iteration on clusters of up to 8 devices
-    (1200 at the default 50 iterations), 8 up to 16, one per iteration up to 64, one per five
+    (1200 at the default 50 iterations), 8 up to 16, one per iteration up to 64, one per ten
     iterations beyond."""
     if num_devices <= 8:
         return 24 * iterations
     if num_devices <= 16:
         return 8 * iterations
-    return iterations if num_devices <= 64 else max(4, iterations // 5)
+    return iterations if num_devices <= 64 else max(2, iterations // 10)
 
 
 def _layout(plan: Plan) -> Layout:

@@ -1,4 +1,4 @@
-"""The two-phase hierarchical search of §4 with the iterative optimisation of §4.4.
+"""The two-phase hierarchical search of §4 with the iterative optimisation of §4.4, and what it adds.
 
 One iteration, for a number of pipelines D_dp and a cut option (min / max, §4.4):
 
@@ -9,19 +9,37 @@ One iteration, for a number of pipelines D_dp and a cut option (min / max, §4.4
    model by coordinate descent on the pipeline's time; stage leaders minimise the hops (a Viterbi
    pass over the stage chain); the reversed chain is tried too (LM head at the other end).
 3. Layers to stages in proportion to speed, then out-of-memory rebalancing, then a local refine
-   (:func:`split_layers`); micro-batches to pipelines in proportion to simulated speed
-   (:func:`split_batches`), every pipeline getting a whole number of micro-batches.
-4. Every (micro-batch size, dp_sharding) variant becomes a complete Plan scored by
-   ``estimate(plan).cost``; the best plan over all iterations is kept.
+   (:func:`assemble.split_layers`).
+4. Batches: every distinct layout gets its best batch split and micro-batch size per pipeline
+   (:class:`batching.BatchTimer`, the arithmetic of ``estimate()``); the best plan is kept.
 
 Across iterations D_dp is enumerated (every value for small clusters, a geometric ladder plus
-machine counts for large ones), the four best D_dp values then get the cut option the first sweep
-did not give them, and the best D_dp values (and their neighbours) are revisited with varied k_i,
-METIS seeds and balance. The cut option comes from exponential moving averages of the simulated
-data-parallel time and pipeline (hop + bubble) time: when DP dominates, the next iteration
-maximises the cut (DP gets the fast links), otherwise it minimises it; one iteration in five
-takes the other option so that both averages stay informed. All randomness comes from one
-``numpy.random.default_rng(seed)``: a seed gives the same plan.
+machine counts for large ones), the promising D_dp values (all of them when the iterations allow)
+then get the cut option the first sweep did not give them, and the best D_dp values (and their
+neighbours) are revisited with varied k_i, METIS seeds and balance. The cut option comes from
+exponential moving averages of the simulated data-parallel time and pipeline (hop + bubble) time:
+when DP dominates, the next iteration maximises the cut (DP gets the fast links), otherwise it
+minimises it; one iteration in five takes the other option so that both averages stay informed.
+All randomness comes from one ``numpy.random.default_rng(seed)``: a seed gives the same plan.
+
+Where it goes beyond §4, and why (each measured against the true optimum of
+:mod:`planner.oracle` on random heterogeneous clusters, tests/planner/test_search_vs_oracle.py):
+
+- Batches (§4.4 assigns them "proportionally to the estimated training efficiency"): an exact
+  minimax over integer batch splits with its own micro-batch size per pipeline, up to 64 devices
+  (many optima run a fast replica's whole batch as one micro-batch beside a pipeline of slow GPUs
+  with many); beyond, one micro-batch size for all and exact water-filling per size.
+- Layers: besides the compute-proportional split, one that also sees each stage's data-parallel
+  links (:mod:`planner.dp_split`): layers move off stages whose gradients cross slow links.
+- Mixed structures, on clusters of up to ``assemble.SMALL_CLUSTER`` devices: phase 1 also peels
+  the strongest devices, or same-machine pairs, off as replicas of their own and cuts the rest
+  into one or two pipelines; phase 2 also groups a set's GPUs by type and may form TP groups across
+  machines (devices too small to hold a stage alone share one); replica-only layouts (every
+  machine cut into TP groups of one size) are scored directly.
+- A final local improvement of the best layouts (:mod:`planner.refine`): move a layer, a device
+  or a stage, with the batches re-split exactly each time.
+- Speed on large clusters: one draft micro-batch size, ZeRO-3 only when ZeRO-2 fits nothing,
+  layouts whose pipelines alone are 1.25x slower than the best plan not scored.
 """
 
 from __future__ import annotations
@@ -74,7 +92,8 @@ class SearchSettings:
     schedule: str = "1f1b"
     recompute: bool = True
     micro_batch_size: int | None = None
-    """None: the search tries the divisors of the global batch up to 16."""
+    """None: the batch split picks one per pipeline (``assemble.batch_micro_sizes``); else every
+    pipeline uses this one (it must divide the global batch)."""
     dp_sharding: str | None = None
     """None: the search tries ddp, zero2 and zero3."""
 
@@ -212,6 +231,9 @@ class _Search:
         n = cluster.num_devices
         self.strongest = sorted(range(n), key=lambda d: (-cluster.devices[d].flops, -cluster.devices[d].memory_bytes, d))
         self.small = n <= SMALL_CLUSTER
+        # every stage needs a layer and, without cross-machine TP, is a TP group inside a machine
+        widest = max(len(m.devices) for m in cluster.machines)
+        self.most_per_pipeline = self.L * min(workload.model.num_kv_heads, n if self.small else widest)
         # mixed structures: r single-device replicas + the rest as 1 or 2 pipelines (small clusters)
         self.peels: list[tuple[int, int, int]] = []
         self.peeled = 0
@@ -401,7 +423,10 @@ class _Search:
                 if step.jitter and self.rng.random() < step.jitter:
                     k = int(np.clip(k + self.rng.choice([-1, 1, 2]), 1, len(d)))
                 groups.append(self.phase2(d, min(k, len(d)), step.seed))
-            cost, plan, est = self.evaluate(groups)
+            if max(len(d) for d in sets) > self.most_per_pipeline:
+                cost, plan, est = math.inf, None, None  # a pipeline would need more stages than layers
+            else:
+                cost, plan, est = self.evaluate(groups)
             if self.small:
                 # beyond §4 (small clusters): the same sets grouped by GPU type across machines
                 by_type = [self.type_groups(d) for d in sets]
