@@ -75,8 +75,10 @@ class HexiScaleStrategy(DDPStrategy):
             the search). ``dp_sharding``: ``ddp`` (every pipeline holds its full copy of the state),
             ``zero2`` (gradients and optimizer states sharded over the pipelines) or ``zero3``
             (parameters too); see :mod:`lightning_hexiscale.lightning.zero_hooks`.
-        seed: seed of the per-epoch data permutation (default: ``PL_GLOBAL_SEED`` or 0). Weights
-            are initialised from the module's ``init_seed`` attribute (default 0).
+        seed: seed of the planner's search when planning here (default: ``PL_GLOBAL_SEED`` or 0).
+            The data order is the DataLoader's own, as on one device (``shuffle=True`` draws from its
+            ``generator``, else from torch's global generator: :mod:`lightning_hexiscale.data.samplers`).
+            Weights are initialised from the module's ``init_seed`` attribute (default 0).
         planner_iterations: search iterations when planning here.
         start_method: launcher: ``popen`` (default; re-runs the script, works under Hydra),
             ``spawn``, ``fork``. Under torchrun or SLURM the cluster environment launches instead.
@@ -452,12 +454,19 @@ class HexiScaleStrategy(DDPStrategy):
         trainer = self.lightning_module.trainer
         training = bool(trainer.training)
         assert self.plan is not None
+        # The order is the one-device loader's (its generator, else torch's global one); every rank
+        # draws, then all take rank 0's draw (a broadcast at the start of each shuffled epoch).
         loader = plan_dataloader(dataloader, [p.batch_size for p in self.plan.pipelines],
-                                 self.pipeline_model.engine.role.pipeline, seed=self.seed, drop_last=training,
+                                 self.pipeline_model.engine.role.pipeline, drop_last=training,
+                                 agree=self._agree if self.world_size > 1 else None,
                                  key="train_dataloader" if training else "eval_dataloader")
         if training:
             self._train_sampler = loader.batch_sampler
         return loader
+
+    def _agree(self, value: Any) -> Any:
+        """Rank 0's ``value`` on every rank (the data permutation's draw)."""
+        return self.broadcast(value, 0)
 
     # ---- checkpoints (plan-independent; see runtime/checkpoint.py) ------------------------
     @property
