@@ -251,6 +251,23 @@ def loader_shuffles(loader: DataLoader) -> bool:
                       "build the DataLoader with shuffle=True or False and no custom sampler")
 
 
+def _batch_size(loader: DataLoader, key: str) -> int:
+    if loader.batch_size is None:
+        raise ConfigError(f"{key}.batch_size", None, "the hexiscale strategy needs a DataLoader with batch_size "
+                          "(it replaces the batch sampler by per-pipeline slices)", "pass batch_size=G")
+    return int(loader.batch_size)
+
+
+def check_train_loader(loader: DataLoader, global_batch: int | None) -> None:
+    """The checks :func:`plan_dataloader` makes on a training loader, before a plan exists: a batch
+    size, equal to ``global_batch`` when that is known, and a sampler that can be cut per pipeline."""
+    g = _batch_size(loader, "train_dataloader")
+    if global_batch is not None and g != global_batch:
+        raise ConfigError("train_dataloader.batch_size", g, f"the plan takes {global_batch} sequences per step",
+                          f"use DataLoader(batch_size={global_batch}) or re-plan with global_batch={g}")
+    loader_shuffles(loader)
+
+
 def plan_dataloader(loader: DataLoader, batch_sizes: Sequence[int], pipeline: int, *, drop_last: bool,
                     seed: int | None = None, agree: Callable[[Any], Any] | None = None,
                     key: str = "train_dataloader") -> DataLoader:
@@ -262,10 +279,7 @@ def plan_dataloader(loader: DataLoader, batch_sizes: Sequence[int], pipeline: in
     loader's (its ``generator``, else torch's global one), unless a fixed ``seed`` is given;
     ``agree`` makes every rank take rank 0's draw.
     """
-    g = loader.batch_size
-    if g is None:
-        raise ConfigError(f"{key}.batch_size", None, "the hexiscale strategy needs a DataLoader with batch_size "
-                          "(it replaces the batch sampler by per-pipeline slices)", "pass batch_size=G")
+    g = _batch_size(loader, key)
     plan_g = sum(batch_sizes)
     if drop_last and g != plan_g:
         raise ConfigError(f"{key}.batch_size", g,

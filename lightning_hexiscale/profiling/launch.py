@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from lightning_hexiscale.errors import HexiScaleError
+from lightning_hexiscale.runtime.failure import is_peer_failure
 
 
 FAILURE_SETTLE_S = 2.0
@@ -79,23 +80,16 @@ def _child(rank: int, world: int, port: int, timeout_s: float, fn, args, out) ->
             dist.destroy_process_group()
 
 
-SECONDARY = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "ECONNRESET",
-             "Socket Timeout", "Timed out waiting", "Connection refused")
-"""Error texts a rank gets because ANOTHER rank failed (its sockets closed, or it never came):
-consequences, reported after the root cause."""
-
-
 def root_cause_order(errors: dict[int, tuple[str, float]]) -> list[int]:
     """Ranks that raised, root cause first: ranks whose error is not a peer's broken connection
-    (:data:`SECONDARY`), then by the time they failed, then by rank.
+    (:func:`~lightning_hexiscale.runtime.failure.is_peer_failure`), then by the time they failed, then by rank.
 
     A failing rank's sockets close when it exits, so its peers often fail a moment later with
     "Connection closed by peer"; on a loaded host their report can even reach the parent first.
     """
     def key(r: int):
         text, when = errors[r]
-        last = text.strip().splitlines()[-1] if text.strip() else ""
-        return (any(m in last for m in SECONDARY), when, r)
+        return (is_peer_failure(text), when, r)
 
     return sorted(errors, key=key)
 
