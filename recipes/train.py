@@ -76,14 +76,16 @@ def output_dir(cfg: DictConfig) -> Path:
 
 # ---- planning ----------------------------------------------------------------------------------
 def make_plan(cfg: DictConfig, cluster, model, out: Path):
-    """The plan file given, or the search's plan; ranks launched by popen reuse rank 0's plan file."""
+    """The plan file given, or the search's plan (with every planner.* setting, as ``hexiscale plan``
+    makes it); ranks launched by popen reuse rank 0's plan file."""
     from lightning_hexiscale.cli.common import explicit as _explicit
+    from lightning_hexiscale.lightning.plan_resolution import apply_overrides
     from lightning_hexiscale.planner.estimate import estimate, workload_from_config
     from lightning_hexiscale.planner.plan import Plan
-    from lightning_hexiscale.lightning.plan_resolution import apply_overrides, search_plan
+    from lightning_hexiscale.planner.search import SearchSettings, search
 
     given = overrides_given()
-    workload = workload_from_config(cfg)
+    workload = workload_from_config(cfg)  # its dtype comes from trainer.precision
     gb = int(cfg.train.global_batch)
     overrides = {k: cfg.train[k] for k in ("schedule", "recompute", "dp_sharding", "micro_batch_size")
                  if _explicit(given, f"train.{k}")}
@@ -94,11 +96,35 @@ def make_plan(cfg: DictConfig, cluster, model, out: Path):
         plan = Plan.load(saved)
     else:
         # The search picks ddp / zero2 / zero3 with the cost model unless train.dp_sharding was given.
-        p = cfg.planner
-        plan, _ = search_plan(cluster, model, gb, overrides, dtype=workload.dtype,
-                              seed=int(p.seed), iterations=int(p.iterations), progress=False)
+        settings = SearchSettings.from_config(cfg, dp_sharding_explicit="dp_sharding" in overrides, progress=False)
+        plan = search(cluster, workload, gb, settings).plan
     plan.validate(cluster, model, global_batch=gb if (not cfg.plan or _explicit(given, "train.global_batch")) else None)
     return plan, estimate(plan, cluster, workload)
+
+
+def effective_config(cfg: DictConfig, plan, precision: str) -> DictConfig:
+    """The run's config as it ran (written to config.yaml): the plan's global batch, schedule,
+    recomputation, dp_sharding and micro-batch (when every pipeline uses the same), and the precision."""
+    eff = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    eff.trainer.precision = precision
+    eff.train.global_batch = plan.global_batch
+    eff.train.schedule, eff.train.recompute, eff.train.dp_sharding = plan.schedule, plan.recompute, plan.dp_sharding
+    mbs = {p.micro_batch_size for p in plan.pipelines}
+    eff.train.micro_batch_size = mbs.pop() if len(mbs) == 1 else None  # per pipeline: plan.yaml
+    return eff
+
+
+def write_picture(plan, cluster, model, est, path: Path) -> str:
+    """The plan drawn as ``hexiscale plan --picture`` draws it; a sentence saying where (or why not)."""
+    from lightning_hexiscale.cli.plan import draw_plan
+    from lightning_hexiscale.config.units import format_flops
+
+    try:
+        draw_plan(plan, cluster, path, title=f"{model.name} on {cluster.name}: {est.iteration_time_s:.3f} s/iteration "
+                  f"(estimated), {format_flops(est.pflops * 1e15)}")
+    except HexiScaleError as e:  # no matplotlib: the plan table above says the same
+        return f"no plan picture ({e.rule})"
+    return f"plan picture written to {path}"
 
 
 def launch_settings(cluster, plan, plan_file: Path) -> dict:
@@ -146,14 +172,21 @@ def hardware_message(cluster, plan, local_gpus: int, plan_file: Path) -> str:
 
 
 # ---- training ----------------------------------------------------------------------------------
-def make_data(cfg: DictConfig, model, global_batch: int):
-    from torch.utils.data import DataLoader, Subset
-
+def load_dataset(cfg: DictConfig, model):
+    """The token dataset of ``data.*``, built before planning so that a missing or malformed file is
+    reported at once (not after the search and the launch)."""
     from lightning_hexiscale.data import make_dataset
 
     d = cfg.data
-    ds = make_dataset(d.kind, model.seq_len, path=d.path, num_samples=int(d.num_samples), seed=int(d.seed),
-                      vocab_size=model.vocab_size)
+    return make_dataset(d.kind, model.seq_len, path=d.path, num_samples=int(d.num_samples), seed=int(d.seed),
+                        vocab_size=model.vocab_size)
+
+
+def make_data(cfg: DictConfig, model, global_batch: int, dataset=None):
+    from torch.utils.data import DataLoader, Subset
+
+    ds = dataset if dataset is not None else load_dataset(cfg, model)
+    d = cfg.data
     n_val = min(int(d.val_samples), len(ds) // 10)
     n_train = len(ds) - n_val
     if n_train < global_batch:
@@ -166,7 +199,7 @@ def make_data(cfg: DictConfig, model, global_batch: int):
     return train, val
 
 
-def train(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict) -> dict:
+def train(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict, precision: str, dataset=None) -> dict:
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger
@@ -176,7 +209,7 @@ def train(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict) -> dic
 
     t = cfg.trainer
     pl.seed_everything(int(t.seed), verbose=False)
-    train_dl, val_dl = make_data(cfg, model, plan.global_batch)
+    train_dl, val_dl = make_data(cfg, model, plan.global_batch, dataset)
     module = LlamaLitModule(model, lr=float(t.lr), weight_decay=float(t.weight_decay), warmup_steps=int(t.warmup_steps),
                             init_seed=int(t.seed))
     if t.weights:
@@ -190,7 +223,7 @@ def train(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict) -> dic
     ckpt = ModelCheckpoint(dirpath=str(out / "checkpoints"), save_last=True, save_top_k=0 if not t.checkpoint_every else -1,
                            every_n_train_steps=int(t.checkpoint_every) or None)
     trainer = pl.Trainer(
-        strategy=strategy, **launch, precision=str(t.precision), max_steps=int(t.max_steps),
+        strategy=strategy, **launch, precision=precision, max_steps=int(t.max_steps),
         accumulate_grad_batches=int(t.accumulate_grad_batches), gradient_clip_val=t.gradient_clip_val,
         val_check_interval=int(t.val_every) if t.val_every and val_dl is not None else None,
         check_val_every_n_epoch=None if t.val_every else 1, limit_val_batches=int(t.limit_val_batches) if t.val_every else 0,
@@ -202,46 +235,60 @@ def train(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict) -> dic
 
 
 def quiet_logs() -> None:
-    """Hydra also routes Lightning's INFO lines through the root logger: print them once; and hide a
-    deprecation warning Lightning raises against the torch it runs on (not ours to fix)."""
+    """Hydra also routes Lightning's INFO lines through the root logger: print them once."""
     import logging
-    import warnings
 
     for name in ("lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).propagate = False
-    warnings.filterwarnings("ignore", message=".*LeafSpec.*is deprecated")
 
 
-def check_failure_settings(cfg: DictConfig) -> None:
-    """trainer.nonfinite and trainer.timeout_s, checked before planning (not after minutes of it)."""
+def check_early(cfg: DictConfig) -> None:
+    """What needs no plan, checked before planning (not after minutes of it, nor on every rank):
+    trainer.nonfinite, trainer.timeout_s, trainer.precision, trainer.launcher, trainer.resume."""
+    from lightning_hexiscale.config.recipe import precision_dtype
     from lightning_hexiscale.errors import ConfigError
+    from lightning_hexiscale.lightning.plan_resolution import check_ckpt_path
 
-    if cfg.trainer.nonfinite not in ("skip", "stop"):
-        raise ConfigError("trainer.nonfinite", cfg.trainer.nonfinite, "must be skip or stop",
+    t = cfg.trainer
+    if t.nonfinite not in ("skip", "stop"):
+        raise ConfigError("trainer.nonfinite", t.nonfinite, "must be skip or stop",
                           "trainer.nonfinite=stop (raise, exit 4) or trainer.nonfinite=skip (drop the update)")
-    if not float(cfg.trainer.timeout_s) > 0:
-        raise ConfigError("trainer.timeout_s", cfg.trainer.timeout_s, "must be a positive number of seconds",
+    if not float(t.timeout_s) > 0:
+        raise ConfigError("trainer.timeout_s", t.timeout_s, "must be a positive number of seconds",
                           "e.g. trainer.timeout_s=600")
+    if t.precision is not None:
+        precision_dtype(t.precision)
+    if t.launcher not in ("popen", "spawn", "fork"):
+        raise ConfigError("trainer.launcher", t.launcher, "must be popen, spawn or fork", "use popen (the default)")
+    for key in ("max_steps", "accumulate_grad_batches", "log_every"):
+        if int(t[key]) < 1:
+            raise ConfigError(f"trainer.{key}", t[key], "must be a positive integer", f"e.g. trainer.{key}=1")
+    check_ckpt_path(t.resume, key="trainer.resume")
 
 
 def run(cfg: DictConfig) -> int:
     from lightning_hexiscale.config.cluster import Cluster
+    from lightning_hexiscale.config.recipe import effective_precision
     from lightning_hexiscale.models.config import LlamaConfig
 
     quiet_logs()
-    check_failure_settings(cfg)
+    check_early(cfg)
     out = output_dir(cfg)
     out.mkdir(parents=True, exist_ok=True)
     cluster = Cluster.from_config(cfg.cluster)
     model = LlamaConfig.from_config(cfg.model)
+    dataset = None if cfg.dry_run else load_dataset(cfg, model)
+    precision = effective_precision(cfg.trainer.precision, [d.gpu_type for d in cluster.devices])
     plan, est = make_plan(cfg, cluster, model, out)
+    picture = None
     if is_rank_zero():
         plan.save(out / "plan.yaml")
-        (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        (out / "config.yaml").write_text(OmegaConf.to_yaml(effective_config(cfg, plan, precision)))
+        picture = write_picture(plan, cluster, model, est, out / "plan.png")
     say(cluster.summary(), "\n")
     say(plan.table(cluster), "\n")
     say(est.summary(), "\n")
-    say(f"plan written to {out / 'plan.yaml'}")
+    say(f"plan written to {out / 'plan.yaml'}; {picture}")
     if cfg.dry_run:
         say("dry_run=true: planned only.")
         return 0
@@ -249,7 +296,7 @@ def run(cfg: DictConfig) -> int:
     if is_multirun():
         # A previous job's port is in TIME_WAIT or still bound; let Lightning choose a free one.
         os.environ.pop("MASTER_PORT", None)
-    metrics = train(cfg, cluster, model, plan, out, launch)
+    metrics = train(cfg, cluster, model, plan, out, launch, precision, dataset)
     say("final metrics: " + ", ".join(f"{k}={float(v):.4f}" for k, v in sorted(metrics.items())))
     return 0
 

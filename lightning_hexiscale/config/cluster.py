@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lightning_hexiscale.config import catalog
 from lightning_hexiscale.errors import ConfigError
-from lightning_hexiscale.config.units import format_bandwidth, format_bytes, parse_bandwidth, parse_bytes, parse_flops, parse_time
+from lightning_hexiscale.config.units import format_bandwidth, format_bytes, format_flops, parse_bandwidth, parse_bytes, parse_flops, parse_time
 
 
 @dataclass(frozen=True)
@@ -147,7 +147,7 @@ class Cluster:
     def summary(self) -> str:
         """One line per machine: name, GPUs, memory, intra link; then the inter-machine links."""
         lines = [f"cluster {self.name}: {self.num_devices} devices on {len(self.machines)} machines, "
-                 f"{_format_flops(float(self.flops.sum()))}, {format_bytes(self.total_memory)} memory"]
+                 f"{format_flops(float(self.flops.sum()))}, {format_bytes(self.total_memory)} memory"]
         for m in self.machines:
             d0 = m.devices[0]
             intra = format_bandwidth(self.bandwidth[d0, m.devices[1]]) if len(m.devices) > 1 else "-"
@@ -239,14 +239,6 @@ class Cluster:
         from lightning_hexiscale.config.schema import ClusterConfig, load_preset
 
         return cls.from_config(load_preset("cluster", name_or_path, ClusterConfig))
-
-
-def _format_flops(f: float) -> str:
-    """Sustained FLOP/s in the largest unit that keeps a digit before the point: 8.92 PFLOPS, 367 GFLOPS."""
-    for unit, mult in (("PFLOPS", 1e15), ("TFLOPS", 1e12), ("GFLOPS", 1e9)):
-        if f >= mult:
-            return f"{f / mult:.3g} {unit}"
-    return f"{f:.3g} FLOPS"
 
 
 def _pos_float(v: Any, key: str) -> float:

@@ -126,9 +126,7 @@ class TrainConfig:
     recompute: bool = True
     """Activation recomputation per layer."""
     dp_sharding: str = "ddp"
-    """ddp, zero2 or zero3 across pipelines."""
-    dtype: str = "bf16"
-    """Training precision of parameters/activations: bf16, fp16 or fp32."""
+    """ddp, zero2 or zero3 across pipelines (the search picks one unless this is given explicitly)."""
 
 
 @dataclass

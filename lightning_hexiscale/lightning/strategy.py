@@ -46,6 +46,7 @@ from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from lightning_hexiscale.config.cluster import Cluster
+from lightning_hexiscale.config.recipe import precision_dtype
 from lightning_hexiscale.data.samplers import check_train_loader
 from lightning_hexiscale.errors import ConfigError, NonFiniteError, RankFailure
 from lightning_hexiscale.models.config import LlamaConfig
@@ -314,8 +315,8 @@ class HexiScaleStrategy(DDPStrategy):
                           "pass HexiScaleStrategy(global_batch=G) or a plan file")
 
     def _workload_dtype(self) -> str:
-        p = getattr(self.precision_plugin, "precision", "32-true")
-        return "bf16" if str(p).startswith("bf16") else ("fp16" if str(p).startswith("16") else "fp32")
+        """The dtype the planner's cost model prices: the Trainer's precision (one knob)."""
+        return precision_dtype(str(getattr(self.precision_plugin, "precision", "32-true")), key="Trainer(precision)")
 
     def _autocast_dtype(self) -> torch.dtype | None:
         plugin = self.precision_plugin
