@@ -233,7 +233,7 @@ def loader_shuffles(loader: DataLoader) -> bool:
     """
     from torch.utils.data.distributed import DistributedSampler
 
-    s = loader.sampler
+    s = _sampler(loader)
     if isinstance(s, RandomSampler):
         if s.replacement or s.num_samples != len(loader.dataset):
             raise ConfigError("DataLoader.sampler", f"RandomSampler(replacement={s.replacement}, num_samples="
@@ -252,10 +252,18 @@ def loader_shuffles(loader: DataLoader) -> bool:
 
 
 def _batch_size(loader: DataLoader, key: str) -> int:
-    if loader.batch_size is None:
+    # Lightning re-creates predict loaders around its own batch-sampler wrapper (to record the
+    # indices), so their batch_size moves to the batch sampler.
+    g = loader.batch_size if loader.batch_size is not None else getattr(loader.batch_sampler, "batch_size", None)
+    if g is None:
         raise ConfigError(f"{key}.batch_size", None, "the hexiscale strategy needs a DataLoader with batch_size "
                           "(it replaces the batch sampler by per-pipeline slices)", "pass batch_size=G")
-    return int(loader.batch_size)
+    return int(g)
+
+
+def _sampler(loader: DataLoader) -> Sampler:
+    """The loader's sampler (for Lightning's predict wrapper, the one its batch sampler draws from)."""
+    return getattr(loader.batch_sampler, "sampler", None) or loader.sampler
 
 
 def check_train_loader(loader: DataLoader, global_batch: int | None) -> None:
@@ -291,9 +299,9 @@ def plan_dataloader(loader: DataLoader, batch_sizes: Sequence[int], pipeline: in
                           "needs at least one sample per batch", f"use a batch size of at least {len(sizes)}")
     from torch.utils.data.distributed import DistributedSampler
 
-    if seed is None and isinstance(loader.sampler, DistributedSampler):
-        seed = loader.sampler.seed  # its own rule: randperm of seed + epoch
-    generator = getattr(loader.sampler, "generator", None) if seed is None else None
+    if seed is None and isinstance(_sampler(loader), DistributedSampler):
+        seed = _sampler(loader).seed  # its own rule: randperm of seed + epoch
+    generator = getattr(_sampler(loader), "generator", None) if seed is None else None
     sampler = PlanBatchSampler(len(loader.dataset), sizes, pipeline, shuffle=loader_shuffles(loader), seed=seed,
                                generator=generator, agree=agree, drop_last=drop_last or loader.drop_last)
     # The loader's generator goes along: each DataLoader iterator draws its workers' base seed from

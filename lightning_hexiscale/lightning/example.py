@@ -63,6 +63,16 @@ class LlamaLitModule(pl.LightningModule):
         if given is not None:
             self.model.load_state_dict({k: given[k] for k in self.model.state_dict()})
 
+    @override
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits (B, S, V) of ``tokens`` (under the strategy: a placeholder, see predict_step)."""
+        return self.model(tokens)
+
+    @override
+    def predict_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        """Logits of the inputs of a (B, S + 1) batch; under the strategy the whole batch's, on rank 0."""
+        return self(batch[:, :-1])
+
     def _loss(self, batch: torch.Tensor) -> torch.Tensor:
         tokens, targets = batch[:, :-1], batch[:, 1:]
         return self.model.loss(self.model(tokens), targets)

@@ -52,7 +52,7 @@ from lightning_hexiscale.errors import ConfigError, NonFiniteError, RankFailure
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.models.llama import Llama
 from lightning_hexiscale.lightning import internals, notices
-from lightning_hexiscale.lightning.pipeline_model import PipelineModel
+from lightning_hexiscale.lightning.pipeline_model import PipelineLogits, PipelineModel
 from lightning_hexiscale.planner.plan import DP_SHARDINGS, SCHEDULES, Plan
 from lightning_hexiscale.lightning.zero_hooks import (checkpoint_optimizer, grad_norm_sq_local, load_target, scale_grads,
                                                shard_optimizers)
@@ -366,6 +366,16 @@ class HexiScaleStrategy(DDPStrategy):
         return super().training_step(*args, **kwargs)
 
     @override
+    def predict_step(self, *args: Any, **kwargs: Any) -> Any:
+        """The module's ``predict_step``; where it returns ``self.model(tokens)`` (a placeholder here),
+        the logits of the whole batch, gathered to global rank 0 (:meth:`PipelineModel.predict_logits`;
+        a collective: every rank resolves the same placeholders in the same order)."""
+        from lightning.fabric.utilities.apply_func import apply_to_collection
+
+        out = super().predict_step(*args, **kwargs)
+        return apply_to_collection(out, PipelineLogits, self.pipeline_model.predict_logits)
+
+    @override
     def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any], model=None, **kwargs: Any) -> Any:
         engine = self.pipeline_model.engine
 
@@ -506,7 +516,8 @@ class HexiScaleStrategy(DDPStrategy):
         loader = agree(lambda: plan_dataloader(dataloader, [p.batch_size for p in self.plan.pipelines],
                                                self.pipeline_model.engine.role.pipeline, drop_last=training,
                                                agree=self._agree if self.world_size > 1 else None,
-                                               key="train_dataloader" if training else "eval_dataloader"),
+                                               key="train_dataloader" if training else
+                                               ("predict_dataloader" if trainer.predicting else "eval_dataloader")),
                        self.global_rank, self.world_size)
         if training:
             self._train_sampler = loader.batch_sampler
