@@ -79,7 +79,7 @@ def make_plan(cfg: DictConfig, cluster, model, out: Path):
     """The plan file given, or the search's plan (with every planner.* setting, as ``hexiscale plan``
     makes it); ranks launched by popen reuse rank 0's plan file."""
     from lightning_hexiscale.cli.common import explicit as _explicit
-    from lightning_hexiscale.lightning.plan_resolution import apply_overrides
+    from lightning_hexiscale.lightning.plan_resolution import apply_overrides, load_plan_arg
     from lightning_hexiscale.planner.estimate import estimate, workload_from_config
     from lightning_hexiscale.planner.plan import Plan
     from lightning_hexiscale.planner.search import SearchSettings, search
@@ -91,7 +91,7 @@ def make_plan(cfg: DictConfig, cluster, model, out: Path):
                  if _explicit(given, f"train.{k}")}
     saved = out / "plan.yaml"
     if cfg.plan:
-        plan = apply_overrides(Plan.load(cfg.plan), overrides)
+        plan = apply_overrides(load_plan_arg(cfg.plan, key="plan"), overrides)
     elif not is_rank_zero() and saved.is_file():
         plan = Plan.load(saved)
     else:
@@ -245,9 +245,8 @@ def quiet_logs() -> None:
 def check_early(cfg: DictConfig) -> None:
     """What needs no plan, checked before planning (not after minutes of it, nor on every rank):
     trainer.nonfinite, trainer.timeout_s, trainer.precision, trainer.launcher, trainer.resume."""
-    from lightning_hexiscale.config.recipe import precision_dtype
+    from lightning_hexiscale.config.recipe import check_ckpt_path, precision_dtype
     from lightning_hexiscale.errors import ConfigError
-    from lightning_hexiscale.lightning.plan_resolution import check_ckpt_path
 
     t = cfg.trainer
     if t.nonfinite not in ("skip", "stop"):
@@ -272,6 +271,7 @@ def run(cfg: DictConfig) -> int:
     from lightning_hexiscale.models.config import LlamaConfig
 
     quiet_logs()
+    apply_file_overrides(cfg)
     check_early(cfg)
     out = output_dir(cfg)
     out.mkdir(parents=True, exist_ok=True)
@@ -344,6 +344,43 @@ def check_overrides(argv: list[str]) -> None:
     compose(first)
 
 
+FILES_ENV = "HEXISCALE_RECIPE_FILES"
+"""``cluster=`` / ``model=`` YAML files of the command line, as JSON, for run() and the popen children."""
+
+
+def take_file_overrides(argv: list[str]) -> list[str]:
+    """``cluster=my_cluster.yaml`` (e.g. from ``hexiscale profile``) or ``model=my_model.yaml``: Hydra
+    would look for a preset of that name and stop with "Could not find"; the overrides are taken out
+    of the command line (Hydra composes the default preset) and the files replace it in :func:`run`
+    (:func:`apply_file_overrides`), as ``hexiscale`` does. Single runs only; a sweep keeps presets."""
+    import json
+
+    if any(a in ("-m", "--multirun") for a in argv):
+        return argv
+    files, rest = {}, []
+    for a in argv:
+        key, _, value = a.partition("=")
+        if key in ("cluster", "model") and value.endswith((".yaml", ".yml")) and Path(value).is_file():
+            files[key] = str(Path(value).resolve())
+        else:
+            rest.append(a)
+    if files:
+        os.environ[FILES_ENV] = json.dumps(files)
+    return rest
+
+
+def apply_file_overrides(cfg: DictConfig) -> None:
+    import json
+
+    from lightning_hexiscale.config.schema import ClusterConfig, ModelConfig, load_yaml_node
+
+    for key, path in json.loads(os.environ.get(FILES_ENV, "{}")).items():
+        node = load_yaml_node(path, ClusterConfig if key == "cluster" else ModelConfig, key)
+        OmegaConf.set_struct(cfg, False)
+        cfg[key] = node
+        OmegaConf.set_struct(cfg, True)
+
+
 def main() -> int:
     if "LOCAL_RANK" not in os.environ:  # popen children re-run this script; the launcher checked already
         try:
@@ -351,6 +388,7 @@ def main() -> int:
         except HexiScaleError as e:
             print(f"recipes/train.py: error: {e}", file=sys.stderr)
             return EXIT_CONFIG
+        sys.argv[1:] = take_file_overrides(sys.argv[1:])
     _main()
     return max(_STATUS, default=EXIT_CONFIG)
 

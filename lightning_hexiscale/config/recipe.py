@@ -11,6 +11,7 @@ Override from the command line::
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 
@@ -100,3 +101,24 @@ def precision_dtype(precision: str, key: str = "trainer.precision") -> str:
         raise ConfigError(key, precision, f"must be one of {', '.join(PRECISION_DTYPES)}",
                           "use 32-true (fp32) or bf16-mixed, or leave it out (null) to choose by the cluster")
     return PRECISION_DTYPES[str(precision)]
+
+
+CKPT_ALIASES = ("last", "best", "hpc", "registry")
+"""``ckpt_path`` values Lightning resolves itself."""
+
+
+def check_ckpt_path(path: str | Path | None, key: str = "ckpt_path") -> None:
+    """A checkpoint to resume from must exist (a directory that ``ModelCheckpoint`` or
+    ``trainer.save_checkpoint`` wrote under this strategy); checked before any rank starts."""
+    from lightning_hexiscale.errors import ConfigError
+
+    if path is None or (isinstance(path, str) and path.split(":")[0] in CKPT_ALIASES):
+        return
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(key, str(path), "no such checkpoint",
+                          "give a checkpoint directory the strategy saved (e.g. outputs/.../checkpoints/last.ckpt), "
+                          "or leave it out to start from scratch")
+    if not p.is_dir():
+        raise ConfigError(key, str(path), "a hexiscale checkpoint is a directory, not a file",
+                          "give the directory ModelCheckpoint wrote under the hexiscale strategy")

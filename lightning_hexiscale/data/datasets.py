@@ -60,6 +60,12 @@ class TokenFileDataset(TokenWindows):
         p = Path(path)
         if not p.is_file():
             raise ConfigError("data.path", str(p), "no such token file", "give the path of a .bin file of uint16 ids")
+        item = np.dtype(dtype).itemsize
+        size = p.stat().st_size
+        if size % item or size == 0:  # np.memmap would read a truncated file silently (or fail on an empty one)
+            raise ConfigError("data.path", str(p), f"{size} bytes is not a whole number of {dtype} tokens "
+                              f"({item} bytes each): wrong dtype or a truncated file",
+                              "tokenise the corpus again into uint16 ids")
         super().__init__(np.memmap(p, dtype=np.dtype(dtype), mode="r"), seq_len, vocab_size, key="data.path")
 
 
@@ -117,6 +123,8 @@ def make_dataset(kind: str, seq_len: int, *, path: str | None = None, num_sample
                  vocab_size: int | None = None) -> TokenWindows:
     """Dataset by kind: ``generated`` (default demo data), ``text`` (``path``: UTF-8 file) or ``bin``
     (``path``: uint16 token file)."""
+    if kind not in ("generated", "text", "bin"):
+        raise ConfigError("data.kind", kind, "must be one of generated, text, bin", "use data.kind=generated")
     if kind == "generated":
         return generated_corpus(num_samples, seq_len, seed)
     if path is None:
@@ -127,6 +135,4 @@ def make_dataset(kind: str, seq_len: int, *, path: str | None = None, num_sample
             raise ConfigError("model.vocab_size", vocab_size, "byte-level text needs a vocabulary of 256",
                               "use a model with vocab_size >= 256")
         return ds
-    if kind == "bin":
-        return TokenFileDataset(path, seq_len, vocab_size)
-    raise ConfigError("data.kind", kind, "must be one of generated, text, bin", "use data.kind=generated")
+    return TokenFileDataset(path, seq_len, vocab_size)

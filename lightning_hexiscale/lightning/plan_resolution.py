@@ -42,8 +42,8 @@ def load_cluster_arg(cluster: str | Path | Cluster | None, key: str = "HexiScale
         raise ConfigError(key, str(cluster), e.rule, e.fix) from None
 
 
-def load_plan_arg(plan: str | Path | Plan | None) -> Plan | None:
-    """``HexiScaleStrategy(plan=...)``: a plan file, read now (a ``Plan`` as is)."""
+def load_plan_arg(plan: str | Path | Plan | None, key: str = "HexiScaleStrategy(plan)") -> Plan | None:
+    """``HexiScaleStrategy(plan=...)`` (or the recipe's ``plan=``): a plan file, read now (a ``Plan`` as is)."""
     if plan is None or isinstance(plan, Plan):
         return plan
     try:
@@ -51,26 +51,7 @@ def load_plan_arg(plan: str | Path | Plan | None) -> Plan | None:
     except ConfigError as e:
         if e.key != "--plan":
             raise
-        raise ConfigError("HexiScaleStrategy(plan)", str(plan), e.rule, e.fix) from None
-
-
-CKPT_ALIASES = ("last", "best", "hpc", "registry")
-"""``ckpt_path`` values Lightning resolves itself."""
-
-
-def check_ckpt_path(path: str | Path | None, key: str = "ckpt_path") -> None:
-    """A checkpoint to resume from must exist (a directory that ``ModelCheckpoint`` or
-    ``trainer.save_checkpoint`` wrote under this strategy); checked before any rank starts."""
-    if path is None or (isinstance(path, str) and path.split(":")[0] in CKPT_ALIASES):
-        return
-    p = Path(path)
-    if not p.exists():
-        raise ConfigError(key, str(path), "no such checkpoint",
-                          "give a checkpoint directory the strategy saved (e.g. outputs/.../checkpoints/last.ckpt), "
-                          "or leave it out to start from scratch")
-    if not p.is_dir():
-        raise ConfigError(key, str(path), "a hexiscale checkpoint is a directory (meta.pt, model/, optim/), "
-                          "not a file", "give the directory ModelCheckpoint wrote under the hexiscale strategy")
+        raise ConfigError(key, str(plan), e.rule, e.fix) from None
 
 
 def describe_local_devices(root_device: torch.device, num_nodes: int, devices_per_node: int) -> Cluster:

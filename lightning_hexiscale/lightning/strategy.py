@@ -46,7 +46,7 @@ from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from lightning_hexiscale.config.cluster import Cluster
-from lightning_hexiscale.config.recipe import precision_dtype
+from lightning_hexiscale.config.recipe import check_ckpt_path, precision_dtype
 from lightning_hexiscale.data.samplers import check_train_loader
 from lightning_hexiscale.errors import ConfigError, NonFiniteError, RankFailure
 from lightning_hexiscale.models.config import LlamaConfig
@@ -57,8 +57,8 @@ from lightning_hexiscale.planner.plan import DP_SHARDINGS, SCHEDULES, Plan
 from lightning_hexiscale.lightning.zero_hooks import (checkpoint_optimizer, grad_norm_sq_local, load_target, scale_grads,
                                                shard_optimizers)
 from lightning_hexiscale.lightning.launching import CHILD_ENV, LaunchGuard, agree, is_agreed
-from lightning_hexiscale.lightning.plan_resolution import (check_ckpt_path, describe_local_devices, load_cluster_arg,
-                                                           load_plan_arg, plan_for)
+from lightning_hexiscale.lightning.plan_resolution import (describe_local_devices, load_cluster_arg, load_plan_arg,
+                                                           plan_for)
 
 StartMethod = Literal["popen", "spawn", "fork", "forkserver"]
 NONFINITE_POLICIES = ("skip", "stop")

@@ -88,3 +88,88 @@ def test_dead_rank_is_one_rank_failure_popen():
     assert len(caught) == 1 and caught[0].startswith("CAUGHT RankFailure: rank 0 stopped because another rank "
                                                       "failed: rank 1 stopped without reporting an error"), caught
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
+
+
+# ---- the Python API's bad-input corpus: each case raises the typed error naming the key ----------
+class ManualOptimization(type(module())):
+    def __init__(self):
+        super().__init__(module().config, dtype=module().param_dtype)
+        self.automatic_optimization = False
+
+
+class NoLlama(type(module())):
+    def configure_model(self):
+        import torch
+
+        self.model = torch.nn.Linear(2, 2)
+
+
+def _fit(strategy_kw=None, trainer_kw=None, data=None, mod=None, **fit_kw):
+    strategy = HexiScaleStrategy(**{"plan": PLAN, "start_method": "fork", "timeout": PG_TIMEOUT, **(strategy_kw or {})})
+    kw = dict(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+              enable_model_summary=False, **(trainer_kw or {}))
+    trainer = pl.Trainer(strategy=strategy, accelerator="cpu", devices=PLAN.world_size, **kw)
+    trainer.fit(mod if mod is not None else module(), data if data is not None else loader(12, 6), **fit_kw)
+
+
+def _sampler_loader(kind: str):
+    import torch
+    from torch.utils.data import DataLoader, RandomSampler, WeightedRandomSampler
+
+    from lightning_hexiscale.data import generated_corpus
+
+    ds = generated_corpus(12, 16)
+    if kind == "replacement":
+        return DataLoader(ds, batch_size=6, sampler=RandomSampler(ds, replacement=True))
+    if kind == "weighted":
+        return DataLoader(ds, batch_size=6, sampler=WeightedRandomSampler(torch.ones(12), 12))
+    return DataLoader(ds, batch_size=None)
+
+
+API_CASES = {
+    "unknown_cluster": (lambda t: HexiScaleStrategy(cluster="nonexistent"), ConfigError, "HexiScaleStrategy(cluster)"),
+    "cluster_of_wrong_type": (lambda t: HexiScaleStrategy(cluster=123), ConfigError, "HexiScaleStrategy(cluster)"),
+    "plan_nowhere": (lambda t: HexiScaleStrategy(plan=str(t / "gone.yaml")), ConfigError, "HexiScaleStrategy(plan)"),
+    "plan_device_not_in_cluster": (lambda t: HexiScaleStrategy(cluster="cpu2", plan=plan_of([(2, 1, [([0, 5], (0, 4))])])),
+                                   PlanError, "plan.pipelines[0].stages[0].devices"),
+    "zero_timeout": (lambda t: HexiScaleStrategy(timeout=0), ConfigError, "HexiScaleStrategy(timeout)"),
+    "unknown_nonfinite": (lambda t: HexiScaleStrategy(nonfinite="ignore"), ConfigError, "HexiScaleStrategy(nonfinite)"),
+    "unknown_schedule": (lambda t: HexiScaleStrategy(schedule="zigzag"), ConfigError, "HexiScaleStrategy(schedule)"),
+    "unknown_dp_sharding": (lambda t: HexiScaleStrategy(dp_sharding="zero4"), ConfigError,
+                            "HexiScaleStrategy(dp_sharding)"),
+    "zero_global_batch": (lambda t: HexiScaleStrategy(global_batch=0), ConfigError, "HexiScaleStrategy(global_batch)"),
+    "zero_threads": (lambda t: HexiScaleStrategy(num_threads=0), ConfigError, "HexiScaleStrategy(num_threads)"),
+    "world_size": (lambda t: _trainer(HexiScaleStrategy(plan=PLAN), devices=3), ConfigError, "Trainer(num_nodes, devices)"),
+    "loader_batch": (lambda t: _fit(data=loader(12, 4)), ConfigError, "train_dataloader.batch_size"),
+    "loader_without_batch_size": (lambda t: _fit(data=_sampler_loader("none")), ConfigError,
+                                  "train_dataloader.batch_size"),
+    "sampler_with_replacement": (lambda t: _fit(data=_sampler_loader("replacement")), ConfigError, "DataLoader.sampler"),
+    "custom_sampler": (lambda t: _fit(data=_sampler_loader("weighted")), ConfigError, "DataLoader.sampler"),
+    "ckpt_nowhere": (lambda t: _fit(ckpt_path=str(t / "gone.ckpt")), ConfigError, "ckpt_path"),
+    "ckpt_a_file": (lambda t: (t / "f.ckpt").write_text("x") and _fit(ckpt_path=str(t / "f.ckpt")), ConfigError,
+                    "ckpt_path"),
+    "manual_optimization": (lambda t: _fit(mod=ManualOptimization()), ConfigError,
+                            "LightningModule.automatic_optimization"),
+    "module_without_llama": (lambda t: _fit(mod=NoLlama(module().config)), ConfigError, "NoLlama.model"),
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("case", sorted(API_CASES))
+def test_api_refuses_bad_input(case, tmp_path, capfd):
+    make, exc_type, key = API_CASES[case]
+    with pytest.raises(exc_type) as info:
+        make(tmp_path)
+    assert str(info.value).startswith(key) and "Fix:" in str(info.value), str(info.value)
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "meta tensor" not in err, err[-2000:]
+
+
+def test_good_api_input_passes(tmp_path):
+    """The corpus's valid counterparts are accepted (the harness can tell good from bad)."""
+    strategy = HexiScaleStrategy(cluster="cpu_hetero4", plan=PLAN, timeout=30, nonfinite="skip", schedule="gpipe",
+                                 dp_sharding="zero2", global_batch=6, num_threads=1)
+    assert strategy.plan is not None and strategy.cluster.name == "cpu_hetero4"
+    _trainer(HexiScaleStrategy(plan=PLAN), devices=2)
+    strategy.check_before_launch("_fit_impl", {"model": module(), "train_dataloaders": loader(12, 6),
+                                                "ckpt_path": None})
