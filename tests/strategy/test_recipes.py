@@ -55,7 +55,8 @@ def _run(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProc
 
 @pytest.mark.timeout(90)
 def test_train_recipe_loss_falls(tmp_path):
-    out = _run(["cluster=cpu2", "train.global_batch=8", "trainer.max_steps=8", "trainer.precision=bf16-mixed",
+    # The cluster as a file (cluster=PATH.yaml, as from `hexiscale profile`): the popen children get it too.
+    out = _run([f"cluster={ROOT / 'conf' / 'cluster' / 'cpu2.yaml'}", "model=llama_tiny", "train.global_batch=8", "trainer.max_steps=8", "trainer.precision=bf16-mixed",
                 "trainer.val_every=4", "trainer.lr=1e-2", "trainer.progress_bar=false", "data.num_samples=256"],
                tmp_path, timeout=80)
     assert out.returncode == 0, out.stderr[-3000:]
