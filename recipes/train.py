@@ -317,6 +317,13 @@ def _main(cfg: DictConfig) -> int:
     except HexiScaleError as e:
         print(f"recipes/train.py: error: {e}", file=sys.stderr)
         code = EXIT_CONFIG
+    except Exception:  # a bug or a rank's own failure: its traceback is the information, Hydra's wrapper is not
+        import traceback
+
+        traceback.print_exc()
+        rank = os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))
+        print(f"recipes/train.py: rank {rank} failed (traceback above)", file=sys.stderr)
+        code = 1
     _STATUS.append(code)
     return code
 

@@ -19,7 +19,8 @@ non-zero (the job ends with -9), and a dead rank shows up as the survivors' raw 
 - **A rank that died** (:meth:`LaunchGuard.stop`): a communication error on a surviving rank
   (:func:`~lightning_hexiscale.runtime.failure.is_peer_failure`) becomes :class:`RankFailure` with the
   failure watch's account of which rank failed and how; Lightning-started survivors end quietly
-  (status 4), rank 0 raises it. A rank's own error (the root cause) keeps its type and traceback.
+  (status 4), rank 0 raises it; so do they on a non-finite step, which every rank stops on together.
+  A rank's own error (the root cause) keeps its type and traceback.
 - **The popen children** are watched by :class:`ChildWatch` instead of Lightning's observer: a child
   that exits non-zero gives the launching process ``grace_s`` to stop by itself (it normally raises
   at once); only then is the job ended, with status 4 and a message naming the rank.
@@ -38,7 +39,7 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 
-from lightning_hexiscale.errors import HexiScaleError, RankFailure
+from lightning_hexiscale.errors import HexiScaleError, NonFiniteError, RankFailure, TrainingFailure
 from lightning_hexiscale.runtime.failure import EXIT_RANK_FAILED, is_peer_failure
 
 EXIT_CONFIG = 2
@@ -51,6 +52,12 @@ CHILD_ENV = "HEXISCALE_POPEN_CHILD"
 def is_agreed(exc: BaseException) -> bool:
     """Raised on every rank after :func:`agree` (so rank 0 reports it for all)."""
     return hasattr(exc, "hexiscale_ranks")
+
+
+def _shared(exc: BaseException) -> bool:
+    """An error every rank stops with alike, so that rank 0's report suffices: an agreed one, a
+    non-finite step (every rank takes that decision together) or another rank's failure."""
+    return is_agreed(exc) or isinstance(exc, (RankFailure, NonFiniteError))
 
 
 def _portable(exc: BaseException | None) -> BaseException | None:
@@ -137,7 +144,7 @@ class LaunchGuard:
     def stop(self, exc: BaseException) -> BaseException:
         """The exception this rank should stop with: ``exc`` itself (its own error, or one every rank
         agreed on), or :class:`RankFailure` when ``exc`` is the consequence of another rank's failure."""
-        if isinstance(exc, (KeyboardInterrupt, SystemExit)) or is_agreed(exc) or isinstance(exc, RankFailure):
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)) or _shared(exc):
             return exc
         why = self.strategy.failure_reason(exc)
         if not is_peer_failure(exc):
@@ -146,7 +153,7 @@ class LaunchGuard:
                            f"{why or _first_line(exc)}")
 
     def exit_status(self, exc: BaseException) -> int:
-        if isinstance(exc, RankFailure):
+        if isinstance(exc, TrainingFailure):
             return EXIT_RANK_FAILED
         return EXIT_CONFIG if isinstance(exc, HexiScaleError) else 1
 
@@ -156,7 +163,7 @@ class LaunchGuard:
             return function(*args, **kwargs)
         except BaseException as exc:
             out = self.stop(exc)
-            if os.environ.get(CHILD_ENV) == "1" and (is_agreed(out) or isinstance(out, RankFailure)):
+            if os.environ.get(CHILD_ENV) == "1" and _shared(out):
                 # A popen child: rank 0 (the launching process) raises the same error to the caller.
                 raise SystemExit(self.exit_status(out)) from None
             if out is exc:
@@ -167,7 +174,7 @@ class LaunchGuard:
         """spawn/fork worker: the exception rank 0 hands back to the caller (agreed, or a
         RankFailure), or None when ``exc`` is this rank's own error (torch reports it with its traceback)."""
         out = self.stop(exc)
-        if isinstance(out, (KeyboardInterrupt, SystemExit)) or not (is_agreed(out) or isinstance(out, RankFailure)):
+        if isinstance(out, (KeyboardInterrupt, SystemExit)) or not _shared(out):
             return None
         return _portable(out)
 

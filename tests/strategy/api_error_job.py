@@ -52,7 +52,7 @@ def main() -> None:
         return predict()
     layers = 6 if case == "layers" else 4
     plan = plan_of([(4, 2, [([0], (0, layers))]), (2, 1, [([1], (0, layers))])], num_layers=layers)
-    strategy = HexiScaleStrategy(plan=plan, timeout=PG_TIMEOUT, watchdog_grace_s=2.0)
+    strategy = HexiScaleStrategy(plan=plan, timeout=PG_TIMEOUT)
     trainer = pl.Trainer(strategy=strategy, accelerator="cpu", devices=2, max_steps=6, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     mod = DiesOnRank1(TINY, dtype=torch.float64, init_seed=7) if case == "kill" else module()
