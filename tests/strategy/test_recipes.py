@@ -13,6 +13,7 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
+from omegaconf import OmegaConf
 from strategy_helpers import PG_TIMEOUT, loader, module, plan_of
 
 from lightning_hexiscale.config.schema import compose, preset_names
@@ -64,6 +65,19 @@ def test_train_recipe_loss_falls(tmp_path):
     assert last < first - 0.5, out.stdout[-2000:]
     assert "pipeline  batch/mb" in out.stdout  # the plan table
     assert (tmp_path / "checkpoints" / "last.ckpt" / "COMPLETE").is_file()
+    # config.yaml records what ran: the precision and the plan's dp_sharding, not the defaults.
+    ran, plan = OmegaConf.load(tmp_path / "config.yaml"), OmegaConf.load(tmp_path / "plan.yaml")
+    assert ran.trainer.precision == "bf16-mixed" and ran.train.dp_sharding == plan.dp_sharding
+    assert ran.train.global_batch == 8 and ran.cluster.name == "cpu2"
+    # A normal run prints nothing on stderr (no warning, no notice) and no Lightning tip. (torch's
+    # deprecations of all_gather_into_tensor / reduce_scatter_tensor, each followed by its source
+    # line, come from runtime/zero.py: issue 12 replaces those calls.)
+    lines = out.stderr.splitlines()
+    rest = [ln for i, ln in enumerate(lines) if not ("_into_tensor" in ln or "reduce_scatter_tensor" in ln or
+                                                     (i and ("_into_tensor" in lines[i - 1] or
+                                                             "reduce_scatter_tensor" in lines[i - 1])))]
+    assert rest == [], out.stderr[-3000:]
+    assert "Tip:" not in out.stdout, out.stdout[-3000:]
 
 
 @pytest.mark.timeout(60)
