@@ -43,6 +43,7 @@ import os
 import shutil
 import threading
 import uuid
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -256,8 +257,10 @@ def _load(path: Path, pieces: list[Piece], group, reader: RangeReader | None = N
           no_dist: bool | None = None) -> RangeReader:
     reader = reader or RangeReader(str(path))
     no_dist = not _distributed() if no_dist is None else no_dist
-    dcp.load({p.key: p.tensor for p in pieces}, storage_reader=reader, planner=PieceLoadPlanner(pieces, str(path)),
-             process_group=group, no_dist=no_dist)
+    with warnings.catch_warnings():  # no_dist is what we ask for, not an accident worth a warning
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        dcp.load({p.key: p.tensor for p in pieces}, storage_reader=reader,
+                 planner=PieceLoadPlanner(pieces, str(path)), process_group=group, no_dist=no_dist)
     return reader
 
 

@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader
 from lightning_hexiscale.data import generated_corpus
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.runtime import checkpoint as ckpt
+from lightning_hexiscale.runtime.checkpoint_io import PieceSavePlanner
 
 PLAN = plan_of([(4, 2, [([0, 1], (0, 4))]), (2, 1, [([2], (0, 2)), ([3], (2, 4))])])
 G, STEPS, KILL_AT = 6, 8, 3
@@ -44,7 +45,8 @@ class KillAt(Callback):
 
 
 class CrashDuringSave(Callback):
-    """At step ``step``, the stage leaders write one file of the checkpoint and then die."""
+    """At step ``step``, every rank writes one box of its part of the checkpoint and then dies
+    (when DCP's writer asks for its second box)."""
 
     def __init__(self, step: int):
         self.step = step
@@ -52,13 +54,16 @@ class CrashDuringSave(Callback):
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         if trainer.global_step != self.step:
             return
-        real = ckpt._write_units
+        real = PieceSavePlanner.resolve_data
+        served = []
 
-        def write_then_die(tmp, stage, gathered, with_optim):
-            real(tmp, stage, gathered, with_optim)
-            os._exit(18)
+        def write_one_then_die(planner, write_item):
+            if served:
+                os._exit(18)
+            served.append(write_item)
+            return real(planner, write_item)
 
-        ckpt._write_units = write_then_die
+        PieceSavePlanner.resolve_data = write_one_then_die
 
 
 def every_step(dirpath) -> ModelCheckpoint:
