@@ -165,7 +165,6 @@ class HexiScaleStrategy(DDPStrategy):
         self._train_sampler = None
         self.async_checkpoint = async_checkpoint
         self._checkpointer = None
-        self._failed = False
 
     # ---- environment -----------------------------------------------------------------------
     @override
@@ -456,7 +455,6 @@ class HexiScaleStrategy(DDPStrategy):
     def on_exception(self, exception: BaseException) -> None:
         """Report this rank's failure to the others and say on stderr which rank failed first."""
         super().on_exception(exception)
-        self._failed = True
         if self._watch is None or isinstance(exception, (KeyboardInterrupt, NonFiniteError)):
             return  # non-finite steps stop every rank together by design: nothing to tell
         self._watch.report(exception)
@@ -556,7 +554,7 @@ class HexiScaleStrategy(DDPStrategy):
         from lightning_hexiscale.runtime import checkpoint as ckpt
 
         if self._checkpointer is not None:
-            self._checkpointer.wait()  # an asynchronous save may still be renaming into place
+            self._checkpointer.wait_for(filepath)  # an asynchronous save may still be writing it
         if self.is_global_zero:
             ckpt.remove(filepath)
 
@@ -564,8 +562,8 @@ class HexiScaleStrategy(DDPStrategy):
     @override
     def teardown(self) -> None:
         if self._checkpointer is not None:
-            try:  # the last asynchronous save: written and renamed before the processes end
-                self._checkpointer.wait(barrier=not self._failed)
+            try:  # the last asynchronous saves: written and renamed before the processes end
+                self._checkpointer.close()
             finally:
                 self._checkpointer = None
         if self._watch is not None:

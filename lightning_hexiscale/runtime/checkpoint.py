@@ -41,10 +41,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import threading
 import uuid
 import warnings
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -68,46 +69,60 @@ META = "meta.pt"
 
 
 # ---- saving ---------------------------------------------------------------------------------------
+MAX_IN_FLIGHT = 2
+"""Asynchronous saves in flight at once (each holds a staged copy of the rank's pieces): the
+top-k and the "last" checkpoint that ModelCheckpoint writes at the same step."""
+
+
 @dataclass
 class _Pending:
-    future: Any
+    future: Future
     path: Path
-    coordinator: bool
-    finalized: threading.Event = field(default_factory=threading.Event)
-    error: BaseException | None = None
 
 
 class Checkpointer:
-    """Writes checkpoints atomically, synchronously or with DCP's ``async_save``.
+    """Writes checkpoints atomically, synchronously or in the background.
 
     Args:
         group: process group of the checkpoint's collectives (all ranks; ``None``: the default
-            group). ``async_save`` needs a group with a CPU backend that nothing else uses while a
-            save is in flight, e.g. ``dist.new_group(backend="gloo")`` created by every rank.
-        async_save: return from :meth:`save` once the pieces are staged in CPU memory; the write
-            and the rename finish in a background thread.
+            group). With ``async_save`` it must have a CPU backend and be used by nothing else,
+            e.g. ``dist.new_group(backend="gloo")`` created by every rank.
+        async_save: return from :meth:`save` once the pieces are staged (copied to CPU memory by
+            DCP's ``FileSystemWriter.stage``, the stager of ``dcp.async_save``); DCP's ``save`` and the
+            rename run in ONE background thread per rank, saves in the order they were made. Not
+            ``dcp.async_save`` itself: it starts a thread per call, so two saves in flight would
+            issue their collectives from two threads, in an order that may differ between ranks.
+            At most :data:`MAX_IN_FLIGHT` saves are in flight; a further save waits for the oldest.
     """
 
     def __init__(self, group: dist.ProcessGroup | None = None, async_save: bool = False):
         self.group, self.async_save = group, async_save
-        self._pending: _Pending | None = None
+        self._pending: list[_Pending] = []
+        self._executor: ThreadPoolExecutor | None = None
+        self._run_id: str | None = None
+        self._count = 0
 
     @property
     def pending(self) -> bool:
         """Whether an asynchronous save is still in flight (or not yet waited for)."""
-        return self._pending is not None
+        return any(not p.future.done() for p in self._pending)
 
     def save(self, path: str | Path, engine, optimizer: Optimizer | None = None,
              lightning_state: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> None:
         """Collective: every rank calls it with its engine (and its optimizer, to save its state).
 
         ``lightning_state`` (rank 0's is written) and ``extra`` (added to ``meta["hexiscale"]``)
-        go to ``meta.pt``."""
-        self.wait()
+        go to ``meta.pt``. No communication happens in the calling thread except, once, the
+        agreement on this Checkpointer's name for temporary directories."""
+        while len(self._pending) >= MAX_IN_FLIGHT:
+            self._pop()
         path = Path(path)
         on = _distributed()
         coordinator = not on or dist.get_rank(self.group) == 0
-        tmp = path.with_name(f"{path.name}.tmp-{_agree_token(self.group) if on else uuid.uuid4().hex[:16]}")
+        if self._run_id is None:  # before any save is in flight: the group is free
+            self._run_id = _agree_token(self.group) if on else uuid.uuid4().hex[:16]
+        self._count += 1
+        tmp = path.with_name(f"{path.name}.tmp-{self._run_id}-{self._count}")
         if coordinator:
             tmp.mkdir(parents=True, exist_ok=True)
             meta = dict(lightning_state or {})
@@ -117,39 +132,53 @@ class Checkpointer:
         pieces = write_pieces(engine, optimizer)
         state = {p.key: p.tensor for p in pieces}
         writer = dcp.FileSystemWriter(str(tmp))
-        planner = PieceSavePlanner(pieces)
+        job = (writer, PieceSavePlanner(pieces), self.group, on, tmp, path, coordinator)
         if not self.async_save:
-            dcp.save(state, storage_writer=writer, planner=planner, process_group=self.group, no_dist=not on)
-            if coordinator:
-                _finalize(tmp, path)
+            _write(state, *job)
             if on:
                 dist.barrier(group=self.group)  # nobody looks for <path> before the rename
             return
-        future = dcp.async_save(state, storage_writer=writer, planner=planner, process_group=self.group,
-                                no_dist=not on)
-        pending = self._pending = _Pending(future, path, coordinator)
-        if coordinator:
-            future.add_done_callback(lambda f: _finish_async(f, pending, tmp))
+        staged = writer.stage(state)  # the values of this step, whatever training does next
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hexiscale-checkpoint")
+        self._pending.append(_Pending(self._executor.submit(_write, staged, *job), path))
+
+    def _pop(self) -> None:
+        p = self._pending.pop(0)
+        try:
+            p.future.result()
+        except BaseException as e:
+            self._pending.clear()  # later saves of a failed sequence are not trusted either
+            raise RuntimeError(f"the asynchronous checkpoint save of {p.path} failed: {e}") from e
 
     def wait(self, barrier: bool = True) -> None:
-        """Block until the asynchronous save in flight (if any) is written and renamed into place;
-        re-raise its error. Collective when a save is pending (``barrier``: so that every rank
-        sees the renamed directory afterwards)."""
-        pending, self._pending = self._pending, None
-        if pending is None:
-            return
-        error: BaseException | None = None
+        """Block until every save in flight is written and renamed into place; re-raise the first
+        error. Collective when something was in flight and ``barrier`` (every rank then sees the
+        renamed directories: the coordinator renames)."""
+        had = bool(self._pending)
         try:
-            pending.future.result()
-        except BaseException as e:  # raised below, after the barrier
-            error = e
-        if pending.coordinator:
-            pending.finalized.wait()
-            error = error or pending.error
-        if barrier and _distributed():
-            dist.barrier(group=self.group)
-        if error is not None:
-            raise RuntimeError(f"the asynchronous checkpoint save of {pending.path} failed: {error}") from error
+            while self._pending:
+                self._pop()
+        finally:
+            if had and barrier and _distributed():
+                dist.barrier(group=self.group)
+
+    def wait_for(self, path: str | Path) -> None:
+        """Local: block until the saves in flight up to the last one writing ``path`` are done
+        (before removing ``path``; only the coordinator renames and removes)."""
+        path = Path(path)
+        last = max((i for i, p in enumerate(self._pending) if p.path == path), default=-1)
+        for _ in range(last + 1):
+            self._pop()
+
+    def close(self) -> None:
+        """Wait for the saves in flight (no barrier) and stop the writer thread."""
+        try:
+            self.wait(barrier=False)
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+                self._executor = None
 
 
 def save(path: str | Path, engine, optimizer: Optimizer | None = None, lightning_state: dict[str, Any] | None = None,
@@ -158,15 +187,13 @@ def save(path: str | Path, engine, optimizer: Optimizer | None = None, lightning
     Checkpointer(group).save(path, engine, optimizer, lightning_state, extra)
 
 
-def _finish_async(future, pending: _Pending, tmp: Path) -> None:
-    """Coordinator, in DCP's writer thread: every rank's data and the metadata are on disk."""
-    try:
-        if future.exception() is None:
-            _finalize(tmp, pending.path)
-    except BaseException as e:  # reported by Checkpointer.wait
-        pending.error = e
-    finally:
-        pending.finalized.set()
+def _write(state, writer, planner, group, on: bool, tmp: Path, path: Path, coordinator: bool) -> None:
+    """DCP's collective save of this rank's pieces; then, on the coordinator (every rank's data and
+    DCP's metadata are on disk once its ``dcp.save`` returns), ``COMPLETE`` and the rename."""
+    with _quiet_no_dist(not on):
+        dcp.save(state, storage_writer=writer, planner=planner, process_group=group, no_dist=not on)
+    if coordinator:
+        _finalize(tmp, path)
 
 
 def _finalize(tmp: Path, path: Path) -> None:
@@ -174,12 +201,24 @@ def _finalize(tmp: Path, path: Path) -> None:
         f.write(FORMAT + "\n")
         f.flush()
         os.fsync(f.fileno())
-    old = path.with_name(f"{path.name}.old-{tmp.name.rsplit('-', 1)[-1]}")
+    old = path.with_name(f"{path.name}.old-{tmp.name.split('.tmp-', 1)[-1]}")
     if path.exists():
         path.rename(old)
     tmp.rename(path)
     if old.exists():
         remove(old)
+
+
+@contextmanager
+def _quiet_no_dist(active: bool):
+    """DCP warns when it runs without a process group; with ``no_dist`` that is what we ask for.
+    (Only then: the filter is process-global and saves may run in a background thread.)"""
+    if not active:
+        yield
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        yield
 
 
 def _distributed() -> bool:
@@ -193,7 +232,7 @@ def _group_device(group) -> torch.device:
 
 
 def _agree_token(group) -> str:
-    """A random name for the save's temporary directory, equal on every rank (one int64 broadcast)."""
+    """A random name, equal on every rank (one int64 broadcast from the group's first rank)."""
     t = torch.tensor([uuid.uuid4().int % (1 << 62)], dtype=torch.int64, device=_group_device(group))
     dist.broadcast(t, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
     return f"{int(t.item()):016x}"
@@ -257,8 +296,7 @@ def _load(path: Path, pieces: list[Piece], group, reader: RangeReader | None = N
           no_dist: bool | None = None) -> RangeReader:
     reader = reader or RangeReader(str(path))
     no_dist = not _distributed() if no_dist is None else no_dist
-    with warnings.catch_warnings():  # no_dist is what we ask for, not an accident worth a warning
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+    with _quiet_no_dist(no_dist):
         dcp.load({p.key: p.tensor for p in pieces}, storage_reader=reader,
                  planner=PieceLoadPlanner(pieces, str(path)), process_group=group, no_dist=no_dist)
     return reader
