@@ -516,9 +516,7 @@ class HexiScaleStrategy(DDPStrategy):
             raise ConfigError("configure_optimizers", f"{len(self.optimizers)} optimizers",
                               "hexiscale checkpoints hold one optimizer's state", "use one optimizer")
         optimizer = internals.unwrap_optimizer(self.optimizers[0]) if with_optim else None
-        assert self.plan is not None
-        extra = {"plan": self.plan.to_dict(), "world_size": self.world_size}
-        self.checkpointer.save(filepath, self.pipeline_model.engine, optimizer, checkpoint, extra)
+        self.checkpointer.save(filepath, self.pipeline_model.engine, optimizer, checkpoint)
 
     @override
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:

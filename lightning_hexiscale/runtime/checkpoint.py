@@ -39,6 +39,7 @@ The file system must be shared by all ranks (as for any multi-node checkpoint).
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import uuid
@@ -126,7 +127,8 @@ class Checkpointer:
         if coordinator:
             tmp.mkdir(parents=True, exist_ok=True)
             meta = dict(lightning_state or {})
-            meta["hexiscale"] = {"format": FORMAT, "model": engine.config.to_dict(), **(extra or {}),
+            meta["hexiscale"] = {"format": FORMAT, "model": engine.config.to_dict(), "plan": engine.plan.to_dict(),
+                                 "world_size": engine.plan.world_size, **(extra or {}),
                                  "optimizer": optimizer_meta(optimizer) if optimizer is not None else None}
             torch.save(meta, tmp / META)
         pieces = write_pieces(engine, optimizer)
@@ -410,12 +412,20 @@ def consolidate(path: str | Path, out: str | Path) -> dict[str, Any]:
     state = load_llama_state_dict(path)
     meta = read_meta(path)
     out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     torch.save(state, tmp)
     tmp.replace(out)
     return {"global_step": meta.get("global_step"), "epoch": meta.get("epoch"), "tensors": len(state),
             "bytes": sum(t.numel() * t.element_size() for t in state.values()),
             "model": meta["hexiscale"]["model"].get("name")}
+
+
+def stored_tensors(path: str | Path) -> tuple[int, int]:
+    """(number of global tensors, their bytes) in a checkpoint, from DCP's metadata."""
+    md = RangeReader(str(check_complete(path))).read_metadata().state_dict_metadata
+    sizes = [math.prod(m.size) * m.properties.dtype.itemsize for m in md.values() if isinstance(m, TensorStorageMetadata)]
+    return len(sizes), sum(sizes)
 
 
 def remove(path: str | Path) -> None:

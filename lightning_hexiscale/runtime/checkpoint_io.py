@@ -17,7 +17,8 @@ saved chunk it touches whole, so a TP-8 rank resuming from a TP-1 save would rea
 layers. The writer stores each chunk as a ``torch.save`` zip whose tensor data is one uncompressed,
 contiguous record (the planner hands DCP contiguous tensors); the reader finds that record from the
 zip directory (a few hundred bytes) and reads only the byte runs of its own sub-box, straight into
-the destination tensor when it is contiguous and of the saved dtype. It logs every read
+the destination tensor when it is a contiguous CPU tensor of the saved dtype (else through a buffer
+of the sub-box's size). It logs every read
 (``RangeReader.log``) so that tests can check a rank read its own bytes and nothing else.
 """
 
@@ -198,7 +199,7 @@ class RangeReader(FileSystemReader):
             raise AssertionError(f"{rel}: record of {rec.nbytes} bytes for a {saved} {dtype} chunk")
         target = planner.resolve_tensor(req).detach()
         lengths, offs = tuple(req.lengths), tuple(req.storage_offsets)
-        direct = target.dtype == dtype and target.is_contiguous()
+        direct = target.dtype == dtype and target.is_contiguous() and target.device.type == "cpu"
         buf = target if direct else torch.empty(lengths, dtype=dtype)
         flat = buf.reshape(-1).view(torch.uint8)
         run_elems, starts = _runs(saved, offs, lengths)

@@ -188,3 +188,37 @@ def test_runs_of_a_sub_box_are_its_row_major_bytes():
             got = torch.cat([torch.arange(s, s + run) for s in starts])
             want = flat[tuple(slice(o, o + n) for o, n in zip(offs, lengths))].reshape(-1)
             assert torch.equal(got, want)
+
+
+# ---- conversion out of the sharded format ---------------------------------------------------------
+def _tiny_save_worker(rank: int, world: int, plan_dict: dict, config: LlamaConfig, path: str) -> dict:
+    plan = Plan.from_dict(plan_dict)
+    engine = PipelineEngine(plan, config, seed=5, dtype=torch.float64)
+    opt = torch.optim.SGD(engine.parameters(), lr=0.1, momentum=0.9)
+    tokens, targets = make_batch(config, plan.global_batch, 0)
+    engine.train_step(tokens, targets)
+    opt.step()
+    ckpt.save(path, engine, opt, lightning_state={"global_step": 1, "epoch": 0})
+    return engine.local_shards()
+
+
+@pytest.mark.timeout(60)
+def test_consolidate_command_writes_the_plain_models_state_dict(run_ranks, tmp_path, tiny_mha, capsys):
+    from lightning_hexiscale.cli.main import main
+    from lightning_hexiscale.models.llama import Llama
+    from lightning_hexiscale.runtime.parallelize import assemble_full_state_dict
+
+    plan = plan_of([(2, 1, [([0, 1, 2], (0, 4))]), (1, 1, [([3], (0, 2)), ([4], (2, 4))])], 4)
+    shards = run_ranks(plan.world_size, _tiny_save_worker, plan.to_dict(), tiny_mha, str(tmp_path / "ck"))
+    want = assemble_full_state_dict(shards, tiny_mha)  # independent of the checkpoint code
+    out = tmp_path / "llama.pt"
+    assert main(["checkpoint", "consolidate", str(tmp_path / "ck"), str(out)]) == 0
+    state = torch.load(out, weights_only=True)
+    assert set(state) == set(want) and all(torch.equal(state[k], want[k]) for k in want)
+    Llama(tiny_mha).to(torch.float64).load_state_dict(state)  # loads as is into the plain model
+    assert main(["checkpoint", "info", str(tmp_path / "ck")]) == 0
+    printed = capsys.readouterr().out
+    assert "step         1" in printed and "torch.optim.sgd.SGD" in printed and "5 ranks, 2 pipeline(s)" in printed
+    assert main(["checkpoint", "consolidate", str(tmp_path / "ck"), str(out)]) == 2  # exists, no --force
+    assert main(["checkpoint", "consolidate", str(tmp_path / "nowhere"), str(tmp_path / "x.pt")]) == 2
+    assert "no such checkpoint" in capsys.readouterr().err
