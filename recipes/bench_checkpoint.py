@@ -11,16 +11,20 @@ such pipelines beyond, so that replicas exist), then:
   time until the checkpoint is complete;
 - **load**: fresh engines and optimizers (as on resume) read it back (each rank its own bytes).
 
-Times are the slowest rank's (wall clock, between barriers). Peak memory per rank is the growth of
-the resident set during the operation (Linux VmHWM reset through /proc/self/clear_refs; CUDA:
-``max_memory_allocated``), largest over the ranks, next to the largest rank's own shard bytes.
+Times are the slowest rank's (wall clock, between barriers). "extra" is the growth of a rank's
+resident set during the operation (Linux VmHWM reset through /proc/self/clear_refs; CUDA:
+``max_memory_allocated``), the largest over the ranks; "peak" is what a rank holds for the
+checkpoint's tensors at the operation's peak: what it held before (save: its own shards, parameters
++ optimizer state; load: its freshly built parameters) + its extra, the largest over the ranks. For the baseline: torch.save's peak is the full state
+it holds + its growth; torch.load's is its growth (it allocates the whole state).
 
 Baseline, measured in the same run on one process: a plain ``torch.save`` of the same full state
 (the plain Llama's state dict and its AdamW optimizer's) to one file, and ``torch.load`` of it, in a
-forked process. (The sharded save also fsyncs every file and plans collectively: durability and
-the atomic rename cost a fixed overhead that small checkpoints show most.) glibc's mmap threshold
-is fixed at 64 KiB (``bench_zero.fixed_mmap_threshold``) so that freed memory leaves the resident set. Printed: one table row per (ranks, size), then the ratios
-save / torch.save and load / torch.load of time, and of peak memory per rank.
+forked process. Printed: one table row per (ranks, size), then the ratios sharded / plain of time
+and of peak memory per rank. The sharded save also fsyncs every file and plans collectively
+(durability and the atomic rename): a fixed cost that small checkpoints show most. glibc's mmap
+threshold is fixed at 64 KiB (``bench_zero.fixed_mmap_threshold``) so that freed memory leaves the
+resident set.
 
     python recipes/bench_checkpoint.py                       # 2, 4, 8 ranks x 2 sizes, ~2-4 min on 2 cores
     python recipes/bench_checkpoint.py --ranks 2 --hidden 128 --layers 2    # seconds
@@ -29,7 +33,6 @@ save / torch.save and load / torch.load of time, and of peak memory per rank.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import multiprocessing as mp
 import shutil
@@ -131,9 +134,11 @@ def _rank(rank: int, world: int, port: int, plan_dict: dict, config: LlamaConfig
             ckpt.load_model(f"{root}/ckpt", eng)
             ckpt.load_optimizer(f"{root}/ckpt", eng, user)
 
+        before = own_bytes(eng, user)  # the fresh engine's parameters: the optimizer has no state yet
         load_s, load_peak = _timed(dev, load)
         out.put((rank, "ok", {"own": own, "save_s": save_s, "save_peak": save_peak, "async_held_s": held["s"],
-                              "async_s": async_s, "async_peak": async_peak, "load_s": load_s, "load_peak": load_peak}))
+                              "async_s": async_s, "async_peak": async_peak, "load_s": load_s, "load_peak": load_peak,
+                              "load_before": before}))
     except Exception as e:  # reported by the parent
         out.put((rank, "error", repr(e)))
     finally:
@@ -247,31 +252,34 @@ def main(argv=None) -> int:
                 res = run_sharded(r, config, run_dir, args.device, args.timeout)
                 shutil.rmtree(run_dir)
                 worst = {k: max(x[k] for x in res) for k in res[0]}
-                rows.append(dict(ranks=r, hidden=hidden, mb=nbytes / MB, base=(b_save_s, b_save_peak, b_load_s, b_load_peak),
-                                 **worst))
+                worst["save_held"] = max(x["own"] + x["save_peak"] for x in res)
+                worst["load_held"] = max(x["load_before"] + x["load_peak"] for x in res)
+                base = (b_save_s, nbytes + b_save_peak, b_load_s, b_load_peak)
+                rows.append(dict(ranks=r, hidden=hidden, mb=nbytes / MB, base=base, **worst))
     finally:
         if not args.dir:
             shutil.rmtree(root, ignore_errors=True)
     print(f"checkpoint = fp32 parameters + AdamW state; {args.layers} layers; device {args.device}; times: slowest "
-          "rank; peak: largest growth of one rank (MiB)")
-    head = (f"{'ranks':>5} {'ckpt MB':>8} {'own MiB':>8} | {'save s':>7} {'peak':>6} | {'async held s':>12} "
-            f"{'done s':>7} {'peak':>6} | {'load s':>7} {'peak':>6} || {'torch.save s':>12} {'peak':>6} "
-            f"{'torch.load s':>12} {'peak':>6}")
+          "rank; extra: largest growth of one rank during the operation; peak: largest (own shard + extra) of one "
+          "rank; torch.save peak: the full state + growth, torch.load peak: growth (MiB)")
+    head = (f"{'ranks':>5} {'ckpt MB':>8} {'own MiB':>8} | {'save s':>7} {'extra':>6} {'peak':>6} | "
+            f"{'async held s':>12} {'done s':>7} {'extra':>6} | {'load s':>7} {'extra':>6} {'peak':>6} || "
+            f"{'torch.save s':>12} {'peak':>6} {'torch.load s':>12} {'peak':>6}")
     print(head)
     print("-" * len(head))
     for w in rows:
         bs, bsp, bl, blp = w["base"]
-        print(f"{w['ranks']:>5} {w['mb']:>8.1f} {w['own'] / MIB:>8.1f} | {w['save_s']:>7.3f} {w['save_peak'] / MIB:>6.1f} | "
-              f"{w['async_held_s']:>12.3f} {w['async_s']:>7.3f} {w['async_peak'] / MIB:>6.1f} | {w['load_s']:>7.3f} "
-              f"{w['load_peak'] / MIB:>6.1f} || {bs:>12.3f} {bsp / MIB:>6.1f} {bl:>12.3f} {blp / MIB:>6.1f}")
+        print(f"{w['ranks']:>5} {w['mb']:>8.1f} {w['own'] / MIB:>8.1f} | {w['save_s']:>7.3f} {w['save_peak'] / MIB:>6.1f} "
+              f"{w['save_held'] / MIB:>6.1f} | {w['async_held_s']:>12.3f} {w['async_s']:>7.3f} "
+              f"{w['async_peak'] / MIB:>6.1f} | {w['load_s']:>7.3f} {w['load_peak'] / MIB:>6.1f} "
+              f"{w['load_held'] / MIB:>6.1f} || {bs:>12.3f} {bsp / MIB:>6.1f} {bl:>12.3f} {blp / MIB:>6.1f}")
     print()
     print("ratios to one process's torch.save / torch.load of the same state (time; peak memory per rank):")
     for w in rows:
         bs, bsp, bl, blp = w["base"]
         print(f"  ranks {w['ranks']} ckpt {w['mb']:.0f} MB: save {w['save_s'] / bs:.2f}x time, "
-              f"{w['save_peak'] / max(bsp, 1):.2f}x peak; async held {w['async_held_s'] / bs:.2f}x; "
-              f"load {w['load_s'] / bl:.2f}x time, {w['load_peak'] / max(blp, 1):.2f}x peak "
-              f"(own shard {w['own'] / (w['mb'] * MB):.2f} of the state)")
+              f"{w['save_held'] / bsp:.2f}x peak; async holds training {w['async_held_s'] / bs:.2f}x of torch.save's "
+              f"time; load {w['load_s'] / bl:.2f}x time, {w['load_held'] / blp:.2f}x peak")
     return 0
 
 
