@@ -165,6 +165,7 @@ class HexiScaleStrategy(DDPStrategy):
         self._train_sampler = None
         self.async_checkpoint = async_checkpoint
         self._checkpointer = None
+        self._failed = False
 
     # ---- environment -----------------------------------------------------------------------
     @override
@@ -455,6 +456,7 @@ class HexiScaleStrategy(DDPStrategy):
     def on_exception(self, exception: BaseException) -> None:
         """Report this rank's failure to the others and say on stderr which rank failed first."""
         super().on_exception(exception)
+        self._failed = True
         if self._watch is None or isinstance(exception, (KeyboardInterrupt, NonFiniteError)):
             return  # non-finite steps stop every rank together by design: nothing to tell
         self._watch.report(exception)
@@ -560,10 +562,9 @@ class HexiScaleStrategy(DDPStrategy):
     @override
     def teardown(self) -> None:
         if self._checkpointer is not None:
-            try:  # the last asynchronous saves: written and renamed before the processes end
-                self._checkpointer.close()
-            finally:
-                self._checkpointer = None
+            # The last asynchronous saves: written and renamed before the processes end; after a
+            # failure they are abandoned (their peers are gone; the directories stay partial).
+            self._checkpointer.close(wait=not self._failed)
         if self._watch is not None:
             self._watch.stop()
             self._watch = None

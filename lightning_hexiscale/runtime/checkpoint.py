@@ -115,6 +115,8 @@ class Checkpointer:
         ``lightning_state`` (rank 0's is written) and ``extra`` (added to ``meta["hexiscale"]``)
         go to ``meta.pt``. No communication happens in the calling thread except, once, the
         agreement on this Checkpointer's name for temporary directories."""
+        if optimizer is not None:
+            check_optimizer(engine, optimizer)
         while len(self._pending) >= MAX_IN_FLIGHT:
             self._pop()
         path = Path(path)
@@ -173,13 +175,17 @@ class Checkpointer:
         for _ in range(last + 1):
             self._pop()
 
-    def close(self) -> None:
-        """Wait for the saves in flight (no barrier) and stop the writer thread."""
+    def close(self, wait: bool = True) -> None:
+        """Wait for the saves in flight (no barrier) and stop the writer thread (a later save starts
+        another). ``wait=False`` (after a failure elsewhere): abandon them; their ``.tmp-``
+        directories stay partial and are refused."""
         try:
-            self.wait(barrier=False)
+            if wait:
+                self.wait(barrier=False)
         finally:
+            self._pending.clear()
             if self._executor is not None:
-                self._executor.shutdown(wait=True)
+                self._executor.shutdown(wait=wait, cancel_futures=True)
                 self._executor = None
 
 
@@ -238,6 +244,17 @@ def _agree_token(group) -> str:
     t = torch.tensor([uuid.uuid4().int % (1 << 62)], dtype=torch.int64, device=_group_device(group))
     dist.broadcast(t, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
     return f"{int(t.item()):016x}"
+
+
+def check_optimizer(engine, optimizer: Optimizer) -> None:
+    """The optimizer must optimise exactly the stage's parameters (their state is what is saved)."""
+    mine = {id(p) for p in engine.stage.parameters()}
+    theirs = [p for g in optimizer.param_groups for p in g["params"]]
+    if any(id(p) not in mine for p in theirs) or len(theirs) != len(mine):
+        raise ConfigError("configure_optimizers", f"an optimizer over {len(theirs)} tensors",
+                          f"hexiscale checkpoints hold the model's {len(mine)} local parameters and their optimizer "
+                          "state; the optimizer has tensors outside the Llama or misses some of its parameters",
+                          "optimise self.parameters() (the model's)")
 
 
 def optimizer_meta(optimizer: Optimizer) -> dict[str, Any]:
@@ -320,6 +337,7 @@ def load_optimizer(path: str | Path, engine, optimizer: Optimizer, meta: dict[st
     engine's sharded optimizer) and the saved param-group hyper-parameters."""
     p = check_complete(path)
     meta = meta if meta is not None else read_meta(p)
+    check_optimizer(engine, optimizer)
     saved_meta = meta["hexiscale"].get("optimizer")
     if saved_meta is None:
         raise ConfigError("ckpt_path", str(p), "the checkpoint holds no optimizer state (weights only)",

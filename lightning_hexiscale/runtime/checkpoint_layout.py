@@ -335,15 +335,16 @@ def saved_optimizer_keys(tensors: dict[str, tuple[tuple[int, ...], torch.dtype]]
     """name -> {key: (python?, shape, dtype)} of the saved optimizer state, from the checkpoint's
     tensor list {fqn: (shape, dtype)}."""
     out: dict[str, dict[str, tuple[bool, tuple[int, ...], torch.dtype]]] = {n: {} for n in names}
-    suffixes = {"." + n: n for n in names}
     for fqn, (shape, dtype) in tensors.items():
         space, _, rest = fqn.partition(".")
         if space not in (OPTIM, OPTIM_PY):
             continue
-        # key.name, where the key may itself contain dots: match the (longest) known parameter name
-        for sfx, n in suffixes.items():
-            if rest.endswith(sfx) and len(rest) > len(sfx):
-                out[n][rest[:-len(sfx)]] = (space == OPTIM_PY, tuple(shape), dtype)
+        # "<key>.<name>": the key ends at the first dot after which a parameter name of ours follows
+        dot = rest.find(".")
+        while dot != -1 and rest[dot + 1:] not in out:
+            dot = rest.find(".", dot + 1)
+        if dot > 0:
+            out[rest[dot + 1:]][rest[:dot]] = (space == OPTIM_PY, tuple(shape), dtype)
     return out
 
 

@@ -222,3 +222,34 @@ def test_consolidate_command_writes_the_plain_models_state_dict(run_ranks, tmp_p
     assert main(["checkpoint", "consolidate", str(tmp_path / "ck"), str(out)]) == 2  # exists, no --force
     assert main(["checkpoint", "consolidate", str(tmp_path / "nowhere"), str(tmp_path / "x.pt")]) == 2
     assert "no such checkpoint" in capsys.readouterr().err
+
+
+def _foreign_optimizer_worker(rank: int, world: int, plan_dict: dict, config: LlamaConfig, path: str) -> str:
+    from lightning_hexiscale.errors import ConfigError
+
+    engine = PipelineEngine(Plan.from_dict(plan_dict), config, seed=0)
+    extra = torch.nn.Parameter(torch.zeros(3))
+    opt = torch.optim.AdamW([*engine.parameters(), extra], lr=1e-3)
+    try:
+        ckpt.save(path, engine, opt)
+    except ConfigError as e:
+        return str(e)
+    return "saved"
+
+
+def test_optimizer_over_foreign_tensors_is_refused(run_ranks, tmp_path, tiny_gqa):
+    plan = plan_of([(1, 1, [([0], (0, 4))])], 4)
+    (msg,) = run_ranks(1, _foreign_optimizer_worker, plan.to_dict(), tiny_gqa, str(tmp_path / "ck"))
+    assert msg.startswith("configure_optimizers = ") and "Fix: optimise self.parameters()" in msg
+
+
+def test_saved_optimizer_keys_split_key_and_name():
+    names = ["layers.1.attn.q_proj.weight", "layers.11.attn.q_proj.weight", "norm.weight"]
+    f32 = torch.float32
+    tensors = {"optim.exp_avg.layers.11.attn.q_proj.weight": ((4, 4), f32), "optim.step.norm.weight": ((), f32),
+               "optim_py.my.key.layers.1.attn.q_proj.weight": ((), torch.int64), "model.norm.weight": ((4,), f32),
+               "optim.exp_avg.layers.2.mlp_norm.weight": ((4,), f32)}
+    got = saved_optimizer_keys(tensors, names)
+    assert got == {"layers.1.attn.q_proj.weight": {"my.key": (True, (), torch.int64)},
+                   "layers.11.attn.q_proj.weight": {"exp_avg": (False, (4, 4), f32)},
+                   "norm.weight": {"step": (False, (), f32)}}
