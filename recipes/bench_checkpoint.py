@@ -14,9 +14,10 @@ such pipelines beyond, so that replicas exist), then:
 Times are the slowest rank's (wall clock, between barriers). "extra" is the growth of a rank's
 resident set during the operation (Linux VmHWM reset through /proc/self/clear_refs; CUDA:
 ``max_memory_allocated``), the largest over the ranks; "peak" is what a rank holds for the
-checkpoint's tensors at the operation's peak: what it held before (save: its own shards, parameters
-+ optimizer state; load: its freshly built parameters) + its extra, the largest over the ranks. For the baseline: torch.save's peak is the full state
-it holds + its growth; torch.load's is its growth (it allocates the whole state).
+checkpoint's tensors at the operation's peak: what it held before (save: its own shards, i.e.
+parameters and optimizer state; load: its freshly built parameters) + its extra, the largest over
+the ranks. For the baseline: torch.save's peak is the full state it holds + its growth;
+torch.load's is its growth (it allocates the whole state).
 
 Baseline, measured in the same run on one process: a plain ``torch.save`` of the same full state
 (the plain Llama's state dict and its AdamW optimizer's) to one file, and ``torch.load`` of it, in a
@@ -269,8 +270,8 @@ def main(argv=None) -> int:
     print("-" * len(head))
     for w in rows:
         bs, bsp, bl, blp = w["base"]
-        print(f"{w['ranks']:>5} {w['mb']:>8.1f} {w['own'] / MIB:>8.1f} | {w['save_s']:>7.3f} {w['save_peak'] / MIB:>6.1f} "
-              f"{w['save_held'] / MIB:>6.1f} | {w['async_held_s']:>12.3f} {w['async_s']:>7.3f} "
+        print(f"{w['ranks']:>5} {w['mb']:>8.1f} {w['own'] / MIB:>8.1f} | {w['save_s']:>7.3f} "
+              f"{w['save_peak'] / MIB:>6.1f} {w['save_held'] / MIB:>6.1f} | {w['async_held_s']:>12.3f} {w['async_s']:>7.3f} "
               f"{w['async_peak'] / MIB:>6.1f} | {w['load_s']:>7.3f} {w['load_peak'] / MIB:>6.1f} "
               f"{w['load_held'] / MIB:>6.1f} || {bs:>12.3f} {bsp / MIB:>6.1f} {bl:>12.3f} {blp / MIB:>6.1f}")
     print()

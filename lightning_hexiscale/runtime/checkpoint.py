@@ -22,16 +22,17 @@ no tensor crosses the network (DCP exchanges only the small write plans). Rank 0
 ``meta.pt`` into ``<path>.tmp-<token>``, and after DCP's metadata (so after every rank's data)
 ``COMPLETE``, then renames the directory to ``<path>`` (an existing ``<path>`` is moved aside first
 and deleted after). A crash leaves either the previous checkpoint or a ``.tmp-`` directory, never a
-half-written ``<path>``. With ``async_save`` the pieces are copied to CPU memory (DCP's staging),
-the write and the rename run in a background thread while training goes on, and the next save,
-load or removal waits for it.
+half-written ``<path>``. With ``async_save`` the pieces are copied to CPU memory (DCP's stager),
+DCP's save and the rename run in one background thread per rank (saves in order, on a process
+group of their own) while training goes on; a load, the end of the run, or a save beyond
+:data:`MAX_IN_FLIGHT` waits for them, a removal for the save writing that path.
 
 Loading: each rank reads the byte ranges of its own shards only (:class:`RangeReader`), straight
 into its parameters and a freshly allocated optimizer state; DCP's planner reshards.
 
-Memory (measured in tests/strategy/test_checkpoint_memory.py): a save adds at most the rank's own
-shard bytes (contiguous copies of boxes that are views, e.g. ZeRO chunk boxes or column slices;
-with ``async_save``, the staged copy) plus a constant; a load adds the optimizer state it
+Memory (measured in tests/runtime/test_checkpoint_shards.py, bound: own shard bytes + 16 MiB): a save adds at most the rank's own
+shard bytes (contiguous copies of boxes that are not whole tensors, e.g. ZeRO chunk boxes or
+column slices; with ``async_save``, the staged copy per save in flight) plus a constant; a load adds the optimizer state it
 allocates (at most the rank's own shard bytes) plus a constant: never another rank's tensors.
 
 The file system must be shared by all ranks (as for any multi-node checkpoint).
@@ -44,8 +45,8 @@ import os
 import shutil
 import uuid
 import warnings
-from contextlib import contextmanager
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -442,7 +443,8 @@ def consolidate(path: str | Path, out: str | Path) -> dict[str, Any]:
 def stored_tensors(path: str | Path) -> tuple[int, int]:
     """(number of global tensors, their bytes) in a checkpoint, from DCP's metadata."""
     md = RangeReader(str(check_complete(path))).read_metadata().state_dict_metadata
-    sizes = [math.prod(m.size) * m.properties.dtype.itemsize for m in md.values() if isinstance(m, TensorStorageMetadata)]
+    sizes = [math.prod(m.size) * m.properties.dtype.itemsize for m in md.values()
+             if isinstance(m, TensorStorageMetadata)]
     return len(sizes), sum(sizes)
 
 

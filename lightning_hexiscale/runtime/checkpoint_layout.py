@@ -80,7 +80,8 @@ class Piece:
 
 
 # ---- box arithmetic -------------------------------------------------------------------------------
-def flat_range_boxes(shape: tuple[int, ...], start: int, end: int) -> list[tuple[tuple[int, ...], tuple[int, ...], int]]:
+def flat_range_boxes(shape: tuple[int, ...], start: int,
+                     end: int) -> list[tuple[tuple[int, ...], tuple[int, ...], int]]:
     """Boxes (offsets, sizes, flat start) tiling the row-major flat range [start, end) of a tensor of
     ``shape``, in flat order; each box is itself a contiguous run of that order. For a matrix:
     the tail of the first row, the whole rows, the head of the last row (at most 3 boxes).

@@ -103,7 +103,8 @@ def _load_worker(rank: int, world: int, plan_dict: dict, sharding: str, path: st
     tensors = {fqn: (tuple(md.size), md.properties.dtype)
                for fqn, md in optim_reader.read_metadata().state_dict_metadata.items()}
     names = [n for n, _ in engine.stage.named_parameters()]
-    pieces = read_model_pieces(engine) + read_optimizer_targets(engine, user, saved_optimizer_keys(tensors, names)).pieces
+    optim = read_optimizer_targets(engine, user, saved_optimizer_keys(tensors, names))
+    pieces = read_model_pieces(engine) + optim.pieces
     log = [(f, o, n) for f, o, n, kind in model_reader.log + optim_reader.log if kind == "data"]
     index_reads = sum(n for _f, _o, n, kind in model_reader.log + optim_reader.log if kind == "index")
     state = {}
@@ -118,7 +119,8 @@ def _load_worker(rank: int, world: int, plan_dict: dict, sharding: str, path: st
 def _stock_full(path: str, prefix: str) -> dict[str, torch.Tensor]:
     """Full tensors ``<prefix>.<name>`` read with DCP's own FileSystemReader and default planner."""
     md = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
-    state = {fqn: torch.empty(m.size, dtype=m.properties.dtype) for fqn, m in md.items() if fqn.startswith(prefix + ".")}
+    state = {fqn: torch.empty(m.size, dtype=m.properties.dtype) for fqn, m in md.items()
+             if fqn.startswith(prefix + ".")}
     dcp.load(state, storage_reader=dcp.FileSystemReader(path), no_dist=True)
     return {fqn[len(prefix) + 1:]: t for fqn, t in state.items()}
 
