@@ -30,9 +30,10 @@ group of their own) while training goes on; a load, the end of the run, or a sav
 Loading: each rank reads the byte ranges of its own shards only (:class:`RangeReader`), straight
 into its parameters and a freshly allocated optimizer state; DCP's planner reshards.
 
-Memory (measured in tests/runtime/test_checkpoint_shards.py, bound: own shard bytes + 16 MiB): a save adds at most the rank's own
-shard bytes (contiguous copies of boxes that are not whole tensors, e.g. ZeRO chunk boxes or
-column slices; with ``async_save``, the staged copy per save in flight) plus a constant; a load adds the optimizer state it
+Memory (tests/runtime/test_checkpoint_shards.py measures the bound: own shard bytes + 16 MiB): a
+save adds at most the rank's own shard bytes (contiguous copies of boxes that are not whole
+tensors, e.g. ZeRO chunk boxes or column slices; with ``async_save``, the staged copy per save in
+flight) plus a constant; a load adds the optimizer state it
 allocates (at most the rank's own shard bytes) plus a constant: never another rank's tensors.
 
 The file system must be shared by all ranks (as for any multi-node checkpoint).
