@@ -68,3 +68,32 @@ def test_weights_shape_mismatch_and_missing_dir(tmp_path):
         break
     with pytest.raises(ConfigError, match="lack .* tensor"):
         HFWeights(d, TINY)
+
+
+def test_a_tp_rank_reads_only_its_rows(tmp_path):
+    """load_full_state_dict reads every sharded matrix with read_slice (its rows or columns only) and
+    only the replicated norms whole; the pieces equal the full tensors' slices."""
+    from lightning_hexiscale.runtime.parallelize import build_stage, load_full_state_dict
+
+    d, ours = hf_directory(tmp_path)
+    weights = HFWeights(d, TINY)
+    whole, sliced = [], []
+    read_slice, getitem = weights.read_slice, HFWeights.__getitem__
+
+    class Spy(HFWeights):
+        def __getitem__(self, name):
+            whole.append(name)
+            return getitem(self, name)
+
+    weights.__class__ = Spy
+    weights.read_slice = lambda name, dim, a, b: sliced.append((name, dim, a, b)) or read_slice(name, dim, a, b)
+    with torch.device("meta"):
+        meta = Llama(TINY)
+    stage = build_stage(meta, (2, 4), False, True, 2, 1, tp_group=object(), dtype=torch.float64, seed=None)
+    load_full_state_dict(stage, weights)
+    assert all(n.endswith("norm.weight") for n in whole) and "norm.weight" in whole
+    assert ("lm_head.weight", 0, 128, 256) in sliced  # vocabulary rows of TP rank 1 of 2
+    assert ("layers.3.mlp.down_proj.weight", 1, 50, 100) in sliced  # row-parallel: its columns
+    for name, p in stage.named_parameters():
+        s = stage.shards()[name]
+        assert torch.equal(p, s.slice_of(ours[name])), name
