@@ -27,7 +27,8 @@ from lightning_hexiscale.errors import ConfigError
 
 HF_PREFIX = "hf:"
 """``model=hf:/path/to/dir``: the model shape comes from that directory's config.json and training
-starts from its weights."""
+starts from its weights. Such a model is named ``hf:<absolute dir>``, so a plan's ``meta.model``
+composes again (``hexiscale estimate --plan plan.yaml``)."""
 
 LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 """Parameters of the ``llama3`` RoPE scaling (Llama 3.1 / 3.2)."""

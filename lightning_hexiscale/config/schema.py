@@ -310,7 +310,7 @@ def resolve_hf_model(cfg: DictConfig, overrides: list[str] | tuple[str, ...] = (
                           "write model=hf:/path/to/dir (or model=_hf trainer.weights=/path/to/dir)")
     d = Path(str(weights)).expanduser()
     seq = next((o.partition("=")[2] for o in overrides if o.partition("=")[0].lstrip("+") == "model.seq_len"), None)
-    fields = model_fields_from_hf(read_hf_config(d, "trainer.weights"), d.resolve().name,
+    fields = model_fields_from_hf(read_hf_config(d, "trainer.weights"), f"hf:{d.resolve()}",
                                   int(seq) if seq is not None else None, where=str(d / "config.json"))
     try:
         node = OmegaConf.merge(OmegaConf.structured(ModelConfig), fields)

@@ -175,7 +175,7 @@ def load_hf(directory: str | Path, seq_len: int | None = None) -> tuple[LlamaCon
     ``config.json`` (``seq_len`` defaults to the pre-training context, see
     :meth:`LlamaConfig.from_hf`) and a lazy mapping global name -> full tensor (:class:`HFWeights`)."""
     d = Path(directory).expanduser()
-    config = LlamaConfig.from_hf(read_hf_config(d, "trainer.weights"), d.resolve().name, seq_len,
+    config = LlamaConfig.from_hf(read_hf_config(d, "trainer.weights"), f"hf:{d.resolve()}", seq_len,
                                  where=str(d / "config.json"))
     return config, HFWeights(d, config)
 
@@ -185,7 +185,7 @@ def check_hf_config(directory: str | Path, config: LlamaConfig) -> LlamaConfig:
     first field that differs (shape, norm epsilon, RoPE theta and scaling, tied head) or a
     ``seq_len`` beyond the weights' context. Returns the directory's own config."""
     d = Path(directory).expanduser()
-    theirs = LlamaConfig.from_hf(read_hf_config(d, "trainer.weights"), d.resolve().name,
+    theirs = LlamaConfig.from_hf(read_hf_config(d, "trainer.weights"), f"hf:{d.resolve()}",
                                  where=str(d / "config.json"))
     config.check_matches(theirs, str(d))
     return theirs

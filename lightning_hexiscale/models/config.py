@@ -359,7 +359,7 @@ class LlamaConfig:
             from pathlib import Path
 
             d = Path(hf_dir).expanduser()
-            return cls.from_hf(read_hf_config(d), d.resolve().name, where=str(d / "config.json"))
+            return cls.from_hf(read_hf_config(d), f"hf:{d.resolve()}", where=str(d / "config.json"))
         return cls.from_config(load_preset("model", name_or_path, ModelConfig))
 
 

@@ -60,9 +60,11 @@ def test_model_hf_composes_and_checks_presets(tmp_path):
     d = hf_dir(tmp_path)
     cfg = compose([f"model=hf:{d}", "model.seq_len=16", "dry_run=true", "cluster=cpu2", "train.global_batch=4",
                    "planner.iterations=2", f"trainer.output_dir={tmp_path / 'out'}"])
-    assert cfg.model.name == "Tiny-Llama" and cfg.model.seq_len == 16 and cfg.model.tie_word_embeddings
+    assert cfg.model.name == f"hf:{d.resolve()}" and cfg.model.seq_len == 16 and cfg.model.tie_word_embeddings
     assert cfg.model.rope_scaling.factor == 8.0 and Path(cfg.trainer.weights) == d.resolve()
     assert _recipe().run(cfg) == 0
+    # the plan names the model so that it composes again, e.g. for `hexiscale estimate --plan`
+    assert hexiscale(["estimate", "--plan", str(tmp_path / "out" / "plan.yaml"), "model.seq_len=16"]) == 0
     # a preset that does not match the directory: refused before planning, naming the field
     bad = compose(["model=llama_tiny", f"trainer.weights={d}", "dry_run=true", "cluster=cpu2"])
     with pytest.raises(ConfigError, match="model.hidden_size = 128.*hidden_size=32"):
@@ -112,7 +114,7 @@ def test_finetune_path_end_to_end(tmp_path):
     assert re.search(r"training loss: first [\d.]+ -> last [\d.]+ after 3 steps", out.stdout), out.stdout[-2000:]
     hparams = yaml.safe_load(next(run.glob("logs/*/hparams.yaml")).read_text())
     assert "pipeline" in hparams["plan_table"] and hparams["estimate"]["iteration_time_s"] > 0
-    assert hparams["model"]["tie_word_embeddings"] and hparams["model"]["name"] == "Tiny-Llama"
+    assert hparams["model"]["tie_word_embeddings"] and hparams["model"]["name"] == f"hf:{d.resolve()}"
 
     ckpt = run / "checkpoints" / "last.ckpt"
     exported = tmp_path / "exported"
