@@ -34,41 +34,35 @@ from lightning_hexiscale.config.hf_model import read_hf_config
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.models.config import LlamaConfig
 
-_TO_GLOBAL = [
-    (r"^model\.embed_tokens\.", "embed."),
-    (r"^model\.norm\.", "norm."),
-    (r"^model\.layers\.(\d+)\.self_attn\.", r"layers.\1.attn."),
-    (r"^model\.layers\.(\d+)\.mlp\.", r"layers.\1.mlp."),
-    (r"^model\.layers\.(\d+)\.input_layernorm\.", r"layers.\1.attn_norm."),
-    (r"^model\.layers\.(\d+)\.post_attention_layernorm\.", r"layers.\1.mlp_norm."),
-]
-_TO_HF = [
-    (r"^embed\.", "model.embed_tokens."),
-    (r"^norm\.", "model.norm."),
-    (r"^layers\.(\d+)\.attn\.", r"model.layers.\1.self_attn."),
-    (r"^layers\.(\d+)\.mlp\.", r"model.layers.\1.mlp."),
-    (r"^layers\.(\d+)\.attn_norm\.", r"model.layers.\1.input_layernorm."),
-    (r"^layers\.(\d+)\.mlp_norm\.", r"model.layers.\1.post_attention_layernorm."),
+_NAME_PAIRS = [  # (HF prefix, our prefix); {} stands for the layer index
+    ("model.embed_tokens.", "embed."),
+    ("model.norm.", "norm."),
+    ("model.layers.{}.self_attn.", "layers.{}.attn."),
+    ("model.layers.{}.mlp.", "layers.{}.mlp."),
+    ("model.layers.{}.input_layernorm.", "layers.{}.attn_norm."),
+    ("model.layers.{}.post_attention_layernorm.", "layers.{}.mlp_norm."),
 ]
 
 
-def _rename(name: str, rules: list[tuple[str, str]]) -> str | None:
+def _rename(name: str, to_ours: bool) -> str | None:
     if name == "lm_head.weight":
         return name
-    for pattern, repl in rules:
-        if re.match(pattern, name):
-            return re.sub(pattern, repl, name)
+    for hf, ours in _NAME_PAIRS:
+        src, dst = (hf, ours) if to_ours else (ours, hf)
+        m = re.match(re.escape(src).replace(r"\{\}", r"(\d+)"), name)
+        if m:
+            return dst.format(*m.groups()) + name[m.end():]
     return None
 
 
 def hf_to_global(name: str) -> str | None:
     """Our global parameter name for an HF Llama tensor name; None for tensors we do not use."""
-    return _rename(name, _TO_GLOBAL)  # e.g. rotary_emb.inv_freq buffers -> None
+    return _rename(name, to_ours=True)  # e.g. rotary_emb.inv_freq buffers -> None
 
 
 def global_to_hf(name: str) -> str:
     """The HF Llama tensor name of one of our global parameter names."""
-    out = _rename(name, _TO_HF)
+    out = _rename(name, to_ours=False)
     if out is None:
         raise KeyError(f"{name!r} is not a Llama parameter name")
     return out

@@ -125,6 +125,8 @@ class VocabParallelEmbedding(nn.Module):
         self.weight = nn.Parameter(torch.empty(vocab_end - vocab_start, hidden, device=device, dtype=dtype))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if self.group is None:  # TP 1: all rows, a plain lookup
+            return F.embedding(tokens, self.weight)
         outside = (tokens < self.vocab_start) | (tokens >= self.vocab_end)
         local = (tokens - self.vocab_start).masked_fill(outside, 0)
         out = F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
