@@ -319,10 +319,11 @@ class LlamaConfig:
         return hf_config_from_fields(self.to_dict(), torch_dtype, extra)
 
     def check_matches(self, other: LlamaConfig, source: str) -> None:
-        """ConfigError on the first field (other than the name, the training ``seq_len`` and
-        ``max_position_embeddings``) where ``other`` (e.g. read from ``source``'s config.json) differs."""
+        """ConfigError on the first field (other than the name and the training ``seq_len``) where
+        ``other`` (e.g. read from ``source``'s config.json) differs; ``max_position_embeddings`` only
+        when this config sets it (the Llama 2 presets leave it open)."""
         for f in fields(self):
-            if f.name in ("name", "seq_len", "max_position_embeddings"):
+            if f.name in ("name", "seq_len") or (f.name == "max_position_embeddings" and self.max_position_embeddings is None):
                 continue
             mine, theirs = getattr(self, f.name), getattr(other, f.name)
             if mine != theirs:

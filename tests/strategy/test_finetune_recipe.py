@@ -121,7 +121,7 @@ def test_finetune_path_end_to_end(tmp_path):
     assert hexiscale(["export", str(ckpt), "--hf", str(exported), "--tokenizer", str(d)]) == 0
     assert (exported / "tokenizer.json").is_file() and (exported / "model.safetensors").is_file()
     config, weights = load_hf(exported)
-    assert config.check_matches(MODEL, "MODEL") is None and config.max_position_embeddings == 256
+    assert MODEL.check_matches(config, str(exported)) is None and config.max_position_embeddings == 256
     from lightning_hexiscale.runtime.checkpoint import load_llama
 
     trained = load_llama(ckpt)
