@@ -433,7 +433,9 @@ class HexiScaleStrategy(DDPStrategy):
             total += owned.to(total.device)
         elif role.pipeline == 0:
             for name, p in pm.stage.named_parameters():
-                if p.grad is None or (shards[name].spec.shard_dim is None and not role.is_leader):
+                # replicated tensors count on the TP leader, a tied embedding on the first stage
+                if p.grad is None or (shards[name].spec.shard_dim is None and not role.is_leader) \
+                        or shards[name].tied_copy:
                     continue
                 total += p.grad.detach().double().pow(2).sum().to(total.device)
         dist.all_reduce(total, op=dist.ReduceOp.SUM)
