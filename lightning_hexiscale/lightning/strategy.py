@@ -89,11 +89,11 @@ class HexiScaleStrategy(DDPStrategy):
             ``nonfinite_events``.
         timeout: process-group timeout of every collective and p2p wait (a ``timedelta`` or
             seconds): a rank waiting on a dead or hung peer raises after this long.
-        async_checkpoint: save checkpoints with torch.distributed.checkpoint's ``async_save``: a save
-            copies this rank's pieces to CPU memory (its own shard bytes) and returns; the files are
-            written, and the directory renamed into place, in a background thread while training
-            goes on (over a gloo process group of its own). The next save, a load, a removal or the
-            end of the run waits for it; a crash meanwhile leaves the previous checkpoint.
+        async_checkpoint: write checkpoints in the background: a save copies this rank's pieces to
+            CPU memory (DCP's stager; its own shard bytes) and returns; DCP's save and the rename into
+            place run in one writer thread per rank, over a gloo process group of their own, while
+            training goes on (at most 2 saves in flight). A load, the end of the run, or a third save
+            waits for them; a crash meanwhile leaves the previous checkpoint.
         watchdog: run :class:`~lightning_hexiscale.runtime.failure.FailureWatch` (heartbeats over the
             rendezvous store): when a rank fails, every rank stops within ``watchdog_grace_s`` seconds
             more (exit status 4) and says which rank failed.
