@@ -1,7 +1,8 @@
 """Compose the Appendix B terms into an :class:`Estimate` of one training iteration under a Plan.
 
 Per micro-batch, stage j of pipeline i runs its l_ij layers forward and backward:
-    Stage_ij = l_ij * (T_f + T_b) (+ LM head on the last stage)
+    Stage_ij = l_ij * (T_f + T_b) (+ the vocabulary-parallel LM head and loss on the last stage,
+               + the vocabulary-parallel embedding's all-reduce on the first; cost_model.vocab_parallel_*)
 per iteration the pipeline takes Pipeline-Time(i) (Appendix B eq. 8) plus the data-parallel time
 its layers cannot hide behind the last backward, which is
     DP-Overhead-Layer(k) - n_mb * (T_f + T_b)   summed over the stage's layers (eq. 5),
@@ -304,7 +305,14 @@ def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
             tp_f = cm.comm_tp(st.devices, act_msg, cluster.bandwidth, cluster.latency)
             t_f = cm.layer_time_fwd(comp_f, tp_f)
             t_b = cm.layer_time_bwd(comp_f, tp_f, plan.recompute)
-            head_s = 3.0 * model.head_forward_flops(mb) / c_min if j == n_st - 1 else 0.0
+            head_comp = head_comm = 0.0
+            if j == n_st - 1:  # LM head + loss split over the stage's TP ranks along the vocabulary
+                head_comp, head_comm = cm.vocab_parallel_head(
+                    model.head_forward_flops(mb), model.max_vocab_fraction(st.tp), c_min, st.devices, mb * S, H, bt,
+                    cluster.bandwidth, cluster.latency)
+            if j == 0:
+                head_comm += cm.vocab_parallel_embedding(st.devices, act_msg, cluster.bandwidth, cluster.latency)
+            head_s = head_comp + head_comm
             hop = (cm.comm_pp_hop(st.devices, pipe.stages[j + 1].devices, act_msg, cluster.bandwidth,
                                   cluster.latency, leaders=(st.leader, pipe.stages[j + 1].leader))
                    if j + 1 < n_st else 0.0)
@@ -329,7 +337,8 @@ def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
             n_tp = 3.0 if plan.recompute else 2.0
             peak, cap = _stage_memory(plan, pipe, j, st, cluster, workload, ooms)
             rows.append(dict(devices=list(st.devices), tp=st.tp, layers=list(st.layers),
-                             compute_s=n_mb * (l * n_comp * comp_f + head_s), tp_comm_s=n_mb * l * n_tp * tp_f,
+                             compute_s=n_mb * (l * n_comp * comp_f + head_comp),
+                             tp_comm_s=n_mb * (l * n_tp * tp_f + head_comm),
                              pp_comm_s=n_mb * hop, dp_comm_s=dp_comm, dp_exposed_s=tail,
                              time_per_micro_batch_s=stage_mb + hop, peak_memory_bytes=peak, memory_capacity_bytes=cap))
         t_pipe = cm.pipeline_time(per_mb, hops, n_mb) + max(tails)
@@ -363,11 +372,12 @@ def _stage_memory(plan: Plan, pipe, j: int, st: Stage, cluster: Cluster, workloa
                   ooms: list[OutOfMemory]) -> tuple[float, float]:
     """Peak bytes on each device of the stage; appends out-of-memory devices to ``ooms``.
 
-    params_local = l * layer_params * shard (+ embedding on the first stage, norm + LM head on the
-    last, replicated over the TP group); states = params_local * bytes/param (ddp/zero2/zero3);
-    activations = in-flight micro-batches * stored activations (layer inputs only when recomputing)
-    + one layer's full activations as working memory + fp32 logits and their gradient on the last
-    stage; + ``reserve_bytes``.
+    params_local = l * layer_params * shard (+ the embedding's V/t rows on the first stage, the norm
+    and the LM head's V/t rows on the last: vocabulary-parallel; a tied head is the embedding on a
+    one-stage pipeline and a copy of its rows on a separate last stage); states = params_local *
+    bytes/param (ddp/zero2/zero3); activations = in-flight micro-batches * stored activations (layer
+    inputs only when recomputing) + one layer's full activations as working memory + this rank's
+    V/t columns of the fp32 logits and their softmax on the last stage; + ``reserve_bytes``.
     """
     model = workload.model
     bt = workload.dtype_bytes
@@ -375,11 +385,13 @@ def _stage_memory(plan: Plan, pipe, j: int, st: Stage, cluster: Cluster, workloa
     n_st = len(pipe.stages)
     mb, n_mb = pipe.micro_batch_size, pipe.num_micro_batches
     frac = _shard_fraction(model, st.tp)
+    vfrac = model.max_vocab_fraction(st.tp)
     params = st.num_layers * model.layer_params * frac
     if j == 0:
-        params += model.embedding_params
+        params += model.embedding_params * vfrac
     if j == n_st - 1:
-        params += model.head_params
+        head = model.stage_head_params(is_first=j == 0)
+        params += model.hidden_size + (head - model.hidden_size) * vfrac
     states = params * cm.state_bytes_per_param(plan.dp_sharding, plan.num_pipelines, bt, workload.optimizer_bytes_per_param)
     if plan.dp_sharding == "zero3":
         states += 2 * model.layer_params * frac * bt  # current + prefetched gathered layer
@@ -390,7 +402,7 @@ def _stage_memory(plan: Plan, pipe, j: int, st: Stage, cluster: Cluster, workloa
     else:
         acts = inflight * st.num_layers * full
     if j == n_st - 1:
-        acts += 2 * mb * S * model.vocab_size * 4
+        acts += 2 * mb * S * model.vocab_size * vfrac * 4
     peak = states + acts + workload.reserve_bytes
     cap = min(cluster.devices[d].memory_bytes for d in st.devices)
     for d in st.devices:

@@ -33,7 +33,6 @@ import torch
 import torch.distributed as dist
 
 from lightning_hexiscale.errors import PlanError
-from lightning_hexiscale.models.llama import causal_lm_loss
 from lightning_hexiscale.runtime.parallelize import StageModule
 from lightning_hexiscale.runtime.topology import Role, Topology
 
@@ -173,7 +172,7 @@ class PipelineExecutor:
                                     enabled=self.autocast_dtype is not None):
                     out = stage(x)
                 if role.is_last:
-                    out = causal_lm_loss(out, tgt_mb[i].to(self.device)) * loss_scale
+                    out = stage.loss(out, tgt_mb[i].to(self.device)) * loss_scale
                     total += out.detach().double().cpu()
                 else:
                     self._send(out, backward=False, micro_batch=i)
@@ -216,7 +215,7 @@ class PipelineExecutor:
                                 enabled=self.autocast_dtype is not None):
                 out = stage(x)
             if role.is_last:
-                weighted += causal_lm_loss(out, targets[start:start + mb].to(self.device)).double().cpu() * tok.shape[0]
+                weighted += stage.loss(out, targets[start:start + mb].to(self.device)).double().cpu() * tok.shape[0]
             else:
                 self._send(out, backward=False, micro_batch=i)
         self._wait_sends()
