@@ -142,21 +142,18 @@ def configure_launcher(strategy, guard) -> None:
     In every process the guard checks what it can before processes start and turns a rank's
     exception into the one the caller should see (:meth:`LaunchGuard.stop`).
     """
-    cls = _launcher_classes()[0 if strategy._start_method == "popen" else 1]
-    if cls.__name__ == "ScriptLauncher":
-        strategy._launcher = cls(strategy.cluster_environment, strategy.num_processes, strategy.num_nodes, guard)
+    if strategy._start_method == "popen":
+        strategy._launcher = ScriptLauncher(strategy.cluster_environment, strategy.num_processes, strategy.num_nodes,
+                                            guard)
     else:
-        strategy._launcher = cls(strategy, strategy._start_method, guard)
+        strategy._launcher = ProcessLauncher(strategy, strategy._start_method, guard)
 
 
-def _launcher_classes():
-    global _LAUNCHERS
-    if _LAUNCHERS is None:
-        _LAUNCHERS = _define_launchers()
-    return _LAUNCHERS
-
-
-_LAUNCHERS = None
+try:  # module level, so that spawn can pickle the launcher; check() names a base that moved
+    from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
+    from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
+except ImportError:  # pragma: no cover - a Lightning release without them
+    _MultiProcessingLauncher = _SubprocessScriptLauncher = object  # type: ignore[misc,assignment]
 
 
 class _DropRecords(logging.Filter):
@@ -170,67 +167,63 @@ class _DropRecords(logging.Filter):
         return not (str(record.msg).startswith(self.prefix) and self.when())
 
 
-def _define_launchers():
-    import multiprocessing
+class ScriptLauncher(_SubprocessScriptLauncher):
+    """``popen``: Lightning's ``launch`` (lightning 2.6, launchers/subprocess_script.py) with the
+    guard's checks, its child watch instead of Lightning's observer, and its ``run``."""
 
-    from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
-    from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
-    from torch.multiprocessing import ProcessExitedException
+    def __init__(self, cluster_environment, num_processes: int, num_nodes: int, guard):
+        super().__init__(cluster_environment, num_processes, num_nodes)
+        self.guard = guard
 
-    class ScriptLauncher(_SubprocessScriptLauncher):
-        """``popen``: Lightning's ``launch`` (lightning 2.6, launchers/subprocess_script.py) with the
-        guard's checks, its child watch instead of Lightning's observer, and its ``run``."""
+    def launch(self, function, *args: Any, trainer=None, **kwargs: Any) -> Any:
+        self.guard.before_launch(function, args, kwargs)
+        self.cluster_environment.validate_settings(num_devices=self.num_processes, num_nodes=self.num_nodes)
+        if not self.cluster_environment.creates_processes_externally:
+            with self.guard.marked_children():
+                self._call_children_scripts()
+            self.guard.watch_children(self.procs)
+        return self.guard.run(function, args, kwargs)
 
-        def __init__(self, cluster_environment, num_processes: int, num_nodes: int, guard):
-            super().__init__(cluster_environment, num_processes, num_nodes)
-            self.guard = guard
 
-        def launch(self, function, *args: Any, trainer=None, **kwargs: Any) -> Any:
-            self.guard.before_launch(function, args, kwargs)
-            self.cluster_environment.validate_settings(num_devices=self.num_processes, num_nodes=self.num_nodes)
-            if not self.cluster_environment.creates_processes_externally:
-                with self.guard.marked_children():
-                    self._call_children_scripts()
-                self.guard.watch_children(self.procs)
-            return self.guard.run(function, args, kwargs)
+class ProcessLauncher(_MultiProcessingLauncher):
+    """``spawn`` / ``fork``: rank 0's error (an error every rank agreed on, a non-finite step, or the
+    failure of another rank) comes back through a queue and is raised in the caller's process."""
 
-    class ProcessLauncher(_MultiProcessingLauncher):
-        """``spawn`` / ``fork``: rank 0's error (an error every rank agreed on, or the failure of
-        another rank) comes back through a queue and is raised in the caller's process."""
+    def __init__(self, strategy, start_method: str, guard):
+        super().__init__(strategy, start_method=start_method)
+        self.guard = guard
+        self._errors = None
 
-        def __init__(self, strategy, start_method: str, guard):
-            super().__init__(strategy, start_method=start_method)
-            self.guard = guard
-            self._errors = None
+    def launch(self, function, *args: Any, trainer=None, **kwargs: Any) -> Any:
+        import multiprocessing
 
-        def launch(self, function, *args: Any, trainer=None, **kwargs: Any) -> Any:
-            self.guard.before_launch(function, args, kwargs)
-            self._errors = multiprocessing.get_context(self._start_method).SimpleQueue()
-            # Once rank 0 has handed its error back and exited, torch's join terminates the other
-            # workers (already on their way out) and logs a warning per worker: noise then.
-            quiet = _DropRecords("Terminating process", lambda: not self._errors.empty())
-            spawn_log = logging.getLogger("torch.multiprocessing.spawn")
-            spawn_log.addFilter(quiet)
-            try:
-                return super().launch(function, *args, trainer=trainer, **kwargs)
-            except ProcessExitedException:
-                if not self._errors.empty():
-                    raise self._errors.get() from None
-                raise
-            finally:
-                spawn_log.removeFilter(quiet)
+        from torch.multiprocessing import ProcessExitedException
 
-        def _wrapping_function(self, process_idx, trainer, function, args, kwargs, return_queue,
-                               global_states=None) -> None:
-            try:
-                super()._wrapping_function(process_idx, trainer, function, args, kwargs, return_queue, global_states)
-            except BaseException as exc:  # noqa: BLE001 -- classified by the guard, re-raised when it is the cause
-                report = self.guard.worker_report(exc, process_idx)
-                if report is None:
-                    raise  # this rank's own error: torch sends its traceback to the caller
-                if process_idx == 0:
-                    self._errors.put(report)
-                    raise SystemExit(self.guard.exit_status(report)) from None
-                # Other ranks end quietly and successfully, so that torch's join waits for rank 0's report.
+        self.guard.before_launch(function, args, kwargs)
+        self._errors = multiprocessing.get_context(self._start_method).SimpleQueue()
+        # Once rank 0 has handed its error back and exited, torch's join terminates the other
+        # workers (already on their way out) and logs a warning per worker: noise then.
+        quiet = _DropRecords("Terminating process", lambda: not self._errors.empty())
+        spawn_log = logging.getLogger("torch.multiprocessing.spawn")
+        spawn_log.addFilter(quiet)
+        try:
+            return super().launch(function, *args, trainer=trainer, **kwargs)
+        except ProcessExitedException:
+            if not self._errors.empty():
+                raise self._errors.get() from None
+            raise
+        finally:
+            spawn_log.removeFilter(quiet)
 
-    return ScriptLauncher, ProcessLauncher
+    def _wrapping_function(self, process_idx, trainer, function, args, kwargs, return_queue,
+                           global_states=None) -> None:
+        try:
+            super()._wrapping_function(process_idx, trainer, function, args, kwargs, return_queue, global_states)
+        except BaseException as exc:  # noqa: BLE001 -- classified by the guard, re-raised when it is the cause
+            report = self.guard.worker_report(exc, process_idx)
+            if report is None:
+                raise  # this rank's own error: torch sends its traceback to the caller
+            if process_idx == 0:
+                self._errors.put(report)
+                raise SystemExit(self.guard.exit_status(report)) from None
+            # Other ranks end quietly and successfully, so that torch's join waits for rank 0's report.

@@ -6,8 +6,7 @@ script per rank, so it cannot run inside pytest): the worker of test_api_errors.
 Cases: ``layers`` (a plan for 6 layers with a 4-layer model: every rank finds it in setup),
 ``kill`` (rank 1 dies by ``os._exit`` at step 2). The launching process catches what ``fit``
 raises and prints ``CAUGHT <type>: <message>``, waits long enough that an observer killing it
-would show, and prints ``ALIVE``. ``predict``: ``trainer.predict`` on 4 ranks returns the one-device
-logits to the caller (rank 0); prints ``PREDICTED equal to one device``.
+would show, and prints ``ALIVE``.
 """
 
 from __future__ import annotations
@@ -30,26 +29,9 @@ class DiesOnRank1(type(module())):
         return super().training_step(batch, batch_idx)
 
 
-def predict() -> None:
-    from test_predict import PLAN, assert_one_device_logits, predict_data
-
-    ref = None
-    if os.environ.get("LOCAL_RANK", "0") == "0":  # the caller's process computes the reference
-        ref = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-                         enable_model_summary=False).predict(module(), predict_data())
-    strategy = HexiScaleStrategy(plan=PLAN, timeout=PG_TIMEOUT)
-    got = pl.Trainer(strategy=strategy, accelerator="cpu", devices=PLAN.world_size, logger=False,
-                     enable_progress_bar=False, enable_model_summary=False).predict(module(), predict_data())
-    if strategy.global_rank == 0:
-        assert_one_device_logits(got, ref)
-        print("PREDICTED equal to one device", flush=True)
-
-
 def main() -> None:
     case = sys.argv[1]
     torch.set_num_threads(1)
-    if case == "predict":
-        return predict()
     layers = 6 if case == "layers" else 4
     plan = plan_of([(4, 2, [([0], (0, layers))]), (2, 1, [([1], (0, layers))])], num_layers=layers)
     strategy = HexiScaleStrategy(plan=plan, timeout=PG_TIMEOUT)

@@ -63,6 +63,17 @@ def test_setup_error_of_every_rank_is_raised_once_fork(capfd):
     assert "Traceback" not in err and "meta tensor" not in err and "Terminating process" not in err, err
 
 
+@pytest.mark.timeout(120)
+def test_setup_error_of_every_rank_is_raised_once_spawn(capfd):
+    """spawn (what a Hydra multirun sweep uses) pickles the launcher into fresh processes."""
+    plan6 = plan_of([(4, 2, [([0], (0, 6))]), (2, 1, [([1], (0, 6))])], num_layers=6)
+    trainer = _trainer(HexiScaleStrategy(plan=plan6, start_method="spawn", timeout=PG_TIMEOUT))
+    with pytest.raises(PlanError, match=r"plan.num_layers = 6: the model tiny_test has 4 layers"):
+        trainer.fit(module(), loader(12, 6))
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Terminating process" not in err, err[-3000:]
+
+
 def _job(case: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PL_", "LOCAL_", "MASTER_", "WORLD_", "RANK"))}
     env["PYTHONPATH"] = f"{HERE}{os.pathsep}{HERE.parents[1]}"
