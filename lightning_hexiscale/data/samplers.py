@@ -297,6 +297,13 @@ def plan_dataloader(loader: DataLoader, batch_sizes: Sequence[int], pipeline: in
     if min(sizes) < 1:
         raise ConfigError(f"{key}.batch_size", g, f"split over the plan's pipelines as {sizes}; every pipeline "
                           "needs at least one sample per batch", f"use a batch size of at least {len(sizes)}")
+    rest = len(loader.dataset) % g
+    if key == "predict_dataloader" and rest and min(split_proportional(rest, sizes)) < 1:
+        # Evaluation drops such a last batch (every pipeline needs a sample); predictions must not.
+        raise ConfigError(f"{key}.batch_size", g, f"the last batch holds {rest} of the {len(loader.dataset)} "
+                          f"samples, too few for every one of the plan's {len(sizes)} pipelines",
+                          f"use a batch size that divides {len(loader.dataset)}, or leaves a last batch of at least "
+                          f"{len(sizes)}")
     from torch.utils.data.distributed import DistributedSampler
 
     if seed is None and isinstance(_sampler(loader), DistributedSampler):
