@@ -360,6 +360,15 @@ def replay(traces: list[list[Step]]) -> Report:
 
     def post(r: int, step: Step) -> None:
         if step.kind == "coll":
+            t = len(step.group)
+            # all-gather: output = t x input; reduce-scatter: input = t x output
+            chunked = {"all_gather_single": (t, 1), "all_gather_into_tensor": (t, 1),
+                       "reduce_scatter_single": (1, t), "reduce_scatter_tensor": (1, t)}.get(step.coll)
+            if chunked and step.numel * chunked[0] != step.out_numel * chunked[1]:
+                report.problems.append(f"rank {r} step {pc[r]}: {step}: the chunks must be equal on all {t} members "
+                                       f"(input {step.numel}, output {step.out_numel})")
+                dead[r] = True
+                return
             i = coll_seq[r][step.group]
             coll_seq[r][step.group] += 1
             my_coll_index[r] = i
