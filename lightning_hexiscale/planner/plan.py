@@ -93,12 +93,12 @@ class Plan:
     """Activation recomputation per layer."""
     dp_sharding: str = "ddp"
     """Data-parallel sharding across pipelines: ``ddp``, ``zero2`` or ``zero3``."""
+    meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    """Free-form provenance (model, cluster, planner, source); not used by the runtime."""
     reduce_dtype: str | None = None
     """dtype gradients are summed in across pipelines (all-reduce / reduce-scatter): ``bf16`` or
     ``fp32``; ``None`` = the run's own (bf16 for bf16 runs, the parameter dtype otherwise). The cost
     model prices the data-parallel gradient traffic at this dtype's bytes."""
-    meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
-    """Free-form provenance (model, cluster, planner, source); not used by the runtime."""
 
     # ---- derived -------------------------------------------------------------------------
     @property
