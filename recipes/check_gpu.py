@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import io
 import json
 import multiprocessing as mp
 import queue
@@ -98,16 +99,17 @@ def flash_available() -> bool:
 
 
 # ---- 1 GPU -------------------------------------------------------------------------------------------
-def check_stage_accuracy(kernel: str) -> Row:
-    """A TP-1 stage in bf16 autocast on cuda:0 against the float64 CPU Llama (loss and gradients)."""
+def check_stage_accuracy(kernel: str, device: str = "cuda") -> Row:
+    """A TP-1 stage in bf16 autocast on ``device`` against the float64 CPU Llama (loss and gradients)."""
     from lightning_hexiscale.models.config import LlamaConfig
     from lightning_hexiscale.models.llama import Llama, causal_lm_loss, sdpa_attention
     from lightning_hexiscale.runtime.parallelize import build_stage
 
     name = f"stage bf16 {kernel} vs float64 CPU"
     criterion = "loss rel err <= 2e-2, grad cosine >= 0.99"
+    where = f"{device}:0" if device == "cuda" else device
     if kernel == "flash-attn" and not flash_available():
-        return Row(name, "cuda:0", "SKIP", "flash_attn does not import", criterion)
+        return Row(name, where, "SKIP", "flash_attn does not import", criterion)
     cfg = LlamaConfig(name="check_acc", hidden_size=256, num_layers=2, num_heads=8, num_kv_heads=4,
                       ffn_hidden_size=688, vocab_size=512, seq_len=128)
     tokens, targets = make_batch(cfg.vocab_size, cfg.seq_len, 2, 0)
@@ -116,12 +118,12 @@ def check_stage_accuracy(kernel: str) -> Row:
     ref_loss.backward()
     with torch.device("meta"):
         model = Llama(cfg)
-    stage = build_stage(model, (0, cfg.num_layers), True, True, 1, 0, None, device="cuda", dtype=torch.float32,
+    stage = build_stage(model, (0, cfg.num_layers), True, True, 1, 0, None, device=device, dtype=torch.float32,
                         seed=SEED)
     for block in stage.layers.values():
         block.attn.attention_fn = _flash_attention if kernel == "flash-attn" else sdpa_attention
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        loss = causal_lm_loss(stage(tokens.cuda()), targets.cuda())
+    with torch.autocast(device, dtype=torch.bfloat16):
+        loss = causal_lm_loss(stage(tokens.to(device)), targets.to(device))
     loss.backward()
     err = abs(loss.item() - ref_loss.item()) / abs(ref_loss.item())
     ref_grads = dict(ref.named_parameters())
@@ -129,7 +131,7 @@ def check_stage_accuracy(kernel: str) -> Row:
                                                     ref_grads[n].grad.reshape(1, -1)).item()
               for n, p in stage.named_parameters())
     ok = err <= 2e-2 and cos >= 0.99
-    return Row(name, "cuda:0", "PASS" if ok else "FAIL", f"loss rel err {err:.1e}, min grad cosine {cos:.5f}", criterion)
+    return Row(name, where, "PASS" if ok else "FAIL", f"loss rel err {err:.1e}, min grad cosine {cos:.5f}", criterion)
 
 
 def check_stage_speed(steps: int, warmup: int) -> Row:
@@ -209,27 +211,35 @@ def plans() -> dict:
             "zero3, 2 pipelines, NCCL": plan(two_pipes, sharding="zero3")}
 
 
-def _engine_rank(rank: int, world: int, port: int, plan_dict: dict, steps: int, timeout: float, out) -> None:
-    """One spawned NCCL rank: train ``steps`` AdamW steps in float64, report losses and shards."""
+def _engine_rank(rank: int, world: int, port: int, plan_dict: dict, steps: int, timeout: float, cuda: bool,
+                 out) -> None:
+    """One spawned rank (NCCL on cuda:rank; gloo on the CPU for the recipe's own test): train
+    ``steps`` AdamW steps in float64, report losses and shards."""
     import torch.distributed as dist
 
     from lightning_hexiscale.planner.plan import Plan
     from lightning_hexiscale.runtime.engine import PipelineEngine
 
     try:
-        torch.cuda.set_device(rank)
-        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=timeout), device_id=torch.device("cuda", rank))
+        device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+        if cuda:
+            torch.cuda.set_device(rank)  # batch_isend_irecv on NCCL needs the current device set
+        torch.set_num_threads(1)
+        dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world, timeout=datetime.timedelta(seconds=timeout),
+                                device_id=device if cuda else None)
         plan, cfg = Plan.from_dict(plan_dict), tiny_config()
-        engine = PipelineEngine(plan, cfg, seed=SEED, device=f"cuda:{rank}", dtype=torch.float64)
+        engine = PipelineEngine(plan, cfg, seed=SEED, device=device, dtype=torch.float64)
         opt = engine.wrap_optimizer(torch.optim.AdamW(engine.parameters(), lr=1e-2))
         losses = []
         for step in range(steps):
             tok, tgt = make_batch(cfg.vocab_size, cfg.seq_len, plan.global_batch, step)
-            losses.append(engine.train_step(tok.cuda(), tgt.cuda()))
+            losses.append(engine.train_step(tok.to(device), tgt.to(device)))
             opt.step()
         shards = {k: (t.cpu(), d, s, e) for k, (t, d, s, e) in engine.local_shards().items()}
-        out.put((rank, "ok", (losses, shards)))
+        buf = io.BytesIO()  # plain bytes: a tensor through the queue would need this process alive
+        torch.save((losses, shards), buf)
+        out.put((rank, "ok", buf.getvalue()))
         dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 (reported to the parent)
         out.put((rank, "error", traceback.format_exc()))
@@ -296,10 +306,13 @@ def reference(plan, steps: int) -> tuple[list[float], dict[str, torch.Tensor]]:
     return losses, {k: v.detach() for k, v in model.state_dict().items()}
 
 
-def check_nccl(name: str, plan, steps: int, timeout: float) -> Row:
+def check_nccl(name: str, plan, steps: int, timeout: float, cuda: bool = True) -> Row:
+    """Equivalence of ``plan`` on spawned NCCL ranks (``cuda=False``: forked gloo CPU ranks, for the
+    recipe's own test) with the float64 CPU reference, under the watchdog."""
     criterion = f"every param, every rank: atol {ATOL:g} (float64)"
-    devices = f"cuda:0-{plan.world_size - 1}"
-    status, values = run_spawned(_engine_rank, plan.world_size, (plan.to_dict(), steps, timeout), timeout)
+    devices = f"cuda:0-{plan.world_size - 1}" if cuda else "cpu"
+    status, values = run_spawned(_engine_rank, plan.world_size, (plan.to_dict(), steps, timeout, cuda), timeout,
+                                 start_method="spawn" if cuda else "fork")
     if status == "hang":
         return Row(name, devices, "HANG", f"{name}: ranks {sorted(values)} did not finish in {timeout:.0f} s; killed",
                    criterion)
@@ -308,7 +321,8 @@ def check_nccl(name: str, plan, steps: int, timeout: float) -> Row:
         return Row(name, devices, "FAIL", f"rank {rank}: {tb.strip().splitlines()[-1][:120]}", criterion)
     ref_losses, ref_state = reference(plan, steps)
     err = 0.0
-    for losses, shards in values.values():
+    for blob in values.values():
+        losses, shards = torch.load(io.BytesIO(blob), weights_only=False)
         err = max([err] + [abs(a - b) for a, b in zip(losses, ref_losses)])
         for pname, (t, dim, start, end) in shards.items():
             want = ref_state[pname] if dim is None else ref_state[pname].narrow(dim, start, end - start)

@@ -50,3 +50,17 @@ def test_table_lists_every_row(monkeypatch):
     assert "HANG" in text and "zero3, 2 pipelines, NCCL" in text
     assert set(check_gpu.plans()) == {"1F1B, 2 stages, NCCL", "TP-2 stage, NCCL", "ddp, 2 pipelines, NCCL",
                                       "zero2, 2 pipelines, NCCL", "zero3, 2 pipelines, NCCL"}
+
+
+@pytest.mark.timeout(120)
+def test_checks_pass_on_cpu_stand_ins(monkeypatch):
+    """The checks' own logic, on the CPU: the bf16 stage vs float64 comparison (SDPA) and the
+    zero3 equivalence across two pipelines on forked gloo ranks both PASS."""
+    monkeypatch.syspath_prepend(str(RECIPES))
+    import check_gpu
+
+    row = check_gpu.check_stage_accuracy("SDPA", device="cpu")
+    assert row.result == "PASS", row
+    name = "zero3, 2 pipelines, NCCL"
+    row = check_gpu.check_nccl(name, check_gpu.plans()[name], steps=2, timeout=60, cuda=False)
+    assert row.result == "PASS", row
