@@ -191,6 +191,14 @@ class Recorder:
     def _record(self, step: Step) -> None:
         self.steps.append(step)
 
+    def _inner(self, orig, *args, **kwargs):
+        """Call the real function; calls it makes on its own are not recorded again."""
+        self._depth += 1
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            self._depth -= 1
+
     def _p2p_wrapper(self, name: str, orig):
         sig = inspect.signature(orig)
         sending = name in ("isend", "send")
@@ -211,11 +219,7 @@ class Recorder:
                     op = P2POp("send" if sending else "recv", -1 if peer is None else int(peer), group,
                                t.numel(), _dtype(t))
                     self._record(Step("p2p", (op,), where=self._where(), phase=self.phase))
-            self._depth += 1
-            try:
-                return orig(*ba.args, **ba.kwargs)
-            finally:
-                self._depth -= 1
+            return self._inner(orig, *ba.args, **ba.kwargs)
 
         return wrapper
 
@@ -230,11 +234,7 @@ class Recorder:
                                      _dtype(o.tensor)))
                     o.tag = 0
                 self._record(Step("batch", tuple(ops), group=ops[0].group, where=self._where(), phase=self.phase))
-            self._depth += 1
-            try:
-                return orig(p2p_op_list)
-            finally:
-                self._depth -= 1
+            return self._inner(orig, p2p_op_list)
 
         return wrapper
 
@@ -248,11 +248,7 @@ class Recorder:
                 step = self._describe(name, ba.arguments)
                 if step is not None:
                     self._record(step)
-            self._depth += 1
-            try:
-                return orig(*args, **kwargs)
-            finally:
-                self._depth -= 1
+            return self._inner(orig, *args, **kwargs)
 
         return wrapper
 
@@ -303,11 +299,7 @@ class Recorder:
                 detail = "all" if ranks is None else ",".join(map(str, sorted(ranks)))
                 self._record(Step("coll", coll="new_group", group=world, numel=0, detail=detail,
                                   where=self._where(), phase=self.phase))
-            self._depth += 1
-            try:
-                return orig(*args, **kwargs)
-            finally:
-                self._depth -= 1
+            return self._inner(orig, *args, **kwargs)
 
         return wrapper
 

@@ -196,11 +196,15 @@ class Zero3Gatherer:
                                               group=sh.groups[i]))
             for work in dist.batch_isend_irecv(ops):
                 work.wait()
+        self.install(unit, fulls)
+
+    def install(self, unit: str, fulls: dict[int, torch.Tensor]) -> None:
+        """The unit's full local parameters from its buckets' gathered flat buffers."""
         tensors = self._empty_params(unit)
         for i, full in fulls.items():
-            unflatten(full, sh.buckets[i], tensors)
+            unflatten(full, self.sh.buckets[i], tensors)
         for name, t in tensors.items():
-            sh.params[name].data = t
+            self.sh.params[name].data = t
         self.gathered[unit] = True
 
     def _empty_params(self, unit: str) -> dict[str, torch.Tensor]:

@@ -259,14 +259,7 @@ class LegacyTaggedZero3(Zero3Gatherer):
             fulls[i] = full
         for w in works:
             w.wait()
-        tensors = self._empty_params(unit)
-        from lightning_hexiscale.runtime.zero import unflatten
-
-        for i, full in fulls.items():
-            unflatten(full, sh.buckets[i], tensors)
-        for name, t in tensors.items():
-            sh.params[name].data = t
-        self.gathered[unit] = True
+        self.install(unit, fulls)
 
 
 def _ranks_of(plan, p):
