@@ -91,11 +91,14 @@ def _flash_attention(q, k, v):
 
 
 def flash_available() -> bool:
+    """flash-attn imports and this GPU passes the runtime's capability gate (sm_80+)."""
+    from lightning_hexiscale.models.llama import flash_attn_supported
+
     try:
         import flash_attn  # noqa: F401
     except Exception:  # noqa: BLE001 (a broken build raises anything)
         return False
-    return True
+    return torch.cuda.is_available() and flash_attn_supported(0)
 
 
 # ---- 1 GPU -------------------------------------------------------------------------------------------
@@ -109,7 +112,7 @@ def check_stage_accuracy(kernel: str, device: str = "cuda") -> Row:
     criterion = "loss rel err <= 2e-2, grad cosine >= 0.99"
     where = f"{device}:0" if device == "cuda" else device
     if kernel == "flash-attn" and not flash_available():
-        return Row(name, where, "SKIP", "flash_attn does not import", criterion)
+        return Row(name, where, "SKIP", "flash_attn does not import, or compute capability < 8.0", criterion)
     cfg = LlamaConfig(name="check_acc", hidden_size=256, num_layers=2, num_heads=8, num_kv_heads=4,
                       ffn_hidden_size=688, vocab_size=512, seq_len=128)
     tokens, targets = make_batch(cfg.vocab_size, cfg.seq_len, 2, 0)
@@ -137,7 +140,7 @@ def check_stage_accuracy(kernel: str, device: str = "cuda") -> Row:
 def check_stage_speed(steps: int, warmup: int) -> Row:
     """Forward + backward of a runtime stage vs the same blocks as plain PyTorch modules."""
     from lightning_hexiscale.models.config import LlamaConfig
-    from lightning_hexiscale.models.llama import Llama, TransformerBlock, rope_tables
+    from lightning_hexiscale.models.llama import Llama, RopeCache, TransformerBlock
     from lightning_hexiscale.runtime.parallelize import build_stage
 
     cfg = LlamaConfig(name="check_speed", hidden_size=2048, num_layers=4, num_heads=16, num_kv_heads=16,
@@ -148,7 +151,7 @@ def check_stage_speed(steps: int, warmup: int) -> Row:
     stage = build_stage(meta, (0, cfg.num_layers), False, False, 1, 0, None, device="cuda", dtype=torch.float32,
                         seed=SEED)
     plain = torch.nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.num_layers)).to("cuda")  # plain modules
-    cos, sin = rope_tables(cfg.seq_len, cfg.head_dim, cfg.rope_theta, "cuda", torch.float32)
+    cos, sin = RopeCache(cfg)(cfg.seq_len, torch.device("cuda"), torch.float32)
 
     def run_plain(x):
         for block in plain:

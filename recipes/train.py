@@ -6,9 +6,12 @@
     python recipes/train.py cluster=hetero3 model=llama_30b   # plans; says what hardware it needs
     python recipes/train.py cluster=hetero3 model=llama_30b dry_run=true   # only plans, anywhere
     python recipes/train.py -m cluster=cpu2,cpu_hetero4 train.global_batch=8,16
+    python recipes/train.py model=hf:/models/Llama-3.2-1B data.kind=bin data.path=data/train.bin  # fine-tune
 
 Config: conf/config.yaml (cluster, model, train, planner groups) plus ``trainer.*`` and ``data.*``
-(lightning_hexiscale/config/recipe.py), ``plan=<file>`` and ``dry_run``. Emulated CPU clusters run
+(lightning_hexiscale/config/recipe.py), ``plan=<file>`` and ``dry_run``. ``model=hf:/dir`` takes the
+model from a local Hugging Face directory and starts from its weights (``trainer.weights=/dir``
+with a preset does the same, checking the preset against the directory's config.json). Emulated CPU clusters run
 here as one process per device; GPU clusters run under torchrun or SLURM (one process per GPU,
 node k on machine k of the cluster file), or here when this machine has the GPUs.
 
@@ -153,7 +156,7 @@ def make_data(cfg: DictConfig, model, global_batch: int):
 
     d = cfg.data
     ds = make_dataset(d.kind, model.seq_len, path=d.path, num_samples=int(d.num_samples), seed=int(d.seed),
-                      vocab_size=model.vocab_size)
+                      vocab_size=model.vocab_size, dtype=d.get("dtype"))
     n_val = min(int(d.val_samples), len(ds) // 10)
     n_train = len(ds) - n_val
     if n_train < global_batch:
@@ -166,10 +169,63 @@ def make_data(cfg: DictConfig, model, global_batch: int):
     return train, val
 
 
-def train(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict) -> dict:
+LOGGERS = {"csv": None, "tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",)}
+"""trainer.logger -> the packages that can back it (one is enough); csv needs none."""
+
+
+def check_logger(cfg: DictConfig) -> None:
+    """trainer.logger names a logger whose package is installed (checked before planning)."""
+    import importlib.util
+
+    from lightning_hexiscale.errors import ConfigError
+
+    kind = str(cfg.trainer.get("logger", "csv"))
+    if kind not in LOGGERS:
+        raise ConfigError("trainer.logger", kind, f"must be one of {', '.join(LOGGERS)}", "e.g. trainer.logger=csv")
+    packages = LOGGERS[kind]
+    if packages and not any(importlib.util.find_spec(p) for p in packages):
+        raise ConfigError("trainer.logger", kind, f"needs the {packages[0]} package, which is not installed",
+                          f"pip install -c constraints.txt 'lightning-hexiscale[{kind}]', or trainer.logger=csv")
+
+
+def make_logger(cfg: DictConfig, out: Path):
+    """Lightning's CSV, TensorBoard or wandb logger writing under ``out`` (wandb offline by default)."""
+    check_logger(cfg)
+    t = cfg.trainer
+    kind = str(t.get("logger", "csv"))
+    if kind == "tensorboard":
+        from lightning.pytorch.loggers import TensorBoardLogger
+
+        return TensorBoardLogger(str(out), name="logs")
+    if kind == "wandb":
+        from lightning.pytorch.loggers import WandbLogger
+
+        return WandbLogger(project=t.get("wandb_project") or "hexiscale", save_dir=str(out),
+                           offline=bool(t.get("wandb_offline", True)))
+    from lightning.pytorch.loggers import CSVLogger
+
+    return CSVLogger(str(out), name="logs")
+
+
+def plan_hparams(cfg: DictConfig, cluster, model, plan, est) -> dict:
+    """What the logger records as hyper-parameters: the model, the plan (and its table), the
+    Appendix B estimate (headline figures, per-stage breakdown and the printed table)."""
+    hp = {"model": model.to_dict(), "cluster": cluster.name, "plan": plan.to_dict(), "plan_table": plan.table(cluster),
+          "train": OmegaConf.to_container(cfg.train, resolve=True)}
+    if est is not None:
+        doc = est.to_dict()
+        hp["estimate"] = {k: doc[k] for k in ("iteration_time_s", "tokens_per_s", "pflops", "feasible",
+                                              "bottleneck_pipeline", "breakdown")}
+        hp["estimate"]["stages"] = [{k: st[k] for k in ("devices", "tp", "layers", "time_per_micro_batch_s",
+                                                        "peak_memory_bytes")}
+                                    for p in doc["pipelines"] for st in p["stages"]]
+        hp["estimate_table"] = est.summary()
+    return hp
+
+
+def train(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict, est=None) -> dict:
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import ModelCheckpoint
-    from lightning.pytorch.loggers import CSVLogger
 
     from lightning_hexiscale.lightning.example import LlamaLitModule, LossPrinter
     from lightning_hexiscale.lightning.strategy import HexiScaleStrategy
@@ -187,6 +243,8 @@ def train(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict) -> dic
     launcher = "spawn" if is_multirun() else str(t.launcher)
     strategy = HexiScaleStrategy(cluster=cluster, plan=plan, start_method=launcher, seed=int(t.seed),
                                  nonfinite=str(t.nonfinite), timeout=float(t.timeout_s))
+    logger = make_logger(cfg, out)
+    logger.log_hyperparams(plan_hparams(cfg, cluster, model, plan, est))  # rank 0 only (Lightning's loggers)
     ckpt = ModelCheckpoint(dirpath=str(out / "checkpoints"), save_last=True, save_top_k=0 if not t.checkpoint_every else -1,
                            every_n_train_steps=int(t.checkpoint_every) or None)
     trainer = pl.Trainer(
@@ -195,7 +253,7 @@ def train(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict) -> dic
         val_check_interval=int(t.val_every) if t.val_every and val_dl is not None else None,
         check_val_every_n_epoch=None if t.val_every else 1, limit_val_batches=int(t.limit_val_batches) if t.val_every else 0,
         num_sanity_val_steps=0, log_every_n_steps=int(t.log_every), default_root_dir=str(out),
-        logger=CSVLogger(str(out), name="logs"), callbacks=[ckpt, LossPrinter()],
+        logger=logger, callbacks=[ckpt, LossPrinter()],
         enable_progress_bar=bool(t.progress_bar), enable_model_summary=False)
     trainer.fit(module, train_dl, val_dl if t.val_every else None, ckpt_path=t.resume)
     return dict(trainer.callback_metrics)
@@ -226,14 +284,21 @@ def check_failure_settings(cfg: DictConfig) -> None:
 
 def run(cfg: DictConfig) -> int:
     from lightning_hexiscale.config.cluster import Cluster
+    from lightning_hexiscale.config.schema import resolve_hf_model
     from lightning_hexiscale.models.config import LlamaConfig
 
     quiet_logs()
     check_failure_settings(cfg)
+    check_logger(cfg)
+    resolve_hf_model(cfg, overrides_given())  # model=hf:/dir: the shape from its config.json
     out = output_dir(cfg)
     out.mkdir(parents=True, exist_ok=True)
     cluster = Cluster.from_config(cfg.cluster)
     model = LlamaConfig.from_config(cfg.model)
+    if cfg.trainer.weights:  # every difference between the preset and config.json, before any process starts
+        from lightning_hexiscale.data.weights import check_hf_config
+
+        check_hf_config(cfg.trainer.weights, model)
     plan, est = make_plan(cfg, cluster, model, out)
     if is_rank_zero():
         plan.save(out / "plan.yaml")
@@ -249,7 +314,7 @@ def run(cfg: DictConfig) -> int:
     if is_multirun():
         # A previous job's port is in TIME_WAIT or still bound; let Lightning choose a free one.
         os.environ.pop("MASTER_PORT", None)
-    metrics = train(cfg, cluster, model, plan, out, launch)
+    metrics = train(cfg, cluster, model, plan, out, launch, est)
     say("final metrics: " + ", ".join(f"{k}={float(v):.4f}" for k, v in sorted(metrics.items())))
     return 0
 
@@ -298,6 +363,13 @@ def check_overrides(argv: list[str]) -> None:
 
 
 def main() -> int:
+    from lightning_hexiscale.config.schema import hf_model_overrides
+
+    try:  # model=hf:/dir -> model=_hf trainer.weights=/dir, which Hydra composes (children inherit argv)
+        sys.argv[1:] = hf_model_overrides(sys.argv[1:])
+    except HexiScaleError as e:
+        print(f"recipes/train.py: error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
     if "LOCAL_RANK" not in os.environ:  # popen children re-run this script; the launcher checked already
         try:
             check_overrides(sys.argv[1:])

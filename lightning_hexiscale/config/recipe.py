@@ -45,7 +45,16 @@ class TrainerConfig:
     resume: Optional[str] = None
     """A checkpoint directory to resume from (any plan, any cluster)."""
     weights: Optional[str] = None
-    """A LOCAL directory with HF LLaMA safetensors to initialise the model from (no download)."""
+    """A LOCAL Hugging Face Llama directory (config.json + *.safetensors) to start from (no download);
+    its config.json must match the model (ConfigError otherwise). ``model=hf:/dir`` sets it."""
+    logger: str = "csv"
+    """csv (default), tensorboard (extra ``[tensorboard]``) or wandb (extra ``[wandb]``): Lightning's
+    loggers, writing into the output directory; the plan table and the estimate are logged as
+    hyper-parameters."""
+    wandb_project: Optional[str] = None
+    """wandb project (default ``hexiscale``)."""
+    wandb_offline: bool = True
+    """wandb runs offline (files under the output directory; ``wandb sync`` later) unless set false."""
     output_dir: Optional[str] = None
     """Where logs, the plan and checkpoints go; null = Hydra's run directory."""
     progress_bar: bool = True
@@ -63,9 +72,12 @@ class DataConfig:
 
     kind: str = "generated"
     """generated (a deterministic corpus that ships with the code), text (a local UTF-8 file, byte
-    tokens) or bin (a tokenised file of uint16 ids)."""
+    tokens) or bin (a token file from ``hexiscale prepare-data``, or raw ids)."""
     path: Optional[str] = None
     """File for kind=text or kind=bin."""
+    dtype: Optional[str] = None
+    """kind=bin without a JSON index beside the file: uint16 (default) or uint32. With an index
+    (``hexiscale prepare-data`` writes one) the index decides."""
     num_samples: int = 2048
     """Sequences of the generated corpus."""
     val_samples: int = 64

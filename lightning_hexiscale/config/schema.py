@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+import yaml
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from lightning_hexiscale.errors import ConfigError
@@ -97,6 +98,22 @@ class ClusterConfig:
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
 
 
+HF_PLACEHOLDER = "_hf"
+"""Model preset name that ``model=hf:/dir`` composes as (conf/model/_hf.yaml), filled from config.json."""
+
+
+@dataclass
+class RopeScalingConfig:
+    """RoPE frequency scaling of Llama 3.1 / 3.2 (see :class:`lightning_hexiscale.models.config.RopeScaling`)."""
+
+    rope_type: str = "llama3"
+    """Only ``llama3`` is implemented; any other type is refused with a ConfigError naming it."""
+    factor: float = MISSING
+    low_freq_factor: float = MISSING
+    high_freq_factor: float = MISSING
+    original_max_position_embeddings: int = MISSING
+
+
 @dataclass
 class ModelConfig:
     """A LLaMA shape (see :class:`lightning_hexiscale.models.config.LlamaConfig`)."""
@@ -111,6 +128,13 @@ class ModelConfig:
     seq_len: int = MISSING
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    rope_scaling: Optional[RopeScalingConfig] = None
+    """null = plain RoPE; ``{rope_type: llama3, factor, low_freq_factor, high_freq_factor,
+    original_max_position_embeddings}`` for Llama 3.1 / 3.2."""
+    tie_word_embeddings: bool = False
+    """The LM head reuses the token embedding (Llama 3.2 1B / 3B)."""
+    max_position_embeddings: Optional[int] = None
+    """Longest context the model supports (config.json's value); null = seq_len."""
 
 
 @dataclass
@@ -189,8 +213,8 @@ def conf_dir() -> Path:
 
 
 def preset_names(group: str) -> list[str]:
-    """Names of the YAML presets in conf/<group>/."""
-    return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
+    """Names of the YAML presets in conf/<group>/ (``_``-prefixed files are placeholders, not presets)."""
+    return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml") if not p.stem.startswith("_"))
 
 
 def load_preset(group: str, name_or_path: str, schema: type) -> DictConfig:
@@ -208,7 +232,11 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "con
     """Compose conf/<config_name>.yaml with Hydra-style overrides (``cluster=hetero3 train.global_batch=64``).
 
     ``cluster=path/to/file.yaml`` (an existing file) loads that file as the cluster instead of a
-    preset, checked against the same schema. Errors come back as :class:`ConfigError`.
+    preset, checked against the same schema. ``model=hf:/path/to/dir`` takes the model shape from a
+    local Hugging Face directory's config.json (:mod:`lightning_hexiscale.config.hf_model`) and sets
+    ``trainer.weights`` to the directory, so the recipe starts from its weights; ``model.*``
+    overrides (e.g. ``model.seq_len=2048``) apply on top of a file or HF model too. Errors come back
+    as :class:`ConfigError`.
     """
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
@@ -217,6 +245,7 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "con
     register_configs()
     files: dict[str, str] = {}
     rest: list[str] = []
+    overrides = hf_model_overrides(list(overrides))
     for o in overrides:
         key, _, value = o.partition("=")
         if key in ("cluster", "model") and value.endswith((".yaml", ".yml")) and Path(value).is_file():
@@ -237,7 +266,73 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "con
         OmegaConf.set_struct(cfg, False)
         cfg[key] = node
         OmegaConf.set_struct(cfg, True)
+        _reapply(cfg, key, rest)
+    resolve_hf_model(cfg, rest)
     return cfg
+
+
+def hf_model_overrides(overrides: list[str]) -> list[str]:
+    """Rewrite ``model=hf:/dir`` into what Hydra can compose: ``model=_hf trainer.weights=/dir``
+    (``conf/model/_hf.yaml`` is the placeholder :func:`resolve_hf_model` fills from config.json).
+    ``trainer.weights`` given too must name the same directory."""
+    from lightning_hexiscale.config.hf_model import parse_hf_ref
+
+    out, hf_dir = [], None
+    for o in overrides:
+        key, _, value = o.partition("=")
+        d = parse_hf_ref(value) if key == "model" else None
+        if d is None:
+            out.append(o)
+            continue
+        hf_dir = str(Path(d).expanduser().resolve())
+        out.append(f"model={HF_PLACEHOLDER}")
+    if hf_dir is None:
+        return out
+    given = [o.partition("=")[2] for o in out if o.partition("=")[0] == "trainer.weights"]
+    if given and str(Path(given[-1]).expanduser().resolve()) != hf_dir:
+        raise ConfigError("trainer.weights", given[-1], f"model=hf:{hf_dir} already starts from that directory's "
+                          "weights", "drop trainer.weights, or give the same directory")
+    if not given:
+        out.append(f"trainer.weights={hf_dir}")
+    return out
+
+
+def resolve_hf_model(cfg: DictConfig, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+    """Fill the ``model=_hf`` placeholder from ``trainer.weights``/config.json (in place), then apply the
+    explicit ``model.*`` overrides again (they were applied to the placeholder). Idempotent."""
+    if cfg.model.get("name") != HF_PLACEHOLDER:
+        return cfg
+    from lightning_hexiscale.config.hf_model import model_fields_from_hf, read_hf_config
+
+    weights = cfg.trainer.get("weights") if "trainer" in cfg else None
+    if not weights:
+        raise ConfigError("model", HF_PLACEHOLDER, "the model shape comes from a Hugging Face directory",
+                          "write model=hf:/path/to/dir (or model=_hf trainer.weights=/path/to/dir)")
+    d = Path(str(weights)).expanduser()
+    seq = next((o.partition("=")[2] for o in overrides if o.partition("=")[0].lstrip("+") == "model.seq_len"), None)
+    fields = model_fields_from_hf(read_hf_config(d, "trainer.weights"), f"hf:{d.resolve()}",
+                                  int(seq) if seq is not None else None, where=str(d / "config.json"))
+    try:
+        node = OmegaConf.merge(OmegaConf.structured(ModelConfig), fields)
+    except Exception as e:
+        raise ConfigError("model", f"hf:{d}", _clean(str(e)), "check config.json") from None
+    OmegaConf.set_struct(cfg, False)
+    cfg.model = node
+    OmegaConf.set_struct(cfg, True)
+    _reapply(cfg, "model", overrides)
+    return cfg
+
+
+def _reapply(cfg: DictConfig, key: str, overrides: list[str] | tuple[str, ...]) -> None:
+    """Apply ``key.x=v`` overrides to a node that replaced the composed one (a file or HF model)."""
+    for o in overrides:
+        k, _, v = o.partition("=")
+        k = k.lstrip("+")
+        if k.startswith(key + "."):
+            try:
+                OmegaConf.update(cfg, k, yaml.safe_load(v) if v else v, merge=True)
+            except Exception as e:
+                raise ConfigError(k, v, _clean(str(e)), "see conf/ for the schema") from None
 
 
 def load_yaml_node(path: str | Path, schema: type, key: str) -> DictConfig:

@@ -7,7 +7,8 @@ on one device (``Trainer(accelerator="cpu", devices=1)``) and unchanged under
 - ``configure_model`` builds the :class:`Llama` as ``self.model`` (the strategy builds it on the meta
   device and replaces it by this rank's stage); it initialises the weights only when they are real,
   from ``self.init_seed``, which is also the seed the strategy initialises its shards from, or from
-  ``self.init_state_dict`` (global name -> full tensor, e.g. HF weights via ``weights.attach_weights``);
+  ``self.init_state_dict`` (global name -> full tensor, e.g. HF weights via ``weights.attach_weights``,
+  or ``LlamaLitModule("hf:/path/to/dir")``, which takes the shape and the weights of that directory);
 - the loss is ``self.model.loss(self.model(tokens), targets)``: the mean token cross-entropy of the
   batch (under the strategy: of the global batch, the same value on every rank);
 - a batch is a (B, S + 1) tensor of token ids: inputs are [:, :-1], targets [:, 1:].
@@ -19,6 +20,7 @@ import lightning.pytorch as pl
 import torch
 from typing_extensions import override
 
+from lightning_hexiscale.config.hf_model import HF_PREFIX
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.models.llama import Llama
 
@@ -27,7 +29,8 @@ class LlamaLitModule(pl.LightningModule):
     """Causal LM training of :class:`Llama` with AdamW.
 
     Args:
-        config: the model shape (a :class:`LlamaConfig` or a preset name such as ``"llama_tiny"``).
+        config: the model shape: a :class:`LlamaConfig`, a preset name such as ``"llama_tiny"``, or
+            ``"hf:/path/to/dir"`` (a local Hugging Face Llama directory: its config.json and weights).
         lr: AdamW learning rate.
         weight_decay: AdamW decoupled weight decay.
         betas: AdamW betas.
@@ -40,6 +43,10 @@ class LlamaLitModule(pl.LightningModule):
                  betas: tuple[float, float] = (0.9, 0.95), warmup_steps: int = 0, init_seed: int = 0,
                  dtype: torch.dtype = torch.float32):
         super().__init__()
+        if isinstance(config, str) and config.startswith(HF_PREFIX):
+            from lightning_hexiscale.data.weights import load_hf
+
+            config, self.init_state_dict = load_hf(config[len(HF_PREFIX):])
         self.config = LlamaConfig.load(config) if isinstance(config, str) else config
         self.lr, self.weight_decay, self.betas = lr, weight_decay, tuple(betas)
         self.warmup_steps, self.init_seed, self.param_dtype = warmup_steps, init_seed, dtype

@@ -415,9 +415,11 @@ class HexiScaleStrategy(DDPStrategy):
         if owned is not None:
             total += owned.to(total.device)
         elif role.pipeline == 0:
-            # per-tensor norms accumulated as float64 scalars: no float64 copy of any gradient
+            # per-tensor norms accumulated as float64 scalars: no float64 copy of any gradient;
+            # replicated tensors count on the TP leader, a tied embedding on the first stage
             grads = [p.grad.detach() for name, p in pm.stage.named_parameters()
-                     if p.grad is not None and (shards[name].spec.shard_dim is not None or role.is_leader)]
+                     if p.grad is not None and (shards[name].spec.shard_dim is not None or role.is_leader)
+                     and not shards[name].tied_copy]
             total += squared_norm(grads, total.device).to(total.device)
         dist.all_reduce(total, op=dist.ReduceOp.SUM)
         return float(total.sqrt().item())

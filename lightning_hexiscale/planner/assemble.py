@@ -98,8 +98,17 @@ class Evaluator:
         return self._layer[key]
 
     def head_s(self, devices: tuple[int, ...], mb: int) -> float:
-        """LM head forward + backward for one micro-batch on the last stage (as estimate() prices it)."""
-        return 3.0 * self.model.head_forward_flops(mb) / float(min(self.flops[d] for d in devices))
+        """Vocabulary-parallel LM head + loss, forward + backward, one micro-batch on the last stage
+        (as estimate() prices it: cost_model.vocab_parallel_head)."""
+        m = self.model
+        comp, comm = cm.vocab_parallel_head(m.head_forward_flops(mb), m.max_vocab_fraction(len(devices)),
+                                            float(min(self.flops[d] for d in devices)), devices, mb * m.seq_len,
+                                            m.hidden_size, self.workload.dtype_bytes, self.bw, self.lat)
+        return comp + comm
+
+    def embed_s(self, devices: tuple[int, ...], mb: int) -> float:
+        """The first stage's vocabulary-parallel embedding all-reduce, one micro-batch (as estimate())."""
+        return cm.vocab_parallel_embedding(devices, self.act_bytes(mb), self.bw, self.lat)
 
     def max_layers(self, devices: tuple[int, ...], j: int, num_stages: int, mb: int, n_mb: int,
                    sharding: str, num_pipelines: int) -> int:
@@ -124,10 +133,12 @@ class Evaluator:
         fixed = w.reserve_bytes + (full if self.recompute else 0.0)
         if sharding == "zero3":
             fixed += 2 * m.layer_params * frac * bt
+        vfrac = m.max_vocab_fraction(tp)  # vocabulary-parallel embedding, head and logits
         if first:
-            fixed += m.embedding_params * spp
+            fixed += m.embedding_params * vfrac * spp
         if last:
-            fixed += m.head_params * spp + 2 * mb * S * m.vocab_size * 4
+            head = m.stage_head_params(is_first=first)
+            fixed += (H + (head - H) * vfrac) * spp + 2 * mb * S * m.vocab_size * vfrac * 4
         cap = float(min(self.memory[d] for d in devices))
         return int(math.floor((cap - fixed) / per_layer * (1 - 1e-12))) if cap > fixed else 0
 
@@ -308,6 +319,7 @@ def chain_draft(ev: Evaluator, stages: list[tuple[int, ...]], mb: int, sharding:
     S = len(stages)
     layer_s = [ev.layer_s(st, mb, sharding) for st in stages]
     fixed = list(hops)
+    fixed[0] += ev.embed_s(stages[0], mb)
     fixed[-1] += ev.head_s(stages[-1], mb)
     gpipe = ev.schedule == "gpipe"
     mem_n = max(2 * n_mb, 1) if gpipe else S

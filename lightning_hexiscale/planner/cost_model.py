@@ -35,6 +35,48 @@ def comm_tp(group: Group, message_bytes: float, bandwidth: np.ndarray, latency: 
     return float(4.0 * per_pair.sum(axis=1).max())
 
 
+def allreduce_time(group: Group, message_bytes: float, bandwidth: np.ndarray, latency: np.ndarray) -> float:
+    """One ring all-reduce of M bytes over ``group`` (the unit comm_tp counts four of):
+
+        2 * max_{d in g} sum_{d' in g \\ {d}} ( alpha[d,d'] + M / (|g| * beta[d,d']) )
+
+    Zero for a single device.
+    """
+    return 0.5 * comm_tp(group, message_bytes, bandwidth, latency)
+
+
+def vocab_parallel_head(head_fwd_flops: float, vocab_fraction: float, flops: float, group: Group,
+                        tokens: int, hidden: int, dtype_bytes: int, bandwidth: np.ndarray,
+                        latency: np.ndarray) -> tuple[float, float]:
+    """(compute_s, comm_s) of the last stage's LM head and cross-entropy, forward + backward, one
+    micro-batch of ``tokens`` = B_mb*S tokens, vocabulary-parallel over the stage's TP group g
+    (Megatron-LM's vocab_parallel_cross_entropy; runtime: ``tensor_parallel.VocabParallelHead``):
+
+        compute = 3 * (2*B_mb*S*H*V) * f_V / c            f_V = ceil(V/t)/V, the largest vocabulary share
+                                                          (forward matmul + two backward matmuls)
+        comm    = AR(4*B_mb*S) + AR(8*B_mb*S)             forward: the fp32 max per token, then the
+                                                          fp32 (sum of exp, target logit) pair per token
+                + AR(B_mb*S*H*B_type)                     backward: the head's input gradient (sum over ranks)
+
+    with AR = :func:`allreduce_time`. No rank ever holds the (B_mb, S, V) logits, only V/t columns.
+    With t = 1 this is the whole head and no communication.
+    """
+    compute = 3.0 * head_fwd_flops * vocab_fraction / flops
+    if len(group) <= 1:
+        return compute, 0.0
+    comm = (allreduce_time(group, 4.0 * tokens, bandwidth, latency)
+            + allreduce_time(group, 8.0 * tokens, bandwidth, latency)
+            + allreduce_time(group, float(tokens) * hidden * dtype_bytes, bandwidth, latency))
+    return compute, comm
+
+
+def vocab_parallel_embedding(group: Group, message_bytes: float, bandwidth: np.ndarray, latency: np.ndarray) -> float:
+    """Comm of a first stage's vocabulary-parallel embedding for one micro-batch: each rank looks up
+    the tokens of its V/t rows, one forward all-reduce of the (B_mb, S, H) output, M = B_mb*S*H*B_type
+    (backward needs none: each rank's rows get their own gradient). Zero with TP 1."""
+    return allreduce_time(group, message_bytes, bandwidth, latency)
+
+
 def comp_layer_fwd(layer_fwd_flops: float, shard_fraction: float, flops: float) -> float:
     """Comp-TP-Fwd, Appendix B eq. 2: FLOPs of the layer's forward on this rank / c_d.
 

@@ -1,7 +1,8 @@
 """Compose the Appendix B terms into an :class:`Estimate` of one training iteration under a Plan.
 
 Per micro-batch, stage j of pipeline i runs its l_ij layers forward and backward:
-    Stage_ij = l_ij * (T_f + T_b) (+ LM head on the last stage)
+    Stage_ij = l_ij * (T_f + T_b) (+ the vocabulary-parallel LM head and loss on the last stage,
+               + the vocabulary-parallel embedding's all-reduce on the first; cost_model.vocab_parallel_*)
 per iteration the pipeline takes Pipeline-Time(i) (Appendix B eq. 8) plus the data-parallel time
 its layers cannot hide behind the last backward, which is
     DP-Overhead-Layer(k) - n_mb * (T_f + T_b)   summed over the stage's layers (eq. 5),
@@ -311,7 +312,14 @@ def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
             tp_f = cm.comm_tp(st.devices, act_msg, cluster.bandwidth, cluster.latency)
             t_f = cm.layer_time_fwd(comp_f, tp_f)
             t_b = cm.layer_time_bwd(comp_f, tp_f, plan.recompute)
-            head_s = 3.0 * model.head_forward_flops(mb) / c_min if j == n_st - 1 else 0.0
+            head_comp = head_comm = 0.0
+            if j == n_st - 1:  # LM head + loss split over the stage's TP ranks along the vocabulary
+                head_comp, head_comm = cm.vocab_parallel_head(
+                    model.head_forward_flops(mb), model.max_vocab_fraction(st.tp), c_min, st.devices, mb * S, H, bt,
+                    cluster.bandwidth, cluster.latency)
+            if j == 0:
+                head_comm += cm.vocab_parallel_embedding(st.devices, act_msg, cluster.bandwidth, cluster.latency)
+            head_s = head_comp + head_comm
             hop = _hop(st, pipe.stages[j + 1], act_msg, cluster) if j + 1 < n_st else 0.0
             stage_mb = 0.0
             dp_comm, tail = _dp_edges(plan, i, j, cluster, model, red_bt, bt, l * t_b)
@@ -334,7 +342,8 @@ def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
             n_tp = 2.0 + (cm.RECOMPUTE_TP_SHARE if plan.recompute else 0.0)
             peak, cap = _stage_memory(plan, pipe, j, st, cluster, workload, ooms)
             rows.append(dict(devices=list(st.devices), tp=st.tp, layers=list(st.layers),
-                             compute_s=n_mb * (l * n_comp * comp_f + head_s), tp_comm_s=n_mb * l * n_tp * tp_f,
+                             compute_s=n_mb * (l * n_comp * comp_f + head_comp),
+                             tp_comm_s=n_mb * (l * n_tp * tp_f + head_comm),
                              pp_comm_s=n_mb * hop, dp_comm_s=dp_comm, dp_exposed_s=tail,
                              time_per_micro_batch_s=stage_mb + hop, peak_memory_bytes=peak, memory_capacity_bytes=cap))
         t_pipe = cm.pipeline_time(per_mb, hops, n_mb) + max(tails)
@@ -376,11 +385,13 @@ def _dp_t_comm(sharding: str, t_red: float, t_par: float) -> float:
 
 def _dp_edges(plan: Plan, i: int, j: int, cluster: Cluster, model: LlamaConfig, red_bt: int, bt: int,
               backward_s: float) -> tuple[float, float]:
-    """(total, exposed) data-parallel time of the tensors outside the layers, per iteration: the embedding
-    (first stage) and the final norm + LM head (last stage), summed among the stage leaders of all
-    pipelines (all-reduce, or reduce-scatter + all-gather), and the TP broadcast of the stage's
-    replicated tensors from its leader. The embedding's gradient is final only at the end of the
-    backward (fully exposed); the head's sync overlaps the stage's last backward ``backward_s``."""
+    """(total, exposed) data-parallel time of the tensors outside the layers, per iteration: each TP
+    rank's vocabulary rows of the embedding (first stage) and of the untied LM head (last stage),
+    summed with the ranks of the other pipelines that hold the same rows (all-reduce, or
+    reduce-scatter + all-gather; the slowest rank of the stage counts), and the leader's TP broadcast
+    of the stage's replicated norms after the sync. The embedding's gradient is final only at the
+    end of the backward (fully exposed); the head's sync overlaps the stage's last backward
+    ``backward_s``."""
     pipes = plan.pipelines
     if len(pipes) == 1:
         return 0.0, 0.0
@@ -388,28 +399,30 @@ def _dp_edges(plan: Plan, i: int, j: int, cluster: Cluster, model: LlamaConfig, 
     first, last = j == 0, j == len(pipes[i].stages) - 1
     bw, lat = cluster.bandwidth, cluster.latency
 
-    def sync(nbytes_red: float, nbytes_par: float, peers: list[int]) -> float:
-        partners = [(st.leader, d, 1.0) for d in peers]
-        t_red = cm.comm_dp(partners, nbytes_red, len(pipes), bw, lat)
-        t_par = cm.comm_dp(partners, nbytes_par, len(pipes), bw, lat)
-        return 2.0 * _dp_t_comm(plan.dp_sharding, t_red, t_par)
+    def sync(params: float, holder) -> float:
+        worst = 0.0
+        for r, d in enumerate(st.devices):
+            partners = [(d, d2, share) for k, p in enumerate(pipes) if k != i
+                        for r2, d2 in enumerate(holder(p).devices)
+                        if (share := _overlap(r, st.tp, r2, holder(p).tp)) > 0]
+            t_red = cm.comm_dp(partners, params * red_bt, len(pipes), bw, lat)
+            t_par = cm.comm_dp(partners, params * bt, len(pipes), bw, lat)
+            worst = max(worst, 2.0 * _dp_t_comm(plan.dp_sharding, t_red, t_par))
+        return worst
 
     total = exposed = 0.0
     if first:
-        peers = [p.stages[0].leader for k, p in enumerate(pipes) if k != i]
-        t = sync(model.embedding_params * red_bt, model.embedding_params * bt, peers)
+        t = sync(model.embedding_params, lambda p: p.stages[0])
         total, exposed = total + t, exposed + t
-    if last:
-        peers = [p.stages[-1].leader for k, p in enumerate(pipes) if k != i]
-        t = sync(model.head_params * red_bt, model.head_params * bt, peers)
+    if last and not model.tie_word_embeddings:
+        t = sync(model.head_params, lambda p: p.stages[-1])  # LM head rows (+ the final norm, on leaders)
         total, exposed = total + t, exposed + max(0.0, t - backward_s)
-    if st.tp > 1:  # leader -> TP group: replicated gradients (ddp) or parameters (zero), after the sync
-        repl = st.num_layers * 2 * model.hidden_size + (model.embedding_params if first else 0) + (
-            model.head_params if last else 0)
-        nbytes = repl * (red_bt if plan.dp_sharding == "ddp" else bt)
+    if st.tp > 1:  # leader -> TP group: the replicated norms' gradients (ddp) or parameters (zero)
+        norms = (2 * st.num_layers + (1 if last else 0)) * model.hidden_size
+        nbytes = norms * (red_bt if plan.dp_sharding == "ddp" else bt)
         t = sum(lat[st.leader, d] + nbytes / (st.tp * bw[st.leader, d]) for d in st.devices[1:])
         total, exposed = total + t, exposed + t
-    return total, exposed
+    return float(total), float(exposed)  # plain floats: the estimate is serialised (JSON, logger YAML)
 
 
 def _shard_fraction(model: LlamaConfig, tp: int) -> float:
@@ -427,11 +440,12 @@ def _stage_memory(plan: Plan, pipe, j: int, st: Stage, cluster: Cluster, workloa
                   ooms: list[OutOfMemory]) -> tuple[float, float]:
     """Peak bytes on each device of the stage; appends out-of-memory devices to ``ooms``.
 
-    params_local = l * layer_params * shard (+ embedding on the first stage, norm + LM head on the
-    last, replicated over the TP group); states = params_local * bytes/param (ddp/zero2/zero3);
-    activations = in-flight micro-batches * stored activations (layer inputs only when recomputing)
-    + one layer's full activations as working memory + fp32 logits and their gradient on the last
-    stage; + ``reserve_bytes``.
+    params_local = l * layer_params * shard (+ the embedding's V/t rows on the first stage, the norm
+    and the LM head's V/t rows on the last: vocabulary-parallel; a tied head is the embedding on a
+    one-stage pipeline and a copy of its rows on a separate last stage); states = params_local *
+    bytes/param (ddp/zero2/zero3); activations = in-flight micro-batches * stored activations (layer
+    inputs only when recomputing) + one layer's full activations as working memory + this rank's
+    V/t columns of the fp32 logits and their softmax on the last stage; + ``reserve_bytes``.
     """
     model = workload.model
     bt = workload.dtype_bytes
@@ -439,11 +453,13 @@ def _stage_memory(plan: Plan, pipe, j: int, st: Stage, cluster: Cluster, workloa
     n_st = len(pipe.stages)
     mb, n_mb = pipe.micro_batch_size, pipe.num_micro_batches
     frac = _shard_fraction(model, st.tp)
+    vfrac = model.max_vocab_fraction(st.tp)
     params = st.num_layers * model.layer_params * frac
     if j == 0:
-        params += model.embedding_params
+        params += model.embedding_params * vfrac
     if j == n_st - 1:
-        params += model.head_params
+        head = model.stage_head_params(is_first=j == 0)
+        params += model.hidden_size + (head - model.hidden_size) * vfrac
     states = params * cm.state_bytes_per_param(plan.dp_sharding, plan.num_pipelines, bt, workload.optimizer_bytes_per_param)
     if plan.dp_sharding == "zero3":
         states += 2 * model.layer_params * frac * bt  # current + prefetched gathered layer
@@ -454,7 +470,7 @@ def _stage_memory(plan: Plan, pipe, j: int, st: Stage, cluster: Cluster, workloa
     else:
         acts = inflight * st.num_layers * full
     if j == n_st - 1:
-        acts += 2 * mb * S * model.vocab_size * 4
+        acts += 2 * mb * S * model.vocab_size * vfrac * 4
     peak = states + acts + workload.reserve_bytes
     cap = min(cluster.devices[d].memory_bytes for d in st.devices)
     for d in st.devices:

@@ -22,15 +22,19 @@ or b_act; b_par = b_act, the dtype parameters are gathered in):
   all-gather of t*c in the receiving TP group.
 - ``tp`` per micro-batch, layer and TP rank (t > 1): 4 all-reduces of M (2 forward: after attention
   and MLP; 2 backward: the inputs of q/k/v and gate/up), 5 with recomputation (torch's
-  non-reentrant checkpoint stops before the MLP's all-reduce: ``cost_model.RECOMPUTE_TP_SHARE``).
+  non-reentrant checkpoint stops before the MLP's all-reduce: ``cost_model.RECOMPUTE_TP_SHARE``);
+  plus, vocabulary-parallel, one all-reduce of M after the embedding (first stage) and, on the last
+  stage, one of M for the head's input gradient and the cross-entropy's two of B_mb*S and 2*B_mb*S
+  scalars in b_loss (float32, float64 for a float64 model).
 - ``dp`` per step (k pipelines > 1): each rank's share of the gradient: its TP shard of the stage's
-  matrices (exact uneven head / FFN splits) plus, on the stage leader only, the replicated tensors
-  (norms, embedding on the first stage, final norm + LM head on the last) = n_local:
+  matrices (exact uneven head / FFN splits), its vocabulary rows of the embedding (first stage) and
+  LM head (last stage), plus, on the stage leader only, the replicated norms = n_local:
   ddp: all-reduce 2(k-1)/k*n_local*b_red, then the leader broadcasts the stage's replicated
   gradients in its TP group; zero2: reduce-scatter (k-1)/k*n_local*b_red, all-gather of the updated
   parameters (k-1)/k*n_local*b_par, then the replicated parameters' TP broadcast at b_par. Exact
   when k divides every bucket (the runtime pads each bucket to a multiple of k; fewer than k
-  elements per bucket). zero3 is priced by the time model (2 n_mb gathers per layer) and not here.
+  elements per bucket). zero3 is priced by the time model (2 n_mb gathers per layer) and not here,
+  nor is the first/last-stage exchange of a tied embedding (runtime/tied_embeddings.py).
 """
 
 from __future__ import annotations
@@ -54,17 +58,24 @@ def local_matrix_params(model: LlamaConfig, tp: int, tp_rank: int) -> int:
     return h * (2 * kv * g * d + 2 * kv * d) + 3 * h * (f1 - f0)
 
 
-def stage_replicated_params(model: LlamaConfig, num_layers: int, first: bool, last: bool) -> int:
-    """Elements replicated on every rank of a stage: 2 norms per layer, embedding, final norm + head."""
-    return num_layers * 2 * model.hidden_size + (model.embedding_params if first else 0) + (
-        model.head_params if last else 0)
+def stage_replicated_params(model: LlamaConfig, num_layers: int, last: bool) -> int:
+    """Elements replicated on every rank of a stage: 2 norms per layer and the final norm."""
+    return (num_layers * 2 + (1 if last else 0)) * model.hidden_size
+
+
+def local_vocab_params(model: LlamaConfig, tp: int, tp_rank: int, first: bool, last: bool) -> int:
+    """This TP rank's vocabulary rows of the embedding (first stage) and the untied LM head (last)."""
+    a, b = model.vocab_split(tp)[tp_rank]
+    return (b - a) * model.hidden_size * (int(first) + int(last))
 
 
 def wire_bytes(plan: Plan, model: LlamaConfig, act_bytes: int, reduce_bytes: int | None = None,
-               param_bytes: int | None = None) -> dict[int, dict[str, float]]:
+               param_bytes: int | None = None, loss_bytes: int = 4) -> dict[int, dict[str, float]]:
     """{device: {"pp", "tp", "dp": bytes sent per optimizer step}} (conventions in the module doc)."""
     if plan.dp_sharding == "zero3":
         raise ValueError("wire_bytes covers ddp and zero2; zero3's per-use gathers are priced by the time model")
+    if model.tie_word_embeddings:
+        raise ValueError("wire_bytes does not cover tied embeddings (their first/last-stage exchange)")
     b_act = act_bytes
     b_red = reduce_bytes or act_bytes
     b_par = param_bytes or act_bytes
@@ -76,10 +87,12 @@ def wire_bytes(plan: Plan, model: LlamaConfig, act_bytes: int, reduce_bytes: int
         stages = pipe.stages
         for j, st in enumerate(stages):
             t, l = st.tp, st.num_layers
+            first, last = j == 0, j == len(stages) - 1
             if t > 1:  # tensor parallelism inside the stage
-                ar = 4 + (2 * RECOMPUTE_TP_SHARE if plan.recompute else 0)
+                ar = l * (4 + 2 * RECOMPUTE_TP_SHARE * plan.recompute) + int(first) + int(last)
+                tokens = pipe.micro_batch_size * seq
                 for d in st.devices:
-                    out[d]["tp"] += n_mb * l * ar * 2 * (t - 1) / t * m * b_act
+                    out[d]["tp"] += n_mb * 2 * (t - 1) / t * (ar * m * b_act + last * 3 * tokens * loss_bytes)
             if j + 1 < len(stages):  # the boundary to the next stage, both directions
                 nxt = stages[j + 1]
                 for src, dst in ((st, nxt), (nxt, st)):
@@ -96,10 +109,10 @@ def wire_bytes(plan: Plan, model: LlamaConfig, act_bytes: int, reduce_bytes: int
                                 out[d]["pp"] += n_mb * (dst.tp - 1) / dst.tp * m * b_act
             if k == 1:
                 continue
-            first, last = j == 0, j == len(stages) - 1
-            repl = stage_replicated_params(model, l, first, last)
+            repl = stage_replicated_params(model, l, last)
             for r, d in enumerate(st.devices):
-                n_local = l * local_matrix_params(model, t, r) + (repl if r == 0 else 0)
+                n_local = (l * local_matrix_params(model, t, r) + local_vocab_params(model, t, r, first, last)
+                           + (repl if r == 0 else 0))
                 if plan.dp_sharding == "ddp":
                     out[d]["dp"] += 2 * (k - 1) / k * n_local * b_red
                     if t > 1:

@@ -137,6 +137,8 @@ def _write_units(tmp: Path, stage: StageModule, gathered: list[dict], with_optim
     shards = stage.shards()
     units: dict[str, tuple[dict, dict]] = {}
     for name, shard in shards.items():
+        if shard.tied_copy:  # a tied embedding is written once, by the first stage
+            continue
         first = gathered[0][name]
         shape = tuple(first["param"].shape)
         full_param = _full(shard, [g[name]["param"] for g in gathered], shape, first["param"])

@@ -45,7 +45,6 @@ import torch
 import torch.distributed as dist
 
 from lightning_hexiscale.errors import PlanError
-from lightning_hexiscale.models.llama import causal_lm_loss
 from lightning_hexiscale.runtime.parallelize import StageModule
 from lightning_hexiscale.runtime.topology import Role, Topology
 
@@ -279,7 +278,7 @@ class PipelineExecutor:
                     inputs[i] = x
                 out = self._forward(x)
                 if role.is_last:
-                    out = causal_lm_loss(out, tgt_mb[i].to(self.device)) * loss_scale
+                    out = stage.loss(out, tgt_mb[i].to(self.device)) * loss_scale
                     total += out.detach().to(torch.float64)
                 else:
                     pending[("act", i)] = out.detach()
@@ -322,7 +321,7 @@ class PipelineExecutor:
             x = tokens[start:start + mb].to(self.device) if role.is_first else received.pop(("act", i)).to(self.act_dtype)
             out = self._forward(x)
             if role.is_last:
-                weighted += causal_lm_loss(out, targets[start:start + mb].to(self.device)).to(torch.float64) * sizes[i]
+                weighted += self.stage.loss(out, targets[start:start + mb].to(self.device)).to(torch.float64) * sizes[i]
             else:
                 pending[("act", i)] = out
         self._communicate(points[len(starts)], pending, received, shape_of, False)

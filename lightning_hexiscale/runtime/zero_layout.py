@@ -10,8 +10,8 @@ canonical parameter order, into flat buckets of at most ``cap`` bytes:
 - ``unit``: ``embed``, ``layers.<l>`` or ``head`` (final norm + LM head), so that ZeRO-3 can gather
   one transformer block without touching the others;
 - ``kind``: ``"sharded"`` for the TP-sharded matrices of a block (ZeRO-3 shards their parameters),
-  ``"whole"`` for the replicated norms / embedding / LM head (ZeRO-3 keeps these whole and treats
-  them as ZeRO-2 does: only their gradients and optimizer states are sharded).
+  ``"whole"`` for the norms and the (vocabulary-parallel) embedding / LM head (ZeRO-3 keeps their
+  local tensors whole and treats them as ZeRO-2 does: only gradients and optimizer states are sharded).
 
 Every member of a holder group packs the same segments in the same order, so all members agree on
 the layout of each bucket without communicating. A bucket of n elements over k holders is cut into
@@ -143,7 +143,9 @@ def build_buckets(plan: Plan, config: LlamaConfig, rank: int, shards: dict[str, 
         else:
             item = Item(seg.name, seg.shard_dim, seg.start - shard.start, seg.end - seg.start,
                         _local_numel(shard, seg.shard_dim, seg.end - seg.start), seg.start)
-        kind = "whole" if seg.shard_dim is None else "sharded"
+        # ZeRO-3 shards (and gathers around each use) only the blocks' matrices; the embedding and
+        # LM head stay whole in their local (vocabulary) shape, like the norms.
+        kind = "sharded" if seg.shard_dim is not None and seg.name.startswith("layers.") else "whole"
         per_key.setdefault((seg.ranks, unit_of(seg.name), kind), []).append(item)
     buckets: list[Bucket] = []
     for (ranks, unit, kind), items in per_key.items():

@@ -87,9 +87,11 @@ def test_segments_cover_every_parameter_once_per_pipeline(tiny_gqa):
     plan = plan_of(FIG1)
     segs = sync_segments(plan, tiny_gqa)
     assert all(len(s.ranks) == 2 for s in segs)
-    # embedding: first-stage leaders (0, 2); LM head: last-stage leaders (0, 4)
-    assert {s.ranks for s in segs if s.name == "embed.weight"} == {(0, 2)}
-    assert {s.ranks for s in segs if s.name == "lm_head.weight"} == {(0, 4)}
+    # vocabulary-parallel embedding and LM head: the TP-2 stage's two halves against rank 2
+    # (first stage of pipeline 1) and rank 4 (its last stage); the final norm on the leaders only
+    assert {s.ranks for s in segs if s.name == "embed.weight"} == {(0, 2), (1, 2)}
+    assert {s.ranks for s in segs if s.name == "lm_head.weight"} == {(0, 4), (1, 4)}
+    assert {s.ranks for s in segs if s.name == "norm.weight"} == {(0, 4)}
     # layer 2 lives on rank 3 in pipeline 1, split over ranks 0/1 in pipeline 0
     assert {s.ranks for s in segs if s.name == "layers.2.mlp.up_proj.weight"} == {(0, 3), (1, 3)}
 

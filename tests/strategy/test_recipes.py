@@ -44,6 +44,13 @@ def test_every_cluster_preset_plans(tmp_path, cluster, capsys):
 
 @pytest.mark.parametrize("model", preset_names("model"))
 def test_every_model_preset_plans_on_hetero3(tmp_path, model):
+    from lightning_hexiscale.errors import InfeasiblePlan
+    from lightning_hexiscale.models.config import LlamaConfig
+
+    if LlamaConfig.load(model).total_params * 16 > 1.8 * 2**40:  # llama3_1_405b: 5.9 TiB of states > hetero3's 1.8 TiB
+        with pytest.raises(InfeasiblePlan, match="no plan fits in memory.*cluster hetero3 has 1.8 TiB"):
+            _dry_run(tmp_path, "cluster=hetero3", f"model={model}", "train.global_batch=64")
+        return
     assert _dry_run(tmp_path, "cluster=hetero3", f"model={model}", "train.global_batch=64") == 0
 
 
