@@ -20,7 +20,8 @@ The only place where Lightning meets the runtime. Per process (global rank r):
    asymmetric gradient sync runs before Lightning's ``on_before_optimizer_step``, gradient clipping
    (by the global norm over TP/PP/DP, not the local one) and ``optimizer.step``.
 
-Checkpoints are plan-independent (:mod:`lightning_hexiscale.runtime.checkpoint`).
+Checkpoints are plan-independent torch.distributed.checkpoint shards: every rank writes and reads
+only its own pieces (:mod:`lightning_hexiscale.runtime.checkpoint`), optionally asynchronously.
 """
 
 from __future__ import annotations
@@ -53,8 +54,7 @@ from lightning_hexiscale.lightning import internals
 from lightning_hexiscale.lightning.device_check import check_local_gpus
 from lightning_hexiscale.lightning.pipeline_model import PipelineModel
 from lightning_hexiscale.planner.plan import DP_SHARDINGS, SCHEDULES, Plan
-from lightning_hexiscale.lightning.zero_hooks import (checkpoint_optimizer, grad_norm_sq_local, load_target, scale_grads,
-                                               shard_optimizers)
+from lightning_hexiscale.lightning.zero_hooks import grad_norm_sq_local, scale_grads, shard_optimizers
 from lightning_hexiscale.lightning.plan_resolution import describe_local_devices, plan_for
 
 StartMethod = Literal["popen", "spawn", "fork", "forkserver"]
@@ -90,6 +90,11 @@ class HexiScaleStrategy(DDPStrategy):
             ``nonfinite_events``.
         timeout: process-group timeout of every collective and p2p wait (a ``timedelta`` or
             seconds): a rank waiting on a dead or hung peer raises after this long.
+        async_checkpoint: write checkpoints in the background: a save copies this rank's pieces to
+            CPU memory (DCP's stager; its own shard bytes) and returns; DCP's save and the rename into
+            place run in one writer thread per rank, over a gloo process group of their own, while
+            training goes on (at most 2 saves in flight). A load, the end of the run, or a third save
+            waits for them; a crash meanwhile leaves the previous checkpoint.
         watchdog: run :class:`~lightning_hexiscale.runtime.failure.FailureWatch` (heartbeats over the
             rendezvous store): when a rank fails, every rank stops within ``watchdog_grace_s`` seconds
             more (exit status 4) and says which rank failed.
@@ -104,7 +109,8 @@ class HexiScaleStrategy(DDPStrategy):
                  schedule: str | None = None, recompute: bool | None = None, dp_sharding: str | None = None,
                  seed: int | None = None, planner_iterations: int = 20, start_method: StartMethod = "popen",
                  num_threads: int | Literal["auto"] = "auto", check_devices: bool = True,
-                 nonfinite: Literal["skip", "stop"] = "stop", watchdog: bool = True, watchdog_grace_s: float = 5.0,
+                 nonfinite: Literal["skip", "stop"] = "stop", async_checkpoint: bool = False,
+                 watchdog: bool = True, watchdog_grace_s: float = 5.0,
                  process_group_backend: str | None = None, timeout: timedelta | float | None = default_pg_timeout,
                  accelerator=None, parallel_devices=None, cluster_environment=None, checkpoint_io=None,
                  precision_plugin=None) -> None:
@@ -113,6 +119,9 @@ class HexiScaleStrategy(DDPStrategy):
                 raise ConfigError("HexiScaleStrategy(timeout)", timeout, "must be a positive number of seconds",
                                   "use e.g. timeout=600")
             timeout = timedelta(seconds=float(timeout))
+        if not isinstance(async_checkpoint, bool):
+            raise ConfigError("HexiScaleStrategy(async_checkpoint)", async_checkpoint, "must be True or False",
+                              "pass async_checkpoint=True to write checkpoints in the background")
         if nonfinite not in NONFINITE_POLICIES:
             raise ConfigError("HexiScaleStrategy(nonfinite)", nonfinite, f"must be one of {NONFINITE_POLICIES}",
                               "use 'stop' (raise) or 'skip' (drop the update)")
@@ -155,6 +164,9 @@ class HexiScaleStrategy(DDPStrategy):
         self.watchdog, self.watchdog_grace_s = watchdog, float(watchdog_grace_s)
         self._watch = None
         self._train_sampler = None
+        self.async_checkpoint = async_checkpoint
+        self._checkpointer = None
+        self._failed = False
 
     # ---- environment -----------------------------------------------------------------------
     @override
@@ -216,7 +228,18 @@ class HexiScaleStrategy(DDPStrategy):
         self._install_global_clipping()
         if fitting:
             internals.optimizers_to_device(self.optimizers, self.root_device)
+        self._setup_checkpointer()
         self._start_watch()
+
+    def _setup_checkpointer(self) -> None:
+        """One Checkpointer per run. Asynchronous saves run their collectives in a background
+        thread, so they get a gloo group of their own (created by every rank here, at the same point)."""
+        if self._checkpointer is not None:
+            return
+        from lightning_hexiscale.runtime.checkpoint import Checkpointer
+
+        group = dist.new_group(backend="gloo") if self.async_checkpoint and dist.is_initialized() else None
+        self._checkpointer = Checkpointer(group, async_save=self.async_checkpoint)
 
     def _start_watch(self) -> None:
         """One FailureWatch per run (a token from rank 0 keeps earlier runs' keys out)."""
@@ -441,6 +464,7 @@ class HexiScaleStrategy(DDPStrategy):
     def on_exception(self, exception: BaseException) -> None:
         """Report this rank's failure to the others and say on stderr which rank failed first."""
         super().on_exception(exception)
+        self._failed = True
         if self._watch is None or isinstance(exception, (KeyboardInterrupt, NonFiniteError)):
             return  # non-finite steps stop every rank together by design: nothing to tell
         self._watch.report(exception)
@@ -467,45 +491,48 @@ class HexiScaleStrategy(DDPStrategy):
             self._train_sampler = loader.batch_sampler
         return loader
 
-    # ---- checkpoints (plan-independent; see runtime/checkpoint.py) ------------------------
+    # ---- checkpoints (torch.distributed.checkpoint shards; see runtime/checkpoint.py) -------
     @property
     @override
     def restore_checkpoint_after_setup(self) -> bool:
         return True  # the stage (and so the shards to load into) exists only after setup
 
+    @property
+    def checkpointer(self):
+        """This run's :class:`~lightning_hexiscale.runtime.checkpoint.Checkpointer` (after ``setup``)."""
+        if self._checkpointer is None:
+            raise RuntimeError("HexiScaleStrategy.setup has not run yet")
+        return self._checkpointer
+
     @override
     def lightning_module_state_dict(self) -> dict[str, Any]:
-        """The module's own state outside the pipeline (the pipeline goes to per-layer files)."""
+        """The module's own state outside the pipeline (the pipeline's shards go to DCP)."""
         return {k: v for k, v in self.lightning_module.state_dict().items() if not k.startswith("model.")}
 
     @override
     def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
-        return {}  # written per layer by save_checkpoint, by global parameter name
+        return {}  # written by save_checkpoint: every rank its own pieces, by global parameter name
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Any | None = None) -> None:
-        """Collective: every rank enters (the Trainer barriers right after)."""
-        from lightning_hexiscale.runtime import checkpoint as ckpt
-
-        pm = self.pipeline_model
+        """Collective: every rank enters (the Trainer barriers right after) and writes its own
+        pieces; rank 0's ``checkpoint`` (Lightning's state) goes to ``meta.pt``."""
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__}.save_checkpoint(..., storage_options=...) is not supported: "
+                            "hexiscale checkpoints are written by torch.distributed.checkpoint, not a CheckpointIO")
+        filepath = self.broadcast(str(filepath), 0)  # one directory for all ranks (a string, no tensors)
         with_optim = "optimizer_states" in checkpoint and bool(self.optimizers)
         if with_optim and len(self.optimizers) > 1:
             raise ConfigError("configure_optimizers", f"{len(self.optimizers)} optimizers",
                               "hexiscale checkpoints hold one optimizer's state", "use one optimizer")
-        optimizer = self.optimizers[0] if with_optim else None
-        optimizer = internals.unwrap_optimizer(optimizer)
-        assert self.plan is not None
-        optimizer = checkpoint_optimizer(pm.engine, optimizer)  # ZeRO: gathered full local state
-        extra = {"format": ckpt.FORMAT, "model": pm.config.to_dict(), "plan": self.plan.to_dict(),
-                 "units": ckpt.all_units(pm.config),
-                 "optimizer": ckpt.optimizer_meta(optimizer, pm.stage) if optimizer is not None else None}
-        with pm.engine.full_params():  # ZeRO-3: the blocks whole while they are written
-            ckpt.save(filepath, checkpoint, pm.stage, pm.engine.topology, optimizer, extra)
+        optimizer = internals.unwrap_optimizer(self.optimizers[0]) if with_optim else None
+        self.checkpointer.save(filepath, self.pipeline_model.engine, optimizer, checkpoint)
 
     @override
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
         from lightning_hexiscale.runtime import checkpoint as ckpt
 
+        self.checkpointer.wait()
         meta = ckpt.read_meta(checkpoint_path)
         meta["hexiscale"]["path"] = str(checkpoint_path)
         return meta
@@ -517,8 +544,8 @@ class HexiScaleStrategy(DDPStrategy):
         extra = checkpoint.get("state_dict") or {}
         if extra:
             self.lightning_module.load_state_dict(extra, strict=False)
-        with self.pipeline_model.engine.full_params(gather=False, writeback=True):  # ZeRO-3: re-shard after
-            ckpt.load_stage(checkpoint["hexiscale"]["path"], self.pipeline_model.stage, dict(checkpoint))
+        ckpt.load_model(checkpoint["hexiscale"]["path"], self.pipeline_model.engine, dict(checkpoint),
+                        self.checkpointer.group)
 
     @override
     def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
@@ -526,20 +553,26 @@ class HexiScaleStrategy(DDPStrategy):
 
         for optimizer in self.optimizers[:1]:
             inner = internals.unwrap_optimizer(optimizer)
-            target = load_target(self.pipeline_model.engine, inner)
-            ckpt.load_optimizer(checkpoint["hexiscale"]["path"], self.pipeline_model.stage, target, dict(checkpoint))
+            ckpt.load_optimizer(checkpoint["hexiscale"]["path"], self.pipeline_model.engine, inner, dict(checkpoint),
+                                self.checkpointer.group)
             internals.optimizers_to_device([inner], self.root_device)
 
     @override
     def remove_checkpoint(self, filepath) -> None:
         from lightning_hexiscale.runtime import checkpoint as ckpt
 
+        if self._checkpointer is not None:
+            self._checkpointer.wait_for(filepath)  # an asynchronous save may still be writing it
         if self.is_global_zero:
             ckpt.remove(filepath)
 
     # ---- teardown ------------------------------------------------------------------------
     @override
     def teardown(self) -> None:
+        if self._checkpointer is not None:
+            # The last asynchronous saves: written and renamed before the processes end; after a
+            # failure they are abandoned (their peers are gone; the directories stay partial).
+            self._checkpointer.close(wait=not self._failed)
         if self._watch is not None:
             self._watch.stop()
             self._watch = None

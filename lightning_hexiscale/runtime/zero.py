@@ -173,6 +173,18 @@ class ZeroSharder:
         self.sharded_names = sorted(sharded)
 
     @torch.no_grad()
+    def refresh_masters(self) -> None:
+        """Mixed precision: after the full local parameters were loaded (a checkpoint), rebuild the
+        masters of the buckets that are not gathered on demand from them, and round the parameters
+        to the wire dtype (ZeRO-3's on-demand masters are loaded directly)."""
+        for i, b in enumerate(self.buckets):
+            if self.has_master(i) and not self.on_demand(i):
+                views = {it.name: self.params[it.name].data for it in b.items}
+                flat = flatten(views, b, self.params[b.items[0].name])
+                self.masters[i] = self._chunk(flat, b).clone()
+                unflatten(flat.to(self.wire), b, views)
+
+    @torch.no_grad()
     def gather_masters(self, on_demand_into: dict[str, torch.Tensor] | None = None) -> None:
         """All-gather every master chunk exactly (parameter dtype) into the full local parameters;
         collective over the world (each rank walks its buckets in the global order).
