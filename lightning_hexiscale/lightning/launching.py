@@ -54,6 +54,14 @@ def is_agreed(exc: BaseException) -> bool:
     return hasattr(exc, "hexiscale_ranks")
 
 
+def mark_agreed(exc: BaseException, ranks: list[int], world_size: int | None = None) -> BaseException:
+    """Mark ``exc`` as raised alike on ``ranks`` (all of them: rank 0 reports it for all)."""
+    exc.hexiscale_ranks = ranks
+    if world_size is not None and len(ranks) < world_size:
+        exc.__notes__ = [*getattr(exc, "__notes__", []), f"(raised on rank(s) {ranks} of {world_size})"]
+    return exc
+
+
 def _shared(exc: BaseException) -> bool:
     """An error every rank stops with alike, so that rank 0's report suffices: an agreed one, a
     non-finite step (every rank takes that decision together) or another rank's failure."""
@@ -93,11 +101,7 @@ def agree(fn: Callable[[], Any], rank: int, world_size: int) -> Any:
     if not failed:
         return result
     first = failed[0]
-    exc = err if (err is not None and first == rank) else errors[first]
-    exc.hexiscale_ranks = failed
-    if len(failed) < world_size:
-        exc.__notes__ = [*getattr(exc, "__notes__", []), f"(raised on rank(s) {failed} of {world_size})"]
-    raise exc
+    raise mark_agreed(err if (err is not None and first == rank) else errors[first], failed, world_size)
 
 
 # ---- the guard -------------------------------------------------------------------------------------

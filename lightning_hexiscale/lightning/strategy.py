@@ -53,10 +53,11 @@ from lightning_hexiscale.errors import ConfigError, NonFiniteError, RankFailure
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.models.llama import Llama
 from lightning_hexiscale.lightning import internals, notices
+from lightning_hexiscale.lightning.device_check import check_local_gpus
 from lightning_hexiscale.lightning.pipeline_model import PipelineLogits, PipelineModel
 from lightning_hexiscale.planner.plan import DP_SHARDINGS, SCHEDULES, Plan
 from lightning_hexiscale.lightning.zero_hooks import grad_norm_sq_local, scale_grads, shard_optimizers
-from lightning_hexiscale.lightning.launching import CHILD_ENV, LaunchGuard, agree, is_agreed
+from lightning_hexiscale.lightning.launching import CHILD_ENV, LaunchGuard, agree, is_agreed, mark_agreed
 from lightning_hexiscale.lightning.plan_resolution import (describe_local_devices, load_cluster_arg, load_plan_arg,
                                                            plan_for)
 
@@ -314,6 +315,13 @@ class HexiScaleStrategy(DDPStrategy):
         config: LlamaConfig = llama.config
         if self.broadcast(self.plan.to_dict(), 0) != self.plan.to_dict():
             raise RuntimeError(f"rank {self.global_rank} planned differently from rank 0; pass an explicit plan file")
+        if self.check_devices and self.root_device.type == "cuda" and self.world_size > 1:
+            # every rank's GPU is its plan device's type (collective; the same error on every rank,
+            # so rank 0 reports it for all)
+            try:
+                check_local_gpus(self.plan, self.cluster, self.root_device, self.node_rank, self.local_rank)
+            except ConfigError as e:
+                raise mark_agreed(e, list(range(self.world_size))) from None
         param = next(llama.parameters())
         # Start from given weights: module.init_state_dict (e.g. weights.attach_weights), or the
         # Llama's own when the module materialised it; else initialise from module.init_seed.
@@ -471,6 +479,8 @@ class HexiScaleStrategy(DDPStrategy):
         hold the same values); within a TP group, replicated tensors are counted on the leader only.
         ||g|| = sqrt(all-reduce_SUM over ranks of pipeline 0 of sum(g^2)).
         """
+        from lightning_hexiscale.runtime.grad_sync import squared_norm
+
         pm = self.pipeline_model
         role = pm.engine.role
         shards = pm.stage.shards()
@@ -479,12 +489,12 @@ class HexiScaleStrategy(DDPStrategy):
         if owned is not None:
             total += owned.to(total.device)
         elif role.pipeline == 0:
-            for name, p in pm.stage.named_parameters():
-                # replicated tensors count on the TP leader, a tied embedding on the first stage
-                if p.grad is None or (shards[name].spec.shard_dim is None and not role.is_leader) \
-                        or shards[name].tied_copy:
-                    continue
-                total += p.grad.detach().double().pow(2).sum().to(total.device)
+            # per-tensor norms accumulated as float64 scalars: no float64 copy of any gradient;
+            # replicated tensors count on the TP leader, a tied embedding on the first stage
+            grads = [p.grad.detach() for name, p in pm.stage.named_parameters()
+                     if p.grad is not None and (shards[name].spec.shard_dim is not None or role.is_leader)
+                     and not shards[name].tied_copy]
+            total += squared_norm(grads, total.device).to(total.device)
         dist.all_reduce(total, op=dist.ReduceOp.SUM)
         return float(total.sqrt().item())
 

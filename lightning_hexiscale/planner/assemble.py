@@ -173,6 +173,10 @@ class Evaluator:
         2 * [alpha[s,d] + M/beta[s,d] + sum_{d'' in dst, d'' != d} (alpha[d,d''] + M/(|dst| beta[d,d'']))],
         and whether every pair costs the same (then the leaders do not matter)."""
         key = (src, dst, mb)
+        if key not in self._hop and len(src) == len(dst) > 1:
+            # equal TP degrees: the runtime's scatter/gather path, whatever the leaders (as estimate prices it)
+            h = cm.comm_pp_hop_scatter(src, dst, self.act_bytes(mb), self.bw, self.lat)
+            self._hop[key] = (np.full((len(src), len(dst)), h), True)
         if key not in self._hop:
             m = self.act_bytes(mb)
             s_idx, d_idx = np.asarray(src), np.asarray(dst)

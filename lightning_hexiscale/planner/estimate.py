@@ -6,7 +6,11 @@ Per micro-batch, stage j of pipeline i runs its l_ij layers forward and backward
 per iteration the pipeline takes Pipeline-Time(i) (Appendix B eq. 8) plus the data-parallel time
 its layers cannot hide behind the last backward, which is
     DP-Overhead-Layer(k) - n_mb * (T_f + T_b)   summed over the stage's layers (eq. 5),
-and the iteration takes the slowest pipeline (eq. 9). All ``*_s`` fields of the breakdown are per
+plus the embedding / LM head synchronisation and the TP broadcast of replicated tensors
+(:func:`_dp_edges`), and the iteration takes the slowest pipeline (eq. 9). Messages are priced at
+the dtypes the runtime sends them in (planner/wire.py: activations and gathered parameters at
+B_type, gradients at ``plan.reduce_dtype``), on the path it takes (scatter/gather between equal TP
+degrees). All ``*_s`` fields of the breakdown are per
 iteration (all micro-batches of that pipeline); ``time_per_micro_batch_s`` is per micro-batch.
 """
 
@@ -287,9 +291,12 @@ def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
     S, H = model.seq_len, model.hidden_size
     cal = cluster.calibration
     theta = (cal.theta_ddp, cal.theta_zero2, cal.theta_zero3_fwd, cal.theta_zero3_bwd)
-    layer_bytes = model.layer_params * bt
+    # Wire dtypes (as the runtime sends them, planner/wire.py): activations and gathered parameters
+    # at B_type, gradients summed at the plan's reduce_dtype (default B_type).
+    red_bt = DTYPE_BYTES[plan.reduce_dtype] if plan.reduce_dtype else bt
     n_dp = plan.num_pipelines
-    dp_terms = _dp_comm_all(plan, cluster, layer_bytes)
+    dp_red = _dp_comm_all(plan, cluster, model.layer_params * red_bt)
+    dp_par = dp_red if red_bt == bt else _dp_comm_all(plan, cluster, model.layer_params * bt)
     pipes: list[PipelineEstimate] = []
     ooms: list[OutOfMemory] = []
     for i, pipe in enumerate(plan.pipelines):
@@ -313,13 +320,11 @@ def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
             if j == 0:
                 head_comm += cm.vocab_parallel_embedding(st.devices, act_msg, cluster.bandwidth, cluster.latency)
             head_s = head_comp + head_comm
-            hop = (cm.comm_pp_hop(st.devices, pipe.stages[j + 1].devices, act_msg, cluster.bandwidth,
-                                  cluster.latency, leaders=(st.leader, pipe.stages[j + 1].leader))
-                   if j + 1 < n_st else 0.0)
+            hop = _hop(st, pipe.stages[j + 1], act_msg, cluster) if j + 1 < n_st else 0.0
             stage_mb = 0.0
-            tail = 0.0
-            dp_comm = 0.0
-            for n_layers, t_comm in dp_terms[(i, j)]:
+            dp_comm, tail = _dp_edges(plan, i, j, cluster, model, red_bt, bt, l * t_b)
+            for (n_layers, t_red), (_, t_par) in zip(dp_red[(i, j)], dp_par[(i, j)]):
+                t_comm = _dp_t_comm(plan.dp_sharding, t_red, t_par)
                 if plan.dp_sharding == "zero3":
                     f_eff, b_eff = theta[2] * max(t_f, t_comm), theta[3] * max(t_b, t_comm)
                     dp_comm += n_layers * (2 * n_mb + 1) * t_comm
@@ -334,7 +339,7 @@ def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
             hops.append(hop)
             tails.append(tail)
             n_comp = 4.0 if plan.recompute else 3.0
-            n_tp = 3.0 if plan.recompute else 2.0
+            n_tp = 2.0 + (cm.RECOMPUTE_TP_SHARE if plan.recompute else 0.0)
             peak, cap = _stage_memory(plan, pipe, j, st, cluster, workload, ooms)
             rows.append(dict(devices=list(st.devices), tp=st.tp, layers=list(st.layers),
                              compute_s=n_mb * (l * n_comp * comp_f + head_comp),
@@ -355,6 +360,69 @@ def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
     breakdown["bubble_s"] = bp.bubble_s
     return Estimate(iteration_time_s=it, tokens_per_s=gb * S / it, pflops=model.model_flops_per_iteration(gb) / it / 1e15,
                     feasible=not ooms, pipelines=pipes, out_of_memory=ooms, bottleneck_pipeline=worst, breakdown=breakdown)
+
+
+def _hop(st: Stage, nxt: Stage, act_msg: float, cluster: Cluster) -> float:
+    """Comm-PP-Hop of one boundary on the path the runtime takes: scatter/gather between equal TP
+    degrees above 1, else leader to leader plus the receiving TP broadcast."""
+    if st.tp == nxt.tp > 1:
+        return cm.comm_pp_hop_scatter(st.devices, nxt.devices, act_msg, cluster.bandwidth, cluster.latency)
+    return cm.comm_pp_hop(st.devices, nxt.devices, act_msg, cluster.bandwidth, cluster.latency,
+                          leaders=(st.leader, nxt.leader))
+
+
+def _dp_t_comm(sharding: str, t_red: float, t_par: float) -> float:
+    """T_comm entering DP-Overhead-Layer (whose collectives cost 2*T_comm): ddp all-reduces gradients
+    (reduce-scatter + all-gather, both at reduce_dtype); zero2 reduce-scatters gradients
+    (reduce_dtype) and all-gathers parameters (B_type); zero3 is dominated by its per-use parameter
+    gathers (B_type)."""
+    if sharding == "ddp":
+        return t_red
+    if sharding == "zero2":
+        return 0.5 * (t_red + t_par)
+    return t_par
+
+
+def _dp_edges(plan: Plan, i: int, j: int, cluster: Cluster, model: LlamaConfig, red_bt: int, bt: int,
+              backward_s: float) -> tuple[float, float]:
+    """(total, exposed) data-parallel time of the tensors outside the layers, per iteration: each TP
+    rank's vocabulary rows of the embedding (first stage) and of the untied LM head (last stage),
+    summed with the ranks of the other pipelines that hold the same rows (all-reduce, or
+    reduce-scatter + all-gather; the slowest rank of the stage counts), and the leader's TP broadcast
+    of the stage's replicated norms after the sync. The embedding's gradient is final only at the
+    end of the backward (fully exposed); the head's sync overlaps the stage's last backward
+    ``backward_s``."""
+    pipes = plan.pipelines
+    if len(pipes) == 1:
+        return 0.0, 0.0
+    st = pipes[i].stages[j]
+    first, last = j == 0, j == len(pipes[i].stages) - 1
+    bw, lat = cluster.bandwidth, cluster.latency
+
+    def sync(params: float, holder) -> float:
+        worst = 0.0
+        for r, d in enumerate(st.devices):
+            partners = [(d, d2, share) for k, p in enumerate(pipes) if k != i
+                        for r2, d2 in enumerate(holder(p).devices)
+                        if (share := _overlap(r, st.tp, r2, holder(p).tp)) > 0]
+            t_red = cm.comm_dp(partners, params * red_bt, len(pipes), bw, lat)
+            t_par = cm.comm_dp(partners, params * bt, len(pipes), bw, lat)
+            worst = max(worst, 2.0 * _dp_t_comm(plan.dp_sharding, t_red, t_par))
+        return worst
+
+    total = exposed = 0.0
+    if first:
+        t = sync(model.embedding_params, lambda p: p.stages[0])
+        total, exposed = total + t, exposed + t
+    if last and not model.tie_word_embeddings:
+        t = sync(model.head_params, lambda p: p.stages[-1])  # LM head rows (+ the final norm, on leaders)
+        total, exposed = total + t, exposed + max(0.0, t - backward_s)
+    if st.tp > 1:  # leader -> TP group: the replicated norms' gradients (ddp) or parameters (zero)
+        norms = (2 * st.num_layers + (1 if last else 0)) * model.hidden_size
+        nbytes = norms * (red_bt if plan.dp_sharding == "ddp" else bt)
+        t = sum(lat[st.leader, d] + nbytes / (st.tp * bw[st.leader, d]) for d in st.devices[1:])
+        total, exposed = total + t, exposed + t
+    return float(total), float(exposed)  # plain floats: the estimate is serialised (JSON, logger YAML)
 
 
 def _shard_fraction(model: LlamaConfig, tp: int) -> float:

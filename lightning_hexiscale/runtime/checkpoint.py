@@ -329,7 +329,10 @@ def load_model(path: str | Path, engine, meta: dict[str, Any] | None = None, gro
     Returns the reader (its ``log`` lists the byte ranges read)."""
     p = check_complete(path)
     _check_model(meta if meta is not None else read_meta(p), engine.config, p)
-    return _load(p, read_model_pieces(engine), group)
+    reader = _load(p, read_model_pieces(engine), group)
+    if engine.zero is not None:
+        engine.zero.refresh_masters()  # mixed precision: the float32 masters from the loaded parameters
+    return reader
 
 
 @torch.no_grad()

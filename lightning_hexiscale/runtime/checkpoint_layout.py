@@ -275,7 +275,7 @@ def write_pieces(engine, optimizer=None) -> list[Piece]:
         raise RuntimeError("under ZeRO the optimizer must be wrapped (engine.wrap_optimizer) before a checkpoint")
     origin_done: set[str] = set()
     for cb in zero_chunk_boxes(sh):
-        if sh.is_master(cb.bucket):
+        if sh.has_master(cb.bucket):  # the exact copy: ZeRO-3's only one, or mixed precision's float32
             t = sh.masters[cb.bucket][cb.chunk_pos:cb.chunk_pos + cb.numel].view(cb.sizes)
         else:
             t = narrow_box(_item_region(params[cb.name].detach(), cb.item), cb.region_offsets, cb.sizes)
@@ -313,7 +313,7 @@ def read_model_pieces(engine) -> list[Piece]:
         out.append(Piece(model_fqn(name), off, shards[name].spec.shape, p.detach()))
     if master_names:
         for cb in zero_chunk_boxes(sh):
-            if sh.is_master(cb.bucket):
+            if sh.on_demand(cb.bucket):
                 t = sh.masters[cb.bucket][cb.chunk_pos:cb.chunk_pos + cb.numel].view(cb.sizes)
                 out.append(Piece(model_fqn(cb.name), cb.offsets, shards[cb.name].spec.shape, t))
     return out

@@ -152,7 +152,13 @@ class _NormIntoTP(RMSNorm):
         self.group = group
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return tpl.copy_to_tp_region(super().forward(x), self.group)
+        y = super().forward(x)
+        if self.group is not None and torch.is_autocast_enabled(y.device.type):
+            # The linears would cast to the autocast dtype anyway; casting before f makes f's
+            # backward all-reduce run in that dtype too (bf16: the 2 bytes the cost model prices,
+            # instead of the float32 gradient of the norm output).
+            y = y.to(torch.get_autocast_dtype(y.device.type))
+        return tpl.copy_to_tp_region(y, self.group)
 
 
 def _shard_block(block: TransformerBlock, config: LlamaConfig, tp: int, tp_rank: int,

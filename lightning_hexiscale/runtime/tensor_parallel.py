@@ -108,6 +108,14 @@ class RowParallelLinear(nn.Module):
         return reduce_from_tp_region(F.linear(x, self.weight), self.group)
 
 
+def _autocast_dtype(t: torch.Tensor) -> torch.dtype | None:
+    """The autocast dtype when autocast is on for ``t``'s device and narrower than ``t``, else None."""
+    if not torch.is_autocast_enabled(t.device.type):
+        return None
+    dtype = torch.get_autocast_dtype(t.device.type)
+    return dtype if torch.finfo(dtype).bits < torch.finfo(t.dtype).bits else None
+
+
 # ---- vocabulary parallelism (Megatron-LM's VocabParallelEmbedding and vocab_parallel_cross_entropy) ----
 class VocabParallelEmbedding(nn.Module):
     """Rows [vocab_start, vocab_end) of the token embedding on this rank.
@@ -130,7 +138,12 @@ class VocabParallelEmbedding(nn.Module):
         outside = (tokens < self.vocab_start) | (tokens >= self.vocab_end)
         local = (tokens - self.vocab_start).masked_fill(outside, 0)
         out = F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
-        return reduce_from_tp_region(out, self.group)
+        wire = _autocast_dtype(out)
+        if wire is None:
+            return reduce_from_tp_region(out, self.group)
+        # mixed precision: the all-reduce in the autocast dtype (what the cost model prices), the
+        # residual stream back in the parameter dtype
+        return reduce_from_tp_region(out.to(wire), self.group).to(out.dtype)
 
 
 class VocabParallelHead(nn.Module):
@@ -154,6 +167,9 @@ class VocabParallelHead(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight if self._tied is None else self._tied[0].weight
+        wire = _autocast_dtype(x) if self.group is not None else None
+        if wire is not None:  # the matmul casts anyway; f's backward all-reduce then runs in this dtype
+            x = x.to(wire)
         return F.linear(copy_to_tp_region(x, self.group), w)
 
 

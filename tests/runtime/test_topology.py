@@ -10,7 +10,7 @@ import torch.distributed as dist
 from lightning_hexiscale.errors import PlanError
 from lightning_hexiscale.planner.plan import Plan
 from lightning_hexiscale.runtime.topology import segment_bounds, sync_segments
-from lightning_hexiscale.runtime.topology import Topology, group_ranks, role_of
+from lightning_hexiscale.runtime.topology import Topology, group_ranks, link_pairs, role_of
 
 
 def plan_of(pipelines, num_layers=4) -> Plan:
@@ -49,6 +49,11 @@ def test_scatter_gather_only_between_equal_tp_above_one():
     assert role_of(plan, 0).scatter_gather_next and role_of(plan, 3).scatter_gather_prev
     assert not role_of(plan, 3).scatter_gather_next  # TP 2 -> TP 1: leader + broadcast
     assert not role_of(plan, 4).scatter_gather_next  # TP 1 -> TP 1: plain leader p2p
+    # p2p links: TP rank r to TP rank r on the scatter/gather path, leaders otherwise
+    assert link_pairs(plan) == [(0, 2), (1, 3), (2, 4), (4, 5)]
+    assert role_of(plan, 1).link_peer("next") == 3 and role_of(plan, 3).link_peer("prev") == 1
+    assert role_of(plan, 2).link_peer("next") == 4 and role_of(plan, 3).link_peer("next") is None
+    assert role_of(plan, 0).link_peer("prev") is None
 
 
 def test_rank_outside_plan_is_a_plan_error():
@@ -92,9 +97,12 @@ def test_segments_cover_every_parameter_once_per_pipeline(tiny_gqa):
 
 
 def test_group_ranks(tiny_gqa):
-    assert group_ranks(plan_of(FIG1), tiny_gqa) == [(0, 1), (0, 2), (0, 3), (0, 4), (1, 2), (1, 3), (1, 4)]
-    # one pipeline: TP groups only, no data-parallel groups
-    assert group_ranks(plan_of([(2, 1, [([0, 1], (0, 2)), ([2, 3], (2, 4))])]), tiny_gqa) == [(0, 1), (2, 3)]
+    # TP group (0, 1), holder pairs across the pipelines, links (2, 3) and (3, 4) of pipeline 1
+    assert group_ranks(plan_of(FIG1), tiny_gqa) == [(0, 1), (0, 2), (0, 3), (0, 4), (1, 2), (1, 3), (1, 4),
+                                                    (2, 3), (3, 4)]
+    # one pipeline of two TP-2 stages: TP groups and the scatter/gather links (0, 2), (1, 3); no DP groups
+    assert group_ranks(plan_of([(2, 1, [([0, 1], (0, 2)), ([2, 3], (2, 4))])]), tiny_gqa) == [
+        (0, 1), (0, 2), (1, 3), (2, 3)]
     # pure DP over 3 single-device pipelines: one group of everything
     pure = plan_of([(1, 1, [([d], (0, 4))]) for d in range(3)])
     assert group_ranks(pure, tiny_gqa) == [(0, 1, 2)]

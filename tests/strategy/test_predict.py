@@ -15,7 +15,8 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
-from strategy_helpers import PG_TIMEOUT, TINY, module, plan_of
+import nccl_semantics
+from strategy_helpers import PG_TIMEOUT, TINY, NcclTrace, module, plan_of
 from torch.utils.data import DataLoader
 
 from lightning_hexiscale.data import generated_corpus
@@ -60,5 +61,9 @@ def test_predict_gathers_the_one_device_logits_on_rank_zero(tmp_path):
     ref = _trainer(devices=1).predict(module(), predict_data())
     keep = KeepOnRankZero(tmp_path / "pred.pt")
     _trainer(strategy=HexiScaleStrategy(plan=PLAN, start_method="fork", timeout=PG_TIMEOUT), devices=PLAN.world_size,
-             callbacks=[keep]).predict(module(), predict_data(), return_predictions=False)
+             callbacks=[NcclTrace(tmp_path), keep]).predict(module(), predict_data(), return_predictions=False)
     assert_one_device_logits(torch.load(tmp_path / "pred.pt"), ref)
+    # the forward walk and the gather to rank 0, replayed under NCCL's rules (tests/nccl_semantics.py)
+    report = nccl_semantics.replay([torch.load(tmp_path / f"trace{r}.pt", weights_only=False)
+                                    for r in range(PLAN.world_size)])
+    assert report.ok, str(report)
