@@ -9,6 +9,7 @@ Nothing below the entry points reads argv: the CLI and recipes compose a config 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -150,9 +151,7 @@ class TrainConfig:
     recompute: bool = True
     """Activation recomputation per layer."""
     dp_sharding: str = "ddp"
-    """ddp, zero2 or zero3 across pipelines."""
-    dtype: str = "bf16"
-    """Training precision of parameters/activations: bf16, fp16 or fp32."""
+    """ddp, zero2 or zero3 across pipelines (the search picks one unless this is given explicitly)."""
 
 
 @dataclass
@@ -341,12 +340,25 @@ def load_yaml_node(path: str | Path, schema: type, key: str) -> DictConfig:
         raw = OmegaConf.load(path)
     except Exception as e:
         raise ConfigError(key, str(path), f"cannot read YAML ({e})", "fix the file") from None
+    if not isinstance(raw, DictConfig):
+        raise ConfigError(key, str(path), "the file holds a list, not a mapping of keys",
+                          f"see conf/{key}/ for examples of such files")
     if isinstance(raw, DictConfig) and "defaults" in raw:
         raw = OmegaConf.masked_copy(raw, [k for k in raw if k != "defaults"])
+    if len(raw) == 0:
+        raise ConfigError(key, str(path), "the file is empty", f"describe the {key} in it; see conf/{key}/ for examples")
     try:
         node = OmegaConf.merge(OmegaConf.structured(schema), raw)
     except Exception as e:
-        raise ConfigError(key, str(path), _clean(str(e)), "see conf/ for the schema of this file") from None
+        # OmegaConf names the field but not where it sits in a list (machines[1].count): look it up.
+        where = _locate(OmegaConf.to_container(raw), getattr(e, "full_key", None) or "", str(e))
+        bad = f"{key}.{where[0]}" if where else key
+        raise ConfigError(bad, where[1] if where else str(path), f"{_clean(str(e))} (in {path})",
+                          "see conf/ for the schema of this file") from None
+    missing = sorted(OmegaConf.missing_keys(node))
+    if missing:
+        raise ConfigError(f"{key}.{missing[0]}", None, f"a required key is missing (in {path})",
+                          f"add {missing[0].split('.')[-1]}: ... (see conf/{key}/ for examples)")
     # A relative matrix_file is first looked up next to the cluster file itself, so a profiled
     # cluster (YAML + matrix) can be moved as a pair.
     if schema is ClusterConfig and node.matrix_file and not Path(node.matrix_file).is_absolute():
@@ -354,6 +366,28 @@ def load_yaml_node(path: str | Path, schema: type, key: str) -> DictConfig:
         if beside.is_file():
             node.matrix_file = str(beside)
     return node
+
+
+def _locate(data: Any, full_key: str, message: str = "") -> tuple[str, Any] | None:
+    """(path with list indices, value) of the entry of ``data`` that OmegaConf's error is about: it
+    reports ``count`` for ``machines[1].count``, so every entry whose path ends with ``full_key`` is
+    a candidate, and the one whose value the message quotes wins."""
+    if not full_key:
+        return None
+    tail = full_key.split(".")
+    found: list[tuple[str, Any]] = []
+
+    def walk(node: Any, path: str) -> None:
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for k, v in items:
+            here = f"{path}[{k}]" if isinstance(k, int) else (f"{path}.{k}" if path else str(k))
+            if re.sub(r"\[\d+\]", "", here).split(".")[-len(tail):] == tail:
+                found.append((here, v))
+            walk(v, here)
+
+    walk(data, "")
+    quoted = [c for c in found if f"'{c[1]}'" in message]
+    return (quoted or found or [None])[0]
 
 
 def _compose_error(e: Exception, overrides: list[str]) -> ConfigError:

@@ -91,6 +91,8 @@ class TokenFileDataset(TokenWindows):
             raise ConfigError("data.dtype", dtype, f"must be one of {TOKEN_DTYPES}", "use uint16 or uint32")
         item = np.dtype(dtype).itemsize
         size = p.stat().st_size
+        if size == 0:  # np.memmap cannot map it
+            raise ConfigError("data.path", str(p), "the token file is empty", "tokenise a corpus into it")
         if size % item:
             raise ConfigError("data.path", str(p), f"{size} bytes is not a whole number of {dtype} tokens "
                               f"({item} bytes each): wrong dtype or a truncated file",
@@ -155,6 +157,8 @@ def make_dataset(kind: str, seq_len: int, *, path: str | None = None, num_sample
                  vocab_size: int | None = None, dtype: str | None = None) -> TokenWindows:
     """Dataset by kind: ``generated`` (default demo data), ``text`` (``path``: UTF-8 file, byte
     tokens) or ``bin`` (``path``: token file of ``hexiscale prepare-data``, or raw ids of ``dtype``)."""
+    if kind not in ("generated", "text", "bin"):
+        raise ConfigError("data.kind", kind, "must be one of generated, text, bin", "use data.kind=generated")
     if kind == "generated":
         return generated_corpus(num_samples, seq_len, seed)
     if path is None:
@@ -165,6 +169,4 @@ def make_dataset(kind: str, seq_len: int, *, path: str | None = None, num_sample
             raise ConfigError("model.vocab_size", vocab_size, "byte-level text needs a vocabulary of 256",
                               "use a model with vocab_size >= 256")
         return ds
-    if kind == "bin":
-        return TokenFileDataset(path, seq_len, vocab_size, dtype)
-    raise ConfigError("data.kind", kind, "must be one of generated, text, bin", "use data.kind=generated")
+    return TokenFileDataset(path, seq_len, vocab_size, dtype)

@@ -56,12 +56,29 @@ class LlamaLitModule(pl.LightningModule):
     def configure_model(self) -> None:
         if self.model is not None:  # called again by a later fit/validate
             return
-        self.model = Llama(self.config).to(self.param_dtype)
-        if not next(self.model.parameters()).is_meta:
-            self.model.init_weights(self.init_seed)
-            given = getattr(self, "init_state_dict", None)  # set by weights.attach_weights
-            if given is not None:
-                self.model.load_state_dict({k: given[k] for k in self.model.state_dict()})
+        device = torch.empty(0).device  # the Trainer's init context: meta under the hexiscale strategy
+        # Built on the meta device, then materialised and initialised from init_seed: nn.Linear's
+        # default initialisation would draw from torch's global generator (only to be overwritten),
+        # and a shuffled DataLoader draws its order from that generator; so the data order is the
+        # same on one device and under the strategy, where the model is never built on a real device.
+        with torch.device("meta"):
+            self.model = Llama(self.config).to(self.param_dtype)
+        if device.type == "meta":
+            return  # the strategy initialises its stage from init_seed (or init_state_dict)
+        self.model.to_empty(device=device).init_weights(self.init_seed)
+        given = getattr(self, "init_state_dict", None)  # set by weights.attach_weights
+        if given is not None:
+            self.model.load_state_dict({k: given[k] for k in self.model.state_dict()})
+
+    @override
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits (B, S, V) of ``tokens`` (under the strategy: a placeholder, see predict_step)."""
+        return self.model(tokens)
+
+    @override
+    def predict_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        """Logits of the inputs of a (B, S + 1) batch; under the strategy the whole batch's, on rank 0."""
+        return self(batch[:, :-1])
 
     def _loss(self, batch: torch.Tensor) -> torch.Tensor:
         tokens, targets = batch[:, :-1], batch[:, 1:]

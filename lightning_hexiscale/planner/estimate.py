@@ -25,9 +25,9 @@ from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner import cost_model as cm
 from lightning_hexiscale.planner.plan import Plan, Stage
-from lightning_hexiscale.config.units import format_bytes
+from lightning_hexiscale.config.units import format_bytes, format_flops
 
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8}
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,7 @@ class Estimate:
 
     def summary(self) -> str:
         lines = [f"iteration {self.iteration_time_s:.3f} s, {self.tokens_per_s:,.0f} tokens/s, "
-                 f"{self.pflops:.3f} PFLOPS, {'fits in memory' if self.feasible else 'OUT OF MEMORY'}"]
+                 f"{format_flops(self.pflops * 1e15)}, {'fits in memory' if self.feasible else 'OUT OF MEMORY'}"]
         for o in self.out_of_memory[:5]:
             lines.append(f"  OOM: {o}")
         if len(self.out_of_memory) > 5:
@@ -480,12 +480,12 @@ def _stage_memory(plan: Plan, pipe, j: int, st: Stage, cluster: Cluster, workloa
 
 
 def workload_from_config(cfg) -> Workload:
-    """Workload from a composed root config (``cfg.model`` and ``cfg.train``)."""
-    dtype = cfg.train.dtype
-    if dtype not in DTYPE_BYTES:
-        from lightning_hexiscale.errors import ConfigError
+    """Workload from a composed root config: ``cfg.model``, and the dtype of ``trainer.precision``
+    (null: chosen by the cluster's devices, :func:`~lightning_hexiscale.config.recipe.effective_precision`)."""
+    from lightning_hexiscale.config.recipe import effective_precision, precision_dtype
 
-        raise ConfigError("train.dtype", dtype, f"must be one of {sorted(DTYPE_BYTES)}", "use bf16")
-    # fp32 training keeps no separate master copy: Adam's m and v only (4 + 4 bytes).
-    return Workload(LlamaConfig.from_config(cfg.model), dtype=dtype,
-                    optimizer_bytes_per_param=8.0 if dtype == "fp32" else 12.0)
+    types = [m.gpu for m in cfg.cluster.machines]
+    dtype = precision_dtype(effective_precision(cfg.trainer.precision, types))
+    # Adam's m and v in the dtype of the weights; bf16/fp16 training adds an fp32 master copy (4 + 4 + 4).
+    optimizer_bytes = {"fp64": 16.0, "fp32": 8.0}.get(dtype, 12.0)
+    return Workload(LlamaConfig.from_config(cfg.model), dtype=dtype, optimizer_bytes_per_param=optimizer_bytes)
