@@ -55,7 +55,8 @@ def _fresh_pages_for_tensors() -> None:
     """glibc: serve allocations >= 64 KiB by a fresh mmap. Otherwise a forked rank reuses heap
     memory its parent freed, whose pages are already resident (shared after the fork): a write
     there copies the page without growing the resident set, and the meter would miss it (the
-    control allocation below showed 0.1 MiB for 80 MB once, in a long pytest process)."""
+    control allocation below showed 0.1 MiB for 80 MB once, in a long pytest process). Free heap
+    chunks inherited from the parent are released by ``reset_peak_memory`` (``malloc_trim``)."""
     import ctypes
     import ctypes.util
 
@@ -270,3 +271,33 @@ def test_saved_optimizer_keys_split_key_and_name():
     assert got == {"layers.1.attn.q_proj.weight": {"my.key": (True, (), torch.int64)},
                    "layers.11.attn.q_proj.weight": {"exp_avg": (False, (4, 4), f32)},
                    "norm.weight": {"step": (False, (), f32)}}
+
+
+def _reused_heap_worker(rank: int, world: int, nbytes: int) -> float:
+    base = reset_peak_memory(_device())
+    buf = torch.ones(nbytes // 4)
+    grown = peak_memory(_device()) - base
+    del buf
+    return grown
+
+
+def test_meter_sees_allocations_served_from_an_inherited_free_heap(run_ranks):
+    """The failure the meter once had in a long pytest process, forced: the parent leaves 256 MB of
+    freed, still-resident heap (no trim, no mmap); a forked rank's 64 MB allocation reuses it.
+    Without malloc_trim in reset_peak_memory the meter read ~4 MB of growth here."""
+    import ctypes
+    import ctypes.util
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: freed heap stays resident
+    libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: 1 MB chunks come from the heap
+    try:
+        chunks = [torch.ones(2**18) for _ in range(256)]  # 256 x 1 MiB
+        del chunks
+        nbytes = 64 * MIB
+        grown = run_ranks(1, _reused_heap_worker, nbytes)[0]
+    finally:
+        libc.mallopt(-1, 128 * 1024)  # glibc's defaults back (the dynamic thresholds restart from them)
+        libc.mallopt(-3, 128 * 1024)
+        libc.malloc_trim(0)
+    assert grown >= 0.9 * nbytes
