@@ -99,11 +99,21 @@ def run_ranks_traced(world: int, fn, *args, timeout: float = 90.0) -> tuple[list
         rank, status, value, steps = torch.load(io.BytesIO(item), weights_only=False)
         results[rank] = (status, value, steps)
         failed = status == "error"
+    if failed:  # the first report may be a peer's "connection closed": give the root cause 2 s to arrive
+        grace = time.monotonic() + 2.0
+        while len(results) < world and time.monotonic() < grace:
+            try:
+                rank, status, value, steps = torch.load(io.BytesIO(out.get(timeout=0.2)), weights_only=False)
+                results[rank] = (status, value, steps)
+            except queue.Empty:
+                continue
     for p in procs:
         if p.is_alive():
             p.kill()
         p.join(timeout=5)
-    errors = [f"--- rank {r} ---\n{v}" for r, (s, v, _) in sorted(results.items()) if s == "error"]
+    # Root causes first: a rank's own exception before the broken connections it caused in its peers.
+    errors = [f"--- rank {r} ---\n{v}" for r, (s, v, _) in
+              sorted(results.items(), key=lambda kv: ("Connection closed" in str(kv[1][1]), kv[0])) if s == "error"]
     missing = [r for r in range(world) if r not in results]
     if errors:
         pytest.fail("rank(s) raised:\n" + "\n".join(errors) + (f"\n(ranks {missing} killed)" if missing else ""))
