@@ -18,7 +18,8 @@ $(STAMP): pyproject.toml constraints.txt
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python recipes/train.py trainer.max_steps=30
+	rm -rf outputs/demo
+	$(BIN)/python recipes/train.py trainer.max_steps=30 hydra.run.dir=outputs/demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider

@@ -7,7 +7,7 @@ layered; each folder imports only the ones above it in this list:
 - :mod:`.models`    :class:`LlamaConfig` (pure data) and the plain single-device :class:`Llama`
 - :mod:`.planner`   plans, the Appendix B cost model, the §4 search, baselines
 - :mod:`.runtime`   a Plan + a rank -> process groups, this rank's stage, the schedule, gradient sync
-- :mod:`.data`      per-pipeline samplers, token datasets, Hugging Face weights
+- :mod:`.data`      per-pipeline samplers, token datasets and tokenisation, Hugging Face weights in and out
 - :mod:`.profiling` measure a cluster, calibrate and check the cost model
 - :mod:`.lightning` ``HexiScaleStrategy`` and the rest of the Lightning integration
 - :mod:`.cli`       the ``hexiscale`` command
@@ -22,7 +22,7 @@ from lightning_hexiscale.lightning.registration import install as _install_strat
 __version__ = "0.1.0"
 
 __all__ = ["Cluster", "ConfigError", "HexiScaleError", "HexiScaleStrategy", "Llama", "LlamaConfig", "LlamaLitModule",
-           "Plan", "attach_weights", "estimate", "load_llama", "load_llama_state_dict", "search"]
+           "Plan", "attach_weights", "estimate", "load_hf", "load_llama", "load_llama_state_dict", "search"]
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     "Cluster": "lightning_hexiscale.config.cluster",
@@ -35,6 +35,7 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "Plan": "lightning_hexiscale.planner.plan",
     "attach_weights": "lightning_hexiscale.data.weights",
     "estimate": "lightning_hexiscale.planner.estimate",
+    "load_hf": "lightning_hexiscale.data.weights",
     "load_llama": "lightning_hexiscale.runtime.checkpoint",
     "load_llama_state_dict": "lightning_hexiscale.runtime.checkpoint",
     "search": "lightning_hexiscale.planner.search",

@@ -25,6 +25,11 @@ class ConfigError(HexiScaleError, ValueError):
             msg += f". Fix: {fix}"
         super().__init__(msg)
 
+    def __reduce__(self):
+        # Rebuilt from its parts (the default would call __init__ with the message alone): the error
+        # of one rank travels to the others and to the launching process (lightning/launching.py).
+        return (type(self), (self.key, self.value, self.rule, self.fix), self.__dict__)
+
 
 class PlanError(ConfigError):
     """A plan is inconsistent with itself, the cluster or the model."""

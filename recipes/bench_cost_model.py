@@ -43,8 +43,6 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from bench_zero import fixed_mmap_threshold
-
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.estimate import estimate
@@ -54,6 +52,9 @@ from lightning_hexiscale.profiling.check import PlanMeasurement, cpu_workload, d
 from lightning_hexiscale.profiling.launch import HostLoad, run_local, wait_for_quiet_host
 from lightning_hexiscale.profiling.measure import profile_process_group
 from lightning_hexiscale.profiling.writer import update_calibration, write_cluster
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling recipe, also when imported by path
+from bench_zero import fixed_mmap_threshold  # noqa: E402
 
 TARGET = 0.15
 CAL_MICRO_BATCHES = 3

@@ -6,9 +6,12 @@
     python recipes/train.py cluster=hetero3 model=llama_30b   # plans; says what hardware it needs
     python recipes/train.py cluster=hetero3 model=llama_30b dry_run=true   # only plans, anywhere
     python recipes/train.py -m cluster=cpu2,cpu_hetero4 train.global_batch=8,16
+    python recipes/train.py model=hf:/models/Llama-3.2-1B data.kind=bin data.path=data/train.bin  # fine-tune
 
 Config: conf/config.yaml (cluster, model, train, planner groups) plus ``trainer.*`` and ``data.*``
-(lightning_hexiscale/config/recipe.py), ``plan=<file>`` and ``dry_run``. Emulated CPU clusters run
+(lightning_hexiscale/config/recipe.py), ``plan=<file>`` and ``dry_run``. ``model=hf:/dir`` takes the
+model from a local Hugging Face directory and starts from its weights (``trainer.weights=/dir``
+with a preset does the same, checking the preset against the directory's config.json). Emulated CPU clusters run
 here as one process per device; GPU clusters run under torchrun or SLURM (one process per GPU,
 node k on machine k of the cluster file), or here when this machine has the GPUs.
 
@@ -76,29 +79,55 @@ def output_dir(cfg: DictConfig) -> Path:
 
 # ---- planning ----------------------------------------------------------------------------------
 def make_plan(cfg: DictConfig, cluster, model, out: Path):
-    """The plan file given, or the search's plan; ranks launched by popen reuse rank 0's plan file."""
+    """The plan file given, or the search's plan (with every planner.* setting, as ``hexiscale plan``
+    makes it); ranks launched by popen reuse rank 0's plan file."""
     from lightning_hexiscale.cli.common import explicit as _explicit
+    from lightning_hexiscale.lightning.plan_resolution import apply_overrides, load_plan_arg
     from lightning_hexiscale.planner.estimate import estimate, workload_from_config
     from lightning_hexiscale.planner.plan import Plan
-    from lightning_hexiscale.lightning.plan_resolution import apply_overrides, search_plan
+    from lightning_hexiscale.planner.search import SearchSettings, search
 
     given = overrides_given()
-    workload = workload_from_config(cfg)
+    workload = workload_from_config(cfg)  # its dtype comes from trainer.precision
     gb = int(cfg.train.global_batch)
     overrides = {k: cfg.train[k] for k in ("schedule", "recompute", "dp_sharding", "micro_batch_size")
                  if _explicit(given, f"train.{k}")}
     saved = out / "plan.yaml"
     if cfg.plan:
-        plan = apply_overrides(Plan.load(cfg.plan), overrides)
+        plan = apply_overrides(load_plan_arg(cfg.plan, key="plan"), overrides)
     elif not is_rank_zero() and saved.is_file():
         plan = Plan.load(saved)
     else:
         # The search picks ddp / zero2 / zero3 with the cost model unless train.dp_sharding was given.
-        p = cfg.planner
-        plan, _ = search_plan(cluster, model, gb, overrides, dtype=workload.dtype,
-                              seed=int(p.seed), iterations=int(p.iterations), progress=False)
+        settings = SearchSettings.from_config(cfg, dp_sharding_explicit="dp_sharding" in overrides, progress=False)
+        plan = search(cluster, workload, gb, settings).plan
     plan.validate(cluster, model, global_batch=gb if (not cfg.plan or _explicit(given, "train.global_batch")) else None)
     return plan, estimate(plan, cluster, workload)
+
+
+def effective_config(cfg: DictConfig, plan, precision: str) -> DictConfig:
+    """The run's config as it ran (written to config.yaml): the plan's global batch, schedule,
+    recomputation, dp_sharding and micro-batch (when every pipeline uses the same), and the precision."""
+    eff = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    eff.trainer.precision = precision
+    eff.train.global_batch = plan.global_batch
+    eff.train.schedule, eff.train.recompute, eff.train.dp_sharding = plan.schedule, plan.recompute, plan.dp_sharding
+    mbs = {p.micro_batch_size for p in plan.pipelines}
+    eff.train.micro_batch_size = mbs.pop() if len(mbs) == 1 else None  # per pipeline: plan.yaml
+    return eff
+
+
+def write_picture(plan, cluster, model, est, path: Path) -> str:
+    """The plan drawn as ``hexiscale plan --picture`` draws it; a sentence saying where (or why not)."""
+    from lightning_hexiscale.cli.plan import draw_plan
+    from lightning_hexiscale.config.units import format_flops
+
+    try:
+        draw_plan(plan, cluster, path, title=f"{model.name} on {cluster.name}: {est.iteration_time_s:.3f} s/iteration "
+                  f"(estimated), {format_flops(est.pflops * 1e15)}")
+    except HexiScaleError as e:  # no matplotlib: the plan table above says the same
+        return f"no plan picture ({e.rule})"
+    return f"plan picture written to {path}"
 
 
 def launch_settings(cluster, plan, plan_file: Path) -> dict:
@@ -146,14 +175,21 @@ def hardware_message(cluster, plan, local_gpus: int, plan_file: Path) -> str:
 
 
 # ---- training ----------------------------------------------------------------------------------
-def make_data(cfg: DictConfig, model, global_batch: int):
-    from torch.utils.data import DataLoader, Subset
-
+def load_dataset(cfg: DictConfig, model):
+    """The token dataset of ``data.*``, built before planning so that a missing or malformed file is
+    reported at once (not after the search and the launch)."""
     from lightning_hexiscale.data import make_dataset
 
     d = cfg.data
-    ds = make_dataset(d.kind, model.seq_len, path=d.path, num_samples=int(d.num_samples), seed=int(d.seed),
-                      vocab_size=model.vocab_size)
+    return make_dataset(d.kind, model.seq_len, path=d.path, num_samples=int(d.num_samples), seed=int(d.seed),
+                        vocab_size=model.vocab_size, dtype=d.get("dtype"))
+
+
+def make_data(cfg: DictConfig, model, global_batch: int, dataset=None):
+    from torch.utils.data import DataLoader, Subset
+
+    ds = dataset if dataset is not None else load_dataset(cfg, model)
+    d = cfg.data
     n_val = min(int(d.val_samples), len(ds) // 10)
     n_train = len(ds) - n_val
     if n_train < global_batch:
@@ -166,17 +202,71 @@ def make_data(cfg: DictConfig, model, global_batch: int):
     return train, val
 
 
-def train(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict) -> dict:
+LOGGERS = {"csv": None, "tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",)}
+"""trainer.logger -> the packages that can back it (one is enough); csv needs none."""
+
+
+def check_logger(cfg: DictConfig) -> None:
+    """trainer.logger names a logger whose package is installed (checked before planning)."""
+    import importlib.util
+
+    from lightning_hexiscale.errors import ConfigError
+
+    kind = str(cfg.trainer.get("logger", "csv"))
+    if kind not in LOGGERS:
+        raise ConfigError("trainer.logger", kind, f"must be one of {', '.join(LOGGERS)}", "e.g. trainer.logger=csv")
+    packages = LOGGERS[kind]
+    if packages and not any(importlib.util.find_spec(p) for p in packages):
+        raise ConfigError("trainer.logger", kind, f"needs the {packages[0]} package, which is not installed",
+                          f"pip install -c constraints.txt 'lightning-hexiscale[{kind}]', or trainer.logger=csv")
+
+
+def make_logger(cfg: DictConfig, out: Path):
+    """Lightning's CSV, TensorBoard or wandb logger writing under ``out`` (wandb offline by default)."""
+    check_logger(cfg)
+    t = cfg.trainer
+    kind = str(t.get("logger", "csv"))
+    if kind == "tensorboard":
+        from lightning.pytorch.loggers import TensorBoardLogger
+
+        return TensorBoardLogger(str(out), name="logs")
+    if kind == "wandb":
+        from lightning.pytorch.loggers import WandbLogger
+
+        return WandbLogger(project=t.get("wandb_project") or "hexiscale", save_dir=str(out),
+                           offline=bool(t.get("wandb_offline", True)))
+    from lightning.pytorch.loggers import CSVLogger
+
+    return CSVLogger(str(out), name="logs")
+
+
+def plan_hparams(cfg: DictConfig, cluster, model, plan, est) -> dict:
+    """What the logger records as hyper-parameters: the model, the plan (and its table), the
+    Appendix B estimate (headline figures, per-stage breakdown and the printed table)."""
+    hp = {"model": model.to_dict(), "cluster": cluster.name, "plan": plan.to_dict(), "plan_table": plan.table(cluster),
+          "train": OmegaConf.to_container(cfg.train, resolve=True)}
+    if est is not None:
+        doc = est.to_dict()
+        hp["estimate"] = {k: doc[k] for k in ("iteration_time_s", "tokens_per_s", "pflops", "feasible",
+                                              "bottleneck_pipeline", "breakdown")}
+        hp["estimate"]["stages"] = [{k: st[k] for k in ("devices", "tp", "layers", "time_per_micro_batch_s",
+                                                        "peak_memory_bytes")}
+                                    for p in doc["pipelines"] for st in p["stages"]]
+        hp["estimate_table"] = est.summary()
+    return hp
+
+
+def train(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict, precision: str, dataset=None,
+          est=None) -> dict:
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import ModelCheckpoint
-    from lightning.pytorch.loggers import CSVLogger
 
     from lightning_hexiscale.lightning.example import LlamaLitModule, LossPrinter
     from lightning_hexiscale.lightning.strategy import HexiScaleStrategy
 
     t = cfg.trainer
     pl.seed_everything(int(t.seed), verbose=False)
-    train_dl, val_dl = make_data(cfg, model, plan.global_batch)
+    train_dl, val_dl = make_data(cfg, model, plan.global_batch, dataset)
     module = LlamaLitModule(model, lr=float(t.lr), weight_decay=float(t.weight_decay), warmup_steps=int(t.warmup_steps),
                             init_seed=int(t.seed))
     if t.weights:
@@ -187,61 +277,85 @@ def train(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict) -> dic
     launcher = "spawn" if is_multirun() else str(t.launcher)
     strategy = HexiScaleStrategy(cluster=cluster, plan=plan, start_method=launcher, seed=int(t.seed),
                                  nonfinite=str(t.nonfinite), timeout=float(t.timeout_s))
+    logger = make_logger(cfg, out)
+    # rank 0 only (Lightning's loggers); the train.* values that ran (effective_config), not the defaults
+    logger.log_hyperparams(plan_hparams(effective_config(cfg, plan, precision), cluster, model, plan, est))
     ckpt = ModelCheckpoint(dirpath=str(out / "checkpoints"), save_last=True, save_top_k=0 if not t.checkpoint_every else -1,
                            every_n_train_steps=int(t.checkpoint_every) or None)
     trainer = pl.Trainer(
-        strategy=strategy, **launch, precision=str(t.precision), max_steps=int(t.max_steps),
+        strategy=strategy, **launch, precision=precision, max_steps=int(t.max_steps),
         accumulate_grad_batches=int(t.accumulate_grad_batches), gradient_clip_val=t.gradient_clip_val,
         val_check_interval=int(t.val_every) if t.val_every and val_dl is not None else None,
         check_val_every_n_epoch=None if t.val_every else 1, limit_val_batches=int(t.limit_val_batches) if t.val_every else 0,
         num_sanity_val_steps=0, log_every_n_steps=int(t.log_every), default_root_dir=str(out),
-        logger=CSVLogger(str(out), name="logs"), callbacks=[ckpt, LossPrinter()],
+        logger=logger, callbacks=[ckpt, LossPrinter()],
         enable_progress_bar=bool(t.progress_bar), enable_model_summary=False)
     trainer.fit(module, train_dl, val_dl if t.val_every else None, ckpt_path=t.resume)
     return dict(trainer.callback_metrics)
 
 
 def quiet_logs() -> None:
-    """Hydra also routes Lightning's INFO lines through the root logger: print them once; and hide a
-    deprecation warning Lightning raises against the torch it runs on (not ours to fix)."""
+    """Hydra also routes Lightning's INFO lines through the root logger: print them once."""
     import logging
-    import warnings
 
     for name in ("lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).propagate = False
-    warnings.filterwarnings("ignore", message=".*LeafSpec.*is deprecated")
 
 
-def check_failure_settings(cfg: DictConfig) -> None:
-    """trainer.nonfinite and trainer.timeout_s, checked before planning (not after minutes of it)."""
+def check_early(cfg: DictConfig) -> None:
+    """What needs no plan, checked before planning (not after minutes of it, nor on every rank):
+    trainer.nonfinite, trainer.timeout_s, trainer.precision, trainer.launcher, trainer.resume."""
+    from lightning_hexiscale.config.recipe import check_ckpt_path, precision_dtype
     from lightning_hexiscale.errors import ConfigError
 
-    if cfg.trainer.nonfinite not in ("skip", "stop"):
-        raise ConfigError("trainer.nonfinite", cfg.trainer.nonfinite, "must be skip or stop",
+    t = cfg.trainer
+    if t.nonfinite not in ("skip", "stop"):
+        raise ConfigError("trainer.nonfinite", t.nonfinite, "must be skip or stop",
                           "trainer.nonfinite=stop (raise, exit 4) or trainer.nonfinite=skip (drop the update)")
-    if not float(cfg.trainer.timeout_s) > 0:
-        raise ConfigError("trainer.timeout_s", cfg.trainer.timeout_s, "must be a positive number of seconds",
+    if not float(t.timeout_s) > 0:
+        raise ConfigError("trainer.timeout_s", t.timeout_s, "must be a positive number of seconds",
                           "e.g. trainer.timeout_s=600")
+    if t.precision is not None:
+        precision_dtype(t.precision)
+    if t.launcher not in ("popen", "spawn", "fork"):
+        raise ConfigError("trainer.launcher", t.launcher, "must be popen, spawn or fork", "use popen (the default)")
+    for key in ("max_steps", "accumulate_grad_batches", "log_every"):
+        if int(t[key]) < 1:
+            raise ConfigError(f"trainer.{key}", t[key], "must be a positive integer", f"e.g. trainer.{key}=1")
+    check_ckpt_path(t.resume, key="trainer.resume")
 
 
 def run(cfg: DictConfig) -> int:
     from lightning_hexiscale.config.cluster import Cluster
+    from lightning_hexiscale.config.recipe import effective_precision
+    from lightning_hexiscale.config.schema import resolve_hf_model
     from lightning_hexiscale.models.config import LlamaConfig
 
     quiet_logs()
-    check_failure_settings(cfg)
+    apply_file_overrides(cfg)
+    check_early(cfg)
+    check_logger(cfg)
+    resolve_hf_model(cfg, overrides_given())  # model=hf:/dir: the shape from its config.json
     out = output_dir(cfg)
     out.mkdir(parents=True, exist_ok=True)
     cluster = Cluster.from_config(cfg.cluster)
     model = LlamaConfig.from_config(cfg.model)
+    if cfg.trainer.weights:  # every difference between the preset and config.json, before any process starts
+        from lightning_hexiscale.data.weights import check_hf_config
+
+        check_hf_config(cfg.trainer.weights, model)
+    dataset = None if cfg.dry_run else load_dataset(cfg, model)
+    precision = effective_precision(cfg.trainer.precision, [d.gpu_type for d in cluster.devices])
     plan, est = make_plan(cfg, cluster, model, out)
+    picture = None
     if is_rank_zero():
         plan.save(out / "plan.yaml")
-        (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        (out / "config.yaml").write_text(OmegaConf.to_yaml(effective_config(cfg, plan, precision)))
+        picture = write_picture(plan, cluster, model, est, out / "plan.png")
     say(cluster.summary(), "\n")
     say(plan.table(cluster), "\n")
     say(est.summary(), "\n")
-    say(f"plan written to {out / 'plan.yaml'}")
+    say(f"plan written to {out / 'plan.yaml'}; {picture}")
     if cfg.dry_run:
         say("dry_run=true: planned only.")
         return 0
@@ -249,7 +363,7 @@ def run(cfg: DictConfig) -> int:
     if is_multirun():
         # A previous job's port is in TIME_WAIT or still bound; let Lightning choose a free one.
         os.environ.pop("MASTER_PORT", None)
-    metrics = train(cfg, cluster, model, plan, out, launch)
+    metrics = train(cfg, cluster, model, plan, out, launch, precision, dataset, est)
     say("final metrics: " + ", ".join(f"{k}={float(v):.4f}" for k, v in sorted(metrics.items())))
     return 0
 
@@ -270,6 +384,13 @@ def _main(cfg: DictConfig) -> int:
     except HexiScaleError as e:
         print(f"recipes/train.py: error: {e}", file=sys.stderr)
         code = EXIT_CONFIG
+    except Exception:  # a bug or a rank's own failure: its traceback is the information, Hydra's wrapper is not
+        import traceback
+
+        traceback.print_exc()
+        rank = os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))
+        print(f"recipes/train.py: rank {rank} failed (traceback above)", file=sys.stderr)
+        code = 1
     _STATUS.append(code)
     return code
 
@@ -297,13 +418,58 @@ def check_overrides(argv: list[str]) -> None:
     compose(first)
 
 
+FILES_ENV = "HEXISCALE_RECIPE_FILES"
+"""``cluster=`` / ``model=`` YAML files of the command line, as JSON, for run() and the popen children."""
+
+
+def take_file_overrides(argv: list[str]) -> list[str]:
+    """``cluster=my_cluster.yaml`` (e.g. from ``hexiscale profile``) or ``model=my_model.yaml``: Hydra
+    would look for a preset of that name and stop with "Could not find"; the overrides are taken out
+    of the command line (Hydra composes the default preset) and the files replace it in :func:`run`
+    (:func:`apply_file_overrides`), as ``hexiscale`` does. Single runs only; a sweep keeps presets."""
+    import json
+
+    if any(a in ("-m", "--multirun") for a in argv):
+        return argv
+    files, rest = {}, []
+    for a in argv:
+        key, _, value = a.partition("=")
+        if key in ("cluster", "model") and value.endswith((".yaml", ".yml")) and Path(value).is_file():
+            files[key] = str(Path(value).resolve())
+        else:
+            rest.append(a)
+    if files:
+        os.environ[FILES_ENV] = json.dumps(files)
+    return rest
+
+
+def apply_file_overrides(cfg: DictConfig) -> None:
+    import json
+
+    from lightning_hexiscale.config.schema import ClusterConfig, ModelConfig, load_yaml_node
+
+    for key, path in json.loads(os.environ.get(FILES_ENV, "{}")).items():
+        node = load_yaml_node(path, ClusterConfig if key == "cluster" else ModelConfig, key)
+        OmegaConf.set_struct(cfg, False)
+        cfg[key] = node
+        OmegaConf.set_struct(cfg, True)
+
+
 def main() -> int:
+    from lightning_hexiscale.config.schema import hf_model_overrides
+
+    try:  # model=hf:/dir -> model=_hf trainer.weights=/dir, which Hydra composes (children inherit argv)
+        sys.argv[1:] = hf_model_overrides(sys.argv[1:])
+    except HexiScaleError as e:
+        print(f"recipes/train.py: error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
     if "LOCAL_RANK" not in os.environ:  # popen children re-run this script; the launcher checked already
         try:
             check_overrides(sys.argv[1:])
         except HexiScaleError as e:
             print(f"recipes/train.py: error: {e}", file=sys.stderr)
             return EXIT_CONFIG
+        sys.argv[1:] = take_file_overrides(sys.argv[1:])
     _main()
     return max(_STATUS, default=EXIT_CONFIG)
 

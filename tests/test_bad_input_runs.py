@@ -1,8 +1,11 @@
-"""Bad input that only shows when a job is started: an unknown preset or key on the recipe's command
-line, a model that fits on no device. Each gives one message (key, value, rule, fix), exit status 2
-and no traceback from ``recipes/train.py`` and ``hexiscale plan``; the Python API raises the typed
-error. (Malformed files are in test_bad_configs.py; a world size that does not match the plan is
-tests/strategy/test_recipes.py::test_world_size_mismatch_is_a_config_error.)
+"""Bad input that only shows when a job is started: the recipe's command line (unknown presets and keys,
+wrong values of trainer.*, a checkpoint, data or plan file that is not there or not valid, bad
+cluster files given by path, a model that fits on no device) and the Python API (strategy
+arguments, Trainer settings, DataLoaders, ckpt_path, the module). Every case is refused: the recipe
+and ``hexiscale plan`` exit with status 2 and ONE message naming the key, with a fix and no traceback;
+the Python API raises the typed error naming the key. None is silently accepted (the valid
+counterparts pass: tests/strategy/test_recipes.py, test_good_api_input_passes below). Malformed
+cluster/model/plan files through ``hexiscale`` are in test_bad_configs.py.
 """
 
 from __future__ import annotations
@@ -26,15 +29,35 @@ from lightning_hexiscale.planner.search import SearchSettings, search
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ROOT / "recipes" / "train.py"
 
-# (command line, what the one message must contain)
+BAD = ROOT / "tests" / "bad_configs"
+
+# (command line, what the one message must contain). {tmp} is the test's directory; a case with
+# "dry_run=false" fails before planning or launching, every other runs with dry_run=true.
 RECIPE_CASES = {
-    "unknown_cluster": (["cluster=nope"], ["cluster = 'nope'", "Could not find", "cpu_hetero4"]),
+    "unknown_cluster": (["cluster=nope"], ["cluster = 'nope'", "Could not find", "cpu_demo"]),
     "unknown_model": (["model=llama_99b"], ["model = 'llama_99b'", "llama2_7b"]),
     "key_typo": (["trainer.max_step=3"], ["trainer.max_step", "Key 'max_step' not in 'TrainerConfig'"]),
     "sweep_with_unknown_preset": (["-m", "cluster=cpu2,nope"], ["cluster = 'nope'"]),
     "wrong_type": (["train.global_batch=abc"], ["train.global_batch=abc", "could not be converted to Integer"]),
     "bad_nonfinite_policy": (["trainer.nonfinite=ignore"], ["trainer.nonfinite = 'ignore': must be skip or stop"]),
     "zero_timeout": (["trainer.timeout_s=0"], ["trainer.timeout_s = 0"]),
+    "unknown_precision": (["trainer.precision=fp8"], ["trainer.precision = 'fp8': must be one of"]),
+    "unknown_launcher": (["trainer.launcher=mpirun"], ["trainer.launcher = 'mpirun'"]),
+    "zero_steps": (["trainer.max_steps=0"], ["trainer.max_steps = 0"]),
+    "resume_nowhere": (["trainer.resume={tmp}/gone/last.ckpt"], ["trainer.resume = ", "no such checkpoint"]),
+    "resume_a_file": (["trainer.resume={tmp}/a_file.ckpt"], ["trainer.resume = ", "is a directory"]),
+    "plan_nowhere": (["plan={tmp}/gone.yaml"], ["plan = ", "no such plan file"]),
+    "plan_for_another_model": ([f"plan={BAD}/good_tiny_plan.yaml", "model=llama2_7b"],
+                               ["plan.num_layers = 4: the model llama2_7b has 32 layers"]),
+    "text_nowhere": (["data.kind=text", "data.path={tmp}/gone.txt", "dry_run=false"], ["data.path = ", "no such text file"]),
+    "bin_odd_size": (["data.kind=bin", "data.path={tmp}/odd.bin", "dry_run=false"],
+                     ["data.path = ", "1001 bytes is not a whole number of uint16 tokens"]),
+    "bin_without_path": (["data.kind=bin", "dry_run=false"], ["data.path = None: data.kind=bin reads a local file"]),
+    "unknown_data_kind": (["data.kind=csv", "dry_run=false"], ["data.kind = 'csv'"]),
+    "empty_cluster_file": ([f"cluster={BAD}/cluster/empty.yaml"], ["cluster = ", "the file is empty"]),
+    "duplicate_machine_names": ([f"cluster={BAD}/cluster/duplicate_names.yaml"],
+                                ["cluster.machines[1].name = 'a': machine names must be unique"]),
+    "count_1e30": ([f"cluster={BAD}/cluster/count_1e30.yaml"], ["cluster.machines[1].count = 1e+30"]),
     "fits_nowhere": (["cluster=cpu2", "model=llama2_70b", "planner.iterations=2"],
                      ["no plan fits in memory", "needs 1.0 TiB", "cluster cpu2 has 8.0 GiB"]),
 }
@@ -44,8 +67,13 @@ RECIPE_CASES = {
 @pytest.mark.parametrize("case", sorted(RECIPE_CASES))
 def test_recipe_rejects_bad_command_line(case, tmp_path):
     args, expected = RECIPE_CASES[case]
+    (tmp_path / "a_file.ckpt").write_text("not a checkpoint directory")
+    (tmp_path / "odd.bin").write_bytes(bytes(1001))  # 500.5 uint16 tokens
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    if not any(a.startswith("dry_run=") for a in args):
+        args.append("dry_run=true")
     env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE")}
-    out = subprocess.run([sys.executable, str(TRAIN), *args, "dry_run=true", f"hydra.run.dir={tmp_path}",
+    out = subprocess.run([sys.executable, str(TRAIN), *args, f"hydra.run.dir={tmp_path}",
                           f"hydra.sweep.dir={tmp_path}/sweep"], cwd=tmp_path, env=env, capture_output=True,
                          text=True, timeout=50)
     assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
@@ -54,6 +82,7 @@ def test_recipe_rejects_bad_command_line(case, tmp_path):
     assert len(errors) == 1 and "Fix:" in errors[0], out.stderr[-2000:]
     for text in expected:
         assert text in errors[0], errors[0]
+    assert "Initializing distributed" not in out.stderr + out.stdout  # refused before any rank started
 
 
 def test_cli_plan_says_what_memory_is_missing(capsys):

@@ -45,7 +45,7 @@ def test_train_overrides_change_the_estimate(capsys):
     (["cluster.inter_machine.bandwidth=3"], "needs a unit"),
     (["train.global_batch=100"], "sum to 256"),
     (["model=llama2_7b"], "has 32 layers"),
-    (["train.dtype=fp8"], "train.dtype"),
+    (["trainer.precision=fp8"], "trainer.precision"),
     (["notanoverride"], "not KEY=VALUE"),
 ])
 def test_errors_exit_2_with_message(args, fragment, capsys):

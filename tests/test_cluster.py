@@ -104,7 +104,7 @@ def test_matrix_file_overrides_links(tmp_path):
     (lambda d: d["machines"][0].update(gpu="Z9000"), "unknown GPU type"),
     (lambda d: d["machines"][0].update(intra_bandwidth="200"), "needs a unit"),
     (lambda d: d["machines"][0].update(intra_bandwidth="-3 GB/s"), "greater than zero"),
-    (lambda d: d["machines"][0].update(count=0), "positive integer"),
+    (lambda d: d["machines"][0].update(count=0), "must be a whole number from 1 to 1024"),
     (lambda d: d["inter_machine"].update(bandwith="1 GB/s"), "bandwith"),
     (lambda d: d.update(machines=[]), "at least one machine"),
     (lambda d: d.update(gpu_types={"X": {"flops": "1 TFLOPS", "memory": "12"}}), "needs a unit"),

@@ -18,7 +18,7 @@ def test_every_model_preset(model):
 
 def test_root_config_defaults():
     cfg = compose([])
-    assert cfg.cluster.name == "cpu_hetero4" and cfg.model.name == "llama_tiny"
+    assert cfg.cluster.name == "cpu_demo" and cfg.model.name == "llama_demo"
     assert cfg.train.schedule == "1f1b" and cfg.planner.iterations > 0
     assert Cluster.from_config(cfg.cluster).num_devices == 4
 

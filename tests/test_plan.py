@@ -47,6 +47,16 @@ def test_round_trip(tmp_path, suffix):
     assert Plan.from_dict(plan.to_dict()) == plan
 
 
+@pytest.mark.parametrize("reduce_dtype", [None, "bf16", "fp32"])
+def test_reduce_dtype_round_trip(tmp_path, reduce_dtype):
+    plan = Plan(fig1_plan().pipelines, 4, reduce_dtype=reduce_dtype).validate()
+    plan.save(tmp_path / "p.yaml")
+    again = Plan.load(tmp_path / "p.yaml")
+    assert again == plan and again.reduce_dtype == reduce_dtype
+    assert ("reduce_dtype: fp32" in (tmp_path / "p.yaml").read_text()) == (reduce_dtype == "fp32")
+    assert Plan.from_dict({k: v for k, v in plan.to_dict().items() if k != "reduce_dtype"}).reduce_dtype is None
+
+
 def _bad(mutate):
     d = fig1_plan().to_dict()
     mutate(d)
@@ -62,6 +72,7 @@ def _bad(mutate):
     (lambda d: d["pipelines"][0].update(batch_size=0), "pipelines[0].batch_size", "positive integer"),
     (lambda d: d.update(schedule="zigzag"), "plan.schedule", "must be one of"),
     (lambda d: d.update(dp_sharding="zero9"), "plan.dp_sharding", "must be one of"),
+    (lambda d: d.update(reduce_dtype="fp16"), "plan.reduce_dtype", "must be one of ('bf16', 'fp32') or null"),
     (lambda d: d.update(pipelines=[]), "plan.pipelines", "at least one pipeline"),
 ])
 def test_validation_errors_name_key_and_rule(mutate, key, fragment):

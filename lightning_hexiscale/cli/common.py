@@ -13,8 +13,8 @@ from dataclasses import replace
 
 EPILOG = """overrides (Hydra syntax, composed over conf/config.yaml):
   cluster=NAME|PATH.yaml   a preset of conf/cluster/ or a cluster file (e.g. from `hexiscale profile`)
-  model=NAME|PATH.yaml     a preset of conf/model/
-  train.global_batch=N     train.dtype=bf16|fp16|fp32  train.schedule=1f1b|gpipe
+  model=NAME|PATH.yaml|hf:DIR  a preset of conf/model/, a model file, or a local Hugging Face directory
+  train.global_batch=N     trainer.precision=bf16-mixed|32-true  train.schedule=1f1b|gpipe
   train.recompute=true|false  train.dp_sharding=ddp|zero2|zero3
   cluster.inter_machine.bandwidth="10 Gbps"   any key of the cluster, model or train config
 run `hexiscale list` for the presets."""

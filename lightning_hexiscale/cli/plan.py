@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_hexiscale.cli.common import explicit, subcommand
+from lightning_hexiscale.config.units import format_flops
 from lightning_hexiscale.errors import ConfigError, HexiScaleError
 
 
@@ -90,11 +91,12 @@ def baseline_rows(best_time: float, baselines: dict[str, Any]) -> dict[str, dict
 
 
 def comparison_table(best, rows: dict[str, dict[str, Any]]) -> str:
-    lines = [f"{'system':<12} {'iteration':>11} {'PFLOPS':>8} {'search speedup':>15}",
-             f"{'hexiscale':<12} {best.iteration_time_s:>10.3f}s {best.pflops:>8.3f} {'1.00x':>15}"]
+    lines = [f"{'system':<12} {'iteration':>11} {'FLOP/s':>12} {'search speedup':>15}",
+             f"{'hexiscale':<12} {best.iteration_time_s:>10.3f}s {format_flops(best.pflops * 1e15):>12} {'1.00x':>15}"]
     for name, r in rows.items():
         if r["feasible"]:
-            lines.append(f"{name:<12} {r['iteration_time_s']:>10.3f}s {r['pflops']:>8.3f} {r['speedup']:>14.2f}x")
+            lines.append(f"{name:<12} {r['iteration_time_s']:>10.3f}s {format_flops(r['pflops'] * 1e15):>12} "
+                         f"{r['speedup']:>14.2f}x")
         else:
             loose = r["iteration_time_ignoring_memory_s"]
             extra = (f"; ignoring memory (as the paper's case study does) its best is {loose:.3f} s, "
@@ -115,7 +117,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         plan.save(args.out)
     if args.picture:
         draw_plan(plan, cluster, args.picture, title=f"{workload.model.name} on {cluster.name}: "
-                  f"{est.iteration_time_s:.2f} s/iteration, {est.pflops:.2f} PFLOPS")
+                  f"{est.iteration_time_s:.2f} s/iteration, {format_flops(est.pflops * 1e15)}")
     rows = baseline_rows(est.iteration_time_s, run["baselines"]) if args.baselines else None
     if args.json:
         doc = {"plan": plan.to_dict(), "estimate": estimate_document(plan, cluster, workload, est, args.out),

@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lightning_hexiscale.config import catalog
 from lightning_hexiscale.errors import ConfigError
-from lightning_hexiscale.config.units import format_bandwidth, format_bytes, parse_bandwidth, parse_bytes, parse_flops, parse_time
+from lightning_hexiscale.config.units import format_bandwidth, format_bytes, format_flops, parse_bandwidth, parse_bytes, parse_flops, parse_time
 
 
 @dataclass(frozen=True)
@@ -147,7 +147,7 @@ class Cluster:
     def summary(self) -> str:
         """One line per machine: name, GPUs, memory, intra link; then the inter-machine links."""
         lines = [f"cluster {self.name}: {self.num_devices} devices on {len(self.machines)} machines, "
-                 f"{_format_flops(float(self.flops.sum()))}, {format_bytes(self.total_memory)} memory"]
+                 f"{format_flops(float(self.flops.sum()))}, {format_bytes(self.total_memory)} memory"]
         for m in self.machines:
             d0 = m.devices[0]
             intra = format_bandwidth(self.bandwidth[d0, m.devices[1]]) if len(m.devices) > 1 else "-"
@@ -192,9 +192,11 @@ class Cluster:
             if gt is None:
                 raise ConfigError(f"{key}.gpu", m["gpu"], "unknown GPU type",
                                   f"use one of {', '.join(catalog.known_names(extra))} or define it under gpu_types")
-            for field_ in ("count", "repeat"):
-                if not isinstance(m.get(field_, 1), int) or m.get(field_, 1) < 1:
-                    raise ConfigError(f"{key}.{field_}", m.get(field_), "must be a positive integer", "fix the count")
+            for field_, most in (("count", MAX_DEVICES_PER_MACHINE), ("repeat", MAX_DEVICES)):
+                v = m.get(field_, 1)
+                if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= most:
+                    raise ConfigError(f"{key}.{field_}", v, f"must be a whole number from 1 to {most}",
+                                      "give the number of GPUs of the machine (count) or of identical machines (repeat)")
             bw = parse_bandwidth(m["intra_bandwidth"], f"{key}.intra_bandwidth")
             lat = parse_time(m.get("intra_latency", "5us"), f"{key}.intra_latency")
             for r in range(m.get("repeat", 1)):
@@ -207,6 +209,18 @@ class Cluster:
                     devices.append(Device(i, len(machines) - 1, gt.name, gt.peak_flops, gt.flops, gt.memory_bytes, gt.hopper))
                 intra_bw.append(bw)
                 intra_lat.append(lat)
+                if len(devices) > MAX_DEVICES:
+                    field_ = "repeat" if m.get("repeat", 1) > 1 else "count"
+                    raise ConfigError(f"{key}.{field_}", m.get(field_, 1), f"the cluster would have more than "
+                                      f"{MAX_DEVICES} devices (its N x N bandwidth and latency matrices)",
+                                      "describe a smaller cluster")
+        labels = [m.name for m in machines]
+        for i, label in enumerate(labels):
+            if label in labels[:i]:
+                j = _entry_of(machines_cfg, labels.index(label))
+                raise ConfigError(f"cluster.machines[{_entry_of(machines_cfg, i)}].name", label,
+                                  f"machine names must be unique (machines[{j}] is also {label!r}): machine_links and "
+                                  "the plan tables refer to machines by name", "give each machine its own name")
         n = len(devices)
         inter = c.get("inter_machine") or {}
         bw = np.full((n, n), parse_bandwidth(inter.get("bandwidth"), "cluster.inter_machine.bandwidth"))
@@ -241,12 +255,20 @@ class Cluster:
         return cls.from_config(load_preset("cluster", name_or_path, ClusterConfig))
 
 
-def _format_flops(f: float) -> str:
-    """Sustained FLOP/s in the largest unit that keeps a digit before the point: 8.92 PFLOPS, 367 GFLOPS."""
-    for unit, mult in (("PFLOPS", 1e15), ("TFLOPS", 1e12), ("GFLOPS", 1e9)):
-        if f >= mult:
-            return f"{f / mult:.3g} {unit}"
-    return f"{f:.3g} FLOPS"
+MAX_DEVICES_PER_MACHINE = 1024
+"""GPUs one machine entry may declare (the largest single systems hold a few hundred)."""
+MAX_DEVICES = 16384
+"""Devices of a whole cluster: its two N x N float64 matrices take 2 x 8 N^2 bytes (4 GiB at this N)."""
+
+
+def _entry_of(machines_cfg: list, machine_index: int) -> int:
+    """The ``machines[i]`` entry that declared the ``machine_index``-th machine (``repeat`` expands)."""
+    seen = 0
+    for i, m in enumerate(machines_cfg):
+        seen += int(m.get("repeat", 1))
+        if machine_index < seen:
+            return i
+    return len(machines_cfg) - 1
 
 
 def _pos_float(v: Any, key: str) -> float:

@@ -11,6 +11,7 @@ Override from the command line::
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 
@@ -23,8 +24,10 @@ class TrainerConfig:
     launcher: str = "popen"
     """popen (re-runs the script per rank; default, works under Hydra), spawn or fork. Hydra multirun
     (``-m``) always uses spawn, so no process or process group outlives its job."""
-    precision: str = "32-true"
-    """Lightning precision: 32-true, bf16-mixed, bf16-true or 64-true."""
+    precision: Optional[str] = None
+    """Lightning precision: 32-true, bf16-mixed, bf16-true or 64-true; also the training dtype the
+    cost model prices (:func:`precision_dtype`). null: 32-true on emulated CPU clusters, bf16-mixed on
+    GPUs (:func:`effective_precision`); the run's config.yaml records the value used."""
     accumulate_grad_batches: int = 1
     gradient_clip_val: Optional[float] = 1.0
     """Clip by the global gradient norm over TP/PP/DP; null = off."""
@@ -45,7 +48,16 @@ class TrainerConfig:
     resume: Optional[str] = None
     """A checkpoint directory to resume from (any plan, any cluster)."""
     weights: Optional[str] = None
-    """A LOCAL directory with HF LLaMA safetensors to initialise the model from (no download)."""
+    """A LOCAL Hugging Face Llama directory (config.json + *.safetensors) to start from (no download);
+    its config.json must match the model (ConfigError otherwise). ``model=hf:/dir`` sets it."""
+    logger: str = "csv"
+    """csv (default), tensorboard (extra ``[tensorboard]``) or wandb (extra ``[wandb]``): Lightning's
+    loggers, writing into the output directory; the plan table and the estimate are logged as
+    hyper-parameters."""
+    wandb_project: Optional[str] = None
+    """wandb project (default ``hexiscale``)."""
+    wandb_offline: bool = True
+    """wandb runs offline (files under the output directory; ``wandb sync`` later) unless set false."""
     output_dir: Optional[str] = None
     """Where logs, the plan and checkpoints go; null = Hydra's run directory."""
     progress_bar: bool = True
@@ -63,12 +75,62 @@ class DataConfig:
 
     kind: str = "generated"
     """generated (a deterministic corpus that ships with the code), text (a local UTF-8 file, byte
-    tokens) or bin (a tokenised file of uint16 ids)."""
+    tokens) or bin (a token file from ``hexiscale prepare-data``, or raw ids)."""
     path: Optional[str] = None
     """File for kind=text or kind=bin."""
+    dtype: Optional[str] = None
+    """kind=bin without a JSON index beside the file: uint16 (default) or uint32. With an index
+    (``hexiscale prepare-data`` writes one) the index decides."""
     num_samples: int = 2048
     """Sequences of the generated corpus."""
     val_samples: int = 64
     """Sequences held out for validation (the last ones of the corpus)."""
     seed: int = 0
     """Seed of the generated corpus."""
+
+
+PRECISION_DTYPES = {"32-true": "fp32", "64-true": "fp64", "bf16-mixed": "bf16", "bf16-true": "bf16",
+                    "16-mixed": "fp16", "16-true": "fp16"}
+"""Lightning precision -> the dtype of weights, activations and gradients on the wire that the cost
+model prices (mixed precision: bf16 activations and compute; fp32 master weights are counted in
+the optimizer's bytes per parameter)."""
+
+
+def effective_precision(precision: str | None, gpu_types: list[str]) -> str:
+    """``trainer.precision`` as given, or when null: ``32-true`` when every device is an emulated CPU
+    device (``CPU-*`` types; bf16 on CPUs is slow and inexact), else ``bf16-mixed``."""
+    if precision is not None:
+        precision_dtype(precision)  # checks it
+        return str(precision)
+    return "32-true" if gpu_types and all(str(t).startswith("CPU") for t in gpu_types) else "bf16-mixed"
+
+
+def precision_dtype(precision: str, key: str = "trainer.precision") -> str:
+    """The cost model's dtype of a Lightning precision (``32-true`` -> fp32, ``bf16-mixed`` -> bf16)."""
+    from lightning_hexiscale.errors import ConfigError
+
+    if str(precision) not in PRECISION_DTYPES:
+        raise ConfigError(key, precision, f"must be one of {', '.join(PRECISION_DTYPES)}",
+                          "use 32-true (fp32) or bf16-mixed, or leave it out (null) to choose by the cluster")
+    return PRECISION_DTYPES[str(precision)]
+
+
+CKPT_ALIASES = ("last", "best", "hpc", "registry")
+"""``ckpt_path`` values Lightning resolves itself."""
+
+
+def check_ckpt_path(path: str | Path | None, key: str = "ckpt_path") -> None:
+    """A checkpoint to resume from must exist (a directory that ``ModelCheckpoint`` or
+    ``trainer.save_checkpoint`` wrote under this strategy); checked before any rank starts."""
+    from lightning_hexiscale.errors import ConfigError
+
+    if path is None or (isinstance(path, str) and path.split(":")[0] in CKPT_ALIASES):
+        return
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(key, str(path), "no such checkpoint",
+                          "give a checkpoint directory the strategy saved (e.g. outputs/.../checkpoints/last.ckpt), "
+                          "or leave it out to start from scratch")
+    if not p.is_dir():
+        raise ConfigError(key, str(path), "a hexiscale checkpoint is a directory, not a file",
+                          "give the directory ModelCheckpoint wrote under the hexiscale strategy")

@@ -9,10 +9,12 @@ Nothing below the entry points reads argv: the CLI and recipes compose a config 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+import yaml
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from lightning_hexiscale.errors import ConfigError
@@ -97,6 +99,22 @@ class ClusterConfig:
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
 
 
+HF_PLACEHOLDER = "_hf"
+"""Model preset name that ``model=hf:/dir`` composes as (conf/model/_hf.yaml), filled from config.json."""
+
+
+@dataclass
+class RopeScalingConfig:
+    """RoPE frequency scaling of Llama 3.1 / 3.2 (see :class:`lightning_hexiscale.models.config.RopeScaling`)."""
+
+    rope_type: str = "llama3"
+    """Only ``llama3`` is implemented; any other type is refused with a ConfigError naming it."""
+    factor: float = MISSING
+    low_freq_factor: float = MISSING
+    high_freq_factor: float = MISSING
+    original_max_position_embeddings: int = MISSING
+
+
 @dataclass
 class ModelConfig:
     """A LLaMA shape (see :class:`lightning_hexiscale.models.config.LlamaConfig`)."""
@@ -111,6 +129,13 @@ class ModelConfig:
     seq_len: int = MISSING
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    rope_scaling: Optional[RopeScalingConfig] = None
+    """null = plain RoPE; ``{rope_type: llama3, factor, low_freq_factor, high_freq_factor,
+    original_max_position_embeddings}`` for Llama 3.1 / 3.2."""
+    tie_word_embeddings: bool = False
+    """The LM head reuses the token embedding (Llama 3.2 1B / 3B)."""
+    max_position_embeddings: Optional[int] = None
+    """Longest context the model supports (config.json's value); null = seq_len."""
 
 
 @dataclass
@@ -126,9 +151,7 @@ class TrainConfig:
     recompute: bool = True
     """Activation recomputation per layer."""
     dp_sharding: str = "ddp"
-    """ddp, zero2 or zero3 across pipelines."""
-    dtype: str = "bf16"
-    """Training precision of parameters/activations: bf16, fp16 or fp32."""
+    """ddp, zero2 or zero3 across pipelines (the search picks one unless this is given explicitly)."""
     memory_headroom: float = 0.0
     """Fraction of every device's memory the planner keeps free (0 <= x < 1): a plan fits when each
     device's estimated peak is at most (1 - memory_headroom) x its memory."""
@@ -192,8 +215,8 @@ def conf_dir() -> Path:
 
 
 def preset_names(group: str) -> list[str]:
-    """Names of the YAML presets in conf/<group>/."""
-    return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
+    """Names of the YAML presets in conf/<group>/ (``_``-prefixed files are placeholders, not presets)."""
+    return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml") if not p.stem.startswith("_"))
 
 
 def load_preset(group: str, name_or_path: str, schema: type) -> DictConfig:
@@ -211,7 +234,11 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "con
     """Compose conf/<config_name>.yaml with Hydra-style overrides (``cluster=hetero3 train.global_batch=64``).
 
     ``cluster=path/to/file.yaml`` (an existing file) loads that file as the cluster instead of a
-    preset, checked against the same schema. Errors come back as :class:`ConfigError`.
+    preset, checked against the same schema. ``model=hf:/path/to/dir`` takes the model shape from a
+    local Hugging Face directory's config.json (:mod:`lightning_hexiscale.config.hf_model`) and sets
+    ``trainer.weights`` to the directory, so the recipe starts from its weights; ``model.*``
+    overrides (e.g. ``model.seq_len=2048``) apply on top of a file or HF model too. Errors come back
+    as :class:`ConfigError`.
     """
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
@@ -220,6 +247,7 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "con
     register_configs()
     files: dict[str, str] = {}
     rest: list[str] = []
+    overrides = hf_model_overrides(list(overrides))
     for o in overrides:
         key, _, value = o.partition("=")
         if key in ("cluster", "model") and value.endswith((".yaml", ".yml")) and Path(value).is_file():
@@ -240,7 +268,73 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "con
         OmegaConf.set_struct(cfg, False)
         cfg[key] = node
         OmegaConf.set_struct(cfg, True)
+        _reapply(cfg, key, rest)
+    resolve_hf_model(cfg, rest)
     return cfg
+
+
+def hf_model_overrides(overrides: list[str]) -> list[str]:
+    """Rewrite ``model=hf:/dir`` into what Hydra can compose: ``model=_hf trainer.weights=/dir``
+    (``conf/model/_hf.yaml`` is the placeholder :func:`resolve_hf_model` fills from config.json).
+    ``trainer.weights`` given too must name the same directory."""
+    from lightning_hexiscale.config.hf_model import parse_hf_ref
+
+    out, hf_dir = [], None
+    for o in overrides:
+        key, _, value = o.partition("=")
+        d = parse_hf_ref(value) if key == "model" else None
+        if d is None:
+            out.append(o)
+            continue
+        hf_dir = str(Path(d).expanduser().resolve())
+        out.append(f"model={HF_PLACEHOLDER}")
+    if hf_dir is None:
+        return out
+    given = [o.partition("=")[2] for o in out if o.partition("=")[0] == "trainer.weights"]
+    if given and str(Path(given[-1]).expanduser().resolve()) != hf_dir:
+        raise ConfigError("trainer.weights", given[-1], f"model=hf:{hf_dir} already starts from that directory's "
+                          "weights", "drop trainer.weights, or give the same directory")
+    if not given:
+        out.append(f"trainer.weights={hf_dir}")
+    return out
+
+
+def resolve_hf_model(cfg: DictConfig, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+    """Fill the ``model=_hf`` placeholder from ``trainer.weights``/config.json (in place), then apply the
+    explicit ``model.*`` overrides again (they were applied to the placeholder). Idempotent."""
+    if cfg.model.get("name") != HF_PLACEHOLDER:
+        return cfg
+    from lightning_hexiscale.config.hf_model import model_fields_from_hf, read_hf_config
+
+    weights = cfg.trainer.get("weights") if "trainer" in cfg else None
+    if not weights:
+        raise ConfigError("model", HF_PLACEHOLDER, "the model shape comes from a Hugging Face directory",
+                          "write model=hf:/path/to/dir (or model=_hf trainer.weights=/path/to/dir)")
+    d = Path(str(weights)).expanduser()
+    seq = next((o.partition("=")[2] for o in overrides if o.partition("=")[0].lstrip("+") == "model.seq_len"), None)
+    fields = model_fields_from_hf(read_hf_config(d, "trainer.weights"), f"hf:{d.resolve()}",
+                                  int(seq) if seq is not None else None, where=str(d / "config.json"))
+    try:
+        node = OmegaConf.merge(OmegaConf.structured(ModelConfig), fields)
+    except Exception as e:
+        raise ConfigError("model", f"hf:{d}", _clean(str(e)), "check config.json") from None
+    OmegaConf.set_struct(cfg, False)
+    cfg.model = node
+    OmegaConf.set_struct(cfg, True)
+    _reapply(cfg, "model", overrides)
+    return cfg
+
+
+def _reapply(cfg: DictConfig, key: str, overrides: list[str] | tuple[str, ...]) -> None:
+    """Apply ``key.x=v`` overrides to a node that replaced the composed one (a file or HF model)."""
+    for o in overrides:
+        k, _, v = o.partition("=")
+        k = k.lstrip("+")
+        if k.startswith(key + "."):
+            try:
+                OmegaConf.update(cfg, k, yaml.safe_load(v) if v else v, merge=True)
+            except Exception as e:
+                raise ConfigError(k, v, _clean(str(e)), "see conf/ for the schema") from None
 
 
 def load_yaml_node(path: str | Path, schema: type, key: str) -> DictConfig:
@@ -249,12 +343,25 @@ def load_yaml_node(path: str | Path, schema: type, key: str) -> DictConfig:
         raw = OmegaConf.load(path)
     except Exception as e:
         raise ConfigError(key, str(path), f"cannot read YAML ({e})", "fix the file") from None
+    if not isinstance(raw, DictConfig):
+        raise ConfigError(key, str(path), "the file holds a list, not a mapping of keys",
+                          f"see conf/{key}/ for examples of such files")
     if isinstance(raw, DictConfig) and "defaults" in raw:
         raw = OmegaConf.masked_copy(raw, [k for k in raw if k != "defaults"])
+    if len(raw) == 0:
+        raise ConfigError(key, str(path), "the file is empty", f"describe the {key} in it; see conf/{key}/ for examples")
     try:
         node = OmegaConf.merge(OmegaConf.structured(schema), raw)
     except Exception as e:
-        raise ConfigError(key, str(path), _clean(str(e)), "see conf/ for the schema of this file") from None
+        # OmegaConf names the field but not where it sits in a list (machines[1].count): look it up.
+        where = _locate(OmegaConf.to_container(raw), getattr(e, "full_key", None) or "", str(e))
+        bad = f"{key}.{where[0]}" if where else key
+        raise ConfigError(bad, where[1] if where else str(path), f"{_clean(str(e))} (in {path})",
+                          "see conf/ for the schema of this file") from None
+    missing = sorted(OmegaConf.missing_keys(node))
+    if missing:
+        raise ConfigError(f"{key}.{missing[0]}", None, f"a required key is missing (in {path})",
+                          f"add {missing[0].split('.')[-1]}: ... (see conf/{key}/ for examples)")
     # A relative matrix_file is first looked up next to the cluster file itself, so a profiled
     # cluster (YAML + matrix) can be moved as a pair.
     if schema is ClusterConfig and node.matrix_file and not Path(node.matrix_file).is_absolute():
@@ -262,6 +369,28 @@ def load_yaml_node(path: str | Path, schema: type, key: str) -> DictConfig:
         if beside.is_file():
             node.matrix_file = str(beside)
     return node
+
+
+def _locate(data: Any, full_key: str, message: str = "") -> tuple[str, Any] | None:
+    """(path with list indices, value) of the entry of ``data`` that OmegaConf's error is about: it
+    reports ``count`` for ``machines[1].count``, so every entry whose path ends with ``full_key`` is
+    a candidate, and the one whose value the message quotes wins."""
+    if not full_key:
+        return None
+    tail = full_key.split(".")
+    found: list[tuple[str, Any]] = []
+
+    def walk(node: Any, path: str) -> None:
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for k, v in items:
+            here = f"{path}[{k}]" if isinstance(k, int) else (f"{path}.{k}" if path else str(k))
+            if re.sub(r"\[\d+\]", "", here).split(".")[-len(tail):] == tail:
+                found.append((here, v))
+            walk(v, here)
+
+    walk(data, "")
+    quoted = [c for c in found if f"'{c[1]}'" in message]
+    return (quoted or found or [None])[0]
 
 
 def _compose_error(e: Exception, overrides: list[str]) -> ConfigError:

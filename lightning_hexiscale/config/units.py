@@ -107,3 +107,12 @@ def format_bandwidth(bps: float) -> str:
         if bps >= mult:
             return f"{bps / mult:.3g} {unit}"
     return f"{bps:.3g} B/s"
+
+
+def format_flops(flops_per_s: float) -> str:
+    """Human-readable compute rate in the largest unit that keeps a digit before the point:
+    2.46 PFLOPS on a GPU cluster, 367 GFLOPS on emulated CPU devices (never "0.000 PFLOPS")."""
+    for unit, mult in (("PFLOPS", 1e15), ("TFLOPS", 1e12), ("GFLOPS", 1e9), ("MFLOPS", 1e6)):
+        if flops_per_s >= mult:
+            return f"{flops_per_s / mult:.3g} {unit}"
+    return f"{flops_per_s:.3g} FLOPS"

@@ -1,7 +1,9 @@
 """Token datasets that need no download. Each yields 1-D int64 tensors of ``seq_len + 1`` tokens
 (inputs = [:-1], targets = [1:]):
 
-- :class:`TokenFileDataset`: a tokenised ``.bin`` file (``np.memmap`` of uint16 token ids);
+- :class:`TokenFileDataset`: a tokenised ``.bin`` file (``np.memmap`` of uint16 or uint32 token
+  ids), with the JSON index ``hexiscale prepare-data`` writes beside it (dtype and vocabulary
+  checked against the model);
 - :func:`text_file_dataset`: a local UTF-8 text file through the byte-level tokenizer (token = byte
   value, vocabulary 256, so ``llama_tiny`` needs nothing else);
 - :func:`generated_corpus`: a deterministic English-like corpus generated from a seed (a small
@@ -53,13 +55,51 @@ class TokenWindows(Dataset):
         return torch.as_tensor(np.asarray(self.tokens[s:s + self.seq_len + 1], dtype=np.int64))
 
 
-class TokenFileDataset(TokenWindows):
-    """A tokenised corpus on disk: a flat ``np.memmap`` of uint16 token ids (nanoGPT's ``.bin`` format)."""
+TOKEN_DTYPES = ("uint16", "uint32")
 
-    def __init__(self, path: str | Path, seq_len: int, vocab_size: int | None = None, dtype: str = "uint16"):
+
+class TokenFileDataset(TokenWindows):
+    """A tokenised corpus on disk: a flat ``np.memmap`` of token ids (nanoGPT's ``.bin`` format).
+
+    With the index ``hexiscale prepare-data`` writes (``train.bin`` -> ``train.json``, see
+    :mod:`lightning_hexiscale.data.tokenize`) the dtype comes from it and is checked, and so are the
+    vocabulary (the tokenizer's must not exceed the model's ``vocab_size``) and the token count.
+    Without an index the file is read as ``dtype`` (default uint16, nanoGPT's files). A file whose
+    size is not a whole number of tokens is refused.
+    """
+
+    def __init__(self, path: str | Path, seq_len: int, vocab_size: int | None = None, dtype: str | None = None):
+        from lightning_hexiscale.data.tokenize import index_path, read_index
+
         p = Path(path)
         if not p.is_file():
-            raise ConfigError("data.path", str(p), "no such token file", "give the path of a .bin file of uint16 ids")
+            raise ConfigError("data.path", str(p), "no such token file",
+                              "give a .bin file made by `hexiscale prepare-data` (or of uint16 ids)")
+        self.index = read_index(p)
+        if self.index is not None:
+            if dtype is not None and dtype != self.index["dtype"]:
+                raise ConfigError("data.dtype", dtype, f"{index_path(p)} says the tokens are {self.index['dtype']}",
+                                  "drop data.dtype (the index decides)")
+            dtype = self.index["dtype"]
+            if vocab_size is not None and int(self.index["vocab_size"]) > vocab_size:
+                raise ConfigError("model.vocab_size", vocab_size,
+                                  f"{p} was tokenised with a vocabulary of {self.index['vocab_size']} ids "
+                                  f"({self.index.get('tokenizer')}), more than the model has",
+                                  "use the model that goes with that tokenizer, or tokenise with the model's tokenizer")
+        dtype = dtype or "uint16"
+        if dtype not in TOKEN_DTYPES:
+            raise ConfigError("data.dtype", dtype, f"must be one of {TOKEN_DTYPES}", "use uint16 or uint32")
+        item = np.dtype(dtype).itemsize
+        size = p.stat().st_size
+        if size == 0:  # np.memmap cannot map it
+            raise ConfigError("data.path", str(p), "the token file is empty", "tokenise a corpus into it")
+        if size % item:
+            raise ConfigError("data.path", str(p), f"{size} bytes is not a whole number of {dtype} tokens "
+                              f"({item} bytes each): wrong dtype or a truncated file",
+                              "tokenise again with `hexiscale prepare-data`, or set data.dtype to the file's dtype")
+        if self.index is not None and size // item != int(self.index["num_tokens"]):
+            raise ConfigError("data.path", str(p), f"holds {size // item} tokens but its index says "
+                              f"{self.index['num_tokens']}", "tokenise again with `hexiscale prepare-data`")
         super().__init__(np.memmap(p, dtype=np.dtype(dtype), mode="r"), seq_len, vocab_size, key="data.path")
 
 
@@ -114,9 +154,11 @@ def generated_corpus(num_samples: int, seq_len: int, seed: int = 0) -> TokenWind
 
 
 def make_dataset(kind: str, seq_len: int, *, path: str | None = None, num_samples: int = 512, seed: int = 0,
-                 vocab_size: int | None = None) -> TokenWindows:
-    """Dataset by kind: ``generated`` (default demo data), ``text`` (``path``: UTF-8 file) or ``bin``
-    (``path``: uint16 token file)."""
+                 vocab_size: int | None = None, dtype: str | None = None) -> TokenWindows:
+    """Dataset by kind: ``generated`` (default demo data), ``text`` (``path``: UTF-8 file, byte
+    tokens) or ``bin`` (``path``: token file of ``hexiscale prepare-data``, or raw ids of ``dtype``)."""
+    if kind not in ("generated", "text", "bin"):
+        raise ConfigError("data.kind", kind, "must be one of generated, text, bin", "use data.kind=generated")
     if kind == "generated":
         return generated_corpus(num_samples, seq_len, seed)
     if path is None:
@@ -127,6 +169,4 @@ def make_dataset(kind: str, seq_len: int, *, path: str | None = None, num_sample
             raise ConfigError("model.vocab_size", vocab_size, "byte-level text needs a vocabulary of 256",
                               "use a model with vocab_size >= 256")
         return ds
-    if kind == "bin":
-        return TokenFileDataset(path, seq_len, vocab_size)
-    raise ConfigError("data.kind", kind, "must be one of generated, text, bin", "use data.kind=generated")
+    return TokenFileDataset(path, seq_len, vocab_size, dtype)

@@ -4,19 +4,32 @@
 sequences. :class:`PlanBatchSampler` turns a dataset of N samples into exactly what one-device
 training on batches of G would see, cut along the pipelines:
 
-- per epoch e, one permutation of range(N) shared by every rank: ``randperm(N, seed + e)`` when
-  shuffling (the same rule as ``DistributedSampler``), ``0..N-1`` otherwise;
+- per epoch, one permutation of range(N) shared by every rank, drawn as the one-device
+  ``DataLoader(dataset, batch_size=G, shuffle=True)`` draws it (its ``RandomSampler``): with no
+  ``generator``, one int64 from torch's global generator seeds ``randperm(N)``; with the loader's
+  ``generator``, ``randperm(N, generator=generator)``. Under ``seed_everything(s)`` (or any seeding)
+  the pipelines therefore cut the very permutation a single device would train on. ``0..N-1`` when
+  not shuffling; ``randperm(N)`` of ``seed + epoch`` when a fixed ``seed`` is given (the
+  ``DistributedSampler`` rule);
+- every rank draws (so its generator moves on as one device's does) and the ranks then take rank
+  0's draw (``agree``: one broadcast per shuffled epoch), so no rank can cut another permutation;
 - global batch k is ``perm[k*G : (k+1)*G]``; pipeline i takes its slice ``[off_i, off_i + b_i)``
   with off_i = b_0 + ... + b_(i-1); every rank of a pipeline loads the same samples (the first stage
   needs the tokens, the last the targets, the middle ones the shapes);
 - a last, short global batch of n < G samples is split in proportion to the b_i (largest remainder),
   or dropped with ``drop_last``; training plans need full batches, so training loaders drop it.
+
+**Resume.** The position in the epoch (in global batches), the epoch's draw and the generator's state
+at the save are saved (:meth:`PlanBatchSampler.state_dict`); a resumed run continues the same
+permutation at the next global batch and restores the generator, so later epochs draw what the
+uninterrupted run draws.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, RandomSampler, Sampler, SequentialSampler
@@ -41,20 +54,63 @@ def split_proportional(n: int, weights: Sequence[int]) -> list[int]:
 
 
 class _EpochPermutation(Sampler[int]):
-    """The shared permutation of one epoch; ``set_epoch`` as on ``DistributedSampler``."""
+    """The shared permutation of one epoch (see the module doc); ``set_epoch`` as on ``DistributedSampler``.
 
-    def __init__(self, num_samples: int, shuffle: bool, seed: int):
-        self.num_samples, self.shuffle, self.seed = num_samples, shuffle, seed
+    ``key`` is what the current epoch's permutation was drawn from (an int64 seed, or the loader
+    generator's state before ``randperm``); :meth:`permutation` draws a new one unless a resumed epoch
+    supplies it.
+    """
+
+    def __init__(self, num_samples: int, shuffle: bool, seed: int | None = None,
+                 generator: torch.Generator | None = None, agree: Callable[[Any], Any] | None = None):
+        self.num_samples, self.shuffle, self.seed, self.generator = num_samples, shuffle, seed, generator
+        self.agree = agree or (lambda value: value)
         self.epoch = 0
+        self.key: Any = None
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def __iter__(self) -> Iterator[int]:
+    def rng_state(self) -> torch.Tensor:
+        """State of the generator the draws come from (the loader's, else torch's global one)."""
+        return self.generator.get_state() if self.generator is not None else torch.get_rng_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        if self.generator is not None:
+            self.generator.set_state(state)
+        else:
+            torch.set_rng_state(state)
+
+    def permutation(self, key: Any = None) -> list[int]:
+        """This epoch's order; ``key``: a resumed epoch's saved draw (nothing is drawn then)."""
+        n = self.num_samples
         if not self.shuffle:
-            return iter(range(self.num_samples))
-        gen = torch.Generator().manual_seed(self.seed + self.epoch)
-        return iter(torch.randperm(self.num_samples, generator=gen).tolist())
+            return list(range(n))
+        if self.seed is not None:
+            self.key = self.seed + self.epoch
+            return torch.randperm(n, generator=torch.Generator().manual_seed(self.key)).tolist()
+        if self.generator is not None:
+            # RandomSampler(generator=g): randperm(n, generator=g). The state before it is the key;
+            # the ranks take rank 0's, and randperm moves every rank's generator on alike.
+            self.key = self.agree(self.generator.get_state()) if key is None else key
+            self.generator.set_state(self.key)
+            return torch.randperm(n, generator=self.generator).tolist()
+        if key is None:
+            # RandomSampler(generator=None): one int64 from the global generator seeds a fresh one.
+            key = self.agree(int(torch.empty((), dtype=torch.int64).random_().item()))
+        self.key = key
+        return torch.randperm(n, generator=torch.Generator().manual_seed(key)).tolist()
+
+    def exhausted(self) -> None:
+        """The epoch's last index was taken. ``RandomSampler`` then still computes one more
+        ``randperm(n, generator)`` (for its ``num_samples % n`` tail, empty here) before it stops:
+        with the loader's generator that draw moves the generator on, so it is made here too."""
+        if self.shuffle and self.seed is None and self.generator is not None:
+            torch.randperm(self.num_samples, generator=self.generator)
+
+    def __iter__(self) -> Iterator[int]:
+        yield from self.permutation()
+        self.exhausted()
 
     def __len__(self) -> int:
         return self.num_samples
@@ -67,21 +123,28 @@ class PlanBatchSampler(Sampler[list[int]]):
         num_samples: dataset length N.
         batch_sizes: b_i of every pipeline (their sum is the global batch G).
         pipeline: index i of the pipeline whose slices this sampler yields.
-        shuffle / seed: permutation per epoch (see the module doc); ``set_epoch`` through ``.sampler``.
+        shuffle: a new permutation per epoch, drawn as a one-device ``RandomSampler`` draws it (module
+            doc); ``set_epoch`` through ``.sampler``.
+        seed: instead, ``randperm`` of ``seed + epoch`` (the ``DistributedSampler`` rule).
+        generator: the one-device loader's ``generator`` (None: torch's global generator).
+        agree: ``value -> rank 0's value`` (a broadcast); None in a single process.
         drop_last: drop a last global batch shorter than G (always on for training).
     """
 
     def __init__(self, num_samples: int, batch_sizes: Sequence[int], pipeline: int, *, shuffle: bool,
-                 seed: int = 0, drop_last: bool = True):
+                 seed: int | None = None, generator: torch.Generator | None = None,
+                 agree: Callable[[Any], Any] | None = None, drop_last: bool = True):
         if not 0 <= pipeline < len(batch_sizes):
             raise ValueError(f"pipeline {pipeline} out of range for {len(batch_sizes)} pipelines")
         self.batch_sizes, self.pipeline, self.drop_last = list(batch_sizes), pipeline, drop_last
         self.global_batch = sum(batch_sizes)
-        self.sampler = _EpochPermutation(num_samples, shuffle, seed)
+        self.sampler = _EpochPermutation(num_samples, shuffle, seed, generator, agree)
         self.consumed = 0
         """Global batches of the current epoch the training loop has taken (the strategy counts them
         in ``training_step``: the sampler itself runs ahead by Lightning's prefetch)."""
         self._resume_at = 0
+        self._resume_key: Any = None
+        self._resume_rng: torch.Tensor | None = None
 
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
@@ -89,17 +152,21 @@ class PlanBatchSampler(Sampler[list[int]]):
     # ---- mid-epoch resume ----------------------------------------------------------------------
     def state_dict(self) -> dict:
         """Where the epoch stands, in global batches: plan-independent (another plan with the same
-        global batch resumes at the same window of the same permutation)."""
+        global batch resumes at the same window of the same permutation); plus the epoch's draw and
+        the generator's state now, from which the uninterrupted run goes on drawing."""
         s = self.sampler
         return {"epoch": s.epoch, "batches": self.consumed, "global_batch": self.global_batch,
-                "num_samples": s.num_samples, "shuffle": s.shuffle, "seed": s.seed}
+                "num_samples": s.num_samples, "shuffle": s.shuffle, "seed": s.seed, "key": s.key,
+                "rng": s.rng_state() if s.shuffle and s.seed is None else None}
 
     def load_state_dict(self, state: dict) -> None:
-        """The next iteration starts at global batch ``state["batches"]`` of the saved epoch."""
+        """The next iteration starts at global batch ``state["batches"]`` of the saved epoch's
+        permutation, and the generator continues from its saved state."""
+        s = self.sampler
+        self._resume_rng = state.get("rng") if s.shuffle and s.seed is None else None
         batches = int(state.get("batches", 0))
         if not 0 < batches < len(self):
             return  # saved at an epoch boundary: the next epoch starts from its first batch anyway
-        s = self.sampler
         now = {"global_batch": self.global_batch, "num_samples": s.num_samples, "shuffle": s.shuffle, "seed": s.seed}
         changed = [k for k in now if k in state and state[k] != now[k]]
         if changed:
@@ -109,22 +176,32 @@ class PlanBatchSampler(Sampler[list[int]]):
                               f"{state[k]!r}, so its position means nothing here",
                               f"resume with the same data, global batch and seed, or from an end-of-epoch checkpoint")
         self._resume_at = batches
+        self._resume_key = state.get("key")
 
     def __iter__(self) -> Iterator[list[int]]:
-        perm = list(self.sampler)
+        # A resumed epoch re-cuts the saved permutation and skips the windows already trained on;
+        # the generator gets its saved state back here, after this iterator's own DataLoader drew
+        # from it (the interrupted run had drawn that one long before the save). The skip is
+        # cleared once the first batch is produced, so an iterator Lightning creates and drops
+        # before training keeps it.
+        first, key = self._resume_at, self._resume_key
+        if self._resume_rng is not None:
+            self.sampler.set_rng_state(self._resume_rng)
+        perm = self.sampler.permutation(key if first else None)
         g = self.global_batch
-        # A resumed epoch skips the windows already trained on; the skip is cleared once the first
-        # batch is produced, so an iterator Lightning creates and drops before training keeps it.
-        first = self._resume_at
         self.consumed = first
         for start in range(first * g, len(perm), g):
-            self._resume_at = 0
+            self._resume_at, self._resume_key, self._resume_rng = 0, None, None
             window = perm[start:start + g]
             sizes = self.batch_sizes if len(window) == g else split_proportional(len(window), self.batch_sizes)
-            if len(window) < g and (self.drop_last or min(sizes) == 0):
-                return  # every pipeline needs at least one sample of a batch; all ranks stop together
+            if len(window) < g:  # the one-device batch sampler ran out of indices filling this batch
+                self.sampler.exhausted()
+                if self.drop_last or min(sizes) == 0:
+                    return  # every pipeline needs at least one sample of a batch; all ranks stop together
             off = sum(sizes[:self.pipeline])
             yield window[off:off + sizes[self.pipeline]]
+        if len(perm) % g == 0:  # asked for one more batch: the one-device sampler runs out now
+            self.sampler.exhausted()
 
     def __len__(self) -> int:
         full, rest = divmod(self.sampler.num_samples, self.global_batch)
@@ -156,8 +233,13 @@ def loader_shuffles(loader: DataLoader) -> bool:
     """
     from torch.utils.data.distributed import DistributedSampler
 
-    s = loader.sampler
+    s = _sampler(loader)
     if isinstance(s, RandomSampler):
+        if s.replacement or s.num_samples != len(loader.dataset):
+            raise ConfigError("DataLoader.sampler", f"RandomSampler(replacement={s.replacement}, num_samples="
+                              f"{s.num_samples})", "the hexiscale strategy cuts one permutation of the whole "
+                              "dataset per epoch into per-pipeline slices", "use shuffle=True (a permutation of "
+                              "every sample) or subset the dataset")
         return True
     if isinstance(s, SequentialSampler):
         return False
@@ -169,18 +251,43 @@ def loader_shuffles(loader: DataLoader) -> bool:
                       "build the DataLoader with shuffle=True or False and no custom sampler")
 
 
-def plan_dataloader(loader: DataLoader, batch_sizes: Sequence[int], pipeline: int, *, seed: int,
-                    drop_last: bool, key: str = "train_dataloader") -> DataLoader:
+def _batch_size(loader: DataLoader, key: str) -> int:
+    # Lightning re-creates predict loaders around its own batch-sampler wrapper (to record the
+    # indices), so their batch_size moves to the batch sampler.
+    g = loader.batch_size if loader.batch_size is not None else getattr(loader.batch_sampler, "batch_size", None)
+    if g is None:
+        raise ConfigError(f"{key}.batch_size", None, "the hexiscale strategy needs a DataLoader with batch_size "
+                          "(it replaces the batch sampler by per-pipeline slices)", "pass batch_size=G")
+    return int(g)
+
+
+def _sampler(loader: DataLoader) -> Sampler:
+    """The loader's sampler (for Lightning's predict wrapper, the one its batch sampler draws from)."""
+    return getattr(loader.batch_sampler, "sampler", None) or loader.sampler
+
+
+def check_train_loader(loader: DataLoader, global_batch: int | None) -> None:
+    """The checks :func:`plan_dataloader` makes on a training loader, before a plan exists: a batch
+    size, equal to ``global_batch`` when that is known, and a sampler that can be cut per pipeline."""
+    g = _batch_size(loader, "train_dataloader")
+    if global_batch is not None and g != global_batch:
+        raise ConfigError("train_dataloader.batch_size", g, f"the plan takes {global_batch} sequences per step",
+                          f"use DataLoader(batch_size={global_batch}) or re-plan with global_batch={g}")
+    loader_shuffles(loader)
+
+
+def plan_dataloader(loader: DataLoader, batch_sizes: Sequence[int], pipeline: int, *, drop_last: bool,
+                    seed: int | None = None, agree: Callable[[Any], Any] | None = None,
+                    key: str = "train_dataloader") -> DataLoader:
     """A copy of ``loader`` that yields pipeline ``pipeline``'s slice of each global batch.
 
     The loader's ``batch_size`` is the global batch G of one-device training and must equal
     sum(batch_sizes) for training (``drop_last=True``); evaluation loaders may use any batch size,
-    which is split in proportion to the plan's batches.
+    which is split in proportion to the plan's batches. Shuffled, the order is the one-device
+    loader's (its ``generator``, else torch's global one), unless a fixed ``seed`` is given;
+    ``agree`` makes every rank take rank 0's draw.
     """
-    g = loader.batch_size
-    if g is None:
-        raise ConfigError(f"{key}.batch_size", None, "the hexiscale strategy needs a DataLoader with batch_size "
-                          "(it replaces the batch sampler by per-pipeline slices)", "pass batch_size=G")
+    g = _batch_size(loader, key)
     plan_g = sum(batch_sizes)
     if drop_last and g != plan_g:
         raise ConfigError(f"{key}.batch_size", g,
@@ -190,9 +297,24 @@ def plan_dataloader(loader: DataLoader, batch_sizes: Sequence[int], pipeline: in
     if min(sizes) < 1:
         raise ConfigError(f"{key}.batch_size", g, f"split over the plan's pipelines as {sizes}; every pipeline "
                           "needs at least one sample per batch", f"use a batch size of at least {len(sizes)}")
-    sampler = PlanBatchSampler(len(loader.dataset), sizes, pipeline, shuffle=loader_shuffles(loader),
-                               seed=seed, drop_last=drop_last or loader.drop_last)
+    rest = len(loader.dataset) % g
+    if key == "predict_dataloader" and rest and min(split_proportional(rest, sizes)) < 1:
+        # Evaluation drops such a last batch (every pipeline needs a sample); predictions must not.
+        raise ConfigError(f"{key}.batch_size", g, f"the last batch holds {rest} of the {len(loader.dataset)} "
+                          f"samples, too few for every one of the plan's {len(sizes)} pipelines",
+                          f"use a batch size that divides {len(loader.dataset)}, or leaves a last batch of at least "
+                          f"{len(sizes)}")
+    from torch.utils.data.distributed import DistributedSampler
+
+    if seed is None and isinstance(_sampler(loader), DistributedSampler):
+        seed = _sampler(loader).seed  # its own rule: randperm of seed + epoch
+    generator = getattr(_sampler(loader), "generator", None) if seed is None else None
+    sampler = PlanBatchSampler(len(loader.dataset), sizes, pipeline, shuffle=loader_shuffles(loader), seed=seed,
+                               generator=generator, agree=agree, drop_last=drop_last or loader.drop_last)
+    # The loader's generator goes along: each DataLoader iterator draws its workers' base seed from
+    # it (or from the global generator), as the one-device loader's iterators do.
     return PlanDataLoader(loader.dataset, batch_sampler=sampler, num_workers=loader.num_workers,
-                      collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
-                      worker_init_fn=loader.worker_init_fn, persistent_workers=loader.persistent_workers,
-                      multiprocessing_context=loader.multiprocessing_context if loader.num_workers else None)
+                          collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
+                          worker_init_fn=loader.worker_init_fn, persistent_workers=loader.persistent_workers,
+                          generator=loader.generator,
+                          multiprocessing_context=loader.multiprocessing_context if loader.num_workers else None)

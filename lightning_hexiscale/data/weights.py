@@ -1,113 +1,158 @@
-"""Initialise the model from Hugging Face LLaMA weights in a LOCAL directory (no download).
+"""Hugging Face Llama weights in a LOCAL directory (no download), read with the ``safetensors`` library.
 
-Reads ``*.safetensors`` files directly, without the ``safetensors`` package: the format is an
-8-byte little-endian header length n, n bytes of JSON ``{name: {dtype, shape, data_offsets: [a, b]},
-"__metadata__": {...}}``, then the raw little-endian tensor bytes, tensor ``name`` at bytes
-[8 + n + a, 8 + n + b). Files are memory-mapped and a tensor is read only when asked for, so each
-rank of a plan reads just its own layers.
+    config, weights = lightning_hexiscale.load_hf("/models/Llama-3.2-1B")
+    weights["layers.3.attn.q_proj.weight"]                  # one full tensor, read on access
+    weights.read_slice("lm_head.weight", 0, 0, 64128)        # only these rows are read from disk
+
+``config.json`` gives the :class:`LlamaConfig` (:meth:`LlamaConfig.from_hf`); the tensors of every
+``*.safetensors`` file are opened with ``safetensors.safe_open`` (memory-mapped, headers only until
+a tensor is read) and read with ``get_slice``, so a tensor-parallel rank reads only its own rows
+(or columns) of each matrix and a pipeline stage only its own layers
+(:func:`lightning_hexiscale.runtime.parallelize.load_full_state_dict` asks for exactly those).
 
 HF names map onto :class:`~lightning_hexiscale.models.llama.Llama`'s global names
 (``model.layers.3.self_attn.q_proj.weight`` -> ``layers.3.attn.q_proj.weight``,
 ``input_layernorm`` -> ``attn_norm``, ``post_attention_layernorm`` -> ``mlp_norm``,
-``model.embed_tokens`` -> ``embed``, ``model.norm`` -> ``norm``); a missing ``lm_head.weight``
-means tied embeddings. HF's LLaMA applies RoPE in the same rotate-half layout as ``Llama``, so the
-q/k weights load unpermuted. ``config.json``, when present, is checked against the LlamaConfig.
+``model.embed_tokens`` -> ``embed``, ``model.norm`` -> ``norm``). HF's Llama applies RoPE in the
+same rotate-half layout as ``Llama``, so q/k load unpermuted. A tied model (``tie_word_embeddings``)
+has no ``lm_head.weight``: its head is ``embed.weight`` (an ``lm_head.weight`` in the files is ignored).
 
-Contract with the strategy: :func:`attach_weights` sets ``module.init_state_dict`` to a lazy mapping
-(global name -> full tensor); the strategy slices this rank's shards from it, and the example module
-loads it whole on one device.
+Contract with the strategy: :func:`attach_weights` sets ``module.init_state_dict`` to an
+:class:`HFWeights` (global name -> full tensor, plus ``read_slice``); the strategy loads each rank's
+shards from it, and the example module loads it whole on one device.
 """
 
 from __future__ import annotations
 
-import json
-import mmap
 import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import torch
 
+from lightning_hexiscale.config.hf_model import read_hf_config
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.models.config import LlamaConfig
 
-_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-           "BOOL": torch.bool}
-
-_RENAMES = [
-    (r"^model\.embed_tokens\.", "embed."),
-    (r"^model\.norm\.", "norm."),
-    (r"^model\.layers\.(\d+)\.self_attn\.", r"layers.\1.attn."),
-    (r"^model\.layers\.(\d+)\.mlp\.", r"layers.\1.mlp."),
-    (r"^model\.layers\.(\d+)\.input_layernorm\.", r"layers.\1.attn_norm."),
-    (r"^model\.layers\.(\d+)\.post_attention_layernorm\.", r"layers.\1.mlp_norm."),
+_NAME_PAIRS = [  # (HF prefix, our prefix); {} stands for the layer index
+    ("model.embed_tokens.", "embed."),
+    ("model.norm.", "norm."),
+    ("model.layers.{}.self_attn.", "layers.{}.attn."),
+    ("model.layers.{}.mlp.", "layers.{}.mlp."),
+    ("model.layers.{}.input_layernorm.", "layers.{}.attn_norm."),
+    ("model.layers.{}.post_attention_layernorm.", "layers.{}.mlp_norm."),
 ]
 
 
-def hf_to_global(name: str) -> str | None:
-    """Our global parameter name for an HF LLaMA tensor name; None for tensors we do not use."""
+def _rename(name: str, to_ours: bool) -> str | None:
     if name == "lm_head.weight":
         return name
-    for pattern, repl in _RENAMES:
-        if re.match(pattern, name):
-            return re.sub(pattern, repl, name)
-    return None  # e.g. rotary_emb.inv_freq buffers
+    for hf, ours in _NAME_PAIRS:
+        src, dst = (hf, ours) if to_ours else (ours, hf)
+        m = re.match(re.escape(src).replace(r"\{\}", r"(\d+)"), name)
+        if m:
+            return dst.format(*m.groups()) + name[m.end():]
+    return None
 
 
-class SafetensorsFile:
-    """One memory-mapped ``.safetensors`` file: ``names()`` and ``read(name)`` (a CPU tensor copy)."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        with open(path, "rb") as f:
-            n = int.from_bytes(f.read(8), "little")
-            try:
-                self.header = json.loads(f.read(n))
-            except ValueError:
-                raise ConfigError("trainer.weights", str(path), "not a safetensors file (bad header)", "check the file") from None
-        self.header.pop("__metadata__", None)
-        self.base = 8 + n
-
-    def names(self) -> list[str]:
-        return list(self.header)
-
-    def read(self, name: str) -> torch.Tensor:
-        info = self.header[name]
-        if info["dtype"] not in _DTYPES:
-            raise ConfigError("trainer.weights", f"{self.path.name}:{name}", f"dtype {info['dtype']} is not supported",
-                              f"convert the weights to one of {sorted(_DTYPES)}")
-        a, b = info["data_offsets"]
-        with open(self.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            raw = bytearray(mm[self.base + a:self.base + b])
-        t = torch.frombuffer(raw, dtype=_DTYPES[info["dtype"]]) if raw else torch.empty(0, dtype=_DTYPES[info["dtype"]])
-        return t.reshape(info["shape"]).clone()
+def hf_to_global(name: str) -> str | None:
+    """Our global parameter name for an HF Llama tensor name; None for tensors we do not use."""
+    return _rename(name, to_ours=True)  # e.g. rotary_emb.inv_freq buffers -> None
 
 
-class HFLlamaWeights(Mapping):
-    """Global name -> full tensor over every ``*.safetensors`` file of a local HF LLaMA directory (lazy)."""
+def global_to_hf(name: str) -> str:
+    """The HF Llama tensor name of one of our global parameter names."""
+    out = _rename(name, to_ours=False)
+    if out is None:
+        raise KeyError(f"{name!r} is not a Llama parameter name")
+    return out
 
-    def __init__(self, directory: str | Path, config: LlamaConfig | None = None):
-        d = Path(directory)
-        files = sorted(d.glob("*.safetensors")) if d.is_dir() else []
+
+def expected_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    """Global name -> full shape of every parameter of ``config``'s plain Llama (built on meta)."""
+    from lightning_hexiscale.models.llama import Llama
+
+    with torch.device("meta"):
+        model = Llama(config)
+    return {n: tuple(p.shape) for n, p in model.named_parameters()}
+
+
+class HFWeights(Mapping):
+    """Global name -> full tensor over the ``*.safetensors`` files of a local HF Llama directory.
+
+    Lazy: opening reads the files' headers only; ``weights[name]`` reads one tensor, and
+    :meth:`read_slice` reads a range of rows or columns of it (``safe_open(...).get_slice``). The
+    open handles are not pickled (a spawned rank reopens the files).
+    """
+
+    def __init__(self, directory: str | Path, config: LlamaConfig):
+        self.directory = Path(directory).expanduser()
+        self.config = config
+        files = sorted(self.directory.glob("*.safetensors")) if self.directory.is_dir() else []
         if not files:
-            raise ConfigError("trainer.weights", str(d), "no *.safetensors files in this local directory",
-                              "point to a downloaded HF LLaMA directory (nothing is downloaded here)")
-        self._where: dict[str, tuple[SafetensorsFile, str]] = {}
+            raise ConfigError("trainer.weights", str(self.directory), "no *.safetensors files in this local directory",
+                              "point to a downloaded HF Llama directory (nothing is downloaded here)")
+        self._files = files
+        self._handles: dict[Path, object] = {}
+        self._where: dict[str, tuple[Path, str]] = {}
         for f in files:
-            sf = SafetensorsFile(f)
-            for name in sf.names():
-                ours = hf_to_global(name)
-                if ours is not None:
-                    self._where[ours] = (sf, name)
-        if "lm_head.weight" not in self._where and "embed.weight" in self._where:
-            self._where["lm_head.weight"] = self._where["embed.weight"]  # tied embeddings
-        if config is not None:
-            check_hf_config(d, config)
+            try:
+                names = list(self._open(f).keys())
+            except Exception as e:  # safetensors raises its own error types for damaged headers
+                raise ConfigError("trainer.weights", str(f), f"not a readable safetensors file ({e})",
+                                  "re-download or re-export the file") from None
+            for hf_name in names:
+                ours = hf_to_global(hf_name)
+                if ours is not None and not (ours == "lm_head.weight" and config.tie_word_embeddings):
+                    self._where[ours] = (f, hf_name)
+        want = expected_shapes(config)
+        missing = [n for n in want if n not in self._where]
+        if missing:
+            hint = (" (an untied model needs lm_head.weight; set tie_word_embeddings in config.json if the head "
+                    "is the embedding)" if missing == ["lm_head.weight"] else "")
+            raise ConfigError("trainer.weights", str(self.directory),
+                              f"the safetensors files lack {len(missing)} tensor(s) of {config.name}, e.g. "
+                              f"{global_to_hf(missing[0])}{hint}", "use the complete checkpoint directory")
+        for name, shape in want.items():
+            got = self.shape_of(name)
+            if got != shape:
+                raise ConfigError("trainer.weights", f"{global_to_hf(name)} {list(got)}",
+                                  f"{config.name} needs shape {list(shape)}", "use the model the weights were made for")
+        self._where = {n: self._where[n] for n in want}  # only what the model uses
+
+    def _open(self, f: Path):
+        from safetensors import safe_open
+
+        h = self._handles.get(f)
+        if h is None:
+            h = self._handles[f] = safe_open(str(f), framework="pt", device="cpu")
+        return h
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_handles"] = {}
+        return state
+
+    def _slice(self, name: str):
+        f, hf_name = self._where[name]
+        return self._open(f).get_slice(hf_name)
+
+    def shape_of(self, name: str) -> tuple[int, ...]:
+        """Full shape of a tensor, from the file header (no data read)."""
+        return tuple(self._slice(name).get_shape())
+
+    def read_slice(self, name: str, dim: int, start: int, end: int) -> torch.Tensor:
+        """Rows (``dim`` 0) or columns (``dim`` 1) [start, end) of a tensor; only those bytes are read."""
+        sl = self._slice(name)
+        if dim == 0:
+            return sl[start:end]
+        if dim == 1:
+            return sl[:, start:end]
+        raise ValueError(f"read_slice supports dim 0 or 1, got {dim}")
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        sf, hf_name = self._where[name]
-        return sf.read(hf_name)
+        f, hf_name = self._where[name]
+        return self._open(f).get_tensor(hf_name)
 
     def __contains__(self, name: object) -> bool:  # Mapping's default would read the tensor
         return name in self._where
@@ -119,21 +164,34 @@ class HFLlamaWeights(Mapping):
         return len(self._where)
 
 
-def check_hf_config(directory: Path, config: LlamaConfig) -> None:
-    """Compare ``config.json`` (if any) with the model shape; ConfigError on the first difference."""
-    f = directory / "config.json"
-    if not f.is_file():
-        return
-    hf = json.loads(f.read_text())
-    pairs = {"hidden_size": "hidden_size", "num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
-             "num_kv_heads": "num_key_value_heads", "ffn_hidden_size": "intermediate_size", "vocab_size": "vocab_size"}
-    for ours, theirs in pairs.items():
-        if theirs in hf and hf[theirs] != getattr(config, ours):
-            raise ConfigError(f"model.{ours}", getattr(config, ours),
-                              f"the weights in {directory} have {theirs}={hf[theirs]}",
-                              "choose the model preset that matches the weights")
+def load_hf(directory: str | Path, seq_len: int | None = None) -> tuple[LlamaConfig, HFWeights]:
+    """(config, weights) of a LOCAL Hugging Face Llama directory: the :class:`LlamaConfig` from its
+    ``config.json`` (``seq_len`` defaults to the pre-training context, see
+    :meth:`LlamaConfig.from_hf`) and a lazy mapping global name -> full tensor (:class:`HFWeights`)."""
+    d = Path(directory).expanduser()
+    config = LlamaConfig.from_hf(read_hf_config(d, "trainer.weights"), f"hf:{d.resolve()}", seq_len,
+                                 where=str(d / "config.json"))
+    return config, HFWeights(d, config)
+
+
+def check_hf_config(directory: str | Path, config: LlamaConfig) -> LlamaConfig:
+    """``config`` (e.g. a preset) against the directory's ``config.json``: a ConfigError names the
+    first field that differs (shape, norm epsilon, RoPE theta and scaling, tied head) or a
+    ``seq_len`` beyond the weights' context. Returns the directory's own config."""
+    d = Path(directory).expanduser()
+    theirs = LlamaConfig.from_hf(read_hf_config(d, "trainer.weights"), f"hf:{d.resolve()}",
+                                 where=str(d / "config.json"))
+    config.check_matches(theirs, str(d))
+    return theirs
 
 
 def attach_weights(module, directory: str | Path) -> None:
-    """Make ``module`` start from the weights in ``directory`` (see the module doc's contract)."""
-    module.init_state_dict = HFLlamaWeights(directory, getattr(module, "config", None))
+    """Make ``module`` start from the weights in ``directory`` (see the module doc's contract); its
+    ``config`` must match the directory's config.json (ConfigError otherwise)."""
+    config = getattr(module, "config", None)
+    if config is None:
+        config, weights = load_hf(directory)
+    else:
+        check_hf_config(directory, config)
+        weights = HFWeights(directory, config)
+    module.init_state_dict = weights

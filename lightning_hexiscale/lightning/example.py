@@ -7,7 +7,8 @@ on one device (``Trainer(accelerator="cpu", devices=1)``) and unchanged under
 - ``configure_model`` builds the :class:`Llama` as ``self.model`` (the strategy builds it on the meta
   device and replaces it by this rank's stage); it initialises the weights only when they are real,
   from ``self.init_seed``, which is also the seed the strategy initialises its shards from, or from
-  ``self.init_state_dict`` (global name -> full tensor, e.g. HF weights via ``weights.attach_weights``);
+  ``self.init_state_dict`` (global name -> full tensor, e.g. HF weights via ``weights.attach_weights``,
+  or ``LlamaLitModule("hf:/path/to/dir")``, which takes the shape and the weights of that directory);
 - the loss is ``self.model.loss(self.model(tokens), targets)``: the mean token cross-entropy of the
   batch (under the strategy: of the global batch, the same value on every rank);
 - a batch is a (B, S + 1) tensor of token ids: inputs are [:, :-1], targets [:, 1:].
@@ -19,6 +20,7 @@ import lightning.pytorch as pl
 import torch
 from typing_extensions import override
 
+from lightning_hexiscale.config.hf_model import HF_PREFIX
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.models.llama import Llama
 
@@ -27,7 +29,8 @@ class LlamaLitModule(pl.LightningModule):
     """Causal LM training of :class:`Llama` with AdamW.
 
     Args:
-        config: the model shape (a :class:`LlamaConfig` or a preset name such as ``"llama_tiny"``).
+        config: the model shape: a :class:`LlamaConfig`, a preset name such as ``"llama_tiny"``, or
+            ``"hf:/path/to/dir"`` (a local Hugging Face Llama directory: its config.json and weights).
         lr: AdamW learning rate.
         weight_decay: AdamW decoupled weight decay.
         betas: AdamW betas.
@@ -40,6 +43,10 @@ class LlamaLitModule(pl.LightningModule):
                  betas: tuple[float, float] = (0.9, 0.95), warmup_steps: int = 0, init_seed: int = 0,
                  dtype: torch.dtype = torch.float32):
         super().__init__()
+        if isinstance(config, str) and config.startswith(HF_PREFIX):
+            from lightning_hexiscale.data.weights import load_hf
+
+            config, self.init_state_dict = load_hf(config[len(HF_PREFIX):])
         self.config = LlamaConfig.load(config) if isinstance(config, str) else config
         self.lr, self.weight_decay, self.betas = lr, weight_decay, tuple(betas)
         self.warmup_steps, self.init_seed, self.param_dtype = warmup_steps, init_seed, dtype
@@ -49,12 +56,29 @@ class LlamaLitModule(pl.LightningModule):
     def configure_model(self) -> None:
         if self.model is not None:  # called again by a later fit/validate
             return
-        self.model = Llama(self.config).to(self.param_dtype)
-        if not next(self.model.parameters()).is_meta:
-            self.model.init_weights(self.init_seed)
-            given = getattr(self, "init_state_dict", None)  # set by weights.attach_weights
-            if given is not None:
-                self.model.load_state_dict({k: given[k] for k in self.model.state_dict()})
+        device = torch.empty(0).device  # the Trainer's init context: meta under the hexiscale strategy
+        # Built on the meta device, then materialised and initialised from init_seed: nn.Linear's
+        # default initialisation would draw from torch's global generator (only to be overwritten),
+        # and a shuffled DataLoader draws its order from that generator; so the data order is the
+        # same on one device and under the strategy, where the model is never built on a real device.
+        with torch.device("meta"):
+            self.model = Llama(self.config).to(self.param_dtype)
+        if device.type == "meta":
+            return  # the strategy initialises its stage from init_seed (or init_state_dict)
+        self.model.to_empty(device=device).init_weights(self.init_seed)
+        given = getattr(self, "init_state_dict", None)  # set by weights.attach_weights
+        if given is not None:
+            self.model.load_state_dict({k: given[k] for k in self.model.state_dict()})
+
+    @override
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits (B, S, V) of ``tokens`` (under the strategy: a placeholder, see predict_step)."""
+        return self.model(tokens)
+
+    @override
+    def predict_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        """Logits of the inputs of a (B, S + 1) batch; under the strategy the whole batch's, on rank 0."""
+        return self(batch[:, :-1])
 
     def _loss(self, batch: torch.Tensor) -> torch.Tensor:
         tokens, targets = batch[:, :-1], batch[:, 1:]

@@ -12,6 +12,7 @@ Tested with lightning 2.6 (pyproject bounds the version to ``>=2.4,<2.7``).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from lightning_hexiscale.errors import HexiScaleError
@@ -55,6 +56,22 @@ def check() -> None:
 
     if not callable(getattr(fabric_optimizer, "_optimizers_to_device", None)):
         raise _missing("lightning.fabric.utilities.optimizer", "_optimizers_to_device")
+    from lightning.pytorch.strategies import DDPStrategy
+    from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
+    from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
+
+    if not callable(getattr(DDPStrategy, "_configure_launcher", None)):
+        raise _missing("lightning.pytorch.strategies.DDPStrategy", "_configure_launcher")
+    if not callable(getattr(_SubprocessScriptLauncher, "_call_children_scripts", None)):
+        raise _missing("lightning.pytorch.strategies.launchers.subprocess_script._SubprocessScriptLauncher",
+                       "_call_children_scripts")
+    wrapping = getattr(_MultiProcessingLauncher, "_wrapping_function", None)
+    if not callable(wrapping) or wrapping.__code__.co_varnames[:7] != _WRAPPING_ARGS:
+        raise _missing("lightning.pytorch.strategies.launchers.multiprocessing._MultiProcessingLauncher",
+                       f"_wrapping_function{_WRAPPING_ARGS}")
+
+
+_WRAPPING_ARGS = ("self", "process_idx", "trainer", "function", "args", "kwargs", "return_queue")
 
 
 def skip_lightning_backward(trainer) -> None:
@@ -109,3 +126,104 @@ def optimizers_to_device(optimizers, device) -> None:
     from lightning.fabric.utilities.optimizer import _optimizers_to_device
 
     _optimizers_to_device(optimizers, device)
+
+
+# ---- launchers ---------------------------------------------------------------------------------
+def configure_launcher(strategy, guard) -> None:
+    """Give ``strategy`` (a DDPStrategy) Lightning's launcher for its start method, with ``guard``
+    (:class:`lightning_hexiscale.lightning.launching.LaunchGuard`) around it:
+
+    - ``popen``: Lightning's script launcher re-runs the script per local rank, but its process
+      observer SIGKILLs every process, the launching one included, 5 s after any child exits non-zero,
+      before the launching rank can say why (the job ends with -9). The guard's child watch replaces it.
+    - ``spawn`` / ``fork``: the workers' exceptions reach the caller as torch's ``ProcessRaisedException``
+      (a traceback as text) or ``ProcessExitedException``; the guard has rank 0's error travel back and
+      raises the error itself.
+    In every process the guard checks what it can before processes start and turns a rank's
+    exception into the one the caller should see (:meth:`LaunchGuard.stop`).
+    """
+    if strategy._start_method == "popen":
+        strategy._launcher = ScriptLauncher(strategy.cluster_environment, strategy.num_processes, strategy.num_nodes,
+                                            guard)
+    else:
+        strategy._launcher = ProcessLauncher(strategy, strategy._start_method, guard)
+
+
+try:  # module level, so that spawn can pickle the launcher; check() names a base that moved
+    from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
+    from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
+except ImportError:  # pragma: no cover - a Lightning release without them
+    _MultiProcessingLauncher = _SubprocessScriptLauncher = object  # type: ignore[misc,assignment]
+
+
+class _DropRecords(logging.Filter):
+    """Drops log records that start with ``prefix`` while ``when()`` holds."""
+
+    def __init__(self, prefix: str, when=lambda: True):
+        super().__init__()
+        self.prefix, self.when = prefix, when
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (str(record.msg).startswith(self.prefix) and self.when())
+
+
+class ScriptLauncher(_SubprocessScriptLauncher):
+    """``popen``: Lightning's ``launch`` (lightning 2.6, launchers/subprocess_script.py) with the
+    guard's checks, its child watch instead of Lightning's observer, and its ``run``."""
+
+    def __init__(self, cluster_environment, num_processes: int, num_nodes: int, guard):
+        super().__init__(cluster_environment, num_processes, num_nodes)
+        self.guard = guard
+
+    def launch(self, function, *args: Any, trainer=None, **kwargs: Any) -> Any:
+        self.guard.before_launch(function, args, kwargs)
+        self.cluster_environment.validate_settings(num_devices=self.num_processes, num_nodes=self.num_nodes)
+        if not self.cluster_environment.creates_processes_externally:
+            with self.guard.marked_children():
+                self._call_children_scripts()
+            self.guard.watch_children(self.procs)
+        return self.guard.run(function, args, kwargs)
+
+
+class ProcessLauncher(_MultiProcessingLauncher):
+    """``spawn`` / ``fork``: rank 0's error (an error every rank agreed on, a non-finite step, or the
+    failure of another rank) comes back through a queue and is raised in the caller's process."""
+
+    def __init__(self, strategy, start_method: str, guard):
+        super().__init__(strategy, start_method=start_method)
+        self.guard = guard
+        self._errors = None
+
+    def launch(self, function, *args: Any, trainer=None, **kwargs: Any) -> Any:
+        import multiprocessing
+
+        from torch.multiprocessing import ProcessExitedException
+
+        self.guard.before_launch(function, args, kwargs)
+        self._errors = multiprocessing.get_context(self._start_method).SimpleQueue()
+        # Once rank 0 has handed its error back and exited, torch's join terminates the other
+        # workers (already on their way out) and logs a warning per worker: noise then.
+        quiet = _DropRecords("Terminating process", lambda: not self._errors.empty())
+        spawn_log = logging.getLogger("torch.multiprocessing.spawn")
+        spawn_log.addFilter(quiet)
+        try:
+            return super().launch(function, *args, trainer=trainer, **kwargs)
+        except ProcessExitedException:
+            if not self._errors.empty():
+                raise self._errors.get() from None
+            raise
+        finally:
+            spawn_log.removeFilter(quiet)
+
+    def _wrapping_function(self, process_idx, trainer, function, args, kwargs, return_queue,
+                           global_states=None) -> None:
+        try:
+            super()._wrapping_function(process_idx, trainer, function, args, kwargs, return_queue, global_states)
+        except BaseException as exc:  # noqa: BLE001 -- classified by the guard, re-raised when it is the cause
+            report = self.guard.worker_report(exc, process_idx)
+            if report is None:
+                raise  # this rank's own error: torch sends its traceback to the caller
+            if process_idx == 0:
+                self._errors.put(report)
+                raise SystemExit(self.guard.exit_status(report)) from None
+            # Other ranks end quietly and successfully, so that torch's join waits for rank 0's report.

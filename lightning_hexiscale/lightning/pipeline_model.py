@@ -9,7 +9,12 @@ stage and only one micro-batch at a time, so:
 - ``self.model.loss(logits, targets)`` runs the whole pipeline step on this pipeline's batch and
   returns the GLOBAL mean loss (all pipelines, all micro-batches; the same value on every rank):
   in training (grad enabled, module in train mode) the schedule's forward and backward, leaving the
-  gradients in the stage parameters; otherwise forward only (validation, ``trainer.validate``).
+  gradients in the stage parameters; otherwise forward only (validation, ``trainer.validate``);
+- ``trainer.predict``: a ``predict_step`` that returns ``self.model(tokens)`` (as on one device, the
+  logits) gets them from :meth:`PipelineModel.predict_logits`: every pipeline runs the forward of its
+  slice of the batch, and the last stages' outputs are gathered, in batch order, to global rank 0
+  (the caller's process), which returns the one-device logits of the whole batch; other ranks
+  return None.
 
 Loss weights, so that SUM-reducing gradients over pipelines gives one-device gradients: a
 micro-batch of m sequences weighs its mean token loss by m / (G * k), G the global batch, k the
@@ -117,3 +122,48 @@ class PipelineModel(nn.Module):
             buf[0], buf[1] = weighted.item(), float(tokens.shape[0])
         dist.all_reduce(buf, op=dist.ReduceOp.SUM)
         return float(buf[0] / buf[1])
+
+    # ---- prediction ------------------------------------------------------------------------
+    @torch.no_grad()
+    def predict_logits(self, logits: PipelineLogits) -> torch.Tensor | None:
+        """The logits of this step's whole batch on global rank 0, None on the other ranks.
+
+        Each pipeline runs the executor's forward-only walk over its slice (micro-batches of the
+        plan's size); a forward hook on the stage keeps the last stage's outputs. Then ONE
+        ``gather_object`` to rank 0 over the default group, entered by every rank in the same order
+        (the same on every backend): last-stage leaders send (pipeline, logits); the other ranks of
+        a last stage send their part only when the head is split over the vocabulary, else nothing.
+        Rank 0 joins vocabulary parts in TP order and pipelines in batch order.
+        """
+        e = self._engine
+        role = e.role
+        outs: list[torch.Tensor] = []
+        hook = self.stage.register_forward_hook(lambda _m, _args, out: outs.append(out.detach()))
+        try:
+            with e.full_params():  # ZeRO-3: every block whole for the walk, as in _evaluate
+                e.executor.forward_only(logits.tokens, torch.zeros_like(logits.tokens))
+        finally:
+            hook.remove()
+        mine = None
+        if role.is_last and outs:
+            full = torch.cat(outs)
+            if role.tp_rank == 0 or full.shape[-1] < self.config.vocab_size:
+                mine = (role.pipeline, role.tp_rank, full.cpu())
+        world, rank = dist.get_world_size(), dist.get_rank()
+        gathered: list | None = [None] * world if rank == 0 else None
+        dist.gather_object(mine, gathered, dst=0)
+        if rank != 0:
+            return None
+        parts: dict[int, list[tuple[int, torch.Tensor]]] = {}
+        for item in gathered:
+            if item is not None:
+                parts.setdefault(item[0], []).append((item[1], item[2]))
+        pipes = []
+        for i in sorted(parts):
+            shards = [t for _, t in sorted(parts[i], key=lambda x: x[0])]
+            whole = shards[0] if shards[0].shape[-1] == self.config.vocab_size else torch.cat(shards, dim=-1)
+            if whole.shape[-1] != self.config.vocab_size:
+                raise HexiScaleError(f"pipeline {i}'s last stage gave logits of width {whole.shape[-1]}, "
+                                     f"not the vocabulary's {self.config.vocab_size}")
+            pipes.append(whole)
+        return torch.cat(pipes).to(logits.tokens.device)

@@ -29,6 +29,31 @@ from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
 
 
+def load_cluster_arg(cluster: str | Path | Cluster | None, key: str = "HexiScaleStrategy(cluster)") -> Cluster | None:
+    """``HexiScaleStrategy(cluster=...)`` (or the plan's ``meta.cluster``): a preset name or a cluster
+    YAML path, read now."""
+    if cluster is None or isinstance(cluster, Cluster):
+        return cluster
+    try:
+        return Cluster.load(str(cluster))
+    except ConfigError as e:
+        if e.key != "cluster":  # an error inside the file names its own key
+            raise
+        raise ConfigError(key, str(cluster), e.rule, e.fix) from None
+
+
+def load_plan_arg(plan: str | Path | Plan | None, key: str = "HexiScaleStrategy(plan)") -> Plan | None:
+    """``HexiScaleStrategy(plan=...)`` (or the recipe's ``plan=``): a plan file, read now (a ``Plan`` as is)."""
+    if plan is None or isinstance(plan, Plan):
+        return plan
+    try:
+        return Plan.load(plan)
+    except ConfigError as e:
+        if e.key != "--plan":
+            raise
+        raise ConfigError(key, str(plan), e.rule, e.fix) from None
+
+
 def describe_local_devices(root_device: torch.device, num_nodes: int, devices_per_node: int) -> Cluster:
     """A homogeneous cluster of ``num_nodes`` machines x ``devices_per_node`` local devices.
 

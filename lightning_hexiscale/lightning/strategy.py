@@ -20,7 +20,8 @@ The only place where Lightning meets the runtime. Per process (global rank r):
    asymmetric gradient sync runs before Lightning's ``on_before_optimizer_step``, gradient clipping
    (by the global norm over TP/PP/DP, not the local one) and ``optimizer.step``.
 
-Checkpoints are plan-independent (:mod:`lightning_hexiscale.runtime.checkpoint`).
+Checkpoints are plan-independent torch.distributed.checkpoint shards: every rank writes and reads
+only its own pieces (:mod:`lightning_hexiscale.runtime.checkpoint`), optionally asynchronously.
 """
 
 from __future__ import annotations
@@ -46,15 +47,19 @@ from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from lightning_hexiscale.config.cluster import Cluster
-from lightning_hexiscale.errors import ConfigError, NonFiniteError
+from lightning_hexiscale.config.recipe import check_ckpt_path, precision_dtype
+from lightning_hexiscale.data.samplers import check_train_loader
+from lightning_hexiscale.errors import ConfigError, NonFiniteError, RankFailure
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.models.llama import Llama
-from lightning_hexiscale.lightning import internals
-from lightning_hexiscale.lightning.pipeline_model import PipelineModel
+from lightning_hexiscale.lightning import internals, notices
+from lightning_hexiscale.lightning.device_check import check_local_gpus
+from lightning_hexiscale.lightning.pipeline_model import PipelineLogits, PipelineModel
 from lightning_hexiscale.planner.plan import DP_SHARDINGS, SCHEDULES, Plan
-from lightning_hexiscale.lightning.zero_hooks import (checkpoint_optimizer, grad_norm_sq_local, load_target, scale_grads,
-                                               shard_optimizers)
-from lightning_hexiscale.lightning.plan_resolution import describe_local_devices, plan_for
+from lightning_hexiscale.lightning.zero_hooks import grad_norm_sq_local, scale_grads, shard_optimizers
+from lightning_hexiscale.lightning.launching import CHILD_ENV, LaunchGuard, agree, is_agreed, mark_agreed
+from lightning_hexiscale.lightning.plan_resolution import (describe_local_devices, load_cluster_arg, load_plan_arg,
+                                                           plan_for)
 
 StartMethod = Literal["popen", "spawn", "fork", "forkserver"]
 NONFINITE_POLICIES = ("skip", "stop")
@@ -75,8 +80,10 @@ class HexiScaleStrategy(DDPStrategy):
             the search). ``dp_sharding``: ``ddp`` (every pipeline holds its full copy of the state),
             ``zero2`` (gradients and optimizer states sharded over the pipelines) or ``zero3``
             (parameters too); see :mod:`lightning_hexiscale.lightning.zero_hooks`.
-        seed: seed of the per-epoch data permutation (default: ``PL_GLOBAL_SEED`` or 0). Weights
-            are initialised from the module's ``init_seed`` attribute (default 0).
+        seed: seed of the planner's search when planning here (default: ``PL_GLOBAL_SEED`` or 0).
+            The data order is the DataLoader's own, as on one device (``shuffle=True`` draws from its
+            ``generator``, else from torch's global generator: :mod:`lightning_hexiscale.data.samplers`).
+            Weights are initialised from the module's ``init_seed`` attribute (default 0).
         planner_iterations: search iterations when planning here.
         start_method: launcher: ``popen`` (default; re-runs the script, works under Hydra),
             ``spawn``, ``fork``. Under torchrun or SLURM the cluster environment launches instead.
@@ -89,6 +96,11 @@ class HexiScaleStrategy(DDPStrategy):
             ``nonfinite_events``.
         timeout: process-group timeout of every collective and p2p wait (a ``timedelta`` or
             seconds): a rank waiting on a dead or hung peer raises after this long.
+        async_checkpoint: write checkpoints in the background: a save copies this rank's pieces to
+            CPU memory (DCP's stager; its own shard bytes) and returns; DCP's save and the rename into
+            place run in one writer thread per rank, over a gloo process group of their own, while
+            training goes on (at most 2 saves in flight). A load, the end of the run, or a third save
+            waits for them; a crash meanwhile leaves the previous checkpoint.
         watchdog: run :class:`~lightning_hexiscale.runtime.failure.FailureWatch` (heartbeats over the
             rendezvous store): when a rank fails, every rank stops within ``watchdog_grace_s`` seconds
             more (exit status 4) and says which rank failed.
@@ -103,15 +115,20 @@ class HexiScaleStrategy(DDPStrategy):
                  schedule: str | None = None, recompute: bool | None = None, dp_sharding: str | None = None,
                  seed: int | None = None, planner_iterations: int = 20, start_method: StartMethod = "popen",
                  num_threads: int | Literal["auto"] = "auto", check_devices: bool = True,
-                 nonfinite: Literal["skip", "stop"] = "stop", watchdog: bool = True, watchdog_grace_s: float = 5.0,
+                 nonfinite: Literal["skip", "stop"] = "stop", async_checkpoint: bool = False,
+                 watchdog: bool = True, watchdog_grace_s: float = 5.0,
                  process_group_backend: str | None = None, timeout: timedelta | float | None = default_pg_timeout,
                  accelerator=None, parallel_devices=None, cluster_environment=None, checkpoint_io=None,
                  precision_plugin=None) -> None:
+        notices.install()  # Lightning's litlogger tip and a torch deprecation raised inside Lightning
         if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
             if timeout <= 0:
                 raise ConfigError("HexiScaleStrategy(timeout)", timeout, "must be a positive number of seconds",
                                   "use e.g. timeout=600")
             timeout = timedelta(seconds=float(timeout))
+        if not isinstance(async_checkpoint, bool):
+            raise ConfigError("HexiScaleStrategy(async_checkpoint)", async_checkpoint, "must be True or False",
+                              "pass async_checkpoint=True to write checkpoints in the background")
         if nonfinite not in NONFINITE_POLICIES:
             raise ConfigError("HexiScaleStrategy(nonfinite)", nonfinite, f"must be one of {NONFINITE_POLICIES}",
                               "use 'stop' (raise) or 'skip' (drop the update)")
@@ -136,6 +153,15 @@ class HexiScaleStrategy(DDPStrategy):
         if not isinstance(plan, (str, Path, Plan, type(None))):
             raise ConfigError("HexiScaleStrategy(plan)", type(plan).__name__,
                               "must be a plan file path, a Plan or None", "pass plan='conf/plans/....yaml'")
+        # Files are read now, in the caller's process, so that a wrong name or path is a ConfigError
+        # from this line rather than from every rank after the launch.
+        plan = load_plan_arg(plan)
+        if cluster is None and plan is not None and plan.meta.get("cluster"):
+            cluster = load_cluster_arg(plan.meta["cluster"], key="plan.meta.cluster")
+        else:
+            cluster = load_cluster_arg(cluster)
+        if plan is not None and cluster is not None:
+            plan.validate(cluster)  # its devices exist in the cluster
         self._cluster_arg, self._plan_arg = cluster, plan
         self._global_batch = global_batch
         self._overrides = {"micro_batch_size": micro_batch_size, "schedule": schedule, "recompute": recompute,
@@ -144,8 +170,8 @@ class HexiScaleStrategy(DDPStrategy):
         self.planner_iterations = planner_iterations
         self.num_threads = num_threads
         self.check_devices = check_devices
-        self.cluster: Cluster | None = cluster if isinstance(cluster, Cluster) else None
-        self.plan: Plan | None = plan if isinstance(plan, Plan) else None
+        self.cluster: Cluster | None = cluster
+        self.plan: Plan | None = plan
         self._pipeline_model: PipelineModel | None = None
         self._saved_clip: Callable | None = None
         self.nonfinite = nonfinite
@@ -153,7 +179,12 @@ class HexiScaleStrategy(DDPStrategy):
         """One entry per optimizer step with a non-finite loss or gradient (the same on every rank)."""
         self.watchdog, self.watchdog_grace_s = watchdog, float(watchdog_grace_s)
         self._watch = None
+        self._failure: tuple[BaseException, str] | None = None
+        self._guard = LaunchGuard(self)
         self._train_sampler = None
+        self.async_checkpoint = async_checkpoint
+        self._checkpointer = None
+        self._failed = False
 
     # ---- environment -----------------------------------------------------------------------
     @override
@@ -163,6 +194,28 @@ class HexiScaleStrategy(DDPStrategy):
             n = self.num_threads if self.num_threads != "auto" else max(1, (os.cpu_count() or 1) // max(1, self.num_processes))
             torch.set_num_threads(n)
         super().setup_environment()
+
+    @override
+    def _configure_launcher(self) -> None:
+        # Lightning calls this when the Trainer is built, with num_nodes and devices known: the first
+        # moment a given plan's world size can be checked, before any process starts.
+        if self._plan_arg is not None:
+            self._check_world(self._plan_arg)
+        internals.configure_launcher(self, self._guard)
+
+    def check_before_launch(self, fn_name: str, arguments: dict[str, Any]) -> None:
+        """What the Trainer call's arguments allow checking before processes start (the launcher calls
+        it in the launching process): ``ckpt_path``, the training DataLoader against the plan, the
+        precision, automatic optimisation."""
+        check_ckpt_path(arguments.get("ckpt_path"))
+        self._autocast_dtype()  # refuses 16-mixed
+        module = arguments.get("model")
+        if fn_name == "_fit_impl" and module is not None and not module.automatic_optimization:
+            raise _manual_optimization_error()
+        loader = arguments.get("train_dataloaders")
+        if fn_name == "_fit_impl" and isinstance(loader, DataLoader):
+            want = self._plan_arg.global_batch if self._plan_arg is not None else self._global_batch
+            check_train_loader(loader, want)
 
     @contextmanager
     @override
@@ -188,19 +241,17 @@ class HexiScaleStrategy(DDPStrategy):
     @override
     def setup(self, trainer) -> None:
         assert self.accelerator is not None
-        internals.check()
         self.accelerator.setup(trainer)
         module = self.lightning_module
         fitting = trainer.state.fn == TrainerFn.FITTING
-        if fitting and not module.automatic_optimization:
-            raise ConfigError("LightningModule.automatic_optimization", False,
-                              "the hexiscale strategy runs forward and backward inside self.model.loss and "
-                              "supports automatic optimisation only", "remove automatic_optimization = False")
         existing = getattr(module, "model", None)
         if isinstance(existing, PipelineModel):  # a second fit/validate with the same module
             self._pipeline_model = existing
         else:
-            self._pipeline_model = self._build_pipeline_model(module, trainer)
+            # Every rank checks the same things (Lightning, the module, the plan, world size and
+            # devices); one error, from rank 0, reaches the caller (launching.agree).
+            llama = agree(lambda: self._resolve_plan(module, trainer, fitting), self.global_rank, self.world_size)
+            self._pipeline_model = self._build_pipeline_model(module, trainer, llama)
             module.model = self._pipeline_model
         self._pipeline_model.accumulate = trainer.accumulate_grad_batches
         self.model = module
@@ -215,7 +266,18 @@ class HexiScaleStrategy(DDPStrategy):
         self._install_global_clipping()
         if fitting:
             internals.optimizers_to_device(self.optimizers, self.root_device)
+        self._setup_checkpointer()
         self._start_watch()
+
+    def _setup_checkpointer(self) -> None:
+        """One Checkpointer per run. Asynchronous saves run their collectives in a background
+        thread, so they get a gloo group of their own (created by every rank here, at the same point)."""
+        if self._checkpointer is not None:
+            return
+        from lightning_hexiscale.runtime.checkpoint import Checkpointer
+
+        group = dist.new_group(backend="gloo") if self.async_checkpoint and dist.is_initialized() else None
+        self._checkpointer = Checkpointer(group, async_save=self.async_checkpoint)
 
     def _start_watch(self) -> None:
         """One FailureWatch per run (a token from rank 0 keeps earlier runs' keys out)."""
@@ -226,23 +288,40 @@ class HexiScaleStrategy(DDPStrategy):
         token = self.broadcast(uuid.uuid4().hex[:12] if self.global_rank == 0 else None, 0)
         self._watch = FailureWatch(self.global_rank, self.world_size, token, grace_s=self.watchdog_grace_s).start()
 
-    def _build_pipeline_model(self, module, trainer) -> PipelineModel:
-        from lightning_hexiscale.runtime.engine import PipelineEngine
-
+    def _resolve_plan(self, module, trainer, fitting: bool) -> Llama:
+        """This rank's checks before anything is built or communicated: Lightning's private
+        attributes, automatic optimisation, the module's Llama, the cluster and the plan (searched
+        when none was given), the world size and the device types. Sets ``cluster`` and ``plan``."""
+        internals.check()
+        if fitting and not module.automatic_optimization:
+            raise _manual_optimization_error()
         llama = find_llama(module)
-        config: LlamaConfig = llama.config
-        given = Plan.load(self._plan_arg) if isinstance(self._plan_arg, (str, Path)) else self._plan_arg
-        self.cluster = self._resolve_cluster(given)
+        given = self._plan_arg
+        self.cluster = self._cluster_arg or describe_local_devices(self.root_device, self.num_nodes, self.num_processes)
         if given is not None:  # the world-size message is clearer than "device 5 does not exist"
             self._check_world(given)
+        self._autocast_dtype()
         # Every rank plans (the search is deterministic for a seed); rank 0's plan is checked against
         # everyone's, because ranks with different plans would build different groups and hang.
-        self.plan = plan_for(given, self.cluster, config, self._global_batch_for(trainer), self._overrides,
+        self.plan = plan_for(given, self.cluster, llama.config, self._global_batch_for(trainer), self._overrides,
                              dtype=self._workload_dtype(), seed=self.seed, iterations=self.planner_iterations)
-        if self.broadcast(self.plan.to_dict(), 0) != self.plan.to_dict():
-            raise RuntimeError(f"rank {self.global_rank} planned differently from rank 0; pass an explicit plan file")
         self._check_world(self.plan)
         self._check_devices(self.plan)
+        return llama
+
+    def _build_pipeline_model(self, module, trainer, llama: Llama) -> PipelineModel:
+        from lightning_hexiscale.runtime.engine import PipelineEngine
+
+        config: LlamaConfig = llama.config
+        if self.broadcast(self.plan.to_dict(), 0) != self.plan.to_dict():
+            raise RuntimeError(f"rank {self.global_rank} planned differently from rank 0; pass an explicit plan file")
+        if self.check_devices and self.root_device.type == "cuda" and self.world_size > 1:
+            # every rank's GPU is its plan device's type (collective; the same error on every rank,
+            # so rank 0 reports it for all)
+            try:
+                check_local_gpus(self.plan, self.cluster, self.root_device, self.node_rank, self.local_rank)
+            except ConfigError as e:
+                raise mark_agreed(e, list(range(self.world_size))) from None
         param = next(llama.parameters())
         # Start from given weights: module.init_state_dict (e.g. weights.attach_weights), or the
         # Llama's own when the module materialised it; else initialise from module.init_seed.
@@ -254,17 +333,6 @@ class HexiScaleStrategy(DDPStrategy):
                                 state_dict=state)
         loss_dtype = torch.float64 if param.dtype == torch.float64 else torch.float32
         return PipelineModel(engine, loss_dtype, trainer.accumulate_grad_batches)
-
-    def _resolve_cluster(self, plan: Plan | None) -> Cluster:
-        """The cluster argument; else the cluster a given plan names in ``meta.cluster``; else the local devices."""
-        c = self._cluster_arg
-        if c is None and plan is not None and plan.meta.get("cluster"):
-            c = plan.meta["cluster"]
-        if isinstance(c, Cluster):
-            return c
-        if c is not None:
-            return Cluster.load(str(c))
-        return describe_local_devices(self.root_device, self.num_nodes, self.num_processes)
 
     def _global_batch_for(self, trainer) -> int | None:
         """The explicit global batch, else the training DataLoader's batch size (read, not consumed)."""
@@ -278,8 +346,8 @@ class HexiScaleStrategy(DDPStrategy):
                           "pass HexiScaleStrategy(global_batch=G) or a plan file")
 
     def _workload_dtype(self) -> str:
-        p = getattr(self.precision_plugin, "precision", "32-true")
-        return "bf16" if str(p).startswith("bf16") else ("fp16" if str(p).startswith("16") else "fp32")
+        """The dtype the planner's cost model prices: the Trainer's precision (one knob)."""
+        return precision_dtype(str(getattr(self.precision_plugin, "precision", "32-true")), key="Trainer(precision)")
 
     def _autocast_dtype(self) -> torch.dtype | None:
         plugin = self.precision_plugin
@@ -327,6 +395,16 @@ class HexiScaleStrategy(DDPStrategy):
         if self._train_sampler is not None:
             self._train_sampler.consumed += 1  # the loader's resume position (data.PlanDataLoader)
         return super().training_step(*args, **kwargs)
+
+    @override
+    def predict_step(self, *args: Any, **kwargs: Any) -> Any:
+        """The module's ``predict_step``; where it returns ``self.model(tokens)`` (a placeholder here),
+        the logits of the whole batch, gathered to global rank 0 (:meth:`PipelineModel.predict_logits`;
+        a collective: every rank resolves the same placeholders in the same order)."""
+        from lightning.fabric.utilities.apply_func import apply_to_collection
+
+        out = super().predict_step(*args, **kwargs)
+        return apply_to_collection(out, PipelineLogits, self.pipeline_model.predict_logits)
 
     @override
     def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any], model=None, **kwargs: Any) -> Any:
@@ -401,6 +479,8 @@ class HexiScaleStrategy(DDPStrategy):
         hold the same values); within a TP group, replicated tensors are counted on the leader only.
         ||g|| = sqrt(all-reduce_SUM over ranks of pipeline 0 of sum(g^2)).
         """
+        from lightning_hexiscale.runtime.grad_sync import squared_norm
+
         pm = self.pipeline_model
         role = pm.engine.role
         shards = pm.stage.shards()
@@ -409,10 +489,12 @@ class HexiScaleStrategy(DDPStrategy):
         if owned is not None:
             total += owned.to(total.device)
         elif role.pipeline == 0:
-            for name, p in pm.stage.named_parameters():
-                if p.grad is None or (shards[name].spec.shard_dim is None and not role.is_leader):
-                    continue
-                total += p.grad.detach().double().pow(2).sum().to(total.device)
+            # per-tensor norms accumulated as float64 scalars: no float64 copy of any gradient;
+            # replicated tensors count on the TP leader, a tied embedding on the first stage
+            grads = [p.grad.detach() for name, p in pm.stage.named_parameters()
+                     if p.grad is not None and (shards[name].spec.shard_dim is not None or role.is_leader)
+                     and not shards[name].tied_copy]
+            total += squared_norm(grads, total.device).to(total.device)
         dist.all_reduce(total, op=dist.ReduceOp.SUM)
         return float(total.sqrt().item())
 
@@ -429,16 +511,30 @@ class HexiScaleStrategy(DDPStrategy):
         return norm
 
     # ---- failures --------------------------------------------------------------------------
+    def failure_reason(self, exc: BaseException) -> str | None:
+        """Report this rank's failure to the others (once per exception) and say which rank failed
+        first, from the failure watch; None without a watch, or for failures every rank shares."""
+        if self._watch is None or isinstance(exc, (KeyboardInterrupt, SystemExit, NonFiniteError)) or is_agreed(exc):
+            return None  # non-finite steps and agreed errors stop every rank together: nothing to tell
+        if self._failure is None or self._failure[0] is not exc:
+            self._watch.report(exc)
+            self._failure = (exc, self._watch.explain())
+        return self._failure[1]
+
     @override
     def on_exception(self, exception: BaseException) -> None:
-        """Report this rank's failure to the others and say on stderr which rank failed first."""
+        """Under torchrun/SLURM every rank says on stderr which rank failed first (Lightning's own
+        launchers hand one error to the caller instead: lightning/launching.py)."""
         super().on_exception(exception)
-        if self._watch is None or isinstance(exception, (KeyboardInterrupt, NonFiniteError)):
-            return  # non-finite steps stop every rank together by design: nothing to tell
-        self._watch.report(exception)
-        why = self._watch.explain()
-        sys.stderr.write(f"hexiscale: rank {self.global_rank} stopped by {_short_exc(exception)}; {why}\n")
-        sys.stderr.flush()
+        self._failed = True
+        cause = exception.__cause__ if isinstance(exception, RankFailure) and exception.__cause__ else exception
+        why = self.failure_reason(cause)
+        env = self.cluster_environment
+        external = (env is not None and env.creates_processes_externally and os.environ.get(CHILD_ENV) != "1"
+                    and self._guard.child_watch is None)  # not a rank Lightning's popen launcher started
+        if why and external:
+            sys.stderr.write(f"hexiscale: rank {self.global_rank} stopped by {_short_exc(cause)}; {why}\n")
+            sys.stderr.flush()
 
     # ---- data ----------------------------------------------------------------------------
     @override
@@ -446,58 +542,69 @@ class HexiScaleStrategy(DDPStrategy):
         from lightning_hexiscale.data.samplers import plan_dataloader
 
         if not isinstance(dataloader, DataLoader):
-            raise ConfigError("dataloader", type(dataloader).__name__,
-                              "the hexiscale strategy cuts each global batch into per-pipeline slices and needs a "
-                              "torch DataLoader over a map-style dataset", "return a DataLoader(dataset, batch_size=G)")
+            agree(lambda: _not_a_dataloader(dataloader), self.global_rank, self.world_size)
         trainer = self.lightning_module.trainer
         training = bool(trainer.training)
         assert self.plan is not None
-        loader = plan_dataloader(dataloader, [p.batch_size for p in self.plan.pipelines],
-                                 self.pipeline_model.engine.role.pipeline, seed=self.seed, drop_last=training,
-                                 key="train_dataloader" if training else "eval_dataloader")
+        # The order is the one-device loader's (its generator, else torch's global one); every rank
+        # draws, then all take rank 0's draw (a broadcast at the start of each shuffled epoch).
+        # Every rank checks the same loader: one error reaches the caller (launching.agree).
+        loader = agree(lambda: plan_dataloader(dataloader, [p.batch_size for p in self.plan.pipelines],
+                                               self.pipeline_model.engine.role.pipeline, drop_last=training,
+                                               agree=self._agree if self.world_size > 1 else None,
+                                               key="train_dataloader" if training else
+                                               ("predict_dataloader" if trainer.predicting else "eval_dataloader")),
+                       self.global_rank, self.world_size)
         if training:
             self._train_sampler = loader.batch_sampler
         return loader
 
-    # ---- checkpoints (plan-independent; see runtime/checkpoint.py) ------------------------
+    def _agree(self, value: Any) -> Any:
+        """Rank 0's ``value`` on every rank (the data permutation's draw)."""
+        return self.broadcast(value, 0)
+
+    # ---- checkpoints (torch.distributed.checkpoint shards; see runtime/checkpoint.py) -------
     @property
     @override
     def restore_checkpoint_after_setup(self) -> bool:
         return True  # the stage (and so the shards to load into) exists only after setup
 
+    @property
+    def checkpointer(self):
+        """This run's :class:`~lightning_hexiscale.runtime.checkpoint.Checkpointer` (after ``setup``)."""
+        if self._checkpointer is None:
+            raise RuntimeError("HexiScaleStrategy.setup has not run yet")
+        return self._checkpointer
+
     @override
     def lightning_module_state_dict(self) -> dict[str, Any]:
-        """The module's own state outside the pipeline (the pipeline goes to per-layer files)."""
+        """The module's own state outside the pipeline (the pipeline's shards go to DCP)."""
         return {k: v for k, v in self.lightning_module.state_dict().items() if not k.startswith("model.")}
 
     @override
     def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
-        return {}  # written per layer by save_checkpoint, by global parameter name
+        return {}  # written by save_checkpoint: every rank its own pieces, by global parameter name
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Any | None = None) -> None:
-        """Collective: every rank enters (the Trainer barriers right after)."""
-        from lightning_hexiscale.runtime import checkpoint as ckpt
-
-        pm = self.pipeline_model
+        """Collective: every rank enters (the Trainer barriers right after) and writes its own
+        pieces; rank 0's ``checkpoint`` (Lightning's state) goes to ``meta.pt``."""
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__}.save_checkpoint(..., storage_options=...) is not supported: "
+                            "hexiscale checkpoints are written by torch.distributed.checkpoint, not a CheckpointIO")
+        filepath = self.broadcast(str(filepath), 0)  # one directory for all ranks (a string, no tensors)
         with_optim = "optimizer_states" in checkpoint and bool(self.optimizers)
         if with_optim and len(self.optimizers) > 1:
             raise ConfigError("configure_optimizers", f"{len(self.optimizers)} optimizers",
                               "hexiscale checkpoints hold one optimizer's state", "use one optimizer")
-        optimizer = self.optimizers[0] if with_optim else None
-        optimizer = internals.unwrap_optimizer(optimizer)
-        assert self.plan is not None
-        optimizer = checkpoint_optimizer(pm.engine, optimizer)  # ZeRO: gathered full local state
-        extra = {"format": ckpt.FORMAT, "model": pm.config.to_dict(), "plan": self.plan.to_dict(),
-                 "units": ckpt.all_units(pm.config),
-                 "optimizer": ckpt.optimizer_meta(optimizer, pm.stage) if optimizer is not None else None}
-        with pm.engine.full_params():  # ZeRO-3: the blocks whole while they are written
-            ckpt.save(filepath, checkpoint, pm.stage, pm.engine.topology, optimizer, extra)
+        optimizer = internals.unwrap_optimizer(self.optimizers[0]) if with_optim else None
+        self.checkpointer.save(filepath, self.pipeline_model.engine, optimizer, checkpoint)
 
     @override
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
         from lightning_hexiscale.runtime import checkpoint as ckpt
 
+        self.checkpointer.wait()
         meta = ckpt.read_meta(checkpoint_path)
         meta["hexiscale"]["path"] = str(checkpoint_path)
         return meta
@@ -509,8 +616,8 @@ class HexiScaleStrategy(DDPStrategy):
         extra = checkpoint.get("state_dict") or {}
         if extra:
             self.lightning_module.load_state_dict(extra, strict=False)
-        with self.pipeline_model.engine.full_params(gather=False, writeback=True):  # ZeRO-3: re-shard after
-            ckpt.load_stage(checkpoint["hexiscale"]["path"], self.pipeline_model.stage, dict(checkpoint))
+        ckpt.load_model(checkpoint["hexiscale"]["path"], self.pipeline_model.engine, dict(checkpoint),
+                        self.checkpointer.group)
 
     @override
     def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
@@ -518,26 +625,44 @@ class HexiScaleStrategy(DDPStrategy):
 
         for optimizer in self.optimizers[:1]:
             inner = internals.unwrap_optimizer(optimizer)
-            target = load_target(self.pipeline_model.engine, inner)
-            ckpt.load_optimizer(checkpoint["hexiscale"]["path"], self.pipeline_model.stage, target, dict(checkpoint))
+            ckpt.load_optimizer(checkpoint["hexiscale"]["path"], self.pipeline_model.engine, inner, dict(checkpoint),
+                                self.checkpointer.group)
             internals.optimizers_to_device([inner], self.root_device)
 
     @override
     def remove_checkpoint(self, filepath) -> None:
         from lightning_hexiscale.runtime import checkpoint as ckpt
 
+        if self._checkpointer is not None:
+            self._checkpointer.wait_for(filepath)  # an asynchronous save may still be writing it
         if self.is_global_zero:
             ckpt.remove(filepath)
 
     # ---- teardown ------------------------------------------------------------------------
     @override
     def teardown(self) -> None:
+        if self._checkpointer is not None:
+            # The last asynchronous saves: written and renamed before the processes end; after a
+            # failure they are abandoned (their peers are gone; the directories stay partial).
+            self._checkpointer.close(wait=not self._failed)
         if self._watch is not None:
             self._watch.stop()
             self._watch = None
+        self._guard.job_ended()
         if self._saved_clip is not None:
             self.precision_plugin.__dict__.pop("clip_grad_by_norm", None)  # back to the class method
             self._saved_clip = None
+        module = self.lightning_module
+        if module is not None and any(p.is_meta for p in module.parameters()):
+            # Setup stopped before the meta Llama became this rank's stage: Lightning's teardown
+            # would move it to the CPU ("Cannot copy out of meta tensor") and hide the error that
+            # stopped it. Nothing of it holds memory; it stays on the meta device.
+            module.cpu = lambda: module
+            try:
+                super().teardown()
+            finally:
+                del module.cpu
+            return
         super().teardown()
 
     @classmethod
@@ -558,6 +683,18 @@ def find_llama(module) -> Llama:
                           "finds it as self.model (or self.llama())",
                           "build it in configure_model: self.model = Llama(config)")
     return llama
+
+
+def _manual_optimization_error() -> ConfigError:
+    return ConfigError("LightningModule.automatic_optimization", False,
+                       "the hexiscale strategy runs forward and backward inside self.model.loss and supports "
+                       "automatic optimisation only", "remove automatic_optimization = False")
+
+
+def _not_a_dataloader(dataloader: object) -> None:
+    raise ConfigError("dataloader", type(dataloader).__name__,
+                      "the hexiscale strategy cuts each global batch into per-pipeline slices and needs a torch "
+                      "DataLoader over a map-style dataset", "return a DataLoader(dataset, batch_size=G)")
 
 
 def _short_exc(exc: BaseException) -> str:

@@ -6,17 +6,14 @@ ZeRO the update must touch only this rank's chunks, so :func:`shard_optimizers` 
 instance's ``step`` to a :class:`~lightning_hexiscale.runtime.zero.ShardedOptimizer` of the same
 class and hyper-parameters; the user's optimizer keeps its ``param_groups`` (LR schedulers write
 there; the sharded one reads them every step) and holds no state. The rest of the strategy asks
-the helpers below for the gradient norm, gradient scaling and checkpoint state, which under ZeRO
-live in the owned chunks rather than in ``p.grad`` / ``optimizer.state``.
+the helpers below for the gradient norm and gradient scaling, which under ZeRO live in the owned
+chunks rather than in ``p.grad``. Checkpoints read the owned chunks of the optimizer state
+directly from the engine (:mod:`lightning_hexiscale.runtime.checkpoint_layout`): no gather.
 """
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-from typing import Any
-
 import torch
-from torch.optim import Optimizer
 
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.lightning import internals
@@ -56,19 +53,3 @@ def scale_grads(engine, coef: float) -> bool:
         return False
     engine.zero.scale_grads(coef)
     return True
-
-
-def checkpoint_optimizer(engine, optimizer: Optimizer | None) -> Any:
-    """What the checkpoint writer reads as the optimizer: under ZeRO a view with the full local
-    state gathered from the holders (collective: every rank calls it), else ``optimizer``."""
-    if optimizer is None or engine.sharded_optimizer is None:
-        return optimizer
-    return engine.sharded_optimizer.checkpoint_view()
-
-
-def load_target(engine, optimizer: Optimizer) -> Any:
-    """What the checkpoint reader loads into: under ZeRO the sharded optimizer (it slices its own
-    chunks out of the full state), with the user's ``param_groups`` for names and hyper-parameters."""
-    if engine.sharded_optimizer is None:
-        return optimizer
-    return SimpleNamespace(param_groups=optimizer.param_groups, load_state_dict=engine.sharded_optimizer.load_state_dict)

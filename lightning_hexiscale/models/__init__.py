@@ -4,8 +4,8 @@
 """
 
 from lightning_hexiscale._lazy import lazy_exports
-from lightning_hexiscale.models.config import LlamaConfig, split_even
+from lightning_hexiscale.models.config import LlamaConfig, RopeScaling, split_even
 
-__all__ = ["Llama", "LlamaConfig", "split_even"]
+__all__ = ["Llama", "LlamaConfig", "RopeScaling", "split_even"]
 
 __getattr__, __dir__ = lazy_exports(__name__, {"Llama": "lightning_hexiscale.models.llama"})

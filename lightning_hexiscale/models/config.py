@@ -1,14 +1,97 @@
 """LLaMA shape descriptions and the parameter / FLOP counts the cost model uses.
 
 A :class:`LlamaConfig` is pure data: it knows its shapes, its exact parameter counts and how its
-attention heads and FFN columns split over a tensor-parallel group. It imports no torch.
+attention heads, FFN columns and vocabulary split over a tensor-parallel group. It imports no torch.
+Llama 3.x adds two things to the Llama 2 shape: RoPE frequency scaling (:class:`RopeScaling`, type
+``llama3``) and, for the 1B/3B models, an LM head tied to the token embedding.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 from lightning_hexiscale.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3.1's RoPE frequency scaling (``rope_type: llama3``), as transformers computes it.
+
+    With wavelength w_i = 2*pi / inv_freq_i, L = original_max_position_embeddings, the low- and
+    high-frequency wavelength bounds are w_lo = L / low_freq_factor and w_hi = L / high_freq_factor:
+
+    - w_i < w_hi (high frequencies): unchanged;
+    - w_i > w_lo (low frequencies): inv_freq_i / factor;
+    - in between: (1 - s) * inv_freq_i / factor + s * inv_freq_i, s = (L / w_i - low_freq_factor) /
+      (high_freq_factor - low_freq_factor).
+    """
+
+    rope_type: str = "llama3"
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+    def __post_init__(self) -> None:
+        if self.rope_type != "llama3":
+            raise ConfigError("model.rope_scaling.rope_type", self.rope_type,
+                              "only the llama3 RoPE scaling is implemented (Llama 3.1 / 3.2); "
+                              "other types would silently compute different attention",
+                              "use rope_type: llama3, or rope_scaling: null for plain RoPE")
+        for key in ("factor", "low_freq_factor", "high_freq_factor"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                raise ConfigError(f"model.rope_scaling.{key}", v, "must be a positive number", "fix the model YAML")
+            object.__setattr__(self, key, float(v))
+        if not self.high_freq_factor > self.low_freq_factor:
+            raise ConfigError("model.rope_scaling.high_freq_factor", self.high_freq_factor,
+                              f"must exceed low_freq_factor={self.low_freq_factor}", "Llama 3.1 uses 4.0 and 1.0")
+        L = self.original_max_position_embeddings
+        if isinstance(L, bool) or not isinstance(L, int) or L < 1:
+            raise ConfigError("model.rope_scaling.original_max_position_embeddings", L,
+                              "must be a positive integer", "Llama 3.1 uses 8192")
+
+    def scale(self, inv_freq: list[float]) -> list[float]:
+        """The scaled inverse frequencies (formula in the class doc), one per rotary pair."""
+        L, lo, hi, f = self.original_max_position_embeddings, self.low_freq_factor, self.high_freq_factor, self.factor
+        w_lo, w_hi = L / lo, L / hi
+        out = []
+        for x in inv_freq:
+            w = 2 * math.pi / x
+            if w < w_hi:
+                out.append(x)
+            elif w > w_lo:
+                out.append(x / f)
+            else:
+                s = (L / w - lo) / (hi - lo)
+                out.append((1 - s) * x / f + s * x)
+        return out
+
+
+def _rope_scaling(value: Any) -> RopeScaling | None:
+    if value is None or isinstance(value, RopeScaling):
+        return value
+    if not isinstance(value, dict):
+        raise ConfigError("model.rope_scaling", value, "must be a mapping or null",
+                          "write {rope_type: llama3, factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, "
+                          "original_max_position_embeddings: 8192}")
+    d = dict(value)
+    if "type" in d and "rope_type" not in d:  # the older transformers spelling
+        d["rope_type"] = d.pop("type")
+    allowed = {f.name for f in fields(RopeScaling)}
+    unknown = sorted(set(d) - allowed)
+    if d.get("rope_type", "llama3") != "llama3":
+        RopeScaling(rope_type=d["rope_type"])  # raises the ConfigError naming the type
+    if unknown:
+        raise ConfigError(f"model.rope_scaling.{unknown[0]}", d[unknown[0]], f"unknown key; allowed: {sorted(allowed)}",
+                          "remove or rename it")
+    missing = sorted(allowed - set(d) - {"rope_type"})
+    if missing:
+        raise ConfigError(f"model.rope_scaling.{missing[0]}", None, "the llama3 scaling needs every parameter",
+                          "copy them from the model's config.json")
+    return RopeScaling(**d)
 
 
 def split_even(n: int, parts: int) -> list[tuple[int, int]]:
@@ -49,12 +132,31 @@ class LlamaConfig:
     """Training sequence length S in tokens."""
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
+    """RoPE frequency scaling (Llama 3.1 / 3.2); a dict is converted, any type but llama3 is a ConfigError."""
+    tie_word_embeddings: bool = False
+    """The LM head is the token embedding (one parameter ``embed.weight``; Llama 3.2 1B / 3B)."""
+    max_position_embeddings: int | None = None
+    """Longest context the weights support (HF config.json); None = ``seq_len``. Only checked and
+    exported: RoPE tables are computed for the sequence at hand."""
 
     def __post_init__(self) -> None:
         for key in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size", "seq_len"):
             v = getattr(self, key)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"model.{key}", v, "must be a positive integer", "fix the model YAML")
+        object.__setattr__(self, "rope_scaling", _rope_scaling(self.rope_scaling))
+        if not isinstance(self.tie_word_embeddings, bool):
+            raise ConfigError("model.tie_word_embeddings", self.tie_word_embeddings, "must be true or false",
+                              "fix the model YAML")
+        if not (isinstance(self.rope_theta, (int, float)) and not isinstance(self.rope_theta, bool)
+                and self.rope_theta > 0):
+            raise ConfigError("model.rope_theta", self.rope_theta, "must be a positive number", "Llama 3 uses 500000")
+        mp = self.max_position_embeddings
+        if mp is not None and (isinstance(mp, bool) or not isinstance(mp, int) or mp < self.seq_len):
+            raise ConfigError("model.seq_len", self.seq_len,
+                              f"must not exceed max_position_embeddings={mp} (the longest context the weights support)",
+                              f"use model.seq_len <= {mp}")
         if self.hidden_size % self.num_heads:
             raise ConfigError("model.num_heads", self.num_heads,
                               f"must divide hidden_size={self.hidden_size}", "choose a head count that divides the width")
@@ -105,12 +207,32 @@ class LlamaConfig:
 
     @property
     def head_params(self) -> int:
-        """Final RMSNorm (H) and untied LM head (V*H) (last stage)."""
-        return self.hidden_size + self.vocab_size * self.hidden_size
+        """Parameters the head adds to the model: final RMSNorm (H) plus the LM head V*H when untied
+        (a tied head is the embedding; a last stage that is not also the first holds a copy of it,
+        see :meth:`stage_head_params`)."""
+        return self.hidden_size + (0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size)
+
+    def stage_head_params(self, is_first: bool) -> int:
+        """Head parameters a LAST stage holds (whole, before any TP split): norm H + LM head V*H,
+        except a tied head on a stage that also embeds (the one shared matrix is counted there)."""
+        shared = self.tie_word_embeddings and is_first
+        return self.hidden_size + (0 if shared else self.vocab_size * self.hidden_size)
 
     @property
     def total_params(self) -> int:
+        """Unique parameters: L * layer + embedding + norm (+ LM head when untied)."""
         return self.num_layers * self.layer_params + self.embedding_params + self.head_params
+
+    # ---- RoPE ----------------------------------------------------------------------------
+    def rope_inv_freq(self) -> list[float]:
+        """Inverse frequencies theta^(-2i/d), i < d/2, scaled by :attr:`rope_scaling` when set.
+
+        Plain floats (float64 arithmetic), so every rank and the single-process reference compute
+        the same values; :func:`lightning_hexiscale.models.llama.rope_tables` turns them into tables.
+        """
+        d = self.head_dim
+        inv = [self.rope_theta ** (-(2 * i) / d) for i in range(d // 2)]
+        return self.rope_scaling.scale(inv) if self.rope_scaling is not None else inv
 
     # ---- FLOPs ---------------------------------------------------------------------------
     def layer_forward_flops(self, tokens_batch: int) -> float:
@@ -124,7 +246,7 @@ class LlamaConfig:
         return 2.0 * b * s * self.layer_matmul_params + 4.0 * b * s * s * h
 
     def head_forward_flops(self, tokens_batch: int) -> float:
-        """Forward FLOPs of the LM head: 2 * B * S * H * V."""
+        """Forward FLOPs of the LM head: 2 * B * S * H * V (tied or not: the matmul is the same)."""
         return 2.0 * tokens_batch * self.seq_len * self.hidden_size * self.vocab_size
 
     def model_flops_per_iteration(self, global_batch: int) -> float:
@@ -155,6 +277,16 @@ class LlamaConfig:
         self.check_tp(tp)
         return split_even(self.ffn_hidden_size, tp)
 
+    def vocab_split(self, tp: int) -> list[tuple[int, int]]:
+        """[start, end) of the vocabulary rows (embedding and LM head) held by each TP rank: the
+        vocabulary-parallel embedding, head and cross-entropy of a stage with TP ``tp``."""
+        self.check_tp(tp)
+        return split_even(self.vocab_size, tp)
+
+    def max_vocab_fraction(self, tp: int) -> float:
+        """Largest share of the vocabulary on one rank of a TP group of ``tp``: ceil(V / tp) / V."""
+        return max(e - s for s, e in self.vocab_split(tp)) / self.vocab_size
+
     def max_shard_fraction(self, tp: int) -> float:
         """Largest share of a layer's matmul weights on one rank of a TP group of ``tp``.
 
@@ -167,7 +299,41 @@ class LlamaConfig:
         return (attn + 3 * h * f) / self.layer_matmul_params
 
     def to_dict(self) -> dict:
+        """Plain data (``rope_scaling`` as a dict or None); ``LlamaConfig(**d)`` inverts it."""
         return asdict(self)
+
+    # ---- Hugging Face config.json ----------------------------------------------------------
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any], name: str = "hf", seq_len: int | None = None,
+                where: str = "config.json") -> LlamaConfig:
+        """From a Hugging Face Llama ``config.json`` (either transformers generation); ``seq_len``
+        defaults to the pre-training context (see :func:`~lightning_hexiscale.config.hf_model.model_fields_from_hf`)."""
+        from lightning_hexiscale.config.hf_model import model_fields_from_hf
+
+        return cls(**model_fields_from_hf(hf, name, seq_len, where))
+
+    def to_hf(self, torch_dtype: str = "float32", extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A ``config.json`` that ``transformers.LlamaForCausalLM`` loads as this shape."""
+        from lightning_hexiscale.config.hf_model import hf_config_from_fields
+
+        return hf_config_from_fields(self.to_dict(), torch_dtype, extra)
+
+    def check_matches(self, other: LlamaConfig, source: str) -> None:
+        """ConfigError on the first field (other than the name and the training ``seq_len``) where
+        ``other`` (e.g. read from ``source``'s config.json) differs; ``max_position_embeddings`` only
+        when this config sets it (the Llama 2 presets leave it open)."""
+        for f in fields(self):
+            if f.name in ("name", "seq_len") or (f.name == "max_position_embeddings" and self.max_position_embeddings is None):
+                continue
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if mine != theirs:
+                raise ConfigError(f"model.{f.name}", _show(mine),
+                                  f"the weights in {source} have {f.name}={_show(theirs)}",
+                                  "choose the model preset that matches the weights, or use model=hf:<dir>")
+        if other.max_position_embeddings is not None and self.seq_len > other.max_position_embeddings:
+            raise ConfigError("model.seq_len", self.seq_len,
+                              f"the weights in {source} support at most {other.max_position_embeddings} positions",
+                              f"use model.seq_len <= {other.max_position_embeddings}")
 
     @classmethod
     def from_config(cls, cfg) -> LlamaConfig:
@@ -184,7 +350,19 @@ class LlamaConfig:
 
     @classmethod
     def load(cls, name_or_path: str) -> LlamaConfig:
-        """A preset name (conf/model/NAME.yaml) or a path to a model YAML."""
+        """A preset name (conf/model/NAME.yaml), a path to a model YAML, or ``hf:/path/to/dir``
+        (the shape of a local Hugging Face directory, from its config.json)."""
+        from lightning_hexiscale.config.hf_model import parse_hf_ref, read_hf_config
         from lightning_hexiscale.config.schema import ModelConfig, load_preset
 
+        hf_dir = parse_hf_ref(name_or_path)
+        if hf_dir is not None:
+            from pathlib import Path
+
+            d = Path(hf_dir).expanduser()
+            return cls.from_hf(read_hf_config(d), f"hf:{d.resolve()}", where=str(d / "config.json"))
         return cls.from_config(load_preset("model", name_or_path, ModelConfig))
+
+
+def _show(v: Any) -> Any:
+    return asdict(v) if isinstance(v, RopeScaling) else v

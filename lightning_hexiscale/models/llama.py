@@ -10,7 +10,8 @@ Structure (the runtime splits the model along these names, so they are part of t
         mlp_norm     RMSNorm(H)
         mlp          MLP: gate_proj, up_proj (H -> F), down_proj (F -> H)
       norm           RMSNorm(H)
-      lm_head        nn.Linear(H, V), untied from the embedding
+      lm_head        nn.Linear(H, V); with ``tie_word_embeddings`` a TiedLMHead that multiplies by
+                     ``embed.weight`` (one shared parameter: no ``lm_head.weight`` of its own)
 
 All linears are bias-free. Query head j uses key/value head ``j // heads_per_kv`` (grouped-query
 attention), so the query heads of KV heads [s, e) are the contiguous rows [s*g*d, e*g*d) of q_proj:
@@ -24,7 +25,9 @@ gets bit-identical values to the full model built in one process.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib.util
 from collections.abc import Callable
 
 import torch
@@ -57,17 +60,48 @@ class RMSNorm(nn.Module):
 
 
 def rope_tables(seq_len: int, head_dim: int, theta: float, device: torch.device | str | None = None,
-                dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+                dtype: torch.dtype = torch.float32,
+                inv_freq: list[float] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin tables of rotary position embeddings, each (seq_len, head_dim).
 
-    Frequencies inv_freq[i] = theta^(-2i/d) for i < d/2; angle[p, i] = p * inv_freq[i]; the tables
+    Frequencies inv_freq[i] = theta^(-2i/d) for i < d/2 (or the given ``inv_freq``, e.g. Llama 3.1's
+    scaled ones from :meth:`LlamaConfig.rope_inv_freq`); angle[p, i] = p * inv_freq[i]; the tables
     repeat the d/2 angles twice ("rotate half" layout). Computed in float64, then cast, so that every
     rank and the single-process reference get the same bits.
     """
-    inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-    angles = torch.outer(torch.arange(seq_len, dtype=torch.float64), inv_freq)
+    if inv_freq is None:
+        freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    else:
+        freq = torch.tensor(inv_freq, dtype=torch.float64)
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float64), freq)
     angles = torch.cat([angles, angles], dim=-1)
     return angles.cos().to(device=device, dtype=dtype), angles.sin().to(device=device, dtype=dtype)
+
+
+class RopeCache:
+    """The model's RoPE tables, built once per (sequence length, device, dtype) and kept on the device.
+
+    Building the tables costs a float64 outer product and a host-to-device copy; a training step
+    asks for them once per stage forward (and again per recomputed block), always with the same
+    key, so they are cached here instead of rebuilt per call. Not a module buffer on purpose: the
+    tables depend on the sequence length and would otherwise land in state dicts and checkpoints.
+    """
+
+    def __init__(self, config: LlamaConfig, max_entries: int = 8):
+        self.head_dim, self.theta = config.head_dim, config.rope_theta
+        self.inv_freq = config.rope_inv_freq()
+        self.max_entries = max_entries
+        self._tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __call__(self, seq_len: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (seq_len, torch.device(device), dtype)
+        hit = self._tables.get(key)
+        if hit is None:
+            if len(self._tables) >= self.max_entries:
+                self._tables.pop(next(iter(self._tables)))
+            hit = rope_tables(seq_len, self.head_dim, self.theta, device, dtype, self.inv_freq)
+            self._tables[key] = hit
+        return hit
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -84,13 +118,57 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.T
 
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
+FLASH_MIN_CAPABILITY = (8, 0)
+"""flash-attn 2 runs on Ampere (sm_80) and newer; older GPUs (V100 sm_70, T4 sm_75) fall back to SDPA."""
+
+_FLASH_DTYPES = (torch.float16, torch.bfloat16)
+
+
+@functools.lru_cache(maxsize=1)
+def flash_attn_available() -> bool:
+    """True when the ``flash_attn`` package is installed (it only builds with CUDA). Decided once
+    per process: a ``find_spec`` per attention call would walk sys.path on every layer."""
+    return importlib.util.find_spec("flash_attn") is not None
+
+
+@functools.lru_cache(maxsize=None)
+def flash_attn_supported(device_index: int) -> bool:
+    """flash-attn installed and the CUDA device's compute capability >= :data:`FLASH_MIN_CAPABILITY`.
+    Decided once per device."""
+    if not flash_attn_available():
+        return False
+    return tuple(torch.cuda.get_device_capability(device_index)) >= FLASH_MIN_CAPABILITY
+
+
+@functools.lru_cache(maxsize=1)
+def _flash_attn_func():
+    from flash_attn import flash_attn_func  # optional GPU extra
+
+    return flash_attn_func
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention on (B, heads, S, d); k/v may have fewer heads (GQA).
+
+    flash-attn when it is installed, the tensors are on a CUDA device of compute capability >= 8.0
+    and in fp16/bf16 (its only dtypes); otherwise ``F.scaled_dot_product_attention(is_causal=True)``.
+    The two agree here because q and k always have the same length (flash-attn aligns the causal
+    mask bottom-right, SDPA top-left). Both checks are cached (:func:`flash_attn_supported`).
+    """
+    if q.is_cuda and q.dtype in _FLASH_DTYPES and flash_attn_supported(q.device.index or 0):
+        # flash-attn takes (B, S, heads, d) and supports GQA when nq is a multiple of nkv.
+        out = _flash_attn_func()(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
+        return out.transpose(1, 2)
+    return sdpa_attention(q, k, v)
+
 
 class Attention(nn.Module):
     """Causal self-attention with RoPE and grouped-query attention.
 
     ``num_heads`` / ``num_kv_heads`` are the heads this module computes; the runtime lowers them
     (and the projection widths) on a tensor-parallel rank. ``attention_fn`` is the kernel
-    (B, nq, S, d) x 2 x (B, nkv, S, d) -> (B, nq, S, d); the runtime swaps in flash-attn on CUDA.
+    (B, nq, S, d) x 2 x (B, nkv, S, d) -> (B, nq, S, d): :func:`attention` (flash-attn on capable
+    CUDA devices, SDPA otherwise).
     """
 
     def __init__(self, config: LlamaConfig):
@@ -101,7 +179,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(h, config.kv_dim, bias=False)
         self.v_proj = nn.Linear(h, config.kv_dim, bias=False)
         self.o_proj = nn.Linear(config.num_heads * d, h, bias=False)
-        self.attention_fn: AttentionFn = sdpa_attention
+        self.attention_fn: AttentionFn = attention
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -164,6 +242,26 @@ def init_tensor(name: str, shape: tuple[int, ...] | torch.Size, seed: int,
     return torch.empty(tuple(shape), dtype=torch.float32).normal_(0.0, INIT_STD, generator=gen).to(dtype)
 
 
+class TiedLMHead(nn.Module):
+    """LM head that IS the token embedding: ``logits = x @ embed.weight^T``.
+
+    It holds a reference to the embedding module, not to its parameter, and registers nothing: the
+    model has one parameter (``embed.weight``) whatever ``to``/``to_empty`` do to the Parameter
+    object, and state dicts carry the matrix once, under ``embed.weight``.
+    """
+
+    def __init__(self, embed: nn.Module):
+        super().__init__()
+        self._embed = (embed,)  # a tuple: not registered as a submodule
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self._embed[0].weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+
 class Llama(nn.Module):
     """The whole decoder on one device: ``forward(tokens (B, S)) -> logits (B, S, V)``.
 
@@ -177,7 +275,9 @@ class Llama(nn.Module):
         self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = (TiedLMHead(self.embed) if config.tie_word_embeddings
+                        else nn.Linear(config.hidden_size, config.vocab_size, bias=False))
+        self.rope = RopeCache(config)
 
     @torch.no_grad()
     def init_weights(self, seed: int = 0) -> Llama:
@@ -188,13 +288,10 @@ class Llama(nn.Module):
             p.copy_(init_tensor(name, p.shape, seed, p.dtype))
         return self
 
-    def rope(self, seq_len: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        c = self.config
-        return rope_tables(seq_len, c.head_dim, c.rope_theta, device, _compute_dtype(dtype))
-
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.embed(tokens)
-        cos, sin = self.rope(tokens.shape[1], x.device, x.dtype)
+        # RoPE tables in the norms' compute dtype (float32, or float64 for a float64 model).
+        cos, sin = self.rope(tokens.shape[1], x.device, _compute_dtype(x.dtype))
         for layer in self.layers:
             x = layer(x, cos, sin)
         return self.lm_head(self.norm(x))

@@ -25,8 +25,8 @@ import numpy as np
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.planner import cost_model as cm
-from lightning_hexiscale.planner.estimate import (Workload, head_time, layer_times, stage_memory_terms,
-                                                  usable_memory)
+from lightning_hexiscale.planner.estimate import (Workload, hop_time, layer_times, stage_extra_times,
+                                                  stage_memory_terms, usable_memory)
 from lightning_hexiscale.planner.partition import group_bandwidth, top_tau_order
 from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
 from lightning_hexiscale.config.units import format_bytes
@@ -58,6 +58,7 @@ class Evaluator:
         self._options: dict[tuple, list[list[tuple[int, ...]]]] = {}
         self._drafts: dict[tuple, PipeDraft | None] = {}
         self._caps: dict[tuple, int] = {}
+        self._extra: dict[tuple, float] = {}
         self._usable: dict[tuple[int, ...], float] = {}
         self._sig: dict[tuple, bytes] = {}
         self._leaders: dict[tuple, tuple[list[tuple[int, ...]], list[float]]] = {}
@@ -113,8 +114,19 @@ class Evaluator:
         return self._tb[key]
 
     def head_s(self, devices: tuple[int, ...], mb: int) -> float:
-        """LM head forward + backward for one micro-batch on the last stage (:func:`estimate.head_time`)."""
-        return head_time(self.cluster, self.workload, devices, mb)
+        """Vocabulary-parallel LM head + loss, forward + backward, one micro-batch on the last stage
+        (:func:`estimate.stage_extra_times`, as estimate() prices it)."""
+        key = (devices, mb, True)
+        if key not in self._extra:
+            self._extra[key] = sum(stage_extra_times(self.cluster, self.workload, devices, mb, first=False, last=True))
+        return self._extra[key]
+
+    def embed_s(self, devices: tuple[int, ...], mb: int) -> float:
+        """The first stage's vocabulary-parallel embedding all-reduce, one micro-batch (as estimate())."""
+        key = (devices, mb, False)
+        if key not in self._extra:
+            self._extra[key] = sum(stage_extra_times(self.cluster, self.workload, devices, mb, first=True, last=False))
+        return self._extra[key]
 
     def max_layers(self, devices: tuple[int, ...], j: int, num_stages: int, mb: int, n_mb: int,
                    sharding: str, num_pipelines: int) -> int:
@@ -174,6 +186,10 @@ class Evaluator:
         2 * [alpha[s,d] + M/beta[s,d] + sum_{d'' in dst, d'' != d} (alpha[d,d''] + M/(|dst| beta[d,d'']))],
         and whether every pair costs the same (then the leaders do not matter)."""
         key = (src, dst, mb)
+        if key not in self._hop and len(src) == len(dst) > 1:
+            # equal TP degrees: the runtime's scatter/gather path, whatever the leaders (as estimate prices it)
+            h = cm.comm_pp_hop_scatter(src, dst, self.act_bytes(mb), self.bw, self.lat)
+            self._hop[key] = (np.full((len(src), len(dst)), h), True)
         if key not in self._hop:
             m = self.act_bytes(mb)
             s_idx, d_idx = np.asarray(src)[:, None], np.asarray(dst)
@@ -420,6 +436,7 @@ def chain_draft(ev: Evaluator, stages: list[tuple[int, ...]], ctx: DraftContext)
     S = len(stages)
     layer_s = [ev.layer_s(st, ctx.mb, ctx.sharding) for st in stages]
     fixed = list(hops)
+    fixed[0] += ev.embed_s(stages[0], ctx.mb)
     fixed[-1] += ev.head_s(stages[-1], ctx.mb)
     gpipe = ev.schedule == "gpipe"
     mem_n = max(2 * ctx.n_mb, 1) if gpipe else S

@@ -242,7 +242,8 @@ def _symmetric_layers(ev: Evaluator, layout, mb: int, sharding: str, dp: int, n_
     pp = len(layout[0])
     layer_s = [max(ev.layer_s(rep[j], mb, sharding) for rep in layout) for j in range(pp)]
     fixed = [0.0] * pp
-    fixed[-1] = max(ev.head_s(rep[-1], mb) for rep in layout)
+    fixed[0] = max(ev.embed_s(rep[0], mb) for rep in layout)
+    fixed[-1] += max(ev.head_s(rep[-1], mb) for rep in layout)
     L = ev.model.num_layers
     caps = [min(ev.max_layers(rep[j], j, pp, mb, pp if ev.schedule == "1f1b" else n_mb, sharding, dp)
                 for rep in layout) if capped else L for j in range(pp)]

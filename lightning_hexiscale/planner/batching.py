@@ -7,8 +7,9 @@ micro-batches takes
     T_i(m, n) = A_i(m) + (n - 1) * B_i(m) + C_i(m)
 
 with A = sum_j (Stage_j + Hop_j), B = max_j (Stage_j + Hop_j) per micro-batch and C the largest
-exposed data-parallel tail (Appendix B eq. 5 and 8). The data-parallel T_comm depends on the layout
-only, so it is computed once (:func:`dp_comm.dp_comm_all`). Memory decides which (m, n) fit. Then
+exposed data-parallel tail (Appendix B eq. 5 and 8). The data-parallel T_comm and the embedding /
+LM head syncs depend on the layout only, so they are computed once (:func:`estimate.dp_terms`,
+:func:`estimate.dp_edge_times`). Memory decides which (m, n) fit. Then
 g_i(b) = min over m | b that fit of T_i(m, b / m), and the iteration time of the best integer
 batch split is the minimax
 
@@ -32,7 +33,6 @@ import numpy as np
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.planner import cost_model as cm
 from lightning_hexiscale.planner import estimate as E
-from lightning_hexiscale.planner.dp_comm import dp_comm_all
 from lightning_hexiscale.planner.estimate import Workload
 from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
 
@@ -119,7 +119,7 @@ def with_batches(layout: Plan, batches: list[int], micro_batches: list[int], met
     """The layout with the given batch and micro-batch size per pipeline."""
     pipes = tuple(Pipeline(int(b), int(m), p.stages) for p, b, m in zip(layout.pipelines, batches, micro_batches))
     return Plan(pipes, layout.num_layers, layout.schedule, layout.recompute, layout.dp_sharding,
-                dict(layout.meta if meta is None else meta))
+                dict(layout.meta if meta is None else meta), reduce_dtype=layout.reduce_dtype)
 
 
 def layout_plan(stages: list[list[tuple[int, ...]]], splits: list[tuple[int, ...]], sharding: str, schedule: str,
@@ -146,16 +146,15 @@ class BatchTimer:
         beyond, one micro-batch size for all and water-filling (:meth:`best_uniform`)."""
         self.ms = sorted(set(micro_batch_sizes)) if micro_batch_sizes else list(range(1, global_batch + 1))
         self.theta = E.calibration_theta(cluster)
-        self.layer_bytes = E.dp_layer_bytes(workload)
         self._lt: dict[tuple, tuple[float, float]] = {}
-        self._head: dict[tuple, float] = {}
+        self._extra: dict[tuple, float] = {}
         self._hop: dict[tuple, float] = {}
         self._mem: dict[tuple, E.MemoryTerms] = {}
         self._cap: dict[tuple, float] = {}
         self._q: dict[int, tuple] = {}
         self._limit: dict[tuple, np.ndarray] = {}
         self._pipe: dict[tuple, tuple[np.ndarray, dict]] = {}
-        self._rep: dict[tuple, dict] = {}
+        self._edges: dict[tuple, dict] = {}
         self._known: tuple | None = None
         """(plan, breakdown) of the last winner of :meth:`best_uniform` (saves recomputing it)."""
 
@@ -176,14 +175,16 @@ class BatchTimer:
             self._lt[key] = E.layer_times(self.cluster, self.w, devices, m, recompute)[:2]
         return self._lt[key]
 
-    def head(self, devices: tuple[int, ...], m: int) -> float:
-        key = (devices, m)
-        if key not in self._head:
-            self._head[key] = E.head_time(self.cluster, self.w, devices, m)
-        return self._head[key]
+    def extra(self, devices: tuple[int, ...], m: int, first: bool, last: bool) -> float:
+        """Head + embedding time per micro-batch of a stage (:func:`estimate.stage_extra_times`, summed)."""
+        key = (devices, m, first, last)
+        if key not in self._extra:
+            comp, comm = E.stage_extra_times(self.cluster, self.w, devices, m, first, last)
+            self._extra[key] = comp + comm
+        return self._extra[key]
 
     def hop(self, src: tuple[int, ...], dst: tuple[int, ...], m: int) -> float:
-        key = (src[0], dst, m)
+        key = (src, dst, m)
         if key not in self._hop:
             self._hop[key] = E.hop_time(self.cluster, self.w, src, dst, m)
         return self._hop[key]
@@ -256,8 +257,8 @@ class BatchTimer:
         stages = layout.pipelines[i].stages
         S = len(stages)
         shape = (P, sh, layout.schedule, layout.recompute, tuple((st.devices, st.layers) for st in stages))
-        rep = self.replicated(layout)
-        key = (shape, tuple(tuple(dp[(i, j)]) for j in range(S)), tuple(tuple(rep.get((i, j), ())) for j in range(S)))
+        edges = self.edges(layout)
+        key = (shape, tuple(tuple(dp[(i, j)]) for j in range(S)), tuple(edges.get((i, j)) for j in range(S)))
         if wanted is None and key in self._pipe:
             return self._pipe[key]
         qm, qn, qb, qmi = self.qpairs(P)
@@ -272,7 +273,7 @@ class BatchTimer:
             return g, {}
         A, B, C = np.empty(self.G + 1), np.empty(self.G + 1), np.empty(self.G + 1)
         for m in np.unique(qm[sel]).tolist():
-            A[m], B[m], C[m] = self.abc(layout, i, dp, rep, m)
+            A[m], B[m], C[m] = self.abc(layout, i, dp, edges, m)
         m_sel, n_sel, b_sel = qm[sel], qn[sel], qb[sel]
         T = (A[m_sel] + (n_sel - 1) * B[m_sel]) + C[m_sel]
         order = np.lexsort((T, b_sel))
@@ -287,7 +288,7 @@ class BatchTimer:
             self._pipe[key] = out
         return out
 
-    def abc(self, layout: Plan, i: int, dp: dict, rep: dict, m: int) -> tuple[float, float, float]:
+    def abc(self, layout: Plan, i: int, dp: dict, edges: dict, m: int) -> tuple[float, float, float]:
         """(A, B, C) of pipeline i at micro-batch size m: its time with n micro-batches is
         (A + (n - 1) * B) + C, ``cost_model.pipeline_time``'s arithmetic plus the tail, as in estimate()."""
         stages, sh = layout.pipelines[i].stages, layout.dp_sharding
@@ -295,13 +296,14 @@ class BatchTimer:
         per_mb, tails = [], []
         for j, st in enumerate(stages):
             t_f, t_b = self.layer_tb(st.devices, m, layout.recompute)
-            stage_mb, tail = (self.head(st.devices, m) if j == S - 1 else 0.0), 0.0
+            times = edges.get((i, j))
+            tail = E.dp_edge_exposed(times, st.num_layers * t_b)[1] if times is not None else 0.0
+            stage_mb = 0.0
             for n_layers, t_comm in dp[(i, j)]:
                 step, exposed = E.layer_step(t_f, t_b, t_comm, sh, self.theta)
                 stage_mb += n_layers * step
                 tail += n_layers * exposed
-            if (i, j) in rep:
-                tail += E.replicated_exposed(rep[(i, j)], self.head(st.devices, m), sh, self.theta)
+            stage_mb += self.extra(st.devices, m, j == 0, j == S - 1)
             per_mb.append(stage_mb + (self.hop(st.devices, stages[j + 1].devices, m) if j + 1 < S else 0.0))
             tails.append(tail)
         return sum(per_mb), max(per_mb), max(tails)
@@ -314,7 +316,7 @@ class BatchTimer:
         cap, is found by bisection on the level v (n_i = floor((v - A_i - C_i) / B_i) + 1) and then
         taking the surplus off the slowest pipelines."""
         P = layout.num_pipelines
-        rep = self.replicated(layout)
+        edges = self.edges(layout)
         if limits is None:
             limits = np.array([self.limits(layout, i) for i in range(P)], dtype=np.int64)
         best: tuple[float, Plan | None] = (math.inf, None)
@@ -325,7 +327,7 @@ class BatchTimer:
             caps = limits[:, k]
             if N < P or caps.min() < 1 or caps.sum() < N:
                 continue
-            abc = np.array([self.abc(layout, i, dp, rep, m) for i in range(P)])
+            abc = np.array([self.abc(layout, i, dp, edges, m) for i in range(P)])
             A, B, C = abc[:, 0], abc[:, 1], abc[:, 2]
             lo, hi = float(((A + C).max())), float((A + (np.minimum(caps, N) - 1) * B + C).max())
 
@@ -361,26 +363,49 @@ class BatchTimer:
         the inputs of §4.4's choice between the two cut options."""
         if self._known is not None and self._known[0] is plan:
             return self._known[1]
-        dp = dp_comm_all(plan, self.cluster, self.layer_bytes)
-        rep = self.replicated(plan)
+        dp = self.dp(plan)
+        edges = self.edges(plan)
         worst, out = -math.inf, (0.0, 0.0)
         for i, p in enumerate(plan.pipelines):
             m, n = p.micro_batch_size, p.num_micro_batches
-            A, B, C = self.abc(plan, i, dp, rep, m)
+            A, B, C = self.abc(plan, i, dp, edges, m)
             t = (A + (n - 1) * B) + C
             if t > worst:
                 hops = sum(self.hop(a.devices, b.devices, m) for a, b in zip(p.stages, p.stages[1:]))
                 worst, out = t, (C, n * hops + (A - B))
         return out
 
-    def replicated(self, layout: Plan) -> dict:
-        """:func:`estimate.replicated_comm` of the layout, memoised (it depends on the leaders only)."""
-        key = (layout.num_pipelines, tuple((p.stages[0].devices, p.stages[-1].devices) for p in layout.pipelines))
-        if key not in self._rep:
-            if len(self._rep) > _PIPE_CACHE:
-                self._rep.clear()
-            self._rep[key] = E.replicated_comm(layout, self.cluster, self.w)
-        return self._rep[key]
+    def dp(self, layout: Plan) -> dict:
+        """Per stage, [(layers, T_comm)] with T_comm as DP-Overhead-Layer takes it (:func:`estimate.dp_terms`
+        at the reduce and parameter bytes, combined by :func:`estimate.dp_t_comm`)."""
+        dp_red, dp_par = E.dp_terms(layout, self.cluster, self.w)
+        sh = layout.dp_sharding
+        return {k: [(n, E.dp_t_comm(sh, t_red, t_par)) for (n, t_red), (_, t_par) in zip(v, dp_par[k])]
+                for k, v in dp_red.items()}
+
+    def edges(self, layout: Plan) -> dict:
+        """:func:`estimate.dp_edge_times` of every stage where they are not all zero ((i, j) -> times;
+        batch-independent). The first and last stages' (embedding and head syncs) are memoised on
+        what they depend on: the sharding, the reduce dtype and every pipeline's first and last stage;
+        inner stages only carry their TP broadcast of the norms."""
+        P = layout.num_pipelines
+        if P == 1:
+            return {}
+        ends = tuple((p.stages[0].devices, p.stages[0].layers, p.stages[-1].devices, p.stages[-1].layers)
+                     for p in layout.pipelines)
+        key = (layout.dp_sharding, layout.reduce_dtype, ends)
+        if key not in self._edges:
+            if len(self._edges) > _PIPE_CACHE:
+                self._edges.clear()
+            out = {}
+            for i, p in enumerate(layout.pipelines):
+                for j in {0, len(p.stages) - 1}:
+                    out[(i, j)] = E.dp_edge_times(layout, i, j, self.cluster, self.w)
+            self._edges[key] = out
+        out = self._edges[key]
+        inner = {(i, j): E.dp_edge_times(layout, i, j, self.cluster, self.w)
+                 for i, p in enumerate(layout.pipelines) for j in range(1, len(p.stages) - 1) if p.stages[j].tp > 1}
+        return {**out, **inner} if inner else out
 
     def best(self, layout: Plan, meta: dict | None = None) -> tuple[float, Plan | None]:
         """The layout's least iteration time over batch splits and per-pipeline micro-batch sizes,
@@ -388,7 +413,7 @@ class BatchTimer:
         limits = [self.limits(layout, i) for i in range(layout.num_pipelines)]
         if any(not lim.any() for lim in limits):
             return math.inf, None  # a pipeline fits no micro-batch: no need for the DP terms
-        dp = dp_comm_all(layout, self.cluster, self.layer_bytes)
+        dp = self.dp(layout)
         if not self.exact:
             return self.best_uniform(layout, dp, meta, np.array(limits, dtype=np.int64))
         gs, picks = [], []

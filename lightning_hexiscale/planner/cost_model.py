@@ -35,6 +35,48 @@ def comm_tp(group: Group, message_bytes: float, bandwidth: np.ndarray, latency: 
     return float(4.0 * per_pair.sum(axis=1).max())
 
 
+def allreduce_time(group: Group, message_bytes: float, bandwidth: np.ndarray, latency: np.ndarray) -> float:
+    """One ring all-reduce of M bytes over ``group`` (the unit comm_tp counts four of):
+
+        2 * max_{d in g} sum_{d' in g \\ {d}} ( alpha[d,d'] + M / (|g| * beta[d,d']) )
+
+    Zero for a single device.
+    """
+    return 0.5 * comm_tp(group, message_bytes, bandwidth, latency)
+
+
+def vocab_parallel_head(head_fwd_flops: float, vocab_fraction: float, flops: float, group: Group,
+                        tokens: int, hidden: int, dtype_bytes: int, bandwidth: np.ndarray,
+                        latency: np.ndarray) -> tuple[float, float]:
+    """(compute_s, comm_s) of the last stage's LM head and cross-entropy, forward + backward, one
+    micro-batch of ``tokens`` = B_mb*S tokens, vocabulary-parallel over the stage's TP group g
+    (Megatron-LM's vocab_parallel_cross_entropy; runtime: ``tensor_parallel.VocabParallelHead``):
+
+        compute = 3 * (2*B_mb*S*H*V) * f_V / c            f_V = ceil(V/t)/V, the largest vocabulary share
+                                                          (forward matmul + two backward matmuls)
+        comm    = AR(4*B_mb*S) + AR(8*B_mb*S)             forward: the fp32 max per token, then the
+                                                          fp32 (sum of exp, target logit) pair per token
+                + AR(B_mb*S*H*B_type)                     backward: the head's input gradient (sum over ranks)
+
+    with AR = :func:`allreduce_time`. No rank ever holds the (B_mb, S, V) logits, only V/t columns.
+    With t = 1 this is the whole head and no communication.
+    """
+    compute = 3.0 * head_fwd_flops * vocab_fraction / flops
+    if len(group) <= 1:
+        return compute, 0.0
+    comm = (allreduce_time(group, 4.0 * tokens, bandwidth, latency)
+            + allreduce_time(group, 8.0 * tokens, bandwidth, latency)
+            + allreduce_time(group, float(tokens) * hidden * dtype_bytes, bandwidth, latency))
+    return compute, comm
+
+
+def vocab_parallel_embedding(group: Group, message_bytes: float, bandwidth: np.ndarray, latency: np.ndarray) -> float:
+    """Comm of a first stage's vocabulary-parallel embedding for one micro-batch: each rank looks up
+    the tokens of its V/t rows, one forward all-reduce of the (B_mb, S, H) output, M = B_mb*S*H*B_type
+    (backward needs none: each rank's rows get their own gradient). Zero with TP 1."""
+    return allreduce_time(group, message_bytes, bandwidth, latency)
+
+
 def comp_layer_fwd(layer_fwd_flops: float, shard_fraction: float, flops: float) -> float:
     """Comp-TP-Fwd, Appendix B eq. 2: FLOPs of the layer's forward on this rank / c_d.
 
@@ -56,15 +98,22 @@ def layer_time_fwd(comp_fwd_s: float, comm_tp_s: float) -> float:
     return comp_fwd_s + comm_tp_s
 
 
+RECOMPUTE_TP_SHARE = 0.5
+"""Share of a layer's forward TP all-reduces that recomputation re-runs: torch's non-reentrant
+checkpoint stops recomputing once the last tensor saved for backward is back, which is before the
+MLP's output all-reduce, so 1 of the 2 forward all-reduces is re-run (counted from the runtime's
+trace by tests/runtime/test_wire_bytes.py)."""
+
+
 def layer_time_bwd(comp_fwd_s: float, comm_tp_s: float, recompute: bool) -> float:
-    """T_b = Comp-TP-Bwd + Comm-TP-Bwd (Appendix B eq. 3), plus one re-run forward when recomputing.
+    """T_b = Comp-TP-Bwd + Comm-TP-Bwd (Appendix B eq. 3), plus the re-run forward when recomputing.
 
     The paper folds recomputation into its assumptions; here it is explicit so that turning it off
-    is priced: recompute adds Comp-TP-Fwd + Comm-TP-Fwd to every backward.
+    is priced: recompute adds Comp-TP-Fwd + RECOMPUTE_TP_SHARE * Comm-TP-Fwd to every backward.
     """
     t_b = comp_layer_bwd(comp_fwd_s) + comm_tp_s
     if recompute:
-        t_b += comp_fwd_s + comm_tp_s
+        t_b += comp_fwd_s + RECOMPUTE_TP_SHARE * comm_tp_s
     return t_b
 
 
@@ -184,6 +233,25 @@ def comm_pp_hop(src: Group, dst: Group, message_bytes: float, bandwidth: np.ndar
                 t += latency[dp, dpp] + message_bytes / (len(dst) * bandwidth[dp, dpp])
         best = min(best, t)
     return float(2.0 * best)
+
+
+def comm_pp_hop_scatter(src: Group, dst: Group, message_bytes: float, bandwidth: np.ndarray,
+                        latency: np.ndarray) -> float:
+    """Comm-PP-Hop on the scatter/gather path between stages of equal TP degree t > 1, one micro-batch:
+
+        2 * [ max_r (alpha[s_r,d_r] + c / beta[s_r,d_r])
+              + max_r sum_{r' != r} (alpha[d_r,d_r'] + c / beta[d_r,d_r']) ],   c = M / t
+
+    TP rank r sends chunk r (1/t of the activation M) to TP rank r of the next stage, then the
+    receivers all-gather the chunks in their TP group; x2 for the gradient going back (the
+    runtime's path when both TP degrees are equal, see runtime/schedule.py).
+    """
+    src, dst = list(src), list(dst)
+    t = len(src)
+    c = message_bytes / t
+    send = max(latency[a, b] + c / bandwidth[a, b] for a, b in zip(src, dst))
+    gather = max(sum(latency[d, e] + c / bandwidth[d, e] for e in dst if e != d) for d in dst)
+    return float(2.0 * (send + gather))
 
 
 def pipeline_time(stage_s: Sequence[float], hop_s: Sequence[float], n_mb: int) -> float:

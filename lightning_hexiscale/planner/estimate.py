@@ -1,11 +1,16 @@
 """Compose the Appendix B terms into an :class:`Estimate` of one training iteration under a Plan.
 
 Per micro-batch, stage j of pipeline i runs its l_ij layers forward and backward:
-    Stage_ij = l_ij * (T_f + T_b) (+ LM head on the last stage)
+    Stage_ij = l_ij * (T_f + T_b) (+ the vocabulary-parallel LM head and loss on the last stage,
+               + the vocabulary-parallel embedding's all-reduce on the first; cost_model.vocab_parallel_*)
 per iteration the pipeline takes Pipeline-Time(i) (Appendix B eq. 8) plus the data-parallel time
 its layers cannot hide behind the last backward, which is
     DP-Overhead-Layer(k) - n_mb * (T_f + T_b)   summed over the stage's layers (eq. 5),
-and the iteration takes the slowest pipeline (eq. 9). All ``*_s`` fields of the breakdown are per
+plus the embedding / LM head synchronisation and the TP broadcast of replicated tensors
+(:func:`dp_edge_times`), and the iteration takes the slowest pipeline (eq. 9). Messages are priced at
+the dtypes the runtime sends them in (planner/wire.py: activations and gathered parameters at
+B_type, gradients at ``plan.reduce_dtype``), on the path it takes (scatter/gather between equal TP
+degrees). All ``*_s`` fields of the breakdown are per
 iteration (all micro-batches of that pipeline); ``time_per_micro_batch_s`` is per micro-batch.
 """
 
@@ -21,10 +26,10 @@ from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner import cost_model as cm
 from lightning_hexiscale.planner.dp_comm import dp_comm_all
-from lightning_hexiscale.planner.plan import Plan
-from lightning_hexiscale.config.units import format_bytes
+from lightning_hexiscale.planner.plan import Plan, Stage
+from lightning_hexiscale.config.units import format_bytes, format_flops
 
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8}
 
 
 @dataclass(frozen=True)
@@ -144,7 +149,7 @@ class Estimate:
 
     def summary(self) -> str:
         lines = [f"iteration {self.iteration_time_s:.3f} s, {self.tokens_per_s:,.0f} tokens/s, "
-                 f"{self.pflops:.3f} PFLOPS, {'fits in memory' if self.feasible else 'OUT OF MEMORY'}"]
+                 f"{format_flops(self.pflops * 1e15)}, {'fits in memory' if self.feasible else 'OUT OF MEMORY'}"]
         for o in self.out_of_memory[:5]:
             lines.append(f"  OOM: {o}")
         if len(self.out_of_memory) > 5:
@@ -189,59 +194,117 @@ def activation_message_bytes(workload: Workload, mb: int) -> float:
     return mb * workload.model.seq_len * workload.model.hidden_size * workload.dtype_bytes
 
 
-def head_time(cluster: Cluster, workload: Workload, devices: tuple[int, ...] | list[int], mb: int) -> float:
-    """LM head forward + backward (3 x 2*B*S*H*V FLOPs) for one micro-batch on the last stage, at the
-    pace of the stage's slowest device."""
-    return 3.0 * workload.model.head_forward_flops(mb) / min(cluster.devices[d].flops for d in devices)
+def stage_extra_times(cluster: Cluster, workload: Workload, devices: tuple[int, ...] | list[int], mb: int,
+                      first: bool, last: bool) -> tuple[float, float]:
+    """(compute, communication) per micro-batch a stage adds to its layers: on the last stage the
+    vocabulary-parallel LM head and loss (:func:`cost_model.vocab_parallel_head`), on the first the
+    vocabulary-parallel embedding's all-reduce (:func:`cost_model.vocab_parallel_embedding`)."""
+    model = workload.model
+    comp = comm = 0.0
+    if last:
+        c_min = min(cluster.devices[d].flops for d in devices)
+        comp, comm = cm.vocab_parallel_head(model.head_forward_flops(mb), model.max_vocab_fraction(len(devices)),
+                                            c_min, devices, mb * model.seq_len, model.hidden_size,
+                                            workload.dtype_bytes, cluster.bandwidth, cluster.latency)
+    if first:
+        comm += cm.vocab_parallel_embedding(devices, activation_message_bytes(workload, mb), cluster.bandwidth,
+                                            cluster.latency)
+    return comp, comm
 
 
 def hop_time(cluster: Cluster, workload: Workload, src: tuple[int, ...], dst: tuple[int, ...], mb: int) -> float:
-    """Comm-PP-Hop (eq. 6) from stage ``src`` to stage ``dst`` for one micro-batch, between the two
-    stage leaders (``devices[0]``), which is how the runtime sends."""
-    return cm.comm_pp_hop(src, dst, activation_message_bytes(workload, mb), cluster.bandwidth, cluster.latency,
-                          leaders=(src[0], dst[0]))
+    """Comm-PP-Hop (eq. 6) from stage ``src`` to stage ``dst`` for one micro-batch, on the path the
+    runtime takes: scatter/gather between equal TP degrees above 1
+    (:func:`cost_model.comm_pp_hop_scatter`), else between the stage leaders (``devices[0]``) plus
+    the receiving TP broadcast."""
+    act_msg = activation_message_bytes(workload, mb)
+    if len(src) == len(dst) > 1:
+        return cm.comm_pp_hop_scatter(src, dst, act_msg, cluster.bandwidth, cluster.latency)
+    return cm.comm_pp_hop(src, dst, act_msg, cluster.bandwidth, cluster.latency, leaders=(src[0], dst[0]))
 
 
-def dp_element_bytes(workload: Workload) -> int:
-    """Bytes per gradient element on the data-parallel wire."""
-    return workload.dtype_bytes
+def wire_element_bytes(plan: Plan, workload: Workload) -> tuple[int, int]:
+    """(reduce, parameter) bytes per element on the data-parallel wire (planner/wire.py): gradients
+    are summed at ``plan.reduce_dtype`` (default B_type), parameters gathered at B_type."""
+    bt = workload.dtype_bytes
+    return (DTYPE_BYTES[plan.reduce_dtype] if plan.reduce_dtype else bt), bt
 
 
-def dp_layer_bytes(workload: Workload) -> float:
-    """Bytes of one layer's gradient on the data-parallel wire (eq. 4's 12H^2 * B_type)."""
-    return workload.model.layer_params * dp_element_bytes(workload)
+def dp_layer_bytes(workload: Workload, element_bytes: int | None = None) -> float:
+    """Bytes of one layer's gradient (or parameters) on the data-parallel wire (eq. 4's 12H^2 * B_type)."""
+    return workload.model.layer_params * (workload.dtype_bytes if element_bytes is None else element_bytes)
 
 
-def replicated_comm(plan: Plan, cluster: Cluster, workload: Workload) -> dict[tuple[int, int], list[tuple[str, float, float]]]:
-    """Per stage holding the embedding (first stages) or the LM head (last stages):
-    [(kind, T_comm, TP broadcast)] of its gradient sync between pipelines
-    (:func:`cost_model.comm_dp_replicated`, :func:`cost_model.tp_broadcast`); empty with one pipeline."""
-    P = plan.num_pipelines
-    if P == 1:
-        return {}
-    model, bt = workload.model, dp_element_bytes(workload)
+def dp_terms(plan: Plan, cluster: Cluster, workload: Workload) -> tuple[dict, dict]:
+    """Per stage, [(layers, T_comm)] at the reduce and at the parameter bytes (:func:`dp_comm.dp_comm_all`)."""
+    red_bt, bt = wire_element_bytes(plan, workload)
+    dp_red = dp_comm_all(plan, cluster, dp_layer_bytes(workload, red_bt))
+    dp_par = dp_red if red_bt == bt else dp_comm_all(plan, cluster, dp_layer_bytes(workload, bt))
+    return dp_red, dp_par
+
+
+def dp_t_comm(sharding: str, t_red: float, t_par: float) -> float:
+    """T_comm entering DP-Overhead-Layer (whose collectives cost 2*T_comm): ddp all-reduces gradients
+    (reduce-scatter + all-gather, both at reduce_dtype); zero2 reduce-scatters gradients
+    (reduce_dtype) and all-gathers parameters (B_type); zero3 is dominated by its per-use parameter
+    gathers (B_type)."""
+    if sharding == "ddp":
+        return t_red
+    if sharding == "zero2":
+        return 0.5 * (t_red + t_par)
+    return t_par
+
+
+def _overlap(r: int, t: int, r2: int, t2: int) -> float:
+    """Shared fraction of a tensor between TP rank r of t and TP rank r2 of t2 (even splits)."""
+    lo, hi = max(r / t, r2 / t2), min((r + 1) / t, (r2 + 1) / t2)
+    return max(0.0, hi - lo)
+
+
+def dp_edge_times(plan: Plan, i: int, j: int, cluster: Cluster, workload: Workload) -> tuple[float, float, float]:
+    """Data-parallel times of the tensors outside the layers of stage (i, j), per iteration:
+    (embedding sync, LM head sync, TP broadcast of the replicated norms). Each TP rank's vocabulary
+    rows of the embedding (first stage) and of the untied LM head (last stage) are summed with the
+    ranks of the other pipelines that hold the same rows (all-reduce, or reduce-scatter +
+    all-gather; the slowest rank of the stage counts), and the leader broadcasts the stage's
+    replicated norms in its TP group after the sync. All zero with one pipeline."""
+    pipes = plan.pipelines
+    if len(pipes) == 1:
+        return 0.0, 0.0, 0.0
+    model = workload.model
+    red_bt, bt = wire_element_bytes(plan, workload)
+    st = pipes[i].stages[j]
+    first, last = j == 0, j == len(pipes[i].stages) - 1
     bw, lat = cluster.bandwidth, cluster.latency
-    out: dict[tuple[int, int], list[tuple[str, float, float]]] = {}
-    for kind, pick, params in (("embedding", 0, model.embedding_params), ("head", -1, model.head_params)):
-        stages = [p.stages[pick] for p in plan.pipelines]
-        leaders = np.array([st.leader for st in stages])
-        # eq. 4 between the leaders: every pair at once, a leader does not talk to itself
-        terms = lat[np.ix_(leaders, leaders)] + params * bt / (P * bw[np.ix_(leaders, leaders)])
-        np.fill_diagonal(terms, 0.0)
-        tcs = terms.sum(axis=1)
-        for i, st in enumerate(stages):
-            j = 0 if pick == 0 else len(plan.pipelines[i].stages) - 1
-            out.setdefault((i, j), []).append(
-                (kind, float(tcs[i]), cm.tp_broadcast(st.leader, st.devices, params * bt, bw, lat)))
-    return out
+
+    def sync(params: float, holder) -> float:
+        worst = 0.0
+        for r, d in enumerate(st.devices):
+            partners = [(d, d2, share) for k, p in enumerate(pipes) if k != i
+                        for r2, d2 in enumerate(holder(p).devices)
+                        if (share := _overlap(r, st.tp, r2, holder(p).tp)) > 0]
+            t_red = cm.comm_dp(partners, params * red_bt, len(pipes), bw, lat)
+            t_par = cm.comm_dp(partners, params * bt, len(pipes), bw, lat)
+            worst = max(worst, 2.0 * dp_t_comm(plan.dp_sharding, t_red, t_par))
+        return worst
+
+    t_emb = sync(model.embedding_params, lambda p: p.stages[0]) if first else 0.0
+    t_head = (sync(model.head_params, lambda p: p.stages[-1])  # LM head rows (+ the final norm, on leaders)
+              if last and not model.tie_word_embeddings else 0.0)
+    t_norms = 0.0
+    if st.tp > 1:  # leader -> TP group: the replicated norms' gradients (ddp) or parameters (zero)
+        norms = (2 * st.num_layers + (1 if last else 0)) * model.hidden_size
+        nbytes = norms * (red_bt if plan.dp_sharding == "ddp" else bt)
+        t_norms = sum(lat[st.leader, d] + nbytes / (st.tp * bw[st.leader, d]) for d in st.devices[1:])
+    return float(t_emb), float(t_head), float(t_norms)
 
 
-def replicated_exposed(terms: list[tuple[str, float, float]], head_s: float, sharding: str,
-                       theta: tuple[float, float, float, float]) -> float:
-    """Exposed time of a stage's embedding / LM-head syncs (:func:`cost_model.dp_exposed_replicated`);
-    the LM head's backward (2/3 of ``head_s``, its forward + backward) is what its sync overlaps."""
-    return sum(cm.dp_exposed_replicated(2.0 * head_s / 3.0 if kind == "head" else 0.0, tc, bc, sharding, theta)
-               for kind, tc, bc in terms)
+def dp_edge_exposed(times: tuple[float, float, float], backward_s: float) -> tuple[float, float]:
+    """(total, exposed) of :func:`dp_edge_times`: the embedding's gradient is final only at the end
+    of the backward (fully exposed), the head's sync overlaps the stage's last backward
+    ``backward_s``, the norms' broadcast follows the sync."""
+    t_emb, t_head, t_norms = times
+    return t_emb + t_head + t_norms, t_emb + max(0.0, t_head - backward_s) + t_norms
 
 
 def layer_step(t_f: float, t_b: float, t_comm: float, sharding: str,
@@ -297,7 +360,8 @@ def stage_memory_at(workload: Workload, sharding: str, num_pipelines: int, recom
 
     - in every phase: the parameters' states (weights, gradients, optimizer;
       :func:`cost_model.runtime_state_bytes_per_param`) of the stage's layers, of the embedding
-      (first stage) and of the final norm and LM head (last stage; replicated over TP), ZeRO-3's
+      (first stage) and of the final norm and LM head (last stage; vocabulary-parallel: V/t rows per
+      TP rank), ZeRO-3's
       gathered current and prefetched layer, ``reserve_bytes``, and on CUDA the collective
       library's buffers for each communicator the device joins (world, TP group, pipeline
       neighbours, one data-parallel group; :func:`cost_model.comm_buffer_bytes`);
@@ -319,7 +383,12 @@ def stage_memory_at(workload: Workload, sharding: str, num_pipelines: int, recom
     P = max(num_pipelines, 1)
     K = workload.optimizer_bytes_per_param
     layer_local = model.layer_params * _shard_fraction(model, tp)
-    extra_params = (model.embedding_params if first else 0) + (model.head_params if last else 0)
+    # vocabulary-parallel: this rank's V/t rows of the embedding (first stage) and of the LM head
+    # (last stage; a tied head is the embedding itself on a one-stage pipeline, a copy elsewhere)
+    vfrac = model.max_vocab_fraction(tp)
+    extra_params = ((model.embedding_params * vfrac if first else 0.0)
+                    + (model.hidden_size + (model.stage_head_params(is_first=first) - model.hidden_size) * vfrac
+                       if last else 0.0))
     comms = 1 + (tp > 1) + (not first) + (not last) + (P > 1)
     common = workload.reserve_bytes + (cm.comm_buffer_bytes(comms, workload.comm_buffer_bytes)
                                        if workload.device == "cuda" else 0.0)
@@ -336,7 +405,7 @@ def stage_memory_at(workload: Workload, sharding: str, num_pipelines: int, recom
     fixed, per = states("backward")
     work = (full if recompute else 0.0) + cm.backward_working_bytes(tokens, H, F, tp, bt)
     if last:
-        work += cm.logits_bytes(tokens, model.vocab_size)
+        work += cm.logits_bytes(tokens, model.vocab_size * vfrac)
     phases.append((fixed + work, per + inflight * (tokens * H * bt if recompute else full)))
     # gradient sync between pipelines: DDP's bucket copies, ZeRO's buckets in flight
     if P > 1:
@@ -355,7 +424,7 @@ def stage_memory_at(workload: Workload, sharding: str, num_pipelines: int, recom
         phases.append((fixed + cm.optimizer_temp_bytes(extra_params, state_b),
                        per + cm.optimizer_temp_bytes(layer_local, state_b)))
     else:
-        largest = max(H * F / tp, model.vocab_size * H if (first or last) else 0)
+        largest = max(H * F / tp, model.vocab_size * vfrac * H if (first or last) else 0)
         phases.append((fixed + cm.optimizer_temp_bytes(largest, state_b), per))
     return MemoryTerms(tuple(phases))
 
@@ -374,12 +443,11 @@ def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
     model = workload.model
     S = model.seq_len
     theta = calibration_theta(cluster)
-    dp_terms = dp_comm_all(plan, cluster, dp_layer_bytes(workload))
-    rep_terms = replicated_comm(plan, cluster, workload)
+    dp_red, dp_par = dp_terms(plan, cluster, workload)
     pipes: list[PipelineEstimate] = []
     ooms: list[OutOfMemory] = []
     n_comp = 4.0 if plan.recompute else 3.0
-    n_tp = 3.0 if plan.recompute else 2.0
+    n_tp = 2.0 + (cm.RECOMPUTE_TP_SHARE if plan.recompute else 0.0)
     for i, pipe in enumerate(plan.pipelines):
         mb, n_mb = pipe.micro_batch_size, pipe.num_micro_batches
         n_st = len(pipe.stages)
@@ -387,18 +455,17 @@ def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
         for j, st in enumerate(pipe.stages):
             l = st.num_layers
             t_f, t_b, comp_f, tp_f = layer_times(cluster, workload, st.devices, mb, plan.recompute)
-            head_s = head_time(cluster, workload, st.devices, mb) if j == n_st - 1 else 0.0
+            head_comp, head_comm = stage_extra_times(cluster, workload, st.devices, mb, j == 0, j == n_st - 1)
             hop = hop_time(cluster, workload, st.devices, pipe.stages[j + 1].devices, mb) if j + 1 < n_st else 0.0
-            stage_mb, tail, dp_comm = head_s, 0.0, 0.0
-            for n_layers, t_comm in dp_terms[(i, j)]:
+            dp_comm, tail = dp_edge_exposed(dp_edge_times(plan, i, j, cluster, workload), l * t_b)
+            stage_mb = 0.0
+            for (n_layers, t_red), (_, t_par) in zip(dp_red[(i, j)], dp_par[(i, j)]):
+                t_comm = dp_t_comm(plan.dp_sharding, t_red, t_par)
                 step, exposed = layer_step(t_f, t_b, t_comm, plan.dp_sharding, theta)
                 stage_mb += n_layers * step
                 tail += n_layers * exposed
                 dp_comm += n_layers * (2 * n_mb + 1 if plan.dp_sharding == "zero3" else 2) * t_comm
-            rep = rep_terms.get((i, j), [])
-            if rep:
-                tail += replicated_exposed(rep, head_time(cluster, workload, st.devices, mb), plan.dp_sharding, theta)
-                dp_comm += sum(2 * tc + bc for _, tc, bc in rep)
+            stage_mb += head_comp + head_comm
             per_mb.append(stage_mb)
             hops.append(hop)
             tails.append(tail)
@@ -410,8 +477,9 @@ def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
                 if peak > usable:
                     ooms.append(OutOfMemory(d, cluster.devices[d].gpu_type, peak, usable))
             rows.append(dict(devices=list(st.devices), tp=st.tp, layers=list(st.layers),
-                             compute_s=n_mb * (l * n_comp * comp_f + head_s), tp_comm_s=n_mb * l * n_tp * tp_f,
-                             pp_comm_s=n_mb * hop, dp_comm_s=dp_comm, dp_exposed_s=tail,
+                             compute_s=n_mb * (l * n_comp * comp_f + head_comp),
+                             tp_comm_s=n_mb * (l * n_tp * tp_f + head_comm),
+                             pp_comm_s=n_mb * hop, dp_comm_s=float(dp_comm), dp_exposed_s=float(tail),
                              time_per_micro_batch_s=stage_mb + hop, peak_memory_bytes=peak, memory_capacity_bytes=cap))
         t_pipe = cm.pipeline_time(per_mb, hops, n_mb) + max(tails)
         steps = [s + h for s, h in zip(per_mb, hops)]
@@ -441,15 +509,16 @@ _FRAC: dict[tuple[LlamaConfig, int], float] = {}
 
 
 def workload_from_config(cfg) -> Workload:
-    """Workload from a composed root config (``cfg.model`` and ``cfg.train``)."""
-    dtype = cfg.train.dtype
-    if dtype not in DTYPE_BYTES:
-        from lightning_hexiscale.errors import ConfigError
+    """Workload from a composed root config: ``cfg.model``, the dtype of ``trainer.precision``
+    (null: chosen by the cluster's devices, :func:`~lightning_hexiscale.config.recipe.effective_precision`),
+    ``train.memory_headroom``, and whether the cluster runs on CPUs."""
+    from lightning_hexiscale.config.recipe import effective_precision, precision_dtype
 
-        raise ConfigError("train.dtype", dtype, f"must be one of {sorted(DTYPE_BYTES)}", "use bf16")
-    # fp32 training keeps no separate master copy: Adam's m and v only (4 + 4 bytes).
-    return Workload(LlamaConfig.from_config(cfg.model), dtype=dtype,
-                    optimizer_bytes_per_param=8.0 if dtype == "fp32" else 12.0,
+    types = [m.gpu for m in cfg.cluster.machines]
+    dtype = precision_dtype(effective_precision(cfg.trainer.precision, types))
+    # Adam's m and v in the dtype of the weights; bf16/fp16 training adds an fp32 master copy (4 + 4 + 4).
+    optimizer_bytes = {"fp64": 16.0, "fp32": 8.0}.get(dtype, 12.0)
+    return Workload(LlamaConfig.from_config(cfg.model), dtype=dtype, optimizer_bytes_per_param=optimizer_bytes,
                     memory_headroom=float(cfg.train.get("memory_headroom", 0.0) or 0.0),
                     device="cpu" if _cpu_cluster(cfg) else "cuda")
 

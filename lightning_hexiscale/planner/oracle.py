@@ -6,11 +6,13 @@ The space (what a Plan can express for the cluster, model and global batch G):
   most G pipelines);
 - per pipeline, every ordered sequence of stages, every TP group (any subset of the pipeline's
   devices of at most ``num_kv_heads`` devices, across machines too), every stage leader and every
-  TP rank order (they decide who exchanges gradients with whom under asymmetric TP);
+  TP rank order (they decide who exchanges gradients with whom under asymmetric TP, and who sends
+  to whom on the scatter/gather path between stages of equal TP degree);
 - every layer split (each stage at least one layer);
 - every integer batch split b_1 + ... + b_P = G, b_i >= 1, and per pipeline any micro-batch size
   m_i dividing b_i (``train.micro_batch_size`` pins it);
-- ddp, zero2 and zero3 (``train.dp_sharding`` pins it); the schedule and recompute are the settings'.
+- ddp, zero2 and zero3 (``train.dp_sharding`` pins it); the schedule and recompute are the settings',
+  and ``reduce_dtype`` is the run's own (None), as the search leaves it.
 
 Every returned plan is scored by ``estimate()``; the result is the plan of least ``estimate().cost``.
 
@@ -40,11 +42,16 @@ How, exactly and fast enough:
    (``estimate.layer_step``: T_f + T_b, or theta*max(T, T_comm); ``cost_model.dp_exposed_layer``),
    so plugging the bound in gives a lower bound LB(structure, m, n) of the pipeline's time that
    depends on the pipeline alone. Memory does not depend on T_comm, so the feasibility used with
-   the bound is exact. Two coarser bounds prune earlier: for an unordered set of stages, the hops
-   are at least (S - 1) times the cheapest hop between any two of its stages with any leaders, and
-   the LM head at least the cheapest stage's head; the memory check uses, per stage, the smallest
-   fixed and per-layer bytes over every position the stage could take (a relaxation). Each is a
-   minimum over a superset of what the exact term minimises, hence never larger.
+   the bound is exact. The data-parallel syncs of the embedding, the LM head and the norms
+   (``estimate.dp_edge_times``) only add to the tail and are left out (>= 0). On a chain with
+   fixed leaders a hop on the leader path is exact; on the scatter/gather path (equal TP > 1) it
+   is taken as the least over every pairing of the two stages' ranks, which is what the rank
+   orders vary. Two coarser bounds prune earlier: for an unordered set of stages, the hops are at
+   least (S - 1) times the cheapest hop between any two of its stages with any leaders and rank
+   orders, the LM head at least the cheapest stage's head and the embedding's all-reduce at least
+   the cheapest stage's; the memory check uses, per stage, the smallest fixed and per-layer bytes
+   over every position the stage could take (a relaxation). Each is a minimum over a superset of
+   what the exact term minimises, hence never larger.
 4. **Joint batch split, exactly.** For fixed structures, g_i(b) = min over micro-batch sizes m | b
    that fit in memory of pipeline i's time at b / m micro-batches; the best integer split is the
    minimax min_{b_1+...+b_P=G} max_i g_i(b_i), found by a binary search over the candidate values
@@ -55,7 +62,8 @@ How, exactly and fast enough:
    still beat the incumbent are combined depth first (pipelines with the same device counts in
    non-decreasing order: swapping them is a symmetry); a combination survives only if some batch
    split keeps every pipeline's bound below the incumbent (bitset test). Survivors are evaluated
-   exactly (their real T_comm, every TP rank order of mixed-class stages), and an improvement is
+   exactly (their real T_comm, every TP rank order of mixed-class stages where it matters: with
+   more than one pipeline or next to a stage of the same TP degree), and an improvement is
    re-scored by ``estimate()`` itself, which must agree to 1e-9 (a disagreement raises: the
    oracle's exact path and ``estimate()`` share their terms, so it would be a bug).
 6. **Time limit.** Past ``time_limit_s`` the oracle stops and says so: ``complete=False``,
@@ -80,7 +88,6 @@ from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.planner import cost_model as cm
 from lightning_hexiscale.planner import estimate as E
 from lightning_hexiscale.planner.batching import BatchTimer, layout_plan, minimax_split, mask, sumset, with_batches
-from lightning_hexiscale.planner.dp_comm import dp_comm_all
 from lightning_hexiscale.planner.estimate import Estimate, Workload, estimate
 from lightning_hexiscale.planner.plan import DP_SHARDINGS, SCHEDULES, Plan
 
@@ -250,7 +257,7 @@ class _Oracle:
         self._comp: dict[int, np.ndarray] = {}
         self._q: dict[int, tuple] = {}
         self._lt: dict[tuple, tuple[float, float]] = {}
-        self._head: dict[tuple, float] = {}
+        self._extra: dict[tuple, float] = {}
         self._hop: dict[tuple, float] = {}
         self._mem: dict[tuple, E.MemoryTerms] = {}
         self._cap: dict[tuple, float] = {}
@@ -302,37 +309,65 @@ class _Oracle:
             self._lt[key] = (t_f, t_b)
         return self._lt[key]
 
-    def head(self, st: tuple[int, ...], m: int) -> float:
-        key = (tuple(sorted(st)), m)
-        if key not in self._head:
-            self._head[key] = E.head_time(self.cluster, self.w, self.devices_of(key[0]), m)
-        return self._head[key]
+    def extra(self, st: tuple[int, ...], m: int, first: bool, last: bool) -> float:
+        """:func:`estimate.stage_extra_times` (head on the last stage, embedding on the first), summed;
+        they depend on the stage's set of devices only."""
+        key = (tuple(sorted(st)), m, first, last)
+        if key not in self._extra:
+            self._extra[key] = sum(E.stage_extra_times(self.cluster, self.w, self.devices_of(key[0]), m, first, last))
+        return self._extra[key]
 
     def head_arr(self, st: tuple[int, ...]) -> np.ndarray:
+        """The LM head and loss per micro-batch on a last stage, per micro-batch size of ``self.ms``."""
         key = ("head", tuple(sorted(st)))
         if key not in self._arr:
-            self._arr[key] = np.array([self.head(st, m) for m in self.ms])
+            self._arr[key] = np.array([self.extra(st, m, False, True) for m in self.ms])
         return self._arr[key]
 
-    def hop(self, src_leader: int, dst: tuple[int, ...], m: int) -> float:
-        """Hop from a stage led by a device of class ``src_leader`` to stage ``dst`` (leader first)."""
-        key = (src_leader, dst, m)
+    def embed_arr(self, st: tuple[int, ...]) -> np.ndarray:
+        """The vocabulary-parallel embedding's all-reduce per micro-batch on a first stage."""
+        key = ("embed", tuple(sorted(st)))
+        if key not in self._arr:
+            self._arr[key] = np.array([self.extra(st, m, True, False) for m in self.ms])
+        return self._arr[key]
+
+    def hop(self, src: tuple[int, ...], dst: tuple[int, ...], m: int) -> float:
+        """:func:`estimate.hop_time` from stage ``src`` to stage ``dst`` (class labels in rank order,
+        leader first). Between equal TP degrees above 1 (the scatter/gather path) the whole rank
+        orders matter (rank r sends to rank r); otherwise only the source leader, the destination
+        leader and the destination's devices."""
+        scatter = len(src) == len(dst) > 1
+        key = (src, dst, m) if scatter else (src[:1], dst, m)
         if key not in self._hop:
-            src = self.devices_of((src_leader,))
-            self._hop[key] = E.hop_time(self.cluster, self.w, src, self.devices_of(dst, taken=src), m)
+            s_dev = self.devices_of(key[0])
+            self._hop[key] = E.hop_time(self.cluster, self.w, s_dev, self.devices_of(dst, taken=s_dev), m)
         return self._hop[key]
 
-    def hop_arr(self, src_leader: int, dst: tuple[int, ...]) -> np.ndarray:
-        key = ("hop", src_leader, dst)
+    def hop_arr(self, src: tuple[int, ...], dst: tuple[int, ...]) -> np.ndarray:
+        key = ("hop", src if len(src) == len(dst) > 1 else src[:1], dst)
         if key not in self._arr:
-            self._arr[key] = np.array([self.hop(src_leader, dst, m) for m in self.ms])
+            self._arr[key] = np.array([self.hop(src, dst, m) for m in self.ms])
+        return self._arr[key]
+
+    def hop_bound(self, src: tuple[int, ...], dst: tuple[int, ...]) -> np.ndarray:
+        """A lower bound of the hop from stage ``src`` to stage ``dst`` (labels, leader first) over every
+        rank order consistent with their leaders: exact on the leader path (it depends on the leaders
+        only); on the scatter/gather path the least over every pairing of their ranks (the pairing is
+        the only thing the rank orders change there), per micro-batch size."""
+        if not len(src) == len(dst) > 1:
+            return self.hop_arr(src, dst)
+        key = ("hopscatter", tuple(sorted(src)), tuple(sorted(dst)))
+        if key not in self._arr:
+            a = key[1]
+            self._arr[key] = np.min([self.hop_arr(a, p) for p in multiset_permutations(list(key[2]))], axis=0)
         return self._arr[key]
 
     def hop_min(self, a: tuple[int, ...], b: tuple[int, ...]) -> np.ndarray:
-        """Cheapest hop from stage a to stage b (sorted labels) over every choice of their leaders."""
+        """Cheapest hop from stage a to stage b (sorted labels) over every choice of their leaders and rank orders."""
         key = ("hopmin", a, b)
         if key not in self._arr:
-            self._arr[key] = np.min([self.hop_arr(la, (lb,) + _rest(b, lb)) for la in set(a) for lb in set(b)], axis=0)
+            self._arr[key] = np.min([self.hop_bound((la,) + _rest(a, la), (lb,) + _rest(b, lb))
+                                     for la in set(a) for lb in set(b)], axis=0)
         return self._arr[key]
 
     def cap(self, st: tuple[int, ...]) -> float:
@@ -404,7 +439,8 @@ class _Oracle:
         With u(s) a stage's time per layer per micro-batch (T_comm taken as 0), any stage set of the
         pipeline has sum_j 1/u_j <= R = sum_d max_{s containing d's class} 1/(u(s) |s|), so the
         slowest stage takes at least L / R per micro-batch and sum_j l_j u_j >= L * min_s u(s); the
-        head adds at least the fastest class's. Hence T >= max(n L / R, L min u + head + (n-1) L / R)
+        head adds at least the least head of any stage (a TP group's vocabulary-parallel head may
+        be cheaper than any single device's). Hence T >= max(n L / R, L min u + head + (n-1) L / R)
         (hops, tails >= 0; memory ignored)."""
         key = ("l0", v, P, sh)
         if key in self._arr:
@@ -413,6 +449,7 @@ class _Oracle:
         present = [k for k in range(self.K) if v[k]]
         rho = np.zeros((self.K, len(self.ms)))
         umin = np.full(len(self.ms), math.inf)
+        head = np.full(len(self.ms), math.inf)
         for sub in itertools.product(*(range(c + 1) for c in v)):
             size = sum(sub)
             if not 1 <= size <= self.max_tp:
@@ -420,10 +457,10 @@ class _Oracle:
             st = tuple(k for k in range(self.K) for _ in range(sub[k]))
             u = self.u0(st, sh)
             umin = np.minimum(umin, u)
+            head = np.minimum(head, self.head_arr(st))
             for k in set(st):
                 rho[k] = np.maximum(rho[k], 1.0 / (u * size))
         R = sum(v[k] * rho[k] for k in present)
-        head = np.min([self.head_arr((k,)) for k in present], axis=0)
         L = self.L
         T = np.maximum(qn * L / R[qmi], L * umin[qmi] + head[qmi] + (qn - 1) * L / R[qmi])
         f0 = np.full(self.G + 1, math.inf)
@@ -461,7 +498,8 @@ class _Oracle:
             idx = np.array([[catalog[st] for st in stages] for stages in sets], dtype=np.int64)
             floor = np.empty((len(sets), len(self.ms)))
             for r, stages in enumerate(sets):
-                f = np.min([self.head_arr(st) for st in stages], axis=0)
+                f = (np.min([self.head_arr(st) for st in stages], axis=0)
+                     + np.min([self.embed_arr(st) for st in stages], axis=0))
                 if S > 1:
                     f = f + (S - 1) * np.min([self.hop_min(x, y) for i, x in enumerate(stages)
                                               for j, y in enumerate(stages) if i != j], axis=0)
@@ -567,8 +605,9 @@ class _Oracle:
         Lc = self.comps(S)
         U = np.array([[self.uw(st, ctx, P, sh)[0] for st in ch] for ch in chains]).transpose(0, 2, 1)  # (n, M, S)
         W = np.array([[self.uw(st, ctx, P, sh)[1] for st in ch] for ch in chains]).transpose(0, 2, 1)
-        H = np.array([[self.hop_arr(ch[j][0], ch[j + 1]) for j in range(S - 1)] + [self.head_arr(ch[-1])]
+        H = np.array([[self.hop_bound(ch[j], ch[j + 1]) for j in range(S - 1)] + [self.head_arr(ch[-1])]
                       for ch in chains]).transpose(0, 2, 1)
+        H[:, :, 0] += np.array([self.embed_arr(ch[0]) for ch in chains])
         room = np.array([[self.room_pos(sh, P, S, len(st), self.cap(st))[:, j] for j, st in enumerate(ch)]
                          for ch in chains]).transpose(0, 2, 1)  # (n, Q, S)
         X = Lc[None, None, :, :] * U[:, :, None, :] + H[:, :, None, :]  # (n, M, K, S)
@@ -712,9 +751,12 @@ class _Oracle:
         self.stats["combinations"] += 1
         orders_per_stage = []
         for chain, _ in combo:
-            for st in chain:
+            for j, st in enumerate(chain):
                 rest = list(st[1:])
-                perms = multiset_permutations(rest) if P > 1 and len(set(rest)) > 1 else [tuple(rest)]
+                # the rank order beyond the leader matters for the gradient exchange (P > 1) and on
+                # the scatter/gather path to an adjacent stage of the same TP degree
+                scatter = any(0 <= k < len(chain) and len(chain[k]) == len(st) > 1 for k in (j - 1, j + 1))
+                perms = multiset_permutations(rest) if (P > 1 or scatter) and len(set(rest)) > 1 else [tuple(rest)]
                 orders_per_stage.append([(st[0],) + tuple(p) for p in perms])
         for variant in itertools.product(*orders_per_stage):
             self.tick()
@@ -729,7 +771,7 @@ class _Oracle:
                 stages_dev.append(devs)
             layout = layout_plan(stages_dev, [split for _, split in combo], sh, self.s.schedule, self.s.recompute,
                                  self.L)
-            dp = dp_comm_all(layout, self.cluster, self.layer_bytes)
+            dp = self.timer.dp(layout)
             bar = self.best[0]
             suffix = [1] * (P + 1)
             for i in range(P - 1, -1, -1):

@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 SCHEDULES = ("gpipe", "1f1b")
 DP_SHARDINGS = ("ddp", "zero2", "zero3")
+REDUCE_DTYPES = ("bf16", "fp32")
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,10 @@ class Plan:
     """Data-parallel sharding across pipelines: ``ddp``, ``zero2`` or ``zero3``."""
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     """Free-form provenance (model, cluster, planner, source); not used by the runtime."""
+    reduce_dtype: str | None = None
+    """dtype gradients are summed in across pipelines (all-reduce / reduce-scatter): ``bf16`` or
+    ``fp32``; ``None`` = the run's own (bf16 for bf16 runs, the parameter dtype otherwise). The cost
+    model prices the data-parallel gradient traffic at this dtype's bytes."""
 
     # ---- derived -------------------------------------------------------------------------
     @property
@@ -133,6 +138,10 @@ class Plan:
             raise PlanError("plan.schedule", self.schedule, f"must be one of {SCHEDULES}", "pick one of them")
         if self.dp_sharding not in DP_SHARDINGS:
             raise PlanError("plan.dp_sharding", self.dp_sharding, f"must be one of {DP_SHARDINGS}", "pick one of them")
+        if self.reduce_dtype is not None and self.reduce_dtype not in REDUCE_DTYPES:
+            raise PlanError("plan.reduce_dtype", self.reduce_dtype,
+                            f"must be one of {REDUCE_DTYPES} or null (the run's own dtype)",
+                            "use reduce_dtype: bf16 (half the bytes) or fp32, or leave it out")
         if not self.pipelines:
             raise PlanError("plan.pipelines", [], "a plan needs at least one pipeline", "add a pipeline")
         if model is not None and self.num_layers != model.num_layers:
@@ -201,6 +210,7 @@ class Plan:
             "schedule": self.schedule,
             "recompute": self.recompute,
             "dp_sharding": self.dp_sharding,
+            "reduce_dtype": self.reduce_dtype,
             "pipelines": [
                 {
                     "batch_size": p.batch_size,
@@ -215,7 +225,7 @@ class Plan:
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "plan") -> Plan:
         """Build from the plan-file dict; unknown or missing keys raise :class:`PlanError`."""
-        _keys(data, {"num_layers", "pipelines"}, {"schedule", "recompute", "dp_sharding", "meta"}, source)
+        _keys(data, {"num_layers", "pipelines"}, {"schedule", "recompute", "dp_sharding", "reduce_dtype", "meta"}, source)
         pipes = []
         for i, p in enumerate(data["pipelines"] or []):
             pkey = f"{source}.pipelines[{i}]"
@@ -233,7 +243,8 @@ class Plan:
                                   stages=tuple(stages)))
         return cls(pipelines=tuple(pipes), num_layers=data["num_layers"],
                    schedule=data.get("schedule", "1f1b"), recompute=bool(data.get("recompute", True)),
-                   dp_sharding=data.get("dp_sharding", "ddp"), meta=dict(data.get("meta") or {}))
+                   dp_sharding=data.get("dp_sharding", "ddp"), reduce_dtype=data.get("reduce_dtype"),
+                   meta=dict(data.get("meta") or {}))
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None)
@@ -275,8 +286,9 @@ class Plan:
         widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
         lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))
+        reduce = f" (reduce in {self.reduce_dtype})" if self.reduce_dtype else ""
         head = (f"{self.num_pipelines} pipelines, {self.world_size} devices, global batch {self.global_batch}, "
-                f"schedule {self.schedule}, dp {self.dp_sharding}, recompute {'on' if self.recompute else 'off'}")
+                f"schedule {self.schedule}, dp {self.dp_sharding}{reduce}, recompute {'on' if self.recompute else 'off'}")
         return head + "\n" + "\n".join(lines)
 
 

@@ -7,7 +7,10 @@ Two ways in, one function shape ``fn(rank, world, *args)``:
   in ~0.05 s and inherits the already imported torch (spawn re-imports it: seconds per rank).
   Results come back through a queue; a rank that raises, dies, or is still running at the
   deadline makes every rank be killed and a :class:`RankFailure` be raised with the tracebacks,
-  because every distributed mismatch otherwise shows up as a silent hang.
+  because every distributed mismatch otherwise shows up as a silent hang. The root cause comes
+  first: the rank that raised something other than a broken connection, earliest first (a failing
+  rank's peers fail a moment later with "Connection closed by peer", and on a loaded host their
+  report may arrive first).
 - :func:`run_from_env` joins a process group that an external launcher described in the
   environment: torchrun / ``torch.distributed.run`` (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT),
   SLURM's srun (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID), or Lightning's script launcher
@@ -31,6 +34,12 @@ import torch
 import torch.distributed as dist
 
 from lightning_hexiscale.errors import HexiScaleError
+from lightning_hexiscale.runtime.failure import is_peer_failure
+
+
+FAILURE_SETTLE_S = 2.0
+"""After the first failure report, how long :func:`run_local` waits for the other ranks' reports
+before it kills them (the root cause may report second; see :func:`root_cause_order`)."""
 
 
 class RankFailure(HexiScaleError, RuntimeError):
@@ -53,20 +62,36 @@ def _free_port() -> int:
 
 def _child(rank: int, world: int, port: int, timeout_s: float, fn, args, out) -> None:
     torch.set_num_threads(1)  # one thread per rank: N ranks x default threads oversubscribe the cores
-    status, value = "ok", None
     try:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=timeout_s))
-        value = fn(rank, world, *args)
+        report = (rank, "ok", fn(rank, world, *args), 0.0)
     except BaseException:  # everything goes back to the parent, which kills the others
-        status, value = "error", traceback.format_exc()
+        # The time of the failure and the report go out BEFORE the process group is destroyed: tearing
+        # it down closes this rank's sockets, and the peers' "Connection closed by peer" must not be
+        # the first (or the only) thing the parent hears.
+        report = (rank, "error", traceback.format_exc(), time.time())
+    try:
+        out.put(report)
+    except Exception:
+        out.put((rank, "error", "result not picklable:\n" + traceback.format_exc(), time.time()))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-    try:
-        out.put((rank, status, value))
-    except Exception:
-        out.put((rank, "error", "result not picklable:\n" + traceback.format_exc()))
+
+
+def root_cause_order(errors: dict[int, tuple[str, float]]) -> list[int]:
+    """Ranks that raised, root cause first: ranks whose error is not a peer's broken connection
+    (:func:`~lightning_hexiscale.runtime.failure.is_peer_failure`), then by the time they failed, then by rank.
+
+    A failing rank's sockets close when it exits, so its peers often fail a moment later with
+    "Connection closed by peer"; on a loaded host their report can even reach the parent first.
+    """
+    def key(r: int):
+        text, when = errors[r]
+        return (is_peer_failure(text), when, r)
+
+    return sorted(errors, key=key)
 
 
 def run_local(world: int, fn, *args, timeout_s: float = 600.0) -> list:
@@ -83,35 +108,38 @@ def run_local(world: int, fn, *args, timeout_s: float = 600.0) -> list:
              for r in range(world)]
     for p in procs:
         p.start()
-    results: dict[int, tuple[str, object]] = {}
+    results: dict[int, tuple[str, object, float]] = {}
     deadline = time.monotonic() + timeout_s
+    settle_until: float | None = None  # after the first failure: time for the other reports to come in
     try:
         while len(results) < world:
-            left = deadline - time.monotonic()
-            if left <= 0:
+            now = time.monotonic()
+            if now >= deadline or (settle_until is not None and now >= settle_until):
                 break
             try:
-                rank, status, value = out.get(timeout=min(left, 0.5))
+                rank, status, value, when = out.get(timeout=min(deadline - now, 0.2))
             except queue.Empty:
-                if any(p.exitcode not in (None, 0) for p in procs):
-                    time.sleep(0.5)  # let a dying rank's siblings report their error first
-                    while not out.empty():
-                        rank, status, value = out.get()
-                        results[rank] = (status, value)
-                    break
+                if settle_until is None and any(p.exitcode not in (None, 0) for p in procs):
+                    settle_until = time.monotonic() + FAILURE_SETTLE_S  # a rank died without a report
                 continue
-            results[rank] = (status, value)
-            if status == "error":
-                break
+            results[rank] = (status, value, when)
+            if status == "error" and settle_until is None:
+                # Not the first report to arrive but the root cause is wanted (root_cause_order);
+                # the other ranks' reports, usually broken connections, follow within moments.
+                settle_until = time.monotonic() + FAILURE_SETTLE_S
     finally:
         for p in procs:
             if p.is_alive():
                 p.kill()
             p.join(timeout=5)
-    errors = [f"--- rank {r} ---\n{v}" for r, (s, v) in sorted(results.items()) if s == "error"]
+    errors = {r: (v, w) for r, (s, v, w) in results.items() if s == "error"}
     missing = [r for r in range(world) if r not in results]
     if errors:
-        raise RankFailure("rank(s) raised:\n" + "\n".join(errors) + (f"\n(ranks {missing} killed)" if missing else ""))
+        order = root_cause_order(errors)
+        text = "\n".join(f"--- rank {r} ---\n{errors[r][0]}" for r in order)
+        first = errors[order[0]][0].strip().splitlines()[-1]
+        raise RankFailure(f"rank {order[0]} failed first: {first}\nrank(s) raised (root cause first):\n{text}"
+                          + (f"\n(ranks {missing} killed)" if missing else ""))
     if missing:
         codes = {r: procs[r].exitcode for r in missing}
         raise RankFailure(f"ranks {missing} did not finish within {timeout_s:.0f} s (hang?); exit codes {codes}")

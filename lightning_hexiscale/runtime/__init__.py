@@ -4,7 +4,8 @@
 - :mod:`.parallelize`      the plain Llama -> this rank's stage (layers + TP shards); :mod:`.tensor_parallel`
 - :mod:`.schedule`         GPipe / 1F1B op lists and the executor that walks them
 - :mod:`.grad_sync`        asymmetric gradient sum across pipelines; :mod:`.zero`, :mod:`.zero3` for ZeRO
-- :mod:`.checkpoint`       plan-independent checkpoints
+- :mod:`.checkpoint`       plan-independent sharded checkpoints (torch.distributed.checkpoint);
+                           :mod:`.checkpoint_layout`, :mod:`.checkpoint_io`
 - :mod:`.failure`          heartbeats that name a failed rank
 - :mod:`.engine`           all of the above behind one object
 """

@@ -1,162 +1,272 @@
-"""Plan-independent checkpoints: save under plan A, resume under plan B (or on another cluster).
+"""Plan-independent sharded checkpoints on torch.distributed.checkpoint (DCP).
 
 A checkpoint is a directory (its name may end in ``.ckpt``: ModelCheckpoint names it)::
 
-    meta.pt                 Lightning's checkpoint dict (loops, callbacks, schedulers, hparams, ...)
-                            without model/optimizer tensors, plus ``"hexiscale"``: format, model
-                            config, the plan it was saved under (provenance only), the unit list,
-                            the optimizer's param-group hyper-parameters and each parameter's group
-    model/embed.pt          {global name: FULL tensor} of the token embedding
-    model/layer_00000.pt    ... one file per transformer layer (all its weights, unsharded)
-    model/head.pt           final norm + LM head
-    optim/<unit>.pt         {global name: {state key: FULL tensor (exp_avg, ...) or scalar (step)}}
-    COMPLETE                written last; a directory without it is refused as partial
+    .metadata           DCP's index: every global tensor (full shape, dtype) and where each saved
+                        box of it lies (file, byte offset); written by rank 0 after every rank's data
+    __<r>_0.distcp      rank r's boxes (torch.save records, one per box); ranks with nothing to
+                        write leave an empty file
+    meta.pt             Lightning's checkpoint dict (loops, callbacks, LR schedulers, hparams, ...)
+                        without model/optimizer tensors, plus ``"hexiscale"``: format, model config,
+                        the plan it was saved under (provenance), optimizer class and param groups
+    COMPLETE            written last; a directory without it is refused as partial
 
-Global names are those of the plain :class:`~lightning_hexiscale.models.llama.Llama`, so
-:func:`load_llama_state_dict` loads a checkpoint into the single-device model, whatever plan saved it.
+The global tensors are named by the plain :class:`~lightning_hexiscale.models.llama.Llama`'s
+parameters (``model.<name>``, ``optim.<key>.<name>``; :mod:`.checkpoint_layout`), so the same
+checkpoint resumes under any plan, TP layout, ``dp_sharding`` or cluster, and
+:func:`load_llama_state_dict` returns the single-device model's state dict.
 
-Writing (collective; every rank calls :func:`save`): pipeline 0 holds every parameter exactly once;
-each of its stage leaders gathers its TP group's shards (``gather_object`` in the TP group),
-concatenates them along the shard dim into full tensors and writes its units into
-``<path>.tmp-<token>``. After a barrier rank 0 writes ``meta.pt`` and ``COMPLETE`` and renames the
-directory to ``<path>`` (an existing ``<path>`` is moved aside first and deleted after), so a crash
-leaves either the old checkpoint or a ``.tmp-`` directory, never a half-written ``<path>``.
+Saving (collective, :class:`Checkpointer`): every rank writes only its own pieces (whole TP
+shards under ddp, split over the replicas; its owned chunks under ZeRO) with their global offsets;
+no tensor crosses the network (DCP exchanges only the small write plans). Rank 0 writes
+``meta.pt`` into ``<path>.tmp-<token>``, and after DCP's metadata (so after every rank's data)
+``COMPLETE``, then renames the directory to ``<path>`` (an existing ``<path>`` is moved aside first
+and deleted after). A crash leaves either the previous checkpoint or a ``.tmp-`` directory, never a
+half-written ``<path>``. With ``async_save`` the pieces are copied to CPU memory (DCP's stager),
+DCP's save and the rename run in one background thread per rank (saves in order, on a process
+group of their own) while training goes on; a load, the end of the run, or a save beyond
+:data:`MAX_IN_FLIGHT` waits for them, a removal for the save writing that path.
+
+Loading: each rank reads the byte ranges of its own shards only (:class:`RangeReader`), straight
+into its parameters and a freshly allocated optimizer state; DCP's planner reshards.
+
+Memory (tests/runtime/test_checkpoint_shards.py measures the bound: own shard bytes + 16 MiB): a
+save adds at most the rank's own shard bytes (contiguous copies of boxes that are not whole
+tensors, e.g. ZeRO chunk boxes or column slices; with ``async_save``, the staged copy per save in
+flight) plus a constant; a load adds the optimizer state it
+allocates (at most the rank's own shard bytes) plus a constant: never another rank's tensors.
+
 The file system must be shared by all ranks (as for any multi-node checkpoint).
-
-Reading: every rank reads only the units its stage holds and slices its shards out of the full
-tensors (:func:`lightning_hexiscale.runtime.parallelize.load_full_state_dict`); optimizer state
-is sliced the same way and mapped to the current optimizer's parameter order by name.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import uuid
+import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.optim import Optimizer
 
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.runtime.parallelize import LocalShard, StageModule, param_specs
+from lightning_hexiscale.runtime.checkpoint_io import PieceLoadPlanner, PieceSavePlanner, RangeReader
+from lightning_hexiscale.runtime.checkpoint_layout import (OptimizerTargets, Piece, model_fqn, read_model_pieces,
+                                                           read_optimizer_targets, saved_optimizer_keys, write_pieces)
+from lightning_hexiscale.runtime.parallelize import param_specs
 
-FORMAT = "hexiscale-checkpoint/1"
+FORMAT = "hexiscale-checkpoint/2"
+PREVIOUS_FORMATS = {"hexiscale-checkpoint/1": "one full-tensor file per layer under model/ and optim/"}
 COMPLETE = "COMPLETE"
+META = "meta.pt"
 
 
-def unit_of(name: str) -> str:
-    """File stem holding a global parameter: ``embed``, ``layer_00012`` or ``head``."""
-    if name.startswith("embed."):
-        return "embed"
-    if name.startswith("layers."):
-        return f"layer_{int(name.split('.')[1]):05d}"
-    return "head"
+# ---- saving ---------------------------------------------------------------------------------------
+MAX_IN_FLIGHT = 2
+"""Asynchronous saves in flight at once (each holds a staged copy of the rank's pieces): the
+top-k and the "last" checkpoint that ModelCheckpoint writes at the same step."""
 
 
-def all_units(config: LlamaConfig) -> list[str]:
-    return ["embed"] + [f"layer_{i:05d}" for i in range(config.num_layers)] + ["head"]
+@dataclass
+class _Pending:
+    future: Future
+    path: Path
 
 
-# ---- helpers on a stage ------------------------------------------------------------------------
-def _param_names(optimizer: Optimizer, stage: StageModule) -> list[tuple[int, str]]:
-    """(group index, global name) of every optimizer parameter, in torch's state-dict index order."""
-    names = {id(p): n for n, p in stage.named_parameters()}
-    out = []
-    for g, group in enumerate(optimizer.param_groups):
-        for p in group["params"]:
-            if id(p) not in names:
-                raise ConfigError("configure_optimizers", "a parameter outside the Llama",
-                                  "hexiscale checkpoints hold the model's parameters and their optimizer state only",
-                                  "optimise self.parameters() (the model's)")
-            out.append((g, names[id(p)]))
-    return out
+class Checkpointer:
+    """Writes checkpoints atomically, synchronously or in the background.
+
+    Args:
+        group: process group of the checkpoint's collectives (all ranks; ``None``: the default
+            group). With ``async_save`` it must have a CPU backend and be used by nothing else,
+            e.g. ``dist.new_group(backend="gloo")`` created by every rank.
+        async_save: return from :meth:`save` once the pieces are staged (copied to CPU memory by
+            DCP's ``FileSystemWriter.stage``, the stager of ``dcp.async_save``); DCP's ``save`` and the
+            rename run in ONE background thread per rank, saves in the order they were made. Not
+            ``dcp.async_save`` itself: it starts a thread per call, so two saves in flight would
+            issue their collectives from two threads, in an order that may differ between ranks.
+            At most :data:`MAX_IN_FLIGHT` saves are in flight; a further save waits for the oldest.
+    """
+
+    def __init__(self, group: dist.ProcessGroup | None = None, async_save: bool = False):
+        self.group, self.async_save = group, async_save
+        self._pending: list[_Pending] = []
+        self._executor: ThreadPoolExecutor | None = None
+        self._run_id: str | None = None
+        self._count = 0
+
+    @property
+    def pending(self) -> bool:
+        """Whether an asynchronous save is still in flight (or not yet waited for)."""
+        return any(not p.future.done() for p in self._pending)
+
+    def save(self, path: str | Path, engine, optimizer: Optimizer | None = None,
+             lightning_state: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> None:
+        """Collective: every rank calls it with its engine (and its optimizer, to save its state).
+
+        ``lightning_state`` (rank 0's is written) and ``extra`` (added to ``meta["hexiscale"]``)
+        go to ``meta.pt``. No communication happens in the calling thread except, once, the
+        agreement on this Checkpointer's name for temporary directories."""
+        if optimizer is not None:
+            check_optimizer(engine, optimizer)
+        while len(self._pending) >= MAX_IN_FLIGHT:
+            self._pop()
+        path = Path(path)
+        on = _distributed()
+        coordinator = not on or dist.get_rank(self.group) == 0
+        if self._run_id is None:  # before any save is in flight: the group is free
+            self._run_id = _agree_token(self.group) if on else uuid.uuid4().hex[:16]
+        self._count += 1
+        tmp = path.with_name(f"{path.name}.tmp-{self._run_id}-{self._count}")
+        if coordinator:
+            tmp.mkdir(parents=True, exist_ok=True)
+            meta = dict(lightning_state or {})
+            meta["hexiscale"] = {"format": FORMAT, "model": engine.config.to_dict(), "plan": engine.plan.to_dict(),
+                                 "world_size": engine.plan.world_size, **(extra or {}),
+                                 "optimizer": optimizer_meta(optimizer) if optimizer is not None else None}
+            torch.save(meta, tmp / META)
+        pieces = write_pieces(engine, optimizer)
+        state = {p.key: p.tensor for p in pieces}
+        writer = dcp.FileSystemWriter(str(tmp))
+        job = (writer, PieceSavePlanner(pieces), self.group, on, tmp, path, coordinator)
+        if not self.async_save:
+            _write(state, *job)
+            if on:
+                dist.barrier(group=self.group)  # nobody looks for <path> before the rename
+            return
+        staged = writer.stage(state)  # the values of this step, whatever training does next
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hexiscale-checkpoint")
+        self._pending.append(_Pending(self._executor.submit(_write, staged, *job), path))
+
+    def _pop(self) -> None:
+        p = self._pending.pop(0)
+        try:
+            p.future.result()
+        except BaseException as e:
+            self._pending.clear()  # later saves of a failed sequence are not trusted either
+            raise RuntimeError(f"the asynchronous checkpoint save of {p.path} failed: {e}") from e
+
+    def wait(self, barrier: bool = True) -> None:
+        """Block until every save in flight is written and renamed into place; re-raise the first
+        error. Collective when something was in flight and ``barrier`` (every rank then sees the
+        renamed directories: the coordinator renames)."""
+        had = bool(self._pending)
+        try:
+            while self._pending:
+                self._pop()
+        finally:
+            if had and barrier and _distributed():
+                dist.barrier(group=self.group)
+
+    def wait_for(self, path: str | Path) -> None:
+        """Local: block until the saves in flight up to the last one writing ``path`` are done
+        (before removing ``path``; only the coordinator renames and removes)."""
+        path = Path(path)
+        last = max((i for i, p in enumerate(self._pending) if p.path == path), default=-1)
+        for _ in range(last + 1):
+            self._pop()
+
+    def close(self, wait: bool = True) -> None:
+        """Wait for the saves in flight (no barrier) and stop the writer thread (a later save starts
+        another). ``wait=False`` (after a failure elsewhere): abandon them; their ``.tmp-``
+        directories stay partial and are refused."""
+        try:
+            if wait:
+                self.wait(barrier=False)
+        finally:
+            self._pending.clear()
+            if self._executor is not None:
+                self._executor.shutdown(wait=wait, cancel_futures=True)
+                self._executor = None
 
 
-def _local_pieces(stage: StageModule, optimizer: Optimizer | None) -> dict[str, dict[str, Any]]:
-    """name -> {"param": local tensor, "state": {key: tensor or scalar}} on CPU, for this rank."""
-    params = dict(stage.named_parameters())
-    pieces = {n: {"param": p.detach().cpu(), "state": {}} for n, p in params.items()}
-    if optimizer is not None:
-        for _, name in _param_names(optimizer, stage):
-            p = params[name]
-            for k, v in optimizer.state.get(p, {}).items():
-                pieces[name]["state"][k] = v.detach().cpu() if torch.is_tensor(v) else v
-    return pieces
+def save(path: str | Path, engine, optimizer: Optimizer | None = None, lightning_state: dict[str, Any] | None = None,
+         extra: dict[str, Any] | None = None, group: dist.ProcessGroup | None = None) -> None:
+    """A synchronous :meth:`Checkpointer.save` (collective)."""
+    Checkpointer(group).save(path, engine, optimizer, lightning_state, extra)
 
 
-def _full(spec_shard: LocalShard, parts: list[torch.Tensor], param_shape: tuple[int, ...], value: Any) -> Any:
-    """Concatenate TP parts of a sharded tensor (parts in TP-rank order); replicated values as is."""
-    dim = spec_shard.spec.shard_dim
-    if dim is None or not torch.is_tensor(value) or tuple(value.shape) != param_shape:
-        return value
-    return torch.cat(parts, dim=dim)
+def _write(state, writer, planner, group, on: bool, tmp: Path, path: Path, coordinator: bool) -> None:
+    """DCP's collective save of this rank's pieces; then, on the coordinator (every rank's data and
+    DCP's metadata are on disk once its ``dcp.save`` returns), ``COMPLETE`` and the rename."""
+    with _quiet_no_dist(not on):
+        dcp.save(state, storage_writer=writer, planner=planner, process_group=group, no_dist=not on)
+    if coordinator:
+        _finalize(tmp, path)
 
 
-# ---- save ----------------------------------------------------------------------------------------
-def save(path: str | Path, lightning_state: dict[str, Any], stage: StageModule, topology, optimizer: Optimizer | None,
-         extra_meta: dict[str, Any]) -> None:
-    """Write a checkpoint directory (collective over the world; see the module doc)."""
-    path = Path(path)
-    rank, role = topology.rank, topology.role
-    token = [uuid.uuid4().hex[:8] if rank == 0 else None]
-    dist.broadcast_object_list(token, src=0)
-    tmp = path.with_name(f"{path.name}.tmp-{token[0]}")
-    if rank == 0:
-        (tmp / "model").mkdir(parents=True, exist_ok=True)
-        (tmp / "optim").mkdir(parents=True, exist_ok=True)
-    dist.barrier()
-    if role.pipeline == 0:
-        pieces = _local_pieces(stage, optimizer)
-        if role.tp > 1:
-            gathered: list | None = [None] * role.tp if role.is_leader else None
-            dist.gather_object(pieces, gathered, dst=role.leader, group=topology.tp_group)
-        else:
-            gathered = [pieces]
-        if role.is_leader:
-            _write_units(tmp, stage, gathered, optimizer is not None)
-    dist.barrier()
-    if rank == 0:
-        meta = dict(lightning_state)
-        meta["hexiscale"] = extra_meta
-        torch.save(meta, tmp / "meta.pt")
-        (tmp / COMPLETE).write_text(FORMAT + "\n")
-        old = path.with_name(f"{path.name}.old-{token[0]}")
-        if path.exists():
-            path.rename(old)
-        tmp.rename(path)
-        if old.exists():
-            shutil.rmtree(old) if old.is_dir() else old.unlink()
-    dist.barrier()
+def _finalize(tmp: Path, path: Path) -> None:
+    with open(tmp / COMPLETE, "w") as f:
+        f.write(FORMAT + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    old = path.with_name(f"{path.name}.old-{tmp.name.split('.tmp-', 1)[-1]}")
+    if path.exists():
+        path.rename(old)
+    tmp.rename(path)
+    if old.exists():
+        remove(old)
 
 
-def _write_units(tmp: Path, stage: StageModule, gathered: list[dict], with_optim: bool) -> None:
-    shards = stage.shards()
-    units: dict[str, tuple[dict, dict]] = {}
-    for name, shard in shards.items():
-        first = gathered[0][name]
-        shape = tuple(first["param"].shape)
-        full_param = _full(shard, [g[name]["param"] for g in gathered], shape, first["param"])
-        state = {k: _full(shard, [g[name]["state"][k] for g in gathered], shape, v) for k, v in first["state"].items()}
-        model_u, optim_u = units.setdefault(unit_of(name), ({}, {}))
-        model_u[name] = full_param.clone()
-        optim_u[name] = state
-    for unit, (model_u, optim_u) in units.items():
-        torch.save(model_u, tmp / "model" / f"{unit}.pt")
-        if with_optim:
-            torch.save(optim_u, tmp / "optim" / f"{unit}.pt")
+@contextmanager
+def _quiet_no_dist(active: bool):
+    """DCP warns when it runs without a process group; with ``no_dist`` that is what we ask for.
+    (Only then: the filter is process-global and saves may run in a background thread.)"""
+    if not active:
+        yield
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        yield
 
 
-def optimizer_meta(optimizer: Optimizer, stage: StageModule) -> dict[str, Any]:
-    """Hyper-parameters of each param group (no tensors) and each parameter's group, by name."""
-    groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
-    return {"param_groups": groups, "group_of": {n: g for g, n in _param_names(optimizer, stage)}}
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
 
 
-# ---- load ----------------------------------------------------------------------------------------
+def _group_device(group) -> torch.device:
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _agree_token(group) -> str:
+    """A random name, equal on every rank (one int64 broadcast from the group's first rank)."""
+    t = torch.tensor([uuid.uuid4().int % (1 << 62)], dtype=torch.int64, device=_group_device(group))
+    dist.broadcast(t, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
+    return f"{int(t.item()):016x}"
+
+
+def check_optimizer(engine, optimizer: Optimizer) -> None:
+    """The optimizer must optimise exactly the stage's parameters (their state is what is saved)."""
+    mine = {id(p) for p in engine.stage.parameters()}
+    theirs = [p for g in optimizer.param_groups for p in g["params"]]
+    if any(id(p) not in mine for p in theirs) or len(theirs) != len(mine):
+        raise ConfigError("configure_optimizers", f"an optimizer over {len(theirs)} tensors",
+                          f"hexiscale checkpoints hold the model's {len(mine)} local parameters and their optimizer "
+                          "state; the optimizer has tensors outside the Llama or misses some of its parameters",
+                          "optimise self.parameters() (the model's)")
+
+
+def optimizer_meta(optimizer: Optimizer) -> dict[str, Any]:
+    """The optimizer's class and the hyper-parameters of each param group (no tensors of state)."""
+    cls = type(optimizer)
+    return {"class": f"{cls.__module__}.{cls.__qualname__}",
+            "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]}
+
+
+# ---- checking a directory -------------------------------------------------------------------------
 def check_complete(path: str | Path) -> Path:
     """The checkpoint directory, or ConfigError saying why it cannot be used."""
     p = Path(path)
@@ -165,20 +275,31 @@ def check_complete(path: str | Path) -> Path:
     if not p.is_dir():
         raise ConfigError("ckpt_path", str(p), "not a hexiscale checkpoint directory (a single-file checkpoint of "
                           "another strategy?)", "resume from a checkpoint saved with strategy='hexiscale'")
-    if not (p / COMPLETE).is_file() or ".tmp-" in p.name:
+    marker = p / COMPLETE
+    written = marker.read_text().strip() if marker.is_file() else None
+    if written in PREVIOUS_FORMATS:
+        raise ConfigError("ckpt_path", str(p), f"a checkpoint in the previous format {written!r} "
+                          f"({PREVIOUS_FORMATS[written]}); this version reads {FORMAT!r} (torch.distributed."
+                          "checkpoint shards) only", "its weights are plain torch files: load them with "
+                          "{n: t for f in sorted((ckpt / 'model').glob('*.pt')) for n, t in torch.load(f).items()} "
+                          "and start a new run from them (LlamaLitModule.init_state_dict); its optimizer state "
+                          "cannot be resumed by this version")
+    if written is None or ".tmp-" in p.name:
         raise ConfigError("ckpt_path", str(p), f"partial checkpoint: the {COMPLETE} marker is missing, so the save was "
                           "interrupted before every rank had written its part", "resume from an earlier checkpoint")
+    if written != FORMAT:
+        raise ConfigError("ckpt_path", str(p), f"format {written!r} is not {FORMAT!r}",
+                          "load it with the lightning-hexiscale version that wrote it")
+    if not (p / ".metadata").is_file() or not (p / META).is_file():
+        raise ConfigError("ckpt_path", str(p), f"marked {COMPLETE} but .metadata or {META} is missing",
+                          "the checkpoint is damaged; use another")
     return p
 
 
 def read_meta(path: str | Path) -> dict[str, Any]:
+    """``meta.pt``: Lightning's state plus ``["hexiscale"]`` (format, model, plan, optimizer)."""
     p = check_complete(path)
-    meta = torch.load(p / "meta.pt", map_location="cpu", weights_only=False)
-    info = meta.get("hexiscale", {})
-    if info.get("format") != FORMAT:
-        raise ConfigError("ckpt_path", str(p), f"format {info.get('format')!r} is not {FORMAT!r}",
-                          "save it again with this version")
-    return meta
+    return torch.load(p / META, map_location="cpu", weights_only=False)
 
 
 def _check_model(meta: dict[str, Any], config: LlamaConfig, path: Path) -> None:
@@ -191,62 +312,107 @@ def _check_model(meta: dict[str, Any], config: LlamaConfig, path: Path) -> None:
                           f"resume with the model it was trained with ({saved.get('name')})")
 
 
-def load_units(path: Path, units: list[str], kind: str = "model") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for u in units:
-        f = path / kind / f"{u}.pt"
-        if not f.is_file():
-            raise ConfigError("ckpt_path", str(path), f"{kind}/{u}.pt is missing", "the checkpoint is damaged; use another")
-        out.update(torch.load(f, map_location="cpu", weights_only=True))
-    return out
+# ---- loading --------------------------------------------------------------------------------------
+def _load(path: Path, pieces: list[Piece], group, reader: RangeReader | None = None,
+          no_dist: bool | None = None) -> RangeReader:
+    reader = reader or RangeReader(str(path))
+    no_dist = not _distributed() if no_dist is None else no_dist
+    with _quiet_no_dist(no_dist):
+        dcp.load({p.key: p.tensor for p in pieces}, storage_reader=reader,
+                 planner=PieceLoadPlanner(pieces, str(path)), process_group=group, no_dist=no_dist)
+    return reader
 
 
-def load_stage(path: str | Path, stage: StageModule, meta: dict[str, Any]) -> None:
-    """Copy this rank's shards out of the checkpoint's full tensors."""
-    from lightning_hexiscale.runtime.parallelize import load_full_state_dict
+@torch.no_grad()
+def load_model(path: str | Path, engine, meta: dict[str, Any] | None = None, group=None) -> RangeReader:
+    """Collective: fill this rank's parameters (ZeRO-3: its master chunks) from the checkpoint.
+    Returns the reader (its ``log`` lists the byte ranges read)."""
+    p = check_complete(path)
+    _check_model(meta if meta is not None else read_meta(p), engine.config, p)
+    reader = _load(p, read_model_pieces(engine), group)
+    if engine.zero is not None:
+        engine.zero.refresh_masters()  # mixed precision: the float32 masters from the loaded parameters
+    return reader
 
-    p = Path(path)
-    _check_model(meta, stage.config, p)
-    units = sorted({unit_of(n) for n in stage.shards()})
-    load_full_state_dict(stage, load_units(p, units, "model"))
 
-
-def load_optimizer(path: str | Path, stage: StageModule, optimizer: Optimizer, meta: dict[str, Any]) -> None:
-    """Slice the saved full optimizer state to this rank's shards and load it into ``optimizer``."""
-    p = Path(path)
-    saved = meta["hexiscale"].get("optimizer")
-    if saved is None or not (p / "optim").is_dir() or not any((p / "optim").iterdir()):
+@torch.no_grad()
+def load_optimizer(path: str | Path, engine, optimizer: Optimizer, meta: dict[str, Any] | None = None,
+                   group=None) -> RangeReader:
+    """Collective: this rank's optimizer state (ddp: ``optimizer.state``; ZeRO: the chunks of the
+    engine's sharded optimizer) and the saved param-group hyper-parameters."""
+    p = check_complete(path)
+    meta = meta if meta is not None else read_meta(p)
+    check_optimizer(engine, optimizer)
+    saved_meta = meta["hexiscale"].get("optimizer")
+    if saved_meta is None:
         raise ConfigError("ckpt_path", str(p), "the checkpoint holds no optimizer state (weights only)",
                           "resume training from a full checkpoint, or load weights only")
-    shards = stage.shards()
-    names = _param_names(optimizer, stage)
-    state = load_units(p, sorted({unit_of(n) for _, n in names}), "optim")
-    sd_state = {}
-    for idx, (_, name) in enumerate(names):
-        shape = tuple(shards[name].spec.shape)
-        sd_state[idx] = {k: shards[name].slice_of(v).clone() if torch.is_tensor(v) and tuple(v.shape) == shape else v
-                         for k, v in state[name].items()}
-    groups = []
-    for g, group in enumerate(optimizer.param_groups):
-        hyper = saved["param_groups"][g] if g < len(saved["param_groups"]) else {}
-        ids = [i for i, (gi, _) in enumerate(names) if gi == g]
-        groups.append({**{k: v for k, v in group.items() if k != "params"}, **hyper, "params": ids})
-    if len(saved["param_groups"]) != len(optimizer.param_groups):
+    cls = f"{type(optimizer).__module__}.{type(optimizer).__qualname__}"
+    if saved_meta["class"] != cls:
+        raise ConfigError("configure_optimizers", cls, f"the checkpoint {p} holds the state of a {saved_meta['class']}",
+                          "resume with the optimizer it was trained with")
+    if len(saved_meta["param_groups"]) != len(optimizer.param_groups):
         raise ConfigError("configure_optimizers", f"{len(optimizer.param_groups)} param groups",
-                          f"the checkpoint's optimizer had {len(saved['param_groups'])}", "build the same groups")
-    optimizer.load_state_dict({"state": sd_state, "param_groups": groups})
+                          f"the checkpoint's optimizer had {len(saved_meta['param_groups'])}", "build the same groups")
+    reader = RangeReader(str(p))
+    tensors = {fqn: (tuple(md.size), md.properties.dtype)
+               for fqn, md in reader.read_metadata().state_dict_metadata.items()
+               if isinstance(md, TensorStorageMetadata)}
+    names = [n for n, _ in engine.stage.named_parameters()]
+    targets = read_optimizer_targets(engine, optimizer, saved_optimizer_keys(tensors, names))
+    _load(p, targets.pieces, group, reader)
+    _apply_optimizer_state(engine, optimizer, targets, saved_meta["param_groups"])
+    return reader
 
 
+def _apply_optimizer_state(engine, optimizer: Optimizer, targets: OptimizerTargets,
+                           saved_groups: list[dict[str, Any]]) -> None:
+    def value(owner, key, v):
+        if (owner, key) in targets.python_keys:
+            return v.item()
+        return v.clone() if v.dim() == 0 else v  # scalars may be shared between owners (step += 1 in place)
+
+    if engine.zero is None:
+        names = {id(p): n for n, p in engine.stage.named_parameters()}
+        order = [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
+        state = {i: {k: value(n, k, v) for k, v in targets.state[n].items()}
+                 for i, n in enumerate(order) if targets.state.get(n)}
+        groups, start = [], 0
+        for group, hyper in zip(optimizer.param_groups, saved_groups):
+            n = len(group["params"])
+            groups.append({**{k: v for k, v in group.items() if k != "params"}, **hyper,
+                           "params": list(range(start, start + n))})
+            start += n
+        optimizer.load_state_dict({"state": state, "param_groups": groups})
+        return
+    sopt = engine.sharded_optimizer
+    for inner in sopt.inner:
+        inner.state.clear()
+    for (i, r), st in targets.state.items():
+        if st:
+            sopt.inner[i].state[sopt.leaves[i][r]] = {k: value((i, r), k, v) for k, v in st.items()}
+    for group, hyper in zip(optimizer.param_groups, saved_groups):
+        group.update(hyper)
+
+
+# ---- the plain model ------------------------------------------------------------------------------
 def load_llama_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
-    """The full state dict of the plain :class:`Llama` from a checkpoint saved under any plan."""
+    """The full state dict of the plain :class:`Llama` (global names) from a checkpoint saved under
+    any plan. One process, no collectives; holds the whole model (not the optimizer) in memory."""
     p = check_complete(path)
-    meta = read_meta(p)
-    config = LlamaConfig(**meta["hexiscale"]["model"])
-    state = load_units(p, all_units(config), "model")
-    missing = [s.name for s in param_specs(config) if s.name not in state]
-    if missing:
-        raise ConfigError("ckpt_path", str(p), f"missing parameters {missing[:3]}", "the checkpoint is damaged")
-    return state
+    config = LlamaConfig(**read_meta(p)["hexiscale"]["model"])
+    reader = RangeReader(str(p))
+    md = reader.read_metadata().state_dict_metadata
+    out, pieces = {}, []
+    for spec in param_specs(config):
+        saved = md.get(model_fqn(spec.name))
+        if not isinstance(saved, TensorStorageMetadata):
+            raise ConfigError("ckpt_path", str(p), f"the checkpoint has no parameter {spec.name!r}",
+                              "the checkpoint is damaged")
+        out[spec.name] = torch.empty(spec.shape, dtype=saved.properties.dtype)
+        pieces.append(Piece(model_fqn(spec.name), (0,) * len(spec.shape), spec.shape, out[spec.name]))
+    _load(p, pieces, None, reader, no_dist=True)
+    return out
 
 
 def load_llama(path: str | Path, device: str | torch.device = "cpu"):
@@ -261,6 +427,29 @@ def load_llama(path: str | Path, device: str | torch.device = "cpu"):
     model = model.to(dtype).to_empty(device=device)
     model.load_state_dict(state)
     return model
+
+
+def consolidate(path: str | Path, out: str | Path) -> dict[str, Any]:
+    """Write the checkpoint's full model state dict (global names) to one ``torch.save`` file
+    (written to ``<out>.tmp`` and renamed). Returns a summary: step, tensors, bytes."""
+    state = load_llama_state_dict(path)
+    meta = read_meta(path)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    torch.save(state, tmp)
+    tmp.replace(out)
+    return {"global_step": meta.get("global_step"), "epoch": meta.get("epoch"), "tensors": len(state),
+            "bytes": sum(t.numel() * t.element_size() for t in state.values()),
+            "model": meta["hexiscale"]["model"].get("name")}
+
+
+def stored_tensors(path: str | Path) -> tuple[int, int]:
+    """(number of global tensors, their bytes) in a checkpoint, from DCP's metadata."""
+    md = RangeReader(str(check_complete(path))).read_metadata().state_dict_metadata
+    sizes = [math.prod(m.size) * m.properties.dtype.itemsize for m in md.values()
+             if isinstance(m, TensorStorageMetadata)]
+    return len(sizes), sum(sizes)
 
 
 def remove(path: str | Path) -> None:

@@ -18,9 +18,17 @@ holders and the optimizer must be wrapped, ``opt = engine.wrap_optimizer(torch_o
 that it steps only this rank's chunks and all-gathers the parameters (:mod:`.zero`); ZeRO-3 also
 gathers each block's parameters around its uses (:mod:`.zero3`). ``wrap_optimizer`` returns the
 optimizer itself under ``ddp``, so the same loop runs all three.
+
+Tied embeddings (``tie_word_embeddings``) in a pipeline of two or more stages: the last stage's
+copy of ``embed.weight`` is kept equal to the first stage's by :mod:`.tied_embeddings`, whose
+gradient exchange runs in :meth:`PipelineEngine.sync_grads` before the data-parallel sync. Those
+plans start the data-parallel all-reduces after the backward instead of during it (the first
+stage's embedding gradient is complete only after the exchange).
 """
 
 from __future__ import annotations
+
+from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
@@ -31,10 +39,15 @@ from lightning_hexiscale.models.llama import Llama
 from lightning_hexiscale.planner.plan import Plan
 from lightning_hexiscale.runtime.grad_sync import DEFAULT_BUCKET_CAP_BYTES, GradSynchronizer
 from lightning_hexiscale.runtime.parallelize import build_stage, load_full_state_dict, local_shards
-from lightning_hexiscale.runtime.schedule import PipelineExecutor, global_loss
+from lightning_hexiscale.runtime.comm_order import check_exchanges
+from lightning_hexiscale.runtime.schedule import PipelineExecutor, global_loss, wire_dtype
+from lightning_hexiscale.runtime.tied_embeddings import TiedEmbeddingSync, needs_tied_sync
 from lightning_hexiscale.runtime.topology import Topology
 from lightning_hexiscale.runtime.zero import ShardedOptimizer, ZeroSharder
 from lightning_hexiscale.runtime.zero3 import Zero3Gatherer
+
+REDUCE_TORCH_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+"""``plan.reduce_dtype`` -> torch dtype."""
 
 
 class PipelineEngine:
@@ -60,6 +73,7 @@ class PipelineEngine:
                  autocast_dtype: torch.dtype | None = None, state_dict: dict[str, torch.Tensor] | None = None,
                  bucket_cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES):
         plan.validate(model=model_config)
+        check_exchanges(plan)  # every link's batches pair up (else PlanError, before any communication)
         self.plan, self.config = plan, model_config
         self.device = torch.device(device)
         self.topology = Topology(plan, model_config, rank)
@@ -73,16 +87,25 @@ class PipelineEngine:
             load_full_state_dict(self.stage, state_dict)
         self.executor = PipelineExecutor(self.stage, self.topology, plan.schedule, autocast_dtype)
         self.sharding = plan.dp_sharding
+        # Bytes on the wire = bytes the cost model prices: activations and gathered parameters in the
+        # autocast dtype under mixed precision, gradients summed in the plan's reduce_dtype.
+        self.wire_dtype = wire_dtype(dtype, autocast_dtype)
+        self.reduce_dtype = REDUCE_TORCH_DTYPES[plan.reduce_dtype] if plan.reduce_dtype else self.wire_dtype
         self.grad_sync: GradSynchronizer | None = None
         self.zero: ZeroSharder | None = None
         self.zero3: Zero3Gatherer | None = None
         self.sharded_optimizer: ShardedOptimizer | None = None
         if self.sharding == "ddp":
-            self.grad_sync = GradSynchronizer(self.stage, self.topology, bucket_cap_bytes)
+            self.grad_sync = GradSynchronizer(self.stage, self.topology, bucket_cap_bytes, self.reduce_dtype)
         else:
-            self.zero = ZeroSharder(self.stage, self.topology, self.sharding, bucket_cap_bytes)
+            self.zero = ZeroSharder(self.stage, self.topology, self.sharding, bucket_cap_bytes, self.reduce_dtype,
+                                    self.wire_dtype)
             if self.sharding == "zero3":
                 self.zero3 = Zero3Gatherer(self.zero)
+                self.executor.before_exchange = self.zero3.before_exchange
+        self.tied: TiedEmbeddingSync | None = None
+        if needs_tied_sync(plan, model_config):  # collective: every rank constructs it
+            self.tied = TiedEmbeddingSync(self.stage, self.topology, self.loss_device)
 
     def parameters(self):
         """This rank's local parameters (shards), for the optimizer."""
@@ -94,19 +117,29 @@ class PipelineEngine:
         if self.zero is None:
             return optimizer
         self.sharded_optimizer = self.zero.attach(optimizer)
+        if self.tied is not None:
+            return _StepThenTie(self.sharded_optimizer, self.tied)
         return self.sharded_optimizer
 
     def sync_grads(self) -> None:
-        """Sum gradients across pipelines (collective): all-reduce (ddp) or reduce-scatter (zero)."""
+        """Sum gradients across pipelines (collective): all-reduce (ddp) or reduce-scatter (zero);
+        with tied embeddings across stages, the first/last stage exchange comes first."""
+        if self.tied is not None:
+            self.tied.sum_grads()
         if self.zero is not None:
             self.zero.reduce_grads()
         else:
             self.grad_sync.sync()
+            if self.tied is not None and self.plan.num_pipelines > 1:
+                self.tied.after_dp_sync()
 
     def run_pipeline(self, tokens: torch.Tensor, targets: torch.Tensor, loss_scale: float, arm: bool = False):
         """One schedule run on this pipeline's batch (forward + backward of all micro-batches);
         returns the pipeline's scaled loss (see :meth:`PipelineExecutor.run`). ``arm``: start the
         ddp gradient all-reduces during the last backward."""
+        # Tied embeddings across stages: the embedding's gradient is final only after the tied
+        # exchange in sync_grads; the synchroniser starts the embedding's buckets only in sync()
+        # (its unit comes last in the backward), so overlapping the others is safe.
         hook = self.grad_sync.arm if (arm and self.grad_sync is not None) else None
         if self.zero3 is None:
             return self.executor.run(tokens, targets, loss_scale, hook)
@@ -114,11 +147,14 @@ class PipelineEngine:
             return self.executor.run(tokens, targets, loss_scale, hook)
 
     def full_params(self, gather: bool = True, writeback: bool = False):
-        """Context with every local parameter whole (ZeRO-3; a no-op otherwise); see
-        :meth:`Zero3Gatherer.full_params`."""
-        from contextlib import nullcontext
-
-        return nullcontext() if self.zero3 is None else self.zero3.full_params(gather, writeback)
+        """Context with every local parameter whole and exact: ZeRO-3 gathers the blocks, mixed-
+        precision ZeRO the float32 masters (a no-op otherwise); see :meth:`Zero3Gatherer.full_params`.
+        Collective when it gathers."""
+        if self.zero3 is not None:
+            return self.zero3.full_params(gather, writeback)
+        if self.zero is not None and self.zero.mixed:
+            return self.zero.full_params(gather, writeback)
+        return nullcontext()
 
     @torch.no_grad()
     def grad_norm_sq_local(self) -> torch.Tensor | None:
@@ -170,3 +206,19 @@ class PipelineEngine:
         (collective under ZeRO-3, which gathers the blocks to copy them)."""
         with self.full_params():
             return {k: (t.clone(), d, s, e) for k, (t, d, s, e) in local_shards(self.stage).items()}
+
+
+class _StepThenTie:
+    """The sharded optimizer, followed after each step by the tied-embedding weight copy to the last
+    stage (ZeRO steps only the first stage's copy, see :meth:`TiedEmbeddingSync.after_step`)."""
+
+    def __init__(self, sharded: ShardedOptimizer, tied: TiedEmbeddingSync):
+        self._sharded, self._tied = sharded, tied
+
+    def step(self, closure=None):
+        loss = self._sharded.step(closure)
+        self._tied.after_step()
+        return loss
+
+    def __getattr__(self, name: str):
+        return getattr(self._sharded, name)

@@ -37,6 +37,26 @@ EXIT_RANK_FAILED = 4
 """Exit status of a process the watch stops (recipes/train.py uses the same for TrainingFailure)."""
 
 
+PEER_FAILURE_TEXTS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "ECONNRESET",
+                      "Socket Timeout", "Timed out waiting", "Connection refused", "NCCL communicator was aborted",
+                      "ProcessGroupNCCL's watchdog")
+"""What a rank's communication error says when ANOTHER rank failed (its sockets closed, it never
+came, the communicator was aborted): the consequence of a failure, not its cause."""
+
+
+def is_peer_failure(exc: BaseException | str) -> bool:
+    """Whether an exception (or the last line of a traceback text) is a communication error caused
+    by another rank (:data:`PEER_FAILURE_TEXTS`; torch's ``DistError`` family included)."""
+    if isinstance(exc, BaseException):
+        if isinstance(exc, dist.DistError) and not isinstance(exc, dist.DistStoreError):
+            return True
+        text = str(exc)
+    else:
+        lines = exc.strip().splitlines()
+        text = lines[-1] if lines else ""
+    return any(m in text for m in PEER_FAILURE_TEXTS)
+
+
 def _short(exc: BaseException) -> str:
     """``Type: first line of the message``, at most 300 characters."""
     lines = str(exc).strip().splitlines()
@@ -138,13 +158,22 @@ class FailureWatch:
                 who = f"rank {quiet[0]} is" if len(quiet) == 1 else f"ranks {quiet} are"
                 parts.append(f"{who} alive but never joined the collective the others timed out in (hung, or "
                              f"blocked outside the collectives)")
-        if reports:
+        # A report that is a broken connection (is_peer_failure) is the consequence of a failure,
+        # not its cause: the first real error leads; the broken connections are only counted, their
+        # raw text (gloo's "Connection reset by peer ... GLHF") shown only when nothing else is known.
+        causes = [(r, msg) for _, r, msg in reports if not is_peer_failure(msg)]
+        lost = [r for _, r, msg in reports if is_peer_failure(msg)]
+        if causes:
+            first, msg = causes[0]
+            parts.append(f"{'then' if parts else 'first'} rank {first} failed: {msg}")
+            if len(causes) > 1:
+                parts.append(f"then rank(s) {[r for r, _ in causes[1:]]} failed too")
+        elif lost and not parts:
             _, first, msg = reports[0]
-            lead = "then" if parts else "first"
-            parts.append(f"{lead} rank {first} failed: {msg}")
-            others = [r for _, r, _ in reports[1:]]
-            if others:
-                parts.append(f"then rank(s) {others}")
+            parts.append(f"first rank {first} failed: {msg}")
+            lost = lost[1:]
+        if lost:
+            parts.append(f"rank(s) {lost} lost their connection to it")
         if not parts:
             parts.append("no rank reported a failure and every rank is alive: a collective timed out (a rank "
                          "blocked outside the collectives, or ranks calling different collectives)")

@@ -19,13 +19,17 @@ Replicated parameters (norm weights, embedding, LM head): only the stage leader 
 part in the all-reduce, then broadcasts the sum within its TP group. This is exact because the
 Megatron f/g placement makes their gradients identical on all ranks of a TP group before the sync.
 
-Communication volume: segments with the same holder set are packed into flat buckets of at most
-``bucket_cap_bytes``; one asynchronous all-reduce per bucket, so the number of collectives depends
-on the number of holder sets and bytes, not on the number of parameters. Buckets start during the
-last micro-batch's backward as their gradients become final (see :class:`GradSynchronizer`).
+Communication volume: segments with the same holder set and the same unit (a transformer block,
+or the embedding, or the final norm + LM head) are packed into flat buckets of at most
+``bucket_cap_bytes``; one asynchronous all-reduce per bucket, in the plan's ``reduce_dtype``
+(default: the autocast dtype under mixed precision, else the parameter dtype), so the wire carries
+what the cost model prices. Buckets start during the last micro-batch's backward, at block
+boundaries (see :class:`GradSynchronizer`).
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -34,6 +38,7 @@ from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.plan import Plan
 from lightning_hexiscale.runtime.parallelize import StageModule, param_specs, stage_holds
 from lightning_hexiscale.runtime.topology import Topology, sync_segments
+from lightning_hexiscale.runtime.zero_layout import unit_of
 
 DEFAULT_BUCKET_CAP_BYTES = 4 * 2**20
 """4 MiB. Smaller than DDP's 25 MiB so that several buckets overlap with the last backward even for
@@ -41,41 +46,76 @@ small stages; a gloo all-reduce costs ~0.14 ms of latency against ~18 ms per 4 M
 (NOTES), so the extra collectives cost little."""
 
 
+def squared_norm(tensors, device: torch.device | str | None = None) -> torch.Tensor:
+    """sum_t ||t||^2 as a float64 scalar, without a float64 copy of any tensor (for the clipping
+    norm): per-tensor 2-norms (``torch._foreach_norm`` for float32/float64 tensors; a float32
+    accumulation for 16-bit ones), then squared and summed as float64 scalars. No host sync."""
+    ts = [t for t in tensors if t is not None and t.numel()]
+    if not ts:
+        return torch.zeros((), dtype=torch.float64, device=device)
+    norms = []
+    wide = [t for t in ts if t.dtype in (torch.float32, torch.float64)]
+    if wide:
+        norms += list(torch._foreach_norm(wide))
+    norms += [torch.linalg.vector_norm(t, dtype=torch.float32) for t in ts if t.dtype not in (torch.float32, torch.float64)]
+    return torch.stack([n.to(torch.float64) for n in norms]).pow(2).sum()
+
+
 Item = tuple[str, int | None, int, int]
 """(parameter name, shard dim or None, start in the LOCAL tensor along that dim, length)."""
+
+
+def unit_index(unit: str, num_layers: int) -> int:
+    """Backward finishes units in decreasing index: ``head`` (num_layers), ``layers.<l>`` (l), ``embed`` (-1)."""
+    if unit == "head":
+        return num_layers
+    return -1 if unit == "embed" else int(unit.split(".")[1])
 
 
 class GradSynchronizer:
     """Sums gradients across pipelines in place; build once per stage, call :meth:`sync` per step.
 
     Overlap with backward: :meth:`arm` (called right before the last micro-batch's backward)
-    registers post-accumulate-grad hooks; a bucket's all-reduce starts as soon as all its
-    gradients are final AND all buckets before it in :attr:`dp_buckets` have started. That list is
-    in one global order (reverse parameter order, the order backward produces gradients), so every
-    rank issues its collectives consistently with it whatever its stage layout. :meth:`sync` starts
-    what is left, waits, and writes the sums back; it works with or without :meth:`arm`.
+    registers post-accumulate-grad hooks (a bucket is *ready* when all its gradients are final) and a
+    gradient hook on the input and the output of every block of the stage's last forward. When the
+    gradient of block l's input arrives, block l and everything after it have finished their
+    backward on EVERY rank of the TP group (and the head, at block l's output gradient), so there
+    every rank starts the ready buckets of the units that are complete, as a prefix of
+    :attr:`dp_buckets`. That list is in one global order (units in the order backward
+    finishes them), so all ranks issue their collectives consistently with one order; and the
+    start points are block boundaries, the same on all ranks of a TP group relative to the
+    backward's TP all-reduces (starting a bucket the moment its last gradient lands would put the DP
+    all-reduces of TP peers at different places among their TP collectives: a deadlock under NCCL's
+    one-order rule, which the NCCL-semantics harness reports). :meth:`sync` starts what is left,
+    waits, and writes the sums back; it works with or without :meth:`arm`.
     """
 
-    def __init__(self, stage: StageModule, topology: Topology, bucket_cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES):
+    def __init__(self, stage: StageModule, topology: Topology, bucket_cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES,
+                 reduce_dtype: torch.dtype | None = None):
         self.stage, self.topology = stage, topology
         role = topology.role
         self.params = dict(stage.named_parameters())
         self._shards = shards = stage.shards()
         self.enabled = topology.plan.num_pipelines > 1
-        per_group: dict[tuple[int, ...], list[Item]] = {}
+        self.reduce_dtype = reduce_dtype
+        """dtype of the all-reduces (None: the gradients' own)."""
+        per_group: dict[tuple, list[Item]] = {}
         for seg in sync_segments(topology.plan, topology.config):
             if role.rank not in seg.ranks or len(seg.ranks) < 2:
                 continue
             local_start = seg.start - shards[seg.name].start if seg.shard_dim is not None else 0
-            per_group.setdefault(seg.ranks, []).append((seg.name, seg.shard_dim, local_start, seg.end - seg.start))
+            per_group.setdefault((seg.ranks, unit_of(seg.name)), []).append(
+                (seg.name, seg.shard_dim, local_start, seg.end - seg.start))
         # Pack each group's items in reverse canonical order (the order backward finishes them), then
         # order ALL buckets by a key every member computes alike: (canonical position of the bucket's
         # first item, descending; holder ranks). Each rank starts its buckets as a prefix of that
         # order, so all ranks issue their collectives consistently with one global order: safe for
         # communicators that must not interleave (NCCL) and deadlock-free.
         self._position = {spec.name: i for i, spec in enumerate(param_specs(topology.config))}
-        buckets = [(ranks, b) for ranks in per_group for b in self._pack(per_group[ranks][::-1], bucket_cap_bytes)]
+        buckets = [(key[0], b) for key in per_group for b in self._pack(per_group[key][::-1], bucket_cap_bytes)]
         self.dp_buckets: list[tuple[tuple[int, ...], list[Item]]] = sorted(buckets, key=self._order_key)
+        num_layers = topology.config.num_layers
+        self._unit_index = [unit_index(unit_of(items[0][0]), num_layers) for _, items in self.dp_buckets]
         self._param_buckets: dict[str, list[int]] = {}
         for i, (_, items) in enumerate(self.dp_buckets):
             for name in {it[0] for it in items}:
@@ -87,7 +127,18 @@ class GradSynchronizer:
         self._hooks: list = []
         self.overlapped_buckets = 0
         """Diagnostics: buckets of the last :meth:`sync` that started during backward."""
+        self._boundaries: dict[tuple[int, str], weakref.ref] = {}
+        if self.enabled:
+            for key, block in stage.layers.items():
+                block.register_forward_hook(lambda _m, args, out, layer=int(key): self._remember(layer, args[0], out))
         self._reset()
+
+    def _remember(self, layer: int, inp: torch.Tensor, out: torch.Tensor) -> None:
+        """Keep (weakly) the latest forward's block input and output for :meth:`arm`."""
+        if torch.is_grad_enabled():
+            for where, t in (("in", inp), ("out", out)):
+                if isinstance(t, torch.Tensor) and t.requires_grad:
+                    self._boundaries[(layer, where)] = weakref.ref(t)
 
     def _order_key(self, bucket: tuple[tuple[int, ...], list[Item]]) -> tuple:
         """(-canonical index of the first item's parameter, -its GLOBAL start, holder ranks): equal on
@@ -123,34 +174,49 @@ class GradSynchronizer:
         return p.grad if dim is None else p.grad.narrow(dim, start, length)
 
     def _flat(self, items: list[Item]) -> torch.Tensor:
-        return torch.cat([self._view(*it).reshape(-1) for it in items])
+        flat = torch.cat([self._view(*it).reshape(-1) for it in items])
+        return flat if self.reduce_dtype is None else flat.to(self.reduce_dtype)
 
     # ---- overlap with the last backward ----------------------------------------------------
     def arm(self) -> None:
-        """Start bucket all-reduces from gradient hooks during the next backward (the step's last)."""
+        """Start bucket all-reduces at block boundaries of the next backward (the step's last), on
+        the outputs of the blocks' latest forward (the last micro-batch's, in GPipe and 1F1B)."""
         if not self.enabled or self._hooks:
             return
         self._reset()
         for name in self._param_buckets:
             self._hooks.append(self.params[name].register_post_accumulate_grad_hook(
                 lambda _p, name=name: self._on_grad_ready(name)))
+        for (layer, where), ref in self._boundaries.items():
+            t = ref()
+            if t is not None and t.requires_grad:
+                # input gradient of block l: units >= l are complete; output gradient: units > l
+                after = layer - 1 if where == "in" else layer
+                self._hooks.append(t.register_hook(lambda _g, after=after: self._boundary(after)))
 
-    @torch.no_grad()
     def _on_grad_ready(self, name: str) -> None:
         for b in self._param_buckets[name]:
             self._missing[b] -= 1
             if self._missing[b] == 0:
                 self._ready.add(b)
-        self._start_in_order(only_ready=True)
 
-    def _start_in_order(self, only_ready: bool) -> None:
-        """Start buckets in list order; with ``only_ready`` stop at the first bucket whose
-        gradients are not all final yet (later ones wait, to keep the global order)."""
+    @torch.no_grad()
+    def _boundary(self, after: int) -> None:
+        """The units with an index above ``after`` have finished their backward: start their buckets."""
+        self._start_in_order(after=after)
+
+    def _start_in_order(self, after: int | None) -> None:
+        """Start buckets in list order: with ``after``, those of units with a larger index (their
+        backward is complete: a bucket that is not ready there is a bug, not a reason to diverge
+        from the TP peers); without, all that are left."""
         for i, (ranks, items) in enumerate(self.dp_buckets):
             if i in self._started:
                 continue
-            if only_ready and i not in self._ready:
+            if after is not None and self._unit_index[i] <= after:
                 return
+            if after is not None and i not in self._ready:
+                raise RuntimeError(f"gradient bucket {i} ({items[0][0]}, ...) is not final after the backward of its "
+                                   f"block; the block-boundary start of the gradient sync assumes it is")
             flat = self._flat(items)
             work = dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.topology.group(ranks), async_op=True)
             self._started[i] = (work, flat)
@@ -168,7 +234,7 @@ class GradSynchronizer:
             h.remove()
         self._hooks.clear()
         self.overlapped_buckets = len(self._started)
-        self._start_in_order(only_ready=False)
+        self._start_in_order(after=None)
         for i, (work, flat) in sorted(self._started.items()):
             work.wait()
             self._unflatten(flat, self.dp_buckets[i][1])

@@ -2,9 +2,15 @@
 
 What a rank of stage (layers [a, b), TP degree t, TP rank r) holds, by global parameter name:
 
-- ``embed.weight`` on first stages and ``norm.weight`` + ``lm_head.weight`` on last stages, whole
-  and REPLICATED on every rank of the stage's TP group (all ranks compute the same embedding and
-  the same logits; the vocabulary is not split). Their gradients are equal on all TP ranks.
+- ``embed.weight`` on first stages and ``lm_head.weight`` on last stages: rows
+  ``vocab_split(t)[r]`` of the vocabulary (vocabulary-parallel embedding, head and cross-entropy,
+  :mod:`.tensor_parallel`; with t = 1 the whole matrix); ``norm.weight`` whole and replicated.
+- tied embeddings (``tie_word_embeddings``): there is no ``lm_head.weight``; the head multiplies
+  by ``embed.weight``. A stage that is both first and last holds it once; in a pipeline of two or
+  more stages the last stage holds a COPY of its rows, also named ``embed.weight``
+  (``LocalShard.tied_copy``), kept equal to the first stage's by
+  :mod:`lightning_hexiscale.runtime.tied_embeddings`. The copy is not a gradient-sync holder and is
+  written to checkpoints by the first stage only.
 - for each layer l in [a, b): the two RMSNorm weights, whole and replicated; q/k/v and gate/up
   as column-parallel shards (rows), o and down as row-parallel shards (columns). The ranges come
   from the model's uneven splits: KV heads ``kv_head_split(t)[r] = [s, e)`` give rows
@@ -31,7 +37,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.models.llama import Llama, RMSNorm, TransformerBlock, init_tensor, rope_tables
+from lightning_hexiscale.models.llama import Llama, RMSNorm, RopeCache, TransformerBlock, causal_lm_loss, init_tensor
 from lightning_hexiscale.runtime import tensor_parallel as tpl
 
 ProcessGroup = torch.distributed.ProcessGroup
@@ -48,28 +54,32 @@ class ParamSpec:
     shard_dim: int | None
     """Dimension split over TP ranks; ``None`` when replicated."""
     split: str | None
-    """``"kv"`` (split in whole KV-head groups), ``"ffn"`` (FFN columns) or ``None``."""
+    """``"kv"`` (split in whole KV-head groups), ``"ffn"`` (FFN columns), ``"vocab"`` (vocabulary
+    rows) or ``None``."""
     unit: int
-    """Elements along ``shard_dim`` per split unit: g*d for q/o, d for k/v, 1 for the FFN."""
+    """Elements along ``shard_dim`` per split unit: g*d for q/o, d for k/v, 1 for the FFN and vocabulary."""
     layer: int | None
     """Layer index, or ``None`` for the embedding / final norm / LM head."""
     place: str
-    """``"first"`` (embedding), ``"layer"`` or ``"last"`` (final norm, LM head)."""
+    """``"first"`` (embedding), ``"layer"``, ``"last"`` (final norm, LM head) or ``"tied"`` (the
+    embedding when the head is tied to it: held by first AND last stages)."""
 
     def ranges(self, config: LlamaConfig, tp: int) -> list[tuple[int, int]]:
         """[start, end) along ``shard_dim`` held by each of ``tp`` ranks ([0, full) when replicated)."""
         if self.shard_dim is None:
             return [(0, self.shape[0])] * tp
-        units = config.kv_head_split(tp) if self.split == "kv" else config.ffn_split(tp)
-        return [(s * self.unit, e * self.unit) for s, e in units]
+        split = {"kv": config.kv_head_split, "ffn": config.ffn_split, "vocab": config.vocab_split}[self.split]
+        return [(s * self.unit, e * self.unit) for s, e in split(tp)]
 
 
 def param_specs(config: LlamaConfig) -> list[ParamSpec]:
-    """Every parameter of the model in one canonical order: embed, layers 0..L-1, norm, lm_head."""
+    """Every parameter of the model in one canonical order: embed, layers 0..L-1, norm, lm_head
+    (no lm_head when tied: the head is ``embed.weight``)."""
     h, f, v = config.hidden_size, config.ffn_hidden_size, config.vocab_size
     gd, d = config.heads_per_kv * config.head_dim, config.head_dim
     q_out = config.num_heads * d
-    specs = [ParamSpec("embed.weight", (v, h), None, None, 1, None, "first")]
+    tied = config.tie_word_embeddings
+    specs = [ParamSpec("embed.weight", (v, h), 0, "vocab", 1, None, "tied" if tied else "first")]
     for layer in range(config.num_layers):
         p = f"layers.{layer}."
         specs += [
@@ -83,17 +93,24 @@ def param_specs(config: LlamaConfig) -> list[ParamSpec]:
             ParamSpec(p + "mlp.up_proj.weight", (f, h), 0, "ffn", 1, layer, "layer"),
             ParamSpec(p + "mlp.down_proj.weight", (h, f), 1, "ffn", 1, layer, "layer"),
         ]
-    specs += [ParamSpec("norm.weight", (h,), None, None, 1, None, "last"),
-              ParamSpec("lm_head.weight", (v, h), None, None, 1, None, "last")]
+    specs.append(ParamSpec("norm.weight", (h,), None, None, 1, None, "last"))
+    if not tied:
+        specs.append(ParamSpec("lm_head.weight", (v, h), 0, "vocab", 1, None, "last"))
     return specs
 
 
 def stage_holds(spec: ParamSpec, layers: tuple[int, int], is_first: bool, is_last: bool) -> bool:
-    """Whether a stage running ``layers`` (first/last flags given) holds ``spec``."""
+    """Whether a stage running ``layers`` (first/last flags given) holds ``spec``.
+
+    A tied embedding is held by first and last stages; code that needs ONE holder per pipeline
+    (the gradient sync, checkpoints) takes the first stage holding it, which is the first stage.
+    """
     if spec.place == "first":
         return is_first
     if spec.place == "last":
         return is_last
+    if spec.place == "tied":
+        return is_first or is_last
     return layers[0] <= spec.layer < layers[1]
 
 
@@ -104,6 +121,9 @@ class LocalShard:
     spec: ParamSpec
     start: int
     end: int
+    tied_copy: bool = False
+    """True for the last stage's copy of a tied embedding in a pipeline of 2+ stages: equal to the
+    first stage's rows after every step; counted, synchronised and saved through the first stage."""
 
     def slice_of(self, full: torch.Tensor) -> torch.Tensor:
         """The local piece of a full-shape tensor (a view)."""
@@ -119,7 +139,7 @@ def stage_shards(config: LlamaConfig, layers: tuple[int, int], is_first: bool, i
     for spec in param_specs(config):
         if stage_holds(spec, layers, is_first, is_last):
             start, end = spec.ranges(config, tp)[tp_rank]
-            out[spec.name] = LocalShard(spec, start, end)
+            out[spec.name] = LocalShard(spec, start, end, tied_copy=spec.place == "tied" and not is_first)
     return out
 
 
@@ -132,7 +152,13 @@ class _NormIntoTP(RMSNorm):
         self.group = group
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return tpl.copy_to_tp_region(super().forward(x), self.group)
+        y = super().forward(x)
+        if self.group is not None and torch.is_autocast_enabled(y.device.type):
+            # The linears would cast to the autocast dtype anyway; casting before f makes f's
+            # backward all-reduce run in that dtype too (bf16: the 2 bytes the cost model prices,
+            # instead of the float32 gradient of the norm output).
+            y = y.to(torch.get_autocast_dtype(y.device.type))
+        return tpl.copy_to_tp_region(y, self.group)
 
 
 def _shard_block(block: TransformerBlock, config: LlamaConfig, tp: int, tp_rank: int,
@@ -152,7 +178,6 @@ def _shard_block(block: TransformerBlock, config: LlamaConfig, tp: int, tp_rank:
     attn.v_proj = tpl.ColumnParallelLinear(h, nkv * d, group, copy_input=False, device=meta)
     attn.o_proj = tpl.RowParallelLinear(nkv * g * d, h, group, device=meta)
     attn.num_heads, attn.num_kv_heads = nkv * g, nkv
-    attn.attention_fn = tpl.attention
     mlp.gate_proj = tpl.ColumnParallelLinear(h, f1 - f0, group, copy_input=False, device=meta)
     mlp.up_proj = tpl.ColumnParallelLinear(h, f1 - f0, group, copy_input=False, device=meta)
     mlp.down_proj = tpl.RowParallelLinear(f1 - f0, h, group, device=meta)
@@ -162,30 +187,40 @@ class StageModule(nn.Module):
     """One rank's part of one pipeline stage.
 
     ``forward(x)``: x is tokens (B, S) on a first stage, else the hidden state (B, S, H) received
-    from the previous stage; returns logits (B, S, V) on a last stage, else the hidden state.
+    from the previous stage; returns, on a last stage, this rank's vocabulary columns of the logits
+    (B, S, V_r) (all V with TP 1), else the hidden state. ``loss(logits, targets)``: the mean token
+    cross-entropy, vocabulary-parallel over the TP group (:func:`tpl.vocab_parallel_cross_entropy`).
     """
 
     def __init__(self, config: LlamaConfig, layers: tuple[int, int], is_first: bool, is_last: bool,
                  tp: int, tp_rank: int, blocks: dict[str, TransformerBlock], embed: nn.Module | None,
-                 norm: nn.Module | None, lm_head: nn.Module | None, recompute: bool = False):
+                 norm: nn.Module | None, lm_head: nn.Module | None, recompute: bool = False,
+                 tp_group: ProcessGroup | None = None):
         super().__init__()
         self.config, self.layer_range = config, layers
         self.is_first, self.is_last, self.tp, self.tp_rank = is_first, is_last, tp, tp_rank
         self.recompute = recompute
+        self.tp_group = tp_group
+        self.vocab_start = config.vocab_split(tp)[tp_rank][0]
         self.embed = embed
         self.layers = nn.ModuleDict(blocks)
         self.norm, self.lm_head = norm, lm_head
+        self.rope = RopeCache(config)
 
     def shards(self) -> dict[str, LocalShard]:
         """Global name -> local piece, for every parameter of this module."""
         return stage_shards(self.config, self.layer_range, self.is_first, self.is_last, self.tp, self.tp_rank)
 
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean token cross-entropy of this micro-batch (last stages; equal on every TP rank)."""
+        if self.tp > 1:
+            return tpl.vocab_parallel_cross_entropy(logits, targets, self.vocab_start, self.tp_group)
+        return causal_lm_loss(logits, targets)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.embed(x) if self.is_first else x
-        c = self.config
-        # RoPE tables in the norm's compute dtype (float32, or float64 for a float64 model).
-        cos, sin = rope_tables(h.shape[1], c.head_dim, c.rope_theta, h.device,
-                               torch.promote_types(h.dtype, torch.float32))
+        # RoPE tables in the norm's compute dtype (float32, or float64 for a float64 model), cached.
+        cos, sin = self.rope(h.shape[1], h.device, torch.promote_types(h.dtype, torch.float32))
         for block in self.layers.values():
             if self.recompute and torch.is_grad_enabled():
                 # Non-reentrant checkpoint: keeps only the block input, re-runs the block (and its
@@ -221,14 +256,33 @@ def build_stage(model: Llama, layers: tuple[int, int], is_first: bool, is_last: 
         block = model.layers[layer]
         _shard_block(block, config, tp, tp_rank, group)
         blocks[str(layer)] = block
-    stage = StageModule(config, layers, is_first, is_last, tp, tp_rank, blocks,
-                        model.embed if is_first else None,
-                        model.norm if is_last else None, model.lm_head if is_last else None, recompute)
+    embed, head = _vocab_modules(config, is_first, is_last, tp, tp_rank, group)
+    stage = StageModule(config, layers, is_first, is_last, tp, tp_rank, blocks, embed,
+                        model.norm if is_last else None, head, recompute, group)
     stage.to(dtype=dtype)  # still meta: free
     stage.to_empty(device=device)
     if seed is not None:
         init_stage_weights(stage, seed)
     return stage
+
+
+def _vocab_modules(config: LlamaConfig, is_first: bool, is_last: bool, tp: int, tp_rank: int,
+                   group: ProcessGroup | None) -> tuple[nn.Module | None, nn.Module | None]:
+    """(embedding, LM head) of a stage, on the meta device, over this rank's vocabulary rows.
+
+    The embedding exists on first stages, and on last stages of a tied model (there it only holds
+    the tied copy the head multiplies by). The head of a tied model owns no parameter.
+    """
+    v0, v1 = config.vocab_split(tp)[tp_rank]
+    h, tied = config.hidden_size, config.tie_word_embeddings
+    meta = torch.device("meta")
+    embed = head = None
+    if is_first or (is_last and tied):
+        embed = tpl.VocabParallelEmbedding(v0, v1, h, group, device=meta)
+    if is_last:
+        head = (tpl.VocabParallelHead(group, tied_to=embed) if tied else
+                tpl.VocabParallelHead(group, weight=nn.Parameter(torch.empty(v1 - v0, h, device=meta))))
+    return embed, head
 
 
 @torch.no_grad()
@@ -246,16 +300,31 @@ def init_stage_weights(stage: StageModule, seed: int) -> None:
 
 
 @torch.no_grad()
-def load_full_state_dict(stage: StageModule, state: dict[str, torch.Tensor]) -> None:
-    """Copy this rank's pieces out of a full (global-name) state dict."""
+def load_full_state_dict(stage: StageModule, state) -> None:
+    """Copy this rank's pieces out of a full (global-name) state dict.
+
+    ``state`` maps global names to full tensors; if it also has ``read_slice(name, dim, start,
+    end)`` (:class:`lightning_hexiscale.data.weights.HFWeights`), only this rank's rows (or columns)
+    are read from disk, and ``shape_of(name)`` is checked instead of reading the full tensor.
+    """
     shards = stage.shards()
+    read_slice = getattr(state, "read_slice", None)
     for name, p in stage.named_parameters():
         if name not in state:
             raise KeyError(f"state dict has no entry {name!r} needed by this stage")
+        shard = shards[name]
+        if read_slice is not None:
+            shape = tuple(state.shape_of(name))
+            if shape != shard.spec.shape:
+                raise ValueError(f"{name}: state dict shape {shape} != model shape {shard.spec.shape}")
+            dim = shard.spec.shard_dim
+            piece = read_slice(name, dim, shard.start, shard.end) if dim is not None else state[name]
+            p.copy_(piece.to(p.device))
+            continue
         full = state[name]
-        if tuple(full.shape) != shards[name].spec.shape:
-            raise ValueError(f"{name}: state dict shape {tuple(full.shape)} != model shape {shards[name].spec.shape}")
-        p.copy_(shards[name].slice_of(full.to(p.device)))
+        if tuple(full.shape) != shard.spec.shape:
+            raise ValueError(f"{name}: state dict shape {tuple(full.shape)} != model shape {shard.spec.shape}")
+        p.copy_(shard.slice_of(full.to(p.device)))
 
 
 def local_shards(stage: StageModule, grads: bool = False) -> dict[str, tuple[torch.Tensor, int | None, int, int]]:

@@ -7,33 +7,44 @@ of micro-batch i) and ``("B", i)`` (its backward) that stage s runs, in order:
 - 1F1B (PipeDream-flush): w = min(S - s - 1, m) warm-up forwards, then m - w pairs
   (forward i + w, backward i), then w cool-down backwards (peak: w + 1 micro-batches in flight).
 
-Both consume and produce micro-batches in increasing order on every stage, so a stage's i-th
-receive always matches its neighbour's i-th send.
+Both consume and produce micro-batches in increasing order on every stage, so per direction a
+stage's k-th send matches its neighbour's k-th receive: the pairing needs no tags (NCCL has none).
 
-Communication of the executor (paper §3.2):
+Exchanges (pure data, :func:`exchange_points`). Between two ops of a stage lie at most one send
+(what the previous op produced: an activation to the next stage after F, an activation gradient to
+the previous stage after B) and one receive (what the next op consumes). When both go to the SAME
+neighbour and the neighbour has the two counterparts back to back as well, they are fused into one
+``batch_isend_irecv`` (1F1B's steady state: send-forward + receive-backward with the next stage,
+send-backward + receive-forward with the previous one, as in Megatron's p2p layer and
+``torch.distributed.pipelining``); otherwise the send goes first, then the receive, each its own
+batch. Un-fused ``isend``/``irecv`` pairs in opposite directions block each other on NCCL once the
+messages exceed its buffers (NOTES, "NCCL"): every p2p call here is a batch, and the two sides of
+every link hold matching batches (checked for every shape by tests/runtime/test_schedule.py).
 
-- Default path: the stage leader (TP rank 0) ``irecv``s the activation from the previous stage's
-  leader and ``broadcast``s it within its TP group; after computing, the leader ``isend``s its output
-  to the next stage's leader. Backward mirrors this for activation gradients.
-- Scatter/gather path, when both adjacent stages have the same TP degree t > 1: the tensor (equal on
-  all ranks of the sending TP group) is flattened and cut into t chunks of ceil(n/t) elements; TP
-  rank r sends chunk r to TP rank r of the other stage, which all-gathers the chunks in its TP
-  group. Each link then carries 1/t of the bytes.
+Transport of one exchange (paper §3.2), on the two-rank link group of :func:`..topology.link_pairs`:
 
-Sends are non-blocking (``isend``; blocking ``send`` waits for the matching receive even for a few
-bytes on gloo); the send handles and buffers are kept until the end of the step and waited then.
+- leader path: the stage leaders exchange the whole tensor; the receiving leader ``broadcast``s it
+  within its TP group;
+- scatter/gather path, when both stages have the same TP degree t > 1: the tensor (equal on all
+  ranks of the sending TP group) is flattened and cut into t chunks of c = ceil(n/t) elements; TP
+  rank r sends chunk r to TP rank r of the other stage, and the receivers ``all_gather_single`` the
+  chunks in their TP group. Each link then carries 1/t of the bytes.
+
+Wire dtype: activations and activation gradients cross links (and TP broadcasts) in the autocast
+dtype under mixed precision (bf16 for ``bf16-mixed``: what the cost model prices, 2 bytes per
+element), otherwise in the parameter dtype; the receiver casts back to the compute dtype.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from lightning_hexiscale.errors import PlanError
-from lightning_hexiscale.models.llama import causal_lm_loss
 from lightning_hexiscale.runtime.parallelize import StageModule
 from lightning_hexiscale.runtime.topology import Role, Topology
 
@@ -75,9 +86,77 @@ def schedule_ops(name: str, num_stages: int, stage: int, num_micro_batches: int)
     return SCHEDULES[name](num_stages, stage, num_micro_batches)
 
 
-def _tag(micro_batch: int, backward: bool) -> int:
-    """Distinct p2p tags for activations (even) and activation gradients (odd) of a micro-batch."""
-    return 2 * micro_batch + int(backward)
+Msg = tuple[str, int]
+"""A message of an exchange: ``("act", i)`` (activation of micro-batch i, forward) or ``("grad", i)``."""
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One p2p call of a stage with one neighbour: an optional send and an optional receive."""
+
+    side: str
+    """``prev`` or ``next``: the neighbouring stage."""
+    send: Msg | None = None
+    recv: Msg | None = None
+
+
+def _needs(op: Op, stage: int, num_stages: int) -> tuple[str, Msg] | None:
+    kind, i = op
+    if kind == "F":
+        return ("prev", ("act", i)) if stage > 0 else None
+    return ("next", ("grad", i)) if stage < num_stages - 1 else None
+
+
+def _makes(op: Op, stage: int, num_stages: int) -> tuple[str, Msg] | None:
+    kind, i = op
+    if kind == "F":
+        return ("next", ("act", i)) if stage < num_stages - 1 else None
+    return ("prev", ("grad", i)) if stage > 0 else None
+
+
+def _consumer(msg: Msg) -> Op:
+    return ("F", msg[1]) if msg[0] == "act" else ("B", msg[1])
+
+
+def exchange_points(ops_of: Callable[[int], list[Op]], num_stages: int, stage: int) -> list[list[Exchange]]:
+    """The exchanges of ``stage`` at each of the len(ops)+1 points around its ops (point k comes
+    before op k; the last point after the last op). ``ops_of(s)`` gives stage s's op list.
+
+    Fusion rule (symmetric, so both sides of a link issue matching batches): the send of op k-1 and
+    the receive of op k are fused when they go to the same neighbour AND that neighbour runs the
+    producer of our receive immediately before the consumer of our send (then its receive and send
+    sit at one point too). Otherwise: send first, then receive.
+    """
+    ops = ops_of(stage)
+    neighbour_next: dict[str, dict[Op, int]] = {}
+    for side, d in (("prev", -1), ("next", 1)):
+        if 0 <= stage + d < num_stages:
+            neighbour_next[side] = {op: k for k, op in enumerate(ops_of(stage + d))}
+    peer_ops = {side: list(index) for side, index in neighbour_next.items()}
+    points: list[list[Exchange]] = []
+    for k in range(len(ops) + 1):
+        snd = _makes(ops[k - 1], stage, num_stages) if k > 0 else None
+        rcv = _needs(ops[k], stage, num_stages) if k < len(ops) else None
+        point: list[Exchange] = []
+        if snd and rcv and snd[0] == rcv[0]:
+            side = snd[0]
+            at = neighbour_next[side]
+            producer, consumer = _consumer(rcv[1]), _consumer(snd[1])
+            j = at[producer]
+            if j + 1 < len(peer_ops[side]) and peer_ops[side][j + 1] == consumer:
+                points.append([Exchange(side, send=snd[1], recv=rcv[1])])
+                continue
+        if snd:
+            point.append(Exchange(snd[0], send=snd[1]))
+        if rcv:
+            point.append(Exchange(rcv[0], recv=rcv[1]))
+        points.append(point)
+    return points
+
+
+def forward_ops(num_micro_batches: int) -> list[Op]:
+    """Forward only (evaluation): F0 .. F(n-1) on every stage."""
+    return [("F", i) for i in range(num_micro_batches)]
 
 
 class PipelineExecutor:
@@ -87,6 +166,9 @@ class PipelineExecutor:
     loss is the mean token cross-entropy times ``loss_scale`` (the engine passes
     micro_batch_size / global_batch), so summing over micro-batches and pipelines gives the
     global-mean loss and gradient.
+
+    ``before_exchange``: called before every exchange of a training run (ZeRO-3 serves its peers'
+    gathers there, see :mod:`.zero3`).
     """
 
     def __init__(self, stage: StageModule, topology: Topology, schedule: str = "1f1b",
@@ -96,50 +178,69 @@ class PipelineExecutor:
         self.autocast_dtype = autocast_dtype
         p = next(stage.parameters())
         self.device, self.act_dtype = p.device, p.dtype
-        self._sends: list[tuple[dist.Work, torch.Tensor]] = []
+        self.wire_dtype = wire_dtype(self.act_dtype, autocast_dtype)
+        self.links = {side: topology.link_group(side) for side in ("prev", "next")}
+        self.before_exchange: Callable[[], None] | None = None
 
     # ---- communication ------------------------------------------------------------------
-    def _recv(self, shape: tuple[int, ...], backward: bool, micro_batch: int) -> torch.Tensor:
-        role, tp_group = self.role, self.topology.tp_group
-        peers = role.next_stage_ranks if backward else role.prev_stage_ranks
-        scatter = role.scatter_gather_next if backward else role.scatter_gather_prev
-        tag = _tag(micro_batch, backward)
-        if scatter:
-            n = math.prod(shape)
-            chunk = -(-n // role.tp)
-            piece = torch.empty(chunk, dtype=self.act_dtype, device=self.device)
-            dist.irecv(piece, src=peers[role.tp_rank], tag=tag).wait()
-            full = torch.empty(chunk * role.tp, dtype=self.act_dtype, device=self.device)
-            dist.all_gather_into_tensor(full, piece, group=tp_group)
+    def _scatter(self, side: str) -> bool:
+        return self.role.scatter_gather_prev if side == "prev" else self.role.scatter_gather_next
+
+    def exchange(self, ex: Exchange, payload: torch.Tensor | None, shape: tuple[int, ...]) -> torch.Tensor | None:
+        """Run one exchange: send ``payload`` (equal on every TP rank of this stage) and/or receive a
+        tensor of ``shape``; returns the received tensor (wire dtype, on every TP rank) or None."""
+        role, tp_group, wire = self.role, self.topology.tp_group, self.wire_dtype
+        link = self.links[ex.side]
+        n = math.prod(shape)
+        ops, got = [], None
+        if self._scatter(ex.side):
+            peer, group = link
+            c = -(-n // role.tp)  # ceil(n / t) elements per TP rank
+            if ex.send is not None:
+                flat = payload.detach().reshape(-1)
+                mine = flat[role.tp_rank * c:(role.tp_rank + 1) * c]
+                piece = torch.zeros(c, dtype=wire, device=self.device)
+                piece[:mine.numel()] = mine
+                ops.append(dist.P2POp(dist.isend, piece, peer, group=group))
+            if ex.recv is not None:
+                got = torch.empty(c, dtype=wire, device=self.device)
+                ops.append(dist.P2POp(dist.irecv, got, peer, group=group))
+            _batch(ops)
+            if got is None:
+                return None
+            full = torch.empty(c * role.tp, dtype=wire, device=self.device)
+            dist.all_gather_single(full, got, group=tp_group)
             return full[:n].view(shape)
-        buf = torch.empty(shape, dtype=self.act_dtype, device=self.device)
-        if role.is_leader:
-            dist.irecv(buf, src=peers[0], tag=tag).wait()
+        if link is not None:  # a leader
+            peer, group = link
+            if ex.send is not None:
+                ops.append(dist.P2POp(dist.isend, payload.detach().to(wire).reshape(-1).contiguous(), peer, group=group))
+            if ex.recv is not None:
+                got = torch.empty(shape, dtype=wire, device=self.device)
+                ops.append(dist.P2POp(dist.irecv, got, peer, group=group))
+            _batch(ops)
+        if ex.recv is None:
+            return None
+        if got is None:
+            got = torch.empty(shape, dtype=wire, device=self.device)
         if role.tp > 1:
-            dist.broadcast(buf, src=role.leader, group=tp_group)
-        return buf
+            dist.broadcast(got, src=role.leader, group=tp_group)
+        return got
 
-    def _send(self, tensor: torch.Tensor, backward: bool, micro_batch: int) -> None:
-        role = self.role
-        peers = role.prev_stage_ranks if backward else role.next_stage_ranks
-        scatter = role.scatter_gather_prev if backward else role.scatter_gather_next
-        tag = _tag(micro_batch, backward)
-        flat = tensor.detach().to(self.act_dtype).reshape(-1)
-        if scatter:
-            chunk = -(-flat.numel() // role.tp)
-            start = role.tp_rank * chunk
-            piece = torch.zeros(chunk, dtype=flat.dtype, device=flat.device)
-            mine = flat[start:start + chunk]
-            piece[:mine.numel()] = mine
-            self._sends.append((dist.isend(piece, dst=peers[role.tp_rank], tag=tag), piece))
-        elif role.is_leader:
-            buf = flat.contiguous()
-            self._sends.append((dist.isend(buf, dst=peers[0], tag=tag), buf))
+    def _communicate(self, point: list[Exchange], pending: dict[Msg, torch.Tensor], received: dict[Msg, torch.Tensor],
+                     shape_of: Callable[[int], tuple[int, ...]], training: bool) -> None:
+        for ex in point:
+            if training and self.before_exchange is not None:
+                self.before_exchange()
+            payload = pending.pop(ex.send) if ex.send is not None else None
+            got = self.exchange(ex, payload, shape_of(ex.recv[1] if ex.recv is not None else ex.send[1]))
+            if ex.recv is not None:
+                received[ex.recv] = got
 
-    def _wait_sends(self) -> None:
-        for work, _ in self._sends:
-            work.wait()
-        self._sends.clear()
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.bfloat16,
+                            enabled=self.autocast_dtype is not None):
+            return self.stage(x)
 
     # ---- the step -----------------------------------------------------------------------
     def run(self, tokens: torch.Tensor, targets: torch.Tensor, loss_scale: float,
@@ -149,8 +250,9 @@ class PipelineExecutor:
         ``before_last_backward`` is called right before the last micro-batch's backward (the
         gradient synchroniser arms its hooks there, to overlap communication with it).
 
-        Returns the pipeline's summed scaled loss (a detached scalar) on last-stage ranks and 0
-        elsewhere; see :func:`global_loss` for the value on every rank.
+        Returns the pipeline's summed scaled loss (a detached float64 scalar on this rank's device,
+        no host synchronisation) on last-stage ranks and 0 elsewhere; see :func:`global_loss` for
+        the value on every rank.
         """
         role, stage = self.role, self.stage
         mb = role.micro_batch_size
@@ -160,23 +262,26 @@ class PipelineExecutor:
         act_shape = (mb, tokens.shape[1], stage.config.hidden_size)
         inputs: dict[int, torch.Tensor] = {}
         outputs: dict[int, torch.Tensor] = {}
-        total = torch.zeros((), dtype=torch.float64)
-        ops = schedule_ops(self.schedule, role.num_stages, role.stage, role.num_micro_batches)
+        pending: dict[Msg, torch.Tensor] = {}
+        received: dict[Msg, torch.Tensor] = {}
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        ops_of = lambda s: schedule_ops(self.schedule, role.num_stages, s, role.num_micro_batches)  # noqa: E731
+        ops = ops_of(role.stage)
+        points = exchange_points(ops_of, role.num_stages, role.stage)
         for n, (kind, i) in enumerate(ops):
+            self._communicate(points[n], pending, received, lambda _i: act_shape, True)
             if kind == "F":
                 if role.is_first:
                     x = tok_mb[i].to(self.device)
                 else:
-                    x = self._recv(act_shape, backward=False, micro_batch=i).requires_grad_(True)
+                    x = received.pop(("act", i)).to(self.act_dtype).requires_grad_(True)
                     inputs[i] = x
-                with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.bfloat16,
-                                    enabled=self.autocast_dtype is not None):
-                    out = stage(x)
+                out = self._forward(x)
                 if role.is_last:
-                    out = causal_lm_loss(out, tgt_mb[i].to(self.device)) * loss_scale
-                    total += out.detach().double().cpu()
+                    out = stage.loss(out, tgt_mb[i].to(self.device)) * loss_scale
+                    total += out.detach().to(torch.float64)
                 else:
-                    self._send(out, backward=False, micro_batch=i)
+                    pending[("act", i)] = out.detach()
                 outputs[i] = out
             else:
                 out = outputs.pop(i)
@@ -185,13 +290,11 @@ class PipelineExecutor:
                 if role.is_last:
                     out.backward()
                 else:
-                    grad = self._recv(act_shape, backward=True, micro_batch=i)
-                    torch.autograd.backward(out, grad.to(out.dtype))
+                    torch.autograd.backward(out, received.pop(("grad", i)).to(out.dtype))
                 if not role.is_first:
-                    self._send(inputs.pop(i).grad, backward=True, micro_batch=i)
-        self._wait_sends()
+                    pending[("grad", i)] = inputs.pop(i).grad
+        self._communicate(points[len(ops)], pending, received, lambda _i: act_shape, True)
         return total
-
 
     @torch.no_grad()
     def forward_only(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -199,28 +302,45 @@ class PipelineExecutor:
         possibly smaller (evaluation batches need not divide by it); no backward, no gradients.
 
         Every rank of the pipeline holds the same n samples, so all stages cut the same chunks and
-        the i-th receive matches the i-th send; forward tags only, so a later training step's tags
-        are untouched. Returns sum over chunks of (chunk mean loss * chunk size), float64, on
+        exchange them in the same order (:func:`exchange_points` over :func:`forward_ops`). Returns
+        sum over chunks of (chunk mean loss * chunk size), float64 on this rank's device, on
         last-stage ranks and 0 elsewhere.
         """
-        role, stage = self.role, self.stage
+        role = self.role
         mb = role.micro_batch_size
-        weighted = torch.zeros((), dtype=torch.float64)
-        for i, start in enumerate(range(0, tokens.shape[0], mb)):
-            tok = tokens[start:start + mb].to(self.device)
-            if role.is_first:
-                x = tok
-            else:
-                x = self._recv((tok.shape[0], tok.shape[1], stage.config.hidden_size), backward=False, micro_batch=i)
-            with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.bfloat16,
-                                enabled=self.autocast_dtype is not None):
-                out = stage(x)
+        starts = list(range(0, tokens.shape[0], mb))
+        sizes = [min(mb, tokens.shape[0] - s) for s in starts]
+        shape_of = lambda i: (sizes[i], tokens.shape[1], self.stage.config.hidden_size)  # noqa: E731
+        ops = forward_ops(len(starts))
+        points = exchange_points(lambda _s: ops, role.num_stages, role.stage)
+        pending: dict[Msg, torch.Tensor] = {}
+        received: dict[Msg, torch.Tensor] = {}
+        weighted = torch.zeros((), dtype=torch.float64, device=self.device)
+        for i, start in enumerate(starts):
+            self._communicate(points[i], pending, received, shape_of, False)
+            x = tokens[start:start + mb].to(self.device) if role.is_first else received.pop(("act", i)).to(self.act_dtype)
+            out = self._forward(x)
             if role.is_last:
-                weighted += causal_lm_loss(out, targets[start:start + mb].to(self.device)).double().cpu() * tok.shape[0]
+                weighted += self.stage.loss(out, targets[start:start + mb].to(self.device)).to(torch.float64) * sizes[i]
             else:
-                self._send(out, backward=False, micro_batch=i)
-        self._wait_sends()
+                pending[("act", i)] = out
+        self._communicate(points[len(starts)], pending, received, shape_of, False)
         return weighted
+
+
+def wire_dtype(param_dtype: torch.dtype, autocast_dtype: torch.dtype | None) -> torch.dtype:
+    """The dtype tensors cross the wire in: the autocast dtype when it is narrower than the
+    parameters (mixed precision: bf16 for ``bf16-mixed``), else the parameter dtype."""
+    if autocast_dtype is not None and torch.finfo(autocast_dtype).bits < torch.finfo(param_dtype).bits:
+        return autocast_dtype
+    return param_dtype
+
+
+def _batch(ops: list) -> None:
+    """One fused p2p call (never un-fused isend/irecv: see the module doc), waited for at once."""
+    if ops:
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
 
 
 def global_loss(pipeline_loss: torch.Tensor, role: Role, device: torch.device | str = "cpu") -> float:
@@ -228,7 +348,7 @@ def global_loss(pipeline_loss: torch.Tensor, role: Role, device: torch.device | 
     leader of each pipeline contributes its (already batch-weighted) pipeline loss.
 
     Collective over the default group: every rank must call it. ``device`` is where the reduced
-    scalar lives (a CUDA device under NCCL).
+    scalar lives (a CUDA device under NCCL). One host synchronisation per step (the float).
     """
     mine = role.is_last and role.is_leader
     buf = torch.zeros(1, dtype=torch.float64, device=device)

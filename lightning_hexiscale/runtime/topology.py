@@ -11,9 +11,14 @@ first collective on it hang (see NOTES-torch-lightning.md). The groups are:
 - one TP group per stage with TP degree > 1 (its ranks, leader first in the plan but sorted here);
 - one data-parallel group per distinct set of "holder" ranks of a gradient segment
   (:func:`sync_segments`): one rank per pipeline, so only
-  when the plan has two or more pipelines.
+  when the plan has two or more pipelines;
+- one two-rank *link* group per point-to-point link between adjacent stages (:func:`link_pairs`):
+  the two stage leaders, or TP rank r of both stages on the scatter/gather path. Pipeline p2p runs
+  only on these, always as ``batch_isend_irecv`` calls involving both members, so NCCL's rule "the
+  first batched call on a group involves every member" holds by construction, and activation
+  traffic never shares a FIFO with any other p2p traffic.
 
-Point-to-point traffic between stages and the loss reduction use the default (world) group.
+The loss reduction uses the default (world) group.
 """
 
 from __future__ import annotations
@@ -103,6 +108,17 @@ class Role:
         """Next stage has the same TP degree t > 1 (see :attr:`scatter_gather_prev`)."""
         return self.tp > 1 and len(self.next_stage_ranks) == self.tp
 
+    def link_peer(self, side: str) -> int | None:
+        """The rank this rank exchanges pipeline p2p with on ``side`` (``prev`` / ``next``): TP rank
+        ``tp_rank`` of that stage on the scatter/gather path, its leader on the leader path (leaders
+        only); ``None`` when there is no such stage or this rank is a non-leader on the leader path."""
+        ranks = self.prev_stage_ranks if side == "prev" else self.next_stage_ranks
+        if not ranks:
+            return None
+        if self.scatter_gather_prev if side == "prev" else self.scatter_gather_next:
+            return ranks[self.tp_rank]
+        return ranks[0] if self.is_leader else None
+
 
 def stage_rank_lists(plan: Plan) -> list[list[tuple[int, ...]]]:
     """[pipeline][stage] -> global ranks of that stage, leader first."""
@@ -188,13 +204,28 @@ def sync_segments(plan: Plan, config: LlamaConfig) -> tuple[Segment, ...]:
 
 
 
+def link_pairs(plan: Plan) -> list[tuple[int, int]]:
+    """The two-rank p2p links between adjacent stages, sorted: (leader, next leader), or (TP rank r,
+    TP rank r of the next stage) for every r when both stages have the same TP degree t > 1."""
+    pairs = set()
+    for pipe in stage_rank_lists(plan):
+        for a, b in zip(pipe, pipe[1:]):
+            if len(a) == len(b) > 1:
+                pairs.update(tuple(sorted(p)) for p in zip(a, b))
+            else:
+                pairs.add(tuple(sorted((a[0], b[0]))))
+    return sorted(pairs)
+
+
 def group_ranks(plan: Plan, config: LlamaConfig) -> list[tuple[int, ...]]:
     """Every process group the runtime uses, as sorted rank tuples, in creation order (sorted).
 
-    Pure: the same list on every rank. TP groups of stages with TP > 1, plus the holder sets of
-    the gradient segments (one rank per pipeline) when there are two or more pipelines.
+    Pure: the same list on every rank. TP groups of stages with TP > 1, the p2p links between
+    adjacent stages, plus the holder sets of the gradient segments (one rank per pipeline) when
+    there are two or more pipelines. The three kinds never share a rank tuple (a TP group lies in
+    one stage, a link across two stages of one pipeline, a holder set across pipelines).
     """
-    wanted: set[tuple[int, ...]] = set()
+    wanted: set[tuple[int, ...]] = set(link_pairs(plan))
     for pipe in stage_rank_lists(plan):
         for st in pipe:
             if len(st) > 1:
@@ -240,6 +271,12 @@ class Topology:
     def tp_group(self) -> dist.ProcessGroup | None:
         """The stage's TP group, or None when the stage has TP degree 1."""
         return self.group(self.role.stage_ranks) if self.role.tp > 1 else None
+
+    def link_group(self, side: str) -> tuple[int, dist.ProcessGroup] | None:
+        """(peer rank, its two-rank link group) for pipeline p2p on ``side``, or None (see
+        :meth:`Role.link_peer`)."""
+        peer = self.role.link_peer(side)
+        return None if peer is None else (peer, self.group((self.rank, peer)))
 
     @property
     def groups(self) -> dict[tuple[int, ...], dist.ProcessGroup]:

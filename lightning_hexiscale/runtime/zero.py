@@ -27,11 +27,20 @@ gathered blocks. Appendix B's ZeRO-2 term B + (B + K)/N assumes gradients sharde
 Collectives are issued in list order with at most ``WINDOW`` in flight. Every rank's list is a
 subsequence of one global order, so the globally first unfinished bucket always has all its holders
 at it: no deadlock, whatever groups a rank belongs to.
+
+Wire dtypes (what the cost model prices): gradients are reduce-scattered in ``reduce_dtype`` (the
+plan's, default the autocast dtype under mixed precision); parameters are all-gathered in the
+*wire* dtype, the autocast dtype under mixed precision. Then, as in mixed-precision ZeRO (FSDP's
+``param_dtype``, DeepSpeed's bf16 optimizer), the exact float32 values live only in each owner's
+*master* chunk (the optimizer steps it); every holder's full local parameters are the bf16-rounded
+gathered values (autocast rounds matmul weights to bf16 anyway), equal on all holders.
+:meth:`ZeroSharder.full_params` gathers the masters exactly (checkpoints, validation).
 """
 
 from __future__ import annotations
 
 import inspect
+from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
@@ -39,6 +48,7 @@ import torch
 import torch.distributed as dist
 from torch.optim import Optimizer
 
+from lightning_hexiscale.runtime.grad_sync import squared_norm
 from lightning_hexiscale.runtime.parallelize import StageModule
 from lightning_hexiscale.runtime.topology import Topology
 from lightning_hexiscale.runtime.zero_layout import Bucket, Item, build_buckets, chunk_runs
@@ -101,16 +111,20 @@ class ZeroSharder:
     ZeRO-3 frees the block parameters right away).
     """
 
-    def __init__(self, stage: StageModule, topology: Topology, sharding: str, bucket_cap_bytes: int):
+    def __init__(self, stage: StageModule, topology: Topology, sharding: str, bucket_cap_bytes: int,
+                 reduce_dtype: torch.dtype | None = None, wire_dtype: torch.dtype | None = None):
         if sharding not in ("zero2", "zero3"):
             raise ValueError(f"ZeroSharder needs zero2 or zero3, got {sharding!r}")
         self.stage, self.topology, self.sharding = stage, topology, sharding
         self.params = dict(stage.named_parameters())
         first = next(iter(self.params.values()))
         self.dtype, self.device = first.dtype, first.device
-        group_index = {r: i for i, r in enumerate(topology.all_group_ranks)}
+        self.reduce_dtype = reduce_dtype or self.dtype
+        """dtype of the gradient reduce-scatter."""
+        self.wire = wire_dtype or self.dtype
+        """dtype parameters are gathered in during training (narrower than ``dtype``: mixed precision)."""
         self.buckets: list[Bucket] = build_buckets(topology.plan, topology.config, topology.rank, stage.shards(),
-                                                   first.element_size(), bucket_cap_bytes, group_index)
+                                                   first.element_size(), bucket_cap_bytes)
         self.groups = [topology.group(b.ranks) if b.k > 1 else None for b in self.buckets]
         self.grads: list[torch.Tensor | None] = [None] * len(self.buckets)
         role = topology.role
@@ -119,12 +133,22 @@ class ZeroSharder:
         self.replicated = [n for n, s in shards.items() if s.spec.shard_dim is None] if role.tp > 1 else []
         self.zero3 = sharding == "zero3"
         self.masters: list[torch.Tensor | None] = [None] * len(self.buckets)
-        """ZeRO-3: the owned chunk of each ``sharded`` bucket, the only persistent copy of it."""
-        if self.zero3:
+        """The owned chunk in the parameter dtype, where it is the exact copy: ZeRO-3's ``sharded``
+        buckets (the only persistent copy) and, under mixed precision, every shared bucket."""
+        self.sharded_names: list[str] = []
+        if any(self.has_master(i) for i in range(len(self.buckets))):
             self.reshard_from_params()
 
-    def is_master(self, i: int) -> bool:
+    @property
+    def mixed(self) -> bool:
+        return self.wire != self.dtype
+
+    def on_demand(self, i: int) -> bool:
+        """ZeRO-3 ``sharded`` bucket: its parameters are gathered around each use (:mod:`.zero3`)."""
         return self.zero3 and self.buckets[i].kind == "sharded"
+
+    def has_master(self, i: int) -> bool:
+        return self.on_demand(i) or (self.mixed and self.buckets[i].k > 1)
 
     def _chunk(self, flat: torch.Tensor, b: Bucket) -> torch.Tensor:
         return flat[b.index * b.chunk:(b.index + 1) * b.chunk]
@@ -132,16 +156,77 @@ class ZeroSharder:
     # ---- ZeRO-3 storage ------------------------------------------------------------------------
     @torch.no_grad()
     def reshard_from_params(self) -> None:
-        """ZeRO-3: masters := owned chunks of the current full local parameters, then free the
-        block parameters (p.data becomes an empty tensor; gathered again on demand)."""
+        """masters := owned chunks of the current full local parameters; then ZeRO-3 frees the block
+        parameters (p.data becomes an empty tensor; gathered again on demand) and mixed precision
+        rounds the others to the wire dtype (what the next all-gather would give every holder)."""
         sharded = set()
         for i, b in enumerate(self.buckets):
-            if self.is_master(i):
-                self.masters[i] = self._chunk(flatten(self.params, b, self.params[b.items[0].name]), b).clone()
-                sharded.update(it.name for it in b.items)
+            if self.has_master(i):
+                flat = flatten(self.params, b, self.params[b.items[0].name])
+                self.masters[i] = self._chunk(flat, b).clone()
+                if self.on_demand(i):
+                    sharded.update(it.name for it in b.items)
+                else:
+                    unflatten(flat.to(self.wire), b, {it.name: self.params[it.name].data for it in b.items})
         for name in sharded:
             self.params[name].data = torch.empty(0, dtype=self.dtype, device=self.device)
         self.sharded_names = sorted(sharded)
+
+    @torch.no_grad()
+    def refresh_masters(self) -> None:
+        """Mixed precision: after the full local parameters were loaded (a checkpoint), rebuild the
+        masters of the buckets that are not gathered on demand from them, and round the parameters
+        to the wire dtype (ZeRO-3's on-demand masters are loaded directly)."""
+        for i, b in enumerate(self.buckets):
+            if self.has_master(i) and not self.on_demand(i):
+                views = {it.name: self.params[it.name].data for it in b.items}
+                flat = flatten(views, b, self.params[b.items[0].name])
+                self.masters[i] = self._chunk(flat, b).clone()
+                unflatten(flat.to(self.wire), b, views)
+
+    @torch.no_grad()
+    def gather_masters(self, on_demand_into: dict[str, torch.Tensor] | None = None) -> None:
+        """All-gather every master chunk exactly (parameter dtype) into the full local parameters;
+        collective over the world (each rank walks its buckets in the global order).
+        ``on_demand_into``: where ZeRO-3's freed block parameters go (name -> full local tensor)."""
+        def done(i, full):
+            b = self.buckets[i]
+            into = on_demand_into if self.on_demand(i) else {it.name: self.params[it.name].data for it in b.items}
+            unflatten(full, b, into)
+
+        window = _Window(done)
+        for i, b in enumerate(self.buckets):
+            if not self.has_master(i) or (b.k == 1 and not self.on_demand(i)):
+                continue
+            if b.k == 1:
+                window.add(i, None, self.masters[i])
+                continue
+            full = torch.empty(b.padded, dtype=self.dtype, device=self.device)
+            window.add(i, dist.all_gather_single(full, self.masters[i], group=self.groups[i], async_op=True), full)
+        window.drain()
+
+    @contextmanager
+    def full_params(self, gather: bool = True, writeback: bool = False):
+        """Mixed precision (ZeRO-2): the exact masters in the full local parameters for the duration
+        (see :meth:`Zero3Gatherer.full_params` for the arguments)."""
+        if gather:
+            self.gather_masters()
+        try:
+            yield
+        finally:
+            if writeback:
+                self.reshard_from_params()
+            elif gather:
+                self.round_params()
+
+    @torch.no_grad()
+    def round_params(self) -> None:
+        """Mixed precision: the non-ZeRO-3 parameters back to their wire-rounded training values
+        (after :meth:`gather_masters` put the exact ones there)."""
+        for i, b in enumerate(self.buckets):
+            if self.has_master(i) and not self.on_demand(i):
+                views = {it.name: self.params[it.name].data for it in b.items}
+                unflatten(flatten(views, b, self.masters[i]).to(self.wire), b, views)
 
     # ---- gradients -------------------------------------------------------------------------------
     @torch.no_grad()
@@ -159,6 +244,9 @@ class ZeroSharder:
         def done(i, out):
             self.grads[i] = out
 
+        def done(i, out):
+            self.grads[i] = out.to(self.dtype)  # the optimizer steps in the parameter dtype
+
         window = _Window(done)
         for i, b in enumerate(self.buckets):
             flat = flatten(grads, b, torch.empty(0, dtype=self.dtype, device=self.device))
@@ -170,19 +258,17 @@ class ZeroSharder:
             if b.k == 1:
                 window.add(i, None, flat)
                 continue
-            out = torch.empty(b.chunk, dtype=self.dtype, device=self.device)
-            work = dist.reduce_scatter_tensor(out, flat, op=dist.ReduceOp.SUM, group=self.groups[i], async_op=True)
+            flat = flat.to(self.reduce_dtype)
+            out = torch.empty(b.chunk, dtype=self.reduce_dtype, device=self.device)
+            work = dist.reduce_scatter_single(out, flat, op=dist.ReduceOp.SUM, group=self.groups[i], async_op=True)
             window.add(i, work, out)
         window.drain()
 
     def grad_norm_sq(self) -> torch.Tensor:
-        """Sum of squares of the owned gradient chunks (float64). Every element of the model's
-        gradient is owned by exactly one rank, so a world all-reduce of this is ||g||^2."""
-        total = torch.zeros((), dtype=torch.float64, device=self.device)
-        for g in self.grads:
-            if g is not None:
-                total += g.double().pow(2).sum()
-        return total
+        """Sum of squares of the owned gradient chunks (float64 scalar, no float64 copies). Every
+        element of the model's gradient is owned by exactly one rank, so a world all-reduce of this
+        is ||g||^2."""
+        return squared_norm(self.grads, self.device)
 
     @torch.no_grad()
     def scale_grads(self, coef: float) -> None:
@@ -191,7 +277,8 @@ class ZeroSharder:
                 g.mul_(coef)
 
     def all_finite(self) -> bool:
-        return all(bool(torch.isfinite(g).all()) for g in self.grads if g is not None)
+        flags = [torch.isfinite(g).all() for g in self.grads if g is not None]
+        return not flags or bool(torch.stack(flags).all())  # one host synchronisation
 
     # ---- parameters after the step ---------------------------------------------------------------
     @torch.no_grad()
@@ -200,7 +287,8 @@ class ZeroSharder:
         if not self.replicated:
             return
         role = self.topology.role
-        flat = torch.cat([self.params[n].detach().reshape(-1) for n in self.replicated])
+        # In the wire dtype: under mixed precision the values are wire-rounded already (lossless).
+        flat = torch.cat([self.params[n].detach().reshape(-1) for n in self.replicated]).to(self.wire)
         dist.broadcast(flat, src=role.leader, group=self.topology.tp_group)
         off = 0
         for n in self.replicated:
@@ -289,9 +377,13 @@ class ShardedOptimizer:
 
         window = _Window(done)
         for i, b in enumerate(sh.buckets):
-            if sh.is_master(i):
+            if sh.has_master(i):
                 self._bind(i, sh.masters[i])
                 self.inner[i].step()
+                if not sh.on_demand(i):  # mixed precision: every holder gets the wire-rounded chunks
+                    full = torch.empty(b.padded, dtype=sh.wire, device=sh.device)
+                    work = dist.all_gather_single(full, sh.masters[i].to(sh.wire), group=sh.groups[i], async_op=True)
+                    window.add(i, work, full)
                 continue
             flat = flatten(params, b, sh.params[b.items[0].name])
             own = sh._chunk(flat, b)
@@ -301,13 +393,13 @@ class ShardedOptimizer:
                 window.add(i, None, flat)
                 continue
             full = torch.empty(b.padded, dtype=sh.dtype, device=sh.device)
-            work = dist.all_gather_into_tensor(full, own.clone(), group=sh.groups[i], async_op=True)
+            work = dist.all_gather_single(full, own.clone(), group=sh.groups[i], async_op=True)
             window.add(i, work, full)
         window.drain()
         empty = torch.empty(0, dtype=sh.dtype, device=sh.device)
         for i in range(len(sh.buckets)):
             sh.grads[i] = None
-            if not sh.is_master(i):
+            if not sh.has_master(i):
                 self._bind(i, empty)  # drop the views of the transient flat buffers
         sh.broadcast_replicated()
         return loss
@@ -336,7 +428,7 @@ class ShardedOptimizer:
                 full = own
                 if b.k > 1:
                     full = torch.empty(b.padded, dtype=own.dtype, device=own.device)
-                    dist.all_gather_into_tensor(full, own.contiguous(), group=sh.groups[i])
+                    dist.all_gather_single(full, own.contiguous(), group=sh.groups[i])
                 into = {}
                 for it in b.items:
                     if key not in out[it.name]:

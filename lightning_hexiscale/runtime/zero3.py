@@ -12,18 +12,21 @@ and frees them afterwards:
   (post-accumulate-grad hooks), free again. Gradients stay whole in the local shape (they sum over
   the pipeline's micro-batches and are reduce-scattered once per step).
 
-Why point-to-point and not all-gather: a collective needs every holder at the same call, but the
-holders sit in different pipelines with different schedules and micro-batch counts (pipeline A
-uses layer 0 four times per step where pipeline B uses it twice, in another order), so a per-use
-all-gather would pair different uses and hang. The chunks do not change during a step, so each
-holder posts, at the start of a pipeline run, one non-blocking send of its chunk per use the peer
-will make (2 x the peer's micro-batches: forward + backward), all tagged per bucket; the peer's
-i-th use receives the i-th copy. No send waits on anything, so there is no cycle; a rank waits for
-its sends to be consumed at the end of its run, before its chunks can change. (Tested with gloo;
-NCCL matches p2p by order, not tag, and is not exercised here.)
+How a use is served, with no tags and in an order NCCL accepts (see :mod:`.comm_order`): the holders
+sit in pipelines with different schedules and micro-batch counts, so one collective per use could
+not pair their calls. Instead every rank follows one global sequence of events fixed by the plan
+(:func:`~lightning_hexiscale.runtime.comm_order.global_order`): its own block uses and pipeline
+exchanges, and, between them, the uses of the other pipelines it must *serve*. A use is one
+``batch_isend_irecv`` per holder group on the user's side (receive every other holder's chunk) and
+one per group on each server's side (send its chunk), in the wire dtype (bf16 under mixed
+precision). Every rank's calls are a subsequence of the same sequence, so the first unfinished one
+always has all its participants at it: no deadlock, and each FIFO pairs by order alone. The
+executor calls :meth:`Zero3Gatherer.before_exchange` before each pipeline exchange, the hooks call
+:meth:`Zero3Gatherer.gather`; both first serve what the sequence puts before them, and check that
+the own event is the one the plan predicts (a mismatch raises instead of hanging).
 
-``full_params()`` gathers every block once (one send per peer) for forward-only work outside the
-training schedule (validation) and for checkpoints, and keeps them until the context exits.
+``full_params()`` gathers every block once with one all-gather per bucket at a point every rank
+shares (validation, checkpoints; exact parameter dtype) and keeps them until the context exits.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
-from lightning_hexiscale.runtime.topology import role_of
+from lightning_hexiscale.runtime.comm_order import global_order
+from lightning_hexiscale.runtime.topology import stage_rank_lists
 from lightning_hexiscale.runtime.zero import ZeroSharder, unflatten
 
 
@@ -43,18 +47,19 @@ class Zero3Gatherer:
     def __init__(self, sharder: ZeroSharder):
         self.sh = sharder
         stage = sharder.stage
-        self.units: dict[str, list[int]] = {}  # "layers.<l>" -> indices of its master buckets
+        self.me = sharder.topology.rank
+        self.units: dict[str, list[int]] = {}  # "layers.<l>" -> indices of its on-demand buckets
         for i, b in enumerate(sharder.buckets):
-            if sharder.is_master(i):
+            if sharder.on_demand(i):
                 self.units.setdefault(b.unit, []).append(i)
         self.names = {u: sorted({it.name for i in ix for it in sharder.buckets[i].items}) for u, ix in self.units.items()}
         self.gathered = {u: False for u in self.units}
         self.in_backward = {u: False for u in self.units}
         self.pending = {u: 0 for u in self.units}
         self.pinned = False
-        self._sends: list = []
-        plan = sharder.topology.plan
-        self._n_mb = {r: plan.pipelines[role_of(plan, r).pipeline].num_micro_batches for r in range(plan.world_size)}
+        self.program = self._program()
+        """This rank's part of the global sequence: ``("own", event)`` / ``("serve", rank, layer)``."""
+        self._cursor: int | None = None
         for key, block in stage.layers.items():
             unit = f"layers.{key}"
             if unit not in self.units:
@@ -63,6 +68,67 @@ class Zero3Gatherer:
             block.register_forward_hook(lambda _m, _a, out, u=unit: self._post_forward(u, out))
             for name in self.names[unit]:
                 sharder.params[name].register_post_accumulate_grad_hook(lambda _p, u=unit: self._accumulated(u))
+
+    # ---- the global sequence -------------------------------------------------------------------
+    def _program(self) -> list[tuple]:
+        plan = self.sh.topology.plan
+        role = self.sh.topology.role
+        mine = (role.pipeline, role.stage)
+        partners: dict[int, set[int]] = {}  # layer -> ranks whose uses this rank serves
+        for ix in self.units.values():
+            for i in ix:
+                b = self.sh.buckets[i]
+                partners.setdefault(int(b.unit.split(".")[1]), set()).update(r for r in b.ranks if r != self.me)
+        stages = stage_rank_lists(plan)
+        program: list[tuple] = []
+        for i, j, ev in global_order(plan):
+            if (i, j) == mine:
+                program.append(("own", ev))
+            elif ev[0] == "x" and (i, j + 1) == mine:
+                program.append(("own", ("x", "prev", ev[2])))
+            elif ev[0] == "u":
+                for r in sorted(set(stages[i][j]) & partners.get(ev[1], set())):
+                    program.append(("serve", r, ev[1]))
+        return program
+
+    def _advance(self, kind: str, layer: int | None = None) -> None:
+        """Serve everything the sequence puts before this rank's next own event, then consume that
+        event, which must be ``kind`` (and ``layer`` for a use)."""
+        if self._cursor is None:
+            raise RuntimeError("ZeRO-3 block gather outside a training run and outside full_params(): its holders "
+                               "in the other pipelines would not serve it (use engine.full_params() around "
+                               "forward-only work)")
+        while self._cursor < len(self.program) and self.program[self._cursor][0] == "serve":
+            _, rank, served = self.program[self._cursor]
+            self._serve(rank, served)
+            self._cursor += 1
+        if self._cursor == len(self.program):
+            raise RuntimeError(f"ZeRO-3: rank {self.me} has an unexpected {kind} event after its last planned one")
+        ev = self.program[self._cursor][1]
+        if ev[0] != kind or (kind == "u" and ev[1] != layer):
+            raise RuntimeError(f"ZeRO-3: rank {self.me} at event {self._cursor} of its plan expected {ev}, got "
+                               f"{kind} {'' if layer is None else layer}: the stage's communication order differs "
+                               f"from comm_order.stage_events")
+        self._cursor += 1
+
+    def before_exchange(self) -> None:
+        """Called by the executor before each pipeline exchange of a training run."""
+        self._advance("x")
+
+    @contextmanager
+    def training_run(self):
+        """Around one pipeline run (all micro-batches, forward and backward) of the schedule."""
+        self._cursor = 0
+        try:
+            yield
+            while self._cursor < len(self.program):  # serve the uses that come after this rank's last event
+                item = self.program[self._cursor]
+                if item[0] != "serve":
+                    raise RuntimeError(f"ZeRO-3: rank {self.me} ended its run before its planned event {item[1]}")
+                self._serve(item[1], item[2])
+                self._cursor += 1
+        finally:
+            self._cursor = None
 
     # ---- hooks -------------------------------------------------------------------------------
     def _pre_forward(self, unit: str) -> None:
@@ -90,88 +156,87 @@ class Zero3Gatherer:
             self.in_backward[unit] = False
             self.free(unit)
 
-    # ---- gather / free ---------------------------------------------------------------------------
+    # ---- communication of one use ------------------------------------------------------------
+    def _by_group(self, unit: str, with_rank: int | None = None) -> dict[tuple[int, ...], list[int]]:
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for i in self.units.get(unit, []):
+            b = self.sh.buckets[i]
+            if b.k > 1 and (with_rank is None or with_rank in b.ranks):
+                groups.setdefault(b.ranks, []).append(i)
+        return dict(sorted(groups.items()))
+
+    @torch.no_grad()
+    def _serve(self, rank: int, layer: int) -> None:
+        """Send this rank's chunk of every bucket of ``layer`` it shares with ``rank`` (one batch per group)."""
+        sh = self.sh
+        for ix in self._by_group(f"layers.{layer}", rank).values():
+            chunks = [sh.masters[i].to(sh.wire) for i in ix]
+            ops = [dist.P2POp(dist.isend, c, rank, group=sh.groups[i]) for i, c in zip(ix, chunks)]
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+
     @torch.no_grad()
     def gather(self, unit: str) -> None:
         """Receive the other holders' chunks of the unit's buckets; rebuild the full local tensors."""
         sh = self.sh
-        fulls, works = [], []
+        self._advance("u", int(unit.split(".")[1]))
+        fulls = {}
         for i in self.units[unit]:
             b = sh.buckets[i]
-            full = torch.empty(b.padded, dtype=sh.dtype, device=sh.device)
+            full = torch.empty(b.padded, dtype=sh.wire, device=sh.device)
             full[b.index * b.chunk:(b.index + 1) * b.chunk] = sh.masters[i]
-            for j, r in enumerate(b.ranks):
-                if j != b.index:
-                    works.append(dist.irecv(full[j * b.chunk:(j + 1) * b.chunk], src=r, tag=b.tag))
-            fulls.append((b, full))
-        for w in works:
-            w.wait()
-        shards = sh.stage.shards()
+            fulls[i] = full
+        for ix in self._by_group(unit).values():
+            ops = []
+            for i in ix:
+                b = sh.buckets[i]
+                for j, r in enumerate(b.ranks):
+                    if r != self.me:
+                        ops.append(dist.P2POp(dist.irecv, fulls[i][j * b.chunk:(j + 1) * b.chunk], r,
+                                              group=sh.groups[i]))
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+        self.install(unit, fulls)
+
+    def install(self, unit: str, fulls: dict[int, torch.Tensor]) -> None:
+        """The unit's full local parameters from its buckets' gathered flat buffers."""
+        tensors = self._empty_params(unit)
+        for i, full in fulls.items():
+            unflatten(full, self.sh.buckets[i], tensors)
+        for name, t in tensors.items():
+            self.sh.params[name].data = t
+        self.gathered[unit] = True
+
+    def _empty_params(self, unit: str) -> dict[str, torch.Tensor]:
+        shards = self.sh.stage.shards()
         tensors = {}
         for name in self.names[unit]:
             s = shards[name]
             shape = list(s.spec.shape)
             shape[s.spec.shard_dim] = s.end - s.start
-            tensors[name] = torch.empty(shape, dtype=sh.dtype, device=sh.device)
-        for b, full in fulls:
-            unflatten(full, b, tensors)
-        for name, t in tensors.items():
-            sh.params[name].data = t
-        self.gathered[unit] = True
+            tensors[name] = torch.empty(shape, dtype=self.sh.dtype, device=self.sh.device)
+        return tensors
 
     def free(self, unit: str) -> None:
         for name in self.names[unit]:
             self.sh.params[name].data = torch.empty(0, dtype=self.sh.dtype, device=self.sh.device)
         self.gathered[unit] = False
 
-    # ---- the sender side -------------------------------------------------------------------------
-    def post_sends(self, uses_per_micro_batch: int | None) -> None:
-        """Post one isend of each owned chunk per use each peer will make: ``uses_per_micro_batch``
-        x the peer pipeline's micro-batches, or once when ``None`` (a :meth:`full_params` gather)."""
-        sh = self.sh
-        for ix in self.units.values():
-            for i in ix:
-                b = sh.buckets[i]
-                for r in b.ranks:
-                    if r == sh.topology.rank:
-                        continue
-                    n = 1 if uses_per_micro_batch is None else uses_per_micro_batch * self._n_mb[r]
-                    for _ in range(n):
-                        self._sends.append(dist.isend(sh.masters[i], dst=r, tag=b.tag))
-
-    def wait_sends(self) -> None:
-        for w in self._sends:
-            w.wait()
-        self._sends.clear()
-
-    @contextmanager
-    def training_run(self):
-        """Around one pipeline run (all micro-batches, forward and backward) of the schedule."""
-        self.post_sends(2)
-        try:
-            yield
-        finally:
-            self.wait_sends()
-
     @contextmanager
     def full_params(self, gather: bool = True, writeback: bool = False):
         """Every block's full local parameters for the duration (collective over the world when
-        ``gather``). ``gather=False`` only allocates them (to load a checkpoint into); with
-        ``writeback`` the masters are rebuilt from the parameters on exit (after such a load)."""
+        ``gather``: one all-gather per bucket, in the global bucket order, exact parameter dtype).
+        ``gather=False`` only allocates them (to load a checkpoint into); with ``writeback`` the
+        masters are rebuilt from the parameters on exit (after such a load)."""
+        tensors = {}
+        for unit in self.units:
+            tensors.update(self._empty_params(unit))
         if gather:
-            self.post_sends(None)
-            for unit in self.units:
-                self.gather(unit)
-            self.wait_sends()
-        else:
-            shards = self.sh.stage.shards()
-            for unit, names in self.names.items():
-                for name in names:
-                    s = shards[name]
-                    shape = list(s.spec.shape)
-                    shape[s.spec.shard_dim] = s.end - s.start
-                    self.sh.params[name].data = torch.empty(shape, dtype=self.sh.dtype, device=self.sh.device)
-                self.gathered[unit] = True
+            self.sh.gather_masters(on_demand_into=tensors)
+        for name, t in tensors.items():
+            self.sh.params[name].data = t
+        for unit in self.units:
+            self.gathered[unit] = True
         self.pinned = True
         try:
             yield
@@ -182,5 +247,7 @@ class Zero3Gatherer:
                 for unit in self.units:
                     self.gathered[unit] = False
             else:
+                if gather:
+                    self.sh.round_params()
                 for unit in self.units:
                     self.free(unit)

@@ -10,8 +10,8 @@ canonical parameter order, into flat buckets of at most ``cap`` bytes:
 - ``unit``: ``embed``, ``layers.<l>`` or ``head`` (final norm + LM head), so that ZeRO-3 can gather
   one transformer block without touching the others;
 - ``kind``: ``"sharded"`` for the TP-sharded matrices of a block (ZeRO-3 shards their parameters),
-  ``"whole"`` for the replicated norms / embedding / LM head (ZeRO-3 keeps these whole and treats
-  them as ZeRO-2 does: only their gradients and optimizer states are sharded).
+  ``"whole"`` for the norms and the (vocabulary-parallel) embedding / LM head (ZeRO-3 keeps their
+  local tensors whole and treats them as ZeRO-2 does: only gradients and optimizer states are sharded).
 
 Every member of a holder group packs the same segments in the same order, so all members agree on
 the layout of each bucket without communicating. A bucket of n elements over k holders is cut into
@@ -35,11 +35,6 @@ from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.plan import Plan
 from lightning_hexiscale.runtime.topology import sync_segments
 from lightning_hexiscale.runtime.parallelize import LocalShard
-
-ZERO3_TAG_BASE = 1 << 24
-"""Point-to-point tags of ZeRO-3 parameter chunks start here, far above the schedule's activation
-tags (2 * micro_batch + backward), so the two never match each other."""
-
 
 @dataclass(frozen=True)
 class Item:
@@ -71,8 +66,6 @@ class Bucket:
     items: list[Item]
     index: int
     """This rank's position in ``ranks``: it owns elements [index * chunk, (index + 1) * chunk)."""
-    tag: int = 0
-    """ZeRO-3 point-to-point tag, equal on all members (sharded buckets only)."""
     offsets: list[int] = field(default_factory=list)
     """Start of each item in the flat buffer."""
 
@@ -130,12 +123,11 @@ def _local_numel(shard: LocalShard, dim: int | None, length: int) -> int:
 
 
 def build_buckets(plan: Plan, config: LlamaConfig, rank: int, shards: dict[str, LocalShard],
-                  element_size: int, cap_bytes: int, group_index: dict[tuple[int, ...], int]) -> list[Bucket]:
+                  element_size: int, cap_bytes: int) -> list[Bucket]:
     """This rank's buckets, in ONE global order (equal on every member of each bucket's group).
 
-    ``shards``: this rank's local pieces (``StageModule.shards()``); ``group_index``: position of each
-    holder tuple in the topology's global group list (gives the ZeRO-3 tags; singleton groups get
-    -1 and never communicate). Order: by canonical position of the first parameter, descending
+    ``shards``: this rank's local pieces (``StageModule.shards()``). Order: by canonical position of
+    the first parameter, descending
     (the order backward finishes gradients), then by holder ranks: every rank's list is then a
     subsequence of one global order, so collectives issued in list order cannot deadlock.
     """
@@ -151,31 +143,22 @@ def build_buckets(plan: Plan, config: LlamaConfig, rank: int, shards: dict[str, 
         else:
             item = Item(seg.name, seg.shard_dim, seg.start - shard.start, seg.end - seg.start,
                         _local_numel(shard, seg.shard_dim, seg.end - seg.start), seg.start)
-        kind = "whole" if seg.shard_dim is None else "sharded"
+        # ZeRO-3 shards (and gathers around each use) only the blocks' matrices; the embedding and
+        # LM head stay whole in their local (vocabulary) shape, like the norms.
+        kind = "sharded" if seg.shard_dim is not None and seg.name.startswith("layers.") else "whole"
         per_key.setdefault((seg.ranks, unit_of(seg.name), kind), []).append(item)
     buckets: list[Bucket] = []
     for (ranks, unit, kind), items in per_key.items():
-        seq = 0
         current: list[Item] = []
         size = 0
         for it in items:
             if current and size + it.numel * element_size > cap_bytes:
-                buckets.append(_bucket(ranks, unit, kind, current, rank, group_index, config, seq))
-                seq, current, size = seq + 1, [], 0
+                buckets.append(Bucket(ranks, unit, kind, current, ranks.index(rank)))
+                current, size = [], 0
             current.append(it)
             size += it.numel * element_size
-        buckets.append(_bucket(ranks, unit, kind, current, rank, group_index, config, seq))
+        buckets.append(Bucket(ranks, unit, kind, current, ranks.index(rank)))
     return sorted(buckets, key=lambda b: (-position[b.items[0].name], -b.items[0].global_start, b.kind, b.ranks))
-
-
-def _bucket(ranks, unit, kind, items, rank, group_index, config: LlamaConfig, seq: int) -> Bucket:
-    layer = int(unit.split(".")[1]) if unit.startswith("layers.") else config.num_layers
-    # Unique per (group, layer, bucket): two holders can share several groups (3+ pipelines).
-    gi = group_index.get(ranks, -1)
-    if seq >= 1024:
-        raise ValueError(f"{seq + 1} buckets for one layer and holder group: raise bucket_cap_bytes")
-    tag = ZERO3_TAG_BASE + ((gi * (config.num_layers + 1) + layer) * 1024 + seq) if gi >= 0 else 0
-    return Bucket(ranks, unit, kind, list(items), ranks.index(rank), tag)
 
 
 def chunk_runs(bucket: Bucket, group_of: dict[str, int]) -> list[tuple[int, int, int]]:

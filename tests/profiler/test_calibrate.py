@@ -99,7 +99,7 @@ def test_calibrate_and_check_estimate_cli_on_two_ranks(tmp_path, capsys):
     prof = tmp_path / "p.yaml"
     assert main(["profile", "--local", "2", "--out", str(prof), "--sizes", "1KiB,1MiB,8MiB", "--reps", "3",
                  "--matmul-size", "256", "--matmul-time", "0.2"]) == 0
-    model = [f"model.{k}={v}" for k, v in MODEL.to_dict().items() if k not in ("rms_norm_eps", "rope_theta")]
+    model = [f"model.{k}={v}" for k, v in MODEL.to_dict().items() if k not in ("rms_norm_eps", "rope_theta", "rope_scaling", "tie_word_embeddings", "max_position_embeddings")]
     assert main(["calibrate", "--local", "2", "--steps", "2", f"cluster={prof}", *model]) == 0
     doc = yaml.safe_load(prof.read_text())
     assert 0 < doc["gpu_types"]["CPU"]["efficiency"] < 10 and 0.1 <= doc["calibration"]["theta_ddp"] <= 20
@@ -116,7 +116,7 @@ def test_calibrate_and_check_estimate_cli_on_two_ranks(tmp_path, capsys):
 def test_check_estimate_wrong_rank_count(tmp_path, capsys):
     plan = tmp_path / "plan.yaml"
     plan.write_text(yaml.safe_dump(pure_dp_plan(2, MODEL, 1, 1, False).to_dict()))
-    model = [f"model.{k}={v}" for k, v in MODEL.to_dict().items() if k not in ("rms_norm_eps", "rope_theta")]
+    model = [f"model.{k}={v}" for k, v in MODEL.to_dict().items() if k not in ("rms_norm_eps", "rope_theta", "rope_scaling", "tie_word_embeddings", "max_position_embeddings")]
     assert main(["check-estimate", "--local", "3", "--plan", str(plan), "cluster=cpu2", *model]) == 2
     assert "--local 2" in capsys.readouterr().err
 

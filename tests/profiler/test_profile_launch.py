@@ -55,3 +55,36 @@ def test_run_local_results_and_failures():
     assert [r[:3] for r in res] == [(0, 3, 3), (1, 3, 3), (2, 3, 3)] and len({r[3] for r in res}) == 3
     with pytest.raises(RankFailure, match="boom on rank 1"):
         run_local(2, _raises_on_1, timeout_s=30)
+
+
+def _closes_then_raises_on_1(rank, world):
+    """Rank 1 drops its connections BEFORE it raises, so rank 0's "Connection closed by peer" is
+    certainly reported first: the race that made the test above flaky, forced every time."""
+    import time
+
+    import torch.distributed as dist
+
+    if rank == 1:
+        dist.destroy_process_group()
+        time.sleep(1.0)
+        raise ValueError("boom on rank 1")
+    dist.barrier()
+    return rank
+
+
+@pytest.mark.timeout(60)
+def test_run_local_names_the_root_cause_not_the_broken_connection():
+    with pytest.raises(RankFailure) as info:
+        run_local(2, _closes_then_raises_on_1, timeout_s=30)
+    first = str(info.value).splitlines()[0]
+    assert first.startswith("rank 1 failed first: ValueError: boom on rank 1"), str(info.value)[-2000:]
+    assert "--- rank 0 ---" in str(info.value)  # the secondary error is still shown, after it
+
+
+def test_root_cause_order_prefers_a_real_error_then_the_earliest():
+    from lightning_hexiscale.profiling.launch import root_cause_order
+
+    closed = "Traceback ...\nRuntimeError: [pair.cc:534] Connection closed by peer [127.0.0.1]:1234"
+    errors = {0: (closed, 1.0), 1: ("Traceback ...\nValueError: boom", 2.0), 2: ("KeyError: 'x'", 1.5)}
+    assert root_cause_order(errors) == [2, 1, 0]
+    assert root_cause_order({0: (closed, 1.0), 3: (closed, 0.5)}) == [3, 0]

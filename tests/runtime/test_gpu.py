@@ -13,7 +13,8 @@ import textwrap
 import pytest
 import torch
 
-from lightning_hexiscale.runtime.tensor_parallel import attention, default_backend, flash_attn_available
+from lightning_hexiscale.models.llama import attention, flash_attn_available
+from lightning_hexiscale.runtime.tensor_parallel import default_backend
 from lightning_hexiscale.models.llama import sdpa_attention
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -29,8 +29,12 @@ def test_uneven_shard_ranges_tp3(tiny_mha):
     assert [(q[r].start, q[r].end) for r in range(3)] == [(0, 32), (32, 48), (48, 64)]
     down = stage_shards(tiny_mha, (0, 4), True, True, 3, 2)["layers.3.mlp.down_proj.weight"]
     assert (down.spec.shard_dim, down.start, down.end) == (1, 67, 100)
+    # vocabulary-parallel embedding and head: 256 rows -> 86, 85, 85
     emb = stage_shards(tiny_mha, (0, 4), True, True, 3, 2)["embed.weight"]
-    assert emb.spec.shard_dim is None
+    assert (emb.spec.shard_dim, emb.start, emb.end) == (0, 171, 256)
+    head = stage_shards(tiny_mha, (0, 4), True, True, 3, 0)["lm_head.weight"]
+    assert (head.spec.shard_dim, head.start, head.end) == (0, 0, 86)
+    assert stage_shards(tiny_mha, (0, 4), True, True, 3, 0)["norm.weight"].spec.shard_dim is None
 
 
 def test_stage_holds_only_its_layers(tiny_gqa):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from lightning_hexiscale.errors import PlanError
-from lightning_hexiscale.runtime.schedule import gpipe_schedule, one_f_one_b_schedule, schedule_ops
+from lightning_hexiscale.runtime.schedule import (Exchange, exchange_points, forward_ops, gpipe_schedule,
+                                                  one_f_one_b_schedule, schedule_ops)
 
 SHAPES = [(1, 0, 1), (1, 0, 4), (2, 0, 1), (2, 1, 1), (3, 0, 2), (3, 1, 2), (3, 2, 2), (4, 0, 6), (4, 1, 6),
           (4, 3, 6), (4, 0, 3), (5, 2, 8)]
@@ -94,3 +95,82 @@ def test_unknown_schedule_is_a_plan_error():
 def test_bad_shapes_rejected(args):
     with pytest.raises(ValueError):
         gpipe_schedule(*args)
+
+
+# ---- p2p exchanges: every link pairs up and nothing can hang under NCCL's rules --------------------
+def _exchange_traces(ops_of, stages: int) -> list[list]:
+    """Synthetic traces, one rank per stage (TP 1), one batch Step per exchange of exchange_points."""
+    from nccl_semantics import P2POp, Step
+
+    traces = []
+    for s in range(stages):
+        steps = []
+        for point in exchange_points(ops_of, stages, s):
+            for ex in point:
+                peer = s - 1 if ex.side == "prev" else s + 1
+                group = tuple(sorted((s, peer)))
+                ops = []
+                if ex.send:  # the message id stands in for its size: a wrong pairing is a size mismatch
+                    ops.append(P2POp("send", peer, group, 1 + 2 * ex.send[1] + (ex.send[0] == "grad"), "float32"))
+                if ex.recv:
+                    ops.append(P2POp("recv", peer, group, 1 + 2 * ex.recv[1] + (ex.recv[0] == "grad"), "float32"))
+                steps.append(Step("batch", tuple(ops), group=group))
+        traces.append(steps)
+    return traces
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("stages,mbs", [(1, 3), (2, 1), (2, 2), (2, 5), (3, 1), (3, 2), (3, 4), (4, 2), (4, 4),
+                                        (4, 9), (5, 3), (6, 6), (8, 3)])
+def test_exchanges_pair_up_and_replay_under_nccl_rules(name, stages, mbs):
+    from nccl_semantics import replay
+
+    ops_of = lambda s: schedule_ops(name, stages, s, mbs)  # noqa: E731
+    report = replay(_exchange_traces(ops_of, stages))
+    assert report.ok, str(report)
+    # every stage sends and receives each of its messages exactly once
+    for s in range(stages):
+        exs = [ex for point in exchange_points(ops_of, stages, s) for ex in point]
+        sent = sorted(ex.send for ex in exs if ex.send)
+        got = sorted(ex.recv for ex in exs if ex.recv)
+        assert sent == sorted(([("act", i) for i in range(mbs)] if s < stages - 1 else [])
+                              + ([("grad", i) for i in range(mbs)] if s > 0 else []))
+        assert got == sorted(([("act", i) for i in range(mbs)] if s > 0 else [])
+                             + ([("grad", i) for i in range(mbs)] if s < stages - 1 else []))
+
+
+def test_1f1b_steady_state_is_fused():
+    """Stage 1 of 3, 4 micro-batches: after F(i) the activation goes out in the same batch as the
+    gradient of B(i-1) comes in (send-forward + recv-backward), and vice versa with the previous stage."""
+    ops_of = lambda s: one_f_one_b_schedule(3, s, 4)  # noqa: E731
+    fused = [ex for point in exchange_points(ops_of, 3, 1) for ex in point if ex.send and ex.recv]
+    assert Exchange("next", send=("act", 1), recv=("grad", 0)) in fused
+    assert Exchange("prev", send=("grad", 0), recv=("act", 2)) in fused
+    assert len(fused) == 5  # 3 with the next stage, 2 with the previous one
+
+
+def test_forward_only_exchanges_replay():
+    from nccl_semantics import replay
+
+    assert replay(_exchange_traces(lambda s: forward_ops(3), 4)).ok
+
+
+def test_old_unfused_1f1b_is_flagged():
+    """Mutation: the exchange order of the former executor (an isend after every op, an irecv before
+    every op, each on its own) deadlocks under NCCL's rules for 2 stages and 2 micro-batches."""
+    from nccl_semantics import P2POp, Step, replay
+
+    traces = []
+    for s in range(2):
+        steps = []
+        for kind, i in one_f_one_b_schedule(2, s, 2):
+            peer = 1 - s
+            need = (kind == "F" and s == 1) or (kind == "B" and s == 0)
+            make = (kind == "F" and s == 0) or (kind == "B" and s == 1)
+            if need:
+                steps.append(Step("p2p", (P2POp("recv", peer, (0, 1), 8, "float32"),)))
+            if make:
+                steps.append(Step("p2p", (P2POp("send", peer, (0, 1), 8, "float32"),)))
+        traces.append(steps)
+    report = replay(traces)
+    assert not report.ok and "stuck" in str(report)

@@ -10,7 +10,7 @@ import torch.distributed as dist
 from lightning_hexiscale.errors import PlanError
 from lightning_hexiscale.planner.plan import Plan
 from lightning_hexiscale.runtime.topology import segment_bounds, sync_segments
-from lightning_hexiscale.runtime.topology import Topology, group_ranks, role_of
+from lightning_hexiscale.runtime.topology import Topology, group_ranks, link_pairs, role_of
 
 
 def plan_of(pipelines, num_layers=4) -> Plan:
@@ -49,6 +49,11 @@ def test_scatter_gather_only_between_equal_tp_above_one():
     assert role_of(plan, 0).scatter_gather_next and role_of(plan, 3).scatter_gather_prev
     assert not role_of(plan, 3).scatter_gather_next  # TP 2 -> TP 1: leader + broadcast
     assert not role_of(plan, 4).scatter_gather_next  # TP 1 -> TP 1: plain leader p2p
+    # p2p links: TP rank r to TP rank r on the scatter/gather path, leaders otherwise
+    assert link_pairs(plan) == [(0, 2), (1, 3), (2, 4), (4, 5)]
+    assert role_of(plan, 1).link_peer("next") == 3 and role_of(plan, 3).link_peer("prev") == 1
+    assert role_of(plan, 2).link_peer("next") == 4 and role_of(plan, 3).link_peer("next") is None
+    assert role_of(plan, 0).link_peer("prev") is None
 
 
 def test_rank_outside_plan_is_a_plan_error():
@@ -82,17 +87,22 @@ def test_segments_cover_every_parameter_once_per_pipeline(tiny_gqa):
     plan = plan_of(FIG1)
     segs = sync_segments(plan, tiny_gqa)
     assert all(len(s.ranks) == 2 for s in segs)
-    # embedding: first-stage leaders (0, 2); LM head: last-stage leaders (0, 4)
-    assert {s.ranks for s in segs if s.name == "embed.weight"} == {(0, 2)}
-    assert {s.ranks for s in segs if s.name == "lm_head.weight"} == {(0, 4)}
+    # vocabulary-parallel embedding and LM head: the TP-2 stage's two halves against rank 2
+    # (first stage of pipeline 1) and rank 4 (its last stage); the final norm on the leaders only
+    assert {s.ranks for s in segs if s.name == "embed.weight"} == {(0, 2), (1, 2)}
+    assert {s.ranks for s in segs if s.name == "lm_head.weight"} == {(0, 4), (1, 4)}
+    assert {s.ranks for s in segs if s.name == "norm.weight"} == {(0, 4)}
     # layer 2 lives on rank 3 in pipeline 1, split over ranks 0/1 in pipeline 0
     assert {s.ranks for s in segs if s.name == "layers.2.mlp.up_proj.weight"} == {(0, 3), (1, 3)}
 
 
 def test_group_ranks(tiny_gqa):
-    assert group_ranks(plan_of(FIG1), tiny_gqa) == [(0, 1), (0, 2), (0, 3), (0, 4), (1, 2), (1, 3), (1, 4)]
-    # one pipeline: TP groups only, no data-parallel groups
-    assert group_ranks(plan_of([(2, 1, [([0, 1], (0, 2)), ([2, 3], (2, 4))])]), tiny_gqa) == [(0, 1), (2, 3)]
+    # TP group (0, 1), holder pairs across the pipelines, links (2, 3) and (3, 4) of pipeline 1
+    assert group_ranks(plan_of(FIG1), tiny_gqa) == [(0, 1), (0, 2), (0, 3), (0, 4), (1, 2), (1, 3), (1, 4),
+                                                    (2, 3), (3, 4)]
+    # one pipeline of two TP-2 stages: TP groups and the scatter/gather links (0, 2), (1, 3); no DP groups
+    assert group_ranks(plan_of([(2, 1, [([0, 1], (0, 2)), ([2, 3], (2, 4))])]), tiny_gqa) == [
+        (0, 1), (0, 2), (1, 3), (2, 3)]
     # pure DP over 3 single-device pipelines: one group of everything
     pure = plan_of([(1, 1, [([d], (0, 4))]) for d in range(3)])
     assert group_ranks(pure, tiny_gqa) == [(0, 1, 2)]

@@ -5,6 +5,13 @@ modules are imported here, in the parent, so the children inherit them). Each ra
 recorded to ``out_dir/rank{r}.pt``; the parent compares. Lightning's fork launcher joins its
 children itself and a rank that raises takes the run down; the per-test pytest timeout and the
 gloo timeout passed to the strategy bound every hang.
+
+Every :func:`hexiscale_trainer` run is under the NCCL-semantics harness (``tests/nccl_semantics.py``):
+the :class:`NcclTrace` callback installs the recorder in each rank once the process group exists
+(p2p tags forced to 0: order-only matching) and writes the rank's communication trace to
+``out_dir/trace{r}.pt`` at teardown; :func:`read_ranks` replays the traces under NCCL's rules and
+fails on anything that would hang or mismatch on NCCL: Lightning's own collectives, setup, training,
+validation, checkpoint save and load included.
 """
 
 from __future__ import annotations
@@ -18,6 +25,8 @@ import torch
 import torch.distributed  # noqa: F401  (pre-import for the forked children)
 import torch.utils.checkpoint  # noqa: F401
 from torch.utils.data import DataLoader
+
+import nccl_semantics
 
 import lightning_hexiscale  # noqa: F401  (registers "hexiscale")
 import lightning_hexiscale.runtime.engine  # noqa: F401
@@ -69,7 +78,33 @@ class Recorder(pl.Callback):
                    self.out_dir / f"rank{trainer.global_rank}.pt")
 
 
+class NcclTrace(pl.Callback):
+    """Runs the rank under the NCCL-semantics recorder from ``setup`` (the process group exists, the
+    engine does not yet) to ``teardown``, and writes its trace to ``out_dir/trace{rank}.pt``."""
+
+    def __init__(self, out_dir: Path):
+        self.out_dir = Path(out_dir)
+        self.recorder: nccl_semantics.Recorder | None = None
+
+    def setup(self, trainer, pl_module, stage):
+        if self.recorder is None and trainer.world_size > 1:
+            self.recorder = nccl_semantics.Recorder().install()
+            nccl_semantics.set_current(self.recorder)
+
+    def teardown(self, trainer, pl_module, stage):
+        if self.recorder is not None:
+            self.recorder.uninstall()
+            torch.save(self.recorder.steps, self.out_dir / f"trace{trainer.global_rank}.pt")
+            self.recorder = None
+
+
 def read_ranks(out_dir: Path, world: int) -> list[dict]:
+    """What every rank recorded; when the ranks left communication traces, they are replayed under
+    NCCL's rules first (AssertionError with the report on a violation)."""
+    traces = [Path(out_dir) / f"trace{r}.pt" for r in range(world)]
+    if all(t.is_file() for t in traces):
+        report = nccl_semantics.replay([torch.load(t, weights_only=False) for t in traces])
+        assert report.ok, str(report)
     return [torch.load(Path(out_dir) / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 
@@ -78,7 +113,7 @@ def hexiscale_trainer(plan: Plan, out_dir: Path, *, start_method: str = "fork", 
     kw = dict(accelerator="cpu", devices=plan.world_size, logger=False, enable_checkpointing=False,
               enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
     kw.update(trainer_kw)
-    return pl.Trainer(strategy=strategy, callbacks=[Recorder(out_dir), *callbacks], **kw)
+    return pl.Trainer(strategy=strategy, callbacks=[NcclTrace(out_dir), Recorder(out_dir), *callbacks], **kw)
 
 
 def single_trainer(out_dir: Path, callbacks=(), **trainer_kw):

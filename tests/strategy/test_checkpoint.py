@@ -2,17 +2,27 @@
 to a two-stage pipeline), resumed with ``trainer.fit(ckpt_path=...)`` under plan B (3 ranks, one
 pipeline of a TP-1 stage and a TP-2 stage). The continued run equals an uninterrupted one-process
 run (losses, every parameter copy, AdamW state and the warm-up schedule across the split), and the
-checkpoint loads into the plain single-device Llama."""
+checkpoint loads into the plain single-device Llama. With ``async_checkpoint=True`` the saves
+overlap training, hold the values of their step, and "last" is never half-written; top-k removal
+works meanwhile. Partial, foreign and previous-format directories are refused with clear errors.
+"""
 
 from __future__ import annotations
 
+import threading
+from pathlib import Path
+
+import lightning.pytorch as pl
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
-from strategy_helpers import assert_matches, hexiscale_trainer, loader, module, plan_of, read_ranks, single_trainer
+from strategy_helpers import (PG_TIMEOUT, Recorder, assert_matches, hexiscale_trainer, loader, module, plan_of,
+                              read_ranks, single_trainer)
 
 from lightning_hexiscale.errors import ConfigError
+from lightning_hexiscale.lightning.strategy import HexiScaleStrategy
 from lightning_hexiscale.runtime import checkpoint as ckpt
+from lightning_hexiscale.runtime.checkpoint_io import PieceSavePlanner
 
 PLAN_A = plan_of([(4, 2, [([0, 1], (0, 4))]), (2, 1, [([2], (0, 2)), ([3], (2, 4))])])
 PLAN_B = plan_of([(6, 3, [([0], (0, 1)), ([1, 2], (1, 4))])], schedule="gpipe")
@@ -70,3 +80,108 @@ def test_partial_or_foreign_checkpoint_is_refused(tmp_path):
     torch.save({"state_dict": {}}, single_file)
     with pytest.raises(ConfigError, match="not a hexiscale checkpoint"):
         ckpt.read_meta(single_file)
+
+
+def test_previous_format_is_refused_with_the_way_out(tmp_path):
+    old = tmp_path / "last.ckpt"
+    (old / "model").mkdir(parents=True)
+    torch.save({"embed.weight": torch.zeros(2, 2)}, old / "model" / "embed.pt")
+    torch.save({"hexiscale": {"format": "hexiscale-checkpoint/1"}}, old / "meta.pt")
+    (old / "COMPLETE").write_text("hexiscale-checkpoint/1\n")
+    with pytest.raises(ConfigError, match="previous format 'hexiscale-checkpoint/1'.*Fix: its weights are plain"):
+        ckpt.read_meta(old)
+    with pytest.raises(ConfigError, match="previous format"):
+        ckpt.load_llama_state_dict(old)
+
+
+# ---- asynchronous saves ---------------------------------------------------------------------------
+class GateAsyncWrites(Callback):
+    """A save made at the end of step s (ModelCheckpoint makes two: top-k and "last") may write its
+    first box only once the main thread has finished step s + 1: it completes only if training goes
+    on while it is in flight (a save that blocked training would deadlock here and fail on the 60 s
+    wait). At the start of every step, "last" must be absent or complete (rank 0 reads it)."""
+
+    def __init__(self, last: Path, out_dir: Path):
+        self.last, self.out_dir = last, out_dir
+        self.gates: dict[int, threading.Event] = {}
+        self.lock = threading.Lock()
+        self.step = 0
+        self.released: list[tuple[int, int]] = []  # (step of the saves, step that released them)
+        self.last_steps: list[tuple[int, int | None]] = []  # (training step, global_step of "last")
+
+    def gate(self, step: int) -> threading.Event:
+        with self.lock:
+            return self.gates.setdefault(step, threading.Event())
+
+    def on_fit_start(self, trainer, module):
+        init, resolve = PieceSavePlanner.__init__, PieceSavePlanner.resolve_data
+
+        def made_now(planner, pieces):  # main thread, inside ModelCheckpoint's save of step self.step
+            init(planner, pieces)
+            planner.made_at = self.step
+
+        def gated(planner, write_item):  # the writer thread
+            if not self.gate(planner.made_at).wait(timeout=60):
+                raise RuntimeError(f"the save of step {planner.made_at} was not overlapped by a training step")
+            return resolve(planner, write_item)
+
+        PieceSavePlanner.__init__, PieceSavePlanner.resolve_data = made_now, gated
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        if trainer.is_global_zero:
+            step = ckpt.read_meta(self.last)["global_step"] if self.last.exists() else None
+            self.last_steps.append((trainer.global_step, step))
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.step = trainer.global_step  # ModelCheckpoint saves after this hook (callbacks run first)
+        if self.step >= 2:
+            assert trainer.strategy.checkpointer.pending  # the saves of the previous step are in flight
+            self.gate(self.step - 1).set()
+            self.released.append((self.step - 1, self.step))
+
+    def on_train_end(self, trainer, module):
+        for step in range(trainer.global_step + 1):
+            self.gate(step).set()
+
+    def on_fit_end(self, trainer, module):
+        torch.save({"released": self.released, "last_steps": self.last_steps},
+                   self.out_dir / f"gate{trainer.global_rank}.pt")
+
+
+def async_trainer(plan, out_dir: Path, callbacks=(), **kw) -> pl.Trainer:
+    strategy = HexiScaleStrategy(plan=plan, start_method="fork", timeout=PG_TIMEOUT, async_checkpoint=True)
+    return pl.Trainer(strategy=strategy, callbacks=[Recorder(out_dir), *callbacks], accelerator="cpu",
+                      devices=plan.world_size, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                      num_sanity_val_steps=0, **kw)
+
+
+@pytest.mark.timeout(120)
+def test_async_saves_overlap_training_and_stay_atomic(tmp_path):
+    ref_dir, run_dir, ck = tmp_path / "ref", tmp_path / "run", tmp_path / "ck"
+    ref_dir.mkdir(), run_dir.mkdir()
+    steps, train = 4, loader(G * 4, G)
+    snap = Snapshot(steps - 1)
+    single_trainer(ref_dir, callbacks=[snap], max_steps=steps, **KW).fit(module(warmup_steps=4), train)
+
+    last = ck / "last.ckpt"
+    # The two newest step checkpoints are kept: older ones are removed while later saves are in flight.
+    saver = ModelCheckpoint(dirpath=str(ck), save_last=True, save_top_k=2, monitor="step", mode="max",
+                            every_n_train_steps=1)
+    gate = GateAsyncWrites(last, run_dir)
+    async_trainer(PLAN_A, run_dir, callbacks=[gate, saver], max_steps=steps, **KW).fit(module(warmup_steps=4), train)
+
+    g = torch.load(run_dir / "gate0.pt")
+    assert g["released"] == [(s, s + 1) for s in range(1, steps)]  # every save overlapped the next step
+    assert all(last_step is None or last_step < step for step, last_step in g["last_steps"])
+    assert ckpt.read_meta(last)["global_step"] == steps
+    kept = sorted(p.name for p in ck.iterdir())
+    assert kept == ["epoch=0-step=3.ckpt", "epoch=0-step=4.ckpt", "last.ckpt"], kept
+    # Staged at save time: the step-3 checkpoint holds step 3's weights although step 4 ran meanwhile.
+    at3 = ckpt.load_llama_state_dict(ck / "epoch=0-step=3.ckpt")
+    for name, t in at3.items():
+        assert (t - snap.state[name]).abs().max().item() < 1e-6, name
+    final = ckpt.load_llama_state_dict(last)
+    for rank, res in enumerate(read_ranks(run_dir, PLAN_A.world_size)):
+        for name, (t, dim, start, end) in res["shards"].items():
+            want = final[name] if dim is None else final[name].narrow(dim, start, end - start)
+            assert torch.equal(t, want), f"rank {rank}: {name}"

@@ -58,3 +58,12 @@ def test_datasets(tmp_path):
         TokenFileDataset(tmp_path / "t.bin", 32, vocab_size=256)
     g1, g2 = generated_corpus(8, 32, seed=1), generated_corpus(8, 32, seed=1)
     assert torch.equal(g1[3], g2[3])
+
+
+def test_predict_loader_never_drops_its_last_batch():
+    ds = generated_corpus(21, 8)  # batches of 5: the last one holds 1 sample, for 2 pipelines
+    with pytest.raises(ConfigError, match=r"predict_dataloader.batch_size = 5: the last batch holds 1 of the 21"):
+        plan_dataloader(DataLoader(ds, batch_size=5), [4, 2], 0, drop_last=False, key="predict_dataloader")
+    loaders = [plan_dataloader(DataLoader(ds, batch_size=7), [4, 2], i, drop_last=False, key="predict_dataloader")
+               for i in range(2)]
+    assert sum(b.shape[0] for dl in loaders for b in dl) == 21  # every sample, once

@@ -27,6 +27,22 @@ def test_missing_fabric_helper_is_named(monkeypatch):
         internals.check()
 
 
+def test_missing_launcher_method_is_named(monkeypatch):
+    from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
+
+    monkeypatch.delattr(_SubprocessScriptLauncher, "_call_children_scripts")
+    with pytest.raises(internals.LightningInternalsChanged, match="_call_children_scripts is missing in lightning"):
+        internals.check()
+
+
+def test_changed_worker_signature_is_named(monkeypatch):
+    from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
+
+    monkeypatch.setattr(_MultiProcessingLauncher, "_wrapping_function", lambda self, process_idx, fn: None)
+    with pytest.raises(internals.LightningInternalsChanged, match="_wrapping_function"):
+        internals.check()
+
+
 def test_only_internals_touches_lightning_privates():
     """No other module of the Lightning layer reads or writes the private attributes internals.py
     wraps (attribute accesses in the code, docstrings and comments aside)."""
@@ -34,7 +50,8 @@ def test_only_internals_touches_lightning_privates():
     from pathlib import Path
 
     wrapped = {"_skip_backward", "_accelerator_connector", "_data_source", "_optimizer", "_opt_called",
-               "_wrapped_by_lr_sched", "_optimizers_to_device", "_optimizer_to_device"}
+               "_wrapped_by_lr_sched", "_optimizers_to_device", "_optimizer_to_device", "_launcher", "_start_method",
+               "_call_children_scripts", "_wrapping_function", "_SubprocessScriptLauncher", "_MultiProcessingLauncher"}
     pkg = Path(internals.__file__).parent
     hits = []
     for path in pkg.glob("*.py"):

@@ -37,7 +37,8 @@ def _launch(out: Path, how: str) -> list[subprocess.Popen]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PL_", "LOCAL_", "SLURM_"))}
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(WORLD), RANK=str(rank),
                    LOCAL_RANK=str(rank), GROUP_RANK="0", LOCAL_WORLD_SIZE=str(WORLD), NODE_RANK="0",
-                   TORCHELASTIC_RUN_ID="test", PYTHONPATH=f"{HERE}{os.pathsep}{ROOT}", OMP_NUM_THREADS="1")
+                   TORCHELASTIC_RUN_ID="test", PYTHONPATH=os.pathsep.join(map(str, (HERE, HERE.parent, ROOT))),
+                   OMP_NUM_THREADS="1")
         procs.append(subprocess.Popen(
             [sys.executable, str(HERE / "rank_job.py"), str(out), str(FAIL_RANK), str(FAIL_STEP), how, str(PG_TIMEOUT_S)],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))

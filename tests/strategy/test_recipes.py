@@ -13,6 +13,7 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
+from omegaconf import OmegaConf
 from strategy_helpers import PG_TIMEOUT, loader, module, plan_of
 
 from lightning_hexiscale.config.schema import compose, preset_names
@@ -44,6 +45,13 @@ def test_every_cluster_preset_plans(tmp_path, cluster, capsys):
 
 @pytest.mark.parametrize("model", preset_names("model"))
 def test_every_model_preset_plans_on_hetero3(tmp_path, model):
+    from lightning_hexiscale.errors import InfeasiblePlan
+    from lightning_hexiscale.models.config import LlamaConfig
+
+    if LlamaConfig.load(model).total_params * 16 > 1.8 * 2**40:  # llama3_1_405b: 5.9 TiB of states > hetero3's 1.8 TiB
+        with pytest.raises(InfeasiblePlan, match="no plan fits in memory.*cluster hetero3 has 1.8 TiB"):
+            _dry_run(tmp_path, "cluster=hetero3", f"model={model}", "train.global_batch=64")
+        return
     assert _dry_run(tmp_path, "cluster=hetero3", f"model={model}", "train.global_batch=64") == 0
 
 
@@ -55,7 +63,8 @@ def _run(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProc
 
 @pytest.mark.timeout(90)
 def test_train_recipe_loss_falls(tmp_path):
-    out = _run(["cluster=cpu2", "train.global_batch=8", "trainer.max_steps=8", "trainer.precision=bf16-mixed",
+    # The cluster as a file (cluster=PATH.yaml, as from `hexiscale profile`): the popen children get it too.
+    out = _run([f"cluster={ROOT / 'conf' / 'cluster' / 'cpu2.yaml'}", "model=llama_tiny", "train.global_batch=8", "trainer.max_steps=8", "trainer.precision=bf16-mixed",
                 "trainer.val_every=4", "trainer.lr=1e-2", "trainer.progress_bar=false", "data.num_samples=256"],
                tmp_path, timeout=80)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -63,6 +72,13 @@ def test_train_recipe_loss_falls(tmp_path):
     assert last < first - 0.5, out.stdout[-2000:]
     assert "pipeline  batch/mb" in out.stdout  # the plan table
     assert (tmp_path / "checkpoints" / "last.ckpt" / "COMPLETE").is_file()
+    # config.yaml records what ran: the precision and the plan's dp_sharding, not the defaults.
+    ran, plan = OmegaConf.load(tmp_path / "config.yaml"), OmegaConf.load(tmp_path / "plan.yaml")
+    assert ran.trainer.precision == "bf16-mixed" and ran.train.dp_sharding == plan.dp_sharding
+    assert ran.train.global_batch == 8 and ran.cluster.name == "cpu2"
+    # A normal run prints nothing on stderr (no warning, no notice) and no Lightning tip.
+    assert out.stderr.strip() == "", out.stderr[-3000:]
+    assert "Tip:" not in out.stdout, out.stdout[-3000:]
 
 
 @pytest.mark.timeout(60)
@@ -79,10 +95,8 @@ def test_gpu_cluster_on_cpu_exits_with_hardware_message(tmp_path):
 def test_world_size_mismatch_is_a_config_error(tmp_path):
     plan = plan_of([(4, 2, [([0, 1], (0, 4))]), (2, 1, [([2], (0, 2)), ([3], (2, 4))])], cluster="cpu_hetero4")
     strategy = HexiScaleStrategy(plan=plan, start_method="fork", timeout=PG_TIMEOUT)
-    trainer = pl.Trainer(strategy=strategy, accelerator="cpu", devices=2, max_steps=1, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
-    with pytest.raises(Exception, match=r"the plan runs 4 processes.*devices=4"):
-        trainer.fit(module(), loader(12, 6))
+    with pytest.raises(ConfigError, match=r"the plan runs 4 processes.*devices=4"):  # before any process starts
+        pl.Trainer(strategy=strategy, accelerator="cpu", devices=2, max_steps=1, logger=False)
 
 
 def test_bad_recipe_key_exits_2(tmp_path):

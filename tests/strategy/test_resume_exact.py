@@ -1,7 +1,7 @@
 """Nothing is lost: a job killed after step k resumes from its last checkpoint and ends with exactly
 the parameters of an uninterrupted run (data order mid-epoch, AdamW state and the warm-up schedule
 included); a crash in the middle of a save leaves the previous checkpoint loadable and the partial
-one refused.
+one refused, with synchronous and with asynchronous saves.
 
 Plan A (4 ranks: a TP-2 pipeline next to a two-stage pipeline), float64, a shuffled loader of 5
 global batches per epoch, 8 steps: the kill at step 3 is mid-epoch and the run crosses an epoch
@@ -17,11 +17,13 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from strategy_helpers import TINY, hexiscale_trainer, module, plan_of, read_ranks
+from test_checkpoint import async_trainer
 from torch.utils.data import DataLoader
 
 from lightning_hexiscale.data import generated_corpus
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.runtime import checkpoint as ckpt
+from lightning_hexiscale.runtime.checkpoint_io import PieceSavePlanner
 
 PLAN = plan_of([(4, 2, [([0, 1], (0, 4))]), (2, 1, [([2], (0, 2)), ([3], (2, 4))])])
 G, STEPS, KILL_AT = 6, 8, 3
@@ -44,7 +46,8 @@ class KillAt(Callback):
 
 
 class CrashDuringSave(Callback):
-    """At step ``step``, the stage leaders write one file of the checkpoint and then die."""
+    """At step ``step``, every rank writes one box of its part of the checkpoint and then dies
+    (when DCP's writer asks for its second box)."""
 
     def __init__(self, step: int):
         self.step = step
@@ -52,13 +55,17 @@ class CrashDuringSave(Callback):
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         if trainer.global_step != self.step:
             return
-        real = ckpt._write_units
+        trainer.strategy.checkpointer.wait()  # async: the previous save completes untouched
+        real = PieceSavePlanner.resolve_data
+        served = []
 
-        def write_then_die(tmp, stage, gathered, with_optim):
-            real(tmp, stage, gathered, with_optim)
-            os._exit(18)
+        def write_one_then_die(planner, write_item):
+            if served:
+                os._exit(18)
+            served.append(write_item)
+            return real(planner, write_item)
 
-        ckpt._write_units = write_then_die
+        PieceSavePlanner.resolve_data = write_one_then_die
 
 
 def every_step(dirpath) -> ModelCheckpoint:
@@ -93,12 +100,14 @@ def test_killed_job_resumes_exactly(tmp_path):
 
 
 @pytest.mark.timeout(90)
-def test_crash_during_save_keeps_the_last_good_checkpoint(tmp_path):
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_crash_during_save_keeps_the_last_good_checkpoint(tmp_path, asynchronous):
     run_dir, ck = tmp_path / "run", tmp_path / "ck"
     run_dir.mkdir()
-    with pytest.raises(Exception):
-        hexiscale_trainer(PLAN, run_dir, callbacks=[every_step(ck), CrashDuringSave(2)], enable_checkpointing=True,
-                          max_steps=4).fit(module(), shuffled_loader())
+    make = async_trainer if asynchronous else hexiscale_trainer
+    with pytest.raises(Exception):  # async: the writer thread dies, mid-file, while training goes on
+        make(PLAN, run_dir, callbacks=[every_step(ck), CrashDuringSave(2)], enable_checkpointing=True,
+             max_steps=4).fit(module(), shuffled_loader())
     last = ck / "last.ckpt"
     assert ckpt.read_meta(last)["global_step"] == 1  # the save of step 2 never replaced it
     state = ckpt.load_llama_state_dict(last)

@@ -1,66 +1,30 @@
-"""HF LLaMA safetensors from a local directory initialise the model, on one device and under the
-strategy; ``trainer.validate`` through the pipeline (forward only) gives the one-device loss.
-
-The test writes its own tiny safetensors files (the format: 8-byte header length, JSON header,
-raw bytes), in two shards, with tied embeddings (no lm_head) and a config.json."""
+"""HF Llama safetensors from a local directory initialise the model, on one device and under the
+strategy (each rank reading only its rows through ``safe_open(...).get_slice``); ``trainer.validate``
+through the pipeline (forward only, vocabulary-parallel loss on a TP-2 last stage) gives the
+one-device loss. The directory is written by ``save_hf`` (the export path), in several shards."""
 
 from __future__ import annotations
 
 import json
-import struct
 
 import lightning.pytorch as pl
 import pytest
 import torch
 from strategy_helpers import PG_TIMEOUT, TINY, loader, module, plan_of
 
+from lightning_hexiscale.data.hf_export import save_hf
+from lightning_hexiscale.data.weights import HFWeights, attach_weights, load_hf
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.lightning.strategy import HexiScaleStrategy
-from lightning_hexiscale.data.weights import HFLlamaWeights, attach_weights
-
-_ST = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float64: "F64"}
+from lightning_hexiscale.models.llama import Llama
 
 
-def write_safetensors(path, tensors: dict[str, torch.Tensor]) -> None:
-    header, blobs, offset = {"__metadata__": {"format": "pt"}}, [], 0
-    for name, t in tensors.items():
-        raw = t.contiguous().view(torch.uint8).numpy().tobytes()
-        header[name] = {"dtype": _ST[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(raw)]}
-        blobs.append(raw)
-        offset += len(raw)
-    head = json.dumps(header).encode()
-    path.write_bytes(struct.pack("<Q", len(head)) + head + b"".join(blobs))
-
-
-def hf_directory(tmp_path, seed: int = 3):
-    """A tiny HF-style LLaMA checkpoint of TINY's shape; returns (dir, {our name: tensor})."""
-    gen = torch.Generator().manual_seed(seed)
-    c = TINY
-    ours, hf = {}, {}
-    def rnd(*shape):
-        return torch.randn(*shape, generator=gen, dtype=torch.float64) * 0.05
-    hf["model.embed_tokens.weight"] = ours["embed.weight"] = ours["lm_head.weight"] = rnd(c.vocab_size, c.hidden_size)
-    for i in range(c.num_layers):
-        for hf_name, our, shape in [("self_attn.q_proj", "attn.q_proj", (c.hidden_size, c.hidden_size)),
-                                    ("self_attn.k_proj", "attn.k_proj", (c.kv_dim, c.hidden_size)),
-                                    ("self_attn.v_proj", "attn.v_proj", (c.kv_dim, c.hidden_size)),
-                                    ("self_attn.o_proj", "attn.o_proj", (c.hidden_size, c.hidden_size)),
-                                    ("mlp.gate_proj", "mlp.gate_proj", (c.ffn_hidden_size, c.hidden_size)),
-                                    ("mlp.up_proj", "mlp.up_proj", (c.ffn_hidden_size, c.hidden_size)),
-                                    ("mlp.down_proj", "mlp.down_proj", (c.hidden_size, c.ffn_hidden_size)),
-                                    ("input_layernorm", "attn_norm", (c.hidden_size,)),
-                                    ("post_attention_layernorm", "mlp_norm", (c.hidden_size,))]:
-            hf[f"model.layers.{i}.{hf_name}.weight"] = ours[f"layers.{i}.{our}.weight"] = rnd(*shape) + (
-                1.0 if len(shape) == 1 else 0.0)
-    hf["model.norm.weight"] = ours["norm.weight"] = rnd(c.hidden_size) + 1.0
-    names = list(hf)
-    half = len(names) // 2
-    write_safetensors(tmp_path / "model-00001-of-00002.safetensors", {k: hf[k] for k in names[:half]})
-    write_safetensors(tmp_path / "model-00002-of-00002.safetensors", {k: hf[k] for k in names[half:]})
-    (tmp_path / "config.json").write_text(json.dumps({
-        "hidden_size": c.hidden_size, "num_hidden_layers": c.num_layers, "num_attention_heads": c.num_heads,
-        "num_key_value_heads": c.num_kv_heads, "intermediate_size": c.ffn_hidden_size, "vocab_size": c.vocab_size}))
-    return tmp_path, ours
+def hf_directory(tmp_path, config=TINY, seed: int = 3):
+    """A tiny HF Llama directory of ``config``'s shape; returns (dir, {our name: tensor})."""
+    ours = {k: v.detach().clone() for k, v in Llama(config).to(torch.float64).init_weights(seed).state_dict().items()}
+    out = save_hf(ours, config, tmp_path / "hf", max_shard_bytes=60_000)
+    assert len(list(out.glob("*.safetensors"))) > 1
+    return out, ours
 
 
 def _trainer(**kw):
@@ -71,7 +35,8 @@ def _trainer(**kw):
 @pytest.mark.timeout(60)
 def test_hf_weights_one_device_and_pipelined_validate(tmp_path):
     d, ours = hf_directory(tmp_path)
-    weights = HFLlamaWeights(d, TINY)
+    config, weights = load_hf(d)
+    assert TINY.check_matches(config, str(d)) is None
     assert set(weights) == set(ours) and torch.equal(weights["layers.2.mlp.down_proj.weight"],
                                                      ours["layers.2.mlp.down_proj.weight"])
     val = loader(12, 6)
@@ -92,7 +57,43 @@ def test_weights_shape_mismatch_and_missing_dir(tmp_path):
     d, _ = hf_directory(tmp_path)
     cfg = json.loads((d / "config.json").read_text())
     (d / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 7}))
-    with pytest.raises(ConfigError, match="num_hidden_layers=7"):
-        HFLlamaWeights(d, TINY)
+    m = module()
+    with pytest.raises(ConfigError, match="model.num_layers = 4.*num_layers=7"):
+        attach_weights(m, d)
+    (d / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ConfigError, match="no \\*.safetensors"):
-        HFLlamaWeights(tmp_path / "nothing", TINY)
+        HFWeights(tmp_path / "nothing", TINY)
+    for f in d.glob("*.safetensors"):  # a shard missing: a named tensor is missing
+        f.unlink()
+        break
+    with pytest.raises(ConfigError, match="lack .* tensor"):
+        HFWeights(d, TINY)
+
+
+def test_a_tp_rank_reads_only_its_rows(tmp_path):
+    """load_full_state_dict reads every sharded matrix with read_slice (its rows or columns only) and
+    only the replicated norms whole; the pieces equal the full tensors' slices."""
+    from lightning_hexiscale.runtime.parallelize import build_stage, load_full_state_dict
+
+    d, ours = hf_directory(tmp_path)
+    weights = HFWeights(d, TINY)
+    whole, sliced = [], []
+    read_slice, getitem = weights.read_slice, HFWeights.__getitem__
+
+    class Spy(HFWeights):
+        def __getitem__(self, name):
+            whole.append(name)
+            return getitem(self, name)
+
+    weights.__class__ = Spy
+    weights.read_slice = lambda name, dim, a, b: sliced.append((name, dim, a, b)) or read_slice(name, dim, a, b)
+    with torch.device("meta"):
+        meta = Llama(TINY)
+    stage = build_stage(meta, (2, 4), False, True, 2, 1, tp_group=object(), dtype=torch.float64, seed=None)
+    load_full_state_dict(stage, weights)
+    assert all(n.endswith("norm.weight") for n in whole) and "norm.weight" in whole
+    assert ("lm_head.weight", 0, 128, 256) in sliced  # vocabulary rows of TP rank 1 of 2
+    assert ("layers.3.mlp.down_proj.weight", 1, 50, 100) in sliced  # row-parallel: its columns
+    for name, p in stage.named_parameters():
+        s = stage.shards()[name]
+        assert torch.equal(p, s.slice_of(ours[name])), name

@@ -1,0 +1,65 @@
+"""`hexiscale checkpoint`: look into a sharded checkpoint, or convert it to one full state dict.
+
+    hexiscale checkpoint info outputs/.../checkpoints/last.ckpt
+    hexiscale checkpoint consolidate outputs/.../checkpoints/last.ckpt llama.pt
+
+``consolidate`` writes the plain single-device Llama's state dict (global parameter names, full
+tensors, the training dtype) with ``torch.save``, whatever plan, TP layout or ``dp_sharding`` saved
+the checkpoint: ``Llama(config).load_state_dict(torch.load("llama.pt"))``. It runs in one process
+and holds the whole model (not the optimizer state) in memory once.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from lightning_hexiscale.cli.common import subcommand
+from lightning_hexiscale.errors import ConfigError
+
+ACTIONS = ("info", "consolidate")
+
+
+def _args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", choices=ACTIONS, help="info: what the checkpoint holds; consolidate: write one full "
+                   "state dict of the model")
+    p.add_argument("ckpt", metavar="CKPT", help="a checkpoint directory saved by strategy='hexiscale'")
+    p.add_argument("out", metavar="OUT.pt", nargs="?", help="consolidate: the torch.save file to write")
+    p.add_argument("--force", action="store_true", help="consolidate: overwrite OUT.pt if it exists")
+
+
+@subcommand("checkpoint", "inspect a sharded checkpoint or consolidate it into one full state dict (OUT.pt)", _args)
+def cmd_checkpoint(args: argparse.Namespace) -> int:
+    from lightning_hexiscale.runtime import checkpoint as ckpt
+
+    if args.overrides:
+        raise ConfigError("hexiscale checkpoint", " ".join(args.overrides), "takes no config overrides",
+                          "run e.g. `hexiscale checkpoint consolidate CKPT OUT.pt`")
+    if args.action == "info":
+        meta = ckpt.read_meta(args.ckpt)
+        info = meta["hexiscale"]
+        plan = info.get("plan") or {}
+        print(f"checkpoint   {args.ckpt}")
+        print(f"format       {info['format']}")
+        print(f"model        {info['model'].get('name')} ({info['model'].get('num_layers')} layers, hidden "
+              f"{info['model'].get('hidden_size')})")
+        print(f"step         {meta.get('global_step')} (epoch {meta.get('epoch')})")
+        print(f"saved under  {info.get('world_size', '?')} ranks, {len(plan.get('pipelines', []))} pipeline(s), "
+              f"dp_sharding={plan.get('dp_sharding', '?')}")
+        opt = info.get("optimizer")
+        print(f"optimizer    {opt['class'] if opt else 'none (weights only)'}")
+        tensors, nbytes = ckpt.stored_tensors(args.ckpt)
+        print(f"tensors      {tensors} ({nbytes / 1e6:.1f} MB)")
+        return 0
+    if args.out is None:
+        raise ConfigError("hexiscale checkpoint consolidate", args.ckpt, "needs the output file",
+                          "run `hexiscale checkpoint consolidate CKPT OUT.pt`")
+    out = Path(args.out)
+    if out.exists() and not args.force:
+        raise ConfigError("OUT.pt", str(out), "exists", "choose another path or pass --force")
+    if out.is_dir():
+        raise ConfigError("OUT.pt", str(out), "is a directory", "give a file path such as llama.pt")
+    summary = ckpt.consolidate(args.ckpt, out)
+    print(f"wrote {out}: {summary['tensors']} tensors, {summary['bytes'] / 1e6:.1f} MB, model {summary['model']}, "
+          f"step {summary['global_step']}")
+    return 0

@@ -1,0 +1,161 @@
+"""Hugging Face ``config.json`` <-> the model schema (:class:`~lightning_hexiscale.config.schema.ModelConfig`
+fields), as pure dictionaries: no torch, no transformers.
+
+It lives in the config layer because ``model=hf:/path/to/dir`` is resolved while composing the
+configuration (:func:`lightning_hexiscale.config.schema.compose`), below the models layer;
+:meth:`lightning_hexiscale.models.config.LlamaConfig.from_hf` builds on it.
+
+Both generations of Llama ``config.json`` are read:
+
+- transformers 4.x: ``rope_theta`` at the top level and ``rope_scaling`` =
+  ``{rope_type (or type): llama3, factor, low_freq_factor, high_freq_factor, original_max_position_embeddings}``;
+- transformers 5.x: ``rope_parameters`` = ``{rope_type: default | llama3, rope_theta, ...}``.
+
+Only what this project's :class:`~lightning_hexiscale.models.llama.Llama` computes is accepted:
+SiLU, no biases, head_dim = hidden / heads, RoPE of type ``default`` or ``llama3``. Anything else is a
+:class:`ConfigError` that names the key (``model.rope_scaling.rope_type = 'yarn'`` ...), never a
+silently different model.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from lightning_hexiscale.errors import ConfigError
+
+HF_PREFIX = "hf:"
+"""``model=hf:/path/to/dir``: the model shape comes from that directory's config.json and training
+starts from its weights. Such a model is named ``hf:<absolute dir>``, so a plan's ``meta.model``
+composes again (``hexiscale estimate --plan plan.yaml``)."""
+
+LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+"""Parameters of the ``llama3`` RoPE scaling (Llama 3.1 / 3.2)."""
+
+SUPPORTED_ROPE_TYPES = ("default", "llama3")
+
+
+def read_hf_config(directory: str | Path, key: str = "model") -> dict[str, Any]:
+    """The parsed ``config.json`` of a LOCAL Hugging Face model directory (nothing is downloaded)."""
+    d = Path(directory).expanduser()
+    f = d / "config.json"
+    if not d.is_dir():
+        raise ConfigError(key, str(directory), "no such local directory (nothing is downloaded)",
+                          "point to a directory holding config.json and *.safetensors, e.g. one made by "
+                          "`huggingface-cli download meta-llama/Llama-3.2-1B --local-dir DIR`")
+    if not f.is_file():
+        raise ConfigError(key, str(d), "the directory has no config.json", "point to a Hugging Face model directory")
+    try:
+        data = json.loads(f.read_text())
+    except ValueError as e:
+        raise ConfigError(key, str(f), f"not valid JSON ({e})", "fix or re-download config.json") from None
+    if not isinstance(data, dict):
+        raise ConfigError(key, str(f), "config.json must hold a JSON object", "re-download config.json")
+    return data
+
+
+def hf_rope(hf: dict[str, Any], where: str = "config.json") -> tuple[float, dict[str, Any] | None]:
+    """(rope_theta, rope_scaling or None) from either config.json generation (see module doc)."""
+    params = hf.get("rope_parameters")
+    if isinstance(params, dict) and any(isinstance(v, dict) for v in params.values()):
+        raise ConfigError("model.rope_scaling", params, f"{where} has per-layer-type RoPE parameters",
+                          "only Llama models with one RoPE for all layers are supported")
+    if isinstance(params, dict):
+        scaling, theta = params, params.get("rope_theta", hf.get("rope_theta", 10000.0))
+    else:
+        scaling, theta = hf.get("rope_scaling"), hf.get("rope_theta", 10000.0)
+    if not scaling:
+        return float(theta), None
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ConfigError("model.rope_scaling.rope_type", rope_type,
+                          f"{where}: RoPE type {rope_type!r} is not implemented (supported: {', '.join(SUPPORTED_ROPE_TYPES)})",
+                          "use a Llama checkpoint with default or llama3 RoPE scaling")
+    if scaling.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ConfigError("model.rope_scaling.partial_rotary_factor", scaling["partial_rotary_factor"],
+                          "partial rotary embeddings are not implemented", "use a Llama checkpoint")
+    if rope_type == "default":
+        return float(theta), None
+    out: dict[str, Any] = {"rope_type": "llama3"}
+    for k in LLAMA3_ROPE_KEYS:
+        if k in scaling:
+            out[k] = scaling[k]
+        elif k == "original_max_position_embeddings" and "max_position_embeddings" in hf:
+            out[k] = hf["max_position_embeddings"]  # what transformers falls back to
+        else:
+            raise ConfigError(f"model.rope_scaling.{k}", None, f"{where}: llama3 RoPE scaling needs {k}",
+                              "fix config.json")
+    out["factor"], out["low_freq_factor"], out["high_freq_factor"] = (
+        float(out["factor"]), float(out["low_freq_factor"]), float(out["high_freq_factor"]))
+    out["original_max_position_embeddings"] = int(out["original_max_position_embeddings"])
+    return float(theta), out
+
+
+def model_fields_from_hf(hf: dict[str, Any], name: str, seq_len: int | None = None,
+                         where: str = "config.json") -> dict[str, Any]:
+    """ModelConfig fields (``name``, ``hidden_size``, ..., ``tie_word_embeddings``) for a Llama config.json.
+
+    ``seq_len`` (the training sequence length) defaults to the context the model was pre-trained
+    with: ``rope_scaling.original_max_position_embeddings`` for Llama 3.1/3.2 (8192), else
+    ``max_position_embeddings``; override it with ``model.seq_len=...``.
+    """
+    model_type = hf.get("model_type", "llama")
+    if model_type != "llama":
+        raise ConfigError("model", f"model_type={model_type!r}", f"{where}: only Llama models are supported",
+                          "use a Llama checkpoint (Llama 2, Llama 3.x)")
+    if hf.get("hidden_act", "silu") != "silu":
+        raise ConfigError("model.hidden_act", hf["hidden_act"], "the MLP is SwiGLU (silu)", "use a Llama checkpoint")
+    for flag in ("attention_bias", "mlp_bias"):
+        if hf.get(flag):
+            raise ConfigError(f"model.{flag}", hf[flag], "linear layers have no bias here", "use a Llama checkpoint")
+    need = {"hidden_size": "hidden_size", "num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
+            "ffn_hidden_size": "intermediate_size", "vocab_size": "vocab_size"}
+    out: dict[str, Any] = {"name": name}
+    for ours, theirs in need.items():
+        if theirs not in hf:
+            raise ConfigError(f"model.{ours}", None, f"{where} has no {theirs}", "fix config.json")
+        out[ours] = hf[theirs]
+    out["num_kv_heads"] = hf.get("num_key_value_heads") or out["num_heads"]
+    head_dim = hf.get("head_dim")
+    if head_dim is not None and head_dim * out["num_heads"] != out["hidden_size"]:
+        raise ConfigError("model.head_dim", head_dim, f"must equal hidden_size / num_attention_heads = "
+                          f"{out['hidden_size']} / {out['num_heads']}", "use a Llama checkpoint with standard heads")
+    theta, scaling = hf_rope(hf, where)
+    max_pos = int(hf.get("max_position_embeddings", 2048))
+    out["rms_norm_eps"] = float(hf.get("rms_norm_eps", 1e-6))  # transformers' LlamaConfig default
+    out["rope_theta"] = theta
+    out["rope_scaling"] = scaling
+    out["tie_word_embeddings"] = bool(hf.get("tie_word_embeddings", False))  # LlamaConfig's default
+    out["max_position_embeddings"] = max_pos
+    if seq_len is None:
+        seq_len = min(max_pos, scaling["original_max_position_embeddings"]) if scaling else max_pos
+    out["seq_len"] = int(seq_len)
+    return out
+
+
+def hf_config_from_fields(fields: dict[str, Any], torch_dtype: str = "float32",
+                          extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A Llama ``config.json`` that ``transformers.LlamaForCausalLM.from_pretrained`` loads (4.x and 5.x
+    both read ``rope_theta`` + ``rope_scaling``). ``extra``: e.g. ``bos_token_id`` / ``eos_token_id``."""
+    f = fields
+    out: dict[str, Any] = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": f["hidden_size"], "intermediate_size": f["ffn_hidden_size"],
+        "num_hidden_layers": f["num_layers"], "num_attention_heads": f["num_heads"],
+        "num_key_value_heads": f["num_kv_heads"], "head_dim": f["hidden_size"] // f["num_heads"],
+        "hidden_act": "silu", "vocab_size": f["vocab_size"],
+        "max_position_embeddings": f.get("max_position_embeddings") or f["seq_len"],
+        "rms_norm_eps": f["rms_norm_eps"], "rope_theta": f["rope_theta"],
+        "rope_scaling": dict(f["rope_scaling"]) if f.get("rope_scaling") else None,
+        "tie_word_embeddings": bool(f.get("tie_word_embeddings", False)),
+        "attention_bias": False, "mlp_bias": False, "attention_dropout": 0.0, "pretraining_tp": 1,
+        "initializer_range": 0.02, "use_cache": True, "torch_dtype": torch_dtype,
+    }
+    out.update(extra or {})
+    return out
+
+
+def parse_hf_ref(value: str) -> str | None:
+    """The directory of ``hf:/path/to/dir``, or None when ``value`` is not such a reference."""
+    return value[len(HF_PREFIX):] if isinstance(value, str) and value.startswith(HF_PREFIX) else None

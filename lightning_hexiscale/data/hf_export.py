@@ -1,0 +1,131 @@
+"""Write a Hugging Face Llama directory: ``config.json``, sharded ``*.safetensors`` (+ index) and the
+tokenizer files, loadable with ``transformers.LlamaForCausalLM.from_pretrained(OUT)``.
+
+Layout (the one ``save_pretrained`` writes)::
+
+    OUT/config.json                          LlamaConfig.to_hf(): shape, RoPE (theta + llama3 scaling), tie
+    OUT/model-00001-of-00003.safetensors     tensors by HF name, each file at most max_shard_bytes
+    OUT/model.safetensors.index.json         {"metadata": {"total_size": bytes}, "weight_map": {name: file}}
+    OUT/tokenizer.json, tokenizer_config.json, special_tokens_map.json, ...   copied from --tokenizer
+    OUT/generation_config.json               copied from --tokenizer when present
+
+One shard is named ``model.safetensors`` and gets no index. A tied model writes the matrix once, as
+``model.embed_tokens.weight``. Files are written into ``OUT.tmp-*`` and renamed into place, so an
+interrupted export never leaves a directory that looks complete.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from lightning_hexiscale.errors import ConfigError
+from lightning_hexiscale.models.config import LlamaConfig
+from lightning_hexiscale.data.weights import expected_shapes, global_to_hf
+
+DEFAULT_MAX_SHARD_BYTES = 5 * 10**9
+"""5 GB per file, transformers' default ``max_shard_size``."""
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "added_tokens.json", "vocab.json", "merges.txt", "generation_config.json")
+"""Files copied from a tokenizer directory when present (tokenizer.json or tokenizer.model required)."""
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+
+
+def shard_names(sizes: list[int], max_shard_bytes: int) -> list[list[int]]:
+    """Greedy split of tensors (in order, by byte size) into shards of at most ``max_shard_bytes``
+    (a tensor larger than the limit gets a shard of its own); returns tensor indices per shard."""
+    shards: list[list[int]] = []
+    used = max_shard_bytes
+    for i, n in enumerate(sizes):
+        if used + n > max_shard_bytes or not shards:
+            shards.append([])
+            used = 0
+        shards[-1].append(i)
+        used += n
+    return shards
+
+
+def tokenizer_extras(tokenizer_dir: Path | None) -> dict:
+    """bos/eos token ids for config.json, from the tokenizer directory's config.json or
+    generation_config.json (the original model directory usually has both)."""
+    out: dict = {}
+    if tokenizer_dir is None:
+        return out
+    for name in ("config.json", "generation_config.json"):
+        f = tokenizer_dir / name
+        if f.is_file():
+            try:
+                data = json.loads(f.read_text())
+            except ValueError:
+                continue
+            for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+                if key in data and key not in out:
+                    out[key] = data[key]
+    return out
+
+
+def save_hf(state: Mapping[str, torch.Tensor], config: LlamaConfig, out: str | Path, *, dtype: str | None = None,
+            max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, tokenizer_dir: str | Path | None = None,
+            overwrite: bool = False) -> Path:
+    """Write ``state`` (global name -> full tensor, e.g. ``load_llama_state_dict(ckpt)``) as an HF Llama
+    directory ``out`` (see the module doc). ``dtype``: float32 / bfloat16 / float16 (None: as stored)."""
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise ConfigError("--hf", str(out), "the output directory exists", "choose a new directory or pass --overwrite")
+    tok = Path(tokenizer_dir).expanduser() if tokenizer_dir is not None else None
+    if tok is not None:
+        if not tok.is_dir() or not any((tok / n).is_file() for n in ("tokenizer.json", "tokenizer.model")):
+            raise ConfigError("--tokenizer", str(tok), "no tokenizer.json or tokenizer.model in this directory",
+                              "point to the HF model directory the checkpoint was trained from")
+    if dtype is not None and dtype not in DTYPES:
+        raise ConfigError("--dtype", dtype, f"must be one of {sorted(DTYPES)}", "use bfloat16 or float32")
+    want = expected_shapes(config)
+    missing = [n for n in want if n not in state]
+    if missing:
+        raise ConfigError("CKPT", f"{len(missing)} missing tensors", f"the state has no {missing[0]}",
+                          "export a complete checkpoint")
+    names = list(want)
+    tensors = []
+    for n in names:
+        t = state[n].detach().to("cpu")
+        if tuple(t.shape) != want[n]:
+            raise ConfigError("CKPT", f"{n} {list(t.shape)}", f"{config.name} needs {list(want[n])}", "check the checkpoint")
+        tensors.append(t.to(DTYPES[dtype]) if dtype is not None else t)
+    out_dtype = next((k for k, v in DTYPES.items() if v == tensors[0].dtype), "float32")
+    tmp = out.with_name(f"{out.name}.tmp-{uuid.uuid4().hex[:8]}")
+    tmp.mkdir(parents=True)
+    try:
+        groups = shard_names([t.numel() * t.element_size() for t in tensors], max_shard_bytes)
+        weight_map, total = {}, 0
+        for k, idx in enumerate(groups):
+            fname = "model.safetensors" if len(groups) == 1 else f"model-{k + 1:05d}-of-{len(groups):05d}.safetensors"
+            part = {global_to_hf(names[i]): tensors[i].contiguous() for i in idx}
+            save_file(part, str(tmp / fname), metadata={"format": "pt"})
+            for hf_name, t in part.items():
+                weight_map[hf_name] = fname
+                total += t.numel() * t.element_size()
+        if len(groups) > 1:
+            index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+            (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+        hf = config.to_hf(out_dtype, tokenizer_extras(tok))
+        (tmp / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+        if tok is not None:
+            for name in TOKENIZER_FILES:
+                if (tok / name).is_file():
+                    shutil.copy2(tok / name, tmp / name)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out

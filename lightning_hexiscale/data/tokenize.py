@@ -1,0 +1,248 @@
+"""Tokenise local text or JSONL files into a token file plus a small JSON index (``hexiscale prepare-data``).
+
+    hexiscale prepare-data corpus/*.jsonl --tokenizer /models/Llama-3.2-1B --field text --out data/train.bin
+
+Output:
+
+- ``data/train.bin``: the token ids of every document, one after the other, each document followed
+  by the EOS token, as a flat little-endian array of ``uint16`` when the vocabulary has at most
+  65,536 ids, else ``uint32`` (Llama 3's 128,256 ids need it): nanoGPT's ``.bin`` layout, read with
+  ``np.memmap``;
+- ``data/train.json``: the index (:data:`INDEX_FORMAT`): dtype, vocab_size, num_tokens, eos_id,
+  bos_id, the tokenizer and each source file with its documents, tokens and bytes. The token-file
+  dataset (:class:`lightning_hexiscale.data.datasets.TokenFileDataset`) reads it and checks dtype
+  and vocabulary against the model.
+
+Tokenisation is Hugging Face's ``tokenizers`` library (a ``tokenizer.json``, or a model directory
+holding one), called with ``add_special_tokens=False``: the only special tokens in the output are
+the EOS after each document and, with ``bos=True``, a BOS before it. Documents: one per line of a
+JSONL file (the string under ``field``), one per text file. Files are read in chunks of
+``chunk_bytes`` (a text file is cut after the last newline of each chunk), so files larger than
+memory work; peak memory is about one chunk and its token ids. Outputs are written to temporary
+names and renamed at the end: an interrupted run leaves no index that points at a partial file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lightning_hexiscale.errors import ConfigError
+
+INDEX_FORMAT = "hexiscale-tokens/1"
+UINT16_MAX_VOCAB = 1 << 16
+"""Largest vocabulary whose ids fit uint16 (ids 0..65535)."""
+EOS_CANDIDATES = ("<|end_of_text|>", "</s>", "<|endoftext|>", "<eos>", "<|im_end|>")
+BOS_CANDIDATES = ("<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>")
+DEFAULT_CHUNK_BYTES = 16 * 2**20
+
+
+def token_dtype(vocab_size: int) -> str:
+    """``uint16`` when every id fits (vocab <= 65,536), else ``uint32``."""
+    return "uint16" if vocab_size <= UINT16_MAX_VOCAB else "uint32"
+
+
+def index_path(token_file: str | Path) -> Path:
+    """The JSON index beside a token file: ``train.bin`` -> ``train.json``."""
+    return Path(token_file).with_suffix(".json")
+
+
+def load_tokenizer(path: str | Path):
+    """A ``tokenizers.Tokenizer`` from a tokenizer.json file or a directory holding one; also returns
+    the directory (for tokenizer_config.json)."""
+    from tokenizers import Tokenizer
+
+    p = Path(path).expanduser()
+    f = p / "tokenizer.json" if p.is_dir() else p
+    if not f.is_file():
+        hint = (" (it has only a SentencePiece tokenizer.model: convert it once with transformers, "
+                "AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR))" if (p / "tokenizer.model").is_file() else "")
+        raise ConfigError("--tokenizer", str(path), f"no tokenizer.json found{hint}",
+                          "give a tokenizer.json file or a Hugging Face model directory with one")
+    try:
+        return Tokenizer.from_file(str(f)), f.parent
+    except Exception as e:  # the Rust side raises a plain Exception with the parse error
+        raise ConfigError("--tokenizer", str(f), f"not a tokenizers JSON file ({e})", "re-download tokenizer.json") from None
+
+
+def _configured_token(directory: Path, key: str) -> str | None:
+    f = directory / "tokenizer_config.json"
+    if not f.is_file():
+        return None
+    try:
+        value = json.loads(f.read_text()).get(key)
+    except ValueError:
+        return None
+    return value.get("content") if isinstance(value, dict) else value
+
+
+def special_id(tokenizer, directory: Path, which: str, given: str | None, required: bool) -> int | None:
+    """Id of the EOS (``which="eos"``) or BOS token: ``given`` (a token string), else the
+    tokenizer_config.json's ``eos_token``/``bos_token``, else a well-known name in the vocabulary."""
+    key = f"--{which}"
+    if given is not None:
+        tid = tokenizer.token_to_id(given)
+        if tid is None:
+            raise ConfigError(key, given, "not a token of this tokenizer", f"give the tokenizer's {which.upper()} token")
+        return tid
+    configured = _configured_token(directory, f"{which}_token")
+    for tok in ((configured,) if configured else ()) + (EOS_CANDIDATES if which == "eos" else BOS_CANDIDATES):
+        tid = tokenizer.token_to_id(tok)
+        if tid is not None:
+            return tid
+    if required:
+        raise ConfigError(key, None, f"the tokenizer has no recognisable {which.upper()} token",
+                          f"name it: {key} '<token>'")
+    return None
+
+
+def detect_format(path: Path, fmt: str) -> str:
+    if fmt != "auto":
+        return fmt
+    return "jsonl" if path.suffix.lower() in (".jsonl", ".ndjson") else "text"
+
+
+def _text_pieces(path: Path, chunk_bytes: int) -> Iterator[tuple[list[str], list[bool], int]]:
+    """A text file is ONE document: pieces cut after the last newline of each chunk."""
+    carry = b""
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(chunk_bytes)
+            data = carry + block
+            if not block:
+                if data:
+                    yield [_decode(data, path)], [True], 0
+                else:
+                    yield [], [True], 0  # empty file or exact chunk end: the document ends here
+                return
+            cut = data.rfind(b"\n") + 1
+            if cut == 0:  # no newline in the chunk: keep reading (a very long line)
+                carry = data
+                yield [], [], len(block)
+                continue
+            carry = data[cut:]
+            yield [_decode(data[:cut], path)], [False], len(block)
+
+
+def _decode(data: bytes, path: Path) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError("INPUT", str(path), f"not UTF-8 text ({e.reason} at a byte near offset {e.start})",
+                          "convert the file to UTF-8") from None
+
+
+def _jsonl_pieces(path: Path, field: str, chunk_bytes: int) -> Iterator[tuple[list[str], list[bool], int]]:
+    """One document per line: batches of about ``chunk_bytes`` of text."""
+    texts: list[str] = []
+    size = consumed = 0
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            consumed += len(raw)
+            if not raw.strip():
+                continue
+            try:
+                record = json.loads(raw)
+            except ValueError as e:
+                raise ConfigError("INPUT", f"{path}:{lineno}", f"not a JSON line ({e})", "fix the line or the file") from None
+            value = record.get(field) if isinstance(record, dict) else None
+            if not isinstance(value, str):
+                keys = sorted(record)[:8] if isinstance(record, dict) else type(record).__name__
+                raise ConfigError("--field", field, f"{path}:{lineno} has no string field {field!r} (keys: {keys})",
+                                  "choose the field that holds the text: --field NAME")
+            texts.append(value)
+            size += len(value)
+            if size >= chunk_bytes:
+                yield texts, [True] * len(texts), consumed
+                texts, size, consumed = [], 0, 0
+    yield texts, [True] * len(texts), consumed
+
+
+def prepare(inputs: Sequence[str | Path], tokenizer_path: str | Path, out: str | Path, *, field: str = "text",
+            fmt: str = "auto", eos: str | None = None, bos: bool = False, bos_token: str | None = None,
+            chunk_bytes: int = DEFAULT_CHUNK_BYTES, progress: bool = True) -> dict[str, Any]:
+    """Tokenise ``inputs`` into ``out`` (+ its index, see the module doc); returns the index."""
+    from tqdm.auto import tqdm
+
+    files = [Path(p).expanduser() for p in inputs]
+    for p in files:
+        if not p.is_file():
+            raise ConfigError("INPUT", str(p), "no such file", "give local text or JSONL files")
+    if fmt not in ("auto", "text", "jsonl"):
+        raise ConfigError("--format", fmt, "must be auto, text or jsonl", "use --format auto")
+    out = Path(out).expanduser()
+    if out.suffix != ".bin":
+        raise ConfigError("--out", str(out), "the token file must end in .bin (its index is written beside it as .json)",
+                          f"use --out {out.with_suffix('.bin')}")
+    tokenizer, tok_dir = load_tokenizer(tokenizer_path)
+    vocab = tokenizer.get_vocab_size(with_added_tokens=True)
+    dtype = np.dtype(token_dtype(vocab))
+    eos_id = special_id(tokenizer, tok_dir, "eos", eos, required=True)
+    bos_id = special_id(tokenizer, tok_dir, "bos", bos_token, required=True) if bos else None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp_bin, tmp_idx = out.with_name(out.name + ".tmp"), index_path(out).with_name(index_path(out).name + ".tmp")
+    sources, total = [], 0
+    bar = tqdm(total=sum(p.stat().st_size for p in files), unit="B", unit_scale=True, desc="tokenizing",
+               disable=not progress)
+    try:
+        with open(tmp_bin, "wb") as fh:
+            for path in files:
+                kind = detect_format(path, fmt)
+                if path.stat().st_size == 0:  # no document at all (not an empty one)
+                    sources.append({"path": str(path.resolve()), "format": kind, "documents": 0, "tokens": 0, "bytes": 0})
+                    continue
+                pieces = _jsonl_pieces(path, field, chunk_bytes) if kind == "jsonl" else _text_pieces(path, chunk_bytes)
+                docs = tokens = 0
+                starting = True  # the next piece starts a document
+                for texts, ends, consumed in pieces:
+                    encoded = tokenizer.encode_batch(texts, add_special_tokens=False) if texts else []
+                    parts = []
+                    for i, end in enumerate(ends):
+                        if starting and bos_id is not None:
+                            parts.append(np.array([bos_id], dtype=dtype))
+                        if i < len(encoded):
+                            parts.append(np.asarray(encoded[i].ids, dtype=dtype))
+                        starting = end
+                        if end:
+                            parts.append(np.array([eos_id], dtype=dtype))
+                            docs += 1
+                    if parts:
+                        arr = np.concatenate(parts)
+                        arr.astype(dtype.newbyteorder("<"), copy=False).tofile(fh)
+                        tokens += arr.size
+                    bar.update(consumed)
+                total += tokens
+                sources.append({"path": str(path.resolve()), "format": kind, "documents": docs, "tokens": tokens,
+                                "bytes": path.stat().st_size})
+        index = {"format": INDEX_FORMAT, "dtype": dtype.name, "vocab_size": vocab, "num_tokens": total,
+                 "eos_id": eos_id, "bos_id": bos_id, "tokenizer": str(Path(tokenizer_path).expanduser().resolve()),
+                 "field": field, "sources": sources}
+        tmp_idx.write_text(json.dumps(index, indent=2) + "\n")
+        os.replace(tmp_bin, out)
+        os.replace(tmp_idx, index_path(out))
+    finally:
+        bar.close()
+        for t in (tmp_bin, tmp_idx):
+            if t.exists():
+                t.unlink()
+    return index
+
+
+def read_index(token_file: str | Path) -> dict[str, Any] | None:
+    """The index of a token file written by :func:`prepare`, or None when there is none."""
+    f = index_path(token_file)
+    if not f.is_file():
+        return None
+    try:
+        index = json.loads(f.read_text())
+    except ValueError as e:
+        raise ConfigError("data.path", str(f), f"the token index is not valid JSON ({e})",
+                          "run hexiscale prepare-data again") from None
+    if not isinstance(index, dict) or index.get("format") != INDEX_FORMAT:
+        raise ConfigError("data.path", str(f), f"not a {INDEX_FORMAT} index", "run hexiscale prepare-data again")
+    return index

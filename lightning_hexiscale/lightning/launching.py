@@ -1,0 +1,237 @@
+"""Around the launch: what the caller sees when something is wrong, once, from the right process.
+
+Lightning runs a job as N processes: ``popen`` re-runs the user's script per local rank (the
+launching process is rank 0), ``spawn`` / ``fork`` start N workers and wait for them, torchrun and
+SLURM start every rank themselves. Left alone, a configuration error that every rank finds gives N
+tracebacks, Lightning's popen observer SIGKILLs the launching process 5 s after any child exits
+non-zero (the job ends with -9), and a dead rank shows up as the survivors' raw gloo/NCCL
+"Connection closed by peer". :class:`LaunchGuard` (installed by the strategy through
+``internals.configure_launcher``) changes that:
+
+- **Before processes start** (:meth:`LaunchGuard.before_launch`, in the launching process): the
+  strategy's checks that need the call's arguments (``ckpt_path``, the training DataLoader's batch
+  size against the plan, the precision).
+- **One error from many ranks** (:func:`agree`): where every rank checks the same thing (the plan,
+  the world size, the devices, the DataLoader), each rank runs the check, then one all-gather of the
+  outcome; if any rank failed, every rank raises the lowest failing rank's error, marked as agreed.
+  Rank 0 raises it to the caller; Lightning-started ranks end quietly (popen children exit with
+  status 2, spawn/fork workers hand rank 0's error back to the caller's process).
+- **A rank that died** (:meth:`LaunchGuard.stop`): a communication error on a surviving rank
+  (:func:`~lightning_hexiscale.runtime.failure.is_peer_failure`) becomes :class:`RankFailure` with the
+  failure watch's account of which rank failed and how; Lightning-started survivors end quietly
+  (status 4), rank 0 raises it; so do they on a non-finite step, which every rank stops on together.
+  A rank's own error (the root cause) keeps its type and traceback.
+- **The popen children** are watched by :class:`ChildWatch` instead of Lightning's observer: a child
+  that exits non-zero gives the launching process ``grace_s`` to stop by itself (it normally raises
+  at once); only then is the job ended, with status 4 and a message naming the rank.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import pickle
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from typing import Any, Callable
+
+import torch.distributed as dist
+
+from lightning_hexiscale.errors import HexiScaleError, NonFiniteError, RankFailure, TrainingFailure
+from lightning_hexiscale.runtime.failure import EXIT_RANK_FAILED, is_peer_failure
+
+EXIT_CONFIG = 2
+"""Exit status of a Lightning-started rank that stops on an error every rank agreed on (rank 0 reports it)."""
+CHILD_ENV = "HEXISCALE_POPEN_CHILD"
+"""Set in the environment of the processes the popen launcher starts (local ranks 1..n-1)."""
+
+
+# ---- one error from many ranks --------------------------------------------------------------------
+def is_agreed(exc: BaseException) -> bool:
+    """Raised on every rank after :func:`agree` (so rank 0 reports it for all)."""
+    return hasattr(exc, "hexiscale_ranks")
+
+
+def mark_agreed(exc: BaseException, ranks: list[int], world_size: int | None = None) -> BaseException:
+    """Mark ``exc`` as raised alike on ``ranks`` (all of them: rank 0 reports it for all)."""
+    exc.hexiscale_ranks = ranks
+    if world_size is not None and len(ranks) < world_size:
+        exc.__notes__ = [*getattr(exc, "__notes__", []), f"(raised on rank(s) {ranks} of {world_size})"]
+    return exc
+
+
+def _shared(exc: BaseException) -> bool:
+    """An error every rank stops with alike, so that rank 0's report suffices: an agreed one, a
+    non-finite step (every rank takes that decision together) or another rank's failure."""
+    return is_agreed(exc) or isinstance(exc, (RankFailure, NonFiniteError))
+
+
+def _portable(exc: BaseException | None) -> BaseException | None:
+    """``exc`` if it survives pickling (to travel to other ranks), else a RuntimeError with its text."""
+    if exc is None:
+        return None
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:  # noqa: BLE001 -- any unpicklable exception travels as text
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
+def agree(fn: Callable[[], Any], rank: int, world_size: int) -> Any:
+    """``fn()`` on every rank; if it raised on any rank, every rank raises the lowest failing rank's
+    error (this rank's own, traceback included, when it is that rank), marked agreed.
+
+    Collective: every rank of the default process group must call it at the same point (one
+    all-gather of a small object, the same on every backend).
+    """
+    err: BaseException | None = None
+    result = None
+    try:
+        result = fn()
+    except Exception as e:  # noqa: BLE001 -- handed to every rank below
+        err = e
+    if world_size > 1 and dist.is_available() and dist.is_initialized():
+        errors: list[Any] = [None] * world_size
+        dist.all_gather_object(errors, _portable(err))
+    else:
+        errors = [err]
+    failed = [r for r, e in enumerate(errors) if e is not None]
+    if not failed:
+        return result
+    first = failed[0]
+    raise mark_agreed(err if (err is not None and first == rank) else errors[first], failed, world_size)
+
+
+# ---- the guard -------------------------------------------------------------------------------------
+class LaunchGuard:
+    """The strategy's hooks in its launcher (see the module doc). ``strategy`` provides
+    ``check_before_launch(fn_name, arguments)``, ``failure_reason(exc)`` and ``global_rank``."""
+
+    def __init__(self, strategy):
+        self.strategy = strategy
+        self.child_watch: ChildWatch | None = None
+
+    # -- launching process -----------------------------------------------------------------------
+    def before_launch(self, function: Callable, args: tuple, kwargs: dict) -> None:
+        """Checks with the call's arguments (``trainer._fit_impl(model, train_dataloaders, ...)``)."""
+        try:
+            bound = inspect.signature(function).bind_partial(*args, **kwargs).arguments
+        except (TypeError, ValueError):  # an unexpected callable: nothing to check
+            bound = {}
+        self.strategy.check_before_launch(getattr(function, "__name__", ""), dict(bound))
+
+    @contextmanager
+    def marked_children(self):
+        """The popen children inherit :data:`CHILD_ENV` (the launching process does not keep it)."""
+        before = os.environ.get(CHILD_ENV)
+        os.environ[CHILD_ENV] = "1"
+        try:
+            yield
+        finally:
+            if before is None:
+                os.environ.pop(CHILD_ENV, None)
+            else:
+                os.environ[CHILD_ENV] = before
+
+    def watch_children(self, procs: list) -> None:
+        grace = 2 * float(getattr(self.strategy, "watchdog_grace_s", 5.0)) + 10.0
+        self.child_watch = ChildWatch(procs, first_rank=self.strategy.global_rank + 1, grace_s=grace).start()
+
+    def job_ended(self) -> None:
+        """The launching process is done with the job (teardown): the child watch ends nothing any more."""
+        if self.child_watch is not None:
+            self.child_watch.disarm()
+
+    # -- every rank ---------------------------------------------------------------------------------
+    def stop(self, exc: BaseException) -> BaseException:
+        """The exception this rank should stop with: ``exc`` itself (its own error, or one every rank
+        agreed on), or :class:`RankFailure` when ``exc`` is the consequence of another rank's failure."""
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)) or _shared(exc):
+            return exc
+        why = self.strategy.failure_reason(exc)
+        if not is_peer_failure(exc):
+            return exc
+        return RankFailure(f"rank {self.strategy.global_rank} stopped because another rank failed: "
+                           f"{why or _first_line(exc)}")
+
+    def exit_status(self, exc: BaseException) -> int:
+        if isinstance(exc, TrainingFailure):
+            return EXIT_RANK_FAILED
+        return EXIT_CONFIG if isinstance(exc, HexiScaleError) else 1
+
+    def run(self, function: Callable, args: tuple, kwargs: dict) -> Any:
+        """``function(*args, **kwargs)`` on this rank (popen, torchrun, SLURM); see :meth:`stop`."""
+        try:
+            return function(*args, **kwargs)
+        except BaseException as exc:
+            out = self.stop(exc)
+            if os.environ.get(CHILD_ENV) == "1" and _shared(out):
+                # A popen child: rank 0 (the launching process) raises the same error to the caller.
+                raise SystemExit(self.exit_status(out)) from None
+            if out is exc:
+                raise
+            raise out from exc
+
+    def worker_report(self, exc: BaseException, process_idx: int) -> BaseException | None:
+        """spawn/fork worker: the exception rank 0 hands back to the caller (agreed, or a
+        RankFailure), or None when ``exc`` is this rank's own error (torch reports it with its traceback)."""
+        out = self.stop(exc)
+        if isinstance(out, (KeyboardInterrupt, SystemExit)) or not _shared(out):
+            return None
+        return _portable(out)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+# ---- popen children ----------------------------------------------------------------------------------
+class ChildWatch:
+    """Polls the popen children of the launching process (local ranks 1..n-1).
+
+    Lightning's own observer kills every process 5 s after a child exits non-zero. Here a child's
+    exit only starts a clock: the launching process normally stops by itself at once (an agreed
+    error, or the dead peer's closed connection, or its failure watch); if it is still inside the
+    job after ``grace_s``, the watch kills the remaining children, names the rank and ends the
+    launching process with status 4. After the job (``disarm``), it only reaps.
+    """
+
+    def __init__(self, procs: list, first_rank: int, grace_s: float, poll_s: float = 0.5):
+        self.procs, self.first_rank, self.grace_s, self.poll_s = list(procs), first_rank, grace_s, poll_s
+        self._armed = threading.Event()
+        self._armed.set()
+
+    def start(self) -> ChildWatch:
+        threading.Thread(target=self._run, name="hexiscale-child-watch", daemon=True).start()
+        return self
+
+    def disarm(self) -> None:
+        self._armed.clear()
+
+    def _run(self) -> None:
+        since: float | None = None
+        while True:
+            codes = [p.poll() for p in self.procs]
+            if all(c is not None for c in codes):
+                return
+            bad = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+            if bad and self._armed.is_set():
+                since = since or time.monotonic()
+                if time.monotonic() - since > self.grace_s:
+                    self._end(*bad[0])
+            time.sleep(self.poll_s)
+
+    def _end(self, index: int, code: int) -> None:
+        if not self._armed.is_set():
+            return
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+        sys.stderr.write(f"hexiscale: rank {self.first_rank + index} {how} and rank 0 did not stop within "
+                         f"{self.grace_s:.0f} s; ending the job (exit status {EXIT_RANK_FAILED})\n")
+        sys.stderr.flush()
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+        os._exit(EXIT_RANK_FAILED)

@@ -1,0 +1,124 @@
+"""`hexiscale prepare-data` with a tiny tokenizer built here (no downloads): JSONL and chunked text in,
+uint16 / uint32 token file + JSON index out, read back by the token dataset and trained on for one
+step; bad inputs are ConfigErrors naming what is wrong."""
+
+from __future__ import annotations
+
+import json
+
+import lightning.pytorch as pl
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from lightning_hexiscale.cli.main import main
+from lightning_hexiscale.data.datasets import TokenFileDataset, make_dataset
+from lightning_hexiscale.data.tokenize import prepare
+from lightning_hexiscale.errors import ConfigError
+from lightning_hexiscale.lightning.example import LlamaLitModule
+from lightning_hexiscale.models.config import LlamaConfig
+
+WORDS = "the cluster trains a small model over slow links while every pipeline sends its activations".split()
+DOCS = ["the cluster trains a small model", "every pipeline sends its activations over slow links",
+        "a small model trains while the cluster sends"] * 6
+
+
+def make_tokenizer(tmp_path, extra_words: int = 0):
+    """A word-level tokenizer.json: <unk>, </s>, <s>, the words (plus ``extra_words`` filler ids)."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+
+    vocab = {"<unk>": 0, "</s>": 1, "<s>": 2}
+    for i in range(extra_words):
+        vocab[f"w{i}"] = len(vocab)
+    for w in WORDS:
+        vocab.setdefault(w, len(vocab))
+    tok = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = Whitespace()
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    return tok, path
+
+
+def write_jsonl(path, docs, field="body"):
+    path.write_text("".join(json.dumps({"id": i, field: d}) + "\n" for i, d in enumerate(docs)))
+    return path
+
+
+def test_prepare_jsonl_then_train_one_step(tmp_path, capsys):
+    tok, tok_path = make_tokenizer(tmp_path)
+    src = write_jsonl(tmp_path / "corpus.jsonl", DOCS)
+    out = tmp_path / "data" / "train.bin"
+    assert main(["prepare-data", str(src), "--tokenizer", str(tok_path), "--out", str(out), "--field", "body",
+                 "--no-progress"]) == 0
+    assert "tokens" in capsys.readouterr().out
+    index = json.loads((tmp_path / "data" / "train.json").read_text())
+    want = np.concatenate([np.array(tok.encode(d).ids + [1]) for d in DOCS])  # EOS (</s> = 1) after each
+    assert index["dtype"] == "uint16" and index["vocab_size"] == tok.get_vocab_size()
+    assert index["num_tokens"] == len(want) and index["eos_id"] == 1
+    assert index["sources"][0]["documents"] == len(DOCS) and index["sources"][0]["path"].endswith("corpus.jsonl")
+    assert np.array_equal(np.fromfile(out, dtype=np.uint16), want)
+
+    config = LlamaConfig(name="tiny_words", hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
+                         ffn_hidden_size=64, vocab_size=32, seq_len=8)
+    ds = make_dataset("bin", config.seq_len, path=str(out), vocab_size=config.vocab_size)
+    assert isinstance(ds, TokenFileDataset) and len(ds) == (len(want) - 1) // 8
+    assert torch.equal(ds[1], torch.as_tensor(want[8:17]))
+    module = LlamaLitModule(config, lr=1e-2, warmup_steps=0)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    before = None
+
+    class Snap(pl.Callback):
+        def on_train_start(self, trainer, pl_module):
+            nonlocal before
+            before = pl_module.model.embed.weight.detach().clone()
+
+    trainer.callbacks.append(Snap())
+    trainer.fit(module, DataLoader(ds, batch_size=4))
+    assert trainer.global_step == 1 and torch.isfinite(trainer.callback_metrics["train_loss"])
+    assert (module.model.embed.weight - before).abs().max() > 0
+
+
+def test_large_vocabulary_is_uint32_and_text_is_read_in_chunks(tmp_path):
+    tok, tok_path = make_tokenizer(tmp_path, extra_words=70_000)  # ids beyond 65535
+    text = "\n".join(f"w69990 {d} w42" for d in DOCS) + "\n"
+    (tmp_path / "a.txt").write_text(text)
+    (tmp_path / "b.txt").write_text("the model")  # no trailing newline
+    out = tmp_path / "t.bin"
+    index = prepare([tmp_path / "a.txt", tmp_path / "b.txt"], tok_path, out, chunk_bytes=64, bos=True, progress=False)
+    assert index["dtype"] == "uint32" and index["vocab_size"] > 65536
+    # each text file is one document: BOS, its tokens, EOS (cut into 64-byte chunks at newlines)
+    want = np.concatenate([[2], tok.encode(text).ids, [1], [2], tok.encode("the model").ids, [1]])
+    assert np.array_equal(np.fromfile(out, dtype=np.uint32), want)
+    assert [s["documents"] for s in index["sources"]] == [1, 1]
+    assert max(want) > 65535
+    ds = TokenFileDataset(out, seq_len=4, vocab_size=index["vocab_size"])
+    assert torch.equal(ds[0], torch.as_tensor(want[:5].astype(np.int64)))
+
+
+def test_bad_inputs_are_config_errors(tmp_path):
+    tok, tok_path = make_tokenizer(tmp_path)
+    src = write_jsonl(tmp_path / "c.jsonl", DOCS, field="text")
+    with pytest.raises(ConfigError, match="--field.*'body'.*c.jsonl:1"):
+        prepare([src], tok_path, tmp_path / "x.bin", field="body", progress=False)
+    with pytest.raises(ConfigError, match="--eos"):
+        prepare([src], tok_path, tmp_path / "x.bin", eos="<nope>", progress=False)
+    with pytest.raises(ConfigError, match="--tokenizer"):
+        prepare([src], tmp_path / "missing", tmp_path / "x.bin", progress=False)
+    out = tmp_path / "ok.bin"
+    prepare([src], tok_path, out, progress=False)
+    with pytest.raises(ConfigError, match="model.vocab_size"):  # tokenised with more ids than the model has
+        TokenFileDataset(out, seq_len=4, vocab_size=8)
+    with pytest.raises(ConfigError, match="data.dtype"):
+        TokenFileDataset(out, seq_len=4, dtype="uint32")
+    raw = tmp_path / "raw.bin"
+    raw.write_bytes(b"\x01\x00\x02\x00\x03")  # 5 bytes: not whole uint16 tokens
+    with pytest.raises(ConfigError, match="not a whole number of uint16 tokens"):
+        TokenFileDataset(raw, seq_len=1)
+    with open(out, "ab") as f:  # the index no longer matches the file
+        f.write(b"\x00\x00")
+    with pytest.raises(ConfigError, match="index says"):
+        TokenFileDataset(out, seq_len=4)

@@ -1,0 +1,521 @@
+"""NCCL semantics on CPU/gloo: order-only p2p matching and a replay of every rank's communication.
+
+gloo is forgiving where NCCL is not (NOTES-torch-lightning.md, "NCCL"): it honours p2p tags, and its
+sends complete into buffers whatever the peer is doing. This module makes the CPU test ranks behave,
+and be judged, as NCCL ranks:
+
+1. **Order-only matching.** :class:`Recorder` wraps the ``torch.distributed`` functions inside a test
+   rank; every point-to-point op runs with ``tag=0``, so gloo matches sends and receives of a rank
+   pair by order only, as NCCL does. A runtime that relied on tags now pairs the wrong tensors and
+   fails its equivalence check.
+2. **A trace.** The same wrappers record, per rank and in program order, one :class:`Step` per
+   communication call: an un-fused p2p op, a ``batch_isend_irecv`` (all its ops), or a collective
+   (group ranks, op, numel, dtype, root, chunk sizes). Recording costs a dict lookup and a few
+   frames of stack walk per call.
+3. **A replay** (:func:`replay`, pure Python) under NCCL's rules, with each rank modelled as a
+   sequential program that blocks at every communication call until it completes (the safe reading
+   of NCCL's "operations on different communicators must be issued in the same order on every rank";
+   asynchronous calls are therefore judged at the point where they are issued):
+
+   - p2p: one FIFO per (group, sender, receiver); the k-th send matches the k-th receive, with equal
+     numel and dtype. A step (un-fused op or batch) completes when every op in it has its
+     counterpart posted; the ops of one batch progress together.
+   - collectives: the i-th collective of every member of a group is one call; it completes when all
+     members have posted it, with equal op, numel, dtype, root, reduce op; all-gather and
+     reduce-scatter chunks equal on every member.
+   - the first batched p2p call on a group must involve every member (torch/NCCL: the first
+     collective call on a group creates its communicator), and a rank pair must not mix batched and
+     un-fused p2p on one group (lazily initialised ProcessGroupNCCL puts un-fused p2p on a separate
+     2-rank communicator, so the two never match).
+
+   A violation is reported with the first stuck or mismatched step of each rank.
+
+Used by ``tests/runtime/conftest.py`` (every ``run_ranks`` test) and ``tests/strategy/strategy_helpers.py``
+(every ``hexiscale_trainer`` run); :func:`link_bytes` counts the wire bytes per link class for the
+bytes-on-the-wire test.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+P2P_FUNCS = ("isend", "irecv", "send", "recv")
+TENSOR_COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_single", "all_gather_into_tensor",
+                      "reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor", "all_to_all",
+                      "all_to_all_single", "reduce", "gather", "scatter", "barrier", "monitored_barrier")
+OBJECT_COLLECTIVES = ("broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list")
+
+
+@dataclass(frozen=True)
+class P2POp:
+    """One point-to-point op as the rank issued it."""
+
+    op: str
+    """``send`` or ``recv``."""
+    peer: int
+    """Global rank of the other side."""
+    group: tuple[int, ...]
+    numel: int
+    dtype: str
+
+    def __str__(self) -> str:
+        way = "to" if self.op == "send" else "from"
+        return f"{self.op} {self.numel} {self.dtype} {way} rank {self.peer} on group {_g(self.group)}"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One communication call of one rank."""
+
+    kind: str
+    """``p2p`` (an un-fused op), ``batch`` (one ``batch_isend_irecv``) or ``coll``."""
+    ops: tuple[P2POp, ...] = ()
+    coll: str = ""
+    """Collective name (``all_reduce``, ..., ``new_group``)."""
+    group: tuple[int, ...] = ()
+    numel: int | None = None
+    """Input elements of a collective (None: not compared, e.g. object collectives)."""
+    out_numel: int | None = None
+    """Output elements of all-gather / reduce-scatter (the chunk rule)."""
+    dtype: str = ""
+    root: int | None = None
+    """Broadcast / reduce / gather / scatter root, global rank."""
+    detail: str = ""
+    """Reduce op, or the rank list of ``new_group``: must be equal on every member."""
+    where: str = ""
+    """Caller file:line (outside torch and this module)."""
+    phase: str = ""
+    """Label set by :meth:`Recorder.mark` (e.g. ``run``, ``sync``) for byte accounting."""
+
+    def signature(self) -> tuple:
+        return (self.coll, self.numel, self.out_numel, self.dtype, self.root, self.detail)
+
+    def __str__(self) -> str:
+        at = f" at {self.where}" if self.where else ""
+        if self.kind == "coll":
+            size = "" if self.numel is None else f" numel {self.numel}" + (
+                f" -> {self.out_numel}" if self.out_numel is not None else "")
+            root = "" if self.root is None else f" root {self.root}"
+            return f"{self.coll}({self.dtype}{size}{root}{' ' + self.detail if self.detail else ''}) on group {_g(self.group)}{at}"
+        kind = "batch_isend_irecv[" if self.kind == "batch" else "un-fused "
+        return kind + "; ".join(str(o) for o in self.ops) + ("]" if self.kind == "batch" else "") + at
+
+
+def _g(group: tuple[int, ...]) -> str:
+    return "(" + ",".join(map(str, group)) + ")"
+
+
+def _dtype(t: torch.Tensor) -> str:
+    return str(t.dtype).replace("torch.", "")
+
+
+# ---- recording ----------------------------------------------------------------------------------
+class Recorder:
+    """Wraps torch.distributed in THIS process: tags forced to 0, every call recorded as a Step.
+
+    Install after ``init_process_group`` (in a forked test rank), read :attr:`steps`, uninstall.
+    Nested calls (e.g. the isend inside ``batch_isend_irecv``) are not recorded again.
+    """
+
+    def __init__(self) -> None:
+        self.steps: list[Step] = []
+        self.phase = ""
+        self._saved: list[tuple[object, str, object]] = []
+        self._depth = 0
+        self._groups: dict[int, tuple[int, ...]] = {}
+
+    def mark(self, phase: str) -> None:
+        """Label the steps recorded from now on (byte accounting per phase)."""
+        self.phase = phase
+
+    # ---- patching ----
+    def install(self) -> Recorder:
+        if self._saved:
+            return self
+        for name in P2P_FUNCS:
+            self._patch(name, self._p2p_wrapper)
+        self._patch("batch_isend_irecv", self._batch_wrapper)
+        for name in TENSOR_COLLECTIVES + OBJECT_COLLECTIVES:
+            self._patch(name, self._coll_wrapper)
+        self._patch("new_group", self._new_group_wrapper)
+        return self
+
+    def uninstall(self) -> None:
+        for module, name, orig in reversed(self._saved):
+            setattr(module, name, orig)
+        self._saved.clear()
+
+    def _patch(self, name: str, make) -> None:
+        orig = getattr(c10d, name, None)
+        if orig is None:
+            return
+        wrapper = make(name, orig)
+        wrapper.__name__ = name
+        wrapper.__wrapped__ = orig
+        # Both namespaces: the runtime calls dist.X; torch's own helpers (batch_isend_irecv's
+        # _check_op, P2POp) look the names up in distributed_c10d.
+        for module in (c10d, dist):
+            if getattr(module, name, None) is orig:
+                self._saved.append((module, name, orig))
+                setattr(module, name, wrapper)
+
+    # ---- helpers ----
+    def _ranks(self, group) -> tuple[int, ...] | None:
+        if group is None or group is c10d.GroupMember.WORLD:
+            return tuple(range(dist.get_world_size()))
+        if group is c10d.GroupMember.NON_GROUP_MEMBER:
+            return None
+        key = id(group)
+        if key not in self._groups:
+            self._groups[key] = tuple(dist.get_process_group_ranks(group))
+        return self._groups[key]
+
+    @staticmethod
+    def _where() -> str:
+        frame = sys._getframe(2)
+        here = __file__
+        while frame is not None:
+            fn = frame.f_code.co_filename
+            if fn != here and "/torch/" not in fn:
+                return f"{fn.rsplit('/', 1)[-1]}:{frame.f_lineno}"
+            frame = frame.f_back
+        return ""
+
+    def _record(self, step: Step) -> None:
+        self.steps.append(step)
+
+    def _inner(self, orig, *args, **kwargs):
+        """Call the real function; calls it makes on its own are not recorded again."""
+        self._depth += 1
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            self._depth -= 1
+
+    def _p2p_wrapper(self, name: str, orig):
+        sig = inspect.signature(orig)
+        sending = name in ("isend", "send")
+
+        def wrapper(*args, **kwargs):
+            ba = sig.bind(*args, **kwargs)
+            ba.apply_defaults()
+            ba.arguments["tag"] = 0  # NCCL has no tags: match by order only
+            if self._depth == 0:
+                a = ba.arguments
+                group = self._ranks(a.get("group"))
+                if group is not None:
+                    peer = a["dst" if sending else "src"]
+                    gpeer = a.get("group_dst" if sending else "group_src")
+                    if peer is None and gpeer is not None:
+                        peer = group[gpeer]
+                    t = a["tensor"]
+                    op = P2POp("send" if sending else "recv", -1 if peer is None else int(peer), group,
+                               t.numel(), _dtype(t))
+                    self._record(Step("p2p", (op,), where=self._where(), phase=self.phase))
+            return self._inner(orig, *ba.args, **ba.kwargs)
+
+        return wrapper
+
+    def _batch_wrapper(self, name: str, orig):
+        def wrapper(p2p_op_list):
+            if self._depth == 0 and p2p_op_list:
+                ops = []
+                for o in p2p_op_list:
+                    group = self._ranks(o.group)
+                    sending = getattr(o.op, "__name__", "") in ("isend", "send")
+                    ops.append(P2POp("send" if sending else "recv", int(o.peer), group or (), o.tensor.numel(),
+                                     _dtype(o.tensor)))
+                    o.tag = 0
+                self._record(Step("batch", tuple(ops), group=ops[0].group, where=self._where(), phase=self.phase))
+            return self._inner(orig, p2p_op_list)
+
+        return wrapper
+
+    def _coll_wrapper(self, name: str, orig):
+        sig = inspect.signature(orig)
+
+        def wrapper(*args, **kwargs):
+            if self._depth == 0:
+                ba = sig.bind(*args, **kwargs)
+                ba.apply_defaults()
+                step = self._describe(name, ba.arguments)
+                if step is not None:
+                    self._record(step)
+            return self._inner(orig, *args, **kwargs)
+
+        return wrapper
+
+    def _describe(self, name: str, a: dict) -> Step | None:
+        group = self._ranks(a.get("group"))
+        if group is None:
+            return None  # not a member: torch returns without communicating
+        numel = out = root = None
+        dtype = detail = ""
+        if name in OBJECT_COLLECTIVES:
+            root = a.get("src", a.get("dst"))
+        elif name in ("barrier", "monitored_barrier"):
+            numel = 0
+        else:
+            first = {"all_reduce": "tensor", "broadcast": "tensor", "reduce": "tensor", "all_gather": "tensor",
+                     "gather": "tensor", "scatter": "tensor", "all_to_all": "input_tensor_list",
+                     "all_to_all_single": "input", "reduce_scatter": "output"}.get(name)
+            if name in ("all_gather_single", "all_gather_into_tensor"):
+                t, o = a["input_tensor"], a["output_tensor"]
+                numel, out = t.numel(), o.numel()
+            elif name in ("reduce_scatter_single", "reduce_scatter_tensor"):
+                t, o = a["input"], a["output"]
+                numel, out = t.numel(), o.numel()
+            else:
+                t = a[first]
+                if isinstance(t, (list, tuple)):
+                    numel = sum(x.numel() for x in t)
+                    t = t[0]
+                else:
+                    numel = t.numel()
+            dtype = _dtype(t)
+            if "op" in a and a["op"] is not None:
+                detail = str(a["op"]).rsplit(".", 1)[-1]
+            for key in ("src", "dst"):
+                if key in a and a[key] is not None:
+                    root = int(a[key])
+                gkey = "group_" + key
+                if root is None and a.get(gkey) is not None:
+                    root = group[a[gkey]]
+        return Step("coll", coll=name, group=group, numel=numel, out_numel=out, dtype=dtype, root=root,
+                    detail=detail, where=self._where(), phase=self.phase)
+
+    def _new_group_wrapper(self, name: str, orig):
+        def wrapper(*args, **kwargs):
+            if self._depth == 0:
+                ranks = kwargs.get("ranks", args[0] if args else None)
+                world = tuple(range(dist.get_world_size()))
+                detail = "all" if ranks is None else ",".join(map(str, sorted(ranks)))
+                self._record(Step("coll", coll="new_group", group=world, numel=0, detail=detail,
+                                  where=self._where(), phase=self.phase))
+            return self._inner(orig, *args, **kwargs)
+
+        return wrapper
+
+
+_CURRENT: Recorder | None = None
+
+
+def set_current(recorder: Recorder | None) -> None:
+    """The recorder of this process (set by the test launchers after installing it)."""
+    global _CURRENT
+    _CURRENT = recorder
+
+
+def current() -> Recorder | None:
+    """The recorder installed in this process, if any (a rank labels phases with ``current().mark``)."""
+    return _CURRENT
+
+
+# ---- replay -------------------------------------------------------------------------------------
+@dataclass
+class Report:
+    """Outcome of :func:`replay`: ``ok`` or the problems, one line each."""
+
+    problems: list[str] = field(default_factory=list)
+    completed: list[int] = field(default_factory=list)
+    """Steps completed per rank."""
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def __str__(self) -> str:
+        return "NCCL semantics: OK" if self.ok else "NCCL semantics violated:\n  " + "\n  ".join(self.problems)
+
+
+def replay(traces: list[list[Step]]) -> Report:
+    """Replay every rank's trace under NCCL's rules (module doc); report what would hang or mismatch."""
+    report = Report()
+    report.problems += _static_rules(traces)
+    n = len(traces)
+    pc = [0] * n
+    dead = [False] * n  # a rank whose current step mismatched: stop it, report once
+    posted = [False] * n
+    fifo_len: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])  # (group, src, dst) -> [sends, recvs]
+    fifo_ops: dict[tuple, dict[int, list]] = defaultdict(lambda: defaultdict(lambda: [None, None]))
+    position: list[list[int]] = [[] for _ in range(n)]  # per rank: FIFO index of each op of the current step
+    coll_seq: list[dict[tuple, int]] = [defaultdict(int) for _ in range(n)]
+    coll_posted: dict[tuple, dict[int, dict[int, tuple[int, Step]]]] = defaultdict(lambda: defaultdict(dict))
+    my_coll_index = [0] * n
+
+    def post(r: int, step: Step) -> None:
+        if step.kind == "coll":
+            t = len(step.group)
+            # all-gather: output = t x input; reduce-scatter: input = t x output
+            chunked = {"all_gather_single": (t, 1), "all_gather_into_tensor": (t, 1),
+                       "reduce_scatter_single": (1, t), "reduce_scatter_tensor": (1, t)}.get(step.coll)
+            if chunked and step.numel * chunked[0] != step.out_numel * chunked[1]:
+                report.problems.append(f"rank {r} step {pc[r]}: {step}: the chunks must be equal on all {t} members "
+                                       f"(input {step.numel}, output {step.out_numel})")
+                dead[r] = True
+                return
+            i = coll_seq[r][step.group]
+            coll_seq[r][step.group] += 1
+            my_coll_index[r] = i
+            entry = coll_posted[step.group][i]
+            entry[r] = (pc[r], step)
+            first_rank, (first_pc, first) = next(iter(entry.items()))
+            if first_rank != r and first.signature() != step.signature():
+                report.problems.append(f"collective #{i} on group {_g(step.group)} mismatched: rank {first_rank} "
+                                       f"step {first_pc}: {first}; rank {r} step {pc[r]}: {step}")
+                dead[r] = True
+            return
+        idx = []
+        for op in step.ops:
+            src, dst = (r, op.peer) if op.op == "send" else (op.peer, r)
+            key = (op.group, src, dst)
+            side = 0 if op.op == "send" else 1
+            k = fifo_len[key][side]
+            fifo_len[key][side] += 1
+            fifo_ops[key][k][side] = (r, pc[r], op)
+            idx.append(k)
+            other = fifo_ops[key][k][1 - side]
+            if other is not None:
+                orank, opc, oop = other
+                if (oop.numel, oop.dtype) != (op.numel, op.dtype):
+                    report.problems.append(f"p2p #{k} from rank {src} to rank {dst} on group {_g(op.group)} "
+                                           f"mismatched: rank {r} step {pc[r]} {op} vs rank {orank} step {opc} {oop}")
+                    dead[r] = True
+        position[r] = idx
+
+    def complete(r: int, step: Step) -> bool:
+        if step.kind == "coll":
+            return len(coll_posted[step.group][my_coll_index[r]]) == len(step.group)
+        for op, k in zip(step.ops, position[r]):
+            src, dst = (r, op.peer) if op.op == "send" else (op.peer, r)
+            side = 0 if op.op == "send" else 1
+            if fifo_len[(op.group, src, dst)][1 - side] <= k:
+                return False
+        return True
+
+    progress = True
+    while progress:
+        progress = False
+        for r in range(n):
+            while pc[r] < len(traces[r]) and not dead[r]:
+                step = traces[r][pc[r]]
+                if not posted[r]:
+                    if any(op.peer not in op.group or op.peer == r for op in step.ops):
+                        report.problems.append(f"rank {r} step {pc[r]}: bad peer in {step}")
+                        dead[r] = True
+                        break
+                    post(r, step)
+                    posted[r] = True
+                    if dead[r]:
+                        break
+                if not complete(r, step):
+                    break
+                pc[r] += 1
+                posted[r] = False
+                progress = True
+    report.completed = list(pc)
+    stuck = [r for r in range(n) if pc[r] < len(traces[r]) and not dead[r]]
+    for r in stuck:
+        step = traces[r][pc[r]]
+        report.problems.append(f"rank {r} stuck at step {pc[r]} of {len(traces[r])}: {step}; "
+                               f"{_waiting_for(r, step, traces, pc, position[r], fifo_len, coll_posted, my_coll_index[r])}")
+    return report
+
+
+def _waiting_for(r, step, traces, pc, idx, fifo_len, coll_posted, coll_index) -> str:
+    def where(q: int) -> str:
+        if pc[q] >= len(traces[q]):
+            return f"rank {q} has finished its {len(traces[q])} steps"
+        return f"rank {q} is at step {pc[q]}: {traces[q][pc[q]]}"
+
+    if step.kind == "coll":
+        missing = [q for q in step.group if q not in coll_posted[step.group][coll_index]]
+        return "waiting for " + "; ".join(where(q) for q in missing)
+    waits = []
+    for op, k in zip(step.ops, idx):
+        src, dst = (r, op.peer) if op.op == "send" else (op.peer, r)
+        side = 0 if op.op == "send" else 1
+        have = fifo_len[(op.group, src, dst)][1 - side]
+        if have <= k:
+            other = "receive" if op.op == "send" else "send"
+            waits.append(f"needs the matching {other} #{k} of rank {op.peer} (posted {have}); {where(op.peer)}")
+    return "; ".join(waits)
+
+
+def _static_rules(traces: list[list[Step]]) -> list[str]:
+    """First batched call on a group involves every member; no mixing of batched and un-fused p2p."""
+    problems = []
+    first: dict[tuple, dict[int, tuple[int, Step]]] = defaultdict(dict)
+    modes: dict[tuple, dict[str, tuple[int, int]]] = defaultdict(dict)
+    for r, trace in enumerate(traces):
+        for i, step in enumerate(trace):
+            if step.kind == "p2p":
+                op = step.ops[0]
+                modes[(op.group, min(r, op.peer), max(r, op.peer))].setdefault("un-fused", (r, i))
+                continue
+            groups = {op.group for op in step.ops} if step.kind == "batch" else {step.group}
+            for g in groups:
+                first[g].setdefault(r, (i, step))
+            for op in step.ops:
+                modes[(op.group, min(r, op.peer), max(r, op.peer))].setdefault("batched", (r, i))
+    for g, by_rank in sorted(first.items()):
+        if not any(s.kind == "batch" for _, s in by_rank.values()):
+            continue
+        linked = set()
+        for r, (_, s) in by_rank.items():
+            if s.kind == "batch":
+                linked.add(r)
+                linked.update(op.peer for op in s.ops if op.group == g)
+        left = [q for q in g if q not in linked or q not in by_rank or by_rank[q][1].kind != "batch"]
+        if left:
+            r, (i, s) = next((r, v) for r, v in sorted(by_rank.items()) if v[1].kind == "batch")
+            problems.append(f"group {_g(g)}: its first call is batch_isend_irecv (rank {r} step {i}: {s}) but "
+                            f"ranks {left} do not take part in it: NCCL needs every member in the first "
+                            f"collective call on a group")
+    for (g, a, b), seen in sorted(modes.items()):
+        if len(seen) == 2:
+            problems.append(f"ranks {a} and {b} mix batched and un-fused p2p on group {_g(g)} (batched at rank "
+                            f"{seen['batched'][0]} step {seen['batched'][1]}, un-fused at rank {seen['un-fused'][0]} "
+                            f"step {seen['un-fused'][1]}): lazily initialised ProcessGroupNCCL runs them on "
+                            f"different communicators")
+    return problems
+
+
+def check(traces: list[list[Step]]) -> None:
+    """Raise AssertionError with the report when the traces violate NCCL's rules."""
+    report = replay(traces)
+    if not report.ok:
+        raise AssertionError(str(report))
+
+
+# ---- bytes on the wire ---------------------------------------------------------------------------
+_ESIZE = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "uint8": 1, "bool": 1}
+
+
+def step_bytes(step: Step) -> float:
+    """Bytes one rank moves for a step, by the conventions of the cost model (planner/wire.py):
+    p2p send n*b (receives count 0: the sender's side carries them); over a group of t ranks,
+    all-reduce 2(t-1)/t*n*b, reduce-scatter and all-gather (t-1)/t of the full buffer, broadcast
+    (t-1)/t*n*b."""
+    if step.kind != "coll":
+        return float(sum(o.numel * _ESIZE[o.dtype] for o in step.ops if o.op == "send"))
+    t = len(step.group)
+    if t <= 1 or step.numel is None or not step.dtype:
+        return 0.0
+    b = _ESIZE[step.dtype]
+    if step.coll == "all_reduce":
+        return 2.0 * (t - 1) / t * step.numel * b
+    if step.coll in ("reduce_scatter_single", "reduce_scatter_tensor"):
+        return (t - 1) / t * step.numel * b
+    if step.coll in ("all_gather_single", "all_gather_into_tensor"):
+        return (t - 1) / t * step.out_numel * b
+    if step.coll == "broadcast":
+        return (t - 1) / t * step.numel * b
+    return 0.0

@@ -1,0 +1,186 @@
+"""Python API errors surface once and clearly: a wrong cluster or plan file when the strategy is
+built, a world size that does not match the plan when the Trainer is built, a bad training loader
+or ckpt_path before any process starts, and an error every rank finds in setup as that one typed
+error from ``trainer.fit`` (not Lightning's teardown "Cannot copy out of meta tensor", not one
+traceback per rank), with the fork launcher and with the default popen launcher (a script, since
+popen re-runs its script per rank). A rank that dies makes ``fit`` raise one RankFailure naming it,
+and the launching process is not killed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+from strategy_helpers import PG_TIMEOUT, loader, module, plan_of
+
+from lightning_hexiscale.errors import ConfigError, PlanError
+from lightning_hexiscale.lightning.strategy import HexiScaleStrategy
+
+HERE = Path(__file__).parent
+PLAN = plan_of([(4, 2, [([0], (0, 4))]), (2, 1, [([1], (0, 4))])])
+
+
+def _trainer(strategy, devices=2):
+    return pl.Trainer(strategy=strategy, accelerator="cpu", devices=devices, max_steps=2, logger=False,
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+
+
+def test_files_are_read_when_the_strategy_is_built(tmp_path):
+    with pytest.raises(ConfigError, match=r"HexiScaleStrategy\(cluster\) = 'nonexistent': no such preset"):
+        HexiScaleStrategy(cluster="nonexistent")
+    with pytest.raises(ConfigError, match=r"HexiScaleStrategy\(plan\) = '.*nope.yaml': no such plan file"):
+        HexiScaleStrategy(plan=str(tmp_path / "nope.yaml"))
+    with pytest.raises(PlanError, match="device 2"):  # a device the cluster does not have
+        HexiScaleStrategy(cluster="cpu2", plan=plan_of([(2, 1, [([0, 2], (0, 4))])]))
+
+
+def test_world_size_is_checked_when_the_trainer_is_built():
+    with pytest.raises(ConfigError, match=r"Trainer\(num_nodes, devices\) = '3 processes.*the plan runs 2"):
+        _trainer(HexiScaleStrategy(plan=PLAN, start_method="fork"), devices=3)
+
+
+def test_loader_and_checkpoint_are_checked_before_launch(tmp_path, capfd):
+    trainer = _trainer(HexiScaleStrategy(plan=PLAN, start_method="fork", timeout=PG_TIMEOUT))
+    with pytest.raises(ConfigError, match=r"train_dataloader.batch_size = 4: the plan takes 6"):
+        trainer.fit(module(), loader(12, 4))
+    with pytest.raises(ConfigError, match=r"ckpt_path = '.*gone.ckpt': no such checkpoint"):
+        trainer.fit(module(), loader(12, 6), ckpt_path=str(tmp_path / "gone.ckpt"))
+    assert "Initializing distributed" not in capfd.readouterr().err  # no process was started
+
+
+@pytest.mark.timeout(60)
+def test_setup_error_of_every_rank_is_raised_once_fork(capfd):
+    plan6 = plan_of([(4, 2, [([0], (0, 6))]), (2, 1, [([1], (0, 6))])], num_layers=6)
+    trainer = _trainer(HexiScaleStrategy(plan=plan6, start_method="fork", timeout=PG_TIMEOUT))
+    with pytest.raises(PlanError, match=r"plan.num_layers = 6: the model tiny_test has 4 layers"):
+        trainer.fit(module(), loader(12, 6))
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "meta tensor" not in err and "Terminating process" not in err, err
+
+
+@pytest.mark.timeout(120)
+def test_setup_error_of_every_rank_is_raised_once_spawn(capfd):
+    """spawn (what a Hydra multirun sweep uses) pickles the launcher into fresh processes."""
+    plan6 = plan_of([(4, 2, [([0], (0, 6))]), (2, 1, [([1], (0, 6))])], num_layers=6)
+    trainer = _trainer(HexiScaleStrategy(plan=plan6, start_method="spawn", timeout=PG_TIMEOUT))
+    with pytest.raises(PlanError, match=r"plan.num_layers = 6: the model tiny_test has 4 layers"):
+        trainer.fit(module(), loader(12, 6))
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Terminating process" not in err, err[-3000:]
+
+
+def _job(case: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PL_", "LOCAL_", "MASTER_", "WORLD_", "RANK"))}
+    env["PYTHONPATH"] = os.pathsep.join(map(str, (HERE, HERE.parent, HERE.parents[1])))  # strategy/, tests/, root
+    return subprocess.run([sys.executable, str(HERE / "api_error_job.py"), case], env=env, capture_output=True,
+                          text=True, timeout=100)
+
+
+@pytest.mark.timeout(120)
+def test_setup_error_of_every_rank_is_raised_once_popen():
+    out = _job("layers")
+    caught = [ln for ln in out.stdout.splitlines() if ln.startswith("CAUGHT")]
+    assert out.returncode == 0 and "ALIVE" in out.stdout, (out.returncode, out.stdout, out.stderr[-3000:])
+    assert caught == ["CAUGHT PlanError: plan.num_layers = 6: the model tiny_test has 4 layers. Fix: plan for the "
+                      "same model, or choose the model the plan was made for"], out.stdout
+    assert "Traceback" not in out.stderr and "meta tensor" not in out.stderr, out.stderr[-3000:]
+
+
+@pytest.mark.timeout(120)
+def test_dead_rank_is_one_rank_failure_popen():
+    out = _job("kill")
+    caught = [ln for ln in out.stdout.splitlines() if ln.startswith("CAUGHT")]
+    assert out.returncode == 0 and "ALIVE" in out.stdout, (out.returncode, out.stdout, out.stderr[-3000:])
+    assert len(caught) == 1 and caught[0].startswith("CAUGHT RankFailure: rank 0 stopped because another rank "
+                                                      "failed: rank 1 stopped without reporting an error"), caught
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+
+
+# ---- the Python API's bad-input corpus: each case raises the typed error naming the key ----------
+class ManualOptimization(type(module())):
+    def __init__(self):
+        super().__init__(module().config, dtype=module().param_dtype)
+        self.automatic_optimization = False
+
+
+class NoLlama(type(module())):
+    def configure_model(self):
+        import torch
+
+        self.model = torch.nn.Linear(2, 2)
+
+
+def _fit(strategy_kw=None, trainer_kw=None, data=None, mod=None, **fit_kw):
+    strategy = HexiScaleStrategy(**{"plan": PLAN, "start_method": "fork", "timeout": PG_TIMEOUT, **(strategy_kw or {})})
+    kw = dict(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+              enable_model_summary=False, **(trainer_kw or {}))
+    trainer = pl.Trainer(strategy=strategy, accelerator="cpu", devices=PLAN.world_size, **kw)
+    trainer.fit(mod if mod is not None else module(), data if data is not None else loader(12, 6), **fit_kw)
+
+
+def _sampler_loader(kind: str):
+    import torch
+    from torch.utils.data import DataLoader, RandomSampler, WeightedRandomSampler
+
+    from lightning_hexiscale.data import generated_corpus
+
+    ds = generated_corpus(12, 16)
+    if kind == "replacement":
+        return DataLoader(ds, batch_size=6, sampler=RandomSampler(ds, replacement=True))
+    if kind == "weighted":
+        return DataLoader(ds, batch_size=6, sampler=WeightedRandomSampler(torch.ones(12), 12))
+    return DataLoader(ds, batch_size=None)
+
+
+API_CASES = {
+    "unknown_cluster": (lambda t: HexiScaleStrategy(cluster="nonexistent"), ConfigError, "HexiScaleStrategy(cluster)"),
+    "cluster_of_wrong_type": (lambda t: HexiScaleStrategy(cluster=123), ConfigError, "HexiScaleStrategy(cluster)"),
+    "plan_nowhere": (lambda t: HexiScaleStrategy(plan=str(t / "gone.yaml")), ConfigError, "HexiScaleStrategy(plan)"),
+    "plan_device_not_in_cluster": (lambda t: HexiScaleStrategy(cluster="cpu2", plan=plan_of([(2, 1, [([0, 5], (0, 4))])])),
+                                   PlanError, "plan.pipelines[0].stages[0].devices"),
+    "zero_timeout": (lambda t: HexiScaleStrategy(timeout=0), ConfigError, "HexiScaleStrategy(timeout)"),
+    "unknown_nonfinite": (lambda t: HexiScaleStrategy(nonfinite="ignore"), ConfigError, "HexiScaleStrategy(nonfinite)"),
+    "unknown_schedule": (lambda t: HexiScaleStrategy(schedule="zigzag"), ConfigError, "HexiScaleStrategy(schedule)"),
+    "unknown_dp_sharding": (lambda t: HexiScaleStrategy(dp_sharding="zero4"), ConfigError,
+                            "HexiScaleStrategy(dp_sharding)"),
+    "zero_global_batch": (lambda t: HexiScaleStrategy(global_batch=0), ConfigError, "HexiScaleStrategy(global_batch)"),
+    "zero_threads": (lambda t: HexiScaleStrategy(num_threads=0), ConfigError, "HexiScaleStrategy(num_threads)"),
+    "world_size": (lambda t: _trainer(HexiScaleStrategy(plan=PLAN), devices=3), ConfigError, "Trainer(num_nodes, devices)"),
+    "loader_batch": (lambda t: _fit(data=loader(12, 4)), ConfigError, "train_dataloader.batch_size"),
+    "loader_without_batch_size": (lambda t: _fit(data=_sampler_loader("none")), ConfigError,
+                                  "train_dataloader.batch_size"),
+    "sampler_with_replacement": (lambda t: _fit(data=_sampler_loader("replacement")), ConfigError, "DataLoader.sampler"),
+    "custom_sampler": (lambda t: _fit(data=_sampler_loader("weighted")), ConfigError, "DataLoader.sampler"),
+    "ckpt_nowhere": (lambda t: _fit(ckpt_path=str(t / "gone.ckpt")), ConfigError, "ckpt_path"),
+    "ckpt_a_file": (lambda t: (t / "f.ckpt").write_text("x") and _fit(ckpt_path=str(t / "f.ckpt")), ConfigError,
+                    "ckpt_path"),
+    "manual_optimization": (lambda t: _fit(mod=ManualOptimization()), ConfigError,
+                            "LightningModule.automatic_optimization"),
+    "module_without_llama": (lambda t: _fit(mod=NoLlama(module().config)), ConfigError, "NoLlama.model"),
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("case", sorted(API_CASES))
+def test_api_refuses_bad_input(case, tmp_path, capfd):
+    make, exc_type, key = API_CASES[case]
+    with pytest.raises(exc_type) as info:
+        make(tmp_path)
+    assert str(info.value).startswith(key) and "Fix:" in str(info.value), str(info.value)
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "meta tensor" not in err, err[-2000:]
+
+
+def test_good_api_input_passes(tmp_path):
+    """The corpus's valid counterparts are accepted (the harness can tell good from bad)."""
+    strategy = HexiScaleStrategy(cluster="cpu_hetero4", plan=PLAN, timeout=30, nonfinite="skip", schedule="gpipe",
+                                 dp_sharding="zero2", global_batch=6, num_threads=1)
+    assert strategy.plan is not None and strategy.cluster.name == "cpu_hetero4"
+    _trainer(HexiScaleStrategy(plan=PLAN), devices=2)
+    strategy.check_before_launch("_fit_impl", {"model": module(), "train_dataloaders": loader(12, 6),
+                                                "ckpt_path": None})
