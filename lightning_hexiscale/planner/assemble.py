@@ -280,6 +280,10 @@ class Evaluator:
             classes.setdefault(self.group_signature(grp), []).append(g)
         best_ch = tuple(choice)
         best = self._built(opts, best_ch, 0, ctx, built)
+        if best is None:  # nothing fits: start from the fewest, widest stages (least memory repeated per stage)
+            fewest = tuple(min(range(len(o)), key=lambda k: (len(o[k]), k)) for o in opts)
+            if fewest != best_ch:
+                best_ch, best = fewest, self._built(opts, fewest, 0, ctx, built)
         for _ in range(2):
             improved = False
             for members in classes.values():

@@ -35,7 +35,10 @@ def test_every_preset_is_covered():
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_every_plan_validates_and_fits_in_memory(name):
     model, gb = PRESETS[name]
-    c, w = Cluster.load(name), Workload(LlamaConfig.load(model))
+    c = Cluster.load(name)
+    # emulated CPU clusters run the CPU runtime (no NCCL buffers), as workload_from_config prices them
+    cpu = all(d.gpu_type.startswith("CPU") for d in c.devices)
+    w = Workload(LlamaConfig.load(model), device="cpu" if cpu else "cuda")
     r = search(c, w, gb, SearchSettings(iterations=3 if name == "large_240" else 6))
     r.plan.validate(c, w.model, global_batch=gb)
     est = estimate(r.plan, c, w)
