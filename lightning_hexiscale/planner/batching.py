@@ -9,7 +9,7 @@ micro-batches takes
 with A = sum_j (Stage_j + Hop_j), B = max_j (Stage_j + Hop_j) per micro-batch and C the largest
 exposed data-parallel tail (Appendix B eq. 5 and 8). The data-parallel T_comm and the embedding /
 LM head syncs depend on the layout only, so they are computed once (:func:`estimate.dp_terms`,
-:func:`estimate.dp_edge_times`). Memory decides which (m, n) fit. Then
+:func:`estimate.dp_edge_all`). Memory decides which (m, n) fit. Then
 g_i(b) = min over m | b that fit of T_i(m, b / m), and the iteration time of the best integer
 batch split is the minimax
 
@@ -154,7 +154,8 @@ class BatchTimer:
         self._q: dict[int, tuple] = {}
         self._limit: dict[tuple, np.ndarray] = {}
         self._pipe: dict[tuple, tuple[np.ndarray, dict]] = {}
-        self._edges: dict[tuple, dict] = {}
+        self._edges: tuple[Plan, dict] | None = None
+        self._flat: tuple[Plan, tuple] | None = None
         self._known: tuple | None = None
         """(plan, breakdown) of the last winner of :meth:`best_uniform` (saves recomputing it)."""
 
@@ -308,6 +309,56 @@ class BatchTimer:
             tails.append(tail)
         return sum(per_mb), max(per_mb), max(tails)
 
+    def abc_all(self, layout: Plan, dp: dict, edges: dict, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`abc` of every pipeline at once (arrays A, B, C), vectorised over the stages and
+        their data-parallel intervals: the same terms, summed in another order (float rounding
+        apart). For large clusters (:meth:`best_uniform`), where a layout has hundreds of pipelines."""
+        flat = self._flat_layout(layout, dp, edges)
+        stages, iv_stage, iv_n, iv_tc, e_emb, e_head, e_norm, n_layers, starts = flat
+        ns = len(stages)
+        tf, tb, per0 = np.empty(ns), np.empty(ns), np.empty(ns)
+        for k, (devices, first, last, nxt) in enumerate(stages):
+            tf[k], tb[k] = self.layer_tb(devices, m, layout.recompute)
+            per0[k] = self.extra(devices, m, first, last) + (self.hop(devices, nxt, m) if nxt is not None else 0.0)
+        TF, TB = tf[iv_stage], tb[iv_stage]
+        th1, th2, th3f, th3b = self.theta
+        if layout.dp_sharding == "zero3":
+            step = th3f * np.maximum(TF, iv_tc) + th3b * np.maximum(TB, iv_tc)
+            exposed = th3b * (np.maximum(TB, 2 * iv_tc) - np.maximum(TB, iv_tc))
+        else:
+            step = TF + TB
+            th = th1 if layout.dp_sharding == "ddp" else th2
+            exposed = np.maximum(0.0, th * np.maximum(TB, 2 * iv_tc) - TB)
+        per = np.bincount(iv_stage, weights=iv_n * step, minlength=ns) + per0
+        tail = (np.bincount(iv_stage, weights=iv_n * exposed, minlength=ns)
+                + e_emb + np.maximum(0.0, e_head - n_layers * tb) + e_norm)
+        return np.add.reduceat(per, starts), np.maximum.reduceat(per, starts), np.maximum.reduceat(tail, starts)
+
+    def _flat_layout(self, layout: Plan, dp: dict, edges: dict) -> tuple:
+        """The m-independent arrays of :meth:`abc_all`, kept for the last layout."""
+        if self._flat is not None and self._flat[0] is layout:
+            return self._flat[1]
+        stages, iv_stage, iv_n, iv_tc, emb, head, norm, nl, starts = [], [], [], [], [], [], [], [], []
+        for i, p in enumerate(layout.pipelines):
+            starts.append(len(stages))
+            S = len(p.stages)
+            for j, st in enumerate(p.stages):
+                k = len(stages)
+                stages.append((st.devices, j == 0, j == S - 1, p.stages[j + 1].devices if j + 1 < S else None))
+                for n, tc in dp[(i, j)]:
+                    iv_stage.append(k)
+                    iv_n.append(n)
+                    iv_tc.append(tc)
+                e = edges.get((i, j), (0.0, 0.0, 0.0))
+                emb.append(e[0])
+                head.append(e[1])
+                norm.append(e[2])
+                nl.append(st.num_layers)
+        flat = (stages, np.array(iv_stage, dtype=np.int64), np.array(iv_n, dtype=float), np.array(iv_tc),
+                np.array(emb), np.array(head), np.array(norm), np.array(nl, dtype=float), np.array(starts))
+        self._flat = (layout, flat)
+        return flat
+
     def best_uniform(self, layout: Plan, dp: dict, meta: dict | None,
                      limits: np.ndarray | None = None) -> tuple[float, Plan | None]:
         """Large clusters: one micro-batch size m for every pipeline (m dividing G), the integer
@@ -327,8 +378,7 @@ class BatchTimer:
             caps = limits[:, k]
             if N < P or caps.min() < 1 or caps.sum() < N:
                 continue
-            abc = np.array([self.abc(layout, i, dp, edges, m) for i in range(P)])
-            A, B, C = abc[:, 0], abc[:, 1], abc[:, 2]
+            A, B, C = self.abc_all(layout, dp, edges, m)
             lo, hi = float(((A + C).max())), float((A + (np.minimum(caps, N) - 1) * B + C).max())
 
             def counts(v: float) -> np.ndarray:
@@ -384,28 +434,11 @@ class BatchTimer:
                 for k, v in dp_red.items()}
 
     def edges(self, layout: Plan) -> dict:
-        """:func:`estimate.dp_edge_times` of every stage where they are not all zero ((i, j) -> times;
-        batch-independent). The first and last stages' (embedding and head syncs) are memoised on
-        what they depend on: the sharding, the reduce dtype and every pipeline's first and last stage;
-        inner stages only carry their TP broadcast of the norms."""
-        P = layout.num_pipelines
-        if P == 1:
-            return {}
-        ends = tuple((p.stages[0].devices, p.stages[0].layers, p.stages[-1].devices, p.stages[-1].layers)
-                     for p in layout.pipelines)
-        key = (layout.dp_sharding, layout.reduce_dtype, ends)
-        if key not in self._edges:
-            if len(self._edges) > _PIPE_CACHE:
-                self._edges.clear()
-            out = {}
-            for i, p in enumerate(layout.pipelines):
-                for j in {0, len(p.stages) - 1}:
-                    out[(i, j)] = E.dp_edge_times(layout, i, j, self.cluster, self.w)
-            self._edges[key] = out
-        out = self._edges[key]
-        inner = {(i, j): E.dp_edge_times(layout, i, j, self.cluster, self.w)
-                 for i, p in enumerate(layout.pipelines) for j in range(1, len(p.stages) - 1) if p.stages[j].tp > 1}
-        return {**out, **inner} if inner else out
+        """:func:`estimate.dp_edge_all` of the layout ((i, j) -> embedding / head / norms sync times;
+        batch-independent), kept for the last layout asked (its pipelines ask in turn)."""
+        if self._edges is None or self._edges[0] is not layout:
+            self._edges = (layout, E.dp_edge_all(layout, self.cluster, self.w))
+        return self._edges[1]
 
     def best(self, layout: Plan, meta: dict | None = None) -> tuple[float, Plan | None]:
         """The layout's least iteration time over batch splits and per-pipeline micro-batch sizes,

@@ -299,6 +299,64 @@ def dp_edge_times(plan: Plan, i: int, j: int, cluster: Cluster, workload: Worklo
     return float(t_emb), float(t_head), float(t_norms)
 
 
+def dp_edge_all(plan: Plan, cluster: Cluster, workload: Workload) -> dict[tuple[int, int], tuple[float, float, float]]:
+    """:func:`dp_edge_times` of every stage (i, j) that has any ((i, j) -> (embedding, head, norms);
+    absent: all zero), vectorised: each of the two syncs is one pass over the (rank, rank) pairs of
+    all first (last) stages, in row blocks, instead of a Python loop over partners per rank. The
+    same terms as :func:`dp_edge_times`, summed in a different order (float rounding apart). This is
+    what :func:`estimate` and the batch timer use."""
+    pipes = plan.pipelines
+    P = len(pipes)
+    if P == 1:
+        return {}
+    model = workload.model
+    red_bt, bt = wire_element_bytes(plan, workload)
+    bw, lat = cluster.bandwidth, cluster.latency
+    sh = plan.dp_sharding
+
+    def sync(params: float, stage_of) -> np.ndarray:
+        stages = [stage_of(p) for p in pipes]
+        dev = np.array([d for st in stages for d in st.devices])
+        tps = np.array([st.tp for st in stages])
+        pipe = np.repeat(np.arange(P), tps)
+        rank = np.concatenate([np.arange(t) for t in tps])
+        tp = np.repeat(tps, tps)
+        lo, hi = rank / tp, (rank + 1) / tp
+        n = len(dev)
+        t_red, t_par = np.empty(n), np.empty(n)
+        block = max(1, 2_000_000 // n)
+        for a in range(0, n, block):
+            b = min(n, a + block)
+            share = np.minimum(hi[a:b, None], hi[None, :]) - np.maximum(lo[a:b, None], lo[None, :])
+            ok = (share > 0) & (pipe[a:b, None] != pipe[None, :])
+            ix = np.ix_(dev[a:b], dev)
+            base = np.where(ok, lat[ix], 0.0).sum(axis=1)
+            q = np.where(ok, share / bw[ix], 0.0).sum(axis=1)
+            t_red[a:b] = base + q * (params * red_bt / P)
+            t_par[a:b] = base + q * (params * bt / P)
+        row = 2.0 * (t_red if sh == "ddp" else 0.5 * (t_red + t_par) if sh == "zero2" else t_par)
+        return np.maximum.reduceat(row, np.concatenate([[0], np.cumsum(tps)[:-1]]))
+
+    out: dict[tuple[int, int], list[float]] = {}
+    for i, t in enumerate(sync(model.embedding_params, lambda p: p.stages[0]).tolist()):
+        out[(i, 0)] = [t, 0.0, 0.0]
+    if not model.tie_word_embeddings:
+        for i, t in enumerate(sync(model.head_params, lambda p: p.stages[-1]).tolist()):
+            out.setdefault((i, len(pipes[i].stages) - 1), [0.0, 0.0, 0.0])[1] = t
+    for i, p in enumerate(pipes):
+        for j, st in enumerate(p.stages):
+            if st.tp > 1:  # leader -> TP group: the replicated norms (as dp_edge_times)
+                last = j == len(p.stages) - 1
+                norms = (2 * st.num_layers + (1 if last else 0)) * model.hidden_size
+                nbytes = norms * (red_bt if sh == "ddp" else bt)
+                t_norms = sum(lat[st.leader, d] + nbytes / (st.tp * bw[st.leader, d]) for d in st.devices[1:])
+                out.setdefault((i, j), [0.0, 0.0, 0.0])[2] = float(t_norms)
+    return {k: (float(v[0]), float(v[1]), float(v[2])) for k, v in out.items()}
+
+
+_NO_EDGES = (0.0, 0.0, 0.0)
+
+
 def dp_edge_exposed(times: tuple[float, float, float], backward_s: float) -> tuple[float, float]:
     """(total, exposed) of :func:`dp_edge_times`: the embedding's gradient is final only at the end
     of the backward (fully exposed), the head's sync overlaps the stage's last backward
@@ -444,6 +502,7 @@ def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
     S = model.seq_len
     theta = calibration_theta(cluster)
     dp_red, dp_par = dp_terms(plan, cluster, workload)
+    edges = dp_edge_all(plan, cluster, workload)
     pipes: list[PipelineEstimate] = []
     ooms: list[OutOfMemory] = []
     n_comp = 4.0 if plan.recompute else 3.0
@@ -457,7 +516,7 @@ def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
             t_f, t_b, comp_f, tp_f = layer_times(cluster, workload, st.devices, mb, plan.recompute)
             head_comp, head_comm = stage_extra_times(cluster, workload, st.devices, mb, j == 0, j == n_st - 1)
             hop = hop_time(cluster, workload, st.devices, pipe.stages[j + 1].devices, mb) if j + 1 < n_st else 0.0
-            dp_comm, tail = dp_edge_exposed(dp_edge_times(plan, i, j, cluster, workload), l * t_b)
+            dp_comm, tail = dp_edge_exposed(edges.get((i, j), _NO_EDGES), l * t_b)
             stage_mb = 0.0
             for (n_layers, t_red), (_, t_par) in zip(dp_red[(i, j)], dp_par[(i, j)]):
                 t_comm = dp_t_comm(plan.dp_sharding, t_red, t_par)

@@ -225,6 +225,8 @@ class _Search:
         self.best: tuple[float, Plan | None] = (math.inf, None)
         self.by_dp: dict[int, float] = {}
         self.tried: set[tuple[int, str]] = set()
+        self.best_step: tuple[int, str] | None = None
+        """(D_dp, cut) of the iteration that found the best plan so far (not a peel)."""
         self.timer = BatchTimer(cluster, workload, global_batch, batch_micro_sizes(global_batch, s.micro_batch_size,
                                                                                  cluster.num_devices))
         self.top: dict[int, tuple[float, Plan]] = {}
@@ -393,11 +395,17 @@ class _Search:
             return Iteration(self.dps[it], cut, self.s.balance, self.s.seed)
         ranked = sorted((c, dp) for dp, c in self.by_dp.items() if math.isfinite(c))
         if self.s.cut == "auto":
+            # first the ladder neighbours of the best D_dp with the cut that found it (the first
+            # sweep may have given them the other cut), then the promising values' other cut
+            cands = []
+            if self.best_step is not None and self.best_step[0] in self.dps:
+                j = self.dps.index(self.best_step[0])
+                cands += [(self.dps[k], self.best_step[1]) for k in (j - 1, j + 1) if 0 <= k < len(self.dps)]
             wide = 2 * explore + len(self.peels) <= self.s.iterations
-            for _, dp in (ranked if wide else ranked[:4]):
-                for other in ("min", "max"):
-                    if (dp, other) not in self.tried:
-                        return Iteration(dp, other, self.s.balance, self.s.seed)
+            cands += [(dp, other) for _, dp in (ranked if wide else ranked[:4]) for other in ("min", "max")]
+            for dp, other in cands:
+                if (dp, other) not in self.tried:
+                    return Iteration(dp, other, self.s.balance, self.s.seed)
         if self.peeled < len(self.peels):
             r, rest, unit = self.peels[self.peeled]
             self.peeled += 1
@@ -442,6 +450,8 @@ class _Search:
                     self.ema[key] = 0.7 * self.ema[key] + 0.3 * v
             if cost < self.best[0]:
                 self.best = (cost, plan)
+                if not step.peel:
+                    self.best_step = (step.dp, step.cut)
             log.append(LogEntry(it, step.dp, step.cut, cost, self.best[0]))
             bar.update(it + 1, self.best[0])
         bar.close()
