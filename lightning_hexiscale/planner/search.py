@@ -44,6 +44,7 @@ Where it goes beyond §4, and why (each measured against the true optimum of
 
 from __future__ import annotations
 
+import gc
 import itertools
 import math
 import sys
@@ -575,4 +576,11 @@ def search(cluster: Cluster, workload: Workload, global_batch: int,
     s = settings or SearchSettings()
     if global_batch < 1:
         raise ConfigError("train.global_batch", global_batch, "must be a positive integer", "use e.g. 32")
-    return _Search(cluster, workload, global_batch, s).run()
+    # the search allocates millions of small tuples that live as long as its caches: a rarer
+    # young-generation collection saves ~5% of the time on large clusters (restored afterwards)
+    threshold = gc.get_threshold()
+    gc.set_threshold(max(threshold[0], 100_000), *threshold[1:])
+    try:
+        return _Search(cluster, workload, global_batch, s).run()
+    finally:
+        gc.set_threshold(*threshold)
