@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from lightning_hexiscale.config.cluster import Cluster
+from lightning_hexiscale.errors import InfeasiblePlan
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner import baselines as B
 from lightning_hexiscale.planner.cases import random_case
@@ -129,11 +130,22 @@ def bench_quality(cases, iterations: int, random_seeds: range | list = ()) -> li
     drawn = [(f"random seed {seed}",) + random_case(seed) for seed in random_seeds]
     for label, c, w, gb in named + drawn:
         t0 = time.process_time()
-        se = search(c, w, gb, SearchSettings(iterations=iterations, progress=False))
+        try:
+            se = search(c, w, gb, SearchSettings(iterations=iterations, progress=False))
+        except InfeasiblePlan:
+            se = None
         t_se = time.process_time() - t0
         t0 = time.process_time()
-        ex = oracle(c, w, gb, SearchSettings(), time_limit_s=300.0, incumbent=se.plan)
+        ex = oracle(c, w, gb, SearchSettings(), time_limit_s=300.0, incumbent=se.plan if se else None)
         t_ex = time.process_time() - t0
+        if se is None or ex.plan is None:  # nothing fits: the search must agree with the oracle
+            agree = se is None and ex.status == "infeasible"
+            rows.append(dict(cluster=label, devices=c.num_devices, model=w.model.name, global_batch=gb,
+                             infeasible=True, agree=agree, optimum_complete=ex.complete,
+                             random=label.startswith("random")))
+            print(f"{label:<30} {c.num_devices:>3} GPUs  nothing fits: search {'none' if se is None else 'a plan'}, "
+                  f"oracle {ex.status} ({'ok' if agree else 'DISAGREE'})", flush=True)
+            continue
         ratio = ex.estimate.iteration_time_s / se.estimate.iteration_time_s
         rows.append(dict(cluster=label, devices=c.num_devices, model=w.model.name, global_batch=gb,
                          search_s=se.estimate.iteration_time_s, optimum_s=ex.estimate.iteration_time_s,
@@ -144,9 +156,12 @@ def bench_quality(cases, iterations: int, random_seeds: range | list = ()) -> li
               f"{'ok' if ratio >= 0.97 else 'BELOW'}  (CPU: search {t_se:.1f}s, oracle {t_ex:.1f}s)", flush=True)
     for kind, sel in (("named", [r for r in rows if not r["random"]]), ("random", [r for r in rows if r["random"]])):
         if sel:
-            ratios = [r["ratio"] for r in sel]
-            print(f"{kind} clusters: {len(sel)} cases, min {min(ratios):.3f}, mean {float(np.mean(ratios)):.3f}, "
-                  f"at 1.0 (to 1e-6): {sum(x >= 1 - 1e-6 for x in ratios)}")
+            ratios = [r["ratio"] for r in sel if "ratio" in r]
+            none = [r for r in sel if r.get("infeasible")]
+            print(f"{kind} clusters: {len(sel)} cases, {len(ratios)} feasible: min {min(ratios):.3f}, mean "
+                  f"{float(np.mean(ratios)):.3f}, at 1.0 (to 1e-6): {sum(x >= 1 - 1e-6 for x in ratios)}"
+                  + (f"; {len(none)} where nothing fits ({sum(r['agree'] for r in none)} agreed by the oracle)"
+                     if none else ""))
     return rows
 
 

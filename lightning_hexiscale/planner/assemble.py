@@ -33,6 +33,8 @@ from lightning_hexiscale.config.units import format_bytes
 
 DP_OPTIONS = ("ddp", "zero2", "zero3")
 SMALL_CLUSTER = 16
+_PERMUTE_GROUPS = 4
+"""Up to SMALL_CLUSTER devices, a pipeline of at most this many groups tries every order of them."""
 """Up to this many devices the search also tries what §4 does not (cross-machine TP groups, GPU-type
 groups, single-device replicas peeled off, device moves in the final improvement): affordable there,
 and where heterogeneous optima most often need it."""
@@ -301,7 +303,14 @@ class Evaluator:
         # the chain's two ends matter (embedding on the first stage, LM head on the last): try the
         # group order reversed, the stages inside each group reversed, and both
         orient = 0
-        for o in (1, 2, 3):
+        others: list = [1, 2, 3]
+        if self.cross_machine_tp and 2 < len(ordered) <= _PERMUTE_GROUPS:
+            # small clusters: every order of a few groups (the top-tau path fixes the links, not
+            # where the embedding and the LM head go, nor which group is the bottleneck)
+            k = len(ordered)
+            others += [(perm, inner) for perm in itertools.permutations(range(k))
+                       if perm not in (tuple(range(k)), tuple(range(k))[::-1]) for inner in (False, True)]
+        for o in others:
             d = self._built(opts, best_ch, o, ctx, built)
             if _draft_time(d, ctx) < _draft_time(best, ctx) * (1 - 1e-9):
                 best, orient = d, o
@@ -457,10 +466,15 @@ def draft_pipeline(ev: Evaluator, groups: list[tuple[int, ...]], ctx: DraftConte
     return ev.draft(groups, ctx)
 
 
-def _chain(opts: list[list[list[tuple[int, ...]]]], ch: tuple[int, ...], orient: int) -> list[tuple[int, ...]]:
+def _chain(opts: list[list[list[tuple[int, ...]]]], ch: tuple[int, ...], orient) -> list[tuple[int, ...]]:
     """Stage chain of the chosen options; orient bit 0 reverses the group order, bit 1 the stage
-    order inside every group (the top-tau path is as good either way round)."""
+    order inside every group (the top-tau path is as good either way round); a tuple
+    (permutation of the groups, reverse inside) orders the groups explicitly."""
     blocks = [list(opts[g][k]) for g, k in enumerate(ch)]
+    if isinstance(orient, tuple):
+        perm, inner = orient
+        blocks = [blocks[g][::-1] if inner else blocks[g] for g in perm]
+        return [st for b in blocks for st in b]
     if orient & 2:
         blocks = [b[::-1] for b in blocks]
     if orient & 1:

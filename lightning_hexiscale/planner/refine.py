@@ -7,10 +7,12 @@ candidate scored exactly with its best batch split and per-pipeline micro-batch 
 (:meth:`batching.BatchTimer.best`):
 
 - a layer boundary between two adjacent stages moves by one layer;
+- two devices of different stages swap places;
 - a device leaves its stage (a single-device stage disappears, its layers going to a neighbour;
   a single-device pipeline disappears) and joins another stage's TP group, or becomes a new stage
   (taking half of a neighbour's layers), or a new single-device pipeline (all layers);
-- two adjacent stages swap places, or merge into one TP group; a TP group changes its leader;
+- two adjacent stages swap places (in one pipeline, or at the same position in every pipeline),
+  or merge into one TP group; a TP group changes its leader;
 - the dp sharding changes.
 
 Moving samples between pipelines and changing micro-batch sizes need no move: every candidate is
@@ -90,7 +92,13 @@ def neighbours(layout: Layout, model: LlamaConfig, shardings: tuple[str, ...], g
             yield "layers", (other, pipes)
     if not move_devices:
         return
-    # stage order, merges, leaders
+    # stage order, merges, leaders; first the same swap in every pipeline at once (the layers stay
+    # aligned across pipelines, as their data-parallel links want)
+    if len(pipes) > 1:
+        for j in range(max(len(p) for p in pipes) - 1):
+            q = [p[:j] + (p[j + 1], p[j]) + p[j + 2:] if len(p) > j + 1 else p for p in pipes]
+            if sum(len(p) > j + 1 for p in pipes) > 1:
+                yield "structure", (sharding, tuple(q))
     for i, p in enumerate(pipes):
         if len(p) > 2:
             yield "structure", (sharding, _put(pipes, i, p[::-1]))
@@ -107,6 +115,18 @@ def neighbours(layout: Layout, model: LlamaConfig, shardings: tuple[str, ...], g
                 q = list(p)
                 q[j] = ((devs[k],) + devs[:k] + devs[k + 1:], n)
                 yield "structure", (sharding, _put(pipes, i, tuple(q)))
+    # two devices of different stages swap places (the structure stays, the hardware under it changes)
+    slots = [(i, j, r, d) for i, p in enumerate(pipes) for j, (devs, _) in enumerate(p) for r, d in enumerate(devs)]
+    for x, (i, j, r, d) in enumerate(slots):
+        for i2, j2, r2, e in slots[x + 1:]:
+            if (i, j) == (i2, j2):
+                continue
+            q = [list(p) for p in pipes]
+            a, b = q[i][j], q[i2][j2]
+            q[i][j] = (a[0][:r] + (e,) + a[0][r + 1:], a[1])
+            b = q[i2][j2]
+            q[i2][j2] = (b[0][:r2] + (d,) + b[0][r2 + 1:], b[1])
+            yield "structure", (sharding, tuple(tuple(p) for p in q))
     # device moves
     for i, p in enumerate(pipes):
         for j, (devs, _) in enumerate(p):

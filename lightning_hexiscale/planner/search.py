@@ -226,11 +226,12 @@ class _Search:
         self.best: tuple[float, Plan | None] = (math.inf, None)
         self.by_dp: dict[int, float] = {}
         self.tried: set[tuple[int, str]] = set()
+        self.mixed_tried: set[int] = set()
         self.best_step: tuple[int, str] | None = None
         """(D_dp, cut) of the iteration that found the best plan so far (not a peel)."""
         self.timer = BatchTimer(cluster, workload, global_batch, batch_micro_sizes(global_batch, s.micro_batch_size,
                                                                                  cluster.num_devices))
-        self.top: dict[int, tuple[float, Plan]] = {}
+        self.top: dict[int, list[tuple[float, Plan, frozenset]]] = {}
         n = cluster.num_devices
         self.strongest = sorted(range(n), key=lambda d: (-cluster.devices[d].flops, -cluster.devices[d].memory_bytes, d))
         self.small = n <= SMALL_CLUSTER
@@ -292,6 +293,38 @@ class _Search:
                 groups = partition(sub, k, "min", self.s.group_balance, seed)
                 self._p2[key] = [tuple(sorted(g.tolist())) for g in groups]
         return self._p2[key]
+
+    def mixed_deal(self, dp: int) -> list[np.ndarray] | None:
+        """Phase 1's max cut with the weak machines kept whole (beyond §4, small clusters): the
+        machines whose GPUs are slower than the median machine's go whole to the sets (largest
+        compute first, to the set with the least), the others are dealt GPU by GPU (to the set
+        holding the fewest of that machine, then the least compute). A weak machine's GPUs can
+        then form a fast TP group inside one pipeline while the strong GPUs still give data
+        parallelism its fast links. None when there is no weak or no strong machine."""
+        c = self.cluster
+        machines = [list(m.devices) for m in c.machines]
+        speed = [c.devices[m[0]].flops for m in machines]
+        median = float(np.median(speed))
+        weak = [m for m, f in zip(machines, speed) if f < median]
+        strong = [m for m, f in zip(machines, speed) if f >= median]
+        if not weak or not strong or dp < 2:
+            return None
+        parts: list[list[int]] = [[] for _ in range(dp)]
+        load = np.zeros(dp)
+        for m in sorted(weak, key=lambda m: (-sum(c.devices[d].flops for d in m), m[0])):
+            p = int(np.argmin(load))
+            parts[p] += m
+            load[p] += sum(c.devices[d].flops for d in m)
+        for m in sorted(strong, key=lambda m: (-len(m), m[0])):
+            taken = np.zeros(dp, dtype=np.int64)
+            for d in sorted(m, key=lambda d: (-c.devices[d].flops, d)):
+                p = int(np.lexsort((np.arange(dp), load, taken))[0])
+                parts[p].append(d)
+                taken[p] += 1
+                load[p] += c.devices[d].flops
+        if any(not p for p in parts):
+            return None
+        return sorted((np.array(sorted(p), dtype=np.int64) for p in parts), key=lambda a: int(a.min()))
 
     def type_groups(self, devices: np.ndarray) -> list[tuple[int, ...]]:
         """The set's devices grouped by GPU type (a group may span machines)."""
@@ -362,11 +395,17 @@ class _Search:
         return fit
 
     def remember(self, cost: float, plan: Plan) -> None:
-        """Keep the best layout for each number of pipelines: the starts of the final local
-        improvement (varied structures, not only variations of the best one)."""
+        """Keep the best layouts for each number of pipelines (on small clusters the best two with
+        different device sets): the starts of the final local improvement (varied structures, not
+        only variations of the best one)."""
         P = plan.num_pipelines
-        if P not in self.top or cost < self.top[P][0]:
-            self.top[P] = (cost, plan)
+        sets = frozenset(frozenset(p.devices) for p in plan.pipelines)
+        kept = [e for e in self.top.get(P, []) if e[2] != sets or e[0] <= cost]
+        if any(e[2] == sets for e in kept):
+            self.top[P] = kept
+            return
+        kept = sorted(kept + [(cost, plan, sets)], key=lambda e: e[0])
+        self.top[P] = kept[:2 if self.small else 1]
 
     def meta(self) -> dict[str, Any]:
         return {"planner": "hexiscale-search", "model": self.workload.model.name, "cluster": self.cluster.name,
@@ -443,6 +482,13 @@ class _Search:
                     alt = self.evaluate(by_type)
                     if alt[0] < cost:
                         cost, plan, est = alt
+                if not step.peel and step.dp not in self.mixed_tried:
+                    self.mixed_tried.add(step.dp)
+                    mixed = self.mixed_deal(step.dp)
+                    if mixed is not None and not all(np.array_equal(a, b) for a, b in zip(mixed, sets)):
+                        alt = self.evaluate([self.phase2(d, self.machines_in(d), step.seed) for d in mixed])
+                        if alt[0] < cost:
+                            cost, plan, est = alt
             if not step.peel:
                 self.by_dp[step.dp] = min(self.by_dp.get(step.dp, math.inf), cost)
                 self.tried.add((step.dp, step.cut))
@@ -496,8 +542,12 @@ class _Search:
         ctx = refine.RefineContext(self.timer, self.workload.model, self.shardings,
                                    move_devices=self.small, repair=self.repair,
                                    meta=self.meta(), seed=self.s.seed)
-        starts = sorted(self.top.values(), key=lambda cp: cp[0])[:_STARTS]
-        for k, (cost, plan) in enumerate(starts):
+        firsts = [e[0] for e in self.top.values()]
+        seconds = [e for v in self.top.values() for e in v[1:]]
+        starts = sorted(firsts, key=lambda e: e[0])[:_STARTS]
+        starts += sorted(seconds, key=lambda e: e[0])[:_STARTS - 2]  # small clusters: runners-up too
+        starts.sort(key=lambda e: e[0])
+        for k, (cost, plan, _) in enumerate(starts):
             if budget <= 0:
                 break
             share = budget if k == len(starts) - 1 else max(budget // 2, 1)
