@@ -25,7 +25,7 @@ import numpy as np
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.planner import cost_model as cm
-from lightning_hexiscale.planner.estimate import (Workload, hop_time, layer_times, stage_extra_times,
+from lightning_hexiscale.planner.estimate import (Workload, layer_times, stage_extra_times,
                                                   stage_memory_terms, usable_memory)
 from lightning_hexiscale.planner.partition import group_bandwidth, top_tau_order
 from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
@@ -33,11 +33,11 @@ from lightning_hexiscale.config.units import format_bytes
 
 DP_OPTIONS = ("ddp", "zero2", "zero3")
 SMALL_CLUSTER = 16
-_PERMUTE_GROUPS = 4
-"""Up to SMALL_CLUSTER devices, a pipeline of at most this many groups tries every order of them."""
 """Up to this many devices the search also tries what §4 does not (cross-machine TP groups, GPU-type
 groups, single-device replicas peeled off, device moves in the final improvement): affordable there,
 and where heterogeneous optima most often need it."""
+_PERMUTE_GROUPS = 4
+"""Up to SMALL_CLUSTER devices, a pipeline of at most this many groups tries every order of them."""
 _UNCAPPED = 1 << 40
 
 

@@ -80,7 +80,6 @@ def dp_comm_all(plan: Plan, cluster: Cluster, layer_bytes: float) -> dict[tuple[
     if key in cache:
         return cache[key]
     bw, lat = cluster.bandwidth, cluster.latency
-    scale = layer_bytes / P
     # device slots, stage by stage
     dev, lo, hi, pipe_of = [], [], [], []
     first_slot: dict[tuple[int, int], int] = {}

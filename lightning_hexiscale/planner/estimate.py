@@ -26,7 +26,7 @@ from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner import cost_model as cm
 from lightning_hexiscale.planner.dp_comm import dp_comm_all
-from lightning_hexiscale.planner.plan import Plan, Stage
+from lightning_hexiscale.planner.plan import Plan
 from lightning_hexiscale.config.units import format_bytes, format_flops
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8}
