@@ -26,6 +26,11 @@ cost model does not model. The 2-rank figures are the accuracy figures; 4-rank i
 
     python recipes/bench_cost_model.py                 # ~3-5 minutes on 2 cores
     python recipes/bench_cost_model.py --ranks 2 --rounds 1 --steps 3
+    python recipes/bench_cost_model.py --memory-only    # peak memory only, estimated vs measured (~1 min)
+
+Peak memory is the growth of each rank's resident set with glibc's mmap threshold fixed at 64 KiB
+(freed tensors leave the resident set at once), against ``estimate()``'s peak for the CPU runtime
+(fp32, AdamW, no reserve, no NCCL buffers).
 Writes OUT/results.json and OUT/predicted_vs_measured.png (default OUT=outputs/bench_cost_model).
 """
 
@@ -47,6 +52,9 @@ from lightning_hexiscale.profiling.check import PlanMeasurement, cpu_workload, d
 from lightning_hexiscale.profiling.launch import HostLoad, run_local, wait_for_quiet_host
 from lightning_hexiscale.profiling.measure import profile_process_group
 from lightning_hexiscale.profiling.writer import update_calibration, write_cluster
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling recipe, also when imported by path
+from bench_zero import fixed_mmap_threshold  # noqa: E402
 
 TARGET = 0.15
 CAL_MICRO_BATCHES = 3
@@ -84,13 +92,52 @@ def _profile_rank(rank: int, world: int):
     return profile_process_group(reps=10, matmul_time_s=1.0, link_stat="min")
 
 
+def _measure_rank(rank: int, world: int, plan_dict: dict, config: LlamaConfig, steps: int, warmup: int) -> dict:
+    # glibc serves allocations >= 64 KiB by mmap and unmaps them on free, so that the resident set
+    # follows what the runtime allocates instead of keeping freed memory in its arenas
+    fixed_mmap_threshold()
+    return measure_plan_rank(rank, world, plan_dict, config, steps, warmup)
+
+
+def memory_workload(config: LlamaConfig):
+    """The CPU runtime's workload for the memory estimate: fp32, AdamW, no reserve, no NCCL."""
+    return replace(cpu_workload(config), device="cpu")
+
+
 def measure(plan: Plan, config: LlamaConfig, steps: int, quiet_wait: float) -> tuple[PlanMeasurement, float, float]:
     """One launch: (measurement, busy fraction before, CPU share other processes took during it)."""
     busy = wait_for_quiet_host(max_busy=0.1, timeout_s=quiet_wait)
     with HostLoad() as load:
-        m = PlanMeasurement.from_ranks(run_local(plan.world_size, measure_plan_rank, plan.to_dict(), config, steps, 1,
+        m = PlanMeasurement.from_ranks(run_local(plan.world_size, _measure_rank, plan.to_dict(), config, steps, 1,
                                                  timeout_s=180))
     return m, busy, load.others_fraction
+
+
+def memory_rows(plan: Plan, measured: PlanMeasurement, config: LlamaConfig) -> tuple[list[float], list[float]]:
+    """(estimated, measured) peak bytes per device of ``plan``, in stage order."""
+    est = estimate(plan, Cluster.load("cpu_hetero4"), memory_workload(config))
+    mem_est = [est.pipelines[i].stages[j].peak_memory_bytes for i, p in enumerate(plan.pipelines)
+               for j, s in enumerate(p.stages) for _ in s.devices]
+    order = [plan.rank_of(d) for p in plan.pipelines for s in p.stages for d in s.devices]
+    return mem_est, [measured.peak_bytes_per_rank[r] for r in order]
+
+
+def bench_memory(worlds: list[int], config: LlamaConfig, args) -> list[dict]:
+    """Peak memory only (no profile, no timing): every plan once, estimated vs measured per rank."""
+    rows = []
+    for world in worlds:
+        for name, plan in plans_for(world, config.num_layers, args.micro_batch).items():
+            m, _, _ = measure(plan, config, 2, 0.0)
+            est, meas = memory_rows(plan, m, config)
+            devs = [deviation(e, x) for e, x in zip(est, meas)]
+            rows.append({"world": world, "plan": name, "estimated_mib": [e / 2**20 for e in est],
+                         "measured_mib": [x / 2**20 for x in meas], "memory_deviation_max": max(map(abs, devs))})
+            print(f"  {world} ranks {name:13s} measured " + ", ".join(f"{x / 2**20:.1f}" for x in meas)
+                  + " MiB; estimated " + ", ".join(f"{e / 2**20:.1f}" for e in est)
+                  + f" MiB; max |deviation| {max(map(abs, devs)) * 100:.1f} %", flush=True)
+    worst = max(r["memory_deviation_max"] for r in rows)
+    print(f"peak memory: max |deviation| {worst * 100:.1f} % over {len(rows)} plans (target <= {TARGET * 100:.0f} %)")
+    return rows
 
 
 def bench_world(world: int, config: LlamaConfig, args, out: Path) -> list[dict]:
@@ -131,10 +178,7 @@ def bench_world(world: int, config: LlamaConfig, args, out: Path) -> list[dict]:
         m, busy, others = best[name]
         e_raw = estimate(plan, raw, cpu_workload(config))
         e_cal = estimate(plan, fitted, cpu_workload(config))
-        mem_est = [e_cal.pipelines[i].stages[j].peak_memory_bytes for i, p in enumerate(plan.pipelines)
-                   for j, s in enumerate(p.stages) for _ in s.devices]
-        order = [plan.rank_of(d) for p in plan.pipelines for s in p.stages for d in s.devices]
-        mem_meas = [m.peak_bytes_per_rank[r] for r in order]
+        mem_est, mem_meas = memory_rows(plan, m, config)
         rows.append({"world": world, "plan": name, "measured_s": m.min_s, "measured_median_s": m.median_s,
                      "estimated_profile_only_s": e_raw.iteration_time_s, "estimated_calibrated_s": e_cal.iteration_time_s,
                      "deviation_profile_only": deviation(e_raw.iteration_time_s, m.min_s),
@@ -210,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="interleaved launches per plan [3]")
     ap.add_argument("--quiet-wait", type=float, default=30.0, help="max seconds to wait for an idle host per run [30]")
     ap.add_argument("--out", default="outputs/bench_cost_model", help="output folder [outputs/bench_cost_model]")
+    ap.add_argument("--memory-only", action="store_true",
+                    help="only peak memory, estimated vs measured per rank (no profile or timing; ~1 minute)")
     args = ap.parse_args(argv)
     if args.layers % 2:
         ap.error("--layers must be even (the 2-stage plans split the layers in halves)")
@@ -221,6 +267,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model: {config.total_params / 1e6:.2f} M parameters (H={config.hidden_size}, L={config.num_layers}, "
           f"F={config.ffn_hidden_size}, V={config.vocab_size}, S={config.seq_len}), fp32, micro-batch {args.micro_batch}; "
           f"{os.cpu_count()} CPU cores")
+    if args.memory_only:
+        rows = bench_memory(args.ranks, config, args)
+        (out / "memory.json").write_text(json.dumps({"model": config.to_dict(), "args": vars(args), "rows": rows},
+                                                    indent=2))
+        print(f"wrote {out / 'memory.json'}")
+        return 0
     rows = [r for world in args.ranks for r in bench_world(world, config, args, out)]
     print()
     print(report(rows))

@@ -110,7 +110,8 @@ def measure(plan: Plan, config: LlamaConfig, steps: int, timeout: float = 600.0)
 def estimated_bytes(plan: Plan, config: LlamaConfig) -> float:
     """Appendix B's peak memory of the plan's largest stage, fp32 weights + AdamW (K = 8), no reserve."""
     cluster = _cpu_cluster(plan.world_size)
-    est = estimate(plan, cluster, Workload(config, dtype="fp32", optimizer_bytes_per_param=8.0, reserve_bytes=0.0))
+    est = estimate(plan, cluster, Workload(config, dtype="fp32", optimizer_bytes_per_param=8.0, reserve_bytes=0.0,
+                                           device="cpu"))
     return max(s.peak_memory_bytes for p in est.pipelines for s in p.stages)
 
 

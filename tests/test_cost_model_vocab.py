@@ -12,7 +12,7 @@ import pytest
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner import cost_model as cm
-from lightning_hexiscale.planner.estimate import Workload, estimate
+from lightning_hexiscale.planner.estimate import Workload, estimate, stage_memory_at
 from lightning_hexiscale.planner.plan import Plan
 
 ALPHA, BETA = 1e-5, 1e10
@@ -71,11 +71,21 @@ def test_estimate_splits_the_head_over_the_last_stage():
     n_mb = 4
     assert s1.compute_s == pytest.approx(n_mb * (layer_comp(1) + head))
     assert s2.compute_s == pytest.approx(n_mb * (layer_comp(2) + head / 2))
-    # memory: the head's rows and the logits are halved (bf16 weights+grads + Adam 12 B/param: 16 B)
-    saved = MODEL.vocab_size * MODEL.hidden_size / 2 * 16 + 2 * 1 * MODEL.seq_len * MODEL.vocab_size / 2 * 4
-    layer_saved = 2 * MODEL.layer_params * (1 - MODEL.max_shard_fraction(2)) * 16
-    act_saved = 2 * cm.activation_bytes_layer(1, 512, 1024, 1, 2) - 2 * cm.activation_bytes_layer(1, 512, 1024, 2, 2)
-    assert s1.peak_memory_bytes - s2.peak_memory_bytes == pytest.approx(saved + layer_saved + act_saved, rel=1e-9)
+    # memory: the head's rows and the logits are halved. What grows with the vocabulary grows half as
+    # fast on the TP-2 stage; on one device each head row carries its weights, gradient and Adam
+    # states (cost_model.runtime_state_bytes_per_param, 16 B/param in bf16) and each token V fp32
+    # logits, three times (cost_model.logits_bytes), at the backward's peak
+    V, H = MODEL.vocab_size, MODEL.hidden_size
+    big = dataclasses.replace(MODEL, vocab_size=2 * V)
+
+    def grows(tp: int) -> float:
+        return (estimate(_plan(tp), c, Workload(big, dtype="bf16")).pipelines[0].stages[1].peak_memory_bytes
+                - estimate(_plan(tp), c, w).pipelines[0].stages[1].peak_memory_bytes)
+
+    spp = cm.runtime_state_bytes_per_param("ddp", 1, 2, w.optimizer_bytes_per_param, "backward")
+    assert grows(1) == pytest.approx(V * H * spp + cm.logits_bytes(MODEL.seq_len, V), rel=1e-9)
+    assert grows(2) == pytest.approx(grows(1) / 2, rel=1e-9)
+    assert s2.peak_memory_bytes < s1.peak_memory_bytes
     assert s2.tp_comm_s > n_mb * 2 * 2 * cm.comm_tp([1, 2], 512 * 1024 * 2, c.bandwidth, c.latency)  # + the head's
 
 
@@ -86,7 +96,14 @@ def test_estimate_counts_a_tied_head_once_per_stage():
         {"batch_size": 2, "micro_batch_size": 1, "stages": [{"devices": [0], "layers": [0, 4]}]}]})
     untied_mem = estimate(one_stage, c, Workload(MODEL, "bf16")).pipelines[0].stages[0].peak_memory_bytes
     tied_mem = estimate(one_stage, c, Workload(tied, "bf16")).pipelines[0].stages[0].peak_memory_bytes
-    assert untied_mem - tied_mem == pytest.approx(MODEL.vocab_size * MODEL.hidden_size * 16)
+    # the untied head's V x H parameters, in every memory phase (estimate.stage_memory_at): their
+    # states (16 B/param in bf16), plus in the optimizer step on CUDA one fp32 Adam temporary each
+    VH = MODEL.vocab_size * MODEL.hidden_size
+    phases = [stage_memory_at(Workload(m, "bf16"), "ddp", 1, True, True, True, 1, 1, 1).phases for m in (MODEL, tied)]
+    for (f_untied, _), (f_tied, _), phase in zip(*phases, ("backward", "step")):
+        per_param = cm.runtime_state_bytes_per_param("ddp", 1, 2, 12, phase) + (4 if phase == "step" else 0)
+        assert f_untied - f_tied == pytest.approx(VH * per_param)
+    assert VH * 16 <= untied_mem - tied_mem <= VH * 20 * (1 + 1e-9)
     # two stages: the last stage holds a copy of the tied matrix, as an untied head would
     two = [estimate(_plan(1), c, Workload(m, "bf16")).pipelines[0].stages[1].peak_memory_bytes for m in (MODEL, tied)]
     assert two[0] == pytest.approx(two[1])

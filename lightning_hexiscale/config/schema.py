@@ -152,6 +152,9 @@ class TrainConfig:
     """Activation recomputation per layer."""
     dp_sharding: str = "ddp"
     """ddp, zero2 or zero3 across pipelines (the search picks one unless this is given explicitly)."""
+    memory_headroom: float = 0.0
+    """Fraction of every device's memory the planner keeps free (0 <= x < 1): a plan fits when each
+    device's estimated peak is at most (1 - memory_headroom) x its memory."""
 
 
 @dataclass

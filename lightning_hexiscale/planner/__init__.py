@@ -1,12 +1,18 @@
 """The planner: plans, the Appendix B cost model, and the two-phase search. No torch.distributed here.
 
 - :mod:`.plan`        frozen Plan / Pipeline / Stage, validation, YAML/JSON
-- :mod:`.cost_model`  each Appendix B term as a named pure function
+- :mod:`.cost_model`  each Appendix B term (and what the runtime allocates) as a named pure function
+- :mod:`.dp_comm`     the data-parallel T_comm of every stage of a plan
 - :mod:`.estimate`    a plan on a cluster -> :class:`Estimate` (times, memory, throughput)
 - :mod:`.partition`   the device graph and its multilevel (pymetis) partitions
-- :mod:`.assemble`    drafts -> pipelines -> plans: stage strategies, layer and batch splits
-- :mod:`.search`      §4's two-phase iterative search
-- :mod:`.baselines`   Megatron / Galvatron / Metis / random under the same cost model
+- :mod:`.assemble`    drafts -> pipelines: stage strategies, leaders, layer splits
+- :mod:`.dp_split`    a layer split that sees the data-parallel links
+- :mod:`.batching`    the exact best batches and micro-batch sizes of a layout
+- :mod:`.search`      §4's two-phase iterative search (and what it adds)
+- :mod:`.refine`      local improvement of the best layouts
+- :mod:`.oracle`      the true optimum of the plan space on up to 8 devices
+- :mod:`.cases`       random small heterogeneous clusters (search vs oracle)
+- :mod:`.baselines`   Megatron / Galvatron / Metis / random / exhaustive under the same cost model
 
 The functions ``estimate(plan, cluster, workload)`` and ``search(cluster, workload, G, settings)``
 live in the modules of the same name (``from lightning_hexiscale.planner.search import search``);

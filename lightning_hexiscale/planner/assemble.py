@@ -25,12 +25,19 @@ import numpy as np
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.planner import cost_model as cm
-from lightning_hexiscale.planner.estimate import Workload
+from lightning_hexiscale.planner.estimate import (Workload, layer_times, stage_extra_times,
+                                                  stage_memory_terms, usable_memory)
 from lightning_hexiscale.planner.partition import group_bandwidth, top_tau_order
 from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
 from lightning_hexiscale.config.units import format_bytes
 
 DP_OPTIONS = ("ddp", "zero2", "zero3")
+SMALL_CLUSTER = 16
+"""Up to this many devices the search also tries what §4 does not (cross-machine TP groups, GPU-type
+groups, single-device replicas peeled off, device moves in the final improvement): affordable there,
+and where heterogeneous optima most often need it."""
+_PERMUTE_GROUPS = 4
+"""Up to SMALL_CLUSTER devices, a pipeline of at most this many groups tries every order of them."""
 _UNCAPPED = 1 << 40
 
 
@@ -47,15 +54,21 @@ class Evaluator:
         self.theta3 = (c.theta_zero3_fwd, c.theta_zero3_bwd)
         self.max_tp = self.model.num_kv_heads
         self._layer: dict[tuple, float] = {}
+        self._tb: dict[tuple, tuple[float, float]] = {}
         self._hop: dict[tuple, tuple[np.ndarray, bool]] = {}
-        self._frac: dict[int, float] = {}
         self._order: dict[tuple, list[int]] = {}
         self._options: dict[tuple, list[list[tuple[int, ...]]]] = {}
         self._drafts: dict[tuple, PipeDraft | None] = {}
         self._caps: dict[tuple, int] = {}
+        self._extra: dict[tuple, float] = {}
+        self._usable: dict[tuple[int, ...], float] = {}
+        self._sig: dict[tuple, bytes] = {}
+        self._leaders: dict[tuple, tuple[list[tuple[int, ...]], list[float]]] = {}
         self._group_sig: dict[tuple[int, ...], bytes] = {}
         self._choices: dict[tuple, tuple[tuple[int, ...], int]] = {}
         self.reuse_choices = cluster.num_devices > 64
+        self.cross_machine_tp = cluster.num_devices <= SMALL_CLUSTER
+        """Up to SMALL_CLUSTER devices, groups spanning machines may also form TP groups across them."""
         """Beyond 64 devices a structure's intra-group strategies are chosen once (first micro-batch
         size and sharding tried) and reused, to bound the search time; see :func:`draft_pipeline`."""
 
@@ -67,80 +80,71 @@ class Evaluator:
     def signature(self, groups: list[tuple[int, ...]]) -> bytes:
         """Digest of everything a pipeline's draft depends on, device for device in group order:
         bandwidth and latency among its devices, their FLOP/s and memory, group sizes, machine layout."""
+        key = tuple(groups)
+        if key in self._sig:
+            return self._sig[key]
         idx = np.array([d for g in groups for d in g])
         h = hashlib.blake2b(digest_size=16)
-        sub = np.ix_(idx, idx)
+        sub = (idx[:, None], idx)
         for arr in (self.bw[sub], self.lat[sub], self.flops[idx], self.memory[idx]):
             h.update(np.ascontiguousarray(arr).tobytes())
         relabel = {m: i for i, m in enumerate(dict.fromkeys(self.machine[idx].tolist()))}
         h.update(repr(([len(g) for g in groups], [relabel[m] for m in self.machine[idx].tolist()])).encode())
-        return h.digest()
+        if len(self._sig) > 100000:
+            self._sig.clear()
+        self._sig[key] = h.digest()
+        return self._sig[key]
 
     def act_bytes(self, mb: int) -> float:
         """M = B_mb * S * H * B_type, the activation one hop or TP all-reduce moves."""
         return mb * self.model.seq_len * self.model.hidden_size * self.workload.dtype_bytes
 
-    def frac(self, tp: int) -> float:
-        if tp not in self._frac:
-            self._frac[tp] = self.model.max_shard_fraction(tp)
-        return self._frac[tp]
-
     def layer_s(self, devices: tuple[int, ...], mb: int, sharding: str) -> float:
-        """One layer, one micro-batch, forward + backward (+ recompute) on this TP group (eq. 1-3)."""
+        """One layer, one micro-batch, forward + backward (+ recompute) on this TP group (eq. 1-3),
+        as :func:`estimate.layer_step` prices it with no data-parallel communication."""
         key = (tuple(sorted(devices)), mb, sharding == "zero3")
         if key not in self._layer:
-            c_min = float(min(self.flops[d] for d in devices))
-            comp_f = cm.comp_layer_fwd(self.model.layer_forward_flops(mb), self.frac(len(devices)), c_min)
-            tp_f = cm.comm_tp(key[0], self.act_bytes(mb), self.bw, self.lat)
-            t_f = cm.layer_time_fwd(comp_f, tp_f)
-            t_b = cm.layer_time_bwd(comp_f, tp_f, self.recompute)
+            t_f, t_b = self.layer_tb(key[0], mb)
             self._layer[key] = self.theta3[0] * t_f + self.theta3[1] * t_b if key[2] else t_f + t_b
         return self._layer[key]
 
+    def layer_tb(self, devices: tuple[int, ...], mb: int) -> tuple[float, float]:
+        """(T_f, T_b) of one layer for one micro-batch on this TP group (:func:`estimate.layer_times`)."""
+        key = (tuple(sorted(devices)), mb)
+        if key not in self._tb:
+            self._tb[key] = layer_times(self.cluster, self.workload, key[0], mb, self.recompute)[:2]
+        return self._tb[key]
+
     def head_s(self, devices: tuple[int, ...], mb: int) -> float:
         """Vocabulary-parallel LM head + loss, forward + backward, one micro-batch on the last stage
-        (as estimate() prices it: cost_model.vocab_parallel_head)."""
-        m = self.model
-        comp, comm = cm.vocab_parallel_head(m.head_forward_flops(mb), m.max_vocab_fraction(len(devices)),
-                                            float(min(self.flops[d] for d in devices)), devices, mb * m.seq_len,
-                                            m.hidden_size, self.workload.dtype_bytes, self.bw, self.lat)
-        return comp + comm
+        (:func:`estimate.stage_extra_times`, as estimate() prices it)."""
+        key = (devices, mb, True)
+        if key not in self._extra:
+            self._extra[key] = sum(stage_extra_times(self.cluster, self.workload, devices, mb, first=False, last=True))
+        return self._extra[key]
 
     def embed_s(self, devices: tuple[int, ...], mb: int) -> float:
         """The first stage's vocabulary-parallel embedding all-reduce, one micro-batch (as estimate())."""
-        return cm.vocab_parallel_embedding(devices, self.act_bytes(mb), self.bw, self.lat)
+        key = (devices, mb, False)
+        if key not in self._extra:
+            self._extra[key] = sum(stage_extra_times(self.cluster, self.workload, devices, mb, first=True, last=False))
+        return self._extra[key]
 
     def max_layers(self, devices: tuple[int, ...], j: int, num_stages: int, mb: int, n_mb: int,
                    sharding: str, num_pipelines: int) -> int:
-        """Most layers stage j can hold: the largest l with fixed + l * per_layer <= min device memory,
-        the same memory model as ``estimate._stage_memory`` (states, in-flight activations, working
-        layer, embedding on the first stage, LM head and fp32 logits on the last, reserve)."""
+        """Most layers stage j can hold: the largest l with fixed + l * per_layer <= usable memory of its
+        smallest device (:func:`estimate.stage_memory_terms`, the model ``estimate()`` checks)."""
+        usable = self._usable.get(devices)
+        if usable is None:
+            usable = self._usable[devices] = usable_memory(self.workload, float(min(self.memory[d] for d in devices)))
         inflight = cm.inflight_micro_batches(self.schedule, num_stages, j, n_mb)
-        key = (tuple(sorted(devices)), j == 0, j == num_stages - 1, inflight, mb, sharding, num_pipelines)
+        # memory depends on the devices only through the TP degree and the smallest memory
+        key = (len(devices), usable, j == 0, j == num_stages - 1, inflight, mb, sharding, num_pipelines)
         if key not in self._caps:
-            self._caps[key] = self._max_layers(key[0], key[1], key[2], inflight, mb, sharding, num_pipelines)
+            terms = stage_memory_terms(self.workload, sharding, num_pipelines, self.schedule, self.recompute,
+                                       num_stages, j, len(devices), mb, n_mb)
+            self._caps[key] = terms.max_layers(usable)
         return self._caps[key]
-
-    def _max_layers(self, devices: tuple[int, ...], first: bool, last: bool, inflight: int, mb: int,
-                    sharding: str, num_pipelines: int) -> int:
-        w, m = self.workload, self.model
-        bt, S, H = w.dtype_bytes, m.seq_len, m.hidden_size
-        tp = len(devices)
-        frac = self.frac(tp)
-        spp = cm.state_bytes_per_param(sharding, num_pipelines, bt, w.optimizer_bytes_per_param)
-        full = cm.activation_bytes_layer(mb, S, H, tp, bt)
-        per_layer = m.layer_params * frac * spp + (inflight * mb * S * H * bt if self.recompute else inflight * full)
-        fixed = w.reserve_bytes + (full if self.recompute else 0.0)
-        if sharding == "zero3":
-            fixed += 2 * m.layer_params * frac * bt
-        vfrac = m.max_vocab_fraction(tp)  # vocabulary-parallel embedding, head and logits
-        if first:
-            fixed += m.embedding_params * vfrac * spp
-        if last:
-            head = m.stage_head_params(is_first=first)
-            fixed += (H + (head - H) * vfrac) * spp + 2 * mb * S * m.vocab_size * vfrac * 4
-        cap = float(min(self.memory[d] for d in devices))
-        return int(math.floor((cap - fixed) / per_layer * (1 - 1e-12))) if cap > fixed else 0
 
     # ---- intra-group strategies and order ------------------------------------------------------
     def group_options(self, group: tuple[int, ...]) -> list[list[tuple[int, ...]]]:
@@ -159,7 +163,18 @@ class Evaluator:
             combos = list(itertools.product(*per_part))
             if len(combos) > 32:  # many machine parts: the same rule for every part
                 combos = [tuple(opts[min(i, len(opts) - 1)] for opts in per_part) for i in range(max(map(len, per_part)))]
-            self._options[group] = [[st for part in combo for st in part] for combo in combos]
+            options = [[st for part in combo for st in part] for combo in combos]
+            if len(parts) > 1 and self.cross_machine_tp:
+                # beyond §4 (small clusters): TP across the group's machines, one TP group per GPU
+                # type or one for the whole group, so that devices too small to hold a stage alone
+                # can share one (the slow links then carry few layers)
+                types = {}
+                for d in group:
+                    types.setdefault(self.cluster.devices[d].gpu_type, []).append(d)
+                for cross in ([tuple(ds) for ds in types.values()], [tuple(group)]):
+                    if all(len(st) <= self.max_tp for st in cross) and cross not in options:
+                        options.append(cross)
+            self._options[group] = options
         return self._options[group]
 
     def group_order(self, groups: list[tuple[int, ...]], tau: int) -> list[int]:
@@ -179,9 +194,9 @@ class Evaluator:
             self._hop[key] = (np.full((len(src), len(dst)), h), True)
         if key not in self._hop:
             m = self.act_bytes(mb)
-            s_idx, d_idx = np.asarray(src), np.asarray(dst)
-            send = self.lat[np.ix_(s_idx, d_idx)] + m / self.bw[np.ix_(s_idx, d_idx)]
-            inner = self.lat[np.ix_(d_idx, d_idx)] + m / (len(dst) * self.bw[np.ix_(d_idx, d_idx)])
+            s_idx, d_idx = np.asarray(src)[:, None], np.asarray(dst)
+            send = self.lat[s_idx, d_idx] + m / self.bw[s_idx, d_idx]
+            inner = self.lat[d_idx[:, None], d_idx] + m / (len(dst) * self.bw[d_idx[:, None], d_idx])
             np.fill_diagonal(inner, 0.0)
             h = 2.0 * (send + inner.sum(axis=1)[None, :])
             self._hop[key] = (h, bool(h.max() == h.min()))
@@ -190,9 +205,19 @@ class Evaluator:
     def leaders(self, stages: list[tuple[int, ...]], mb: int) -> tuple[list[tuple[int, ...]], list[float]]:
         """Leaders minimising the sum of hops (Viterbi over the chain: state = leader of stage j).
         Returns the stages with their leader first, and Hop_j per stage (0 for the last).
-        When every hop costs the same for any leaders (uniform links), the first devices lead."""
+        When every hop costs the same for any leaders (uniform links), the first devices lead.
+        Memoised per chain and micro-batch size."""
         if len(stages) == 1:
             return [stages[0]], [0.0]
+        key = (tuple(stages), mb)
+        if key not in self._leaders:
+            if len(self._leaders) > 100000:
+                self._leaders.clear()
+            self._leaders[key] = self._viterbi(stages, mb)
+        out, hops = self._leaders[key]
+        return list(out), list(hops)
+
+    def _viterbi(self, stages: list[tuple[int, ...]], mb: int) -> tuple[list[tuple[int, ...]], list[float]]:
         mats = [self.hop_matrix(stages[j - 1], stages[j], mb) for j in range(1, len(stages))]
         if all(flat for _, flat in mats):
             return list(stages), [float(h[0, 0]) for h, _ in mats] + [0.0]
@@ -211,6 +236,97 @@ class Evaluator:
         out = [(ld,) + tuple(d for d in st if d != ld) for st, ld in zip(stages, lead)]
         hops = [float(mats[j][0][pos[j], pos[j + 1]]) for j in range(len(stages) - 1)] + [0.0]
         return out, hops
+
+
+    # ---- phase 2, steps (ii)-(iii): one pipeline's draft ------------------------------------------
+    def draft(self, groups: list[tuple[int, ...]], ctx: DraftContext) -> PipeDraft | None:
+        """Order the groups by top-tau, pick each group's intra-group strategy by coordinate descent
+        on Pipeline(n_mb) (start: every group at its highest layer rate sum 1/t_j, or its fewest
+        stages when the chain would exceed the layers; groups on identical hardware change
+        together), try the reversed chain, return the best draft (None: nothing fits).
+
+        Pipelines on identical hardware (same bandwidth, latency, FLOP/s, memory and machine layout,
+        device for device) get the same draft: it is computed once, in positions, and relabelled.
+        """
+        flat = [d for g in groups for d in g]
+        sig = self.signature(groups)
+        key = (sig, ctx)
+        if key in self._drafts:
+            local = self._drafts[key]
+            return None if local is None else local.relabel(flat)
+        d = self._descend(groups, ctx, (sig, ctx.num_pipelines, ctx.tau))
+        pos = {dev: i for i, dev in enumerate(flat)}
+        self._drafts[key] = None if d is None else d.relabel(pos)
+        return d
+
+    def _descend(self, groups: list[tuple[int, ...]], ctx: DraftContext, choice_key: tuple) -> PipeDraft | None:
+        order = self.group_order(groups, ctx.tau)
+        ordered = [groups[i] for i in order]
+        opts = [self.group_options(g) for g in ordered]
+        if self.reuse_choices and choice_key in self._choices:
+            # large clusters: the strategies chosen for this structure at the first (micro-batch,
+            # sharding) tried are kept; a full descent runs only when they no longer fit
+            ch, orient = self._choices[choice_key]
+            d = chain_draft(self, _chain(opts, ch, orient), ctx)
+            if d is not None:
+                return d
+        mb, sh = ctx.mb, ctx.sharding
+        choice = [max(range(len(o)), key=lambda k: (sum(1.0 / self.layer_s(st, mb, sh) for st in o[k]), -k))
+                  for o in opts]
+        if sum(len(o[k]) for o, k in zip(opts, choice)) > self.model.num_layers:
+            choice = [min(range(len(o)), key=lambda k: (len(o[k]), k)) for o in opts]
+        built: dict[tuple, PipeDraft | None] = {}
+        # groups on identical hardware (same signature) move together: one descent step per class
+        classes: dict[bytes, list[int]] = {}
+        for g, grp in enumerate(ordered):
+            classes.setdefault(self.group_signature(grp), []).append(g)
+        best_ch = tuple(choice)
+        best = self._built(opts, best_ch, 0, ctx, built)
+        if best is None:  # nothing fits: start from the fewest, widest stages (least memory repeated per stage)
+            fewest = tuple(min(range(len(o)), key=lambda k: (len(o[k]), k)) for o in opts)
+            if fewest != best_ch:
+                best_ch, best = fewest, self._built(opts, fewest, 0, ctx, built)
+        for _ in range(2):
+            improved = False
+            for members in classes.values():
+                for k in range(len(opts[members[0]])):
+                    if all(best_ch[g] == k for g in members):
+                        continue
+                    ch = list(best_ch)
+                    for g in members:
+                        ch[g] = k
+                    d = self._built(opts, tuple(ch), 0, ctx, built)
+                    if _draft_time(d, ctx) < _draft_time(best, ctx) * (1 - 1e-9):
+                        best, best_ch, improved = d, tuple(ch), True
+            if not improved:
+                break
+        # the chain's two ends matter (embedding on the first stage, LM head on the last): try the
+        # group order reversed, the stages inside each group reversed, and both
+        orient = 0
+        others: list = [1, 2, 3]
+        if self.cross_machine_tp and 2 < len(ordered) <= _PERMUTE_GROUPS:
+            # small clusters: every order of a few groups (the top-tau path fixes the links, not
+            # where the embedding and the LM head go, nor which group is the bottleneck)
+            k = len(ordered)
+            others += [(perm, inner) for perm in itertools.permutations(range(k))
+                       if perm not in (tuple(range(k)), tuple(range(k))[::-1]) for inner in (False, True)]
+        for o in others:
+            d = self._built(opts, best_ch, o, ctx, built)
+            if _draft_time(d, ctx) < _draft_time(best, ctx) * (1 - 1e-9):
+                best, orient = d, o
+        if best is not None:
+            self._choices[choice_key] = (best_ch, orient)
+        return best
+
+    def _built(self, opts: list, ch: tuple[int, ...], orient: int, ctx: DraftContext,
+               built: dict[tuple, PipeDraft | None]) -> PipeDraft | None:
+        if (ch, orient) not in built:
+            built[(ch, orient)] = chain_draft(self, _chain(opts, ch, orient), ctx)
+        return built[(ch, orient)]
+
+
+def _draft_time(d: PipeDraft | None, ctx: DraftContext) -> float:
+    return d.time_s(ctx.n_mb) if d is not None else math.inf
 
 
 @dataclass(frozen=True)
@@ -310,20 +426,34 @@ def split_batches(sum_s: list[float], max_s: list[float], tail_s: list[float], t
     return n
 
 
-def chain_draft(ev: Evaluator, stages: list[tuple[int, ...]], mb: int, sharding: str, num_pipelines: int,
-                n_mb: int) -> PipeDraft | None:
+@dataclass(frozen=True)
+class DraftContext:
+    """Everything a pipeline draft depends on besides its devices (one immutable value instead of
+    arguments threaded through helper functions)."""
+
+    mb: int
+    """Micro-batch size the layer split and leaders are chosen for."""
+    sharding: str
+    num_pipelines: int
+    n_mb: int
+    """Micro-batches the pipeline is expected to run: the descent's objective Pipeline(n_mb), and
+    GPipe's in-flight memory."""
+    tau: int = 2
+
+
+def chain_draft(ev: Evaluator, stages: list[tuple[int, ...]], ctx: DraftContext) -> PipeDraft | None:
     """Leaders, layer split and per-micro-batch times for a stage chain (None: does not fit)."""
     if len(stages) > ev.model.num_layers:  # every stage needs a layer
         return None
-    stages, hops = ev.leaders(stages, mb)
+    stages, hops = ev.leaders(stages, ctx.mb)
     S = len(stages)
-    layer_s = [ev.layer_s(st, mb, sharding) for st in stages]
+    layer_s = [ev.layer_s(st, ctx.mb, ctx.sharding) for st in stages]
     fixed = list(hops)
-    fixed[0] += ev.embed_s(stages[0], mb)
-    fixed[-1] += ev.head_s(stages[-1], mb)
+    fixed[0] += ev.embed_s(stages[0], ctx.mb)
+    fixed[-1] += ev.head_s(stages[-1], ctx.mb)
     gpipe = ev.schedule == "gpipe"
-    mem_n = max(2 * n_mb, 1) if gpipe else S
-    caps = [ev.max_layers(st, j, S, mb, mem_n, sharding, num_pipelines) for j, st in enumerate(stages)]
+    mem_n = max(2 * ctx.n_mb, 1) if gpipe else S
+    caps = [ev.max_layers(st, j, S, ctx.mb, mem_n, ctx.sharding, ctx.num_pipelines) for j, st in enumerate(stages)]
     n = split_layers(layer_s, fixed, caps, ev.model.num_layers)
     if n is None:
         return None
@@ -331,92 +461,20 @@ def chain_draft(ev: Evaluator, stages: list[tuple[int, ...]], mb: int, sharding:
     return PipeDraft(tuple(stages), tuple(n), per, mem_n if gpipe else _UNCAPPED)
 
 
-def draft_pipeline(ev: Evaluator, groups: list[tuple[int, ...]], mb: int, sharding: str, num_pipelines: int,
-                   total_micro: int, tau: int) -> PipeDraft | None:
-    """Phase 2 steps (ii)-(iii) for one pipeline: order the groups by top-tau, pick each group's
-    intra-group strategy by coordinate descent on Pipeline(n) (start: every group at its highest
-    layer rate sum 1/t_j, or its fewest stages when the chain would exceed the layers; groups on
-    identical hardware change together), try the reversed chain, return the best draft (None:
-    nothing fits).
-
-    Pipelines on identical hardware (same bandwidth, latency, FLOP/s, memory and machine layout,
-    device for device) get the same draft: it is computed once, in positions, and relabelled.
-    """
-    n_est = max(1, total_micro // num_pipelines)
-    flat = [d for g in groups for d in g]
-    sig = ev.signature(groups)
-    key = (sig, mb, sharding, num_pipelines, n_est, tau)
-    if key in ev._drafts:
-        local = ev._drafts[key]
-        return None if local is None else local.relabel(flat)
-    d = _draft(ev, groups, mb, sharding, num_pipelines, n_est, tau, (sig, num_pipelines, tau))
-    pos = {dev: i for i, dev in enumerate(flat)}
-    ev._drafts[key] = None if d is None else d.relabel(pos)
-    return d
+def draft_pipeline(ev: Evaluator, groups: list[tuple[int, ...]], ctx: DraftContext) -> PipeDraft | None:
+    """Phase 2 steps (ii)-(iii) for one pipeline (:meth:`Evaluator.draft`)."""
+    return ev.draft(groups, ctx)
 
 
-def _draft(ev: Evaluator, groups: list[tuple[int, ...]], mb: int, sharding: str, num_pipelines: int,
-           n_est: int, tau: int, choice_key: tuple) -> PipeDraft | None:
-    order = ev.group_order(groups, tau)
-    ordered = [groups[i] for i in order]
-    opts = [ev.group_options(g) for g in ordered]
-    if ev.reuse_choices and choice_key in ev._choices:
-        # large clusters: the strategies chosen for this structure at the first (micro-batch,
-        # sharding) tried are kept; a full descent runs only when they no longer fit
-        ch, orient = ev._choices[choice_key]
-        d = chain_draft(ev, _chain(opts, ch, orient), mb, sharding, num_pipelines, n_est)
-        if d is not None:
-            return d
-    choice = [max(range(len(o)), key=lambda k: (sum(1.0 / ev.layer_s(st, mb, sharding) for st in o[k]), -k))
-              for o in opts]
-    if sum(len(o[k]) for o, k in zip(opts, choice)) > ev.model.num_layers:
-        choice = [min(range(len(o)), key=lambda k: (len(o[k]), k)) for o in opts]
-    cache: dict[tuple, PipeDraft | None] = {}
-
-    def build(ch: tuple[int, ...], orient: int) -> PipeDraft | None:
-        if (ch, orient) not in cache:
-            cache[(ch, orient)] = chain_draft(ev, _chain(opts, ch, orient), mb, sharding, num_pipelines, n_est)
-        return cache[(ch, orient)]
-
-    def t(d: PipeDraft | None) -> float:
-        return d.time_s(n_est) if d is not None else math.inf
-
-    # groups on identical hardware (same signature) move together: one descent step per class
-    classes: dict[bytes, list[int]] = {}
-    for g, grp in enumerate(ordered):
-        classes.setdefault(ev.group_signature(grp), []).append(g)
-    best_ch = tuple(choice)
-    best = build(best_ch, 0)
-    for _ in range(2):
-        improved = False
-        for members in classes.values():
-            for k in range(len(opts[members[0]])):
-                if all(best_ch[g] == k for g in members):
-                    continue
-                ch = list(best_ch)
-                for g in members:
-                    ch[g] = k
-                d = build(tuple(ch), 0)
-                if t(d) < t(best) * (1 - 1e-9):
-                    best, best_ch, improved = d, tuple(ch), True
-        if not improved:
-            break
-    # the chain's two ends matter (embedding on the first stage, LM head on the last): try the
-    # group order reversed, the stages inside each group reversed, and both
-    orient = 0
-    for o in (1, 2, 3):
-        d = build(best_ch, o)
-        if t(d) < t(best) * (1 - 1e-9):
-            best, orient = d, o
-    if best is not None:
-        ev._choices[choice_key] = (best_ch, orient)
-    return best
-
-
-def _chain(opts: list[list[list[tuple[int, ...]]]], ch: tuple[int, ...], orient: int) -> list[tuple[int, ...]]:
+def _chain(opts: list[list[list[tuple[int, ...]]]], ch: tuple[int, ...], orient) -> list[tuple[int, ...]]:
     """Stage chain of the chosen options; orient bit 0 reverses the group order, bit 1 the stage
-    order inside every group (the top-tau path is as good either way round)."""
+    order inside every group (the top-tau path is as good either way round); a tuple
+    (permutation of the groups, reverse inside) orders the groups explicitly."""
     blocks = [list(opts[g][k]) for g, k in enumerate(ch)]
+    if isinstance(orient, tuple):
+        perm, inner = orient
+        blocks = [blocks[g][::-1] if inner else blocks[g] for g in perm]
+        return [st for b in blocks for st in b]
     if orient & 2:
         blocks = [b[::-1] for b in blocks]
     if orient & 1:
@@ -436,15 +494,33 @@ def make_plan(drafts: list[PipeDraft], micro_counts: list[int], mb: int, shardin
 
 
 def micro_batch_candidates(global_batch: int, user_mb: int | None, num_devices: int) -> list[int]:
-    """Micro-batch sizes to try: the user's (must divide the global batch), else the divisors of
-    the global batch up to 16 (up to 8 beyond 64 devices, to bound the search time)."""
+    """Micro-batch sizes to draft layer splits with: the user's (must divide the global batch), else
+    the powers of two up to 16 (up to 8 beyond 64 devices, to bound the search time)."""
     if user_mb is not None:
-        if user_mb < 1 or global_batch % user_mb:
-            raise ConfigError("train.micro_batch_size", user_mb, f"must divide train.global_batch={global_batch}",
-                              "choose a divisor of the global batch or null to let the planner choose")
+        _check_user_mb(global_batch, user_mb)
         return [int(user_mb)]
     top = 16 if num_devices <= 64 else 8
-    return [m for m in range(1, min(top, global_batch) + 1) if global_batch % m == 0]
+    return [m for m in (1, 2, 4, 8, 16) if m <= min(top, global_batch)]
+
+
+def batch_micro_sizes(global_batch: int, user_mb: int | None, num_devices: int) -> list[int]:
+    """Micro-batch sizes the batch split may give a pipeline: the user's, else every size up to 64 on
+    clusters of up to SMALL_CLUSTER devices, every size up to 16 and a few larger ones up to 64 up to
+    64 devices, 1, 2, 4, 8 beyond; each pipeline picks its own."""
+    if user_mb is not None:
+        _check_user_mb(global_batch, user_mb)
+        return [int(user_mb)]
+    if num_devices > 64:
+        return [m for m in (1, 2, 4, 8) if m <= global_batch]
+    if num_devices <= SMALL_CLUSTER:  # a pipeline's batch may be any integer: every size may matter
+        return list(range(1, min(64, global_batch) + 1))
+    return [m for m in list(range(1, 17)) + [20, 24, 28, 32, 40, 48, 56, 64] if m <= global_batch]
+
+
+def _check_user_mb(global_batch: int, user_mb: int) -> None:
+    if not isinstance(user_mb, int) or user_mb < 1 or global_batch % user_mb:
+        raise ConfigError("train.micro_batch_size", user_mb, f"must divide train.global_batch={global_batch}",
+                          "choose a divisor of the global batch or null to let the planner choose")
 
 
 def minimum_memory_message(cluster: Cluster, workload: Workload, global_batch: int) -> str:

@@ -17,7 +17,8 @@ restriction stands for which system:
   proportion to replica speed.
 - :func:`random_search` (the paper's Fig. 6 ablation): the §4 search with phase 1 replaced by
   random compute-agnostic partitions (a seeded random permutation cut into D_dp equal sizes).
-- :func:`exhaustive`: see its docstring; the optimum of a stated plan space on small clusters.
+- :func:`exhaustive`: the true optimum of the whole plan space on clusters of up to 8 devices
+  (:mod:`planner.oracle`).
 
 Two readings of Megatron and Galvatron (``aware``):
 
@@ -38,7 +39,6 @@ zero2 / zero3 choice; a user's ``train.dp_sharding`` binds everyone.
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass, replace
 from typing import Any
@@ -47,9 +47,10 @@ import numpy as np
 
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError
-from lightning_hexiscale.planner.assemble import (DP_OPTIONS, Evaluator, PipeDraft, chain_draft, make_plan,
+from lightning_hexiscale.planner.assemble import (DP_OPTIONS, DraftContext, Evaluator, chain_draft, make_plan,
                                                   micro_batch_candidates, split_batches, split_layers)
 from lightning_hexiscale.planner.estimate import Estimate, Workload, estimate
+from lightning_hexiscale.planner.oracle import MAX_DEVICES, oracle
 from lightning_hexiscale.planner.partition import DeviceGraph, partition
 from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
 from lightning_hexiscale.planner.search import SearchResult, SearchSettings, _Search
@@ -285,7 +286,7 @@ def metis(cluster: Cluster, workload: Workload, global_batch: int, settings: Sea
                 if total < dp:
                     continue
                 for sh in _shardings(s, "metis", like_for_like):
-                    drafts = [chain_draft(ev, ch, mb, sh, dp, max(1, total // dp)) for ch in chains]
+                    drafts = [chain_draft(ev, ch, DraftContext(mb, sh, dp, max(1, total // dp))) for ch in chains]
                     if any(d is None for d in drafts):
                         continue
                     fitted = True
@@ -311,9 +312,9 @@ def _by_type_chain(cluster: Cluster, devices: np.ndarray, tp: int) -> list[tuple
 class _RandomSearch(_Search):
     """The §4 search with phase 1 replaced by random equal-size partitions (Fig. 6)."""
 
-    def phase1(self, dp: int, cut: str, balance: float, seed: int) -> list[np.ndarray]:
+    def phase1(self, step) -> list[np.ndarray]:
         perm = self.rng.permutation(self.cluster.num_devices)
-        return sorted((np.sort(part) for part in np.array_split(perm, dp)), key=lambda a: int(a.min()))
+        return sorted((np.sort(part) for part in np.array_split(perm, step.dp)), key=lambda a: int(a.min()))
 
 
 def random_search(cluster: Cluster, workload: Workload, global_batch: int,
@@ -362,191 +363,15 @@ def run_baselines(cluster: Cluster, workload: Workload, global_batch: int, setti
 
 # ---- exhaustive ----------------------------------------------------------------------------------
 def exhaustive(cluster: Cluster, workload: Workload, global_batch: int, settings: SearchSettings | None = None,
-               max_devices: int = 12, combos_per_partition: int = 16) -> BaselineResult:
-    """The optimum of the following plan space, for small clusters (up to ``max_devices``):
-
-    - pipelines: every partition of the devices into pipelines. Devices of one machine must be
-      interchangeable (same type, same links; checked), so a partition is a multiset of per-machine
-      count vectors summing to the machine sizes, and each is enumerated once;
-    - stages of a pipeline: for each machine it uses, every integer partition of its devices into
-      TP groups (sizes up to the KV heads); a machine's stages are consecutive; every order of the
-      machine blocks and every distinct order of the TP sizes inside a block;
-    - per stage chain: leaders by a Viterbi pass, layers by :func:`split_layers` followed by a local
-      search over single-layer moves between any two stages (memory-capped);
-    - batches: :func:`split_batches` on the chains' times, then again with the estimate's DP tails;
-    - every micro-batch size the search may use and every dp sharding it may use.
-
-    Pipelines couple only through data parallelism, so for each partition the ``K`` best chains of
-    every pipeline by its own time are combined (K**D_dp <= ``combos_per_partition``) and each
-    combination is scored by ``estimate()``. A partition is skipped when even its pipelines' own
-    times (a lower bound of the estimate) cannot beat the best plan so far.
-    """
-    s = settings or SearchSettings()
-    N = cluster.num_devices
-    if N > max_devices:
-        raise ConfigError("cluster", cluster.name, f"exhaustive search enumerates every partition; {N} devices is "
-                          f"more than max_devices={max_devices}", "use a small cluster (cluster.subset) or the search")
-    machines = [list(m.devices) for m in cluster.machines]
-    _check_interchangeable(cluster, machines)
-    ev = Evaluator(cluster, workload, s.schedule, s.recompute)
-    L, max_tp = workload.model.num_layers, workload.model.num_kv_heads
-    best = _Best("exhaustive")
-    chains_cache: dict[tuple, list[PipeDraft]] = {}
-    sizes = tuple(len(m) for m in machines)
-    for mb in micro_batch_candidates(global_batch, s.micro_batch_size, N):
-        total = global_batch // mb
-        for parts in _vector_partitions(sizes, sizes):
-            P = len(parts)
-            if P > total:
-                continue
-            for sh in _shardings(s):
-                n_est = max(1, total // P)
-                per_pipe = []
-                for vec in parts:
-                    key = (vec, mb, sh, P, n_est)
-                    if key not in chains_cache:
-                        chains_cache[key] = _all_chains(ev, machines, vec, mb, sh, P, n_est, max_tp, L)
-                    per_pipe.append(chains_cache[key])
-                if any(not c for c in per_pipe):
-                    continue
-                counts = split_batches([c[0].sum_s for c in per_pipe], [c[0].max_s for c in per_pipe], [0.0] * P, total)
-                bound = max(c[0].time_s(n) for c, n in zip(per_pipe, counts))
-                if bound >= best.cost:
-                    continue
-                k = max(1, int(combos_per_partition ** (1.0 / P)))
-                for combo in itertools.product(*(c[:k] for c in per_pipe)):
-                    drafts = _place(list(combo), parts, machines)
-                    _offer_with_batches(best, drafts, mb, sh, total, s, cluster, workload)
-    return best.result()
-
-
-def _check_interchangeable(cluster: Cluster, machines: list[list[int]]) -> None:
-    bw, lat = cluster.bandwidth, cluster.latency
-    for m, devs in enumerate(machines):
-        d0 = devs[0]
-        others = [d for d in range(cluster.num_devices) if d not in devs]
-        for d in devs[1:]:
-            same = (cluster.devices[d].gpu_type == cluster.devices[d0].gpu_type
-                    and np.allclose(bw[d, others], bw[d0, others]) and np.allclose(lat[d, others], lat[d0, others])
-                    and np.allclose(bw[d, [x for x in devs if x != d]], bw[d0, devs[1]]))
-            if not same:
-                raise ConfigError("cluster", cluster.name, f"exhaustive search needs the devices of a machine to be "
-                                  f"interchangeable, but devices {d0} and {d} of machine {m} differ",
-                                  "use the search, or a cluster with uniform links inside each machine")
-
-
-def _vector_partitions(remaining: tuple[int, ...], upper: tuple[int, ...]):
-    """Multisets of non-zero count vectors summing to ``remaining``, each vector <= ``upper`` in
-    lexicographic order (so every multiset comes out once, largest vector first)."""
-    if not any(remaining):
-        yield []
-        return
-    for vec in itertools.product(*(range(r, -1, -1) for r in remaining)):
-        if not any(vec) or vec > upper:
-            continue
-        rest = tuple(r - v for r, v in zip(remaining, vec))
-        for tail in _vector_partitions(rest, vec):
-            yield [vec] + tail
-
-
-def _int_partitions(n: int, largest: int) -> list[list[int]]:
-    if n == 0:
-        return [[]]
-    return [[p] + rest for p in range(min(n, largest), 0, -1) for rest in _int_partitions(n - p, p)]
-
-
-def _all_chains(ev: Evaluator, machines: list[list[int]], vec: tuple[int, ...], mb: int, sharding: str, P: int,
-                n_est: int, max_tp: int, L: int) -> list[PipeDraft]:
-    """Every stage chain of a pipeline holding vec[m] devices of machine m (canonical devices: the
-    first vec[m] of each machine), drafted and locally polished; sorted by own time."""
-    used = [m for m, c in enumerate(vec) if c]
-    per_machine = []
-    for m in used:
-        orders = set()
-        for sizes in _int_partitions(vec[m], max_tp):
-            orders.update(itertools.permutations(sizes))
-        devs = machines[m][:vec[m]]
-        blocks = []
-        for order in sorted(orders):
-            start, block = 0, []
-            for t in order:
-                block.append(tuple(devs[start:start + t]))
-                start += t
-            blocks.append(block)
-        per_machine.append(blocks)
-    out = []
-    for machine_order in itertools.permutations(range(len(used))):
-        for choice in itertools.product(*(per_machine[i] for i in machine_order)):
-            stages = [st for block in choice for st in block]
-            if len(stages) > L:
-                continue
-            d = _polished(ev, stages, mb, sharding, P, n_est)
-            if d is not None:
-                out.append(d)
-    return sorted(out, key=lambda d: d.time_s(n_est))
-
-
-def _polished(ev: Evaluator, stages: list[tuple[int, ...]], mb: int, sharding: str, P: int, n_est: int) -> PipeDraft | None:
-    """chain_draft, then single-layer moves between any two stages while Pipeline(n_est) drops."""
-    d = chain_draft(ev, stages, mb, sharding, P, n_est)
-    if d is None or len(d.stages) == 1:
-        return d
-    S = len(d.stages)
-    layer_s = [ev.layer_s(st, mb, sharding) for st in d.stages]
-    fixed = [d.per_mb_s[j] - d.layers[j] * layer_s[j] for j in range(S)]
-    mem_n = d.max_micro if d.max_micro < (1 << 40) else S
-    caps = [ev.max_layers(st, j, S, mb, mem_n, sharding, P) for j, st in enumerate(d.stages)]
-    n = list(d.layers)
-
-    def cost(n: list[int]) -> float:
-        per = [n[j] * layer_s[j] + fixed[j] for j in range(S)]
-        return sum(per) + (n_est - 1) * max(per)
-
-    cur, improved = cost(n), True
-    while improved:
-        improved = False
-        for a, b in itertools.permutations(range(S), 2):
-            if n[a] > 1 and n[b] < caps[b]:
-                n[a] -= 1
-                n[b] += 1
-                c = cost(n)
-                if c < cur * (1 - 1e-12):
-                    cur, improved = c, True
-                else:
-                    n[a] += 1
-                    n[b] -= 1
-    per = tuple(n[j] * layer_s[j] + fixed[j] for j in range(S))
-    return PipeDraft(d.stages, tuple(n), per, d.max_micro)
-
-
-def _place(drafts: list[PipeDraft], parts: list[tuple[int, ...]], machines: list[list[int]]) -> list[PipeDraft]:
-    """Map canonical devices (the first devices of each machine) to distinct real devices."""
-    nxt = [0] * len(machines)
-    out = []
-    for d, vec in zip(drafts, parts):
-        mapping = {}
-        for m, c in enumerate(vec):
-            for k in range(c):
-                mapping[machines[m][k]] = machines[m][nxt[m] + k]
-            nxt[m] += c
-        out.append(d.relabel(mapping))
-    return out
-
-
-def _offer_with_batches(best: _Best, drafts: list[PipeDraft], mb: int, sh: str, total: int, s: SearchSettings,
-                        cluster: Cluster, workload: Workload) -> None:
-    P, L = len(drafts), workload.model.num_layers
-    meta = _meta("exhaustive", cluster, workload)
-    counts = split_batches([d.sum_s for d in drafts], [d.max_s for d in drafts], [0.0] * P, total,
-                           [d.max_micro for d in drafts])
-    plan = make_plan(drafts, counts, mb, sh, s.schedule, s.recompute, L, meta)
-    best.offer(plan, cluster, workload, f"{P} pipelines, micro-batch {mb}, {sh}")
-    if P > 1 and best.plan is plan:
-        est = best.est
-        sums = [sum(x.time_per_micro_batch_s for x in p.stages) for p in est.pipelines]
-        maxs = [max(x.time_per_micro_batch_s for x in p.stages) for p in est.pipelines]
-        tails = [p.time_s - (sm + (p.num_micro_batches - 1) * mx) for p, sm, mx in zip(est.pipelines, sums, maxs)]
-        again = split_batches(sums, maxs, tails, total, [d.max_micro for d in drafts])
-        if again != counts:
-            best.offer(make_plan(drafts, again, mb, sh, s.schedule, s.recompute, L, meta), cluster, workload,
-                       f"{P} pipelines, micro-batch {mb}, {sh}")
+               max_devices: int = MAX_DEVICES, time_limit_s: float = 300.0) -> BaselineResult:
+    """The true optimum of the whole plan space under the cost model (:mod:`planner.oracle`), for
+    clusters of up to ``max_devices``; the note says whether the oracle completed within
+    ``time_limit_s`` (when it did not, the plan is only the best found)."""
+    r = oracle(cluster, workload, global_batch, settings, time_limit_s=time_limit_s, max_devices=max_devices)
+    if r.plan is None:
+        note = "no plan fits in memory (complete)" if r.complete else f"nothing found in {time_limit_s:g} s (incomplete)"
+        return BaselineResult("exhaustive", None, None, note)
+    plan = replace(r.plan, meta={**r.plan.meta, "planner": "exhaustive"})
+    note = (f"optimal ({r.plan.num_pipelines} pipelines, {plan.dp_sharding}; {r.time_s:.1f} s)" if r.complete else
+            f"INCOMPLETE after {r.time_s:.1f} s: best found, optimum >= {r.lower_bound_s:.4g} s")
+    return BaselineResult("exhaustive", plan, r.estimate, note)

@@ -158,6 +158,60 @@ def dp_overhead_layer(n_mb: int, t_f: float, t_b: float, t_comm: float, sharding
     raise ValueError(f"unknown dp_sharding {sharding!r}")
 
 
+def dp_exposed_layer(t_b: float, t_comm: float, sharding: str,
+                     theta: tuple[float, float, float, float] = (1.0, 1.0, 1.0, 1.0)) -> float:
+    """The part of DP-Overhead-Layer (eq. 5) that the per-micro-batch times do not already hold, i.e.
+    the data-parallel time of one layer left exposed after its last backward, per iteration:
+
+        DDP:    max(0, theta_1 * max(T_b, 2*T_comm) - T_b)
+        ZeRO-2: max(0, theta_2 * max(T_b, 2*T_comm) - T_b)
+        ZeRO-3: theta_3b * (max(T_b, 2*T_comm) - max(T_b, T_comm))
+
+    so that DP-Overhead-Layer = n_mb * (f + b) + exposed with f + b = T_f + T_b (DDP, ZeRO-2) or
+    theta_3f*max(T_f, T_comm) + theta_3b*max(T_b, T_comm) (ZeRO-3). It does not depend on n_mb and
+    is non-decreasing in T_comm (the planner's oracle relies on both).
+    """
+    th1, th2, _, th3b = theta
+    if sharding in ("ddp", "zero2"):
+        return max(0.0, (th1 if sharding == "ddp" else th2) * max(t_b, 2 * t_comm) - t_b)
+    if sharding == "zero3":
+        return th3b * (max(t_b, 2 * t_comm) - max(t_b, t_comm))
+    raise ValueError(f"unknown dp_sharding {sharding!r}")
+
+
+def comm_dp_replicated(leader: int, peers: Sequence[int], param_bytes: float, num_pipelines: int,
+                       bandwidth: np.ndarray, latency: np.ndarray) -> float:
+    """T_comm of a parameter every pipeline holds whole on one stage (the token embedding on the
+    first stages, the LM head on the last), eq. 4 between the stage leaders, which are the only
+    ones taking part across pipelines (``runtime/grad_sync.py``):
+
+        sum_{d' in peers} ( alpha[d, d'] + param_bytes / (N_dp * beta[d, d']) )
+    """
+    return float(sum(latency[leader, p] + param_bytes / (num_pipelines * bandwidth[leader, p]) for p in peers))
+
+
+def tp_broadcast(leader: int, group: Sequence[int], param_bytes: float, bandwidth: np.ndarray,
+                 latency: np.ndarray) -> float:
+    """The leader's broadcast of a replicated parameter's synchronised gradient to the rest of its TP
+    group (pipelined, so the slowest link sets the pace): max_{d in group \\ {leader}} alpha + bytes/beta."""
+    others = [d for d in group if d != leader]
+    return max((float(latency[leader, d] + param_bytes / bandwidth[leader, d]) for d in others), default=0.0)
+
+
+def dp_exposed_replicated(t_b: float, t_comm: float, broadcast: float, sharding: str,
+                          theta: tuple[float, float, float, float] = (1.0, 1.0, 1.0, 1.0)) -> float:
+    """Exposed data-parallel time of the embedding or the LM head per iteration, after its last
+    backward (t_b: the LM head's backward compute, which its synchronisation overlaps; 0 for the
+    embedding, whose gradient is complete last): like eq. 5's last backward,
+    max(0, theta * max(t_b, 2 T_comm) - t_b), plus the TP broadcast. Under ZeRO these parameters
+    stay whole on every holder (the runtime's ``whole`` buckets), a reduce-scatter and an all-gather
+    (2 T_comm) priced with theta_2."""
+    th = theta[0] if sharding == "ddp" else theta[1]
+    if t_comm <= 0.0:
+        return 0.0
+    return max(0.0, th * max(t_b, 2 * t_comm) - t_b) + broadcast
+
+
 def comm_pp_hop(src: Group, dst: Group, message_bytes: float, bandwidth: np.ndarray, latency: np.ndarray,
                 leaders: tuple[int, int] | None = None) -> float:
     """Comm-PP-Hop(d_ij, d_i,j+1) for one micro-batch, Appendix B eq. 6:
@@ -263,3 +317,90 @@ def state_bytes_per_param(sharding: str, num_pipelines: int, dtype_bytes: int, o
     if sharding == "zero3":
         return (2 * dtype_bytes + optimizer_bytes) / n
     raise ValueError(f"unknown dp_sharding {sharding!r}")
+
+
+# ---- what the runtime allocates beyond Appendix B (measured on the CPU runtime; see tests) ----------
+def runtime_state_bytes_per_param(sharding: str, num_pipelines: int, dtype_bytes: int, optimizer_bytes: float,
+                                  phase: str = "backward", recompute: bool = True) -> float:
+    """Bytes per local parameter the runtime holds for weights, gradients and optimizer states in
+    each phase of a step (``runtime/zero.py``, ``runtime/zero3.py``; measured on CPU), k = N_dp:
+
+        phase      DDP           ZeRO-2                      ZeRO-3
+        backward   B + B + K     B + B + K/k                 B/k + B/k + B + K/k
+        sync       B + B + K     B + B + K/k                 B/k + B/k + B + K/k
+        step       B + B + K     B + B/k + K/k + B           B/k + B/k + K/k
+
+    The local gradient is whole until the cross-pipeline reduce-scatter (the pipelines run
+    different numbers of micro-batches, so it accumulates over all of them first), where
+    :func:`state_bytes_per_param` (ZeRO paper) counts it 1/k. ZeRO-2's sharded step keeps every
+    bucket's flat copy of the parameters alive (its inner optimizers step views of them). ZeRO-3
+    keeps the parameter chunks it owns (B/k) and, bound to its sharded optimizer until the next
+    step, the previous step's gradient chunks (B/k). Measured on the CPU runtime
+    (``recipes/bench_zero.py``); ``recompute`` is accepted for symmetry (no term depends on it).
+    """
+    B, K, k = dtype_bytes, optimizer_bytes, max(num_pipelines, 1)
+    if sharding == "ddp":
+        return 2 * B + K
+    if sharding == "zero2":
+        return 2 * B + K / k if phase != "step" else B + B / k + K / k + B
+    if sharding == "zero3":
+        return 2 * B / k + K / k + (B if phase != "step" else 0.0)
+    raise ValueError(f"unknown dp_sharding {sharding!r}")
+
+
+def compute_bytes(dtype_bytes: int) -> int:
+    """Bytes of the dtype norms and the loss run in: at least float32 (``models/llama.py``)."""
+    return max(4, dtype_bytes)
+
+
+def stored_activation_bytes(tokens: int, hidden: int, kv_dim: int, ffn: int, tp: int, dtype_bytes: int) -> float:
+    """Bytes one LLaMA layer keeps for its backward, for ``tokens`` = B_mb * S tokens (no recompute):
+
+        tokens * [ 2 * (2 * C / B_type + 1) * H  +  (2 * H + 2 * kv + 4 * F) / t ] * B_type
+
+    measured with saved-tensor hooks on ``models/llama.py`` (tests/planner/test_memory_terms.py):
+    each RMSNorm keeps its input and normalised value in its compute dtype C (float32) and its
+    output feeds the next projection (replicated over the TP group); attention keeps q, out and
+    the k, v of the local heads; the SwiGLU MLP keeps gate, up, silu(gate) and their product.
+    """
+    norms = 2 * (2 * compute_bytes(dtype_bytes) / dtype_bytes + 1) * hidden
+    return tokens * (norms + (2 * hidden + 2 * kv_dim + 4 * ffn) / tp) * dtype_bytes
+
+
+def backward_working_bytes(tokens: int, hidden: int, ffn: int, tp: int, dtype_bytes: int) -> float:
+    """Autograd temporaries while one layer runs its backward: the three FFN-wide gradients of the
+    SwiGLU alive at once (3 * tokens * F / t) and the fresh gradient of its largest weight shard
+    (H * F / t), which is allocated and then added into the accumulated gradient. Measured within a
+    few % on the CPU runtime (the stage's peak minus its stored activations)."""
+    return (3 * tokens * ffn / tp + hidden * ffn / tp) * dtype_bytes
+
+
+def logits_bytes(tokens: int, vocab: int, vocab_shards: int = 1) -> float:
+    """The loss on a stage holding the (full, or 1/``vocab_shards``) vocabulary: at the start of the
+    backward the float32 log-softmax output, the gradient of the loss w.r.t. it and the gradient
+    w.r.t. the logits coexist, 3 * tokens * V * 4 bytes (measured)."""
+    return 3.0 * tokens * vocab / vocab_shards * 4
+
+
+def ddp_bucket_bytes(synced_params: float, dtype_bytes: int) -> float:
+    """DDP gradient sync: every bucket's flat copy of its gradients is alive until the sync ends
+    (``runtime/grad_sync.py`` starts them all, then waits), i.e. one more copy of the gradients."""
+    return synced_params * dtype_bytes
+
+
+def zero_window_bytes(bucket_cap_bytes: float, window: int = 2) -> float:
+    """ZeRO collectives: ``window`` buckets in flight, each a flat input and its output chunk."""
+    return 2.0 * window * bucket_cap_bytes
+
+
+def optimizer_temp_bytes(stepped_params: float, state_bytes: float) -> float:
+    """Adam/AdamW's multi-tensor step (the default on GPUs) allocates one state-sized temporary per
+    stepped parameter (the square-root of the second moment); the single-tensor step on CPU one
+    parameter at a time (then pass the largest parameter)."""
+    return stepped_params * state_bytes
+
+
+def comm_buffer_bytes(communicators: int, per_communicator_bytes: float) -> float:
+    """Buffers a collective library keeps per communicator a device belongs to (NCCL: its
+    NCCL_BUFFSIZE per channel and peer; 0 on gloo)."""
+    return communicators * per_communicator_bytes

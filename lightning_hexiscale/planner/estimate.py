@@ -7,7 +7,7 @@ per iteration the pipeline takes Pipeline-Time(i) (Appendix B eq. 8) plus the da
 its layers cannot hide behind the last backward, which is
     DP-Overhead-Layer(k) - n_mb * (T_f + T_b)   summed over the stage's layers (eq. 5),
 plus the embedding / LM head synchronisation and the TP broadcast of replicated tensors
-(:func:`_dp_edges`), and the iteration takes the slowest pipeline (eq. 9). Messages are priced at
+(:func:`dp_edge_times`), and the iteration takes the slowest pipeline (eq. 9). Messages are priced at
 the dtypes the runtime sends them in (planner/wire.py: activations and gathered parameters at
 B_type, gradients at ``plan.reduce_dtype``), on the path it takes (scatter/gather between equal TP
 degrees). All ``*_s`` fields of the breakdown are per
@@ -16,6 +16,7 @@ iteration (all micro-batches of that pipeline); ``time_per_micro_batch_s`` is pe
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -24,7 +25,8 @@ import numpy as np
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner import cost_model as cm
-from lightning_hexiscale.planner.plan import Plan, Stage
+from lightning_hexiscale.planner.dp_comm import dp_comm_all
+from lightning_hexiscale.planner.plan import Plan
 from lightning_hexiscale.config.units import format_bytes, format_flops
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8}
@@ -41,6 +43,24 @@ class Workload:
     """Optimizer state K per parameter: Adam with fp32 master weights = 4 + 4 + 4."""
     reserve_bytes: float = 1.0 * 2**30
     """Memory per device not available to the model (runtime context, allocator slack)."""
+    memory_headroom: float = 0.0
+    """Fraction of every device's memory the plan must leave free (``train.memory_headroom``)."""
+    device: str = "cuda"
+    """What the runtime runs on: ``cuda`` (NCCL buffers, multi-tensor optimizer step) or ``cpu``."""
+    comm_buffer_bytes: float = 64 * 2**20
+    """Buffers per communicator on CUDA (NCCL: 4 MiB NCCL_BUFFSIZE per channel, protocol and
+    direction; 64 MiB is a few channels' worth). 0 to ignore."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.memory_headroom < 1.0:
+            from lightning_hexiscale.errors import ConfigError
+
+            raise ConfigError("train.memory_headroom", self.memory_headroom, "must be a fraction in [0, 1)",
+                              "use e.g. 0.05 to keep 5 % of every device free, or 0")
+        if self.device not in ("cuda", "cpu"):
+            from lightning_hexiscale.errors import ConfigError
+
+            raise ConfigError("workload.device", self.device, "must be cuda or cpu", "use cuda for GPU clusters")
 
     @property
     def dtype_bytes(self) -> int:
@@ -151,200 +171,374 @@ class Estimate:
         return "\n".join(lines)
 
 
+def calibration_theta(cluster: Cluster) -> tuple[float, float, float, float]:
+    """(theta_1, theta_2, theta_3f, theta_3b) of the cluster's calibration (Appendix B eq. 5)."""
+    cal = cluster.calibration
+    return (cal.theta_ddp, cal.theta_zero2, cal.theta_zero3_fwd, cal.theta_zero3_bwd)
+
+
+def layer_times(cluster: Cluster, workload: Workload, devices: tuple[int, ...] | list[int], mb: int,
+                recompute: bool) -> tuple[float, float, float, float]:
+    """(T_f, T_b, Comp-TP-Fwd, Comm-TP-Fwd) of one layer for one micro-batch of ``mb`` sequences on
+    the TP group ``devices`` (eq. 1-3): the slowest member sets the compute pace, the largest shard
+    the FLOPs per rank; recomputation adds one forward to T_b."""
+    model = workload.model
+    c_min = min(cluster.devices[d].flops for d in devices)
+    comp_f = cm.comp_layer_fwd(model.layer_forward_flops(mb), _shard_fraction(model, len(devices)), c_min)
+    tp_f = cm.comm_tp(devices, activation_message_bytes(workload, mb), cluster.bandwidth, cluster.latency)
+    return cm.layer_time_fwd(comp_f, tp_f), cm.layer_time_bwd(comp_f, tp_f, recompute), comp_f, tp_f
+
+
+def activation_message_bytes(workload: Workload, mb: int) -> float:
+    """M = B_mb * S * H * B_type: the activation one hop or TP all-reduce moves for one micro-batch."""
+    return mb * workload.model.seq_len * workload.model.hidden_size * workload.dtype_bytes
+
+
+def stage_extra_times(cluster: Cluster, workload: Workload, devices: tuple[int, ...] | list[int], mb: int,
+                      first: bool, last: bool) -> tuple[float, float]:
+    """(compute, communication) per micro-batch a stage adds to its layers: on the last stage the
+    vocabulary-parallel LM head and loss (:func:`cost_model.vocab_parallel_head`), on the first the
+    vocabulary-parallel embedding's all-reduce (:func:`cost_model.vocab_parallel_embedding`)."""
+    model = workload.model
+    comp = comm = 0.0
+    if last:
+        c_min = min(cluster.devices[d].flops for d in devices)
+        comp, comm = cm.vocab_parallel_head(model.head_forward_flops(mb), model.max_vocab_fraction(len(devices)),
+                                            c_min, devices, mb * model.seq_len, model.hidden_size,
+                                            workload.dtype_bytes, cluster.bandwidth, cluster.latency)
+    if first:
+        comm += cm.vocab_parallel_embedding(devices, activation_message_bytes(workload, mb), cluster.bandwidth,
+                                            cluster.latency)
+    return comp, comm
+
+
+def hop_time(cluster: Cluster, workload: Workload, src: tuple[int, ...], dst: tuple[int, ...], mb: int) -> float:
+    """Comm-PP-Hop (eq. 6) from stage ``src`` to stage ``dst`` for one micro-batch, on the path the
+    runtime takes: scatter/gather between equal TP degrees above 1
+    (:func:`cost_model.comm_pp_hop_scatter`), else between the stage leaders (``devices[0]``) plus
+    the receiving TP broadcast."""
+    act_msg = activation_message_bytes(workload, mb)
+    if len(src) == len(dst) > 1:
+        return cm.comm_pp_hop_scatter(src, dst, act_msg, cluster.bandwidth, cluster.latency)
+    return cm.comm_pp_hop(src, dst, act_msg, cluster.bandwidth, cluster.latency, leaders=(src[0], dst[0]))
+
+
+def wire_element_bytes(plan: Plan, workload: Workload) -> tuple[int, int]:
+    """(reduce, parameter) bytes per element on the data-parallel wire (planner/wire.py): gradients
+    are summed at ``plan.reduce_dtype`` (default B_type), parameters gathered at B_type."""
+    bt = workload.dtype_bytes
+    return (DTYPE_BYTES[plan.reduce_dtype] if plan.reduce_dtype else bt), bt
+
+
+def dp_layer_bytes(workload: Workload, element_bytes: int | None = None) -> float:
+    """Bytes of one layer's gradient (or parameters) on the data-parallel wire (eq. 4's 12H^2 * B_type)."""
+    return workload.model.layer_params * (workload.dtype_bytes if element_bytes is None else element_bytes)
+
+
+def dp_terms(plan: Plan, cluster: Cluster, workload: Workload) -> tuple[dict, dict]:
+    """Per stage, [(layers, T_comm)] at the reduce and at the parameter bytes (:func:`dp_comm.dp_comm_all`)."""
+    red_bt, bt = wire_element_bytes(plan, workload)
+    dp_red = dp_comm_all(plan, cluster, dp_layer_bytes(workload, red_bt))
+    dp_par = dp_red if red_bt == bt else dp_comm_all(plan, cluster, dp_layer_bytes(workload, bt))
+    return dp_red, dp_par
+
+
+def dp_t_comm(sharding: str, t_red: float, t_par: float) -> float:
+    """T_comm entering DP-Overhead-Layer (whose collectives cost 2*T_comm): ddp all-reduces gradients
+    (reduce-scatter + all-gather, both at reduce_dtype); zero2 reduce-scatters gradients
+    (reduce_dtype) and all-gathers parameters (B_type); zero3 is dominated by its per-use parameter
+    gathers (B_type)."""
+    if sharding == "ddp":
+        return t_red
+    if sharding == "zero2":
+        return 0.5 * (t_red + t_par)
+    return t_par
+
+
 def _overlap(r: int, t: int, r2: int, t2: int) -> float:
-    """Shared fraction of a layer between TP rank r of t and TP rank r2 of t2 (even splits)."""
+    """Shared fraction of a tensor between TP rank r of t and TP rank r2 of t2 (even splits)."""
     lo, hi = max(r / t, r2 / t2), min((r + 1) / t, (r2 + 1) / t2)
     return max(0.0, hi - lo)
 
 
-def _dp_comm_per_layer(plan: Plan, i: int, stage: Stage, cluster: Cluster, layer_bytes: float) -> list[tuple[int, float]]:
-    """[(layers, T_comm)] over the stage's layer intervals whose holders in other pipelines are fixed.
-
-    Reference form, one stage at a time (kept for tests); :func:`_dp_comm_all` computes the same
-    numbers for every stage at once and is what :func:`estimate` uses.
-    """
-    if plan.num_pipelines == 1:
-        return [(stage.num_layers, 0.0)]
-    cuts = {stage.layers[0], stage.layers[1]}
-    for p in plan.pipelines:
-        for s in p.stages:
-            for b in s.layers:
-                if stage.layers[0] < b < stage.layers[1]:
-                    cuts.add(b)
-    bounds = sorted(cuts)
-    out = []
-    for a, b in zip(bounds, bounds[1:]):
-        holders = []
-        for k, p in enumerate(plan.pipelines):
-            if k != i:
-                holders.append(next(s for s in p.stages if s.layers[0] <= a < s.layers[1]))
-        worst = 0.0
-        for r, d in enumerate(stage.devices):
-            partners = []
-            for h in holders:
-                for r2, d2 in enumerate(h.devices):
-                    share = _overlap(r, stage.tp, r2, h.tp)
-                    if share > 0:
-                        partners.append((d, d2, share))
-            worst = max(worst, cm.comm_dp(partners, layer_bytes, plan.num_pipelines, cluster.bandwidth, cluster.latency))
-        out.append((b - a, worst))
-    return out
-
-
-_DP_CACHE_SIZE = 256
-
-
-def _dp_comm_all(plan: Plan, cluster: Cluster, layer_bytes: float) -> dict[tuple[int, int], list[tuple[int, float]]]:
-    """:func:`_dp_comm_per_layer` for every stage (i, j) at once, vectorised with numpy.
-
-    Sweep the global layer intervals (between any two stage boundaries of any pipeline). For each
-    device slot keep F[slot, k] = sum over the TP ranks r2 of pipeline k's current holder of
-    alpha + share * layer_bytes / (N_dp * beta) (eq. 4 per partner); at a boundary only the
-    columns of the pipelines whose holder changed, and the rows of the devices that start a
-    stage, are recomputed, so a plan costs O(N^2) pair terms in a few dozen array operations
-    instead of a Python loop over every (stage, interval, rank, partner). T_comm of a stage on an
-    interval is the max over its devices of the row sum. Same terms as the reference, summed in
-    a different order (differences at the level of float rounding). Results are memoised per
-    cluster for the last few plan layouts (they do not depend on batch, micro-batch or sharding).
-    """
-    P = plan.num_pipelines
-    if P == 1:
-        return {(0, j): [(st.num_layers, 0.0)] for j, st in enumerate(plan.pipelines[0].stages)}
-    key = (layer_bytes, tuple(tuple((s.devices, s.layers) for s in p.stages) for p in plan.pipelines))
-    cache = cluster.__dict__.setdefault("_dp_comm_cache", {})
-    if key in cache:
-        return cache[key]
+def dp_edge_times(plan: Plan, i: int, j: int, cluster: Cluster, workload: Workload) -> tuple[float, float, float]:
+    """Data-parallel times of the tensors outside the layers of stage (i, j), per iteration:
+    (embedding sync, LM head sync, TP broadcast of the replicated norms). Each TP rank's vocabulary
+    rows of the embedding (first stage) and of the untied LM head (last stage) are summed with the
+    ranks of the other pipelines that hold the same rows (all-reduce, or reduce-scatter +
+    all-gather; the slowest rank of the stage counts), and the leader broadcasts the stage's
+    replicated norms in its TP group after the sync. All zero with one pipeline."""
+    pipes = plan.pipelines
+    if len(pipes) == 1:
+        return 0.0, 0.0, 0.0
+    model = workload.model
+    red_bt, bt = wire_element_bytes(plan, workload)
+    st = pipes[i].stages[j]
+    first, last = j == 0, j == len(pipes[i].stages) - 1
     bw, lat = cluster.bandwidth, cluster.latency
-    scale = layer_bytes / P
-    # device slots, stage by stage
-    dev, lo, hi, pipe_of = [], [], [], []
-    first_slot: dict[tuple[int, int], int] = {}
-    for k, p in enumerate(plan.pipelines):
+
+    def sync(params: float, holder) -> float:
+        worst = 0.0
+        for r, d in enumerate(st.devices):
+            partners = [(d, d2, share) for k, p in enumerate(pipes) if k != i
+                        for r2, d2 in enumerate(holder(p).devices)
+                        if (share := _overlap(r, st.tp, r2, holder(p).tp)) > 0]
+            t_red = cm.comm_dp(partners, params * red_bt, len(pipes), bw, lat)
+            t_par = cm.comm_dp(partners, params * bt, len(pipes), bw, lat)
+            worst = max(worst, 2.0 * dp_t_comm(plan.dp_sharding, t_red, t_par))
+        return worst
+
+    t_emb = sync(model.embedding_params, lambda p: p.stages[0]) if first else 0.0
+    t_head = (sync(model.head_params, lambda p: p.stages[-1])  # LM head rows (+ the final norm, on leaders)
+              if last and not model.tie_word_embeddings else 0.0)
+    t_norms = 0.0
+    if st.tp > 1:  # leader -> TP group: the replicated norms' gradients (ddp) or parameters (zero)
+        norms = (2 * st.num_layers + (1 if last else 0)) * model.hidden_size
+        nbytes = norms * (red_bt if plan.dp_sharding == "ddp" else bt)
+        t_norms = sum(lat[st.leader, d] + nbytes / (st.tp * bw[st.leader, d]) for d in st.devices[1:])
+    return float(t_emb), float(t_head), float(t_norms)
+
+
+def dp_edge_all(plan: Plan, cluster: Cluster, workload: Workload) -> dict[tuple[int, int], tuple[float, float, float]]:
+    """:func:`dp_edge_times` of every stage (i, j) that has any ((i, j) -> (embedding, head, norms);
+    absent: all zero), vectorised: each of the two syncs is one pass over the (rank, rank) pairs of
+    all first (last) stages, in row blocks, instead of a Python loop over partners per rank. The
+    same terms as :func:`dp_edge_times`, summed in a different order (float rounding apart). This is
+    what :func:`estimate` and the batch timer use."""
+    pipes = plan.pipelines
+    P = len(pipes)
+    if P == 1:
+        return {}
+    model = workload.model
+    red_bt, bt = wire_element_bytes(plan, workload)
+    bw, lat = cluster.bandwidth, cluster.latency
+    sh = plan.dp_sharding
+
+    def sync(params: float, stage_of) -> np.ndarray:
+        stages = [stage_of(p) for p in pipes]
+        dev = np.array([d for st in stages for d in st.devices])
+        tps = np.array([st.tp for st in stages])
+        pipe = np.repeat(np.arange(P), tps)
+        rank = np.concatenate([np.arange(t) for t in tps])
+        tp = np.repeat(tps, tps)
+        lo, hi = rank / tp, (rank + 1) / tp
+        n = len(dev)
+        t_red, t_par = np.empty(n), np.empty(n)
+        block = max(1, 2_000_000 // n)
+        for a in range(0, n, block):
+            b = min(n, a + block)
+            share = np.minimum(hi[a:b, None], hi[None, :]) - np.maximum(lo[a:b, None], lo[None, :])
+            ok = (share > 0) & (pipe[a:b, None] != pipe[None, :])
+            ix = np.ix_(dev[a:b], dev)
+            base = np.where(ok, lat[ix], 0.0).sum(axis=1)
+            q = np.where(ok, share / bw[ix], 0.0).sum(axis=1)
+            t_red[a:b] = base + q * (params * red_bt / P)
+            t_par[a:b] = base + q * (params * bt / P)
+        row = 2.0 * (t_red if sh == "ddp" else 0.5 * (t_red + t_par) if sh == "zero2" else t_par)
+        return np.maximum.reduceat(row, np.concatenate([[0], np.cumsum(tps)[:-1]]))
+
+    out: dict[tuple[int, int], list[float]] = {}
+    for i, t in enumerate(sync(model.embedding_params, lambda p: p.stages[0]).tolist()):
+        out[(i, 0)] = [t, 0.0, 0.0]
+    if not model.tie_word_embeddings:
+        for i, t in enumerate(sync(model.head_params, lambda p: p.stages[-1]).tolist()):
+            out.setdefault((i, len(pipes[i].stages) - 1), [0.0, 0.0, 0.0])[1] = t
+    for i, p in enumerate(pipes):
         for j, st in enumerate(p.stages):
-            first_slot[(k, j)] = len(dev)
-            t = st.tp
-            for r, d in enumerate(st.devices):
-                dev.append(d)
-                lo.append(r / t)
-                hi.append((r + 1) / t)
-                pipe_of.append(k)
-    dev_a, lo_a, hi_a, pipe_a = np.array(dev), np.array(lo), np.array(hi), np.array(pipe_of)
-    bounds = sorted({b for p in plan.pipelines for s in p.stages for b in s.layers})
-    starts = np.array(bounds[:-1])
-    holder = np.empty((P, len(starts)), dtype=np.int64)
-    for k, p in enumerate(plan.pipelines):
-        holder[k] = np.searchsorted(np.array([s.layers[1] for s in p.stages]), starts, side="right")
+            if st.tp > 1:  # leader -> TP group: the replicated norms (as dp_edge_times)
+                last = j == len(p.stages) - 1
+                norms = (2 * st.num_layers + (1 if last else 0)) * model.hidden_size
+                nbytes = norms * (red_bt if sh == "ddp" else bt)
+                t_norms = sum(lat[st.leader, d] + nbytes / (st.tp * bw[st.leader, d]) for d in st.devices[1:])
+                out.setdefault((i, j), [0.0, 0.0, 0.0])[2] = float(t_norms)
+    return {k: (float(v[0]), float(v[1]), float(v[2])) for k, v in out.items()}
 
-    def slots(k: int, j: int) -> np.ndarray:
-        a = first_slot[(k, j)]
-        return np.arange(a, a + plan.pipelines[k].stages[j].tp)
 
-    def terms(rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
-        share = np.minimum(hi_a[rows][:, None], hi_a[cols][None, :]) - np.maximum(lo_a[rows][:, None], lo_a[cols][None, :])
-        ix = np.ix_(dev_a[rows], dev_a[cols])
-        return np.where(share > 0, lat[ix] + share * layer_bytes / (P * bw[ix]), 0.0)
+_NO_EDGES = (0.0, 0.0, 0.0)
 
-    def by_pipeline(t: np.ndarray, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Column sums per pipeline (cols are grouped by pipeline, in pipeline order)."""
-        ks, first = np.unique(pipe_a[cols], return_index=True)
-        return ks, np.add.reduceat(t, first, axis=1)
 
-    F = np.zeros((len(dev), P))
-    worst: dict[tuple[int, int], list[float]] = {}
-    prev = np.full(P, -1)
-    for g in range(len(starts)):
-        changed = np.flatnonzero(holder[:, g] != prev)
-        prev = holder[:, g].copy()
-        active = np.concatenate([slots(k, int(holder[k, g])) for k in range(P)])
-        fresh = np.concatenate([slots(int(k), int(holder[k, g])) for k in changed])
-        staying = np.setdiff1d(active, fresh, assume_unique=True)
-        if len(fresh):  # new stages: whole rows against every current holder
-            ks, sums = by_pipeline(terms(fresh, active), active)
-            F[fresh] = 0.0
-            F[np.ix_(fresh, ks)] = sums
-        if len(staying):  # unchanged stages: only the columns of pipelines whose holder changed
-            ks, sums = by_pipeline(terms(staying, fresh), fresh)
-            F[np.ix_(staying, ks)] = sums
-        F[active, pipe_a[active]] = 0.0  # a pipeline does not synchronise with itself
-        cost = F[active].sum(axis=1)
-        pos = 0
-        for k in range(P):
-            j = int(holder[k, g])
-            t = plan.pipelines[k].stages[j].tp
-            worst.setdefault((k, j), []).append(float(cost[pos:pos + t].max()))
-            pos += t
-    out: dict[tuple[int, int], list[tuple[int, float]]] = {}
-    for k, p in enumerate(plan.pipelines):
-        for j, st in enumerate(p.stages):
-            a, b = bounds.index(st.layers[0]), bounds.index(st.layers[1])
-            out[(k, j)] = [(bounds[q + 1] - bounds[q], w) for q, w in zip(range(a, b), worst[(k, j)])]
-    if len(cache) >= _DP_CACHE_SIZE:
-        cache.pop(next(iter(cache)))
-    cache[key] = out
-    return out
+def dp_edge_exposed(times: tuple[float, float, float], backward_s: float) -> tuple[float, float]:
+    """(total, exposed) of :func:`dp_edge_times`: the embedding's gradient is final only at the end
+    of the backward (fully exposed), the head's sync overlaps the stage's last backward
+    ``backward_s``, the norms' broadcast follows the sync."""
+    t_emb, t_head, t_norms = times
+    return t_emb + t_head + t_norms, t_emb + max(0.0, t_head - backward_s) + t_norms
+
+
+def layer_step(t_f: float, t_b: float, t_comm: float, sharding: str,
+               theta: tuple[float, float, float, float]) -> tuple[float, float]:
+    """(time per micro-batch, exposed data-parallel time per iteration) of one layer (eq. 5):
+    ZeRO-3 overlaps every forward and backward with its gathers (theta_3f*max(T_f, T_comm) +
+    theta_3b*max(T_b, T_comm)); DDP and ZeRO-2 run T_f + T_b; the exposed part is
+    :func:`cost_model.dp_exposed_layer`. Both are non-decreasing in ``t_comm``."""
+    if sharding == "zero3":
+        step = theta[2] * max(t_f, t_comm) + theta[3] * max(t_b, t_comm)
+    else:
+        step = t_f + t_b
+    return step, cm.dp_exposed_layer(t_b, t_comm, sharding, theta)
+
+
+@dataclass(frozen=True)
+class MemoryTerms:
+    """Bytes on each device of a stage, phase by phase, each affine in the stage's layer count l:
+    the peak is max over phases of ``fixed + l * per_layer``. Phases: the backward (states,
+    stored activations, autograd working set, logits), the gradient sync (states, communication
+    buckets) and the optimizer step (states, its temporaries)."""
+
+    phases: tuple[tuple[float, float], ...]
+    """((fixed, per_layer), ...) in bytes."""
+
+    def peak(self, layers: int) -> float:
+        return max(f + layers * p for f, p in self.phases)
+
+    def max_layers(self, usable_bytes: float) -> int:
+        """The most layers that fit in ``usable_bytes`` in every phase (0 if none)."""
+        most = math.inf
+        for f, p in self.phases:
+            if f > usable_bytes:
+                return 0
+            if p > 0:
+                most = min(most, math.floor((usable_bytes - f) / p * (1 - 1e-12)))
+        return int(min(most, 1 << 30))
+
+
+def stage_memory_terms(workload: Workload, sharding: str, num_pipelines: int, schedule: str, recompute: bool,
+                       num_stages: int, j: int, tp: int, mb: int, n_mb: int) -> MemoryTerms:
+    """Memory of stage j of a pipeline of ``num_stages`` stages; see :func:`stage_memory_at` (the
+    position matters only through first / last stage and the in-flight micro-batches)."""
+    return stage_memory_at(workload, sharding, num_pipelines, recompute, j == 0, j == num_stages - 1,
+                           cm.inflight_micro_batches(schedule, num_stages, j, n_mb), tp, mb)
+
+
+def stage_memory_at(workload: Workload, sharding: str, num_pipelines: int, recompute: bool, first: bool,
+                    last: bool, inflight: int, tp: int, mb: int) -> MemoryTerms:
+    """Bytes on each device of a stage of TP ``tp`` holding ``inflight`` micro-batches of ``mb``
+    sequences at its peak, as the runtime allocates them (each term a named function of
+    :mod:`cost_model`):
+
+    - in every phase: the parameters' states (weights, gradients, optimizer;
+      :func:`cost_model.runtime_state_bytes_per_param`) of the stage's layers, of the embedding
+      (first stage) and of the final norm and LM head (last stage; vocabulary-parallel: V/t rows per
+      TP rank), ZeRO-3's
+      gathered current and prefetched layer, ``reserve_bytes``, and on CUDA the collective
+      library's buffers for each communicator the device joins (world, TP group, pipeline
+      neighbours, one data-parallel group; :func:`cost_model.comm_buffer_bytes`);
+    - backward: the stored activations of the in-flight micro-batches (each layer's input when
+      recomputing, else :func:`cost_model.stored_activation_bytes`), the working set of the layer
+      being back-propagated (its recomputed activations when recomputing, plus
+      :func:`cost_model.backward_working_bytes`), and the loss's float32 logits on the last stage
+      (:func:`cost_model.logits_bytes`);
+    - gradient sync: DDP's bucket copies of every synchronised gradient, ZeRO's two buckets in
+      flight (:func:`cost_model.ddp_bucket_bytes`, :func:`cost_model.zero_window_bytes`);
+    - optimizer step: Adam's temporaries (:func:`cost_model.optimizer_temp_bytes`): one float32
+      state per parameter stepped at once (all of them with the multi-tensor step on CUDA, one
+      bucket under ZeRO, the largest parameter with the CPU's single-tensor step).
+    """
+    model = workload.model
+    bt = workload.dtype_bytes
+    S, H, F = model.seq_len, model.hidden_size, model.ffn_hidden_size
+    tokens = mb * S
+    P = max(num_pipelines, 1)
+    K = workload.optimizer_bytes_per_param
+    layer_local = model.layer_params * _shard_fraction(model, tp)
+    # vocabulary-parallel: this rank's V/t rows of the embedding (first stage) and of the LM head
+    # (last stage; a tied head is the embedding itself on a one-stage pipeline, a copy elsewhere)
+    vfrac = model.max_vocab_fraction(tp)
+    extra_params = ((model.embedding_params * vfrac if first else 0.0)
+                    + (model.hidden_size + (model.stage_head_params(is_first=first) - model.hidden_size) * vfrac
+                       if last else 0.0))
+    comms = 1 + (tp > 1) + (not first) + (not last) + (P > 1)
+    common = workload.reserve_bytes + (cm.comm_buffer_bytes(comms, workload.comm_buffer_bytes)
+                                       if workload.device == "cuda" else 0.0)
+    if sharding == "zero3":
+        common += 2 * layer_local * bt  # the gathered current and next layer
+
+    def states(phase: str) -> tuple[float, float]:
+        spp = cm.runtime_state_bytes_per_param(sharding, P, bt, K, phase, recompute)
+        return common + extra_params * spp, layer_local * spp
+
+    phases = []
+    # backward: stored activations, the working set of the layer in its backward, the logits
+    full = cm.stored_activation_bytes(tokens, H, model.kv_dim, F, tp, bt)
+    fixed, per = states("backward")
+    work = (full if recompute else 0.0) + cm.backward_working_bytes(tokens, H, F, tp, bt)
+    if last:
+        work += cm.logits_bytes(tokens, model.vocab_size * vfrac)
+    phases.append((fixed + work, per + inflight * (tokens * H * bt if recompute else full)))
+    # gradient sync between pipelines: DDP's bucket copies, ZeRO's buckets in flight
+    if P > 1:
+        fixed, per = states("sync")
+        if sharding == "ddp":
+            phases.append((fixed + cm.ddp_bucket_bytes(extra_params, bt), per + cm.ddp_bucket_bytes(layer_local, bt)))
+        else:
+            phases.append((fixed + cm.zero_window_bytes(_BUCKET_CAP_BYTES), per))
+    # optimizer step: Adam's temporaries (one float32 state per parameter stepped at once)
+    fixed, per = states("step")
+    state_b = max(4, bt) if K > 2 * bt else bt
+    if sharding != "ddp":
+        phases.append((fixed + cm.zero_window_bytes(_BUCKET_CAP_BYTES)
+                       + cm.optimizer_temp_bytes(_BUCKET_CAP_BYTES / bt, state_b), per))
+    elif workload.device == "cuda":
+        phases.append((fixed + cm.optimizer_temp_bytes(extra_params, state_b),
+                       per + cm.optimizer_temp_bytes(layer_local, state_b)))
+    else:
+        largest = max(H * F / tp, model.vocab_size * vfrac * H if (first or last) else 0)
+        phases.append((fixed + cm.optimizer_temp_bytes(largest, state_b), per))
+    return MemoryTerms(tuple(phases))
+
+
+_BUCKET_CAP_BYTES = 4 * 2**20
+"""The runtime's gradient-sync and ZeRO bucket size (``runtime.grad_sync.DEFAULT_BUCKET_CAP_BYTES``)."""
+
+
+def usable_memory(workload: Workload, capacity_bytes: float) -> float:
+    """Bytes of a device the plan may use: its capacity less the ``memory_headroom`` fraction."""
+    return capacity_bytes * (1.0 - workload.memory_headroom)
 
 
 def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
     """Estimate iteration time, throughput and memory of ``plan`` on ``cluster`` (Appendix B)."""
     model = workload.model
-    bt = workload.dtype_bytes
-    S, H = model.seq_len, model.hidden_size
-    cal = cluster.calibration
-    theta = (cal.theta_ddp, cal.theta_zero2, cal.theta_zero3_fwd, cal.theta_zero3_bwd)
-    # Wire dtypes (as the runtime sends them, planner/wire.py): activations and gathered parameters
-    # at B_type, gradients summed at the plan's reduce_dtype (default B_type).
-    red_bt = DTYPE_BYTES[plan.reduce_dtype] if plan.reduce_dtype else bt
-    n_dp = plan.num_pipelines
-    dp_red = _dp_comm_all(plan, cluster, model.layer_params * red_bt)
-    dp_par = dp_red if red_bt == bt else _dp_comm_all(plan, cluster, model.layer_params * bt)
+    S = model.seq_len
+    theta = calibration_theta(cluster)
+    dp_red, dp_par = dp_terms(plan, cluster, workload)
+    edges = dp_edge_all(plan, cluster, workload)
     pipes: list[PipelineEstimate] = []
     ooms: list[OutOfMemory] = []
+    n_comp = 4.0 if plan.recompute else 3.0
+    n_tp = 2.0 + (cm.RECOMPUTE_TP_SHARE if plan.recompute else 0.0)
     for i, pipe in enumerate(plan.pipelines):
         mb, n_mb = pipe.micro_batch_size, pipe.num_micro_batches
-        act_msg = mb * S * H * bt
         n_st = len(pipe.stages)
         per_mb, hops, tails, rows = [], [], [], []
         for j, st in enumerate(pipe.stages):
             l = st.num_layers
-            c_min = min(cluster.devices[d].flops for d in st.devices)
-            frac = _shard_fraction(model, st.tp)
-            comp_f = cm.comp_layer_fwd(model.layer_forward_flops(mb), frac, c_min)
-            tp_f = cm.comm_tp(st.devices, act_msg, cluster.bandwidth, cluster.latency)
-            t_f = cm.layer_time_fwd(comp_f, tp_f)
-            t_b = cm.layer_time_bwd(comp_f, tp_f, plan.recompute)
-            head_comp = head_comm = 0.0
-            if j == n_st - 1:  # LM head + loss split over the stage's TP ranks along the vocabulary
-                head_comp, head_comm = cm.vocab_parallel_head(
-                    model.head_forward_flops(mb), model.max_vocab_fraction(st.tp), c_min, st.devices, mb * S, H, bt,
-                    cluster.bandwidth, cluster.latency)
-            if j == 0:
-                head_comm += cm.vocab_parallel_embedding(st.devices, act_msg, cluster.bandwidth, cluster.latency)
-            head_s = head_comp + head_comm
-            hop = _hop(st, pipe.stages[j + 1], act_msg, cluster) if j + 1 < n_st else 0.0
+            t_f, t_b, comp_f, tp_f = layer_times(cluster, workload, st.devices, mb, plan.recompute)
+            head_comp, head_comm = stage_extra_times(cluster, workload, st.devices, mb, j == 0, j == n_st - 1)
+            hop = hop_time(cluster, workload, st.devices, pipe.stages[j + 1].devices, mb) if j + 1 < n_st else 0.0
+            dp_comm, tail = dp_edge_exposed(edges.get((i, j), _NO_EDGES), l * t_b)
             stage_mb = 0.0
-            dp_comm, tail = _dp_edges(plan, i, j, cluster, model, red_bt, bt, l * t_b)
             for (n_layers, t_red), (_, t_par) in zip(dp_red[(i, j)], dp_par[(i, j)]):
-                t_comm = _dp_t_comm(plan.dp_sharding, t_red, t_par)
-                if plan.dp_sharding == "zero3":
-                    f_eff, b_eff = theta[2] * max(t_f, t_comm), theta[3] * max(t_b, t_comm)
-                    dp_comm += n_layers * (2 * n_mb + 1) * t_comm
-                else:
-                    f_eff, b_eff = t_f, t_b
-                    dp_comm += n_layers * 2 * t_comm
-                over = cm.dp_overhead_layer(n_mb, t_f, t_b, t_comm, plan.dp_sharding, theta)
-                tail += n_layers * max(0.0, over - n_mb * (f_eff + b_eff))
-                stage_mb += n_layers * (f_eff + b_eff)
-            stage_mb += head_s
+                t_comm = dp_t_comm(plan.dp_sharding, t_red, t_par)
+                step, exposed = layer_step(t_f, t_b, t_comm, plan.dp_sharding, theta)
+                stage_mb += n_layers * step
+                tail += n_layers * exposed
+                dp_comm += n_layers * (2 * n_mb + 1 if plan.dp_sharding == "zero3" else 2) * t_comm
+            stage_mb += head_comp + head_comm
             per_mb.append(stage_mb)
             hops.append(hop)
             tails.append(tail)
-            n_comp = 4.0 if plan.recompute else 3.0
-            n_tp = 2.0 + (cm.RECOMPUTE_TP_SHARE if plan.recompute else 0.0)
-            peak, cap = _stage_memory(plan, pipe, j, st, cluster, workload, ooms)
+            peak = stage_memory_terms(workload, plan.dp_sharding, plan.num_pipelines, plan.schedule,
+                                      plan.recompute, n_st, j, st.tp, mb, n_mb).peak(l)
+            cap = min(cluster.devices[d].memory_bytes for d in st.devices)
+            for d in st.devices:
+                usable = usable_memory(workload, cluster.devices[d].memory_bytes)
+                if peak > usable:
+                    ooms.append(OutOfMemory(d, cluster.devices[d].gpu_type, peak, usable))
             rows.append(dict(devices=list(st.devices), tp=st.tp, layers=list(st.layers),
                              compute_s=n_mb * (l * n_comp * comp_f + head_comp),
                              tp_comm_s=n_mb * (l * n_tp * tp_f + head_comm),
-                             pp_comm_s=n_mb * hop, dp_comm_s=dp_comm, dp_exposed_s=tail,
+                             pp_comm_s=n_mb * hop, dp_comm_s=float(dp_comm), dp_exposed_s=float(tail),
                              time_per_micro_batch_s=stage_mb + hop, peak_memory_bytes=peak, memory_capacity_bytes=cap))
         t_pipe = cm.pipeline_time(per_mb, hops, n_mb) + max(tails)
         steps = [s + h for s, h in zip(per_mb, hops)]
@@ -362,69 +556,6 @@ def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
                     feasible=not ooms, pipelines=pipes, out_of_memory=ooms, bottleneck_pipeline=worst, breakdown=breakdown)
 
 
-def _hop(st: Stage, nxt: Stage, act_msg: float, cluster: Cluster) -> float:
-    """Comm-PP-Hop of one boundary on the path the runtime takes: scatter/gather between equal TP
-    degrees above 1, else leader to leader plus the receiving TP broadcast."""
-    if st.tp == nxt.tp > 1:
-        return cm.comm_pp_hop_scatter(st.devices, nxt.devices, act_msg, cluster.bandwidth, cluster.latency)
-    return cm.comm_pp_hop(st.devices, nxt.devices, act_msg, cluster.bandwidth, cluster.latency,
-                          leaders=(st.leader, nxt.leader))
-
-
-def _dp_t_comm(sharding: str, t_red: float, t_par: float) -> float:
-    """T_comm entering DP-Overhead-Layer (whose collectives cost 2*T_comm): ddp all-reduces gradients
-    (reduce-scatter + all-gather, both at reduce_dtype); zero2 reduce-scatters gradients
-    (reduce_dtype) and all-gathers parameters (B_type); zero3 is dominated by its per-use parameter
-    gathers (B_type)."""
-    if sharding == "ddp":
-        return t_red
-    if sharding == "zero2":
-        return 0.5 * (t_red + t_par)
-    return t_par
-
-
-def _dp_edges(plan: Plan, i: int, j: int, cluster: Cluster, model: LlamaConfig, red_bt: int, bt: int,
-              backward_s: float) -> tuple[float, float]:
-    """(total, exposed) data-parallel time of the tensors outside the layers, per iteration: each TP
-    rank's vocabulary rows of the embedding (first stage) and of the untied LM head (last stage),
-    summed with the ranks of the other pipelines that hold the same rows (all-reduce, or
-    reduce-scatter + all-gather; the slowest rank of the stage counts), and the leader's TP broadcast
-    of the stage's replicated norms after the sync. The embedding's gradient is final only at the
-    end of the backward (fully exposed); the head's sync overlaps the stage's last backward
-    ``backward_s``."""
-    pipes = plan.pipelines
-    if len(pipes) == 1:
-        return 0.0, 0.0
-    st = pipes[i].stages[j]
-    first, last = j == 0, j == len(pipes[i].stages) - 1
-    bw, lat = cluster.bandwidth, cluster.latency
-
-    def sync(params: float, holder) -> float:
-        worst = 0.0
-        for r, d in enumerate(st.devices):
-            partners = [(d, d2, share) for k, p in enumerate(pipes) if k != i
-                        for r2, d2 in enumerate(holder(p).devices)
-                        if (share := _overlap(r, st.tp, r2, holder(p).tp)) > 0]
-            t_red = cm.comm_dp(partners, params * red_bt, len(pipes), bw, lat)
-            t_par = cm.comm_dp(partners, params * bt, len(pipes), bw, lat)
-            worst = max(worst, 2.0 * _dp_t_comm(plan.dp_sharding, t_red, t_par))
-        return worst
-
-    total = exposed = 0.0
-    if first:
-        t = sync(model.embedding_params, lambda p: p.stages[0])
-        total, exposed = total + t, exposed + t
-    if last and not model.tie_word_embeddings:
-        t = sync(model.head_params, lambda p: p.stages[-1])  # LM head rows (+ the final norm, on leaders)
-        total, exposed = total + t, exposed + max(0.0, t - backward_s)
-    if st.tp > 1:  # leader -> TP group: the replicated norms' gradients (ddp) or parameters (zero)
-        norms = (2 * st.num_layers + (1 if last else 0)) * model.hidden_size
-        nbytes = norms * (red_bt if plan.dp_sharding == "ddp" else bt)
-        t = sum(lat[st.leader, d] + nbytes / (st.tp * bw[st.leader, d]) for d in st.devices[1:])
-        total, exposed = total + t, exposed + t
-    return float(total), float(exposed)  # plain floats: the estimate is serialised (JSON, logger YAML)
-
-
 def _shard_fraction(model: LlamaConfig, tp: int) -> float:
     """model.max_shard_fraction(tp), memoised per model shape (the planner calls estimate() often)."""
     key = (model, tp)
@@ -436,56 +567,26 @@ def _shard_fraction(model: LlamaConfig, tp: int) -> float:
 _FRAC: dict[tuple[LlamaConfig, int], float] = {}
 
 
-def _stage_memory(plan: Plan, pipe, j: int, st: Stage, cluster: Cluster, workload: Workload,
-                  ooms: list[OutOfMemory]) -> tuple[float, float]:
-    """Peak bytes on each device of the stage; appends out-of-memory devices to ``ooms``.
-
-    params_local = l * layer_params * shard (+ the embedding's V/t rows on the first stage, the norm
-    and the LM head's V/t rows on the last: vocabulary-parallel; a tied head is the embedding on a
-    one-stage pipeline and a copy of its rows on a separate last stage); states = params_local *
-    bytes/param (ddp/zero2/zero3); activations = in-flight micro-batches * stored activations (layer
-    inputs only when recomputing) + one layer's full activations as working memory + this rank's
-    V/t columns of the fp32 logits and their softmax on the last stage; + ``reserve_bytes``.
-    """
-    model = workload.model
-    bt = workload.dtype_bytes
-    S, H = model.seq_len, model.hidden_size
-    n_st = len(pipe.stages)
-    mb, n_mb = pipe.micro_batch_size, pipe.num_micro_batches
-    frac = _shard_fraction(model, st.tp)
-    vfrac = model.max_vocab_fraction(st.tp)
-    params = st.num_layers * model.layer_params * frac
-    if j == 0:
-        params += model.embedding_params * vfrac
-    if j == n_st - 1:
-        head = model.stage_head_params(is_first=j == 0)
-        params += model.hidden_size + (head - model.hidden_size) * vfrac
-    states = params * cm.state_bytes_per_param(plan.dp_sharding, plan.num_pipelines, bt, workload.optimizer_bytes_per_param)
-    if plan.dp_sharding == "zero3":
-        states += 2 * model.layer_params * frac * bt  # current + prefetched gathered layer
-    inflight = cm.inflight_micro_batches(plan.schedule, n_st, j, n_mb)
-    full = cm.activation_bytes_layer(mb, S, H, st.tp, bt)
-    if plan.recompute:
-        acts = inflight * st.num_layers * mb * S * H * bt + full
-    else:
-        acts = inflight * st.num_layers * full
-    if j == n_st - 1:
-        acts += 2 * mb * S * model.vocab_size * vfrac * 4
-    peak = states + acts + workload.reserve_bytes
-    cap = min(cluster.devices[d].memory_bytes for d in st.devices)
-    for d in st.devices:
-        if peak > cluster.devices[d].memory_bytes:
-            ooms.append(OutOfMemory(d, cluster.devices[d].gpu_type, peak, cluster.devices[d].memory_bytes))
-    return peak, cap
-
-
 def workload_from_config(cfg) -> Workload:
-    """Workload from a composed root config: ``cfg.model``, and the dtype of ``trainer.precision``
-    (null: chosen by the cluster's devices, :func:`~lightning_hexiscale.config.recipe.effective_precision`)."""
+    """Workload from a composed root config: ``cfg.model``, the dtype of ``trainer.precision``
+    (null: chosen by the cluster's devices, :func:`~lightning_hexiscale.config.recipe.effective_precision`),
+    ``train.memory_headroom``, and whether the cluster runs on CPUs."""
     from lightning_hexiscale.config.recipe import effective_precision, precision_dtype
 
     types = [m.gpu for m in cfg.cluster.machines]
     dtype = precision_dtype(effective_precision(cfg.trainer.precision, types))
     # Adam's m and v in the dtype of the weights; bf16/fp16 training adds an fp32 master copy (4 + 4 + 4).
     optimizer_bytes = {"fp64": 16.0, "fp32": 8.0}.get(dtype, 12.0)
-    return Workload(LlamaConfig.from_config(cfg.model), dtype=dtype, optimizer_bytes_per_param=optimizer_bytes)
+    return Workload(LlamaConfig.from_config(cfg.model), dtype=dtype, optimizer_bytes_per_param=optimizer_bytes,
+                    memory_headroom=float(cfg.train.get("memory_headroom", 0.0) or 0.0),
+                    device="cpu" if _cpu_cluster(cfg) else "cuda")
+
+
+def _cpu_cluster(cfg) -> bool:
+    """Whether every machine of ``cfg.cluster`` is a CPU device type (``CPU``, ``CPU-FAST``, ...: the
+    emulated presets and profiled CPU hosts), i.e. the runtime runs on gloo without NCCL buffers."""
+    try:
+        machines = cfg.cluster.machines
+        return bool(machines) and all(str(m["gpu"]).upper().startswith("CPU") for m in machines)
+    except (AttributeError, KeyError, TypeError):
+        return False

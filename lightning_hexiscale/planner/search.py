@@ -1,4 +1,4 @@
-"""The two-phase hierarchical search of §4 with the iterative optimisation of §4.4.
+"""The two-phase hierarchical search of §4 with the iterative optimisation of §4.4, and what it adds.
 
 One iteration, for a number of pipelines D_dp and a cut option (min / max, §4.4):
 
@@ -9,148 +9,69 @@ One iteration, for a number of pipelines D_dp and a cut option (min / max, §4.4
    model by coordinate descent on the pipeline's time; stage leaders minimise the hops (a Viterbi
    pass over the stage chain); the reversed chain is tried too (LM head at the other end).
 3. Layers to stages in proportion to speed, then out-of-memory rebalancing, then a local refine
-   (:func:`split_layers`); micro-batches to pipelines in proportion to simulated speed
-   (:func:`split_batches`), every pipeline getting a whole number of micro-batches.
-4. Every (micro-batch size, dp_sharding) variant becomes a complete Plan scored by
-   ``estimate(plan).cost``; the best plan over all iterations is kept.
+   (:func:`assemble.split_layers`).
+4. Batches: every distinct layout gets its best batch split and micro-batch size per pipeline
+   (:class:`batching.BatchTimer`, the arithmetic of ``estimate()``); the best plan is kept.
 
 Across iterations D_dp is enumerated (every value for small clusters, a geometric ladder plus
-machine counts for large ones), the four best D_dp values then get the cut option the first sweep
-did not give them, and the best D_dp values (and their neighbours) are revisited with varied k_i,
-METIS seeds and balance. The cut option comes from exponential moving averages of the simulated
-data-parallel time and pipeline (hop + bubble) time: when DP dominates, the next iteration
-maximises the cut (DP gets the fast links), otherwise it minimises it; one iteration in five
-takes the other option so that both averages stay informed. All randomness comes from one
-``numpy.random.default_rng(seed)``: a seed gives the same plan.
+machine counts for large ones), the promising D_dp values (all of them when the iterations allow)
+then get the cut option the first sweep did not give them, and the best D_dp values (and their
+neighbours) are revisited with varied k_i, METIS seeds and balance. The cut option comes from
+exponential moving averages of the simulated data-parallel time and pipeline (hop + bubble) time:
+when DP dominates, the next iteration maximises the cut (DP gets the fast links), otherwise it
+minimises it; one iteration in five takes the other option so that both averages stay informed.
+All randomness comes from one ``numpy.random.default_rng(seed)``: a seed gives the same plan.
+
+Where it goes beyond §4, and why (each measured against the true optimum of
+:mod:`planner.oracle` on random heterogeneous clusters, tests/planner/test_search_vs_oracle.py):
+
+- Batches (§4.4 assigns them "proportionally to the estimated training efficiency"): an exact
+  minimax over integer batch splits with its own micro-batch size per pipeline, up to 64 devices
+  (many optima run a fast replica's whole batch as one micro-batch beside a pipeline of slow GPUs
+  with many); beyond, one micro-batch size for all and exact water-filling per size.
+- Layers: besides the compute-proportional split, one that also sees each stage's data-parallel
+  links (:mod:`planner.dp_split`): layers move off stages whose gradients cross slow links.
+- Mixed structures, on clusters of up to ``assemble.SMALL_CLUSTER`` devices: phase 1 also peels
+  the strongest devices, or same-machine pairs, off as replicas of their own and cuts the rest
+  into one or two pipelines; phase 2 also groups a set's GPUs by type and may form TP groups across
+  machines (devices too small to hold a stage alone share one); replica-only layouts (every
+  machine cut into TP groups of one size) are scored directly.
+- A final local improvement of the best layouts (:mod:`planner.refine`): move a layer, a device
+  or a stage, with the batches re-split exactly each time.
+- Speed on large clusters: one draft micro-batch size, ZeRO-3 only when ZeRO-2 fits nothing,
+  layouts whose pipelines alone are 1.25x slower than the best plan not scored.
 """
 
 from __future__ import annotations
 
+import gc
+import itertools
 import math
-import sys
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError, InfeasiblePlan
-from lightning_hexiscale.planner.assemble import (DP_OPTIONS, Evaluator, PipeDraft, draft_pipeline, make_plan,
-                                                  micro_batch_candidates, minimum_memory_message, split_batches)
-from lightning_hexiscale.planner.estimate import Estimate, Workload, estimate
+from lightning_hexiscale.planner import refine
+from lightning_hexiscale.planner.assemble import (DP_OPTIONS, SMALL_CLUSTER, DraftContext, Evaluator, batch_micro_sizes,
+                                                  chain_draft, micro_batch_candidates, minimum_memory_message)
+from lightning_hexiscale.planner.batching import BatchTimer, layout_key, layout_plan
+from lightning_hexiscale.planner.dp_split import resplit, resplit_cost
+from lightning_hexiscale.planner.estimate import Workload, estimate
 from lightning_hexiscale.planner.partition import DeviceGraph, partition
-from lightning_hexiscale.planner.plan import SCHEDULES, Plan
+from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner.search_settings import (Iteration, LogEntry, SearchResult, SearchSettings,
+                                                         dp_candidates)
 
-CUTS = ("auto", "min", "max")
-_SCORED_LARGE = 2
-
-
-@dataclass(frozen=True)
-class SearchSettings:
-    """What the search may vary and for how long. Built from ``cfg.planner`` + ``cfg.train``."""
-
-    iterations: int = 50
-    seed: int = 0
-    tau: int = 2
-    """Top-tau width of the stage-order search."""
-    balance: float = 1.2
-    """Phase-1 bound: max set compute / mean set compute."""
-    group_balance: float = 2.0
-    """Phase-2 bound: groups may differ more (layers follow compute anyway)."""
-    max_pipelines: int | None = None
-    cut: str = "auto"
-    """auto (moving averages, §4.4), min or max."""
-    progress: bool = False
-    schedule: str = "1f1b"
-    recompute: bool = True
-    micro_batch_size: int | None = None
-    """None: the search tries the divisors of the global batch up to 16."""
-    dp_sharding: str | None = None
-    """None: the search tries ddp, zero2 and zero3."""
-
-    def __post_init__(self) -> None:
-        if self.iterations < 1:
-            raise ConfigError("planner.iterations", self.iterations, "must be at least 1", "use e.g. 50")
-        if self.tau < 1:
-            raise ConfigError("planner.tau", self.tau, "must be at least 1", "use e.g. 2")
-        if self.cut not in CUTS:
-            raise ConfigError("planner.cut", self.cut, f"must be one of {CUTS}", "use auto")
-        if self.schedule not in SCHEDULES:
-            raise ConfigError("train.schedule", self.schedule, f"must be one of {SCHEDULES}", "use 1f1b")
-        if self.dp_sharding is not None and self.dp_sharding not in DP_OPTIONS:
-            raise ConfigError("train.dp_sharding", self.dp_sharding, f"must be one of {DP_OPTIONS}", "use zero2")
-        if self.max_pipelines is not None and self.max_pipelines < 1:
-            raise ConfigError("planner.max_pipelines", self.max_pipelines, "must be at least 1 (or null)", "use null")
-
-    @classmethod
-    def from_config(cls, cfg: Any, dp_sharding_explicit: bool = False, **changes: Any) -> SearchSettings:
-        """From a composed root config; ``train.dp_sharding`` binds only when the user set it."""
-        p, t = cfg.planner, cfg.train
-        kw = dict(iterations=int(p.iterations), seed=int(p.seed), tau=int(p.tau), balance=float(p.balance),
-                  max_pipelines=p.max_pipelines, progress=bool(p.progress), schedule=str(t.schedule),
-                  recompute=bool(t.recompute), micro_batch_size=t.micro_batch_size,
-                  dp_sharding=str(t.dp_sharding) if dp_sharding_explicit else None)
-        for key in ("cut", "group_balance"):
-            if key in p:
-                kw[key] = p[key]
-        kw.update(changes)
-        return cls(**kw)
-
-
-@dataclass(frozen=True)
-class LogEntry:
-    iteration: int
-    num_pipelines: int
-    cut: str
-    cost_s: float
-    """Best cost of this iteration (inf: nothing fitted)."""
-    best_s: float
-    """Best cost so far."""
-
-
-@dataclass(frozen=True)
-class SearchResult:
-    plan: Plan
-    estimate: Estimate
-    log: list[LogEntry] = field(default_factory=list)
-    search_time_s: float = 0.0
-
-
-class Progress:
-    """A tiny tqdm-like bar on stderr (no dependency): ``it/total [elapsed] best``."""
-
-    def __init__(self, total: int, enabled: bool, label: str = "search"):
-        self.total, self.enabled, self.label, self.t0 = total, enabled and total > 1, label, time.perf_counter()
-
-    def update(self, i: int, best: float) -> None:
-        if not self.enabled:
-            return
-        width = 24
-        done = int(width * i / self.total)
-        best_s = f"{best:.3f} s" if math.isfinite(best) else "-"
-        sys.stderr.write(f"\r{self.label} [{'#' * done}{'.' * (width - done)}] {i}/{self.total} "
-                         f"{time.perf_counter() - self.t0:.1f}s best {best_s}")
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
-
-
-def dp_candidates(num_devices: int, max_dp: int, num_machines: int) -> list[int]:
-    """D_dp values the first pass enumerates: all of 1..16, then a x1.3 ladder, plus the machine
-    count and its halves/doubles (pipelines that align with machines), capped at ``max_dp``."""
-    vals = set(range(1, min(max_dp, 16) + 1))
-    x = 16
-    while x < max_dp:
-        x = int(math.ceil(x * 1.3))
-        vals.add(min(x, max_dp))
-    for m in (num_machines // 2, num_machines, 2 * num_machines, 4 * num_machines):
-        if 1 <= m <= max_dp:
-            vals.add(m)
-    return sorted(vals)
+_REPLICA_LAYOUTS = 256
+"""Replica-only layouts the search scores on small clusters (one TP size per machine, every combination)."""
+_PRUNE = 1.25
+"""Large clusters: a layout whose pipelines alone take 1.25 x the best plan so far is not scored."""
+_STARTS = 4
+"""Layouts (the best for each number of pipelines, best first) the final local improvement starts from."""
 
 
 class _Search:
@@ -165,10 +86,11 @@ class _Search:
         self.mbs = micro_batch_candidates(global_batch, s.micro_batch_size, cluster.num_devices)
         self.shardings = (s.dp_sharding,) if s.dp_sharding else DP_OPTIONS
         cal = cluster.calibration
-        if not s.dp_sharding and cal.theta_zero2 <= cal.theta_ddp:
-            # ZeRO-2 prices data parallelism like DDP (Appendix B eq. 5, theta_2 <= theta_1) with
-            # less memory per device: DDP can never be strictly better, so it is not tried
-            self.shardings = ("zero2", "zero3")
+        self.skip_ddp = not s.dp_sharding and cal.theta_zero2 <= cal.theta_ddp
+        """ZeRO-2 prices data parallelism like DDP (Appendix B eq. 5, theta_2 <= theta_1) and, with
+        two or more pipelines, needs no more memory in any phase (estimate.stage_memory_at): DDP
+        cannot be strictly better there, so it is tried only for one pipeline (where ZeRO-2 shards
+        nothing but still keeps its flat buffers)."""
         max_dp = min(cluster.num_devices, global_batch // min(self.mbs))
         if s.max_pipelines:
             max_dp = min(max_dp, s.max_pipelines)
@@ -176,15 +98,58 @@ class _Search:
         self._p1: dict[tuple, list[np.ndarray]] = {}
         self._p2: dict[tuple, list[tuple[int, ...]]] = {}
         self.ema = {"dp": 0.0, "pp": 0.0}
-        self.best: tuple[float, Plan | None, Estimate | None] = (math.inf, None, None)
+        self.best: tuple[float, Plan | None] = (math.inf, None)
         self.by_dp: dict[int, float] = {}
         self.tried: set[tuple[int, str]] = set()
+        self.mixed_tried: set[int] = set()
+        self.best_step: tuple[int, str] | None = None
+        """(D_dp, cut) of the iteration that found the best plan so far (not a peel)."""
+        self.timer = BatchTimer(cluster, workload, global_batch, batch_micro_sizes(global_batch, s.micro_batch_size,
+                                                                                 cluster.num_devices))
+        self.top: dict[int, list[tuple[float, Plan, frozenset]]] = {}
+        n = cluster.num_devices
+        self.strongest = sorted(range(n), key=lambda d: (-cluster.devices[d].flops, -cluster.devices[d].memory_bytes, d))
+        self.small = n <= SMALL_CLUSTER
+        # every stage needs a layer and, without cross-machine TP, is a TP group inside a machine
+        widest = max(len(m.devices) for m in cluster.machines)
+        self.most_per_pipeline = self.L * min(workload.model.num_kv_heads, n if self.small else widest)
+        # mixed structures: r single-device replicas + the rest as 1 or 2 pipelines (small clusters)
+        self.peels: list[tuple[int, int, int]] = []
+        self.peeled = 0
+        self.units: dict[int, list[tuple[int, ...]]] = {1: [(d,) for d in self.strongest], 2: self.pairs()}
+        if self.small:
+            # mixed structures: r replica units (single devices or same-machine pairs, strongest
+            # first) + the rest as 1 or 2 pipelines
+            for r in range(1, 9):
+                for unit in (1, 2):
+                    for rest in (1, 2):
+                        left = n - unit * r
+                        if r <= len(self.units[unit]) and left >= rest and r + rest <= max_dp:
+                            self.peels.append((r, rest, unit))
 
-    # ---- phases -------------------------------------------------------------------------------
-    def phase1(self, dp: int, cut: str, balance: float, seed: int) -> list[np.ndarray]:
-        key = (dp, cut, balance, seed if cut == "min" else seed % dp)
+    def pairs(self) -> list[tuple[int, ...]]:
+        """Same-machine device pairs, strongest machines first (TP-2 replica candidates)."""
+        by_machine: dict[int, list[int]] = {}
+        for d in self.strongest:
+            by_machine.setdefault(self.cluster.devices[d].machine, []).append(d)
+        return [tuple(ds[k:k + 2]) for ds in by_machine.values() for k in range(0, len(ds) - 1, 2)]
+
+    def phase1(self, step: Iteration) -> list[np.ndarray]:
+        """D_dp GPU sets (§4.2). With ``step.peel = r`` the r strongest replica units (devices or
+        same-machine pairs) are sets of their own and the rest is cut into D_dp - r sets (mixed
+        structures, beyond §4)."""
+        dp, cut, balance, seed = step.dp, step.cut, step.balance, step.seed
+        key = (dp, cut, balance, seed if cut == "min" else seed % dp, step.peel, step.unit)
         if key not in self._p1:
-            self._p1[key] = partition(self.graph, dp, cut, balance, seed)
+            if step.peel:
+                solo = self.units[step.unit][:step.peel]
+                taken = {d for u in solo for d in u}
+                rest = np.array(sorted(set(range(self.cluster.num_devices)) - taken), dtype=np.int64)
+                sub = DeviceGraph.from_cluster(self.cluster, rest)
+                parts = [np.array(u) for u in solo] + partition(sub, dp - step.peel, cut, balance, seed)
+                self._p1[key] = sorted(parts, key=lambda a: int(a.min()))
+            else:
+                self._p1[key] = partition(self.graph, dp, cut, balance, seed)
         return self._p1[key]
 
     def phase2(self, devices: np.ndarray, k: int, seed: int) -> list[tuple[int, ...]]:
@@ -204,61 +169,118 @@ class _Search:
                 self._p2[key] = [tuple(sorted(g.tolist())) for g in groups]
         return self._p2[key]
 
+    def mixed_deal(self, dp: int) -> list[np.ndarray] | None:
+        """Phase 1's max cut with the weak machines kept whole (beyond §4, small clusters): the
+        machines whose GPUs are slower than the median machine's go whole to the sets (largest
+        compute first, to the set with the least), the others are dealt GPU by GPU (to the set
+        holding the fewest of that machine, then the least compute). A weak machine's GPUs can
+        then form a fast TP group inside one pipeline while the strong GPUs still give data
+        parallelism its fast links. None when there is no weak or no strong machine."""
+        c = self.cluster
+        machines = [list(m.devices) for m in c.machines]
+        speed = [c.devices[m[0]].flops for m in machines]
+        median = float(np.median(speed))
+        weak = [m for m, f in zip(machines, speed) if f < median]
+        strong = [m for m, f in zip(machines, speed) if f >= median]
+        if not weak or not strong or dp < 2:
+            return None
+        parts: list[list[int]] = [[] for _ in range(dp)]
+        load = np.zeros(dp)
+        for m in sorted(weak, key=lambda m: (-sum(c.devices[d].flops for d in m), m[0])):
+            p = int(np.argmin(load))
+            parts[p] += m
+            load[p] += sum(c.devices[d].flops for d in m)
+        for m in sorted(strong, key=lambda m: (-len(m), m[0])):
+            taken = np.zeros(dp, dtype=np.int64)
+            for d in sorted(m, key=lambda d: (-c.devices[d].flops, d)):
+                p = int(np.lexsort((np.arange(dp), load, taken))[0])
+                parts[p].append(d)
+                taken[p] += 1
+                load[p] += c.devices[d].flops
+        if any(not p for p in parts):
+            return None
+        return sorted((np.array(sorted(p), dtype=np.int64) for p in parts), key=lambda a: int(a.min()))
+
+    def type_groups(self, devices: np.ndarray) -> list[tuple[int, ...]]:
+        """The set's devices grouped by GPU type (a group may span machines)."""
+        by_type: dict[str, list[int]] = {}
+        for d in sorted(devices.tolist()):
+            by_type.setdefault(self.cluster.devices[d].gpu_type, []).append(d)
+        return [tuple(g) for g in by_type.values()]
+
     def machines_in(self, devices: np.ndarray) -> int:
         return len({self.cluster.devices[d].machine for d in devices})
 
     # ---- one iteration ------------------------------------------------------------------------
-    def evaluate(self, groups_per_pipe: list[list[tuple[int, ...]]]) -> tuple[float, Plan | None, Estimate | None]:
-        """Best complete plan over micro-batch sizes and dp shardings for one phase-2 result.
+    def evaluate(self, groups_per_pipe: list[list[tuple[int, ...]]]) -> tuple[float, Plan | None, tuple | None]:
+        """Best complete plan for one phase-2 result.
 
-        Every variant is drafted; up to 64 devices each is scored by ``estimate()``; beyond, the
-        variants are ranked by their pipelines' own times (no DP term) and the best
-        ``_SCORED_LARGE`` are scored, which bounds the cost of an iteration on 1024 GPUs.
+        Each pipeline is drafted (strategies, leaders, layer split) for every dp sharding and a few
+        micro-batch sizes; every distinct layout then gets its exact best batch split and
+        micro-batch size per pipeline (:meth:`batching.BatchTimer.best`, the arithmetic of
+        ``estimate()``). Returns (cost, plan, (exposed DP time, hops + bubble) of its slowest pipeline).
         """
         P = len(groups_per_pipe)
-        cands = []
-        for mb in self.mbs:
-            total_mb = self.gb // mb
-            if total_mb < P:
+        best: tuple[float, Plan | None] = (math.inf, None)
+        for sharding in self.shardings_for(P):
+            if self.cluster.num_devices > 64 and sharding == "zero3" and best[1] is not None:
+                # large clusters: ZeRO-3 only when ZeRO-2 fits nothing (its gathers overlap
+                # compute at theta_3 >= 1 at best; it is there for memory), to bound the time
                 continue
-            for sharding in self.shardings:
-                drafts = [draft_pipeline(self.ev, g, mb, sharding, P, total_mb, self.s.tau) for g in groups_per_pipe]
+            layouts: dict[tuple, Plan] = {}
+            for mb in self.draft_mbs(P):
+                ctx = DraftContext(mb, sharding, P, max(1, self.gb // P // mb), self.s.tau)
+                drafts = [self.ev.draft(g, ctx) for g in groups_per_pipe]
                 if any(d is None for d in drafts):
                     continue
-                counts = split_batches([d.sum_s for d in drafts], [d.max_s for d in drafts], [0.0] * P, total_mb,
-                                       [d.max_micro for d in drafts])
-                own = max(d.time_s(n) for d, n in zip(drafts, counts))
-                cands.append((own, len(cands), mb, sharding, drafts))
-        cands.sort(key=lambda c: (c[0], c[1]))
-        if self.cluster.num_devices > 64:
-            cands = cands[:_SCORED_LARGE]
-        best: tuple[float, Plan | None, Estimate | None] = (math.inf, None, None)
-        for _, _, mb, sharding, drafts in cands:
-            plan, est = self.score(drafts, mb, sharding, self.gb // mb)
-            if est.cost < best[0]:
-                best = (est.cost, plan, est)
-        return best
+                if self.cluster.num_devices > 64 and _local_time(drafts, self.gb // mb) > _PRUNE * self.best[0]:
+                    continue  # large clusters: hopeless even without data parallelism; not scored
+                variants = [drafts]
+                if P > 1 and self.cluster.num_devices <= 64:  # layers split for their DP links too
+                    flat = [tuple(d for g in groups for d in g) for groups in groups_per_pipe]
+                    variants.append([resplit(self.ev, d, flat[:i] + flat[i + 1:], ctx) for i, d in enumerate(drafts)])
+                for ds in variants:
+                    layout = layout_plan([list(d.stages) for d in ds], [d.layers for d in ds], sharding,
+                                         self.s.schedule, self.s.recompute, self.L)
+                    layouts.setdefault(layout_key(layout), layout)
+            for layout in layouts.values():
+                cost, plan = self.timer.best(layout, self.meta())
+                if plan is not None:
+                    self.remember(cost, plan)
+                    if cost < best[0]:
+                        best = (cost, plan)
+        if best[1] is None:
+            return math.inf, None, None
+        return best[0], best[1], self.timer.breakdown(best[1])
 
-    def score(self, drafts: list[PipeDraft], mb: int, sharding: str, total_mb: int) -> tuple[Plan, Estimate]:
-        """Batches from the local model, estimate; then once more with the estimate's own
-        per-pipeline times (which include the data-parallel tails) if that moves any batch."""
-        counts = split_batches([d.sum_s for d in drafts], [d.max_s for d in drafts], [0.0] * len(drafts), total_mb,
-                               [d.max_micro for d in drafts])
-        plan = make_plan(drafts, counts, mb, sharding, self.s.schedule, self.s.recompute, self.L, self.meta())
-        est = estimate(plan, self.cluster, self.workload)
-        if len(drafts) > 1 and est.feasible:
-            tails = [p.time_s - (sum(x.time_per_micro_batch_s for x in p.stages)
-                                 + (p.num_micro_batches - 1) * max(x.time_per_micro_batch_s for x in p.stages))
-                     for p in est.pipelines]
-            sums = [sum(x.time_per_micro_batch_s for x in p.stages) for p in est.pipelines]
-            maxs = [max(x.time_per_micro_batch_s for x in p.stages) for p in est.pipelines]
-            again = split_batches(sums, maxs, tails, total_mb, [d.max_micro for d in drafts])
-            if again != counts:
-                plan2 = make_plan(drafts, again, mb, sharding, self.s.schedule, self.s.recompute, self.L, self.meta())
-                est2 = estimate(plan2, self.cluster, self.workload)
-                if est2.cost < est.cost:
-                    plan, est = plan2, est2
-        return plan, est
+    def shardings_for(self, num_pipelines: int) -> tuple[str, ...]:
+        if self.skip_ddp and num_pipelines > 1:
+            return tuple(sh for sh in self.shardings if sh != "ddp")
+        return self.shardings
+
+    def draft_mbs(self, num_pipelines: int) -> list[int]:
+        """Micro-batch sizes to draft layer splits with: those of the candidates that fit a
+        pipeline's share of the batch (the batch split then picks one per pipeline)."""
+        share = max(1, self.gb // num_pipelines)
+        fit = [m for m in self.mbs if m <= share] or [min(self.mbs)]
+        if self.cluster.num_devices > 64:  # one draft (the split picks the micro-batch size anyway)
+            return fit[:1]
+        if not self.small:
+            return fit[:1] + fit[-1:] if len(fit) > 1 else fit
+        return fit
+
+    def remember(self, cost: float, plan: Plan) -> None:
+        """Keep the best layouts for each number of pipelines (on small clusters the best two with
+        different device sets): the starts of the final local improvement (varied structures, not
+        only variations of the best one)."""
+        P = plan.num_pipelines
+        sets = frozenset(frozenset(p.devices) for p in plan.pipelines)
+        kept = [e for e in self.top.get(P, []) if e[2] != sets or e[0] <= cost]
+        if any(e[2] == sets for e in kept):
+            self.top[P] = kept
+            return
+        kept = sorted(kept + [(cost, plan, sets)], key=lambda e: e[0])
+        self.top[P] = kept[:2 if self.small else 1]
 
     def meta(self) -> dict[str, Any]:
         return {"planner": "hexiscale-search", "model": self.workload.model.name, "cluster": self.cluster.name,
@@ -274,60 +296,184 @@ class _Search:
             pick = "max" if pick == "min" else "min"
         return pick
 
-    def plan_iteration(self, it: int) -> tuple[int, str, float, int, float]:
-        """(D_dp, cut, balance, seed, k-jitter probability) for iteration ``it``."""
+    def plan_iteration(self, it: int) -> Iteration:
+        """What iteration ``it`` tries: first every D_dp; then the promising D_dp values (every one
+        when the iterations allow) with the cut option they did not get; then, on clusters of up
+        to 16 devices, mixed structures (the strongest devices or same-machine pairs as replicas,
+        the rest as one or two pipelines); then variations around the best D_dp values."""
         cut = self.choose_cut(it)
         explore = len(self.dps)
         if it < min(explore, self.s.iterations):
             if explore > self.s.iterations:  # more values than iterations: an even subsample
                 idx = int(round(it * (explore - 1) / max(self.s.iterations - 1, 1)))
-                return self.dps[idx], cut, self.s.balance, self.s.seed, 0.0
-            return self.dps[it], cut, self.s.balance, self.s.seed, 0.0
+                return Iteration(self.dps[idx], cut, self.s.balance, self.s.seed)
+            return Iteration(self.dps[it], cut, self.s.balance, self.s.seed)
         ranked = sorted((c, dp) for dp, c in self.by_dp.items() if math.isfinite(c))
         if self.s.cut == "auto":
-            # the promising D_dp values get the cut option the first sweep did not give them
-            for _, dp in ranked[:4]:
-                for other in ("min", "max"):
-                    if (dp, other) not in self.tried:
-                        return dp, other, self.s.balance, self.s.seed, 0.0
+            # first the ladder neighbours of the best D_dp with the cut that found it (the first
+            # sweep may have given them the other cut), then the promising values' other cut
+            cands = []
+            if self.best_step is not None and self.best_step[0] in self.dps:
+                j = self.dps.index(self.best_step[0])
+                cands += [(self.dps[k], self.best_step[1]) for k in (j - 1, j + 1) if 0 <= k < len(self.dps)]
+            wide = 2 * explore + len(self.peels) <= self.s.iterations
+            cands += [(dp, other) for _, dp in (ranked if wide else ranked[:4]) for other in ("min", "max")]
+            for dp, other in cands:
+                if (dp, other) not in self.tried:
+                    return Iteration(dp, other, self.s.balance, self.s.seed)
+        if self.peeled < len(self.peels):
+            r, rest, unit = self.peels[self.peeled]
+            self.peeled += 1
+            return Iteration(r + rest, cut, self.s.balance, self.s.seed, peel=r, unit=unit)
         pool = [dp for _, dp in ranked[:3]] or self.dps
         dp = int(pool[int(self.rng.integers(len(pool)))])
         if self.rng.random() < 0.3:  # a neighbour of a good D_dp in the candidate ladder
             j = self.dps.index(dp) if dp in self.dps else 0
             dp = self.dps[int(np.clip(j + self.rng.choice([-1, 1]), 0, len(self.dps) - 1))]
         balance = float(self.rng.choice([self.s.balance, self.s.balance, 1.05, 1.5, 2.0]))
-        return dp, cut, balance, int(self.rng.integers(1 << 30)), 0.5
+        return Iteration(dp, cut, balance, int(self.rng.integers(1 << 30)), jitter=0.5)
 
     def run(self) -> SearchResult:
         t0 = time.perf_counter()
         log: list[LogEntry] = []
-        bar = Progress(self.s.iterations, self.s.progress)
+        bar = tqdm(total=self.s.iterations, desc="search", unit="it", leave=False, dynamic_ncols=True,
+                   disable=not self.s.progress or self.s.iterations < 2)
         for it in range(self.s.iterations):
-            dp, cut, balance, seed, jitter = self.plan_iteration(it)
-            sets = self.phase1(dp, cut, balance, seed)
+            step = self.plan_iteration(it)
+            sets = self.phase1(step)
             groups = []
             for d in sets:
                 k = self.machines_in(d)
-                if jitter and self.rng.random() < jitter:
+                if step.jitter and self.rng.random() < step.jitter:
                     k = int(np.clip(k + self.rng.choice([-1, 1, 2]), 1, len(d)))
-                groups.append(self.phase2(d, min(k, len(d)), seed))
-            cost, plan, est = self.evaluate(groups)
-            self.by_dp[dp] = min(self.by_dp.get(dp, math.inf), cost)
-            self.tried.add((dp, cut))
+                groups.append(self.phase2(d, min(k, len(d)), step.seed))
+            if max(len(d) for d in sets) > self.most_per_pipeline:
+                cost, plan, est = math.inf, None, None  # a pipeline would need more stages than layers
+            else:
+                cost, plan, est = self.evaluate(groups)
+            if self.small:
+                # beyond §4 (small clusters): the same sets grouped by GPU type across machines
+                by_type = [self.type_groups(d) for d in sets]
+                if by_type != groups:
+                    alt = self.evaluate(by_type)
+                    if alt[0] < cost:
+                        cost, plan, est = alt
+                if not step.peel and step.dp not in self.mixed_tried:
+                    self.mixed_tried.add(step.dp)
+                    mixed = self.mixed_deal(step.dp)
+                    if mixed is not None and not all(np.array_equal(a, b) for a, b in zip(mixed, sets)):
+                        alt = self.evaluate([self.phase2(d, self.machines_in(d), step.seed) for d in mixed])
+                        if alt[0] < cost:
+                            cost, plan, est = alt
+            if not step.peel:
+                self.by_dp[step.dp] = min(self.by_dp.get(step.dp, math.inf), cost)
+                self.tried.add((step.dp, step.cut))
             if est is not None and math.isfinite(cost):
-                b = est.breakdown
-                for key, v in (("dp", b["dp_exposed_s"]), ("pp", b["pp_comm_s"] + b["bubble_s"])):
+                for key, v in zip(("dp", "pp"), est):
                     self.ema[key] = 0.7 * self.ema[key] + 0.3 * v
             if cost < self.best[0]:
-                self.best = (cost, plan, est)
-            log.append(LogEntry(it, dp, cut, cost, self.best[0]))
-            bar.update(it + 1, self.best[0])
+                self.best = (cost, plan)
+                if not step.peel:
+                    self.best_step = (step.dp, step.cut)
+            log.append(LogEntry(it, step.dp, step.cut, cost, self.best[0]))
+            bar.update(1)
+            if math.isfinite(self.best[0]):
+                bar.set_postfix_str(f"best {self.best[0]:.3f} s", refresh=False)
         bar.close()
-        _, plan, est = self.best
+        if self.small:
+            self.replicas()
+        self.improve()
+        _, plan = self.best
         if plan is None:
             raise InfeasiblePlan(capacity_message(self.cluster, self.workload, self.gb)
                                  or minimum_memory_message(self.cluster, self.workload, self.gb))
-        return SearchResult(plan, est, log, time.perf_counter() - t0)
+        return SearchResult(plan, estimate(plan, self.cluster, self.workload), log, time.perf_counter() - t0)
+
+    def replicas(self) -> None:
+        """Mixed structures of replicas only (beyond §4, small clusters): every machine cut into TP
+        groups of one size t (t dividing its device count, at most the KV heads), each a
+        single-stage pipeline of all layers; every combination of sizes over the machines (at most
+        ``_REPLICA_LAYOUTS``), each scored exactly. They join the starts of the final improvement."""
+        per_machine = []
+        for m in self.cluster.machines:
+            devs = sorted(m.devices, key=lambda d: (-self.cluster.devices[d].flops, d))
+            ts = [t for t in range(1, min(len(devs), self.workload.model.num_kv_heads) + 1) if len(devs) % t == 0]
+            per_machine.append([[tuple(devs[i:i + t]) for i in range(0, len(devs), t)] for t in ts])
+        for k, combo in enumerate(itertools.product(*per_machine)):
+            if k >= _REPLICA_LAYOUTS:
+                break
+            groups = [g for part in combo for g in part]
+            if len(groups) > self.gb:
+                continue
+            for sharding in self.shardings_for(len(groups)):
+                layout = layout_plan([[g] for g in groups], [(self.L,)] * len(groups), sharding, self.s.schedule,
+                                     self.s.recompute, self.L)
+                cost, plan = self.timer.best(layout, self.meta())
+                if plan is not None:
+                    self.remember(cost, plan)
+                    if cost < self.best[0] * (1 - 1e-12):
+                        self.best = (cost, plan)
+
+    def improve(self) -> None:
+        """Local improvement of the best layouts found (:mod:`planner.refine`), beyond §4."""
+        budget = refine.budget_for(self.cluster.num_devices, self.s.iterations)
+        ctx = refine.RefineContext(self.timer, self.workload.model, self.shardings,
+                                   move_devices=self.small, repair=self.repair,
+                                   meta=self.meta(), seed=self.s.seed)
+        firsts = [e[0] for e in self.top.values()]
+        seconds = [e for v in self.top.values() for e in v[1:]]
+        starts = sorted(firsts, key=lambda e: e[0])[:_STARTS]
+        starts += sorted(seconds, key=lambda e: e[0])[:_STARTS - 2]  # small clusters: runners-up too
+        starts.sort(key=lambda e: e[0])
+        for k, (cost, plan, _) in enumerate(starts):
+            if budget <= 0:
+                break
+            share = budget if k == len(starts) - 1 else max(budget // 2, 1)
+            cost, plan, used = refine.improve(plan, cost, ctx, share)
+            budget -= used
+            if cost < self.best[0] * (1 - 1e-12):
+                self.best = (cost, plan)
+
+    def repair(self, layout: refine.Layout, before: refine.Layout) -> refine.Layout:
+        """The pipelines a move changed get their leaders (phase 2) and a data-parallel-aware
+        layer split (:func:`dp_split.resplit`) afresh."""
+        sharding, pipes = layout
+        old = set(before[1])
+        P = len(pipes)
+        flat = [tuple(d for st, _ in p for d in st) for p in pipes]
+        out = []
+        for i, p in enumerate(pipes):
+            if p in old:
+                out.append(p)
+                continue
+            ctx = DraftContext(1, sharding, P, max(1, self.gb // P), self.s.tau)
+            best = None
+            for stages in ([st for st, _ in p], [st for st, _ in p][::-1]):  # either end may lead
+                d = chain_draft(self.ev, stages, ctx)
+                if d is not None:
+                    d, t = resplit_cost(self.ev, d, flat[:i] + flat[i + 1:], ctx)
+                    if best is None or t < best[1]:
+                        best = (d, t)
+            out.append(p if best is None else tuple(zip(best[0].stages, best[0].layers)))
+        return sharding, tuple(out)
+
+
+def _local_time(drafts: list, total_micro: int) -> float:
+    """The slowest pipeline's own time (no data-parallel tail) with ``total_micro`` micro-batches
+    shared by water-filling: pipeline i takes sum_i + (n_i - 1) * max_i."""
+    P = len(drafts)
+    if total_micro < P:
+        return math.inf
+    s = np.array([d.sum_s for d in drafts])
+    m = np.array([d.max_s for d in drafts])
+    lo, hi = float(s.max()), float((s + (total_micro - 1) * m).max())
+    for _ in range(50):
+        mid = 0.5 * (lo + hi)
+        if np.floor((mid - s) / m + 1).clip(min=0).sum() >= total_micro:
+            hi = mid
+        else:
+            lo = mid
+    return hi
 
 
 def capacity_message(cluster: Cluster, workload: Workload, global_batch: int) -> str | None:
@@ -358,4 +504,11 @@ def search(cluster: Cluster, workload: Workload, global_batch: int,
     s = settings or SearchSettings()
     if global_batch < 1:
         raise ConfigError("train.global_batch", global_batch, "must be a positive integer", "use e.g. 32")
-    return _Search(cluster, workload, global_batch, s).run()
+    # the search allocates millions of small tuples that live as long as its caches: a rarer
+    # young-generation collection saves ~5% of the time on large clusters (restored afterwards)
+    threshold = gc.get_threshold()
+    gc.set_threshold(max(threshold[0], 100_000), *threshold[1:])
+    try:
+        return _Search(cluster, workload, global_batch, s).run()
+    finally:
+        gc.set_threshold(*threshold)

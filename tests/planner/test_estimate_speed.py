@@ -4,6 +4,7 @@ import pytest
 
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
+from lightning_hexiscale.planner import dp_comm as D
 from lightning_hexiscale.planner import estimate as E
 from lightning_hexiscale.planner.plan import Plan
 from lightning_hexiscale.planner.search import SearchSettings, search
@@ -23,9 +24,9 @@ def test_dp_terms_match_the_reference(case):
     plan, cluster, model = case
     layer_bytes = model.layer_params * 2
     cluster.__dict__.pop("_dp_comm_cache", None)
-    fast = E._dp_comm_all(plan, cluster, layer_bytes)
+    fast = D.dp_comm_all(plan, cluster, layer_bytes)
     for i, p in enumerate(plan.pipelines):
         for j, st in enumerate(p.stages):
-            ref = E._dp_comm_per_layer(plan, i, st, cluster, layer_bytes)
+            ref = D.dp_comm_per_layer(plan, i, st, cluster, layer_bytes)
             assert [n for n, _ in fast[(i, j)]] == [n for n, _ in ref]
             assert [t for _, t in fast[(i, j)]] == pytest.approx([t for _, t in ref], rel=1e-12, abs=1e-15)

@@ -7,7 +7,8 @@ import pytest
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError, InfeasiblePlan
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.assemble import Evaluator, chain_draft, make_plan, split_batches, split_layers
+from lightning_hexiscale.planner.assemble import (DraftContext, Evaluator, chain_draft, make_plan, split_batches,
+                                                  split_layers)
 from lightning_hexiscale.planner.estimate import Workload, estimate
 from lightning_hexiscale.planner.search import SearchSettings, dp_candidates, search
 
@@ -34,7 +35,10 @@ def test_every_preset_is_covered():
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_every_plan_validates_and_fits_in_memory(name):
     model, gb = PRESETS[name]
-    c, w = Cluster.load(name), Workload(LlamaConfig.load(model))
+    c = Cluster.load(name)
+    # emulated CPU clusters run the CPU runtime (no NCCL buffers), as workload_from_config prices them
+    cpu = all(d.gpu_type.startswith("CPU") for d in c.devices)
+    w = Workload(LlamaConfig.load(model), device="cpu" if cpu else "cuda")
     r = search(c, w, gb, SearchSettings(iterations=3 if name == "large_240" else 6))
     r.plan.validate(c, w.model, global_batch=gb)
     est = estimate(r.plan, c, w)
@@ -66,7 +70,8 @@ def test_log_is_one_entry_per_iteration_with_a_falling_best():
     assert [e.iteration for e in r.log] == list(range(15))
     bests = [e.best_s for e in r.log]
     assert all(b2 <= b1 for b1, b2 in zip(bests, bests[1:]))
-    assert bests[-1] == pytest.approx(r.estimate.iteration_time_s) and r.search_time_s > 0
+    # the final local improvement (planner/refine.py) runs after the logged iterations
+    assert r.estimate.iteration_time_s <= bests[-1] * (1 + 1e-12) and r.search_time_s > 0
 
 
 def test_user_dp_sharding_and_micro_batch_bind(llama7b):
@@ -120,7 +125,7 @@ def test_local_model_matches_estimate_for_one_pipeline(llama7b):
     c = Cluster.load("hetero2")
     ev = Evaluator(c, llama7b)
     stages = [(24, 25, 26, 27, 28, 29, 30, 31), (16, 17, 18, 19), (20, 21, 22, 23), (8, 9), (10, 11)]
-    d = chain_draft(ev, stages, 2, "ddp", 1, 16)
+    d = chain_draft(ev, stages, DraftContext(2, "ddp", 1, 16))
     plan = make_plan([d], [16], 2, "ddp", "1f1b", True, 32, {})
     est = estimate(plan, c, llama7b)
     assert est.feasible

@@ -1,0 +1,148 @@
+"""Data-parallel T_comm (Appendix B eq. 4) of every stage of a plan, layer interval by layer interval.
+
+The pipelines of a plan split the layers at different boundaries and with different TP degrees, so
+the devices a layer's gradient is exchanged with change along the layers. :func:`dp_comm_all` sweeps
+the global layer intervals and returns, per stage, ``[(layers, T_comm)]``; :func:`dp_comm_per_layer`
+is the plain reference form of one stage (kept for tests). Both depend only on the plan's layout
+(devices and layer ranges), not on batches, micro-batches or sharding.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lightning_hexiscale.config.cluster import Cluster
+from lightning_hexiscale.planner import cost_model as cm
+from lightning_hexiscale.planner.plan import Plan, Stage
+
+
+def _overlap(r: int, t: int, r2: int, t2: int) -> float:
+    """Shared fraction of a layer between TP rank r of t and TP rank r2 of t2 (even splits)."""
+    lo, hi = max(r / t, r2 / t2), min((r + 1) / t, (r2 + 1) / t2)
+    return max(0.0, hi - lo)
+
+
+def dp_comm_per_layer(plan: Plan, i: int, stage: Stage, cluster: Cluster, layer_bytes: float) -> list[tuple[int, float]]:
+    """[(layers, T_comm)] over the stage's layer intervals whose holders in other pipelines are fixed.
+
+    Reference form, one stage at a time (kept for tests); :func:`dp_comm_all` computes the same
+    numbers for every stage at once and is what :func:`estimate` uses.
+    """
+    if plan.num_pipelines == 1:
+        return [(stage.num_layers, 0.0)]
+    cuts = {stage.layers[0], stage.layers[1]}
+    for p in plan.pipelines:
+        for s in p.stages:
+            for b in s.layers:
+                if stage.layers[0] < b < stage.layers[1]:
+                    cuts.add(b)
+    bounds = sorted(cuts)
+    out = []
+    for a, b in zip(bounds, bounds[1:]):
+        holders = []
+        for k, p in enumerate(plan.pipelines):
+            if k != i:
+                holders.append(next(s for s in p.stages if s.layers[0] <= a < s.layers[1]))
+        worst = 0.0
+        for r, d in enumerate(stage.devices):
+            partners = []
+            for h in holders:
+                for r2, d2 in enumerate(h.devices):
+                    share = _overlap(r, stage.tp, r2, h.tp)
+                    if share > 0:
+                        partners.append((d, d2, share))
+            worst = max(worst, cm.comm_dp(partners, layer_bytes, plan.num_pipelines, cluster.bandwidth, cluster.latency))
+        out.append((b - a, worst))
+    return out
+
+
+_DP_CACHE_SIZE = 256
+
+
+def dp_comm_all(plan: Plan, cluster: Cluster, layer_bytes: float) -> dict[tuple[int, int], list[tuple[int, float]]]:
+    """:func:`dp_comm_per_layer` for every stage (i, j) at once, vectorised with numpy.
+
+    Sweep the global layer intervals (between any two stage boundaries of any pipeline). For each
+    device slot keep F[slot, k] = sum over the TP ranks r2 of pipeline k's current holder of
+    alpha + share * layer_bytes / (N_dp * beta) (eq. 4 per partner); at a boundary only the
+    columns of the pipelines whose holder changed, and the rows of the devices that start a
+    stage, are recomputed, so a plan costs O(N^2) pair terms in a few dozen array operations
+    instead of a Python loop over every (stage, interval, rank, partner). T_comm of a stage on an
+    interval is the max over its devices of the row sum. Same terms as the reference, summed in
+    a different order (differences at the level of float rounding). Results are memoised per
+    cluster for the last few plan layouts (they do not depend on batch, micro-batch or sharding).
+    """
+    P = plan.num_pipelines
+    if P == 1:
+        return {(0, j): [(st.num_layers, 0.0)] for j, st in enumerate(plan.pipelines[0].stages)}
+    key = (layer_bytes, tuple(tuple((s.devices, s.layers) for s in p.stages) for p in plan.pipelines))
+    cache = cluster.__dict__.setdefault("_dp_comm_cache", {})
+    if key in cache:
+        return cache[key]
+    bw, lat = cluster.bandwidth, cluster.latency
+    # device slots, stage by stage
+    dev, lo, hi, pipe_of = [], [], [], []
+    first_slot: dict[tuple[int, int], int] = {}
+    for k, p in enumerate(plan.pipelines):
+        for j, st in enumerate(p.stages):
+            first_slot[(k, j)] = len(dev)
+            t = st.tp
+            for r, d in enumerate(st.devices):
+                dev.append(d)
+                lo.append(r / t)
+                hi.append((r + 1) / t)
+                pipe_of.append(k)
+    dev_a, lo_a, hi_a, pipe_a = np.array(dev), np.array(lo), np.array(hi), np.array(pipe_of)
+    bounds = sorted({b for p in plan.pipelines for s in p.stages for b in s.layers})
+    starts = np.array(bounds[:-1])
+    holder = np.empty((P, len(starts)), dtype=np.int64)
+    for k, p in enumerate(plan.pipelines):
+        holder[k] = np.searchsorted(np.array([s.layers[1] for s in p.stages]), starts, side="right")
+
+    def slots(k: int, j: int) -> np.ndarray:
+        a = first_slot[(k, j)]
+        return np.arange(a, a + plan.pipelines[k].stages[j].tp)
+
+    def terms(rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        share = np.minimum(hi_a[rows][:, None], hi_a[cols][None, :]) - np.maximum(lo_a[rows][:, None], lo_a[cols][None, :])
+        ix = np.ix_(dev_a[rows], dev_a[cols])
+        return np.where(share > 0, lat[ix] + share * layer_bytes / (P * bw[ix]), 0.0)
+
+    def by_pipeline(t: np.ndarray, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Column sums per pipeline (cols are grouped by pipeline, in pipeline order)."""
+        ks, first = np.unique(pipe_a[cols], return_index=True)
+        return ks, np.add.reduceat(t, first, axis=1)
+
+    F = np.zeros((len(dev), P))
+    worst: dict[tuple[int, int], list[float]] = {}
+    prev = np.full(P, -1)
+    for g in range(len(starts)):
+        changed = np.flatnonzero(holder[:, g] != prev)
+        prev = holder[:, g].copy()
+        active = np.concatenate([slots(k, int(holder[k, g])) for k in range(P)])
+        fresh = np.concatenate([slots(int(k), int(holder[k, g])) for k in changed])
+        staying = np.setdiff1d(active, fresh, assume_unique=True)
+        if len(fresh):  # new stages: whole rows against every current holder
+            ks, sums = by_pipeline(terms(fresh, active), active)
+            F[fresh] = 0.0
+            F[np.ix_(fresh, ks)] = sums
+        if len(staying):  # unchanged stages: only the columns of pipelines whose holder changed
+            ks, sums = by_pipeline(terms(staying, fresh), fresh)
+            F[np.ix_(staying, ks)] = sums
+        F[active, pipe_a[active]] = 0.0  # a pipeline does not synchronise with itself
+        cost = F[active].sum(axis=1)
+        pos = 0
+        for k in range(P):
+            j = int(holder[k, g])
+            t = plan.pipelines[k].stages[j].tp
+            worst.setdefault((k, j), []).append(float(cost[pos:pos + t].max()))
+            pos += t
+    out: dict[tuple[int, int], list[tuple[int, float]]] = {}
+    for k, p in enumerate(plan.pipelines):
+        for j, st in enumerate(p.stages):
+            a, b = bounds.index(st.layers[0]), bounds.index(st.layers[1])
+            out[(k, j)] = [(bounds[q + 1] - bounds[q], w) for q, w in zip(range(a, b), worst[(k, j)])]
+    if len(cache) >= _DP_CACHE_SIZE:
+        cache.pop(next(iter(cache)))
+    cache[key] = out
+    return out

@@ -1,0 +1,236 @@
+"""Local improvement of a plan's layout (beyond §4): move a layer, a device or a stage, and re-split.
+
+The two phases of §4 fix the pipelines' device sets and stage structures from graph partitions
+and per-machine strategies; the paper then assigns layers and batches by proportional rules. Here
+the best layouts found are polished by first-improvement hill climbing over small moves, each
+candidate scored exactly with its best batch split and per-pipeline micro-batch sizes
+(:meth:`batching.BatchTimer.best`):
+
+- a layer boundary between two adjacent stages moves by one layer;
+- two devices of different stages swap places;
+- a device leaves its stage (a single-device stage disappears, its layers going to a neighbour;
+  a single-device pipeline disappears) and joins another stage's TP group, or becomes a new stage
+  (taking half of a neighbour's layers), or a new single-device pipeline (all layers);
+- two adjacent stages swap places (in one pipeline, or at the same position in every pipeline),
+  or merge into one TP group; a TP group changes its leader;
+- the dp sharding changes.
+
+Moving samples between pipelines and changing micro-batch sizes need no move: every candidate is
+re-split exactly. The number of candidates scored is capped (:func:`budget_for`).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from lightning_hexiscale.models.config import LlamaConfig
+from lightning_hexiscale.planner.batching import BatchTimer, layout_key, layout_plan
+from lightning_hexiscale.planner.plan import Plan
+
+Layout = tuple[str, tuple[tuple[tuple[tuple[int, ...], int], ...], ...]]
+"""(sharding, pipelines), a pipeline being ((stage devices, layers), ...)."""
+
+
+@dataclass(frozen=True)
+class RefineContext:
+    """What the local improvement needs, in one immutable value."""
+
+    timer: BatchTimer
+    """Scores a layout exactly with its best batches and micro-batch sizes."""
+    model: LlamaConfig
+    shardings: tuple[str, ...]
+    move_devices: bool = True
+    """Device, stage and leader moves (small clusters); else layer and sharding moves only."""
+    repair: Callable[[Layout, Layout], Layout] | None = None
+    """(candidate, before) -> the candidate with the leaders and layer split of every pipeline
+    the move changed chosen afresh (the search's phase-2 rules plus :mod:`dp_split`)."""
+    meta: dict = field(default_factory=dict)
+    seed: int = 0
+
+
+def budget_for(num_devices: int, iterations: int) -> int:
+    """Candidates the final improvement may score: 24 per iteration on clusters of up to 8 devices
+    (1200 at the default 50 iterations), 8 up to 16, one per iteration up to 64, one per ten
+    iterations beyond."""
+    if num_devices <= 8:
+        return 24 * iterations
+    if num_devices <= 16:
+        return 8 * iterations
+    return iterations if num_devices <= 64 else max(2, iterations // 10)
+
+
+def _layout(plan: Plan) -> Layout:
+    return (plan.dp_sharding, tuple(tuple((s.devices, s.num_layers) for s in p.stages) for p in plan.pipelines))
+
+
+def _plan(layout: Layout, like: Plan) -> Plan:
+    sharding, pipes = layout
+    return layout_plan([[st for st, _ in p] for p in pipes], [tuple(n for _, n in p) for p in pipes], sharding,
+                       like.schedule, like.recompute, like.num_layers)
+
+
+def neighbours(layout: Layout, model: LlamaConfig, shardings: tuple[str, ...], global_batch: int,
+               move_devices: bool = True):
+    """(kind, layout) for every layout one move away (see the module docstring), cheap moves
+    first; kind is ``layers`` for layer and sharding moves, ``structure`` for the others."""
+    sharding, pipes = layout
+    L, max_tp = model.num_layers, model.num_kv_heads
+    # layer boundaries
+    for i, p in enumerate(pipes):
+        for j in range(len(p) - 1):
+            for a, b in ((j, j + 1), (j + 1, j)):
+                if p[a][1] > 1:
+                    q = list(p)
+                    q[a] = (q[a][0], q[a][1] - 1)
+                    q[b] = (q[b][0], q[b][1] + 1)
+                    yield "layers", (sharding, _put(pipes, i, tuple(q)))
+    for other in shardings:
+        if other != sharding:
+            yield "layers", (other, pipes)
+    if not move_devices:
+        return
+    # stage order, merges, leaders; first the same swap in every pipeline at once (the layers stay
+    # aligned across pipelines, as their data-parallel links want)
+    if len(pipes) > 1:
+        for j in range(max(len(p) for p in pipes) - 1):
+            q = [p[:j] + (p[j + 1], p[j]) + p[j + 2:] if len(p) > j + 1 else p for p in pipes]
+            if sum(len(p) > j + 1 for p in pipes) > 1:
+                yield "structure", (sharding, tuple(q))
+    for i, p in enumerate(pipes):
+        if len(p) > 2:
+            yield "structure", (sharding, _put(pipes, i, p[::-1]))
+        for j in range(len(p) - 1):
+            q = list(p)
+            q[j], q[j + 1] = q[j + 1], q[j]
+            yield "structure", (sharding, _put(pipes, i, tuple(q)))
+            if len(p[j][0]) + len(p[j + 1][0]) <= max_tp:
+                q = list(p)
+                q[j:j + 2] = [(p[j][0] + p[j + 1][0], p[j][1] + p[j + 1][1])]
+                yield "structure", (sharding, _put(pipes, i, tuple(q)))
+        for j, (devs, n) in enumerate(p):
+            for k in range(1, len(devs)):
+                q = list(p)
+                q[j] = ((devs[k],) + devs[:k] + devs[k + 1:], n)
+                yield "structure", (sharding, _put(pipes, i, tuple(q)))
+    # two devices of different stages swap places (the structure stays, the hardware under it changes)
+    slots = [(i, j, r, d) for i, p in enumerate(pipes) for j, (devs, _) in enumerate(p) for r, d in enumerate(devs)]
+    for x, (i, j, r, d) in enumerate(slots):
+        for i2, j2, r2, e in slots[x + 1:]:
+            if (i, j) == (i2, j2):
+                continue
+            q = [list(p) for p in pipes]
+            a, b = q[i][j], q[i2][j2]
+            q[i][j] = (a[0][:r] + (e,) + a[0][r + 1:], a[1])
+            b = q[i2][j2]
+            q[i2][j2] = (b[0][:r2] + (d,) + b[0][r2 + 1:], b[1])
+            yield "structure", (sharding, tuple(tuple(p) for p in q))
+    # device moves
+    for i, p in enumerate(pipes):
+        for j, (devs, _) in enumerate(p):
+            for d in devs:
+                rest = _without(pipes, i, j, d)
+                if rest is None:
+                    continue
+                for i2, p2 in enumerate(rest):
+                    for j2, (devs2, n2) in enumerate(p2):
+                        if len(devs2) < max_tp:
+                            q = list(p2)
+                            q[j2] = (devs2 + (d,), n2)
+                            yield "structure", (sharding, _put(rest, i2, tuple(q)))
+                    if len(p2) < L:
+                        for pos in range(len(p2) + 1):
+                            nb = pos - 1 if pos > 0 else 0  # the neighbour giving layers
+                            if p2[nb][1] < 2:
+                                continue
+                            give = p2[nb][1] // 2
+                            q = list(p2)
+                            q[nb] = (q[nb][0], q[nb][1] - give)
+                            q.insert(pos, ((d,), give))
+                            yield "structure", (sharding, _put(rest, i2, tuple(q)))
+                if len(rest) + 1 <= global_batch:
+                    yield "structure", (sharding, rest + ((((d,), L),),))
+
+
+def _put(pipes: tuple, i: int, pipe: tuple) -> tuple:
+    return pipes[:i] + (pipe,) + pipes[i + 1:]
+
+
+def _without(pipes: tuple, i: int, j: int, d: int) -> tuple | None:
+    """The pipelines with device d taken out of stage (i, j); None if that leaves nothing."""
+    p = list(pipes[i])
+    devs, n = p[j]
+    if len(devs) > 1:
+        p[j] = (tuple(x for x in devs if x != d), n)
+    elif len(p) > 1:
+        del p[j]
+        k = j - 1 if j > 0 else 0
+        p[k] = (p[k][0], p[k][1] + n)
+    else:
+        out = pipes[:i] + pipes[i + 1:]
+        return out or None
+    return _put(pipes, i, tuple(p))
+
+
+def improve(plan: Plan, cost: float, ctx: RefineContext, budget: int) -> tuple[float, Plan, int]:
+    """Iterated first-improvement hill climbing from ``plan`` (of time ``cost``), scoring at most
+    ``budget`` candidates: a structural move is scored as is and repaired (``ctx.repair``); at a
+    local optimum with budget left, two random structural moves kick the best layout and the
+    climb restarts from there. Returns (cost, plan, candidates scored)."""
+    rng = random.Random(ctx.seed)
+    best = (cost, plan, _layout(plan))
+    seen = {layout_key(plan)}
+    state = {"used": 0}
+
+    def score(cand: Layout) -> tuple[float, Plan | None]:
+        layout = _plan(cand, plan)
+        key = layout_key(layout)
+        if key in seen or state["used"] >= budget:
+            return math.inf, None
+        seen.add(key)
+        state["used"] += 1
+        return ctx.timer.best(layout, ctx.meta or plan.meta)
+
+    def variants(kind: str, cand: Layout, before: Layout):
+        yield cand
+        if kind == "structure" and ctx.repair is not None:
+            yield ctx.repair(cand, before)
+
+    def climb(cost: float, cur_plan: Plan, current: Layout) -> tuple[float, Plan, Layout]:
+        improved = True
+        while improved and state["used"] < budget:
+            improved = False
+            for kind, cand in neighbours(current, ctx.model, ctx.shardings, ctx.timer.G, ctx.move_devices):
+                if state["used"] >= budget:
+                    break
+                for var in variants(kind, cand, current):
+                    c, p = score(var)
+                    if p is not None and c < cost * (1 - 1e-12):
+                        cost, cur_plan, current, improved = c, p, var, True
+                        break
+                if improved:
+                    break
+        return cost, cur_plan, current
+
+    best = climb(*best)
+    kicks = 0
+    while ctx.move_devices and state["used"] < budget and kicks < budget:
+        kicks += 1
+        kicked = best[2]
+        for _ in range(2):
+            moves = [cand for kind, cand in neighbours(kicked, ctx.model, ctx.shardings, ctx.timer.G, True)
+                     if kind == "structure"]
+            if not moves:
+                break
+            before, kicked = kicked, rng.choice(moves)
+            if ctx.repair is not None:
+                kicked = ctx.repair(kicked, before)
+        c, p = score(kicked)
+        if p is None:
+            continue
+        found = climb(c, p, kicked)
+        if found[0] < best[0] * (1 - 1e-12):
+            best = found
+    return best[0], best[1], state["used"]

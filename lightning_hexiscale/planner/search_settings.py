@@ -1,0 +1,119 @@
+"""What the search takes and returns: :class:`SearchSettings` (from ``cfg.planner`` + ``cfg.train``),
+one :class:`Iteration`'s choices, the search log and :class:`SearchResult`; and the D_dp ladder
+the first pass enumerates. The search itself: :mod:`lightning_hexiscale.planner.search`."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from lightning_hexiscale.errors import ConfigError
+from lightning_hexiscale.planner.assemble import DP_OPTIONS
+from lightning_hexiscale.planner.estimate import Estimate
+from lightning_hexiscale.planner.plan import SCHEDULES, Plan
+
+CUTS = ("auto", "min", "max")
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """What the search may vary and for how long. Built from ``cfg.planner`` + ``cfg.train``."""
+
+    iterations: int = 50
+    seed: int = 0
+    tau: int = 2
+    """Top-tau width of the stage-order search."""
+    balance: float = 1.2
+    """Phase-1 bound: max set compute / mean set compute."""
+    group_balance: float = 2.0
+    """Phase-2 bound: groups may differ more (layers follow compute anyway)."""
+    max_pipelines: int | None = None
+    cut: str = "auto"
+    """auto (moving averages, §4.4), min or max."""
+    progress: bool = False
+    schedule: str = "1f1b"
+    recompute: bool = True
+    micro_batch_size: int | None = None
+    """None: the batch split picks one per pipeline (``assemble.batch_micro_sizes``); else every
+    pipeline uses this one (it must divide the global batch)."""
+    dp_sharding: str | None = None
+    """None: the search tries ddp, zero2 and zero3."""
+
+    def __post_init__(self) -> None:
+        if self.iterations < 1:
+            raise ConfigError("planner.iterations", self.iterations, "must be at least 1", "use e.g. 50")
+        if self.tau < 1:
+            raise ConfigError("planner.tau", self.tau, "must be at least 1", "use e.g. 2")
+        if self.cut not in CUTS:
+            raise ConfigError("planner.cut", self.cut, f"must be one of {CUTS}", "use auto")
+        if self.schedule not in SCHEDULES:
+            raise ConfigError("train.schedule", self.schedule, f"must be one of {SCHEDULES}", "use 1f1b")
+        if self.dp_sharding is not None and self.dp_sharding not in DP_OPTIONS:
+            raise ConfigError("train.dp_sharding", self.dp_sharding, f"must be one of {DP_OPTIONS}", "use zero2")
+        if self.max_pipelines is not None and self.max_pipelines < 1:
+            raise ConfigError("planner.max_pipelines", self.max_pipelines, "must be at least 1 (or null)", "use null")
+
+    @classmethod
+    def from_config(cls, cfg: Any, dp_sharding_explicit: bool = False, **changes: Any) -> SearchSettings:
+        """From a composed root config; ``train.dp_sharding`` binds only when the user set it."""
+        p, t = cfg.planner, cfg.train
+        kw = dict(iterations=int(p.iterations), seed=int(p.seed), tau=int(p.tau), balance=float(p.balance),
+                  max_pipelines=p.max_pipelines, progress=bool(p.progress), schedule=str(t.schedule),
+                  recompute=bool(t.recompute), micro_batch_size=t.micro_batch_size,
+                  dp_sharding=str(t.dp_sharding) if dp_sharding_explicit else None)
+        for key in ("cut", "group_balance"):
+            if key in p:
+                kw[key] = p[key]
+        kw.update(changes)
+        return cls(**kw)
+
+
+@dataclass(frozen=True)
+class Iteration:
+    """What one iteration of the search tries."""
+
+    dp: int
+    """D_dp, the number of pipelines."""
+    cut: str
+    balance: float
+    seed: int
+    jitter: float = 0.0
+    """Probability of varying k_i (the groups per pipeline) around the machine count."""
+    peel: int = 0
+    """The ``peel`` strongest replica units become replicas of their own (mixed structures)."""
+    unit: int = 1
+    """Devices per peeled replica: 1 (single devices) or 2 (same-machine TP-2 pairs)."""
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    iteration: int
+    num_pipelines: int
+    cut: str
+    cost_s: float
+    """Best cost of this iteration (inf: nothing fitted)."""
+    best_s: float
+    """Best cost so far."""
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    plan: Plan
+    estimate: Estimate
+    log: list[LogEntry] = field(default_factory=list)
+    search_time_s: float = 0.0
+
+
+def dp_candidates(num_devices: int, max_dp: int, num_machines: int) -> list[int]:
+    """D_dp values the first pass enumerates: all of 1..16, then a x1.3 ladder, plus the machine
+    count and its halves/doubles (pipelines that align with machines), capped at ``max_dp``."""
+    vals = set(range(1, min(max_dp, 16) + 1))
+    x = 16
+    while x < max_dp:
+        x = int(math.ceil(x * 1.3))
+        vals.add(min(x, max_dp))
+    for m in (num_machines // 2, num_machines, 2 * num_machines, 4 * num_machines):
+        if 1 <= m <= max_dp:
+            vals.add(m)
+    return sorted(vals)

@@ -1,0 +1,74 @@
+"""An independent brute force over the whole plan space, for tiny cases only: every set partition of
+the devices into pipelines, every ordered split of each pipeline into stages with every rank order,
+every layer split, every batch split, every micro-batch size per pipeline, every dp sharding, each
+plan scored by ``estimate()``. No symmetry, no bounds: the oracle's yardstick in the tests."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+from lightning_hexiscale.planner.estimate import estimate
+from lightning_hexiscale.planner.plan import DP_SHARDINGS, Pipeline, Plan, Stage
+
+
+def set_partitions(items: list[int]):
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for part in set_partitions(rest):
+        for i in range(len(part)):
+            yield part[:i] + [[first] + part[i]] + part[i + 1:]
+        yield [[first]] + part
+
+
+def chains(devices: list[int], max_tp: int, max_stages: int):
+    """Every ordered sequence of stages (each an ordered tuple of devices) using ``devices`` once."""
+    if not devices:
+        yield []
+        return
+    if max_stages == 0:
+        return
+    n = len(devices)
+    for size in range(1, min(n, max_tp) + 1):
+        for stage in itertools.permutations(devices, size):
+            rest = [d for d in devices if d not in stage]
+            for tail in chains(rest, max_tp, max_stages - 1):
+                yield [stage] + tail
+
+
+def compositions(total: int, parts: int):
+    for cuts in itertools.combinations(range(1, total), parts - 1):
+        yield [b - a for a, b in zip((0,) + cuts, cuts + (total,))]
+
+
+def brute_force(cluster, workload, global_batch: int, schedule: str = "1f1b", recompute: bool = True,
+                shardings=DP_SHARDINGS):
+    """(best cost, best plan, plans scored)."""
+    L, max_tp = workload.model.num_layers, workload.model.num_kv_heads
+    best, best_plan, count = math.inf, None, 0
+    for blocks in set_partitions(list(range(cluster.num_devices))):
+        P = len(blocks)
+        if P > global_batch:
+            continue
+        per_pipe = []
+        for block in blocks:
+            opts = []
+            for ch in chains(block, max_tp, L):
+                for split in compositions(L, len(ch)):
+                    bounds = list(itertools.accumulate([0] + split))
+                    opts.append(tuple(Stage(st, (bounds[j], bounds[j + 1])) for j, st in enumerate(ch)))
+            per_pipe.append(opts)
+        for batches in compositions(global_batch, P):
+            mb_opts = [[m for m in range(1, b + 1) if b % m == 0] for b in batches]
+            for structs in itertools.product(*per_pipe):
+                for mbs in itertools.product(*mb_opts):
+                    pipes = tuple(Pipeline(b, m, st) for b, m, st in zip(batches, mbs, structs))
+                    for sh in shardings:
+                        plan = Plan(pipes, L, schedule=schedule, recompute=recompute, dp_sharding=sh)
+                        count += 1
+                        cost = estimate(plan, cluster, workload).cost
+                        if cost < best:
+                            best, best_plan = cost, plan
+    return best, best_plan, count
