@@ -2,6 +2,7 @@
 
     hexiscale plan cluster=hetero3 model=llama_30b train.global_batch=256 planner.iterations=50 \\
         [--baselines] [--out plan.yaml] [--picture plan.png|plan.svg] [--json]
+    hexiscale plan cluster=cpu_hetero4 model=llama_demo --optimum     # + the true optimum (<= 8 devices)
     hexiscale plan -m cluster=hetero1,hetero2 model=llama2_7b,llama2_13b --baselines [--sweep-dir DIR]
 
 A multirun (``-m``) takes the cartesian product of comma-separated override values (Hydra's
@@ -36,6 +37,12 @@ def _args(p: argparse.ArgumentParser) -> None:
                    "a stronger opponent than the real systems (metis is heterogeneity-aware either way)")
     p.add_argument("--like-for-like", action="store_true", help="give the baselines every dp sharding the search "
                    "may use (default: their own, as the paper ran them: Megatron/Metis DDP, Galvatron ZeRO-3)")
+    p.add_argument("--optimum", action="store_true", help="also compute the true optimum of the whole plan "
+                   "space (planner/oracle.py, exhaustive branch and bound; clusters of up to 8 devices) and "
+                   "print how close the search's plan is to it")
+    p.add_argument("--optimum-time-limit", type=float, default=60.0, metavar="SECONDS",
+                   help="stop the optimum search after this long and report it incomplete, with the best plan "
+                   "found and a proven lower bound (default 60)")
     p.add_argument("--out", metavar="PLAN.yaml", help="write the plan (YAML, or JSON for a .json path)")
     p.add_argument("--picture", metavar="PLAN.png", help="draw the plan (PNG or SVG by extension; needs matplotlib)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
@@ -45,8 +52,10 @@ def _args(p: argparse.ArgumentParser) -> None:
 
 
 def plan_once(overrides: list[str], with_baselines: bool, progress: bool | None = None,
-              like_for_like: bool = False, aware: bool = False) -> dict[str, Any]:
-    """Compose, search, validate; returns everything the reports need."""
+              like_for_like: bool = False, aware: bool = False,
+              optimum_time_limit: float | None = None) -> dict[str, Any]:
+    """Compose, search, validate; returns everything the reports need. ``optimum_time_limit``: also
+    run the oracle (the true optimum) for at most that many seconds."""
     from lightning_hexiscale.config.cluster import Cluster
     from lightning_hexiscale.config.schema import compose
     from lightning_hexiscale.planner.estimate import workload_from_config
@@ -58,6 +67,16 @@ def plan_once(overrides: list[str], with_baselines: bool, progress: bool | None 
     changes = {} if progress is None else {"progress": progress}
     settings = SearchSettings.from_config(cfg, dp_sharding_explicit=explicit(overrides, "train.dp_sharding"), **changes)
     gb = int(cfg.train.global_batch)
+    if optimum_time_limit is not None:
+        from lightning_hexiscale.planner.oracle import MAX_DEVICES
+
+        if cluster.num_devices > MAX_DEVICES:
+            raise ConfigError("--optimum", f"cluster {cluster.name} ({cluster.num_devices} devices)",
+                              f"the true optimum enumerates every plan; it covers clusters of at most {MAX_DEVICES} "
+                              "devices", "drop --optimum, or plan a smaller cluster")
+        if not optimum_time_limit > 0:
+            raise ConfigError("--optimum-time-limit", optimum_time_limit, "must be a positive number of seconds",
+                              "use e.g. --optimum-time-limit 60")
     result = search(cluster, workload, gb, settings)
     result.plan.validate(cluster, workload.model, global_batch=gb)
     out: dict[str, Any] = {"cfg": cfg, "cluster": cluster, "workload": workload, "result": result,
@@ -66,7 +85,23 @@ def plan_once(overrides: list[str], with_baselines: bool, progress: bool | None 
         from lightning_hexiscale.planner.baselines import run_baselines
 
         out["baselines"] = run_baselines(cluster, workload, gb, settings, like_for_like=like_for_like, aware=aware)
+    if optimum_time_limit is not None:
+        from lightning_hexiscale.planner.oracle import oracle
+
+        out["optimum"] = oracle(cluster, workload, gb, settings, time_limit_s=optimum_time_limit,
+                                incumbent=result.plan)
     return out
+
+
+def optimum_document(found_s: float, best) -> dict[str, Any]:
+    """The oracle's answer beside the search's: status (optimal / infeasible / incomplete), the
+    optimum's iteration time, a proven lower bound, and the search's throughput as a fraction of
+    the optimum's (optimum time / search time; 1.0: the search found an optimal plan)."""
+    t = best.estimate.iteration_time_s if best.estimate is not None else None
+    return {"status": best.status, "complete": best.complete, "iteration_time_s": t,
+            "lower_bound_s": _finite(best.lower_bound_s), "time_s": best.time_s,
+            "search_fraction_of_optimum": (t / found_s) if t is not None else None,
+            "plan": best.plan.to_dict() if best.plan is not None else None}
 
 
 def estimate_document(plan, cluster, workload, est, plan_file: str | None) -> dict[str, Any]:
@@ -108,9 +143,13 @@ def comparison_table(best, rows: dict[str, dict[str, Any]]) -> str:
 @subcommand("plan", "search an asymmetric parallel plan (§4 two-phase graph partitioning) and report it", _args)
 def cmd_plan(args: argparse.Namespace) -> int:
     if args.multirun:
+        if args.optimum:
+            raise ConfigError("--optimum", "with -m", "the true optimum is computed for one plan, not a sweep",
+                              "run `hexiscale plan ... --optimum` for each cluster you want checked")
         return _sweep(args)
     run = plan_once(args.overrides, args.baselines, progress=None if not args.json else False,
-                    like_for_like=args.like_for_like, aware=args.aware_baselines)
+                    like_for_like=args.like_for_like, aware=args.aware_baselines,
+                    optimum_time_limit=args.optimum_time_limit if args.optimum else None)
     cluster, workload, res = run["cluster"], run["workload"], run["result"]
     plan, est = res.plan, res.estimate
     if args.out:
@@ -126,6 +165,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                         "cost_s": _finite(e.cost_s), "best_s": _finite(e.best_s)} for e in res.log]}
         if rows is not None:
             doc["baselines"] = rows
+        if "optimum" in run:
+            doc["optimum"] = optimum_document(est.iteration_time_s, run["optimum"])
         print(json.dumps(doc, indent=2))
         return 0
     print(cluster.summary())
@@ -139,11 +180,24 @@ def cmd_plan(args: argparse.Namespace) -> int:
                    "chosen under a homogeneous belief of the cluster, as the real systems do")
         print(f"\nbaselines timed on the true cluster; megatron and galvatron {reading}")
         print(comparison_table(est, rows))
+    if "optimum" in run:
+        print("\n" + optimum_line(est.iteration_time_s, run["optimum"]))
     if args.out:
         print(f"plan written to {args.out}")
     if args.picture:
         print(f"picture written to {args.picture}")
     return 0
+
+
+def optimum_line(found_s: float, best) -> str:
+    d = optimum_document(found_s, best)
+    if best.status == "optimal":
+        return (f"true optimum (planner/oracle.py, {d['time_s']:.1f} s): {d['iteration_time_s']:.4f} s per iteration; "
+                f"the search's plan reaches {d['search_fraction_of_optimum']:.3f} of its throughput")
+    if best.status == "incomplete":
+        return (f"true optimum: INCOMPLETE after {d['time_s']:.1f} s (--optimum-time-limit); the best plan found takes "
+                f"{d['iteration_time_s']:.4f} s, the optimum at least {best.lower_bound_s:.4f} s")
+    return "true optimum: no plan fits (proven)"
 
 
 def _finite(x: float) -> float | None:

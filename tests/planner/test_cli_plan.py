@@ -73,3 +73,35 @@ def test_infeasible_model_exits_2_with_the_reason(capsys):
     assert main(["plan", "cluster=cpu2", "model=llama2_70b", "planner.iterations=2", "planner.progress=false"]) == 2
     err = capsys.readouterr().err
     assert "no plan fits in memory" in err and "Fix:" in err
+
+
+def test_plan_optimum_reports_the_oracle_beside_the_search(capsys):
+    """--optimum: the oracle's optimum, independently re-scored here, and the search's fraction of it."""
+    from lightning_hexiscale.config.cluster import Cluster
+    from lightning_hexiscale.config.schema import compose
+    from lightning_hexiscale.planner.estimate import estimate, workload_from_config
+    from lightning_hexiscale.planner.plan import Plan
+
+    args = ["cluster=cpu_hetero4", "model=llama_demo", "planner.iterations=4"]
+    assert main(["plan", "--json", "--optimum", *args]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    opt = doc["optimum"]
+    assert opt["status"] == "optimal" and opt["complete"] is True
+    cfg = compose(args)
+    cluster, workload = Cluster.from_config(cfg.cluster), workload_from_config(cfg)
+    best = estimate(Plan.from_dict(opt["plan"]), cluster, workload)
+    assert best.iteration_time_s == pytest.approx(opt["iteration_time_s"], rel=1e-9)
+    assert best.iteration_time_s <= doc["estimate"]["iteration_time_s"] * (1 + 1e-9)
+    assert opt["search_fraction_of_optimum"] == pytest.approx(opt["iteration_time_s"] / doc["estimate"]["iteration_time_s"])
+    assert main(["plan", "--optimum", *args, "planner.progress=false"]) == 0
+    assert "true optimum (planner/oracle.py" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("extra, key", [(["cluster=hetero1", "model=llama2_7b"], "--optimum ="),
+                                        (["cluster=cpu2", "model=llama_demo", "--optimum-time-limit", "0"],
+                                         "--optimum-time-limit ="),
+                                        (["-m", "cluster=cpu2,cpu_hetero4", "model=llama_demo"], "--optimum =")])
+def test_plan_optimum_bad_input_is_refused_before_the_search(capsys, extra, key):
+    assert main(["plan", "--optimum", *extra]) == 2
+    err = capsys.readouterr().err
+    assert key in err and "Fix:" in err and "search:" not in err
