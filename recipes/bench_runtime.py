@@ -28,7 +28,6 @@ import argparse
 import contextlib
 import datetime
 import multiprocessing as mp
-import os
 import socket
 import statistics
 import sys

@@ -1,8 +1,6 @@
-import copy
 import json
 
 import pytest
-import yaml
 
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import PlanError

@@ -13,7 +13,6 @@ or CPU RAM / ranks on the host), and alpha, beta for every pair of ranks (see
 from __future__ import annotations
 
 import argparse
-import sys
 
 from lightning_hexiscale.cli.common import add_launch_args, positive_int, subcommand
 from lightning_hexiscale.errors import ConfigError

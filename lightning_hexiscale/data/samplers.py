@@ -174,7 +174,7 @@ class PlanBatchSampler(Sampler[list[int]]):
             raise ConfigError(f"resume: data {k}", now[k],
                               f"the checkpoint was saved {batches} global batches into an epoch with {k}="
                               f"{state[k]!r}, so its position means nothing here",
-                              f"resume with the same data, global batch and seed, or from an end-of-epoch checkpoint")
+                              "resume with the same data, global batch and seed, or from an end-of-epoch checkpoint")
         self._resume_at = batches
         self._resume_key = state.get("key")
 

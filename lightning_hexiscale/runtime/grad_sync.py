@@ -34,9 +34,7 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.plan import Plan
-from lightning_hexiscale.runtime.parallelize import StageModule, param_specs, stage_holds
+from lightning_hexiscale.runtime.parallelize import StageModule, param_specs
 from lightning_hexiscale.runtime.topology import Topology, sync_segments
 from lightning_hexiscale.runtime.zero_layout import unit_of
 

@@ -242,9 +242,6 @@ class ZeroSharder:
                 left[it.name] = left.get(it.name, 0) + 1
 
         def done(i, out):
-            self.grads[i] = out
-
-        def done(i, out):
             self.grads[i] = out.to(self.dtype)  # the optimizer steps in the parameter dtype
 
         window = _Window(done)

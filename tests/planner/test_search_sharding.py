@@ -1,6 +1,6 @@
 """The planner picks dp_sharding per cluster with the cost model, or takes it from the caller
 (``train.dp_sharding`` / ``HexiScaleStrategy(dp_sharding=...)``), through the entry point the
-strategy and the recipe use (:func:`lightning_hexiscale.strategy_plan.search_plan`)."""
+strategy and the recipe use (:func:`lightning_hexiscale.lightning.plan_resolution.search_plan`)."""
 
 from __future__ import annotations
 
