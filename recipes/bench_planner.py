@@ -2,7 +2,7 @@
 quality against the true optimum (planner/oracle.py) on small clusters, the baselines, and
 convergence against random partitions (Fig. 6). Every ratio is measured in this run.
 
-    python recipes/bench_planner.py                      # everything (about 15 minutes on 2 cores)
+    python recipes/bench_planner.py                      # everything (about 5 minutes on 2 cores)
     python recipes/bench_planner.py --quick              # a subset in about two minutes
     python recipes/bench_planner.py --sections speed --sizes 1024
 

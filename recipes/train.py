@@ -276,7 +276,8 @@ def train(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict, precis
     # Multirun: fresh spawned workers per job, so no process or process group outlives its job.
     launcher = "spawn" if is_multirun() else str(t.launcher)
     strategy = HexiScaleStrategy(cluster=cluster, plan=plan, start_method=launcher, seed=int(t.seed),
-                                 nonfinite=str(t.nonfinite), timeout=float(t.timeout_s))
+                                 nonfinite=str(t.nonfinite), timeout=float(t.timeout_s),
+                                 async_checkpoint=bool(t.async_checkpoint))
     logger = make_logger(cfg, out)
     # rank 0 only (Lightning's loggers); the train.* values that ran (effective_config), not the defaults
     logger.log_hyperparams(plan_hparams(effective_config(cfg, plan, precision), cluster, model, plan, est))

@@ -46,6 +46,8 @@ RECIPE_CASES = {
     "zero_steps": (["trainer.max_steps=0"], ["trainer.max_steps = 0"]),
     "resume_nowhere": (["trainer.resume={tmp}/gone/last.ckpt"], ["trainer.resume = ", "no such checkpoint"]),
     "resume_a_file": (["trainer.resume={tmp}/a_file.ckpt"], ["trainer.resume = ", "is a directory"]),
+    "resume_unquoted_equals": (["trainer.resume={tmp}/checkpoints/epoch=0-step=2.ckpt"],
+                               ["trainer.resume = ", "must be quoted", "trainer.resume='"]),
     "plan_nowhere": (["plan={tmp}/gone.yaml"], ["plan = ", "no such plan file"]),
     "plan_for_another_model": ([f"plan={BAD}/good_tiny_plan.yaml", "model=llama2_7b"],
                                ["plan.num_layers = 4: the model llama2_7b has 32 layers"]),

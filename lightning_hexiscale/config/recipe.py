@@ -45,6 +45,9 @@ class TrainerConfig:
     """Weight init and data order seed."""
     checkpoint_every: int = 0
     """Save a plan-independent checkpoint every this many steps (0 = only ``last`` at the end)."""
+    async_checkpoint: bool = False
+    """Write checkpoints in the background (``HexiScaleStrategy(async_checkpoint=True)``): training
+    waits only for the copy of this rank's pieces, a writer thread writes them."""
     resume: Optional[str] = None
     """A checkpoint directory to resume from (any plan, any cluster)."""
     weights: Optional[str] = None

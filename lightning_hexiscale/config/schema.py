@@ -404,6 +404,12 @@ def _compose_error(e: Exception, overrides: list[str]) -> ConfigError:
             value = next((o.split("=", 1)[1] for o in overrides if o.startswith(group + "=")), group)
             msg = msg.split(" Available options")[0]
             return ConfigError(group, value, msg, fix)
+    # Lightning's checkpoint names (epoch=0-step=2.ckpt) carry '=': Hydra's grammar then needs the value quoted
+    unquoted = [o for o in overrides if o.count("=") > 1 and not re.match(r"^[^=]*=\s*['\"]", o)]
+    if unquoted and "mismatched input '='" in msg:
+        key, value = unquoted[0].split("=", 1)
+        return ConfigError(key, value, "a value containing '=' must be quoted in a Hydra override",
+                           f"quote it, e.g. {key}='{value}' (in a shell: \"{key}='{value}'\")")
     return ConfigError("overrides", " ".join(overrides), msg, "check key names against conf/ and the schemas in lightning_hexiscale/config/schema.py")
 
 

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import inspect
 from contextlib import contextmanager
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -400,84 +399,3 @@ class ShardedOptimizer:
                 self._bind(i, empty)  # drop the views of the transient flat buffers
         sh.broadcast_replicated()
         return loss
-
-    # ---- checkpoints: full local-shape optimizer state by global name ------------------------------
-    def _vector_keys(self, i: int) -> tuple[list[str], dict[str, Any]]:
-        state = self.inner[i].state.get(self.leaves[i][0], {})
-        vec = sorted(k for k, v in state.items() if torch.is_tensor(v) and v.dim() > 0)
-        scal = {k: v for k, v in state.items() if k not in vec}
-        return vec, scal
-
-    @torch.no_grad()
-    def full_state(self) -> dict[str, dict[str, Any]]:
-        """{global name: {key: local-shape tensor or scalar}}, gathered from the holders (collective).
-
-        Parameters this rank holds only as a non-leader replica (norms etc. with TP > 1) get ``{}``:
-        the checkpoint writer takes those from the stage leader.
-        """
-        sh = self.sharder
-        out: dict[str, dict[str, Any]] = {n: {} for n in sh.params}
-        shapes = {n: sh.stage.shards()[n] for n in sh.params}
-        for i, b in enumerate(sh.buckets):
-            vec, scal = self._vector_keys(i)
-            for key in vec:
-                own = torch.cat([self.inner[i].state[leaf][key].reshape(-1) for leaf in self.leaves[i]])
-                full = own
-                if b.k > 1:
-                    full = torch.empty(b.padded, dtype=own.dtype, device=own.device)
-                    dist.all_gather_single(full, own.contiguous(), group=sh.groups[i])
-                into = {}
-                for it in b.items:
-                    if key not in out[it.name]:
-                        s = shapes[it.name]
-                        shape = list(s.spec.shape)
-                        if s.spec.shard_dim is not None:
-                            shape[s.spec.shard_dim] = s.end - s.start
-                        out[it.name][key] = torch.zeros(shape, dtype=own.dtype, device=own.device)
-                    into[it.name] = out[it.name][key]
-                unflatten(full, b, into)
-            for it in b.items:
-                for k, v in scal.items():
-                    out[it.name][k] = v.clone() if torch.is_tensor(v) else v
-        return out
-
-    @torch.no_grad()
-    def load_full_state(self, state: dict[str, dict[str, Any]]) -> None:
-        """Inverse of :meth:`full_state` (no communication: each rank slices its own chunks)."""
-        sh = self.sharder
-        for i, b in enumerate(sh.buckets):
-            first = state.get(b.items[0].name, {})
-            vec = sorted(k for k, v in first.items() if torch.is_tensor(v) and v.dim() > 0)
-            per_leaf: list[dict[str, Any]] = [{} for _ in self.leaves[i]]
-            for key in vec:
-                flat = flatten({it.name: state[it.name][key] for it in b.items}, b, first[key])
-                own = sh._chunk(flat, b)
-                for d, (a, e, _) in zip(per_leaf, self.runs[i]):
-                    d[key] = own[a:e].clone()
-            for d in per_leaf:
-                for k, v in first.items():
-                    if k not in vec:
-                        d[k] = v.clone() if torch.is_tensor(v) else v
-            self.inner[i].state.clear()
-            for leaf, d in zip(self.leaves[i], per_leaf):
-                if d:
-                    self.inner[i].state[leaf] = d
-
-    def checkpoint_view(self) -> SimpleNamespace:
-        """An object the plan-independent checkpoint code reads like a torch optimizer:
-        ``param_groups`` (the user's) and ``state`` {param: full local-shape state}. Collective."""
-        full = self.full_state()
-        # A non-leader TP rank holds no state for the replicated tensors (its leader does, and the
-        # writer takes replicated values from the leader); it still lists the same keys, as None.
-        keys = next((list(st) for st in full.values() if st), [])
-        state = {p: full[n] or dict.fromkeys(keys) for n, p in self.sharder.params.items()}
-        return SimpleNamespace(param_groups=self.user.param_groups, state=state, load_state_dict=self.load_state_dict)
-
-    def load_state_dict(self, sd: dict[str, Any]) -> None:
-        """torch's optimizer state-dict format (indices in param-group order, as
-        :func:`lightning_hexiscale.runtime.checkpoint.load_optimizer` builds it)."""
-        names = {id(p): n for n, p in self.sharder.params.items()}
-        order = [names[id(p)] for g in self.user.param_groups for p in g["params"]]
-        self.load_full_state({order[idx]: st for idx, st in sd["state"].items()})
-        for group, saved in zip(self.user.param_groups, sd["param_groups"]):
-            group.update({k: v for k, v in saved.items() if k != "params"})

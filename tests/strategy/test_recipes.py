@@ -81,6 +81,29 @@ def test_train_recipe_loss_falls(tmp_path):
     assert "Tip:" not in out.stdout, out.stdout[-3000:]
 
 
+@pytest.mark.timeout(150)
+def test_train_recipe_async_checkpoints_resume(tmp_path):
+    """trainer.async_checkpoint=true: step checkpoints written in the background are complete and a
+    second run resumes from one (the step count goes on from it)."""
+    common = ["cluster=cpu2", "model=llama_tiny", "train.global_batch=8", "trainer.progress_bar=false",
+              "data.num_samples=256", "trainer.checkpoint_every=2", "trainer.async_checkpoint=true"]
+    first = tmp_path / "first"
+    first.mkdir()
+    out = _run([*common, "trainer.max_steps=4"], first, timeout=70)
+    assert out.returncode == 0, out.stderr[-3000:]
+    saved = sorted(p for p in (first / "checkpoints").iterdir() if p.name != "last.ckpt")
+    assert saved and all((p / "COMPLETE").is_file() for p in saved), saved
+    assert (first / "checkpoints" / "last.ckpt" / "COMPLETE").is_file()
+    assert OmegaConf.load(first / "config.yaml").trainer.async_checkpoint is True
+    step2 = next(p for p in saved if "step=2" in p.name)
+    second = tmp_path / "second"
+    second.mkdir()
+    out = _run([*common, "trainer.max_steps=6", f"trainer.resume='{step2}'"], second, timeout=70)
+    assert out.returncode == 0, out.stderr[-3000:]
+    names = {p.name for p in (second / "checkpoints").iterdir()}
+    assert any("step=6" in n for n in names) and not any("step=2" in n for n in names), names
+
+
 @pytest.mark.timeout(60)
 def test_gpu_cluster_on_cpu_exits_with_hardware_message(tmp_path):
     out = _run(["cluster=hetero3", "model=llama_30b", "planner.iterations=3"], tmp_path, timeout=50)
