@@ -261,7 +261,7 @@ def train(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict, precis
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from lightning_hexiscale.lightning.example import LlamaLitModule, LossPrinter
+    from lightning_hexiscale.lightning.example import LlamaLitModule, LossPrinter, StepProgressBar
     from lightning_hexiscale.lightning.strategy import HexiScaleStrategy
 
     t = cfg.trainer
@@ -289,7 +289,7 @@ def train(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict, precis
         val_check_interval=int(t.val_every) if t.val_every and val_dl is not None else None,
         check_val_every_n_epoch=None if t.val_every else 1, limit_val_batches=int(t.limit_val_batches) if t.val_every else 0,
         num_sanity_val_steps=0, log_every_n_steps=int(t.log_every), default_root_dir=str(out),
-        logger=logger, callbacks=[ckpt, LossPrinter()],
+        logger=logger, callbacks=[ckpt, LossPrinter()] + ([StepProgressBar()] if t.progress_bar else []),
         enable_progress_bar=bool(t.progress_bar), enable_model_summary=False)
     trainer.fit(module, train_dl, val_dl if t.val_every else None, ckpt_path=t.resume)
     return dict(trainer.callback_metrics)

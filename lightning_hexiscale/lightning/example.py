@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.callbacks import TQDMProgressBar
 from typing_extensions import override
 
 from lightning_hexiscale.config.hf_model import HF_PREFIX
@@ -106,6 +107,17 @@ class LlamaLitModule(pl.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
+class StepProgressBar(TQDMProgressBar):
+    """Lightning's tqdm bar for step-bounded runs: without the logger's version number (``v_num``),
+    which says nothing about training (Lightning's documented way: override ``get_metrics``). The
+    Rich bar Lightning picks by default shows ``Epoch 0/-2`` when only ``max_steps`` bounds the run."""
+
+    def get_metrics(self, trainer, module):
+        items = super().get_metrics(trainer, module)
+        items.pop("v_num", None)
+        return items
+
+
 class LossPrinter(pl.Callback):
     """Prints the training loss (under the hexiscale strategy: the global one) every ``log_every_n_steps``
     optimizer steps and, at the end, the first and last values; on global rank 0 only."""
@@ -120,10 +132,18 @@ class LossPrinter(pl.Callback):
         self.first = loss if self.first is None else self.first
         step = trainer.global_step
         if trainer.is_global_zero and (step == 1 or step % max(1, trainer.log_every_n_steps) == 0):
-            print(f"step {step:5d}  loss {loss:.4f}", flush=True)
+            _print(trainer, f"step {step:5d}  loss {loss:.4f}")
 
     def on_train_end(self, trainer, module):
         if trainer.is_global_zero and self.first is not None:
             last = float(trainer.callback_metrics.get("train_loss", float("nan")))
-            print(f"training loss: first {self.first:.4f} -> last {last:.4f} after {trainer.global_step} steps",
-                  flush=True)
+            _print(trainer, f"training loss: first {self.first:.4f} -> last {last:.4f} after {trainer.global_step} steps")
+
+
+def _print(trainer, line: str) -> None:
+    """A line on stdout that does not break the progress bar (Lightning's ``ProgressBar.print``)."""
+    bar = trainer.progress_bar_callback
+    if bar is not None and bar.is_enabled:
+        bar.print(line)
+    else:
+        print(line, flush=True)
