@@ -17,6 +17,7 @@ import csv
 import itertools
 import json
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,8 @@ def plan_once(overrides: list[str], with_baselines: bool, progress: bool | None 
     if optimum_time_limit is not None:
         from lightning_hexiscale.planner.oracle import oracle
 
+        if settings.progress:  # the oracle has no progress bar: say what the wait is for
+            print(f"true optimum: exhaustive search, at most {optimum_time_limit:g} s ...", file=sys.stderr, flush=True)
         out["optimum"] = oracle(cluster, workload, gb, settings, time_limit_s=optimum_time_limit,
                                 incumbent=result.plan)
     return out
