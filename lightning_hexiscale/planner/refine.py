@@ -122,10 +122,8 @@ def neighbours(layout: Layout, model: LlamaConfig, shardings: tuple[str, ...], g
             if (i, j) == (i2, j2):
                 continue
             q = [list(p) for p in pipes]
-            a, b = q[i][j], q[i2][j2]
-            q[i][j] = (a[0][:r] + (e,) + a[0][r + 1:], a[1])
-            b = q[i2][j2]
-            q[i2][j2] = (b[0][:r2] + (d,) + b[0][r2 + 1:], b[1])
+            q[i][j] = _replace_device(q[i][j], r, e)
+            q[i2][j2] = _replace_device(q[i2][j2], r2, d)
             yield "structure", (sharding, tuple(tuple(p) for p in q))
     # device moves
     for i, p in enumerate(pipes):
@@ -156,6 +154,12 @@ def neighbours(layout: Layout, model: LlamaConfig, shardings: tuple[str, ...], g
 
 def _put(pipes: tuple, i: int, pipe: tuple) -> tuple:
     return pipes[:i] + (pipe,) + pipes[i + 1:]
+
+
+def _replace_device(stage: tuple, rank: int, device: int) -> tuple:
+    """Stage (devices, layers) with ``device`` in place of its TP rank ``rank``."""
+    devs, n = stage
+    return devs[:rank] + (device,) + devs[rank + 1:], n
 
 
 def _without(pipes: tuple, i: int, j: int, d: int) -> tuple | None:
