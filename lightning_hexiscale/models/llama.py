@@ -25,15 +25,14 @@ gets bit-identical values to the full model built in one process.
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import importlib.util
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lightning_hexiscale.models.attention import (  # noqa: F401 (re-exported: the kernels' old home)
+    AttentionFn, attention, flash_attn_available, flash_attn_supported, sdpa_attention)
 from lightning_hexiscale.models.config import LlamaConfig
 
 INIT_STD = 0.02
@@ -111,64 +110,13 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
 
 
-def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Causal attention on (B, heads, S, d) tensors; k and v may have fewer heads (GQA)."""
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
-
-
-AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-
-FLASH_MIN_CAPABILITY = (8, 0)
-"""flash-attn 2 runs on Ampere (sm_80) and newer; older GPUs (V100 sm_70, T4 sm_75) fall back to SDPA."""
-
-_FLASH_DTYPES = (torch.float16, torch.bfloat16)
-
-
-@functools.lru_cache(maxsize=1)
-def flash_attn_available() -> bool:
-    """True when the ``flash_attn`` package is installed (it only builds with CUDA). Decided once
-    per process: a ``find_spec`` per attention call would walk sys.path on every layer."""
-    return importlib.util.find_spec("flash_attn") is not None
-
-
-@functools.lru_cache(maxsize=None)
-def flash_attn_supported(device_index: int) -> bool:
-    """flash-attn installed and the CUDA device's compute capability >= :data:`FLASH_MIN_CAPABILITY`.
-    Decided once per device."""
-    if not flash_attn_available():
-        return False
-    return tuple(torch.cuda.get_device_capability(device_index)) >= FLASH_MIN_CAPABILITY
-
-
-@functools.lru_cache(maxsize=1)
-def _flash_attn_func():
-    from flash_attn import flash_attn_func  # optional GPU extra
-
-    return flash_attn_func
-
-
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Causal attention on (B, heads, S, d); k/v may have fewer heads (GQA).
-
-    flash-attn when it is installed, the tensors are on a CUDA device of compute capability >= 8.0
-    and in fp16/bf16 (its only dtypes); otherwise ``F.scaled_dot_product_attention(is_causal=True)``.
-    The two agree here because q and k always have the same length (flash-attn aligns the causal
-    mask bottom-right, SDPA top-left). Both checks are cached (:func:`flash_attn_supported`).
-    """
-    if q.is_cuda and q.dtype in _FLASH_DTYPES and flash_attn_supported(q.device.index or 0):
-        # flash-attn takes (B, S, heads, d) and supports GQA when nq is a multiple of nkv.
-        out = _flash_attn_func()(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
-        return out.transpose(1, 2)
-    return sdpa_attention(q, k, v)
-
-
 class Attention(nn.Module):
     """Causal self-attention with RoPE and grouped-query attention.
 
     ``num_heads`` / ``num_kv_heads`` are the heads this module computes; the runtime lowers them
     (and the projection widths) on a tensor-parallel rank. ``attention_fn`` is the kernel
-    (B, nq, S, d) x 2 x (B, nkv, S, d) -> (B, nq, S, d): :func:`attention` (flash-attn on capable
-    CUDA devices, SDPA otherwise).
+    (B, nq, S, d) x 2 x (B, nkv, S, d) -> (B, nq, S, d): :func:`.attention.attention` (flash-attn on
+    capable CUDA devices, SDPA otherwise; see :mod:`lightning_hexiscale.models.attention`).
     """
 
     def __init__(self, config: LlamaConfig):
