@@ -1,30 +1,30 @@
 """Everything in this project that needs CUDA, run on whatever GPUs are present, in one table.
 
-    python recipes/check_gpu.py                 # on a GPU node; ~1-2 min on 2 GPUs
-    python recipes/check_gpu.py --timeout 300 --json outputs/check_gpu.json
+    python recipes/check_gpu.py --json outputs/check_gpu.json     # on a GPU node; a few minutes
 
-Without CUDA it says so and exits 0 (nothing to check). Exit status 1 when any check FAILs or HANGs.
+Needs torch (a CUDA build), lightning and omegaconf (``estimate()`` and the strategy read configs
+through it); not Hydra, not pymetis. Exit status 1 when any row FAILs or HANGs, and also when torch
+is a CPU-only build (it says so and prints the pip command for the CUDA build) or when a CUDA build
+sees no GPU (driver, ``CUDA_VISIBLE_DEVICES``). Rows whose dependency is missing say SKIP and why.
 
-On 1 GPU (in this process):
+On 1 GPU (in this process; the rows are in recipes/gpu_checks.py, which documents each):
 
-- **stage vs float64**: a TP-1 stage of the runtime (``runtime/parallelize.build_stage``, 2 layers,
-  H=256, GQA 8/4 heads, S=128) in bf16 (float32 weights + bf16 autocast, as ``bf16-mixed``), once
-  with flash-attn (when ``flash_attn`` imports) and once with ``F.scaled_dot_product_attention``,
-  against the plain Llama in float64 on the CPU, same weights and batch. Pass: relative loss error
-  <= 2e-2 and cosine similarity of every parameter's gradient >= 0.99 (bf16 keeps 8 bits of mantissa:
-  a wrong kernel, mask or layout is off by far more).
-- **stage speed**: forward + backward of one runtime stage (4 layers, H=2048, F=5632, S=2048, micro-batch
-  2, bf16 autocast) against the same blocks as plain PyTorch modules (``models/llama.TransformerBlock``),
-  median of CUDA-event timings; achieved TFLOP/s = 3 x forward FLOPs (Appendix B count) / time. Pass:
-  stage time <= 1.10 x plain time (the runtime adds no overhead to a TP-1 stage).
+- **accuracy**: the runtime's stage in bf16 autocast through the runtime's own ``attention()``
+  dispatch (as training runs it, then SDPA and flash-attn forced through the same dispatch) against
+  the float64 CPU Llama: |loss diff| <= 3e-3, logits and gradient cosine >= 0.99 (a non-causal or a
+  (B, H, T, D) / (B, T, H, D)-swapped attention misses both by 20x; tests/runtime/test_check_gpu_recipe.py);
+- **speed**: bf16 matmul >= 40 % and a runtime stage's forward + backward >= 25 % of the catalog's peak
+  FLOP/s for the detected GPU; the stage <= 1.10 x the same blocks as plain modules;
+- **engine memory**: a world-size-1 engine, bf16-mixed, 4 micro-batches, recompute off and on:
+  ``torch.cuda.max_memory_allocated`` within 15 % of ``estimate()``'s peak (less its reserve and NCCL buffers);
+- **Lightning**: 20 steps under the strategy in bf16-mixed, checkpoint at 10, resumed run continues.
 
-On 2+ GPUs (spawned ranks, NCCL, ``torch.cuda.set_device`` per rank, float64, AdamW, 3 steps, every
-parameter of every rank against the float64 CPU reference of the same global batches, atol 1e-6):
+On 2+ GPUs (spawned ranks, NCCL, ``torch.cuda.set_device`` per rank, AdamW, 3 steps against the
+float64 CPU reference of the same global batches):
 
-- **1F1B, 2 stages**: one pipeline of two single-GPU stages, 4 micro-batches (fused exchanges);
-- **TP-2 stage**: one pipeline, one stage over 2 GPUs (TP all-reduces);
-- **ddp / zero2 / zero3, 2 pipelines**: two single-GPU pipelines with batches 3 and 1 (different
-  numbers of micro-batches: ZeRO-3's served gathers).
+- float64, every parameter of every rank, atol 1e-6: **1F1B, 2 stages** (4 micro-batches), **TP-2 stage**,
+  **ddp / zero2 / zero3, 2 pipelines** (batches 3 and 1: different numbers of micro-batches);
+- bf16-mixed (float32 weights, bf16 autocast), every rank's losses within 2e-2 relative: 1F1B, TP-2, zero2.
 
 Each multi-GPU check runs under a watchdog: when its ranks have not all reported after ``--timeout``
 seconds, they are killed and the row says HANG with the check's name and the ranks that were missing.
@@ -39,35 +39,23 @@ import json
 import multiprocessing as mp
 import queue
 import socket
-import statistics
+import re
 import sys
 import time
 import traceback
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
+from pathlib import Path
 
 import torch
 
-SEED = 1234
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_checks, also when run from elsewhere
+import gpu_checks  # noqa: E402
+from gpu_checks import SEED, Row, make_batch, table  # noqa: E402,F401 (Row/table: this recipe's API)
+
 ATOL = 1e-6
-
-
-@dataclass
-class Row:
-    check: str
-    devices: str
-    result: str
-    """PASS, FAIL, HANG, SKIP."""
-    measured: str
-    criterion: str
-
-
-def table(rows: list[Row]) -> str:
-    head = ("check", "devices", "result", "measured", "criterion")
-    cells = [head] + [(r.check, r.devices, r.result, r.measured, r.criterion) for r in rows]
-    widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
-    lines = ["  ".join(v.ljust(w) for v, w in zip(c, widths)).rstrip() for c in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+BF16_RTOL = 2e-2
+"""bf16-mixed multi-GPU rows: every loss within this relative error of the float64 reference."""
+CUDA_INDEX = "https://download.pytorch.org/whl/cu130"
 
 
 # ---- models and data ------------------------------------------------------------------------------
@@ -76,124 +64,6 @@ def tiny_config():
 
     return LlamaConfig(name="check_tiny", hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2,
                        ffn_hidden_size=128, vocab_size=256, seq_len=32)
-
-
-def make_batch(vocab: int, seq: int, batch: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(10_000 + step)
-    seqs = torch.randint(0, vocab, (batch, seq + 1), generator=gen)
-    return seqs[:, :-1], seqs[:, 1:]
-
-
-def _flash_attention(q, k, v):
-    from flash_attn import flash_attn_func  # optional GPU extra
-
-    return flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True).transpose(1, 2)
-
-
-def flash_available() -> bool:
-    """flash-attn imports and this GPU passes the runtime's capability gate (sm_80+)."""
-    from lightning_hexiscale.models.llama import flash_attn_supported
-
-    try:
-        import flash_attn  # noqa: F401
-    except Exception:  # noqa: BLE001 (a broken build raises anything)
-        return False
-    return torch.cuda.is_available() and flash_attn_supported(0)
-
-
-# ---- 1 GPU -------------------------------------------------------------------------------------------
-def check_stage_accuracy(kernel: str, device: str = "cuda") -> Row:
-    """A TP-1 stage in bf16 autocast on ``device`` against the float64 CPU Llama (loss and gradients)."""
-    from lightning_hexiscale.models.config import LlamaConfig
-    from lightning_hexiscale.models.llama import Llama, causal_lm_loss, sdpa_attention
-    from lightning_hexiscale.runtime.parallelize import build_stage
-
-    name = f"stage bf16 {kernel} vs float64 CPU"
-    criterion = "loss rel err <= 2e-2, grad cosine >= 0.99"
-    where = f"{device}:0" if device == "cuda" else device
-    if kernel == "flash-attn" and not flash_available():
-        return Row(name, where, "SKIP", "flash_attn does not import, or compute capability < 8.0", criterion)
-    cfg = LlamaConfig(name="check_acc", hidden_size=256, num_layers=2, num_heads=8, num_kv_heads=4,
-                      ffn_hidden_size=688, vocab_size=512, seq_len=128)
-    tokens, targets = make_batch(cfg.vocab_size, cfg.seq_len, 2, 0)
-    ref = Llama(cfg).to(torch.float64).init_weights(SEED)
-    ref_loss = ref.loss(ref(tokens), targets)
-    ref_loss.backward()
-    with torch.device("meta"):
-        model = Llama(cfg)
-    stage = build_stage(model, (0, cfg.num_layers), True, True, 1, 0, None, device=device, dtype=torch.float32,
-                        seed=SEED)
-    for block in stage.layers.values():
-        block.attn.attention_fn = _flash_attention if kernel == "flash-attn" else sdpa_attention
-    with torch.autocast(device, dtype=torch.bfloat16):
-        loss = causal_lm_loss(stage(tokens.to(device)), targets.to(device))
-    loss.backward()
-    err = abs(loss.item() - ref_loss.item()) / abs(ref_loss.item())
-    ref_grads = dict(ref.named_parameters())
-    cos = min(torch.nn.functional.cosine_similarity(p.grad.double().cpu().reshape(1, -1),
-                                                    ref_grads[n].grad.reshape(1, -1)).item()
-              for n, p in stage.named_parameters())
-    ok = err <= 2e-2 and cos >= 0.99
-    return Row(name, where, "PASS" if ok else "FAIL", f"loss rel err {err:.1e}, min grad cosine {cos:.5f}", criterion)
-
-
-def check_stage_speed(steps: int, warmup: int) -> Row:
-    """Forward + backward of a runtime stage vs the same blocks as plain PyTorch modules."""
-    from lightning_hexiscale.models.config import LlamaConfig
-    from lightning_hexiscale.models.llama import Llama, RopeCache, TransformerBlock
-    from lightning_hexiscale.runtime.parallelize import build_stage
-
-    cfg = LlamaConfig(name="check_speed", hidden_size=2048, num_layers=4, num_heads=16, num_kv_heads=16,
-                      ffn_hidden_size=5632, vocab_size=32000, seq_len=2048)
-    mb = 2
-    with torch.device("meta"):
-        meta = Llama(cfg)
-    stage = build_stage(meta, (0, cfg.num_layers), False, False, 1, 0, None, device="cuda", dtype=torch.float32,
-                        seed=SEED)
-    plain = torch.nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.num_layers)).to("cuda")  # plain modules
-    cos, sin = RopeCache(cfg)(cfg.seq_len, torch.device("cuda"), torch.float32)
-
-    def run_plain(x):
-        for block in plain:
-            x = block(x, cos, sin)
-        return x
-
-    def timed(fn) -> float:
-        x = torch.randn(mb, cfg.seq_len, cfg.hidden_size, device="cuda", requires_grad=True)
-        times = []
-        for i in range(warmup + steps):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                out = fn(x)
-            out.float().sum().backward()
-            end.record()
-            torch.cuda.synchronize()
-            if i >= warmup:
-                times.append(start.elapsed_time(end) / 1e3)
-        return statistics.median(times)
-
-    t_stage, t_plain = timed(stage), timed(run_plain)
-    flops = 3 * cfg.num_layers * cfg.layer_forward_flops(mb)
-    tflops = flops / t_stage / 1e12
-    peak = catalog_peak(torch.cuda.get_device_name(0))
-    of_peak = f", {tflops * 1e12 / peak:.0%} of the catalog's {peak / 1e12:.0f}" if peak else ""
-    ratio = t_stage / t_plain
-    return Row("stage speed vs plain PyTorch blocks", "cuda:0", "PASS" if ratio <= 1.10 else "FAIL",
-               f"{t_stage * 1e3:.1f} ms vs {t_plain * 1e3:.1f} ms ({ratio:.2f}x); {tflops:.1f} TFLOP/s{of_peak}",
-               "stage <= 1.10 x plain")
-
-
-def catalog_peak(device_name: str) -> float | None:
-    """Peak dense bf16 FLOP/s of the local GPU from the catalog (None when it is not listed)."""
-    from lightning_hexiscale.config import catalog
-    from lightning_hexiscale.lightning.device_check import gpu_mismatch
-
-    for name in catalog.known_names():
-        spec = catalog.lookup(name)
-        if not name.startswith("CPU") and gpu_mismatch(name, spec.memory_bytes, device_name, spec.memory_bytes) is None:
-            return spec.peak_flops
-    return None
 
 
 # ---- 2+ GPUs: spawned NCCL ranks under a watchdog ----------------------------------------------------
@@ -214,10 +84,15 @@ def plans() -> dict:
             "zero3, 2 pipelines, NCCL": plan(two_pipes, sharding="zero3")}
 
 
+BF16_PLANS = ("1F1B, 2 stages, NCCL", "TP-2 stage, NCCL", "zero2, 2 pipelines, NCCL")
+"""The plans also run in bf16-mixed (float32 weights, bf16 autocast) on 2+ GPUs."""
+
+
 def _engine_rank(rank: int, world: int, port: int, plan_dict: dict, steps: int, timeout: float, cuda: bool,
-                 out) -> None:
+                 bf16: bool, out) -> None:
     """One spawned rank (NCCL on cuda:rank; gloo on the CPU for the recipe's own test): train
-    ``steps`` AdamW steps in float64, report losses and shards."""
+    ``steps`` AdamW steps in float64 (``bf16``: float32 weights under bf16 autocast, as bf16-mixed),
+    report losses and shards."""
     import torch.distributed as dist
 
     from lightning_hexiscale.planner.plan import Plan
@@ -232,7 +107,8 @@ def _engine_rank(rank: int, world: int, port: int, plan_dict: dict, steps: int, 
                                 world_size=world, timeout=datetime.timedelta(seconds=timeout),
                                 device_id=device if cuda else None)
         plan, cfg = Plan.from_dict(plan_dict), tiny_config()
-        engine = PipelineEngine(plan, cfg, seed=SEED, device=device, dtype=torch.float64)
+        engine = PipelineEngine(plan, cfg, seed=SEED, device=device, dtype=torch.float32 if bf16 else torch.float64,
+                                autocast_dtype=torch.bfloat16 if bf16 else None)
         opt = engine.wrap_optimizer(torch.optim.AdamW(engine.parameters(), lr=1e-2))
         losses = []
         for step in range(steps):
@@ -309,12 +185,18 @@ def reference(plan, steps: int) -> tuple[list[float], dict[str, torch.Tensor]]:
     return losses, {k: v.detach() for k, v in model.state_dict().items()}
 
 
-def check_nccl(name: str, plan, steps: int, timeout: float, cuda: bool = True) -> Row:
+def check_nccl(name: str, plan, steps: int, timeout: float, cuda: bool = True, bf16: bool = False) -> Row:
     """Equivalence of ``plan`` on spawned NCCL ranks (``cuda=False``: forked gloo CPU ranks, for the
-    recipe's own test) with the float64 CPU reference, under the watchdog."""
-    criterion = f"every param, every rank: atol {ATOL:g} (float64)"
+    recipe's own test) with the float64 CPU reference, under the watchdog. float64: every loss and
+    parameter element within :data:`ATOL`; ``bf16`` (bf16-mixed): every loss within :data:`BF16_RTOL`
+    relative (bf16 rounding leaves parameters after AdamW's sign-like first steps too noisy to
+    compare element-wise; a missing gradient sync or a wrong exchange moves the loss far more)."""
+    if bf16:
+        name = name.replace("NCCL", "NCCL bf16-mixed")
+    criterion = (f"every rank's losses: rel {BF16_RTOL:g} (bf16-mixed vs float64)" if bf16
+                 else f"every param, every rank: atol {ATOL:g} (float64)")
     devices = f"cuda:0-{plan.world_size - 1}" if cuda else "cpu"
-    status, values = run_spawned(_engine_rank, plan.world_size, (plan.to_dict(), steps, timeout, cuda), timeout,
+    status, values = run_spawned(_engine_rank, plan.world_size, (plan.to_dict(), steps, timeout, cuda, bf16), timeout,
                                  start_method="spawn" if cuda else "fork")
     if status == "hang":
         return Row(name, devices, "HANG", f"{name}: ranks {sorted(values)} did not finish in {timeout:.0f} s; killed",
@@ -326,11 +208,47 @@ def check_nccl(name: str, plan, steps: int, timeout: float, cuda: bool = True) -
     err = 0.0
     for blob in values.values():
         losses, shards = torch.load(io.BytesIO(blob), weights_only=False)
+        if bf16:
+            err = max([err] + [abs(a - b) / abs(b) for a, b in zip(losses, ref_losses)])
+            continue
         err = max([err] + [abs(a - b) for a, b in zip(losses, ref_losses)])
         for pname, (t, dim, start, end) in shards.items():
             want = ref_state[pname] if dim is None else ref_state[pname].narrow(dim, start, end - start)
             err = max(err, (t - want).abs().max().item())
-    return Row(name, devices, "PASS" if err < ATOL else "FAIL", f"max error {err:.1e}", criterion)
+    ok = err <= BF16_RTOL if bf16 else err < ATOL
+    return Row(name, devices, "PASS" if ok else "FAIL", f"max {'rel ' if bf16 else ''}error {err:.1e}", criterion)
+
+
+# ---- CUDA present? -----------------------------------------------------------------------------------
+def pinned_torch() -> str:
+    """The torch version this project pins (constraints.txt at the repository root), else the
+    installed one without its local tag."""
+    constraints = Path(__file__).resolve().parents[1] / "constraints.txt"
+    if constraints.is_file():
+        m = re.search(r"^\s*torch\s*==\s*([0-9][^\s;#+]*)", constraints.read_text(), re.MULTILINE)
+        if m:
+            return m.group(1)
+    return torch.__version__.split("+")[0]
+
+
+def install_command() -> str:
+    return f'python -m pip install "torch=={pinned_torch()}+cu130" --index-url {CUDA_INDEX}'
+
+
+def cuda_problem() -> str | None:
+    """Why this process cannot run the GPU checks, or None. A CPU-only torch build
+    (``torch.version.cuda`` is None: what the pinned install gives) and a CUDA build that sees no
+    device are told apart: the fixes differ."""
+    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+        return (f"check_gpu: torch {torch.__version__} is a CPU-only build (torch.version.cuda is None): it "
+                f"cannot use a GPU, whatever the machine has. Install the CUDA build:\n    {install_command()}\n"
+                "(cu130 needs an NVIDIA driver >= 580; pick another index, e.g. cu128, for an older driver)")
+    if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
+        return (f"check_gpu: torch {torch.__version__} is built for CUDA {torch.version.cuda} but sees no GPU "
+                "(torch.cuda.is_available() is False). Check `nvidia-smi` (driver loaded, new enough for CUDA "
+                f"{torch.version.cuda}) and CUDA_VISIBLE_DEVICES (now "
+                f"{__import__('os').environ.get('CUDA_VISIBLE_DEVICES', 'unset')!r}).")
+    return None
 
 
 # ---- main ------------------------------------------------------------------------------------------
@@ -338,38 +256,77 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="see the module docstring / README")
     parser.add_argument("--timeout", type=float, default=180.0, help="watchdog per multi-GPU check, seconds")
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps of the NCCL equivalence checks")
-    parser.add_argument("--speed-steps", type=int, default=10, help="timed steps of the speed check")
+    parser.add_argument("--speed-steps", type=int, default=10, help="timed steps of the speed checks")
     parser.add_argument("--json", help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("check_gpu: no CUDA device here (torch.cuda.is_available() is False): nothing to check. "
-              "Run it on a GPU node: python recipes/check_gpu.py")
-        return 0
+    problem = cuda_problem()
+    if problem is not None:
+        print(problem)
+        _write_json(args.json, [], problem)
+        return 1
     n = torch.cuda.device_count()
     print(f"check_gpu: {n} CUDA device(s): {', '.join(torch.cuda.get_device_name(i) for i in range(n))}; "
           f"torch {torch.__version__}, NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}", flush=True)
     rows: list[Row] = []
-    for kernel in ("SDPA", "flash-attn"):
-        rows.append(_guarded(lambda k=kernel: check_stage_accuracy(k), f"stage bf16 {kernel} vs float64 CPU"))
-    rows.append(_guarded(lambda: check_stage_speed(args.speed_steps, 3), "stage speed vs plain PyTorch blocks"))
-    for name, plan in plans().items():
+
+    def add(row: Row) -> None:
+        rows.append(row)
+        print(f"  {row.check}: {row.result}  {row.measured}", flush=True)
+
+    for kernel in ("auto", "sdpa", "flash"):
+        add(_guarded(lambda k=kernel: gpu_checks.check_accuracy(k), f"stage bf16 attention={kernel} vs float64"))
+    matmul = [0.0]
+
+    def matmul_row() -> Row:
+        row, matmul[0] = gpu_checks.check_matmul_speed(args.speed_steps)
+        return row
+
+    add(_guarded(matmul_row, "bf16 matmul TFLOP/s"))
+    try:
+        for row in gpu_checks.check_stage_speed(args.speed_steps, 3, matmul[0]):
+            add(row)
+    except Exception as e:  # noqa: BLE001
+        add(_failed("stage speed", e))
+    for recompute in (False, True):
+        add(_guarded(lambda r=recompute: gpu_checks.check_engine_memory(r), f"engine memory, recompute {recompute}"))
+    torch.cuda.empty_cache()
+    add(_guarded(gpu_checks.check_lightning_resume, "Lightning resume"))
+    runs = [(name, plan, False) for name, plan in plans().items()]
+    runs += [(name, plans()[name], True) for name in BF16_PLANS]
+    for name, plan, bf16 in runs:
         if n < plan.world_size:
-            rows.append(Row(name, "-", "SKIP", f"needs {plan.world_size} GPUs, found {n}", ""))
+            label = name.replace("NCCL", "NCCL bf16-mixed") if bf16 else name
+            add(Row(label, "-", "SKIP", f"needs {plan.world_size} GPUs, found {n}", ""))
         else:
-            rows.append(check_nccl(name, plan, args.steps, args.timeout))
-        print(f"  {rows[-1].check}: {rows[-1].result}", flush=True)
+            add(check_nccl(name, plan, args.steps, args.timeout, bf16=bf16))
     print(table(rows))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump([asdict(r) for r in rows], f, indent=2)
-    return 1 if any(r.result in ("FAIL", "HANG") for r in rows) else 0
+    _write_json(args.json, rows, None)
+    failed = [r.check for r in rows if r.result in ("FAIL", "HANG")]
+    print(f"check_gpu: {len(failed)} of {len(rows)} rows failed" + (f": {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
+def _write_json(path: str | None, rows: list[Row], problem: str | None) -> None:
+    if not path:
+        return
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    doc = {"torch": torch.__version__, "cuda": torch.version.cuda, "problem": problem,
+           "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if problem is None else [],
+           "rows": [asdict(r) for r in rows]}
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=2)
+
+
+def _failed(name: str, e: Exception) -> Row:
+    return Row(name, "cuda:0", "FAIL", f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}", "")
 
 
 def _guarded(fn, name: str) -> Row:
     try:
         return fn()
     except Exception as e:  # noqa: BLE001 (one failing check must not hide the others)
-        return Row(name, "cuda:0", "FAIL", f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}", "")
+        traceback.print_exc()
+        return _failed(name, e)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,13 @@
-"""recipes/check_gpu.py: its help, its no-CUDA path (exit 0, says so), its watchdog (a hanging
-rank is killed and named), and its table. The GPU checks themselves run on GPU nodes only."""
+"""recipes/check_gpu.py: its help, its no-CUDA paths (a CPU-only torch build and a CUDA build
+without a GPU: exit 1, each with its own message and fix), its watchdog (a hanging rank is killed
+and named), its table and JSON, and the checks' logic on CPU stand-ins (recipes/gpu_checks.py). The
+accuracy comparison's mutations are in tests/models/test_attention.py. The GPU checks themselves run
+on GPU nodes only."""
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,14 +24,43 @@ def test_help():
     assert out.returncode == 0 and "--timeout" in out.stdout and "CUDA" in out.stdout
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-CUDA path")
-def test_without_cuda_it_says_so_and_exits_0(monkeypatch, capsys):
+def _recipe(monkeypatch):
     monkeypatch.syspath_prepend(str(RECIPES))
     import check_gpu
 
-    assert check_gpu.main([]) == 0
+    return check_gpu
+
+
+def test_cpu_only_torch_build_exits_1_with_the_install_command(monkeypatch, capsys, tmp_path):
+    check_gpu = _recipe(monkeypatch)
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(torch.version, "hip", None, raising=False)
+    out_json = tmp_path / "out" / "check.json"
+    assert check_gpu.main(["--json", str(out_json)]) == 1
     out = capsys.readouterr().out
-    assert "no CUDA device" in out and "nothing to check" in out
+    assert "CPU-only build" in out and "torch.version.cuda is None" in out
+    want = 'python -m pip install "torch==2.13.0+cu130" --index-url https://download.pytorch.org/whl/cu130'
+    assert want in out
+    doc = json.loads(out_json.read_text())
+    assert doc["rows"] == [] and "CPU-only build" in doc["problem"]
+
+
+def test_install_command_uses_the_pin(monkeypatch):
+    check_gpu = _recipe(monkeypatch)
+    pinned = re.search(r"^torch==(\S+)", (RECIPES.parent / "constraints.txt").read_text(), re.MULTILINE).group(1)
+    assert check_gpu.pinned_torch() == pinned
+    assert f'"torch=={pinned}+cu130"' in check_gpu.install_command()
+
+
+def test_cuda_build_without_a_gpu_exits_1_with_another_message(monkeypatch, capsys):
+    check_gpu = _recipe(monkeypatch)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert check_gpu.main([]) == 1
+    out = capsys.readouterr().out
+    assert "built for CUDA 13.0 but sees no GPU" in out and "nvidia-smi" in out and "CUDA_VISIBLE_DEVICES" in out
+    assert "CPU-only" not in out and "pip install" not in out
 
 
 @pytest.mark.timeout(60)
@@ -50,17 +84,72 @@ def test_table_lists_every_row(monkeypatch):
     assert "HANG" in text and "zero3, 2 pipelines, NCCL" in text
     assert set(check_gpu.plans()) == {"1F1B, 2 stages, NCCL", "TP-2 stage, NCCL", "ddp, 2 pipelines, NCCL",
                                       "zero2, 2 pipelines, NCCL", "zero3, 2 pipelines, NCCL"}
+    assert set(check_gpu.BF16_PLANS) == {"1F1B, 2 stages, NCCL", "TP-2 stage, NCCL", "zero2, 2 pipelines, NCCL"}
+
+
+SMALL = dict(name="t", hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, ffn_hidden_size=64, vocab_size=256,
+             seq_len=16)
 
 
 @pytest.mark.timeout(120)
 def test_checks_pass_on_cpu_stand_ins(monkeypatch):
-    """The checks' own logic, on the CPU: the bf16 stage vs float64 comparison (SDPA) and the
-    zero3 equivalence across two pipelines on forked gloo ranks both PASS."""
-    monkeypatch.syspath_prepend(str(RECIPES))
-    import check_gpu
+    """The checks' own logic, on the CPU: the bf16 stage vs float64 comparison through the runtime's
+    dispatch, and zero3 (float64) and zero2 (bf16-mixed) across two pipelines on forked gloo ranks, PASS."""
+    check_gpu = _recipe(monkeypatch)
+    import gpu_checks
 
-    row = check_gpu.check_stage_accuracy("SDPA", device="cpu")
+    row = gpu_checks.check_accuracy("auto", device="cpu", config=gpu_checks.accuracy_config(small=True))
     assert row.result == "PASS", row
     name = "zero3, 2 pipelines, NCCL"
     row = check_gpu.check_nccl(name, check_gpu.plans()[name], steps=2, timeout=60, cuda=False)
     assert row.result == "PASS", row
+    name = "zero2, 2 pipelines, NCCL"
+    row = check_gpu.check_nccl(name, check_gpu.plans()[name], steps=2, timeout=60, cuda=False, bf16=True)
+    assert row.result == "PASS" and "bf16-mixed" in row.check, row
+
+
+def test_catalog_entry_matches_cuda_names(monkeypatch):
+    _recipe(monkeypatch)
+    import gpu_checks
+
+    assert gpu_checks.catalog_entry("NVIDIA H100 80GB HBM3").name == "H100"
+    assert gpu_checks.catalog_entry("NVIDIA H200") is None  # not listed, and not the H20 it contains
+    assert gpu_checks.catalog_entry("NVIDIA GeForce RTX 4090").name == "RTX4090"
+    assert gpu_checks.catalog_entry("NVIDIA A100-SXM4-80GB").name.startswith("A100")
+    assert gpu_checks.catalog_entry("Tesla T4") is None
+
+
+def test_engine_memory_estimate_goes_through_estimate(monkeypatch):
+    """The memory row's expected peak is estimate()'s for the one-device plan; recompute lowers it,
+    and the allocator-visible part leaves out exactly the reserve and the communicator buffers."""
+    _recipe(monkeypatch)
+    import gpu_checks
+    from lightning_hexiscale.models.config import LlamaConfig
+    from lightning_hexiscale.planner.estimate import Workload
+
+    cfg = gpu_checks.memory_config()
+    off = gpu_checks.estimated_peak(gpu_checks.one_device_plan(cfg.num_layers, 4, 2, False), cfg, "bf16-mixed")
+    on = gpu_checks.estimated_peak(gpu_checks.one_device_plan(cfg.num_layers, 4, 2, True), cfg, "bf16-mixed")
+    assert on["allocator_bytes"] < off["allocator_bytes"] < off["peak_bytes"]
+    assert off["peak_bytes"] - off["allocator_bytes"] >= Workload(cfg).reserve_bytes
+    # the engine those rows measure runs (world of one, bf16 autocast) and its losses are finite
+    small = LlamaConfig(**SMALL)
+    losses = gpu_checks.run_engine_steps(gpu_checks.one_device_plan(2, 4, 1, True), small, "cpu", steps=2)
+    assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
+
+
+@pytest.mark.timeout(120)
+def test_lightning_resume_row_logic(monkeypatch, tmp_path):
+    """20 steps with a checkpoint at 10 and a resume, on the CPU in bf16-mixed: the resumed run
+    starts at step 10 and repeats the uninterrupted run's losses; the verdict fails a run that
+    restarted from scratch or one whose losses after the resume differ."""
+    _recipe(monkeypatch)
+    import gpu_checks
+    from lightning_hexiscale.models.config import LlamaConfig
+
+    r = gpu_checks.lightning_resume("cpu", "bf16-mixed", config=LlamaConfig(**SMALL), workdir=str(tmp_path))
+    ok, err = gpu_checks.resume_ok(r)
+    assert ok and err <= 1e-2, r
+    assert len(r["full"]) == 20 and r["resumed_from"] == 10
+    assert not gpu_checks.resume_ok(dict(r, resumed_from=0))[0]
+    assert not gpu_checks.resume_ok(dict(r, resumed=r["full"][:10]))[0]  # started over: losses of steps 0-9
