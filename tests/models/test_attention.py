@@ -167,3 +167,62 @@ def test_broken_flash_through_the_model(monkeypatch, fresh_gates):
     for block in model.layers:
         block.attn.attention_fn = kernel_fn("eager")
     assert torch.allclose(out, model(tokens), atol=1e-12)
+
+
+# ---- the GPU check's accuracy comparison (recipes/gpu_checks.py) can fail ----------------------------
+def _checker(monkeypatch):
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "recipes"))
+    import gpu_checks
+
+    return gpu_checks
+
+
+def _non_causal(q, k, v):
+    """Every position attends to the future too (a missing or wrong mask)."""
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=False, enable_gqa=q.shape[1] != k.shape[1])
+
+
+def _layout_swapped(q, k, v):
+    """A (B, T, H, D) kernel handed (B, H, T, D) tensors (flash-attn without its transposes): heads
+    are taken for positions and positions for heads."""
+    return kernel_fn("sdpa")(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+
+
+def test_checker_passes_the_runtime_dispatch_and_fails_mutated_attention(monkeypatch):
+    """The comparison the GPU check runs (bf16 autocast stage vs float64 reference), here on the CPU:
+    the runtime's dispatch (auto, and SDPA forced through it) PASSes with a wide margin; a non-causal
+    and a layout-swapped attention FAIL on the loss, the logits and the gradients."""
+    checks = _checker(monkeypatch)
+    cfg = checks.accuracy_config(small=True)
+    good = checks.compare_forward(None, "cpu", cfg)  # the model's default attention_fn: the dispatch
+    assert checks.accuracy_ok(good), good
+    assert good["loss_diff"] <= checks.LOSS_TOL / 3 and good["logits_cos"] >= 0.9999, good
+    assert checks.accuracy_ok(checks.compare_forward(kernel_fn("sdpa"), "cpu", cfg))
+    for mutant in (_non_causal, _layout_swapped):
+        m = checks.compare_forward(mutant, "cpu", cfg)
+        assert not checks.accuracy_ok(m), (mutant.__name__, m)
+        assert m["loss_diff"] > 10 * checks.LOSS_TOL and m["logits_cos"] < 0.95 and m["grad_cos"] < 0.9, \
+            (mutant.__name__, m)
+    row = checks.check_accuracy("auto", device="cpu", config=cfg)
+    assert row.result == "PASS" and "loss diff" in row.measured
+
+
+def test_checker_uses_the_dispatch(monkeypatch):
+    """With no attention_fn the checked stage calls models.attention.attention (the runtime's own
+    dispatch), not a kernel of its own."""
+    checks = _checker(monkeypatch)
+    calls = []
+    real = attn_mod.attention
+
+    def spy(q, k, v, kernel="auto"):
+        calls.append(kernel)
+        return real(q, k, v, kernel)
+
+    from lightning_hexiscale.models import llama as llama_mod
+
+    monkeypatch.setattr(attn_mod, "attention", spy)
+    monkeypatch.setattr(llama_mod, "attention", spy)  # Attention() binds the name at construction
+    checks.compare_forward(None, "cpu", checks.accuracy_config(small=True))
+    assert calls.count("auto") == 2  # one call per layer of the checked stage (the reference uses eager)

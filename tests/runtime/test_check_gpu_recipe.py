@@ -153,3 +153,17 @@ def test_lightning_resume_row_logic(monkeypatch, tmp_path):
     assert len(r["full"]) == 20 and r["resumed_from"] == 10
     assert not gpu_checks.resume_ok(dict(r, resumed_from=0))[0]
     assert not gpu_checks.resume_ok(dict(r, resumed=r["full"][:10]))[0]  # started over: losses of steps 0-9
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_accuracy_rows_pass_on_the_gpu(monkeypatch):
+    """On a GPU: the bf16 stage through the runtime's dispatch (flash-attn when usable) and with
+    SDPA forced both PASS the float64 comparison; flash-attn PASSes or SKIPs (not installed)."""
+    _recipe(monkeypatch)
+    import gpu_checks
+
+    for kernel in ("auto", "sdpa"):
+        row = gpu_checks.check_accuracy(kernel, device="cuda")
+        assert row.result == "PASS", row
+    assert gpu_checks.check_accuracy("flash", device="cuda").result in ("PASS", "SKIP")
