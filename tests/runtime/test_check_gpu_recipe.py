@@ -108,6 +108,19 @@ def test_checks_pass_on_cpu_stand_ins(monkeypatch):
     assert row.result == "PASS" and "bf16-mixed" in row.check, row
 
 
+@pytest.mark.timeout(120)
+def test_bf16_nccl_row_fails_without_gradient_sync(monkeypatch):
+    """The bf16-mixed rows can fail: two pipelines that never sum their gradients stay within 3e-3
+    of the reference's losses, but their updates point elsewhere (cosine ~0), and the row FAILs."""
+    check_gpu = _recipe(monkeypatch)
+    from lightning_hexiscale.runtime.engine import PipelineEngine
+
+    monkeypatch.setattr(PipelineEngine, "sync_grads", lambda self: None)  # forked ranks inherit it
+    name = "ddp, 2 pipelines, NCCL"
+    row = check_gpu.check_nccl(name, check_gpu.plans()[name], steps=3, timeout=60, cuda=False, bf16=True)
+    assert row.result == "FAIL" and "update cosine" in row.measured, row
+
+
 def test_catalog_entry_matches_cuda_names(monkeypatch):
     _recipe(monkeypatch)
     import gpu_checks
