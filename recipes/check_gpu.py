@@ -313,8 +313,12 @@ def main(argv: list[str] | None = None) -> int:
         add(_guarded(lambda r=recompute: gpu_checks.check_engine_memory(r), f"engine memory, recompute {recompute}"))
     torch.cuda.empty_cache()
     add(_guarded(gpu_checks.check_lightning_resume, "Lightning resume"))
-    runs = [(name, plan, False) for name, plan in plans().items()]
-    runs += [(name, plans()[name], True) for name in BF16_PLANS]
+    if gpu_checks.missing_omegaconf():
+        add(Row("NCCL rows (1F1B, TP-2, ddp/zero2/zero3; bf16-mixed)", "-", "SKIP", gpu_checks.missing_omegaconf(), ""))
+        runs = []
+    else:
+        runs = [(name, plan, False) for name, plan in plans().items()]
+        runs += [(name, plans()[name], True) for name in BF16_PLANS]
     for name, plan, bf16 in runs:
         if n < plan.world_size:
             label = name.replace("NCCL", "NCCL bf16-mixed") if bf16 else name
@@ -324,7 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows))
     _write_json(args.json, rows, None)
     failed = [r.check for r in rows if r.result in ("FAIL", "HANG")]
-    print(f"check_gpu: {len(failed)} of {len(rows)} rows failed" + (f": {', '.join(failed)}" if failed else ""))
+    skipped = [r.check for r in rows if r.result == "SKIP"]
+    print(f"check_gpu: {len(failed)} of {len(rows)} rows failed" + (f": {', '.join(failed)}" if failed else "")
+          + (f"; {len(skipped)} skipped (see their 'measured' column)" if skipped else ""))
     return 1 if failed else 0
 
 

@@ -66,6 +66,17 @@ class Row:
     criterion: str
 
 
+def missing_omegaconf() -> str | None:
+    """Why the rows that build a Plan, a Cluster or a Lightning run cannot run, or None: the
+    planner and config packages read YAML through omegaconf (pure Python; Hydra is not needed)."""
+    import importlib.util
+
+    if importlib.util.find_spec("omegaconf") is not None:
+        return None
+    return ("needs omegaconf (plans and clusters are read through it): python -m pip install omegaconf, "
+            "or put omegaconf and antlr4 on PYTHONPATH")
+
+
 def verdict(ok: bool) -> str:
     return "PASS" if ok else "FAIL"
 
@@ -338,10 +349,12 @@ def run_engine_steps(plan, config, device: str, steps: int = 3) -> list[float]:
 
 def check_engine_memory(recompute: bool, micro_batches: int = 4, micro_batch_size: int = 2) -> Row:
     """max_memory_allocated of the world-size-1 engine (bf16-mixed, AdamW, 3 steps) vs estimate()."""
-    cfg = memory_config()
-    plan = one_device_plan(cfg.num_layers, micro_batches, micro_batch_size, recompute)
     name = f"engine ws1 bf16-mixed {micro_batches} mb, recompute {'on' if recompute else 'off'}: peak memory"
     criterion = f"within {MEMORY_TOL:.0%} of estimate()"
+    if missing_omegaconf():
+        return Row(name, "cuda:0", "SKIP", missing_omegaconf(), criterion)
+    cfg = memory_config()
+    plan = one_device_plan(cfg.num_layers, micro_batches, micro_batch_size, recompute)
     try:
         est = estimated_peak(plan, cfg, "bf16-mixed", (catalog_entry(torch.cuda.get_device_name(0)) or
                                                        catalog_entry("H100")).name)
@@ -426,6 +439,8 @@ def resume_ok(r: dict, save_at: int = 10, rtol: float = 1e-2) -> tuple[bool, flo
 def check_lightning_resume(device: str = "cuda", precision: str = "bf16-mixed") -> Row:
     name = f"Lightning {precision}: 20 steps, checkpoint at 10, resume"
     criterion = "resumes at step 10; losses 10-19 = uninterrupted run (rel 1e-2); loss falls"
+    if missing_omegaconf():
+        return Row(name, _where(device), "SKIP", missing_omegaconf(), criterion)
     try:
         r = lightning_resume(device, precision)
     except ImportError as e:

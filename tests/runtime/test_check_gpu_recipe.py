@@ -121,6 +121,22 @@ def test_bf16_nccl_row_fails_without_gradient_sync(monkeypatch):
     assert row.result == "FAIL" and "update cosine" in row.measured, row
 
 
+def test_rows_needing_omegaconf_skip_and_say_why(monkeypatch):
+    """Without omegaconf (a bare GPU image) the engine, Lightning and NCCL rows SKIP naming the fix
+    instead of failing deep inside; the accuracy comparison needs nothing of it."""
+    _recipe(monkeypatch)
+    import gpu_checks
+
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "omegaconf" else real(name, *a))
+    reason = gpu_checks.missing_omegaconf()
+    assert "pip install omegaconf" in reason
+    for row in (gpu_checks.check_engine_memory(False), gpu_checks.check_lightning_resume("cpu")):
+        assert row.result == "SKIP" and row.measured == reason, row
+
+
 def test_catalog_entry_matches_cuda_names(monkeypatch):
     _recipe(monkeypatch)
     import gpu_checks
