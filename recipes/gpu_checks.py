@@ -286,24 +286,43 @@ def one_device_plan(num_layers: int, micro_batches: int, micro_batch_size: int, 
                                           "stages": [{"devices": [0], "layers": [0, num_layers]}]}]})
 
 
-def estimated_peak(plan, model_config, precision: str, gpu: str = "H100", device: str = "cuda") -> dict[str, float]:
+def catalog_cluster(gpu: str):
+    """A one-device Cluster of the catalog type ``gpu`` (a composed-config path, as ``cluster=...``)."""
+    from omegaconf import OmegaConf
+
+    from lightning_hexiscale.config.cluster import Cluster
+
+    return Cluster.from_config(OmegaConf.create({
+        "name": f"check_gpu_{gpu}", "machines": [{"gpu": gpu, "count": 1, "intra_bandwidth": "100 GB/s"}],
+        "inter_machine": {"bandwidth": "10 GB/s"}}))
+
+
+def local_cluster(device: str = "cuda"):
+    """This machine's device as a one-device Cluster: its catalog entry (H100's figures when the GPU
+    is not listed: the checks use the cluster for the plan's shape and the memory terms, not its
+    speed), CPU-FAST on the CPU. Passed to the strategy too, whose own local description refuses
+    a GPU missing from the catalog."""
+    if device == "cuda":
+        return catalog_cluster((catalog_entry(torch.cuda.get_device_name(torch.cuda.current_device()))
+                                or catalog_entry("H100")).name)
+    return catalog_cluster("CPU-FAST")
+
+
+def estimated_peak(plan, model_config, precision: str, device: str = "cuda", cluster=None) -> dict[str, float]:
     """The plan's peak bytes on its one device as ``hexiscale estimate`` computes them (a composed
     config through ``workload_from_config`` and ``estimate``), and that peak less the reserve and the
     communicator buffers (``allocator_bytes``: what ``torch.cuda.max_memory_allocated`` can see)."""
     from omegaconf import OmegaConf
 
-    from lightning_hexiscale.config.cluster import Cluster
     from lightning_hexiscale.planner.estimate import estimate, workload_from_config
 
+    cluster = cluster or local_cluster(device)
     model = {f.name: getattr(model_config, f.name) for f in dataclasses.fields(model_config)}
-    machines = [{"gpu": gpu, "count": 1, "intra_bandwidth": "100 GB/s"}]
+    machines = [{"gpu": cluster.devices[0].gpu_type, "count": 1, "intra_bandwidth": "100 GB/s"}]
     cfg = OmegaConf.create({"model": model, "trainer": {"precision": precision}, "train": {"memory_headroom": 0.0},
-                            "cluster": {"name": "check_gpu", "machines": machines,
+                            "cluster": {"name": cluster.name, "machines": machines,
                                         "inter_machine": {"bandwidth": "10 GB/s"}}})
-    cluster = Cluster.from_config(cfg.cluster)
     workload = workload_from_config(cfg)
-    if device == "cpu":
-        workload = dataclasses.replace(workload, device="cpu")
     full = estimate(plan, cluster, workload).pipelines[0].stages[0].peak_memory_bytes
     bare = dataclasses.replace(workload, reserve_bytes=0.0, comm_buffer_bytes=0.0)
     seen = estimate(plan, cluster, bare).pipelines[0].stages[0].peak_memory_bytes
@@ -332,14 +351,15 @@ def run_engine_steps(plan, config, device: str, steps: int = 3) -> list[float]:
     from lightning_hexiscale.runtime.engine import PipelineEngine
 
     created = _init_single_process_group(device)
+    where = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device(device)
     try:
-        engine = PipelineEngine(plan, config, seed=SEED, device=device, dtype=torch.float32,
+        engine = PipelineEngine(plan, config, seed=SEED, device=where, dtype=torch.float32,
                                 autocast_dtype=torch.bfloat16)
         opt = engine.wrap_optimizer(torch.optim.AdamW(engine.parameters(), lr=1e-4))
         losses = []
         for step in range(steps):
             tok, tgt = make_batch(config.vocab_size, config.seq_len, plan.global_batch, step)
-            losses.append(engine.train_step(tok.to(device), tgt.to(device)))
+            losses.append(engine.train_step(tok.to(where), tgt.to(where)))
             opt.step()
         return losses
     finally:
@@ -356,8 +376,7 @@ def check_engine_memory(recompute: bool, micro_batches: int = 4, micro_batch_siz
     cfg = memory_config()
     plan = one_device_plan(cfg.num_layers, micro_batches, micro_batch_size, recompute)
     try:
-        est = estimated_peak(plan, cfg, "bf16-mixed", (catalog_entry(torch.cuda.get_device_name(0)) or
-                                                       catalog_entry("H100")).name)
+        est = estimated_peak(plan, cfg, "bf16-mixed")
     except ImportError as e:
         return Row(name, "cuda:0", "SKIP", f"estimate() needs {e.name}: carry it (README, GPU check)", criterion)
     torch.cuda.empty_cache()
@@ -410,7 +429,8 @@ def lightning_resume(device: str, precision: str, steps: int = 20, save_at: int 
         if ckpt:
             callbacks.append(ModelCheckpoint(dirpath=out, every_n_train_steps=save_at, save_top_k=-1,
                                              filename="{step}"))
-        return pl.Trainer(strategy=HexiScaleStrategy(plan=plan, timeout=300), accelerator=device, devices=1,
+        strategy = HexiScaleStrategy(cluster=local_cluster(device), plan=plan, timeout=300)
+        return pl.Trainer(strategy=strategy, accelerator=device, devices=1,
                           precision=precision, max_steps=steps, logger=False, enable_checkpointing=ckpt,
                           enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                           callbacks=callbacks)

@@ -157,8 +157,11 @@ def test_engine_memory_estimate_goes_through_estimate(monkeypatch):
     from lightning_hexiscale.planner.estimate import Workload
 
     cfg = gpu_checks.memory_config()
-    off = gpu_checks.estimated_peak(gpu_checks.one_device_plan(cfg.num_layers, 4, 2, False), cfg, "bf16-mixed")
-    on = gpu_checks.estimated_peak(gpu_checks.one_device_plan(cfg.num_layers, 4, 2, True), cfg, "bf16-mixed")
+    h100 = gpu_checks.catalog_cluster("H100")
+    off = gpu_checks.estimated_peak(gpu_checks.one_device_plan(cfg.num_layers, 4, 2, False), cfg, "bf16-mixed",
+                                    cluster=h100)
+    on = gpu_checks.estimated_peak(gpu_checks.one_device_plan(cfg.num_layers, 4, 2, True), cfg, "bf16-mixed",
+                                   cluster=h100)
     assert on["allocator_bytes"] < off["allocator_bytes"] < off["peak_bytes"]
     assert off["peak_bytes"] - off["allocator_bytes"] >= Workload(cfg).reserve_bytes
     # the engine those rows measure runs (world of one, bf16 autocast) and its losses are finite
