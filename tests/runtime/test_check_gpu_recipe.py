@@ -199,3 +199,39 @@ def test_accuracy_rows_pass_on_the_gpu(monkeypatch):
         row = gpu_checks.check_accuracy(kernel, device="cuda")
         assert row.result == "PASS", row
     assert gpu_checks.check_accuracy("flash", device="cuda").result in ("PASS", "SKIP")
+
+
+def test_main_wiring_table_json_and_exit_status(monkeypatch, tmp_path, capsys):
+    """main() on a pretend one-GPU machine with the rows stubbed: every single-GPU row is asked for,
+    the NCCL rows SKIP (one GPU), the JSON holds every row, and one FAIL makes the exit status 1."""
+    check_gpu = _recipe(monkeypatch)
+    import gpu_checks
+
+    monkeypatch.setattr(check_gpu, "cuda_problem", lambda: None)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.cuda.nccl, "version", lambda: (2, 27, 0))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    asked = []
+
+    def row(name, result="PASS"):
+        asked.append(name)
+        return gpu_checks.Row(name, "cuda:0", result, "m", "c")
+
+    monkeypatch.setattr(gpu_checks, "check_accuracy", lambda k: row(f"accuracy {k}"))
+    monkeypatch.setattr(gpu_checks, "check_matmul_speed", lambda steps: (row("matmul"), 5e14))
+    monkeypatch.setattr(gpu_checks, "check_stage_speed",
+                        lambda steps, warmup, rate: [row(f"stage {rate:g}"), row("vs plain")])
+    monkeypatch.setattr(gpu_checks, "check_engine_memory", lambda r: row(f"memory {r}", "FAIL" if r else "PASS"))
+    monkeypatch.setattr(gpu_checks, "check_lightning_resume", lambda: row("lightning"))
+    out = tmp_path / "rows.json"
+    assert check_gpu.main(["--json", str(out)]) == 1  # the recompute-on memory row failed
+    assert asked == ["accuracy auto", "accuracy sdpa", "accuracy flash", "matmul", "stage 5e+14", "vs plain",
+                     "memory False", "memory True", "lightning"]
+    doc = json.loads(out.read_text())
+    results = {r["check"]: r["result"] for r in doc["rows"]}
+    assert results["memory True"] == "FAIL" and doc["problem"] is None
+    nccl = [r for r in doc["rows"] if "NCCL" in r["check"]]
+    assert len(nccl) == 8 and all(r["result"] == "SKIP" for r in nccl)
+    text = capsys.readouterr().out
+    assert "1 of 17 rows failed: memory True" in text and "8 skipped" in text
