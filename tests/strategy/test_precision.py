@@ -1,0 +1,140 @@
+"""Every precision the strategy accepts trains in its dtype on every rank (issue 20, "Precision honoured").
+
+``LlamaLitModule`` builds its model in float32 (its default ``dtype``); the Trainer's precision must
+decide what the ranks train in, as it does on one device:
+
+- 64-true / ddp, bf16-true / zero2, 64-true / zero3: parameters, optimizer state, the compute of
+  every linear layer and the saved checkpoint in float64 / bfloat16 on every rank of a plan with TP,
+  PP and DP (4 fork ranks, gloo);
+- bf16-mixed / zero2: float32 parameters, optimizer state and checkpoint, bfloat16 compute;
+- the bytes on the wire: every activation / gradient p2p and every gradient or parameter collective
+  of the runtime (NCCL-semantics trace) has the element size of the run's wire dtype (8 bytes under
+  64-true, 2 under bf16);
+- through ``recipes/train.py`` (fork launcher, llama_tiny, 4 ranks) in 64-true: the checkpoint's
+  weights equal a single-process plain-torch float64 run of the same data, initialisation, AdamW,
+  warm-up and global-norm clipping, within 1e-9 (a float32 run misses by ~1e-4: the checker can fail).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from omegaconf import OmegaConf
+from strategy_helpers import TINY, hexiscale_trainer, loader, plan_of, read_ranks
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+import nccl_semantics
+from lightning_hexiscale.lightning.example import LlamaLitModule
+from lightning_hexiscale.runtime import checkpoint as ckpt
+
+ROOT = Path(__file__).resolve().parents[2]
+TRAIN = ROOT / "recipes" / "train.py"
+
+# pipeline 0: one TP-2 stage; pipeline 1: two stages (PP) - DP across TP-asymmetric pipelines.
+PLAN = plan_of([(4, 2, [([0, 1], (0, 4))]), (2, 1, [([2], (0, 2)), ([3], (2, 4))])], cluster="cpu_hetero4")
+
+RUNTIME_FILES = ("schedule.py", "grad_sync.py", "zero.py", "zero3.py", "tensor_parallel.py", "tied_embeddings.py")
+"""Where the runtime's own activation, gradient and parameter traffic is issued from (the trace's
+``where``); Lightning's and the loss's float32 scalars are not part of what the cost model prices."""
+
+# (precision, dp_sharding, parameter / optimizer-state / checkpoint dtype, compute dtype, wire dtype)
+CASES = [("64-true", "ddp", torch.float64, torch.float64, "float64"),
+         ("bf16-true", "zero2", torch.bfloat16, torch.bfloat16, "bfloat16"),
+         ("64-true", "zero3", torch.float64, torch.float64, "float64"),
+         ("bf16-mixed", "zero2", torch.float32, torch.bfloat16, "bfloat16")]
+
+
+class DtypeProbe(pl.Callback):
+    """Writes ``out_dir/dtypes{rank}.pt``: the dtypes of this rank's parameters and optimizer state,
+    and of the outputs of every ``nn.Linear`` forward during training (the compute dtype)."""
+
+    def __init__(self, out_dir: Path):
+        self.out_dir = Path(out_dir)
+        self.compute: set[torch.dtype] = set()
+        self.handles = []
+
+    def on_train_start(self, trainer, module):
+        for m in module.model.engine.stage.modules():
+            if isinstance(m, torch.nn.Linear) or type(m).__name__.endswith("Linear"):
+                self.handles.append(m.register_forward_hook(lambda _m, _i, out: self.compute.add(out.dtype)))
+
+    # The trace's phases: training traffic is what runs between a batch's start and end (a
+    # checkpoint save or the Recorder's parameter copy gathers the exact parameter-dtype ZeRO masters).
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        nccl_semantics.current().mark("train")
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        nccl_semantics.current().mark("other")
+
+    def on_train_end(self, trainer, module):
+        for h in self.handles:
+            h.remove()
+        params = {n: p.dtype for n, p in module.model.engine.stage.named_parameters()}
+        engine = module.model.engine
+        # under ZeRO the user's optimizer keeps no state: the inner optimizers of the owned chunks do
+        opts = engine.sharded_optimizer.inner if engine.zero is not None else trainer.optimizers
+        state = {t.dtype for opt in opts for s in opt.state.values() for k, t in s.items()
+                 if torch.is_tensor(t) and k != "step"}
+        torch.save({"params": params, "state": state, "compute": self.compute},
+                   self.out_dir / f"dtypes{trainer.global_rank}.pt")
+
+
+def _checkpoint_dtypes(path: Path) -> dict[str, torch.dtype]:
+    """Saved tensor name -> dtype, from the DCP metadata (the model's and the optimizer's tensors)."""
+    reader = ckpt.RangeReader(str(path))
+    md = reader.read_metadata().state_dict_metadata
+    return {k: v.properties.dtype for k, v in md.items()
+            if isinstance(v, TensorStorageMetadata) and not k.startswith("optim.step.")}  # AdamW's counters
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("precision,sharding,param_dtype,compute_dtype,wire", CASES,
+                         ids=[f"{c[0]}-{c[1]}" for c in CASES])
+def test_every_rank_trains_in_the_trainers_dtype(tmp_path, precision, sharding, param_dtype, compute_dtype, wire):
+    plan = dataclasses.replace(PLAN, dp_sharding=sharding)
+    saver = ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), save_last=True, save_top_k=0)
+    module = LlamaLitModule(TINY, init_seed=3, lr=1e-2)  # its model is float32: the Trainer decides
+    trainer = hexiscale_trainer(plan, tmp_path, callbacks=[DtypeProbe(tmp_path), saver], enable_checkpointing=True,
+                                precision=precision, max_steps=2)
+    trainer.fit(module, loader(plan.global_batch * 2, plan.global_batch))
+    read_ranks(tmp_path, plan.world_size)  # replays the traces under NCCL's rules
+    for rank in range(plan.world_size):
+        got = torch.load(tmp_path / f"dtypes{rank}.pt", weights_only=False)
+        assert got["params"] and set(got["params"].values()) == {param_dtype}, (rank, got["params"])
+        assert got["state"] == {param_dtype}, (rank, got["state"])
+        assert got["compute"] == {compute_dtype}, (rank, got["compute"])
+
+    saved = _checkpoint_dtypes(tmp_path / "ckpt" / "last.ckpt")
+    model_keys = [k for k in saved if k.startswith(ckpt.model_fqn(""))]
+    assert model_keys and len(model_keys) < len(saved)  # the model's tensors and the optimizer's
+    assert set(saved.values()) == {param_dtype}, {k: v for k, v in saved.items() if v != param_dtype}
+    full = ckpt.load_llama_state_dict(tmp_path / "ckpt" / "last.ckpt")
+    assert {t.dtype for t in full.values()} == {param_dtype}
+
+    # Bytes on the wire: the runtime's traffic in the run's wire dtype (element size 8 or 2). The
+    # vocabulary-parallel cross-entropy's per-token scalars are in max(wire, float32), as
+    # planner/wire.py prices them (loss_bytes); every other step is in the wire dtype.
+    size = nccl_semantics._ESIZE[wire]
+    seen: dict[str, set[int]] = {}
+    for rank in range(plan.world_size):
+        for step in torch.load(tmp_path / f"trace{rank}.pt", weights_only=False):
+            where = step.where.split(":")[0]
+            if step.phase != "train" or where not in RUNTIME_FILES or (step.kind == "coll" and (step.numel or 0) <= 1):
+                continue  # not the runtime's, or the logged loss scalar (global_loss)
+            dtypes = {o.dtype for o in step.ops} if step.kind != "coll" else {step.dtype}
+            sizes = {nccl_semantics._ESIZE[d] for d in dtypes if d in ("float64", "float32", "bfloat16", "float16")}
+            allowed = {size, max(size, 4)} if where == "tensor_parallel.py" and step.kind == "coll" else {size}
+            assert sizes <= allowed, f"rank {rank}: {step}"
+            seen.setdefault("p2p" if step.kind != "coll" else where, set()).update(sizes)
+    # activations (p2p), TP activations and the DP gradient sync were all seen in the wire dtype
+    assert seen["p2p"] == {size} and size in seen["tensor_parallel.py"], seen
+    assert seen["zero.py" if sharding != "ddp" else "grad_sync.py"] == {size}, seen
