@@ -208,6 +208,7 @@ class HexiScaleStrategy(DDPStrategy):
         it in the launching process): ``ckpt_path``, the training DataLoader against the plan, the
         precision, automatic optimisation."""
         check_ckpt_path(arguments.get("ckpt_path"))
+        self._workload_dtype()  # refuses a precision the cost model has no dtype for (transformer-engine, ...)
         self._autocast_dtype()  # refuses 16-mixed
         module = arguments.get("model")
         if fn_name == "_fit_impl" and module is not None and not module.automatic_optimization:

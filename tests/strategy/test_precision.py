@@ -7,12 +7,14 @@ decide what the ranks train in, as it does on one device:
   every linear layer and the saved checkpoint in float64 / bfloat16 on every rank of a plan with TP,
   PP and DP (4 fork ranks, gloo);
 - bf16-mixed / zero2: float32 parameters, optimizer state and checkpoint, bfloat16 compute;
+- 16-true / ddp: float16 throughout; a precision plugin with no cost-model dtype is refused before launch;
 - the bytes on the wire: every activation / gradient p2p and every gradient or parameter collective
   of the runtime (NCCL-semantics trace) has the element size of the run's wire dtype (8 bytes under
   64-true, 2 under bf16);
 - through ``recipes/train.py`` (fork launcher, llama_tiny, 4 ranks) in 64-true: the checkpoint's
   weights equal a single-process plain-torch float64 run of the same data, initialisation, AdamW,
-  warm-up and global-norm clipping, within 1e-9 (measured 4e-14; the float32 run of main missed by 7e-5: the checker can fail).
+  warm-up and global-norm clipping, within 1e-9 (measured 4e-14; the float32 run of main missed by
+  7e-5: the checker can fail).
 """
 
 from __future__ import annotations
@@ -27,12 +29,15 @@ import lightning.pytorch as pl
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins.precision import Precision
 from omegaconf import OmegaConf
-from strategy_helpers import TINY, hexiscale_trainer, loader, plan_of, read_ranks
+from strategy_helpers import PG_TIMEOUT, TINY, hexiscale_trainer, loader, plan_of, read_ranks
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 import nccl_semantics
+from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.lightning.example import LlamaLitModule
+from lightning_hexiscale.lightning.strategy import HexiScaleStrategy
 from lightning_hexiscale.runtime import checkpoint as ckpt
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,7 +54,8 @@ RUNTIME_FILES = ("schedule.py", "grad_sync.py", "zero.py", "zero3.py", "tensor_p
 CASES = [("64-true", "ddp", torch.float64, torch.float64, "float64"),
          ("bf16-true", "zero2", torch.bfloat16, torch.bfloat16, "bfloat16"),
          ("64-true", "zero3", torch.float64, torch.float64, "float64"),
-         ("bf16-mixed", "zero2", torch.float32, torch.bfloat16, "bfloat16")]
+         ("bf16-mixed", "zero2", torch.float32, torch.bfloat16, "bfloat16"),
+         ("16-true", "ddp", torch.float16, torch.float16, "float16")]
 
 
 class DtypeProbe(pl.Callback):
@@ -103,7 +109,8 @@ def test_every_rank_trains_in_the_trainers_dtype(tmp_path, precision, sharding, 
     saver = ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), save_last=True, save_top_k=0)
     module = LlamaLitModule(TINY, init_seed=3, lr=1e-2)  # its model is float32: the Trainer decides
     trainer = hexiscale_trainer(plan, tmp_path, callbacks=[DtypeProbe(tmp_path), saver], enable_checkpointing=True,
-                                precision=precision, max_steps=2)
+                                precision=precision, max_steps=1 if precision == "16-true" else 2)
+    # (16-true: pure float16, AdamW's eps=1e-8 rounds to 0 and the second step is NaN, as on one device)
     trainer.fit(module, loader(plan.global_batch * 2, plan.global_batch))
     read_ranks(tmp_path, plan.world_size)  # replays the traces under NCCL's rules
     for rank in range(plan.world_size):
@@ -137,6 +144,27 @@ def test_every_rank_trains_in_the_trainers_dtype(tmp_path, precision, sharding, 
     # activations (p2p), TP activations and the DP gradient sync were all seen in the wire dtype
     assert seen["p2p"] == {size} and size in seen["tensor_parallel.py"], seen
     assert seen["zero.py" if sharding != "ddp" else "grad_sync.py"] == {size}, seen
+
+
+class Int8Precision(Precision):
+    """A precision plugin the cost model has no dtype for."""
+
+    precision = "int8-true"
+
+
+@pytest.mark.timeout(30)
+def test_unknown_precision_is_refused_before_launch(monkeypatch):
+    import torch.multiprocessing
+
+    def no_launch(*args, **kwargs):
+        raise AssertionError("ranks were started before the precision was checked")
+
+    monkeypatch.setattr(torch.multiprocessing, "start_processes", no_launch)
+    trainer = pl.Trainer(strategy=HexiScaleStrategy(plan=PLAN, start_method="fork", timeout=PG_TIMEOUT),
+                         accelerator="cpu", devices=PLAN.world_size, plugins=[Int8Precision()], logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, max_steps=1)
+    with pytest.raises(ConfigError, match=r"Trainer\(precision\).*int8-true.*must be one of"):
+        trainer.fit(LlamaLitModule(TINY), loader(PLAN.global_batch, PLAN.global_batch))
 
 
 # ---- through the recipe, against one device in float64 ----------------------------------------
