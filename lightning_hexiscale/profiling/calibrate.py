@@ -143,11 +143,11 @@ def measure_compute_rank(rank: int, world: int, config: LlamaConfig, micro_batch
     from lightning_hexiscale.runtime.parallelize import build_stage
 
     device = current_device()
-    p = prec.resolve(precision, device)
+    run = prec.resolve(precision, device)
     with torch.device("meta"):
         model = Llama(config)
     stage = build_stage(model, (0, config.num_layers), True, True, 1, 0, None, device=device,
-                        dtype=p.param_dtype, recompute=recompute, seed=rank)
+                        dtype=run.param_dtype, recompute=recompute, seed=rank)
     times = []
     for k in range(warmup + steps):
         tok, tgt = make_batch(config, micro_batch * num_micro_batches, k)
@@ -156,7 +156,7 @@ def measure_compute_rank(rank: int, world: int, config: LlamaConfig, micro_batch
         dist.barrier()
         t0 = time.perf_counter()
         for x, y in zip(tok.split(micro_batch), tgt.split(micro_batch)):
-            with p.autocast(device):
+            with run.autocast(device):
                 loss = causal_lm_loss(stage(x.to(device)), y.to(device)) / num_micro_batches
             loss.backward()
         if device.type == "cuda":

@@ -99,16 +99,20 @@ def peak_memory(device: torch.device) -> float:
     return float((_status_kib("VmHWM") or 0) * 1024)
 
 
-def prime(device: torch.device) -> None:
+def prime(device: torch.device, run=None) -> None:
     """A throw-away tiny forward/backward/AdamW step and all-reduce: lazy one-time initialisation
-    (~100 MiB of RSS on the first CPU step) happens here, before the memory baseline."""
+    (~100 MiB of RSS on the first CPU step) happens here, before the memory baseline; in the
+    measured precision ``run`` (a :class:`~lightning_hexiscale.profiling.precision.MeasurePrecision`),
+    so that its kernels are the ones initialised."""
     from lightning_hexiscale.models.llama import Llama
 
     tiny = LlamaConfig(name="prime", hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
                        ffn_hidden_size=16, vocab_size=16, seq_len=4)
-    model = Llama(tiny).init_weights(0).to(device)
+    model = Llama(tiny).init_weights(0).to(device, run.param_dtype if run is not None else torch.float32)
     tok = torch.zeros(1, tiny.seq_len, dtype=torch.long, device=device)
-    model.loss(model(tok), tok).backward()
+    with run.autocast(device) if run is not None else contextlib.nullcontext():
+        loss = model.loss(model(tok), tok)
+    loss.backward()
     torch.optim.AdamW(model.parameters(), lr=1e-3).step()
     if dist.is_initialized():
         dist.all_reduce(torch.zeros(16, device=device))
@@ -128,11 +132,11 @@ def measure_plan_rank(rank: int, world: int, plan_dict: dict, config: LlamaConfi
     if world != plan.world_size:
         raise ValueError(f"the plan needs {plan.world_size} ranks, the process group has {world}")
     device = current_device()
-    prime(device)
+    run = prec.resolve(precision, device)
+    prime(device, run)
     base = reset_peak_memory(device)
-    p = prec.resolve(precision, device)
-    engine = PipelineEngine(plan, config, rank, seed=0, device=device, dtype=p.param_dtype,
-                            autocast_dtype=p.autocast_dtype)
+    engine = PipelineEngine(plan, config, rank, seed=0, device=device, dtype=run.param_dtype,
+                            autocast_dtype=run.autocast_dtype)
     opt = torch.optim.AdamW(engine.parameters(), lr=1e-4)
     step_s, opt_s = [], []
     for k in range(warmup + steps):
