@@ -189,7 +189,8 @@ def _recipe_run(tmp_path: Path, precision: str) -> Path:
     return out
 
 
-def _initial(config) -> dict[str, torch.Tensor]:
+def _initial(config):
+    """The plain Llama in float64 with the recipe's initialisation (``init_weights(trainer.seed)``)."""
     from lightning_hexiscale.models.llama import Llama
 
     with torch.device("meta"):
@@ -202,13 +203,11 @@ def _reference(cfg_dir: Path) -> dict[str, torch.Tensor]:
     the model's own initialisation, AdamW, linear warm-up and clipping by the global norm."""
     import importlib.util
 
-    from lightning_hexiscale.models.config import LlamaConfig
-
     spec = importlib.util.spec_from_file_location("recipe_train", TRAIN)
     recipe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(recipe)
     cfg = OmegaConf.load(cfg_dir / "config.yaml")
-    config = LlamaConfig.from_config(cfg.model)
+    config = _model_config(cfg_dir)
     torch.manual_seed(SEED)  # pl.seed_everything(trainer.seed) in the recipe
     train_dl, _ = recipe.make_data(cfg, config, RECIPE_PLAN.global_batch)
     model = _initial(config)
@@ -230,13 +229,13 @@ def test_recipe_in_64_true_equals_one_device_float64(tmp_path):
     got = ckpt.load_llama_state_dict(out / "checkpoints" / "last.ckpt")
     assert set(got) == set(ref)
     assert {t.dtype for t in got.values()} == {torch.float64}
-    init = _initial(LlamaConfig_of(out)).state_dict()
+    init = _initial(_model_config(out)).state_dict()
     assert max((ref[k] - init[k]).abs().max().item() for k in ref) > 1e-3  # training moved the weights
     err = max((got[k] - ref[k]).abs().max().item() for k in ref)
     assert err < 1e-9, err
 
 
-def LlamaConfig_of(cfg_dir: Path):
+def _model_config(cfg_dir: Path):
     from lightning_hexiscale.models.config import LlamaConfig
 
     return LlamaConfig.from_config(OmegaConf.load(cfg_dir / "config.yaml").model)
