@@ -4,7 +4,9 @@
     hexiscale check-estimate --local 2 --plan my_plan.yaml cluster=outputs/cpu2.yaml model=llama_tiny
 
 Both run real training steps with the runtime engine: on ``--local N`` forked CPU ranks, or under
-torchrun / SLURM / Lightning's launcher (every rank runs the command; rank 0 prints and writes).
+torchrun / SLURM / Lightning's launcher (every rank runs the command; rank 0 prints and writes). They
+measure in ``--precision`` (the run's trainer.precision; default 32-true on CPU ranks, bf16-mixed on
+CUDA) and the estimates price that dtype.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
-from lightning_hexiscale.cli.common import add_launch_args, compose_for_plan, positive_int, subcommand
+from lightning_hexiscale.cli.common import (add_launch_args, add_precision_arg, compose_for_plan, positive_int,
+                                            resolve_precision, subcommand)
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.profiling.check import STATS
 
@@ -27,6 +30,7 @@ def _measure_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stat", choices=STATS, default="min",
                    help="step times -> one time: min (fastest step; load from other jobs only adds time; "
                         "default) or median (typical step; use on a dedicated machine)")
+    add_precision_arg(p)
 
 
 def _calibrate_args(p: argparse.ArgumentParser) -> None:
@@ -63,10 +67,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     # Fit against the measured link latencies: take out a delta an earlier calibration added.
     cluster = with_calibration(Cluster.from_config(cfg.cluster), sync_latency_s=-previous_sync_latency(path))
     model = LlamaConfig.from_config(cfg.model)
+    precision = resolve_precision(args)
     res = calibrate(cluster, model, args.micro_batch, args.micro_batches, args.recompute, args.steps, args.warmup,
-                    args.local, args.timeout, args.stat)
+                    args.local, args.timeout, args.stat, precision)
     if res is None:
         return 0
+    print(f"measured in {precision}")
     print(res.summary())
     out = Path(args.out) if args.out else path
     if out.resolve() != path.resolve():
@@ -99,13 +105,15 @@ def cmd_check_estimate(args: argparse.Namespace) -> int:
     if plan.dp_sharding != "ddp":
         print(f"note: the runtime all-reduces gradients (DDP); the plan says {plan.dp_sharding}, estimated as ddp")
         plan = replace(plan, dp_sharding="ddp")
-    res = check(plan, cluster, model, args.steps, args.warmup, args.local, args.timeout)
+    precision = resolve_precision(args)
+    res = check(plan, cluster, model, args.steps, args.warmup, args.local, args.timeout, precision)
     if res is None:
         return 0
     est, m = res
     if args.json:
         t = m.iteration_s(args.stat)
         print(json.dumps({"plan_file": args.plan, "cluster": cluster.name, "model": model.name, "stat": args.stat,
+                          "precision": precision,
                           "estimated_s": est.iteration_time_s, "measured_s": t,
                           "deviation": deviation(est.iteration_time_s, t), "steps_s": m.steps_s,
                           "optimizer_s": m.optimizer_s, "step_s_per_rank": m.step_s_per_rank,

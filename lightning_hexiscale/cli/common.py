@@ -67,3 +67,32 @@ def add_launch_args(p: argparse.ArgumentParser) -> None:
                         "Lightning-launched process group")
     p.add_argument("--timeout", type=float, default=900.0, metavar="S",
                    help="deadline in seconds for the whole run and every collective (default 900)")
+
+
+def _precision(text: str) -> str:
+    from lightning_hexiscale.errors import ConfigError
+    from lightning_hexiscale.profiling.precision import check_precision
+
+    try:
+        return check_precision(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_precision_arg(p: argparse.ArgumentParser) -> None:
+    """``--precision``: the run's precision, which every measurement runs in."""
+    p.add_argument("--precision", type=_precision, default=None, metavar="P",
+                   help="measure in this Lightning precision, the run's trainer.precision: 32-true, bf16-mixed, "
+                        "bf16-true, 64-true or 16-true (parameter dtype and autocast as in training; default: "
+                        "32-true on CPU ranks (--local, or no CUDA), bf16-mixed on CUDA)")
+
+
+def resolve_precision(args: argparse.Namespace) -> str:
+    """``--precision``, else 32-true on CPU ranks (``--local`` or no CUDA), else bf16-mixed."""
+    if args.precision is not None:
+        return args.precision
+    import torch
+
+    from lightning_hexiscale.profiling.precision import default_precision
+
+    return default_precision(args.local is None and torch.cuda.is_available())

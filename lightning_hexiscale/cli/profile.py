@@ -4,7 +4,8 @@
     torchrun --nproc-per-node 8 --nnodes 2 ... -m lightning_hexiscale.cli profile --out c.yaml
     hexiscale estimate --plan my_plan.yaml cluster=outputs/cpu2.yaml
 
-Measures, per rank, sustained matmul FLOP/s (bf16 on CUDA, fp32 on CPU) and memory (CUDA total,
+Measures, per rank, sustained matmul FLOP/s (in the compute dtype of ``--precision``, the run's
+trainer.precision: default bf16 on CUDA, fp32 on CPU) and memory (CUDA total,
 or CPU RAM / ranks on the host), and alpha, beta for every pair of ranks (see
 :mod:`lightning_hexiscale.profiling`). ``calibrate`` and ``check-estimate`` live in
 :mod:`lightning_hexiscale.cli.calibrate`.
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 
-from lightning_hexiscale.cli.common import add_launch_args, positive_int, subcommand
+from lightning_hexiscale.cli.common import add_launch_args, add_precision_arg, positive_int, resolve_precision, subcommand
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.config.units import parse_bytes
 
@@ -49,6 +50,7 @@ def _profile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--matmul-size", type=positive_int, default=None, metavar="N",
                    help="matmul size N for the FLOP/s test (default 8192 on CUDA, 1024 on CPU)")
     p.add_argument("--matmul-time", type=float, default=0.5, metavar="S", help="seconds of matmuls per rank (default 0.5)")
+    add_precision_arg(p)
 
 
 def _profile_rank(rank: int, world: int, opts: dict):
@@ -62,7 +64,8 @@ def run_profile(args: argparse.Namespace):
     from lightning_hexiscale.profiling.launch import run_from_env, run_local
 
     opts = dict(sizes=args.sizes, reps=args.reps, max_pairs=args.max_pairs, isolate_hosts=args.isolate_hosts,
-                matmul_n=args.matmul_size, matmul_time_s=args.matmul_time, link_stat=args.link_stat)
+                matmul_n=args.matmul_size, matmul_time_s=args.matmul_time, link_stat=args.link_stat,
+                precision=resolve_precision(args))
     if args.local:
         return run_local(args.local, _profile_rank, opts, timeout_s=args.timeout)[0]
     return run_from_env(_profile_rank, opts, timeout_s=args.timeout)

@@ -208,6 +208,7 @@ class HexiScaleStrategy(DDPStrategy):
         it in the launching process): ``ckpt_path``, the training DataLoader against the plan, the
         precision, automatic optimisation."""
         check_ckpt_path(arguments.get("ckpt_path"))
+        self._workload_dtype()  # refuses a precision the cost model has no dtype for (transformer-engine, ...)
         self._autocast_dtype()  # refuses 16-mixed
         module = arguments.get("model")
         if fn_name == "_fit_impl" and module is not None and not module.automatic_optimization:
@@ -251,6 +252,10 @@ class HexiScaleStrategy(DDPStrategy):
             # Every rank checks the same things (Lightning, the module, the plan, world size and
             # devices); one error, from rank 0, reaches the caller (launching.agree).
             llama = agree(lambda: self._resolve_plan(module, trainer, fitting), self.global_rank, self.world_size)
+            # As Lightning's own strategies do, before anything is built from the parameters: 64-true
+            # and bf16-true cast the (meta) module, so the stage, its TP shards, the ZeRO buffers and
+            # the optimizer are created in the Trainer's dtype (32-true and bf16-mixed keep it as is).
+            self.precision_plugin.convert_module(module)
             self._pipeline_model = self._build_pipeline_model(module, trainer, llama)
             module.model = self._pipeline_model
         self._pipeline_model.accumulate = trainer.accumulate_grad_batches

@@ -24,6 +24,11 @@ Three constants, fitted in this order to a few measured training steps on the ra
 Steps 2 and 3 are refined in turn (three rounds), since each plan's estimate depends a little on
 the other constant. Each fit is a 1-D search on a grid: the estimate is monotone in each constant.
 
+Every measurement runs in the run's precision (``precision``, a Lightning precision string: the
+parameter dtype and autocast of :mod:`lightning_hexiscale.profiling.precision`; 32-true on CPU
+ranks, bf16-mixed on CUDA by default), and the estimates price that dtype, so that the fitted
+efficiency is the one of the matmuls training will run.
+
 theta_zero2 / theta_zero3_* stay 1.0: the runtime has no ZeRO-2/3 sharding to measure them on.
 """
 
@@ -127,19 +132,22 @@ def tp_pairs_plan(world: int, config: LlamaConfig, micro_batch: int, num_micro_b
 
 # ---- measurement on the ranks ------------------------------------------------------------------
 def measure_compute_rank(rank: int, world: int, config: LlamaConfig, micro_batch: int, num_micro_batches: int,
-                         recompute: bool, steps: int = 3, warmup: int = 1) -> list[float]:
+                         recompute: bool, steps: int = 3, warmup: int = 1, precision: str | None = None) -> list[float]:
     """Collective (barrier per step): seconds per timed step for this rank to run forward + backward of
     ``num_micro_batches`` micro-batches through the whole model, built by the runtime's
-    ``build_stage`` (TP 1, one stage, the same recomputation), with no communication."""
+    ``build_stage`` (TP 1, one stage, the same recomputation), with no communication, in ``precision``
+    (its parameter dtype, the forward under its autocast; None: the device's default)."""
     from lightning_hexiscale.models.llama import Llama, causal_lm_loss
+    from lightning_hexiscale.profiling import precision as prec
     from lightning_hexiscale.profiling.measure import current_device
     from lightning_hexiscale.runtime.parallelize import build_stage
 
     device = current_device()
+    run = prec.resolve(precision, device)
     with torch.device("meta"):
         model = Llama(config)
     stage = build_stage(model, (0, config.num_layers), True, True, 1, 0, None, device=device,
-                        dtype=torch.float32, recompute=recompute, seed=rank)
+                        dtype=run.param_dtype, recompute=recompute, seed=rank)
     times = []
     for k in range(warmup + steps):
         tok, tgt = make_batch(config, micro_batch * num_micro_batches, k)
@@ -148,7 +156,9 @@ def measure_compute_rank(rank: int, world: int, config: LlamaConfig, micro_batch
         dist.barrier()
         t0 = time.perf_counter()
         for x, y in zip(tok.split(micro_batch), tgt.split(micro_batch)):
-            (causal_lm_loss(stage(x.to(device)), y.to(device)) / num_micro_batches).backward()
+            with run.autocast(device):
+                loss = causal_lm_loss(stage(x.to(device)), y.to(device)) / num_micro_batches
+            loss.backward()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         if k >= warmup:
@@ -186,14 +196,15 @@ class CalibrationResult:
 
 
 def _calibrate_rank(rank: int, world: int, config: LlamaConfig, micro_batch: int, num_micro_batches: int,
-                    recompute: bool, steps: int, warmup: int):
+                    recompute: bool, steps: int, warmup: int, precision: str | None = None):
     from lightning_hexiscale.profiling.check import measure_plan_rank
 
-    compute = measure_compute_rank(rank, world, config, micro_batch, num_micro_batches, recompute, steps, warmup)
+    compute = measure_compute_rank(rank, world, config, micro_batch, num_micro_batches, recompute, steps, warmup,
+                                   precision)
     tp_plan = tp_pairs_plan(world, config, micro_batch, num_micro_batches, recompute)
-    tp = measure_plan_rank(rank, world, tp_plan.to_dict(), config, steps, warmup) if world > 1 else None
+    tp = measure_plan_rank(rank, world, tp_plan.to_dict(), config, steps, warmup, precision) if world > 1 else None
     dp_plan = pure_dp_plan(world, config, micro_batch, num_micro_batches, recompute)
-    dp = measure_plan_rank(rank, world, dp_plan.to_dict(), config, steps, warmup)
+    dp = measure_plan_rank(rank, world, dp_plan.to_dict(), config, steps, warmup, precision)
     everything: list = [None] * world
     dist.all_gather_object(everything, (compute, tp, dp))
     return everything if rank == 0 else None
@@ -218,13 +229,13 @@ class CalibrationSteps:
 
 def measure_calibration(world: int, config: LlamaConfig, micro_batch: int = 2, num_micro_batches: int = 2,
                         recompute: bool = False, steps: int = 5, warmup: int = 1, local: int | None = None,
-                        timeout_s: float = 900.0) -> CalibrationSteps | None:
+                        timeout_s: float = 900.0, precision: str = "32-true") -> CalibrationSteps | None:
     """Run both calibration measurements on ``local`` forked ranks (or the launcher's ranks, when
     ``local`` is None); the steps on rank 0 / local, None on the other ranks."""
     from lightning_hexiscale.profiling.check import PlanMeasurement
     from lightning_hexiscale.profiling.launch import run_from_env, run_local
 
-    args = (config, micro_batch, num_micro_batches, recompute, steps, warmup)
+    args = (config, micro_batch, num_micro_batches, recompute, steps, warmup, precision)
     if local is not None:
         if local != world:
             from lightning_hexiscale.errors import ConfigError
@@ -240,16 +251,18 @@ def measure_calibration(world: int, config: LlamaConfig, micro_batch: int = 2, n
 
 
 def fit_calibration(cluster: Cluster, config: LlamaConfig, measured: CalibrationSteps, micro_batch: int = 2,
-                    num_micro_batches: int = 2, recompute: bool = False, stat: str = "min") -> CalibrationResult:
+                    num_micro_batches: int = 2, recompute: bool = False, stat: str = "min",
+                    precision: str = "32-true") -> CalibrationResult:
     """Fit efficiency per device type, then theta_ddp, to ``measured`` (see the module docstring).
 
     ``stat`` reduces step times to one time (``min`` or ``median``, see
     :data:`~lightning_hexiscale.profiling.check.STATS`); use the same when checking estimates.
+    ``precision``: the one ``measured`` ran in (the estimates price its dtype).
     """
     reduce = min if stat == "min" else statistics.median
     world = cluster.num_devices
     compute_meas = [reduce(c) for c in measured.compute_s]
-    workload = cpu_workload(config)
+    workload = cpu_workload(config, precision)
     one = single_device_plan(config, micro_batch, num_micro_batches, recompute)
     base = Calibration(**{**cluster.calibration.__dict__, "theta_ddp": 1.0})
     # theta 1 for the compute-only plan: the estimate applies theta_ddp to the last backward even
@@ -281,10 +294,11 @@ def fit_calibration(cluster: Cluster, config: LlamaConfig, measured: Calibration
 
 def calibrate(cluster: Cluster, config: LlamaConfig, micro_batch: int = 2, num_micro_batches: int = 2,
               recompute: bool = False, steps: int = 5, warmup: int = 1, local: int | None = None,
-              timeout_s: float = 900.0, stat: str = "min") -> CalibrationResult | None:
-    """Measure (:func:`measure_calibration`) and fit (:func:`fit_calibration`); None on ranks > 0."""
+              timeout_s: float = 900.0, stat: str = "min", precision: str = "32-true") -> CalibrationResult | None:
+    """Measure (:func:`measure_calibration`) and fit (:func:`fit_calibration`) in ``precision``; None on
+    ranks > 0."""
     measured = measure_calibration(cluster.num_devices, config, micro_batch, num_micro_batches, recompute, steps,
-                                   warmup, local, timeout_s)
+                                   warmup, local, timeout_s, precision)
     if measured is None:
         return None
-    return fit_calibration(cluster, config, measured, micro_batch, num_micro_batches, recompute, stat)
+    return fit_calibration(cluster, config, measured, micro_batch, num_micro_batches, recompute, stat, precision)

@@ -11,8 +11,11 @@ Measured, per rank, in the ranks' own process group (forked CPU ranks or an exte
   AdamW step so that optimizer states exist. One-time lazy initialisation (dispatch tables, gloo
   buffers) is done by a throw-away step before the baseline. On CUDA: torch.cuda.max_memory_allocated.
 
+Everything runs in the run's precision (``precision``: a Lightning precision string, see
+:mod:`lightning_hexiscale.profiling.precision`; default 32-true on CPU ranks, bf16-mixed on CUDA).
+
 Estimated: :func:`~lightning_hexiscale.planner.estimate.estimate` on the given cluster, with the
-workload the CPU runtime trains (fp32 parameters, AdamW m and v = 8 bytes per parameter, no reserve).
+workload the runtime trains (the precision's dtype, AdamW m and v in the parameter dtype, no reserve).
 Deviation = (estimated - measured) / measured.
 """
 
@@ -27,15 +30,21 @@ import torch
 import torch.distributed as dist
 
 from lightning_hexiscale.config.cluster import Cluster
+from lightning_hexiscale.config.recipe import PRECISION_DTYPES
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.estimate import Estimate, Workload, estimate
 from lightning_hexiscale.planner.plan import Plan
 from lightning_hexiscale.config.units import format_bytes
 
 
-def cpu_workload(model: LlamaConfig) -> Workload:
-    """What the CPU runtime trains: fp32 weights, AdamW (m, v: 8 bytes/param), nothing reserved."""
-    return Workload(model, dtype="fp32", optimizer_bytes_per_param=8.0, reserve_bytes=0.0)
+def cpu_workload(model: LlamaConfig, precision: str = "32-true") -> Workload:
+    """What the runtime trains in ``precision``: its dtype, AdamW m and v in the parameter dtype
+    (2 x 4 = 8 bytes/param in 32-true and bf16-mixed, 16 in 64-true, 4 in bf16-true), nothing reserved."""
+    from lightning_hexiscale.profiling.precision import PARAM_DTYPES, check_precision
+
+    p = PARAM_DTYPES[check_precision(precision)]
+    return Workload(model, dtype=PRECISION_DTYPES[precision],
+                    optimizer_bytes_per_param=2.0 * torch.empty(0, dtype=p).element_size(), reserve_bytes=0.0)
 
 
 def make_batch(config: LlamaConfig, global_batch: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,16 +99,20 @@ def peak_memory(device: torch.device) -> float:
     return float((_status_kib("VmHWM") or 0) * 1024)
 
 
-def prime(device: torch.device) -> None:
+def prime(device: torch.device, run=None) -> None:
     """A throw-away tiny forward/backward/AdamW step and all-reduce: lazy one-time initialisation
-    (~100 MiB of RSS on the first CPU step) happens here, before the memory baseline."""
+    (~100 MiB of RSS on the first CPU step) happens here, before the memory baseline; in the
+    measured precision ``run`` (a :class:`~lightning_hexiscale.profiling.precision.MeasurePrecision`),
+    so that its kernels are the ones initialised."""
     from lightning_hexiscale.models.llama import Llama
 
     tiny = LlamaConfig(name="prime", hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
                        ffn_hidden_size=16, vocab_size=16, seq_len=4)
-    model = Llama(tiny).init_weights(0).to(device)
+    model = Llama(tiny).init_weights(0).to(device, run.param_dtype if run is not None else torch.float32)
     tok = torch.zeros(1, tiny.seq_len, dtype=torch.long, device=device)
-    model.loss(model(tok), tok).backward()
+    with run.autocast(device) if run is not None else contextlib.nullcontext():
+        loss = model.loss(model(tok), tok)
+    loss.backward()
     torch.optim.AdamW(model.parameters(), lr=1e-3).step()
     if dist.is_initialized():
         dist.all_reduce(torch.zeros(16, device=device))
@@ -107,9 +120,11 @@ def prime(device: torch.device) -> None:
 
 # ---- one rank ------------------------------------------------------------------------------------
 def measure_plan_rank(rank: int, world: int, plan_dict: dict, config: LlamaConfig, steps: int = 3,
-                      warmup: int = 1) -> dict:
-    """Collective: train ``plan`` for ``warmup + steps`` steps on this rank; return its measurements
-    (``step_s``, ``optimizer_s`` lists over the timed steps, ``peak_bytes``)."""
+                      warmup: int = 1, precision: str | None = None) -> dict:
+    """Collective: train ``plan`` for ``warmup + steps`` steps on this rank in ``precision`` (None: the
+    device's default); return its measurements (``step_s``, ``optimizer_s`` lists over the timed steps,
+    ``peak_bytes``)."""
+    from lightning_hexiscale.profiling import precision as prec
     from lightning_hexiscale.profiling.measure import current_device
     from lightning_hexiscale.runtime.engine import PipelineEngine
 
@@ -117,9 +132,11 @@ def measure_plan_rank(rank: int, world: int, plan_dict: dict, config: LlamaConfi
     if world != plan.world_size:
         raise ValueError(f"the plan needs {plan.world_size} ranks, the process group has {world}")
     device = current_device()
-    prime(device)
+    run = prec.resolve(precision, device)
+    prime(device, run)
     base = reset_peak_memory(device)
-    engine = PipelineEngine(plan, config, rank, seed=0, device=device, dtype=torch.float32)
+    engine = PipelineEngine(plan, config, rank, seed=0, device=device, dtype=run.param_dtype,
+                            autocast_dtype=run.autocast_dtype)
     opt = torch.optim.AdamW(engine.parameters(), lr=1e-4)
     step_s, opt_s = [], []
     for k in range(warmup + steps):
@@ -184,7 +201,7 @@ class PlanMeasurement:
 
 
 def run_plan(plan: Plan, config: LlamaConfig, steps: int = 3, warmup: int = 1, local: int | None = None,
-             timeout_s: float = 600.0) -> PlanMeasurement | None:
+             timeout_s: float = 600.0, precision: str = "32-true") -> PlanMeasurement | None:
     """Measure ``plan`` on ``local`` forked CPU ranks, or in the launcher's environment when
     ``local`` is None (then only rank 0 gets the result; the others get None)."""
     from lightning_hexiscale.profiling.launch import run_from_env, run_local
@@ -196,8 +213,8 @@ def run_plan(plan: Plan, config: LlamaConfig, steps: int = 3, warmup: int = 1, l
             raise ConfigError("--local", local, f"the plan runs on {plan.world_size} ranks",
                               f"use --local {plan.world_size}")
         return PlanMeasurement.from_ranks(run_local(local, measure_plan_rank, plan.to_dict(), config, steps, warmup,
-                                                    timeout_s=timeout_s))
-    per_rank = run_from_env(_gather_rank, plan.to_dict(), config, steps, warmup, timeout_s=timeout_s)
+                                                    precision, timeout_s=timeout_s))
+    per_rank = run_from_env(_gather_rank, plan.to_dict(), config, steps, warmup, precision, timeout_s=timeout_s)
     return PlanMeasurement.from_ranks(per_rank) if per_rank is not None else None
 
 
@@ -244,9 +261,10 @@ def comparison_table(plan: Plan, est: Estimate, m: PlanMeasurement) -> str:
 
 
 def check(plan: Plan, cluster: Cluster, config: LlamaConfig, steps: int = 3, warmup: int = 1,
-          local: int | None = None, timeout_s: float = 600.0) -> tuple[Estimate, PlanMeasurement] | None:
-    """Estimate and measure ``plan``; (estimate, measurement) on rank 0 / local, None elsewhere."""
+          local: int | None = None, timeout_s: float = 600.0,
+          precision: str = "32-true") -> tuple[Estimate, PlanMeasurement] | None:
+    """Estimate and measure ``plan`` in ``precision``; (estimate, measurement) on rank 0 / local, None elsewhere."""
     plan.validate(cluster, config)
-    est = estimate(plan, cluster, cpu_workload(config))
-    m = run_plan(plan, config, steps, warmup, local, timeout_s)
+    est = estimate(plan, cluster, cpu_workload(config, precision))
+    m = run_plan(plan, config, steps, warmup, local, timeout_s, precision)
     return None if m is None else (est, m)

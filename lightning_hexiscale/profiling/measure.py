@@ -42,11 +42,14 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure_matmul_flops(device: torch.device, n: int | None = None, min_time_s: float = 0.5, windows: int = 5) -> float:
+def measure_matmul_flops(device: torch.device, n: int | None = None, min_time_s: float = 0.5, windows: int = 5,
+                         dtype: torch.dtype | None = None) -> float:
     """Sustained FLOP/s of an n x n @ n x n matmul (2 n^3 FLOPs) on this rank, in FLOP/s.
 
-    bf16 on CUDA (the training precision the catalog's peak figures refer to); fp32 on CPU, where
-    bf16 matmuls have no fast path on most CPUs and the CPU runtime trains in fp32. After two
+    In ``dtype``: the run's compute dtype (:mod:`~lightning_hexiscale.profiling.precision`); by
+    default bf16 on CUDA (bf16-mixed, the training precision the catalog's peak figures refer to)
+    and fp32 on CPU, where bf16 matmuls have no fast path on most CPUs and training defaults to
+    32-true. After two
     warm-up products, ``windows`` windows of at least ``min_time_s / windows`` each are timed and
     the BEST window's rate (FLOPs / time) is returned: load from other jobs on a shared host only
     ever slows a window down. Every rank measures at the same time, as they compute during
@@ -54,7 +57,7 @@ def measure_matmul_flops(device: torch.device, n: int | None = None, min_time_s:
     """
     cuda = device.type == "cuda"
     n = n or (8192 if cuda else 1024)
-    dtype = torch.bfloat16 if cuda else torch.float32
+    dtype = dtype or (torch.bfloat16 if cuda else torch.float32)
     gen = torch.Generator(device=device).manual_seed(0)
     a = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
     b = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
@@ -120,12 +123,14 @@ def ping_pong(peer: int, initiator: bool, sizes: Sequence[int], reps: int, devic
 
 def profile_process_group(sizes: Sequence[int] | None = None, reps: int = 5, max_pairs: int | None = None,
                           isolate_hosts: bool = True, matmul_n: int | None = None,
-                          matmul_time_s: float = 0.5, link_stat: str = "median", log=None) -> ProfileResult | None:
+                          matmul_time_s: float = 0.5, link_stat: str = "median", log=None,
+                          precision: str | None = None) -> ProfileResult | None:
     """Profile every rank of the default process group; collective (all ranks call it).
 
     Steps (each fenced by a barrier so that one phase does not disturb the next):
     1. host names are all-gathered (they define machines and the CPU memory share);
-    2. every rank measures its matmul FLOP/s at the same time, and its memory;
+    2. every rank measures its matmul FLOP/s at the same time, in the compute dtype of ``precision``
+       (a Lightning precision string; None: 32-true on CPU, bf16-mixed on CUDA), and its memory;
     3. the pairs run in the steps of :func:`~lightning_hexiscale.profiling.fit.pair_schedule`:
        disjoint pairs at once, at most ``max_pairs`` pairs per step (default: no limit on CUDA,
        ``cores // 2`` on a CPU host, because a gloo pair keeps two cores busy and more pairs than
@@ -140,6 +145,10 @@ def profile_process_group(sizes: Sequence[int] | None = None, reps: int = 5, max
     device = current_device()
     cuda = device.type == "cuda"
     from lightning_hexiscale.profiling.fit import default_sizes
+    from lightning_hexiscale.profiling.precision import resolve
+
+    run = resolve(precision, device)
+    flops_dtype = str(run.compute_dtype).replace("torch.", "")
 
     sizes = sorted(int(s) for s in (sizes or default_sizes(cuda)))
     say = (log or (lambda msg: None)) if rank == 0 else (lambda msg: None)
@@ -150,12 +159,12 @@ def profile_process_group(sizes: Sequence[int] | None = None, reps: int = 5, max
     say(f"profiling {world} ranks on {len(set(hosts))} host(s), backend {dist.get_backend()}")
 
     dist.barrier()
-    flops = measure_matmul_flops(device, matmul_n, matmul_time_s)
+    flops = measure_matmul_flops(device, matmul_n, matmul_time_s, dtype=run.compute_dtype)
     me = {"type": device_type_name(device), "flops": flops, "memory": device_memory_bytes(device, on_host),
           "hopper": _is_hopper(device)}
     info: list[dict] = [{}] * world
     dist.all_gather_object(info, me)
-    say(f"matmul FLOP/s measured on all ranks at once ({'bf16' if cuda else 'fp32'})")
+    say(f"matmul FLOP/s measured on all ranks at once ({flops_dtype}, precision {run.name})")
 
     if max_pairs is None and not cuda:
         max_pairs = max(1, (os.cpu_count() or 2) // 2)
@@ -190,7 +199,8 @@ def profile_process_group(sizes: Sequence[int] | None = None, reps: int = 5, max
             bw[a, b] = bw[b, a] = beta
             err[a, b] = err[b, a] = rel
     notes = [f"flops: sustained {matmul_n or (8192 if cuda else 1024)}^3 matmul, "
-             f"{'bf16 on CUDA' if cuda else 'fp32 on CPU (one intra-op thread per rank)'}, all ranks at once, "
+             f"{flops_dtype} (precision {run.name}) on {'CUDA' if cuda else 'CPU (one intra-op thread per rank)'}, "
+             f"all ranks at once, "
              f"best of 5 windows"]
     notes.append("memory: CUDA total device memory" if cuda else
                  "memory: CPU host RAM divided by the ranks on that host")
@@ -200,4 +210,4 @@ def profile_process_group(sizes: Sequence[int] | None = None, reps: int = 5, max
     return ProfileResult(hostnames=hosts, device_types=[i["type"] for i in info], flops=[i["flops"] for i in info],
                          memory_bytes=[i["memory"] for i in info], bandwidth_Bps=bw, latency_s=lat, fit_rel_rms=err,
                          hopper=[i["hopper"] for i in info], backend=dist.get_backend(),
-                         flops_dtype="bfloat16" if cuda else "float32", sizes_bytes=list(sizes), notes=notes)
+                         flops_dtype=flops_dtype, sizes_bytes=list(sizes), notes=notes)

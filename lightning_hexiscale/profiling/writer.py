@@ -39,7 +39,7 @@ class ProfileResult:
     device_types: list[str]
     """Per rank: a type name, e.g. ``CPU`` or ``NVIDIA-H100-80GB-HBM3`` (sanitised device name)."""
     flops: list[float]
-    """Per rank: sustained matmul FLOP/s (bf16 on CUDA, fp32 on CPU; see ``flops_dtype``)."""
+    """Per rank: sustained matmul FLOP/s (in the run's compute dtype, ``flops_dtype``)."""
     memory_bytes: list[float]
     """Per rank: CUDA total device memory, or on CPU the host's RAM / ranks on that host."""
     bandwidth_Bps: np.ndarray

@@ -164,3 +164,91 @@ def test_sync_latency_is_written_to_the_matrix_and_replaced_on_recalibration(tmp
     update_calibration(path, {}, {}, sync_latency_s=2e-4)  # replaces delta, does not add to it
     np.testing.assert_allclose(Cluster.load(str(path)).latency, link + 2e-4 * (1 - np.eye(4)))
     assert Cluster.load(str(path)).calibration.theta_ddp == 1.2
+
+
+# ---- measured in the run's precision (issue 20) ---------------------------------------------------
+MATMULS = ("mm", "addmm", "bmm", "baddbmm", "_scaled_dot_product_flash_attention_for_cpu",
+           "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention")
+
+
+def _matmul_dtypes_rank(rank: int, world: int, precision: str | None) -> dict:
+    """Per measurement (profile, calibration compute, a TP plan as check-estimate and calibrate run
+    it): the dtypes of the first input of every matmul / attention kernel the rank ran, recorded by
+    a dispatch mode (below autocast: what the kernels really got)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from lightning_hexiscale.profiling.calibrate import measure_compute_rank
+    from lightning_hexiscale.profiling.check import measure_plan_rank
+    from lightning_hexiscale.profiling.measure import profile_process_group
+
+    class Kernels(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.dtypes: set = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket.__name__ in MATMULS:
+                self.dtypes.add(next(a for a in args if isinstance(a, torch.Tensor)).dtype)
+            return func(*args, **(kwargs or {}))
+
+    tp = tp_pairs_plan(world, MODEL, 1, 2, False).to_dict()
+    runs = {"profile": lambda: profile_process_group(sizes=[1024, 1 << 20, 8 << 20], reps=3, matmul_n=32, matmul_time_s=0.01,
+                                                     precision=precision),
+            "compute": lambda: measure_compute_rank(rank, world, MODEL, 1, 2, False, 1, 0, precision),
+            "plan": lambda: measure_plan_rank(rank, world, tp, MODEL, 1, 0, precision)}
+    out = {}
+    for name, run in runs.items():
+        with Kernels() as k:
+            res = run()
+        out[name] = k.dtypes
+        if name == "profile" and rank == 0:
+            out["flops_dtype"] = res.flops_dtype
+    return out
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("precision,dtype", [(None, "float32"), ("64-true", "float64"), ("bf16-mixed", "bfloat16"),
+                                             ("bf16-true", "bfloat16")])
+def test_profile_calibrate_and_check_measure_in_the_runs_dtype(precision, dtype):
+    """On main the profile measured bf16 on CUDA while calibration and check-estimate trained float32;
+    now all three run their matmuls in the requested precision's compute dtype (default on CPU: 32-true)."""
+    import torch
+
+    from lightning_hexiscale.profiling.launch import run_local
+
+    want = getattr(torch, dtype)
+    results = run_local(2, _matmul_dtypes_rank, precision, timeout_s=50)
+    for rank, got in enumerate(results):
+        for name in ("profile", "compute", "plan"):
+            assert got[name] == {want}, (rank, name, got[name])
+    assert results[0]["flops_dtype"] == dtype
+
+
+def test_cli_passes_the_precision_and_its_default(monkeypatch, tmp_path, capsys):
+    """--precision reaches the measurement and the estimate of profile, calibrate and check-estimate;
+    without it, --local CPU ranks measure in 32-true; a bad value is an argparse error naming the rule."""
+    import lightning_hexiscale.profiling.calibrate as cal
+    import lightning_hexiscale.profiling.check as chk
+    import lightning_hexiscale.profiling.launch as launch
+
+    seen = {}
+    monkeypatch.setattr(launch, "run_local", lambda n, fn, opts, **kw: seen.update(profile=opts["precision"]) or [None])
+    monkeypatch.setattr(cal, "calibrate", lambda *a: seen.update(calibrate=a[-1]))
+    monkeypatch.setattr(chk, "check", lambda *a: seen.update(check=a[-1]))
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump(pure_dp_plan(2, MODEL, 1, 1, False).to_dict()))
+    model = [f"model.{k}={v}" for k, v in MODEL.to_dict().items() if k not in ("rms_norm_eps", "rope_theta", "rope_scaling", "tie_word_embeddings", "max_position_embeddings")]
+    prof = tmp_path / "c.yaml"
+    two_type_cluster(tmp_path)
+    for extra, want in (([], "32-true"), (["--precision", "64-true"], "64-true")):
+        seen.clear()
+        main(["profile", "--local", "2", *extra])  # (the stub's None reads as "not rank 0": nothing written)
+        main(["calibrate", "--local", "4", *extra, f"cluster={prof}", *model])
+        main(["check-estimate", "--local", "2", *extra, "--plan", str(plan), "cluster=cpu2", *model])
+        assert seen == {"profile": want, "calibrate": want, "check": want}
+    with pytest.raises(SystemExit):
+        main(["calibrate", "--local", "2", "--precision", "16-mixed", f"cluster={prof}"])
+    assert "no fp16 loss scaler" in capsys.readouterr().err
+    assert chk.cpu_workload(MODEL, "64-true").dtype == "fp64"
+    assert chk.cpu_workload(MODEL, "64-true").optimizer_bytes_per_param == 16  # AdamW m, v in float64
