@@ -9,7 +9,9 @@ receives of use j are all issued under label ``use:j``; with prefetch, whenever 
 with no pipeline exchange between (:func:`comm_order.stage_events`), the receives of use k+1 are
 issued before label ``use:k+1``, i.e. during use k's compute: the batches issued up to the end of
 ``use:k`` number g_0 + ... + g_(k+1). The traces are replayed under NCCL's rules; equivalence with
-the one-process reference is ``test_equivalence_zero``'s (zero3 cases).
+the one-process reference is ``test_equivalence_zero``'s (zero3 cases). Memory: after every gather
+(the only place blocks become whole) at most two blocks are whole, the current and the prefetched
+one, as the memory estimate prices.
 """
 
 from __future__ import annotations
@@ -50,6 +52,14 @@ def _worker(rank, world, plan_dict, config):
         if torch.is_grad_enabled() and out.requires_grad:
             out.register_hook(lambda _g: mark())
 
+    z3, held = engine.zero3, []
+    gather = z3.gather
+
+    def counting_gather(unit):  # blocks held whole after a gather: installed ones + the prefetched one
+        gather(unit)
+        held.append(sum(z3.gathered.values()) + (z3.prefetched is not None))
+
+    z3.gather = counting_gather
     for block in engine.stage.layers.values():
         block.register_forward_pre_hook(on_forward, prepend=True)
         block.register_forward_hook(on_output, prepend=True)
@@ -64,7 +74,7 @@ def _worker(rank, world, plan_dict, config):
     layers = [events[i][1] for i in at]
     direct = [k for k in range(len(at) - 1) if at[k + 1] == at[k] + 1]  # no exchange between use k and k+1
     groups = {layer: len(engine.zero3._by_group(f"layers.{layer}")) for layer in set(layers)}
-    return {"layers": layers, "groups": groups, "uses": uses[0], "direct": direct}
+    return {"layers": layers, "groups": groups, "uses": uses[0], "direct": direct, "held": max(held)}
 
 
 def _gather_batches(steps) -> list[str]:
@@ -78,6 +88,10 @@ def test_zero3_gathers_the_next_block_during_the_current_one(run_ranks_traced_fi
     results, traces = run_ranks_traced_fixture(PLAN.world_size, _worker, PLAN.to_dict(), tiny_gqa)
     report = nccl_semantics.replay(traces)
     assert report.ok, str(report)
+    # memory: at most two blocks whole at once (the current one and the prefetched next one), what the
+    # planner's memory estimate holds for ZeRO-3 (estimate.stage_memory_at: "the gathered current and
+    # next layer")
+    assert [r["held"] for r in results] == [2] * PLAN.world_size
     checked = 0
     for rank, (res, steps) in enumerate(zip(results, traces)):
         layers, g = res["layers"], res["groups"]
