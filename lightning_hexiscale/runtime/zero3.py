@@ -11,9 +11,11 @@ and frees them afterwards:
 - after the backward: once every matrix of the block has accumulated its gradient
   (post-accumulate-grad hooks), free again;
 - prefetch: once a use's parameters are installed, the receives of the rank's next use are posted
-  (asynchronously) when no pipeline exchange lies between, so the next block's gather overlaps this
-  block's compute, as the planner prices it (eq. 5's max(T_f, T_comm)); at most one block is
-  prefetched, the one more gathered block the memory estimate holds. Gradients stay whole in the local shape (they sum over
+  (asynchronously), so the next block's gather overlaps this block's compute, as the planner prices
+  it (eq. 5's max(T_f, T_comm)); the sequence puts an op's first use before the pipeline exchanges
+  that precede the op, so this holds across ops too (the very first use of a run is posted at the
+  run's first exchange, or at its forward). At most one block is prefetched: the one more gathered
+  block the memory estimate holds. Gradients stay whole in the local shape (they sum over
   the pipeline's micro-batches and are reduce-scattered once per step).
 
 How a use is served, with no tags and in an order NCCL accepts (see :mod:`.comm_order`): the holders
@@ -118,7 +120,11 @@ class Zero3Gatherer:
         self._cursor += 1
 
     def before_exchange(self) -> None:
-        """Called by the executor before each pipeline exchange of a training run."""
+        """Called by the executor before each pipeline exchange of a training run. The sequence puts
+        an op's first block use before the exchanges that precede the op: post its gather first
+        (when the previous block did not already prefetch it)."""
+        if self.prefetched is None:
+            self._prefetch()
         self._advance("x")
 
     @contextmanager
@@ -202,8 +208,8 @@ class Zero3Gatherer:
 
     def _prefetch(self) -> None:
         """Issue the receives of the rank's next own event now, when it is a block use (the next
-        block of the same forward or backward, or the next micro-batch's first one when no pipeline
-        exchange lies between): its transfer then overlaps the current block's compute. The
+        block of the same forward or backward, or the next op's first one): its transfer then
+        overlaps the current block's compute. The
         serves that the global sequence puts before it are done first, so every rank still issues
         its calls in the sequence's order (the current block's TP collectives come after, on all
         ranks of the stage alike). Costs one more gathered block of memory, which the planner's
