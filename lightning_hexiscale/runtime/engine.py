@@ -26,9 +26,9 @@ optimizer itself under ``ddp``, so the same loop runs all three.
 
 Tied embeddings (``tie_word_embeddings``) in a pipeline of two or more stages: the last stage's
 copy of ``embed.weight`` is kept equal to the first stage's by :mod:`.tied_embeddings`, whose
-gradient exchange runs in :meth:`PipelineEngine.sync_grads` before the data-parallel sync. Those
-plans start the data-parallel all-reduces after the backward instead of during it (the first
-stage's embedding gradient is complete only after the exchange).
+gradient exchange runs in :meth:`PipelineEngine.sync_grads` before the data-parallel sync. The
+embedding's data-parallel buckets start only there, after the exchange (its gradient is complete only
+then; its unit is the last of the bucket order, so the others still start during the backward).
 """
 
 from __future__ import annotations

@@ -7,7 +7,10 @@ global order of :func:`~lightning_hexiscale.runtime.zero_layout.build_buckets`:
 1. :meth:`ZeroSharder.reduce_grads`: reduce-scatter(SUM) of the flat bucket of local gradients
    among its holders -> this rank's c summed elements. Pipelines weighted their losses by
    micro_batch / global_batch, so the sum is the global-mean gradient (as in grad_sync). A local
-   gradient is freed as soon as every bucket holding a piece of it has been flattened.
+   gradient is freed as soon as every bucket holding a piece of it has been flattened. ZeRO-2
+   starts them during the step's last backward, at block boundaries and in bucket order
+   (:meth:`ZeroSharder.arm`, :class:`~lightning_hexiscale.runtime.grad_sync.BoundaryStarts`), so the
+   transfer overlaps the backward as the planner prices it; ZeRO-3 issues them after the backward.
 2. :meth:`ShardedOptimizer.step`: a torch optimizer of the user's class and hyper-parameters steps
    only the c owned elements (one inner optimizer per bucket, its parameters leaf views of the
    chunk, one per run of elements in the same param group). Element-wise optimizers (SGD, Adam,
