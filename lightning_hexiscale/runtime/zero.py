@@ -27,7 +27,9 @@ micro-batches before the cross-pipeline reduction can start, because pipelines r
 of micro-batches), 4 + 4/k + 8/k after the reduce-scatter; ZeRO-3 4/k + 4 + 8/k plus one or two
 gathered blocks. Appendix B's ZeRO-2 term B + (B + K)/N assumes gradients sharded during backward too.
 
-Collectives are issued in list order with at most ``WINDOW`` in flight. Every rank's list is a
+Collectives are issued in list order with at most ``WINDOW`` in flight (except the reduce-scatters
+ZeRO-2 starts during the backward: each one's flat buffer replaces the local gradients it frees, so
+they stay in flight until :meth:`ZeroSharder.reduce_grads` at no extra memory). Every rank's list is a
 subsequence of one global order, so the globally first unfinished bucket always has all its holders
 at it: no deadlock, whatever groups a rank belongs to.
 
