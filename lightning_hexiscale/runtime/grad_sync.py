@@ -24,7 +24,7 @@ or the embedding, or the final norm + LM head) are packed into flat buckets of a
 ``bucket_cap_bytes``; one asynchronous all-reduce per bucket, in the plan's ``reduce_dtype``
 (default: the autocast dtype under mixed precision, else the parameter dtype), so the wire carries
 what the cost model prices. Buckets start during the last micro-batch's backward, at block
-boundaries (see :class:`GradSynchronizer`).
+boundaries, bucket k only after buckets < k (:class:`BoundaryStarts`, shared with ZeRO-2).
 """
 
 from __future__ import annotations
