@@ -41,6 +41,8 @@ def check() -> None:
     from lightning.pytorch.loops.optimization.automatic import _AutomaticOptimization
     from lightning.pytorch.trainer.connectors.accelerator_connector import _AcceleratorConnector
 
+    if not callable(getattr(_FitLoop, "_should_accumulate", None)):
+        raise _missing("lightning.pytorch.loops.fit_loop._FitLoop", "_should_accumulate")
     if not isinstance(getattr(_FitLoop, "_skip_backward", None), property):
         raise _missing("lightning.pytorch.loops.fit_loop._FitLoop", "_skip_backward")
     if "_skip_backward" not in _AutomaticOptimization.__init__.__code__.co_names:
@@ -72,6 +74,12 @@ def check() -> None:
 
 
 _WRAPPING_ARGS = ("self", "process_idx", "trainer", "function", "args", "kwargs", "return_queue")
+
+
+def steps_after_this_batch(trainer) -> bool:
+    """Does an optimizer step follow the current training batch (end of the accumulation window or
+    of the epoch)? Lightning's own rule, ``fit_loop._should_accumulate``."""
+    return not trainer.fit_loop._should_accumulate()
 
 
 def skip_lightning_backward(trainer) -> None:

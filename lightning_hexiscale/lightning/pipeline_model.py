@@ -73,6 +73,9 @@ class PipelineModel(nn.Module):
         self.loss_dtype = loss_dtype
         self.accumulate = accumulate
         """k = accumulate_grad_batches; set by the strategy before each fit."""
+        self.last_of_window = False
+        """Set by the strategy before each training step: this batch ends the accumulation window
+        (an optimizer step follows), so its last backward starts the gradient sync (overlap)."""
 
     @property
     def engine(self) -> PipelineEngine:
@@ -100,7 +103,8 @@ class PipelineModel(nn.Module):
     def _train(self, tokens: torch.Tensor, targets: torch.Tensor) -> float:
         e = self._engine
         scale = e.loss_scale / self.accumulate
-        pipeline_loss = e.run_pipeline(tokens, targets, scale)
+        arm, self.last_of_window = self.last_of_window, False
+        pipeline_loss = e.run_pipeline(tokens, targets, scale, arm=arm)
         # The reduced value is the scaled sum; undo the 1/k so the shown loss is this batch's mean.
         return global_loss(pipeline_loss, e.role, e.loss_device) * self.accumulate
 

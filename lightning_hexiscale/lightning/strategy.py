@@ -397,6 +397,8 @@ class HexiScaleStrategy(DDPStrategy):
         # Same rule as Lightning's zero_grad_fn, which _skip_backward disables.
         if trainer.fit_loop.epoch_loop.batch_idx % trainer.accumulate_grad_batches == 0:
             self.pipeline_model.zero_grad_local()
+        # The gradient sync overlaps the last backward of the batch that precedes an optimizer step.
+        self.pipeline_model.last_of_window = internals.steps_after_this_batch(trainer)
         if self._train_sampler is not None:
             self._train_sampler.consumed += 1  # the loader's resume position (data.PlanDataLoader)
         return super().training_step(*args, **kwargs)
@@ -434,7 +436,9 @@ class HexiScaleStrategy(DDPStrategy):
         if torch.is_tensor(loss) and not bool(torch.isfinite(loss).all()):
             local |= 1
         grads = [p.grad for p in self.pipeline_model.stage.parameters() if p.grad is not None]
-        if grads and not bool(torch.stack([torch.isfinite(g).all() for g in grads]).all()):
+        # + ZeRO-2's local gradients already freed by a reduce-scatter started in the backward
+        flags = [torch.isfinite(g).all() for g in grads] + self.pipeline_model.engine.freed_grads_finite()
+        if flags and not bool(torch.stack(flags).all()):
             local |= 2
         codes = torch.zeros(self.world_size, dtype=torch.float32, device=self.pipeline_model.engine.loss_device)
         codes[self.global_rank] = local
@@ -457,7 +461,11 @@ class HexiScaleStrategy(DDPStrategy):
                                  f"such steps")
         if self.global_rank == 0:
             rank_zero_warn(f"{where}; the update is skipped (nonfinite='skip')")
+        # The sync started during the backward (overlap): complete it on every rank alike, then drop it.
+        self.pipeline_model.engine.sync_grads()
         self.pipeline_model.zero_grad_local()
+        if self.pipeline_model.engine.zero is not None:
+            self.pipeline_model.engine.zero.grads = [None] * len(self.pipeline_model.engine.zero.grads)
         return False
 
     @override

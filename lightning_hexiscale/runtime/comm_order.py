@@ -15,7 +15,10 @@ So the runtime fixes, from the plan alone, one global sequence of events that ev
 - ``("x", side, k)``: a stage's k-th pipeline exchange with its ``side`` neighbour
   (:func:`~lightning_hexiscale.runtime.schedule.exchange_points`); an event of both stages;
 - ``("u", layer)``: a stage uses block ``layer`` (forward: blocks ascending; backward: descending),
-  i.e. gathers it and computes it up to its next event; the holders in other pipelines *serve* it.
+  i.e. gathers it; the holders in other pipelines *serve* it. An op's first use is placed before the
+  exchanges that precede the op (a gather needs only the holders' chunks, not the exchanged
+  activation), so every use directly follows the stage's previous one and ZeRO-3 can post each gather
+  during the previous block's compute (prefetch, :mod:`.zero3`).
 
 :func:`global_order` simulates all stages of all pipelines: a use can always fire (the servers
 interleave it between their own events), an exchange fires when both stages have reached it. Ties
@@ -56,9 +59,13 @@ def stage_events(plan: Plan, pipeline: int, stage: int) -> list[Event]:
             count[ex.side] += 1
 
     for k, (kind, _) in enumerate(ops):
-        exchanges(points[k])
         layers = range(start, end) if kind == "F" else range(end - 1, start - 1, -1)
-        events += [("u", layer) for layer in layers]
+        uses = [("u", layer) for layer in layers]
+        # The op's first use comes BEFORE the exchanges that precede the op: its gather does not
+        # depend on them, so ZeRO-3 posts it during the previous op's last block (prefetch).
+        events += uses[:1]
+        exchanges(points[k])
+        events += uses[1:]
     exchanges(points[len(ops)])
     return events
 

@@ -10,6 +10,11 @@ Per training step on a global batch of G sequences (G = plan.global_batch):
 3. the asymmetric gradient synchroniser SUMs gradients across pipelines -> global-mean gradients;
 4. the global-mean loss is all-reduced to every rank.
 
+Step 3 overlaps the last micro-batch's backward (ddp and ZeRO-2): its buckets start at block
+boundaries of that backward, in one bucket order shared by every member (``run_pipeline(arm=True)``,
+:class:`~lightning_hexiscale.runtime.grad_sync.BoundaryStarts`); :meth:`sync_grads` starts the rest
+and waits.
+
 Afterwards ``optimizer.step()`` on :meth:`PipelineEngine.parameters` with any element-wise torch
 optimizer (SGD, AdamW) keeps every copy of every parameter element identical across ranks.
 
@@ -21,9 +26,9 @@ optimizer itself under ``ddp``, so the same loop runs all three.
 
 Tied embeddings (``tie_word_embeddings``) in a pipeline of two or more stages: the last stage's
 copy of ``embed.weight`` is kept equal to the first stage's by :mod:`.tied_embeddings`, whose
-gradient exchange runs in :meth:`PipelineEngine.sync_grads` before the data-parallel sync. Those
-plans start the data-parallel all-reduces after the backward instead of during it (the first
-stage's embedding gradient is complete only after the exchange).
+gradient exchange runs in :meth:`PipelineEngine.sync_grads` before the data-parallel sync. The
+embedding's data-parallel buckets start only there, after the exchange (its gradient is complete only
+then; its unit is the last of the bucket order, so the others still start during the backward).
 """
 
 from __future__ import annotations
@@ -135,12 +140,15 @@ class PipelineEngine:
 
     def run_pipeline(self, tokens: torch.Tensor, targets: torch.Tensor, loss_scale: float, arm: bool = False):
         """One schedule run on this pipeline's batch (forward + backward of all micro-batches);
-        returns the pipeline's scaled loss (see :meth:`PipelineExecutor.run`). ``arm``: start the
-        ddp gradient all-reduces during the last backward."""
+        returns the pipeline's scaled loss (see :meth:`PipelineExecutor.run`). ``arm``: this run's
+        gradients are the step's last: start the ddp all-reduces / ZeRO-2 reduce-scatters during its
+        last backward (:meth:`sync_grads` waits for them)."""
         # Tied embeddings across stages: the embedding's gradient is final only after the tied
         # exchange in sync_grads; the synchroniser starts the embedding's buckets only in sync()
         # (its unit comes last in the backward), so overlapping the others is safe.
-        hook = self.grad_sync.arm if (arm and self.grad_sync is not None) else None
+        hook = None
+        if arm:
+            hook = self.grad_sync.arm if self.grad_sync is not None else self.zero.arm
         if self.zero3 is None:
             return self.executor.run(tokens, targets, loss_scale, hook)
         with self.zero3.training_run():
@@ -155,6 +163,12 @@ class PipelineEngine:
         if self.zero is not None and self.zero.mixed:
             return self.zero.full_params(gather, writeback)
         return nullcontext()
+
+    def freed_grads_finite(self) -> list[torch.Tensor]:
+        """0-d bool tensors: finiteness of local gradients that ZeRO-2 already freed because their
+        reduce-scatter started during the backward (a check of ``p.grad`` before :meth:`sync_grads`
+        must include these); empty under ddp."""
+        return [] if self.zero is None else list(self.zero.freed_finite)
 
     @torch.no_grad()
     def grad_norm_sq_local(self) -> torch.Tensor | None:

@@ -24,7 +24,7 @@ or the embedding, or the final norm + LM head) are packed into flat buckets of a
 ``bucket_cap_bytes``; one asynchronous all-reduce per bucket, in the plan's ``reduce_dtype``
 (default: the autocast dtype under mixed precision, else the parameter dtype), so the wire carries
 what the cost model prices. Buckets start during the last micro-batch's backward, at block
-boundaries (see :class:`GradSynchronizer`).
+boundaries, bucket k only after buckets < k (:class:`BoundaryStarts`, shared with ZeRO-2).
 """
 
 from __future__ import annotations
@@ -70,22 +70,114 @@ def unit_index(unit: str, num_layers: int) -> int:
     return -1 if unit == "embed" else int(unit.split(".")[1])
 
 
+class BoundaryStarts:
+    """Starts a stage's gradient buckets, in list order, at block boundaries of the LAST backward.
+
+    Shared by :class:`GradSynchronizer` (ddp all-reduces) and :class:`~.zero.ZeroSharder` (ZeRO-2
+    reduce-scatters). ``buckets[i]`` is the set of parameter names of bucket i and ``units[i]`` its
+    unit (``embed``, ``layers.<l>``, ``head``); the list is in ONE order that every member of each
+    bucket's group computes alike from the plan (canonical parameter position, descending: the order
+    backward finishes units), never from local autograd timing.
+
+    :meth:`arm` (right before the step's last backward) registers post-accumulate-grad hooks (a
+    bucket is *ready* when all its gradients are final) and a gradient hook on the input and the
+    output of every block of the stage's latest forward. When block l's input gradient arrives,
+    block l and everything after it have finished their backward on EVERY rank of the TP group
+    (and the head at block l's output gradient), so there ``start(i)`` is called for the next
+    buckets of the list whose unit is complete: bucket k only after buckets < k. The start points
+    are block boundaries, the same on all ranks of a TP group relative to the backward's TP
+    all-reduces (starting a bucket the moment its last gradient lands would put the DP collectives of
+    TP peers at different places among their TP collectives: a deadlock under NCCL's one-order rule,
+    which the NCCL-semantics harness reports). :attr:`next` is the first bucket not started.
+    """
+
+    def __init__(self, stage, params: dict[str, torch.Tensor], buckets: list[set[str]], units: list[str],
+                 start, enabled: bool = True):
+        self.params, self.start = params, start
+        num_layers = stage.config.num_layers
+        self.unit_index = [unit_index(u, num_layers) for u in units]
+        self.sizes = [len(names) for names in buckets]
+        self.param_buckets: dict[str, list[int]] = {}
+        for i, names in enumerate(buckets):
+            for name in names:
+                self.param_buckets.setdefault(name, []).append(i)
+        self.hooks: list = []
+        self.boundaries: dict[tuple[int, str], weakref.ref] = {}
+        if enabled and buckets:
+            for key, block in stage.layers.items():
+                block.register_forward_hook(lambda _m, args, out, layer=int(key): self._remember(layer, args[0], out))
+        self.reset()
+
+    def reset(self) -> None:
+        self.missing = list(self.sizes)
+        self.ready: set[int] = set()
+        self.next = 0
+
+    def _remember(self, layer: int, inp: torch.Tensor, out: torch.Tensor) -> None:
+        """Keep (weakly) the latest forward's block input and output for :meth:`arm`."""
+        if torch.is_grad_enabled():
+            for where, t in (("in", inp), ("out", out)):
+                if isinstance(t, torch.Tensor) and t.requires_grad:
+                    self.boundaries[(layer, where)] = weakref.ref(t)
+
+    @property
+    def armed(self) -> bool:
+        return bool(self.hooks)
+
+    def arm(self) -> None:
+        """Hooks on the outputs of the blocks' latest forward (the last micro-batch's, in GPipe and 1F1B)."""
+        if self.hooks:
+            return
+        self.reset()
+        for name in self.param_buckets:
+            self.hooks.append(self.params[name].register_post_accumulate_grad_hook(
+                lambda _p, name=name: self._on_grad_ready(name)))
+        for (layer, where), ref in self.boundaries.items():
+            t = ref()
+            if t is not None and t.requires_grad:
+                # input gradient of block l: units >= l are complete; output gradient: units > l
+                after = layer - 1 if where == "in" else layer
+                self.hooks.append(t.register_hook(lambda _g, after=after: self._boundary(after)))
+
+    def disarm(self) -> None:
+        for h in self.hooks:
+            h.remove()
+        self.hooks.clear()
+
+    def _on_grad_ready(self, name: str) -> None:
+        for b in self.param_buckets[name]:
+            self.missing[b] -= 1
+            if self.missing[b] == 0:
+                self.ready.add(b)
+
+    @torch.no_grad()
+    def _boundary(self, after: int) -> None:
+        """The units with an index above ``after`` have finished their backward: start their buckets
+        (a bucket that is not ready there is a bug, not a reason to diverge from the TP peers)."""
+        while self.next < len(self.sizes) and self.unit_index[self.next] > after:
+            if self.next not in self.ready:
+                raise RuntimeError(f"gradient bucket {self.next} is not final after the backward of its block; the "
+                                   f"block-boundary start of the gradient sync assumes it is")
+            self.start(self.next)
+            self.next += 1
+
+    def start_rest(self) -> range:
+        """The buckets not started during the backward (the caller starts them, in order); disarms."""
+        self.disarm()
+        rest = range(self.next, len(self.sizes))
+        self.next = len(self.sizes)
+        return rest
+
+
 class GradSynchronizer:
     """Sums gradients across pipelines in place; build once per stage, call :meth:`sync` per step.
 
     Overlap with backward: :meth:`arm` (called right before the last micro-batch's backward)
-    registers post-accumulate-grad hooks (a bucket is *ready* when all its gradients are final) and a
-    gradient hook on the input and the output of every block of the stage's last forward. When the
-    gradient of block l's input arrives, block l and everything after it have finished their
-    backward on EVERY rank of the TP group (and the head, at block l's output gradient), so there
-    every rank starts the ready buckets of the units that are complete, as a prefix of
-    :attr:`dp_buckets`. That list is in one global order (units in the order backward
-    finishes them), so all ranks issue their collectives consistently with one order; and the
-    start points are block boundaries, the same on all ranks of a TP group relative to the
-    backward's TP all-reduces (starting a bucket the moment its last gradient lands would put the DP
-    all-reduces of TP peers at different places among their TP collectives: a deadlock under NCCL's
-    one-order rule, which the NCCL-semantics harness reports). :meth:`sync` starts what is left,
-    waits, and writes the sums back; it works with or without :meth:`arm`.
+    starts the all-reduces of :attr:`dp_buckets` at block boundaries of that backward, as a prefix
+    of the list (:class:`BoundaryStarts`). That list is in one global order (units in the order
+    backward finishes them), so all ranks issue their collectives consistently with one order.
+    :meth:`sync` starts what is left, waits, and writes the sums back; it works with or without
+    :meth:`arm`.
     """
 
     def __init__(self, stage: StageModule, topology: Topology, bucket_cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES,
@@ -112,31 +204,16 @@ class GradSynchronizer:
         self._position = {spec.name: i for i, spec in enumerate(param_specs(topology.config))}
         buckets = [(key[0], b) for key in per_group for b in self._pack(per_group[key][::-1], bucket_cap_bytes)]
         self.dp_buckets: list[tuple[tuple[int, ...], list[Item]]] = sorted(buckets, key=self._order_key)
-        num_layers = topology.config.num_layers
-        self._unit_index = [unit_index(unit_of(items[0][0]), num_layers) for _, items in self.dp_buckets]
-        self._param_buckets: dict[str, list[int]] = {}
-        for i, (_, items) in enumerate(self.dp_buckets):
-            for name in {it[0] for it in items}:
-                self._param_buckets.setdefault(name, []).append(i)
         # Replicated params to re-broadcast from the leader within the TP group.
         self.replicated = [n for n, s in shards.items() if s.spec.shard_dim is None] if (
             self.enabled and role.tp > 1) else []
         self.tp_buckets = self._pack([(n, None, 0, 0) for n in self.replicated], bucket_cap_bytes)
-        self._hooks: list = []
         self.overlapped_buckets = 0
         """Diagnostics: buckets of the last :meth:`sync` that started during backward."""
-        self._boundaries: dict[tuple[int, str], weakref.ref] = {}
-        if self.enabled:
-            for key, block in stage.layers.items():
-                block.register_forward_hook(lambda _m, args, out, layer=int(key): self._remember(layer, args[0], out))
-        self._reset()
-
-    def _remember(self, layer: int, inp: torch.Tensor, out: torch.Tensor) -> None:
-        """Keep (weakly) the latest forward's block input and output for :meth:`arm`."""
-        if torch.is_grad_enabled():
-            for where, t in (("in", inp), ("out", out)):
-                if isinstance(t, torch.Tensor) and t.requires_grad:
-                    self._boundaries[(layer, where)] = weakref.ref(t)
+        self._started: dict[int, tuple[dist.Work, torch.Tensor]] = {}
+        self.starts = BoundaryStarts(stage, self.params, [{it[0] for it in items} for _, items in self.dp_buckets],
+                                     [unit_of(items[0][0]) for _, items in self.dp_buckets], self._start,
+                                     enabled=self.enabled)
 
     def _order_key(self, bucket: tuple[tuple[int, ...], list[Item]]) -> tuple:
         """(-canonical index of the first item's parameter, -its GLOBAL start, holder ranks): equal on
@@ -145,11 +222,6 @@ class GradSynchronizer:
         name, dim, local_start, _ = items[0]
         global_start = local_start + (self._shards[name].start if dim is not None else 0)
         return (-self._position[name], -global_start, ranks)
-
-    def _reset(self) -> None:
-        self._missing = [len({it[0] for it in items}) for _, items in self.dp_buckets]
-        self._started: dict[int, tuple[dist.Work, torch.Tensor]] = {}
-        self._ready: set[int] = set()
 
     def _pack(self, items: list[Item], cap: int) -> list[list[Item]]:
         """Split items into consecutive buckets of at most ``cap`` bytes (at least one item each)."""
@@ -177,47 +249,16 @@ class GradSynchronizer:
 
     # ---- overlap with the last backward ----------------------------------------------------
     def arm(self) -> None:
-        """Start bucket all-reduces at block boundaries of the next backward (the step's last), on
-        the outputs of the blocks' latest forward (the last micro-batch's, in GPipe and 1F1B)."""
-        if not self.enabled or self._hooks:
-            return
-        self._reset()
-        for name in self._param_buckets:
-            self._hooks.append(self.params[name].register_post_accumulate_grad_hook(
-                lambda _p, name=name: self._on_grad_ready(name)))
-        for (layer, where), ref in self._boundaries.items():
-            t = ref()
-            if t is not None and t.requires_grad:
-                # input gradient of block l: units >= l are complete; output gradient: units > l
-                after = layer - 1 if where == "in" else layer
-                self._hooks.append(t.register_hook(lambda _g, after=after: self._boundary(after)))
-
-    def _on_grad_ready(self, name: str) -> None:
-        for b in self._param_buckets[name]:
-            self._missing[b] -= 1
-            if self._missing[b] == 0:
-                self._ready.add(b)
+        """Start bucket all-reduces at block boundaries of the next backward (the step's last)."""
+        if self.enabled:
+            self.starts.arm()
 
     @torch.no_grad()
-    def _boundary(self, after: int) -> None:
-        """The units with an index above ``after`` have finished their backward: start their buckets."""
-        self._start_in_order(after=after)
-
-    def _start_in_order(self, after: int | None) -> None:
-        """Start buckets in list order: with ``after``, those of units with a larger index (their
-        backward is complete: a bucket that is not ready there is a bug, not a reason to diverge
-        from the TP peers); without, all that are left."""
-        for i, (ranks, items) in enumerate(self.dp_buckets):
-            if i in self._started:
-                continue
-            if after is not None and self._unit_index[i] <= after:
-                return
-            if after is not None and i not in self._ready:
-                raise RuntimeError(f"gradient bucket {i} ({items[0][0]}, ...) is not final after the backward of its "
-                                   f"block; the block-boundary start of the gradient sync assumes it is")
-            flat = self._flat(items)
-            work = dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.topology.group(ranks), async_op=True)
-            self._started[i] = (work, flat)
+    def _start(self, i: int) -> None:
+        ranks, items = self.dp_buckets[i]
+        flat = self._flat(items)
+        work = dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.topology.group(ranks), async_op=True)
+        self._started[i] = (work, flat)
 
     # ---- the synchronisation -----------------------------------------------------------------
     @torch.no_grad()
@@ -228,15 +269,14 @@ class GradSynchronizer:
         """
         if not self.enabled:
             return
-        for h in self._hooks:
-            h.remove()
-        self._hooks.clear()
         self.overlapped_buckets = len(self._started)
-        self._start_in_order(after=None)
-        for i, (work, flat) in sorted(self._started.items()):
+        for i in self.starts.start_rest():
+            self._start(i)
+        started, self._started = self._started, {}
+        for i, (work, flat) in sorted(started.items()):
             work.wait()
             self._unflatten(flat, self.dp_buckets[i][1])
-        self._reset()
+        self.starts.reset()
         role = self.topology.role
         pending = []
         for items in self.tp_buckets:

@@ -7,7 +7,10 @@ global order of :func:`~lightning_hexiscale.runtime.zero_layout.build_buckets`:
 1. :meth:`ZeroSharder.reduce_grads`: reduce-scatter(SUM) of the flat bucket of local gradients
    among its holders -> this rank's c summed elements. Pipelines weighted their losses by
    micro_batch / global_batch, so the sum is the global-mean gradient (as in grad_sync). A local
-   gradient is freed as soon as every bucket holding a piece of it has been flattened.
+   gradient is freed as soon as every bucket holding a piece of it has been flattened. ZeRO-2
+   starts them during the step's last backward, at block boundaries and in bucket order
+   (:meth:`ZeroSharder.arm`, :class:`~lightning_hexiscale.runtime.grad_sync.BoundaryStarts`), so the
+   transfer overlaps the backward as the planner prices it; ZeRO-3 issues them after the backward.
 2. :meth:`ShardedOptimizer.step`: a torch optimizer of the user's class and hyper-parameters steps
    only the c owned elements (one inner optimizer per bucket, its parameters leaf views of the
    chunk, one per run of elements in the same param group). Element-wise optimizers (SGD, Adam,
@@ -24,7 +27,9 @@ micro-batches before the cross-pipeline reduction can start, because pipelines r
 of micro-batches), 4 + 4/k + 8/k after the reduce-scatter; ZeRO-3 4/k + 4 + 8/k plus one or two
 gathered blocks. Appendix B's ZeRO-2 term B + (B + K)/N assumes gradients sharded during backward too.
 
-Collectives are issued in list order with at most ``WINDOW`` in flight. Every rank's list is a
+Collectives are issued in list order with at most ``WINDOW`` in flight (except the reduce-scatters
+ZeRO-2 starts during the backward: each one's flat buffer replaces the local gradients it frees, so
+they stay in flight until :meth:`ZeroSharder.reduce_grads` at no extra memory). Every rank's list is a
 subsequence of one global order, so the globally first unfinished bucket always has all its holders
 at it: no deadlock, whatever groups a rank belongs to.
 
@@ -47,7 +52,7 @@ import torch
 import torch.distributed as dist
 from torch.optim import Optimizer
 
-from lightning_hexiscale.runtime.grad_sync import squared_norm
+from lightning_hexiscale.runtime.grad_sync import BoundaryStarts, squared_norm
 from lightning_hexiscale.runtime.parallelize import StageModule
 from lightning_hexiscale.runtime.topology import Topology
 from lightning_hexiscale.runtime.zero_layout import Bucket, Item, build_buckets, chunk_runs
@@ -137,6 +142,19 @@ class ZeroSharder:
         self.sharded_names: list[str] = []
         if any(self.has_master(i) for i in range(len(self.buckets))):
             self.reshard_from_params()
+        # ZeRO-2: reduce-scatters start during the step's last backward, at block boundaries, in
+        # bucket-list order (grad_sync.BoundaryStarts). Not ZeRO-3: its block gathers follow one
+        # global p2p sequence (comm_order) that collectives issued inside the backward would break.
+        self._inflight: list[tuple[int, Any, torch.Tensor]] = []
+        self._left: dict[str, int] = {}
+        self.freed_finite: list[torch.Tensor] = []
+        """Per bucket started during the backward: is its flat local gradient finite (0-d bool)? Its
+        local gradients are freed at the start, so a finiteness check must ask here too."""
+        self.overlapped_buckets = 0
+        """Diagnostics: buckets of the last :meth:`reduce_grads` that started during backward."""
+        self.starts = BoundaryStarts(stage, self.params, [{it.name for it in b.items} for b in self.buckets],
+                                     [b.unit for b in self.buckets], self._start_during_backward,
+                                     enabled=not self.zero3)
 
     @property
     def mixed(self) -> bool:
@@ -228,37 +246,62 @@ class ZeroSharder:
                 unflatten(flatten(views, b, self.masters[i]).to(self.wire), b, views)
 
     # ---- gradients -------------------------------------------------------------------------------
+    def arm(self) -> None:
+        """ZeRO-2: start the reduce-scatters at block boundaries of the next backward (the step's last)."""
+        if not self.zero3:
+            self._begin()
+            self.starts.arm()
+
+    def _begin(self) -> None:
+        self._left = {}
+        for b in self.buckets:
+            for it in b.items:
+                self._left[it.name] = self._left.get(it.name, 0) + 1
+        self.freed_finite = []
+
+    @torch.no_grad()
+    def _start_during_backward(self, i: int) -> None:
+        self._inflight.append((i, *self._issue(i, record_finite=True)))
+
+    def _issue(self, i: int, record_finite: bool = False) -> tuple[Any, torch.Tensor]:
+        """Flatten bucket i's local gradients (freeing each local gradient once every bucket holding a
+        piece of it has been flattened) and start its reduce-scatter; (work or None, output)."""
+        b = self.buckets[i]
+        grads = {it.name: self.params[it.name].grad for it in b.items}
+        flat = flatten(grads, b, torch.empty(0, dtype=self.dtype, device=self.device))
+        if record_finite:
+            self.freed_finite.append(torch.isfinite(flat).all())
+        for it in b.items:  # the flat copy holds what is needed: drop the local gradient
+            self._left[it.name] -= 1
+            if self._left[it.name] == 0:
+                self.params[it.name].grad = None
+        if b.k == 1:
+            return None, flat
+        flat = flat.to(self.reduce_dtype)
+        out = torch.empty(b.chunk, dtype=self.reduce_dtype, device=self.device)
+        return dist.reduce_scatter_single(out, flat, op=dist.ReduceOp.SUM, group=self.groups[i], async_op=True), out
+
     @torch.no_grad()
     def reduce_grads(self) -> None:
-        """Reduce-scatter(SUM) every bucket's gradients; frees the local full gradients.
+        """Reduce-scatter(SUM) every bucket's gradients; frees the local full gradients. Buckets
+        started during the backward (:meth:`arm`) are waited for, the rest issued in list order.
 
         Collective over the world: every rank calls it at the same point of the step.
         """
-        grads = {n: p.grad for n, p in self.params.items()}
-        left = {}
-        for b in self.buckets:
-            for it in b.items:
-                left[it.name] = left.get(it.name, 0) + 1
+        if not self.starts.armed:
+            self._begin()
 
         def done(i, out):
             self.grads[i] = out.to(self.dtype)  # the optimizer steps in the parameter dtype
 
         window = _Window(done)
-        for i, b in enumerate(self.buckets):
-            flat = flatten(grads, b, torch.empty(0, dtype=self.dtype, device=self.device))
-            for it in b.items:  # the flat copy holds what is needed: drop the local gradient
-                left[it.name] -= 1
-                if left[it.name] == 0:
-                    self.params[it.name].grad = None
-                    grads[it.name] = None
-            if b.k == 1:
-                window.add(i, None, flat)
-                continue
-            flat = flat.to(self.reduce_dtype)
-            out = torch.empty(b.chunk, dtype=self.reduce_dtype, device=self.device)
-            work = dist.reduce_scatter_single(out, flat, op=dist.ReduceOp.SUM, group=self.groups[i], async_op=True)
-            window.add(i, work, out)
+        window.pending, self._inflight = self._inflight, []  # oldest first: waited as the window fills
+        self.overlapped_buckets = len(window.pending)
+        for i in self.starts.start_rest():
+            window.add(i, *self._issue(i))
         window.drain()
+        self.starts.reset()
+        self.freed_finite = []
 
     def grad_norm_sq(self) -> torch.Tensor:
         """Sum of squares of the owned gradient chunks (float64 scalar, no float64 copies). Every

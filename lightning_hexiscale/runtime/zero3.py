@@ -9,7 +9,13 @@ and frees them afterwards:
   arrival (the start of the block's backward) gathers again;
 - with recomputation, the re-run forward happens inside that backward: nothing to gather, no free;
 - after the backward: once every matrix of the block has accumulated its gradient
-  (post-accumulate-grad hooks), free again. Gradients stay whole in the local shape (they sum over
+  (post-accumulate-grad hooks), free again;
+- prefetch: once a use's parameters are installed, the receives of the rank's next use are posted
+  (asynchronously), so the next block's gather overlaps this block's compute, as the planner prices
+  it (eq. 5's max(T_f, T_comm)); the sequence puts an op's first use before the pipeline exchanges
+  that precede the op, so this holds across ops too (the very first use of a run is posted at the
+  run's first exchange, or at its forward). At most one block is prefetched: the one more gathered
+  block the memory estimate holds. Gradients stay whole in the local shape (they sum over
   the pipeline's micro-batches and are reduce-scattered once per step).
 
 How a use is served, with no tags and in an order NCCL accepts (see :mod:`.comm_order`): the holders
@@ -60,6 +66,8 @@ class Zero3Gatherer:
         self.program = self._program()
         """This rank's part of the global sequence: ``("own", event)`` / ``("serve", rank, layer)``."""
         self._cursor: int | None = None
+        self.prefetched: tuple[str, tuple[list, dict[int, torch.Tensor]]] | None = None
+        """(unit, its posted receives) of the next use, issued during the current block's compute."""
         for key, block in stage.layers.items():
             unit = f"layers.{key}"
             if unit not in self.units:
@@ -112,7 +120,11 @@ class Zero3Gatherer:
         self._cursor += 1
 
     def before_exchange(self) -> None:
-        """Called by the executor before each pipeline exchange of a training run."""
+        """Called by the executor before each pipeline exchange of a training run. The sequence puts
+        an op's first block use before the exchanges that precede the op: post its gather first
+        (when the previous block did not already prefetch it)."""
+        if self.prefetched is None:
+            self._prefetch()
         self._advance("x")
 
     @contextmanager
@@ -129,6 +141,7 @@ class Zero3Gatherer:
                 self._cursor += 1
         finally:
             self._cursor = None
+            self.prefetched = None
 
     # ---- hooks -------------------------------------------------------------------------------
     def _pre_forward(self, unit: str) -> None:
@@ -177,7 +190,43 @@ class Zero3Gatherer:
 
     @torch.no_grad()
     def gather(self, unit: str) -> None:
-        """Receive the other holders' chunks of the unit's buckets; rebuild the full local tensors."""
+        """The unit's full local parameters: wait for its prefetched receives (or receive them now),
+        install them, then prefetch the rank's next use (:meth:`_prefetch`)."""
+        if self.prefetched is not None:
+            ahead, pending = self.prefetched
+            self.prefetched = None
+            if ahead != unit:
+                raise RuntimeError(f"ZeRO-3: rank {self.me} prefetched {ahead} as its next use but uses {unit}: the "
+                                   f"stage's order of block uses differs from comm_order.stage_events")
+        else:
+            pending = self._receive(unit)
+        works, fulls = pending
+        for work in works:
+            work.wait()
+        self.install(unit, fulls)
+        self._prefetch()
+
+    def _prefetch(self) -> None:
+        """Issue the receives of the rank's next own event now, when it is a block use (the next
+        block of the same forward or backward, or the next op's first one): its transfer then
+        overlaps the current block's compute. The
+        serves that the global sequence puts before it are done first, so every rank still issues
+        its calls in the sequence's order (the current block's TP collectives come after, on all
+        ranks of the stage alike). Costs one more gathered block of memory, which the planner's
+        memory estimate prices (the gathered current and next layer)."""
+        c = self._cursor
+        if c is None:
+            return
+        while c < len(self.program) and self.program[c][0] == "serve":
+            c += 1
+        if c < len(self.program) and self.program[c][1][0] == "u":
+            unit = f"layers.{self.program[c][1][1]}"
+            self.prefetched = (unit, self._receive(unit))
+
+    def _receive(self, unit: str) -> tuple[list, dict[int, torch.Tensor]]:
+        """Consume the unit's use in the global sequence (serving what comes before it) and post the
+        receives of the other holders' chunks (one batch per holder group, not waited for):
+        (works, flat buffers with this rank's own chunk in place)."""
         sh = self.sh
         self._advance("u", int(unit.split(".")[1]))
         fulls = {}
@@ -186,6 +235,7 @@ class Zero3Gatherer:
             full = torch.empty(b.padded, dtype=sh.wire, device=sh.device)
             full[b.index * b.chunk:(b.index + 1) * b.chunk] = sh.masters[i]
             fulls[i] = full
+        works = []
         for ix in self._by_group(unit).values():
             ops = []
             for i in ix:
@@ -194,9 +244,8 @@ class Zero3Gatherer:
                     if r != self.me:
                         ops.append(dist.P2POp(dist.irecv, fulls[i][j * b.chunk:(j + 1) * b.chunk], r,
                                               group=sh.groups[i]))
-            for work in dist.batch_isend_irecv(ops):
-                work.wait()
-        self.install(unit, fulls)
+            works += dist.batch_isend_irecv(ops)
+        return works, fulls
 
     def install(self, unit: str, fulls: dict[int, torch.Tensor]) -> None:
         """The unit's full local parameters from its buckets' gathered flat buffers."""

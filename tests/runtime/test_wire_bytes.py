@@ -60,7 +60,8 @@ def _worker(rank, world, plan_dict, config):
 def measured(traces, plan: Plan, name: str) -> dict[int, dict[str, float]]:
     """Bytes per rank and link class in config ``name``: the pipeline run's p2p and TP-group
     broadcast / all-gather are PP, its TP-group all-reduces TP, its other collectives (the gradient
-    buckets started during the last backward) DP; the sync and step phases are DP."""
+    buckets started during the last backward: ddp all-reduces, ZeRO-2 reduce-scatters) DP; the sync
+    and step phases are DP."""
     links = set(link_pairs(plan))
     out = {}
     for r, trace in enumerate(traces):
@@ -74,7 +75,8 @@ def measured(traces, plan: Plan, name: str) -> dict[int, dict[str, float]]:
                 elif step.group == tp_group:
                     cls = "tp" if step.coll == "all_reduce" else "pp"
                 else:
-                    assert step.coll == "all_reduce" and step.where.startswith("grad_sync"), step
+                    assert (step.coll, step.where.split(":")[0]) in (("all_reduce", "grad_sync.py"),
+                                                                    ("reduce_scatter_single", "zero.py")), step
                     cls = "dp"
             elif step.phase in (f"{name}:sync", f"{name}:step"):
                 cls = "dp"

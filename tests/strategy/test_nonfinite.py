@@ -7,6 +7,8 @@ model out of step (and hang the next collective if one rank raised alone).
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
@@ -30,9 +32,11 @@ class PoisonGrad(Callback):
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
         if trainer.global_rank == self.rank and trainer.global_step == self.step:
-            # A TP-sharded weight: a replicated one's gradient is the TP leader's after the sync.
+            # A TP-sharded weight: a replicated one's gradient is the TP leader's after the sync. A
+            # block's: under zero2 its reduce-scatter starts, and frees it, during the backward.
             shards = module.model.stage.shards()
-            p = next(p for n, p in module.model.stage.named_parameters() if shards[n].spec.shard_dim is not None)
+            p = next(p for n, p in module.model.stage.named_parameters()
+                     if shards[n].spec.shard_dim is not None and n.startswith("layers."))
             self.handle = p.register_hook(lambda g: g * float("nan"))
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
@@ -46,16 +50,19 @@ class PoisonGrad(Callback):
                    self.out_dir / f"poison{trainer.global_rank}.pt")
 
 
-def _trainer(out_dir, nonfinite: str, poison: PoisonGrad) -> pl.Trainer:
-    strategy = HexiScaleStrategy(plan=PLAN, start_method="fork", timeout=PG_TIMEOUT, nonfinite=nonfinite)
+def _trainer(out_dir, nonfinite: str, poison: PoisonGrad, plan=PLAN) -> pl.Trainer:
+    strategy = HexiScaleStrategy(plan=plan, start_method="fork", timeout=PG_TIMEOUT, nonfinite=nonfinite)
     return pl.Trainer(strategy=strategy, accelerator="cpu", devices=PLAN.world_size, max_steps=STEPS, logger=False,
                       enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                       callbacks=[Recorder(out_dir), poison])
 
 
 @pytest.mark.timeout(90)
-def test_skip_drops_the_step_on_every_rank(tmp_path):
-    _trainer(tmp_path, "skip", PoisonGrad(tmp_path, BAD_RANK, BAD_STEP)).fit(module(), loader(6 * STEPS, 6))
+@pytest.mark.parametrize("sharding", ["ddp", "zero2"])
+def test_skip_drops_the_step_on_every_rank(tmp_path, sharding):
+    # zero2: the poisoned gradient's reduce-scatter starts (and frees it) during the backward, before the check
+    plan = dataclasses.replace(PLAN, dp_sharding=sharding)
+    _trainer(tmp_path, "skip", PoisonGrad(tmp_path, BAD_RANK, BAD_STEP), plan).fit(module(), loader(6 * STEPS, 6))
     runs = [torch.load(tmp_path / f"poison{r}.pt", weights_only=False) for r in range(PLAN.world_size)]
     want = [{"step": BAD_STEP, "epoch": 0, "batch": BAD_STEP, "ranks": [BAD_RANK], "what": "gradients",
              "action": "skip"}]
