@@ -68,12 +68,13 @@ up late by up to a CFS period, so small messages would measure the CPU quota, no
 
 
 def emulated_defaults(args: argparse.Namespace) -> argparse.Namespace:
-    """Inside ``hexiscale emulate`` (HEXISCALE_MACHINE is set), defaults fit for ranks with CPU quotas:
+    """Inside ``hexiscale emulate`` (HEXISCALE_EMULATED=1; not HEXISCALE_MACHINE, which a real node also sets
+    to name its machine for elastic training), defaults fit for ranks with CPU quotas:
     messages of 256 KiB-4 MiB, 256^3 matmuls (many per 10 ms CFS period) over 2 s (windows of 0.4 s,
     40 periods). Explicit options win."""
     import os
 
-    emulated = bool(os.environ.get("HEXISCALE_MACHINE"))
+    emulated = os.environ.get("HEXISCALE_EMULATED") == "1"
     out = argparse.Namespace(**vars(args))
     if emulated:
         out.sizes = args.sizes or EMULATED_SIZES
