@@ -1,7 +1,7 @@
 """The worker of test_elastic.py and recipes/bench_elastic.py: elastic CPU training of a tiny Llama.
 
     torchrun ... elastic_job.py OUT CLUSTER_YAML MAX_STEPS EVERY [SLEEP_S]       # elastic (torchrun)
-    python elastic_job.py OUT CLUSTER_YAML MAX_STEPS EVERY SLEEP_S --reference CKPT PLAN MACHINE
+    python elastic_job.py OUT CLUSTER_YAML MAX_STEPS EVERY SLEEP_S --reference CKPT PLAN MACHINE [--mutate]
 
 Elastic mode: ``HexiScaleStrategy(cluster=CLUSTER_YAML, elastic=ElasticSettings(OUT/ckpt, EVERY))``
 under torchrun; each node's ``$HEXISCALE_MACHINE`` names its machine. Global rank 0 appends
@@ -10,7 +10,8 @@ its plan to ``OUT/plan-<restart>.yaml``; every worker writes its pid to
 ``OUT/pid-<machine>-<restart>``. ``SLEEP_S`` slows every step so that a kill lands mid-run.
 
 Reference mode: one process, no torchrun, no elastic: the plan file PLAN on the devices of MACHINE
-(the survivor's cluster), resumed with ``fit(ckpt_path=CKPT)``; losses to ``OUT/reference.jsonl``.
+(the survivor's cluster), resumed with ``fit(ckpt_path=CKPT)``; losses to ``OUT/reference.jsonl``
+(``--mutate``: another corpus, to ``OUT/mutant.jsonl``).
 """
 
 from __future__ import annotations
@@ -52,8 +53,11 @@ class Losses(pl.Callback):
             time.sleep(self.sleep_s)
 
 
-def data() -> DataLoader:
-    return DataLoader(generated_corpus(G * 6, TINY.seq_len, seed=3), batch_size=G, shuffle=True)
+def data(seed: int | None = None) -> DataLoader:
+    """Shuffled (the position inside the epoch matters on resume); ``seed``: another corpus (the
+    test's mutation: a run that does not see the survivor's batches)."""
+    return DataLoader(generated_corpus(G * 6, TINY.seq_len, seed=3 if seed is None else seed), batch_size=G,
+                      shuffle=True)
 
 
 def main() -> None:
@@ -73,15 +77,15 @@ def main() -> None:
         plan = Plan.load(plan_file)
         strategy = HexiScaleStrategy(cluster=cluster, plan=plan, start_method="popen", timeout=60.0, num_threads=1)
         trainer = pl.Trainer(strategy=strategy, devices=plan.world_size,
-                             callbacks=[Losses(out_dir / "reference.jsonl", 0.0)], **common)
-        trainer.fit(module, data(), ckpt_path=ckpt)
+                             callbacks=[Losses(out_dir / ("mutant.jsonl" if "--mutate" in sys.argv else "reference.jsonl"), 0.0)], **common)
+        trainer.fit(module, data(seed=4 if "--mutate" in sys.argv else None), ckpt_path=ckpt)
         return
     machine = os.environ.get("HEXISCALE_MACHINE", "?")
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     (out_dir / f"pid-{machine}-{restart}").write_text(str(os.getpid()))
     local, world = int(os.environ["LOCAL_WORLD_SIZE"]), int(os.environ["WORLD_SIZE"])
     strategy = HexiScaleStrategy(cluster=cluster_file, timeout=30.0, watchdog_grace_s=2.0, planner_iterations=5, num_threads=1,
-                                 elastic=ElasticSettings(out_dir / "ckpt", every_n_steps=every))
+                                 elastic=ElasticSettings(out_dir / "ckpt", every_n_steps=every, keep=100))
     trainer = pl.Trainer(strategy=strategy, devices=local, num_nodes=world // local,
                          callbacks=[Losses(out_dir / "losses.jsonl", sleep_s)], **common)
 
