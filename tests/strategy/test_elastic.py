@@ -218,3 +218,15 @@ def test_settings_errors():
         HexiScaleStrategy(elastic="ckpt")
     with pytest.raises(ConfigError, match="a fixed plan cannot be used"):
         HexiScaleStrategy(cluster=cluster3(), plan=fake_strategy(None).plan, elastic="ckpt")
+
+
+# ---- the recipe --------------------------------------------------------------------------------
+@pytest.mark.timeout(120)
+def test_recipe_elastic_outside_torchrun_is_a_clear_error(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCHELASTIC_RUN_ID", "RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    r = subprocess.run([sys.executable, str(ROOT / "recipes" / "train.py"), "cluster=cpu2", "model=llama_tiny",
+                        "trainer.elastic=true", f"trainer.output_dir={tmp_path}", "trainer.max_steps=1"],
+                       env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=110)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "trainer.elastic" in r.stderr and "torchrun" in r.stderr and "HEXISCALE_MACHINE=<machine>" in r.stderr
