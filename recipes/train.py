@@ -528,6 +528,8 @@ def main() -> int:
             print(f"recipes/train.py: error: {e}", file=sys.stderr)
             return EXIT_CONFIG
         sys.argv[1:] = take_file_overrides(sys.argv[1:])
+    elif FILES_ENV not in os.environ:  # torchrun/SLURM workers: no launcher of ours took the files out
+        sys.argv[1:] = take_file_overrides(sys.argv[1:])
     _main()
     return max(_STATUS, default=EXIT_CONFIG)
 
