@@ -340,8 +340,8 @@ class ElasticRun(Callback):
 
 def describe_change(before: dict | None, now: dict, choice: tuple[int, str] | None) -> str:
     """What the report prints at a start: machines left/joined, plans, estimates, steps redone."""
-    lines = [f"hexiscale elastic: start {now['restart']} on {now['devices']} device(s) of machine(s) "
-             f"{', '.join(now['machines'])}"]
+    lines = [f"hexiscale elastic: workers started on {now['devices']} device(s) of machine(s) "
+             f"{', '.join(now['machines'])} (torchrun restart count {now['restart']})"]
     if before is not None:
         left = [m for m in before["machines"] if m not in now["machines"]]
         joined = [m for m in now["machines"] if m not in before["machines"]]
