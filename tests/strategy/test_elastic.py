@@ -230,3 +230,38 @@ def test_recipe_elastic_outside_torchrun_is_a_clear_error(tmp_path):
                        env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=110)
     assert r.returncode == 2, r.stderr[-2000:]
     assert "trainer.elastic" in r.stderr and "torchrun" in r.stderr and "HEXISCALE_MACHINE=<machine>" in r.stderr
+
+
+# ---- in-process: the elastic collectives under the NCCL-semantics harness --------------------------
+@pytest.mark.timeout(240)
+def test_elastic_saves_and_resumes_under_nccl_rules(tmp_path, monkeypatch):
+    """Two forked ranks on machine 'host' of cpu2 (HEXISCALE_MACHINE inherited): the membership gather,
+    the checkpoint choice, the per-step SIGTERM agreement and the saves replay cleanly under NCCL's
+    rules; a second fit resumes (resume='must') from the newest checkpoint and runs only the rest."""
+    import lightning.pytorch as pl
+    from strategy_helpers import NcclTrace, Recorder, loader, module, read_ranks
+
+    from lightning_hexiscale.lightning.strategy import HexiScaleStrategy
+
+    monkeypatch.setenv("HEXISCALE_MACHINE", "host")
+    ck = tmp_path / "ck"
+
+    def fit(name: str, steps: int, resume: str) -> list[dict]:
+        out = tmp_path / name
+        out.mkdir()
+        strategy = HexiScaleStrategy(cluster="cpu2", start_method="fork", timeout=45.0, planner_iterations=2,
+                                     elastic=elastic.ElasticSettings(ck, every_n_steps=2, resume=resume))
+        trainer = pl.Trainer(strategy=strategy, accelerator="cpu", devices=2, max_steps=steps, logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                             num_sanity_val_steps=0, callbacks=[NcclTrace(out), Recorder(out)])
+        trainer.fit(module(), loader(8 * 6, 8))
+        return read_ranks(out, 2)
+
+    first = fit("first", 4, "never")
+    assert len(first[0]["losses"]) == 4
+    assert [s for s, _ in elastic.complete_checkpoints(ck)] == [2, 4]
+    second = fit("second", 6, "must")
+    assert len(second[0]["losses"]) == 2, "steps 5 and 6 only"
+    record = json.loads((ck / elastic.RECORD).read_text())
+    assert record["resumed_step"] == 4 and record["machines"] == ["host"] and record["step"] == 6
+    assert [s for s, _ in elastic.complete_checkpoints(ck)] == [4, 6], "keep=2: the oldest removed"
