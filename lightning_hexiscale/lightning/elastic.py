@@ -144,7 +144,8 @@ def present_devices(cluster: Cluster, entries: list[dict[str, Any]]) -> list[int
         if dev in owner:
             raise ConfigError(f"{MACHINE_ENV} (rank {rank}, host {e['host']})", machine.name,
                               f"global ranks {owner[dev]} and {rank} both claim device {local} of machine "
-                              f"{machine.name}: two nodes name the same machine", f"give each node its own {MACHINE_ENV}")
+                              f"{machine.name}: two nodes name the same machine",
+                              f"give each node its own {MACHINE_ENV}")
         owner[dev] = rank
         devices.append(dev)
     return devices
@@ -274,7 +275,8 @@ class ElasticRun(Callback):
             raise ConfigError("HexiScaleStrategy(elastic).resume", "must",
                               f"no complete checkpoint under {self.directory}" +
                               (f" (only partial ones: {', '.join(partial)})" if partial else ""),
-                              "point checkpoint_dir at the run's checkpoints, or use resume='auto' to start from scratch")
+                              "point checkpoint_dir at the run's checkpoints, or use resume='auto' to start "
+                              "from scratch")
         self.resumed_from = choice
         if choice is not None:
             internals.preload_checkpoint(trainer, choice[1])

@@ -309,7 +309,8 @@ class HexiScaleStrategy(DDPStrategy):
             raise _manual_optimization_error()
         llama = find_llama(module)
         given = self._plan_arg
-        self.cluster = self._present or self._cluster_arg or describe_local_devices(self.root_device, self.num_nodes, self.num_processes)
+        self.cluster = (self._present or self._cluster_arg  # elastic: the devices present, in rank order
+                        or describe_local_devices(self.root_device, self.num_nodes, self.num_processes))
         if given is not None:  # the world-size message is clearer than "device 5 does not exist"
             self._check_world(given)
         self._autocast_dtype()

@@ -77,14 +77,16 @@ def main() -> None:
         plan = Plan.load(plan_file)
         strategy = HexiScaleStrategy(cluster=cluster, plan=plan, start_method="popen", timeout=60.0, num_threads=1)
         trainer = pl.Trainer(strategy=strategy, devices=plan.world_size,
-                             callbacks=[Losses(out_dir / ("mutant.jsonl" if "--mutate" in sys.argv else "reference.jsonl"), 0.0)], **common)
+                             callbacks=[Losses(out_dir / ("mutant.jsonl" if "--mutate" in sys.argv else
+                                                          "reference.jsonl"), 0.0)], **common)
         trainer.fit(module, data(seed=4 if "--mutate" in sys.argv else None), ckpt_path=ckpt)
         return
     machine = os.environ.get("HEXISCALE_MACHINE", "?")
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     (out_dir / f"pid-{machine}-{restart}").write_text(str(os.getpid()))
     local, world = int(os.environ["LOCAL_WORLD_SIZE"]), int(os.environ["WORLD_SIZE"])
-    strategy = HexiScaleStrategy(cluster=cluster_file, timeout=30.0, watchdog_grace_s=2.0, planner_iterations=5, num_threads=1,
+    strategy = HexiScaleStrategy(cluster=cluster_file, timeout=30.0, watchdog_grace_s=2.0, planner_iterations=5,
+                                 num_threads=1,
                                  elastic=ElasticSettings(out_dir / "ckpt", every_n_steps=every, keep=100))
     trainer = pl.Trainer(strategy=strategy, devices=local, num_nodes=world // local,
                          callbacks=[Losses(out_dir / "losses.jsonl", sleep_s)], **common)
