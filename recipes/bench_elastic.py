@@ -93,7 +93,7 @@ def stop_workers(out: Path) -> None:
             pass
 
 
-def run(out: Path, steps: int = 24, every: int = 4, kill_at: int = 10, sleep_s: float = 0.1,
+def run(out: Path, steps: int = 24, every: int = 4, kill_at: int = 10, sleep_s: float = 0.0,
         timeout_s: float = 240.0) -> dict:
     """Both agents, the kill, the survivor to the end. Returns the figures (see the module doc)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -162,7 +162,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--every", type=int, default=4, help="checkpoint every N steps")
     ap.add_argument("--kill-at", type=int, default=10, help="kill agent b once step N is reached")
-    ap.add_argument("--sleep", type=float, default=0.1, help="seconds added to every step")
+    ap.add_argument("--sleep", type=float, default=0.0, help="seconds added to every step (left out of the rates)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="bench_elastic_"))
