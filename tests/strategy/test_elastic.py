@@ -67,7 +67,7 @@ def test_survivor_replans_resumes_and_matches_a_run_from_the_same_checkpoint(tmp
     assert "old plan: " in report and "new plan: 1 pipeline(s)" in report and "% kept)" in report
     resumed = record["resumed_step"]
     assert resumed >= 4 and resumed % 4 == 0, "the newest complete checkpoint (every 4 steps)"
-    assert f"step(s) redone" in report and f["steps_redone"] == f["reached_step"] - resumed >= 0
+    assert "step(s) redone" in report and f["steps_redone"] == f["reached_step"] - resumed >= 0
     after = [r for r in f["after"] if r["restart"] == record["restart"]]
     assert [r["step"] for r in after] == list(range(resumed + 1, steps + 1)), "the survivor finished, no step skipped"
     assert all(r["world"] == 1 for r in after)
