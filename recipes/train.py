@@ -257,7 +257,9 @@ def plan_hparams(cfg: DictConfig, cluster, model, plan, est) -> dict:
 
 
 def train(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict, precision: str, dataset=None,
-          est=None) -> dict:
+          est=None, elastic=None) -> dict:
+    """Lightning's Trainer with the hexiscale strategy on ``plan``; with ``elastic`` (an
+    ElasticSettings), no plan: the strategy plans for the machines present at every (re)start."""
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -266,7 +268,8 @@ def train(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict, precis
 
     t = cfg.trainer
     pl.seed_everything(int(t.seed), verbose=False)
-    train_dl, val_dl = make_data(cfg, model, plan.global_batch, dataset)
+    gb = plan.global_batch if plan is not None else int(cfg.train.global_batch)
+    train_dl, val_dl = make_data(cfg, model, gb, dataset)
     module = LlamaLitModule(model, lr=float(t.lr), weight_decay=float(t.weight_decay), warmup_steps=int(t.warmup_steps),
                             init_seed=int(t.seed))
     if t.weights:
@@ -275,14 +278,24 @@ def train(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict, precis
         attach_weights(module, t.weights)
     # Multirun: fresh spawned workers per job, so no process or process group outlives its job.
     launcher = "spawn" if is_multirun() else str(t.launcher)
+    planning = {}
+    if elastic is not None:  # the strategy plans at every start, with the planner.* and train.* settings
+        from lightning_hexiscale.cli.common import explicit as _explicit
+
+        planning = {k: cfg.train[k] for k in ("schedule", "recompute", "dp_sharding", "micro_batch_size")
+                    if _explicit(overrides_given(), f"train.{k}")}
+        planning.update(global_batch=gb, planner_iterations=int(cfg.planner.iterations), elastic=elastic)
     strategy = HexiScaleStrategy(cluster=cluster, plan=plan, start_method=launcher, seed=int(t.seed),
                                  nonfinite=str(t.nonfinite), timeout=float(t.timeout_s),
-                                 async_checkpoint=bool(t.async_checkpoint))
+                                 async_checkpoint=bool(t.async_checkpoint), **planning)
     logger = make_logger(cfg, out)
     # rank 0 only (Lightning's loggers); the train.* values that ran (effective_config), not the defaults
-    logger.log_hyperparams(plan_hparams(effective_config(cfg, plan, precision), cluster, model, plan, est))
-    ckpt = ModelCheckpoint(dirpath=str(out / "checkpoints"), save_last=True, save_top_k=0 if not t.checkpoint_every else -1,
-                           every_n_train_steps=int(t.checkpoint_every) or None)
+    if plan is not None:
+        logger.log_hyperparams(plan_hparams(effective_config(cfg, plan, precision), cluster, model, plan, est))
+    # elastic: the strategy saves every checkpoint_every steps under <out>/elastic itself
+    every = int(t.checkpoint_every) if elastic is None else 0
+    ckpt = ModelCheckpoint(dirpath=str(out / "checkpoints"), save_last=True, save_top_k=0 if not every else -1,
+                           every_n_train_steps=every or None)
     trainer = pl.Trainer(
         strategy=strategy, **launch, precision=precision, max_steps=int(t.max_steps),
         accumulate_grad_batches=int(t.accumulate_grad_batches), gradient_clip_val=t.gradient_clip_val,
@@ -347,6 +360,8 @@ def run(cfg: DictConfig) -> int:
         check_hf_config(cfg.trainer.weights, model)
     dataset = None if cfg.dry_run else load_dataset(cfg, model)
     precision = effective_precision(cfg.trainer.precision, [d.gpu_type for d in cluster.devices])
+    if cfg.trainer.elastic and not cfg.dry_run:
+        return run_elastic(cfg, cluster, model, out, precision, dataset)
     plan, est = make_plan(cfg, cluster, model, out)
     picture = None
     if is_rank_zero():
@@ -365,6 +380,48 @@ def run(cfg: DictConfig) -> int:
         # A previous job's port is in TIME_WAIT or still bound; let Lightning choose a free one.
         os.environ.pop("MASTER_PORT", None)
     metrics = train(cfg, cluster, model, plan, out, launch, precision, dataset, est)
+    say("final metrics: " + ", ".join(f"{k}={float(v):.4f}" for k, v in sorted(metrics.items())))
+    return 0
+
+
+def elastic_launch(cfg: DictConfig) -> dict:
+    """trainer.elastic=true: the checks (torchrun's elastic agent, a shared output directory, no plan
+    file) and Trainer(accelerator, devices, num_nodes) of this start."""
+    import torch
+
+    from lightning_hexiscale.errors import ConfigError
+    from lightning_hexiscale.lightning.elastic import MACHINE_ENV
+
+    command = (f"{MACHINE_ENV}=<machine> torchrun --nnodes=1:<machines> --nproc-per-node=<GPUs> --rdzv-backend=c10d "
+               "--rdzv-endpoint=<host:port> --max-restarts=10 recipes/train.py trainer.elastic=true "
+               "trainer.output_dir=<shared dir> ...")
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        raise ConfigError("trainer.elastic", True, "elastic training runs under torchrun's elastic agent (one agent "
+                          "per machine), which restarts the workers when machines leave or join",
+                          f"launch on every machine: {command}")
+    if not cfg.trainer.output_dir:
+        raise ConfigError("trainer.output_dir", None, "elastic training keeps its checkpoints and elastic.json in one "
+                          "directory that every node and every restart finds (Hydra's default is per run and host)",
+                          "pass trainer.output_dir=<a directory on a file system all nodes share>")
+    if cfg.plan:
+        raise ConfigError("plan", cfg.plan, "elastic training plans for the machines present at every start",
+                          "leave plan= out with trainer.elastic=true")
+    if cfg.trainer.resume:
+        raise ConfigError("trainer.resume", cfg.trainer.resume, "elastic training resumes by itself from the newest "
+                          "complete checkpoint under <trainer.output_dir>/elastic",
+                          "leave trainer.resume out (copy the checkpoint there to start from it)")
+    local, world = int(os.environ.get("LOCAL_WORLD_SIZE", 1)), int(os.environ.get("WORLD_SIZE", 1))
+    return {"accelerator": "gpu" if torch.cuda.is_available() else "cpu", "devices": local,
+            "num_nodes": max(1, world // local)}
+
+
+def run_elastic(cfg: DictConfig, cluster, model, out: Path, precision: str, dataset) -> int:
+    from lightning_hexiscale.lightning.elastic import ElasticSettings
+
+    launch = elastic_launch(cfg)
+    say(cluster.summary(), "\n")
+    settings = ElasticSettings(out / "elastic", every_n_steps=int(cfg.trainer.checkpoint_every))
+    metrics = train(cfg, cluster, model, None, out, launch, precision, dataset, elastic=settings)
     say("final metrics: " + ", ".join(f"{k}={float(v):.4f}" for k, v in sorted(metrics.items())))
     return 0
 
@@ -470,6 +527,8 @@ def main() -> int:
         except HexiScaleError as e:
             print(f"recipes/train.py: error: {e}", file=sys.stderr)
             return EXIT_CONFIG
+        sys.argv[1:] = take_file_overrides(sys.argv[1:])
+    elif FILES_ENV not in os.environ:  # torchrun/SLURM workers: no launcher of ours took the files out
         sys.argv[1:] = take_file_overrides(sys.argv[1:])
     _main()
     return max(_STATUS, default=EXIT_CONFIG)

@@ -50,6 +50,11 @@ class TrainerConfig:
     waits only for the copy of this rank's pieces, a writer thread writes them."""
     resume: Optional[str] = None
     """A checkpoint directory to resume from (any plan, any cluster)."""
+    elastic: bool = False
+    """Elastic training under torchrun (``--nnodes=MIN:MAX``, c10d; README "Elastic training"): every
+    (re)start plans for the machines present (``HEXISCALE_MACHINE`` on each node), resumes from the
+    newest complete checkpoint under ``<output_dir>/elastic``, saves there every ``checkpoint_every``
+    steps and on SIGTERM. Needs ``trainer.output_dir`` on a file system all nodes share."""
     weights: Optional[str] = None
     """A LOCAL Hugging Face Llama directory (config.json + *.safetensors) to start from (no download);
     its config.json must match the model (ConfigError otherwise). ``model=hf:/dir`` sets it."""

@@ -109,6 +109,19 @@ def train_dataloader(trainer) -> Any:
         return None
 
 
+def preload_checkpoint(trainer, path: str) -> None:
+    """Load ``path`` as if it had been ``fit(ckpt_path=path)`` (elastic resume, chosen during the
+    strategy's setup). Lightning's ``_run`` then calls ``resume_start(None)``, which keeps the
+    loaded checkpoint, and restores the model, callbacks, loops and optimizers from it."""
+    connector = getattr(trainer, "_checkpoint_connector", None)
+    if connector is None or not callable(getattr(connector, "resume_start", None)):
+        raise _missing("lightning.pytorch.Trainer", "_checkpoint_connector.resume_start")
+    connector.resume_start(path)
+    if not getattr(connector, "_loaded_checkpoint", None):
+        raise _missing("lightning.pytorch.trainer.connectors.checkpoint_connector._CheckpointConnector",
+                       "_loaded_checkpoint")
+
+
 def unwrap_optimizer(optimizer):
     """The torch optimizer inside Lightning's ``LightningOptimizer`` wrapper (or the argument itself)."""
     from lightning.pytorch.core.optimizer import LightningOptimizer

@@ -49,7 +49,7 @@ from typing_extensions import override
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.config.recipe import check_ckpt_path, precision_dtype
 from lightning_hexiscale.data.samplers import check_train_loader
-from lightning_hexiscale.errors import ConfigError, NonFiniteError, RankFailure
+from lightning_hexiscale.errors import ConfigError, InfeasiblePlan, NonFiniteError, RankFailure
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.models.llama import Llama
 from lightning_hexiscale.lightning import internals, notices
@@ -101,6 +101,11 @@ class HexiScaleStrategy(DDPStrategy):
             place run in one writer thread per rank, over a gloo process group of their own, while
             training goes on (at most 2 saves in flight). A load, the end of the run, or a third save
             waits for them; a crash meanwhile leaves the previous checkpoint.
+        elastic: elastic training under torchrun (``--nnodes=MIN:MAX``, c10d): a checkpoint directory or an
+            :class:`~lightning_hexiscale.lightning.elastic.ElasticSettings`. At every (re)start the
+            strategy learns which machines of the cluster file are present (``$HEXISCALE_MACHINE`` on
+            each node), plans for them, resumes from the newest complete checkpoint and prints what
+            changed; it saves every ``every_n_steps`` and on SIGTERM. Needs ``cluster``, no ``plan``.
         watchdog: run :class:`~lightning_hexiscale.runtime.failure.FailureWatch` (heartbeats over the
             rendezvous store): when a rank fails, every rank stops within ``watchdog_grace_s`` seconds
             more (exit status 4) and says which rank failed.
@@ -115,7 +120,7 @@ class HexiScaleStrategy(DDPStrategy):
                  schedule: str | None = None, recompute: bool | None = None, dp_sharding: str | None = None,
                  seed: int | None = None, planner_iterations: int = 20, start_method: StartMethod = "popen",
                  num_threads: int | Literal["auto"] = "auto", check_devices: bool = True,
-                 nonfinite: Literal["skip", "stop"] = "stop", async_checkpoint: bool = False,
+                 nonfinite: Literal["skip", "stop"] = "stop", async_checkpoint: bool = False, elastic=None,
                  watchdog: bool = True, watchdog_grace_s: float = 5.0,
                  process_group_backend: str | None = None, timeout: timedelta | float | None = default_pg_timeout,
                  accelerator=None, parallel_devices=None, cluster_environment=None, checkpoint_io=None,
@@ -163,6 +168,8 @@ class HexiScaleStrategy(DDPStrategy):
         if plan is not None and cluster is not None:
             plan.validate(cluster)  # its devices exist in the cluster
         self._cluster_arg, self._plan_arg = cluster, plan
+        self.elastic = _elastic_run(elastic, cluster, plan)
+        self._present: Cluster | None = None
         self._global_batch = global_batch
         self._overrides = {"micro_batch_size": micro_batch_size, "schedule": schedule, "recompute": recompute,
                            "dp_sharding": dp_sharding}
@@ -249,6 +256,9 @@ class HexiScaleStrategy(DDPStrategy):
         if isinstance(existing, PipelineModel):  # a second fit/validate with the same module
             self._pipeline_model = existing
         else:
+            if self.elastic is not None:  # collective: the machines present, device k = global rank k
+                self._present = agree(lambda: self.elastic.present_cluster(self, self._cluster_arg),
+                                      self.global_rank, self.world_size)
             # Every rank checks the same things (Lightning, the module, the plan, world size and
             # devices); one error, from rank 0, reaches the caller (launching.agree).
             llama = agree(lambda: self._resolve_plan(module, trainer, fitting), self.global_rank, self.world_size)
@@ -273,6 +283,8 @@ class HexiScaleStrategy(DDPStrategy):
             internals.optimizers_to_device(self.optimizers, self.root_device)
         self._setup_checkpointer()
         self._start_watch()
+        if self.elastic is not None and fitting:
+            agree(lambda: self.elastic.start(self, trainer, self._workload_dtype()), self.global_rank, self.world_size)
 
     def _setup_checkpointer(self) -> None:
         """One Checkpointer per run. Asynchronous saves run their collectives in a background
@@ -302,14 +314,20 @@ class HexiScaleStrategy(DDPStrategy):
             raise _manual_optimization_error()
         llama = find_llama(module)
         given = self._plan_arg
-        self.cluster = self._cluster_arg or describe_local_devices(self.root_device, self.num_nodes, self.num_processes)
+        self.cluster = (self._present or self._cluster_arg  # elastic: the devices present, in rank order
+                        or describe_local_devices(self.root_device, self.num_nodes, self.num_processes))
         if given is not None:  # the world-size message is clearer than "device 5 does not exist"
             self._check_world(given)
         self._autocast_dtype()
         # Every rank plans (the search is deterministic for a seed); rank 0's plan is checked against
         # everyone's, because ranks with different plans would build different groups and hang.
-        self.plan = plan_for(given, self.cluster, llama.config, self._global_batch_for(trainer), self._overrides,
-                             dtype=self._workload_dtype(), seed=self.seed, iterations=self.planner_iterations)
+        try:
+            self.plan = plan_for(given, self.cluster, llama.config, self._global_batch_for(trainer), self._overrides,
+                                 dtype=self._workload_dtype(), seed=self.seed, iterations=self.planner_iterations)
+        except InfeasiblePlan as e:
+            if self.elastic is None:
+                raise
+            raise self.elastic.infeasible(e) from None
         self._check_world(self.plan)
         self._check_devices(self.plan)
         return llama
@@ -684,6 +702,22 @@ class HexiScaleStrategy(DDPStrategy):
         # DDPStrategy's version would register "ddp", "ddp_spawn", ... as this class; the hexiscale
         # names are registered by lightning_hexiscale.lightning.registration on import instead.
         return None
+
+
+def _elastic_run(elastic, cluster: Cluster | None, plan: Plan | None):
+    """``HexiScaleStrategy(elastic=...)`` checked at construction: an ElasticRun, or None."""
+    from lightning_hexiscale.lightning.elastic import ElasticRun, as_settings
+
+    settings = as_settings(elastic)
+    if settings is None:
+        return None
+    if plan is not None:
+        raise ConfigError("HexiScaleStrategy(plan)", "a plan", "elastic training plans for the machines present at "
+                          "every start, so a fixed plan cannot be used", "pass plan=None with elastic=...")
+    if cluster is None:
+        raise ConfigError("HexiScaleStrategy(cluster)", None, "elastic training re-plans on the machines of a "
+                          "cluster file and needs one", "pass cluster=<cluster YAML or preset>")
+    return ElasticRun(settings)
 
 
 def find_llama(module) -> Llama:

@@ -1,0 +1,366 @@
+"""Elastic training under torchrun: the job re-plans for the machines present at every (re)start.
+
+Launch (one agent per machine; ``--nnodes=MIN:MAX``, c10d rendezvous)::
+
+    HEXISCALE_MACHINE=<name or index in the cluster file> torchrun --nnodes=1:4 --nproc-per-node=<GPUs> \\
+        --rdzv-backend=c10d --rdzv-endpoint=<host:port> --max-restarts=10 train.py ...
+
+Under c10d the rendezvous assigns node ranks, so a node's rank says nothing about which machine of
+the cluster file it is: each node says so itself (:data:`MACHINE_ENV`, or
+``ElasticSettings(machine=...)``). At every start of the workers (the first one, and each restart
+torchrun makes after a failure or a membership change), :class:`ElasticRun`:
+
+1. gathers (machine, local rank) of every global rank (one ``all_gather_object`` of strings), and
+   checks them: every machine named exists, no device is claimed twice, every local rank has a device;
+2. builds the cluster of the devices present with ``Cluster.subset`` in **global-rank order**: device
+   k of that cluster is the device global rank k runs, so the plan made for it (which maps rank r to
+   its r-th device, ``Plan.device_order``) puts every stage where torchrun put the process, without
+   any rank permutation;
+3. lets the strategy plan for that cluster (the planner's search, seconds);
+4. after setup, finds the newest complete checkpoint under ``checkpoint_dir`` (every subdirectory with
+   a COMPLETE marker, ordered by its ``global_step``) and hands it to Lightning's restore, which loads
+   it under the new plan (checkpoints are plan-independent: runtime/checkpoint.py) and restores the
+   loops and the data position (:class:`~lightning_hexiscale.data.samplers.PlanBatchSampler`:
+   the position is counted in global batches, so the global batch must stay the same);
+5. prints what changed against the previous start (``elastic.json`` in ``checkpoint_dir``): machines
+   that left or joined, old and new plan, estimated throughput before and after, steps redone
+   (the step the previous workers reached minus the checkpoint's step).
+
+While training, it saves ``step-<N>`` every ``every_n_steps`` optimizer steps (keeping the newest
+``keep``), and on SIGTERM: the flag is agreed by every rank at the end of each step (one all-reduce
+of a boolean), every rank saves, and the job stops with :class:`ElasticStop` (a failure, so that
+torchrun restarts the workers with the machines that remain rather than ending the job).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+from lightning.pytorch.callbacks import Callback
+
+from lightning_hexiscale.config.cluster import Cluster
+from lightning_hexiscale.errors import ConfigError, InfeasiblePlan, TrainingFailure
+from lightning_hexiscale.planner.plan import Plan
+
+MACHINE_ENV = "HEXISCALE_MACHINE"
+"""Which machine of the cluster file this node is: its name or its index (0-based, ``repeat`` expanded)."""
+RECORD = "elastic.json"
+"""Written by global rank 0 into ``checkpoint_dir``: the machines, plan and estimate of this start,
+and the last step reached (updated every step), read by the next start."""
+PREFIX = "step-"
+RESUME_MODES = ("auto", "must", "never")
+
+
+class ElasticStop(TrainingFailure):
+    """The workers stopped on SIGTERM after saving a checkpoint; torchrun restarts them."""
+
+
+@dataclass(frozen=True)
+class ElasticSettings:
+    """``HexiScaleStrategy(elastic=ElasticSettings(...))`` (or just the checkpoint directory).
+
+    Args:
+        checkpoint_dir: shared directory of the elastic checkpoints (``step-<N>``) and ``elastic.json``.
+        every_n_steps: save every this many optimizer steps (0: only on SIGTERM).
+        keep: newest ``step-<N>`` checkpoints kept.
+        machine: this node's machine (name or index); None: ``$HEXISCALE_MACHINE``.
+        resume: ``auto`` (the newest complete checkpoint if there is one, else from scratch), ``must``
+            (a clear error when there is none), ``never``.
+    """
+
+    checkpoint_dir: str | Path
+    every_n_steps: int = 0
+    keep: int = 2
+    machine: str | int | None = None
+    resume: str = "auto"
+
+    def __post_init__(self) -> None:
+        key = "HexiScaleStrategy(elastic)"
+        if isinstance(self.every_n_steps, bool) or not isinstance(self.every_n_steps, int) or self.every_n_steps < 0:
+            raise ConfigError(f"{key}.every_n_steps", self.every_n_steps, "must be an integer >= 0",
+                              "e.g. every_n_steps=50 (0: save only on SIGTERM)")
+        if isinstance(self.keep, bool) or not isinstance(self.keep, int) or self.keep < 1:
+            raise ConfigError(f"{key}.keep", self.keep, "must be an integer >= 1", "e.g. keep=2")
+        if self.resume not in RESUME_MODES:
+            raise ConfigError(f"{key}.resume", self.resume, f"must be one of {RESUME_MODES}", "use auto")
+
+
+def as_settings(value: ElasticSettings | str | Path | None) -> ElasticSettings | None:
+    if value is None or isinstance(value, ElasticSettings):
+        return value
+    if isinstance(value, (str, Path)):
+        return ElasticSettings(checkpoint_dir=value)
+    raise ConfigError("HexiScaleStrategy(elastic)", type(value).__name__,
+                      "must be None, a checkpoint directory or an ElasticSettings",
+                      "pass elastic=ElasticSettings(checkpoint_dir='ckpt', every_n_steps=50)")
+
+
+# ---- membership ------------------------------------------------------------------------------
+def _machine_names(cluster: Cluster) -> str:
+    return ", ".join(f"{m.name} ({i})" for i, m in enumerate(cluster.machines))
+
+
+def resolve_machine(cluster: Cluster, value: str | int | None, key: str = MACHINE_ENV) -> int:
+    """The index of the machine ``value`` names (its name, or its 0-based index), or ConfigError."""
+    fix = (f"export {MACHINE_ENV}=<machine name or index> on each node before torchrun (cluster {cluster.name}: "
+           f"{_machine_names(cluster)})")
+    if value is None or str(value).strip() == "":
+        raise ConfigError(key, None, "elastic training needs each node to say which machine of the cluster file "
+                          "it is (under c10d the node rank is the rendezvous' choice, not the machine)", fix)
+    text = str(value).strip()
+    for i, m in enumerate(cluster.machines):
+        if m.name == text:
+            return i
+    if text.isdigit() and int(text) < len(cluster.machines):
+        return int(text)
+    raise ConfigError(key, text, f"is not a machine of cluster {cluster.name}", fix)
+
+
+def present_devices(cluster: Cluster, entries: list[dict[str, Any]]) -> list[int]:
+    """Cluster device of every global rank, from each rank's ``{"machine", "local_rank", "host"}``
+    (index = global rank). The same ConfigError on every rank for a bad entry."""
+    devices: list[int] = []
+    owner: dict[int, int] = {}
+    for rank, e in enumerate(entries):
+        m = resolve_machine(cluster, e["machine"], key=f"{MACHINE_ENV} (rank {rank}, host {e['host']})")
+        machine = cluster.machines[m]
+        local = int(e["local_rank"])
+        if local >= len(machine.devices):
+            raise ConfigError(f"{MACHINE_ENV} (rank {rank}, host {e['host']})", machine.name,
+                              f"machine {machine.name} has {len(machine.devices)} device(s) in cluster {cluster.name}, "
+                              f"but this node runs local rank {local}",
+                              f"run --nproc-per-node={len(machine.devices)} or fewer on {machine.name}, or fix "
+                              f"{MACHINE_ENV} on that node")
+        dev = machine.devices[local]
+        if dev in owner:
+            raise ConfigError(f"{MACHINE_ENV} (rank {rank}, host {e['host']})", machine.name,
+                              f"global ranks {owner[dev]} and {rank} both claim device {local} of machine "
+                              f"{machine.name}: two nodes name the same machine",
+                              f"give each node its own {MACHINE_ENV}")
+        owner[dev] = rank
+        devices.append(dev)
+    return devices
+
+
+def machines_of(cluster: Cluster, devices: list[int]) -> list[str]:
+    """Names of the machines holding ``devices``, in the cluster file's order."""
+    used = {cluster.devices[d].machine for d in devices}
+    return [cluster.machines[i].name for i in sorted(used)]
+
+
+def plan_summary(plan: Plan, cluster: Cluster) -> str:
+    """One line: per pipeline its batch and stages (machine:local device[s], TP, layers)."""
+    def where(d: int) -> str:
+        dev = cluster.devices[d]
+        m = cluster.machines[dev.machine]
+        return f"{m.name}:{m.devices.index(d)}"
+
+    pipes = []
+    for p in plan.pipelines:
+        stages = " | ".join(f"{'+'.join(where(d) for d in s.devices)} L{s.layers[0]}-{s.layers[1]}" for s in p.stages)
+        pipes.append(f"b={p.batch_size}/mb={p.micro_batch_size} [{stages}]")
+    return f"{plan.num_pipelines} pipeline(s) {plan.dp_sharding} {plan.schedule}: " + "; ".join(pipes)
+
+
+# ---- checkpoints -----------------------------------------------------------------------------
+def complete_checkpoints(directory: str | Path) -> list[tuple[int, Path]]:
+    """(global_step, path) of every complete checkpoint directly under ``directory``, oldest first."""
+    from lightning_hexiscale.runtime import checkpoint as ckpt
+
+    found = []
+    root = Path(directory)
+    if not root.is_dir():
+        return []
+    for p in root.iterdir():
+        if not p.is_dir() or not (p / ckpt.COMPLETE).is_file():
+            continue
+        try:
+            meta = ckpt.read_meta(p)
+        except (ConfigError, OSError, RuntimeError, EOFError):
+            continue  # a damaged or foreign directory is not a candidate
+        found.append((int(meta.get("global_step", 0)), p.stat().st_mtime, p))
+    return [(s, p) for s, _, p in sorted(found)]
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+def read_record(directory: str | Path) -> dict | None:
+    p = Path(directory) / RECORD
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+# ---- the run ---------------------------------------------------------------------------------
+class ElasticRun(Callback):
+    """The strategy's elastic half (one per strategy); also the Lightning callback that saves."""
+
+    def __init__(self, settings: ElasticSettings) -> None:
+        super().__init__()
+        self.settings = settings
+        self.full_cluster: Cluster | None = None
+        self.devices: list[int] = []
+        """Cluster-file device of every global rank (index = rank), at this start."""
+        self.report = ""
+        self.resumed_from: tuple[int, str] | None = None
+        self.sigterm = False
+        self._last_saved = -1
+        self._record: dict = {}
+        self._old_handler: Any = None
+
+    @property
+    def directory(self) -> Path:
+        return Path(self.settings.checkpoint_dir)
+
+    def machine(self) -> str | None:
+        m = self.settings.machine
+        return str(m) if m is not None else os.environ.get(MACHINE_ENV)
+
+    def present_cluster(self, strategy, cluster: Cluster | None) -> Cluster:
+        """Collective (the default group): the cluster of the devices present, device k = global rank k."""
+        entry = {"machine": self.machine(), "local_rank": strategy.local_rank, "host": socket.gethostname()}
+        entries: list[dict] = [None] * strategy.world_size  # type: ignore[list-item]
+        if strategy.world_size > 1:
+            dist.all_gather_object(entries, entry)
+        else:
+            entries = [entry]
+        if cluster is None:  # checked after the gather, so every rank raises together
+            raise ConfigError("HexiScaleStrategy(cluster)", None, "elastic training re-plans on the machines of a "
+                              "cluster file and needs one", "pass cluster=<cluster YAML or preset>")
+        self.full_cluster = cluster
+        self.devices = present_devices(cluster, entries)
+        sub = cluster.subset(self.devices)
+        sub.name = f"{cluster.name}[{','.join(machines_of(cluster, self.devices))}]"
+        return sub
+
+    def infeasible(self, err: InfeasiblePlan) -> ConfigError:
+        cluster = self.full_cluster
+        present = machines_of(cluster, self.devices)
+        missing = [m.name for m in cluster.machines if m.name not in present]
+        return ConfigError("HexiScaleStrategy(elastic)", f"machines {', '.join(present)}",
+                           f"no plan fits the devices present (missing: {', '.join(missing) or 'none'}): {err}",
+                           "bring machines back (the next restart re-plans), or lower train.global_batch / use a "
+                           "smaller model")
+
+    # ---- after the strategy's setup: resume and report ----------------------------------------
+    def start(self, strategy, trainer, workload_dtype: str) -> None:
+        """Collective. Pick the checkpoint (rank 0's choice, broadcast), preload it into Lightning's
+        restore, print and record what changed, and join the Trainer's callbacks."""
+        from lightning_hexiscale.lightning import internals
+        from lightning_hexiscale.planner.estimate import Workload, estimate
+
+        cluster, plan = strategy.cluster, strategy.plan
+        est = estimate(plan, cluster, Workload(strategy.pipeline_model.engine.config, dtype=workload_dtype))
+        choice = None
+        if strategy.global_rank == 0:
+            found = complete_checkpoints(self.directory) if self.settings.resume != "never" else []
+            choice = (found[-1][0], str(found[-1][1])) if found else None
+        choice = strategy.broadcast(choice, 0)
+        if choice is None and self.settings.resume == "must":
+            partial = sorted(p.name for p in self.directory.glob("*.tmp-*")) if self.directory.is_dir() else []
+            raise ConfigError("HexiScaleStrategy(elastic).resume", "must",
+                              f"no complete checkpoint under {self.directory}" +
+                              (f" (only partial ones: {', '.join(partial)})" if partial else ""),
+                              "point checkpoint_dir at the run's checkpoints, or use resume='auto' to start "
+                              "from scratch")
+        self.resumed_from = choice
+        if choice is not None:
+            internals.preload_checkpoint(trainer, choice[1])
+            self._last_saved = choice[0]
+        names = machines_of(self.full_cluster, self.devices)
+        now = {"machines": names, "devices": len(self.devices), "plan": plan_summary(plan, cluster),
+               "tokens_per_s": est.tokens_per_s, "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
+               "resumed_step": choice[0] if choice else 0, "step": choice[0] if choice else 0,
+               "start_time": time.time(), "step_time": None}
+        if strategy.global_rank == 0:
+            self.report = describe_change(read_record(self.directory), now, choice)
+            print(self.report, flush=True)
+            self.directory.mkdir(parents=True, exist_ok=True)
+            _write_json(self.directory / RECORD, now)
+        self._record = now
+        if self not in trainer.callbacks:
+            trainer.callbacks.append(self)
+
+    # ---- Lightning hooks -------------------------------------------------------------------
+    def on_train_start(self, trainer, pl_module) -> None:
+        # After Lightning's own handler (whose notifier broadcasts from inside the handler, which can
+        # pair with another rank's pipeline collective): ours only sets a flag, agreed at step ends.
+        if threading.current_thread() is threading.main_thread():
+            self._old_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum, frame) -> None:
+        self.sigterm = True
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        strategy = trainer.strategy
+        step = trainer.global_step
+        if strategy.global_rank == 0 and step != self._record.get("step"):
+            self._record.update(step=step, step_time=time.time())
+            _write_json(self.directory / RECORD, self._record)
+        stop = strategy.reduce_boolean_decision(self.sigterm, all=False) if strategy.world_size > 1 else self.sigterm
+        every = self.settings.every_n_steps
+        if (stop or (every and step % every == 0)) and step != self._last_saved and step > 0:
+            self.save(trainer, step)
+        if stop:
+            raise ElasticStop(f"SIGTERM: checkpoint of step {step} saved under {self.directory}; the workers stop "
+                              "so that torchrun restarts them on the machines that remain")
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._restore_handler()
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        self._restore_handler()
+
+    def _restore_handler(self) -> None:
+        if self._old_handler is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._old_handler)
+            self._old_handler = None
+
+    def save(self, trainer, step: int) -> None:
+        """Collective: ``step-<N>`` under the directory, then the older ones beyond ``keep`` removed."""
+        trainer.save_checkpoint(str(self.directory / f"{PREFIX}{step:08d}"))
+        self._last_saved = step
+        mine = sorted(p for p in self.directory.glob(f"{PREFIX}*") if p.is_dir() and ".tmp-" not in p.name
+                      and p.name[len(PREFIX):].isdigit())
+        for old in mine[:-self.settings.keep]:
+            trainer.strategy.remove_checkpoint(old)
+
+
+def describe_change(before: dict | None, now: dict, choice: tuple[int, str] | None) -> str:
+    """What the report prints at a start: machines left/joined, plans, estimates, steps redone."""
+    lines = [f"hexiscale elastic: workers started on {now['devices']} device(s) of machine(s) "
+             f"{', '.join(now['machines'])} (torchrun restart count {now['restart']})"]
+    if before is not None:
+        left = [m for m in before["machines"] if m not in now["machines"]]
+        joined = [m for m in now["machines"] if m not in before["machines"]]
+        lines.append(f"  machines left: {', '.join(left) or 'none'}; joined: {', '.join(joined) or 'none'}")
+        lines.append(f"  old plan: {before['plan']}")
+        ratio = now["tokens_per_s"] / before["tokens_per_s"] if before.get("tokens_per_s") else float("nan")
+        lines.append(f"  new plan: {now['plan']}")
+        lines.append(f"  estimated throughput: {before['tokens_per_s']:,.0f} -> {now['tokens_per_s']:,.0f} tokens/s "
+                     f"({ratio:.0%} kept)")
+    else:
+        lines.append(f"  plan: {now['plan']}")
+        lines.append(f"  estimated throughput: {now['tokens_per_s']:,.0f} tokens/s")
+    if choice is not None:
+        reached = int(before.get("step", choice[0])) if before else choice[0]
+        lines.append(f"  resuming from {choice[1]} (step {choice[0]}); the previous workers reached step {reached}: "
+                     f"{max(0, reached - choice[0])} step(s) redone")
+    elif before is not None:
+        lines.append(f"  no complete checkpoint: starting from step 0 ({int(before.get('step', 0))} step(s) redone)")
+    now["redone"] = max(0, int(before.get("step", 0)) - (choice[0] if choice else 0)) if before else 0
+    return "\n".join(lines)

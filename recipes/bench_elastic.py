@@ -1,0 +1,183 @@
+"""Elastic recovery on localhost: two torchrun agents (machines ``a`` and ``b`` of a two-machine CPU
+cluster), ``kill -9`` of agent b and its worker mid-run, agent a re-plans for itself and finishes.
+
+    python recipes/bench_elastic.py                     # 24 steps, checkpoint every 4, kill at step 10
+    python recipes/bench_elastic.py --steps 40 --every 5 --kill-at 17 --sleep 0.2
+
+Prints the time from the kill to the first new optimizer step (failure detection, torchrun's restart
+and rendezvous, the workers' start, the re-plan and the checkpoint load), the steps redone (the last
+step reached before the kill minus the checkpoint's step), and the throughput kept: estimated (the
+planner's tokens/s for the new plan over the old one, from ``elastic.json``) and measured (optimizer
+steps per second after the restart over before, from the steps' timestamps). Both agents use the
+rendezvous settings of :data:`RDZV_CONF`; the worker is ``tests/strategy/elastic_job.py``.
+
+The baseline is the same run before the kill (two machines), measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKER = ROOT / "tests" / "strategy" / "elastic_job.py"
+RDZV_CONF = "join_timeout=120,last_call_timeout=1,close_timeout=5,keep_alive_interval=2,keep_alive_max_attempt=3"
+"""c10d rendezvous knobs: after the first node is in, wait 1 s for more (last_call); a dead node's
+heartbeat is missed after 3 x 2 s (keep-alive), so a survivor's new round does not wait the default 15 s."""
+AGENT_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+"""torch 2.13's c10d handler, sharing its TCP store with the workers, writes MASTER_ADDR only at a node's
+first rendezvous (dynamic_rendezvous.py, next_rendezvous): when a node joins a running job and the
+old rank 0 stays rank 0, the newcomer waits for a MASTER_ADDR never written in the new round (a
+60 s timeout, then the agents fail). Without the sharing, rank 0 writes it every round."""
+CLUSTER = """name: elastic2
+description: two one-device CPU machines (the elastic test and benchmark)
+machines:
+  - {name: a, gpu: CPU-FAST, count: 1, intra_bandwidth: "10 GB/s"}
+  - {name: b, gpu: CPU-FAST, count: 1, intra_bandwidth: "10 GB/s"}
+inter_machine: {bandwidth: "1 GB/s", latency: "50us"}
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("localhost", port)) == 0
+
+
+def agent(machine: str, port: int, out: Path, steps: int, every: int, sleep_s: float) -> subprocess.Popen:
+    """One torchrun agent (``--nnodes=1:2``) for ``machine``, in its own session (killable as a group)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1:2", "--nproc-per-node=1",
+           "--rdzv-backend=c10d", f"--rdzv-endpoint=localhost:{port}", "--rdzv-id=elastic-bench",
+           f"--rdzv-conf={RDZV_CONF}", "--max-restarts=3", "--monitor-interval=0.2",
+           str(WORKER), str(out), str(out / "cluster.yaml"), str(steps), str(every), str(sleep_s)]
+    env = {**os.environ, "HEXISCALE_MACHINE": machine, "OMP_NUM_THREADS": "1", **AGENT_ENV,
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    log = open(out / f"agent-{machine}.log", "w")
+    return subprocess.Popen(cmd, env=env, cwd=str(ROOT), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def rows(out: Path) -> list[dict]:
+    p = out / "losses.jsonl"
+    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()] if p.is_file() else []
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """SIGKILL the agent's session (the agent and any worker it started), if still there."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def stop_workers(out: Path) -> None:
+    """SIGKILL every worker the agents started that is still running (torchrun starts each worker in
+    a session of its own, so killing an agent's session leaves them; their pids are in ``pid-*``)."""
+    for f in out.glob("pid-*"):
+        try:
+            os.kill(int(f.read_text()), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+
+
+def run(out: Path, steps: int = 24, every: int = 4, kill_at: int = 10, sleep_s: float = 0.0,
+        timeout_s: float = 240.0) -> dict:
+    """Both agents, the kill, the survivor to the end. Returns the figures (see the module doc)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cluster.yaml").write_text(CLUSTER)
+    port = free_port()
+    deadline = time.time() + timeout_s
+    a = agent("a", port, out, steps, every, sleep_s)
+    b = None
+    try:
+        # agent a must host the rendezvous store (the first agent to bind the port does): it outlives b
+        while not listening(port):
+            if time.time() > deadline or a.poll() is not None:
+                raise RuntimeError(f"agent a did not open the rendezvous store (see {out}/agent-a.log)")
+            time.sleep(0.05)
+        b = agent("b", port, out, steps, every, sleep_s)
+        while not any(r["world"] == 2 and r["step"] >= kill_at for r in rows(out)):
+            if time.time() > deadline or a.poll() is not None or b.poll() is not None:
+                raise RuntimeError(f"the two-agent run did not reach step {kill_at} (see {out}/agent-*.log)")
+            time.sleep(0.05)
+        worker_b = int((out / "pid-b-0").read_text())
+        t_kill = time.time()
+        os.killpg(b.pid, signal.SIGKILL)  # agent b, then its worker (a session of its own): a machine gone
+        try:
+            os.kill(worker_b, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        b.wait()
+        a.wait(timeout=max(1.0, deadline - time.time()))
+    finally:
+        if b is not None:
+            stop(b)
+        stop(a)
+        stop_workers(out)
+    if a.returncode != 0:
+        raise RuntimeError(f"agent a exited with {a.returncode} (see {out}/agent-a.log)")
+    return figures(out, t_kill, sleep_s)
+
+
+def figures(out: Path, t_kill: float, sleep_s: float) -> dict:
+    allrows = rows(out)
+    before = [r for r in allrows if r["restart"] == 0]
+    after = [r for r in allrows if r["restart"] > 0]
+    record = json.loads((out / "ckpt" / "elastic.json").read_text())
+    report = (out / "agent-a.log").read_text()
+    old_est = None
+    for line in report.splitlines():
+        if "estimated throughput:" in line and "->" in line:
+            old_est = float(line.split(":", 1)[1].split("->")[0].replace(",", "").split()[0])
+
+    def rate(rs: list[dict]) -> float:
+        """Optimizer steps per second between the first and the last row, without the added sleeps."""
+        busy = rs[-1]["time"] - rs[0]["time"] - (len(rs) - 1) * sleep_s if len(rs) > 2 else 0.0
+        return (len(rs) - 1) / busy if busy > 0 else float("nan")
+
+    reached = max(r["step"] for r in before)
+    return {"recovery_s": after[0]["time"] - t_kill, "restart_ready_s": record["start_time"] - t_kill,
+            "resumed_step": record["resumed_step"], "reached_step": reached,
+            "steps_redone": reached - record["resumed_step"],
+            "estimated_kept": record["tokens_per_s"] / old_est if old_est else float("nan"),
+            "measured_kept": rate(after) / rate([r for r in before if r["time"] <= t_kill and r["world"] == 2]),
+            "before": before, "after": after, "final_step": max(r["step"] for r in after), "record": record}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--every", type=int, default=4, help="checkpoint every N steps")
+    ap.add_argument("--kill-at", type=int, default=10, help="kill agent b once step N is reached")
+    ap.add_argument("--sleep", type=float, default=0.0, help="seconds added to every step (left out of the rates)")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="bench_elastic_"))
+    f = run(out, args.steps, args.every, args.kill_at, args.sleep)
+    print(f"elastic recovery, 2 -> 1 CPU machines, tiny Llama, checkpoint every {args.every} steps (files in {out})")
+    print(f"  kill -9 of machine b at step {f['reached_step']}; resumed from the checkpoint of step "
+          f"{f['resumed_step']}: "
+          f"{f['steps_redone']} step(s) redone")
+    print(f"  time from the kill to the first new step: {f['recovery_s']:.1f} s (of which {f['restart_ready_s']:.1f} s "
+          f"until the new workers had re-planned and loaded the checkpoint)")
+    print(f"  throughput kept: estimated {f['estimated_kept']:.0%}, measured {f['measured_kept']:.0%} "
+          f"(steps/s after / before, same run)")
+    print(f"  finished at step {f['final_step']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
