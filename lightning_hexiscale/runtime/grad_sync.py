@@ -127,6 +127,8 @@ class BoundaryStarts:
             for name in names:
                 self.param_buckets.setdefault(name, []).append(i)
         self.hooks: list = []
+        self.started_after_backward = 0
+        """Diagnostics: early buckets of the last :meth:`finish` that no block boundary had started."""
         if enabled and buckets:
             for key, block in stage.layers.items():
                 block.register_forward_hook(lambda _m, args, out, layer=int(key): self._on_forward(layer, args[0], out))
@@ -188,9 +190,11 @@ class BoundaryStarts:
     @torch.no_grad()
     def finish(self) -> None:
         """Right after the last backward (armed only): start the early buckets no boundary started."""
+        self.started_after_backward = 0
         if self.armed:
             while self.next < self.early:
                 self._start_next()
+                self.started_after_backward += 1
 
     def start_rest(self) -> range:
         """The buckets not started during the backward (the caller starts them, in order); disarms."""

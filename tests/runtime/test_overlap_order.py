@@ -12,7 +12,8 @@ The sweep covers asymmetric pipelines (different layer splits, TP 1/2/3, 1 to 3 
 one item, a few KiB and the default; ``run_ranks`` replays every trace under NCCL's rules (the
 16-bit cases fail that replay with the weakly referenced boundaries of the merge, where first
 stages started nothing early). Each rank also checks that it started exactly the plan's early set
-(every block and head bucket) during the backward.
+(every block and head bucket) during the backward, each at a block boundary (none left to
+``BoundaryStarts.finish`` after the backward: the overlap the planner prices).
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def _worker(rank, world, plan_dict, config, precision, cap):
     engine = PipelineEngine(plan, config, seed=SEED, dtype=dtype, autocast_dtype=autocast, bucket_cap_bytes=cap)
     opt = engine.wrap_optimizer(torch.optim.SGD(engine.parameters(), lr=0.01))
     syncer = engine.grad_sync if engine.grad_sync is not None else engine.zero
-    started = []
+    started, late = [], []
     for step in range(2):
         tokens, targets = make_batch(config, plan.global_batch, step)
         for p in engine.stage.parameters():
@@ -74,8 +75,9 @@ def _worker(rank, world, plan_dict, config, precision, cap):
         dist.all_reduce(torch.zeros(world))
         engine.sync_grads()
         started.append(syncer.overlapped_buckets)
+        late.append(syncer.starts.started_after_backward)
         opt.step()
-    return started, syncer.starts.early, len(syncer.starts.sizes)
+    return started, late, syncer.starts.early, len(syncer.starts.sizes)
 
 
 @pytest.mark.timeout(60)
@@ -85,8 +87,9 @@ def test_early_buckets_are_the_plans_on_every_member(run_ranks, tiny_mha, plan_i
     plan = Plan.from_dict({**plan.to_dict(), "dp_sharding": sharding})
     results = run_ranks(plan.world_size, _worker, plan.to_dict(), tiny_mha, precision, cap)
     total = 0
-    for rank, (started, early, n) in enumerate(results):
+    for rank, (started, late, early, n) in enumerate(results):
         assert started == [early, early], (rank, started, early, n)  # the whole early set, every step
+        assert late == [0, 0], (rank, late)  # each at a block boundary inside the backward, none after it
         assert n - early <= 3, (rank, n, early)  # only the embedding's buckets wait for the sync
         total += early
     assert total > 0
