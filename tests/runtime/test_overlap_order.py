@@ -30,12 +30,12 @@ from lightning_hexiscale.runtime.schedule import global_loss
 
 PLANS = {
     # the merge's failing shape: one TP-2 stage next to a two-stage pipeline
-    "tp2|pp2": lambda: plan_of([(4, 2, [([0, 1], (0, 4))]), (2, 1, [([2], (0, 2)), ([3], (2, 4))])], 4),
+    "tp2_pp2": lambda: plan_of([(4, 2, [([0, 1], (0, 4))]), (2, 1, [([2], (0, 2)), ([3], (2, 4))])], 4),
     # uneven splits on both sides, TP in a later stage, GPipe with recompute
-    "pp2-tp2|pp2": lambda: plan_of([(2, 1, [([0], (0, 1)), ([1, 2], (1, 4))]), (2, 1, [([3], (0, 3)), ([4], (3, 4))])],
+    "pp2tp2_pp2": lambda: plan_of([(2, 1, [([0], (0, 1)), ([1, 2], (1, 4))]), (2, 1, [([3], (0, 3)), ([4], (3, 4))])],
                                    4, schedule="gpipe", recompute=True),
     # three pipelines: TP 3 (uneven heads), three stages, one device
-    "tp3|pp3|1": lambda: plan_of([(2, 1, [([0, 1, 2], (0, 4))]), (3, 1, [([3], (0, 1)), ([4], (1, 2)), ([5], (2, 4))]),
+    "tp3_pp3_1": lambda: plan_of([(2, 1, [([0, 1, 2], (0, 4))]), (3, 1, [([3], (0, 1)), ([4], (1, 2)), ([5], (2, 4))]),
                                   (1, 1, [([6], (0, 4))])], 4),
 }
 
@@ -45,16 +45,16 @@ PRECISIONS = {"16-true": (torch.float16, None), "bf16-true": (torch.bfloat16, No
 
 CASES = [(plan, sharding, precision, cap)
          for plan, sharding, precision, cap in [
-             ("tp2|pp2", "ddp", "16-true", DEFAULT_BUCKET_CAP_BYTES),
-             ("tp2|pp2", "zero2", "bf16-true", DEFAULT_BUCKET_CAP_BYTES),
-             ("tp2|pp2", "ddp", "bf16-mixed", 1),
-             ("tp2|pp2", "zero2", "64-true", 1),
-             ("tp2|pp2", "ddp", "32-true", 4096),
-             ("pp2-tp2|pp2", "ddp", "bf16-true", 1),
-             ("pp2-tp2|pp2", "zero2", "16-true", 4096),
-             ("pp2-tp2|pp2", "zero2", "bf16-mixed", DEFAULT_BUCKET_CAP_BYTES),
-             ("tp3|pp3|1", "ddp", "bf16-true", 4096),
-             ("tp3|pp3|1", "zero2", "32-true", 1),
+             ("tp2_pp2", "ddp", "16-true", DEFAULT_BUCKET_CAP_BYTES),
+             ("tp2_pp2", "zero2", "bf16-true", DEFAULT_BUCKET_CAP_BYTES),
+             ("tp2_pp2", "ddp", "bf16-mixed", 1),
+             ("tp2_pp2", "zero2", "64-true", 1),
+             ("tp2_pp2", "ddp", "32-true", 4096),
+             ("pp2tp2_pp2", "ddp", "bf16-true", 1),
+             ("pp2tp2_pp2", "zero2", "16-true", 4096),
+             ("pp2tp2_pp2", "zero2", "bf16-mixed", DEFAULT_BUCKET_CAP_BYTES),
+             ("tp3_pp3_1", "ddp", "bf16-true", 4096),
+             ("tp3_pp3_1", "zero2", "32-true", 1),
          ]]
 
 
