@@ -146,13 +146,20 @@ class PipelineEngine:
         # Tied embeddings across stages: the embedding's gradient is final only after the tied
         # exchange in sync_grads; the synchroniser starts the embedding's buckets only in sync()
         # (its unit comes last in the backward), so overlapping the others is safe.
-        hook = None
+        hook = starts = None
         if arm:
             hook = self.grad_sync.arm if self.grad_sync is not None else self.zero.arm
+            starts = self.grad_sync.starts if self.grad_sync is not None else self.zero.starts
         if self.zero3 is None:
-            return self.executor.run(tokens, targets, loss_scale, hook)
-        with self.zero3.training_run():
-            return self.executor.run(tokens, targets, loss_scale, hook)
+            loss = self.executor.run(tokens, targets, loss_scale, hook)
+        else:
+            with self.zero3.training_run():
+                loss = self.executor.run(tokens, targets, loss_scale, hook)
+        if starts is not None:
+            # Every member of a bucket starts it before what follows the backward (the loss
+            # all-reduce, the strategy's checks): the early set is the plan's, not the hooks' luck.
+            starts.finish()
+        return loss
 
     def full_params(self, gather: bool = True, writeback: bool = False):
         """Context with every local parameter whole and exact: ZeRO-3 gathers the blocks, mixed-

@@ -29,8 +29,6 @@ boundaries, bucket k only after buckets < k (:class:`BoundaryStarts`, shared wit
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 import torch.distributed as dist
 
@@ -79,16 +77,39 @@ class BoundaryStarts:
     bucket's group computes alike from the plan (canonical parameter position, descending: the order
     backward finishes units), never from local autograd timing.
 
-    :meth:`arm` (right before the step's last backward) registers post-accumulate-grad hooks (a
-    bucket is *ready* when all its gradients are final) and a gradient hook on the input and the
-    output of every block of the stage's latest forward. When block l's input gradient arrives,
-    block l and everything after it have finished their backward on EVERY rank of the TP group
-    (and the head at block l's output gradient), so there ``start(i)`` is called for the next
-    buckets of the list whose unit is complete: bucket k only after buckets < k. The start points
-    are block boundaries, the same on all ranks of a TP group relative to the backward's TP
-    all-reduces (starting a bucket the moment its last gradient lands would put the DP collectives of
-    TP peers at different places among their TP collectives: a deadlock under NCCL's one-order rule,
-    which the NCCL-semantics harness reports). :attr:`next` is the first bucket not started.
+    **Which buckets start during the backward is a function of the plan, equal on every member:**
+    every bucket whose unit is a block or the head (*early* buckets); the embedding's (unit
+    ``embed``, complete only at the very end, and after the tied-embedding exchange) start in the
+    caller's sync. The set must not depend on anything local: a bucket started inside the backward
+    by one member and only in the sync by another puts the world collectives between the two (the
+    loss all-reduce, the non-finite check of the Lightning path) in opposite orders on the two
+    members, a cross-rank inversion that deadlocks NCCL. (It once depended on whether autograd
+    happened to keep a block's boundary tensor alive: a weakly referenced 16-bit block input that
+    RMSNorm upcasts is dropped after the forward, a float64 one is saved, so 16-bit first stages
+    started nothing early while last stages did.)
+
+    When: every grad-enabled forward of a block (not the recompute inside a backward) registers a
+    gradient hook on the block's input and output; the hook lives in the autograd graph, so it fires
+    whether or not the tensor's Python object survives. Armed (:meth:`arm`, right before the step's
+    last backward) and when block l's input gradient arrives, block l and everything after it have
+    finished their backward on EVERY rank of the TP group (and the head at the last block's output
+    gradient), so there ``start(i)`` is called for the next buckets of the list whose unit is
+    complete: bucket k only after buckets < k. The start points are block boundaries, the same on all
+    ranks of a TP group relative to the backward's TP all-reduces (starting a bucket the moment its
+    last gradient lands would put the DP collectives of TP peers at different places among their TP
+    collectives: a deadlock under NCCL's one-order rule). :meth:`finish` (right after the last
+    backward) starts any early bucket no boundary started (a first stage whose block-0 input needs no
+    gradient, e.g. a frozen embedding), so the early set is always the whole of it.
+
+    Why early starts cannot deadlock (NCCL-semantics harness: every call blocks until all its
+    members posted it): a rank reaches its early bucket of unit u after receiving its last
+    activation gradient, which needs only units above u (later stages of its own pipeline, whose
+    early buckets come before u's in the list order) and its own pipeline's traffic before its last
+    backward, which needs nothing from other pipelines. A pending send to the previous stage
+    carries the gradient of units below u, which no member of u's bucket waits for before posting
+    it. So the first stuck bucket in the list order would have all its members arrive: no cycle.
+    ``tests/runtime/test_overlap_order.py`` replays this for plans, precisions and bucket caps.
+    :attr:`next` is the first bucket not started.
     """
 
     def __init__(self, stage, params: dict[str, torch.Tensor], buckets: list[set[str]], units: list[str],
@@ -96,16 +117,21 @@ class BoundaryStarts:
         self.params, self.start = params, start
         num_layers = stage.config.num_layers
         self.unit_index = [unit_index(u, num_layers) for u in units]
+        self.early = sum(1 for i in self.unit_index if i >= 0)
+        """Buckets 0 .. early-1 start during the last backward (units sort descending: embed last)."""
+        if any(i < 0 for i in self.unit_index[:self.early]):
+            raise RuntimeError(f"bucket units out of backward order: {units}")
         self.sizes = [len(names) for names in buckets]
         self.param_buckets: dict[str, list[int]] = {}
         for i, names in enumerate(buckets):
             for name in names:
                 self.param_buckets.setdefault(name, []).append(i)
         self.hooks: list = []
-        self.boundaries: dict[tuple[int, str], weakref.ref] = {}
+        self.started_after_backward = 0
+        """Diagnostics: early buckets of the last :meth:`finish` that no block boundary had started."""
         if enabled and buckets:
             for key, block in stage.layers.items():
-                block.register_forward_hook(lambda _m, args, out, layer=int(key): self._remember(layer, args[0], out))
+                block.register_forward_hook(lambda _m, args, out, layer=int(key): self._on_forward(layer, args[0], out))
         self.reset()
 
     def reset(self) -> None:
@@ -113,31 +139,28 @@ class BoundaryStarts:
         self.ready: set[int] = set()
         self.next = 0
 
-    def _remember(self, layer: int, inp: torch.Tensor, out: torch.Tensor) -> None:
-        """Keep (weakly) the latest forward's block input and output for :meth:`arm`."""
-        if torch.is_grad_enabled():
-            for where, t in (("in", inp), ("out", out)):
-                if isinstance(t, torch.Tensor) and t.requires_grad:
-                    self.boundaries[(layer, where)] = weakref.ref(t)
+    def _on_forward(self, layer: int, inp: torch.Tensor, out: torch.Tensor) -> None:
+        """Gradient hooks on the block's input (units >= layer complete) and output (units > layer
+        complete); they act only while armed. Skipped for the recompute inside a backward, whose
+        tensors are not on the path of the backward's gradients."""
+        if not torch.is_grad_enabled() or torch._C._current_graph_task_id() != -1:
+            return
+        for after, t in ((layer - 1, inp), (layer, out)):
+            if isinstance(t, torch.Tensor) and t.requires_grad:
+                t.register_hook(lambda _g, after=after: self._boundary(after) if self.hooks else None)
 
     @property
     def armed(self) -> bool:
         return bool(self.hooks)
 
     def arm(self) -> None:
-        """Hooks on the outputs of the blocks' latest forward (the last micro-batch's, in GPipe and 1F1B)."""
+        """Act at the block boundaries of the next backward (the step's last)."""
         if self.hooks:
             return
         self.reset()
         for name in self.param_buckets:
             self.hooks.append(self.params[name].register_post_accumulate_grad_hook(
                 lambda _p, name=name: self._on_grad_ready(name)))
-        for (layer, where), ref in self.boundaries.items():
-            t = ref()
-            if t is not None and t.requires_grad:
-                # input gradient of block l: units >= l are complete; output gradient: units > l
-                after = layer - 1 if where == "in" else layer
-                self.hooks.append(t.register_hook(lambda _g, after=after: self._boundary(after)))
 
     def disarm(self) -> None:
         for h in self.hooks:
@@ -154,12 +177,24 @@ class BoundaryStarts:
     def _boundary(self, after: int) -> None:
         """The units with an index above ``after`` have finished their backward: start their buckets
         (a bucket that is not ready there is a bug, not a reason to diverge from the TP peers)."""
-        while self.next < len(self.sizes) and self.unit_index[self.next] > after:
-            if self.next not in self.ready:
-                raise RuntimeError(f"gradient bucket {self.next} is not final after the backward of its block; the "
-                                   f"block-boundary start of the gradient sync assumes it is")
-            self.start(self.next)
-            self.next += 1
+        while self.next < self.early and self.unit_index[self.next] > after:
+            self._start_next()
+
+    def _start_next(self) -> None:
+        if self.next not in self.ready:
+            raise RuntimeError(f"gradient bucket {self.next} is not final after the backward of its block; the "
+                               f"block-boundary start of the gradient sync assumes it is")
+        self.start(self.next)
+        self.next += 1
+
+    @torch.no_grad()
+    def finish(self) -> None:
+        """Right after the last backward (armed only): start the early buckets no boundary started."""
+        self.started_after_backward = 0
+        if self.armed:
+            while self.next < self.early:
+                self._start_next()
+                self.started_after_backward += 1
 
     def start_rest(self) -> range:
         """The buckets not started during the backward (the caller starts them, in order); disarms."""
