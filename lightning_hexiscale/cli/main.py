@@ -22,6 +22,7 @@ from lightning_hexiscale.cli import calibrate  # noqa: F401  isort: skip
 from lightning_hexiscale.cli import prepare_data  # noqa: F401  isort: skip
 from lightning_hexiscale.cli import export  # noqa: F401  isort: skip
 from lightning_hexiscale.cli import checkpoint  # noqa: F401  isort: skip
+from lightning_hexiscale.cli import emulate  # noqa: F401  isort: skip
 from lightning_hexiscale.cli.common import EPILOG, SUBCOMMANDS
 from lightning_hexiscale.errors import HexiScaleError
 
@@ -41,7 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command_argv = None
+    if argv[:1] == ["emulate"] and "--" in argv:  # `hexiscale emulate C -- CMD ...`: CMD is not ours to parse
+        cut = argv.index("--")
+        argv, command_argv = argv[:cut], argv[cut + 1:]
     args, extra = parser.parse_known_args(argv)
+    args.command_argv = command_argv
     if args.command is None:
         parser.print_help()
         return 2

@@ -1,0 +1,147 @@
+"""One network namespace per emulated machine, joined through a bridge, each link shaped by ``tc``.
+
+Layout for an emulated cluster with id ``ID`` and machines 0..M-1::
+
+    netns hx<ID>m<k>:  lo (the fast intra-machine link) + veth emu<k>, address 10.77.0.<k+1>/24
+    netns hx<ID>hub:   bridge br0 joining the peers p<k> of every emu<k>
+
+The bridge sits in its own namespace so that the host's firewall (bridge-netfilter, Docker's FORWARD
+policy) never sees the traffic, and deleting the namespaces removes every link with them.
+
+Shaping happens on each machine's egress, per destination machine, so any pairwise bandwidth
+matrix (``machine_links``) is honoured: an ``htb`` root, one class per other machine at
+``rate = ceil = bandwidth`` (bytes/s), selected by a ``u32`` filter on the destination address. A
+message from machine a to machine b is therefore limited once, by a's class for b, and TCP's
+acknowledgements flow back through b's class for a. The class's leaf queue is ``netem delay
+latency`` when the kernel has ``sch_netem`` (the one-way delay), else a deep FIFO (no drops, so TCP
+does not back off): then the link's latency is the veth's own (tens of microseconds) and
+:attr:`Network.latency_shaped` is False, which :meth:`EmulatedCluster.describe` says.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass, field
+
+SUBNET = "10.77.0"
+"""Private /24 of the emulated machines; every cluster has its own namespaces, so no clash."""
+
+
+class CommandError(RuntimeError):
+    """An ``ip`` or ``tc`` command failed; the message holds the command and its stderr."""
+
+
+def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
+    """Run a command; raise :class:`CommandError` with its stderr when it fails and ``check``."""
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if check and p.returncode != 0:
+        raise CommandError(f"`{' '.join(cmd)}` failed (exit {p.returncode}): {p.stderr.strip()}")
+    return p
+
+
+@dataclass
+class Network:
+    """Namespaces and shaped links of one emulated cluster.
+
+    ``bandwidth[a][b]`` (bytes/s) and ``latency[a][b]`` (s) are the shaped links between machines
+    a != b (already scaled); the diagonal is ignored (same machine: loopback)."""
+
+    cluster_id: str
+    bandwidth: list[list[float]]
+    latency: list[list[float]]
+    namespaces: list[str] = field(default_factory=list)
+    latency_shaped: bool = False
+
+    @property
+    def num_machines(self) -> int:
+        return len(self.bandwidth)
+
+    def ns(self, k: int) -> str:
+        return f"hx{self.cluster_id}m{k}"
+
+    @property
+    def hub(self) -> str:
+        return f"hx{self.cluster_id}hub"
+
+    @staticmethod
+    def ifname(k: int) -> str:
+        """The machine's interface name inside its namespace (GLOO_SOCKET_IFNAME)."""
+        return f"emu{k}"
+
+    @staticmethod
+    def address(k: int) -> str:
+        return f"{SUBNET}.{k + 1}"
+
+    def create(self) -> None:
+        """Build everything; on failure removes what it made and re-raises."""
+        if self.num_machines > 250:
+            raise ValueError(f"{self.num_machines} machines: the emulated subnet holds at most 250")
+        try:
+            self._add_ns(self.hub)
+            sh("ip", "-n", self.hub, "link", "add", "br0", "type", "bridge")
+            sh("ip", "-n", self.hub, "link", "set", "br0", "up")
+            for k in range(self.num_machines):
+                ns = self.ns(k)
+                self._add_ns(ns)
+                sh("ip", "link", "add", self.ifname(k), "netns", ns, "type", "veth", "peer", "name", f"p{k}",
+                   "netns", self.hub)
+                sh("ip", "-n", self.hub, "link", "set", f"p{k}", "master", "br0")
+                sh("ip", "-n", self.hub, "link", "set", f"p{k}", "up")
+                sh("ip", "-n", ns, "link", "set", "lo", "up")
+                sh("ip", "-n", ns, "addr", "add", f"{self.address(k)}/24", "dev", self.ifname(k))
+                sh("ip", "-n", ns, "link", "set", self.ifname(k), "up")
+            self.latency_shaped = netem_available(self.ns(0))
+            for k in range(self.num_machines):
+                self._shape(k)
+        except BaseException:
+            self.remove()
+            raise
+
+    def _add_ns(self, name: str) -> None:
+        sh("ip", "netns", "add", name)
+        self.namespaces.append(name)
+
+    def _shape(self, k: int) -> None:
+        """Egress shaping of machine k: one htb class (+ leaf) per destination machine."""
+        ns, dev = self.ns(k), self.ifname(k)
+        sh("tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "0")
+        for j in range(self.num_machines):
+            if j == k:
+                continue
+            rate = int(self.bandwidth[k][j])
+            # burst: 2 ms of traffic, at least one 64 KiB GSO segment; deeper bursts would let a
+            # short message through faster than the link
+            burst = max(65536, int(rate * 0.002))
+            cls = f"1:{j + 10:x}"
+            sh("tc", "-n", ns, "class", "add", "dev", dev, "parent", "1:", "classid", cls, "htb",
+               "rate", f"{rate}bps", "ceil", f"{rate}bps", "burst", str(burst), "cburst", str(burst))
+            if self.latency_shaped and self.latency[k][j] > 0:
+                leaf = ["netem", "delay", f"{self.latency[k][j] * 1e6:.0f}us", "limit", "100000"]
+            else:
+                leaf = ["pfifo", "limit", "100000"]
+            sh("tc", "-n", ns, "qdisc", "add", "dev", dev, "parent", cls, "handle", f"{j + 10:x}:", *leaf)
+            sh("tc", "-n", ns, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
+               "match", "ip", "dst", f"{self.address(j)}/32", "flowid", cls)
+
+    def remove(self) -> None:
+        """Delete every namespace made (their links go with them). Idempotent; kills what still runs inside."""
+        for ns in reversed(self.namespaces):
+            pids = sh("ip", "netns", "pids", ns, check=False).stdout.split()
+            for pid in pids:
+                sh("kill", "-9", pid, check=False)
+            sh("ip", "netns", "delete", ns, check=False)
+        existing = set(list_namespaces())
+        self.namespaces = [ns for ns in self.namespaces if ns in existing]
+
+
+def list_namespaces() -> list[str]:
+    out = sh("ip", "netns", "list", check=False).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def netem_available(ns: str) -> bool:
+    """Whether the kernel has ``sch_netem`` (tried on the namespace's loopback, then removed)."""
+    ok = sh("tc", "-n", ns, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1us", check=False).returncode == 0
+    if ok:
+        sh("tc", "-n", ns, "qdisc", "del", "dev", "lo", "root", check=False)
+    return ok
