@@ -47,7 +47,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from lightning_hexiscale.config.cluster import Cluster
-from lightning_hexiscale.errors import ConfigError, InfeasiblePlan, RankFailure
+from lightning_hexiscale.errors import ConfigError, HexiScaleError, InfeasiblePlan, RankFailure
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.plan import Plan
 
@@ -62,17 +62,16 @@ ESTIMATE_TARGET = 0.15
 
 # ---- launchers: the emulated cluster, or plain local processes with the same environment -----------
 class LocalLauncher:
-    """One plain process per rank of ``cluster`` on this host, with torchrun's environment (RANK,
-    WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1, MASTER_PORT, OMP_NUM_THREADS=1) and
-    HEXISCALE_MACHINE; no quotas, no namespaces. The same ``launch`` / ``wait`` as EmulatedCluster.
-    Each rank's output goes to ``log_dir/<job>.rank<r>.log``."""
+    """One plain process per rank of ``cluster`` on this host, with the environment EmulatedCluster
+    gives (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT,
+    OMP_NUM_THREADS=1, HEXISCALE_MACHINE, HEXISCALE_DEVICE_TYPE) but no quotas, no namespaces, no
+    shaped links; the same ``launch`` / ``wait``, for tests and machines without root."""
 
-    def __init__(self, cluster: Cluster, log_dir: Path):
-        self.cluster, self.log_dir = cluster, log_dir
+    def __init__(self, cluster: Cluster):
+        self.cluster = cluster
         self._procs: list[subprocess.Popen] = []
 
     def __enter__(self) -> LocalLauncher:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -81,35 +80,34 @@ class LocalLauncher:
                 p.kill()
                 p.wait(timeout=10)
 
-    def launch(self, argv: list[str], env: dict[str, str] | None = None, master_port: int | None = None,
-               name: str = "job") -> list[subprocess.Popen]:
-        procs, port = [], str(master_port or free_port())
+    def launch(self, argv: list[str], *, env: dict[str, str] | None = None, master_port: int, stdout=None,
+               stderr=None) -> list[subprocess.Popen]:
+        procs = []
         for m in self.cluster.machines:
             for local, d in enumerate(m.devices):
                 e = {**os.environ, **(env or {}), "RANK": str(d), "WORLD_SIZE": str(self.cluster.num_devices),
                      "LOCAL_RANK": str(local), "LOCAL_WORLD_SIZE": str(len(m.devices)), "MASTER_ADDR": "127.0.0.1",
-                     "MASTER_PORT": port, "OMP_NUM_THREADS": "1",
-                     "HEXISCALE_MACHINE": m.name}
-                log = open(self.log_dir / f"{name}.rank{d}.log", "w")
-                procs.append(subprocess.Popen(argv, env=e, stdout=log, stderr=subprocess.STDOUT, cwd=REPO))
-                log.close()
+                     "MASTER_PORT": str(master_port), "OMP_NUM_THREADS": "1", "HEXISCALE_MACHINE": m.name,
+                     "HEXISCALE_DEVICE_TYPE": m.gpu_type}
+                procs.append(subprocess.Popen(argv, env=e, stdout=stdout, stderr=stderr, cwd=REPO))
         self._procs += procs
         return procs
 
-    def wait(self, procs: list[subprocess.Popen], timeout: float) -> None:
+    def wait(self, procs: list[subprocess.Popen], timeout: float) -> list[int]:
+        """Exit codes (all 0); the first failure or the deadline kills the others and raises."""
         deadline = time.monotonic() + timeout
         while any(p.poll() is None for p in procs):
             if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p in procs):
                 break
-            time.sleep(0.1)
-        time.sleep(0.5)  # a failing rank's peers fail a moment later: let their codes settle
+            time.sleep(0.05)
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait(timeout=10)
         codes = [p.returncode for p in procs]
         if any(c != 0 for c in codes):
-            raise RankFailure(f"ranks exited with codes {codes} (timeout {timeout:.0f} s); logs in {self.log_dir}")
+            raise RankFailure(f"ranks exited with codes {codes} (deadline {timeout:.0f} s)")
+        return codes
 
 
 def free_port() -> int:
@@ -118,23 +116,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def make_launcher(args, cluster: Cluster, out: Path):
+def make_launcher(args, cluster: Cluster):
     if args.launcher == "local":
-        return LocalLauncher(cluster, out / "logs")
-    try:
-        from lightning_hexiscale.emulate import EmulatedCluster
-    except ImportError as e:
-        raise ConfigError("--launcher", "emulate", f"the emulated cluster is not available here ({e})",
-                          "use --launcher local (no quotas or shaped links)") from None
-    return EmulatedCluster(args.cluster, cores=args.cores, bw_scale=args.bw_scale)
+        return LocalLauncher(cluster)
+    from lightning_hexiscale.emulate import EmulatedCluster
+
+    return EmulatedCluster(cluster, cores=args.cores, bw_scale=args.bw_scale)
 
 
-def run_job(launcher, argv: list[str], name: str, timeout: float) -> None:
-    """Start one process per rank running ``argv`` and wait for all of them (raises on a failed rank)."""
-    print(f"[{time.strftime('%H:%M:%S')}] {name}: starting the ranks", flush=True)
-    kw = {"name": name} if isinstance(launcher, LocalLauncher) else {}
-    procs = launcher.launch(argv, env={"PYTHONPATH": _pythonpath()}, master_port=free_port(), **kw)
-    launcher.wait(procs, timeout)
+def run_job(launcher, argv: list[str], name: str, timeout: float, log_dir: Path) -> None:
+    """Start one process per rank running ``argv`` and wait for all of them. The ranks' output goes
+    to ``log_dir/NAME.log``; a failed rank raises, with the end of that log in the message."""
+    print(f"[{time.strftime('%H:%M:%S')}] {name}: starting the ranks (output in {log_dir / (name + '.log')})", flush=True)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with open(log_dir / f"{name}.log", "w") as log:
+        procs = launcher.launch(argv, env={"PYTHONPATH": _pythonpath()}, master_port=free_port(), stdout=log,
+                                stderr=subprocess.STDOUT)
+        try:
+            launcher.wait(procs, timeout)
+        except Exception as e:
+            tail = "\n".join((log_dir / f"{name}.log").read_text(errors="replace").splitlines()[-30:])
+            raise RankFailure(f"{name}: {e}\n--- last lines of {log_dir / (name + '.log')} ---\n{tail}") from None
 
 
 def _pythonpath() -> str:
@@ -147,7 +149,7 @@ def run_worker_job(launcher, job: dict, path: Path, timeout: float) -> dict:
     result = path.with_suffix(".result.json")
     result.unlink(missing_ok=True)
     path.write_text(json.dumps({**job, "result": str(result), "timeout_s": timeout}))
-    run_job(launcher, [sys.executable, str(HERE), "--worker", str(path)], path.stem, timeout)
+    run_job(launcher, [sys.executable, str(HERE), "--worker", str(path)], path.stem, timeout, path.parent.parent / "logs")
     return json.loads(result.read_text())
 
 
@@ -191,7 +193,7 @@ def profiled_cluster(launcher, cluster: Cluster, config: LlamaConfig, args, out:
     path = out / "profiled.yaml"
     run_job(launcher, [sys.executable, "-m", "lightning_hexiscale.cli", "profile", "--out", str(path),
                        "--link-stat", "min", "--reps", str(args.profile_reps), "--matmul-time", str(args.matmul_time),
-                       "--timeout", str(args.timeout)], "profile", args.timeout)
+                       "--timeout", str(args.timeout)], "profile", args.timeout, out / "logs")
     raw = Cluster.load(str(path))
     if raw.num_devices != cluster.num_devices:
         raise RankFailure(f"the profile found {raw.num_devices} ranks, the cluster has {cluster.num_devices}")
@@ -367,6 +369,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
         return worker(args.worker)
+    try:
+        return bench(args)
+    except HexiScaleError as e:  # bad input, no emulation support, a failed rank: the message says what and why
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def bench(args) -> int:
     cluster = Cluster.load(args.cluster)
     config = model_config(args)
     out = Path(args.out).resolve()
@@ -377,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
           f"L={config.num_layers}, S={config.seq_len}), global batch {args.global_batch}, micro-batch {args.micro_batch}",
           flush=True)
     t_start = time.monotonic()
-    with make_launcher(args, cluster, out) as launcher:
+    with make_launcher(args, cluster) as launcher:
         if args.profile:
             cost, cost_path = profiled_cluster(launcher, cluster, config, args, out)
         else:
