@@ -20,6 +20,12 @@ CFS_PERIOD_US = 10_000
 """CPU bandwidth period in microseconds (see the module docstring)."""
 MIN_QUOTA_US = 1_000
 """The kernel's smallest accepted quota (1 ms)."""
+CPU_SHARES_V1 = 262_144
+CPU_WEIGHT_V2 = 10_000
+"""The largest CFS weight (v1 ``cpu.shares``, v2 ``cpu.weight``) for the cluster's parent group: on a
+shared machine the ranks then get their quotas first (a quota is only a ceiling; without the
+weight, other busy processes would push every rank below it, the fast ones most, and the emulated
+ratio would drift toward 1). The quotas still cap what the cluster takes, ``cores`` in all."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +97,11 @@ class RankCgroups:
         try:
             for c in (self.controllers if self.layout.version == 1 else ["cpu"]):
                 self._mkdir(self.group_dir(c))
+                if c == "cpu":
+                    if self.layout.version == 1:
+                        _write(self.group_dir(c) / "cpu.shares", CPU_SHARES_V1)
+                    elif (self.group_dir(c) / "cpu.weight").exists():
+                        _write(self.group_dir(c) / "cpu.weight", CPU_WEIGHT_V2)
                 if self.layout.version == 2:
                     # v2: a group's children get a controller only when the group enables it
                     _enable_v2(self.group_dir(c).parent, self.controllers)

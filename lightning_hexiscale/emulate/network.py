@@ -109,9 +109,10 @@ class Network:
             if j == k:
                 continue
             rate = int(self.bandwidth[k][j])
-            # burst: 2 ms of traffic, at least one 64 KiB GSO segment; deeper bursts would let a
-            # short message through faster than the link
-            burst = max(65536, int(rate * 0.002))
+            # burst: 1 ms of traffic (at least one MTU): a deeper bucket lets the first bytes of
+            # every message through faster than the link. htb sends a packet while its tokens are
+            # >= 0 and charges it afterwards, so 64 KiB GSO packets pass a smaller bucket too.
+            burst = max(1600, int(rate * 0.001))
             cls = f"1:{j + 10:x}"
             sh("tc", "-n", ns, "class", "add", "dev", dev, "parent", "1:", "classid", cls, "htb",
                "rate", f"{rate}bps", "ceil", f"{rate}bps", "burst", str(burst), "cburst", str(burst))

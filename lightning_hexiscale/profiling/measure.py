@@ -31,10 +31,20 @@ def current_device() -> torch.device:
 
 
 def device_type_name(device: torch.device) -> str:
-    """``CPU``, or the CUDA device name with non-alphanumerics replaced: ``NVIDIA-H100-80GB-HBM3``."""
+    """``CPU``, or the CUDA device name with non-alphanumerics replaced: ``NVIDIA-H100-80GB-HBM3``.
+
+    On CPU inside ``hexiscale emulate``, the emulated type (``HEXISCALE_DEVICE_TYPE``, e.g.
+    ``EMU-SLOW``): ranks with different CPU quotas are different devices, and the profile's
+    per-type FLOP/s must not be a median over both."""
     if device.type == "cuda":
         return re.sub(r"[^A-Za-z0-9]+", "-", torch.cuda.get_device_name(device)).strip("-")
-    return "CPU"
+    return os.environ.get("HEXISCALE_DEVICE_TYPE") or "CPU"
+
+
+def machine_name() -> str:
+    """The machine this rank is on: its host name, or under ``hexiscale emulate`` (every rank on one
+    host, each machine a network namespace) the emulated machine's name, ``HEXISCALE_MACHINE``."""
+    return os.environ.get("HEXISCALE_MACHINE") or socket.gethostname()
 
 
 def _sync(device: torch.device) -> None:
@@ -79,11 +89,38 @@ def measure_matmul_flops(device: torch.device, n: int | None = None, min_time_s:
 
 def device_memory_bytes(device: torch.device, ranks_on_host: int) -> float:
     """Memory one rank may use, in bytes: the CUDA device's total memory, or on CPU the host's
-    physical RAM divided by the ranks that share the host."""
+    physical RAM divided by the ranks that share the host, or the rank's own cgroup memory limit
+    when it is lower (``hexiscale emulate --memory`` sets one per rank)."""
     if device.type == "cuda":
         return float(torch.cuda.get_device_properties(device).total_memory)
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return float(total) / max(ranks_on_host, 1)
+    share = float(total) / max(ranks_on_host, 1)
+    limit = cgroup_memory_limit()
+    return min(share, limit) if limit else share
+
+
+def cgroup_memory_limit() -> float | None:
+    """This process's cgroup memory limit in bytes (v1 ``memory.limit_in_bytes`` or v2
+    ``memory.max``), or None when it has none (v1 reports "none" as a number near 2^63)."""
+    try:
+        lines = open("/proc/self/cgroup").read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, ctrls, path = line.split(":", 2)
+        if "memory" in ctrls.split(","):
+            f = f"/sys/fs/cgroup/memory{path}/memory.limit_in_bytes"
+        elif ctrls == "":
+            f = f"/sys/fs/cgroup{path}/memory.max"
+        else:
+            continue
+        try:
+            text = open(f).read().strip()
+        except OSError:
+            continue
+        if text != "max" and int(text) < 2**60:
+            return float(text)
+    return None
 
 
 def _is_hopper(device: torch.device) -> bool:
@@ -145,7 +182,7 @@ def profile_process_group(sizes: Sequence[int] | None = None, reps: int = 5, max
     say = (log or (lambda msg: None)) if rank == 0 else (lambda msg: None)
 
     hosts: list[str] = [""] * world
-    dist.all_gather_object(hosts, socket.gethostname())
+    dist.all_gather_object(hosts, machine_name())
     on_host = hosts.count(hosts[rank])
     say(f"profiling {world} ranks on {len(set(hosts))} host(s), backend {dist.get_backend()}")
 
