@@ -260,6 +260,9 @@ class EmulatedCluster:
             lines.append(f"{r.rank:>4}  {r.machine_name:<12} {r.gpu_type:<10} {r.cores:>6.3f}  {mem:>10}  {links}")
         lines.append(f"total {sum(r.cores for r in ranks):.3f} cores; one compute thread per rank; "
                      "same-machine ranks share the namespace's loopback (unshaped)")
+        if self.network is not None:
+            lines.append(f"emulated cluster {self.id}: cgroups {self.cgroups.name}, network namespaces "
+                         f"{', '.join(self.network.namespaces)}")
         if self.network is not None and not self.network.latency_shaped:
             lines.append("latency: NOT emulated (this kernel has no sch_netem); links keep the veth's own latency "
                          "(tens of microseconds); bandwidth is shaped")

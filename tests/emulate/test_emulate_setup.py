@@ -1,0 +1,116 @@
+"""Set-up and tear-down of a real emulated cluster (cgroups, namespaces, shaped links): they exist
+while it runs and are gone after it, also after an exception, Ctrl-C, a crashed rank and SIGTERM
+of `hexiscale emulate`. Skipped without root / cgroups / `ip netns` (the reason says what is missing)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lightning_hexiscale.emulate import EmulatedCluster, EmulationError, missing_support
+from lightning_hexiscale.emulate.cgroups import CFS_PERIOD_US
+
+REPO = Path(__file__).resolve().parents[2]
+MISSING = missing_support() if sys.platform.startswith("linux") else ["Linux"]
+pytestmark = [pytest.mark.skipif(bool(MISSING), reason=f"emulated cluster unsupported here: {'; '.join(MISSING)}"),
+              pytest.mark.timeout(120)]
+
+
+def namespaces() -> set[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
+def assert_gone(emu: EmulatedCluster, cg_dirs: list[Path]) -> None:
+    assert not any(ns.startswith(f"hx{emu.id}") for ns in namespaces())
+    assert not any(d.exists() for d in cg_dirs)
+
+
+def test_exists_during_and_gone_after():
+    with EmulatedCluster("emu_4to1", cores=1.0) as emu:
+        ns = {n for n in namespaces() if n.startswith(f"hx{emu.id}")}
+        assert ns == {f"hx{emu.id}m0", f"hx{emu.id}m1", f"hx{emu.id}hub"}
+        cpu = emu.cgroups.group_dir("cpu")
+        dirs = [cpu] + [cpu / f"rank{r}" for r in range(4)]
+        quotas = [int((cpu / f"rank{r}" / "cpu.cfs_quota_us").read_text()) if emu.cgroups.layout.version == 1
+                  else int((cpu / f"rank{r}" / "cpu.max").read_text().split()[0]) for r in range(4)]
+        assert quotas == [0.4 * CFS_PERIOD_US, 0.4 * CFS_PERIOD_US, 0.1 * CFS_PERIOD_US, 0.1 * CFS_PERIOD_US]
+        assert sum(r.cores for r in emu.ranks) == pytest.approx(1.0)
+        qd = subprocess.run(["tc", "-n", f"hx{emu.id}m0", "class", "show", "dev", "emu0"], capture_output=True,
+                            text=True).stdout
+        assert "htb" in qd and "320Mbit" in qd  # 40 MB/s = 320 Mbit/s towards the other machine
+        assert f"emulated cluster {emu.id}" in emu.describe()
+    assert_gone(emu, dirs)
+
+
+def test_ranks_environment_namespace_and_cgroup():
+    with EmulatedCluster("emu_4to1", cores=1.0) as emu:
+        script = ('echo "$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT $GLOO_SOCKET_IFNAME '
+                  '$HEXISCALE_MACHINE $OMP_NUM_THREADS"; grep -E ":cpu[,:]" /proc/self/cgroup; ip -o -4 addr show')
+        procs = emu.launch(["sh", "-c", script], master_port=29123, stdout=subprocess.PIPE)
+        outs = [p.communicate(timeout=30)[0].decode() for p in procs]
+        assert emu.wait(procs, 30) == [0, 0, 0, 0]
+    for r, out in enumerate(outs):
+        machine = 0 if r < 2 else 1
+        first = out.splitlines()[0].split()
+        assert first == [str(r), "4", str(r % 2), "2", "10.77.0.1", "29123", f"emu{machine}",
+                         ["fast", "slow"][machine], "1"]
+        assert f"{emu.cgroups.name}/rank{r}" in out
+        assert f"10.77.0.{machine + 1}/24" in out and "10.77.0.%d/24" % (2 - machine) not in out
+
+
+def test_gone_after_exception_and_ctrl_c():
+    for exc in (RuntimeError("boom"), KeyboardInterrupt()):
+        with pytest.raises(type(exc)):
+            with EmulatedCluster("emu_4to1", cores=1.0) as emu:
+                dirs = [emu.cgroups.group_dir("cpu")]
+                emu.launch(["sleep", "30"], master_port=29124)
+                raise exc
+        assert_gone(emu, dirs)
+
+
+def test_rank_crash_stops_the_others_and_names_the_rank():
+    with pytest.raises(EmulationError, match=r"rank 2 \(machine slow, EMU-SLOW\) exited with code 3"):
+        with EmulatedCluster("emu_4to1", cores=1.0) as emu:
+            dirs = [emu.cgroups.group_dir("cpu")]
+            procs = emu.launch(["sh", "-c", 'if [ "$RANK" = 2 ]; then exit 3; fi; sleep 30'], master_port=29125)
+            t0 = time.monotonic()
+            try:
+                emu.wait(procs, timeout=60)
+            finally:
+                assert time.monotonic() - t0 < 15  # not the 30 s of the survivors' sleep
+                assert all(p.poll() is not None for p in procs)
+    assert_gone(emu, dirs)
+
+
+def test_timeout_names_the_hanging_ranks():
+    with EmulatedCluster("emu_4to1", cores=1.0) as emu:
+        procs = emu.launch(["sh", "-c", 'if [ "$RANK" = 1 ]; then sleep 30; fi'], master_port=29126)
+        with pytest.raises(EmulationError, match=r"ranks \[1\] still running after 2 s"):
+            emu.wait(procs, timeout=2)
+
+
+def test_cli_sigterm_cleans_up():
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    p = subprocess.Popen([sys.executable, "-m", "lightning_hexiscale.cli", "emulate", "emu_4to1", "--cores", "1", "--",
+                          "sleep", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    ident = None
+    for line in p.stdout:
+        m = re.search(r"emulated cluster (\w+):", line)
+        if m:
+            ident = m.group(1)
+            break
+    assert ident, p.stderr.read() if p.poll() is not None else "no id printed"
+    assert any(ns.startswith(f"hx{ident}") for ns in namespaces())
+    time.sleep(0.5)
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=30) != 0
+    assert not any(ns.startswith(f"hx{ident}") for ns in namespaces())
+    assert not any(d.name.endswith(ident) for d in Path("/sys/fs/cgroup/cpu").glob("**/hexiscale-emu-*"))

@@ -1,0 +1,107 @@
+"""The emulated cluster's arithmetic and its refusal without privileges; no root needed (faked)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lightning_hexiscale.emulate import EmulatedCluster, EmulationError, check_support, cpu_quotas, memory_limits
+from lightning_hexiscale.emulate import support
+from lightning_hexiscale.emulate.cgroups import CFS_PERIOD_US, CgroupLayout, RankCgroups
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_quotas_proportional_and_sum_to_cores():
+    q = cpu_quotas([4.0, 4.0, 1.0, 1.0], cores=1.0)
+    assert sum(q) == pytest.approx(1.0)
+    assert q == pytest.approx([0.4, 0.4, 0.1, 0.1])
+
+
+def test_quotas_capped_at_one_core_keep_ratios():
+    q = cpu_quotas([4.0, 1.0], cores=2.0)  # 1.6 + 0.4 would put the fast rank above its one thread
+    assert q == pytest.approx([1.0, 0.25])
+    assert sum(q) < 2.0
+
+
+def test_quotas_reject_nonpositive_cores():
+    with pytest.raises(ValueError, match="cores"):
+        cpu_quotas([1.0], cores=0)
+
+
+def test_memory_limits_proportional():
+    m = memory_limits([2.0, 1.0, 1.0], total=8.0)
+    assert m == pytest.approx([4.0, 2.0, 2.0]) and sum(m) == pytest.approx(8.0)
+
+
+def test_quotas_from_cluster_yaml():
+    emu = EmulatedCluster("emu_4to1", cores=2.0)
+    table = emu.describe()  # before entering: the planned ranks
+    assert "EMU-FAST" in table and "0.800" in table and "0.200" in table and "40 MB/s" in table
+
+
+def _fake_no_privileges(monkeypatch):
+    monkeypatch.setattr(support.os, "geteuid", lambda: 1000)
+    real_which = shutil.which
+    monkeypatch.setattr(support.shutil, "which", lambda t: None if t == "tc" else real_which(t))
+
+
+def test_check_support_names_everything_missing(monkeypatch, tmp_path):
+    _fake_no_privileges(monkeypatch)
+    with pytest.raises(EmulationError) as e:
+        check_support(cgroup_root=tmp_path)  # an empty directory: no cgroup controller
+    msg = str(e.value)
+    assert "root privileges" in msg and "cgroup CPU controller" in msg and "`tc`" in msg and "Fix:" in msg
+    assert "`ip`" not in msg  # present pieces are not reported
+
+
+def test_check_support_memory_controller(monkeypatch, tmp_path):
+    monkeypatch.setattr(support.os, "geteuid", lambda: 0)
+    (tmp_path / "cgroup.controllers").write_text("cpu io\n")  # a v2 tree without memory
+    with pytest.raises(EmulationError, match="memory controller"):
+        check_support(memory=True, cgroup_root=tmp_path)
+
+
+def test_enter_without_support_creates_nothing(monkeypatch, tmp_path):
+    _fake_no_privileges(monkeypatch)
+    before = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout if shutil.which("ip") else ""
+    emu = EmulatedCluster("emu_4to1", cores=1.0, cgroup_root=tmp_path)
+    with pytest.raises(EmulationError, match="missing: root privileges"):
+        with emu:
+            pass
+    assert emu.network is None and emu.cgroups is None and not list(tmp_path.iterdir())
+    after = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout if shutil.which("ip") else ""
+    assert not any(f"hx{emu.id}" in line for line in after.splitlines()) and before is not None
+
+
+def test_cgroup_v2_files(tmp_path, monkeypatch):
+    """The v2 layout writes ``cpu.max`` = "quota period" and ``memory.max`` (on a fake tree)."""
+    (tmp_path / "cgroup.controllers").write_text("cpu memory\n")
+    (tmp_path / "cgroup.subtree_control").write_text("")
+    layout = CgroupLayout.detect(tmp_path)
+    assert layout is not None and layout.version == 2
+    monkeypatch.setattr(CgroupLayout, "own_path", lambda self, c: "/")
+    cg = RankCgroups(layout, "emu-test", [0.4, 0.1], [2e9, 1e9])
+    cg.create()
+    assert (tmp_path / "emu-test" / "rank0" / "cpu.max").read_text() == f"{int(0.4 * CFS_PERIOD_US)} {CFS_PERIOD_US}"
+    assert (tmp_path / "emu-test" / "rank1" / "cpu.max").read_text() == f"{int(0.1 * CFS_PERIOD_US)} {CFS_PERIOD_US}"
+    assert (tmp_path / "emu-test" / "rank1" / "memory.max").read_text() == str(int(1e9))
+    assert (tmp_path / "cgroup.subtree_control").read_text() == "+cpu +memory"  # children get the controllers
+    assert cg.rank_dirs(1) == [tmp_path / "emu-test" / "rank1"]
+
+
+def test_cli_help_and_errors():
+    run = lambda *a: subprocess.run([sys.executable, "-m", "lightning_hexiscale.cli", *a], capture_output=True,
+                                    text=True, timeout=60, cwd=REPO)
+    h = run("emulate", "--help")
+    assert h.returncode == 0 and "--bw-scale" in h.stdout and "-- COMMAND" in h.stdout
+    d = run("emulate", "emu_4to1", "--describe", "--cores", "1")
+    assert d.returncode == 0 and "0.400" in d.stdout and "0.100" in d.stdout
+    bad = run("emulate", "emu_4to1", "--bw-scale", "0")
+    assert bad.returncode == 2 and "must be > 0" in bad.stderr
+    nocmd = run("emulate", "emu_4to1", "--cores", "1")
+    assert nocmd.returncode == 2 and ("no command given" in nocmd.stderr or "missing:" in nocmd.stderr)
