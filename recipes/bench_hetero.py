@@ -354,7 +354,8 @@ def parse_args(argv: list[str] | None):
     ap.add_argument("--seq", type=int, default=128, help="sequence length [128]")
     ap.add_argument("--global-batch", type=int, default=24, help="sequences per step, every plan [24]")
     ap.add_argument("--micro-batch", type=int, default=2, help="sequences per micro-batch, every plan [2]")
-    ap.add_argument("--cal-micro-batches", type=int, default=3, help="micro-batches per rank when calibrating [3]")
+    ap.add_argument("--cal-micro-batches", type=int, default=2,
+                    help="micro-batches per rank when calibrating [2] (dp-equal has global batch / ranks / micro-batch = 3)")
     ap.add_argument("--steps", type=int, default=4, help="timed steps per plan and round [4]")
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps per plan and round [1]")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds [3]")
