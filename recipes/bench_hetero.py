@@ -13,7 +13,10 @@ same cluster, model and global batch:
 3. from the profiled cluster file the plans are made: the §4 search's (``search``), the best
    symmetric plan (``megatron``: Megatron's (dp, tp, pp) space ranked by the profiled cluster),
    ``galvatron`` (same space, free layer split), ``metis`` and plain data parallelism with equal
-   batches (``dp-equal``); all with the same micro-batch size and no recomputation;
+   batches (``dp-equal``); all with the same micro-batch size, no recomputation and DDP
+   (``--dp-sharding``: the calibration fits theta_ddp but leaves the ZeRO thetas at 1, and the
+   runtime waits for ZeRO-3's per-use gathers where Appendix B overlaps them with compute, so a
+   ZeRO-3 plan's estimate would say nothing about the planner);
 4. all plans train in one launch of the ranks, interleaved (``--rounds`` rounds; round k runs every
    plan once, in an order rotated by k: :mod:`lightning_hexiscale.profiling.rounds`), ``--warmup``
    untimed and ``--steps`` timed steps per plan and round. A step: barrier, train_step, SGD step;
@@ -43,7 +46,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from lightning_hexiscale.config.cluster import Cluster
@@ -229,7 +232,7 @@ def make_plans(cluster: Cluster, config: LlamaConfig, args) -> dict[str, tuple[P
 
     work = cpu_workload(config)
     s = SearchSettings(iterations=args.iterations, seed=0, recompute=False, micro_batch_size=args.micro_batch,
-                       dp_sharding=args.dp_sharding)
+                       dp_sharding=None if args.dp_sharding == "own" else args.dp_sharding)
     G = args.global_batch
     out: dict[str, tuple[Plan | None, str]] = {}
     for name in args.plans:
@@ -247,7 +250,9 @@ def make_plans(cluster: Cluster, config: LlamaConfig, args) -> dict[str, tuple[P
             b = baselines.metis(cluster, work, G, s)
             out[name] = (b.plan, b.note)
         else:
-            out[name] = (equal_dp_plan(cluster, config, G, args.micro_batch), "equal batches, ddp")
+            sharding = "ddp" if args.dp_sharding == "own" else args.dp_sharding
+            out[name] = (replace(equal_dp_plan(cluster, config, G, args.micro_batch), dp_sharding=sharding),
+                         f"equal batches, {sharding}")
     return out
 
 
@@ -344,8 +349,10 @@ def parse_args(argv: list[str] | None):
     ap.add_argument("--faithful-baselines", action="store_true",
                     help="megatron/galvatron rank their candidates on a homogeneous belief of the cluster, as the "
                          "real systems do (default: on the profiled cluster, i.e. the best plan of their space)")
-    ap.add_argument("--dp-sharding", choices=("ddp", "zero2", "zero3"), default=None,
-                    help="bind every planner to one sharding (default: each system's own, the search tries all)")
+    ap.add_argument("--dp-sharding", choices=("ddp", "zero2", "zero3", "own"), default="ddp",
+                    help="data-parallel sharding of every plan [ddp]; own: each system's own (Appendix G: Megatron "
+                         "and Metis ddp, Galvatron zero3), the search tries all three. The ZeRO thetas are not "
+                         "calibrated (see the README)")
     ap.add_argument("--iterations", type=int, default=50, help="search iterations [50]")
     ap.add_argument("--hidden", type=int, default=192, help="model width H [192]")
     ap.add_argument("--layers", type=int, default=8, help="transformer layers [8]")
@@ -409,16 +416,21 @@ def bench(args) -> int:
         estimates = {n: estimate(p, cost, cpu_workload(config)).iteration_time_s for n, p in plans.items()}
         job = {"kind": "rounds", "model": config.to_dict(), "plans": {n: p.to_dict() for n, p in plans.items()},
                "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds}
-        per_rank = run_worker_job(launcher, job, out / "jobs" / "rounds.json", args.timeout)
+        from lightning_hexiscale.profiling.launch import HostLoad
+
+        with HostLoad() as load:  # CPU time other jobs took while the plans ran (noise, for the record)
+            per_rank = run_worker_job(launcher, job, out / "jobs" / "rounds.json", args.timeout)
     from lightning_hexiscale.profiling.rounds import slowest_rank
 
     measured = {n: t.to_dict() for n, t in slowest_rank(per_rank).items()}
     result = compare(estimates, measured)
     print()
     print(report(result, notes))
+    print(f"other processes took {load.others_fraction * 100:.0f} % of this host's CPU time while the plans ran")
     doc = {"args": {k: v for k, v in vars(args).items() if k != "worker"}, "model": config.to_dict(),
            "cluster": args.cluster, "cost_cluster": str(cost_path), "per_rank_steps_s": per_rank,
            "plans": {n: p.to_dict() for n, p in plans.items()}, "notes": notes, "wall_s": time.monotonic() - t_start,
+           "others_cpu_fraction": load.others_fraction,
            **result}
     (out / "results.json").write_text(json.dumps(doc, indent=2))
     print(f"wrote {out / 'results.json'} ({time.monotonic() - t_start:.0f} s)")
