@@ -72,9 +72,20 @@ def test_compare_ratios_speedups_and_ranking():
     assert "PASS  speedup_over_megatron: 2.000" in text and "FAIL" not in text
     # the checks can fail: a swapped measurement, a slow search plan, an estimate 20 % off
     bad = bench.compare({**est, "megatron": 3.0}, _measured({"search": 1.5, "megatron": 2.0, "dp-equal": 2.5}))
-    assert bad["discordant_pairs"] == [("megatron", "dp-equal")]
+    assert bad["discordant_pairs"] == [("megatron", "dp-equal")] and bad["unsettled_pairs"] == []
     assert not any(t["pass"] for t in bad["targets"].values())
     assert "FAIL  same_ranking" in bench.report(bad, {})
+
+
+def test_disagreements_the_rounds_do_not_settle_are_named():
+    bench = load_recipe()
+    meas = {"a": PlanTimes([[1.0], [1.1]]).to_dict(), "b": PlanTimes([[1.2], [1.05]]).to_dict(),
+            "c": PlanTimes([[2.0], [2.0]]).to_dict()}
+    res = bench.compare({"a": 1.0, "b": 0.9, "c": 1.5}, meas)  # b estimated faster; round 0 says a, round 1 b
+    assert res["discordant_pairs"] == [("a", "b")] and res["unsettled_pairs"] == [("a", "b")]
+    assert "differently from round to round" in bench.report(res, {})
+    res = bench.compare({"a": 1.0, "b": 0.9, "c": 0.8}, meas)  # c estimated fastest, measured slowest in every round
+    assert ("a", "c") in res["discordant_pairs"] and ("a", "c") not in res["unsettled_pairs"]
 
 
 def test_equal_estimates_are_ties_not_disagreements():
