@@ -194,9 +194,12 @@ def profiled_cluster(launcher, cluster: Cluster, config: LlamaConfig, args, out:
     from lightning_hexiscale.profiling.writer import update_calibration
 
     path = out / "profiled.yaml"
-    run_job(launcher, [sys.executable, "-m", "lightning_hexiscale.cli", "profile", "--out", str(path),
-                       "--link-stat", "min", "--reps", str(args.profile_reps), "--matmul-time", str(args.matmul_time),
-                       "--timeout", str(args.timeout)], "profile", args.timeout, out / "logs")
+    # min per message size: a rank throttled by its quota wakes up late, the fastest ping-pong is the link's
+    argv = [sys.executable, "-m", "lightning_hexiscale.cli", "profile", "--out", str(path), "--link-stat", "min",
+            "--reps", str(args.profile_reps), "--timeout", str(args.timeout)]
+    if args.matmul_time is not None:  # else the profile's own default (longer inside the emulator)
+        argv += ["--matmul-time", str(args.matmul_time)]
+    run_job(launcher, argv, "profile", args.timeout, out / "logs")
     raw = Cluster.load(str(path))
     if raw.num_devices != cluster.num_devices:
         raise RankFailure(f"the profile found {raw.num_devices} ranks, the cluster has {cluster.num_devices}")
@@ -374,7 +377,8 @@ def parse_args(argv: list[str] | None):
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps per plan and round [1]")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds [3]")
     ap.add_argument("--profile-reps", type=int, default=10, help="ping-pongs per size when profiling [10]")
-    ap.add_argument("--matmul-time", type=float, default=1.0, help="seconds of matmuls per rank when profiling [1]")
+    ap.add_argument("--matmul-time", type=float, default=None,
+                    help="seconds of matmuls per rank when profiling (default: the profile's own)")
     ap.add_argument("--timeout", type=float, default=1800.0, help="deadline per launch in seconds [1800]")
     ap.add_argument("--out", default="outputs/bench_hetero", help="output folder [outputs/bench_hetero]")
     return ap.parse_args(argv)
