@@ -1,0 +1,56 @@
+"""`hexiscale profile` inside `hexiscale emulate` recovers the emulated cluster's shape: the measured
+FLOP/s ratio of a rank with 4x the CPU quota of another, and the shaped link's bandwidth, within
+20 %. Skipped without root / cgroups / `ip netns` (the reason says what is missing)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lightning_hexiscale.emulate import missing_support
+
+REPO = Path(__file__).resolve().parents[2]
+MISSING = missing_support() if sys.platform.startswith("linux") else ["Linux"]
+
+CLUSTER = """
+defaults:
+  - base_cluster
+  - _self_
+name: emu_two
+gpu_types:
+  EMU-FAST: {flops: "40 GFLOPS", memory: "2 GiB"}
+  EMU-SLOW: {flops: "10 GFLOPS", memory: "1 GiB"}
+machines:
+  - {name: fast, gpu: EMU-FAST, count: 1, intra_bandwidth: "2 GB/s"}
+  - {name: slow, gpu: EMU-SLOW, count: 1, intra_bandwidth: "2 GB/s"}
+inter_machine: {bandwidth: "30 MB/s", latency: "1ms"}
+"""
+
+
+@pytest.mark.skipif(bool(MISSING), reason=f"emulated cluster unsupported here: {'; '.join(MISSING)}")
+@pytest.mark.timeout(150)
+def test_profile_recovers_emulated_flops_ratio_and_bandwidth(tmp_path):
+    (tmp_path / "two.yaml").write_text(CLUSTER)
+    out = tmp_path / "profiled.yaml"
+    # quotas 0.8 and 0.2 core; 256^3 matmuls (a few ms each, many per 10 ms CFS period); messages of
+    # 256 KiB and more, so that the link's rate, not a rank's wake-up, decides the slope
+    cmd = [sys.executable, "-m", "lightning_hexiscale.cli", "emulate", str(tmp_path / "two.yaml"), "--cores", "1",
+           "--timeout", "120", "--", sys.executable, "-m", "lightning_hexiscale.cli", "profile", "--out", str(out),
+           "--matmul-size", "256", "--matmul-time", "2", "--sizes", "256KiB,1MiB,2MiB,4MiB", "--reps", "3",
+           "--timeout", "110"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=140, cwd=REPO,
+                       env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    m = yaml.safe_load(out.with_suffix(".matrix.yaml").read_text())
+    assert m["hostnames"] == ["fast", "slow"] and m["device_types"] == ["EMU-FAST", "EMU-SLOW"]
+    fast, slow = m["flops_per_rank"]
+    assert fast / slow == pytest.approx(4.0, rel=0.2), m["flops_per_rank"]
+    assert m["bandwidth_Bps"][0][1] == pytest.approx(30e6, rel=0.2), m["bandwidth_Bps"]
+    # the written cluster file carries the two measured types, so a planner sees the 4:1 cluster
+    doc = yaml.safe_load(out.read_text())
+    assert set(doc["gpu_types"]) == {"EMU-FAST", "EMU-SLOW"}
