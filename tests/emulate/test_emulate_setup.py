@@ -114,3 +114,21 @@ def test_cli_sigterm_cleans_up():
     assert p.wait(timeout=30) != 0
     assert not any(ns.startswith(f"hx{ident}") for ns in namespaces())
     assert not any(d.name.endswith(ident) for d in Path("/sys/fs/cgroup/cpu").glob("**/hexiscale-emu-*"))
+
+
+def test_memory_limits_apply():
+    """--memory: limits proportional to device memory (2 GiB fast : 1 GiB slow); a slow rank that
+    allocates more than its limit is killed and named, the fast ranks' larger limit holds it."""
+    total = 240 * 2**20  # fast ranks 80 MiB each, slow ranks 40 MiB each
+    alloc = "import sys, os; b = bytearray(60 << 20); b[::4096] = b'x' * len(b[::4096]); print('ok', flush=True)"
+    with EmulatedCluster("emu_4to1", cores=1.0, memory=True, memory_total=total) as emu:
+        limits = [r.memory_bytes for r in emu.ranks]
+        assert limits == pytest.approx([80 * 2**20, 80 * 2**20, 40 * 2**20, 40 * 2**20])
+        if emu.cgroups.layout.version == 1:
+            mem = emu.cgroups.group_dir("memory")
+            assert int((mem / "rank2" / "memory.limit_in_bytes").read_text()) == 40 * 2**20
+        procs = emu.launch([sys.executable, "-S", "-c", alloc], master_port=29127, stdout=subprocess.PIPE)
+        codes = [p.wait(timeout=60) for p in procs]
+        assert codes == [0, 0, -9, -9]  # the kernel's OOM killer, inside the slow ranks' groups only
+        with pytest.raises(EmulationError, match=r"rank 2 \(machine slow, EMU-SLOW\) exited with code -9"):
+            emu.wait(procs, timeout=60)
