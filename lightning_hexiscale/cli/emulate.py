@@ -28,7 +28,8 @@ def _positive_float(text: str) -> float:
 
 
 def _emulate_args(p: argparse.ArgumentParser) -> None:
-    p.usage = "hexiscale emulate CLUSTER [--cores N] [--bw-scale F] [--memory] [--describe] -- COMMAND [ARG ...]"
+    p.usage = ("hexiscale emulate CLUSTER [--cores N] [--bw-scale F] [--memory] [--describe] -- COMMAND [ARG ...]\n"
+               "       hexiscale emulate --cleanup")
     p.description = (
         "Run COMMAND once per rank of CLUSTER (a conf/cluster preset or a YAML path) on this machine, each rank a "
         "genuinely unequal device: a cgroup CPU quota proportional to its GPU type's FLOP/s (quotas sum to --cores; "
@@ -39,13 +40,15 @@ def _emulate_args(p: argparse.ArgumentParser) -> None:
     p.epilog = ("example:\n  hexiscale emulate conf/cluster/emu_4to1.yaml --cores 1.5 -- hexiscale profile --out emu.yaml\n"
                 "environment of each rank: RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT\n"
                 "  GLOO_SOCKET_IFNAME HEXISCALE_MACHINE HEXISCALE_DEVICE_TYPE OMP_NUM_THREADS=1")
-    p.add_argument("cluster", metavar="CLUSTER", help="cluster preset name (conf/cluster/NAME.yaml) or YAML path")
+    p.add_argument("cluster", metavar="CLUSTER", nargs="?", help="cluster preset name (conf/cluster/NAME.yaml) or YAML path")
     p.add_argument("--cores", type=_positive_float, default=None, metavar="N",
                    help="CPU cores the ranks' quotas sum to (default: the cores this process may use)")
     p.add_argument("--bw-scale", type=_positive_float, default=1.0, metavar="F",
                    help="multiply every inter-machine bandwidth by F (and divide latencies by F); default 1")
     p.add_argument("--memory", action="store_true",
                    help="also limit each rank's memory, proportional to its device memory (sum: 80%% of MemAvailable)")
+    p.add_argument("--cleanup", action="store_true",
+                   help="remove what emulated clusters whose owner was killed (SIGKILL) left behind, and exit")
     p.add_argument("--describe", action="store_true", help="print the rank table and exit without running anything")
     p.add_argument("--timeout", type=_positive_float, default=3600.0, metavar="S",
                    help="stop every rank after S seconds (default 3600)")
@@ -64,6 +67,15 @@ def _free_port() -> int:
 def cmd_emulate(args: argparse.Namespace) -> int:
     from lightning_hexiscale.emulate import EmulatedCluster, EmulationError
 
+    if args.cleanup:
+        from lightning_hexiscale.emulate import remove_stale
+
+        removed = remove_stale()
+        print(f"removed {len(removed)} stale emulated cluster(s){': ' + ', '.join(removed) if removed else ''}")
+        return 0
+    if args.cluster is None:
+        raise EmulationError("no CLUSTER given. Fix: hexiscale emulate emu_4to1 -- COMMAND (a conf/cluster preset or "
+                             "a YAML path)")
     command = list(getattr(args, "command_argv", None) or [])
     if args.overrides:
         raise EmulationError(f"unexpected arguments {args.overrides} before `--`. Fix: put the command after `--`, "

@@ -6,7 +6,8 @@ torchrun-like environment. See :class:`EmulatedCluster` and ``hexiscale emulate 
 """
 
 from lightning_hexiscale.emulate.emulated import EmulatedCluster, EmulatedRank, cpu_quotas, memory_limits
+from lightning_hexiscale.emulate.registry import remove_stale
 from lightning_hexiscale.emulate.support import EmulationError, check_support, missing_support
 
 __all__ = ["EmulatedCluster", "EmulatedRank", "EmulationError", "check_support", "cpu_quotas", "memory_limits",
-           "missing_support"]
+           "missing_support", "remove_stale"]

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lightning_hexiscale.emulate.cgroups import CgroupLayout, RankCgroups, own_cpu_limit
+from lightning_hexiscale.emulate import registry
 from lightning_hexiscale.emulate.network import Network
 from lightning_hexiscale.emulate.support import EmulationError, check_support
 
@@ -138,12 +139,16 @@ class EmulatedCluster:
             self.ranks.append(EmulatedRank(d.id, d.machine, mach.name, mach.devices.index(d.id), len(mach.devices),
                                            d.gpu_type, d.flops, quotas[d.id], None if mem is None else mem[d.id],
                                            Network.address(d.machine), Network.ifname(d.machine)))
+        registry.remove_stale()  # what owners killed with SIGKILL left behind
         _LIVE.add(self)
         self._install_signal_handlers()
         try:
             self.cgroups = RankCgroups(layout, f"hexiscale-emu-{self.id}", quotas, mem)
-            self.cgroups.create()
             self.network = Network(self.id, self.link_bandwidth, self.link_latency)
+            # recorded before anything exists: a SIGKILL during the set-up leaves nothing unrecorded
+            registry.record(self.id, [self.network.hub] + [self.network.ns(k) for k in range(len(c.machines))],
+                            [self.cgroups.group_dir(ctrl) for ctrl in self.cgroups.controllers])
+            self.cgroups.create()
             self.network.create()
         except BaseException as e:
             self.close()
@@ -170,6 +175,8 @@ class EmulatedCluster:
             self.network.remove()
         if self.cgroups is not None:
             self.cgroups.remove()
+        if not (self.cgroups and self.cgroups.created) and not (self.network and self.network.namespaces):
+            registry.forget(self.id)  # kept while something could not be removed: a later run retries
         _LIVE.discard(self)
         self._restore_signal_handlers()
 

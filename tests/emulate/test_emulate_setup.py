@@ -132,3 +132,28 @@ def test_memory_limits_apply():
         assert codes == [0, 0, -9, -9]  # the kernel's OOM killer, inside the slow ranks' groups only
         with pytest.raises(EmulationError, match=r"rank 2 \(machine slow, EMU-SLOW\) exited with code -9"):
             emu.wait(procs, timeout=60)
+
+
+def test_sigkilled_owner_leftovers_removed_by_cleanup():
+    """An owner killed with SIGKILL cannot clean up; `hexiscale emulate --cleanup` (and the next
+    EmulatedCluster) removes what it left, and leaves a live cluster alone."""
+    code = ("import sys, time\nfrom lightning_hexiscale.emulate import EmulatedCluster\n"
+            "emu = EmulatedCluster('emu_4to1', cores=1.0).__enter__()\n"
+            "emu.launch(['sleep', '60'], master_port=29128)\nprint(emu.id, flush=True)\ntime.sleep(60)\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    ident = owner.stdout.readline().strip()
+    assert ident, "the owner did not start its cluster"
+    with EmulatedCluster("emu_4to1", cores=1.0) as live:
+        from lightning_hexiscale.emulate import remove_stale
+
+        assert ident not in remove_stale()  # its owner still runs
+        owner.kill()
+        owner.wait(timeout=10)
+        assert any(ns.startswith(f"hx{ident}") for ns in namespaces())  # left behind
+        cli = subprocess.run([sys.executable, "-m", "lightning_hexiscale.cli", "emulate", "--cleanup"], env=env, cwd=REPO,
+                             capture_output=True, text=True, timeout=60)
+        assert cli.returncode == 0 and ident in cli.stdout, cli.stdout + cli.stderr
+        assert not any(ns.startswith(f"hx{ident}") for ns in namespaces())
+        assert not list(Path("/sys/fs/cgroup/cpu").glob(f"**/hexiscale-emu-{ident}"))
+        assert any(ns.startswith(f"hx{live.id}") for ns in namespaces())  # the live one is untouched

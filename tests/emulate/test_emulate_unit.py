@@ -94,14 +94,25 @@ def test_cgroup_v2_files(tmp_path, monkeypatch):
     assert cg.rank_dirs(1) == [tmp_path / "emu-test" / "rank1"]
 
 
-def test_cli_help_and_errors():
-    run = lambda *a: subprocess.run([sys.executable, "-m", "lightning_hexiscale.cli", *a], capture_output=True,
-                                    text=True, timeout=60, cwd=REPO)
-    h = run("emulate", "--help")
-    assert h.returncode == 0 and "--bw-scale" in h.stdout and "-- COMMAND" in h.stdout
-    d = run("emulate", "emu_4to1", "--describe", "--cores", "1")
-    assert d.returncode == 0 and "0.400" in d.stdout and "0.100" in d.stdout
-    bad = run("emulate", "emu_4to1", "--bw-scale", "0")
-    assert bad.returncode == 2 and "must be > 0" in bad.stderr
-    nocmd = run("emulate", "emu_4to1", "--cores", "1")
-    assert nocmd.returncode == 2 and ("no command given" in nocmd.stderr or "missing:" in nocmd.stderr)
+def test_cli_help_and_errors(capsys, monkeypatch, tmp_path):
+    from lightning_hexiscale.cli.main import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["emulate", "--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and "--bw-scale" in out and "-- COMMAND" in out and "--cleanup" in out
+    assert main(["emulate", "emu_4to1", "--describe", "--cores", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "0.400" in out and "0.100" in out
+    with pytest.raises(SystemExit) as e:
+        main(["emulate", "emu_4to1", "--bw-scale", "0"])
+    assert e.value.code == 2 and "must be > 0" in capsys.readouterr().err
+    assert main(["emulate", "emu_4to1", "--cores", "1"]) == 2
+    assert "no command given" in capsys.readouterr().err
+    assert main(["emulate", "--cores", "1", "--", "true"]) == 2
+    assert "no CLUSTER given" in capsys.readouterr().err
+    _fake_no_privileges(monkeypatch)
+    monkeypatch.setattr(support, "CgroupLayout", type("NoCgroups", (), {"detect": staticmethod(lambda root: None)}))
+    assert main(["emulate", "emu_4to1", "--", "true"]) == 2
+    err = capsys.readouterr().err
+    assert "hexiscale emulate: error:" in err and "missing: root privileges" in err and "Traceback" not in err
