@@ -38,7 +38,7 @@ def _profile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", default=None, help="cluster name (default: the file's stem)")
     p.add_argument("--sizes", type=_sizes, default=None, metavar="S1,S2,...",
                    help="ping-pong message sizes, e.g. 1KiB,64KiB,1MiB,4MiB (default: 1 KiB..4 MiB on CPU, "
-                        "4 KiB..64 MiB on CUDA)")
+                        "4 KiB..64 MiB on CUDA, 256 KiB..4 MiB inside `hexiscale emulate`)")
     p.add_argument("--reps", type=positive_int, default=5, help="timed ping-pongs per size and pair (default 5)")
     p.add_argument("--max-pairs", type=positive_int, default=None, metavar="K",
                    help="pairs measured at once (default: no limit on CUDA, cores/2 on CPU)")
@@ -47,8 +47,10 @@ def _profile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--link-stat", choices=("median", "min"), default="median",
                    help="time per message size: median (typical, default) or min (best case) of the reps")
     p.add_argument("--matmul-size", type=positive_int, default=None, metavar="N",
-                   help="matmul size N for the FLOP/s test (default 8192 on CUDA, 1024 on CPU)")
-    p.add_argument("--matmul-time", type=float, default=0.5, metavar="S", help="seconds of matmuls per rank (default 0.5)")
+                   help="matmul size N for the FLOP/s test (default 8192 on CUDA, 1024 on CPU, 256 inside "
+                        "`hexiscale emulate`)")
+    p.add_argument("--matmul-time", type=float, default=None, metavar="S",
+                   help="seconds of matmuls per rank (default 0.5; 2 inside `hexiscale emulate`)")
 
 
 def _profile_rank(rank: int, world: int, opts: dict):
@@ -57,10 +59,33 @@ def _profile_rank(rank: int, world: int, opts: dict):
     return profile_process_group(log=lambda m: print(m, flush=True), **opts)
 
 
+EMULATED_SIZES = [256 * 1024, 1 << 20, 2 << 20, 4 << 20]
+"""Message sizes inside ``hexiscale emulate``: the shaped links' token bucket (1 ms of traffic) lets
+the first bytes of a message through unshaped, and a rank throttled to a fraction of a core wakes
+up late by up to a CFS period, so small messages would measure the CPU quota, not the link."""
+
+
+def emulated_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """Inside ``hexiscale emulate`` (HEXISCALE_MACHINE is set), defaults fit for ranks with CPU quotas:
+    messages of 256 KiB-4 MiB, 256^3 matmuls (many per 10 ms CFS period) over 2 s (windows of 0.4 s,
+    40 periods). Explicit options win."""
+    import os
+
+    emulated = bool(os.environ.get("HEXISCALE_MACHINE"))
+    out = argparse.Namespace(**vars(args))
+    if emulated:
+        out.sizes = args.sizes or EMULATED_SIZES
+        out.matmul_size = args.matmul_size or 256
+    if args.matmul_time is None:
+        out.matmul_time = 2.0 if emulated else 0.5
+    return out
+
+
 def run_profile(args: argparse.Namespace):
     """Profile with the launch mode of ``args``; returns the ProfileResult on rank 0, else None."""
     from lightning_hexiscale.profiling.launch import run_from_env, run_local
 
+    args = emulated_defaults(args)
     opts = dict(sizes=args.sizes, reps=args.reps, max_pairs=args.max_pairs, isolate_hosts=args.isolate_hosts,
                 matmul_n=args.matmul_size, matmul_time_s=args.matmul_time, link_stat=args.link_stat)
     if args.local:
