@@ -4,12 +4,14 @@ memory limit (v1 ``memory.limit_in_bytes`` or v2 ``memory.max``).
 A quota of ``q`` cores is ``q * period`` microseconds of CPU time per ``period`` microseconds. The
 period is 10 ms rather than the kernel's 100 ms default: a rank throttled to a quarter core then
 runs 2.5 ms of every 10 ms, so a timing window of a few hundred milliseconds sees its average rate
-within a few percent, instead of whole 75 ms stalls. The groups are created below the cgroup this
+within a few percent, instead of whole 75 ms stalls. (Longer when the smallest quota would be below
+the kernel's 1 ms minimum: :func:`cfs_period_us`.) The groups are created below the cgroup this
 process already belongs to (for v1 separately per controller), so an outer limit still applies.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import time
@@ -17,9 +19,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CFS_PERIOD_US = 10_000
-"""CPU bandwidth period in microseconds (see the module docstring)."""
+"""CPU bandwidth period in microseconds (see the module docstring), unless a quota needs a longer one."""
 MIN_QUOTA_US = 1_000
 """The kernel's smallest accepted quota (1 ms)."""
+MAX_PERIOD_US = 1_000_000
+"""The kernel's longest accepted period (1 s)."""
+
+
+def cfs_period_us(cores: list[float]) -> int:
+    """The period for quotas of ``cores``: :data:`CFS_PERIOD_US`, or longer when the smallest quota
+    would be below the kernel's 1 ms minimum (``period = 1 ms / min cores``); a quota below
+    0.001 core (1 ms per 1 s) cannot be set and raises ValueError."""
+    low = min(cores)
+    period = max(CFS_PERIOD_US, math.ceil(MIN_QUOTA_US / low)) if low > 0 else MAX_PERIOD_US + 1
+    if period > MAX_PERIOD_US:
+        raise ValueError(f"a CPU quota of {low:.4f} cores is below the kernel's minimum of "
+                         f"{MIN_QUOTA_US / MAX_PERIOD_US} core")
+    return period
 CPU_SHARES_V1 = 262_144
 CPU_WEIGHT_V2 = 10_000
 """The largest CFS weight (v1 ``cpu.shares``, v2 ``cpu.weight``) for the cluster's parent group: on a
@@ -81,6 +97,7 @@ class RankCgroups:
         self.cpu_cores, self.memory_bytes = list(cpu_cores), memory_bytes
         self.controllers = ["cpu"] + (["memory"] if memory_bytes is not None else [])
         self.created: list[Path] = []  # every directory made, parents first
+        self.period_us = cfs_period_us(self.cpu_cores)
 
     # ---- paths ---------------------------------------------------------------------------------
     def group_dir(self, controller: str) -> Path:
@@ -109,13 +126,13 @@ class RankCgroups:
                 for r in range(len(self.cpu_cores)):
                     self._mkdir(self.group_dir(c) / f"rank{r}")
             for r, cores in enumerate(self.cpu_cores):
-                quota = max(MIN_QUOTA_US, round(cores * CFS_PERIOD_US))
+                quota = max(MIN_QUOTA_US, round(cores * self.period_us))
                 if self.layout.version == 1:
                     d = self.group_dir("cpu") / f"rank{r}"
-                    _write(d / "cpu.cfs_period_us", CFS_PERIOD_US)
+                    _write(d / "cpu.cfs_period_us", self.period_us)
                     _write(d / "cpu.cfs_quota_us", quota)
                 else:
-                    _write(self.group_dir("cpu") / f"rank{r}" / "cpu.max", f"{quota} {CFS_PERIOD_US}")
+                    _write(self.group_dir("cpu") / f"rank{r}" / "cpu.max", f"{quota} {self.period_us}")
                 if self.memory_bytes is not None:
                     limit = int(self.memory_bytes[r])
                     if self.layout.version == 1:

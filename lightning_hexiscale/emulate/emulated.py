@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from lightning_hexiscale.emulate.cgroups import CgroupLayout, RankCgroups, own_cpu_limit
+from lightning_hexiscale.emulate.cgroups import CgroupLayout, RankCgroups, cfs_period_us, own_cpu_limit
 from lightning_hexiscale.emulate import registry
 from lightning_hexiscale.emulate.network import Network
 from lightning_hexiscale.emulate.support import EmulationError, check_support
@@ -142,6 +142,11 @@ class EmulatedCluster:
         registry.remove_stale()  # what owners killed with SIGKILL left behind
         _LIVE.add(self)
         self._install_signal_handlers()
+        try:
+            cfs_period_us(quotas)
+        except ValueError as e:
+            raise EmulationError(f"{e} ({len(quotas)} ranks sharing {cores:g} cores in the ratio of their FLOP/s). "
+                                 "Fix: give more --cores or emulate fewer or less unequal ranks") from None
         try:
             self.cgroups = RankCgroups(layout, f"hexiscale-emu-{self.id}", quotas, mem)
             self.network = Network(self.id, self.link_bandwidth, self.link_latency)

@@ -9,7 +9,7 @@ import pytest
 
 from lightning_hexiscale.emulate import EmulatedCluster, EmulationError, check_support, cpu_quotas, memory_limits
 from lightning_hexiscale.emulate import support
-from lightning_hexiscale.emulate.cgroups import CFS_PERIOD_US, CgroupLayout, RankCgroups
+from lightning_hexiscale.emulate.cgroups import CFS_PERIOD_US, CgroupLayout, RankCgroups, cfs_period_us
 
 
 def test_quotas_proportional_and_sum_to_cores():
@@ -27,6 +27,13 @@ def test_quotas_capped_at_one_core_keep_ratios():
 def test_quotas_reject_nonpositive_cores():
     with pytest.raises(ValueError, match="cores"):
         cpu_quotas([1.0], cores=0)
+
+
+def test_cfs_period_grows_for_small_quotas():
+    assert cfs_period_us([0.4, 0.1]) == CFS_PERIOD_US  # 1 ms of 10 ms: the default period suffices
+    assert cfs_period_us([0.5, 0.025]) == 40_000  # 1 ms minimum quota -> 40 ms period
+    with pytest.raises(ValueError, match="below the kernel's minimum"):
+        cfs_period_us([1.0, 0.0005])
 
 
 def test_memory_limits_proportional():
