@@ -35,8 +35,9 @@ inter_machine: {bandwidth: "30 MB/s", latency: "1ms"}
 def profile_emulated(tmp_path: Path, attempt: int) -> tuple[dict, str]:
     """`hexiscale emulate two.yaml --cores 1 -- hexiscale profile`; the matrix file and stdout."""
     out = tmp_path / f"profiled{attempt}.yaml"
-    # quotas 0.8 and 0.2 core (a lower total makes the slow rank import torch for tens of seconds); the profile's defaults inside `hexiscale emulate` (256^3 matmuls over 2 s,
-    # messages of 256 KiB-4 MiB, cli/profile.py:emulated_defaults) are what is tested
+    # quotas 0.8 and 0.2 core (a lower total makes the slow rank import torch for tens of seconds); the
+    # profile's defaults inside `hexiscale emulate` (256^3 matmuls over 2 s, messages of 256 KiB-4 MiB,
+    # cli/profile.py:emulated_defaults) are what is tested
     cmd = [sys.executable, "-m", "lightning_hexiscale.cli", "emulate", str(tmp_path / "two.yaml"), "--cores", "1",
            "--timeout", "60", "--", sys.executable, "-m", "lightning_hexiscale.cli", "profile", "--out", str(out),
            "--reps", "3", "--timeout", "55"]
