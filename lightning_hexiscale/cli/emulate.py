@@ -37,10 +37,12 @@ def _emulate_args(p: argparse.ArgumentParser) -> None:
         "machines shaped with tc to the YAML's bandwidth times --bw-scale. Needs root, a cgroup CPU controller, "
         "`ip netns` and `tc`. Everything is removed at exit, also on Ctrl-C or when a rank fails (then the others "
         "are stopped and the exit status is 1).")
-    p.epilog = ("example:\n  hexiscale emulate conf/cluster/emu_4to1.yaml --cores 1.5 -- hexiscale profile --out emu.yaml\n"
+    p.epilog = ("example:\n"
+                "  hexiscale emulate conf/cluster/emu_4to1.yaml --cores 1.5 -- hexiscale profile --out emu.yaml\n"
                 "environment of each rank: RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT\n"
                 "  GLOO_SOCKET_IFNAME HEXISCALE_MACHINE HEXISCALE_DEVICE_TYPE OMP_NUM_THREADS=1")
-    p.add_argument("cluster", metavar="CLUSTER", nargs="?", help="cluster preset name (conf/cluster/NAME.yaml) or YAML path")
+    p.add_argument("cluster", metavar="CLUSTER", nargs="?",
+                   help="cluster preset name (conf/cluster/NAME.yaml) or YAML path")
     p.add_argument("--cores", type=_positive_float, default=None, metavar="N",
                    help="CPU cores the ranks' quotas sum to (default: the cores this process may use)")
     p.add_argument("--bw-scale", type=_positive_float, default=1.0, metavar="F",

@@ -215,7 +215,8 @@ class EmulatedCluster:
             raise EmulationError("EmulatedCluster.launch outside its context. Fix: call it inside "
                                  "`with EmulatedCluster(...) as emu:`")
         if not argv:
-            raise EmulationError("no command to launch. Fix: give the command, e.g. hexiscale emulate c.yaml -- python train.py")
+            raise EmulationError("no command to launch. Fix: give the command, e.g. "
+                                 "hexiscale emulate c.yaml -- python train.py")
         procs = []
         for r in self.ranks:
             e = dict(os.environ)
@@ -226,7 +227,8 @@ class EmulatedCluster:
                      HEXISCALE_MACHINE_INDEX=str(r.machine), HEXISCALE_DEVICE_TYPE=r.gpu_type, OMP_NUM_THREADS="1")
             # The shell joins the cgroups with its own pid, then exec's `ip netns exec`, which exec's
             # argv: one pid from the first instruction on, so nothing runs outside the quota.
-            joins = " && ".join(f"echo $$ > {shlex.quote(str(d / 'cgroup.procs'))}" for d in self.cgroups.rank_dirs(r.rank))
+            joins = " && ".join(f"echo $$ > {shlex.quote(str(d / 'cgroup.procs'))}"
+                                for d in self.cgroups.rank_dirs(r.rank))
             cmd = ["sh", "-c", f'{joins} && exec "$@"', "sh", "ip", "netns", "exec", self.network.ns(r.machine), *argv]
             procs.append(subprocess.Popen(cmd, env=e, stdout=stdout, stderr=stderr))
         self._procs += procs
@@ -286,7 +288,8 @@ class EmulatedCluster:
     def _planned_ranks(self) -> list[EmulatedRank]:
         """The ranks as they would be set up (for describe() before entering)."""
         c = self.cluster
-        cores = self._cores_arg if self._cores_arg is not None else available_cores(CgroupLayout.detect(self._cgroup_root))
+        cores = (self._cores_arg if self._cores_arg is not None
+                 else available_cores(CgroupLayout.detect(self._cgroup_root)))
         quotas = cpu_quotas([d.flops for d in c.devices], cores)
         return [EmulatedRank(d.id, d.machine, c.machines[d.machine].name, c.machines[d.machine].devices.index(d.id),
                              len(c.machines[d.machine].devices), d.gpu_type, d.flops, quotas[d.id], None,

@@ -151,8 +151,8 @@ def test_sigkilled_owner_leftovers_removed_by_cleanup():
         owner.kill()
         owner.wait(timeout=10)
         assert any(ns.startswith(f"hx{ident}") for ns in namespaces())  # left behind
-        cli = subprocess.run([sys.executable, "-m", "lightning_hexiscale.cli", "emulate", "--cleanup"], env=env, cwd=REPO,
-                             capture_output=True, text=True, timeout=60)
+        cli = subprocess.run([sys.executable, "-m", "lightning_hexiscale.cli", "emulate", "--cleanup"], env=env,
+                             cwd=REPO, capture_output=True, text=True, timeout=60)
         assert cli.returncode == 0 and ident in cli.stdout, cli.stdout + cli.stderr
         assert not any(ns.startswith(f"hx{ident}") for ns in namespaces())
         assert not list(Path("/sys/fs/cgroup/cpu").glob(f"**/hexiscale-emu-{ident}"))
