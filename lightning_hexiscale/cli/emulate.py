@@ -89,12 +89,17 @@ def cmd_emulate(args: argparse.Namespace) -> int:
     if not command:
         raise EmulationError("no command given. Fix: add `-- COMMAND ...`, e.g. hexiscale emulate emu_4to1 -- "
                              "hexiscale profile --out emu.yaml")
-    with emu:
-        print(emu.describe(), flush=True)
-        procs = emu.launch(command, master_port=args.master_port or _free_port())
-        try:
-            emu.wait(procs, args.timeout)
-        except EmulationError as e:
-            print(f"hexiscale emulate: {e}", file=sys.stderr)
-            return 1
+    try:
+        with emu:
+            print(emu.describe(), flush=True)
+            procs = emu.launch(command, master_port=args.master_port or _free_port())
+            try:
+                emu.wait(procs, args.timeout)
+            except EmulationError as e:
+                print(f"hexiscale emulate: {e}", file=sys.stderr)
+                return 1
+    except KeyboardInterrupt:  # the context manager has stopped the ranks and removed everything
+        print("hexiscale emulate: interrupted; the ranks were stopped and the emulated cluster removed",
+              file=sys.stderr)
+        return 130
     return 0

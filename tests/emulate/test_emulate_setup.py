@@ -97,7 +97,8 @@ def test_timeout_names_the_hanging_ranks():
             emu.wait(procs, timeout=2)
 
 
-def test_cli_sigterm_cleans_up():
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_cli_signal_cleans_up(sig):
     env = dict(os.environ, PYTHONPATH=str(REPO))
     p = subprocess.Popen([sys.executable, "-m", "lightning_hexiscale.cli", "emulate", "emu_4to1", "--cores", "1", "--",
                           "sleep", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
@@ -110,8 +111,8 @@ def test_cli_sigterm_cleans_up():
     assert ident, p.stderr.read() if p.poll() is not None else "no id printed"
     assert any(ns.startswith(f"hx{ident}") for ns in namespaces())
     time.sleep(0.5)
-    p.send_signal(signal.SIGTERM)
-    assert p.wait(timeout=30) != 0
+    p.send_signal(sig)
+    assert p.wait(timeout=30) == (130 if sig == signal.SIGINT else 128 + sig)
     assert not any(ns.startswith(f"hx{ident}") for ns in namespaces())
     assert not any(d.name.endswith(ident) for d in Path("/sys/fs/cgroup/cpu").glob("**/hexiscale-emu-*"))
 
