@@ -20,11 +20,18 @@ does not back off): then the link's latency is the veth's own (tens of microseco
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from dataclasses import dataclass, field
+from pathlib import Path
 
 SUBNET = "10.77.0"
 """Private /24 of the emulated machines; every cluster has its own namespaces, so no clash."""
+NETNS_ETC = Path("/etc/netns")
+"""``ip netns exec NS`` bind-mounts ``/etc/netns/NS/hosts`` over /etc/hosts: each machine's file names
+every machine's address, so that gloo's reverse lookups of a peer answer at once instead of
+failing (c10d's "hostname of the client socket cannot be retrieved") or waiting for a DNS server
+the namespace cannot reach."""
 
 
 class CommandError(RuntimeError):
@@ -68,6 +75,10 @@ class Network:
         """The machine's interface name inside its namespace (GLOO_SOCKET_IFNAME)."""
         return f"emu{k}"
 
+    def host(self, k: int) -> str:
+        """Machine k's host name in the namespaces' /etc/hosts."""
+        return f"hx{self.cluster_id}-m{k}"
+
     @staticmethod
     def address(k: int) -> str:
         return f"{SUBNET}.{k + 1}"
@@ -90,6 +101,14 @@ class Network:
                 sh("ip", "-n", ns, "link", "set", "lo", "up")
                 sh("ip", "-n", ns, "addr", "add", f"{self.address(k)}/24", "dev", self.ifname(k))
                 sh("ip", "-n", ns, "link", "set", self.ifname(k), "up")
+            # the IPv4-mapped IPv6 form too: c10d's store listens dual-stack and sees its clients so
+            hosts = "127.0.0.1 localhost\n::1 localhost\n" + "".join(
+                f"{self.address(k)} {self.host(k)}\n::ffff:{self.address(k)} {self.host(k)}\n"
+                for k in range(self.num_machines))
+            for k in range(self.num_machines):
+                d = NETNS_ETC / self.ns(k)
+                d.mkdir(parents=True, exist_ok=True)
+                (d / "hosts").write_text(hosts)
             self.latency_shaped = netem_available(self.ns(0))
             for k in range(self.num_machines):
                 self._shape(k)
@@ -131,6 +150,7 @@ class Network:
             for pid in pids:
                 sh("kill", "-9", pid, check=False)
             sh("ip", "netns", "delete", ns, check=False)
+            shutil.rmtree(NETNS_ETC / ns, ignore_errors=True)
         existing = set(list_namespaces())
         self.namespaces = [ns for ns in self.namespaces if ns in existing]
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 REGISTRY = Path(os.environ.get("HEXISCALE_EMULATE_REGISTRY", "/run/hexiscale-emulate"))
@@ -54,6 +55,7 @@ def remove_stale() -> list[str]:
             for pid in sh("ip", "netns", "pids", ns, check=False).stdout.split():
                 sh("kill", "-9", pid, check=False)
             sh("ip", "netns", "delete", ns, check=False)
+            shutil.rmtree(Path("/etc/netns") / ns, ignore_errors=True)
         for d in sorted((Path(x) for x in doc.get("cgroups", [])), key=lambda p: -len(p.parts)):
             for sub in sorted(d.glob("rank*"), reverse=True):
                 _kill_and_rmdir(sub)

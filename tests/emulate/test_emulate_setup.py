@@ -30,6 +30,7 @@ def namespaces() -> set[str]:
 
 def assert_gone(emu: EmulatedCluster, cg_dirs: list[Path]) -> None:
     assert not any(ns.startswith(f"hx{emu.id}") for ns in namespaces())
+    assert not list(Path("/etc/netns").glob(f"hx{emu.id}*"))
     assert not any(d.exists() for d in cg_dirs)
 
 
@@ -53,7 +54,8 @@ def test_exists_during_and_gone_after():
 def test_ranks_environment_namespace_and_cgroup():
     with EmulatedCluster("emu_4to1", cores=1.0) as emu:
         script = ('echo "$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT $GLOO_SOCKET_IFNAME '
-                  '$HEXISCALE_MACHINE $OMP_NUM_THREADS"; grep -E ":cpu[,:]" /proc/self/cgroup; ip -o -4 addr show')
+                  '$HEXISCALE_MACHINE $OMP_NUM_THREADS"; grep -E ":cpu[,:]" /proc/self/cgroup; ip -o -4 addr show; '
+                  'getent hosts 10.77.0.2')
         procs = emu.launch(["sh", "-c", script], master_port=29123, stdout=subprocess.PIPE)
         outs = [p.communicate(timeout=30)[0].decode() for p in procs]
         assert emu.wait(procs, 30) == [0, 0, 0, 0]
@@ -64,6 +66,7 @@ def test_ranks_environment_namespace_and_cgroup():
                          ["fast", "slow"][machine], "1"]
         assert f"{emu.cgroups.name}/rank{r}" in out
         assert f"10.77.0.{machine + 1}/24" in out and "10.77.0.%d/24" % (2 - machine) not in out
+        assert f"hx{emu.id}-m1" in out  # the namespace's /etc/hosts names the machines
 
 
 def test_gone_after_exception_and_ctrl_c():
