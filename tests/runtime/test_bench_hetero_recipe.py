@@ -172,3 +172,13 @@ def test_tiny_emulated_run(tmp_path, two_machines):
                        capture_output=True, text=True, timeout=115, cwd=REPO)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     _check_results(out, plans, 2, 2, 2, Cluster.load(str(two_machines)))
+
+
+def test_without_privileges_one_clear_error(tmp_path, monkeypatch, capsys):
+    import os
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)  # what a normal user sees: no cgroups, no namespaces
+    bench = load_recipe()
+    assert bench.main(["--no-profile", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "root privileges" in err and "Traceback" not in err
