@@ -28,8 +28,8 @@ measured median; then PASS/FAIL against the targets: speedup over ``megatron`` >
 within 15 % of its measured median; the estimate orders the plans as the measurement does.
 Writes OUT/results.json (everything), OUT/plans/NAME.yaml, OUT/profiled.yaml (default OUT=outputs/bench_hetero).
 
-    sudo python recipes/bench_hetero.py                    # emulated conf/cluster/emu_4to1.yaml; ~8 min on 2 idle cores
-    python recipes/bench_hetero.py --launcher local --cluster cpu2 --no-profile   # plain local processes: no emulation
+    sudo python recipes/bench_hetero.py --cores 1.5 --rounds 5     # emulated conf/cluster/emu_4to1.yaml; ~7 min on 2 cores
+    python recipes/bench_hetero.py --launcher local --cluster cpu_hetero4 --no-profile   # plain local processes: no emulation
 
 ``--launcher local`` runs the same worker processes on this host with torchrun's environment but
 without quotas or namespaces (for tests and machines without root); ``--no-profile`` estimates with
@@ -397,6 +397,13 @@ def main(argv: list[str] | None = None) -> int:
 def bench(args) -> int:
     cluster = Cluster.load(args.cluster)
     config = model_config(args)
+    # bad sizes fail here, before any process starts
+    if args.global_batch % args.micro_batch:
+        raise ConfigError("--global-batch", args.global_batch, f"every plan uses micro-batches of {args.micro_batch} "
+                          "sequences, so the global batch must be a multiple of --micro-batch",
+                          f"use e.g. --global-batch {args.micro_batch * cluster.num_devices * 3}")
+    if "dp-equal" in args.plans:
+        equal_dp_plan(cluster, config, args.global_batch, args.micro_batch)
     out = Path(args.out).resolve()
     (out / "jobs").mkdir(parents=True, exist_ok=True)
     (out / "plans").mkdir(parents=True, exist_ok=True)

@@ -105,6 +105,17 @@ def test_bad_input_is_named_before_anything_starts():
         bench.equal_dp_plan(Cluster.load("cpu_hetero4"), bench.model_config(args), 6, 2)
 
 
+@pytest.mark.parametrize("sizes, says", [(["--global-batch", "6"], "multiple of devices x micro-batch"),
+                                         (["--global-batch", "9"], "multiple of --micro-batch"),
+                                         (["--hidden", "100"], "model.num_heads")])
+def test_bad_sizes_stop_before_any_process_starts(tmp_path, capsys, sizes, says):
+    bench = load_recipe()
+    rc = bench.main(["--launcher", "local", "--cluster", "cpu_hetero4", "--no-profile", "--out", str(tmp_path), *sizes])
+    err = capsys.readouterr().err
+    assert rc == 2 and says in err and "Traceback" not in err
+    assert not (tmp_path / "logs").exists()  # no rank was launched
+
+
 # ---- tiny runs -----------------------------------------------------------------------------------
 def _check_results(out: Path, plans: list[str], world: int, rounds: int, steps: int, cost: Cluster) -> dict:
     doc = json.loads((out / "results.json").read_text())
