@@ -413,6 +413,8 @@ def bench(args) -> int:
           flush=True)
     t_start = time.monotonic()
     with make_launcher(args, cluster) as launcher:
+        emulated = launcher.describe() if hasattr(launcher, "describe") else "not emulated (--launcher local)"
+        print(emulated, flush=True)
         if args.profile:
             cost, cost_path = profiled_cluster(launcher, cluster, config, args, out)
         else:
@@ -445,7 +447,7 @@ def bench(args) -> int:
     print(report(result, notes))
     print(f"other processes took {load.others_fraction * 100:.0f} % of this host's CPU time while the plans ran")
     doc = {"args": {k: v for k, v in vars(args).items() if k != "worker"}, "model": config.to_dict(),
-           "cluster": args.cluster, "cost_cluster": str(cost_path), "per_rank_steps_s": per_rank,
+           "cluster": args.cluster, "emulated": emulated, "cost_cluster": str(cost_path), "per_rank_steps_s": per_rank,
            "plans": {n: p.to_dict() for n, p in plans.items()}, "notes": notes, "wall_s": time.monotonic() - t_start,
            "others_cpu_fraction": load.others_fraction,
            **result}
