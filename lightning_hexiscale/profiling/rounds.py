@@ -1,0 +1,140 @@
+"""Several plans measured on the same ranks, interleaved in rounds, so that machine noise cannot decide their order.
+
+One launch of the ranks builds every plan's :class:`~lightning_hexiscale.runtime.engine.PipelineEngine`
+(collective: every rank builds them in the same order, the plans' names sorted), then runs
+``rounds`` rounds. Round k runs every plan once, in the name order rotated by k places (round 0:
+a b c, round 1: b c a, round 2: c a b, ...), each run being ``warmup`` untimed steps and ``steps``
+timed steps. Every plan thus takes every position of a round in turn, and a burst of load from
+other jobs at one moment falls on different plans in different rounds instead of deciding a ranking.
+
+What one step of a rank is: from the release of a barrier to the end of ``train_step`` followed by
+the optimizer step (plain SGD, no momentum). The optimizer step is inside the window because under
+ZeRO-2/3 it is where the parameters are all-gathered, which the cost model prices as part of the
+data-parallel term; SGD's update (one multiply-add per parameter element) is the smallest unpriced
+part any optimizer could add. A plan's step time = the slowest rank's time of that step (the step
+ends when the last rank is done). Units: seconds.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from lightning_hexiscale.models.config import LlamaConfig
+from lightning_hexiscale.planner.plan import Plan
+
+
+def round_orders(names: list[str], rounds: int) -> list[list[str]]:
+    """The plans' order in each round: the sorted names rotated by the round's index (mod the count)."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    base = sorted(names)
+    n = len(base)
+    return [base[k % n:] + base[:k % n] for k in range(rounds)] if n else [[] for _ in range(rounds)]
+
+
+def check_same_batch(plans: dict[str, Plan]) -> int:
+    """The global batch every plan trains (the comparison is per step of the same work); raises if they differ."""
+    batches = {name: p.global_batch for name, p in plans.items()}
+    if len(set(batches.values())) != 1:
+        raise ValueError(f"the plans train different global batches {batches}: a step time compares plans "
+                         "only on the same work; plan them for one train.global_batch")
+    return next(iter(batches.values()))
+
+
+def measure_plans_rank(rank: int, world: int, plan_dicts: dict[str, dict], config: LlamaConfig, steps: int,
+                       warmup: int, rounds: int, lr: float = 1e-4) -> dict[str, list[list[float]]]:
+    """Collective: train every plan on this rank, interleaved in rounds (module docstring).
+
+    Returns ``{plan name: [[step seconds of each timed step] for each round]}`` for THIS rank.
+    """
+    from lightning_hexiscale.profiling.check import make_batch, prime
+    from lightning_hexiscale.profiling.measure import current_device
+    from lightning_hexiscale.runtime.engine import PipelineEngine
+
+    plans = {name: Plan.from_dict(d, f"plan {name}") for name, d in plan_dicts.items()}
+    for name, p in plans.items():
+        if p.world_size != world:
+            raise ValueError(f"plan {name} runs on {p.world_size} ranks, the process group has {world}")
+    global_batch = check_same_batch(plans)
+    device = current_device()
+    prime(device)  # one-time lazy initialisation before any timed step
+    runs = {}
+    for name in sorted(plans):  # construction is collective (process groups): same order on every rank
+        engine = PipelineEngine(plans[name], config, rank, seed=0, device=device, dtype=torch.float32)
+        runs[name] = (engine, engine.wrap_optimizer(torch.optim.SGD(engine.parameters(), lr=lr)))
+    times: dict[str, list[list[float]]] = {name: [] for name in plans}
+    for order in round_orders(list(plans), rounds):
+        for name in order:
+            engine, opt = runs[name]
+            mine = []
+            for k in range(warmup + steps):
+                tok, tgt = make_batch(config, global_batch, k)
+                dist.barrier()
+                t0 = time.perf_counter()
+                engine.train_step(tok, tgt)
+                opt.step()
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                if k >= warmup:
+                    mine.append(time.perf_counter() - t0)
+            times[name].append(mine)
+    return times
+
+
+def gather_to_rank0(mine: dict) -> list[dict] | None:
+    """Collective: every rank's ``mine``, by rank, on rank 0; None elsewhere."""
+    everything: list[dict] = [{}] * dist.get_world_size()
+    dist.all_gather_object(everything, mine)
+    return everything if dist.get_rank() == 0 else None
+
+
+@dataclass(frozen=True)
+class PlanTimes:
+    """One plan's measured step times (seconds) over all rounds."""
+
+    per_round: list[list[float]]
+    """[round][timed step]: the slowest rank's time of that step."""
+
+    @property
+    def steps_s(self) -> list[float]:
+        return [t for r in self.per_round for t in r]
+
+    @property
+    def min_s(self) -> float:
+        return min(self.steps_s)
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.steps_s)
+
+    @property
+    def max_s(self) -> float:
+        return max(self.steps_s)
+
+    @property
+    def round_medians_s(self) -> list[float]:
+        return [statistics.median(r) for r in self.per_round]
+
+    def to_dict(self) -> dict:
+        return {"min_s": self.min_s, "median_s": self.median_s, "max_s": self.max_s,
+                "round_medians_s": self.round_medians_s, "steps_s": self.per_round}
+
+
+def slowest_rank(per_rank: list[dict[str, list[list[float]]]]) -> dict[str, PlanTimes]:
+    """Per plan, per round, per step: the maximum over ranks of the ranks' step times."""
+    if not per_rank:
+        raise ValueError("no rank reported")
+    out = {}
+    for name in per_rank[0]:
+        rounds = len(per_rank[0][name])
+        shape = {(len(r[name]), tuple(len(x) for x in r[name])) for r in per_rank}
+        if len(shape) != 1:
+            raise ValueError(f"plan {name}: the ranks timed different numbers of steps {sorted(shape)}")
+        out[name] = PlanTimes([[max(r[name][k][j] for r in per_rank) for j in range(len(per_rank[0][name][k]))]
+                               for k in range(rounds)])
+    return out
