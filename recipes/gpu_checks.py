@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import os
 import socket
 import statistics
 import tempfile
@@ -438,11 +439,23 @@ def lightning_resume(device: str, precision: str, steps: int = 20, save_at: int 
     def loader() -> DataLoader:
         return DataLoader(generated_corpus(batch * steps, cfg.seq_len, seed=3), batch_size=batch, shuffle=False)
 
-    with tempfile.TemporaryDirectory(dir=workdir) as out:
-        full, resumed = Losses(), Losses()
-        trainer(out, full, True).fit(LlamaLitModule(cfg, lr=1e-3, init_seed=SEED), loader())
-        trainer(out, resumed, False).fit(LlamaLitModule(cfg, lr=1e-3, init_seed=SEED), loader(),
-                                         ckpt_path=f"{out}/step={save_at}.ckpt")
+    # Lightning leaves its one-process group and MASTER_*/LOCAL_RANK/NODE_RANK in os.environ after fit;
+    # the rows after this one (and processes forked later) must not inherit them: a child that finds an
+    # initialised default group and a stale MASTER_PORT hangs in its own rendezvous.
+    import torch.distributed as dist
+
+    had_group, env = dist.is_available() and dist.is_initialized(), dict(os.environ)
+    try:
+        with tempfile.TemporaryDirectory(dir=workdir) as out:
+            full, resumed = Losses(), Losses()
+            trainer(out, full, True).fit(LlamaLitModule(cfg, lr=1e-3, init_seed=SEED), loader())
+            trainer(out, resumed, False).fit(LlamaLitModule(cfg, lr=1e-3, init_seed=SEED), loader(),
+                                             ckpt_path=f"{out}/step={save_at}.ckpt")
+    finally:
+        if not had_group and dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+        os.environ.clear()
+        os.environ.update(env)
     return {"full": full.losses, "resumed": resumed.losses, "resumed_from": resumed.first_step}
 
 

@@ -179,7 +179,15 @@ def test_lightning_resume_row_logic(monkeypatch, tmp_path):
     import gpu_checks
     from lightning_hexiscale.models.config import LlamaConfig
 
+    import os
+
+    import torch.distributed as dist
+
+    keys = ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "NODE_RANK", "RANK", "WORLD_SIZE")
+    env = {k: os.environ.get(k) for k in keys}
     r = gpu_checks.lightning_resume("cpu", "bf16-mixed", config=LlamaConfig(**SMALL), workdir=str(tmp_path))
+    # nothing left for the rows (and forked tests) after it: no process group, no MASTER_* variables
+    assert not dist.is_initialized() and {k: os.environ.get(k) for k in keys} == env
     ok, err = gpu_checks.resume_ok(r)
     assert ok and err <= 1e-2, r
     assert len(r["full"]) == 20 and r["resumed_from"] == 10
