@@ -38,9 +38,10 @@ class Workload:
 
     model: LlamaConfig
     dtype: str = "bf16"
-    """Parameter/activation precision: bf16, fp16 or fp32."""
+    """Compute precision B_type (activations, matmuls, the wire): bf16, fp16, fp32 or fp64."""
     optimizer_bytes_per_param: float = 12.0
-    """Optimizer state K per parameter: Adam with fp32 master weights = 4 + 4 + 4."""
+    """Optimizer state K per parameter: Adam with fp32 master weights = 4 + 4 + 4 (Appendix B's
+    default); :meth:`from_precision` gives what the runtime's AdamW keeps."""
     reserve_bytes: float = 1.0 * 2**30
     """Memory per device not available to the model (runtime context, allocator slack)."""
     memory_headroom: float = 0.0
@@ -50,6 +51,9 @@ class Workload:
     comm_buffer_bytes: float = 64 * 2**20
     """Buffers per communicator on CUDA (NCCL: 4 MiB NCCL_BUFFSIZE per channel, protocol and
     direction; 64 MiB is a few channels' worth). 0 to ignore."""
+    param_dtype: str | None = None
+    """Storage dtype of the parameters and their gradients; None = ``dtype``. Mixed precision
+    (``bf16-mixed``) keeps float32 parameters and gradients under bf16 compute: ``fp32``."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.memory_headroom < 1.0:
@@ -66,6 +70,33 @@ class Workload:
     def dtype_bytes(self) -> int:
         """Derived: B_type."""
         return DTYPE_BYTES[self.dtype]
+
+    @property
+    def param_bytes(self) -> int:
+        """Derived: P, bytes per stored parameter and gradient element."""
+        return DTYPE_BYTES[self.param_dtype or self.dtype]
+
+    @property
+    def mixed(self) -> bool:
+        """Mixed precision: parameters stored wider than the compute dtype (autocast casts them)."""
+        return self.param_bytes > self.dtype_bytes
+
+    @classmethod
+    def from_precision(cls, model: LlamaConfig, precision: str, **kwargs: Any) -> Workload:
+        """What the runtime allocates under a Lightning ``precision`` (``trainer.precision``):
+
+            precision    dtype (B)   param_dtype (P)   K (AdamW m, v in the parameters' dtype)
+            32-true      fp32        fp32              8
+            64-true      fp64        fp64              16
+            bf16-mixed   bf16        fp32              8
+            bf16-true    bf16        bf16              4
+        (16-mixed / 16-true as bf16 with fp16). Other fields from ``kwargs``."""
+        from lightning_hexiscale.config.recipe import precision_dtype
+
+        dtype = precision_dtype(precision)
+        param = "fp32" if str(precision).endswith("-mixed") else dtype
+        kwargs.setdefault("optimizer_bytes_per_param", 2.0 * DTYPE_BYTES[param])
+        return cls(model, dtype=dtype, param_dtype=param, **kwargs)
 
     @property
     def seq_len(self) -> int:
@@ -435,15 +466,17 @@ def stage_memory_at(workload: Workload, sharding: str, num_pipelines: int, recom
       bucket under ZeRO, the largest parameter with the CPU's single-tensor step).
     """
     model = workload.model
-    bt = workload.dtype_bytes
+    bt, pb, mixed = workload.dtype_bytes, workload.param_bytes, workload.mixed
     S, H, F = model.seq_len, model.hidden_size, model.ffn_hidden_size
     tokens = mb * S
     P = max(num_pipelines, 1)
     K = workload.optimizer_bytes_per_param
-    layer_local = model.layer_params * _shard_fraction(model, tp)
+    frac = _shard_fraction(model, tp)
+    layer_local = model.layer_params * frac
     # vocabulary-parallel: this rank's V/t rows of the embedding (first stage) and of the LM head
     # (last stage; a tied head is the embedding itself on a one-stage pipeline, a copy elsewhere)
     vfrac = model.max_vocab_fraction(tp)
+    head_matmul = (model.vocab_size * H * vfrac) if last else 0.0
     extra_params = ((model.embedding_params * vfrac if first else 0.0)
                     + (model.hidden_size + (model.stage_head_params(is_first=first) - model.hidden_size) * vfrac
                        if last else 0.0))
@@ -451,33 +484,43 @@ def stage_memory_at(workload: Workload, sharding: str, num_pipelines: int, recom
     common = workload.reserve_bytes + (cm.comm_buffer_bytes(comms, workload.comm_buffer_bytes)
                                        if workload.device == "cuda" else 0.0)
     if sharding == "zero3":
-        common += 2 * layer_local * bt  # the gathered current and next layer
+        common += 2 * layer_local * pb  # the gathered current and next layer (parameter dtype)
 
     def states(phase: str) -> tuple[float, float]:
-        spp = cm.runtime_state_bytes_per_param(sharding, P, bt, K, phase, recompute)
+        spp = cm.runtime_state_bytes_per_param(sharding, P, bt, K, phase, recompute, pb)
         return common + extra_params * spp, layer_local * spp
 
     phases = []
-    # backward: stored activations, the working set of the layer in its backward, the logits
-    full = cm.stored_activation_bytes(tokens, H, model.kv_dim, F, tp, bt)
+    # backward: stored activations, the working set of the layer in its backward, the logits, and
+    # under mixed precision autocast's one bf16 copy of every matmul weight
+    full = cm.stored_activation_bytes(tokens, H, model.kv_dim, F, tp, bt, mixed)
     fixed, per = states("backward")
-    work = (full if recompute else 0.0) + cm.backward_working_bytes(tokens, H, F, tp, bt)
+    work = (full if recompute else 0.0) + cm.backward_working_bytes(tokens, H, F, tp, bt, pb)
     if last:
         work += cm.logits_bytes(tokens, model.vocab_size * vfrac)
-    phases.append((fixed + work, per + inflight * (tokens * H * bt if recompute else full)))
-    # gradient sync between pipelines: DDP's bucket copies, ZeRO's buckets in flight
+    if mixed:  # autocast's bf16 weight casts: per stored micro-batch, or the recomputed layer's
+        work += cm.autocast_weight_bytes(head_matmul, bt, inflight)
+        if recompute:
+            work += cm.autocast_weight_bytes(model.layer_matmul_params * frac, bt)
+        else:
+            per += cm.autocast_weight_bytes(model.layer_matmul_params * frac, bt, inflight)
+    # recomputation stores each layer's input: the residual stream, in the parameters' dtype
+    phases.append((fixed + work, per + inflight * (tokens * H * pb if recompute else full)))
+    # gradient sync between pipelines: DDP's bucket copies (in the reduce dtype, B_type by
+    # default), ZeRO's buckets in flight
     if P > 1:
         fixed, per = states("sync")
         if sharding == "ddp":
             phases.append((fixed + cm.ddp_bucket_bytes(extra_params, bt), per + cm.ddp_bucket_bytes(layer_local, bt)))
         else:
             phases.append((fixed + cm.zero_window_bytes(_BUCKET_CAP_BYTES), per))
-    # optimizer step: Adam's temporaries (one float32 state per parameter stepped at once)
+    # optimizer step: Adam's temporaries (one state-sized temporary per parameter stepped at once;
+    # states in the parameters' dtype, at least float32 where K counts fp32 masters besides them)
     fixed, per = states("step")
-    state_b = max(4, bt) if K > 2 * bt else bt
+    state_b = max(4, pb) if K > 2 * pb else pb
     if sharding != "ddp":
         phases.append((fixed + cm.zero_window_bytes(_BUCKET_CAP_BYTES)
-                       + cm.optimizer_temp_bytes(_BUCKET_CAP_BYTES / bt, state_b), per))
+                       + cm.optimizer_temp_bytes(_BUCKET_CAP_BYTES / pb, state_b), per))
     elif workload.device == "cuda":
         phases.append((fixed + cm.optimizer_temp_bytes(extra_params, state_b),
                        per + cm.optimizer_temp_bytes(layer_local, state_b)))
@@ -571,15 +614,13 @@ def workload_from_config(cfg) -> Workload:
     """Workload from a composed root config: ``cfg.model``, the dtype of ``trainer.precision``
     (null: chosen by the cluster's devices, :func:`~lightning_hexiscale.config.recipe.effective_precision`),
     ``train.memory_headroom``, and whether the cluster runs on CPUs."""
-    from lightning_hexiscale.config.recipe import effective_precision, precision_dtype
+    from lightning_hexiscale.config.recipe import effective_precision
 
     types = [m.gpu for m in cfg.cluster.machines]
-    dtype = precision_dtype(effective_precision(cfg.trainer.precision, types))
-    # Adam's m and v in the dtype of the weights; bf16/fp16 training adds an fp32 master copy (4 + 4 + 4).
-    optimizer_bytes = {"fp64": 16.0, "fp32": 8.0}.get(dtype, 12.0)
-    return Workload(LlamaConfig.from_config(cfg.model), dtype=dtype, optimizer_bytes_per_param=optimizer_bytes,
-                    memory_headroom=float(cfg.train.get("memory_headroom", 0.0) or 0.0),
-                    device="cpu" if _cpu_cluster(cfg) else "cuda")
+    precision = effective_precision(cfg.trainer.precision, types)
+    return Workload.from_precision(LlamaConfig.from_config(cfg.model), precision,
+                                   memory_headroom=float(cfg.train.get("memory_headroom", 0.0) or 0.0),
+                                   device="cpu" if _cpu_cluster(cfg) else "cuda")
 
 
 def _cpu_cluster(cfg) -> bool:

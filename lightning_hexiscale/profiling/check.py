@@ -33,9 +33,10 @@ from lightning_hexiscale.planner.plan import Plan
 from lightning_hexiscale.config.units import format_bytes
 
 
-def cpu_workload(model: LlamaConfig) -> Workload:
-    """What the CPU runtime trains: fp32 weights, AdamW (m, v: 8 bytes/param), nothing reserved."""
-    return Workload(model, dtype="fp32", optimizer_bytes_per_param=8.0, reserve_bytes=0.0)
+def cpu_workload(model: LlamaConfig, precision: str = "32-true") -> Workload:
+    """What the CPU runtime trains under ``precision`` (default fp32 weights, AdamW m, v: 8 bytes per
+    parameter; :meth:`Workload.from_precision`), nothing reserved."""
+    return Workload.from_precision(model, precision, reserve_bytes=0.0)
 
 
 def make_batch(config: LlamaConfig, global_batch: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:

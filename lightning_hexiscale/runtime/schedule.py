@@ -238,8 +238,17 @@ class PipelineExecutor:
                 received[ex.recv] = got
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        # cache_enabled=False: without it, inside an enclosing autocast region (Lightning's
+        # train_step_context spans the whole step) every micro-batch would share one cached bf16
+        # cast of each weight, created by the first micro-batch's forward. That shared cast node
+        # has the lowest sequence number in the last micro-batch's graph, so autograd runs it (and
+        # accumulates the weight's gradient) only at the very end of that backward: no gradient
+        # would be final after its block's backward, and the gradient sync could not overlap.
+        # Uncached, each micro-batch's graph saves its own cast of each weight for its backward
+        # (as the engine without Lightning always did); planner/cost_model.py prices those copies
+        # per micro-batch in flight (autocast_weight_bytes).
         with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.bfloat16,
-                            enabled=self.autocast_dtype is not None):
+                            enabled=self.autocast_dtype is not None, cache_enabled=False):
             return self.stage(x)
 
     # ---- the step -----------------------------------------------------------------------
