@@ -490,9 +490,7 @@ def stage_memory_at(workload: Workload, sharding: str, num_pipelines: int, recom
         spp = cm.runtime_state_bytes_per_param(sharding, P, bt, K, phase, recompute, pb)
         return common + extra_params * spp, layer_local * spp
 
-    # ZeRO's buckets: at most the cap (counted in parameter elements) and at most one unit (a
-    # block) of parameters, sent in the reduce / wire dtype
-    window = cm.zero_window_bytes(min(_BUCKET_CAP_BYTES / pb, layer_local) * bt)
+    window = cm.zero_window_bytes(_BUCKET_CAP_BYTES)
     phases = []
     # backward: stored activations, the working set of the layer in its backward, the logits, and
     # under mixed precision autocast's one bf16 copy of every matmul weight
@@ -522,7 +520,7 @@ def stage_memory_at(workload: Workload, sharding: str, num_pipelines: int, recom
     fixed, per = states("step")
     state_b = max(4, pb) if K > 2 * pb else pb
     if sharding != "ddp":
-        phases.append((fixed + window + cm.optimizer_temp_bytes(min(_BUCKET_CAP_BYTES / pb, layer_local), state_b), per))
+        phases.append((fixed + window + cm.optimizer_temp_bytes(_BUCKET_CAP_BYTES / pb, state_b), per))
     elif workload.device == "cuda":
         phases.append((fixed + cm.optimizer_temp_bytes(extra_params, state_b),
                        per + cm.optimizer_temp_bytes(layer_local, state_b)))
