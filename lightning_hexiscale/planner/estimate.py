@@ -25,6 +25,7 @@ import numpy as np
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner import cost_model as cm
+from lightning_hexiscale.planner.communicators import communicators_lower_bound, stage_communicators
 from lightning_hexiscale.planner.dp_comm import dp_comm_all
 from lightning_hexiscale.planner.plan import Plan
 from lightning_hexiscale.config.units import format_bytes, format_flops
@@ -434,15 +435,16 @@ class MemoryTerms:
 
 
 def stage_memory_terms(workload: Workload, sharding: str, num_pipelines: int, schedule: str, recompute: bool,
-                       num_stages: int, j: int, tp: int, mb: int, n_mb: int) -> MemoryTerms:
+                       num_stages: int, j: int, tp: int, mb: int, n_mb: int,
+                       communicators: int | None = None) -> MemoryTerms:
     """Memory of stage j of a pipeline of ``num_stages`` stages; see :func:`stage_memory_at` (the
     position matters only through first / last stage and the in-flight micro-batches)."""
     return stage_memory_at(workload, sharding, num_pipelines, recompute, j == 0, j == num_stages - 1,
-                           cm.inflight_micro_batches(schedule, num_stages, j, n_mb), tp, mb)
+                           cm.inflight_micro_batches(schedule, num_stages, j, n_mb), tp, mb, communicators)
 
 
 def stage_memory_at(workload: Workload, sharding: str, num_pipelines: int, recompute: bool, first: bool,
-                    last: bool, inflight: int, tp: int, mb: int) -> MemoryTerms:
+                    last: bool, inflight: int, tp: int, mb: int, communicators: int | None = None) -> MemoryTerms:
     """Bytes on each device of a stage of TP ``tp`` holding ``inflight`` micro-batches of ``mb``
     sequences at its peak, as the runtime allocates them (each term a named function of
     :mod:`cost_model`):
@@ -452,8 +454,10 @@ def stage_memory_at(workload: Workload, sharding: str, num_pipelines: int, recom
       (first stage) and of the final norm and LM head (last stage; vocabulary-parallel: V/t rows per
       TP rank), ZeRO-3's
       gathered current and prefetched layer, ``reserve_bytes``, and on CUDA the collective
-      library's buffers for each communicator the device joins (world, TP group, pipeline
-      neighbours, one data-parallel group; :func:`cost_model.comm_buffer_bytes`);
+      library's buffers for each communicator the device joins (:func:`cost_model.comm_buffer_bytes`):
+      ``communicators`` where the caller counted them (:mod:`.communicators`, as ``estimate()``
+      does), else the lower bound the search uses (world, TP group, pipeline neighbours, one
+      data-parallel group; asymmetric TP joins more);
     - backward: the stored activations of the in-flight micro-batches (each layer's input when
       recomputing, else :func:`cost_model.stored_activation_bytes`), the working set of the layer
       being back-propagated (its recomputed activations when recomputing, plus
@@ -480,7 +484,7 @@ def stage_memory_at(workload: Workload, sharding: str, num_pipelines: int, recom
     extra_params = ((model.embedding_params * vfrac if first else 0.0)
                     + (model.hidden_size + (model.stage_head_params(is_first=first) - model.hidden_size) * vfrac
                        if last else 0.0))
-    comms = 1 + (tp > 1) + (not first) + (not last) + (P > 1)
+    comms = communicators_lower_bound(tp, first, last, P) if communicators is None else communicators
     common = workload.reserve_bytes + (cm.comm_buffer_bytes(comms, workload.comm_buffer_bytes)
                                        if workload.device == "cuda" else 0.0)
     if sharding == "zero3":
@@ -550,6 +554,8 @@ def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
     ooms: list[OutOfMemory] = []
     n_comp = 4.0 if plan.recompute else 3.0
     n_tp = 2.0 + (cm.RECOMPUTE_TP_SHARE if plan.recompute else 0.0)
+    # the communicators each stage's ranks join (only priced on CUDA)
+    comms = stage_communicators(plan, model) if workload.device == "cuda" and workload.comm_buffer_bytes else {}
     for i, pipe in enumerate(plan.pipelines):
         mb, n_mb = pipe.micro_batch_size, pipe.num_micro_batches
         n_st = len(pipe.stages)
@@ -572,7 +578,7 @@ def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
             hops.append(hop)
             tails.append(tail)
             peak = stage_memory_terms(workload, plan.dp_sharding, plan.num_pipelines, plan.schedule,
-                                      plan.recompute, n_st, j, st.tp, mb, n_mb).peak(l)
+                                      plan.recompute, n_st, j, st.tp, mb, n_mb, comms.get((i, j))).peak(l)
             cap = min(cluster.devices[d].memory_bytes for d in st.devices)
             for d in st.devices:
                 usable = usable_memory(workload, cluster.devices[d].memory_bytes)
