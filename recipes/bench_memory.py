@@ -8,7 +8,8 @@ parameters, forward under bf16 autocast, as the Lightning strategy runs it).
 
 Measured: the growth of each rank's peak resident set (VmHWM, reset through /proc/self/clear_refs)
 from before the engine is built to after ``--steps`` optimizer steps, with glibc's mmap threshold
-fixed at 64 KiB so that freed tensors leave the resident set (``bench_zero.py``); one-time lazy
+fixed at 4 KiB so that freed tensors leave the resident set (``bench_zero.py`` uses 64 KiB; bf16
+activations of small micro-batches are smaller than that and would otherwise stay in the heap); one-time lazy
 initialisation is primed before the baseline by one throw-away step of the same plan
 (:func:`warm_up`). Estimated: ``planner/estimate.py`` for the same plan
 and precision (:func:`lightning_hexiscale.profiling.check.cpu_workload`: AdamW, nothing reserved,
@@ -82,7 +83,7 @@ def warm_up(plan: Plan, config: LlamaConfig, dtype: torch.dtype, autocast: torch
 def _worker(rank: int, world: int, port: int, plan_dict: dict, config: LlamaConfig, precision: str, steps: int,
             out) -> None:
     torch.set_num_threads(1)
-    fixed_mmap_threshold()
+    fixed_mmap_threshold(4096)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=300))
     try:

@@ -447,24 +447,30 @@ def stage_memory_at(workload: Workload, sharding: str, num_pipelines: int, recom
                     last: bool, inflight: int, tp: int, mb: int, communicators: int | None = None) -> MemoryTerms:
     """Bytes on each device of a stage of TP ``tp`` holding ``inflight`` micro-batches of ``mb``
     sequences at its peak, as the runtime allocates them (each term a named function of
-    :mod:`cost_model`):
+    :mod:`cost_model`). Parameters, gradients and optimizer states are priced in the parameters'
+    storage dtype P (``workload.param_bytes``: float32 under bf16-mixed), activations and messages
+    in the compute dtype B:
 
     - in every phase: the parameters' states (weights, gradients, optimizer;
       :func:`cost_model.runtime_state_bytes_per_param`) of the stage's layers, of the embedding
       (first stage) and of the final norm and LM head (last stage; vocabulary-parallel: V/t rows per
-      TP rank), ZeRO-3's
-      gathered current and prefetched layer, ``reserve_bytes``, and on CUDA the collective
+      TP rank), ``reserve_bytes``, and on CUDA the collective
       library's buffers for each communicator the device joins (:func:`cost_model.comm_buffer_bytes`):
       ``communicators`` where the caller counted them (:mod:`.communicators`, as ``estimate()``
       does), else the lower bound the search uses (world, TP group, pipeline neighbours, one
       data-parallel group; asymmetric TP joins more);
-    - backward: the stored activations of the in-flight micro-batches (each layer's input when
+    - backward: ZeRO-3's gathered current and prefetched layer, the stored activations of the
+      in-flight micro-batches (each layer's input when
       recomputing, else :func:`cost_model.stored_activation_bytes`), the working set of the layer
       being back-propagated (its recomputed activations when recomputing, plus
-      :func:`cost_model.backward_working_bytes`), and the loss's float32 logits on the last stage
-      (:func:`cost_model.logits_bytes`);
+      :func:`cost_model.backward_working_bytes`), the loss's float32 logits on the last stage
+      (:func:`cost_model.logits_bytes`) and, under mixed precision, autocast's bf16 weight casts
+      (:func:`cost_model.autocast_weight_bytes`); less, per layer, the smaller of one
+      micro-batch's stored tensors and the layer's gradient (gradients are None at the start of a
+      step and appear as the first backward frees what it consumed);
     - gradient sync: DDP's bucket copies of every synchronised gradient, ZeRO's two buckets in
-      flight (:func:`cost_model.ddp_bucket_bytes`, :func:`cost_model.zero_window_bytes`);
+      flight (:func:`cost_model.ddp_bucket_bytes`, :func:`cost_model.zero_window_bytes`; a bucket
+      is at most the cap and one block, and mixed precision concatenates it in P before the cast);
     - optimizer step: Adam's temporaries (:func:`cost_model.optimizer_temp_bytes`): one float32
       state per parameter stepped at once (all of them with the multi-tensor step on CUDA, one
       bucket under ZeRO, the largest parameter with the CPU's single-tensor step).
@@ -487,19 +493,22 @@ def stage_memory_at(workload: Workload, sharding: str, num_pipelines: int, recom
     comms = communicators_lower_bound(tp, first, last, P) if communicators is None else communicators
     common = workload.reserve_bytes + (cm.comm_buffer_bytes(comms, workload.comm_buffer_bytes)
                                        if workload.device == "cuda" else 0.0)
-    if sharding == "zero3":
-        common += 2 * layer_local * pb  # the gathered current and next layer (parameter dtype)
 
     def states(phase: str) -> tuple[float, float]:
         spp = cm.runtime_state_bytes_per_param(sharding, P, bt, K, phase, recompute, pb)
         return common + extra_params * spp, layer_local * spp
 
-    window = cm.zero_window_bytes(_BUCKET_CAP_BYTES)
+    # gradient-sync / ZeRO buckets: at most the cap (in parameter elements) and one unit (a block),
+    # sent in the reduce / wire dtype B; mixed precision first concatenates a bucket in P, then casts
+    bucket = min(_BUCKET_CAP_BYTES / pb, layer_local)
+    window = cm.zero_window_bytes(bucket * bt) + (bucket * pb if mixed else 0.0)
     phases = []
     # backward: stored activations, the working set of the layer in its backward, the logits, and
     # under mixed precision autocast's one bf16 copy of every matmul weight
     full = cm.stored_activation_bytes(tokens, H, model.kv_dim, F, tp, bt, mixed)
     fixed, per = states("backward")
+    if sharding == "zero3":  # the gathered current and next layer (parameter dtype), freed after the backward
+        fixed += 2 * layer_local * pb
     work = (full if recompute else 0.0) + cm.backward_working_bytes(tokens, H, F, tp, bt, pb)
     if last:
         work += cm.logits_bytes(tokens, model.vocab_size * vfrac)
@@ -509,14 +518,22 @@ def stage_memory_at(workload: Workload, sharding: str, num_pipelines: int, recom
             work += cm.autocast_weight_bytes(model.layer_matmul_params * frac, bt)
         else:
             per += cm.autocast_weight_bytes(model.layer_matmul_params * frac, bt, inflight)
-    # recomputation stores each layer's input: the residual stream, in the parameters' dtype
-    phases.append((fixed + work, per + inflight * (tokens * H * pb if recompute else full)))
+    # recomputation stores each layer's input: the residual stream, in the parameters' dtype.
+    # Gradients are None at the start of a step: a layer's gradient (P per parameter) appears in
+    # the first backward that reaches it, which frees that micro-batch's stored tensors of the
+    # layer as it goes, so the peak holds one of the two, not both.
+    stored = (tokens * H * pb if recompute else full)
+    stored_one = stored + (cm.autocast_weight_bytes(model.layer_matmul_params * frac, bt)
+                           if mixed and not recompute else 0.0)
+    per -= min(stored_one, layer_local * pb)
+    phases.append((fixed + work, per + inflight * stored))
     # gradient sync between pipelines: DDP's bucket copies (in the reduce dtype, B_type by
     # default), ZeRO's buckets in flight
     if P > 1:
         fixed, per = states("sync")
         if sharding == "ddp":
-            phases.append((fixed + cm.ddp_bucket_bytes(extra_params, bt), per + cm.ddp_bucket_bytes(layer_local, bt)))
+            phases.append((fixed + cm.ddp_bucket_bytes(extra_params, bt) + (bucket * pb if mixed else 0.0),
+                           per + cm.ddp_bucket_bytes(layer_local, bt)))
         else:
             phases.append((fixed + window, per))
     # optimizer step: Adam's temporaries (one state-sized temporary per parameter stepped at once;
@@ -524,7 +541,7 @@ def stage_memory_at(workload: Workload, sharding: str, num_pipelines: int, recom
     fixed, per = states("step")
     state_b = max(4, pb) if K > 2 * pb else pb
     if sharding != "ddp":
-        phases.append((fixed + window + cm.optimizer_temp_bytes(_BUCKET_CAP_BYTES / pb, state_b), per))
+        phases.append((fixed + window + cm.optimizer_temp_bytes(bucket, state_b), per))
     elif workload.device == "cuda":
         phases.append((fixed + cm.optimizer_temp_bytes(extra_params, state_b),
                        per + cm.optimizer_temp_bytes(layer_local, state_b)))
