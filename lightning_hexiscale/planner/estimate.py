@@ -512,20 +512,25 @@ def stage_memory_at(workload: Workload, sharding: str, num_pipelines: int, recom
     work = (full if recompute else 0.0) + cm.backward_working_bytes(tokens, H, F, tp, bt, pb)
     if last:
         work += cm.logits_bytes(tokens, model.vocab_size * vfrac)
-    if mixed:  # autocast's bf16 weight casts: per stored micro-batch, or the recomputed layer's
+    # the weights each stored micro-batch's graph keeps for its backward: under mixed precision
+    # autocast's bf16 casts (or only the recomputed layer's); under ZeRO-3 otherwise the gathered
+    # block parameters themselves (freeing p.data does not free what autograd saved)
+    matmul_local = model.layer_matmul_params * frac
+    saved_weights = 0.0
+    if mixed:
         work += cm.autocast_weight_bytes(head_matmul, bt, inflight)
         if recompute:
-            work += cm.autocast_weight_bytes(model.layer_matmul_params * frac, bt)
+            work += cm.autocast_weight_bytes(matmul_local, bt)
         else:
-            per += cm.autocast_weight_bytes(model.layer_matmul_params * frac, bt, inflight)
+            saved_weights = cm.autocast_weight_bytes(matmul_local, bt)
+    elif sharding == "zero3" and not recompute:
+        saved_weights = matmul_local * pb
     # recomputation stores each layer's input: the residual stream, in the parameters' dtype.
     # Gradients are None at the start of a step: a layer's gradient (P per parameter) appears in
     # the first backward that reaches it, which frees that micro-batch's stored tensors of the
     # layer as it goes, so the peak holds one of the two, not both.
-    stored = (tokens * H * pb if recompute else full)
-    stored_one = stored + (cm.autocast_weight_bytes(model.layer_matmul_params * frac, bt)
-                           if mixed and not recompute else 0.0)
-    per -= min(stored_one, layer_local * pb)
+    stored = (tokens * H * pb if recompute else full) + saved_weights
+    per -= min(stored, layer_local * pb)
     phases.append((fixed + work, per + inflight * stored))
     # gradient sync between pipelines: DDP's bucket copies (in the reduce dtype, B_type by
     # default), ZeRO's buckets in flight
