@@ -57,4 +57,4 @@ def test_bf16_mixed_costs_more_than_bf16_true():
     for sharding in ("ddp", "zero2", "zero3"):
         peak = {p: stage_memory_at(Workload.from_precision(M, p, reserve_bytes=0.0, device="cpu"), sharding, 2, False,
                                    True, True, 4, 1, 1).peak(M.num_layers) for p in ("bf16-mixed", "bf16-true")}
-        assert peak["bf16-mixed"] > 1.5 * peak["bf16-true"], sharding
+        assert peak["bf16-mixed"] > 1.4 * peak["bf16-true"], sharding

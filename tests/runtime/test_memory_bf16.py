@@ -1,9 +1,7 @@
-"""Peak memory per rank under bf16-mixed on CPU (2 forked gloo ranks, GPipe, 8 micro-batches in flight)
-against estimate(): within 15 % for ddp, zero2, zero3; and recipes/bench_memory.py prints its table.
-
-Measured as in recipes/bench_memory.py (peak resident-set growth after a warm-up step). The
-zero3 row with one micro-batch is an overestimate of ~1.2-1.3 (the gradient of a layer replaces
-its stored tensors during the one backward; not modelled), so it is not part of the 15 % check."""
+"""Peak memory per rank under bf16-mixed on CPU (2 forked gloo ranks, GPipe, 1 and 8 micro-batches in
+flight, 3.3 M parameters) against estimate(): within 15 % for ddp, zero2, zero3; and
+recipes/bench_memory.py prints its table. Measured as in recipes/bench_memory.py (peak resident-set
+growth per rank over two steps, after a warm-up step)."""
 
 import subprocess
 import sys
@@ -14,14 +12,23 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "recipes"))
 import bench_memory  # noqa: E402
 
+from lightning_hexiscale.config.cluster import Cluster  # noqa: E402
+from lightning_hexiscale.planner.estimate import Workload, estimate  # noqa: E402
+
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("micro_batches", [1, 8])
 @pytest.mark.parametrize("sharding", ["ddp", "zero2", "zero3"])
-def test_bf16_mixed_peak_within_15_percent(sharding):
+def test_bf16_mixed_peak_within_15_percent(sharding, micro_batches):
     config = bench_memory.bench_config(layers=4, hidden=256, seq=32)
-    (row,) = bench_memory.rows(2, config, "bf16-mixed", [8], steps=2, shardings=(sharding,))
+    (row,) = bench_memory.rows(2, config, "bf16-mixed", [micro_batches], steps=2, shardings=(sharding,))
     ratio = row["estimated"] / row["measured"]
     assert 0.85 <= ratio <= 1.15, row
+    if micro_batches == 8 and sharding != "zero3":  # the check can fail: 16-bit pricing of bf16-mixed misses it
+        plan = bench_memory.gpipe_plan(2, config, micro_batches, sharding)
+        sixteen = Workload(config, dtype="bf16", optimizer_bytes_per_param=12.0, reserve_bytes=0.0, device="cpu")
+        old = max(s.peak_memory_bytes for p in estimate(plan, Cluster.load("cpu2"), sixteen).pipelines for s in p.stages)
+        assert not 0.85 <= old / row["measured"] <= 1.15, (old, row)
 
 
 @pytest.mark.timeout(300)
