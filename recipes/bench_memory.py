@@ -2,7 +2,8 @@
 
 For each dp_sharding (ddp, zero2, zero3) and each number of micro-batches in flight (default 1 and
 8), trains a small LLaMA (default ~3.3 M parameters: 4 layers of width 256, FFN 704, byte
-vocabulary, 32-token sequences) on ``--ranks`` single-device GPipe pipelines (forked gloo ranks, one
+vocabulary, 128-token sequences: long enough that page rounding of tiny activation tensors does not
+dominate the measurement) on ``--ranks`` single-device GPipe pipelines (forked gloo ranks, one
 launch per row so that each peak is its own) under ``--precision`` (default ``bf16-mixed``: float32
 parameters, forward under bf16 autocast, as the Lightning strategy runs it).
 
@@ -49,7 +50,7 @@ PRECISIONS = {"32-true": (torch.float32, None), "bf16-mixed": (torch.float32, to
 MIB = 2**20
 
 
-def bench_config(layers: int = 4, hidden: int = 256, seq: int = 32) -> LlamaConfig:
+def bench_config(layers: int = 4, hidden: int = 256, seq: int = 128) -> LlamaConfig:
     return LlamaConfig(name="bench_memory", hidden_size=hidden, num_layers=layers, num_heads=max(1, hidden // 64),
                        num_kv_heads=max(1, hidden // 64), ffn_hidden_size=int(2.75 * hidden) // 8 * 8,
                        vocab_size=256, seq_len=seq)
@@ -162,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ranks", type=int, default=2, help="pipelines = gloo ranks (default 2)")
     ap.add_argument("--layers", type=int, default=4, help="transformer layers (default 4)")
     ap.add_argument("--hidden", type=int, default=256, help="hidden size (default 256; FFN = 2.75 x)")
-    ap.add_argument("--seq", type=int, default=32, help="sequence length (default 32)")
+    ap.add_argument("--seq", type=int, default=128, help="sequence length (default 128)")
     ap.add_argument("--steps", type=int, default=2, help="optimizer steps per launch (default 2)")
     ap.add_argument("--precision", default="bf16-mixed", choices=sorted(PRECISIONS))
     ap.add_argument("--micro-batches", type=int, nargs="+", default=[1, 8], help="micro-batches per pipeline")

@@ -356,14 +356,21 @@ def runtime_state_bytes_per_param(sharding: str, num_pipelines: int, dtype_bytes
     raise ValueError(f"unknown dp_sharding {sharding!r}")
 
 
-def autocast_weight_bytes(matmul_params: float, dtype_bytes: int, micro_batches: int = 1) -> float:
-    """Mixed precision: autocast's B_type copy of every matmul weight, which each linear saves for
-    its backward. The runtime casts per micro-batch (``runtime/schedule.py``: autocast's weight
-    cache off, so that no cast is shared across micro-batches), so each micro-batch whose
-    activations are stored holds its own copies until its backward:
-    ``micro_batches * matmul_params * B_type``. With recomputation a micro-batch stores only its
-    layer inputs: the copies exist for the one layer being recomputed (``micro_batches`` = 1)."""
-    return micro_batches * matmul_params * dtype_bytes
+def autocast_weight_bytes(matmul_params: float, dtype_bytes: int, copies: int = 1) -> float:
+    """Mixed precision: autocast's B_type copies of the matmul weights that linears save for their
+    backward, ``copies * matmul_params * B_type``. The runtime (``runtime/schedule.py``) lets
+    micro-batches 0..n-2 of a step share one cached cast and casts afresh for the last one, so a
+    stage holds at most two copies (one with a single micro-batch in flight); with recomputation
+    only the layer being recomputed has its casts (one copy of one layer)."""
+    return copies * matmul_params * dtype_bytes
+
+
+def shared_cast_grad_bytes(matmul_params: float, dtype_bytes: int) -> float:
+    """The price of sharing one cast across micro-batches: in each backward but the last, autograd
+    runs the shared cast's node (the oldest in the graph) last, so the B_type gradients of every
+    weight wait in its input buffers until the end of that backward: one more copy of the weights
+    in B_type (measured: ``recipes/bench_memory.py``, 8 micro-batches)."""
+    return matmul_params * dtype_bytes
 
 
 def compute_bytes(dtype_bytes: int) -> int:

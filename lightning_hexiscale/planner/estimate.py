@@ -512,25 +512,30 @@ def stage_memory_at(workload: Workload, sharding: str, num_pipelines: int, recom
     work = (full if recompute else 0.0) + cm.backward_working_bytes(tokens, H, F, tp, bt, pb)
     if last:
         work += cm.logits_bytes(tokens, model.vocab_size * vfrac)
-    # the weights each stored micro-batch's graph keeps for its backward: under mixed precision
-    # autocast's bf16 casts (or only the recomputed layer's); under ZeRO-3 otherwise the gathered
-    # block parameters themselves (freeing p.data does not free what autograd saved)
+    # the weights the stored micro-batches' graphs keep for their backward: under mixed precision
+    # autocast's bf16 casts, one copy shared by micro-batches 0..n-2 and the last one's own
+    # (runtime/schedule.py), or only the recomputed layer's; under ZeRO-3 otherwise the gathered
+    # block parameters themselves, per micro-batch (freeing p.data does not free what autograd saved)
     matmul_local = model.layer_matmul_params * frac
+    copies = min(inflight, 2)
     saved_weights = 0.0
     if mixed:
-        work += cm.autocast_weight_bytes(head_matmul, bt, inflight)
+        work += cm.autocast_weight_bytes(head_matmul, bt, 1 if recompute else copies)
         if recompute:
             work += cm.autocast_weight_bytes(matmul_local, bt)
         else:
-            saved_weights = cm.autocast_weight_bytes(matmul_local, bt)
+            per += cm.autocast_weight_bytes(matmul_local, bt, copies)
+            if inflight > 1:
+                per += cm.shared_cast_grad_bytes(matmul_local, bt)
     elif sharding == "zero3" and not recompute:
         saved_weights = matmul_local * pb
     # recomputation stores each layer's input: the residual stream, in the parameters' dtype.
     # Gradients are None at the start of a step: a layer's gradient (P per parameter) appears in
     # the first backward that reaches it, which frees that micro-batch's stored tensors of the
-    # layer as it goes, so the peak holds one of the two, not both.
+    # layer as it goes (its casts too when it is the only one), so the peak holds one of the two.
     stored = (tokens * H * pb if recompute else full) + saved_weights
-    per -= min(stored, layer_local * pb)
+    freed = stored + (cm.autocast_weight_bytes(matmul_local, bt) if mixed and not recompute and inflight == 1 else 0.0)
+    per -= min(freed, layer_local * pb)
     phases.append((fixed + work, per + inflight * stored))
     # gradient sync between pipelines: DDP's bucket copies (in the reduce dtype, B_type by
     # default), ZeRO's buckets in flight

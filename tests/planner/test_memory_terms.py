@@ -40,21 +40,31 @@ def test_mixed_activations_measured_layout():
     assert got > cm.stored_activation_bytes(32, 256, 256, 704, 1, 2)
 
 
-def test_autocast_copies_per_micro_batch_in_flight():
+def test_autocast_copies_at_most_two():
     w = dataclasses.replace(Workload.from_precision(M, "bf16-mixed"), reserve_bytes=0.0, device="cpu")
-    one = stage_memory_at(w, "ddp", 1, False, True, True, 1, 1, 1).peak(M.num_layers)
-    eight = stage_memory_at(w, "ddp", 1, False, True, True, 8, 1, 1).peak(M.num_layers)
+    peak = {n: stage_memory_at(w, "ddp", 1, False, True, True, n, 1, 1).peak(M.num_layers) for n in (1, 2, 8)}
     act = cm.stored_activation_bytes(32, 256, 256, 704, 1, 2, mixed=True)
     casts = M.layer_matmul_params * 2
-    assert eight - one == pytest.approx(7 * M.num_layers * (act + casts) + 7 * M.vocab_size * 256 * 2)
-    # recomputation: only the recomputed layer's casts
+    head = M.vocab_size * 256 * 2
+    # 8 vs 2 in flight: only the stored activations grow (the casts are shared: two copies)
+    assert peak[8] - peak[2] == pytest.approx(6 * M.num_layers * act)
+    # 1 -> 2: the second copy of the casts, the shared cast's pending bf16 gradients (one more
+    # copy), one more micro-batch's activations; with one in flight its backward frees the casts
+    # as the gradients appear, which the 1-micro-batch peak nets
+    grad = M.layer_params * 4
+    one_freed = min(act + casts, grad)
+    two_freed = min(act, grad)
+    assert peak[2] - peak[1] == pytest.approx(M.num_layers * (act + 2 * casts + one_freed - two_freed) + head)
+    # recomputation: only the recomputed layer's casts, whatever is in flight
     rec1 = stage_memory_at(w, "ddp", 1, True, True, True, 1, 1, 1).peak(M.num_layers)
     rec8 = stage_memory_at(w, "ddp", 1, True, True, True, 8, 1, 1).peak(M.num_layers)
-    assert rec8 - rec1 == pytest.approx(7 * (M.num_layers * 32 * 256 * 4 + M.vocab_size * 256 * 2))
+    assert rec8 - rec1 == pytest.approx(7 * M.num_layers * 32 * 256 * 4)
 
 
 def test_bf16_mixed_costs_more_than_bf16_true():
     for sharding in ("ddp", "zero2", "zero3"):
         peak = {p: stage_memory_at(Workload.from_precision(M, p, reserve_bytes=0.0, device="cpu"), sharding, 2, False,
                                    True, True, 4, 1, 1).peak(M.num_layers) for p in ("bf16-mixed", "bf16-true")}
-        assert peak["bf16-mixed"] > 1.4 * peak["bf16-true"], sharding
+        # ZeRO-3 under bf16-true keeps each stored micro-batch's gathered (bf16) weights, which
+        # bf16-mixed replaces by its shared casts: the gap is smaller there
+        assert peak["bf16-mixed"] > (1.25 if sharding == "zero3" else 2.0) * peak["bf16-true"], sharding
