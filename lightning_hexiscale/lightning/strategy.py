@@ -323,7 +323,8 @@ class HexiScaleStrategy(DDPStrategy):
         # everyone's, because ranks with different plans would build different groups and hang.
         try:
             self.plan = plan_for(given, self.cluster, llama.config, self._global_batch_for(trainer), self._overrides,
-                                 dtype=self._workload_dtype(), seed=self.seed, iterations=self.planner_iterations)
+                                 dtype=self._workload_dtype(), precision=self._workload_precision(), seed=self.seed,
+                                 iterations=self.planner_iterations)
         except InfeasiblePlan as e:
             if self.elastic is None:
                 raise
@@ -371,6 +372,13 @@ class HexiScaleStrategy(DDPStrategy):
     def _workload_dtype(self) -> str:
         """The dtype the planner's cost model prices: the Trainer's precision (one knob)."""
         return precision_dtype(str(getattr(self.precision_plugin, "precision", "32-true")), key="Trainer(precision)")
+
+    def _workload_precision(self) -> str:
+        """The Trainer's precision, which the planner prices memory under (fp32 parameters and
+        gradients under bf16-mixed; ``Workload.from_precision``)."""
+        precision = str(getattr(self.precision_plugin, "precision", "32-true"))
+        self._workload_dtype()  # checks it
+        return precision
 
     def _autocast_dtype(self) -> torch.dtype | None:
         plugin = self.precision_plugin

@@ -526,7 +526,7 @@ def _check_user_mb(global_batch: int, user_mb: int) -> None:
 def minimum_memory_message(cluster: Cluster, workload: Workload, global_batch: int) -> str:
     """What is missing when nothing fits: training-state bytes against the cluster's memory."""
     m = workload.model
-    per_param = 2 * workload.dtype_bytes + workload.optimizer_bytes_per_param
+    per_param = 2 * workload.param_bytes + workload.optimizer_bytes_per_param  # parameter, gradient, optimizer
     need = m.total_params * per_param
     usable = cluster.total_memory - cluster.num_devices * workload.reserve_bytes
     return (f"no plan fits in memory: {m.name} ({m.total_params / 1e9:.2f}B parameters) needs {format_bytes(need)} "

@@ -321,31 +321,56 @@ def state_bytes_per_param(sharding: str, num_pipelines: int, dtype_bytes: int, o
 
 # ---- what the runtime allocates beyond Appendix B (measured on the CPU runtime; see tests) ----------
 def runtime_state_bytes_per_param(sharding: str, num_pipelines: int, dtype_bytes: int, optimizer_bytes: float,
-                                  phase: str = "backward", recompute: bool = True) -> float:
+                                  phase: str = "backward", recompute: bool = True,
+                                  param_bytes: float | None = None) -> float:
     """Bytes per local parameter the runtime holds for weights, gradients and optimizer states in
-    each phase of a step (``runtime/zero.py``, ``runtime/zero3.py``; measured on CPU), k = N_dp:
+    each phase of a step (``runtime/zero.py``, ``runtime/zero3.py``; measured on CPU), k = N_dp,
+    P = ``param_bytes`` (the parameters' storage dtype, which their gradients share; default
+    B = ``dtype_bytes``; float32 under mixed precision, where P > B):
 
-        phase      DDP           ZeRO-2                      ZeRO-3
-        backward   B + B + K     B + B + K/k                 B/k + B/k + B + K/k
-        sync       B + B + K     B + B + K/k                 B/k + B/k + B + K/k
-        step       B + B + K     B + B/k + K/k + B           B/k + B/k + K/k
+        phase      DDP           ZeRO-2                      ZeRO-2, mixed (P > B)       ZeRO-3
+        backward   P + P + K     P + P + K/k                 P + P + P/k + K/k           P/k + P/k + P + K/k
+        sync       P + P + K     P + P + K/k                 P + P + P/k + K/k           P/k + P/k + P + K/k
+        step       P + P + K     P + P/k + K/k + P           P + P/k + P/k + K/k         P/k + P/k + K/k
 
     The local gradient is whole until the cross-pipeline reduce-scatter (the pipelines run
     different numbers of micro-batches, so it accumulates over all of them first), where
     :func:`state_bytes_per_param` (ZeRO paper) counts it 1/k. ZeRO-2's sharded step keeps every
-    bucket's flat copy of the parameters alive (its inner optimizers step views of them). ZeRO-3
-    keeps the parameter chunks it owns (B/k) and, bound to its sharded optimizer until the next
-    step, the previous step's gradient chunks (B/k). Measured on the CPU runtime
-    (``recipes/bench_zero.py``); ``recompute`` is accepted for symmetry (no term depends on it).
+    bucket's flat copy of the parameters alive (its inner optimizers step views of them); under
+    mixed precision it steps the exact float32 master chunk instead (P/k, kept between steps: the
+    full local parameters hold the bf16-rounded values). ZeRO-3 keeps the parameter chunks it owns
+    (P/k, its masters) and, bound to its sharded optimizer until the next step, the previous
+    step's gradient chunks (P/k). Measured on the CPU runtime (``recipes/bench_zero.py``,
+    ``recipes/bench_memory.py``); ``recompute`` is accepted for symmetry (no term depends on it).
     """
-    B, K, k = dtype_bytes, optimizer_bytes, max(num_pipelines, 1)
+    P = dtype_bytes if param_bytes is None else param_bytes
+    K, k = optimizer_bytes, max(num_pipelines, 1)
     if sharding == "ddp":
-        return 2 * B + K
+        return 2 * P + K
     if sharding == "zero2":
-        return 2 * B + K / k if phase != "step" else B + B / k + K / k + B
+        if P > dtype_bytes and k > 1:  # mixed precision: float32 master chunks, no flat copy in the step
+            return (2 * P if phase != "step" else P + P / k) + P / k + K / k
+        return 2 * P + K / k if phase != "step" else P + P / k + K / k + P
     if sharding == "zero3":
-        return 2 * B / k + K / k + (B if phase != "step" else 0.0)
+        return 2 * P / k + K / k + (P if phase != "step" else 0.0)
     raise ValueError(f"unknown dp_sharding {sharding!r}")
+
+
+def autocast_weight_bytes(matmul_params: float, dtype_bytes: int, copies: int = 1) -> float:
+    """Mixed precision: autocast's B_type copies of the matmul weights that linears save for their
+    backward, ``copies * matmul_params * B_type``. The runtime (``runtime/schedule.py``) lets
+    micro-batches 0..n-2 of a step share one cached cast and casts afresh for the last one, so a
+    stage holds at most two copies (one with a single micro-batch in flight); with recomputation
+    only the layer being recomputed has its casts (one copy of one layer)."""
+    return copies * matmul_params * dtype_bytes
+
+
+def shared_cast_grad_bytes(matmul_params: float, dtype_bytes: int) -> float:
+    """The price of sharing one cast across micro-batches: in each backward but the last, autograd
+    runs the shared cast's node (the oldest in the graph) last, so the B_type gradients of every
+    weight wait in its input buffers until the end of that backward: one more copy of the weights
+    in B_type (measured: ``recipes/bench_memory.py``, 8 micro-batches)."""
+    return matmul_params * dtype_bytes
 
 
 def compute_bytes(dtype_bytes: int) -> int:
@@ -353,7 +378,8 @@ def compute_bytes(dtype_bytes: int) -> int:
     return max(4, dtype_bytes)
 
 
-def stored_activation_bytes(tokens: int, hidden: int, kv_dim: int, ffn: int, tp: int, dtype_bytes: int) -> float:
+def stored_activation_bytes(tokens: int, hidden: int, kv_dim: int, ffn: int, tp: int, dtype_bytes: int,
+                            mixed: bool = False) -> float:
     """Bytes one LLaMA layer keeps for its backward, for ``tokens`` = B_mb * S tokens (no recompute):
 
         tokens * [ 2 * (2 * C / B_type + 1) * H  +  (2 * H + 2 * kv + 4 * F) / t ] * B_type
@@ -362,17 +388,32 @@ def stored_activation_bytes(tokens: int, hidden: int, kv_dim: int, ffn: int, tp:
     each RMSNorm keeps its input and normalised value in its compute dtype C (float32) and its
     output feeds the next projection (replicated over the TP group); attention keeps q, out and
     the k, v of the local heads; the SwiGLU MLP keeps gate, up, silu(gate) and their product.
+
+    ``mixed`` (autocast over float32 parameters): the residual stream stays float32, and each
+    linear saves its own B_type cast of its input; a norm's output enters q, k, v (3 casts) and
+    gate, up (2 casts) when t = 1, but one cast under TP (``runtime/parallelize.py`` casts it before
+    the TP region):
+
+        tokens * [ 4 * C * H  +  (5 if t = 1 else 2) * B_type * H  +  (2 * H + 2 * kv + 4 * F) / t * B_type ]
     """
-    norms = 2 * (2 * compute_bytes(dtype_bytes) / dtype_bytes + 1) * hidden
+    C = compute_bytes(dtype_bytes)
+    if mixed:
+        return tokens * (4 * C * hidden + ((5 if tp == 1 else 2) * hidden + (2 * hidden + 2 * kv_dim + 4 * ffn) / tp)
+                         * dtype_bytes)
+    norms = 2 * (2 * C / dtype_bytes + 1) * hidden
     return tokens * (norms + (2 * hidden + 2 * kv_dim + 4 * ffn) / tp) * dtype_bytes
 
 
-def backward_working_bytes(tokens: int, hidden: int, ffn: int, tp: int, dtype_bytes: int) -> float:
+def backward_working_bytes(tokens: int, hidden: int, ffn: int, tp: int, dtype_bytes: int,
+                           param_bytes: float | None = None) -> float:
     """Autograd temporaries while one layer runs its backward: the three FFN-wide gradients of the
     SwiGLU alive at once (3 * tokens * F / t) and the fresh gradient of its largest weight shard
     (H * F / t), which is allocated and then added into the accumulated gradient. Measured within a
-    few % on the CPU runtime (the stage's peak minus its stored activations)."""
-    return (3 * tokens * ffn / tp + hidden * ffn / tp) * dtype_bytes
+    few % on the CPU runtime (the stage's peak minus its stored activations). Mixed precision
+    (``param_bytes`` P > B_type): that fresh gradient exists in B_type and, cast back, in P."""
+    P = dtype_bytes if param_bytes is None else param_bytes
+    fresh = hidden * ffn / tp * (dtype_bytes + P if P > dtype_bytes else dtype_bytes)
+    return 3 * tokens * ffn / tp * dtype_bytes + fresh
 
 
 def logits_bytes(tokens: int, vocab: int, vocab_shards: int = 1) -> float:

@@ -16,7 +16,6 @@ iteration (all micro-batches of that pipeline); ``time_per_micro_batch_s`` is pe
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -25,7 +24,10 @@ import numpy as np
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner import cost_model as cm
+from lightning_hexiscale.planner.communicators import stage_communicators
 from lightning_hexiscale.planner.dp_comm import dp_comm_all
+from lightning_hexiscale.planner.memory import (_BUCKET_CAP_BYTES, MemoryTerms, _shard_fraction,  # noqa: F401
+                                                stage_memory_at, stage_memory_terms, usable_memory)
 from lightning_hexiscale.planner.plan import Plan
 from lightning_hexiscale.config.units import format_bytes, format_flops
 
@@ -38,9 +40,10 @@ class Workload:
 
     model: LlamaConfig
     dtype: str = "bf16"
-    """Parameter/activation precision: bf16, fp16 or fp32."""
+    """Compute precision B_type (activations, matmuls, the wire): bf16, fp16, fp32 or fp64."""
     optimizer_bytes_per_param: float = 12.0
-    """Optimizer state K per parameter: Adam with fp32 master weights = 4 + 4 + 4."""
+    """Optimizer state K per parameter: Adam with fp32 master weights = 4 + 4 + 4 (Appendix B's
+    default); :meth:`from_precision` gives what the runtime's AdamW keeps."""
     reserve_bytes: float = 1.0 * 2**30
     """Memory per device not available to the model (runtime context, allocator slack)."""
     memory_headroom: float = 0.0
@@ -50,6 +53,9 @@ class Workload:
     comm_buffer_bytes: float = 64 * 2**20
     """Buffers per communicator on CUDA (NCCL: 4 MiB NCCL_BUFFSIZE per channel, protocol and
     direction; 64 MiB is a few channels' worth). 0 to ignore."""
+    param_dtype: str | None = None
+    """Storage dtype of the parameters and their gradients; None = ``dtype``. Mixed precision
+    (``bf16-mixed``) keeps float32 parameters and gradients under bf16 compute: ``fp32``."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.memory_headroom < 1.0:
@@ -66,6 +72,33 @@ class Workload:
     def dtype_bytes(self) -> int:
         """Derived: B_type."""
         return DTYPE_BYTES[self.dtype]
+
+    @property
+    def param_bytes(self) -> int:
+        """Derived: P, bytes per stored parameter and gradient element."""
+        return DTYPE_BYTES[self.param_dtype or self.dtype]
+
+    @property
+    def mixed(self) -> bool:
+        """Mixed precision: parameters stored wider than the compute dtype (autocast casts them)."""
+        return self.param_bytes > self.dtype_bytes
+
+    @classmethod
+    def from_precision(cls, model: LlamaConfig, precision: str, **kwargs: Any) -> Workload:
+        """What the runtime allocates under a Lightning ``precision`` (``trainer.precision``):
+
+            precision    dtype (B)   param_dtype (P)   K (AdamW m, v in the parameters' dtype)
+            32-true      fp32        fp32              8
+            64-true      fp64        fp64              16
+            bf16-mixed   bf16        fp32              8
+            bf16-true    bf16        bf16              4
+        (16-mixed / 16-true as bf16 with fp16). Other fields from ``kwargs``."""
+        from lightning_hexiscale.config.recipe import precision_dtype
+
+        dtype = precision_dtype(precision)
+        param = "fp32" if str(precision).endswith("-mixed") else dtype
+        kwargs.setdefault("optimizer_bytes_per_param", 2.0 * DTYPE_BYTES[param])
+        return cls(model, dtype=dtype, param_dtype=param, **kwargs)
 
     @property
     def seq_len(self) -> int:
@@ -378,124 +411,6 @@ def layer_step(t_f: float, t_b: float, t_comm: float, sharding: str,
     return step, cm.dp_exposed_layer(t_b, t_comm, sharding, theta)
 
 
-@dataclass(frozen=True)
-class MemoryTerms:
-    """Bytes on each device of a stage, phase by phase, each affine in the stage's layer count l:
-    the peak is max over phases of ``fixed + l * per_layer``. Phases: the backward (states,
-    stored activations, autograd working set, logits), the gradient sync (states, communication
-    buckets) and the optimizer step (states, its temporaries)."""
-
-    phases: tuple[tuple[float, float], ...]
-    """((fixed, per_layer), ...) in bytes."""
-
-    def peak(self, layers: int) -> float:
-        return max(f + layers * p for f, p in self.phases)
-
-    def max_layers(self, usable_bytes: float) -> int:
-        """The most layers that fit in ``usable_bytes`` in every phase (0 if none)."""
-        most = math.inf
-        for f, p in self.phases:
-            if f > usable_bytes:
-                return 0
-            if p > 0:
-                most = min(most, math.floor((usable_bytes - f) / p * (1 - 1e-12)))
-        return int(min(most, 1 << 30))
-
-
-def stage_memory_terms(workload: Workload, sharding: str, num_pipelines: int, schedule: str, recompute: bool,
-                       num_stages: int, j: int, tp: int, mb: int, n_mb: int) -> MemoryTerms:
-    """Memory of stage j of a pipeline of ``num_stages`` stages; see :func:`stage_memory_at` (the
-    position matters only through first / last stage and the in-flight micro-batches)."""
-    return stage_memory_at(workload, sharding, num_pipelines, recompute, j == 0, j == num_stages - 1,
-                           cm.inflight_micro_batches(schedule, num_stages, j, n_mb), tp, mb)
-
-
-def stage_memory_at(workload: Workload, sharding: str, num_pipelines: int, recompute: bool, first: bool,
-                    last: bool, inflight: int, tp: int, mb: int) -> MemoryTerms:
-    """Bytes on each device of a stage of TP ``tp`` holding ``inflight`` micro-batches of ``mb``
-    sequences at its peak, as the runtime allocates them (each term a named function of
-    :mod:`cost_model`):
-
-    - in every phase: the parameters' states (weights, gradients, optimizer;
-      :func:`cost_model.runtime_state_bytes_per_param`) of the stage's layers, of the embedding
-      (first stage) and of the final norm and LM head (last stage; vocabulary-parallel: V/t rows per
-      TP rank), ZeRO-3's
-      gathered current and prefetched layer, ``reserve_bytes``, and on CUDA the collective
-      library's buffers for each communicator the device joins (world, TP group, pipeline
-      neighbours, one data-parallel group; :func:`cost_model.comm_buffer_bytes`);
-    - backward: the stored activations of the in-flight micro-batches (each layer's input when
-      recomputing, else :func:`cost_model.stored_activation_bytes`), the working set of the layer
-      being back-propagated (its recomputed activations when recomputing, plus
-      :func:`cost_model.backward_working_bytes`), and the loss's float32 logits on the last stage
-      (:func:`cost_model.logits_bytes`);
-    - gradient sync: DDP's bucket copies of every synchronised gradient, ZeRO's two buckets in
-      flight (:func:`cost_model.ddp_bucket_bytes`, :func:`cost_model.zero_window_bytes`);
-    - optimizer step: Adam's temporaries (:func:`cost_model.optimizer_temp_bytes`): one float32
-      state per parameter stepped at once (all of them with the multi-tensor step on CUDA, one
-      bucket under ZeRO, the largest parameter with the CPU's single-tensor step).
-    """
-    model = workload.model
-    bt = workload.dtype_bytes
-    S, H, F = model.seq_len, model.hidden_size, model.ffn_hidden_size
-    tokens = mb * S
-    P = max(num_pipelines, 1)
-    K = workload.optimizer_bytes_per_param
-    layer_local = model.layer_params * _shard_fraction(model, tp)
-    # vocabulary-parallel: this rank's V/t rows of the embedding (first stage) and of the LM head
-    # (last stage; a tied head is the embedding itself on a one-stage pipeline, a copy elsewhere)
-    vfrac = model.max_vocab_fraction(tp)
-    extra_params = ((model.embedding_params * vfrac if first else 0.0)
-                    + (model.hidden_size + (model.stage_head_params(is_first=first) - model.hidden_size) * vfrac
-                       if last else 0.0))
-    comms = 1 + (tp > 1) + (not first) + (not last) + (P > 1)
-    common = workload.reserve_bytes + (cm.comm_buffer_bytes(comms, workload.comm_buffer_bytes)
-                                       if workload.device == "cuda" else 0.0)
-    if sharding == "zero3":
-        common += 2 * layer_local * bt  # the gathered current and next layer
-
-    def states(phase: str) -> tuple[float, float]:
-        spp = cm.runtime_state_bytes_per_param(sharding, P, bt, K, phase, recompute)
-        return common + extra_params * spp, layer_local * spp
-
-    phases = []
-    # backward: stored activations, the working set of the layer in its backward, the logits
-    full = cm.stored_activation_bytes(tokens, H, model.kv_dim, F, tp, bt)
-    fixed, per = states("backward")
-    work = (full if recompute else 0.0) + cm.backward_working_bytes(tokens, H, F, tp, bt)
-    if last:
-        work += cm.logits_bytes(tokens, model.vocab_size * vfrac)
-    phases.append((fixed + work, per + inflight * (tokens * H * bt if recompute else full)))
-    # gradient sync between pipelines: DDP's bucket copies, ZeRO's buckets in flight
-    if P > 1:
-        fixed, per = states("sync")
-        if sharding == "ddp":
-            phases.append((fixed + cm.ddp_bucket_bytes(extra_params, bt), per + cm.ddp_bucket_bytes(layer_local, bt)))
-        else:
-            phases.append((fixed + cm.zero_window_bytes(_BUCKET_CAP_BYTES), per))
-    # optimizer step: Adam's temporaries (one float32 state per parameter stepped at once)
-    fixed, per = states("step")
-    state_b = max(4, bt) if K > 2 * bt else bt
-    if sharding != "ddp":
-        phases.append((fixed + cm.zero_window_bytes(_BUCKET_CAP_BYTES)
-                       + cm.optimizer_temp_bytes(_BUCKET_CAP_BYTES / bt, state_b), per))
-    elif workload.device == "cuda":
-        phases.append((fixed + cm.optimizer_temp_bytes(extra_params, state_b),
-                       per + cm.optimizer_temp_bytes(layer_local, state_b)))
-    else:
-        largest = max(H * F / tp, model.vocab_size * vfrac * H if (first or last) else 0)
-        phases.append((fixed + cm.optimizer_temp_bytes(largest, state_b), per))
-    return MemoryTerms(tuple(phases))
-
-
-_BUCKET_CAP_BYTES = 4 * 2**20
-"""The runtime's gradient-sync and ZeRO bucket size (``runtime.grad_sync.DEFAULT_BUCKET_CAP_BYTES``)."""
-
-
-def usable_memory(workload: Workload, capacity_bytes: float) -> float:
-    """Bytes of a device the plan may use: its capacity less the ``memory_headroom`` fraction."""
-    return capacity_bytes * (1.0 - workload.memory_headroom)
-
-
 def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
     """Estimate iteration time, throughput and memory of ``plan`` on ``cluster`` (Appendix B)."""
     model = workload.model
@@ -507,6 +422,8 @@ def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
     ooms: list[OutOfMemory] = []
     n_comp = 4.0 if plan.recompute else 3.0
     n_tp = 2.0 + (cm.RECOMPUTE_TP_SHARE if plan.recompute else 0.0)
+    # the communicators each stage's ranks join (only priced on CUDA)
+    comms = stage_communicators(plan, model) if workload.device == "cuda" and workload.comm_buffer_bytes else {}
     for i, pipe in enumerate(plan.pipelines):
         mb, n_mb = pipe.micro_batch_size, pipe.num_micro_batches
         n_st = len(pipe.stages)
@@ -529,7 +446,7 @@ def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
             hops.append(hop)
             tails.append(tail)
             peak = stage_memory_terms(workload, plan.dp_sharding, plan.num_pipelines, plan.schedule,
-                                      plan.recompute, n_st, j, st.tp, mb, n_mb).peak(l)
+                                      plan.recompute, n_st, j, st.tp, mb, n_mb, comms.get((i, j))).peak(l)
             cap = min(cluster.devices[d].memory_bytes for d in st.devices)
             for d in st.devices:
                 usable = usable_memory(workload, cluster.devices[d].memory_bytes)
@@ -556,30 +473,17 @@ def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
                     feasible=not ooms, pipelines=pipes, out_of_memory=ooms, bottleneck_pipeline=worst, breakdown=breakdown)
 
 
-def _shard_fraction(model: LlamaConfig, tp: int) -> float:
-    """model.max_shard_fraction(tp), memoised per model shape (the planner calls estimate() often)."""
-    key = (model, tp)
-    if key not in _FRAC:
-        _FRAC[key] = model.max_shard_fraction(tp)
-    return _FRAC[key]
-
-
-_FRAC: dict[tuple[LlamaConfig, int], float] = {}
-
-
 def workload_from_config(cfg) -> Workload:
     """Workload from a composed root config: ``cfg.model``, the dtype of ``trainer.precision``
     (null: chosen by the cluster's devices, :func:`~lightning_hexiscale.config.recipe.effective_precision`),
     ``train.memory_headroom``, and whether the cluster runs on CPUs."""
-    from lightning_hexiscale.config.recipe import effective_precision, precision_dtype
+    from lightning_hexiscale.config.recipe import effective_precision
 
     types = [m.gpu for m in cfg.cluster.machines]
-    dtype = precision_dtype(effective_precision(cfg.trainer.precision, types))
-    # Adam's m and v in the dtype of the weights; bf16/fp16 training adds an fp32 master copy (4 + 4 + 4).
-    optimizer_bytes = {"fp64": 16.0, "fp32": 8.0}.get(dtype, 12.0)
-    return Workload(LlamaConfig.from_config(cfg.model), dtype=dtype, optimizer_bytes_per_param=optimizer_bytes,
-                    memory_headroom=float(cfg.train.get("memory_headroom", 0.0) or 0.0),
-                    device="cpu" if _cpu_cluster(cfg) else "cuda")
+    precision = effective_precision(cfg.trainer.precision, types)
+    return Workload.from_precision(LlamaConfig.from_config(cfg.model), precision,
+                                   memory_headroom=float(cfg.train.get("memory_headroom", 0.0) or 0.0),
+                                   device="cpu" if _cpu_cluster(cfg) else "cuda")
 
 
 def _cpu_cluster(cfg) -> bool:

@@ -30,7 +30,6 @@ import torch
 import torch.distributed as dist
 
 from lightning_hexiscale.config.cluster import Cluster
-from lightning_hexiscale.config.recipe import PRECISION_DTYPES
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.estimate import Estimate, Workload, estimate
 from lightning_hexiscale.planner.plan import Plan
@@ -38,13 +37,9 @@ from lightning_hexiscale.config.units import format_bytes
 
 
 def cpu_workload(model: LlamaConfig, precision: str = "32-true") -> Workload:
-    """What the runtime trains in ``precision``: its dtype, AdamW m and v in the parameter dtype
-    (2 x 4 = 8 bytes/param in 32-true and bf16-mixed, 16 in 64-true, 4 in bf16-true), nothing reserved."""
-    from lightning_hexiscale.profiling.precision import PARAM_DTYPES, check_precision
-
-    p = PARAM_DTYPES[check_precision(precision)]
-    return Workload(model, dtype=PRECISION_DTYPES[precision],
-                    optimizer_bytes_per_param=2.0 * torch.empty(0, dtype=p).element_size(), reserve_bytes=0.0)
+    """What the CPU runtime trains under ``precision`` (default fp32 weights, AdamW m, v: 8 bytes per
+    parameter; :meth:`Workload.from_precision`), nothing reserved."""
+    return Workload.from_precision(model, precision, reserve_bytes=0.0)
 
 
 def make_batch(config: LlamaConfig, global_batch: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:

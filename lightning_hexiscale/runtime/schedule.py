@@ -37,6 +37,8 @@ element), otherwise in the parameter dtype; the receiver casts back to the compu
 
 from __future__ import annotations
 
+import contextlib
+
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -237,10 +239,27 @@ class PipelineExecutor:
             if ex.recv is not None:
                 received[ex.recv] = got
 
-    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _forward(self, x: torch.Tensor, shared_casts: bool = False) -> torch.Tensor:
         with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.bfloat16,
-                            enabled=self.autocast_dtype is not None):
+                            enabled=self.autocast_dtype is not None, cache_enabled=shared_casts):
             return self.stage(x)
+
+    def _shares_casts(self) -> bool:
+        """Mixed precision without recomputation: the micro-batches of a step, all but the last, share
+        one autocast cast of each weight (see :meth:`run`); with recomputation a micro-batch stores
+        no casts (the recomputed layer casts again in its backward), so nothing is shared."""
+        return self.autocast_dtype is not None and not getattr(self.stage, "recompute", False)
+
+    def _step_region(self):
+        """An autocast region around the whole step, in the current autocast state (so that the loss
+        and the backward run exactly as without it), whose only effect is to keep autocast's weight
+        cache alive across the micro-batches' own regions (torch clears it when the outermost
+        region exits)."""
+        if not self._shares_casts():
+            return contextlib.nullcontext()
+        dev = self.device.type
+        return torch.autocast(dev, dtype=torch.get_autocast_dtype(dev), enabled=torch.is_autocast_enabled(dev),
+                              cache_enabled=True)
 
     # ---- the step -----------------------------------------------------------------------
     def run(self, tokens: torch.Tensor, targets: torch.Tensor, loss_scale: float,
@@ -253,7 +272,27 @@ class PipelineExecutor:
         Returns the pipeline's summed scaled loss (a detached float64 scalar on this rank's device,
         no host synchronisation) on last-stage ranks and 0 elsewhere; see :func:`global_loss` for
         the value on every rank.
+
+        Mixed precision (autocast) without recomputation: every linear saves the bf16 cast of its
+        weight for its backward, so with a fresh cast per micro-batch each micro-batch in flight
+        would keep its own copy of the stage's weights (8 micro-batches: 8 bf16 copies). Instead the
+        forwards of micro-batches 0..n-2 share one cached cast per weight (autocast's weight cache,
+        kept alive by :meth:`_step_region`) and the last micro-batch casts afresh, its forward
+        after the cache was cleared: at most two copies exist (``planner/cost_model.py``
+        :func:`autocast_weight_bytes`). The last micro-batch must not use the shared cast: that
+        node, created by the first forward, has the lowest sequence number in its graph, so autograd
+        would run it, and accumulate the weight's gradient, only at the end of the last backward,
+        and no gradient would be final after its block's backward (the gradient sync starts there).
         """
+        with self._step_region():
+            try:
+                return self._run(tokens, targets, loss_scale, before_last_backward)
+            finally:
+                if self._shares_casts():
+                    torch.clear_autocast_cache()
+
+    def _run(self, tokens: torch.Tensor, targets: torch.Tensor, loss_scale: float,
+             before_last_backward: Callable[[], None] | None) -> torch.Tensor:
         role, stage = self.role, self.stage
         mb = role.micro_batch_size
         if tokens.shape[0] != role.batch_size:
@@ -276,7 +315,10 @@ class PipelineExecutor:
                 else:
                     x = received.pop(("act", i)).to(self.act_dtype).requires_grad_(True)
                     inputs[i] = x
-                out = self._forward(x)
+                last_mb = i == role.num_micro_batches - 1
+                if last_mb and self._shares_casts():
+                    torch.clear_autocast_cache()  # earlier graphs keep the shared casts they saved
+                out = self._forward(x, shared_casts=self._shares_casts() and not last_mb)
                 if role.is_last:
                     out = stage.loss(out, tgt_mb[i].to(self.device)) * loss_scale
                     total += out.detach().to(torch.float64)

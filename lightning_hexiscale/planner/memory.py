@@ -1,0 +1,193 @@
+"""Peak memory of a stage, phase by phase, as the runtime allocates it (the memory half of the cost
+model; ``estimate()`` checks every stage of a plan against its devices, the search and the oracle
+bound layer counts with :meth:`MemoryTerms.max_layers`).
+
+Parameters, gradients and optimizer states are priced in the parameters' storage dtype P
+(``Workload.param_bytes``), activations and messages in the compute dtype B (``Workload.dtype_bytes``);
+the per-term formulas are named functions of :mod:`.cost_model`, measured on the CPU runtime
+(``recipes/bench_zero.py``, ``recipes/bench_memory.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from lightning_hexiscale.models.config import LlamaConfig
+from lightning_hexiscale.planner import cost_model as cm
+from lightning_hexiscale.planner.communicators import communicators_lower_bound
+
+if TYPE_CHECKING:
+    from lightning_hexiscale.planner.estimate import Workload
+
+
+@dataclass(frozen=True)
+class MemoryTerms:
+    """Bytes on each device of a stage, phase by phase, each affine in the stage's layer count l:
+    the peak is max over phases of ``fixed + l * per_layer``. Phases: the backward (states,
+    stored activations, autograd working set, logits), the gradient sync (states, communication
+    buckets) and the optimizer step (states, its temporaries)."""
+
+    phases: tuple[tuple[float, float], ...]
+    """((fixed, per_layer), ...) in bytes."""
+
+    def peak(self, layers: int) -> float:
+        return max(f + layers * p for f, p in self.phases)
+
+    def max_layers(self, usable_bytes: float) -> int:
+        """The most layers that fit in ``usable_bytes`` in every phase (0 if none)."""
+        most = math.inf
+        for f, p in self.phases:
+            if f > usable_bytes:
+                return 0
+            if p > 0:
+                most = min(most, math.floor((usable_bytes - f) / p * (1 - 1e-12)))
+        return int(min(most, 1 << 30))
+
+
+def stage_memory_terms(workload: Workload, sharding: str, num_pipelines: int, schedule: str, recompute: bool,
+                       num_stages: int, j: int, tp: int, mb: int, n_mb: int,
+                       communicators: int | None = None) -> MemoryTerms:
+    """Memory of stage j of a pipeline of ``num_stages`` stages; see :func:`stage_memory_at` (the
+    position matters only through first / last stage and the in-flight micro-batches)."""
+    return stage_memory_at(workload, sharding, num_pipelines, recompute, j == 0, j == num_stages - 1,
+                           cm.inflight_micro_batches(schedule, num_stages, j, n_mb), tp, mb, communicators)
+
+
+def stage_memory_at(workload: Workload, sharding: str, num_pipelines: int, recompute: bool, first: bool,
+                    last: bool, inflight: int, tp: int, mb: int, communicators: int | None = None) -> MemoryTerms:
+    """Bytes on each device of a stage of TP ``tp`` holding ``inflight`` micro-batches of ``mb``
+    sequences at its peak, as the runtime allocates them (each term a named function of
+    :mod:`cost_model`). Parameters, gradients and optimizer states are priced in the parameters'
+    storage dtype P (``workload.param_bytes``: float32 under bf16-mixed), activations and messages
+    in the compute dtype B:
+
+    - in every phase: the parameters' states (weights, gradients, optimizer;
+      :func:`cost_model.runtime_state_bytes_per_param`) of the stage's layers, of the embedding
+      (first stage) and of the final norm and LM head (last stage; vocabulary-parallel: V/t rows per
+      TP rank), ``reserve_bytes``, and on CUDA the collective
+      library's buffers for each communicator the device joins (:func:`cost_model.comm_buffer_bytes`):
+      ``communicators`` where the caller counted them (:mod:`.communicators`, as ``estimate()``
+      does), else the lower bound the search uses (world, TP group, pipeline neighbours, one
+      data-parallel group; asymmetric TP joins more);
+    - backward: ZeRO-3's gathered current and prefetched layer, the stored activations of the
+      in-flight micro-batches (each layer's input when
+      recomputing, else :func:`cost_model.stored_activation_bytes`), the working set of the layer
+      being back-propagated (its recomputed activations when recomputing, plus
+      :func:`cost_model.backward_working_bytes`), the loss's float32 logits on the last stage
+      (:func:`cost_model.logits_bytes`) and, under mixed precision, autocast's bf16 weight casts
+      (:func:`cost_model.autocast_weight_bytes`); less, per layer, the smaller of one
+      micro-batch's stored tensors and the layer's gradient (gradients are None at the start of a
+      step and appear as the first backward frees what it consumed);
+    - gradient sync: DDP's bucket copies of every synchronised gradient, ZeRO's two buckets in
+      flight (:func:`cost_model.ddp_bucket_bytes`, :func:`cost_model.zero_window_bytes`; a bucket
+      is at most the cap and one block, and mixed precision concatenates it in P before the cast);
+    - optimizer step: Adam's temporaries (:func:`cost_model.optimizer_temp_bytes`): one float32
+      state per parameter stepped at once (all of them with the multi-tensor step on CUDA, one
+      bucket under ZeRO, the largest parameter with the CPU's single-tensor step).
+    """
+    model = workload.model
+    bt, pb, mixed = workload.dtype_bytes, workload.param_bytes, workload.mixed
+    S, H, F = model.seq_len, model.hidden_size, model.ffn_hidden_size
+    tokens = mb * S
+    P = max(num_pipelines, 1)
+    K = workload.optimizer_bytes_per_param
+    frac = _shard_fraction(model, tp)
+    layer_local = model.layer_params * frac
+    # vocabulary-parallel: this rank's V/t rows of the embedding (first stage) and of the LM head
+    # (last stage; a tied head is the embedding itself on a one-stage pipeline, a copy elsewhere)
+    vfrac = model.max_vocab_fraction(tp)
+    head_matmul = (model.vocab_size * H * vfrac) if last else 0.0
+    extra_params = ((model.embedding_params * vfrac if first else 0.0)
+                    + (model.hidden_size + (model.stage_head_params(is_first=first) - model.hidden_size) * vfrac
+                       if last else 0.0))
+    comms = communicators_lower_bound(tp, first, last, P) if communicators is None else communicators
+    common = workload.reserve_bytes + (cm.comm_buffer_bytes(comms, workload.comm_buffer_bytes)
+                                       if workload.device == "cuda" else 0.0)
+
+    def states(phase: str) -> tuple[float, float]:
+        spp = cm.runtime_state_bytes_per_param(sharding, P, bt, K, phase, recompute, pb)
+        return common + extra_params * spp, layer_local * spp
+
+    # gradient-sync / ZeRO buckets: at most the cap (in parameter elements) and one unit (a block),
+    # sent in the reduce / wire dtype B; mixed precision first concatenates a bucket in P, then casts
+    bucket = min(_BUCKET_CAP_BYTES / pb, layer_local)
+    window = cm.zero_window_bytes(bucket * bt) + (bucket * pb if mixed else 0.0)
+    phases = []
+    # backward: stored activations, the working set of the layer in its backward, the logits, and
+    # under mixed precision autocast's one bf16 copy of every matmul weight
+    full = cm.stored_activation_bytes(tokens, H, model.kv_dim, F, tp, bt, mixed)
+    fixed, per = states("backward")
+    if sharding == "zero3":  # the gathered current and next layer (parameter dtype), freed after the backward
+        fixed += 2 * layer_local * pb
+    work = (full if recompute else 0.0) + cm.backward_working_bytes(tokens, H, F, tp, bt, pb)
+    if last:
+        work += cm.logits_bytes(tokens, model.vocab_size * vfrac)
+    # the weights the stored micro-batches' graphs keep for their backward: under mixed precision
+    # autocast's bf16 casts, one copy shared by micro-batches 0..n-2 and the last one's own
+    # (runtime/schedule.py), or only the recomputed layer's; under ZeRO-3 otherwise the gathered
+    # block parameters themselves, per micro-batch (freeing p.data does not free what autograd saved)
+    matmul_local = model.layer_matmul_params * frac
+    copies = min(inflight, 2)
+    saved_weights = 0.0
+    if mixed:
+        work += cm.autocast_weight_bytes(head_matmul, bt, 1 if recompute else copies)
+        if recompute:
+            work += cm.autocast_weight_bytes(matmul_local, bt)
+        else:
+            per += cm.autocast_weight_bytes(matmul_local, bt, copies)
+            if inflight > 1:
+                per += cm.shared_cast_grad_bytes(matmul_local, bt)
+    elif sharding == "zero3" and not recompute:
+        saved_weights = matmul_local * pb
+    # recomputation stores each layer's input: the residual stream, in the parameters' dtype.
+    # Gradients are None at the start of a step: a layer's gradient (P per parameter) appears in
+    # the first backward that reaches it, which frees that micro-batch's stored tensors of the
+    # layer as it goes (its casts too when it is the only one), so the peak holds one of the two.
+    stored = (tokens * H * pb if recompute else full) + saved_weights
+    freed = stored + (cm.autocast_weight_bytes(matmul_local, bt) if mixed and not recompute and inflight == 1 else 0.0)
+    per -= min(freed, layer_local * pb)
+    phases.append((fixed + work, per + inflight * stored))
+    # gradient sync between pipelines: DDP's bucket copies (in the reduce dtype, B_type by
+    # default), ZeRO's buckets in flight
+    if P > 1:
+        fixed, per = states("sync")
+        if sharding == "ddp":
+            phases.append((fixed + cm.ddp_bucket_bytes(extra_params, bt) + (bucket * pb if mixed else 0.0),
+                           per + cm.ddp_bucket_bytes(layer_local, bt)))
+        else:
+            phases.append((fixed + window, per))
+    # optimizer step: Adam's temporaries (one state-sized temporary per parameter stepped at once;
+    # states in the parameters' dtype, at least float32 where K counts fp32 masters besides them)
+    fixed, per = states("step")
+    state_b = max(4, pb) if K > 2 * pb else pb
+    if sharding != "ddp":
+        phases.append((fixed + window + cm.optimizer_temp_bytes(bucket, state_b), per))
+    elif workload.device == "cuda":
+        phases.append((fixed + cm.optimizer_temp_bytes(extra_params, state_b),
+                       per + cm.optimizer_temp_bytes(layer_local, state_b)))
+    else:
+        largest = max(H * F / tp, model.vocab_size * vfrac * H if (first or last) else 0)
+        phases.append((fixed + cm.optimizer_temp_bytes(largest, state_b), per))
+    return MemoryTerms(tuple(phases))
+
+
+_BUCKET_CAP_BYTES = 4 * 2**20
+"""The runtime's gradient-sync and ZeRO bucket size (``runtime.grad_sync.DEFAULT_BUCKET_CAP_BYTES``)."""
+
+
+def usable_memory(workload: Workload, capacity_bytes: float) -> float:
+    """Bytes of a device the plan may use: its capacity less the ``memory_headroom`` fraction."""
+    return capacity_bytes * (1.0 - workload.memory_headroom)
+
+
+def _shard_fraction(model: LlamaConfig, tp: int) -> float:
+    """model.max_shard_fraction(tp), memoised per model shape (the planner calls estimate() often)."""
+    key = (model, tp)
+    if key not in _FRAC:
+        _FRAC[key] = model.max_shard_fraction(tp)
+    return _FRAC[key]
+
+
+_FRAC: dict[tuple[LlamaConfig, int], float] = {}
