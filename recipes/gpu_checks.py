@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import gc
 import os
 import socket
 import statistics
@@ -380,6 +381,9 @@ def check_engine_memory(recompute: bool, micro_batches: int = 4, micro_batch_siz
         est = estimated_peak(plan, cfg, "bf16-mixed")
     except ImportError as e:
         return Row(name, "cuda:0", "SKIP", f"estimate() needs {e.name}: carry it (README, GPU check)", criterion)
+    # The previous row's engine may still sit in reference cycles (autograd hooks that close over
+    # their module): collect them first, or its ~GiBs count in ``base`` and hide this row's peak.
+    gc.collect()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
