@@ -164,7 +164,7 @@ def worker(job_path: str) -> int:
     config = LlamaConfig(**job["model"])
     if job["kind"] == "rounds":
         result = run_from_env(_rounds_rank, job["plans"], config, job["steps"], job["warmup"], job["rounds"],
-                              timeout_s=job["timeout_s"])
+                              job.get("calibrate"), timeout_s=job["timeout_s"])
     elif job["kind"] == "calibrate":
         from lightning_hexiscale.profiling.calibrate import measure_calibration
 
@@ -180,15 +180,57 @@ def worker(job_path: str) -> int:
     return 0
 
 
-def _rounds_rank(rank: int, world: int, plans: dict, config: LlamaConfig, steps: int, warmup: int, rounds: int):
+CAL_COMPUTE, CAL_TP, CAL_DP = "~cal-compute", "~cal-tp", "~cal-dp"
+"""Names of the calibration's three measurements when they take turns in the rounds (no plan name
+starts with ``~``)."""
+
+
+def calibration_extras(rank: int, world: int, config: LlamaConfig, cal: dict) -> dict:
+    """The calibration's measurements (:mod:`lightning_hexiscale.profiling.calibrate`: compute alone,
+    TP-2 pairs, pure DP; ``cal``: micro_batch, micro_batches, steps, warmup) as extras of
+    :func:`~lightning_hexiscale.profiling.rounds.measure_plans_rank`; each returns this rank's step seconds."""
+    from lightning_hexiscale.profiling.calibrate import measure_compute_rank, pure_dp_plan, tp_pairs_plan
+    from lightning_hexiscale.profiling.check import measure_plan_rank
+
+    mb, n, steps, warmup = cal["micro_batch"], cal["micro_batches"], cal["steps"], cal["warmup"]
+    tp = tp_pairs_plan(world, config, mb, n, False).to_dict()
+    dp = pure_dp_plan(world, config, mb, n, False).to_dict()
+    extra = {CAL_COMPUTE: lambda: measure_compute_rank(rank, world, config, mb, n, False, steps, warmup, "32-true"),
+             CAL_DP: lambda: measure_plan_rank(rank, world, dp, config, steps, warmup, "32-true")["step_s"]}
+    if world > 1:
+        extra[CAL_TP] = lambda: measure_plan_rank(rank, world, tp, config, steps, warmup, "32-true")["step_s"]
+    return extra
+
+
+def _rounds_rank(rank: int, world: int, plans: dict, config: LlamaConfig, steps: int, warmup: int, rounds: int,
+                 calibrate: dict | None = None):
     from lightning_hexiscale.profiling.rounds import gather_to_rank0, measure_plans_rank
 
-    return gather_to_rank0(measure_plans_rank(rank, world, plans, config, steps, warmup, rounds))
+    extra = calibration_extras(rank, world, config, calibrate) if calibrate else None
+    return gather_to_rank0(measure_plans_rank(rank, world, plans, config, steps, warmup, rounds, extra=extra))
+
+
+def split_calibration(per_rank: list[dict]) -> tuple[list[dict], object]:
+    """The rounds' per-rank times without the calibration's, and the calibration's as
+    :class:`~lightning_hexiscale.profiling.calibrate.CalibrationSteps` (None when it did not run):
+    compute alone per rank (all its rounds' steps), TP pairs and pure DP per step as the slowest rank's."""
+    from lightning_hexiscale.profiling.calibrate import CalibrationSteps
+    from lightning_hexiscale.profiling.rounds import slowest_rank
+
+    cal_names = (CAL_COMPUTE, CAL_TP, CAL_DP)
+    plans = [{n: t for n, t in r.items() if n not in cal_names} for r in per_rank]
+    if CAL_COMPUTE not in per_rank[0]:
+        return plans, None
+    slow = slowest_rank([{n: r[n] for n in (CAL_TP, CAL_DP) if n in r} for r in per_rank])
+    compute = [[t for rnd in r[CAL_COMPUTE] for t in rnd] for r in per_rank]
+    tp = slow[CAL_TP].steps_s if CAL_TP in slow else []
+    return plans, CalibrationSteps(compute, tp, slow[CAL_DP].steps_s)
 
 
 # ---- the cluster the cost model sees ----------------------------------------------------------------
-def profiled_cluster(launcher, cluster: Cluster, config: LlamaConfig, args, out: Path) -> tuple[Cluster, Path]:
-    """Profile and calibrate inside the launcher's ranks; the calibrated cluster and its file."""
+def profiled_cluster(launcher, cluster: Cluster, config: LlamaConfig, args, out: Path) -> tuple[Cluster, Path, Cluster]:
+    """Profile and calibrate inside the launcher's ranks; the calibrated cluster, its file and the
+    profiled cluster before calibration (to refit on the calibration measured in the rounds)."""
     from lightning_hexiscale.profiling.calibrate import CalibrationSteps, fit_calibration
     from lightning_hexiscale.profiling.writer import update_calibration
 
@@ -208,7 +250,16 @@ def profiled_cluster(launcher, cluster: Cluster, config: LlamaConfig, args, out:
     cal = fit_calibration(raw, config, steps, args.micro_batch, args.cal_micro_batches, False, "median")
     print(cal.summary())
     update_calibration(path, {"theta_ddp": cal.theta_ddp}, cal.efficiency, cal.sync_latency_s)
-    return Cluster.load(str(path)), path
+    return Cluster.load(str(path)), path, raw
+
+
+def refit(raw: Cluster, config: LlamaConfig, steps, args) -> tuple[Cluster, object]:
+    """``raw`` calibrated (fit_calibration, medians) on the calibration steps measured in the rounds."""
+    from lightning_hexiscale.profiling.calibrate import fit_calibration, with_calibration
+
+    cal = fit_calibration(raw, config, steps, args.micro_batch, args.cal_micro_batches, False, "median")
+    return with_calibration(raw, cal.efficiency, replace(raw.calibration, theta_ddp=cal.theta_ddp),
+                            cal.sync_latency_s), cal
 
 
 # ---- plans -------------------------------------------------------------------------------------------
@@ -372,6 +423,9 @@ def parse_args(argv: list[str] | None):
     ap.add_argument("--micro-batch", type=int, default=2, help="sequences per micro-batch, every plan [2]")
     ap.add_argument("--cal-micro-batches", type=int, default=2,
                     help="micro-batches per rank when calibrating [2] (dp-equal has global batch / ranks / micro-batch = 3)")
+    ap.add_argument("--cal-steps", type=int, default=2,
+                    help="timed steps of each calibration measurement in every round; the estimates are priced on "
+                         "the calibration refitted to them (0: on the calibration measured before the rounds) [2]")
     ap.add_argument("--steps", type=int, default=4, help="timed steps per plan and round [4]")
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps per plan and round [1]")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds [3]")
@@ -416,9 +470,9 @@ def bench(args) -> int:
         emulated = launcher.describe() if hasattr(launcher, "describe") else "not emulated (--launcher local)"
         print(emulated, flush=True)
         if args.profile:
-            cost, cost_path = profiled_cluster(launcher, cluster, config, args, out)
+            cost, cost_path, raw = profiled_cluster(launcher, cluster, config, args, out)
         else:
-            cost, cost_path = cluster, Path(args.cluster)
+            cost, cost_path, raw = cluster, Path(args.cluster), None
         print(cost.summary(), flush=True)
         planned = make_plans(cost, config, args)
         from lightning_hexiscale.planner.estimate import estimate
@@ -435,12 +489,24 @@ def bench(args) -> int:
         estimates = {n: estimate(p, cost, cpu_workload(config)).iteration_time_s for n, p in plans.items()}
         job = {"kind": "rounds", "model": config.to_dict(), "plans": {n: p.to_dict() for n, p in plans.items()},
                "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds}
+        if raw is not None and args.cal_steps > 0:  # the calibration takes its turn in every round too
+            job["calibrate"] = {"micro_batch": args.micro_batch, "micro_batches": args.cal_micro_batches,
+                                "steps": args.cal_steps, "warmup": 1}
         from lightning_hexiscale.profiling.launch import HostLoad
 
         with HostLoad() as load:  # CPU time other jobs took while the plans ran (noise, for the record)
             per_rank = run_worker_job(launcher, job, out / "jobs" / "rounds.json", args.timeout)
     from lightning_hexiscale.profiling.rounds import slowest_rank
 
+    per_rank, cal_steps = split_calibration(per_rank)
+    before = dict(estimates)
+    refitted = None
+    if cal_steps is not None:
+        # The plans were made on the calibration measured before the rounds; their estimates are priced
+        # on the one measured in the rounds, under the load the plans themselves ran under.
+        cost_rounds, refitted = refit(raw, config, cal_steps, args)
+        print("calibration measured in the rounds (the estimates below use it):\n" + refitted.summary())
+        estimates = {n: estimate(p, cost_rounds, cpu_workload(config)).iteration_time_s for n, p in plans.items()}
     measured = {n: t.to_dict() for n, t in slowest_rank(per_rank).items()}
     result = compare(estimates, measured)
     print()
@@ -449,7 +515,10 @@ def bench(args) -> int:
     doc = {"args": {k: v for k, v in vars(args).items() if k != "worker"}, "model": config.to_dict(),
            "cluster": args.cluster, "emulated": emulated, "cost_cluster": str(cost_path), "per_rank_steps_s": per_rank,
            "plans": {n: p.to_dict() for n, p in plans.items()}, "notes": notes, "wall_s": time.monotonic() - t_start,
-           "others_cpu_fraction": load.others_fraction,
+           "others_cpu_fraction": load.others_fraction, "estimates_before_rounds_s": before,
+           "calibration_in_rounds": None if refitted is None else {
+               "steps_s": asdict(cal_steps), "efficiency": refitted.efficiency,
+               "sync_latency_s": refitted.sync_latency_s, "theta_ddp": refitted.theta_ddp},
            **result}
     (out / "results.json").write_text(json.dumps(doc, indent=2))
     print(f"wrote {out / 'results.json'} ({time.monotonic() - t_start:.0f} s)")
