@@ -83,9 +83,18 @@ def test_disagreements_the_rounds_do_not_settle_are_named():
             "c": PlanTimes([[2.0], [2.0]]).to_dict()}
     res = bench.compare({"a": 1.0, "b": 0.9, "c": 1.5}, meas)  # b estimated faster; round 0 says a, round 1 b
     assert res["discordant_pairs"] == [("a", "b")] and res["unsettled_pairs"] == [("a", "b")]
-    assert "differently from round to round" in bench.report(res, {})
+    text = bench.report(res, {})
+    assert "differently from round to round" in text and "tie rule:" in text
+    assert res["targets"]["same_ranking"]["pass"]  # the rounds leave (a, b) unordered: a measured tie
     res = bench.compare({"a": 1.0, "b": 0.9, "c": 0.8}, meas)  # c estimated fastest, measured slowest in every round
     assert ("a", "c") in res["discordant_pairs"] and ("a", "c") not in res["unsettled_pairs"]
+    assert not res["targets"]["same_ranking"]["pass"]  # a pair every round orders is a real miss
+
+
+def test_settled_needs_every_round_to_agree():
+    bench = load_recipe()
+    assert bench.settled([1.0, 1.1, 1.2], [1.2, 1.3, 1.25])
+    assert not bench.settled([1.0, 1.1, 1.2], [1.2, 1.3, 1.15])
 
 
 def test_equal_estimates_are_ties_not_disagreements():
