@@ -20,15 +20,18 @@ same cluster, model and global batch:
 4. all plans train in one launch of the ranks, interleaved (``--rounds`` rounds; round k runs every
    plan once, in an order rotated by k: :mod:`lightning_hexiscale.profiling.rounds`), ``--warmup``
    untimed and ``--steps`` timed steps per plan and round. A step: barrier, train_step, SGD step;
-   its time is the slowest rank's.
+   its time is the slowest rank's. The calibration's measurements take their turn in every round too
+   (``--cal-steps`` timed steps each) and the estimates are priced on the calibration refitted to
+   them, i.e. under the load the plans ran under (``--cal-steps 0``: on the one of step 2).
 
 Printed per plan: measured min / median / max step time, the search plan's measured speedup over it
 (median / median), the estimate (planner/estimate.py on the profiled, calibrated cluster), estimate /
 measured median; then PASS/FAIL against the targets: speedup over ``megatron`` >= 1.5x; every estimate
-within 15 % of its measured median; the estimate orders the plans as the measurement does.
+within 15 % of its measured median; the estimate orders the plans as the measurement does, where a
+pair the rounds order both ways is a measured tie (:data:`TIE_RULE`).
 Writes OUT/results.json (everything), OUT/plans/NAME.yaml, OUT/profiled.yaml (default OUT=outputs/bench_hetero).
 
-    sudo python recipes/bench_hetero.py --cores 1.5 --rounds 5     # emulated conf/cluster/emu_4to1.yaml; ~7 min on 2 cores
+    sudo python recipes/bench_hetero.py --cores 1.5 --rounds 5     # emulated conf/cluster/emu_4to1.yaml; ~9 min on 2 cores
     python recipes/bench_hetero.py --launcher local --cluster cpu_hetero4 --no-profile   # plain local processes: no emulation
 
 ``--launcher local`` runs the same worker processes on this host with torchrun's environment but
