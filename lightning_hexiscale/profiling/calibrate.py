@@ -29,7 +29,8 @@ parameter dtype and autocast of :mod:`lightning_hexiscale.profiling.precision`; 
 ranks, bf16-mixed on CUDA by default), and the estimates price that dtype, so that the fitted
 efficiency is the one of the matmuls training will run.
 
-theta_zero2 / theta_zero3_* stay 1.0: the runtime has no ZeRO-2/3 sharding to measure them on.
+theta_zero2 / theta_zero3_* stay 1.0: the runtime has ZeRO-2/3 (runtime/zero.py, zero3.py), but no
+calibration plan measures them yet; ZeRO plans are estimated with Appendix B's overlap as written.
 """
 
 from __future__ import annotations

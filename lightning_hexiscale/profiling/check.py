@@ -4,7 +4,10 @@ Measured, per rank, in the ranks' own process group (forked CPU ranks or an exte
 
 - step time: from a barrier's release to the end of ``PipelineEngine.train_step`` (forward,
   backward, pipeline p2p, TP all-reduces, the asymmetric gradient sync, the loss all-reduce);
-  the optimizer step is timed apart, because the Appendix B cost model does not price it.
+  the optimizer step is timed apart, because the Appendix B cost model does not price it, except
+  under ZeRO-2/3 (``dp_sharding`` not ddp), where the optimizer is the engine's sharded one
+  (``PipelineEngine.wrap_optimizer``) and its step all-gathers the updated parameters, which the
+  cost model prices as part of the data-parallel term: there the step time includes it.
   Iteration time of a step = the slowest rank's; over steps, the fastest or the median (:data:`STATS`).
 - peak memory: growth of the process's peak resident set (Linux VmHWM, reset through
   /proc/self/clear_refs) from just before the engine is built to the end of the steps, with an
@@ -118,7 +121,8 @@ def measure_plan_rank(rank: int, world: int, plan_dict: dict, config: LlamaConfi
                       warmup: int = 1, precision: str | None = None) -> dict:
     """Collective: train ``plan`` for ``warmup + steps`` steps on this rank in ``precision`` (None: the
     device's default); return its measurements (``step_s``, ``optimizer_s`` lists over the timed steps,
-    ``peak_bytes``)."""
+    ``peak_bytes``, ``optimizer``: the class name of the optimizer stepped). Under ZeRO ``step_s``
+    includes the sharded optimizer step (module docstring)."""
     from lightning_hexiscale.profiling import precision as prec
     from lightning_hexiscale.profiling.measure import current_device
     from lightning_hexiscale.runtime.engine import PipelineEngine
@@ -132,7 +136,10 @@ def measure_plan_rank(rank: int, world: int, plan_dict: dict, config: LlamaConfi
     base = reset_peak_memory(device)
     engine = PipelineEngine(plan, config, rank, seed=0, device=device, dtype=run.param_dtype,
                             autocast_dtype=run.autocast_dtype)
-    opt = torch.optim.AdamW(engine.parameters(), lr=1e-4)
+    # the engine's optimizer: under ZeRO the sharded one, which updates this rank's shard and gathers
+    # the parameters (a plain AdamW would find no gradients on the full parameters and do nothing)
+    opt = engine.wrap_optimizer(torch.optim.AdamW(engine.parameters(), lr=1e-4))
+    gather_in_step = plan.dp_sharding != "ddp"
     step_s, opt_s = [], []
     for k in range(warmup + steps):
         tok, tgt = make_batch(config, plan.global_batch, k)
@@ -145,9 +152,10 @@ def measure_plan_rank(rank: int, world: int, plan_dict: dict, config: LlamaConfi
         opt.step()
         t2 = time.perf_counter()
         if k >= warmup:
-            step_s.append(t1 - t0)
+            step_s.append((t2 if gather_in_step else t1) - t0)
             opt_s.append(t2 - t1)
-    return {"rank": rank, "step_s": step_s, "optimizer_s": opt_s, "peak_bytes": peak_memory(device) - base}
+    return {"rank": rank, "step_s": step_s, "optimizer_s": opt_s, "peak_bytes": peak_memory(device) - base,
+            "optimizer": type(opt).__name__}
 
 
 STATS = ("min", "median")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -47,11 +48,20 @@ def check_same_batch(plans: dict[str, Plan]) -> int:
 
 
 def measure_plans_rank(rank: int, world: int, plan_dicts: dict[str, dict], config: LlamaConfig, steps: int,
-                       warmup: int, rounds: int, lr: float = 1e-4) -> dict[str, list[list[float]]]:
+                       warmup: int, rounds: int, lr: float = 1e-4,
+                       extra: dict[str, Callable[[], list[float]]] | None = None) -> dict[str, list[list[float]]]:
     """Collective: train every plan on this rank, interleaved in rounds (module docstring).
 
-    Returns ``{plan name: [[step seconds of each timed step] for each round]}`` for THIS rank.
+    ``extra``: other named measurements that take their turn in every round like a plan (e.g. the
+    calibration's, so that the cost model is fitted under the load the plans ran under); each call
+    is collective and returns this rank's timed step seconds. Their names must differ from the plans'.
+
+    Returns ``{name: [[step seconds of each timed step] for each round]}`` for THIS rank, plans and extras.
     """
+    extra = dict(extra or {})
+    clash = sorted(set(extra) & set(plan_dicts))
+    if clash:
+        raise ValueError(f"extra measurements {clash} have the names of plans")
     from lightning_hexiscale.profiling.check import make_batch, prime
     from lightning_hexiscale.profiling.measure import current_device
     from lightning_hexiscale.runtime.engine import PipelineEngine
@@ -67,9 +77,12 @@ def measure_plans_rank(rank: int, world: int, plan_dicts: dict[str, dict], confi
     for name in sorted(plans):  # construction is collective (process groups): same order on every rank
         engine = PipelineEngine(plans[name], config, rank, seed=0, device=device, dtype=torch.float32)
         runs[name] = (engine, engine.wrap_optimizer(torch.optim.SGD(engine.parameters(), lr=lr)))
-    times: dict[str, list[list[float]]] = {name: [] for name in plans}
-    for order in round_orders(list(plans), rounds):
+    times: dict[str, list[list[float]]] = {name: [] for name in [*plans, *extra]}
+    for order in round_orders([*plans, *extra], rounds):
         for name in order:
+            if name in extra:
+                times[name].append(list(extra[name]()))
+                continue
             engine, opt = runs[name]
             mine = []
             for k in range(warmup + steps):

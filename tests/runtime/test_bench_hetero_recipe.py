@@ -83,9 +83,59 @@ def test_disagreements_the_rounds_do_not_settle_are_named():
             "c": PlanTimes([[2.0], [2.0]]).to_dict()}
     res = bench.compare({"a": 1.0, "b": 0.9, "c": 1.5}, meas)  # b estimated faster; round 0 says a, round 1 b
     assert res["discordant_pairs"] == [("a", "b")] and res["unsettled_pairs"] == [("a", "b")]
-    assert "differently from round to round" in bench.report(res, {})
+    text = bench.report(res, {})
+    assert "differently from round to round" in text and "tie rule:" in text
+    assert res["targets"]["same_ranking"]["pass"]  # the rounds leave (a, b) unordered: a measured tie
     res = bench.compare({"a": 1.0, "b": 0.9, "c": 0.8}, meas)  # c estimated fastest, measured slowest in every round
     assert ("a", "c") in res["discordant_pairs"] and ("a", "c") not in res["unsettled_pairs"]
+    assert not res["targets"]["same_ranking"]["pass"]  # a pair every round orders is a real miss
+
+
+def test_settled_needs_every_round_to_agree():
+    bench = load_recipe()
+    assert bench.settled([1.0, 1.1, 1.2], [1.2, 1.3, 1.25])
+    assert not bench.settled([1.0, 1.1, 1.2], [1.2, 1.3, 1.15])
+
+
+def test_calibration_in_the_rounds_is_split_from_the_plans():
+    bench = load_recipe()
+    per_rank = [{"p": [[1.0], [2.0]], bench.CAL_COMPUTE: [[0.1, 0.2], [0.3, 0.4]], bench.CAL_TP: [[1.0, 3.0], [2.0, 2.0]],
+                 bench.CAL_DP: [[5.0, 5.0], [6.0, 4.0]]},
+                {"p": [[1.5], [1.0]], bench.CAL_COMPUTE: [[0.5, 0.6], [0.7, 0.8]], bench.CAL_TP: [[2.0, 1.0], [1.0, 4.0]],
+                 bench.CAL_DP: [[4.0, 7.0], [6.0, 5.0]]}]
+    plans, cal = bench.split_calibration(per_rank)
+    assert plans == [{"p": [[1.0], [2.0]]}, {"p": [[1.5], [1.0]]}]
+    assert cal.compute_s == [[0.1, 0.2, 0.3, 0.4], [0.5, 0.6, 0.7, 0.8]]  # per rank, every round
+    assert cal.tp_steps_s == [2.0, 3.0, 2.0, 4.0] and cal.dp_steps_s == [5.0, 7.0, 6.0, 5.0]  # slowest rank per step
+    assert bench.split_calibration([{"p": [[1.0]]}]) == ([{"p": [[1.0]]}], None)
+
+
+def test_extra_measurements_may_not_take_a_plans_name():
+    from lightning_hexiscale.profiling.rounds import measure_plans_rank
+
+    with pytest.raises(ValueError, match="names of plans"):
+        measure_plans_rank(0, 1, {"a": {}}, None, 1, 0, 1, extra={"a": lambda: [0.0]})
+
+
+def _plans_and_extra_rank(rank, world, plan, config):
+    from lightning_hexiscale.profiling.rounds import measure_plans_rank
+
+    calls = []  # the extra returns how many times it ran so far
+    return measure_plans_rank(rank, world, {"a": plan}, config, 1, 0, 3,
+                              extra={"~x": lambda: (calls.append(1), [float(len(calls))])[1]})
+
+
+@pytest.mark.timeout(60)
+def test_extra_measurements_take_their_turn_in_every_round():
+    from lightning_hexiscale.profiling.launch import run_local
+
+    config = LlamaConfig(name="t", hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=2, ffn_hidden_size=32,
+                         vocab_size=32, seq_len=4)
+    plan = Plan.from_dict({"num_layers": 1, "schedule": "1f1b", "recompute": False, "pipelines": [
+        {"batch_size": 2, "micro_batch_size": 1, "stages": [{"devices": [0], "layers": [0, 1]}]}]}).to_dict()
+    times = run_local(1, _plans_and_extra_rank, plan, config, timeout_s=50)[0]
+    assert times["~x"] == [[1.0], [2.0], [3.0]]  # once per round
+    assert len(times["a"]) == 3 and all(len(r) == 1 and r[0] > 0 for r in times["a"])
 
 
 def test_equal_estimates_are_ties_not_disagreements():
