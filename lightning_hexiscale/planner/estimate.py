@@ -29,80 +29,8 @@ from lightning_hexiscale.planner.dp_comm import dp_comm_all
 from lightning_hexiscale.planner.memory import (_BUCKET_CAP_BYTES, MemoryTerms, _shard_fraction,  # noqa: F401
                                                 stage_memory_at, stage_memory_terms, usable_memory)
 from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner.workload import DTYPE_BYTES, Workload  # noqa: F401 (re-exported)
 from lightning_hexiscale.config.units import format_bytes, format_flops
-
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8}
-
-
-@dataclass(frozen=True)
-class Workload:
-    """What is trained: the model and the numeric format (the plan says how it is parallelised)."""
-
-    model: LlamaConfig
-    dtype: str = "bf16"
-    """Compute precision B_type (activations, matmuls, the wire): bf16, fp16, fp32 or fp64."""
-    optimizer_bytes_per_param: float = 12.0
-    """Optimizer state K per parameter: Adam with fp32 master weights = 4 + 4 + 4 (Appendix B's
-    default); :meth:`from_precision` gives what the runtime's AdamW keeps."""
-    reserve_bytes: float = 1.0 * 2**30
-    """Memory per device not available to the model (runtime context, allocator slack)."""
-    memory_headroom: float = 0.0
-    """Fraction of every device's memory the plan must leave free (``train.memory_headroom``)."""
-    device: str = "cuda"
-    """What the runtime runs on: ``cuda`` (NCCL buffers, multi-tensor optimizer step) or ``cpu``."""
-    comm_buffer_bytes: float = 64 * 2**20
-    """Buffers per communicator on CUDA (NCCL: 4 MiB NCCL_BUFFSIZE per channel, protocol and
-    direction; 64 MiB is a few channels' worth). 0 to ignore."""
-    param_dtype: str | None = None
-    """Storage dtype of the parameters and their gradients; None = ``dtype``. Mixed precision
-    (``bf16-mixed``) keeps float32 parameters and gradients under bf16 compute: ``fp32``."""
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.memory_headroom < 1.0:
-            from lightning_hexiscale.errors import ConfigError
-
-            raise ConfigError("train.memory_headroom", self.memory_headroom, "must be a fraction in [0, 1)",
-                              "use e.g. 0.05 to keep 5 % of every device free, or 0")
-        if self.device not in ("cuda", "cpu"):
-            from lightning_hexiscale.errors import ConfigError
-
-            raise ConfigError("workload.device", self.device, "must be cuda or cpu", "use cuda for GPU clusters")
-
-    @property
-    def dtype_bytes(self) -> int:
-        """Derived: B_type."""
-        return DTYPE_BYTES[self.dtype]
-
-    @property
-    def param_bytes(self) -> int:
-        """Derived: P, bytes per stored parameter and gradient element."""
-        return DTYPE_BYTES[self.param_dtype or self.dtype]
-
-    @property
-    def mixed(self) -> bool:
-        """Mixed precision: parameters stored wider than the compute dtype (autocast casts them)."""
-        return self.param_bytes > self.dtype_bytes
-
-    @classmethod
-    def from_precision(cls, model: LlamaConfig, precision: str, **kwargs: Any) -> Workload:
-        """What the runtime allocates under a Lightning ``precision`` (``trainer.precision``):
-
-            precision    dtype (B)   param_dtype (P)   K (AdamW m, v in the parameters' dtype)
-            32-true      fp32        fp32              8
-            64-true      fp64        fp64              16
-            bf16-mixed   bf16        fp32              8
-            bf16-true    bf16        bf16              4
-        (16-mixed / 16-true as bf16 with fp16). Other fields from ``kwargs``."""
-        from lightning_hexiscale.config.recipe import precision_dtype
-
-        dtype = precision_dtype(precision)
-        param = "fp32" if str(precision).endswith("-mixed") else dtype
-        kwargs.setdefault("optimizer_bytes_per_param", 2.0 * DTYPE_BYTES[param])
-        return cls(model, dtype=dtype, param_dtype=param, **kwargs)
-
-    @property
-    def seq_len(self) -> int:
-        return self.model.seq_len
 
 
 @dataclass(frozen=True)

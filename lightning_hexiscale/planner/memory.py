@@ -19,7 +19,7 @@ from lightning_hexiscale.planner import cost_model as cm
 from lightning_hexiscale.planner.communicators import communicators_lower_bound
 
 if TYPE_CHECKING:
-    from lightning_hexiscale.planner.estimate import Workload
+    from lightning_hexiscale.planner.workload import Workload
 
 
 @dataclass(frozen=True)

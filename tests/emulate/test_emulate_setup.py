@@ -121,7 +121,7 @@ def test_cli_signal_cleans_up(sig):
 
 
 def test_memory_limits_apply():
-    """--memory: limits proportional to device memory (2 GiB fast : 1 GiB slow); a slow rank that
+    """--memory: limits proportional to device memory (4 GiB fast : 2 GiB slow); a slow rank that
     allocates more than its limit is killed and named, the fast ranks' larger limit holds it."""
     total = 240 * 2**20  # fast ranks 80 MiB each, slow ranks 40 MiB each
     alloc = "import sys, os; b = bytearray(60 << 20); b[::4096] = b'x' * len(b[::4096]); print('ok', flush=True)"
