@@ -198,16 +198,25 @@ def catalog_entry(device_name: str):
 
 def _cuda_time(fn, steps: int, warmup: int) -> float:
     """Median seconds of ``fn()`` by CUDA events."""
-    times = []
+    return _cuda_times([fn], steps, warmup)[0]
+
+
+def _cuda_times(fns, steps: int, warmup: int) -> list[float]:
+    """Median seconds of each of ``fns``, timed by CUDA events in interleaved rounds (round i runs
+    every function once), so that clock ramps and a neighbour's load fall on all of them alike
+    instead of on whichever ran first (a ratio of two back-to-back medians read 1.10x here where
+    the interleaved one reads 1.00x)."""
+    times: list[list[float]] = [[] for _ in fns]
     for i in range(warmup + steps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        if i >= warmup:
-            times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
+        for k, fn in enumerate(fns):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            if i >= warmup:
+                times[k].append(start.elapsed_time(end) / 1e3)
+    return [statistics.median(t) for t in times]
 
 
 def check_matmul_speed(steps: int = 10, n: int = 8192) -> tuple[Row, float]:
@@ -256,7 +265,7 @@ def check_stage_speed(steps: int, warmup: int, matmul_rate: float) -> list[Row]:
             out.float().sum().backward()
         return run
 
-    t_stage, t_plain = _cuda_time(step(stage), steps, warmup), _cuda_time(step(run_plain), steps, warmup)
+    t_stage, t_plain = _cuda_times([step(stage), step(run_plain)], steps, warmup)
     rate = 3 * cfg.num_layers * cfg.layer_forward_flops(mb) / t_stage
     spec = catalog_entry(torch.cuda.get_device_name(0))
     peak, peak_name = (spec.peak_flops, f"{spec.name} peak") if spec else (matmul_rate, "measured matmul")
