@@ -46,6 +46,24 @@ inter_machine: {bandwidth: "1 GB/s", latency: "50us"}
 """
 
 
+LAUNCH_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK",
+               "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RUN_ID")
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """This process's environment for a child job, without the launch variables of :data:`LAUNCH_VARS`.
+
+    Why: Lightning's launchers write ``MASTER_ADDR``/``MASTER_PORT`` into the *parent's* ``os.environ``
+    (launchers/multiprocessing.py, utilities/distributed.py ``_init_dist_connection``), so after any
+    in-process fit (e.g. an earlier test of the same pytest run) a child inherits a fixed port: two
+    single-process children started together then both bind it, and one fails with EADDRINUSE in
+    ``TCPStore``. Without it each child's Lightning picks a free port of its own."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    env.update(extra)
+    return env
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("localhost", 0))
@@ -63,8 +81,7 @@ def agent(machine: str, port: int, out: Path, steps: int, every: int, sleep_s: f
            "--rdzv-backend=c10d", f"--rdzv-endpoint=localhost:{port}", "--rdzv-id=elastic-bench",
            f"--rdzv-conf={RDZV_CONF}", "--max-restarts=3", "--monitor-interval=0.2",
            str(WORKER), str(out), str(out / "cluster.yaml"), str(steps), str(every), str(sleep_s)]
-    env = {**os.environ, "HEXISCALE_MACHINE": machine, "OMP_NUM_THREADS": "1", **AGENT_ENV,
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = child_env(HEXISCALE_MACHINE=machine, **AGENT_ENV)
     log = open(out / f"agent-{machine}.log", "w")
     return subprocess.Popen(cmd, env=env, cwd=str(ROOT), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 

@@ -56,8 +56,12 @@ def cluster3() -> Cluster:
 
 # ---- end to end: two agents, one killed -----------------------------------------------------
 @pytest.mark.timeout(420)
-def test_survivor_replans_resumes_and_matches_a_run_from_the_same_checkpoint(tmp_path):
+def test_survivor_replans_resumes_and_matches_a_run_from_the_same_checkpoint(tmp_path, monkeypatch):
     bench = _bench()
+    # what an earlier in-process fit of the full suite leaves behind (Lightning's launcher writes it into
+    # os.environ): set here so that the children must not inherit it, alone or in `make test`
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(bench.free_port()))
     steps = 12
     f = bench.run(tmp_path, steps=steps, every=4, kill_at=6, sleep_s=0.1, timeout_s=360.0)
     record = f["record"]
@@ -75,8 +79,9 @@ def test_survivor_replans_resumes_and_matches_a_run_from_the_same_checkpoint(tmp
     # the independent reference: one process, the survivor's plan, fit(ckpt_path=the same checkpoint)
     plan_file = tmp_path / f"plan-{record['restart']}.yaml"
     ck = tmp_path / "ckpt" / f"step-{resumed:08d}"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1"}
+    # not os.environ: an earlier in-process fit of this pytest run left MASTER_PORT there, and the two
+    # runs below would both bind it (EADDRINUSE); bench.child_env drops the launch variables
+    env = bench.child_env()
     base = [sys.executable, str(ROOT / "tests" / "strategy" / "elastic_job.py"), str(tmp_path),
             str(tmp_path / "cluster.yaml"), str(steps), "0", "0", "--reference", str(ck), str(plan_file), "a"]
     procs = [subprocess.Popen(cmd, env=env, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
