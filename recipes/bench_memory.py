@@ -3,8 +3,8 @@
 For each dp_sharding (ddp, zero2, zero3) and each number of micro-batches in flight (default 1 and
 8), trains a small LLaMA (default ~3.3 M parameters: 4 layers of width 256, FFN 704, byte
 vocabulary, 128-token sequences: long enough that page rounding of tiny activation tensors does not
-dominate the measurement) on ``--ranks`` single-device GPipe pipelines (gloo ranks forked from a fresh fork server, one
-launch per row so that each peak is its own) under ``--precision`` (default ``bf16-mixed``: float32
+dominate the measurement) on ``--ranks`` single-device GPipe pipelines (gloo ranks forked from a fresh
+fork server, one launch per row so that each peak is its own) under ``--precision`` (default ``bf16-mixed``: float32
 parameters, forward under bf16 autocast, as the Lightning strategy runs it).
 
 Measured: the growth of each rank's peak resident set (VmHWM, reset through /proc/self/clear_refs)
