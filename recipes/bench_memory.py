@@ -114,7 +114,7 @@ def _fresh_context() -> mp.context.BaseContext:
     for ddp with 1 micro-batch after the rest of the suite). Costs one interpreter start per
     calling process (the server is reused), not one per rank."""
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload([__name__])
+    ctx.set_forkserver_preload([__name__, "bench_runtime", "bench_zero", "lightning_hexiscale.runtime.engine"])
     return ctx
 
 
