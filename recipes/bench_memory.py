@@ -3,8 +3,8 @@
 For each dp_sharding (ddp, zero2, zero3) and each number of micro-batches in flight (default 1 and
 8), trains a small LLaMA (default ~3.3 M parameters: 4 layers of width 256, FFN 704, byte
 vocabulary, 128-token sequences: long enough that page rounding of tiny activation tensors does not
-dominate the measurement) on ``--ranks`` single-device GPipe pipelines (forked gloo ranks, one
-launch per row so that each peak is its own) under ``--precision`` (default ``bf16-mixed``: float32
+dominate the measurement) on ``--ranks`` single-device GPipe pipelines (gloo ranks forked from a fresh
+fork server, one launch per row so that each peak is its own) under ``--precision`` (default ``bf16-mixed``: float32
 parameters, forward under bf16 autocast, as the Lightning strategy runs it).
 
 Measured: the growth of each rank's peak resident set (VmHWM, reset through /proc/self/clear_refs)
@@ -106,9 +106,21 @@ def _worker(rank: int, world: int, port: int, plan_dict: dict, config: LlamaConf
         dist.destroy_process_group()
 
 
+def _fresh_context() -> mp.context.BaseContext:
+    """Ranks forked from a fork server (a freshly started interpreter that has imported this
+    module and torch, and never runs a tensor op), not from the caller: a rank forked from a
+    long-lived process (a pytest run) inherits its heap, allocator and kernel caches, and its peak
+    resident-set growth then depends on what that process did before (+14 MiB, ratio 0.82, seen
+    for ddp with 1 micro-batch after the rest of the suite). Costs one interpreter start per
+    calling process (the server is reused), not one per rank."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__, "bench_runtime", "bench_zero", "lightning_hexiscale.runtime.engine"])
+    return ctx
+
+
 def measure(plan: Plan, config: LlamaConfig, precision: str, steps: int = 2, timeout: float = 300.0) -> list[int]:
     """Peak resident-set growth in bytes per rank (index = global rank) of training ``plan``."""
-    ctx = mp.get_context("fork")
+    ctx = _fresh_context()
     q = ctx.Queue()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

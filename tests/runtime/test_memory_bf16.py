@@ -1,5 +1,5 @@
-"""Peak memory per rank under bf16-mixed on CPU (2 forked gloo ranks, GPipe, 1 and 8 micro-batches in
-flight, 3.3 M parameters) against estimate(): within 15 % for ddp, zero2, zero3; and
+"""Peak memory per rank under bf16-mixed on CPU (2 gloo ranks forked from a fresh fork server, GPipe, 1 and 8
+micro-batches in flight, 3.3 M parameters) against estimate(): within 15 % for ddp, zero2, zero3; and
 recipes/bench_memory.py prints its table. Measured as in recipes/bench_memory.py (peak resident-set
 growth per rank over two steps, after a warm-up step)."""
 
