@@ -448,7 +448,7 @@ def chain_draft(ev: Evaluator, stages: list[tuple[int, ...]], ctx: DraftContext)
     stages, hops = ev.leaders(stages, ctx.mb)
     S = len(stages)
     layer_s = [ev.layer_s(st, ctx.mb, ctx.sharding) for st in stages]
-    fixed = list(hops)
+    fixed = cm.hop_charges(hops, ev.schedule)
     fixed[0] += ev.embed_s(stages[0], ctx.mb)
     fixed[-1] += ev.head_s(stages[-1], ctx.mb)
     gpipe = ev.schedule == "gpipe"

@@ -294,7 +294,7 @@ class BatchTimer:
         (A + (n - 1) * B) + C, ``cost_model.pipeline_time``'s arithmetic plus the tail, as in estimate()."""
         stages, sh = layout.pipelines[i].stages, layout.dp_sharding
         S = len(stages)
-        per_mb, tails = [], []
+        per_mb, hops, tails = [], [], []
         for j, st in enumerate(stages):
             t_f, t_b = self.layer_tb(st.devices, m, layout.recompute)
             times = edges.get((i, j))
@@ -305,8 +305,10 @@ class BatchTimer:
                 stage_mb += n_layers * step
                 tail += n_layers * exposed
             stage_mb += self.extra(st.devices, m, j == 0, j == S - 1)
-            per_mb.append(stage_mb + (self.hop(st.devices, stages[j + 1].devices, m) if j + 1 < S else 0.0))
+            per_mb.append(stage_mb)
+            hops.append(self.hop(st.devices, stages[j + 1].devices, m) if j + 1 < S else 0.0)
             tails.append(tail)
+        per_mb = [s + h for s, h in zip(per_mb, cm.hop_charges(hops, layout.schedule))]
         return sum(per_mb), max(per_mb), max(tails)
 
     def abc_all(self, layout: Plan, dp: dict, edges: dict, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -316,10 +318,17 @@ class BatchTimer:
         flat = self._flat_layout(layout, dp, edges)
         stages, iv_stage, iv_n, iv_tc, e_emb, e_head, e_norm, n_layers, starts = flat
         ns = len(stages)
-        tf, tb, per0 = np.empty(ns), np.empty(ns), np.empty(ns)
+        tf, tb, per0, hop = np.empty(ns), np.empty(ns), np.empty(ns), np.zeros(ns)
         for k, (devices, first, last, nxt) in enumerate(stages):
             tf[k], tb[k] = self.layer_tb(devices, m, layout.recompute)
-            per0[k] = self.extra(devices, m, first, last) + (self.hop(devices, nxt, m) if nxt is not None else 0.0)
+            hop[k] = self.hop(devices, nxt, m) if nxt is not None else 0.0
+            per0[k] = self.extra(devices, m, first, last)
+        if layout.schedule == "gpipe":
+            per0 += hop
+        else:  # cost_model.hop_charges, 1F1B: each side of a link pays half its hop
+            per0 += 0.5 * hop
+            inner = np.array([not first for _, first, _, _ in stages], dtype=bool)
+            per0[1:] += np.where(inner[1:], 0.5 * hop[:-1], 0.0)
         TF, TB = tf[iv_stage], tb[iv_stage]
         th1, th2, th3f, th3b = self.theta
         if layout.dp_sharding == "zero3":

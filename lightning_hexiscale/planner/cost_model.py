@@ -254,14 +254,39 @@ def comm_pp_hop_scatter(src: Group, dst: Group, message_bytes: float, bandwidth:
     return float(2.0 * (send + gather))
 
 
+def hop_charges(hop_s: Sequence[float], schedule: str) -> list[float]:
+    """Per-micro-batch share of the pipeline hops each stage pays, from ``hop_s[j]`` = Comm-PP-Hop
+    (eq. 6, both directions) of the link from stage j to stage j+1 (0 for the last stage):
+
+        GPipe:  charge_j = Hop_j                      (Appendix B: the sender pays both directions)
+        1F1B:   charge_j = (Hop_{j-1} + Hop_j) / 2    (Hop_{-1} = 0)
+
+    Why 1F1B differs: in its steady state the runtime fuses send-forward + receive-backward with the
+    next stage, and send-backward + receive-forward with the previous one, into ONE
+    ``batch_isend_irecv`` (runtime/schedule.py) that both neighbours wait for. The two directions of
+    a link then travel at once on the full-duplex link, so an exchange takes one direction's time,
+    Hop_j / 2, and it holds BOTH neighbours (p2p sends are rendezvous: gloo's and NCCL's send completes
+    once the receiver has taken the message). Measured on an emulated 2-stage pipeline over a 40 MB/s link
+    (recipes/bench_hetero.py), charging the sender both directions overestimated the fast-first-stage
+    plan by 13-16 %. GPipe's sends and receives are not fused (each phase moves one direction), so its
+    charge stays the paper's. Either way sum_j charge_j = sum_j Hop_j: a micro-batch's trip through
+    the pipeline still crosses every hop once in each direction.
+    """
+    n = len(hop_s)
+    if schedule == "gpipe" or n <= 1:
+        return [float(h) for h in hop_s]
+    return [0.5 * ((hop_s[j - 1] if j > 0 else 0.0) + hop_s[j]) for j in range(n)]
+
+
 def pipeline_time(stage_s: Sequence[float], hop_s: Sequence[float], n_mb: int) -> float:
     """Pipeline-Time(i), Appendix B eq. 8, with per-micro-batch stage times:
 
         sum_j (Stage_j + Hop_j) + (n_mb - 1) * max_j (Stage_j + Hop_j)
 
     The first micro-batch crosses every stage once; the rest stream at the pace of the slowest
-    stage (the paper writes the max over j = 2..D_pp, read here as over all stages). The same
-    expression holds for GPipe and 1F1B, which differ in memory, not time.
+    stage (the paper writes the max over j = 2..D_pp, read here as over all stages). ``hop_s`` is
+    each stage's share of the hops (:func:`hop_charges`: the paper's Hop_j under GPipe, half of
+    each adjacent link's under 1F1B's fused exchanges); the first sum is the same either way.
     """
     per = [s + h for s, h in zip(stage_s, hop_s)]
     return float(sum(per) + (n_mb - 1) * max(per))

@@ -56,13 +56,14 @@ class StageEstimate:
     tp_comm_s: float
     """Tensor-parallel all-reduces over all micro-batches."""
     pp_comm_s: float
-    """Sending activations to the next stage and gradients back, over all micro-batches."""
+    """The stage's share of the pipeline hops over all micro-batches (``cost_model.hop_charges``:
+    both directions to the next stage under GPipe; under 1F1B half of each adjacent link's)."""
     dp_comm_s: float
     """Data-parallel collectives of this stage's layers (whether overlapped or not)."""
     dp_exposed_s: float
     """Part of the data-parallel time not hidden behind the last backward."""
     time_per_micro_batch_s: float
-    """Stage_ij + Hop_ij for one micro-batch."""
+    """Stage_ij + its hop charge (``cost_model.hop_charges``) for one micro-batch."""
     peak_memory_bytes: float
     """Largest peak memory over the stage's devices."""
     memory_capacity_bytes: float
@@ -383,8 +384,12 @@ def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
             rows.append(dict(devices=list(st.devices), tp=st.tp, layers=list(st.layers),
                              compute_s=n_mb * (l * n_comp * comp_f + head_comp),
                              tp_comm_s=n_mb * (l * n_tp * tp_f + head_comm),
-                             pp_comm_s=n_mb * hop, dp_comm_s=float(dp_comm), dp_exposed_s=float(tail),
-                             time_per_micro_batch_s=stage_mb + hop, peak_memory_bytes=peak, memory_capacity_bytes=cap))
+                             pp_comm_s=0.0, dp_comm_s=float(dp_comm), dp_exposed_s=float(tail),
+                             time_per_micro_batch_s=stage_mb, peak_memory_bytes=peak, memory_capacity_bytes=cap))
+        # each stage's share of the hops under the plan's schedule (sum unchanged: cost_model.hop_charges)
+        hops = cm.hop_charges(hops, plan.schedule)
+        for r, h in zip(rows, hops):
+            r.update(pp_comm_s=n_mb * h, time_per_micro_batch_s=r["time_per_micro_batch_s"] + h)
         t_pipe = cm.pipeline_time(per_mb, hops, n_mb) + max(tails)
         steps = [s + h for s, h in zip(per_mb, hops)]
         pipes.append(PipelineEstimate(pipe.batch_size, mb, n_mb, t_pipe, sum(steps) - max(steps),

@@ -409,8 +409,13 @@ class OracleTerms:
         Lc = self.comps(S)
         U = np.array([[self.uw(st, ctx, P, sh)[0] for st in ch] for ch in chains]).transpose(0, 2, 1)  # (n, M, S)
         W = np.array([[self.uw(st, ctx, P, sh)[1] for st in ch] for ch in chains]).transpose(0, 2, 1)
-        H = np.array([[self.hop_bound(ch[j], ch[j + 1]) for j in range(S - 1)] + [self.head_arr(ch[-1])]
-                      for ch in chains]).transpose(0, 2, 1)
+        # each stage's share of the hops (cost_model.hop_charges) at every micro-batch size, from a lower
+        # bound of each hop (exact on the leader path): the charges are linear in the hops, so still a bound
+        hop = np.array([[self.hop_bound(ch[j], ch[j + 1]) for j in range(S - 1)] + [np.zeros(len(self.ms))]
+                        for ch in chains])  # (n, S, M)
+        H = hop if self.s.schedule == "gpipe" else 0.5 * (hop + np.concatenate([np.zeros_like(hop[:, :1]), hop[:, :-1]], axis=1))
+        H[:, -1] += np.array([self.head_arr(ch[-1]) for ch in chains])
+        H = H.transpose(0, 2, 1)
         H[:, :, 0] += np.array([self.embed_arr(ch[0]) for ch in chains])
         room = np.array([[self.room_pos(sh, P, S, len(st), self.cap(st))[:, j] for j, st in enumerate(ch)]
                          for ch in chains]).transpose(0, 2, 1)  # (n, Q, S)
