@@ -181,19 +181,12 @@ def check_accuracy(kernel: str = "auto", device: str = "cuda", config=None) -> R
 
 # ---- speed ------------------------------------------------------------------------------------------
 def catalog_entry(device_name: str):
-    """The catalog's GpuType whose name is a run of words of the CUDA name (``NVIDIA H100 80GB HBM3``
-    -> H100), the longest such name first (H200 is not H20); None when unlisted."""
-    import re
-
+    """The catalog's GpuType a CUDA name denotes (``NVIDIA H100 80GB HBM3`` -> H100;
+    :func:`lightning_hexiscale.config.catalog.name_of_device`); None when unlisted."""
     from lightning_hexiscale.config import catalog
 
-    words = [w for w in re.split(r"[^a-z0-9]+", device_name.lower()) if w]
-    runs = {"".join(words[a:b]) for a in range(len(words)) for b in range(a + 1, len(words) + 1)}
-    names = sorted((n for n in catalog.known_names() if not n.startswith("CPU")), key=len, reverse=True)
-    for name in names:
-        if "".join(re.split(r"[^a-z0-9]+", name.split("-")[0].lower())) in runs:
-            return catalog.lookup(name)
-    return None
+    name = catalog.name_of_device(device_name)
+    return None if name is None else catalog.lookup(name)
 
 
 def _cuda_time(fn, steps: int, warmup: int) -> float:

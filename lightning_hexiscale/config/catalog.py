@@ -7,6 +7,7 @@ Users add or override types in a cluster YAML under ``gpu_types:`` without touch
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -44,6 +45,8 @@ CATALOG: dict[str, GpuType] = {
     "H100": GpuType("H100", 989 * _T, 80 * _GiB, hopper=True),
     # H800 SXM is the export variant of H100 SXM: same compute, reduced NVLink bandwidth.
     "H800": GpuType("H800", 989 * _T, 80 * _GiB, hopper=True),
+    # NVIDIA H200 SXM datasheet: 989 TFLOPS BF16 dense (1979 with sparsity), 141 GB HBM3e.
+    "H200": GpuType("H200", 989 * _T, 141 * _GiB, hopper=True),
     # NVIDIA H20 (Hopper, export): 148 TFLOPS BF16 dense, 96 GB HBM3 (NVIDIA H20 product brief).
     "H20": GpuType("H20", 148 * _T, 96 * _GiB, hopper=True),
     # NVIDIA L40S datasheet: 362 TFLOPS FP16/BF16 tensor dense (733 with sparsity), 48 GB GDDR6.
@@ -78,3 +81,26 @@ def lookup(name: str, extra: dict[str, GpuType] | None = None) -> GpuType | None
 
 def known_names(extra: dict[str, GpuType] | None = None) -> list[str]:
     return sorted(set(CATALOG) | set(extra or {}))
+
+
+def name_of_device(device_name: str) -> str | None:
+    """The catalog type a CUDA device name denotes ("NVIDIA A800-SXM4-80GB" -> A800), None if unlisted.
+
+    The name is cut into tokens at spaces, dashes and underscores; a catalog name (its part before
+    a dash, e.g. A100 of A100-80G) matches one token or two or three adjacent ones joined ("RTX 4090"
+    -> RTX4090), or the start of one when no digit follows ("A800SXM4"): H20 does not match "H200".
+    Among several matches the longest wins, then the one whose memory suffix ("80G") the name
+    carries ("A100-SXM4-80GB" -> A100-80G). The emulated CPU types are never matched.
+    """
+    tokens = [t for t in re.split(r"[\s\-_]+", device_name.upper()) if t]
+    spans = {"".join(tokens[i:i + k]) for k in (1, 2, 3) for i in range(len(tokens) - k + 1)}
+
+    def matches(name: str) -> bool:
+        base = re.sub(r"[\s\-_]", "", name.split("-")[0]).upper()
+        return any(s == base or (s.startswith(base) and not s[len(base)].isdigit()) for s in spans)
+
+    def memory(name: str) -> bool:
+        return "-" in name and any(t.startswith(name.split("-", 1)[1].upper()) for t in tokens)
+
+    hits = [n for n in CATALOG if not n.startswith("CPU") and matches(n)]
+    return max(hits, key=lambda n: (len(n.split("-")[0]), memory(n), len(n))) if hits else None

@@ -13,7 +13,6 @@ planner, so that the rules live in one place:
 
 from __future__ import annotations
 
-import re
 import warnings
 from dataclasses import replace
 from pathlib import Path
@@ -76,14 +75,12 @@ def describe_local_devices(root_device: torch.device, num_nodes: int, devices_pe
 
 
 def _catalog_name(device_name: str) -> str:
-    """Longest catalog name contained in the device name, ignoring case, spaces and dashes."""
-    norm = lambda s: re.sub(r"[\s\-_]", "", s).upper()  # noqa: E731
-    dev = norm(device_name)
-    hits = [n for n in catalog.known_names() if norm(n.split("-")[0]) in dev and not n.startswith("CPU")]
-    if not hits:
+    """The catalog type a CUDA device name denotes (:func:`catalog.name_of_device`), or a clear error."""
+    name = catalog.name_of_device(device_name)
+    if name is None:
         raise ConfigError("HexiScaleStrategy(cluster)", device_name, "this GPU is not in the catalog",
                           "pass cluster=<cluster YAML> (hexiscale profile writes one) or add the type under gpu_types")
-    return max(hits, key=len)
+    return name
 
 
 def fallback_data_parallel_plan(cluster: Cluster, config: LlamaConfig, global_batch: int) -> Plan:

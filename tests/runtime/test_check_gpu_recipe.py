@@ -142,9 +142,11 @@ def test_catalog_entry_matches_cuda_names(monkeypatch):
     import gpu_checks
 
     assert gpu_checks.catalog_entry("NVIDIA H100 80GB HBM3").name == "H100"
-    assert gpu_checks.catalog_entry("NVIDIA H200") is None  # not listed, and not the H20 it contains
+    assert gpu_checks.catalog_entry("NVIDIA H200").name == "H200"  # not the H20 its name starts with
+    assert gpu_checks.catalog_entry("NVIDIA H20").name == "H20"
     assert gpu_checks.catalog_entry("NVIDIA GeForce RTX 4090").name == "RTX4090"
-    assert gpu_checks.catalog_entry("NVIDIA A100-SXM4-80GB").name.startswith("A100")
+    assert gpu_checks.catalog_entry("NVIDIA A100-SXM4-80GB").name == "A100-80G"
+    assert gpu_checks.catalog_entry("NVIDIA A100-SXM4-40GB").name == "A100-40G"
     assert gpu_checks.catalog_entry("Tesla T4") is None
 
 
