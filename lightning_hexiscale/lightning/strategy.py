@@ -28,12 +28,11 @@ from __future__ import annotations
 
 import os
 import sys
-import types
 import uuid
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Generator, Literal, Mapping
+from typing import Any, Callable, Generator, Literal
 
 import torch
 import torch.distributed as dist
@@ -41,7 +40,6 @@ from lightning.fabric.plugins.collectives.torch_collective import default_pg_tim
 from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 from typing_extensions import override
@@ -54,9 +52,11 @@ from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.models.llama import Llama
 from lightning_hexiscale.lightning import internals, notices
 from lightning_hexiscale.lightning.device_check import check_local_gpus
+from lightning_hexiscale.lightning.strategy_checkpoints import CheckpointMethods
+from lightning_hexiscale.lightning.strategy_gradients import GradientMethods
 from lightning_hexiscale.lightning.pipeline_model import PipelineLogits, PipelineModel
 from lightning_hexiscale.planner.plan import DP_SHARDINGS, SCHEDULES, Plan
-from lightning_hexiscale.lightning.zero_hooks import grad_norm_sq_local, scale_grads, shard_optimizers
+from lightning_hexiscale.lightning.zero_hooks import shard_optimizers
 from lightning_hexiscale.lightning.launching import CHILD_ENV, LaunchGuard, agree, is_agreed, mark_agreed
 from lightning_hexiscale.lightning.plan_resolution import (describe_local_devices, load_cluster_arg, load_plan_arg,
                                                            plan_for)
@@ -65,7 +65,7 @@ StartMethod = Literal["popen", "spawn", "fork", "forkserver"]
 NONFINITE_POLICIES = ("skip", "stop")
 
 
-class HexiScaleStrategy(DDPStrategy):
+class HexiScaleStrategy(CheckpointMethods, GradientMethods, DDPStrategy):
     """Asymmetric pipeline x tensor x data parallelism over heterogeneous devices.
 
     Args:
@@ -454,100 +454,10 @@ class HexiScaleStrategy(DDPStrategy):
         engine.sync_grads()  # SUM across pipelines = the global-mean gradient (ZeRO: reduce-scatter)
         return super().optimizer_step(optimizer, lambda: out, model, **kwargs)
 
-    @torch.no_grad()
-    def _all_finite(self, loss: Any) -> bool:
-        """Every rank's loss and gradients finite? One all-reduce of a per-rank code (1: loss, 2: a
-        gradient, 3: both) so that every rank takes the same decision and names the same ranks."""
-        local = 0
-        if torch.is_tensor(loss) and not bool(torch.isfinite(loss).all()):
-            local |= 1
-        grads = [p.grad for p in self.pipeline_model.stage.parameters() if p.grad is not None]
-        # + ZeRO-2's local gradients already freed by a reduce-scatter started in the backward
-        flags = [torch.isfinite(g).all() for g in grads] + self.pipeline_model.engine.freed_grads_finite()
-        if flags and not bool(torch.stack(flags).all()):
-            local |= 2
-        codes = torch.zeros(self.world_size, dtype=torch.float32, device=self.pipeline_model.engine.loss_device)
-        codes[self.global_rank] = local
-        if self.world_size > 1:
-            dist.all_reduce(codes, op=dist.ReduceOp.SUM)
-        bad = {r: int(c) for r, c in enumerate(codes.tolist()) if c}
-        if not bad:
-            return True
-        trainer = self.lightning_module.trainer
-        what = " and ".join(w for bit, w in ((1, "loss"), (2, "gradients")) if any(c & bit for c in bad.values()))
-        event = {"step": trainer.global_step, "epoch": trainer.current_epoch,
-                 "batch": trainer.fit_loop.epoch_loop.batch_idx, "ranks": sorted(bad), "what": what,
-                 "action": self.nonfinite}
-        self.nonfinite_events.append(event)
-        where = (f"non-finite {what} at optimizer step {event['step']} (epoch {event['epoch']}, batch "
-                 f"{event['batch']}) on rank(s) {event['ranks']}")
-        if self.nonfinite == "stop":
-            raise NonFiniteError(f"{where}; stopping (nonfinite='stop'). Fix: lower the learning rate, enable "
-                                 f"gradient clipping, check the data of that batch, or pass nonfinite='skip' to drop "
-                                 f"such steps")
-        if self.global_rank == 0:
-            rank_zero_warn(f"{where}; the update is skipped (nonfinite='skip')")
-        # The sync started during the backward (overlap): complete it on every rank alike, then drop it.
-        self.pipeline_model.engine.sync_grads()
-        self.pipeline_model.zero_grad_local()
-        if self.pipeline_model.engine.zero is not None:
-            self.pipeline_model.engine.zero.grads = [None] * len(self.pipeline_model.engine.zero.grads)
-        return False
-
     @override
     def backward(self, closure_loss: torch.Tensor, optimizer: Optimizer | None, *args: Any, **kwargs: Any) -> torch.Tensor:
         # self.model.loss already ran the schedule's backward; nothing is left to differentiate.
         return closure_loss
-
-    def _install_global_clipping(self) -> None:
-        """Route norm clipping through :meth:`clip_grad_by_global_norm` on this strategy's plugin.
-
-        Lightning's precision plugin clips by the local norm; it is set by the accelerator connector
-        after __init__, so the plugin instance is patched here and restored in ``teardown``.
-        """
-        plugin = self.precision_plugin
-        if self._saved_clip is None:
-            self._saved_clip = plugin.clip_grad_by_norm
-            plugin.clip_grad_by_norm = types.MethodType(lambda _p, opt, val: self.clip_grad_by_global_norm(val), plugin)
-
-    @torch.no_grad()
-    def global_grad_norm(self) -> float:
-        """L2 norm of the gradient of the whole model: every element counted once.
-
-        Pipeline 0 holds every parameter exactly once across its ranks (after the sync all pipelines
-        hold the same values); within a TP group, replicated tensors are counted on the leader only.
-        ||g|| = sqrt(all-reduce_SUM over ranks of pipeline 0 of sum(g^2)).
-        """
-        from lightning_hexiscale.runtime.grad_sync import squared_norm
-
-        pm = self.pipeline_model
-        role = pm.engine.role
-        shards = pm.stage.shards()
-        total = torch.zeros(1, dtype=torch.float64, device=pm.engine.loss_device)
-        owned = grad_norm_sq_local(pm.engine)  # ZeRO: the owned chunks, each element once
-        if owned is not None:
-            total += owned.to(total.device)
-        elif role.pipeline == 0:
-            # per-tensor norms accumulated as float64 scalars: no float64 copy of any gradient;
-            # replicated tensors count on the TP leader, a tied embedding on the first stage
-            grads = [p.grad.detach() for name, p in pm.stage.named_parameters()
-                     if p.grad is not None and (shards[name].spec.shard_dim is not None or role.is_leader)
-                     and not shards[name].tied_copy]
-            total += squared_norm(grads, total.device).to(total.device)
-        dist.all_reduce(total, op=dist.ReduceOp.SUM)
-        return float(total.sqrt().item())
-
-    @torch.no_grad()
-    def clip_grad_by_global_norm(self, max_norm: float) -> float:
-        """Scale every local gradient by min(1, max_norm / (||g|| + 1e-6)), as
-        ``torch.nn.utils.clip_grad_norm_`` does on one device; returns ||g||."""
-        norm = self.global_grad_norm()
-        coef = max_norm / (norm + 1e-6)
-        if coef < 1.0 and not scale_grads(self.pipeline_model.engine, coef):
-            for p in self.pipeline_model.stage.parameters():
-                if p.grad is not None:
-                    p.grad.mul_(coef)
-        return norm
 
     # ---- failures --------------------------------------------------------------------------
     def failure_reason(self, exc: BaseException) -> str | None:
@@ -601,81 +511,6 @@ class HexiScaleStrategy(DDPStrategy):
     def _agree(self, value: Any) -> Any:
         """Rank 0's ``value`` on every rank (the data permutation's draw)."""
         return self.broadcast(value, 0)
-
-    # ---- checkpoints (torch.distributed.checkpoint shards; see runtime/checkpoint.py) -------
-    @property
-    @override
-    def restore_checkpoint_after_setup(self) -> bool:
-        return True  # the stage (and so the shards to load into) exists only after setup
-
-    @property
-    def checkpointer(self):
-        """This run's :class:`~lightning_hexiscale.runtime.checkpoint.Checkpointer` (after ``setup``)."""
-        if self._checkpointer is None:
-            raise RuntimeError("HexiScaleStrategy.setup has not run yet")
-        return self._checkpointer
-
-    @override
-    def lightning_module_state_dict(self) -> dict[str, Any]:
-        """The module's own state outside the pipeline (the pipeline's shards go to DCP)."""
-        return {k: v for k, v in self.lightning_module.state_dict().items() if not k.startswith("model.")}
-
-    @override
-    def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
-        return {}  # written by save_checkpoint: every rank its own pieces, by global parameter name
-
-    @override
-    def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Any | None = None) -> None:
-        """Collective: every rank enters (the Trainer barriers right after) and writes its own
-        pieces; rank 0's ``checkpoint`` (Lightning's state) goes to ``meta.pt``."""
-        if storage_options is not None:
-            raise TypeError(f"{type(self).__name__}.save_checkpoint(..., storage_options=...) is not supported: "
-                            "hexiscale checkpoints are written by torch.distributed.checkpoint, not a CheckpointIO")
-        filepath = self.broadcast(str(filepath), 0)  # one directory for all ranks (a string, no tensors)
-        with_optim = "optimizer_states" in checkpoint and bool(self.optimizers)
-        if with_optim and len(self.optimizers) > 1:
-            raise ConfigError("configure_optimizers", f"{len(self.optimizers)} optimizers",
-                              "hexiscale checkpoints hold one optimizer's state", "use one optimizer")
-        optimizer = internals.unwrap_optimizer(self.optimizers[0]) if with_optim else None
-        self.checkpointer.save(filepath, self.pipeline_model.engine, optimizer, checkpoint)
-
-    @override
-    def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
-        from lightning_hexiscale.runtime import checkpoint as ckpt
-
-        self.checkpointer.wait()
-        meta = ckpt.read_meta(checkpoint_path)
-        meta["hexiscale"]["path"] = str(checkpoint_path)
-        return meta
-
-    @override
-    def load_model_state_dict(self, checkpoint: Mapping[str, Any], strict: bool = True) -> None:
-        from lightning_hexiscale.runtime import checkpoint as ckpt
-
-        extra = checkpoint.get("state_dict") or {}
-        if extra:
-            self.lightning_module.load_state_dict(extra, strict=False)
-        ckpt.load_model(checkpoint["hexiscale"]["path"], self.pipeline_model.engine, dict(checkpoint),
-                        self.checkpointer.group)
-
-    @override
-    def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
-        from lightning_hexiscale.runtime import checkpoint as ckpt
-
-        for optimizer in self.optimizers[:1]:
-            inner = internals.unwrap_optimizer(optimizer)
-            ckpt.load_optimizer(checkpoint["hexiscale"]["path"], self.pipeline_model.engine, inner, dict(checkpoint),
-                                self.checkpointer.group)
-            internals.optimizers_to_device([inner], self.root_device)
-
-    @override
-    def remove_checkpoint(self, filepath) -> None:
-        from lightning_hexiscale.runtime import checkpoint as ckpt
-
-        if self._checkpointer is not None:
-            self._checkpointer.wait_for(filepath)  # an asynchronous save may still be writing it
-        if self.is_global_zero:
-            ckpt.remove(filepath)
 
     # ---- teardown ------------------------------------------------------------------------
     @override

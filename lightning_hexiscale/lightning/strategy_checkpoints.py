@@ -1,0 +1,95 @@
+"""HexiScaleStrategy's checkpoint methods: Lightning's checkpoint hooks onto torch.distributed.checkpoint.
+
+A mixin of :class:`~lightning_hexiscale.lightning.strategy.HexiScaleStrategy` (kept apart so that each
+file holds one concern). Every rank writes and reads only its own pieces
+(:mod:`lightning_hexiscale.runtime.checkpoint`); rank 0's Lightning state goes to ``meta.pt``. It
+uses the strategy's ``_checkpointer`` (made in ``setup``), ``pipeline_model`` and ``optimizers``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from torch.optim import Optimizer
+from typing_extensions import override
+
+from lightning_hexiscale.errors import ConfigError
+from lightning_hexiscale.lightning import internals
+
+
+class CheckpointMethods:
+    """Lightning's checkpoint hooks for plan-independent DCP shards."""
+
+    @property
+    @override
+    def restore_checkpoint_after_setup(self) -> bool:
+        return True  # the stage (and so the shards to load into) exists only after setup
+
+    @property
+    def checkpointer(self):
+        """This run's :class:`~lightning_hexiscale.runtime.checkpoint.Checkpointer` (after ``setup``)."""
+        if self._checkpointer is None:
+            raise RuntimeError("HexiScaleStrategy.setup has not run yet")
+        return self._checkpointer
+
+    @override
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        """The module's own state outside the pipeline (the pipeline's shards go to DCP)."""
+        return {k: v for k, v in self.lightning_module.state_dict().items() if not k.startswith("model.")}
+
+    @override
+    def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
+        return {}  # written by save_checkpoint: every rank its own pieces, by global parameter name
+
+    @override
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Any | None = None) -> None:
+        """Collective: every rank enters (the Trainer barriers right after) and writes its own
+        pieces; rank 0's ``checkpoint`` (Lightning's state) goes to ``meta.pt``."""
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__}.save_checkpoint(..., storage_options=...) is not supported: "
+                            "hexiscale checkpoints are written by torch.distributed.checkpoint, not a CheckpointIO")
+        filepath = self.broadcast(str(filepath), 0)  # one directory for all ranks (a string, no tensors)
+        with_optim = "optimizer_states" in checkpoint and bool(self.optimizers)
+        if with_optim and len(self.optimizers) > 1:
+            raise ConfigError("configure_optimizers", f"{len(self.optimizers)} optimizers",
+                              "hexiscale checkpoints hold one optimizer's state", "use one optimizer")
+        optimizer = internals.unwrap_optimizer(self.optimizers[0]) if with_optim else None
+        self.checkpointer.save(filepath, self.pipeline_model.engine, optimizer, checkpoint)
+
+    @override
+    def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
+        from lightning_hexiscale.runtime import checkpoint as ckpt
+
+        self.checkpointer.wait()
+        meta = ckpt.read_meta(checkpoint_path)
+        meta["hexiscale"]["path"] = str(checkpoint_path)
+        return meta
+
+    @override
+    def load_model_state_dict(self, checkpoint: Mapping[str, Any], strict: bool = True) -> None:
+        from lightning_hexiscale.runtime import checkpoint as ckpt
+
+        extra = checkpoint.get("state_dict") or {}
+        if extra:
+            self.lightning_module.load_state_dict(extra, strict=False)
+        ckpt.load_model(checkpoint["hexiscale"]["path"], self.pipeline_model.engine, dict(checkpoint),
+                        self.checkpointer.group)
+
+    @override
+    def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
+        from lightning_hexiscale.runtime import checkpoint as ckpt
+
+        for optimizer in self.optimizers[:1]:
+            inner = internals.unwrap_optimizer(optimizer)
+            ckpt.load_optimizer(checkpoint["hexiscale"]["path"], self.pipeline_model.engine, inner, dict(checkpoint),
+                                self.checkpointer.group)
+            internals.optimizers_to_device([inner], self.root_device)
+
+    @override
+    def remove_checkpoint(self, filepath) -> None:
+        from lightning_hexiscale.runtime import checkpoint as ckpt
+
+        if self._checkpointer is not None:
+            self._checkpointer.wait_for(filepath)  # an asynchronous save may still be writing it
+        if self.is_global_zero:
+            ckpt.remove(filepath)
