@@ -31,7 +31,7 @@ within 15 % of its measured median; the estimate orders the plans as the measure
 pair the rounds order both ways is a measured tie (:data:`TIE_RULE`).
 Writes OUT/results.json (everything), OUT/plans/NAME.yaml, OUT/profiled.yaml (default OUT=outputs/bench_hetero).
 
-    sudo python recipes/bench_hetero.py --cores 1.5 --rounds 5     # emulated conf/cluster/emu_4to1.yaml; ~9 min on 2 cores
+    sudo python recipes/bench_hetero.py --cores 1.5     # emulated conf/cluster/emu_4to1.yaml, 7 rounds; ~13 min on 2 cores
     python recipes/bench_hetero.py --launcher local --cluster cpu_hetero4 --no-profile   # plain local processes: no emulation
 
 ``--launcher local`` runs the same worker processes on this host with torchrun's environment but
@@ -447,7 +447,9 @@ def parse_args(argv: list[str] | None):
                          "the calibration refitted to them (0: on the calibration measured before the rounds) [2]")
     ap.add_argument("--steps", type=int, default=4, help="timed steps per plan and round [4]")
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps per plan and round [1]")
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds [3]")
+    ap.add_argument("--rounds", type=int, default=7,
+                    help="interleaved rounds [7]: two equal plans are ordered alike by all rounds with probability "
+                         "2^(1-rounds), and the median over rounds x steps is what the estimate is held against")
     ap.add_argument("--profile-reps", type=int, default=10, help="ping-pongs per size when profiling [10]")
     ap.add_argument("--matmul-time", type=float, default=None,
                     help="seconds of matmuls per rank when profiling (default: the profile's own)")
