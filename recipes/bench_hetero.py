@@ -469,7 +469,30 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+# (option, smallest value, what it counts) of the counts and scales checked before any process starts
+_LOWER_BOUNDS = (("rounds", 1, "interleaved rounds"), ("steps", 1, "timed steps per plan and round"),
+                 ("warmup", 0, "untimed steps per plan and round"), ("cal_steps", 0, "timed calibration steps"),
+                 ("cal_micro_batches", 1, "calibration micro-batches"), ("iterations", 1, "search iterations"),
+                 ("micro_batch", 1, "sequences per micro-batch"), ("global_batch", 1, "sequences per step"),
+                 ("profile_reps", 1, "ping-pongs per size"))
+
+
+def check_args(args) -> None:
+    """Bad counts, scales and deadlines as one clear error, before any process starts."""
+    for name, low, what in _LOWER_BOUNDS:
+        value = getattr(args, name)
+        if value < low:
+            flag = "--" + name.replace("_", "-")
+            raise ConfigError(flag, value, f"the {what} must be at least {low}", f"pass {flag} {low} or more")
+    for name in ("cores", "bw_scale", "timeout", "matmul_time"):
+        value = getattr(args, name)
+        if value is not None and not value > 0:
+            flag = "--" + name.replace("_", "-")
+            raise ConfigError(flag, value, "must be a positive number", f"pass a positive {flag} or leave it out")
+
+
 def bench(args) -> int:
+    check_args(args)
     cluster = Cluster.load(args.cluster)
     config = model_config(args)
     # bad sizes fail here, before any process starts

@@ -243,3 +243,16 @@ def test_without_privileges_one_clear_error(tmp_path, monkeypatch, capsys):
     assert bench.main(["--no-profile", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "root privileges" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, key", [
+    (["--rounds", "0"], "--rounds"), (["--steps", "0"], "--steps"), (["--warmup", "-1"], "--warmup"),
+    (["--cores", "0"], "--cores"), (["--bw-scale", "-2"], "--bw-scale"), (["--timeout", "0"], "--timeout"),
+    (["--micro-batch", "0"], "--micro-batch"),
+])
+def test_bad_counts_stop_before_any_process_starts(tmp_path, capsys, argv, key):
+    out = tmp_path / "out"
+    rc = load_recipe().main(argv + ["--launcher", "local", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith(f"error: {key} = ") and "Fix: " in err
+    assert not out.exists()  # nothing written, nothing launched
