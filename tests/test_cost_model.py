@@ -114,6 +114,11 @@ def test_hop_charges_split_each_link_between_its_neighbours_under_1f1b():
     for schedule in ("gpipe", "1f1b"):  # the fill (sum) is the same: every hop crossed both ways once
         assert sum(cm.hop_charges(hops, schedule)) == pytest.approx(sum(hops))
     assert cm.hop_charges([0.0], "1f1b") == [0.0]
+    # arrays along an axis give the same charges, and pipelines laid end to end stay apart
+    two = np.array([[0.4, 0.2, 0.0], [0.8, 0.0, 0.0]])  # (pipelines, stages)
+    assert cm.hop_charges(two, "1f1b", axis=1) == pytest.approx(np.array([[0.2, 0.3, 0.1], [0.4, 0.4, 0.0]]))
+    assert cm.hop_charges(two.ravel(), "1f1b") == pytest.approx(np.array([0.2, 0.3, 0.1, 0.4, 0.4, 0.0]))
+    assert cm.hop_charges(two, "gpipe", axis=1) == pytest.approx(two)
     # a fast first stage that sends to a slow one: 1F1B's pace no longer charges it both directions
     stage = [1.0, 0.5]
     fused = cm.pipeline_time(stage, cm.hop_charges([0.2, 0.0], "1f1b"), 5)

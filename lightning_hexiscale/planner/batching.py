@@ -323,12 +323,7 @@ class BatchTimer:
             tf[k], tb[k] = self.layer_tb(devices, m, layout.recompute)
             hop[k] = self.hop(devices, nxt, m) if nxt is not None else 0.0
             per0[k] = self.extra(devices, m, first, last)
-        if layout.schedule == "gpipe":
-            per0 += hop
-        else:  # cost_model.hop_charges, 1F1B: each side of a link pays half its hop
-            per0 += 0.5 * hop
-            inner = np.array([not first for _, first, _, _ in stages], dtype=bool)
-            per0[1:] += np.where(inner[1:], 0.5 * hop[:-1], 0.0)
+        per0 += cm.hop_charges(hop, layout.schedule)  # the pipelines end to end (each last hop is 0)
         TF, TB = tf[iv_stage], tb[iv_stage]
         th1, th2, th3f, th3b = self.theta
         if layout.dp_sharding == "zero3":

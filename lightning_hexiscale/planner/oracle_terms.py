@@ -413,7 +413,7 @@ class OracleTerms:
         # bound of each hop (exact on the leader path): the charges are linear in the hops, so still a bound
         hop = np.array([[self.hop_bound(ch[j], ch[j + 1]) for j in range(S - 1)] + [np.zeros(len(self.ms))]
                         for ch in chains])  # (n, S, M)
-        H = hop if self.s.schedule == "gpipe" else 0.5 * (hop + np.concatenate([np.zeros_like(hop[:, :1]), hop[:, :-1]], axis=1))
+        H = cm.hop_charges(hop, self.s.schedule, axis=1)
         H[:, -1] += np.array([self.head_arr(ch[-1]) for ch in chains])
         H = H.transpose(0, 2, 1)
         H[:, :, 0] += np.array([self.embed_arr(ch[0]) for ch in chains])
