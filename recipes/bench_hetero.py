@@ -460,8 +460,10 @@ def parse_args(argv: list[str] | None):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.worker:
-        return worker(args.worker)
+    if args.worker:  # one rank: leave without the interpreter shutdown that can abort a gloo rank
+        from lightning_hexiscale.profiling.launch import exit_process
+
+        exit_process(worker(args.worker))
     try:
         return bench(args)
     except HexiScaleError as e:  # bad input, no emulation support, a failed rank: the message says what and why

@@ -70,5 +70,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
 
+def console_main() -> None:
+    """The ``hexiscale`` command: :func:`main`, then the exit. Ranks that joined a process group
+    (``profile``, ``calibrate``, ``check-estimate`` under torchrun) leave through
+    :func:`~lightning_hexiscale.profiling.launch.exit_process`, which skips the interpreter shutdown
+    that can abort them after their work is done. The module is looked up, not imported: the other
+    commands never load torch.distributed."""
+    code = main()
+    launch = sys.modules.get("lightning_hexiscale.profiling.launch")
+    if launch is not None:
+        launch.exit_process(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    console_main()

@@ -26,6 +26,7 @@ import os
 import queue
 import resource
 import socket
+import sys
 import time
 import traceback
 from dataclasses import dataclass
@@ -36,6 +37,9 @@ import torch.distributed as dist
 from lightning_hexiscale.errors import HexiScaleError
 from lightning_hexiscale.runtime.failure import is_peer_failure
 
+
+_JOINED_GROUP = False
+"""Set once :func:`run_from_env` has joined a process group in this process (see :func:`exit_process`)."""
 
 FAILURE_SETTLE_S = 2.0
 """After the first failure report, how long :func:`run_local` waits for the other ranks' reports
@@ -176,12 +180,37 @@ def run_from_env(fn, *args, timeout_s: float = 600.0, backend: str | None = None
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     if "MASTER_PORT" not in os.environ:
         raise RankFailure("MASTER_PORT is not set. Fix: export MASTER_ADDR and MASTER_PORT (torchrun sets them)")
+    global _JOINED_GROUP
+    _JOINED_GROUP = True
     dist.init_process_group(backend, init_method="env://", rank=er.rank, world_size=er.world,
                             timeout=datetime.timedelta(seconds=timeout_s))
     try:
         return fn(er.rank, er.world, *args)
     finally:
         dist.destroy_process_group()
+
+
+def exit_process(code: int):
+    """End this process with ``code``. After :func:`run_from_env` the interpreter is left with
+    ``os._exit`` once stdout and stderr are flushed, instead of the normal shutdown.
+
+    Why: a gloo worker thread drops its reference to a finished collective (e.g. the last
+    ``all_gather_object``) only after waking the caller, and the work's tensors are Python objects,
+    so their release needs the GIL. If that happens while the interpreter is finalizing, CPython
+    ends the thread with ``pthread_exit``, whose unwinding through the work's ``noexcept`` destructor
+    calls ``std::terminate``: the rank dies with SIGABRT ("terminate called without an active
+    exception", exit -6) after its work is done, and the launcher reports a failed job (seen in CI
+    about one run in six of the benchmark's workers). ``destroy_process_group`` does not join gloo's
+    threads. Skipping finalization is what ``multiprocessing`` children do too; everything this
+    package writes is closed before the caller returns its code."""
+    if not _JOINED_GROUP:
+        sys.exit(code)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed or broken pipe: nothing more can be written anyway
+            pass
+    os._exit(0 if code is None else int(code))
 
 
 # ---- load from other jobs on a shared host -----------------------------------------------------------

@@ -88,3 +88,53 @@ def test_root_cause_order_prefers_a_real_error_then_the_earliest():
     errors = {0: (closed, 1.0), 1: ("Traceback ...\nValueError: boom", 2.0), 2: ("KeyError: 'x'", 1.5)}
     assert root_cause_order(errors) == [2, 1, 0]
     assert root_cause_order({0: (closed, 1.0), 3: (closed, 0.5)}) == [3, 0]
+
+
+_RANK_SCRIPT = """
+import sys
+import torch.distributed as dist
+from lightning_hexiscale.profiling.launch import exit_process, run_from_env
+
+def fn(rank, world):
+    everything = [None] * world
+    dist.all_gather_object(everything, rank)  # the last collective before the exit
+    return everything
+
+got = run_from_env(fn, timeout_s=30)
+print("gathered", got, end="")  # no newline: only a flush at the exit writes it
+exit_process(5)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_exit_process_after_a_group_flushes_and_keeps_the_code(tmp_path):
+    """Ranks that joined a group leave through ``os._exit`` (see ``exit_process``): the code is
+    theirs and their buffered output is written."""
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "rank.py"
+    script.write_text(_RANK_SCRIPT)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    repo = str(Path(__file__).resolve().parents[2])
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # stdout block-buffered, as under a launcher
+    procs = [subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**env, "PYTHONPATH": repo, "OMP_NUM_THREADS": "1", "RANK": str(r),
+                                   "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+             for r in range(2)]
+    outs = [p.communicate(timeout=50) for p in procs]
+    assert [p.returncode for p in procs] == [5, 5], outs
+    assert [o for o, _ in outs] == ["gathered [0, 1]", "gathered [0, 1]"], outs
+
+
+def test_exit_process_without_a_group_is_a_normal_exit():
+    from lightning_hexiscale.profiling import launch
+
+    assert launch._JOINED_GROUP is False  # this process never joined one
+    with pytest.raises(SystemExit) as e:
+        launch.exit_process(3)
+    assert e.value.code == 3
