@@ -20,6 +20,7 @@ Two ways in, one function shape ``fn(rank, world, *args)``:
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import multiprocessing as mp
 import os
@@ -201,10 +202,12 @@ def exit_process(code: int):
     calls ``std::terminate``: the rank dies with SIGABRT ("terminate called without an active
     exception", exit -6) after its work is done, and the launcher reports a failed job (seen in CI
     about one run in six of the benchmark's workers). ``destroy_process_group`` does not join gloo's
-    threads. Skipping finalization is what ``multiprocessing`` children do too; everything this
-    package writes is closed before the caller returns its code."""
+    threads. Skipping finalization is what ``multiprocessing`` children do too; the ``atexit``
+    handlers still run first, and everything this package writes is closed before the caller
+    returns its code."""
     if not _JOINED_GROUP:
         sys.exit(code)
+    atexit._run_exitfuncs()  # what the normal exit would run (loggers, temp files) still runs; not the finalization
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -91,6 +91,7 @@ def test_root_cause_order_prefers_a_real_error_then_the_earliest():
 
 
 _RANK_SCRIPT = """
+import atexit
 import sys
 import torch.distributed as dist
 from lightning_hexiscale.profiling.launch import exit_process, run_from_env
@@ -101,6 +102,7 @@ def fn(rank, world):
     return everything
 
 got = run_from_env(fn, timeout_s=30)
+atexit.register(lambda: print(" atexit ran", end=""))
 print("gathered", got, end="")  # no newline: only a flush at the exit writes it
 exit_process(5)
 """
@@ -109,7 +111,7 @@ exit_process(5)
 @pytest.mark.timeout(60)
 def test_exit_process_after_a_group_flushes_and_keeps_the_code(tmp_path):
     """Ranks that joined a group leave through ``os._exit`` (see ``exit_process``): the code is
-    theirs and their buffered output is written."""
+    theirs, their atexit handlers run and their buffered output is written."""
     import socket
     import subprocess
     import sys
@@ -128,7 +130,7 @@ def test_exit_process_after_a_group_flushes_and_keeps_the_code(tmp_path):
              for r in range(2)]
     outs = [p.communicate(timeout=50) for p in procs]
     assert [p.returncode for p in procs] == [5, 5], outs
-    assert [o for o, _ in outs] == ["gathered [0, 1]", "gathered [0, 1]"], outs
+    assert [o for o, _ in outs] == ["gathered [0, 1] atexit ran"] * 2, outs
 
 
 def test_exit_process_without_a_group_is_a_normal_exit():
