@@ -72,6 +72,25 @@ def test_comm_dp_reduces_to_paper_formula_with_tp1():
     assert cm.comm_dp(half, layer_bytes, 2, bw, lat) == pytest.approx(2e-5 + layer_bytes / (2 * 2e9))
 
 
+def test_comm_dp_is_paced_by_the_slowest_link():
+    """A ring all-reduce moves M/N through every link at each of its N-1 steps: two devices on each
+    of two machines (fast 100 GB/s inside, 1 GB/s between) pay 2 * 3/4 * M / 1 GB/s for the
+    all-reduce, 1.5x the per-link sum of eq. 4 as written (M/4 * (1/100 + 2/1) GB/s^-1 per phase)."""
+    bw = np.array([[np.inf, 100e9, 1e9, 1e9], [100e9, np.inf, 1e9, 1e9],
+                   [1e9, 1e9, np.inf, 100e9], [1e9, 1e9, 100e9, np.inf]])
+    lat = np.zeros((4, 4))
+    m = 1e9
+    partners = [(0, 1, 1.0), (0, 2, 1.0), (0, 3, 1.0)]
+    ring = cm.comm_dp(partners, m, 4, bw, lat)
+    assert 2 * ring == pytest.approx(2 * 3 / 4 * m / 1e9)
+    per_link = m / 4 * (1 / 100e9 + 2 / 1e9)
+    assert ring / per_link == pytest.approx(1.5, rel=1e-2)
+    # latencies still add up per partner; a DP group inside one machine is not slowed by the other
+    lat = np.full((4, 4), 1e-3)
+    assert cm.comm_dp(partners, m, 4, bw, lat) == pytest.approx(3e-3 + 3 / 4 * m / 1e9)
+    assert cm.comm_dp([(2, 3, 1.0)], m, 2, bw, lat) == pytest.approx(1e-3 + m / (2 * 100e9))
+
+
 @pytest.mark.parametrize("sharding,expect", [
     ("ddp", 4 * 1.0 + 3 * 2.0 + 1.1 * max(2.0, 2 * 1.5)),
     ("zero2", 4 * 1.0 + 3 * 2.0 + 1.2 * max(2.0, 2 * 1.5)),

@@ -119,20 +119,28 @@ def layer_time_bwd(comp_fwd_s: float, comm_tp_s: float, recompute: bool) -> floa
 
 def comm_dp(partners: Sequence[tuple[int, int, float]], layer_bytes: float, num_pipelines: int,
             bandwidth: np.ndarray, latency: np.ndarray) -> float:
-    """T_comm of one layer for one device (one reduce-scatter or all-gather), Appendix B eq. 4:
+    """T_comm of one layer for one device (one reduce-scatter or all-gather), Appendix B eq. 4 with
+    the bytes paced by the slowest partner link:
 
-        sum_{d' in D_dp \\ {d}} ( alpha[d,d'] + share(d,d') * 12H^2*B_type / (|D_dp| * beta[d,d']) )
+        sum_{d' in D_dp \\ {d}} alpha[d,d'] + sum_{d'} share(d,d') * 12H^2*B_type / (|D_dp| * min_{d'} beta[d,d'])
 
     generalised to asymmetric TP: ``partners`` lists (d, d', share) with share the fraction of the
-    layer's weights that d and d' both hold (1 when both are unsharded). With TP 1 everywhere this
-    is exactly the paper's formula (|D_dp| = number of pipelines). An all-reduce costs 2*T_comm.
+    layer's weights that d and d' both hold (1 when both are unsharded). An all-reduce costs 2*T_comm.
+
+    Why the minimum: eq. 4 as written charges each partner's share at that partner's own link,
+    which is a ring all-reduce's cost only when the links are equal. A ring (gloo, NCCL) moves a
+    chunk of M/|D_dp| through EVERY link of the ring at every one of its |D_dp|-1 steps, so the
+    slowest link paces all of them: 2(N-1)/N * M / beta_min for the all-reduce. With equal links
+    this is exactly the paper's formula; a DP group with two members on one machine and two on
+    another pays 1.5x what the per-link sum gives (measured on the emulated 4:1 cluster: the
+    per-link sum left a factor ~2 to theta_ddp, which then inflated every compute-bound sync).
     """
-    if num_pipelines <= 1:
+    if num_pipelines <= 1 or not partners:
         return 0.0
-    total = 0.0
-    for d, dp, share in partners:
-        total += latency[d, dp] + share * layer_bytes / (num_pipelines * bandwidth[d, dp])
-    return total
+    alpha = sum(latency[d, dp] for d, dp, _ in partners)
+    shares = sum(share for _, _, share in partners)
+    slowest = min(bandwidth[d, dp] for d, dp, _ in partners)
+    return float(alpha + shares * layer_bytes / (num_pipelines * slowest))
 
 
 def dp_overhead_layer(n_mb: int, t_f: float, t_b: float, t_comm: float, sharding: str,

@@ -293,7 +293,8 @@ def dp_edge_all(plan: Plan, cluster: Cluster, workload: Workload) -> dict[tuple[
             ok = (share > 0) & (pipe[a:b, None] != pipe[None, :])
             ix = np.ix_(dev[a:b], dev)
             base = np.where(ok, lat[ix], 0.0).sum(axis=1)
-            q = np.where(ok, share / bw[ix], 0.0).sum(axis=1)
+            # bytes paced by the slowest partner link (cost_model.comm_dp); no partner: q = 0
+            q = np.where(ok, share, 0.0).sum(axis=1) / np.where(ok, bw[ix], np.inf).min(axis=1)
             t_red[a:b] = base + q * (params * red_bt / P)
             t_par[a:b] = base + q * (params * bt / P)
         row = 2.0 * (t_red if sh == "ddp" else 0.5 * (t_red + t_par) if sh == "zero2" else t_par)

@@ -30,3 +30,15 @@ def test_dp_terms_match_the_reference(case):
             ref = D.dp_comm_per_layer(plan, i, st, cluster, layer_bytes)
             assert [n for n, _ in fast[(i, j)]] == [n for n, _ in ref]
             assert [t for _, t in fast[(i, j)]] == pytest.approx([t for _, t in ref], rel=1e-12, abs=1e-15)
+
+
+@pytest.mark.parametrize("case", list(_plans()), ids=lambda c: f"{c[1].name}-{c[0].num_pipelines}p")
+def test_edge_terms_match_the_reference(case):
+    """The embedding / LM head / norms syncs, vectorised (dp_edge_all) vs per stage (dp_edge_times)."""
+    plan, cluster, model = case
+    w = E.Workload(model)
+    fast = E.dp_edge_all(plan, cluster, w)
+    for i, p in enumerate(plan.pipelines):
+        for j in range(len(p.stages)):
+            ref = E.dp_edge_times(plan, i, j, cluster, w)
+            assert fast.get((i, j), (0.0, 0.0, 0.0)) == pytest.approx(ref, rel=1e-12, abs=1e-15)
