@@ -232,7 +232,7 @@ class EmulatedCluster:
                                 for d in self.cgroups.rank_dirs(r.rank))
             cmd = ["sh", "-c", f'{joins} && exec "$@"', "sh", "ip", "netns", "exec", self.network.ns(r.machine), *argv]
             procs.append(subprocess.Popen(cmd, env=e, stdout=stdout, stderr=stderr))
-        self._procs += procs
+            self._procs.append(procs[-1])  # at once: a Ctrl-C during the loop still stops the ranks started
         return procs
 
     def wait(self, procs: list[subprocess.Popen], timeout: float) -> list[int]:

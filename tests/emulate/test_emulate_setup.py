@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_hexiscale.emulate import EmulatedCluster, EmulationError, missing_support
+from lightning_hexiscale.emulate import EmulatedCluster, EmulationError, missing_support, remove_stale
 from lightning_hexiscale.emulate.cgroups import CFS_PERIOD_US
 
 REPO = Path(__file__).resolve().parents[2]
@@ -101,21 +101,33 @@ def test_timeout_names_the_hanging_ranks():
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_cli_signal_cleans_up(sig):
+def test_cli_signal_cleans_up(sig, tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    p = subprocess.Popen([sys.executable, "-m", "lightning_hexiscale.cli", "emulate", "emu_4to1", "--cores", "1", "--",
-                          "sleep", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    # -X faulthandler: a CLI still running at the deadline is sent SIGABRT and writes every thread's
+    # stack to its stderr, a file (the ranks hold any pipe open)
+    err = tmp_path / "stderr.txt"
+    with open(err, "w") as err_file:
+        p = subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", "lightning_hexiscale.cli", "emulate",
+                              "emu_4to1", "--cores", "1", "--", "sleep", "60"], stdout=subprocess.PIPE, stderr=err_file,
+                             text=True, env=env, cwd=REPO)
     ident = None
     for line in p.stdout:
         m = re.search(r"emulated cluster (\w+):", line)
         if m:
             ident = m.group(1)
             break
-    assert ident, p.stderr.read() if p.poll() is not None else "no id printed"
+    assert ident, err.read_text() if p.poll() is not None else "no id printed"
     assert any(ns.startswith(f"hx{ident}") for ns in namespaces())
     time.sleep(0.5)
     p.send_signal(sig)
-    assert p.wait(timeout=30) == (130 if sig == signal.SIGINT else 128 + sig)
+    try:
+        code = p.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.send_signal(signal.SIGABRT)
+        p.wait(timeout=30)
+        remove_stale()
+        pytest.fail(f"hexiscale emulate still running 60 s after {sig.name}; its stacks:\n{err.read_text()[-6000:]}")
+    assert code == (130 if sig == signal.SIGINT else 128 + sig)
     assert not any(ns.startswith(f"hx{ident}") for ns in namespaces())
     assert not any(d.name.endswith(ident) for d in Path("/sys/fs/cgroup/cpu").glob("**/hexiscale-emu-*"))
 
@@ -149,8 +161,6 @@ def test_sigkilled_owner_leftovers_removed_by_cleanup():
     ident = owner.stdout.readline().strip()
     assert ident, "the owner did not start its cluster"
     with EmulatedCluster("emu_4to1", cores=1.0) as live:
-        from lightning_hexiscale.emulate import remove_stale
-
         assert ident not in remove_stale()  # its owner still runs
         owner.kill()
         owner.wait(timeout=10)
