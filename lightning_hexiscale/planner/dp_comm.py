@@ -64,13 +64,14 @@ def dp_comm_all(plan: Plan, cluster: Cluster, layer_bytes: float) -> dict[tuple[
 
     Sweep the global layer intervals (between any two stage boundaries of any pipeline). For each
     device slot keep, per pipeline k, over the TP ranks r2 of k's current holder that share
-    weights with the slot: A[slot, k] = sum of alpha, S[slot, k] = sum of share, B[slot, k] = the
-    smallest beta (eq. 4 with the slowest link pacing the bytes, :func:`cost_model.comm_dp`); at a
-    boundary only the columns of the pipelines whose holder changed, and the rows of the devices
-    that start a stage, are recomputed, so a plan costs O(N^2) pair terms in a few dozen array
-    operations instead of a Python loop over every (stage, interval, rank, partner). A slot's
-    T_comm is sum_k A + sum_k S * layer_bytes / (N_dp * min_k B); a stage's on an interval is the
-    max over its devices. Same terms as the reference, summed in a different order (differences
+    weights with the slot: A[slot, k] = sum of alpha, B[slot, k] = the smallest beta (eq. 4 with
+    the slowest link pacing the bytes, :func:`cost_model.comm_dp`); at a boundary only the columns
+    of the pipelines whose holder changed, and the rows of the devices that start a stage, are
+    recomputed, so a plan costs O(N^2) pair terms in a few dozen array operations instead of a
+    Python loop over every (stage, interval, rank, partner). The shares need no array: every other
+    pipeline holds all of the slot's 1/t of the layer, so they sum to (N_dp - 1)/t. A slot's
+    T_comm is sum_k A + (N_dp - 1)/t * layer_bytes / (N_dp * min_k B); a stage's on an interval is
+    the max over its devices. Same terms as the reference, summed in a different order (differences
     at the level of float rounding). Results are memoised per cluster for the last few plan
     layouts (they do not depend on batch, micro-batch or sharding).
     """
@@ -105,22 +106,20 @@ def dp_comm_all(plan: Plan, cluster: Cluster, layer_bytes: float) -> dict[tuple[
         a = first_slot[(k, j)]
         return np.arange(a, a + plan.pipelines[k].stages[j].tp)
 
-    def terms(rows: np.ndarray, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(alpha, share, beta) of every (row, col) pair; pairs that share nothing: (0, 0, inf)."""
+    def terms(rows: np.ndarray, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(alpha, beta) of every (row, col) pair; pairs that share nothing: (0, inf)."""
         share = np.minimum(hi_a[rows][:, None], hi_a[cols][None, :]) - np.maximum(lo_a[rows][:, None], lo_a[cols][None, :])
         ix = np.ix_(dev_a[rows], dev_a[cols])
         ok = share > 0
-        return np.where(ok, lat[ix], 0.0), np.where(ok, share, 0.0), np.where(ok, bw[ix], np.inf)
+        return np.where(ok, lat[ix], 0.0), np.where(ok, bw[ix], np.inf)
 
-    def by_pipeline(t: tuple[np.ndarray, np.ndarray, np.ndarray], cols: np.ndarray):
-        """Per pipeline (cols are grouped by pipeline, in pipeline order): alpha and share summed,
-        beta minimised."""
+    def by_pipeline(t: tuple[np.ndarray, np.ndarray], cols: np.ndarray):
+        """Per pipeline (cols are grouped by pipeline, in pipeline order): alpha summed, beta minimised."""
         ks, first = np.unique(pipe_a[cols], return_index=True)
-        a, sh, b = t
-        return ks, np.add.reduceat(a, first, axis=1), np.add.reduceat(sh, first, axis=1), np.minimum.reduceat(b, first, axis=1)
+        return ks, np.add.reduceat(t[0], first, axis=1), np.minimum.reduceat(t[1], first, axis=1)
 
+    shares = (P - 1) * (hi_a - lo_a)  # per slot: all other pipelines' shares of its 1/t
     A = np.zeros((len(dev), P))
-    S = np.zeros((len(dev), P))
     B = np.full((len(dev), P), np.inf)
     worst: dict[tuple[int, int], list[float]] = {}
     prev = np.full(P, -1)
@@ -131,15 +130,15 @@ def dp_comm_all(plan: Plan, cluster: Cluster, layer_bytes: float) -> dict[tuple[
         fresh = np.concatenate([slots(int(k), int(holder[k, g])) for k in changed])
         staying = np.setdiff1d(active, fresh, assume_unique=True)
         if len(fresh):  # new stages: whole rows against every current holder
-            ks, a, sh, b = by_pipeline(terms(fresh, active), active)
-            A[fresh], S[fresh], B[fresh] = 0.0, 0.0, np.inf
-            A[np.ix_(fresh, ks)], S[np.ix_(fresh, ks)], B[np.ix_(fresh, ks)] = a, sh, b
+            ks, a, b = by_pipeline(terms(fresh, active), active)
+            A[fresh], B[fresh] = 0.0, np.inf
+            A[np.ix_(fresh, ks)], B[np.ix_(fresh, ks)] = a, b
         if len(staying):  # unchanged stages: only the columns of pipelines whose holder changed
-            ks, a, sh, b = by_pipeline(terms(staying, fresh), fresh)
-            A[np.ix_(staying, ks)], S[np.ix_(staying, ks)], B[np.ix_(staying, ks)] = a, sh, b
+            ks, a, b = by_pipeline(terms(staying, fresh), fresh)
+            A[np.ix_(staying, ks)], B[np.ix_(staying, ks)] = a, b
         own = pipe_a[active]  # a pipeline does not synchronise with itself
-        A[active, own], S[active, own], B[active, own] = 0.0, 0.0, np.inf
-        cost = A[active].sum(axis=1) + S[active].sum(axis=1) * (layer_bytes / P) / B[active].min(axis=1)
+        A[active, own], B[active, own] = 0.0, np.inf
+        cost = A[active].sum(axis=1) + shares[active] * (layer_bytes / P) / B[active].min(axis=1)
         pos = 0
         for k in range(P):
             j = int(holder[k, g])
