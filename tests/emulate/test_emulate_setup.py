@@ -100,6 +100,14 @@ def test_timeout_names_the_hanging_ranks():
             emu.wait(procs, timeout=2)
 
 
+def _sigint_default() -> None:
+    """In the child before exec: SIGINT back to its default. A job started in the background of a
+    non-interactive shell (`make test &`, `nohup`) inherits SIGINT ignored, and Python then installs
+    no KeyboardInterrupt handler: the CLI would sleep through the test's Ctrl-C, as it should for
+    its user."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_cli_signal_cleans_up(sig, tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO))
@@ -109,7 +117,7 @@ def test_cli_signal_cleans_up(sig, tmp_path):
     with open(err, "w") as err_file:
         p = subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", "lightning_hexiscale.cli", "emulate",
                               "emu_4to1", "--cores", "1", "--", "sleep", "60"], stdout=subprocess.PIPE, stderr=err_file,
-                             text=True, env=env, cwd=REPO)
+                             text=True, env=env, cwd=REPO, preexec_fn=_sigint_default)
     ident = None
     for line in p.stdout:
         m = re.search(r"emulated cluster (\w+):", line)
