@@ -6,11 +6,12 @@ other pipelines only over a slow link pays, per layer, an exposed data-parallel 
 compute balance sees. Once phase 1 has fixed the pipelines, the links from a stage to the other
 pipelines are known, so its per-layer data-parallel time can be estimated:
 
-    T_comm(stage) ~ max_{d in stage} sum_{k != i} ( min_{x in D_k} alpha(d, x)
-                                                   + layer_bytes / (t * P * max_{x in D_k} beta(d, x)) )
+    T_comm(stage) ~ max_{d in stage} [ sum_{k != i} min_{x in D_k} alpha(d, x)
+                                       + (P - 1) * layer_bytes / (t * P * min_{k != i} max_{x in D_k} beta(d, x)) ]
 
 (each device exchanges its 1/t share of the layer with the holders in every other pipeline; the
-best link to each pipeline is assumed, which is what a good split can hope for). With u_j, w_j the
+best link to each pipeline is assumed, which is what a good split can hope for, and the slowest
+of those paces the bytes, as in ``cost_model.comm_dp``). With u_j, w_j the
 per-micro-batch and exposed per-iteration times of one layer on stage j at that T_comm
 (``estimate.layer_step``) and f_j its hop and head, the split minimises the pipeline's time
 
@@ -41,11 +42,9 @@ def stage_comm(ev: Evaluator, stage: tuple[int, ...], others: list[tuple[int, ..
     t = len(stage)
     worst = 0.0
     for d in stage:
-        total = 0.0
-        for peers in others:
-            idx = list(peers)
-            total += float(ev.lat[d, idx].min()) + layer_bytes / (t * num_pipelines * float(ev.bw[d, idx].max()))
-        worst = max(worst, total)
+        alpha = sum(float(ev.lat[d, list(peers)].min()) for peers in others)
+        slowest = min(float(ev.bw[d, list(peers)].max()) for peers in others)
+        worst = max(worst, alpha + len(others) * layer_bytes / (t * num_pipelines * slowest))
     return worst
 
 
