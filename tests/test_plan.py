@@ -115,3 +115,31 @@ def test_table_lists_every_stage():
     t = plan.table(Cluster.load("hetero3"))
     assert "8xA800" in t and t.count("2xRTX3090") == 8 and "global batch 256" in t
     assert len(t.splitlines()) == 3 + sum(len(p.stages) for p in plan.pipelines)
+
+
+def _with_idle(idle) -> Plan:
+    """fig1_plan on devices 0-4 with ``idle`` declared idle."""
+    import dataclasses
+    return dataclasses.replace(fig1_plan(), idle_devices=tuple(idle))
+
+
+def test_idle_devices_round_trip_and_launch_order(tmp_path):
+    plan = _with_idle([5, 6])
+    assert plan.world_size == 5 and plan.launch_order == (0, 1, 2, 3, 4, 5, 6)
+    assert fig1_plan().launch_order == fig1_plan().device_order
+    path = tmp_path / "p.yaml"
+    plan.save(path)
+    back = Plan.load(path)
+    assert back == plan and back.idle_devices == (5, 6)
+    assert "idle_devices" not in fig1_plan().to_dict()  # plans without idle devices read as before
+    assert "idle:" in plan.table() and "idle" not in fig1_plan().table()
+
+
+@pytest.mark.parametrize("idle, words", [([3], "idle and also runs plan.pipelines[1].stages[1]"),
+                                         ([5, 5], "listed once"), ([-1], "integers >= 0"),
+                                         ([9], "does not exist")])
+def test_idle_devices_bad(idle, words):
+    cluster = Cluster.load("cpu_hetero8")
+    with pytest.raises(PlanError) as e:
+        _with_idle(idle).validate(cluster)
+    assert e.value.key == "plan.idle_devices" and words in str(e.value)

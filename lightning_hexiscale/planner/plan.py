@@ -10,6 +10,11 @@ Conventions the runtime relies on:
   embedding, the last stage the final norm and the LM head.
 - Rank mapping: global rank r runs the r-th device of ``Plan.device_order`` (all used device ids,
   sorted ascending), so a plan over devices {0..N-1} maps rank r to device r.
+- Idle devices: ``Plan.idle_devices`` are cluster devices the plan deliberately leaves without work
+  (the planner found the plan faster without them, or the user left them out). A job launched on
+  the used devices alone maps ranks by ``device_order``; a job launched on every device of
+  ``Plan.launch_order`` (used + idle, sorted) maps rank r to ``launch_order[r]``, and the ranks of
+  idle devices take no part in training.
 """
 
 from __future__ import annotations
@@ -99,6 +104,9 @@ class Plan:
     """dtype gradients are summed in across pipelines (all-reduce / reduce-scatter): ``bf16`` or
     ``fp32``; ``None`` = the run's own (bf16 for bf16 runs, the parameter dtype otherwise). The cost
     model prices the data-parallel gradient traffic at this dtype's bytes."""
+    idle_devices: tuple[int, ...] = ()
+    """Cluster device ids the plan leaves without work, ascending (none by default). They are named,
+    not merely absent, so that a job launched on the whole cluster knows which ranks stay out."""
 
     # ---- derived -------------------------------------------------------------------------
     @property
@@ -115,6 +123,12 @@ class Plan:
     def world_size(self) -> int:
         """Derived: number of devices (= processes) the plan needs."""
         return len(self.device_order)
+
+    @property
+    def launch_order(self) -> tuple[int, ...]:
+        """Derived: used and idle device ids, sorted; a job launched on all of them maps rank r to
+        ``launch_order[r]`` (equal to ``device_order`` when nothing is idle)."""
+        return tuple(sorted(self.device_order + tuple(self.idle_devices)))
 
     @property
     def num_pipelines(self) -> int:
@@ -196,16 +210,36 @@ class Plan:
                                 f"pipeline {i} covers layers 0-{expect - 1} of {self.num_layers}; "
                                 "every pipeline must run every layer",
                                 f"extend its last stage to layer {self.num_layers}")
+        self._validate_idle(seen, cluster)
         if global_batch is not None and self.global_batch != global_batch:
             raise PlanError("train.global_batch", global_batch,
                             f"the plan's pipeline batches {[p.batch_size for p in self.pipelines]} sum to "
                             f"{self.global_batch}", f"set train.global_batch={self.global_batch} or re-plan")
         return self
 
+    def _validate_idle(self, used: dict[int, str], cluster: Cluster | None) -> None:
+        """``idle_devices``: distinct integer ids >= 0, in no stage, present in ``cluster`` (when given)."""
+        idle = list(self.idle_devices)
+        for d in idle:
+            if not isinstance(d, int) or isinstance(d, bool) or d < 0:
+                raise PlanError("plan.idle_devices", idle, "device ids are integers >= 0",
+                                "list the ids of the cluster's devices that take no work")
+            if d in used:
+                raise PlanError("plan.idle_devices", idle,
+                                f"device {d} is idle and also runs {used[d]}; a device is either idle or in one stage",
+                                f"remove {d} from idle_devices or from that stage")
+            if cluster is not None and d >= cluster.num_devices:
+                raise PlanError("plan.idle_devices", idle,
+                                f"device {d} does not exist: cluster {cluster.name} has devices "
+                                f"0..{cluster.num_devices - 1}", "use ids from the cluster")
+        if len(set(idle)) != len(idle):
+            raise PlanError("plan.idle_devices", idle, "each idle device is listed once", "remove the repeated ids")
+
     # ---- serialisation -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """Plain dict (the plan file format); inverse of :meth:`from_dict`."""
-        return {
+        """Plain dict (the plan file format); inverse of :meth:`from_dict`. ``idle_devices`` is
+        written only when the plan has some, so plans without idle devices read as before."""
+        out = {
             "num_layers": self.num_layers,
             "schedule": self.schedule,
             "recompute": self.recompute,
@@ -219,13 +253,17 @@ class Plan:
                 }
                 for p in self.pipelines
             ],
-            "meta": dict(self.meta),
         }
+        if self.idle_devices:
+            out["idle_devices"] = list(self.idle_devices)
+        out["meta"] = dict(self.meta)
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "plan") -> Plan:
         """Build from the plan-file dict; unknown or missing keys raise :class:`PlanError`."""
-        _keys(data, {"num_layers", "pipelines"}, {"schedule", "recompute", "dp_sharding", "reduce_dtype", "meta"}, source)
+        _keys(data, {"num_layers", "pipelines"}, {"schedule", "recompute", "dp_sharding", "reduce_dtype", "idle_devices", "meta"},
+              source)
         pipes = []
         for i, p in enumerate(data["pipelines"] or []):
             pkey = f"{source}.pipelines[{i}]"
@@ -241,7 +279,11 @@ class Plan:
                 stages.append(Stage(devices=tuple(s["devices"]), layers=(int(layers[0]), int(layers[1]))))
             pipes.append(Pipeline(batch_size=p["batch_size"], micro_batch_size=p["micro_batch_size"],
                                   stages=tuple(stages)))
-        return cls(pipelines=tuple(pipes), num_layers=data["num_layers"],
+        idle = data.get("idle_devices") or []
+        if not isinstance(idle, (list, tuple)):
+            raise PlanError(f"{source}.idle_devices", idle, "must be a list of device ids",
+                            "write e.g. idle_devices: [6, 7]")
+        return cls(pipelines=tuple(pipes), num_layers=data["num_layers"], idle_devices=tuple(idle),
                    schedule=data.get("schedule", "1f1b"), recompute=bool(data.get("recompute", True)),
                    dp_sharding=data.get("dp_sharding", "ddp"), reduce_dtype=data.get("reduce_dtype"),
                    meta=dict(data.get("meta") or {}))
@@ -289,7 +331,10 @@ class Plan:
         reduce = f" (reduce in {self.reduce_dtype})" if self.reduce_dtype else ""
         head = (f"{self.num_pipelines} pipelines, {self.world_size} devices, global batch {self.global_batch}, "
                 f"schedule {self.schedule}, dp {self.dp_sharding}{reduce}, recompute {'on' if self.recompute else 'off'}")
-        return head + "\n" + "\n".join(lines)
+        idle = ""
+        if self.idle_devices:
+            idle = f"\nidle: {_describe_devices(tuple(self.idle_devices), cluster)} (no work in this plan)"
+        return head + "\n" + "\n".join(lines) + idle
 
 
 def _describe_devices(devices: tuple[int, ...], cluster: Cluster | None) -> str:
