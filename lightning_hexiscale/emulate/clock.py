@@ -5,7 +5,7 @@ Why: the kernel checks a cgroup's CPU quota when it accounts the running task's 
 task that only computes happens at the scheduler tick (4 ms at CONFIG_HZ=250, this project's
 machine). A rank therefore runs until the tick after its quota is spent and then sleeps its debt
 off: with a 10 ms period a 0.6-core rank alternates ~6 ms of running with ~4 ms throttled, a
-0.15-core rank ~1.5 ms with ~8.5 ms, and a periods shorter than the tick does not help (a 2 ms
+0.15-core rank ~1.5 ms with ~8.5 ms, and a period shorter than the tick does not help (a 2 ms
 period gave 0.42 of a core to a 0.6-core quota, the rest lost to the debt arithmetic). A TP
 collective whose peer is throttled waits out the peer's stall: measured here as a 1-7 ms median
 wait for a small TP-2 exchange, the ~11 ms "sync latency" that bench_hetero used to fit.

@@ -10,9 +10,10 @@ declared 4:1 came out as 4.6-6.8:1. :func:`trim` therefore measures what every r
 at once (:mod:`lightning_hexiscale.emulate.probe` ``rate``), and corrects the quotas until the
 measured rates stand in the declared ratio:
 
-    q_r' = q_r * (F_r / m_r) * s,   with s such that sum_r q_r' = sum_r q_r (or max_r q_r' = 1 core)
+    q_r' = s * F_r / e_t(r),   with s such that sum_r q_r' = sum_r q_r (or max_r q_r' = 1 core)
 
-(``F_r`` the declared FLOP/s, ``m_r`` the measured rate). It repeats until every rank's
+(``F_r`` the declared FLOP/s, ``e_t`` the measured FLOP/s per core of quota of the rank's device
+type, averaged over the type's ranks and every measurement so far). It repeats until every rank's
 ``(m_r / F_r) / median_s(m_s / F_s)`` is within :data:`TRIM_TOLERANCE` of 1, at most
 :data:`TRIM_ROUNDS` times. :func:`rate_check` is the same comparison for any measured rates (e.g.
 ``hexiscale profile``'s FLOP/s afterwards), judged at :data:`RATE_TOLERANCE`.
@@ -107,15 +108,25 @@ def rate_check(emu, measured_flops: list[float]) -> RateCheck:
                      tuple(r.cores for r in emu.ranks), tuple(r.gpu_type for r in emu.ranks))
 
 
-def trimmed_cores(cores: list[float], declared: list[float], measured: list[float],
+def trimmed_cores(cores: list[float], declared: list[float], rate_per_core: list[float],
                   max_per_rank: float = 1.0) -> list[float]:
-    """The corrected quotas (module docstring): proportional to ``cores * declared / measured``,
-    the same total as ``cores``, none above ``max_per_rank`` (then all scaled down together)."""
-    raw = [q * f / m for q, f, m in zip(cores, declared, measured)]
+    """The corrected quotas (module docstring): ``declared / rate_per_core`` (the cores each rank needs
+    for its declared share, at the work per CPU-second measured), scaled to the same total as ``cores``,
+    none above ``max_per_rank`` (then all scaled down together)."""
+    raw = [f / e for f, e in zip(declared, rate_per_core)]
     scale = sum(cores) / sum(raw)
     new = [x * scale for x in raw]
     top = max(new)
     return [x * max_per_rank / top for x in new] if top > max_per_rank else new
+
+
+def type_rate_per_core(checks: list[RateCheck]) -> list[float]:
+    """Per rank: the work per CPU-second (FLOP/s per core of quota) of its device type, averaged over
+    the type's ranks and over ``checks`` (every measurement so far: the noise of one shrinks with each)."""
+    types = checks[0].gpu_types
+    per_type = {t: statistics.mean(m / q for c in checks for m, q, tt in zip(c.measured_flops, c.cores, c.gpu_types)
+                                   if tt == t) for t in set(types)}
+    return [per_type[t] for t in types]
 
 
 def run_probe(emu, mode: str, args: list[str], timeout_s: float = 120.0) -> list[dict]:
@@ -147,10 +158,12 @@ class TrimResult:
                 f"  quotas now {cores} cores: {self.final.text()}")
 
 
-def trim(emu, tolerance: float = TRIM_TOLERANCE, rounds: int = TRIM_ROUNDS, seconds: float = 2.0,
+def trim(emu, tolerance: float = TRIM_TOLERANCE, rounds: int = TRIM_ROUNDS, seconds: float = 3.0,
          timeout_s: float = 120.0) -> TrimResult:
     """Correct the entered cluster's quotas until the measured rates stand in the declared ratio
-    (module docstring); the quotas left in force are the best measured ones."""
+    (module docstring). Ranks of one device type keep equal quotas: each correction uses the type's
+    work per CPU-second, averaged over its ranks and over every measurement so far. The quotas left
+    in force are those of the last measurement, which :attr:`TrimResult.final` reports."""
     from lightning_hexiscale.emulate.emulated import MAX_CORES_PER_RANK
 
     checks: list[RateCheck] = []
@@ -160,11 +173,9 @@ def trim(emu, tolerance: float = TRIM_TOLERANCE, rounds: int = TRIM_ROUNDS, seco
         if checks[-1].worst <= tolerance or k == rounds - 1:
             break
         c = checks[-1]
-        emu.set_cores(trimmed_cores(list(c.cores), list(c.declared_flops), list(c.measured_flops), MAX_CORES_PER_RANK))
-    best = min(checks, key=lambda c: c.worst)
-    if list(best.cores) != [r.cores for r in emu.ranks]:
-        emu.set_cores(list(best.cores))
-    return TrimResult(tuple(checks), best)
+        emu.set_cores(trimmed_cores(list(c.cores), list(c.declared_flops), type_rate_per_core(checks),
+                                    MAX_CORES_PER_RANK))
+    return TrimResult(tuple(checks), checks[-1])
 
 
 @dataclass(frozen=True)
