@@ -262,6 +262,9 @@ def parse_args(argv: list[str] | None):
                     help="keep the quotas proportional to the declared FLOP/s (no trimming to measured rates)")
     ap.add_argument("--no-profile", dest="profile", action="store_false",
                     help="estimate with the cluster YAML's own figures (no profile, no calibration)")
+    ap.add_argument("--plan-only", action="store_true",
+                    help="only plan, on the cluster YAML's figures: print every compared plan's estimate, the "
+                         "search on the fastest machine alone and the compute ceiling, and exit (no processes)")
     ap.add_argument("--plans", type=_plan_names, default=list(COMPARED_NAMES),
                     help=f"a subset of the compared plans, for debugging (the run is then not pre-registered) "
                          f"[{','.join(COMPARED_NAMES)}]")
@@ -353,6 +356,8 @@ def bench(args) -> int:
     print(f"cost model form {form['sha256']} ({len(form['files'])} source files at commit {form['commit']}, "
           f"{'modified: ' + ', '.join(form['modified']) if form['modified'] else 'unmodified'}); frozen for this run",
           flush=True)
+    if args.plan_only:
+        return plan_only(cluster, config, args, out)
     before = load_before(args)
     t_start = time.monotonic()
     fidelity: dict = {}
@@ -427,6 +432,46 @@ def bench(args) -> int:
            **result}
     (out / "results.json").write_text(json.dumps(doc, indent=2))
     print(f"wrote {out / 'results.json'} ({time.monotonic() - t_start:.0f} s)")
+    return 0
+
+
+def plan_only(cluster: Cluster, config: LlamaConfig, args, out: Path) -> int:
+    """--plan-only: the compared plans' estimates on the YAML's figures, against the fastest machine alone."""
+    from lightning_hexiscale.errors import InfeasiblePlan
+    from lightning_hexiscale.planner.estimate import estimate
+    from lightning_hexiscale.planner.search import search
+    from lightning_hexiscale.planner.search_settings import SearchSettings
+    from lightning_hexiscale.profiling.check import cpu_workload
+
+    work = cpu_workload(config)
+    _, plans, _, unavailable = plan_all(cluster, config, args, out)
+    est = {n: estimate(p, cluster, work).iteration_time_s for n, p in plans.items()}
+    fastest = max(cluster.machines, key=lambda m: cluster.devices[m.devices[0]].flops)
+    sub = cluster.subset(list(fastest.devices))
+    ceiling = float(cluster.flops.sum() / sub.flops.sum())
+    try:
+        s = SearchSettings(iterations=args.iterations, seed=0, recompute=False, micro_batch_size=args.micro_batch,
+                           dp_sharding="ddp")
+        alone = search(sub, work, args.global_batch, s).estimate.iteration_time_s
+    except InfeasiblePlan as e:
+        alone = None
+        print(f"the fastest machine alone holds no plan: {e}")
+    print(f"\nestimates on {cluster.name}'s own figures (not measured); compute ceiling over machine {fastest.name} "
+          f"alone: {ceiling:.2f}x")
+    for n, t in sorted(est.items(), key=lambda kv: kv[1]):
+        print(f"  {n:<26} {t:8.3f} s" + (f"   search's speedup {t / est['search']:.2f}x" if "search" in est else ""))
+    refs = {f"(search on {fastest.name} alone)": alone}
+    n = cluster.num_devices * args.micro_batch
+    if args.global_batch % n == 0:  # the naive way to use every device: equal data parallelism
+        from lightning_hexiscale.profiling.calibrate import pure_dp_plan
+
+        dp = pure_dp_plan(cluster.num_devices, config, args.micro_batch, args.global_batch // n, False)
+        refs["(equal DP on all ranks)"] = estimate(dp, cluster, work).iteration_time_s
+    for name, t in refs.items():
+        if t is not None and "search" in est:
+            print(f"  {name:<26} {t:8.3f} s   search's speedup {t / est['search']:.2f}x (a reference, not a compared plan)")
+    if unavailable:
+        print(f"unavailable: {', '.join(unavailable)}")
     return 0
 
 

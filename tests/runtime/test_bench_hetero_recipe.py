@@ -324,3 +324,19 @@ def test_bad_counts_stop_before_any_process_starts(tmp_path, capsys, argv, key):
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith(f"error: {key} = ") and "Fix: " in err
     assert not out.exists()  # nothing written, nothing launched
+
+
+def test_plan_only_prices_the_compared_plans_and_the_fast_machine_alone(tmp_path, capsys):
+    """emu_headroom has headroom: on its own figures the search beats the fast machine alone by 1.25x or
+    more, and equal data parallelism over every rank is slower than the fast machine alone."""
+    import re
+
+    assert load_recipe().main(["--cluster", "emu_headroom", "--plan-only", "--iterations", "10",
+                               "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "compute ceiling over machine fast alone: 2.00x" in out
+    t = {m.group(1).strip(): float(m.group(2)) for m in re.finditer(r"^  (\S.*?)\s+(\d+\.\d+) s", out, re.M)}
+    assert t["(search on fast alone)"] / t["search"] >= 1.25
+    assert t["(equal DP on all ranks)"] > t["(search on fast alone)"]
+    assert {"held-out-fast-first", "held-out-slow-first", "megatron", "galvatron"} <= set(t)
+    assert not (tmp_path / "logs").exists()  # no process was started
