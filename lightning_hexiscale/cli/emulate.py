@@ -38,7 +38,7 @@ def _emulate_args(p: argparse.ArgumentParser) -> None:
         "none above one core, the one compute thread a rank runs), one network namespace per machine, links between "
         "machines shaped with tc to the YAML's bandwidth times --bw-scale. Needs root, a cgroup CPU controller, "
         "`ip netns` and `tc`. Before COMMAND runs, the quotas are trimmed until every rank's measured matmul rate "
-        "stands in the declared ratio (within 3 %%; a quota-throttled rank does less work per CPU-second than one that "
+        "stands in the declared ratio (within 3 %; a quota-throttled rank does less work per CPU-second than one that "
         "holds its core); --check also measures TP-2 all-reduces against the declared latency. Everything is removed "
         "at exit, also on Ctrl-C or when a rank fails (then the others are stopped and the exit status is 1).")
     p.epilog = ("example:\n"
