@@ -9,8 +9,8 @@ same cluster, model and global batch:
    printed; above 10 % the bench refuses (``--allow-load`` measures anyway, and the run is then void
    under the pre-registered rules). It is measured again all through the run and printed at the end;
 1. the emulated quotas are trimmed until every rank's measured matmul rate stands in the declared
-   ratio, and TP-2 all-reduces are measured against the declared latency
-   (:mod:`lightning_hexiscale.emulate.fidelity`);
+   ratio, and TP-2 all-reduces (over a socket, :mod:`lightning_hexiscale.emulate.fidelity`, and
+   through gloo in this bench's worker) are measured against the declared latency;
 2. ``hexiscale profile`` runs inside the emulated cluster and writes OUT/profiled.yaml; its compute
    ratio must be within 10 % of the declared one (else the bench refuses, as for load);
 3. the calibration (efficiency per device type, sync latency, theta_ddp: :data:`CALIBRATION` in
@@ -62,8 +62,8 @@ import bench_hetero_rules as rules  # noqa: E402
 from bench_hetero_plans import (CALIBRATION, COMPARED, COMPARED_NAMES, HELD_OUT, calibration_structures,  # noqa: E402
                                 cost_model_form, fitted_constants, in_sample, make_plans)
 from bench_hetero_rules import compare  # noqa: E402,F401 (this recipe's API)
-from bench_hetero_run import (CAL_COMPUTE, CAL_DP, CAL_TP, LocalLauncher, make_launcher,  # noqa: E402,F401
-                              profiled_cluster, refit, run_worker_job, split_calibration, worker)
+from bench_hetero_run import (CAL_COMPUTE, CAL_DP, CAL_TP, LocalLauncher, machine_pairs,  # noqa: E402,F401
+                              make_launcher, profiled_cluster, refit, run_worker_job, split_calibration, worker)
 
 
 class Refused(HexiScaleError, RuntimeError):
@@ -96,7 +96,7 @@ def _refuse_unless_allowed(args, what: str) -> None:
     print(f"  --allow-load: {what}; measuring anyway, the run is void under the pre-registered rules", flush=True)
 
 
-def emulation_checks(emu, args) -> dict:
+def emulation_checks(emu, args, out: Path) -> dict:
     """Trim the quotas (unless --no-trim), measure the TP-2 all-reduces; refuses when the trimmed
     ratios stay off by more than 10 %."""
     from lightning_hexiscale.emulate.fidelity import RATE_TOLERANCE, check_exchange, trim
@@ -114,7 +114,33 @@ def emulation_checks(emu, args) -> dict:
     for p in pairs:
         print(p.text(), flush=True)
     doc["tp_sync"] = [{**asdict(p), "overhead_s": p.overhead_s, "passes": p.passes} for p in pairs]
+    doc["tp_sync_gloo"] = gloo_tp_check(emu, args, out)
     return doc
+
+
+def gloo_tp_check(emu, args, out: Path) -> list[dict]:
+    """The same TP-2 check through gloo, in the bench's worker (what the runtime's TP all-reduces use):
+    per pair, cycle minus the work at the quota, against the declared latency (printed, recorded)."""
+    from lightning_hexiscale.emulate.fidelity import TP_WAIT_LIMIT_S
+
+    pairs = machine_pairs(emu.cluster)
+    if not pairs:
+        return []
+    reps = 100
+    job = {"kind": "tp-allreduce", "model": model_config(args).to_dict(), "pairs": pairs, "reps": reps,
+           "work_mflop": 60.0}
+    per_rank = run_worker_job(emu, job, out / "jobs" / "tp_allreduce.json", args.timeout)
+    rows = []
+    for a, b in pairs:
+        cycle = max(per_rank[a]["wall_s"], per_rank[b]["wall_s"]) / reps
+        fluid = max(per_rank[a]["cpu_s"] / emu.ranks[a].cores, per_rank[b]["cpu_s"] / emu.ranks[b].cores) / reps
+        latency = float(emu.cluster.latency[a, b])
+        ok = cycle - fluid <= latency + TP_WAIT_LIMIT_S
+        print(f"TP-2 ranks {a}-{b} through gloo: cycle {cycle * 1e3:.2f} ms, work at the quota {fluid * 1e3:.2f} ms, so "
+              f"{(cycle - fluid) * 1e3:.2f} ms per all-reduce against the declared latency {latency * 1e6:.0f} us: "
+              f"{'PASS' if ok else 'FAIL'} (limit latency + {TP_WAIT_LIMIT_S * 1e3:g} ms)", flush=True)
+        rows.append({"ranks": [a, b], "cycle_s": cycle, "fluid_s": fluid, "declared_latency_s": latency, "passes": ok})
+    return rows
 
 
 def profiled_ratio(emu, raw: Cluster, args) -> dict:
@@ -365,7 +391,7 @@ def bench(args) -> int:
         emulated = launcher.describe() if hasattr(launcher, "describe") else "not emulated (--launcher local)"
         print(emulated, flush=True)
         if args.launcher == "emulate":
-            fidelity = emulation_checks(launcher, args)
+            fidelity = emulation_checks(launcher, args, out)
         if args.profile:
             cost, cost_path, raw = profiled_cluster(launcher, cluster, config, args, out)
             if args.launcher == "emulate":

@@ -135,6 +135,8 @@ def worker(job_path: str) -> int:
     if job["kind"] == "rounds":
         result = run_from_env(_rounds_rank, job["plans"], config, job["steps"], job["warmup"], job["rounds"],
                               job.get("calibrate"), timeout_s=job["timeout_s"])
+    elif job["kind"] == "tp-allreduce":
+        result = run_from_env(tp_allreduce_rank, job["pairs"], job["reps"], job["work_mflop"], timeout_s=job["timeout_s"])
     elif job["kind"] == "calibrate":
         from lightning_hexiscale.profiling.calibrate import measure_calibration
 
@@ -148,6 +150,40 @@ def worker(job_path: str) -> int:
         tmp.write_text(json.dumps(result))
         tmp.replace(job["result"])
     return 0
+
+
+def tp_allreduce_rank(rank: int, world: int, pairs: list[list[int]], reps: int, work_mflop: float):
+    """The emulator's TP-2 check through gloo (:func:`lightning_hexiscale.emulate.fidelity.check_exchange`
+    does it over a plain socket): each pair does the same ``work_mflop`` MFLOP of 128 x 128 matmuls, then
+    all-reduces 256 floats in its process group, ``reps`` times. Rank 0 gets every rank's (wall s,
+    CPU s) of the timed repetitions; (0, 0) for a rank in no pair."""
+    import torch
+    import torch.distributed as dist
+
+    from lightning_hexiscale.profiling.rounds import gather_to_rank0
+
+    groups = [dist.new_group(p) for p in pairs]  # collective: every rank creates every group, in order
+    mine = next((g for p, g in zip(pairs, groups) if rank in p), None)
+    a = torch.randn(128, 128)
+    b, c, x = a.clone(), torch.empty(128, 128), torch.zeros(256)
+    k = max(1, round(work_mflop * 1e6 / (2 * 128 ** 3)))
+    dist.barrier()
+    wall = cpu = 0.0
+    if mine is not None:
+        for rep in range(reps + 1):  # rep 0 untimed
+            if rep == 1:
+                wall, cpu = time.perf_counter(), time.process_time()
+            for _ in range(k):
+                torch.mm(a, b, out=c)
+            dist.all_reduce(x, group=mine)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    dist.barrier()
+    return gather_to_rank0({"wall_s": wall, "cpu_s": cpu})
+
+
+def machine_pairs(cluster: Cluster) -> list[list[int]]:
+    """The ranks of each machine in pairs by local rank (0-1, 2-3, ...), as TP-2 groups are."""
+    return [list(m.devices[i:i + 2]) for m in cluster.machines for i in range(0, len(m.devices) - 1, 2)]
 
 
 CAL_COMPUTE, CAL_TP, CAL_DP = "~cal-compute", "~cal-tp", "~cal-dp"

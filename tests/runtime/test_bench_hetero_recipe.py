@@ -270,6 +270,30 @@ def test_tiny_emulated_run(tmp_path, two_machines):
     assert any("--plans" in why for why in doc["not_preregistered_because"])
 
 
+@pytest.mark.timeout(240)
+@pytest.mark.skipif(bool(_emulation_missing()), reason="needs root, cgroups and network namespaces")
+def test_gloo_tp_allreduce_measured_inside_the_emulator(tmp_path, capsys):
+    """The bench's TP-2 check through gloo: one machine of two ranks, 0.6 core each; the pair's cycle,
+    its work at the quota (CPU seconds / quota) and the verdict line."""
+    from lightning_hexiscale.emulate import EmulatedCluster
+
+    yaml = tmp_path / "pair.yaml"
+    yaml.write_text("defaults: [base_cluster, _self_]\nname: pair\n"
+                    "gpu_types:\n  EMU-A: {flops: \"20 GFLOPS\", memory: \"2 GiB\"}\n"
+                    "machines:\n  - {name: a, gpu: EMU-A, count: 2, intra_bandwidth: \"2 GB/s\", "
+                    "intra_latency: \"50us\"}\n")
+    bench = load_recipe()
+    args = bench.parse_args(["--timeout", "200"])
+    (tmp_path / "jobs").mkdir()
+    with EmulatedCluster(str(yaml), cores=1.2) as emu:
+        rows = bench.gloo_tp_check(emu, args, tmp_path)
+    assert [r["ranks"] for r in rows] == [[0, 1]]
+    r = rows[0]
+    assert r["declared_latency_s"] == pytest.approx(50e-6) and 0 < r["fluid_s"] <= r["cycle_s"] * 1.2
+    assert r["passes"] == (r["cycle_s"] - r["fluid_s"] <= 50e-6 + 1e-3)
+    assert "TP-2 ranks 0-1 through gloo: cycle" in capsys.readouterr().out
+
+
 def _busy(seconds: float = 3.0, ours=None):
     from lightning_hexiscale.emulate.hostload import LoadSample
 
