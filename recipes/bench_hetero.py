@@ -5,398 +5,256 @@ On one machine, each rank of ``--cluster`` runs as a genuinely unequal device
 device's FLOP/s, one network namespace per machine, shaped links between them). In ONE run, on the
 same cluster, model and global batch:
 
-1. ``hexiscale profile`` runs inside the emulated cluster (each rank's matmul FLOP/s under its
-   quota, alpha/beta of every pair through the shaped links) and writes OUT/profiled.yaml;
-2. calibration (as ``hexiscale calibrate``: efficiency per device type, sync latency, theta_ddp) runs
-   inside it too and is written into that file, with ``--cal-micro-batches`` micro-batches per rank
-   so that no benchmarked plan is a calibration run;
-3. from the profiled cluster file the plans are made: the §4 search's (``search``), the best
-   symmetric plan (``megatron``: Megatron's (dp, tp, pp) space ranked by the profiled cluster),
-   ``galvatron`` (same space, free layer split), ``metis`` and plain data parallelism with equal
-   batches (``dp-equal``); all with the same micro-batch size, no recomputation and DDP
-   (``--dp-sharding``: the calibration fits theta_ddp but leaves the ZeRO thetas at 1, and the
-   runtime waits for ZeRO-3's per-use gathers where Appendix B overlaps them with compute, so a
-   ZeRO-3 plan's estimate would say nothing about the planner);
-4. all plans train in one launch of the ranks, interleaved (``--rounds`` rounds; round k runs every
-   plan once, in an order rotated by k: :mod:`lightning_hexiscale.profiling.rounds`), ``--warmup``
-   untimed and ``--steps`` timed steps per plan and round. A step: barrier, train_step, SGD step;
-   its time is the slowest rank's. The calibration's measurements take their turn in every round too
-   (``--cal-steps`` timed steps each) and the estimates are priced on the calibration refitted to
-   them, i.e. under the load the plans ran under (``--cal-steps 0``: on the one of step 2).
+0. the host's load is measured (other work's share of the CPUs over ``--load-window`` seconds) and
+   printed; above 10 % the bench refuses (``--allow-load`` measures anyway, and the run is then void
+   under the pre-registered rules). It is measured again all through the run and printed at the end;
+1. the emulated quotas are trimmed until every rank's measured matmul rate stands in the declared
+   ratio, and TP-2 all-reduces (over a socket, :mod:`lightning_hexiscale.emulate.fidelity`, and
+   through gloo in this bench's worker) are measured against the declared latency;
+2. ``hexiscale profile`` runs inside the emulated cluster and writes OUT/profiled.yaml; its compute
+   ratio must be within 10 % of the declared one (else the bench refuses, as for load);
+3. the calibration (efficiency per device type, sync latency, theta_ddp: :data:`CALIBRATION` in
+   recipes/bench_hetero_plans.py, a fixed set of measurements none of which has a compared plan's
+   structure) runs inside it too and is written into that file;
+4. from the profiled, calibrated cluster the planner makes the compared plans, a fixed list
+   (:data:`COMPARED`: the search's, the best fast-only plans, the uniform-TP search, megatron and
+   galvatron on all devices, two held-out TP plans with a hop across machines); one it cannot make
+   is listed as unavailable, with the reason;
+5. all plans train in one launch of the ranks, interleaved (``--rounds`` rounds; round k runs every
+   plan once, in an order rotated by k), ``--warmup`` untimed and ``--steps`` timed steps per plan and
+   round; a step's time is the slowest rank's. The calibration's measurements take their turn in
+   every round too (``--cal-steps``), and the estimates are priced on the calibration refitted to
+   them (same load as the plans; ``--cal-steps 0``: on the one of step 3). The cost model's form
+   (a hash of its source) is printed and recorded, frozen for the run.
 
-Printed per plan: measured min / median / max step time, the search plan's measured speedup over it
-(median / median), the estimate (planner/estimate.py on the profiled, calibrated cluster), estimate /
-measured median; then PASS/FAIL against the targets: speedup over ``megatron`` >= 1.5x; every estimate
-within 15 % of its measured median; the estimate orders the plans as the measurement does, where a
-pair the rounds order both ways is a measured tie (:data:`TIE_RULE`).
-Writes OUT/results.json (everything), OUT/plans/NAME.yaml, OUT/profiled.yaml (default OUT=outputs/bench_hetero).
+Printed per plan: estimate, measured min / median / max, estimate / median, the search's measured
+speedup over it, the paired test's p-value against the search. Then the pre-registered targets of
+recipes/bench_hetero_rules.py (speedup over the best fast-only plan; every estimate within 15 %;
+the search's plan best or tied), each PASS / FAIL / NOT JUDGED, and whether the run meets the
+pre-registered conditions (every compared plan ran, enough rounds, quiet host, emulation within 10 %,
+cost model unmodified). Writes OUT/results.json, OUT/plans/NAME.yaml, OUT/profiled.yaml, OUT/logs/.
 
-    sudo python recipes/bench_hetero.py --cores 1.5     # emulated conf/cluster/emu_4to1.yaml, 7 rounds; ~13 min on 2 cores
-    python recipes/bench_hetero.py --launcher local --cluster cpu_hetero4 --no-profile   # plain local processes: no emulation
+    sudo python recipes/bench_hetero.py --cluster emu_headroom --cores 1.6   # 25 rounds; needs a quiet host
+    sudo python recipes/bench_hetero.py --cores 1.5                          # emu_4to1
+    python recipes/bench_hetero.py --launcher local --cluster cpu_hetero4 --no-profile   # plain processes
 
 ``--launcher local`` runs the same worker processes on this host with torchrun's environment but
-without quotas or namespaces (for tests and machines without root); ``--no-profile`` estimates with
-the cluster YAML's own figures instead of a profile. Ranks run ``python recipes/bench_hetero.py --worker JOB.json``.
+without quotas or namespaces (for tests and machines without root; no load refusal, no emulation
+checks); ``--no-profile`` estimates with the cluster YAML's own figures. Ranks run ``python
+recipes/bench_hetero.py --worker JOB.json``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
-import subprocess
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
-from lightning_hexiscale.config.cluster import Cluster
-from lightning_hexiscale.errors import ConfigError, HexiScaleError, InfeasiblePlan, RankFailure
-from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.plan import Plan
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_hetero_*, also when run from elsewhere
+from lightning_hexiscale.config.cluster import Cluster  # noqa: E402
+from lightning_hexiscale.errors import ConfigError, HexiScaleError  # noqa: E402
+from lightning_hexiscale.models.config import LlamaConfig  # noqa: E402
 
-HERE = Path(__file__).resolve()
-REPO = HERE.parents[1]
-PLAN_NAMES = ("search", "megatron", "galvatron", "metis", "dp-equal")
-SPEEDUP_TARGET = 1.5
-"""Measured speedup of the search's plan over the best symmetric plan (megatron) on a 4:1 cluster."""
-ESTIMATE_TARGET = 0.15
-"""|estimate / measured median - 1| for every plan."""
-
-
-# ---- launchers: the emulated cluster, or plain local processes with the same environment -----------
-class LocalLauncher:
-    """One plain process per rank of ``cluster`` on this host, with the environment EmulatedCluster
-    gives (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT,
-    OMP_NUM_THREADS=1, HEXISCALE_MACHINE, HEXISCALE_DEVICE_TYPE) but no quotas, no namespaces, no
-    shaped links; the same ``launch`` / ``wait``, for tests and machines without root."""
-
-    def __init__(self, cluster: Cluster):
-        self.cluster = cluster
-        self._procs: list[subprocess.Popen] = []
-
-    def __enter__(self) -> LocalLauncher:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for p in self._procs:  # a failed or interrupted run leaves no rank behind
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=10)
-
-    def launch(self, argv: list[str], *, env: dict[str, str] | None = None, master_port: int, stdout=None,
-               stderr=None) -> list[subprocess.Popen]:
-        procs = []
-        for m in self.cluster.machines:
-            for local, d in enumerate(m.devices):
-                e = {**os.environ, **(env or {}), "RANK": str(d), "WORLD_SIZE": str(self.cluster.num_devices),
-                     "LOCAL_RANK": str(local), "LOCAL_WORLD_SIZE": str(len(m.devices)), "MASTER_ADDR": "127.0.0.1",
-                     "MASTER_PORT": str(master_port), "OMP_NUM_THREADS": "1", "HEXISCALE_MACHINE": m.name,
-                     "HEXISCALE_DEVICE_TYPE": m.gpu_type}
-                procs.append(subprocess.Popen(argv, env=e, stdout=stdout, stderr=stderr, cwd=REPO))
-        self._procs += procs
-        return procs
-
-    def wait(self, procs: list[subprocess.Popen], timeout: float) -> list[int]:
-        """Exit codes (all 0); the first failure or the deadline kills the others and raises."""
-        deadline = time.monotonic() + timeout
-        while any(p.poll() is None for p in procs):
-            if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p in procs):
-                break
-            time.sleep(0.05)
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=10)
-        codes = [p.returncode for p in procs]
-        if any(c != 0 for c in codes):
-            raise RankFailure(f"ranks exited with codes {codes} (deadline {timeout:.0f} s)")
-        return codes
+import bench_hetero_rules as rules  # noqa: E402
+from bench_hetero_plans import (CALIBRATION, COMPARED, COMPARED_NAMES, HELD_OUT, calibration_structures,  # noqa: E402
+                                cost_model_form, fitted_constants, in_sample, make_plans)
+from bench_hetero_rules import compare  # noqa: E402,F401 (this recipe's API)
+from bench_hetero_run import (CAL_COMPUTE, CAL_DP, CAL_TP, LocalLauncher, machine_pairs,  # noqa: E402,F401
+                              make_launcher, profiled_cluster, refit, run_worker_job, split_calibration, worker)
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class Refused(HexiScaleError, RuntimeError):
+    """The bench will not measure: the host's load, or an emulation off its declared ratios, would
+    distort what it measures."""
 
 
-def make_launcher(args, cluster: Cluster):
-    if args.launcher == "local":
-        return LocalLauncher(cluster)
-    from lightning_hexiscale.emulate import EmulatedCluster
-
-    return EmulatedCluster(cluster, cores=args.cores, bw_scale=args.bw_scale)
+ALLOW_LOAD_FIX = ("run when other work uses under 10 % of the CPUs (`uptime`, `top`), or pass --allow-load to "
+                  "measure anyway (the run is then void under the pre-registered rules)")
 
 
-def run_job(launcher, argv: list[str], name: str, timeout: float, log_dir: Path) -> None:
-    """Start one process per rank running ``argv`` and wait for all of them. The ranks' output goes
-    to ``log_dir/NAME.log``; a failed rank raises, with the end of that log in the message."""
-    print(f"[{time.strftime('%H:%M:%S')}] {name}: starting the ranks (output in {log_dir / (name + '.log')})", flush=True)
-    log_dir.mkdir(parents=True, exist_ok=True)
-    with open(log_dir / f"{name}.log", "w") as log:
-        procs = launcher.launch(argv, env={"PYTHONPATH": _pythonpath()}, master_port=free_port(), stdout=log,
-                                stderr=subprocess.STDOUT)
-        try:
-            launcher.wait(procs, timeout)
-        except Exception as e:
-            tail = "\n".join((log_dir / f"{name}.log").read_text(errors="replace").splitlines()[-30:])
-            raise RankFailure(f"{name}: {e}\n--- last lines of {log_dir / (name + '.log')} ---\n{tail}") from None
+# ---- the host and the emulation, before anything is measured ------------------------------------------
+def load_before(args):
+    """The host's load with nothing of this run running; refuses above the limit (emulated runs)."""
+    from lightning_hexiscale.emulate.hostload import load_refusal, sample_load
+
+    sample = sample_load(args.load_window)
+    print(f"host load before the run: {sample.text()}", flush=True)
+    why = load_refusal(sample)
+    if why and args.launcher == "emulate":
+        if not args.allow_load:
+            raise Refused(f"{why}. Fix: {ALLOW_LOAD_FIX}")
+        print("  --allow-load: measuring anyway; the run is void under the pre-registered rules", flush=True)
+    return sample
 
 
-def _pythonpath() -> str:
-    """The repository first, so that every rank imports this checkout's package."""
-    return os.pathsep.join([str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+def _refuse_unless_allowed(args, what: str) -> None:
+    if not args.allow_load:
+        raise Refused(f"{what}. Fix: {ALLOW_LOAD_FIX}")
+    print(f"  --allow-load: {what}; measuring anyway, the run is void under the pre-registered rules", flush=True)
 
 
-def run_worker_job(launcher, job: dict, path: Path, timeout: float) -> dict:
-    """Write ``job`` to ``path``, run the worker on every rank, return rank 0's result."""
-    result = path.with_suffix(".result.json")
-    result.unlink(missing_ok=True)
-    path.write_text(json.dumps({**job, "result": str(result), "timeout_s": timeout}))
-    run_job(launcher, [sys.executable, str(HERE), "--worker", str(path)], path.stem, timeout, path.parent.parent / "logs")
-    return json.loads(result.read_text())
+def emulation_checks(emu, args, out: Path) -> dict:
+    """Trim the quotas (unless --no-trim), measure the TP-2 all-reduces; refuses when the trimmed
+    ratios stay off by more than 10 %."""
+    from lightning_hexiscale.emulate.fidelity import RATE_TOLERANCE, check_exchange, trim
+
+    doc: dict = {}
+    if args.trim:
+        result = trim(emu)
+        print(result.text(), flush=True)
+        doc["trim"] = {"checks": [asdict(c) for c in result.checks], "worst": result.final.worst,
+                       "cores": list(result.final.cores)}
+        if not result.final.passes(RATE_TOLERANCE):
+            _refuse_unless_allowed(args, f"the emulated compute ratios stay {result.final.worst * 100:.0f} % off the "
+                                         f"declared ones after trimming (limit {RATE_TOLERANCE * 100:.0f} %)")
+    pairs = check_exchange(emu)
+    for p in pairs:
+        print(p.text(), flush=True)
+    doc["tp_sync"] = [{**asdict(p), "overhead_s": p.overhead_s, "passes": p.passes} for p in pairs]
+    doc["tp_sync_gloo"] = gloo_tp_check(emu, args, out)
+    return doc
 
 
-# ---- the worker (one per rank) ---------------------------------------------------------------------
-def worker(job_path: str) -> int:
-    """One rank of a job: join the launcher's process group, measure, rank 0 writes the result."""
-    from lightning_hexiscale.profiling.launch import run_from_env
+def gloo_tp_check(emu, args, out: Path) -> list[dict]:
+    """The same TP-2 check through gloo, in the bench's worker (what the runtime's TP all-reduces use):
+    per pair, cycle minus the work at the quota, against the declared latency (printed, recorded)."""
+    from lightning_hexiscale.emulate.fidelity import TP_WAIT_LIMIT_S
 
-    job = json.loads(Path(job_path).read_text())
-    config = LlamaConfig(**job["model"])
-    if job["kind"] == "rounds":
-        result = run_from_env(_rounds_rank, job["plans"], config, job["steps"], job["warmup"], job["rounds"],
-                              job.get("calibrate"), timeout_s=job["timeout_s"])
-    elif job["kind"] == "calibrate":
-        from lightning_hexiscale.profiling.calibrate import measure_calibration
-
-        steps = measure_calibration(int(os.environ["WORLD_SIZE"]), config, job["micro_batch"], job["micro_batches"],
-                                    False, job["steps"], job["warmup"], local=None, timeout_s=job["timeout_s"])
-        result = None if steps is None else asdict(steps)
-    else:
-        raise ValueError(f"unknown job kind {job['kind']!r}")
-    if result is not None:
-        tmp = Path(job["result"] + ".tmp")
-        tmp.write_text(json.dumps(result))
-        tmp.replace(job["result"])
-    return 0
-
-
-CAL_COMPUTE, CAL_TP, CAL_DP = "~cal-compute", "~cal-tp", "~cal-dp"
-"""Names of the calibration's three measurements when they take turns in the rounds (no plan name
-starts with ``~``)."""
+    pairs = machine_pairs(emu.cluster)
+    if not pairs:
+        return []
+    reps = 100
+    job = {"kind": "tp-allreduce", "model": model_config(args).to_dict(), "pairs": pairs, "reps": reps,
+           "work_mflop": 60.0}
+    per_rank = run_worker_job(emu, job, out / "jobs" / "tp_allreduce.json", args.timeout)
+    rows = []
+    for a, b in pairs:
+        cycle = max(per_rank[a]["wall_s"], per_rank[b]["wall_s"]) / reps
+        fluid = max(per_rank[a]["cpu_s"] / emu.ranks[a].cores, per_rank[b]["cpu_s"] / emu.ranks[b].cores) / reps
+        latency = float(emu.cluster.latency[a, b])
+        ok = cycle - fluid <= latency + TP_WAIT_LIMIT_S
+        print(f"TP-2 ranks {a}-{b} through gloo: cycle {cycle * 1e3:.2f} ms, work at the quota {fluid * 1e3:.2f} ms, so "
+              f"{(cycle - fluid) * 1e3:.2f} ms per all-reduce against the declared latency {latency * 1e6:.0f} us: "
+              f"{'PASS' if ok else 'FAIL'} (limit latency + {TP_WAIT_LIMIT_S * 1e3:g} ms)", flush=True)
+        rows.append({"ranks": [a, b], "cycle_s": cycle, "fluid_s": fluid, "declared_latency_s": latency, "passes": ok})
+    return rows
 
 
-def calibration_extras(rank: int, world: int, config: LlamaConfig, cal: dict) -> dict:
-    """The calibration's measurements (:mod:`lightning_hexiscale.profiling.calibrate`: compute alone,
-    TP-2 pairs, pure DP; ``cal``: micro_batch, micro_batches, steps, warmup) as extras of
-    :func:`~lightning_hexiscale.profiling.rounds.measure_plans_rank`; each returns this rank's step seconds."""
-    from lightning_hexiscale.profiling.calibrate import measure_compute_rank, pure_dp_plan, tp_pairs_plan
-    from lightning_hexiscale.profiling.check import measure_plan_rank
+def profiled_ratio(emu, raw: Cluster, args) -> dict:
+    """The profile's FLOP/s against the declared ones; refuses beyond 10 % (unless --allow-load)."""
+    from lightning_hexiscale.emulate.fidelity import RATE_TOLERANCE, rate_check
 
-    mb, n, steps, warmup = cal["micro_batch"], cal["micro_batches"], cal["steps"], cal["warmup"]
-    tp = tp_pairs_plan(world, config, mb, n, False).to_dict()
-    dp = pure_dp_plan(world, config, mb, n, False).to_dict()
-    extra = {CAL_COMPUTE: lambda: measure_compute_rank(rank, world, config, mb, n, False, steps, warmup, "32-true"),
-             CAL_DP: lambda: measure_plan_rank(rank, world, dp, config, steps, warmup, "32-true")["step_s"]}
-    if world > 1:
-        extra[CAL_TP] = lambda: measure_plan_rank(rank, world, tp, config, steps, warmup, "32-true")["step_s"]
-    return extra
+    check = rate_check(emu, [d.flops for d in raw.devices])
+    print(f"compute as profiled: {check.text()}", flush=True)
+    if not check.passes(RATE_TOLERANCE):
+        _refuse_unless_allowed(args, f"the profiled compute ratios are {check.worst * 100:.0f} % off the declared "
+                                     f"ones (limit {RATE_TOLERANCE * 100:.0f} %)")
+    return {**asdict(check), "worst": check.worst, "passes": check.passes(RATE_TOLERANCE)}
 
 
-def _rounds_rank(rank: int, world: int, plans: dict, config: LlamaConfig, steps: int, warmup: int, rounds: int,
-                 calibrate: dict | None = None):
-    from lightning_hexiscale.profiling.rounds import gather_to_rank0, measure_plans_rank
+def training_ratio(cluster: Cluster, cal_steps) -> str:
+    """The calibration's compute-alone steps (whole model, every rank at once) as a speed ratio of the
+    fastest to the slowest device type, against the declared FLOP/s (for the record)."""
+    import statistics
 
-    extra = calibration_extras(rank, world, config, calibrate) if calibrate else None
-    return gather_to_rank0(measure_plans_rank(rank, world, plans, config, steps, warmup, rounds, extra=extra))
+    from lightning_hexiscale.emulate.fidelity import RateCheck
 
-
-def split_calibration(per_rank: list[dict]) -> tuple[list[dict], object]:
-    """The rounds' per-rank times without the calibration's, and the calibration's as
-    :class:`~lightning_hexiscale.profiling.calibrate.CalibrationSteps` (None when it did not run):
-    compute alone per rank (all its rounds' steps), TP pairs and pure DP per step as the slowest rank's."""
-    from lightning_hexiscale.profiling.calibrate import CalibrationSteps
-    from lightning_hexiscale.profiling.rounds import slowest_rank
-
-    cal_names = (CAL_COMPUTE, CAL_TP, CAL_DP)
-    plans = [{n: t for n, t in r.items() if n not in cal_names} for r in per_rank]
-    if CAL_COMPUTE not in per_rank[0]:
-        return plans, None
-    slow = slowest_rank([{n: r[n] for n in (CAL_TP, CAL_DP) if n in r} for r in per_rank])
-    compute = [[t for rnd in r[CAL_COMPUTE] for t in rnd] for r in per_rank]
-    tp = slow[CAL_TP].steps_s if CAL_TP in slow else []
-    return plans, CalibrationSteps(compute, tp, slow[CAL_DP].steps_s)
+    speed = [1.0 / statistics.median(t) for t in cal_steps.compute_s]
+    check = RateCheck(tuple(d.flops for d in cluster.devices), tuple(speed), (),
+                      tuple(d.gpu_type for d in cluster.devices))
+    r = check.type_ratio()
+    spread = f"worst rank {check.worst * 100:.1f} % off its declared share"
+    return f"{r[2]} {r[0]:.2f}:1 (declared {r[1]:.2f}:1); {spread}" if r else spread
 
 
-# ---- the cluster the cost model sees ----------------------------------------------------------------
-def profiled_cluster(launcher, cluster: Cluster, config: LlamaConfig, args, out: Path) -> tuple[Cluster, Path, Cluster]:
-    """Profile and calibrate inside the launcher's ranks; the calibrated cluster, its file and the
-    profiled cluster before calibration (to refit on the calibration measured in the rounds)."""
-    from lightning_hexiscale.profiling.calibrate import CalibrationSteps, fit_calibration
-    from lightning_hexiscale.profiling.writer import update_calibration
-
-    path = out / "profiled.yaml"
-    # min per message size: a rank throttled by its quota wakes up late, the fastest ping-pong is the link's
-    argv = [sys.executable, "-m", "lightning_hexiscale.cli", "profile", "--out", str(path), "--link-stat", "min",
-            "--reps", str(args.profile_reps), "--timeout", str(args.timeout)]
-    if args.matmul_time is not None:  # else the profile's own default (longer inside the emulator)
-        argv += ["--matmul-time", str(args.matmul_time)]
-    run_job(launcher, argv, "profile", args.timeout, out / "logs")
-    raw = Cluster.load(str(path))
-    if raw.num_devices != cluster.num_devices:
-        raise RankFailure(f"the profile found {raw.num_devices} ranks, the cluster has {cluster.num_devices}")
-    job = {"kind": "calibrate", "model": config.to_dict(), "micro_batch": args.micro_batch,
-           "micro_batches": args.cal_micro_batches, "steps": args.steps, "warmup": args.warmup}
-    steps = CalibrationSteps(**run_worker_job(launcher, job, out / "jobs" / "calibrate.json", args.timeout))
-    cal = fit_calibration(raw, config, steps, args.micro_batch, args.cal_micro_batches, False, "median")
-    print(cal.summary())
-    update_calibration(path, {"theta_ddp": cal.theta_ddp}, cal.efficiency, cal.sync_latency_s)
-    return Cluster.load(str(path)), path, raw
-
-
-def refit(raw: Cluster, config: LlamaConfig, steps, args) -> tuple[Cluster, object]:
-    """``raw`` calibrated (fit_calibration, medians) on the calibration steps measured in the rounds."""
-    from lightning_hexiscale.profiling.calibrate import fit_calibration, with_calibration
-
-    cal = fit_calibration(raw, config, steps, args.micro_batch, args.cal_micro_batches, False, "median")
-    return with_calibration(raw, cal.efficiency, replace(raw.calibration, theta_ddp=cal.theta_ddp),
-                            cal.sync_latency_s), cal
-
-
-# ---- plans -------------------------------------------------------------------------------------------
-def equal_dp_plan(cluster: Cluster, config: LlamaConfig, global_batch: int, micro_batch: int) -> Plan:
-    """One single-device pipeline per device, all layers, equal batches (global_batch / N each)."""
-    n = cluster.num_devices
-    if global_batch % (n * micro_batch):
-        raise ConfigError("--global-batch", global_batch, f"dp-equal needs a multiple of devices x micro-batch "
-                          f"= {n} x {micro_batch}", f"use e.g. --global-batch {n * micro_batch * 3}")
-    return Plan.from_dict({"num_layers": config.num_layers, "schedule": "1f1b", "recompute": False,
-                           "dp_sharding": "ddp", "meta": {"planner": "dp-equal"},
-                           "pipelines": [{"batch_size": global_batch // n, "micro_batch_size": micro_batch,
-                                          "stages": [{"devices": [d], "layers": [0, config.num_layers]}]}
-                                         for d in range(n)]})
-
-
-def make_plans(cluster: Cluster, config: LlamaConfig, args) -> dict[str, tuple[Plan | None, str]]:
-    """name -> (plan or None when none fits, a note) for the names of ``args.plans``."""
-    from lightning_hexiscale.planner import baselines
-    from lightning_hexiscale.planner.search import search
-    from lightning_hexiscale.planner.search_settings import SearchSettings
-    from lightning_hexiscale.profiling.check import cpu_workload
-
-    work = cpu_workload(config)
-    s = SearchSettings(iterations=args.iterations, seed=0, recompute=False, micro_batch_size=args.micro_batch,
-                       dp_sharding=None if args.dp_sharding == "own" else args.dp_sharding)
-    G = args.global_batch
-    out: dict[str, tuple[Plan | None, str]] = {}
-    for name in args.plans:
-        if name == "search":
-            try:
-                r = search(cluster, work, G, s)
-                out[name] = (r.plan, f"{r.plan.num_pipelines} pipelines, {r.plan.dp_sharding}")
-            except InfeasiblePlan as e:
-                out[name] = (None, str(e))
-        elif name in ("megatron", "galvatron"):
-            fn = getattr(baselines, name)
-            b = fn(cluster, work, G, s, aware=not args.faithful_baselines)
-            out[name] = (b.plan, b.note)
-        elif name == "metis":
-            b = baselines.metis(cluster, work, G, s)
-            out[name] = (b.plan, b.note)
-        else:
-            sharding = "ddp" if args.dp_sharding == "own" else args.dp_sharding
-            out[name] = (replace(equal_dp_plan(cluster, config, G, args.micro_batch), dp_sharding=sharding),
-                         f"equal batches, {sharding}")
-    return out
-
-
-# ---- comparison --------------------------------------------------------------------------------------
-TIE_RULE = ("two plans are ordered by the measurement only if every round's median orders them the same way "
-            "(a sign test over the paired rounds: equal plans do so with probability 2^(1-rounds)); a pair the "
-            "rounds order both ways is a measured tie, and the estimate may order it either way")
-
-
-def settled(round_medians_a: list[float], round_medians_b: list[float]) -> bool:
-    """True when every round's median orders the two plans the same way (see :data:`TIE_RULE`).
-
-    Rounds are paired: round k ran both plans under the same load, at rotated positions, so if the
-    plans took equal time each round's order would be a fair coin and all R rounds would agree with
-    probability 2^(1-R) (6 % at R = 5). Rounds ordering them both ways mean the machine's noise is as
-    large as the difference: the measurement does not say which plan is faster."""
-    return len({x > y for x, y in zip(round_medians_a, round_medians_b)}) <= 1
-
-def compare(estimates: dict[str, float], measured: dict[str, dict]) -> dict:
-    """Rows (per plan), the ranking check and the targets, from estimates (s) and measured stats (s).
-
-    speedup_of_search = measured median of the plan / measured median of ``search`` (>1: the search's
-    plan is faster); ratio = estimate / measured median; ranking: plans sorted by estimate and by
-    measured median, with every pair the two orders disagree on.
-    """
-    names = [n for n in measured if n in estimates]
-    base = measured.get("search", {}).get("median_s")
-    rows = {}
-    for n in names:
-        m = measured[n]
-        rows[n] = {**m, "estimate_s": estimates[n], "ratio": estimates[n] / m["median_s"],
-                   "speedup_of_search": (m["median_s"] / base) if base else None,
-                   "estimated_speedup_of_search": (estimates[n] / estimates["search"]) if "search" in estimates else None}
-    by_est = sorted(names, key=lambda n: estimates[n])
-    by_meas = sorted(names, key=lambda n: measured[n]["median_s"])
-    pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
-    # Equal estimates (e.g. two planners returning the same plan) order nothing: such a pair is a
-    # tie, listed apart, not a disagreement.
-    discordant = [(a, b) for a, b in pairs
-                  if (estimates[a] - estimates[b]) * (measured[a]["median_s"] - measured[b]["median_s"]) < 0]
-    ties = [(a, b) for a, b in pairs if estimates[a] == estimates[b]]
-    # TIE_RULE: a disagreement the measurement itself does not settle (the rounds order the pair both
-    # ways) is a measured tie, not a miss of the estimate.
-    unsettled = [(a, b) for a, b in discordant if not settled(measured[a]["round_medians_s"], measured[b]["round_medians_s"])]
-    missed = [p for p in discordant if p not in unsettled]
-    targets = {}
-    if base and "megatron" in rows:
-        sp = rows["megatron"]["speedup_of_search"]
-        targets["speedup_over_megatron"] = {"value": sp, "target": f">= {SPEEDUP_TARGET}", "pass": sp >= SPEEDUP_TARGET}
-    worst = max((abs(r["ratio"] - 1.0) for r in rows.values()), default=0.0)
-    targets["estimate_within_15pct"] = {"value": worst, "target": f"<= {ESTIMATE_TARGET}", "pass": worst <= ESTIMATE_TARGET}
-    targets["same_ranking"] = {"value": not missed, "target": "True (pairs the rounds leave unordered are ties)",
-                               "pass": not missed}
-    return {"rows": rows, "order_by_estimate": by_est, "order_by_measured": by_meas,
-            "discordant_pairs": discordant,
-            "unsettled_pairs": unsettled, "estimated_ties": ties, "targets": targets}
+# ---- printing ----------------------------------------------------------------------------------------
+def rules_text(cluster: Cluster) -> str:
+    goal = rules.SPEEDUP_TARGETS.get(cluster.name)
+    return "\n".join([
+        "pre-registered rules (recipes/bench_hetero_rules.py; fixed before any full run):",
+        f"  speedup: search's median / best fast-only median "
+        f"{'>= ' + str(goal) if goal else 'printed (no target for ' + cluster.name + ')'}"
+        f" (targets: {', '.join(f'{k} >= {v}' for k, v in rules.SPEEDUP_TARGETS.items())})",
+        f"  accuracy: every compared plan's |estimate / median - 1| <= {rules.ACCURACY_TARGET}, held-out plans included",
+        f"  ranking: no plan faster than the search's at p < {rules.RANK_ALPHA} (exact Wilcoxon signed-rank on the "
+        f"per-round log ratios); a {rules.RANK_DIFFERENCE * 100:.0f} % difference is detected with "
+        f"{rules.RANK_POWER * 100:.0f} % power at {rules.RANKING_ROUNDS} rounds:",
+        f"    {rules.RANKING_ARITHMETIC}"])
 
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms"
 
 
-def report(result: dict, notes: dict[str, str]) -> str:
-    hdr = ("plan", "est.", "meas. min", "median", "max", "est./meas.", "search speedup (meas.)", "(est.)", "plan")
+def report(result: dict, notes: dict[str, str], in_sample_of: dict[str, str] | None = None) -> str:
+    """The table of plans, both orders and the targets."""
+    in_sample_of = in_sample_of or {}
+    hdr = ("plan", "est.", "meas. min", "median", "max", "est./meas.", "search speedup (meas.)", "(est.)", "p vs search",
+           "kind")
     rows = [hdr]
     for n, r in result["rows"].items():
+        kind = "held out" if r.get("held_out") else (f"in-sample ({in_sample_of[n]})" if n in in_sample_of else "")
         rows.append((n, _ms(r["estimate_s"]), _ms(r["min_s"]), _ms(r["median_s"]), _ms(r["max_s"]), f"{r['ratio']:.3f}",
                      "-" if r["speedup_of_search"] is None else f"{r['speedup_of_search']:.2f}x",
                      "-" if r["estimated_speedup_of_search"] is None else f"{r['estimated_speedup_of_search']:.2f}x",
-                     notes.get(n, "")))
+                     "-" if r.get("p_vs_search") is None else f"{r['p_vs_search']:.3f}", kind))
     w = [max(len(x[c]) for x in rows) for c in range(len(hdr))]
-    lines = ["  ".join(v.ljust(x) if c in (0, 8) else v.rjust(x) for c, (v, x) in enumerate(zip(row, w)))
+    lines = ["  ".join(v.ljust(x) if c in (0, 9) else v.rjust(x) for c, (v, x) in enumerate(zip(row, w)))
              for row in rows]
+    lines += [f"  {n}: {notes[n]}" for n in result["rows"] if notes.get(n)]
     est = {n: r["estimate_s"] for n, r in result["rows"].items()}
     order = result["order_by_estimate"]
-    lines.append("order by estimate: " + order[0] + "".join(
-        (" = " if est[b] == est[a] else " < ") + b for a, b in zip(order, order[1:])) if order else "")
-    lines.append(f"order by measured: {' < '.join(result['order_by_measured'])}"
-                 + (f"  (disagree on {result['discordant_pairs']}" if result["discordant_pairs"] else ""))
+    if order:
+        lines.append("order by estimate: " + order[0] + "".join(
+            (" = " if est[b] == est[a] else " < ") + b for a, b in zip(order, order[1:])))
+    lines.append(f"order by measured: {' < '.join(result['order_by_measured'])}")
     if result["discordant_pairs"]:
-        lines[-1] += (f"; the rounds' own medians order {result['unsettled_pairs']} differently from round to round: "
-                      "measured ties)" if result["unsettled_pairs"] else "; every round orders them so)")
-        lines.append(f"tie rule: {TIE_RULE}")
+        settled = [p for p in result["discordant_pairs"] if p not in result["unsettled_pairs"]]
+        lines.append(f"  the orders disagree on {result['discordant_pairs']}; of these the rounds order "
+                     f"{settled or 'none'} at p < {rules.RANK_ALPHA} (pairs they do not order are measured ties)")
     for key, t in result["targets"].items():
         v = t["value"]
         shown = f"{v:.3f}" if isinstance(v, float) else str(v)
-        lines.append(f"{'PASS' if t['pass'] else 'FAIL'}  {key}: {shown} (target {t['target']})")
+        verdict = "NOT JUDGED" if t["pass"] is None else ("PASS" if t["pass"] else "FAIL")
+        extra = "".join(f"; {k} {t[k]}" for k in ("against", "worst_plan", "beaten_by", "tied_with", "why")
+                        if t.get(k) not in (None, []))
+        if t.get("held_out_worst") is not None:
+            extra += f"; held-out worst {t['held_out_worst']:.3f}"
+        lines.append(f"{verdict}  {key}: {shown} (target {t['target']}{extra})")
     return "\n".join(lines)
+
+
+def preregistered(args, cluster: Cluster, unavailable: list[str], before, during, form: dict, fidelity: dict,
+                  in_sample_of: dict[str, str]) -> list[str]:
+    """Why this run is not one the pre-registered rules count (empty: it is)."""
+    from lightning_hexiscale.emulate.fidelity import RATE_TOLERANCE
+    from lightning_hexiscale.emulate.hostload import LOAD_LIMIT
+
+    why = []
+    if args.launcher != "emulate":
+        why.append("not emulated (--launcher local)")
+    if set(args.plans) != set(COMPARED_NAMES):
+        why.append(f"only {len(args.plans)} of the {len(COMPARED_NAMES)} compared plans selected (--plans)")
+    if unavailable:
+        why.append(f"compared plans unavailable: {', '.join(unavailable)}")
+    if args.rounds < rules.RANKING_ROUNDS:
+        why.append(f"{args.rounds} rounds, fewer than the {rules.RANKING_ROUNDS} the ranking rule needs")
+    if before.others_fraction > LOAD_LIMIT or (during is not None and during.others_fraction > LOAD_LIMIT):
+        why.append("other work above the load limit before or during the run")
+    if form["modified"]:
+        why.append(f"the cost model's source differs from commit {form['commit']}: {', '.join(form['modified'])}")
+    if fidelity.get("trim", {}).get("worst", 0.0) > RATE_TOLERANCE:
+        why.append(f"the trimmed compute ratios are more than {RATE_TOLERANCE * 100:.0f} % off the declared ones")
+    if not fidelity.get("profiled", {}).get("passes", True):
+        why.append(f"the profiled compute ratios are more than {RATE_TOLERANCE * 100:.0f} % off the declared ones")
+    if in_sample_of:
+        why.append(f"compared plans with a calibration plan's structure: {sorted(in_sample_of)}")
+    if cluster.name not in rules.SPEEDUP_TARGETS:
+        why.append(f"no speedup target for cluster {cluster.name}")
+    return why
 
 
 # ---- entry point -------------------------------------------------------------------------------------
@@ -408,9 +266,9 @@ def model_config(args) -> LlamaConfig:
 
 def _plan_names(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
-    bad = [n for n in names if n not in PLAN_NAMES]
+    bad = [n for n in names if n not in COMPARED_NAMES]
     if bad or not names:
-        raise argparse.ArgumentTypeError(f"unknown plan(s) {bad or text!r}; choose from {', '.join(PLAN_NAMES)}")
+        raise argparse.ArgumentTypeError(f"unknown plan(s) {bad or text!r}; choose from {', '.join(COMPARED_NAMES)}")
     return list(dict.fromkeys(names))
 
 
@@ -422,16 +280,26 @@ def parse_args(argv: list[str] | None):
                     help="emulate: quotas + namespaces + shaped links (root); local: plain processes [emulate]")
     ap.add_argument("--cores", type=float, default=None, help="cores the quotas share (default: all)")
     ap.add_argument("--bw-scale", type=float, default=1.0, help="factor on the YAML's inter-machine bandwidths [1]")
+    ap.add_argument("--allow-load", action="store_true",
+                    help="measure even when other work uses more than 10 %% of the CPUs or the emulated compute "
+                         "ratios are more than 10 %% off (the run is then void under the pre-registered rules)")
+    ap.add_argument("--load-window", type=float, default=3.0, help="seconds the load is sampled before the run [3]")
+    ap.add_argument("--no-trim", dest="trim", action="store_false",
+                    help="keep the quotas proportional to the declared FLOP/s (no trimming to measured rates)")
     ap.add_argument("--no-profile", dest="profile", action="store_false",
                     help="estimate with the cluster YAML's own figures (no profile, no calibration)")
-    ap.add_argument("--plans", type=_plan_names, default=list(PLAN_NAMES), help=f"[{','.join(PLAN_NAMES)}]")
+    ap.add_argument("--plan-only", action="store_true",
+                    help="only plan, on the cluster YAML's figures: print every compared plan's estimate, the "
+                         "search on the fastest machine alone and the compute ceiling, and exit (no processes)")
+    ap.add_argument("--plans", type=_plan_names, default=list(COMPARED_NAMES),
+                    help=f"a subset of the compared plans, for debugging (the run is then not pre-registered) "
+                         f"[{','.join(COMPARED_NAMES)}]")
     ap.add_argument("--faithful-baselines", action="store_true",
                     help="megatron/galvatron rank their candidates on a homogeneous belief of the cluster, as the "
                          "real systems do (default: on the profiled cluster, i.e. the best plan of their space)")
     ap.add_argument("--dp-sharding", choices=("ddp", "zero2", "zero3", "own"), default="ddp",
-                    help="data-parallel sharding of every plan [ddp]; own: each system's own (Appendix G: Megatron "
-                         "and Metis ddp, Galvatron zero3), the search tries all three. The ZeRO thetas are not "
-                         "calibrated (see the README)")
+                    help="data-parallel sharding of every plan [ddp]; own: each system's own. The ZeRO thetas are "
+                         "not calibrated (see the README)")
     ap.add_argument("--iterations", type=int, default=50, help="search iterations [50]")
     ap.add_argument("--hidden", type=int, default=192, help="model width H [192]")
     ap.add_argument("--layers", type=int, default=8, help="transformer layers [8]")
@@ -440,20 +308,19 @@ def parse_args(argv: list[str] | None):
     ap.add_argument("--seq", type=int, default=128, help="sequence length [128]")
     ap.add_argument("--global-batch", type=int, default=24, help="sequences per step, every plan [24]")
     ap.add_argument("--micro-batch", type=int, default=2, help="sequences per micro-batch, every plan [2]")
-    ap.add_argument("--cal-micro-batches", type=int, default=2,
-                    help="micro-batches per rank when calibrating [2] (dp-equal has global batch / ranks / micro-batch = 3)")
+    ap.add_argument("--cal-micro-batches", type=int, default=2, help="micro-batches per rank when calibrating [2]")
     ap.add_argument("--cal-steps", type=int, default=2,
                     help="timed steps of each calibration measurement in every round; the estimates are priced on "
                          "the calibration refitted to them (0: on the calibration measured before the rounds) [2]")
     ap.add_argument("--steps", type=int, default=4, help="timed steps per plan and round [4]")
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps per plan and round [1]")
-    ap.add_argument("--rounds", type=int, default=7,
-                    help="interleaved rounds [7]: two equal plans are ordered alike by all rounds with probability "
-                         "2^(1-rounds), and the median over rounds x steps is what the estimate is held against")
+    ap.add_argument("--rounds", type=int, default=rules.RANKING_ROUNDS,
+                    help=f"interleaved rounds [{rules.RANKING_ROUNDS}: what the ranking rule needs to detect a 5 %% "
+                         "difference with 80 %% power; fewer make the run not pre-registered]")
     ap.add_argument("--profile-reps", type=int, default=10, help="ping-pongs per size when profiling [10]")
     ap.add_argument("--matmul-time", type=float, default=None,
                     help="seconds of matmuls per rank when profiling (default: the profile's own)")
-    ap.add_argument("--timeout", type=float, default=1800.0, help="deadline per launch in seconds [1800]")
+    ap.add_argument("--timeout", type=float, default=3600.0, help="deadline per launch in seconds [3600]")
     ap.add_argument("--out", default="outputs/bench_hetero", help="output folder [outputs/bench_hetero]")
     return ap.parse_args(argv)
 
@@ -466,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         exit_process(worker(args.worker))
     try:
         return bench(args)
-    except HexiScaleError as e:  # bad input, no emulation support, a failed rank: the message says what and why
+    except HexiScaleError as e:  # bad input, a busy host, no emulation support, a failed rank: the message says why
         print(f"error: {e}", file=sys.stderr)
         return 2
 
@@ -486,24 +353,23 @@ def check_args(args) -> None:
         if value < low:
             flag = "--" + name.replace("_", "-")
             raise ConfigError(flag, value, f"the {what} must be at least {low}", f"pass {flag} {low} or more")
-    for name in ("cores", "bw_scale", "timeout", "matmul_time"):
+    for name in ("cores", "bw_scale", "timeout", "matmul_time", "load_window"):
         value = getattr(args, name)
         if value is not None and not value > 0:
             flag = "--" + name.replace("_", "-")
             raise ConfigError(flag, value, "must be a positive number", f"pass a positive {flag} or leave it out")
-
-
-def bench(args) -> int:
-    check_args(args)
-    cluster = Cluster.load(args.cluster)
-    config = model_config(args)
-    # bad sizes fail here, before any process starts
     if args.global_batch % args.micro_batch:
         raise ConfigError("--global-batch", args.global_batch, f"every plan uses micro-batches of {args.micro_batch} "
                           "sequences, so the global batch must be a multiple of --micro-batch",
-                          f"use e.g. --global-batch {args.micro_batch * cluster.num_devices * 3}")
-    if "dp-equal" in args.plans:
-        equal_dp_plan(cluster, config, args.global_batch, args.micro_batch)
+                          f"use e.g. --global-batch {args.micro_batch * 12}")
+
+
+def bench(args) -> int:
+    from lightning_hexiscale.emulate.hostload import LoadMonitor
+
+    check_args(args)
+    cluster = Cluster.load(args.cluster)
+    config = model_config(args)
     out = Path(args.out).resolve()
     (out / "jobs").mkdir(parents=True, exist_ok=True)
     (out / "plans").mkdir(parents=True, exist_ok=True)
@@ -511,57 +377,81 @@ def bench(args) -> int:
           f"{args.launcher}; model {config.total_params / 1e6:.2f} M parameters (H={config.hidden_size}, "
           f"L={config.num_layers}, S={config.seq_len}), global batch {args.global_batch}, micro-batch {args.micro_batch}",
           flush=True)
+    print(rules_text(cluster), flush=True)
+    form = cost_model_form()
+    print(f"cost model form {form['sha256']} ({len(form['files'])} source files at commit {form['commit']}, "
+          f"{'modified: ' + ', '.join(form['modified']) if form['modified'] else 'unmodified'}); frozen for this run",
+          flush=True)
+    if args.plan_only:
+        return plan_only(cluster, config, args, out)
+    before = load_before(args)
     t_start = time.monotonic()
-    with make_launcher(args, cluster) as launcher:
+    fidelity: dict = {}
+    with make_launcher(args, cluster) as launcher, LoadMonitor(ours=launcher.pids) as monitor:
         emulated = launcher.describe() if hasattr(launcher, "describe") else "not emulated (--launcher local)"
         print(emulated, flush=True)
+        if args.launcher == "emulate":
+            fidelity = emulation_checks(launcher, args, out)
         if args.profile:
             cost, cost_path, raw = profiled_cluster(launcher, cluster, config, args, out)
+            if args.launcher == "emulate":
+                fidelity["profiled"] = profiled_ratio(launcher, raw, args)
         else:
             cost, cost_path, raw = cluster, Path(args.cluster), None
         print(cost.summary(), flush=True)
-        planned = make_plans(cost, config, args)
+        planned, plans, notes, unavailable = plan_all(cost, config, args, out)
+        cal = calibration_structures(cluster.num_devices, config, args.micro_batch, args.cal_micro_batches)
+        in_sample_of = in_sample(plans, cal)
+        constants = fitted_constants(cluster) if args.profile else []
+        print(f"calibration ({'fitted' if args.profile else 'not run: --no-profile'}): "
+              + "; ".join(CALIBRATION) + f". {len(constants)} fitted constants ({', '.join(constants) or 'none'}) for "
+              f"{len(plans)} compared plans, {sum(n in HELD_OUT for n in plans)} of them held out; in-sample: "
+              f"{', '.join(f'{n} = {c}' for n, c in in_sample_of.items()) or 'none'}", flush=True)
         from lightning_hexiscale.planner.estimate import estimate
         from lightning_hexiscale.profiling.check import cpu_workload
 
-        plans = {n: p for n, (p, _) in planned.items() if p is not None}
-        notes = {n: note for n, (_, note) in planned.items()}
-        for n, (p, note) in planned.items():
-            if p is None:
-                print(f"{n}: no plan ({note})")
-                continue
-            p.save(out / "plans" / f"{n}.yaml")
-            print(f"--- {n}: {note}\n{p.table(cost)}")
         estimates = {n: estimate(p, cost, cpu_workload(config)).iteration_time_s for n, p in plans.items()}
         job = {"kind": "rounds", "model": config.to_dict(), "plans": {n: p.to_dict() for n, p in plans.items()},
                "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds}
         if raw is not None and args.cal_steps > 0:  # the calibration takes its turn in every round too
             job["calibrate"] = {"micro_batch": args.micro_batch, "micro_batches": args.cal_micro_batches,
                                 "steps": args.cal_steps, "warmup": 1}
-        from lightning_hexiscale.profiling.launch import HostLoad
-
-        with HostLoad() as load:  # CPU time other jobs took while the plans ran (noise, for the record)
-            per_rank = run_worker_job(launcher, job, out / "jobs" / "rounds.json", args.timeout)
+        per_rank = run_worker_job(launcher, job, out / "jobs" / "rounds.json", args.timeout)
+    during = monitor.summary()
     from lightning_hexiscale.profiling.rounds import slowest_rank
 
     per_rank, cal_steps = split_calibration(per_rank)
-    before = dict(estimates)
+    before_rounds = dict(estimates)
     refitted = None
     if cal_steps is not None:
         # The plans were made on the calibration measured before the rounds; their estimates are priced
         # on the one measured in the rounds, under the load the plans themselves ran under.
         cost_rounds, refitted = refit(raw, config, cal_steps, args)
         print("calibration measured in the rounds (the estimates below use it):\n" + refitted.summary())
+        print(f"training-step compute ratio (compute alone, all ranks at once): {training_ratio(cluster, cal_steps)}")
         estimates = {n: estimate(p, cost_rounds, cpu_workload(config)).iteration_time_s for n, p in plans.items()}
     measured = {n: t.to_dict() for n, t in slowest_rank(per_rank).items()}
-    result = compare(estimates, measured)
+    result = compare(estimates, measured, cluster.name, held_out=HELD_OUT, in_sample=tuple(in_sample_of))
     print()
-    print(report(result, notes))
-    print(f"other processes took {load.others_fraction * 100:.0f} % of this host's CPU time while the plans ran")
+    print(report(result, notes, in_sample_of))
+    sigma = rules.round_sigma(measured)
+    if sigma is not None:
+        print(f"round-to-round noise of this run: sigma {sigma:.3f} (the rule assumed {rules.PRIOR_ROUND_SIGMA})")
+    print(f"host load during the run: {during.text() if during else 'not sampled (shorter than one sample)'}"
+          + (f"; worst sample {monitor.worst_fraction * 100:.0f} %" if during else ""))
+    void = preregistered(args, cluster, unavailable, before, during, form, fidelity, in_sample_of)
+    print("pre-registered run: " + ("yes" if not void else "NO: " + "; ".join(void)))
     doc = {"args": {k: v for k, v in vars(args).items() if k != "worker"}, "model": config.to_dict(),
            "cluster": args.cluster, "emulated": emulated, "cost_cluster": str(cost_path), "per_rank_steps_s": per_rank,
-           "plans": {n: p.to_dict() for n, p in plans.items()}, "notes": notes, "wall_s": time.monotonic() - t_start,
-           "others_cpu_fraction": load.others_fraction, "estimates_before_rounds_s": before,
+           "plans": {n: p.to_dict() for n, p in plans.items()}, "notes": notes, "unavailable": unavailable,
+           "wall_s": time.monotonic() - t_start, "load_before": asdict(before),
+           "load_during": asdict(during) if during else None, "others_cpu_fraction": during.others_fraction
+           if during else None, "cost_model_form": form, "emulation": fidelity, "fitted_constants": constants,
+           "calibration_plans": list(CALIBRATION), "in_sample": in_sample_of, "held_out": list(HELD_OUT),
+           "rules": {"speedup_targets": rules.SPEEDUP_TARGETS, "accuracy_target": rules.ACCURACY_TARGET,
+                     "rank_alpha": rules.RANK_ALPHA, "ranking_rounds": rules.RANKING_ROUNDS,
+                     "prior_round_sigma": rules.PRIOR_ROUND_SIGMA, "round_sigma": sigma},
+           "not_preregistered_because": void, "estimates_before_rounds_s": before_rounds,
            "calibration_in_rounds": None if refitted is None else {
                "steps_s": asdict(cal_steps), "efficiency": refitted.efficiency,
                "sync_latency_s": refitted.sync_latency_s, "theta_ddp": refitted.theta_ddp},
@@ -569,6 +459,62 @@ def bench(args) -> int:
     (out / "results.json").write_text(json.dumps(doc, indent=2))
     print(f"wrote {out / 'results.json'} ({time.monotonic() - t_start:.0f} s)")
     return 0
+
+
+def plan_only(cluster: Cluster, config: LlamaConfig, args, out: Path) -> int:
+    """--plan-only: the compared plans' estimates on the YAML's figures, against the fastest machine alone."""
+    from lightning_hexiscale.errors import InfeasiblePlan
+    from lightning_hexiscale.planner.estimate import estimate
+    from lightning_hexiscale.planner.search import search
+    from lightning_hexiscale.planner.search_settings import SearchSettings
+    from lightning_hexiscale.profiling.check import cpu_workload
+
+    work = cpu_workload(config)
+    _, plans, _, unavailable = plan_all(cluster, config, args, out)
+    est = {n: estimate(p, cluster, work).iteration_time_s for n, p in plans.items()}
+    fastest = max(cluster.machines, key=lambda m: cluster.devices[m.devices[0]].flops)
+    sub = cluster.subset(list(fastest.devices))
+    ceiling = float(cluster.flops.sum() / sub.flops.sum())
+    try:
+        s = SearchSettings(iterations=args.iterations, seed=0, recompute=False, micro_batch_size=args.micro_batch,
+                           dp_sharding="ddp")
+        alone = search(sub, work, args.global_batch, s).estimate.iteration_time_s
+    except InfeasiblePlan as e:
+        alone = None
+        print(f"the fastest machine alone holds no plan: {e}")
+    print(f"\nestimates on {cluster.name}'s own figures (not measured); compute ceiling over machine {fastest.name} "
+          f"alone: {ceiling:.2f}x")
+    for n, t in sorted(est.items(), key=lambda kv: kv[1]):
+        print(f"  {n:<26} {t:8.3f} s" + (f"   search's speedup {t / est['search']:.2f}x" if "search" in est else ""))
+    refs = {f"(search on {fastest.name} alone)": alone}
+    n = cluster.num_devices * args.micro_batch
+    if args.global_batch % n == 0:  # the naive way to use every device: equal data parallelism
+        from lightning_hexiscale.profiling.calibrate import pure_dp_plan
+
+        dp = pure_dp_plan(cluster.num_devices, config, args.micro_batch, args.global_batch // n, False)
+        refs["(equal DP on all ranks)"] = estimate(dp, cluster, work).iteration_time_s
+    for name, t in refs.items():
+        if t is not None and "search" in est:
+            print(f"  {name:<26} {t:8.3f} s   search's speedup {t / est['search']:.2f}x (a reference, not a compared plan)")
+    if unavailable:
+        print(f"unavailable: {', '.join(unavailable)}")
+    return 0
+
+
+def plan_all(cost: Cluster, config: LlamaConfig, args, out: Path):
+    """Make the selected compared plans; print each (or why it is unavailable); save the plans."""
+    planned = make_plans(cost, config, args, tuple(args.plans))
+    plans = {n: p for n, (p, _) in planned.items() if p is not None}
+    notes = {n: note for n, (_, note) in planned.items()}
+    unavailable = [n for n, (p, _) in planned.items() if p is None]
+    roles = {c.name: c.role for c in COMPARED}
+    for n, (p, note) in planned.items():
+        if p is None:
+            print(f"--- {n} ({roles[n]}): NO PLAN, not measured: {note}", flush=True)
+            continue
+        p.save(out / "plans" / f"{n}.yaml")
+        print(f"--- {n} ({roles[n]}): {note}\n{p.table(cost)}", flush=True)
+    return planned, plans, notes, unavailable
 
 
 if __name__ == "__main__":

@@ -28,15 +28,19 @@ def _positive_float(text: str) -> float:
 
 
 def _emulate_args(p: argparse.ArgumentParser) -> None:
-    p.usage = ("hexiscale emulate CLUSTER [--cores N] [--bw-scale F] [--memory] [--describe] -- COMMAND [ARG ...]\n"
+    p.usage = ("hexiscale emulate CLUSTER [--cores N] [--bw-scale F] [--memory] [--describe] [--no-trim] [--check] "
+               "-- COMMAND [ARG ...]\n"
+               "       hexiscale emulate CLUSTER --check [--cores N]\n"
                "       hexiscale emulate --cleanup")
     p.description = (
         "Run COMMAND once per rank of CLUSTER (a conf/cluster preset or a YAML path) on this machine, each rank a "
         "genuinely unequal device: a cgroup CPU quota proportional to its GPU type's FLOP/s (quotas sum to --cores; "
         "none above one core, the one compute thread a rank runs), one network namespace per machine, links between "
         "machines shaped with tc to the YAML's bandwidth times --bw-scale. Needs root, a cgroup CPU controller, "
-        "`ip netns` and `tc`. Everything is removed at exit, also on Ctrl-C or when a rank fails (then the others "
-        "are stopped and the exit status is 1).")
+        "`ip netns` and `tc`. Before COMMAND runs, the quotas are trimmed until every rank's measured matmul rate "
+        "stands in the declared ratio (within 3 %; a quota-throttled rank does less work per CPU-second than one that "
+        "holds its core); --check also measures TP-2 all-reduces against the declared latency. Everything is removed "
+        "at exit, also on Ctrl-C or when a rank fails (then the others are stopped and the exit status is 1).")
     p.epilog = ("example:\n"
                 "  hexiscale emulate conf/cluster/emu_4to1.yaml --cores 1.5 -- hexiscale profile --out emu.yaml\n"
                 "environment of each rank: RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT\n"
@@ -52,10 +56,42 @@ def _emulate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cleanup", action="store_true",
                    help="remove what emulated clusters whose owner was killed (SIGKILL) left behind, and exit")
     p.add_argument("--describe", action="store_true", help="print the rank table and exit without running anything")
+    p.add_argument("--no-trim", dest="trim", action="store_false",
+                   help="keep the quotas proportional to the declared FLOP/s (no measuring and correcting first)")
+    p.add_argument("--check", action="store_true",
+                   help="print the host's load, the measured compute ratio and TP-2 all-reduce costs against the "
+                        "declared ones; without COMMAND exit 0 when all pass, 1 otherwise")
+    p.add_argument("--no-quota-clock", dest="quota_clock", action="store_false",
+                   help="no real-time sleepers enforcing the quotas every 0.5 ms: quotas are then enforced at the "
+                        "kernel's tick and periods are 10 ms (see lightning_hexiscale/emulate/clock.py)")
     p.add_argument("--timeout", type=_positive_float, default=3600.0, metavar="S",
                    help="stop every rank after S seconds (default 3600)")
     p.add_argument("--master-port", type=int, default=None, metavar="PORT",
                    help="rank 0's rendezvous port (default: a free port)")
+
+
+def _prepare(emu, args: argparse.Namespace) -> bool:
+    """Trim the quotas (unless --no-trim) and, with --check, measure the load and the TP-2 all-reduces;
+    whether every check passed."""
+    from lightning_hexiscale.emulate.fidelity import RATE_TOLERANCE, check_exchange, trim
+    from lightning_hexiscale.emulate.hostload import load_refusal, sample_load
+
+    passed = True
+    if args.check:
+        load = sample_load(2.0)
+        print(f"host load before: {load.text()}", flush=True)
+        if load_refusal(load):
+            print(f"  ({load_refusal(load)})", flush=True)
+            passed = False
+    if args.trim:
+        result = trim(emu)
+        print(result.text(), flush=True)
+        passed &= result.final.passes(RATE_TOLERANCE)
+    if args.check:
+        for pair in check_exchange(emu):
+            print(pair.text(), flush=True)
+            passed &= pair.passes
+    return passed
 
 
 def _free_port() -> int:
@@ -82,16 +118,20 @@ def cmd_emulate(args: argparse.Namespace) -> int:
     if args.overrides:
         raise EmulationError(f"unexpected arguments {args.overrides} before `--`. Fix: put the command after `--`, "
                              "e.g. hexiscale emulate emu_4to1 -- hexiscale profile")
-    emu = EmulatedCluster(args.cluster, cores=args.cores, bw_scale=args.bw_scale, memory=args.memory)
+    emu = EmulatedCluster(args.cluster, cores=args.cores, bw_scale=args.bw_scale, memory=args.memory,
+                          quota_clock=args.quota_clock)
     if args.describe:
         print(emu.describe())
         return 0
-    if not command:
+    if not command and not args.check:
         raise EmulationError("no command given. Fix: add `-- COMMAND ...`, e.g. hexiscale emulate emu_4to1 -- "
-                             "hexiscale profile --out emu.yaml")
+                             "hexiscale profile --out emu.yaml (or --check to measure the emulation itself)")
     try:
         with emu:
             print(emu.describe(), flush=True)
+            passed = _prepare(emu, args)
+            if not command:
+                return 0 if passed else 1
             procs = emu.launch(command, master_port=args.master_port or _free_port())
             try:
                 emu.wait(procs, args.timeout)

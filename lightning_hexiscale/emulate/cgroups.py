@@ -1,13 +1,14 @@
 """Per-rank cgroups: a CPU quota (cgroup v1 ``cpu.cfs_quota_us`` or v2 ``cpu.max``) and an optional
 memory limit (v1 ``memory.limit_in_bytes`` or v2 ``memory.max``).
 
-A quota of ``q`` cores is ``q * period`` microseconds of CPU time per ``period`` microseconds. The
-period is 10 ms rather than the kernel's 100 ms default: a rank throttled to a quarter core then
-runs 2.5 ms of every 10 ms, so a timing window of a few hundred milliseconds sees its average rate
-within a few percent, instead of whole 75 ms stalls. (Longer when the smallest quota would be below
-the kernel's 1 ms minimum: :func:`cfs_period_us`.) With v1 the groups are created below the cgroup
-this process already belongs to (per controller), so an outer limit still applies; with v2 below the
-root (:meth:`CgroupLayout.parent_dir`).
+A quota of ``q`` cores is ``q * period`` microseconds of CPU time per ``period`` microseconds. A rank
+whose peer in a collective is throttled waits up to ``(1 - q) * period`` for it, so periods are as
+short as the kernel allows: each rank's own period is ``max(base, 1 ms / q)`` (the kernel's smallest
+quota is 1 ms: :func:`quota_period_us`), with ``base`` 2 ms when the emulator's quota clock runs
+(:mod:`lightning_hexiscale.emulate.clock`: without it the kernel enforces a quota only at its
+scheduler tick, 4 ms here, and periods below the tick lose CPU time) and 10 ms without. With v1
+the groups are created below the cgroup this process already belongs to (per controller), so an
+outer limit still applies; with v2 below the root (:meth:`CgroupLayout.parent_dir`).
 """
 
 from __future__ import annotations
@@ -20,23 +21,32 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CFS_PERIOD_US = 10_000
-"""CPU bandwidth period in microseconds (see the module docstring), unless a quota needs a longer one."""
+"""Base CPU bandwidth period in microseconds without the quota clock (a rank's period is longer
+when its quota would be below the kernel's 1 ms minimum: :func:`quota_period_us`)."""
+CLOCKED_PERIOD_US = 2_000
+"""Base period with the quota clock running (4 ticks of its 0.5 ms)."""
 MIN_QUOTA_US = 1_000
 """The kernel's smallest accepted quota (1 ms)."""
 MAX_PERIOD_US = 1_000_000
 """The kernel's longest accepted period (1 s)."""
 
 
-def cfs_period_us(cores: list[float]) -> int:
-    """The period for quotas of ``cores``: :data:`CFS_PERIOD_US`, or longer when the smallest quota
-    would be below the kernel's 1 ms minimum (``period = 1 ms / min cores``); a quota below
-    0.001 core (1 ms per 1 s) cannot be set and raises ValueError."""
-    low = min(cores)
-    period = max(CFS_PERIOD_US, math.ceil(MIN_QUOTA_US / low)) if low > 0 else MAX_PERIOD_US + 1
+def quota_period_us(cores: float, base_us: int = CFS_PERIOD_US) -> int:
+    """The period of a quota of ``cores``: ``base_us``, or longer when the quota would be below the
+    kernel's 1 ms minimum (``period = 1 ms / cores``); a quota below 0.001 core (1 ms per 1 s)
+    cannot be set and raises ValueError."""
+    period = max(base_us, math.ceil(MIN_QUOTA_US / cores)) if cores > 0 else MAX_PERIOD_US + 1
     if period > MAX_PERIOD_US:
-        raise ValueError(f"a CPU quota of {low:.4f} cores is below the kernel's minimum of "
+        raise ValueError(f"a CPU quota of {cores:.4f} cores is below the kernel's minimum of "
                          f"{MIN_QUOTA_US / MAX_PERIOD_US} core")
     return period
+
+
+def cfs_period_us(cores: list[float], base_us: int = CFS_PERIOD_US) -> int:
+    """The longest of the ranks' periods (:func:`quota_period_us`); raises ValueError like it."""
+    return max(quota_period_us(c, base_us) for c in cores)
+
+
 CPU_SHARES_V1 = 262_144
 CPU_WEIGHT_V2 = 10_000
 """The largest CFS weight (v1 ``cpu.shares``, v2 ``cpu.weight``) for the cluster's parent group: on a
@@ -95,15 +105,18 @@ class CgroupLayout:
 class RankCgroups:
     """The cgroups of one emulated cluster: ``<parent>/<name>/rank<r>`` per rank and controller.
 
-    ``cpu_cores[r]`` is rank r's quota in cores; ``memory_bytes[r]`` its limit (None: no limit).
+    ``cpu_cores[r]`` is rank r's quota in cores; ``memory_bytes[r]`` its limit (None: no limit);
+    ``base_period_us`` the shortest period (:func:`quota_period_us`).
     """
 
-    def __init__(self, layout: CgroupLayout, name: str, cpu_cores: list[float], memory_bytes: list[float] | None):
+    def __init__(self, layout: CgroupLayout, name: str, cpu_cores: list[float], memory_bytes: list[float] | None,
+                 base_period_us: int = CFS_PERIOD_US):
         self.layout, self.name = layout, name
         self.cpu_cores, self.memory_bytes = list(cpu_cores), memory_bytes
+        self.base_period_us = base_period_us
         self.controllers = ["cpu"] + (["memory"] if memory_bytes is not None else [])
         self.created: list[Path] = []  # every directory made, parents first
-        self.period_us = cfs_period_us(self.cpu_cores)
+        self.periods_us = [quota_period_us(c, base_period_us) for c in self.cpu_cores]
 
     # ---- paths ---------------------------------------------------------------------------------
     def group_dir(self, controller: str) -> Path:
@@ -132,13 +145,7 @@ class RankCgroups:
                 for r in range(len(self.cpu_cores)):
                     self._mkdir(self.group_dir(c) / f"rank{r}")
             for r, cores in enumerate(self.cpu_cores):
-                quota = max(MIN_QUOTA_US, round(cores * self.period_us))
-                if self.layout.version == 1:
-                    d = self.group_dir("cpu") / f"rank{r}"
-                    _write(d / "cpu.cfs_period_us", self.period_us)
-                    _write(d / "cpu.cfs_quota_us", quota)
-                else:
-                    _write(self.group_dir("cpu") / f"rank{r}" / "cpu.max", f"{quota} {self.period_us}")
+                self.set_cores(r, cores)
                 if self.memory_bytes is not None:
                     limit = int(self.memory_bytes[r])
                     if self.layout.version == 1:
@@ -148,6 +155,30 @@ class RankCgroups:
         except BaseException:
             self.remove()
             raise
+
+    def set_cores(self, rank: int, cores: float) -> None:
+        """Give rank ``rank`` a quota of ``cores`` (also while it runs), at its period
+        :func:`quota_period_us`; raises ValueError below the kernel's minimum."""
+        period = quota_period_us(cores, self.base_period_us)
+        quota = max(MIN_QUOTA_US, round(cores * period))
+        d = self.group_dir("cpu") / f"rank{rank}"
+        if self.layout.version == 1:
+            # period, then quota: the state in between is valid too (any quota of at least 1 ms is,
+            # even one longer than its period) and lasts microseconds
+            _write(d / "cpu.cfs_period_us", period)
+            _write(d / "cpu.cfs_quota_us", quota)
+        else:
+            _write(d / "cpu.max", f"{quota} {period}")
+        self.cpu_cores[rank], self.periods_us[rank] = cores, period
+
+    def cpu_stat(self, rank: int) -> dict[str, int]:
+        """The kernel's ``cpu.stat`` of rank ``rank``'s group (v1: nr_periods, nr_throttled,
+        throttled_time in ns; v2: also usage_usec, throttled_usec), {} when unreadable."""
+        try:
+            text = (self.group_dir("cpu") / f"rank{rank}" / "cpu.stat").read_text()
+        except OSError:
+            return {}
+        return {k: int(v) for k, v in (line.split() for line in text.splitlines() if len(line.split()) == 2)}
 
     def _mkdir(self, d: Path) -> None:
         d.mkdir(exist_ok=False)

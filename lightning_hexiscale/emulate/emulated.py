@@ -28,10 +28,12 @@ import signal
 import subprocess
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from lightning_hexiscale.emulate.cgroups import CgroupLayout, RankCgroups, cfs_period_us, own_cpu_limit
+from lightning_hexiscale.emulate.cgroups import (CFS_PERIOD_US, CLOCKED_PERIOD_US, CgroupLayout, RankCgroups,
+                                                 cfs_period_us, own_cpu_limit)
+from lightning_hexiscale.emulate.clock import QuotaClock
 from lightning_hexiscale.emulate import registry
 from lightning_hexiscale.emulate.network import Network
 from lightning_hexiscale.emulate.support import EmulationError, check_support
@@ -99,7 +101,8 @@ class EmulatedCluster:
     atexit hook catches a manager never exited). See the module docstring for the formulas."""
 
     def __init__(self, cluster, *, cores: float | None = None, bw_scale: float = 1.0, memory: bool = False,
-                 memory_total: float | None = None, cgroup_root: str | Path = "/sys/fs/cgroup"):
+                 memory_total: float | None = None, cgroup_root: str | Path = "/sys/fs/cgroup",
+                 quota_clock: bool = True):
         from lightning_hexiscale.config.cluster import Cluster
 
         self.cluster = cluster if isinstance(cluster, Cluster) else Cluster.load(str(cluster))
@@ -112,6 +115,8 @@ class EmulatedCluster:
         self.id = secrets.token_hex(3)
         self.cgroups: RankCgroups | None = None
         self.network: Network | None = None
+        self.clock: QuotaClock | None = None
+        self._want_clock = bool(quota_clock)
         self.ranks: list[EmulatedRank] = []
         self._procs: list[subprocess.Popen] = []
         self._old_handlers: dict[int, object] = {}
@@ -143,12 +148,18 @@ class EmulatedCluster:
         _LIVE.add(self)
         self._install_signal_handlers()
         try:
-            cfs_period_us(quotas)
+            cfs_period_us(quotas, CLOCKED_PERIOD_US)
         except ValueError as e:
             raise EmulationError(f"{e} ({len(quotas)} ranks sharing {cores:g} cores in the ratio of their FLOP/s). "
                                  "Fix: give more --cores or emulate fewer or less unequal ranks") from None
         try:
-            self.cgroups = RankCgroups(layout, f"hexiscale-emu-{self.id}", quotas, mem)
+            self.clock = QuotaClock()
+            if self._want_clock:
+                self.clock.start()
+            else:
+                self.clock.why = "turned off (quota_clock=False)"
+            base = CLOCKED_PERIOD_US if self.clock.running else CFS_PERIOD_US
+            self.cgroups = RankCgroups(layout, f"hexiscale-emu-{self.id}", quotas, mem, base)
             self.network = Network(self.id, self.link_bandwidth, self.link_latency)
             # recorded before anything exists: a SIGKILL during the set-up leaves nothing unrecorded
             registry.record(self.id, [self.network.hub] + [self.network.ns(k) for k in range(len(c.machines))],
@@ -180,6 +191,8 @@ class EmulatedCluster:
             self.network.remove()
         if self.cgroups is not None:
             self.cgroups.remove()
+        if self.clock is not None:
+            self.clock.stop()
         if not (self.cgroups and self.cgroups.created) and not (self.network and self.network.namespaces):
             registry.forget(self.id)  # kept while something could not be removed: a later run retries
         _LIVE.discard(self)
@@ -202,6 +215,23 @@ class EmulatedCluster:
         for sig, old in self._old_handlers.items():
             signal.signal(sig, old)
         self._old_handlers = {}
+
+    def set_cores(self, cores: list[float]) -> None:
+        """New CPU quotas (cores per rank, in rank order), applied at once, also to running ranks
+        (:meth:`~lightning_hexiscale.emulate.fidelity.trim` uses it)."""
+        if self.cgroups is None:
+            raise EmulationError("EmulatedCluster.set_cores outside its context. Fix: call it inside "
+                                 "`with EmulatedCluster(...) as emu:`")
+        if len(cores) != len(self.ranks):
+            raise EmulationError(f"set_cores got {len(cores)} quotas for {len(self.ranks)} ranks. Fix: one per rank")
+        for r, c in enumerate(cores):
+            self.cgroups.set_cores(r, c)
+        self.ranks = [replace(r, cores=c) for r, c in zip(self.ranks, cores)]
+
+    def pids(self) -> list[int]:
+        """Every process of the cluster still running: the ranks' (and their children) in the cgroups,
+        and the quota clock's sleepers."""
+        return (self.cgroups.pids() if self.cgroups else []) + (self.clock.pids if self.clock else [])
 
     # ---- running ranks -------------------------------------------------------------------------
     def launch(self, argv: list[str], *, env: dict | None = None, master_port: int, stdout=None,
@@ -275,6 +305,13 @@ class EmulatedCluster:
             lines.append(f"{r.rank:>4}  {r.machine_name:<12} {r.gpu_type:<10} {r.cores:>6.3f}  {mem:>10}  {links}")
         lines.append(f"total {sum(r.cores for r in ranks):.3f} cores; one compute thread per rank; "
                      "same-machine ranks share the namespace's loopback (unshaped)")
+        if self.cgroups is not None:
+            periods = sorted(set(self.cgroups.periods_us))
+            span = f"{periods[0] / 1e3:g}" + (f"-{periods[-1] / 1e3:g}" if len(periods) > 1 else "")
+            clock = (f"quota clock every {self.clock.tick_s * 1e3:g} ms" if self.clock and self.clock.running
+                     else f"no quota clock ({self.clock.why if self.clock else 'not started'}): quotas are "
+                          "enforced at the kernel's scheduler tick")
+            lines.append(f"CPU quota periods {span} ms; {clock}")
         if self.network is not None:
             lines.append(f"emulated cluster {self.id}: cgroups {self.cgroups.name}, network namespaces "
                          f"{', '.join(self.network.namespaces)}")

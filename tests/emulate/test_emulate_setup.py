@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from lightning_hexiscale.emulate import EmulatedCluster, EmulationError, missing_support, remove_stale
-from lightning_hexiscale.emulate.cgroups import CFS_PERIOD_US
+from lightning_hexiscale.emulate.cgroups import CLOCKED_PERIOD_US, quota_period_us
 
 REPO = Path(__file__).resolve().parents[2]
 MISSING = missing_support() if sys.platform.startswith("linux") else ["Linux"]
@@ -40,15 +40,45 @@ def test_exists_during_and_gone_after():
         assert ns == {f"hx{emu.id}m0", f"hx{emu.id}m1", f"hx{emu.id}hub"}
         cpu = emu.cgroups.group_dir("cpu")
         dirs = [cpu] + [cpu / f"rank{r}" for r in range(4)]
-        quotas = [int((cpu / f"rank{r}" / "cpu.cfs_quota_us").read_text()) if emu.cgroups.layout.version == 1
-                  else int((cpu / f"rank{r}" / "cpu.max").read_text().split()[0]) for r in range(4)]
-        assert quotas == [0.4 * CFS_PERIOD_US, 0.4 * CFS_PERIOD_US, 0.1 * CFS_PERIOD_US, 0.1 * CFS_PERIOD_US]
+        assert emu.clock.running, emu.clock.why  # root: the real-time sleepers of the quota clock start
+        # (quota, period) per rank: the shortest period that allows the kernel's 1 ms minimum quota,
+        # 2 ms with the clock: 0.4 core -> 1 ms per 2.5 ms, 0.1 core -> 1 ms per 10 ms
+        assert [quota_and_period(emu, r) for r in range(4)] == [(1000, 2500), (1000, 2500), (1000, 10_000), (1000, 10_000)]
         assert sum(r.cores for r in emu.ranks) == pytest.approx(1.0)
+        clock_pids = emu.clock.pids
+        assert len(clock_pids) == len(os.sched_getaffinity(0)) and all(_is_fifo(p) for p in clock_pids)
         qd = subprocess.run(["tc", "-n", f"hx{emu.id}m0", "class", "show", "dev", "emu0"], capture_output=True,
                             text=True).stdout
         assert "htb" in qd and "320Mbit" in qd  # 40 MB/s = 320 Mbit/s towards the other machine
         assert f"emulated cluster {emu.id}" in emu.describe()
     assert_gone(emu, dirs)
+    assert not any(Path(f"/proc/{p}").exists() for p in clock_pids)  # the sleepers went with the cluster
+
+
+def quota_and_period(emu: EmulatedCluster, rank: int) -> tuple[int, int]:
+    d = emu.cgroups.group_dir("cpu") / f"rank{rank}"
+    if emu.cgroups.layout.version == 1:
+        return int((d / "cpu.cfs_quota_us").read_text()), int((d / "cpu.cfs_period_us").read_text())
+    q, p = (d / "cpu.max").read_text().split()
+    return int(q), int(p)
+
+
+def _is_fifo(pid: int) -> bool:
+    return os.sched_getscheduler(pid) == os.SCHED_FIFO
+
+
+def test_set_cores_rewrites_quota_and_period_of_a_running_rank():
+    with EmulatedCluster("emu_4to1", cores=1.0) as emu:
+        procs = emu.launch(["sleep", "30"], master_port=29129)
+        emu.set_cores([0.5, 0.3, 0.15, 0.05])
+        assert [r.cores for r in emu.ranks] == [0.5, 0.3, 0.15, 0.05]
+        want = [(round(c * quota_period_us(c, CLOCKED_PERIOD_US)), quota_period_us(c, CLOCKED_PERIOD_US))
+                for c in (0.5, 0.3, 0.15, 0.05)]
+        assert [quota_and_period(emu, r) for r in range(4)] == want == [(1000, 2000), (1000, 3334), (1000, 6667),
+                                                                        (1000, 20_000)]
+        assert all(p.poll() is None for p in procs)  # the ranks kept running
+        with pytest.raises(EmulationError, match="4 ranks"):
+            emu.set_cores([0.5])
 
 
 def test_ranks_environment_namespace_and_cgroup():

@@ -102,6 +102,7 @@ def test_cli_help_and_errors(capsys, monkeypatch, tmp_path):
         main(["emulate", "--help"])
     out = capsys.readouterr().out
     assert e.value.code == 0 and "--bw-scale" in out and "-- COMMAND" in out and "--cleanup" in out
+    assert "--check" in out and "--no-trim" in out and "--no-quota-clock" in out
     assert main(["emulate", "emu_4to1", "--describe", "--cores", "1"]) == 0
     out = capsys.readouterr().out
     assert "0.400" in out and "0.100" in out
@@ -117,3 +118,104 @@ def test_cli_help_and_errors(capsys, monkeypatch, tmp_path):
     assert main(["emulate", "emu_4to1", "--", "true"]) == 2
     err = capsys.readouterr().err
     assert "hexiscale emulate: error:" in err and "missing: root privileges" in err and "Traceback" not in err
+
+
+# ---- per-rank periods, trimming, TP sync, load (pure arithmetic, fake trees) ----------------------------
+def test_quota_period_is_the_shortest_the_kernel_allows():
+    from lightning_hexiscale.emulate.cgroups import CLOCKED_PERIOD_US, quota_period_us
+
+    assert quota_period_us(0.6, CLOCKED_PERIOD_US) == 2000  # 1.2 ms of 2 ms
+    assert quota_period_us(0.4, CLOCKED_PERIOD_US) == 2500  # 1 ms (the minimum) of 2.5 ms
+    assert quota_period_us(0.15, CLOCKED_PERIOD_US) == 6667
+    assert quota_period_us(0.15) == CFS_PERIOD_US  # without the clock: 10 ms
+    with pytest.raises(ValueError, match="below the kernel's minimum"):
+        quota_period_us(0.0005)
+
+
+def test_cgroup_v2_per_rank_periods_and_live_change(tmp_path):
+    (tmp_path / "cgroup.controllers").write_text("cpu\n")
+    (tmp_path / "cgroup.subtree_control").write_text("")
+    cg = RankCgroups(CgroupLayout.detect(tmp_path), "emu-test", [0.6, 0.15], None, base_period_us=2000)
+    cg.create()
+    assert (tmp_path / "emu-test" / "rank0" / "cpu.max").read_text() == "1200 2000"
+    assert (tmp_path / "emu-test" / "rank1" / "cpu.max").read_text() == "1000 6667"
+    cg.set_cores(1, 0.5)
+    assert (tmp_path / "emu-test" / "rank1" / "cpu.max").read_text() == "1000 2000"
+    assert cg.cpu_cores == [0.6, 0.5] and cg.periods_us == [2000, 2000]
+
+
+def test_trimmed_cores_correct_the_measured_shares_and_keep_the_total():
+    from lightning_hexiscale.emulate.fidelity import trimmed_cores
+
+    # declared 4:1; the slow rank does 60 GFLOP per CPU-second, the fast one 75: the slow quota grows
+    new = trimmed_cores([0.6, 0.15], [40e9, 10e9], [75e9, 60e9])
+    assert sum(new) == pytest.approx(0.75)
+    assert (new[0] * 75e9) / (new[1] * 60e9) == pytest.approx(4.0)  # the delivered rates stand 4:1
+    # the fast rank does half the work per CPU-second: 2/1 : 1/1 -> 2 : 1 scaled to 1.5 is 1.0 : 0.5
+    assert trimmed_cores([1.0, 0.5], [2.0, 1.0], [1.0, 1.0]) == pytest.approx([1.0, 0.5])
+    capped = trimmed_cores([1.0, 0.5], [2.0, 1.0], [0.5, 1.0], max_per_rank=1.0)  # 4 : 1 -> 1.2 : 0.3, capped
+    assert capped == pytest.approx([1.0, 0.25])
+
+
+def test_type_rate_per_core_averages_ranks_and_measurements():
+    from lightning_hexiscale.emulate.fidelity import RateCheck, type_rate_per_core
+
+    a = RateCheck((4.0, 4.0, 1.0), (40.0, 44.0, 6.0), (0.5, 0.5, 0.1), ("F", "F", "S"))
+    b = RateCheck((4.0, 4.0, 1.0), (36.0, 40.0, 8.0), (0.5, 0.5, 0.1), ("F", "F", "S"))
+    assert type_rate_per_core([a]) == pytest.approx([84.0, 84.0, 60.0])
+    assert type_rate_per_core([a, b]) == pytest.approx([80.0, 80.0, 70.0])
+
+
+def test_rate_check_measures_each_rank_against_its_declared_share():
+    from lightning_hexiscale.emulate.fidelity import RateCheck
+
+    c = RateCheck((40.0, 10.0, 10.0), (40.0, 10.0, 8.0), (0.6, 0.15, 0.15), ("F", "S", "S"))
+    assert c.errors == pytest.approx([0.0, 0.0, -0.2])  # against the median rank (m/F = 1)
+    assert c.worst == pytest.approx(0.2) and not c.passes(0.1) and c.passes(0.25)
+    measured, declared, label = c.type_ratio()
+    assert label == "F/S" and declared == pytest.approx(4.0) and measured == pytest.approx(40 / 9)
+    assert "BEYOND 10 %" in c.text() and "4.44:1 (declared 4.00:1)" in c.text()
+
+
+def test_pair_sync_prices_the_cycle_beyond_the_work_at_the_quota():
+    from lightning_hexiscale.emulate.fidelity import TP_WAIT_LIMIT_S, PairSync
+
+    ok = PairSync((0, 1), "fast", 0.6, 0.002, 50e-6, cycle_s=2.3e-3, fluid_s=2.0e-3, exchange_s=(1e-3,))
+    assert ok.overhead_s == pytest.approx(0.3e-3) and ok.passes and "PASS" in ok.text()
+    slow = PairSync((0, 1), "fast", 0.6, 0.01, 50e-6, cycle_s=2.0e-3 + 50e-6 + TP_WAIT_LIMIT_S + 1e-4, fluid_s=2.0e-3,
+                    exchange_s=(1e-3,))
+    assert not slow.passes and "FAIL" in slow.text()
+
+
+def test_load_refusal_above_the_limit_only():
+    from lightning_hexiscale.emulate.hostload import LOAD_LIMIT, LoadSample, load_refusal
+
+    quiet = LoadSample(3.0, others_cores=0.1, ours_cores=0.0, cpus=2, load_average=0.3)
+    busy = LoadSample(3.0, others_cores=1.2, ours_cores=0.0, cpus=2, load_average=9.0)
+    assert quiet.others_fraction == pytest.approx(0.05) and load_refusal(quiet) is None
+    msg = load_refusal(busy)
+    assert msg and "1.20 of this host's 2 cores (60 %" in msg and f"limit {LOAD_LIMIT * 100:.0f} %" in msg
+
+
+def test_process_cpu_time_and_a_sample_of_the_load():
+    import os
+    import time
+
+    from lightning_hexiscale.emulate.hostload import process_cpu_s, sample_load
+
+    t0 = process_cpu_s(os.getpid())
+    end = time.process_time() + 0.2
+    while time.process_time() < end:  # 0.2 s of CPU in this process
+        pass
+    assert process_cpu_s(os.getpid()) - t0 == pytest.approx(0.2, abs=0.05)
+    assert process_cpu_s(2**22 + 12345) is None  # no such process
+    s = sample_load(0.3, ours=lambda: [os.getpid()])
+    assert s.cpus >= 1 and s.seconds == pytest.approx(0.3, abs=0.2) and s.others_cores >= 0.0
+
+
+def test_quota_clock_refused_starts_nothing(monkeypatch):
+    from lightning_hexiscale.emulate import clock
+
+    monkeypatch.setattr(clock, "_SLEEPER", "print('refused [Errno 1] Operation not permitted', flush=True)")
+    c = clock.QuotaClock(cpus=[0])
+    assert c.start() is False and not c.running and "refused" in c.why and c.procs == [] and c.pids == []

@@ -17,7 +17,7 @@ from conftest import two_islands
 # every cluster preset with a model that fits it and a global batch in the paper's range
 PRESETS = {
     "case_study": ("llama2_13b", 24), "cpu2": ("llama_tiny", 8), "cpu_demo": ("llama_demo", 32),
-    "cpu_hetero4": ("llama_tiny", 8), "emu_4to1": ("llama_tiny", 8),
+    "cpu_hetero4": ("llama_tiny", 8), "emu_4to1": ("llama_tiny", 8), "emu_headroom": ("llama_tiny", 12),
     "cpu_hetero8": ("llama_tiny", 16), "hetero1": ("llama2_7b", 64), "hetero2": ("llama2_13b", 64),
     "hetero3": ("llama_30b", 128), "homo_a800_2x8_eth": ("llama2_13b", 64), "homo_a800_2x8_rdma": ("llama2_7b", 64),
     "homo_a800_4x8_eth": ("llama_30b", 64), "homo_a800_4x8_rdma": ("llama_30b", 64),
