@@ -13,7 +13,15 @@ new name (used when present)       since    older form (same semantics)
                                             from 2.13)
 SDPA's ``enable_gqa=`` argument    2.5      key/value heads repeated ``nq / nkv`` times
                                             (``repeat_interleave`` on dim 1) before plain SDPA
+``no_dist=`` of DCP's ``save`` /   2.7      ``dcp.save_state_dict`` / ``dcp.load_state_dict``
+``load``                                    (2.0; deprecated since 2.2), which take ``no_dist``
+DCP ``_StorageInfo.``              > 2.4    none: an item without the field has no transforms
+``transform_descriptors``
+``Store.clone()``                  > 2.4    a new ``TCPStore`` client of the same server (the
+                                            store under the ``PrefixStore`` wrappers)
 =================================  =======  ===================================================
+
+(``> 2.4``: absent in 2.4.1, the oldest torch run, present in 2.13.)
 
 Communication is unchanged by the choice: ``all_gather_into_tensor`` and ``all_gather_single``
 (likewise the reduce-scatters) are one NCCL/gloo collective with the same group, input and output
@@ -23,12 +31,20 @@ torch. The collectives look the name up at every call, not at import, so a test 
 names from ``torch.distributed`` and a wrapper installed after import (the suite's NCCL recorder)
 sees the call.
 
+DCP's deprecated functions run the same ``_save_state_dict`` / ``_load_state_dict`` as ``save`` /
+``load`` for a dict of plain tensors (the only state this package hands to DCP): same files, same
+collectives.
+
 The GQA fallback computes the same attention (query head j reads key/value head ``j // (nq/nkv)``,
 which is what ``enable_gqa`` does) at the memory cost of the repeated k/v: (nq/nkv - 1) x the k/v
 activations of one layer, only on torch < 2.5.
 """
 
 from __future__ import annotations
+
+import functools
+import inspect
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -65,3 +81,64 @@ def sdpa_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tens
     if group > 1:
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+@functools.lru_cache(maxsize=1)
+def dcp_takes_no_dist() -> bool:
+    """Whether ``dcp.save`` / ``dcp.load`` take ``no_dist`` (torch >= 2.7; decided once)."""
+    import torch.distributed.checkpoint as dcp
+
+    return "no_dist" in inspect.signature(dcp.save).parameters
+
+
+def dcp_save(state: dict, *, storage_writer, planner, process_group: dist.ProcessGroup | None, no_dist: bool):
+    """``dcp.save`` of a dict of tensors; ``no_dist``: one process, no collectives."""
+    import torch.distributed.checkpoint as dcp
+
+    if dcp_takes_no_dist():
+        return dcp.save(state, storage_writer=storage_writer, planner=planner, process_group=process_group,
+                        no_dist=no_dist)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*save_state_dict. is deprecated", category=FutureWarning)
+        return dcp.save_state_dict(state, storage_writer, process_group=process_group, no_dist=no_dist,
+                                   planner=planner)
+
+
+def dcp_load(state: dict, *, storage_reader, planner=None, process_group: dist.ProcessGroup | None = None,
+             no_dist: bool = False) -> None:
+    """``dcp.load`` into a dict of tensors (in place); ``no_dist``: one process, no collectives."""
+    import torch.distributed.checkpoint as dcp
+
+    if dcp_takes_no_dist():
+        dcp.load(state, storage_reader=storage_reader, planner=planner, process_group=process_group,
+                 no_dist=no_dist)
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*load_state_dict. is deprecated", category=FutureWarning)
+        dcp.load_state_dict(state, storage_reader, process_group=process_group, no_dist=no_dist, planner=planner)
+
+
+def dcp_stream_transforms(info) -> list:
+    """The stream transforms (compression, ...) DCP applied to a saved item (``_StorageInfo``);
+    torch 2.4 has no such field, and no transforms."""
+    return list(getattr(info, "transform_descriptors", None) or ())
+
+
+def store_clone(store):
+    """A second connection to the rendezvous store, usable from another thread with its own
+    timeout: ``store.clone()`` where torch has it; otherwise a new ``TCPStore`` client of the TCP
+    server under ``store``'s ``PrefixStore`` wrappers.
+
+    The fallback's keys are not under ``store``'s prefixes (torch 2.4's ``PrefixStore`` does not
+    expose its prefix): use it for keys of your own, written and read through it on every rank."""
+    if hasattr(store, "clone"):
+        return store.clone()
+    inner = store
+    while isinstance(inner, dist.PrefixStore):
+        inner = inner.underlying_store
+    if not isinstance(inner, dist.TCPStore):
+        raise RuntimeError(f"torch {torch.__version__} cannot open a second connection to a {type(inner).__name__} "
+                           "(Store.clone is newer): rendezvous over TCP (env:// or tcp://, what torchrun and "
+                           "Lightning use), or upgrade torch")
+    return dist.TCPStore(inner.host, inner.port, is_master=False, timeout=inner.timeout, wait_for_workers=False,
+                         use_libuv=inner.libuvBackend)

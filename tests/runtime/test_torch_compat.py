@@ -95,3 +95,43 @@ def test_sdpa_without_enable_gqa_matches_reference(monkeypatch, heads, kv_heads)
     g_want = torch.autograd.grad(want.square().sum(), (q, k, v))
     for a, b in zip(g_got, g_want):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("new_api", [True, False])
+def test_dcp_save_load_without_a_process_group(tmp_path, monkeypatch, new_api):
+    """``no_dist`` through DCP's ``save``/``load`` (torch >= 2.7) or, as on older torch, through
+    the deprecated ``save_state_dict``/``load_state_dict``: the tensors come back, with no warning."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    if new_api and not torch_compat.dcp_takes_no_dist():
+        pytest.skip(f"torch {torch.__version__}: dcp.save has no no_dist")
+    monkeypatch.setattr(torch_compat, "dcp_takes_no_dist", lambda: new_api)
+    state = {"a": torch.arange(6, dtype=torch.float64).reshape(2, 3), "b": torch.ones(4, dtype=torch.bfloat16)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        torch_compat.dcp_save(state, storage_writer=dcp.FileSystemWriter(str(tmp_path)), planner=None,
+                              process_group=None, no_dist=True)
+        back = {k: torch.zeros_like(v) for k, v in state.items()}
+        torch_compat.dcp_load(back, storage_reader=dcp.FileSystemReader(str(tmp_path)), no_dist=True)
+    for k in state:
+        assert torch.equal(back[k], state[k]), k
+
+
+def test_store_clone_without_clone_is_a_second_connection(monkeypatch):
+    """torch < 2.5 has no ``Store.clone``: a new TCPStore client under the prefix wrappers, with its
+    own timeout; a store that is not TCP is refused with the fix."""
+    import datetime
+
+    server = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=30), wait_for_workers=False)
+    store = dist.PrefixStore("default_pg", dist.PrefixStore("/worker/attempt_0", server))
+    monkeypatch.delattr(dist.Store, "clone", raising=False)
+    other = torch_compat.store_clone(store)
+    assert other is not store and isinstance(other, dist.TCPStore)
+    other.set_timeout(datetime.timedelta(seconds=1))
+    assert store.timeout == datetime.timedelta(seconds=30)  # the main connection keeps its timeout
+    assert other.add("hexiscale/k", 2) == 2 and server.add("hexiscale/k", 1) == 3  # one server
+    with pytest.raises(RuntimeError, match="rendezvous over TCP"):
+        torch_compat.store_clone(dist.PrefixStore("p", dist.HashStore()))
