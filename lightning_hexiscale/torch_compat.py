@@ -19,6 +19,8 @@ DCP ``_StorageInfo.``              > 2.4    none: an item without the field has 
 ``transform_descriptors``
 ``Store.clone()``                  > 2.4    a new ``TCPStore`` client of the same server (the
                                             store under the ``PrefixStore`` wrappers)
+``FileSystemWriter.stage`` copies  > 2.4    2.4 returns CPU tensors themselves (its
+CPU tensors                                 ``.to("cpu")`` is a no-op): those are cloned
 =================================  =======  ===================================================
 
 (``> 2.4``: absent in 2.4.1, the oldest torch run, present in 2.13.)
@@ -142,3 +144,16 @@ def store_clone(store):
                            "Lightning use), or upgrade torch")
     return dist.TCPStore(inner.host, inner.port, is_master=False, timeout=inner.timeout, wait_for_workers=False,
                          use_libuv=inner.libuvBackend)
+
+
+def dcp_stage(writer, state: dict) -> dict:
+    """``writer.stage(state)`` (DCP's ``FileSystemWriter``: a CPU copy of the tensors, immune to
+    later in-place updates), with every staged tensor that still shares storage with its source
+    cloned: torch 2.4 stages CPU tensors as they are, so training would change what an
+    asynchronous save writes."""
+    staged = writer.stage(state)
+    for key, t in staged.items():
+        src = state.get(key)
+        if torch.is_tensor(t) and torch.is_tensor(src) and t.untyped_storage().data_ptr() == src.untyped_storage().data_ptr():
+            staged[key] = t.clone()
+    return staged

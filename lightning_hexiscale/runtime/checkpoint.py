@@ -64,7 +64,7 @@ from lightning_hexiscale.runtime.checkpoint_io import PieceLoadPlanner, PieceSav
 from lightning_hexiscale.runtime.checkpoint_layout import (OptimizerTargets, Piece, model_fqn, read_model_pieces,
                                                            read_optimizer_targets, saved_optimizer_keys, write_pieces)
 from lightning_hexiscale.runtime.parallelize import param_specs
-from lightning_hexiscale.torch_compat import dcp_load, dcp_save
+from lightning_hexiscale.torch_compat import dcp_load, dcp_save, dcp_stage
 
 FORMAT = "hexiscale-checkpoint/2"
 PREVIOUS_FORMATS = {"hexiscale-checkpoint/1": "one full-tensor file per layer under model/ and optim/"}
@@ -145,7 +145,7 @@ class Checkpointer:
             if on:
                 dist.barrier(group=self.group)  # nobody looks for <path> before the rename
             return
-        staged = writer.stage(state)  # the values of this step, whatever training does next
+        staged = dcp_stage(writer, state)  # the values of this step, whatever training does next
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hexiscale-checkpoint")
         self._pending.append(_Pending(self._executor.submit(_write, staged, *job), path))

@@ -135,3 +135,16 @@ def test_store_clone_without_clone_is_a_second_connection(monkeypatch):
     assert other.add("hexiscale/k", 2) == 2 and server.add("hexiscale/k", 1) == 3  # one server
     with pytest.raises(RuntimeError, match="rendezvous over TCP"):
         torch_compat.store_clone(dist.PrefixStore("p", dist.HashStore()))
+
+
+def test_dcp_stage_is_a_copy_even_where_torch_stages_cpu_tensors_as_they_are(tmp_path, monkeypatch):
+    """torch 2.4's stager returns CPU tensors themselves; the staged state must not follow later
+    in-place updates (an asynchronous save writes the values of its step)."""
+    import torch.distributed.checkpoint as dcp
+
+    writer = dcp.FileSystemWriter(str(tmp_path))
+    monkeypatch.setattr(type(writer), "stage", lambda self, sd: dict(sd))  # torch 2.4 on CPU
+    state = {"w": torch.ones(3), "step": 7}
+    staged = torch_compat.dcp_stage(writer, state)
+    state["w"].add_(1.0)
+    assert torch.equal(staged["w"], torch.ones(3)) and staged["step"] == 7
