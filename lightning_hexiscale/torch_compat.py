@@ -14,7 +14,7 @@ new name (used when present)       since    older form (same semantics)
 SDPA's ``enable_gqa=`` argument    2.5      key/value heads repeated ``nq / nkv`` times
                                             (``repeat_interleave`` on dim 1) before plain SDPA
 ``no_dist=`` of DCP's ``save`` /   2.7      ``dcp.save_state_dict`` / ``dcp.load_state_dict``
-``load``                                    (2.0; deprecated since 2.2), which take ``no_dist``
+``load``                                    (2.0; deprecated), which take ``no_dist``
 DCP ``_StorageInfo.``              > 2.4    none: an item without the field has no transforms
 ``transform_descriptors``
 ``Store.clone()``                  > 2.4    a new ``TCPStore`` client of the same server (the
@@ -154,6 +154,8 @@ def dcp_stage(writer, state: dict) -> dict:
     staged = writer.stage(state)
     for key, t in staged.items():
         src = state.get(key)
-        if torch.is_tensor(t) and torch.is_tensor(src) and t.untyped_storage().data_ptr() == src.untyped_storage().data_ptr():
+        shared = torch.is_tensor(t) and torch.is_tensor(src) and t.untyped_storage().data_ptr() == \
+            src.untyped_storage().data_ptr()
+        if shared:
             staged[key] = t.clone()
     return staged
