@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean
+.PHONY: demo test test-oldest install clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -24,5 +24,17 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
+# The floors of pyproject.toml: the oldest torch and Lightning (constraints-oldest.txt) in a venv of
+# their own, then the distributed suites (OLDEST_TESTS) on them. PyPI's torch wheel of that version
+# brings its CUDA libraries (about 5 GB in the venv).
+OLDEST_VENV ?= .venv-oldest
+OLDEST_TESTS ?= tests/runtime tests/strategy
+
+test-oldest:
+	test -x $(OLDEST_VENV)/bin/python || $(PY) -m venv $(OLDEST_VENV)
+	$(OLDEST_VENV)/bin/python -m pip install --quiet -c constraints-oldest.txt torch
+	$(OLDEST_VENV)/bin/python -m pip install --quiet -c constraints-oldest.txt -e ".[dev]"
+	$(OLDEST_VENV)/bin/python -m pytest -q -p no:cacheprovider $(OLDEST_TESTS)
+
 clean:
-	rm -rf $(VENV) outputs multirun lightning_logs
+	rm -rf $(VENV) .venv-oldest outputs multirun lightning_logs

@@ -46,11 +46,16 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from lightning_hexiscale import torch_compat
+
 P2P_FUNCS = ("isend", "irecv", "send", "recv")
 TENSOR_COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_single", "all_gather_into_tensor",
                       "reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor", "all_to_all",
                       "all_to_all_single", "reduce", "gather", "scatter", "barrier", "monitored_barrier")
 OBJECT_COLLECTIVES = ("broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list")
+ALL_GATHERS = ("all_gather_single", "all_gather_into_tensor")
+"""One collective under its torch >= 2.13 name and its older one (``lightning_hexiscale.torch_compat``)."""
+REDUCE_SCATTERS = ("reduce_scatter_single", "reduce_scatter_tensor")
 
 
 @dataclass(frozen=True)
@@ -90,7 +95,7 @@ class Step:
     detail: str = ""
     """Reduce op, or the rank list of ``new_group``: must be equal on every member."""
     where: str = ""
-    """Caller file:line (outside torch and this module)."""
+    """Caller file:line (outside torch, this module and the package's ``torch_compat`` shims)."""
     phase: str = ""
     """Label set by :meth:`Recorder.mark` (e.g. ``run``, ``sync``) for byte accounting."""
 
@@ -180,10 +185,10 @@ class Recorder:
     @staticmethod
     def _where() -> str:
         frame = sys._getframe(2)
-        here = __file__
+        skip = (__file__, torch_compat.__file__)  # the shims' caller is the runtime file that matters
         while frame is not None:
             fn = frame.f_code.co_filename
-            if fn != here and "/torch/" not in fn:
+            if fn not in skip and "/torch/" not in fn:
                 return f"{fn.rsplit('/', 1)[-1]}:{frame.f_lineno}"
             frame = frame.f_back
         return ""

@@ -25,7 +25,8 @@ import warnings
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
+
+from lightning_hexiscale.torch_compat import sdpa_causal
 
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -43,7 +44,7 @@ class FlashAttnFallbackWarning(RuntimeWarning):
 
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Causal attention on (B, heads, S, d) tensors; k and v may have fewer heads (GQA)."""
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
+    return sdpa_causal(q, k, v)
 
 
 def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -64,6 +64,7 @@ from lightning_hexiscale.runtime.checkpoint_io import PieceLoadPlanner, PieceSav
 from lightning_hexiscale.runtime.checkpoint_layout import (OptimizerTargets, Piece, model_fqn, read_model_pieces,
                                                            read_optimizer_targets, saved_optimizer_keys, write_pieces)
 from lightning_hexiscale.runtime.parallelize import param_specs
+from lightning_hexiscale.torch_compat import dcp_load, dcp_save, dcp_stage
 
 FORMAT = "hexiscale-checkpoint/2"
 PREVIOUS_FORMATS = {"hexiscale-checkpoint/1": "one full-tensor file per layer under model/ and optim/"}
@@ -144,7 +145,7 @@ class Checkpointer:
             if on:
                 dist.barrier(group=self.group)  # nobody looks for <path> before the rename
             return
-        staged = writer.stage(state)  # the values of this step, whatever training does next
+        staged = dcp_stage(writer, state)  # the values of this step, whatever training does next
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hexiscale-checkpoint")
         self._pending.append(_Pending(self._executor.submit(_write, staged, *job), path))
@@ -201,7 +202,7 @@ def _write(state, writer, planner, group, on: bool, tmp: Path, path: Path, coord
     """DCP's collective save of this rank's pieces; then, on the coordinator (every rank's data and
     DCP's metadata are on disk once its ``dcp.save`` returns), ``COMPLETE`` and the rename."""
     with _quiet_no_dist(not on):
-        dcp.save(state, storage_writer=writer, planner=planner, process_group=group, no_dist=not on)
+        dcp_save(state, storage_writer=writer, planner=planner, process_group=group, no_dist=not on)
     if coordinator:
         _finalize(tmp, path)
 
@@ -318,7 +319,7 @@ def _load(path: Path, pieces: list[Piece], group, reader: RangeReader | None = N
     reader = reader or RangeReader(str(path))
     no_dist = not _distributed() if no_dist is None else no_dist
     with _quiet_no_dist(no_dist):
-        dcp.load({p.key: p.tensor for p in pieces}, storage_reader=reader,
+        dcp_load({p.key: p.tensor for p in pieces}, storage_reader=reader,
                  planner=PieceLoadPlanner(pieces, str(path)), process_group=group, no_dist=no_dist)
     return reader
 

@@ -44,6 +44,7 @@ from torch.distributed.checkpoint.planner_helpers import create_read_items_for_c
 from torch.futures import Future
 
 from lightning_hexiscale.runtime.checkpoint_layout import Piece
+from lightning_hexiscale.torch_compat import dcp_stream_transforms
 
 _DATA_RECORD = re.compile(r"(.*/)?data/\d+")
 
@@ -161,8 +162,8 @@ class RangeReader(FileSystemReader):
                     if req.type != LoadItemType.TENSOR:
                         raise AssertionError(f"unexpected non-tensor entry {req.storage_index.fqn}")
                     info = self.storage_data[req.storage_index]
-                    if info.transform_descriptors:
-                        raise AssertionError(f"{rel}: stream transforms {info.transform_descriptors} are not supported")
+                    if dcp_stream_transforms(info):
+                        raise AssertionError(f"{rel}: stream transforms {dcp_stream_transforms(info)} are not supported")
                     rec = records.get(info.offset)
                     if rec is None:
                         rec = records[info.offset] = self._record(f, rel, info.offset, info.length)

@@ -32,6 +32,8 @@ import time
 
 import torch.distributed as dist
 
+from lightning_hexiscale.torch_compat import store_clone
+
 PREFIX = "hexiscale/watch"
 EXIT_RANK_FAILED = 4
 """Exit status of a process the watch stops (recipes/train.py uses the same for TrainingFailure)."""
@@ -86,7 +88,7 @@ class FailureWatch:
         self._prefix = f"{PREFIX}/{token}"
         # The thread gets its own connection with a short timeout: a blocking store call must not
         # outlast the grace period, and the main thread's connection stays free for the collectives.
-        self._store = base.clone()
+        self._store = store_clone(base)
         self._store.set_timeout(datetime.timedelta(seconds=max(1.0, 2 * interval_s)))
         self._main_store = base
         self._stop = threading.Event()

@@ -27,8 +27,9 @@ Transport of one exchange (paper §3.2), on the two-rank link group of :func:`..
   within its TP group;
 - scatter/gather path, when both stages have the same TP degree t > 1: the tensor (equal on all
   ranks of the sending TP group) is flattened and cut into t chunks of c = ceil(n/t) elements; TP
-  rank r sends chunk r to TP rank r of the other stage, and the receivers ``all_gather_single`` the
-  chunks in their TP group. Each link then carries 1/t of the bytes.
+  rank r sends chunk r to TP rank r of the other stage, and the receivers all-gather the chunks in
+  their TP group (:func:`~lightning_hexiscale.torch_compat.all_gather_single`). Each link then
+  carries 1/t of the bytes.
 
 Wire dtype: activations and activation gradients cross links (and TP broadcasts) in the autocast
 dtype under mixed precision (bf16 for ``bf16-mixed``: what the cost model prices, 2 bytes per
@@ -49,6 +50,7 @@ import torch.distributed as dist
 from lightning_hexiscale.errors import PlanError
 from lightning_hexiscale.runtime.parallelize import StageModule
 from lightning_hexiscale.runtime.topology import Role, Topology
+from lightning_hexiscale.torch_compat import all_gather_single
 
 Op = tuple[str, int]
 
@@ -211,7 +213,7 @@ class PipelineExecutor:
             if got is None:
                 return None
             full = torch.empty(c * role.tp, dtype=wire, device=self.device)
-            dist.all_gather_single(full, got, group=tp_group)
+            all_gather_single(full, got, group=tp_group)
             return full[:n].view(shape)
         if link is not None:  # a leader
             peer, group = link

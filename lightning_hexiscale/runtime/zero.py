@@ -56,6 +56,7 @@ from lightning_hexiscale.runtime.grad_sync import BoundaryStarts, squared_norm
 from lightning_hexiscale.runtime.parallelize import StageModule
 from lightning_hexiscale.runtime.topology import Topology
 from lightning_hexiscale.runtime.zero_layout import Bucket, Item, build_buckets, chunk_runs
+from lightning_hexiscale.torch_compat import all_gather_single, reduce_scatter_single
 
 WINDOW = 2
 """Bucket collectives in flight: overlap of two transfers, two buckets of transient memory."""
@@ -219,7 +220,7 @@ class ZeroSharder:
                 window.add(i, None, self.masters[i])
                 continue
             full = torch.empty(b.padded, dtype=self.dtype, device=self.device)
-            window.add(i, dist.all_gather_single(full, self.masters[i], group=self.groups[i], async_op=True), full)
+            window.add(i, all_gather_single(full, self.masters[i], group=self.groups[i], async_op=True), full)
         window.drain()
 
     @contextmanager
@@ -279,7 +280,7 @@ class ZeroSharder:
             return None, flat
         flat = flat.to(self.reduce_dtype)
         out = torch.empty(b.chunk, dtype=self.reduce_dtype, device=self.device)
-        return dist.reduce_scatter_single(out, flat, op=dist.ReduceOp.SUM, group=self.groups[i], async_op=True), out
+        return reduce_scatter_single(out, flat, op=dist.ReduceOp.SUM, group=self.groups[i], async_op=True), out
 
     @torch.no_grad()
     def reduce_grads(self) -> None:
@@ -421,7 +422,7 @@ class ShardedOptimizer:
                 self.inner[i].step()
                 if not sh.on_demand(i):  # mixed precision: every holder gets the wire-rounded chunks
                     full = torch.empty(b.padded, dtype=sh.wire, device=sh.device)
-                    work = dist.all_gather_single(full, sh.masters[i].to(sh.wire), group=sh.groups[i], async_op=True)
+                    work = all_gather_single(full, sh.masters[i].to(sh.wire), group=sh.groups[i], async_op=True)
                     window.add(i, work, full)
                 continue
             flat = flatten(params, b, sh.params[b.items[0].name])
@@ -432,7 +433,7 @@ class ShardedOptimizer:
                 window.add(i, None, flat)
                 continue
             full = torch.empty(b.padded, dtype=sh.dtype, device=sh.device)
-            work = dist.all_gather_single(full, own.clone(), group=sh.groups[i], async_op=True)
+            work = all_gather_single(full, own.clone(), group=sh.groups[i], async_op=True)
             window.add(i, work, full)
         window.drain()
         empty = torch.empty(0, dtype=sh.dtype, device=sh.device)

@@ -181,7 +181,9 @@ def _checker(monkeypatch):
 
 def _non_causal(q, k, v):
     """Every position attends to the future too (a missing or wrong mask)."""
-    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=False, enable_gqa=q.shape[1] != k.shape[1])
+    group = q.shape[1] // k.shape[1]  # GQA by repeated k/v heads: SDPA's enable_gqa needs torch >= 2.5
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=False)
 
 
 def _layout_swapped(q, k, v):

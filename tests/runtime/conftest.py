@@ -59,7 +59,16 @@ def _child(rank: int, world: int, port: int, fn, args, out: mp.Queue) -> None:
     finally:
         recorder.uninstall()
         if dist.is_initialized():
-            dist.destroy_process_group()
+            try:
+                if status == "ok":
+                    # Rank 0 hosts the store that new_group's rendezvous uses: a rank that returns
+                    # right after building its groups must not tear it down while a peer is still
+                    # connecting (torch 2.4's gloo: "Connection reset by peer" in new_group).
+                    dist.barrier()
+            except Exception:
+                status, value = "error", traceback.format_exc()
+            finally:
+                dist.destroy_process_group()
     buf = io.BytesIO()
     try:
         torch.save((rank, status, value, recorder.steps), buf)

@@ -35,6 +35,7 @@ from lightning_hexiscale.runtime.checkpoint_layout import (flat_range_boxes, own
                                                            read_optimizer_targets, saved_optimizer_keys)
 from lightning_hexiscale.runtime.engine import PipelineEngine
 from lightning_hexiscale.runtime.parallelize import param_specs
+from lightning_hexiscale.torch_compat import dcp_load
 
 MIB = 2**20
 SLACK = 16 * MIB
@@ -122,7 +123,7 @@ def _stock_full(path: str, prefix: str) -> dict[str, torch.Tensor]:
     md = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
     state = {fqn: torch.empty(m.size, dtype=m.properties.dtype) for fqn, m in md.items()
              if fqn.startswith(prefix + ".")}
-    dcp.load(state, storage_reader=dcp.FileSystemReader(path), no_dist=True)
+    dcp_load(state, storage_reader=dcp.FileSystemReader(path), no_dist=True)
     return {fqn[len(prefix) + 1:]: t for fqn, t in state.items()}
 
 

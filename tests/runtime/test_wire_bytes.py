@@ -75,8 +75,9 @@ def measured(traces, plan: Plan, name: str) -> dict[int, dict[str, float]]:
                 elif step.group == tp_group:
                     cls = "tp" if step.coll == "all_reduce" else "pp"
                 else:
-                    assert (step.coll, step.where.split(":")[0]) in (("all_reduce", "grad_sync.py"),
-                                                                    ("reduce_scatter_single", "zero.py")), step
+                    where = step.where.split(":")[0]
+                    assert (step.coll, where) == ("all_reduce", "grad_sync.py") or (
+                        step.coll in nccl_semantics.REDUCE_SCATTERS and where == "zero.py"), step
                     cls = "dp"
             elif step.phase in (f"{name}:sync", f"{name}:step"):
                 cls = "dp"

@@ -26,7 +26,7 @@ from strategy_helpers import hexiscale_trainer, loader, module, plan_of, read_ra
 PLAN = plan_of([(4, 2, [([0, 1], (0, 4))]), (2, 1, [([2], (0, 2)), ([3], (2, 4))])], cluster="cpu_hetero4")
 PIPELINE_RANKS = ({0, 1}, {2, 3})
 M = 2
-DP_COLLECTIVES = ("all_reduce", "reduce_scatter_single")
+DP_COLLECTIVES = ("all_reduce",) + nccl_semantics.REDUCE_SCATTERS
 
 
 class Block0Ends(pl.Callback):
