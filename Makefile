@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-oldest install clean
+.PHONY: demo test test-timing test-oldest install clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -22,7 +22,12 @@ demo: $(STAMP)
 	$(BIN)/python recipes/train.py trainer.max_steps=30 hydra.run.dir=outputs/demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not timing"
+
+# Tests that assert the host's timings (the emulated cluster's FLOP/s ratios, latency): meaningful on
+# a quiet host only, as the benchmarks that rely on them check the same before measuring.
+test-timing: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m timing
 
 # The floors of pyproject.toml: the oldest torch and Lightning (constraints-oldest.txt) in a venv of
 # their own, then the distributed suites (OLDEST_TESTS) on them. PyPI's torch wheel of that version

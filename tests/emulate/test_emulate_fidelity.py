@@ -23,7 +23,8 @@ from lightning_hexiscale.emulate.fidelity import RATE_TOLERANCE, RateCheck, chec
 
 REPO = Path(__file__).resolve().parents[2]
 MISSING = missing_support() if sys.platform.startswith("linux") else ["Linux"]
-pytestmark = pytest.mark.skipif(bool(MISSING), reason=f"emulated cluster unsupported here: {'; '.join(MISSING)}")
+pytestmark = [pytest.mark.skipif(bool(MISSING), reason=f"emulated cluster unsupported here: {'; '.join(MISSING)}"),
+              pytest.mark.timing]
 BENCH_CORES = [("emu_4to1", 1.5), ("emu_headroom", 1.6)]
 """(cluster, --cores) as recipes/bench_hetero.py runs them on a 2-core host (README)."""
 

@@ -48,6 +48,7 @@ def profile_emulated(tmp_path: Path, attempt: int) -> tuple[dict, str]:
 
 
 @pytest.mark.skipif(bool(MISSING), reason=f"emulated cluster unsupported here: {'; '.join(MISSING)}")
+@pytest.mark.timing
 @pytest.mark.timeout(160)
 def test_profile_recovers_emulated_flops_ratio_and_bandwidth(tmp_path):
     """Two attempts at most: the host is shared, and another job at the cluster's CFS weight (another
