@@ -134,8 +134,10 @@ def launch_settings(cluster, plan, plan_file: Path) -> dict:
     """Trainer(accelerator, devices, num_nodes) for this plan here, or HardwareMissing."""
     import torch
 
+    from lightning_hexiscale.config.recipe import device_kind
+
     types = sorted({cluster.devices[d].gpu_type for d in plan.device_order})
-    if all(t.startswith("CPU") for t in types):  # emulated devices: one CPU process per device
+    if device_kind(types) == "cpu":  # emulated devices: one CPU process per device
         return {"accelerator": "cpu", "devices": plan.world_size, "num_nodes": 1}
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     launched = "WORLD_SIZE" in os.environ and ("TORCHELASTIC_RUN_ID" in os.environ or "SLURM_PROCID" in os.environ)

@@ -252,19 +252,21 @@ class ElasticRun(Callback):
         present = machines_of(cluster, self.devices)
         missing = [m.name for m in cluster.machines if m.name not in present]
         return ConfigError("HexiScaleStrategy(elastic)", f"machines {', '.join(present)}",
-                           f"no plan fits the devices present (missing: {', '.join(missing) or 'none'}): {err}",
+                           f"no plan fits the devices present (missing: {', '.join(missing) or 'none'}): "
+                           f"{str(err).split('. Fix:')[0]}",
                            "bring machines back (the next restart re-plans), or lower train.global_batch / use a "
                            "smaller model")
 
     # ---- after the strategy's setup: resume and report ----------------------------------------
-    def start(self, strategy, trainer, workload_dtype: str) -> None:
+    def start(self, strategy, trainer, workload) -> None:
         """Collective. Pick the checkpoint (rank 0's choice, broadcast), preload it into Lightning's
-        restore, print and record what changed, and join the Trainer's callbacks."""
+        restore, print and record what changed, and join the Trainer's callbacks. ``workload``: the
+        one the plan was searched for (the estimate printed is the planner's)."""
         from lightning_hexiscale.lightning import internals
-        from lightning_hexiscale.planner.estimate import Workload, estimate
+        from lightning_hexiscale.planner.estimate import estimate
 
         cluster, plan = strategy.cluster, strategy.plan
-        est = estimate(plan, cluster, Workload(strategy.pipeline_model.engine.config, dtype=workload_dtype))
+        est = estimate(plan, cluster, workload)
         choice = None
         if strategy.global_rank == 0:
             found = complete_checkpoints(self.directory) if self.settings.resume != "never" else []

@@ -36,6 +36,7 @@ from lightning_hexiscale.planner.search import SearchSettings, search
 from lightning_hexiscale.runtime import checkpoint as ckpt
 
 ROOT = Path(__file__).resolve().parents[2]
+TINY_FP32 = Workload(LlamaConfig.load("llama_tiny"), dtype="fp32", device="cpu")
 
 
 def _bench():
@@ -189,7 +190,7 @@ def test_resume_must_without_a_complete_checkpoint_is_a_clear_error(tmp_path):
     run = elastic.ElasticRun(elastic.ElasticSettings(tmp_path, resume="must"))
     run.full_cluster, run.devices = cluster3(), [0, 1]
     with pytest.raises(ConfigError) as e:
-        run.start(fake_strategy(tmp_path), types.SimpleNamespace(callbacks=[]), "fp32")
+        run.start(fake_strategy(tmp_path), types.SimpleNamespace(callbacks=[]), TINY_FP32)
     msg = str(e.value)
     assert "resume" in msg and f"no complete checkpoint under {tmp_path}" in msg and "step-00000004.tmp-ab12" in msg
 
@@ -200,7 +201,7 @@ def test_report_says_who_left_and_joined_and_the_steps_redone(tmp_path):
     (tmp_path / elastic.RECORD).write_text(json.dumps({
         "machines": ["big", "other"], "devices": 3, "plan": "OLD PLAN", "tokens_per_s": 2000.0, "step": 11}))
     trainer = types.SimpleNamespace(callbacks=[])
-    run.start(fake_strategy(tmp_path), trainer, "fp32")  # no checkpoint: from step 0
+    run.start(fake_strategy(tmp_path), trainer, TINY_FP32)  # no checkpoint: from step 0
     assert "machines left: other; joined: none" in run.report and "old plan: OLD PLAN" in run.report
     assert "2,000 -> " in run.report and "starting from step 0 (11 step(s) redone)" in run.report
     assert trainer.callbacks == [run]
@@ -240,21 +241,23 @@ def test_recipe_elastic_outside_torchrun_is_a_clear_error(tmp_path):
 # ---- in-process: the elastic collectives under the NCCL-semantics harness --------------------------
 @pytest.mark.timeout(240)
 def test_elastic_saves_and_resumes_under_nccl_rules(tmp_path, monkeypatch):
-    """Two forked ranks on machine 'host' of cpu2 (HEXISCALE_MACHINE inherited): the membership gather,
-    the checkpoint choice, the per-step SIGTERM agreement and the saves replay cleanly under NCCL's
-    rules; a second fit resumes (resume='must') from the newest checkpoint and runs only the rest."""
+    """Two forked ranks on machine 'small' of cpu_demo (HEXISCALE_MACHINE inherited): the membership
+    gather, the checkpoint choice, the per-step SIGTERM agreement and the saves replay cleanly under
+    NCCL's rules; a second fit resumes (resume='must') from the newest checkpoint and runs only the
+    rest. The small devices have 21 MiB beside the planner's 1 GiB reserve: planned as the CPU
+    devices they are (no NCCL buffers, Workload.for_cluster), as the strategy plans elsewhere."""
     import lightning.pytorch as pl
     from strategy_helpers import NcclTrace, Recorder, loader, module, read_ranks
 
     from lightning_hexiscale.lightning.strategy import HexiScaleStrategy
 
-    monkeypatch.setenv("HEXISCALE_MACHINE", "host")
+    monkeypatch.setenv("HEXISCALE_MACHINE", "small")
     ck = tmp_path / "ck"
 
     def fit(name: str, steps: int, resume: str) -> list[dict]:
         out = tmp_path / name
         out.mkdir()
-        strategy = HexiScaleStrategy(cluster="cpu2", start_method="fork", timeout=45.0, planner_iterations=2,
+        strategy = HexiScaleStrategy(cluster="cpu_demo", start_method="fork", timeout=45.0, planner_iterations=2,
                                      elastic=elastic.ElasticSettings(ck, every_n_steps=2, resume=resume))
         trainer = pl.Trainer(strategy=strategy, accelerator="cpu", devices=2, max_steps=steps, logger=False,
                              enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
@@ -268,5 +271,5 @@ def test_elastic_saves_and_resumes_under_nccl_rules(tmp_path, monkeypatch):
     second = fit("second", 6, "must")
     assert len(second[0]["losses"]) == 2, "steps 5 and 6 only"
     record = json.loads((ck / elastic.RECORD).read_text())
-    assert record["resumed_step"] == 4 and record["machines"] == ["host"] and record["step"] == 6
+    assert record["resumed_step"] == 4 and record["machines"] == ["small"] and record["step"] == 6
     assert [s for s, _ in elastic.complete_checkpoints(ck)] == [4, 6], "keep=2: the oldest removed"

@@ -167,6 +167,16 @@ def test_unknown_precision_is_refused_before_launch(monkeypatch):
         trainer.fit(LlamaLitModule(TINY), loader(PLAN.global_batch, PLAN.global_batch))
 
 
+@pytest.mark.parametrize("precision", ["16-mixed", 16])
+def test_fp16_mixed_is_refused_on_cpu_too(precision):
+    """Lightning replaces 16-mixed by bf16-mixed on CPU (a warning) before a strategy sees it; the
+    strategy refuses it there as on GPUs, when the Trainer is built, with the reason and the fix."""
+    with pytest.raises(ConfigError, match=r"Trainer\(precision\) = '16-mixed': float16 mixed precision needs a "
+                                          r"gradient scaler.*Fix: use bf16-mixed"):
+        pl.Trainer(strategy=HexiScaleStrategy(plan=PLAN, start_method="fork"), accelerator="cpu",
+                   devices=PLAN.world_size, precision=precision, logger=False)
+
+
 # ---- through the recipe, against one device in float64 ----------------------------------------
 RECIPE_PLAN = plan_of([(4, 2, [([0, 1], (0, 2)), ([2], (2, 4))]), (4, 2, [([3], (0, 4))])], cluster="cpu_hetero4")
 STEPS, WARMUP, CLIP, LR, SEED = 3, 2, 0.5, 1e-2, 5
