@@ -273,7 +273,7 @@ def train(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict, precis
     gb = plan.global_batch if plan is not None else int(cfg.train.global_batch)
     train_dl, val_dl = make_data(cfg, model, gb, dataset)
     module = LlamaLitModule(model, lr=float(t.lr), weight_decay=float(t.weight_decay), warmup_steps=int(t.warmup_steps),
-                            init_seed=int(t.seed))
+                            init_seed=int(t.seed), eps=float(t.adam_eps))
     if t.weights:
         from lightning_hexiscale.data.weights import attach_weights
 

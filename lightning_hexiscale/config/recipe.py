@@ -34,6 +34,8 @@ class TrainerConfig:
     """Clip by the global gradient norm over TP/PP/DP; null = off."""
     lr: float = 3e-3
     """AdamW peak learning rate."""
+    adam_eps: float = 1e-8
+    """AdamW eps. 1e-8 rounds to 0 in float16: with ``precision=16-true`` use e.g. 1e-4."""
     warmup_steps: int = 5
     """Linear learning-rate warm-up, in optimizer steps."""
     weight_decay: float = 0.1

@@ -38,18 +38,20 @@ class LlamaLitModule(pl.LightningModule):
         warmup_steps: linear learning-rate warm-up over this many optimizer steps (0: none).
         init_seed: weight initialisation seed (``Llama.init_weights``).
         dtype: parameter dtype (``torch.float64`` for exactness tests).
+        eps: AdamW eps. The default 1e-8 rounds to 0 in float16: under ``precision="16-true"`` use
+            e.g. 1e-4 (or train in bf16-mixed / bf16-true).
     """
 
     def __init__(self, config: LlamaConfig | str = "llama_tiny", lr: float = 3e-3, weight_decay: float = 0.1,
                  betas: tuple[float, float] = (0.9, 0.95), warmup_steps: int = 0, init_seed: int = 0,
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, eps: float = 1e-8):
         super().__init__()
         if isinstance(config, str) and config.startswith(HF_PREFIX):
             from lightning_hexiscale.data.weights import load_hf
 
             config, self.init_state_dict = load_hf(config[len(HF_PREFIX):])
         self.config = LlamaConfig.load(config) if isinstance(config, str) else config
-        self.lr, self.weight_decay, self.betas = lr, weight_decay, tuple(betas)
+        self.lr, self.weight_decay, self.betas, self.eps = lr, weight_decay, tuple(betas), eps
         self.warmup_steps, self.init_seed, self.param_dtype = warmup_steps, init_seed, dtype
         self.model: Llama | None = None
 
@@ -99,7 +101,8 @@ class LlamaLitModule(pl.LightningModule):
 
     @override
     def configure_optimizers(self):
-        opt = torch.optim.AdamW(self.parameters(), lr=self.lr, betas=self.betas, weight_decay=self.weight_decay)
+        opt = torch.optim.AdamW(self.parameters(), lr=self.lr, betas=self.betas, weight_decay=self.weight_decay,
+                                eps=self.eps)
         if not self.warmup_steps:
             return opt
         warm = self.warmup_steps
