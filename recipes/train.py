@@ -18,7 +18,8 @@ node k on machine k of the cluster file), or here when this machine has the GPUs
 Exit status: 0 trained (or planned, with dry_run); 2 bad configuration (one message naming the key,
 value, rule and fix); 3 the plan needs hardware this machine does not have; 4 training stopped (a
 non-finite step with ``trainer.nonfinite=stop``, or a rank failed: see "Failure behaviour" in the
-README); 1 any other error.
+README); 5 an elastic worker stopped on SIGTERM after saving, for torchrun to restart it (a machine
+joins or leaves; not a failure); 130 interrupted (Ctrl-C); 1 any other error.
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from lightning_hexiscale.config.schema import register_configs
-from lightning_hexiscale.errors import HexiScaleError, TrainingFailure
+from lightning_hexiscale.errors import ElasticStop, HexiScaleError, TrainingFailure
 
-EXIT_CONFIG, EXIT_HARDWARE, EXIT_FAILED = 2, 3, 4
+EXIT_CONFIG, EXIT_HARDWARE, EXIT_FAILED, EXIT_RESTART = 2, 3, 4, 5
 register_configs()
 
 
@@ -438,6 +439,8 @@ def _main(cfg: DictConfig) -> int:
     except HardwareMissing as e:
         print(f"recipes/train.py: {e}", file=sys.stderr)
         code = EXIT_HARDWARE
+    except ElasticStop:  # planned (SIGTERM: a machine joins or leaves): rank 0 said so; torchrun restarts us
+        code = EXIT_RESTART
     except TrainingFailure as e:  # the same on every rank (e.g. a non-finite step with nonfinite=stop)
         print(f"recipes/train.py: training stopped: {e}", file=sys.stderr)
         code = EXIT_FAILED

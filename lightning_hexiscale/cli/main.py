@@ -23,6 +23,7 @@ from lightning_hexiscale.cli import prepare_data  # noqa: F401  isort: skip
 from lightning_hexiscale.cli import export  # noqa: F401  isort: skip
 from lightning_hexiscale.cli import checkpoint  # noqa: F401  isort: skip
 from lightning_hexiscale.cli import emulate  # noqa: F401  isort: skip
+from lightning_hexiscale.cli import rendezvous  # noqa: F401  isort: skip
 from lightning_hexiscale.cli.common import EPILOG, SUBCOMMANDS
 from lightning_hexiscale.errors import HexiScaleError
 

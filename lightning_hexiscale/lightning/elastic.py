@@ -48,7 +48,7 @@ import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 
 from lightning_hexiscale.config.cluster import Cluster
-from lightning_hexiscale.errors import ConfigError, InfeasiblePlan, TrainingFailure
+from lightning_hexiscale.errors import ConfigError, ElasticStop, InfeasiblePlan  # noqa: F401 (ElasticStop: here too)
 from lightning_hexiscale.planner.plan import Plan
 
 MACHINE_ENV = "HEXISCALE_MACHINE"
@@ -58,10 +58,6 @@ RECORD = "elastic.json"
 and the last step reached (updated every step), read by the next start."""
 PREFIX = "step-"
 RESUME_MODES = ("auto", "must", "never")
-
-
-class ElasticStop(TrainingFailure):
-    """The workers stopped on SIGTERM after saving a checkpoint; torchrun restarts them."""
 
 
 @dataclass(frozen=True)
@@ -318,8 +314,11 @@ class ElasticRun(Callback):
         if (stop or (every and step % every == 0)) and step != self._last_saved and step > 0:
             self.save(trainer, step)
         if stop:
-            raise ElasticStop(f"SIGTERM: checkpoint of step {step} saved under {self.directory}; the workers stop "
-                              "so that torchrun restarts them on the machines that remain")
+            why = (f"SIGTERM (torchrun's agent stops its workers: a machine joins or leaves): checkpoint of step {step} "
+                   f"saved under {self.directory}; the workers stop and torchrun restarts them on the machines present")
+            if strategy.global_rank == 0:
+                print(f"hexiscale elastic: {why}", flush=True)
+            raise ElasticStop(why)
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._restore_handler()

@@ -123,16 +123,23 @@ class StepProgressBar(TQDMProgressBar):
 
 class LossPrinter(pl.Callback):
     """Prints the training loss (under the hexiscale strategy: the global one) every ``log_every_n_steps``
-    optimizer steps and, at the end, the first and last values; on global rank 0 only."""
+    optimizer steps and, at the end, the first and last values of this run and the steps it ran (after
+    a resume: from the resumed step on, not counting the steps before it); on global rank 0 only."""
 
     def __init__(self):
         self.first: float | None = None
+        self.start_step = 0
+        self.steps_run = 0
+
+    def on_train_start(self, trainer, module):
+        self.first, self.start_step, self.steps_run = None, trainer.global_step, 0  # after any checkpoint restore
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         if (batch_idx + 1) % trainer.accumulate_grad_batches:
             return
         loss = float(outputs["loss"]) * trainer.accumulate_grad_batches
         self.first = loss if self.first is None else self.first
+        self.steps_run += 1
         step = trainer.global_step
         if trainer.is_global_zero and (step == 1 or step % max(1, trainer.log_every_n_steps) == 0):
             _print(trainer, f"step {step:5d}  loss {loss:.4f}")
@@ -140,7 +147,10 @@ class LossPrinter(pl.Callback):
     def on_train_end(self, trainer, module):
         if trainer.is_global_zero and self.first is not None:
             last = float(trainer.callback_metrics.get("train_loss", float("nan")))
-            _print(trainer, f"training loss: first {self.first:.4f} -> last {last:.4f} after {trainer.global_step} steps")
+            resumed = (f" (steps {self.start_step + 1}-{trainer.global_step}, resumed at step {self.start_step})"
+                       if self.start_step else "")
+            _print(trainer, f"training loss: first {self.first:.4f} -> last {last:.4f} after {self.steps_run} "
+                            f"steps{resumed}")
 
 
 def _print(trainer, line: str) -> None:

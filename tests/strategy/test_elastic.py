@@ -1,13 +1,15 @@
 """Elastic training (lightning/elastic.py): a machine leaves, the survivor re-plans and goes on.
 
-The end-to-end test runs two torchrun agents on localhost (``--nnodes=1:2``, c10d rendezvous,
-``--max-restarts=3``; machines ``a`` and ``b`` of a two-machine CPU cluster, each agent with its own
-``HEXISCALE_MACHINE``), kills agent b and its worker with SIGKILL once step 6 is reached, and checks
-that agent a's new workers re-planned for machine a alone, resumed from the newest complete
-checkpoint and finished; their losses from the resumed step equal, bit for bit (float64), those of
-an independent single-process run started from the same checkpoint with the survivor's plan, and a
-mutated reference (another corpus) differs (the comparison can fail). The driver is
-recipes/bench_elastic.py, the worker tests/strategy/elastic_job.py.
+The end-to-end test runs the c10d rendezvous store in a process of its own (``hexiscale
+rendezvous-store``) and two torchrun agents on localhost as its clients (``--nnodes=1:2``,
+``is_host=false``, ``--max-restarts=3``; machines ``a`` and ``b`` of a two-machine CPU cluster, each
+agent with its own ``HEXISCALE_MACHINE``), kills agent a, the one that started first (without the
+external store it would host the rendezvous and its death would end the job), and its worker with
+SIGKILL once step 6 is reached, and checks that agent b's new workers re-planned for machine b
+alone, resumed from the newest complete checkpoint and finished; their losses from the resumed step
+equal, bit for bit (float64), those of an independent single-process run started from the same
+checkpoint with the survivor's plan, and a mutated reference (another corpus) differs (the
+comparison can fail). The driver is recipes/bench_elastic.py, the worker tests/strategy/elastic_job.py.
 
 The other tests check the pieces without processes: machine names, the rank-ordered subset cluster,
 the clear errors (a machine not in the cluster file, no plan fits the devices left, no complete
@@ -56,7 +58,7 @@ def cluster3() -> Cluster:
 
 
 # ---- end to end: two agents, one killed -----------------------------------------------------
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(600)
 def test_survivor_replans_resumes_and_matches_a_run_from_the_same_checkpoint(tmp_path, monkeypatch):
     bench = _bench()
     # what an earlier in-process fit of the full suite leaves behind (Lightning's launcher writes it into
@@ -64,11 +66,14 @@ def test_survivor_replans_resumes_and_matches_a_run_from_the_same_checkpoint(tmp
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(bench.free_port()))
     steps = 12
-    f = bench.run(tmp_path, steps=steps, every=4, kill_at=6, sleep_s=0.1, timeout_s=360.0)
+    f = bench.run(tmp_path, steps=steps, every=4, kill_at=6, sleep_s=0.1, timeout_s=360.0, kill="a", store="external")
     record = f["record"]
-    assert record["machines"] == ["a"] and record["devices"] == 1 and record["restart"] >= 1
-    report = (tmp_path / "agent-a.log").read_text()
-    assert "machines left: b; joined: none" in report
+    assert f["survivor"] == "b"
+    assert record["machines"] == ["b"] and record["devices"] == 1 and record["restart"] >= 1
+    report = (tmp_path / "agent-b.log").read_text()
+    assert "machines left: a; joined: none" in report
+    for log in ("agent-a.log", "agent-b.log"):  # b's join stopped a's workers: planned, not a failure
+        assert "stopped by ElasticStop" not in (tmp_path / log).read_text()
     assert "old plan: " in report and "new plan: 1 pipeline(s)" in report and "% kept)" in report
     resumed = record["resumed_step"]
     assert resumed >= 4 and resumed % 4 == 0, "the newest complete checkpoint (every 4 steps)"
@@ -84,7 +89,7 @@ def test_survivor_replans_resumes_and_matches_a_run_from_the_same_checkpoint(tmp
     # runs below would both bind it (EADDRINUSE); bench.child_env drops the launch variables
     env = bench.child_env()
     base = [sys.executable, str(ROOT / "tests" / "strategy" / "elastic_job.py"), str(tmp_path),
-            str(tmp_path / "cluster.yaml"), str(steps), "0", "0", "--reference", str(ck), str(plan_file), "a"]
+            str(tmp_path / "cluster.yaml"), str(steps), "0", "0", "--reference", str(ck), str(plan_file), "b"]
     procs = [subprocess.Popen(cmd, env=env, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for cmd in (base, base + ["--mutate"])]
     for p in procs:
@@ -273,3 +278,45 @@ def test_elastic_saves_and_resumes_under_nccl_rules(tmp_path, monkeypatch):
     record = json.loads((ck / elastic.RECORD).read_text())
     assert record["resumed_step"] == 4 and record["machines"] == ["small"] and record["step"] == 6
     assert [s for s, _ in elastic.complete_checkpoints(ck)] == [4, 6], "keep=2: the oldest removed"
+
+
+# ---- messages: a planned stop is not a failure; the end summary counts this worker's steps --------
+def test_a_planned_join_is_not_reported_as_a_failure(tmp_path, capsys):
+    """SIGTERM (torchrun stops the workers because a machine joins): the workers save, rank 0 says why,
+    and the strategy reports no failed rank (its failure watch is not told, nothing says "failed")."""
+    from lightning_hexiscale.errors import ElasticStop
+    from lightning_hexiscale.lightning.strategy import HexiScaleStrategy
+
+    run = elastic.ElasticRun(elastic.ElasticSettings(tmp_path, every_n_steps=0))
+    run.sigterm = True
+    saved = []
+    strategy = types.SimpleNamespace(global_rank=0, world_size=1, remove_checkpoint=lambda p: None)
+    trainer = types.SimpleNamespace(strategy=strategy, global_step=7, save_checkpoint=saved.append)
+    with pytest.raises(ElasticStop) as e:
+        run.on_train_batch_end(trainer, None, None, None, 0)
+    assert saved == [str(tmp_path / "step-00000007")]
+    out = capsys.readouterr().out
+    assert "hexiscale elastic: SIGTERM" in out and "a machine joins or leaves" in out and "checkpoint of step 7" in out
+    assert "fail" not in out + str(e.value)
+    reported = []
+    watch = types.SimpleNamespace(report=reported.append, explain=lambda: "first rank 1 failed")
+    fake = types.SimpleNamespace(_watch=watch, _failure=None)
+    assert HexiScaleStrategy.failure_reason(fake, e.value) is None and reported == []
+    assert HexiScaleStrategy.failure_reason(fake, RuntimeError("gloo")) == "first rank 1 failed"  # a real failure
+
+
+def test_the_end_summary_counts_the_steps_this_worker_ran(capsys):
+    """Resumed at step 15 and stopped at 40: 25 steps ran here, not 40."""
+    from lightning_hexiscale.lightning.example import LossPrinter
+
+    trainer = types.SimpleNamespace(global_step=15, is_global_zero=True, accumulate_grad_batches=1,
+                                    log_every_n_steps=100, progress_bar_callback=None, callback_metrics={})
+    printer = LossPrinter()
+    printer.on_train_start(trainer, None)
+    for step in range(16, 41):
+        trainer.global_step = step
+        printer.on_train_batch_end(trainer, None, {"loss": torch.tensor(4.0 - step / 20)}, None, step)
+    trainer.callback_metrics = {"train_loss": torch.tensor(2.0)}
+    printer.on_train_end(trainer, None)
+    out = capsys.readouterr().out
+    assert "first 3.2000 -> last 2.0000 after 25 steps (steps 16-40, resumed at step 15)" in out, out
