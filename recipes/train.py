@@ -25,16 +25,18 @@ joins or leaves; not a failure); 130 interrupted (Ctrl-C); 1 any other error.
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from lightning_hexiscale.config.schema import register_configs
-from lightning_hexiscale.errors import ElasticStop, HexiScaleError, TrainingFailure
+from lightning_hexiscale.errors import ElasticStop, HexiScaleError, TrainingFailure, TrainingInterrupted
 
-EXIT_CONFIG, EXIT_HARDWARE, EXIT_FAILED, EXIT_RESTART = 2, 3, 4, 5
+EXIT_CONFIG, EXIT_HARDWARE, EXIT_FAILED, EXIT_RESTART, EXIT_INTERRUPTED = 2, 3, 4, 5, 130
 register_configs()
 
 
@@ -267,6 +269,7 @@ def train(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict, precis
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from lightning_hexiscale.lightning.example import LlamaLitModule, LossPrinter, StepProgressBar
+    from lightning_hexiscale.lightning.interrupt import GracefulInterrupt
     from lightning_hexiscale.lightning.strategy import HexiScaleStrategy
 
     t = cfg.trainer
@@ -297,6 +300,9 @@ def train(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict, precis
         logger.log_hyperparams(plan_hparams(effective_config(cfg, plan, precision), cluster, model, plan, est))
     # elastic: the strategy saves every checkpoint_every steps under <out>/elastic itself
     every = int(t.checkpoint_every) if elastic is None else 0
+    last = out / "checkpoints" / "last.ckpt"
+    # Ctrl-C: every rank stops at the end of the step (and saves it to last.ckpt if asked)
+    interrupt = GracefulInterrupt(save_to=last if t.save_on_interrupt else None, last_checkpoint=last)
     ckpt = ModelCheckpoint(dirpath=str(out / "checkpoints"), save_last=True, save_top_k=0 if not every else -1,
                            every_n_train_steps=every or None)
     trainer = pl.Trainer(
@@ -305,7 +311,7 @@ def train(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict, precis
         val_check_interval=int(t.val_every) if t.val_every and val_dl is not None else None,
         check_val_every_n_epoch=None if t.val_every else 1, limit_val_batches=int(t.limit_val_batches) if t.val_every else 0,
         num_sanity_val_steps=0, log_every_n_steps=int(t.log_every), default_root_dir=str(out),
-        logger=logger, callbacks=[ckpt, LossPrinter()] + ([StepProgressBar()] if t.progress_bar else []),
+        logger=logger, callbacks=[ckpt, LossPrinter(), interrupt] + ([StepProgressBar()] if t.progress_bar else []),
         enable_progress_bar=bool(t.progress_bar), enable_model_summary=False)
     trainer.fit(module, train_dl, val_dl if t.val_every else None, ckpt_path=t.resume)
     return dict(trainer.callback_metrics)
@@ -355,6 +361,7 @@ def run(cfg: DictConfig) -> int:
     resolve_hf_model(cfg, overrides_given())  # model=hf:/dir: the shape from its config.json
     out = output_dir(cfg)
     out.mkdir(parents=True, exist_ok=True)
+    _OUT[:] = [out]
     cluster = Cluster.from_config(cfg.cluster)
     model = LlamaConfig.from_config(cfg.model)
     if cfg.trainer.weights:  # every difference between the preset and config.json, before any process starts
@@ -365,6 +372,7 @@ def run(cfg: DictConfig) -> int:
     precision = effective_precision(cfg.trainer.precision, [d.gpu_type for d in cluster.devices])
     if cfg.trainer.elastic and not cfg.dry_run:
         return run_elastic(cfg, cluster, model, out, precision, dataset)
+    say(f"planning for {model.name} on cluster {cluster.name} ({cluster.num_devices} devices) ...")
     plan, est = make_plan(cfg, cluster, model, out)
     picture = None
     if is_rank_zero():
@@ -382,6 +390,7 @@ def run(cfg: DictConfig) -> int:
     if is_multirun():
         # A previous job's port is in TIME_WAIT or still bound; let Lightning choose a free one.
         os.environ.pop("MASTER_PORT", None)
+    _PHASE[0] = "training"
     metrics = train(cfg, cluster, model, plan, out, launch, precision, dataset, est)
     say("final metrics: " + ", ".join(f"{k}={float(v):.4f}" for k, v in sorted(metrics.items())))
     return 0
@@ -424,18 +433,66 @@ def run_elastic(cfg: DictConfig, cluster, model, out: Path, precision: str, data
     launch = elastic_launch(cfg)
     say(cluster.summary(), "\n")
     settings = ElasticSettings(out / "elastic", every_n_steps=int(cfg.trainer.checkpoint_every))
+    _PHASE[0] = "training"
     metrics = train(cfg, cluster, model, None, out, launch, precision, dataset, elastic=settings)
     say("final metrics: " + ", ".join(f"{k}={float(v):.4f}" for k, v in sorted(metrics.items())))
     return 0
 
 
 _STATUS: list[int] = []
+_PHASE = ["planning"]
+"""What the recipe is doing, for the Ctrl-C message: planning (and checks), then training."""
+_INTERRUPTED = threading.Event()
+"""Set by this process's SIGINT handler (:func:`watch_ctrl_c`)."""
+
+
+def watch_ctrl_c() -> None:
+    """Ctrl-C reaches every process of the job (one terminal process group). The launching process
+    (rank 0) records it and raises KeyboardInterrupt as Python does; ranks started by its popen
+    launcher only record it: during training every rank stops at the end of the step together
+    (lightning/interrupt.py), before it the launching process ends them."""
+    child = "LOCAL_RANK" in os.environ and "TORCHELASTIC_RUN_ID" not in os.environ and "SLURM_PROCID" not in os.environ
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        return  # started with SIGINT ignored (nohup, a background job): keep it so
+
+    def on_sigint(signum, frame):
+        _INTERRUPTED.set()
+        if not child:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+
+
+def interrupted_message(out: Path | None) -> str:
+    last = out / "checkpoints" / "last.ckpt" if out is not None else None
+    kept = (f"; the last checkpoint, {last}, was kept (resume with trainer.resume={last})"
+            if last is not None and last.exists() else "")
+    return f"recipes/train.py: interrupted (Ctrl-C) while {_PHASE[0]}{kept}"
+
+
+_OUT: list[Path] = []
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def _main(cfg: DictConfig) -> int:
     try:
         code = run(cfg)
+    except TrainingInterrupted as e:  # every rank stopped at the end of the same step
+        if is_rank_zero():
+            resume = _OUT[0] / "checkpoints" / "last.ckpt" if _OUT else None
+            hint = f" (resume with trainer.resume={resume})" if resume is not None and resume.exists() else ""
+            print(f"recipes/train.py: {e}{hint}", file=sys.stderr, flush=True)
+        code = EXIT_INTERRUPTED
+    except KeyboardInterrupt:  # while planning (or a second Ctrl-C during training): one line, no traceback
+        if is_rank_zero():
+            print(interrupted_message(_OUT[0] if _OUT else None), file=sys.stderr, flush=True)
+        code = EXIT_INTERRUPTED
+    except SystemExit:  # Lightning ends the job with exit(1) after a KeyboardInterrupt it caught
+        if not _INTERRUPTED.is_set():
+            raise
+        if is_rank_zero():
+            print(interrupted_message(_OUT[0] if _OUT else None), file=sys.stderr, flush=True)
+        code = EXIT_INTERRUPTED
     except HardwareMissing as e:
         print(f"recipes/train.py: {e}", file=sys.stderr)
         code = EXIT_HARDWARE
@@ -521,21 +578,23 @@ def apply_file_overrides(cfg: DictConfig) -> None:
 def main() -> int:
     from lightning_hexiscale.config.schema import hf_model_overrides
 
-    try:  # model=hf:/dir -> model=_hf trainer.weights=/dir, which Hydra composes (children inherit argv)
-        sys.argv[1:] = hf_model_overrides(sys.argv[1:])
-    except HexiScaleError as e:
-        print(f"recipes/train.py: error: {e}", file=sys.stderr)
-        return EXIT_CONFIG
-    if "LOCAL_RANK" not in os.environ:  # popen children re-run this script; the launcher checked already
-        try:
-            check_overrides(sys.argv[1:])
+    watch_ctrl_c()
+    try:
+        try:  # model=hf:/dir -> model=_hf trainer.weights=/dir, which Hydra composes (children inherit argv)
+            sys.argv[1:] = hf_model_overrides(sys.argv[1:])
+            if "LOCAL_RANK" not in os.environ:  # popen children re-run this script; the launcher checked already
+                check_overrides(sys.argv[1:])
+                sys.argv[1:] = take_file_overrides(sys.argv[1:])
+            elif FILES_ENV not in os.environ:  # torchrun/SLURM workers: no launcher of ours took the files out
+                sys.argv[1:] = take_file_overrides(sys.argv[1:])
         except HexiScaleError as e:
             print(f"recipes/train.py: error: {e}", file=sys.stderr)
             return EXIT_CONFIG
-        sys.argv[1:] = take_file_overrides(sys.argv[1:])
-    elif FILES_ENV not in os.environ:  # torchrun/SLURM workers: no launcher of ours took the files out
-        sys.argv[1:] = take_file_overrides(sys.argv[1:])
-    _main()
+        _main()
+    except KeyboardInterrupt:  # before Hydra started the run (reading the command line)
+        if is_rank_zero():
+            print(interrupted_message(None), file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
     return max(_STATUS, default=EXIT_CONFIG)
 
 

@@ -51,6 +51,9 @@ class TrainerConfig:
     async_checkpoint: bool = False
     """Write checkpoints in the background (``HexiScaleStrategy(async_checkpoint=True)``): training
     waits only for the copy of this rank's pieces, a writer thread writes them."""
+    save_on_interrupt: bool = False
+    """Ctrl-C during training stops every rank at the end of the step; true: save that step to
+    ``checkpoints/last.ckpt`` first (false: the last checkpoint written is kept as it is)."""
     resume: Optional[str] = None
     """A checkpoint directory to resume from (any plan, any cluster)."""
     elastic: bool = False

@@ -47,7 +47,8 @@ from typing_extensions import override
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.config.recipe import check_ckpt_path, device_kind, precision_dtype
 from lightning_hexiscale.data.samplers import check_train_loader
-from lightning_hexiscale.errors import ConfigError, ElasticStop, InfeasiblePlan, NonFiniteError, RankFailure
+from lightning_hexiscale.errors import (ConfigError, ElasticStop, InfeasiblePlan, NonFiniteError, RankFailure,
+                                       TrainingInterrupted)
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.models.llama import Llama
 from lightning_hexiscale.lightning import internals, notices
@@ -464,8 +465,8 @@ class HexiScaleStrategy(CheckpointMethods, GradientMethods, DDPStrategy):
     def failure_reason(self, exc: BaseException) -> str | None:
         """Report this rank's failure to the others (once per exception) and say which rank failed
         first, from the failure watch; None without a watch, or for failures every rank shares."""
-        if (self._watch is None or isinstance(exc, (KeyboardInterrupt, SystemExit, NonFiniteError, ElasticStop))
-                or is_agreed(exc)):
+        if (self._watch is None or is_agreed(exc) or isinstance(exc, (KeyboardInterrupt, SystemExit, NonFiniteError,
+                                                                      ElasticStop, TrainingInterrupted))):
             return None  # non-finite steps, elastic stops and agreed errors stop every rank together: nothing to tell
         if self._failure is None or self._failure[0] is not exc:
             self._watch.report(exc)
