@@ -122,12 +122,12 @@ def effective_config(cfg: DictConfig, plan, precision: str) -> DictConfig:
 
 def write_picture(plan, cluster, model, est, path: Path) -> str:
     """The plan drawn as ``hexiscale plan --picture`` draws it; a sentence saying where (or why not)."""
-    from lightning_hexiscale.cli.plan import draw_plan
+    from lightning_hexiscale.cli.picture import draw_plan
     from lightning_hexiscale.config.units import format_flops
 
     try:
         draw_plan(plan, cluster, path, title=f"{model.name} on {cluster.name}: {est.iteration_time_s:.3f} s/iteration "
-                  f"(estimated), {format_flops(est.pflops * 1e15)}")
+                  f"(estimated), {format_flops(est.pflops * 1e15)}", estimate=est)
     except HexiScaleError as e:  # no matplotlib: the plan table above says the same
         return f"no plan picture ({e.rule})"
     return f"plan picture written to {path}"

@@ -1,7 +1,7 @@
 """Ctrl-C: while planning (``hexiscale plan``, ``recipes/train.py``) one line and exit status 130, no
 traceback, nothing written; while training, a graceful stop: a message, every rank stops at the end
 of the same step, the last checkpoint is kept (or the step is saved with
-``trainer.save_on_interrupt=true``), exit status 130, no process left.
+``trainer.save_on_interrupt=true``), exit status 130, no process left (and no empty log file).
 
 The signal is sent as a terminal sends it: to the whole process group of the job (the test starts
 it in a session of its own). A child started from a background non-interactive shell (``make test
@@ -107,6 +107,8 @@ def test_ctrl_c_while_training_stops_at_a_step_and_keeps_the_checkpoint(tmp_path
     stopped = int(lines[0].split("after step ")[1].split(";")[0])
     saved = ckpt.read_meta(last)["global_step"]  # complete and loadable
     assert 2 <= saved <= stopped and saved % 2 == 0
+    # Hydra's per-rank log files (train.log, train_ddp_process_1.log) exist only if something was logged
+    assert [p.name for p in run.glob("train*.log") if p.stat().st_size == 0] == []
 
 
 def test_save_on_interrupt_saves_the_step_on_every_rank_then_stops(tmp_path):
