@@ -219,10 +219,12 @@ def main() -> int:
     ap.add_argument("--kill", choices=("a", "b"), default="a", help="the agent killed (a started first)")
     ap.add_argument("--store", choices=("external", "agent"), default="external",
                     help="the c10d store in a process of its own (hexiscale rendezvous-store), or in agent a")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds for the whole run (default 600)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="bench_elastic_"))
-    f = run(out, args.steps, args.every, args.kill_at, args.sleep, kill=args.kill, store=args.store)
+    f = run(out, args.steps, args.every, args.kill_at, args.sleep, timeout_s=args.timeout, kill=args.kill,
+            store=args.store)
     print(f"elastic recovery, 2 -> 1 CPU machines, tiny Llama, checkpoint every {args.every} steps, store "
           f"{args.store} (files in {out})")
     print(f"  kill -9 of machine {args.kill} at step {f['reached_step']}; resumed from the checkpoint of step "
