@@ -25,7 +25,6 @@ joins or leaves; not a failure); 130 interrupted (Ctrl-C); 1 any other error.
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import threading
 from pathlib import Path
@@ -443,24 +442,7 @@ _STATUS: list[int] = []
 _PHASE = ["planning"]
 """What the recipe is doing, for the Ctrl-C message: planning (and checks), then training."""
 _INTERRUPTED = threading.Event()
-"""Set by this process's SIGINT handler (:func:`watch_ctrl_c`)."""
-
-
-def watch_ctrl_c() -> None:
-    """Ctrl-C reaches every process of the job (one terminal process group). The launching process
-    (rank 0) records it and raises KeyboardInterrupt as Python does; ranks started by its popen
-    launcher only record it: during training every rank stops at the end of the step together
-    (lightning/interrupt.py), before it the launching process ends them."""
-    child = "LOCAL_RANK" in os.environ and "TORCHELASTIC_RUN_ID" not in os.environ and "SLURM_PROCID" not in os.environ
-    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-        return  # started with SIGINT ignored (nohup, a background job): keep it so
-
-    def on_sigint(signum, frame):
-        _INTERRUPTED.set()
-        if not child:
-            raise KeyboardInterrupt
-
-    signal.signal(signal.SIGINT, on_sigint)
+"""Set by this process's SIGINT handler (``record_ctrl_c`` in :func:`main`)."""
 
 
 def interrupted_message(out: Path | None) -> str:
@@ -578,7 +560,12 @@ def apply_file_overrides(cfg: DictConfig) -> None:
 def main() -> int:
     from lightning_hexiscale.config.schema import hf_model_overrides
 
-    watch_ctrl_c()
+    from lightning_hexiscale.lightning.interrupt import record_ctrl_c
+
+    # rank 0 (the launching process) raises KeyboardInterrupt on Ctrl-C; ranks its popen launcher started
+    # only record it (every rank stops at the end of the step together; before training rank 0 ends them)
+    child = "LOCAL_RANK" in os.environ and "TORCHELASTIC_RUN_ID" not in os.environ and "SLURM_PROCID" not in os.environ
+    record_ctrl_c(_INTERRUPTED, raise_interrupt=not child)
     try:
         try:  # model=hf:/dir -> model=_hf trainer.weights=/dir, which Hydra composes (children inherit argv)
             sys.argv[1:] = hf_model_overrides(sys.argv[1:])

@@ -85,3 +85,19 @@ class GracefulInterrupt(Callback):
         if self._previous is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, self._previous)
             self._previous = None
+
+
+def record_ctrl_c(flag: threading.Event, raise_interrupt: bool = True) -> None:
+    """A SIGINT handler for a job's process (the main thread): sets ``flag``, then raises
+    KeyboardInterrupt as Python's own handler does when ``raise_interrupt`` (the launching process),
+    or only records it (ranks a launcher started: the launching process decides). A process started
+    with SIGINT ignored (nohup, a background job) keeps ignoring it."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        return
+
+    def on_sigint(signum, frame):
+        flag.set()
+        if raise_interrupt:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
