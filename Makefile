@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-timing test-oldest install clean
+.PHONY: demo test test-timing test-oldest install clean docs-picture
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -43,3 +43,10 @@ test-oldest:
 
 clean:
 	rm -rf $(VENV) .venv-oldest outputs multirun lightning_logs
+
+# docs/demo_plan.png is the picture the demo's planning draws (outputs/docs-picture is a dry run of
+# `make demo`: the same plan, without training); tests/docs checks that it is current.
+docs-picture: $(STAMP)
+	rm -rf outputs/docs-picture
+	$(BIN)/python recipes/train.py trainer.max_steps=30 dry_run=true hydra.run.dir=outputs/docs-picture
+	cp outputs/docs-picture/plan.png docs/demo_plan.png

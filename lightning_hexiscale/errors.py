@@ -50,3 +50,14 @@ class NonFiniteError(TrainingFailure):
 
 class RankFailure(TrainingFailure):
     """Another rank failed or stopped responding: the message names it when it can be known."""
+
+
+class ElasticStop(TrainingFailure):
+    """Elastic training: the workers stopped on SIGTERM after saving a checkpoint, and torchrun restarts
+    them. A planned stop (a machine joins, or the agent is told to stop), agreed by every rank: not a
+    failure of any rank (recipes/train.py exits with status 5 for it)."""
+
+
+class TrainingInterrupted(HexiScaleError):
+    """Ctrl-C (SIGINT) stopped training at the end of a step, on every rank together (the message
+    says at which step and where the last checkpoint is). recipes/train.py exits with status 130."""

@@ -1,8 +1,14 @@
 """Elastic recovery on localhost: two torchrun agents (machines ``a`` and ``b`` of a two-machine CPU
-cluster), ``kill -9`` of agent b and its worker mid-run, agent a re-plans for itself and finishes.
+cluster), ``kill -9`` of one agent and its worker mid-run, the other re-plans for itself and finishes.
 
-    python recipes/bench_elastic.py                     # 24 steps, checkpoint every 4, kill at step 10
+    python recipes/bench_elastic.py                     # 24 steps, checkpoint every 4, kill a at step 10
     python recipes/bench_elastic.py --steps 40 --every 5 --kill-at 17 --sleep 0.2
+    python recipes/bench_elastic.py --store agent --kill b   # the store in agent a (which must then survive)
+
+The c10d rendezvous store runs in a process of its own (``hexiscale rendezvous-store``; the agents
+are its clients, ``is_host=false``), so the agent killed may be any, the one that started first
+(``a``, the default) included. With ``--store agent`` the first agent hosts the store, as torchrun
+does without one: killing it ends the whole job, so only ``--kill b`` recovers.
 
 Prints the time from the kill to the first new optimizer step (failure detection, torchrun's restart
 and rendezvous, the workers' start, the re-plan and the checkpoint load), the steps redone (the last
@@ -75,11 +81,22 @@ def listening(port: int) -> bool:
         return s.connect_ex(("localhost", port)) == 0
 
 
-def agent(machine: str, port: int, out: Path, steps: int, every: int, sleep_s: float) -> subprocess.Popen:
-    """One torchrun agent (``--nnodes=1:2``) for ``machine``, in its own session (killable as a group)."""
+def store_process(port: int, out: Path) -> subprocess.Popen:
+    """``hexiscale rendezvous-store`` on ``port``: the rendezvous outside the elastic set."""
+    log = open(out / "store.log", "w")
+    return subprocess.Popen([sys.executable, "-m", "lightning_hexiscale.cli", "rendezvous-store", "--port", str(port),
+                             "--host", "127.0.0.1"], env=child_env(), cwd=str(ROOT), stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def agent(machine: str, port: int, out: Path, steps: int, every: int, sleep_s: float,
+          external_store: bool = True) -> subprocess.Popen:
+    """One torchrun agent (``--nnodes=1:2``) for ``machine``, in its own session (killable as a group);
+    a client of the external store (``is_host=false``) or, without one, a candidate host of the store."""
+    conf = RDZV_CONF + (",is_host=false" if external_store else "")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1:2", "--nproc-per-node=1",
            "--rdzv-backend=c10d", f"--rdzv-endpoint=localhost:{port}", "--rdzv-id=elastic-bench",
-           f"--rdzv-conf={RDZV_CONF}", "--max-restarts=3", "--monitor-interval=0.2",
+           f"--rdzv-conf={conf}", "--max-restarts=3", "--monitor-interval=0.2",
            str(WORKER), str(out), str(out / "cluster.yaml"), str(steps), str(every), str(sleep_s)]
     env = child_env(HEXISCALE_MACHINE=machine, **AGENT_ENV)
     log = open(out / f"agent-{machine}.log", "w")
@@ -100,6 +117,12 @@ def stop(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+def latest_worker(out: Path, machine: str) -> int:
+    """Pid of ``machine``'s newest worker (``pid-<machine>-<restart>``: a join restarts them)."""
+    files = sorted(out.glob(f"pid-{machine}-*"), key=lambda f: int(f.name.rsplit("-", 1)[1]))
+    return int(files[-1].read_text())
+
+
 def stop_workers(out: Path) -> None:
     """SIGKILL every worker the agents started that is still running (torchrun starts each worker in
     a session of its own, so killing an agent's session leaves them; their pids are in ``pid-*``)."""
@@ -111,50 +134,63 @@ def stop_workers(out: Path) -> None:
 
 
 def run(out: Path, steps: int = 24, every: int = 4, kill_at: int = 10, sleep_s: float = 0.0,
-        timeout_s: float = 240.0) -> dict:
-    """Both agents, the kill, the survivor to the end. Returns the figures (see the module doc)."""
+        timeout_s: float = 240.0, kill: str = "a", store: str = "external") -> dict:
+    """The store, both agents (``a`` first), the kill of agent ``kill`` and its worker, the survivor to
+    the end. Returns the figures (see the module doc) and ``survivor``."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "cluster.yaml").write_text(CLUSTER)
     port = free_port()
     deadline = time.time() + timeout_s
-    a = agent("a", port, out, steps, every, sleep_s)
-    b = None
+    external = store == "external"
+    server = store_process(port, out) if external else None
+    agents: dict[str, subprocess.Popen] = {}
+    survivor = "b" if kill == "a" else "a"
     try:
-        # agent a must host the rendezvous store (the first agent to bind the port does): it outlives b
-        while not listening(port):
-            if time.time() > deadline or a.poll() is not None:
-                raise RuntimeError(f"agent a did not open the rendezvous store (see {out}/agent-a.log)")
-            time.sleep(0.05)
-        b = agent("b", port, out, steps, every, sleep_s)
-        while not any(r["world"] == 2 and r["step"] >= kill_at for r in rows(out)):
-            if time.time() > deadline or a.poll() is not None or b.poll() is not None:
-                raise RuntimeError(f"the two-agent run did not reach step {kill_at} (see {out}/agent-*.log)")
-            time.sleep(0.05)
-        worker_b = int((out / "pid-b-0").read_text())
+        if server is not None:
+            wait_for(lambda: listening(port), deadline, server, f"the rendezvous store did not open (see {out}/store.log)")
+        agents["a"] = agent("a", port, out, steps, every, sleep_s, external)
+        # a is the agent that started first: without an external store it hosts the rendezvous store
+        # (it binds the port); with one, it has rendezvoused alone and started its worker
+        first = (lambda: (out / "pid-a-0").exists()) if external else (lambda: listening(port))
+        wait_for(first, deadline, agents["a"], f"agent a did not start (see {out}/agent-a.log)")
+        agents["b"] = agent("b", port, out, steps, every, sleep_s, external)
+        wait_for(lambda: any(r["world"] == 2 and r["step"] >= kill_at for r in rows(out)), deadline,
+                 list(agents.values()), f"the two-agent run did not reach step {kill_at} (see {out}/agent-*.log)")
+        worker = latest_worker(out, kill)
         t_kill = time.time()
-        os.killpg(b.pid, signal.SIGKILL)  # agent b, then its worker (a session of its own): a machine gone
+        os.killpg(agents[kill].pid, signal.SIGKILL)  # the agent, then its worker (a session of its own): a machine gone
         try:
-            os.kill(worker_b, signal.SIGKILL)
+            os.kill(worker, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        b.wait()
-        a.wait(timeout=max(1.0, deadline - time.time()))
+        agents[kill].wait()
+        agents[survivor].wait(timeout=max(1.0, deadline - time.time()))
     finally:
-        if b is not None:
-            stop(b)
-        stop(a)
+        for p in agents.values():
+            stop(p)
         stop_workers(out)
-    if a.returncode != 0:
-        raise RuntimeError(f"agent a exited with {a.returncode} (see {out}/agent-a.log)")
-    return figures(out, t_kill, sleep_s)
+        if server is not None:
+            stop(server)
+    if agents[survivor].returncode != 0:
+        raise RuntimeError(f"agent {survivor} exited with {agents[survivor].returncode} (see {out}/agent-{survivor}.log)")
+    return {**figures(out, t_kill, sleep_s, survivor), "survivor": survivor}
 
 
-def figures(out: Path, t_kill: float, sleep_s: float) -> dict:
+def wait_for(done, deadline: float, procs, message: str) -> None:
+    """Poll ``done()`` until true; RuntimeError(message) at the deadline or when a process in ``procs`` ended."""
+    procs = procs if isinstance(procs, list) else [procs]
+    while not done():
+        if time.time() > deadline or any(p.poll() is not None for p in procs):
+            raise RuntimeError(message)
+        time.sleep(0.05)
+
+
+def figures(out: Path, t_kill: float, sleep_s: float, survivor: str = "a") -> dict:
     allrows = rows(out)
-    before = [r for r in allrows if r["restart"] == 0]
-    after = [r for r in allrows if r["restart"] > 0]
+    before = [r for r in allrows if r["time"] <= t_kill]
+    after = [r for r in allrows if r["time"] > t_kill]
     record = json.loads((out / "ckpt" / "elastic.json").read_text())
-    report = (out / "agent-a.log").read_text()
+    report = (out / f"agent-{survivor}.log").read_text()
     old_est = None
     for line in report.splitlines():
         if "estimated throughput:" in line and "->" in line:
@@ -180,12 +216,18 @@ def main() -> int:
     ap.add_argument("--every", type=int, default=4, help="checkpoint every N steps")
     ap.add_argument("--kill-at", type=int, default=10, help="kill agent b once step N is reached")
     ap.add_argument("--sleep", type=float, default=0.0, help="seconds added to every step (left out of the rates)")
+    ap.add_argument("--kill", choices=("a", "b"), default="a", help="the agent killed (a started first)")
+    ap.add_argument("--store", choices=("external", "agent"), default="external",
+                    help="the c10d store in a process of its own (hexiscale rendezvous-store), or in agent a")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds for the whole run (default 600)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="bench_elastic_"))
-    f = run(out, args.steps, args.every, args.kill_at, args.sleep)
-    print(f"elastic recovery, 2 -> 1 CPU machines, tiny Llama, checkpoint every {args.every} steps (files in {out})")
-    print(f"  kill -9 of machine b at step {f['reached_step']}; resumed from the checkpoint of step "
+    f = run(out, args.steps, args.every, args.kill_at, args.sleep, timeout_s=args.timeout, kill=args.kill,
+            store=args.store)
+    print(f"elastic recovery, 2 -> 1 CPU machines, tiny Llama, checkpoint every {args.every} steps, store "
+          f"{args.store} (files in {out})")
+    print(f"  kill -9 of machine {args.kill} at step {f['reached_step']}; resumed from the checkpoint of step "
           f"{f['resumed_step']}: "
           f"{f['steps_redone']} step(s) redone")
     print(f"  time from the kill to the first new step: {f['recovery_s']:.1f} s (of which {f['restart_ready_s']:.1f} s "

@@ -18,22 +18,24 @@ node k on machine k of the cluster file), or here when this machine has the GPUs
 Exit status: 0 trained (or planned, with dry_run); 2 bad configuration (one message naming the key,
 value, rule and fix); 3 the plan needs hardware this machine does not have; 4 training stopped (a
 non-finite step with ``trainer.nonfinite=stop``, or a rank failed: see "Failure behaviour" in the
-README); 1 any other error.
+README); 5 an elastic worker stopped on SIGTERM after saving, for torchrun to restart it (a machine
+joins or leaves; not a failure); 130 interrupted (Ctrl-C); 1 any other error.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from lightning_hexiscale.config.schema import register_configs
-from lightning_hexiscale.errors import HexiScaleError, TrainingFailure
+from lightning_hexiscale.errors import ElasticStop, HexiScaleError, TrainingFailure, TrainingInterrupted
 
-EXIT_CONFIG, EXIT_HARDWARE, EXIT_FAILED = 2, 3, 4
+EXIT_CONFIG, EXIT_HARDWARE, EXIT_FAILED, EXIT_RESTART, EXIT_INTERRUPTED = 2, 3, 4, 5, 130
 register_configs()
 
 
@@ -119,12 +121,12 @@ def effective_config(cfg: DictConfig, plan, precision: str) -> DictConfig:
 
 def write_picture(plan, cluster, model, est, path: Path) -> str:
     """The plan drawn as ``hexiscale plan --picture`` draws it; a sentence saying where (or why not)."""
-    from lightning_hexiscale.cli.plan import draw_plan
+    from lightning_hexiscale.cli.picture import draw_plan
     from lightning_hexiscale.config.units import format_flops
 
     try:
         draw_plan(plan, cluster, path, title=f"{model.name} on {cluster.name}: {est.iteration_time_s:.3f} s/iteration "
-                  f"(estimated), {format_flops(est.pflops * 1e15)}")
+                  f"(estimated), {format_flops(est.pflops * 1e15)}", estimate=est)
     except HexiScaleError as e:  # no matplotlib: the plan table above says the same
         return f"no plan picture ({e.rule})"
     return f"plan picture written to {path}"
@@ -134,8 +136,10 @@ def launch_settings(cluster, plan, plan_file: Path) -> dict:
     """Trainer(accelerator, devices, num_nodes) for this plan here, or HardwareMissing."""
     import torch
 
+    from lightning_hexiscale.config.recipe import device_kind
+
     types = sorted({cluster.devices[d].gpu_type for d in plan.device_order})
-    if all(t.startswith("CPU") for t in types):  # emulated devices: one CPU process per device
+    if device_kind(types) == "cpu":  # emulated devices: one CPU process per device
         return {"accelerator": "cpu", "devices": plan.world_size, "num_nodes": 1}
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     launched = "WORLD_SIZE" in os.environ and ("TORCHELASTIC_RUN_ID" in os.environ or "SLURM_PROCID" in os.environ)
@@ -264,6 +268,7 @@ def train(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict, precis
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from lightning_hexiscale.lightning.example import LlamaLitModule, LossPrinter, StepProgressBar
+    from lightning_hexiscale.lightning.interrupt import GracefulInterrupt
     from lightning_hexiscale.lightning.strategy import HexiScaleStrategy
 
     t = cfg.trainer
@@ -271,7 +276,7 @@ def train(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict, precis
     gb = plan.global_batch if plan is not None else int(cfg.train.global_batch)
     train_dl, val_dl = make_data(cfg, model, gb, dataset)
     module = LlamaLitModule(model, lr=float(t.lr), weight_decay=float(t.weight_decay), warmup_steps=int(t.warmup_steps),
-                            init_seed=int(t.seed))
+                            init_seed=int(t.seed), eps=float(t.adam_eps))
     if t.weights:
         from lightning_hexiscale.data.weights import attach_weights
 
@@ -294,6 +299,9 @@ def train(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict, precis
         logger.log_hyperparams(plan_hparams(effective_config(cfg, plan, precision), cluster, model, plan, est))
     # elastic: the strategy saves every checkpoint_every steps under <out>/elastic itself
     every = int(t.checkpoint_every) if elastic is None else 0
+    last = out / "checkpoints" / "last.ckpt"
+    # Ctrl-C: every rank stops at the end of the step (and saves it to last.ckpt if asked)
+    interrupt = GracefulInterrupt(save_to=last if t.save_on_interrupt else None, last_checkpoint=last)
     ckpt = ModelCheckpoint(dirpath=str(out / "checkpoints"), save_last=True, save_top_k=0 if not every else -1,
                            every_n_train_steps=every or None)
     trainer = pl.Trainer(
@@ -302,7 +310,7 @@ def train(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict, precis
         val_check_interval=int(t.val_every) if t.val_every and val_dl is not None else None,
         check_val_every_n_epoch=None if t.val_every else 1, limit_val_batches=int(t.limit_val_batches) if t.val_every else 0,
         num_sanity_val_steps=0, log_every_n_steps=int(t.log_every), default_root_dir=str(out),
-        logger=logger, callbacks=[ckpt, LossPrinter()] + ([StepProgressBar()] if t.progress_bar else []),
+        logger=logger, callbacks=[ckpt, LossPrinter(), interrupt] + ([StepProgressBar()] if t.progress_bar else []),
         enable_progress_bar=bool(t.progress_bar), enable_model_summary=False)
     trainer.fit(module, train_dl, val_dl if t.val_every else None, ckpt_path=t.resume)
     return dict(trainer.callback_metrics)
@@ -352,6 +360,7 @@ def run(cfg: DictConfig) -> int:
     resolve_hf_model(cfg, overrides_given())  # model=hf:/dir: the shape from its config.json
     out = output_dir(cfg)
     out.mkdir(parents=True, exist_ok=True)
+    _OUT[:] = [out]
     cluster = Cluster.from_config(cfg.cluster)
     model = LlamaConfig.from_config(cfg.model)
     if cfg.trainer.weights:  # every difference between the preset and config.json, before any process starts
@@ -362,6 +371,7 @@ def run(cfg: DictConfig) -> int:
     precision = effective_precision(cfg.trainer.precision, [d.gpu_type for d in cluster.devices])
     if cfg.trainer.elastic and not cfg.dry_run:
         return run_elastic(cfg, cluster, model, out, precision, dataset)
+    say(f"planning for {model.name} on cluster {cluster.name} ({cluster.num_devices} devices) ...")
     plan, est = make_plan(cfg, cluster, model, out)
     picture = None
     if is_rank_zero():
@@ -379,6 +389,7 @@ def run(cfg: DictConfig) -> int:
     if is_multirun():
         # A previous job's port is in TIME_WAIT or still bound; let Lightning choose a free one.
         os.environ.pop("MASTER_PORT", None)
+    _PHASE[0] = "training"
     metrics = train(cfg, cluster, model, plan, out, launch, precision, dataset, est)
     say("final metrics: " + ", ".join(f"{k}={float(v):.4f}" for k, v in sorted(metrics.items())))
     return 0
@@ -421,21 +432,54 @@ def run_elastic(cfg: DictConfig, cluster, model, out: Path, precision: str, data
     launch = elastic_launch(cfg)
     say(cluster.summary(), "\n")
     settings = ElasticSettings(out / "elastic", every_n_steps=int(cfg.trainer.checkpoint_every))
+    _PHASE[0] = "training"
     metrics = train(cfg, cluster, model, None, out, launch, precision, dataset, elastic=settings)
     say("final metrics: " + ", ".join(f"{k}={float(v):.4f}" for k, v in sorted(metrics.items())))
     return 0
 
 
 _STATUS: list[int] = []
+_PHASE = ["planning"]
+"""What the recipe is doing, for the Ctrl-C message: planning (and checks), then training."""
+_INTERRUPTED = threading.Event()
+"""Set by this process's SIGINT handler (``record_ctrl_c`` in :func:`main`)."""
+
+
+def interrupted_message(out: Path | None) -> str:
+    last = out / "checkpoints" / "last.ckpt" if out is not None else None
+    kept = (f"; the last checkpoint, {last}, was kept (resume with trainer.resume={last})"
+            if last is not None and last.exists() else "")
+    return f"recipes/train.py: interrupted (Ctrl-C) while {_PHASE[0]}{kept}"
+
+
+_OUT: list[Path] = []
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def _main(cfg: DictConfig) -> int:
     try:
         code = run(cfg)
+    except TrainingInterrupted as e:  # every rank stopped at the end of the same step
+        if is_rank_zero():
+            resume = _OUT[0] / "checkpoints" / "last.ckpt" if _OUT else None
+            hint = f" (resume with trainer.resume={resume})" if resume is not None and resume.exists() else ""
+            print(f"recipes/train.py: {e}{hint}", file=sys.stderr, flush=True)
+        code = EXIT_INTERRUPTED
+    except KeyboardInterrupt:  # while planning (or a second Ctrl-C during training): one line, no traceback
+        if is_rank_zero():
+            print(interrupted_message(_OUT[0] if _OUT else None), file=sys.stderr, flush=True)
+        code = EXIT_INTERRUPTED
+    except SystemExit:  # Lightning ends the job with exit(1) after a KeyboardInterrupt it caught
+        if not _INTERRUPTED.is_set():
+            raise
+        if is_rank_zero():
+            print(interrupted_message(_OUT[0] if _OUT else None), file=sys.stderr, flush=True)
+        code = EXIT_INTERRUPTED
     except HardwareMissing as e:
         print(f"recipes/train.py: {e}", file=sys.stderr)
         code = EXIT_HARDWARE
+    except ElasticStop:  # planned (SIGTERM: a machine joins or leaves): rank 0 said so; torchrun restarts us
+        code = EXIT_RESTART
     except TrainingFailure as e:  # the same on every rank (e.g. a non-finite step with nonfinite=stop)
         print(f"recipes/train.py: training stopped: {e}", file=sys.stderr)
         code = EXIT_FAILED
@@ -516,21 +560,28 @@ def apply_file_overrides(cfg: DictConfig) -> None:
 def main() -> int:
     from lightning_hexiscale.config.schema import hf_model_overrides
 
-    try:  # model=hf:/dir -> model=_hf trainer.weights=/dir, which Hydra composes (children inherit argv)
-        sys.argv[1:] = hf_model_overrides(sys.argv[1:])
-    except HexiScaleError as e:
-        print(f"recipes/train.py: error: {e}", file=sys.stderr)
-        return EXIT_CONFIG
-    if "LOCAL_RANK" not in os.environ:  # popen children re-run this script; the launcher checked already
-        try:
-            check_overrides(sys.argv[1:])
+    from lightning_hexiscale.lightning.interrupt import record_ctrl_c
+
+    # rank 0 (the launching process) raises KeyboardInterrupt on Ctrl-C; ranks its popen launcher started
+    # only record it (every rank stops at the end of the step together; before training rank 0 ends them)
+    child = "LOCAL_RANK" in os.environ and "TORCHELASTIC_RUN_ID" not in os.environ and "SLURM_PROCID" not in os.environ
+    record_ctrl_c(_INTERRUPTED, raise_interrupt=not child)
+    try:
+        try:  # model=hf:/dir -> model=_hf trainer.weights=/dir, which Hydra composes (children inherit argv)
+            sys.argv[1:] = hf_model_overrides(sys.argv[1:])
+            if "LOCAL_RANK" not in os.environ:  # popen children re-run this script; the launcher checked already
+                check_overrides(sys.argv[1:])
+                sys.argv[1:] = take_file_overrides(sys.argv[1:])
+            elif FILES_ENV not in os.environ:  # torchrun/SLURM workers: no launcher of ours took the files out
+                sys.argv[1:] = take_file_overrides(sys.argv[1:])
         except HexiScaleError as e:
             print(f"recipes/train.py: error: {e}", file=sys.stderr)
             return EXIT_CONFIG
-        sys.argv[1:] = take_file_overrides(sys.argv[1:])
-    elif FILES_ENV not in os.environ:  # torchrun/SLURM workers: no launcher of ours took the files out
-        sys.argv[1:] = take_file_overrides(sys.argv[1:])
-    _main()
+        _main()
+    except KeyboardInterrupt:  # before Hydra started the run (reading the command line)
+        if is_rank_zero():
+            print(interrupted_message(None), file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
     return max(_STATUS, default=EXIT_CONFIG)
 
 

@@ -42,6 +42,8 @@ RECIPE_CASES = {
     "bad_nonfinite_policy": (["trainer.nonfinite=ignore"], ["trainer.nonfinite = 'ignore': must be skip or stop"]),
     "zero_timeout": (["trainer.timeout_s=0"], ["trainer.timeout_s = 0"]),
     "unknown_precision": (["trainer.precision=fp8"], ["trainer.precision = 'fp8': must be one of"]),
+    "fp16_mixed": (["trainer.precision=16-mixed"],  # refused, not trained as bf16-mixed on CPU
+                   ["trainer.precision = '16-mixed'", "gradient scaler", "use bf16-mixed"]),
     "unknown_launcher": (["trainer.launcher=mpirun"], ["trainer.launcher = 'mpirun'"]),
     "zero_steps": (["trainer.max_steps=0"], ["trainer.max_steps = 0"]),
     "resume_nowhere": (["trainer.resume={tmp}/gone/last.ckpt"], ["trainer.resume = ", "no such checkpoint"]),

@@ -5,6 +5,7 @@
 
 Every subcommand takes Hydra-style overrides after its options, composed over conf/config.yaml.
 Bad input exits with status 2 and a one-paragraph message (key, value, rule, fix); no traceback.
+Ctrl-C exits with status 130 and one line.
 """
 
 from __future__ import annotations
@@ -23,8 +24,12 @@ from lightning_hexiscale.cli import prepare_data  # noqa: F401  isort: skip
 from lightning_hexiscale.cli import export  # noqa: F401  isort: skip
 from lightning_hexiscale.cli import checkpoint  # noqa: F401  isort: skip
 from lightning_hexiscale.cli import emulate  # noqa: F401  isort: skip
+from lightning_hexiscale.cli import rendezvous  # noqa: F401  isort: skip
 from lightning_hexiscale.cli.common import EPILOG, SUBCOMMANDS
 from lightning_hexiscale.errors import HexiScaleError
+
+EXIT_INTERRUPTED = 130
+"""Exit status after Ctrl-C (128 + SIGINT, as shells report it)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,6 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except HexiScaleError as e:
         print(f"hexiscale {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: one line, no traceback; nothing half-written (files are written last)
+        print(f"\nhexiscale {args.command}: interrupted (Ctrl-C)", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # `hexiscale ... | head`: the reader left; not an error of ours
         sys.stderr.close()
         return 0
@@ -76,7 +84,11 @@ def console_main() -> None:
     :func:`~lightning_hexiscale.profiling.launch.exit_process`, which skips the interpreter shutdown
     that can abort them after their work is done. The module is looked up, not imported: the other
     commands never load torch.distributed."""
-    code = main()
+    try:
+        code = main()
+    except KeyboardInterrupt:  # while reading the command line or importing a subcommand
+        print("\nhexiscale: interrupted (Ctrl-C)", file=sys.stderr)
+        code = EXIT_INTERRUPTED
     launch = sys.modules.get("lightning_hexiscale.profiling.launch")
     if launch is not None:
         launch.exit_process(code)

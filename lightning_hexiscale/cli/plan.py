@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_hexiscale.cli.common import explicit, subcommand
+from lightning_hexiscale.cli.picture import draw_plan  # noqa: F401 (also importable from here)
 from lightning_hexiscale.config.units import format_flops
 from lightning_hexiscale.errors import ConfigError, HexiScaleError
 
@@ -159,7 +160,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         plan.save(args.out)
     if args.picture:
         draw_plan(plan, cluster, args.picture, title=f"{workload.model.name} on {cluster.name}: "
-                  f"{est.iteration_time_s:.2f} s/iteration, {format_flops(est.pflops * 1e15)}")
+                  f"{est.iteration_time_s:.2f} s/iteration, {format_flops(est.pflops * 1e15)}", estimate=est)
     rows = baseline_rows(est.iteration_time_s, run["baselines"]) if args.baselines else None
     if args.json:
         doc = {"plan": plan.to_dict(), "estimate": estimate_document(plan, cluster, workload, est, args.out),
@@ -256,56 +257,3 @@ def _sweep(args: argparse.Namespace) -> int:
     print("\n".join(md))
     print(f"\nsweep of {len(rows)} runs written to {out_dir}/summary.csv and summary.md")
     return 0 if all(not r.get("error") for r in rows) else 2
-
-
-# ---- picture -----------------------------------------------------------------------------------
-def draw_plan(plan, cluster, path: str | Path, title: str = "") -> None:
-    """Pipelines as rows, stages as boxes spanning their layers, coloured by GPU type, with the
-    GPUs, layer range and TP degree written in. PNG or SVG by the file extension."""
-    path = Path(path)
-    if path.suffix.lower() not in (".png", ".svg"):
-        raise ConfigError("--picture", str(path), "the picture is PNG or SVG, chosen by the extension",
-                          "use a path ending in .png or .svg")
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.patches import Patch, Rectangle
-    except ImportError:
-        raise ConfigError("--picture", str(path), "drawing needs matplotlib, which is not installed",
-                          "pip install 'lightning-hexiscale[plot]' or leave out --picture") from None
-    types = sorted({cluster.devices[d].gpu_type for p in plan.pipelines for d in p.devices})
-    palette = plt.get_cmap("tab10")
-    colour = {t: palette(i % 10) for i, t in enumerate(types)}
-    P, L = plan.num_pipelines, plan.num_layers
-    fig, ax = plt.subplots(figsize=(max(8.0, L * 0.22), 0.9 * P + 1.4))
-    for i, pipe in enumerate(plan.pipelines):
-        y = P - 1 - i
-        for st in pipe.stages:
-            kinds: dict[str, int] = {}
-            for d in st.devices:
-                kinds[cluster.devices[d].gpu_type] = kinds.get(cluster.devices[d].gpu_type, 0) + 1
-            main = max(kinds, key=kinds.get)
-            a, b = st.layers
-            ax.add_patch(Rectangle((a, y + 0.08), b - a, 0.84, facecolor=colour[main], edgecolor="black", alpha=0.85))
-            # narrow boxes get a shorter label (or none) so that neighbours do not overprint
-            width = (b - a) / L * fig.get_figwidth() * 72  # points
-            if width >= 60:
-                label = f"{'+'.join(f'{n}x{t}' for t, n in kinds.items())}\nTP{st.tp} L{a}-{b - 1}"
-            elif width >= 18:
-                label = f"TP{st.tp}"
-            else:
-                label = ""
-            ax.text((a + b) / 2, y + 0.5, label, ha="center", va="center", fontsize=7, clip_on=True)
-        ax.text(-0.5, y + 0.5, f"p{i} b{pipe.batch_size}/{pipe.micro_batch_size}", ha="right", va="center", fontsize=8)
-    ax.set_xlim(0, L)
-    ax.set_ylim(0, P)
-    ax.set_yticks([])
-    ax.set_xlabel("transformer layer")
-    ax.set_title(title or f"plan: {P} pipelines, {plan.world_size} devices", fontsize=10)
-    ax.legend(handles=[Patch(color=colour[t], label=t) for t in types], loc="upper left",
-              bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
-    fig.tight_layout()
-    fig.savefig(path, format=path.suffix.lower()[1:])
-    plt.close(fig)

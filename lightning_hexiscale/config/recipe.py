@@ -25,14 +25,17 @@ class TrainerConfig:
     """popen (re-runs the script per rank; default, works under Hydra), spawn or fork. Hydra multirun
     (``-m``) always uses spawn, so no process or process group outlives its job."""
     precision: Optional[str] = None
-    """Lightning precision: 32-true, bf16-mixed, bf16-true or 64-true; also the training dtype the
-    cost model prices (:func:`precision_dtype`). null: 32-true on emulated CPU clusters, bf16-mixed on
-    GPUs (:func:`effective_precision`); the run's config.yaml records the value used."""
+    """Lightning precision: 32-true, bf16-mixed, bf16-true, 64-true or 16-true (16-mixed is refused:
+    no fp16 gradient scaler); also the training dtype the cost model prices (:func:`precision_dtype`).
+    null: 32-true on emulated CPU clusters, bf16-mixed on GPUs (:func:`effective_precision`); the
+    run's config.yaml records the value used."""
     accumulate_grad_batches: int = 1
     gradient_clip_val: Optional[float] = 1.0
     """Clip by the global gradient norm over TP/PP/DP; null = off."""
     lr: float = 3e-3
     """AdamW peak learning rate."""
+    adam_eps: float = 1e-8
+    """AdamW eps. 1e-8 rounds to 0 in float16: with ``precision=16-true`` use e.g. 1e-4."""
     warmup_steps: int = 5
     """Linear learning-rate warm-up, in optimizer steps."""
     weight_decay: float = 0.1
@@ -48,6 +51,9 @@ class TrainerConfig:
     async_checkpoint: bool = False
     """Write checkpoints in the background (``HexiScaleStrategy(async_checkpoint=True)``): training
     waits only for the copy of this rank's pieces, a writer thread writes them."""
+    save_on_interrupt: bool = False
+    """Ctrl-C during training stops every rank at the end of the step; true: save that step to
+    ``checkpoints/last.ckpt`` first (false: the last checkpoint written is kept as it is)."""
     resume: Optional[str] = None
     """A checkpoint directory to resume from (any plan, any cluster)."""
     elastic: bool = False
@@ -98,27 +104,48 @@ class DataConfig:
 
 
 PRECISION_DTYPES = {"32-true": "fp32", "64-true": "fp64", "bf16-mixed": "bf16", "bf16-true": "bf16",
-                    "16-mixed": "fp16", "16-true": "fp16"}
+                    "16-true": "fp16"}
 """Lightning precision -> the dtype of weights, activations and gradients on the wire that the cost
 model prices (mixed precision: bf16 activations and compute; fp32 master weights are counted in
-the optimizer's bytes per parameter)."""
+the optimizer's bytes per parameter). The precisions the hexiscale runtime trains in; ``16-mixed``
+is refused (:data:`REFUSED_PRECISIONS`)."""
+
+REFUSED_PRECISIONS = {
+    "16-mixed": "float16 mixed precision needs a gradient scaler in the backward, and the hexiscale strategy runs "
+                "the backward itself without one (on CPU Lightning would silently train it as bf16-mixed instead)",
+}
+"""Lightning precisions that exist but that the runtime refuses, with the reason."""
+
+
+def device_kind(gpu_types: list[str]) -> str:
+    """What the runtime runs on for devices of these types: ``cpu`` when every one is an emulated CPU
+    device (a type named ``CPU`` or ``CPU-...``: the emulated presets, profiled CPU hosts), else
+    ``cuda``. The cost model prices NCCL buffers and the multi-tensor optimizer step on ``cuda`` only."""
+    types = [str(t).upper() for t in gpu_types]
+    return "cpu" if types and all(t == "CPU" or t.startswith("CPU-") for t in types) else "cuda"
 
 
 def effective_precision(precision: str | None, gpu_types: list[str]) -> str:
     """``trainer.precision`` as given, or when null: ``32-true`` when every device is an emulated CPU
-    device (``CPU-*`` types; bf16 on CPUs is slow and inexact), else ``bf16-mixed``."""
+    device (:func:`device_kind`; bf16 on CPUs is slow and inexact), else ``bf16-mixed``."""
     if precision is not None:
         precision_dtype(precision)  # checks it
         return str(precision)
-    return "32-true" if gpu_types and all(str(t).startswith("CPU") for t in gpu_types) else "bf16-mixed"
+    return "32-true" if device_kind(gpu_types) == "cpu" else "bf16-mixed"
 
 
 def precision_dtype(precision: str, key: str = "trainer.precision") -> str:
-    """The cost model's dtype of a Lightning precision (``32-true`` -> fp32, ``bf16-mixed`` -> bf16)."""
+    """The cost model's dtype of a Lightning precision (``32-true`` -> fp32, ``bf16-mixed`` -> bf16);
+    a ConfigError naming ``key`` for a precision the runtime does not train in."""
     from lightning_hexiscale.errors import ConfigError
 
+    valid = ", ".join(PRECISION_DTYPES)
+    if str(precision) in REFUSED_PRECISIONS:
+        raise ConfigError(key, precision, f"{REFUSED_PRECISIONS[str(precision)]}; the precisions the strategy trains "
+                          f"in are {valid}", "use bf16-mixed (float32 weights, bfloat16 compute: float32's range, "
+                          "so no scaler is needed), or 32-true")
     if str(precision) not in PRECISION_DTYPES:
-        raise ConfigError(key, precision, f"must be one of {', '.join(PRECISION_DTYPES)}",
+        raise ConfigError(key, precision, f"must be one of {valid}",
                           "use 32-true (fp32) or bf16-mixed, or leave it out (null) to choose by the cluster")
     return PRECISION_DTYPES[str(precision)]
 

@@ -35,7 +35,7 @@ from lightning_hexiscale.emulate.cgroups import (CFS_PERIOD_US, CLOCKED_PERIOD_U
                                                  cfs_period_us, own_cpu_limit)
 from lightning_hexiscale.emulate.clock import QuotaClock
 from lightning_hexiscale.emulate import registry
-from lightning_hexiscale.emulate.network import Network
+from lightning_hexiscale.emulate.network import Network, netem_probe
 from lightning_hexiscale.emulate.support import EmulationError, check_support
 
 MAX_CORES_PER_RANK = 1.0
@@ -296,10 +296,13 @@ class EmulatedCluster:
         from lightning_hexiscale.config.units import format_bandwidth, format_bytes
 
         ranks = self.ranks or self._planned_ranks()
-        lines = [f"{'rank':>4}  {'machine':<12} {'device':<10} {'cores':>6}  {'memory':>10}  links to other machines"]
+        # latency is emulated only where the kernel has sch_netem: not shown as if it were otherwise
+        shaped = self.network.latency_shaped if self.network is not None else netem_probe()
+        lines = [f"{'rank':>4}  {'machine':<12} {'device':<10} {'cores':>6}  {'memory':>10}  links to other machines"
+                 + (" (rate / latency)" if shaped else " (rate)")]
         for r in ranks:
             links = ", ".join(f"{self.cluster.machines[j].name} {format_bandwidth(self.link_bandwidth[r.machine][j])}"
-                              f" / {self._latency_text(self.link_latency[r.machine][j])}"
+                              + (f" / {self._latency_text(self.link_latency[r.machine][j])}" if shaped else "")
                               for j in range(len(self.cluster.machines)) if j != r.machine) or "-"
             mem = format_bytes(r.memory_bytes) if r.memory_bytes is not None else "no limit"
             lines.append(f"{r.rank:>4}  {r.machine_name:<12} {r.gpu_type:<10} {r.cores:>6.3f}  {mem:>10}  {links}")
@@ -315,9 +318,12 @@ class EmulatedCluster:
         if self.network is not None:
             lines.append(f"emulated cluster {self.id}: cgroups {self.cgroups.name}, network namespaces "
                          f"{', '.join(self.network.namespaces)}")
-        if self.network is not None and not self.network.latency_shaped:
+        if shaped is False:
             lines.append("latency: NOT emulated (this kernel has no sch_netem); links keep the veth's own latency "
                          "(tens of microseconds); bandwidth is shaped")
+        elif shaped is None:
+            lines.append("latency: emulated only if the kernel has sch_netem (could not be checked without root); "
+                         "bandwidth is shaped")
         return "\n".join(lines)
 
     def _latency_text(self, s: float) -> str:

@@ -166,3 +166,16 @@ def netem_available(ns: str) -> bool:
     if ok:
         sh("tc", "-n", ns, "qdisc", "del", "dev", "lo", "root", check=False)
     return ok
+
+
+def netem_probe() -> bool | None:
+    """Whether the kernel has ``sch_netem``, before any namespace of ours exists (``--describe``):
+    tried on the loopback of a throwaway network namespace (``unshare --net``, gone with the probe).
+    None when that cannot be tried (no root, no ``unshare`` or ``tc``)."""
+    if not (shutil.which("unshare") and shutil.which("tc")):
+        return None
+    probe = subprocess.run(["unshare", "--net", "tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1us"],
+                           capture_output=True, text=True)
+    if probe.returncode == 0:
+        return True
+    return False if "unknown" in (probe.stderr or "").lower() else None

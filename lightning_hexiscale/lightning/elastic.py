@@ -48,7 +48,7 @@ import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 
 from lightning_hexiscale.config.cluster import Cluster
-from lightning_hexiscale.errors import ConfigError, InfeasiblePlan, TrainingFailure
+from lightning_hexiscale.errors import ConfigError, ElasticStop, InfeasiblePlan  # noqa: F401 (ElasticStop: here too)
 from lightning_hexiscale.planner.plan import Plan
 
 MACHINE_ENV = "HEXISCALE_MACHINE"
@@ -58,10 +58,6 @@ RECORD = "elastic.json"
 and the last step reached (updated every step), read by the next start."""
 PREFIX = "step-"
 RESUME_MODES = ("auto", "must", "never")
-
-
-class ElasticStop(TrainingFailure):
-    """The workers stopped on SIGTERM after saving a checkpoint; torchrun restarts them."""
 
 
 @dataclass(frozen=True)
@@ -252,19 +248,21 @@ class ElasticRun(Callback):
         present = machines_of(cluster, self.devices)
         missing = [m.name for m in cluster.machines if m.name not in present]
         return ConfigError("HexiScaleStrategy(elastic)", f"machines {', '.join(present)}",
-                           f"no plan fits the devices present (missing: {', '.join(missing) or 'none'}): {err}",
+                           f"no plan fits the devices present (missing: {', '.join(missing) or 'none'}): "
+                           f"{str(err).split('. Fix:')[0]}",
                            "bring machines back (the next restart re-plans), or lower train.global_batch / use a "
                            "smaller model")
 
     # ---- after the strategy's setup: resume and report ----------------------------------------
-    def start(self, strategy, trainer, workload_dtype: str) -> None:
+    def start(self, strategy, trainer, workload) -> None:
         """Collective. Pick the checkpoint (rank 0's choice, broadcast), preload it into Lightning's
-        restore, print and record what changed, and join the Trainer's callbacks."""
+        restore, print and record what changed, and join the Trainer's callbacks. ``workload``: the
+        one the plan was searched for (the estimate printed is the planner's)."""
         from lightning_hexiscale.lightning import internals
-        from lightning_hexiscale.planner.estimate import Workload, estimate
+        from lightning_hexiscale.planner.estimate import estimate
 
         cluster, plan = strategy.cluster, strategy.plan
-        est = estimate(plan, cluster, Workload(strategy.pipeline_model.engine.config, dtype=workload_dtype))
+        est = estimate(plan, cluster, workload)
         choice = None
         if strategy.global_rank == 0:
             found = complete_checkpoints(self.directory) if self.settings.resume != "never" else []
@@ -316,8 +314,11 @@ class ElasticRun(Callback):
         if (stop or (every and step % every == 0)) and step != self._last_saved and step > 0:
             self.save(trainer, step)
         if stop:
-            raise ElasticStop(f"SIGTERM: checkpoint of step {step} saved under {self.directory}; the workers stop "
-                              "so that torchrun restarts them on the machines that remain")
+            why = (f"SIGTERM (torchrun's agent stops its workers: a machine joins or leaves): checkpoint of step {step} "
+                   f"saved under {self.directory}; the workers stop and torchrun restarts them on the machines present")
+            if strategy.global_rank == 0:
+                print(f"hexiscale elastic: {why}", flush=True)
+            raise ElasticStop(why)
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._restore_handler()

@@ -38,18 +38,20 @@ class LlamaLitModule(pl.LightningModule):
         warmup_steps: linear learning-rate warm-up over this many optimizer steps (0: none).
         init_seed: weight initialisation seed (``Llama.init_weights``).
         dtype: parameter dtype (``torch.float64`` for exactness tests).
+        eps: AdamW eps. The default 1e-8 rounds to 0 in float16: under ``precision="16-true"`` use
+            e.g. 1e-4 (or train in bf16-mixed / bf16-true).
     """
 
     def __init__(self, config: LlamaConfig | str = "llama_tiny", lr: float = 3e-3, weight_decay: float = 0.1,
                  betas: tuple[float, float] = (0.9, 0.95), warmup_steps: int = 0, init_seed: int = 0,
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, eps: float = 1e-8):
         super().__init__()
         if isinstance(config, str) and config.startswith(HF_PREFIX):
             from lightning_hexiscale.data.weights import load_hf
 
             config, self.init_state_dict = load_hf(config[len(HF_PREFIX):])
         self.config = LlamaConfig.load(config) if isinstance(config, str) else config
-        self.lr, self.weight_decay, self.betas = lr, weight_decay, tuple(betas)
+        self.lr, self.weight_decay, self.betas, self.eps = lr, weight_decay, tuple(betas), eps
         self.warmup_steps, self.init_seed, self.param_dtype = warmup_steps, init_seed, dtype
         self.model: Llama | None = None
 
@@ -99,7 +101,8 @@ class LlamaLitModule(pl.LightningModule):
 
     @override
     def configure_optimizers(self):
-        opt = torch.optim.AdamW(self.parameters(), lr=self.lr, betas=self.betas, weight_decay=self.weight_decay)
+        opt = torch.optim.AdamW(self.parameters(), lr=self.lr, betas=self.betas, weight_decay=self.weight_decay,
+                                eps=self.eps)
         if not self.warmup_steps:
             return opt
         warm = self.warmup_steps
@@ -120,16 +123,23 @@ class StepProgressBar(TQDMProgressBar):
 
 class LossPrinter(pl.Callback):
     """Prints the training loss (under the hexiscale strategy: the global one) every ``log_every_n_steps``
-    optimizer steps and, at the end, the first and last values; on global rank 0 only."""
+    optimizer steps and, at the end, the first and last values of this run and the steps it ran (after
+    a resume: from the resumed step on, not counting the steps before it); on global rank 0 only."""
 
     def __init__(self):
         self.first: float | None = None
+        self.start_step = 0
+        self.steps_run = 0
+
+    def on_train_start(self, trainer, module):
+        self.first, self.start_step, self.steps_run = None, trainer.global_step, 0  # after any checkpoint restore
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         if (batch_idx + 1) % trainer.accumulate_grad_batches:
             return
         loss = float(outputs["loss"]) * trainer.accumulate_grad_batches
         self.first = loss if self.first is None else self.first
+        self.steps_run += 1
         step = trainer.global_step
         if trainer.is_global_zero and (step == 1 or step % max(1, trainer.log_every_n_steps) == 0):
             _print(trainer, f"step {step:5d}  loss {loss:.4f}")
@@ -137,7 +147,10 @@ class LossPrinter(pl.Callback):
     def on_train_end(self, trainer, module):
         if trainer.is_global_zero and self.first is not None:
             last = float(trainer.callback_metrics.get("train_loss", float("nan")))
-            _print(trainer, f"training loss: first {self.first:.4f} -> last {last:.4f} after {trainer.global_step} steps")
+            resumed = (f" (steps {self.start_step + 1}-{trainer.global_step}, resumed at step {self.start_step})"
+                       if self.start_step else "")
+            _print(trainer, f"training loss: first {self.first:.4f} -> last {last:.4f} after {self.steps_run} "
+                            f"steps{resumed}")
 
 
 def _print(trainer, line: str) -> None:

@@ -150,6 +150,28 @@ def optimizers_to_device(optimizers, device) -> None:
 
 
 # ---- launchers ---------------------------------------------------------------------------------
+def trainer_precision_argument() -> str | None:
+    """The ``precision`` argument of the ``Trainer(...)`` call being built, as the user gave it, or
+    None outside one. Lightning's connector replaces ``16-mixed`` by ``bf16-mixed`` on CPU before a
+    strategy sees its precision plugin; the strategy refuses 16-mixed on every device, so it reads
+    the argument from the ``Trainer.__init__`` frame that is constructing it (it calls the strategy's
+    ``_configure_launcher``)."""
+    import inspect
+    import sys
+
+    from lightning.pytorch import Trainer
+
+    code = inspect.unwrap(Trainer.__init__).__code__  # under Lightning's env-var defaults decorator
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is code:
+            value = frame.f_locals.get("precision")
+            # Lightning's short forms: 16 and "16" mean 16-mixed, "bf16" bf16-mixed
+            return None if value is None else {"16": "16-mixed", "bf16": "bf16-mixed"}.get(str(value), str(value))
+        frame = frame.f_back
+    return None
+
+
 def configure_launcher(strategy, guard) -> None:
     """Give ``strategy`` (a DDPStrategy) Lightning's launcher for its start method, with ``guard``
     (:class:`lightning_hexiscale.lightning.launching.LaunchGuard`) around it:

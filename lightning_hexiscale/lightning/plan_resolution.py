@@ -26,6 +26,7 @@ from lightning_hexiscale.data.samplers import split_proportional
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
+from lightning_hexiscale.planner.workload import Workload
 
 
 def load_cluster_arg(cluster: str | Path | Cluster | None, key: str = "HexiScaleStrategy(cluster)") -> Cluster | None:
@@ -98,15 +99,12 @@ def fallback_data_parallel_plan(cluster: Cluster, config: LlamaConfig, global_ba
                                                                        "cluster": cluster.name, "model": config.name})
 
 
-def search_plan(cluster: Cluster, config: LlamaConfig, global_batch: int, overrides: dict[str, Any], *,
-                dtype: str = "bf16", seed: int = 0, iterations: int = 20, progress: bool = False,
-                precision: str | None = None):
-    """The planner's search (§4) -> (Plan, Estimate or None). The runtime runs ddp, zero2 and zero3, so
-    the search picks the sharding with the cost model unless ``overrides['dp_sharding']`` binds it.
-    ``precision`` (a Lightning precision such as ``bf16-mixed``): price what the runtime allocates
-    under it (:meth:`Workload.from_precision`); else Appendix B's workload of ``dtype``."""
-    from lightning_hexiscale.planner.estimate import Workload
-
+def search_plan(cluster: Cluster, workload: Workload, global_batch: int, overrides: dict[str, Any], *,
+                seed: int = 0, iterations: int = 20, progress: bool = False):
+    """The planner's search (§4) -> (Plan, Estimate or None), pricing ``workload`` (a run's workload
+    comes from :meth:`Workload.for_cluster`: the precision's dtypes and the cluster's device kind).
+    The runtime runs ddp, zero2 and zero3, so the search picks the sharding with the cost model
+    unless ``overrides['dp_sharding']`` binds it."""
     try:
         from lightning_hexiscale.planner.search import SearchSettings, search
     except ModuleNotFoundError as e:
@@ -114,13 +112,12 @@ def search_plan(cluster: Cluster, config: LlamaConfig, global_batch: int, overri
             raise
         warnings.warn("lightning_hexiscale.planner.search is not available: using a plain data-parallel plan "
                       "(fallback_data_parallel_plan)", stacklevel=2)
-        return fallback_data_parallel_plan(cluster, config, global_batch), None
+        return fallback_data_parallel_plan(cluster, workload.model, global_batch), None
     settings = SearchSettings(iterations=iterations, seed=seed, progress=progress,
                               schedule=overrides.get("schedule") or "1f1b",
                               recompute=True if overrides.get("recompute") is None else bool(overrides["recompute"]),
                               micro_batch_size=overrides.get("micro_batch_size"),
                               dp_sharding=overrides.get("dp_sharding") or None)
-    workload = Workload.from_precision(config, precision) if precision else Workload(config, dtype=dtype)
     result = search(cluster, workload, global_batch, settings)
     return result.plan, result.estimate
 
@@ -138,17 +135,15 @@ def apply_overrides(plan: Plan, overrides: dict[str, Any]) -> Plan:
     return replace(plan, **changes) if changes else plan
 
 
-def plan_for(plan: str | Path | Plan | None, cluster: Cluster, config: LlamaConfig, global_batch: int | None,
-             overrides: dict[str, Any], *, dtype: str = "bf16", seed: int = 0, iterations: int = 20,
-             precision: str | None = None) -> Plan:
+def plan_for(plan: str | Path | Plan | None, cluster: Cluster, workload: Workload, global_batch: int | None,
+             overrides: dict[str, Any], *, seed: int = 0, iterations: int = 20) -> Plan:
     """A validated plan: ``plan`` itself, the file it names, or the search's plan on ``cluster``
-    (priced under ``precision`` where given, see :func:`search_plan`)."""
+    pricing ``workload`` (see :func:`search_plan`)."""
     if plan is None:
         if global_batch is None:
             raise ConfigError("global_batch", None, "planning needs the global batch", "pass global_batch=G")
-        plan, _ = search_plan(cluster, config, global_batch, overrides, dtype=dtype, seed=seed, iterations=iterations,
-                              precision=precision)
+        plan, _ = search_plan(cluster, workload, global_batch, overrides, seed=seed, iterations=iterations)
     elif not isinstance(plan, Plan):
         plan = Plan.load(plan)
     plan = apply_overrides(plan, overrides)
-    return plan.validate(cluster, config, global_batch=global_batch)
+    return plan.validate(cluster, workload.model, global_batch=global_batch)

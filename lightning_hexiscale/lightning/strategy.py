@@ -45,9 +45,10 @@ from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from lightning_hexiscale.config.cluster import Cluster
-from lightning_hexiscale.config.recipe import check_ckpt_path, precision_dtype
+from lightning_hexiscale.config.recipe import check_ckpt_path, device_kind, precision_dtype
 from lightning_hexiscale.data.samplers import check_train_loader
-from lightning_hexiscale.errors import ConfigError, InfeasiblePlan, NonFiniteError, RankFailure
+from lightning_hexiscale.errors import (ConfigError, ElasticStop, InfeasiblePlan, NonFiniteError, RankFailure,
+                                       TrainingInterrupted)
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.models.llama import Llama
 from lightning_hexiscale.lightning import internals, notices
@@ -56,6 +57,7 @@ from lightning_hexiscale.lightning.strategy_checkpoints import CheckpointMethods
 from lightning_hexiscale.lightning.strategy_gradients import GradientMethods
 from lightning_hexiscale.lightning.pipeline_model import PipelineLogits, PipelineModel
 from lightning_hexiscale.planner.plan import DP_SHARDINGS, SCHEDULES, Plan
+from lightning_hexiscale.planner.workload import Workload
 from lightning_hexiscale.lightning.zero_hooks import shard_optimizers
 from lightning_hexiscale.lightning.launching import CHILD_ENV, LaunchGuard, agree, is_agreed, mark_agreed
 from lightning_hexiscale.lightning.plan_resolution import (describe_local_devices, load_cluster_arg, load_plan_arg,
@@ -179,6 +181,8 @@ class HexiScaleStrategy(CheckpointMethods, GradientMethods, DDPStrategy):
         self.check_devices = check_devices
         self.cluster: Cluster | None = cluster
         self.plan: Plan | None = plan
+        self.workload: Workload | None = None
+        """What the plan is priced for (set in ``setup``: :meth:`Workload.for_cluster`)."""
         self._pipeline_model: PipelineModel | None = None
         self._saved_clip: Callable | None = None
         self.nonfinite = nonfinite
@@ -208,6 +212,9 @@ class HexiScaleStrategy(CheckpointMethods, GradientMethods, DDPStrategy):
         # moment a given plan's world size can be checked, before any process starts.
         if self._plan_arg is not None:
             self._check_world(self._plan_arg)
+        if internals.trainer_precision_argument() == "16-mixed":
+            # on CPU Lightning has already replaced it by bf16-mixed (with a warning): refuse it as on GPUs
+            precision_dtype("16-mixed", key="Trainer(precision)")
         internals.configure_launcher(self, self._guard)
 
     def check_before_launch(self, fn_name: str, arguments: dict[str, Any]) -> None:
@@ -215,8 +222,7 @@ class HexiScaleStrategy(CheckpointMethods, GradientMethods, DDPStrategy):
         it in the launching process): ``ckpt_path``, the training DataLoader against the plan, the
         precision, automatic optimisation."""
         check_ckpt_path(arguments.get("ckpt_path"))
-        self._workload_dtype()  # refuses a precision the cost model has no dtype for (transformer-engine, ...)
-        self._autocast_dtype()  # refuses 16-mixed
+        self._workload_precision()  # refuses a precision the runtime does not train in (16-mixed, ...)
         module = arguments.get("model")
         if fn_name == "_fit_impl" and module is not None and not module.automatic_optimization:
             raise _manual_optimization_error()
@@ -284,7 +290,7 @@ class HexiScaleStrategy(CheckpointMethods, GradientMethods, DDPStrategy):
         self._setup_checkpointer()
         self._start_watch()
         if self.elastic is not None and fitting:
-            agree(lambda: self.elastic.start(self, trainer, self._workload_dtype()), self.global_rank, self.world_size)
+            agree(lambda: self.elastic.start(self, trainer, self.workload), self.global_rank, self.world_size)
 
     def _setup_checkpointer(self) -> None:
         """One Checkpointer per run. Asynchronous saves run their collectives in a background
@@ -321,10 +327,12 @@ class HexiScaleStrategy(CheckpointMethods, GradientMethods, DDPStrategy):
         self._autocast_dtype()
         # Every rank plans (the search is deterministic for a seed); rank 0's plan is checked against
         # everyone's, because ranks with different plans would build different groups and hang.
+        # the one workload of this run (the precision's dtypes, the cluster's device kind): the
+        # search prices it, and elastic restarts report its estimate
+        self.workload = Workload.for_cluster(llama.config, self.cluster, self._workload_precision())
         try:
-            self.plan = plan_for(given, self.cluster, llama.config, self._global_batch_for(trainer), self._overrides,
-                                 dtype=self._workload_dtype(), precision=self._workload_precision(), seed=self.seed,
-                                 iterations=self.planner_iterations)
+            self.plan = plan_for(given, self.cluster, self.workload, self._global_batch_for(trainer), self._overrides,
+                                 seed=self.seed, iterations=self.planner_iterations)
         except InfeasiblePlan as e:
             if self.elastic is None:
                 raise
@@ -369,24 +377,18 @@ class HexiScaleStrategy(CheckpointMethods, GradientMethods, DDPStrategy):
                           "planning needs the global batch and no training DataLoader with a batch_size was found",
                           "pass HexiScaleStrategy(global_batch=G) or a plan file")
 
-    def _workload_dtype(self) -> str:
-        """The dtype the planner's cost model prices: the Trainer's precision (one knob)."""
-        return precision_dtype(str(getattr(self.precision_plugin, "precision", "32-true")), key="Trainer(precision)")
-
     def _workload_precision(self) -> str:
-        """The Trainer's precision, which the planner prices memory under (fp32 parameters and
-        gradients under bf16-mixed; ``Workload.from_precision``)."""
+        """The Trainer's precision (one knob), which the planner prices (its dtypes: fp32 parameters
+        and gradients under bf16-mixed; ``Workload.from_precision``); a ConfigError for one the
+        runtime does not train in (16-mixed, transformer-engine, ...)."""
         precision = str(getattr(self.precision_plugin, "precision", "32-true"))
-        self._workload_dtype()  # checks it
+        precision_dtype(precision, key="Trainer(precision)")
         return precision
 
     def _autocast_dtype(self) -> torch.dtype | None:
         plugin = self.precision_plugin
         if isinstance(plugin, MixedPrecision):
-            if plugin.precision != "bf16-mixed":
-                raise ConfigError("Trainer(precision)", plugin.precision,
-                                  "the hexiscale strategy runs backward itself and has no fp16 loss scaler",
-                                  "use precision='bf16-mixed' (or '32-true', 'bf16-true', '64-true')")
+            precision_dtype(plugin.precision, key="Trainer(precision)")  # refuses 16-mixed
             return torch.bfloat16
         return None
 
@@ -405,7 +407,7 @@ class HexiScaleStrategy(CheckpointMethods, GradientMethods, DDPStrategy):
         if not self.check_devices or self.cluster is None:
             return
         types_ = sorted({self.cluster.devices[d].gpu_type for d in plan.device_order})
-        gpu_types = [t for t in types_ if not t.startswith("CPU")]
+        gpu_types = [t for t in types_ if device_kind([t]) == "cuda"]
         local = self.root_device.type
         if local == "cpu" and gpu_types:
             raise ConfigError("HexiScaleStrategy(cluster)", self.cluster.name,
@@ -463,8 +465,9 @@ class HexiScaleStrategy(CheckpointMethods, GradientMethods, DDPStrategy):
     def failure_reason(self, exc: BaseException) -> str | None:
         """Report this rank's failure to the others (once per exception) and say which rank failed
         first, from the failure watch; None without a watch, or for failures every rank shares."""
-        if self._watch is None or isinstance(exc, (KeyboardInterrupt, SystemExit, NonFiniteError)) or is_agreed(exc):
-            return None  # non-finite steps and agreed errors stop every rank together: nothing to tell
+        if (self._watch is None or is_agreed(exc) or isinstance(exc, (KeyboardInterrupt, SystemExit, NonFiniteError,
+                                                                      ElasticStop, TrainingInterrupted))):
+            return None  # non-finite steps, elastic stops and agreed errors stop every rank together: nothing to tell
         if self._failure is None or self._failure[0] is not exc:
             self._watch.report(exc)
             self._failure = (exc, self._watch.explain())

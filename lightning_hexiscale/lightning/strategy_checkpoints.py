@@ -61,8 +61,11 @@ class CheckpointMethods:
         from lightning_hexiscale.runtime import checkpoint as ckpt
 
         self.checkpointer.wait()
-        meta = ckpt.read_meta(checkpoint_path)
+        # Lightning's weights_only (trainer.fit(..., weights_only=...)): None/True loads plain types
+        # only and refuses a pickled callable; False, for a checkpoint the caller trusts, loads any
+        meta = ckpt.read_meta(checkpoint_path, weights_only=weights_only)
         meta["hexiscale"]["path"] = str(checkpoint_path)
+        meta["hexiscale"]["weights_only"] = weights_only
         return meta
 
     @override
@@ -73,7 +76,7 @@ class CheckpointMethods:
         if extra:
             self.lightning_module.load_state_dict(extra, strict=False)
         ckpt.load_model(checkpoint["hexiscale"]["path"], self.pipeline_model.engine, dict(checkpoint),
-                        self.checkpointer.group)
+                        self.checkpointer.group, weights_only=checkpoint["hexiscale"].get("weights_only"))
 
     @override
     def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
@@ -82,7 +85,7 @@ class CheckpointMethods:
         for optimizer in self.optimizers[:1]:
             inner = internals.unwrap_optimizer(optimizer)
             ckpt.load_optimizer(checkpoint["hexiscale"]["path"], self.pipeline_model.engine, inner, dict(checkpoint),
-                                self.checkpointer.group)
+                                self.checkpointer.group, weights_only=checkpoint["hexiscale"].get("weights_only"))
             internals.optimizers_to_device([inner], self.root_device)
 
     @override

@@ -18,6 +18,34 @@ from lightning_hexiscale.errors import NonFiniteError
 from lightning_hexiscale.lightning.zero_hooks import grad_norm_sq_local, scale_grads
 
 
+def eps_underflow(optimizers) -> str | None:
+    """The cause and fix when an optimizer's ``eps`` is 0 in its parameters' dtype, else None.
+
+    Adam's update is ``m / (sqrt(v) + eps)``. In float16 (``16-true``) the default ``eps=1e-8`` rounds
+    to 0 (the smallest float16 is 6.0e-8), and ``v = g^2`` underflows to 0 for every element with
+    ``|g| < 2.4e-4``: the update divides by zero and the parameters become inf or NaN in the first
+    step, which the non-finite check sees on the next one. bfloat16 has float32's range."""
+    from lightning_hexiscale.lightning import internals
+
+    for opt in optimizers:
+        inner = internals.unwrap_optimizer(opt)
+        for group in inner.param_groups:
+            eps = group.get("eps")
+            params = [p for p in group["params"] if p.is_floating_point()]
+            if not isinstance(eps, float) or eps <= 0 or not params:
+                continue
+            dtype = params[0].dtype
+            if float(torch.tensor(eps, dtype=dtype)) == 0.0:
+                name = str(dtype).replace("torch.", "")
+                smallest = torch.finfo(dtype).tiny * torch.finfo(dtype).eps
+                return (f"Cause: the parameters are {name} and {type(inner).__name__}'s eps={eps:g} rounds to 0 in "
+                        f"{name} (its smallest value is {smallest:.1e}), so every element whose squared gradient "
+                        "underflows divides by zero in the update m / (sqrt(v) + eps). Fix: train in bf16-mixed or "
+                        f"bf16-true (bfloat16 has float32's range), or give the optimizer an eps that {name} holds, "
+                        "e.g. eps=1e-4 (LlamaLitModule(eps=1e-4); recipe: trainer.adam_eps=1e-4)")
+    return None
+
+
 class GradientMethods:
     """Non-finite detection (one decision on every rank) and global-norm clipping."""
 
@@ -49,6 +77,9 @@ class GradientMethods:
         where = (f"non-finite {what} at optimizer step {event['step']} (epoch {event['epoch']}, batch "
                  f"{event['batch']}) on rank(s) {event['ranks']}")
         if self.nonfinite == "stop":
+            cause = eps_underflow(self.optimizers)
+            if cause:
+                raise NonFiniteError(f"{where}; stopping (nonfinite='stop'). {cause}")
             raise NonFiniteError(f"{where}; stopping (nonfinite='stop'). Fix: lower the learning rate, enable "
                                  f"gradient clipping, check the data of that batch, or pass nonfinite='skip' to drop "
                                  f"such steps")

@@ -524,14 +524,7 @@ def _check_user_mb(global_batch: int, user_mb: int) -> None:
 
 
 def minimum_memory_message(cluster: Cluster, workload: Workload, global_batch: int) -> str:
-    """What is missing when nothing fits: training-state bytes against the cluster's memory."""
-    m = workload.model
-    per_param = 2 * workload.param_bytes + workload.optimizer_bytes_per_param  # parameter, gradient, optimizer
-    need = m.total_params * per_param
-    usable = cluster.total_memory - cluster.num_devices * workload.reserve_bytes
-    return (f"no plan fits in memory: {m.name} ({m.total_params / 1e9:.2f}B parameters) needs {format_bytes(need)} "
-            f"for weights, gradients and optimizer states ({per_param:g} bytes per parameter, even fully sharded "
-            f"with ZeRO-3) plus activations for global batch {global_batch}; cluster {cluster.name} has "
-            f"{format_bytes(cluster.total_memory)} ({format_bytes(max(usable, 0))} after the "
-            f"{format_bytes(workload.reserve_bytes)} reserve per device). Fix: use more or larger GPUs, a smaller "
-            f"model, or a smaller train.micro_batch_size")
+    """What is missing when nothing fits (:func:`lightning_hexiscale.planner.infeasible.memory_message`)."""
+    from lightning_hexiscale.planner.infeasible import memory_message
+
+    return memory_message(cluster, workload, global_batch)

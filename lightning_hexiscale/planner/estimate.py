@@ -408,23 +408,9 @@ def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
 
 
 def workload_from_config(cfg) -> Workload:
-    """Workload from a composed root config: ``cfg.model``, the dtype of ``trainer.precision``
-    (null: chosen by the cluster's devices, :func:`~lightning_hexiscale.config.recipe.effective_precision`),
-    ``train.memory_headroom``, and whether the cluster runs on CPUs."""
-    from lightning_hexiscale.config.recipe import effective_precision
-
-    types = [m.gpu for m in cfg.cluster.machines]
-    precision = effective_precision(cfg.trainer.precision, types)
-    return Workload.from_precision(LlamaConfig.from_config(cfg.model), precision,
-                                   memory_headroom=float(cfg.train.get("memory_headroom", 0.0) or 0.0),
-                                   device="cpu" if _cpu_cluster(cfg) else "cuda")
-
-
-def _cpu_cluster(cfg) -> bool:
-    """Whether every machine of ``cfg.cluster`` is a CPU device type (``CPU``, ``CPU-FAST``, ...: the
-    emulated presets and profiled CPU hosts), i.e. the runtime runs on gloo without NCCL buffers."""
-    try:
-        machines = cfg.cluster.machines
-        return bool(machines) and all(str(m["gpu"]).upper().startswith("CPU") for m in machines)
-    except (AttributeError, KeyError, TypeError):
-        return False
+    """Workload from a composed root config: ``cfg.model``, ``trainer.precision`` (null: chosen by the
+    cluster's devices), ``train.memory_headroom``, and the kind of the cluster's devices
+    (:meth:`Workload.for_devices`, which every entry point uses)."""
+    return Workload.for_devices(LlamaConfig.from_config(cfg.model), [m.gpu for m in cfg.cluster.machines],
+                                cfg.trainer.precision,
+                                memory_headroom=float(cfg.train.get("memory_headroom", 0.0) or 0.0))

@@ -1,13 +1,20 @@
 """What is trained: :class:`Workload` (the model and its numeric formats) and the bytes per element
 of each dtype name. Shared by the cost model's memory terms (``memory.py``) and ``estimate()``; a
-module of its own so that neither imports the other for it."""
+module of its own so that neither imports the other for it.
+
+:meth:`Workload.for_devices` (:meth:`Workload.for_cluster`) is the one place where a run's workload
+is made: the strategy's search, elastic restarts, the recipe and the ``hexiscale`` commands all
+price a run through it, so that a CPU cluster is priced as CPU (no NCCL buffers) everywhere."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lightning_hexiscale.models.config import LlamaConfig
+
+if TYPE_CHECKING:
+    from lightning_hexiscale.config.cluster import Cluster
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8}
 
@@ -70,13 +77,35 @@ class Workload:
             64-true      fp64        fp64              16
             bf16-mixed   bf16        fp32              8
             bf16-true    bf16        bf16              4
-        (16-mixed / 16-true as bf16 with fp16). Other fields from ``kwargs``."""
+            16-true      fp16        fp16              4
+        (16-mixed is refused: :data:`~lightning_hexiscale.config.recipe.REFUSED_PRECISIONS`). Other
+        fields from ``kwargs``; a run's workload comes from :meth:`for_devices`."""
         from lightning_hexiscale.config.recipe import precision_dtype
 
         dtype = precision_dtype(precision)
         param = "fp32" if str(precision).endswith("-mixed") else dtype
         kwargs.setdefault("optimizer_bytes_per_param", 2.0 * DTYPE_BYTES[param])
         return cls(model, dtype=dtype, param_dtype=param, **kwargs)
+
+    @classmethod
+    def for_devices(cls, model: LlamaConfig, gpu_types: list[str], precision: str | None = None,
+                    **kwargs: Any) -> Workload:
+        """The workload of a run on devices of ``gpu_types`` (one entry per device or machine) under
+        the Lightning ``precision`` (None: the default for those devices, 32-true on emulated CPU
+        devices, else bf16-mixed: :func:`~lightning_hexiscale.config.recipe.effective_precision`).
+        ``device`` is the devices' kind (:func:`~lightning_hexiscale.config.recipe.device_kind`):
+        ``cpu`` for emulated CPU devices, whose runtime has no NCCL buffers to price. Other fields
+        (``memory_headroom``, ...) from ``kwargs``."""
+        from lightning_hexiscale.config.recipe import device_kind, effective_precision
+
+        kwargs.setdefault("device", device_kind(gpu_types))
+        return cls.from_precision(model, effective_precision(precision, gpu_types), **kwargs)
+
+    @classmethod
+    def for_cluster(cls, model: LlamaConfig, cluster: Cluster, precision: str | None = None,
+                    **kwargs: Any) -> Workload:
+        """:meth:`for_devices` for the devices of ``cluster``."""
+        return cls.for_devices(model, [d.gpu_type for d in cluster.devices], precision, **kwargs)
 
     @property
     def seq_len(self) -> int:

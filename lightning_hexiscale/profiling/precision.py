@@ -11,7 +11,7 @@ one Lightning precision string and map it here to
 
 The default is what training defaults to (:func:`~lightning_hexiscale.config.recipe.effective_precision`):
 ``32-true`` on CPU ranks (``--local N``, or a launch without CUDA), ``bf16-mixed`` on CUDA ranks.
-``16-mixed`` is refused, as by the strategy (no fp16 loss scaler).
+``16-mixed`` is refused, as by the strategy and the recipe (no fp16 gradient scaler).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lightning_hexiscale.config.recipe import PRECISION_DTYPES
+from lightning_hexiscale.config.recipe import PRECISION_DTYPES, precision_dtype
 from lightning_hexiscale.errors import ConfigError
 
 PARAM_DTYPES = {"32-true": torch.float32, "64-true": torch.float64, "bf16-true": torch.bfloat16,
@@ -63,11 +63,12 @@ def default_precision(cuda: bool) -> str:
 
 
 def check_precision(name: str, key: str = "--precision") -> str:
-    """``name`` if the profiler can measure in it, else a ConfigError naming ``key``."""
+    """``name`` if the profiler can measure in it, else the ConfigError naming ``key`` that training
+    gives for it (:func:`~lightning_hexiscale.config.recipe.precision_dtype`: 16-mixed is refused)."""
+    precision_dtype(name, key=key)
     if name not in PARAM_DTYPES:
-        why = ("the runtime has no fp16 loss scaler" if name == "16-mixed" else
-               f"must be one of {', '.join(PRECISIONS)}")
-        raise ConfigError(key, name, why, "use the trainer.precision of the run (e.g. 32-true or bf16-mixed)")
+        raise ConfigError(key, name, f"must be one of {', '.join(PRECISIONS)}",
+                          "use the trainer.precision of the run (e.g. 32-true or bf16-mixed)")
     return name
 
 

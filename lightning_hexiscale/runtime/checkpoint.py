@@ -61,6 +61,7 @@ from torch.optim import Optimizer
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.runtime.checkpoint_io import PieceLoadPlanner, PieceSavePlanner, RangeReader
+from lightning_hexiscale.runtime.checkpoint_safety import load_meta
 from lightning_hexiscale.runtime.checkpoint_layout import (OptimizerTargets, Piece, model_fqn, read_model_pieces,
                                                            read_optimizer_targets, saved_optimizer_keys, write_pieces)
 from lightning_hexiscale.runtime.parallelize import param_specs
@@ -297,10 +298,12 @@ def check_complete(path: str | Path) -> Path:
     return p
 
 
-def read_meta(path: str | Path) -> dict[str, Any]:
-    """``meta.pt``: Lightning's state plus ``["hexiscale"]`` (format, model, plan, optimizer)."""
+def read_meta(path: str | Path, weights_only: bool | None = None) -> dict[str, Any]:
+    """``meta.pt``: Lightning's state plus ``["hexiscale"]`` (format, model, plan, optimizer).
+    ``weights_only`` None/True: plain types only, a pickled callable is refused; False: any pickle,
+    for checkpoints you trust (:mod:`.checkpoint_safety`)."""
     p = check_complete(path)
-    return torch.load(p / META, map_location="cpu", weights_only=False)
+    return load_meta(p / META, weights_only)
 
 
 def _check_model(meta: dict[str, Any], config: LlamaConfig, path: Path) -> None:
@@ -315,8 +318,8 @@ def _check_model(meta: dict[str, Any], config: LlamaConfig, path: Path) -> None:
 
 # ---- loading --------------------------------------------------------------------------------------
 def _load(path: Path, pieces: list[Piece], group, reader: RangeReader | None = None,
-          no_dist: bool | None = None) -> RangeReader:
-    reader = reader or RangeReader(str(path))
+          no_dist: bool | None = None, weights_only: bool | None = None) -> RangeReader:
+    reader = reader or RangeReader(str(path), weights_only)
     no_dist = not _distributed() if no_dist is None else no_dist
     with _quiet_no_dist(no_dist):
         dcp_load({p.key: p.tensor for p in pieces}, storage_reader=reader,
@@ -325,12 +328,13 @@ def _load(path: Path, pieces: list[Piece], group, reader: RangeReader | None = N
 
 
 @torch.no_grad()
-def load_model(path: str | Path, engine, meta: dict[str, Any] | None = None, group=None) -> RangeReader:
+def load_model(path: str | Path, engine, meta: dict[str, Any] | None = None, group=None,
+               weights_only: bool | None = None) -> RangeReader:
     """Collective: fill this rank's parameters (ZeRO-3: its master chunks) from the checkpoint.
-    Returns the reader (its ``log`` lists the byte ranges read)."""
+    Returns the reader (its ``log`` lists the byte ranges read). ``weights_only``: see :func:`read_meta`."""
     p = check_complete(path)
-    _check_model(meta if meta is not None else read_meta(p), engine.config, p)
-    reader = _load(p, read_model_pieces(engine), group)
+    _check_model(meta if meta is not None else read_meta(p, weights_only), engine.config, p)
+    reader = _load(p, read_model_pieces(engine), group, weights_only=weights_only)
     if engine.zero is not None:
         engine.zero.refresh_masters()  # mixed precision: the float32 masters from the loaded parameters
     return reader
@@ -338,11 +342,11 @@ def load_model(path: str | Path, engine, meta: dict[str, Any] | None = None, gro
 
 @torch.no_grad()
 def load_optimizer(path: str | Path, engine, optimizer: Optimizer, meta: dict[str, Any] | None = None,
-                   group=None) -> RangeReader:
+                   group=None, weights_only: bool | None = None) -> RangeReader:
     """Collective: this rank's optimizer state (ddp: ``optimizer.state``; ZeRO: the chunks of the
     engine's sharded optimizer) and the saved param-group hyper-parameters."""
     p = check_complete(path)
-    meta = meta if meta is not None else read_meta(p)
+    meta = meta if meta is not None else read_meta(p, weights_only)
     check_optimizer(engine, optimizer)
     saved_meta = meta["hexiscale"].get("optimizer")
     if saved_meta is None:
@@ -355,7 +359,7 @@ def load_optimizer(path: str | Path, engine, optimizer: Optimizer, meta: dict[st
     if len(saved_meta["param_groups"]) != len(optimizer.param_groups):
         raise ConfigError("configure_optimizers", f"{len(optimizer.param_groups)} param groups",
                           f"the checkpoint's optimizer had {len(saved_meta['param_groups'])}", "build the same groups")
-    reader = RangeReader(str(p))
+    reader = RangeReader(str(p), weights_only)
     tensors = {fqn: (tuple(md.size), md.properties.dtype)
                for fqn, md in reader.read_metadata().state_dict_metadata.items()
                if isinstance(md, TensorStorageMetadata)}
@@ -397,12 +401,13 @@ def _apply_optimizer_state(engine, optimizer: Optimizer, targets: OptimizerTarge
 
 
 # ---- the plain model ------------------------------------------------------------------------------
-def load_llama_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+def load_llama_state_dict(path: str | Path, weights_only: bool | None = None) -> dict[str, torch.Tensor]:
     """The full state dict of the plain :class:`Llama` (global names) from a checkpoint saved under
-    any plan. One process, no collectives; holds the whole model (not the optimizer) in memory."""
+    any plan. One process, no collectives; holds the whole model (not the optimizer) in memory.
+    ``weights_only``: see :func:`read_meta`."""
     p = check_complete(path)
-    config = LlamaConfig(**read_meta(p)["hexiscale"]["model"])
-    reader = RangeReader(str(p))
+    config = LlamaConfig(**read_meta(p, weights_only)["hexiscale"]["model"])
+    reader = RangeReader(str(p), weights_only)
     md = reader.read_metadata().state_dict_metadata
     out, pieces = {}, []
     for spec in param_specs(config):
@@ -416,12 +421,13 @@ def load_llama_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def load_llama(path: str | Path, device: str | torch.device = "cpu"):
-    """A plain single-device :class:`Llama` with the checkpoint's weights."""
+def load_llama(path: str | Path, device: str | torch.device = "cpu", weights_only: bool | None = None):
+    """A plain single-device :class:`Llama` with the checkpoint's weights (``weights_only``: see
+    :func:`read_meta`)."""
     from lightning_hexiscale.models.llama import Llama
 
-    state = load_llama_state_dict(path)
-    config = LlamaConfig(**read_meta(path)["hexiscale"]["model"])
+    state = load_llama_state_dict(path, weights_only)
+    config = LlamaConfig(**read_meta(path, weights_only)["hexiscale"]["model"])
     with torch.device("meta"):
         model = Llama(config)
     dtype = next(iter(state.values())).dtype

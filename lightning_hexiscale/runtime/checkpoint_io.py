@@ -142,10 +142,26 @@ class RangeReader(FileSystemReader):
     ``"index"`` for the zip directory of a saved chunk.
     """
 
-    def __init__(self, path):
+    def __init__(self, path, weights_only: bool | None = None):
         super().__init__(path)
         self.metadata: Metadata | None = None
         self.log: list[tuple[str, int, int, str]] = []
+        self.weights_only = weights_only
+        """DCP's ``.metadata`` pickle: None/True resolves only DCP's metadata classes (checkpoint_safety)."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        """DCP's index, unpickled without running code it may carry (:mod:`.checkpoint_safety`)."""
+        from torch.distributed.checkpoint.metadata import StorageMeta
+
+        from lightning_hexiscale.runtime.checkpoint_safety import load_dcp_metadata
+
+        path = self._get_metadata_path(kwargs.get("rank"))
+        with self.fs.create_stream(path, "rb") as stream:
+            metadata = load_dcp_metadata(stream, path, self.weights_only)
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)

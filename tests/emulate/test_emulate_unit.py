@@ -47,6 +47,18 @@ def test_quotas_from_cluster_yaml():
     assert "EMU-FAST" in table and "0.800" in table and "0.200" in table and "40 MB/s" in table
 
 
+@pytest.mark.parametrize("netem", [True, False, None])
+def test_describe_shows_latency_only_where_it_is_emulated(monkeypatch, netem):
+    """--describe (nothing set up yet) probes for sch_netem: without it no latency is shown as emulated."""
+    from lightning_hexiscale.emulate import emulated
+
+    monkeypatch.setattr(emulated, "netem_probe", lambda: netem)
+    table = EmulatedCluster("emu_4to1", cores=1.0).describe()
+    assert ("40 MB/s / 1000 us" in table) == bool(netem), table
+    assert ("latency: NOT emulated" in table) == (netem is False)
+    assert ("could not be checked" in table) == (netem is None)
+
+
 def _fake_no_privileges(monkeypatch):
     monkeypatch.setattr(support.os, "geteuid", lambda: 1000)
     real_which = shutil.which

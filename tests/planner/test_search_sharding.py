@@ -17,9 +17,9 @@ from lightning_hexiscale.lightning.plan_resolution import search_plan
 @pytest.mark.parametrize("cluster,model,batch", [("hetero1", "llama2_7b", 64), ("cpu_hetero4", "llama_tiny", 16)])
 def test_search_picks_the_cheapest_sharding_for_its_layout(cluster, model, batch):
     c, m = Cluster.load(cluster), LlamaConfig.load(model)
-    plan, est = search_plan(c, m, batch, {}, iterations=4)
+    w = Workload.for_cluster(m, c)  # what the strategy prices: the cluster's devices, the default precision
+    plan, est = search_plan(c, w, batch, {}, iterations=4)
     assert plan.dp_sharding in ("ddp", "zero2", "zero3")
-    w = Workload(m)
     # Same layout under the other shardings: none is feasible and faster than the chosen one.
     for other in ("ddp", "zero2", "zero3"):
         alt = estimate(dataclasses.replace(plan, dp_sharding=other), c, w)
@@ -29,6 +29,7 @@ def test_search_picks_the_cheapest_sharding_for_its_layout(cluster, model, batch
 
 @pytest.mark.parametrize("sharding", ["ddp", "zero2", "zero3"])
 def test_explicit_sharding_binds_the_search(sharding):
-    plan, _ = search_plan(Cluster.load("cpu_hetero4"), LlamaConfig.load("llama_tiny"), 16,
+    c = Cluster.load("cpu_hetero4")
+    plan, _ = search_plan(c, Workload.for_cluster(LlamaConfig.load("llama_tiny"), c), 16,
                           {"dp_sharding": sharding}, iterations=3)
     assert plan.dp_sharding == sharding

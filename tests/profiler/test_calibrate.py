@@ -249,6 +249,6 @@ def test_cli_passes_the_precision_and_its_default(monkeypatch, tmp_path, capsys)
         assert seen == {"profile": want, "calibrate": want, "check": want}
     with pytest.raises(SystemExit):
         main(["calibrate", "--local", "2", "--precision", "16-mixed", f"cluster={prof}"])
-    assert "no fp16 loss scaler" in capsys.readouterr().err
+    assert "needs a gradient scaler" in capsys.readouterr().err
     assert chk.cpu_workload(MODEL, "64-true").dtype == "fp64"
     assert chk.cpu_workload(MODEL, "64-true").optimizer_bytes_per_param == 16  # AdamW m, v in float64

@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader
 
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.data import generated_corpus
-from lightning_hexiscale.lightning.elastic import ElasticSettings
+from lightning_hexiscale.lightning.elastic import ElasticSettings, ElasticStop
 from lightning_hexiscale.lightning.example import LlamaLitModule
 from lightning_hexiscale.lightning.strategy import HexiScaleStrategy
 from lightning_hexiscale.models.config import LlamaConfig
@@ -97,7 +97,10 @@ def main() -> None:
                 strategy.plan.save(out_dir / f"plan-{restart}.yaml")
 
     trainer.callbacks.append(SavePlan())
-    trainer.fit(module, data())
+    try:
+        trainer.fit(module, data())
+    except ElasticStop:  # planned (a machine joins or leaves): rank 0 said so; torchrun restarts the workers
+        sys.exit(5)
     if trainer.global_rank == 0:
         (out_dir / f"done-{restart}").write_text(json.dumps({"step": trainer.global_step, "world": world}))
 

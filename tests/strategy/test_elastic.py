@@ -1,13 +1,15 @@
 """Elastic training (lightning/elastic.py): a machine leaves, the survivor re-plans and goes on.
 
-The end-to-end test runs two torchrun agents on localhost (``--nnodes=1:2``, c10d rendezvous,
-``--max-restarts=3``; machines ``a`` and ``b`` of a two-machine CPU cluster, each agent with its own
-``HEXISCALE_MACHINE``), kills agent b and its worker with SIGKILL once step 6 is reached, and checks
-that agent a's new workers re-planned for machine a alone, resumed from the newest complete
-checkpoint and finished; their losses from the resumed step equal, bit for bit (float64), those of
-an independent single-process run started from the same checkpoint with the survivor's plan, and a
-mutated reference (another corpus) differs (the comparison can fail). The driver is
-recipes/bench_elastic.py, the worker tests/strategy/elastic_job.py.
+The end-to-end test runs the c10d rendezvous store in a process of its own (``hexiscale
+rendezvous-store``) and two torchrun agents on localhost as its clients (``--nnodes=1:2``,
+``is_host=false``, ``--max-restarts=3``; machines ``a`` and ``b`` of a two-machine CPU cluster, each
+agent with its own ``HEXISCALE_MACHINE``), kills agent a, the one that started first (without the
+external store it would host the rendezvous and its death would end the job), and its worker with
+SIGKILL once step 6 is reached, and checks that agent b's new workers re-planned for machine b
+alone, resumed from the newest complete checkpoint and finished; their losses from the resumed step
+equal, bit for bit (float64), those of an independent single-process run started from the same
+checkpoint with the survivor's plan, and a mutated reference (another corpus) differs (the
+comparison can fail). The driver is recipes/bench_elastic.py, the worker tests/strategy/elastic_job.py.
 
 The other tests check the pieces without processes: machine names, the rank-ordered subset cluster,
 the clear errors (a machine not in the cluster file, no plan fits the devices left, no complete
@@ -36,6 +38,7 @@ from lightning_hexiscale.planner.search import SearchSettings, search
 from lightning_hexiscale.runtime import checkpoint as ckpt
 
 ROOT = Path(__file__).resolve().parents[2]
+TINY_FP32 = Workload(LlamaConfig.load("llama_tiny"), dtype="fp32", device="cpu")
 
 
 def _bench():
@@ -55,7 +58,7 @@ def cluster3() -> Cluster:
 
 
 # ---- end to end: two agents, one killed -----------------------------------------------------
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(600)
 def test_survivor_replans_resumes_and_matches_a_run_from_the_same_checkpoint(tmp_path, monkeypatch):
     bench = _bench()
     # what an earlier in-process fit of the full suite leaves behind (Lightning's launcher writes it into
@@ -63,11 +66,14 @@ def test_survivor_replans_resumes_and_matches_a_run_from_the_same_checkpoint(tmp
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(bench.free_port()))
     steps = 12
-    f = bench.run(tmp_path, steps=steps, every=4, kill_at=6, sleep_s=0.1, timeout_s=360.0)
+    f = bench.run(tmp_path, steps=steps, every=4, kill_at=6, sleep_s=0.1, timeout_s=360.0, kill="a", store="external")
     record = f["record"]
-    assert record["machines"] == ["a"] and record["devices"] == 1 and record["restart"] >= 1
-    report = (tmp_path / "agent-a.log").read_text()
-    assert "machines left: b; joined: none" in report
+    assert f["survivor"] == "b"
+    assert record["machines"] == ["b"] and record["devices"] == 1 and record["restart"] >= 1
+    report = (tmp_path / "agent-b.log").read_text()
+    assert "machines left: a; joined: none" in report
+    for log in ("agent-a.log", "agent-b.log"):  # b's join stopped a's workers: planned, not a failure
+        assert "stopped by ElasticStop" not in (tmp_path / log).read_text()
     assert "old plan: " in report and "new plan: 1 pipeline(s)" in report and "% kept)" in report
     resumed = record["resumed_step"]
     assert resumed >= 4 and resumed % 4 == 0, "the newest complete checkpoint (every 4 steps)"
@@ -83,7 +89,7 @@ def test_survivor_replans_resumes_and_matches_a_run_from_the_same_checkpoint(tmp
     # runs below would both bind it (EADDRINUSE); bench.child_env drops the launch variables
     env = bench.child_env()
     base = [sys.executable, str(ROOT / "tests" / "strategy" / "elastic_job.py"), str(tmp_path),
-            str(tmp_path / "cluster.yaml"), str(steps), "0", "0", "--reference", str(ck), str(plan_file), "a"]
+            str(tmp_path / "cluster.yaml"), str(steps), "0", "0", "--reference", str(ck), str(plan_file), "b"]
     procs = [subprocess.Popen(cmd, env=env, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for cmd in (base, base + ["--mutate"])]
     for p in procs:
@@ -189,7 +195,7 @@ def test_resume_must_without_a_complete_checkpoint_is_a_clear_error(tmp_path):
     run = elastic.ElasticRun(elastic.ElasticSettings(tmp_path, resume="must"))
     run.full_cluster, run.devices = cluster3(), [0, 1]
     with pytest.raises(ConfigError) as e:
-        run.start(fake_strategy(tmp_path), types.SimpleNamespace(callbacks=[]), "fp32")
+        run.start(fake_strategy(tmp_path), types.SimpleNamespace(callbacks=[]), TINY_FP32)
     msg = str(e.value)
     assert "resume" in msg and f"no complete checkpoint under {tmp_path}" in msg and "step-00000004.tmp-ab12" in msg
 
@@ -200,7 +206,7 @@ def test_report_says_who_left_and_joined_and_the_steps_redone(tmp_path):
     (tmp_path / elastic.RECORD).write_text(json.dumps({
         "machines": ["big", "other"], "devices": 3, "plan": "OLD PLAN", "tokens_per_s": 2000.0, "step": 11}))
     trainer = types.SimpleNamespace(callbacks=[])
-    run.start(fake_strategy(tmp_path), trainer, "fp32")  # no checkpoint: from step 0
+    run.start(fake_strategy(tmp_path), trainer, TINY_FP32)  # no checkpoint: from step 0
     assert "machines left: other; joined: none" in run.report and "old plan: OLD PLAN" in run.report
     assert "2,000 -> " in run.report and "starting from step 0 (11 step(s) redone)" in run.report
     assert trainer.callbacks == [run]
@@ -240,21 +246,23 @@ def test_recipe_elastic_outside_torchrun_is_a_clear_error(tmp_path):
 # ---- in-process: the elastic collectives under the NCCL-semantics harness --------------------------
 @pytest.mark.timeout(240)
 def test_elastic_saves_and_resumes_under_nccl_rules(tmp_path, monkeypatch):
-    """Two forked ranks on machine 'host' of cpu2 (HEXISCALE_MACHINE inherited): the membership gather,
-    the checkpoint choice, the per-step SIGTERM agreement and the saves replay cleanly under NCCL's
-    rules; a second fit resumes (resume='must') from the newest checkpoint and runs only the rest."""
+    """Two forked ranks on machine 'small' of cpu_demo (HEXISCALE_MACHINE inherited): the membership
+    gather, the checkpoint choice, the per-step SIGTERM agreement and the saves replay cleanly under
+    NCCL's rules; a second fit resumes (resume='must') from the newest checkpoint and runs only the
+    rest. The small devices have 21 MiB beside the planner's 1 GiB reserve: planned as the CPU
+    devices they are (no NCCL buffers, Workload.for_cluster), as the strategy plans elsewhere."""
     import lightning.pytorch as pl
     from strategy_helpers import NcclTrace, Recorder, loader, module, read_ranks
 
     from lightning_hexiscale.lightning.strategy import HexiScaleStrategy
 
-    monkeypatch.setenv("HEXISCALE_MACHINE", "host")
+    monkeypatch.setenv("HEXISCALE_MACHINE", "small")
     ck = tmp_path / "ck"
 
     def fit(name: str, steps: int, resume: str) -> list[dict]:
         out = tmp_path / name
         out.mkdir()
-        strategy = HexiScaleStrategy(cluster="cpu2", start_method="fork", timeout=45.0, planner_iterations=2,
+        strategy = HexiScaleStrategy(cluster="cpu_demo", start_method="fork", timeout=45.0, planner_iterations=2,
                                      elastic=elastic.ElasticSettings(ck, every_n_steps=2, resume=resume))
         trainer = pl.Trainer(strategy=strategy, accelerator="cpu", devices=2, max_steps=steps, logger=False,
                              enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
@@ -268,5 +276,47 @@ def test_elastic_saves_and_resumes_under_nccl_rules(tmp_path, monkeypatch):
     second = fit("second", 6, "must")
     assert len(second[0]["losses"]) == 2, "steps 5 and 6 only"
     record = json.loads((ck / elastic.RECORD).read_text())
-    assert record["resumed_step"] == 4 and record["machines"] == ["host"] and record["step"] == 6
+    assert record["resumed_step"] == 4 and record["machines"] == ["small"] and record["step"] == 6
     assert [s for s, _ in elastic.complete_checkpoints(ck)] == [4, 6], "keep=2: the oldest removed"
+
+
+# ---- messages: a planned stop is not a failure; the end summary counts this worker's steps --------
+def test_a_planned_join_is_not_reported_as_a_failure(tmp_path, capsys):
+    """SIGTERM (torchrun stops the workers because a machine joins): the workers save, rank 0 says why,
+    and the strategy reports no failed rank (its failure watch is not told, nothing says "failed")."""
+    from lightning_hexiscale.errors import ElasticStop
+    from lightning_hexiscale.lightning.strategy import HexiScaleStrategy
+
+    run = elastic.ElasticRun(elastic.ElasticSettings(tmp_path, every_n_steps=0))
+    run.sigterm = True
+    saved = []
+    strategy = types.SimpleNamespace(global_rank=0, world_size=1, remove_checkpoint=lambda p: None)
+    trainer = types.SimpleNamespace(strategy=strategy, global_step=7, save_checkpoint=saved.append)
+    with pytest.raises(ElasticStop) as e:
+        run.on_train_batch_end(trainer, None, None, None, 0)
+    assert saved == [str(tmp_path / "step-00000007")]
+    out = capsys.readouterr().out
+    assert "hexiscale elastic: SIGTERM" in out and "a machine joins or leaves" in out and "checkpoint of step 7" in out
+    assert "fail" not in out + str(e.value)
+    reported = []
+    watch = types.SimpleNamespace(report=reported.append, explain=lambda: "first rank 1 failed")
+    fake = types.SimpleNamespace(_watch=watch, _failure=None)
+    assert HexiScaleStrategy.failure_reason(fake, e.value) is None and reported == []
+    assert HexiScaleStrategy.failure_reason(fake, RuntimeError("gloo")) == "first rank 1 failed"  # a real failure
+
+
+def test_the_end_summary_counts_the_steps_this_worker_ran(capsys):
+    """Resumed at step 15 and stopped at 40: 25 steps ran here, not 40."""
+    from lightning_hexiscale.lightning.example import LossPrinter
+
+    trainer = types.SimpleNamespace(global_step=15, is_global_zero=True, accumulate_grad_batches=1,
+                                    log_every_n_steps=100, progress_bar_callback=None, callback_metrics={})
+    printer = LossPrinter()
+    printer.on_train_start(trainer, None)
+    for step in range(16, 41):
+        trainer.global_step = step
+        printer.on_train_batch_end(trainer, None, {"loss": torch.tensor(4.0 - step / 20)}, None, step)
+    trainer.callback_metrics = {"train_loss": torch.tensor(2.0)}
+    printer.on_train_end(trainer, None)
+    out = capsys.readouterr().out
+    assert "first 3.2000 -> last 2.0000 after 25 steps (steps 16-40, resumed at step 15)" in out, out

@@ -167,6 +167,33 @@ def test_unknown_precision_is_refused_before_launch(monkeypatch):
         trainer.fit(LlamaLitModule(TINY), loader(PLAN.global_batch, PLAN.global_batch))
 
 
+@pytest.mark.timeout(120)
+def test_fp16_true_names_adams_eps_underflow_and_its_fix_works(tmp_path):
+    """16-true with AdamW's default eps=1e-8 (0 in float16) turns parameters into inf/NaN in the first
+    update; the stop names that cause and the fix, and the fix (an eps float16 holds) trains."""
+    from lightning_hexiscale.errors import NonFiniteError
+
+    plan = plan_of([(2, 1, [([0], (0, 4))]), (2, 2, [([1], (0, 4))])], cluster="cpu_hetero4")
+    data = loader(plan.global_batch * 3, plan.global_batch)
+    with pytest.raises(NonFiniteError, match=r"float16 and AdamW's eps=1e-08 rounds to 0 .*Fix: train in bf16-mixed "
+                                             r"or bf16-true.*eps=1e-4"):
+        hexiscale_trainer(plan, tmp_path, precision="16-true", max_steps=3).fit(LlamaLitModule(TINY, lr=1e-2), data)
+    trainer = hexiscale_trainer(plan, tmp_path, precision="16-true", max_steps=3)
+    trainer.fit(LlamaLitModule(TINY, lr=1e-2, eps=1e-4), data)
+    losses = read_ranks(tmp_path, plan.world_size)[0]["losses"]
+    assert len(losses) == 3 and all(torch.isfinite(torch.tensor(losses))), losses
+
+
+@pytest.mark.parametrize("precision", ["16-mixed", 16])
+def test_fp16_mixed_is_refused_on_cpu_too(precision):
+    """Lightning replaces 16-mixed by bf16-mixed on CPU (a warning) before a strategy sees it; the
+    strategy refuses it there as on GPUs, when the Trainer is built, with the reason and the fix."""
+    with pytest.raises(ConfigError, match=r"Trainer\(precision\) = '16-mixed': float16 mixed precision needs a "
+                                          r"gradient scaler.*Fix: use bf16-mixed"):
+        pl.Trainer(strategy=HexiScaleStrategy(plan=PLAN, start_method="fork"), accelerator="cpu",
+                   devices=PLAN.world_size, precision=precision, logger=False)
+
+
 # ---- through the recipe, against one device in float64 ----------------------------------------
 RECIPE_PLAN = plan_of([(4, 2, [([0, 1], (0, 2)), ([2], (2, 4))]), (4, 2, [([3], (0, 4))])], cluster="cpu_hetero4")
 STEPS, WARMUP, CLIP, LR, SEED = 3, 2, 0.5, 1e-2, 5

@@ -1,0 +1,103 @@
+"""Ctrl-C during training: a graceful stop at the end of the step, agreed by every rank.
+
+A terminal's Ctrl-C sends SIGINT to every process of the job (the ``popen`` launcher's ranks share
+the terminal's process group). Python turns it into ``KeyboardInterrupt`` wherever each rank
+happens to be: one inside a pipeline exchange, another inside an all-reduce; a rank that stops
+there leaves its peers waiting, and a checkpoint saved afterwards would need every rank to enter
+its collectives. :class:`GracefulInterrupt` instead turns the first SIGINT into a flag, which
+every rank agrees on at the end of each training step (one all-reduce of a boolean, as elastic
+training agrees on SIGTERM), and then every rank
+
+1. saves a checkpoint of that step, when asked (``save_to``: a checkpoint path, e.g. the
+   ``last.ckpt`` of the run's ModelCheckpoint), else keeps the checkpoints already written as they are;
+2. raises :class:`~lightning_hexiscale.errors.TrainingInterrupted` naming the step and the checkpoint
+   to resume from, which ends ``trainer.fit`` (``recipes/train.py`` prints it and exits with 130).
+
+Rank 0 says at once that the stop is coming. A second Ctrl-C restores the handler that was there
+before (Python's: ``KeyboardInterrupt``, Lightning's immediate shutdown).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.callbacks import Callback
+
+from lightning_hexiscale.errors import TrainingInterrupted
+
+
+class GracefulInterrupt(Callback):
+    """``Trainer(callbacks=[GracefulInterrupt()])``: Ctrl-C stops at the end of the step (module doc).
+
+    Args:
+        save_to: a checkpoint path to save the interrupted step to before stopping (None: save
+            nothing; the last checkpoint written stays the one to resume from).
+        last_checkpoint: where the last regular checkpoint is, for the message (e.g. the
+            ``last.ckpt`` of the run's ModelCheckpoint); None: not named.
+    """
+
+    def __init__(self, save_to: str | Path | None = None, last_checkpoint: str | Path | None = None) -> None:
+        super().__init__()
+        self.save_to = None if save_to is None else str(save_to)
+        self.last_checkpoint = None if last_checkpoint is None else Path(last_checkpoint)
+        self.requested = False
+        self.stopped_at: int | None = None
+        self._previous: Any = None
+        self._rank0 = True
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._rank0 = trainer.is_global_zero
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+
+    def _on_sigint(self, signum, frame) -> None:
+        self.requested = True
+        self._restore()  # a second Ctrl-C: the previous handler (stop at once)
+        if self._rank0:
+            print("\nCtrl-C: stopping at the end of this step (Ctrl-C again to stop at once)", flush=True)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        strategy = trainer.strategy
+        stop = strategy.reduce_boolean_decision(self.requested, all=False) if trainer.world_size > 1 else self.requested
+        if not stop:
+            return
+        step = trainer.global_step
+        self.stopped_at = step
+        if self.save_to is not None:
+            trainer.save_checkpoint(self.save_to)  # collective: every rank is here, at the same step
+            where = f"checkpoint of step {step} saved to {self.save_to}"
+        elif self.last_checkpoint is not None and self.last_checkpoint.exists():
+            where = f"the last checkpoint, {self.last_checkpoint}, was kept"
+        else:
+            where = "no checkpoint was written"
+        raise TrainingInterrupted(f"interrupted (Ctrl-C) after step {step}; {where}")
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._restore()
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        self._restore()
+
+    def _restore(self) -> None:
+        if self._previous is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+
+
+def record_ctrl_c(flag: threading.Event, raise_interrupt: bool = True) -> None:
+    """A SIGINT handler for a job's process (the main thread): sets ``flag``, then raises
+    KeyboardInterrupt as Python's own handler does when ``raise_interrupt`` (the launching process),
+    or only records it (ranks a launcher started: the launching process decides). A process started
+    with SIGINT ignored (nohup, a background job) keeps ignoring it."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        return
+
+    def on_sigint(signum, frame):
+        flag.set()
+        if raise_interrupt:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
