@@ -100,7 +100,7 @@ def fallback_data_parallel_plan(cluster: Cluster, config: LlamaConfig, global_ba
 
 def search_plan(cluster: Cluster, config: LlamaConfig, global_batch: int, overrides: dict[str, Any], *,
                 dtype: str = "bf16", seed: int = 0, iterations: int = 20, progress: bool = False,
-                precision: str | None = None):
+                precision: str | None = None, fast_path=None):
     """The planner's search (§4) -> (Plan, Estimate or None). The runtime runs ddp, zero2 and zero3, so
     the search picks the sharding with the cost model unless ``overrides['dp_sharding']`` binds it.
     ``precision`` (a Lightning precision such as ``bf16-mixed``): price what the runtime allocates
@@ -120,7 +120,9 @@ def search_plan(cluster: Cluster, config: LlamaConfig, global_batch: int, overri
                               recompute=True if overrides.get("recompute") is None else bool(overrides["recompute"]),
                               micro_batch_size=overrides.get("micro_batch_size"),
                               dp_sharding=overrides.get("dp_sharding") or None)
-    workload = Workload.from_precision(config, precision) if precision else Workload(config, dtype=dtype)
+    priced = {} if fast_path is None else {"fast_path": fast_path}  # the runtime's switches move memory
+    workload = Workload.from_precision(config, precision, **priced) if precision else Workload(config, dtype=dtype,
+                                                                                               **priced)
     result = search(cluster, workload, global_batch, settings)
     return result.plan, result.estimate
 
@@ -140,14 +142,14 @@ def apply_overrides(plan: Plan, overrides: dict[str, Any]) -> Plan:
 
 def plan_for(plan: str | Path | Plan | None, cluster: Cluster, config: LlamaConfig, global_batch: int | None,
              overrides: dict[str, Any], *, dtype: str = "bf16", seed: int = 0, iterations: int = 20,
-             precision: str | None = None) -> Plan:
+             precision: str | None = None, fast_path=None) -> Plan:
     """A validated plan: ``plan`` itself, the file it names, or the search's plan on ``cluster``
     (priced under ``precision`` where given, see :func:`search_plan`)."""
     if plan is None:
         if global_batch is None:
             raise ConfigError("global_batch", None, "planning needs the global batch", "pass global_batch=G")
         plan, _ = search_plan(cluster, config, global_batch, overrides, dtype=dtype, seed=seed, iterations=iterations,
-                              precision=precision)
+                              precision=precision, fast_path=fast_path)
     elif not isinstance(plan, Plan):
         plan = Plan.load(plan)
     plan = apply_overrides(plan, overrides)

@@ -410,14 +410,17 @@ def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
 def workload_from_config(cfg) -> Workload:
     """Workload from a composed root config: ``cfg.model``, the dtype of ``trainer.precision``
     (null: chosen by the cluster's devices, :func:`~lightning_hexiscale.config.recipe.effective_precision`),
-    ``train.memory_headroom``, and whether the cluster runs on CPUs."""
+    ``train.memory_headroom``, whether the cluster runs on CPUs, and ``trainer.fast_path``."""
     from lightning_hexiscale.config.recipe import effective_precision
+
+    from lightning_hexiscale.config.fast_path import FastPath
 
     types = [m.gpu for m in cfg.cluster.machines]
     precision = effective_precision(cfg.trainer.precision, types)
     return Workload.from_precision(LlamaConfig.from_config(cfg.model), precision,
                                    memory_headroom=float(cfg.train.get("memory_headroom", 0.0) or 0.0),
-                                   device="cpu" if _cpu_cluster(cfg) else "cuda")
+                                   device="cpu" if _cpu_cluster(cfg) else "cuda",
+                                   fast_path=FastPath.coerce(cfg.trainer.get("fast_path"), key="trainer.fast_path"))
 
 
 def _cpu_cluster(cfg) -> bool:

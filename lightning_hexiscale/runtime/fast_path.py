@@ -156,7 +156,8 @@ def apply_fast_path(stage, fp: ResolvedFastPath, *, compute_dtype: torch.dtype, 
     chunk = None
     if fp.chunked_loss and stage.is_last:
         vocab_local = stage.config.vocab_split(stage.tp)[stage.tp_rank]
-        chunk = fp.loss_chunk_tokens(vocab_local[1] - vocab_local[0])
+        cdt = torch.promote_types(compute_dtype, torch.float32)  # the loss's dtype
+        chunk = fp.loss_chunk_tokens(vocab_local[1] - vocab_local[0], cdt.itemsize)
     stage.loss_chunk_tokens = chunk
     info = StageFastPath(compile=mode, fused_norm=fp.fused_norm, cast_once=fp.cast_once and (mixed or stage.tp > 1),
                          main_grads=main is not None, attention=kernel, attention_reason=reason,
