@@ -16,7 +16,8 @@ cast_once          the normed input cast to the autocast dtype once, before q,  
                    k, v (and gate, up), at TP 1 as under TP (5 casts -> 2)
 main_grads         16-bit compute copies of the matmul weights, cast once per    on under mixed
                    step; each micro-batch's weight gradient is added straight     precision, except
-                   into the float32 ``.grad`` (FSDP2 / Megatron main grads)      ZeRO-3
+                   into the float32 ``.grad`` (FSDP2 / Megatron main grads)      ZeRO-3 and
+                                                                                 recomputation
 fused_adamw        ``fused=True`` for Adam / AdamW where torch has the kernel    on
                    for the device
 chunked_loss       the (vocabulary-parallel) cross-entropy in chunks of tokens:  on
@@ -121,10 +122,10 @@ class FastPath:
         """This fast path with ``compile`` set (``HexiScaleStrategy(compile=...)``); None keeps it."""
         return self if compile is None else FastPath(**{**asdict(self), "compile": compile})
 
-    def resolve(self, device: str, mixed: bool, sharding: str = "ddp") -> ResolvedFastPath:
-        """Decisions for a stage on ``device`` (``cuda``, ``cpu``, ...) under mixed precision or not
-        and ``sharding`` (ddp / zero2 / zero3). Raises :class:`ConfigError` for a switch set on
-        where it cannot act (main_grads under ZeRO-3)."""
+    def resolve(self, device: str, mixed: bool, sharding: str = "ddp", recompute: bool = False) -> ResolvedFastPath:
+        """Decisions for a stage on ``device`` (``cuda``, ``cpu``, ...) under mixed precision or not,
+        ``sharding`` (ddp / zero2 / zero3) and activation recomputation. Raises :class:`ConfigError`
+        for a switch set on where it cannot act (main_grads under ZeRO-3)."""
         cuda = device == "cuda"
         why: dict[str, str] = {}
 
@@ -138,9 +139,13 @@ class FastPath:
             raise ConfigError("fast_path.main_grads", True, "ZeRO-3 gathers each block's parameters around each use; "
                               "persistent compute copies of them would undo that", "leave main_grads auto (off "
                               "under zero3) or use dp_sharding=zero2")
-        main_auto = mixed and sharding != "zero3"
+        # Under recomputation autocast keeps only the recomputed layer's casts, while the compute
+        # copies would hold every layer's for the whole backward (+2 bytes per stage parameter):
+        # auto keeps memory first there.
+        main_auto = mixed and sharding != "zero3" and not recompute
         main = pick("main_grads", main_auto, "auto: mixed precision" if main_auto else
-                    ("auto: off under zero3" if mixed else "auto: off without mixed precision"))
+                    "auto: off without mixed precision" if not mixed else
+                    "auto: off under zero3" if sharding == "zero3" else "auto: off under recomputation")
         return ResolvedFastPath(
             compile=compile_, fused_norm=pick("fused_norm", True, "auto"), cast_once=pick("cast_once", True, "auto"),
             main_grads=main, fused_adamw=pick("fused_adamw", True, "auto"),

@@ -421,9 +421,10 @@ def shared_cast_grad_bytes(matmul_params: float, dtype_bytes: int) -> float:
 
 
 def main_grad_copy_bytes(matmul_params: float, compute_bytes: float) -> float:
-    """Main grads (``runtime/main_grads.py``): one persistent compute copy of every matmul weight
-    (the block linears and an untied LM head), ``matmul_params * B_type``, held in every phase;
-    it replaces :func:`autocast_weight_bytes` and :func:`shared_cast_grad_bytes` for those weights."""
+    """Main grads (``runtime/main_grads.py``): one compute copy of every matmul weight (the block
+    linears and an untied LM head), ``matmul_params * B_type``, from the step's first forward to its
+    last backward, whatever the micro-batches in flight; it replaces :func:`autocast_weight_bytes`
+    and :func:`shared_cast_grad_bytes` for those weights."""
     return matmul_params * compute_bytes
 
 

@@ -105,16 +105,14 @@ def stage_memory_at(workload: Workload, sharding: str, num_pipelines: int, recom
     comms = communicators_lower_bound(tp, first, last, P) if communicators is None else communicators
     common = workload.reserve_bytes + (cm.comm_buffer_bytes(comms, workload.comm_buffer_bytes)
                                        if workload.device == "cuda" else 0.0)
-    fast = workload.fast_path.resolve(workload.device, mixed, sharding)
+    fast = workload.fast_path.resolve(workload.device, mixed, sharding, recompute)
     matmul_local = model.layer_matmul_params * frac
-    # main grads: the compute copies of the block linears and of an untied head, in every phase
+    # main grads: compute copies of the block linears and of an untied head (backward phase only)
     main_head = head_matmul if fast.main_grads and not model.tie_word_embeddings else 0.0
-    main_layer = matmul_local if fast.main_grads else 0.0
-    common += cm.main_grad_copy_bytes(main_head, bt)
 
     def states(phase: str) -> tuple[float, float]:
         spp = cm.runtime_state_bytes_per_param(sharding, P, bt, K, phase, recompute, pb)
-        return common + extra_params * spp, layer_local * spp + cm.main_grad_copy_bytes(main_layer, bt)
+        return common + extra_params * spp, layer_local * spp
 
     # gradient-sync / ZeRO buckets: at most the cap (in parameter elements) and one unit (a block),
     # sent in the reduce / wire dtype B; mixed precision first concatenates a bucket in P, then casts
@@ -135,15 +133,18 @@ def stage_memory_at(workload: Workload, sharding: str, num_pipelines: int, recom
         work += cm.logits_bytes(tokens, model.vocab_size * vfrac)
     # the weights the stored micro-batches' graphs keep for their backward: under mixed precision
     # autocast's bf16 casts, one copy shared by micro-batches 0..n-2 and the last one's own
-    # (runtime/schedule.py), or only the recomputed layer's (none with main grads: the graphs keep
-    # the persistent compute copies, priced in states()); under ZeRO-3 otherwise the gathered
+    # (runtime/schedule.py), or only the recomputed layer's; with main grads the one compute copy
+    # of every matmul weight that all graphs share (freed after the last backward); under ZeRO-3 the gathered
     # block parameters themselves, per micro-batch (freeing p.data does not free what autograd saved)
     copies = min(inflight, 2)
     saved_weights = 0.0
+    if fast.main_grads:
+        fixed += cm.main_grad_copy_bytes(main_head, bt)
+        per += cm.main_grad_copy_bytes(matmul_local, bt)
     if mixed:
         work += cm.autocast_weight_bytes(head_matmul - main_head, bt, 1 if recompute else copies)
         if fast.main_grads:
-            pass
+            pass  # no autocast casts of the block linears
         elif recompute:
             work += cm.autocast_weight_bytes(matmul_local, bt)
         else:

@@ -75,7 +75,7 @@ class PipelineEngine:
         bucket_cap_bytes: gradient-sync (and ZeRO) bucket size.
         fast_path: the stage's speed switches (:class:`~lightning_hexiscale.config.fast_path.FastPath`,
             a mapping of its fields, or None = all auto: everything on, compile on CUDA only, main
-            grads under mixed precision except ZeRO-3); :attr:`fast_path` says what runs.
+            grads under mixed precision except ZeRO-3 and recomputation); :attr:`fast_path` says what runs.
     """
 
     def __init__(self, plan: Plan, model_config: LlamaConfig, rank: int | None = None, *, seed: int = 0,
@@ -96,13 +96,15 @@ class PipelineEngine:
         if state_dict is not None:
             load_full_state_dict(self.stage, state_dict)
         mixed = wire_dtype(dtype, autocast_dtype) != dtype
-        self.fast_path_settings = FastPath.coerce(fast_path).resolve(self.device.type, mixed, plan.dp_sharding)
+        self.fast_path_settings = FastPath.coerce(fast_path).resolve(self.device.type, mixed, plan.dp_sharding,
+                                                                      plan.recompute)
         self.fast_path, self.main_grads = apply_fast_path(
             self.stage, self.fast_path_settings, compute_dtype=autocast_dtype if mixed else dtype,
             zero3=plan.dp_sharding == "zero3", mixed=mixed)
         self.executor = PipelineExecutor(self.stage, self.topology, plan.schedule, autocast_dtype)
         if self.main_grads is not None:
-            self.executor.before_run = self.main_grads.refresh  # the weights' compute copies, once per step
+            # the weights' compute copies: cast before the step's first forward, freed after its last backward
+            self.executor.before_run, self.executor.after_run = self.main_grads.refresh, self.main_grads.release
         self.sharding = plan.dp_sharding
         # Bytes on the wire = bytes the cost model prices: activations and gathered parameters in the
         # autocast dtype under mixed precision, gradients summed in the plan's reduce_dtype.

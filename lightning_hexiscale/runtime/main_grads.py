@@ -19,8 +19,10 @@ it to ``.grad`` (a second kernel). Here, per step:
   land exactly where autograd would have accumulated it.
 
 The gradient values are those of autocast (the same bf16 product, summed in float32): the
-equivalence tests are unchanged. Memory: one persistent copy of the matmul weights in B bytes,
-instead of autocast's one or two per step (``planner/memory.py``). With a compute dtype equal to
+equivalence tests are unchanged. Memory: one copy of the matmul weights in B bytes from the step's
+first forward to its last backward (:meth:`MainGrads.release` frees it for the gradient sync and the
+optimizer step), instead of autocast's one or two casts and the shared cast's pending gradients
+(``planner/memory.py``). With a compute dtype equal to
 the parameters' (float64 tests) it is the same mechanism, exact.
 
 Not for ZeRO-3 (its block parameters exist only around their uses) and not for a head tied to the
@@ -62,7 +64,7 @@ class MainGrads:
             m.compute_weight = c
             self.params.append(p)
             self.copies.append(c)
-        self.refresh()
+        self.refresh()  # usable at once (a stage called directly); the executor releases after each run
 
     @property
     def numel(self) -> int:
@@ -71,9 +73,22 @@ class MainGrads:
 
     @torch.no_grad()
     def refresh(self) -> None:
-        """Every compute copy := its weight, cast (once per step, before the first forward)."""
+        """Every compute copy := its weight, cast (once per step, before the first forward); a
+        released copy gets its memory back first."""
+        for c in self.copies:
+            storage = c.untyped_storage()
+            if storage.nbytes() == 0:
+                storage.resize_(c.numel() * c.element_size())
         if self.copies:
             torch._foreach_copy_(self.copies, [p.detach() for p in self.params])
+
+    @torch.no_grad()
+    def release(self) -> None:
+        """Free the compute copies' memory (after the step's last backward: the gradient sync and the
+        optimizer step do not need them), as FSDP2 frees its unsharded parameters; the tensors stay,
+        so the linears and autograd keep their references, and :meth:`refresh` refills them."""
+        for c in self.copies:
+            c.untyped_storage().resize_(0)
 
     @staticmethod
     @torch.no_grad()

@@ -170,8 +170,9 @@ class PipelineExecutor:
     global-mean loss and gradient.
 
     ``before_exchange``: called before every exchange of a training run (ZeRO-3 serves its peers'
-    gathers there, see :mod:`.zero3`). ``before_run``: called at the start of every run and
-    forward-only walk (the main grads' compute copies are cast there, :mod:`.main_grads`).
+    gathers there, see :mod:`.zero3`). ``before_run`` / ``after_run``: called at the start and the
+    end of every run and forward-only walk (the main grads' compute copies are cast, then freed,
+    there: :mod:`.main_grads`).
     """
 
     def __init__(self, stage: StageModule, topology: Topology, schedule: str = "1f1b",
@@ -185,6 +186,7 @@ class PipelineExecutor:
         self.links = {side: topology.link_group(side) for side in ("prev", "next")}
         self.before_exchange: Callable[[], None] | None = None
         self.before_run: Callable[[], None] | None = None
+        self.after_run: Callable[[], None] | None = None
 
     # ---- communication ------------------------------------------------------------------
     def _scatter(self, side: str) -> bool:
@@ -294,6 +296,8 @@ class PipelineExecutor:
             finally:
                 if self._shares_casts():
                     torch.clear_autocast_cache()
+                if self.after_run is not None:
+                    self.after_run()
 
     def _run(self, tokens: torch.Tensor, targets: torch.Tensor, loss_scale: float,
              before_last_backward: Callable[[], None] | None) -> torch.Tensor:
@@ -373,6 +377,8 @@ class PipelineExecutor:
             else:
                 pending[("act", i)] = out
         self._communicate(points[len(starts)], pending, received, shape_of, False)
+        if self.after_run is not None:
+            self.after_run()
         return weighted
 
 

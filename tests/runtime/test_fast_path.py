@@ -45,8 +45,7 @@ def batch(config=CFG, b: int = 2, step: int = 0):
 
 
 def grads_of(stage, micro_batches: int = 2, autocast: bool = False) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """Losses and accumulated gradients of ``micro_batches`` forward+backward passes (main grads
-    refreshed first, as the executor does once per step)."""
+    """Losses and accumulated gradients of ``micro_batches`` forward+backward passes."""
     losses = []
     for i in range(micro_batches):
         tok, tgt = batch(step=i)
@@ -108,6 +107,11 @@ def test_main_grads_refresh_casts_the_current_weights():
     assert not torch.equal(c, w.to(torch.bfloat16))
     mg.refresh()
     assert torch.equal(c, w.detach().to(torch.bfloat16))
+    mg.release()  # the executor frees the copies after a run's last backward
+    assert c.untyped_storage().nbytes() == 0
+    mg.refresh()
+    assert c.untyped_storage().nbytes() == c.numel() * 2 and torch.equal(c, w.detach().to(torch.bfloat16))
+    grads_of(stage, micro_batches=1, autocast=True)  # usable again
 
 
 def test_cast_once_at_tp1_saves_three_fewer_casts_per_block():
