@@ -288,7 +288,8 @@ def engine_step(shape: Shape, device: torch.device, steps: int, warmup: int, pea
             opt.step()
         s = timed(step, steps, warmup, device)
         tokens = plan.global_batch * c.seq_len
-        flops = 3 * (c.num_layers * layer_flops_causal(c, plan.global_batch) + 2.0 * tokens * c.hidden_size * c.vocab_size)
+        head = 2.0 * tokens * c.hidden_size * c.vocab_size
+        flops = 3 * (c.num_layers * layer_flops_causal(c, plan.global_batch) + head)
         out = {"ms": s * 1e3, "tflops": flops / s / 1e12, "mfu": flops / s / peak, "tokens_per_s": tokens / s,
                "fast_path": engine.fast_path.describe(), "fused_adamw": bool(opt.param_groups[0].get("fused")),
                "estimate_bytes": est["peak_bytes"], "estimate_allocator_bytes": est["allocator_bytes"]}
@@ -325,8 +326,8 @@ def verdict(mfu: float | None, target: float, smoke: bool) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, compile with dynamo only (seconds)")
     ap.add_argument("--json", default="outputs/mfu_probe.json", help="where the report goes")
     ap.add_argument("--budget-s", type=float, default=BUDGET_S, help="skip what would pass this many seconds")
@@ -427,8 +428,8 @@ def _print_stage(shape: str, key: str, r: dict) -> None:
 def _print_engine(shape: str, r: dict) -> None:
     mem = ""
     if "allocated_bytes" in r:
-        mem = (f"; allocated {r['allocated_bytes'] / 2**30:.2f} GiB vs estimate {r['estimate_allocator_bytes'] / 2**30:.2f}"
-               f" GiB ({r['allocated_vs_estimate']:.2f}x), reserved {r['reserved_bytes'] / 2**30:.2f} GiB, device used "
+        mem = (f"; allocated {r['allocated_bytes'] / 2**30:.2f} GiB vs estimate "
+               f"{r['estimate_allocator_bytes'] / 2**30:.2f} GiB ({r['allocated_vs_estimate']:.2f}x), reserved {r['reserved_bytes'] / 2**30:.2f} GiB, device used "
                f"{r['device_used_bytes'] / 2**30:.2f} GiB")
     print(f"  {shape} engine step: {r['ms']:.1f} ms, {r['tokens_per_s']:.0f} tokens/s, MFU {r['mfu']:.1%}{mem}",
           flush=True)

@@ -82,9 +82,10 @@ def test_estimate_splits_the_head_over_the_last_stage():
     plain = FastPath(chunked_loss=False)
 
     def grows(tp: int) -> float:
-        return (estimate(_plan(tp), c, Workload(big, dtype="bf16", fast_path=plain)).pipelines[0].stages[1].peak_memory_bytes
-                - estimate(_plan(tp), c, Workload(MODEL, dtype="bf16", fast_path=plain)).pipelines[0].stages[1]
-                .peak_memory_bytes)
+        def peak(model: LlamaConfig) -> float:
+            return estimate(_plan(tp), c, Workload(model, dtype="bf16", fast_path=plain)).pipelines[0].stages[1] \
+                .peak_memory_bytes
+        return peak(big) - peak(MODEL)
 
     spp = cm.runtime_state_bytes_per_param("ddp", 1, 2, w.optimizer_bytes_per_param, "backward")
     assert grows(1) == pytest.approx(V * H * spp + cm.logits_bytes(MODEL.seq_len, V), rel=1e-9)

@@ -464,7 +464,8 @@ def stored_activation_bytes(tokens: int, hidden: int, kv_dim: int, ffn: int, tp:
     gate, up (2 casts) when t = 1, but one cast under TP, and at t = 1 with the fast path's
     ``cast_once`` (``runtime/parallelize.py`` casts it before the TP region):
 
-        tokens * [ 4 * C * H  +  (5 if t = 1 and not cast_once else 2) * B_type * H  +  (2 * H + 2 * kv + 4 * F) / t * B_type ]
+        tokens * [ 4 * C * H  +  c * B_type * H  +  (2 * H + 2 * kv + 4 * F) / t * B_type ],
+        c = 5 if t = 1 and not cast_once else 2
     """
     C = compute_bytes(dtype_bytes)
     if mixed:

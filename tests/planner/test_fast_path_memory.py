@@ -35,7 +35,8 @@ def test_main_grads_one_copy_in_backward_only():
         b_on, *rest_on = phases(on, n)
         b_off, *rest_off = phases(off, n)
         # autocast: two casts and the shared cast's pending gradients per layer; main grads: one copy
-        assert b_off[1] - b_on[1] == pytest.approx(2 * copy + cm.shared_cast_grad_bytes(M.layer_matmul_params, 2) - copy)
+        shared_grads = cm.shared_cast_grad_bytes(M.layer_matmul_params, 2)
+        assert b_off[1] - b_on[1] == pytest.approx(2 * copy + shared_grads - copy)
         assert rest_on == rest_off  # sync and step phases untouched
     head = M.vocab_size * M.hidden_size
     assert phases(on, 2, model=M)[0][0] - phases(on, 2, last=False)[0][0] >= head * 2  # the untied head's copy
