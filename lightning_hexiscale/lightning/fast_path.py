@@ -7,8 +7,6 @@ on its H100s and SDPA flash on its A100s).
 from __future__ import annotations
 
 import torch.distributed as dist
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
-
 from lightning_hexiscale.config.fast_path import FastPath
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.lightning import internals
@@ -31,7 +29,7 @@ def prepare_optimizers(engine, optimizers: list) -> list[bool]:
 
 def log_fast_path(engine, fused: list[bool], global_rank: int, world_size: int) -> list[tuple[str, list[int]]]:
     """Collective: every rank's fast-path line (kernels, compilation, attention backend, fused
-    AdamW); rank 0 logs each distinct line with the ranks that run it. Returns the (line, ranks)."""
+    AdamW); global rank 0 prints each distinct line with the ranks that run it. Returns the (line, ranks)."""
     line = engine.fast_path.describe()
     if fused:
         line += ", " + ("fused AdamW" if all(fused) else "optimizer not fused")
@@ -43,10 +41,10 @@ def log_fast_path(engine, fused: list[bool], global_rank: int, world_size: int) 
     for rank, text in enumerate(lines):
         groups.setdefault(text, []).append(rank)
     out = list(groups.items())
-    if global_rank == 0:
+    if global_rank == 0:  # printed, not logged: recipes and notebooks route Lightning's INFO logger away
         for text, ranks in out:
             where = "all ranks" if len(out) == 1 else f"ranks {_ranges(ranks)}"
-            rank_zero_info(f"hexiscale {where}: {text}")
+            print(f"hexiscale {where}: {text}", flush=True)
     return out
 
 

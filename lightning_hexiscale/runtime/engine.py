@@ -173,6 +173,8 @@ class PipelineEngine:
         if arm:
             hook = self.grad_sync.arm if self.grad_sync is not None else self.zero.arm
             starts = self.grad_sync.starts if self.grad_sync is not None else self.zero.starts
+        if self.main_grads is not None:  # the compute copies go as their gradients land in the last backward
+            hook = _then(hook, self.main_grads.free_after_use)
         if self.zero3 is None:
             loss = self.executor.run(tokens, targets, loss_scale, hook)
         else:
@@ -250,6 +252,17 @@ class PipelineEngine:
         (collective under ZeRO-3, which gathers the blocks to copy them)."""
         with self.full_params():
             return {k: (t.clone(), d, s, e) for k, (t, d, s, e) in local_shards(self.stage).items()}
+
+
+def _then(first, second):
+    """``first()`` (if any), then ``second()``."""
+    if first is None:
+        return second
+
+    def both():
+        first()
+        second()
+    return both
 
 
 class _StepThenTie:

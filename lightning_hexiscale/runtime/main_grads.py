@@ -20,9 +20,10 @@ it to ``.grad`` (a second kernel). Here, per step:
 
 The gradient values are those of autocast (the same bf16 product, summed in float32): the
 equivalence tests are unchanged. Memory: one copy of the matmul weights in B bytes from the step's
-first forward to its last backward (:meth:`MainGrads.release` frees it for the gradient sync and the
-optimizer step), instead of autocast's one or two casts and the shared cast's pending gradients
-(``planner/memory.py``). With a compute dtype equal to
+first forward into its last backward, which frees each copy once its gradient is added
+(:meth:`MainGrads.free_after_use`; :meth:`MainGrads.release` frees what is left after the run), so
+the gradient sync's buckets that start during that backward never meet all of them; instead of
+autocast's one or two casts and the shared cast's pending gradients (``planner/memory.py``). With a compute dtype equal to
 the parameters' (float64 tests) it is the same mechanism, exact.
 
 Not for ZeRO-3 (its block parameters exist only around their uses) and not for a head tied to the
@@ -56,6 +57,9 @@ class MainGrads:
         self.compute_dtype = compute_dtype
         self.params: list[nn.Parameter] = []
         self.copies: list[torch.Tensor] = []
+        self.free_as_used = False
+        """Set by :meth:`free_after_use` for the run's last backward: each copy is freed once its
+        gradient is added (the gradient sync's buckets start meanwhile: they must not coexist)."""
         for m in main_grad_modules(stage):
             p = m.weight
             c = torch.empty_like(p, dtype=compute_dtype, requires_grad=p.requires_grad)
@@ -75,6 +79,7 @@ class MainGrads:
     def refresh(self) -> None:
         """Every compute copy := its weight, cast (once per step, before the first forward); a
         released copy gets its memory back first."""
+        self.free_as_used = False
         for c in self.copies:
             storage = c.untyped_storage()
             if storage.nbytes() == 0:
@@ -87,17 +92,26 @@ class MainGrads:
         """Free the compute copies' memory (after the step's last backward: the gradient sync and the
         optimizer step do not need them), as FSDP2 frees its unsharded parameters; the tensors stay,
         so the linears and autograd keep their references, and :meth:`refresh` refills them."""
+        self.free_as_used = False
         for c in self.copies:
             c.untyped_storage().resize_(0)
 
-    @staticmethod
+    def free_after_use(self) -> None:
+        """The next backward is the run's last (the executor calls it right before): free each copy
+        as soon as its gradient has been added, as autocast's casts are freed with their nodes. The
+        block's recomputation (if any) has run by then: it precedes the block's gradients."""
+        self.free_as_used = True
+
     @torch.no_grad()
-    def _accumulate(p: nn.Parameter, c: torch.Tensor) -> None:
+    def _accumulate(self, p: nn.Parameter, c: torch.Tensor) -> None:
         g, c.grad = c.grad, None
         if p.grad is None:
             p.grad = g if g.dtype == p.dtype else g.to(p.dtype)
         else:
             p.grad.add_(g)
+        del g
+        if self.free_as_used:
+            c.untyped_storage().resize_(0)
         # What autograd would have run had it accumulated into p itself (public registration,
         # torch keeps the hooks in this ordered dict; None until one is registered).
         for hook in list((getattr(p, "_post_accumulate_grad_hooks", None) or {}).values()):

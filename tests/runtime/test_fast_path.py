@@ -112,6 +112,15 @@ def test_main_grads_refresh_casts_the_current_weights():
     mg.refresh()
     assert c.untyped_storage().nbytes() == c.numel() * 2 and torch.equal(c, w.detach().to(torch.bfloat16))
     grads_of(stage, micro_batches=1, autocast=True)  # usable again
+    # the run's last backward frees each copy once its gradient is added (before the gradient
+    # sync's buckets, which start during that backward, can meet all of them)
+    sizes = []
+    stage.layers["1"].mlp.down_proj.weight.register_post_accumulate_grad_hook(
+        lambda _p: sizes.append([x.untyped_storage().nbytes() for x in mg.copies]))
+    mg.free_after_use()
+    grads_of(stage, micro_batches=1, autocast=True)
+    assert 0 < sizes[-1].count(0) < len(mg.copies)  # layer 1's copy gone when its gradient lands, layer 0's not yet
+    assert all(x.untyped_storage().nbytes() == 0 for x in mg.copies)
 
 
 def test_cast_once_at_tp1_saves_three_fewer_casts_per_block():
