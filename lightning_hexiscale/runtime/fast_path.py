@@ -41,26 +41,32 @@ class StageFastPath:
     """``blocks`` (each block's forward), ``regions`` (norms, RoPE, SwiGLU) or ``off``."""
     fused_norm: bool
     cast_once: bool
+    """The normed input is cast to the autocast dtype once (under mixed precision only)."""
     main_grads: bool
     attention: str
     """The kernel every attention layer calls (a :data:`~lightning_hexiscale.models.attention.KERNELS` name)."""
     attention_reason: str
     loss_chunk_tokens: int | None
-    """Tokens per chunk of the chunked loss (last stages); None: the plain loss."""
+    """Tokens per chunk of the chunked loss (last stages); None: the plain loss, or no loss here."""
     compile_backend: str = "inductor"
+    mixed: bool = False
+    """Under autocast (the casts and main grads only matter then)."""
+    is_last: bool = True
 
     def describe(self) -> str:
         """One line: ``fast path: compile blocks (inductor), fused RMSNorm, ...``."""
-        on = []
-        on.append(f"compile {self.compile}" + (f" ({self.compile_backend})" if self.compile != "off" else ""))
-        on.append("fused RMSNorm" if self.fused_norm else "RMSNorm unfused")
-        on.append("normed input cast once" if self.cast_once else "autocast casts per linear")
-        on.append("main grads (16-bit weights cast once per step, fp32 .grad)" if self.main_grads else "no main grads")
+        on = [f"compile {self.compile}" + (f" ({self.compile_backend})" if self.compile != "off" else ""),
+              "fused RMSNorm" if self.fused_norm else "RMSNorm unfused"]
+        if self.mixed:
+            on.append("normed input cast once" if self.cast_once else "autocast casts per linear")
+            on.append("main grads (16-bit weights cast once per step, fp32 .grad)" if self.main_grads
+                      else "autocast weight casts")
+        elif self.main_grads:
+            on.append("main grads (compute copies in the parameter dtype)")
         on.append(f"attention {self.attention} ({self.attention_reason})")
-        if self.loss_chunk_tokens is not None:
-            on.append(f"chunked loss ({self.loss_chunk_tokens} tokens per chunk)")
-        else:
-            on.append("plain loss")
+        if self.is_last:
+            on.append(f"chunked loss ({self.loss_chunk_tokens} tokens per chunk)" if self.loss_chunk_tokens
+                      else "plain loss")
         return "fast path: " + ", ".join(on)
 
 
@@ -159,9 +165,10 @@ def apply_fast_path(stage, fp: ResolvedFastPath, *, compute_dtype: torch.dtype, 
         cdt = torch.promote_types(compute_dtype, torch.float32)  # the loss's dtype
         chunk = fp.loss_chunk_tokens(vocab_local[1] - vocab_local[0], cdt.itemsize)
     stage.loss_chunk_tokens = chunk
-    info = StageFastPath(compile=mode, fused_norm=fp.fused_norm, cast_once=fp.cast_once and (mixed or stage.tp > 1),
+    info = StageFastPath(compile=mode, fused_norm=fp.fused_norm, cast_once=fp.cast_once and mixed,
                          main_grads=main is not None, attention=kernel, attention_reason=reason,
-                         loss_chunk_tokens=chunk, compile_backend=fp.compile_backend)
+                         loss_chunk_tokens=chunk, compile_backend=fp.compile_backend, mixed=mixed,
+                         is_last=stage.is_last)
     return info, main
 
 

@@ -256,3 +256,21 @@ def test_hydra_fast_path_node_matches_the_switches():
     from lightning_hexiscale.config.recipe import FastPathConfig
 
     assert [(f.name, f.default) for f in fields(FastPathConfig)] == [(f.name, f.default) for f in fields(FastPath)]
+
+
+def test_run_log_line(capsys):
+    """What rank 0 prints: the stage's switches, the attention kernel, fused AdamW (one process here;
+    several ranks print one line per distinct setting with their ranks)."""
+    from types import SimpleNamespace
+
+    from lightning_hexiscale.lightning.fast_path import _ranges, log_fast_path
+
+    _, info, _ = make_stage(FastPath(), torch.float32, mixed=True)
+    out = log_fast_path(SimpleNamespace(fast_path=info), [True], global_rank=0, world_size=1)
+    printed = capsys.readouterr().out
+    assert printed.startswith("hexiscale all ranks: fast path: compile off, fused RMSNorm, normed input cast once, "
+                              "main grads") and "attention sdpa (auto: CPU)" in printed
+    assert printed.rstrip().endswith("fused AdamW") and out == [(printed.split(": ", 1)[1].strip(), [0])]
+    log_fast_path(SimpleNamespace(fast_path=info), [], global_rank=1, world_size=1)
+    assert capsys.readouterr().out == ""  # other ranks print nothing
+    assert _ranges([0, 1, 2, 5, 7, 8]) == "0-2, 5, 7-8"
