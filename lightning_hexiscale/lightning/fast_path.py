@@ -43,7 +43,7 @@ def log_fast_path(engine, fused: list[bool], global_rank: int, world_size: int) 
     out = list(groups.items())
     if global_rank == 0:  # printed, not logged: recipes and notebooks route Lightning's INFO logger away
         for text, ranks in out:
-            where = "all ranks" if len(out) == 1 else f"ranks {_ranges(ranks)}"
+            where = "all ranks" if len(out) == 1 else f"rank{'s' if len(ranks) > 1 else ''} {_ranges(ranks)}"
             print(f"hexiscale {where}: {text}", flush=True)
     return out
 

@@ -191,5 +191,7 @@ def fuse_adam(optimizer, device: torch.device) -> bool:
     for g in groups:
         g["fused"] = True
     optimizer.defaults["fused"] = True
-    optimizer._step_supports_amp_scaling = True  # as Adam.__init__ does for fused=True
+    # Not ``_step_supports_amp_scaling`` (Adam.__init__ sets it with fused=True): only an fp16
+    # GradScaler reads it (the strategy refuses 16-mixed), and Lightning's bf16-mixed plugin would
+    # refuse gradient clipping for an optimizer that has it.
     return True
