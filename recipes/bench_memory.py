@@ -21,6 +21,7 @@ est/meas, then the spread of est/meas over the rows.
 
     python recipes/bench_memory.py                          # ~1-2 min on 2 idle cores
     python recipes/bench_memory.py --precision 32-true --micro-batches 1 4
+    python recipes/bench_memory.py --fast-path off          # the plain stage (no main grads, casts per linear, ...)
 """
 
 from __future__ import annotations
