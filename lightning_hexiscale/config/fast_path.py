@@ -111,7 +111,10 @@ class FastPath:
         if unknown:
             raise ConfigError(f"{key}.{unknown[0]}", items[unknown[0]], f"not a fast-path switch; the switches are "
                               f"{sorted(names)}", "check the spelling")
-        return cls(**items)
+        try:
+            return cls(**items)
+        except ConfigError as e:  # named as the caller's key (trainer.fast_path.attention, ...)
+            raise ConfigError(key + e.key[len("fast_path"):], e.value, e.rule, e.fix) from None
 
     @classmethod
     def off(cls) -> FastPath:

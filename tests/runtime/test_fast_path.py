@@ -235,6 +235,8 @@ def test_fast_path_switches_resolve_and_errors():
         FastPath(attention="flash3")
     with pytest.raises(ConfigError, match="loss_chunk_bytes"):
         FastPath(loss_chunk_bytes=0)
+    with pytest.raises(ConfigError, match=r"^trainer\.fast_path\.attention = 'x'"):  # named as the caller's key
+        FastPath.coerce({"attention": "x"}, key="trainer.fast_path")
 
 
 def test_strategy_compile_argument():
