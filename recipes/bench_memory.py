@@ -21,6 +21,7 @@ est/meas, then the spread of est/meas over the rows.
 
     python recipes/bench_memory.py                          # ~1-2 min on 2 idle cores
     python recipes/bench_memory.py --precision 32-true --micro-batches 1 4
+    python recipes/bench_memory.py --fast-path off          # the plain stage (no main grads, casts per linear, ...)
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from bench_runtime import make_batch, peak_rss_bytes, prime_process, reset_peak_
 from bench_zero import fixed_mmap_threshold
 
 from lightning_hexiscale.config.cluster import Cluster
+from lightning_hexiscale.config.fast_path import FastPath
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.estimate import estimate
 from lightning_hexiscale.planner.plan import Plan
@@ -66,14 +68,15 @@ def gpipe_plan(world: int, config: LlamaConfig, micro_batches: int, sharding: st
                                          for r in range(world)]})
 
 
-def warm_up(plan: Plan, config: LlamaConfig, dtype: torch.dtype, autocast: torch.dtype | None) -> None:
+def warm_up(plan: Plan, config: LlamaConfig, dtype: torch.dtype, autocast: torch.dtype | None,
+            fast_path: dict | None = None) -> None:
     """One throw-away step of the same plan before the baseline: the one-time lazy initialisation
     of the kernels this precision and these shapes use (oneDNN's bf16 matmul caches and scratch
     buffers: ~14 MiB of resident memory per rank that no tensor holds, measured) is not what the
     estimate models (on CUDA the analogue is the cuBLAS workspace, outside max_memory_allocated)."""
     import gc
 
-    engine = PipelineEngine(plan, config, seed=0, dtype=dtype, autocast_dtype=autocast)
+    engine = PipelineEngine(plan, config, seed=0, dtype=dtype, autocast_dtype=autocast, fast_path=fast_path)
     opt = engine.wrap_optimizer(torch.optim.AdamW(engine.parameters(), lr=1e-4))
     engine.train_step(*make_batch(config, plan.global_batch, 0))
     opt.step()
@@ -82,7 +85,7 @@ def warm_up(plan: Plan, config: LlamaConfig, dtype: torch.dtype, autocast: torch
 
 
 def _worker(rank: int, world: int, port: int, plan_dict: dict, config: LlamaConfig, precision: str, steps: int,
-            out) -> None:
+            fast_path: dict | None, out) -> None:
     torch.set_num_threads(1)
     fixed_mmap_threshold(4096)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
@@ -91,9 +94,9 @@ def _worker(rank: int, world: int, port: int, plan_dict: dict, config: LlamaConf
         plan = Plan.from_dict(plan_dict)
         dtype, autocast = PRECISIONS[precision]
         prime_process()
-        warm_up(plan, config, dtype, autocast)
+        warm_up(plan, config, dtype, autocast, fast_path)
         baseline = reset_peak_rss()
-        engine = PipelineEngine(plan, config, seed=0, dtype=dtype, autocast_dtype=autocast)
+        engine = PipelineEngine(plan, config, seed=0, dtype=dtype, autocast_dtype=autocast, fast_path=fast_path)
         opt = engine.wrap_optimizer(torch.optim.AdamW(engine.parameters(), lr=1e-4))
         for step in range(steps):
             tok, tgt = make_batch(config, plan.global_batch, step)
@@ -118,14 +121,17 @@ def _fresh_context() -> mp.context.BaseContext:
     return ctx
 
 
-def measure(plan: Plan, config: LlamaConfig, precision: str, steps: int = 2, timeout: float = 300.0) -> list[int]:
-    """Peak resident-set growth in bytes per rank (index = global rank) of training ``plan``."""
+def measure(plan: Plan, config: LlamaConfig, precision: str, steps: int = 2, timeout: float = 300.0,
+            fast_path: dict | None = None) -> list[int]:
+    """Peak resident-set growth in bytes per rank (index = global rank) of training ``plan`` (the
+    engine's ``fast_path``: None = its default)."""
     ctx = _fresh_context()
     q = ctx.Queue()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    procs = [ctx.Process(target=_worker, args=(r, plan.world_size, port, plan.to_dict(), config, precision, steps, q),
+    procs = [ctx.Process(target=_worker, args=(r, plan.world_size, port, plan.to_dict(), config, precision, steps,
+                                               fast_path, q),
                          daemon=True) for r in range(plan.world_size)]
     for p in procs:
         p.start()
@@ -144,10 +150,12 @@ def measure(plan: Plan, config: LlamaConfig, precision: str, steps: int = 2, tim
     return [peaks[r] for r in range(plan.world_size)]
 
 
-def estimated_bytes(plan: Plan, config: LlamaConfig, precision: str) -> list[float]:
-    """``estimate()``'s peak memory per rank (index = global rank) for the CPU runtime's workload."""
+def estimated_bytes(plan: Plan, config: LlamaConfig, precision: str, fast_path: dict | None = None) -> list[float]:
+    """``estimate()``'s peak memory per rank (index = global rank) for the CPU runtime's workload
+    (and the same ``fast_path`` switches)."""
     cluster = Cluster.load("cpu2") if plan.world_size <= 2 else Cluster.load("cpu_hetero4")
-    est = estimate(plan, cluster, dataclasses.replace(cpu_workload(config, precision), device="cpu"))
+    est = estimate(plan, cluster, dataclasses.replace(cpu_workload(config, precision), device="cpu",
+                                                      fast_path=FastPath.coerce(fast_path)))
     per_rank = {}
     for p, pe in zip(plan.pipelines, est.pipelines):
         for st, se in zip(p.stages, pe.stages):
@@ -157,13 +165,14 @@ def estimated_bytes(plan: Plan, config: LlamaConfig, precision: str) -> list[flo
 
 
 def rows(world: int, config: LlamaConfig, precision: str, micro_batches: list[int], steps: int,
-         shardings: tuple[str, ...] = SHARDINGS) -> list[dict]:
+         shardings: tuple[str, ...] = SHARDINGS, fast_path: dict | None = None) -> list[dict]:
     """One dict per (sharding, micro-batches): estimated and measured bytes of the largest rank."""
     out = []
     for sharding in shardings:
         for m in micro_batches:
             plan = gpipe_plan(world, config, m, sharding)
-            meas, est = measure(plan, config, precision, steps), estimated_bytes(plan, config, precision)
+            meas = measure(plan, config, precision, steps, fast_path=fast_path)
+            est = estimated_bytes(plan, config, precision, fast_path)
             r = max(range(world), key=lambda k: meas[k])
             out.append(dict(sharding=sharding, micro_batches=m, estimated=est[r], measured=meas[r]))
     return out
@@ -180,15 +189,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--precision", default="bf16-mixed", choices=sorted(PRECISIONS))
     ap.add_argument("--micro-batches", type=int, nargs="+", default=[1, 8], help="micro-batches per pipeline")
     ap.add_argument("--shardings", nargs="+", default=list(SHARDINGS), choices=SHARDINGS)
+    ap.add_argument("--fast-path", default="auto", choices=("auto", "off"),
+                    help="the stage's fast path: auto (the runtime's default) or off (the plain stage)")
     args = ap.parse_args(argv)
     config = bench_config(args.layers, args.hidden, args.seq)
     with torch.device("meta"):
         from lightning_hexiscale.models.llama import Llama
 
         params = sum(p.numel() for p in Llama(config).parameters())
-    print(f"model: {params / 1e6:.1f} M parameters, {args.precision}, {args.ranks} GPipe pipelines of one rank, "
+    print(f"model: {params / 1e6:.1f} M parameters, {args.precision}, fast path {args.fast_path}, {args.ranks} GPipe "
+          f"pipelines of one rank, "
           f"micro-batches of 1 x {args.seq} tokens, AdamW, {args.steps} steps")
-    table = rows(args.ranks, config, args.precision, args.micro_batches, args.steps, tuple(args.shardings))
+    fast = None if args.fast_path == "auto" else False
+    table = rows(args.ranks, config, args.precision, args.micro_batches, args.steps, tuple(args.shardings), fast)
     print(f"\n{'dp_sharding':<12}{'micro-batches':>14}{'estimated MiB':>15}{'measured MiB':>14}{'est/meas':>10}")
     for r in table:
         print(f"{r['sharding']:<12}{r['micro_batches']:>14}{r['estimated'] / MIB:>15.1f}{r['measured'] / MIB:>14.1f}"

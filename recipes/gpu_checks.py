@@ -228,11 +228,13 @@ def check_matmul_speed(steps: int = 10, n: int = 8192) -> tuple[Row, float]:
 
 def check_stage_speed(steps: int, warmup: int, matmul_rate: float) -> list[Row]:
     """Forward + backward of a 4-layer runtime stage (H=2048, F=5632, S=2048, micro-batch 2, bf16
-    autocast): achieved TFLOP/s = 3 x forward FLOPs (Appendix B count) / time against
-    :data:`STAGE_FRACTION` of the catalog peak (of the measured matmul rate when the GPU is not
-    listed), and time against the same blocks as plain modules."""
+    autocast, the default fast path; recipes/mfu_probe.py times each variant): achieved TFLOP/s =
+    3 x forward FLOPs (Appendix B count) / time against :data:`STAGE_FRACTION` of the catalog peak
+    (of the measured matmul rate when the GPU is not listed), and time against the same blocks as plain modules."""
+    from lightning_hexiscale.config.fast_path import FastPath
     from lightning_hexiscale.models.config import LlamaConfig
     from lightning_hexiscale.models.llama import Llama, RopeCache, TransformerBlock
+    from lightning_hexiscale.runtime.fast_path import apply_fast_path
     from lightning_hexiscale.runtime.parallelize import build_stage
 
     cfg = LlamaConfig(name="check_speed", hidden_size=2048, num_layers=4, num_heads=16, num_kv_heads=16,
@@ -242,6 +244,8 @@ def check_stage_speed(steps: int, warmup: int, matmul_rate: float) -> list[Row]:
         meta = Llama(cfg)
     stage = build_stage(meta, (0, cfg.num_layers), False, False, 1, 0, None, device="cuda", dtype=torch.float32,
                         seed=SEED)
+    # as a GPU run builds it: the default fast path (compiled blocks, fused norm, main grads, ...)
+    apply_fast_path(stage, FastPath().resolve("cuda", mixed=True), compute_dtype=torch.bfloat16, mixed=True)
     plain = torch.nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.num_layers)).to("cuda")
     cos, sin = RopeCache(cfg)(cfg.seq_len, torch.device("cuda"), torch.float32)
     x = torch.randn(mb, cfg.seq_len, cfg.hidden_size, device="cuda", requires_grad=True)

@@ -267,6 +267,7 @@ def train(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict, precis
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import ModelCheckpoint
 
+    from lightning_hexiscale.config.fast_path import FastPath
     from lightning_hexiscale.lightning.example import LlamaLitModule, LossPrinter, StepProgressBar
     from lightning_hexiscale.lightning.interrupt import GracefulInterrupt
     from lightning_hexiscale.lightning.strategy import HexiScaleStrategy
@@ -292,7 +293,8 @@ def train(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict, precis
         planning.update(global_batch=gb, planner_iterations=int(cfg.planner.iterations), elastic=elastic)
     strategy = HexiScaleStrategy(cluster=cluster, plan=plan, start_method=launcher, seed=int(t.seed),
                                  nonfinite=str(t.nonfinite), timeout=float(t.timeout_s),
-                                 async_checkpoint=bool(t.async_checkpoint), **planning)
+                                 async_checkpoint=bool(t.async_checkpoint),
+                                 fast_path=FastPath.coerce(t.get("fast_path"), key="trainer.fast_path"), **planning)
     logger = make_logger(cfg, out)
     # rank 0 only (Lightning's loggers); the train.* values that ran (effective_config), not the defaults
     if plan is not None:
@@ -326,7 +328,8 @@ def quiet_logs() -> None:
 
 def check_early(cfg: DictConfig) -> None:
     """What needs no plan, checked before planning (not after minutes of it, nor on every rank):
-    trainer.nonfinite, trainer.timeout_s, trainer.precision, trainer.launcher, trainer.resume."""
+    trainer.nonfinite, trainer.timeout_s, trainer.precision, trainer.launcher, trainer.resume,
+    trainer.fast_path."""
     from lightning_hexiscale.config.recipe import check_ckpt_path, precision_dtype
     from lightning_hexiscale.errors import ConfigError
 
@@ -345,6 +348,9 @@ def check_early(cfg: DictConfig) -> None:
         if int(t[key]) < 1:
             raise ConfigError(f"trainer.{key}", t[key], "must be a positive integer", f"e.g. trainer.{key}=1")
     check_ckpt_path(t.resume, key="trainer.resume")
+    from lightning_hexiscale.config.fast_path import FastPath
+
+    FastPath.coerce(t.get("fast_path"), key="trainer.fast_path")  # a bad switch value, before planning
 
 
 def run(cfg: DictConfig) -> int:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from lightning_hexiscale.config.cluster import Cluster
+from lightning_hexiscale.config.fast_path import FastPath
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner import cost_model as cm
 from lightning_hexiscale.planner.estimate import Workload, estimate, stage_memory_at
@@ -74,13 +75,17 @@ def test_estimate_splits_the_head_over_the_last_stage():
     # memory: the head's rows and the logits are halved. What grows with the vocabulary grows half as
     # fast on the TP-2 stage; on one device each head row carries its weights, gradient and Adam
     # states (cost_model.runtime_state_bytes_per_param, 16 B/param in bf16) and each token V fp32
-    # logits, three times (cost_model.logits_bytes), at the backward's peak
+    # logits, three times (cost_model.logits_bytes: the plain loss; the fast path's chunked loss is
+    # test_fast_path_memory.py's), at the backward's peak
     V, H = MODEL.vocab_size, MODEL.hidden_size
     big = dataclasses.replace(MODEL, vocab_size=2 * V)
+    plain = FastPath(chunked_loss=False)
 
     def grows(tp: int) -> float:
-        return (estimate(_plan(tp), c, Workload(big, dtype="bf16")).pipelines[0].stages[1].peak_memory_bytes
-                - estimate(_plan(tp), c, w).pipelines[0].stages[1].peak_memory_bytes)
+        def peak(model: LlamaConfig) -> float:
+            return estimate(_plan(tp), c, Workload(model, dtype="bf16", fast_path=plain)).pipelines[0].stages[1] \
+                .peak_memory_bytes
+        return peak(big) - peak(MODEL)
 
     spp = cm.runtime_state_bytes_per_param("ddp", 1, 2, w.optimizer_bytes_per_param, "backward")
     assert grows(1) == pytest.approx(V * H * spp + cm.logits_bytes(MODEL.seq_len, V), rel=1e-9)

@@ -10,9 +10,28 @@ Override from the command line::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
+
+from lightning_hexiscale.config.fast_path import DEFAULT_LOSS_CHUNK_BYTES
+
+
+@dataclass
+class FastPathConfig:
+    """``trainer.fast_path.*``: the stage's speed switches (:class:`~.fast_path.FastPath`, where each
+    is documented); null = auto (a GPU run takes the whole fast path, compile is off on CPU)."""
+
+    compile: Optional[bool] = None
+    fused_norm: Optional[bool] = None
+    cast_once: Optional[bool] = None
+    main_grads: Optional[bool] = None
+    fused_adamw: Optional[bool] = None
+    chunked_loss: Optional[bool] = None
+    attention: str = "auto"
+    """auto, flash_attn, sdpa, sdpa_flash, sdpa_cudnn, sdpa_efficient, sdpa_math or eager."""
+    compile_backend: str = "inductor"
+    loss_chunk_bytes: int = DEFAULT_LOSS_CHUNK_BYTES
 
 
 @dataclass
@@ -78,6 +97,8 @@ class TrainerConfig:
     nonfinite: str = "stop"
     """A non-finite loss or gradient on any rank: stop (exit status 4, naming the step and ranks) or
     skip (drop that update on every rank and go on)."""
+    fast_path: FastPathConfig = field(default_factory=FastPathConfig)
+    """The stage's speed switches, e.g. ``trainer.fast_path.compile=false`` (``HexiScaleStrategy(compile=False)``)."""
     timeout_s: float = 600.0
     """Process-group timeout: a collective or p2p wait on a dead or hung rank fails after this long;
     with the failure watch every rank then stops within a few seconds (exit status 4)."""

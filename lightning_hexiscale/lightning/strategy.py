@@ -53,6 +53,7 @@ from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.models.llama import Llama
 from lightning_hexiscale.lightning import internals, notices
 from lightning_hexiscale.lightning.device_check import check_local_gpus
+from lightning_hexiscale.lightning.fast_path import log_fast_path, prepare_optimizers, strategy_fast_path
 from lightning_hexiscale.lightning.strategy_checkpoints import CheckpointMethods
 from lightning_hexiscale.lightning.strategy_gradients import GradientMethods
 from lightning_hexiscale.lightning.pipeline_model import PipelineLogits, PipelineModel
@@ -108,6 +109,14 @@ class HexiScaleStrategy(CheckpointMethods, GradientMethods, DDPStrategy):
             strategy learns which machines of the cluster file are present (``$HEXISCALE_MACHINE`` on
             each node), plans for them, resumes from the newest complete checkpoint and prints what
             changed; it saves every ``every_n_steps`` and on SIGTERM. Needs ``cluster``, no ``plan``.
+        compile: ``torch.compile`` of the stage (each block where it has no hooks or collectives,
+            regions otherwise); ``None`` (default): on for CUDA, off on CPU. Shortcut for
+            ``fast_path={"compile": ...}``.
+        fast_path: the stage's speed switches, one per change
+            (:class:`~lightning_hexiscale.config.fast_path.FastPath` or a dict of its fields:
+            ``fused_norm``, ``cast_once``, ``main_grads``, ``fused_adamw``, ``chunked_loss``,
+            ``attention``, ...); ``None``: all auto (a GPU run takes the whole fast path);
+            ``False``: all off. The run's log says what each rank runs.
         watchdog: run :class:`~lightning_hexiscale.runtime.failure.FailureWatch` (heartbeats over the
             rendezvous store): when a rank fails, every rank stops within ``watchdog_grace_s`` seconds
             more (exit status 4) and says which rank failed.
@@ -123,7 +132,7 @@ class HexiScaleStrategy(CheckpointMethods, GradientMethods, DDPStrategy):
                  seed: int | None = None, planner_iterations: int = 20, start_method: StartMethod = "popen",
                  num_threads: int | Literal["auto"] = "auto", check_devices: bool = True,
                  nonfinite: Literal["skip", "stop"] = "stop", async_checkpoint: bool = False, elastic=None,
-                 watchdog: bool = True, watchdog_grace_s: float = 5.0,
+                 watchdog: bool = True, watchdog_grace_s: float = 5.0, compile: bool | None = None, fast_path=None,
                  process_group_backend: str | None = None, timeout: timedelta | float | None = default_pg_timeout,
                  accelerator=None, parallel_devices=None, cluster_environment=None, checkpoint_io=None,
                  precision_plugin=None) -> None:
@@ -173,6 +182,7 @@ class HexiScaleStrategy(CheckpointMethods, GradientMethods, DDPStrategy):
         self.elastic = _elastic_run(elastic, cluster, plan)
         self._present: Cluster | None = None
         self._global_batch = global_batch
+        self.fast_path = strategy_fast_path(compile, fast_path)
         self._overrides = {"micro_batch_size": micro_batch_size, "schedule": schedule, "recompute": recompute,
                            "dp_sharding": dp_sharding}
         self.seed = int(os.environ.get("PL_GLOBAL_SEED", 0)) if seed is None else int(seed)
@@ -282,7 +292,9 @@ class HexiScaleStrategy(CheckpointMethods, GradientMethods, DDPStrategy):
         if fitting:
             internals.skip_lightning_backward(trainer)
             self.setup_optimizers(trainer)
+            fused = prepare_optimizers(self.pipeline_model.engine, self.optimizers)  # fused AdamW
             shard_optimizers(self.pipeline_model.engine, self.optimizers)  # zero2/zero3 only
+        log_fast_path(self.pipeline_model.engine, fused if fitting else [], self.global_rank, self.world_size)
         self.setup_precision_plugin()
         self._install_global_clipping()
         if fitting:
@@ -329,7 +341,8 @@ class HexiScaleStrategy(CheckpointMethods, GradientMethods, DDPStrategy):
         # everyone's, because ranks with different plans would build different groups and hang.
         # the one workload of this run (the precision's dtypes, the cluster's device kind): the
         # search prices it, and elastic restarts report its estimate
-        self.workload = Workload.for_cluster(llama.config, self.cluster, self._workload_precision())
+        self.workload = Workload.for_cluster(llama.config, self.cluster, self._workload_precision(),
+                                              fast_path=self.fast_path)
         try:
             self.plan = plan_for(given, self.cluster, self.workload, self._global_batch_for(trainer), self._overrides,
                                  seed=self.seed, iterations=self.planner_iterations)
@@ -362,7 +375,7 @@ class HexiScaleStrategy(CheckpointMethods, GradientMethods, DDPStrategy):
             state = {k: v.detach() for k, v in llama.state_dict().items()}
         engine = PipelineEngine(self.plan, config, rank=self.global_rank, seed=int(getattr(module, "init_seed", 0)),
                                 device=self.root_device, dtype=param.dtype, autocast_dtype=self._autocast_dtype(),
-                                state_dict=state)
+                                state_dict=state, fast_path=self.fast_path)
         loss_dtype = torch.float64 if param.dtype == torch.float64 else torch.float32
         return PipelineModel(engine, loss_dtype, trainer.accumulate_grad_batches)
 

@@ -3,7 +3,10 @@
 All kernels take q (B, nq, S, d) and k, v (B, nkv, S, d) with nq a multiple of nkv (grouped-query
 attention: query head j reads key/value head ``j // (nq / nkv)``) and return (B, nq, S, d):
 
-- ``sdpa``: ``F.scaled_dot_product_attention(is_causal=True)``;
+- ``sdpa``: ``F.scaled_dot_product_attention(is_causal=True)``, torch picking its backend;
+- ``sdpa_flash``, ``sdpa_cudnn``, ``sdpa_efficient``, ``sdpa_math``: the same call restricted to
+  one SDPA backend (``torch.nn.attention.sdpa_kernel``); torch raises where that backend cannot
+  run the inputs (device, dtype, head size, grouped-query heads);
 - ``flash``: flash-attn 2's ``flash_attn_func`` (it takes (B, S, heads, d), so the layout is
   transposed around the call); CUDA, fp16/bf16 and compute capability >= 8.0 only;
 - ``eager``: softmax(q k^T / sqrt(d) + causal mask) v written out in matmuls, in the inputs' dtype
@@ -30,7 +33,11 @@ from lightning_hexiscale.torch_compat import sdpa_causal
 
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
-KERNELS = ("auto", "sdpa", "flash", "eager")
+KERNELS = ("auto", "sdpa", "flash", "eager", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_math")
+
+SDPA_BACKENDS = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_cudnn": "CUDNN_ATTENTION",
+                 "sdpa_efficient": "EFFICIENT_ATTENTION", "sdpa_math": "MATH"}
+"""Kernel name -> ``torch.nn.attention.SDPBackend`` member."""
 
 FLASH_MIN_CAPABILITY = (8, 0)
 """flash-attn 2 runs on Ampere (sm_80) and newer; older GPUs (V100 sm_70, T4 sm_75) fall back to SDPA."""
@@ -45,6 +52,14 @@ class FlashAttnFallbackWarning(RuntimeWarning):
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Causal attention on (B, heads, S, d) tensors; k and v may have fewer heads (GQA)."""
     return sdpa_causal(q, k, v)
+
+
+def sdpa_backend_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: str) -> torch.Tensor:
+    """:func:`sdpa_attention` with torch restricted to the one SDPA backend ``kernel`` names."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[kernel])]):
+        return sdpa_attention(q, k, v)
 
 
 def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -117,6 +132,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: str = "
         return flash_attention(q, k, v)
     if kernel == "eager":
         return eager_attention(q, k, v)
+    if kernel in SDPA_BACKENDS:
+        return sdpa_backend_attention(q, k, v, kernel)
     raise ValueError(f"attention kernel {kernel!r}: must be one of {KERNELS}")
 
 

@@ -26,6 +26,7 @@ gets bit-identical values to the full model built in one process.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -44,18 +45,35 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """y = x / sqrt(mean(x^2, last dim) + eps) * weight in at least float32, returned in x's dtype
+    (written out: four element-wise kernels forward; the reference)."""
+    xf = x.to(_compute_dtype(x.dtype))
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (y * weight.to(y.dtype)).to(x.dtype)
+
+
+def fused_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """:func:`rms_norm` through ``F.rms_norm`` (one fused kernel on CUDA where torch has it; the
+    same formula, term for term, elsewhere)."""
+    xf = x.to(_compute_dtype(x.dtype))
+    return F.rms_norm(xf, (xf.shape[-1],), weight.to(xf.dtype), eps).to(x.dtype)
+
+
 class RMSNorm(nn.Module):
-    """y = x / sqrt(mean(x^2, last dim) + eps) * weight, computed in at least float32."""
+    """y = x / sqrt(mean(x^2, last dim) + eps) * weight, computed in at least float32.
+
+    ``norm_fn(x, weight, eps)`` is the kernel: :func:`rms_norm` by default; the runtime may set
+    :func:`fused_rms_norm` or a compiled region (same formula)."""
 
     def __init__(self, dim: int, eps: float = 1e-5):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
+        self.norm_fn: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor] = rms_norm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.to(_compute_dtype(x.dtype))
-        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (y * self.weight.to(y.dtype)).to(x.dtype)
+        return self.norm_fn(x, self.weight, self.eps)
 
 
 def rope_tables(seq_len: int, head_dim: int, theta: float, device: torch.device | str | None = None,
@@ -110,6 +128,17 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
 
 
+def rope_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+            sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`apply_rope` of queries and keys (one region: the runtime may compile it)."""
+    return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up (one region: the runtime may compile it into one kernel each way)."""
+    return F.silu(gate) * up
+
+
 class Attention(nn.Module):
     """Causal self-attention with RoPE and grouped-query attention.
 
@@ -128,19 +157,20 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(h, config.kv_dim, bias=False)
         self.o_proj = nn.Linear(config.num_heads * d, h, bias=False)
         self.attention_fn: AttentionFn = attention
+        self.rope_fn: Callable[..., tuple[torch.Tensor, torch.Tensor]] = rope_qk
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
         q = self.q_proj(x).view(b, s, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, s, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, s, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = self.rope_fn(q, k, cos, sin)
         out = self.attention_fn(q, k, v)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim))
 
 
 class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x))."""
+    """SwiGLU: down(silu(gate(x)) * up(x)); ``act_fn(gate, up)`` is :func:`swiglu` (or a compiled region)."""
 
     def __init__(self, config: LlamaConfig):
         super().__init__()
@@ -148,9 +178,10 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(h, f, bias=False)
         self.up_proj = nn.Linear(h, f, bias=False)
         self.down_proj = nn.Linear(f, h, bias=False)
+        self.act_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = swiglu
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act_fn(self.gate_proj(x), self.up_proj(x)))
 
 
 class TransformerBlock(nn.Module):

@@ -420,13 +420,36 @@ def shared_cast_grad_bytes(matmul_params: float, dtype_bytes: int) -> float:
     return matmul_params * dtype_bytes
 
 
+def main_grad_copy_bytes(matmul_params: float, compute_bytes: float) -> float:
+    """Main grads (``runtime/main_grads.py``): one compute copy of every matmul weight (the block
+    linears and an untied LM head), ``matmul_params * B_type``, from the step's first forward to its
+    last backward, whatever the micro-batches in flight; it replaces :func:`autocast_weight_bytes`
+    and :func:`shared_cast_grad_bytes` for those weights."""
+    return matmul_params * compute_bytes
+
+
+def chunked_loss_bytes(tokens: int, vocab: float, dtype_bytes: int, chunk_tokens: int, inflight: int = 1) -> float:
+    """The chunked cross-entropy (``runtime/chunked_loss.py``) on a last stage holding ``vocab``
+    words (V/t under TP), in bytes, at the start of its backward:
+
+        inflight * tokens * (V * B + 2 * C + 9)  +  tokens * V * B  +  min(c, tokens) * V * C
+
+    each micro-batch in flight keeps its logits in B_type (the head's output dtype) and, per token,
+    the max and the sum of exponentials (C) and the target index and mask (9); the backward writes
+    the gradient of the logits in B_type and works in C = float32 on one chunk of c tokens at a time
+    (:func:`logits_bytes` is the plain loss: float32 copies of the whole micro-batch)."""
+    C = compute_bytes(dtype_bytes)
+    return (inflight * tokens * (vocab * dtype_bytes + 2 * C + 9) + tokens * vocab * dtype_bytes
+            + min(chunk_tokens, tokens) * vocab * C)
+
+
 def compute_bytes(dtype_bytes: int) -> int:
     """Bytes of the dtype norms and the loss run in: at least float32 (``models/llama.py``)."""
     return max(4, dtype_bytes)
 
 
 def stored_activation_bytes(tokens: int, hidden: int, kv_dim: int, ffn: int, tp: int, dtype_bytes: int,
-                            mixed: bool = False) -> float:
+                            mixed: bool = False, cast_once: bool = False) -> float:
     """Bytes one LLaMA layer keeps for its backward, for ``tokens`` = B_mb * S tokens (no recompute):
 
         tokens * [ 2 * (2 * C / B_type + 1) * H  +  (2 * H + 2 * kv + 4 * F) / t ] * B_type
@@ -438,15 +461,16 @@ def stored_activation_bytes(tokens: int, hidden: int, kv_dim: int, ffn: int, tp:
 
     ``mixed`` (autocast over float32 parameters): the residual stream stays float32, and each
     linear saves its own B_type cast of its input; a norm's output enters q, k, v (3 casts) and
-    gate, up (2 casts) when t = 1, but one cast under TP (``runtime/parallelize.py`` casts it before
-    the TP region):
+    gate, up (2 casts) when t = 1, but one cast under TP, and at t = 1 with the fast path's
+    ``cast_once`` (``runtime/parallelize.py`` casts it before the TP region):
 
-        tokens * [ 4 * C * H  +  (5 if t = 1 else 2) * B_type * H  +  (2 * H + 2 * kv + 4 * F) / t * B_type ]
+        tokens * [ 4 * C * H  +  c * B_type * H  +  (2 * H + 2 * kv + 4 * F) / t * B_type ],
+        c = 5 if t = 1 and not cast_once else 2
     """
     C = compute_bytes(dtype_bytes)
     if mixed:
-        return tokens * (4 * C * hidden + ((5 if tp == 1 else 2) * hidden + (2 * hidden + 2 * kv_dim + 4 * ffn) / tp)
-                         * dtype_bytes)
+        casts = 5 if tp == 1 and not cast_once else 2
+        return tokens * (4 * C * hidden + (casts * hidden + (2 * hidden + 2 * kv_dim + 4 * ffn) / tp) * dtype_bytes)
     norms = 2 * (2 * C / dtype_bytes + 1) * hidden
     return tokens * (norms + (2 * hidden + 2 * kv_dim + 4 * ffn) / tp) * dtype_bytes
 

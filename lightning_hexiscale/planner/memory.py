@@ -105,6 +105,10 @@ def stage_memory_at(workload: Workload, sharding: str, num_pipelines: int, recom
     comms = communicators_lower_bound(tp, first, last, P) if communicators is None else communicators
     common = workload.reserve_bytes + (cm.comm_buffer_bytes(comms, workload.comm_buffer_bytes)
                                        if workload.device == "cuda" else 0.0)
+    fast = workload.fast_path.resolve(workload.device, mixed, sharding, recompute)
+    matmul_local = model.layer_matmul_params * frac
+    # main grads: compute copies of the block linears and of an untied head (backward phase only)
+    main_head = head_matmul if fast.main_grads and not model.tie_word_embeddings else 0.0
 
     def states(phase: str) -> tuple[float, float]:
         spp = cm.runtime_state_bytes_per_param(sharding, P, bt, K, phase, recompute, pb)
@@ -117,23 +121,31 @@ def stage_memory_at(workload: Workload, sharding: str, num_pipelines: int, recom
     phases = []
     # backward: stored activations, the working set of the layer in its backward, the logits, and
     # under mixed precision autocast's one bf16 copy of every matmul weight
-    full = cm.stored_activation_bytes(tokens, H, model.kv_dim, F, tp, bt, mixed)
+    full = cm.stored_activation_bytes(tokens, H, model.kv_dim, F, tp, bt, mixed, fast.cast_once)
     fixed, per = states("backward")
     if sharding == "zero3":  # the gathered current and next layer (parameter dtype), freed after the backward
         fixed += 2 * layer_local * pb
     work = (full if recompute else 0.0) + cm.backward_working_bytes(tokens, H, F, tp, bt, pb)
-    if last:
+    if last and fast.chunked_loss:
+        vocab_local = model.vocab_size * vfrac
+        fixed += cm.chunked_loss_bytes(tokens, vocab_local, bt, fast.loss_chunk_tokens(round(vocab_local)), inflight)
+    elif last:
         work += cm.logits_bytes(tokens, model.vocab_size * vfrac)
     # the weights the stored micro-batches' graphs keep for their backward: under mixed precision
     # autocast's bf16 casts, one copy shared by micro-batches 0..n-2 and the last one's own
-    # (runtime/schedule.py), or only the recomputed layer's; under ZeRO-3 otherwise the gathered
+    # (runtime/schedule.py), or only the recomputed layer's; with main grads the one compute copy
+    # of every matmul weight that all graphs share (freed after the last backward); under ZeRO-3 the gathered
     # block parameters themselves, per micro-batch (freeing p.data does not free what autograd saved)
-    matmul_local = model.layer_matmul_params * frac
     copies = min(inflight, 2)
     saved_weights = 0.0
+    if fast.main_grads:
+        fixed += cm.main_grad_copy_bytes(main_head, bt)
+        per += cm.main_grad_copy_bytes(matmul_local, bt)
     if mixed:
-        work += cm.autocast_weight_bytes(head_matmul, bt, 1 if recompute else copies)
-        if recompute:
+        work += cm.autocast_weight_bytes(head_matmul - main_head, bt, 1 if recompute else copies)
+        if fast.main_grads:
+            pass  # no autocast casts of the block linears
+        elif recompute:
             work += cm.autocast_weight_bytes(matmul_local, bt)
         else:
             per += cm.autocast_weight_bytes(matmul_local, bt, copies)
@@ -146,7 +158,8 @@ def stage_memory_at(workload: Workload, sharding: str, num_pipelines: int, recom
     # the first backward that reaches it, which frees that micro-batch's stored tensors of the
     # layer as it goes (its casts too when it is the only one), so the peak holds one of the two.
     stored = (tokens * H * pb if recompute else full) + saved_weights
-    freed = stored + (cm.autocast_weight_bytes(matmul_local, bt) if mixed and not recompute and inflight == 1 else 0.0)
+    freed = stored + (cm.autocast_weight_bytes(matmul_local, bt)
+                      if mixed and not recompute and inflight == 1 and not fast.main_grads else 0.0)
     per -= min(freed, layer_local * pb)
     phases.append((fixed + work, per + inflight * stored))
     # gradient sync between pipelines: DDP's bucket copies (in the reduce dtype, B_type by

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from lightning_hexiscale.config.fast_path import FastPath
 from lightning_hexiscale.models.config import LlamaConfig
 
 if TYPE_CHECKING:
@@ -41,6 +42,10 @@ class Workload:
     param_dtype: str | None = None
     """Storage dtype of the parameters and their gradients; None = ``dtype``. Mixed precision
     (``bf16-mixed``) keeps float32 parameters and gradients under bf16 compute: ``fp32``."""
+    fast_path: FastPath = FastPath()
+    """The runtime's speed switches (all auto by default, as the runtime's default); the memory
+    terms price the ones that move memory (main grads, the chunked loss, the cast-once, fused
+    AdamW), resolved for ``device``."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.memory_headroom < 1.0:

@@ -38,6 +38,7 @@ from contextlib import nullcontext
 import torch
 import torch.distributed as dist
 
+from lightning_hexiscale.config.fast_path import FastPath
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.models.llama import Llama
@@ -45,6 +46,7 @@ from lightning_hexiscale.planner.plan import Plan
 from lightning_hexiscale.runtime.grad_sync import DEFAULT_BUCKET_CAP_BYTES, GradSynchronizer
 from lightning_hexiscale.runtime.parallelize import build_stage, load_full_state_dict, local_shards
 from lightning_hexiscale.runtime.comm_order import check_exchanges
+from lightning_hexiscale.runtime.fast_path import apply_fast_path, fuse_adam
 from lightning_hexiscale.runtime.schedule import PipelineExecutor, global_loss, wire_dtype
 from lightning_hexiscale.runtime.tied_embeddings import TiedEmbeddingSync, needs_tied_sync
 from lightning_hexiscale.runtime.topology import Topology
@@ -71,12 +73,15 @@ class PipelineEngine:
         autocast_dtype: e.g. ``torch.bfloat16`` to run forward under autocast; ``None`` = off.
         state_dict: optional full (global-name) state dict to load instead of initialising.
         bucket_cap_bytes: gradient-sync (and ZeRO) bucket size.
+        fast_path: the stage's speed switches (:class:`~lightning_hexiscale.config.fast_path.FastPath`,
+            a mapping of its fields, or None = all auto: everything on, compile on CUDA only, main
+            grads under mixed precision except ZeRO-3 and recomputation); :attr:`fast_path` says what runs.
     """
 
     def __init__(self, plan: Plan, model_config: LlamaConfig, rank: int | None = None, *, seed: int = 0,
                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                  autocast_dtype: torch.dtype | None = None, state_dict: dict[str, torch.Tensor] | None = None,
-                 bucket_cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES):
+                 bucket_cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES, fast_path: FastPath | dict | None = None):
         plan.validate(model=model_config)
         check_exchanges(plan)  # every link's batches pair up (else PlanError, before any communication)
         self.plan, self.config = plan, model_config
@@ -90,7 +95,16 @@ class PipelineEngine:
                                  recompute=plan.recompute, seed=None if state_dict is not None else seed)
         if state_dict is not None:
             load_full_state_dict(self.stage, state_dict)
+        mixed = wire_dtype(dtype, autocast_dtype) != dtype
+        self.fast_path_settings = FastPath.coerce(fast_path).resolve(self.device.type, mixed, plan.dp_sharding,
+                                                                      plan.recompute)
+        self.fast_path, self.main_grads = apply_fast_path(
+            self.stage, self.fast_path_settings, compute_dtype=autocast_dtype if mixed else dtype,
+            zero3=plan.dp_sharding == "zero3", mixed=mixed)
         self.executor = PipelineExecutor(self.stage, self.topology, plan.schedule, autocast_dtype)
+        if self.main_grads is not None:
+            # the weights' compute copies: cast before the step's first forward, freed after its last backward
+            self.executor.before_run, self.executor.after_run = self.main_grads.refresh, self.main_grads.release
         self.sharding = plan.dp_sharding
         # Bytes on the wire = bytes the cost model prices: activations and gathered parameters in the
         # autocast dtype under mixed precision, gradients summed in the plan's reduce_dtype.
@@ -118,13 +132,22 @@ class PipelineEngine:
 
     def wrap_optimizer(self, optimizer):
         """The optimizer to step after :meth:`train_step`: ``optimizer`` itself under ddp, else a
-        :class:`ShardedOptimizer` of its class and hyper-parameters over this rank's chunks."""
+        :class:`ShardedOptimizer` of its class and hyper-parameters over this rank's chunks. With
+        the fast path's ``fused_adamw``, a torch Adam / AdamW gets ``fused=True`` first
+        (:meth:`prepare_optimizer`)."""
+        self.prepare_optimizer(optimizer)
         if self.zero is None:
             return optimizer
         self.sharded_optimizer = self.zero.attach(optimizer)
         if self.tied is not None:
             return _StepThenTie(self.sharded_optimizer, self.tied)
         return self.sharded_optimizer
+
+    def prepare_optimizer(self, optimizer) -> bool:
+        """Fused Adam / AdamW where the fast path asks for it and the device has the kernel
+        (:func:`~lightning_hexiscale.runtime.fast_path.fuse_adam`); whether it is fused now."""
+        fused = self.fast_path_settings.fused_adamw and fuse_adam(optimizer, self.device)
+        return fused or bool(optimizer.param_groups and optimizer.param_groups[0].get("fused"))
 
     def sync_grads(self) -> None:
         """Sum gradients across pipelines (collective): all-reduce (ddp) or reduce-scatter (zero);
@@ -150,6 +173,8 @@ class PipelineEngine:
         if arm:
             hook = self.grad_sync.arm if self.grad_sync is not None else self.zero.arm
             starts = self.grad_sync.starts if self.grad_sync is not None else self.zero.starts
+        if self.main_grads is not None:  # the compute copies go as their gradients land in the last backward
+            hook = _then(hook, self.main_grads.free_after_use)
         if self.zero3 is None:
             loss = self.executor.run(tokens, targets, loss_scale, hook)
         else:
@@ -227,6 +252,17 @@ class PipelineEngine:
         (collective under ZeRO-3, which gathers the blocks to copy them)."""
         with self.full_params():
             return {k: (t.clone(), d, s, e) for k, (t, d, s, e) in local_shards(self.stage).items()}
+
+
+def _then(first, second):
+    """``first()`` (if any), then ``second()``."""
+    if first is None:
+        return second
+
+    def both():
+        first()
+        second()
+    return both
 
 
 class _StepThenTie:

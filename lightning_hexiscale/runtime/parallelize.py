@@ -39,6 +39,7 @@ from torch.utils.checkpoint import checkpoint
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.models.llama import Llama, RMSNorm, RopeCache, TransformerBlock, causal_lm_loss, init_tensor
 from lightning_hexiscale.runtime import tensor_parallel as tpl
+from lightning_hexiscale.runtime.chunked_loss import chunked_cross_entropy
 
 ProcessGroup = torch.distributed.ProcessGroup
 
@@ -145,15 +146,19 @@ def stage_shards(config: LlamaConfig, layers: tuple[int, int], is_first: bool, i
 
 class _NormIntoTP(RMSNorm):
     """RMSNorm whose output enters the TP region (f): one gradient all-reduce for q, k and v
-    (or gate and up) together. Same parameter name and values as the plain RMSNorm."""
+    (or gate and up) together. Same parameter name and values as the plain RMSNorm.
+
+    Under autocast the output is cast to the autocast dtype here, once, instead of by each of the
+    linears it feeds: always under TP, and at TP 1 with ``cast_once`` (the fast path's switch)."""
 
     def __init__(self, dim: int, eps: float, group: ProcessGroup | None):
         super().__init__(dim, eps)
         self.group = group
+        self.cast_once = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = super().forward(x)
-        if self.group is not None and torch.is_autocast_enabled(y.device.type):
+        if (self.group is not None or self.cast_once) and torch.is_autocast_enabled(y.device.type):
             # The linears would cast to the autocast dtype anyway; casting before f makes f's
             # backward all-reduce run in that dtype too (bf16: the 2 bytes the cost model prices,
             # instead of the float32 gradient of the norm output).
@@ -206,6 +211,8 @@ class StageModule(nn.Module):
         self.layers = nn.ModuleDict(blocks)
         self.norm, self.lm_head = norm, lm_head
         self.rope = RopeCache(config)
+        self.loss_chunk_tokens: int | None = None
+        """Set (by the fast path's ``chunked_loss``): :meth:`loss` runs in chunks of this many tokens."""
 
     def shards(self) -> dict[str, LocalShard]:
         """Global name -> local piece, for every parameter of this module."""
@@ -213,6 +220,9 @@ class StageModule(nn.Module):
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean token cross-entropy of this micro-batch (last stages; equal on every TP rank)."""
+        if self.loss_chunk_tokens is not None:
+            return chunked_cross_entropy(logits, targets, self.vocab_start, self.tp_group if self.tp > 1 else None,
+                                         self.loss_chunk_tokens)
         if self.tp > 1:
             return tpl.vocab_parallel_cross_entropy(logits, targets, self.vocab_start, self.tp_group)
         return causal_lm_loss(logits, targets)

@@ -172,7 +172,9 @@ class PipelineExecutor:
     global-mean loss and gradient.
 
     ``before_exchange``: called before every exchange of a training run (ZeRO-3 serves its peers'
-    gathers there, see :mod:`.zero3`).
+    gathers there, see :mod:`.zero3`). ``before_run`` / ``after_run``: called at the start and the
+    end of every run and forward-only walk (the main grads' compute copies are cast, then freed,
+    there: :mod:`.main_grads`).
     """
 
     def __init__(self, stage: StageModule, topology: Topology, schedule: str = "1f1b",
@@ -185,6 +187,8 @@ class PipelineExecutor:
         self.wire_dtype = wire_dtype(self.act_dtype, autocast_dtype)
         self.links = {side: topology.link_group(side) for side in ("prev", "next")}
         self.before_exchange: Callable[[], None] | None = None
+        self.before_run: Callable[[], None] | None = None
+        self.after_run: Callable[[], None] | None = None
 
     # ---- communication ------------------------------------------------------------------
     def _scatter(self, side: str) -> bool:
@@ -286,12 +290,16 @@ class PipelineExecutor:
         would run it, and accumulate the weight's gradient, only at the end of the last backward,
         and no gradient would be final after its block's backward (the gradient sync starts there).
         """
+        if self.before_run is not None:
+            self.before_run()
         with self._step_region():
             try:
                 return self._run(tokens, targets, loss_scale, before_last_backward)
             finally:
                 if self._shares_casts():
                     torch.clear_autocast_cache()
+                if self.after_run is not None:
+                    self.after_run()
 
     def _run(self, tokens: torch.Tensor, targets: torch.Tensor, loss_scale: float,
              before_last_backward: Callable[[], None] | None) -> torch.Tensor:
@@ -351,6 +359,8 @@ class PipelineExecutor:
         last-stage ranks and 0 elsewhere.
         """
         role = self.role
+        if self.before_run is not None:
+            self.before_run()
         mb = role.micro_batch_size
         starts = list(range(0, tokens.shape[0], mb))
         sizes = [min(mb, tokens.shape[0] - s) for s in starts]
@@ -369,6 +379,8 @@ class PipelineExecutor:
             else:
                 pending[("act", i)] = out
         self._communicate(points[len(starts)], pending, received, shape_of, False)
+        if self.after_run is not None:
+            self.after_run()
         return weighted
 
 

@@ -84,11 +84,13 @@ class ColumnParallelLinear(nn.Module):
         super().__init__()
         self.group, self.copy_input = group, copy_input
         self.weight = nn.Parameter(torch.empty(out_local, in_features, device=device, dtype=dtype))
+        self.compute_weight: torch.Tensor | None = None
+        """The weight the matmul uses when set: a 16-bit copy cast once per step (:mod:`.main_grads`)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.copy_input:
             x = copy_to_tp_region(x, self.group)
-        return F.linear(x, self.weight)
+        return F.linear(x, _matmul_weight(self))
 
 
 class RowParallelLinear(nn.Module):
@@ -103,9 +105,17 @@ class RowParallelLinear(nn.Module):
         super().__init__()
         self.group = group
         self.weight = nn.Parameter(torch.empty(out_features, in_local, device=device, dtype=dtype))
+        self.compute_weight: torch.Tensor | None = None
+        """As :attr:`ColumnParallelLinear.compute_weight`."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return reduce_from_tp_region(F.linear(x, self.weight), self.group)
+        return reduce_from_tp_region(F.linear(x, _matmul_weight(self)), self.group)
+
+
+def _matmul_weight(module: nn.Module) -> torch.Tensor:
+    """The module's compute copy of its weight where main grads are on, else the weight itself."""
+    w = module.compute_weight
+    return module.weight if w is None else w
 
 
 def _autocast_dtype(t: torch.Tensor) -> torch.dtype | None:
@@ -164,9 +174,13 @@ class VocabParallelHead(nn.Module):
         if weight is not None:
             self.weight = weight
         self._tied = (tied_to,) if tied_to is not None else None  # a tuple: not a submodule
+        self.compute_weight: torch.Tensor | None = None
+        """As :attr:`ColumnParallelLinear.compute_weight` (untied heads only: a tied matrix also
+        feeds the embedding, whose gradient autograd accumulates)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.weight if self._tied is None else self._tied[0].weight
+        w = (self.weight if self.compute_weight is None else self.compute_weight) if self._tied is None \
+            else self._tied[0].weight
         wire = _autocast_dtype(x) if self.group is not None else None
         if wire is not None:  # the matmul casts anyway; f's backward all-reduce then runs in this dtype
             x = x.to(wire)

@@ -5,6 +5,7 @@ import dataclasses
 
 import pytest
 
+from lightning_hexiscale.config.fast_path import FastPath
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner import cost_model as cm
 from lightning_hexiscale.planner.estimate import Workload, stage_memory_at
@@ -41,7 +42,10 @@ def test_mixed_activations_measured_layout():
 
 
 def test_autocast_copies_at_most_two():
-    w = dataclasses.replace(Workload.from_precision(M, "bf16-mixed"), reserve_bytes=0.0, device="cpu")
+    # the autocast path: the fast path's main grads, cast-once and chunked loss off (their terms:
+    # tests/planner/test_fast_path_memory.py)
+    w = dataclasses.replace(Workload.from_precision(M, "bf16-mixed", fast_path=FastPath.off()), reserve_bytes=0.0,
+                            device="cpu")
     peak = {n: stage_memory_at(w, "ddp", 1, False, True, True, n, 1, 1).peak(M.num_layers) for n in (1, 2, 8)}
     act = cm.stored_activation_bytes(32, 256, 256, 704, 1, 2, mixed=True)
     casts = M.layer_matmul_params * 2
@@ -63,7 +67,8 @@ def test_autocast_copies_at_most_two():
 
 def test_bf16_mixed_costs_more_than_bf16_true():
     for sharding in ("ddp", "zero2", "zero3"):
-        peak = {p: stage_memory_at(Workload.from_precision(M, p, reserve_bytes=0.0, device="cpu"), sharding, 2, False,
+        peak = {p: stage_memory_at(Workload.from_precision(M, p, reserve_bytes=0.0, device="cpu",
+                                                           fast_path=FastPath.off()), sharding, 2, False,
                                    True, True, 4, 1, 1).peak(M.num_layers) for p in ("bf16-mixed", "bf16-true")}
         # ZeRO-3 under bf16-true keeps each stored micro-batch's gathered (bf16) weights, which
         # bf16-mixed replaces by its shared casts: the gap is smaller there
