@@ -54,6 +54,8 @@ MAX_EXHAUSTIVE = 16
 """Up to this many machine subsets (up to symmetry, the whole cluster included) every one is searched."""
 SEARCHED_DEVICES = 64
 """Up to this many devices a subset is priced by a search of its own; beyond, by :func:`shrink`."""
+TRIAL_REFINE = 1.0
+"""Share of the final improvement's budget (:func:`refine.budget_for`) a subset trial gets."""
 
 
 @dataclass(frozen=True)
@@ -71,8 +73,9 @@ class CoreRun:
     """Prices its best layout with some devices taken out (:meth:`search._Search.without`)."""
 
 
-Core = Callable[[Cluster], CoreRun]
-"""Runs the all-device search on a (sub)cluster; raises InfeasiblePlan when nothing fits."""
+Core = Callable[..., CoreRun]
+"""(cluster, share of the final improvement's budget = 1.0) -> the all-device search's run on it;
+raises InfeasiblePlan when nothing fits."""
 
 
 @dataclass(frozen=True)
@@ -342,7 +345,7 @@ class _Subsets:
             return math.inf
         if self.searched:
             try:
-                run = self.core(self.c.subset(list(devices)))
+                run = self.core(self.c.subset(list(devices)), TRIAL_REFINE)
                 t, plan, status = run.time_s, lift(run.plan, devices, self.c), "searched"
             except InfeasiblePlan:
                 t, plan, status = math.inf, None, "infeasible"
