@@ -100,11 +100,12 @@ def fallback_data_parallel_plan(cluster: Cluster, config: LlamaConfig, global_ba
 
 def search_plan(cluster: Cluster, config: LlamaConfig, global_batch: int, overrides: dict[str, Any], *,
                 dtype: str = "bf16", seed: int = 0, iterations: int = 20, progress: bool = False,
-                precision: str | None = None):
+                precision: str | None = None, use_all_devices: bool = False):
     """The planner's search (§4) -> (Plan, Estimate or None). The runtime runs ddp, zero2 and zero3, so
     the search picks the sharding with the cost model unless ``overrides['dp_sharding']`` binds it.
     ``precision`` (a Lightning precision such as ``bf16-mixed``): price what the runtime allocates
-    under it (:meth:`Workload.from_precision`); else Appendix B's workload of ``dtype``."""
+    under it (:meth:`Workload.from_precision`); else Appendix B's workload of ``dtype``.
+    ``use_all_devices``: every device takes work (else the plan may leave devices idle)."""
     from lightning_hexiscale.planner.estimate import Workload
 
     try:
@@ -119,7 +120,7 @@ def search_plan(cluster: Cluster, config: LlamaConfig, global_batch: int, overri
                               schedule=overrides.get("schedule") or "1f1b",
                               recompute=True if overrides.get("recompute") is None else bool(overrides["recompute"]),
                               micro_batch_size=overrides.get("micro_batch_size"),
-                              dp_sharding=overrides.get("dp_sharding") or None)
+                              dp_sharding=overrides.get("dp_sharding") or None, use_all_devices=use_all_devices)
     workload = Workload.from_precision(config, precision) if precision else Workload(config, dtype=dtype)
     result = search(cluster, workload, global_batch, settings)
     return result.plan, result.estimate
@@ -140,14 +141,14 @@ def apply_overrides(plan: Plan, overrides: dict[str, Any]) -> Plan:
 
 def plan_for(plan: str | Path | Plan | None, cluster: Cluster, config: LlamaConfig, global_batch: int | None,
              overrides: dict[str, Any], *, dtype: str = "bf16", seed: int = 0, iterations: int = 20,
-             precision: str | None = None) -> Plan:
+             precision: str | None = None, use_all_devices: bool = False) -> Plan:
     """A validated plan: ``plan`` itself, the file it names, or the search's plan on ``cluster``
     (priced under ``precision`` where given, see :func:`search_plan`)."""
     if plan is None:
         if global_batch is None:
             raise ConfigError("global_batch", None, "planning needs the global batch", "pass global_batch=G")
         plan, _ = search_plan(cluster, config, global_batch, overrides, dtype=dtype, seed=seed, iterations=iterations,
-                              precision=precision)
+                              precision=precision, use_all_devices=use_all_devices)
     elif not isinstance(plan, Plan):
         plan = Plan.load(plan)
     plan = apply_overrides(plan, overrides)
