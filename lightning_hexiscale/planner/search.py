@@ -40,6 +40,9 @@ Where it goes beyond §4, and why (each measured against the true optimum of
   or a stage, with the batches re-split exactly each time.
 - Speed on large clusters: one draft micro-batch size, ZeRO-3 only when ZeRO-2 fits nothing,
   layouts whose pipelines alone are 1.25x slower than the best plan not scored.
+- Device subsets (unless ``use_all_devices``): :func:`search` runs all of the above on machine
+  subsets too and keeps the best, leaving the other devices idle (:mod:`planner.subsets`); the
+  final improvement may leave single devices idle.
 """
 
 from __future__ import annotations
