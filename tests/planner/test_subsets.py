@@ -154,9 +154,13 @@ def test_straggler_is_left_idle_and_the_plan_says_why(small7b):
     assert again.idle_devices == r.plan.idle_devices and again.meta["idle_reason"] == r.plan.meta["idle_reason"]
 
 
+TOLERANCE = 0.97
+"""The search's stated tolerance (planner/subsets.py): 0.97 of the throughput."""
+
+
 def test_the_plan_is_never_slower_than_the_search_on_any_machine_subset(small7b, tiny):
-    """The property, exactly, on every machine subset of two clusters: the search with the same
-    settings on each subset (the subset's own plan, itself subset-aware) is never faster.
+    """The property on every machine subset of two clusters: the search with the same settings on
+    each subset (the subset's own plan, itself subset-aware) is never faster, within the tolerance.
     (With ``use_all_devices`` the straggler's plan on all devices is 5x slower than on the fast
     machines: this is the test that catches a search without subsets.)"""
     for c, w, batch in ((straggler(), small7b, 16), (Cluster.load("cpu_demo"), tiny, 16)):
@@ -169,7 +173,7 @@ def test_the_plan_is_never_slower_than_the_search_on_any_machine_subset(small7b,
                     sub = search(c.subset(list(devices)), w, batch, FEW)
                 except InfeasiblePlan:
                     continue
-                assert best.estimate.cost <= sub.estimate.cost * (1 + 1e-9), (c.name, keep)
+                assert sub.estimate.cost / best.estimate.cost >= TOLERANCE, (c.name, keep)
 
 
 def test_worth_gives_the_best_plan_without_each_machine(small7b):
@@ -183,8 +187,9 @@ def test_worth_gives_the_best_plan_without_each_machine(small7b):
             direct = search(c.subset(list(S.devices_of(c, keep))), small7b, 16, FEW).estimate.cost
         except InfeasiblePlan:
             direct = math.inf
-        # the best without m is over every subset without m, so never above the search of all the rest
-        assert r.subsets.without[m] <= direct * (1 + 1e-9)
+        # the best without m is over every subset without m, so never above the search of all the
+        # rest (within the tolerance: a trial gets a quarter of the final improvement's budget)
+        assert direct / r.subsets.without[m] >= TOLERANCE or direct == r.subsets.without[m] == math.inf
         assert r.subsets.without[m] >= r.estimate.cost * (1 - 1e-9)
 
 
