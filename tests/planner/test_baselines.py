@@ -147,30 +147,12 @@ def test_search_beats_or_equals_the_unaware_baselines(preset, model, gb):
 
 
 # ---- fast-only and uniform-tp: the baselines a user would compare with -------------------------------
-def _straggler():
-    return Cluster.from_config({
-        "name": "straggler",
-        "machines": [{"name": "fast", "gpu": "A800", "count": 2, "intra_bandwidth": "200 GB/s"},
-                     {"name": "slow", "gpu": "RTX3080Ti", "count": 1, "intra_bandwidth": "16 GB/s"},
-                     {"name": "fast2", "gpu": "A800", "count": 2, "intra_bandwidth": "200 GB/s"}],
-        "machine_links": [{"machines": ["fast", "fast2"], "bandwidth": "25 GB/s"}],
-        "inter_machine": {"bandwidth": "0.2 GB/s", "latency": "50us"}})
-
-
-@pytest.fixture(scope="module")
-def small7b():
-    import dataclasses
-
-    m = LlamaConfig.load("llama2_7b")
-    return Workload(dataclasses.replace(m, name="llama2_7b_8l", num_layers=8))
-
-
-def test_fast_only_is_the_best_symmetric_plan_over_every_machine_subset(small7b):
+def test_fast_only_is_the_best_symmetric_plan_over_every_machine_subset(small7b, straggler):
     from itertools import combinations
 
     from lightning_hexiscale.planner.subsets import devices_of
 
-    c, gb = _straggler(), 16
+    c, gb = straggler, 16
     r = B.fast_only(c, small7b, gb, FAST)
     r.plan.validate(c, small7b.model, global_batch=gb)
     assert r.plan.meta["planner"] == "fast-only" and r.plan.launch_order == tuple(range(5))
@@ -192,8 +174,8 @@ def test_fast_only_is_the_best_symmetric_plan_over_every_machine_subset(small7b)
     assert search(c, small7b, gb, FAST).estimate.cost <= r.estimate.cost * (1 + 1e-9)
 
 
-def test_uniform_tp_uses_one_tp_degree_in_every_stage(small7b):
-    c = _straggler()
+def test_uniform_tp_uses_one_tp_degree_in_every_stage(small7b, straggler):
+    c = straggler
     r = B.uniform_tp(c, small7b, 16, FAST)
     r.plan.validate(c, small7b.model, global_batch=16)
     assert len({s.tp for p in r.plan.pipelines for s in p.stages}) == 1

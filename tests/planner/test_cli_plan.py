@@ -114,21 +114,13 @@ def test_plan_optimum_bad_input_is_refused_before_the_search(capsys, extra, key)
 
 
 # ---- device subsets: idle devices, what each machine is worth ------------------------------------
-STRAGGLER = """name: straggler
-machines:
-  - {name: fast, gpu: A800, count: 2, intra_bandwidth: "200 GB/s"}
-  - {name: slow, gpu: RTX3080Ti, count: 1, intra_bandwidth: "16 GB/s"}
-  - {name: fast2, gpu: A800, count: 2, intra_bandwidth: "200 GB/s"}
-machine_links:
-  - {machines: [fast, fast2], bandwidth: "25 GB/s"}
-inter_machine: {bandwidth: "0.2 GB/s", latency: "50us"}
-"""
-
-
 @pytest.fixture
 def straggler_args(tmp_path):
+    import yaml
+    from conftest import STRAGGLER
+
     path = tmp_path / "straggler.yaml"
-    path.write_text(STRAGGLER)
+    path.write_text(yaml.safe_dump(STRAGGLER))
     return [f"cluster={path}", "model=llama2_7b", "model.num_layers=8", "train.global_batch=16",
             "planner.iterations=2", "planner.progress=false"]
 

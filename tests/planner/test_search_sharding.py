@@ -34,22 +34,14 @@ def test_explicit_sharding_binds_the_search(sharding):
     assert plan.dp_sharding == sharding
 
 
-def _straggler() -> Cluster:
-    return Cluster.from_config({
-        "name": "straggler",
-        "machines": [{"name": "fast", "gpu": "A800", "count": 2, "intra_bandwidth": "200 GB/s"},
-                     {"name": "slow", "gpu": "RTX3080Ti", "count": 1, "intra_bandwidth": "16 GB/s"}],
-        "inter_machine": {"bandwidth": "0.2 GB/s", "latency": "50us"}})
-
-
-def test_use_all_devices_reaches_the_search_through_plan_for():
+def test_use_all_devices_reaches_the_search_through_plan_for(straggler):
     """The strategy's (and the elastic recipe's) door to the planner: by default the plan may leave
     the straggler idle; use_all_devices=True gives every device work."""
     from lightning_hexiscale.lightning.plan_resolution import plan_for
 
-    c, m = _straggler(), dataclasses.replace(LlamaConfig.load("llama2_7b"), num_layers=8)
+    c, m = straggler, dataclasses.replace(LlamaConfig.load("llama2_7b"), num_layers=8)
     subset = plan_for(None, c, m, 16, {}, iterations=2)
     every = plan_for(None, c, m, 16, {}, iterations=2, use_all_devices=True)
-    assert 2 in subset.idle_devices and subset.launch_order == (0, 1, 2)
-    assert every.world_size == 3 and not every.idle_devices
+    assert 2 in subset.idle_devices and subset.launch_order == (0, 1, 2, 3, 4)
+    assert every.world_size == 5 and not every.idle_devices
 

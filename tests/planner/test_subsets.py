@@ -22,34 +22,14 @@ from lightning_hexiscale.planner.search import SearchSettings, search
 FEW = SearchSettings(iterations=3)
 
 
-def straggler() -> Cluster:
-    """Two fast GPUs on one machine, one slow GPU on another behind a slow link, and a machine like
-    the first: a plan on every device waits for the straggler's link or compute."""
-    return Cluster.from_config({
-        "name": "straggler",
-        "machines": [{"name": "fast", "gpu": "A800", "count": 2, "intra_bandwidth": "200 GB/s"},
-                     {"name": "slow", "gpu": "RTX3080Ti", "count": 1, "intra_bandwidth": "16 GB/s"},
-                     {"name": "fast2", "gpu": "A800", "count": 2, "intra_bandwidth": "200 GB/s"}],
-        "machine_links": [{"machines": ["fast", "fast2"], "bandwidth": "25 GB/s"}],
-        "inter_machine": {"bandwidth": "0.2 GB/s", "latency": "50us"}})
-
-
-@pytest.fixture(scope="module")
-def small7b() -> Workload:
-    import dataclasses
-
-    m = LlamaConfig.load("llama2_7b")
-    return Workload(dataclasses.replace(m, name="llama2_7b_8l", num_layers=8))
-
-
 # ---- symmetry, bounds, mapping -------------------------------------------------------------------
-def test_machine_classes_group_swappable_machines_only():
+def test_machine_classes_group_swappable_machines_only(straggler):
     assert S.machine_classes(Cluster.load("case_study")) == [[0], [1], [2]]
     assert S.machine_classes(Cluster.load("hetero1")) == [[0], [1], [2, 3, 4]]
     assert S.machine_classes(Cluster.load("h800_h20_24")) == [[0, 1], [2, 3, 4]]
     # the same GPUs, but one machine pair with a link of its own: fast and fast2 are not swappable
     # with respect to a third machine only if their links to it differ; here they do not
-    c = straggler()
+    c = straggler
     assert S.machine_classes(c) == [[0, 2], [1]]
     odd = Cluster.from_config({
         "name": "odd", "machines": [{"name": f"m{i}", "gpu": "A800", "count": 2, "intra_bandwidth": "200 GB/s"}
@@ -122,8 +102,8 @@ def test_memory_possible_agrees_with_what_fits():
         search(c.subset(list(c.machines[2].devices)), w, 24, SearchSettings(iterations=2, use_all_devices=True))
 
 
-def test_lift_maps_a_subset_plan_back_and_names_the_rest_idle():
-    c = straggler()
+def test_lift_maps_a_subset_plan_back_and_names_the_rest_idle(straggler):
+    c = straggler
     sub = c.subset([0, 1, 3, 4])
     plan = Plan((Pipeline(4, 1, (Stage((0, 1), (0, 2)), Stage((3, 2), (2, 4)))),), 4)
     lifted = S.lift(plan, (0, 1, 3, 4), c)
@@ -135,8 +115,8 @@ def test_lift_maps_a_subset_plan_back_and_names_the_rest_idle():
 
 
 # ---- the search over subsets -----------------------------------------------------------------------
-def test_straggler_is_left_idle_and_the_plan_says_why(small7b):
-    c = straggler()
+def test_straggler_is_left_idle_and_the_plan_says_why(small7b, straggler):
+    c = straggler
     r = search(c, small7b, 16, FEW)
     assert r.plan.idle_devices and 2 in r.plan.idle_devices, r.plan.table(c)
     r.plan.validate(c, small7b.model, global_batch=16)
@@ -158,12 +138,12 @@ TOLERANCE = 0.97
 """The search's stated tolerance (planner/subsets.py): 0.97 of the throughput."""
 
 
-def test_the_plan_is_never_slower_than_the_search_on_any_machine_subset(small7b, tiny):
+def test_the_plan_is_never_slower_than_the_search_on_any_machine_subset(small7b, tiny, straggler):
     """The property on every machine subset of two clusters: the search with the same settings on
     each subset (the subset's own plan, itself subset-aware) is never faster, within the tolerance.
     (With ``use_all_devices`` the straggler's plan on all devices is 5x slower than on the fast
     machines: this is the test that catches a search without subsets.)"""
-    for c, w, batch in ((straggler(), small7b, 16), (Cluster.load("cpu_demo"), tiny, 16)):
+    for c, w, batch in ((straggler, small7b, 16), (Cluster.load("cpu_demo"), tiny, 16)):
         best = search(c, w, batch, FEW)
         assert best.subsets.mode == "exhaustive"
         for k in range(1, len(c.machines)):
@@ -176,8 +156,8 @@ def test_the_plan_is_never_slower_than_the_search_on_any_machine_subset(small7b,
                 assert sub.estimate.cost / best.estimate.cost >= TOLERANCE, (c.name, keep)
 
 
-def test_worth_gives_the_best_plan_without_each_machine(small7b):
-    c = straggler()
+def test_worth_gives_the_best_plan_without_each_machine(small7b, straggler):
+    c = straggler
     r = search(c, small7b, 16, FEW, worth=True)
     assert set(r.subsets.without) == {0, 1, 2}
     assert r.subsets.without[0] == r.subsets.without[2]  # swappable machines are worth the same
@@ -230,8 +210,8 @@ def test_shrink_takes_devices_out_and_resplits():
     assert sr.without(frozenset(range(4))) == (math.inf, None)
 
 
-def test_use_all_devices_restores_every_device_at_work(small7b):
-    c = straggler()
+def test_use_all_devices_restores_every_device_at_work(small7b, straggler):
+    c = straggler
     r = search(c, small7b, 16, SearchSettings(iterations=6, use_all_devices=True))
     assert r.plan.world_size == c.num_devices and not r.plan.idle_devices
 
@@ -244,7 +224,7 @@ def test_use_all_devices_is_a_hydra_key_with_a_clear_error():
         SearchSettings(use_all_devices="yes")
 
 
-def test_deterministic_for_a_seed(small7b):
-    c = straggler()
+def test_deterministic_for_a_seed(small7b, straggler):
+    c = straggler
     a, b = (search(c, small7b, 16, SearchSettings(iterations=2, seed=3)) for _ in range(2))
     assert a.plan.to_dict() == b.plan.to_dict()
