@@ -407,13 +407,14 @@ class _Subsets:
             out.append([m for m in current if m != drop])
         return out
 
-    def fill_worth(self, classes: list[list[int]]) -> None:
+    def fill_worth(self, classes: list[list[int]], exhaustive: bool) -> None:
         """Per machine, the best plan without it where no trial has priced one yet (one machine of
-        a class stands for all of them)."""
+        a class stands for all of them). After the greedy a subset without it that fits nothing
+        says little (a larger one may fit): the cluster without that machine is priced then."""
         for cl in classes:
             # a subset without one machine of a class is, up to symmetry, one without any other
             known = [self.without[m] for m in cl if m in self.without]
-            if known:
+            if known and (exhaustive or math.isfinite(min(known))):
                 for m in cl:
                     self.without[m] = min(known)
                 continue
@@ -444,7 +445,7 @@ def search_subsets(cluster: Cluster, workload: Workload, global_batch: int, core
         mode = "greedy"
         s.greedy()
     if worth and len(cluster.machines) > 1:
-        s.fill_worth(classes)
+        s.fill_worth(classes, mode == "exhaustive")
     best_s, plan = s.best
     if plan is None:
         raise s.error or InfeasiblePlan(f"no plan fits on cluster {cluster.name} or any subset of its machines")
