@@ -77,6 +77,9 @@ class BaselineResult:
     """Sustained FLOP/s of the whole cluster over that of the devices the plan uses (1.0: all of
     them): the most any plan on every device could gain over this one if both ran at the same
     efficiency. None when nothing fits."""
+    leaving_out: BaselineResult | None = None
+    """fast-only: its best plan that leaves at least one machine out (the user's alternative to the
+    cluster as a whole; the plan itself may use every machine). None for the others."""
 
 
 class _Best:
@@ -362,9 +365,10 @@ def fast_only(cluster: Cluster, workload: Workload, global_batch: int,
     and leave the others idle. The best plan of :func:`megatron` and :func:`galvatron`, each in its
     strongest reading (ranked with the true cluster, every dp sharding), over every machine subset
     up to symmetry (:func:`subsets.machine_classes`; beyond ``_FAST_ONLY_SUBSETS`` subsets, every
-    choice of whole classes), most compute first. A subset whose devices cannot hold the training
-    state, or whose compute-only bound (:func:`subsets.compute_bound`) is no better than the best
-    plan so far, is skipped: no plan on it can win. Timed on the whole cluster, the other devices idle."""
+    choice of whole classes), most compute first; ``leaving_out`` is the best of those on a subset
+    that leaves at least one machine out. A subset whose devices cannot hold the training state, or
+    whose compute-only bound (:func:`subsets.compute_bound`) is no better than the best such plan so
+    far, is skipped: no plan on it can win. Timed on the whole cluster, the other devices idle."""
     s = replace(settings or SearchSettings(), progress=False)
     classes = machine_classes(cluster)
     vectors = subset_vectors(classes)
@@ -376,26 +380,36 @@ def fast_only(cluster: Cluster, workload: Workload, global_batch: int,
                                                                    cluster.num_devices), s.recompute)
     subsets = [devices_of(cluster, machines_of(classes, v)) for v in vectors]
     subsets.sort(key=lambda ds: (-float(rates[list(ds)].sum()), ds))
-    best: tuple[float, Plan | None, str] = (math.inf, None, "")
+    # [every subset, the subsets that leave a machine out]: (cost, plan, note)
+    best: list[tuple[float, Plan | None, str]] = [(math.inf, None, ""), (math.inf, None, "")]
     tried = 0
     for devices in subsets:
+        whole = len(devices) == cluster.num_devices
         if not memory_possible(cluster, workload, devices):
             continue
-        if compute_bound(rates, devices, workload, global_batch, theta) >= best[0]:
+        if compute_bound(rates, devices, workload, global_batch, theta) >= best[0 if whole else 1][0]:
             continue
-        sub = cluster if len(devices) == cluster.num_devices else cluster.subset(list(devices))
+        sub = cluster if whole else cluster.subset(list(devices))
         for fn in (megatron, galvatron):
             tried += 1
             r = fn(sub, workload, global_batch, s, like_for_like=True, aware=True)
-            if r.plan is not None and r.estimate.cost < best[0] * (1 - 1e-12):
-                kinds = ", ".join(f"{n}x{t}" for t, n in _kinds(cluster, devices).items())
-                best = (r.estimate.cost, lift(r.plan, devices, cluster), f"{fn.__name__} on {kinds}: {r.note}")
-    cost, plan, note = best
-    if plan is None:
-        return BaselineResult("fast-only", None, None, f"no symmetric plan fits any machine subset ({tried} tried)")
-    plan = replace(plan, meta={**plan.meta, "planner": "fast-only"})
-    return BaselineResult("fast-only", plan, estimate(plan, cluster, workload), note,
-                          compute_ceiling=compute_ceiling(plan, cluster))
+            if r.plan is None:
+                continue
+            kinds = ", ".join(f"{n}x{t}" for t, n in _kinds(cluster, devices).items())
+            found = (r.estimate.cost, lift(r.plan, devices, cluster), f"{fn.__name__} on {kinds}: {r.note}")
+            for k in (0,) if whole else (0, 1):
+                if found[0] < best[k][0] * (1 - 1e-12):
+                    best[k] = found
+    results = []
+    for cost, plan, note in best:
+        if plan is None:
+            results.append(BaselineResult("fast-only", None, None,
+                                          f"no symmetric plan fits any machine subset ({tried} tried)"))
+            continue
+        plan = replace(plan, meta={**plan.meta, "planner": "fast-only"})
+        results.append(BaselineResult("fast-only", plan, estimate(plan, cluster, workload), note,
+                                      compute_ceiling=compute_ceiling(plan, cluster)))
+    return replace(results[0], leaving_out=results[1] if results[1].plan is not None else None)
 
 
 def _kinds(cluster: Cluster, devices) -> dict[str, int]:

@@ -162,6 +162,9 @@ def test_fast_only_is_the_best_symmetric_plan_over_every_machine_subset(small7b,
     assert len({p.batch_size for p in r.plan.pipelines}) == 1
     assert len({s.tp for p in r.plan.pipelines for s in p.stages}) == 1
     assert r.compute_ceiling == pytest.approx(c.flops.sum() / c.flops[sorted(used)].sum())
+    # here the best symmetric plan leaves machines out: it is also the best that does
+    assert r.plan.idle_devices and r.leaving_out is not None
+    assert r.leaving_out.estimate.cost == pytest.approx(r.estimate.cost)
     # no machine subset has a better megatron or galvatron plan (strongest reading)
     for k in range(1, 4):
         for keep in combinations(range(3), k):

@@ -27,7 +27,8 @@ def test_plan_json_has_plan_estimate_and_search_time(capsys, tmp_path):
 def test_plan_json_with_baselines(capsys):
     assert main(["plan", "--json", "--baselines", *BASE]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert set(doc["baselines"]) == {"megatron", "galvatron", "metis", "random", "fast-only", "uniform-tp"}
+    assert set(doc["baselines"]) == {"megatron", "galvatron", "metis", "random", "fast-only", "fast-only-subset",
+                                     "uniform-tp"}
     for row in doc["baselines"].values():
         assert {"iteration_time_s", "pflops", "feasible", "compute_ceiling", "idle_devices"} <= set(row)
     # fast-only: the best symmetric plan on any machine subset, the rest idle; its ceiling says how
@@ -36,6 +37,8 @@ def test_plan_json_with_baselines(capsys):
     assert fast["feasible"] and fast["compute_ceiling"] >= 1.0
     assert fast["compute_ceiling"] == pytest.approx(1.0) or fast["idle_devices"]
     assert fast["iteration_time_s"] >= doc["estimate"]["iteration_time_s"] * (1 - 1e-9)
+    out = doc["baselines"]["fast-only-subset"]  # its best plan that leaves a machine out
+    assert out["idle_devices"] and out["compute_ceiling"] > 1 and out["iteration_time_s"] >= fast["iteration_time_s"]
     # heterogeneity-unaware by default: galvatron believes 8 GPUs of 24 GiB (the smallest), where
     # Llama-2 13B's 208 GB of training state cannot fit; it reports its memory-blind time instead
     galv = doc["baselines"]["galvatron"]
