@@ -460,7 +460,22 @@ class _Search:
         re-formed, leaders and layers re-chosen, batches re-split exactly): how large clusters price
         leaving devices idle without a search of their own."""
         firsts = sorted((v[0] for v in self.top.values()), key=lambda e: e[0])[:1]
-        return shrink([p for _, p, _ in firsts], drop, self.timer, self.repair, self.meta())
+        # large clusters: leaders and layers afresh without the data-parallel-aware split (its
+        # enumeration over hundreds of pipelines costs more than the search itself)
+        repair = self.repair if self.cluster.num_devices <= 64 else self.relead
+        return shrink([p for _, p, _ in firsts], drop, self.timer, repair, self.meta())
+
+    def relead(self, layout: refine.Layout, before: refine.Layout) -> refine.Layout:
+        """The pipelines a move changed get their leaders and a compute- and memory-proportional
+        layer split (:func:`assemble.chain_draft`) afresh, in their own stage order."""
+        sharding, pipes = layout
+        old = set(before[1])
+        ctx = DraftContext(1, sharding, len(pipes), max(1, self.gb // len(pipes)), self.s.tau)
+        out = []
+        for p in pipes:
+            d = None if p in old else chain_draft(self.ev, [st for st, _ in p], ctx)
+            out.append(p if d is None else tuple(zip(d.stages, d.layers)))
+        return sharding, tuple(out)
 
     def repair(self, layout: refine.Layout, before: refine.Layout) -> refine.Layout:
         """The pipelines a move changed get their leaders (phase 2) and a data-parallel-aware

@@ -435,7 +435,9 @@ def search_subsets(cluster: Cluster, workload: Workload, global_batch: int, core
     rates = device_rates(cluster, workload, micro_batch_sizes, recompute)
     s = _Subsets(cluster, workload, global_batch, core, rates, worth)
     s.whole()
-    classes = machine_classes(cluster)
+    # the classes decide the exhaustive mode (searched clusters only) and stand in for their
+    # members in the per-machine report; a large cluster without the report needs none
+    classes = machine_classes(cluster) if s.searched or worth else []
     if len(cluster.machines) == 1:
         mode = "one machine"
     elif s.searched and math.prod(len(c) + 1 for c in classes) - 1 <= MAX_EXHAUSTIVE:
