@@ -9,19 +9,27 @@ convergence against random partitions (Fig. 6). Every ratio is measured in this 
 Sections:
   speed        50 iterations on 128, 256, 512, 1024 and 4096 GPUs (copies of hetero2 joined at
                5.6 Gbps, as in Fig. 8), Llama-2 7B, global batch 4 x GPUs; CPU time (the process's,
-               so that other jobs on a shared machine do not count) and wall time; targets: 1024
-               GPUs in at most 5 s, 4096 in at most 30 s. Quality at scale: the plan of the default
-               search against the best of a 10x longer one (--scale-sizes, default 256 and 1024;
-               target >= 0.98).
-  quality      search / true optimum (throughput ratio) on named small clusters (their models cut
-               to 8 layers, which the oracle covers whole) and on the 40
-               random heterogeneous clusters of tests/planner/test_search_vs_oracle.py
-               (planner/cases.py); target >= 0.97 on every case; min, mean and cases at 1.0.
-  baselines    search vs megatron, galvatron, metis and random on case_study, hetero1-3 and the
-               H800+H20 clusters (speedup = baseline iteration time / search iteration time), each
-               baseline in several readings: megatron and galvatron heterogeneity-unaware (their
-               plan picked on a homogeneous belief of the cluster, the default) and aware, with
-               their own dp sharding or like for like.
+               so that other jobs on a shared machine do not count) and wall time of the default
+               search (device subsets included), and beside it the same search with
+               planner.use_all_devices=true (the search before subsets) measured in the same run;
+               targets: 1024 GPUs in at most 5 s, 4096 in at most 30 s. Quality at scale: the plan
+               of the default search against the best of a 10x longer one (--scale-sizes, default
+               256 and 1024; target >= 0.98).
+  quality      search / true optimum (throughput ratio; the optimum over every device subset, the
+               rest idle) on named small clusters (their models cut to 8 layers, which the oracle
+               covers whole) and on the 40 random heterogeneous clusters of
+               tests/planner/test_search_vs_oracle.py (planner/cases.py); target >= 0.97 on every
+               case; min, mean and cases at 1.0.
+  baselines    every preset of BASELINE_CASES (case_study, hetero1-3, the H800+H20 clusters): the
+               search, fast-only (the best megatron/galvatron plan on any machine subset, the other
+               machines idle: what a user would do anyway; beside it the best of those that leaves
+               at least one machine out), uniform-tp (the search with one TP
+               degree in every stage), megatron, galvatron, metis and random on all devices
+               (speedup = baseline iteration time / search iteration time), with each plan's compute
+               ceiling (cluster FLOP/s over the FLOP/s of the devices it uses); megatron and
+               galvatron in several readings: heterogeneity-unaware (their plan picked on a
+               homogeneous belief of the cluster, the default) and aware, with their own dp sharding
+               or like for like. Target: the search at least as fast as fast-only on every row.
   convergence  best throughput over iterations, search vs random partitions (Fig. 6), several seeds;
                the plot goes to <out>/convergence.png.
 Results are also written to <out>/results.json.
@@ -90,18 +98,23 @@ BASELINE_CASES = [("case_study", "llama2_13b", 24), ("case_study", "llama2_7b", 
 
 def bench_speed(sizes: list[int], iterations: int, scale_sizes: tuple[int, ...] = ()) -> list[dict]:
     print(f"\n== search time, {iterations} iterations, copies of hetero2, Llama-2 7B, global batch 4 x GPUs ==")
-    print(f"{'GPUs':>6} {'CPU':>8} {'wall':>8} {'iteration':>10} {'PFLOPS':>8} {'pipelines':>10}"
-          f"{'   10x search':>14} {'ratio':>6}")
+    print("   (all-dev: the same search with planner.use_all_devices=true, no device subsets, this run)")
+    print(f"{'GPUs':>6} {'CPU':>8} {'wall':>8} {'all-dev CPU':>12} {'iteration':>10} {'PFLOPS':>8} {'pipelines':>10} "
+          f"{'idle':>5}{'   10x search':>14} {'ratio':>6}")
     base, w, rows = Cluster.load("hetero2"), _w("llama2_7b"), []
     for n in sizes:
         c = base.replicate(max(1, n // base.num_devices))
         cpu0 = time.process_time()
         r = search(c, w, 4 * n, SearchSettings(iterations=iterations, progress=False))
         cpu = time.process_time() - cpu0
-        row = dict(gpus=n, search_time_s=r.search_time_s, search_cpu_s=cpu, iteration_time_s=r.estimate.iteration_time_s,
-                   pflops=r.estimate.pflops, pipelines=r.plan.num_pipelines)
-        line = (f"{n:>6} {cpu:>7.1f}s {r.search_time_s:>7.1f}s {r.estimate.iteration_time_s:>9.2f}s "
-                f"{r.estimate.pflops:>8.2f} {r.plan.num_pipelines:>10}")
+        cpu0 = time.process_time()
+        search(c, w, 4 * n, SearchSettings(iterations=iterations, progress=False, use_all_devices=True))
+        cpu_all = time.process_time() - cpu0
+        row = dict(gpus=n, search_time_s=r.search_time_s, search_cpu_s=cpu, all_devices_cpu_s=cpu_all,
+                   iteration_time_s=r.estimate.iteration_time_s, pflops=r.estimate.pflops,
+                   pipelines=r.plan.num_pipelines, idle_devices=len(r.plan.idle_devices))
+        line = (f"{n:>6} {cpu:>7.1f}s {r.search_time_s:>7.1f}s {cpu_all:>11.1f}s {r.estimate.iteration_time_s:>9.2f}s "
+                f"{r.estimate.pflops:>8.2f} {r.plan.num_pipelines:>10} {len(r.plan.idle_devices):>5}")
         if n in scale_sizes:  # quality at scale: the same search, 10x longer
             long = search(c, w, 4 * n, SearchSettings(iterations=10 * iterations, progress=False))
             ratio = long.estimate.iteration_time_s / r.estimate.iteration_time_s
@@ -123,8 +136,8 @@ def bench_speed(sizes: list[int], iterations: int, scale_sizes: tuple[int, ...] 
 
 
 def bench_quality(cases, iterations: int, random_seeds: range | list = ()) -> list[dict]:
-    print(f"\n== search ({iterations} iterations) / true optimum (planner/oracle.py), throughput ratio "
-          "(target >= 0.97) ==")
+    print(f"\n== search ({iterations} iterations) / true optimum (planner/oracle.py, over every device subset), "
+          "throughput ratio (target >= 0.97) ==")
     rows = []
     named = [(label, c, _w8(model), gb) for label, c, model, gb in cases]
     drawn = [(f"random seed {seed}",) + random_case(seed) for seed in random_seeds]
@@ -169,7 +182,9 @@ def bench_quality(cases, iterations: int, random_seeds: range | list = ()) -> li
 # heterogeneity-unaware by default (as the real systems: a homogeneous belief, then timed truly);
 # "aware" ranks their candidates with the true cluster; "l4l" adds every dp sharding the search has.
 READINGS = {"megatron": ("unaware", "aware", "l4l"), "galvatron": ("unaware", "aware", "l4l"),
-            "metis": ("own", "l4l"), "random": ("own",)}
+            "metis": ("own", "l4l"), "random": ("own",), "fast-only": ("own",), "uniform-tp": ("own",)}
+SUBSET_BASELINES = ("fast-only", "uniform-tp")
+"""Printed with their compute ceiling (cluster FLOP/s over the FLOP/s of the devices they use)."""
 _KWARGS = {"unaware": {}, "own": {}, "aware": dict(aware=True), "l4l": dict(aware=True, like_for_like=True)}
 
 
@@ -190,7 +205,10 @@ def bench_baselines(cases, iterations: int) -> list[dict]:
                    search_pflops=se.estimate.pflops)
         runs = {tag: B.run_baselines(c, w, gb, settings, tuple(b for b, tags in READINGS.items() if tag in tags),
                                      **kw) for tag, kw in _KWARGS.items()}
-        line = f"{name:<12} {model:<10} gb {gb:<4} search {se.estimate.iteration_time_s:7.2f}s"
+        row.update(search_idle=len(se.plan.idle_devices),
+                   search_ceiling=float(c.flops.sum() / c.flops[list(se.plan.device_order)].sum()))
+        line = (f"{name:<12} {model:<10} gb {gb:<4} search {se.estimate.iteration_time_s:7.2f}s"
+                f" ({len(se.plan.idle_devices)} idle)")
         for b, tags in READINGS.items():
             row[b] = {}
             parts = []
@@ -198,8 +216,15 @@ def bench_baselines(cases, iterations: int) -> list[dict]:
                 r = runs[tag][b]
                 if r.estimate is not None:
                     sp = r.estimate.iteration_time_s / se.estimate.iteration_time_s
-                    row[b][tag] = dict(time_s=r.estimate.iteration_time_s, speedup=sp, note=r.note)
-                    parts.append(f"{sp:.2f}x")
+                    row[b][tag] = dict(time_s=r.estimate.iteration_time_s, speedup=sp, note=r.note,
+                                       compute_ceiling=r.compute_ceiling, idle_devices=len(r.plan.idle_devices))
+                    parts.append(f"{sp:.2f}x" + (f" (ceiling {r.compute_ceiling:.2f}x)" if b in SUBSET_BASELINES else ""))
+                    out = r.leaving_out
+                    if out is not None:  # fast-only's best plan that leaves a machine out
+                        sp_out = out.estimate.iteration_time_s / se.estimate.iteration_time_s
+                        row[b][tag]["leaving_out"] = dict(time_s=out.estimate.iteration_time_s, speedup=sp_out,
+                                                          compute_ceiling=out.compute_ceiling, note=out.note)
+                        parts.append(f"leaving machines out {sp_out:.2f}x (ceiling {out.compute_ceiling:.2f}x)")
                 else:
                     loose = r.ignoring_memory.iteration_time_s / se.estimate.iteration_time_s if r.ignoring_memory else None
                     row[b][tag] = dict(time_s=None, speedup=None, speedup_ignoring_memory=loose, note=r.note)
@@ -208,7 +233,17 @@ def bench_baselines(cases, iterations: int) -> list[dict]:
         rows.append(row)
         print(line, flush=True)
     print("(megatron, galvatron: unaware/aware/l4l; metis: own/l4l; OOM(z no-mem) = nothing fits, z = the time of "
-          "the plan it would pick ignoring memory, as the paper's §3.1 does)")
+          "the plan it would pick ignoring memory, as the paper's §3.1 does; ceiling = cluster FLOP/s over the "
+          "FLOP/s of the devices the baseline's plan uses)")
+    out = [r["fast-only"]["own"].get("leaving_out", {}).get("speedup") for r in rows]
+    out = [x for x in out if x is not None]
+    if out:
+        print(f"  fast-only leaving machines out, over {len(out)} rows: {min(out):.2f}-{max(out):.2f}x, "
+              f"mean {float(np.mean(out)):.2f}x")
+    fast = [r["fast-only"]["own"]["speedup"] for r in rows]
+    losses = [r["cluster"] + " " + r["model"] for r, sp in zip(rows, fast) if sp is not None and sp < 1 - 1e-9]
+    print(f"target: the search at least as fast as fast-only on every row: "
+          f"{'met' if not losses else 'MISSED on ' + ', '.join(losses)}")
     hetero = [r for r in rows if r["cluster"] != "case_study"]
     for b, tags in READINGS.items():
         for tag in tags:

@@ -290,7 +290,8 @@ def train(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict, precis
 
         planning = {k: cfg.train[k] for k in ("schedule", "recompute", "dp_sharding", "micro_batch_size")
                     if _explicit(overrides_given(), f"train.{k}")}
-        planning.update(global_batch=gb, planner_iterations=int(cfg.planner.iterations), elastic=elastic)
+        planning.update(global_batch=gb, planner_iterations=int(cfg.planner.iterations), elastic=elastic,
+                        use_all_devices=bool(cfg.planner.get("use_all_devices", False)))
     strategy = HexiScaleStrategy(cluster=cluster, plan=plan, start_method=launcher, seed=int(t.seed),
                                  nonfinite=str(t.nonfinite), timeout=float(t.timeout_s),
                                  async_checkpoint=bool(t.async_checkpoint),

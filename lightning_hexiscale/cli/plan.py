@@ -29,9 +29,12 @@ from lightning_hexiscale.errors import ConfigError, HexiScaleError
 
 
 def _args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--baselines", action="store_true", help="also run megatron, galvatron, metis and random, "
-                   "time their plans with the same cost model on the real cluster and print a comparison. "
-                   "By default megatron and galvatron choose their plan heterogeneity-unaware, as the real "
+    p.add_argument("--baselines", action="store_true", help="also run megatron, galvatron, metis, random, "
+                   "fast-only (the best megatron/galvatron plan on any machine subset, the others idle: what a "
+                   "user would do anyway; fast-only-subset: the best of those that leaves a machine out) and uniform-tp (the search with one TP degree in every stage), time "
+                   "their plans with the same cost model on the real cluster and print a comparison with each "
+                   "plan's compute ceiling (cluster FLOP/s over the FLOP/s of the devices it uses). By default "
+                   "megatron and galvatron choose their plan heterogeneity-unaware, as the real "
                    "systems do: ranked on a homogeneous belief of the cluster (mean FLOP/s, smallest memory, "
                    "median intra/inter links), then timed on the true cluster")
     p.add_argument("--aware-baselines", action="store_true", help="let megatron and galvatron rank their "
@@ -55,9 +58,10 @@ def _args(p: argparse.ArgumentParser) -> None:
 
 def plan_once(overrides: list[str], with_baselines: bool, progress: bool | None = None,
               like_for_like: bool = False, aware: bool = False,
-              optimum_time_limit: float | None = None) -> dict[str, Any]:
+              optimum_time_limit: float | None = None, worth: bool = True) -> dict[str, Any]:
     """Compose, search, validate; returns everything the reports need. ``optimum_time_limit``: also
-    run the oracle (the true optimum) for at most that many seconds."""
+    run the oracle (the true optimum) for at most that many seconds. ``worth``: also the best plan
+    without each machine (unless ``planner.use_all_devices``)."""
     from lightning_hexiscale.config.cluster import Cluster
     from lightning_hexiscale.config.schema import compose
     from lightning_hexiscale.planner.estimate import workload_from_config
@@ -79,7 +83,7 @@ def plan_once(overrides: list[str], with_baselines: bool, progress: bool | None 
         if not optimum_time_limit > 0:
             raise ConfigError("--optimum-time-limit", optimum_time_limit, "must be a positive number of seconds",
                               "use e.g. --optimum-time-limit 60")
-    result = search(cluster, workload, gb, settings)
+    result = search(cluster, workload, gb, settings, worth=worth)
     result.plan.validate(cluster, workload.model, global_batch=gb)
     out: dict[str, Any] = {"cfg": cfg, "cluster": cluster, "workload": workload, "result": result,
                            "global_batch": gb, "settings": settings}
@@ -116,31 +120,42 @@ def estimate_document(plan, cluster, workload, est, plan_file: str | None) -> di
 
 
 def baseline_rows(best_time: float, baselines: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """{name: {iteration_time_s, pflops, feasible, speedup}}: speedup = baseline time / search time."""
+    """{name: {iteration_time_s, pflops, feasible, speedup, ...}}: speedup = baseline time / search
+    time; fast-only's best plan that leaves at least one machine out is the row ``fast-only-subset``."""
     rows = {}
-    for name, b in baselines.items():
+    items = list(baselines.items())
+    fast = baselines.get("fast-only")
+    if fast is not None and fast.leaving_out is not None:
+        items.append(("fast-only-subset", fast.leaving_out))
+    for name, b in items:
         feasible = b.estimate is not None and b.estimate.feasible
         t = b.estimate.iteration_time_s if feasible else math.inf
         loose = b.ignoring_memory
         rows[name] = {"iteration_time_s": t if feasible else None,
                       "pflops": b.estimate.pflops if feasible else 0.0, "feasible": feasible,
                       "speedup": (t / best_time) if feasible else None, "note": b.note,
-                      "iteration_time_ignoring_memory_s": loose.iteration_time_s if loose is not None else None}
+                      "iteration_time_ignoring_memory_s": loose.iteration_time_s if loose is not None else None,
+                      "compute_ceiling": b.compute_ceiling if feasible else None,
+                      "idle_devices": list(b.plan.idle_devices) if feasible else None}
     return rows
 
 
-def comparison_table(best, rows: dict[str, dict[str, Any]]) -> str:
-    lines = [f"{'system':<12} {'iteration':>11} {'FLOP/s':>12} {'search speedup':>15}",
-             f"{'hexiscale':<12} {best.iteration_time_s:>10.3f}s {format_flops(best.pflops * 1e15):>12} {'1.00x':>15}"]
+def comparison_table(best, rows: dict[str, dict[str, Any]], ceiling: float = 1.0) -> str:
+    """Search and baselines side by side; ``ceiling``: the search plan's compute ceiling."""
+    w = max([12] + [len(n) for n in rows])
+    lines = [f"{'system':<{w}} {'iteration':>11} {'FLOP/s':>12} {'search speedup':>15} {'compute ceiling':>16}",
+             f"{'hexiscale':<{w}} {best.iteration_time_s:>10.3f}s {format_flops(best.pflops * 1e15):>12} {'1.00x':>15} "
+             f"{ceiling:>15.2f}x"]
     for name, r in rows.items():
         if r["feasible"]:
-            lines.append(f"{name:<12} {r['iteration_time_s']:>10.3f}s {format_flops(r['pflops'] * 1e15):>12} "
-                         f"{r['speedup']:>14.2f}x")
+            lines.append(f"{name:<{w}} {r['iteration_time_s']:>10.3f}s {format_flops(r['pflops'] * 1e15):>12} "
+                         f"{r['speedup']:>14.2f}x {r['compute_ceiling']:>15.2f}x"
+                         + (f"  {r['note']}" if name.startswith(("fast-only", "uniform-tp")) else ""))
         else:
             loose = r["iteration_time_ignoring_memory_s"]
             extra = (f"; ignoring memory (as the paper's case study does) its best is {loose:.3f} s, "
                      f"{loose / best.iteration_time_s:.2f}x the search's time") if loose else ""
-            lines.append(f"{name:<12} {'OOM':>11} {'-':>8} {'-':>15}  {r['note']}{extra}")
+            lines.append(f"{name:<{w}} {'OOM':>11} {'-':>8} {'-':>15}  {r['note']}{extra}")
     return "\n".join(lines)
 
 
@@ -169,21 +184,28 @@ def cmd_plan(args: argparse.Namespace) -> int:
                         "cost_s": _finite(e.cost_s), "best_s": _finite(e.best_s)} for e in res.log]}
         if rows is not None:
             doc["baselines"] = rows
+        if res.subsets is not None:
+            doc["subsets"] = subsets_document(res.subsets, plan, cluster)
         if "optimum" in run:
             doc["optimum"] = optimum_document(est.iteration_time_s, run["optimum"])
         print(json.dumps(doc, indent=2))
         return 0
     print(cluster.summary())
     print()
+    if plan.idle_devices:
+        print(idle_banner(plan, cluster) + "\n")
     print(plan.table(cluster))
     print()
     print(est.summary())
-    print(f"\nsearch: {len(res.log)} iterations in {res.search_time_s:.2f} s")
+    print(f"\nsearch: {len(res.log)} iterations in {res.search_time_s:.2f} s" + (
+        f" (device subsets: {subsets_line(res.subsets)})" if res.subsets is not None else ""))
+    if res.subsets is not None and res.subsets.without:
+        print("\n" + worth_table(res.subsets, est.iteration_time_s, cluster))
     if rows is not None:
         reading = ("ranked with the true cluster (--aware-baselines)" if args.aware_baselines else
                    "chosen under a homogeneous belief of the cluster, as the real systems do")
         print(f"\nbaselines timed on the true cluster; megatron and galvatron {reading}")
-        print(comparison_table(est, rows))
+        print(comparison_table(est, rows, compute_ceiling(plan, cluster)))
     if "optimum" in run:
         print("\n" + optimum_line(est.iteration_time_s, run["optimum"]))
     if args.out:
@@ -191,6 +213,66 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.picture:
         print(f"picture written to {args.picture}")
     return 0
+
+
+def idle_banner(plan, cluster) -> str:
+    """The lines that say, above the plan, which devices it leaves idle and what using them costs."""
+    n, idle = len(plan.idle_devices), set(plan.idle_devices)
+    parts = []
+    for mach in cluster.machines:
+        ids = [d for d in mach.devices if d in idle]
+        if ids:
+            whole = "all " if len(ids) == len(mach.devices) else ""
+            parts.append(f"{whole}{len(ids)}x{mach.gpu_type} of machine {mach.name} [{','.join(map(str, ids))}]")
+    lines = [f"IDLE DEVICES: this plan gives {n} of {cluster.num_devices} devices no work: {'; '.join(parts)}"]
+    reason = plan.meta.get("idle_reason")
+    if reason:
+        lines.append(f"  why: {reason}")
+    lines.append("  planner.use_all_devices=true plans with every device")
+    return "\n".join(lines)
+
+
+def subsets_line(report) -> str:
+    counts: dict[str, int] = {}
+    for t in report.trials:
+        counts[t.status] = counts.get(t.status, 0) + 1
+    return report.mode + ", " + ", ".join(f"{n} {k}" for k, n in counts.items())
+
+
+def worth_table(report, best_s: float, cluster) -> str:
+    """Per machine: the best iteration time found without it, and how it compares with the plan's."""
+    rows = [("machine", "GPUs", "best plan without it", "vs this plan")]
+    for m, mach in enumerate(cluster.machines):
+        if m not in report.without:
+            continue
+        t = report.without[m]
+        kinds = f"{len(mach.devices)}x{mach.gpu_type}"
+        if math.isfinite(t):
+            rows.append((mach.name, kinds, f"{t:.4g} s", f"{100 * (t / best_s - 1):+.1f} %"))
+        else:
+            rows.append((mach.name, kinds, "nothing fits", "-"))
+    w = [max(len(r[c]) for r in rows) for c in range(4)]
+    lines = ["what each machine is worth (the best plan the search finds without it):"]
+    lines += ["  " + "  ".join(v.ljust(x) if c < 2 else v.rjust(x) for c, (v, x) in enumerate(zip(r, w))) for r in rows]
+    return "\n".join(lines)
+
+
+def subsets_document(report, plan, cluster) -> dict[str, Any]:
+    """``subsets`` in ``--json``: the idle devices and why, and per machine the best time without it."""
+    return {"mode": report.mode, "idle_devices": list(plan.idle_devices),
+            "idle_reason": plan.meta.get("idle_reason"), "all_devices_time_s": _finite(report.all_devices_s),
+            "machines": [{"name": mach.name, "gpus": len(mach.devices), "gpu_type": mach.gpu_type,
+                          "best_without_s": _finite(report.without[m]) if m in report.without else None}
+                         for m, mach in enumerate(cluster.machines)],
+            "trials": [{"devices": list(t.devices), "left_out": [cluster.machines[m].name for m in t.left_out],
+                        "status": t.status, "time_s": _finite(t.time_s), "compute_bound_s": _finite(t.bound_s)}
+                       for t in report.trials]}
+
+
+def compute_ceiling(plan, cluster) -> float:
+    from lightning_hexiscale.planner.baselines import compute_ceiling as ceiling
+
+    return ceiling(plan, cluster)
 
 
 def optimum_line(found_s: float, best) -> str:
@@ -222,15 +304,16 @@ def _sweep(args: argparse.Namespace) -> int:
     combos = sweep_overrides(args.overrides)
     out_dir = Path(args.sweep_dir or f"outputs/plan-sweep-{time.strftime('%Y%m%d-%H%M%S')}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    names = ["megatron", "galvatron", "metis", "random"] if args.baselines else []
-    header = ["overrides", "cluster", "model", "global_batch", "pipelines", "iteration_time_s", "pflops",
+    names = (["megatron", "galvatron", "metis", "random", "fast-only", "fast-only-subset", "uniform-tp"]
+             if args.baselines else [])
+    header = ["overrides", "cluster", "model", "global_batch", "pipelines", "idle_devices", "iteration_time_s", "pflops",
               "search_time_s"] + [f"{n}_{k}" for n in names for k in ("time_s", "speedup")] + ["error"]
     rows = []
     for combo in combos:
         row: dict[str, Any] = {"overrides": " ".join(combo)}
         try:
             run = plan_once(combo, args.baselines, progress=False, like_for_like=args.like_for_like,
-                            aware=args.aware_baselines)
+                            aware=args.aware_baselines, worth=False)
         except HexiScaleError as e:
             row["error"] = str(e).split(". Fix:")[0]
             rows.append(row)
@@ -239,7 +322,8 @@ def _sweep(args: argparse.Namespace) -> int:
         tag = "-".join(f"{o.split('=', 1)[1]}" for o in combo if "=" in o).replace("/", "_")
         res.plan.save(out_dir / f"plan-{tag}.yaml")
         row.update(cluster=cl.name, model=wl.model.name, global_batch=run["global_batch"],
-                   pipelines=res.plan.num_pipelines, iteration_time_s=round(res.estimate.iteration_time_s, 4),
+                   pipelines=res.plan.num_pipelines, idle_devices=len(res.plan.idle_devices),
+                   iteration_time_s=round(res.estimate.iteration_time_s, 4),
                    pflops=round(res.estimate.pflops, 4), search_time_s=round(res.search_time_s, 3))
         if args.baselines:
             for n, r in baseline_rows(res.estimate.iteration_time_s, run["baselines"]).items():

@@ -175,6 +175,9 @@ class PlannerConfig:
     group_balance: float = 2.0
     """Max / mean group compute in the phase-2 split of a pipeline into groups (looser than
     ``balance``: layers follow compute, so groups may differ)."""
+    use_all_devices: bool = False
+    """False: the plan may leave devices idle where it is faster without them (machine subsets are
+    searched too; the plan names them in ``idle_devices``). True: every device takes work."""
 
 
 @dataclass

@@ -100,11 +100,12 @@ def fallback_data_parallel_plan(cluster: Cluster, config: LlamaConfig, global_ba
 
 
 def search_plan(cluster: Cluster, workload: Workload, global_batch: int, overrides: dict[str, Any], *,
-                seed: int = 0, iterations: int = 20, progress: bool = False):
+                seed: int = 0, iterations: int = 20, progress: bool = False, use_all_devices: bool = False):
     """The planner's search (§4) -> (Plan, Estimate or None), pricing ``workload`` (a run's workload
     comes from :meth:`Workload.for_cluster`: the precision's dtypes and the cluster's device kind).
     The runtime runs ddp, zero2 and zero3, so the search picks the sharding with the cost model
-    unless ``overrides['dp_sharding']`` binds it."""
+    unless ``overrides['dp_sharding']`` binds it. ``use_all_devices``: every device takes work (else
+    the plan may leave devices idle)."""
     try:
         from lightning_hexiscale.planner.search import SearchSettings, search
     except ModuleNotFoundError as e:
@@ -117,7 +118,7 @@ def search_plan(cluster: Cluster, workload: Workload, global_batch: int, overrid
                               schedule=overrides.get("schedule") or "1f1b",
                               recompute=True if overrides.get("recompute") is None else bool(overrides["recompute"]),
                               micro_batch_size=overrides.get("micro_batch_size"),
-                              dp_sharding=overrides.get("dp_sharding") or None)
+                              dp_sharding=overrides.get("dp_sharding") or None, use_all_devices=use_all_devices)
     result = search(cluster, workload, global_batch, settings)
     return result.plan, result.estimate
 
@@ -136,13 +137,15 @@ def apply_overrides(plan: Plan, overrides: dict[str, Any]) -> Plan:
 
 
 def plan_for(plan: str | Path | Plan | None, cluster: Cluster, workload: Workload, global_batch: int | None,
-             overrides: dict[str, Any], *, seed: int = 0, iterations: int = 20) -> Plan:
+             overrides: dict[str, Any], *, seed: int = 0, iterations: int = 20,
+             use_all_devices: bool = False) -> Plan:
     """A validated plan: ``plan`` itself, the file it names, or the search's plan on ``cluster``
     pricing ``workload`` (see :func:`search_plan`)."""
     if plan is None:
         if global_batch is None:
             raise ConfigError("global_batch", None, "planning needs the global batch", "pass global_batch=G")
-        plan, _ = search_plan(cluster, workload, global_batch, overrides, seed=seed, iterations=iterations)
+        plan, _ = search_plan(cluster, workload, global_batch, overrides, seed=seed, iterations=iterations,
+                              use_all_devices=use_all_devices)
     elif not isinstance(plan, Plan):
         plan = Plan.load(plan)
     plan = apply_overrides(plan, overrides)

@@ -88,6 +88,8 @@ class HexiScaleStrategy(CheckpointMethods, GradientMethods, DDPStrategy):
             ``generator``, else from torch's global generator: :mod:`lightning_hexiscale.data.samplers`).
             Weights are initialised from the module's ``init_seed`` attribute (default 0).
         planner_iterations: search iterations when planning here.
+        use_all_devices: when planning here, give every device work (``planner.use_all_devices``);
+            by default the plan may leave devices idle where it is faster without them.
         start_method: launcher: ``popen`` (default; re-runs the script, works under Hydra),
             ``spawn``, ``fork``. Under torchrun or SLURM the cluster environment launches instead.
         num_threads: intra-op threads per process on CPU; ``"auto"`` = cores // local processes.
@@ -129,7 +131,8 @@ class HexiScaleStrategy(CheckpointMethods, GradientMethods, DDPStrategy):
     def __init__(self, cluster: str | Path | Cluster | None = None, plan: str | Path | Plan | None = None, *,
                  global_batch: int | None = None, micro_batch_size: int | None = None,
                  schedule: str | None = None, recompute: bool | None = None, dp_sharding: str | None = None,
-                 seed: int | None = None, planner_iterations: int = 20, start_method: StartMethod = "popen",
+                 seed: int | None = None, planner_iterations: int = 20, use_all_devices: bool = False,
+                 start_method: StartMethod = "popen",
                  num_threads: int | Literal["auto"] = "auto", check_devices: bool = True,
                  nonfinite: Literal["skip", "stop"] = "stop", async_checkpoint: bool = False, elastic=None,
                  watchdog: bool = True, watchdog_grace_s: float = 5.0, compile: bool | None = None, fast_path=None,
@@ -187,6 +190,10 @@ class HexiScaleStrategy(CheckpointMethods, GradientMethods, DDPStrategy):
                            "dp_sharding": dp_sharding}
         self.seed = int(os.environ.get("PL_GLOBAL_SEED", 0)) if seed is None else int(seed)
         self.planner_iterations = planner_iterations
+        if not isinstance(use_all_devices, bool):
+            raise ConfigError("HexiScaleStrategy(use_all_devices)", use_all_devices, "must be True or False",
+                              "pass use_all_devices=True to give every device work")
+        self.use_all_devices = use_all_devices
         self.num_threads = num_threads
         self.check_devices = check_devices
         self.cluster: Cluster | None = cluster
@@ -345,7 +352,8 @@ class HexiScaleStrategy(CheckpointMethods, GradientMethods, DDPStrategy):
                                               fast_path=self.fast_path)
         try:
             self.plan = plan_for(given, self.cluster, self.workload, self._global_batch_for(trainer), self._overrides,
-                                 seed=self.seed, iterations=self.planner_iterations)
+                                 seed=self.seed, iterations=self.planner_iterations,
+                                 use_all_devices=self.use_all_devices)
         except InfeasiblePlan as e:
             if self.elastic is None:
                 raise

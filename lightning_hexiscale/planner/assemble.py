@@ -69,6 +69,9 @@ class Evaluator:
         self.reuse_choices = cluster.num_devices > 64
         self.cross_machine_tp = cluster.num_devices <= SMALL_CLUSTER
         """Up to SMALL_CLUSTER devices, groups spanning machines may also form TP groups across them."""
+        self.tp_degrees: frozenset[int] | None = None
+        """The TP degrees a stage may have (None: any up to the KV heads). With a restriction, the
+        devices of a machine part that no allowed TP group covers are left out (idle)."""
         """Beyond 64 devices a structure's intra-group strategies are chosen once (first micro-batch
         size and sharding tried) and reused, to bound the search time; see :func:`draft_pipeline`."""
 
@@ -155,15 +158,18 @@ class Evaluator:
         if group not in self._options:
             parts = [tuple(d for d in group if self.machine[d] == mach) for mach in dict.fromkeys(self.machine[list(group)])]
             per_part = []
+            only = self.tp_degrees
             for part in parts:
                 g = len(part)
                 ts = [t for t in range(1, min(g, self.max_tp) + 1)
-                      if not self.reuse_choices or (t & (t - 1)) == 0 or g % t == 0]
-                per_part.append([[part[i:i + t] for i in range(0, g, t)] for t in ts])
+                      if (not self.reuse_choices or (t & (t - 1)) == 0 or g % t == 0) and (only is None or t in only)]
+                # restricted TP: only whole groups of t, the rest of the part idle (none fits: all idle)
+                per_part.append([[part[i:i + t] for i in range(0, g - (g % t if only else 0), t)] for t in ts]
+                                or [[]])
             combos = list(itertools.product(*per_part))
             if len(combos) > 32:  # many machine parts: the same rule for every part
                 combos = [tuple(opts[min(i, len(opts) - 1)] for opts in per_part) for i in range(max(map(len, per_part)))]
-            options = [[st for part in combo for st in part] for combo in combos]
+            options = [opt for opt in ([st for part in combo for st in part] for combo in combos) if opt]
             if len(parts) > 1 and self.cross_machine_tp:
                 # beyond §4 (small clusters): TP across the group's machines, one TP group per GPU
                 # type or one for the whole group, so that devices too small to hold a stage alone
@@ -172,7 +178,8 @@ class Evaluator:
                 for d in group:
                     types.setdefault(self.cluster.devices[d].gpu_type, []).append(d)
                 for cross in ([tuple(ds) for ds in types.values()], [tuple(group)]):
-                    if all(len(st) <= self.max_tp for st in cross) and cross not in options:
+                    if (all(len(st) <= self.max_tp and (only is None or len(st) in only) for st in cross)
+                            and cross not in options):
                         options.append(cross)
             self._options[group] = options
         return self._options[group]
@@ -262,6 +269,10 @@ class Evaluator:
     def _descend(self, groups: list[tuple[int, ...]], ctx: DraftContext, choice_key: tuple) -> PipeDraft | None:
         order = self.group_order(groups, ctx.tau)
         ordered = [groups[i] for i in order]
+        if self.tp_degrees is not None:  # groups no allowed TP degree can use stay out (idle)
+            ordered = [g for g in ordered if self.group_options(g)]
+            if not ordered:
+                return None
         opts = [self.group_options(g) for g in ordered]
         if self.reuse_choices and choice_key in self._choices:
             # large clusters: the strategies chosen for this structure at the first (micro-batch,

@@ -17,6 +17,11 @@ restriction stands for which system:
   proportion to replica speed.
 - :func:`random_search` (the paper's Fig. 6 ablation): the §4 search with phase 1 replaced by
   random compute-agnostic partitions (a seeded random permutation cut into D_dp equal sizes).
+- :func:`fast_only` (what a user would do anyway): the best Megatron-style and Galvatron-style
+  symmetric plans over every machine subset (the fast machines alone, typically), leaving the
+  other machines idle.
+- :func:`uniform_tp` (an ablation of per-stage TP): the search restricted to one TP degree in every
+  stage, the best over the degrees.
 - :func:`exhaustive`: the true optimum of the whole plan space on clusters of up to 8 devices
   (:mod:`planner.oracle`).
 
@@ -53,7 +58,9 @@ from lightning_hexiscale.planner.estimate import Estimate, Workload, estimate
 from lightning_hexiscale.planner.oracle import MAX_DEVICES, oracle
 from lightning_hexiscale.planner.partition import DeviceGraph, partition
 from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
-from lightning_hexiscale.planner.search import SearchResult, SearchSettings, _Search
+from lightning_hexiscale.planner.search import SearchResult, SearchSettings, _Search, search
+from lightning_hexiscale.planner.subsets import (compute_bound, device_rates, devices_of, lift, machine_classes,
+                                                 machines_of, memory_possible, subset_vectors)
 
 
 @dataclass(frozen=True)
@@ -66,6 +73,13 @@ class BaselineResult:
     ignoring_memory: Estimate | None = None
     """The fastest configuration tried when memory is ignored (the paper's §3.1 case study ignores
     it): for comparisons where every configuration of the baseline runs out of memory."""
+    compute_ceiling: float | None = None
+    """Sustained FLOP/s of the whole cluster over that of the devices the plan uses (1.0: all of
+    them): the most any plan on every device could gain over this one if both ran at the same
+    efficiency. None when nothing fits."""
+    leaving_out: BaselineResult | None = None
+    """fast-only: its best plan that leaves at least one machine out (the user's alternative to the
+    cluster as a whole; the plan itself may use every machine). None for the others."""
 
 
 class _Best:
@@ -336,8 +350,109 @@ def random_baseline(cluster: Cluster, workload: Workload, global_batch: int,
                           f"{r.plan.num_pipelines} pipelines")
 
 
+def compute_ceiling(plan: Plan, cluster: Cluster) -> float:
+    """Sustained FLOP/s of every device of the cluster over that of the devices ``plan`` uses."""
+    return float(cluster.flops.sum() / cluster.flops[list(plan.device_order)].sum())
+
+
+_FAST_ONLY_SUBSETS = 256
+"""Beyond this many machine subsets (up to symmetry), fast-only tries whole machine classes only."""
+
+
+def fast_only(cluster: Cluster, workload: Workload, global_batch: int,
+              settings: SearchSettings | None = None) -> BaselineResult:
+    """What a user would do anyway: run a symmetric plan on some machines (the fast ones, usually)
+    and leave the others idle. The best plan of :func:`megatron` and :func:`galvatron`, each in its
+    strongest reading (ranked with the true cluster, every dp sharding), over every machine subset
+    up to symmetry (:func:`subsets.machine_classes`; beyond ``_FAST_ONLY_SUBSETS`` subsets, every
+    choice of whole classes), most compute first; ``leaving_out`` is the best of those on a subset
+    that leaves at least one machine out. A subset whose devices cannot hold the training state, or
+    whose compute-only bound (:func:`subsets.compute_bound`) is no better than the best such plan so
+    far, is skipped: no plan on it can win. Timed on the whole cluster, the other devices idle."""
+    s = replace(settings or SearchSettings(), progress=False)
+    classes = machine_classes(cluster)
+    vectors = subset_vectors(classes)
+    if len(vectors) > _FAST_ONLY_SUBSETS:
+        vectors = [v for v in vectors if all(k in (0, len(c)) for k, c in zip(v, classes))]
+    cal = cluster.calibration
+    theta = (cal.theta_ddp, cal.theta_zero2, cal.theta_zero3_fwd, cal.theta_zero3_bwd)
+    rates = device_rates(cluster, workload, micro_batch_candidates(global_batch, s.micro_batch_size,
+                                                                   cluster.num_devices), s.recompute)
+    subsets = [devices_of(cluster, machines_of(classes, v)) for v in vectors]
+    subsets.sort(key=lambda ds: (-float(rates[list(ds)].sum()), ds))
+    # [every subset, the subsets that leave a machine out]: (cost, plan, note)
+    best: list[tuple[float, Plan | None, str]] = [(math.inf, None, ""), (math.inf, None, "")]
+    tried = 0
+    for devices in subsets:
+        whole = len(devices) == cluster.num_devices
+        if not memory_possible(cluster, workload, devices):
+            continue
+        if compute_bound(rates, devices, workload, global_batch, theta) >= best[0 if whole else 1][0]:
+            continue
+        sub = cluster if whole else cluster.subset(list(devices))
+        for fn in (megatron, galvatron):
+            tried += 1
+            r = fn(sub, workload, global_batch, s, like_for_like=True, aware=True)
+            if r.plan is None:
+                continue
+            kinds = ", ".join(f"{n}x{t}" for t, n in _kinds(cluster, devices).items())
+            found = (r.estimate.cost, lift(r.plan, devices, cluster), f"{fn.__name__} on {kinds}: {r.note}")
+            for k in (0,) if whole else (0, 1):
+                if found[0] < best[k][0] * (1 - 1e-12):
+                    best[k] = found
+    results = []
+    for cost, plan, note in best:
+        if plan is None:
+            results.append(BaselineResult("fast-only", None, None,
+                                          f"no symmetric plan fits any machine subset ({tried} tried)"))
+            continue
+        plan = replace(plan, meta={**plan.meta, "planner": "fast-only"})
+        results.append(BaselineResult("fast-only", plan, estimate(plan, cluster, workload), note,
+                                      compute_ceiling=compute_ceiling(plan, cluster)))
+    return replace(results[0], leaving_out=results[1] if results[1].plan is not None else None)
+
+
+def _kinds(cluster: Cluster, devices) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for d in devices:
+        out[cluster.devices[d].gpu_type] = out.get(cluster.devices[d].gpu_type, 0) + 1
+    return out
+
+
+def uniform_tp(cluster: Cluster, workload: Workload, global_batch: int,
+               settings: SearchSettings | None = None) -> BaselineResult:
+    """The search (subsets included, as the user's settings say) restricted to one TP degree t in
+    every stage (``SearchSettings.tp_degrees``; the devices of a machine no TP-t group covers stay
+    idle), the best over t in 1, 2, 4, 8, 16 up to the widest machine and the KV heads: whether
+    per-stage TP degrees pay off."""
+    from lightning_hexiscale.errors import InfeasiblePlan
+
+    s = replace(settings or SearchSettings(), progress=False)
+    widest = max(len(m.devices) for m in cluster.machines)
+    degrees = [t for t in (1, 2, 4, 8, 16) if t <= min(widest, workload.model.num_kv_heads)]
+    best: SearchResult | None = None
+    for t in degrees:
+        try:
+            r = search(cluster, workload, global_batch, replace(s, tp_degrees=(t,)))
+        except InfeasiblePlan:
+            continue
+        if r.estimate.feasible and (best is None or r.estimate.cost < best.estimate.cost * (1 - 1e-12)):
+            best = r
+    if best is None:
+        return BaselineResult("uniform-tp", None, None, f"no plan with one TP degree ({degrees}) fits")
+    plan = replace(best.plan, meta={**best.plan.meta, "planner": "uniform-tp"})
+    t = plan.pipelines[0].stages[0].tp
+    idle = f", {len(plan.idle_devices)} devices idle" if plan.idle_devices else ""
+    return BaselineResult("uniform-tp", plan, best.estimate, f"TP {t} in every stage, {plan.num_pipelines} "
+                          f"pipelines{idle} (best of TP {degrees})", compute_ceiling=compute_ceiling(plan, cluster))
+
+
+BASELINES = ("megatron", "galvatron", "metis", "random", "fast-only", "uniform-tp")
+"""What ``--baselines`` runs (``exhaustive`` only when asked: it is exponential)."""
+
+
 def run_baselines(cluster: Cluster, workload: Workload, global_batch: int, settings: SearchSettings | None = None,
-                  names: tuple[str, ...] = ("megatron", "galvatron", "metis", "random"),
+                  names: tuple[str, ...] = BASELINES,
                   like_for_like: bool = False, aware: bool = False) -> dict[str, BaselineResult]:
     """Run the named baselines; ``exhaustive`` only when asked (it is exponential).
     ``like_for_like`` gives megatron, galvatron and metis every dp sharding the search may use
@@ -355,9 +470,15 @@ def run_baselines(cluster: Cluster, workload: Workload, global_batch: int, setti
             out[n] = random_baseline(cluster, workload, global_batch, s)
         elif n == "exhaustive":
             out[n] = exhaustive(cluster, workload, global_batch, s)
+        elif n == "fast-only":
+            out[n] = fast_only(cluster, workload, global_batch, s)
+        elif n == "uniform-tp":
+            out[n] = uniform_tp(cluster, workload, global_batch, s)
         else:
             raise ConfigError("baselines", n, "unknown baseline",
-                              "use megatron, galvatron, metis, random or exhaustive")
+                              f"use one of {', '.join(BASELINES + ('exhaustive',))}")
+        if out[n].plan is not None and out[n].compute_ceiling is None:
+            out[n] = replace(out[n], compute_ceiling=compute_ceiling(out[n].plan, cluster))
     return out
 
 

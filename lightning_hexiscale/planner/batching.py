@@ -33,6 +33,7 @@ import numpy as np
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.planner import cost_model as cm
 from lightning_hexiscale.planner import estimate as E
+from lightning_hexiscale.planner.communicators import stage_communicators
 from lightning_hexiscale.planner.estimate import Workload
 from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
 
@@ -158,6 +159,11 @@ class BatchTimer:
         self._flat: tuple[Plan, tuple] | None = None
         self._known: tuple | None = None
         """(plan, breakdown) of the last winner of :meth:`best_uniform` (saves recomputing it)."""
+        self.exact_comms = False
+        """Memory with each stage's communicators counted exactly for the whole layout
+        (:func:`communicators.stage_communicators`, as ``estimate()`` counts them; the oracle, whose
+        plans must agree with ``estimate()``); else their lower bound from the stage's position
+        (cheaper; ``estimate()`` may then find a plan a communicator buffer short)."""
 
     def qpairs(self, P: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(m, n, b = m * n, index of m in ``self.ms``) of the pairs a pipeline of a P-pipeline plan
@@ -195,20 +201,28 @@ class BatchTimer:
             self._cap[devices] = E.usable_memory(self.w, min(self.cluster.devices[d].memory_bytes for d in devices))
         return self._cap[devices]
 
-    def mem(self, plan: Plan, S: int, j: int, tp: int, m: int, n: int) -> E.MemoryTerms:
+    def mem(self, plan: Plan, S: int, j: int, tp: int, m: int, n: int, comms: int | None = None) -> E.MemoryTerms:
         inflight = cm.inflight_micro_batches(plan.schedule, S, j, n)
-        key = (plan.dp_sharding, plan.num_pipelines, plan.recompute, j == 0, j == S - 1, inflight, tp, m)
+        key = (plan.dp_sharding, plan.num_pipelines, plan.recompute, j == 0, j == S - 1, inflight, tp, m, comms)
         if key not in self._mem:
             self._mem[key] = E.stage_memory_at(self.w, *key)
         return self._mem[key]
+
+    def comms(self, layout: Plan, i: int) -> tuple:
+        """Per stage of pipeline i, its communicators as :meth:`mem` takes them (None: the lower bound)."""
+        if not (self.exact_comms and self.w.device == "cuda" and self.w.comm_buffer_bytes):
+            return (None,) * len(layout.pipelines[i].stages)
+        counts = stage_communicators(layout, self.w.model)
+        return tuple(counts[(i, j)] for j in range(len(layout.pipelines[i].stages)))
 
     def fits(self, layout: Plan, i: int, m: int, n: int) -> bool:
         """Whether every stage of pipeline i fits with n micro-batches of m (``estimate()``'s check:
         fixed + layers * per_layer <= usable memory of the stage's smallest device)."""
         stages = layout.pipelines[i].stages
         S = len(stages)
+        comms = self.comms(layout, i)
         for j, st in enumerate(stages):
-            if self.mem(layout, S, j, st.tp, m, n).peak(st.num_layers) > self.cap(st.devices):
+            if self.mem(layout, S, j, st.tp, m, n, comms[j]).peak(st.num_layers) > self.cap(st.devices):
                 return False
         return True
 
@@ -235,7 +249,7 @@ class BatchTimer:
         stages = layout.pipelines[i].stages
         P = layout.num_pipelines
         shape = (P, layout.dp_sharding, layout.schedule, layout.recompute,
-                 tuple((st.devices, st.layers) for st in stages))
+                 tuple((st.devices, st.layers) for st in stages), self.comms(layout, i))
         if shape not in self._limit:
             n_top = max(self.G - (P - 1), 1)
             limit = np.zeros(len(self.ms), dtype=np.int64)
@@ -257,7 +271,8 @@ class BatchTimer:
         P, sh = layout.num_pipelines, layout.dp_sharding
         stages = layout.pipelines[i].stages
         S = len(stages)
-        shape = (P, sh, layout.schedule, layout.recompute, tuple((st.devices, st.layers) for st in stages))
+        shape = (P, sh, layout.schedule, layout.recompute, tuple((st.devices, st.layers) for st in stages),
+                 self.comms(layout, i))
         edges = self.edges(layout)
         key = (shape, tuple(tuple(dp[(i, j)]) for j in range(S)), tuple(edges.get((i, j)) for j in range(S)))
         if wanted is None and key in self._pipe:

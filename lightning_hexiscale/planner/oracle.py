@@ -2,7 +2,8 @@
 
 The space (what a Plan can express for the cluster, model and global batch G):
 
-- every partition of the devices into pipelines (all devices used, at most ``max_pipelines``, at
+- every subset of the devices (the rest named in ``Plan.idle_devices``; only the whole cluster with
+  ``use_all_devices``) and every partition of it into pipelines (at most ``max_pipelines``, at
   most G pipelines);
 - per pipeline, every ordered sequence of stages, every TP group (any subset of the pipeline's
   devices of at most ``num_kv_heads`` devices, across machines too), every stage leader and every
@@ -23,7 +24,9 @@ How, exactly and fast enough:
    ``estimate()`` is invariant under the swap. Devices are grouped into classes of pairwise
    interchangeable devices (usually: the GPUs of one machine). A pipeline is then a vector of
    device counts per class, a stage a tuple of class labels, and each orbit of plans is
-   enumerated once (canonical devices: the first free devices of each class).
+   enumerated once (canonical devices: the first free devices of each class). A subset is a
+   count vector at most the class sizes (``oracle_space.sub_vectors``): ``estimate()`` prices
+   only the devices a plan uses, so which devices of a class stay idle does not matter.
 2. **Structure of the time.** With A = sum_j (Stage_j + Hop_j), B = max_j (Stage_j + Hop_j) per
    micro-batch and C = max_j (exposed data-parallel time of stage j), a pipeline with n
    micro-batches takes A + (n - 1) * B + C (Appendix B eq. 8 plus its data-parallel tail) and the
@@ -90,9 +93,11 @@ from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.planner.batching import layout_plan, minimax_split, mask, sumset, with_batches
 from lightning_hexiscale.planner.estimate import Workload, estimate
 from lightning_hexiscale.planner.oracle_space import (OracleResult, OracleSettings, compositions, contexts,
-                                                      device_classes, multiset_permutations, vector_partitions)
+                                                      device_classes, multiset_permutations, sub_vectors,
+                                                      vector_partitions)
 from lightning_hexiscale.planner.oracle_terms import OracleTerms, _Timeout
 from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner.subsets import name_idle
 
 __all__ = ["MAX_DEVICES", "OracleResult", "OracleSettings", "compositions", "device_classes", "oracle",
            "vector_partitions"]
@@ -106,6 +111,8 @@ class _Oracle(OracleTerms):
     """The branch and bound over the terms and bounds of :class:`OracleTerms`."""
 
     def offer(self, plan: Plan) -> None:
+        if self.s.use_all_devices and plan.world_size < self.cluster.num_devices:
+            return  # outside the space asked for: an incumbent that leaves devices idle
         est = estimate(plan, self.cluster, self.w)
         if est.cost < self.best[0]:
             self.best = (est.cost, plan, est)
@@ -116,7 +123,8 @@ class _Oracle(OracleTerms):
         bound = 0.0
         try:
             heap = []
-            for vecs in vector_partitions(self.counts):
+            parts = (vecs for sub in sub_vectors(self.counts, self.s.use_all_devices) for vecs in vector_partitions(sub))
+            for vecs in parts:
                 if len(vecs) > self.max_p:
                     continue
                 for sh in self.shardings:
@@ -255,7 +263,8 @@ class _Oracle(OracleTerms):
             else:
                 cost, batches = minimax_split(g_all, self.G)
                 if cost < self.best[0]:
-                    plan = with_batches(layout, batches, [pick[i][b] for i, b in enumerate(batches)], self.meta())
+                    plan = name_idle(with_batches(layout, batches, [pick[i][b] for i, b in enumerate(batches)],
+                                                  self.meta()), self.cluster)
                     est = estimate(plan, self.cluster, self.w)
                     if not math.isclose(est.cost, cost, rel_tol=1e-9):
                         raise RuntimeError(f"oracle: exact time {cost} of {plan.to_dict()} disagrees with "

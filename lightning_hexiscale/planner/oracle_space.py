@@ -27,6 +27,9 @@ class OracleSettings:
     dp_sharding: str | None = None
     """None: ddp, zero2 and zero3."""
     max_pipelines: int | None = None
+    use_all_devices: bool = False
+    """True: only plans that give every device work (the space before idle devices); False: also
+    plans on any subset of the devices, the others named in ``Plan.idle_devices``."""
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
@@ -42,7 +45,7 @@ class OracleSettings:
         if isinstance(settings, cls):
             return settings
         return cls(settings.schedule, settings.recompute, settings.micro_batch_size, settings.dp_sharding,
-                   settings.max_pipelines)
+                   settings.max_pipelines, bool(getattr(settings, "use_all_devices", False)))
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,18 @@ def device_classes(cluster: Cluster) -> list[list[int]]:
         else:
             classes.append([d])
     return classes
+
+
+def sub_vectors(counts: tuple[int, ...], all_devices: bool = False):
+    """The device-count vectors a plan may use: every non-zero vector at most ``counts``, the
+    largest first (only ``counts`` itself when ``all_devices``). Devices of one class are
+    interchangeable, so which of them stay idle does not matter."""
+    if all_devices:
+        yield counts
+        return
+    for vec in itertools.product(*(range(c, -1, -1) for c in counts)):
+        if any(vec):
+            yield vec
 
 
 def vector_partitions(remaining: tuple[int, ...], upper: tuple[int, ...] | None = None):

@@ -67,6 +67,7 @@ class OracleTerms:
         self._cap: dict[tuple, float] = {}
         self._arr: dict[tuple, object] = {}
         self.timer = BatchTimer(cluster, workload, global_batch, [s.micro_batch_size] if s.micro_batch_size else None)
+        self.timer.exact_comms = True  # its plans must agree with estimate(), memory included
         self.ms = [s.micro_batch_size] if s.micro_batch_size else list(range(1, global_batch + 1))
         self._l1: dict[tuple, tuple] = {}
         self._l2: dict[tuple, tuple] = {}

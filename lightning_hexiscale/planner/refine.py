@@ -10,7 +10,8 @@ candidate scored exactly with its best batch split and per-pipeline micro-batch 
 - two devices of different stages swap places;
 - a device leaves its stage (a single-device stage disappears, its layers going to a neighbour;
   a single-device pipeline disappears) and joins another stage's TP group, or becomes a new stage
-  (taking half of a neighbour's layers), or a new single-device pipeline (all layers);
+  (taking half of a neighbour's layers), or a new single-device pipeline (all layers), or, where
+  the plan may leave devices idle (``RefineContext.may_idle``), takes no work at all;
 - two adjacent stages swap places (in one pipeline, or at the same position in every pipeline),
   or merge into one TP group; a TP group changes its leader;
 - the dp sharding changes.
@@ -49,6 +50,10 @@ class RefineContext:
     the move changed chosen afresh (the search's phase-2 rules plus :mod:`dp_split`)."""
     meta: dict = field(default_factory=dict)
     seed: int = 0
+    may_idle: bool = False
+    """A device may leave the plan (idle): the subset-aware search (``planner.use_all_devices=false``)."""
+    tp_degrees: frozenset[int] | None = None
+    """The TP degrees a stage may have (None: any); layouts with another are not scored."""
 
 
 def budget_for(num_devices: int, iterations: int) -> int:
@@ -73,7 +78,7 @@ def _plan(layout: Layout, like: Plan) -> Plan:
 
 
 def neighbours(layout: Layout, model: LlamaConfig, shardings: tuple[str, ...], global_batch: int,
-               move_devices: bool = True):
+               move_devices: bool = True, may_idle: bool = False):
     """(kind, layout) for every layout one move away (see the module docstring), cheap moves
     first; kind is ``layers`` for layer and sharding moves, ``structure`` for the others."""
     sharding, pipes = layout
@@ -132,6 +137,8 @@ def neighbours(layout: Layout, model: LlamaConfig, shardings: tuple[str, ...], g
                 rest = _without(pipes, i, j, d)
                 if rest is None:
                     continue
+                if may_idle:
+                    yield "structure", (sharding, rest)
                 for i2, p2 in enumerate(rest):
                     for j2, (devs2, n2) in enumerate(p2):
                         if len(devs2) < max_tp:
@@ -193,6 +200,9 @@ def improve(plan: Plan, cost: float, ctx: RefineContext, budget: int) -> tuple[f
         key = layout_key(layout)
         if key in seen or state["used"] >= budget:
             return math.inf, None
+        if ctx.tp_degrees is not None and any(len(st) not in ctx.tp_degrees for p in cand[1] for st, _ in p):
+            seen.add(key)
+            return math.inf, None
         seen.add(key)
         state["used"] += 1
         return ctx.timer.best(layout, ctx.meta or plan.meta)
@@ -206,7 +216,8 @@ def improve(plan: Plan, cost: float, ctx: RefineContext, budget: int) -> tuple[f
         improved = True
         while improved and state["used"] < budget:
             improved = False
-            for kind, cand in neighbours(current, ctx.model, ctx.shardings, ctx.timer.G, ctx.move_devices):
+            for kind, cand in neighbours(current, ctx.model, ctx.shardings, ctx.timer.G, ctx.move_devices,
+                                         ctx.may_idle):
                 if state["used"] >= budget:
                     break
                 for var in variants(kind, cand, current):
@@ -224,8 +235,8 @@ def improve(plan: Plan, cost: float, ctx: RefineContext, budget: int) -> tuple[f
         kicks += 1
         kicked = best[2]
         for _ in range(2):
-            moves = [cand for kind, cand in neighbours(kicked, ctx.model, ctx.shardings, ctx.timer.G, True)
-                     if kind == "structure"]
+            moves = [cand for kind, cand in neighbours(kicked, ctx.model, ctx.shardings, ctx.timer.G, True,
+                                                       ctx.may_idle) if kind == "structure"]
             if not moves:
                 break
             before, kicked = kicked, rng.choice(moves)

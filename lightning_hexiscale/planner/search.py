@@ -40,6 +40,9 @@ Where it goes beyond §4, and why (each measured against the true optimum of
   or a stage, with the batches re-split exactly each time.
 - Speed on large clusters: one draft micro-batch size, ZeRO-3 only when ZeRO-2 fits nothing,
   layouts whose pipelines alone are 1.25x slower than the best plan not scored.
+- Device subsets (unless ``use_all_devices``): :func:`search` runs all of the above on machine
+  subsets too and keeps the best, leaving the other devices idle (:mod:`planner.subsets`); the
+  final improvement may leave single devices idle.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ from lightning_hexiscale.planner.partition import DeviceGraph, partition
 from lightning_hexiscale.planner.plan import Plan
 from lightning_hexiscale.planner.search_settings import (Iteration, LogEntry, SearchResult, SearchSettings,
                                                          dp_candidates)
+from lightning_hexiscale.planner.subsets import CoreRun, name_idle, search_subsets, shrink
 
 _REPLICA_LAYOUTS = 256
 """Replica-only layouts the search scores on small clusters (one TP size per machine, every combination)."""
@@ -77,10 +81,14 @@ _STARTS = 4
 class _Search:
     """State of one search run (caches, moving averages, best plan)."""
 
-    def __init__(self, cluster: Cluster, workload: Workload, global_batch: int, s: SearchSettings):
+    def __init__(self, cluster: Cluster, workload: Workload, global_batch: int, s: SearchSettings,
+                 refine_share: float = 1.0):
         self.cluster, self.workload, self.gb, self.s = cluster, workload, global_batch, s
+        self.refine_share = refine_share
+        """Fraction of the final improvement's budget (:func:`refine.budget_for`) this run gets."""
         self.L = workload.model.num_layers
         self.ev = Evaluator(cluster, workload, s.schedule, s.recompute)
+        self.ev.tp_degrees = frozenset(s.tp_degrees) if s.tp_degrees else None
         self.graph = DeviceGraph.from_cluster(cluster)
         self.rng = np.random.default_rng(s.seed)
         self.mbs = micro_batch_candidates(global_batch, s.micro_batch_size, cluster.num_devices)
@@ -99,6 +107,8 @@ class _Search:
         self._p2: dict[tuple, list[tuple[int, ...]]] = {}
         self.ema = {"dp": 0.0, "pp": 0.0}
         self.best: tuple[float, Plan | None] = (math.inf, None)
+        self.best_all: tuple[float, Plan | None] = (math.inf, None)
+        """The best plan scored that gives every device work (what leaving devices idle is held against)."""
         self.by_dp: dict[int, float] = {}
         self.tried: set[tuple[int, str]] = set()
         self.mixed_tried: set[int] = set()
@@ -124,7 +134,8 @@ class _Search:
                 for unit in (1, 2):
                     for rest in (1, 2):
                         left = n - unit * r
-                        if r <= len(self.units[unit]) and left >= rest and r + rest <= max_dp:
+                        if (r <= len(self.units[unit]) and left >= rest and r + rest <= max_dp
+                                and (not s.tp_degrees or unit in s.tp_degrees)):
                             self.peels.append((r, rest, unit))
 
     def pairs(self) -> list[tuple[int, ...]]:
@@ -273,6 +284,8 @@ class _Search:
         """Keep the best layouts for each number of pipelines (on small clusters the best two with
         different device sets): the starts of the final local improvement (varied structures, not
         only variations of the best one)."""
+        if plan.world_size == self.cluster.num_devices and cost < self.best_all[0]:
+            self.best_all = (cost, plan)
         P = plan.num_pipelines
         sets = frozenset(frozenset(p.devices) for p in plan.pipelines)
         kept = [e for e in self.top.get(P, []) if e[2] != sets or e[0] <= cost]
@@ -387,6 +400,7 @@ class _Search:
         if plan is None:
             raise InfeasiblePlan(capacity_message(self.cluster, self.workload, self.gb)
                                  or minimum_memory_message(self.cluster, self.workload, self.gb))
+        plan = name_idle(plan, self.cluster)
         return SearchResult(plan, estimate(plan, self.cluster, self.workload), log, time.perf_counter() - t0)
 
     def replicas(self) -> None:
@@ -397,13 +411,17 @@ class _Search:
         per_machine = []
         for m in self.cluster.machines:
             devs = sorted(m.devices, key=lambda d: (-self.cluster.devices[d].flops, d))
-            ts = [t for t in range(1, min(len(devs), self.workload.model.num_kv_heads) + 1) if len(devs) % t == 0]
-            per_machine.append([[tuple(devs[i:i + t]) for i in range(0, len(devs), t)] for t in ts])
+            only = self.ev.tp_degrees
+            ts = [t for t in range(1, min(len(devs), self.workload.model.num_kv_heads) + 1)
+                  if (len(devs) % t == 0 if only is None else t in only)]
+            # restricted TP (uniform-tp): whole groups of t, the rest of the machine idle
+            per_machine.append([[tuple(devs[i:i + t]) for i in range(0, len(devs) - len(devs) % t, t)]
+                                for t in ts] or [[]])
         for k, combo in enumerate(itertools.product(*per_machine)):
             if k >= _REPLICA_LAYOUTS:
                 break
             groups = [g for part in combo for g in part]
-            if len(groups) > self.gb:
+            if not groups or len(groups) > self.gb:
                 continue
             for sharding in self.shardings_for(len(groups)):
                 layout = layout_plan([[g] for g in groups], [(self.L,)] * len(groups), sharding, self.s.schedule,
@@ -416,10 +434,11 @@ class _Search:
 
     def improve(self) -> None:
         """Local improvement of the best layouts found (:mod:`planner.refine`), beyond §4."""
-        budget = refine.budget_for(self.cluster.num_devices, self.s.iterations)
+        budget = max(1, int(refine.budget_for(self.cluster.num_devices, self.s.iterations) * self.refine_share))
         ctx = refine.RefineContext(self.timer, self.workload.model, self.shardings,
                                    move_devices=self.small, repair=self.repair,
-                                   meta=self.meta(), seed=self.s.seed)
+                                   meta=self.meta(), seed=self.s.seed, may_idle=not self.s.use_all_devices,
+                                   tp_degrees=self.ev.tp_degrees)
         firsts = [e[0] for e in self.top.values()]
         seconds = [e for v in self.top.values() for e in v[1:]]
         starts = sorted(firsts, key=lambda e: e[0])[:_STARTS]
@@ -431,8 +450,32 @@ class _Search:
             share = budget if k == len(starts) - 1 else max(budget // 2, 1)
             cost, plan, used = refine.improve(plan, cost, ctx, share)
             budget -= used
+            if plan.world_size == self.cluster.num_devices and cost < self.best_all[0]:
+                self.best_all = (cost, plan)
             if cost < self.best[0] * (1 - 1e-12):
                 self.best = (cost, plan)
+
+    def without(self, drop: frozenset[int]) -> tuple[float, Plan | None]:
+        """The best layout found with the devices ``drop`` taken out (:func:`subsets.shrink`: stages
+        re-formed, leaders and layers re-chosen, batches re-split exactly): how large clusters price
+        leaving devices idle without a search of their own."""
+        firsts = sorted((v[0] for v in self.top.values()), key=lambda e: e[0])[:1]
+        # large clusters: leaders and layers afresh without the data-parallel-aware split (its
+        # enumeration over hundreds of pipelines costs more than the search itself)
+        repair = self.repair if self.cluster.num_devices <= 64 else self.relead
+        return shrink([p for _, p, _ in firsts], drop, self.timer, repair, self.meta())
+
+    def relead(self, layout: refine.Layout, before: refine.Layout) -> refine.Layout:
+        """The pipelines a move changed get their leaders and a compute- and memory-proportional
+        layer split (:func:`assemble.chain_draft`) afresh, in their own stage order."""
+        sharding, pipes = layout
+        old = set(before[1])
+        ctx = DraftContext(1, sharding, len(pipes), max(1, self.gb // len(pipes)), self.s.tau)
+        out = []
+        for p in pipes:
+            d = None if p in old else chain_draft(self.ev, [st for st, _ in p], ctx)
+            out.append(p if d is None else tuple(zip(d.stages, d.layers)))
+        return sharding, tuple(out)
 
     def repair(self, layout: refine.Layout, before: refine.Layout) -> refine.Layout:
         """The pipelines a move changed get their leaders (phase 2) and a data-parallel-aware
@@ -496,9 +539,12 @@ def capacity_message(cluster: Cluster, workload: Workload, global_batch: int) ->
 
 
 def search(cluster: Cluster, workload: Workload, global_batch: int,
-           settings: SearchSettings | None = None) -> SearchResult:
+           settings: SearchSettings | None = None, worth: bool = False) -> SearchResult:
     """Find a low-cost plan for ``workload`` on ``cluster`` with ``global_batch`` sequences per step.
 
+    Unless ``settings.use_all_devices``, the plan may leave devices idle where that is faster
+    (:mod:`planner.subsets`: device subsets are searched too; ``result.subsets`` says which).
+    ``worth``: also find, per machine, the best plan without it (``hexiscale plan``'s report).
     Raises :class:`InfeasiblePlan` when no plan tried fits in memory, saying what is missing.
     """
     s = settings or SearchSettings()
@@ -509,6 +555,31 @@ def search(cluster: Cluster, workload: Workload, global_batch: int,
     threshold = gc.get_threshold()
     gc.set_threshold(max(threshold[0], 100_000), *threshold[1:])
     try:
-        return _Search(cluster, workload, global_batch, s).run()
+        if s.use_all_devices:
+            return _Search(cluster, workload, global_batch, s).run()
+        return subset_search(cluster, workload, global_batch, s, worth)
     finally:
         gc.set_threshold(*threshold)
+
+
+def _core(workload: Workload, global_batch: int, s: SearchSettings):
+    """The all-device search as :mod:`planner.subsets` runs it on a (sub)cluster: a
+    :class:`subsets.CoreRun` (its best plan, the best plan giving every device work, the log and
+    a way to try the best layouts without some devices)."""
+
+    def run(cluster: Cluster, share: float = 1.0) -> CoreRun:
+        sr = _Search(cluster, workload, global_batch, s, share)
+        result = sr.run()
+        return CoreRun(result.plan, result.estimate.cost, sr.best_all[0], result.log, sr.without)
+
+    return run
+
+
+def subset_search(cluster: Cluster, workload: Workload, global_batch: int, s: SearchSettings,
+                  worth: bool = False) -> SearchResult:
+    """The best plan over device subsets (:func:`subsets.search_subsets`), as a SearchResult."""
+    t0 = time.perf_counter()
+    mbs = micro_batch_candidates(global_batch, s.micro_batch_size, cluster.num_devices)
+    plan, report, log = search_subsets(cluster, workload, global_batch, _core(workload, global_batch, s), mbs,
+                                       s.recompute, worth)
+    return SearchResult(plan, estimate(plan, cluster, workload), log, time.perf_counter() - t0, report)

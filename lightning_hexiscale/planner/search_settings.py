@@ -39,6 +39,12 @@ class SearchSettings:
     pipeline uses this one (it must divide the global batch)."""
     dp_sharding: str | None = None
     """None: the search tries ddp, zero2 and zero3."""
+    use_all_devices: bool = False
+    """True: every device takes work (the search before subsets); False: the plan may leave devices
+    idle where that is faster (:mod:`planner.subsets`), naming them in ``Plan.idle_devices``."""
+    tp_degrees: tuple[int, ...] | None = None
+    """The TP degrees a stage may have (None: any up to the KV heads). The ``uniform-tp`` baseline
+    sets one; devices no allowed TP group covers stay idle."""
 
     def __post_init__(self) -> None:
         if self.iterations < 1:
@@ -53,6 +59,12 @@ class SearchSettings:
             raise ConfigError("train.dp_sharding", self.dp_sharding, f"must be one of {DP_OPTIONS}", "use zero2")
         if self.max_pipelines is not None and self.max_pipelines < 1:
             raise ConfigError("planner.max_pipelines", self.max_pipelines, "must be at least 1 (or null)", "use null")
+        if not isinstance(self.use_all_devices, bool):
+            raise ConfigError("planner.use_all_devices", self.use_all_devices, "must be true or false",
+                              "use false (the plan may leave slow devices idle) or true (every device takes work)")
+        if self.tp_degrees is not None and (not self.tp_degrees or any(
+                not isinstance(t, int) or t < 1 for t in self.tp_degrees)):
+            raise ConfigError("tp_degrees", self.tp_degrees, "must be positive integers (or None)", "use e.g. (2,)")
 
     @classmethod
     def from_config(cls, cfg: Any, dp_sharding_explicit: bool = False, **changes: Any) -> SearchSettings:
@@ -62,7 +74,7 @@ class SearchSettings:
                   max_pipelines=p.max_pipelines, progress=bool(p.progress), schedule=str(t.schedule),
                   recompute=bool(t.recompute), micro_batch_size=t.micro_batch_size,
                   dp_sharding=str(t.dp_sharding) if dp_sharding_explicit else None)
-        for key in ("cut", "group_balance"):
+        for key in ("cut", "group_balance", "use_all_devices"):
             if key in p:
                 kw[key] = p[key]
         kw.update(changes)
@@ -102,7 +114,12 @@ class SearchResult:
     plan: Plan
     estimate: Estimate
     log: list[LogEntry] = field(default_factory=list)
+    """The iterations of the search on every device (the subset trials are in ``subsets``)."""
     search_time_s: float = 0.0
+    """Wall time of the whole search, subset trials included."""
+    subsets: Any = None
+    """:class:`~lightning_hexiscale.planner.subsets.SubsetReport`: which device subsets were
+    searched, and what each machine is worth (None with ``use_all_devices``)."""
 
 
 def dp_candidates(num_devices: int, max_dp: int, num_machines: int) -> list[int]:

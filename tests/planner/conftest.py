@@ -30,3 +30,29 @@ def tiny() -> Workload:
 @pytest.fixture(scope="session")
 def llama7b() -> Workload:
     return Workload(LlamaConfig.load("llama2_7b"))
+
+
+STRAGGLER = {
+    "name": "straggler",
+    "machines": [{"name": "fast", "gpu": "A800", "count": 2, "intra_bandwidth": "200 GB/s"},
+                 {"name": "slow", "gpu": "RTX3080Ti", "count": 1, "intra_bandwidth": "16 GB/s"},
+                 {"name": "fast2", "gpu": "A800", "count": 2, "intra_bandwidth": "200 GB/s"}],
+    "machine_links": [{"machines": ["fast", "fast2"], "bandwidth": "25 GB/s"}],
+    "inter_machine": {"bandwidth": "0.2 GB/s", "latency": "50us"},
+}
+"""Two fast GPUs on each of two machines, one slow GPU on a third behind a 0.2 GB/s link: a plan on
+every device waits for the straggler, the best plan leaves it idle."""
+
+
+@pytest.fixture
+def straggler() -> Cluster:
+    return Cluster.from_config(STRAGGLER)
+
+
+@pytest.fixture(scope="session")
+def small7b() -> Workload:
+    """Llama-2 7B's layer shape at 8 layers (fast to plan, the oracle's size)."""
+    import dataclasses
+
+    m = LlamaConfig.load("llama2_7b")
+    return Workload(dataclasses.replace(m, name="llama2_7b_8l", num_layers=8))

@@ -1,5 +1,5 @@
-"""An independent brute force over the whole plan space, for tiny cases only: every set partition of
-the devices into pipelines, every ordered split of each pipeline into stages with every rank order,
+"""An independent brute force over the whole plan space, for tiny cases only: every subset of the
+devices (the rest idle), every set partition of it into pipelines, every ordered split of each pipeline into stages with every rank order,
 every layer split, every batch split, every micro-batch size per pipeline, every dp sharding, each
 plan scored by ``estimate()``. No symmetry, no bounds: the oracle's yardstick in the tests."""
 
@@ -43,12 +43,33 @@ def compositions(total: int, parts: int):
         yield [b - a for a, b in zip((0,) + cuts, cuts + (total,))]
 
 
+def device_subsets(n: int, all_devices: bool):
+    """Every non-empty subset of devices 0..n-1 (only all of them with ``all_devices``)."""
+    if all_devices:
+        yield list(range(n))
+        return
+    for k in range(n, 0, -1):
+        yield from (list(c) for c in itertools.combinations(range(n), k))
+
+
 def brute_force(cluster, workload, global_batch: int, schedule: str = "1f1b", recompute: bool = True,
-                shardings=DP_SHARDINGS):
-    """(best cost, best plan, plans scored)."""
+                shardings=DP_SHARDINGS, all_devices: bool = False):
+    """(best cost, best plan, plans scored) over plans on every device subset (the others idle),
+    or on all devices only."""
     L, max_tp = workload.model.num_layers, workload.model.num_kv_heads
     best, best_plan, count = math.inf, None, 0
-    for blocks in set_partitions(list(range(cluster.num_devices))):
+    for used in device_subsets(cluster.num_devices, all_devices):
+        idle = tuple(d for d in range(cluster.num_devices) if d not in used)
+        b, p, c = _brute_force(cluster, workload, global_batch, schedule, recompute, shardings, used, idle, L, max_tp)
+        count += c
+        if b < best:
+            best, best_plan = b, p
+    return best, best_plan, count
+
+
+def _brute_force(cluster, workload, global_batch, schedule, recompute, shardings, used, idle, L, max_tp):
+    best, best_plan, count = math.inf, None, 0
+    for blocks in set_partitions(used):
         P = len(blocks)
         if P > global_batch:
             continue
@@ -66,7 +87,8 @@ def brute_force(cluster, workload, global_batch: int, schedule: str = "1f1b", re
                 for mbs in itertools.product(*mb_opts):
                     pipes = tuple(Pipeline(b, m, st) for b, m, st in zip(batches, mbs, structs))
                     for sh in shardings:
-                        plan = Plan(pipes, L, schedule=schedule, recompute=recompute, dp_sharding=sh)
+                        plan = Plan(pipes, L, schedule=schedule, recompute=recompute, dp_sharding=sh,
+                                    idle_devices=idle)
                         count += 1
                         cost = estimate(plan, cluster, workload).cost
                         if cost < best:

@@ -138,8 +138,64 @@ def test_unaware_baseline_retunes_when_the_believed_best_plan_does_not_fit(heter
 @pytest.mark.parametrize("preset,model,gb", [("cpu_hetero4", "llama_tiny", 8), ("hetero2", "llama2_7b", 64)])
 def test_search_beats_or_equals_the_unaware_baselines(preset, model, gb):
     c, w = Cluster.load(preset), Workload(LlamaConfig.load(model))
-    se = search(c, w, gb, SearchSettings(iterations=20))  # 6 iterations are not enough on hetero2
+    # 6 iterations are not enough on hetero2; every device at work, as the baselines (subsets can only help)
+    se = search(c, w, gb, SearchSettings(iterations=20, use_all_devices=True))
     for name, r in B.run_baselines(c, w, gb, FAST, ("megatron", "galvatron")).items():
         assert r.estimate.feasible, (name, r.note)
         r.plan.validate(c, w.model, global_batch=gb)
         assert se.estimate.iteration_time_s <= r.estimate.iteration_time_s * (1 + 1e-9), name
+
+
+# ---- fast-only and uniform-tp: the baselines a user would compare with -------------------------------
+def test_fast_only_is_the_best_symmetric_plan_over_every_machine_subset(small7b, straggler):
+    from itertools import combinations
+
+    from lightning_hexiscale.planner.subsets import devices_of
+
+    c, gb = straggler, 16
+    r = B.fast_only(c, small7b, gb, FAST)
+    r.plan.validate(c, small7b.model, global_batch=gb)
+    assert r.plan.meta["planner"] == "fast-only" and r.plan.launch_order == tuple(range(5))
+    used = set(r.plan.device_order)
+    # whole machines, symmetric: equal batches, one TP degree, one stage count
+    assert all(set(m.devices) <= used or not (set(m.devices) & used) for m in c.machines)
+    assert len({p.batch_size for p in r.plan.pipelines}) == 1
+    assert len({s.tp for p in r.plan.pipelines for s in p.stages}) == 1
+    assert r.compute_ceiling == pytest.approx(c.flops.sum() / c.flops[sorted(used)].sum())
+    # here the best symmetric plan leaves machines out: it is also the best that does
+    assert r.plan.idle_devices and r.leaving_out is not None
+    assert r.leaving_out.estimate.cost == pytest.approx(r.estimate.cost)
+    # no machine subset has a better megatron or galvatron plan (strongest reading)
+    for k in range(1, 4):
+        for keep in combinations(range(3), k):
+            sub = c.subset(list(devices_of(c, list(keep))))
+            for fn in (B.megatron, B.galvatron):
+                other = fn(sub, small7b, gb, FAST, like_for_like=True, aware=True)
+                if other.estimate is not None:
+                    assert r.estimate.cost <= other.estimate.cost * (1 + 1e-9), (keep, fn.__name__)
+    # and the search is at least as fast
+    assert search(c, small7b, gb, FAST).estimate.cost <= r.estimate.cost * (1 + 1e-9)
+
+
+def test_uniform_tp_uses_one_tp_degree_in_every_stage(small7b, straggler):
+    c = straggler
+    r = B.uniform_tp(c, small7b, 16, FAST)
+    r.plan.validate(c, small7b.model, global_batch=16)
+    assert len({s.tp for p in r.plan.pipelines for s in p.stages}) == 1
+    assert r.plan.meta["planner"] == "uniform-tp" and r.plan.launch_order == tuple(range(5))
+    assert r.compute_ceiling >= 1.0
+    # a restriction to TP 2: every stage is a TP-2 pair inside a machine; the odd GPUs stay idle
+    c = Cluster.load("case_study")
+    two = search(c, small7b, 24, SearchSettings(iterations=2, tp_degrees=(2,), use_all_devices=True))
+    assert {s.tp for p in two.plan.pipelines for s in p.stages} == {2}
+    assert all(len({c.devices[d].machine for d in s.devices}) == 1 for p in two.plan.pipelines for s in p.stages)
+    assert len(two.plan.idle_devices) >= 2  # 3 + 3 + 2 GPUs: at least one of each 3-GPU machine
+
+
+def test_run_baselines_gives_every_plan_its_compute_ceiling(tiny):
+    c = Cluster.load("cpu_hetero4")
+    res = B.run_baselines(c, tiny, 8, FAST, ("megatron", "fast-only"))
+    assert res["megatron"].compute_ceiling == pytest.approx(1.0)  # all devices
+    assert res["fast-only"].compute_ceiling >= 1.0
+    with pytest.raises(ConfigError, match="fast-only"):
+        B.run_baselines(c, tiny, 8, FAST, ("nope",))

@@ -27,9 +27,18 @@ def test_plan_json_has_plan_estimate_and_search_time(capsys, tmp_path):
 def test_plan_json_with_baselines(capsys):
     assert main(["plan", "--json", "--baselines", *BASE]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert set(doc["baselines"]) == {"megatron", "galvatron", "metis", "random"}
+    assert set(doc["baselines"]) == {"megatron", "galvatron", "metis", "random", "fast-only", "fast-only-subset",
+                                     "uniform-tp"}
     for row in doc["baselines"].values():
-        assert {"iteration_time_s", "pflops", "feasible"} <= set(row)
+        assert {"iteration_time_s", "pflops", "feasible", "compute_ceiling", "idle_devices"} <= set(row)
+    # fast-only: the best symmetric plan on any machine subset, the rest idle; its ceiling says how
+    # much compute it leaves out (1.0: none)
+    fast = doc["baselines"]["fast-only"]
+    assert fast["feasible"] and fast["compute_ceiling"] >= 1.0
+    assert fast["compute_ceiling"] == pytest.approx(1.0) or fast["idle_devices"]
+    assert fast["iteration_time_s"] >= doc["estimate"]["iteration_time_s"] * (1 - 1e-9)
+    out = doc["baselines"]["fast-only-subset"]  # its best plan that leaves a machine out
+    assert out["idle_devices"] and out["compute_ceiling"] > 1 and out["iteration_time_s"] >= fast["iteration_time_s"]
     # heterogeneity-unaware by default: galvatron believes 8 GPUs of 24 GiB (the smallest), where
     # Llama-2 13B's 208 GB of training state cannot fit; it reports its memory-blind time instead
     galv = doc["baselines"]["galvatron"]
@@ -48,7 +57,7 @@ def test_plan_text_report(capsys):
 @pytest.mark.parametrize("ext", ["png", "svg"])
 def test_picture_is_written(tmp_path, capsys, ext):
     pic = tmp_path / f"plan.{ext}"
-    assert main(["plan", "--picture", str(pic), *BASE, "planner.progress=false"]) == 0
+    assert main(["plan", "--picture", str(pic), *BASE, "planner.progress=false", "planner.use_all_devices=true"]) == 0
     assert pic.stat().st_size > 1000
 
 
@@ -105,3 +114,56 @@ def test_plan_optimum_bad_input_is_refused_before_the_search(capsys, extra, key)
     assert main(["plan", "--optimum", *extra]) == 2
     err = capsys.readouterr().err
     assert key in err and "Fix:" in err and "search:" not in err
+
+
+# ---- device subsets: idle devices, what each machine is worth ------------------------------------
+@pytest.fixture
+def straggler_args(tmp_path):
+    import yaml
+    from conftest import STRAGGLER
+
+    path = tmp_path / "straggler.yaml"
+    path.write_text(yaml.safe_dump(STRAGGLER))
+    return [f"cluster={path}", "model=llama2_7b", "model.num_layers=8", "train.global_batch=16",
+            "planner.iterations=2", "planner.progress=false"]
+
+
+def test_plan_says_which_devices_it_leaves_idle_and_what_each_machine_is_worth(capsys, tmp_path, straggler_args):
+    out_file = tmp_path / "plan.yaml"
+    assert main(["plan", *straggler_args, "--out", str(out_file)]) == 0
+    out = capsys.readouterr().out
+    banner = out.index("IDLE DEVICES")
+    assert banner < out.index("pipeline  batch/mb")  # above the plan table
+    assert "machine slow [2]" in out and "faster without them" in out and "planner.use_all_devices=true" in out
+    assert "what each machine is worth" in out and "device subsets: exhaustive" in out
+    worth = out[out.index("what each machine is worth"):].splitlines()[2:5]
+    assert [line.split()[0] for line in worth] == ["fast", "slow", "fast2"]
+    from lightning_hexiscale.planner.plan import Plan
+
+    written = Plan.load(out_file)
+    assert 2 in written.idle_devices and "idle_reason" in written.meta and written.meta["all_devices_time_s"] > 0
+    assert main(["plan", *straggler_args, "planner.use_all_devices=true"]) == 0
+    every = capsys.readouterr().out
+    assert "IDLE DEVICES" not in every and "what each machine is worth" not in every
+
+
+def test_plan_json_reports_the_subsets(capsys, straggler_args):
+    assert main(["plan", "--json", *straggler_args]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    sub = doc["subsets"]
+    assert sub["mode"] == "exhaustive" and 2 in sub["idle_devices"] == doc["plan"]["idle_devices"]
+    assert sub["all_devices_time_s"] > doc["estimate"]["iteration_time_s"]
+    by_name = {m["name"]: m for m in sub["machines"]}
+    assert by_name["fast"]["best_without_s"] == by_name["fast2"]["best_without_s"]  # swappable machines
+    assert by_name["slow"]["best_without_s"] == pytest.approx(doc["estimate"]["iteration_time_s"])
+    assert {t["status"] for t in sub["trials"]} <= {"searched", "bounded", "no memory", "infeasible"}
+
+
+def test_estimate_refuses_a_plan_that_names_an_idle_device_in_a_stage(capsys, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("num_layers: 4\nidle_devices: [2]\npipelines:\n"
+                   "  - {batch_size: 4, micro_batch_size: 1, stages: [{devices: [0, 2], layers: [0, 4]}]}\n")
+    assert main(["estimate", "--plan", str(bad), "cluster=cpu_hetero4", "model=llama_tiny"]) == 2
+    err = capsys.readouterr().err
+    assert "plan.idle_devices = [2]" in err and "device 2 is idle and also runs" in err and "Fix:" in err
+    assert "Traceback" not in err

@@ -33,3 +33,17 @@ def test_explicit_sharding_binds_the_search(sharding):
     plan, _ = search_plan(c, Workload.for_cluster(LlamaConfig.load("llama_tiny"), c), 16,
                           {"dp_sharding": sharding}, iterations=3)
     assert plan.dp_sharding == sharding
+
+
+def test_use_all_devices_reaches_the_search_through_plan_for(straggler):
+    """The strategy's (and the elastic recipe's) door to the planner: by default the plan may leave
+    the straggler idle; use_all_devices=True gives every device work."""
+    from lightning_hexiscale.lightning.plan_resolution import plan_for
+
+    c = straggler
+    w = Workload.for_cluster(dataclasses.replace(LlamaConfig.load("llama2_7b"), num_layers=8), c)
+    subset = plan_for(None, c, w, 16, {}, iterations=2)
+    every = plan_for(None, c, w, 16, {}, iterations=2, use_all_devices=True)
+    assert 2 in subset.idle_devices and subset.launch_order == (0, 1, 2, 3, 4)
+    assert every.world_size == 5 and not every.idle_devices
+

@@ -150,6 +150,8 @@ API_CASES = {
                             "HexiScaleStrategy(dp_sharding)"),
     "zero_global_batch": (lambda t: HexiScaleStrategy(global_batch=0), ConfigError, "HexiScaleStrategy(global_batch)"),
     "zero_threads": (lambda t: HexiScaleStrategy(num_threads=0), ConfigError, "HexiScaleStrategy(num_threads)"),
+    "use_all_devices_not_bool": (lambda t: HexiScaleStrategy(use_all_devices="yes"), ConfigError,
+                                 "HexiScaleStrategy(use_all_devices)"),
     "world_size": (lambda t: _trainer(HexiScaleStrategy(plan=PLAN), devices=3), ConfigError, "Trainer(num_nodes, devices)"),
     "loader_batch": (lambda t: _fit(data=loader(12, 4)), ConfigError, "train_dataloader.batch_size"),
     "loader_without_batch_size": (lambda t: _fit(data=_sampler_loader("none")), ConfigError,
@@ -179,7 +181,7 @@ def test_api_refuses_bad_input(case, tmp_path, capfd):
 def test_good_api_input_passes(tmp_path):
     """The corpus's valid counterparts are accepted (the harness can tell good from bad)."""
     strategy = HexiScaleStrategy(cluster="cpu_hetero4", plan=PLAN, timeout=30, nonfinite="skip", schedule="gpipe",
-                                 dp_sharding="zero2", global_batch=6, num_threads=1)
+                                 dp_sharding="zero2", global_batch=6, num_threads=1, use_all_devices=True)
     assert strategy.plan is not None and strategy.cluster.name == "cpu_hetero4"
     _trainer(HexiScaleStrategy(plan=PLAN), devices=2)
     strategy.check_before_launch("_fit_impl", {"model": module(), "train_dataloaders": loader(12, 6),
