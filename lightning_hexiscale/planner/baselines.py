@@ -360,15 +360,20 @@ _FAST_ONLY_SUBSETS = 256
 
 
 def fast_only(cluster: Cluster, workload: Workload, global_batch: int,
-              settings: SearchSettings | None = None) -> BaselineResult:
+              settings: SearchSettings | None = None, style: str | None = None) -> BaselineResult:
     """What a user would do anyway: run a symmetric plan on some machines (the fast ones, usually)
-    and leave the others idle. The best plan of :func:`megatron` and :func:`galvatron`, each in its
+    and leave the others idle. ``style``: ``megatron`` or ``galvatron`` alone (None: the better of
+    the two, the default). The best plan of :func:`megatron` and :func:`galvatron`, each in its
     strongest reading (ranked with the true cluster, every dp sharding), over every machine subset
     up to symmetry (:func:`subsets.machine_classes`; beyond ``_FAST_ONLY_SUBSETS`` subsets, every
     choice of whole classes), most compute first; ``leaving_out`` is the best of those on a subset
     that leaves at least one machine out. A subset whose devices cannot hold the training state, or
     whose compute-only bound (:func:`subsets.compute_bound`) is no better than the best such plan so
     far, is skipped: no plan on it can win. Timed on the whole cluster, the other devices idle."""
+    styles = {"megatron": (megatron,), "galvatron": (galvatron,), None: (megatron, galvatron)}
+    if style not in styles:
+        raise ConfigError("fast_only(style)", style, "must be megatron, galvatron or None (the better of both)",
+                          "pass style='megatron' or style='galvatron', or leave it out")
     s = replace(settings or SearchSettings(), progress=False)
     classes = machine_classes(cluster)
     vectors = subset_vectors(classes)
@@ -390,7 +395,7 @@ def fast_only(cluster: Cluster, workload: Workload, global_batch: int,
         if compute_bound(rates, devices, workload, global_batch, theta) >= best[0 if whole else 1][0]:
             continue
         sub = cluster if whole else cluster.subset(list(devices))
-        for fn in (megatron, galvatron):
+        for fn in styles[style]:
             tried += 1
             r = fn(sub, workload, global_batch, s, like_for_like=True, aware=True)
             if r.plan is None:
