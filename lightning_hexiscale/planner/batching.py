@@ -34,6 +34,7 @@ from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.planner import cost_model as cm
 from lightning_hexiscale.planner import estimate as E
 from lightning_hexiscale.planner import nic
+from lightning_hexiscale.planner.communicators import stage_communicators
 from lightning_hexiscale.planner.estimate import Workload
 from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
 
@@ -157,6 +158,11 @@ class BatchTimer:
         self._pipe: dict[tuple, tuple[np.ndarray, dict]] = {}
         self._edges: tuple[Plan, dict] | None = None
         self._caps: tuple[Plan, dict] | None = None
+        self._comms: tuple[Plan, dict] | None = None
+        self.exact_comms = self.exact and workload.device == "cuda" and workload.comm_buffer_bytes > 0
+        """Up to _EXACT_DEVICES devices the memory check counts each stage's NCCL communicators as
+        ``estimate()`` does (``communicators.stage_communicators``, a few ms per layout there); beyond,
+        the per-position lower bound (the count takes ~0.5 s for a 1024-GPU layout)."""
         self._flat: tuple[Plan, tuple] | None = None
         self._known: tuple | None = None
         """(plan, breakdown) of the last winner of :meth:`best_uniform` (saves recomputing it)."""
@@ -206,20 +212,30 @@ class BatchTimer:
             self._cap[devices] = E.usable_memory(self.w, min(self.cluster.devices[d].memory_bytes for d in devices))
         return self._cap[devices]
 
-    def mem(self, plan: Plan, S: int, j: int, tp: int, m: int, n: int) -> E.MemoryTerms:
+    def mem(self, plan: Plan, S: int, j: int, tp: int, m: int, n: int, comms: int | None = None) -> E.MemoryTerms:
         inflight = cm.inflight_micro_batches(plan.schedule, S, j, n)
-        key = (plan.dp_sharding, plan.num_pipelines, plan.recompute, j == 0, j == S - 1, inflight, tp, m)
+        key = (plan.dp_sharding, plan.num_pipelines, plan.recompute, j == 0, j == S - 1, inflight, tp, m, comms)
         if key not in self._mem:
             self._mem[key] = E.stage_memory_at(self.w, *key)
         return self._mem[key]
+
+    def comms(self, layout: Plan) -> dict:
+        """(i, j) -> communicators of stage j of pipeline i as ``estimate()`` counts them, or {} (then
+        :meth:`mem` takes the per-position lower bound); kept for the last layout asked."""
+        if not self.exact_comms:
+            return {}
+        if self._comms is None or self._comms[0] is not layout:
+            self._comms = (layout, stage_communicators(layout, self.w.model))
+        return self._comms[1]
 
     def fits(self, layout: Plan, i: int, m: int, n: int) -> bool:
         """Whether every stage of pipeline i fits with n micro-batches of m (``estimate()``'s check:
         fixed + layers * per_layer <= usable memory of the stage's smallest device)."""
         stages = layout.pipelines[i].stages
         S = len(stages)
+        comms = self.comms(layout)
         for j, st in enumerate(stages):
-            if self.mem(layout, S, j, st.tp, m, n).peak(st.num_layers) > self.cap(st.devices):
+            if self.mem(layout, S, j, st.tp, m, n, comms.get((i, j))).peak(st.num_layers) > self.cap(st.devices):
                 return False
         return True
 
@@ -245,8 +261,9 @@ class BatchTimer:
         """Per micro-batch size of ``self.ms``: the most micro-batches pipeline i fits (memoised)."""
         stages = layout.pipelines[i].stages
         P = layout.num_pipelines
+        comms = self.comms(layout)
         shape = (P, layout.dp_sharding, layout.schedule, layout.recompute,
-                 tuple((st.devices, st.layers) for st in stages))
+                 tuple((st.devices, st.layers, comms.get((i, j))) for j, st in enumerate(stages)))
         if shape not in self._limit:
             n_top = max(self.G - (P - 1), 1)
             limit = np.zeros(len(self.ms), dtype=np.int64)
@@ -270,9 +287,9 @@ class BatchTimer:
         stages = layout.pipelines[i].stages
         S = len(stages)
         shape = (P, sh, layout.schedule, layout.recompute, tuple((st.devices, st.layers) for st in stages))
-        edges, caps = self.edges(layout), self.hop_caps(layout)
+        edges, caps, comms = self.edges(layout), self.hop_caps(layout), self.comms(layout)
         key = (shape, tuple(tuple(dp[(i, j)]) for j in range(S)), tuple(edges.get((i, j)) for j in range(S)),
-               tuple(caps.get((i, j), ()) for j in range(S)))
+               tuple(caps.get((i, j), ()) for j in range(S)), tuple(comms.get((i, j)) for j in range(S)))
         if wanted is None and key in self._pipe:
             return self._pipe[key]
         qm, qn, qb, qmi = self.qpairs(P)
