@@ -20,6 +20,8 @@ error = price / measured median - 1. Target: |error with NIC| <= 15 % for the sc
 
     sudo .venv/bin/python recipes/check_nic.py                     # emu_4to1, 1-4 MiB activations
     sudo .venv/bin/python recipes/check_nic.py --bw-scale 2 --reps 9
+    sudo .venv/bin/hexiscale emulate emu_4to1 -- .venv/bin/hexiscale profile --out outputs/emu4.yaml
+    sudo .venv/bin/python recipes/check_nic.py --price-with outputs/emu4.yaml   # measured links and NICs
     .venv/bin/python recipes/check_nic.py --launcher local         # no root: unshaped, plumbing only
 
 Needs root for the emulator (cgroups, network namespaces, tc); everything it creates is removed at
@@ -232,7 +234,10 @@ def run(args) -> dict:
                 shaped = bool(emu.network and emu.network.latency_shaped)
             measured = json.loads(result.read_text())
         priced = scaled(cluster, args.bw_scale)
-        if not shaped:
+        if args.price_with:  # e.g. a profile taken inside the same emulated cluster (its links as measured)
+            priced = Cluster.load(args.price_with)
+            print(f"prices from {args.price_with} (its measured links and NICs)")
+        elif not shaped:
             alpha = float(priced.latency[0, 2])
             print(f"note: this kernel shapes no latency (no sch_netem): the links' alpha is the veth's own (tens of "
                   f"microseconds), the prices keep the cluster file's {alpha * 1e3:.3g} ms (two per round trip)")
@@ -257,6 +262,9 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before the ranks are stopped")
     p.add_argument("--master-port", type=int, default=None, help="rank 0's rendezvous port (default: a free one)")
     p.add_argument("--out", default=None, help="write the figures as JSON here")
+    p.add_argument("--price-with", default=None, metavar="CLUSTER.yaml",
+                   help="price with this cluster file instead of CLUSTER scaled, e.g. the file `hexiscale profile` "
+                        "wrote inside the same emulated cluster (same device ids)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.worker is None:

@@ -10,7 +10,9 @@ plus the embedding / LM head synchronisation and the TP broadcast of replicated 
 (:func:`dp_edge_times`), and the iteration takes the slowest pipeline (eq. 9). Messages are priced at
 the dtypes the runtime sends them in (planner/wire.py: activations and gathered parameters at
 B_type, gradients at ``plan.reduce_dtype``), on the path it takes (scatter/gather between equal TP
-degrees). All ``*_s`` fields of the breakdown are per
+degrees), with the transfers that run at once sharing the NICs they cross (:mod:`.nic`: a hop's
+flows and the other pipelines' in the same phase, the data-parallel rings of a layer). All
+``*_s`` fields of the breakdown are per
 iteration (all micro-batches of that pipeline); ``time_per_micro_batch_s`` is per micro-batch.
 """
 
