@@ -90,7 +90,8 @@ class Cluster:
         self.nic_bandwidth = np.array([nic.bandwidth_Bps for nic in self.nics], dtype=float)
         self.nics_shared = nics_can_bind(self.nics)
         """Some NIC serves two or more GPUs (else concurrent hops never share one)."""
-        self.bandwidth = cap_links(bandwidth.astype(float), self.machine_of, self.nic_of, self.nic_bandwidth)
+        self.bandwidth = cap_links(bandwidth.astype(float), self.machine_of, self.nic_of, self.nic_bandwidth,
+                                   np.array([nic.machine for nic in self.nics], dtype=np.int64))
         self.latency = latency.astype(float)
         np.fill_diagonal(self.bandwidth, np.inf)
         np.fill_diagonal(self.latency, 0.0)

@@ -73,14 +73,11 @@ def parse_nics(cfg: Any, key: str, gpus: int) -> NicDeclaration:
         bw = parse_bandwidth(bw, f"{key}.bandwidth")
     lists = cfg.get("gpus")
     if lists is None:
-        blocks = [[] for _ in range(count)]
-        for g in range(gpus):
-            blocks[g * count // gpus].append(g)
-        return NicDeclaration(bw, tuple(tuple(b) for b in blocks))
+        return NicDeclaration(bw, tuple(tuple(b) for b in _blocks(count, gpus)))
     lists = [list(x) for x in lists]
     if len(lists) != count:
         raise ConfigError(f"{key}.gpus", lists, f"must list the GPUs of each of the {count} NIC(s), one list per NIC",
-                          f"give {count} list(s) of local GPU indices, e.g. {_example(count, gpus)}")
+                          f"give {count} list(s) of local GPU indices, e.g. {_blocks(count, gpus)}")
     seen: dict[int, int] = {}
     for k, gl in enumerate(lists):
         if not gl:
@@ -100,8 +97,9 @@ def parse_nics(cfg: Any, key: str, gpus: int) -> NicDeclaration:
     return NicDeclaration(bw, tuple(tuple(gl) for gl in lists))
 
 
-def _example(count: int, gpus: int) -> list[list[int]]:
-    blocks = [[] for _ in range(count)]
+def _blocks(count: int, gpus: int) -> list[list[int]]:
+    """The default mapping: GPU g of ``gpus`` uses NIC floor(g * count / gpus) (contiguous blocks)."""
+    blocks: list[list[int]] = [[] for _ in range(count)]
     for g in range(gpus):
         blocks[g * count // gpus].append(g)
     return blocks
@@ -109,21 +107,23 @@ def _example(count: int, gpus: int) -> list[list[int]]:
 
 def fastest_links(machine_of: np.ndarray, bandwidth: np.ndarray) -> np.ndarray:
     """Per machine, its fastest link to a device of another machine (bytes/s; inf when the cluster
-    has one machine): the default NIC bandwidth."""
+    has one machine): the default NIC bandwidth. Row block by row block (no N x N temporary)."""
     n_m = int(machine_of.max()) + 1 if len(machine_of) else 0
-    out = np.full(n_m, -np.inf)
-    cross = machine_of[:, None] != machine_of[None, :]
-    if cross.any():
-        np.maximum.at(out, machine_of, np.where(cross, bandwidth, -np.inf).max(axis=1))
-    out[~np.isfinite(out)] = np.inf
+    out = np.full(n_m, np.inf)
+    for m in range(n_m):
+        rows = np.flatnonzero(machine_of == m)
+        others = machine_of != m
+        if len(rows) and others.any():
+            out[m] = float(bandwidth[np.ix_(rows, np.flatnonzero(others))].max())
     return out
 
 
 def build_nics(machine_devices: Sequence[Sequence[int]], declarations: Sequence[NicDeclaration | None],
-               machine_of: np.ndarray, bandwidth: np.ndarray) -> tuple[Nic, ...]:
+               machine_of: np.ndarray, bandwidth: np.ndarray, fast: np.ndarray | None = None) -> tuple[Nic, ...]:
     """The cluster's NICs, machine by machine: declared ones as given, a bandwidth left out (or a
-    machine without declaration: one NIC) at the machine's fastest link (:func:`fastest_links`)."""
-    fast = fastest_links(machine_of, bandwidth)
+    machine without declaration: one NIC) at the machine's fastest link (:func:`fastest_links`,
+    or ``fast`` when the caller has it)."""
+    fast = fastest_links(machine_of, bandwidth) if fast is None else fast
     nics = []
     for m, (devs, dec) in enumerate(zip(machine_devices, declarations)):
         dec = dec or NicDeclaration(None, (tuple(range(len(devs))),))
@@ -148,10 +148,17 @@ def nic_index(nics: Sequence[Nic], num_devices: int) -> np.ndarray:
     return nic_of
 
 
-def cap_links(bandwidth: np.ndarray, machine_of: np.ndarray, nic_of: np.ndarray, nic_bw: np.ndarray) -> np.ndarray:
+def cap_links(bandwidth: np.ndarray, machine_of: np.ndarray, nic_of: np.ndarray, nic_bw: np.ndarray,
+              nic_machine: np.ndarray | None = None) -> np.ndarray:
     """The bandwidth matrix with every cross-machine pair capped by the two NICs it crosses:
     beta'[a, b] = min(beta[a, b], B_nic(a), B_nic(b)) when a and b sit on different machines (one
-    transfer alone; sharing is the cost model's). Idempotent; same-machine pairs unchanged."""
+    transfer alone; sharing is the cost model's). Idempotent; same-machine pairs unchanged. Returns
+    ``bandwidth`` itself when no NIC is slower than its machine's fastest link (``nic_machine``:
+    the machine of each NIC; then nothing can change)."""
+    if nic_machine is not None and len(nic_bw):
+        fast = fastest_links(machine_of, bandwidth)
+        if (nic_bw >= fast[nic_machine]).all():
+            return bandwidth
     per = nic_bw[nic_of]
     cap = np.minimum(per[:, None], per[None, :])
     cross = machine_of[:, None] != machine_of[None, :]
