@@ -133,21 +133,42 @@ def dp_ring_rates(cluster: Cluster, dev: np.ndarray, lo: np.ndarray, hi: np.ndar
     out = np.full(len(dev), np.inf)
     if len(dev) < 2 or not cluster.nics_shared:
         return out
-    bounds = np.unique(np.concatenate([lo, hi]))
+    # memoised per cluster: the search meets the same holders (layer intervals, embedding) again and again
+    cache = cluster.__dict__.setdefault("_dp_ring_rates", {})
+    key = (np.asarray(dev, dtype=np.int64).tobytes(), np.asarray(lo, dtype=float).tobytes(),
+           np.asarray(hi, dtype=float).tobytes())
+    if key not in cache:
+        if len(cache) >= _RATE_CACHE:
+            cache.clear()
+        cache[key] = _ring_rates(cluster, dev, lo, hi, out)
+        cache[key].setflags(write=False)
+    return cache[key].copy()
+
+
+_RATE_CACHE = 100_000
+
+
+def _ring_rates(cluster: Cluster, dev: np.ndarray, lo: np.ndarray, hi: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """:func:`dp_ring_rates` computed (``out``: all inf, filled where a rate binds)."""
+    mach, nic_of = cluster.machine_of[dev], cluster.nic_of[dev]
+    # a NIC with one holder behind it has U <= its share: rate >= B_n, never below its own link
+    if mach.min() == mach.max() or np.bincount(nic_of).max() < 2:
+        return out
+    bounds = np.array(sorted(set(lo.tolist()) | set(hi.tolist())))
     seg_lo, seg_hi = bounds[:-1], bounds[1:]
     cover = (lo[:, None] <= seg_lo[None, :]) & (seg_hi[None, :] <= hi[:, None])  # (slots, segments)
-    mach = cluster.machine_of[dev]
     top = np.where(cover, mach[:, None], -1).max(axis=0)
     bottom = np.where(cover, mach[:, None], np.iinfo(np.int64).max).min(axis=0)
     live = cover & (top != bottom)[None, :]  # the slot's segments whose ring spans two machines
     if not live.any():
         return out
-    nics, inv = np.unique(cluster.nic_of[dev], return_inverse=True)
-    touched = np.zeros((len(nics), len(seg_lo)))
-    np.add.at(touched, inv, live.astype(float))
-    U = (touched > 0) @ (seg_hi - seg_lo)
+    E = len(seg_lo)
+    rows, cols = np.nonzero(live)
+    touched = np.bincount(nic_of[rows] * E + cols, minlength=len(cluster.nic_bandwidth) * E).reshape(-1, E) > 0
+    U = touched @ (seg_hi - seg_lo)  # per NIC of the cluster
     crossing = live.any(axis=1)
-    out[crossing] = (hi - lo)[crossing] * cluster.nic_bandwidth[nics[inv[crossing]]] / U[inv[crossing]]
+    n = nic_of[crossing]
+    out[crossing] = (hi - lo)[crossing] * cluster.nic_bandwidth[n] / U[n]
     return out
 
 
