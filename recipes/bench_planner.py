@@ -33,6 +33,11 @@ Sections:
   convergence  best throughput over iterations, search vs random partitions (Fig. 6), several seeds;
                the plot goes to <out>/convergence.png.
 Results are also written to <out>/results.json.
+
+--shared-nics: every cluster of the run with one NIC per machine at its fastest link to another
+machine (what a cluster file without ``nics`` gets), so that concurrent transfers share it
+(planner/nic.py); the paper presets declare one NIC per GPU. The random clusters of the quality
+section have one NIC per machine either way.
 """
 
 from __future__ import annotations
@@ -66,22 +71,35 @@ def _w8(model: str) -> Workload:
     return Workload(replace(m, num_layers=min(8, m.num_layers)))
 
 
+def shared_nics(cluster: Cluster) -> Cluster:
+    """The cluster with one NIC per machine at its fastest link to another machine (the default of a
+    file without ``nics``)."""
+    c = cluster
+    return Cluster(c.name, list(c.devices), list(c.machines), c.bandwidth.copy(), c.latency.copy(), c.calibration,
+                   c.description)
+
+
+def _load(name: str, shared: bool = False) -> Cluster:
+    c = Cluster.load(name)
+    return shared_nics(c) if shared else c
+
+
 def _pick(cluster: Cluster, per_machine: dict[int, int]) -> Cluster:
     """A small cluster: the first n devices of the given machines (links and types kept)."""
     ids = [d for m, n in per_machine.items() for d in cluster.machines[m].devices[:n]]
     return cluster.subset(ids)
 
 
-def small_clusters() -> list[tuple[str, Cluster, str, int]]:
+def small_clusters(shared: bool = False) -> list[tuple[str, Cluster, str, int]]:
     """(label, cluster, model, global batch): machines of identical GPUs, 2 to 8 devices."""
-    h1, h2, h3, hh = (Cluster.load(n) for n in ("hetero1", "hetero2", "hetero3", "h800_h20_16"))
-    homo = Cluster.load("homo_a800_2x8_eth")
+    h1, h2, h3, hh = (_load(n, shared) for n in ("hetero1", "hetero2", "hetero3", "h800_h20_16"))
+    homo = _load("homo_a800_2x8_eth", shared)
     return [
-        ("case_study 13B", Cluster.load("case_study"), "llama2_13b", 24),
-        ("case_study 7B", Cluster.load("case_study"), "llama2_7b", 32),
-        ("cpu2 tiny", Cluster.load("cpu2"), "llama_tiny", 8),
-        ("cpu_hetero4 tiny", Cluster.load("cpu_hetero4"), "llama_tiny", 8),
-        ("cpu_hetero8 tiny", Cluster.load("cpu_hetero8"), "llama_tiny", 16),
+        ("case_study 13B", _load("case_study", shared), "llama2_13b", 24),
+        ("case_study 7B", _load("case_study", shared), "llama2_7b", 32),
+        ("cpu2 tiny", _load("cpu2", shared), "llama_tiny", 8),
+        ("cpu_hetero4 tiny", _load("cpu_hetero4", shared), "llama_tiny", 8),
+        ("cpu_hetero8 tiny", _load("cpu_hetero8", shared), "llama_tiny", 16),
         ("4x3080Ti+4x4090 7B", _pick(h1, {0: 4, 2: 4}), "llama2_7b", 32),
         ("4x3090+4xA800 7B", _pick(h2, {1: 4, 3: 4}), "llama2_7b", 32),
         ("2x(3080Ti,3090,4090,A800) 7B", _pick(h2, {0: 2, 1: 2, 2: 2, 3: 2}), "llama2_7b", 32),
@@ -96,12 +114,14 @@ BASELINE_CASES = [("case_study", "llama2_13b", 24), ("case_study", "llama2_7b", 
                   ("h800_h20_24", "llama_30b", 384), ("h800_h20_32", "llama_30b", 384)]
 
 
-def bench_speed(sizes: list[int], iterations: int, scale_sizes: tuple[int, ...] = ()) -> list[dict]:
-    print(f"\n== search time, {iterations} iterations, copies of hetero2, Llama-2 7B, global batch 4 x GPUs ==")
+def bench_speed(sizes: list[int], iterations: int, scale_sizes: tuple[int, ...] = (), shared: bool = False) -> list[dict]:
+    print(f"
+== search time, {iterations} iterations, copies of hetero2{' (one NIC per machine)' if shared else ''}, "
+          "Llama-2 7B, global batch 4 x GPUs ==")
     print("   (all-dev: the same search with planner.use_all_devices=true, no device subsets, this run)")
     print(f"{'GPUs':>6} {'CPU':>8} {'wall':>8} {'all-dev CPU':>12} {'iteration':>10} {'PFLOPS':>8} {'pipelines':>10} "
           f"{'idle':>5}{'   10x search':>14} {'ratio':>6}")
-    base, w, rows = Cluster.load("hetero2"), _w("llama2_7b"), []
+    base, w, rows = _load("hetero2", shared), _w("llama2_7b"), []
     for n in sizes:
         c = base.replicate(max(1, n // base.num_devices))
         cpu0 = time.process_time()
@@ -188,7 +208,7 @@ SUBSET_BASELINES = ("fast-only", "uniform-tp")
 _KWARGS = {"unaware": {}, "own": {}, "aware": dict(aware=True), "l4l": dict(aware=True, like_for_like=True)}
 
 
-def bench_baselines(cases, iterations: int) -> list[dict]:
+def bench_baselines(cases, iterations: int, shared: bool = False) -> list[dict]:
     print("\n== search vs baselines (plans timed by the same cost model on the true cluster; "
           "speedup = baseline time / search time) ==")
     print("   unaware: megatron/galvatron pick their plan on a homogeneous belief of the cluster (mean FLOP/s,")
@@ -198,7 +218,7 @@ def bench_baselines(cases, iterations: int) -> list[dict]:
     print("            sharding as the paper ran it (Megatron/Metis DDP, Galvatron ZeRO-3), used by unaware/aware")
     rows = []
     for name, model, gb in cases:
-        c, w = Cluster.load(name), _w(model)
+        c, w = _load(name, shared), _w(model)
         settings = SearchSettings(iterations=iterations, progress=False)
         se = search(c, w, gb, settings)
         row = dict(cluster=name, model=model, global_batch=gb, search_s=se.estimate.iteration_time_s,
@@ -255,12 +275,12 @@ def bench_baselines(cases, iterations: int) -> list[dict]:
     return rows
 
 
-def bench_convergence(runs: int, iterations: int, out: Path) -> list[dict]:
+def bench_convergence(runs: int, iterations: int, out: Path, shared: bool = False) -> list[dict]:
     print(f"\n== convergence, search vs random partitions ({runs} seeds x {iterations} iterations, Fig. 6) ==")
     cases = [("hetero1", "llama2_7b", 128), ("hetero3", "llama_30b", 256)]
     rows, curves = [], {}
     for name, model, gb in cases:
-        c, w = Cluster.load(name), _w(model)
+        c, w = _load(name, shared), _w(model)
         flops = w.model.model_flops_per_iteration(gb) / 1e15
         for kind, fn in (("search", search), ("random", B.random_search)):
             runs_best = []
@@ -311,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iterations", type=int, default=50, help="search iterations (default 50)")
     p.add_argument("--runs", type=int, default=5, help="seeds per method in the convergence section")
     p.add_argument("--out", default="outputs/bench-planner", help="folder for results.json and convergence.png")
+    p.add_argument("--shared-nics", action="store_true",
+                   help="give every cluster one NIC per machine (concurrent transfers share it), see above")
     a = p.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -320,21 +342,21 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown section(s) {sorted(unknown)}; choose from speed, quality, baselines, convergence")
     sizes = [int(x) for x in a.sizes.split(",")]
     scale = tuple(int(x) for x in a.scale_sizes.split(",") if x)
-    quality_cases, base_cases, runs, conv_it = small_clusters(), BASELINE_CASES, a.runs, a.iterations
+    quality_cases, base_cases, runs, conv_it = small_clusters(a.shared_nics), BASELINE_CASES, a.runs, a.iterations
     seeds = range(a.random)
     if a.quick:
         sizes, scale = [n for n in sizes if n <= 256], ()
         quality_cases, base_cases, runs, conv_it, seeds = quality_cases[:4], base_cases[:3], 2, 20, range(8)
-    results: dict[str, object] = {"iterations": a.iterations}
+    results: dict[str, object] = {"iterations": a.iterations, "shared_nics": a.shared_nics}
     t0 = time.perf_counter()
     if "speed" in sections:
-        results["speed"] = bench_speed(sizes, a.iterations, scale)
+        results["speed"] = bench_speed(sizes, a.iterations, scale, a.shared_nics)
     if "quality" in sections:
         results["quality"] = bench_quality(quality_cases, a.iterations, seeds)
     if "baselines" in sections:
-        results["baselines"] = bench_baselines(base_cases, a.iterations)
+        results["baselines"] = bench_baselines(base_cases, a.iterations, a.shared_nics)
     if "convergence" in sections:
-        results["convergence"] = bench_convergence(runs, conv_it, out)
+        results["convergence"] = bench_convergence(runs, conv_it, out, a.shared_nics)
     (out / "results.json").write_text(json.dumps(results, indent=2, default=float))
     print(f"\nall sections in {time.perf_counter() - t0:.0f} s; results in {out / 'results.json'}")
     return 0

@@ -6,8 +6,9 @@
 
 Measures, per rank, sustained matmul FLOP/s (in the compute dtype of ``--precision``, the run's
 trainer.precision: default bf16 on CUDA, fp32 on CPU) and memory (CUDA total,
-or CPU RAM / ranks on the host), and alpha, beta for every pair of ranks (see
-:mod:`lightning_hexiscale.profiling`). ``calibrate`` and ``check-estimate`` live in
+or CPU RAM / ranks on the host), alpha, beta for every pair of ranks, and per host with several
+ranks what its network interface carries when they all send to other hosts at once (the
+machine's ``nics`` in the written file; ``--no-nics`` skips it). See :mod:`lightning_hexiscale.profiling`. ``calibrate`` and ``check-estimate`` live in
 :mod:`lightning_hexiscale.cli.calibrate`.
 """
 
@@ -45,6 +46,9 @@ def _profile_args(p: argparse.ArgumentParser) -> None:
                    help="pairs measured at once (default: no limit on CUDA, cores/2 on CPU)")
     p.add_argument("--no-isolate-hosts", dest="isolate_hosts", action="store_false",
                    help="let several cross-host pairs of one host share its NIC in a step (faster, less exact)")
+    p.add_argument("--no-nics", dest="nics", action="store_false",
+                   help="skip the shared-NIC measurement (several ranks of a host sending to other hosts at once, "
+                        "written as each machine's nics.bandwidth)")
     p.add_argument("--link-stat", choices=("median", "min"), default="median",
                    help="time per message size: median (typical, default) or min (best case) of the reps")
     p.add_argument("--matmul-size", type=positive_int, default=None, metavar="N",
@@ -91,7 +95,7 @@ def run_profile(args: argparse.Namespace):
     args = emulated_defaults(args)
     opts = dict(sizes=args.sizes, reps=args.reps, max_pairs=args.max_pairs, isolate_hosts=args.isolate_hosts,
                 matmul_n=args.matmul_size, matmul_time_s=args.matmul_time, link_stat=args.link_stat,
-                precision=resolve_precision(args))
+                precision=resolve_precision(args), nics=getattr(args, "nics", True))
     if args.local:
         return run_local(args.local, _profile_rank, opts, timeout_s=args.timeout)[0]
     return run_from_env(_profile_rank, opts, timeout_s=args.timeout)

@@ -4,7 +4,9 @@ Built from a :class:`~lightning_hexiscale.config.ClusterConfig` (a YAML preset u
 a user file, or the profiler's output). Device ids are 0..N-1 in the order the machines are
 declared. Links: GPUs of one machine use that machine's intra link; GPUs of different machines use
 ``inter_machine`` unless ``machine_links`` overrides the pair; a ``matrix_file`` (profiled cluster)
-overrides everything with measured matrices.
+overrides everything with measured matrices. Each machine reaches the others through its NICs
+(``nics``, :mod:`lightning_hexiscale.config.nics`): a cross-machine pair's bandwidth is capped by the
+two NICs it crosses, and concurrent transfers share a NIC in the cost model.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from lightning_hexiscale.config import catalog
+from lightning_hexiscale.config.nics import (Nic, NicDeclaration, build_nics, cap_links, fastest_links, nic_index,
+                                             nics_can_bind, parse_nics)
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.config.units import format_bandwidth, format_bytes, format_flops, parse_bandwidth, parse_bytes, parse_flops, parse_time
 
@@ -58,10 +62,13 @@ class Calibration:
 
 class Cluster:
     """Devices plus pairwise links. ``bandwidth[i, j]`` in bytes/s (inf on the diagonal),
-    ``latency[i, j]`` in seconds (0 on the diagonal); both symmetric."""
+    ``latency[i, j]`` in seconds (0 on the diagonal); both symmetric. ``nics``: the machines'
+    network interfaces (default: one per machine at its fastest link to another machine); the
+    bandwidth of a cross-machine pair is capped by its two NICs (``config.nics.cap_links``)."""
 
     def __init__(self, name: str, devices: list[Device], machines: list[Machine], bandwidth: np.ndarray,
-                 latency: np.ndarray, calibration: Calibration = Calibration(), description: str = ""):
+                 latency: np.ndarray, calibration: Calibration = Calibration(), description: str = "",
+                 nics: list[Nic] | tuple[Nic, ...] | None = None):
         n = len(devices)
         if n == 0:
             raise ConfigError("cluster.machines", [], "a cluster needs at least one device", "declare a machine")
@@ -73,12 +80,23 @@ class Cluster:
         self.description = description
         self.devices = tuple(devices)
         self.machines = tuple(machines)
-        self.bandwidth = bandwidth.astype(float)
+        self.machine_of = np.array([d.machine for d in devices], dtype=np.int64)
+        """Machine index per device."""
+        if nics is None:
+            nics = build_nics([m.devices for m in machines], [None] * len(machines), self.machine_of, bandwidth)
+        self.nics = tuple(nics)
+        self.nic_of = nic_index(self.nics, n)
+        """Index in ``nics`` of the NIC each device uses."""
+        self.nic_bandwidth = np.array([nic.bandwidth_Bps for nic in self.nics], dtype=float)
+        self.nics_shared = nics_can_bind(self.nics)
+        """Some NIC serves two or more GPUs (else concurrent hops never share one)."""
+        self.bandwidth = cap_links(bandwidth.astype(float), self.machine_of, self.nic_of, self.nic_bandwidth,
+                                   np.array([nic.machine for nic in self.nics], dtype=np.int64))
         self.latency = latency.astype(float)
         np.fill_diagonal(self.bandwidth, np.inf)
         np.fill_diagonal(self.latency, 0.0)
-        self.bandwidth.setflags(write=False)
-        self.latency.setflags(write=False)
+        for a in (self.bandwidth, self.latency, self.machine_of, self.nic_of, self.nic_bandwidth):
+            a.setflags(write=False)
         self.calibration = calibration
 
     # ---- views ---------------------------------------------------------------------------
@@ -124,8 +142,10 @@ class Cluster:
                      for m in self.machines if any(d in remap for d in m.devices)]
         mid = {m.name: i for i, m in enumerate(machines)}
         devs = [replace(d, machine=mid[self.machines[self.devices[o].machine].name]) for d, o in zip(devs, devices)]
+        nics = [Nic(mid[self.machines[nic.machine].name], nic.bandwidth_Bps, tuple(remap[d] for d in nic.devices if d in remap))
+                for nic in self.nics if any(d in remap for d in nic.devices)]
         return Cluster(f"{self.name}[{len(devices)}]", devs, machines, self.bandwidth[np.ix_(idx, idx)].copy(),
-                       self.latency[np.ix_(idx, idx)].copy(), self.calibration, self.description)
+                       self.latency[np.ix_(idx, idx)].copy(), self.calibration, self.description, nics)
 
     def replicate(self, k: int, inter_bandwidth: float | None = None, inter_latency: float | None = None) -> Cluster:
         """k copies of this cluster joined by ``inter_bandwidth`` (default: this cluster's slowest link)."""
@@ -142,7 +162,12 @@ class Cluster:
             for m in self.machines:
                 machines.append(Machine(f"{m.name}#{c}", m.gpu_type, tuple(d + c * n for d in m.devices), None))
             devices += [replace(d, id=d.id + c * n, machine=d.machine + c * len(self.machines)) for d in self.devices]
-        return Cluster(f"{self.name}x{k}", devices, machines, bw, lat, self.calibration, self.description)
+        # the NICs are copied; one that had no other machine to reach (inf) gets the new fastest link
+        fast = fastest_links(np.array([d.machine for d in devices]), bw)
+        nics = [Nic(nic.machine + c * len(self.machines),
+                    nic.bandwidth_Bps if np.isfinite(nic.bandwidth_Bps) else float(fast[nic.machine + c * len(self.machines)]),
+                    tuple(d + c * n for d in nic.devices)) for c in range(k) for nic in self.nics]
+        return Cluster(f"{self.name}x{k}", devices, machines, bw, lat, self.calibration, self.description, nics)
 
     def summary(self) -> str:
         """One line per machine: name, GPUs, memory, intra link; then the inter-machine links."""
@@ -151,8 +176,11 @@ class Cluster:
         for m in self.machines:
             d0 = m.devices[0]
             intra = format_bandwidth(self.bandwidth[d0, m.devices[1]]) if len(m.devices) > 1 else "-"
+            mine = [nic for nic in self.nics if nic.machine == self.devices[d0].machine]
+            nic = (f", {len(mine)} NIC{'s' if len(mine) > 1 else ''} x {format_bandwidth(mine[0].bandwidth_Bps)}"
+                   if mine and all(np.isfinite(x.bandwidth_Bps) for x in mine) else "")
             lines.append(f"  {m.name}: {len(m.devices)}x{m.gpu_type} "
-                         f"({format_bytes(self.devices[d0].memory_bytes)} each), intra {intra}, "
+                         f"({format_bytes(self.devices[d0].memory_bytes)} each), intra {intra}{nic}, "
                          f"devices {m.devices[0]}-{m.devices[-1]}")
         return "\n".join(lines)
 
@@ -186,6 +214,7 @@ class Cluster:
         machines: list[Machine] = []
         intra_bw: list[float] = []
         intra_lat: list[float] = []
+        nic_decl: list[NicDeclaration] = []
         for mi, m in enumerate(machines_cfg):
             key = f"cluster.machines[{mi}]"
             gt = catalog.lookup(m["gpu"], extra)
@@ -199,6 +228,7 @@ class Cluster:
                                       "give the number of GPUs of the machine (count) or of identical machines (repeat)")
             bw = parse_bandwidth(m["intra_bandwidth"], f"{key}.intra_bandwidth")
             lat = parse_time(m.get("intra_latency", "5us"), f"{key}.intra_latency")
+            decl = parse_nics(m.get("nics"), f"{key}.nics", m["count"])
             for r in range(m.get("repeat", 1)):
                 label = m.get("name") or f"{gt.name}-{mi}"
                 if m.get("repeat", 1) > 1:
@@ -209,6 +239,7 @@ class Cluster:
                     devices.append(Device(i, len(machines) - 1, gt.name, gt.peak_flops, gt.flops, gt.memory_bytes, gt.hopper))
                 intra_bw.append(bw)
                 intra_lat.append(lat)
+                nic_decl.append(decl)
                 if len(devices) > MAX_DEVICES:
                     field_ = "repeat" if m.get("repeat", 1) > 1 else "count"
                     raise ConfigError(f"{key}.{field_}", m.get(field_, 1), f"the cluster would have more than "
@@ -245,7 +276,8 @@ class Cluster:
         if c.get("matrix_file"):
             bw, lat = _load_matrices(c["matrix_file"], n)
         cal = Calibration(**{k: _pos_float(v, f"cluster.calibration.{k}") for k, v in (c.get("calibration") or {}).items()})
-        return cls(name, devices, machines, bw, lat, cal, c.get("description", ""))
+        nics = build_nics([m.devices for m in machines], nic_decl, np.array([d.machine for d in devices]), bw)
+        return cls(name, devices, machines, bw, lat, cal, c.get("description", ""), nics)
 
     @classmethod
     def load(cls, name_or_path: str) -> Cluster:

@@ -45,6 +45,27 @@ class LinkConfig:
 
 
 @dataclass
+class NicConfig:
+    """A machine's network interfaces (NICs): what its GPUs reach other machines through.
+
+    Concurrent transfers through one NIC share its bandwidth (the cost model divides it among them:
+    ``planner/nic.py``); a single transfer between two machines runs at most at the smaller of the
+    link (``inter_machine``/``machine_links``) and the two NICs. Leaving ``nics`` out means one NIC
+    at the machine's fastest link to another machine (``inter_machine.bandwidth`` unless
+    ``machine_links`` or a matrix file say more)."""
+
+    count: int = 1
+    """Number of NICs, 1 to the machine's GPU count (each GPU uses one NIC)."""
+    bandwidth: Optional[str] = None
+    """Bandwidth of EACH NIC per direction, with its unit: "100 Gbps" (bits/s), "12.5 GB/s" (bytes/s);
+    a bare number is an error. null = the machine's fastest link to another machine."""
+    gpus: Optional[List[List[int]]] = None
+    """Which GPUs use which NIC: one list of machine-local GPU indices (0 .. count-1) per NIC, every GPU
+    exactly once, e.g. [[0, 1, 2, 3], [4, 5, 6, 7]]. null = contiguous blocks (GPU g of G uses NIC
+    floor(g * count / G))."""
+
+
+@dataclass
 class MachineConfig:
     """A machine (host) with ``count`` identical GPUs; ``repeat`` declares several identical machines."""
 
@@ -61,6 +82,9 @@ class MachineConfig:
     """Number of identical machines this entry stands for."""
     hostname: Optional[str] = None
     """Host name (set by the profiler; used to map ranks to machines)."""
+    nics: Optional[NicConfig] = None
+    """Network interfaces (:class:`NicConfig`); null = one NIC at the machine's fastest link to
+    another machine. ``hexiscale profile`` writes the measured figure."""
 
 
 @dataclass

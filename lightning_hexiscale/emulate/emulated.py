@@ -127,6 +127,10 @@ class EmulatedCluster:
                                 if a != b else float("inf") for b in range(m)] for a in range(m)]
         self.link_latency = [[float(c.latency[c.machines[a].devices[0], c.machines[b].devices[0]]) / self.bw_scale
                               if a != b else 0.0 for b in range(m)] for a in range(m)]
+        # One veth per machine: its egress is the machine's NICs together (bytes/s, x bw_scale; which GPU
+        # uses which NIC is not emulated), so transfers to different machines share it too
+        self.egress_bandwidth = [sum(n.bandwidth_Bps for n in c.nics if n.machine == k) * self.bw_scale
+                                 for k in range(m)]
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def __enter__(self) -> EmulatedCluster:
@@ -160,7 +164,7 @@ class EmulatedCluster:
                 self.clock.why = "turned off (quota_clock=False)"
             base = CLOCKED_PERIOD_US if self.clock.running else CFS_PERIOD_US
             self.cgroups = RankCgroups(layout, f"hexiscale-emu-{self.id}", quotas, mem, base)
-            self.network = Network(self.id, self.link_bandwidth, self.link_latency)
+            self.network = Network(self.id, self.link_bandwidth, self.link_latency, egress=self.egress_bandwidth)
             # recorded before anything exists: a SIGKILL during the set-up leaves nothing unrecorded
             registry.record(self.id, [self.network.hub] + [self.network.ns(k) for k in range(len(c.machines))],
                             [self.cgroups.group_dir(ctrl) for ctrl in self.cgroups.controllers])

@@ -10,7 +10,10 @@ policy) never sees the traffic, and deleting the namespaces removes every link w
 
 Shaping happens on each machine's egress, per destination machine, so any pairwise bandwidth
 matrix (``machine_links``) is honoured: an ``htb`` root, one class per other machine at
-``rate = ceil = bandwidth`` (bytes/s), selected by a ``u32`` filter on the destination address. A
+``rate = ceil = bandwidth`` (bytes/s), selected by a ``u32`` filter on the destination address.
+When the machine's NICs carry less than its links together (``egress``: three or more machines,
+or a NIC slower than the link), the per-destination classes hang under one parent class at the
+NIC figure, which all of them share: the veth is then the machine's NIC for every destination. A
 message from machine a to machine b is therefore limited once, by a's class for b, and TCP's
 acknowledgements flow back through b's class for a. The class's leaf queue is ``netem delay
 latency`` when the kernel has ``sch_netem`` (the one-way delay), else a deep FIFO (no drops, so TCP
@@ -58,6 +61,8 @@ class Network:
     latency: list[list[float]]
     namespaces: list[str] = field(default_factory=list)
     latency_shaped: bool = False
+    egress: list[float] | None = None
+    """Per machine, what its NICs carry together (bytes/s, already scaled); None: no shared limit."""
 
     @property
     def num_machines(self) -> int:
@@ -124,16 +129,24 @@ class Network:
         """Egress shaping of machine k: one htb class (+ leaf) per destination machine."""
         ns, dev = self.ns(k), self.ifname(k)
         sh("tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "0")
+        parent, nic = "1:", float("inf")
+        links = sum(self.bandwidth[k][j] for j in range(self.num_machines) if j != k)
+        if self.egress is not None and self.egress[k] < links:  # the NIC binds: every destination shares it
+            nic = self.egress[k]
+            burst = max(1600, int(nic * 0.001))
+            sh("tc", "-n", ns, "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb", "rate",
+               f"{int(nic)}bps", "ceil", f"{int(nic)}bps", "burst", str(burst), "cburst", str(burst))
+            parent = "1:1"
         for j in range(self.num_machines):
             if j == k:
                 continue
-            rate = int(self.bandwidth[k][j])
+            rate = int(min(self.bandwidth[k][j], nic))
             # burst: 1 ms of traffic (at least one MTU): a deeper bucket lets the first bytes of
             # every message through faster than the link. htb sends a packet while its tokens are
             # >= 0 and charges it afterwards, so 64 KiB GSO packets pass a smaller bucket too.
             burst = max(1600, int(rate * 0.001))
             cls = f"1:{j + 10:x}"
-            sh("tc", "-n", ns, "class", "add", "dev", dev, "parent", "1:", "classid", cls, "htb",
+            sh("tc", "-n", ns, "class", "add", "dev", dev, "parent", parent, "classid", cls, "htb",
                "rate", f"{rate}bps", "ceil", f"{rate}bps", "burst", str(burst), "cburst", str(burst))
             if self.latency_shaped and self.latency[k][j] > 0:
                 leaf = ["netem", "delay", f"{self.latency[k][j] * 1e6:.0f}us", "limit", "100000"]

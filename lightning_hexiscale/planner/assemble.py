@@ -25,7 +25,7 @@ import numpy as np
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.planner import cost_model as cm
-from lightning_hexiscale.planner.estimate import (Workload, layer_times, stage_extra_times,
+from lightning_hexiscale.planner.estimate import (Workload, hop_time, layer_times, stage_extra_times,
                                                   stage_memory_terms, usable_memory)
 from lightning_hexiscale.planner.partition import group_bandwidth, top_tau_order
 from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
@@ -82,7 +82,8 @@ class Evaluator:
 
     def signature(self, groups: list[tuple[int, ...]]) -> bytes:
         """Digest of everything a pipeline's draft depends on, device for device in group order:
-        bandwidth and latency among its devices, their FLOP/s and memory, group sizes, machine layout."""
+        bandwidth and latency among its devices, their FLOP/s and memory, group sizes, machine and
+        NIC layout (which devices share a NIC, and its bandwidth)."""
         key = tuple(groups)
         if key in self._sig:
             return self._sig[key]
@@ -93,6 +94,10 @@ class Evaluator:
             h.update(np.ascontiguousarray(arr).tobytes())
         relabel = {m: i for i, m in enumerate(dict.fromkeys(self.machine[idx].tolist()))}
         h.update(repr(([len(g) for g in groups], [relabel[m] for m in self.machine[idx].tolist()])).encode())
+        nics = self.cluster.nic_of[idx].tolist()
+        renic = {n: i for i, n in enumerate(dict.fromkeys(nics))}
+        h.update(repr([renic[n] for n in nics]).encode())
+        h.update(np.ascontiguousarray(self.cluster.nic_bandwidth[self.cluster.nic_of[idx]]).tobytes())
         if len(self._sig) > 100000:
             self._sig.clear()
         self._sig[key] = h.digest()
@@ -196,8 +201,9 @@ class Evaluator:
         and whether every pair costs the same (then the leaders do not matter)."""
         key = (src, dst, mb)
         if key not in self._hop and len(src) == len(dst) > 1:
-            # equal TP degrees: the runtime's scatter/gather path, whatever the leaders (as estimate prices it)
-            h = cm.comm_pp_hop_scatter(src, dst, self.act_bytes(mb), self.bw, self.lat)
+            # equal TP degrees: the runtime's scatter/gather path, whatever the leaders (as estimate
+            # prices it; its t sends share their NICs, other pipelines' are not known yet)
+            h = hop_time(self.cluster, self.workload, src, dst, mb, None, self.schedule)
             self._hop[key] = (np.full((len(src), len(dst)), h), True)
         if key not in self._hop:
             m = self.act_bytes(mb)

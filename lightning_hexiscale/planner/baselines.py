@@ -158,7 +158,8 @@ def homogeneous_belief(cluster: Cluster, memory_bytes: float | None = None) -> C
       machine), where believed plans may not fit and :class:`_Believed` falls back.
     - Links: intra-machine pairs at the median intra-machine bandwidth and latency,
       inter-machine pairs at the median inter-machine value (the one ``inter_machine`` value of
-      a preset unless ``machine_links`` overrides some pairs).
+      a preset unless ``machine_links`` overrides some pairs); the NICs as the cluster's (which
+      GPUs share an interface is the network's layout, not GPU heterogeneity).
     """
     n = cluster.num_devices
     flops, peak = float(cluster.flops.mean()), float(np.mean([d.peak_flops for d in cluster.devices]))
@@ -176,7 +177,7 @@ def homogeneous_belief(cluster: Cluster, memory_bytes: float | None = None) -> C
             bw[mask] = float(np.median(cluster.bandwidth[mask]))
             lat[mask] = float(np.median(cluster.latency[mask]))
     return Cluster(f"{cluster.name} (homogeneous belief)", devices, machines, bw, lat, cluster.calibration,
-                   cluster.description)
+                   cluster.description, cluster.nics)
 
 
 # Appendix G, "Data-parallel sharding strategies": Megatron and Metis use DDP, Galvatron ZeRO-3.

@@ -33,6 +33,7 @@ import numpy as np
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.planner import cost_model as cm
 from lightning_hexiscale.planner import estimate as E
+from lightning_hexiscale.planner import nic
 from lightning_hexiscale.planner.communicators import stage_communicators
 from lightning_hexiscale.planner.estimate import Workload
 from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
@@ -156,14 +157,15 @@ class BatchTimer:
         self._limit: dict[tuple, np.ndarray] = {}
         self._pipe: dict[tuple, tuple[np.ndarray, dict]] = {}
         self._edges: tuple[Plan, dict] | None = None
+        self._caps: tuple[Plan, dict] | None = None
+        self._comms: tuple[Plan, dict] | None = None
+        self.exact_comms = self.exact and workload.device == "cuda" and workload.comm_buffer_bytes > 0
+        """Up to _EXACT_DEVICES devices the memory check counts each stage's NCCL communicators as
+        ``estimate()`` does (``communicators.stage_communicators``, a few ms per layout there); beyond,
+        the per-position lower bound (the count takes ~0.5 s for a 1024-GPU layout)."""
         self._flat: tuple[Plan, tuple] | None = None
         self._known: tuple | None = None
         """(plan, breakdown) of the last winner of :meth:`best_uniform` (saves recomputing it)."""
-        self.exact_comms = False
-        """Memory with each stage's communicators counted exactly for the whole layout
-        (:func:`communicators.stage_communicators`, as ``estimate()`` counts them; the oracle, whose
-        plans must agree with ``estimate()``); else their lower bound from the stage's position
-        (cheaper; ``estimate()`` may then find a plan a communicator buffer short)."""
 
     def qpairs(self, P: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(m, n, b = m * n, index of m in ``self.ms``) of the pairs a pipeline of a P-pipeline plan
@@ -190,11 +192,20 @@ class BatchTimer:
             self._extra[key] = comp + comm
         return self._extra[key]
 
-    def hop(self, src: tuple[int, ...], dst: tuple[int, ...], m: int) -> float:
-        key = (src, dst, m)
+    def hop(self, src: tuple[int, ...], dst: tuple[int, ...], m: int, caps: tuple[float, ...] = ()) -> float:
+        """:func:`estimate.hop_time` with the NIC fair shares ``caps`` of its flows (:meth:`hop_caps`)."""
+        key = (src, dst, m, caps)
         if key not in self._hop:
-            self._hop[key] = E.hop_time(self.cluster, self.w, src, dst, m)
+            self._hop[key] = E.hop_time(self.cluster, self.w, src, dst, m, caps)
         return self._hop[key]
+
+    def hop_caps(self, layout: Plan) -> dict:
+        """:func:`nic.hop_caps` of the layout ((i, j) -> the NIC fair shares of hop j of pipeline i, as
+        ``estimate()`` takes them; batch-independent), kept for the last layout asked."""
+        if self._caps is None or self._caps[0] is not layout:
+            chains = [[st.devices for st in p.stages] for p in layout.pipelines]
+            self._caps = (layout, nic.hop_caps(self.cluster, chains, layout.schedule))
+        return self._caps[1]
 
     def cap(self, devices: tuple[int, ...]) -> float:
         if devices not in self._cap:
@@ -208,21 +219,24 @@ class BatchTimer:
             self._mem[key] = E.stage_memory_at(self.w, *key)
         return self._mem[key]
 
-    def comms(self, layout: Plan, i: int) -> tuple:
-        """Per stage of pipeline i, its communicators as :meth:`mem` takes them (None: the lower bound)."""
+    def comms(self, layout: Plan) -> dict:
+        """(i, j) -> communicators of stage j of pipeline i as ``estimate()`` counts them, or {} (then
+        :meth:`mem` takes the per-position lower bound; also where no communicator buffers are priced:
+        CPU runs, or ``comm_buffer_bytes`` 0); kept for the last layout asked."""
         if not (self.exact_comms and self.w.device == "cuda" and self.w.comm_buffer_bytes):
-            return (None,) * len(layout.pipelines[i].stages)
-        counts = stage_communicators(layout, self.w.model)
-        return tuple(counts[(i, j)] for j in range(len(layout.pipelines[i].stages)))
+            return {}
+        if self._comms is None or self._comms[0] is not layout:
+            self._comms = (layout, stage_communicators(layout, self.w.model))
+        return self._comms[1]
 
     def fits(self, layout: Plan, i: int, m: int, n: int) -> bool:
         """Whether every stage of pipeline i fits with n micro-batches of m (``estimate()``'s check:
         fixed + layers * per_layer <= usable memory of the stage's smallest device)."""
         stages = layout.pipelines[i].stages
         S = len(stages)
-        comms = self.comms(layout, i)
+        comms = self.comms(layout)
         for j, st in enumerate(stages):
-            if self.mem(layout, S, j, st.tp, m, n, comms[j]).peak(st.num_layers) > self.cap(st.devices):
+            if self.mem(layout, S, j, st.tp, m, n, comms.get((i, j))).peak(st.num_layers) > self.cap(st.devices):
                 return False
         return True
 
@@ -248,8 +262,9 @@ class BatchTimer:
         """Per micro-batch size of ``self.ms``: the most micro-batches pipeline i fits (memoised)."""
         stages = layout.pipelines[i].stages
         P = layout.num_pipelines
+        comms = self.comms(layout)
         shape = (P, layout.dp_sharding, layout.schedule, layout.recompute,
-                 tuple((st.devices, st.layers) for st in stages), self.comms(layout, i))
+                 tuple((st.devices, st.layers, comms.get((i, j))) for j, st in enumerate(stages)))
         if shape not in self._limit:
             n_top = max(self.G - (P - 1), 1)
             limit = np.zeros(len(self.ms), dtype=np.int64)
@@ -267,14 +282,15 @@ class BatchTimer:
     def pipeline(self, layout: Plan, i: int, dp: dict, wanted: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
         """g[b]: pipeline i's exact time at batch b with its best micro-batch size (inf where nothing
         fits or ``wanted[b]`` is False), and that size per b. Same arithmetic as ``estimate()``.
-        Memoised per pipeline (its stages, its data-parallel terms, the plan-wide settings)."""
+        Memoised per pipeline (its stages, its data-parallel terms, its hops' NIC shares, the
+        plan-wide settings)."""
         P, sh = layout.num_pipelines, layout.dp_sharding
         stages = layout.pipelines[i].stages
         S = len(stages)
-        shape = (P, sh, layout.schedule, layout.recompute, tuple((st.devices, st.layers) for st in stages),
-                 self.comms(layout, i))
-        edges = self.edges(layout)
-        key = (shape, tuple(tuple(dp[(i, j)]) for j in range(S)), tuple(edges.get((i, j)) for j in range(S)))
+        shape = (P, sh, layout.schedule, layout.recompute, tuple((st.devices, st.layers) for st in stages))
+        edges, caps, comms = self.edges(layout), self.hop_caps(layout), self.comms(layout)
+        key = (shape, tuple(tuple(dp[(i, j)]) for j in range(S)), tuple(edges.get((i, j)) for j in range(S)),
+               tuple(caps.get((i, j), ()) for j in range(S)), tuple(comms.get((i, j)) for j in range(S)))
         if wanted is None and key in self._pipe:
             return self._pipe[key]
         qm, qn, qb, qmi = self.qpairs(P)
@@ -310,6 +326,7 @@ class BatchTimer:
         stages, sh = layout.pipelines[i].stages, layout.dp_sharding
         S = len(stages)
         per_mb, hops, tails = [], [], []
+        caps = self.hop_caps(layout)
         for j, st in enumerate(stages):
             t_f, t_b = self.layer_tb(st.devices, m, layout.recompute)
             times = edges.get((i, j))
@@ -321,7 +338,7 @@ class BatchTimer:
                 tail += n_layers * exposed
             stage_mb += self.extra(st.devices, m, j == 0, j == S - 1)
             per_mb.append(stage_mb)
-            hops.append(self.hop(st.devices, stages[j + 1].devices, m) if j + 1 < S else 0.0)
+            hops.append(self.hop(st.devices, stages[j + 1].devices, m, caps.get((i, j), ())) if j + 1 < S else 0.0)
             tails.append(tail)
         per_mb = [s + h for s, h in zip(per_mb, cm.hop_charges(hops, layout.schedule))]
         return sum(per_mb), max(per_mb), max(tails)
@@ -334,9 +351,9 @@ class BatchTimer:
         stages, iv_stage, iv_n, iv_tc, e_emb, e_head, e_norm, n_layers, starts = flat
         ns = len(stages)
         tf, tb, per0, hop = np.empty(ns), np.empty(ns), np.empty(ns), np.zeros(ns)
-        for k, (devices, first, last, nxt) in enumerate(stages):
+        for k, (devices, first, last, nxt, caps) in enumerate(stages):
             tf[k], tb[k] = self.layer_tb(devices, m, layout.recompute)
-            hop[k] = self.hop(devices, nxt, m) if nxt is not None else 0.0
+            hop[k] = self.hop(devices, nxt, m, caps) if nxt is not None else 0.0
             per0[k] = self.extra(devices, m, first, last)
         per0 += cm.hop_charges(hop, layout.schedule)  # the pipelines end to end (each last hop is 0)
         TF, TB = tf[iv_stage], tb[iv_stage]
@@ -358,12 +375,14 @@ class BatchTimer:
         if self._flat is not None and self._flat[0] is layout:
             return self._flat[1]
         stages, iv_stage, iv_n, iv_tc, emb, head, norm, nl, starts = [], [], [], [], [], [], [], [], []
+        caps = self.hop_caps(layout)
         for i, p in enumerate(layout.pipelines):
             starts.append(len(stages))
             S = len(p.stages)
             for j, st in enumerate(p.stages):
                 k = len(stages)
-                stages.append((st.devices, j == 0, j == S - 1, p.stages[j + 1].devices if j + 1 < S else None))
+                stages.append((st.devices, j == 0, j == S - 1, p.stages[j + 1].devices if j + 1 < S else None,
+                               caps.get((i, j), ())))
                 for n, tc in dp[(i, j)]:
                     iv_stage.append(k)
                     iv_n.append(n)
@@ -422,7 +441,9 @@ class BatchTimer:
                 plan = with_batches(layout, (n * m).tolist(), [m] * P, meta)
                 w = int(np.argmax(t))
                 stages = layout.pipelines[w].stages
-                hops = sum(self.hop(a.devices, b.devices, m) for a, b in zip(stages, stages[1:]))
+                caps = self.hop_caps(layout)
+                hops = sum(self.hop(a.devices, b.devices, m, caps.get((w, j), ()))
+                           for j, (a, b) in enumerate(zip(stages, stages[1:])))
                 best = (cost, plan)
                 self._known = (plan, (float(C[w]), float(n[w] * hops + (A[w] - B[w]))))
         return best
@@ -440,7 +461,9 @@ class BatchTimer:
             A, B, C = self.abc(plan, i, dp, edges, m)
             t = (A + (n - 1) * B) + C
             if t > worst:
-                hops = sum(self.hop(a.devices, b.devices, m) for a, b in zip(p.stages, p.stages[1:]))
+                caps = self.hop_caps(plan)
+                hops = sum(self.hop(a.devices, b.devices, m, caps.get((i, j), ()))
+                           for j, (a, b) in enumerate(zip(p.stages, p.stages[1:])))
                 worst, out = t, (C, n * hops + (A - B))
         return out
 

@@ -69,7 +69,8 @@ def data_parallel_groups(plan: Plan, config: LlamaConfig) -> set[tuple[int, ...]
     out |= _holder_sets(last, None)  # the final norm
     if not config.tie_word_embeddings:
         out |= _holder_sets(last, config.vocab_split)
-    for layer in range(config.num_layers):
+    # the holders change only at stage boundaries: one pass per layer interval between any two of them
+    for layer in sorted({b for p in plan.pipelines for s in p.stages for b in s.layers})[:-1]:
         held = holders_of(lambda i, st: next(j for j, s in enumerate(st) if s.layers[0] <= layer < s.layers[1]))
         out |= _holder_sets(held, config.kv_head_split) | _holder_sets(held, config.ffn_split) | _holder_sets(held, None)
     return out

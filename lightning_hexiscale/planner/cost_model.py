@@ -118,7 +118,7 @@ def layer_time_bwd(comp_fwd_s: float, comm_tp_s: float, recompute: bool) -> floa
 
 
 def comm_dp(partners: Sequence[tuple[int, int, float]], layer_bytes: float, num_pipelines: int,
-            bandwidth: np.ndarray, latency: np.ndarray) -> float:
+            bandwidth: np.ndarray, latency: np.ndarray, nic_rate: float = np.inf) -> float:
     """T_comm of one layer for one device (one reduce-scatter or all-gather), Appendix B eq. 4 with
     the bytes paced by the slowest partner link:
 
@@ -134,12 +134,15 @@ def comm_dp(partners: Sequence[tuple[int, int, float]], layer_bytes: float, num_
     this is exactly the paper's formula; a DP group with two members on one machine and two on
     another pays 1.5x what the per-link sum gives (measured on the emulated 4:1 cluster: the
     per-link sum left a factor ~2 to theta_ddp, which then inflated every compute-bound sync).
+
+    ``nic_rate``: the rate the device's rings get from the NICs they cross when other rings share
+    them (``planner/nic.py``: ``dp_ring_rates``); min_{d'} beta becomes min(min_{d'} beta, nic_rate).
     """
     if num_pipelines <= 1 or not partners:
         return 0.0
     alpha = sum(latency[d, dp] for d, dp, _ in partners)
     shares = sum(share for _, _, share in partners)
-    slowest = min(bandwidth[d, dp] for d, dp, _ in partners)
+    slowest = min(min(bandwidth[d, dp] for d, dp, _ in partners), nic_rate)
     return float(alpha + shares * layer_bytes / (num_pipelines * slowest))
 
 
@@ -221,7 +224,7 @@ def dp_exposed_replicated(t_b: float, t_comm: float, broadcast: float, sharding:
 
 
 def comm_pp_hop(src: Group, dst: Group, message_bytes: float, bandwidth: np.ndarray, latency: np.ndarray,
-                leaders: tuple[int, int] | None = None) -> float:
+                leaders: tuple[int, int] | None = None, send_cap: float = np.inf) -> float:
     """Comm-PP-Hop(d_ij, d_i,j+1) for one micro-batch, Appendix B eq. 6:
 
         2 * min_{d in src, d' in dst} [ (alpha[d,d'] + M / beta[d,d'])
@@ -230,12 +233,14 @@ def comm_pp_hop(src: Group, dst: Group, message_bytes: float, bandwidth: np.ndar
     a leader-to-leader send of the activation M = B_mb*S*H*B_type followed by the receiving leader's
     broadcast in its TP group, x2 for the activation gradient going back. ``leaders`` fixes the
     pair (the plan's stage leaders, as the runtime uses them) instead of the minimum over pairs.
+    ``send_cap``: the leader send's share of the NICs it crosses when other transfers run at once
+    (``planner/nic.py``); beta[d,d'] becomes min(beta[d,d'], send_cap) in the first term.
     """
     dst = list(dst)
     pairs = [leaders] if leaders is not None else [(d, dp) for d in src for dp in dst]
     best = np.inf
     for d, dp in pairs:
-        t = latency[d, dp] + message_bytes / bandwidth[d, dp]
+        t = latency[d, dp] + message_bytes / min(bandwidth[d, dp], send_cap)
         for dpp in dst:
             if dpp != dp:
                 t += latency[dp, dpp] + message_bytes / (len(dst) * bandwidth[dp, dpp])
@@ -244,7 +249,7 @@ def comm_pp_hop(src: Group, dst: Group, message_bytes: float, bandwidth: np.ndar
 
 
 def comm_pp_hop_scatter(src: Group, dst: Group, message_bytes: float, bandwidth: np.ndarray,
-                        latency: np.ndarray) -> float:
+                        latency: np.ndarray, caps: Sequence[float] = ()) -> float:
     """Comm-PP-Hop on the scatter/gather path between stages of equal TP degree t > 1, one micro-batch:
 
         2 * [ max_r (alpha[s_r,d_r] + c / beta[s_r,d_r])
@@ -253,11 +258,16 @@ def comm_pp_hop_scatter(src: Group, dst: Group, message_bytes: float, bandwidth:
     TP rank r sends chunk r (1/t of the activation M) to TP rank r of the next stage, then the
     receivers all-gather the chunks in their TP group; x2 for the gradient going back (the
     runtime's path when both TP degrees are equal, see runtime/schedule.py).
+
+    ``caps``: per rank r, the NIC fair share of its send (``planner/nic.py``: the t sends of a
+    boundary between two machines, and other pipelines' sends in the same phase, share the NICs);
+    beta[s_r,d_r] becomes min(beta[s_r,d_r], caps[r]). Empty: every send has its link to itself.
     """
     src, dst = list(src), list(dst)
     t = len(src)
     c = message_bytes / t
-    send = max(latency[a, b] + c / bandwidth[a, b] for a, b in zip(src, dst))
+    caps = list(caps) if len(caps) else [np.inf] * t
+    send = max(latency[a, b] + c / min(bandwidth[a, b], cap) for a, b, cap in zip(src, dst, caps))
     gather = max(sum(latency[d, e] + c / bandwidth[d, e] for e in dst if e != d) for d in dst)
     return float(2.0 * (send + gather))
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.planner import cost_model as cm
+from lightning_hexiscale.planner import nic
 from lightning_hexiscale.planner.plan import Plan, Stage
 
 
@@ -43,6 +44,9 @@ def dp_comm_per_layer(plan: Plan, i: int, stage: Stage, cluster: Cluster, layer_
         for k, p in enumerate(plan.pipelines):
             if k != i:
                 holders.append(next(s for s in p.stages if s.layers[0] <= a < s.layers[1]))
+        # the NICs the interval's rings share: every pipeline's holder, this stage in place i
+        rates = nic.holder_rates(cluster, [h.devices for h in holders[:i]] + [stage.devices]
+                                 + [h.devices for h in holders[i:]])[i]
         worst = 0.0
         for r, d in enumerate(stage.devices):
             partners = []
@@ -51,7 +55,8 @@ def dp_comm_per_layer(plan: Plan, i: int, stage: Stage, cluster: Cluster, layer_
                     share = _overlap(r, stage.tp, r2, h.tp)
                     if share > 0:
                         partners.append((d, d2, share))
-            worst = max(worst, cm.comm_dp(partners, layer_bytes, plan.num_pipelines, cluster.bandwidth, cluster.latency))
+            worst = max(worst, cm.comm_dp(partners, layer_bytes, plan.num_pipelines, cluster.bandwidth,
+                                          cluster.latency, rates[r]))
         out.append((b - a, worst))
     return out
 
@@ -70,8 +75,9 @@ def dp_comm_all(plan: Plan, cluster: Cluster, layer_bytes: float) -> dict[tuple[
     recomputed, so a plan costs O(N^2) pair terms in a few dozen array operations instead of a
     Python loop over every (stage, interval, rank, partner). The shares need no array: every other
     pipeline holds all of the slot's 1/t of the layer, so they sum to (N_dp - 1)/t. A slot's
-    T_comm is sum_k A + (N_dp - 1)/t * layer_bytes / (N_dp * min_k B); a stage's on an interval is
-    the max over its devices. Same terms as the reference, summed in a different order (differences
+    T_comm is sum_k A + (N_dp - 1)/t * layer_bytes / (N_dp * min(min_k B, R)), R the rate its
+    rings get from the NICs the interval's rings share (:func:`nic.dp_ring_rates`); a stage's on
+    an interval is the max over its devices. Same terms as the reference, summed in a different order (differences
     at the level of float rounding). Results are memoised per cluster for the last few plan
     layouts (they do not depend on batch, micro-batch or sharding).
     """
@@ -138,7 +144,9 @@ def dp_comm_all(plan: Plan, cluster: Cluster, layer_bytes: float) -> dict[tuple[
             A[np.ix_(staying, ks)], B[np.ix_(staying, ks)] = a, b
         own = pipe_a[active]  # a pipeline does not synchronise with itself
         A[active, own], B[active, own] = 0.0, np.inf
-        cost = A[active].sum(axis=1) + shares[active] * (layer_bytes / P) / B[active].min(axis=1)
+        # the interval's rings share NICs (nic.dp_ring_rates): the slower of that and the slowest link
+        rates = nic.dp_ring_rates(cluster, dev_a[active], lo_a[active], hi_a[active])
+        cost = A[active].sum(axis=1) + shares[active] * (layer_bytes / P) / np.minimum(B[active].min(axis=1), rates)
         pos = 0
         for k in range(P):
             j = int(holder[k, g])

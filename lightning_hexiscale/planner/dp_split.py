@@ -11,7 +11,9 @@ pipelines are known, so its per-layer data-parallel time can be estimated:
 
 (each device exchanges its 1/t share of the layer with the holders in every other pipeline; the
 best link to each pipeline is assumed, which is what a good split can hope for, and the slowest
-of those paces the bytes, as in ``cost_model.comm_dp``). With u_j, w_j the
+of those paces the bytes, as in ``cost_model.comm_dp``). When that slowest link leaves the
+machine, the rings of the stage's devices behind one NIC share it (``planner/nic.py``): beta is
+then at most B_nic(d) / (the stage's devices using d's NIC). With u_j, w_j the
 per-micro-batch and exposed per-iteration times of one layer on stage j at that T_comm
 (``estimate.layer_step``) and f_j its hop and head, the split minimises the pipeline's time
 
@@ -41,9 +43,14 @@ def stage_comm(ev: Evaluator, stage: tuple[int, ...], others: list[tuple[int, ..
     layer_bytes = E.dp_layer_bytes(ev.workload)
     t = len(stage)
     worst = 0.0
+    nic_of, machine = ev.cluster.nic_of, ev.machine
     for d in stage:
         alpha = sum(float(ev.lat[d, list(peers)].min()) for peers in others)
-        slowest = min(float(ev.bw[d, list(peers)].max()) for peers in others)
+        best = [max(peers, key=lambda x: ev.bw[d, x]) for peers in others]
+        slowest = min(float(ev.bw[d, x]) for x in best)
+        if any(machine[x] != machine[d] for x in best):  # the stage's rings leave through d's NIC
+            sharing = sum(1 for e in stage if nic_of[e] == nic_of[d])
+            slowest = min(slowest, float(ev.cluster.nic_bandwidth[nic_of[d]]) / sharing)
         worst = max(worst, alpha + len(others) * layer_bytes / (t * num_pipelines * slowest))
     return worst
 

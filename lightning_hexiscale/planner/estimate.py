@@ -10,7 +10,9 @@ plus the embedding / LM head synchronisation and the TP broadcast of replicated 
 (:func:`dp_edge_times`), and the iteration takes the slowest pipeline (eq. 9). Messages are priced at
 the dtypes the runtime sends them in (planner/wire.py: activations and gathered parameters at
 B_type, gradients at ``plan.reduce_dtype``), on the path it takes (scatter/gather between equal TP
-degrees). All ``*_s`` fields of the breakdown are per
+degrees), with the transfers that run at once sharing the NICs they cross (:mod:`.nic`: a hop's
+flows and the other pipelines' in the same phase, the data-parallel rings of a layer). All
+``*_s`` fields of the breakdown are per
 iteration (all micro-batches of that pipeline); ``time_per_micro_batch_s`` is per micro-batch.
 """
 
@@ -24,6 +26,7 @@ import numpy as np
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner import cost_model as cm
+from lightning_hexiscale.planner import nic
 from lightning_hexiscale.planner.communicators import stage_communicators
 from lightning_hexiscale.planner.dp_comm import dp_comm_all
 from lightning_hexiscale.planner.memory import (_BUCKET_CAP_BYTES, MemoryTerms, _shard_fraction,  # noqa: F401
@@ -174,15 +177,21 @@ def stage_extra_times(cluster: Cluster, workload: Workload, devices: tuple[int, 
     return comp, comm
 
 
-def hop_time(cluster: Cluster, workload: Workload, src: tuple[int, ...], dst: tuple[int, ...], mb: int) -> float:
+def hop_time(cluster: Cluster, workload: Workload, src: tuple[int, ...], dst: tuple[int, ...], mb: int,
+             caps: tuple[float, ...] | None = None, schedule: str = "1f1b") -> float:
     """Comm-PP-Hop (eq. 6) from stage ``src`` to stage ``dst`` for one micro-batch, on the path the
     runtime takes: scatter/gather between equal TP degrees above 1
     (:func:`cost_model.comm_pp_hop_scatter`), else between the stage leaders (``devices[0]``) plus
-    the receiving TP broadcast."""
+    the receiving TP broadcast. ``caps``: the NIC fair share of each send flow in its phase
+    (:func:`nic.hop_caps`; () = none binding); None: the hop alone under ``schedule``
+    (:func:`nic.hop_alone_caps`, its own flows still share their NICs)."""
     act_msg = activation_message_bytes(workload, mb)
+    if caps is None:
+        caps = nic.hop_alone_caps(cluster, src, dst, schedule)
     if len(src) == len(dst) > 1:
-        return cm.comm_pp_hop_scatter(src, dst, act_msg, cluster.bandwidth, cluster.latency)
-    return cm.comm_pp_hop(src, dst, act_msg, cluster.bandwidth, cluster.latency, leaders=(src[0], dst[0]))
+        return cm.comm_pp_hop_scatter(src, dst, act_msg, cluster.bandwidth, cluster.latency, caps)
+    return cm.comm_pp_hop(src, dst, act_msg, cluster.bandwidth, cluster.latency, leaders=(src[0], dst[0]),
+                          send_cap=caps[0] if caps else np.inf)
 
 
 def wire_element_bytes(plan: Plan, workload: Workload) -> tuple[int, int]:
@@ -241,12 +250,13 @@ def dp_edge_times(plan: Plan, i: int, j: int, cluster: Cluster, workload: Worklo
 
     def sync(params: float, holder) -> float:
         worst = 0.0
+        rates = nic.holder_rates(cluster, [holder(p).devices for p in pipes])[i]  # shared NICs
         for r, d in enumerate(st.devices):
             partners = [(d, d2, share) for k, p in enumerate(pipes) if k != i
                         for r2, d2 in enumerate(holder(p).devices)
                         if (share := _overlap(r, st.tp, r2, holder(p).tp)) > 0]
-            t_red = cm.comm_dp(partners, params * red_bt, len(pipes), bw, lat)
-            t_par = cm.comm_dp(partners, params * bt, len(pipes), bw, lat)
+            t_red = cm.comm_dp(partners, params * red_bt, len(pipes), bw, lat, rates[r])
+            t_par = cm.comm_dp(partners, params * bt, len(pipes), bw, lat, rates[r])
             worst = max(worst, 2.0 * dp_t_comm(plan.dp_sharding, t_red, t_par))
         return worst
 
@@ -285,6 +295,7 @@ def dp_edge_all(plan: Plan, cluster: Cluster, workload: Workload) -> dict[tuple[
         tp = np.repeat(tps, tps)
         lo, hi = rank / tp, (rank + 1) / tp
         n = len(dev)
+        rates = nic.dp_ring_rates(cluster, dev, lo, hi)  # the NICs the rings share
         t_red, t_par = np.empty(n), np.empty(n)
         block = max(1, 2_000_000 // n)
         for a in range(0, n, block):
@@ -294,7 +305,7 @@ def dp_edge_all(plan: Plan, cluster: Cluster, workload: Workload) -> dict[tuple[
             ix = np.ix_(dev[a:b], dev)
             base = np.where(ok, lat[ix], 0.0).sum(axis=1)
             # bytes paced by the slowest partner link (cost_model.comm_dp); no partner: q = 0
-            q = np.where(ok, share, 0.0).sum(axis=1) / np.where(ok, bw[ix], np.inf).min(axis=1)
+            q = np.where(ok, share, 0.0).sum(axis=1) / np.minimum(np.where(ok, bw[ix], np.inf).min(axis=1), rates[a:b])
             t_red[a:b] = base + q * (params * red_bt / P)
             t_par[a:b] = base + q * (params * bt / P)
         row = 2.0 * (t_red if sh == "ddp" else 0.5 * (t_red + t_par) if sh == "zero2" else t_par)
@@ -354,6 +365,7 @@ def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
     n_tp = 2.0 + (cm.RECOMPUTE_TP_SHARE if plan.recompute else 0.0)
     # the communicators each stage's ranks join (only priced on CUDA)
     comms = stage_communicators(plan, model) if workload.device == "cuda" and workload.comm_buffer_bytes else {}
+    caps = nic.hop_caps(cluster, [[st.devices for st in p.stages] for p in plan.pipelines], plan.schedule)
     for i, pipe in enumerate(plan.pipelines):
         mb, n_mb = pipe.micro_batch_size, pipe.num_micro_batches
         n_st = len(pipe.stages)
@@ -362,7 +374,8 @@ def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
             l = st.num_layers
             t_f, t_b, comp_f, tp_f = layer_times(cluster, workload, st.devices, mb, plan.recompute)
             head_comp, head_comm = stage_extra_times(cluster, workload, st.devices, mb, j == 0, j == n_st - 1)
-            hop = hop_time(cluster, workload, st.devices, pipe.stages[j + 1].devices, mb) if j + 1 < n_st else 0.0
+            hop = (hop_time(cluster, workload, st.devices, pipe.stages[j + 1].devices, mb, caps.get((i, j), ()))
+                   if j + 1 < n_st else 0.0)
             dp_comm, tail = dp_edge_exposed(edges.get((i, j), _NO_EDGES), l * t_b)
             stage_mb = 0.0
             for (n_layers, t_red), (_, t_par) in zip(dp_red[(i, j)], dp_par[(i, j)]):

@@ -70,9 +70,18 @@ class OracleResult:
 
 def device_classes(cluster: Cluster) -> list[list[int]]:
     """Classes of pairwise interchangeable devices, in device order: d joins a class when swapping
-    it with every member leaves FLOP/s, memory and all links to third devices unchanged."""
+    it with every member leaves FLOP/s, memory, all links to third devices and the NICs unchanged
+    (both use one NIC, or each is the only user of a NIC of the same bandwidth: which transfers
+    share a NIC is then the same after the swap)."""
     bw, lat = cluster.bandwidth, cluster.latency
     n = cluster.num_devices
+    nic_of, nic_bw = cluster.nic_of, cluster.nic_bandwidth
+    users = np.bincount(nic_of, minlength=len(nic_bw))
+
+    def same_nic(a: int, b: int) -> bool:
+        na, nb = nic_of[a], nic_of[b]
+        return bool(na == nb or (users[na] == users[nb] == 1 and nic_bw[na] == nic_bw[nb]))
+
     classes: list[list[int]] = []
     for d in range(n):
         dev = cluster.devices[d]
@@ -80,7 +89,8 @@ def device_classes(cluster: Cluster) -> list[list[int]]:
             ok = True
             for r in cl:
                 rv = cluster.devices[r]
-                if (rv.flops, rv.memory_bytes, rv.gpu_type) != (dev.flops, dev.memory_bytes, dev.gpu_type):
+                if (rv.flops, rv.memory_bytes, rv.gpu_type) != (dev.flops, dev.memory_bytes, dev.gpu_type) \
+                        or not same_nic(d, r):
                     ok = False
                     break
                 others = [x for x in range(n) if x not in (d, r)]

@@ -140,12 +140,15 @@ class OracleTerms:
         """:func:`estimate.hop_time` from stage ``src`` to stage ``dst`` (class labels in rank order,
         leader first). Between equal TP degrees above 1 (the scatter/gather path) the whole rank
         orders matter (rank r sends to rank r); otherwise only the source leader, the destination
-        leader and the destination's devices."""
+        leader and the destination's devices. Priced with the hop's own flows only (no other pipeline's
+        in its phase, :func:`nic.hop_alone_caps`): sharing NICs with more flows can only slow it, so
+        this is a lower bound of the hop in any plan (exact for one pipeline)."""
         scatter = len(src) == len(dst) > 1
         key = (src, dst, m) if scatter else (src[:1], dst, m)
         if key not in self._hop:
             s_dev = self.devices_of(key[0])
-            self._hop[key] = E.hop_time(self.cluster, self.w, s_dev, self.devices_of(dst, taken=s_dev), m)
+            self._hop[key] = E.hop_time(self.cluster, self.w, s_dev, self.devices_of(dst, taken=s_dev), m, None,
+                                        self.s.schedule)
         return self._hop[key]
 
     def hop_arr(self, src: tuple[int, ...], dst: tuple[int, ...]) -> np.ndarray:

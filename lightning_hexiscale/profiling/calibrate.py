@@ -96,7 +96,7 @@ def with_calibration(cluster: Cluster, efficiency: dict[str, float] | None = Non
     devices = [replace(d, flops=d.peak_flops * eff[d.gpu_type]) if d.gpu_type in eff else d for d in cluster.devices]
     latency = cluster.latency + sync_latency_s * (1.0 - np.eye(cluster.num_devices))
     return Cluster(cluster.name, devices, list(cluster.machines), cluster.bandwidth.copy(), latency,
-                   calibration or cluster.calibration, cluster.description)
+                   calibration or cluster.calibration, cluster.description, cluster.nics)
 
 
 def current_efficiency(cluster: Cluster) -> dict[str, float]:

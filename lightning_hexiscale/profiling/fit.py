@@ -153,3 +153,57 @@ def default_sizes(cuda: bool) -> tuple[int, ...]:
     if cuda:
         return (4 << 10, 256 << 10, 4 << 20, 16 << 20, 64 << 20)
     return (1 << 10, 64 << 10, 512 << 10, 2 << 20, 4 << 20)
+
+
+@dataclass(frozen=True)
+class NicFit:
+    """Concurrent transfers leaving one machine (``profile_process_group`` step 5), fitted per flow."""
+
+    flows: int
+    """Transfers run at once, each from its own rank of the machine to a rank of another machine."""
+    single_Bps: float
+    """Bandwidth of the first of them run alone (bytes/s)."""
+    per_flow_Bps: tuple[float, ...]
+    """Bandwidth of each transfer while all ``flows`` ran at once (bytes/s)."""
+
+    @property
+    def aggregate_Bps(self) -> float:
+        """What the machine's network interface carried with ``flows`` transfers at once: the sum of
+        their bandwidths. The NIC figure written to the cluster file (``nics.bandwidth``)."""
+        return float(sum(self.per_flow_Bps))
+
+    @property
+    def sharing(self) -> float:
+        """single / mean concurrent per-flow bandwidth: ~1 when every transfer has a link of its own,
+        ~flows when they share one interface."""
+        return self.single_Bps * len(self.per_flow_Bps) / self.aggregate_Bps
+
+
+def nic_pairs(hosts: Sequence[str]) -> list[tuple[str, list[Pair]]]:
+    """Per host with two or more ranks and ranks elsewhere: the (sender, receiver) pairs whose
+    transfers leave it at once: every rank of the host (at most as many as there are ranks
+    elsewhere) sends to a rank of another host, the receivers dealt over the other hosts in turn
+    (so that no single receiving interface is what limits them). Hosts in order of first rank;
+    deterministic, so every rank computes the same list."""
+    order = list(dict.fromkeys(hosts))
+    by_host = {h: [r for r, x in enumerate(hosts) if x == h] for h in order}
+    out = []
+    for h in order:
+        senders = by_host[h]
+        others = [by_host[o] for o in order if o != h]
+        # receivers round-robin over the other hosts: first rank of each, then the second of each, ...
+        receivers = [rs[k] for k in range(max((len(rs) for rs in others), default=0)) for rs in others if k < len(rs)]
+        k = min(len(senders), len(receivers))
+        if k >= 2:
+            out.append((h, list(zip(senders[:k], receivers[:k]))))
+    return out
+
+
+def fit_nic(sizes_bytes: Sequence[float], single_times_s: Sequence[float],
+            concurrent_times_s: Sequence[Sequence[float]], reduce: str = "median") -> NicFit:
+    """:class:`NicFit` from the sender-side times of one transfer alone and of ``len(concurrent_times_s)``
+    transfers at once (the same ``sizes_bytes`` samples for each), each fitted t = alpha + s / beta
+    (:func:`fit_alpha_beta`)."""
+    single = fit_alpha_beta(sizes_bytes, single_times_s, reduce).beta_Bps
+    per_flow = tuple(fit_alpha_beta(sizes_bytes, t, reduce).beta_Bps for t in concurrent_times_s)
+    return NicFit(len(per_flow), single, per_flow)

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from lightning_hexiscale.profiling.fit import LinkFit, fit_alpha_beta, pair_schedule
+from lightning_hexiscale.profiling.fit import LinkFit, NicFit, fit_alpha_beta, fit_nic, nic_pairs, pair_schedule
 from lightning_hexiscale.profiling.writer import ProfileResult
 
 
@@ -158,10 +158,67 @@ def ping_pong(peer: int, initiator: bool, sizes: Sequence[int], reps: int, devic
     return times
 
 
+def transfer(peer: int, sender: bool, sizes: Sequence[int], reps: int, device: torch.device,
+             send_buf: torch.Tensor, recv_buf: torch.Tensor, barrier=None) -> list[float]:
+    """One-way transfers timed on the sender: s bytes to ``peer``, then a 1-byte acknowledgement back
+    (so the time ends when the receiver holds every byte: t(s) = alpha + s / beta + alpha_ack),
+    ``reps`` per size after one warm-up. ``barrier``: called before every transfer by every rank
+    (a collective), so that concurrent transfers start together. Returns the sender's times; the
+    receiver (and a rank with ``peer`` None, which only joins the barriers) returns []."""
+    ack_out, ack_in = send_buf[:1], recv_buf[:1]
+    times: list[float] = []
+    for s in sizes:
+        for k in range(reps + 1):
+            if barrier is not None:
+                barrier()
+            if peer is None:
+                continue
+            _sync(device)
+            t0 = time.perf_counter()
+            if sender:
+                dist.isend(send_buf[:s], peer).wait()
+                dist.irecv(ack_in, peer).wait()
+            else:
+                dist.irecv(recv_buf[:s], peer).wait()
+                dist.isend(ack_out, peer).wait()
+            _sync(device)
+            if sender and k > 0:
+                times.append(time.perf_counter() - t0)
+    return times
+
+
+def measure_nics(hosts: Sequence[str], sizes: Sequence[int], reps: int, device: torch.device,
+                 send_buf: torch.Tensor, recv_buf: torch.Tensor, link_stat: str = "median",
+                 log=None) -> dict[str, NicFit]:
+    """Collective: for every host with several ranks (:func:`~lightning_hexiscale.profiling.fit.nic_pairs`),
+    the first pair's transfers alone, then all of the host's pairs at once (every rank joins the
+    barriers; only the pairs move data). Returns {host: NicFit} on every rank (gathered)."""
+    rank = dist.get_rank()
+    mine: dict[str, tuple[list[float], list[float]]] = {}
+    for host, pairs in nic_pairs(list(hosts)):
+        for together in (pairs[:1], pairs):
+            role = next(((b, True) if rank == a else (a, False) for a, b in together if rank in (a, b)), (None, False))
+            times = transfer(role[0], role[1], sizes, reps, device, send_buf, recv_buf, dist.barrier)
+            if role[1]:
+                solo, conc = mine.setdefault(host, ([], []))
+                (solo if len(together) == 1 else conc).append(times)
+        if log:
+            log(f"  NIC of {host}: {len(pairs)} transfers to other hosts alone and at once")
+    gathered: list[dict] = [{}] * dist.get_world_size()
+    dist.all_gather_object(gathered, {h: (solo, conc) for h, (solo, conc) in mine.items()})
+    out: dict[str, NicFit] = {}
+    for host, pairs in nic_pairs(list(hosts)):
+        single = next(g[host][0][0] for g in gathered if host in g and g[host][0])
+        concurrent = [t for g in gathered if host in g for t in g[host][1]]
+        samples = [s for s in sizes for _ in range(reps)]
+        out[host] = fit_nic(samples, single, concurrent, link_stat)
+    return out
+
+
 def profile_process_group(sizes: Sequence[int] | None = None, reps: int = 5, max_pairs: int | None = None,
                           isolate_hosts: bool = True, matmul_n: int | None = None,
                           matmul_time_s: float = 0.5, link_stat: str = "median", log=None,
-                          precision: str | None = None) -> ProfileResult | None:
+                          precision: str | None = None, nics: bool = True) -> ProfileResult | None:
     """Profile every rank of the default process group; collective (all ranks call it).
 
     Steps (each fenced by a barrier so that one phase does not disturb the next):
@@ -174,7 +231,10 @@ def profile_process_group(sizes: Sequence[int] | None = None, reps: int = 5, max
        that would measure the CPU scheduler, not the link), and with ``isolate_hosts`` at most one
        cross-host pair per host per step;
     4. each pair's initiator fits alpha, beta (``link_stat``: median or min per size, see
-       :func:`~lightning_hexiscale.profiling.fit.fit_alpha_beta`); rank 0 gathers everything.
+       :func:`~lightning_hexiscale.profiling.fit.fit_alpha_beta`); rank 0 gathers everything;
+    5. with ``nics``, per host with several ranks: transfers from its ranks to other hosts, first one
+       alone, then all at once (:func:`measure_nics`): what its network interface carries when
+       they share it, written as the machine's ``nics.bandwidth``.
 
     Returns the :class:`ProfileResult` on rank 0 and None elsewhere.
     """
@@ -223,6 +283,7 @@ def profile_process_group(sizes: Sequence[int] | None = None, reps: int = 5, max
             say(f"  link step {k + 1}/{len(steps)} ({len(step)} pair(s) at once), "
                 f"{time.perf_counter() - t_start:.1f} s")
     dist.barrier()
+    nic_fits = measure_nics(hosts, sizes, reps, device, buf_out, buf_in, link_stat, say) if nics else {}
     fits: list[dict] = [{}] * world
     dist.all_gather_object(fits, {pair: (f.alpha_s, f.beta_Bps, f.rel_rms) for pair, (f, _) in mine.items()})
     if rank != 0:
@@ -244,7 +305,10 @@ def profile_process_group(sizes: Sequence[int] | None = None, reps: int = 5, max
     notes.append(f"links: {link_stat} of {reps} ping-pongs per size; "
                  + (f"at most {max_pairs} pair(s) at once" if max_pairs else "all disjoint pairs of a round at once")
                  + ("; cross-host pairs one per host at a time" if isolate_hosts else ""))
+    for host, f in nic_fits.items():
+        notes.append(f"NIC of {host}: {f.flows} transfers at once carried {f.aggregate_Bps / 1e6:.1f} MB/s together "
+                     f"({f.aggregate_Bps / f.flows / 1e6:.1f} MB/s each), one alone {f.single_Bps / 1e6:.1f} MB/s")
     return ProfileResult(hostnames=hosts, device_types=[i["type"] for i in info], flops=[i["flops"] for i in info],
                          memory_bytes=[i["memory"] for i in info], bandwidth_Bps=bw, latency_s=lat, fit_rel_rms=err,
                          hopper=[i["hopper"] for i in info], backend=dist.get_backend(),
-                         flops_dtype=flops_dtype, sizes_bytes=list(sizes), notes=notes)
+                         flops_dtype=flops_dtype, sizes_bytes=list(sizes), notes=notes, nics=nic_fits)

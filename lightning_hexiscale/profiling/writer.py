@@ -9,6 +9,10 @@ Output, for a profile named ``NAME`` written to ``DIR/NAME.yaml``:
   holds each device type's measured sustained matmul FLOP/s (median over its ranks) and memory,
   with ``efficiency`` 1.0 until :mod:`~lightning_hexiscale.profiling.calibrate` fits it.
   ``intra_bandwidth`` / ``inter_machine`` carry medians for reading; the measured matrices override them.
+  A machine whose host's NIC was measured (several ranks sending to other hosts at once,
+  :func:`~lightning_hexiscale.profiling.measure.measure_nics`) gets ``nics: {count: 1, bandwidth:
+  <what they carried together>}``; the cost model divides it among concurrent transfers. Several
+  machine entries of one host (mixed device types) each get that figure.
 - ``DIR/NAME.matrix.yaml``: ``bandwidth_Bps`` and ``latency_s`` N x N (symmetric; diagonal inf / 0),
   plus the per-rank raw figures (flops, memory, hosts) and the fit residuals, for the record.
   ``matrix_file`` in the cluster YAML is written as an absolute path, which works from anywhere on
@@ -29,6 +33,7 @@ import numpy as np
 import yaml
 
 from lightning_hexiscale.config.units import format_bandwidth
+from lightning_hexiscale.profiling.fit import NicFit
 
 
 @dataclass
@@ -54,6 +59,8 @@ class ProfileResult:
     sizes_bytes: list[int] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     """Human-readable caveats written as comments into the YAML (e.g. how memory was derived)."""
+    nics: dict[str, NicFit] = field(default_factory=dict)
+    """Per host name: its concurrent-transfer measurement (hosts with several ranks and other hosts)."""
 
     @property
     def world_size(self) -> int:
@@ -130,6 +137,8 @@ def cluster_document(p: ProfileResult, name: str, matrix_path: str,
         lat = lat if lat is not None else (lat_all or 0.0)
         machines.append({"name": m.name, "gpu": m.device_type, "count": len(idx), "intra_bandwidth": _fmt_bw(bw),
                          "intra_latency": _fmt_time(lat), "hostname": m.hostname})
+        if m.hostname in p.nics:
+            machines[-1]["nics"] = {"count": 1, "bandwidth": _fmt_bw(p.nics[m.hostname].aggregate_Bps)}
     inter_bw = _median_off_diag(p.bandwidth_Bps, ~same_host) or bw_all or 1e9
     inter_lat = _median_off_diag(p.latency_s, ~same_host)
     inter_lat = inter_lat if inter_lat is not None else (lat_all or 0.0)
@@ -161,7 +170,9 @@ def matrix_document(p: ProfileResult) -> dict[str, Any]:
     return {"bandwidth_Bps": mat(p.bandwidth_Bps), "latency_s": mat(p.latency_s),
             "fit_rel_rms": mat(p.fit_rel_rms), "hostnames": list(p.hostnames), "device_types": list(p.device_types),
             "flops_per_rank": [float(x) for x in p.flops], "memory_bytes_per_rank": [float(x) for x in p.memory_bytes],
-            "sizes_bytes": [int(s) for s in p.sizes_bytes], "backend": p.backend, "flops_dtype": p.flops_dtype}
+            "sizes_bytes": [int(s) for s in p.sizes_bytes], "backend": p.backend, "flops_dtype": p.flops_dtype,
+            "nics": {h: {"flows": f.flows, "single_Bps": f.single_Bps, "per_flow_Bps": list(f.per_flow_Bps),
+                         "aggregate_Bps": f.aggregate_Bps} for h, f in p.nics.items()}}
 
 
 def write_cluster(p: ProfileResult, out: str | Path, name: str | None = None,
@@ -246,6 +257,10 @@ def link_summary(p: ProfileResult) -> str:
         lines.append(f"  links: beta {format_bandwidth(bw.min())} .. {format_bandwidth(bw.max())} "
                      f"(median {format_bandwidth(float(np.median(bw)))}), alpha {lat.min() * 1e6:.1f} .. "
                      f"{lat.max() * 1e6:.1f} us, fit residual <= {err.max() * 100:.1f} %")
+    for host, f in p.nics.items():
+        lines.append(f"  NIC of {host}: {f.flows} transfers at once {format_bandwidth(f.aggregate_Bps)} together "
+                     f"({format_bandwidth(f.aggregate_Bps / f.flows)} each), one alone "
+                     f"{format_bandwidth(f.single_Bps)}: shared {f.sharing:.2f}x")
     return "\n".join(lines)
 
 
