@@ -115,8 +115,7 @@ BASELINE_CASES = [("case_study", "llama2_13b", 24), ("case_study", "llama2_7b", 
 
 
 def bench_speed(sizes: list[int], iterations: int, scale_sizes: tuple[int, ...] = (), shared: bool = False) -> list[dict]:
-    print(f"
-== search time, {iterations} iterations, copies of hetero2{' (one NIC per machine)' if shared else ''}, "
+    print(f"\n== search time, {iterations} iterations, copies of hetero2{' (one NIC per machine)' if shared else ''}, "
           "Llama-2 7B, global batch 4 x GPUs ==")
     print("   (all-dev: the same search with planner.use_all_devices=true, no device subsets, this run)")
     print(f"{'GPUs':>6} {'CPU':>8} {'wall':>8} {'all-dev CPU':>12} {'iteration':>10} {'PFLOPS':>8} {'pipelines':>10} "
