@@ -56,6 +56,7 @@ from tqdm.auto import tqdm
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError, InfeasiblePlan
 from lightning_hexiscale.planner import refine
+from lightning_hexiscale.planner.compute import warn_datasheet_pricing
 from lightning_hexiscale.planner.assemble import (DP_OPTIONS, SMALL_CLUSTER, DraftContext, Evaluator, batch_micro_sizes,
                                                   chain_draft, micro_batch_candidates, minimum_memory_message)
 from lightning_hexiscale.planner.batching import BatchTimer, layout_key, layout_plan
@@ -85,12 +86,6 @@ class _Search:
         self.rng = np.random.default_rng(s.seed)
         self.mbs = micro_batch_candidates(global_batch, s.micro_batch_size, cluster.num_devices)
         self.shardings = (s.dp_sharding,) if s.dp_sharding else DP_OPTIONS
-        cal = cluster.calibration
-        self.skip_ddp = not s.dp_sharding and cal.theta_zero2 <= cal.theta_ddp
-        """ZeRO-2 prices data parallelism like DDP (Appendix B eq. 5, theta_2 <= theta_1) and, with
-        two or more pipelines, needs no more memory in any phase (estimate.stage_memory_at): DDP
-        cannot be strictly better there, so it is tried only for one pipeline (where ZeRO-2 shards
-        nothing but still keeps its flat buffers)."""
         max_dp = min(cluster.num_devices, global_batch // min(self.mbs))
         if s.max_pipelines:
             max_dp = min(max_dp, s.max_pipelines)
@@ -223,9 +218,11 @@ class _Search:
         P = len(groups_per_pipe)
         best: tuple[float, Plan | None] = (math.inf, None)
         for sharding in self.shardings_for(P):
-            if self.cluster.num_devices > 64 and sharding == "zero3" and best[1] is not None:
-                # large clusters: ZeRO-3 only when ZeRO-2 fits nothing (its gathers overlap
-                # compute at theta_3 >= 1 at best; it is there for memory), to bound the time
+            if self.cluster.num_devices > 64 and sharding != "ddp" and best[1] is not None:
+                # large clusters: ZeRO-2 only when DDP fits nothing and ZeRO-3 only when neither
+                # does (each costs more time than the one before: ZeRO-2's all-gather follows the
+                # step, ZeRO-3 serves its partners' gathers; they are there for memory), to bound
+                # the search time
                 continue
             layouts: dict[tuple, Plan] = {}
             for mb in self.draft_mbs(P):
@@ -254,8 +251,8 @@ class _Search:
         return best[0], best[1], self.timer.breakdown(best[1])
 
     def shardings_for(self, num_pipelines: int) -> tuple[str, ...]:
-        if self.skip_ddp and num_pipelines > 1:
-            return tuple(sh for sh in self.shardings if sh != "ddp")
+        """Every dp sharding of the settings: none dominates, since ZeRO-2 needs less memory than
+        DDP but exposes its post-step all-gather (planner/zero_terms.py)."""
         return self.shardings
 
     def draft_mbs(self, num_pipelines: int) -> list[int]:
@@ -504,6 +501,7 @@ def search(cluster: Cluster, workload: Workload, global_batch: int,
     s = settings or SearchSettings()
     if global_batch < 1:
         raise ConfigError("train.global_batch", global_batch, "must be a positive integer", "use e.g. 32")
+    warn_datasheet_pricing(cluster, workload)  # once per process: CUDA types priced from datasheets
     # the search allocates millions of small tuples that live as long as its caches: a rarer
     # young-generation collection saves ~5% of the time on large clusters (restored afterwards)
     threshold = gc.get_threshold()

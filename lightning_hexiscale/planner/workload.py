@@ -34,6 +34,9 @@ class Workload:
     param_dtype: str | None = None
     """Storage dtype of the parameters and their gradients; None = ``dtype``. Mixed precision
     (``bf16-mixed``) keeps float32 parameters and gradients under bf16 compute: ``fp32``."""
+    allow_tf32: bool = False
+    """fp32 matmuls on CUDA use TF32 tensor cores (``torch.backends.cuda.matmul.allow_tf32``). The
+    runtime leaves torch's default (off), so ``32-true`` is priced at the FP32 rate."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.memory_headroom < 1.0:

@@ -93,10 +93,11 @@ def with_calibration(cluster: Cluster, efficiency: dict[str, float] | None = Non
     constants are ``calibration`` (unchanged where not given) and whose off-diagonal latencies are
     raised by ``sync_latency_s``."""
     eff = efficiency or {}
-    devices = [replace(d, flops=d.peak_flops * eff[d.gpu_type]) if d.gpu_type in eff else d for d in cluster.devices]
+    devices = [replace(d, flops=d.peak_flops * eff[d.gpu_type], efficiency=eff[d.gpu_type]) if d.gpu_type in eff else d
+               for d in cluster.devices]
     latency = cluster.latency + sync_latency_s * (1.0 - np.eye(cluster.num_devices))
     return Cluster(cluster.name, devices, list(cluster.machines), cluster.bandwidth.copy(), latency,
-                   calibration or cluster.calibration, cluster.description)
+                   calibration or cluster.calibration, cluster.description, cluster.layer_tables)
 
 
 def current_efficiency(cluster: Cluster) -> dict[str, float]:
