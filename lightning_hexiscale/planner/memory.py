@@ -203,15 +203,15 @@ def bucket_elements(cap_bytes: float, param_bytes: float, units: Iterable[tuple[
 @functools.lru_cache(maxsize=4096)
 def stage_bucket_units(model: LlamaConfig, tp: int, first: bool, last: bool) -> tuple[tuple[float, float], ...]:
     """(local elements, largest segment) of each bucket unit on a rank of a TP-``tp`` stage
-    (:func:`bucket_elements`): a block (its largest matrix shard H x max(query rows, FFN columns)
-    of this rank, the segment when every pipeline splits the layer alike; unequal TP degrees cut
-    smaller ones), the embedding's V/t rows on a first stage, the untied LM head's V/t rows and
+    (:func:`bucket_elements`): a block's matrices (their largest shard H x max(query rows, FFN
+    columns) of this rank is the segment when every pipeline splits the layer alike; unequal TP
+    degrees cut smaller ones; the norms are buckets of their own), the embedding's V/t rows on a first stage, the untied LM head's V/t rows and
     the final norm on a last stage."""
     H = model.hidden_size
     kv = max(e - s for s, e in model.kv_head_split(tp))
     ffn = max(e - s for s, e in model.ffn_split(tp))
     widest = H * max(kv * model.heads_per_kv * model.head_dim, ffn)
-    units = [(model.layer_params * _shard_fraction(model, tp), float(widest))]
+    units = [(model.layer_matmul_params * _shard_fraction(model, tp), float(widest))]
     rows = model.vocab_size * model.max_vocab_fraction(tp) * H
     if first:
         units.append((rows, rows))
