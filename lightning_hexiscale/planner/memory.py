@@ -205,8 +205,8 @@ def stage_bucket_units(model: LlamaConfig, tp: int, first: bool, last: bool) -> 
     """(local elements, largest segment) of each bucket unit on a rank of a TP-``tp`` stage
     (:func:`bucket_elements`): a block's matrices (their largest shard H x max(query rows, FFN
     columns) of this rank is the segment when every pipeline splits the layer alike; unequal TP
-    degrees cut smaller ones; the norms are buckets of their own), the embedding's V/t rows on a first stage, the untied LM head's V/t rows and
-    the final norm on a last stage."""
+    degrees cut smaller ones; the norms are buckets of their own), the embedding's V/t rows on a
+    first stage, the untied LM head's V/t rows and the final norm on a last stage."""
     H = model.hidden_size
     kv = max(e - s for s, e in model.kv_head_split(tp))
     ffn = max(e - s for s, e in model.ffn_split(tp))
