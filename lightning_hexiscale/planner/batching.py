@@ -155,6 +155,8 @@ class BatchTimer:
         self._limit: dict[tuple, np.ndarray] = {}
         self._pipe: dict[tuple, tuple[np.ndarray, dict]] = {}
         self._edges: tuple[Plan, dict] | None = None
+        self._dp_terms: tuple[tuple, tuple] | None = None
+        """(stages of the last layout, its :func:`estimate.dp_terms`), which no sharding changes."""
         self._flat: tuple[Plan, tuple] | None = None
         self._known: tuple | None = None
         """(plan, breakdown) of the last winner of :meth:`best_uniform` (saves recomputing it)."""
@@ -439,7 +441,10 @@ class BatchTimer:
     def dp(self, layout: Plan) -> dict:
         """Per stage, [(layers, T_comm)] with T_comm as DP-Overhead-Layer takes it (:func:`estimate.dp_terms`
         at the reduce and parameter bytes, combined by :func:`estimate.dp_t_comm`)."""
-        dp_red, dp_par = E.dp_terms(layout, self.cluster, self.w)
+        shape = tuple(tuple((st.devices, st.layers) for st in p.stages) for p in layout.pipelines)
+        if self._dp_terms is None or self._dp_terms[0] != shape:  # the same layout under another sharding
+            self._dp_terms = (shape, E.dp_terms(layout, self.cluster, self.w))
+        dp_red, dp_par = self._dp_terms[1]
         sh = layout.dp_sharding
         return {k: [(n, E.dp_t_comm(sh, t_red, t_par)) for (n, t_red), (_, t_par) in zip(v, dp_par[k])]
                 for k, v in dp_red.items()}

@@ -23,6 +23,7 @@ the FP32 (or, with ``Workload.allow_tf32``, TF32) peak for ``32-true`` on CUDA.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import warnings
 from collections.abc import Sequence
@@ -80,22 +81,26 @@ def layer_compute_s(cluster: Cluster, workload: Workload, devices: Sequence[int]
 
     with F_layer = ``model.layer_forward_flops(mb)``, f the largest share of the layer's matmul
     weights on one rank (1/t for even splits), c = :func:`flops_rate`."""
-    model, t = workload.model, len(devices)
-    frac = _shard_fraction(model, t)
-    flops = model.layer_forward_flops(mb)
     fwd = bwd = 0.0
-    for kind in _kinds(cluster, devices):
-        d = cluster.devices[kind]
-        if uses_roofline(d, workload):
-            tokens = mb * model.seq_len
-            args = (model, tokens, t, workload.dtype_bytes, workload.param_bytes, workload.mixed)
-            f = _roofline(d, workload, flops * frac, rf.layer_forward_bytes(*args))
-            b = _roofline(d, workload, 2.0 * flops * frac, rf.layer_backward_bytes(*args, frac))
-        else:
-            f = cm.comp_layer_fwd(flops, frac, flops_rate(d, workload))
-            b = cm.comp_layer_bwd(f)
+    for d in _kinds(cluster, devices):
+        f, b = _layer_compute_one(d, workload, len(devices), mb)
         fwd, bwd = max(fwd, f), max(bwd, b)
     return fwd, bwd
+
+
+@functools.lru_cache(maxsize=65536)
+def _layer_compute_one(d: Device, workload: Workload, t: int, mb: int) -> tuple[float, float]:
+    """:func:`layer_compute_s` on one device of a TP-``t`` group (memoised: the search asks for the
+    same type, degree and size for many groups)."""
+    model = workload.model
+    frac = _shard_fraction(model, t)
+    flops = model.layer_forward_flops(mb)
+    if uses_roofline(d, workload):
+        args = (model, mb * model.seq_len, t, workload.dtype_bytes, workload.param_bytes, workload.mixed)
+        return (_roofline(d, workload, flops * frac, rf.layer_forward_bytes(*args)),
+                _roofline(d, workload, 2.0 * flops * frac, rf.layer_backward_bytes(*args, frac)))
+    f = cm.comp_layer_fwd(flops, frac, flops_rate(d, workload))
+    return f, cm.comp_layer_bwd(f)
 
 
 def layer_backward_s(comp_fwd_s: float, comp_bwd_s: float, comm_tp_s: float, recompute: bool) -> float:
@@ -115,19 +120,18 @@ def head_compute_s(cluster: Cluster, workload: Workload, devices: Sequence[int],
         roofline:    roofline(3 * (2 B_mb S H V) * f_V, head_bytes)
 
     f_V = ceil(V/t)/V, the largest vocabulary share."""
+    return max(_head_compute_one(d, workload, len(devices), mb) for d in _kinds(cluster, devices))
+
+
+@functools.lru_cache(maxsize=65536)
+def _head_compute_one(d: Device, workload: Workload, t: int, mb: int) -> float:
     model = workload.model
-    vfrac = model.max_vocab_fraction(len(devices))
+    vfrac = model.max_vocab_fraction(t)
     flops = model.head_forward_flops(mb)
-    worst = 0.0
-    for kind in _kinds(cluster, devices):
-        d = cluster.devices[kind]
-        if uses_roofline(d, workload):
-            nbytes = rf.head_bytes(model, mb * model.seq_len, len(devices), workload.dtype_bytes, workload.param_bytes,
-                                   workload.mixed)
-            worst = max(worst, _roofline(d, workload, 3.0 * flops * vfrac, nbytes))
-        else:
-            worst = max(worst, 3.0 * flops * vfrac / flops_rate(d, workload))
-    return worst
+    if uses_roofline(d, workload):
+        nbytes = rf.head_bytes(model, mb * model.seq_len, t, workload.dtype_bytes, workload.param_bytes, workload.mixed)
+        return _roofline(d, workload, 3.0 * flops * vfrac, nbytes)
+    return 3.0 * flops * vfrac / flops_rate(d, workload)
 
 
 def embedding_compute_s(cluster: Cluster, workload: Workload, devices: Sequence[int], mb: int) -> float:
@@ -136,22 +140,48 @@ def embedding_compute_s(cluster: Cluster, workload: Workload, devices: Sequence[
     path (a lookup has no FLOPs: Appendix B prices none)."""
     model = workload.model
     worst = 0.0
-    for kind in _kinds(cluster, devices):
-        d = cluster.devices[kind]
+    for d in _kinds(cluster, devices):
         if uses_roofline(d, workload):
             nbytes = rf.embedding_bytes(model, mb * model.seq_len, len(devices), workload.param_bytes)
             worst = max(worst, _roofline(d, workload, 0.0, nbytes))
     return worst
 
 
-def _kinds(cluster: Cluster, devices: Sequence[int]) -> list[int]:
-    """One device per distinct (type, figures) in the group: members of one type price alike."""
-    seen: dict[tuple, int] = {}
+def _kinds(cluster: Cluster, devices: Sequence[int]) -> list[Device]:
+    """The group's devices with their id and machine cleared, one per distinct set of figures
+    (members of one type price alike; hashable keys for the memoised per-device terms)."""
+    out: dict[Device, None] = {}
     for i in devices:
-        d = cluster.devices[i]
-        seen.setdefault((d.gpu_type, d.peak_flops, d.flops, d.efficiency, d.fp32_flops, d.tf32_flops,
-                         d.memory_bandwidth_Bps, d.gemm_efficiency, d.hbm_efficiency), i)
-    return list(seen.values())
+        out.setdefault(_figures(cluster.devices[i]), None)
+    return list(out)
+
+
+@functools.lru_cache(maxsize=65536)
+def _figures(d: Device) -> Device:
+    return dataclasses.replace(d, id=0, machine=0)
+
+
+def effective_flops(device: Device, workload: Workload) -> float:
+    """The FLOP/s ``device`` sustains on one of the workload's layers under the roofline:
+    F_layer(1) / (Comp-Fwd + Comp-Bwd) * 3 at TP 1 and micro-batch 1, i.e. the rate that makes
+    FLOPs / rate equal the roofline's time; ``device.flops`` where the roofline does not apply."""
+    if not uses_roofline(device, workload):
+        return device.flops
+    fwd, bwd = _layer_compute_one(_figures(device), workload, 1, 1)
+    return 3.0 * workload.model.layer_forward_flops(1) / (fwd + bwd)
+
+
+def effective_cluster(cluster: Cluster, workload: Workload) -> Cluster:
+    """``cluster`` with each roofline-priced device's ``flops`` set to :func:`effective_flops`: the
+    search ranks, partitions and balances devices by ``flops`` (its heuristics), which should then
+    follow the speeds the cost model prices (an H20 is 4.9x slower than an H800 per layer, not
+    6.7x). Pricing is unchanged (the roofline does not read ``flops``). The same cluster when no
+    device is priced by the roofline."""
+    if not any(uses_roofline(d, workload) for d in cluster.devices):
+        return cluster
+    devices = [dataclasses.replace(d, flops=effective_flops(d, workload)) for d in cluster.devices]
+    return Cluster(cluster.name, devices, list(cluster.machines), cluster.bandwidth.copy(), cluster.latency.copy(),
+                   cluster.calibration, cluster.description, cluster.layer_tables)
 
 
 # ---- measured ----------------------------------------------------------------------------------------

@@ -44,6 +44,7 @@ Where it goes beyond §4, and why (each measured against the true optimum of
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import itertools
 import math
@@ -56,7 +57,7 @@ from tqdm.auto import tqdm
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError, InfeasiblePlan
 from lightning_hexiscale.planner import refine
-from lightning_hexiscale.planner.compute import warn_datasheet_pricing
+from lightning_hexiscale.planner.compute import effective_cluster, warn_datasheet_pricing
 from lightning_hexiscale.planner.assemble import (DP_OPTIONS, SMALL_CLUSTER, DraftContext, Evaluator, batch_micro_sizes,
                                                   chain_draft, micro_batch_candidates, minimum_memory_message)
 from lightning_hexiscale.planner.batching import BatchTimer, layout_key, layout_plan
@@ -217,12 +218,14 @@ class _Search:
         """
         P = len(groups_per_pipe)
         best: tuple[float, Plan | None] = (math.inf, None)
+        large = self.cluster.num_devices > 64
+        hopeless = False
         for sharding in self.shardings_for(P):
-            if self.cluster.num_devices > 64 and sharding != "ddp" and best[1] is not None:
-                # large clusters: ZeRO-2 only when DDP fits nothing and ZeRO-3 only when neither
-                # does (each costs more time than the one before: ZeRO-2's all-gather follows the
-                # step, ZeRO-3 serves its partners' gathers; they are there for memory), to bound
-                # the search time
+            if large and sharding == "zero3" and (best[1] is not None or hopeless):
+                # large clusters: ZeRO-3 only when neither ZeRO-2 nor DDP fits anything (its
+                # gathers overlap compute at theta_3 >= 1 at best and it serves its partners'
+                # uses; it is there for memory), nor when the pipelines alone were hopeless
+                # (ZeRO-3 only adds to their time), to bound the search time
                 continue
             layouts: dict[tuple, Plan] = {}
             for mb in self.draft_mbs(P):
@@ -231,6 +234,7 @@ class _Search:
                 if any(d is None for d in drafts):
                     continue
                 if self.cluster.num_devices > 64 and _local_time(drafts, self.gb // mb) > _PRUNE * self.best[0]:
+                    hopeless = True
                     continue  # large clusters: hopeless even without data parallelism; not scored
                 variants = [drafts]
                 if P > 1 and self.cluster.num_devices <= 64:  # layers split for their DP links too
@@ -240,6 +244,12 @@ class _Search:
                     layout = layout_plan([list(d.stages) for d in ds], [d.layers for d in ds], sharding,
                                          self.s.schedule, self.s.recompute, self.L)
                     layouts.setdefault(layout_key(layout), layout)
+                    if large and sharding == "zero2" and "ddp" in self.shardings:
+                        # large clusters draft for ZeRO-2's memory only and score each layout under
+                        # DDP too (which fits where its larger states do): DDP's own drafts would
+                        # double the drafting; ZeRO-2 costs DDP's time plus its post-step all-gather
+                        ddp = dataclasses.replace(layout, dp_sharding="ddp")
+                        layouts.setdefault(layout_key(ddp), ddp)
             for layout in layouts.values():
                 cost, plan = self.timer.best(layout, self.meta())
                 if plan is not None:
@@ -251,8 +261,11 @@ class _Search:
         return best[0], best[1], self.timer.breakdown(best[1])
 
     def shardings_for(self, num_pipelines: int) -> tuple[str, ...]:
-        """Every dp sharding of the settings: none dominates, since ZeRO-2 needs less memory than
-        DDP but exposes its post-step all-gather (planner/zero_terms.py)."""
+        """The dp shardings to draft layouts for: every one of the settings (none dominates: ZeRO-2
+        needs less memory than DDP but exposes its post-step all-gather, planner/zero_terms.py);
+        beyond 64 devices DDP's layouts come from ZeRO-2's drafts (:meth:`evaluate`)."""
+        if self.cluster.num_devices > 64 and "zero2" in self.shardings and num_pipelines > 1:
+            return tuple(sh for sh in self.shardings if sh != "ddp")
         return self.shardings
 
     def draft_mbs(self, num_pipelines: int) -> list[int]:
@@ -502,6 +515,7 @@ def search(cluster: Cluster, workload: Workload, global_batch: int,
     if global_batch < 1:
         raise ConfigError("train.global_batch", global_batch, "must be a positive integer", "use e.g. 32")
     warn_datasheet_pricing(cluster, workload)  # once per process: CUDA types priced from datasheets
+    cluster = effective_cluster(cluster, workload)  # the heuristics' device speeds follow the roofline
     # the search allocates millions of small tuples that live as long as its caches: a rarer
     # young-generation collection saves ~5% of the time on large clusters (restored afterwards)
     threshold = gc.get_threshold()
