@@ -16,7 +16,8 @@ On 1 GPU (in this process; the rows are in recipes/gpu_checks.py, which document
 - **speed**: bf16 matmul >= 40 % and a runtime stage's forward + backward >= 25 % of the catalog's peak
   FLOP/s for the detected GPU; the stage <= 1.10 x the same blocks as plain modules;
 - **engine memory**: a world-size-1 engine, bf16-mixed, 4 micro-batches, recompute off and on:
-  ``torch.cuda.max_memory_allocated`` within 15 % of ``estimate()``'s peak (less its reserve and NCCL buffers);
+  ``torch.cuda.max_memory_reserved`` at most 15 % above ``estimate()``'s peak (less its reserve and NCCL
+  buffers; one-sided: over-estimates pass);
 - **Lightning**: 20 steps under the strategy in bf16-mixed, checkpoint at 10, resumed run continues.
 
 On 2+ GPUs (spawned ranks, NCCL, ``torch.cuda.set_device`` per rank, AdamW, 3 steps against the

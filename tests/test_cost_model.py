@@ -158,13 +158,21 @@ def test_memory_terms():
 
 
 # ---- composition ---------------------------------------------------------------------------------
+def at_peak(c: Cluster) -> Cluster:
+    """Appendix B's arithmetic: compute at FLOPs / datasheet peak (efficiency 1.0 set, so the
+    uncalibrated roofline of planner/compute.py does not apply)."""
+    from lightning_hexiscale.profiling.calibrate import with_calibration
+
+    return with_calibration(c, {d.gpu_type: 1.0 for d in c.devices})
+
+
 def single_device_plan(layers: int, batch: int, mb: int) -> Plan:
     return Plan((Pipeline(batch, mb, (Stage((0,), (0, layers)),)),), layers, recompute=False)
 
 
 def test_estimate_single_device_by_hand():
     model = dataclasses.replace(LlamaConfig.load("llama2_7b"), num_layers=8)  # fits one A800
-    c = Cluster.load("homo_a800_2x8_eth").subset([0])
+    c = at_peak(Cluster.load("homo_a800_2x8_eth").subset([0]))
     plan = single_device_plan(model.num_layers, 4, 1)
     est = estimate(plan, c, Workload(model))
     c_d = 312e12
@@ -237,7 +245,7 @@ def test_tab7_estimate_is_in_the_papers_range():
     reduce-scatter) it needs more than its 24 GiB, and only it. Under the runtime's bf16-mixed
     (float32 parameters and gradients, bf16 weight casts per micro-batch) every RTX 4090 stage is out
     of memory; under bf16-true (16-bit parameters, gradients and AdamW states) the plan fits."""
-    plan, c = Plan.load("conf/plans/hetero3_llama30b_tab7.yaml"), Cluster.load("hetero3")
+    plan, c = Plan.load("conf/plans/hetero3_llama30b_tab7.yaml"), at_peak(Cluster.load("hetero3"))
     model = LlamaConfig.load("llama_30b")
     est = estimate(plan, c, Workload(model))
     # 2.56 when every stage paid both directions of its outgoing hop; under 1F1B's fused exchanges

@@ -51,8 +51,9 @@ MODEL = LlamaConfig(name="m", hidden_size=1024, num_layers=4, num_heads=8, num_k
 
 
 def _cluster() -> Cluster:
+    # efficiency 1.0 declared: Appendix B's FLOPs / peak (not the roofline of an uncalibrated type)
     return Cluster.from_config({"name": "four", "machines": [{"gpu": "A100-80G", "count": 4, "intra_bandwidth": "200 GB/s"}],
-                                "inter_machine": {"bandwidth": "10 GB/s"}})
+                                "inter_machine": {"bandwidth": "10 GB/s"}, "gpu_types": {"A100-80G": {"efficiency": 1.0}}})
 
 
 def _plan(last_tp: int) -> Plan:

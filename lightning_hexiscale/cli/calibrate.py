@@ -19,6 +19,7 @@ from pathlib import Path
 
 from lightning_hexiscale.cli.common import (add_launch_args, add_precision_arg, compose_for_plan, positive_int,
                                             resolve_precision, subcommand)
+from lightning_hexiscale.cli.profile import add_layer_time_args
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.profiling.check import STATS
 
@@ -40,6 +41,10 @@ def _calibrate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recompute", action="store_true", help="calibrate with activation recomputation on")
     p.add_argument("--out", default=None, metavar="PATH.yaml",
                    help="write the calibrated cluster here (default: update the cluster file in place)")
+    p.add_argument("--layer-times", action="store_true",
+                   help="also measure the model's layer times per device type, TP degree and micro-batch size "
+                        "(as `hexiscale profile --model`), write them into the cluster file, and fit with them")
+    add_layer_time_args(p)
 
 
 def _cluster_file(overrides: list[str]) -> Path:
@@ -60,7 +65,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from lightning_hexiscale.config.schema import compose
     from lightning_hexiscale.models.config import LlamaConfig
     from lightning_hexiscale.profiling.calibrate import calibrate, with_calibration
-    from lightning_hexiscale.profiling.writer import previous_sync_latency, update_calibration
+    from lightning_hexiscale.profiling.writer import previous_sync_latency, update_calibration, update_layer_tables
 
     path = _cluster_file(args.overrides)
     cfg = compose(args.overrides)
@@ -68,8 +73,14 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     cluster = with_calibration(Cluster.from_config(cfg.cluster), sync_latency_s=-previous_sync_latency(path))
     model = LlamaConfig.from_config(cfg.model)
     precision = resolve_precision(args)
+    layer_opts = None
+    if args.layer_times:
+        for t in args.layer_tp or []:
+            model.check_tp(t, "--layer-tp")
+        layer_opts = dict(micro_batches=args.layer_micro_batches or [1, 2, 4], tp_degrees=args.layer_tp,
+                          reps=args.layer_reps, stat=args.stat)
     res = calibrate(cluster, model, args.micro_batch, args.micro_batches, args.recompute, args.steps, args.warmup,
-                    args.local, args.timeout, args.stat, precision)
+                    args.local, args.timeout, args.stat, precision, layer_opts)
     if res is None:
         return 0
     print(f"measured in {precision}")
@@ -78,6 +89,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if out.resolve() != path.resolve():
         shutil.copyfile(path, out)
     update_calibration(out, {"theta_ddp": res.theta_ddp}, res.efficiency, res.sync_latency_s)
+    if res.layer_tables:
+        update_layer_tables(out, res.layer_tables)
+        print(f"layer times: {', '.join(f'{t.gpu} ({len(t.rows)} rows)' for t in res.layer_tables)}")
     Cluster.load(str(out))  # the written file must still load
     print(f"wrote calibration to {out}")
     return 0

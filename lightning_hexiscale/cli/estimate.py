@@ -17,6 +17,7 @@ def _estimate_args(p: argparse.ArgumentParser) -> None:
 def cmd_estimate(args: argparse.Namespace) -> int:
     from lightning_hexiscale.config.cluster import Cluster
     from lightning_hexiscale.config.schema import compose
+    from lightning_hexiscale.planner.compute import warn_datasheet_pricing
     from lightning_hexiscale.planner.estimate import estimate, workload_from_config
     from lightning_hexiscale.planner.plan import Plan
 
@@ -28,6 +29,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     plan = apply_train_overrides(plan, cfg, args.overrides)
     gb = cfg.train.global_batch if explicit(args.overrides, "train.global_batch") else None
     plan.validate(cluster, workload.model, global_batch=gb)
+    warn_datasheet_pricing(cluster, workload)
     est = estimate(plan, cluster, workload)
     if args.json:
         doc = {"plan_file": args.plan, "cluster": cluster.name, "model": workload.model.name,

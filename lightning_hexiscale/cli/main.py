@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from collections.abc import Sequence
 
 # Importing a command module registers it; the order of these lines is the order of `hexiscale --help`.
@@ -65,6 +66,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "=" not in o:
             print(f"hexiscale: error: override {o!r} is not KEY=VALUE. Fix: write e.g. cluster=hetero3", file=sys.stderr)
             return 2
+    default_show = warnings.showwarning
+    warnings.showwarning = _notice(args.command, default_show)
     try:
         return SUBCOMMANDS[args.command][2](args)
     except HexiScaleError as e:
@@ -76,6 +79,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `hexiscale ... | head`: the reader left; not an error of ours
         sys.stderr.close()
         return 0
+    finally:
+        warnings.showwarning = default_show
+
+
+def _notice(command: str, default_show):
+    """showwarning that prints the package's own notices (warning classes with ``cli_notice``, e.g.
+    ``planner.compute.DatasheetPricingWarning``) as one line, ``hexiscale CMD: warning: ...``,
+    instead of Python's file:line form; other warnings as usual."""
+    def show(message, category, filename, lineno, file=None, line=None):
+        if getattr(category, "cli_notice", False):
+            print(f"hexiscale {command}: warning: {message}", file=sys.stderr if file is None else file)
+        else:
+            default_show(message, category, filename, lineno, file, line)
+    return show
 
 
 def console_main() -> None:

@@ -1,6 +1,7 @@
 """`hexiscale profile`: measure this cluster and write the cluster YAML the planner reads.
 
     hexiscale profile --local 2 --out outputs/cpu2.yaml          # 2 forked CPU ranks (gloo)
+    hexiscale profile --local 2 --model llama_tiny --out outputs/cpu2.yaml   # + measured layer times
     torchrun --nproc-per-node 8 --nnodes 2 ... -m lightning_hexiscale.cli profile --out c.yaml
     hexiscale estimate --plan my_plan.yaml cluster=outputs/cpu2.yaml
 
@@ -8,7 +9,9 @@ Measures, per rank, sustained matmul FLOP/s (in the compute dtype of ``--precisi
 trainer.precision: default bf16 on CUDA, fp32 on CPU) and memory (CUDA total,
 or CPU RAM / ranks on the host), alpha, beta for every pair of ranks, and per host with several
 ranks what its network interface carries when they all send to other hosts at once (the
-machine's ``nics`` in the written file; ``--no-nics`` skips it). See :mod:`lightning_hexiscale.profiling`. ``calibrate`` and ``check-estimate`` live in
+machine's ``nics`` in the written file; ``--no-nics`` skips it). With ``--model``, the layer
+times of that model (:mod:`lightning_hexiscale.profiling.layer_times`), written as the cluster's
+``layer_times``. See :mod:`lightning_hexiscale.profiling`. ``calibrate`` and ``check-estimate`` live in
 :mod:`lightning_hexiscale.cli.calibrate`.
 """
 
@@ -57,12 +60,64 @@ def _profile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--matmul-time", type=float, default=None, metavar="S",
                    help="seconds of matmuls per rank (default 0.5; 2 inside `hexiscale emulate`)")
     add_precision_arg(p)
+    add_layer_time_args(p)
+    p.add_argument("--model", default=None, metavar="NAME",
+                   help="also measure layer times of this model (a preset, a model YAML or hf:DIR; with "
+                        "--seq-len): forward and backward of a transformer layer per device type, TP degree "
+                        "and micro-batch size, TP collectives inside, and of the embedding and the LM head + loss; "
+                        "written as the cluster's layer_times table, which the cost model then uses")
+    p.add_argument("--seq-len", type=positive_int, default=None, metavar="S",
+                   help="sequence length of --model's layer times (default: the model's)")
 
 
-def _profile_rank(rank: int, world: int, opts: dict):
+def _int_list(text: str) -> list[int]:
+    try:
+        out = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give whole numbers separated by commas, e.g. 1,2,4") from None
+    if not out or out[0] < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give whole numbers >= 1, e.g. 1,2,4")
+    return out
+
+
+def add_layer_time_args(p: argparse.ArgumentParser) -> None:
+    """Options of the layer-time measurement (``profile --model``, ``calibrate --layer-times``)."""
+    p.add_argument("--layer-micro-batches", type=_int_list, default=None, metavar="M1,M2,...",
+                   help="micro-batch sizes of the layer times (default 1,2,4; the cost model interpolates "
+                        "between them and scales the nearest per sequence outside them)")
+    p.add_argument("--layer-tp", type=_int_list, default=None, metavar="T1,T2,...",
+                   help="TP degrees of the layer times (default: powers of two up to the largest machine and "
+                        "each machine's device count, at most the model's KV heads)")
+    p.add_argument("--layer-reps", type=positive_int, default=3, help="timed reps per layer-time case (default 3)")
+
+
+def layer_time_model(name: str, seq_len: int | None, tp: list[int] | None):
+    """The model whose layer times are measured, with TP degrees checked against its heads before
+    any rank starts (a ConfigError naming ``--layer-tp``)."""
+    from dataclasses import replace
+
+    from lightning_hexiscale.models.config import LlamaConfig
+
+    model = LlamaConfig.load(name)
+    if seq_len is not None:
+        model = replace(model, seq_len=seq_len)
+    for t in tp or []:
+        model.check_tp(t, "--layer-tp")
+    return model
+
+
+def _profile_rank(rank: int, world: int, opts: dict, layer_opts: dict | None = None):
     from lightning_hexiscale.profiling.measure import profile_process_group
 
-    return profile_process_group(log=lambda m: print(m, flush=True), **opts)
+    say = lambda m: print(m, flush=True)  # noqa: E731
+    result = profile_process_group(log=say, **opts)
+    if layer_opts is not None:
+        from lightning_hexiscale.profiling.layer_times import measure_layer_tables
+
+        tables = measure_layer_tables(log=say, precision=opts["precision"], **layer_opts)
+        if result is not None:
+            result.layer_tables = tables
+    return result
 
 
 EMULATED_SIZES = [256 * 1024, 1 << 20, 2 << 20, 4 << 20]
@@ -96,13 +151,18 @@ def run_profile(args: argparse.Namespace):
     opts = dict(sizes=args.sizes, reps=args.reps, max_pairs=args.max_pairs, isolate_hosts=args.isolate_hosts,
                 matmul_n=args.matmul_size, matmul_time_s=args.matmul_time, link_stat=args.link_stat,
                 precision=resolve_precision(args), nics=getattr(args, "nics", True))
+    layer_opts = None
+    if getattr(args, "model", None):
+        layer_opts = dict(model=layer_time_model(args.model, args.seq_len, args.layer_tp),
+                          micro_batches=args.layer_micro_batches or [1, 2, 4], tp_degrees=args.layer_tp,
+                          reps=args.layer_reps)
     if args.local:
-        return run_local(args.local, _profile_rank, opts, timeout_s=args.timeout)[0]
-    return run_from_env(_profile_rank, opts, timeout_s=args.timeout)
+        return run_local(args.local, _profile_rank, opts, layer_opts, timeout_s=args.timeout)[0]
+    return run_from_env(_profile_rank, opts, layer_opts, timeout_s=args.timeout)
 
 
-@subcommand("profile", "measure every rank's FLOP/s and memory and alpha/beta of every rank pair; "
-                       "write a cluster YAML", _profile_args)
+@subcommand("profile", "measure every rank's FLOP/s and memory and alpha/beta of every rank pair (with --model, "
+                       "layer times too); write a cluster YAML", _profile_args)
 def cmd_profile(args: argparse.Namespace) -> int:
     from lightning_hexiscale.config.cluster import Cluster
     from lightning_hexiscale.profiling.writer import link_summary, write_cluster

@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from lightning_hexiscale.config import catalog
 from lightning_hexiscale.config.nics import (Nic, NicDeclaration, build_nics, cap_links, fastest_links, nic_index,
                                              nics_can_bind, parse_nics)
+from lightning_hexiscale.config.layer_table import LayerTable, parse_layer_tables
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.config.units import format_bandwidth, format_bytes, format_flops, parse_bandwidth, parse_bytes, parse_flops, parse_time
 
@@ -40,6 +41,62 @@ class Device:
     """Sustained FLOP/s the cost model uses (peak * efficiency)."""
     memory_bytes: float
     hopper: bool = False
+    efficiency: float | None = None
+    """Calibrated fraction of ``peak_flops`` (``flops / peak_flops``); None: not calibrated."""
+    fp32_flops: float | None = None
+    """Peak FP32 FLOP/s (``catalog.GpuType.fp32_flops``); None: unknown."""
+    tf32_flops: float | None = None
+    memory_bandwidth_Bps: float | None = None
+    """Device-memory bandwidth (bytes/s); None: unknown (no roofline for this device)."""
+    gemm_efficiency: float | None = None
+    """Measured GEMM fraction of the peak (the probe's); None: the roofline's default."""
+    hbm_efficiency: float | None = None
+    datasheet: bool = False
+    """The type's figures are the catalog's datasheet values."""
+
+
+def device_figures(gt: catalog.GpuType) -> dict[str, Any]:
+    """The :class:`Device` fields a GPU type gives each of its devices beyond FLOP/s and memory."""
+    return dict(efficiency=gt.efficiency, fp32_flops=gt.fp32_flops, tf32_flops=gt.tf32_flops,
+                memory_bandwidth_Bps=gt.memory_bandwidth_Bps, gemm_efficiency=gt.gemm_efficiency,
+                hbm_efficiency=gt.hbm_efficiency, datasheet=gt.datasheet)
+
+
+def gpu_type_from_config(tname: str, t: dict) -> catalog.GpuType:
+    """``cluster.gpu_types.<tname>``: a new type (``flops`` and ``memory`` required) or, when
+    ``tname`` is a catalog name or alias, that type with the given fields replaced. Rates and
+    bandwidths are parsed with their units; fractions must be positive (efficiencies at most 1 for
+    the measured GEMM / HBM fractions)."""
+    key = f"cluster.gpu_types.{tname}"
+    base = catalog.lookup(tname)
+    t = {k: v for k, v in t.items() if v is not None}
+    for req in ("flops", "memory"):
+        if base is None and req not in t:
+            raise ConfigError(f"{key}.{req}", None, f"a new GPU type needs its {req} ({tname} is not in the catalog)",
+                              f"add {req}: ... (e.g. flops: \"312 TFLOPS\", memory: \"80 GiB\"), or use a catalog name: "
+                              f"{', '.join(catalog.known_names())}")
+    fields: dict[str, Any] = {}
+    if "flops" in t:
+        fields["peak_flops"] = parse_flops(t["flops"], f"{key}.flops")
+    if "memory" in t:
+        fields["memory_bytes"] = parse_bytes(t["memory"], f"{key}.memory")
+    for name, field_ in (("fp32_flops", "fp32_flops"), ("tf32_flops", "tf32_flops")):
+        if name in t:
+            fields[field_] = parse_flops(t[name], f"{key}.{name}")
+    if "memory_bandwidth" in t:
+        fields["memory_bandwidth_Bps"] = parse_bandwidth(t["memory_bandwidth"], f"{key}.memory_bandwidth")
+    if "efficiency" in t:
+        fields["efficiency"] = _pos_float(t["efficiency"], f"{key}.efficiency")
+    for name in ("gemm_efficiency", "hbm_efficiency"):
+        if name in t:
+            fields[name] = _fraction(t[name], f"{key}.{name}")
+    if "hopper" in t:
+        fields["hopper"] = bool(t["hopper"])
+    if base is None:
+        return catalog.GpuType(tname, fields.pop("peak_flops"), fields.pop("memory_bytes"), **fields)
+    # a listed type: its figures stay datasheet figures only where the user changed no rate
+    own_rates = {"peak_flops", "fp32_flops", "tf32_flops", "memory_bandwidth_Bps"} & set(fields)
+    return replace(base, name=tname, datasheet=base.datasheet and not own_rates, **fields)
 
 
 @dataclass(frozen=True)
@@ -68,7 +125,7 @@ class Cluster:
 
     def __init__(self, name: str, devices: list[Device], machines: list[Machine], bandwidth: np.ndarray,
                  latency: np.ndarray, calibration: Calibration = Calibration(), description: str = "",
-                 nics: list[Nic] | tuple[Nic, ...] | None = None):
+                 nics: list[Nic] | tuple[Nic, ...] | None = None, layer_tables: tuple[LayerTable, ...] = ()):
         n = len(devices)
         if n == 0:
             raise ConfigError("cluster.machines", [], "a cluster needs at least one device", "declare a machine")
@@ -98,6 +155,8 @@ class Cluster:
         for a in (self.bandwidth, self.latency, self.machine_of, self.nic_of, self.nic_bandwidth):
             a.setflags(write=False)
         self.calibration = calibration
+        self.layer_tables = tuple(layer_tables)
+        """Measured layer times (``layer_times`` of the cluster file; :mod:`.layer_table`)."""
 
     # ---- views ---------------------------------------------------------------------------
     @property
@@ -145,7 +204,8 @@ class Cluster:
         nics = [Nic(mid[self.machines[nic.machine].name], nic.bandwidth_Bps, tuple(remap[d] for d in nic.devices if d in remap))
                 for nic in self.nics if any(d in remap for d in nic.devices)]
         return Cluster(f"{self.name}[{len(devices)}]", devs, machines, self.bandwidth[np.ix_(idx, idx)].copy(),
-                       self.latency[np.ix_(idx, idx)].copy(), self.calibration, self.description, nics)
+                       self.latency[np.ix_(idx, idx)].copy(), self.calibration, self.description, nics,
+                       self.layer_tables)
 
     def replicate(self, k: int, inter_bandwidth: float | None = None, inter_latency: float | None = None) -> Cluster:
         """k copies of this cluster joined by ``inter_bandwidth`` (default: this cluster's slowest link)."""
@@ -167,7 +227,8 @@ class Cluster:
         nics = [Nic(nic.machine + c * len(self.machines),
                     nic.bandwidth_Bps if np.isfinite(nic.bandwidth_Bps) else float(fast[nic.machine + c * len(self.machines)]),
                     tuple(d + c * n for d in nic.devices)) for c in range(k) for nic in self.nics]
-        return Cluster(f"{self.name}x{k}", devices, machines, bw, lat, self.calibration, self.description, nics)
+        return Cluster(f"{self.name}x{k}", devices, machines, bw, lat, self.calibration, self.description, nics,
+                       self.layer_tables)
 
     def summary(self) -> str:
         """One line per machine: name, GPUs, memory, intra link; then the inter-machine links."""
@@ -200,12 +261,7 @@ class Cluster:
                 raise ConfigError("cluster", "<dict>", str(e).splitlines()[0], "fix the cluster description") from None
         c = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
         name = c["name"]
-        extra = {}
-        for tname, t in (c.get("gpu_types") or {}).items():
-            extra[tname] = catalog.GpuType(
-                tname, parse_flops(t["flops"], f"cluster.gpu_types.{tname}.flops"),
-                parse_bytes(t["memory"], f"cluster.gpu_types.{tname}.memory"),
-                _pos_float(t.get("efficiency", 1.0), f"cluster.gpu_types.{tname}.efficiency"), bool(t.get("hopper", False)))
+        extra = {tname: gpu_type_from_config(tname, t or {}) for tname, t in (c.get("gpu_types") or {}).items()}
         machines_cfg = c.get("machines") or []
         if not machines_cfg:
             raise ConfigError("cluster.machines", machines_cfg, "a cluster needs at least one machine",
@@ -236,7 +292,8 @@ class Cluster:
                 ids = tuple(range(len(devices), len(devices) + m["count"]))
                 machines.append(Machine(label, gt.name, ids, m.get("hostname")))
                 for i in ids:
-                    devices.append(Device(i, len(machines) - 1, gt.name, gt.peak_flops, gt.flops, gt.memory_bytes, gt.hopper))
+                    devices.append(Device(i, len(machines) - 1, gt.name, gt.peak_flops, gt.flops, gt.memory_bytes,
+                                          gt.hopper, **device_figures(gt)))
                 intra_bw.append(bw)
                 intra_lat.append(lat)
                 nic_decl.append(decl)
@@ -277,7 +334,8 @@ class Cluster:
             bw, lat = _load_matrices(c["matrix_file"], n)
         cal = Calibration(**{k: _pos_float(v, f"cluster.calibration.{k}") for k, v in (c.get("calibration") or {}).items()})
         nics = build_nics([m.devices for m in machines], nic_decl, np.array([d.machine for d in devices]), bw)
-        return cls(name, devices, machines, bw, lat, cal, c.get("description", ""), nics)
+        tables = parse_layer_tables(c.get("layer_times"), {m.gpu_type for m in machines})
+        return cls(name, devices, machines, bw, lat, cal, c.get("description", ""), nics, tables)
 
     @classmethod
     def load(cls, name_or_path: str) -> Cluster:
@@ -310,6 +368,14 @@ def _pos_float(v: Any, key: str) -> float:
         raise ConfigError(key, v, "must be a number", "write e.g. 1.0") from None
     if not f > 0:
         raise ConfigError(key, v, "must be greater than zero", "use a positive value")
+    return f
+
+
+def _fraction(v: Any, key: str) -> float:
+    f = _pos_float(v, key)
+    if f > 1.0:
+        raise ConfigError(key, v, "a measured fraction of a datasheet peak must be at most 1",
+                          "give the fraction, e.g. 0.65 for 65 %")
     return f
 
 

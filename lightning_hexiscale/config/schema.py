@@ -18,20 +18,37 @@ import yaml
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from lightning_hexiscale.errors import ConfigError
+from lightning_hexiscale.config.layer_table import LayerTableConfig
 from lightning_hexiscale.config.recipe import DataConfig, TrainerConfig
 
 
 @dataclass
 class GpuTypeConfig:
-    """A user-defined GPU type (adds to or overrides the built-in catalog)."""
+    """A user-defined GPU type, or figures that override a catalog type's (``config/catalog.py``)
+    field by field: a key naming a listed type (``H100``, ``A800``, an alias such as ``4090``)
+    keeps the catalog's value of every field left out; a new type must give ``flops`` and ``memory``."""
 
-    flops: str = MISSING
-    """Peak dense 16-bit tensor throughput, e.g. "312 TFLOPS"."""
-    memory: str = MISSING
-    """Device memory, e.g. "80 GiB"."""
-    efficiency: float = 1.0
-    """Sustained fraction of peak the cost model assumes."""
-    hopper: bool = False
+    flops: Optional[str] = None
+    """Peak dense 16-bit tensor throughput, e.g. "312 TFLOPS" (required for a new type)."""
+    memory: Optional[str] = None
+    """Device memory, e.g. "80 GiB" (required for a new type)."""
+    efficiency: Optional[float] = None
+    """Sustained fraction of ``flops`` the cost model assumes (FLOPs / (flops x efficiency)), as
+    ``hexiscale calibrate`` fits it; null: not calibrated (CUDA plans use the roofline where the
+    type has a ``memory_bandwidth``, else ``flops`` itself)."""
+    hopper: Optional[bool] = None
+    fp32_flops: Optional[str] = None
+    """Peak FP32 throughput without tensor cores, e.g. "67 TFLOPS": what 32-true runs at."""
+    tf32_flops: Optional[str] = None
+    """Peak dense TF32 tensor throughput (32-true with TF32 matmuls allowed)."""
+    memory_bandwidth: Optional[str] = None
+    """Device-memory bandwidth, e.g. "3.35 TB/s": the roofline's ceiling for memory-bound work."""
+    gemm_efficiency: Optional[float] = None
+    """Fraction of ``flops`` large GEMMs reach (``recipes/mfu_probe.py``'s GEMM ceiling); null: the
+    roofline's default (``planner.compute.DEFAULT_GEMM_EFFICIENCY``)."""
+    hbm_efficiency: Optional[float] = None
+    """Fraction of ``memory_bandwidth`` memory-bound kernels reach (the probe's HBM ceiling); null:
+    ``planner.compute.DEFAULT_HBM_EFFICIENCY``."""
 
 
 @dataclass
@@ -121,6 +138,9 @@ class ClusterConfig:
     """YAML/JSON with ``bandwidth_Bps`` and ``latency_s`` N x N matrices that override the links
     (profiled clusters). Relative paths are resolved against the working directory, then conf/."""
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
+    layer_times: List[LayerTableConfig] = field(default_factory=list)
+    """Measured layer times per device type, TP degree and micro-batch size (``hexiscale profile
+    --model``); see :mod:`lightning_hexiscale.config.layer_table` for the fields and units."""
 
 
 HF_PLACEHOLDER = "_hf"

@@ -50,6 +50,7 @@ class Evaluator:
         self.bw, self.lat = cluster.bandwidth, cluster.latency
         self.flops, self.memory = cluster.flops, cluster.memory
         self.machine = np.array([d.machine for d in cluster.devices])
+        self.types = [d.gpu_type for d in cluster.devices]
         c = cluster.calibration
         self.theta3 = (c.theta_zero3_fwd, c.theta_zero3_bwd)
         self.max_tp = self.model.num_kv_heads
@@ -82,8 +83,8 @@ class Evaluator:
 
     def signature(self, groups: list[tuple[int, ...]]) -> bytes:
         """Digest of everything a pipeline's draft depends on, device for device in group order:
-        bandwidth and latency among its devices, their FLOP/s and memory, group sizes, machine and
-        NIC layout (which devices share a NIC, and its bandwidth)."""
+        bandwidth and latency among its devices, their FLOP/s, memory and type, group sizes, machine
+        and NIC layout (which devices share a NIC, and its bandwidth)."""
         key = tuple(groups)
         if key in self._sig:
             return self._sig[key]
@@ -92,6 +93,8 @@ class Evaluator:
         sub = (idx[:, None], idx)
         for arr in (self.bw[sub], self.lat[sub], self.flops[idx], self.memory[idx]):
             h.update(np.ascontiguousarray(arr).tobytes())
+        # the device types too: compute is priced per type (measured layer tables, roofline figures)
+        h.update(repr([self.types[d] for d in idx.tolist()]).encode())
         relabel = {m: i for i, m in enumerate(dict.fromkeys(self.machine[idx].tolist()))}
         h.update(repr(([len(g) for g in groups], [relabel[m] for m in self.machine[idx].tolist()])).encode())
         nics = self.cluster.nic_of[idx].tolist()

@@ -165,7 +165,8 @@ def homogeneous_belief(cluster: Cluster, memory_bytes: float | None = None) -> C
     flops, peak = float(cluster.flops.mean()), float(np.mean([d.peak_flops for d in cluster.devices]))
     memory = float(cluster.memory.min()) if memory_bytes is None else float(memory_bytes)
     label = "uniform"
-    devices = [replace(d, gpu_type=label, peak_flops=peak, flops=flops, memory_bytes=memory, hopper=False)
+    devices = [replace(d, gpu_type=label, peak_flops=peak, flops=flops, memory_bytes=memory, hopper=False,
+                       **believed_figures(cluster.devices))
                for d in cluster.devices]
     machines = [replace(m, gpu_type=label) for m in cluster.machines]
     mach = np.array([d.machine for d in cluster.devices])
@@ -178,6 +179,21 @@ def homogeneous_belief(cluster: Cluster, memory_bytes: float | None = None) -> C
             lat[mask] = float(np.median(cluster.latency[mask]))
     return Cluster(f"{cluster.name} (homogeneous belief)", devices, machines, bw, lat, cluster.calibration,
                    cluster.description, cluster.nics)
+
+
+def believed_figures(devices) -> dict:
+    """The homogeneous belief's compute figures beyond FLOP/s (``planner.compute`` prices by them):
+    the mean of each rate and fraction where every device has one, else none; calibrated when any
+    device is (efficiency = mean FLOP/s / mean peak)."""
+    def mean(attr: str):
+        vals = [getattr(d, attr) for d in devices]
+        return float(np.mean(vals)) if all(v is not None for v in vals) else None
+
+    calibrated = any(d.efficiency is not None for d in devices)
+    eff = float(np.mean([d.flops for d in devices]) / np.mean([d.peak_flops for d in devices])) if calibrated else None
+    return dict(efficiency=eff, fp32_flops=mean("fp32_flops"), tf32_flops=mean("tf32_flops"),
+                memory_bandwidth_Bps=mean("memory_bandwidth_Bps"), gemm_efficiency=mean("gemm_efficiency"),
+                hbm_efficiency=mean("hbm_efficiency"), datasheet=all(d.datasheet for d in devices))
 
 
 # Appendix G, "Data-parallel sharding strategies": Megatron and Metis use DDP, Galvatron ZeRO-3.

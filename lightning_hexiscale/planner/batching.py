@@ -163,6 +163,8 @@ class BatchTimer:
         """Up to _EXACT_DEVICES devices the memory check counts each stage's NCCL communicators as
         ``estimate()`` does (``communicators.stage_communicators``, a few ms per layout there); beyond,
         the per-position lower bound (the count takes ~0.5 s for a 1024-GPU layout)."""
+        self._dp_terms: tuple[tuple, tuple] | None = None
+        """(stages of the last layout, its :func:`estimate.dp_terms`), which no sharding changes."""
         self._flat: tuple[Plan, tuple] | None = None
         self._known: tuple | None = None
         """(plan, breakdown) of the last winner of :meth:`best_uniform` (saves recomputing it)."""
@@ -330,7 +332,7 @@ class BatchTimer:
         for j, st in enumerate(stages):
             t_f, t_b = self.layer_tb(st.devices, m, layout.recompute)
             times = edges.get((i, j))
-            tail = E.dp_edge_exposed(times, st.num_layers * t_b)[1] if times is not None else 0.0
+            tail = E.dp_edge_exposed(times, st.num_layers * t_b, sh)[1] if times is not None else 0.0
             stage_mb = 0.0
             for n_layers, t_comm in dp[(i, j)]:
                 step, exposed = E.layer_step(t_f, t_b, t_comm, sh, self.theta)
@@ -358,16 +360,23 @@ class BatchTimer:
         per0 += cm.hop_charges(hop, layout.schedule)  # the pipelines end to end (each last hop is 0)
         TF, TB = tf[iv_stage], tb[iv_stage]
         th1, th2, th3f, th3b = self.theta
-        if layout.dp_sharding == "zero3":
-            step = th3f * np.maximum(TF, iv_tc) + th3b * np.maximum(TB, iv_tc)
-            exposed = th3b * (np.maximum(TB, 2 * iv_tc) - np.maximum(TB, iv_tc))
+        sh = layout.dp_sharding
+        # estimate.layer_step, vectorised (zero_terms: ZeRO-3 serves and reduce-scatters after the
+        # backward, ZeRO-2's all-gather follows the step)
+        if sh == "zero3":
+            step = th3f * np.maximum(TF, iv_tc) + th3b * np.maximum(TB, iv_tc) + 2.0 * iv_tc
+            exposed = iv_tc
+        elif sh == "zero2":
+            step = TF + TB
+            exposed = np.maximum(0.0, th2 * np.maximum(TB, iv_tc) - TB) + iv_tc
         else:
             step = TF + TB
-            th = th1 if layout.dp_sharding == "ddp" else th2
-            exposed = np.maximum(0.0, th * np.maximum(TB, 2 * iv_tc) - TB)
+            exposed = np.maximum(0.0, th1 * np.maximum(TB, 2 * iv_tc) - TB)
         per = np.bincount(iv_stage, weights=iv_n * step, minlength=ns) + per0
-        tail = (np.bincount(iv_stage, weights=iv_n * exposed, minlength=ns)
-                + e_emb + np.maximum(0.0, e_head - n_layers * tb) + e_norm)
+        back = n_layers * tb  # zero_terms.zero_head_exposed, vectorised
+        head = (np.maximum(0.0, e_head - back) if sh == "ddp" else
+                np.maximum(0.0, 0.5 * e_head - back) + 0.5 * e_head if sh == "zero2" else e_head)
+        tail = np.bincount(iv_stage, weights=iv_n * exposed, minlength=ns) + e_emb + head + e_norm
         return np.add.reduceat(per, starts), np.maximum.reduceat(per, starts), np.maximum.reduceat(tail, starts)
 
     def _flat_layout(self, layout: Plan, dp: dict, edges: dict) -> tuple:
@@ -470,7 +479,10 @@ class BatchTimer:
     def dp(self, layout: Plan) -> dict:
         """Per stage, [(layers, T_comm)] with T_comm as DP-Overhead-Layer takes it (:func:`estimate.dp_terms`
         at the reduce and parameter bytes, combined by :func:`estimate.dp_t_comm`)."""
-        dp_red, dp_par = E.dp_terms(layout, self.cluster, self.w)
+        shape = tuple(tuple((st.devices, st.layers) for st in p.stages) for p in layout.pipelines)
+        if self._dp_terms is None or self._dp_terms[0] != shape:  # the same layout under another sharding
+            self._dp_terms = (shape, E.dp_terms(layout, self.cluster, self.w))
+        dp_red, dp_par = self._dp_terms[1]
         sh = layout.dp_sharding
         return {k: [(n, E.dp_t_comm(sh, t_red, t_par)) for (n, t_red), (_, t_par) in zip(v, dp_par[k])]
                 for k, v in dp_red.items()}

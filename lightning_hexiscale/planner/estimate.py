@@ -25,8 +25,10 @@ import numpy as np
 
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
+from lightning_hexiscale.planner import compute as C
 from lightning_hexiscale.planner import cost_model as cm
 from lightning_hexiscale.planner import nic
+from lightning_hexiscale.planner import zero_terms as Z
 from lightning_hexiscale.planner.communicators import stage_communicators
 from lightning_hexiscale.planner.dp_comm import dp_comm_all
 from lightning_hexiscale.planner.memory import (_BUCKET_CAP_BYTES, MemoryTerms, _shard_fraction,  # noqa: F401
@@ -55,7 +57,8 @@ class StageEstimate:
     layers: list[int]
     """[start, end) of the stage's layers."""
     compute_s: float
-    """Forward + backward (+ recompute) computation over all micro-batches of the iteration."""
+    """Forward + backward (+ recompute) computation over all micro-batches of the iteration (where
+    the cluster's layer table prices a part, its measured time, TP collectives included)."""
     tp_comm_s: float
     """Tensor-parallel all-reduces over all micro-batches."""
     pp_comm_s: float
@@ -146,12 +149,16 @@ def layer_times(cluster: Cluster, workload: Workload, devices: tuple[int, ...] |
                 recompute: bool) -> tuple[float, float, float, float]:
     """(T_f, T_b, Comp-TP-Fwd, Comm-TP-Fwd) of one layer for one micro-batch of ``mb`` sequences on
     the TP group ``devices`` (eq. 1-3): the slowest member sets the compute pace, the largest shard
-    the FLOPs per rank; recomputation adds one forward to T_b."""
-    model = workload.model
-    c_min = min(cluster.devices[d].flops for d in devices)
-    comp_f = cm.comp_layer_fwd(model.layer_forward_flops(mb), _shard_fraction(model, len(devices)), c_min)
+    the FLOPs per rank; recomputation adds one forward to T_b. Where the cluster's layer table
+    covers the case (:func:`compute.measured_times`) T_f and T_b are its measured times, TP
+    collectives included, and Comm-TP-Fwd is 0; otherwise compute is
+    :func:`compute.layer_compute_s` (roofline or FLOPs / efficiency) plus eq. 1's TP term."""
+    measured = C.measured_times(cluster, workload, "layer", devices, mb, recompute)
+    if measured is not None:
+        return measured[0], measured[1], measured[0], 0.0
+    comp_f, comp_b = C.layer_compute_s(cluster, workload, devices, mb)
     tp_f = cm.comm_tp(devices, activation_message_bytes(workload, mb), cluster.bandwidth, cluster.latency)
-    return cm.layer_time_fwd(comp_f, tp_f), cm.layer_time_bwd(comp_f, tp_f, recompute), comp_f, tp_f
+    return cm.layer_time_fwd(comp_f, tp_f), C.layer_backward_s(comp_f, comp_b, tp_f, recompute), comp_f, tp_f
 
 
 def activation_message_bytes(workload: Workload, mb: int) -> float:
@@ -162,18 +169,30 @@ def activation_message_bytes(workload: Workload, mb: int) -> float:
 def stage_extra_times(cluster: Cluster, workload: Workload, devices: tuple[int, ...] | list[int], mb: int,
                       first: bool, last: bool) -> tuple[float, float]:
     """(compute, communication) per micro-batch a stage adds to its layers: on the last stage the
-    vocabulary-parallel LM head and loss (:func:`cost_model.vocab_parallel_head`), on the first the
-    vocabulary-parallel embedding's all-reduce (:func:`cost_model.vocab_parallel_embedding`)."""
+    vocabulary-parallel LM head and loss (:func:`cost_model.vocab_parallel_head`'s communication,
+    :func:`compute.head_compute_s`), on the first the vocabulary-parallel embedding's all-reduce
+    (:func:`cost_model.vocab_parallel_embedding`; its lookup priced by the roofline only). A part
+    the cluster's layer table covers (:func:`compute.measured_times`) is its measured forward +
+    backward, counted as compute (its TP collectives inside)."""
     model = workload.model
     comp = comm = 0.0
     if last:
-        c_min = min(cluster.devices[d].flops for d in devices)
-        comp, comm = cm.vocab_parallel_head(model.head_forward_flops(mb), model.max_vocab_fraction(len(devices)),
-                                            c_min, devices, mb * model.seq_len, model.hidden_size,
-                                            workload.dtype_bytes, cluster.bandwidth, cluster.latency)
+        measured = C.measured_times(cluster, workload, "head", devices, mb)
+        if measured is not None:
+            comp = measured[0] + measured[1]
+        else:
+            comp = C.head_compute_s(cluster, workload, devices, mb)
+            comm = cm.vocab_parallel_head(model.head_forward_flops(mb), model.max_vocab_fraction(len(devices)),
+                                          1.0, devices, mb * model.seq_len, model.hidden_size,
+                                          workload.dtype_bytes, cluster.bandwidth, cluster.latency)[1]
     if first:
-        comm += cm.vocab_parallel_embedding(devices, activation_message_bytes(workload, mb), cluster.bandwidth,
-                                            cluster.latency)
+        measured = C.measured_times(cluster, workload, "embedding", devices, mb)
+        if measured is not None:
+            comp += measured[0] + measured[1]
+        else:
+            comp += C.embedding_compute_s(cluster, workload, devices, mb)
+            comm += cm.vocab_parallel_embedding(devices, activation_message_bytes(workload, mb), cluster.bandwidth,
+                                                cluster.latency)
     return comp, comm
 
 
@@ -331,25 +350,30 @@ def dp_edge_all(plan: Plan, cluster: Cluster, workload: Workload) -> dict[tuple[
 _NO_EDGES = (0.0, 0.0, 0.0)
 
 
-def dp_edge_exposed(times: tuple[float, float, float], backward_s: float) -> tuple[float, float]:
+def dp_edge_exposed(times: tuple[float, float, float], backward_s: float, sharding: str = "ddp") -> tuple[float, float]:
     """(total, exposed) of :func:`dp_edge_times`: the embedding's gradient is final only at the end
     of the backward (fully exposed), the head's sync overlaps the stage's last backward
-    ``backward_s``, the norms' broadcast follows the sync."""
+    ``backward_s`` as far as the runtime starts it there (:func:`zero_terms.zero_head_exposed`),
+    the norms' broadcast follows the sync."""
     t_emb, t_head, t_norms = times
-    return t_emb + t_head + t_norms, t_emb + max(0.0, t_head - backward_s) + t_norms
+    return t_emb + t_head + t_norms, t_emb + Z.zero_head_exposed(t_head, backward_s, sharding) + t_norms
 
 
 def layer_step(t_f: float, t_b: float, t_comm: float, sharding: str,
                theta: tuple[float, float, float, float]) -> tuple[float, float]:
-    """(time per micro-batch, exposed data-parallel time per iteration) of one layer (eq. 5):
-    ZeRO-3 overlaps every forward and backward with its gathers (theta_3f*max(T_f, T_comm) +
-    theta_3b*max(T_b, T_comm)); DDP and ZeRO-2 run T_f + T_b; the exposed part is
-    :func:`cost_model.dp_exposed_layer`. Both are non-decreasing in ``t_comm``."""
+    """(time per micro-batch, exposed data-parallel time per iteration) of one layer (eq. 5, as the
+    runtime runs it: :mod:`.zero_terms`): ZeRO-3 overlaps every forward and backward with its
+    gathers (theta_3f*max(T_f, T_comm) + theta_3b*max(T_b, T_comm)) and stalls for the uses it
+    serves (:func:`zero_terms.zero3_serve_layer`), then reduce-scatters after the backward
+    (:func:`zero_terms.zero3_exposed_layer`); DDP and ZeRO-2 run T_f + T_b, DDP's exposed part is
+    :func:`cost_model.dp_exposed_layer`, ZeRO-2's :func:`zero_terms.zero2_exposed_layer` (its
+    all-gather follows the optimizer step). Both are non-decreasing in ``t_comm``."""
     if sharding == "zero3":
-        step = theta[2] * max(t_f, t_comm) + theta[3] * max(t_b, t_comm)
-    else:
-        step = t_f + t_b
-    return step, cm.dp_exposed_layer(t_b, t_comm, sharding, theta)
+        step = theta[2] * max(t_f, t_comm) + theta[3] * max(t_b, t_comm) + Z.zero3_serve_layer(t_comm)
+        return step, Z.zero3_exposed_layer(t_comm)
+    if sharding == "zero2":
+        return t_f + t_b, Z.zero2_exposed_layer(t_b, t_comm, theta[1])
+    return t_f + t_b, cm.dp_exposed_layer(t_b, t_comm, sharding, theta)
 
 
 def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
@@ -361,7 +385,6 @@ def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
     edges = dp_edge_all(plan, cluster, workload)
     pipes: list[PipelineEstimate] = []
     ooms: list[OutOfMemory] = []
-    n_comp = 4.0 if plan.recompute else 3.0
     n_tp = 2.0 + (cm.RECOMPUTE_TP_SHARE if plan.recompute else 0.0)
     # the communicators each stage's ranks join (only priced on CUDA)
     comms = stage_communicators(plan, model) if workload.device == "cuda" and workload.comm_buffer_bytes else {}
@@ -376,14 +399,15 @@ def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
             head_comp, head_comm = stage_extra_times(cluster, workload, st.devices, mb, j == 0, j == n_st - 1)
             hop = (hop_time(cluster, workload, st.devices, pipe.stages[j + 1].devices, mb, caps.get((i, j), ()))
                    if j + 1 < n_st else 0.0)
-            dp_comm, tail = dp_edge_exposed(edges.get((i, j), _NO_EDGES), l * t_b)
+            dp_comm, tail = dp_edge_exposed(edges.get((i, j), _NO_EDGES), l * t_b, plan.dp_sharding)
             stage_mb = 0.0
             for (n_layers, t_red), (_, t_par) in zip(dp_red[(i, j)], dp_par[(i, j)]):
                 t_comm = dp_t_comm(plan.dp_sharding, t_red, t_par)
                 step, exposed = layer_step(t_f, t_b, t_comm, plan.dp_sharding, theta)
                 stage_mb += n_layers * step
                 tail += n_layers * exposed
-                dp_comm += n_layers * (2 * n_mb + 1 if plan.dp_sharding == "zero3" else 2) * t_comm
+                # ZeRO-3: a gather per use (2 n_mb), the uses served (2 n_mb), the reduce-scatter
+                dp_comm += n_layers * (4 * n_mb + 1 if plan.dp_sharding == "zero3" else 2) * t_comm
             stage_mb += head_comp + head_comm
             per_mb.append(stage_mb)
             hops.append(hop)
@@ -396,7 +420,7 @@ def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
                 if peak > usable:
                     ooms.append(OutOfMemory(d, cluster.devices[d].gpu_type, peak, usable))
             rows.append(dict(devices=list(st.devices), tp=st.tp, layers=list(st.layers),
-                             compute_s=n_mb * (l * n_comp * comp_f + head_comp),
+                             compute_s=n_mb * (l * (t_f + t_b - n_tp * tp_f) + head_comp),
                              tp_comm_s=n_mb * (l * n_tp * tp_f + head_comm),
                              pp_comm_s=0.0, dp_comm_s=float(dp_comm), dp_exposed_s=float(tail),
                              time_per_micro_batch_s=stage_mb, peak_memory_bytes=peak, memory_capacity_bytes=cap))

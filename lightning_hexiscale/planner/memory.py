@@ -10,10 +10,13 @@ the per-term formulas are named functions of :mod:`.cost_model`, measured on the
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from lightning_hexiscale.config.buffers import BUCKET_CAP_BYTES
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner import cost_model as cm
 from lightning_hexiscale.planner.communicators import communicators_lower_bound
@@ -82,7 +85,8 @@ def stage_memory_at(workload: Workload, sharding: str, num_pipelines: int, recom
       step and appear as the first backward frees what it consumed);
     - gradient sync: DDP's bucket copies of every synchronised gradient, ZeRO's two buckets in
       flight (:func:`cost_model.ddp_bucket_bytes`, :func:`cost_model.zero_window_bytes`; a bucket
-      is at most the cap and one block, and mixed precision concatenates it in P before the cast);
+      is the cap or one whole segment when that is larger, within one unit: :func:`bucket_elements`;
+      mixed precision concatenates it in P before the cast);
     - optimizer step: Adam's temporaries (:func:`cost_model.optimizer_temp_bytes`): one float32
       state per parameter stepped at once (all of them with the multi-tensor step on CUDA, one
       bucket under ZeRO, the largest parameter with the CPU's single-tensor step).
@@ -114,9 +118,10 @@ def stage_memory_at(workload: Workload, sharding: str, num_pipelines: int, recom
         spp = cm.runtime_state_bytes_per_param(sharding, P, bt, K, phase, recompute, pb)
         return common + extra_params * spp, layer_local * spp
 
-    # gradient-sync / ZeRO buckets: at most the cap (in parameter elements) and one unit (a block),
-    # sent in the reduce / wire dtype B; mixed precision first concatenates a bucket in P, then casts
-    bucket = min(_BUCKET_CAP_BYTES / pb, layer_local)
+    # gradient-sync / ZeRO buckets: the cap (in parameter elements) or one whole segment when that
+    # is larger, never more than its unit; sent in the reduce / wire dtype B; mixed precision first
+    # concatenates a bucket in P, then casts
+    bucket = bucket_elements(_BUCKET_CAP_BYTES, pb, stage_bucket_units(model, tp, first, last))
     window = cm.zero_window_bytes(bucket * bt) + (bucket * pb if mixed else 0.0)
     phases = []
     # backward: stored activations, the working set of the layer in its backward, the logits, and
@@ -186,8 +191,46 @@ def stage_memory_at(workload: Workload, sharding: str, num_pipelines: int, recom
     return MemoryTerms(tuple(phases))
 
 
-_BUCKET_CAP_BYTES = 4 * 2**20
-"""The runtime's gradient-sync and ZeRO bucket size (``runtime.grad_sync.DEFAULT_BUCKET_CAP_BYTES``)."""
+_BUCKET_CAP_BYTES = BUCKET_CAP_BYTES
+"""The runtime's gradient-sync and ZeRO bucket cap (:data:`lightning_hexiscale.config.buffers.BUCKET_CAP_BYTES`,
+which ``runtime/grad_sync.py`` packs by)."""
+
+
+def bucket_elements(cap_bytes: float, param_bytes: float, units: Iterable[tuple[float, float]]) -> float:
+    """Elements of the largest bucket a stage packs for its gradient sync or ZeRO collectives:
+
+        max_u  min( n_u, max(cap / P, s_u) )
+
+    over the stage's units u (a transformer block, the embedding, the final norm + LM head) with
+    n_u the unit's local elements and s_u its largest segment (``units`` = [(n_u, s_u), ...]),
+    cap in bytes and P = ``param_bytes`` per element. The runtime packs a unit's segments into
+    buckets of at most the cap, but a bucket holds at least one whole segment
+    (``runtime/grad_sync.GradSynchronizer._pack``, ``runtime/zero_layout.build_buckets``), so a
+    segment larger than the cap is a bucket of its own size (an 8B layer's 4096 x 14336 MLP shard:
+    58.7 M elements, 235 MB in float32, against the 4 MiB cap); and no bucket spans two units.
+    Elements (multiply by the dtype's bytes)."""
+    cap = cap_bytes / param_bytes
+    return max((min(n, max(cap, s)) for n, s in units), default=0.0)
+
+
+@functools.lru_cache(maxsize=4096)
+def stage_bucket_units(model: LlamaConfig, tp: int, first: bool, last: bool) -> tuple[tuple[float, float], ...]:
+    """(local elements, largest segment) of each bucket unit on a rank of a TP-``tp`` stage
+    (:func:`bucket_elements`): a block's matrices (their largest shard H x max(query rows, FFN
+    columns) of this rank is the segment when every pipeline splits the layer alike; unequal TP
+    degrees cut smaller ones; the norms are buckets of their own), the embedding's V/t rows on a
+    first stage, the untied LM head's V/t rows and the final norm on a last stage."""
+    H = model.hidden_size
+    kv = max(e - s for s, e in model.kv_head_split(tp))
+    ffn = max(e - s for s, e in model.ffn_split(tp))
+    widest = H * max(kv * model.heads_per_kv * model.head_dim, ffn)
+    units = [(model.layer_matmul_params * _shard_fraction(model, tp), float(widest))]
+    rows = model.vocab_size * model.max_vocab_fraction(tp) * H
+    if first:
+        units.append((rows, rows))
+    if last and not model.tie_word_embeddings:
+        units.append((rows + H, rows))
+    return tuple(units)
 
 
 def usable_memory(workload: Workload, capacity_bytes: float) -> float:

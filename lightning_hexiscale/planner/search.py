@@ -47,6 +47,7 @@ Where it goes beyond §4, and why (each measured against the true optimum of
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import itertools
 import math
@@ -59,6 +60,7 @@ from tqdm.auto import tqdm
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError, InfeasiblePlan
 from lightning_hexiscale.planner import refine
+from lightning_hexiscale.planner.compute import effective_cluster, warn_datasheet_pricing
 from lightning_hexiscale.planner.assemble import (DP_OPTIONS, SMALL_CLUSTER, DraftContext, Evaluator, batch_micro_sizes,
                                                   chain_draft, micro_batch_candidates, minimum_memory_message)
 from lightning_hexiscale.planner.batching import BatchTimer, layout_key, layout_plan
@@ -93,12 +95,6 @@ class _Search:
         self.rng = np.random.default_rng(s.seed)
         self.mbs = micro_batch_candidates(global_batch, s.micro_batch_size, cluster.num_devices)
         self.shardings = (s.dp_sharding,) if s.dp_sharding else DP_OPTIONS
-        cal = cluster.calibration
-        self.skip_ddp = not s.dp_sharding and cal.theta_zero2 <= cal.theta_ddp
-        """ZeRO-2 prices data parallelism like DDP (Appendix B eq. 5, theta_2 <= theta_1) and, with
-        two or more pipelines, needs no more memory in any phase (estimate.stage_memory_at): DDP
-        cannot be strictly better there, so it is tried only for one pipeline (where ZeRO-2 shards
-        nothing but still keeps its flat buffers)."""
         max_dp = min(cluster.num_devices, global_batch // min(self.mbs))
         if s.max_pipelines:
             max_dp = min(max_dp, s.max_pipelines)
@@ -233,10 +229,14 @@ class _Search:
         """
         P = len(groups_per_pipe)
         best: tuple[float, Plan | None] = (math.inf, None)
+        large = self.cluster.num_devices > 64
+        hopeless = False
         for sharding in self.shardings_for(P):
-            if self.cluster.num_devices > 64 and sharding == "zero3" and best[1] is not None:
-                # large clusters: ZeRO-3 only when ZeRO-2 fits nothing (its gathers overlap
-                # compute at theta_3 >= 1 at best; it is there for memory), to bound the time
+            if large and sharding == "zero3" and (best[1] is not None or hopeless):
+                # large clusters: ZeRO-3 only when neither ZeRO-2 nor DDP fits anything (its
+                # gathers overlap compute at theta_3 >= 1 at best and it serves its partners'
+                # uses; it is there for memory), nor when the pipelines alone were hopeless
+                # (ZeRO-3 only adds to their time), to bound the search time
                 continue
             layouts: dict[tuple, Plan] = {}
             for mb in self.draft_mbs(P):
@@ -245,6 +245,7 @@ class _Search:
                 if any(d is None for d in drafts):
                     continue
                 if self.cluster.num_devices > 64 and _local_time(drafts, self.gb // mb) > _PRUNE * self.best[0]:
+                    hopeless = True
                     continue  # large clusters: hopeless even without data parallelism; not scored
                 variants = [drafts]
                 if P > 1 and self.cluster.num_devices <= 64:  # layers split for their DP links too
@@ -254,6 +255,12 @@ class _Search:
                     layout = layout_plan([list(d.stages) for d in ds], [d.layers for d in ds], sharding,
                                          self.s.schedule, self.s.recompute, self.L)
                     layouts.setdefault(layout_key(layout), layout)
+                    if large and sharding == "zero2" and "ddp" in self.shardings:
+                        # large clusters draft for ZeRO-2's memory only and score each layout under
+                        # DDP too (which fits where its larger states do): DDP's own drafts would
+                        # double the drafting; ZeRO-2 costs DDP's time plus its post-step all-gather
+                        ddp = dataclasses.replace(layout, dp_sharding="ddp")
+                        layouts.setdefault(layout_key(ddp), ddp)
             for layout in layouts.values():
                 cost, plan = self.timer.best(layout, self.meta())
                 if plan is not None:
@@ -265,7 +272,10 @@ class _Search:
         return best[0], best[1], self.timer.breakdown(best[1])
 
     def shardings_for(self, num_pipelines: int) -> tuple[str, ...]:
-        if self.skip_ddp and num_pipelines > 1:
+        """The dp shardings to draft layouts for: every one of the settings (none dominates: ZeRO-2
+        needs less memory than DDP but exposes its post-step all-gather, planner/zero_terms.py);
+        beyond 64 devices DDP's layouts come from ZeRO-2's drafts (:meth:`evaluate`)."""
+        if self.cluster.num_devices > 64 and "zero2" in self.shardings and num_pipelines > 1:
             return tuple(sh for sh in self.shardings if sh != "ddp")
         return self.shardings
 
@@ -550,6 +560,8 @@ def search(cluster: Cluster, workload: Workload, global_batch: int,
     s = settings or SearchSettings()
     if global_batch < 1:
         raise ConfigError("train.global_batch", global_batch, "must be a positive integer", "use e.g. 32")
+    warn_datasheet_pricing(cluster, workload)  # once per process: CUDA types priced from datasheets
+    cluster = effective_cluster(cluster, workload)  # the heuristics' device speeds follow the roofline
     # the search allocates millions of small tuples that live as long as its caches: a rarer
     # young-generation collection saves ~5% of the time on large clusters (restored afterwards)
     threshold = gc.get_threshold()

@@ -46,6 +46,9 @@ class Workload:
     """The runtime's speed switches (all auto by default, as the runtime's default); the memory
     terms price the ones that move memory (main grads, the chunked loss, the cast-once, fused
     AdamW), resolved for ``device``."""
+    allow_tf32: bool = False
+    """fp32 matmuls on CUDA use TF32 tensor cores (``torch.backends.cuda.matmul.allow_tf32``). The
+    runtime leaves torch's default (off), so ``32-true`` is priced at the FP32 rate."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.memory_headroom < 1.0:

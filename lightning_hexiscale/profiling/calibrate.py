@@ -88,15 +88,19 @@ def fit_sync_latency(predict: Callable[[float], float], measured_s: float, hi: f
 
 
 def with_calibration(cluster: Cluster, efficiency: dict[str, float] | None = None,
-                     calibration: Calibration | None = None, sync_latency_s: float = 0.0) -> Cluster:
-    """A copy of ``cluster`` whose device FLOP/s are peak x the given efficiency per type, whose theta
-    constants are ``calibration`` (unchanged where not given) and whose off-diagonal latencies are
-    raised by ``sync_latency_s``."""
+                     calibration: Calibration | None = None, sync_latency_s: float = 0.0,
+                     layer_tables: tuple | None = None) -> Cluster:
+    """A copy of ``cluster`` whose device FLOP/s are peak x the given efficiency per type (which
+    then counts as calibrated: FLOPs / efficiency, not the roofline), whose theta constants are
+    ``calibration`` (unchanged where not given), whose off-diagonal latencies are raised by
+    ``sync_latency_s`` and whose layer tables are ``layer_tables`` (unchanged when None)."""
     eff = efficiency or {}
-    devices = [replace(d, flops=d.peak_flops * eff[d.gpu_type]) if d.gpu_type in eff else d for d in cluster.devices]
+    devices = [replace(d, flops=d.peak_flops * eff[d.gpu_type], efficiency=eff[d.gpu_type]) if d.gpu_type in eff else d
+               for d in cluster.devices]
     latency = cluster.latency + sync_latency_s * (1.0 - np.eye(cluster.num_devices))
     return Cluster(cluster.name, devices, list(cluster.machines), cluster.bandwidth.copy(), latency,
-                   calibration or cluster.calibration, cluster.description, cluster.nics)
+                   calibration or cluster.calibration, cluster.description, cluster.nics,
+                   cluster.layer_tables if layer_tables is None else tuple(layer_tables))
 
 
 def current_efficiency(cluster: Cluster) -> dict[str, float]:
@@ -184,6 +188,8 @@ class CalibrationResult:
     dp_measured_s: float
     dp_predicted_s: tuple[float, float]
     """Pure-DP estimate (fitted efficiency, delta 0, theta 1) and after the full fit."""
+    layer_tables: tuple = ()
+    """Layer times measured with ``--layer-times`` (written into the cluster file)."""
 
     def summary(self) -> str:
         lines = ["efficiency per device type: " + ", ".join(f"{t} {e:.4f}" for t, e in self.efficiency.items())]
@@ -197,7 +203,8 @@ class CalibrationResult:
 
 
 def _calibrate_rank(rank: int, world: int, config: LlamaConfig, micro_batch: int, num_micro_batches: int,
-                    recompute: bool, steps: int, warmup: int, precision: str | None = None):
+                    recompute: bool, steps: int, warmup: int, precision: str | None = None,
+                    layer_opts: dict | None = None):
     from lightning_hexiscale.profiling.check import measure_plan_rank
 
     compute = measure_compute_rank(rank, world, config, micro_batch, num_micro_batches, recompute, steps, warmup,
@@ -208,7 +215,12 @@ def _calibrate_rank(rank: int, world: int, config: LlamaConfig, micro_batch: int
     dp = measure_plan_rank(rank, world, dp_plan.to_dict(), config, steps, warmup, precision)
     everything: list = [None] * world
     dist.all_gather_object(everything, (compute, tp, dp))
-    return everything if rank == 0 else None
+    tables = ()
+    if layer_opts is not None:  # the cluster's own device types and machines (device id = rank)
+        from lightning_hexiscale.profiling.layer_times import measure_layer_tables
+
+        tables = measure_layer_tables(config, precision=precision, **layer_opts)
+    return (everything, tables) if rank == 0 else None
 
 
 @dataclass(frozen=True)
@@ -221,34 +233,42 @@ class CalibrationSteps:
     """Per timed step of the TP-pairs plan: the slowest rank's step time (empty for one rank)."""
     dp_steps_s: list[float]
     """Per timed pure-DP step: the slowest rank's step time."""
+    layer_tables: tuple = ()
+    """Measured layer times (``--layer-times``), one :class:`~lightning_hexiscale.config.layer_table.LayerTable` per type."""
 
     def merged(self, other: CalibrationSteps) -> CalibrationSteps:
         """Both launches' steps together (so the fastest / median is over all of them)."""
         return CalibrationSteps([a + b for a, b in zip(self.compute_s, other.compute_s)],
-                                self.tp_steps_s + other.tp_steps_s, self.dp_steps_s + other.dp_steps_s)
+                                self.tp_steps_s + other.tp_steps_s, self.dp_steps_s + other.dp_steps_s,
+                                other.layer_tables or self.layer_tables)
 
 
 def measure_calibration(world: int, config: LlamaConfig, micro_batch: int = 2, num_micro_batches: int = 2,
                         recompute: bool = False, steps: int = 5, warmup: int = 1, local: int | None = None,
-                        timeout_s: float = 900.0, precision: str = "32-true") -> CalibrationSteps | None:
+                        timeout_s: float = 900.0, precision: str = "32-true",
+                        layer_opts: dict | None = None) -> CalibrationSteps | None:
     """Run both calibration measurements on ``local`` forked ranks (or the launcher's ranks, when
-    ``local`` is None); the steps on rank 0 / local, None on the other ranks."""
+    ``local`` is None), and with ``layer_opts`` (keyword arguments of
+    :func:`~lightning_hexiscale.profiling.layer_times.measure_layer_tables`) the layer times too;
+    the steps on rank 0 / local, None on the other ranks."""
     from lightning_hexiscale.profiling.check import PlanMeasurement
     from lightning_hexiscale.profiling.launch import run_from_env, run_local
 
-    args = (config, micro_batch, num_micro_batches, recompute, steps, warmup, precision)
+    args = (config, micro_batch, num_micro_batches, recompute, steps, warmup, precision, layer_opts)
     if local is not None:
         if local != world:
             from lightning_hexiscale.errors import ConfigError
 
             raise ConfigError("--local", local, f"the cluster has {world} devices, one per rank", f"use --local {world}")
-        per_rank = run_local(local, _calibrate_rank, *args, timeout_s=timeout_s)[0]
+        got = run_local(local, _calibrate_rank, *args, timeout_s=timeout_s)[0]
     else:
-        per_rank = run_from_env(_calibrate_rank, *args, timeout_s=timeout_s)
-        if per_rank is None:
+        got = run_from_env(_calibrate_rank, *args, timeout_s=timeout_s)
+        if got is None:
             return None
+    per_rank, tables = got
     tp = PlanMeasurement.from_ranks([t for _, t, _ in per_rank]).steps_s if world > 1 else []
-    return CalibrationSteps([c for c, _, _ in per_rank], tp, PlanMeasurement.from_ranks([d for _, _, d in per_rank]).steps_s)
+    return CalibrationSteps([c for c, _, _ in per_rank], tp, PlanMeasurement.from_ranks([d for _, _, d in per_rank]).steps_s,
+                            tuple(tables or ()))
 
 
 def fit_calibration(cluster: Cluster, config: LlamaConfig, measured: CalibrationSteps, micro_batch: int = 2,
@@ -267,8 +287,11 @@ def fit_calibration(cluster: Cluster, config: LlamaConfig, measured: Calibration
     one = single_device_plan(config, micro_batch, num_micro_batches, recompute)
     base = Calibration(**{**cluster.calibration.__dict__, "theta_ddp": 1.0})
     # theta 1 for the compute-only plan: the estimate applies theta_ddp to the last backward even
-    # of a single pipeline (eq. 5 read literally), but a rank training alone overlaps nothing.
-    plain = with_calibration(cluster, calibration=base)
+    # of a single pipeline (eq. 5 read literally), but a rank training alone overlaps nothing. The
+    # efficiency is a factor of the FLOPs / efficiency path: fitted on it (no layer table, the
+    # current efficiency set so that no roofline applies), whatever prices the case afterwards.
+    plain = with_calibration(cluster, current_efficiency(cluster), calibration=base, layer_tables=())
+    tables = measured.layer_tables or cluster.layer_tables
     pred = [estimate(one, plain.subset([r]), workload).iteration_time_s for r in range(world)]
     types = [d.gpu_type for d in cluster.devices]
     eff = fit_efficiency(types, pred, compute_meas, current_efficiency(cluster))
@@ -276,7 +299,7 @@ def fit_calibration(cluster: Cluster, config: LlamaConfig, measured: Calibration
     tp_plan = tp_pairs_plan(world, config, micro_batch, num_micro_batches, recompute)
 
     def predict(plan: Plan, delta: float, theta: float) -> float:
-        c = with_calibration(cluster, eff, replace(base, theta_ddp=theta), delta)
+        c = with_calibration(cluster, eff, replace(base, theta_ddp=theta), delta, layer_tables=tables)
         return estimate(plan, c, workload).iteration_time_s
 
     dp_s = reduce(measured.dp_steps_s)
@@ -290,16 +313,21 @@ def fit_calibration(cluster: Cluster, config: LlamaConfig, measured: Calibration
     else:
         tp_s, tp_pred = float("nan"), (float("nan"), float("nan"))
     return CalibrationResult(eff, delta, theta, compute_meas, pred, tp_s, tp_pred, dp_s,
-                             (predict(dp_plan, 0.0, 1.0), predict(dp_plan, delta, theta)))
+                             (predict(dp_plan, 0.0, 1.0), predict(dp_plan, delta, theta)), tuple(measured.layer_tables))
 
 
 def calibrate(cluster: Cluster, config: LlamaConfig, micro_batch: int = 2, num_micro_batches: int = 2,
               recompute: bool = False, steps: int = 5, warmup: int = 1, local: int | None = None,
-              timeout_s: float = 900.0, stat: str = "min", precision: str = "32-true") -> CalibrationResult | None:
+              timeout_s: float = 900.0, stat: str = "min", precision: str = "32-true",
+              layer_opts: dict | None = None) -> CalibrationResult | None:
     """Measure (:func:`measure_calibration`) and fit (:func:`fit_calibration`) in ``precision``; None on
-    ranks > 0."""
+    ranks > 0. With ``layer_opts`` the layer times are measured on the cluster's device types and
+    machines (device id = rank) and the fit prices with them."""
+    if layer_opts is not None:
+        layer_opts = {"types": [d.gpu_type for d in cluster.devices],
+                      "machines": [list(m.devices) for m in cluster.machines], **layer_opts}
     measured = measure_calibration(cluster.num_devices, config, micro_batch, num_micro_batches, recompute, steps,
-                                   warmup, local, timeout_s, precision)
+                                   warmup, local, timeout_s, precision, layer_opts)
     if measured is None:
         return None
     return fit_calibration(cluster, config, measured, micro_batch, num_micro_batches, recompute, stat, precision)

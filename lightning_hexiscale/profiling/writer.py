@@ -61,6 +61,9 @@ class ProfileResult:
     """Human-readable caveats written as comments into the YAML (e.g. how memory was derived)."""
     nics: dict[str, NicFit] = field(default_factory=dict)
     """Per host name: its concurrent-transfer measurement (hosts with several ranks and other hosts)."""
+    layer_tables: tuple = ()
+    """Measured layer times (:class:`~lightning_hexiscale.config.layer_table.LayerTable`, one per
+    device type), written as the cluster's ``layer_times`` (``hexiscale profile --model``)."""
 
     @property
     def world_size(self) -> int:
@@ -159,6 +162,8 @@ def cluster_document(p: ProfileResult, name: str, matrix_path: str,
            "matrix_file": matrix_path}
     if calibration:
         doc["calibration"] = {k: float(v) for k, v in calibration.items()}
+    if p.layer_tables:
+        doc["layer_times"] = [t.to_config() for t in p.layer_tables]
     return doc
 
 
@@ -232,6 +237,27 @@ def update_calibration(path: str | Path, calibration: dict[str, float], efficien
         _atomic_write(mpath, yaml.safe_dump(mdoc, sort_keys=False, width=1 << 16))
         notes.append(f"sync latency {sync_latency_s * 1e6:.0f} us added to every alpha in {mpath.name}")
     stamp = f"# Calibrated {datetime.datetime.now().isoformat(timespec='seconds')}: " + ", ".join(notes)
+    _atomic_write(path, "\n".join(header + [stamp]) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=1 << 16))
+
+
+def update_layer_tables(path: str | Path, tables) -> None:
+    """Write measured layer tables into the cluster YAML at ``path`` (``layer_times``), replacing
+    any entry of the same device type, precision and model shape, keeping every other field and
+    the header comments."""
+    path = Path(path)
+    text = path.read_text()
+    header = [ln for ln in text.splitlines() if ln.startswith("#")]
+    doc = yaml.safe_load(text)
+    new = [t.to_config() for t in tables]
+
+    def ident(e: dict) -> tuple:
+        shape = {k: v for k, v in (e.get("model") or {}).items() if k != "name"}
+        return e.get("gpu"), e.get("precision"), tuple(sorted(shape.items()))
+
+    replaced = {ident(e) for e in new}
+    doc["layer_times"] = [e for e in (doc.get("layer_times") or []) if ident(e) not in replaced] + new
+    stamp = (f"# Layer times measured {datetime.datetime.now().isoformat(timespec='seconds')}: "
+             + ", ".join(f"{t.gpu} {t.precision} {t.model_name or 'model'} ({len(t.rows)} rows)" for t in tables))
     _atomic_write(path, "\n".join(header + [stamp]) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=1 << 16))
 
 

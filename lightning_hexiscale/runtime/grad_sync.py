@@ -32,14 +32,14 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from lightning_hexiscale.config.buffers import BUCKET_CAP_BYTES
 from lightning_hexiscale.runtime.parallelize import StageModule, param_specs
 from lightning_hexiscale.runtime.topology import Topology, sync_segments
 from lightning_hexiscale.runtime.zero_layout import unit_of
 
-DEFAULT_BUCKET_CAP_BYTES = 4 * 2**20
-"""4 MiB. Smaller than DDP's 25 MiB so that several buckets overlap with the last backward even for
-small stages; a gloo all-reduce costs ~0.14 ms of latency against ~18 ms per 4 MB on 8 ranks
-(NOTES), so the extra collectives cost little."""
+DEFAULT_BUCKET_CAP_BYTES = BUCKET_CAP_BYTES
+"""4 MiB (:data:`lightning_hexiscale.config.buffers.BUCKET_CAP_BYTES`, the figure the planner's
+memory terms price too)."""
 
 
 def squared_norm(tensors, device: torch.device | str | None = None) -> torch.Tensor:

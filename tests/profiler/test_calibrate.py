@@ -154,6 +154,29 @@ def test_fit_calibration_on_synthetic_steps(tmp_path):
     assert "sync latency" in res.summary()
 
 
+def test_efficiency_is_fitted_on_the_flops_path_whatever_prices_the_case(tmp_path):
+    """With measured layer times in the steps (``calibrate --layer-times``) the efficiency is still
+    the FLOPs path's factor, fitted without the table (the same 0.3 as without one), while the rest
+    of the fit prices with the table."""
+    from lightning_hexiscale.config.layer_table import LayerTable, LayerTimeRow, ModelShape
+
+    c = two_type_cluster(tmp_path).subset([0, 1])
+    truth = with_calibration(c, {"FAST": 0.3}, Calibration(theta_ddp=1.6), 0.8e-3)
+    w = cpu_workload(MODEL)
+    alone = with_calibration(truth, calibration=Calibration())
+    one = estimate(single_device_plan(MODEL, 2, 3, False), alone.subset([0]), w).iteration_time_s
+    tp = estimate(tp_pairs_plan(2, MODEL, 2, 3, False), truth, w).iteration_time_s
+    dp = estimate(pure_dp_plan(2, MODEL, 2, 3, False), truth, w).iteration_time_s
+    table = LayerTable("FAST", "32-true", ModelShape.of(MODEL), (LayerTimeRow("layer", 1, 2, 1e-4, 2e-4),
+                                                                  LayerTimeRow("layer", 2, 2, 0.6e-4, 1.2e-4)))
+    steps = CalibrationSteps([[one], [one]], [tp], [dp], (table,))
+    res = fit_calibration(c, MODEL, steps, 2, 3, False, stat="min")
+    assert res.efficiency["FAST"] == pytest.approx(0.3, rel=1e-6) and res.layer_tables == (table,)
+    # the TP and DP plans were priced with the table: layer times far below the FLOPs figures
+    assert res.tp_predicted_s[0] < estimate(tp_pairs_plan(2, MODEL, 2, 3, False), with_calibration(c, {"FAST": 0.3}), w
+                                            ).iteration_time_s
+
+
 def test_sync_latency_is_written_to_the_matrix_and_replaced_on_recalibration(tmp_path):
     path = tmp_path / "c.yaml"
     two_type_cluster(tmp_path)

@@ -245,3 +245,17 @@ def test_main_wiring_table_json_and_exit_status(monkeypatch, tmp_path, capsys):
     assert len(nccl) == 8 and all(r["result"] == "SKIP" for r in nccl)
     text = capsys.readouterr().out
     assert "1 of 17 rows failed: memory True" in text and "8 skipped" in text
+
+
+def test_engine_memory_verdict_is_one_sided_against_reserved_memory(monkeypatch):
+    """What runs out is the memory the caching allocator reserves: a reserved peak above the estimate
+    by more than MEMORY_TOL fails; one below it by any margin passes (the old two-sided check failed
+    an estimate 30 % above the measured peak)."""
+    _recipe(monkeypatch)
+    import gpu_checks
+
+    est = 10 * 2**30
+    assert gpu_checks.memory_verdict(0.7 * est, est) == (True, pytest.approx(-0.3))
+    assert gpu_checks.memory_verdict(1.1 * est, est)[0]
+    assert not gpu_checks.memory_verdict(1.2 * est, est)[0]
+    assert gpu_checks.memory_verdict((1 + gpu_checks.MEMORY_TOL) * est, est)[0]
