@@ -45,6 +45,8 @@ import torch.distributed as dist
 from lightning.fabric.plugins.environments import ClusterEnvironment
 
 from lightning_hexiscale.errors import ConfigError
+from lightning_hexiscale.lightning import internals
+from lightning_hexiscale.lightning.launching import IdleRankExit, _portable, mark_agreed
 from lightning_hexiscale.planner.plan import Plan
 
 REASONS_KEY = "idle_reasons"
@@ -54,12 +56,6 @@ REASON_KEY = "idle_reason"
 ACTIVE_PREFIX = "hexiscale/active"
 END_PREFIX = "hexiscale/idle"
 POLL_S = 0.2
-
-
-class IdleRankExit(BaseException):
-    """Raised by the strategy's setup on an idle rank; its launcher ends the Trainer call cleanly
-    (``internals.end_without_training``). A BaseException, like SystemExit: control flow that no
-    ``except Exception`` of user code should swallow."""
 
 
 @dataclass(frozen=True)
@@ -203,8 +199,6 @@ class JobEnd:
         self._published: set[tuple[int, str]] = set()
 
     def failed(self, exc: BaseException) -> None:
-        from lightning_hexiscale.lightning.launching import _portable
-
         if (self.call, "failed") in self._published:
             return
         self._published.add((self.call, "failed"))
@@ -284,8 +278,6 @@ class IdleRankMethods:
     def _share_logger_versions(self) -> None:
         """Global rank 0 created its loggers' experiments (a version directory) before the switch;
         training rank 0, which logs from now on, writes into the same ones."""
-        from lightning_hexiscale.lightning import internals
-
         trainer = self.lightning_module.trainer
         versions = self.broadcast(internals.logger_versions(trainer) if self.global_rank == 0 else None, 0)
         internals.adopt_logger_versions(trainer, versions)
@@ -300,8 +292,6 @@ class IdleRankMethods:
         if stays:
             err = self._job_end.wait()
             if err is not None:
-                from lightning_hexiscale.lightning.launching import mark_agreed
-
                 raise mark_agreed(err, list(layout.active_ranks))
         raise IdleRankExit(f"rank {layout.launch_rank} is idle")
 
@@ -319,6 +309,11 @@ class IdleRankMethods:
         call writes nothing there (the training ranks write the checkpoint)."""
         if not self.idle:
             super().save_checkpoint(checkpoint, filepath, storage_options)
+
+    def end_idle_call(self, trainer) -> None:
+        """The launcher caught :class:`IdleRankExit`: end the Trainer call as one with nothing to do."""
+        if trainer is not None:
+            internals.end_without_training(trainer)
 
     def note_failure(self, exc: BaseException) -> None:
         """A training rank's Trainer call failed: tell the idle rank that waits (LaunchGuard.stop)."""

@@ -276,14 +276,13 @@ class ProcessLauncher(_MultiProcessingLauncher):
                            global_states=None) -> None:
         from lightning.fabric.utilities.apply_func import move_data_to_device
 
-        from lightning_hexiscale.lightning.idle_ranks import IdleRankExit
-        from lightning_hexiscale.lightning.launching import end_idle_call
+        from lightning_hexiscale.lightning.launching import IdleRankExit
 
         self._collected = None
         try:
             super()._wrapping_function(process_idx, trainer, function, args, kwargs, return_queue, global_states)
         except IdleRankExit:  # an idle device: the call ends cleanly; the first training rank reports
-            end_idle_call(trainer)
+            end_without_training(trainer)
             return
         except BaseException as exc:  # noqa: BLE001 -- classified by the guard, re-raised when it is the cause
             report = self.guard.worker_report(exc, process_idx)

@@ -52,6 +52,12 @@ CHILD_ENV = "HEXISCALE_POPEN_CHILD"
 """Set in the environment of the processes the popen launcher starts (local ranks 1..n-1)."""
 
 
+class IdleRankExit(BaseException):
+    """Raised by the strategy's setup on a rank whose device the plan leaves idle
+    (:mod:`~lightning_hexiscale.lightning.idle_ranks`); its launcher ends the Trainer call cleanly. A
+    BaseException, like SystemExit: control flow that no ``except Exception`` of user code should swallow."""
+
+
 # ---- one error from many ranks --------------------------------------------------------------------
 def is_agreed(exc: BaseException) -> bool:
     """Raised on every rank after :func:`agree` (so rank 0 reports it for all)."""
@@ -111,8 +117,8 @@ def agree(fn: Callable[[], Any], rank: int, world_size: int) -> Any:
 # ---- the guard -------------------------------------------------------------------------------------
 class LaunchGuard:
     """The strategy's hooks in its launcher (see the module doc). ``strategy`` provides
-    ``check_before_launch(fn_name, arguments)``, ``failure_reason(exc)``, ``note_failure(exc)`` and
-    ``global_rank``."""
+    ``check_before_launch(fn_name, arguments)``, ``failure_reason(exc)``, ``note_failure(exc)``,
+    ``end_idle_call(trainer)`` and ``global_rank``."""
 
     def __init__(self, strategy):
         self.strategy = strategy
@@ -171,13 +177,11 @@ class LaunchGuard:
 
     def run(self, function: Callable, args: tuple, kwargs: dict, trainer=None) -> Any:
         """``function(*args, **kwargs)`` on this rank (popen, torchrun, SLURM); see :meth:`stop`.
-        An idle rank's call ends cleanly and returns None."""
-        from lightning_hexiscale.lightning.idle_ranks import IdleRankExit
-
+        An idle rank's call ends cleanly (``strategy.end_idle_call``) and returns None."""
         try:
             return function(*args, **kwargs)
         except IdleRankExit:
-            end_idle_call(trainer)
+            self.strategy.end_idle_call(trainer)
             return None
         except BaseException as exc:
             out = self.stop(exc)
@@ -195,15 +199,6 @@ class LaunchGuard:
         if isinstance(out, (KeyboardInterrupt, SystemExit)) or not _shared(out):
             return None
         return _portable(out)
-
-
-def end_idle_call(trainer) -> None:
-    """An idle rank's Trainer call ends as if it had nothing to do (Lightning's teardown hooks and
-    its own teardown, status FINISHED)."""
-    from lightning_hexiscale.lightning import internals
-
-    if trainer is not None:
-        internals.end_without_training(trainer)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -4,7 +4,8 @@ test_idle_ranks.py.
 
     python idle_job.py OUT {static,elastic} PLAN_FILE MAX_STEPS [FAIL_STEP]
 
-``static``: ``HexiScaleStrategy(plan=PLAN_FILE)``, every rank saves ``OUT/ckpt`` at the end.
+``static``: ``HexiScaleStrategy(plan=PLAN_FILE)``; ``OUT/ckpt/last.ckpt`` every 2 steps (ModelCheckpoint),
+and ``trainer.save_checkpoint(OUT/after_fit)`` after ``fit`` (a no-op on the idle ranks).
 ``elastic``: ``HexiScaleStrategy(cluster=<3 CPU devices>, elastic=OUT/elastic)``, with the planner's
 search replaced by PLAN_FILE (the search that chooses idle devices is not this test's subject); it
 saves every 2 steps and resumes from the newest checkpoint at every start.
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from strategy_helpers import TINY, loader, module
 
 from lightning_hexiscale.lightning import plan_resolution
@@ -62,13 +64,15 @@ def main() -> None:
                                      elastic=ElasticSettings(out / "elastic", every_n_steps=2), **common)
     else:
         strategy = HexiScaleStrategy(plan=plan, **common)
+    saver = [ModelCheckpoint(dirpath=str(out / "ckpt"), save_last=True, save_top_k=0, every_n_train_steps=2)]
     trainer = pl.Trainer(strategy=strategy, accelerator="cpu", devices=int(os.environ["LOCAL_WORLD_SIZE"]),
                          num_nodes=int(os.environ["WORLD_SIZE"]) // int(os.environ["LOCAL_WORLD_SIZE"]),
-                         max_steps=max_steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, callbacks=[Steps(out, fail_step)])
+                         max_steps=max_steps, logger=False, enable_checkpointing=mode == "static",
+                         enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=[Steps(out, fail_step), *(saver if mode == "static" else [])])
     trainer.fit(module(), loader(plan.global_batch * 4, plan.global_batch))
     if mode == "static":
-        trainer.save_checkpoint(str(out / "ckpt"))
+        trainer.save_checkpoint(str(out / "after_fit"))
     (out / f"done{os.environ['RANK']}").write_text(json.dumps([trainer.global_rank, trainer.world_size]))
 
 
