@@ -12,13 +12,18 @@ Before that it prints one line saying why (the planner's reason from the plan's 
 needs (no layer, no optimizer state, no data), so leaving frees its device and cannot hang anything;
 a process that stays would have to be woken at the end and could be forgotten by its launcher.
 
-One process cannot leave: the one that hosts the job's rendezvous store (a TCPStore inside global
-rank 0 under Lightning's own launchers, SLURM and ``hexiscale emulate``; under torchrun the agent
-hosts it, and every idle rank leaves). The training ranks keep using that store (their own process
-group, the failure watch), so when rank 0 is idle it returns from its Trainer call only when the
-job ends: it takes part in no collective meanwhile, only reads the store, and raises the job's
-error when the job fails (under ``popen`` it is also the caller's own process, whose ``fit`` must not
-return before the job is over).
+Two kinds of idle process must not leave (:func:`stay_reason`), because the job needs them alive:
+
+- the one that hosts the job's rendezvous store: a TCPStore inside global rank 0 under Lightning's
+  own launchers, SLURM and ``hexiscale emulate`` (under torchrun the agent hosts it). The training
+  ranks keep using that store (their own process group, the failure watch). Under ``popen`` it is
+  also the caller's own process, whose ``fit`` must not return before the job is over;
+- under torchrun, local rank 0 of a machine where no rank trains: once all its workers are done,
+  torchrun's agent there leaves the job (after its exit barrier's timeout, 300 s), and the agent of
+  node 0 hosts the rendezvous store.
+
+Such a process returns from its Trainer call only when the job ends: it takes part in no collective
+meanwhile, only reads the store, and raises the job's error when the job fails.
 
 **No training group includes an idle rank.** At setup, after every launch rank agreed on the plan
 (over the launcher's default process group), the switch (:meth:`IdleRankMethods._switch_if_idle`):
@@ -44,7 +49,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 from lightning.fabric.plugins.environments import ClusterEnvironment
 
-from lightning_hexiscale.errors import ConfigError
+from lightning_hexiscale.errors import ConfigError, RankFailure
 from lightning_hexiscale.lightning import internals
 from lightning_hexiscale.lightning.launching import IdleRankExit, _portable, mark_agreed
 from lightning_hexiscale.planner.plan import Plan
@@ -118,6 +123,19 @@ def hosts_store(launch_rank: int) -> bool:
     return launch_rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
 
 
+def stay_reason(layout: IdleLayout, local_rank: int, local_world: int) -> str | None:
+    """Why this idle process must stay until the job ends (module doc), or None when it may leave.
+    ``local_rank`` / ``local_world``: its rank among its machine's processes and their number (the
+    machine's launch ranks are contiguous, as torchrun, SLURM and Lightning number them)."""
+    if hosts_store(layout.launch_rank):
+        return "it hosts the job's rendezvous store"
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") is not None  # torchrun sets it, True or False
+    first = layout.launch_rank - local_rank
+    if agent and local_rank == 0 and not set(range(first, first + local_world)) & set(layout.active_ranks):
+        return "no rank of its machine trains, and torchrun's agent there must not finish before the job"
+    return None
+
+
 def idle_reason(plan: Plan, device: int) -> str:
     """Why ``device`` is idle: the plan's ``meta`` (per device, then one for all), else a plain fact."""
     per_device = plan.meta.get(REASONS_KEY) or {}
@@ -126,15 +144,15 @@ def idle_reason(plan: Plan, device: int) -> str:
     return str(text).strip() if text else f"the plan gives device {device} no work"
 
 
-def idle_line(plan: Plan, layout: IdleLayout, cluster=None, stays: bool = False) -> str:
+def idle_line(plan: Plan, layout: IdleLayout, cluster=None, stays: str | None = None) -> str:
     """The one line an idle rank prints."""
     d = layout.device
     where = f"device {d}"
     if cluster is not None and d < cluster.num_devices:
         dev = cluster.devices[d]
         where += f": {dev.gpu_type} on machine {cluster.machines[dev.machine].name}"
-    then = ("it stays until the job ends, outside every process group, because it hosts the job's rendezvous "
-            "store" if stays else "it leaves now")
+    then = (f"it stays until the job ends, outside every process group, because {stays}" if stays
+            else "it leaves now")
     return (f"hexiscale: rank {layout.launch_rank} ({where}) is idle: {idle_reason(plan, d)}; it takes no part in "
             f"training ({layout.world_size} of {len(layout.launch_order)} ranks train) and {then}")
 
@@ -220,12 +238,17 @@ class JobEnd:
         """Block until every training rank ended this call (None) or one failed (its exception)."""
         key = f"{self.call}/failed"
         while True:
-            if self._store.check([key]):
+            try:
+                failed, ended = self._store.check([key]), self._store.add(f"{self.call}/ended", 0)
+            except Exception as e:  # noqa: BLE001 -- the store's host ended (torchrun tears the job down)
+                return RankFailure(f"the job's rendezvous store became unreachable ({type(e).__name__}: "
+                                   f"{str(e).strip().splitlines()[0] if str(e).strip() else ''})")
+            if failed:
                 try:
                     return pickle.loads(self._store.get(key))
                 except Exception as e:  # noqa: BLE001 -- an exception class this process cannot rebuild
                     return RuntimeError(f"a training rank failed ({type(e).__name__} reading its error)")
-            if self._store.add(f"{self.call}/ended", 0) >= self.training_ranks:
+            if ended >= self.training_ranks:
                 return None
             time.sleep(POLL_S)
 
@@ -286,7 +309,7 @@ class IdleRankMethods:
         """On an idle rank (every call): say why once, wait for the job when this process hosts the
         store, then end the Trainer call (:class:`IdleRankExit`)."""
         layout = self._layout
-        stays = hosts_store(layout.launch_rank)
+        stays = stay_reason(layout, self.local_rank, self.num_processes)
         if self._job_end.call == 0:
             print(idle_line(self.plan, layout, self.cluster, stays), flush=True)
         if stays:

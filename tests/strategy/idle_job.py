@@ -9,7 +9,7 @@ and ``trainer.save_checkpoint(OUT/after_fit)`` after ``fit`` (a no-op on the idl
 ``elastic``: ``HexiScaleStrategy(cluster=<3 CPU devices>, elastic=OUT/elastic)``, with the planner's
 search replaced by PLAN_FILE (the search that chooses idle devices is not this test's subject); it
 saves every 2 steps and resumes from the newest checkpoint at every start.
-Training rank 0 appends ``{"step", "loss", "world"}`` per step to ``OUT/losses.jsonl``; every process
+Training rank 0 appends ``{"step", "loss", "world", "time"}`` per step to ``OUT/losses.jsonl``; every process
 writes ``OUT/done<launch rank>`` (its rank and world size as the Trainer saw them) when ``fit``
 returns. With FAIL_STEP, training rank 1 raises at that step.
 """
@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -45,7 +46,8 @@ class Steps(pl.Callback):
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         if trainer.global_rank == 0:
-            row = {"step": trainer.global_step, "loss": float(outputs["loss"]), "world": trainer.world_size}
+            row = {"step": trainer.global_step, "loss": float(outputs["loss"]), "world": trainer.world_size,
+                   "time": time.time()}
             with open(self.out / "losses.jsonl", "a") as f:
                 f.write(json.dumps(row) + "\n")
 

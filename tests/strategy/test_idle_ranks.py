@@ -89,6 +89,16 @@ def test_store_host_rule(monkeypatch):
     assert idle_ranks.hosts_store(0) and not idle_ranks.hosts_store(1)
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")  # torchrun's agent hosts it
     assert not idle_ranks.hosts_store(0)
+    # under torchrun, local rank 0 of a machine where nothing trains keeps the machine's agent alive
+    # (3 machines of 2 devices; two_idle leaves machine 0 = ranks 0, 1 idle; PLAN_IDLE trains on rank 1 there)
+    two_idle = dataclasses.replace(plan_of([(4, 2, [([2], (0, 4))]), (2, 1, [([4], (0, 2)), ([5], (2, 4))])]),
+                                   idle_devices=(0, 1, 3))
+    assert idle_ranks.stay_reason(idle_ranks.layout_for(two_idle, 6, 0), 0, 2) is not None
+    assert idle_ranks.stay_reason(idle_ranks.layout_for(two_idle, 6, 1), 1, 2) is None  # one per machine
+    assert idle_ranks.stay_reason(idle_ranks.layout_for(PLAN_IDLE, 6, 0), 0, 2) is None  # device 1 trains there
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE")  # no agent: the store's host stays, nobody else
+    assert idle_ranks.stay_reason(idle_ranks.layout_for(two_idle, 6, 0), 0, 2) is not None
+    assert idle_ranks.stay_reason(idle_ranks.layout_for(PLAN_IDLE, 6, 3), 1, 2) is None
 
 
 def test_world_size_of_neither_kind_is_an_error_before_launch():
@@ -267,6 +277,31 @@ def test_torchrun_static_idle_rank_zero_and_resume_under_an_all_device_plan(tmp_
 
 
 @pytest.mark.timeout(360)
+def test_torchrun_idle_machine_keeps_its_agent_until_the_job_ends(tmp_path):
+    """Two torchrun agents (machines) of one device each; the plan leaves machine 0 idle. Its worker
+    stays until the job ends: otherwise its agent, whose workers would all be done, would leave the
+    rendezvous (after torch's exit-barrier timeout, taking the store it hosts with it)."""
+    plan = dataclasses.replace(plan_of([(6, 2, [([1], (0, 4))])]), idle_devices=(0,))
+    args, port = _job_args(tmp_path, "static", plan, 3), _free_port()
+    agents = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={k}",
+                                "--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}", *args],
+                               env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for k in (0, 1)]
+    outs = []
+    for a in agents:
+        try:
+            outs.append(a.communicate(timeout=240))
+        except subprocess.TimeoutExpired:
+            for b in agents:
+                b.kill()
+            pytest.fail("an agent hung")
+    assert [a.returncode for a in agents] == [0, 0], outs[0][1][-3000:] + outs[1][1][-3000:]
+    lines = _idle_lines(outs[0][0])
+    assert list(lines) == [0] and "stays until the job ends" in lines[0][4] and "torchrun" in lines[0][4], outs[0][0]
+    last_step = _losses(tmp_path)[-1]
+    assert last_step["step"] == 3 and (tmp_path / "done0").stat().st_mtime >= last_step["time"]
+
+
+@pytest.mark.timeout(360)
 def test_torchrun_elastic_replans_from_idle_to_all_devices(tmp_path):
     ref = _reference(tmp_path, 6)
     run = tmp_path / "run"
@@ -307,7 +342,7 @@ def _step_losses(stdout: str) -> dict[int, float]:
     return {int(s): float(v) for s, v in re.findall(r"^step +(\d+)  loss ([\d.]+)$", stdout, re.M)}
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(480)
 def test_recipe_launches_idle_devices_and_resumes_under_an_all_device_plan(tmp_path):
     first, second = tmp_path / "first", tmp_path / "second"
     first.mkdir(), second.mkdir()
@@ -322,6 +357,12 @@ def test_recipe_launches_idle_devices_and_resumes_under_an_all_device_plan(tmp_p
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
     uninterrupted = _step_losses(out.stdout)
     assert sorted(uninterrupted) == [1, 2, 3, 4], out.stdout[-2000:]
+    # Lightning's logger wrote from training rank 0, into the version global rank 0 had created: the
+    # metrics of every step and the recipe's hyper-parameters (the plan, its idle device) side by side
+    versions = list((first / "logs").iterdir())
+    assert [v.name for v in versions] == ["version_0"], versions
+    assert len((versions[0] / "metrics.csv").read_text().splitlines()) == 1 + 4
+    assert re.search(r"idle_devices:\n *- 0\n", (versions[0] / "hparams.yaml").read_text())
     step2 = next(p for p in (first / "checkpoints").iterdir() if "step=2" in p.name)
 
     out = _recipe([*RECIPE_ARGS, f"plan={tmp_path / 'all.yaml'}", "trainer.max_steps=4", f"trainer.resume='{step2}'"],
