@@ -126,7 +126,7 @@ def hosts_store(launch_rank: int) -> bool:
 def stay_reason(layout: IdleLayout, local_rank: int, local_world: int) -> str | None:
     """Why this idle process must stay until the job ends (module doc), or None when it may leave.
     ``local_rank`` / ``local_world``: its rank among its machine's processes and their number (the
-    machine's launch ranks are contiguous, as torchrun, SLURM and Lightning number them)."""
+    machine's launch ranks are contiguous, as torchrun numbers them)."""
     if hosts_store(layout.launch_rank):
         return "it hosts the job's rendezvous store"
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") is not None  # torchrun sets it, True or False

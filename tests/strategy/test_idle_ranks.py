@@ -201,14 +201,19 @@ def _env_launch(out: Path, plan: Plan, steps: int, fail_step: int | None = None)
                    LOCAL_RANK=str(rank), GROUP_RANK="0", LOCAL_WORLD_SIZE=str(world), TORCHELASTIC_RUN_ID="test")
         procs.append(subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
+    return _wait(procs)
+
+
+def _wait(procs: list[subprocess.Popen], timeout: float = 240) -> tuple[list[int], list[str], list[str]]:
+    """Exit codes, stdouts and stderrs; a process still running after ``timeout`` fails the test (all killed)."""
     outs = []
     for p in procs:
         try:
-            outs.append(p.communicate(timeout=240))
+            outs.append(p.communicate(timeout=timeout))
         except subprocess.TimeoutExpired:
             for q in procs:
                 q.kill()
-            pytest.fail("a rank hung: " + "; ".join(f"rank {r}: {q.poll()}" for r, q in enumerate(procs)))
+            pytest.fail("hung: " + "; ".join(f"process {r}: {q.poll()}" for r, q in enumerate(procs)))
     return [p.returncode for p in procs], [o for o, _ in outs], [e for _, e in outs]
 
 
@@ -272,7 +277,8 @@ def test_torchrun_static_idle_rank_zero_and_resume_under_an_all_device_plan(tmp_
 
     resumed = tmp_path / "resumed"
     resumed.mkdir()
-    hexiscale_trainer(PLAN3_ALL, resumed, max_steps=6).fit(module(), loader(G * 4, G), ckpt_path=str(run / "ckpt" / "last.ckpt"))
+    hexiscale_trainer(PLAN3_ALL, resumed, max_steps=6).fit(module(), loader(G * 4, G),
+                                                          ckpt_path=str(run / "ckpt" / "last.ckpt"))
     assert read_ranks(resumed, 3)[0]["losses"] == pytest.approx(ref[4:], abs=1e-6)
 
 
@@ -286,17 +292,10 @@ def test_torchrun_idle_machine_keeps_its_agent_until_the_job_ends(tmp_path):
     agents = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={k}",
                                 "--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}", *args],
                                env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for k in (0, 1)]
-    outs = []
-    for a in agents:
-        try:
-            outs.append(a.communicate(timeout=240))
-        except subprocess.TimeoutExpired:
-            for b in agents:
-                b.kill()
-            pytest.fail("an agent hung")
-    assert [a.returncode for a in agents] == [0, 0], outs[0][1][-3000:] + outs[1][1][-3000:]
-    lines = _idle_lines(outs[0][0])
-    assert list(lines) == [0] and "stays until the job ends" in lines[0][4] and "torchrun" in lines[0][4], outs[0][0]
+    codes, outs, errs = _wait(agents)
+    assert codes == [0, 0], errs[0][-3000:] + errs[1][-3000:]
+    lines = _idle_lines(outs[0])
+    assert list(lines) == [0] and "stays until the job ends" in lines[0][4] and "torchrun" in lines[0][4], outs[0]
     last_step = _losses(tmp_path)[-1]
     assert last_step["step"] == 3 and (tmp_path / "done0").stat().st_mtime >= last_step["time"]
 
