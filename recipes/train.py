@@ -162,8 +162,11 @@ def hardware_message(cluster, plan, local_gpus: int, plan_file: Path) -> str:
     for d in plan.device_order:
         dev = cluster.devices[d]
         by_type[dev.gpu_type] = by_type.get(dev.gpu_type, 0) + 1
-        machines[dev.machine] = machines.get(dev.machine, 0) + 1
+    for d in plan.launch_order:  # the job is launched on the idle devices too (their ranks leave at setup)
+        machines[cluster.devices[d].machine] = machines.get(cluster.devices[d].machine, 0) + 1
     need = " + ".join(f"{n}x{t}" for t, n in by_type.items())
+    if plan.idle_devices:
+        need += f", {len(plan.idle_devices)} more GPU(s) idle (launched too: their processes leave at setup)"
     per_machine = ", ".join(f"{cluster.machines[m].name}: {n}" for m, n in sorted(machines.items()))
     here = (f"{local_gpus} CUDA GPU(s) ({torch.cuda.get_device_name(0)})" if local_gpus else "no CUDA GPU")
     args = " ".join(o for o in overrides_given() if not o.startswith(("plan=", "hydra."))) or f"cluster={cluster.name}"
@@ -174,7 +177,7 @@ def hardware_message(cluster, plan, local_gpus: int, plan_file: Path) -> str:
             f"(device ids follow its machine order), with the plan above (copy it to every machine):\n"
             f"  torchrun --nnodes={nodes} --node-rank=<k> --nproc-per-node=<GPUs of machine k> "
             f"--master-addr=<machine 0> --master-port=29500 recipes/train.py {args} plan={plan_file}\n"
-            f"  srun --nodes={nodes} --ntasks={plan.world_size} --gpus-per-task=1 python recipes/train.py {args} "
+            f"  srun --nodes={nodes} --ntasks={len(plan.launch_order)} --gpus-per-task=1 python recipes/train.py {args} "
             f"plan={plan_file}\n"
             f"or pass dry_run=true to plan only.")
 
