@@ -149,6 +149,22 @@ def test_idle_ranks_through_trainer_and_resume_under_an_all_device_plan(tmp_path
     assert_matches(resumed, {"losses": ref["losses"][3:], "shards": ref["shards"]}, atol=1e-6)
 
 
+@pytest.mark.timeout(300)
+def test_idle_rank_zero_with_spawn_hands_back_training_rank_zero_results(tmp_path):
+    """spawn (a Hydra multirun's launcher) pickles the launcher into fresh processes; worker 0 runs the
+    idle device, so worker 1 (training rank 0) hands the results back."""
+    ref_dir, run_dir = tmp_path / "ref", tmp_path / "run"
+    ref_dir.mkdir(), run_dir.mkdir()
+    single_trainer(ref_dir, max_steps=2).fit(module(), loader(G * 2, G))
+    ref = read_ranks(ref_dir, 1)[0]["losses"]
+    trainer = hexiscale_trainer(PLAN3_IDLE, run_dir, start_method="spawn", max_steps=2,
+                                devices=len(PLAN3_IDLE.launch_order))
+    trainer.fit(module(), loader(G * 2, G))
+    assert trainer.state.status == TrainerStatus.FINISHED
+    assert float(trainer.callback_metrics["train_loss"]) == pytest.approx(ref[1], abs=1e-6)
+    assert [r["losses"] for r in read_ranks(run_dir, 2)] == [pytest.approx(ref, abs=1e-6)] * 2
+
+
 class FailAt(Callback):
     def __init__(self, rank: int, step: int):
         self.rank, self.step = rank, step
