@@ -133,23 +133,27 @@ def write_picture(plan, cluster, model, est, path: Path) -> str:
 
 
 def launch_settings(cluster, plan, plan_file: Path) -> dict:
-    """Trainer(accelerator, devices, num_nodes) for this plan here, or HardwareMissing."""
+    """Trainer(accelerator, devices, num_nodes) for this plan here, or HardwareMissing. Here the job
+    is launched on every device of the plan's launch order: devices it leaves idle get a process,
+    which leaves at setup (lightning/idle_ranks.py)."""
     import torch
 
     from lightning_hexiscale.config.recipe import device_kind
+    from lightning_hexiscale.lightning.idle_ranks import accepted_world_sizes
 
     types = sorted({cluster.devices[d].gpu_type for d in plan.device_order})
+    launched_here = len(plan.launch_order)
     if device_kind(types) == "cpu":  # emulated devices: one CPU process per device
-        return {"accelerator": "cpu", "devices": plan.world_size, "num_nodes": 1}
+        return {"accelerator": "cpu", "devices": launched_here, "num_nodes": 1}
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     launched = "WORLD_SIZE" in os.environ and ("TORCHELASTIC_RUN_ID" in os.environ or "SLURM_PROCID" in os.environ)
     if launched and gpus:
         world = int(os.environ["WORLD_SIZE"])
         local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("SLURM_NTASKS_PER_NODE", gpus)))
-        if world == plan.world_size:
+        if world in accepted_world_sizes(plan):
             return {"accelerator": "gpu", "devices": local, "num_nodes": max(1, world // local)}
-    elif gpus >= plan.world_size and len({cluster.devices[d].machine for d in plan.device_order}) == 1:
-        return {"accelerator": "gpu", "devices": plan.world_size, "num_nodes": 1}
+    elif gpus >= launched_here and len({cluster.devices[d].machine for d in plan.launch_order}) == 1:
+        return {"accelerator": "gpu", "devices": launched_here, "num_nodes": 1}
     raise HardwareMissing(hardware_message(cluster, plan, gpus, plan_file))
 
 
@@ -161,8 +165,11 @@ def hardware_message(cluster, plan, local_gpus: int, plan_file: Path) -> str:
     for d in plan.device_order:
         dev = cluster.devices[d]
         by_type[dev.gpu_type] = by_type.get(dev.gpu_type, 0) + 1
-        machines[dev.machine] = machines.get(dev.machine, 0) + 1
+    for d in plan.launch_order:  # the job is launched on the idle devices too (their ranks leave at setup)
+        machines[cluster.devices[d].machine] = machines.get(cluster.devices[d].machine, 0) + 1
     need = " + ".join(f"{n}x{t}" for t, n in by_type.items())
+    if plan.idle_devices:
+        need += f", {len(plan.idle_devices)} more GPU(s) idle (launched too: their processes leave at setup)"
     per_machine = ", ".join(f"{cluster.machines[m].name}: {n}" for m, n in sorted(machines.items()))
     here = (f"{local_gpus} CUDA GPU(s) ({torch.cuda.get_device_name(0)})" if local_gpus else "no CUDA GPU")
     args = " ".join(o for o in overrides_given() if not o.startswith(("plan=", "hydra."))) or f"cluster={cluster.name}"
@@ -173,7 +180,7 @@ def hardware_message(cluster, plan, local_gpus: int, plan_file: Path) -> str:
             f"(device ids follow its machine order), with the plan above (copy it to every machine):\n"
             f"  torchrun --nnodes={nodes} --node-rank=<k> --nproc-per-node=<GPUs of machine k> "
             f"--master-addr=<machine 0> --master-port=29500 recipes/train.py {args} plan={plan_file}\n"
-            f"  srun --nodes={nodes} --ntasks={plan.world_size} --gpus-per-task=1 python recipes/train.py {args} "
+            f"  srun --nodes={nodes} --ntasks={len(plan.launch_order)} --gpus-per-task=1 python recipes/train.py {args} "
             f"plan={plan_file}\n"
             f"or pass dry_run=true to plan only.")
 
@@ -268,7 +275,7 @@ def train(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict, precis
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from lightning_hexiscale.config.fast_path import FastPath
-    from lightning_hexiscale.lightning.example import LlamaLitModule, LossPrinter, StepProgressBar
+    from lightning_hexiscale.lightning.example import LlamaLitModule, LogHyperparams, LossPrinter, StepProgressBar
     from lightning_hexiscale.lightning.interrupt import GracefulInterrupt
     from lightning_hexiscale.lightning.strategy import HexiScaleStrategy
 
@@ -297,9 +304,10 @@ def train(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict, precis
                                  async_checkpoint=bool(t.async_checkpoint),
                                  fast_path=FastPath.coerce(t.get("fast_path"), key="trainer.fast_path"), **planning)
     logger = make_logger(cfg, out)
-    # rank 0 only (Lightning's loggers); the train.* values that ran (effective_config), not the defaults
-    if plan is not None:
-        logger.log_hyperparams(plan_hparams(effective_config(cfg, plan, precision), cluster, model, plan, est))
+    # the train.* values that ran (effective_config), not the defaults; logged at fit start by the
+    # training rank 0 (global rank 0 may be a device the plan leaves idle)
+    hparams = [] if plan is None else [
+        LogHyperparams(plan_hparams(effective_config(cfg, plan, precision), cluster, model, plan, est))]
     # elastic: the strategy saves every checkpoint_every steps under <out>/elastic itself
     every = int(t.checkpoint_every) if elastic is None else 0
     last = out / "checkpoints" / "last.ckpt"
@@ -313,10 +321,11 @@ def train(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict, precis
         val_check_interval=int(t.val_every) if t.val_every and val_dl is not None else None,
         check_val_every_n_epoch=None if t.val_every else 1, limit_val_batches=int(t.limit_val_batches) if t.val_every else 0,
         num_sanity_val_steps=0, log_every_n_steps=int(t.log_every), default_root_dir=str(out),
-        logger=logger, callbacks=[ckpt, LossPrinter(), interrupt] + ([StepProgressBar()] if t.progress_bar else []),
+        logger=logger, callbacks=[ckpt, LossPrinter(), interrupt, *hparams] + ([StepProgressBar()] if t.progress_bar else []),
         enable_progress_bar=bool(t.progress_bar), enable_model_summary=False)
     trainer.fit(module, train_dl, val_dl if t.val_every else None, ckpt_path=t.resume)
-    return dict(trainer.callback_metrics)
+    # the training rank 0's figures (None on the other ranks, and on ranks of idle devices)
+    return dict(trainer.callback_metrics) if trainer.is_global_zero else None
 
 
 def quiet_logs() -> None:
@@ -398,8 +407,13 @@ def run(cfg: DictConfig) -> int:
         os.environ.pop("MASTER_PORT", None)
     _PHASE[0] = "training"
     metrics = train(cfg, cluster, model, plan, out, launch, precision, dataset, est)
-    say("final metrics: " + ", ".join(f"{k}={float(v):.4f}" for k, v in sorted(metrics.items())))
+    print_metrics(metrics)
     return 0
+
+
+def print_metrics(metrics: dict | None) -> None:
+    if metrics is not None:
+        print("final metrics: " + ", ".join(f"{k}={float(v):.4f}" for k, v in sorted(metrics.items())), flush=True)
 
 
 def elastic_launch(cfg: DictConfig) -> dict:
@@ -441,7 +455,7 @@ def run_elastic(cfg: DictConfig, cluster, model, out: Path, precision: str, data
     settings = ElasticSettings(out / "elastic", every_n_steps=int(cfg.trainer.checkpoint_every))
     _PHASE[0] = "training"
     metrics = train(cfg, cluster, model, None, out, launch, precision, dataset, elastic=settings)
-    say("final metrics: " + ", ".join(f"{k}={float(v):.4f}" for k, v in sorted(metrics.items())))
+    print_metrics(metrics)
     return 0
 
 

@@ -29,6 +29,11 @@ and be judged, as NCCL ranks:
      2-rank communicator, so the two never match).
 
    A violation is reported with the first stuck or mismatched step of each rank.
+4. **Default groups that change.** A process may destroy its default process group and join a new
+   one (the strategy does when a plan leaves launched devices idle: the training ranks form a group
+   of their own, with new ranks). The recorder keeps one *segment* per default group a process was
+   in (its rank and world size there, and the steps); :func:`replay_segments` replays the k-th
+   segments of all processes together, each under the ranks of its own group.
 
 Used by ``tests/runtime/conftest.py`` (every ``run_ranks`` test) and ``tests/strategy/strategy_helpers.py``
 (every ``hexiscale_trainer`` run); :func:`link_bytes` counts the wire bytes per link class for the
@@ -135,6 +140,17 @@ class Recorder:
         self._saved: list[tuple[object, str, object]] = []
         self._depth = 0
         self._groups: dict[int, tuple[int, ...]] = {}
+        self._starts: list[tuple[int, int, int]] = []  # (rank, world, first step) per default group
+
+    @property
+    def segments(self) -> list[tuple[int, int, list[Step]]]:
+        """(rank, world size, steps) of each default process group this process was in, in order."""
+        out = []
+        for i, (rank, world, first) in enumerate(self._starts):
+            end = self._starts[i + 1][2] if i + 1 < len(self._starts) else len(self.steps)
+            if rank >= 0:
+                out.append((rank, world, self.steps[first:end]))
+        return out
 
     def mark(self, phase: str) -> None:
         """Label the steps recorded from now on (byte accounting per phase)."""
@@ -150,7 +166,35 @@ class Recorder:
         for name in TENSOR_COLLECTIVES + OBJECT_COLLECTIVES:
             self._patch(name, self._coll_wrapper)
         self._patch("new_group", self._new_group_wrapper)
+        self._patch("destroy_process_group", self._destroy_wrapper)
+        self._patch("init_process_group", self._init_wrapper)
+        self._open_segment()
         return self
+
+    def _open_segment(self) -> None:
+        if dist.is_initialized():
+            self._starts.append((dist.get_rank(), dist.get_world_size(), len(self.steps)))
+        else:
+            self._starts.append((-1, 0, len(self.steps)))  # outside any group: nothing to replay
+
+    def _destroy_wrapper(self, name: str, orig):
+        def wrapper(group=None):
+            out = orig(group)
+            if group is None or group is c10d.GroupMember.WORLD:
+                self._groups.clear()  # ids of destroyed groups may be reused
+                self._starts.append((-1, 0, len(self.steps)))
+            return out
+
+        return wrapper
+
+    def _init_wrapper(self, name: str, orig):
+        def wrapper(*args, **kwargs):
+            out = orig(*args, **kwargs)
+            self._groups.clear()
+            self._open_segment()
+            return out
+
+        return wrapper
 
     def uninstall(self) -> None:
         for module, name, orig in reversed(self._saved):
@@ -431,6 +475,26 @@ def replay(traces: list[list[Step]]) -> Report:
         step = traces[r][pc[r]]
         report.problems.append(f"rank {r} stuck at step {pc[r]} of {len(traces[r])}: {step}; "
                                f"{_waiting_for(r, step, traces, pc, position[r], fifo_len, coll_posted, my_coll_index[r])}")
+    return report
+
+
+def replay_segments(processes: list[list[tuple[int, int, list[Step]]]]) -> Report:
+    """Replay processes whose default group changed (:attr:`Recorder.segments` of each process):
+    the k-th segments of all processes that have one are replayed together, indexed by their rank
+    in that group; every rank of the group must be there, with the same world size."""
+    report = Report()
+    depth = max((len(p) for p in processes), default=0)
+    for k in range(depth):
+        members = [p[k] for p in processes if len(p) > k]
+        worlds = {w for _, w, _ in members}
+        ranks = sorted(r for r, _, _ in members)
+        if len(worlds) != 1 or ranks != list(range(next(iter(worlds)))):
+            report.problems.append(f"default group #{k}: ranks {ranks} with world sizes {sorted(worlds)}: every rank "
+                                   "of a default group must be recorded, with the same world size")
+            continue
+        part = replay([steps for _, _, steps in sorted(members, key=lambda m: m[0])])
+        report.problems += [f"default group #{k}: {p}" for p in part.problems]
+        report.completed += part.completed
     return report
 
 

@@ -244,7 +244,8 @@ class EmulatedCluster:
         rank's cgroups, with a torchrun-like environment (RANK, WORLD_SIZE, LOCAL_RANK,
         LOCAL_WORLD_SIZE, MASTER_ADDR = rank 0's machine address, MASTER_PORT, GLOO_SOCKET_IFNAME =
         the machine's veth, HEXISCALE_MACHINE = machine name, HEXISCALE_DEVICE_TYPE = its GPU type,
-        HEXISCALE_EMULATED=1, OMP_NUM_THREADS=1) over ``os.environ`` and ``env``."""
+        HEXISCALE_EMULATED=1, OMP_NUM_THREADS=1, GROUP_RANK = machine index, TORCHELASTIC_RUN_ID) over
+        ``os.environ`` and ``env``."""
         if self.network is None or self.cgroups is None:
             raise EmulationError("EmulatedCluster.launch outside its context. Fix: call it inside "
                                  "`with EmulatedCluster(...) as emu:`")
@@ -259,7 +260,11 @@ class EmulatedCluster:
                      LOCAL_WORLD_SIZE=str(r.local_world), MASTER_ADDR=self.ranks[0].address,
                      MASTER_PORT=str(master_port), GLOO_SOCKET_IFNAME=r.ifname, HEXISCALE_MACHINE=r.machine_name,
                      HEXISCALE_MACHINE_INDEX=str(r.machine), HEXISCALE_DEVICE_TYPE=r.gpu_type, HEXISCALE_EMULATED="1",
-                     OMP_NUM_THREADS="1")
+                     OMP_NUM_THREADS="1", GROUP_RANK=str(r.machine), TORCHELASTIC_RUN_ID=f"hexiscale-emulate-{self.id}")
+            # GROUP_RANK and TORCHELASTIC_RUN_ID as torchrun sets them: Lightning then takes every rank from
+            # RANK/WORLD_SIZE (its TorchElasticEnvironment); otherwise it computes node_rank * devices +
+            # LOCAL_RANK with node_rank 0, and the ranks of different machines collide. Rank 0 still
+            # hosts the rendezvous store (no TORCHELASTIC_USE_AGENT_STORE), as with env://.
             # The shell joins the cgroups with its own pid, then exec's `ip netns exec`, which exec's
             # argv: one pid from the first instruction on, so nothing runs outside the quota.
             joins = " && ".join(f"echo $$ > {shlex.quote(str(d / 'cgroup.procs'))}"

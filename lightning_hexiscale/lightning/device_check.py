@@ -51,9 +51,12 @@ def gpu_mismatch(gpu_type: str, memory_bytes: float, local_name: str, local_memo
     return None
 
 
-def check_local_gpus(plan: Plan, cluster: Cluster, device: torch.device, node_rank: int, local_rank: int) -> None:
+def check_local_gpus(plan: Plan, cluster: Cluster, device: torch.device, node_rank: int, local_rank: int,
+                     order: tuple[int, ...] | None = None) -> None:
     """Collective over the world: raise the same ConfigError on every rank when any rank's local GPU
-    is not the device the plan gives it. Call once, after the process group exists, on CUDA."""
+    is not the device the plan gives it (rank r: ``order[r]``, by default ``plan.device_order[r]``;
+    ``plan.launch_order`` for a job launched on the plan's idle devices too). Call once, after the
+    process group exists, on CUDA."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     mine = {"node": node_rank, "local": local_rank, "host": socket.gethostname(),
             "name": torch.cuda.get_device_name(index), "memory": float(torch.cuda.get_device_properties(index).total_memory)}
@@ -61,7 +64,7 @@ def check_local_gpus(plan: Plan, cluster: Cluster, device: torch.device, node_ra
     dist.all_gather_object(everyone, mine)
     problems = []
     for rank, got in enumerate(everyone):
-        dev = cluster.devices[plan.device_order[rank]]
+        dev = cluster.devices[(order or plan.device_order)[rank]]
         why = gpu_mismatch(dev.gpu_type, dev.memory_bytes, got["name"], got["memory"])
         if why:
             machine = cluster.machines[dev.machine].name

@@ -154,7 +154,8 @@ def machines_of(cluster: Cluster, devices: list[int]) -> list[str]:
 
 
 def plan_summary(plan: Plan, cluster: Cluster) -> str:
-    """One line: per pipeline its batch and stages (machine:local device[s], TP, layers)."""
+    """One line: per pipeline its batch and stages (machine:local device[s], TP, layers), then the
+    devices the plan leaves idle (their ranks leave at setup: lightning/idle_ranks.py)."""
     def where(d: int) -> str:
         dev = cluster.devices[d]
         m = cluster.machines[dev.machine]
@@ -164,7 +165,8 @@ def plan_summary(plan: Plan, cluster: Cluster) -> str:
     for p in plan.pipelines:
         stages = " | ".join(f"{'+'.join(where(d) for d in s.devices)} L{s.layers[0]}-{s.layers[1]}" for s in p.stages)
         pipes.append(f"b={p.batch_size}/mb={p.micro_batch_size} [{stages}]")
-    return f"{plan.num_pipelines} pipeline(s) {plan.dp_sharding} {plan.schedule}: " + "; ".join(pipes)
+    idle = f"; idle: {', '.join(where(d) for d in plan.idle_devices)}" if plan.idle_devices else ""
+    return f"{plan.num_pipelines} pipeline(s) {plan.dp_sharding} {plan.schedule}: " + "; ".join(pipes) + idle
 
 
 # ---- checkpoints -----------------------------------------------------------------------------

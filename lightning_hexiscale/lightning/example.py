@@ -153,6 +153,18 @@ class LossPrinter(pl.Callback):
                             f"steps{resumed}")
 
 
+class LogHyperparams(pl.Callback):
+    """Logs ``hparams`` (e.g. the plan and its estimate) at fit start. Lightning's loggers log on
+    the training rank 0, which is not global rank 0 when the plan leaves that device idle."""
+
+    def __init__(self, hparams: dict):
+        self.hparams = hparams
+
+    def on_fit_start(self, trainer, module):
+        if trainer.logger is not None:
+            trainer.logger.log_hyperparams(self.hparams)
+
+
 def _print(trainer, line: str) -> None:
     """A line on stdout that does not break the progress bar (Lightning's ``ProgressBar.print``)."""
     bar = trainer.progress_bar_callback

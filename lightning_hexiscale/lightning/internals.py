@@ -67,6 +67,16 @@ def check() -> None:
     if not callable(getattr(_SubprocessScriptLauncher, "_call_children_scripts", None)):
         raise _missing("lightning.pytorch.strategies.launchers.subprocess_script._SubprocessScriptLauncher",
                        "_call_children_scripts")
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.trainer import call
+
+    if not callable(getattr(call, "_call_teardown_hook", None)):
+        raise _missing("lightning.pytorch.trainer.call", "_call_teardown_hook")
+    if not callable(getattr(Trainer, "_teardown", None)):
+        raise _missing("lightning.pytorch.Trainer", "_teardown")
+    if not callable(getattr(_MultiProcessingLauncher, "_collect_rank_zero_results", None)):
+        raise _missing("lightning.pytorch.strategies.launchers.multiprocessing._MultiProcessingLauncher",
+                       "_collect_rank_zero_results")
     wrapping = getattr(_MultiProcessingLauncher, "_wrapping_function", None)
     if not callable(wrapping) or wrapping.__code__.co_varnames[:7] != _WRAPPING_ARGS:
         raise _missing("lightning.pytorch.strategies.launchers.multiprocessing._MultiProcessingLauncher",
@@ -120,6 +130,32 @@ def preload_checkpoint(trainer, path: str) -> None:
     if not getattr(connector, "_loaded_checkpoint", None):
         raise _missing("lightning.pytorch.trainer.connectors.checkpoint_connector._CheckpointConnector",
                        "_loaded_checkpoint")
+
+
+def end_without_training(trainer) -> None:
+    """End a Trainer call that stopped at the strategy's setup as Lightning ends one a tuner stops
+    early (trainer/call.py, ``_TunerExitException``): the teardown hooks (callbacks, module,
+    loggers), the Trainer's own teardown (the strategy's), status FINISHED."""
+    from lightning.pytorch.trainer import call
+    from lightning.pytorch.trainer.states import TrainerStatus
+
+    call._call_teardown_hook(trainer)
+    trainer._teardown()
+    trainer.state.status = TrainerStatus.FINISHED
+    trainer.state.stage = None
+
+
+def logger_versions(trainer) -> list:
+    """Each logger's version where it keeps one (CSV, TensorBoard: ``_version``), else None."""
+    return [logger.version if hasattr(logger, "_version") else None for logger in trainer.loggers]
+
+
+def adopt_logger_versions(trainer, versions: list | None) -> None:
+    """Give the loggers ``versions`` (another rank's :func:`logger_versions`), so that whichever
+    rank logs writes into the same version directory."""
+    for logger, version in zip(trainer.loggers, versions or []):
+        if version is not None and hasattr(logger, "_version"):
+            logger._version = version
 
 
 def unwrap_optimizer(optimizer):
@@ -225,7 +261,7 @@ class ScriptLauncher(_SubprocessScriptLauncher):
             with self.guard.marked_children():
                 self._call_children_scripts()
             self.guard.watch_children(self.procs)
-        return self.guard.run(function, args, kwargs)
+        return self.guard.run(function, args, kwargs, trainer)
 
 
 class ProcessLauncher(_MultiProcessingLauncher):
@@ -260,13 +296,55 @@ class ProcessLauncher(_MultiProcessingLauncher):
 
     def _wrapping_function(self, process_idx, trainer, function, args, kwargs, return_queue,
                            global_states=None) -> None:
+        from lightning.fabric.utilities.apply_func import move_data_to_device
+
+        from lightning_hexiscale.lightning.launching import IdleRankExit
+
+        self._collected = None
         try:
             super()._wrapping_function(process_idx, trainer, function, args, kwargs, return_queue, global_states)
+        except IdleRankExit:  # an idle device: the call ends cleanly; the first training rank reports
+            end_without_training(trainer)
+            return
         except BaseException as exc:  # noqa: BLE001 -- classified by the guard, re-raised when it is the cause
             report = self.guard.worker_report(exc, process_idx)
             if report is None:
                 raise  # this rank's own error: torch sends its traceback to the caller
-            if process_idx == 0:
+            if self._reports(process_idx):
                 self._errors.put(report)
                 raise SystemExit(self.guard.exit_status(report)) from None
             # Other ranks end quietly and successfully, so that torch's join waits for rank 0's report.
+            return
+        if process_idx != 0 and self._reports(process_idx):  # rank 0 is idle: training rank 0 reports
+            return_queue.put(move_data_to_device(self._collected, "cpu"))
+
+    def _reports(self, process_idx: int) -> bool:
+        """Whether this worker hands results and errors to the caller: worker 0, or, when the plan
+        leaves worker 0's device idle, the worker that is rank 0 of the training ranks."""
+        layout = getattr(self._strategy, "_layout", None)
+        if layout is None:
+            return process_idx == 0
+        return not layout.idle and layout.rank == 0
+
+    def _collect_rank_zero_results(self, trainer, results):
+        if self._strategy.local_rank == 0 or not self._reports(self._strategy.local_rank):
+            return super()._collect_rank_zero_results(trainer, results)
+        strategy = self._strategy
+        self._strategy = _AsLocalRankZero(strategy)  # Lightning collects on local rank 0 only
+        try:
+            self._collected = super()._collect_rank_zero_results(trainer, results)
+        finally:
+            self._strategy = strategy
+        return self._collected
+
+
+class _AsLocalRankZero:
+    """The strategy, seen as local rank 0 (for Lightning's result collection on the reporting worker)."""
+
+    def __init__(self, strategy):
+        self._inner = strategy
+
+    local_rank = 0
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)

@@ -21,6 +21,10 @@ non-zero (the job ends with -9), and a dead rank shows up as the survivors' raw 
   failure watch's account of which rank failed and how; Lightning-started survivors end quietly
   (status 4), rank 0 raises it; so do they on a non-finite step, which every rank stops on together.
   A rank's own error (the root cause) keeps its type and traceback.
+- **An idle rank** (a device the plan leaves idle, :mod:`~lightning_hexiscale.lightning.idle_ranks`)
+  ends its Trainer call at setup: the guard turns its :class:`IdleRankExit` into a clean end of the
+  call (teardown hooks, status FINISHED, ``fit`` returns); a training rank's failure is published
+  for the idle rank that waits for the job (``strategy.note_failure``).
 - **The popen children** are watched by :class:`ChildWatch` instead of Lightning's observer: a child
   that exits non-zero gives the launching process ``grace_s`` to stop by itself (it normally raises
   at once); only then is the job ended, with status 4 and a message naming the rank.
@@ -46,6 +50,12 @@ EXIT_CONFIG = 2
 """Exit status of a Lightning-started rank that stops on an error every rank agreed on (rank 0 reports it)."""
 CHILD_ENV = "HEXISCALE_POPEN_CHILD"
 """Set in the environment of the processes the popen launcher starts (local ranks 1..n-1)."""
+
+
+class IdleRankExit(BaseException):
+    """Raised by the strategy's setup on a rank whose device the plan leaves idle
+    (:mod:`~lightning_hexiscale.lightning.idle_ranks`); its launcher ends the Trainer call cleanly. A
+    BaseException, like SystemExit: control flow that no ``except Exception`` of user code should swallow."""
 
 
 # ---- one error from many ranks --------------------------------------------------------------------
@@ -107,7 +117,8 @@ def agree(fn: Callable[[], Any], rank: int, world_size: int) -> Any:
 # ---- the guard -------------------------------------------------------------------------------------
 class LaunchGuard:
     """The strategy's hooks in its launcher (see the module doc). ``strategy`` provides
-    ``check_before_launch(fn_name, arguments)``, ``failure_reason(exc)`` and ``global_rank``."""
+    ``check_before_launch(fn_name, arguments)``, ``failure_reason(exc)``, ``note_failure(exc)``,
+    ``end_idle_call(trainer)`` and ``global_rank``."""
 
     def __init__(self, strategy):
         self.strategy = strategy
@@ -148,6 +159,9 @@ class LaunchGuard:
     def stop(self, exc: BaseException) -> BaseException:
         """The exception this rank should stop with: ``exc`` itself (its own error, or one every rank
         agreed on), or :class:`RankFailure` when ``exc`` is the consequence of another rank's failure."""
+        note = getattr(self.strategy, "note_failure", None)
+        if note is not None:
+            note(exc)  # the idle rank that hosts the store waits for the job: it ends with this error
         if isinstance(exc, (KeyboardInterrupt, SystemExit)) or _shared(exc):
             return exc
         why = self.strategy.failure_reason(exc)
@@ -161,10 +175,14 @@ class LaunchGuard:
             return EXIT_RANK_FAILED
         return EXIT_CONFIG if isinstance(exc, HexiScaleError) else 1
 
-    def run(self, function: Callable, args: tuple, kwargs: dict) -> Any:
-        """``function(*args, **kwargs)`` on this rank (popen, torchrun, SLURM); see :meth:`stop`."""
+    def run(self, function: Callable, args: tuple, kwargs: dict, trainer=None) -> Any:
+        """``function(*args, **kwargs)`` on this rank (popen, torchrun, SLURM); see :meth:`stop`.
+        An idle rank's call ends cleanly (``strategy.end_idle_call``) and returns None."""
         try:
             return function(*args, **kwargs)
+        except IdleRankExit:
+            self.strategy.end_idle_call(trainer)
+            return None
         except BaseException as exc:
             out = self.stop(exc)
             if os.environ.get(CHILD_ENV) == "1" and _shared(out):

@@ -54,6 +54,7 @@ from lightning_hexiscale.models.llama import Llama
 from lightning_hexiscale.lightning import internals, notices
 from lightning_hexiscale.lightning.device_check import check_local_gpus
 from lightning_hexiscale.lightning.fast_path import log_fast_path, prepare_optimizers, strategy_fast_path
+from lightning_hexiscale.lightning.idle_ranks import IdleRankMethods, accepted_world_sizes, layout_for, world_error
 from lightning_hexiscale.lightning.strategy_checkpoints import CheckpointMethods
 from lightning_hexiscale.lightning.strategy_gradients import GradientMethods
 from lightning_hexiscale.lightning.pipeline_model import PipelineLogits, PipelineModel
@@ -68,7 +69,7 @@ StartMethod = Literal["popen", "spawn", "fork", "forkserver"]
 NONFINITE_POLICIES = ("skip", "stop")
 
 
-class HexiScaleStrategy(CheckpointMethods, GradientMethods, DDPStrategy):
+class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDPStrategy):
     """Asymmetric pipeline x tensor x data parallelism over heterogeneous devices.
 
     Args:
@@ -275,6 +276,7 @@ class HexiScaleStrategy(CheckpointMethods, GradientMethods, DDPStrategy):
         self.accelerator.setup(trainer)
         module = self.lightning_module
         fitting = trainer.state.fn == TrainerFn.FITTING
+        self._next_call()  # a later Trainer call of a job whose plan leaves devices idle
         existing = getattr(module, "model", None)
         if isinstance(existing, PipelineModel):  # a second fit/validate with the same module
             self._pipeline_model = existing
@@ -285,6 +287,8 @@ class HexiScaleStrategy(CheckpointMethods, GradientMethods, DDPStrategy):
             # Every rank checks the same things (Lightning, the module, the plan, world size and
             # devices); one error, from rank 0, reaches the caller (launching.agree).
             llama = agree(lambda: self._resolve_plan(module, trainer, fitting), self.global_rank, self.world_size)
+            self._agree_plan_and_devices()
+            self._switch_if_idle()  # launched on idle devices too: they leave, the others train alone
             # As Lightning's own strategies do, before anything is built from the parameters: 64-true
             # and bf16-true cast the (meta) module, so the stage, its TP shards, the ZeRO buffers and
             # the optimizer are created in the Trainer's dtype (32-true and bf16-mixed keep it as is).
@@ -362,19 +366,25 @@ class HexiScaleStrategy(CheckpointMethods, GradientMethods, DDPStrategy):
         self._check_devices(self.plan)
         return llama
 
+    def _agree_plan_and_devices(self) -> None:
+        """Collective over the launch: every rank has rank 0's plan, and (CUDA) every rank's GPU is
+        the device the plan gives its rank (``device_order``, or ``launch_order`` when the job was
+        launched on the plan's idle devices too)."""
+        if self.broadcast(self.plan.to_dict(), 0) != self.plan.to_dict():
+            raise RuntimeError(f"rank {self.global_rank} planned differently from rank 0; pass an explicit plan file")
+        if self.check_devices and self.root_device.type == "cuda" and self.world_size > 1:
+            # collective; the same error on every rank, so rank 0 reports it for all
+            layout = layout_for(self.plan, self.world_size, self.global_rank)
+            order = layout.launch_order if layout is not None else self.plan.device_order
+            try:
+                check_local_gpus(self.plan, self.cluster, self.root_device, self.node_rank, self.local_rank, order)
+            except ConfigError as e:
+                raise mark_agreed(e, list(range(self.world_size))) from None
+
     def _build_pipeline_model(self, module, trainer, llama: Llama) -> PipelineModel:
         from lightning_hexiscale.runtime.engine import PipelineEngine
 
         config: LlamaConfig = llama.config
-        if self.broadcast(self.plan.to_dict(), 0) != self.plan.to_dict():
-            raise RuntimeError(f"rank {self.global_rank} planned differently from rank 0; pass an explicit plan file")
-        if self.check_devices and self.root_device.type == "cuda" and self.world_size > 1:
-            # every rank's GPU is its plan device's type (collective; the same error on every rank,
-            # so rank 0 reports it for all)
-            try:
-                check_local_gpus(self.plan, self.cluster, self.root_device, self.node_rank, self.local_rank)
-            except ConfigError as e:
-                raise mark_agreed(e, list(range(self.world_size))) from None
         param = next(llama.parameters())
         # Start from given weights: module.init_state_dict (e.g. weights.attach_weights), or the
         # Llama's own when the module materialised it; else initialise from module.init_seed.
@@ -414,15 +424,10 @@ class HexiScaleStrategy(CheckpointMethods, GradientMethods, DDPStrategy):
         return None
 
     def _check_world(self, plan: Plan) -> None:
-        if self.world_size != plan.world_size:
-            where = f"cluster {self.cluster.name}, " if self.cluster is not None else ""
-            raise ConfigError(
-                "Trainer(num_nodes, devices)", f"{self.world_size} processes ({self.num_nodes} node(s) x "
-                f"{self.num_processes} device(s))",
-                f"the plan runs {plan.world_size} processes, one per device ({where}devices "
-                f"{list(plan.device_order)})",
-                f"start {plan.world_size} processes: Trainer(accelerator='cpu', devices={plan.world_size}) to "
-                f"emulate on CPU, or num_nodes x devices = {plan.world_size} under torchrun/SLURM")
+        """The job runs the plan's used devices, or every device of its launch order (idle ones too)."""
+        if self.world_size not in accepted_world_sizes(plan):
+            raise world_error(plan, f"{self.world_size} processes ({self.num_nodes} node(s) x {self.num_processes} "
+                              "device(s))", self.cluster.name if self.cluster is not None else None)
 
     def _check_devices(self, plan: Plan) -> None:
         if not self.check_devices or self.cluster is None:
@@ -547,6 +552,7 @@ class HexiScaleStrategy(CheckpointMethods, GradientMethods, DDPStrategy):
             self._watch.stop()
             self._watch = None
         self._guard.job_ended()
+        self._call_ended()  # an idle rank that hosts the store waits for this
         if self._saved_clip is not None:
             self.precision_plugin.__dict__.pop("clip_grad_by_norm", None)  # back to the class method
             self._saved_clip = None

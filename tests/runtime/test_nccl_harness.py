@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 import torch.distributed as dist
-from nccl_semantics import ALL_GATHERS, P2POp, Step, replay, step_bytes
+from nccl_semantics import ALL_GATHERS, P2POp, Step, replay, replay_segments, step_bytes
 from test_equivalence import SEED, make_batch, plan_of, reference
 
 from lightning_hexiscale.planner.plan import Plan
@@ -35,6 +35,22 @@ def coll(name, group=W, numel=4, out=None, dtype="float32", root=None):
 
 
 # ---- the replay checker on hand-made traces --------------------------------------------------------
+def test_segments_replay_each_default_group_under_its_own_ranks():
+    """Three processes; the second default group holds processes 1 and 2 as ranks 0 and 1 (a job
+    whose plan leaves process 0's device idle)."""
+    w3, w2 = (0, 1, 2), (0, 1)
+    first = [(0, 3, [coll("barrier", group=w3, numel=0)]), (1, 3, [coll("barrier", group=w3, numel=0)]),
+             (2, 3, [coll("barrier", group=w3, numel=0)])]
+    ok = [[first[0]], [first[1], (0, 2, [coll("all_reduce", group=w2)])],
+          [first[2], (1, 2, [coll("all_reduce", group=w2)])]]
+    assert replay_segments(ok).ok
+    bad = [ok[0], ok[1], [first[2], (1, 2, [coll("all_reduce", group=w2, numel=8)])]]
+    report = replay_segments(bad)
+    assert not report.ok and "default group #1: collective #0 on group (0,1) mismatched" in str(report)
+    missing = [ok[0], ok[1], [first[2]]]  # rank 1 of the second group left no trace
+    assert "default group #1: ranks [0] with world sizes [2]" in str(replay_segments(missing))
+
+
 def test_unfused_sends_both_ways_deadlock():
     traces = [[Step("p2p", (send(1),)), Step("p2p", (recv(1),))],
               [Step("p2p", (send(0),)), Step("p2p", (recv(0),))]]

@@ -9,9 +9,10 @@ gloo timeout passed to the strategy bound every hang.
 Every :func:`hexiscale_trainer` run is under the NCCL-semantics harness (``tests/nccl_semantics.py``):
 the :class:`NcclTrace` callback installs the recorder in each rank once the process group exists
 (p2p tags forced to 0: order-only matching) and writes the rank's communication trace to
-``out_dir/trace{r}.pt`` at teardown; :func:`read_ranks` replays the traces under NCCL's rules and
-fails on anything that would hang or mismatch on NCCL: Lightning's own collectives, setup, training,
-validation, checkpoint save and load included.
+``out_dir/trace{r}.pt`` (and per default process group to ``segments{r}.pt``) at teardown;
+:func:`read_ranks` replays the traces under NCCL's rules and fails on anything that would hang or
+mismatch on NCCL: Lightning's own collectives, setup, training, validation, checkpoint save and load
+included.
 """
 
 from __future__ import annotations
@@ -95,15 +96,18 @@ class NcclTrace(pl.Callback):
         if self.recorder is not None:
             self.recorder.uninstall()
             torch.save(self.recorder.steps, self.out_dir / f"trace{trainer.global_rank}.pt")
+            torch.save(self.recorder.segments, self.out_dir / f"segments{trainer.global_rank}.pt")
             self.recorder = None
 
 
 def read_ranks(out_dir: Path, world: int) -> list[dict]:
     """What every rank recorded; when the ranks left communication traces, they are replayed under
-    NCCL's rules first (AssertionError with the report on a violation)."""
-    traces = [Path(out_dir) / f"trace{r}.pt" for r in range(world)]
-    if all(t.is_file() for t in traces):
-        report = nccl_semantics.replay([torch.load(t, weights_only=False) for t in traces])
+    NCCL's rules first (AssertionError with the report on a violation): every process's, default
+    group by default group (a job launched on a plan's idle devices re-forms its default group:
+    nccl_semantics.replay_segments)."""
+    segments = sorted(Path(out_dir).glob("segments*.pt"))
+    if segments:
+        report = nccl_semantics.replay_segments([torch.load(f, weights_only=False) for f in segments])
         assert report.ok, str(report)
     return [torch.load(Path(out_dir) / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
