@@ -122,13 +122,14 @@ def test_a_hung_rank_is_named_once_the_later_peers_time_out_too(ranks, monkeypat
     is 5 x 0.6 s, so rank 1's late timeout is not mistaken for a second hung rank."""
     monkeypatch.setattr(failure, "host_slowdown", lambda: 5.0)
     w0, w1, w2 = ranks(3)
-    alive = _beating(w2, INTERVAL)
+    alive = [_beating(w1, INTERVAL), _beating(w2, INTERVAL)]
     try:
         threading.Timer(1.0, w1.report, (TIMED_OUT,)).start()
         w0.report(TIMED_OUT)
         why = w0.explain()
     finally:
-        alive.set()
+        for a in alive:
+            a.set()
     assert why.startswith("rank 2 is alive but never joined the collective the others timed out in"), why
     assert "ranks [1, 2]" not in why, why
 
