@@ -26,7 +26,8 @@ non-zero (the job ends with -9), and a dead rank shows up as the survivors' raw 
   call (teardown hooks, status FINISHED, ``fit`` returns); a training rank's failure is published
   for the idle rank that waits for the job (``strategy.note_failure``).
 - **The popen children** are watched by :class:`ChildWatch` instead of Lightning's observer: a child
-  that exits non-zero gives the launching process ``grace_s`` to stop by itself (it normally raises
+  that exits non-zero gives the launching process ``grace_s`` (times the host's load,
+  :func:`~lightning_hexiscale.runtime.host.host_slowdown`) to stop by itself (it normally raises
   at once); only then is the job ended, with status 4 and a message naming the rank.
 """
 
@@ -45,6 +46,7 @@ import torch.distributed as dist
 
 from lightning_hexiscale.errors import HexiScaleError, NonFiniteError, RankFailure, TrainingFailure
 from lightning_hexiscale.runtime.failure import EXIT_RANK_FAILED, is_peer_failure
+from lightning_hexiscale.runtime.host import host_slowdown
 
 EXIT_CONFIG = 2
 """Exit status of a Lightning-started rank that stops on an error every rank agreed on (rank 0 reports it)."""
@@ -213,8 +215,9 @@ class ChildWatch:
     Lightning's own observer kills every process 5 s after a child exits non-zero. Here a child's
     exit only starts a clock: the launching process normally stops by itself at once (an agreed
     error, or the dead peer's closed connection, or its failure watch); if it is still inside the
-    job after ``grace_s``, the watch kills the remaining children, names the rank and ends the
-    launching process with status 4. After the job (``disarm``), it only reaps.
+    job after ``grace_s`` times :func:`host_slowdown` (read when the clock starts: on a loaded host
+    its exception path takes that much longer), the watch kills the remaining children, names the
+    rank and ends the launching process with status 4. After the job (``disarm``), it only reaps.
     """
 
     def __init__(self, procs: list, first_rank: int, grace_s: float, poll_s: float = 0.5):
@@ -231,23 +234,25 @@ class ChildWatch:
 
     def _run(self) -> None:
         since: float | None = None
+        grace = self.grace_s
         while True:
             codes = [p.poll() for p in self.procs]
             if all(c is not None for c in codes):
                 return
             bad = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
             if bad and self._armed.is_set():
-                since = since or time.monotonic()
-                if time.monotonic() - since > self.grace_s:
-                    self._end(*bad[0])
+                if since is None:
+                    since, grace = time.monotonic(), self.grace_s * host_slowdown()
+                if time.monotonic() - since > grace:
+                    self._end(*bad[0], grace)
             time.sleep(self.poll_s)
 
-    def _end(self, index: int, code: int) -> None:
+    def _end(self, index: int, code: int, grace_s: float) -> None:
         if not self._armed.is_set():
             return
         how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
         sys.stderr.write(f"hexiscale: rank {self.first_rank + index} {how} and rank 0 did not stop within "
-                         f"{self.grace_s:.0f} s; ending the job (exit status {EXIT_RANK_FAILED})\n")
+                         f"{grace_s:.0f} s; ending the job (exit status {EXIT_RANK_FAILED})\n")
         sys.stderr.flush()
         for p in self.procs:
             if p.poll() is None:

@@ -122,7 +122,8 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
             ``False``: all off. The run's log says what each rank runs.
         watchdog: run :class:`~lightning_hexiscale.runtime.failure.FailureWatch` (heartbeats over the
             rendezvous store): when a rank fails, every rank stops within ``watchdog_grace_s`` seconds
-            more (exit status 4) and says which rank failed.
+            more (times the load average per core on a loaded host; exit status 4) and says which
+            rank failed: the rank that raised, else one whose process ended or heartbeat stopped.
         process_group_backend / accelerator / parallel_devices / cluster_environment /
         checkpoint_io / precision_plugin: as for ``DDPStrategy``.
     """

@@ -6,7 +6,7 @@
 - :mod:`.grad_sync`        asymmetric gradient sum across pipelines; :mod:`.zero`, :mod:`.zero3` for ZeRO
 - :mod:`.checkpoint`       plan-independent sharded checkpoints (torch.distributed.checkpoint);
                            :mod:`.checkpoint_layout`, :mod:`.checkpoint_io`
-- :mod:`.failure`          heartbeats that name a failed rank
+- :mod:`.failure`          heartbeats that name a failed rank; :mod:`.host` (this machine's load, its processes)
 - :mod:`.engine`           all of the above behind one object
 """
 

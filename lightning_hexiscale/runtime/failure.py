@@ -11,15 +11,36 @@ Two mechanisms, because each covers what the other cannot:
   was built on (the TCPStore every launcher already creates; no new port, no new service):
   it beats a per-rank heartbeat counter every ``interval_s``; a rank that catches an exception
   reports it (``failed/<rank>`` + a failure counter); every watch polls the counter, and once a
-  failure is known it gives its own process ``grace_s`` to stop by itself, then prints the reason
-  and ``os._exit(exit_code)``. A killed rank (SIGKILL, ``os._exit``, OOM killer) reports nothing,
-  but its heartbeat stops: :meth:`FailureWatch.explain` names the ranks whose heartbeat did not
-  move and the first rank that reported an exception.
+  failure is known it gives its own process ``grace_s`` (times :func:`host_slowdown`) to stop by
+  itself, then prints the reason and ``os._exit(exit_code)``.
 
-Store traffic is O(1) per rank per interval (one add for the heartbeat, one for the counter); the
-O(world) scan runs only in :meth:`explain`, after a failure. If the store itself is gone (its
-host, global rank 0, died), the watch says so and exits after ``grace_s`` unless stopped first, so
-the normal end of a job, where rank 0 may leave a moment earlier, is not mistaken for a failure.
+Which rank failed (:meth:`FailureWatch.explain`), from the evidence that needs the least waiting:
+
+1. **The rank that raised.** A rank reports its own exception on its exception path, before its
+   process ends or drops its connections, so the broken connections of its peers come after it.
+   The first report that is not a peer failure (:func:`is_peer_failure`) is the root cause, named as
+   soon as it is seen; no heartbeat is consulted, so a live rank whose heartbeat is late on a loaded
+   host is never blamed instead of it.
+2. **A process that ended without a word** (SIGKILL, ``os._exit``, a segfault, the OOM killer):
+   every rank publishes its process identity (:func:`~.host.process_identity`); a peer on the same
+   machine sees at once that the process is gone.
+3. **Heartbeat silence** (a rank on another machine, or a hang): only when no rank reported an
+   exception, and only once the rank's counter stood still while this rank's own counter moved 3
+   times *and* ``settle = 3 * interval_s * host_slowdown()`` seconds passed. The observer's own
+   heartbeat is the clock: on a loaded host it is late too, so the window stretches with the load.
+4. **A rank alive outside the collective:** when peers time out ("Timed out"), a rank that is alive
+   and reports nothing is blocked elsewhere (a hang). Peers blocked on it time out apart by their
+   own compute skew, which grows with the load, so the set of such ranks must stay unchanged for
+   ``settle`` before it is named.
+
+Every wait is bounded (``4 * settle`` at most). Store traffic is O(1) per rank per interval (one add
+for the heartbeat, one for the counter); the O(world) scans run only in :meth:`explain`, after a
+failure. Reports and explanations use a store connection of their own with a long timeout
+(``call_timeout_s``), so a slow store on a loaded host does not lose a report; the thread's
+connection has a short one, so a blocking call does not outlast the grace period. If the store
+itself is gone (its host, global rank 0, died), the watch says so and exits after twice the grace
+unless stopped first, so the normal end of a job, where rank 0 may leave a moment earlier, is not
+mistaken for a failure; a rank that stops normally marks itself done, and is never blamed.
 """
 
 from __future__ import annotations
@@ -29,9 +50,11 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Sequence
 
 import torch.distributed as dist
 
+from lightning_hexiscale.runtime.host import host_slowdown, process_identity, process_ended
 from lightning_hexiscale.torch_compat import store_clone
 
 PREFIX = "hexiscale/watch"
@@ -39,7 +62,10 @@ EXIT_RANK_FAILED = 4
 """Exit status of a process the watch stops (recipes/train.py uses the same for TrainingFailure)."""
 
 
-PEER_FAILURE_TEXTS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "ECONNRESET",
+STOPPED_BY_WATCH = "stopped by its failure watch"
+"""How a rank that its watch ended reports itself: a consequence of another rank's failure."""
+
+PEER_FAILURE_TEXTS = (STOPPED_BY_WATCH, "Connection closed by peer", "Connection reset by peer", "Broken pipe", "ECONNRESET",
                       "Socket Timeout", "Timed out waiting", "Connection refused", "NCCL communicator was aborted",
                       "ProcessGroupNCCL's watchdog")
 """What a rank's communication error says when ANOTHER rank failed (its sockets closed, it never
@@ -75,13 +101,16 @@ class FailureWatch:
             not count); the strategy broadcasts rank 0's.
         interval_s: heartbeat and poll period.
         grace_s: once a failure is known, time this process has to stop by itself before the watch
-            ends it (its own exception path usually gets there first).
+            ends it (its own exception path usually gets there first), times :func:`host_slowdown`
+            when the failure becomes known, counted from the end of this rank's own :meth:`explain`.
         exit_code: status of a process the watch ends.
         store: the rendezvous store; default: the default process group's.
+        call_timeout_s: timeout of the store calls of :meth:`report` and :meth:`explain` (default
+            ``max(10, 2 * grace_s)``): long enough for a slow store on a loaded host.
     """
 
     def __init__(self, rank: int, world_size: int, token: str, *, interval_s: float = 0.5, grace_s: float = 5.0,
-                 exit_code: int = EXIT_RANK_FAILED, store=None):
+                 exit_code: int = EXIT_RANK_FAILED, store=None, call_timeout_s: float | None = None):
         self.rank, self.world_size = rank, world_size
         self.interval_s, self.grace_s, self.exit_code = interval_s, grace_s, exit_code
         base = store if store is not None else dist.distributed_c10d._get_default_store()
@@ -90,131 +119,186 @@ class FailureWatch:
         # outlast the grace period, and the main thread's connection stays free for the collectives.
         self._store = store_clone(base)
         self._store.set_timeout(datetime.timedelta(seconds=max(1.0, 2 * interval_s)))
-        self._main_store = base
+        # Reports and explanations (the exception path, from either thread) get another with a long
+        # timeout: a report lost to a slow store would leave the peers only the heartbeats to go by.
+        self._calls = store_clone(base)
+        self._calls.set_timeout(datetime.timedelta(seconds=call_timeout_s or max(10.0, 2 * grace_s)))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._explaining = False
         self.reported = False
+        self.last_explanation: str | None = None
+        """What :meth:`explain` said last (the watch ends a process with it rather than wait again)."""
 
     def _key(self, name: str) -> str:
         return f"{self._prefix}/{name}"
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self) -> FailureWatch:
-        self._store.add(self._key(f"hb/{self.rank}"), 1)
+        """Publish this process's identity, beat once and start the thread."""
+        self._calls.set(self._key(f"proc/{self.rank}"), process_identity())
+        self._calls.add(self._key(f"hb/{self.rank}"), 1)
         self._thread = threading.Thread(target=self._run, name=f"hexiscale-watch-{self.rank}", daemon=True)
         self._thread.start()
         return self
 
     def stop(self) -> None:
-        """Disarm (normal end of the run): the thread exits at its next tick and never ends the process."""
+        """Disarm (the end of the run): the thread exits at its next tick and never ends the
+        process; a rank that did not fail marks itself done, so its silence is never blamed."""
         self._stop.set()
+        if not self.reported:
+            try:
+                self._calls.set(self._key(f"done/{self.rank}"), "1")
+            except Exception:  # noqa: BLE001 -- the store's host already left: nobody is left to ask
+                pass
+
+    def beat(self) -> int:
+        """One heartbeat of this rank; returns the number of failures reported so far."""
+        self._store.add(self._key(f"hb/{self.rank}"), 1)
+        return self._store.add(self._key("failures"), 0)
 
     # ---- reports -----------------------------------------------------------------------------
-    def report(self, exc: BaseException) -> None:
-        """Tell every rank that this one failed (best effort: the store may be gone)."""
+    def report(self, exc: BaseException | str) -> None:
+        """Tell every rank that this one failed (once; best effort: the store may be gone). ``exc``:
+        the exception, or a message that counts as a consequence (:data:`PEER_FAILURE_TEXTS`)."""
         if self.reported:
             return
         self.reported = True
         try:
-            order = self._store.add(self._key("failures"), 1)
-            self._store.set(self._key(f"failed/{self.rank}"), f"{order}|{_short(exc)}")
-        except Exception:  # the store's host is gone; explain() says so
+            order = self._calls.add(self._key("failures"), 1)
+            self._calls.set(self._key(f"failed/{self.rank}"), f"{order}|{exc if isinstance(exc, str) else _short(exc)}")
+        except Exception:  # noqa: BLE001 -- the store's host is gone; explain() says so
             pass
 
-    def explain(self, wait_s: float | None = None) -> str:
-        """Which ranks failed: those whose heartbeat stopped moving over ``wait_s`` (default three
-        intervals), then the reports in the order they came; a sentence for a log or an exception."""
-        wait_s = 3 * self.interval_s if wait_s is None else wait_s
+    def explain(self) -> str:
+        """Which rank failed and how (module doc, points 1-4), in a sentence for a log or an
+        exception; waits at most ``4 * settle`` seconds, not at all once a rank reported an error."""
+        in_thread = threading.current_thread() is self._thread
+        if not in_thread:
+            self._explaining = True  # the thread's grace waits for this explanation
         try:
-            before = self._beats()
-            time.sleep(wait_s)
-            after = self._beats()
-            reports = []
-            for r in range(self.world_size):
-                key = self._key(f"failed/{r}")
-                if self._store.check([key]):
-                    order, _, msg = self._store.get(key).decode().partition("|")
-                    reports.append((int(order), r, msg))
-        except Exception as e:
-            return (f"the rendezvous store (hosted by global rank 0) is unreachable ({_short(e)}): rank 0 failed "
-                    f"or was killed")
-        # A rank whose heartbeat stopped and that reported nothing died without a word (SIGKILL,
-        # os._exit, a segfault, the OOM killer, a hang): the likely origin. Ranks that reported
-        # did so in order; after a death their reports are mostly the peers' broken connections.
-        reports.sort()
-        reporters = {r for _, r, _ in reports}
-        silent = [r for r in range(self.world_size) if r != self.rank and before[r] == after[r] and r not in reporters]
-        parts = []
-        if silent:
-            who = f"rank {silent[0]}" if len(silent) == 1 else f"ranks {silent}"
-            parts.append(f"{who} stopped without reporting an error (no heartbeat for {wait_s:.1f} s: killed, "
-                         f"crashed or hung)")
-        if any("Timed out" in msg for _, _, msg in reports):
-            # Some ranks timed out waiting; a rank that is alive and has not timed out too never
-            # entered that collective: it is blocked elsewhere (a hang, a deadlock, endless work).
-            # Any report counts, not only the first: a peer's "connection closed" (the timed-out
-            # rank dropping its sockets) can be filed a moment before the timeout itself.
-            quiet = [r for r in range(self.world_size)
-                     if r != self.rank and r not in reporters and r not in silent and not self._reported(r)]
-            if quiet:
-                who = f"rank {quiet[0]} is" if len(quiet) == 1 else f"ranks {quiet} are"
-                parts.append(f"{who} alive but never joined the collective the others timed out in (hung, or "
-                             f"blocked outside the collectives)")
-        # A report that is a broken connection (is_peer_failure) is the consequence of a failure,
-        # not its cause: the first real error leads; the broken connections are only counted, their
-        # raw text (gloo's "Connection reset by peer ... GLHF") shown only when nothing else is known.
-        causes = [(r, msg) for _, r, msg in reports if not is_peer_failure(msg)]
-        lost = [r for _, r, msg in reports if is_peer_failure(msg)]
-        if causes:
-            first, msg = causes[0]
-            parts.append(f"{'then' if parts else 'first'} rank {first} failed: {msg}")
-            if len(causes) > 1:
-                parts.append(f"then rank(s) {[r for r, _ in causes[1:]]} failed too")
-        elif lost and not parts:
-            _, first, msg = reports[0]
-            parts.append(f"first rank {first} failed: {msg}")
-            lost = lost[1:]
-        if lost:
-            parts.append(f"rank(s) {lost} lost their connection to it")
-        if not parts:
-            parts.append("no rank reported a failure and every rank is alive: a collective timed out (a rank "
-                         "blocked outside the collectives, or ranks calling different collectives)")
-        return "; ".join(parts)
+            why = self._explain(self._calls, beat=in_thread)
+        except Exception as e:  # noqa: BLE001 -- any store error: its host is gone
+            why = (f"the rendezvous store (hosted by global rank 0) is unreachable ({_short(e)}): rank 0 failed "
+                   f"or was killed")
+        finally:
+            if not in_thread:
+                self._explaining = False
+        self.last_explanation = why
+        return why
 
-    def _reported(self, rank: int) -> bool:
-        """A report that arrived after the scan (a peer that timed out a moment later)."""
-        try:
-            return self._store.check([self._key(f"failed/{rank}")])
-        except Exception:
-            return False
+    def _explain(self, store, beat: bool) -> str:
+        settle = 3 * self.interval_s * host_slowdown()
+        t0 = time.monotonic()
+        before = self._beats(store)
+        others = [r for r in range(self.world_size) if r != self.rank]
+        done = {r for r in others if store.check([self._key(f"done/{r}")])}
+        ident = {r: store.get(self._key(f"proc/{r}")).decode() if store.check([self._key(f"proc/{r}")]) else ""
+                 for r in others}
+        reports: list[tuple[int, int, str]] = []
+        seen = -1
+        unchanged: tuple[tuple[int, ...], float] = ((), t0)
+        while True:
+            count = store.add(self._key("failures"), 0)
+            if count != seen:  # the O(world) scan only when a report came
+                seen, reports = count, self._reports(store)
+            if any(not is_peer_failure(msg) for _, _, msg in reports):
+                return _account(reports)  # 1: the rank that raised
+            reporters = {r for _, r, _ in reports}
+            open_ = [r for r in others if r not in reporters and r not in done]
+            ended = [r for r in open_ if process_ended(ident[r])]
+            if ended or not open_:  # 2: a process gone without a word; or every rank has spoken
+                return _account(reports, ended)
+            if beat:  # the watch thread explains: it beats here, or the others would find it silent
+                store.add(self._key(f"hb/{self.rank}"), 1)
+            now_beats = self._beats(store)
+            elapsed = time.monotonic() - t0
+            silent = [r for r in open_ if now_beats[r] == before[r]]  # 3
+            quiet = [r for r in open_ if r not in silent]  # 4, where the others timed out
+            timed_out = any("Timed out" in msg for _, _, msg in reports)
+            if tuple(quiet) != unchanged[0]:
+                unchanged = (tuple(quiet), time.monotonic())
+            waited = elapsed >= settle and now_beats[self.rank] - before[self.rank] >= 3
+            settled = waited and (not timed_out or time.monotonic() - unchanged[1] >= settle)
+            if settled or elapsed >= 4 * settle:
+                return _account(reports, silent=silent, quiet=quiet if timed_out else [], waited_s=elapsed)
+            time.sleep(self.interval_s / 2)
 
-    def _beats(self) -> list[int]:
-        return [self._store.add(self._key(f"hb/{r}"), 0) for r in range(self.world_size)]
+    def _reports(self, store) -> list[tuple[int, int, str]]:
+        """(order, rank, message) of every report so far, in the order they came."""
+        out = []
+        for r in range(self.world_size):
+            key = self._key(f"failed/{r}")
+            if store.check([key]):
+                order, _, msg = store.get(key).decode().partition("|")
+                out.append((int(order), r, msg))
+        return sorted(out)
+
+    def _beats(self, store) -> list[int]:
+        return [store.add(self._key(f"hb/{r}"), 0) for r in range(self.world_size)]
 
     # ---- the thread --------------------------------------------------------------------------
     def _run(self) -> None:
         known_since: float | None = None
         store_lost_since: float | None = None
         while not self._stop.wait(self.interval_s):
+            now = time.monotonic()
             try:
-                self._store.add(self._key(f"hb/{self.rank}"), 1)
-                failures = self._store.add(self._key("failures"), 0)
+                failures = self.beat()
                 store_lost_since = None
-            except Exception:
-                failures = 0
-                store_lost_since = store_lost_since or time.monotonic()
-                if time.monotonic() - store_lost_since > self.grace_s and not self._stop.is_set():
+            except Exception:  # noqa: BLE001 -- a timeout on a loaded host, or the store's host is gone
+                store_lost_since = store_lost_since or now
+                if now - store_lost_since > 2 * self.grace_s * host_slowdown():
                     self._end("the rendezvous store (hosted by global rank 0) is unreachable: rank 0 failed or "
                               "was killed")
                 continue
-            if failures and known_since is None:
-                known_since = time.monotonic()
-            if known_since is not None and time.monotonic() - known_since > self.grace_s and not self._stop.is_set():
-                self._end(self.explain())
+            if failures and known_since is None or (known_since is not None and self._explaining):
+                known_since = now  # the grace counts from the end of this rank's own explanation
+            if known_since is not None and now - known_since > self.grace_s * host_slowdown():
+                self._end(self.last_explanation or self.explain())
 
     def _end(self, why: str) -> None:
+        if self._stop.is_set():  # the run ended normally meanwhile
+            return
+        self.report(f"{STOPPED_BY_WATCH}: {why}")  # a consequence: the others do not blame this rank
         sys.stderr.write(f"hexiscale: rank {self.rank} stops: {why}\n")
         sys.stderr.flush()
         sys.stdout.flush()
         os._exit(self.exit_code)
 
+
+def _account(reports: list[tuple[int, int, str]], ended: Sequence[int] = (), silent: Sequence[int] = (),
+             quiet: Sequence[int] = (), waited_s: float = 0.0) -> str:
+    """The sentence of :meth:`FailureWatch.explain`: the first real error leads; ranks that ended
+    or fell silent without a word, or that are alive outside the collective the others timed out
+    in, come next; peers' broken connections are only counted (their raw text, gloo's "Connection
+    reset by peer ... GLHF", shown only when nothing else is known)."""
+    causes = [(r, msg) for _, r, msg in reports if not is_peer_failure(msg)]
+    lost = [r for _, r, msg in reports if is_peer_failure(msg)]
+    parts = []
+    if causes:
+        parts.append(f"first rank {causes[0][0]} failed: {causes[0][1]}")
+        if len(causes) > 1:
+            parts.append(f"then rank(s) {[r for r, _ in causes[1:]]} failed too")
+    if ended:
+        parts.append(f"{_ranks(ended)} stopped without reporting an error (the process ended: killed or crashed)")
+    if silent:
+        parts.append(f"{_ranks(silent)} stopped without reporting an error (no heartbeat for {waited_s:.1f} s: "
+                     f"killed, crashed or hung)")
+    if quiet:
+        parts.append(f"{_ranks(quiet)} {'is' if len(quiet) == 1 else 'are'} alive but never joined the collective "
+                     f"the others timed out in (hung, or blocked outside the collectives)")
+    if lost and not parts:
+        _, first, msg = reports[0]
+        parts.append(f"first rank {first} failed: {msg}")
+        lost = lost[1:]
+    if lost:
+        parts.append(f"rank(s) {lost} lost their connection to it")
+    if not parts:
+        parts.append("no rank reported a failure and every rank is alive: a collective timed out (a rank "
+                     "blocked outside the collectives, or ranks calling different collectives)")
+    return "; ".join(parts)
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {list(ranks)}"

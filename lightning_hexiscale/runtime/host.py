@@ -1,0 +1,90 @@
+"""What the failure watch needs to know about this machine: how loaded it is, and whether a process
+on it has ended.
+
+- :func:`host_slowdown`: how many times longer CPU-bound work takes here now than on an idle host,
+  from the 1-minute load average over the cores this process may use. On 2 cores with a load
+  average of 20, every runnable process gets about 2/20 of a core: ``20 / 2 = 10``. Waits that cover
+  work (a peer reaching its own timeout, a process's exception path) are multiplied by it.
+- :func:`process_identity` / :func:`process_ended`: a process named by boot id, pid namespace, pid
+  and start time (Linux ``/proc``), and whether that process has ended (gone, a zombie, or its pid
+  reused). Only a process on the same kernel and in the same pid namespace can be checked; anywhere
+  else the answer is "not known", never "ended".
+
+No torch import: the test suite uses :func:`host_slowdown` to scale its own time limits.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+SLOWDOWN_CAP = 10.0
+"""Most :func:`host_slowdown` says by default: a load average can be inflated by processes waiting on
+I/O (a stalled network file system), and every wait it lengthens must stay bounded."""
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity where the OS has one)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def host_slowdown(cap: float = SLOWDOWN_CAP) -> float:
+    """``min(cap, max(1, load1 / cores))``: the 1-minute load average (runnable processes, averaged)
+    over :func:`usable_cores`, i.e. how many processes compete for each core; 1.0 where the OS keeps
+    no load average. It lags a sudden load by up to a minute (an exponential average)."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return 1.0
+    return min(cap, max(1.0, load / usable_cores()))
+
+
+def _stat(pid: int) -> list[str]:
+    """Fields 3.. of ``/proc/<pid>/stat`` (state first; the command name, which may hold spaces and
+    parentheses, is cut off at its last ``)``)."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    return text[text.rindex(")") + 2:].split()
+
+
+_STATE, _START_TIME = 0, 19  # stat fields 3 (state) and 22 (start time, clock ticks after boot)
+
+
+def _machine() -> str:
+    """Boot id and pid namespace: two processes with the same value see the same pids."""
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    return f"{boot}|{os.readlink('/proc/self/ns/pid')}"
+
+
+def process_identity(pid: int | None = None) -> str:
+    """``boot_id|pid namespace|pid|start time`` of process ``pid`` (default: this one), or ``""``
+    where ``/proc`` cannot tell (not Linux)."""
+    pid = os.getpid() if pid is None else pid
+    try:
+        return f"{_machine()}|{pid}|{_stat(pid)[_START_TIME]}"
+    except (OSError, IndexError, ValueError):
+        return ""
+
+
+def process_ended(identity: str) -> bool:
+    """Whether the process ``identity`` (from :func:`process_identity`) has ended: its pid is gone,
+    a zombie (ended, not yet reaped by its parent) or now another process. False where that cannot
+    be checked from here (another machine or pid namespace, no ``/proc``, an empty identity)."""
+    parts = identity.split("|")
+    if len(parts) != 4:
+        return False
+    boot, namespace, pid, start = parts
+    try:
+        if _machine() != f"{boot}|{namespace}":
+            return False
+    except OSError:
+        return False
+    try:
+        fields = _stat(int(pid))
+    except (FileNotFoundError, ProcessLookupError):
+        return True  # no such pid in this namespace (any more)
+    except (OSError, IndexError, ValueError):
+        return False
+    return fields[_STATE] in ("Z", "X", "x") or fields[_START_TIME] != start

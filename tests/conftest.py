@@ -1,0 +1,26 @@
+"""Suite-wide: every test's pytest timeout (its ``@pytest.mark.timeout``, else the ``--timeout`` or
+pyproject.toml's ``timeout``) is multiplied by the host's load when the test starts
+(``slow_host.py``), so a test that legitimately takes longer on a loaded host is not cut off, and a
+hang still fails."""
+
+from __future__ import annotations
+
+import pytest
+
+from slow_host import slowdown
+
+
+@pytest.hookimpl(tryfirst=True, hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    marker = item.get_closest_marker("timeout")
+    kwargs = dict(marker.kwargs) if marker is not None else {}
+    base = kwargs.pop("timeout", None)
+    if marker is not None and marker.args:
+        base = marker.args[0]
+    if base is None:
+        base = getattr(item.config, "_env_timeout", None)  # pytest-timeout's --timeout / ini value
+    factor = slowdown()
+    if base and float(base) > 0 and factor > 1:
+        # Prepended: pytest-timeout reads the closest marker after this hook.
+        item.add_marker(pytest.mark.timeout(float(base) * factor, **kwargs), append=False)
+    yield

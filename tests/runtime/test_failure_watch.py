@@ -1,0 +1,164 @@
+"""Which rank the FailureWatch names, in one process: ranks are FailureWatch objects on one
+in-process TCPStore, whose reports and heartbeats the test writes when it wants them to happen.
+
+The order of evidence (runtime/failure.py): the rank that raised is named at once, even while a
+live rank's heartbeat is late (the loaded-host misattribution this guards against); a process that
+ended is named without waiting for heartbeats; heartbeat silence only after the settle window, and
+never for a rank that is merely slow or that ended its run normally; a rank alive outside the
+collective only once the peers that time out later than the observer have reported, with a window
+that stretches with the host's load.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from lightning_hexiscale.runtime import failure, host
+from lightning_hexiscale.runtime.failure import FailureWatch
+from lightning_hexiscale.runtime.host import host_slowdown, process_ended, process_identity
+
+INTERVAL = 0.2
+CLOSED = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:538] Connection closed by peer [127.0.0.1]:1")
+TIMED_OUT = RuntimeError("[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 10000ms "
+                         "for recv operation to complete")
+
+
+@pytest.fixture
+def ranks():
+    """``make(world)`` -> one FailureWatch per rank; rank 0 (the observer) has its heartbeat thread
+    running (a grace long enough that it never ends the test process), the others beat only when
+    the test says so."""
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    made: list[FailureWatch] = []
+
+    def make(world: int) -> list[FailureWatch]:
+        token = uuid.uuid4().hex[:12]
+        watches = [FailureWatch(r, world, token, interval_s=INTERVAL, grace_s=3600.0, store=store)
+                   for r in range(world)]
+        watches[0].start()
+        made.extend(watches)
+        return watches
+
+    yield make
+    for w in made:
+        w._stop.set()  # no done marks: the store goes with the test
+
+
+def _beating(watch: FailureWatch, every_s: float) -> threading.Event:
+    """Beat ``watch`` every ``every_s`` in a thread until the returned event is set."""
+    stop = threading.Event()
+
+    def run():
+        while not stop.wait(every_s):
+            watch.beat()
+
+    threading.Thread(target=run, daemon=True).start()
+    return stop
+
+
+def _announce(watch: FailureWatch, identity: str) -> None:
+    watch._calls.set(watch._key(f"proc/{watch.rank}"), identity)
+
+
+def test_the_rank_that_raised_is_named_at_once_not_a_late_heartbeat(ranks):
+    """Rank 2 raised; rank 1 is alive but its heartbeat has not moved (a loaded host): rank 2 is the
+    root cause and nothing waits for rank 1's heartbeat."""
+    w0, w1, w2 = ranks(3)
+    w2.report(ValueError("injected failure on rank 2 at step 2"))
+    w0.report(CLOSED)
+    t0 = time.monotonic()
+    why = w0.explain()
+    took = time.monotonic() - t0
+    assert why.startswith("first rank 2 failed: ValueError: injected failure on rank 2"), why
+    assert "rank 1" not in why and "heartbeat" not in why, why
+    assert took < 3 * INTERVAL, f"waited {took:.1f} s for heartbeats although rank 2 had reported its error"
+
+
+def test_a_process_that_ended_is_named_without_waiting_for_heartbeats(ranks):
+    if not process_identity():
+        pytest.skip("no /proc: process identities need Linux")
+    w0, w1, w2 = ranks(3)
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    _announce(w2, process_identity(victim.pid))
+    _announce(w1, process_identity())  # rank 1: this (live) process, its heartbeat still
+    victim.kill()
+    victim.wait()
+    w0.report(CLOSED)
+    why = w0.explain()
+    assert why.startswith("rank 2 stopped without reporting an error (the process ended"), why
+    assert "rank 1" not in why, why
+
+
+def test_heartbeat_silence_is_named_only_after_the_window(ranks):
+    """Rank 3 (another machine: no process identity) stopped beating; rank 1 beats at a third of the
+    rate (late, alive); rank 2 ended its run normally and beats no more: only rank 3 is named, and
+    only after the settle window."""
+    w0, w1, w2, w3 = ranks(4)
+    w2.stop()
+    slow = _beating(w1, 2 * INTERVAL)
+    try:
+        w0.report(CLOSED)
+        t0 = time.monotonic()
+        why = w0.explain()
+        took = time.monotonic() - t0
+    finally:
+        slow.set()
+    assert why.startswith("rank 3 stopped without reporting an error (no heartbeat for"), why
+    assert "rank 1" not in why and "rank 2" not in why, why
+    assert took >= 3 * INTERVAL, f"rank 3 was named after {took:.2f} s, before the window (3 heartbeats at least)"
+
+
+def test_a_hung_rank_is_named_once_the_later_peers_time_out_too(ranks, monkeypatch):
+    """Ranks 0 and 1 wait on rank 2, which is alive but never joins; rank 1 times out 1 s after rank
+    0 (its compute was slower: a loaded host). On a host 5 times slower than idle the settle window
+    is 5 x 0.6 s, so rank 1's late timeout is not mistaken for a second hung rank."""
+    monkeypatch.setattr(failure, "host_slowdown", lambda: 5.0)
+    w0, w1, w2 = ranks(3)
+    alive = [_beating(w1, INTERVAL), _beating(w2, INTERVAL)]
+    try:
+        threading.Timer(1.0, w1.report, (TIMED_OUT,)).start()
+        w0.report(TIMED_OUT)
+        why = w0.explain()
+    finally:
+        for a in alive:
+            a.set()
+    assert why.startswith("rank 2 is alive but never joined the collective the others timed out in"), why
+    assert "ranks [1, 2]" not in why, why
+
+
+def test_host_slowdown_is_the_load_per_core(monkeypatch):
+    monkeypatch.setattr(host, "usable_cores", lambda: 2)
+    for load, expect in [(20.0, 10.0), (0.5, 1.0), (7.0, 3.5), (100.0, host.SLOWDOWN_CAP)]:
+        monkeypatch.setattr(host.os, "getloadavg", lambda load=load: (load, load, load))
+        assert host_slowdown() == expect
+
+
+def test_process_ended_tells_a_live_process_from_an_ended_one():
+    if not Path("/proc/self/stat").exists():
+        pytest.skip("no /proc")
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    ident = process_identity(proc.pid)
+    try:
+        assert ident and not process_ended(ident)
+        assert not process_ended(process_identity())
+        boot, ns, pid, start = ident.split("|")
+        assert not process_ended(f"another-boot|{ns}|{pid}|{start}")  # not checkable from here: not "ended"
+        assert process_ended(f"{boot}|{ns}|{pid}|{int(start) + 1}")  # the pid is now another process
+        proc.kill()
+        deadline = time.monotonic() + 30
+        while not process_ended(ident) and time.monotonic() < deadline:  # a zombie until reaped
+            time.sleep(0.05)
+        assert process_ended(ident)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert process_ended(ident)
+    assert not process_ended("") and not process_ended("no identity")
