@@ -256,7 +256,7 @@ def test_cli_passes_the_precision_and_its_default(monkeypatch, tmp_path, capsys)
     import lightning_hexiscale.profiling.launch as launch
 
     seen = {}
-    monkeypatch.setattr(launch, "run_local", lambda n, fn, opts, **kw: seen.update(profile=opts["precision"]) or [None])
+    monkeypatch.setattr(launch, "run_local", lambda n, fn, opts, *rest, **kw: seen.update(profile=opts["precision"]) or [None])
     monkeypatch.setattr(cal, "calibrate", lambda *a: seen.update(calibrate=a[-1]))
     monkeypatch.setattr(chk, "check", lambda *a: seen.update(check=a[-1]))
     plan = tmp_path / "plan.yaml"
