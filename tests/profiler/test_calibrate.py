@@ -257,7 +257,7 @@ def test_cli_passes_the_precision_and_its_default(monkeypatch, tmp_path, capsys)
 
     seen = {}
     monkeypatch.setattr(launch, "run_local", lambda n, fn, opts, *rest, **kw: seen.update(profile=opts["precision"]) or [None])
-    monkeypatch.setattr(cal, "calibrate", lambda *a: seen.update(calibrate=a[-1]))
+    monkeypatch.setattr(cal, "calibrate", lambda *a: seen.update(calibrate=a[10]))  # (..., stat, precision, layer_opts)
     monkeypatch.setattr(chk, "check", lambda *a: seen.update(check=a[-1]))
     plan = tmp_path / "plan.yaml"
     plan.write_text(yaml.safe_dump(pure_dp_plan(2, MODEL, 1, 1, False).to_dict()))
