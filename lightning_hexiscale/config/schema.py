@@ -244,11 +244,15 @@ def conf_dir() -> Path:
     if env:
         return Path(env).resolve()
     res = resources.files("lightning_hexiscale") / "conf"
-    if not isinstance(res, Path) or not res.is_dir():
+    if not isinstance(res, Path):
         raise ConfigError("HEXISCALE_CONF_DIR", None,
-                          f"the package's presets are not a directory on disk ({res})",
+                          f"unset, and the package's presets are not a directory on disk ({res})",
                           "install lightning-hexiscale unpacked (pip install), or set HEXISCALE_CONF_DIR "
                           "to a copy of its conf/ directory")
+    if not res.is_dir():
+        raise ConfigError("HEXISCALE_CONF_DIR", None, f"unset, and the package's presets are missing ({res})",
+                          "reinstall lightning-hexiscale from a wheel or checkout that has "
+                          "lightning_hexiscale/conf, or set HEXISCALE_CONF_DIR to a conf/ directory")
     return res
 
 
