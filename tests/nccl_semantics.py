@@ -1,7 +1,8 @@
 """NCCL semantics on CPU/gloo: order-only p2p matching and a replay of every rank's communication.
 
-gloo is forgiving where NCCL is not (NOTES-torch-lightning.md, "NCCL"): it honours p2p tags, and its
-sends complete into buffers whatever the peer is doing. This module makes the CPU test ranks behave,
+gloo is forgiving where NCCL is not (NCCL user guide, "Point-to-point communication" and "Group
+calls"): it honours p2p tags, which NCCL does not have, and its sends complete into buffers whatever
+the peer is doing, while an un-fused NCCL send waits for the peer's matching receive. This module makes the CPU test ranks behave,
 and be judged, as NCCL ranks:
 
 1. **Order-only matching.** :class:`Recorder` wraps the ``torch.distributed`` functions inside a test

@@ -40,3 +40,27 @@ def test_presets_listed():
     assert {"homo_a800_2x8_eth", "homo_a800_2x8_rdma", "homo_a800_4x8_eth", "homo_a800_4x8_rdma"} <= set(preset_names("cluster"))
     assert {"h800_h20_16", "h800_h20_24", "h800_h20_32"} <= set(preset_names("cluster"))
     assert {"llama_tiny", "llama2_7b", "llama2_13b", "llama_30b", "llama2_70b"} <= set(preset_names("model"))
+
+
+def test_presets_are_package_data_and_the_env_var_overrides(tmp_path, monkeypatch):
+    import shutil
+    from pathlib import Path
+
+    import lightning_hexiscale
+    from lightning_hexiscale.config.schema import conf_dir, packaged_file
+    from lightning_hexiscale.errors import ConfigError
+    from lightning_hexiscale.planner.plan import Plan
+
+    monkeypatch.delenv("HEXISCALE_CONF_DIR", raising=False)
+    assert conf_dir() == Path(lightning_hexiscale.__file__).resolve().parent / "conf"
+    monkeypatch.chdir(tmp_path)  # checkout-style paths resolve to the packaged presets from anywhere
+    assert Plan.load("conf/plans/hetero3_llama30b_tab7.yaml").meta["cluster"] == "hetero3"
+    assert packaged_file("plans/hetero3_llama30b_tab7.yaml") == conf_dir() / "plans" / "hetero3_llama30b_tab7.yaml"
+    assert packaged_file("conf/plans/nowhere.yaml") is None and packaged_file(tmp_path / "x.yaml") is None
+    with pytest.raises(ConfigError, match="no such plan file"):
+        Plan.load("conf/plans/nowhere.yaml")
+    other = tmp_path / "myconf"
+    shutil.copytree(conf_dir(), other)
+    (other / "cluster" / "cpu2.yaml").write_text((other / "cluster" / "cpu2.yaml").read_text().replace("name: cpu2", "name: mine"))
+    monkeypatch.setenv("HEXISCALE_CONF_DIR", str(other))
+    assert conf_dir() == other.resolve() and compose(["cluster=cpu2"]).cluster.name == "mine"

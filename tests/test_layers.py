@@ -1,5 +1,5 @@
 """The package's architecture as tests: no import circles, each folder imports only the layers
-below it, and the separation rules of DESIGN.md (the planner never imports torch.distributed, the
+below it, and the project's separation rules (the planner never imports torch.distributed, the
 model is free of parallelism, only the Lightning layer and the CLI meet Lightning).
 
 Imports are read from the source with ``ast`` (function-level imports included, since a lazy import

@@ -381,11 +381,11 @@ def _fraction(v: Any, key: str) -> float:
 
 def _load_matrices(path: str, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Read ``bandwidth_Bps`` and ``latency_s`` matrices (YAML/JSON); check shape, sign, symmetry."""
-    from lightning_hexiscale.config.schema import conf_dir
+    from lightning_hexiscale.config.schema import packaged_file
 
     p = Path(path)
-    if not p.is_file() and (conf_dir() / path).is_file():
-        p = conf_dir() / path
+    if not p.is_file():
+        p = packaged_file(path) or p
     if not p.is_file():
         raise ConfigError("cluster.matrix_file", path, "file not found", "give a path relative to the working directory or conf/")
     data = yaml.safe_load(p.read_text()) or {}

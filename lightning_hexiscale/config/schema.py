@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from importlib import resources
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -254,11 +255,39 @@ def register_configs() -> None:
 
 
 def conf_dir() -> Path:
-    """The conf/ directory: $HEXISCALE_CONF_DIR, else conf/ next to the package (source checkout)."""
+    """The presets directory: ``$HEXISCALE_CONF_DIR`` when set (an override), else the package data
+    ``lightning_hexiscale/conf`` found through :mod:`importlib.resources`, so an installed wheel has its
+    presets without any environment variable (a source checkout's top-level ``conf`` links there).
+
+    Hydra composes from a directory on disk, so a package imported from a zip archive is refused."""
     env = os.environ.get("HEXISCALE_CONF_DIR")
     if env:
         return Path(env).resolve()
-    return Path(__file__).resolve().parents[2] / "conf"
+    res = resources.files("lightning_hexiscale") / "conf"
+    if not isinstance(res, Path):
+        raise ConfigError("HEXISCALE_CONF_DIR", None,
+                          f"unset, and the package's presets are not a directory on disk ({res})",
+                          "install lightning-hexiscale unpacked (pip install), or set HEXISCALE_CONF_DIR "
+                          "to a copy of its conf/ directory")
+    if not res.is_dir():
+        raise ConfigError("HEXISCALE_CONF_DIR", None, f"unset, and the package's presets are missing ({res})",
+                          "reinstall lightning-hexiscale from a wheel or checkout that has "
+                          "lightning_hexiscale/conf, or set HEXISCALE_CONF_DIR to a conf/ directory")
+    return res
+
+
+def packaged_file(path: str | Path) -> Path | None:
+    """The preset file a relative ``path`` names inside :func:`conf_dir`, or None.
+
+    ``path`` may be written as in a source checkout (``conf/plans/X.yaml``) or relative to the presets
+    directory (``plans/X.yaml``), so the paths the docs and ``hexiscale list`` print also work after
+    ``pip install``, from any working directory. Absolute paths are never redirected."""
+    p = Path(path)
+    if p.is_absolute():
+        return None
+    parts = p.parts[1:] if p.parts[:1] == ("conf",) else p.parts
+    cand = conf_dir().joinpath(*parts) if parts else None
+    return cand if cand is not None and cand.is_file() else None
 
 
 def preset_names(group: str) -> list[str]:

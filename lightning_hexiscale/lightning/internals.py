@@ -94,7 +94,8 @@ def steps_after_this_batch(trainer) -> bool:
 
 def skip_lightning_backward(trainer) -> None:
     """Lightning's closure would run zero_grad and backward after ``training_step``, wiping the
-    gradients the pipeline schedule produced inside it (the NeMo fix; NOTES-torch-lightning.md)."""
+    gradients the pipeline schedule produced inside it (Lightning's automatic optimisation runs
+    training_step, then zero_grad, then backward; NeMo sets the same flag for the same reason)."""
     trainer.fit_loop._skip_backward = True
 
 

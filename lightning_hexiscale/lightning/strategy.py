@@ -220,7 +220,8 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
     @override
     def setup_environment(self) -> None:
         if self.root_device.type == "cpu":
-            # Several processes share few cores: one thread each avoids a 9x slowdown (NOTES).
+            # Several processes share few cores: each with torch's default of one thread per core
+            # oversubscribes them (8 such processes ran 9x slower than with one thread each).
             n = self.num_threads if self.num_threads != "auto" else max(1, (os.cpu_count() or 1) // max(1, self.num_processes))
             torch.set_num_threads(n)
         super().setup_environment()

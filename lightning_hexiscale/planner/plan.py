@@ -304,8 +304,13 @@ class Plan:
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:
-        """Read a plan file (YAML or JSON)."""
+        """Read a plan file (YAML or JSON): a path, else a packaged preset written as in a checkout
+        (``conf/plans/X.yaml``), so the shipped plans load from any working directory."""
+        from lightning_hexiscale.config.schema import packaged_file
+
         path = Path(path)
+        if not path.is_file():
+            path = packaged_file(path) or path
         if not path.is_file():
             raise PlanError("--plan", str(path), "no such plan file", "give the path of a plan YAML/JSON file")
         try:

@@ -6,7 +6,7 @@ backward of every micro-batch. The holders sit in pipelines with different sched
 micro-batches, so their uses do not line up, and the only way to serve a use is point-to-point from
 each holder. On NCCL a p2p call completes only when the peer issues the matching call, and calls on
 different communicators must be issued in one consistent order on every rank (NVIDIA's NCCL user
-guide, "Using multiple NCCL communicators concurrently"; NOTES-torch-lightning.md). Pre-posting all
+guide, "Using multiple NCCL communicators concurrently"). Pre-posting all
 sends at the start of a run breaks that rule (and the pre-posted sends of two holders block each
 other on one NCCL stream); tags do not exist on NCCL.
 

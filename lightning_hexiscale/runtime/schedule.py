@@ -18,7 +18,9 @@ neighbour and the neighbour has the two counterparts back to back as well, they 
 send-backward + receive-forward with the previous one, as in Megatron's p2p layer and
 ``torch.distributed.pipelining``); otherwise the send goes first, then the receive, each its own
 batch. Un-fused ``isend``/``irecv`` pairs in opposite directions block each other on NCCL once the
-messages exceed its buffers (NOTES, "NCCL"): every p2p call here is a batch, and the two sides of
+messages exceed its buffers (an ``ncclSend`` completes only when the peer posts the matching
+``ncclRecv``; concurrent ones must be fused in a group: NCCL user guide, "Point-to-point
+communication"): every p2p call here is a batch, and the two sides of
 every link hold matching batches (checked for every shape by tests/runtime/test_schedule.py).
 
 Transport of one exchange (paper §3.2), on the two-rank link group of :func:`..topology.link_pairs`:

@@ -6,7 +6,10 @@ are its devices' ranks in the stage's device order; the first is the stage leade
 Process groups, ALL created once, up front, by EVERY rank, in ONE deterministic order (the sorted
 list of rank tuples from :func:`group_ranks`). ``torch.distributed.new_group`` is collective over
 the default group: a rank that skipped a group, or created them in another order, would make the
-first collective on it hang (see NOTES-torch-lightning.md). The groups are:
+first collective on it hang until the timeout, with no error at creation (the PyTorch docs of
+``new_group``: all processes of the main group must enter it, "even if they are not going to be
+members of the group", and groups "should be created in the same order in all processes"). The
+groups are:
 
 - one TP group per stage with TP degree > 1 (its ranks, leader first in the plan but sorted here);
 - one data-parallel group per distinct set of "holder" ranks of a gradient segment
