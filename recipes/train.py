@@ -333,7 +333,11 @@ def quiet_logs() -> None:
     import logging
 
     for name in ("lightning.pytorch", "lightning.fabric"):
-        logging.getLogger(name).propagate = False
+        lg = logging.getLogger(name)
+        lg.propagate = False
+        # Lightning adds a stderr handler of its own when it is imported before Hydra configures the
+        # root logger (the Ctrl-C recorder imports it first): the recipe prints its own summary instead
+        lg.handlers.clear()
 
 
 def check_early(cfg: DictConfig) -> None:
