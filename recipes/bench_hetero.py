@@ -228,7 +228,7 @@ def report(result: dict, notes: dict[str, str], in_sample_of: dict[str, str] | N
 
 
 def preregistered(args, cluster: Cluster, unavailable: list[str], before, during, form: dict, fidelity: dict,
-                  in_sample_of: dict[str, str]) -> list[str]:
+                  in_sample_of: dict[str, str], substituted: list[str] = ()) -> list[str]:
     """Why this run is not one the pre-registered rules count (empty: it is)."""
     from lightning_hexiscale.emulate.fidelity import RATE_TOLERANCE
     from lightning_hexiscale.emulate.hostload import LOAD_LIMIT
@@ -240,6 +240,8 @@ def preregistered(args, cluster: Cluster, unavailable: list[str], before, during
         why.append(f"only {len(args.plans)} of the {len(COMPARED_NAMES)} compared plans selected (--plans)")
     if unavailable:
         why.append(f"compared plans unavailable: {', '.join(unavailable)}")
+    if substituted:
+        why.append(f"measured in place of the compared plan: {', '.join(substituted)}")
     if args.rounds < rules.RANKING_ROUNDS:
         why.append(f"{args.rounds} rounds, fewer than the {rules.RANKING_ROUNDS} the ranking rule needs")
     if before.others_fraction > LOAD_LIMIT or (during is not None and during.others_fraction > LOAD_LIMIT):
@@ -399,7 +401,7 @@ def bench(args) -> int:
         else:
             cost, cost_path, raw = cluster, Path(args.cluster), None
         print(cost.summary(), flush=True)
-        planned, plans, notes, unavailable = plan_all(cost, config, args, out)
+        planned, plans, notes, unavailable = plan_all(cost, config, args, out, measurable=True)
         cal = calibration_structures(cluster.num_devices, config, args.micro_batch, args.cal_micro_batches)
         in_sample_of = in_sample(plans, cal)
         constants = fitted_constants(cluster) if args.profile else []
@@ -439,7 +441,8 @@ def bench(args) -> int:
         print(f"round-to-round noise of this run: sigma {sigma:.3f} (the rule assumed {rules.PRIOR_ROUND_SIGMA})")
     print(f"host load during the run: {during.text() if during else 'not sampled (shorter than one sample)'}"
           + (f"; worst sample {monitor.worst_fraction * 100:.0f} %" if during else ""))
-    void = preregistered(args, cluster, unavailable, before, during, form, fidelity, in_sample_of)
+    void = preregistered(args, cluster, unavailable, before, during, form, fidelity, in_sample_of,
+                        [n for n, note in notes.items() if "SUBSTITUTED" in note])
     print("pre-registered run: " + ("yes" if not void else "NO: " + "; ".join(void)))
     doc = {"args": {k: v for k, v in vars(args).items() if k != "worker"}, "model": config.to_dict(),
            "cluster": args.cluster, "emulated": emulated, "cost_cluster": str(cost_path), "per_rank_steps_s": per_rank,
@@ -501,9 +504,10 @@ def plan_only(cluster: Cluster, config: LlamaConfig, args, out: Path) -> int:
     return 0
 
 
-def plan_all(cost: Cluster, config: LlamaConfig, args, out: Path):
-    """Make the selected compared plans; print each (or why it is unavailable); save the plans."""
-    planned = make_plans(cost, config, args, tuple(args.plans))
+def plan_all(cost: Cluster, config: LlamaConfig, args, out: Path, measurable: bool = False):
+    """Make the selected compared plans; print each (or why it is unavailable); save the plans.
+    ``measurable``: the plans the rounds can run (``make_plans``)."""
+    planned = make_plans(cost, config, args, tuple(args.plans), measurable=measurable)
     plans = {n: p for n, (p, _) in planned.items() if p is not None}
     notes = {n: note for n, (_, note) in planned.items()}
     unavailable = [n for n, (p, _) in planned.items() if p is None]

@@ -140,10 +140,18 @@ def held_out_plan(cluster: Cluster, config: LlamaConfig, work, global_batch: int
     return plan, f"1 pipeline, stages {[list(s) for s in draft.stages]}, layers {list(draft.layers)}"
 
 
-def make_plans(cluster: Cluster, config: LlamaConfig, args, names: tuple[str, ...] = COMPARED_NAMES
-               ) -> dict[str, tuple[Plan | None, str]]:
+IDLE_NOT_MEASURABLE = ("the rounds (profiling/rounds.py) run every plan on every launched rank; running a plan "
+                       "on part of the world is not built yet (issue 28)")
+"""Why a plan that leaves devices idle is not measured."""
+
+
+def make_plans(cluster: Cluster, config: LlamaConfig, args, names: tuple[str, ...] = COMPARED_NAMES,
+               measurable: bool = False) -> dict[str, tuple[Plan | None, str]]:
     """name -> (plan, note) for every compared plan in ``names``; (None, why) when the planner has
-    none: nothing fits, or it cannot make that plan yet."""
+    none: nothing fits, or it cannot make that plan yet. ``measurable``: only plans the rounds can
+    run (every device busy): a plan that leaves devices idle is unavailable, with the reason, except
+    the search's, which is replaced by the search with ``use_all_devices`` and says so in its note
+    (``SUBSTITUTED`` in the note: the run is then not a pre-registered one)."""
     from lightning_hexiscale.planner import baselines
     from lightning_hexiscale.planner.search import search
     from lightning_hexiscale.planner.search_settings import SearchSettings
@@ -161,7 +169,14 @@ def make_plans(cluster: Cluster, config: LlamaConfig, args, names: tuple[str, ..
         if c.source == "search":
             try:
                 r = search(cluster, work, G, s)
-                out[c.name] = (r.plan, f"{r.plan.num_pipelines} pipelines, {r.plan.dp_sharding}")
+                note = f"{r.plan.num_pipelines} pipelines, {r.plan.dp_sharding}"
+                if measurable and r.plan.idle_devices:
+                    own = (f"SUBSTITUTED: the search's own plan leaves devices {list(r.plan.idle_devices)} idle "
+                           f"(estimate {r.estimate.iteration_time_s:.3f} s), and {IDLE_NOT_MEASURABLE}; measured "
+                           "instead: the search with planner.use_all_devices=true")
+                    r = search(cluster, work, G, replace(s, use_all_devices=True))
+                    note = f"{r.plan.num_pipelines} pipelines, {r.plan.dp_sharding}; {own}"
+                out[c.name] = (r.plan, note)
             except InfeasiblePlan as e:
                 out[c.name] = (None, f"no plan: {e}")
         elif c.source == "held-out":
@@ -185,6 +200,10 @@ def make_plans(cluster: Cluster, config: LlamaConfig, args, names: tuple[str, ..
             if plan is not None:
                 plan = replace(plan, meta={**plan.meta, "planner": c.name})
             out[c.name] = (plan, b.note if plan is not None else f"no plan: {b.note}")
+        plan, note = out[c.name]
+        if measurable and plan is not None and plan.idle_devices and c.source != "search":
+            out[c.name] = (None, f"UNAVAILABLE: leaves devices {list(plan.idle_devices)} idle, and "
+                                 f"{IDLE_NOT_MEASURABLE} ({note})")
     return out
 
 

@@ -120,7 +120,7 @@ def test_plan_optimum_bad_input_is_refused_before_the_search(capsys, extra, key)
 @pytest.fixture
 def straggler_args(tmp_path):
     import yaml
-    from conftest import STRAGGLER
+    from planner_clusters import STRAGGLER
 
     path = tmp_path / "straggler.yaml"
     path.write_text(yaml.safe_dump(STRAGGLER))

@@ -12,7 +12,7 @@ from lightning_hexiscale.planner.assemble import (DraftContext, Evaluator, chain
 from lightning_hexiscale.planner.estimate import Workload, estimate
 from lightning_hexiscale.planner.search import SearchSettings, dp_candidates, search
 
-from conftest import two_islands
+from planner_clusters import two_islands
 
 # every cluster preset with a model that fits it and a global batch in the paper's range
 PRESETS = {
