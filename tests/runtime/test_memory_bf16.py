@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from slow_host import scaled  # the limits stretch with the host's load, as pytest's own timeout does
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "recipes"))
 import bench_memory  # noqa: E402
@@ -31,7 +32,7 @@ def measured_rows() -> dict[tuple[str, int], dict]:
             "print(json.dumps(b.rows(2, c, 'bf16-mixed', [1, 8], steps=2)))")
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/tmp"),
            "PYTHONPATH": os.pathsep.join([str(RECIPES.parent), str(RECIPES)]), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=280)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=scaled(280))
     assert out.returncode == 0, out.stderr[-3000:]
     return {(r["sharding"], r["micro_batches"]): r for r in json.loads(out.stdout.strip().splitlines()[-1])}
 
@@ -55,7 +56,7 @@ def test_bf16_mixed_peak_within_15_percent(measured_rows, sharding, micro_batche
 def test_bench_memory_recipe_tiny():
     out = subprocess.run([sys.executable, "recipes/bench_memory.py", "--layers", "1", "--hidden", "64", "--seq", "8",
                           "--steps", "1", "--micro-batches", "1", "2", "--shardings", "ddp", "zero2"],
-                         capture_output=True, text=True, timeout=280)
+                         capture_output=True, text=True, timeout=scaled(280))
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.splitlines()
     assert any("est/meas" in ln and "estimated MiB" in ln for ln in lines)
