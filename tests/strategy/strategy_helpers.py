@@ -112,8 +112,9 @@ def read_ranks(out_dir: Path, world: int) -> list[dict]:
     return [torch.load(Path(out_dir) / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 
-def hexiscale_trainer(plan: Plan, out_dir: Path, *, start_method: str = "fork", callbacks=(), **trainer_kw):
-    strategy = HexiScaleStrategy(plan=plan, start_method=start_method, timeout=PG_TIMEOUT)
+def hexiscale_trainer(plan: Plan, out_dir: Path, *, start_method: str = "fork", callbacks=(), strategy_kw=None,
+                      **trainer_kw):
+    strategy = HexiScaleStrategy(plan=plan, start_method=start_method, timeout=PG_TIMEOUT, **(strategy_kw or {}))
     kw = dict(accelerator="cpu", devices=plan.world_size, logger=False, enable_checkpointing=False,
               enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
     kw.update(trainer_kw)
