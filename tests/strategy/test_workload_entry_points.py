@@ -66,8 +66,9 @@ def test_strategy_prices_the_trainer_precision():
 def test_infeasible_message_names_the_term_that_does_not_fit():
     c, m = Cluster.load("cpu_demo"), LlamaConfig.load("llama_demo")
     cuda = dataclasses.replace(Workload.for_cluster(m, c), device="cuda")  # the old pricing of this cluster
+    # every device must take work: leaving the small devices idle, the big ones alone hold it under CUDA pricing
     with pytest.raises(InfeasiblePlan) as e:
-        search(c, cuda, 32, SearchSettings(iterations=3, progress=False))
+        search(c, cuda, 32, SearchSettings(iterations=3, progress=False, use_all_devices=True))
     msg = str(e.value)
     assert "3.1M parameters" in msg and "0.00B" not in msg
     assert "CPU-SMALL" in msg and "1,045.0 MiB each" in msg
