@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import types
@@ -76,7 +77,13 @@ def test_survivor_replans_resumes_and_matches_a_run_from_the_same_checkpoint(tmp
         assert "stopped by ElasticStop" not in (tmp_path / log).read_text()
     assert "old plan: " in report and "new plan: 1 pipeline(s)" in report and "% kept)" in report
     resumed = record["resumed_step"]
-    assert resumed >= 4 and resumed % 4 == 0, "the newest complete checkpoint (every 4 steps)"
+    # the checkpoints written before the kill: every 4 steps, and the one a's workers saved on the
+    # SIGTERM of b's join (at whatever step a had reached alone; on a loaded host the kill can land
+    # while step 8's save is under way, and then that join checkpoint, e.g. step 7, is the newest)
+    joins = {int(s) for log in ("agent-a.log", "agent-b.log")
+             for s in re.findall(r"checkpoint of step (\d+) saved", (tmp_path / log).read_text())}
+    assert 0 < resumed <= f["reached_step"] and (resumed % 4 == 0 or resumed in joins), \
+        f"the newest complete checkpoint (every 4 steps, or the join's: {sorted(joins)}), not {resumed}"
     assert "step(s) redone" in report and f["steps_redone"] == f["reached_step"] - resumed >= 0
     after = [r for r in f["after"] if r["restart"] == record["restart"]]
     assert [r["step"] for r in after] == list(range(resumed + 1, steps + 1)), "the survivor finished, no step skipped"
