@@ -1,4 +1,4 @@
-"""The fine-tuning path of the README, end to end on CPU: a Hugging Face directory (written here, with
+"""The fine-tuning path of docs/guide/models.md, end to end on CPU: a Hugging Face directory (written here, with
 a tokenizer built here: no downloads) -> ``hexiscale prepare-data`` -> ``recipes/train.py model=hf:DIR``
 (plans, trains from the directory's weights, logs the plan as hyper-parameters, checkpoints) ->
 ``hexiscale export`` -> a directory that ``load_hf`` reads back with the trained weights. Plus the

@@ -1,5 +1,5 @@
 """One workload per run, made in one place (``Workload.for_devices``) from the cluster's device kind and
-the precision, whichever entry point plans: the strategy's search (the README's Lightning example:
+the precision, whichever entry point plans: the strategy's search (the Lightning example of docs/guide/lightning.md:
 ``HexiScaleStrategy(cluster="cpu_demo", global_batch=32)``, 4 CPU devices), elastic restarts, the
 recipe and the ``hexiscale`` commands (``workload_from_config``). Before, the strategy priced a CPU
 cluster as CUDA (NCCL buffers on every device) and found no plan for cpu_demo at all.
@@ -51,7 +51,7 @@ def _resolve(strategy: HexiScaleStrategy, devices: int, precision: str = "32-tru
 
 
 def test_strategy_plans_the_readme_example_on_cpu_demo():
-    """The README's example: HexiScaleStrategy(cluster="cpu_demo", global_batch=32), devices=4."""
+    """The example of docs/guide/lightning.md: HexiScaleStrategy(cluster="cpu_demo", global_batch=32), devices=4."""
     s = _resolve(HexiScaleStrategy(cluster="cpu_demo", global_batch=32, planner_iterations=5), 4)
     assert s.workload == Workload.for_cluster(LlamaConfig.load("llama_demo"), s.cluster, "32-true")
     assert s.workload.device == "cpu"
