@@ -2,6 +2,7 @@
 (:func:`lightning_hexiscale.cli.common.subcommand`); this module imports them all and dispatches.
 
     hexiscale estimate --plan conf/plans/hetero3_llama30b_tab7.yaml cluster=hetero3 model=llama_30b
+    hexiscale train cluster=cpu2 model=llama_tiny trainer.max_steps=2
 
 Every subcommand takes Hydra-style overrides after its options, composed over conf/config.yaml.
 Bad input exits with status 2 and a one-paragraph message (key, value, rule, fix); no traceback.
@@ -26,6 +27,7 @@ from lightning_hexiscale.cli import export  # noqa: F401  isort: skip
 from lightning_hexiscale.cli import checkpoint  # noqa: F401  isort: skip
 from lightning_hexiscale.cli import emulate  # noqa: F401  isort: skip
 from lightning_hexiscale.cli import rendezvous  # noqa: F401  isort: skip
+from lightning_hexiscale.cli import train  # noqa: F401  isort: skip
 from lightning_hexiscale.cli.common import EPILOG, SUBCOMMANDS
 from lightning_hexiscale.errors import HexiScaleError
 
@@ -53,6 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["emulate"] and "--" in argv:  # `hexiscale emulate C -- CMD ...`: CMD is not ours to parse
         cut = argv.index("--")
         argv, command_argv = argv[:cut], argv[cut + 1:]
+    if argv[:1] == ["train"]:  # a Hydra app: Hydra parses its flags (-m, --cfg) and overrides, not argparse
+        return train.main(argv[1:], train.HEXISCALE, ("train",))
     args, extra = parser.parse_known_args(argv)
     args.command_argv = command_argv
     if args.command is None:

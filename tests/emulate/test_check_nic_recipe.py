@@ -1,4 +1,4 @@
-"""recipes/check_nic.py: the prices it holds the emulator's measurements against, and a run on plain
+"""benchmarks/check_nic.py: the prices it holds the emulator's measurements against, and a run on plain
 local ranks (no root, unshaped: the plumbing, not the figures)."""
 
 from __future__ import annotations

@@ -169,7 +169,7 @@ def test_broken_flash_through_the_model(monkeypatch, fresh_gates):
     assert torch.allclose(out, model(tokens), atol=1e-12)
 
 
-# ---- the GPU check's accuracy comparison (recipes/gpu_checks.py) can fail ----------------------------
+# ---- the GPU check's accuracy comparison (lightning_hexiscale/bench/gpu_checks.py) can fail ----------------------------
 def _checker(monkeypatch):
     from pathlib import Path
 

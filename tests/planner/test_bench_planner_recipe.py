@@ -1,4 +1,4 @@
-"""recipes/bench_planner.py: --help works and each section runs on a tiny subset."""
+"""benchmarks/bench_planner.py: --help works and each section runs on a tiny subset."""
 
 import subprocess
 import sys

@@ -1,4 +1,4 @@
-"""recipes/bench_checkpoint.py runs: --help, and a tiny end-to-end run printing the table and the ratios."""
+"""benchmarks/bench_checkpoint.py runs: --help, and a tiny end-to-end run printing the table and the ratios."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""recipes/bench_hetero.py: the interleaved rounds, the comparison it prints, and tiny end-to-end runs.
+"""benchmarks/bench_hetero.py: the interleaved rounds, the comparison it prints, and tiny end-to-end runs.
 
 The tiny runs check the structure of results.json and that its columns are consistent with its raw
 per-rank step times and with the cost model (not timings: the machine is shared). The emulated run

@@ -1,4 +1,4 @@
-"""recipes/bench_hetero_rules.py and bench_hetero_plans.py: the pre-registered ranking test and its
+"""lightning_hexiscale/bench/hetero_rules.py and bench_hetero_plans.py: the pre-registered ranking test and its
 rounds, the compared and calibration plans (pure parts, no processes)."""
 
 from __future__ import annotations

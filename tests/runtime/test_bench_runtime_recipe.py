@@ -1,4 +1,4 @@
-"""recipes/bench_runtime.py runs end to end (tiny sizes) and prints the ratio and memory lines."""
+"""benchmarks/bench_runtime.py runs end to end (tiny sizes) and prints the ratio and memory lines."""
 
 from __future__ import annotations
 

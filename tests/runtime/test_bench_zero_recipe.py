@@ -1,4 +1,4 @@
-"""recipes/bench_zero.py runs: --help, and a tiny end-to-end run printing the measured vs estimated table."""
+"""benchmarks/bench_zero.py runs: --help, and a tiny end-to-end run printing the measured vs estimated table."""
 
 from __future__ import annotations
 

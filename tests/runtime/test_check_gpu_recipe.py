@@ -1,6 +1,6 @@
 """recipes/check_gpu.py: its help, its no-CUDA paths (a CPU-only torch build and a CUDA build
 without a GPU: exit 1, each with its own message and fix), its watchdog (a hanging rank is killed
-and named), its table and JSON, and the checks' logic on CPU stand-ins (recipes/gpu_checks.py). The
+and named), its table and JSON, and the checks' logic on CPU stand-ins (lightning_hexiscale/bench/gpu_checks.py). The
 accuracy comparison's mutations are in tests/models/test_attention.py. The GPU checks themselves run
 on GPU nodes only."""
 
