@@ -27,9 +27,10 @@ import argparse
 import os
 import sys
 import threading
+import warnings
 from collections.abc import Sequence
 
-from lightning_hexiscale.cli.common import subcommand
+from lightning_hexiscale.cli.common import notice_printer, subcommand
 from lightning_hexiscale.cli.train_job import HEXISCALE, AppName, is_popen_child, is_rank_zero, prepare_argv
 from lightning_hexiscale.errors import ElasticStop, HexiScaleError, TrainingFailure, TrainingInterrupted
 
@@ -77,7 +78,7 @@ def help_text(prog: str = HEXISCALE.prog) -> str:
                                       subsequent_indent=" " * 12) for g in ("cluster", "model", "train", "planner"))
     cfg = compose([])
     keys = []
-    for node in ("trainer", "data"):
+    for node in ("train", "trainer", "data"):
         items = [f"{node}.{k}={v}" for k, v in cfg[node].items() if not hasattr(v, "items")]
         keys.append(textwrap.fill("  ".join(items), width=100, initial_indent="  ", subsequent_indent="  "))
     return USAGE.format(prog=prog, presets=presets, keys="\n".join(keys))
@@ -180,10 +181,13 @@ def main(argv: Sequence[str] | None = None, app: AppName = HEXISCALE, launch_pre
         register_configs()
         job.launch_argv = [program, *launch_prefix, *argv]
         saved, sys.argv = sys.argv, [program, *argv]  # what Hydra parses: its flags and the overrides
+        default_show = warnings.showwarning
+        warnings.showwarning = notice_printer(app.prog, default_show)
         try:
             hydra.main(config_path=str(conf_dir()), config_name="config", version_base="1.3")(job.task)()
         finally:
             sys.argv = saved
+            warnings.showwarning = default_show
     except KeyboardInterrupt:  # before Hydra started the run (reading the command line)
         if is_rank_zero():
             print(job.interrupted_message(), file=sys.stderr, flush=True)

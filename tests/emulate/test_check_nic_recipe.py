@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "check_nic.py"
+RECIPE = Path(__file__).resolve().parents[2] / "benchmarks" / "check_nic.py"
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "bench_planner.py"
+RECIPE = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_planner.py"
 
 
 def test_help():

@@ -18,15 +18,8 @@ from lightning_hexiscale.planner.plan import Plan
 REPO = Path(__file__).resolve().parents[2]
 
 
-def recipe(name: str):
-    """A recipes/ module, imported as running the recipe imports it (recipes/ on sys.path)."""
-    if str(REPO / "recipes") not in sys.path:
-        sys.path.insert(0, str(REPO / "recipes"))
-    return importlib.import_module(name)
-
-
-rules = recipe("bench_hetero_rules")
-plans = recipe("bench_hetero_plans")
+rules = importlib.import_module("lightning_hexiscale.bench.hetero_rules")
+plans = importlib.import_module("lightning_hexiscale.bench.hetero_plans")
 
 
 # ---- the ranking test -------------------------------------------------------------------------------

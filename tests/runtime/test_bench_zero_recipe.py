@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "bench_zero.py"
+RECIPE = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_zero.py"
 
 
 def test_help():

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 from slow_host import scaled  # the limits stretch with the host's load, as pytest's own timeout does
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "recipes"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_memory  # noqa: E402
 
 from lightning_hexiscale.config.cluster import Cluster  # noqa: E402
 from lightning_hexiscale.planner.estimate import Workload, estimate  # noqa: E402
 
 
-RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+RECIPES = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 @pytest.fixture(scope="module")

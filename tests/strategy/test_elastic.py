@@ -42,7 +42,7 @@ TINY_FP32 = Workload(LlamaConfig.load("llama_tiny"), dtype="fp32", device="cpu")
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_elastic", ROOT / "recipes" / "bench_elastic.py")
+    spec = importlib.util.spec_from_file_location("bench_elastic", ROOT / "benchmarks" / "bench_elastic.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
