@@ -4,10 +4,10 @@ rounds, the compared and calibration plans (pure parts, no processes)."""
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import itertools
 import math
 import random
-import sys
 from pathlib import Path
 
 import pytest
@@ -122,7 +122,10 @@ def test_a_plan_the_planner_cannot_make_is_named_unavailable(monkeypatch):
 
     monkeypatch.delattr(baselines, "megatron")
     monkeypatch.setattr(baselines, "galvatron", lambda cluster, work, g, s: None)  # older signature: no aware=
-    args = recipe("bench_hetero").parse_args(["--iterations", "2"])
+    spec = importlib.util.spec_from_file_location("bench_hetero", REPO / "benchmarks" / "bench_hetero.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    args = bench.parse_args(["--iterations", "2"])
     out = plans.make_plans(Cluster.load("cpu_hetero4"), _config(), args, ("megatron", "galvatron", "held-out-fast-first"))
     assert out["megatron"][0] is None and out["megatron"][1].startswith(
         "UNAVAILABLE: lightning_hexiscale.planner.baselines has no `megatron`")

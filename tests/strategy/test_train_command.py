@@ -20,7 +20,7 @@ HEXISCALE = Path(sys.executable).parent / "hexiscale"
 """The console script of the environment running the tests (pip install -e puts it beside python)."""
 
 TINY = ["cluster=cpu2", "model=llama_tiny", "train.global_batch=8", "trainer.progress_bar=false",
-        "data.num_samples=64", "trainer.val_every=0"]
+        "data.num_samples=64"]
 
 
 def _run(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
