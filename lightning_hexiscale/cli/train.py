@@ -192,7 +192,7 @@ def main(argv: Sequence[str] | None = None, app: AppName = HEXISCALE, launch_pre
         if is_rank_zero():
             print(job.interrupted_message(), file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
-    return max(job.statuses, default=EXIT_CONFIG)
+    return max(job.statuses, default=0)  # no job ran: --cfg, --info or --hydra-help printed and ended
 
 
 def _configure(p: argparse.ArgumentParser) -> None:
