@@ -41,7 +41,7 @@ class InfeasiblePlan(HexiScaleError):
 
 class TrainingFailure(HexiScaleError):
     """A running job stopped: every rank raises it (or exits) together, the message says why and
-    where. Not a configuration error: recipes/train.py exits with status 4 for it."""
+    where. Not a configuration error: `hexiscale train` exits with status 4 for it."""
 
 
 class NonFiniteError(TrainingFailure):
@@ -55,9 +55,9 @@ class RankFailure(TrainingFailure):
 class ElasticStop(TrainingFailure):
     """Elastic training: the workers stopped on SIGTERM after saving a checkpoint, and torchrun restarts
     them. A planned stop (a machine joins, or the agent is told to stop), agreed by every rank: not a
-    failure of any rank (recipes/train.py exits with status 5 for it)."""
+    failure of any rank (`hexiscale train` exits with status 5 for it)."""
 
 
 class TrainingInterrupted(HexiScaleError):
     """Ctrl-C (SIGINT) stopped training at the end of a step, on every rank together (the message
-    says at which step and where the last checkpoint is). recipes/train.py exits with status 130."""
+    says at which step and where the last checkpoint is). `hexiscale train` exits with status 130."""

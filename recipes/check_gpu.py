@@ -7,7 +7,7 @@ through it); not Hydra, not pymetis. Exit status 1 when any row FAILs or HANGs, 
 is a CPU-only build (it says so and prints the pip command for the CUDA build) or when a CUDA build
 sees no GPU (driver, ``CUDA_VISIBLE_DEVICES``). Rows whose dependency is missing say SKIP and why.
 
-On 1 GPU (in this process; the rows are in recipes/gpu_checks.py, which documents each):
+On 1 GPU (in this process; the rows are in lightning_hexiscale/bench/gpu_checks.py, which documents each):
 
 - **accuracy**: the runtime's stage in bf16 autocast through the runtime's own ``attention()``
   dispatch (as training runs it, then SDPA and flash-attn forced through the same dispatch) against
@@ -50,9 +50,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_checks, also when run from elsewhere
-import gpu_checks  # noqa: E402
-from gpu_checks import SEED, Row, make_batch, table  # noqa: E402,F401 (Row/table: this recipe's API)
+from lightning_hexiscale.bench import gpu_checks
+from lightning_hexiscale.bench.gpu_checks import SEED, Row, make_batch, table  # noqa: F401 (Row/table: this recipe's API)
 
 ATOL = 1e-6
 BF16_RTOL = 2e-2

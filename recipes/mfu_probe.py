@@ -12,7 +12,7 @@ Reports, in this order (anything that would pass ``--budget-s`` is skipped and s
    gate, up, down) forward, input-gradient and weight-gradient, for tokens = micro-batch x S; the
    HBM bandwidth of a 1 GiB copy (read + write);
 3. **stage forward + backward** (bf16 autocast over float32 weights, the fast path's other
-   switches at their defaults) for the check's shape (recipes/gpu_checks.py ``check_stage_speed``:
+   switches at their defaults) for the check's shape (lightning_hexiscale/bench/gpu_checks.py ``check_stage_speed``:
    4 layers, H 2048, F 5632, 16/16 heads, S 2048, micro-batch 2) and two Llama-3-8B layers (H 4096,
    F 14336, GQA 32/8, S 8192, micro-batch 1), eager and compiled, per attention backend;
 4. a **torch.profiler breakdown** of the default stage of each shape into GEMM, attention,
@@ -45,12 +45,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import gpu_checks  # noqa: E402
-
-from lightning_hexiscale.config.fast_path import FastPath  # noqa: E402
-from lightning_hexiscale.errors import ConfigError  # noqa: E402
-from lightning_hexiscale.models.config import LlamaConfig  # noqa: E402
+from lightning_hexiscale.bench import gpu_checks
+from lightning_hexiscale.config.fast_path import FastPath
+from lightning_hexiscale.errors import ConfigError
+from lightning_hexiscale.models.config import LlamaConfig
 
 TARGETS = {"llama3_8b_2layers": 0.40, "check": 0.35}
 """MFU targets on an H100, per shape (stage forward + backward and engine step)."""

@@ -83,9 +83,9 @@ def test_ctrl_c_while_the_recipe_plans(tmp_path):
                              "planner.iterations=100000", f"hydra.run.dir={tmp_path / 'run'}"],
                             "planning for llama_30b", tmp_path, 90)
     assert code == 130, err[-2000:]
-    # besides the one line, stderr may carry the planner's one datasheet-pricing warning (hetero3 is priced
-    # from datasheet figures) and the source line Python's warnings print under it
-    lines = [ln for ln in err.strip().splitlines() if "DatasheetPricingWarning" not in ln and not ln.startswith("  ")]
+    # besides the one line, stderr may carry the planner's one datasheet-pricing notice (hetero3 is priced
+    # from datasheet figures), one line as `hexiscale plan` prints it
+    lines = [ln for ln in err.strip().splitlines() if not ln.startswith("recipes/train.py: warning: A800")]
     assert "Traceback" not in err and lines == ["recipes/train.py: interrupted (Ctrl-C) while planning"], err
     assert not (tmp_path / "run" / "plan.yaml").exists()
 

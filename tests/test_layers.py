@@ -16,7 +16,7 @@ import pytest
 PKG = "lightning_hexiscale"
 ROOT = Path(__file__).resolve().parents[1] / PKG
 
-LAYERS = ["errors", "_lazy", "_moved", "torch_compat", "config", "emulate", "models", "data", "planner", "runtime", "profiling", "lightning", "cli"]
+LAYERS = ["errors", "_lazy", "_moved", "torch_compat", "config", "emulate", "models", "data", "planner", "runtime", "profiling", "lightning", "bench", "cli"]
 """Bottom to top. A module may import its own layer and the layers before it, never one after."""
 
 
@@ -153,3 +153,28 @@ def test_runtime_consumes_only_a_plan():
     bad = sorted(f"{m} -> {d}" for m, deps in _graph().items() if _layer(m) == "runtime"
                  for d in deps if _layer(d) == "planner" and d not in (f"{PKG}.planner", f"{PKG}.planner.plan"))
     assert bad == []
+
+
+SCRIPTS = sorted([*(ROOT.parent / "benchmarks").glob("*.py"), *(ROOT.parent / "recipes").glob("*.py")])
+"""The benchmarks and the recipes: scripts that use the package, never one another."""
+
+
+def sibling_imports(script: Path) -> list[str]:
+    """Modules ``script`` imports that are scripts of its own folder (reached through ``sys.path``)."""
+    siblings = {p.stem for p in script.parent.glob("*.py")}
+    return sorted(m for m in _imports(script) if m.split(".")[0] in siblings)
+
+
+def test_the_script_check_finds_a_sibling_import(tmp_path):
+    (tmp_path / "bench_a.py").write_text("import bench_b\nfrom bench_b import helper\nimport lightning_hexiscale\n")
+    (tmp_path / "bench_b.py").write_text("helper = 1\n")
+    assert sibling_imports(tmp_path / "bench_a.py") == ["bench_b"]
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_scripts_import_only_the_package(script):
+    """A benchmark or recipe imports the package (and third-party libraries), never a sibling script:
+    what two of them share is library code, in lightning_hexiscale/bench/ or below."""
+    assert SCRIPTS, "no benchmarks/ or recipes/ found"
+    assert sibling_imports(script) == []
+    assert "sys.path" not in script.read_text(), f"{script.name} edits sys.path"

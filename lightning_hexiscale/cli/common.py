@@ -8,6 +8,7 @@ there is no import circle between the entry point and the commands.
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
@@ -28,6 +29,18 @@ def subcommand(name: str, help_: str, configure: Callable[[argparse.ArgumentPars
         SUBCOMMANDS[name] = (help_, configure, fn)
         return fn
     return deco
+
+
+def notice_printer(prog: str, default_show):
+    """A ``warnings.showwarning`` that prints the package's own notices (warning classes with
+    ``cli_notice``, e.g. ``planner.compute.DatasheetPricingWarning``) as one line, ``PROG: warning:
+    ...``, instead of Python's file:line form; other warnings go to ``default_show``."""
+    def show(message, category, filename, lineno, file=None, line=None):
+        if getattr(category, "cli_notice", False):
+            print(f"{prog}: warning: {message}", file=sys.stderr if file is None else file)
+        else:
+            default_show(message, category, filename, lineno, file, line)
+    return show
 
 
 def explicit(overrides: Sequence[str], key: str) -> bool:

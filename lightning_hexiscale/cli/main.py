@@ -2,6 +2,7 @@
 (:func:`lightning_hexiscale.cli.common.subcommand`); this module imports them all and dispatches.
 
     hexiscale estimate --plan conf/plans/hetero3_llama30b_tab7.yaml cluster=hetero3 model=llama_30b
+    hexiscale train cluster=cpu2 model=llama_tiny trainer.max_steps=2
 
 Every subcommand takes Hydra-style overrides after its options, composed over conf/config.yaml.
 Bad input exits with status 2 and a one-paragraph message (key, value, rule, fix); no traceback.
@@ -26,7 +27,8 @@ from lightning_hexiscale.cli import export  # noqa: F401  isort: skip
 from lightning_hexiscale.cli import checkpoint  # noqa: F401  isort: skip
 from lightning_hexiscale.cli import emulate  # noqa: F401  isort: skip
 from lightning_hexiscale.cli import rendezvous  # noqa: F401  isort: skip
-from lightning_hexiscale.cli.common import EPILOG, SUBCOMMANDS
+from lightning_hexiscale.cli import train  # noqa: F401  isort: skip
+from lightning_hexiscale.cli.common import EPILOG, SUBCOMMANDS, notice_printer
 from lightning_hexiscale.errors import HexiScaleError
 
 EXIT_INTERRUPTED = 130
@@ -53,6 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["emulate"] and "--" in argv:  # `hexiscale emulate C -- CMD ...`: CMD is not ours to parse
         cut = argv.index("--")
         argv, command_argv = argv[:cut], argv[cut + 1:]
+    if argv[:1] == ["train"]:  # a Hydra app: Hydra parses its flags (-m, --cfg) and overrides, not argparse
+        return train.main(argv[1:], train.HEXISCALE, ("train",))
     args, extra = parser.parse_known_args(argv)
     args.command_argv = command_argv
     if args.command is None:
@@ -67,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"hexiscale: error: override {o!r} is not KEY=VALUE. Fix: write e.g. cluster=hetero3", file=sys.stderr)
             return 2
     default_show = warnings.showwarning
-    warnings.showwarning = _notice(args.command, default_show)
+    warnings.showwarning = notice_printer(f"hexiscale {args.command}", default_show)
     try:
         return SUBCOMMANDS[args.command][2](args)
     except HexiScaleError as e:
@@ -81,18 +85,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     finally:
         warnings.showwarning = default_show
-
-
-def _notice(command: str, default_show):
-    """showwarning that prints the package's own notices (warning classes with ``cli_notice``, e.g.
-    ``planner.compute.DatasheetPricingWarning``) as one line, ``hexiscale CMD: warning: ...``,
-    instead of Python's file:line form; other warnings as usual."""
-    def show(message, category, filename, lineno, file=None, line=None):
-        if getattr(category, "cli_notice", False):
-            print(f"hexiscale {command}: warning: {message}", file=sys.stderr if file is None else file)
-        else:
-            default_show(message, category, filename, lineno, file, line)
-    return show
 
 
 def console_main() -> None:

@@ -1,6 +1,6 @@
 """`hexiscale prepare-data INPUT... --tokenizer DIR_OR_tokenizer.json --out DATA.bin`: tokenise local
 text or JSONL files with a Hugging Face tokenizer into a token file + JSON index for training
-(``recipes/train.py data.kind=bin data.path=DATA.bin``). See :mod:`lightning_hexiscale.data.tokenize`.
+(``hexiscale train data.kind=bin data.path=DATA.bin``). See :mod:`lightning_hexiscale.data.tokenize`.
 """
 
 from __future__ import annotations

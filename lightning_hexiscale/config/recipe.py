@@ -1,11 +1,11 @@
-"""Typed settings of ``recipes/train.py``: the ``trainer`` and ``data`` nodes of the root config.
+"""Typed settings of ``hexiscale train`` (and ``recipes/train.py``): the ``trainer`` and ``data`` nodes of the root config.
 
 They sit beside the shared groups (``cluster``, ``model``, ``train``, ``planner``: what to train and
 on what) in :class:`lightning_hexiscale.config.HexiScaleConfig`, so a typo such as
 ``trainer.max_step=5`` fails at composition. Pure dataclasses: importing this module costs nothing.
 Override from the command line::
 
-    python recipes/train.py trainer.max_steps=100 trainer.precision=bf16-mixed data.kind=text data.path=book.txt
+    hexiscale train trainer.max_steps=100 trainer.precision=bf16-mixed data.kind=text data.path=book.txt
 """
 
 from __future__ import annotations

@@ -233,13 +233,13 @@ class HexiScaleConfig:
     model: ModelConfig = MISSING
     train: TrainConfig = field(default_factory=TrainConfig)
     planner: PlannerConfig = field(default_factory=PlannerConfig)
-    # recipes/train.py: see lightning_hexiscale/config/recipe.py (ignored by the CLI).
+    # hexiscale train: see lightning_hexiscale/config/recipe.py (ignored by the CLI).
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     data: DataConfig = field(default_factory=DataConfig)
     plan: Optional[str] = None
     """A plan file for the recipe; null = plan with the search on the cluster."""
     dry_run: bool = False
-    """recipes/train.py: plan, print the plan and its estimate, and exit without training."""
+    """hexiscale train: plan, print the plan and its estimate, and exit without training."""
 
 
 def register_configs() -> None:

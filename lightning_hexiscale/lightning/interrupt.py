@@ -11,7 +11,7 @@ training agrees on SIGTERM), and then every rank
 1. saves a checkpoint of that step, when asked (``save_to``: a checkpoint path, e.g. the
    ``last.ckpt`` of the run's ModelCheckpoint), else keeps the checkpoints already written as they are;
 2. raises :class:`~lightning_hexiscale.errors.TrainingInterrupted` naming the step and the checkpoint
-   to resume from, which ends ``trainer.fit`` (``recipes/train.py`` prints it and exits with 130).
+   to resume from, which ends ``trainer.fit`` (``hexiscale train`` prints it and exits with 130).
 
 Rank 0 says at once that the stop is coming. A second Ctrl-C restores the handler that was there
 before (Python's: ``KeyboardInterrupt``, Lightning's immediate shutdown).

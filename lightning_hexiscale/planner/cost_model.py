@@ -285,7 +285,7 @@ def hop_charges(hop_s, schedule: str, axis: int = -1):
     a link then travel at once on the full-duplex link, so an exchange takes one direction's time,
     Hop_j / 2, and it holds BOTH neighbours (p2p sends are rendezvous: a gloo send completes only
     once the receiver has posted, tests/runtime/test_p2p_rendezvous.py). On the emulated cluster
-    (recipes/bench_hetero.py) the sender-pays charge priced the fast-first-stage plan 14-22 % above
+    (benchmarks/bench_hetero.py) the sender-pays charge priced the fast-first-stage plan 14-22 % above
     its measured time; this charge takes about 5 % of that off (the rest is open, see the README).
     GPipe's sends and receives are not fused (each phase moves one direction), so its charge stays
     the paper's. Either way sum_j charge_j = sum_j Hop_j: a micro-batch's trip through the pipeline
@@ -397,8 +397,8 @@ def runtime_state_bytes_per_param(sharding: str, num_pipelines: int, dtype_bytes
     mixed precision it steps the exact float32 master chunk instead (P/k, kept between steps: the
     full local parameters hold the bf16-rounded values). ZeRO-3 keeps the parameter chunks it owns
     (P/k, its masters) and, bound to its sharded optimizer until the next step, the previous
-    step's gradient chunks (P/k). Measured on the CPU runtime (``recipes/bench_zero.py``,
-    ``recipes/bench_memory.py``); ``recompute`` is accepted for symmetry (no term depends on it).
+    step's gradient chunks (P/k). Measured on the CPU runtime (``benchmarks/bench_zero.py``,
+    ``benchmarks/bench_memory.py``); ``recompute`` is accepted for symmetry (no term depends on it).
     """
     P = dtype_bytes if param_bytes is None else param_bytes
     K, k = optimizer_bytes, max(num_pipelines, 1)
@@ -426,7 +426,7 @@ def shared_cast_grad_bytes(matmul_params: float, dtype_bytes: int) -> float:
     """The price of sharing one cast across micro-batches: in each backward but the last, autograd
     runs the shared cast's node (the oldest in the graph) last, so the B_type gradients of every
     weight wait in its input buffers until the end of that backward: one more copy of the weights
-    in B_type (measured: ``recipes/bench_memory.py``, 8 micro-batches)."""
+    in B_type (measured: ``benchmarks/bench_memory.py``, 8 micro-batches)."""
     return matmul_params * dtype_bytes
 
 

@@ -5,7 +5,7 @@ bound layer counts with :meth:`MemoryTerms.max_layers`).
 Parameters, gradients and optimizer states are priced in the parameters' storage dtype P
 (``Workload.param_bytes``), activations and messages in the compute dtype B (``Workload.dtype_bytes``);
 the per-term formulas are named functions of :mod:`.cost_model`, measured on the CPU runtime
-(``recipes/bench_zero.py``, ``recipes/bench_memory.py``).
+(``benchmarks/bench_zero.py``, ``benchmarks/bench_memory.py``).
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ from lightning_hexiscale.torch_compat import store_clone
 
 PREFIX = "hexiscale/watch"
 EXIT_RANK_FAILED = 4
-"""Exit status of a process the watch stops (recipes/train.py uses the same for TrainingFailure)."""
+"""Exit status of a process the watch stops (``hexiscale train`` uses the same for TrainingFailure)."""
 
 
 STOPPED_BY_WATCH = "stopped by its failure watch"

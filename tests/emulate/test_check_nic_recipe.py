@@ -1,4 +1,4 @@
-"""recipes/check_nic.py: the prices it holds the emulator's measurements against, and a run on plain
+"""benchmarks/check_nic.py: the prices it holds the emulator's measurements against, and a run on plain
 local ranks (no root, unshaped: the plumbing, not the figures)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "check_nic.py"
+RECIPE = Path(__file__).resolve().parents[2] / "benchmarks" / "check_nic.py"
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ MISSING = missing_support() if sys.platform.startswith("linux") else ["Linux"]
 pytestmark = [pytest.mark.skipif(bool(MISSING), reason=f"emulated cluster unsupported here: {'; '.join(MISSING)}"),
               pytest.mark.timing]
 BENCH_CORES = [("emu_4to1", 1.5), ("emu_headroom", 1.6)]
-"""(cluster, --cores) as recipes/bench_hetero.py runs them on a 2-core host (docs/results/emulated-cluster.md)."""
+"""(cluster, --cores) as benchmarks/bench_hetero.py runs them on a 2-core host (docs/results/emulated-cluster.md)."""
 
 
 def skip_if_busy() -> None:

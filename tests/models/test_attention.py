@@ -169,12 +169,9 @@ def test_broken_flash_through_the_model(monkeypatch, fresh_gates):
     assert torch.allclose(out, model(tokens), atol=1e-12)
 
 
-# ---- the GPU check's accuracy comparison (recipes/gpu_checks.py) can fail ----------------------------
+# ---- the GPU check's accuracy comparison (lightning_hexiscale/bench/gpu_checks.py) can fail ----------------------------
 def _checker(monkeypatch):
-    from pathlib import Path
-
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "recipes"))
-    import gpu_checks
+    from lightning_hexiscale.bench import gpu_checks
 
     return gpu_checks
 

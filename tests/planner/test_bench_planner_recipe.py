@@ -1,4 +1,4 @@
-"""recipes/bench_planner.py: --help works and each section runs on a tiny subset."""
+"""benchmarks/bench_planner.py: --help works and each section runs on a tiny subset."""
 
 import subprocess
 import sys
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "bench_planner.py"
+RECIPE = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_planner.py"
 
 
 def test_help():

@@ -1,7 +1,7 @@
 """Memory terms of the fast path (planner/memory.py, cost_model.py), each against the runtime's
 allocation it prices: main grads' compute copies (backward only, replacing autocast's casts), the
 chunked loss's bf16 logits, cast-once at TP 1; the measured side is tests/runtime/test_fast_path.py
-(saved tensors, MemTracker) and recipes/bench_memory.py (resident memory of whole runs)."""
+(saved tensors, MemTracker) and benchmarks/bench_memory.py (resident memory of whole runs)."""
 
 import dataclasses
 

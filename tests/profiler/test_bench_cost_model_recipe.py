@@ -1,4 +1,4 @@
-"""recipes/bench_cost_model.py: --help, its plan sets, its report and plot (the measured run itself
+"""benchmarks/bench_cost_model.py: --help, its plan sets, its report and plot (the measured run itself
 takes minutes and is run by hand; see docs/results/index.md, "Cost-model accuracy")."""
 
 from __future__ import annotations

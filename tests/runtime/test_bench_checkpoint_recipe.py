@@ -1,4 +1,4 @@
-"""recipes/bench_checkpoint.py runs: --help, and a tiny end-to-end run printing the table and the ratios."""
+"""benchmarks/bench_checkpoint.py runs: --help, and a tiny end-to-end run printing the table and the ratios."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "bench_checkpoint.py"
+RECIPE = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_checkpoint.py"
 
 
 def test_help():

@@ -1,4 +1,4 @@
-"""recipes/bench_hetero.py: the interleaved rounds, the comparison it prints, and tiny end-to-end runs.
+"""benchmarks/bench_hetero.py: the interleaved rounds, the comparison it prints, and tiny end-to-end runs.
 
 The tiny runs check the structure of results.json and that its columns are consistent with its raw
 per-rank step times and with the cost model (not timings: the machine is shared). The emulated run
@@ -24,7 +24,7 @@ from lightning_hexiscale.profiling.check import cpu_workload
 from lightning_hexiscale.profiling.rounds import PlanTimes, round_orders, slowest_rank
 
 REPO = Path(__file__).resolve().parents[2]
-RECIPE = REPO / "recipes" / "bench_hetero.py"
+RECIPE = REPO / "benchmarks" / "bench_hetero.py"
 TINY_RUN = ["--hidden", "32", "--layers", "2", "--heads", "2", "--vocab", "64", "--seq", "16", "--global-batch", "8",
             "--micro-batch", "2", "--steps", "1", "--warmup", "1", "--rounds", "2", "--iterations", "2", "--timeout",
             "200", "--load-window", "0.5"]
@@ -185,8 +185,7 @@ def test_bad_sizes_stop_before_any_process_starts(tmp_path, capsys, sizes, says)
 
 # ---- tiny runs -----------------------------------------------------------------------------------
 def _check_results(out: Path, world: int, rounds: int, steps: int, cost: Cluster, stdout: str) -> dict:
-    load_recipe()  # puts recipes/ on sys.path, as running the recipe does
-    from bench_hetero_plans import COMPARED_NAMES, HELD_OUT
+    from lightning_hexiscale.bench.hetero_plans import COMPARED_NAMES, HELD_OUT
 
     doc = json.loads((out / "results.json").read_text())
     # every compared plan either ran or is named as unavailable, with the reason, in the output

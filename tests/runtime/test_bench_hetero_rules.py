@@ -1,13 +1,13 @@
-"""recipes/bench_hetero_rules.py and bench_hetero_plans.py: the pre-registered ranking test and its
+"""lightning_hexiscale/bench/hetero_rules.py and bench_hetero_plans.py: the pre-registered ranking test and its
 rounds, the compared and calibration plans (pure parts, no processes)."""
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import itertools
 import math
 import random
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,15 +18,8 @@ from lightning_hexiscale.planner.plan import Plan
 REPO = Path(__file__).resolve().parents[2]
 
 
-def recipe(name: str):
-    """A recipes/ module, imported as running the recipe imports it (recipes/ on sys.path)."""
-    if str(REPO / "recipes") not in sys.path:
-        sys.path.insert(0, str(REPO / "recipes"))
-    return importlib.import_module(name)
-
-
-rules = recipe("bench_hetero_rules")
-plans = recipe("bench_hetero_plans")
+rules = importlib.import_module("lightning_hexiscale.bench.hetero_rules")
+plans = importlib.import_module("lightning_hexiscale.bench.hetero_plans")
 
 
 # ---- the ranking test -------------------------------------------------------------------------------
@@ -129,7 +122,10 @@ def test_a_plan_the_planner_cannot_make_is_named_unavailable(monkeypatch):
 
     monkeypatch.delattr(baselines, "megatron")
     monkeypatch.setattr(baselines, "galvatron", lambda cluster, work, g, s: None)  # older signature: no aware=
-    args = recipe("bench_hetero").parse_args(["--iterations", "2"])
+    spec = importlib.util.spec_from_file_location("bench_hetero", REPO / "benchmarks" / "bench_hetero.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    args = bench.parse_args(["--iterations", "2"])
     out = plans.make_plans(Cluster.load("cpu_hetero4"), _config(), args, ("megatron", "galvatron", "held-out-fast-first"))
     assert out["megatron"][0] is None and out["megatron"][1].startswith(
         "UNAVAILABLE: lightning_hexiscale.planner.baselines has no `megatron`")

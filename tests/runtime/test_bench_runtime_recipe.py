@@ -1,4 +1,4 @@
-"""recipes/bench_runtime.py runs end to end (tiny sizes) and prints the ratio and memory lines."""
+"""benchmarks/bench_runtime.py runs end to end (tiny sizes) and prints the ratio and memory lines."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "bench_runtime.py"
+RECIPE = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_runtime.py"
 
 
 def test_help():

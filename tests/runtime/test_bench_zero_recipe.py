@@ -1,4 +1,4 @@
-"""recipes/bench_zero.py runs: --help, and a tiny end-to-end run printing the measured vs estimated table."""
+"""benchmarks/bench_zero.py runs: --help, and a tiny end-to-end run printing the measured vs estimated table."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "bench_zero.py"
+RECIPE = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_zero.py"
 
 
 def test_help():

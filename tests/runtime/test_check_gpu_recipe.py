@@ -1,6 +1,6 @@
 """recipes/check_gpu.py: its help, its no-CUDA paths (a CPU-only torch build and a CUDA build
 without a GPU: exit 1, each with its own message and fix), its watchdog (a hanging rank is killed
-and named), its table and JSON, and the checks' logic on CPU stand-ins (recipes/gpu_checks.py). The
+and named), its table and JSON, and the checks' logic on CPU stand-ins (lightning_hexiscale/bench/gpu_checks.py). The
 accuracy comparison's mutations are in tests/models/test_attention.py. The GPU checks themselves run
 on GPU nodes only."""
 
@@ -96,7 +96,7 @@ def test_checks_pass_on_cpu_stand_ins(monkeypatch):
     """The checks' own logic, on the CPU: the bf16 stage vs float64 comparison through the runtime's
     dispatch, and zero3 (float64) and zero2 (bf16-mixed) across two pipelines on forked gloo ranks, PASS."""
     check_gpu = _recipe(monkeypatch)
-    import gpu_checks
+    from lightning_hexiscale.bench import gpu_checks
 
     row = gpu_checks.check_accuracy("auto", device="cpu", config=gpu_checks.accuracy_config(small=True))
     assert row.result == "PASS", row
@@ -125,7 +125,7 @@ def test_rows_needing_omegaconf_skip_and_say_why(monkeypatch):
     """Without omegaconf (a bare GPU image) the engine, Lightning and NCCL rows SKIP naming the fix
     instead of failing deep inside; the accuracy comparison needs nothing of it."""
     _recipe(monkeypatch)
-    import gpu_checks
+    from lightning_hexiscale.bench import gpu_checks
 
     import importlib.util
 
@@ -139,7 +139,7 @@ def test_rows_needing_omegaconf_skip_and_say_why(monkeypatch):
 
 def test_catalog_entry_matches_cuda_names(monkeypatch):
     _recipe(monkeypatch)
-    import gpu_checks
+    from lightning_hexiscale.bench import gpu_checks
 
     assert gpu_checks.catalog_entry("NVIDIA H100 80GB HBM3").name == "H100"
     assert gpu_checks.catalog_entry("NVIDIA H200").name == "H200"  # not the H20 its name starts with
@@ -154,7 +154,7 @@ def test_engine_memory_estimate_goes_through_estimate(monkeypatch):
     """The memory row's expected peak is estimate()'s for the one-device plan; recompute lowers it,
     and the allocator-visible part leaves out exactly the reserve and the communicator buffers."""
     _recipe(monkeypatch)
-    import gpu_checks
+    from lightning_hexiscale.bench import gpu_checks
     from lightning_hexiscale.models.config import LlamaConfig
     from lightning_hexiscale.planner.estimate import Workload
 
@@ -178,7 +178,7 @@ def test_lightning_resume_row_logic(monkeypatch, tmp_path):
     starts at step 10 and repeats the uninterrupted run's losses; the verdict fails a run that
     restarted from scratch or one whose losses after the resume differ."""
     _recipe(monkeypatch)
-    import gpu_checks
+    from lightning_hexiscale.bench import gpu_checks
     from lightning_hexiscale.models.config import LlamaConfig
 
     import os
@@ -203,7 +203,7 @@ def test_accuracy_rows_pass_on_the_gpu(monkeypatch):
     """On a GPU: the bf16 stage through the runtime's dispatch (flash-attn when usable) and with
     SDPA forced both PASS the float64 comparison; flash-attn PASSes or SKIPs (not installed)."""
     _recipe(monkeypatch)
-    import gpu_checks
+    from lightning_hexiscale.bench import gpu_checks
 
     for kernel in ("auto", "sdpa"):
         row = gpu_checks.check_accuracy(kernel, device="cuda")
@@ -215,7 +215,7 @@ def test_main_wiring_table_json_and_exit_status(monkeypatch, tmp_path, capsys):
     """main() on a pretend one-GPU machine with the rows stubbed: every single-GPU row is asked for,
     the NCCL rows SKIP (one GPU), the JSON holds every row, and one FAIL makes the exit status 1."""
     check_gpu = _recipe(monkeypatch)
-    import gpu_checks
+    from lightning_hexiscale.bench import gpu_checks
 
     monkeypatch.setattr(check_gpu, "cuda_problem", lambda: None)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
@@ -252,7 +252,7 @@ def test_engine_memory_verdict_is_one_sided_against_reserved_memory(monkeypatch)
     by more than MEMORY_TOL fails; one below it by any margin passes (the old two-sided check failed
     an estimate 30 % above the measured peak)."""
     _recipe(monkeypatch)
-    import gpu_checks
+    from lightning_hexiscale.bench import gpu_checks
 
     est = 10 * 2**30
     assert gpu_checks.memory_verdict(0.7 * est, est) == (True, pytest.approx(-0.3))

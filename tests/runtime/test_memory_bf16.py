@@ -1,6 +1,6 @@
 """Peak memory per rank under bf16-mixed on CPU (2 gloo ranks forked from a fresh fork server, GPipe, 1 and 8
 micro-batches in flight, 3.3 M parameters) against estimate(): within 15 % for ddp, zero2, zero3; and
-recipes/bench_memory.py prints its table. Measured as in recipes/bench_memory.py (peak resident-set
+benchmarks/bench_memory.py prints its table. Measured as in benchmarks/bench_memory.py (peak resident-set
 growth per rank over two steps, after a warm-up step)."""
 
 import json
@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 from slow_host import scaled  # the limits stretch with the host's load, as pytest's own timeout does
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "recipes"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_memory  # noqa: E402
 
 from lightning_hexiscale.config.cluster import Cluster  # noqa: E402
 from lightning_hexiscale.planner.estimate import Workload, estimate  # noqa: E402
 
 
-RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+RECIPES = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def test_bf16_mixed_peak_within_15_percent(measured_rows, sharding, micro_batche
 
 @pytest.mark.timeout(300)
 def test_bench_memory_recipe_tiny():
-    out = subprocess.run([sys.executable, "recipes/bench_memory.py", "--layers", "1", "--hidden", "64", "--seq", "8",
+    out = subprocess.run([sys.executable, "benchmarks/bench_memory.py", "--layers", "1", "--hidden", "64", "--seq", "8",
                           "--steps", "1", "--micro-batches", "1", "2", "--shardings", "ddp", "zero2"],
                          capture_output=True, text=True, timeout=scaled(280))
     assert out.returncode == 0, out.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""The worker of test_elastic.py and recipes/bench_elastic.py: elastic CPU training of a tiny Llama.
+"""The worker of test_elastic.py and benchmarks/bench_elastic.py: elastic CPU training of a tiny Llama.
 
     torchrun ... elastic_job.py OUT CLUSTER_YAML MAX_STEPS EVERY [SLEEP_S]       # elastic (torchrun)
     python elastic_job.py OUT CLUSTER_YAML MAX_STEPS EVERY SLEEP_S --reference CKPT PLAN MACHINE [--mutate]

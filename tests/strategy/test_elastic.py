@@ -9,7 +9,7 @@ SIGKILL once step 6 is reached, and checks that agent b's new workers re-planned
 alone, resumed from the newest complete checkpoint and finished; their losses from the resumed step
 equal, bit for bit (float64), those of an independent single-process run started from the same
 checkpoint with the survivor's plan, and a mutated reference (another corpus) differs (the
-comparison can fail). The driver is recipes/bench_elastic.py, the worker tests/strategy/elastic_job.py.
+comparison can fail). The driver is benchmarks/bench_elastic.py, the worker tests/strategy/elastic_job.py.
 
 The other tests check the pieces without processes: machine names, the rank-ordered subset cluster,
 the clear errors (a machine not in the cluster file, no plan fits the devices left, no complete
@@ -43,7 +43,7 @@ TINY_FP32 = Workload(LlamaConfig.load("llama_tiny"), dtype="fp32", device="cpu")
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_elastic", ROOT / "recipes" / "bench_elastic.py")
+    spec = importlib.util.spec_from_file_location("bench_elastic", ROOT / "benchmarks" / "bench_elastic.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

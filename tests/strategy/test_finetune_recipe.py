@@ -17,6 +17,7 @@ import pytest
 import torch
 import yaml
 
+from lightning_hexiscale.cli import train_fit, train_run
 from lightning_hexiscale.cli.main import main as hexiscale
 from lightning_hexiscale.config.schema import compose
 from lightning_hexiscale.data import load_hf
@@ -33,13 +34,6 @@ MODEL = LlamaConfig(name="src", hidden_size=32, num_layers=2, num_heads=2, num_k
                     rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
                     max_position_embeddings=256)
-
-
-def _recipe():
-    spec = importlib.util.spec_from_file_location("recipe_train", TRAIN)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def hf_dir(tmp_path: Path) -> Path:
@@ -62,13 +56,13 @@ def test_model_hf_composes_and_checks_presets(tmp_path):
                    "planner.iterations=2", f"trainer.output_dir={tmp_path / 'out'}"])
     assert cfg.model.name == f"hf:{d.resolve()}" and cfg.model.seq_len == 16 and cfg.model.tie_word_embeddings
     assert cfg.model.rope_scaling.factor == 8.0 and Path(cfg.trainer.weights) == d.resolve()
-    assert _recipe().run(cfg) == 0
+    assert train_run.run(cfg) == 0
     # the plan names the model so that it composes again, e.g. for `hexiscale estimate --plan`
     assert hexiscale(["estimate", "--plan", str(tmp_path / "out" / "plan.yaml"), "model.seq_len=16"]) == 0
     # a preset that does not match the directory: refused before planning, naming the field
     bad = compose(["model=llama_tiny", f"trainer.weights={d}", "dry_run=true", "cluster=cpu2"])
     with pytest.raises(ConfigError, match="model.hidden_size = 128.*hidden_size=32"):
-        _recipe().run(bad)
+        train_run.run(bad)
     with pytest.raises(ConfigError, match="trainer.weights"):
         compose([f"model=hf:{d}", f"trainer.weights={tmp_path}"])
     with pytest.raises(ConfigError, match="no such local directory"):
@@ -76,21 +70,20 @@ def test_model_hf_composes_and_checks_presets(tmp_path):
 
 
 def test_logger_choices(tmp_path, monkeypatch):
-    recipe = _recipe()
     cfg = compose(["trainer.logger=csv", "cluster=cpu2"])
-    logger = recipe.make_logger(cfg, tmp_path)
+    logger = train_fit.make_logger(cfg, tmp_path)
     logger.log_hyperparams({"plan_table": "pipeline  batch/mb ...", "estimate": {"pflops": 0.1}})
     logger.save()
     saved = yaml.safe_load((Path(logger.log_dir) / "hparams.yaml").read_text())
     assert saved["plan_table"].startswith("pipeline") and saved["estimate"]["pflops"] == 0.1
     with pytest.raises(ConfigError, match="trainer.logger = 'mlflow'"):
-        recipe.check_logger(compose(["trainer.logger=mlflow"]))
+        train_fit.check_logger(compose(["trainer.logger=mlflow"]))
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
     with pytest.raises(ConfigError, match=r"needs the wandb package.*lightning-hexiscale\[wandb\]"):
-        recipe.check_logger(compose(["trainer.logger=wandb"]))
+        train_fit.check_logger(compose(["trainer.logger=wandb"]))
     if real("tensorboard") or real("tensorboardX"):
-        tb = recipe.make_logger(compose(["trainer.logger=tensorboard"]), tmp_path)
+        tb = train_fit.make_logger(compose(["trainer.logger=tensorboard"]), tmp_path)
         assert type(tb).__name__ == "TensorBoardLogger"
 
 

@@ -231,15 +231,12 @@ def _initial(config):
 def _reference(cfg_dir: Path) -> dict[str, torch.Tensor]:
     """One process, plain torch, float64: the recipe's data in the recipe's order (seeded shuffle),
     the model's own initialisation, AdamW, linear warm-up and clipping by the global norm."""
-    import importlib.util
+    from lightning_hexiscale.cli.train_fit import make_data
 
-    spec = importlib.util.spec_from_file_location("recipe_train", TRAIN)
-    recipe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(recipe)
     cfg = OmegaConf.load(cfg_dir / "config.yaml")
     config = _model_config(cfg_dir)
     torch.manual_seed(SEED)  # pl.seed_everything(trainer.seed) in the recipe
-    train_dl, _ = recipe.make_data(cfg, config, RECIPE_PLAN.global_batch)
+    train_dl, _ = make_data(cfg, config, RECIPE_PLAN.global_batch)
     model = _initial(config)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.95), weight_decay=float(cfg.trainer.weight_decay))
     for step, batch in zip(range(STEPS), train_dl):

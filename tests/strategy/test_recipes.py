@@ -1,10 +1,9 @@
-"""recipes/train.py: every conf/ preset composes and plans (dry_run, in-process); a real training run
+"""`hexiscale train` through recipes/train.py: every conf/ preset composes and plans (dry_run, in-process); a real training run
 with the default popen launcher under Hydra makes the loss fall (bf16-mixed); a GPU cluster on this
 CPU machine exits 3 with the hardware it needs; a world-size mismatch is a clear ConfigError."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -16,6 +15,7 @@ import pytest
 from omegaconf import OmegaConf
 from strategy_helpers import PG_TIMEOUT, loader, module, plan_of
 
+from lightning_hexiscale.cli import train_fit, train_run
 from lightning_hexiscale.config.schema import compose, preset_names
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.lightning.strategy import HexiScaleStrategy
@@ -24,16 +24,9 @@ ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "recipes" / "train.py"
 
 
-def _recipe():
-    spec = importlib.util.spec_from_file_location("recipe_train", TRAIN)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def _dry_run(tmp_path, *overrides: str) -> int:
     cfg = compose(["dry_run=true", "planner.iterations=2", f"trainer.output_dir={tmp_path}", *overrides])
-    return _recipe().run(cfg)
+    return train_run.run(cfg)
 
 
 @pytest.mark.parametrize("cluster", preset_names("cluster"))
@@ -126,4 +119,4 @@ def test_bad_recipe_key_exits_2(tmp_path):
     with pytest.raises(ConfigError, match="max_step"):
         compose(["trainer.max_step=3"])
     with pytest.raises(ConfigError, match="data.kind"):
-        _recipe().make_data(compose(["data.kind=csv"]), module().config, 8)
+        train_fit.make_data(compose(["data.kind=csv"]), module().config, 8)

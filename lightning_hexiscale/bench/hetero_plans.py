@@ -1,4 +1,4 @@
-"""The plans recipes/bench_hetero.py compares and the plans it calibrates on, both fixed here.
+"""The plans benchmarks/bench_hetero.py compares and the plans it calibrates on, both fixed here.
 
 **Compared plans** (:data:`COMPARED`, in this order, every one made by the planner from the profiled,
 calibrated cluster, with the bench's micro-batch size, no recomputation and DDP):
@@ -40,7 +40,7 @@ from lightning_hexiscale.errors import InfeasiblePlan
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.plan import Plan
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)

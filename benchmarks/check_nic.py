@@ -18,11 +18,11 @@ scaled as the emulator scales them) with the NIC fair shares of ``planner/nic.py
 and with every transfer on a full link of its own (``per pair``, the model before the NIC term);
 error = price / measured median - 1. Target: |error with NIC| <= 15 % for the scatter boundary.
 
-    sudo .venv/bin/python recipes/check_nic.py                     # emu_4to1, 1-4 MiB activations
-    sudo .venv/bin/python recipes/check_nic.py --bw-scale 2 --reps 9
+    sudo .venv/bin/python benchmarks/check_nic.py                     # emu_4to1, 1-4 MiB activations
+    sudo .venv/bin/python benchmarks/check_nic.py --bw-scale 2 --reps 9
     sudo .venv/bin/hexiscale emulate emu_4to1 -- .venv/bin/hexiscale profile --out outputs/emu4.yaml
-    sudo .venv/bin/python recipes/check_nic.py --price-with outputs/emu4.yaml   # measured links and NICs
-    .venv/bin/python recipes/check_nic.py --launcher local         # no root: unshaped, plumbing only
+    sudo .venv/bin/python benchmarks/check_nic.py --price-with outputs/emu4.yaml   # measured links and NICs
+    .venv/bin/python benchmarks/check_nic.py --launcher local         # no root: unshaped, plumbing only
 
 Needs root for the emulator (cgroups, network namespaces, tc); everything it creates is removed at
 exit. Network-shaped times depend less on CPU load than compute does, but a rank throttled to a

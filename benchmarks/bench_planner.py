@@ -2,9 +2,9 @@
 quality against the true optimum (planner/oracle.py) on small clusters, the baselines, and
 convergence against random partitions (Fig. 6). Every ratio is measured in this run.
 
-    python recipes/bench_planner.py                      # everything (about 5 minutes on 2 cores)
-    python recipes/bench_planner.py --quick              # a subset in about two minutes
-    python recipes/bench_planner.py --sections speed --sizes 1024
+    python benchmarks/bench_planner.py                      # everything (about 5 minutes on 2 cores)
+    python benchmarks/bench_planner.py --quick              # a subset in about two minutes
+    python benchmarks/bench_planner.py --sections speed --sizes 1024
 
 Sections:
   speed        50 iterations on 128, 256, 512, 1024 and 4096 GPUs (copies of hetero2 joined at

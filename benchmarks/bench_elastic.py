@@ -1,9 +1,9 @@
 """Elastic recovery on localhost: two torchrun agents (machines ``a`` and ``b`` of a two-machine CPU
 cluster), ``kill -9`` of one agent and its worker mid-run, the other re-plans for itself and finishes.
 
-    python recipes/bench_elastic.py                     # 24 steps, checkpoint every 4, kill a at step 10
-    python recipes/bench_elastic.py --steps 40 --every 5 --kill-at 17 --sleep 0.2
-    python recipes/bench_elastic.py --store agent --kill b   # the store in agent a (which must then survive)
+    python benchmarks/bench_elastic.py                     # 24 steps, checkpoint every 4, kill a at step 10
+    python benchmarks/bench_elastic.py --steps 40 --every 5 --kill-at 17 --sleep 0.2
+    python benchmarks/bench_elastic.py --store agent --kill b   # the store in agent a (which must then survive)
 
 The c10d rendezvous store runs in a process of its own (``hexiscale rendezvous-store``; the agents
 are its clients, ``is_host=false``), so the agent killed may be any, the one that started first

@@ -18,8 +18,8 @@ buffers, plus allocator slack (glibc keeps freed blocks). One-time lazy initiali
 by :func:`prime_process` before the baseline. :func:`measure_peak_bytes` returns it
 for any plan (for the cost-model comparison).
 
-    python recipes/bench_runtime.py            # ~30 s on 2 idle cores
-    python recipes/bench_runtime.py --steps 4 --layers 2
+    python benchmarks/bench_runtime.py            # ~30 s on 2 idle cores
+    python benchmarks/bench_runtime.py --steps 4 --layers 2
 """
 
 from __future__ import annotations
@@ -37,39 +37,13 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from lightning_hexiscale.bench.resident_memory import peak_rss_bytes, prime_process, reset_peak_rss
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.models.llama import Llama
 from lightning_hexiscale.planner.plan import Plan
-from lightning_hexiscale.profiling.check import make_batch, peak_memory, prime, reset_peak_memory
+from lightning_hexiscale.profiling.calibrate import pure_dp_plan
+from lightning_hexiscale.profiling.check import make_batch
 from lightning_hexiscale.runtime.engine import PipelineEngine
-
-
-# ---- memory and data: the same helpers `hexiscale check-estimate` measures with ----------------
-_CPU = torch.device("cpu")
-
-
-def reset_peak_rss() -> int:
-    """Reset the peak-RSS mark (VmHWM) to the current RSS where the kernel allows it; baseline bytes."""
-    return int(reset_peak_memory(_CPU))
-
-
-def prime_process() -> None:
-    """One throw-away tiny step and all-reduce, so that one-time lazy initialisation (about 100 MiB
-    of resident memory on the first step, measured) happens before the baseline."""
-    prime(_CPU)
-
-
-def peak_rss_bytes() -> int:
-    """Peak resident set size of this process in bytes (VmHWM)."""
-    return int(peak_memory(_CPU))
-
-
-def pure_dp_plan(world: int, config: LlamaConfig, batch_per_rank: int, micro_batch: int) -> Plan:
-    """One single-device pipeline per rank, all layers, equal batches."""
-    return Plan.from_dict({"num_layers": config.num_layers, "schedule": "1f1b", "recompute": False,
-                           "pipelines": [{"batch_size": batch_per_rank, "micro_batch_size": micro_batch,
-                                          "stages": [{"devices": [r], "layers": [0, config.num_layers]}]}
-                                         for r in range(world)]})
 
 
 # ---- one rank ----------------------------------------------------------------------------------
@@ -185,7 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     config = LlamaConfig(name="bench", hidden_size=args.hidden, num_layers=args.layers, num_heads=args.heads,
                          num_kv_heads=max(1, args.heads // 2), ffn_hidden_size=(8 * args.hidden // 3 + 7) // 8 * 8,
                          vocab_size=args.vocab, seq_len=args.seq)
-    plan = pure_dp_plan(args.ranks, config, args.batch, args.micro_batch).validate(model=config)
+    if args.batch % args.micro_batch:
+        ap.error(f"--batch {args.batch} is not a multiple of --micro-batch {args.micro_batch}: a rank's batch is "
+                 "whole micro-batches; pass e.g. --batch 8 --micro-batch 4")
+    plan = pure_dp_plan(args.ranks, config, args.micro_batch, args.batch // args.micro_batch, False).validate(model=config)
     tokens = plan.global_batch * config.seq_len
     print(f"model: {config.total_params / 1e6:.2f} M params (H={config.hidden_size}, L={config.num_layers}, "
           f"V={config.vocab_size}, S={config.seq_len}); {args.ranks} gloo ranks x {args.threads} thread(s); "

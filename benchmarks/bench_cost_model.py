@@ -24,9 +24,9 @@ measures the matmul rate with all ranks running at once, so the cost model is to
 half a core; but time-slicing also delays every message to a rank that is not running, which the
 cost model does not model. The 2-rank figures are the accuracy figures; 4-rank is reported apart.
 
-    python recipes/bench_cost_model.py                 # ~3-5 minutes on 2 cores
-    python recipes/bench_cost_model.py --ranks 2 --rounds 1 --steps 3
-    python recipes/bench_cost_model.py --memory-only    # peak memory only, estimated vs measured (~1 min)
+    python benchmarks/bench_cost_model.py                 # ~3-5 minutes on 2 cores
+    python benchmarks/bench_cost_model.py --ranks 2 --rounds 1 --steps 3
+    python benchmarks/bench_cost_model.py --memory-only    # peak memory only, estimated vs measured (~1 min)
 
 Peak memory is the growth of each rank's resident set with glibc's mmap threshold fixed at 64 KiB
 (freed tensors leave the resident set at once), against ``estimate()``'s peak for the CPU runtime
@@ -43,6 +43,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from lightning_hexiscale.bench.resident_memory import fixed_mmap_threshold
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.estimate import estimate
@@ -52,9 +53,6 @@ from lightning_hexiscale.profiling.check import PlanMeasurement, cpu_workload, d
 from lightning_hexiscale.profiling.launch import HostLoad, run_local, wait_for_quiet_host
 from lightning_hexiscale.profiling.measure import profile_process_group
 from lightning_hexiscale.profiling.writer import update_calibration, write_cluster
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling recipe, also when imported by path
-from bench_zero import fixed_mmap_threshold  # noqa: E402
 
 TARGET = 0.15
 CAL_MICRO_BATCHES = 3

@@ -19,9 +19,9 @@ no collective-library buffers on gloo).
 Printed: one row per (sharding, micro-batches): estimated MiB, measured MiB (largest rank) and
 est/meas, then the spread of est/meas over the rows.
 
-    python recipes/bench_memory.py                          # ~1-2 min on 2 idle cores
-    python recipes/bench_memory.py --precision 32-true --micro-batches 1 4
-    python recipes/bench_memory.py --fast-path off          # the plain stage (no main grads, casts per linear, ...)
+    python benchmarks/bench_memory.py                          # ~1-2 min on 2 idle cores
+    python benchmarks/bench_memory.py --precision 32-true --micro-batches 1 4
+    python benchmarks/bench_memory.py --fast-path off          # the plain stage (no main grads, casts per linear, ...)
 """
 
 from __future__ import annotations
@@ -34,15 +34,14 @@ import socket
 
 import torch
 import torch.distributed as dist
-from bench_runtime import make_batch, peak_rss_bytes, prime_process, reset_peak_rss
-from bench_zero import fixed_mmap_threshold
 
+from lightning_hexiscale.bench.resident_memory import fixed_mmap_threshold, peak_rss_bytes, prime_process, reset_peak_rss
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.config.fast_path import FastPath
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.estimate import estimate
 from lightning_hexiscale.planner.plan import Plan
-from lightning_hexiscale.profiling.check import cpu_workload
+from lightning_hexiscale.profiling.check import cpu_workload, make_batch
 from lightning_hexiscale.runtime.engine import PipelineEngine
 
 SHARDINGS = ("ddp", "zero2", "zero3")
@@ -117,7 +116,7 @@ def _fresh_context() -> mp.context.BaseContext:
     for ddp with 1 micro-batch after the rest of the suite). Costs one interpreter start per
     calling process (the server is reused), not one per rank."""
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload([__name__, "bench_runtime", "bench_zero", "lightning_hexiscale.runtime.engine"])
+    ctx.set_forkserver_preload([__name__, "lightning_hexiscale.bench.resident_memory", "lightning_hexiscale.runtime.engine"])
     return ctx
 
 

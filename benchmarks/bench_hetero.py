@@ -14,7 +14,7 @@ same cluster, model and global batch:
 2. ``hexiscale profile`` runs inside the emulated cluster and writes OUT/profiled.yaml; its compute
    ratio must be within 10 % of the declared one (else the bench refuses, as for load);
 3. the calibration (efficiency per device type, sync latency, theta_ddp: :data:`CALIBRATION` in
-   recipes/bench_hetero_plans.py, a fixed set of measurements none of which has a compared plan's
+   lightning_hexiscale/bench/hetero_plans.py, a fixed set of measurements none of which has a compared plan's
    structure) runs inside it too and is written into that file;
 4. from the profiled, calibrated cluster the planner makes the compared plans, a fixed list
    (:data:`COMPARED`: the search's, the best fast-only plans, the uniform-TP search, megatron and
@@ -29,19 +29,19 @@ same cluster, model and global batch:
 
 Printed per plan: estimate, measured min / median / max, estimate / median, the search's measured
 speedup over it, the paired test's p-value against the search. Then the pre-registered targets of
-recipes/bench_hetero_rules.py (speedup over the best fast-only plan; every estimate within 15 %;
+lightning_hexiscale/bench/hetero_rules.py (speedup over the best fast-only plan; every estimate within 15 %;
 the search's plan best or tied), each PASS / FAIL / NOT JUDGED, and whether the run meets the
 pre-registered conditions (every compared plan ran, enough rounds, quiet host, emulation within 10 %,
 cost model unmodified). Writes OUT/results.json, OUT/plans/NAME.yaml, OUT/profiled.yaml, OUT/logs/.
 
-    sudo python recipes/bench_hetero.py --cluster emu_headroom --cores 1.6   # 25 rounds; needs a quiet host
-    sudo python recipes/bench_hetero.py --cores 1.5                          # emu_4to1
-    python recipes/bench_hetero.py --launcher local --cluster cpu_hetero4 --no-profile   # plain processes
+    sudo python benchmarks/bench_hetero.py --cluster emu_headroom --cores 1.6   # 25 rounds; needs a quiet host
+    sudo python benchmarks/bench_hetero.py --cores 1.5                          # emu_4to1
+    python benchmarks/bench_hetero.py --launcher local --cluster cpu_hetero4 --no-profile   # plain processes
 
 ``--launcher local`` runs the same worker processes on this host with torchrun's environment but
 without quotas or namespaces (for tests and machines without root; no load refusal, no emulation
-checks); ``--no-profile`` estimates with the cluster YAML's own figures. Ranks run ``python
-recipes/bench_hetero.py --worker JOB.json``.
+checks); ``--no-profile`` estimates with the cluster YAML's own figures. Ranks run ``python -m
+lightning_hexiscale.bench.hetero_run JOB.json``.
 """
 
 from __future__ import annotations
@@ -53,17 +53,17 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_hetero_*, also when run from elsewhere
-from lightning_hexiscale.config.cluster import Cluster  # noqa: E402
-from lightning_hexiscale.errors import ConfigError, HexiScaleError  # noqa: E402
-from lightning_hexiscale.models.config import LlamaConfig  # noqa: E402
-
-import bench_hetero_rules as rules  # noqa: E402
-from bench_hetero_plans import (CALIBRATION, COMPARED, COMPARED_NAMES, HELD_OUT, calibration_structures,  # noqa: E402
-                                cost_model_form, fitted_constants, in_sample, make_plans)
-from bench_hetero_rules import compare  # noqa: E402,F401 (this recipe's API)
-from bench_hetero_run import (CAL_COMPUTE, CAL_DP, CAL_TP, LocalLauncher, machine_pairs,  # noqa: E402,F401
-                              make_launcher, profiled_cluster, refit, run_worker_job, split_calibration, worker)
+from lightning_hexiscale.bench import hetero_rules as rules
+from lightning_hexiscale.bench.hetero_plans import (CALIBRATION, COMPARED, COMPARED_NAMES, HELD_OUT,
+                                                    calibration_structures, cost_model_form, fitted_constants,
+                                                    in_sample, make_plans)
+from lightning_hexiscale.bench.hetero_rules import compare  # noqa: F401 (this benchmark's API)
+from lightning_hexiscale.bench.hetero_run import (CAL_COMPUTE, CAL_DP, CAL_TP, LocalLauncher,  # noqa: F401
+                                                  machine_pairs, make_launcher, profiled_cluster, refit,
+                                                  run_worker_job, split_calibration)
+from lightning_hexiscale.config.cluster import Cluster
+from lightning_hexiscale.errors import ConfigError, HexiScaleError
+from lightning_hexiscale.models.config import LlamaConfig
 
 
 class Refused(HexiScaleError, RuntimeError):
@@ -174,7 +174,7 @@ def training_ratio(cluster: Cluster, cal_steps) -> str:
 def rules_text(cluster: Cluster) -> str:
     goal = rules.SPEEDUP_TARGETS.get(cluster.name)
     return "\n".join([
-        "pre-registered rules (recipes/bench_hetero_rules.py; fixed before any full run):",
+        "pre-registered rules (lightning_hexiscale/bench/hetero_rules.py; fixed before any full run):",
         f"  speedup: search's median / best fast-only median "
         f"{'>= ' + str(goal) if goal else 'printed (no target for ' + cluster.name + ')'}"
         f" (targets: {', '.join(f'{k} >= {v}' for k, v in rules.SPEEDUP_TARGETS.items())})",
@@ -276,7 +276,6 @@ def _plan_names(text: str) -> list[str]:
 
 def parse_args(argv: list[str] | None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--worker", metavar="JOB.json", help=argparse.SUPPRESS)
     ap.add_argument("--cluster", default="emu_4to1", help="cluster preset or YAML to emulate [emu_4to1]")
     ap.add_argument("--launcher", choices=("emulate", "local"), default="emulate",
                     help="emulate: quotas + namespaces + shaped links (root); local: plain processes [emulate]")
@@ -329,10 +328,6 @@ def parse_args(argv: list[str] | None):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.worker:  # one rank: leave without the interpreter shutdown that can abort a gloo rank
-        from lightning_hexiscale.profiling.launch import exit_process
-
-        exit_process(worker(args.worker))
     try:
         return bench(args)
     except HexiScaleError as e:  # bad input, a busy host, no emulation support, a failed rank: the message says why

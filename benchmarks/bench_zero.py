@@ -17,8 +17,8 @@ zero2/ddp and zero3/ddp, measured vs estimated. Expected gap, from the implement
 the cross-pipeline reduce-scatter (pipelines differ in micro-batch counts), so at the end of the
 backward a rank holds 4 bytes/param of gradient that Appendix B's ZeRO-2/3 terms count as 4/N.
 
-    python recipes/bench_zero.py                 # 2 ranks, ~1-2 min on 2 idle cores
-    python recipes/bench_zero.py --ranks 4 --layers 4
+    python benchmarks/bench_zero.py                 # 2 ranks, ~1-2 min on 2 idle cores
+    python benchmarks/bench_zero.py --ranks 4 --layers 4
 """
 
 from __future__ import annotations
@@ -31,30 +31,18 @@ import socket
 
 import torch
 import torch.distributed as dist
-from bench_runtime import make_batch, peak_rss_bytes, prime_process, pure_dp_plan, reset_peak_rss
 
+from lightning_hexiscale.bench.resident_memory import fixed_mmap_threshold, peak_rss_bytes, prime_process, reset_peak_rss
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.estimate import Workload, estimate
 from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.profiling.calibrate import pure_dp_plan
+from lightning_hexiscale.profiling.check import make_batch
 from lightning_hexiscale.runtime.engine import PipelineEngine
 
 SHARDINGS = ("ddp", "zero2", "zero3")
 MIB = 2**20
-
-
-def fixed_mmap_threshold(nbytes: int = 64 * 1024) -> None:
-    """glibc: serve allocations >= ``nbytes`` by mmap and turn off the dynamic threshold, so that a
-    freed gradient goes back to the OS at once. With the default dynamic threshold (up to 32 MiB)
-    freed tensors stay in the heap and the resident set keeps memory that is no longer live
-    (measured here: ZeRO-2/DDP 0.94 instead of 0.72)."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt(-3, nbytes)  # -3 = M_MMAP_THRESHOLD
-    except (OSError, AttributeError):  # not glibc: measure with the default allocator
-        pass
 
 
 def _worker(rank: int, world: int, port: int, plan_dict: dict, config: LlamaConfig, steps: int, out) -> None:
@@ -138,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     params = sum(p.numel() for p in _meta_llama(config).parameters())
     print(f"model: {params / 1e6:.1f} M parameters fp32, {args.ranks} pipelines of one rank, batch 1 x {args.seq} "
           f"tokens per rank, AdamW, {args.steps} steps")
-    base = pure_dp_plan(args.ranks, config, batch_per_rank=1, micro_batch=1)
+    base = pure_dp_plan(args.ranks, config, micro_batch=1, num_micro_batches=1, recompute=False)
     rows = {}
     for sharding in SHARDINGS:
         plan = dataclasses.replace(base, dp_sharding=sharding)

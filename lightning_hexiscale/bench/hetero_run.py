@@ -1,8 +1,8 @@
-"""The machinery of recipes/bench_hetero.py: launchers, the per-rank worker, the calibration.
+"""The machinery of benchmarks/bench_hetero.py: launchers, the per-rank worker, the calibration.
 
 - :class:`LocalLauncher` runs one plain process per rank with torchrun's environment (tests, no root);
   the emulated launcher is :class:`lightning_hexiscale.emulate.EmulatedCluster`.
-- :func:`worker` is one rank of a job (``python recipes/bench_hetero.py --worker JOB.json``): the
+- :func:`worker` is one rank of a job (``python -m lightning_hexiscale.bench.hetero_run JOB.json``): the
   interleaved rounds (:mod:`lightning_hexiscale.profiling.rounds`) with the calibration's three
   measurements taking their turn in every round, or the calibration alone.
 - :func:`profiled_cluster` profiles and calibrates inside the launcher's ranks; :func:`refit` prices
@@ -24,8 +24,11 @@ from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import RankFailure
 from lightning_hexiscale.models.config import LlamaConfig
 
-REPO = Path(__file__).resolve().parents[1]
-RECIPE = REPO / "recipes" / "bench_hetero.py"
+REPO = Path(__file__).resolve().parents[2]
+"""The checkout (or site-packages) this package is imported from: the ranks' working directory and
+first PYTHONPATH entry, so that every rank imports the same package."""
+WORKER = "lightning_hexiscale.bench.hetero_run"
+"""The module a rank runs (``python -m``) to be one rank of a job: :func:`worker`."""
 
 
 # ---- launchers: the emulated cluster, or plain local processes with the same environment -----------
@@ -121,7 +124,7 @@ def run_worker_job(launcher, job: dict, path: Path, timeout: float) -> dict:
     result = path.with_suffix(".result.json")
     result.unlink(missing_ok=True)
     path.write_text(json.dumps({**job, "result": str(result), "timeout_s": timeout}))
-    run_job(launcher, [sys.executable, str(RECIPE), "--worker", str(path)], path.stem, timeout, path.parent.parent / "logs")
+    run_job(launcher, [sys.executable, "-m", WORKER, str(path)], path.stem, timeout, path.parent.parent / "logs")
     return json.loads(result.read_text())
 
 
@@ -266,3 +269,11 @@ def refit(raw: Cluster, config: LlamaConfig, steps, args) -> tuple[Cluster, obje
     cal = fit_calibration(raw, config, steps, args.micro_batch, args.cal_micro_batches, False, "median")
     return with_calibration(raw, cal.efficiency, replace(raw.calibration, theta_ddp=cal.theta_ddp),
                             cal.sync_latency_s), cal
+
+
+if __name__ == "__main__":  # one rank of a job (run_worker_job)
+    from lightning_hexiscale.bench.hetero_run import worker as _worker
+    from lightning_hexiscale.profiling.launch import exit_process
+
+    # leave without the interpreter shutdown that can abort a gloo rank
+    exit_process(_worker(sys.argv[1]))

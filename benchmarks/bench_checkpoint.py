@@ -24,11 +24,11 @@ Baseline, measured in the same run on one process: a plain ``torch.save`` of the
 forked process. Printed: one table row per (ranks, size), then the ratios sharded / plain of time
 and of peak memory per rank. The sharded save also fsyncs every file and plans collectively
 (durability and the atomic rename): a fixed cost that small checkpoints show most. glibc's mmap
-threshold is fixed at 64 KiB (``bench_zero.fixed_mmap_threshold``) so that freed memory leaves the
+threshold is fixed at 64 KiB (``lightning_hexiscale.bench.resident_memory.fixed_mmap_threshold``) so that freed memory leaves the
 resident set.
 
-    python recipes/bench_checkpoint.py                       # 2, 4, 8 ranks x 2 sizes, ~2-4 min on 2 cores
-    python recipes/bench_checkpoint.py --ranks 2 --hidden 128 --layers 2    # seconds
+    python benchmarks/bench_checkpoint.py                       # 2, 4, 8 ranks x 2 sizes, ~2-4 min on 2 cores
+    python benchmarks/bench_checkpoint.py --ranks 2 --hidden 128 --layers 2    # seconds
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from bench_zero import fixed_mmap_threshold
 
+from lightning_hexiscale.bench.resident_memory import fixed_mmap_threshold
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.models.llama import Llama
 from lightning_hexiscale.planner.plan import Plan

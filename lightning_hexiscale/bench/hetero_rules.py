@@ -1,4 +1,4 @@
-"""The pre-registered rules of recipes/bench_hetero.py: its targets, its ranking test and its rounds.
+"""The pre-registered rules of benchmarks/bench_hetero.py: its targets, its ranking test and its rounds.
 
 Written down before any full run of the bench (issue 28) and printed with every result; no rule or
 target changes after results are seen (a change needs a new issue, and the README says which runs

@@ -1,0 +1,207 @@
+"""`hexiscale train`: plan on the cluster, print the plan, train a LLaMA with the hexiscale strategy.
+
+    hexiscale train                                  # 4 CPU processes emulate cpu_demo, llama_demo
+    hexiscale train trainer.max_steps=200 trainer.precision=bf16-mixed
+    hexiscale train data.kind=text data.path=book.txt # a local text file, byte tokens
+    hexiscale train cluster=hetero3 model=llama_30b   # plans; says what hardware it needs
+    hexiscale train cluster=hetero3 model=llama_30b dry_run=true   # only plans, anywhere
+    hexiscale train -m cluster=cpu2,cpu_hetero4 train.global_batch=8,16
+    hexiscale train model=hf:/models/Llama-3.2-1B data.kind=bin data.path=data/train.bin  # fine-tune
+
+A Hydra app: the config is the package's presets (``lightning_hexiscale/conf``: cluster, model, train,
+planner groups) plus ``trainer.*`` and ``data.*`` (:mod:`lightning_hexiscale.config.recipe`),
+``plan=<file>`` and ``dry_run``; ``-m`` sweeps, ``--cfg job`` prints the composed config.
+``recipes/train.py`` runs the same app under its own name. The job itself is
+:func:`lightning_hexiscale.cli.train_run.run`; this module maps its outcome to exit statuses.
+
+Exit status: 0 trained (or planned, with dry_run); 2 bad configuration (one message naming the key,
+value, rule and fix); 3 the plan needs hardware this machine does not have; 4 training stopped (a
+non-finite step with ``trainer.nonfinite=stop``, or a rank failed); 5 an elastic worker stopped on
+SIGTERM after saving, for torchrun to restart it (a machine joins or leaves; not a failure); 130
+interrupted (Ctrl-C); 1 any other error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import warnings
+from collections.abc import Sequence
+
+from lightning_hexiscale.cli.common import notice_printer, subcommand
+from lightning_hexiscale.cli.train_job import HEXISCALE, AppName, is_popen_child, is_rank_zero, prepare_argv
+from lightning_hexiscale.errors import ElasticStop, HexiScaleError, TrainingFailure, TrainingInterrupted
+
+EXIT_CONFIG, EXIT_HARDWARE, EXIT_FAILED, EXIT_RESTART, EXIT_INTERRUPTED = 2, 3, 4, 5, 130
+
+HELP_FLAGS = ("-h", "--help")
+
+USAGE = """usage: {prog} [-m] [--cfg job] [KEY=VALUE ...]
+
+Plan on the cluster, print the plan and its estimate, and train a LLaMA with Lightning's Trainer and
+the hexiscale strategy. A Hydra app: every key of the config can be overridden.
+
+examples:
+  {prog}                                   the demo: 4 CPU processes emulate cpu_demo, llama_demo
+  {prog} trainer.max_steps=200 trainer.precision=bf16-mixed
+  {prog} data.kind=text data.path=book.txt  a local text file, byte tokens
+  {prog} cluster=hetero3 model=llama_30b dry_run=true   plan only, on any machine
+  {prog} cluster=my_cluster.yaml            a cluster file (e.g. from `hexiscale profile`)
+  {prog} model=hf:/models/Llama-3.2-1B data.kind=bin data.path=train.bin   fine-tune
+  {prog} -m cluster=cpu2,cpu_hetero4 train.global_batch=8,16   a sweep, one run per point
+
+presets (`hexiscale list` describes them):
+{presets}
+
+keys (defaults; `{prog} --cfg job` prints the whole composed config):
+{keys}
+  plan=FILE     a plan file instead of the search's plan
+  dry_run=true  plan, print and write the plan, do not train
+  hydra.run.dir=DIR   where the run writes plan.yaml, config.yaml, checkpoints/, logs/
+
+Hydra: -m/--multirun sweeps, --cfg job|hydra|all, --info, --hydra-help.
+
+exit status: 0 trained (or planned); 2 bad configuration; 3 the plan needs hardware this machine does
+not have; 4 training stopped (non-finite step, failed rank); 5 elastic restart; 130 Ctrl-C; 1 other.
+"""
+
+
+def help_text(prog: str = HEXISCALE.prog) -> str:
+    """The ``--help`` page: usage, examples, the presets of each group and the trainer/data keys."""
+    import textwrap
+
+    from lightning_hexiscale.config.schema import compose, preset_names
+
+    presets = "\n".join(textwrap.fill(", ".join(preset_names(g)), width=100, initial_indent=f"  {g + '=':10s}",
+                                      subsequent_indent=" " * 12) for g in ("cluster", "model", "train", "planner"))
+    cfg = compose([])
+    keys = []
+    for node in ("train", "trainer", "data"):
+        items = [f"{node}.{k}={v}" for k, v in cfg[node].items() if not hasattr(v, "items")]
+        keys.append(textwrap.fill("  ".join(items), width=100, initial_indent="  ", subsequent_indent="  "))
+    return USAGE.format(prog=prog, presets=presets, keys="\n".join(keys))
+
+
+class _Job:
+    """One invocation's state shared by the Hydra task and the Ctrl-C handling of :func:`main`."""
+
+    def __init__(self, app: AppName, launch_argv: list[str]):
+        from lightning_hexiscale.cli.train_run import JobProgress
+
+        self.app = app
+        self.launch_argv = launch_argv
+        self.progress = JobProgress()
+        self.statuses: list[int] = []
+        self.interrupted = threading.Event()  # set by this process's SIGINT handler (record_ctrl_c)
+
+    def interrupted_message(self) -> str:
+        out = self.progress.out
+        last = out / "checkpoints" / "last.ckpt" if out is not None else None
+        kept = (f"; the last checkpoint, {last}, was kept (resume with trainer.resume={last})"
+                if last is not None and last.exists() else "")
+        return f"{self.app.prog}: interrupted (Ctrl-C) while {self.progress.phase}{kept}"
+
+    def task(self, cfg) -> int:
+        """Hydra's task function: one run (one point of a sweep) and its exit status."""
+        from lightning_hexiscale.cli.train_plan import HardwareMissing
+        from lightning_hexiscale.cli.train_run import JobProgress, run
+
+        # Hydra has parsed its argv; the popen launcher re-runs this process's argv for each rank.
+        sys.argv = self.launch_argv
+        self.progress = JobProgress()
+        prog = self.app.prog
+        try:
+            code = run(cfg, self.progress, self.app)
+        except TrainingInterrupted as e:  # every rank stopped at the end of the same step
+            if is_rank_zero():
+                out = self.progress.out
+                resume = out / "checkpoints" / "last.ckpt" if out is not None else None
+                hint = f" (resume with trainer.resume={resume})" if resume is not None and resume.exists() else ""
+                print(f"{prog}: {e}{hint}", file=sys.stderr, flush=True)
+            code = EXIT_INTERRUPTED
+        except KeyboardInterrupt:  # while planning (or a second Ctrl-C during training): one line, no traceback
+            if is_rank_zero():
+                print(self.interrupted_message(), file=sys.stderr, flush=True)
+            code = EXIT_INTERRUPTED
+        except SystemExit:  # Lightning ends the job with exit(1) after a KeyboardInterrupt it caught
+            if not self.interrupted.is_set():
+                raise
+            if is_rank_zero():
+                print(self.interrupted_message(), file=sys.stderr, flush=True)
+            code = EXIT_INTERRUPTED
+        except HardwareMissing as e:
+            print(f"{prog}: {e}", file=sys.stderr)
+            code = EXIT_HARDWARE
+        except ElasticStop:  # planned (SIGTERM: a machine joins or leaves): rank 0 said so; torchrun restarts us
+            code = EXIT_RESTART
+        except TrainingFailure as e:  # the same on every rank (e.g. a non-finite step with nonfinite=stop)
+            print(f"{prog}: training stopped: {e}", file=sys.stderr)
+            code = EXIT_FAILED
+        except HexiScaleError as e:
+            print(f"{prog}: error: {e}", file=sys.stderr)
+            code = EXIT_CONFIG
+        except Exception:  # a bug or a rank's own failure: its traceback is the information, Hydra's wrapper is not
+            import traceback
+
+            traceback.print_exc()
+            rank = os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))
+            print(f"{prog}: rank {rank} failed (traceback above)", file=sys.stderr)
+            code = 1
+        self.statuses.append(code)
+        return code
+
+
+def main(argv: Sequence[str] | None = None, app: AppName = HEXISCALE, launch_prefix: Sequence[str] = ("train",)) -> int:
+    """Run the app on ``argv`` (Hydra overrides and flags; default ``sys.argv[1:]``) and return its
+    exit status. ``launch_prefix`` is what stands between the program and the overrides in the
+    command that runs this process (``train`` for ``hexiscale train``, nothing for a script): the
+    popen launcher re-runs ``sys.argv[0]``, the prefix and the overrides for every other rank."""
+    import hydra
+
+    from lightning_hexiscale.config.schema import conf_dir, register_configs
+    from lightning_hexiscale.lightning.interrupt import record_ctrl_c
+
+    argv = list(sys.argv[1 + len(launch_prefix):] if argv is None else argv)
+    if any(a in HELP_FLAGS for a in argv):
+        print(help_text(app.prog), end="")
+        return 0
+    program = sys.argv[0]
+    job = _Job(app, [])
+    # rank 0 (the launching process) raises KeyboardInterrupt on Ctrl-C; ranks its popen launcher started
+    # only record it (every rank stops at the end of the step together; before training rank 0 ends them)
+    record_ctrl_c(job.interrupted, raise_interrupt=not is_popen_child())
+    try:
+        try:
+            argv = prepare_argv(argv)
+        except HexiScaleError as e:
+            print(f"{app.prog}: error: {e}", file=sys.stderr)
+            return EXIT_CONFIG
+        register_configs()
+        job.launch_argv = [program, *launch_prefix, *argv]
+        saved, sys.argv = sys.argv, [program, *argv]  # what Hydra parses: its flags and the overrides
+        default_show = warnings.showwarning
+        warnings.showwarning = notice_printer(app.prog, default_show)
+        try:
+            hydra.main(config_path=str(conf_dir()), config_name="config", version_base="1.3")(job.task)()
+        finally:
+            sys.argv = saved
+            warnings.showwarning = default_show
+    except KeyboardInterrupt:  # before Hydra started the run (reading the command line)
+        if is_rank_zero():
+            print(job.interrupted_message(), file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+    return max(job.statuses, default=0)  # no job ran: --cfg, --info or --hydra-help printed and ended
+
+
+def _configure(p: argparse.ArgumentParser) -> None:
+    p.usage = "hexiscale train [-m] [--cfg job] [KEY=VALUE ...]   (`hexiscale train --help`: keys and presets)"
+
+
+@subcommand("train", "plan on the cluster and train a LLaMA with Lightning (a Hydra app: overrides, -m sweeps)",
+            _configure)
+def cmd_train(args: argparse.Namespace) -> int:
+    """Reached only through :func:`lightning_hexiscale.cli.main.main`, which hands ``hexiscale train``'s
+    arguments to :func:`main` untouched (Hydra parses them, not argparse)."""
+    return main(args.overrides, HEXISCALE, ("train",))

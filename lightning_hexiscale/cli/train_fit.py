@@ -1,0 +1,168 @@
+"""``hexiscale train``, the training: the data, the logger, and Lightning's Trainer with the hexiscale
+strategy on the plan (or elastic, planning at every start).
+
+Everything here runs on every rank: the popen launcher re-runs the command, so each rank builds the
+same data loaders (same seed, same shuffle) and the strategy gives each its part of the batch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from lightning_hexiscale.cli.train_job import is_multirun
+from lightning_hexiscale.cli.train_plan import effective_config, explicit_train_settings
+
+
+def load_dataset(cfg: DictConfig, model):
+    """The token dataset of ``data.*``, built before planning so that a missing or malformed file is
+    reported at once (not after the search and the launch)."""
+    from lightning_hexiscale.data import make_dataset
+
+    d = cfg.data
+    return make_dataset(d.kind, model.seq_len, path=d.path, num_samples=int(d.num_samples), seed=int(d.seed),
+                        vocab_size=model.vocab_size, dtype=d.get("dtype"))
+
+
+def make_data(cfg: DictConfig, model, global_batch: int, dataset=None):
+    """(train, validation) DataLoaders of whole global batches: the last ``data.val_samples``
+    sequences (at most a tenth) validate, the rest train, shuffled by the seed Lightning set."""
+    from torch.utils.data import DataLoader, Subset
+
+    ds = dataset if dataset is not None else load_dataset(cfg, model)
+    d = cfg.data
+    n_val = min(int(d.val_samples), len(ds) // 10)
+    n_train = len(ds) - n_val
+    if n_train < global_batch:
+        from lightning_hexiscale.errors import ConfigError
+
+        raise ConfigError("data", f"{len(ds)} sequences", f"fewer than one global batch ({global_batch}) to train on",
+                          "use more data (data.num_samples) or a smaller train.global_batch")
+    train = DataLoader(Subset(ds, range(n_train)), batch_size=global_batch, shuffle=True, drop_last=True)
+    val = DataLoader(Subset(ds, range(n_train, len(ds))), batch_size=global_batch) if n_val >= 1 else None
+    return train, val
+
+
+LOGGERS = {"csv": None, "tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",)}
+"""trainer.logger -> the packages that can back it (one is enough); csv needs none."""
+
+
+def check_logger(cfg: DictConfig) -> None:
+    """trainer.logger names a logger whose package is installed (checked before planning)."""
+    import importlib.util
+
+    from lightning_hexiscale.errors import ConfigError
+
+    kind = str(cfg.trainer.get("logger", "csv"))
+    if kind not in LOGGERS:
+        raise ConfigError("trainer.logger", kind, f"must be one of {', '.join(LOGGERS)}", "e.g. trainer.logger=csv")
+    packages = LOGGERS[kind]
+    if packages and not any(importlib.util.find_spec(p) for p in packages):
+        raise ConfigError("trainer.logger", kind, f"needs the {packages[0]} package, which is not installed",
+                          f"pip install -c constraints.txt 'lightning-hexiscale[{kind}]', or trainer.logger=csv")
+
+
+def make_logger(cfg: DictConfig, out: Path):
+    """Lightning's CSV, TensorBoard or wandb logger writing under ``out`` (wandb offline by default)."""
+    check_logger(cfg)
+    t = cfg.trainer
+    kind = str(t.get("logger", "csv"))
+    if kind == "tensorboard":
+        from lightning.pytorch.loggers import TensorBoardLogger
+
+        return TensorBoardLogger(str(out), name="logs")
+    if kind == "wandb":
+        from lightning.pytorch.loggers import WandbLogger
+
+        return WandbLogger(project=t.get("wandb_project") or "hexiscale", save_dir=str(out),
+                           offline=bool(t.get("wandb_offline", True)))
+    from lightning.pytorch.loggers import CSVLogger
+
+    return CSVLogger(str(out), name="logs")
+
+
+def plan_hparams(cfg: DictConfig, cluster, model, plan, est) -> dict:
+    """What the logger records as hyper-parameters: the model, the plan (and its table), the
+    Appendix B estimate (headline figures, per-stage breakdown and the printed table)."""
+    hp = {"model": model.to_dict(), "cluster": cluster.name, "plan": plan.to_dict(), "plan_table": plan.table(cluster),
+          "train": OmegaConf.to_container(cfg.train, resolve=True)}
+    if est is not None:
+        doc = est.to_dict()
+        hp["estimate"] = {k: doc[k] for k in ("iteration_time_s", "tokens_per_s", "pflops", "feasible",
+                                              "bottleneck_pipeline", "breakdown")}
+        hp["estimate"]["stages"] = [{k: st[k] for k in ("devices", "tp", "layers", "time_per_micro_batch_s",
+                                                        "peak_memory_bytes")}
+                                    for p in doc["pipelines"] for st in p["stages"]]
+        hp["estimate_table"] = est.summary()
+    return hp
+
+
+def fit(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict, precision: str, dataset=None,
+          est=None, elastic=None) -> dict:
+    """Lightning's Trainer with the hexiscale strategy on ``plan``; with ``elastic`` (an
+    ElasticSettings), no plan: the strategy plans for the machines present at every (re)start."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from lightning_hexiscale.config.fast_path import FastPath
+    from lightning_hexiscale.lightning.example import LlamaLitModule, LogHyperparams, LossPrinter, StepProgressBar
+    from lightning_hexiscale.lightning.interrupt import GracefulInterrupt
+    from lightning_hexiscale.lightning.strategy import HexiScaleStrategy
+
+    t = cfg.trainer
+    pl.seed_everything(int(t.seed), verbose=False)
+    gb = plan.global_batch if plan is not None else int(cfg.train.global_batch)
+    train_dl, val_dl = make_data(cfg, model, gb, dataset)
+    module = LlamaLitModule(model, lr=float(t.lr), weight_decay=float(t.weight_decay), warmup_steps=int(t.warmup_steps),
+                            init_seed=int(t.seed), eps=float(t.adam_eps))
+    if t.weights:
+        from lightning_hexiscale.data.weights import attach_weights
+
+        attach_weights(module, t.weights)
+    # Multirun: fresh spawned workers per job, so no process or process group outlives its job.
+    launcher = "spawn" if is_multirun() else str(t.launcher)
+    planning = {}
+    if elastic is not None:  # the strategy plans at every start, with the planner.* and train.* settings
+        planning = explicit_train_settings(cfg)
+        planning.update(global_batch=gb, planner_iterations=int(cfg.planner.iterations), elastic=elastic,
+                        use_all_devices=bool(cfg.planner.get("use_all_devices", False)))
+    strategy = HexiScaleStrategy(cluster=cluster, plan=plan, start_method=launcher, seed=int(t.seed),
+                                 nonfinite=str(t.nonfinite), timeout=float(t.timeout_s),
+                                 async_checkpoint=bool(t.async_checkpoint),
+                                 fast_path=FastPath.coerce(t.get("fast_path"), key="trainer.fast_path"), **planning)
+    logger = make_logger(cfg, out)
+    # the train.* values that ran (effective_config), not the defaults; logged at fit start by the
+    # training rank 0 (global rank 0 may be a device the plan leaves idle)
+    hparams = [] if plan is None else [
+        LogHyperparams(plan_hparams(effective_config(cfg, plan, precision), cluster, model, plan, est))]
+    # elastic: the strategy saves every checkpoint_every steps under <out>/elastic itself
+    every = int(t.checkpoint_every) if elastic is None else 0
+    last = out / "checkpoints" / "last.ckpt"
+    # Ctrl-C: every rank stops at the end of the step (and saves it to last.ckpt if asked)
+    interrupt = GracefulInterrupt(save_to=last if t.save_on_interrupt else None, last_checkpoint=last)
+    ckpt = ModelCheckpoint(dirpath=str(out / "checkpoints"), save_last=True, save_top_k=0 if not every else -1,
+                           every_n_train_steps=every or None)
+    trainer = pl.Trainer(
+        strategy=strategy, **launch, precision=precision, max_steps=int(t.max_steps),
+        accumulate_grad_batches=int(t.accumulate_grad_batches), gradient_clip_val=t.gradient_clip_val,
+        val_check_interval=int(t.val_every) if t.val_every and val_dl is not None else None,
+        check_val_every_n_epoch=None if t.val_every else 1, limit_val_batches=int(t.limit_val_batches) if t.val_every else 0,
+        num_sanity_val_steps=0, log_every_n_steps=int(t.log_every), default_root_dir=str(out),
+        logger=logger, callbacks=[ckpt, LossPrinter(), interrupt, *hparams] + ([StepProgressBar()] if t.progress_bar else []),
+        enable_progress_bar=bool(t.progress_bar), enable_model_summary=False)
+    trainer.fit(module, train_dl, val_dl if t.val_every else None, ckpt_path=t.resume)
+    # the training rank 0's figures (None on the other ranks, and on ranks of idle devices)
+    return dict(trainer.callback_metrics) if trainer.is_global_zero else None
+
+
+def quiet_logs() -> None:
+    """Hydra also routes Lightning's INFO lines through the root logger: print them once."""
+    import logging
+
+    for name in ("lightning.pytorch", "lightning.fabric"):
+        lg = logging.getLogger(name)
+        lg.propagate = False
+        # Lightning adds a stderr handler of its own when it is imported before Hydra configures the
+        # root logger (the Ctrl-C recorder imports it first): the recipe prints its own summary instead
+        lg.handlers.clear()

@@ -1,0 +1,153 @@
+"""The environment of one ``hexiscale train`` job: which process this is, what the command line
+overrode, where the run writes, and the command line's checks before Hydra composes it.
+
+Every rank of a run executes the same command: the popen launcher (Lightning's default here)
+re-runs it once per extra rank with ``LOCAL_RANK`` set, torchrun and SLURM start it once per GPU.
+The helpers below tell the ranks apart by their environment variables, never by argv.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+
+@dataclass(frozen=True)
+class AppName:
+    """How the app names itself in its messages and in the launch commands it prints.
+
+    ``hexiscale train`` and the ``recipes/train.py`` wrapper run the same job; each prints its own
+    name, so that a command copied from a message runs what the user ran."""
+
+    prog: str = "hexiscale train"
+    """Prefix of the messages on stderr (``hexiscale train: error: ...``)."""
+    torchrun: str = "--no-python hexiscale train"
+    """What follows torchrun's own options in the printed launch command."""
+    srun: str = "hexiscale train"
+    """What follows srun's own options in the printed launch command."""
+
+
+HEXISCALE = AppName()
+RECIPE = AppName(prog="recipes/train.py", torchrun="recipes/train.py", srun="python recipes/train.py")
+
+
+def is_rank_zero() -> bool:
+    """The launching process or global rank 0 (popen children and torchrun/SLURM ranks have env vars)."""
+    for key in ("RANK", "SLURM_PROCID"):
+        if key in os.environ:
+            return int(os.environ[key]) == 0
+    return int(os.environ.get("LOCAL_RANK", 0)) == 0 and int(os.environ.get("NODE_RANK", 0)) == 0
+
+
+def say(*args) -> None:
+    """print() on rank 0 only, flushed (the ranks' lines would interleave otherwise)."""
+    if is_rank_zero():
+        print(*args, flush=True)
+
+
+def overrides_given() -> list[str]:
+    """The overrides of this job's command line (of this sweep point under ``-m``); [] outside Hydra."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
+def is_multirun() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def output_dir(cfg: DictConfig) -> Path:
+    """trainer.output_dir, else Hydra's run directory, resolved to a plain path now: spawned workers
+    have no HydraConfig to resolve ``${hydra:...}`` with."""
+    if cfg.trainer.output_dir:
+        return Path(cfg.trainer.output_dir).resolve()
+    from hydra.core.hydra_config import HydraConfig
+
+    return Path(HydraConfig.get().runtime.output_dir).resolve() if HydraConfig.initialized() else Path.cwd()
+
+
+def is_popen_child() -> bool:
+    """A rank that Lightning's popen launcher started (it records Ctrl-C instead of raising it; rank 0
+    ends the job)."""
+    return "LOCAL_RANK" in os.environ and "TORCHELASTIC_RUN_ID" not in os.environ and "SLURM_PROCID" not in os.environ
+
+
+# ---- the command line, before Hydra --------------------------------------------------------------
+def check_overrides(argv: list[str]) -> None:
+    """Compose the command line's overrides with the project's own composer before Hydra does.
+
+    Hydra reports an unknown preset (``cluster=nope``) or key with a traceback hint and exit status
+    1, before any code of ours runs; :func:`~lightning_hexiscale.config.schema.compose` raises a
+    ConfigError that names the key, the value, the rule and the available presets. A multirun sweep
+    (``cluster=a,b``) is checked one value at a time, the other keys at their first value.
+    """
+    from lightning_hexiscale.config.schema import compose
+
+    args = [a for a in argv if not a.startswith("-") and "=" in a and not a.lstrip("+~").startswith("hydra.")]
+    multirun = any(a in ("-m", "--multirun") for a in argv)
+    if not multirun:
+        compose(args)
+        return
+    first = [a.split("=", 1)[0] + "=" + a.split("=", 1)[1].split(",")[0] for a in args]
+    for i, a in enumerate(args):
+        key, value = a.split("=", 1)
+        for v in value.split(",") if "," in value else []:
+            compose(first[:i] + [f"{key}={v}"] + first[i + 1:])
+    compose(first)
+
+
+FILES_ENV = "HEXISCALE_RECIPE_FILES"
+"""``cluster=`` / ``model=`` YAML files of the command line, as JSON, for the job and the popen children."""
+
+
+def take_file_overrides(argv: list[str]) -> list[str]:
+    """``cluster=my_cluster.yaml`` (e.g. from ``hexiscale profile``) or ``model=my_model.yaml``: Hydra
+    would look for a preset of that name and stop with "Could not find"; the overrides are taken out
+    of the command line (Hydra composes the default preset) and the files replace it in the job
+    (:func:`apply_file_overrides`), as ``hexiscale plan`` does. Single runs only; a sweep keeps presets."""
+    if any(a in ("-m", "--multirun") for a in argv):
+        return argv
+    files, rest = {}, []
+    for a in argv:
+        key, _, value = a.partition("=")
+        if key in ("cluster", "model") and value.endswith((".yaml", ".yml")) and Path(value).is_file():
+            files[key] = str(Path(value).resolve())
+        else:
+            rest.append(a)
+    if files:
+        os.environ[FILES_ENV] = json.dumps(files)
+    return rest
+
+
+def apply_file_overrides(cfg: DictConfig) -> None:
+    """Replace the ``cluster`` / ``model`` nodes by the files :func:`take_file_overrides` took out."""
+    from lightning_hexiscale.config.schema import ClusterConfig, ModelConfig, load_yaml_node
+
+    for key, path in json.loads(os.environ.get(FILES_ENV, "{}")).items():
+        node = load_yaml_node(path, ClusterConfig if key == "cluster" else ModelConfig, key)
+        OmegaConf.set_struct(cfg, False)
+        cfg[key] = node
+        OmegaConf.set_struct(cfg, True)
+
+
+def prepare_argv(argv: list[str]) -> list[str]:
+    """The overrides Hydra composes, from the command line's: ``model=hf:/dir`` becomes
+    ``model=_hf trainer.weights=/dir``; the launching process checks every override first (popen
+    children re-run the checked command line) and takes ``cluster=``/``model=`` files out (torchrun
+    and SLURM workers too: no launcher of ours took them out for them)."""
+    from lightning_hexiscale.config.schema import hf_model_overrides
+
+    argv = hf_model_overrides(argv)
+    if "LOCAL_RANK" not in os.environ:
+        check_overrides(argv)
+        return take_file_overrides(argv)
+    if FILES_ENV not in os.environ:
+        return take_file_overrides(argv)
+    return argv

@@ -1,0 +1,135 @@
+"""``hexiscale train``, before training: the plan (a plan file or the search's), the config as it
+will run, the plan's picture, and where the plan can be launched from here.
+
+Rank 0 plans and writes ``plan.yaml``; ranks that the popen launcher started reuse that file, so
+every rank trains on the same plan even where the search's timeout could make two searches differ.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from lightning_hexiscale.cli.common import explicit
+from lightning_hexiscale.cli.train_job import AppName, is_rank_zero, overrides_given
+from lightning_hexiscale.errors import HexiScaleError
+
+PLAN_OVERRIDES = ("schedule", "recompute", "dp_sharding", "micro_batch_size")
+"""``train.*`` keys that, given on the command line, replace what a plan file (or the search) chose."""
+
+
+class HardwareMissing(HexiScaleError):
+    """The plan's devices are not here; the message says what is needed and how to launch it."""
+
+
+def explicit_train_settings(cfg: DictConfig) -> dict:
+    """The :data:`PLAN_OVERRIDES` that this job's command line gave, with their values."""
+    given = overrides_given()
+    return {k: cfg.train[k] for k in PLAN_OVERRIDES if explicit(given, f"train.{k}")}
+
+
+def make_plan(cfg: DictConfig, cluster, model, out: Path):
+    """The plan file given, or the search's plan (with every planner.* setting, as ``hexiscale plan``
+    makes it); ranks launched by popen reuse rank 0's plan file. Returns (plan, its estimate)."""
+    from lightning_hexiscale.lightning.plan_resolution import apply_overrides, load_plan_arg
+    from lightning_hexiscale.planner.estimate import estimate, workload_from_config
+    from lightning_hexiscale.planner.plan import Plan
+    from lightning_hexiscale.planner.search import SearchSettings, search
+
+    workload = workload_from_config(cfg)  # its dtype comes from trainer.precision
+    gb = int(cfg.train.global_batch)
+    overrides = explicit_train_settings(cfg)
+    saved = out / "plan.yaml"
+    if cfg.plan:
+        plan = apply_overrides(load_plan_arg(cfg.plan, key="plan"), overrides)
+    elif not is_rank_zero() and saved.is_file():
+        plan = Plan.load(saved)
+    else:
+        # The search picks ddp / zero2 / zero3 with the cost model unless train.dp_sharding was given.
+        settings = SearchSettings.from_config(cfg, dp_sharding_explicit="dp_sharding" in overrides, progress=False)
+        plan = search(cluster, workload, gb, settings).plan
+    batch_given = not cfg.plan or explicit(overrides_given(), "train.global_batch")
+    plan.validate(cluster, model, global_batch=gb if batch_given else None)
+    return plan, estimate(plan, cluster, workload)
+
+
+def effective_config(cfg: DictConfig, plan, precision: str) -> DictConfig:
+    """The run's config as it ran (written to config.yaml): the plan's global batch, schedule,
+    recomputation, dp_sharding and micro-batch (when every pipeline uses the same), and the precision."""
+    eff = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    eff.trainer.precision = precision
+    eff.train.global_batch = plan.global_batch
+    eff.train.schedule, eff.train.recompute, eff.train.dp_sharding = plan.schedule, plan.recompute, plan.dp_sharding
+    mbs = {p.micro_batch_size for p in plan.pipelines}
+    eff.train.micro_batch_size = mbs.pop() if len(mbs) == 1 else None  # per pipeline: plan.yaml
+    return eff
+
+
+def write_picture(plan, cluster, model, est, path: Path) -> str:
+    """The plan drawn as ``hexiscale plan --picture`` draws it; a sentence saying where (or why not)."""
+    from lightning_hexiscale.cli.picture import draw_plan
+    from lightning_hexiscale.config.units import format_flops
+
+    try:
+        draw_plan(plan, cluster, path, title=f"{model.name} on {cluster.name}: {est.iteration_time_s:.3f} s/iteration "
+                  f"(estimated), {format_flops(est.pflops * 1e15)}", estimate=est)
+    except HexiScaleError as e:  # no matplotlib: the plan table above says the same
+        return f"no plan picture ({e.rule})"
+    return f"plan picture written to {path}"
+
+
+def launch_settings(cluster, plan, plan_file: Path, app: AppName) -> dict:
+    """Trainer(accelerator, devices, num_nodes) for this plan here, or HardwareMissing. Here the job
+    is launched on every device of the plan's launch order: devices it leaves idle get a process,
+    which leaves at setup (lightning/idle_ranks.py)."""
+    import torch
+
+    from lightning_hexiscale.config.recipe import device_kind
+    from lightning_hexiscale.lightning.idle_ranks import accepted_world_sizes
+
+    types = sorted({cluster.devices[d].gpu_type for d in plan.device_order})
+    launched_here = len(plan.launch_order)
+    if device_kind(types) == "cpu":  # emulated devices: one CPU process per device
+        return {"accelerator": "cpu", "devices": launched_here, "num_nodes": 1}
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    launched = "WORLD_SIZE" in os.environ and ("TORCHELASTIC_RUN_ID" in os.environ or "SLURM_PROCID" in os.environ)
+    if launched and gpus:
+        world = int(os.environ["WORLD_SIZE"])
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("SLURM_NTASKS_PER_NODE", gpus)))
+        if world in accepted_world_sizes(plan):
+            return {"accelerator": "gpu", "devices": local, "num_nodes": max(1, world // local)}
+    elif gpus >= launched_here and len({cluster.devices[d].machine for d in plan.launch_order}) == 1:
+        return {"accelerator": "gpu", "devices": launched_here, "num_nodes": 1}
+    raise HardwareMissing(hardware_message(cluster, plan, gpus, plan_file, app))
+
+
+def hardware_message(cluster, plan, local_gpus: int, plan_file: Path, app: AppName) -> str:
+    """What the plan needs (GPUs by type and by machine), what is here, and the torchrun and srun
+    commands that launch it on the cluster."""
+    import torch
+
+    by_type: dict[str, int] = {}
+    machines: dict[int, int] = {}
+    for d in plan.device_order:
+        dev = cluster.devices[d]
+        by_type[dev.gpu_type] = by_type.get(dev.gpu_type, 0) + 1
+    for d in plan.launch_order:  # the job is launched on the idle devices too (their ranks leave at setup)
+        machines[cluster.devices[d].machine] = machines.get(cluster.devices[d].machine, 0) + 1
+    need = " + ".join(f"{n}x{t}" for t, n in by_type.items())
+    if plan.idle_devices:
+        need += f", {len(plan.idle_devices)} more GPU(s) idle (launched too: their processes leave at setup)"
+    per_machine = ", ".join(f"{cluster.machines[m].name}: {n}" for m, n in sorted(machines.items()))
+    here = (f"{local_gpus} CUDA GPU(s) ({torch.cuda.get_device_name(0)})" if local_gpus else "no CUDA GPU")
+    args = " ".join(o for o in overrides_given() if not o.startswith(("plan=", "hydra."))) or f"cluster={cluster.name}"
+    nodes = len(machines)
+    return (f"cannot launch here: the plan runs {plan.world_size} processes, one per GPU, on {need} in {nodes} "
+            f"machine(s) ({per_machine}); this machine has {here}.\n"
+            f"Launch one process per GPU on the cluster, node k on machine k of cluster {cluster.name} "
+            f"(device ids follow its machine order), with the plan above (copy it to every machine):\n"
+            f"  torchrun --nnodes={nodes} --node-rank=<k> --nproc-per-node=<GPUs of machine k> "
+            f"--master-addr=<machine 0> --master-port=29500 {app.torchrun} {args} plan={plan_file}\n"
+            f"  srun --nodes={nodes} --ntasks={len(plan.launch_order)} --gpus-per-task=1 {app.srun} {args} "
+            f"plan={plan_file}\n"
+            f"or pass dry_run=true to plan only.")

@@ -1,0 +1,157 @@
+"""``hexiscale train``, one job from its composed config to its final metrics: the checks that need
+no plan, the plan (printed, written and drawn), then training (or elastic training, which plans at
+every start). Exit codes and messages are the app's (:mod:`lightning_hexiscale.cli.train`); this
+module raises.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from lightning_hexiscale.cli.train_fit import check_logger, fit, load_dataset, quiet_logs
+from lightning_hexiscale.cli.train_job import (HEXISCALE, AppName, apply_file_overrides, is_multirun, is_rank_zero,
+                                               output_dir, overrides_given, say)
+from lightning_hexiscale.cli.train_plan import effective_config, launch_settings, make_plan, write_picture
+
+
+@dataclass
+class JobProgress:
+    """What the job is doing, for the Ctrl-C message: its phase (planning, which includes the checks,
+    then training) and its output directory once known. Mutable: the job updates it as it goes."""
+
+    phase: str = "planning"
+    out: Path | None = None
+
+
+def check_early(cfg: DictConfig) -> None:
+    """What needs no plan, checked before planning (not after minutes of it, nor on every rank):
+    trainer.nonfinite, trainer.timeout_s, trainer.precision, trainer.launcher, trainer.resume,
+    trainer.fast_path."""
+    from lightning_hexiscale.config.recipe import check_ckpt_path, precision_dtype
+    from lightning_hexiscale.errors import ConfigError
+
+    t = cfg.trainer
+    if t.nonfinite not in ("skip", "stop"):
+        raise ConfigError("trainer.nonfinite", t.nonfinite, "must be skip or stop",
+                          "trainer.nonfinite=stop (raise, exit 4) or trainer.nonfinite=skip (drop the update)")
+    if not float(t.timeout_s) > 0:
+        raise ConfigError("trainer.timeout_s", t.timeout_s, "must be a positive number of seconds",
+                          "e.g. trainer.timeout_s=600")
+    if t.precision is not None:
+        precision_dtype(t.precision)
+    if t.launcher not in ("popen", "spawn", "fork"):
+        raise ConfigError("trainer.launcher", t.launcher, "must be popen, spawn or fork", "use popen (the default)")
+    for key in ("max_steps", "accumulate_grad_batches", "log_every"):
+        if int(t[key]) < 1:
+            raise ConfigError(f"trainer.{key}", t[key], "must be a positive integer", f"e.g. trainer.{key}=1")
+    check_ckpt_path(t.resume, key="trainer.resume")
+    from lightning_hexiscale.config.fast_path import FastPath
+
+    FastPath.coerce(t.get("fast_path"), key="trainer.fast_path")  # a bad switch value, before planning
+
+
+def run(cfg: DictConfig, progress: JobProgress | None = None, app: AppName = HEXISCALE) -> int:
+    """The job on one composed config: check, plan, print the plan and its estimate, train (or stop
+    after planning with ``dry_run``). Returns 0; errors are raised (the app maps them to exit codes).
+    ``progress`` records the phase and the output directory for the Ctrl-C message."""
+    from lightning_hexiscale.config.cluster import Cluster
+    from lightning_hexiscale.config.recipe import effective_precision
+    from lightning_hexiscale.config.schema import resolve_hf_model
+    from lightning_hexiscale.models.config import LlamaConfig
+
+    quiet_logs()
+    apply_file_overrides(cfg)
+    check_early(cfg)
+    check_logger(cfg)
+    resolve_hf_model(cfg, overrides_given())  # model=hf:/dir: the shape from its config.json
+    out = output_dir(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    progress = progress if progress is not None else JobProgress()
+    progress.out = out
+    cluster = Cluster.from_config(cfg.cluster)
+    model = LlamaConfig.from_config(cfg.model)
+    if cfg.trainer.weights:  # every difference between the preset and config.json, before any process starts
+        from lightning_hexiscale.data.weights import check_hf_config
+
+        check_hf_config(cfg.trainer.weights, model)
+    dataset = None if cfg.dry_run else load_dataset(cfg, model)
+    precision = effective_precision(cfg.trainer.precision, [d.gpu_type for d in cluster.devices])
+    if cfg.trainer.elastic and not cfg.dry_run:
+        return run_elastic(cfg, cluster, model, out, precision, dataset, progress, app)
+    say(f"planning for {model.name} on cluster {cluster.name} ({cluster.num_devices} devices) ...")
+    plan, est = make_plan(cfg, cluster, model, out)
+    picture = None
+    if is_rank_zero():
+        plan.save(out / "plan.yaml")
+        (out / "config.yaml").write_text(OmegaConf.to_yaml(effective_config(cfg, plan, precision)))
+        picture = write_picture(plan, cluster, model, est, out / "plan.png")
+    say(cluster.summary(), "\n")
+    say(plan.table(cluster), "\n")
+    say(est.summary(), "\n")
+    say(f"plan written to {out / 'plan.yaml'}; {picture}")
+    if cfg.dry_run:
+        say("dry_run=true: planned only.")
+        return 0
+    launch = launch_settings(cluster, plan, out / "plan.yaml", app)
+    if is_multirun():
+        # A previous job's port is in TIME_WAIT or still bound; let Lightning choose a free one.
+        os.environ.pop("MASTER_PORT", None)
+    progress.phase = "training"
+    metrics = fit(cfg, cluster, model, plan, out, launch, precision, dataset, est)
+    print_metrics(metrics)
+    return 0
+
+
+def print_metrics(metrics: dict | None) -> None:
+    """The training rank 0's final logged figures, one line (the other ranks have None)."""
+    if metrics is not None:
+        print("final metrics: " + ", ".join(f"{k}={float(v):.4f}" for k, v in sorted(metrics.items())), flush=True)
+
+
+def elastic_launch(cfg: DictConfig, app: AppName = HEXISCALE) -> dict:
+    """trainer.elastic=true: the checks (torchrun's elastic agent, a shared output directory, no plan
+    file) and Trainer(accelerator, devices, num_nodes) of this start."""
+    import torch
+
+    from lightning_hexiscale.errors import ConfigError
+    from lightning_hexiscale.lightning.elastic import MACHINE_ENV
+
+    command = (f"{MACHINE_ENV}=<machine> torchrun --nnodes=1:<machines> --nproc-per-node=<GPUs> --rdzv-backend=c10d "
+               f"--rdzv-endpoint=<host:port> --max-restarts=10 {app.torchrun} trainer.elastic=true "
+               "trainer.output_dir=<shared dir> ...")
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        raise ConfigError("trainer.elastic", True, "elastic training runs under torchrun's elastic agent (one agent "
+                          "per machine), which restarts the workers when machines leave or join",
+                          f"launch on every machine: {command}")
+    if not cfg.trainer.output_dir:
+        raise ConfigError("trainer.output_dir", None, "elastic training keeps its checkpoints and elastic.json in one "
+                          "directory that every node and every restart finds (Hydra's default is per run and host)",
+                          "pass trainer.output_dir=<a directory on a file system all nodes share>")
+    if cfg.plan:
+        raise ConfigError("plan", cfg.plan, "elastic training plans for the machines present at every start",
+                          "leave plan= out with trainer.elastic=true")
+    if cfg.trainer.resume:
+        raise ConfigError("trainer.resume", cfg.trainer.resume, "elastic training resumes by itself from the newest "
+                          "complete checkpoint under <trainer.output_dir>/elastic",
+                          "leave trainer.resume out (copy the checkpoint there to start from it)")
+    local, world = int(os.environ.get("LOCAL_WORLD_SIZE", 1)), int(os.environ.get("WORLD_SIZE", 1))
+    return {"accelerator": "gpu" if torch.cuda.is_available() else "cpu", "devices": local,
+            "num_nodes": max(1, world // local)}
+
+
+def run_elastic(cfg: DictConfig, cluster, model, out: Path, precision: str, dataset, progress: JobProgress,
+                app: AppName) -> int:
+    """trainer.elastic=true: no plan here; the strategy plans for the machines present at every start."""
+    from lightning_hexiscale.lightning.elastic import ElasticSettings
+
+    launch = elastic_launch(cfg, app)
+    say(cluster.summary(), "\n")
+    settings = ElasticSettings(out / "elastic", every_n_steps=int(cfg.trainer.checkpoint_every))
+    progress.phase = "training"
+    metrics = fit(cfg, cluster, model, None, out, launch, precision, dataset, elastic=settings)
+    print_metrics(metrics)
+    return 0
