@@ -178,3 +178,27 @@ def test_scripts_import_only_the_package(script):
     assert SCRIPTS, "no benchmarks/ or recipes/ found"
     assert sibling_imports(script) == []
     assert "sys.path" not in script.read_text(), f"{script.name} edits sys.path"
+
+
+def private_imports(path: Path) -> list[str]:
+    """``from <package module> import _name`` in ``path``: a private name taken from another module
+    (dunder names and the package's own lazy-loading helper module ``_lazy`` / ``_moved`` apart)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(PKG):
+            out += [f"{node.module}.{a.name}" for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__")]
+    return out
+
+
+def test_the_private_name_check_finds_one(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text(f"from {PKG}.planner.search import _Hidden, search\n")
+    assert private_imports(f) == [f"{PKG}.planner.search._Hidden"]
+
+
+def test_no_private_name_crosses_modules():
+    """Issue 31: what one module uses of another is its public API (a private name that another
+    module needs is made public under a name that says what it is)."""
+    found = {str(p.relative_to(ROOT.parent)): private_imports(p) for p in sorted(ROOT.rglob("*.py"))}
+    assert {k: v for k, v in found.items() if v} == {}

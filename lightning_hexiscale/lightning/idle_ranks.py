@@ -51,7 +51,7 @@ from lightning.fabric.plugins.environments import ClusterEnvironment
 
 from lightning_hexiscale.errors import ConfigError, RankFailure
 from lightning_hexiscale.lightning import internals
-from lightning_hexiscale.lightning.launching import IdleRankExit, _portable, mark_agreed
+from lightning_hexiscale.lightning.launching import IdleRankExit, portable_error, mark_agreed
 from lightning_hexiscale.planner.plan import Plan
 
 REASONS_KEY = "idle_reasons"
@@ -221,7 +221,7 @@ class JobEnd:
             return
         self._published.add((self.call, "failed"))
         try:
-            self._store.set(f"{self.call}/failed", pickle.dumps(_portable(exc)))
+            self._store.set(f"{self.call}/failed", pickle.dumps(portable_error(exc)))
         except Exception:  # noqa: BLE001 -- the store's host is gone: nobody is waiting
             pass
 

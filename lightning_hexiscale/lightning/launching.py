@@ -80,7 +80,7 @@ def _shared(exc: BaseException) -> bool:
     return is_agreed(exc) or isinstance(exc, (RankFailure, NonFiniteError))
 
 
-def _portable(exc: BaseException | None) -> BaseException | None:
+def portable_error(exc: BaseException | None) -> BaseException | None:
     """``exc`` if it survives pickling (to travel to other ranks), else a RuntimeError with its text."""
     if exc is None:
         return None
@@ -106,7 +106,7 @@ def agree(fn: Callable[[], Any], rank: int, world_size: int) -> Any:
         err = e
     if world_size > 1 and dist.is_available() and dist.is_initialized():
         errors: list[Any] = [None] * world_size
-        dist.all_gather_object(errors, _portable(err))
+        dist.all_gather_object(errors, portable_error(err))
     else:
         errors = [err]
     failed = [r for r, e in enumerate(errors) if e is not None]
@@ -200,7 +200,7 @@ class LaunchGuard:
         out = self.stop(exc)
         if isinstance(out, (KeyboardInterrupt, SystemExit)) or not _shared(out):
             return None
-        return _portable(out)
+        return portable_error(out)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -58,7 +58,7 @@ from lightning_hexiscale.planner.estimate import Estimate, Workload, estimate
 from lightning_hexiscale.planner.oracle import MAX_DEVICES, oracle
 from lightning_hexiscale.planner.partition import DeviceGraph, partition
 from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
-from lightning_hexiscale.planner.search import SearchResult, SearchSettings, _Search, search
+from lightning_hexiscale.planner.search import SearchResult, SearchSettings, SearchRun, search
 from lightning_hexiscale.planner.subsets import (compute_bound, device_rates, devices_of, lift, machine_classes,
                                                  machines_of, memory_possible, subset_vectors)
 
@@ -340,7 +340,7 @@ def _by_type_chain(cluster: Cluster, devices: np.ndarray, tp: int) -> list[tuple
     return sorted(stages, key=lambda st: (-cluster.devices[st[0]].flops, cluster.devices[st[0]].machine, st[0]))
 
 
-class _RandomSearch(_Search):
+class _RandomSearch(SearchRun):
     """The §4 search with phase 1 replaced by random equal-size partitions (Fig. 6)."""
 
     def phase1(self, step) -> list[np.ndarray]:

@@ -265,8 +265,11 @@ class BatchTimer:
         stages = layout.pipelines[i].stages
         P = layout.num_pipelines
         comms = self.comms(layout)
+        # what :meth:`fits` reads of a stage: its smallest device's usable memory, its TP degree, its
+        # layer count and communicators (its position is the tuple's): pipelines on equal memory
+        # share one entry, which on large clusters of repeated machines is most of them
         shape = (P, layout.dp_sharding, layout.schedule, layout.recompute,
-                 tuple((st.devices, st.layers, comms.get((i, j))) for j, st in enumerate(stages)))
+                 tuple((self.cap(st.devices), st.tp, st.num_layers, comms.get((i, j))) for j, st in enumerate(stages)))
         if shape not in self._limit:
             n_top = max(self.G - (P - 1), 1)
             limit = np.zeros(len(self.ms), dtype=np.int64)

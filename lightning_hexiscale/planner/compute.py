@@ -33,7 +33,7 @@ from lightning_hexiscale.config.layer_table import LayerTable, ModelShape
 from lightning_hexiscale.config.recipe import PRECISION_DTYPES
 from lightning_hexiscale.planner import cost_model as cm
 from lightning_hexiscale.planner import roofline as rf
-from lightning_hexiscale.planner.memory import _shard_fraction
+from lightning_hexiscale.planner.memory import shard_fraction
 from lightning_hexiscale.planner.workload import Workload
 
 
@@ -93,7 +93,7 @@ def _layer_compute_one(d: Device, workload: Workload, t: int, mb: int) -> tuple[
     """:func:`layer_compute_s` on one device of a TP-``t`` group (memoised: the search asks for the
     same type, degree and size for many groups)."""
     model = workload.model
-    frac = _shard_fraction(model, t)
+    frac = shard_fraction(model, t)
     flops = model.layer_forward_flops(mb)
     if uses_roofline(d, workload):
         args = (model, mb * model.seq_len, t, workload.dtype_bytes, workload.param_bytes, workload.mixed)

@@ -108,9 +108,22 @@ def dp_comm_all(plan: Plan, cluster: Cluster, layer_bytes: float) -> dict[tuple[
     for k, p in enumerate(plan.pipelines):
         holder[k] = np.searchsorted(np.array([s.layers[1] for s in p.stages]), starts, side="right")
 
-    def slots(k: int, j: int) -> np.ndarray:
-        a = first_slot[(k, j)]
-        return np.arange(a, a + plan.pipelines[k].stages[j].tp)
+    # per (pipeline, stage): its first slot and TP degree, padded to the longest pipeline, so that
+    # the slots of any choice of one stage per pipeline are built in array operations (the sweep
+    # below visits every interval, and a Python loop over P pipelines there dominated large plans)
+    S_max = max(len(p.stages) for p in plan.pipelines)
+    first_a = np.zeros((P, S_max), dtype=np.int64)
+    tp_a = np.zeros((P, S_max), dtype=np.int64)
+    for (k, j), a in first_slot.items():
+        first_a[k, j], tp_a[k, j] = a, plan.pipelines[k].stages[j].tp
+
+    def slots_of(ks: np.ndarray, js: np.ndarray) -> np.ndarray:
+        """The slots of stage js[q] of pipeline ks[q], for every q, concatenated in that order."""
+        f, t = first_a[ks, js], tp_a[ks, js]
+        if not len(t):
+            return np.zeros(0, dtype=np.int64)
+        offsets = np.cumsum(t) - t
+        return np.repeat(f - offsets, t) + np.arange(int(t.sum()))
 
     def terms(rows: np.ndarray, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(alpha, beta) of every (row, col) pair; pairs that share nothing: (0, inf)."""
@@ -127,13 +140,15 @@ def dp_comm_all(plan: Plan, cluster: Cluster, layer_bytes: float) -> dict[tuple[
     shares = (P - 1) * (hi_a - lo_a)  # per slot: all other pipelines' shares of its 1/t
     A = np.zeros((len(dev), P))
     B = np.full((len(dev), P), np.inf)
-    worst: dict[tuple[int, int], list[float]] = {}
+    worst = np.zeros((P, len(starts)))  # [k, g]: the worst slot of pipeline k's holder on interval g
+    every = np.arange(P)
     prev = np.full(P, -1)
     for g in range(len(starts)):
-        changed = np.flatnonzero(holder[:, g] != prev)
-        prev = holder[:, g].copy()
-        active = np.concatenate([slots(k, int(holder[k, g])) for k in range(P)])
-        fresh = np.concatenate([slots(int(k), int(holder[k, g])) for k in changed])
+        js = holder[:, g]
+        changed = np.flatnonzero(js != prev)
+        prev = js.copy()
+        active = slots_of(every, js)
+        fresh = slots_of(changed, js[changed])
         staying = np.setdiff1d(active, fresh, assume_unique=True)
         if len(fresh):  # new stages: whole rows against every current holder
             ks, a, b = by_pipeline(terms(fresh, active), active)
@@ -147,17 +162,13 @@ def dp_comm_all(plan: Plan, cluster: Cluster, layer_bytes: float) -> dict[tuple[
         # the interval's rings share NICs (nic.dp_ring_rates): the slower of that and the slowest link
         rates = nic.dp_ring_rates(cluster, dev_a[active], lo_a[active], hi_a[active])
         cost = A[active].sum(axis=1) + shares[active] * (layer_bytes / P) / np.minimum(B[active].min(axis=1), rates)
-        pos = 0
-        for k in range(P):
-            j = int(holder[k, g])
-            t = plan.pipelines[k].stages[j].tp
-            worst.setdefault((k, j), []).append(float(cost[pos:pos + t].max()))
-            pos += t
+        t = tp_a[every, js]
+        worst[:, g] = np.maximum.reduceat(cost, np.cumsum(t) - t)
     out: dict[tuple[int, int], list[tuple[int, float]]] = {}
     for k, p in enumerate(plan.pipelines):
         for j, st in enumerate(p.stages):
             a, b = bounds.index(st.layers[0]), bounds.index(st.layers[1])
-            out[(k, j)] = [(bounds[q + 1] - bounds[q], w) for q, w in zip(range(a, b), worst[(k, j)])]
+            out[(k, j)] = [(bounds[q + 1] - bounds[q], float(worst[k, q])) for q in range(a, b)]
     if len(cache) >= _DP_CACHE_SIZE:
         cache.pop(next(iter(cache)))
     cache[key] = out

@@ -31,7 +31,7 @@ from lightning_hexiscale.planner import nic
 from lightning_hexiscale.planner import zero_terms as Z
 from lightning_hexiscale.planner.communicators import stage_communicators
 from lightning_hexiscale.planner.dp_comm import dp_comm_all
-from lightning_hexiscale.planner.memory import (_BUCKET_CAP_BYTES, MemoryTerms, _shard_fraction,  # noqa: F401
+from lightning_hexiscale.planner.memory import (MemoryTerms, shard_fraction,  # noqa: F401
                                                 stage_memory_at, stage_memory_terms, usable_memory)
 from lightning_hexiscale.planner.plan import Plan
 from lightning_hexiscale.planner.workload import DTYPE_BYTES, Workload  # noqa: F401 (re-exported)

@@ -97,7 +97,7 @@ def stage_memory_at(workload: Workload, sharding: str, num_pipelines: int, recom
     tokens = mb * S
     P = max(num_pipelines, 1)
     K = workload.optimizer_bytes_per_param
-    frac = _shard_fraction(model, tp)
+    frac = shard_fraction(model, tp)
     layer_local = model.layer_params * frac
     # vocabulary-parallel: this rank's V/t rows of the embedding (first stage) and of the LM head
     # (last stage; a tied head is the embedding itself on a one-stage pipeline, a copy elsewhere)
@@ -121,7 +121,8 @@ def stage_memory_at(workload: Workload, sharding: str, num_pipelines: int, recom
     # gradient-sync / ZeRO buckets: the cap (in parameter elements) or one whole segment when that
     # is larger, never more than its unit; sent in the reduce / wire dtype B; mixed precision first
     # concatenates a bucket in P, then casts
-    bucket = bucket_elements(_BUCKET_CAP_BYTES, pb, stage_bucket_units(model, tp, first, last))
+    bucket = bucket_elements(BUCKET_CAP_BYTES,  # the runtime's cap: one constant for both
+                              pb, stage_bucket_units(model, tp, first, last))
     window = cm.zero_window_bytes(bucket * bt) + (bucket * pb if mixed else 0.0)
     phases = []
     # backward: stored activations, the working set of the layer in its backward, the logits, and
@@ -191,11 +192,6 @@ def stage_memory_at(workload: Workload, sharding: str, num_pipelines: int, recom
     return MemoryTerms(tuple(phases))
 
 
-_BUCKET_CAP_BYTES = BUCKET_CAP_BYTES
-"""The runtime's gradient-sync and ZeRO bucket cap (:data:`lightning_hexiscale.config.buffers.BUCKET_CAP_BYTES`,
-which ``runtime/grad_sync.py`` packs by)."""
-
-
 def bucket_elements(cap_bytes: float, param_bytes: float, units: Iterable[tuple[float, float]]) -> float:
     """Elements of the largest bucket a stage packs for its gradient sync or ZeRO collectives:
 
@@ -224,7 +220,7 @@ def stage_bucket_units(model: LlamaConfig, tp: int, first: bool, last: bool) -> 
     kv = max(e - s for s, e in model.kv_head_split(tp))
     ffn = max(e - s for s, e in model.ffn_split(tp))
     widest = H * max(kv * model.heads_per_kv * model.head_dim, ffn)
-    units = [(model.layer_matmul_params * _shard_fraction(model, tp), float(widest))]
+    units = [(model.layer_matmul_params * shard_fraction(model, tp), float(widest))]
     rows = model.vocab_size * model.max_vocab_fraction(tp) * H
     if first:
         units.append((rows, rows))
@@ -238,7 +234,7 @@ def usable_memory(workload: Workload, capacity_bytes: float) -> float:
     return capacity_bytes * (1.0 - workload.memory_headroom)
 
 
-def _shard_fraction(model: LlamaConfig, tp: int) -> float:
+def shard_fraction(model: LlamaConfig, tp: int) -> float:
     """model.max_shard_fraction(tp), memoised per model shape (the planner calls estimate() often)."""
     key = (model, tp)
     if key not in _FRAC:

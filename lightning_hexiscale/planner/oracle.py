@@ -95,7 +95,7 @@ from lightning_hexiscale.planner.estimate import Workload, estimate
 from lightning_hexiscale.planner.oracle_space import (OracleResult, OracleSettings, compositions, contexts,
                                                       device_classes, multiset_permutations, sub_vectors,
                                                       vector_partitions)
-from lightning_hexiscale.planner.oracle_terms import OracleTerms, _Timeout
+from lightning_hexiscale.planner.oracle_terms import OracleTerms, OracleTimeout
 from lightning_hexiscale.planner.plan import Plan
 from lightning_hexiscale.planner.subsets import name_idle
 
@@ -107,7 +107,7 @@ _CAP_STEP = 1.25
 """A partition's structures are first taken up to 1.25 x its bound; the rest only if that finds nothing better."""
 
 
-class _Oracle(OracleTerms):
+class Oracle(OracleTerms):
     """The branch and bound over the terms and bounds of :class:`OracleTerms`."""
 
     def offer(self, plan: Plan) -> None:
@@ -157,7 +157,7 @@ class _Oracle(OracleTerms):
                     heapq.heappush(heap, (cap, len(heap) + self.stats["partitions"], 2, sh, vecs))
             bound = math.inf
             complete = True
-        except _Timeout:
+        except OracleTimeout:
             complete = False
         cost, plan, est = self.best
         if complete:
@@ -289,4 +289,4 @@ def oracle(cluster: Cluster, workload: Workload, global_batch: int, settings=Non
                           f"is more than max_devices={max_devices}", "use a small cluster (cluster.subset) or the search")
     if time_limit_s <= 0:
         raise ConfigError("time_limit_s", time_limit_s, "must be positive", "give the oracle e.g. 60 seconds")
-    return _Oracle(cluster, workload, global_batch, OracleSettings.of(settings), time_limit_s).run(incumbent)
+    return Oracle(cluster, workload, global_batch, OracleSettings.of(settings), time_limit_s).run(incumbent)

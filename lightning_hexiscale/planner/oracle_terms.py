@@ -24,7 +24,7 @@ from lightning_hexiscale.planner.plan import DP_SHARDINGS, Plan
 _CHUNK = 256
 
 
-class _Timeout(Exception):
+class OracleTimeout(Exception):
     pass
 
 
@@ -74,7 +74,7 @@ class OracleTerms:
 
     def tick(self) -> None:
         if time.perf_counter() > self.deadline:
-            raise _Timeout
+            raise OracleTimeout
 
     # ---- cached terms (all through estimate's own functions) --------------------------------
     def devices_of(self, labels: tuple[int, ...], taken: tuple[int, ...] = ()) -> tuple[int, ...]:

@@ -71,7 +71,7 @@ def _layout(plan: Plan) -> Layout:
     return (plan.dp_sharding, tuple(tuple((s.devices, s.num_layers) for s in p.stages) for p in plan.pipelines))
 
 
-def _plan(layout: Layout, like: Plan) -> Plan:
+def plan_from_layout(layout: Layout, like: Plan) -> Plan:
     sharding, pipes = layout
     return layout_plan([[st for st, _ in p] for p in pipes], [tuple(n for _, n in p) for p in pipes], sharding,
                        like.schedule, like.recompute, like.num_layers)
@@ -196,7 +196,7 @@ def improve(plan: Plan, cost: float, ctx: RefineContext, budget: int) -> tuple[f
     state = {"used": 0}
 
     def score(cand: Layout) -> tuple[float, Plan | None]:
-        layout = _plan(cand, plan)
+        layout = plan_from_layout(cand, plan)
         key = layout_key(layout)
         if key in seen or state["used"] >= budget:
             return math.inf, None

@@ -80,7 +80,7 @@ _STARTS = 4
 """Layouts (the best for each number of pipelines, best first) the final local improvement starts from."""
 
 
-class _Search:
+class SearchRun:
     """State of one search run (caches, moving averages, best plan)."""
 
     def __init__(self, cluster: Cluster, workload: Workload, global_batch: int, s: SearchSettings,
@@ -568,7 +568,7 @@ def search(cluster: Cluster, workload: Workload, global_batch: int,
     gc.set_threshold(max(threshold[0], 100_000), *threshold[1:])
     try:
         if s.use_all_devices:
-            return _Search(cluster, workload, global_batch, s).run()
+            return SearchRun(cluster, workload, global_batch, s).run()
         return subset_search(cluster, workload, global_batch, s, worth)
     finally:
         gc.set_threshold(*threshold)
@@ -580,7 +580,7 @@ def _core(workload: Workload, global_batch: int, s: SearchSettings):
     a way to try the best layouts without some devices)."""
 
     def run(cluster: Cluster, share: float = 1.0) -> CoreRun:
-        sr = _Search(cluster, workload, global_batch, s, share)
+        sr = SearchRun(cluster, workload, global_batch, s, share)
         result = sr.run()
         return CoreRun(result.plan, result.estimate.cost, sr.best_all[0], result.log, sr.without)
 

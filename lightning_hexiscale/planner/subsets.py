@@ -74,7 +74,7 @@ class CoreRun:
     """The best iteration time it found with every device at work (inf: none)."""
     log: list
     without: Callable[[frozenset[int]], tuple[float, Plan | None]]
-    """Prices its best layout with some devices taken out (:meth:`search._Search.without`)."""
+    """Prices its best layout with some devices taken out (:meth:`search.SearchRun.without`)."""
 
 
 Core = Callable[..., CoreRun]
@@ -264,7 +264,7 @@ def shrink(layouts: list[Plan], drop: frozenset[int], timer: Any, repair: Any, m
     the pipelines that changed get their leaders and layer split afresh (``repair``, the search's
     phase-2 rules) and the batches are re-split exactly (``timer.best``). (inf, None) when nothing
     is left or nothing fits."""
-    from lightning_hexiscale.planner.refine import _plan
+    from lightning_hexiscale.planner.refine import plan_from_layout
 
     best: tuple[float, Plan | None] = (math.inf, None)
     for like in layouts:
@@ -287,7 +287,7 @@ def shrink(layouts: list[Plan], drop: frozenset[int], timer: Any, repair: Any, m
         if not pipes or len(pipes) > timer.G:
             continue
         layout = repair((like.dp_sharding, tuple(pipes)), before)
-        cost, plan = timer.best(_plan(layout, like), meta)
+        cost, plan = timer.best(plan_from_layout(layout, like), meta)
         if plan is not None and cost < best[0]:
             best = (cost, plan)
     return best

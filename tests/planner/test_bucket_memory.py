@@ -62,4 +62,4 @@ def test_planner_and_runtime_read_one_cap():
     from lightning_hexiscale.planner import memory
     from lightning_hexiscale.runtime import grad_sync
 
-    assert memory._BUCKET_CAP_BYTES is BUCKET_CAP_BYTES and grad_sync.DEFAULT_BUCKET_CAP_BYTES is BUCKET_CAP_BYTES
+    assert memory.BUCKET_CAP_BYTES is BUCKET_CAP_BYTES and grad_sync.DEFAULT_BUCKET_CAP_BYTES is BUCKET_CAP_BYTES

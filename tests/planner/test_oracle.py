@@ -17,7 +17,7 @@ from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.estimate import Workload, estimate
 from lightning_hexiscale.planner.batching import minimax_split
-from lightning_hexiscale.planner.oracle import (OracleSettings, _Oracle, compositions, device_classes,
+from lightning_hexiscale.planner.oracle import (OracleSettings, Oracle, compositions, device_classes,
                                                 oracle, vector_partitions)
 from oracle_reference import brute_force, chains, set_partitions
 
@@ -113,7 +113,7 @@ def test_bounds_never_exceed_the_true_time(seed):
     from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
 
     cluster, workload, batch, settings = tiny_case(seed)
-    o = _Oracle(cluster, workload, batch, settings, time_limit_s=60)
+    o = Oracle(cluster, workload, batch, settings, time_limit_s=60)
     L, checked = workload.model.num_layers, 0
     for blocks in set_partitions(list(range(cluster.num_devices))):
         P = len(blocks)

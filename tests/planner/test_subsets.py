@@ -198,11 +198,11 @@ def test_large_clusters_price_subsets_by_shrinking_the_best_layout(tiny):
 
 
 def test_shrink_takes_devices_out_and_resplits():
-    from lightning_hexiscale.planner.search import _Search
+    from lightning_hexiscale.planner.search import SearchRun
 
     w = Workload(LlamaConfig.load("llama_tiny"))
     c = Cluster.load("cpu_hetero4")
-    sr = _Search(c, w, 8, SearchSettings(iterations=4, use_all_devices=True))
+    sr = SearchRun(c, w, 8, SearchSettings(iterations=4, use_all_devices=True))
     sr.run()
     cost, plan = sr.without(frozenset({3}))
     assert plan is not None and 3 not in plan.device_order and math.isfinite(cost)
