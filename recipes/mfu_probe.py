@@ -312,9 +312,9 @@ def backends(device: torch.device) -> list[str]:
     installed); two on the CPU."""
     if device.type != "cuda":
         return ["sdpa", "sdpa_math"]
-    from lightning_hexiscale.models.attention import _flash_attn_func
+    from lightning_hexiscale.models.attention import load_flash_attn
 
-    return (["flash_attn"] if _flash_attn_func() is not None else []) + ["sdpa_cudnn", "sdpa_flash", "sdpa_efficient"]
+    return (["flash_attn"] if load_flash_attn() is not None else []) + ["sdpa_cudnn", "sdpa_flash", "sdpa_efficient"]
 
 
 def verdict(mfu: float | None, target: float, smoke: bool) -> str:

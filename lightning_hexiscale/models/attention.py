@@ -76,12 +76,12 @@ def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.
 @functools.lru_cache(maxsize=1)
 def flash_attn_available() -> bool:
     """True when a ``flash_attn`` package is installed (it may still fail to import, see
-    :func:`_flash_attn_func`). Decided once per process: a ``find_spec`` per call walks sys.path."""
+    :func:`load_flash_attn`). Decided once per process: a ``find_spec`` per call walks sys.path."""
     return importlib.util.find_spec("flash_attn") is not None
 
 
 @functools.lru_cache(maxsize=1)
-def _flash_attn_func() -> Callable | None:
+def load_flash_attn() -> Callable | None:
     """flash-attn's ``flash_attn_func``, or None when it is not installed or its import fails.
 
     Imported once per process; a failing import warns once (:class:`FlashAttnFallbackWarning`,
@@ -104,7 +104,7 @@ def _flash_attn_func() -> Callable | None:
 def flash_attn_supported(device_index: int) -> bool:
     """flash-attn imports and the CUDA device's compute capability >= :data:`FLASH_MIN_CAPABILITY`.
     Decided once per device."""
-    if _flash_attn_func() is None:
+    if load_flash_attn() is None:
         return False
     return tuple(torch.cuda.get_device_capability(device_index)) >= FLASH_MIN_CAPABILITY
 
@@ -112,7 +112,7 @@ def flash_attn_supported(device_index: int) -> bool:
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """flash-attn on (B, heads, S, d): it takes (B, S, heads, d) and supports GQA when nq % nkv == 0.
     flash-attn aligns the causal mask bottom-right, SDPA top-left: the same here, q and k have one length."""
-    func = _flash_attn_func()
+    func = load_flash_attn()
     if func is None:
         raise RuntimeError("kernel 'flash' requested but flash-attn is not installed or does not import; "
                            "use kernel 'auto' (falls back to SDPA) or 'sdpa'")

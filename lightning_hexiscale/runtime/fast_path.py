@@ -83,7 +83,7 @@ def choose_attention(requested: str, device: torch.device, dtype: torch.dtype, n
     """
     if requested != "auto":
         kernel = "flash" if requested == "flash_attn" else requested
-        if kernel == "flash" and (device.type != "cuda" or attn._flash_attn_func() is None):
+        if kernel == "flash" and (device.type != "cuda" or attn.load_flash_attn() is None):
             raise ConfigError("fast_path.attention", requested, "flash-attn needs CUDA and the flash-attn package",
                               "install flash-attn on the GPU machines, or use auto / sdpa")
         if device.type == "cuda" and kernel != "eager" and not _runs(kernel, device, dtype, num_heads, num_kv_heads,

@@ -23,7 +23,7 @@ def fresh_gates():
     def clear():
         attn_mod.flash_attn_available.cache_clear()
         attn_mod.flash_attn_supported.cache_clear()
-        attn_mod._flash_attn_func.cache_clear()
+        attn_mod.load_flash_attn.cache_clear()
     clear()
     yield
     clear()
@@ -156,7 +156,7 @@ def test_broken_flash_through_the_model(monkeypatch, fresh_gates):
 
     monkeypatch.delitem(sys.modules, "flash_attn", raising=False)
     monkeypatch.setattr(sys, "meta_path", [_BrokenFlashFinder(ImportError("boom")), *sys.meta_path])
-    attn_mod._flash_attn_func.cache_clear()
+    attn_mod.load_flash_attn.cache_clear()
     cfg = LlamaConfig(name="t", hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, ffn_hidden_size=64,
                       vocab_size=64, seq_len=8)
     model = Llama(cfg).to(torch.float64).init_weights(0)
