@@ -22,7 +22,7 @@ demo: $(STAMP)
 	$(BIN)/python recipes/train.py trainer.max_steps=30 hydra.run.dir=outputs/demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not timing"
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not timing" --durations=30
 
 # Tests that assert the host's timings (the emulated cluster's FLOP/s ratios, latency): meaningful on
 # a quiet host only, as the benchmarks that rely on them check the same before measuring.
