@@ -12,7 +12,7 @@ import pytest
 
 from lightning_hexiscale.models.config import LlamaConfig
 
-RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "bench_cost_model.py"
+RECIPE = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_cost_model.py"
 
 
 def load_recipe():
