@@ -26,6 +26,7 @@ with its count (:meth:`BatchTimer.best_uniform`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -149,6 +150,11 @@ class BatchTimer:
         self.ms = sorted(set(micro_batch_sizes)) if micro_batch_sizes else list(range(1, global_batch + 1))
         self.theta = E.calibration_theta(cluster)
         self._lt: dict[tuple, tuple[float, float]] = {}
+        self._shape: dict[tuple[int, ...], tuple] = {}
+        kinds: dict = {}  # devices with equal figures (type, FLOP/s, memory, ...) share a kind
+        self._kind = np.array([kinds.setdefault(dataclasses.replace(d, id=0, machine=0), len(kinds))
+                               for d in cluster.devices], dtype=np.int64)
+        self._machine = np.array([d.machine for d in cluster.devices], dtype=np.int64)
         self._extra: dict[tuple, float] = {}
         self._hop: dict[tuple, float] = {}
         self._mem: dict[tuple, E.MemoryTerms] = {}
@@ -180,15 +186,31 @@ class BatchTimer:
             self._q[P] = (qm, qn, qb, np.searchsorted(np.array(self.ms), qm))
         return self._q[P]
 
+    def shape(self, devices: tuple[int, ...]) -> tuple:
+        """What a group's per-micro-batch terms (:func:`estimate.layer_times`, ``stage_extra_times``,
+        ``hop_time`` with given NIC shares) read of the cluster, device for device in order: each
+        device's figures, which devices share a machine, and the links among them. Groups of one
+        shape price alike; a replicated cluster has few shapes but thousands of groups, so the terms
+        are memoised by shape (each computed once instead of once per group)."""
+        key = self._shape.get(devices)
+        if key is None:
+            idx = np.array(devices, dtype=np.int64)
+            ix = np.ix_(idx, idx)
+            mach = self._machine[idx]
+            key = (self._kind[idx].tobytes(), (mach[:, None] == mach[None, :]).tobytes(),
+                   self.cluster.bandwidth[ix].tobytes(), self.cluster.latency[ix].tobytes())
+            self._shape[devices] = key
+        return key
+
     def layer_tb(self, devices: tuple[int, ...], m: int, recompute: bool) -> tuple[float, float]:
-        key = (devices, m, recompute)
+        key = (self.shape(devices), m, recompute)
         if key not in self._lt:
             self._lt[key] = E.layer_times(self.cluster, self.w, devices, m, recompute)[:2]
         return self._lt[key]
 
     def extra(self, devices: tuple[int, ...], m: int, first: bool, last: bool) -> float:
         """Head + embedding time per micro-batch of a stage (:func:`estimate.stage_extra_times`, summed)."""
-        key = (devices, m, first, last)
+        key = (self.shape(devices), m, first, last)
         if key not in self._extra:
             comp, comm = E.stage_extra_times(self.cluster, self.w, devices, m, first, last)
             self._extra[key] = comp + comm
@@ -196,7 +218,7 @@ class BatchTimer:
 
     def hop(self, src: tuple[int, ...], dst: tuple[int, ...], m: int, caps: tuple[float, ...] = ()) -> float:
         """:func:`estimate.hop_time` with the NIC fair shares ``caps`` of its flows (:meth:`hop_caps`)."""
-        key = (src, dst, m, caps)
+        key = (self.shape(src + dst), len(src), m, caps)
         if key not in self._hop:
             self._hop[key] = E.hop_time(self.cluster, self.w, src, dst, m, caps)
         return self._hop[key]

@@ -140,9 +140,22 @@ def dp_comm_all(plan: Plan, cluster: Cluster, layer_bytes: float) -> dict[tuple[
     shares = (P - 1) * (hi_a - lo_a)  # per slot: all other pipelines' shares of its 1/t
     A = np.zeros((len(dev), P))
     B = np.full((len(dev), P), np.inf)
+    # per slot, over the other pipelines: sum_k A (kept by deltas) and min_k B with the k that
+    # gives it; a full row pass only for new stages' rows and rows whose minimum column changed
+    # (the row reductions over every active slot and pipeline dominated plans of 1000s of devices)
+    row_a = np.zeros(len(dev))
+    row_b = np.full(len(dev), np.inf)
+    arg_b = np.full(len(dev), -1)
     worst = np.zeros((P, len(starts)))  # [k, g]: the worst slot of pipeline k's holder on interval g
     every = np.arange(P)
     prev = np.full(P, -1)
+
+    def reduce_rows(rows: np.ndarray) -> None:
+        if len(rows):
+            row_a[rows] = A[rows].sum(axis=1)
+            arg_b[rows] = B[rows].argmin(axis=1)
+            row_b[rows] = B[rows, arg_b[rows]]
+
     for g in range(len(starts)):
         js = holder[:, g]
         changed = np.flatnonzero(js != prev)
@@ -154,14 +167,27 @@ def dp_comm_all(plan: Plan, cluster: Cluster, layer_bytes: float) -> dict[tuple[
             ks, a, b = by_pipeline(terms(fresh, active), active)
             A[fresh], B[fresh] = 0.0, np.inf
             A[np.ix_(fresh, ks)], B[np.ix_(fresh, ks)] = a, b
+            own = pipe_a[fresh]  # a pipeline does not synchronise with itself
+            A[fresh, own], B[fresh, own] = 0.0, np.inf
+            reduce_rows(fresh)
         if len(staying):  # unchanged stages: only the columns of pipelines whose holder changed
+            # (a staying slot's own pipeline kept its holder, so its own column is not among ks)
             ks, a, b = by_pipeline(terms(staying, fresh), fresh)
-            A[np.ix_(staying, ks)], B[np.ix_(staying, ks)] = a, b
-        own = pipe_a[active]  # a pipeline does not synchronise with itself
-        A[active, own], B[active, own] = 0.0, np.inf
+            cols = np.ix_(staying, ks)
+            row_a[staying] += (a - A[cols]).sum(axis=1)
+            A[cols], B[cols] = a, b
+            lost = np.isin(arg_b[staying], ks)  # the minimum's column was replaced: full pass
+            reduce_rows(staying[lost])
+            keep = staying[~lost]
+            if len(keep):
+                kb = b[~lost]
+                new_min = kb.min(axis=1)
+                better = new_min < row_b[keep]
+                row_b[keep] = np.where(better, new_min, row_b[keep])
+                arg_b[keep] = np.where(better, ks[kb.argmin(axis=1)], arg_b[keep])
         # the interval's rings share NICs (nic.dp_ring_rates): the slower of that and the slowest link
         rates = nic.dp_ring_rates(cluster, dev_a[active], lo_a[active], hi_a[active])
-        cost = A[active].sum(axis=1) + shares[active] * (layer_bytes / P) / np.minimum(B[active].min(axis=1), rates)
+        cost = row_a[active] + shares[active] * (layer_bytes / P) / np.minimum(row_b[active], rates)
         t = tp_a[every, js]
         worst[:, g] = np.maximum.reduceat(cost, np.cumsum(t) - t)
     out: dict[tuple[int, int], list[tuple[int, float]]] = {}
