@@ -203,7 +203,6 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
         self.workload: Workload | None = None
         """What the plan is priced for (set in ``setup``: :meth:`Workload.for_cluster`)."""
         self._pipeline_model: PipelineModel | None = None
-        self._saved_clip: Callable | None = None
         self.nonfinite = nonfinite
         self.nonfinite_events: list[dict[str, Any]] = []
         """One entry per optimizer step with a non-finite loss or gradient (the same on every rank)."""
@@ -555,9 +554,7 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
             self._watch = None
         self._guard.job_ended()
         self._call_ended()  # an idle rank that hosts the store waits for this
-        if self._saved_clip is not None:
-            self.precision_plugin.__dict__.pop("clip_grad_by_norm", None)  # back to the class method
-            self._saved_clip = None
+        self._release_global_clipping()
         module = self.lightning_module
         if module is not None and any(p.is_meta for p in module.parameters()):
             # Setup stopped before the meta Llama became this rank's stage: Lightning's teardown

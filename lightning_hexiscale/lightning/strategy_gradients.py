@@ -2,12 +2,11 @@
 
 A mixin of :class:`~lightning_hexiscale.lightning.strategy.HexiScaleStrategy` (kept apart so that each
 file holds one concern); it uses the strategy's ``pipeline_model``, ``nonfinite``,
-``nonfinite_events``, ``precision_plugin`` and ``_saved_clip``.
+``nonfinite_events`` and ``precision_plugin``.
 """
 
 from __future__ import annotations
 
-import types
 from typing import Any
 
 import torch
@@ -15,6 +14,7 @@ import torch.distributed as dist
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from lightning_hexiscale.errors import NonFiniteError
+from lightning_hexiscale.lightning.precision import GlobalNormClipping, global_norm_precision
 
 
 def eps_underflow(optimizers) -> str | None:
@@ -87,15 +87,15 @@ class GradientMethods:
         return False
 
     def _install_global_clipping(self) -> None:
-        """Route norm clipping through :meth:`clip_grad_by_global_norm` on this strategy's plugin.
+        """Clip by the global norm: the Trainer's precision plugin becomes its
+        :func:`~lightning_hexiscale.lightning.precision.global_norm_precision` subclass, tied to this
+        run's engine (``teardown`` unties it: the plugin then clips as its base class does)."""
+        self.precision_plugin = global_norm_precision(self.precision_plugin)
+        self.precision_plugin.engine = self.pipeline_model.engine
 
-        Lightning's precision plugin clips by the local norm; it is set by the accelerator connector
-        after __init__, so the plugin instance is patched here and restored in ``teardown``.
-        """
-        plugin = self.precision_plugin
-        if self._saved_clip is None:
-            self._saved_clip = plugin.clip_grad_by_norm
-            plugin.clip_grad_by_norm = types.MethodType(lambda _p, opt, val: self.clip_grad_by_global_norm(val), plugin)
+    def _release_global_clipping(self) -> None:
+        if isinstance(self.precision_plugin, GlobalNormClipping):
+            self.precision_plugin.engine = None
 
     def global_grad_norm(self) -> float:
         """L2 norm of the gradient of the whole model, every element counted once (collective;
