@@ -12,13 +12,15 @@ from collections.abc import Callable
 
 def lazy_exports(package: str, names: dict[str, str]) -> tuple[Callable[[str], object], Callable[[], list[str]]]:
     """``(__getattr__, __dir__)`` for ``package``: ``names`` maps an exported name to the module
-    (absolute) that defines it; the value is cached in the package on first use."""
+    (absolute) that defines it, or to ``"module:attribute"`` where the package exports it under
+    another name; the value is cached in the package on first use."""
 
     def __getattr__(name: str) -> object:
-        module = names.get(name)
-        if module is None:
+        where = names.get(name)
+        if where is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(module), name)
+        module, _, attribute = where.partition(":")
+        value = getattr(importlib.import_module(module), attribute or name)
         setattr(importlib.import_module(package), name, value)
         return value
 

@@ -202,3 +202,107 @@ def test_no_private_name_crosses_modules():
     module needs is made public under a name that says what it is)."""
     found = {str(p.relative_to(ROOT.parent)): private_imports(p) for p in sorted(ROOT.rglob("*.py"))}
     assert {k: v for k, v in found.items() if v} == {}
+
+
+# ---- the Lightning layer meets the runtime only through its public API (issue 31) ----------------
+# Rule 1: lightning/ imports from the runtime only ``lightning_hexiscale.runtime`` itself, and of it
+# only the names in its ``__all__`` (never a submodule such as ``runtime.schedule``).
+# Rule 2: lightning/ uses the engine only through its façade: no attribute access, on any object,
+# whose name is one of the engine's parts (the attributes of PipelineEngine that hold its executor,
+# gradient synchroniser, ZeRO sharder, topology, ...). Matching the attribute NAME anywhere, not a
+# chain rooted at a variable called ``engine``, sees through aliases (``e = self.engine; e.zero``);
+# the price is that lightning/ must not use these names for anything else. Every attribute that
+# PipelineEngine sets is classified as façade data or a part, so a new one forces that choice.
+
+ENGINE_FACADE_DATA = {"plan", "config", "device", "role", "stage", "fast_path", "fast_path_settings", "sharding",
+                      "wire_dtype", "reduce_dtype"}
+"""Attributes of PipelineEngine a trainer may read (descriptions of the run, and the stage it registers)."""
+
+ENGINE_PARTS = {"topology", "executor", "main_grads", "grad_sync", "zero", "zero3", "sharded_optimizer", "tied"}
+"""Attributes of PipelineEngine that hold the runtime's machinery: only the runtime touches them."""
+
+RUNTIME = f"{PKG}.runtime"
+
+
+def _class_attributes(path: Path, cls: str) -> set[str]:
+    """The ``self.<name>`` attributes that the methods of class ``cls`` in ``path`` assign."""
+    tree = ast.parse(path.read_text())
+    node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
+    out = set()
+    for n in ast.walk(node):
+        targets = n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(n, (ast.AnnAssign, ast.AugAssign)) else []
+        for t in targets:
+            for leaf in (t.elts if isinstance(t, ast.Tuple) else [t]):
+                if isinstance(leaf, ast.Attribute) and isinstance(leaf.value, ast.Name) and leaf.value.id == "self":
+                    out.add(leaf.attr)
+    return out
+
+
+def runtime_public_names() -> set[str]:
+    """``lightning_hexiscale.runtime.__all__``, read from the source (importing it would not be a test of it)."""
+    tree = ast.parse((ROOT / "runtime" / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            return set(ast.literal_eval(node.value))
+    return set()
+
+
+def runtime_api_violations(path: Path, public: set[str], parts: set[str]) -> list[str]:
+    """What ``path`` uses of the runtime beyond its public API: submodule imports, imported names
+    not in ``public``, and attribute accesses named after an engine part (``parts``)."""
+    out = sorted(f"imports {m}" for m in _imports(path) if m.startswith(RUNTIME + "."))
+    reach = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module == RUNTIME and not node.level:
+            out += [f"imports {RUNTIME}.{a.name} (not in its __all__)" for a in node.names
+                    if a.name not in public and f"{RUNTIME}.{a.name}" not in _MODULES]
+        elif isinstance(node, ast.Attribute) and node.attr in parts:
+            reach.append((node.lineno, f"line {node.lineno}: .{node.attr} (an engine part)"))
+    return out + [text for _, text in sorted(reach)]
+
+
+def test_the_runtime_api_check_finds_violations(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text(f"from {RUNTIME}.schedule import global_loss\n"
+                 f"from {RUNTIME} import checkpoint as ckpt\n"
+                 f"from {RUNTIME} import PipelineEngine, Hidden\n"
+                 f"import {RUNTIME}.engine\n"
+                 "def f(self):\n"
+                 "    e = self.pipeline_model.engine\n"
+                 "    e.executor.forward_only(1, 2)\n"
+                 "    self.pipeline_model.engine.zero.grads = []\n"
+                 "    e.sync_grads(); e.zero_grad(); e.role.pipeline\n")
+    assert runtime_api_violations(f, {"PipelineEngine"}, ENGINE_PARTS) == [
+        f"imports {RUNTIME}.checkpoint", f"imports {RUNTIME}.engine", f"imports {RUNTIME}.schedule",
+        f"imports {RUNTIME}.Hidden (not in its __all__)",
+        "line 7: .executor (an engine part)", "line 8: .zero (an engine part)"]
+
+
+def test_every_engine_attribute_is_classified():
+    found = _class_attributes(ROOT / "runtime" / "engine.py", "PipelineEngine")
+    public = {a for a in found if not a.startswith("_")}
+    assert not ENGINE_FACADE_DATA & ENGINE_PARTS
+    assert public == ENGINE_FACADE_DATA | ENGINE_PARTS, (
+        "PipelineEngine's attributes changed: put each new one in ENGINE_FACADE_DATA (a trainer may read it) "
+        f"or ENGINE_PARTS (only the runtime may); new: {sorted(public - ENGINE_FACADE_DATA - ENGINE_PARTS)}, "
+        f"gone: {sorted((ENGINE_FACADE_DATA | ENGINE_PARTS) - public)}")
+
+
+def test_runtime_api_names_exist():
+    """Every name of the runtime's ``__all__`` resolves (the lazy table and ``__all__`` agree)."""
+    import importlib
+
+    runtime = importlib.import_module(RUNTIME)
+    assert runtime_public_names() == set(runtime.__all__)
+    missing = [n for n in runtime.__all__ if getattr(runtime, n, None) is None]
+    assert missing == []
+
+
+def test_lightning_layer_uses_only_the_runtime_api():
+    """Issue 31: the Lightning layer crosses into the runtime only through ``lightning_hexiscale.runtime``'s
+    public names and the engine's façade (its methods and ENGINE_FACADE_DATA)."""
+    public = runtime_public_names()
+    assert "PipelineEngine" in public
+    found = {str(p.relative_to(ROOT.parent)): runtime_api_violations(p, public, ENGINE_PARTS)
+             for p in sorted((ROOT / "lightning").rglob("*.py"))}
+    assert {k: v for k, v in found.items() if v} == {}

@@ -172,17 +172,17 @@ def plan_summary(plan: Plan, cluster: Cluster) -> str:
 # ---- checkpoints -----------------------------------------------------------------------------
 def complete_checkpoints(directory: str | Path) -> list[tuple[int, Path]]:
     """(global_step, path) of every complete checkpoint directly under ``directory``, oldest first."""
-    from lightning_hexiscale.runtime import checkpoint as ckpt
+    from lightning_hexiscale.runtime import CHECKPOINT_COMPLETE, read_checkpoint_meta
 
     found = []
     root = Path(directory)
     if not root.is_dir():
         return []
     for p in root.iterdir():
-        if not p.is_dir() or not (p / ckpt.COMPLETE).is_file():
+        if not p.is_dir() or not (p / CHECKPOINT_COMPLETE).is_file():
             continue
         try:
-            meta = ckpt.read_meta(p)
+            meta = read_checkpoint_meta(p)
         except (ConfigError, OSError, RuntimeError, EOFError):
             continue  # a damaged or foreign directory is not a candidate
         found.append((int(meta.get("global_step", 0)), p.stat().st_mtime, p))

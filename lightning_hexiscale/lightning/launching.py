@@ -17,7 +17,7 @@ non-zero (the job ends with -9), and a dead rank shows up as the survivors' raw 
   Rank 0 raises it to the caller; Lightning-started ranks end quietly (popen children exit with
   status 2, spawn/fork workers hand rank 0's error back to the caller's process).
 - **A rank that died** (:meth:`LaunchGuard.stop`): a communication error on a surviving rank
-  (:func:`~lightning_hexiscale.runtime.failure.is_peer_failure`) becomes :class:`RankFailure` with the
+  (:func:`~lightning_hexiscale.runtime.is_peer_failure`) becomes :class:`RankFailure` with the
   failure watch's account of which rank failed and how; Lightning-started survivors end quietly
   (status 4), rank 0 raises it; so do they on a non-finite step, which every rank stops on together.
   A rank's own error (the root cause) keeps its type and traceback.
@@ -27,7 +27,7 @@ non-zero (the job ends with -9), and a dead rank shows up as the survivors' raw 
   for the idle rank that waits for the job (``strategy.note_failure``).
 - **The popen children** are watched by :class:`ChildWatch` instead of Lightning's observer: a child
   that exits non-zero gives the launching process ``grace_s`` (times the host's load,
-  :func:`~lightning_hexiscale.runtime.host.host_slowdown`) to stop by itself (it normally raises
+  :func:`~lightning_hexiscale.runtime.host_slowdown`) to stop by itself (it normally raises
   at once); only then is the job ended, with status 4 and a message naming the rank.
 """
 
@@ -45,8 +45,7 @@ from typing import Any, Callable
 import torch.distributed as dist
 
 from lightning_hexiscale.errors import HexiScaleError, NonFiniteError, RankFailure, TrainingFailure
-from lightning_hexiscale.runtime.failure import EXIT_RANK_FAILED, is_peer_failure
-from lightning_hexiscale.runtime.host import host_slowdown
+from lightning_hexiscale.runtime import EXIT_RANK_FAILED, host_slowdown, is_peer_failure
 
 EXIT_CONFIG = 2
 """Exit status of a Lightning-started rank that stops on an error every rank agreed on (rank 0 reports it)."""

@@ -26,14 +26,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from lightning_hexiscale.errors import HexiScaleError
-from lightning_hexiscale.runtime.schedule import global_loss
 
 if TYPE_CHECKING:  # pragma: no cover
-    from lightning_hexiscale.runtime.engine import PipelineEngine
+    from lightning_hexiscale.runtime import PipelineEngine
 
 _CONTRACT = ("under the hexiscale strategy the logits of self.model(tokens) exist only on the last pipeline "
              "stage; compute the loss with self.model.loss(self.model(tokens), targets) (mean token "
@@ -96,78 +94,23 @@ class PipelineModel(nn.Module):
 
     def zero_grad_local(self) -> None:
         """Start of an accumulation window: drop the stage's gradients (Lightning's zero_grad is skipped)."""
-        for p in self.stage.parameters():
-            p.grad = None
+        self._engine.zero_grad()
 
     # ---- training ------------------------------------------------------------------------
     def _train(self, tokens: torch.Tensor, targets: torch.Tensor) -> float:
-        e = self._engine
-        scale = e.loss_scale / self.accumulate
         arm, self.last_of_window = self.last_of_window, False
-        pipeline_loss = e.run_pipeline(tokens, targets, scale, arm=arm)
+        loss = self._engine.forward_backward(tokens, targets, accumulate=self.accumulate, arm=arm)
         # The reduced value is the scaled sum; undo the 1/k so the shown loss is this batch's mean.
-        return global_loss(pipeline_loss, e.role, e.loss_device) * self.accumulate
+        return loss * self.accumulate
 
     # ---- forward only --------------------------------------------------------------------
-    @torch.no_grad()
     def _evaluate(self, tokens: torch.Tensor, targets: torch.Tensor) -> float:
-        """Forward through the pipeline (the executor's forward-only walk, micro-batches of the
-        plan's size). The last-stage leader of each pipeline contributes (sum over chunks of
-        chunk_mean * chunk_size, n) to one world all-reduce; loss = sum / sum n.
-        """
-        e = self._engine
-        role = e.role
-        # ZeRO-3: gather every block once for the whole batch (pipelines cut different numbers of
-        # chunks, so per-use gathers could not be paired across pipelines here).
-        with e.full_params():
-            weighted = e.executor.forward_only(tokens, targets)
-        buf = torch.zeros(2, dtype=torch.float64, device=e.loss_device)
-        if role.is_last and role.is_leader:
-            buf[0], buf[1] = weighted.item(), float(tokens.shape[0])
-        dist.all_reduce(buf, op=dist.ReduceOp.SUM)
-        return float(buf[0] / buf[1])
+        """The engine's forward-only walk (micro-batches of the plan's size), reduced over the world."""
+        return self._engine.eval_loss(tokens, targets)
 
     # ---- prediction ------------------------------------------------------------------------
-    @torch.no_grad()
     def predict_logits(self, logits: PipelineLogits) -> torch.Tensor | None:
-        """The logits of this step's whole batch on global rank 0, None on the other ranks.
-
-        Each pipeline runs the executor's forward-only walk over its slice (micro-batches of the
-        plan's size); a forward hook on the stage keeps the last stage's outputs. Then ONE
-        ``gather_object`` to rank 0 over the default group, entered by every rank in the same order
-        (the same on every backend): last-stage leaders send (pipeline, logits); the other ranks of
-        a last stage send their part only when the head is split over the vocabulary, else nothing.
-        Rank 0 joins vocabulary parts in TP order and pipelines in batch order.
-        """
-        e = self._engine
-        role = e.role
-        outs: list[torch.Tensor] = []
-        hook = self.stage.register_forward_hook(lambda _m, _args, out: outs.append(out.detach()))
-        try:
-            with e.full_params():  # ZeRO-3: every block whole for the walk, as in _evaluate
-                e.executor.forward_only(logits.tokens, torch.zeros_like(logits.tokens))
-        finally:
-            hook.remove()
-        mine = None
-        if role.is_last and outs:
-            full = torch.cat(outs)
-            if role.tp_rank == 0 or full.shape[-1] < self.config.vocab_size:
-                mine = (role.pipeline, role.tp_rank, full.cpu())
-        world, rank = dist.get_world_size(), dist.get_rank()
-        gathered: list | None = [None] * world if rank == 0 else None
-        dist.gather_object(mine, gathered, dst=0)
-        if rank != 0:
-            return None
-        parts: dict[int, list[tuple[int, torch.Tensor]]] = {}
-        for item in gathered:
-            if item is not None:
-                parts.setdefault(item[0], []).append((item[1], item[2]))
-        pipes = []
-        for i in sorted(parts):
-            shards = [t for _, t in sorted(parts[i], key=lambda x: x[0])]
-            whole = shards[0] if shards[0].shape[-1] == self.config.vocab_size else torch.cat(shards, dim=-1)
-            if whole.shape[-1] != self.config.vocab_size:
-                raise HexiScaleError(f"pipeline {i}'s last stage gave logits of width {whole.shape[-1]}, "
-                                     f"not the vocabulary's {self.config.vocab_size}")
-            pipes.append(whole)
-        return torch.cat(pipes).to(logits.tokens.device)
+        """The logits of this step's whole batch on global rank 0, None on the other ranks: every
+        pipeline walks its slice forward, and rank 0 joins the last stages' outputs in batch order
+        (collective: :meth:`~lightning_hexiscale.runtime.PipelineEngine.predict_logits`)."""
+        return self._engine.predict_logits(logits.tokens)

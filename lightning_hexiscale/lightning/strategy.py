@@ -120,7 +120,7 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
             ``fused_norm``, ``cast_once``, ``main_grads``, ``fused_adamw``, ``chunked_loss``,
             ``attention``, ...); ``None``: all auto (a GPU run takes the whole fast path);
             ``False``: all off. The run's log says what each rank runs.
-        watchdog: run :class:`~lightning_hexiscale.runtime.failure.FailureWatch` (heartbeats over the
+        watchdog: run :class:`~lightning_hexiscale.runtime.FailureWatch` (heartbeats over the
             rendezvous store): when a rank fails, every rank stops within ``watchdog_grace_s`` seconds
             more (times the load average per core on a loaded host; exit status 4) and says which
             rank failed: the rank that raised, else one whose process ended or heartbeat stopped.
@@ -203,7 +203,6 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
         self.workload: Workload | None = None
         """What the plan is priced for (set in ``setup``: :meth:`Workload.for_cluster`)."""
         self._pipeline_model: PipelineModel | None = None
-        self._saved_clip: Callable | None = None
         self.nonfinite = nonfinite
         self.nonfinite_events: list[dict[str, Any]] = []
         """One entry per optimizer step with a non-finite loss or gradient (the same on every rank)."""
@@ -322,7 +321,7 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
         thread, so they get a gloo group of their own (created by every rank here, at the same point)."""
         if self._checkpointer is not None:
             return
-        from lightning_hexiscale.runtime.checkpoint import Checkpointer
+        from lightning_hexiscale.runtime import Checkpointer
 
         group = dist.new_group(backend="gloo") if self.async_checkpoint and dist.is_initialized() else None
         self._checkpointer = Checkpointer(group, async_save=self.async_checkpoint)
@@ -331,7 +330,7 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
         """One FailureWatch per run (a token from rank 0 keeps earlier runs' keys out)."""
         if not self.watchdog or self._watch is not None or self.world_size < 1 or not dist.is_initialized():
             return
-        from lightning_hexiscale.runtime.failure import FailureWatch
+        from lightning_hexiscale.runtime import FailureWatch
 
         token = self.broadcast(uuid.uuid4().hex[:12] if self.global_rank == 0 else None, 0)
         self._watch = FailureWatch(self.global_rank, self.world_size, token, grace_s=self.watchdog_grace_s).start()
@@ -384,7 +383,7 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
                 raise mark_agreed(e, list(range(self.world_size))) from None
 
     def _build_pipeline_model(self, module, trainer, llama: Llama) -> PipelineModel:
-        from lightning_hexiscale.runtime.engine import PipelineEngine
+        from lightning_hexiscale.runtime import PipelineEngine
 
         config: LlamaConfig = llama.config
         param = next(llama.parameters())
@@ -555,9 +554,7 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
             self._watch = None
         self._guard.job_ended()
         self._call_ended()  # an idle rank that hosts the store waits for this
-        if self._saved_clip is not None:
-            self.precision_plugin.__dict__.pop("clip_grad_by_norm", None)  # back to the class method
-            self._saved_clip = None
+        self._release_global_clipping()
         module = self.lightning_module
         if module is not None and any(p.is_meta for p in module.parameters()):
             # Setup stopped before the meta Llama became this rank's stage: Lightning's teardown

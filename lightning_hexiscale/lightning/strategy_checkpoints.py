@@ -27,7 +27,7 @@ class CheckpointMethods:
 
     @property
     def checkpointer(self):
-        """This run's :class:`~lightning_hexiscale.runtime.checkpoint.Checkpointer` (after ``setup``)."""
+        """This run's :class:`~lightning_hexiscale.runtime.Checkpointer` (after ``setup``)."""
         if self._checkpointer is None:
             raise RuntimeError("HexiScaleStrategy.setup has not run yet")
         return self._checkpointer
@@ -58,41 +58,42 @@ class CheckpointMethods:
 
     @override
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
-        from lightning_hexiscale.runtime import checkpoint as ckpt
+        from lightning_hexiscale.runtime import read_checkpoint_meta
 
         self.checkpointer.wait()
         # Lightning's weights_only (trainer.fit(..., weights_only=...)): None/True loads plain types
         # only and refuses a pickled callable; False, for a checkpoint the caller trusts, loads any
-        meta = ckpt.read_meta(checkpoint_path, weights_only=weights_only)
+        meta = read_checkpoint_meta(checkpoint_path, weights_only=weights_only)
         meta["hexiscale"]["path"] = str(checkpoint_path)
         meta["hexiscale"]["weights_only"] = weights_only
         return meta
 
     @override
     def load_model_state_dict(self, checkpoint: Mapping[str, Any], strict: bool = True) -> None:
-        from lightning_hexiscale.runtime import checkpoint as ckpt
+        from lightning_hexiscale.runtime import load_checkpoint_model
 
         extra = checkpoint.get("state_dict") or {}
         if extra:
             self.lightning_module.load_state_dict(extra, strict=False)
-        ckpt.load_model(checkpoint["hexiscale"]["path"], self.pipeline_model.engine, dict(checkpoint),
-                        self.checkpointer.group, weights_only=checkpoint["hexiscale"].get("weights_only"))
+        load_checkpoint_model(checkpoint["hexiscale"]["path"], self.pipeline_model.engine, dict(checkpoint),
+                              self.checkpointer.group, weights_only=checkpoint["hexiscale"].get("weights_only"))
 
     @override
     def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
-        from lightning_hexiscale.runtime import checkpoint as ckpt
+        from lightning_hexiscale.runtime import load_checkpoint_optimizer
 
         for optimizer in self.optimizers[:1]:
             inner = internals.unwrap_optimizer(optimizer)
-            ckpt.load_optimizer(checkpoint["hexiscale"]["path"], self.pipeline_model.engine, inner, dict(checkpoint),
-                                self.checkpointer.group, weights_only=checkpoint["hexiscale"].get("weights_only"))
+            load_checkpoint_optimizer(checkpoint["hexiscale"]["path"], self.pipeline_model.engine, inner,
+                                      dict(checkpoint), self.checkpointer.group,
+                                      weights_only=checkpoint["hexiscale"].get("weights_only"))
             internals.optimizers_to_device([inner], self.root_device)
 
     @override
     def remove_checkpoint(self, filepath) -> None:
-        from lightning_hexiscale.runtime import checkpoint as ckpt
+        from lightning_hexiscale.runtime import remove_checkpoint as remove_directory
 
         if self._checkpointer is not None:
             self._checkpointer.wait_for(filepath)  # an asynchronous save may still be writing it
         if self.is_global_zero:
-            ckpt.remove(filepath)
+            remove_directory(filepath)

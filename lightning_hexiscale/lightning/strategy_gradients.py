@@ -2,12 +2,11 @@
 
 A mixin of :class:`~lightning_hexiscale.lightning.strategy.HexiScaleStrategy` (kept apart so that each
 file holds one concern); it uses the strategy's ``pipeline_model``, ``nonfinite``,
-``nonfinite_events``, ``precision_plugin`` and ``_saved_clip``.
+``nonfinite_events`` and ``precision_plugin``.
 """
 
 from __future__ import annotations
 
-import types
 from typing import Any
 
 import torch
@@ -15,7 +14,7 @@ import torch.distributed as dist
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from lightning_hexiscale.errors import NonFiniteError
-from lightning_hexiscale.lightning.zero_hooks import grad_norm_sq_local, scale_grads
+from lightning_hexiscale.lightning.precision import GlobalNormClipping, global_norm_precision
 
 
 def eps_underflow(optimizers) -> str | None:
@@ -53,15 +52,13 @@ class GradientMethods:
     def _all_finite(self, loss: Any) -> bool:
         """Every rank's loss and gradients finite? One all-reduce of a per-rank code (1: loss, 2: a
         gradient, 3: both) so that every rank takes the same decision and names the same ranks."""
+        engine = self.pipeline_model.engine
         local = 0
         if torch.is_tensor(loss) and not bool(torch.isfinite(loss).all()):
             local |= 1
-        grads = [p.grad for p in self.pipeline_model.stage.parameters() if p.grad is not None]
-        # + ZeRO-2's local gradients already freed by a reduce-scatter started in the backward
-        flags = [torch.isfinite(g).all() for g in grads] + self.pipeline_model.engine.freed_grads_finite()
-        if flags and not bool(torch.stack(flags).all()):
+        if not engine.local_grads_finite():  # ZeRO-2's gradients already freed by the backward included
             local |= 2
-        codes = torch.zeros(self.world_size, dtype=torch.float32, device=self.pipeline_model.engine.loss_device)
+        codes = torch.zeros(self.world_size, dtype=torch.float32, device=engine.loss_device)
         codes[self.global_rank] = local
         if self.world_size > 1:
             dist.all_reduce(codes, op=dist.ReduceOp.SUM)
@@ -86,59 +83,27 @@ class GradientMethods:
         if self.global_rank == 0:
             rank_zero_warn(f"{where}; the update is skipped (nonfinite='skip')")
         # The sync started during the backward (overlap): complete it on every rank alike, then drop it.
-        self.pipeline_model.engine.sync_grads()
-        self.pipeline_model.zero_grad_local()
-        if self.pipeline_model.engine.zero is not None:
-            self.pipeline_model.engine.zero.grads = [None] * len(self.pipeline_model.engine.zero.grads)
+        engine.discard_grads()
         return False
 
-
     def _install_global_clipping(self) -> None:
-        """Route norm clipping through :meth:`clip_grad_by_global_norm` on this strategy's plugin.
+        """Clip by the global norm: the Trainer's precision plugin becomes its
+        :func:`~lightning_hexiscale.lightning.precision.global_norm_precision` subclass, tied to this
+        run's engine (``teardown`` unties it: the plugin then clips as its base class does)."""
+        self.precision_plugin = global_norm_precision(self.precision_plugin)
+        self.precision_plugin.engine = self.pipeline_model.engine
 
-        Lightning's precision plugin clips by the local norm; it is set by the accelerator connector
-        after __init__, so the plugin instance is patched here and restored in ``teardown``.
-        """
-        plugin = self.precision_plugin
-        if self._saved_clip is None:
-            self._saved_clip = plugin.clip_grad_by_norm
-            plugin.clip_grad_by_norm = types.MethodType(lambda _p, opt, val: self.clip_grad_by_global_norm(val), plugin)
+    def _release_global_clipping(self) -> None:
+        if isinstance(self.precision_plugin, GlobalNormClipping):
+            self.precision_plugin.engine = None
 
-    @torch.no_grad()
     def global_grad_norm(self) -> float:
-        """L2 norm of the gradient of the whole model: every element counted once.
+        """L2 norm of the gradient of the whole model, every element counted once (collective;
+        :meth:`~lightning_hexiscale.runtime.PipelineEngine.global_grad_norm`)."""
+        return self.pipeline_model.engine.global_grad_norm()
 
-        Pipeline 0 holds every parameter exactly once across its ranks (after the sync all pipelines
-        hold the same values); within a TP group, replicated tensors are counted on the leader only.
-        ||g|| = sqrt(all-reduce_SUM over ranks of pipeline 0 of sum(g^2)).
-        """
-        from lightning_hexiscale.runtime.grad_sync import squared_norm
-
-        pm = self.pipeline_model
-        role = pm.engine.role
-        shards = pm.stage.shards()
-        total = torch.zeros(1, dtype=torch.float64, device=pm.engine.loss_device)
-        owned = grad_norm_sq_local(pm.engine)  # ZeRO: the owned chunks, each element once
-        if owned is not None:
-            total += owned.to(total.device)
-        elif role.pipeline == 0:
-            # per-tensor norms accumulated as float64 scalars: no float64 copy of any gradient;
-            # replicated tensors count on the TP leader, a tied embedding on the first stage
-            grads = [p.grad.detach() for name, p in pm.stage.named_parameters()
-                     if p.grad is not None and (shards[name].spec.shard_dim is not None or role.is_leader)
-                     and not shards[name].tied_copy]
-            total += squared_norm(grads, total.device).to(total.device)
-        dist.all_reduce(total, op=dist.ReduceOp.SUM)
-        return float(total.sqrt().item())
-
-    @torch.no_grad()
     def clip_grad_by_global_norm(self, max_norm: float) -> float:
         """Scale every local gradient by min(1, max_norm / (||g|| + 1e-6)), as
-        ``torch.nn.utils.clip_grad_norm_`` does on one device; returns ||g||."""
-        norm = self.global_grad_norm()
-        coef = max_norm / (norm + 1e-6)
-        if coef < 1.0 and not scale_grads(self.pipeline_model.engine, coef):
-            for p in self.pipeline_model.stage.parameters():
-                if p.grad is not None:
-                    p.grad.mul_(coef)
-        return norm
+        ``torch.nn.utils.clip_grad_norm_`` does on one device; returns ||g|| (collective;
+        :meth:`~lightning_hexiscale.runtime.PipelineEngine.clip_grad_norm`)."""
+        return self.pipeline_model.engine.clip_grad_norm(max_norm)

@@ -2,17 +2,45 @@
 
 - :mod:`.topology`         role of a rank, gradient segments, every process group (created once, in order)
 - :mod:`.parallelize`      the plain Llama -> this rank's stage (layers + TP shards); :mod:`.tensor_parallel`
-- :mod:`.schedule`         GPipe / 1F1B op lists and the executor that walks them
+- :mod:`.schedule`         GPipe / 1F1B op lists and the executor that walks them; :mod:`.forward_only`
+                           (evaluation, prediction)
 - :mod:`.grad_sync`        asymmetric gradient sum across pipelines; :mod:`.zero`, :mod:`.zero3` for ZeRO
 - :mod:`.checkpoint`       plan-independent sharded checkpoints (torch.distributed.checkpoint);
                            :mod:`.checkpoint_layout`, :mod:`.checkpoint_io`
 - :mod:`.failure`          heartbeats that name a failed rank; :mod:`.host` (this machine's load, its processes)
 - :mod:`.engine`           all of the above behind one object
+
+The names below are the runtime's public API: what a trainer (the Lightning layer,
+:mod:`lightning_hexiscale.lightning`) may use. It drives a step only through
+:class:`PipelineEngine`'s methods (``forward_backward``, ``sync_grads``, ``clip_grad_norm``,
+``eval_loss``, ``predict_logits``, ...), never through the engine's parts (its executor, ZeRO
+sharder, gradient synchroniser, topology); ``tests/test_layers.py`` enforces both. The names are
+resolved on first use, so importing the package does not import torch.
 """
 
 from lightning_hexiscale._lazy import lazy_exports
 
-__all__ = ["PipelineEngine", "Topology"]
+_CHECKPOINT = "lightning_hexiscale.runtime.checkpoint"
+_FAILURE = "lightning_hexiscale.runtime.failure"
 
-__getattr__, __dir__ = lazy_exports(__name__, {"PipelineEngine": "lightning_hexiscale.runtime.engine",
-                                               "Topology": "lightning_hexiscale.runtime.topology"})
+__all__ = ["PipelineEngine", "Topology",
+           "Checkpointer", "read_checkpoint_meta", "load_checkpoint_model", "load_checkpoint_optimizer",
+           "remove_checkpoint", "CHECKPOINT_COMPLETE",
+           "FailureWatch", "is_peer_failure", "EXIT_RANK_FAILED", "host_slowdown"]
+
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "PipelineEngine": "lightning_hexiscale.runtime.engine",
+    "Topology": "lightning_hexiscale.runtime.topology",
+    # sharded checkpoints (lightning_hexiscale.runtime.checkpoint), named for what they act on
+    "Checkpointer": _CHECKPOINT,
+    "read_checkpoint_meta": f"{_CHECKPOINT}:read_meta",
+    "load_checkpoint_model": f"{_CHECKPOINT}:load_model",
+    "load_checkpoint_optimizer": f"{_CHECKPOINT}:load_optimizer",
+    "remove_checkpoint": f"{_CHECKPOINT}:remove",
+    "CHECKPOINT_COMPLETE": f"{_CHECKPOINT}:COMPLETE",
+    # failures and the host's load
+    "FailureWatch": _FAILURE,
+    "is_peer_failure": _FAILURE,
+    "EXIT_RANK_FAILED": _FAILURE,
+    "host_slowdown": "lightning_hexiscale.runtime.host",
+})

@@ -43,10 +43,11 @@ from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.models.llama import Llama
 from lightning_hexiscale.planner.plan import Plan
-from lightning_hexiscale.runtime.grad_sync import DEFAULT_BUCKET_CAP_BYTES, GradSynchronizer
+from lightning_hexiscale.runtime.grad_sync import DEFAULT_BUCKET_CAP_BYTES, GradSynchronizer, squared_norm
 from lightning_hexiscale.runtime.parallelize import build_stage, load_full_state_dict, local_shards
 from lightning_hexiscale.runtime.comm_order import check_exchanges
 from lightning_hexiscale.runtime.fast_path import apply_fast_path, fuse_adam
+from lightning_hexiscale.runtime.forward_only import eval_loss, predict_logits
 from lightning_hexiscale.runtime.schedule import PipelineExecutor, global_loss, wire_dtype
 from lightning_hexiscale.runtime.tied_embeddings import TiedEmbeddingSync, needs_tied_sync
 from lightning_hexiscale.runtime.topology import Topology
@@ -252,6 +253,91 @@ class PipelineEngine:
         (collective under ZeRO-3, which gathers the blocks to copy them)."""
         with self.full_params():
             return {k: (t.clone(), d, s, e) for k, (t, d, s, e) in local_shards(self.stage).items()}
+
+    # ---- the step's façade for a trainer (the Lightning strategy calls only these) -----------
+    def forward_backward(self, tokens: torch.Tensor, targets: torch.Tensor, *, accumulate: int = 1,
+                         arm: bool = False) -> float:
+        """Forward + backward of THIS pipeline's rows (already cut, unlike :meth:`train_step`), each
+        micro-batch's mean loss weighted by ``loss_scale / accumulate``; returns the global sum of
+        the weighted losses, i.e. the global mean loss / ``accumulate`` (collective, same float on
+        every rank). Gradients accumulate into the local shards; ``arm`` as in :meth:`run_pipeline`."""
+        pipeline_loss = self.run_pipeline(tokens, targets, self.loss_scale / accumulate, arm=arm)
+        return global_loss(pipeline_loss, self.role, self.loss_device)
+
+    def eval_loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> float:
+        """Global mean token loss of this pipeline's rows and every other pipeline's, forward only
+        (collective; :func:`~lightning_hexiscale.runtime.forward_only.eval_loss`)."""
+        return eval_loss(self, tokens, targets)
+
+    def predict_logits(self, tokens: torch.Tensor) -> torch.Tensor | None:
+        """The whole batch's logits on global rank 0, None elsewhere (collective;
+        :func:`~lightning_hexiscale.runtime.forward_only.predict_logits`)."""
+        return predict_logits(self, tokens)
+
+    def zero_grad(self) -> None:
+        """Drop the local gradients (``p.grad = None`` on every local parameter)."""
+        for p in self.stage.parameters():
+            p.grad = None
+
+    def discard_grads(self) -> None:
+        """Drop this step's gradients everywhere (a skipped step): complete the sync started during
+        the backward (every rank alike, collective), then drop the local and the ZeRO-reduced ones."""
+        self.sync_grads()
+        self.zero_grad()
+        if self.zero is not None:
+            self.zero.grads = [None] * len(self.zero.grads)
+
+    @torch.no_grad()
+    def local_grads_finite(self) -> bool:
+        """Are this rank's gradients finite: ``p.grad`` of the local parameters and, before
+        :meth:`sync_grads`, those that ZeRO-2 already freed (:meth:`freed_grads_finite`)? Local."""
+        flags = [torch.isfinite(p.grad).all() for p in self.stage.parameters() if p.grad is not None]
+        flags += self.freed_grads_finite()
+        return not flags or bool(torch.stack(flags).all())
+
+    @torch.no_grad()
+    def global_grad_norm(self) -> float:
+        """L2 norm of the gradient of the whole model after :meth:`sync_grads`: every element once.
+
+        ddp: pipeline 0 holds every parameter exactly once across its ranks (after the sync all
+        pipelines hold the same values); within a TP group replicated tensors count on the leader
+        only, a tied embedding on the first stage. ZeRO: each rank's owned chunks.
+        ||g|| = sqrt(all-reduce_SUM over the world of the float64 local sum(g^2)) (collective).
+        """
+        role = self.role
+        shards = self.stage.shards()
+        total = torch.zeros(1, dtype=torch.float64, device=self.loss_device)
+        owned = self.grad_norm_sq_local()  # ZeRO: the owned chunks, each element once
+        if owned is not None:
+            total += owned.to(total.device)
+        elif role.pipeline == 0:
+            # per-tensor norms accumulated as float64 scalars: no float64 copy of any gradient
+            grads = [p.grad.detach() for name, p in self.stage.named_parameters()
+                     if p.grad is not None and (shards[name].spec.shard_dim is not None or role.is_leader)
+                     and not shards[name].tied_copy]
+            total += squared_norm(grads, total.device).to(total.device)
+        dist.all_reduce(total, op=dist.ReduceOp.SUM)
+        return float(total.sqrt().item())
+
+    @torch.no_grad()
+    def scale_grads(self, coef: float) -> None:
+        """Multiply the step's gradients by ``coef``: ZeRO's owned chunks, else every ``p.grad``."""
+        if self.zero is not None:
+            self.zero.scale_grads(coef)
+            return
+        for p in self.stage.parameters():
+            if p.grad is not None:
+                p.grad.mul_(coef)
+
+    @torch.no_grad()
+    def clip_grad_norm(self, max_norm: float) -> float:
+        """Clip by the global norm as ``torch.nn.utils.clip_grad_norm_`` does on one device: scale
+        every gradient by min(1, max_norm / (||g|| + 1e-6)) (collective); returns ||g||."""
+        norm = self.global_grad_norm()
+        coef = max_norm / (norm + 1e-6)
+        if coef < 1.0:
+            self.scale_grads(coef)
+        return norm
 
 
 def _then(first, second):
