@@ -1,11 +1,12 @@
 """A plan on part of the launched ranks (runtime/topology.py's rank map, profiling/rounds.py).
 
 A plan whose ``idle_devices`` are launched too runs on the ranks of its used devices: here on
-global ranks 2 and 3 of 4 (idle devices 0 and 1), so the map is not the identity. Checked:
+global ranks {2, 3} or {1, 2, 3} of 4, so the map is not the identity. Checked:
 
-- equivalence: the losses of every step and every parameter element on both training ranks equal
+- equivalence: the losses of every step and every parameter element on every training rank equal
   the independent single-process reference (``test_equivalence``'s), for the pipeline p2p with tied
-  embeddings, a TP stage whose leader is not its smallest rank, and ZeRO-3's p2p gathers;
+  embeddings, TP stages whose leader is not their smallest rank (the broadcast roots of the
+  schedule, the ddp gradient sync and ZeRO), and ZeRO-3's p2p gathers;
 - isolation, from the NCCL-semantics traces: an idle rank takes part in nothing but the
   ``new_group`` calls, a training rank in nothing that
   involves an idle rank, and the replay under NCCL's rules passes;
@@ -42,11 +43,17 @@ def subset_plan(pipelines, num_layers: int = 4, dp_sharding: str = "ddp", idle=I
                                          for b, mb, st in pipelines]})
 
 
+DP_TP2 = [(2, 1, [([3, 2], (0, 4))]), (2, 1, [([1], (0, 4))])]
 PLANS = {
     # the pipeline runs from global rank 3 to global rank 2; tied embeddings exchanged between them
     "pp2_tied": (subset_plan([(4, 1, [([3], (0, 2)), ([2], (2, 4))])]), True),
-    # one TP-2 stage led by device 3: the broadcast root is global rank 3, not the group's first
-    "tp2_leader_last": (subset_plan([(4, 2, [([3, 2], (0, 4))])]), False),
+    # TP 1 -> a TP-2 stage led by device 3: its leader broadcasts what it received from global rank 1,
+    # root global rank 3 (plan rank 2)
+    "pp_tp2_leader_last": (subset_plan([(4, 2, [([1], (0, 2)), ([3, 2], (2, 4))])], idle=[0]), False),
+    # a TP-2 pipeline led by device 3 beside a TP-1 one: the replicated gradients (ddp) and
+    # parameters (ZeRO-2) are broadcast from global rank 3 after the data-parallel sync
+    "dp_tp2_leader_last": (subset_plan(DP_TP2, idle=[0]), False),
+    "dp_tp2_leader_last_zero2": (subset_plan(DP_TP2, idle=[0], dp_sharding="zero2"), False),
     # two pipelines under ZeRO-3: the block gathers are p2p between global ranks 2 and 3
     "dp2_zero3": (subset_plan([(3, 1, [([2], (0, 4))]), (1, 1, [([3], (0, 4))])], dp_sharding="zero3"), False),
 }
@@ -105,22 +112,24 @@ def test_subset_plan_trains_like_the_reference(run_ranks_traced_fixture, tiny_gq
     report = nccl_semantics.replay(traces)
     assert report.ok, str(report)
 
-    training = [results[r] for r in TRAINING]
-    assert [res["plan_rank"] for res in training] == [0, 1]  # global 2, 3 = plan ranks 0, 1
+    ranks, idle = rank_map(plan, WORLD), plan.idle_devices
+    assert ranks == tuple(r for r in range(WORLD) if r not in idle) != tuple(range(plan.world_size))
+    training = [results[r] for r in ranks]
+    assert [res["plan_rank"] for res in training] == list(range(plan.world_size))
     ref_losses, ref_state = reference(config, plan.global_batch, "sgd")
     assert_matches_reference(training, ref_losses, ref_state)
 
     world = tuple(range(WORLD))
-    for r in IDLE:
+    for r in idle:
         assert "leaves idle" in results[r]["refused"]
         # new_group calls (recorded on the world group), nothing else
         assert traces[r] and {s.coll for s in traces[r]} == {"new_group"} and {s.group for s in traces[r]} == {world}
-    for r in TRAINING:
+    for r in ranks:
         used = _groups_of(traces[r])
-        assert used and all(set(g) <= set(TRAINING) for g in used), f"rank {r} communicated on {sorted(used)}"
+        assert used and all(set(g) <= set(ranks) for g in used), f"rank {r} communicated on {sorted(used)}"
     # every rank made the same new_group calls, in the same order (the plan group last)
     calls = [[s.detail for s in t if s.coll == "new_group"] for t in traces]
-    assert all(c == calls[0] for c in calls) and calls[0][-1] == "2,3"
+    assert all(c == calls[0] for c in calls) and calls[0][-1] == ",".join(map(str, ranks))
 
 
 # ---- the rounds ----------------------------------------------------------------------------------
