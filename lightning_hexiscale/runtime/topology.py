@@ -55,10 +55,10 @@ from lightning_hexiscale.runtime.parallelize import param_specs, stage_holds
 
 @dataclass(frozen=True)
 class Role:
-    """What one global rank does in a plan. Pure data."""
+    """What one plan rank does in a plan. Pure data."""
 
     rank: int
-    """Global rank."""
+    """Plan rank (the global rank when the plan runs on the whole process group, :func:`rank_map`)."""
     device: int
     """Cluster device id the rank runs (``plan.device_order[rank]``)."""
     pipeline: int
@@ -70,11 +70,11 @@ class Role:
     tp_rank: int
     """Position within the stage's TP group (0 = leader)."""
     stage_ranks: tuple[int, ...]
-    """Global ranks of its stage, leader first."""
+    """Plan ranks of its stage, leader first."""
     prev_stage_ranks: tuple[int, ...]
-    """Global ranks of the previous stage (empty on a first stage)."""
+    """Plan ranks of the previous stage (empty on a first stage)."""
     next_stage_ranks: tuple[int, ...]
-    """Global ranks of the next stage (empty on a last stage)."""
+    """Plan ranks of the next stage (empty on a last stage)."""
     layers: tuple[int, int]
     """[start, end) of the layers the stage runs."""
     batch_offset: int
@@ -163,13 +163,13 @@ def rank_map(plan: Plan, world: int) -> tuple[int, ...]:
 
 
 def stage_rank_lists(plan: Plan) -> list[list[tuple[int, ...]]]:
-    """[pipeline][stage] -> global ranks of that stage, leader first."""
+    """[pipeline][stage] -> plan ranks of that stage, leader first."""
     order = {d: r for r, d in enumerate(plan.device_order)}
     return [[tuple(order[d] for d in st.devices) for st in p.stages] for p in plan.pipelines]
 
 
 def role_of(plan: Plan, rank: int) -> Role:
-    """The role of global ``rank`` in ``plan`` (the plan must be valid)."""
+    """The role of plan rank ``rank`` in ``plan`` (the plan must be valid)."""
     if not 0 <= rank < plan.world_size:
         raise PlanError("rank", rank, f"the plan uses {plan.world_size} ranks (0..{plan.world_size - 1})",
                         "launch exactly plan.world_size processes")
@@ -277,10 +277,11 @@ def group_ranks(plan: Plan, config: LlamaConfig) -> list[tuple[int, ...]]:
     return sorted(wanted)
 
 
-def create_groups(plan: Plan, config: LlamaConfig, ranks: tuple[int, ...]
+def create_groups(plan: Plan, config: LlamaConfig, ranks: tuple[int, ...], rank: int | None = None
                   ) -> tuple[dict[tuple[int, ...], dist.ProcessGroup], dist.ProcessGroup | None]:
     """Collective over the default group: EVERY rank of it calls this, in the plan or not, at the
-    same point (the ``new_group`` rule, module doc). ``ranks``: the :func:`rank_map`.
+    same point (the ``new_group`` rule, module doc). ``ranks``: the :func:`rank_map`; ``rank``: this
+    process's global rank (default ``dist.get_rank()``).
 
     Creates every group of :func:`group_ranks` (plan-rank tuples, created over their global ranks,
     in the same sorted order everywhere), then the plan group when the plan does not cover the
@@ -288,7 +289,7 @@ def create_groups(plan: Plan, config: LlamaConfig, ranks: tuple[int, ...]
     plan group, ``dist.group.WORLD`` when the plan covers the default group, None on a rank outside
     the plan). A rank outside the plan keeps nothing.
     """
-    me = dist.get_rank()
+    me = dist.get_rank() if rank is None else rank
     groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
     for key in group_ranks(plan, config):
         members = [ranks[i] for i in key]
@@ -327,7 +328,7 @@ class Topology:
         self.rank = self.ranks.index(self.global_rank)
         self.role = role_of(plan, self.rank)
         self.all_group_ranks = group_ranks(plan, config)
-        self._groups, self.plan_group = create_groups(plan, config, self.ranks)
+        self._groups, self.plan_group = create_groups(plan, config, self.ranks, self.global_rank)
 
     def to_global(self, rank: int) -> int:
         """The global rank of plan rank ``rank`` (for p2p peers and broadcast roots)."""
