@@ -129,6 +129,20 @@ def test_calibration_in_the_rounds_is_split_from_the_plans():
     assert bench.split_calibration([{"p": [[1.0]]}]) == ([{"p": [[1.0]]}], None)
 
 
+def test_plans_that_leave_devices_idle_are_measurable_when_launched_on_every_device():
+    from lightning_hexiscale.bench.hetero_plans import not_measurable
+
+    cluster = Cluster.load("cpu_hetero4")
+
+    def plan(idle):
+        return Plan.from_dict({"num_layers": 2, "idle_devices": idle, "pipelines": [
+            {"batch_size": 2, "micro_batch_size": 1, "stages": [{"devices": [d], "layers": [0, 2]}]} for d in (0, 1)]})
+
+    assert not_measurable(plan([2, 3]), cluster) is None  # the rounds run it on ranks 0 and 1
+    why = not_measurable(plan([3]), cluster)  # device 2 neither used nor idle: no rank map to 4 ranks
+    assert why is not None and "[0, 1, 3]" in why and "all 4 devices of cpu_hetero4" in why
+
+
 def test_extra_measurements_may_not_take_a_plans_name():
     from lightning_hexiscale.profiling.rounds import measure_plans_rank
 
