@@ -25,7 +25,8 @@ and be judged, as NCCL ranks:
      members have posted it, with equal op, numel, dtype, root, reduce op; all-gather and
      reduce-scatter chunks equal on every member.
    - the first batched p2p call on a group must involve every member (torch/NCCL: the first
-     collective call on a group creates its communicator), and a rank pair must not mix batched and
+     collective call on a group creates its communicator; ``new_group`` calls, recorded on the
+     world group for their order, do not count), and a rank pair must not mix batched and
      un-fused p2p on one group (lazily initialised ProcessGroupNCCL puts un-fused p2p on a separate
      2-rank communicator, so the two never match).
 
@@ -529,6 +530,11 @@ def _static_rules(traces: list[list[Step]]) -> list[str]:
             if step.kind == "p2p":
                 op = step.ops[0]
                 modes[(op.group, min(r, op.peer), max(r, op.peer))].setdefault("un-fused", (r, i))
+                continue
+            if step.coll == "new_group":
+                # recorded on the world group (every rank, same order), but not a collective on its
+                # communicator: torch syncs new_group through the store, NCCL's world communicator
+                # is still made by the first real call on it
                 continue
             groups = {op.group for op in step.ops} if step.kind == "batch" else {step.group}
             for g in groups:

@@ -140,18 +140,25 @@ def held_out_plan(cluster: Cluster, config: LlamaConfig, work, global_batch: int
     return plan, f"1 pipeline, stages {[list(s) for s in draft.stages]}, layers {list(draft.layers)}"
 
 
-IDLE_NOT_MEASURABLE = ("the rounds (profiling/rounds.py) run every plan on every launched rank; running a plan "
-                       "on part of the world is not built yet (issue 28)")
-"""Why a plan that leaves devices idle is not measured."""
+def not_measurable(plan: Plan, cluster: Cluster) -> str | None:
+    """Why the rounds cannot run ``plan`` on the bench's launch (one rank per device of ``cluster``,
+    rank r on device r), or None when they can. A plan that leaves devices idle runs on the ranks of
+    its used devices (``runtime.topology.rank_map``, ``profiling/rounds.py``) when its launch order
+    (used and idle devices) is every device of the cluster."""
+    if plan.launch_order == tuple(range(cluster.num_devices)):
+        return None
+    return (f"its devices, used and idle, are {list(plan.launch_order)}, and the rounds run a plan on one rank "
+            f"per device of its launch order: all {cluster.num_devices} devices of {cluster.name}")
 
 
 def make_plans(cluster: Cluster, config: LlamaConfig, args, names: tuple[str, ...] = COMPARED_NAMES,
                measurable: bool = False) -> dict[str, tuple[Plan | None, str]]:
     """name -> (plan, note) for every compared plan in ``names``; (None, why) when the planner has
     none: nothing fits, or it cannot make that plan yet. ``measurable``: only plans the rounds can
-    run (every device busy): a plan that leaves devices idle is unavailable, with the reason, except
-    the search's, which is replaced by the search with ``use_all_devices`` and says so in its note
-    (``SUBSTITUTED`` in the note: the run is then not a pre-registered one)."""
+    run (:func:`not_measurable`; plans that leave devices idle included, the fast-only plans among
+    them): another plan is unavailable, with the reason, except the search's, which is replaced by
+    the search with ``use_all_devices`` and says so in its note (``SUBSTITUTED`` in the note: the
+    run is then not a pre-registered one)."""
     from lightning_hexiscale.planner import baselines
     from lightning_hexiscale.planner.search import search
     from lightning_hexiscale.planner.search_settings import SearchSettings
@@ -170,9 +177,10 @@ def make_plans(cluster: Cluster, config: LlamaConfig, args, names: tuple[str, ..
             try:
                 r = search(cluster, work, G, s)
                 note = f"{r.plan.num_pipelines} pipelines, {r.plan.dp_sharding}"
-                if measurable and r.plan.idle_devices:
-                    own = (f"SUBSTITUTED: the search's own plan leaves devices {list(r.plan.idle_devices)} idle "
-                           f"(estimate {r.estimate.iteration_time_s:.3f} s), and {IDLE_NOT_MEASURABLE}; measured "
+                why = not_measurable(r.plan, cluster) if measurable else None
+                if why:
+                    own = (f"SUBSTITUTED: the search's own plan cannot be measured (estimate "
+                           f"{r.estimate.iteration_time_s:.3f} s): {why}; measured "
                            "instead: the search with planner.use_all_devices=true")
                     r = search(cluster, work, G, replace(s, use_all_devices=True))
                     note = f"{r.plan.num_pipelines} pipelines, {r.plan.dp_sharding}; {own}"
@@ -201,9 +209,9 @@ def make_plans(cluster: Cluster, config: LlamaConfig, args, names: tuple[str, ..
                 plan = replace(plan, meta={**plan.meta, "planner": c.name})
             out[c.name] = (plan, b.note if plan is not None else f"no plan: {b.note}")
         plan, note = out[c.name]
-        if measurable and plan is not None and plan.idle_devices and c.source != "search":
-            out[c.name] = (None, f"UNAVAILABLE: leaves devices {list(plan.idle_devices)} idle, and "
-                                 f"{IDLE_NOT_MEASURABLE} ({note})")
+        why = not_measurable(plan, cluster) if measurable and plan is not None else None
+        if why and c.source != "search":
+            out[c.name] = (None, f"UNAVAILABLE: {why} ({note})")
     return out
 
 

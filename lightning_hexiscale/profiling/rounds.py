@@ -11,8 +11,18 @@ What one step of a rank is: from the release of a barrier to the end of ``train_
 the optimizer step (plain SGD, no momentum). The optimizer step is inside the window because under
 ZeRO-2/3 it is where the parameters are all-gathered, which the cost model prices as part of the
 data-parallel term; SGD's update (one multiply-add per parameter element) is the smallest unpriced
-part any optimizer could add. A plan's step time = the slowest rank's time of that step (the step
-ends when the last rank is done). Units: seconds.
+part any optimizer could add. A plan's step time = the slowest of its ranks' times of that step
+(the step ends when the last rank is done). Units: seconds.
+
+**Plans on part of the ranks.** A plan may leave devices idle (``plan.idle_devices``) when the
+launch has one rank per device of its ``launch_order``: it then runs on the ranks of its used
+devices (:func:`~lightning_hexiscale.runtime.topology.rank_map`), next to the plans that use every
+rank, in the same rounds. A rank the plan leaves idle takes part only in what every rank must do
+alike (NCCL: the same collectives, in the same order, with the same sizes, on every member): the
+``new_group`` calls of the plan's construction (:func:`~lightning_hexiscale.runtime.topology.create_groups`)
+and each step's barrier, on the default group. It builds no engine, trains nothing, and reports
+``None`` for that plan: absent, not a time. So every rank's result has the same keys in the same
+order, and :func:`slowest_rank` takes each plan's maximum over the ranks that ran it.
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from lightning_hexiscale.errors import PlanError
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.plan import Plan
 
@@ -49,14 +60,18 @@ def check_same_batch(plans: dict[str, Plan]) -> int:
 
 def measure_plans_rank(rank: int, world: int, plan_dicts: dict[str, dict], config: LlamaConfig, steps: int,
                        warmup: int, rounds: int, lr: float = 1e-4,
-                       extra: dict[str, Callable[[], list[float]]] | None = None) -> dict[str, list[list[float]]]:
+                       extra: dict[str, Callable[[], list[float]]] | None = None
+                       ) -> dict[str, list[list[float]] | None]:
     """Collective: train every plan on this rank, interleaved in rounds (module docstring).
 
     ``extra``: other named measurements that take their turn in every round like a plan (e.g. the
     calibration's, so that the cost model is fitted under the load the plans ran under); each call
     is collective and returns this rank's timed step seconds. Their names must differ from the plans'.
 
-    Returns ``{name: [[step seconds of each timed step] for each round]}`` for THIS rank, plans and extras.
+    Returns ``{name: [[step seconds of each timed step] for each round]}`` for THIS rank, plans and
+    extras; ``None`` for a plan that leaves this rank's device idle. Every plan must run on ``world``
+    ranks or on one per device of its launch order (``world``), else a PlanError, on every rank
+    alike, before any communication.
     """
     extra = dict(extra or {})
     clash = sorted(set(extra) & set(plan_dicts))
@@ -65,23 +80,36 @@ def measure_plans_rank(rank: int, world: int, plan_dicts: dict[str, dict], confi
     from lightning_hexiscale.profiling.check import make_batch, prime
     from lightning_hexiscale.profiling.measure import current_device
     from lightning_hexiscale.runtime.engine import PipelineEngine
+    from lightning_hexiscale.runtime.topology import create_groups, rank_map
 
     plans = {name: Plan.from_dict(d, f"plan {name}") for name, d in plan_dicts.items()}
+    maps = {}
     for name, p in plans.items():
-        if p.world_size != world:
-            raise ValueError(f"plan {name} runs on {p.world_size} ranks, the process group has {world}")
+        try:
+            maps[name] = rank_map(p, world)  # pure: every rank raises alike, before any collective
+        except PlanError as e:
+            raise PlanError(f"plan {name}: world_size", world, e.rule, e.fix) from None
     global_batch = check_same_batch(plans)
     device = current_device()
     prime(device)  # one-time lazy initialisation before any timed step
-    runs = {}
+    runs: dict[str, tuple | None] = {}
     for name in sorted(plans):  # construction is collective (process groups): same order on every rank
-        engine = PipelineEngine(plans[name], config, rank, seed=0, device=device, dtype=torch.float32)
-        runs[name] = (engine, engine.wrap_optimizer(torch.optim.SGD(engine.parameters(), lr=lr)))
-    times: dict[str, list[list[float]]] = {name: [] for name in [*plans, *extra]}
+        if rank in maps[name]:
+            engine = PipelineEngine(plans[name], config, rank, seed=0, device=device, dtype=torch.float32)
+            runs[name] = (engine, engine.wrap_optimizer(torch.optim.SGD(engine.parameters(), lr=lr)))
+        else:  # idle in this plan: its part of the new_group calls, nothing else
+            create_groups(plans[name], config, maps[name])
+            runs[name] = None
+    times: dict[str, list[list[float]] | None] = {name: [] for name in [*plans, *extra]}
     for order in round_orders([*plans, *extra], rounds):
         for name in order:
             if name in extra:
                 times[name].append(list(extra[name]()))
+                continue
+            if runs[name] is None:
+                for _ in range(warmup + steps):
+                    dist.barrier()  # the round's bookkeeping: the same barriers as the plan's ranks
+                times[name] = None
                 continue
             engine, opt = runs[name]
             mine = []
@@ -138,16 +166,22 @@ class PlanTimes:
                 "round_medians_s": self.round_medians_s, "steps_s": self.per_round}
 
 
-def slowest_rank(per_rank: list[dict[str, list[list[float]]]]) -> dict[str, PlanTimes]:
-    """Per plan, per round, per step: the maximum over ranks of the ranks' step times."""
+def slowest_rank(per_rank: list[dict[str, list[list[float]] | None]]) -> dict[str, PlanTimes]:
+    """Per plan, per round, per step: the maximum of the step times over the ranks that ran the plan
+    (a rank the plan leaves idle reports ``None``: absent). Every rank must report the same names."""
     if not per_rank:
         raise ValueError("no rank reported")
+    names = {tuple(r) for r in per_rank}
+    if len(names) != 1:
+        raise ValueError(f"the ranks reported different measurements {sorted(names)}")
     out = {}
     for name in per_rank[0]:
-        rounds = len(per_rank[0][name])
-        shape = {(len(r[name]), tuple(len(x) for x in r[name])) for r in per_rank}
+        ran = [r[name] for r in per_rank if r[name] is not None]
+        if not ran:
+            raise ValueError(f"plan {name}: no rank ran it")
+        shape = {(len(t), tuple(len(x) for x in t)) for t in ran}
         if len(shape) != 1:
             raise ValueError(f"plan {name}: the ranks timed different numbers of steps {sorted(shape)}")
-        out[name] = PlanTimes([[max(r[name][k][j] for r in per_rank) for j in range(len(per_rank[0][name][k]))]
-                               for k in range(rounds)])
+        out[name] = PlanTimes([[max(t[k][j] for t in ran) for j in range(len(ran[0][k]))]
+                               for k in range(len(ran[0]))])
     return out

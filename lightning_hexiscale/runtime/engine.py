@@ -63,7 +63,9 @@ class PipelineEngine:
 
     Construction is collective (it creates every process group): all ranks construct their engine
     for the same plan at the same time. ``torch.distributed`` must already be initialised with
-    ``plan.world_size`` processes.
+    ``plan.world_size`` processes, or one per device of ``plan.launch_order``: then the plan runs on
+    the ranks of its used devices (:func:`~lightning_hexiscale.runtime.topology.rank_map`), and a
+    rank of an idle device calls :func:`~lightning_hexiscale.runtime.topology.create_groups` instead.
 
     Args:
         plan: the execution plan (validated against ``model_config`` here).
@@ -241,7 +243,7 @@ class PipelineEngine:
         pipeline_loss = self.run_pipeline(tok, tgt, self.loss_scale * loss_scale_factor, arm=sync_grads)
         if sync_grads:
             self.sync_grads()
-        return global_loss(pipeline_loss, self.role, self.loss_device)
+        return global_loss(pipeline_loss, self.role, self.loss_device, self.topology.plan_group)
 
     @property
     def loss_device(self) -> torch.device:

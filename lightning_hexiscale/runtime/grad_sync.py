@@ -312,11 +312,11 @@ class GradSynchronizer:
             work.wait()
             self._unflatten(flat, self.dp_buckets[i][1])
         self.starts.reset()
-        role = self.topology.role
+        leader = self.topology.to_global(self.topology.role.leader)
         pending = []
         for items in self.tp_buckets:
             flat = self._flat(items)
-            pending.append((dist.broadcast(flat, src=role.leader, group=self.topology.tp_group, async_op=True),
+            pending.append((dist.broadcast(flat, src=leader, group=self.topology.tp_group, async_op=True),
                             flat, items))
         for work, flat, items in pending:
             work.wait()

@@ -234,7 +234,7 @@ class PipelineExecutor:
         if got is None:
             got = torch.empty(shape, dtype=wire, device=self.device)
         if role.tp > 1:
-            dist.broadcast(got, src=role.leader, group=tp_group)
+            dist.broadcast(got, src=self.topology.to_global(role.leader), group=tp_group)
         return got
 
     def _communicate(self, point: list[Exchange], pending: dict[Msg, torch.Tensor], received: dict[Msg, torch.Tensor],
@@ -401,16 +401,18 @@ def _batch(ops: list) -> None:
             work.wait()
 
 
-def global_loss(pipeline_loss: torch.Tensor, role: Role, device: torch.device | str = "cpu") -> float:
-    """The global-mean loss on EVERY rank: one world all-reduce(SUM) in which only the last-stage
-    leader of each pipeline contributes its (already batch-weighted) pipeline loss.
+def global_loss(pipeline_loss: torch.Tensor, role: Role, device: torch.device | str = "cpu",
+                group: dist.ProcessGroup | None = None) -> float:
+    """The global-mean loss on EVERY rank of the plan: one all-reduce(SUM) in which only the
+    last-stage leader of each pipeline contributes its (already batch-weighted) pipeline loss.
 
-    Collective over the default group: every rank must call it. ``device`` is where the reduced
-    scalar lives (a CUDA device under NCCL). One host synchronisation per step (the float).
+    Collective over ``group``, the plan's ranks (``Topology.plan_group``; None = the default group,
+    right when the plan runs on all of it): every rank of it must call it. ``device`` is where the
+    reduced scalar lives (a CUDA device under NCCL). One host synchronisation per step (the float).
     """
     mine = role.is_last and role.is_leader
     buf = torch.zeros(1, dtype=torch.float64, device=device)
     if mine:
         buf += pipeline_loss.detach().to(device=device, dtype=torch.float64)
-    dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+    dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=group)
     return float(buf.item())

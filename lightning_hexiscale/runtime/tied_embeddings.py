@@ -20,12 +20,13 @@ group) and sees only its contribution. Per optimizer step, for every pipeline of
 A stage that is both first and last (a one-stage pipeline) holds one shared parameter: nothing to do.
 
 NCCL rules: each rank posts all its sends and receives of a phase in ONE ``dist.batch_isend_irecv``
-(so a two-way exchange cannot deadlock, whatever the message size), on the default group, without
+(so a two-way exchange cannot deadlock, whatever the message size), on the plan group
+(``Topology.plan_group``: the plan's ranks; the default group when the plan runs on all of it), without
 tags: between a rank pair there is exactly one message per direction per phase, so matching by
 order is unambiguous. The phases run after the schedule has waited for all of its own traffic and
-at the same point of the step on every rank. The constructor runs one all-reduce on the default
-group, so a fused batch is never the first collective on it (NCCL requires every member in that
-case).
+at the same point of the step on every rank. The constructor runs one all-reduce on the plan group,
+so a fused batch is never the first collective on it (NCCL requires every member in that case).
+Peers are plan ranks in :func:`tied_pairs`, global ranks on the wire (``Topology.to_global``).
 """
 
 from __future__ import annotations
@@ -97,10 +98,11 @@ class TiedEmbeddingSync:
         self.is_first = bool(self.pairs) and self.pairs[0].first == rank
         self.bytes_sent = 0
         """Diagnostics: bytes this rank sent in the last phase."""
-        # The exchanges below are fused batches on the default group: make sure that group has seen
+        # The exchanges below are fused batches on the plan group: make sure that group has seen
         # a collective in which every rank took part (NCCL's rule for batch_isend_irecv).
+        self.group = topology.plan_group
         warm = torch.zeros(1, device=device)
-        dist.all_reduce(warm)
+        dist.all_reduce(warm, group=self.group)
 
     def _rows(self, t: torch.Tensor, p: TiedPair) -> torch.Tensor:
         return t.narrow(0, p.start - self.offset, p.end - p.start)
@@ -111,14 +113,14 @@ class TiedEmbeddingSync:
         ops, received = [], []
         self.bytes_sent = 0
         for p in self.pairs:
-            peer = p.last if self.is_first else p.first
+            peer = self.topology.to_global(p.last if self.is_first else p.first)
             if send:
                 buf = self._rows(source, p).contiguous()
-                ops.append(dist.P2POp(dist.isend, buf, peer))
+                ops.append(dist.P2POp(dist.isend, buf, peer, group=self.group))
                 self.bytes_sent += buf.numel() * buf.element_size()
             if recv:
                 into = torch.empty_like(self._rows(self.param, p))
-                ops.append(dist.P2POp(dist.irecv, into, peer))
+                ops.append(dist.P2POp(dist.irecv, into, peer, group=self.group))
                 received.append((p, into))
         if ops:
             for work in dist.batch_isend_irecv(ops):

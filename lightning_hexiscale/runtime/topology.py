@@ -1,7 +1,20 @@
 """Plan + global rank -> this rank's role, and every process group the runtime needs.
 
-Rank mapping (from the Plan): global rank r runs device ``plan.device_order[r]``. A stage's ranks
-are its devices' ranks in the stage's device order; the first is the stage leader.
+Rank mapping (from the Plan): *plan rank* i runs device ``plan.device_order[i]``. A stage's ranks
+are its devices' plan ranks in the stage's device order; the first is the stage leader. Every pure
+function here (roles, segments, links, groups) and every rank a runtime module compares or indexes
+(``Topology.rank``, ``Role``, bucket holders, checkpoint layouts) is a plan rank, so a plan's
+layout does not depend on where it was launched.
+
+Where it was launched is the **rank map** (:func:`rank_map`): plan rank i runs on global rank
+``ranks[i]`` of the default process group. With ``plan.world_size`` processes it is the identity.
+With one process per device of ``plan.launch_order`` (used and idle devices, sorted: the launch
+convention the Lightning strategy and the emulator share), launch rank r runs ``launch_order[r]``,
+so ``ranks[i] = launch_order.index(device_order[i])`` and the ranks of idle devices are in no role.
+The map is derived from the plan, not passed in, because a rank IS a device: running device d's work
+on the process of another device is the mismatch the plan's device ids exist to prevent.
+The translation to global ranks happens only where torch.distributed needs them: the ranks of every
+new group, and every p2p peer and broadcast root (:meth:`Topology.to_global`).
 
 Process groups, ALL created once, up front, by EVERY rank, in ONE deterministic order (the sorted
 list of rank tuples from :func:`group_ranks`). ``torch.distributed.new_group`` is collective over
@@ -21,7 +34,10 @@ groups are:
   first batched call on a group involves every member" holds by construction, and activation
   traffic never shares a FIFO with any other p2p traffic.
 
-The loss reduction uses the default (world) group.
+The loss reduction and the tied-embedding exchange use the *plan group*, the plan's ranks: the
+default group itself when the plan runs on all of it, else one more group created after the others
+(:func:`create_groups`). So no engine collective involves a rank outside the plan, and a rank the
+plan leaves idle takes part in nothing but the ``new_group`` calls.
 """
 
 from __future__ import annotations
@@ -39,10 +55,10 @@ from lightning_hexiscale.runtime.parallelize import param_specs, stage_holds
 
 @dataclass(frozen=True)
 class Role:
-    """What one global rank does in a plan. Pure data."""
+    """What one plan rank does in a plan. Pure data."""
 
     rank: int
-    """Global rank."""
+    """Plan rank (the global rank when the plan runs on the whole process group, :func:`rank_map`)."""
     device: int
     """Cluster device id the rank runs (``plan.device_order[rank]``)."""
     pipeline: int
@@ -54,11 +70,11 @@ class Role:
     tp_rank: int
     """Position within the stage's TP group (0 = leader)."""
     stage_ranks: tuple[int, ...]
-    """Global ranks of its stage, leader first."""
+    """Plan ranks of its stage, leader first."""
     prev_stage_ranks: tuple[int, ...]
-    """Global ranks of the previous stage (empty on a first stage)."""
+    """Plan ranks of the previous stage (empty on a first stage)."""
     next_stage_ranks: tuple[int, ...]
-    """Global ranks of the next stage (empty on a last stage)."""
+    """Plan ranks of the next stage (empty on a last stage)."""
     layers: tuple[int, int]
     """[start, end) of the layers the stage runs."""
     batch_offset: int
@@ -123,14 +139,37 @@ class Role:
         return ranks[0] if self.is_leader else None
 
 
+def rank_map(plan: Plan, world: int) -> tuple[int, ...]:
+    """Global rank of every plan rank (module doc): the identity when ``world == plan.world_size``,
+    ``launch_order.index(device_order[i])`` when ``world == len(plan.launch_order)``; else a PlanError.
+
+    >>> from lightning_hexiscale.planner.plan import Pipeline, Stage
+    >>> p = Plan((Pipeline(2, 1, (Stage((2,), (0, 4)),)), Pipeline(2, 1, (Stage((3,), (0, 4)),))), 4, idle_devices=(0, 1))
+    >>> rank_map(p, 2), rank_map(p, 4)
+    ((0, 1), (2, 3))
+    """
+    if world == plan.world_size:
+        return tuple(range(world))
+    launch = plan.launch_order
+    if plan.idle_devices and world == len(launch):
+        return tuple(launch.index(d) for d in plan.device_order)
+    rule = f"the plan needs exactly {plan.world_size} processes (devices {list(plan.device_order)})"
+    fix = f"launch {plan.world_size} processes or use a plan for {world} devices"
+    if plan.idle_devices:
+        rule += (f", or {len(launch)}, one per device of its launch order {list(launch)} "
+                 f"(devices {list(plan.idle_devices)} idle)")
+        fix = f"launch {plan.world_size} or {len(launch)} processes, or use a plan for {world} devices"
+    raise PlanError("world_size", world, rule, fix)
+
+
 def stage_rank_lists(plan: Plan) -> list[list[tuple[int, ...]]]:
-    """[pipeline][stage] -> global ranks of that stage, leader first."""
+    """[pipeline][stage] -> plan ranks of that stage, leader first."""
     order = {d: r for r, d in enumerate(plan.device_order)}
     return [[tuple(order[d] for d in st.devices) for st in p.stages] for p in plan.pipelines]
 
 
 def role_of(plan: Plan, rank: int) -> Role:
-    """The role of global ``rank`` in ``plan`` (the plan must be valid)."""
+    """The role of plan rank ``rank`` in ``plan`` (the plan must be valid)."""
     if not 0 <= rank < plan.world_size:
         raise PlanError("rank", rank, f"the plan uses {plan.world_size} ranks (0..{plan.world_size - 1})",
                         "launch exactly plan.world_size processes")
@@ -238,33 +277,65 @@ def group_ranks(plan: Plan, config: LlamaConfig) -> list[tuple[int, ...]]:
     return sorted(wanted)
 
 
+def create_groups(plan: Plan, config: LlamaConfig, ranks: tuple[int, ...], rank: int | None = None
+                  ) -> tuple[dict[tuple[int, ...], dist.ProcessGroup], dist.ProcessGroup | None]:
+    """Collective over the default group: EVERY rank of it calls this, in the plan or not, at the
+    same point (the ``new_group`` rule, module doc). ``ranks``: the :func:`rank_map`; ``rank``: this
+    process's global rank (default ``dist.get_rank()``).
+
+    Creates every group of :func:`group_ranks` (plan-rank tuples, created over their global ranks,
+    in the same sorted order everywhere), then the plan group when the plan does not cover the
+    whole default group. Returns (plan-rank tuple -> group, for the groups this process is in; the
+    plan group, ``dist.group.WORLD`` when the plan covers the default group, None on a rank outside
+    the plan). A rank outside the plan keeps nothing.
+    """
+    me = dist.get_rank() if rank is None else rank
+    groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
+    for key in group_ranks(plan, config):
+        members = [ranks[i] for i in key]
+        pg = dist.new_group(members)  # collective: every rank, same order
+        if me in members:
+            groups[key] = pg
+    if sorted(ranks) == list(range(dist.get_world_size())):
+        return groups, dist.group.WORLD
+    pg = dist.new_group(sorted(ranks))  # a separate group even if a DP/TP group has the same ranks
+    return groups, pg if me in ranks else None
+
+
 class Topology:
     """This rank's :class:`Role` plus handles to the process groups it belongs to.
 
-    Constructing it is collective: every rank of the default group must construct a Topology of
-    the same plan at the same point (it calls ``dist.new_group`` for every group of the plan).
+    Constructing it is collective: every rank of the default group must, at the same point, either
+    construct a Topology of the same plan (a rank of the plan) or call :func:`create_groups` with the
+    plan's :func:`rank_map` (a rank the plan leaves idle).
+
+    ``rank``: this process's global rank (default ``dist.get_rank()``). :attr:`rank` is its plan
+    rank, :attr:`global_rank` the global one, :attr:`ranks` the whole map.
     """
 
     def __init__(self, plan: Plan, config: LlamaConfig, rank: int | None = None):
         if not dist.is_initialized():
             raise RuntimeError("Topology needs torch.distributed initialised (init_process_group) first")
-        world = dist.get_world_size()
-        if world != plan.world_size:
-            raise PlanError("world_size", world, f"the plan needs exactly {plan.world_size} processes "
-                            f"(devices {list(plan.device_order)})",
-                            f"launch {plan.world_size} processes or use a plan for {world} devices")
+        self.ranks = rank_map(plan, dist.get_world_size())
+        self.global_rank = dist.get_rank() if rank is None else rank
+        if self.global_rank not in self.ranks:
+            raise PlanError("rank", self.global_rank,
+                            f"the plan runs on global ranks {list(self.ranks)}; the others run devices it "
+                            f"leaves idle {list(plan.idle_devices)}",
+                            "on a rank the plan leaves idle, call runtime.topology.create_groups(plan, config, "
+                            "rank_map(plan, world)) instead of building an engine")
         self.plan, self.config = plan, config
-        self.rank = dist.get_rank() if rank is None else rank
+        self.rank = self.ranks.index(self.global_rank)
         self.role = role_of(plan, self.rank)
         self.all_group_ranks = group_ranks(plan, config)
-        self._groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
-        for ranks in self.all_group_ranks:
-            pg = dist.new_group(list(ranks))  # collective: every rank, same order
-            if self.rank in ranks:
-                self._groups[ranks] = pg
+        self._groups, self.plan_group = create_groups(plan, config, self.ranks, self.global_rank)
+
+    def to_global(self, rank: int) -> int:
+        """The global rank of plan rank ``rank`` (for p2p peers and broadcast roots)."""
+        return self.ranks[rank]
 
     def group(self, ranks: tuple[int, ...] | list[int]) -> dist.ProcessGroup:
-        """The process group of exactly these ranks (this rank must be one of them)."""
+        """The process group of exactly these plan ranks (this rank must be one of them)."""
         key = tuple(sorted(ranks))
         if key not in self._groups:
             raise KeyError(f"rank {self.rank} has no process group for ranks {key}")
@@ -276,12 +347,12 @@ class Topology:
         return self.group(self.role.stage_ranks) if self.role.tp > 1 else None
 
     def link_group(self, side: str) -> tuple[int, dist.ProcessGroup] | None:
-        """(peer rank, its two-rank link group) for pipeline p2p on ``side``, or None (see
+        """(peer's GLOBAL rank, its two-rank link group) for pipeline p2p on ``side``, or None (see
         :meth:`Role.link_peer`)."""
         peer = self.role.link_peer(side)
-        return None if peer is None else (peer, self.group((self.rank, peer)))
+        return None if peer is None else (self.to_global(peer), self.group((self.rank, peer)))
 
     @property
     def groups(self) -> dict[tuple[int, ...], dist.ProcessGroup]:
-        """Rank tuple -> group, for the groups this rank belongs to."""
+        """Plan-rank tuple -> group, for the groups this rank belongs to."""
         return dict(self._groups)

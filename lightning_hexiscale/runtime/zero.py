@@ -329,7 +329,7 @@ class ZeroSharder:
         role = self.topology.role
         # In the wire dtype: under mixed precision the values are wire-rounded already (lossless).
         flat = torch.cat([self.params[n].detach().reshape(-1) for n in self.replicated]).to(self.wire)
-        dist.broadcast(flat, src=role.leader, group=self.topology.tp_group)
+        dist.broadcast(flat, src=self.topology.to_global(role.leader), group=self.topology.tp_group)
         off = 0
         for n in self.replicated:
             p = self.params[n]

@@ -184,7 +184,8 @@ class Zero3Gatherer:
         sh = self.sh
         for ix in self._by_group(f"layers.{layer}", rank).values():
             chunks = [sh.masters[i].to(sh.wire) for i in ix]
-            ops = [dist.P2POp(dist.isend, c, rank, group=sh.groups[i]) for i, c in zip(ix, chunks)]
+            peer = sh.topology.to_global(rank)
+            ops = [dist.P2POp(dist.isend, c, peer, group=sh.groups[i]) for i, c in zip(ix, chunks)]
             for work in dist.batch_isend_irecv(ops):
                 work.wait()
 
@@ -242,8 +243,8 @@ class Zero3Gatherer:
                 b = sh.buckets[i]
                 for j, r in enumerate(b.ranks):
                     if r != self.me:
-                        ops.append(dist.P2POp(dist.irecv, fulls[i][j * b.chunk:(j + 1) * b.chunk], r,
-                                              group=sh.groups[i]))
+                        ops.append(dist.P2POp(dist.irecv, fulls[i][j * b.chunk:(j + 1) * b.chunk],
+                                              sh.topology.to_global(r), group=sh.groups[i]))
             works += dist.batch_isend_irecv(ops)
         return works, fulls
 

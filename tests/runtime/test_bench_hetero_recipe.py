@@ -129,6 +129,20 @@ def test_calibration_in_the_rounds_is_split_from_the_plans():
     assert bench.split_calibration([{"p": [[1.0]]}]) == ([{"p": [[1.0]]}], None)
 
 
+def test_plans_that_leave_devices_idle_are_measurable_when_launched_on_every_device():
+    from lightning_hexiscale.bench.hetero_plans import not_measurable
+
+    cluster = Cluster.load("cpu_hetero4")
+
+    def plan(idle):
+        return Plan.from_dict({"num_layers": 2, "idle_devices": idle, "pipelines": [
+            {"batch_size": 2, "micro_batch_size": 1, "stages": [{"devices": [d], "layers": [0, 2]}]} for d in (0, 1)]})
+
+    assert not_measurable(plan([2, 3]), cluster) is None  # the rounds run it on ranks 0 and 1
+    why = not_measurable(plan([3]), cluster)  # device 2 neither used nor idle: no rank map to 4 ranks
+    assert why is not None and "[0, 1, 3]" in why and "all 4 devices of cpu_hetero4" in why
+
+
 def test_extra_measurements_may_not_take_a_plans_name():
     from lightning_hexiscale.profiling.rounds import measure_plans_rank
 
@@ -198,8 +212,13 @@ def _check_results(out: Path, world: int, rounds: int, steps: int, cost: Cluster
     config = LlamaConfig(**doc["model"])
     search_median = doc["rows"]["search"]["median_s"]
     for name, row in doc["rows"].items():
-        # the table's numbers are the raw per-rank step times reduced as documented
-        slowest = [[max(r[name][k][j] for r in per_rank) for j in range(steps)] for k in range(rounds)]
+        # the table's numbers are the raw per-rank step times reduced as documented: the slowest of
+        # the ranks that ran the plan (a rank whose device the plan leaves idle reports None)
+        plan = Plan.from_dict(doc["plans"][name])
+        ran = [r[name] for r in per_rank if r[name] is not None]
+        assert len(ran) == plan.world_size and [r[name] is None for r in per_rank] == [
+            d in plan.idle_devices for d in range(world)]
+        slowest = [[max(t[k][j] for t in ran) for j in range(steps)] for k in range(rounds)]
         assert row["steps_s"] == slowest
         flat = [t for rnd in slowest for t in rnd]
         assert row["min_s"] == min(flat) and row["max_s"] == max(flat) and row["median_s"] == statistics.median(flat)
@@ -207,8 +226,7 @@ def _check_results(out: Path, world: int, rounds: int, steps: int, cost: Cluster
         assert row["speedup_of_search"] == pytest.approx(row["median_s"] / search_median)
         assert row["held_out"] == (name in HELD_OUT)
         # the estimate is the cost model's for the plan that ran, on the cluster the recipe planned with
-        plan = Plan.from_dict(doc["plans"][name])
-        assert plan.world_size == world
+        assert plan.launch_order == tuple(range(world))
         assert row["estimate_s"] == pytest.approx(estimate(plan, cost, cpu_workload(config)).iteration_time_s)
         assert Plan.load(out / "plans" / f"{name}.yaml") == plan
     for name in HELD_OUT:  # TP >= 2 and a pipeline hop across machines
@@ -233,7 +251,10 @@ def test_tiny_local_run_of_every_compared_plan(tmp_path):
     assert "pre-registered rules" in p.stdout and "order by measured:" in p.stdout
     assert "fitted constants" in p.stdout and "host load before the run:" in p.stdout
     assert "host load during the run:" in p.stdout
-    _check_results(out, 4, 2, 1, Cluster.load("cpu_hetero4"), p.stdout)
+    doc = _check_results(out, 4, 2, 1, Cluster.load("cpu_hetero4"), p.stdout)
+    # the fast-only plans leave the slow machine idle and are measured in the same rounds
+    assert {"fast-only-megatron", "fast-only-galvatron"} <= set(doc["rows"])
+    assert any(Plan.from_dict(doc["plans"][n]).idle_devices for n in doc["rows"])
 
 
 @pytest.fixture

@@ -105,6 +105,12 @@ def test_first_batch_on_a_group_must_involve_every_member():
     # after a collective on the group, a batch between two of its members is fine
     traces = [[coll("barrier", g, 0)] + t for t in traces]
     assert replay(traces).ok
+    # new_group calls (recorded on the world group) are not such a collective: a plan on ranks {0, 1}
+    # of a world of 3 must not batch on the world group first
+    made = Step("coll", coll="new_group", group=g, numel=0, detail="0,1")
+    traces = [[made, Step("batch", (send(1, group=g),), group=g)], [made, Step("batch", (recv(0, group=g),), group=g)],
+              [made]]
+    assert "ranks [2] do not take part" in str(replay(traces))
 
 
 def test_mixing_batched_and_unfused_p2p_is_flagged():
