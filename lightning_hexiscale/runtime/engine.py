@@ -264,7 +264,7 @@ class PipelineEngine:
         the weighted losses, i.e. the global mean loss / ``accumulate`` (collective, same float on
         every rank). Gradients accumulate into the local shards; ``arm`` as in :meth:`run_pipeline`."""
         pipeline_loss = self.run_pipeline(tokens, targets, self.loss_scale / accumulate, arm=arm)
-        return global_loss(pipeline_loss, self.role, self.loss_device)
+        return global_loss(pipeline_loss, self.role, self.loss_device, self.topology.plan_group)
 
     def eval_loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> float:
         """Global mean token loss of this pipeline's rows and every other pipeline's, forward only
@@ -272,7 +272,7 @@ class PipelineEngine:
         return eval_loss(self, tokens, targets)
 
     def predict_logits(self, tokens: torch.Tensor) -> torch.Tensor | None:
-        """The whole batch's logits on global rank 0, None elsewhere (collective;
+        """The whole batch's logits on plan rank 0, None elsewhere (collective;
         :func:`~lightning_hexiscale.runtime.forward_only.predict_logits`)."""
         return predict_logits(self, tokens)
 
@@ -304,7 +304,7 @@ class PipelineEngine:
         ddp: pipeline 0 holds every parameter exactly once across its ranks (after the sync all
         pipelines hold the same values); within a TP group replicated tensors count on the leader
         only, a tied embedding on the first stage. ZeRO: each rank's owned chunks.
-        ||g|| = sqrt(all-reduce_SUM over the world of the float64 local sum(g^2)) (collective).
+        ||g|| = sqrt(all-reduce_SUM over the plan's ranks of the float64 local sum(g^2)) (collective).
         """
         role = self.role
         shards = self.stage.shards()
@@ -318,7 +318,7 @@ class PipelineEngine:
                      if p.grad is not None and (shards[name].spec.shard_dim is not None or role.is_leader)
                      and not shards[name].tied_copy]
             total += squared_norm(grads, total.device).to(total.device)
-        dist.all_reduce(total, op=dist.ReduceOp.SUM)
+        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=self.topology.plan_group)
         return float(total.sqrt().item())
 
     @torch.no_grad()

@@ -1,6 +1,7 @@
 """Evaluation and prediction: the pipeline's forward-only walk, reduced over the world.
 
-Both are collective over the default group (every rank calls them with its pipeline's batch) and
+Both are collective over the plan's ranks (``topology.plan_group``: the default group unless the
+plan leaves launched ranks idle; every rank of the plan calls them with its pipeline's batch) and
 walk the executor's forward-only schedule (micro-batches of the plan's size, the last one possibly
 smaller); under ZeRO-3 every block is gathered once for the whole batch (pipelines cut different
 numbers of chunks, so per-use gathers could not be paired across pipelines here).
@@ -30,17 +31,17 @@ def eval_loss(engine, tokens: torch.Tensor, targets: torch.Tensor) -> float:
     buf = torch.zeros(2, dtype=torch.float64, device=engine.loss_device)
     if role.is_last and role.is_leader:
         buf[0], buf[1] = weighted.item(), float(tokens.shape[0])
-    dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+    dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=engine.topology.plan_group)
     return float(buf[0] / buf[1])
 
 
 @torch.no_grad()
 def predict_logits(engine, tokens: torch.Tensor) -> torch.Tensor | None:
-    """The logits (n_total, S, vocab) of the world's batch on global rank 0, in batch order; None
+    """The logits (n_total, S, vocab) of the plan's batch on plan rank 0, in batch order; None
     on the other ranks.
 
     Each pipeline walks its slice; a forward hook on the stage keeps the last stage's outputs. Then
-    ONE ``gather_object`` to rank 0 over the default group, entered by every rank in the same order
+    ONE ``gather_object`` to plan rank 0 over the plan's group, entered by every rank in the same order
     (the same on every backend): last-stage leaders send (pipeline, logits); the other ranks of a
     last stage send their part only when the head is split over the vocabulary, else nothing.
     Rank 0 joins vocabulary parts in TP order and pipelines in batch order, on ``tokens.device``.
@@ -58,10 +59,10 @@ def predict_logits(engine, tokens: torch.Tensor) -> torch.Tensor | None:
         full = torch.cat(outs)
         if role.tp_rank == 0 or full.shape[-1] < vocab:
             mine = (role.pipeline, role.tp_rank, full.cpu())
-    world, rank = dist.get_world_size(), dist.get_rank()
-    gathered: list | None = [None] * world if rank == 0 else None
-    dist.gather_object(mine, gathered, dst=0)
-    if rank != 0:
+    topo = engine.topology
+    gathered: list | None = [None] * len(topo.ranks) if topo.rank == 0 else None
+    dist.gather_object(mine, gathered, dst=topo.to_global(0), group=topo.plan_group)
+    if topo.rank != 0:
         return None
     parts: dict[int, list[tuple[int, torch.Tensor]]] = {}
     for item in gathered:
