@@ -130,10 +130,10 @@ def partition(graph: DeviceGraph, k: int, objective: str = "min", balance: float
         labels = np.arange(n)
     elif objective == "max":
         labels = _deal(graph, k, seed)
+    elif n > _WHOLE_MACHINES_FROM:  # also for k > n/2: agglomeration merges n - k times, O(n^2) each
+        labels = _whole_machines(graph, k)
     elif 2 * k > n:
         labels = _agglomerate(graph, k, balance)
-    elif n > _WHOLE_MACHINES_FROM:
-        labels = _whole_machines(graph, k)
     else:
         labels = _metis(graph, k, balance, seed)
     parts = [graph.devices[labels == p] for p in range(k)]

@@ -64,6 +64,7 @@ from lightning_hexiscale.planner.compute import effective_cluster, warn_datashee
 from lightning_hexiscale.planner.assemble import (DP_OPTIONS, SMALL_CLUSTER, DraftContext, Evaluator, batch_micro_sizes,
                                                   chain_draft, micro_batch_candidates, minimum_memory_message)
 from lightning_hexiscale.planner.batching import BatchTimer, layout_key, layout_plan
+from lightning_hexiscale.planner.floors import exposed_floor, local_time
 from lightning_hexiscale.planner.dp_split import resplit, resplit_cost
 from lightning_hexiscale.planner.estimate import Workload, estimate
 from lightning_hexiscale.planner.partition import DeviceGraph, partition
@@ -247,7 +248,7 @@ class SearchRun:
                 drafts = [self.ev.draft(g, ctx) for g in groups_per_pipe]
                 if any(d is None for d in drafts):
                     continue
-                if self.cluster.num_devices > 64 and _local_time(drafts, self.gb // mb) > _PRUNE * self.best[0]:
+                if self.cluster.num_devices > 64 and local_time(drafts, self.gb // mb) > _PRUNE * self.best[0]:
                     hopeless = True
                     continue  # large clusters: hopeless even without data parallelism; not scored
                 variants = [drafts]
@@ -257,13 +258,16 @@ class SearchRun:
                 for ds in variants:
                     layout = layout_plan([list(d.stages) for d in ds], [d.layers for d in ds], sharding,
                                          self.s.schedule, self.s.recompute, self.L)
-                    layouts.setdefault(layout_key(layout), layout)
+                    candidates = [layout]
                     if large and sharding == "zero2" and "ddp" in self.shardings:
                         # large clusters draft for ZeRO-2's memory only and score each layout under
                         # DDP too (which fits where its larger states do): DDP's own drafts would
                         # double the drafting; ZeRO-2 costs DDP's time plus its post-step all-gather
-                        ddp = dataclasses.replace(layout, dp_sharding="ddp")
-                        layouts.setdefault(layout_key(ddp), ddp)
+                        candidates.append(dataclasses.replace(layout, dp_sharding="ddp"))
+                    for cand in candidates:
+                        if large and self.floor_time(ds, mb, cand.dp_sharding) > _PRUNE * self.best[0]:
+                            continue  # its data parallelism alone makes it hopeless (planner/floors.py)
+                        layouts.setdefault(layout_key(cand), cand)
             for layout in layouts.values():
                 cost, plan = self.timer.best(layout, self.meta())
                 if plan is not None:
@@ -273,6 +277,14 @@ class SearchRun:
         if best[1] is None:
             return math.inf, None, None
         return best[0], best[1], self.timer.breakdown(best[1])
+
+    def floor_time(self, drafts: list, mb: int, sharding: str) -> float:
+        """A lower bound of a layout's iteration time at micro-batch size ``mb`` (the drafted one):
+        the pipelines' own times water-filled with each pipeline's exposed data-parallel time at
+        least :func:`floors.exposed_floor`."""
+        floor = exposed_floor(self.timer, [d.stages for d in drafts], [d.layers for d in drafts], mb, sharding,
+                              self.s.recompute)
+        return local_time(drafts, self.gb // mb, floor)
 
     def shardings_for(self, num_pipelines: int) -> tuple[str, ...]:
         """The dp shardings to draft layouts for: every one of the settings (none dominates: ZeRO-2
@@ -512,24 +524,6 @@ class SearchRun:
                         best = (d, t)
             out.append(p if best is None else tuple(zip(best[0].stages, best[0].layers)))
         return sharding, tuple(out)
-
-
-def _local_time(drafts: list, total_micro: int) -> float:
-    """The slowest pipeline's own time (no data-parallel tail) with ``total_micro`` micro-batches
-    shared by water-filling: pipeline i takes sum_i + (n_i - 1) * max_i."""
-    P = len(drafts)
-    if total_micro < P:
-        return math.inf
-    s = np.array([d.sum_s for d in drafts])
-    m = np.array([d.max_s for d in drafts])
-    lo, hi = float(s.max()), float((s + (total_micro - 1) * m).max())
-    for _ in range(50):
-        mid = 0.5 * (lo + hi)
-        if np.floor((mid - s) / m + 1).clip(min=0).sum() >= total_micro:
-            hi = mid
-        else:
-            lo = mid
-    return hi
 
 
 def capacity_message(cluster: Cluster, workload: Workload, global_batch: int) -> str | None:
