@@ -375,13 +375,16 @@ class BatchTimer:
         their data-parallel intervals: the same terms, summed in another order (float rounding
         apart). For large clusters (:meth:`best_uniform`), where a layout has hundreds of pipelines."""
         flat = self._flat_layout(layout, dp, edges)
-        stages, iv_stage, iv_n, iv_tc, e_emb, e_head, e_norm, n_layers, starts = flat
-        ns = len(stages)
-        tf, tb, per0, hop = np.empty(ns), np.empty(ns), np.empty(ns), np.zeros(ns)
-        for k, (devices, first, last, nxt, caps) in enumerate(stages):
-            tf[k], tb[k] = self.layer_tb(devices, m, layout.recompute)
-            hop[k] = self.hop(devices, nxt, m, caps) if nxt is not None else 0.0
-            per0[k] = self.extra(devices, m, first, last)
+        (reps, cls), iv_stage, iv_n, iv_tc, e_emb, e_head, e_norm, n_layers, starts = flat
+        ns = len(cls)
+        # the per-micro-batch terms once per class of stages that price alike (_flat_layout)
+        nc = len(reps)
+        tf_c, tb_c, per0_c, hop_c = np.empty(nc), np.empty(nc), np.empty(nc), np.zeros(nc)
+        for k, (devices, first, last, nxt, caps) in enumerate(reps):
+            tf_c[k], tb_c[k] = self.layer_tb(devices, m, layout.recompute)
+            hop_c[k] = self.hop(devices, nxt, m, caps) if nxt is not None else 0.0
+            per0_c[k] = self.extra(devices, m, first, last)
+        tf, tb, per0, hop = tf_c[cls], tb_c[cls], per0_c[cls], hop_c[cls]
         per0 += cm.hop_charges(hop, layout.schedule)  # the pipelines end to end (each last hop is 0)
         TF, TB = tf[iv_stage], tb[iv_stage]
         th1, th2, th3f, th3b = self.theta
@@ -426,7 +429,20 @@ class BatchTimer:
                 head.append(e[1])
                 norm.append(e[2])
                 nl.append(st.num_layers)
-        flat = (stages, np.array(iv_stage, dtype=np.int64), np.array(iv_n, dtype=float), np.array(iv_tc),
+        # classes of stages whose per-micro-batch terms are equal (the memo keys of layer_tb, extra
+        # and hop): a layout of 1000s of stages on a replicated cluster has a few dozen
+        index: dict[tuple, int] = {}
+        reps: list[tuple] = []
+        cls = np.empty(len(stages), dtype=np.int64)
+        for k, st in enumerate(stages):
+            devices, first, last, nxt, cap = st
+            key = (self.shape(devices), first, last, None if nxt is None else self.shape(devices + nxt), cap)
+            c = index.get(key)
+            if c is None:
+                c = index[key] = len(reps)
+                reps.append(st)
+            cls[k] = c
+        flat = ((reps, cls), np.array(iv_stage, dtype=np.int64), np.array(iv_n, dtype=float), np.array(iv_tc),
                 np.array(emb), np.array(head), np.array(norm), np.array(nl, dtype=float), np.array(starts))
         self._flat = (layout, flat)
         return flat
@@ -459,6 +475,8 @@ class BatchTimer:
                 return np.clip(np.where(B > 0, n, caps), 1, caps).astype(np.int64)
 
             for _ in range(64):
+                if hi - lo <= 1e-12 * hi:  # the level to 1e-12: a surplus is taken off below
+                    break
                 mid = 0.5 * (lo + hi)
                 if counts(mid).sum() >= N:
                     hi = mid

@@ -70,13 +70,23 @@ def exposed_floor(timer, stages_per_pipe: list[list[tuple[int, ...]]], layers_pe
     red_bt = bt = timer.w.dtype_bytes  # search layouts carry no reduce_dtype (estimate.wire_element_bytes)
     red_bytes, par_bytes = E.dp_layer_bytes(timer.w, red_bt), E.dp_layer_bytes(timer.w, bt)
     ceiling = link_ceiling(timer.cluster, P - 1)
+    flat = [st for stages in stages_per_pipe for st in stages]
+    sizes = np.array([len(st) for st in flat])
+    slowest = np.minimum.reduceat(ceiling[np.concatenate([np.asarray(st) for st in flat])],
+                                  np.cumsum(sizes) - sizes).tolist()  # per stage: min over its devices
+    memo: dict[tuple, float] = {}  # stages on equal hardware with equal layers and ceilings price alike
+    k = 0
     for i, (stages, layers) in enumerate(zip(stages_per_pipe, layers_per_pipe)):
         worst = 0.0
         for devices, n_layers in zip(stages, layers):
-            per_byte = (P - 1) / (P * len(devices)) / float(ceiling[list(devices)].min())
-            t_comm = E.dp_t_comm(sharding, per_byte * red_bytes, per_byte * par_bytes)
-            t_f, t_b = timer.layer_tb(devices, mb, recompute)
-            worst = max(worst, n_layers * E.layer_step(t_f, t_b, t_comm, sharding, timer.theta)[1])
+            key = (timer.shape(devices), n_layers, slowest[k])
+            k += 1
+            if key not in memo:
+                per_byte = (P - 1) / (P * len(devices)) / key[2]
+                t_comm = E.dp_t_comm(sharding, per_byte * red_bytes, per_byte * par_bytes)
+                t_f, t_b = timer.layer_tb(devices, mb, recompute)
+                memo[key] = n_layers * E.layer_step(t_f, t_b, t_comm, sharding, timer.theta)[1]
+            worst = max(worst, memo[key])
         out[i] = worst
     return out
 
