@@ -8,6 +8,7 @@
 - :mod:`.assemble`    drafts -> pipelines: stage strategies, leaders, layer splits
 - :mod:`.dp_split`    a layer split that sees the data-parallel links
 - :mod:`.batching`    the exact best batches and micro-batch sizes of a layout
+- :mod:`.floors`      lower bounds of a layout's time (hopeless layouts are not scored)
 - :mod:`.search`      §4's two-phase iterative search (and what it adds)
 - :mod:`.refine`      local improvement of the best layouts
 - :mod:`.oracle`      the true optimum of the plan space on up to 8 devices
