@@ -26,7 +26,6 @@ with its count (:meth:`BatchTimer.best_uniform`).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import numpy as np
@@ -36,6 +35,7 @@ from lightning_hexiscale.planner import cost_model as cm
 from lightning_hexiscale.planner import estimate as E
 from lightning_hexiscale.planner import nic
 from lightning_hexiscale.planner.communicators import stage_communicators
+from lightning_hexiscale.planner.compute import without_place
 from lightning_hexiscale.planner.estimate import Workload
 from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
 
@@ -152,7 +152,7 @@ class BatchTimer:
         self._lt: dict[tuple, tuple[float, float]] = {}
         self._shape: dict[tuple[int, ...], tuple] = {}
         kinds: dict = {}  # devices with equal figures (type, FLOP/s, memory, ...) share a kind
-        self._kind = np.array([kinds.setdefault(dataclasses.replace(d, id=0, machine=0), len(kinds))
+        self._kind = np.array([kinds.setdefault(without_place(d), len(kinds))
                                for d in cluster.devices], dtype=np.int64)
         self._machine = np.array([d.machine for d in cluster.devices], dtype=np.int64)
         self._extra: dict[tuple, float] = {}

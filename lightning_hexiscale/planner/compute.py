@@ -152,12 +152,14 @@ def _kinds(cluster: Cluster, devices: Sequence[int]) -> list[Device]:
     (members of one type price alike; hashable keys for the memoised per-device terms)."""
     out: dict[Device, None] = {}
     for i in devices:
-        out.setdefault(_figures(cluster.devices[i]), None)
+        out.setdefault(without_place(cluster.devices[i]), None)
     return list(out)
 
 
 @functools.lru_cache(maxsize=65536)
-def _figures(d: Device) -> Device:
+def without_place(d: Device) -> Device:
+    """``d`` with its id and machine cleared: what prices it (devices of one type on any machine give
+    equal ones; a hashable memo key)."""
     return dataclasses.replace(d, id=0, machine=0)
 
 
@@ -167,7 +169,7 @@ def effective_flops(device: Device, workload: Workload) -> float:
     FLOPs / rate equal the roofline's time; ``device.flops`` where the roofline does not apply."""
     if not uses_roofline(device, workload):
         return device.flops
-    fwd, bwd = _layer_compute_one(_figures(device), workload, 1, 1)
+    fwd, bwd = _layer_compute_one(without_place(device), workload, 1, 1)
     return 3.0 * workload.model.layer_forward_flops(1) / (fwd + bwd)
 
 
