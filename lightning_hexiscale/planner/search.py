@@ -80,8 +80,37 @@ _PRUNE = 1.1
 at the drafted micro-batch size) take 1.1 x the best plan so far is not scored; the 10 % margin
 covers the batch split's other micro-batch sizes. 1.25 before 2026-11-26: on seven replicated
 presets of 256-1024 devices 1.1 found the same plans (with fewer layouts scored)."""
+_PRUNED_FROM = 64
+"""Beyond this many devices layouts are pruned against the best plan so far (``_PRUNE``), and the
+first sweep of D_dp values goes coarse to fine (:func:`first_sweep`)."""
 _STARTS = 4
 """Layouts (the best for each number of pipelines, best first) the final local improvement starts from."""
+
+
+def first_sweep(n: int, iterations: int, coarse_first: bool) -> list[int]:
+    """Indices of the D_dp candidates (ascending, ``n`` of them) the first iterations try, in order.
+
+    Every candidate when the iterations allow, else an even subsample. ``coarse_first`` (large
+    clusters, where layouts are pruned against the best plan so far): the middle one first, then
+    the middles of the two halves, and so on (breadth first), so that a good plan is found early
+    and the pruning skips the scoring of the hopeless D_dp values (the smallest ones, with
+    pipelines of hundreds of devices, at 1,024 GPUs) instead of scoring them before any bound is
+    known. The values tried are the same; only the order changes.
+    """
+    if n > iterations:
+        idx = sorted({int(round(i * (n - 1) / max(iterations - 1, 1))) for i in range(iterations)})
+    else:
+        idx = list(range(n))
+    if not coarse_first:
+        return idx
+    order, spans = [], [(0, len(idx) - 1)]
+    while spans:
+        lo, hi = spans.pop(0)
+        if lo <= hi:
+            mid = (lo + hi) // 2
+            order.append(idx[mid])
+            spans += [(lo, mid - 1), (mid + 1, hi)]
+    return order
 
 
 class SearchRun:
@@ -103,6 +132,8 @@ class SearchRun:
         if s.max_pipelines:
             max_dp = min(max_dp, s.max_pipelines)
         self.dps = dp_candidates(cluster.num_devices, max_dp, len(cluster.machines))
+        self.sweep = first_sweep(len(self.dps), s.iterations, cluster.num_devices > _PRUNED_FROM)
+        """Indices into ``dps`` of the first iterations, in the order they are tried."""
         self._p1: dict[tuple, list[np.ndarray]] = {}
         self._p2: dict[tuple, list[tuple[int, ...]]] = {}
         self.ema = {"dp": 0.0, "pp": 0.0}
@@ -248,7 +279,7 @@ class SearchRun:
                 drafts = [self.ev.draft(g, ctx) for g in groups_per_pipe]
                 if any(d is None for d in drafts):
                     continue
-                if self.cluster.num_devices > 64 and local_time(drafts, self.gb // mb) > _PRUNE * self.best[0]:
+                if self.cluster.num_devices > _PRUNED_FROM and local_time(drafts, self.gb // mb) > _PRUNE * self.best[0]:
                     hopeless = True
                     continue  # large clusters: hopeless even without data parallelism; not scored
                 variants = [drafts]
@@ -341,11 +372,8 @@ class SearchRun:
         the rest as one or two pipelines); then variations around the best D_dp values."""
         cut = self.choose_cut(it)
         explore = len(self.dps)
-        if it < min(explore, self.s.iterations):
-            if explore > self.s.iterations:  # more values than iterations: an even subsample
-                idx = int(round(it * (explore - 1) / max(self.s.iterations - 1, 1)))
-                return Iteration(self.dps[idx], cut, self.s.balance, self.s.seed)
-            return Iteration(self.dps[it], cut, self.s.balance, self.s.seed)
+        if it < len(self.sweep):
+            return Iteration(self.dps[self.sweep[it]], cut, self.s.balance, self.s.seed)
         ranked = sorted((c, dp) for dp, c in self.by_dp.items() if math.isfinite(c))
         if self.s.cut == "auto":
             # first the ladder neighbours of the best D_dp with the cut that found it (the first
@@ -571,14 +599,16 @@ def search(cluster: Cluster, workload: Workload, global_batch: int,
         gc.set_threshold(*threshold)
 
 
-def _core(workload: Workload, global_batch: int, s: SearchSettings):
+def _core(workload: Workload, global_batch: int, s: SearchSettings, results: list[tuple[Cluster, SearchResult]]):
     """The all-device search as :mod:`planner.subsets` runs it on a (sub)cluster: a
     :class:`subsets.CoreRun` (its best plan, the best plan giving every device work, the log and
-    a way to try the best layouts without some devices)."""
+    a way to try the best layouts without some devices). Each run's (cluster, result) is appended
+    to ``results``."""
 
     def run(cluster: Cluster, share: float = 1.0) -> CoreRun:
         sr = SearchRun(cluster, workload, global_batch, s, share)
         result = sr.run()
+        results.append((cluster, result))
         return CoreRun(result.plan, result.estimate.cost, sr.best_all[0], result.log, sr.without)
 
     return run
@@ -589,6 +619,11 @@ def subset_search(cluster: Cluster, workload: Workload, global_batch: int, s: Se
     """The best plan over device subsets (:func:`subsets.search_subsets`), as a SearchResult."""
     t0 = time.perf_counter()
     mbs = micro_batch_candidates(global_batch, s.micro_batch_size, cluster.num_devices)
-    plan, report, log = search_subsets(cluster, workload, global_batch, _core(workload, global_batch, s), mbs,
+    runs: list[tuple[Cluster, SearchResult]] = []
+    plan, report, log = search_subsets(cluster, workload, global_batch, _core(workload, global_batch, s, runs), mbs,
                                        s.recompute, worth)
-    return SearchResult(plan, estimate(plan, cluster, workload), log, time.perf_counter() - t0, report)
+    # the whole cluster's plan was priced at the end of its run, on this cluster: not again (a
+    # quarter of a second at 1,024 GPUs); a subset's plan is priced here on the whole cluster
+    same = [r.estimate for c, r in runs if c is cluster and r.plan.pipelines == plan.pipelines]
+    return SearchResult(plan, same[0] if same else estimate(plan, cluster, workload), log,
+                        time.perf_counter() - t0, report)
