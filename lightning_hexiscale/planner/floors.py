@@ -1,6 +1,7 @@
 """Lower bounds of a layout's iteration time, cheap enough to skip hopeless layouts before they are
 scored (large clusters, :meth:`planner.search.SearchRun.evaluate`): :func:`local_time` (the pipelines
-water-filled with micro-batches) plus :func:`exposed_floor` (their exposed data-parallel time).
+water-filled with micro-batches) plus :func:`exposed_floor` (their exposed data-parallel time) and,
+under ZeRO-3, :func:`zero3_step_floor` (its per-use gathers, which the drafts leave out).
 
 Scoring a layout exactly (:class:`planner.batching.BatchTimer`) needs every stage's DP terms
 (:func:`planner.dp_comm.dp_comm_all`: O(N^2) pair terms per layer interval), and on 1000s of devices
@@ -88,6 +89,42 @@ def exposed_floor(timer, stages_per_pipe: list[list[tuple[int, ...]]], layers_pe
                 memo[key] = n_layers * E.layer_step(t_f, t_b, t_comm, sharding, timer.theta)[1]
             worst = max(worst, memo[key])
         out[i] = worst
+    return out
+
+
+def zero3_step_floor(timer, stages_per_pipe: list[list[tuple[int, ...]]], layers_per_pipe: list[tuple[int, ...]],
+                     mb: int, recompute: bool) -> list[list[float]]:
+    """Per pipeline, per stage: a lower bound (s) of what ZeRO-3's parameter gathers add to one
+    micro-batch of the stage beyond the compute its draft prices (theta_3f T_f + theta_3b T_b per
+    layer, :meth:`assemble.Evaluator.layer_s`):
+
+        n_layers * (step_3(T_floor) - theta_3f T_f - theta_3b T_b),
+        step_3(T) = theta_3f max(T_f, T) + theta_3b max(T_b, T) + serve(T)     (estimate.layer_step)
+
+    with T_floor = (P - 1) / (P t) * param_bytes / beta_(P-1)(slowest device) (module docstring;
+    ZeRO-3's T_comm is its parameter gathers', :func:`estimate.dp_t_comm`). step_3 is
+    non-decreasing in T, and every layer interval's T_comm is at least T_floor, so the stage's exact
+    per-micro-batch time is at least its draft's plus this. All zero with one pipeline."""
+    P = len(stages_per_pipe)
+    if P < 2:
+        return [[0.0] * len(stages) for stages in stages_per_pipe]
+    par_bytes = E.dp_layer_bytes(timer.w, timer.w.dtype_bytes)
+    ceiling = link_ceiling(timer.cluster, P - 1)
+    th_f, th_b = timer.theta[2], timer.theta[3]
+    memo: dict[tuple, float] = {}
+    out = []
+    for stages, layers in zip(stages_per_pipe, layers_per_pipe):
+        row = []
+        for devices, n_layers in zip(stages, layers):
+            slowest = float(ceiling[list(devices)].min())
+            key = (timer.shape(devices), n_layers, slowest)
+            if key not in memo:
+                t_c = (P - 1) / (P * len(devices)) * par_bytes / slowest
+                t_f, t_b = timer.layer_tb(devices, mb, recompute)
+                step = E.layer_step(t_f, t_b, t_c, "zero3", timer.theta)[0]
+                memo[key] = n_layers * max(0.0, step - (th_f * t_f + th_b * t_b))
+            row.append(memo[key])
+        out.append(row)
     return out
 
 

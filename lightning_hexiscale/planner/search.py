@@ -64,7 +64,7 @@ from lightning_hexiscale.planner.compute import effective_cluster, warn_datashee
 from lightning_hexiscale.planner.assemble import (DP_OPTIONS, SMALL_CLUSTER, DraftContext, Evaluator, batch_micro_sizes,
                                                   chain_draft, micro_batch_candidates, minimum_memory_message)
 from lightning_hexiscale.planner.batching import BatchTimer, layout_key, layout_plan
-from lightning_hexiscale.planner.floors import exposed_floor, local_time
+from lightning_hexiscale.planner.floors import exposed_floor, local_time, zero3_step_floor
 from lightning_hexiscale.planner.dp_split import resplit, resplit_cost
 from lightning_hexiscale.planner.estimate import Workload, estimate
 from lightning_hexiscale.planner.partition import DeviceGraph, partition
@@ -312,9 +312,14 @@ class SearchRun:
     def floor_time(self, drafts: list, mb: int, sharding: str) -> float:
         """A lower bound of a layout's iteration time at micro-batch size ``mb`` (the drafted one):
         the pipelines' own times water-filled with each pipeline's exposed data-parallel time at
-        least :func:`floors.exposed_floor`."""
-        floor = exposed_floor(self.timer, [d.stages for d in drafts], [d.layers for d in drafts], mb, sharding,
-                              self.s.recompute)
+        least :func:`floors.exposed_floor` (under ZeRO-3 each stage's per-micro-batch time raised by
+        :func:`floors.zero3_step_floor`)."""
+        stages, layers = [d.stages for d in drafts], [d.layers for d in drafts]
+        floor = exposed_floor(self.timer, stages, layers, mb, sharding, self.s.recompute)
+        if sharding == "zero3":  # the drafts price ZeRO-3's compute, not its per-use gathers
+            extra = zero3_step_floor(self.timer, stages, layers, mb, self.s.recompute)
+            drafts = [dataclasses.replace(d, per_mb_s=tuple(a + b for a, b in zip(d.per_mb_s, x)))
+                      for d, x in zip(drafts, extra)]
         return local_time(drafts, self.gb // mb, floor)
 
     def shardings_for(self, num_pipelines: int) -> tuple[str, ...]:

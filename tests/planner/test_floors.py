@@ -73,3 +73,53 @@ def test_exposed_floor_is_below_the_exact_tail_of_every_scored_layout(name, copi
             checked += 1
     assert checked >= 5
     assert max(ratios) > 0.5
+
+
+def test_zero3_step_floor_is_below_the_exact_layer_time():
+    """Every multi-pipeline layout a short search scores, under ZeRO-3: each stage's draft compute
+    (theta_3f T_f + theta_3b T_b per layer) plus :func:`floors.zero3_step_floor` <= the stage's
+    exact per-micro-batch layer time (sum over its layer intervals of n * step_3(T_comm), the batch
+    timer's terms), at two micro-batch sizes; and close to it somewhere (a floor of 0 would pass
+    and prune nothing)."""
+    from dataclasses import replace
+
+    from lightning_hexiscale.planner import estimate as E
+
+    cluster = Cluster.load("hetero2").replicate(4)
+    w = Workload(LlamaConfig.load("llama2_7b"))
+    run = SearchRun(effective_cluster(cluster, w), w, 4 * cluster.num_devices,
+                    SearchSettings(iterations=8, progress=False, use_all_devices=True))
+    seen: list = []
+    best = BatchTimer.best
+
+    def spy(timer, layout, meta=None):
+        seen.append(layout)
+        return best(timer, layout, meta)
+
+    BatchTimer.best = spy
+    try:
+        run.run()
+    finally:
+        BatchTimer.best = best
+    timer = run.timer
+    th_f, th_b = timer.theta[2], timer.theta[3]
+    ratios, checked = [], 0
+    for layout in seen:
+        if layout.num_pipelines < 2:
+            continue
+        z3 = replace(layout, dp_sharding="zero3")
+        dp = timer.dp(z3)
+        stages = [[s.devices for s in p.stages] for p in z3.pipelines]
+        layers = [[s.num_layers for s in p.stages] for p in z3.pipelines]
+        for m in timer.ms[:2]:
+            extra = F.zero3_step_floor(timer, stages, layers, m, z3.recompute)
+            for i, p in enumerate(z3.pipelines):
+                for j, st in enumerate(p.stages):
+                    t_f, t_b = timer.layer_tb(st.devices, m, z3.recompute)
+                    exact = sum(n * E.layer_step(t_f, t_b, tc, "zero3", timer.theta)[0] for n, tc in dp[(i, j)])
+                    bound = st.num_layers * (th_f * t_f + th_b * t_b) + extra[i][j]
+                    assert bound <= exact * (1 + 1e-9), (z3.num_pipelines, i, j, m, bound, exact)
+                    ratios.append(extra[i][j] / max(exact - st.num_layers * (th_f * t_f + th_b * t_b), 1e-30))
+                    checked += 1
+    assert checked >= 20
+    assert max(ratios) > 0.5
