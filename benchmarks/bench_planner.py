@@ -116,10 +116,11 @@ BASELINE_CASES = [("case_study", "llama2_13b", 24), ("case_study", "llama2_7b", 
 
 def host_reference_s() -> float:
     """CPU seconds of a fixed workload of the kinds the search does (small numpy reductions, dict
-    and tuple work), independent of this project's code, the median of 3 repetitions: on a shared
-    or virtual machine the same search takes from 4 s to 6 s at different hours, and this figure,
-    printed beside the search times, says which kind of hour a run had (0.18-0.23 s on this
-    project's 2-core build machine on 2026-11-27, when 1,024 GPUs took 3.9-4.3 s)."""
+    and tuple work), independent of this project's code, the median of 3 repetitions: a rough
+    indicator of the host's speed when the run started. On the 2-core build machine on 2026-11-27
+    it read 0.12-0.25 s in six runs within half an hour whose 1,024-GPU searches took 3.8-4.2 s
+    (and the same search with use_all_devices 3.1-5.1 s): such a host's speed also changes within
+    seconds, which one figure at the start cannot show."""
     rng = np.random.default_rng(0)
     a = rng.random((64, 64))
     times = []
