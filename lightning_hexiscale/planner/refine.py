@@ -14,6 +14,7 @@ candidate scored exactly with its best batch split and per-pipeline micro-batch 
   the plan may leave devices idle (``RefineContext.may_idle``), takes no work at all;
 - two adjacent stages swap places (in one pipeline, or at the same position in every pipeline),
   or merge into one TP group; a TP group changes its leader;
+- once, before the climb (every cluster size): every pipeline's stage chain reversed;
 - the dp sharding changes.
 
 Moving samples between pipelines and changing micro-batch sizes need no move: every candidate is
@@ -54,6 +55,10 @@ class RefineContext:
     """A device may leave the plan (idle): the subset-aware search (``planner.use_all_devices=false``)."""
     tp_degrees: frozenset[int] | None = None
     """The TP degrees a stage may have (None: any); layouts with another are not scored."""
+
+
+_REPAIR_FLIP = 16
+"""Up to this many pipelines the reversed start (:func:`improve`) is also scored repaired."""
 
 
 def budget_for(num_devices: int, iterations: int) -> int:
@@ -229,6 +234,18 @@ def improve(plan: Plan, cost: float, ctx: RefineContext, budget: int) -> tuple[f
                     break
         return cost, cur_plan, current
 
+    # first the start with every pipeline's stage chain reversed (the embedding and the LM head
+    # change ends: the drafts price the two orientations approximately, this scores the other one
+    # exactly, as is and, up to _REPAIR_FLIP pipelines, repaired); the climb goes on from the
+    # better of the two. Once per start, not a move of every climb step: its repair re-drafts
+    # every pipeline (and re-splits its layers for its DP links: 2.7 s at 110 pipelines)
+    sharding, pipes = best[2]
+    if any(len(p) > 1 for p in pipes):
+        flipped = (sharding, tuple(p[::-1] for p in pipes))
+        for var in variants("structure", flipped, best[2]) if len(pipes) <= _REPAIR_FLIP else (flipped,):
+            c, p = score(var)
+            if p is not None and c < best[0] * (1 - 1e-12):
+                best = (c, p, var)
     best = climb(*best)
     kicks = 0
     while ctx.move_devices and state["used"] < budget and kicks < budget:
