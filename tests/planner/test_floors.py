@@ -13,6 +13,25 @@ from lightning_hexiscale.planner.estimate import Workload
 from lightning_hexiscale.planner.search import SearchRun, SearchSettings
 
 
+def _scored_layouts(cluster: Cluster, w: Workload, global_batch: int) -> tuple[BatchTimer, list]:
+    """(the search's batch timer, every layout it scored) of a short all-device search."""
+    run = SearchRun(effective_cluster(cluster, w), w, global_batch,
+                    SearchSettings(iterations=8, progress=False, use_all_devices=True))
+    seen: list = []
+    best = BatchTimer.best
+
+    def spy(timer, layout, meta=None):
+        seen.append(layout)
+        return best(timer, layout, meta)
+
+    BatchTimer.best = spy
+    try:
+        run.run()
+    finally:
+        BatchTimer.best = best
+    return run.timer, seen
+
+
 def test_link_ceiling_is_the_kth_fastest_link():
     c = Cluster.load("hetero3")
     rng = np.random.default_rng(0)
@@ -42,21 +61,7 @@ def test_exposed_floor_is_below_the_exact_tail_of_every_scored_layout(name, copi
     cluster = cluster.replicate(copies)
     w = Workload(LlamaConfig.load(model))
     G = 4 * cluster.num_devices
-    run = SearchRun(effective_cluster(cluster, w), w, G, SearchSettings(iterations=8, progress=False,
-                                                                         use_all_devices=True))
-    seen: list = []
-    best = BatchTimer.best
-
-    def spy(timer, layout, meta=None):
-        seen.append(layout)
-        return best(timer, layout, meta)
-
-    BatchTimer.best = spy
-    try:
-        run.run()
-    finally:
-        BatchTimer.best = best
-    timer = run.timer
+    timer, seen = _scored_layouts(cluster, w, G)
     ratios = []
     checked = 0
     for layout in seen:
@@ -87,21 +92,7 @@ def test_zero3_step_floor_is_below_the_exact_layer_time():
 
     cluster = Cluster.load("hetero2").replicate(4)
     w = Workload(LlamaConfig.load("llama2_7b"))
-    run = SearchRun(effective_cluster(cluster, w), w, 4 * cluster.num_devices,
-                    SearchSettings(iterations=8, progress=False, use_all_devices=True))
-    seen: list = []
-    best = BatchTimer.best
-
-    def spy(timer, layout, meta=None):
-        seen.append(layout)
-        return best(timer, layout, meta)
-
-    BatchTimer.best = spy
-    try:
-        run.run()
-    finally:
-        BatchTimer.best = best
-    timer = run.timer
+    timer, seen = _scored_layouts(cluster, w, 4 * cluster.num_devices)
     th_f, th_b = timer.theta[2], timer.theta[3]
     ratios, checked = [], 0
     for layout in seen:
