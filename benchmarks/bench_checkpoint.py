@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import multiprocessing as mp
 import shutil
 import socket
 import tempfile
@@ -50,6 +49,7 @@ from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.models.llama import Llama
 from lightning_hexiscale.planner.plan import Plan
 from lightning_hexiscale.profiling.check import make_batch, peak_memory, prime, reset_peak_memory
+from lightning_hexiscale.runtime.host import fork_context
 
 MB = 1e6
 MIB = 2**20
@@ -155,7 +155,7 @@ def _free_port() -> int:
 def run_sharded(ranks: int, config: LlamaConfig, root: Path, device: str, timeout: float) -> list[dict]:
     plan = bench_plan(ranks, config.num_layers)
     plan.validate(model=config)
-    ctx = mp.get_context("fork")
+    ctx = fork_context()
     out = ctx.Queue()
     port = _free_port()
     procs = [ctx.Process(target=_rank, args=(r, ranks, port, plan.to_dict(), config, str(root), device, out))
@@ -209,7 +209,7 @@ def _baseline(config: LlamaConfig, path: str, out) -> None:
 
 
 def run_baseline(config: LlamaConfig, root: Path) -> tuple[tuple[float, float], tuple[float, float], int]:
-    ctx = mp.get_context("fork")
+    ctx = fork_context()
     out = ctx.Queue()
     p = ctx.Process(target=_baseline, args=(config, str(root / "plain.pt"), out))
     p.start()

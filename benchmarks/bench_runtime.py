@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import multiprocessing as mp
 import socket
 import statistics
 import sys
@@ -44,6 +43,7 @@ from lightning_hexiscale.planner.plan import Plan
 from lightning_hexiscale.profiling.calibrate import pure_dp_plan
 from lightning_hexiscale.profiling.check import make_batch
 from lightning_hexiscale.runtime.engine import PipelineEngine
+from lightning_hexiscale.runtime.host import fork_context
 
 
 # ---- one rank ----------------------------------------------------------------------------------
@@ -108,7 +108,7 @@ def launch(modes: tuple[str, ...], plan: Plan, config: LlamaConfig, steps: int, 
     """Run the sides ``modes`` ("hexiscale", "ddp"), interleaved step by step, on ``plan.world_size``
     forked gloo ranks; per rank: ({mode: step times in s}, peak memory growth in bytes of all the
     sides together: launch one side alone to measure its memory)."""
-    ctx = mp.get_context("fork")
+    ctx = fork_context()
     out = ctx.Queue()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import multiprocessing as mp
 import socket
 
 import torch
@@ -40,6 +39,7 @@ from lightning_hexiscale.planner.plan import Plan
 from lightning_hexiscale.profiling.calibrate import pure_dp_plan
 from lightning_hexiscale.profiling.check import make_batch
 from lightning_hexiscale.runtime.engine import PipelineEngine
+from lightning_hexiscale.runtime.host import fork_context
 
 SHARDINGS = ("ddp", "zero2", "zero3")
 MIB = 2**20
@@ -70,7 +70,7 @@ def _worker(rank: int, world: int, port: int, plan_dict: dict, config: LlamaConf
 
 def measure(plan: Plan, config: LlamaConfig, steps: int, timeout: float = 600.0) -> tuple[list[int], list[float]]:
     """(peak memory growth in bytes per rank, rank 0's losses) of training ``plan`` on forked ranks."""
-    ctx = mp.get_context("fork")
+    ctx = fork_context()
     q = ctx.Queue()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

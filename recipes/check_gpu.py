@@ -52,6 +52,7 @@ import torch
 
 from lightning_hexiscale.bench import gpu_checks
 from lightning_hexiscale.bench.gpu_checks import SEED, Row, make_batch, table  # noqa: F401 (Row/table: this recipe's API)
+from lightning_hexiscale.runtime.host import collect_before_fork
 
 ATOL = 1e-6
 BF16_RTOL = 2e-2
@@ -139,6 +140,8 @@ def run_spawned(target, world: int, args: tuple, timeout: float, start_method: s
     """Run ``target(rank, world, port, *args, queue)`` on ``world`` new processes (spawned: CUDA does
     not survive fork). Returns ("ok", {rank: value}), ("error", {rank: traceback}) or ("hang",
     {rank: None for the missing ranks}) after killing every rank still alive at the deadline."""
+    if start_method == "fork":  # no child may free a process group it inherited
+        collect_before_fork()
     ctx = mp.get_context(start_method)
     out = ctx.Queue()
     with socket.socket() as s:

@@ -382,6 +382,10 @@ def run_engine_steps(plan, config, device: str, steps: int = 3) -> list[float]:
             opt.step()
         return losses
     finally:
+        # The engine sits in reference cycles (hooks close over their modules) that hold the group:
+        # free it here, while the group's threads exist, not in some later forked child.
+        engine = opt = None
+        gc.collect()
         if created:
             dist.destroy_process_group()
 

@@ -279,7 +279,11 @@ class ProcessLauncher(_MultiProcessingLauncher):
 
         from torch.multiprocessing import ProcessExitedException
 
+        from lightning_hexiscale.runtime import collect_before_fork
+
         self.guard.before_launch(function, args, kwargs)
+        if self._start_method == "fork":  # no child may free a process group it inherited
+            collect_before_fork()
         self._errors = multiprocessing.get_context(self._start_method).SimpleQueue()
         # Once rank 0 has handed its error back and exited, torch's join terminates the other
         # workers (already on their way out) and logs a warning per worker: noise then.

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import atexit
 import datetime
-import multiprocessing as mp
 import os
 import queue
 import resource
@@ -37,6 +36,7 @@ import torch.distributed as dist
 
 from lightning_hexiscale.errors import HexiScaleError
 from lightning_hexiscale.runtime.failure import is_peer_failure
+from lightning_hexiscale.runtime.host import fork_context
 
 
 _JOINED_GROUP = False
@@ -106,7 +106,7 @@ def run_local(world: int, fn, *args, timeout_s: float = 600.0) -> list:
     """
     if world < 1:
         raise ValueError(f"world size must be >= 1, got {world}")
-    ctx = mp.get_context("fork")
+    ctx = fork_context()  # collects garbage first: see runtime.host.collect_before_fork
     out = ctx.Queue()
     port = _free_port()
     procs = [ctx.Process(target=_child, args=(r, world, port, timeout_s, fn, args, out), daemon=True)

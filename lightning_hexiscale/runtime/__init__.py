@@ -7,7 +7,7 @@
 - :mod:`.grad_sync`        asymmetric gradient sum across pipelines; :mod:`.zero`, :mod:`.zero3` for ZeRO
 - :mod:`.checkpoint`       plan-independent sharded checkpoints (torch.distributed.checkpoint);
                            :mod:`.checkpoint_layout`, :mod:`.checkpoint_io`
-- :mod:`.failure`          heartbeats that name a failed rank; :mod:`.host` (this machine's load, its processes)
+- :mod:`.failure`          heartbeats that name a failed rank; :mod:`.host` (this machine's load, its processes, forking)
 - :mod:`.engine`           all of the above behind one object
 
 The names below are the runtime's public API: what a trainer (the Lightning layer,
@@ -26,7 +26,8 @@ _FAILURE = "lightning_hexiscale.runtime.failure"
 __all__ = ["PipelineEngine", "Topology",
            "Checkpointer", "read_checkpoint_meta", "load_checkpoint_model", "load_checkpoint_optimizer",
            "remove_checkpoint", "CHECKPOINT_COMPLETE",
-           "FailureWatch", "is_peer_failure", "EXIT_RANK_FAILED", "host_slowdown"]
+           "FailureWatch", "is_peer_failure", "EXIT_RANK_FAILED", "host_slowdown",
+           "collect_before_fork"]
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     "PipelineEngine": "lightning_hexiscale.runtime.engine",
@@ -43,4 +44,5 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "is_peer_failure": _FAILURE,
     "EXIT_RANK_FAILED": _FAILURE,
     "host_slowdown": "lightning_hexiscale.runtime.host",
+    "collect_before_fork": "lightning_hexiscale.runtime.host",
 })

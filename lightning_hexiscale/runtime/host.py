@@ -9,12 +9,16 @@ on it has ended.
   and start time (Linux ``/proc``), and whether that process has ended (gone, a zombie, or its pid
   reused). Only a process on the same kernel and in the same pid namespace can be checked; anywhere
   else the answer is "not known", never "ended".
+- :func:`fork_context` / :func:`collect_before_fork`: ``fork`` only after this process's garbage is
+  collected, so no forked child frees a process group it inherited (see there).
 
 No torch import: the test suite uses :func:`host_slowdown` to scale its own time limits.
 """
 
 from __future__ import annotations
 
+import gc
+import multiprocessing
 import os
 from pathlib import Path
 
@@ -88,3 +92,21 @@ def process_ended(identity: str) -> bool:
     except (OSError, IndexError, ValueError):
         return False
     return fields[_STATE] in ("Z", "X", "x") or fields[_START_TIME] != start
+
+
+def collect_before_fork() -> None:
+    """Collect this process's unreachable objects now, before it forks.
+
+    Why: a forked child inherits the parent's uncollected garbage and collects it itself at some
+    allocation of its own. An engine left in a reference cycle (autograd hooks close over their
+    module) keeps its process groups alive after ``destroy_process_group``; freeing a gloo group
+    waits for its worker threads, which exist only in the parent, so the child hangs there for good.
+    Seen: a 7-rank checkpoint test timing out in the suite after an in-process world-of-one engine
+    run (``tests/runtime/test_fork_hygiene.py`` reproduces it)."""
+    gc.collect()
+
+
+def fork_context():
+    """``multiprocessing.get_context("fork")`` after :func:`collect_before_fork`."""
+    collect_before_fork()
+    return multiprocessing.get_context("fork")

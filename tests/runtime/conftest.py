@@ -35,6 +35,7 @@ import torch.utils.checkpoint  # noqa: F401  (pre-import for the forked children
 import lightning_hexiscale.runtime.engine  # noqa: F401  (pre-import: pulls in the whole runtime)
 import nccl_semantics
 from lightning_hexiscale.models.config import LlamaConfig
+from lightning_hexiscale.runtime.host import fork_context
 
 PG_TIMEOUT_S = 60
 """Collective timeout inside the children: a mismatch raises there instead of hanging forever."""
@@ -82,7 +83,7 @@ def _child(rank: int, world: int, port: int, fn, args, out: mp.Queue) -> None:
 def run_ranks_traced(world: int, fn, *args, timeout: float = 90.0) -> tuple[list, list]:
     """Run ``fn(rank, world, *args)`` on ``world`` forked gloo ranks under the recorder; return the
     results and the communication traces by rank (not judged)."""
-    ctx = mp.get_context("fork")
+    ctx = fork_context()  # collects garbage first: see runtime.host.collect_before_fork
     out = ctx.Queue()
     port = _free_port()
     procs = [ctx.Process(target=_child, args=(r, world, port, fn, args, out), daemon=True) for r in range(world)]
