@@ -33,6 +33,10 @@ Which rank failed (:meth:`FailureWatch.explain`), from the evidence that needs t
    own compute skew, which grows with the load, so the set of such ranks must stay unchanged for
    ``settle`` before it is named.
 
+Broken connections alone name nobody while every unreported peer is alive and beating: the peer that
+closed them is on its own (slower, on a loaded host) exception path, and its report ("Timed out", or
+its error) is awaited rather than blaming the first rank that saw the connection close.
+
 Every wait is bounded (``4 * settle`` at most). Store traffic is O(1) per rank per interval (one add
 for the heartbeat, one for the counter); the O(world) scans run only in :meth:`explain`, after a
 failure. Reports and explanations use a store connection of their own with a long timeout
@@ -219,7 +223,10 @@ class FailureWatch:
             if tuple(quiet) != unchanged[0]:
                 unchanged = (tuple(quiet), time.monotonic())
             waited = elapsed >= settle and now_beats[self.rank] - before[self.rank] >= 3
-            settled = waited and (not timed_out or time.monotonic() - unchanged[1] >= settle)
+            if timed_out:
+                settled = waited and time.monotonic() - unchanged[1] >= settle
+            else:  # only broken connections so far: the peer that broke them is alive and reports later
+                settled = waited and bool(silent)
             if settled or elapsed >= 4 * settle:
                 return _account(reports, silent=silent, quiet=quiet if timed_out else [], waited_s=elapsed)
             time.sleep(self.interval_s / 2)

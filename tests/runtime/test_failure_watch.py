@@ -6,7 +6,8 @@ live rank's heartbeat is late (the loaded-host misattribution this guards agains
 ended is named without waiting for heartbeats; heartbeat silence only after the settle window, and
 never for a rank that is merely slow or that ended its run normally; a rank alive outside the
 collective only once the peers that time out later than the observer have reported, with a window
-that stretches with the host's load.
+that stretches with the host's load; and a broken connection names nobody while the live peer that
+broke it has yet to report.
 """
 
 from __future__ import annotations
@@ -132,6 +133,24 @@ def test_a_hung_rank_is_named_once_the_later_peers_time_out_too(ranks, monkeypat
             a.set()
     assert why.startswith("rank 2 is alive but never joined the collective the others timed out in"), why
     assert "ranks [1, 2]" not in why, why
+
+
+def test_a_broken_connection_waits_for_the_live_peer_that_broke_it(ranks, monkeypatch):
+    """Rank 1 times out on hung rank 2 and closes its connections; rank 0 sees "Connection closed"
+    and reports first, while rank 1 (a loaded host) reports its timeout 1.5 s later. Rank 0 must not
+    settle on its own broken connection: it waits for rank 1's report and names rank 2."""
+    monkeypatch.setattr(failure, "host_slowdown", lambda: 2.0)  # settle 1.2 s: rank 1 reports after it
+    w0, w1, w2 = ranks(3)
+    alive = [_beating(w1, INTERVAL), _beating(w2, INTERVAL)]
+    try:
+        threading.Timer(1.5, w1.report, (TIMED_OUT,)).start()
+        w0.report(CLOSED)
+        why = w0.explain()
+    finally:
+        for a in alive:
+            a.set()
+    assert why.startswith("rank 2 is alive but never joined the collective the others timed out in"), why
+    assert "rank 0 failed" not in why, why
 
 
 def test_host_slowdown_is_the_load_per_core(monkeypatch):
