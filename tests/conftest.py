@@ -5,6 +5,8 @@ hang still fails."""
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 from slow_host import slowdown
@@ -24,3 +26,12 @@ def pytest_runtest_protocol(item, nextitem):
         # Prepended: pytest-timeout reads the closest marker after this hook.
         item.add_marker(pytest.mark.timeout(float(base) * factor, **kwargs), append=False)
     yield
+
+
+def pytest_collection_finish(session):
+    """Every fork collects the parent's garbage first (``runtime.host.collect_before_fork``), and a
+    full collection of this process walks every object the imports and the collection made (about
+    0.4 s for torch + Lightning + the test modules, at each of the suite's ~150 forks). Those live
+    for the whole session: freeze them, so that a collection walks only what the tests made since."""
+    gc.collect()
+    gc.freeze()
