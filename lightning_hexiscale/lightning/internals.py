@@ -77,6 +77,10 @@ def check() -> None:
     if not callable(getattr(_MultiProcessingLauncher, "_collect_rank_zero_results", None)):
         raise _missing("lightning.pytorch.strategies.launchers.multiprocessing._MultiProcessingLauncher",
                        "_collect_rank_zero_results")
+    from lightning.pytorch.plugins.precision import Precision
+
+    if not callable(getattr(Precision, "_wrap_closure", None)):
+        raise _missing("lightning.pytorch.plugins.precision.Precision", "_wrap_closure")
     wrapping = getattr(_MultiProcessingLauncher, "_wrapping_function", None)
     if not callable(wrapping) or wrapping.__code__.co_varnames[:7] != _WRAPPING_ARGS:
         raise _missing("lightning.pytorch.strategies.launchers.multiprocessing._MultiProcessingLauncher",
@@ -166,16 +170,16 @@ def unwrap_optimizer(optimizer):
     return optimizer._optimizer if isinstance(optimizer, LightningOptimizer) else optimizer
 
 
-def mark_step_wrapped(raw_optimizer, step) -> None:
-    """Install ``step`` as ``raw_optimizer.step`` with the marks torch's LR-scheduler wrapper would
-    set, so that ``LRScheduler`` neither warns about an overridden step nor about ``scheduler.step``
-    being called before ``optimizer.step``."""
-    step._wrapped_by_lr_sched = True
-    raw_optimizer.step = step
+def run_closure_and_hooks(plugin, model, optimizer, closure) -> Any:
+    """What a Lightning ``Precision`` runs before ``optimizer.step``: the closure (training step),
+    then ``on_before_optimizer_step`` and gradient clipping (``Precision._wrap_closure``); returns
+    the closure's result. For a plugin that steps another optimizer than the one Lightning holds."""
+    return plugin._wrap_closure(model, optimizer, closure)
 
 
 def record_step_called(raw_optimizer) -> None:
-    """What torch's LR-scheduler wrapper records when ``optimizer.step`` ran."""
+    """What torch's LR-scheduler wrapper of ``optimizer.step`` records when the step ran (the
+    scheduler warns about ``scheduler.step`` before ``optimizer.step`` otherwise)."""
     raw_optimizer._opt_called = True
 
 

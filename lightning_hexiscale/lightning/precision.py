@@ -10,6 +10,9 @@ subclass of that plugin's class (:func:`global_norm_precision`), with the same s
 once, and one scale min(1, max_norm / (||g|| + 1e-6)) for every gradient, as on one device
 (:meth:`~lightning_hexiscale.runtime.PipelineEngine.clip_grad_norm`). Clipping by value is
 element-wise, so the plugin's own is already the one-device one.
+
+Under ZeRO the same subclass steps the optimizer's sharded twin in place of the optimizer Lightning
+holds, after the same closure and hooks (:func:`~lightning_hexiscale.lightning.zero_hooks.sharded_step`).
 """
 
 from __future__ import annotations
@@ -24,12 +27,24 @@ if TYPE_CHECKING:  # pragma: no cover
 
 class GlobalNormClipping:
     """Mixin placed before a Lightning ``Precision`` class: ``clip_grad_by_norm`` by the global norm
-    while :attr:`engine` is set (the strategy's ``setup`` sets it, ``teardown`` clears it); the base
-    class's local clipping otherwise."""
+    while :attr:`engine` is set (the strategy's ``setup`` sets it, ``teardown`` clears it), and under
+    ZeRO ``optimizer_step`` steps the sharded twin; the base class's local clipping and step otherwise."""
 
     engine: PipelineEngine | None = None
     base: type = Precision
     """The Lightning plugin class this one extends (set on each subclass)."""
+
+    def optimizer_step(self, optimizer, model, closure, **kwargs: Any) -> Any:
+        """Under ZeRO the optimizer's sharded twin steps (:mod:`~lightning_hexiscale.lightning.zero_hooks`),
+        after the same closure and hooks; as the base class otherwise."""
+        from lightning_hexiscale.lightning.zero_hooks import sharded_step, sharded_twin
+
+        if self.engine is None or sharded_twin(optimizer) is None:
+            return super().optimizer_step(optimizer, model, closure, **kwargs)
+        if kwargs:
+            raise TypeError(f"optimizer.step() got arguments {sorted(kwargs)}: under ZeRO the sharded optimizer "
+                            f"steps, and it takes none")
+        return sharded_step(self, model, optimizer, closure)
 
     def clip_grad_by_norm(self, optimizer, clip_val) -> None:
         if self.engine is None:

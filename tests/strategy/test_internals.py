@@ -43,6 +43,14 @@ def test_changed_worker_signature_is_named(monkeypatch):
         internals.check()
 
 
+def test_missing_precision_closure_is_named(monkeypatch):
+    from lightning.pytorch.plugins.precision import Precision
+
+    monkeypatch.delattr(Precision, "_wrap_closure")
+    with pytest.raises(internals.LightningInternalsChanged, match="Precision._wrap_closure is missing in lightning"):
+        internals.check()
+
+
 def test_only_internals_touches_lightning_privates():
     """No other module of the Lightning layer reads or writes the private attributes internals.py
     wraps (attribute accesses in the code, docstrings and comments aside)."""
@@ -51,7 +59,8 @@ def test_only_internals_touches_lightning_privates():
 
     wrapped = {"_skip_backward", "_accelerator_connector", "_data_source", "_optimizer", "_opt_called",
                "_wrapped_by_lr_sched", "_optimizers_to_device", "_optimizer_to_device", "_launcher", "_start_method",
-               "_call_children_scripts", "_wrapping_function", "_SubprocessScriptLauncher", "_MultiProcessingLauncher"}
+               "_call_children_scripts", "_wrapping_function", "_SubprocessScriptLauncher", "_MultiProcessingLauncher",
+               "_wrap_closure"}
     pkg = Path(internals.__file__).parent
     hits = []
     for path in pkg.glob("*.py"):

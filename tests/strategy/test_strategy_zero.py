@@ -7,8 +7,12 @@ uninterrupted one-process run; and zero3 -> zero2."""
 from __future__ import annotations
 
 import dataclasses
+import warnings
+from pathlib import Path
 
+import lightning.pytorch as pl
 import pytest
+import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from strategy_helpers import assert_matches, hexiscale_trainer, loader, module, plan_of, read_ranks, single_trainer
 from test_checkpoint import PLAN_A, PLAN_B, Snapshot
@@ -65,3 +69,45 @@ def test_checkpoint_across_sharding_and_plans(tmp_path, save_as, resume_as):
     hexiscale_trainer(plan_b, dirs["b"], max_epochs=2, **kw).fit(module(warmup_steps=4), train, ckpt_path=str(last))
     resumed = read_ranks(dirs["b"], plan_b.world_size)
     assert_matches(resumed, {"losses": ref["losses"][3:], "shards": ref["shards"]}, atol=1e-6)
+
+
+class _StepWatch(pl.Callback):
+    """Records, per rank, whether the user's optimizer's ``step`` was replaced by this package's
+    and the warnings of the run (torch's LR scheduler warns when it believes the optimizer did not
+    step before it)."""
+
+    def __init__(self, out_dir: Path):
+        self.out_dir, self._catch, self._seen = Path(out_dir), None, None
+
+    def on_train_start(self, trainer, module):
+        self._catch = warnings.catch_warnings(record=True)
+        self._seen = self._catch.__enter__()
+        warnings.simplefilter("always")
+
+    def on_train_end(self, trainer, module):
+        self._catch.__exit__(None, None, None)
+        raw = trainer.optimizers[0]
+        step = vars(raw).get("step")  # torch's LR scheduler wraps it: that wrapper is torch's own
+        rebound = step is not None and getattr(step, "__module__", "").startswith("lightning_hexiscale")
+        torch.save({"rebound": rebound, "warnings": [str(w.message) for w in self._seen],
+                    "lr": raw.param_groups[0]["lr"]}, self.out_dir / f"steps{trainer.global_rank}.pt")
+
+
+@pytest.mark.timeout(60)
+def test_zero_steps_through_the_precision_plugin_not_a_rebound_step(tmp_path):
+    """Under zero2 the strategy's precision plugin steps the sharded optimizer: the user's optimizer
+    keeps its own ``step`` method, its LR scheduler sees every step (no "before optimizer.step"
+    warning, the warmup LR reached), and the run still equals one process."""
+    ref_dir, run_dir = tmp_path / "ref", tmp_path / "run"
+    ref_dir.mkdir(), run_dir.mkdir()
+    kw = dict(max_steps=2, max_epochs=1)
+    train = loader(G * 2, G)
+    single_trainer(ref_dir, **kw).fit(module(warmup_steps=4), train)
+    plan = dataclasses.replace(PLAN, dp_sharding="zero2")
+    hexiscale_trainer(plan, run_dir, callbacks=[_StepWatch(run_dir)], **kw).fit(module(warmup_steps=4), train)
+    assert_matches(read_ranks(run_dir, plan.world_size), read_ranks(ref_dir, 1)[0], atol=1e-6)
+    for r in range(plan.world_size):
+        seen = torch.load(run_dir / f"steps{r}.pt", weights_only=False)
+        assert not seen["rebound"], f"rank {r}: optimizer.step was replaced"
+        assert not [w for w in seen["warnings"] if "optimizer.step()" in w], seen["warnings"]
+        assert seen["lr"] == pytest.approx(1e-2 * 3 / 4), seen  # LambdaLR warmup after 2 steps: (2 + 1) / 4
