@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from lightning_hexiscale.errors import NonFiniteError
@@ -50,19 +49,10 @@ class GradientMethods:
 
     @torch.no_grad()
     def _all_finite(self, loss: Any) -> bool:
-        """Every rank's loss and gradients finite? One all-reduce of a per-rank code (1: loss, 2: a
-        gradient, 3: both) so that every rank takes the same decision and names the same ranks."""
+        """Every rank's loss and gradients finite (the engine's check, :meth:`PipelineEngine.nonfinite_ranks`:
+        one collective, the same answer on every rank)? If not: stop, or skip the step, per ``nonfinite``."""
         engine = self.pipeline_model.engine
-        local = 0
-        if torch.is_tensor(loss) and not bool(torch.isfinite(loss).all()):
-            local |= 1
-        if not engine.local_grads_finite():  # ZeRO-2's gradients already freed by the backward included
-            local |= 2
-        codes = torch.zeros(self.world_size, dtype=torch.float32, device=engine.loss_device)
-        codes[self.global_rank] = local
-        if self.world_size > 1:
-            dist.all_reduce(codes, op=dist.ReduceOp.SUM)
-        bad = {r: int(c) for r, c in enumerate(codes.tolist()) if c}
+        bad = engine.nonfinite_ranks(loss)
         if not bad:
             return True
         trainer = self.lightning_module.trainer

@@ -34,6 +34,7 @@ then; its unit is the last of the bucket order, so the others still start during
 from __future__ import annotations
 
 from contextlib import nullcontext
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -296,6 +297,26 @@ class PipelineEngine:
         flags = [torch.isfinite(p.grad).all() for p in self.stage.parameters() if p.grad is not None]
         flags += self.freed_grads_finite()
         return not flags or bool(torch.stack(flags).all())
+
+    @torch.no_grad()
+    def nonfinite_ranks(self, loss: Any = None) -> dict[int, int]:
+        """The step's non-finite check, after the backward and before :meth:`sync_grads` (which would
+        spread one rank's NaN to the other pipelines and hide where it came from): {global rank: code}
+        of the ranks whose ``loss`` (a tensor; code 1) or gradients (:meth:`local_grads_finite`;
+        code 2; both: 3) are not finite, the same on every rank, empty when all are. Collective: one
+        all-reduce over the plan's ranks of a float32 vector of one code per rank, so every rank
+        takes the same decision and names the same ranks."""
+        local = 0
+        if torch.is_tensor(loss) and not bool(torch.isfinite(loss).all()):
+            local |= 1
+        if not self.local_grads_finite():  # ZeRO-2's gradients already freed by the backward included
+            local |= 2
+        ranks = self.topology.ranks
+        codes = torch.zeros(len(ranks), dtype=torch.float32, device=self.loss_device)
+        codes[self.topology.rank] = local
+        if len(ranks) > 1:
+            dist.all_reduce(codes, op=dist.ReduceOp.SUM, group=self.topology.plan_group)
+        return {self.topology.to_global(r): int(c) for r, c in enumerate(codes.tolist()) if c}
 
     @torch.no_grad()
     def global_grad_norm(self) -> float:
