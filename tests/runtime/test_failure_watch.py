@@ -117,20 +117,26 @@ def test_heartbeat_silence_is_named_only_after_the_window(ranks):
     assert took >= 3 * INTERVAL, f"rank 3 was named after {took:.2f} s, before the window (3 heartbeats at least)"
 
 
+def _rank0_explains_while_rank2_hangs(ranks, rank0_error: Exception, rank1_reports_after_s: float) -> str:
+    """Ranks 1 and 2 alive and beating; rank 2 never reports (hung outside the collective), rank 1
+    reports a timeout after ``rank1_reports_after_s``; rank 0 reports ``rank0_error`` and explains."""
+    w0, w1, w2 = ranks(3)
+    alive = [_beating(w1, INTERVAL), _beating(w2, INTERVAL)]
+    try:
+        threading.Timer(rank1_reports_after_s, w1.report, (TIMED_OUT,)).start()
+        w0.report(rank0_error)
+        return w0.explain()
+    finally:
+        for a in alive:
+            a.set()
+
+
 def test_a_hung_rank_is_named_once_the_later_peers_time_out_too(ranks, monkeypatch):
     """Ranks 0 and 1 wait on rank 2, which is alive but never joins; rank 1 times out 1 s after rank
     0 (its compute was slower: a loaded host). On a host 5 times slower than idle the settle window
     is 5 x 0.6 s, so rank 1's late timeout is not mistaken for a second hung rank."""
     monkeypatch.setattr(failure, "host_slowdown", lambda: 5.0)
-    w0, w1, w2 = ranks(3)
-    alive = [_beating(w1, INTERVAL), _beating(w2, INTERVAL)]
-    try:
-        threading.Timer(1.0, w1.report, (TIMED_OUT,)).start()
-        w0.report(TIMED_OUT)
-        why = w0.explain()
-    finally:
-        for a in alive:
-            a.set()
+    why = _rank0_explains_while_rank2_hangs(ranks, TIMED_OUT, rank1_reports_after_s=1.0)
     assert why.startswith("rank 2 is alive but never joined the collective the others timed out in"), why
     assert "ranks [1, 2]" not in why, why
 
@@ -140,15 +146,7 @@ def test_a_broken_connection_waits_for_the_live_peer_that_broke_it(ranks, monkey
     and reports first, while rank 1 (a loaded host) reports its timeout 1.5 s later. Rank 0 must not
     settle on its own broken connection: it waits for rank 1's report and names rank 2."""
     monkeypatch.setattr(failure, "host_slowdown", lambda: 2.0)  # settle 1.2 s: rank 1 reports after it
-    w0, w1, w2 = ranks(3)
-    alive = [_beating(w1, INTERVAL), _beating(w2, INTERVAL)]
-    try:
-        threading.Timer(1.5, w1.report, (TIMED_OUT,)).start()
-        w0.report(CLOSED)
-        why = w0.explain()
-    finally:
-        for a in alive:
-            a.set()
+    why = _rank0_explains_while_rank2_hangs(ranks, CLOSED, rank1_reports_after_s=1.5)
     assert why.startswith("rank 2 is alive but never joined the collective the others timed out in"), why
     assert "rank 0 failed" not in why, why
 
