@@ -45,6 +45,7 @@ import torch
 import torch.distributed as dist
 
 from lightning_hexiscale.bench.resident_memory import fixed_mmap_threshold
+from lightning_hexiscale.config.recipe import DEFAULT_GRADIENT_CLIP_VAL
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.models.llama import Llama
 from lightning_hexiscale.planner.plan import Plan
@@ -111,8 +112,7 @@ def _rank(rank: int, world: int, port: int, plan_dict: dict, config: LlamaConfig
 
         eng, user, opt = engine()
         tok, tgt = make_batch(config, plan.global_batch, 0)
-        eng.train_step(tok.to(dev), tgt.to(dev))
-        opt.step()
+        eng.fit_step(tok.to(dev), tgt.to(dev), opt, clip_norm=DEFAULT_GRADIENT_CLIP_VAL)
         ckpt.save(f"{root}/warm", eng, user)  # one-time lazy initialisation (DCP's code paths)
         own = own_bytes(eng, user)
         save_s, save_peak = _timed(dev, lambda: ckpt.save(f"{root}/ckpt", eng, user, {"global_step": 1}))

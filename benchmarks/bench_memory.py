@@ -38,6 +38,7 @@ import torch.distributed as dist
 from lightning_hexiscale.bench.resident_memory import fixed_mmap_threshold, peak_rss_bytes, prime_process, reset_peak_rss
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.config.fast_path import FastPath
+from lightning_hexiscale.config.recipe import DEFAULT_GRADIENT_CLIP_VAL
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.estimate import estimate
 from lightning_hexiscale.planner.plan import Plan
@@ -77,8 +78,7 @@ def warm_up(plan: Plan, config: LlamaConfig, dtype: torch.dtype, autocast: torch
 
     engine = PipelineEngine(plan, config, seed=0, dtype=dtype, autocast_dtype=autocast, fast_path=fast_path)
     opt = engine.wrap_optimizer(torch.optim.AdamW(engine.parameters(), lr=1e-4))
-    engine.train_step(*make_batch(config, plan.global_batch, 0))
-    opt.step()
+    engine.fit_step(*make_batch(config, plan.global_batch, 0), opt, clip_norm=DEFAULT_GRADIENT_CLIP_VAL)
     del engine, opt
     gc.collect()
 
@@ -99,8 +99,7 @@ def _worker(rank: int, world: int, port: int, plan_dict: dict, config: LlamaConf
         opt = engine.wrap_optimizer(torch.optim.AdamW(engine.parameters(), lr=1e-4))
         for step in range(steps):
             tok, tgt = make_batch(config, plan.global_batch, step)
-            engine.train_step(tok, tgt)
-            opt.step()
+            engine.fit_step(tok, tgt, opt, clip_norm=DEFAULT_GRADIENT_CLIP_VAL)  # the step Trainer.fit runs
         out.put((rank, "ok", peak_rss_bytes() - baseline))
     except Exception as e:  # reported by the parent
         out.put((rank, "error", repr(e)))

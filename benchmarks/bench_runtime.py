@@ -1,10 +1,11 @@
 """CPU benchmark of the HexiScale runtime against torch DistributedDataParallel.
 
 Both sides train the same LLaMA on the same 2 (default) gloo ranks, same data, same micro-batching
-and optimizer (SGD): the HexiScale side with a homogeneous pure-DP plan (one single-device
-pipeline per rank, equal batches) through ``PipelineEngine``; the DDP side with
+and optimizer (SGD after clipping by the global gradient norm at the recipe's default, 1.0): the
+HexiScale side with a homogeneous pure-DP plan (one single-device pipeline per rank, equal batches)
+through ``PipelineEngine.fit_step`` (the step ``Trainer.fit`` runs); the DDP side with
 ``DistributedDataParallel`` around the plain ``Llama`` (``no_sync`` on all but the last
-micro-batch). Both sides live in the same processes and alternate step by step, so that background
+micro-batch), then ``clip_grad_norm_``. Both sides live in the same processes and alternate step by step, so that background
 load on a shared machine hits both alike; a step's time is the slowest rank's.
 
 Printed: step time and throughput (tokens/s = global_batch * seq_len / step time) of each side, the
@@ -37,6 +38,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from lightning_hexiscale.bench.resident_memory import peak_rss_bytes, prime_process, reset_peak_rss
+from lightning_hexiscale.config.recipe import DEFAULT_GRADIENT_CLIP_VAL
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.models.llama import Llama
 from lightning_hexiscale.planner.plan import Plan
@@ -48,26 +50,31 @@ from lightning_hexiscale.runtime.host import fork_context
 
 # ---- one rank ----------------------------------------------------------------------------------
 def _build(mode: str, rank: int, plan: Plan, config: LlamaConfig):
-    """(step function, parameters) of one side on this rank."""
-    if mode == "hexiscale":
+    """The whole optimizer step of one side on this rank, as a function of (tokens, targets): each
+    clips by the global norm at the recipe's default (DEFAULT_GRADIENT_CLIP_VAL) before SGD steps."""
+    if mode == "hexiscale":  # the step Trainer.fit runs under the strategy (PipelineEngine.fit_step)
         engine = PipelineEngine(plan, config, seed=0)
-        return (lambda tok, tgt: engine.train_step(tok, tgt)), list(engine.parameters())
+        opt = engine.wrap_optimizer(torch.optim.SGD(engine.parameters(), lr=1e-3))
+        return lambda tok, tgt: engine.fit_step(tok, tgt, opt, clip_norm=DEFAULT_GRADIENT_CLIP_VAL)
     pipe = plan.pipelines[rank]
     offset = sum(p.batch_size for p in plan.pipelines[:rank])
     model = Llama(config).init_weights(0)
     ddp = DistributedDataParallel(model)
     params = list(model.parameters())
+    opt = torch.optim.SGD(params, lr=1e-3)
     m = pipe.num_micro_batches
 
-    def step_fn(tok, tgt):
+    def step_fn(tok, tgt):  # what a DDP user writes: backward per micro-batch, clip, step
         tok, tgt = tok[offset:offset + pipe.batch_size], tgt[offset:offset + pipe.batch_size]
         for p in params:
             p.grad = None
         for i, (x, y) in enumerate(zip(tok.split(pipe.micro_batch_size), tgt.split(pipe.micro_batch_size))):
             with ddp.no_sync() if i < m - 1 else contextlib.nullcontext():
                 (model.loss(ddp(x), y) / m).backward()
+        torch.nn.utils.clip_grad_norm_(params, DEFAULT_GRADIENT_CLIP_VAL)  # replicated: the global norm
+        opt.step()
 
-    return step_fn, params
+    return step_fn
 
 
 def _worker(rank: int, world: int, port: int, modes: tuple[str, ...], plan_dict: dict, config: LlamaConfig,
@@ -81,19 +88,16 @@ def _worker(rank: int, world: int, port: int, modes: tuple[str, ...], plan_dict:
         baseline = reset_peak_rss()
         sides = {}
         for mode in modes:
-            step_fn, params = _build(mode, rank, plan, config)
-            sides[mode] = (step_fn, torch.optim.SGD(params, lr=1e-3))
+            sides[mode] = _build(mode, rank, plan, config)
         times: dict[str, list[float]] = {m: [] for m in modes}
         for step in range(warmup + steps):
             tok, tgt = make_batch(config, plan.global_batch, step)
             # Alternate the sides step by step (and swap who goes first) so that background load
             # on a shared machine hits both alike.
             for mode in (modes if step % 2 == 0 else modes[::-1]):
-                step_fn, opt = sides[mode]
                 dist.barrier()
                 t0 = time.perf_counter()
-                step_fn(tok, tgt)
-                opt.step()
+                sides[mode](tok, tgt)
                 if step >= warmup:
                     times[mode].append(time.perf_counter() - t0)
         out.put((rank, "ok", times, peak_rss_bytes() - baseline))

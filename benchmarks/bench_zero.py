@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from lightning_hexiscale.bench.resident_memory import fixed_mmap_threshold, peak_rss_bytes, prime_process, reset_peak_rss
 from lightning_hexiscale.config.cluster import Cluster
+from lightning_hexiscale.config.recipe import DEFAULT_GRADIENT_CLIP_VAL
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.estimate import Workload, estimate
 from lightning_hexiscale.planner.plan import Plan
@@ -59,8 +60,7 @@ def _worker(rank: int, world: int, port: int, plan_dict: dict, config: LlamaConf
         losses = []
         for step in range(steps):
             tok, tgt = make_batch(config, plan.global_batch, step)
-            losses.append(engine.train_step(tok, tgt))
-            opt.step()
+            losses.append(engine.fit_step(tok, tgt, opt, clip_norm=DEFAULT_GRADIENT_CLIP_VAL).loss)
         out.put((rank, "ok", peak_rss_bytes() - baseline, losses))
     except Exception as e:  # reported by the parent
         out.put((rank, "error", repr(e), None))

@@ -47,6 +47,7 @@ import torch
 
 from lightning_hexiscale.bench import gpu_checks
 from lightning_hexiscale.config.fast_path import FastPath
+from lightning_hexiscale.config.recipe import DEFAULT_GRADIENT_CLIP_VAL
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.models.config import LlamaConfig
 
@@ -281,9 +282,8 @@ def engine_step(shape: Shape, device: torch.device, steps: int, warmup: int, pea
         opt = engine.wrap_optimizer(torch.optim.AdamW(engine.parameters(), lr=1e-5))
         tok, tgt = (t.to(device) for t in gpu_checks.make_batch(c.vocab_size, c.seq_len, plan.global_batch, 0))
 
-        def step():
-            engine.train_step(tok, tgt)
-            opt.step()
+        def step():  # the step Trainer.fit runs under the recipe's defaults (clipping included)
+            engine.fit_step(tok, tgt, opt, clip_norm=DEFAULT_GRADIENT_CLIP_VAL)
         s = timed(step, steps, warmup, device)
         tokens = plan.global_batch * c.seq_len
         head = 2.0 * tokens * c.hidden_size * c.vocab_size

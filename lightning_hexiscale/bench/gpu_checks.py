@@ -378,8 +378,7 @@ def run_engine_steps(plan, config, device: str, steps: int = 3) -> list[float]:
         losses = []
         for step in range(steps):
             tok, tgt = make_batch(config.vocab_size, config.seq_len, plan.global_batch, step)
-            losses.append(engine.train_step(tok.to(where), tgt.to(where)))
-            opt.step()
+            losses.append(engine.fit_step(tok.to(where), tgt.to(where), opt).loss)  # Trainer.fit's step, no clip
         return losses
     finally:
         # The engine sits in reference cycles (hooks close over their modules) that hold the group:

@@ -34,6 +34,12 @@ class FastPathConfig:
     loss_chunk_bytes: int = DEFAULT_LOSS_CHUNK_BYTES
 
 
+DEFAULT_GRADIENT_CLIP_VAL = 1.0
+"""The recipe's clip by the global gradient norm: also the ``clip_norm`` with which calibration,
+check-estimate and the benchmarks run ``PipelineEngine.fit_step``, so that they time the step the
+recipe trains with."""
+
+
 @dataclass
 class TrainerConfig:
     """How the recipe runs Lightning's Trainer."""
@@ -49,7 +55,7 @@ class TrainerConfig:
     null: 32-true on emulated CPU clusters, bf16-mixed on GPUs (:func:`effective_precision`); the
     run's config.yaml records the value used."""
     accumulate_grad_batches: int = 1
-    gradient_clip_val: Optional[float] = 1.0
+    gradient_clip_val: Optional[float] = DEFAULT_GRADIENT_CLIP_VAL
     """Clip by the global gradient norm over TP/PP/DP; null = off."""
     lr: float = 3e-3
     """AdamW peak learning rate."""

@@ -476,11 +476,14 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
         # non-finite step can be dropped before Lightning's hooks, clipping and the update see it.
         # The check comes before the sync, which would spread one rank's NaN to the other pipelines
         # and hide where it came from; every rank decides the same, so the sync is skipped by all.
+        # finish_backward: the check, then the SUM across pipelines = the global-mean gradient (ZeRO:
+        # reduce-scatter), or the step's gradients dropped on every rank: PipelineEngine.fit_step's order.
         with torch.enable_grad():
             out = closure()
-        if not self._all_finite(out):
+        bad = engine.finish_backward(out)
+        if bad:
+            self._nonfinite_step(bad)
             return out
-        engine.sync_grads()  # SUM across pipelines = the global-mean gradient (ZeRO: reduce-scatter)
         return super().optimizer_step(optimizer, lambda: out, model, **kwargs)
 
     @override

@@ -47,14 +47,11 @@ def eps_underflow(optimizers) -> str | None:
 class GradientMethods:
     """Non-finite detection (one decision on every rank) and global-norm clipping."""
 
-    @torch.no_grad()
-    def _all_finite(self, loss: Any) -> bool:
-        """Every rank's loss and gradients finite (the engine's check, :meth:`PipelineEngine.nonfinite_ranks`:
-        one collective, the same answer on every rank)? If not: stop, or skip the step, per ``nonfinite``."""
-        engine = self.pipeline_model.engine
-        bad = engine.nonfinite_ranks(loss)
-        if not bad:
-            return True
+    def _nonfinite_step(self, bad: dict[int, int]) -> None:
+        """A step whose loss or gradients were not finite on the ranks ``bad`` ({global rank: code},
+        the engine's :meth:`~lightning_hexiscale.runtime.PipelineEngine.finish_backward` answer, the
+        same on every rank, which already dropped the gradients): record it, then stop or skip per
+        ``nonfinite``."""
         trainer = self.lightning_module.trainer
         what = " and ".join(w for bit, w in ((1, "loss"), (2, "gradients")) if any(c & bit for c in bad.values()))
         event = {"step": trainer.global_step, "epoch": trainer.current_epoch,
@@ -72,9 +69,6 @@ class GradientMethods:
                                  f"such steps")
         if self.global_rank == 0:
             rank_zero_warn(f"{where}; the update is skipped (nonfinite='skip')")
-        # The sync started during the backward (overlap): complete it on every rank alike, then drop it.
-        engine.discard_grads()
-        return False
 
     def _install_global_clipping(self) -> None:
         """Clip by the global norm: the Trainer's precision plugin becomes its

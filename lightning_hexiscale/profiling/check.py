@@ -2,9 +2,11 @@
 
 Measured, per rank, in the ranks' own process group (forked CPU ranks or an external launch):
 
-- step time: from a barrier's release to the end of ``PipelineEngine.train_step`` (forward,
-  backward, pipeline p2p, TP all-reduces, the asymmetric gradient sync, the loss all-reduce);
-  the optimizer step is timed apart, because the Appendix B cost model does not price it, except
+- step time: each step is :meth:`PipelineEngine.fit_step`, the step ``Trainer.fit`` runs (clipping
+  at the recipe's default included). Timed: from a barrier's release to its ``before_update`` hook
+  (forward, backward, pipeline p2p, TP all-reduces, the loss all-reduce, the non-finite check, the
+  asymmetric gradient sync); the rest (clipping's norm all-reduce and the optimizer step) is timed
+  apart, because the Appendix B cost model does not price it, except
   under ZeRO-2/3 (``dp_sharding`` not ddp), where the optimizer is the engine's sharded one
   (``PipelineEngine.wrap_optimizer``) and its step all-gathers the updated parameters, which the
   cost model prices as part of the data-parallel term: there the step time includes it.
@@ -33,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from lightning_hexiscale.config.cluster import Cluster
+from lightning_hexiscale.config.recipe import DEFAULT_GRADIENT_CLIP_VAL
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.estimate import Estimate, Workload, estimate
 from lightning_hexiscale.planner.plan import Plan
@@ -141,16 +144,21 @@ def measure_plan_rank(rank: int, world: int, plan_dict: dict, config: LlamaConfi
     opt = engine.wrap_optimizer(torch.optim.AdamW(engine.parameters(), lr=1e-4))
     gather_in_step = plan.dp_sharding != "ddp"
     step_s, opt_s = [], []
+    marks: list[float] = []
+
+    def before_update():  # fit_step's hook after the gradient sync, where Lightning's on_before_optimizer_step runs
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        marks.append(time.perf_counter())
+
     for k in range(warmup + steps):
         tok, tgt = make_batch(config, plan.global_batch, k)
         dist.barrier()
         t0 = time.perf_counter()
-        engine.train_step(tok, tgt)
+        engine.fit_step(tok, tgt, opt, clip_norm=DEFAULT_GRADIENT_CLIP_VAL, before_update=before_update)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        t1 = time.perf_counter()
-        opt.step()
-        t2 = time.perf_counter()
+        t1, t2 = marks.pop(), time.perf_counter()
         if k >= warmup:
             step_s.append((t2 if gather_in_step else t1) - t0)
             opt_s.append(t2 - t1)

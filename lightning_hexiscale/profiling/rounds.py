@@ -7,8 +7,10 @@ a b c, round 1: b c a, round 2: c a b, ...), each run being ``warmup`` untimed s
 timed steps. Every plan thus takes every position of a round in turn, and a burst of load from
 other jobs at one moment falls on different plans in different rounds instead of deciding a ranking.
 
-What one step of a rank is: from the release of a barrier to the end of ``train_step`` followed by
-the optimizer step (plain SGD, no momentum). The optimizer step is inside the window because under
+What one step of a rank is: from the release of a barrier to the end of
+:meth:`~lightning_hexiscale.runtime.engine.PipelineEngine.fit_step`, the step ``Trainer.fit`` runs
+(forward and backward, the non-finite check, the gradient sync, clipping by the global norm at the
+recipe's default and the optimizer step: plain SGD, no momentum). The optimizer step is inside the window because under
 ZeRO-2/3 it is where the parameters are all-gathered, which the cost model prices as part of the
 data-parallel term; SGD's update (one multiply-add per parameter element) is the smallest unpriced
 part any optimizer could add. A plan's step time = the slowest of its ranks' times of that step
@@ -35,6 +37,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from lightning_hexiscale.config.recipe import DEFAULT_GRADIENT_CLIP_VAL
 from lightning_hexiscale.errors import PlanError
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.plan import Plan
@@ -117,8 +120,7 @@ def measure_plans_rank(rank: int, world: int, plan_dicts: dict[str, dict], confi
                 tok, tgt = make_batch(config, global_batch, k)
                 dist.barrier()
                 t0 = time.perf_counter()
-                engine.train_step(tok, tgt)
-                opt.step()
+                engine.fit_step(tok, tgt, opt, clip_norm=DEFAULT_GRADIENT_CLIP_VAL)
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 if k >= warmup:

@@ -34,13 +34,14 @@ then; its unit is the last of the bucket order, so the others still start during
 from __future__ import annotations
 
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from lightning_hexiscale.config.fast_path import FastPath
-from lightning_hexiscale.errors import ConfigError
+from lightning_hexiscale.errors import ConfigError, NonFiniteError
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.models.llama import Llama
 from lightning_hexiscale.planner.plan import Plan
@@ -57,6 +58,18 @@ from lightning_hexiscale.runtime.zero3 import Zero3Gatherer
 
 REDUCE_TORCH_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 """``plan.reduce_dtype`` -> torch dtype."""
+
+
+@dataclass(frozen=True)
+class FitStep:
+    """What :meth:`PipelineEngine.fit_step` did."""
+
+    loss: float
+    """The global mean loss of the batch (the same on every rank)."""
+    grad_norm: float | None
+    """||g|| over the whole model before clipping (with ``clip_norm``), else None."""
+    nonfinite: dict[int, int]
+    """{global rank: code} of a skipped step (:meth:`PipelineEngine.nonfinite_ranks`); empty when applied."""
 
 
 class PipelineEngine:
@@ -317,6 +330,51 @@ class PipelineEngine:
         if len(ranks) > 1:
             dist.all_reduce(codes, op=dist.ReduceOp.SUM, group=self.topology.plan_group)
         return {self.topology.to_global(r): int(c) for r, c in enumerate(codes.tolist()) if c}
+
+    def finish_backward(self, loss: Any = None) -> dict[int, int]:
+        """After the step's last backward: the non-finite check (:meth:`nonfinite_ranks`, one
+        all-reduce), then the gradient sum across pipelines (:meth:`sync_grads`), or, when any rank's
+        loss or gradients are not finite, :meth:`discard_grads` on every rank alike. Returns the
+        check's answer, empty when the gradients are synced and ready for the update (collective)."""
+        bad = self.nonfinite_ranks(loss)
+        if bad:
+            self.discard_grads()
+        else:
+            self.sync_grads()
+        return bad
+
+    def fit_step(self, tokens: torch.Tensor, targets: torch.Tensor, optimizer, *, clip_norm: float | None = None,
+                 nonfinite: str = "stop", before_update=None) -> FitStep:
+        """One optimizer step on a global batch (G, S), as ``Trainer.fit`` runs it under the strategy
+        with ``accumulate_grad_batches=1``: the same engine calls in the same order, so the same
+        collectives (``tests/strategy/test_fit_step_trace.py`` compares the traces; ``tests/runtime/test_fit_step.py``
+        checks it against one process):
+
+        zero_grad -> :meth:`forward_backward` of this pipeline's rows (its last backward starts the
+        gradient sync) -> :meth:`finish_backward` (non-finite check, then sync) -> ``before_update()``
+        (Lightning's ``on_before_optimizer_step``; e.g. a timer) -> :meth:`clip_grad_norm` when
+        ``clip_norm`` is set (the Trainer's ``gradient_clip_val``) -> ``optimizer.step()``.
+
+        ``optimizer`` is :meth:`wrap_optimizer`'s (under ZeRO the sharded one). A non-finite step
+        raises :class:`~lightning_hexiscale.errors.NonFiniteError` with ``nonfinite='stop'``; with
+        ``'skip'`` its gradients are dropped and the update skipped. Calibration and the benchmarks
+        time this call, so that they time the step users train with."""
+        if nonfinite not in ("stop", "skip"):
+            raise ConfigError("fit_step(nonfinite)", nonfinite, "must be 'stop' or 'skip'",
+                              "pass nonfinite='stop' (raise) or nonfinite='skip' (drop the update)")
+        self.zero_grad()
+        loss = self.forward_backward(self.local_batch(tokens), self.local_batch(targets), arm=True)
+        bad = self.finish_backward(torch.tensor(loss))
+        if bad:
+            if nonfinite == "stop":
+                raise NonFiniteError(f"non-finite loss or gradients on rank(s) {sorted(bad)} (codes {bad}: 1 loss, "
+                                     "2 gradients, 3 both); fit_step(nonfinite='stop')")
+            return FitStep(loss, None, bad)
+        if before_update is not None:
+            before_update()
+        norm = self.clip_grad_norm(clip_norm) if clip_norm is not None else None
+        optimizer.step()
+        return FitStep(loss, norm, {})
 
     @torch.no_grad()
     def global_grad_norm(self) -> float:
