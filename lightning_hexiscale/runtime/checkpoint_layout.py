@@ -39,7 +39,6 @@ import torch
 
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.runtime.parallelize import LocalShard
-from lightning_hexiscale.runtime.topology import sync_segments
 
 MODEL, OPTIM, OPTIM_PY = "model", "optim", "optim_py"
 """Name spaces of the checkpoint's global tensors."""
@@ -142,7 +141,7 @@ def ddp_write_boxes(engine) -> dict[str, list[tuple[Box, Box]]]:
     rank = engine.topology.rank
     shards = engine.stage.shards()
     out: dict[str, list[tuple[Box, Box]]] = {}
-    for i, seg in enumerate(sync_segments(engine.plan, engine.config)):
+    for i, seg in enumerate(engine.topology.segments):
         if seg.ranks[i % len(seg.ranks)] != rank:
             continue
         shard = shards[seg.name]

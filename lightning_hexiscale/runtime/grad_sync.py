@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from lightning_hexiscale.config.buffers import BUCKET_CAP_BYTES
 from lightning_hexiscale.runtime.parallelize import StageModule, param_specs
-from lightning_hexiscale.runtime.topology import Topology, sync_segments
+from lightning_hexiscale.runtime.topology import Topology
 from lightning_hexiscale.runtime.zero_layout import unit_of
 
 DEFAULT_BUCKET_CAP_BYTES = BUCKET_CAP_BYTES
@@ -225,7 +225,7 @@ class GradSynchronizer:
         self.reduce_dtype = reduce_dtype
         """dtype of the all-reduces (None: the gradients' own)."""
         per_group: dict[tuple, list[Item]] = {}
-        for seg in sync_segments(topology.plan, topology.config):
+        for seg in topology.segments:
             if role.rank not in seg.ranks or len(seg.ranks) < 2:
                 continue
             local_start = seg.start - shards[seg.name].start if seg.shard_dim is not None else 0

@@ -57,16 +57,18 @@ class TiedPair:
     end: int
 
 
-def tied_pairs(plan: Plan, config: LlamaConfig) -> list[TiedPair]:
+def tied_pairs(plan: Plan, config: LlamaConfig, stage_ranks: list[list[tuple[int, ...]]] | None = None
+               ) -> list[TiedPair]:
     """Every (first-stage rank, last-stage rank) overlap of the tied matrix, over all pipelines with
     two or more stages, in one canonical order (pipeline, row). Pure: the same list on every rank.
     Example: first stage TP 1 (rows [0, V)), last stage TP 2 (rows [0, V/2) and [V/2, V)): two
     pairs, the first-stage rank exchanging half of its rows with each last-stage rank.
+    ``stage_ranks``: the plan's :func:`stage_rank_lists` when the caller has them (``Topology.stage_ranks``).
     """
     if not config.tie_word_embeddings:
         return []
     pairs = []
-    for i, stages in enumerate(stage_rank_lists(plan)):
+    for i, stages in enumerate(stage_rank_lists(plan) if stage_ranks is None else stage_ranks):
         if len(stages) < 2:
             continue
         first, last = stages[0], stages[-1]
@@ -94,7 +96,8 @@ class TiedEmbeddingSync:
         shard = stage.shards().get(NAME)
         self.offset = shard.start if shard is not None else 0
         self.param = dict(stage.named_parameters()).get(NAME)
-        self.pairs = [p for p in tied_pairs(topology.plan, topology.config) if rank in (p.first, p.last)]
+        self.pairs = [p for p in tied_pairs(topology.plan, topology.config, topology.stage_ranks)
+                      if rank in (p.first, p.last)]
         self.is_first = bool(self.pairs) and self.pairs[0].first == rank
         self.bytes_sent = 0
         """Diagnostics: bytes this rank sent in the last phase."""

@@ -303,7 +303,11 @@ def create_groups(plan: Plan, config: LlamaConfig, ranks: tuple[int, ...], rank:
 
 
 class Topology:
-    """This rank's :class:`Role` plus handles to the process groups it belongs to.
+    """The runtime's one derived view of the Plan for this rank, built once per engine: its
+    :class:`Role`, the stages' ranks (:attr:`stage_ranks`), the gradient segments
+    (:attr:`segments`), the rank map, and handles to the process groups it belongs to. The gradient
+    sync, ZeRO, the tied-embedding exchange and checkpoints read the plan's layout from here rather
+    than deriving it again.
 
     Constructing it is collective: every rank of the default group must, at the same point, either
     construct a Topology of the same plan (a rank of the plan) or call :func:`create_groups` with the
@@ -327,6 +331,11 @@ class Topology:
         self.plan, self.config = plan, config
         self.rank = self.ranks.index(self.global_rank)
         self.role = role_of(plan, self.rank)
+        self.stage_ranks: list[list[tuple[int, ...]]] = stage_rank_lists(plan)
+        """[pipeline][stage] -> plan ranks of that stage, leader first (:func:`stage_rank_lists`)."""
+        self.segments: tuple[Segment, ...] = sync_segments(plan, config)
+        """Every gradient segment, in canonical order (:func:`sync_segments`): what the gradient sync,
+        ZeRO's buckets and the ddp checkpoint writers are laid out by."""
         self.all_group_ranks = group_ranks(plan, config)
         self._groups, self.plan_group = create_groups(plan, config, self.ranks, self.global_rank)
 

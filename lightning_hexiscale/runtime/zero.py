@@ -128,7 +128,7 @@ class ZeroSharder:
         """dtype of the gradient reduce-scatter."""
         self.wire = wire_dtype or self.dtype
         """dtype parameters are gathered in during training (narrower than ``dtype``: mixed precision)."""
-        self.buckets: list[Bucket] = build_buckets(topology.plan, topology.config, topology.rank, stage.shards(),
+        self.buckets: list[Bucket] = build_buckets(topology.segments, topology.rank, stage.shards(),
                                                    first.element_size(), bucket_cap_bytes)
         self.groups = [topology.group(b.ranks) if b.k > 1 else None for b in self.buckets]
         self.grads: list[torch.Tensor | None] = [None] * len(self.buckets)

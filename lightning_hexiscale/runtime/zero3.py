@@ -43,7 +43,6 @@ import torch
 import torch.distributed as dist
 
 from lightning_hexiscale.runtime.comm_order import global_order
-from lightning_hexiscale.runtime.topology import stage_rank_lists
 from lightning_hexiscale.runtime.zero import ZeroSharder, unflatten
 
 
@@ -87,7 +86,7 @@ class Zero3Gatherer:
             for i in ix:
                 b = self.sh.buckets[i]
                 partners.setdefault(int(b.unit.split(".")[1]), set()).update(r for r in b.ranks if r != self.me)
-        stages = stage_rank_lists(plan)
+        stages = self.sh.topology.stage_ranks
         program: list[tuple] = []
         for i, j, ev in global_order(plan):
             if (i, j) == mine:

@@ -29,12 +29,11 @@ Example (grad_sync's q_proj with 4 KV heads, unit u): pipeline A TP 3, pipeline 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.plan import Plan
-from lightning_hexiscale.runtime.topology import sync_segments
 from lightning_hexiscale.runtime.parallelize import LocalShard
+from lightning_hexiscale.runtime.topology import Segment
 
 @dataclass(frozen=True)
 class Item:
@@ -122,9 +121,12 @@ def _local_numel(shard: LocalShard, dim: int | None, length: int) -> int:
     return math.prod(shape)
 
 
-def build_buckets(plan: Plan, config: LlamaConfig, rank: int, shards: dict[str, LocalShard],
+def build_buckets(segments: Sequence[Segment], rank: int, shards: dict[str, LocalShard],
                   element_size: int, cap_bytes: int) -> list[Bucket]:
     """This rank's buckets, in ONE global order (equal on every member of each bucket's group).
+
+    ``segments``: the plan's gradient segments (``Topology.segments``, or
+    :func:`~lightning_hexiscale.runtime.topology.sync_segments` of the plan and model).
 
     ``shards``: this rank's local pieces (``StageModule.shards()``). Order: by canonical position of
     the first parameter, descending
@@ -133,7 +135,7 @@ def build_buckets(plan: Plan, config: LlamaConfig, rank: int, shards: dict[str, 
     """
     position: dict[str, int] = {}
     per_key: dict[tuple, list[Item]] = {}
-    for seg in sync_segments(plan, config):
+    for seg in segments:
         position.setdefault(seg.name, len(position))  # canonical index: same on every rank
         if rank not in seg.ranks:
             continue

@@ -41,6 +41,7 @@ def test_bucket_rule_matches_the_runtime_packing(cap, tp):
     above the segment sizes)."""
     from lightning_hexiscale.planner.memory import bucket_elements, stage_bucket_units
     from lightning_hexiscale.runtime.parallelize import stage_shards
+    from lightning_hexiscale.runtime.topology import sync_segments
     from lightning_hexiscale.runtime.zero_layout import build_buckets
 
     model = dataclasses.replace(LlamaConfig.load("llama_tiny"), num_layers=3)
@@ -53,7 +54,7 @@ def test_bucket_rule_matches_the_runtime_packing(cap, tp):
         for r in range(tp):
             rank = j * tp + r
             shards = stage_shards(model, (j, j + 1), j == 0, j == 2, tp, r)
-            biggest = max(b.numel for b in build_buckets(plan, model, rank, shards, 4, cap))
+            biggest = max(b.numel for b in build_buckets(sync_segments(plan, model), rank, shards, 4, cap))
             assert bucket_elements(cap, 4, stage_bucket_units(model, tp, j == 0, j == 2)) == biggest, (j, r)
 
 
