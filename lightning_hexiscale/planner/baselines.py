@@ -247,6 +247,11 @@ def _symmetric(name: str, cluster: Cluster, workload: Workload, global_batch: in
             dp = N // tp // pp
             if pp > L or global_batch % dp or (not free_layers and L % pp):
                 continue
+            if s.micro_batch_size is not None and (global_batch // dp) % s.micro_batch_size:
+                # replicas of global_batch / dp sequences cannot be cut into the user's micro-batches:
+                # not a candidate (the user's size itself is checked against the global batch below)
+                if global_batch % s.micro_batch_size == 0:
+                    continue
             for layout in _symmetric_layouts(cluster, dp, tp, pp):
                 for mb in micro_batch_candidates(global_batch // dp, s.micro_batch_size, N):
                     for sh in _shardings(s, name, like_for_like):

@@ -199,3 +199,21 @@ def test_run_baselines_gives_every_plan_its_compute_ceiling(tiny):
     assert res["fast-only"].compute_ceiling >= 1.0
     with pytest.raises(ConfigError, match="fast-only"):
         B.run_baselines(c, tiny, 8, FAST, ("nope",))
+
+
+@pytest.mark.parametrize("name", ["megatron", "galvatron", "fast-only"])
+def test_a_users_micro_batch_skips_the_dp_degrees_it_does_not_divide(name, tiny):
+    """8 devices, global batch 24, micro-batch 2: DP 8 gives replicas of 3 sequences, which 2 does not
+    divide. That degree is not a candidate (it used to raise the user's micro-batch as bad input
+    from inside the baseline); the others are, and the plan keeps the user's micro-batch."""
+    c = Cluster.from_config({"name": "one_by_eight", "machines": [{"gpu": "RTX4090", "count": 8,
+                                                                   "intra_bandwidth": "32 GB/s"}],
+                             "inter_machine": {"bandwidth": "1 GB/s"}})
+    s = SearchSettings(iterations=2, micro_batch_size=2)
+    r = B.run_baselines(c, tiny, 24, s, (name,))[name]
+    assert r.plan is not None, r.note
+    r.plan.validate(c, tiny.model, global_batch=24)
+    assert {p.micro_batch_size for p in r.plan.pipelines} == {2}
+    assert r.plan.num_pipelines != 8
+    with pytest.raises(ConfigError, match="train.micro_batch_size"):  # a size the global batch refuses still is bad input
+        B.run_baselines(c, tiny, 24, SearchSettings(iterations=2, micro_batch_size=5), (name,))
