@@ -88,6 +88,8 @@ class _Best:
     def __init__(self, name: str):
         self.name, self.cost, self.plan, self.est, self.tried, self.note = name, math.inf, None, None, 0, ""
         self.loose: Estimate | None = None
+        self.empty = ""
+        """Why the space had no candidate at all (set by the caller): said instead of memory."""
 
     def offer(self, plan: Plan, cluster: Cluster, workload: Workload, note: str = "", blind: bool = False) -> None:
         """``blind``: a plan built ignoring memory, offered only for the ``ignoring_memory`` figure."""
@@ -100,6 +102,8 @@ class _Best:
             self.loose = est
 
     def result(self) -> BaselineResult:
+        if self.plan is None and self.tried == 0 and self.empty:
+            return BaselineResult(self.name, None, None, self.empty, self.loose)
         if self.plan is None:
             return BaselineResult(self.name, None, None, f"no configuration fits in memory ({self.tried} tried)",
                                   self.loose)
@@ -117,6 +121,7 @@ class _Believed:
         self.name, self.belief, self.tried = name, belief, 0
         self.ranked: list[tuple[float, int, Plan, str]] = []
         self.fastest: tuple[float, int, Plan] | None = None
+        self.empty = ""
 
     def offer(self, plan: Plan, cluster: Cluster, workload: Workload, note: str = "", blind: bool = False) -> None:
         est = estimate(plan, self.belief, workload)
@@ -138,6 +143,8 @@ class _Believed:
                 retuned = f", {k} believed-better plans do not fit the real devices" if k else ""
                 return BaselineResult(self.name, plan, est, f"{note}; chosen under a homogeneous belief "
                                       f"(believed {believed:.3f} s{retuned})", loose)
+        if self.tried == 0 and self.empty:
+            return BaselineResult(self.name, None, None, self.empty, loose)
         return BaselineResult(self.name, None, None, f"no configuration fits in memory ({self.tried} tried, "
                               f"{len(self.ranked)} fit the homogeneous belief)", loose)
 
@@ -268,6 +275,10 @@ def _symmetric(name: str, cluster: Cluster, workload: Workload, global_batch: in
                         plan = Plan(pipes, L, s.schedule, s.recompute, sh, _meta(name, cluster, workload))
                         best.offer(plan, cluster, workload, f"(dp, tp, pp) = ({dp}, {tp}, {pp}), micro-batch {mb}, {sh}",
                                    blind)
+    best.empty = (f"no (dp, tp, pp) with dp x tp x pp = {N} devices suits the model and batch: tp must divide the "
+                  f"{m.num_heads} heads and {m.num_kv_heads} KV heads, pp be at most {L} layers"
+                  + ("" if free_layers else " and divide them") + f", dp divide the global batch {global_batch}"
+                  + (f" into replicas the micro-batch {s.micro_batch_size} divides" if s.micro_batch_size else ""))
     return best.result() if isinstance(best, _Best) else best.result(cluster, workload)
 
 

@@ -217,3 +217,14 @@ def test_a_users_micro_batch_skips_the_dp_degrees_it_does_not_divide(name, tiny)
     assert r.plan.num_pipelines != 8
     with pytest.raises(ConfigError, match="train.micro_batch_size"):  # a size the global batch refuses still is bad input
         B.run_baselines(c, tiny, 24, SearchSettings(iterations=2, micro_batch_size=5), (name,))
+
+
+@pytest.mark.parametrize("aware", [True, False])
+def test_a_space_without_candidates_says_why_not_memory(tiny, aware):
+    """7 devices, llama_tiny (4 layers, 4 heads), batch 24: no (dp, tp, pp) of 7 suits Megatron's space
+    (24 % 7, 4 % 7, 7 > 4 layers); the note says so instead of "no configuration fits in memory (0 tried)"."""
+    c = Cluster.from_config({"name": "seven", "machines": [{"gpu": "RTX4090", "count": 7, "intra_bandwidth": "32 GB/s"}],
+                             "inter_machine": {"bandwidth": "1 GB/s"}})
+    r = B.megatron(c, tiny, 24, FAST, aware=aware)
+    assert r.plan is None
+    assert "dp x tp x pp = 7 devices" in r.note and "memory" not in r.note, r.note
