@@ -57,9 +57,10 @@ class Compared:
 COMPARED = (
     Compared("search", "search", role="the §4 search on the whole cluster"),
     Compared("fast-only-megatron", "baselines.fast_only", (("style", "megatron"),),
-             "best Megatron-style symmetric plan on a machine subset (the slow machines left out)"),
+             "best Megatron-style symmetric plan on a machine subset (every subset, the whole cluster included)"),
     Compared("fast-only-galvatron", "baselines.fast_only", (("style", "galvatron"),),
-             "best Galvatron-style symmetric plan (free layer split) on a machine subset"),
+             "best Galvatron-style symmetric plan (free layer split) on a machine subset (every subset, the whole "
+             "cluster included)"),
     Compared("uniform-tp", "baselines.uniform_tp", (), "the search with one TP degree in every stage"),
     Compared("megatron", "baselines.megatron", (), "Megatron's (dp, tp, pp) space on all devices"),
     Compared("galvatron", "baselines.galvatron", (), "Megatron's space with a free layer split, all devices"),
