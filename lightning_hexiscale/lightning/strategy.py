@@ -474,10 +474,10 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
 
         # The closure (forward, backward) runs here rather than inside optimizer.step, so that a
         # non-finite step can be dropped before Lightning's hooks, clipping and the update see it.
-        # The check comes before the sync, which would spread one rank's NaN to the other pipelines
-        # and hide where it came from; every rank decides the same, so the sync is skipped by all.
-        # finish_backward: the check, then the SUM across pipelines = the global-mean gradient (ZeRO:
-        # reduce-scatter), or the step's gradients dropped on every rank: PipelineEngine.fit_step's order.
+        # engine.finish_backward: the check comes before the sync, which would spread one rank's NaN
+        # to the other pipelines and hide where it came from; every rank decides the same, then all
+        # SUM across pipelines (the global-mean gradient; ZeRO: reduce-scatter) or all drop the step.
+        # The same call as in PipelineEngine.fit_step, which calibration and the benchmarks time.
         with torch.enable_grad():
             out = closure()
         bad = engine.finish_backward(out)

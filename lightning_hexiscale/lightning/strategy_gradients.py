@@ -7,7 +7,6 @@ file holds one concern); it uses the strategy's ``pipeline_model``, ``nonfinite`
 
 from __future__ import annotations
 
-from typing import Any
 
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn

@@ -10,10 +10,10 @@ other jobs at one moment falls on different plans in different rounds instead of
 What one step of a rank is: from the release of a barrier to the end of
 :meth:`~lightning_hexiscale.runtime.engine.PipelineEngine.fit_step`, the step ``Trainer.fit`` runs
 (forward and backward, the non-finite check, the gradient sync, clipping by the global norm at the
-recipe's default and the optimizer step: plain SGD, no momentum). The optimizer step is inside the window because under
-ZeRO-2/3 it is where the parameters are all-gathered, which the cost model prices as part of the
-data-parallel term; SGD's update (one multiply-add per parameter element) is the smallest unpriced
-part any optimizer could add. A plan's step time = the slowest of its ranks' times of that step
+recipe's default and the optimizer step: plain SGD, no momentum). The optimizer step is inside the
+window because under ZeRO-2/3 it is where the parameters are all-gathered, which the cost model
+prices as part of the data-parallel term; SGD's update (one multiply-add per parameter element) is
+the smallest unpriced part any optimizer could add. A plan's step time = the slowest of its ranks' times of that step
 (the step ends when the last rank is done). Units: seconds.
 
 **Plans on part of the ranks.** A plan may leave devices idle (``plan.idle_devices``) when the
