@@ -45,7 +45,7 @@ from lightning_hexiscale.errors import ConfigError, NonFiniteError
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.models.llama import Llama
 from lightning_hexiscale.planner.plan import Plan
-from lightning_hexiscale.runtime.grad_sync import DEFAULT_BUCKET_CAP_BYTES, GradSynchronizer, squared_norm
+from lightning_hexiscale.runtime.grad_sync import DEFAULT_BUCKET_CAP_BYTES, GradSynchronizer, finite, squared_norm
 from lightning_hexiscale.runtime.parallelize import build_stage, load_full_state_dict, local_shards
 from lightning_hexiscale.runtime.comm_order import check_exchanges
 from lightning_hexiscale.runtime.fast_path import apply_fast_path, fuse_adam
@@ -307,7 +307,7 @@ class PipelineEngine:
     def local_grads_finite(self) -> bool:
         """Are this rank's gradients finite: ``p.grad`` of the local parameters and, before
         :meth:`sync_grads`, those that ZeRO-2 already freed (:meth:`freed_grads_finite`)? Local."""
-        flags = [torch.isfinite(p.grad).all() for p in self.stage.parameters() if p.grad is not None]
+        flags = [finite(p.grad) for p in self.stage.parameters() if p.grad is not None]
         flags += self.freed_grads_finite()
         return not flags or bool(torch.stack(flags).all())
 

@@ -52,7 +52,7 @@ import torch
 import torch.distributed as dist
 from torch.optim import Optimizer
 
-from lightning_hexiscale.runtime.grad_sync import BoundaryStarts, squared_norm
+from lightning_hexiscale.runtime.grad_sync import BoundaryStarts, finite, squared_norm
 from lightning_hexiscale.runtime.parallelize import StageModule
 from lightning_hexiscale.runtime.topology import Topology
 from lightning_hexiscale.runtime.zero_layout import Bucket, Item, build_buckets, chunk_runs
@@ -271,7 +271,7 @@ class ZeroSharder:
         grads = {it.name: self.params[it.name].grad for it in b.items}
         flat = flatten(grads, b, torch.empty(0, dtype=self.dtype, device=self.device))
         if record_finite:
-            self.freed_finite.append(torch.isfinite(flat).all())
+            self.freed_finite.append(finite(flat))
         for it in b.items:  # the flat copy holds what is needed: drop the local gradient
             self._left[it.name] -= 1
             if self._left[it.name] == 0:

@@ -33,3 +33,17 @@ def _check(rank: int, world: int, config, poison: dict[int, str]) -> dict[int, i
                          ids=["finite", "tp-rank-grad", "other-pipeline-loss", "both"])
 def test_every_rank_gets_the_same_answer(run_ranks, tiny_gqa, poison, want):
     assert run_ranks(PLAN.world_size, _check, tiny_gqa, poison) == [want] * PLAN.world_size
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_finite_sees_every_kind_of_non_finite_element(dtype):
+    from lightning_hexiscale.runtime.grad_sync import finite
+
+    t = torch.randn(1000, dtype=dtype) * 1e3
+    assert bool(finite(t)) and bool(finite(torch.empty(0, dtype=dtype)))
+    assert bool(finite(torch.full((4,), torch.finfo(dtype).max, dtype=dtype)))  # large but finite
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        for where in (0, 517, 999):
+            u = t.clone()
+            u[where] = bad
+            assert not bool(finite(u)), (bad, where)
