@@ -12,7 +12,7 @@ from before the engine is built to after ``--steps`` optimizer steps, with glibc
 fixed at 4 KiB so that freed tensors leave the resident set (``bench_zero.py`` uses 64 KiB; bf16
 activations of small micro-batches are smaller than that and would otherwise stay in the heap); one-time lazy
 initialisation is primed before the baseline by one throw-away step of the same plan
-(:func:`warm_up`). Estimated: ``planner/estimate.py`` for the same plan
+(:func:`warm_up`). Estimated: ``planner/cost/estimate.py`` for the same plan
 and precision (:func:`lightning_hexiscale.profiling.check.cpu_workload`: AdamW, nothing reserved,
 no collective-library buffers on gloo).
 
@@ -40,7 +40,7 @@ from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.config.fast_path import FastPath
 from lightning_hexiscale.config.recipe import DEFAULT_GRADIENT_CLIP_VAL
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.estimate import estimate
+from lightning_hexiscale.planner.cost.estimate import estimate
 from lightning_hexiscale.planner.plan import Plan
 from lightning_hexiscale.profiling.check import cpu_workload, make_batch
 from lightning_hexiscale.runtime.engine import PipelineEngine

@@ -1,5 +1,5 @@
 """Planner benchmarks: search time at scale (Fig. 8) with quality against a 10x longer search,
-quality against the true optimum (planner/oracle.py) on small clusters, the baselines, and
+quality against the true optimum (planner/oracle/exact.py) on small clusters, the baselines, and
 convergence against random partitions (Fig. 6). Every ratio is measured in this run.
 
     python benchmarks/bench_planner.py                      # everything (about 5 minutes on 2 cores)
@@ -18,7 +18,7 @@ Sections:
   quality      search / true optimum (throughput ratio; the optimum over every device subset, the
                rest idle) on named small clusters (their models cut to 8 layers, which the oracle
                covers whole) and on the 40 random heterogeneous clusters of
-               tests/planner/test_search_vs_oracle.py (planner/cases.py); target >= 0.97 on every
+               tests/planner/test_search_vs_oracle.py (planner/oracle/cases.py); target >= 0.97 on every
                case; min, mean and cases at 1.0.
   baselines    every preset of BASELINE_CASES (case_study, hetero1-3, the H800+H20 clusters): the
                search, fast-only (the best megatron/galvatron plan on any machine subset, the other
@@ -36,7 +36,7 @@ Results are also written to <out>/results.json.
 
 --shared-nics: every cluster of the run with one NIC per machine at its fastest link to another
 machine (what a cluster file without ``nics`` gets), so that concurrent transfers share it
-(planner/nic.py); the paper presets declare one NIC per GPU. The random clusters of the quality
+(planner/cost/nic.py); the paper presets declare one NIC per GPU. The random clusters of the quality
 section have one NIC per machine either way.
 """
 
@@ -55,10 +55,10 @@ from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import InfeasiblePlan
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner import baselines as B
-from lightning_hexiscale.planner.cases import random_case
-from lightning_hexiscale.planner.estimate import Workload
-from lightning_hexiscale.planner.oracle import oracle
-from lightning_hexiscale.planner.search import SearchSettings, search
+from lightning_hexiscale.planner.cost.estimate import Workload
+from lightning_hexiscale.planner.oracle.cases import random_case
+from lightning_hexiscale.planner.oracle.exact import oracle
+from lightning_hexiscale.planner.search.two_phase import SearchSettings, search
 
 
 def _w(model: str) -> Workload:
@@ -180,7 +180,7 @@ def bench_speed(sizes: list[int], iterations: int, scale_sizes: tuple[int, ...] 
 
 
 def bench_quality(cases, iterations: int, random_seeds: range | list = ()) -> list[dict]:
-    print(f"\n== search ({iterations} iterations) / true optimum (planner/oracle.py, over every device subset), "
+    print(f"\n== search ({iterations} iterations) / true optimum (planner/oracle/exact.py, over every device subset), "
           "throughput ratio (target >= 0.97) ==")
     rows = []
     named = [(label, c, _w8(model), gb) for label, c, model, gb in cases]

@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{pair_ratio:.3f} (median of per-step ratios); target >= 0.95")
     est = estimated_peak_bytes(plan, config)
     worst = max(peaks["hexiscale"])
-    print(f"cost model (planner/estimate.py) peak memory per rank: {est / 2**20:.1f} MiB; "
+    print(f"cost model (planner/cost/estimate.py) peak memory per rank: {est / 2**20:.1f} MiB; "
           f"measured hexiscale / estimated = {worst / est:.2f}")
     return 0
 
@@ -195,7 +195,7 @@ def estimated_peak_bytes(plan: Plan, config: LlamaConfig) -> float:
     """The cost model's peak memory of the plan's largest stage for this benchmark's setting:
     fp32 weights and gradients (B_type = 4), plain SGD (no optimizer state, K = 0), no reserve."""
     from lightning_hexiscale.config.cluster import Cluster
-    from lightning_hexiscale.planner.estimate import Workload, estimate
+    from lightning_hexiscale.planner.cost.estimate import Workload, estimate
 
     cluster = Cluster.load("cpu2").replicate((plan.world_size + 1) // 2)
     work = Workload(config, dtype="fp32", optimizer_bytes_per_param=0.0, reserve_bytes=0.0)

@@ -8,7 +8,7 @@ peak is its own; glibc's mmap threshold fixed at 64 KiB so that freed memory lea
 set). Measured: the growth of the resident set per rank from before the model is
 built to after ``--steps`` optimizer steps (see ``bench_runtime.py``: VmHWM reset through
 /proc/self/clear_refs, one-time lazy initialisation primed first). Estimated: the Appendix B
-memory model of ``planner/estimate.py`` for the same plan (fp32, K = 8 bytes of Adam state per
+memory model of ``planner/cost/estimate.py`` for the same plan (fp32, K = 8 bytes of Adam state per
 parameter, no reserve).
 
 Printed: one row per sharding (measured MiB, estimated MiB, measured/estimated) and the ratios
@@ -35,7 +35,7 @@ from lightning_hexiscale.bench.resident_memory import fixed_mmap_threshold, peak
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.config.recipe import DEFAULT_GRADIENT_CLIP_VAL
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.estimate import Workload, estimate
+from lightning_hexiscale.planner.cost.estimate import Workload, estimate
 from lightning_hexiscale.planner.plan import Plan
 from lightning_hexiscale.profiling.calibrate import pure_dp_plan
 from lightning_hexiscale.profiling.check import make_batch

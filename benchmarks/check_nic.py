@@ -14,7 +14,7 @@ its gradient back: one Comm-PP-Hop, eq. 6):
   together  two pipelines' leader hops in the same phase (0 -> 2 and 1 -> 3) at once.
 
 Each is priced by ``cost_model.comm_pp_hop_scatter`` / ``comm_pp_hop`` on the cluster file (links
-scaled as the emulator scales them) with the NIC fair shares of ``planner/nic.py`` (``with NIC``)
+scaled as the emulator scales them) with the NIC fair shares of ``planner/cost/nic.py`` (``with NIC``)
 and with every transfer on a full link of its own (``per pair``, the model before the NIC term);
 error = price / measured median - 1. Target: |error with NIC| <= 15 % for the scatter boundary.
 
@@ -142,8 +142,8 @@ def scaled(cluster, bw_scale: float):
 def prices(cluster, size: int) -> dict[str, tuple[float, float]]:
     """{scenario: (with NIC, per pair)}: Comm-PP-Hop of ``size`` bytes, both directions one after the
     other (the round trip: GPipe's counting, one direction per phase)."""
-    from lightning_hexiscale.planner import cost_model as cm
-    from lightning_hexiscale.planner import nic
+    from lightning_hexiscale.planner.cost import model as cm
+    from lightning_hexiscale.planner.cost import nic
 
     bw, lat = cluster.bandwidth, cluster.latency
     src, dst = (0, 1), (2, 3)

@@ -36,11 +36,11 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "LlamaLitModule": "lightning_hexiscale.lightning.example",
     "Plan": "lightning_hexiscale.planner.plan",
     "attach_weights": "lightning_hexiscale.data.weights",
-    "estimate": "lightning_hexiscale.planner.estimate",
+    "estimate": "lightning_hexiscale.planner.cost.estimate",
     "load_hf": "lightning_hexiscale.data.weights",
     "load_llama": "lightning_hexiscale.runtime.checkpoint",
     "load_llama_state_dict": "lightning_hexiscale.runtime.checkpoint",
-    "search": "lightning_hexiscale.planner.search",
+    "search": "lightning_hexiscale.planner.search.two_phase",
 })
 __getattr__ = moved_getattr(__name__, __getattr__)
 

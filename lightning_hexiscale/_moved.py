@@ -6,12 +6,22 @@ release). A module path that no longer exists is kept here, mapped to where its 
 every ``import lightning_hexiscale.x`` runs first) turns ``import lightning_hexiscale.strategy`` into
 ``ImportError: lightning_hexiscale.strategy moved to lightning_hexiscale.lightning.strategy ...``
 instead of Python's bare "No module named". Nothing is aliased: the old path does not work.
+
+The planner's split by concern (issue 31: ``planner/cost``, ``planner/search``, ``planner/oracle``) is
+the one exception, in :data:`DEPRECATED_MODULES`: those module paths were named in the project's own
+specifications (``planner/cost_model.py`` holds the Appendix B terms) and users' scripts import the
+cost terms from them, so for one release the old path still imports, as the *same* module object as
+the new one (a monkeypatch through either path patches both), with a ``DeprecationWarning`` that
+names the new path. After that release they move to :data:`MOVED_MODULES` and raise.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
-from importlib.abc import MetaPathFinder
+import warnings
+from importlib.abc import Loader, MetaPathFinder
+from importlib.machinery import ModuleSpec
 
 MOVED_MODULES: dict[str, str] = {
     # the one-folder-per-layer move (8bfca30): top-level modules went into config/, data/, lightning/, cli/
@@ -32,6 +42,23 @@ MOVED_MODULES: dict[str, str] = {
 }
 """Old module path -> the module that holds its contents now."""
 
+_P = "lightning_hexiscale.planner"
+DEPRECATED_MODULES: dict[str, str] = {
+    f"{_P}.{old}": f"{_P}.{new}" for old, new in {
+        # the planner split by concern (issue 31): the cost model, the search, the true optimum
+        "cost_model": "cost.model", "compute": "cost.compute", "memory": "cost.memory",
+        "communicators": "cost.communicators", "dp_comm": "cost.dp_comm", "wire": "cost.wire",
+        "nic": "cost.nic", "roofline": "cost.roofline", "zero_terms": "cost.zero_terms",
+        "workload": "cost.workload", "estimate": "cost.estimate",
+        "search_settings": "search.settings", "partition": "search.partition", "assemble": "search.assemble",
+        "dp_split": "search.dp_split", "batching": "search.batching", "floors": "search.floors",
+        "refine": "search.refine", "subsets": "search.subsets", "infeasible": "search.infeasible",
+        "oracle_space": "oracle.space", "oracle_terms": "oracle.terms", "cases": "oracle.cases",
+    }.items()}
+"""Old module path -> its new path, still importable (same module object) with a DeprecationWarning.
+``planner.search`` and ``planner.oracle`` are not here: they are packages now, and export the public
+names their modules had (``from lightning_hexiscale.planner.search import search`` is unchanged)."""
+
 TOP_LEVEL = {"lightning_hexiscale.lightning.strategy": "HexiScaleStrategy",
              "lightning_hexiscale.lightning.example": "LlamaLitModule",
              "lightning_hexiscale.config.cluster": "Cluster"}
@@ -45,14 +72,39 @@ def moved_message(old: str) -> str:
             f"CHANGELOG.md")
 
 
+def deprecated_message(old: str) -> str:
+    new = DEPRECATED_MODULES[old]
+    return (f"{old} moved to {new}: import from {new}; the old path stops working in the next release "
+            f"(CHANGELOG.md)")
+
+
+class _AliasLoader(Loader):
+    """Loads a deprecated path as its new module: ``exec_module`` puts the new module object in
+    ``sys.modules`` under the old name, which the import system then returns (the placeholder module
+    it created is dropped; the new module's own ``__spec__`` is left alone)."""
+
+    def __init__(self, new: str):
+        self.new = new
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        warnings.warn(deprecated_message(module.__name__), DeprecationWarning, stacklevel=2)
+        # (warnings skips the import system's frames: level 2 is the line that imports)
+        sys.modules[module.__name__] = importlib.import_module(self.new)
+
+
 class MovedFinder(MetaPathFinder):
     """Raises ``ImportError`` naming the new path for an import of a moved module (an ImportError,
     not a ModuleNotFoundError, which ``from lightning_hexiscale import strategy`` would swallow into
-    "cannot import name")."""
+    "cannot import name"); imports a deprecated path as its new module, with a warning."""
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname in MOVED_MODULES:
             raise ImportError(moved_message(fullname), name=fullname)
+        if fullname in DEPRECATED_MODULES:
+            return ModuleSpec(fullname, _AliasLoader(DEPRECATED_MODULES[fullname]))
         return None
 
 

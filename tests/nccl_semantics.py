@@ -576,7 +576,7 @@ _ESIZE = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "
 
 
 def step_bytes(step: Step) -> float:
-    """Bytes one rank moves for a step, by the conventions of the cost model (planner/wire.py):
+    """Bytes one rank moves for a step, by the conventions of the cost model (planner/cost/wire.py):
     p2p send n*b (receives count 0: the sender's side carries them); over a group of t ranks,
     all-reduce 2(t-1)/t*n*b, reduce-scatter and all-gather (t-1)/t of the full buffer, broadcast
     (t-1)/t*n*b."""

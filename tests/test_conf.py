@@ -5,7 +5,7 @@ import pytest
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.config.schema import compose, preset_names
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.estimate import workload_from_config
+from lightning_hexiscale.planner.cost.estimate import workload_from_config
 
 
 @pytest.mark.parametrize("model", preset_names("model"))

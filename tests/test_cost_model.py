@@ -8,8 +8,8 @@ import pytest
 
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner import cost_model as cm
-from lightning_hexiscale.planner.estimate import Workload, estimate
+from lightning_hexiscale.planner.cost import model as cm
+from lightning_hexiscale.planner.cost.estimate import Workload, estimate
 from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
 
 L13 = LlamaConfig.load("llama2_13b")
@@ -160,7 +160,7 @@ def test_memory_terms():
 # ---- composition ---------------------------------------------------------------------------------
 def at_peak(c: Cluster) -> Cluster:
     """Appendix B's arithmetic: compute at FLOPs / datasheet peak (efficiency 1.0 set, so the
-    uncalibrated roofline of planner/compute.py does not apply)."""
+    uncalibrated roofline of planner/cost/compute.py does not apply)."""
     from lightning_hexiscale.profiling.calibrate import with_calibration
 
     return with_calibration(c, {d.gpu_type: 1.0 for d in c.devices})
@@ -286,11 +286,11 @@ def test_estimate_json_document():
     assert s["layers"] == [0, 17]
 
 
-# ---- wire dtypes and paths (planner/wire.py; the runtime side is tests/runtime/test_wire_bytes.py) ----
+# ---- wire dtypes and paths (planner/cost/wire.py; the runtime side is tests/runtime/test_wire_bytes.py) ----
 def test_reduce_dtype_is_priced():
     """fp32 gradient reduction under a bf16 workload: twice the DP bytes, more DP time; activations
     and TP traffic unchanged."""
-    from lightning_hexiscale.planner.wire import wire_bytes
+    from lightning_hexiscale.planner.cost.wire import wire_bytes
 
     model = LlamaConfig.load("llama2_7b")
     plan = Plan((Pipeline(8, 1, (Stage((0, 1), (0, 16)), Stage((8,), (16, 32)))),

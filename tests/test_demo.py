@@ -10,8 +10,8 @@ import pytest
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.config.schema import compose
 from lightning_hexiscale.planner.baselines import exhaustive
-from lightning_hexiscale.planner.estimate import workload_from_config
-from lightning_hexiscale.planner.search import SearchSettings, search
+from lightning_hexiscale.planner.cost.estimate import workload_from_config
+from lightning_hexiscale.planner.search.two_phase import SearchSettings, search
 
 
 def _shape(plan) -> dict:

@@ -1,5 +1,5 @@
 """Measured layer times in the cluster file (config/layer_table.py) and how the cost model uses them
-(planner/compute.py): round trip through YAML, interpolation in the micro-batch size and the stated
+(planner/cost/compute.py): round trip through YAML, interpolation in the micro-batch size and the stated
 extrapolation, the cases a table does not cover, bad input, and one pricing for estimate(), the
 search's fast paths and the oracle."""
 
@@ -14,7 +14,7 @@ from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.config.layer_table import LayerTable, LayerTimeRow, ModelShape, interpolate
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.estimate import Workload, estimate, layer_times, stage_extra_times
+from lightning_hexiscale.planner.cost.estimate import Workload, estimate, layer_times, stage_extra_times
 
 TINY = LlamaConfig.load("llama_tiny")  # 4 heads, 2 KV heads
 
@@ -121,8 +121,8 @@ def test_one_pricing_for_estimate_the_search_and_the_oracle():
     """With a table whose times differ from any FLOPs figure, the search's fast paths (Evaluator,
     BatchTimer) and the oracle price with it exactly as estimate() does: the search's plan costs
     what estimate() says, and the oracle's optimum is no better than the search's (2 + 2 devices)."""
-    from lightning_hexiscale.planner.oracle import oracle
-    from lightning_hexiscale.planner.search import SearchSettings, search
+    from lightning_hexiscale.planner.oracle.exact import oracle
+    from lightning_hexiscale.planner.search.two_phase import SearchSettings, search
 
     model = dataclasses.replace(TINY, num_layers=4)
     doc = cluster_doc(_rows(scale=0.01))  # a few times faster than FLOPs at 100 / 50 GFLOP/s: worth using
@@ -136,8 +136,8 @@ def test_one_pricing_for_estimate_the_search_and_the_oracle():
     assert found.plan is not None
     assert estimate(found.plan, c, w).iteration_time_s == pytest.approx(found.estimate.iteration_time_s, rel=1e-9)
     # the fast paths on the plan's own layout: the batch timer's exact split and the evaluator's terms
-    from lightning_hexiscale.planner.assemble import Evaluator
-    from lightning_hexiscale.planner.batching import BatchTimer
+    from lightning_hexiscale.planner.search.assemble import Evaluator
+    from lightning_hexiscale.planner.search.batching import BatchTimer
 
     for sharding in ("ddp", "zero2", "zero3"):
         layout = dataclasses.replace(found.plan, dp_sharding=sharding)

@@ -155,6 +155,41 @@ def test_runtime_consumes_only_a_plan():
     assert bad == []
 
 
+PLANNER_ORDER = ["plan", "cost", "search", "oracle", "baselines"]
+"""The planner's concerns, bottom to top: the Plan, the cost model, the search, the true optimum, the
+baselines (which compare against all of them). Each imports only those before it."""
+
+
+def _planner_part(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "planner" else None
+
+
+def test_every_planner_module_is_in_a_concern():
+    unknown = sorted(m for m in _graph() if _planner_part(m) not in (None, *PLANNER_ORDER))
+    assert unknown == [], f"planner modules outside {PLANNER_ORDER}: {unknown}"
+
+
+def planner_upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for mod, deps in graph.items():
+        here = _planner_part(mod)
+        for dep in deps:
+            there = _planner_part(dep)
+            if here and there and PLANNER_ORDER.index(there) > PLANNER_ORDER.index(here):
+                bad.append(f"{mod} -> {dep}")
+    return sorted(bad)
+
+
+def test_planner_concerns_import_only_downwards():
+    assert planner_upward_imports(_graph()) == []
+
+
+def test_the_planner_order_check_finds_an_upward_import():
+    cost, search = f"{PKG}.planner.cost.estimate", f"{PKG}.planner.search.two_phase"
+    assert planner_upward_imports({cost: {search}, search: {cost}}) == [f"{cost} -> {search}"]
+
+
 SCRIPTS = sorted([*(ROOT.parent / "benchmarks").glob("*.py"), *(ROOT.parent / "recipes").glob("*.py")])
 """The benchmarks and the recipes: scripts that use the package, never one another."""
 

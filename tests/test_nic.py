@@ -1,9 +1,9 @@
 """Shared NICs: the cluster description (schema, defaults, bad input, round trip) and the cost model's
-division of a NIC among concurrent cross-machine transfers (planner/nic.py), on hand-computed cases.
+division of a NIC among concurrent cross-machine transfers (planner/cost/nic.py), on hand-computed cases.
 
 The cluster of most cases: two machines of 2 GPUs, one NIC each at B = 1 GB/s, links between the
 machines at 1 GB/s (alpha 1 ms), inside them 100 GB/s (alpha 10 us). Every expected value is written
-out from the formulas in planner/nic.py's docstring, not taken from the code."""
+out from the formulas in planner/cost/nic.py's docstring, not taken from the code."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ import yaml
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner import cost_model as cm
-from lightning_hexiscale.planner import nic
-from lightning_hexiscale.planner.batching import BatchTimer
-from lightning_hexiscale.planner.dp_comm import dp_comm_all, dp_comm_per_layer
-from lightning_hexiscale.planner.estimate import Workload, activation_message_bytes, estimate, hop_time
+from lightning_hexiscale.planner.cost import model as cm
+from lightning_hexiscale.planner.cost import nic
+from lightning_hexiscale.planner.cost.dp_comm import dp_comm_all, dp_comm_per_layer
+from lightning_hexiscale.planner.cost.estimate import Workload, activation_message_bytes, estimate, hop_time
 from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
+from lightning_hexiscale.planner.search.batching import BatchTimer
 
 B = 1e9
 A_INTER, A_INTRA, B_INTRA = 1e-3, 1e-5, 100e9

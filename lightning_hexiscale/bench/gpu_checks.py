@@ -333,7 +333,7 @@ def estimated_peak(plan, model_config, precision: str, device: str = "cuda", clu
     communicator buffers (``allocator_bytes``: what ``torch.cuda.max_memory_allocated`` can see)."""
     from omegaconf import OmegaConf
 
-    from lightning_hexiscale.planner.estimate import estimate, workload_from_config
+    from lightning_hexiscale.planner.cost.estimate import estimate, workload_from_config
 
     cluster = cluster or local_cluster(device)
     model = {f.name: getattr(model_config, f.name) for f in dataclasses.fields(model_config)}

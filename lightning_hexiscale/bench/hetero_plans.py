@@ -76,7 +76,7 @@ CALIBRATION = ("compute alone: every rank trains all layers by itself, no commun
                "TP-2 pairs: one TP-2 stage over rank pairs (0,1), (2,3), ... with all layers, a pipeline per pair",
                "data parallel: one single-device pipeline per rank with all layers, gradients all-reduced")
 """The calibration's measurements, in the order they are fitted (efficiency, sync latency, theta_ddp)."""
-PRICING_ROOTS = ("lightning_hexiscale/planner/estimate.py", "lightning_hexiscale/profiling/calibrate.py")
+PRICING_ROOTS = ("lightning_hexiscale/planner/cost/estimate.py", "lightning_hexiscale/profiling/calibrate.py")
 """The cost model and its calibration; with every planner module they import, their source is the
 cost model's form that :func:`cost_model_form` fingerprints."""
 
@@ -119,7 +119,7 @@ def held_out_plan(cluster: Cluster, config: LlamaConfig, work, global_batch: int
     """One pipeline through every machine, each machine's devices one TP stage (split into TP groups of
     the largest degree in 8, 4, 2 dividing both its device count and the KV heads; 1 otherwise),
     machines by per-device FLOP/s, fastest first or last; the planner's leaders and layer split."""
-    from lightning_hexiscale.planner.assemble import DraftContext, Evaluator, chain_draft, make_plan
+    from lightning_hexiscale.planner.search.assemble import DraftContext, Evaluator, chain_draft, make_plan
 
     order = sorted(range(len(cluster.machines)), key=lambda m: (-cluster.devices[cluster.machines[m].devices[0]].flops, m))
     if not fast_first:
@@ -161,8 +161,8 @@ def make_plans(cluster: Cluster, config: LlamaConfig, args, names: tuple[str, ..
     the search with ``use_all_devices`` and says so in its note (``SUBSTITUTED`` in the note: the
     run is then not a pre-registered one)."""
     from lightning_hexiscale.planner import baselines
-    from lightning_hexiscale.planner.search import search
-    from lightning_hexiscale.planner.search_settings import SearchSettings
+    from lightning_hexiscale.planner.search.settings import SearchSettings
+    from lightning_hexiscale.planner.search.two_phase import search
     from lightning_hexiscale.profiling.check import cpu_workload
 
     work = cpu_workload(config)

@@ -33,7 +33,7 @@ def subcommand(name: str, help_: str, configure: Callable[[argparse.ArgumentPars
 
 def notice_printer(prog: str, default_show):
     """A ``warnings.showwarning`` that prints the package's own notices (warning classes with
-    ``cli_notice``, e.g. ``planner.compute.DatasheetPricingWarning``) as one line, ``PROG: warning:
+    ``cli_notice``, e.g. ``planner.cost.compute.DatasheetPricingWarning``) as one line, ``PROG: warning:
     ...``, instead of Python's file:line form; other warnings go to ``default_show``."""
     def show(message, category, filename, lineno, file=None, line=None):
         if getattr(category, "cli_notice", False):

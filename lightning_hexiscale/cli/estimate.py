@@ -17,8 +17,8 @@ def _estimate_args(p: argparse.ArgumentParser) -> None:
 def cmd_estimate(args: argparse.Namespace) -> int:
     from lightning_hexiscale.config.cluster import Cluster
     from lightning_hexiscale.config.schema import compose
-    from lightning_hexiscale.planner.compute import warn_datasheet_pricing
-    from lightning_hexiscale.planner.estimate import estimate, workload_from_config
+    from lightning_hexiscale.planner.cost.compute import warn_datasheet_pricing
+    from lightning_hexiscale.planner.cost.estimate import estimate, workload_from_config
     from lightning_hexiscale.planner.plan import Plan
 
     plan = Plan.load(args.plan)

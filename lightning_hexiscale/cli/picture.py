@@ -82,7 +82,7 @@ def _box_label(cluster, st) -> str:
 
 def draw_plan(plan, cluster, path: str | Path, title: str = "", estimate=None) -> None:
     """Draw ``plan`` (see the module doc) to ``path``, PNG or SVG by the extension; ``estimate``
-    (the plan's :class:`~lightning_hexiscale.planner.estimate.Estimate`) marks the bottleneck stage."""
+    (the plan's :class:`~lightning_hexiscale.planner.cost.estimate.Estimate`) marks the bottleneck stage."""
     path = Path(path)
     if path.suffix.lower() not in (".png", ".svg"):
         raise ConfigError("--picture", str(path), "the picture is PNG or SVG, chosen by the extension",

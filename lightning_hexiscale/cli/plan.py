@@ -43,7 +43,7 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--like-for-like", action="store_true", help="give the baselines every dp sharding the search "
                    "may use (default: their own, as the paper ran them: Megatron/Metis DDP, Galvatron ZeRO-3)")
     p.add_argument("--optimum", action="store_true", help="also compute the true optimum of the whole plan "
-                   "space (planner/oracle.py, exhaustive branch and bound; clusters of up to 8 devices) and "
+                   "space (planner/oracle/exact.py, exhaustive branch and bound; clusters of up to 8 devices) and "
                    "print how close the search's plan is to it")
     p.add_argument("--optimum-time-limit", type=float, default=60.0, metavar="SECONDS",
                    help="stop the optimum search after this long and report it incomplete, with the best plan "
@@ -64,8 +64,8 @@ def plan_once(overrides: list[str], with_baselines: bool, progress: bool | None 
     without each machine (unless ``planner.use_all_devices``)."""
     from lightning_hexiscale.config.cluster import Cluster
     from lightning_hexiscale.config.schema import compose
-    from lightning_hexiscale.planner.estimate import workload_from_config
-    from lightning_hexiscale.planner.search import SearchSettings, search
+    from lightning_hexiscale.planner.cost.estimate import workload_from_config
+    from lightning_hexiscale.planner.search.two_phase import SearchSettings, search
 
     cfg = compose(overrides)
     cluster = Cluster.from_config(cfg.cluster)
@@ -74,7 +74,7 @@ def plan_once(overrides: list[str], with_baselines: bool, progress: bool | None 
     settings = SearchSettings.from_config(cfg, dp_sharding_explicit=explicit(overrides, "train.dp_sharding"), **changes)
     gb = int(cfg.train.global_batch)
     if optimum_time_limit is not None:
-        from lightning_hexiscale.planner.oracle import MAX_DEVICES
+        from lightning_hexiscale.planner.oracle.exact import MAX_DEVICES
 
         if cluster.num_devices > MAX_DEVICES:
             raise ConfigError("--optimum", f"cluster {cluster.name} ({cluster.num_devices} devices)",
@@ -92,7 +92,7 @@ def plan_once(overrides: list[str], with_baselines: bool, progress: bool | None 
 
         out["baselines"] = run_baselines(cluster, workload, gb, settings, like_for_like=like_for_like, aware=aware)
     if optimum_time_limit is not None:
-        from lightning_hexiscale.planner.oracle import oracle
+        from lightning_hexiscale.planner.oracle.exact import oracle
 
         if settings.progress:  # the oracle has no progress bar: say what the wait is for
             print(f"true optimum: exhaustive search, at most {optimum_time_limit:g} s ...", file=sys.stderr, flush=True)
@@ -278,7 +278,7 @@ def compute_ceiling(plan, cluster) -> float:
 def optimum_line(found_s: float, best) -> str:
     d = optimum_document(found_s, best)
     if best.status == "optimal":
-        return (f"true optimum (planner/oracle.py, {d['time_s']:.1f} s): {d['iteration_time_s']:.4f} s per iteration; "
+        return (f"true optimum (planner/oracle/exact.py, {d['time_s']:.1f} s): {d['iteration_time_s']:.4f} s per iteration; "
                 f"the search's plan reaches {d['search_fraction_of_optimum']:.3f} of its throughput")
     if best.status == "incomplete":
         return (f"true optimum: INCOMPLETE after {d['time_s']:.1f} s (--optimum-time-limit); the best plan found takes "

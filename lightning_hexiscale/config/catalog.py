@@ -28,7 +28,7 @@ class GpuType:
     efficiency: float | None = None
     """Fraction of the peak the cost model's FLOPs / (peak x efficiency) assumes is sustained, set
     by ``hexiscale calibrate`` or by the user; None: not calibrated (CUDA plans are then priced by
-    the roofline of :mod:`lightning_hexiscale.planner.compute` where the type has an HBM figure,
+    the roofline of :mod:`lightning_hexiscale.planner.cost.compute` where the type has an HBM figure,
     else at the peak)."""
     hopper: bool = False
     """Hopper-class GPU (the paper runs ZeRO-3 on clusters that contain them, Appendix G)."""
@@ -43,10 +43,10 @@ class GpuType:
     gemm_efficiency: float | None = None
     """Fraction of the peak large GEMMs reach on this type, measured (``recipes/mfu_probe.py``'s GEMM
     ceiling at the stage's shapes, written under ``gpu_types.<type>.gemm_efficiency``); None: the
-    roofline's documented default (``planner.compute.DEFAULT_GEMM_EFFICIENCY``)."""
+    roofline's documented default (``planner.cost.compute.DEFAULT_GEMM_EFFICIENCY``)."""
     hbm_efficiency: float | None = None
     """Fraction of ``memory_bandwidth_Bps`` memory-bound kernels reach, measured like
-    ``gemm_efficiency``; None: ``planner.compute.DEFAULT_HBM_EFFICIENCY``."""
+    ``gemm_efficiency``; None: ``planner.cost.compute.DEFAULT_HBM_EFFICIENCY``."""
     datasheet: bool = False
     """The figures are the built-in catalog's datasheet values (not a user's or the profiler's)."""
 

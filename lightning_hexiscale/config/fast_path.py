@@ -2,7 +2,7 @@
 
 Every switch is ``None`` (auto), ``True`` or ``False``; :meth:`FastPath.resolve` turns the autos
 into decisions for one stage, with the reason for each, so that the run's log can say what runs
-and why (:mod:`lightning_hexiscale.runtime.fast_path` applies them, ``planner/memory.py`` prices
+and why (:mod:`lightning_hexiscale.runtime.fast_path` applies them, ``planner/cost/memory.py`` prices
 the ones that move memory).
 
 =================  ==========================================================  ==================

@@ -3,7 +3,7 @@
 ``hexiscale profile --model M`` (and ``hexiscale calibrate --layer-times``) times, on the cluster's
 own devices, the forward and backward of one transformer layer per (device type, TP degree,
 micro-batch size), with its TP collectives inside, and the embedding and the LM head + loss
-separately, and writes them here. The cost model (:mod:`lightning_hexiscale.planner.compute`) uses
+separately, and writes them here. The cost model (:mod:`lightning_hexiscale.planner.cost.compute`) uses
 a table where it covers a case and prices FLOPs / efficiency (or the roofline) otherwise.
 
 YAML (one entry per device type, model shape and precision)::

@@ -11,7 +11,7 @@ device a to device b on another machine:
 
 A single transfer runs at min(beta[a, b], B_nic(a), B_nic(b)): :func:`cap_links` folds that into the
 cluster's bandwidth matrix, so every term priced on one pair sees it. Concurrent transfers through
-one NIC share it (:mod:`lightning_hexiscale.planner.nic`, the cost model's part).
+one NIC share it (:mod:`lightning_hexiscale.planner.cost.nic`, the cost model's part).
 
 Default (no ``nics`` key): one NIC per machine at the machine's fastest link to another machine,
 i.e. the ``inter_machine`` bandwidth unless ``machine_links`` or a matrix file say more, so a single

@@ -18,9 +18,9 @@ from typing import Any, Dict, List, Optional
 import yaml
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.config.layer_table import LayerTableConfig
 from lightning_hexiscale.config.recipe import DataConfig, TrainerConfig
+from lightning_hexiscale.errors import ConfigError
 
 
 @dataclass
@@ -46,10 +46,10 @@ class GpuTypeConfig:
     """Device-memory bandwidth, e.g. "3.35 TB/s": the roofline's ceiling for memory-bound work."""
     gemm_efficiency: Optional[float] = None
     """Fraction of ``flops`` large GEMMs reach (``recipes/mfu_probe.py``'s GEMM ceiling); null: the
-    roofline's default (``planner.compute.DEFAULT_GEMM_EFFICIENCY``)."""
+    roofline's default (``planner.cost.compute.DEFAULT_GEMM_EFFICIENCY``)."""
     hbm_efficiency: Optional[float] = None
     """Fraction of ``memory_bandwidth`` memory-bound kernels reach (the probe's HBM ceiling); null:
-    ``planner.compute.DEFAULT_HBM_EFFICIENCY``."""
+    ``planner.cost.compute.DEFAULT_HBM_EFFICIENCY``."""
 
 
 @dataclass
@@ -67,7 +67,7 @@ class NicConfig:
     """A machine's network interfaces (NICs): what its GPUs reach other machines through.
 
     Concurrent transfers through one NIC share its bandwidth (the cost model divides it among them:
-    ``planner/nic.py``); a single transfer between two machines runs at most at the smaller of the
+    ``planner/cost/nic.py``); a single transfer between two machines runs at most at the smaller of the
     link (``inter_machine``/``machine_links``) and the two NICs. Leaving ``nics`` out means one NIC
     at the machine's fastest link to another machine (``inter_machine.bandwidth`` unless
     ``machine_links`` or a matrix file say more)."""

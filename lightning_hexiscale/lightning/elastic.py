@@ -261,7 +261,7 @@ class ElasticRun(Callback):
         restore, print and record what changed, and join the Trainer's callbacks. ``workload``: the
         one the plan was searched for (the estimate printed is the planner's)."""
         from lightning_hexiscale.lightning import internals
-        from lightning_hexiscale.planner.estimate import estimate
+        from lightning_hexiscale.planner.cost.estimate import estimate
 
         cluster, plan = strategy.cluster, strategy.plan
         est = estimate(plan, cluster, workload)

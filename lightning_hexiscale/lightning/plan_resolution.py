@@ -25,8 +25,8 @@ from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.data.samplers import split_proportional
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.models.config import LlamaConfig
+from lightning_hexiscale.planner.cost.workload import Workload
 from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
-from lightning_hexiscale.planner.workload import Workload
 
 
 def load_cluster_arg(cluster: str | Path | Cluster | None, key: str = "HexiScaleStrategy(cluster)") -> Cluster | None:
@@ -107,11 +107,11 @@ def search_plan(cluster: Cluster, workload: Workload, global_batch: int, overrid
     unless ``overrides['dp_sharding']`` binds it. ``use_all_devices``: every device takes work (else
     the plan may leave devices idle)."""
     try:
-        from lightning_hexiscale.planner.search import SearchSettings, search
+        from lightning_hexiscale.planner.search.two_phase import SearchSettings, search
     except ModuleNotFoundError as e:
         if not (e.name or "").startswith("lightning_hexiscale"):
             raise
-        warnings.warn("lightning_hexiscale.planner.search is not available: using a plain data-parallel plan "
+        warnings.warn("lightning_hexiscale.planner.search.two_phase is not available: using a plain data-parallel plan "
                       "(fallback_data_parallel_plan)", stacklevel=2)
         return fallback_data_parallel_plan(cluster, workload.model, global_batch), None
     settings = SearchSettings(iterations=iterations, seed=seed, progress=progress,

@@ -48,22 +48,22 @@ from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.config.recipe import check_ckpt_path, device_kind, precision_dtype
 from lightning_hexiscale.data.samplers import check_train_loader
 from lightning_hexiscale.errors import (ConfigError, ElasticStop, InfeasiblePlan, NonFiniteError, RankFailure,
-                                       TrainingInterrupted)
-from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.models.llama import Llama
+                                        TrainingInterrupted)
 from lightning_hexiscale.lightning import internals, notices
 from lightning_hexiscale.lightning.device_check import check_local_gpus
 from lightning_hexiscale.lightning.fast_path import log_fast_path, prepare_optimizers, strategy_fast_path
 from lightning_hexiscale.lightning.idle_ranks import IdleRankMethods, accepted_world_sizes, layout_for, world_error
-from lightning_hexiscale.lightning.strategy_checkpoints import CheckpointMethods
-from lightning_hexiscale.lightning.strategy_gradients import GradientMethods
-from lightning_hexiscale.lightning.pipeline_model import PipelineLogits, PipelineModel
-from lightning_hexiscale.planner.plan import DP_SHARDINGS, SCHEDULES, Plan
-from lightning_hexiscale.planner.workload import Workload
-from lightning_hexiscale.lightning.zero_hooks import shard_optimizers
 from lightning_hexiscale.lightning.launching import CHILD_ENV, LaunchGuard, agree, is_agreed, mark_agreed
+from lightning_hexiscale.lightning.pipeline_model import PipelineLogits, PipelineModel
 from lightning_hexiscale.lightning.plan_resolution import (describe_local_devices, load_cluster_arg, load_plan_arg,
                                                            plan_for)
+from lightning_hexiscale.lightning.strategy_checkpoints import CheckpointMethods
+from lightning_hexiscale.lightning.strategy_gradients import GradientMethods
+from lightning_hexiscale.lightning.zero_hooks import shard_optimizers
+from lightning_hexiscale.models.config import LlamaConfig
+from lightning_hexiscale.models.llama import Llama
+from lightning_hexiscale.planner.cost.workload import Workload
+from lightning_hexiscale.planner.plan import DP_SHARDINGS, SCHEDULES, Plan
 
 StartMethod = Literal["popen", "spawn", "fork", "forkserver"]
 NONFINITE_POLICIES = ("skip", "stop")

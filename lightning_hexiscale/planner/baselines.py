@@ -23,7 +23,7 @@ restriction stands for which system:
 - :func:`uniform_tp` (an ablation of per-stage TP): the search restricted to one TP degree in every
   stage, the best over the degrees.
 - :func:`exhaustive`: the true optimum of the whole plan space on clusters of up to 8 devices
-  (:mod:`planner.oracle`).
+  (:mod:`planner.oracle.exact`).
 
 Two readings of Megatron and Galvatron (``aware``):
 
@@ -52,15 +52,15 @@ import numpy as np
 
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError
-from lightning_hexiscale.planner.assemble import (DP_OPTIONS, DraftContext, Evaluator, chain_draft, make_plan,
-                                                  micro_batch_candidates, split_batches, split_layers)
-from lightning_hexiscale.planner.estimate import Estimate, Workload, estimate
-from lightning_hexiscale.planner.oracle import MAX_DEVICES, oracle
-from lightning_hexiscale.planner.partition import DeviceGraph, partition
+from lightning_hexiscale.planner.cost.estimate import Estimate, Workload, estimate
+from lightning_hexiscale.planner.oracle.exact import MAX_DEVICES, oracle
 from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
-from lightning_hexiscale.planner.search import SearchResult, SearchSettings, SearchRun, search
-from lightning_hexiscale.planner.subsets import (compute_bound, device_rates, devices_of, lift, machine_classes,
-                                                 machines_of, memory_possible, subset_vectors)
+from lightning_hexiscale.planner.search.assemble import (DP_OPTIONS, DraftContext, Evaluator, chain_draft, make_plan,
+                                                         micro_batch_candidates, split_batches, split_layers)
+from lightning_hexiscale.planner.search.partition import DeviceGraph, partition
+from lightning_hexiscale.planner.search.subsets import (compute_bound, device_rates, devices_of, lift, machine_classes,
+                                                        machines_of, memory_possible, subset_vectors)
+from lightning_hexiscale.planner.search.two_phase import SearchResult, SearchSettings, SearchRun, search
 
 
 @dataclass(frozen=True)
@@ -189,7 +189,7 @@ def homogeneous_belief(cluster: Cluster, memory_bytes: float | None = None) -> C
 
 
 def believed_figures(devices) -> dict:
-    """The homogeneous belief's compute figures beyond FLOP/s (``planner.compute`` prices by them):
+    """The homogeneous belief's compute figures beyond FLOP/s (``planner.cost.compute`` prices by them):
     the mean of each rate and fraction where every device has one, else none; calibrated when any
     device is (efficiency = mean FLOP/s / mean peak)."""
     def mean(attr: str):
@@ -523,7 +523,7 @@ def run_baselines(cluster: Cluster, workload: Workload, global_batch: int, setti
 # ---- exhaustive ----------------------------------------------------------------------------------
 def exhaustive(cluster: Cluster, workload: Workload, global_batch: int, settings: SearchSettings | None = None,
                max_devices: int = MAX_DEVICES, time_limit_s: float = 300.0) -> BaselineResult:
-    """The true optimum of the whole plan space under the cost model (:mod:`planner.oracle`), for
+    """The true optimum of the whole plan space under the cost model (:mod:`planner.oracle.exact`), for
     clusters of up to ``max_devices``; the note says whether the oracle completed within
     ``time_limit_s`` (when it did not, the plan is only the best found)."""
     r = oracle(cluster, workload, global_batch, settings, time_limit_s=time_limit_s, max_devices=max_devices)

@@ -19,7 +19,7 @@ Measured, per rank, in the ranks' own process group (forked CPU ranks or an exte
 Everything runs in the run's precision (``precision``: a Lightning precision string, see
 :mod:`lightning_hexiscale.profiling.precision`; default 32-true on CPU ranks, bf16-mixed on CUDA).
 
-Estimated: :func:`~lightning_hexiscale.planner.estimate.estimate` on the given cluster, with the
+Estimated: :func:`~lightning_hexiscale.planner.cost.estimate.estimate` on the given cluster, with the
 workload the runtime trains (the precision's dtype, AdamW m and v in the parameter dtype, no reserve).
 Deviation = (estimated - measured) / measured.
 """
@@ -36,10 +36,10 @@ import torch.distributed as dist
 
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.config.recipe import DEFAULT_GRADIENT_CLIP_VAL
-from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.estimate import Estimate, Workload, estimate
-from lightning_hexiscale.planner.plan import Plan
 from lightning_hexiscale.config.units import format_bytes
+from lightning_hexiscale.models.config import LlamaConfig
+from lightning_hexiscale.planner.cost.estimate import Estimate, Workload, estimate
+from lightning_hexiscale.planner.plan import Plan
 
 
 def cpu_workload(model: LlamaConfig, precision: str = "32-true") -> Workload:

@@ -23,8 +23,8 @@ equivalence tests are unchanged. Memory: one copy of the matmul weights in B byt
 first forward into its last backward, which frees each copy once its gradient is added
 (:meth:`MainGrads.free_after_use`; :meth:`MainGrads.release` frees what is left after the run), so
 the gradient sync's buckets that start during that backward never meet all of them; instead of
-autocast's one or two casts and the shared cast's pending gradients (``planner/memory.py``). With a compute dtype equal to
-the parameters' (float64 tests) it is the same mechanism, exact.
+autocast's one or two casts and the shared cast's pending gradients (``planner/cost/memory.py``). With a
+compute dtype equal to the parameters' (float64 tests) it is the same mechanism, exact.
 
 Not for ZeRO-3 (its block parameters exist only around their uses) and not for a head tied to the
 embedding (autograd also accumulates the embedding's gradient into that matrix).

@@ -286,7 +286,7 @@ class PipelineExecutor:
         would keep its own copy of the stage's weights (8 micro-batches: 8 bf16 copies). Instead the
         forwards of micro-batches 0..n-2 share one cached cast per weight (autocast's weight cache,
         kept alive by :meth:`_step_region`) and the last micro-batch casts afresh, its forward
-        after the cache was cleared: at most two copies exist (``planner/cost_model.py``
+        after the cache was cleared: at most two copies exist (``planner/cost/model.py``
         :func:`autocast_weight_bytes`). The last micro-batch must not use the shared cast: that
         node, created by the first forward, has the lowest sequence number in its graph, so autograd
         would run it, and accumulate the weight's gradient, only at the end of the last backward,

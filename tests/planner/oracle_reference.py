@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 import math
 
-from lightning_hexiscale.planner.estimate import estimate
+from lightning_hexiscale.planner.cost.estimate import estimate
 from lightning_hexiscale.planner.plan import DP_SHARDINGS, Pipeline, Plan, Stage
 
 

@@ -6,8 +6,8 @@ from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner import baselines as B
-from lightning_hexiscale.planner.estimate import Workload, estimate
-from lightning_hexiscale.planner.search import SearchSettings, search
+from lightning_hexiscale.planner.cost.estimate import Workload, estimate
+from lightning_hexiscale.planner.search.two_phase import SearchSettings, search
 
 FAST = SearchSettings(iterations=6)
 
@@ -150,7 +150,7 @@ def test_search_beats_or_equals_the_unaware_baselines(preset, model, gb):
 def test_fast_only_is_the_best_symmetric_plan_over_every_machine_subset(small7b, straggler):
     from itertools import combinations
 
-    from lightning_hexiscale.planner.subsets import devices_of
+    from lightning_hexiscale.planner.search.subsets import devices_of
 
     c, gb = straggler, 16
     r = B.fast_only(c, small7b, gb, FAST)

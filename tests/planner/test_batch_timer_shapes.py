@@ -1,4 +1,4 @@
-"""The batch timer memoises per-group terms by the group's shape (planner/batching.py,
+"""The batch timer memoises per-group terms by the group's shape (planner/search/batching.py,
 ``BatchTimer.shape``): groups of one shape must price alike, groups that differ in any input of
 the terms must not share a memo entry. Each memoised term is compared with the direct pricing."""
 
@@ -6,8 +6,8 @@ import pytest
 
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner import estimate as E
-from lightning_hexiscale.planner.batching import BatchTimer
+from lightning_hexiscale.planner.cost import estimate as E
+from lightning_hexiscale.planner.search.batching import BatchTimer
 
 # two A800 machines of 4 (NVLink), a third of 4 A800s on PCIe, one machine of two RTX 4090s:
 # pairs (0, 1) and (4, 5) have one shape; (8, 9) differs in links only, (12, 13) in figures only

@@ -1,5 +1,5 @@
 """Gradient-sync / ZeRO bucket memory = the cap or one whole segment, whichever is larger, within one
-unit (planner/memory.py), as the runtime packs them (runtime/zero_layout.build_buckets), with the cap
+unit (planner/cost/memory.py), as the runtime packs them (runtime/zero_layout.build_buckets), with the cap
 one constant both read (config/buffers.py)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.estimate import Workload, stage_memory_at
+from lightning_hexiscale.planner.cost.estimate import Workload, stage_memory_at
 from lightning_hexiscale.planner.plan import Plan
 
 
@@ -39,7 +39,7 @@ def test_bucket_rule_matches_the_runtime_packing(cap, tp):
     """The largest bucket ``build_buckets`` packs on any rank of a two-pipeline plan equals
     ``bucket_elements`` of the rank's stage (first, middle and last stages; caps below, between and
     above the segment sizes)."""
-    from lightning_hexiscale.planner.memory import bucket_elements, stage_bucket_units
+    from lightning_hexiscale.planner.cost.memory import bucket_elements, stage_bucket_units
     from lightning_hexiscale.runtime.parallelize import stage_shards
     from lightning_hexiscale.runtime.topology import sync_segments
     from lightning_hexiscale.runtime.zero_layout import build_buckets
@@ -60,7 +60,7 @@ def test_bucket_rule_matches_the_runtime_packing(cap, tp):
 
 def test_planner_and_runtime_read_one_cap():
     from lightning_hexiscale.config.buffers import BUCKET_CAP_BYTES
-    from lightning_hexiscale.planner import memory
+    from lightning_hexiscale.planner.cost import memory
     from lightning_hexiscale.runtime import grad_sync
 
     assert memory.BUCKET_CAP_BYTES is BUCKET_CAP_BYTES and grad_sync.DEFAULT_BUCKET_CAP_BYTES is BUCKET_CAP_BYTES

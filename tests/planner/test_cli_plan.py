@@ -88,7 +88,7 @@ def test_plan_optimum_reports_the_oracle_beside_the_search(capsys):
     """--optimum: the oracle's optimum, independently re-scored here, and the search's fraction of it."""
     from lightning_hexiscale.config.cluster import Cluster
     from lightning_hexiscale.config.schema import compose
-    from lightning_hexiscale.planner.estimate import estimate, workload_from_config
+    from lightning_hexiscale.planner.cost.estimate import estimate, workload_from_config
     from lightning_hexiscale.planner.plan import Plan
 
     args = ["cluster=cpu_hetero4", "model=llama_demo", "planner.iterations=4"]
@@ -103,7 +103,7 @@ def test_plan_optimum_reports_the_oracle_beside_the_search(capsys):
     assert best.iteration_time_s <= doc["estimate"]["iteration_time_s"] * (1 + 1e-9)
     assert opt["search_fraction_of_optimum"] == pytest.approx(opt["iteration_time_s"] / doc["estimate"]["iteration_time_s"])
     assert main(["plan", "--optimum", *args, "planner.progress=false"]) == 0
-    assert "true optimum (planner/oracle.py" in capsys.readouterr().out
+    assert "true optimum (planner/oracle/exact.py" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("extra, key", [(["cluster=hetero1", "model=llama2_7b"], "--optimum ="),

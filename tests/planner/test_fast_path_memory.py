@@ -1,4 +1,4 @@
-"""Memory terms of the fast path (planner/memory.py, cost_model.py), each against the runtime's
+"""Memory terms of the fast path (planner/cost/memory.py, cost_model.py), each against the runtime's
 allocation it prices: main grads' compute copies (backward only, replacing autocast's casts), the
 chunked loss's bf16 logits, cast-once at TP 1; the measured side is tests/runtime/test_fast_path.py
 (saved tensors, MemTracker) and benchmarks/bench_memory.py (resident memory of whole runs)."""
@@ -9,8 +9,8 @@ import pytest
 
 from lightning_hexiscale.config.fast_path import FastPath
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner import cost_model as cm
-from lightning_hexiscale.planner.estimate import Workload, stage_memory_at
+from lightning_hexiscale.planner.cost import model as cm
+from lightning_hexiscale.planner.cost.estimate import Workload, stage_memory_at
 
 M = LlamaConfig(name="t", hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=4, ffn_hidden_size=704,
                 vocab_size=256, seq_len=32)

@@ -1,4 +1,4 @@
-"""The search's lower bounds (planner/floors.py) never exceed what the batch timer prices: a floor
+"""The search's lower bounds (planner/search/floors.py) never exceed what the batch timer prices: a floor
 above the exact time would drop layouts that could win."""
 
 import numpy as np
@@ -6,11 +6,11 @@ import pytest
 
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner import floors as F
-from lightning_hexiscale.planner.batching import BatchTimer
-from lightning_hexiscale.planner.compute import effective_cluster
-from lightning_hexiscale.planner.estimate import Workload
-from lightning_hexiscale.planner.search import SearchRun, SearchSettings
+from lightning_hexiscale.planner.cost.compute import effective_cluster
+from lightning_hexiscale.planner.cost.estimate import Workload
+from lightning_hexiscale.planner.search import floors as F
+from lightning_hexiscale.planner.search.batching import BatchTimer
+from lightning_hexiscale.planner.search.two_phase import SearchRun, SearchSettings
 
 
 def _scored_layouts(cluster: Cluster, w: Workload, global_batch: int) -> tuple[BatchTimer, list]:
@@ -88,7 +88,7 @@ def test_zero3_step_floor_is_below_the_exact_layer_time():
     and prune nothing)."""
     from dataclasses import replace
 
-    from lightning_hexiscale.planner import estimate as E
+    from lightning_hexiscale.planner.cost import estimate as E
 
     cluster = Cluster.load("hetero2").replicate(4)
     w = Workload(LlamaConfig.load("llama2_7b"))

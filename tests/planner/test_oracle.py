@@ -15,10 +15,10 @@ import pytest
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.estimate import Workload, estimate
-from lightning_hexiscale.planner.batching import minimax_split
-from lightning_hexiscale.planner.oracle import (OracleSettings, Oracle, compositions, device_classes,
-                                                oracle, vector_partitions)
+from lightning_hexiscale.planner.cost.estimate import Workload, estimate
+from lightning_hexiscale.planner.oracle.exact import (OracleSettings, Oracle, compositions, device_classes,
+                                                      oracle, vector_partitions)
+from lightning_hexiscale.planner.search.batching import minimax_split
 from oracle_reference import brute_force, chains, set_partitions
 
 
@@ -224,7 +224,7 @@ def test_oracle_counts_communicators_as_estimate_does():
     bound reaches a plan whose asymmetric TP (2 + 1 + 3) joins more data-parallel groups than the
     position bound counts; the batch timer counts them exactly (``BatchTimer.exact_comms``), so the
     oracle's exact time agrees with ``estimate()`` (before: a RuntimeError, one buffer short)."""
-    from lightning_hexiscale.planner.cases import random_case
+    from lightning_hexiscale.planner.oracle.cases import random_case
 
     cluster, workload, batch = random_case(3)
     for all_devices in (True, False):

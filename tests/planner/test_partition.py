@@ -7,7 +7,8 @@ import pytest
 
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError
-from lightning_hexiscale.planner.partition import DeviceGraph, cut_weight, group_bandwidth, partition, top_tau_order
+from lightning_hexiscale.planner.search.partition import (DeviceGraph, cut_weight, group_bandwidth, partition,
+                                                          top_tau_order)
 
 
 def _as_sets(parts):

@@ -13,7 +13,7 @@ import pytest
 
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.estimate import Workload, estimate, layer_step, layer_times
+from lightning_hexiscale.planner.cost.estimate import Workload, estimate, layer_step, layer_times
 from lightning_hexiscale.planner.plan import Plan
 
 M13 = LlamaConfig.load("llama2_13b")
@@ -27,7 +27,7 @@ def one_type(gpu: str, count: int = 2, **gpu_fields) -> Cluster:
 
 # ---- roofline ----------------------------------------------------------------------------------------
 def test_uncalibrated_cuda_layer_is_priced_by_the_roofline():
-    from lightning_hexiscale.planner import roofline as rf
+    from lightning_hexiscale.planner.cost import roofline as rf
 
     c, w = one_type("H100"), Workload.from_precision(M13, "bf16-mixed")
     t_f, t_b, comp_f, tp_f = layer_times(c, w, [0], 1, recompute=False)
@@ -64,7 +64,7 @@ def test_probe_fractions_and_calibration_override_the_defaults():
 
 
 def test_cpu_workloads_keep_flops_pricing():
-    from lightning_hexiscale.planner import compute as C
+    from lightning_hexiscale.planner.cost import compute as C
 
     c = Cluster.load("cpu_demo")
     w = Workload.from_precision(LlamaConfig.load("llama_demo"), "32-true", device="cpu")
@@ -129,7 +129,7 @@ def test_estimate_prices_the_zero_terms():
     """Two single-device pipelines, compute-bound (T_b > 2 T_comm, the head's sync hidden under the
     last stage's backward): ZeRO-2 costs DDP's time plus the layers' all-gathers and the head's;
     ZeRO-3 plus two serves per layer and micro-batch, the reduce-scatters and the head's sync."""
-    from lightning_hexiscale.planner import estimate as E
+    from lightning_hexiscale.planner.cost import estimate as E
 
     model = dataclasses.replace(LlamaConfig.load("llama2_7b"), num_layers=4)
     c = Cluster.from_config({"name": "pair", "machines": [{"gpu": "A100-80G", "count": 1, "intra_bandwidth": "1 GB/s",
@@ -150,7 +150,7 @@ def test_estimate_prices_the_zero_terms():
 
 # ---- the datasheet notice ----------------------------------------------------------------------------
 def test_one_warning_when_cuda_types_are_priced_from_datasheets(monkeypatch):
-    from lightning_hexiscale.planner import compute as C
+    from lightning_hexiscale.planner.cost import compute as C
 
     monkeypatch.setattr(C, "_WARNED", set())
     c, w = Cluster.load("hetero2"), Workload(LlamaConfig.load("llama2_7b"))

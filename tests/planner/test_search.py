@@ -7,10 +7,10 @@ import pytest
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError, InfeasiblePlan
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.assemble import (DraftContext, Evaluator, chain_draft, make_plan, split_batches,
-                                                  split_layers)
-from lightning_hexiscale.planner.estimate import Workload, estimate
-from lightning_hexiscale.planner.search import SearchSettings, dp_candidates, search
+from lightning_hexiscale.planner.cost.estimate import Workload, estimate
+from lightning_hexiscale.planner.search.assemble import (DraftContext, Evaluator, chain_draft, make_plan, split_batches,
+                                                         split_layers)
+from lightning_hexiscale.planner.search.two_phase import SearchSettings, dp_candidates, search
 
 from planner_clusters import two_islands
 
@@ -70,7 +70,7 @@ def test_log_is_one_entry_per_iteration_with_a_falling_best():
     assert [e.iteration for e in r.log] == list(range(15))
     bests = [e.best_s for e in r.log]
     assert all(b2 <= b1 for b1, b2 in zip(bests, bests[1:]))
-    # the final local improvement (planner/refine.py) runs after the logged iterations
+    # the final local improvement (planner/search/refine.py) runs after the logged iterations
     assert r.estimate.iteration_time_s <= bests[-1] * (1 + 1e-12) and r.search_time_s > 0
 
 
@@ -164,7 +164,7 @@ def test_search_is_not_beaten_by_the_reversed_symmetric_plan():
     a symmetric plan of 8 pipelines through the five machines, slowest first (layers 4, 4, 8, 8, 8,
     ZeRO-2, micro-batch 1: Galvatron's plan, written out here) is priced 15.637 s. The search's
     drafts preferred the other orientation (fastest first, 15.654 s) until the final improvement
-    also scored every start with every pipeline reversed (planner/refine.py)."""
+    also scored every start with every pipeline reversed (planner/search/refine.py)."""
     from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
 
     cluster = Cluster.load("hetero1")

@@ -1,5 +1,5 @@
-"""The default search against the true optimum (planner/oracle.py) on 40 random heterogeneous
-clusters (planner/cases.py: 2-8 GPUs on 1-4 machines, 12-96 GiB catalog GPUs, 16-400 GB/s inside
+"""The default search against the true optimum (planner/oracle/exact.py) on 40 random heterogeneous
+clusters (planner/oracle/cases.py: 2-8 GPUs on 1-4 machines, 12-96 GiB catalog GPUs, 16-400 GB/s inside
 machines, 0.5-25 GB/s between, 8-layer 7B / 13B shapes, batches 8-32): at least 0.97 of the
 optimum's throughput on every case, and infeasible exactly when the oracle proves nothing fits.
 
@@ -17,9 +17,9 @@ from __future__ import annotations
 import pytest
 
 from lightning_hexiscale.errors import InfeasiblePlan
-from lightning_hexiscale.planner.cases import random_case
-from lightning_hexiscale.planner.oracle import oracle
-from lightning_hexiscale.planner.search import SearchSettings, search
+from lightning_hexiscale.planner.oracle.cases import random_case
+from lightning_hexiscale.planner.oracle.exact import oracle
+from lightning_hexiscale.planner.search.two_phase import SearchSettings, search
 
 SEEDS = range(40)
 TARGET = 0.97

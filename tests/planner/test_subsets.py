@@ -1,4 +1,4 @@
-"""Subset-aware planning (planner/subsets.py): plans that leave devices idle, priced, named and
+"""Subset-aware planning (planner/search/subsets.py): plans that leave devices idle, priced, named and
 explained; the plan for a cluster is never slower than the search's plan for any machine subset;
 the pruning bounds are sound; ``use_all_devices`` restores every device at work."""
 
@@ -13,11 +13,11 @@ from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.config.schema import compose
 from lightning_hexiscale.errors import ConfigError, InfeasiblePlan
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner import subsets as S
-from lightning_hexiscale.planner.cases import random_case
-from lightning_hexiscale.planner.estimate import Workload, estimate
+from lightning_hexiscale.planner.cost.estimate import Workload, estimate
+from lightning_hexiscale.planner.oracle.cases import random_case
 from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
-from lightning_hexiscale.planner.search import SearchSettings, search
+from lightning_hexiscale.planner.search import subsets as S
+from lightning_hexiscale.planner.search.two_phase import SearchSettings, search
 
 FEW = SearchSettings(iterations=3)
 
@@ -135,7 +135,7 @@ def test_straggler_is_left_idle_and_the_plan_says_why(small7b, straggler):
 
 
 TOLERANCE = 0.97
-"""The search's stated tolerance (planner/subsets.py): 0.97 of the throughput."""
+"""The search's stated tolerance (planner/search/subsets.py): 0.97 of the throughput."""
 
 
 def test_the_plan_is_never_slower_than_the_search_on_any_machine_subset(small7b, tiny, straggler):
@@ -198,7 +198,7 @@ def test_large_clusters_price_subsets_by_shrinking_the_best_layout(tiny):
 
 
 def test_shrink_takes_devices_out_and_resplits():
-    from lightning_hexiscale.planner.search import SearchRun
+    from lightning_hexiscale.planner.search.two_phase import SearchRun
 
     w = Workload(LlamaConfig.load("llama_tiny"))
     c = Cluster.load("cpu_hetero4")

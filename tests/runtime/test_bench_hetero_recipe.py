@@ -18,7 +18,7 @@ import pytest
 
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.estimate import estimate
+from lightning_hexiscale.planner.cost.estimate import estimate
 from lightning_hexiscale.planner.plan import Plan
 from lightning_hexiscale.profiling.check import cpu_workload
 from lightning_hexiscale.profiling.rounds import PlanTimes, round_orders, slowest_rank
@@ -235,7 +235,7 @@ def _check_results(out: Path, world: int, rounds: int, steps: int, cost: Cluster
         assert len({cost.devices[s.devices[0]].machine for p in plan.pipelines for s in p.stages}) >= 2
     assert sorted(doc["order_by_measured"]) == sorted(doc["rows"])
     assert set(doc["targets"]) == {"speedup_over_fast_only", "estimates_within_15pct", "search_best_or_tied"}
-    assert doc["cost_model_form"]["sha256"] and "lightning_hexiscale/planner/cost_model.py" in doc["cost_model_form"]["files"]
+    assert doc["cost_model_form"]["sha256"] and "lightning_hexiscale/planner/cost/model.py" in doc["cost_model_form"]["files"]
     assert doc["load_before"]["cpus"] >= 1 and doc["rules"]["ranking_rounds"] >= 20
     return doc
 

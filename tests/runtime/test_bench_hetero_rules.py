@@ -145,15 +145,15 @@ def test_compared_list_is_the_issues():
 def test_cost_model_form_changes_with_the_pricing_source(monkeypatch, tmp_path):
     form = plans.cost_model_form()
     files = form["files"]
-    assert {"lightning_hexiscale/planner/cost_model.py", "lightning_hexiscale/planner/estimate.py",
+    assert {"lightning_hexiscale/planner/cost/model.py", "lightning_hexiscale/planner/cost/estimate.py",
             "lightning_hexiscale/profiling/calibrate.py"} <= set(files)
-    assert "lightning_hexiscale/planner/search.py" not in files  # the search is not the cost model
+    assert "lightning_hexiscale/planner/search/two_phase.py" not in files  # the search is not the cost model
     assert plans.cost_model_form()["sha256"] == form["sha256"]
-    copy = tmp_path / "lightning_hexiscale" / "planner"
+    copy = tmp_path / "lightning_hexiscale" / "planner" / "cost"
     copy.mkdir(parents=True)
     (copy / "estimate.py").write_text("x = 1\n")
     monkeypatch.setattr(plans, "REPO", tmp_path)
-    monkeypatch.setattr(plans, "PRICING_ROOTS", ("lightning_hexiscale/planner/estimate.py",))
+    monkeypatch.setattr(plans, "PRICING_ROOTS", ("lightning_hexiscale/planner/cost/estimate.py",))
     first = plans.cost_model_form()["sha256"]
     (copy / "estimate.py").write_text("x = 2\n")
     assert plans.cost_model_form()["sha256"] != first

@@ -24,4 +24,4 @@ def test_tiny_run_prints_ratio_and_memory():
     assert out.returncode == 0, out.stdout + out.stderr
     assert "throughput ratio hexiscale / ddp" in out.stdout
     assert out.stdout.count("peak memory growth per rank") == 2
-    assert "cost model (planner/estimate.py) peak memory per rank" in out.stdout
+    assert "cost model (planner/cost/estimate.py) peak memory per rank" in out.stdout

@@ -1,4 +1,4 @@
-"""planner/communicators.py counts the process groups each rank joins without torch.distributed:
+"""planner/cost/communicators.py counts the process groups each rank joins without torch.distributed:
 the count equals what runtime/topology.py creates, on real gloo ranks (asymmetric TP included), and
 its group list equals topology.group_ranks on the shipped Tab. 7 plan."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.communicators import (communicator_groups, communicators_lower_bound,
-                                                       communicators_per_rank)
+from lightning_hexiscale.planner.cost.communicators import (communicator_groups, communicators_lower_bound,
+                                                            communicators_per_rank)
 from lightning_hexiscale.planner.plan import Plan
 from lightning_hexiscale.runtime.topology import Topology, group_ranks
 

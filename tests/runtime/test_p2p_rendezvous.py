@@ -1,4 +1,4 @@
-"""The p2p semantics the cost model's hop charge rests on (planner/cost_model.py: hop_charges).
+"""The p2p semantics the cost model's hop charge rests on (planner/cost/model.py: hop_charges).
 
 Under 1F1B each stage pays half of each adjacent hop because an exchange holds BOTH neighbours: a
 send completes only once the receiver has taken the message (rendezvous), it is not buffered and

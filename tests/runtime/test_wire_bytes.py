@@ -6,7 +6,7 @@ vocabulary-parallel embedding, head and loss, data parallelism across TP-asymmet
 on 8 gloo ranks under
 the NCCL-semantics recorder, in fp32 and bf16-mixed, ddp and zero2 (and reduce_dtype=fp32 under
 bf16-mixed). The bytes each rank moves per link class, counted from the trace with the cost model's
-conventions (tests/nccl_semantics.step_bytes), must equal ``planner.wire.wire_bytes`` for the same
+conventions (tests/nccl_semantics.step_bytes), must equal ``planner.cost.wire.wire_bytes`` for the same
 plan and dtypes, exactly.
 """
 
@@ -19,8 +19,8 @@ import pytest
 import torch
 from test_equivalence import SEED, make_batch, plan_of
 
+from lightning_hexiscale.planner.cost.wire import CLASSES, wire_bytes
 from lightning_hexiscale.planner.plan import Plan
-from lightning_hexiscale.planner.wire import CLASSES, wire_bytes
 from lightning_hexiscale.runtime.engine import PipelineEngine
 from lightning_hexiscale.runtime.schedule import global_loss
 from lightning_hexiscale.runtime.topology import link_pairs, role_of

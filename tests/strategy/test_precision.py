@@ -128,7 +128,7 @@ def test_every_rank_trains_in_the_trainers_dtype(tmp_path, precision, sharding, 
 
     # Bytes on the wire: the runtime's traffic in the run's wire dtype (element size 8 or 2). The
     # vocabulary-parallel cross-entropy's per-token scalars are in max(wire, float32), as
-    # planner/wire.py prices them (loss_bytes); every other step is in the wire dtype.
+    # planner/cost/wire.py prices them (loss_bytes); every other step is in the wire dtype.
     size = nccl_semantics._ESIZE[wire]
     seen: dict[str, set[int]] = {}
     for rank in range(plan.world_size):

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING
 
 from lightning_hexiscale.config.buffers import BUCKET_CAP_BYTES
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner import cost_model as cm
-from lightning_hexiscale.planner.communicators import communicators_lower_bound
+from lightning_hexiscale.planner.cost import model as cm
+from lightning_hexiscale.planner.cost.communicators import communicators_lower_bound
 
 if TYPE_CHECKING:
-    from lightning_hexiscale.planner.workload import Workload
+    from lightning_hexiscale.planner.cost.workload import Workload
 
 
 @dataclass(frozen=True)

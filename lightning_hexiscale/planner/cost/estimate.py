@@ -8,7 +8,7 @@ its layers cannot hide behind the last backward, which is
     DP-Overhead-Layer(k) - n_mb * (T_f + T_b)   summed over the stage's layers (eq. 5),
 plus the embedding / LM head synchronisation and the TP broadcast of replicated tensors
 (:func:`dp_edge_times`), and the iteration takes the slowest pipeline (eq. 9). Messages are priced at
-the dtypes the runtime sends them in (planner/wire.py: activations and gathered parameters at
+the dtypes the runtime sends them in (planner/cost/wire.py: activations and gathered parameters at
 B_type, gradients at ``plan.reduce_dtype``), on the path it takes (scatter/gather between equal TP
 degrees), with the transfers that run at once sharing the NICs they cross (:mod:`.nic`: a hop's
 flows and the other pipelines' in the same phase, the data-parallel rings of a layer). All
@@ -24,18 +24,18 @@ from typing import Any
 import numpy as np
 
 from lightning_hexiscale.config.cluster import Cluster
-from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner import compute as C
-from lightning_hexiscale.planner import cost_model as cm
-from lightning_hexiscale.planner import nic
-from lightning_hexiscale.planner import zero_terms as Z
-from lightning_hexiscale.planner.communicators import stage_communicators
-from lightning_hexiscale.planner.dp_comm import dp_comm_all
-from lightning_hexiscale.planner.memory import (MemoryTerms, shard_fraction,  # noqa: F401
-                                                stage_memory_at, stage_memory_terms, usable_memory)
-from lightning_hexiscale.planner.plan import Plan
-from lightning_hexiscale.planner.workload import DTYPE_BYTES, Workload  # noqa: F401 (re-exported)
 from lightning_hexiscale.config.units import format_bytes, format_flops
+from lightning_hexiscale.models.config import LlamaConfig
+from lightning_hexiscale.planner.cost import compute as C
+from lightning_hexiscale.planner.cost import model as cm
+from lightning_hexiscale.planner.cost import nic
+from lightning_hexiscale.planner.cost import zero_terms as Z
+from lightning_hexiscale.planner.cost.communicators import stage_communicators
+from lightning_hexiscale.planner.cost.dp_comm import dp_comm_all
+from lightning_hexiscale.planner.cost.memory import (MemoryTerms, shard_fraction,  # noqa: F401
+                                                     stage_memory_at, stage_memory_terms, usable_memory)
+from lightning_hexiscale.planner.cost.workload import DTYPE_BYTES, Workload  # noqa: F401 (re-exported)
+from lightning_hexiscale.planner.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -214,7 +214,7 @@ def hop_time(cluster: Cluster, workload: Workload, src: tuple[int, ...], dst: tu
 
 
 def wire_element_bytes(plan: Plan, workload: Workload) -> tuple[int, int]:
-    """(reduce, parameter) bytes per element on the data-parallel wire (planner/wire.py): gradients
+    """(reduce, parameter) bytes per element on the data-parallel wire (planner/cost/wire.py): gradients
     are summed at ``plan.reduce_dtype`` (default B_type), parameters gathered at B_type."""
     bt = workload.dtype_bytes
     return (DTYPE_BYTES[plan.reduce_dtype] if plan.reduce_dtype else bt), bt

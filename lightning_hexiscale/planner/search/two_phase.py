@@ -23,25 +23,25 @@ minimises it; one iteration in five takes the other option so that both averages
 All randomness comes from one ``numpy.random.default_rng(seed)``: a seed gives the same plan.
 
 Where it goes beyond §4, and why (each measured against the true optimum of
-:mod:`planner.oracle` on random heterogeneous clusters, tests/planner/test_search_vs_oracle.py):
+:mod:`planner.oracle.exact` on random heterogeneous clusters, tests/planner/test_search_vs_oracle.py):
 
 - Batches (§4.4 assigns them "proportionally to the estimated training efficiency"): an exact
   minimax over integer batch splits with its own micro-batch size per pipeline, up to 64 devices
   (many optima run a fast replica's whole batch as one micro-batch beside a pipeline of slow GPUs
   with many); beyond, one micro-batch size for all and exact water-filling per size.
 - Layers: besides the compute-proportional split, one that also sees each stage's data-parallel
-  links (:mod:`planner.dp_split`): layers move off stages whose gradients cross slow links.
+  links (:mod:`planner.search.dp_split`): layers move off stages whose gradients cross slow links.
 - Mixed structures, on clusters of up to ``assemble.SMALL_CLUSTER`` devices: phase 1 also peels
   the strongest devices, or same-machine pairs, off as replicas of their own and cuts the rest
   into one or two pipelines; phase 2 also groups a set's GPUs by type and may form TP groups across
   machines (devices too small to hold a stage alone share one); replica-only layouts (every
   machine cut into TP groups of one size) are scored directly.
-- A final local improvement of the best layouts (:mod:`planner.refine`): move a layer, a device
+- A final local improvement of the best layouts (:mod:`planner.search.refine`): move a layer, a device
   or a stage, with the batches re-split exactly each time.
 - Speed on large clusters: one draft micro-batch size, ZeRO-3 only when ZeRO-2 fits nothing,
   layouts whose pipelines alone are 1.25x slower than the best plan not scored.
 - Device subsets (unless ``use_all_devices``): :func:`search` runs all of the above on machine
-  subsets too and keeps the best, leaving the other devices idle (:mod:`planner.subsets`); the
+  subsets too and keeps the best, leaving the other devices idle (:mod:`planner.search.subsets`); the
   final improvement may leave single devices idle.
 """
 
@@ -59,19 +59,20 @@ from tqdm.auto import tqdm
 
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError, InfeasiblePlan
-from lightning_hexiscale.planner import refine
-from lightning_hexiscale.planner.compute import effective_cluster, warn_datasheet_pricing
-from lightning_hexiscale.planner.assemble import (DP_OPTIONS, SMALL_CLUSTER, DraftContext, Evaluator, batch_micro_sizes,
-                                                  chain_draft, micro_batch_candidates, minimum_memory_message)
-from lightning_hexiscale.planner.batching import BatchTimer, layout_key, layout_plan
-from lightning_hexiscale.planner.floors import exposed_floor, local_time, zero3_step_floor
-from lightning_hexiscale.planner.dp_split import resplit, resplit_cost
-from lightning_hexiscale.planner.estimate import Workload, estimate
-from lightning_hexiscale.planner.partition import DeviceGraph, partition
+from lightning_hexiscale.planner.cost.compute import effective_cluster, warn_datasheet_pricing
+from lightning_hexiscale.planner.cost.estimate import Workload, estimate
 from lightning_hexiscale.planner.plan import Plan
-from lightning_hexiscale.planner.search_settings import (Iteration, LogEntry, SearchResult, SearchSettings,
+from lightning_hexiscale.planner.search import refine
+from lightning_hexiscale.planner.search.assemble import (DP_OPTIONS, SMALL_CLUSTER, DraftContext, Evaluator,
+                                                         batch_micro_sizes, chain_draft, micro_batch_candidates,
+                                                         minimum_memory_message)
+from lightning_hexiscale.planner.search.batching import BatchTimer, layout_key, layout_plan
+from lightning_hexiscale.planner.search.dp_split import resplit, resplit_cost
+from lightning_hexiscale.planner.search.floors import exposed_floor, local_time, zero3_step_floor
+from lightning_hexiscale.planner.search.partition import DeviceGraph, partition
+from lightning_hexiscale.planner.search.settings import (Iteration, LogEntry, SearchResult, SearchSettings,
                                                          dp_candidates)
-from lightning_hexiscale.planner.subsets import CoreRun, name_idle, search_subsets, shrink
+from lightning_hexiscale.planner.search.subsets import CoreRun, name_idle, search_subsets, shrink
 
 _REPLICA_LAYOUTS = 256
 """Replica-only layouts the search scores on small clusters (one TP size per machine, every combination)."""
@@ -299,7 +300,7 @@ class SearchRun:
                         candidates.append(dataclasses.replace(layout, dp_sharding="ddp"))
                     for cand in candidates:
                         if large and self.floor_time(ds, mb, cand.dp_sharding) > _PRUNE * self.best[0]:
-                            continue  # its data parallelism alone makes it hopeless (planner/floors.py)
+                            continue  # its data parallelism alone makes it hopeless (planner/search/floors.py)
                         layouts.setdefault(layout_key(cand), cand)
             for layout in layouts.values():
                 cost, plan = self.timer.best(layout, self.meta())
@@ -326,7 +327,7 @@ class SearchRun:
 
     def shardings_for(self, num_pipelines: int) -> tuple[str, ...]:
         """The dp shardings to draft layouts for: every one of the settings (none dominates: ZeRO-2
-        needs less memory than DDP but exposes its post-step all-gather, planner/zero_terms.py);
+        needs less memory than DDP but exposes its post-step all-gather, planner/cost/zero_terms.py);
         beyond 64 devices DDP's layouts come from ZeRO-2's drafts (:meth:`evaluate`)."""
         if self.cluster.num_devices > _LARGE_FROM and "zero2" in self.shardings and num_pipelines > 1:
             return tuple(sh for sh in self.shardings if sh != "ddp")
@@ -493,7 +494,7 @@ class SearchRun:
                         self.best = (cost, plan)
 
     def improve(self) -> None:
-        """Local improvement of the best layouts found (:mod:`planner.refine`), beyond §4."""
+        """Local improvement of the best layouts found (:mod:`planner.search.refine`), beyond §4."""
         budget = max(1, int(refine.budget_for(self.cluster.num_devices, self.s.iterations) * self.refine_share))
         ctx = refine.RefineContext(self.timer, self.workload.model, self.shardings,
                                    move_devices=self.small, repair=self.repair,
@@ -585,7 +586,7 @@ def search(cluster: Cluster, workload: Workload, global_batch: int,
     """Find a low-cost plan for ``workload`` on ``cluster`` with ``global_batch`` sequences per step.
 
     Unless ``settings.use_all_devices``, the plan may leave devices idle where that is faster
-    (:mod:`planner.subsets`: device subsets are searched too; ``result.subsets`` says which).
+    (:mod:`planner.search.subsets`: device subsets are searched too; ``result.subsets`` says which).
     ``worth``: also find, per machine, the best plan without it (``hexiscale plan``'s report).
     Raises :class:`InfeasiblePlan` when no plan tried fits in memory, saying what is missing.
     """
@@ -607,7 +608,7 @@ def search(cluster: Cluster, workload: Workload, global_batch: int,
 
 
 def _core(workload: Workload, global_batch: int, s: SearchSettings, results: list[tuple[Cluster, SearchResult]]):
-    """The all-device search as :mod:`planner.subsets` runs it on a (sub)cluster: a
+    """The all-device search as :mod:`planner.search.subsets` runs it on a (sub)cluster: a
     :class:`subsets.CoreRun` (its best plan, the best plan giving every device work, the log and
     a way to try the best layouts without some devices). Each run's (cluster, result) is appended
     to ``results``."""

@@ -49,7 +49,7 @@ _WHOLE_MACHINES_FROM = 512
 (:func:`_whole_machines`), instead of running METIS on the complete device graph. Why 512: on 1024
 devices METIS reads 1 M edges, 0.055 s a call (1.4 s of a 9 s search), and its parts split machines
 unevenly, so no two pipelines share hardware and each is drafted on its own; with whole machines
-the drafts repeat (planner/assemble.py reuses them) and the 1024-GPU search took 0.63x the CPU
+the drafts repeat (planner/search/assemble.py reuses them) and the 1024-GPU search took 0.63x the CPU
 time. Plan quality on held-out replicated presets (hetero1 x16, hetero3 x16, large_240 x4,
 h800_h20_32 x16; 640-960 devices): within 0.13 % of a 10x-longer search, and -2.3 % to +1.4 %
 against METIS parts (2026-11-26)."""

@@ -1,6 +1,6 @@
 """The oracle's space and what it returns: its settings (the knobs a user pins in ``train.*``), its
 result, and the pure enumerations it walks (device symmetry classes, partitions of count vectors,
-layer splits, distinct rank orders). See :mod:`lightning_hexiscale.planner.oracle`."""
+layer splits, distinct rank orders). See :mod:`lightning_hexiscale.planner.oracle.exact`."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import numpy as np
 
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError
-from lightning_hexiscale.planner import estimate as E
-from lightning_hexiscale.planner.estimate import Estimate
+from lightning_hexiscale.planner.cost import estimate as E
+from lightning_hexiscale.planner.cost.estimate import Estimate
 from lightning_hexiscale.planner.plan import DP_SHARDINGS, SCHEDULES, Plan
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class OracleSettings:
 
     @classmethod
     def of(cls, settings) -> OracleSettings:
-        """From a :class:`~lightning_hexiscale.planner.search.SearchSettings` (or None)."""
+        """From a :class:`~lightning_hexiscale.planner.search.two_phase.SearchSettings` (or None)."""
         if settings is None:
             return cls()
         if isinstance(settings, cls):

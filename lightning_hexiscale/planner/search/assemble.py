@@ -23,13 +23,13 @@ from typing import Any
 import numpy as np
 
 from lightning_hexiscale.config.cluster import Cluster
-from lightning_hexiscale.errors import ConfigError
-from lightning_hexiscale.planner import cost_model as cm
-from lightning_hexiscale.planner.estimate import (Workload, hop_time, layer_times, stage_extra_times,
-                                                  stage_memory_terms, usable_memory)
-from lightning_hexiscale.planner.partition import group_bandwidth, top_tau_order
-from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
 from lightning_hexiscale.config.units import format_bytes
+from lightning_hexiscale.errors import ConfigError
+from lightning_hexiscale.planner.cost import model as cm
+from lightning_hexiscale.planner.cost.estimate import (Workload, hop_time, layer_times, stage_extra_times,
+                                                       stage_memory_terms, usable_memory)
+from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
+from lightning_hexiscale.planner.search.partition import group_bandwidth, top_tau_order
 
 DP_OPTIONS = ("ddp", "zero2", "zero3")
 SMALL_CLUSTER = 16
@@ -544,7 +544,7 @@ def _check_user_mb(global_batch: int, user_mb: int) -> None:
 
 
 def minimum_memory_message(cluster: Cluster, workload: Workload, global_batch: int) -> str:
-    """What is missing when nothing fits (:func:`lightning_hexiscale.planner.infeasible.memory_message`)."""
-    from lightning_hexiscale.planner.infeasible import memory_message
+    """What is missing when nothing fits (:func:`lightning_hexiscale.planner.search.infeasible.memory_message`)."""
+    from lightning_hexiscale.planner.search.infeasible import memory_message
 
     return memory_message(cluster, workload, global_batch)

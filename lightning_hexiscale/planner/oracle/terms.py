@@ -2,7 +2,7 @@
 cached per device-class structure and computed through ``estimate``'s own functions, and the three
 levels of lower bounds the branch and bound prunes with (per device-count vector, per unordered
 set of stages, per ordered chain with layer splits). Why each bound is sound: the module docstring
-of :mod:`lightning_hexiscale.planner.oracle`, point 3."""
+of :mod:`lightning_hexiscale.planner.oracle.exact`, point 3."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ import time
 import numpy as np
 
 from lightning_hexiscale.config.cluster import Cluster
-from lightning_hexiscale.planner import cost_model as cm
-from lightning_hexiscale.planner import estimate as E
-from lightning_hexiscale.planner.batching import BatchTimer
-from lightning_hexiscale.planner.estimate import Estimate, Workload
-from lightning_hexiscale.planner.oracle_space import (OracleSettings, compositions, device_classes, generous_room,
+from lightning_hexiscale.planner.cost import model as cm
+from lightning_hexiscale.planner.cost import estimate as E
+from lightning_hexiscale.planner.cost.estimate import Estimate, Workload
+from lightning_hexiscale.planner.oracle.space import (OracleSettings, compositions, device_classes, generous_room,
                                                       multiset_permutations, rest_of, vector_partitions)
 from lightning_hexiscale.planner.plan import DP_SHARDINGS, Plan
+from lightning_hexiscale.planner.search.batching import BatchTimer
 
 _CHUNK = 256
 

@@ -4,7 +4,7 @@ Notation (paper Tab. 1): a stage's device set d_ij with |d_ij| = t (its TP degre
 alpha[d, d'] (s) and bandwidth beta[d, d'] (bytes/s), device compute c_d (FLOP/s), micro-batch
 B_mb, sequence length S, hidden size H, bytes per element B_type, n_mb micro-batches.
 All times are seconds for ONE micro-batch of ONE layer unless a docstring says otherwise.
-Composition into stage, pipeline and iteration times is in :mod:`lightning_hexiscale.planner.estimate`.
+Composition into stage, pipeline and iteration times is in :mod:`lightning_hexiscale.planner.cost.estimate`.
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def comm_dp(partners: Sequence[tuple[int, int, float]], layer_bytes: float, num_
     per-link sum left a factor ~2 to theta_ddp, which then inflated every compute-bound sync).
 
     ``nic_rate``: the rate the device's rings get from the NICs they cross when other rings share
-    them (``planner/nic.py``: ``dp_ring_rates``); min_{d'} beta becomes min(min_{d'} beta, nic_rate).
+    them (``planner/cost/nic.py``: ``dp_ring_rates``); min_{d'} beta becomes min(min_{d'} beta, nic_rate).
     """
     if num_pipelines <= 1 or not partners:
         return 0.0
@@ -234,7 +234,7 @@ def comm_pp_hop(src: Group, dst: Group, message_bytes: float, bandwidth: np.ndar
     broadcast in its TP group, x2 for the activation gradient going back. ``leaders`` fixes the
     pair (the plan's stage leaders, as the runtime uses them) instead of the minimum over pairs.
     ``send_cap``: the leader send's share of the NICs it crosses when other transfers run at once
-    (``planner/nic.py``); beta[d,d'] becomes min(beta[d,d'], send_cap) in the first term.
+    (``planner/cost/nic.py``); beta[d,d'] becomes min(beta[d,d'], send_cap) in the first term.
     """
     dst = list(dst)
     pairs = [leaders] if leaders is not None else [(d, dp) for d in src for dp in dst]
@@ -259,7 +259,7 @@ def comm_pp_hop_scatter(src: Group, dst: Group, message_bytes: float, bandwidth:
     receivers all-gather the chunks in their TP group; x2 for the gradient going back (the
     runtime's path when both TP degrees are equal, see runtime/schedule.py).
 
-    ``caps``: per rank r, the NIC fair share of its send (``planner/nic.py``: the t sends of a
+    ``caps``: per rank r, the NIC fair share of its send (``planner/cost/nic.py``: the t sends of a
     boundary between two machines, and other pipelines' sends in the same phase, share the NICs);
     beta[s_r,d_r] becomes min(beta[s_r,d_r], caps[r]). Empty: every send has its link to itself.
     """

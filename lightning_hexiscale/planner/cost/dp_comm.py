@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from lightning_hexiscale.config.cluster import Cluster
-from lightning_hexiscale.planner import cost_model as cm
-from lightning_hexiscale.planner import nic
+from lightning_hexiscale.planner.cost import model as cm
+from lightning_hexiscale.planner.cost import nic
 from lightning_hexiscale.planner.plan import Plan, Stage
 
 

@@ -1,6 +1,6 @@
 """What the search takes and returns: :class:`SearchSettings` (from ``cfg.planner`` + ``cfg.train``),
 one :class:`Iteration`'s choices, the search log and :class:`SearchResult`; and the D_dp ladder
-the first pass enumerates. The search itself: :mod:`lightning_hexiscale.planner.search`."""
+the first pass enumerates. The search itself: :mod:`lightning_hexiscale.planner.search.two_phase`."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lightning_hexiscale.errors import ConfigError
-from lightning_hexiscale.planner.assemble import DP_OPTIONS
-from lightning_hexiscale.planner.estimate import Estimate
+from lightning_hexiscale.planner.cost.estimate import Estimate
 from lightning_hexiscale.planner.plan import SCHEDULES, Plan
+from lightning_hexiscale.planner.search.assemble import DP_OPTIONS
 
 CUTS = ("auto", "min", "max")
 
@@ -41,7 +41,7 @@ class SearchSettings:
     """None: the search tries ddp, zero2 and zero3."""
     use_all_devices: bool = False
     """True: every device takes work (the search before subsets); False: the plan may leave devices
-    idle where that is faster (:mod:`planner.subsets`), naming them in ``Plan.idle_devices``."""
+    idle where that is faster (:mod:`planner.search.subsets`), naming them in ``Plan.idle_devices``."""
     tp_degrees: tuple[int, ...] | None = None
     """The TP degrees a stage may have (None: any up to the KV heads). The ``uniform-tp`` baseline
     sets one; devices no allowed TP group covers stay idle."""
@@ -118,7 +118,7 @@ class SearchResult:
     search_time_s: float = 0.0
     """Wall time of the whole search, subset trials included."""
     subsets: Any = None
-    """:class:`~lightning_hexiscale.planner.subsets.SubsetReport`: which device subsets were
+    """:class:`~lightning_hexiscale.planner.search.subsets.SubsetReport`: which device subsets were
     searched, and what each machine is worth (None with ``use_all_devices``)."""
 
 

@@ -13,7 +13,7 @@ import random
 
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.estimate import Workload
+from lightning_hexiscale.planner.cost.estimate import Workload
 
 GPU_TYPES = ("A100-40G", "A800", "H100", "H20", "L40S", "RTX4090", "RTX3090", "RTX3080Ti")
 MODELS = ("llama2_7b", "llama2_13b")

@@ -1,7 +1,7 @@
 """Bytes on the wire per device and link class for one optimizer step: what the runtime moves.
 
 Pure (no torch): from the Plan, the model shapes and the three wire dtypes. The time terms of
-:mod:`lightning_hexiscale.planner.estimate` are built on the same message sizes; the runtime test
+:mod:`lightning_hexiscale.planner.cost.estimate` are built on the same message sizes; the runtime test
 ``tests/runtime/test_wire_bytes.py`` counts the bytes the runtime actually moves (from the
 NCCL-semantics harness trace) and asserts they equal :func:`wire_bytes` for the same plan.
 
@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.cost_model import RECOMPUTE_TP_SHARE
+from lightning_hexiscale.planner.cost.model import RECOMPUTE_TP_SHARE
 from lightning_hexiscale.planner.plan import Plan
 
 CLASSES = ("pp", "tp", "dp")

@@ -90,14 +90,14 @@ import numpy as np
 
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError
-from lightning_hexiscale.planner.batching import layout_plan, minimax_split, mask, sumset, with_batches
-from lightning_hexiscale.planner.estimate import Workload, estimate
-from lightning_hexiscale.planner.oracle_space import (OracleResult, OracleSettings, compositions, contexts,
+from lightning_hexiscale.planner.cost.estimate import Workload, estimate
+from lightning_hexiscale.planner.oracle.space import (OracleResult, OracleSettings, compositions, contexts,
                                                       device_classes, multiset_permutations, sub_vectors,
                                                       vector_partitions)
-from lightning_hexiscale.planner.oracle_terms import OracleTerms, OracleTimeout
+from lightning_hexiscale.planner.oracle.terms import OracleTerms, OracleTimeout
 from lightning_hexiscale.planner.plan import Plan
-from lightning_hexiscale.planner.subsets import name_idle
+from lightning_hexiscale.planner.search.batching import layout_plan, minimax_split, mask, sumset, with_batches
+from lightning_hexiscale.planner.search.subsets import name_idle
 
 __all__ = ["MAX_DEVICES", "OracleResult", "OracleSettings", "compositions", "device_classes", "oracle",
            "vector_partitions"]

@@ -8,7 +8,7 @@ The search gives every device work, so nothing fits when either
 2. some device cannot hold even the smallest stage any plan could give it: one layer of a middle
    stage at the largest TP degree t (at most the KV heads and the devices), its states sharded
    ZeRO-3 over as many pipelines as there are devices, one sequence in flight, recomputation on.
-   Its peak (:func:`~lightning_hexiscale.planner.memory.stage_memory_at`) is the sum of three terms:
+   Its peak (:func:`~lightning_hexiscale.planner.cost.memory.stage_memory_at`) is the sum of three terms:
    ``reserve_bytes`` + the communicator buffers (one communicator, ``comm_buffer_bytes``, on CUDA
    only: gloo on CPU keeps none) + that layer's states and activations. The message names the
    first of them that no longer fits the device (its capacity less ``memory_headroom``).
@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING
 
 from lightning_hexiscale.config.recipe import device_kind
 from lightning_hexiscale.config.units import format_bytes
-from lightning_hexiscale.planner import cost_model as cm
-from lightning_hexiscale.planner.memory import stage_memory_at, usable_memory
+from lightning_hexiscale.planner.cost import model as cm
+from lightning_hexiscale.planner.cost.memory import stage_memory_at, usable_memory
 
 if TYPE_CHECKING:
     from lightning_hexiscale.config.cluster import Cluster
-    from lightning_hexiscale.planner.workload import Workload
+    from lightning_hexiscale.planner.cost.workload import Workload
 
 
 def _mib(n: float) -> str:

@@ -31,12 +31,12 @@ import math
 import numpy as np
 
 from lightning_hexiscale.config.cluster import Cluster
-from lightning_hexiscale.planner import cost_model as cm
-from lightning_hexiscale.planner import estimate as E
-from lightning_hexiscale.planner import nic
-from lightning_hexiscale.planner.communicators import stage_communicators
-from lightning_hexiscale.planner.compute import without_place
-from lightning_hexiscale.planner.estimate import Workload
+from lightning_hexiscale.planner.cost import model as cm
+from lightning_hexiscale.planner.cost import estimate as E
+from lightning_hexiscale.planner.cost import nic
+from lightning_hexiscale.planner.cost.communicators import stage_communicators
+from lightning_hexiscale.planner.cost.compute import without_place
+from lightning_hexiscale.planner.cost.estimate import Workload
 from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
 
 _BITS = np.array([1 << b for b in range(63)], dtype=np.int64)

@@ -1,15 +1,15 @@
 """Lower bounds of a layout's iteration time, cheap enough to skip hopeless layouts before they are
-scored (large clusters, :meth:`planner.search.SearchRun.evaluate`): :func:`local_time` (the pipelines
+scored (large clusters, :meth:`planner.search.two_phase.SearchRun.evaluate`): :func:`local_time` (the pipelines
 water-filled with micro-batches) plus :func:`exposed_floor` (their exposed data-parallel time) and,
 under ZeRO-3, :func:`zero3_step_floor` (its per-use gathers, which the drafts leave out).
 
-Scoring a layout exactly (:class:`planner.batching.BatchTimer`) needs every stage's DP terms
-(:func:`planner.dp_comm.dp_comm_all`: O(N^2) pair terms per layer interval), and on 1000s of devices
+Scoring a layout exactly (:class:`planner.search.batching.BatchTimer`) needs every stage's DP terms
+(:func:`planner.cost.dp_comm.dp_comm_all`: O(N^2) pair terms per layer interval), and on 1000s of devices
 layouts of many small pipelines cost the most to score while their data parallelism over slow
 links makes them the worst plans: the pipelines alone (no DP) do not show it.
 This bound does, in O(stages):
 
-A slot (a device holding 1/t of a stage's layers, :mod:`planner.dp_comm`) exchanges each layer's
+A slot (a device holding 1/t of a stage's layers, :mod:`planner.cost.dp_comm`) exchanges each layer's
 gradient with the holders of the same rows in the other P - 1 pipelines: P - 1 distinct devices.
 Eq. 4 paces the bytes by the slowest of those links, which is at most beta_(P-1)(d), the (P-1)-th
 fastest link of device d to any other device. Dropping the latencies (>= 0) and the NIC rates (which
@@ -30,7 +30,7 @@ import math
 import numpy as np
 
 from lightning_hexiscale.config.cluster import Cluster
-from lightning_hexiscale.planner import estimate as E
+from lightning_hexiscale.planner.cost import estimate as E
 
 
 def link_ceiling(cluster: Cluster, k: int) -> np.ndarray:

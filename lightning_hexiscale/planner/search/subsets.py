@@ -25,13 +25,13 @@ What is searched (:func:`search_subsets`; a *trial* is the all-device search of 
   plan found without each machine it leaves out).
 
 Inside a trial on up to 16 devices the final improvement may also leave single devices idle (a
-device move of :mod:`planner.refine`), so devices within a machine can stay out too.
+device move of :mod:`planner.search.refine`), so devices within a machine can stay out too.
 
 Tolerance: the search's quality target, 0.97 of the throughput. With every machine subset
 searched, the plan reaches at least 0.97 of the search's own plan for any machine subset (a trial
 runs the same search with ``TRIAL_REFINE`` of the final improvement's budget; a subset skipped is
 proven unable to win), and at least 0.97 of the true optimum over every device subset
-(:mod:`planner.oracle`; tests/planner/test_search_vs_oracle.py). The greedy promises only the
+(:mod:`planner.oracle.exact`; tests/planner/test_search_vs_oracle.py). The greedy promises only the
 subsets it visits.
 """
 
@@ -48,7 +48,7 @@ import numpy as np
 
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import InfeasiblePlan
-from lightning_hexiscale.planner.estimate import Workload, layer_times, usable_memory
+from lightning_hexiscale.planner.cost.estimate import Workload, layer_times, usable_memory
 from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
 
 MAX_EXHAUSTIVE = 16
@@ -264,7 +264,7 @@ def shrink(layouts: list[Plan], drop: frozenset[int], timer: Any, repair: Any, m
     the pipelines that changed get their leaders and layer split afresh (``repair``, the search's
     phase-2 rules) and the batches are re-split exactly (``timer.best``). (inf, None) when nothing
     is left or nothing fits."""
-    from lightning_hexiscale.planner.refine import plan_from_layout
+    from lightning_hexiscale.planner.search.refine import plan_from_layout
 
     best: tuple[float, Plan | None] = (math.inf, None)
     for like in layouts:

@@ -29,8 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.batching import BatchTimer, layout_key, layout_plan
 from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner.search.batching import BatchTimer, layout_key, layout_plan
 
 Layout = tuple[str, tuple[tuple[tuple[tuple[int, ...], int], ...], ...]]
 """(sharding, pipelines), a pipeline being ((stage devices, layers), ...)."""

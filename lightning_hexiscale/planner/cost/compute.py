@@ -11,7 +11,7 @@ one micro-batch on the slowest rank of the group, which the group waits for):
 2. **Roofline** (:func:`layer_compute_s`, :func:`head_compute_s`, :func:`embedding_compute_s` with
    :mod:`.roofline`): CUDA devices whose type is not calibrated (no ``efficiency``) and has a memory
    bandwidth: GEMM FLOPs at ``gemm_efficiency`` (default
-   :data:`~lightning_hexiscale.planner.roofline.DEFAULT_GEMM_EFFICIENCY`) of the matmul peak,
+   :data:`~lightning_hexiscale.planner.cost.roofline.DEFAULT_GEMM_EFFICIENCY`) of the matmul peak,
    memory-bound bytes at ``hbm_efficiency`` of the bandwidth.
 3. **FLOPs / efficiency** (Appendix B eq. 2): FLOPs / (matmul peak x efficiency), efficiency 1.0
    when not calibrated. CPU workloads (``Workload.device == "cpu"``) always take this path, at the
@@ -31,10 +31,10 @@ from collections.abc import Sequence
 from lightning_hexiscale.config.cluster import Cluster, Device
 from lightning_hexiscale.config.layer_table import LayerTable, ModelShape
 from lightning_hexiscale.config.recipe import PRECISION_DTYPES
-from lightning_hexiscale.planner import cost_model as cm
-from lightning_hexiscale.planner import roofline as rf
-from lightning_hexiscale.planner.memory import shard_fraction
-from lightning_hexiscale.planner.workload import Workload
+from lightning_hexiscale.planner.cost import model as cm
+from lightning_hexiscale.planner.cost import roofline as rf
+from lightning_hexiscale.planner.cost.memory import shard_fraction
+from lightning_hexiscale.planner.cost.workload import Workload
 
 
 # ---- rates -----------------------------------------------------------------------------------------

@@ -1,0 +1,28 @@
+"""The search for a plan: §4's two-phase hierarchical search and what it adds (no torch.distributed).
+
+- :mod:`.two_phase`   the search itself: ``search(cluster, workload, G, settings)``
+- :mod:`.settings`    what it takes and returns: SearchSettings, SearchResult, its log
+- :mod:`.partition`   the device graph and its multilevel (pymetis) partitions
+- :mod:`.assemble`    drafts -> pipelines: stage strategies, leaders, layer splits
+- :mod:`.dp_split`    a layer split that sees the data-parallel links
+- :mod:`.batching`    the exact best batches and micro-batch sizes of a layout
+- :mod:`.floors`      lower bounds of a layout's time (hopeless layouts are not scored)
+- :mod:`.refine`      local improvement of the best layouts
+- :mod:`.subsets`     which devices a plan uses: the search over subsets of the cluster
+- :mod:`.infeasible`  why no plan fits: the message that names the term
+
+The package exports the names ``lightning_hexiscale.planner.search`` had as a module
+(``from lightning_hexiscale.planner.search import SearchSettings, search``), lazily: the search pulls
+in networkx and pymetis, and importing :mod:`.settings` alone should not.
+"""
+
+from lightning_hexiscale._lazy import lazy_exports
+
+_TWO_PHASE = "lightning_hexiscale.planner.search.two_phase"
+_SETTINGS = "lightning_hexiscale.planner.search.settings"
+__all__ = ["CUTS", "Iteration", "LogEntry", "SearchResult", "SearchRun", "SearchSettings", "capacity_message",
+           "dp_candidates", "first_sweep", "search", "subset_search"]
+__getattr__, __dir__ = lazy_exports(__name__, {
+    **{name: _TWO_PHASE for name in ("SearchRun", "capacity_message", "first_sweep", "search", "subset_search")},
+    **{name: _SETTINGS for name in ("CUTS", "Iteration", "LogEntry", "SearchResult", "SearchSettings",
+                                    "dp_candidates")}})
