@@ -105,7 +105,7 @@ def _layer_compute_one(d: Device, workload: Workload, t: int, mb: int) -> tuple[
 
 def layer_backward_s(comp_fwd_s: float, comp_bwd_s: float, comm_tp_s: float, recompute: bool) -> float:
     """T_b = Comp-Bwd + Comm-TP-Bwd (Appendix B eq. 3), plus the re-run forward when recomputing:
-    Comp-Fwd + RECOMPUTE_TP_SHARE * Comm-TP-Fwd (:func:`cost_model.layer_time_bwd` with Comp-Bwd
+    Comp-Fwd + RECOMPUTE_TP_SHARE * Comm-TP-Fwd (:func:`cost.model.layer_time_bwd` with Comp-Bwd
     given, which the roofline prices apart from 2 x Comp-Fwd)."""
     t_b = comp_bwd_s + comm_tp_s
     if recompute:
@@ -116,7 +116,7 @@ def layer_backward_s(comp_fwd_s: float, comp_bwd_s: float, comm_tp_s: float, rec
 def head_compute_s(cluster: Cluster, workload: Workload, devices: Sequence[int], mb: int) -> float:
     """Forward + backward of the LM head and loss for one micro-batch, the slowest member's:
 
-        FLOPs path:  3 * (2 B_mb S H V) * f_V / c            (cost_model.vocab_parallel_head)
+        FLOPs path:  3 * (2 B_mb S H V) * f_V / c            (cost.model.vocab_parallel_head)
         roofline:    roofline(3 * (2 B_mb S H V) * f_V, head_bytes)
 
     f_V = ceil(V/t)/V, the largest vocabulary share."""

@@ -70,7 +70,7 @@ def dp_comm_all(plan: Plan, cluster: Cluster, layer_bytes: float) -> dict[tuple[
     Sweep the global layer intervals (between any two stage boundaries of any pipeline). For each
     device slot keep, per pipeline k, over the TP ranks r2 of k's current holder that share
     weights with the slot: A[slot, k] = sum of alpha, B[slot, k] = the smallest beta (eq. 4 with
-    the slowest link pacing the bytes, :func:`cost_model.comm_dp`); at a boundary only the columns
+    the slowest link pacing the bytes, :func:`cost.model.comm_dp`); at a boundary only the columns
     of the pipelines whose holder changed, and the rows of the devices that start a stage, are
     recomputed, so a plan costs O(N^2) pair terms in a few dozen array operations instead of a
     Python loop over every (stage, interval, rank, partner). The shares need no array: every other

@@ -2,7 +2,7 @@
 
 Per micro-batch, stage j of pipeline i runs its l_ij layers forward and backward:
     Stage_ij = l_ij * (T_f + T_b) (+ the vocabulary-parallel LM head and loss on the last stage,
-               + the vocabulary-parallel embedding's all-reduce on the first; cost_model.vocab_parallel_*)
+               + the vocabulary-parallel embedding's all-reduce on the first; cost.model.vocab_parallel_*)
 per iteration the pipeline takes Pipeline-Time(i) (Appendix B eq. 8) plus the data-parallel time
 its layers cannot hide behind the last backward, which is
     DP-Overhead-Layer(k) - n_mb * (T_f + T_b)   summed over the stage's layers (eq. 5),
@@ -62,14 +62,14 @@ class StageEstimate:
     tp_comm_s: float
     """Tensor-parallel all-reduces over all micro-batches."""
     pp_comm_s: float
-    """The stage's share of the pipeline hops over all micro-batches (``cost_model.hop_charges``:
+    """The stage's share of the pipeline hops over all micro-batches (``cost.model.hop_charges``:
     both directions to the next stage under GPipe; under 1F1B half of each adjacent link's)."""
     dp_comm_s: float
     """Data-parallel collectives of this stage's layers (whether overlapped or not)."""
     dp_exposed_s: float
     """Part of the data-parallel time not hidden behind the last backward."""
     time_per_micro_batch_s: float
-    """Stage_ij + its hop charge (``cost_model.hop_charges``) for one micro-batch."""
+    """Stage_ij + its hop charge (``cost.model.hop_charges``) for one micro-batch."""
     peak_memory_bytes: float
     """Largest peak memory over the stage's devices."""
     memory_capacity_bytes: float
@@ -169,9 +169,9 @@ def activation_message_bytes(workload: Workload, mb: int) -> float:
 def stage_extra_times(cluster: Cluster, workload: Workload, devices: tuple[int, ...] | list[int], mb: int,
                       first: bool, last: bool) -> tuple[float, float]:
     """(compute, communication) per micro-batch a stage adds to its layers: on the last stage the
-    vocabulary-parallel LM head and loss (:func:`cost_model.vocab_parallel_head`'s communication,
+    vocabulary-parallel LM head and loss (:func:`cost.model.vocab_parallel_head`'s communication,
     :func:`compute.head_compute_s`), on the first the vocabulary-parallel embedding's all-reduce
-    (:func:`cost_model.vocab_parallel_embedding`; its lookup priced by the roofline only). A part
+    (:func:`cost.model.vocab_parallel_embedding`; its lookup priced by the roofline only). A part
     the cluster's layer table covers (:func:`compute.measured_times`) is its measured forward +
     backward, counted as compute (its TP collectives inside)."""
     model = workload.model
@@ -200,7 +200,7 @@ def hop_time(cluster: Cluster, workload: Workload, src: tuple[int, ...], dst: tu
              caps: tuple[float, ...] | None = None, schedule: str = "1f1b") -> float:
     """Comm-PP-Hop (eq. 6) from stage ``src`` to stage ``dst`` for one micro-batch, on the path the
     runtime takes: scatter/gather between equal TP degrees above 1
-    (:func:`cost_model.comm_pp_hop_scatter`), else between the stage leaders (``devices[0]``) plus
+    (:func:`cost.model.comm_pp_hop_scatter`), else between the stage leaders (``devices[0]``) plus
     the receiving TP broadcast. ``caps``: the NIC fair share of each send flow in its phase
     (:func:`nic.hop_caps`; () = none binding); None: the hop alone under ``schedule``
     (:func:`nic.hop_alone_caps`, its own flows still share their NICs)."""
@@ -323,7 +323,7 @@ def dp_edge_all(plan: Plan, cluster: Cluster, workload: Workload) -> dict[tuple[
             ok = (share > 0) & (pipe[a:b, None] != pipe[None, :])
             ix = np.ix_(dev[a:b], dev)
             base = np.where(ok, lat[ix], 0.0).sum(axis=1)
-            # bytes paced by the slowest partner link (cost_model.comm_dp); no partner: q = 0
+            # bytes paced by the slowest partner link (cost.model.comm_dp); no partner: q = 0
             q = np.where(ok, share, 0.0).sum(axis=1) / np.minimum(np.where(ok, bw[ix], np.inf).min(axis=1), rates[a:b])
             t_red[a:b] = base + q * (params * red_bt / P)
             t_par[a:b] = base + q * (params * bt / P)
@@ -366,7 +366,7 @@ def layer_step(t_f: float, t_b: float, t_comm: float, sharding: str,
     gathers (theta_3f*max(T_f, T_comm) + theta_3b*max(T_b, T_comm)) and stalls for the uses it
     serves (:func:`zero_terms.zero3_serve_layer`), then reduce-scatters after the backward
     (:func:`zero_terms.zero3_exposed_layer`); DDP and ZeRO-2 run T_f + T_b, DDP's exposed part is
-    :func:`cost_model.dp_exposed_layer`, ZeRO-2's :func:`zero_terms.zero2_exposed_layer` (its
+    :func:`cost.model.dp_exposed_layer`, ZeRO-2's :func:`zero_terms.zero2_exposed_layer` (its
     all-gather follows the optimizer step). Both are non-decreasing in ``t_comm``."""
     if sharding == "zero3":
         step = theta[2] * max(t_f, t_comm) + theta[3] * max(t_b, t_comm) + Z.zero3_serve_layer(t_comm)
@@ -424,7 +424,7 @@ def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
                              tp_comm_s=n_mb * (l * n_tp * tp_f + head_comm),
                              pp_comm_s=0.0, dp_comm_s=float(dp_comm), dp_exposed_s=float(tail),
                              time_per_micro_batch_s=stage_mb, peak_memory_bytes=peak, memory_capacity_bytes=cap))
-        # each stage's share of the hops under the plan's schedule (sum unchanged: cost_model.hop_charges)
+        # each stage's share of the hops under the plan's schedule (sum unchanged: cost.model.hop_charges)
         hops = cm.hop_charges(hops, plan.schedule)
         for r, h in zip(rows, hops):
             r.update(pp_comm_s=n_mb * h, time_per_micro_batch_s=r["time_per_micro_batch_s"] + h)

@@ -1,6 +1,6 @@
 """Shared NICs: concurrent cross-machine transfers divide a NIC's bandwidth (named, pure terms).
 
-The alpha-beta terms of :mod:`cost_model` price each transfer on its own link. A machine's GPUs
+The alpha-beta terms of :mod:`cost.model` price each transfer on its own link. A machine's GPUs
 reach the other machines through its NICs (``config/nics.py``: GPU d uses NIC n(d) of bandwidth
 B_n per direction; a single transfer is already capped at min(beta, B_n(a), B_n(b)) in the
 cluster's bandwidth matrix). When several transfers cross one NIC at the same time they share it.
@@ -16,7 +16,7 @@ Three kinds of concurrency are priced:
 
    with k_out[n] (k_in[n]) the phase's cross-machine flows leaving (entering) NIC n. GPipe moves
    one direction per phase; under 1F1B the runtime fuses the activation and its gradient into one
-   exchange (``cost_model.hop_charges``), so each NIC carries in each direction the flows that
+   exchange (``cost.model.hop_charges``), so each NIC carries in each direction the flows that
    leave it AND those that enter it: k_out = k_in = (leaving + entering). A TP-8 -> TP-8 boundary
    between two machines with one NIC each is thus 8 flows of M/8 at B/8 each: M/B, not (M/8)/B.
 2. **Several pipelines' hops** in the same phase: the same flow counts, summed over the pipelines.
@@ -26,7 +26,7 @@ Three kinds of concurrency are priced:
    enters and leaves each of its machines once, so NIC n carries, per direction and per ring
    step, (P-1)/P of every crossing segment that has a holder behind it: U_n = the summed length
    (as a fraction of the layer) of those segments, and n needs (P-1)/P * U_n * bytes / B_n. A
-   device holding a share s = 1/t of the layer, in cost_model's ``comm_dp`` form
+   device holding a share s = 1/t of the layer, in cost.model's ``comm_dp`` form
    (share * bytes / (P * beta)), then runs its collectives at no more than
 
        rate(d) = s(d) * B_n(d) / U_n(d)           (inf when none of its segments crosses a machine)
@@ -39,7 +39,7 @@ Three kinds of concurrency are priced:
 
 Sharing never speeds anything up (every rate is at most what it was without the other flows), so
 a term computed with fewer concurrent flows is a lower bound of one computed with more: the
-planner's oracle prices a hop with its own flows only in its bounds (``oracle_terms``).
+planner's oracle prices a hop with its own flows only in its bounds (``planner.oracle.terms``).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ or b_act; b_par = b_act, the dtype parameters are gathered in):
   all-gather of t*c in the receiving TP group.
 - ``tp`` per micro-batch, layer and TP rank (t > 1): 4 all-reduces of M (2 forward: after attention
   and MLP; 2 backward: the inputs of q/k/v and gate/up), 5 with recomputation (torch's
-  non-reentrant checkpoint stops before the MLP's all-reduce: ``cost_model.RECOMPUTE_TP_SHARE``);
+  non-reentrant checkpoint stops before the MLP's all-reduce: ``cost.model.RECOMPUTE_TP_SHARE``);
   plus, vocabulary-parallel, one all-reduce of M after the embedding (first stage) and, on the last
   stage, one of M for the head's input gradient and the cross-entropy's two of B_mb*S and 2*B_mb*S
   scalars in b_loss (float32, float64 for a float64 model).

@@ -25,7 +25,7 @@ How, exactly and fast enough:
    interchangeable devices (usually: the GPUs of one machine). A pipeline is then a vector of
    device counts per class, a stage a tuple of class labels, and each orbit of plans is
    enumerated once (canonical devices: the first free devices of each class). A subset is a
-   count vector at most the class sizes (``oracle_space.sub_vectors``): ``estimate()`` prices
+   count vector at most the class sizes (``space.sub_vectors``): ``estimate()`` prices
    only the devices a plan uses, so which devices of a class stay idle does not matter.
 2. **Structure of the time.** With A = sum_j (Stage_j + Hop_j), B = max_j (Stage_j + Hop_j) per
    micro-batch and C = max_j (exposed data-parallel time of stage j), a pipeline with n
@@ -42,7 +42,7 @@ How, exactly and fast enough:
    ``T_comm(d) >= (P - 1) * (min_{x not in D_i} alpha(d, x) + layer_bytes / (t * P * max_{x not in D_i} beta(d, x)))``.
    The T_comm of a stage is the max over its devices, so the max of these per-device bounds bounds
    it too. Every term of the pipeline time is non-decreasing in T_comm
-   (``estimate.layer_step``: T_f + T_b, or theta*max(T, T_comm); ``cost_model.dp_exposed_layer``),
+   (``estimate.layer_step``: T_f + T_b, or theta*max(T, T_comm); ``cost.model.dp_exposed_layer``),
    so plugging the bound in gives a lower bound LB(structure, m, n) of the pipeline's time that
    depends on the pipeline alone. Memory does not depend on T_comm, so the feasibility used with
    the bound is exact. The data-parallel syncs of the embedding, the LM head and the norms
@@ -72,8 +72,8 @@ How, exactly and fast enough:
 6. **Time limit.** Past ``time_limit_s`` the oracle stops and says so: ``complete=False``,
    ``status="incomplete"``, with the best plan found and a proven lower bound on the optimum.
 
-Code: the space and the result in :mod:`oracle_space`, the terms and bounds (points 2-3) in
-:mod:`oracle_terms`, the branch and bound (points 4-6) here.
+Code: the space and the result in :mod:`.space`, the terms and bounds (points 2-3) in
+:mod:`.terms`, the branch and bound (points 4-6) here.
 
 Layer splits are enumerated whole, which suits the small models the oracle is meant for (8-layer
 shapes: at most 35 splits per stage count); deep models on many stages run into the time limit.

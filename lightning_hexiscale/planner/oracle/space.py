@@ -165,7 +165,7 @@ def multiset_permutations(items: list) -> list[tuple]:
 
 
 def generous_room(terms: E.MemoryTerms, cap: float) -> float:
-    """The most layers fitting ``cap`` in every phase, rounded up by a hair (see :meth:`oracle_terms.OracleTerms.room_pos`)."""
+    """The most layers fitting ``cap`` in every phase, rounded up by a hair (see :meth:`.terms.OracleTerms.room_pos`)."""
     most = math.inf
     for f, p in terms.phases:
         if f > cap * (1 + 1e-12):

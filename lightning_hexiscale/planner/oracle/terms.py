@@ -413,7 +413,7 @@ class OracleTerms:
         Lc = self.comps(S)
         U = np.array([[self.uw(st, ctx, P, sh)[0] for st in ch] for ch in chains]).transpose(0, 2, 1)  # (n, M, S)
         W = np.array([[self.uw(st, ctx, P, sh)[1] for st in ch] for ch in chains]).transpose(0, 2, 1)
-        # each stage's share of the hops (cost_model.hop_charges) at every micro-batch size, from a lower
+        # each stage's share of the hops (cost.model.hop_charges) at every micro-batch size, from a lower
         # bound of each hop (exact on the leader path): the charges are linear in the hops, so still a bound
         hop = np.array([[self.hop_bound(ch[j], ch[j + 1]) for j in range(S - 1)] + [np.zeros(len(self.ms))]
                         for ch in chains])  # (n, S, M)

@@ -1,7 +1,7 @@
 """From GPU groups to a complete Plan: stage costs, intra-group strategies, leaders, layer and batch splits.
 
 Shared by the §4 search and the baselines. The choices made here use the pipeline-local terms of
-Appendix B (the same :mod:`cost_model` functions :func:`estimate.estimate` composes), cached per
+Appendix B (the same :mod:`cost.model` functions :func:`estimate.estimate` composes), cached per
 stage; every complete plan is then scored by ``estimate()``. Pipeline-local means: per micro-batch
 
     Stage_j = l_j * (T_f + T_b)_j + head_j + Hop_j,      Pipeline(n) = sum_j Stage_j + (n - 1) * max_j Stage_j

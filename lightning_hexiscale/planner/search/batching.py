@@ -349,7 +349,7 @@ class BatchTimer:
 
     def abc(self, layout: Plan, i: int, dp: dict, edges: dict, m: int) -> tuple[float, float, float]:
         """(A, B, C) of pipeline i at micro-batch size m: its time with n micro-batches is
-        (A + (n - 1) * B) + C, ``cost_model.pipeline_time``'s arithmetic plus the tail, as in estimate()."""
+        (A + (n - 1) * B) + C, ``cost.model.pipeline_time``'s arithmetic plus the tail, as in estimate()."""
         stages, sh = layout.pipelines[i].stages, layout.dp_sharding
         S = len(stages)
         per_mb, hops, tails = [], [], []

@@ -11,7 +11,7 @@ pipelines are known, so its per-layer data-parallel time can be estimated:
 
 (each device exchanges its 1/t share of the layer with the holders in every other pipeline; the
 best link to each pipeline is assumed, which is what a good split can hope for, and the slowest
-of those paces the bytes, as in ``cost_model.comm_dp``). When that slowest link leaves the
+of those paces the bytes, as in ``cost.model.comm_dp``). When that slowest link leaves the
 machine, the rings of the stage's devices behind one NIC share it (``planner/cost/nic.py``): beta is
 then at most B_nic(d) / (the stage's devices using d's NIC). With u_j, w_j the
 per-micro-batch and exposed per-iteration times of one layer on stage j at that T_comm

@@ -214,7 +214,7 @@ def compute_bound(rates: np.ndarray, devices, workload: Workload, global_batch: 
 def memory_possible(cluster: Cluster, workload: Workload, devices) -> bool:
     """Whether ``devices`` can hold the training state at all: every plan keeps at least
     ``total_params * (2 P + K)`` bytes of weights, gradients and optimizer states over its devices
-    (what ZeRO-3 over every pipeline leaves: ``cost_model.runtime_state_bytes_per_param``'s step
+    (what ZeRO-3 over every pipeline leaves: ``cost.model.runtime_state_bytes_per_param``'s step
     phase), plus ``reserve_bytes`` on each device."""
     w = workload
     need = w.model.total_params * (2 * w.param_bytes + w.optimizer_bytes_per_param)
