@@ -4,7 +4,7 @@ bound layer counts with :meth:`MemoryTerms.max_layers`).
 
 Parameters, gradients and optimizer states are priced in the parameters' storage dtype P
 (``Workload.param_bytes``), activations and messages in the compute dtype B (``Workload.dtype_bytes``);
-the per-term formulas are named functions of :mod:`.cost_model`, measured on the CPU runtime
+the per-term formulas are named functions of :mod:`.model`, measured on the CPU runtime
 (``benchmarks/bench_zero.py``, ``benchmarks/bench_memory.py``).
 """
 
@@ -62,40 +62,67 @@ def stage_memory_at(workload: Workload, sharding: str, num_pipelines: int, recom
                     last: bool, inflight: int, tp: int, mb: int, communicators: int | None = None) -> MemoryTerms:
     """Bytes on each device of a stage of TP ``tp`` holding ``inflight`` micro-batches of ``mb``
     sequences at its peak, as the runtime allocates them (each term a named function of
-    :mod:`cost_model`). Parameters, gradients and optimizer states are priced in the parameters'
+    :mod:`cost.model`). Parameters, gradients and optimizer states are priced in the parameters'
     storage dtype P (``workload.param_bytes``: float32 under bf16-mixed), activations and messages
     in the compute dtype B:
 
     - in every phase: the parameters' states (weights, gradients, optimizer;
-      :func:`cost_model.runtime_state_bytes_per_param`) of the stage's layers, of the embedding
+      :func:`cost.model.runtime_state_bytes_per_param`) of the stage's layers, of the embedding
       (first stage) and of the final norm and LM head (last stage; vocabulary-parallel: V/t rows per
       TP rank), ``reserve_bytes``, and on CUDA the collective
-      library's buffers for each communicator the device joins (:func:`cost_model.comm_buffer_bytes`):
+      library's buffers for each communicator the device joins (:func:`cost.model.comm_buffer_bytes`):
       ``communicators`` where the caller counted them (:mod:`.communicators`, as ``estimate()``
       does), else the lower bound the search uses (world, TP group, pipeline neighbours, one
       data-parallel group; asymmetric TP joins more);
     - backward: ZeRO-3's gathered current and prefetched layer, the stored activations of the
       in-flight micro-batches (each layer's input when
-      recomputing, else :func:`cost_model.stored_activation_bytes`), the working set of the layer
+      recomputing, else :func:`cost.model.stored_activation_bytes`), the working set of the layer
       being back-propagated (its recomputed activations when recomputing, plus
-      :func:`cost_model.backward_working_bytes`), the loss's float32 logits on the last stage
-      (:func:`cost_model.logits_bytes`) and, under mixed precision, autocast's bf16 weight casts
-      (:func:`cost_model.autocast_weight_bytes`); less, per layer, the smaller of one
+      :func:`cost.model.backward_working_bytes`), the loss's float32 logits on the last stage
+      (:func:`cost.model.logits_bytes`) and, under mixed precision, autocast's bf16 weight casts
+      (:func:`cost.model.autocast_weight_bytes`); less, per layer, the smaller of one
       micro-batch's stored tensors and the layer's gradient (gradients are None at the start of a
       step and appear as the first backward frees what it consumed);
     - gradient sync: DDP's bucket copies of every synchronised gradient, ZeRO's two buckets in
-      flight (:func:`cost_model.ddp_bucket_bytes`, :func:`cost_model.zero_window_bytes`; a bucket
+      flight (:func:`cost.model.ddp_bucket_bytes`, :func:`cost.model.zero_window_bytes`; a bucket
       is the cap or one whole segment when that is larger, within one unit: :func:`bucket_elements`;
       mixed precision concatenates it in P before the cast);
-    - optimizer step: Adam's temporaries (:func:`cost_model.optimizer_temp_bytes`): one float32
+    - optimizer step: Adam's temporaries (:func:`cost.model.optimizer_temp_bytes`): one float32
       state per parameter stepped at once (all of them with the multi-tensor step on CUDA, one
       bucket under ZeRO, the largest parameter with the CPU's single-tensor step).
     """
+    s = _stage_static(workload, sharding, max(num_pipelines, 1), recompute, first, last, tp, communicators)
+    return MemoryTerms((_backward_phase(s, sharding, recompute, last, inflight, mb),) + s.later_phases)
+
+
+@dataclass(frozen=True)
+class _StageStatic:
+    """What a stage's memory reads that is the same for every micro-batch size and in-flight count:
+    computed once per (workload, sharding, pipelines, recompute, first, last, tp, communicators) by
+    :func:`_stage_static` (the search asks for the same stage shape with hundreds of (m, n) pairs)."""
+
+    model: LlamaConfig
+    tp: int
+    bt: int
+    pb: int
+    mixed: bool
+    fast: object  # ResolvedFastPath
+    layer_local: float
+    matmul_local: float
+    vfrac: float
+    head_matmul: float
+    main_head: float
+    backward_states: tuple[float, float]
+    later_phases: tuple[tuple[float, float], ...]
+    """The gradient-sync and optimizer-step phases (independent of m and n)."""
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _stage_static(workload: Workload, sharding: str, P: int, recompute: bool, first: bool, last: bool, tp: int,
+                  communicators: int | None) -> _StageStatic:
     model = workload.model
     bt, pb, mixed = workload.dtype_bytes, workload.param_bytes, workload.mixed
-    S, H, F = model.seq_len, model.hidden_size, model.ffn_hidden_size
-    tokens = mb * S
-    P = max(num_pipelines, 1)
+    H, F = model.hidden_size, model.ffn_hidden_size
     K = workload.optimizer_bytes_per_param
     frac = shard_fraction(model, tp)
     layer_local = model.layer_params * frac
@@ -125,18 +152,50 @@ def stage_memory_at(workload: Workload, sharding: str, num_pipelines: int, recom
                               pb, stage_bucket_units(model, tp, first, last))
     window = cm.zero_window_bytes(bucket * bt) + (bucket * pb if mixed else 0.0)
     phases = []
-    # backward: stored activations, the working set of the layer in its backward, the logits, and
-    # under mixed precision autocast's one bf16 copy of every matmul weight
-    full = cm.stored_activation_bytes(tokens, H, model.kv_dim, F, tp, bt, mixed, fast.cast_once)
-    fixed, per = states("backward")
+    # gradient sync between pipelines: DDP's bucket copies (in the reduce dtype, B_type by
+    # default), ZeRO's buckets in flight
+    if P > 1:
+        fixed, per = states("sync")
+        if sharding == "ddp":
+            phases.append((fixed + cm.ddp_bucket_bytes(extra_params, bt) + (bucket * pb if mixed else 0.0),
+                           per + cm.ddp_bucket_bytes(layer_local, bt)))
+        else:
+            phases.append((fixed + window, per))
+    # optimizer step: Adam's temporaries (one state-sized temporary per parameter stepped at once;
+    # states in the parameters' dtype, at least float32 where K counts fp32 masters besides them)
+    fixed, per = states("step")
+    state_b = max(4, pb) if K > 2 * pb else pb
+    if sharding != "ddp":
+        phases.append((fixed + window + cm.optimizer_temp_bytes(bucket, state_b), per))
+    elif workload.device == "cuda":
+        phases.append((fixed + cm.optimizer_temp_bytes(extra_params, state_b),
+                       per + cm.optimizer_temp_bytes(layer_local, state_b)))
+    else:
+        largest = max(H * F / tp, model.vocab_size * vfrac * H if (first or last) else 0)
+        phases.append((fixed + cm.optimizer_temp_bytes(largest, state_b), per))
+    return _StageStatic(model, tp, bt, pb, mixed, fast, layer_local, matmul_local, vfrac, head_matmul, main_head,
+                        states("backward"), tuple(phases))
+
+
+def _backward_phase(s: _StageStatic, sharding: str, recompute: bool, last: bool, inflight: int,
+                    mb: int) -> tuple[float, float]:
+    """(fixed, per_layer) bytes of the backward phase: stored activations, the working set of the
+    layer in its backward, the logits, and under mixed precision autocast's one bf16 copy of every
+    matmul weight."""
+    model, bt, pb, mixed, fast = s.model, s.bt, s.pb, s.mixed, s.fast
+    H, F = model.hidden_size, model.ffn_hidden_size
+    tokens = mb * model.seq_len
+    matmul_local, main_head, head_matmul = s.matmul_local, s.main_head, s.head_matmul
+    full = cm.stored_activation_bytes(tokens, H, model.kv_dim, F, s.tp, bt, mixed, fast.cast_once)
+    fixed, per = s.backward_states
     if sharding == "zero3":  # the gathered current and next layer (parameter dtype), freed after the backward
-        fixed += 2 * layer_local * pb
-    work = (full if recompute else 0.0) + cm.backward_working_bytes(tokens, H, F, tp, bt, pb)
+        fixed += 2 * s.layer_local * pb
+    work = (full if recompute else 0.0) + cm.backward_working_bytes(tokens, H, F, s.tp, bt, pb)
     if last and fast.chunked_loss:
-        vocab_local = model.vocab_size * vfrac
+        vocab_local = model.vocab_size * s.vfrac
         fixed += cm.chunked_loss_bytes(tokens, vocab_local, bt, fast.loss_chunk_tokens(round(vocab_local)), inflight)
     elif last:
-        work += cm.logits_bytes(tokens, model.vocab_size * vfrac)
+        work += cm.logits_bytes(tokens, model.vocab_size * s.vfrac)
     # the weights the stored micro-batches' graphs keep for their backward: under mixed precision
     # autocast's bf16 casts, one copy shared by micro-batches 0..n-2 and the last one's own
     # (runtime/schedule.py), or only the recomputed layer's; with main grads the one compute copy
@@ -166,30 +225,8 @@ def stage_memory_at(workload: Workload, sharding: str, num_pipelines: int, recom
     stored = (tokens * H * pb if recompute else full) + saved_weights
     freed = stored + (cm.autocast_weight_bytes(matmul_local, bt)
                       if mixed and not recompute and inflight == 1 and not fast.main_grads else 0.0)
-    per -= min(freed, layer_local * pb)
-    phases.append((fixed + work, per + inflight * stored))
-    # gradient sync between pipelines: DDP's bucket copies (in the reduce dtype, B_type by
-    # default), ZeRO's buckets in flight
-    if P > 1:
-        fixed, per = states("sync")
-        if sharding == "ddp":
-            phases.append((fixed + cm.ddp_bucket_bytes(extra_params, bt) + (bucket * pb if mixed else 0.0),
-                           per + cm.ddp_bucket_bytes(layer_local, bt)))
-        else:
-            phases.append((fixed + window, per))
-    # optimizer step: Adam's temporaries (one state-sized temporary per parameter stepped at once;
-    # states in the parameters' dtype, at least float32 where K counts fp32 masters besides them)
-    fixed, per = states("step")
-    state_b = max(4, pb) if K > 2 * pb else pb
-    if sharding != "ddp":
-        phases.append((fixed + window + cm.optimizer_temp_bytes(bucket, state_b), per))
-    elif workload.device == "cuda":
-        phases.append((fixed + cm.optimizer_temp_bytes(extra_params, state_b),
-                       per + cm.optimizer_temp_bytes(layer_local, state_b)))
-    else:
-        largest = max(H * F / tp, model.vocab_size * vfrac * H if (first or last) else 0)
-        phases.append((fixed + cm.optimizer_temp_bytes(largest, state_b), per))
-    return MemoryTerms(tuple(phases))
+    per -= min(freed, s.layer_local * pb)
+    return fixed + work, per + inflight * stored
 
 
 def bucket_elements(cap_bytes: float, param_bytes: float, units: Iterable[tuple[float, float]]) -> float:
