@@ -8,7 +8,8 @@ estimate, or raises :class:`InfeasiblePlan` whose message says what is needed an
 has. Anything else (another exception, a plan that does not validate or does not fit) is a bug.
 The same seed gives the same plan.
 
-Kept fast: few planner iterations per draw and a bounded number of draws (about 20 s in all).
+Kept bounded: few planner iterations per draw and 60 draws (80-150 s on a 2-core host since the
+search also ranges over device subsets; the timeout is 300 s).
 """
 
 from __future__ import annotations
