@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from lightning_hexiscale.runtime import tensor_parallel as tpl
+from lightning_hexiscale.runtime.weak_hooks import weak_hook
 
 
 def main_grad_modules(stage: nn.Module) -> list[nn.Module]:
@@ -60,11 +61,12 @@ class MainGrads:
         self.free_as_used = False
         """Set by :meth:`free_after_use` for the run's last backward: each copy is freed once its
         gradient is added (the gradient sync's buckets start meanwhile: they must not coexist)."""
-        for m in main_grad_modules(stage):
+        for i, m in enumerate(main_grad_modules(stage)):
             p = m.weight
             c = torch.empty_like(p, dtype=compute_dtype, requires_grad=p.requires_grad)
             if p.requires_grad:  # a frozen weight has no gradient to route
-                c.register_post_accumulate_grad_hook(lambda c, p=p: self._accumulate(p, c))
+                # weakly held (weak_hooks.py): a hook that held self or p would keep them forever
+                c.register_post_accumulate_grad_hook(weak_hook(self, lambda mg, c, i=i: mg._accumulate(mg.params[i], c)))
             m.compute_weight = c
             self.params.append(p)
             self.copies.append(c)

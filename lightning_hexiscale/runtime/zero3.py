@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 
 from lightning_hexiscale.runtime.comm_order import global_order
+from lightning_hexiscale.runtime.weak_hooks import weak_hook
 from lightning_hexiscale.runtime.zero import ZeroSharder, unflatten
 
 
@@ -74,7 +75,9 @@ class Zero3Gatherer:
             block.register_forward_pre_hook(lambda _m, _a, u=unit: self._pre_forward(u))
             block.register_forward_hook(lambda _m, _a, out, u=unit: self._post_forward(u, out))
             for name in self.names[unit]:
-                sharder.params[name].register_post_accumulate_grad_hook(lambda _p, u=unit: self._accumulated(u))
+                # weakly held (weak_hooks.py): the parameter's hook would otherwise keep self alive
+                sharder.params[name].register_post_accumulate_grad_hook(
+                    weak_hook(self, lambda z, _p, u=unit: z._accumulated(u)))
 
     # ---- the global sequence -------------------------------------------------------------------
     def _program(self) -> list[tuple]:
