@@ -21,7 +21,8 @@ Reports, in this order (anything that would pass ``--budget-s`` is skipped and s
    LM head and the loss (4 micro-batches, 1F1B, fused AdamW step included), model FLOPs =
    3 x (2 x tokens x (layer matmul params x L + H x V) + 2 x B x S^2 x H x L), i.e. attention's
    scores at the causal half;
-6. **memory** of that engine: ``max_memory_allocated``, ``max_memory_reserved`` and the device's
+6. **memory** of that engine: ``max_memory_allocated`` and ``max_memory_reserved`` (each above what was
+   held when the engine was built, after ``empty_cache``) and the device's
    used memory (``mem_get_info``) against ``estimate()``'s peak for the same plan.
 
 MFU = model FLOPs / time / the catalog's dense bf16 peak (``config/catalog.py``; the fastest GEMM
@@ -277,6 +278,7 @@ def engine_step(shape: Shape, device: torch.device, steps: int, warmup: int, pea
         if cuda:
             torch.cuda.reset_peak_memory_stats()
             base = torch.cuda.memory_allocated()
+            base_reserved = torch.cuda.memory_reserved()  # what earlier measurements left cached
         engine = PipelineEngine(plan, c, seed=gpu_checks.SEED, device=device, dtype=torch.float32,
                                 autocast_dtype=torch.bfloat16, fast_path=fast)
         opt = engine.wrap_optimizer(torch.optim.AdamW(engine.parameters(), lr=1e-5))
@@ -294,7 +296,8 @@ def engine_step(shape: Shape, device: torch.device, steps: int, warmup: int, pea
         if cuda:
             free, total = torch.cuda.mem_get_info(device)
             out.update(allocated_bytes=torch.cuda.max_memory_allocated() - base,
-                       reserved_bytes=torch.cuda.max_memory_reserved(), device_used_bytes=total - free)
+                       reserved_bytes=torch.cuda.max_memory_reserved() - base_reserved,
+                       reserved_base_bytes=base_reserved, device_used_bytes=total - free)
             out["allocated_vs_estimate"] = out["allocated_bytes"] / est["allocator_bytes"]
         del engine, opt
         _free(device)
