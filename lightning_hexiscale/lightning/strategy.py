@@ -333,7 +333,9 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
         from lightning_hexiscale.runtime import FailureWatch
 
         token = self.broadcast(uuid.uuid4().hex[:12] if self.global_rank == 0 else None, 0)
-        self._watch = FailureWatch(self.global_rank, self.world_size, token, grace_s=self.watchdog_grace_s).start()
+        timeout = self._timeout.total_seconds() if self._timeout is not None else None
+        self._watch = FailureWatch(self.global_rank, self.world_size, token, grace_s=self.watchdog_grace_s,
+                                   collective_timeout_s=timeout).start()
 
     def _resolve_plan(self, module, trainer, fitting: bool) -> Llama:
         """This rank's checks before anything is built or communicated: Lightning's private

@@ -28,16 +28,22 @@ Which rank failed (:meth:`FailureWatch.explain`), from the evidence that needs t
    exception, and only once the rank's counter stood still while this rank's own counter moved 3
    times *and* ``settle = 3 * interval_s * host_slowdown()`` seconds passed. The observer's own
    heartbeat is the clock: on a loaded host it is late too, so the window stretches with the load.
-4. **A rank alive outside the collective:** when peers time out ("Timed out"), a rank that is alive
-   and reports nothing is blocked elsewhere (a hang). Peers blocked on it time out apart by their
-   own compute skew, which grows with the load, so the set of such ranks must stay unchanged for
-   ``settle`` before it is named.
+4. **A rank outside the collective:** when peers time out ("Timed out"), a rank that is alive and
+   reports nothing, or that its own failure watch had to stop without it ever timing out, never
+   joined (a hang, or blocked elsewhere). Peers blocked on it time out apart by their own compute
+   skew, which grows with the load and which no heartbeat measures, so a set of two or more such
+   ranks is not named by a timing window: a rank that is merely waiting in a collective or p2p
+   call reports its own timeout within the process-group timeout (``collective_timeout_s``) of
+   entering it, so the set is named only once it shrinks to one rank (every other rank has then
+   spoken, and somebody's absence made them time out: that rank's), stays unchanged for
+   ``settle``, or after ``collective_timeout_s + 2 * settle`` if it never shrinks (two hung ranks).
 
 Broken connections alone name nobody while every unreported peer is alive and beating: the peer that
 closed them is on its own (slower, on a loaded host) exception path, and its report ("Timed out", or
 its error) is awaited rather than blaming the first rank that saw the connection close.
 
-Every wait is bounded (``4 * settle`` at most). Store traffic is O(1) per rank per interval (one add
+Every wait is bounded (``4 * settle`` at most; ``collective_timeout_s + 2 * settle`` while two or more
+ranks may be the one that never joined). Store traffic is O(1) per rank per interval (one add
 for the heartbeat, one for the counter); the O(world) scans run only in :meth:`explain`, after a
 failure. Reports and explanations use a store connection of their own with a long timeout
 (``call_timeout_s``), so a slow store on a loaded host does not lose a report; the thread's
@@ -111,11 +117,16 @@ class FailureWatch:
         store: the rendezvous store; default: the default process group's.
         call_timeout_s: timeout of the store calls of :meth:`report` and :meth:`explain` (default
             ``max(10, 2 * grace_s)``): long enough for a slow store on a loaded host.
+        collective_timeout_s: the process group's timeout (seconds), the longest a rank that is
+            only waiting in a collective or p2p call takes to report it (module doc, point 4);
+            None: unknown, the wait is ``4 * settle``.
     """
 
     def __init__(self, rank: int, world_size: int, token: str, *, interval_s: float = 0.5, grace_s: float = 5.0,
-                 exit_code: int = EXIT_RANK_FAILED, store=None, call_timeout_s: float | None = None):
+                 exit_code: int = EXIT_RANK_FAILED, store=None, call_timeout_s: float | None = None,
+                 collective_timeout_s: float | None = None):
         self.rank, self.world_size = rank, world_size
+        self.collective_timeout_s = collective_timeout_s
         self.interval_s, self.grace_s, self.exit_code = interval_s, grace_s, exit_code
         base = store if store is not None else dist.distributed_c10d._get_default_store()
         self._prefix = f"{PREFIX}/{token}"
@@ -211,24 +222,35 @@ class FailureWatch:
             reporters = {r for _, r, _ in reports}
             open_ = [r for r in others if r not in reporters and r not in done]
             ended = [r for r in open_ if process_ended(ident[r])]
+            # 4: who never joined the collective the peers timed out in: alive and silent, or stopped
+            # by its own watch without a timeout of its own (a rank that only waited reports one).
+            timed_out = any("Timed out" in msg for _, _, msg in reports if not msg.startswith(STOPPED_BY_WATCH))
+            absent = [r for _, r, msg in reports if timed_out and r != self.rank and msg.startswith(STOPPED_BY_WATCH)]
             if ended or not open_:  # 2: a process gone without a word; or every rank has spoken
-                return _account(reports, ended)
+                return _account(reports, ended, absent=absent)
             if beat:  # the watch thread explains: it beats here, or the others would find it silent
                 store.add(self._key(f"hb/{self.rank}"), 1)
             now_beats = self._beats(store)
             elapsed = time.monotonic() - t0
             silent = [r for r in open_ if now_beats[r] == before[r]]  # 3
             quiet = [r for r in open_ if r not in silent]  # 4, where the others timed out
-            timed_out = any("Timed out" in msg for _, _, msg in reports)
-            if tuple(quiet) != unchanged[0]:
-                unchanged = (tuple(quiet), time.monotonic())
+            outside = tuple(sorted(quiet + absent))
+            if outside != unchanged[0]:
+                unchanged = (outside, time.monotonic())
             waited = elapsed >= settle and now_beats[self.rank] - before[self.rank] >= 3
-            if timed_out:
+            patience = 4 * settle
+            if timed_out and len(outside) > 1:  # some may only be waiting: they report within the timeout
+                settled = False
+                # Not for the watch's own stop line (beat): it would hold a hung process that long.
+                if self.collective_timeout_s is not None and not beat:
+                    patience = max(patience, self.collective_timeout_s + 2 * settle)
+            elif timed_out:
                 settled = waited and time.monotonic() - unchanged[1] >= settle
             else:  # only broken connections so far: the peer that broke them is alive and reports later
                 settled = waited and bool(silent)
-            if settled or elapsed >= 4 * settle:
-                return _account(reports, silent=silent, quiet=quiet if timed_out else [], waited_s=elapsed)
+            if settled or elapsed >= patience:
+                return _account(reports, silent=silent, quiet=quiet if timed_out else [], absent=absent,
+                                waited_s=elapsed)
             time.sleep(self.interval_s / 2)
 
     def _reports(self, store) -> list[tuple[int, int, str]]:
@@ -275,13 +297,14 @@ class FailureWatch:
 
 
 def _account(reports: list[tuple[int, int, str]], ended: Sequence[int] = (), silent: Sequence[int] = (),
-             quiet: Sequence[int] = (), waited_s: float = 0.0) -> str:
+             quiet: Sequence[int] = (), absent: Sequence[int] = (), waited_s: float = 0.0) -> str:
     """The sentence of :meth:`FailureWatch.explain`: the first real error leads; ranks that ended
     or fell silent without a word, or that are alive outside the collective the others timed out
-    in, come next; peers' broken connections are only counted (their raw text, gloo's "Connection
-    reset by peer ... GLHF", shown only when nothing else is known)."""
+    in (``quiet``), or that their watch stopped while outside it (``absent``), come next; peers'
+    broken connections are only counted (their raw text, gloo's "Connection reset by peer ...
+    GLHF", shown only when nothing else is known)."""
     causes = [(r, msg) for _, r, msg in reports if not is_peer_failure(msg)]
-    lost = [r for _, r, msg in reports if is_peer_failure(msg)]
+    lost = [r for _, r, msg in reports if is_peer_failure(msg) and r not in absent]
     parts = []
     if causes:
         parts.append(f"first rank {causes[0][0]} failed: {causes[0][1]}")
@@ -295,6 +318,10 @@ def _account(reports: list[tuple[int, int, str]], ended: Sequence[int] = (), sil
     if quiet:
         parts.append(f"{_ranks(quiet)} {'is' if len(quiet) == 1 else 'are'} alive but never joined the collective "
                      f"the others timed out in (hung, or blocked outside the collectives)")
+    if absent:
+        parts.append(f"{_ranks(absent)} never joined the collective the others timed out in (hung, or blocked "
+                     f"outside the collectives, until {'its' if len(absent) == 1 else 'their'} failure watch "
+                     f"stopped {'it' if len(absent) == 1 else 'them'})")
     if lost and not parts:
         _, first, msg = reports[0]
         parts.append(f"first rank {first} failed: {msg}")

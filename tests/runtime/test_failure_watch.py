@@ -117,18 +117,27 @@ def test_heartbeat_silence_is_named_only_after_the_window(ranks):
     assert took >= 3 * INTERVAL, f"rank 3 was named after {took:.2f} s, before the window (3 heartbeats at least)"
 
 
-def _rank0_explains_while_rank2_hangs(ranks, rank0_error: Exception, rank1_reports_after_s: float) -> str:
-    """Ranks 1 and 2 alive and beating; rank 2 never reports (hung outside the collective), rank 1
-    reports a timeout after ``rank1_reports_after_s``; rank 0 reports ``rank0_error`` and explains."""
+def _rank0_explains_while_rank2_hangs(ranks, rank0_error: Exception, rank1_reports_after_s: float,
+                                     rank2_stopped_after_s: float | None = None,
+                                     collective_timeout_s: float | None = None) -> str:
+    """Ranks 1 and 2 alive and beating; rank 2 never reports a failure of its own (hung outside the
+    collective; its watch stops it after ``rank2_stopped_after_s`` if given), rank 1 reports a
+    timeout after ``rank1_reports_after_s``; rank 0 reports ``rank0_error`` and explains."""
     w0, w1, w2 = ranks(3)
+    w0.collective_timeout_s = collective_timeout_s
     alive = [_beating(w1, INTERVAL), _beating(w2, INTERVAL)]
+    timers = [threading.Timer(rank1_reports_after_s, w1.report, (TIMED_OUT,))]
+    if rank2_stopped_after_s is not None:
+        timers.append(threading.Timer(rank2_stopped_after_s, w2.report,
+                                      (f"{failure.STOPPED_BY_WATCH}: rank 1 is alive but never joined the collective",)))
     try:
-        threading.Timer(rank1_reports_after_s, w1.report, (TIMED_OUT,)).start()
+        for t in timers:
+            t.start()
         w0.report(rank0_error)
         return w0.explain()
     finally:
-        for a in alive:
-            a.set()
+        for a in alive + timers:
+            a.set() if isinstance(a, threading.Event) else a.cancel()
 
 
 def test_a_hung_rank_is_named_once_the_later_peers_time_out_too(ranks, monkeypatch):
@@ -139,6 +148,44 @@ def test_a_hung_rank_is_named_once_the_later_peers_time_out_too(ranks, monkeypat
     why = _rank0_explains_while_rank2_hangs(ranks, TIMED_OUT, rank1_reports_after_s=1.0)
     assert why.startswith("rank 2 is alive but never joined the collective the others timed out in"), why
     assert "ranks [1, 2]" not in why, why
+
+
+def test_a_peer_that_times_out_long_after_the_window_is_not_named(ranks, monkeypatch):
+    """The loaded-host case that a timing window cannot settle: rank 1 reports its timeout 2 s after
+    rank 0, over 3 settle windows later (the load average lags a new load, so the window is that of
+    an idle host). Two ranks are outside the collective, and either may only be waiting, so rank 0
+    waits (up to the collective timeout) until one of them reports, then names rank 2 alone."""
+    monkeypatch.setattr(failure, "host_slowdown", lambda: 1.0)  # settle 0.6 s
+    t0 = time.monotonic()
+    why = _rank0_explains_while_rank2_hangs(ranks, TIMED_OUT, rank1_reports_after_s=2.0, collective_timeout_s=30.0)
+    took = time.monotonic() - t0
+    assert why.startswith("rank 2 is alive but never joined the collective the others timed out in"), why
+    assert "ranks [1, 2]" not in why and "rank 1 " not in why, why
+    assert took < 10.0, f"named after {took:.1f} s: once rank 1 reported, rank 2 is the one left"
+
+
+def test_a_hung_rank_its_watch_stopped_is_named_not_the_peer_still_waiting(ranks, monkeypatch):
+    """The hung rank 2's own watch stops it (a "stopped by its failure watch" report, a consequence)
+    before rank 1's late timeout: rank 2 never timed out itself, so it is still the one that never
+    joined, and rank 1, left alone alive and silent, is not named for it."""
+    monkeypatch.setattr(failure, "host_slowdown", lambda: 1.0)
+    why = _rank0_explains_while_rank2_hangs(ranks, TIMED_OUT, rank1_reports_after_s=2.5, rank2_stopped_after_s=1.0,
+                                            collective_timeout_s=30.0)
+    assert why.startswith("rank 2 never joined the collective the others timed out in"), why
+    assert "its failure watch stopped it" in why and "rank 1 " not in why and "[1, 2]" not in why, why
+
+
+def test_two_ranks_that_never_join_are_named_after_the_collective_timeout(ranks, monkeypatch):
+    """Ranks 1 and 2 both hang (alive, never report): rank 0 cannot tell them from a peer that is
+    only waiting until the collective timeout has passed, then names both."""
+    monkeypatch.setattr(failure, "host_slowdown", lambda: 1.0)
+    timeout = 1.5
+    t0 = time.monotonic()
+    why = _rank0_explains_while_rank2_hangs(ranks, TIMED_OUT, rank1_reports_after_s=3600.0,
+                                            collective_timeout_s=timeout)
+    took = time.monotonic() - t0
+    assert why.startswith("ranks [1, 2] are alive but never joined the collective"), why
+    assert took >= timeout, f"named after {took:.1f} s, before a peer that only waits would have timed out"
 
 
 def test_a_broken_connection_waits_for_the_live_peer_that_broke_it(ranks, monkeypatch):
