@@ -214,11 +214,15 @@ def init_tensor(name: str, shape: tuple[int, ...] | torch.Size, seed: int,
     N(0, INIT_STD^2), drawn in float32 from a generator seeded by :func:`_param_seed` and then cast,
     so a float64 and a float32 model start from the same values up to float32 rounding.
     """
+    # device="cpu" explicitly: Lightning builds the module inside a default-device context (CUDA
+    # under Trainer(accelerator="gpu")), where a tensor made without one lands on that device and
+    # the CPU generator cannot draw into it.
     if name.endswith("norm.weight"):
-        return torch.ones(tuple(shape), dtype=dtype)
+        return torch.ones(tuple(shape), dtype=dtype, device="cpu")
     gen = torch.Generator(device="cpu")
     gen.manual_seed(_param_seed(seed, name))
-    return torch.empty(tuple(shape), dtype=torch.float32).normal_(0.0, INIT_STD, generator=gen).to(dtype)
+    draw = torch.empty(tuple(shape), dtype=torch.float32, device="cpu")
+    return draw.normal_(0.0, INIT_STD, generator=gen).to(dtype)
 
 
 class TiedLMHead(nn.Module):
