@@ -122,8 +122,9 @@ def _median_off_diag(m: np.ndarray, mask: np.ndarray) -> float | None:
 
 def cluster_document(p: ProfileResult, name: str, matrix_path: str,
                      calibration: dict[str, float] | None = None,
-                     efficiency: dict[str, float] | None = None) -> dict[str, Any]:
-    """The ClusterConfig dict for ``p`` (see the module docstring for the layout)."""
+                     efficiency: dict[str, float] | None = None, tool: str = "hexiscale profile") -> dict[str, Any]:
+    """The ClusterConfig dict for ``p`` (see the module docstring for the layout); ``tool`` names
+    the command that measured it (``hexiscale profile`` or ``hexiscale discover``)."""
     n = p.world_size
     hosts = np.array(p.hostnames)
     same_host = hosts[:, None] == hosts[None, :]
@@ -154,7 +155,7 @@ def cluster_document(p: ProfileResult, name: str, matrix_path: str,
                         "hopper": bool(p.hopper[ranks[0]]) if p.hopper else False}
     doc = {"defaults": ["base_cluster", "_self_"],  # so that it also works as a preset under conf/cluster/
            "name": name,
-           "description": f"profiled by `hexiscale profile`: {n} ranks on {len(set(p.hostnames))} host(s), "
+           "description": f"measured by `{tool}`: {n} ranks on {len(set(p.hostnames))} host(s), "
                           f"{p.backend}, matmul {p.flops_dtype}",
            "machines": machines,
            "inter_machine": {"bandwidth": _fmt_bw(inter_bw), "latency": _fmt_time(inter_lat)},
@@ -182,7 +183,7 @@ def matrix_document(p: ProfileResult) -> dict[str, Any]:
 
 def write_cluster(p: ProfileResult, out: str | Path, name: str | None = None,
                   calibration: dict[str, float] | None = None,
-                  efficiency: dict[str, float] | None = None) -> tuple[Path, Path]:
+                  efficiency: dict[str, float] | None = None, tool: str = "hexiscale profile") -> tuple[Path, Path]:
     """Write ``out`` (cluster YAML) and ``<out stem>.matrix.yaml`` next to it; return both paths.
 
     Each file is written to a temporary name and renamed, so a reader never sees half a file.
@@ -191,12 +192,12 @@ def write_cluster(p: ProfileResult, out: str | Path, name: str | None = None,
     out.parent.mkdir(parents=True, exist_ok=True)
     name = name or re.sub(r"[^A-Za-z0-9_.-]", "_", out.stem)
     mpath = out.with_name(out.stem + ".matrix.yaml")
-    header = [f"# Written by `hexiscale profile` on {datetime.datetime.now().isoformat(timespec='seconds')}.",
+    header = [f"# Written by `{tool}` on {datetime.datetime.now().isoformat(timespec='seconds')}.",
               f"# {p.world_size} ranks; device id = global rank. Links: alpha + size/beta fitted to ping-pong",
               f"# half round trips at sizes {', '.join(str(s) for s in p.sizes_bytes)} B; matrices in {mpath.name}."]
     header += [f"# {line}" for line in p.notes]
     _atomic_write(mpath, yaml.safe_dump(matrix_document(p), sort_keys=False, width=1 << 16))
-    doc = cluster_document(p, name, str(mpath), calibration, efficiency)
+    doc = cluster_document(p, name, str(mpath), calibration, efficiency, tool)
     _atomic_write(out, "\n".join(header) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=1 << 16))
     return out, mpath
 

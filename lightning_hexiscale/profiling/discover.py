@@ -1,0 +1,322 @@
+"""Discovery: the job's own ranks measure their cluster, cheaply, and cache it as an ordinary cluster file.
+
+:func:`discover_process_group` is collective over the default process group (``--local N`` forked
+ranks, torchrun, SLURM, Lightning's launcher, ``hexiscale emulate``). In order:
+
+1. every rank reports host, device type, memory and capability (one all-gather); machines are
+   grouped by host, uneven ones included (1 rank here, 3 there);
+2. the fingerprint of that hardware, the model's shape, the precision, the torch version and the
+   settings (:func:`~lightning_hexiscale.profiling.discovery_plan.fingerprint`) names the cache
+   file ``$HEXISCALE_CACHE_DIR/<fingerprint>.yaml``; if it exists (and ``rediscover`` is off) it
+   is reused at once and nothing is measured;
+3. else: matmul FLOP/s on every rank at once (median per device type); the model's layer times per
+   device type, TP degree and micro-batch size, in the job's precision
+   (:func:`~lightning_hexiscale.profiling.layer_times.measure_layer_tables`); one ping-pong pair
+   per (type, type) inside a machine; one per (machine, machine), H/2 at a time; each machine's NIC
+   shared by its ranks sending out at once (:func:`~lightning_hexiscale.profiling.measure.measure_nics`);
+4. rank 0 writes the cluster file (the profiler's writer) into the cache, and a copy to ``out``.
+
+The cost grows with the machines and device types, not with the devices squared: for 8 x 8 GPUs 74
+measurements, for 128 x 8 8294 (a full profile: 2016 and 523776 rank pairs); see
+:mod:`~lightning_hexiscale.profiling.discovery_plan` for the formula. Progress is a tqdm bar on a
+terminal, plain lines otherwise, and the elapsed time is held against ``budget_s`` (a warning
+names the phase that took longest when it is exceeded).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import yaml
+
+from lightning_hexiscale.errors import ConfigError
+from lightning_hexiscale.models.config import LlamaConfig
+from lightning_hexiscale.profiling import discovery_plan as dp
+from lightning_hexiscale.profiling.fit import default_sizes, fit_alpha_beta, nic_pairs
+from lightning_hexiscale.profiling.measure import (_is_hopper, current_device, device_memory_bytes, device_type_name,
+                                                   machine_name, measure_matmul_flops, measure_nics, ping_pong)
+from lightning_hexiscale.profiling.writer import ProfileResult, infer_machines, write_cluster
+
+DEFAULT_BUDGET_S = 60.0
+"""The time discovery should take on a small cluster (4 CPU ranks here: well under it)."""
+DEFAULT_MICRO_BATCHES = (1, 2, 4)
+"""Micro-batch sizes of the layer tables; the cost model interpolates between them and scales the
+nearest per sequence beyond them (:func:`~lightning_hexiscale.config.layer_table.interpolate`)."""
+
+
+@dataclass(frozen=True)
+class Discovery:
+    """What :func:`discover_process_group` did, on every rank."""
+
+    path: str
+    """The cluster file (the cache's, or ``out`` when given); on rank 0's file system."""
+    reused: bool
+    """True when the cached file of the same fingerprint was reused without measuring."""
+    fingerprint: str
+    seconds: float
+    count: dp.MeasurementCount
+    cache_path: str
+
+
+class Progress:
+    """Rank 0's progress: a tqdm bar on a terminal, plain ``discover [k/n] ...`` lines otherwise.
+    Records the seconds of each phase (for the budget warning)."""
+
+    def __init__(self, total: int, budget_s: float, enabled: bool, log: Callable[[str], None] | None):
+        self.total, self.budget_s, self.enabled = total, budget_s, enabled
+        self.log = log or (lambda m: print(m, flush=True))
+        self.t0 = self._last = time.perf_counter()
+        self.done = 0
+        self.phases: dict[str, float] = {}
+        self.bar = None
+        if enabled and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc="discover", unit="step", file=sys.stderr)
+
+    def step(self, label: str, phase: str) -> None:
+        now = time.perf_counter()
+        self.phases[phase] = self.phases.get(phase, 0.0) + now - self._last
+        self._last = now
+        self.done += 1
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.set_postfix_str(label, refresh=False)
+            self.bar.update(1)
+        else:
+            self.log(f"discover [{self.done}/{self.total}] {label} ({now - self.t0:.1f} s of {self.budget_s:.0f} s budget)")
+
+    def close(self) -> float:
+        if self.bar is not None:
+            self.bar.close()
+        return time.perf_counter() - self.t0
+
+
+def report_ranks(device: torch.device) -> list[dp.RankReport]:
+    """Collective: every rank's :class:`~lightning_hexiscale.profiling.discovery_plan.RankReport`, by rank."""
+    world = dist.get_world_size()
+    hosts: list[str] = [""] * world
+    dist.all_gather_object(hosts, machine_name())
+    me = hosts[dist.get_rank()]
+    cap = "cpu" if device.type != "cuda" else "sm_%d%d" % torch.cuda.get_device_capability(device)
+    mine = dp.RankReport(me, device_type_name(device), device_memory_bytes(device, hosts.count(me)), cap,
+                         _is_hopper(device))
+    out: list = [None] * world
+    dist.all_gather_object(out, mine)
+    return out
+
+
+def fit_or_bound(sizes: Sequence[int], times: Sequence[float], reps: int, stat: str) -> tuple[float, float, float, str]:
+    """(alpha s, beta B/s, relative residual, note) of one pair's ping-pong times. When the time does
+    not grow with the size (a link so fast that scheduling noise hides it, e.g. loopback between
+    throttled CPU ranks), beta is the lower bound largest size / its time, alpha 0, and the note
+    says so (printed and written into the file)."""
+    samples = [s for s in sizes for _ in range(reps)]
+    try:
+        f = fit_alpha_beta(samples, times, stat)
+        return f.alpha_s, f.beta_Bps, f.rel_rms, ""
+    except ValueError:
+        top = max(sizes)
+        t = sorted(times[i] for i, s in enumerate(samples) if s == top)[len([s for s in samples if s == top]) // 2]
+        return 0.0, top / t, 0.0, (f"time did not grow with the size ({min(sizes)}-{top} B): written as the lower "
+                                   f"bound {top} B / {t * 1e3:.2f} ms = {top / t / 1e6:.0f} MB/s")
+
+
+def measure_pairs(steps: Sequence[Sequence[tuple[int, int]]], sizes: Sequence[int], reps: int, device: torch.device,
+                  stat: str, progress: Progress, label: str, phase: str) -> dict[tuple[int, int], tuple]:
+    """Collective: the pairs of each step ping-pong at once (:func:`~lightning_hexiscale.profiling.measure.ping_pong`);
+    {pair: (alpha, beta, rel, note)} on every rank."""
+    rank = dist.get_rank()
+    out_buf = torch.ones(max(sizes), dtype=torch.uint8, device=device)
+    in_buf = torch.empty_like(out_buf)
+    mine = {}
+    for k, step in enumerate(steps):
+        dist.barrier()
+        for a, b in step:
+            if rank in (a, b):
+                times = ping_pong(b if rank == a else a, rank == a, sizes, reps, device, out_buf, in_buf)
+                if rank == a:
+                    mine[(a, b)] = fit_or_bound(sizes, times, reps, stat)
+        progress.step(f"{label} {k + 1}/{len(steps)} ({len(step)} pair(s) at once)", phase)
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    return {p: v for part in gathered for p, v in part.items()}
+
+
+def _merge_tables(parts: Sequence[Sequence]) -> tuple:
+    """Layer tables of one device type measured one TP degree at a time -> one table per type."""
+    by: dict[str, object] = {}
+    for tables in parts:
+        for t in tables:
+            by[t.gpu] = replace(by[t.gpu], rows=by[t.gpu].rows + t.rows) if t.gpu in by else t
+    return tuple(replace(t, rows=tuple(sorted(t.rows, key=lambda r: (r.part, r.tp, r.micro_batch))))
+                 for t in by.values())
+
+
+def copy_cluster(src: Path, dst: Path) -> Path:
+    """Copy a written cluster file and its matrix file to ``dst`` (``matrix_file`` re-pointed), keeping
+    its header comments. Returns ``dst``."""
+    dst = Path(dst).resolve()
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    text = src.read_text()
+    doc = yaml.safe_load(text)
+    mdst = dst.with_name(dst.stem + ".matrix.yaml")
+    shutil.copyfile(doc["matrix_file"], mdst)
+    doc["matrix_file"] = str(mdst)
+    header = [ln for ln in text.splitlines() if ln.startswith("#")]
+    dst.write_text("\n".join(header) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=1 << 16))
+    return dst
+
+
+def _check_cached(path: Path) -> None:
+    from lightning_hexiscale.config.cluster import Cluster
+
+    try:
+        Cluster.load(str(path))
+    except ConfigError as e:
+        raise ConfigError(f"${dp.CACHE_ENV}", str(path), f"the cached cluster file does not load ({e.rule})",
+                          "run again with --rediscover (rediscover=True), or delete the file") from None
+
+
+def discover_process_group(model: LlamaConfig, *, precision: str | None = None,
+                           micro_batches: Sequence[int] = DEFAULT_MICRO_BATCHES, tp_degrees: Sequence[int] | None = None,
+                           sizes: Sequence[int] | None = None, reps: int = 3, matmul_n: int | None = None,
+                           matmul_time_s: float = 0.5, layer_reps: int = 2, link_stat: str = "median",
+                           max_pairs: int | None = None, rediscover: bool = False, out: str | Path | None = None,
+                           name: str | None = None, budget_s: float = DEFAULT_BUDGET_S, progress: bool = True,
+                           log: Callable[[str], None] | None = None) -> Discovery:
+    """Discover the cluster of the default process group (module docstring); collective. Returns the
+    same :class:`Discovery` on every rank (rank 0 writes the files).
+
+    ``precision``: the job's Lightning precision (None: 32-true on CPU, bf16-mixed on CUDA);
+    ``micro_batches`` / ``tp_degrees``: of the layer tables (TP default: the powers of two up to the
+    largest machine and each machine's count, at most the model's KV heads); ``sizes`` / ``reps``:
+    the ping-pong message sizes (bytes) and timed repetitions; ``max_pairs``: pairs measured at once
+    (default: no limit on CUDA, cores // 2 on CPU, as the profile); ``budget_s``: seconds discovery
+    should take (a warning when exceeded).
+    """
+    from lightning_hexiscale.config.layer_table import ModelShape
+    from lightning_hexiscale.profiling import precision as prec
+    from lightning_hexiscale.profiling.layer_times import default_tp_degrees, measure_layer_tables
+
+    t_start = time.perf_counter()
+    rank = dist.get_rank()
+    device = current_device()
+    run = prec.resolve(precision, device)
+    say = (log or (lambda m: print(m, flush=True))) if rank == 0 else (lambda m: None)
+    reports = report_ranks(device)
+    hosts = dp.hosts_in_order(reports)
+    types = [r.device_type for r in reports]
+    machines = [list(m.ranks) for m in infer_machines([r.host for r in reports], types)]
+    degrees = sorted(set(tp_degrees or default_tp_degrees([len(m) for m in machines], model.num_kv_heads)))
+    for t in degrees:
+        model.check_tp(t, "tp_degrees")
+    mbs = sorted({int(m) for m in micro_batches})
+    settings = {"tp_degrees": degrees, "micro_batches": mbs}
+    fp = dp.fingerprint(reports, vars(ModelShape.of(model)), run.name, torch.__version__, settings)
+    cached = dp.cache_path(fp)
+    count = dp.count_for(reports, len(degrees), len(mbs))
+    say(f"discovering {len(reports)} rank(s) on {len(hosts)} machine(s) "
+        f"({', '.join(f'{h}: {len(rs)} x {reports[rs[0]].device_type}' for h, rs in hosts.items())}); "
+        f"{model.name or 'model'} in {run.name}; fingerprint {fp}")
+    reuse = [bool(cached.is_file() and not rediscover)] if rank == 0 else [False]
+    dist.broadcast_object_list(reuse, src=0)  # every rank follows rank 0's file system: all measure or none
+    if reuse[0]:
+        path = cached
+        if rank == 0:
+            _check_cached(cached)
+            if out is not None:
+                path = copy_cluster(cached, Path(out))
+        seconds = time.perf_counter() - t_start
+        say(f"reusing the cluster discovered earlier: {cached} (same fingerprint; {seconds:.2f} s; "
+            f"--rediscover / rediscover=True measures again)" + (f"; copied to {path}" if path != cached else ""))
+        return Discovery(_from_rank0(str(path)), True, fp, seconds, count, str(cached))
+
+    say(f"measuring: {count.describe()}")
+    sizes = sorted(int(s) for s in (sizes or default_sizes(device.type == "cuda")))
+    if max_pairs is None and device.type != "cuda":
+        import os
+
+        max_pairs = max(1, (os.cpu_count() or 2) // 2)
+    intra = dp.intra_pairs(reports)
+    intra_steps = dp.disjoint_steps(list(intra.values()), max_pairs)
+    inter_steps = dp.inter_steps(reports, max_pairs)
+    nic_hosts = [h for h, _ in nic_pairs([r.host for r in reports])]
+    bar = Progress(2 + len(degrees) + len(intra_steps) + len(inter_steps) + (1 if nic_hosts else 0) + 1,
+                   budget_s, progress and rank == 0, say)
+    bar.step("ranks reported", "report")
+
+    dist.barrier()
+    flops = measure_matmul_flops(device, matmul_n, matmul_time_s, dtype=run.compute_dtype)
+    per_rank: list = [None] * len(reports)
+    dist.all_gather_object(per_rank, flops)
+    bar.step("matmul FLOP/s on every rank at once", "flops")
+
+    parts = []
+    for t in degrees:
+        tables = measure_layer_tables(model, mbs, run.name, [t], reps=layer_reps, types=types, machines=machines)
+        parts.append(tables or ())
+        bar.step(f"layer times at TP {t}, micro-batches {mbs}", "layer times")
+
+    intra_fits = measure_pairs(intra_steps, sizes, reps, device, link_stat, bar, "intra-machine links", "intra links")
+    inter_fits = measure_pairs(inter_steps, sizes, reps, device, link_stat, bar, "machine-pair links", "inter links")
+    nic_fits, nic_note = {}, ""
+    if nic_hosts:
+        out_buf = torch.ones(max(sizes), dtype=torch.uint8, device=device)
+        try:
+            nic_fits = measure_nics([r.host for r in reports], sizes, reps, device, out_buf, torch.empty_like(out_buf),
+                                    link_stat)
+        except ValueError as e:  # every rank fits the same gathered times: all raise alike, all go on alike
+            nic_note = f"NICs: not written, their transfers did not fit a bandwidth ({e})"
+        bar.step(f"NIC of {len(nic_hosts)} machine(s): alone, then its ranks at once", "NICs")
+
+    path = cached
+    if rank == 0:
+        by_type = {key: intra_fits[pair] for key, pair in intra.items()}
+        by_host = {tuple(sorted((reports[a].host, reports[b].host))): v for (a, b), v in inter_fits.items()}
+        bw, lat, err = dp.fill_links(reports, {k: v[:3] for k, v in by_host.items()},
+                                     {k: v[:3] for k, v in by_type.items()})
+        import numpy as np
+
+        notes = [f"discovered by `hexiscale discover` (fingerprint {fp}, torch {torch.__version__}): "
+                 f"{count.describe()}",
+                 f"flops: sustained matmul in {str(run.compute_dtype).replace('torch.', '')} (precision {run.name}), "
+                 "every rank at once, median per device type",
+                 "links: one ping-pong pair per machine pair and per device-type pair inside a machine "
+                 f"({link_stat} of {reps} per size); every other rank pair has its representative's figures"]
+        notes += [f"intra {a}/{b}: {v[3]}" for (a, b), v in by_type.items() if v[3]]
+        notes += [f"machines {a}/{b}: {v[3]}" for (a, b), v in by_host.items() if v[3]]
+        notes += [nic_note] if nic_note else []
+        result = ProfileResult(hostnames=[r.host for r in reports], device_types=types, flops=list(per_rank),
+                               memory_bytes=[r.memory_bytes for r in reports], bandwidth_Bps=np.array(bw),
+                               latency_s=np.array(lat), fit_rel_rms=np.array(err), hopper=[r.hopper for r in reports],
+                               backend=dist.get_backend(), flops_dtype=str(run.compute_dtype).replace("torch.", ""),
+                               sizes_bytes=list(sizes), notes=notes, nics=nic_fits, layer_tables=_merge_tables(parts))
+        write_cluster(result, cached, name or f"discovered_{fp[:8]}", tool="hexiscale discover")
+        if out is not None:
+            path = copy_cluster(cached, Path(out))
+    bar.step("cluster file written", "write")
+    seconds = bar.close()
+    say(f"discovered in {seconds:.1f} s: {path}" + (f" (cached as {cached})" if path != cached else ""))
+    if seconds > budget_s and rank == 0:
+        worst = max(bar.phases, key=bar.phases.get)
+        warnings.warn(f"discovery took {seconds:.1f} s, over its budget of {budget_s:.0f} s; the longest phase was "
+                      f"{worst} ({bar.phases[worst]:.1f} s). It runs once per fingerprint (the file is cached); to "
+                      "shorten it, measure fewer micro-batch sizes or TP degrees", stacklevel=2)
+    return Discovery(_from_rank0(str(path)), False, fp, seconds, count, str(cached))
+
+
+def _from_rank0(value):
+    """Collective: rank 0's ``value`` on every rank (also the last fence: rank 0 has written)."""
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
