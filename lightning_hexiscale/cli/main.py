@@ -21,6 +21,7 @@ from lightning_hexiscale.cli import estimate  # noqa: F401  isort: skip
 from lightning_hexiscale.cli import presets  # noqa: F401  isort: skip
 from lightning_hexiscale.cli import plan  # noqa: F401  isort: skip
 from lightning_hexiscale.cli import profile  # noqa: F401  isort: skip
+from lightning_hexiscale.cli import discover  # noqa: F401  isort: skip
 from lightning_hexiscale.cli import calibrate  # noqa: F401  isort: skip
 from lightning_hexiscale.cli import prepare_data  # noqa: F401  isort: skip
 from lightning_hexiscale.cli import export  # noqa: F401  isort: skip

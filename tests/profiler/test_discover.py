@@ -1,0 +1,154 @@
+"""Discovery: what it measures (pure), the cache under a fingerprint, and a run on uneven machines
+(1 + 3 forked CPU ranks, each told its machine by HEXISCALE_MACHINE as the emulator or a node does)."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import replace
+
+import pytest
+import yaml
+
+from lightning_hexiscale.profiling import discovery_plan as dp
+from lightning_hexiscale.profiling.discovery_plan import RankReport
+
+
+def _reports(layout: list[tuple[str, str, int]]) -> list[RankReport]:
+    """[(host, type, ranks)] -> one report per rank, in rank order."""
+    return [RankReport(h, t, 8 * 2**30, "cpu") for h, t, k in layout for _ in range(k)]
+
+
+def test_measurement_count_grows_with_machines_not_devices_squared():
+    c8 = dp.measurement_count(8, 8)
+    assert (c8.flops, c8.layer_cases, c8.inter_links, c8.nics, c8.intra_links) == (1, 36, 28, 8, 1)
+    assert c8.total == 74 and c8.full_profile_pairs == 2016
+    c128 = dp.measurement_count(128, 8)
+    assert c128.total == 8294 and c128.full_profile_pairs == 523776
+    # the same numbers as written in the module docstring (and the docs)
+    assert "**74**" in dp.__doc__ and "**8294**" in dp.__doc__
+    # twice the devices per machine adds no link measurement; a second device type doubles the per-type work
+    assert dp.measurement_count(8, 16, tp_degrees=4).inter_links == c8.inter_links
+    assert dp.measurement_count(8, 8, device_types=2).layer_cases == 2 * c8.layer_cases
+    # the count from the ranks' own reports is the same for a homogeneous cluster
+    reps = _reports([(f"h{i}", "A", 8) for i in range(8)])
+    assert dp.count_for(reps, tp_degrees=4, micro_batches=3) == c8
+    with pytest.raises(ValueError, match="device_types"):
+        dp.measurement_count(2, 8, device_types=3)
+
+
+def test_representative_pairs_uneven_machines():
+    reps = _reports([("a", "FAST", 1), ("b", "SLOW", 3), ("c", "SLOW", 2), ("d", "FAST", 2)])
+    hosts = dp.hosts_in_order(reps)
+    assert hosts == {"a": [0], "b": [1, 2, 3], "c": [4, 5], "d": [6, 7]}
+    steps = dp.inter_steps(reps)
+    pairs = [p for s in steps for p in s]
+    # every host pair exactly once, through the first rank of each host, no host twice in a step
+    assert sorted(pairs) == sorted([(0, 1), (0, 4), (0, 6), (1, 4), (1, 6), (4, 6)])
+    for s in steps:
+        used = [reps[r].host for p in s for r in p]
+        assert len(used) == len(set(used))
+    assert len(steps) == 3  # round robin over 4 hosts: 3 rounds of 2 pairs
+    assert dp.inter_steps(reps, max_pairs=1) == [[p] for s in steps for p in s]
+    intra = dp.intra_pairs(reps)
+    assert intra == {("SLOW", "SLOW"): (1, 2), ("FAST", "FAST"): (6, 7)}
+    bw, lat, err = dp.fill_links(reps, {k: (1e-3, 40e6, 0.0) for k in
+                                        [tuple(sorted((a, b))) for a in hosts for b in hosts if a < b]},
+                                 {("SLOW", "SLOW"): (5e-5, 2e9, 0.0), ("FAST", "FAST"): (5e-5, 3e9, 0.0)})
+    assert bw[0][1] == 40e6 and bw[2][3] == 2e9 and bw[6][7] == 3e9 and bw[3][3] == float("inf")
+    assert lat[1][2] == 5e-5 and lat[0][7] == 1e-3
+
+
+def test_fingerprint_and_cache_dir(tmp_path, monkeypatch):
+    reps = _reports([("a", "A", 2)])
+    base = dp.fingerprint(reps, {"hidden_size": 128}, "32-true", "2.5.0")
+    assert base == dp.fingerprint(list(reps), {"hidden_size": 128}, "32-true", "2.5.0")
+    others = [dp.fingerprint([replace(reps[0], memory_bytes=4 * 2**30), reps[1]], {"hidden_size": 128}, "32-true", "2.5.0"),
+              dp.fingerprint([replace(reps[0], host="b"), reps[1]], {"hidden_size": 128}, "32-true", "2.5.0"),
+              dp.fingerprint(reps, {"hidden_size": 256}, "32-true", "2.5.0"),
+              dp.fingerprint(reps, {"hidden_size": 128}, "bf16-mixed", "2.5.0"),
+              dp.fingerprint(reps, {"hidden_size": 128}, "32-true", "2.6.0"),
+              dp.fingerprint(reps, {"hidden_size": 128}, "32-true", "2.5.0", {"micro_batches": [1, 2]})]
+    assert len({base, *others}) == 7
+    monkeypatch.setenv(dp.CACHE_ENV, str(tmp_path))
+    assert dp.cache_path(base) == tmp_path / f"{base}.yaml"
+    monkeypatch.delenv(dp.CACHE_ENV)
+    assert dp.cache_dir().parts[-3:] == (".cache", "lightning_hexiscale", "clusters")
+
+
+def _discover_uneven(rank: int, world: int, model, cache: str, rediscover: bool):
+    # machine "solo" has rank 0, machine "trio" ranks 1-3 (set per rank before anything reads it)
+    os.environ["HEXISCALE_MACHINE"] = "solo" if rank == 0 else "trio"
+    os.environ[dp.CACHE_ENV] = cache
+    from lightning_hexiscale.profiling.discover import discover_process_group
+
+    return discover_process_group(model, matmul_time_s=0.2, micro_batches=[1, 2], layer_reps=1, reps=2,
+                                  rediscover=rediscover, progress=rank == 0)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_discover_uneven_machines_plans_and_reuses_cache(tmp_path, capfd):
+    from lightning_hexiscale.config.cluster import Cluster
+    from lightning_hexiscale.lightning.plan_resolution import search_plan
+    from lightning_hexiscale.models.config import LlamaConfig
+    from lightning_hexiscale.planner.cost.workload import Workload
+    from lightning_hexiscale.profiling.launch import run_local
+
+    model = LlamaConfig.load("llama_tiny")
+    cache = str(tmp_path / "cache")
+    t0 = time.perf_counter()
+    first = run_local(4, _discover_uneven, model, cache, False, timeout_s=180)
+    took = time.perf_counter() - t0
+    assert not first[0].reused and {d.path for d in first} == {first[0].path}  # every rank has rank 0's answer
+    assert first[0].path.startswith(cache) and first[0].path.endswith(f"{first[0].fingerprint}.yaml")
+    assert took < 60, f"discovery of 4 CPU ranks took {took:.1f} s (budget 60 s)"
+    out = capfd.readouterr().out
+    assert "discover [1/" in out and "measurements" in out  # plain progress lines when not a terminal
+
+    cluster = Cluster.load(first[0].path)
+    assert [(m.name, len(m.devices)) for m in cluster.machines] == [("solo", 1), ("trio", 3)]
+    assert {t.gpu for t in cluster.layer_tables} == {"CPU"}
+    assert {(r.tp, r.micro_batch) for r in cluster.layer_tables[0].rows} == {(1, 1), (1, 2), (2, 1), (2, 2)}
+    plan, est = search_plan(cluster, Workload.for_cluster(model, cluster), 8, {}, iterations=2)
+    assert set(plan.device_order) <= {0, 1, 2, 3} and est is not None and est.feasible
+    plan.validate(cluster, model, global_batch=8)
+
+    # same hardware, model, precision, torch: the file is reused at once, and says so
+    t0 = time.perf_counter()
+    again = run_local(4, _discover_uneven, model, cache, False, timeout_s=60)
+    assert again[0].reused and again[0].path == first[0].path and again[0].seconds < 2.0
+    assert "reusing the cluster discovered earlier" in capfd.readouterr().out
+    assert yaml.safe_load(open(first[0].path))["name"] == f"discovered_{first[0].fingerprint[:8]}"
+    # --rediscover measures again
+    forced = run_local(4, _discover_uneven, model, cache, True, timeout_s=180)
+    assert not forced[0].reused and forced[0].fingerprint == first[0].fingerprint
+
+
+def test_discover_cli_is_registered():
+    from lightning_hexiscale.cli.main import build_parser
+
+    args = build_parser().parse_args(["discover", "--local", "2", "--model", "llama_tiny", "--rediscover",
+                                      "--out", "x.yaml", "--precision", "32-true"])
+    assert (args.local, args.model, args.rediscover, args.out, args.precision) == (2, "llama_tiny", True, "x.yaml",
+                                                                                   "32-true")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_discover_cli_writes_out_and_reuses(tmp_path, monkeypatch, capfd):
+    from lightning_hexiscale.cli.main import main
+
+    monkeypatch.setenv(dp.CACHE_ENV, str(tmp_path / "cache"))
+    argv = ["discover", "--local", "2", "--model", "llama_tiny", "--out", str(tmp_path / "d.yaml"),
+            "--layer-micro-batches", "1", "--layer-reps", "1", "--reps", "2", "--matmul-time", "0.2"]
+    assert main(argv) == 0
+    out = capfd.readouterr().out
+    assert f"wrote {tmp_path / 'd.yaml'}" in out and "cluster discovered_" in out
+    doc = yaml.safe_load((tmp_path / "d.yaml").read_text())
+    assert doc["matrix_file"] == str(tmp_path / "d.matrix.yaml") and doc["layer_times"]
+    (tmp_path / "d.yaml").unlink()
+    assert main(argv) == 0
+    out = capfd.readouterr().out
+    assert "reusing the cluster discovered earlier" in out and f"reused {tmp_path / 'd.yaml'}" in out
+    assert (tmp_path / "d.yaml").is_file()
