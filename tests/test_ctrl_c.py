@@ -32,9 +32,18 @@ def _sigint_default() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def ctrl_c(cmd: list[str], marker: str, tmp: Path, deadline_s: float) -> tuple[int, str, str]:
+def ctrl_c(cmd: list[str], marker: str, tmp: Path, deadline_s: float,
+           then: tuple[str, ...] = ()) -> tuple[int, str, str]:
     """Run ``cmd`` in a session of its own; once ``marker`` is printed, send SIGINT to its process
-    group; (exit status, stdout, stderr). Fails if the group outlives the command by 30 s."""
+    group; for each of ``then``, once it is printed too, SIGINT again; (exit status, stdout,
+    stderr). Fails if the group outlives the command by 30 s."""
+    code, out, err, _ = timed_ctrl_c(cmd, (marker, *then), tmp, deadline_s)
+    return code, out, err
+
+
+def timed_ctrl_c(cmd: list[str], markers: tuple[str, ...], tmp: Path,
+                 deadline_s: float) -> tuple[int, str, str, float]:
+    """:func:`ctrl_c`, and the seconds from the last SIGINT to the command's end."""
     out, err = tmp / "stdout.txt", tmp / "stderr.txt"
     env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_PORT")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
@@ -43,13 +52,16 @@ def ctrl_c(cmd: list[str], marker: str, tmp: Path, deadline_s: float) -> tuple[i
                              start_new_session=True)
     try:
         t0 = time.time()
-        while marker not in out.read_text() + err.read_text():
-            assert p.poll() is None, f"ended before {marker!r}: {err.read_text()[-3000:]}"
-            assert time.time() - t0 < deadline_s, f"no {marker!r} after {deadline_s} s"
-            time.sleep(0.2)
-        time.sleep(0.5)
-        os.killpg(p.pid, signal.SIGINT)
+        for marker in markers:
+            while marker not in out.read_text() + err.read_text():
+                assert p.poll() is None, f"ended before {marker!r}: {err.read_text()[-3000:]}"
+                assert time.time() - t0 < deadline_s, f"no {marker!r} after {deadline_s} s"
+                time.sleep(0.2)
+            time.sleep(0.5)
+            os.killpg(p.pid, signal.SIGINT)
+            sent = time.time()
         code = p.wait(timeout=deadline_s)
+        took = time.time() - sent
         gone = time.time() + 30
         while time.time() < gone:  # the ranks end with it
             try:
@@ -64,7 +76,7 @@ def ctrl_c(cmd: list[str], marker: str, tmp: Path, deadline_s: float) -> tuple[i
             os.killpg(p.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    return code, out.read_text(), err.read_text()
+    return code, out.read_text(), err.read_text(), took
 
 
 @pytest.mark.timeout(200)
@@ -136,3 +148,79 @@ def test_save_on_interrupt_saves_the_step_on_every_rank_then_stops(tmp_path):
     quiet.requested = True
     with pytest.raises(TrainingInterrupted, match="after step 9; no checkpoint was written"):
         quiet.on_train_batch_end(trainer, None, None, None, 0)
+
+
+# ---- every phase of a training job: one line naming it, exit 130 within 5 s, no process left -------
+JOB = ROOT / "tests" / "ctrl_c_job.py"
+
+
+def job(phase: str, run: Path, *extra: str) -> list[str]:
+    """A 2-rank job (cpu2, llama_tiny) with ``phase`` made slow (tests/ctrl_c_job.py)."""
+    return [sys.executable, str(JOB), phase, "cluster=cpu2", "model=llama_tiny", "train.global_batch=8",
+            "trainer.max_steps=6", "trainer.val_every=0", "trainer.progress_bar=false", "trainer.log_every=1",
+            f"hydra.run.dir={run}", *extra]
+
+
+def one_line(err: str) -> str:
+    lines = [ln for ln in err.strip().splitlines() if ln.startswith("recipes/train.py:")]
+    assert "Traceback" not in err and len(lines) == 1, err[-3000:]
+    return lines[0]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_ctrl_c_while_rank_0_waits_for_the_others_ends_the_job_at_once(tmp_path):
+    """The reported hang: the other ranks still import torch, rank 0 waits for them in
+    init_process_group (C++, where Python runs no signal handler); it waited ~10 min, then named
+    the wrong phase. With the SIGINT-blocked start and the watch's thread: at once, the right phase."""
+    code, _, err, took = timed_ctrl_c(job("child_sleeps", tmp_path / "run"), ("SLOW rendezvous",), tmp_path, 150)
+    assert code == 130 and took < 5, (code, took, err[-3000:])
+    assert one_line(err) == "recipes/train.py: interrupted (Ctrl-C) while waiting for the ranks to join (rendezvous)"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_a_rank_that_dies_while_the_job_starts_ends_it_with_one_line(tmp_path):
+    t0 = time.time()
+    p = subprocess.run(job("child_dies", tmp_path / "run"), capture_output=True, text=True, timeout=150, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 4, p.stderr[-3000:]
+    assert "rank 1: dying on purpose" in p.stderr
+    assert one_line(p.stderr) == ("recipes/train.py: rank 1 exited with status 3 while waiting for the ranks to join "
+                                  "(rendezvous); ending the job (exit status 4)")
+    assert time.time() - t0 < 120  # not the process-group timeout (600 s)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_ctrl_c_while_the_ranks_set_up(tmp_path):
+    code, _, err, took = timed_ctrl_c(job("setup", tmp_path / "run"), ("SLOW setup",), tmp_path, 150)
+    assert code == 130 and took < 5, (code, took, err[-3000:])
+    assert one_line(err) == ("recipes/train.py: interrupted (Ctrl-C) while setting up the ranks "
+                             "(plan, devices, stages, checkpoint)")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_a_second_ctrl_c_in_a_long_step_ends_the_job_at_once(tmp_path):
+    """The first Ctrl-C asks every rank to finish the step; the step does not end (every rank sleeps
+    in it); the second ends the job within 5 s and names the step and the checkpoint of step 2."""
+    run = tmp_path / "run"
+    code, out, err, took = timed_ctrl_c(job("step", run, "trainer.checkpoint_every=2"),
+                                        ("SLOW step", "stopping at the end of this step"), tmp_path, 150)
+    assert code == 130 and took < 5, (code, took, err[-3000:])
+    last = run / "checkpoints" / "last.ckpt"
+    assert one_line(err) == (f"recipes/train.py: interrupted (Ctrl-C twice) while training (step 3); the last "
+                             f"checkpoint, {last}, was kept (resume with trainer.resume={last})")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_a_second_ctrl_c_while_saving_ends_the_job_and_leaves_no_half_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    code, out, err, took = timed_ctrl_c(job("save", run, "trainer.checkpoint_every=2"),
+                                        ("SLOW save", "stopping at the end of this step"), tmp_path, 150)
+    assert code == 130 and took < 5, (code, took, err[-3000:])
+    assert one_line(err) == ("recipes/train.py: interrupted (Ctrl-C twice) while saving the checkpoint of step 2; "
+                             "that checkpoint was not completed")
+    assert not (run / "checkpoints" / "last.ckpt").exists()

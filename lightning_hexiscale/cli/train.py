@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import threading
 import warnings
 from collections.abc import Sequence
 
@@ -88,48 +87,41 @@ class _Job:
     """One invocation's state shared by the Hydra task and the Ctrl-C handling of :func:`main`."""
 
     def __init__(self, app: AppName, launch_argv: list[str]):
-        from lightning_hexiscale.cli.train_run import JobProgress
+        from lightning_hexiscale.lightning.job_watch import JobWatch
 
         self.app = app
         self.launch_argv = launch_argv
-        self.progress = JobProgress()
+        # the job's phase, its output directory and its Ctrl-C handling (lightning/job_watch.py)
+        self.watch = JobWatch(app.prog, quiet=not is_rank_zero())
         self.statuses: list[int] = []
-        self.interrupted = threading.Event()  # set by this process's SIGINT handler (record_ctrl_c)
 
-    def interrupted_message(self) -> str:
-        out = self.progress.out
-        last = out / "checkpoints" / "last.ckpt" if out is not None else None
-        kept = (f"; the last checkpoint, {last}, was kept (resume with trainer.resume={last})"
-                if last is not None and last.exists() else "")
-        return f"{self.app.prog}: interrupted (Ctrl-C) while {self.progress.phase}{kept}"
+    def say(self, line: str) -> None:
+        """The job's one closing line (once, whoever ends the job: this or the watch's thread)."""
+        self.watch.say(line)
 
     def task(self, cfg) -> int:
         """Hydra's task function: one run (one point of a sweep) and its exit status."""
         from lightning_hexiscale.cli.train_plan import HardwareMissing
-        from lightning_hexiscale.cli.train_run import JobProgress, run
+        from lightning_hexiscale.cli.train_run import run
 
         # Hydra has parsed its argv; the popen launcher re-runs this process's argv for each rank.
         sys.argv = self.launch_argv
-        self.progress = JobProgress()
+        self.watch.set_phase("planning")  # each point of a sweep starts again
+        self.watch.out = None
         prog = self.app.prog
         try:
-            code = run(cfg, self.progress, self.app)
+            code = run(cfg, self.watch, self.app)
         except TrainingInterrupted as e:  # every rank stopped at the end of the same step
-            if is_rank_zero():
-                out = self.progress.out
-                resume = out / "checkpoints" / "last.ckpt" if out is not None else None
-                hint = f" (resume with trainer.resume={resume})" if resume is not None and resume.exists() else ""
-                print(f"{prog}: {e}{hint}", file=sys.stderr, flush=True)
+            resume = self.watch.last_checkpoint()
+            self.say(f"{prog}: {e}" + (f" (resume with trainer.resume={resume})" if resume is not None else ""))
             code = EXIT_INTERRUPTED
-        except KeyboardInterrupt:  # while planning (or a second Ctrl-C during training): one line, no traceback
-            if is_rank_zero():
-                print(self.interrupted_message(), file=sys.stderr, flush=True)
+        except KeyboardInterrupt:  # while planning: one line, no traceback (later phases: the watch ends the job)
+            self.say(self.watch.message())
             code = EXIT_INTERRUPTED
         except SystemExit:  # Lightning ends the job with exit(1) after a KeyboardInterrupt it caught
-            if not self.interrupted.is_set():
+            if not self.watch.ctrl_c.is_set():
                 raise
-            if is_rank_zero():
-                print(self.interrupted_message(), file=sys.stderr, flush=True)
+            self.say(self.watch.message())
             code = EXIT_INTERRUPTED
         except HardwareMissing as e:
             print(f"{prog}: {e}", file=sys.stderr)
@@ -161,7 +153,7 @@ def main(argv: Sequence[str] | None = None, app: AppName = HEXISCALE, launch_pre
     import hydra
 
     from lightning_hexiscale.config.schema import conf_dir, register_configs
-    from lightning_hexiscale.lightning.interrupt import record_ctrl_c
+    from lightning_hexiscale.lightning.job_watch import record_in_child
 
     argv = list(sys.argv[1 + len(launch_prefix):] if argv is None else argv)
     if any(a in HELP_FLAGS for a in argv):
@@ -169,9 +161,13 @@ def main(argv: Sequence[str] | None = None, app: AppName = HEXISCALE, launch_pre
         return 0
     program = sys.argv[0]
     job = _Job(app, [])
-    # rank 0 (the launching process) raises KeyboardInterrupt on Ctrl-C; ranks its popen launcher started
-    # only record it (every rank stops at the end of the step together; before training rank 0 ends them)
-    record_ctrl_c(job.interrupted, raise_interrupt=not is_popen_child())
+    # The launching process (and each torchrun/SLURM rank) watches Ctrl-C by phase; the ranks its popen
+    # launcher started only record it (every rank stops at the end of the step together; before
+    # training the launching process ends them)
+    if is_popen_child():
+        record_in_child(job.watch.ctrl_c)
+    else:
+        job.watch.install()
     try:
         try:
             argv = prepare_argv(argv)
@@ -189,9 +185,10 @@ def main(argv: Sequence[str] | None = None, app: AppName = HEXISCALE, launch_pre
             sys.argv = saved
             warnings.showwarning = default_show
     except KeyboardInterrupt:  # before Hydra started the run (reading the command line)
-        if is_rank_zero():
-            print(job.interrupted_message(), file=sys.stderr, flush=True)
+        job.say(job.watch.message())
         return EXIT_INTERRUPTED
+    finally:
+        job.watch.uninstall()
     return max(job.statuses, default=0)  # no job ran: --cfg, --info or --hydra-help printed and ended
 
 

@@ -7,7 +7,6 @@ module raises.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -16,15 +15,7 @@ from lightning_hexiscale.cli.train_fit import check_logger, fit, load_dataset, q
 from lightning_hexiscale.cli.train_job import (HEXISCALE, AppName, apply_file_overrides, is_multirun, is_rank_zero,
                                                output_dir, overrides_given, say)
 from lightning_hexiscale.cli.train_plan import effective_config, launch_settings, make_plan, write_picture
-
-
-@dataclass
-class JobProgress:
-    """What the job is doing, for the Ctrl-C message: its phase (planning, which includes the checks,
-    then training) and its output directory once known. Mutable: the job updates it as it goes."""
-
-    phase: str = "planning"
-    out: Path | None = None
+from lightning_hexiscale.lightning.job_watch import JobWatch
 
 
 def check_early(cfg: DictConfig) -> None:
@@ -54,10 +45,11 @@ def check_early(cfg: DictConfig) -> None:
     FastPath.coerce(t.get("fast_path"), key="trainer.fast_path")  # a bad switch value, before planning
 
 
-def run(cfg: DictConfig, progress: JobProgress | None = None, app: AppName = HEXISCALE) -> int:
+def run(cfg: DictConfig, progress: JobWatch | None = None, app: AppName = HEXISCALE) -> int:
     """The job on one composed config: check, plan, print the plan and its estimate, train (or stop
     after planning with ``dry_run``). Returns 0; errors are raised (the app maps them to exit codes).
-    ``progress`` records the phase and the output directory for the Ctrl-C message."""
+    ``progress`` (the job's :class:`~lightning_hexiscale.lightning.job_watch.JobWatch`) records the
+    phase and the output directory for the Ctrl-C message."""
     from lightning_hexiscale.config.cluster import Cluster
     from lightning_hexiscale.config.recipe import effective_precision
     from lightning_hexiscale.config.schema import resolve_hf_model
@@ -70,7 +62,7 @@ def run(cfg: DictConfig, progress: JobProgress | None = None, app: AppName = HEX
     resolve_hf_model(cfg, overrides_given())  # model=hf:/dir: the shape from its config.json
     out = output_dir(cfg)
     out.mkdir(parents=True, exist_ok=True)
-    progress = progress if progress is not None else JobProgress()
+    progress = progress if progress is not None else JobWatch(app.prog)
     progress.out = out
     cluster = Cluster.from_config(cfg.cluster)
     model = LlamaConfig.from_config(cfg.model)
@@ -100,7 +92,7 @@ def run(cfg: DictConfig, progress: JobProgress | None = None, app: AppName = HEX
     if is_multirun():
         # A previous job's port is in TIME_WAIT or still bound; let Lightning choose a free one.
         os.environ.pop("MASTER_PORT", None)
-    progress.phase = "training"
+    progress.set_phase("starting")  # the Trainer, then the launcher starts the other ranks
     metrics = fit(cfg, cluster, model, plan, out, launch, precision, dataset, est)
     print_metrics(metrics)
     return 0
@@ -143,7 +135,7 @@ def elastic_launch(cfg: DictConfig, app: AppName = HEXISCALE) -> dict:
             "num_nodes": max(1, world // local)}
 
 
-def run_elastic(cfg: DictConfig, cluster, model, out: Path, precision: str, dataset, progress: JobProgress,
+def run_elastic(cfg: DictConfig, cluster, model, out: Path, precision: str, dataset, progress: JobWatch,
                 app: AppName) -> int:
     """trainer.elastic=true: no plan here; the strategy plans for the machines present at every start."""
     from lightning_hexiscale.lightning.elastic import ElasticSettings
@@ -151,7 +143,7 @@ def run_elastic(cfg: DictConfig, cluster, model, out: Path, precision: str, data
     launch = elastic_launch(cfg, app)
     say(cluster.summary(), "\n")
     settings = ElasticSettings(out / "elastic", every_n_steps=int(cfg.trainer.checkpoint_every))
-    progress.phase = "training"
+    progress.set_phase("starting")
     metrics = fit(cfg, cluster, model, None, out, launch, precision, dataset, elastic=settings)
     print_metrics(metrics)
     return 0

@@ -14,7 +14,12 @@ training agrees on SIGTERM), and then every rank
    to resume from, which ends ``trainer.fit`` (``hexiscale train`` prints it and exits with 130).
 
 Rank 0 says at once that the stop is coming. A second Ctrl-C restores the handler that was there
-before (Python's: ``KeyboardInterrupt``, Lightning's immediate shutdown).
+before (Python's: ``KeyboardInterrupt``, Lightning's immediate shutdown; under ``hexiscale train``,
+the job watch's, which ends the job at once).
+
+The callback also tells the job watch (:mod:`~lightning_hexiscale.lightning.job_watch`) which phase
+this rank is in: setup, training (and the step), saving (while ``trainer.save_checkpoint`` runs),
+finishing; without a watch (a user's script) that is a no-op.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from typing import Any
 from lightning.pytorch.callbacks import Callback
 
 from lightning_hexiscale.errors import TrainingInterrupted
+from lightning_hexiscale.lightning import job_watch
 
 
 class GracefulInterrupt(Callback):
@@ -48,8 +54,16 @@ class GracefulInterrupt(Callback):
         self._previous: Any = None
         self._rank0 = True
 
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        # every rank has joined the process group; the strategy's setup (plan, stages) comes next
+        job_watch.set_phase("setup")
+        if not hasattr(trainer.save_checkpoint, "__wrapped__"):
+            # ModelCheckpoint and the interrupted step's save both go through this method
+            trainer.save_checkpoint = job_watch.phased(trainer.save_checkpoint, "saving", lambda: trainer.global_step)
+
     def on_train_start(self, trainer, pl_module) -> None:
         self._rank0 = trainer.is_global_zero
+        job_watch.set_phase("training", trainer.global_step + 1)
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGINT, self._on_sigint)
 
@@ -58,6 +72,9 @@ class GracefulInterrupt(Callback):
         self._restore()  # a second Ctrl-C: the previous handler (stop at once)
         if self._rank0:
             print("\nCtrl-C: stopping at the end of this step (Ctrl-C again to stop at once)", flush=True)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        job_watch.set_phase("training", trainer.global_step + 1)  # the step now running
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         strategy = trainer.strategy
@@ -72,11 +89,12 @@ class GracefulInterrupt(Callback):
         elif self.last_checkpoint is not None and self.last_checkpoint.exists():
             where = f"the last checkpoint, {self.last_checkpoint}, was kept"
         else:
-            where = "no checkpoint was written"
+            where = "no checkpoint was written (trainer.save_on_interrupt=true saves the interrupted step)"
         raise TrainingInterrupted(f"interrupted (Ctrl-C) after step {step}; {where}")
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._restore()
+        job_watch.set_phase("finishing")
 
     def on_exception(self, trainer, pl_module, exception) -> None:
         self._restore()
@@ -85,19 +103,3 @@ class GracefulInterrupt(Callback):
         if self._previous is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, self._previous)
             self._previous = None
-
-
-def record_ctrl_c(flag: threading.Event, raise_interrupt: bool = True) -> None:
-    """A SIGINT handler for a job's process (the main thread): sets ``flag``, then raises
-    KeyboardInterrupt as Python's own handler does when ``raise_interrupt`` (the launching process),
-    or only records it (ranks a launcher started: the launching process decides). A process started
-    with SIGINT ignored (nohup, a background job) keeps ignoring it."""
-    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-        return
-
-    def on_sigint(signum, frame):
-        flag.set()
-        if raise_interrupt:
-            raise KeyboardInterrupt
-
-    signal.signal(signal.SIGINT, on_sigint)

@@ -26,9 +26,14 @@ non-zero (the job ends with -9), and a dead rank shows up as the survivors' raw 
   call (teardown hooks, status FINISHED, ``fit`` returns); a training rank's failure is published
   for the idle rank that waits for the job (``strategy.note_failure``).
 - **The popen children** are watched by :class:`ChildWatch` instead of Lightning's observer: a child
-  that exits non-zero gives the launching process ``grace_s`` (times the host's load,
-  :func:`~lightning_hexiscale.runtime.host_slowdown`) to stop by itself (it normally raises
-  at once); only then is the job ended, with status 4 and a message naming the rank.
+  that exits non-zero before every rank has joined the process group ends the job at once (rank 0
+  would wait in ``init_process_group`` for it until the timeout), with status 4 and one line naming
+  the rank; later, it gives the launching process ``grace_s`` (times the host's load,
+  :func:`~lightning_hexiscale.runtime.host_slowdown`) to stop by itself (it normally raises at
+  once), and only then ends the job the same way.
+- **Ctrl-C** (:mod:`~lightning_hexiscale.lightning.job_watch`): the guard records the job's phase
+  (starting the ranks, then the rendezvous) and starts the popen children with SIGINT blocked, so
+  that a Ctrl-C while they import torch waits for their handler instead of killing them mid-import.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from __future__ import annotations
 import inspect
 import os
 import pickle
+import signal
 import sys
 import threading
 import time
@@ -45,6 +51,7 @@ from typing import Any, Callable
 import torch.distributed as dist
 
 from lightning_hexiscale.errors import HexiScaleError, NonFiniteError, RankFailure, TrainingFailure
+from lightning_hexiscale.lightning import job_watch
 from lightning_hexiscale.runtime import EXIT_RANK_FAILED, host_slowdown, is_peer_failure
 
 EXIT_CONFIG = 2
@@ -128,6 +135,8 @@ class LaunchGuard:
     # -- launching process -----------------------------------------------------------------------
     def before_launch(self, function: Callable, args: tuple, kwargs: dict) -> None:
         """Checks with the call's arguments (``trainer._fit_impl(model, train_dataloaders, ...)``)."""
+        # popen: this process is rank 0 and will meet the others; spawn/fork: it only waits for workers
+        job_watch.set_phase("starting" if getattr(self.strategy, "_start_method", "popen") == "popen" else "running")
         try:
             bound = inspect.signature(function).bind_partial(*args, **kwargs).arguments
         except (TypeError, ValueError):  # an unexpected callable: nothing to check
@@ -136,11 +145,13 @@ class LaunchGuard:
 
     @contextmanager
     def marked_children(self):
-        """The popen children inherit :data:`CHILD_ENV` (the launching process does not keep it)."""
+        """The popen children inherit :data:`CHILD_ENV` (the launching process does not keep it) and
+        SIGINT blocked (:class:`~.job_watch.blocked_during`; they unblock it once they can record it)."""
         before = os.environ.get(CHILD_ENV)
         os.environ[CHILD_ENV] = "1"
         try:
-            yield
+            with job_watch.blocked_during():
+                yield
         finally:
             if before is None:
                 os.environ.pop(CHILD_ENV, None)
@@ -149,6 +160,9 @@ class LaunchGuard:
 
     def watch_children(self, procs: list) -> None:
         grace = 2 * float(getattr(self.strategy, "watchdog_grace_s", 5.0)) + 10.0
+        watch = job_watch.current()
+        if watch is not None:
+            watch.children.extend(procs)
         self.child_watch = ChildWatch(procs, first_rank=self.strategy.global_rank + 1, grace_s=grace).start()
 
     def job_ended(self) -> None:
@@ -179,6 +193,11 @@ class LaunchGuard:
     def run(self, function: Callable, args: tuple, kwargs: dict, trainer=None) -> Any:
         """``function(*args, **kwargs)`` on this rank (popen, torchrun, SLURM); see :meth:`stop`.
         An idle rank's call ends cleanly (``strategy.end_idle_call``) and returns None."""
+        if os.environ.get(CHILD_ENV) == "1":
+            # a popen child of a script that installed no handler of its own: Python's (KeyboardInterrupt)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        else:
+            job_watch.set_phase("rendezvous")  # next: init_process_group, which waits for every rank
         try:
             return function(*args, **kwargs)
         except IdleRankExit:
@@ -211,8 +230,10 @@ def _first_line(exc: BaseException) -> str:
 class ChildWatch:
     """Polls the popen children of the launching process (local ranks 1..n-1).
 
-    Lightning's own observer kills every process 5 s after a child exits non-zero. Here a child's
-    exit only starts a clock: the launching process normally stops by itself at once (an agreed
+    Lightning's own observer kills every process 5 s after a child exits non-zero. Before every rank
+    has joined the process group (``torch.distributed`` not yet initialized here), a child's exit
+    ends the job at once: the launching process waits in ``init_process_group`` for it and would
+    only stop at the timeout. Afterwards a child's exit only starts a clock: the launching process normally stops by itself at once (an agreed
     error, or the dead peer's closed connection, or its failure watch); if it is still inside the
     job after ``grace_s`` times :func:`host_slowdown` (read when the clock starts: on a loaded host
     its exception path takes that much longer), the watch kills the remaining children, names the
@@ -223,6 +244,7 @@ class ChildWatch:
         self.procs, self.first_rank, self.grace_s, self.poll_s = list(procs), first_rank, grace_s, poll_s
         self._armed = threading.Event()
         self._armed.set()
+        self._joined = False
 
     def start(self) -> ChildWatch:
         threading.Thread(target=self._run, name="hexiscale-child-watch", daemon=True).start()
@@ -231,14 +253,25 @@ class ChildWatch:
     def disarm(self) -> None:
         self._armed.clear()
 
+    def _before_join(self) -> bool:
+        """Not every rank has joined the process group yet: the job watch's phase when there is one,
+        else whether this process has had a process group (an idle rank 0 leaves it later)."""
+        watch = job_watch.current()
+        if watch is not None:
+            return watch.phase in ("starting", "rendezvous")
+        self._joined = self._joined or (dist.is_available() and dist.is_initialized())
+        return not self._joined
+
     def _run(self) -> None:
         since: float | None = None
         grace = self.grace_s
         while True:
             codes = [p.poll() for p in self.procs]
+            bad = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+            if bad and self._armed.is_set() and self._before_join():
+                self._end(*bad[0], None)  # even the last child: rank 0 would wait for it until the timeout
             if all(c is not None for c in codes):
                 return
-            bad = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
             if bad and self._armed.is_set():
                 if since is None:
                     since, grace = time.monotonic(), self.grace_s * host_slowdown()
@@ -246,12 +279,20 @@ class ChildWatch:
                     self._end(*bad[0], grace)
             time.sleep(self.poll_s)
 
-    def _end(self, index: int, code: int, grace_s: float) -> None:
+    def _end(self, index: int, code: int, grace_s: float | None) -> None:
         if not self._armed.is_set():
             return
         how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
-        sys.stderr.write(f"hexiscale: rank {self.first_rank + index} {how} and rank 0 did not stop within "
-                         f"{grace_s:.0f} s; ending the job (exit status {EXIT_RANK_FAILED})\n")
+        watch = job_watch.current()
+        if grace_s is None:
+            where = f"while {watch.describe()}" if watch is not None else "before every rank joined the process group"
+            line = f"rank {self.first_rank + index} {how} {where}; ending the job (exit status {EXIT_RANK_FAILED})"
+        else:
+            line = (f"rank {self.first_rank + index} {how} and rank 0 did not stop within {grace_s:.0f} s; "
+                    f"ending the job (exit status {EXIT_RANK_FAILED})")
+        if watch is not None:
+            watch.end(f"{watch.prog}: {line}", EXIT_RANK_FAILED)
+        sys.stderr.write(f"hexiscale: {line}\n")
         sys.stderr.flush()
         for p in self.procs:
             if p.poll() is None:

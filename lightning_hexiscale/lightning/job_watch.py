@@ -1,0 +1,333 @@
+"""The phase of a training job and its Ctrl-C watch: Ctrl-C ends the job within seconds whatever it
+is doing, with one line that names what it was doing, exit status 130 and no process left.
+
+Python runs a SIGINT handler only when the main thread comes back to the interpreter. While it
+waits inside torch (rank 0 in ``init_process_group`` for ranks that died while importing torch, a
+collective waiting for a hung peer) it never does, and the job hung for the process-group timeout.
+:class:`JobWatch` therefore also receives the signal through a pipe (:func:`signal.set_wakeup_fd`:
+the C-level handler writes the signal number there at once) in a thread of its own, and acts by
+the phase the job is in:
+
+============ ================================================ =========================================
+phase        what the job does                                first Ctrl-C
+============ ================================================ =========================================
+planning     checks, the search, writing the plan             KeyboardInterrupt in the main thread (the
+                                                              watch ends the process if it is still
+                                                              there ``backstop_s`` later)
+starting     the launcher starts the other ranks              ends the job at once
+rendezvous   rank 0 waits for every rank to join              ends the job at once
+setup        the ranks agree on the plan and devices, build   ends the job at once
+             their stages, load the checkpoint
+running      spawn/fork: the launching process waits for      ends the job at once
+             its workers
+training     steps (and validation)                           every rank stops at the end of the step
+                                                              (:class:`~.interrupt.GracefulInterrupt`)
+saving       a checkpoint is being written                    finish it, stop at the end of the step
+finishing    the last hooks and the final report              ends the job at once
+============ ================================================ =========================================
+
+A second Ctrl-C while training or saving ends the job at once. Ending the job is one line on
+stderr (``PROG: interrupted (Ctrl-C) while <phase>...``, printed once whoever ends it: see
+:meth:`JobWatch.claim`), SIGKILL to every process this one started (the popen ranks, their
+children), then ``os._exit(130)``. A checkpoint cut short stays a ``.tmp-`` directory beside the
+last complete one (the checkpointer renames only complete checkpoints into place).
+
+One watch per process: signal handlers are process-wide. The launching process (and every
+torchrun/SLURM rank) installs it; the ranks the popen launcher starts only record Ctrl-C
+(:func:`record_in_child`): their launching process ends them. Torch-free, so that the command line
+installs it before anything heavy is imported.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+EXIT_INTERRUPTED = 130
+"""128 + SIGINT, as shells report a job Ctrl-C ended."""
+
+PHASES = {
+    "planning": "planning",
+    "starting": "starting the ranks",
+    "rendezvous": "waiting for the ranks to join (rendezvous)",
+    "setup": "setting up the ranks (plan, devices, stages, checkpoint)",
+    "running": "running the ranks",
+    "training": "training",
+    "saving": "saving a checkpoint",
+    "finishing": "finishing",
+}
+"""Phase -> the words of the one line (``interrupted (Ctrl-C) while <words>``)."""
+IN_MAIN_THREAD = frozenset({"planning"})
+"""Phases whose work is Python code of the main thread: KeyboardInterrupt there ends them cleanly."""
+GRACEFUL = frozenset({"training", "saving"})
+"""Phases where the first Ctrl-C asks every rank to stop at the end of the step."""
+
+_current: JobWatch | None = None
+
+
+def current() -> JobWatch | None:
+    """This process's installed watch (None outside ``hexiscale train``: e.g. a user's script)."""
+    return _current
+
+
+def set_phase(phase: str, step: int | None = None) -> None:
+    """Record the job's phase on this process's watch, if one is installed (a no-op otherwise)."""
+    if _current is not None:
+        _current.set_phase(phase, step)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (children first), read from /proc; [] where there is none."""
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return []
+    children: dict[int, list[int]] = {}
+    for e in entries:
+        try:
+            with open(f"/proc/{e}/stat") as f:
+                stat = f.read()
+        except OSError:  # it ended meanwhile
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])  # the command name may hold spaces and ')'
+        children.setdefault(ppid, []).append(int(e))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def kill_descendants(extra: list[Any] = (), reap_s: float = 2.0) -> None:
+    """SIGKILL every process below this one and ``extra`` (Popen-like objects: where /proc is
+    absent), then reap the direct children (up to ``reap_s``): a child left a zombie goes to an init
+    that may never reap it, and still counts as a process of the job."""
+    pids = set(descendants(os.getpid())) | {p.pid for p in extra if p.poll() is None}
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.monotonic() + reap_s
+    waiting = set(pids)
+    while waiting and time.monotonic() < deadline:
+        for pid in list(waiting):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:  # not our child (a grandchild), or reaped already
+                done = pid
+            if done:
+                waiting.discard(pid)
+        if waiting:
+            time.sleep(0.02)
+
+
+def _flush_stdout(timeout_s: float) -> None:
+    """Flush stdout from a helper thread: the main thread may hold its lock (blocked in a write)."""
+    t = threading.Thread(target=lambda: sys.stdout.flush(), daemon=True)
+    t.start()
+    t.join(timeout_s)
+
+
+class JobWatch:
+    """The phase of this process's job and its Ctrl-C handling (module doc).
+
+    Args:
+        prog: the prefix of the one line (``hexiscale train``).
+        quiet: print nothing (every rank but rank 0 under torchrun/SLURM: rank 0 speaks for the job).
+        backstop_s: in ``planning``, how long after Ctrl-C the main thread may take to end the
+            process before the watch ends it (it raised KeyboardInterrupt; only C code that never
+            returns to Python can keep it).
+    """
+
+    def __init__(self, prog: str, quiet: bool = False, backstop_s: float = 4.0):
+        self.prog, self.quiet, self.backstop_s = prog, quiet, backstop_s
+        self.phase = "planning"
+        self.step: int | None = None
+        self.out: Path | None = None
+        """The run's output directory, once known: its ``checkpoints/last.ckpt`` is named in the line."""
+        self.ctrl_c = threading.Event()
+        """Set at the first Ctrl-C."""
+        self.children: list[Any] = []
+        """Processes the launcher started (Popen-like), killed with the job where /proc is absent."""
+        self._claim = threading.Lock()
+        self._claimed = False
+        self._asked_to_finish = False
+        self._pipe: tuple[int, int] | None = None
+        self._previous: tuple[Any, int] | None = None
+
+    # ---- the phase -------------------------------------------------------------------------------
+    def set_phase(self, phase: str, step: int | None = None) -> None:
+        if phase not in PHASES:
+            raise ValueError(f"unknown job phase {phase!r}; one of {', '.join(PHASES)}")
+        self.phase, self.step = phase, step
+
+    def describe(self) -> str:
+        """The phase in words: ``training (step 12)``, ``saving the checkpoint of step 12``."""
+        if self.phase == "training" and self.step is not None:
+            return f"training (step {self.step})"
+        if self.phase == "saving" and self.step is not None:
+            return f"saving the checkpoint of step {self.step}"
+        return PHASES[self.phase]
+
+    def last_checkpoint(self) -> Path | None:
+        """``<out>/checkpoints/last.ckpt`` if it exists (complete: only complete ones are renamed into place)."""
+        last = self.out / "checkpoints" / "last.ckpt" if self.out is not None else None
+        return last if last is not None and last.exists() else None
+
+    def message(self, twice: bool = False) -> str:
+        """The one line: the phase, and the checkpoint to resume from."""
+        what = "Ctrl-C twice" if twice else "Ctrl-C"
+        line = f"{self.prog}: interrupted ({what}) while {self.describe()}"
+        if self.phase == "saving":
+            line += "; that checkpoint was not completed"
+        last = self.last_checkpoint()
+        if last is not None:
+            line += f"; the last checkpoint, {last}, was kept (resume with trainer.resume={last})"
+        elif self.phase == "training":
+            line += "; no checkpoint was written"
+        return line
+
+    def claim(self) -> bool:
+        """True for the first caller only: whoever prints the job's one line (the main thread's
+        exception handler or this watch's thread) claims it first."""
+        with self._claim:
+            first, self._claimed = not self._claimed, True
+            return first
+
+    def say(self, line: str) -> None:
+        """Print ``line`` on stderr if this process speaks for the job and nobody has yet."""
+        if self.claim() and not self.quiet:
+            if threading.current_thread() is threading.main_thread():
+                print(line, file=sys.stderr, flush=True)
+            else:  # the watch's thread: never wait for a lock the blocked main thread may hold
+                os.write(2, (line + "\n").encode())
+
+    # ---- ending the job --------------------------------------------------------------------------
+    def end(self, line: str | None, code: int = EXIT_INTERRUPTED) -> None:
+        """Print ``line`` (once), kill every process this one started, leave with ``code`` now."""
+        if line is not None:
+            self.say(line)
+        kill_descendants(self.children)
+        _flush_stdout(0.5)
+        try:
+            sys.stderr.flush()
+        except Exception:  # noqa: BLE001 -- leaving anyway
+            pass
+        os._exit(code)
+
+    def on_ctrl_c(self) -> None:
+        """One Ctrl-C, seen by the watch's thread (the table of the module doc)."""
+        first = not self.ctrl_c.is_set()
+        self.ctrl_c.set()
+        phase = self.phase
+        if phase in IN_MAIN_THREAD:
+            if first:
+                threading.Timer(self.backstop_s, self._backstop).start()
+            return
+        if phase in GRACEFUL and not self._asked_to_finish:
+            self._asked_to_finish = True  # GracefulInterrupt (every rank) stops at the end of the step
+            return
+        self.end(self.message(twice=phase in GRACEFUL))
+
+    def _backstop(self) -> None:
+        self.end(self.message())
+
+    # ---- installing ------------------------------------------------------------------------------
+    def install(self) -> JobWatch:
+        """Make this the process's watch: a SIGINT handler (KeyboardInterrupt while planning, only
+        recorded after) and the wakeup pipe's reader thread. Main thread only; a process that
+        inherited SIGINT ignored (nohup, a background job) keeps ignoring it."""
+        global _current
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+            return self
+        r, w = os.pipe()
+        os.set_blocking(w, False)  # set_wakeup_fd requires it: the C handler must never block
+        self._pipe = (r, w)
+        old_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        self._previous = (signal.signal(signal.SIGINT, self._handler), old_fd)
+        threading.Thread(target=self._read, args=(r,), name="hexiscale-ctrl-c", daemon=True).start()
+        _current = self
+        return self
+
+    def uninstall(self) -> None:
+        """Put back the previous handler and wakeup fd; the reader thread ends."""
+        global _current
+        if self._previous is not None:
+            handler, old_fd = self._previous
+            signal.signal(signal.SIGINT, handler)
+            signal.set_wakeup_fd(old_fd)
+            self._previous = None
+        if self._pipe is not None:
+            os.close(self._pipe[1])  # the reader sees end-of-file
+            self._pipe = None
+        if _current is self:
+            _current = None
+
+    def _handler(self, signum, frame) -> None:
+        self.ctrl_c.set()
+        if self.phase in IN_MAIN_THREAD:
+            raise KeyboardInterrupt
+
+    def _read(self, fd: int) -> None:
+        while True:
+            try:
+                data = os.read(fd, 64)
+            except OSError:
+                return
+            if not data:
+                os.close(fd)
+                return
+            for signum in data:
+                if signum == signal.SIGINT:
+                    self.on_ctrl_c()
+
+
+def record_in_child(flag: threading.Event) -> None:
+    """A rank the popen launcher started: Ctrl-C only sets ``flag`` (the launching process ends the
+    job, or every rank stops at the end of the step), and SIGINT, which the launcher blocked while
+    it started this process (:func:`blocked_during`), is unblocked: a Ctrl-C that came while this
+    process imported torch is delivered now, to this handler, instead of a KeyboardInterrupt
+    traceback in the middle of an import."""
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, lambda signum, frame: flag.set())
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+class blocked_during:
+    """``with blocked_during(): start processes``: SIGINT is blocked in this thread meanwhile, so
+    the processes started inherit it blocked (a signal mask survives fork and exec) until they
+    install their handler (:func:`record_in_child`). Here a Ctrl-C of that moment stays pending
+    until the block ends, or is handled at once by another thread of the process: never lost."""
+
+    def __enter__(self) -> blocked_during:
+        self._was = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if signal.SIGINT not in self._was:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def phased(fn: Callable, phase: str, step: Callable[[], int | None]) -> Callable:
+    """``fn`` wrapped so that the job is in ``phase`` (at ``step()``) while it runs, then back in
+    the phase it was in (e.g. ``trainer.save_checkpoint``: saving, then training again)."""
+    def wrapper(*args, **kwargs):
+        watch = _current
+        if watch is None:
+            return fn(*args, **kwargs)
+        before = (watch.phase, watch.step)
+        watch.set_phase(phase, step())
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if watch.phase == phase:
+                watch.set_phase(*before)
+    wrapper.__wrapped__ = fn
+    return wrapper
