@@ -5,8 +5,12 @@ planner, so that the rules live in one place:
 
 - explicit ``schedule`` / ``recompute`` / ``dp_sharding`` / ``micro_batch_size`` override the plan's;
 - the plan is validated against the cluster, the model and the global batch (when given);
-- with no cluster, the local devices are described as a homogeneous cluster
-  (:func:`describe_local_devices`);
+- ``cluster="auto"`` (the strategy's default) with no plan: the job's ranks discover their cluster
+  for the job's model and precision (:func:`discover_cluster`, cached by a hardware + model
+  fingerprint), and the search plans on it; with a plan given, ``"auto"`` reads the plan's
+  ``meta.cluster`` or, without one, describes the local devices as ``None`` does;
+- ``cluster=None``: the local devices are described as a nominal homogeneous cluster, nothing is
+  measured (:func:`describe_local_devices`);
 - without the planner's search module (an install that lacks it), :func:`fallback_data_parallel_plan`
   gives a plain data-parallel plan with batches in proportion to device speed, and says so.
 """
@@ -29,10 +33,14 @@ from lightning_hexiscale.planner.cost.workload import Workload
 from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
 
 
-def load_cluster_arg(cluster: str | Path | Cluster | None, key: str = "HexiScaleStrategy(cluster)") -> Cluster | None:
+AUTO = "auto"
+"""``HexiScaleStrategy(cluster="auto")``: discover the cluster on the job's ranks (:func:`discover_cluster`)."""
+
+
+def load_cluster_arg(cluster: str | Path | Cluster | None, key: str = "HexiScaleStrategy(cluster)") -> Cluster | str | None:
     """``HexiScaleStrategy(cluster=...)`` (or the plan's ``meta.cluster``): a preset name or a cluster
-    YAML path, read now."""
-    if cluster is None or isinstance(cluster, Cluster):
+    YAML path, read now; ``"auto"`` stays ``"auto"`` (discovered at setup)."""
+    if cluster is None or isinstance(cluster, Cluster) or cluster == AUTO:
         return cluster
     try:
         return Cluster.load(str(cluster))
@@ -73,6 +81,22 @@ def describe_local_devices(root_device: torch.device, num_nodes: int, devices_pe
                       "repeat": num_nodes}],
         "inter_machine": {"bandwidth": inter, "latency": "20us"},
     })
+
+
+def discover_cluster(config: LlamaConfig, precision: str, global_batch: int, micro_batch_size: int | None, rank: int,
+                     broadcast, log=None) -> Cluster:
+    """Collective over the default process group: the cluster these ranks are, discovered for the
+    job's model and precision (:func:`~lightning_hexiscale.profiling.discover.discover_process_group`:
+    reused from ``$HEXISCALE_CACHE_DIR`` when the fingerprint matches), with layer times at the
+    user's ``micro_batch_size``, else at 1, 2, 4 up to the global batch (the cost model scales the
+    nearest beyond them). Rank 0 reads the file it wrote and ``broadcast(obj, src)`` hands the same
+    Cluster to every rank (the file lives on rank 0's machine)."""
+    from lightning_hexiscale.profiling.discover import DEFAULT_MICRO_BATCHES, discover_process_group
+
+    micro_batches = [micro_batch_size] if micro_batch_size else [m for m in DEFAULT_MICRO_BATCHES if m <= global_batch]
+    found = discover_process_group(config, precision=precision, micro_batches=micro_batches or [1], progress=rank == 0,
+                                   log=log)
+    return broadcast(Cluster.load(found.path) if rank == 0 else None, 0)
 
 
 def _catalog_name(device_name: str) -> str:

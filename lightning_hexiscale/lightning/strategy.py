@@ -55,8 +55,8 @@ from lightning_hexiscale.lightning.fast_path import log_fast_path, prepare_optim
 from lightning_hexiscale.lightning.idle_ranks import IdleRankMethods, accepted_world_sizes, layout_for, world_error
 from lightning_hexiscale.lightning.launching import CHILD_ENV, LaunchGuard, agree, is_agreed, mark_agreed
 from lightning_hexiscale.lightning.pipeline_model import PipelineLogits, PipelineModel
-from lightning_hexiscale.lightning.plan_resolution import (describe_local_devices, load_cluster_arg, load_plan_arg,
-                                                           plan_for)
+from lightning_hexiscale.lightning.plan_resolution import (AUTO, describe_local_devices, discover_cluster,
+                                                           load_cluster_arg, load_plan_arg, plan_for)
 from lightning_hexiscale.lightning.strategy_checkpoints import CheckpointMethods
 from lightning_hexiscale.lightning.strategy_gradients import GradientMethods
 from lightning_hexiscale.lightning.zero_hooks import shard_optimizers
@@ -73,8 +73,13 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
     """Asymmetric pipeline x tensor x data parallelism over heterogeneous devices.
 
     Args:
-        cluster: a preset name (``conf/cluster/NAME.yaml``), a cluster YAML path (e.g. from
-            ``hexiscale profile``) or a :class:`Cluster`. ``None``: describe the local devices
+        cluster: ``"auto"`` (default): with no ``plan``, the job's ranks discover their cluster at
+            ``setup`` (all ranks together: devices, hosts, the model's layer times, links per machine
+            pair; cached by a hardware + model fingerprint under ``$HEXISCALE_CACHE_DIR``, see
+            ``hexiscale discover``) and the search plans on it; with a ``plan``, its ``meta.cluster``
+            or the local devices as for ``None``. A preset name (``conf/cluster/NAME.yaml``), a
+            cluster YAML path (from ``hexiscale discover`` / ``profile``) or a :class:`Cluster`: that
+            cluster. ``None``: a nominal description of the local devices, nothing measured
             (homogeneous: ``num_nodes x devices`` of the local GPU type, or CPU devices).
         plan: a plan file, a :class:`Plan`, or ``None`` to plan with the planner's search on the
             cluster for ``global_batch``.
@@ -130,7 +135,7 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
 
     strategy_name = "hexiscale"
 
-    def __init__(self, cluster: str | Path | Cluster | None = None, plan: str | Path | Plan | None = None, *,
+    def __init__(self, cluster: str | Path | Cluster | None = AUTO, plan: str | Path | Plan | None = None, *,
                  global_batch: int | None = None, micro_batch_size: int | None = None,
                  schedule: str | None = None, recompute: bool | None = None, dp_sharding: str | None = None,
                  seed: int | None = None, planner_iterations: int = 20, use_all_devices: bool = False,
@@ -177,6 +182,8 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
         # Files are read now, in the caller's process, so that a wrong name or path is a ConfigError
         # from this line rather than from every rank after the launch.
         plan = load_plan_arg(plan)
+        if cluster == AUTO and plan is not None:  # nothing to plan: the plan's own cluster, or the local devices
+            cluster = None
         if cluster is None and plan is not None and plan.meta.get("cluster"):
             cluster = load_cluster_arg(plan.meta["cluster"], key="plan.meta.cluster")
         else:
@@ -184,6 +191,10 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
         if plan is not None and cluster is not None:
             plan.validate(cluster)  # its devices exist in the cluster
         self._cluster_arg, self._plan_arg = cluster, plan
+        self._discovered: Cluster | None = None
+        """``cluster="auto"``: what the ranks discovered at setup."""
+        if cluster == AUTO:
+            cluster = None
         self.elastic = _elastic_run(elastic, cluster, plan)
         self._present: Cluster | None = None
         self._global_batch = global_batch
@@ -285,6 +296,8 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
             if self.elastic is not None:  # collective: the machines present, device k = global rank k
                 self._present = agree(lambda: self.elastic.present_cluster(self, self._cluster_arg),
                                       self.global_rank, self.world_size)
+            if self._cluster_arg == AUTO and self._discovered is None:  # collective: every rank measures
+                self._discovered = self._discover_cluster(module, trainer)
             # Every rank checks the same things (Lightning, the module, the plan, world size and
             # devices); one error, from rank 0, reaches the caller (launching.agree).
             llama = agree(lambda: self._resolve_plan(module, trainer, fitting), self.global_rank, self.world_size)
@@ -346,7 +359,8 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
             raise _manual_optimization_error()
         llama = find_llama(module)
         given = self._plan_arg
-        self.cluster = (self._present or self._cluster_arg  # elastic: the devices present, in rank order
+        given_cluster = self._cluster_arg if isinstance(self._cluster_arg, Cluster) else None
+        self.cluster = (self._present or self._discovered or given_cluster  # elastic: the devices present
                         or describe_local_devices(self.root_device, self.num_nodes, self.num_processes))
         if given is not None:  # the world-size message is clearer than "device 5 does not exist"
             self._check_world(given)
@@ -432,9 +446,17 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
             raise world_error(plan, f"{self.world_size} processes ({self.num_nodes} node(s) x {self.num_processes} "
                               "device(s))", self.cluster.name if self.cluster is not None else None)
 
+    def _discover_cluster(self, module, trainer) -> Cluster:
+        """``cluster="auto"``: collective (:func:`~lightning_hexiscale.lightning.plan_resolution.discover_cluster`)."""
+        rank, world = self.global_rank, self.world_size
+        llama = agree(lambda: find_llama(module), rank, world)
+        batch = agree(lambda: self._global_batch_for(trainer), rank, world)
+        return discover_cluster(llama.config, self._workload_precision(), batch, self._overrides.get("micro_batch_size"),
+                                rank, self.broadcast)
+
     def _check_devices(self, plan: Plan) -> None:
-        if not self.check_devices or self.cluster is None:
-            return
+        if not self.check_devices or self.cluster is None or self._discovered is not None:
+            return  # a discovered cluster was measured on these very devices
         types_ = sorted({self.cluster.devices[d].gpu_type for d in plan.device_order})
         gpu_types = [t for t in types_ if device_kind([t]) == "cuda"]
         local = self.root_device.type
