@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-timing test-oldest install clean docs-picture
+.PHONY: demo test test-fast test-timing test-oldest install clean docs-picture
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -23,6 +23,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not timing" --durations=30
+
+# The fast lane while editing: the tests that start no process (multi-process tests are marked
+# slow; under HEXISCALE_FAST_LANE=1 an unmarked test that starts one fails and says so).
+test-fast: $(STAMP)
+	HEXISCALE_FAST_LANE=1 $(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not timing" --durations=10
 
 # Tests that assert the host's timings (the emulated cluster's FLOP/s ratios, latency): meaningful on
 # a quiet host only, as the benchmarks that rely on them check the same before measuring.

@@ -35,3 +35,15 @@ def pytest_collection_finish(session):
     for the whole session: freeze them, so that a collection walks only what the tests made since."""
     gc.collect()
     gc.freeze()
+
+
+@pytest.fixture(autouse=True)
+def _fast_lane_guard(request):
+    """Under ``make test-fast``: an unmarked test that starts a process fails (``fast_lane.py``)."""
+    import fast_lane
+
+    if not fast_lane.active() or request.node.get_closest_marker("slow") is not None:
+        yield
+        return
+    with fast_lane.no_processes(request.node.nodeid):
+        yield

@@ -71,6 +71,7 @@ RECIPE_CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("case", sorted(RECIPE_CASES))
 def test_recipe_rejects_bad_command_line(case, tmp_path):

@@ -65,6 +65,7 @@ def test_missing_plan_file(capsys):
     assert "no such plan file" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_console_script_help_and_list():
     exe = Path(sys.executable).parent / "hexiscale"
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "lightning_hexiscale.cli"]

@@ -79,6 +79,7 @@ def timed_ctrl_c(cmd: list[str], markers: tuple[str, ...], tmp: Path,
     return code, out.read_text(), err.read_text(), took
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_ctrl_c_while_the_cli_plans(tmp_path):
     code, _, err = ctrl_c([sys.executable, "-m", "lightning_hexiscale.cli", "plan", "cluster=hetero3", "model=llama_30b",
@@ -89,6 +90,7 @@ def test_ctrl_c_while_the_cli_plans(tmp_path):
     assert not (tmp_path / "plan.yaml").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_ctrl_c_while_the_recipe_plans(tmp_path):
     code, out, err = ctrl_c([sys.executable, str(TRAIN), "cluster=hetero3", "model=llama_30b", "dry_run=true",
@@ -102,6 +104,7 @@ def test_ctrl_c_while_the_recipe_plans(tmp_path):
     assert not (tmp_path / "run" / "plan.yaml").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_ctrl_c_while_training_stops_at_a_step_and_keeps_the_checkpoint(tmp_path):
     """cpu2 (2 ranks, popen), a checkpoint every 2 steps; Ctrl-C after step 3 is printed."""

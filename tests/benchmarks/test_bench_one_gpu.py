@@ -34,6 +34,7 @@ def test_smoke_runs_both_sides_on_the_same_work(tmp_path):
     assert "strategy / plain/" in p.stdout
 
 
+@pytest.mark.slow
 def test_no_gpu_without_smoke_says_so():
     import torch
 

@@ -23,6 +23,7 @@ def runner(tmp_path_factory):
     return Runner(ROOT, tmp_path_factory.mktemp("docs-work"))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("path", FILES, ids=[str(p.relative_to(ROOT)) for p in FILES])
 def test_documented_examples_run_and_print_what_the_docs_show(path, runner):

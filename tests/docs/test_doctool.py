@@ -22,6 +22,7 @@ def problems(tmp_path: Path, runner: Runner, text: str) -> list[str]:
     return check_file(md, runner, "page.md")
 
 
+@pytest.mark.slow
 def test_current_examples_pass(tmp_path, runner):
     page = """# Page
 
@@ -72,6 +73,7 @@ unmarked: data blocks need no marker
     assert runner.cache["echo \"a # not a comment\"      continued"].stdout.strip() == "a # not a comment continued"
 
 
+@pytest.mark.slow
 def test_stale_output_fails_with_a_diff(tmp_path, runner):
     page = """<!-- doc: output of="printf 'plan\\n0  15/15\\n1  17/1\\n'" -->
 ```
@@ -102,6 +104,7 @@ def test_each_rule_can_fail(tmp_path, runner, page, message):
     assert len(found) == 1 and message in found[0], found
 
 
+@pytest.mark.slow
 def test_skip_and_replace_shorten_what_runs(tmp_path, runner):
     page = """<!-- doc: run skip="sleep 600: would take ten minutes" replace="steps=100 => steps=2" why="fast" -->
 ```bash
@@ -130,6 +133,7 @@ def test_pieces():
         parse("<!-- doc: run -->\n<!-- doc: skip because=x -->\n```bash\n```\n")
 
 
+@pytest.mark.slow
 def test_a_picture_is_compared_by_what_it_shows(tmp_path, runner):
     from lightning_hexiscale.cli.picture import draw_plan
     from lightning_hexiscale.config.cluster import Cluster

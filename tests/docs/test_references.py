@@ -4,6 +4,8 @@ notes file that lives outside it (a reason is stated where it is used, or a publ
 
 from __future__ import annotations
 
+import pytest
+
 import re
 import subprocess
 from pathlib import Path
@@ -45,6 +47,7 @@ def test_the_patterns_catch_what_they_are_for():
     assert missing_md_files("see README.md, CHANGELOG.md and writes summary.md", here) == []
 
 
+@pytest.mark.slow
 def test_no_source_or_page_cites_a_file_outside_the_repository():
     files = _sources()
     assert any(p.name == "README.md" for p in files) and len(files) > 50

@@ -29,6 +29,7 @@ def build(config: Path, site: Path) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(320)
 def test_the_site_builds_strictly(tmp_path):
     r = build(ROOT / "mkdocs.yml", tmp_path / "site")
@@ -39,6 +40,7 @@ def test_the_site_builds_strictly(tmp_path):
     assert (tmp_path / "site" / "demo_plan.png").is_file()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(320)
 def test_a_broken_link_or_anchor_fails_the_build(tmp_path):
     """The strict build is the check: a link to a missing page, or to a missing anchor, fails it."""

@@ -36,6 +36,7 @@ def test_prices_with_and_without_the_nic_term(check):
     assert p["together"][0] == pytest.approx(2 * (alpha + size / (B / 2)))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_local_run_prints_both_errors(check, tmp_path, capsys):
     out = tmp_path / "nic.json"

@@ -22,6 +22,7 @@ def classes(emu: EmulatedCluster, k: int) -> str:
                           text=True).stdout
 
 
+@pytest.mark.slow
 def test_three_machines_share_one_nic_each():
     c = Cluster.from_config({"name": "three", "gpu_types": {"E": {"flops": "10 GFLOPS", "memory": "1 GiB"}},
                              "machines": [{"name": f"m{k}", "gpu": "E", "count": 1, "intra_bandwidth": "1 GB/s"}
@@ -34,6 +35,7 @@ def test_three_machines_share_one_nic_each():
         assert out.count("parent 1:1") == 2  # one class per other machine, both under it
 
 
+@pytest.mark.slow
 def test_two_machines_at_the_default_nic_keep_one_class_per_destination():
     with EmulatedCluster("emu_4to1", cores=1.0) as emu:
         out = classes(emu, 0)

@@ -34,6 +34,7 @@ def assert_gone(emu: EmulatedCluster, cg_dirs: list[Path]) -> None:
     assert not any(d.exists() for d in cg_dirs)
 
 
+@pytest.mark.slow
 def test_exists_during_and_gone_after():
     with EmulatedCluster("emu_4to1", cores=1.0) as emu:
         ns = {n for n in namespaces() if n.startswith(f"hx{emu.id}")}
@@ -67,6 +68,7 @@ def _is_fifo(pid: int) -> bool:
     return os.sched_getscheduler(pid) == os.SCHED_FIFO
 
 
+@pytest.mark.slow
 def test_set_cores_rewrites_quota_and_period_of_a_running_rank():
     with EmulatedCluster("emu_4to1", cores=1.0) as emu:
         procs = emu.launch(["sleep", "30"], master_port=29129)
@@ -81,6 +83,7 @@ def test_set_cores_rewrites_quota_and_period_of_a_running_rank():
             emu.set_cores([0.5])
 
 
+@pytest.mark.slow
 def test_ranks_environment_namespace_and_cgroup():
     with EmulatedCluster("emu_4to1", cores=1.0) as emu:
         script = ('echo "$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT $GLOO_SOCKET_IFNAME '
@@ -109,6 +112,7 @@ def test_gone_after_exception_and_ctrl_c():
         assert_gone(emu, dirs)
 
 
+@pytest.mark.slow
 def test_rank_crash_stops_the_others_and_names_the_rank():
     with pytest.raises(EmulationError, match=r"rank 2 \(machine slow, EMU-SLOW\) exited with code 3"):
         with EmulatedCluster("emu_4to1", cores=1.0) as emu:
@@ -123,6 +127,7 @@ def test_rank_crash_stops_the_others_and_names_the_rank():
     assert_gone(emu, dirs)
 
 
+@pytest.mark.slow
 def test_timeout_names_the_hanging_ranks():
     with EmulatedCluster("emu_4to1", cores=1.0) as emu:
         procs = emu.launch(["sh", "-c", 'if [ "$RANK" = 1 ]; then sleep 30; fi'], master_port=29126)
@@ -138,6 +143,7 @@ def _sigint_default() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_cli_signal_cleans_up(sig, tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO))
@@ -170,6 +176,7 @@ def test_cli_signal_cleans_up(sig, tmp_path):
     assert not any(d.name.endswith(ident) for d in Path("/sys/fs/cgroup/cpu").glob("**/hexiscale-emu-*"))
 
 
+@pytest.mark.slow
 def test_memory_limits_apply():
     """--memory: limits proportional to device memory (4 GiB fast : 2 GiB slow); a slow rank that
     allocates more than its limit is killed and named, the fast ranks' larger limit holds it."""
@@ -188,6 +195,7 @@ def test_memory_limits_apply():
             emu.wait(procs, timeout=60)
 
 
+@pytest.mark.slow
 def test_sigkilled_owner_leftovers_removed_by_cleanup():
     """An owner killed with SIGKILL cannot clean up; `hexiscale emulate --cleanup` (and the next
     EmulatedCluster) removes what it left, and leaves a live cluster alone."""

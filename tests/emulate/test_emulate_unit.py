@@ -41,6 +41,7 @@ def test_memory_limits_proportional():
     assert m == pytest.approx([4.0, 2.0, 2.0]) and sum(m) == pytest.approx(8.0)
 
 
+@pytest.mark.slow
 def test_quotas_from_cluster_yaml():
     emu = EmulatedCluster("emu_4to1", cores=2.0)
     table = emu.describe()  # before entering: the planned ranks
@@ -81,6 +82,7 @@ def test_check_support_memory_controller(monkeypatch, tmp_path):
         check_support(memory=True, cgroup_root=tmp_path)
 
 
+@pytest.mark.slow
 def test_enter_without_support_creates_nothing(monkeypatch, tmp_path):
     _fake_no_privileges(monkeypatch)
     emu = EmulatedCluster("emu_4to1", cores=1.0, cgroup_root=tmp_path)
@@ -107,6 +109,7 @@ def test_cgroup_v2_files(tmp_path, monkeypatch):
     assert cg.rank_dirs(1) == [tmp_path / "emu-test" / "rank1"]
 
 
+@pytest.mark.slow
 def test_cli_help_and_errors(capsys, monkeypatch, tmp_path):
     from lightning_hexiscale.cli.main import main
 
@@ -225,6 +228,7 @@ def test_process_cpu_time_and_a_sample_of_the_load():
     assert s.cpus >= 1 and s.seconds == pytest.approx(0.3, abs=0.2) and s.others_cores >= 0.0
 
 
+@pytest.mark.slow
 def test_quota_clock_refused_starts_nothing(monkeypatch):
     from lightning_hexiscale.emulate import clock
 

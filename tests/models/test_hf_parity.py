@@ -112,6 +112,7 @@ def test_other_rope_types_are_refused(tmp_path):
         load_hf(tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_export_from_pretrained_equal_logits(tmp_path):
     """A checkpoint trained under a 2-stage plan (tied embeddings across the stages, TP-2 last stage)

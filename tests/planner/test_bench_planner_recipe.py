@@ -9,6 +9,7 @@ import pytest
 RECIPE = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_planner.py"
 
 
+@pytest.mark.slow
 def test_help():
     out = subprocess.run([sys.executable, str(RECIPE), "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "--quick" in out.stdout and "--sections" in out.stdout

@@ -22,6 +22,7 @@ def load_recipe():
     return mod
 
 
+@pytest.mark.slow
 def test_help():
     out = subprocess.run([sys.executable, str(RECIPE), "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "--ranks" in out.stdout and "Oversubscription" in out.stdout

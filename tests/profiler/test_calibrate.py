@@ -93,6 +93,7 @@ def test_plan_measurement_statistics():
     assert m.spread == pytest.approx(2.5 / 2.0)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_calibrate_and_check_estimate_cli_on_two_ranks(tmp_path, capsys):
     """Profile -> calibrate (writes theta_ddp and efficiency) -> check-estimate --json, 2 CPU ranks."""
@@ -230,6 +231,7 @@ def _matmul_dtypes_rank(rank: int, world: int, precision: str | None) -> dict:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("precision,dtype", [(None, "float32"), ("64-true", "float64"), ("bf16-mixed", "bfloat16"),
                                              ("bf16-true", "bfloat16")])

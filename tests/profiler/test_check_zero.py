@@ -20,6 +20,7 @@ def _plan(sharding: str) -> dict:
                                           "stages": [{"devices": [r], "layers": [0, 2]}]} for r in range(2)]}).to_dict()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("sharding, optimizer", [("ddp", "AdamW"), ("zero2", "ShardedOptimizer")])
 def test_measure_plan_rank_steps_the_engines_optimizer(sharding, optimizer):

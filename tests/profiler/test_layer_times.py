@@ -22,6 +22,7 @@ def _measure(rank: int, world: int):
                                 types=["CPU"] * world, machines=[[0, 1]])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_two_cpu_ranks_measure_every_part_tp_degree_and_micro_batch():
     (table,) = run_local(2, _measure, timeout_s=100)[0]
@@ -50,6 +51,7 @@ def test_tp_degrees_and_groups():
     assert tp_groups([[0, 1, 2], [3, 4, 5, 6]], 2) == [(0, 1), (3, 4), (5, 6)]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_profile_with_a_model_writes_the_table(tmp_path, capsys):
     out = tmp_path / "measured.yaml"

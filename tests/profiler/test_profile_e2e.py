@@ -9,6 +9,7 @@ from lightning_hexiscale.cli.main import main
 from lightning_hexiscale.config.cluster import Cluster
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_profile_local_two_ranks(tmp_path, capsys):
     out = tmp_path / "cpu2_profiled.yaml"

@@ -49,6 +49,7 @@ def _raises_on_1(rank, world):
     return rank
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_run_local_results_and_failures():
     res = run_local(3, _ok, timeout_s=30)
@@ -72,6 +73,7 @@ def _closes_then_raises_on_1(rank, world):
     return rank
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_run_local_names_the_root_cause_not_the_broken_connection():
     with pytest.raises(RankFailure) as info:
@@ -108,6 +110,7 @@ exit_process(5)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_exit_process_after_a_group_flushes_and_keeps_the_code(tmp_path):
     """Ranks that joined a group leave through ``os._exit`` (see ``exit_process``): the code is

@@ -41,6 +41,7 @@ def _profile_two_machines(rank, world):
     return profile_process_group(sizes=[1024, 1 << 20, 8 << 20], reps=3, matmul_n=32, matmul_time_s=0.01)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_profile_measures_concurrent_transfers_and_writes_the_nics(tmp_path):
     result = run_local(4, _profile_two_machines, timeout_s=200)[0]

@@ -12,11 +12,13 @@ import torch
 RECIPE = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_checkpoint.py"
 
 
+@pytest.mark.slow
 def test_help():
     out = subprocess.run([sys.executable, str(RECIPE), "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "--ranks" in out.stdout and "torch.save" in out.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_tiny_run_prints_table_and_ratios(tmp_path):
     out = subprocess.run([sys.executable, str(RECIPE), "--ranks", "2", "--hidden", "64", "--layers", "2",
@@ -28,6 +30,7 @@ def test_tiny_run_prints_table_and_ratios(tmp_path):
     assert not any(tmp_path.iterdir())  # the benchmark cleans up what it wrote
 
 
+@pytest.mark.slow
 def test_bad_ranks_are_refused():
     out = subprocess.run([sys.executable, str(RECIPE), "--ranks", "9"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "--ranks" in out.stderr

@@ -158,6 +158,7 @@ def _plans_and_extra_rank(rank, world, plan, config):
                               extra={"~x": lambda: (calls.append(1), [float(len(calls))])[1]})
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_extra_measurements_take_their_turn_in_every_round():
     from lightning_hexiscale.profiling.launch import run_local
@@ -240,6 +241,7 @@ def _check_results(out: Path, world: int, rounds: int, steps: int, cost: Cluster
     return doc
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_tiny_local_run_of_every_compared_plan(tmp_path):
     """The smoke run: `--launcher local` on 4 ranks (2 machines of 2), the whole compared list."""
@@ -276,6 +278,7 @@ def _emulation_missing() -> list[str]:
     return missing_support()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(bool(_emulation_missing()), reason="needs root, cgroups and network namespaces")
 def test_tiny_emulated_run(tmp_path, two_machines):
@@ -290,6 +293,7 @@ def test_tiny_emulated_run(tmp_path, two_machines):
     assert any("--plans" in why for why in doc["not_preregistered_because"])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.skipif(bool(_emulation_missing()), reason="needs root, cgroups and network namespaces")
 def test_gloo_tp_allreduce_measured_inside_the_emulator(tmp_path, capsys):
@@ -320,6 +324,7 @@ def _busy(seconds: float = 3.0, ours=None):
     return LoadSample(seconds, others_cores=1.5, ours_cores=0.0, cpus=2, load_average=12.0)
 
 
+@pytest.mark.slow
 def test_busy_host_refused_unless_allow_load(tmp_path, monkeypatch, capsys):
     import os
 
@@ -342,6 +347,7 @@ def test_busy_host_refused_unless_allow_load(tmp_path, monkeypatch, capsys):
     assert bench.load_before(bench.parse_args(["--launcher", "local"])).others_fraction == pytest.approx(0.75)
 
 
+@pytest.mark.slow
 def test_without_privileges_one_clear_error(tmp_path, monkeypatch, capsys):
     import os
 
@@ -370,6 +376,7 @@ def test_bad_counts_stop_before_any_process_starts(tmp_path, capsys, argv, key):
     assert not out.exists()  # nothing written, nothing launched
 
 
+@pytest.mark.slow
 def test_plan_only_prices_the_compared_plans_and_the_fast_machine_alone(tmp_path, capsys):
     """emu_headroom has headroom: on its own figures the search beats the fast machine alone by 1.25x or
     more, and equal data parallelism over every rank is slower than the fast machine alone."""

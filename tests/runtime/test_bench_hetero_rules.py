@@ -142,6 +142,7 @@ def test_compared_list_is_the_issues():
                                                                  "sync latency", "theta_ddp"]
 
 
+@pytest.mark.slow
 def test_cost_model_form_changes_with_the_pricing_source(monkeypatch, tmp_path):
     form = plans.cost_model_form()
     files = form["files"]

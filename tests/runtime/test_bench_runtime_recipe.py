@@ -11,11 +11,13 @@ import pytest
 RECIPE = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_runtime.py"
 
 
+@pytest.mark.slow
 def test_help():
     out = subprocess.run([sys.executable, str(RECIPE), "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "DistributedDataParallel" in out.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_tiny_run_prints_ratio_and_memory():
     args = ["--hidden", "32", "--layers", "1", "--heads", "2", "--vocab", "64", "--seq", "16", "--batch", "2",

@@ -11,11 +11,13 @@ import pytest
 RECIPE = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_zero.py"
 
 
+@pytest.mark.slow
 def test_help():
     out = subprocess.run([sys.executable, str(RECIPE), "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "--ranks" in out.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_tiny_run_prints_ratios():
     out = subprocess.run([sys.executable, str(RECIPE), "--layers", "2", "--hidden", "128", "--seq", "16",

@@ -19,6 +19,7 @@ RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 RECIPE = RECIPES / "check_gpu.py"
 
 
+@pytest.mark.slow
 def test_help():
     out = subprocess.run([sys.executable, str(RECIPE), "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "--timeout" in out.stdout and "CUDA" in out.stdout
@@ -63,6 +64,7 @@ def test_cuda_build_without_a_gpu_exits_1_with_another_message(monkeypatch, caps
     assert "CPU-only" not in out and "pip install" not in out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_watchdog_kills_a_hang_and_names_the_missing_ranks(monkeypatch):
     monkeypatch.syspath_prepend(str(RECIPES))
@@ -91,6 +93,7 @@ SMALL = dict(name="t", hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2
              seq_len=16)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_checks_pass_on_cpu_stand_ins(monkeypatch):
     """The checks' own logic, on the CPU: the bf16 stage vs float64 comparison through the runtime's
@@ -108,6 +111,7 @@ def test_checks_pass_on_cpu_stand_ins(monkeypatch):
     assert row.result == "PASS" and "bf16-mixed" in row.check, row
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_bf16_nccl_row_fails_without_gradient_sync(monkeypatch):
     """The bf16-mixed rows can fail: two pipelines that never sum their gradients stay within 3e-3

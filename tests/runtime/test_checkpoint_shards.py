@@ -137,6 +137,7 @@ def _overlaps(a_off, a_size, b_off, b_size) -> bool:
     return all(ao < bo + bs and bo < ao + as_ for ao, as_, bo, bs in zip(a_off, a_size, b_off, b_size))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("save_as,resume_as,plan_b", [("ddp", "ddp", PLAN_B), ("zero2", "zero3", PLAN_B2)],
                          ids=["ddp", "zero2->zero3"])
@@ -221,6 +222,7 @@ def _tiny_save_worker(rank: int, world: int, plan_dict: dict, config: LlamaConfi
     return engine.local_shards()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_consolidate_command_writes_the_plain_models_state_dict(run_ranks, tmp_path, tiny_mha, capsys):
     from lightning_hexiscale.cli.main import main
@@ -256,6 +258,7 @@ def _foreign_optimizer_worker(rank: int, world: int, plan_dict: dict, config: Ll
     return "saved"
 
 
+@pytest.mark.slow
 def test_optimizer_over_foreign_tensors_is_refused(run_ranks, tmp_path, tiny_gqa):
     plan = plan_of([(1, 1, [([0], (0, 4))])], 4)
     (msg,) = run_ranks(1, _foreign_optimizer_worker, plan.to_dict(), tiny_gqa, str(tmp_path / "ck"))
@@ -282,6 +285,7 @@ def _reused_heap_worker(rank: int, world: int, nbytes: int) -> float:
     return grown
 
 
+@pytest.mark.slow
 def test_meter_sees_allocations_served_from_an_inherited_free_heap(run_ranks):
     """The failure the meter once had in a long pytest process, forced: the parent leaves 256 MB of
     freed, still-resident heap (no trim, no mmap); a forked rank's 64 MB allocation reuses it.

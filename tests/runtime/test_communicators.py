@@ -41,6 +41,7 @@ def _count_worker(rank, world, plan_dict, config):
     return len(topo.groups) + 1  # + the default (world) group
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("name", sorted(PLANS))
 def test_count_equals_the_runtime_groups(run_ranks, name):

@@ -48,6 +48,7 @@ def _worker(rank, world, plan_dict, config):
     return _build_step_drop(Plan.from_dict(plan_dict), config)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("sharding", ["ddp", "zero2", "zero3"])
 def test_dropped_engine_frees_its_parameters(run_ranks, tiny_gqa, sharding):

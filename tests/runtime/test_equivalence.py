@@ -105,6 +105,7 @@ def plan_of(pipelines: list[tuple[int, int, list[tuple[list[int], tuple[int, int
                       for b, mb, stages in pipelines]})
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_equivalence_pure_dp_unequal_batches(run_ranks, tiny_gqa):
     """(1) Two single-device pipelines with batches 3 and 1."""
@@ -112,6 +113,7 @@ def test_equivalence_pure_dp_unequal_batches(run_ranks, tiny_gqa):
     check_equivalence(run_ranks, plan, tiny_gqa)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_equivalence_one_pipeline_tp_2_1_1(run_ranks, tiny_gqa):
     """(2) One pipeline, three stages with uneven layers 2,1,1 and TP degrees 2,1,1."""
@@ -119,6 +121,7 @@ def test_equivalence_one_pipeline_tp_2_1_1(run_ranks, tiny_gqa):
     check_equivalence(run_ranks, plan, tiny_gqa)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_equivalence_paper_fig1_bottom(run_ranks, tiny_gqa):
     """(3) Fig. 1 (bottom): a one-stage TP-2 pipeline next to a three-stage TP-1 pipeline, with
@@ -128,6 +131,7 @@ def test_equivalence_paper_fig1_bottom(run_ranks, tiny_gqa):
     check_equivalence(run_ranks, plan, tiny_gqa, optimizer="adamw")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_equivalence_equal_tp_scatter_gather(run_ranks, tiny_gqa):
     """(4) Two adjacent stages with TP 2 each: activations and gradients take the scatter/gather path
@@ -136,6 +140,7 @@ def test_equivalence_equal_tp_scatter_gather(run_ranks, tiny_gqa):
     check_equivalence(run_ranks, plan, tiny_gqa)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 @pytest.mark.parametrize("recompute", [False, True], ids=["no_recompute", "recompute"])
@@ -146,6 +151,7 @@ def test_equivalence_schedules(run_ranks, tiny_gqa, schedule, recompute):
     check_equivalence(run_ranks, plan, tiny_gqa)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_equivalence_uneven_head_split_tp3(run_ranks, tiny_mha):
     """(6) TP 3 over 4 KV heads (2,1,1) and FFN 100 (34,33,33) next to a TP-1 pipeline."""
@@ -153,6 +159,7 @@ def test_equivalence_uneven_head_split_tp3(run_ranks, tiny_mha):
     check_equivalence(run_ranks, plan, tiny_mha)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_equivalence_uneven_tp3_vs_tp2_pipelines(run_ranks, tiny_mha):
     """(6b) TP 3 vs TP 2 on the same layers: segments [0,2u) [2u,3u) [3u,4u) held by three
@@ -162,6 +169,7 @@ def test_equivalence_uneven_tp3_vs_tp2_pipelines(run_ranks, tiny_mha):
     check_equivalence(run_ranks, plan, tiny_mha, optimizer="adamw")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_equivalence_tiny_buckets_overlap_with_backward(run_ranks, tiny_mha, schedule):
@@ -195,6 +203,7 @@ def _accumulate_worker(rank: int, world: int, plan_dict: dict, config: LlamaConf
     return {"losses": losses, "shards": {n: (t.clone(), d, s, e) for n, (t, d, s, e) in engine.local_shards().items()}}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_equivalence_accumulation_over_global_batches(run_ranks, tiny_gqa):
     """Three global batches per optimizer step (sync only on the last) == one step on the 3x batch."""
@@ -208,6 +217,7 @@ def test_equivalence_accumulation_over_global_batches(run_ranks, tiny_gqa):
             assert (t - want).abs().max().item() < ATOL, name
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_bf16_autocast_close_to_reference(run_ranks, tiny_gqa):
     """bf16 autocast (CPU) under the Fig. 1 plan: float32 master weights, losses within bf16 noise

@@ -61,6 +61,7 @@ PLANS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("sharding", ["zero2", "zero3"])
 @pytest.mark.parametrize("case", list(PLANS))
@@ -70,6 +71,7 @@ def test_equivalence_zero(run_ranks, request, case, sharding):
     check_zero(run_ranks, plan, request.getfixturevalue(config), sharding, optimizer)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("sharding", ["zero2", "zero3"])
 def test_equivalence_zero_state_is_sharded(run_ranks, tiny_gqa, sharding):
@@ -86,6 +88,7 @@ def test_equivalence_zero_state_is_sharded(run_ranks, tiny_gqa, sharding):
             assert res["stored_numel"] == total
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_equivalence_zero_tiny_buckets(run_ranks, tiny_mha):
     """2 KiB buckets (dozens per holder group, chunks smaller than one segment) under ZeRO-3 with

@@ -83,6 +83,7 @@ def test_the_rank_that_raised_is_named_at_once_not_a_late_heartbeat(ranks):
     assert took < 3 * INTERVAL, f"waited {took:.1f} s for heartbeats although rank 2 had reported its error"
 
 
+@pytest.mark.slow
 def test_a_process_that_ended_is_named_without_waiting_for_heartbeats(ranks):
     if not process_identity():
         pytest.skip("no /proc: process identities need Linux")
@@ -205,6 +206,7 @@ def test_host_slowdown_is_the_load_per_core(monkeypatch):
         assert host_slowdown() == expect
 
 
+@pytest.mark.slow
 def test_process_ended_tells_a_live_process_from_an_ended_one():
     if not Path("/proc/self/stat").exists():
         pytest.skip("no /proc")

@@ -65,6 +65,7 @@ def test_compiled_stage_matches_eager_aot(sharding, mode):
     assert _max_rel(ge, gc) < 1e-6
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_inductor_block_matches_eager():
     """inductor itself, on one tiny block: output and input/weight gradients within 1e-4 relative

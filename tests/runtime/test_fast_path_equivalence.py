@@ -40,6 +40,7 @@ def _worker(rank: int, world: int, plan_dict: dict, config, optimizer: str, fast
             "shards": {k: (t.clone(), d, s, e) for k, (t, d, s, e) in engine.local_shards().items()}}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("sharding", ["ddp", "zero2"])
 def test_fast_path_float64_equals_reference(run_ranks, tiny_gqa, sharding):
@@ -57,6 +58,7 @@ def test_fast_path_float64_equals_reference(run_ranks, tiny_gqa, sharding):
     assert_matches_reference(results, ref_losses, ref_state)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_fast_path_tied_embeddings_float64(run_ranks, tiny_gqa):
     """Tied embeddings over a two-stage pipeline (the head stays on autocast's path: its matrix is
@@ -69,6 +71,7 @@ def test_fast_path_tied_embeddings_float64(run_ranks, tiny_gqa):
     assert_matches_reference(results, ref_losses, ref_state)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_main_grads_bf16_mixed_equal_autocast(run_ranks, tiny_gqa):
     """bf16-mixed, 1F1B with 2 micro-batches per pipeline: main grads on and off give the same losses

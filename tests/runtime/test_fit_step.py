@@ -52,6 +52,7 @@ def _train(rank: int, world: int, plan_dict: dict, config) -> dict:
             "shards": {k: (t.clone(), d, s, e) for k, (t, d, s, e) in engine.local_shards().items()}}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("sharding", ["ddp", "zero2"])
 def test_fit_step_with_clipping_equals_one_process(run_ranks, tiny_gqa, sharding):
@@ -85,6 +86,7 @@ def _poisoned(rank: int, world: int, plan_dict: dict, config, policy: str):
     return {"nonfinite": out.nonfinite, "unchanged": unchanged, "grads_left": len(grads)}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("sharding", ["ddp", "zero2"])
 def test_a_nonfinite_step_is_skipped_or_stops_on_every_rank(run_ranks, tiny_gqa, sharding):

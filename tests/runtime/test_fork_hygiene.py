@@ -34,6 +34,7 @@ def _collect(rank: int, world: int) -> bool:
     return True
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_forked_ranks_do_not_inherit_a_dead_process_group(run_ranks):
     """The parent leaves a destroyed world-of-one group (and a subgroup) in a reference cycle; the

@@ -55,6 +55,7 @@ def test_bf16_mixed_peak_within_15_percent(measured_rows, sharding, micro_batche
         assert abs(old / row["measured"] - 1) > abs(ratio - 1), (old, row)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_bench_memory_recipe_tiny():
     out = subprocess.run([sys.executable, "benchmarks/bench_memory.py", "--layers", "1", "--hidden", "64", "--seq", "8",

@@ -15,6 +15,7 @@ sys.path.insert(0, str(RECIPES))
 import mfu_probe  # noqa: E402
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_smoke_writes_every_section(tmp_path):
     out = tmp_path / "probe.json"

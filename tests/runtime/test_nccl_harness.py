@@ -141,6 +141,7 @@ def _tags_worker(rank, world):
     return [second[0].item(), first[0].item()]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_recorder_matches_by_order_only(run_ranks_traced_fixture):
     results, traces = run_ranks_traced_fixture(2, _tags_worker)
@@ -162,6 +163,7 @@ def _record_worker(rank, world):
     return None
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_recorder_records_groups_collectives_and_batches(run_ranks_traced_fixture):
     _, traces = run_ranks_traced_fixture(2, _record_worker)
@@ -228,6 +230,7 @@ def _legacy_1f1b_worker(rank, world, plan_dict, config):
     return engine.train_step(tokens, targets)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_mutation_old_unfused_1f1b_is_flagged(run_ranks_traced_fixture, tiny_gqa):
     """Two stages, 1F1B, 4 micro-batches: gloo buffers the small sends and finishes, with the right
@@ -305,6 +308,7 @@ def _legacy_zero3_worker(rank, world, plan_dict, config):
     return {"loss": loss, "shards": engine.local_shards()}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_mutation_old_tagged_zero3_is_flagged(run_ranks_traced_fixture, tiny_gqa):
     """Two single-stage pipelines with 3 and 1 micro-batches under ZeRO-3: without tags the old

@@ -27,6 +27,7 @@ def _check(rank: int, world: int, config, poison: dict[int, str]) -> dict[int, i
     return bad
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("poison,want", [({}, {}), ({1: "grad"}, {1: 2}), ({3: "loss"}, {3: 1}),
                                          ({0: "loss grad", 2: "grad"}, {0: 3, 2: 2})],

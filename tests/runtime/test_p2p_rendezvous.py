@@ -1,3 +1,5 @@
+
+import pytest
 """The p2p semantics the cost model's hop charge rests on (planner/cost/model.py: hop_charges).
 
 Under 1F1B each stage pays half of each adjacent hop because an exchange holds BOTH neighbours: a
@@ -46,11 +48,13 @@ def _fused_exchange_late_peer(rank: int, world: int) -> float:
     return took
 
 
+@pytest.mark.slow
 def test_a_send_waits_for_its_receiver(run_ranks):
     sender, _ = run_ranks(2, _send_then_late_receive, timeout=60)
     assert sender >= 0.75 * LATE_S, f"the send returned after {sender:.3f} s, before the receiver posted"
 
 
+@pytest.mark.slow
 def test_a_fused_exchange_holds_both_neighbours(run_ranks):
     early, late = run_ranks(2, _fused_exchange_late_peer, timeout=60)
     assert early >= 0.75 * LATE_S  # the early side waits for the late one

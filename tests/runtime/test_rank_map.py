@@ -102,6 +102,7 @@ def _groups_of(steps) -> set[tuple[int, ...]]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("case", list(PLANS))
 def test_subset_plan_trains_like_the_reference(run_ranks_traced_fixture, tiny_gqa, case):
@@ -145,6 +146,7 @@ def _rounds_worker(rank: int, world: int, plans: dict, config: LlamaConfig):
     return gather_to_rank0(measure_plans_rank(rank, world, plans, config, steps=2, warmup=1, rounds=2))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_rounds_measure_a_subset_plan_beside_an_all_rank_plan(run_ranks):
     plans = {"all": ALL_RANKS.to_dict(), "fast-only": FAST_ONLY.to_dict()}

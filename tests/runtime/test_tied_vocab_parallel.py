@@ -61,6 +61,7 @@ def _kernels_worker(rank: int, world: int):
             "inputs": (logits, targets, table)}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_vocab_parallel_cross_entropy_and_embedding_equal_one_device(run_ranks):
     results = run_ranks(3, _kernels_worker)
@@ -110,6 +111,7 @@ def test_tied_llama_has_one_embedding_parameter(tiny_tied):
 TIED_PP = plan_of([(4, 2, [([0], (0, 2)), ([1, 2], (2, 4))]), (2, 1, [([3], (0, 4))])], 4)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("sharding", ["ddp", "zero2", "zero3"])
 def test_tied_embeddings_across_stages_with_tp2_last_stage(run_ranks, tiny_tied, sharding):
@@ -121,6 +123,7 @@ def test_tied_embeddings_across_stages_with_tp2_last_stage(run_ranks, tiny_tied,
         check_zero(run_ranks, TIED_PP, tiny_tied, sharding, "adamw")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_tied_one_pipeline_tp2_first_stage_gpipe_recompute(run_ranks, tiny_tied):
     """One pipeline (no data-parallel sync): the exchange alone keeps the copies equal; the TP-2
@@ -129,6 +132,7 @@ def test_tied_one_pipeline_tp2_first_stage_gpipe_recompute(run_ranks, tiny_tied)
     check_equivalence(run_ranks, plan, tiny_tied)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_untied_tp2_last_stage_vocab_parallel_head(run_ranks, tiny_gqa):
     plan = plan_of([(4, 2, [([0], (0, 3)), ([1, 2], (3, 4))]), (2, 2, [([3, 4], (0, 4))])], 4)
@@ -148,6 +152,7 @@ def _no_tie_worker(rank: int, world: int, plan_dict: dict, config: LlamaConfig):
     return {"losses": losses, "shards": engine.local_shards()}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_without_the_tied_exchange_training_differs(run_ranks, tiny_tied):
     """The equivalence check above can fail: drop the exchange and the parameters drift apart."""

@@ -119,6 +119,7 @@ def _groups_worker(rank, world, plan_dict, config):
     return {"sums": sums, "tp_group": topo.tp_group is not None}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_groups_created_everywhere_and_usable(run_ranks, tiny_gqa):
     plan = plan_of(FIG1)
@@ -138,6 +139,7 @@ def _wrong_world_worker(rank, world, plan_dict, config):
     return None
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_world_size_mismatch_is_a_plan_error(run_ranks, tiny_gqa):
     msgs = run_ranks(2, _wrong_world_worker, plan_of(FIG1).to_dict(), tiny_gqa)

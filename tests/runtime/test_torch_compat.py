@@ -57,6 +57,7 @@ def _wire(traces: list) -> list[list[tuple]]:
              if s.coll in nccl_semantics.ALL_GATHERS + nccl_semantics.REDUCE_SCATTERS] for trace in traces]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("case", list(CASES))
 def test_runtime_without_torch_2_13_collectives(run_ranks_traced_fixture, tiny_gqa, monkeypatch, case):

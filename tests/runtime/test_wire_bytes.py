@@ -88,6 +88,7 @@ def measured(traces, plan: Plan, name: str) -> dict[int, dict[str, float]]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_runtime_moves_the_bytes_the_cost_model_prices(run_ranks_traced_fixture, tiny_gqa):
     _, traces = run_ranks_traced_fixture(PLAN.world_size, _worker, PLAN.to_dict(), tiny_gqa)

@@ -81,6 +81,7 @@ def _gather_batches(steps) -> list[str]:
             and all(set(s.group) & p for p in PIPELINES)]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_zero3_gathers_the_next_block_during_the_current_one(run_ranks_traced_fixture, tiny_gqa):
     results, traces = run_ranks_traced_fixture(PLAN.world_size, _worker, PLAN.to_dict(), tiny_gqa)

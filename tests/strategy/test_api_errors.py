@@ -53,6 +53,7 @@ def test_loader_and_checkpoint_are_checked_before_launch(tmp_path, capfd):
     assert "Initializing distributed" not in capfd.readouterr().err  # no process was started
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_setup_error_of_every_rank_is_raised_once_fork(capfd):
     plan6 = plan_of([(4, 2, [([0], (0, 6))]), (2, 1, [([1], (0, 6))])], num_layers=6)
@@ -81,6 +82,7 @@ def _job(case: str) -> subprocess.CompletedProcess:
                           text=True, timeout=100)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_setup_error_of_every_rank_is_raised_once_popen():
     out = _job("layers")
@@ -91,6 +93,7 @@ def test_setup_error_of_every_rank_is_raised_once_popen():
     assert "Traceback" not in out.stderr and "meta tensor" not in out.stderr, out.stderr[-3000:]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_dead_rank_is_one_rank_failure_popen():
     out = _job("kill")
@@ -167,6 +170,7 @@ API_CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("case", sorted(API_CASES))
 def test_api_refuses_bad_input(case, tmp_path, capfd):

@@ -41,6 +41,7 @@ class Snapshot(Callback):
             self.state = {k: v.detach().clone() for k, v in module.model.state_dict().items()}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_save_under_plan_a_resume_under_plan_b(tmp_path):
     dirs = {k: tmp_path / k for k in ("ref", "a", "b", "ckpt")}
@@ -155,6 +156,7 @@ def async_trainer(plan, out_dir: Path, callbacks=(), **kw) -> pl.Trainer:
                       num_sanity_val_steps=0, **kw)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_async_saves_overlap_training_and_stay_atomic(tmp_path):
     ref_dir, run_dir, ck = tmp_path / "ref", tmp_path / "run", tmp_path / "ck"

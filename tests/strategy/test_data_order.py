@@ -69,6 +69,7 @@ def test_ranks_take_rank_zeros_draw():
     assert [w[0:3] for w in windows] == a and [w[3:4] for w in windows] == b
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_shuffled_fit_equals_single_process(tmp_path):
     plan = plan_of([(4, 2, [([0, 1], (0, 4))]), (2, 1, [([2], (0, 2)), ([3], (2, 4))])])

@@ -59,6 +59,7 @@ def cluster3() -> Cluster:
 
 
 # ---- end to end: two agents, one killed -----------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_survivor_replans_resumes_and_matches_a_run_from_the_same_checkpoint(tmp_path, monkeypatch):
     bench = _bench()
@@ -239,6 +240,7 @@ def test_settings_errors():
 
 
 # ---- the recipe --------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_recipe_elastic_outside_torchrun_is_a_clear_error(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("TORCHELASTIC_RUN_ID", "RANK", "LOCAL_RANK", "WORLD_SIZE")}
@@ -251,6 +253,7 @@ def test_recipe_elastic_outside_torchrun_is_a_clear_error(tmp_path):
 
 
 # ---- in-process: the elastic collectives under the NCCL-semantics harness --------------------------
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_elastic_saves_and_resumes_under_nccl_rules(tmp_path, monkeypatch):
     """Two forked ranks on machine 'small' of cpu_demo (HEXISCALE_MACHINE inherited): the membership

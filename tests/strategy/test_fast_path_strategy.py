@@ -41,6 +41,7 @@ def _fit(tmp_path: Path, **strategy_kw) -> tuple[list[dict], list[dict]]:
     return read_ranks(tmp_path, 2), probes
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_default_fast_path_trains_bf16_mixed_with_clipping(tmp_path, capfd):
     results, probes = _fit(tmp_path)
@@ -51,6 +52,7 @@ def test_default_fast_path_trains_bf16_mixed_with_clipping(tmp_path, capfd):
     assert out.count("fast path:") == 1  # rank 0 only, one line for identical ranks
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_strategy_switches_reach_every_rank(tmp_path):
     _, probes = _fit(tmp_path, compile=False, fast_path={"main_grads": False, "fused_adamw": False,

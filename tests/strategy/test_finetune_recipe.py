@@ -87,6 +87,7 @@ def test_logger_choices(tmp_path, monkeypatch):
         assert type(tb).__name__ == "TensorBoardLogger"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_finetune_path_end_to_end(tmp_path):
     d = hf_dir(tmp_path)

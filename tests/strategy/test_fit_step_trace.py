@@ -59,6 +59,7 @@ def _calls(steps) -> list[tuple]:
     return [(s.kind, s.group, s.ops, s.signature()) for s in steps]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("sharding", ["ddp", "zero2", "zero3"])
 def test_fit_step_issues_the_trainers_communication(tmp_path, sharding):

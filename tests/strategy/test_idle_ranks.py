@@ -113,6 +113,7 @@ def _idle_lines(text: str) -> dict[int, tuple]:
     return {int(m.group(1)): m.groups()[1:] for m in IDLE_LINE.finditer(text)}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_idle_ranks_through_trainer_and_resume_under_an_all_device_plan(tmp_path, capfd):
     dirs = {k: tmp_path / k for k in ("ref", "idle", "all", "ckpt")}
@@ -174,6 +175,7 @@ class FailAt(Callback):
             raise ValueError(f"injected failure on training rank {self.rank}")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_training_rank_failure_with_idle_rank_zero_does_not_hang(tmp_path):
     t0 = time.monotonic()
@@ -278,6 +280,7 @@ def test_rank_zero_hosting_the_store_stays_until_the_end_and_shares_a_failure(tm
     assert not _done(bad)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(360)
 def test_torchrun_static_idle_rank_zero_and_resume_under_an_all_device_plan(tmp_path):
     ref = _reference(tmp_path, 6)
@@ -298,6 +301,7 @@ def test_torchrun_static_idle_rank_zero_and_resume_under_an_all_device_plan(tmp_
     assert read_ranks(resumed, 3)[0]["losses"] == pytest.approx(ref[4:], abs=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(360)
 def test_torchrun_idle_machine_keeps_its_agent_until_the_job_ends(tmp_path):
     """Two torchrun agents (machines) of one device each; the plan leaves machine 0 idle. Its worker
@@ -316,6 +320,7 @@ def test_torchrun_idle_machine_keeps_its_agent_until_the_job_ends(tmp_path):
     assert last_step["step"] == 3 and (tmp_path / "done0").stat().st_mtime >= last_step["time"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(360)
 def test_torchrun_elastic_replans_from_idle_to_all_devices(tmp_path):
     ref = _reference(tmp_path, 6)
@@ -357,6 +362,7 @@ def _step_losses(stdout: str) -> dict[int, float]:
     return {int(s): float(v) for s, v in re.findall(r"^step +(\d+)  loss ([\d.]+)$", stdout, re.M)}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(480)
 def test_recipe_launches_idle_devices_and_resumes_under_an_all_device_plan(tmp_path):
     first, second = tmp_path / "first", tmp_path / "second"
@@ -396,6 +402,7 @@ def _emulation_missing() -> list[str]:
     return missing_support() if sys.platform.startswith("linux") else ["Linux"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_recipe_on_an_emulated_cluster_with_idle_rank_zero(tmp_path):
     missing = _emulation_missing()

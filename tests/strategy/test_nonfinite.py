@@ -57,6 +57,7 @@ def _trainer(out_dir, nonfinite: str, poison: PoisonGrad, plan=PLAN) -> pl.Train
                       callbacks=[Recorder(out_dir), poison])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("sharding", ["ddp", "zero2"])
 def test_skip_drops_the_step_on_every_rank(tmp_path, sharding):
@@ -79,6 +80,7 @@ def test_skip_drops_the_step_on_every_rank(tmp_path, sharding):
     assert all(ls == losses[0] for ls in losses) and all(map(lambda x: x == x, losses[0]))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_stop_raises_naming_the_step_and_rank(tmp_path):
     from lightning_hexiscale.errors import NonFiniteError

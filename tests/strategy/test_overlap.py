@@ -56,6 +56,7 @@ def _dp_steps(steps, world):
             and all(set(s.group) & ranks for ranks in PIPELINE_RANKS)]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("sharding", ["ddp", "zero2"])
 def test_first_gradient_bucket_starts_before_block0_last_backward_ends(tmp_path, sharding):

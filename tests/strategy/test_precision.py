@@ -101,6 +101,7 @@ def _checkpoint_dtypes(path: Path) -> dict[str, torch.dtype]:
             if isinstance(v, TensorStorageMetadata) and not k.startswith("optim.step.")}  # AdamW's counters
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("precision,sharding,param_dtype,compute_dtype,wire", CASES,
                          ids=[f"{c[0]}-{c[1]}" for c in CASES])
@@ -167,6 +168,7 @@ def test_unknown_precision_is_refused_before_launch(monkeypatch):
         trainer.fit(LlamaLitModule(TINY), loader(PLAN.global_batch, PLAN.global_batch))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_fp16_true_names_adams_eps_underflow_and_its_fix_works(tmp_path):
     """16-true with AdamW's default eps=1e-8 (0 in float16) turns parameters into inf/NaN in the first
@@ -249,6 +251,7 @@ def _reference(cfg_dir: Path) -> dict[str, torch.Tensor]:
     return {k: v.detach() for k, v in model.state_dict().items()}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_recipe_in_64_true_equals_one_device_float64(tmp_path):
     out = _recipe_run(tmp_path, "64-true")

@@ -56,6 +56,7 @@ def assert_one_device_logits(got: list[torch.Tensor], ref: list[torch.Tensor]) -
         assert (a - b).abs().max().item() < 1e-9
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_predict_gathers_the_one_device_logits_on_rank_zero(tmp_path):
     ref = _trainer(devices=1).predict(module(), predict_data())

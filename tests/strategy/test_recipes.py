@@ -54,6 +54,7 @@ def _run(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProc
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_train_recipe_loss_falls(tmp_path):
     # The cluster as a file (cluster=PATH.yaml, as from `hexiscale profile`): the popen children get it too.
@@ -74,6 +75,7 @@ def test_train_recipe_loss_falls(tmp_path):
     assert "Tip:" not in out.stdout, out.stdout[-3000:]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_train_recipe_async_checkpoints_resume(tmp_path):
     """trainer.async_checkpoint=true: step checkpoints written in the background are complete and a
@@ -97,6 +99,7 @@ def test_train_recipe_async_checkpoints_resume(tmp_path):
     assert any("step=6" in n for n in names) and not any("step=2" in n for n in names), names
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_gpu_cluster_on_cpu_exits_with_hardware_message(tmp_path):
     out = _run(["cluster=hetero3", "model=llama_30b", "planner.iterations=3"], tmp_path, timeout=50)

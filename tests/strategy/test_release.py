@@ -26,6 +26,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_two_fits_in_one_process_free_their_engines():
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PL_", "LOCAL_", "SLURM_"))}

@@ -72,6 +72,7 @@ def every_step(dirpath) -> ModelCheckpoint:
     return ModelCheckpoint(dirpath=str(dirpath), save_last=True, save_top_k=0, every_n_train_steps=1)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_killed_job_resumes_exactly(tmp_path):
     ref_dir, run_dir, res_dir, ck = (tmp_path / d for d in ("ref", "run", "resumed", "ck"))

@@ -19,6 +19,7 @@ TRAIN_KW = dict(max_steps=3, accumulate_grad_batches=2, gradient_clip_val=0.5, l
                 val_check_interval=None, check_val_every_n_epoch=1, max_epochs=1)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_fit_equals_single_process(tmp_path):
     ref_dir, run_dir = tmp_path / "ref", tmp_path / "run"

@@ -25,6 +25,7 @@ TRAIN_KW = dict(max_steps=3, accumulate_grad_batches=2, gradient_clip_val=0.5, l
                 val_check_interval=None, check_val_every_n_epoch=1, max_epochs=1)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("sharding", ["zero2", "zero3"])
 def test_fit_zero_equals_single_process(tmp_path, sharding):
@@ -42,6 +43,7 @@ def test_fit_zero_equals_single_process(tmp_path, sharding):
         assert res["metrics"]["val_loss"] == pytest.approx(ref["metrics"]["val_loss"], abs=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("save_as,resume_as", [("zero2", "ddp"), ("ddp", "zero3"), ("zero3", "zero2")])
 def test_checkpoint_across_sharding_and_plans(tmp_path, save_as, resume_as):
@@ -93,6 +95,7 @@ class _StepWatch(pl.Callback):
                     "lr": raw.param_groups[0]["lr"]}, self.out_dir / f"steps{trainer.global_rank}.pt")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_zero_steps_through_the_precision_plugin_not_a_rebound_step(tmp_path):
     """Under zero2 the strategy's precision plugin steps the sharded optimizer: the user's optimizer

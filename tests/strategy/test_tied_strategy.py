@@ -30,6 +30,7 @@ def tied_module() -> LlamaLitModule:
     return LlamaLitModule(TIED, lr=1e-2, warmup_steps=0, dtype=torch.float64, init_seed=7)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_tied_fit_checkpoint_and_resume_under_another_plan(tmp_path):
     from lightning_hexiscale.lightning.strategy import HexiScaleStrategy

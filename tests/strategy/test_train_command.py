@@ -31,6 +31,7 @@ def _run(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProc
                           timeout=timeout)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_train_two_cpu_steps_with_overrides(tmp_path):
     run = tmp_path / "run"
@@ -45,6 +46,7 @@ def test_train_two_cpu_steps_with_overrides(tmp_path):
     assert out.stderr.strip() == "", out.stderr[-3000:]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_train_multirun_sweep(tmp_path):
     """-m dry_run=true,false: two jobs, one that only plans and one that trains (spawned ranks)."""
@@ -80,6 +82,7 @@ def test_train_bad_override_names_the_key(capsys):
     assert err.startswith("hexiscale train: error:") and "cluster" in err and "nope" in err and "hetero3" in err
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_train_cfg_job_prints_the_composed_config(tmp_path):
     """Hydra's own flags reach Hydra: --cfg job prints the config with the overrides and runs nothing."""

@@ -32,6 +32,7 @@ def _trainer(**kw):
                       enable_model_summary=False, accelerator="cpu", **kw)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_hf_weights_one_device_and_pipelined_validate(tmp_path):
     d, ours = hf_directory(tmp_path)
