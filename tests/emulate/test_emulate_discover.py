@@ -1,7 +1,9 @@
 """`hexiscale discover` inside `hexiscale emulate emu_headroom --cores 1.6`: discovery recovers the
 declared compute ratio (EMU-FAST : EMU-SLOW = 2 : 1) within 10 % and the machine-pair links (40 MB/s)
-within 15 %, in at most 60 s; a second call reuses the cached file in under 2 s; and the plan made
-from the discovered file is as good as the plan made from the preset, both priced on the discovered file.
+within 15 %, in at most 60 s; a second call reuses the cached file in under 2 s; the plan made
+from the discovered file is as good as the plan made from the preset, both priced on the discovered
+file; and ``Trainer(strategy="hexiscale")`` with no cluster, in the same emulated cluster, finds the
+file (same hardware, model and precision), plans on its three machines and trains.
 
 What the preset is compared as: this host's emulation, i.e. with the link latency the veths really
 have when the kernel lacks ``sch_netem`` (the emulator says "latency: NOT emulated"; discovery
@@ -32,12 +34,32 @@ from lightning_hexiscale.emulate import missing_support
 REPO = Path(__file__).resolve().parents[2]
 MISSING = missing_support() if sys.platform.startswith("linux") else ["Linux"]
 GLOBAL_BATCH = 24
+FIT = """
+import os
+import lightning.pytorch as pl
+from torch.utils.data import DataLoader
+import lightning_hexiscale  # noqa: F401
+from lightning_hexiscale.data import generated_corpus
+from lightning_hexiscale.lightning.example import LlamaLitModule
+
+local = int(os.environ["LOCAL_WORLD_SIZE"])
+trainer = pl.Trainer(strategy="hexiscale", accelerator="cpu", devices=local, num_nodes=int(os.environ["WORLD_SIZE"]) // local,
+                     max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                     enable_model_summary=False, num_sanity_val_steps=0)
+trainer.fit(LlamaLitModule("llama_tiny", lr=1e-3), DataLoader(generated_corpus(24 * 2, 128), batch_size=24))
+if trainer.is_global_zero:
+    s = trainer.strategy
+    print("CLUSTER", s.cluster.name, [m.name for m in s.cluster.machines], "STEPS", trainer.global_step)
+"""
 
 
-def _discover(tmp_path: Path) -> str:
+def _discover(tmp_path: Path, script: Path | None = None) -> str:
+    """`hexiscale emulate emu_headroom --cores 1.6 -- hexiscale discover ...` (or ``python script``)."""
+    run = ([sys.executable, str(script)] if script else
+           [sys.executable, "-m", "lightning_hexiscale.cli", "discover", "--model", "llama_tiny", "--out",
+            str(tmp_path / "d.yaml"), "--timeout", "140"])
     cmd = [sys.executable, "-m", "lightning_hexiscale.cli", "emulate", "emu_headroom", "--cores", "1.6",
-           "--timeout", "150", "--", sys.executable, "-m", "lightning_hexiscale.cli", "discover", "--model",
-           "llama_tiny", "--out", str(tmp_path / "d.yaml"), "--timeout", "140"]
+           "--timeout", "150", "--", *run]
     env = dict(os.environ, PYTHONPATH=str(REPO), HEXISCALE_CACHE_DIR=str(tmp_path / "cache"))
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=170, cwd=REPO, env=env)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -92,3 +114,8 @@ def test_discover_in_emulator_recovers_cluster_and_reuses_cache(tmp_path):
     assert abs(est_disc - est_pre) <= 0.03 * est_pre, (est_disc, est_pre)
     est_disc, est_pre = _plans_compared(disc, preset, model)
     assert est_disc <= 1.03 * est_pre, (est_disc, est_pre)
+
+    (tmp_path / "fit.py").write_text(FIT)
+    fit = _discover(tmp_path, tmp_path / "fit.py")
+    assert "reusing the cluster discovered earlier" in fit, fit[-3000:]
+    assert f"CLUSTER {doc['name']} ['fast', 'slow.0', 'slow.1'] STEPS 2" in fit, fit[-3000:]
