@@ -177,6 +177,34 @@ def copy_cluster(src: Path, dst: Path) -> Path:
     return dst
 
 
+def check_settings(micro_batches: Sequence[int], budget_s: float, reps: int, layer_reps: int) -> None:
+    """The settings every rank checks alike before any collective (ConfigError naming the option)."""
+    if not micro_batches or any(isinstance(m, bool) or not isinstance(m, int) or m < 1 for m in micro_batches):
+        raise ConfigError("--layer-micro-batches", list(micro_batches), "must be whole numbers >= 1",
+                          "give e.g. 1,2,4 (the micro-batch sizes the planner may choose)")
+    if not (isinstance(budget_s, (int, float)) and budget_s > 0):
+        raise ConfigError("--budget", budget_s, "must be a positive number of seconds", "give e.g. --budget 60")
+    for key, v in (("--reps", reps), ("--layer-reps", layer_reps)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(key, v, "must be a whole number >= 1", f"give e.g. {key} 3")
+
+
+def _cache_state(cached: Path, rediscover: bool) -> bool | ConfigError:
+    """Rank 0: reuse the cached file (True), measure (False), or the error of a cache folder that
+    cannot be written (returned, so that every rank raises it)."""
+    if cached.is_file() and not rediscover:
+        return True
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        probe = cached.with_name(f".{cached.name}.probe")
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        return ConfigError(f"${dp.CACHE_ENV}", str(cached.parent), f"the cache folder cannot be written ({e.strerror})",
+                           f"point {dp.CACHE_ENV} at a writable folder")
+    return False
+
+
 def _check_cached(path: Path) -> None:
     from lightning_hexiscale.config.cluster import Cluster
 
@@ -208,6 +236,7 @@ def discover_process_group(model: LlamaConfig, *, precision: str | None = None,
     from lightning_hexiscale.profiling import precision as prec
     from lightning_hexiscale.profiling.layer_times import default_tp_degrees, measure_layer_tables
 
+    check_settings(micro_batches, budget_s, reps, layer_reps)
     t_start = time.perf_counter()
     rank = dist.get_rank()
     device = current_device()
@@ -228,9 +257,11 @@ def discover_process_group(model: LlamaConfig, *, precision: str | None = None,
     say(f"discovering {len(reports)} rank(s) on {len(hosts)} machine(s) "
         f"({', '.join(f'{h}: {len(rs)} x {reports[rs[0]].device_type}' for h, rs in hosts.items())}); "
         f"{model.name or 'model'} in {run.name}; fingerprint {fp}")
-    reuse = [bool(cached.is_file() and not rediscover)] if rank == 0 else [False]
-    dist.broadcast_object_list(reuse, src=0)  # every rank follows rank 0's file system: all measure or none
-    if reuse[0]:
+    # every rank follows rank 0's file system: all measure or none, and all raise its cache error alike
+    reuse = _from_rank0(_cache_state(cached, rediscover) if rank == 0 else None)
+    if isinstance(reuse, ConfigError):
+        raise reuse
+    if reuse:
         path = cached
         if rank == 0:
             _check_cached(cached)

@@ -152,3 +152,37 @@ def test_discover_cli_writes_out_and_reuses(tmp_path, monkeypatch, capfd):
     out = capfd.readouterr().out
     assert "reusing the cluster discovered earlier" in out and f"reused {tmp_path / 'd.yaml'}" in out
     assert (tmp_path / "d.yaml").is_file()
+
+
+@pytest.mark.parametrize("kw,key", [(dict(micro_batches=[]), "--layer-micro-batches"),
+                                    (dict(micro_batches=[0, 2]), "--layer-micro-batches"),
+                                    (dict(budget_s=0), "--budget"), (dict(reps=0), "--reps"),
+                                    (dict(layer_reps=1.5), "--layer-reps")])
+def test_bad_settings_are_config_errors(kw, key):
+    from lightning_hexiscale.errors import ConfigError
+    from lightning_hexiscale.profiling.discover import check_settings
+
+    args = dict(micro_batches=[1, 2, 4], budget_s=60.0, reps=3, layer_reps=2) | kw
+    with pytest.raises(ConfigError) as e:
+        check_settings(**args)
+    assert e.value.key == key and "Fix:" in str(e.value)
+
+
+def _discover_into(rank: int, world: int, model, cache: str):
+    os.environ[dp.CACHE_ENV] = cache
+    from lightning_hexiscale.profiling.discover import discover_process_group
+
+    return discover_process_group(model, progress=False)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_unwritable_cache_is_the_same_config_error_on_every_rank(tmp_path):
+    from lightning_hexiscale.models.config import LlamaConfig
+    from lightning_hexiscale.profiling.launch import RankFailure, run_local
+
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(RankFailure) as e:  # before anything is measured, not a hang of the other rank
+        run_local(2, _discover_into, LlamaConfig.load("llama_tiny"), str(tmp_path / "file"), timeout_s=40)
+    text = str(e.value)
+    assert "HEXISCALE_CACHE_DIR" in text and "cannot be written" in text and "Connection closed" not in text.split("---")[0]
