@@ -85,17 +85,24 @@ def check_overrides(argv: list[str]) -> None:
 
     Hydra reports an unknown preset (``cluster=nope``) or key with a traceback hint and exit status
     1, before any code of ours runs; :func:`~lightning_hexiscale.config.schema.compose` raises a
-    ConfigError that names the key, the value, the rule and the available presets. A multirun sweep
-    (``cluster=a,b``) is checked one value at a time, the other keys at their first value.
+    ConfigError that names the key, the value, the rule and the available presets. A key that no
+    schema has is refused with or without ``+`` (Hydra accepts ``+trainer.max_step=3`` and trains the
+    default 40 steps), with the closest valid key (:mod:`lightning_hexiscale.config.suggest`). A
+    multirun sweep (``cluster=a,b``) is checked one value at a time, the other keys at their first value.
     """
     from lightning_hexiscale.config.schema import compose
+    from lightning_hexiscale.config.suggest import check_override_key
 
     args = [a for a in argv if not a.startswith("-") and "=" in a and not a.lstrip("+~").startswith("hydra.")]
     multirun = any(a in ("-m", "--multirun") for a in argv)
+    first = [a.split("=", 1)[0] + "=" + a.split("=", 1)[1].split(",")[0] for a in args]
+    # the groups' presets alone (model=_hf needs its trainer.weights: the default model has the same schema)
+    base = compose([a for a in first if "." not in a.split("=", 1)[0] and not a.startswith("model=_hf")])
+    for a in first:
+        check_override_key(base, a)
     if not multirun:
         compose(args)
         return
-    first = [a.split("=", 1)[0] + "=" + a.split("=", 1)[1].split(",")[0] for a in args]
     for i, a in enumerate(args):
         key, value = a.split("=", 1)
         for v in value.split(",") if "," in value else []:

@@ -21,8 +21,9 @@ from lightning_hexiscale.lightning.job_watch import JobWatch
 def check_early(cfg: DictConfig) -> None:
     """What needs no plan, checked before planning (not after minutes of it, nor on every rank):
     trainer.nonfinite, trainer.timeout_s, trainer.precision, trainer.launcher, trainer.resume,
-    trainer.fast_path."""
-    from lightning_hexiscale.config.recipe import check_ckpt_path, precision_dtype
+    trainer.fast_path, and the optimizer, schedule and data values
+    (:func:`~lightning_hexiscale.config.recipe.check_values`)."""
+    from lightning_hexiscale.config.recipe import check_ckpt_path, check_values, precision_dtype
     from lightning_hexiscale.errors import ConfigError
 
     t = cfg.trainer
@@ -39,6 +40,7 @@ def check_early(cfg: DictConfig) -> None:
     for key in ("max_steps", "accumulate_grad_batches", "log_every"):
         if int(t[key]) < 1:
             raise ConfigError(f"trainer.{key}", t[key], "must be a positive integer", f"e.g. trainer.{key}=1")
+    check_values(cfg)
     check_ckpt_path(t.resume, key="trainer.resume")
     from lightning_hexiscale.config.fast_path import FastPath
 

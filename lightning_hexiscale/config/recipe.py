@@ -196,3 +196,32 @@ def check_ckpt_path(path: str | Path | None, key: str = "ckpt_path") -> None:
     if not p.is_dir():
         raise ConfigError(key, str(path), "a hexiscale checkpoint is a directory, not a file",
                           "give the directory ModelCheckpoint wrote under the hexiscale strategy")
+
+
+def check_values(cfg) -> None:
+    """The ``trainer.*`` and ``data.*`` values that can be checked without any process (the
+    optimizer's, the schedule's, the data's sizes), checked before planning (``data.kind`` and the
+    files: :func:`lightning_hexiscale.data.make_dataset`, also before planning): torch would refuse some of
+    them only inside the ranks, after the search and the launch (``trainer.lr=-0.001`` was a
+    ``ValueError`` traceback per rank), and others it would take silently (a negative warm-up).
+    ``cfg`` is the composed config (the ``trainer`` and ``data`` nodes)."""
+    from lightning_hexiscale.errors import ConfigError
+
+    t, d = cfg.trainer, cfg.data
+    positive = {"lr": ("the AdamW learning rate", "3e-3"), "adam_eps": ("AdamW's eps", "1e-8")}
+    for key, (what, example) in positive.items():
+        if not float(t[key]) > 0:
+            raise ConfigError(f"trainer.{key}", t[key], f"{what} must be a positive number", f"e.g. trainer.{key}={example}")
+    at_least = {"trainer.weight_decay": (t.weight_decay, 0, "0.1"), "trainer.warmup_steps": (t.warmup_steps, 0, "5"),
+                "trainer.val_every": (t.val_every, 0, "20 (0: never)"),
+                "trainer.checkpoint_every": (t.checkpoint_every, 0, "100 (0: only last at the end)"),
+                "trainer.limit_val_batches": (t.limit_val_batches, 1, "2"), "trainer.seed": (t.seed, 0, "0"),
+                "data.num_samples": (d.num_samples, 1, "2048"), "data.val_samples": (d.val_samples, 0, "64"),
+                "data.seed": (d.seed, 0, "0")}
+    for key, (value, low, example) in at_least.items():
+        if float(value) < low:
+            rule = "must not be negative" if low == 0 else f"must be at least {low}"
+            raise ConfigError(key, value, rule, f"e.g. {key}={example}")
+    if t.gradient_clip_val is not None and not float(t.gradient_clip_val) > 0:
+        raise ConfigError("trainer.gradient_clip_val", t.gradient_clip_val, "the clip norm must be positive, or null "
+                          "for no clipping", "e.g. trainer.gradient_clip_val=1.0, or trainer.gradient_clip_val=null")

@@ -1,0 +1,131 @@
+"""Unknown config keys, refused with the closest valid key (``trainer.max_step`` -> ``trainer.max_steps``).
+
+Hydra refuses ``trainer.max_step=3`` ("Could not override ... use +trainer.max_step=3") and, on that
+advice, accepts ``+trainer.max_step=3``: it adds a key that nothing reads, and the run trains the
+default 40 steps. Here a key below a typed node (a dataclass schema of
+:mod:`~lightning_hexiscale.config.schema` or :mod:`~lightning_hexiscale.config.recipe`) must be one
+of the schema's fields, with or without ``+``; the closest field names
+(:func:`difflib.get_close_matches`) are the fix. Nodes that are plain mappings (free keys) take any key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from lightning_hexiscale.errors import ConfigError
+
+
+def closest(name: str, candidates: list[str]) -> list[str]:
+    """Up to three of ``candidates`` closest to ``name`` (difflib's ratio >= 0.6), best first."""
+    return difflib.get_close_matches(name, candidates, n=3, cutoff=0.6)
+
+
+def unknown_key_error(key: str, value: Any, name: str, fields: list[str], schema: str) -> ConfigError:
+    """The ConfigError for ``key`` (whose last part ``name`` is not among ``fields`` of ``schema``)."""
+    parent = key[: -len(name)]
+    near = closest(name, fields)
+    if near:
+        fix = f"did you mean {parent}{near[0]}? (e.g. {parent}{near[0]}={value})" if value is not None else \
+            f"did you mean {near[0]}?" + (f" (or {', '.join(near[1:])})" if near[1:] else "")
+    else:
+        fix = f"the keys of {parent.rstrip('.') or 'the config'} are: {', '.join(fields)}"
+    return ConfigError(key, value if value is not None else name, f"no such key in {schema}", fix)
+
+
+def _typed_fields(node: Any) -> tuple[list[str], str] | None:
+    """(field names, schema name) of a typed DictConfig node; None for a free mapping."""
+    if not isinstance(node, DictConfig):
+        return None
+    kind = OmegaConf.get_type(node)
+    if kind is None or not dataclasses.is_dataclass(kind):
+        return None
+    return [f.name for f in dataclasses.fields(kind)], kind.__name__
+
+
+def check_override_key(cfg: DictConfig, override: str) -> None:
+    """``override`` (``[+|++|~]a.b.c=value``) names a key the composed ``cfg`` has, or one its typed
+    parent node could have; ConfigError with the closest field otherwise. Group selections
+    (``cluster=...``, no dot) and ``hydra.*`` are Hydra's to check."""
+    key, _, value = override.partition("=")
+    key = key.lstrip("+~")
+    if "." not in key or key.startswith("hydra."):
+        return
+    node: Any = cfg
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        if isinstance(node, ListConfig):
+            if not part.isdigit():
+                return  # OmegaConf's own message names the list
+            node = node[int(part)] if int(part) < len(node) else None
+            if node is None:
+                return
+            continue
+        if not isinstance(node, DictConfig):
+            return  # below a leaf: OmegaConf refuses it with its own message
+        if part in node:
+            node = node[part]
+            continue
+        typed = _typed_fields(node)
+        if typed is None:
+            return  # a free mapping: any key
+        fields, schema = typed
+        raise unknown_key_error(".".join(parts[: i + 1]), value if i == len(parts) - 1 else None, part, fields,
+                                schema)
+
+
+def check_yaml_keys(raw: DictConfig, schema: type, key: str, path: str) -> None:
+    """Every key of a YAML node ``raw`` (a cluster or model file) is a field of ``schema`` (nested
+    dataclasses and lists of them included); ConfigError with the closest field otherwise."""
+    def walk(node: Any, kind: Any, where: str) -> None:
+        if isinstance(node, ListConfig):
+            for i, item in enumerate(node):
+                walk(item, kind, f"{where}[{i}]")
+            return
+        if not isinstance(node, DictConfig) or not dataclasses.is_dataclass(kind):
+            return
+        names = [f.name for f in dataclasses.fields(kind)]
+        hints = _hints(kind)
+        for k in node:
+            value = node._get_node(k)._value()
+            if k not in names:
+                near = closest(str(k), names)
+                fix = (f"did you mean {near[0]}? (write {near[0]}: ... in the file)" if near
+                       else f"the keys of {where} are: {', '.join(names)}")
+                raise ConfigError(f"{where}.{k}", value, f"no such key in {kind.__name__} (in {path})", fix)
+            child = node[k] if OmegaConf.is_config(node._get_node(k)) else None
+            sub, mapping = hints.get(k, (None, False))
+            if mapping and isinstance(child, DictConfig):  # free keys (names), each value of type ``sub``
+                for name in child:
+                    walk(child[name], sub, f"{where}.{k}.{name}")
+            else:
+                walk(child, sub, f"{where}.{k}")
+
+    walk(raw, schema, key)
+
+
+def _hints(kind: type) -> dict[str, tuple[Any, bool]]:
+    """Field name -> (the dataclass the field holds directly, in a list or Optional, or as the values
+    of a mapping; whether it is such a mapping). Fields of other types are absent."""
+    import typing
+
+    out: dict[str, tuple[Any, bool]] = {}
+    try:
+        hints = typing.get_type_hints(kind)
+    except Exception:  # noqa: BLE001 -- an unresolvable annotation: that field is not walked
+        return out
+    for name, hint in hints.items():
+        mapping = False
+        todo, seen = [hint], []
+        while todo:
+            h = todo.pop()
+            seen.append(h)
+            mapping = mapping or typing.get_origin(h) in (dict, typing.Dict)
+            todo.extend(typing.get_args(h))
+        found = next((c for c in seen if dataclasses.is_dataclass(c)), None)
+        if found is not None:
+            out[name] = (found, mapping)
+    return out
