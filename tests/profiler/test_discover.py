@@ -186,3 +186,38 @@ def test_unwritable_cache_is_the_same_config_error_on_every_rank(tmp_path):
         run_local(2, _discover_into, LlamaConfig.load("llama_tiny"), str(tmp_path / "file"), timeout_s=40)
     text = str(e.value)
     assert "HEXISCALE_CACHE_DIR" in text and "cannot be written" in text and "Connection closed" not in text.split("---")[0]
+
+
+def _discover_recorded(rank: int, world: int, model, cache: str):
+    """Discovery of the 1 + 3 machines under the NCCL-semantics recorder; this rank's trace."""
+    import nccl_semantics
+
+    os.environ["HEXISCALE_MACHINE"] = "solo" if rank == 0 else "trio"
+    os.environ[dp.CACHE_ENV] = cache
+    from lightning_hexiscale.profiling.discover import discover_process_group
+
+    recorder = nccl_semantics.Recorder()
+    nccl_semantics.set_current(recorder.install())
+    try:
+        discover_process_group(model, matmul_time_s=0.1, micro_batches=[1], layer_reps=1, reps=1, progress=False,
+                               sizes=[1 << 10, 1 << 16])
+    finally:
+        recorder.uninstall()
+        nccl_semantics.set_current(None)
+    return recorder.steps
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_discovery_communicates_under_nccl_rules(tmp_path):
+    """The same collectives in the same order on every member, p2p matched by order only (no tags)."""
+    import nccl_semantics
+
+    from lightning_hexiscale.models.config import LlamaConfig
+    from lightning_hexiscale.profiling.launch import run_local
+
+    traces = run_local(4, _discover_recorded, LlamaConfig.load("llama_tiny"), str(tmp_path), timeout_s=90)
+    report = nccl_semantics.replay(traces)
+    assert report.ok, str(report)
+    kinds = {s.kind for t in traces for s in t}
+    assert "coll" in kinds and kinds - {"coll"}, kinds  # collectives and the ping-pongs were both recorded
