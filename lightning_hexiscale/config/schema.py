@@ -426,6 +426,9 @@ def load_yaml_node(path: str | Path, schema: type, key: str) -> DictConfig:
         raw = OmegaConf.masked_copy(raw, [k for k in raw if k != "defaults"])
     if len(raw) == 0:
         raise ConfigError(key, str(path), "the file is empty", f"describe the {key} in it; see conf/{key}/ for examples")
+    from lightning_hexiscale.config.suggest import check_yaml_keys
+
+    check_yaml_keys(raw, schema, key, str(path))  # a typo (bandwith) names the closest key
     try:
         node = OmegaConf.merge(OmegaConf.structured(schema), raw)
     except Exception as e:
