@@ -76,3 +76,33 @@ def test_console_script_help_and_list():
     bad = subprocess.run(cmd + ["estimate", "--plan", "conf/plans/hetero3_llama30b_tab7.yaml", "cluster=zz"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+def test_estimate_names_what_priced_each_type_and_refuses_a_mismatched_table(tmp_path, capsys):
+    """``hexiscale estimate`` prints and writes (``--json``: price_sources) the source of every device
+    type; a layer table measured in another precision stops it with the key and the mismatch, and
+    ``--allow-table-mismatch`` turns that into a warning naming what prices the type instead."""
+    import yaml
+
+    from tests.test_layer_table import cluster_doc
+
+    cluster = tmp_path / "measured.yaml"
+    doc = cluster_doc()
+    doc["layer_times"][0]["note"] = "hexiscale profile 2026-11-28"
+    cluster.write_text(yaml.safe_dump(doc))
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump({"num_layers": 4, "recompute": False, "pipelines": [
+        {"batch_size": 4, "micro_batch_size": 2, "stages": [{"devices": [0], "layers": [0, 4]}]}]}))
+    base = ["estimate", "--plan", str(plan), f"cluster={cluster}", "model=llama_tiny"]
+    assert main(base + ["trainer.precision=32-true", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    (src,) = doc["price_sources"]
+    assert src["gpu_type"] == "CPU-FAST" and src["kind"] == "layer table"
+    assert "32-true" in src["detail"] and "2026-11-28" in src["detail"]
+    assert main(base + ["trainer.precision=64-true"]) == 2
+    err = capsys.readouterr().err
+    assert "cluster.layer_times" in err and "precision 32-true vs 64-true" in err and "Traceback" not in err
+    assert main(base + ["trainer.precision=64-true", "--allow-table-mismatch"]) == 0
+    captured = capsys.readouterr()
+    assert "priced by:\n  CPU-FAST: declared" in captured.out
+    assert "priced from FLOP/s" in captured.out + captured.err

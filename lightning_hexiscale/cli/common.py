@@ -16,7 +16,7 @@ EPILOG = """overrides (Hydra syntax, composed over conf/config.yaml):
   cluster=NAME|PATH.yaml   a preset of conf/cluster/ or a cluster file (e.g. from `hexiscale profile`)
   model=NAME|PATH.yaml|hf:DIR  a preset of conf/model/, a model file, or a local Hugging Face directory
   train.global_batch=N     trainer.precision=bf16-mixed|32-true  train.schedule=1f1b|gpipe
-  train.recompute=true|false  train.dp_sharding=ddp|zero2|zero3
+  train.recompute=auto|true|false  train.dp_sharding=ddp|zero2|zero3
   cluster.inter_machine.bandwidth="10 Gbps"   any key of the cluster, model or train config
 run `hexiscale list` for the presets."""
 
@@ -62,6 +62,12 @@ def apply_train_overrides(plan, cfg, overrides: Sequence[str]):
     for key in ("schedule", "recompute", "dp_sharding"):
         if explicit(overrides, f"train.{key}"):
             changes[key] = cfg.train[key]
+    if "recompute" in changes:  # auto on a given plan: the plan's own choice stands
+        from lightning_hexiscale.planner.search.settings import recompute_setting
+
+        changes["recompute"] = recompute_setting(changes["recompute"])
+        if changes["recompute"] == "auto":
+            del changes["recompute"]
     return replace(plan, **changes) if changes else plan
 
 

@@ -6,11 +6,13 @@ import argparse
 import json
 
 from lightning_hexiscale.cli.common import apply_train_overrides, compose_for_plan, explicit, subcommand
+from lightning_hexiscale.cli.plan import add_table_flag, estimate_document, overrides_of, sources_lines
 
 
 def _estimate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plan", required=True, metavar="PLAN.yaml", help="plan file (YAML or JSON), e.g. conf/plans/*.yaml")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
+    add_table_flag(p)
 
 
 @subcommand("estimate", "estimate iteration time, throughput and memory of a plan (Appendix B cost model)", _estimate_args)
@@ -19,10 +21,11 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from lightning_hexiscale.config.schema import compose
     from lightning_hexiscale.planner.cost.compute import warn_datasheet_pricing
     from lightning_hexiscale.planner.cost.estimate import estimate, workload_from_config
+    from lightning_hexiscale.planner.cost.sources import price_sources
     from lightning_hexiscale.planner.plan import Plan
 
     plan = Plan.load(args.plan)
-    overrides = compose_for_plan(args.overrides, plan.meta)
+    overrides = compose_for_plan(overrides_of(args), plan.meta)
     cfg = compose(overrides)
     cluster = Cluster.from_config(cfg.cluster)
     workload = workload_from_config(cfg)
@@ -31,15 +34,15 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     plan.validate(cluster, workload.model, global_batch=gb)
     warn_datasheet_pricing(cluster, workload)
     est = estimate(plan, cluster, workload)
+    # what priced each device type; a layer table that does not match the run is refused here
+    sources = price_sources(cluster, workload, plan)
     if args.json:
-        doc = {"plan_file": args.plan, "cluster": cluster.name, "model": workload.model.name,
-               "global_batch": plan.global_batch, "dp_sharding": plan.dp_sharding, "schedule": plan.schedule,
-               "recompute": plan.recompute, **est.to_dict()}
-        print(json.dumps(doc, indent=2))
+        print(json.dumps(estimate_document(plan, cluster, workload, est, args.plan, sources), indent=2))
     else:
         print(cluster.summary())
         print()
         print(plan.table(cluster))
         print()
         print(est.summary())
+        print(sources_lines(plan, sources))
     return 0

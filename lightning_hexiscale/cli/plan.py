@@ -28,6 +28,26 @@ from lightning_hexiscale.config.units import format_flops
 from lightning_hexiscale.errors import ConfigError, HexiScaleError
 
 
+def add_table_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--allow-table-mismatch", action="store_true",
+                   help="a layer table measured on another model shape or precision, or without a TP degree the "
+                   "plan uses, warns and prices that device type from FLOP/s instead of stopping "
+                   "(planner.allow_table_mismatch=true)")
+
+
+def overrides_of(args: argparse.Namespace) -> list[str]:
+    """The Hydra overrides of the command line, with ``--allow-table-mismatch`` as its planner key."""
+    extra = ["planner.allow_table_mismatch=true"] if getattr(args, "allow_table_mismatch", False) else []
+    return list(args.overrides) + extra
+
+
+def sources_lines(plan, sources) -> str:
+    """What priced each device type, and how recomputation was chosen (the text reports)."""
+    lines = [f"  {s}" for s in sources]
+    choice = plan.meta.get("recompute")
+    return "\n".join(["priced by:"] + lines + ([f"recompute: {choice}"] if choice else []))
+
+
 def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--baselines", action="store_true", help="also run megatron, galvatron, metis, random, "
                    "fast-only (the best megatron/galvatron plan on any machine subset, the others idle: what a "
@@ -51,6 +71,7 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="PLAN.yaml", help="write the plan (YAML, or JSON for a .json path)")
     p.add_argument("--picture", metavar="PLAN.png", help="draw the plan (PNG or SVG by extension; needs matplotlib)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
+    add_table_flag(p)
     p.add_argument("-m", "--multirun", action="store_true",
                    help="sweep: comma-separated override values, cartesian product, one summary table")
     p.add_argument("--sweep-dir", metavar="DIR", help="multirun output folder (default outputs/plan-sweep-<timestamp>)")
@@ -112,11 +133,18 @@ def optimum_document(found_s: float, best) -> dict[str, Any]:
             "plan": best.plan.to_dict() if best.plan is not None else None}
 
 
-def estimate_document(plan, cluster, workload, est, plan_file: str | None) -> dict[str, Any]:
-    """The same document ``hexiscale estimate --json`` prints for this plan."""
+def estimate_document(plan, cluster, workload, est, plan_file: str | None, sources=None) -> dict[str, Any]:
+    """The same document ``hexiscale estimate --json`` prints for this plan: with ``price_sources``
+    (per device type: gpu_type, kind, detail; :mod:`planner.cost.sources`) and ``recompute_choice``
+    (how ``recompute: auto`` decided, null when pinned or given by the plan file)."""
+    if sources is None:
+        from lightning_hexiscale.planner.cost.sources import price_sources
+
+        sources = price_sources(cluster, workload, plan)
     return {"plan_file": plan_file, "cluster": cluster.name, "model": workload.model.name,
             "global_batch": plan.global_batch, "dp_sharding": plan.dp_sharding, "schedule": plan.schedule,
-            "recompute": plan.recompute, **est.to_dict()}
+            "recompute": plan.recompute, "recompute_choice": plan.meta.get("recompute"),
+            "price_sources": [s.to_dict() for s in sources], **est.to_dict()}
 
 
 def baseline_rows(best_time: float, baselines: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -166,7 +194,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             raise ConfigError("--optimum", "with -m", "the true optimum is computed for one plan, not a sweep",
                               "run `hexiscale plan ... --optimum` for each cluster you want checked")
         return _sweep(args)
-    run = plan_once(args.overrides, args.baselines, progress=None if not args.json else False,
+    run = plan_once(overrides_of(args), args.baselines, progress=None if not args.json else False,
                     like_for_like=args.like_for_like, aware=args.aware_baselines,
                     optimum_time_limit=args.optimum_time_limit if args.optimum else None)
     cluster, workload, res = run["cluster"], run["workload"], run["result"]
@@ -178,7 +206,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                   f"{est.iteration_time_s:.2f} s/iteration, {format_flops(est.pflops * 1e15)}", estimate=est)
     rows = baseline_rows(est.iteration_time_s, run["baselines"]) if args.baselines else None
     if args.json:
-        doc = {"plan": plan.to_dict(), "estimate": estimate_document(plan, cluster, workload, est, args.out),
+        doc = {"plan": plan.to_dict(), "estimate": estimate_document(plan, cluster, workload, est, args.out, res.sources),
                "search_time_s": res.search_time_s,
                "log": [{"iteration": e.iteration, "num_pipelines": e.num_pipelines, "cut": e.cut,
                         "cost_s": _finite(e.cost_s), "best_s": _finite(e.best_s)} for e in res.log]}
@@ -197,6 +225,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print(plan.table(cluster))
     print()
     print(est.summary())
+    print(sources_lines(plan, res.sources))
     print(f"\nsearch: {len(res.log)} iterations in {res.search_time_s:.2f} s" + (
         f" (device subsets: {subsets_line(res.subsets)})" if res.subsets is not None else ""))
     if res.subsets is not None and res.subsets.without:
@@ -301,7 +330,7 @@ def sweep_overrides(overrides: list[str]) -> list[list[str]]:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    combos = sweep_overrides(args.overrides)
+    combos = sweep_overrides(overrides_of(args))
     out_dir = Path(args.sweep_dir or f"outputs/plan-sweep-{time.strftime('%Y%m%d-%H%M%S')}")
     out_dir.mkdir(parents=True, exist_ok=True)
     names = (["megatron", "galvatron", "metis", "random", "fast-only", "fast-only-subset", "uniform-tp"]

@@ -30,6 +30,7 @@ same shape (the fields above) trained in the same precision. This module is pure
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
@@ -250,3 +251,53 @@ def _row(r: dict, key: str, shape: ModelShape, model_name: str) -> LayerTimeRow:
         raise ConfigError(f"{key}.backward_recompute", r["backward_recompute"], "only layers are recomputed",
                           "remove it from the embedding / head row")
     return LayerTimeRow(part, tp, mb, times["forward"], times["backward"], times.get("backward_recompute"))
+
+
+# ---- a table that does not match the run (planner/cost/sources.py states the rules) ----------------
+class TableMismatchWarning(UserWarning):
+    """A layer table does not match the run and ``planner.allow_table_mismatch`` lets it be priced otherwise."""
+
+    cli_notice = True
+    """``hexiscale`` prints it as one line (``cli/main.py``)."""
+
+
+def precision_name(workload: Any) -> str:
+    """The Lightning precision of a ``Workload``'s dtypes (bf16 compute over fp32 parameters: bf16-mixed)."""
+    if workload.mixed:
+        return f"{'bf16' if workload.dtype == 'bf16' else '16'}-mixed"
+    return {"fp32": "32-true", "fp64": "64-true", "bf16": "bf16-true", "fp16": "16-true"}[workload.dtype]
+
+
+def shape_text(shape: ModelShape) -> str:
+    return (f"hidden {shape.hidden_size}, ffn {shape.ffn_hidden_size}, heads {shape.num_heads}/{shape.num_kv_heads} KV, "
+            f"seq {shape.seq_len}, vocab {shape.vocab_size}")
+
+
+def mismatch_rule(tables: list[LayerTable], workload: Any) -> str:
+    """Why none of a type's ``tables`` applies to ``workload`` (a ``Workload``): each table's model
+    and precision, and the fields that differ from the run's."""
+    want = ModelShape.of(workload.model)
+    parts = []
+    for t in tables:
+        diff = [f"{f} {getattr(t.shape, f)} vs {getattr(want, f)}" for f in ModelShape.__dataclass_fields__
+                if getattr(t.shape, f) != getattr(want, f)]
+        if t.precision != precision_name(workload):
+            diff.append(f"precision {t.precision} vs {precision_name(workload)}")
+        parts.append(f"{t.model_name or 'a model'} in {t.precision} ({'; '.join(diff) or 'dtypes differ'})")
+    return (f"its layer tables were measured on {', '.join(parts)}; the run trains {workload.model.name} "
+            f"({shape_text(want)}) in {precision_name(workload)}, so no table prices it")
+
+
+def refuse_or_warn(key: str, value: str, rule: str, fix: str, allow: bool, instead: str) -> None:
+    """Raise the ConfigError; or, when ``allow`` (``planner.allow_table_mismatch``), warn once per
+    message that ``instead`` prices it."""
+    if not allow:
+        raise ConfigError(key, value, rule, fix + "; or set planner.allow_table_mismatch=true (hexiscale "
+                          "--allow-table-mismatch) to price it from FLOP/s with a warning")
+    msg = f"{value}: {rule}; priced from {instead} instead (planner.allow_table_mismatch)"
+    if msg not in _WARNED:
+        _WARNED.add(msg)
+        warnings.warn(msg, TableMismatchWarning, stacklevel=4)
+
+
+_WARNED: set[str] = set()

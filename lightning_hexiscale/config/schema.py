@@ -193,8 +193,8 @@ class TrainConfig:
     """Sequences per micro-batch; None lets the planner choose."""
     schedule: str = "1f1b"
     """gpipe or 1f1b."""
-    recompute: bool = True
-    """Activation recomputation per layer."""
+    recompute: Any = "auto"
+    """Activation recomputation per layer: auto (the planner prices both and keeps the faster plan that fits), true or false."""
     dp_sharding: str = "ddp"
     """ddp, zero2 or zero3 across pipelines (the search picks one unless this is given explicitly)."""
     memory_headroom: float = 0.0
@@ -223,6 +223,9 @@ class PlannerConfig:
     use_all_devices: bool = False
     """False: the plan may leave devices idle where it is faster without them (machine subsets are
     searched too; the plan names them in ``idle_devices``). True: every device takes work."""
+    allow_table_mismatch: bool = False
+    """A layer table measured on another model shape or precision (or without a TP degree the plan
+    uses) is a ConfigError (False) or a warning and FLOP/s pricing of that type (True)."""
 
 
 @dataclass

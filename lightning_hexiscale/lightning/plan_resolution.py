@@ -140,7 +140,7 @@ def search_plan(cluster: Cluster, workload: Workload, global_batch: int, overrid
         return fallback_data_parallel_plan(cluster, workload.model, global_batch), None
     settings = SearchSettings(iterations=iterations, seed=seed, progress=progress,
                               schedule=overrides.get("schedule") or "1f1b",
-                              recompute=True if overrides.get("recompute") is None else bool(overrides["recompute"]),
+                              recompute="auto" if overrides.get("recompute") is None else overrides["recompute"],
                               micro_batch_size=overrides.get("micro_batch_size"),
                               dp_sharding=overrides.get("dp_sharding") or None, use_all_devices=use_all_devices)
     result = search(cluster, workload, global_batch, settings)
@@ -149,7 +149,8 @@ def search_plan(cluster: Cluster, workload: Workload, global_batch: int, overrid
 
 def apply_overrides(plan: Plan, overrides: dict[str, Any]) -> Plan:
     """Explicit schedule / recompute / dp_sharding / micro_batch_size replace the plan's values."""
-    changes = {k: overrides[k] for k in ("schedule", "recompute", "dp_sharding") if overrides.get(k) is not None}
+    changes = {k: overrides[k] for k in ("schedule", "recompute", "dp_sharding")
+               if overrides.get(k) is not None and overrides.get(k) != "auto"}  # auto: the plan's own choice
     mb = overrides.get("micro_batch_size")
     if mb is not None:
         for i, p in enumerate(plan.pipelines):

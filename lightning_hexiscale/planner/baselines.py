@@ -44,6 +44,7 @@ zero2 / zero3 choice; a user's ``train.dp_sharding`` binds everyone.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 from typing import Any
@@ -51,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from lightning_hexiscale.config.cluster import Cluster
-from lightning_hexiscale.errors import ConfigError
+from lightning_hexiscale.errors import ConfigError, InfeasiblePlan
 from lightning_hexiscale.planner.cost.estimate import Estimate, Workload, estimate
 from lightning_hexiscale.planner.oracle.exact import MAX_DEVICES, oracle
 from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
@@ -61,6 +62,34 @@ from lightning_hexiscale.planner.search.partition import DeviceGraph, partition
 from lightning_hexiscale.planner.search.subsets import (compute_bound, device_rates, devices_of, lift, machine_classes,
                                                         machines_of, memory_possible, subset_vectors)
 from lightning_hexiscale.planner.search.two_phase import SearchResult, SearchSettings, SearchRun, search
+
+
+def _best_recompute(fn):
+    """``settings.recompute == 'auto'`` (the default): the baseline as the user of that system would
+    run it, with recomputation off and on, keeping the faster result that fits (ties: off); a pinned
+    True / False runs once. The same rule as the search's (:func:`two_phase.auto_recompute`)."""
+
+    @functools.wraps(fn)
+    def run(cluster, workload, global_batch, settings=None, *args, **kwargs):
+        s = settings if settings is not None else SearchSettings()
+        if getattr(s, "recompute", None) != "auto":
+            return fn(cluster, workload, global_batch, s, *args, **kwargs)
+        out, failed = [], None
+        for r in (False, True):
+            try:
+                out.append(fn(cluster, workload, global_batch, replace(s, recompute=r), *args, **kwargs))
+            except InfeasiblePlan as e:
+                failed = e
+        if not out:
+            raise failed
+
+        def cost(res):
+            est = getattr(res, "estimate", None)
+            return est.cost if est is not None else math.inf
+
+        return min(out, key=cost)  # min keeps the first (off) on ties
+
+    return run
 
 
 @dataclass(frozen=True)
@@ -297,6 +326,7 @@ def _symmetric_layers(ev: Evaluator, layout, mb: int, sharding: str, dp: int, n_
     return split_layers(layer_s, fixed, caps, L)
 
 
+@_best_recompute
 def megatron(cluster: Cluster, workload: Workload, global_batch: int, settings: SearchSettings | None = None,
              like_for_like: bool = False, aware: bool = False, belief: Cluster | None = None) -> BaselineResult:
     """Megatron-LM: symmetric (dp, tp, pp) with TP dividing the heads, equal layers, equal batches, chosen under ``belief``
@@ -305,6 +335,7 @@ def megatron(cluster: Cluster, workload: Workload, global_batch: int, settings: 
                       like_for_like, aware, belief)
 
 
+@_best_recompute
 def galvatron(cluster: Cluster, workload: Workload, global_batch: int, settings: SearchSettings | None = None,
               like_for_like: bool = False, aware: bool = False, belief: Cluster | None = None) -> BaselineResult:
     """Galvatron: symmetric (dp, tp, pp) with a free per-stage layer split, chosen under ``belief``
@@ -313,6 +344,7 @@ def galvatron(cluster: Cluster, workload: Workload, global_batch: int, settings:
                       like_for_like, aware, belief)
 
 
+@_best_recompute
 def metis(cluster: Cluster, workload: Workload, global_batch: int, settings: SearchSettings | None = None,
           like_for_like: bool = False) -> BaselineResult:
     """Metis: data parallelism first, TP only when memory forces it, stages by GPU type."""
@@ -364,6 +396,7 @@ class _RandomSearch(SearchRun):
         return sorted((np.sort(part) for part in np.array_split(perm, step.dp)), key=lambda a: int(a.min()))
 
 
+@_best_recompute
 def random_search(cluster: Cluster, workload: Workload, global_batch: int,
                   settings: SearchSettings | None = None) -> SearchResult:
     """The search with random phase-1 partitions; same iterations, seed and everything else."""
@@ -371,6 +404,7 @@ def random_search(cluster: Cluster, workload: Workload, global_batch: int,
     return _RandomSearch(cluster, workload, global_batch, s).run()
 
 
+@_best_recompute
 def random_baseline(cluster: Cluster, workload: Workload, global_batch: int,
                     settings: SearchSettings | None = None) -> BaselineResult:
     from lightning_hexiscale.errors import InfeasiblePlan
@@ -392,6 +426,7 @@ _FAST_ONLY_SUBSETS = 256
 """Beyond this many machine subsets (up to symmetry), fast-only tries whole machine classes only."""
 
 
+@_best_recompute
 def fast_only(cluster: Cluster, workload: Workload, global_batch: int,
               settings: SearchSettings | None = None, style: str | None = None) -> BaselineResult:
     """What a user would do anyway: run a symmetric plan on some machines (the fast ones, usually)

@@ -283,8 +283,13 @@ class Plan:
         if not isinstance(idle, (list, tuple)):
             raise PlanError(f"{source}.idle_devices", idle, "must be a list of device ids",
                             "write e.g. idle_devices: [6, 7]")
+        recompute = data.get("recompute", True)
+        if not isinstance(recompute, bool):  # bool("false") is True; a plan says what it runs
+            raise PlanError(f"{source}.recompute", recompute, "a plan runs with recomputation or without: true or false",
+                            "write recompute: true or recompute: false (auto is a planner setting, "
+                            "train.recompute, that a plan's search resolves)")
         return cls(pipelines=tuple(pipes), num_layers=data["num_layers"], idle_devices=tuple(idle),
-                   schedule=data.get("schedule", "1f1b"), recompute=bool(data.get("recompute", True)),
+                   schedule=data.get("schedule", "1f1b"), recompute=recompute,
                    dp_sharding=data.get("dp_sharding", "ddp"), reduce_dtype=data.get("reduce_dtype"),
                    meta=dict(data.get("meta") or {}))
 

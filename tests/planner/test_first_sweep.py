@@ -40,7 +40,7 @@ def test_coarse_first_order_halves_the_gaps():
 
 def test_the_search_sweeps_coarse_first_only_where_it_prunes():
     w = Workload(LlamaConfig.load("llama2_7b"))
-    s = SearchSettings(iterations=50, progress=False)
+    s = SearchSettings(recompute=True, iterations=50, progress=False)
     small = SearchRun(Cluster.load("hetero2"), w, 128, s)  # 32 devices: no pruning, ascending
     assert small.sweep == sorted(small.sweep)
     large = SearchRun(Cluster.load("hetero2").replicate(4), w, 512, s)  # 128 devices

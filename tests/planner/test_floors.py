@@ -16,7 +16,7 @@ from lightning_hexiscale.planner.search.two_phase import SearchRun, SearchSettin
 def _scored_layouts(cluster: Cluster, w: Workload, global_batch: int) -> tuple[BatchTimer, list]:
     """(the search's batch timer, every layout it scored) of a short all-device search."""
     run = SearchRun(effective_cluster(cluster, w), w, global_batch,
-                    SearchSettings(iterations=8, progress=False, use_all_devices=True))
+                    SearchSettings(recompute=True, iterations=8, progress=False, use_all_devices=True))
     seen: list = []
     best = BatchTimer.best
 

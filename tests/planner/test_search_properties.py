@@ -67,7 +67,7 @@ def models(draw) -> LlamaConfig:
 def _plan_or_infeasible(cluster: Cluster, model: LlamaConfig, global_batch: int, seed: int):
     workload = Workload(model)
     try:
-        result = search(cluster, workload, global_batch, SearchSettings(iterations=ITERATIONS, seed=seed))
+        result = search(cluster, workload, global_batch, SearchSettings(recompute=True, iterations=ITERATIONS, seed=seed))
     except InfeasiblePlan as e:
         msg = str(e)
         assert "Fix:" in msg, msg

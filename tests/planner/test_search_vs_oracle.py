@@ -29,10 +29,10 @@ TARGET = 0.97
 def test_default_search_reaches_97_percent_of_the_oracle(seed):
     cluster, workload, batch = random_case(seed)
     try:
-        found = search(cluster, workload, batch, SearchSettings(progress=False))
+        found = search(cluster, workload, batch, SearchSettings(recompute=True, progress=False))
     except InfeasiblePlan:
         found = None
-    best = oracle(cluster, workload, batch, SearchSettings(), time_limit_s=120.0,
+    best = oracle(cluster, workload, batch, SearchSettings(recompute=True), time_limit_s=120.0,
                   incumbent=found.plan if found else None)
     assert best.complete, f"the oracle did not finish seed {seed}: {best.stats}"
     if found is None:

@@ -19,7 +19,7 @@ from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
 from lightning_hexiscale.planner.search import subsets as S
 from lightning_hexiscale.planner.search.two_phase import SearchSettings, search
 
-FEW = SearchSettings(iterations=3)
+FEW = SearchSettings(recompute=True, iterations=3)
 
 
 # ---- symmetry, bounds, mapping -------------------------------------------------------------------
@@ -56,7 +56,7 @@ def test_compute_bound_never_exceeds_the_time_of_a_plan(seed):
     cal = cluster.calibration
     theta = (cal.theta_ddp, cal.theta_zero2, cal.theta_zero3_fwd, cal.theta_zero3_bwd)
     try:
-        r = search(cluster, workload, batch, SearchSettings(iterations=3, use_all_devices=True))
+        r = search(cluster, workload, batch, SearchSettings(recompute=True, iterations=3, use_all_devices=True))
     except InfeasiblePlan:
         pytest.skip("nothing fits")
     for plan in [r.plan] + [S.lift(x.plan, x.devices, cluster) for x in _subset_plans(cluster, workload, batch)]:
@@ -88,7 +88,7 @@ def _subset_plans(cluster, workload, batch):
         if devices:
             try:
                 out.append(_Found(devices, search(cluster.subset(list(devices)), workload, batch,
-                                                  SearchSettings(iterations=2, use_all_devices=True)).plan))
+                                                  SearchSettings(recompute=True, iterations=2, use_all_devices=True)).plan))
             except InfeasiblePlan:
                 pass
     return out
@@ -99,7 +99,7 @@ def test_memory_possible_agrees_with_what_fits():
     assert S.memory_possible(c, w, range(8))
     assert not S.memory_possible(c, w, c.machines[2].devices)  # two 24 GiB GPUs for 13B's ~210 GB of state
     with pytest.raises(InfeasiblePlan):
-        search(c.subset(list(c.machines[2].devices)), w, 24, SearchSettings(iterations=2, use_all_devices=True))
+        search(c.subset(list(c.machines[2].devices)), w, 24, SearchSettings(recompute=True, iterations=2, use_all_devices=True))
 
 
 def test_lift_maps_a_subset_plan_back_and_names_the_rest_idle(straggler):
@@ -123,7 +123,7 @@ def test_straggler_is_left_idle_and_the_plan_says_why(small7b, straggler):
     assert r.plan.launch_order == tuple(range(c.num_devices))
     assert r.estimate.iteration_time_s == pytest.approx(estimate(r.plan, c, small7b).iteration_time_s)
     # what using them would cost: the best plan found on every device, in meta and in the report
-    every = search(c, small7b, 16, SearchSettings(iterations=3, use_all_devices=True))
+    every = search(c, small7b, 16, SearchSettings(recompute=True, iterations=3, use_all_devices=True))
     assert not every.plan.idle_devices and every.subsets is None
     assert r.subsets.all_devices_s <= every.estimate.iteration_time_s * (1 + 1e-9)
     assert r.plan.meta["all_devices_time_s"] == pytest.approx(r.subsets.all_devices_s)
@@ -190,7 +190,7 @@ def test_greedy_on_clusters_with_many_machine_subsets(small7b):
 
 def test_large_clusters_price_subsets_by_shrinking_the_best_layout(tiny):
     c = Cluster.load("cpu_hetero8").replicate(9)  # 72 devices: past the searched limit
-    r = search(c, tiny, 144, SearchSettings(iterations=3))
+    r = search(c, tiny, 144, SearchSettings(recompute=True, iterations=3))
     assert r.subsets.mode == "greedy"
     assert {t.status for t in r.subsets.trials[1:]} <= {"shrunk", "bounded", "no memory"}
     r.plan.validate(c, tiny.model, global_batch=144)
@@ -202,7 +202,7 @@ def test_shrink_takes_devices_out_and_resplits():
 
     w = Workload(LlamaConfig.load("llama_tiny"))
     c = Cluster.load("cpu_hetero4")
-    sr = SearchRun(c, w, 8, SearchSettings(iterations=4, use_all_devices=True))
+    sr = SearchRun(c, w, 8, SearchSettings(recompute=True, iterations=4, use_all_devices=True))
     sr.run()
     cost, plan = sr.without(frozenset({3}))
     assert plan is not None and 3 not in plan.device_order and math.isfinite(cost)
@@ -212,7 +212,7 @@ def test_shrink_takes_devices_out_and_resplits():
 
 def test_use_all_devices_restores_every_device_at_work(small7b, straggler):
     c = straggler
-    r = search(c, small7b, 16, SearchSettings(iterations=6, use_all_devices=True))
+    r = search(c, small7b, 16, SearchSettings(recompute=True, iterations=6, use_all_devices=True))
     assert r.plan.world_size == c.num_devices and not r.plan.idle_devices
 
 
@@ -221,10 +221,10 @@ def test_use_all_devices_is_a_hydra_key_with_a_clear_error():
     assert SearchSettings.from_config(cfg).use_all_devices is True
     assert SearchSettings.from_config(compose([])).use_all_devices is False
     with pytest.raises(ConfigError, match="planner.use_all_devices"):
-        SearchSettings(use_all_devices="yes")
+        SearchSettings(recompute=True, use_all_devices="yes")
 
 
 def test_deterministic_for_a_seed(small7b, straggler):
     c = straggler
-    a, b = (search(c, small7b, 16, SearchSettings(iterations=2, seed=3)) for _ in range(2))
+    a, b = (search(c, small7b, 16, SearchSettings(recompute=True, iterations=2, seed=3)) for _ in range(2))
     assert a.plan.to_dict() == b.plan.to_dict()

@@ -29,7 +29,7 @@ import warnings
 from collections.abc import Sequence
 
 from lightning_hexiscale.config.cluster import Cluster, Device
-from lightning_hexiscale.config.layer_table import LayerTable, ModelShape
+from lightning_hexiscale.config.layer_table import LayerTable, ModelShape, mismatch_rule, refuse_or_warn
 from lightning_hexiscale.config.recipe import PRECISION_DTYPES
 from lightning_hexiscale.planner.cost import model as cm
 from lightning_hexiscale.planner.cost import roofline as rf
@@ -189,11 +189,23 @@ def effective_cluster(cluster: Cluster, workload: Workload) -> Cluster:
 # ---- measured ----------------------------------------------------------------------------------------
 def table_for(cluster: Cluster, workload: Workload, gpu_type: str) -> LayerTable | None:
     """The cluster's layer table for ``gpu_type``, the workload's model shape and precision (the
-    parameter and compute dtypes of the table's precision equal the workload's), or None."""
+    parameter and compute dtypes of the table's precision equal the workload's), or None when the
+    cluster has no table for the type. Tables for the type that all differ in shape or precision
+    are a ConfigError naming the difference (with ``workload.allow_table_mismatch``: a warning,
+    then None, i.e. the computed path): :mod:`planner.cost.sources`, rule 1."""
     if not cluster.layer_tables:
         return None
-    return _find(cluster.layer_tables, gpu_type, workload.dtype, workload.param_dtype or workload.dtype,
-                 ModelShape.of(workload.model))
+    found = _find(cluster.layer_tables, gpu_type, workload.dtype, workload.param_dtype or workload.dtype,
+                  ModelShape.of(workload.model))
+    if found is None:
+        theirs = [t for t in cluster.layer_tables if t.gpu == gpu_type]
+        if theirs:
+            refuse_or_warn(
+                "cluster.layer_times", gpu_type, mismatch_rule(theirs, workload),
+                f"measure this model and precision on {gpu_type} (hexiscale discover --model {workload.model.name} "
+                f"--rediscover, or hexiscale profile --model {workload.model.name}), or remove the {gpu_type} "
+                f"entries from layer_times", workload.allow_table_mismatch, "FLOP/s (the computed path)")
+    return found
 
 
 @functools.lru_cache(maxsize=1024)

@@ -446,11 +446,12 @@ def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
 
 def workload_from_config(cfg) -> Workload:
     """Workload from a composed root config: ``cfg.model``, ``trainer.precision`` (null: chosen by the
-    cluster's devices), ``train.memory_headroom``, ``trainer.fast_path``, and the kind of the
+    cluster's devices), ``train.memory_headroom``, ``planner.allow_table_mismatch``, ``trainer.fast_path``, and the kind of the
     cluster's devices (:meth:`Workload.for_devices`, which every entry point uses)."""
     from lightning_hexiscale.config.fast_path import FastPath
 
     return Workload.for_devices(LlamaConfig.from_config(cfg.model), [m.gpu for m in cfg.cluster.machines],
                                 cfg.trainer.precision,
                                 memory_headroom=float(cfg.train.get("memory_headroom", 0.0) or 0.0),
+                                allow_table_mismatch=bool(cfg.planner.get("allow_table_mismatch", False)),
                                 fast_path=FastPath.coerce(cfg.trainer.get("fast_path"), key="trainer.fast_path"))

@@ -49,6 +49,10 @@ class Workload:
     allow_tf32: bool = False
     """fp32 matmuls on CUDA use TF32 tensor cores (``torch.backends.cuda.matmul.allow_tf32``). The
     runtime leaves torch's default (off), so ``32-true`` is priced at the FP32 rate."""
+    allow_table_mismatch: bool = False
+    """``planner.allow_table_mismatch``: a device type whose layer tables were measured on another
+    model shape or precision (or lack a TP degree the plan uses) is priced from its FLOP/s with a
+    warning saying so, instead of a ConfigError (:mod:`.sources`)."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.memory_headroom < 1.0:

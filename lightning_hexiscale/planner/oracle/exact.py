@@ -289,4 +289,24 @@ def oracle(cluster: Cluster, workload: Workload, global_batch: int, settings=Non
                           f"is more than max_devices={max_devices}", "use a small cluster (cluster.subset) or the search")
     if time_limit_s <= 0:
         raise ConfigError("time_limit_s", time_limit_s, "must be positive", "give the oracle e.g. 60 seconds")
+    if getattr(settings, "recompute", None) == "auto":  # the optimum over both settings (search.auto_recompute)
+        return _best_of_recompute(cluster, workload, global_batch, settings, time_limit_s, incumbent)
     return Oracle(cluster, workload, global_batch, OracleSettings.of(settings), time_limit_s).run(incumbent)
+
+
+def _best_of_recompute(cluster: Cluster, workload: Workload, global_batch: int, settings, time_limit_s: float,
+                       incumbent: Plan | None) -> OracleResult:
+    """``recompute: auto``: the optimum without and with recomputation (half the time limit each),
+    the better one (ties: without); complete when both are, its bound the smaller of the two."""
+    import dataclasses
+
+    runs = []
+    for r in (False, True):
+        start = incumbent if incumbent is not None and incumbent.recompute == r else None
+        runs.append(Oracle(cluster, workload, global_batch, OracleSettings.of(dataclasses.replace(settings, recompute=r)),
+                           time_limit_s / 2).run(start))
+    best = min(runs, key=lambda x: x.cost)
+    complete = all(x.complete for x in runs)
+    status = best.status if complete else "incomplete"
+    return dataclasses.replace(best, complete=complete, status=status,
+                               lower_bound_s=min(x.lower_bound_s for x in runs), time_s=sum(x.time_s for x in runs))

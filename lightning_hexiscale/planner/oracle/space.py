@@ -32,6 +32,9 @@ class OracleSettings:
     plans on any subset of the devices, the others named in ``Plan.idle_devices``."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.recompute, bool):  # "auto": baselines.exhaustive runs each and keeps the better
+            raise ConfigError("train.recompute", self.recompute, "the optimum is searched for one recompute setting",
+                              "pass recompute=True or False (oracle() tries both for auto)")
         if self.schedule not in SCHEDULES:
             raise ConfigError("train.schedule", self.schedule, f"must be one of {SCHEDULES}", "use 1f1b")
         if self.dp_sharding is not None and self.dp_sharding not in DP_SHARDINGS:

@@ -33,7 +33,9 @@ class SearchSettings:
     """auto (moving averages, §4.4), min or max."""
     progress: bool = False
     schedule: str = "1f1b"
-    recompute: bool = True
+    recompute: bool | str = "auto"
+    """Activation recomputation per layer: ``auto`` (the search tries the plan without and with it
+    and keeps the faster one that fits: :func:`two_phase.search`), or True / False to pin it."""
     micro_batch_size: int | None = None
     """None: the batch split picks one per pipeline (``assemble.batch_micro_sizes``); else every
     pipeline uses this one (it must divide the global batch)."""
@@ -53,6 +55,10 @@ class SearchSettings:
             raise ConfigError("planner.tau", self.tau, "must be at least 1", "use e.g. 2")
         if self.cut not in CUTS:
             raise ConfigError("planner.cut", self.cut, f"must be one of {CUTS}", "use auto")
+        if not (isinstance(self.recompute, bool) or self.recompute == "auto"):
+            raise ConfigError("train.recompute", self.recompute, "must be auto, true or false",
+                              "use auto (the planner prices both and keeps the faster plan that fits), or pin "
+                              "true / false")
         if self.schedule not in SCHEDULES:
             raise ConfigError("train.schedule", self.schedule, f"must be one of {SCHEDULES}", "use 1f1b")
         if self.dp_sharding is not None and self.dp_sharding not in DP_OPTIONS:
@@ -72,7 +78,7 @@ class SearchSettings:
         p, t = cfg.planner, cfg.train
         kw = dict(iterations=int(p.iterations), seed=int(p.seed), tau=int(p.tau), balance=float(p.balance),
                   max_pipelines=p.max_pipelines, progress=bool(p.progress), schedule=str(t.schedule),
-                  recompute=bool(t.recompute), micro_batch_size=t.micro_batch_size,
+                  recompute=recompute_setting(t.get("recompute", "auto")), micro_batch_size=t.micro_batch_size,
                   dp_sharding=str(t.dp_sharding) if dp_sharding_explicit else None)
         for key in ("cut", "group_balance", "use_all_devices"):
             if key in p:
@@ -120,6 +126,22 @@ class SearchResult:
     subsets: Any = None
     """:class:`~lightning_hexiscale.planner.search.subsets.SubsetReport`: which device subsets were
     searched, and what each machine is worth (None with ``use_all_devices``)."""
+    sources: list = field(default_factory=list)
+    """:class:`~lightning_hexiscale.planner.cost.sources.PriceSource` per device type the plan uses:
+    what priced it (layer table, calibrated, datasheet, ...)."""
+
+
+def recompute_setting(value: Any, key: str = "train.recompute") -> bool | str:
+    """``auto`` (also null), True or False from a config value (YAML's true / false, or the strings
+    "true" / "false" from a command line); anything else is a ConfigError."""
+    if value is None or (isinstance(value, str) and value.lower() == "auto"):
+        return "auto"
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise ConfigError(key, value, "must be auto, true or false",
+                      "use auto (the planner decides by memory and time), or pin true / false")
 
 
 def dp_candidates(num_devices: int, max_dp: int, num_machines: int) -> list[int]:

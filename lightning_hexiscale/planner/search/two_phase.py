@@ -61,6 +61,7 @@ from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError, InfeasiblePlan
 from lightning_hexiscale.planner.cost.compute import effective_cluster, warn_datasheet_pricing
 from lightning_hexiscale.planner.cost.estimate import Workload, estimate
+from lightning_hexiscale.planner.cost.sources import price_sources
 from lightning_hexiscale.planner.plan import Plan
 from lightning_hexiscale.planner.search import refine
 from lightning_hexiscale.planner.search.assemble import (DP_OPTIONS, SMALL_CLUSTER, DraftContext, Evaluator,
@@ -593,6 +594,7 @@ def search(cluster: Cluster, workload: Workload, global_batch: int,
     s = settings or SearchSettings()
     if global_batch < 1:
         raise ConfigError("train.global_batch", global_batch, "must be a positive integer", "use e.g. 32")
+    priced = cluster
     warn_datasheet_pricing(cluster, workload)  # once per process: CUDA types priced from datasheets
     cluster = effective_cluster(cluster, workload)  # the heuristics' device speeds follow the roofline
     # the search allocates millions of small tuples that live as long as its caches: a rarer
@@ -600,11 +602,50 @@ def search(cluster: Cluster, workload: Workload, global_batch: int,
     threshold = gc.get_threshold()
     gc.set_threshold(max(threshold[0], 100_000), *threshold[1:])
     try:
-        if s.use_all_devices:
-            return SearchRun(cluster, workload, global_batch, s).run()
-        return subset_search(cluster, workload, global_batch, s, worth)
+        if s.recompute == "auto":
+            result = auto_recompute(cluster, workload, global_batch, s, worth)
+        else:
+            result = _search_one(cluster, workload, global_batch, s, worth)
     finally:
         gc.set_threshold(*threshold)
+    # what priced each device type; refuses a stage at a TP degree its type's layer table lacks
+    return dataclasses.replace(result, sources=price_sources(priced, workload, result.plan))
+
+
+def _search_one(cluster: Cluster, workload: Workload, global_batch: int, s: SearchSettings,
+                worth: bool) -> SearchResult:
+    if s.use_all_devices:
+        return SearchRun(cluster, workload, global_batch, s).run()
+    return subset_search(cluster, workload, global_batch, s, worth)
+
+
+def auto_recompute(cluster: Cluster, workload: Workload, global_batch: int, s: SearchSettings,
+                   worth: bool = False) -> SearchResult:
+    """``recompute: auto``: the whole search once without and once with activation recomputation,
+    and the faster plan that fits (ties: without). Recomputation re-runs each layer's forward in its
+    backward (+1 forward per layer and micro-batch, ~1/3 more compute) and in exchange keeps only
+    each layer's input per micro-batch in flight (:mod:`planner.cost.memory`): it wins only where
+    memory keeps the faster layouts out, which the cost model prices on both sides. The plan's
+    ``meta['recompute']`` records both times (inf: nothing fits). Raises the InfeasiblePlan of the
+    run with recomputation (the least memory) when neither fits."""
+    results: dict[bool, SearchResult] = {}
+    failed: InfeasiblePlan | None = None
+    for r in (False, True):
+        try:
+            results[r] = _search_one(cluster, workload, global_batch, dataclasses.replace(s, recompute=r), worth)
+        except InfeasiblePlan as e:
+            failed = e
+    if not results:
+        assert failed is not None
+        raise failed
+    times = {r: (res.estimate.cost if res is not None else math.inf) for r, res in
+             ((r, results.get(r)) for r in (False, True))}
+    pick = min(results, key=lambda r: (times[r], r))
+    best = results[pick]
+    note = (f"auto: {'on' if pick else 'off'} (without {times[False]:.6g} s, with {times[True]:.6g} s per "
+            f"iteration)")
+    plan = dataclasses.replace(best.plan, meta={**best.plan.meta, "recompute": note})
+    return dataclasses.replace(best, plan=plan, search_time_s=sum(r.search_time_s for r in results.values()))
 
 
 def _core(workload: Workload, global_batch: int, s: SearchSettings, results: list[tuple[Cluster, SearchResult]]):

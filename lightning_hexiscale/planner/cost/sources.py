@@ -1,0 +1,147 @@
+"""What priced each device type: a measured layer table, calibrated FLOP/s, a measured GEMM
+efficiency, the datasheet, or FLOP/s the user declared; and the rule that a layer table which does
+not match the run is an error, never a silent fallback.
+
+A device type's layer table **matches** a run when it was measured on the run's model shape
+(:class:`~lightning_hexiscale.config.layer_table.ModelShape`: hidden, FFN, heads, KV heads,
+sequence length, vocabulary) in a precision with the run's compute and parameter dtypes. Two
+mismatches are refused with a :class:`ConfigError` naming the type, what the table holds and what
+the run needs:
+
+1. the cluster has tables for the type, but none for this shape and precision (raised where the
+   table is looked up, :func:`compute.table_for`, so that no price is ever computed from a table
+   that was skipped);
+2. a plan puts a stage of the type, inside one machine, at a TP degree its table has no ``layer``
+   row for (:func:`price_sources`, run on every plan the search returns and every plan
+   ``hexiscale estimate`` prices).
+
+With ``planner.allow_table_mismatch`` (``Workload.allow_table_mismatch``) both become a
+:class:`TableMismatchWarning` saying what prices the type instead. What the table still leaves to
+the computed path is named in the type's source line, not refused: a TP group across machines (a
+table is measured over one machine's links), head / embedding rows at a TP degree without them,
+and micro-batch sizes outside the measured range (extrapolated per sequence from the nearest one,
+:func:`~lightning_hexiscale.config.layer_table.interpolate`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from lightning_hexiscale.config.cluster import Cluster, Device
+from lightning_hexiscale.config.layer_table import LayerTable, TableMismatchWarning, refuse_or_warn, shape_text
+from lightning_hexiscale.planner.cost import roofline as rf
+from lightning_hexiscale.planner.cost.workload import Workload
+from lightning_hexiscale.planner.plan import Plan
+
+__all__ = ["KINDS", "PriceSource", "TableMismatchWarning", "computed_source", "price_sources", "sources_text",
+           "table_source"]
+
+KINDS = ("layer table", "calibrated", "measured GEMM efficiency", "datasheet", "declared")
+"""The price sources, best first."""
+
+
+@dataclass(frozen=True)
+class PriceSource:
+    """How one device type of the cluster is priced for one workload (and plan)."""
+
+    gpu_type: str
+    kind: str
+    """One of :data:`KINDS`."""
+    detail: str
+    """What exactly: the table's model, precision, TP degrees, micro-batch sizes and note; or the
+    efficiency; or the datasheet's default GEMM / HBM fractions."""
+
+    def __str__(self) -> str:
+        return f"{self.gpu_type}: {self.kind} ({self.detail})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def computed_source(device: Device, workload: Workload) -> PriceSource:
+    """The source of a device priced without a layer table (:mod:`.compute`'s roofline or FLOPs path)."""
+    from lightning_hexiscale.planner.cost.compute import flops_rate, uses_roofline
+
+    t = device.gpu_type
+    if device.efficiency is not None:
+        return PriceSource(t, "calibrated", f"{flops_rate(device, workload) / 1e12:.4g} TFLOP/s sustained, "
+                           f"efficiency {device.efficiency:.3g} of the peak")
+    if uses_roofline(device, workload):
+        gemm = device.gemm_efficiency or rf.DEFAULT_GEMM_EFFICIENCY
+        hbm = device.hbm_efficiency or rf.DEFAULT_HBM_EFFICIENCY
+        roof = f"roofline: GEMMs at {gemm:.0%} of the dense peak, memory-bound work at {hbm:.0%} of the bandwidth"
+        if device.gemm_efficiency is not None:
+            return PriceSource(t, "measured GEMM efficiency", roof)
+        return PriceSource(t, "datasheet" if device.datasheet else "declared", roof)
+    kind = "datasheet" if device.datasheet else "declared"
+    return PriceSource(t, kind, f"{flops_rate(device, workload) / 1e12:.4g} TFLOP/s "
+                       f"({'catalog peak' if device.datasheet else 'the cluster file'}'s figure, efficiency 1)")
+
+
+def table_source(table: LayerTable, uses: dict[str, set], workload: Workload) -> PriceSource:
+    """The source line of a type priced from ``table``: its model, precision, TP degrees and
+    micro-batch sizes, the note the profiler wrote (how and when), and what of the plan (``uses``:
+    TP degrees inside a machine, across machines, micro-batch sizes) it leaves to the computed path."""
+    tps = sorted({r.tp for r in table.rows if r.part == "layer"})
+    mbs = sorted({r.micro_batch for r in table.rows if r.part == "layer"})
+    bits = [f"{table.model_name or 'model'} ({shape_text(table.shape)}), {table.precision}, TP {tps}, "
+            f"micro-batches {mbs}", f"measured: {table.note}" if table.note else "no measurement note"]
+    outside = sorted(m for m in uses.get("mb", ()) if mbs and not mbs[0] <= m <= mbs[-1])
+    if outside:
+        bits.append(f"micro-batches {outside} extrapolated per sequence from the nearest measured size")
+    for part in ("head", "embedding"):
+        missing = sorted(t for t in uses.get(part, ()) if not table.points(part, t))
+        if missing:
+            bits.append(f"{part} at TP {missing} computed (no rows)")
+    if uses.get("across"):
+        bits.append(f"TP groups across machines (TP {sorted(uses['across'])}) computed")
+    return PriceSource(table.gpu, "layer table", "; ".join(bits))
+
+
+def price_sources(cluster: Cluster, workload: Workload, plan: Plan | None = None) -> list[PriceSource]:
+    """One :class:`PriceSource` per device type (of ``plan``'s devices when given, else of the
+    cluster), in the cluster's order. With a plan, a stage on a type priced by a table, inside one
+    machine, at a TP degree without ``layer`` rows is refused (module docstring, rule 2)."""
+    from lightning_hexiscale.planner.cost.compute import table_for, without_place
+
+    used = set(plan.device_order) if plan is not None else set(range(cluster.num_devices))
+    uses: dict[str, dict[str, set]] = {}
+    if plan is not None:
+        for i, p in enumerate(plan.pipelines):
+            for j, st in enumerate(p.stages):
+                devs = [cluster.devices[d] for d in st.devices]
+                one_machine = len({d.machine for d in devs}) == 1 and len({d.gpu_type for d in devs}) == 1
+                for d in devs:
+                    u = uses.setdefault(d.gpu_type, {})
+                    u.setdefault("mb", set()).add(p.micro_batch_size)
+                    if not one_machine:
+                        u.setdefault("across", set()).add(st.tp)
+                        continue
+                    if j == 0:
+                        u.setdefault("embedding", set()).add(st.tp)
+                    if j == len(p.stages) - 1:
+                        u.setdefault("head", set()).add(st.tp)
+                table = table_for(cluster, workload, devs[0].gpu_type) if one_machine else None
+                if table is not None and not table.points("layer", st.tp):
+                    have = sorted({r.tp for r in table.rows if r.part == "layer"})
+                    refuse_or_warn(f"plan.pipelines[{i}].stages[{j}].tp", f"{devs[0].gpu_type} at TP {st.tp}",
+                                   f"the layer table of {devs[0].gpu_type} for {table.model_name or 'this model'} has "
+                                   f"layer rows at TP {have} only, and a stage at another degree would be priced "
+                                   f"from FLOP/s beside measured stages",
+                                   f"measure TP {st.tp} on {devs[0].gpu_type} (hexiscale discover --rediscover, or "
+                                   f"hexiscale profile --model {workload.model.name}), or use a plan with TP in {have}",
+                                   workload.allow_table_mismatch, "FLOP/s (the computed path)")
+    out: dict[str, PriceSource] = {}
+    for k, d in enumerate(cluster.devices):
+        if k not in used or d.gpu_type in out:
+            continue
+        table = table_for(cluster, workload, d.gpu_type)
+        out[d.gpu_type] = (table_source(table, uses.get(d.gpu_type, {}), workload) if table is not None
+                           else computed_source(without_place(d), workload))
+    return list(out.values())
+
+
+def sources_text(sources: list[PriceSource]) -> str:
+    """The report lines: ``priced by:`` then one line per device type."""
+    return "\n".join(["priced by:"] + [f"  {s}" for s in sources])
