@@ -47,6 +47,23 @@ def check_early(cfg: DictConfig) -> None:
     FastPath.coerce(t.get("fast_path"), key="trainer.fast_path")  # a bad switch value, before planning
 
 
+def for_another_cluster(e, plan_file: str | None, cluster: str):
+    """``e`` (a plan file that does not fit the cluster), saying so when the plan records that it was
+    made for another cluster (``meta.cluster``), with both fixes; else ``e`` itself."""
+    import yaml
+
+    from lightning_hexiscale.errors import PlanError
+
+    try:
+        made_for = (yaml.safe_load(Path(plan_file).read_text()) or {}).get("meta", {}).get("cluster") if plan_file else None
+    except (OSError, yaml.YAMLError, AttributeError):
+        made_for = None
+    if not made_for or made_for == cluster:
+        return e
+    return PlanError(e.key, e.value, f"{e.rule}; the plan {plan_file} was made for cluster {made_for}",
+                     f"run it on that cluster (cluster={made_for}), or leave plan= out to plan for cluster {cluster}")
+
+
 def run(cfg: DictConfig, progress: JobWatch | None = None, app: AppName = HEXISCALE) -> int:
     """The job on one composed config: check, plan, print the plan and its estimate, train (or stop
     after planning with ``dry_run``). Returns 0; errors are raised (the app maps them to exit codes).
@@ -55,6 +72,7 @@ def run(cfg: DictConfig, progress: JobWatch | None = None, app: AppName = HEXISC
     from lightning_hexiscale.config.cluster import Cluster
     from lightning_hexiscale.config.recipe import effective_precision
     from lightning_hexiscale.config.schema import resolve_hf_model
+    from lightning_hexiscale.errors import PlanError
     from lightning_hexiscale.models.config import LlamaConfig
 
     quiet_logs()
@@ -77,7 +95,10 @@ def run(cfg: DictConfig, progress: JobWatch | None = None, app: AppName = HEXISC
     if cfg.trainer.elastic and not cfg.dry_run:
         return run_elastic(cfg, cluster, model, out, precision, dataset, progress, app)
     say(f"planning for {model.name} on cluster {cluster.name} ({cluster.num_devices} devices) ...")
-    plan, est = make_plan(cfg, cluster, model, out)
+    try:
+        plan, est = make_plan(cfg, cluster, model, out)
+    except PlanError as e:
+        raise for_another_cluster(e, cfg.plan, cluster.name) from None
     picture = None
     if is_rank_zero():
         plan.save(out / "plan.yaml")

@@ -129,3 +129,24 @@ def _hints(kind: type) -> dict[str, tuple[Any, bool]]:
         if found is not None:
             out[name] = (found, mapping)
     return out
+
+
+def check_file_refs(overrides: list[str], presets: dict[str, list[str]]) -> None:
+    """``cluster=`` / ``model=`` values that look like paths (a ``/``, or a ``.yaml``/``.yml`` ending)
+    name files that exist: Hydra would look for a preset of that name and answer "Could not find
+    'cluster//path'" with the preset list. ``presets``: group -> preset names, for the fix."""
+    from pathlib import Path
+
+    for o in overrides:
+        key, _, value = o.partition("=")
+        if key not in ("cluster", "model") or value.startswith("hf:") or "," in value:
+            continue
+        if ("/" in value or value.endswith((".yaml", ".yml"))) and not Path(value).expanduser().is_file():
+            where = Path(value).expanduser()
+            rule = "no such file" + (f" ({where.resolve()})" if not where.is_absolute() else "")
+            if where.is_dir():
+                rule = "a directory, not a YAML file"
+            near = closest(where.stem, presets.get(key, []))
+            fix = (f"check the path, or use the preset {near[0]} ({key}={near[0]})" if near
+                   else f"check the path, or use a preset: {', '.join(presets.get(key, []))}")
+            raise ConfigError(key, value, rule, fix)
