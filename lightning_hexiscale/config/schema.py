@@ -327,6 +327,9 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "con
     files: dict[str, str] = {}
     rest: list[str] = []
     overrides = hf_model_overrides(list(overrides))
+    from lightning_hexiscale.config.suggest import check_file_refs
+
+    check_file_refs(overrides, {g: preset_names(g) for g in ("cluster", "model")})
     for o in overrides:
         key, _, value = o.partition("=")
         if key in ("cluster", "model") and value.endswith((".yaml", ".yml")) and Path(value).is_file():
