@@ -20,8 +20,8 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from lightning_hexiscale.config import catalog
-from lightning_hexiscale.config.nics import (Nic, NicDeclaration, build_nics, cap_links, fastest_links, nic_index,
-                                             nics_can_bind, parse_nics)
+from lightning_hexiscale.config.nics import (Nic, NicDeclaration, build_nics, cap_links, destination_bandwidth,
+                                             fastest_links, nic_index, nics_can_bind, parse_nics, resolve_toward)
 from lightning_hexiscale.config.layer_table import LayerTable, parse_layer_tables
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.config.units import format_bandwidth, format_bytes, format_flops, parse_bandwidth, parse_bytes, parse_flops, parse_time
@@ -145,14 +145,17 @@ class Cluster:
         self.nic_of = nic_index(self.nics, n)
         """Index in ``nics`` of the NIC each device uses."""
         self.nic_bandwidth = np.array([nic.bandwidth_Bps for nic in self.nics], dtype=float)
+        self.nic_to = destination_bandwidth(self.nics, len(self.machines))
+        """[NIC, machine]: what the NIC carries in traffic with that machine (``nics.to``, else its bandwidth)."""
+        self.nics_per_destination = any(nic.toward for nic in self.nics)
         self.nics_shared = nics_can_bind(self.nics)
         """Some NIC serves two or more GPUs (else concurrent hops never share one)."""
         self.bandwidth = cap_links(bandwidth.astype(float), self.machine_of, self.nic_of, self.nic_bandwidth,
-                                   np.array([nic.machine for nic in self.nics], dtype=np.int64))
+                                   np.array([nic.machine for nic in self.nics], dtype=np.int64), self.nic_to)
         self.latency = latency.astype(float)
         np.fill_diagonal(self.bandwidth, np.inf)
         np.fill_diagonal(self.latency, 0.0)
-        for a in (self.bandwidth, self.latency, self.machine_of, self.nic_of, self.nic_bandwidth):
+        for a in (self.bandwidth, self.latency, self.machine_of, self.nic_of, self.nic_bandwidth, self.nic_to):
             a.setflags(write=False)
         self.calibration = calibration
         self.layer_tables = tuple(layer_tables)
@@ -201,7 +204,9 @@ class Cluster:
                      for m in self.machines if any(d in remap for d in m.devices)]
         mid = {m.name: i for i, m in enumerate(machines)}
         devs = [replace(d, machine=mid[self.machines[self.devices[o].machine].name]) for d, o in zip(devs, devices)]
-        nics = [Nic(mid[self.machines[nic.machine].name], nic.bandwidth_Bps, tuple(remap[d] for d in nic.devices if d in remap))
+        kept = {i: mid[m.name] for i, m in enumerate(self.machines) if m.name in mid}
+        nics = [Nic(mid[self.machines[nic.machine].name], nic.bandwidth_Bps, tuple(remap[d] for d in nic.devices if d in remap),
+                    tuple((kept[m], bw) for m, bw in nic.toward if m in kept))
                 for nic in self.nics if any(d in remap for d in nic.devices)]
         return Cluster(f"{self.name}[{len(devices)}]", devs, machines, self.bandwidth[np.ix_(idx, idx)].copy(),
                        self.latency[np.ix_(idx, idx)].copy(), self.calibration, self.description, nics,
@@ -226,7 +231,9 @@ class Cluster:
         fast = fastest_links(np.array([d.machine for d in devices]), bw)
         nics = [Nic(nic.machine + c * len(self.machines),
                     nic.bandwidth_Bps if np.isfinite(nic.bandwidth_Bps) else float(fast[nic.machine + c * len(self.machines)]),
-                    tuple(d + c * n for d in nic.devices)) for c in range(k) for nic in self.nics]
+                    tuple(d + c * n for d in nic.devices),
+                    tuple((m + c * len(self.machines), bw) for m, bw in nic.toward))  # within its own copy
+                for c in range(k) for nic in self.nics]
         return Cluster(f"{self.name}x{k}", devices, machines, bw, lat, self.calibration, self.description, nics,
                        self.layer_tables)
 
@@ -240,6 +247,8 @@ class Cluster:
             mine = [nic for nic in self.nics if nic.machine == self.devices[d0].machine]
             nic = (f", {len(mine)} NIC{'s' if len(mine) > 1 else ''} x {format_bandwidth(mine[0].bandwidth_Bps)}"
                    if mine and all(np.isfinite(x.bandwidth_Bps) for x in mine) else "")
+            if mine and mine[0].toward:
+                nic += " (" + ", ".join(f"to {self.machines[t].name} {format_bandwidth(bw)}" for t, bw in mine[0].toward) + ")"
             lines.append(f"  {m.name}: {len(m.devices)}x{m.gpu_type} "
                          f"({format_bytes(self.devices[d0].memory_bytes)} each), intra {intra}{nic}, "
                          f"devices {m.devices[0]}-{m.devices[-1]}")
@@ -271,6 +280,7 @@ class Cluster:
         intra_bw: list[float] = []
         intra_lat: list[float] = []
         nic_decl: list[NicDeclaration] = []
+        entry_names: list[str] = []
         for mi, m in enumerate(machines_cfg):
             key = f"cluster.machines[{mi}]"
             gt = catalog.lookup(m["gpu"], extra)
@@ -297,6 +307,7 @@ class Cluster:
                 intra_bw.append(bw)
                 intra_lat.append(lat)
                 nic_decl.append(decl)
+                entry_names.append(m.get("name") or f"{gt.name}-{mi}")
                 if len(devices) > MAX_DEVICES:
                     field_ = "repeat" if m.get("repeat", 1) > 1 else "count"
                     raise ConfigError(f"{key}.{field_}", m.get(field_, 1), f"the cluster would have more than "
@@ -333,7 +344,9 @@ class Cluster:
         if c.get("matrix_file"):
             bw, lat = _load_matrices(c["matrix_file"], n)
         cal = Calibration(**{k: _pos_float(v, f"cluster.calibration.{k}") for k, v in (c.get("calibration") or {}).items()})
-        nics = build_nics([m.devices for m in machines], nic_decl, np.array([d.machine for d in devices]), bw)
+        toward = [resolve_toward(decl, labels, entry_names, mi) for mi, decl in enumerate(nic_decl)]
+        nics = build_nics([m.devices for m in machines], nic_decl, np.array([d.machine for d in devices]), bw,
+                          toward=toward)
         tables = parse_layer_tables(c.get("layer_times"), {m.gpu_type for m in machines})
         return cls(name, devices, machines, bw, lat, cal, c.get("description", ""), nics, tables)
 

@@ -13,6 +13,14 @@ A single transfer runs at min(beta[a, b], B_nic(a), B_nic(b)): :func:`cap_links`
 cluster's bandwidth matrix, so every term priced on one pair sees it. Concurrent transfers through
 one NIC share it (:mod:`lightning_hexiscale.planner.cost.nic`, the cost model's part).
 
+**Per destination** (``nics.to``): a NIC may carry less toward some machines than toward the others,
+e.g. a fast network among machines of one kind beside a slow path between kinds:
+``nics: {bandwidth: "100 Gbps", to: [{machines: [slow], bandwidth: "1 Gbps"}]}``. Traffic exchanged
+with a listed machine (either direction) gets that figure, B_n(m), instead of B_n: the single-transfer
+cap above uses B_n(a)(machine of b), and concurrent transfers share the NIC at the figure of their
+own destination (:mod:`lightning_hexiscale.planner.cost.nic`). A name matches the machine entry of
+that name, all its ``repeat`` copies included (``slow`` matches ``slow.0``, ``slow.1``).
+
 Default (no ``nics`` key): one NIC per machine at the machine's fastest link to another machine,
 i.e. the ``inter_machine`` bandwidth unless ``machine_links`` or a matrix file say more, so a single
 transfer is priced as before and existing cluster files keep working. ``nics: {count: k}`` without
@@ -44,6 +52,13 @@ class Nic:
     """What it carries per direction, bytes/s (full duplex: each direction has this much)."""
     devices: tuple[int, ...]
     """Global ids of the GPUs that use it (at least one)."""
+    toward: tuple[tuple[int, float], ...] = ()
+    """(machine index, bytes/s) for each machine whose traffic through this NIC has a figure of its
+    own (``nics.to``); every other machine: ``bandwidth_Bps``."""
+
+    def to(self, machine: int) -> float:
+        """What this NIC carries per direction in traffic with ``machine`` (bytes/s)."""
+        return next((bw for m, bw in self.toward if m == machine), self.bandwidth_Bps)
 
 
 @dataclass(frozen=True)
@@ -53,6 +68,10 @@ class NicDeclaration:
 
     bandwidth_Bps: float | None
     local_gpus: tuple[tuple[int, ...], ...]
+    toward: tuple[tuple[str, float], ...] = ()
+    """``nics.to``: (machine name, bytes/s) per listed destination, resolved by :func:`resolve_toward`."""
+    key: str = ""
+    """The config key of this ``nics`` entry, for errors found once every machine is known."""
 
 
 def parse_nics(cfg: Any, key: str, gpus: int) -> NicDeclaration:
@@ -67,13 +86,11 @@ def parse_nics(cfg: Any, key: str, gpus: int) -> NicDeclaration:
                           "(several ports of one GPU count as one NIC of their summed bandwidth)")
     bw = cfg.get("bandwidth")
     if bw is not None:
-        if isinstance(bw, (int, float)) and not isinstance(bw, bool) or isinstance(bw, str) and _BARE.fullmatch(bw):
-            raise ConfigError(f"{key}.bandwidth", bw, "a NIC bandwidth needs a unit; a bare number is ambiguous "
-                              "(bits or bytes per second?)", 'write e.g. "100 Gbps" (bits/s) or "12.5 GB/s" (bytes/s)')
-        bw = parse_bandwidth(bw, f"{key}.bandwidth")
+        bw = _nic_bandwidth(bw, f"{key}.bandwidth")
+    toward = _parse_to(cfg.get("to"), f"{key}.to")
     lists = cfg.get("gpus")
     if lists is None:
-        return NicDeclaration(bw, tuple(tuple(b) for b in _blocks(count, gpus)))
+        return NicDeclaration(bw, tuple(tuple(b) for b in _blocks(count, gpus)), toward, key)
     lists = [list(x) for x in lists]
     if len(lists) != count:
         raise ConfigError(f"{key}.gpus", lists, f"must list the GPUs of each of the {count} NIC(s), one list per NIC",
@@ -94,7 +111,62 @@ def parse_nics(cfg: Any, key: str, gpus: int) -> NicDeclaration:
     missing = sorted(set(range(gpus)) - set(seen))
     if missing:
         raise ConfigError(f"{key}.gpus", lists, f"GPU(s) {missing} use no NIC", "list every GPU of the machine once")
-    return NicDeclaration(bw, tuple(tuple(gl) for gl in lists))
+    return NicDeclaration(bw, tuple(tuple(gl) for gl in lists), toward, key)
+
+
+def _nic_bandwidth(bw: Any, key: str) -> float:
+    if isinstance(bw, (int, float)) and not isinstance(bw, bool) or isinstance(bw, str) and _BARE.fullmatch(bw):
+        raise ConfigError(key, bw, "a NIC bandwidth needs a unit; a bare number is ambiguous "
+                          "(bits or bytes per second?)", 'write e.g. "100 Gbps" (bits/s) or "12.5 GB/s" (bytes/s)')
+    return parse_bandwidth(bw, key)
+
+
+def _parse_to(entries: Any, key: str) -> tuple[tuple[str, float], ...]:
+    """``nics.to``: a list of {machines: [names], bandwidth: "..."} -> ((name, bytes/s), ...)."""
+    if entries is None:
+        return ()
+    out: dict[str, float] = {}
+    for i, e in enumerate(entries):
+        k = f"{key}[{i}]"
+        if not isinstance(e, dict) or set(e) - {"machines", "bandwidth"} or not e.get("machines") or "bandwidth" not in e:
+            raise ConfigError(k, e, "must be {machines: [names], bandwidth: ...}: the destination machines and "
+                              "what the NIC carries in traffic with them", 'write e.g. {machines: [slow], bandwidth: "1 Gbps"}')
+        names = [e["machines"]] if isinstance(e["machines"], str) else list(e["machines"])
+        bw = _nic_bandwidth(e["bandwidth"], f"{k}.bandwidth")
+        for name in names:
+            if name in out:
+                raise ConfigError(f"{k}.machines", names, f"machine {name!r} is listed twice under {key}",
+                                  "give each destination one bandwidth")
+            out[str(name)] = bw
+    return tuple(out.items())
+
+
+def resolve_toward(decl: NicDeclaration, labels: Sequence[str], entry_names: Sequence[str],
+                   own: int) -> tuple[tuple[int, float], ...]:
+    """``decl.toward`` as (machine index, bytes/s): a name matches the machines of the entry of that
+    name (``labels``: each machine's name; ``entry_names``: the name of its entry, the same for all
+    ``repeat`` copies). Unknown names and the machine itself are errors naming the key."""
+    out = []
+    for name, bw in decl.toward:
+        hits = [i for i, (lab, ent) in enumerate(zip(labels, entry_names)) if name in (lab, ent)]
+        if not hits:
+            raise ConfigError(f"{decl.key}.to", name, "names no machine of the cluster",
+                              f"use machine names from: {', '.join(dict.fromkeys(labels))}")
+        if own in hits:
+            raise ConfigError(f"{decl.key}.to", name, "is the NIC's own machine: nics.to is for traffic with other machines",
+                              "list only other machines")
+        out += [(i, bw) for i in hits]
+    return tuple(out)
+
+
+def destination_bandwidth(nics: Sequence[Nic], num_machines: int) -> np.ndarray:
+    """[NIC, machine] -> what the NIC carries in traffic with that machine (bytes/s): its
+    ``bandwidth_Bps``, or its ``nics.to`` figure for a listed machine."""
+    out = np.array([[nic.bandwidth_Bps] * num_machines for nic in nics], dtype=float).reshape(len(nics), num_machines)
+    for k, nic in enumerate(nics):
+        for m, bw in nic.toward:
+            out[k, m] = bw
+    return out
 
 
 def _blocks(count: int, gpus: int) -> list[list[int]]:
@@ -119,17 +191,19 @@ def fastest_links(machine_of: np.ndarray, bandwidth: np.ndarray) -> np.ndarray:
 
 
 def build_nics(machine_devices: Sequence[Sequence[int]], declarations: Sequence[NicDeclaration | None],
-               machine_of: np.ndarray, bandwidth: np.ndarray, fast: np.ndarray | None = None) -> tuple[Nic, ...]:
+               machine_of: np.ndarray, bandwidth: np.ndarray, fast: np.ndarray | None = None,
+               toward: Sequence[tuple[tuple[int, float], ...]] | None = None) -> tuple[Nic, ...]:
     """The cluster's NICs, machine by machine: declared ones as given, a bandwidth left out (or a
     machine without declaration: one NIC) at the machine's fastest link (:func:`fastest_links`,
-    or ``fast`` when the caller has it)."""
+    or ``fast`` when the caller has it); ``toward``: per machine, its NICs' resolved ``nics.to``
+    (:func:`resolve_toward`)."""
     fast = fastest_links(machine_of, bandwidth) if fast is None else fast
     nics = []
     for m, (devs, dec) in enumerate(zip(machine_devices, declarations)):
         dec = dec or NicDeclaration(None, (tuple(range(len(devs))),))
         bw = float(fast[m]) if dec.bandwidth_Bps is None else float(dec.bandwidth_Bps)
         for gl in dec.local_gpus:
-            nics.append(Nic(m, bw, tuple(int(devs[g]) for g in gl)))
+            nics.append(Nic(m, bw, tuple(int(devs[g]) for g in gl), toward[m] if toward else ()))
     return tuple(nics)
 
 
@@ -149,18 +223,25 @@ def nic_index(nics: Sequence[Nic], num_devices: int) -> np.ndarray:
 
 
 def cap_links(bandwidth: np.ndarray, machine_of: np.ndarray, nic_of: np.ndarray, nic_bw: np.ndarray,
-              nic_machine: np.ndarray | None = None) -> np.ndarray:
+              nic_machine: np.ndarray | None = None, nic_to: np.ndarray | None = None) -> np.ndarray:
     """The bandwidth matrix with every cross-machine pair capped by the two NICs it crosses:
     beta'[a, b] = min(beta[a, b], B_nic(a), B_nic(b)) when a and b sit on different machines (one
-    transfer alone; sharing is the cost model's). Idempotent; same-machine pairs unchanged. Returns
-    ``bandwidth`` itself when no NIC is slower than its machine's fastest link (``nic_machine``:
-    the machine of each NIC; then nothing can change)."""
-    if nic_machine is not None and len(nic_bw):
+    transfer alone; sharing is the cost model's), with ``nic_to`` ([NIC, machine],
+    :func:`destination_bandwidth`) min(beta[a, b], B_nic(a)(M(b)), B_nic(b)(M(a))). Idempotent;
+    same-machine pairs unchanged. Returns ``bandwidth`` itself when no NIC is slower than its
+    machine's fastest link and none has a figure per destination (``nic_machine``: the machine of
+    each NIC; then nothing can change)."""
+    varies = nic_to is not None and bool((nic_to != nic_bw[:, None]).any())
+    if nic_machine is not None and len(nic_bw) and not varies:
         fast = fastest_links(machine_of, bandwidth)
         if (nic_bw >= fast[nic_machine]).all():
             return bandwidth
-    per = nic_bw[nic_of]
-    cap = np.minimum(per[:, None], per[None, :])
+    if varies:
+        toward = nic_to[nic_of][:, machine_of]  # [a, b]: NIC of a, in traffic with the machine of b
+        cap = np.minimum(toward, toward.T)
+    else:
+        per = nic_bw[nic_of]
+        cap = np.minimum(per[:, None], per[None, :])
     cross = machine_of[:, None] != machine_of[None, :]
     return np.where(cross, np.minimum(bandwidth, cap), bandwidth)
 

@@ -81,6 +81,10 @@ class NicConfig:
     """Which GPUs use which NIC: one list of machine-local GPU indices (0 .. count-1) per NIC, every GPU
     exactly once, e.g. [[0, 1, 2, 3], [4, 5, 6, 7]]. null = contiguous blocks (GPU g of G uses NIC
     floor(g * count / G))."""
+    to: Optional[List[Any]] = None
+    """Per destination: [{machines: [names], bandwidth: "1 Gbps"}, ...]: what each NIC carries in traffic
+    with those machines (a slower path to machines of another kind); every other machine: ``bandwidth``.
+    A name matches a machine entry and all its ``repeat`` copies (``config/nics.py``)."""
 
 
 @dataclass

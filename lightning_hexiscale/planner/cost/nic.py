@@ -37,6 +37,12 @@ Three kinds of concurrency are priced:
    at its own NIC, as ``comm_dp`` prices each device's own bytes; a ring partner behind a busier
    NIC pays that NIC in its own stage's time.
 
+**Per destination** (``nics.to``, ``config/nics.py``): a NIC n may carry B_n(m) in traffic with
+machine m instead of B_n. A flow then counts in its NIC's k like any other (they share one
+interface) but gets the figure of its own destination: B_n(a)(M(b)) / k_out and B_n(b)(M(a)) / k_in.
+A device's data-parallel rings take the smallest B_n(d)(m) over the machines m of the other holders
+of its crossing segments (a ring is as fast as its slowest step).
+
 Sharing never speeds anything up (every rate is at most what it was without the other flows), so
 a term computed with fewer concurrent flows is a lower bound of one computed with more: the
 planner's oracle prices a hop with its own flows only in its bounds (``planner.oracle.terms``).
@@ -69,10 +75,12 @@ def fair_share(nic_bandwidth: np.ndarray, flows: np.ndarray) -> np.ndarray:
 
 
 def flow_caps(src_nic: np.ndarray, dst_nic: np.ndarray, cross: np.ndarray, phase: np.ndarray,
-              nic_bandwidth: np.ndarray, num_phases: int, schedule: str) -> np.ndarray:
+              nic_bandwidth: np.ndarray, num_phases: int, schedule: str,
+              src_bw: np.ndarray | None = None, dst_bw: np.ndarray | None = None) -> np.ndarray:
     """Per flow: min(B_n(a) / k_out[n(a)], B_n(b) / k_in[n(b)]) with the counts taken over the flows
     of the same phase (module docstring, point 1); inf for a flow inside one machine. Arrays are
-    per flow: NIC of the sender, NIC of the receiver, crossing machines?, phase index."""
+    per flow: NIC of the sender, NIC of the receiver, crossing machines?, phase index; ``src_bw`` /
+    ``dst_bw``: per flow, its NICs' figures toward its destination / source (default B_n)."""
     n = len(nic_bandwidth)
     caps = np.full(len(src_nic), np.inf)
     if not cross.any():
@@ -81,10 +89,15 @@ def flow_caps(src_nic: np.ndarray, dst_nic: np.ndarray, cross: np.ndarray, phase
     k_in = np.bincount(phase[cross] * n + dst_nic[cross], minlength=num_phases * n).reshape(num_phases, n)
     if schedule != "gpipe":  # 1F1B: activation and gradient cross at once (fused exchange)
         k_out = k_in = k_out + k_in
-    egress = fair_share(nic_bandwidth[None, :], k_out)
-    ingress = fair_share(nic_bandwidth[None, :], k_in)
     c = np.flatnonzero(cross)
-    caps[c] = np.minimum(egress[phase[c], src_nic[c]], ingress[phase[c], dst_nic[c]])
+    if src_bw is None and dst_bw is None:
+        egress = fair_share(nic_bandwidth[None, :], k_out)
+        ingress = fair_share(nic_bandwidth[None, :], k_in)
+        caps[c] = np.minimum(egress[phase[c], src_nic[c]], ingress[phase[c], dst_nic[c]])
+        return caps
+    src_bw = nic_bandwidth[src_nic] if src_bw is None else src_bw
+    dst_bw = nic_bandwidth[dst_nic] if dst_bw is None else dst_bw
+    caps[c] = np.minimum(src_bw[c] / k_out[phase[c], src_nic[c]], dst_bw[c] / k_in[phase[c], dst_nic[c]])
     return caps
 
 
@@ -108,8 +121,11 @@ def hop_caps(cluster: Cluster, chains: Sequence[Sequence[Sequence[int]]], schedu
         return {}
     s, d, ph = np.array(src), np.array(dst), np.array(phase)
     cross = cluster.machine_of[s] != cluster.machine_of[d]
+    per_dest = getattr(cluster, "nics_per_destination", False)
     caps = flow_caps(cluster.nic_of[s], cluster.nic_of[d], cross, ph, cluster.nic_bandwidth,
-                     int(ph.max()) + 1, schedule).tolist()
+                     int(ph.max()) + 1, schedule,
+                     cluster.nic_to[cluster.nic_of[s], cluster.machine_of[d]] if per_dest else None,
+                     cluster.nic_to[cluster.nic_of[d], cluster.machine_of[s]] if per_dest else None).tolist()
     return {(i, j): tuple(caps[a:a + k]) for i, j, a, k in spans}
 
 
@@ -168,7 +184,14 @@ def _ring_rates(cluster: Cluster, dev: np.ndarray, lo: np.ndarray, hi: np.ndarra
     U = touched @ (seg_hi - seg_lo)  # per NIC of the cluster
     crossing = live.any(axis=1)
     n = nic_of[crossing]
-    out[crossing] = (hi - lo)[crossing] * cluster.nic_bandwidth[n] / U[n]
+    bw = cluster.nic_bandwidth[n]
+    if getattr(cluster, "nics_per_destination", False):
+        # per slot: the smallest figure of its NIC toward the machines of its crossing segments' other holders
+        peers = (live.astype(float) @ cover.T.astype(float)) > 0  # (slots, slots): share a crossing segment
+        bw = np.array([min((cluster.nic_to[nic_of[i], mach[j]] for j in np.flatnonzero(peers[i])
+                            if mach[j] != mach[i]), default=cluster.nic_bandwidth[nic_of[i]])
+                       for i in np.flatnonzero(crossing)])
+    out[crossing] = (hi - lo)[crossing] * bw / U[n]
     return out
 
 
