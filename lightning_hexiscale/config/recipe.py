@@ -76,9 +76,11 @@ class TrainerConfig:
     async_checkpoint: bool = False
     """Write checkpoints in the background (``HexiScaleStrategy(async_checkpoint=True)``): training
     waits only for the copy of this rank's pieces, a writer thread writes them."""
-    save_on_interrupt: bool = False
-    """Ctrl-C during training stops every rank at the end of the step; true: save that step to
-    ``checkpoints/last.ckpt`` first (false: the last checkpoint written is kept as it is)."""
+    save_on_interrupt: bool = True
+    """Ctrl-C during training stops every rank at the end of the step; true (default): save that
+    step to ``checkpoints/last.ckpt`` first (atomic; resuming from it continues exactly), so the
+    steps since the last periodic checkpoint are kept; false: the last checkpoint written is kept as
+    it is (docs/guide/interrupts.md says why true is the default)."""
     resume: Optional[str] = None
     """A checkpoint directory to resume from (any plan, any cluster)."""
     elastic: bool = False
@@ -99,7 +101,10 @@ class TrainerConfig:
     """wandb runs offline (files under the output directory; ``wandb sync`` later) unless set false."""
     output_dir: Optional[str] = None
     """Where logs, the plan and checkpoints go; null = Hydra's run directory."""
-    progress_bar: bool = True
+    progress_bar: Optional[bool] = None
+    """Lightning's progress bar. null: shown when stdout is a terminal, off when it is a file or a
+    pipe (the bar's ``\r`` redraws would pile up there; the loss lines every ``log_every`` steps
+    are printed either way); true: always; false: never."""
     nonfinite: str = "stop"
     """A non-finite loss or gradient on any rank: stop (exit status 4, naming the step and ranks) or
     skip (drop that update on every rank and go on)."""

@@ -87,9 +87,11 @@ class GracefulInterrupt(Callback):
             trainer.save_checkpoint(self.save_to)  # collective: every rank is here, at the same step
             where = f"checkpoint of step {step} saved to {self.save_to}"
         elif self.last_checkpoint is not None and self.last_checkpoint.exists():
-            where = f"the last checkpoint, {self.last_checkpoint}, was kept"
+            where = (f"the last checkpoint, {self.last_checkpoint}, was kept (the steps after it are not saved: "
+                     "trainer.save_on_interrupt=true, or GracefulInterrupt(save_to=...), saves the interrupted step)")
         else:
-            where = "no checkpoint was written (trainer.save_on_interrupt=true saves the interrupted step)"
+            where = ("no checkpoint was written (trainer.save_on_interrupt=true, or GracefulInterrupt(save_to=...), "
+                     "saves the interrupted step)")
         raise TrainingInterrupted(f"interrupted (Ctrl-C) after step {step}; {where}")
 
     def on_train_end(self, trainer, pl_module) -> None:
