@@ -16,19 +16,33 @@ import sys
 import warnings
 from collections.abc import Sequence
 
-# Importing a command module registers it; the order of these lines is the order of `hexiscale --help`.
-from lightning_hexiscale.cli import estimate  # noqa: F401  isort: skip
-from lightning_hexiscale.cli import presets  # noqa: F401  isort: skip
-from lightning_hexiscale.cli import plan  # noqa: F401  isort: skip
-from lightning_hexiscale.cli import profile  # noqa: F401  isort: skip
-from lightning_hexiscale.cli import discover  # noqa: F401  isort: skip
-from lightning_hexiscale.cli import calibrate  # noqa: F401  isort: skip
-from lightning_hexiscale.cli import prepare_data  # noqa: F401  isort: skip
-from lightning_hexiscale.cli import export  # noqa: F401  isort: skip
-from lightning_hexiscale.cli import checkpoint  # noqa: F401  isort: skip
-from lightning_hexiscale.cli import emulate  # noqa: F401  isort: skip
-from lightning_hexiscale.cli import rendezvous  # noqa: F401  isort: skip
-from lightning_hexiscale.cli import train  # noqa: F401  isort: skip
+# Importing a command module registers it; the order of these names is the order of `hexiscale --help`.
+# They load on first use (load_commands): `hexiscale train ...` loads only its own module, so that
+# `hexiscale train --help` answers without importing torch (calibrate and profile import it).
+COMMAND_MODULES = (
+    "estimate",
+    "presets",
+    "plan",
+    "profile",
+    "discover",
+    "calibrate",
+    "prepare_data",
+    "export",
+    "checkpoint",
+    "emulate",
+    "rendezvous",
+    "train",
+)
+
+
+def load_commands() -> None:
+    """Import every command module (each registers itself in ``SUBCOMMANDS``)."""
+    import importlib
+
+    for name in COMMAND_MODULES:
+        importlib.import_module(f"lightning_hexiscale.cli.{name}")
+
+
 from lightning_hexiscale.cli.common import EPILOG, SUBCOMMANDS, notice_printer
 from lightning_hexiscale.errors import HexiScaleError
 
@@ -37,6 +51,7 @@ EXIT_INTERRUPTED = 130
 
 
 def build_parser() -> argparse.ArgumentParser:
+    load_commands()
     parser = argparse.ArgumentParser(
         prog="hexiscale", description="Plan and estimate asymmetric parallel LLM training on heterogeneous GPU clusters.",
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
@@ -50,14 +65,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     command_argv = None
     if argv[:1] == ["emulate"] and "--" in argv:  # `hexiscale emulate C -- CMD ...`: CMD is not ours to parse
         cut = argv.index("--")
         argv, command_argv = argv[:cut], argv[cut + 1:]
     if argv[:1] == ["train"]:  # a Hydra app: Hydra parses its flags (-m, --cfg) and overrides, not argparse
+        from lightning_hexiscale.cli import train
+
         return train.main(argv[1:], train.HEXISCALE, ("train",))
+    parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     args.command_argv = command_argv
     if args.command is None:

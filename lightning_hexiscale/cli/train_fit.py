@@ -143,17 +143,28 @@ def fit(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict, precisio
     interrupt = GracefulInterrupt(save_to=last if t.save_on_interrupt else None, last_checkpoint=last)
     ckpt = ModelCheckpoint(dirpath=str(out / "checkpoints"), save_last=True, save_top_k=0 if not every else -1,
                            every_n_train_steps=every or None)
+    bar = bool(t.progress_bar) if t.progress_bar is not None else progress_bar_by_default()
     trainer = pl.Trainer(
         strategy=strategy, **launch, precision=precision, max_steps=int(t.max_steps),
         accumulate_grad_batches=int(t.accumulate_grad_batches), gradient_clip_val=t.gradient_clip_val,
         val_check_interval=int(t.val_every) if t.val_every and val_dl is not None else None,
         check_val_every_n_epoch=None if t.val_every else 1, limit_val_batches=int(t.limit_val_batches) if t.val_every else 0,
         num_sanity_val_steps=0, log_every_n_steps=int(t.log_every), default_root_dir=str(out),
-        logger=logger, callbacks=[ckpt, LossPrinter(), interrupt, *hparams] + ([StepProgressBar()] if t.progress_bar else []),
-        enable_progress_bar=bool(t.progress_bar), enable_model_summary=False)
+        logger=logger, callbacks=[ckpt, LossPrinter(), interrupt, *hparams] + ([StepProgressBar()] if bar else []),
+        enable_progress_bar=bar, enable_model_summary=False)
     trainer.fit(module, train_dl, val_dl if t.val_every else None, ckpt_path=t.resume)
     # the training rank 0's figures (None on the other ranks, and on ranks of idle devices)
     return dict(trainer.callback_metrics) if trainer.is_global_zero else None
+
+
+def progress_bar_by_default() -> bool:
+    """``trainer.progress_bar=null``: a bar when stdout is a terminal; none into a file or a pipe."""
+    import sys
+
+    try:
+        return sys.stdout.isatty()
+    except (AttributeError, ValueError):  # replaced or closed stdout
+        return False
 
 
 def quiet_logs() -> None:

@@ -117,14 +117,22 @@ def run(cfg: DictConfig, progress: JobWatch | None = None, app: AppName = HEXISC
         os.environ.pop("MASTER_PORT", None)
     progress.set_phase("starting")  # the Trainer, then the launcher starts the other ranks
     metrics = fit(cfg, cluster, model, plan, out, launch, precision, dataset, est)
-    print_metrics(metrics)
+    print_metrics(metrics, out)
     return 0
 
 
-def print_metrics(metrics: dict | None) -> None:
-    """The training rank 0's final logged figures, one line (the other ranks have None)."""
-    if metrics is not None:
-        print("final metrics: " + ", ".join(f"{k}={float(v):.4f}" for k, v in sorted(metrics.items())), flush=True)
+def print_metrics(metrics: dict | None, out: Path | None = None) -> None:
+    """The training rank 0's final logged figures, one line (the other ranks have None), then where
+    the run's checkpoint and logs are."""
+    if metrics is None:
+        return
+    print("final metrics: " + ", ".join(f"{k}={float(v):.4f}" for k, v in sorted(metrics.items())), flush=True)
+    if out is not None:
+        last = out / "checkpoints" / "last.ckpt"
+        logs = sorted((out / "logs").glob("version_*"), key=lambda p: p.stat().st_mtime)
+        where = [f"checkpoint: {last} (resume with trainer.resume={last})" if last.exists() else "no checkpoint",
+                 f"logs: {logs[-1] if logs else out / 'logs'}"]
+        print("; ".join(where), flush=True)
 
 
 def elastic_launch(cfg: DictConfig, app: AppName = HEXISCALE) -> dict:
@@ -168,5 +176,5 @@ def run_elastic(cfg: DictConfig, cluster, model, out: Path, precision: str, data
     settings = ElasticSettings(out / "elastic", every_n_steps=int(cfg.trainer.checkpoint_every))
     progress.set_phase("starting")
     metrics = fit(cfg, cluster, model, None, out, launch, precision, dataset, elastic=settings)
-    print_metrics(metrics)
+    print_metrics(metrics)  # its checkpoints are under <out>/elastic (the strategy says where)
     return 0
