@@ -13,7 +13,8 @@ ranks, torchrun, SLURM, Lightning's launcher, ``hexiscale emulate``). In order:
    device type, TP degree and micro-batch size, in the job's precision
    (:func:`~lightning_hexiscale.profiling.layer_times.measure_layer_tables`); one ping-pong pair
    per (type, type) inside a machine; one per (machine, machine), H/2 at a time; each machine's NIC
-   shared by its ranks sending out at once (:func:`~lightning_hexiscale.profiling.measure.measure_nics`);
+   shared by its ranks sending out at once, per kind of destination machine (:func:`measure_nic_groups`;
+   a kind it carries clearly less toward is written as the machine's ``nics.to``);
 4. rank 0 writes the cluster file (the profiler's writer) into the cache, and a copy to ``out``.
 
 The cost grows with the machines and device types, not with the devices squared: for 8 x 8 GPUs 74
@@ -40,13 +41,16 @@ import yaml
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.profiling import discovery_plan as dp
-from lightning_hexiscale.profiling.fit import default_sizes, fit_alpha_beta, nic_pairs
+from lightning_hexiscale.profiling.fit import NicFit, default_sizes, fit_alpha_beta, fit_nic
 from lightning_hexiscale.profiling.measure import (_is_hopper, current_device, device_memory_bytes, device_type_name,
-                                                   machine_name, measure_matmul_flops, measure_nics, ping_pong)
+                                                   machine_name, measure_matmul_flops, ping_pong, transfer)
 from lightning_hexiscale.profiling.writer import ProfileResult, infer_machines, write_cluster
 
 DEFAULT_BUDGET_S = 60.0
 """The time discovery should take on a small cluster (4 CPU ranks here: well under it)."""
+NIC_KIND_RATIO = 0.8
+"""A NIC's figure toward a kind of machines is written as its own (``nics.to``) when it carried less
+than this fraction of its best kind's: measurement noise stays out of the file, a slow path does not."""
 DEFAULT_MICRO_BATCHES = (1, 2, 4)
 """Micro-batch sizes of the layer tables; the cost model interpolates between them and scales the
 nearest per sequence beyond them (:func:`~lightning_hexiscale.config.layer_table.interpolate`)."""
@@ -150,6 +154,52 @@ def measure_pairs(steps: Sequence[Sequence[tuple[int, int]]], sizes: Sequence[in
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
     return {p: v for part in gathered for p, v in part.items()}
+
+
+def measure_nic_groups(groups, sizes: Sequence[int], reps: int, device: torch.device, stat: str,
+                       progress: Progress) -> tuple[dict[tuple[str, tuple[str, ...]], NicFit], list[str]]:
+    """Collective: per (host, kind of destination) of :func:`~lightning_hexiscale.profiling.discovery_plan.nic_groups`,
+    the first transfer alone, then all of them at once (every rank joins the barriers; only the
+    pairs move data), fitted by :func:`~lightning_hexiscale.profiling.fit.fit_nic`. Returns the fits
+    and notes (a group whose times do not fit a bandwidth is left out, and the note says so), the
+    same on every rank."""
+    rank = dist.get_rank()
+    out_buf = torch.ones(max(sizes), dtype=torch.uint8, device=device)
+    in_buf = torch.empty_like(out_buf)
+    mine: dict[int, tuple[list, list]] = {}
+    for gi, (host, dest, pairs) in enumerate(groups):
+        for together in (pairs[:1], pairs):
+            role = next(((b, True) if rank == a else (a, False) for a, b in together if rank in (a, b)), (None, False))
+            times = transfer(role[0], role[1], sizes, reps, device, out_buf, in_buf, dist.barrier)
+            if role[1]:
+                solo, conc = mine.setdefault(gi, ([], []))
+                (solo if len(together) == 1 else conc).append(times)
+        progress.step(f"NIC of {host} toward {', '.join(dest)}: alone, then {len(pairs)} at once", "NICs")
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    fits, notes = {}, []
+    samples = [s for s in sizes for _ in range(reps)]
+    for gi, (host, dest, _) in enumerate(groups):
+        single = next(g[gi][0][0] for g in gathered if gi in g and g[gi][0])
+        concurrent = [t for g in gathered if gi in g for t in g[gi][1]]
+        try:
+            fits[(host, dest)] = fit_nic(samples, single, concurrent, stat)
+        except ValueError as e:  # every rank fits the same gathered times: all go on alike
+            notes.append(f"NIC of {host} toward {', '.join(dest)}: not written, its transfers did not fit a bandwidth ({e})")
+    return fits, notes
+
+
+def nic_figures(fits: dict[tuple[str, tuple[str, ...]], NicFit]):
+    """Per host: its NIC (the kind it carried most toward) and the kinds it carried clearly less
+    toward (below :data:`NIC_KIND_RATIO` of that), as ``ProfileResult.nics`` and ``nic_to``."""
+    nics, nic_to = {}, {}
+    for (host, _), f in fits.items():
+        if host not in nics or f.aggregate_Bps > nics[host].aggregate_Bps:
+            nics[host] = f
+    for (host, dest), f in fits.items():
+        if f.aggregate_Bps < NIC_KIND_RATIO * nics[host].aggregate_Bps:
+            nic_to.setdefault(host, []).append((dest, f.aggregate_Bps))
+    return nics, nic_to
 
 
 def _merge_tables(parts: Sequence[Sequence]) -> tuple:
@@ -281,8 +331,8 @@ def discover_process_group(model: LlamaConfig, *, precision: str | None = None,
     intra = dp.intra_pairs(reports)
     intra_steps = dp.disjoint_steps(list(intra.values()), max_pairs)
     inter_steps = dp.inter_steps(reports, max_pairs)
-    nic_hosts = [h for h, _ in nic_pairs([r.host for r in reports])]
-    bar = Progress(2 + len(degrees) + len(intra_steps) + len(inter_steps) + (1 if nic_hosts else 0) + 1,
+    nic_plan = dp.nic_groups(reports)
+    bar = Progress(2 + len(degrees) + len(intra_steps) + len(inter_steps) + len(nic_plan) + 1,
                    budget_s, progress and rank == 0, say)
     bar.step("ranks reported", "report")
 
@@ -300,15 +350,7 @@ def discover_process_group(model: LlamaConfig, *, precision: str | None = None,
 
     intra_fits = measure_pairs(intra_steps, sizes, reps, device, link_stat, bar, "intra-machine links", "intra links")
     inter_fits = measure_pairs(inter_steps, sizes, reps, device, link_stat, bar, "machine-pair links", "inter links")
-    nic_fits, nic_note = {}, ""
-    if nic_hosts:
-        out_buf = torch.ones(max(sizes), dtype=torch.uint8, device=device)
-        try:
-            nic_fits = measure_nics([r.host for r in reports], sizes, reps, device, out_buf, torch.empty_like(out_buf),
-                                    link_stat)
-        except ValueError as e:  # every rank fits the same gathered times: all raise alike, all go on alike
-            nic_note = f"NICs: not written, their transfers did not fit a bandwidth ({e})"
-        bar.step(f"NIC of {len(nic_hosts)} machine(s): alone, then its ranks at once", "NICs")
+    nic_fits, nic_notes = measure_nic_groups(nic_plan, sizes, reps, device, link_stat, bar)
 
     path = cached
     if rank == 0:
@@ -326,12 +368,14 @@ def discover_process_group(model: LlamaConfig, *, precision: str | None = None,
                  f"({link_stat} of {reps} per size); every other rank pair has its representative's figures"]
         notes += [f"intra {a}/{b}: {v[3]}" for (a, b), v in by_type.items() if v[3]]
         notes += [f"machines {a}/{b}: {v[3]}" for (a, b), v in by_host.items() if v[3]]
-        notes += [nic_note] if nic_note else []
+        notes += nic_notes
+        nics, nic_to = nic_figures(nic_fits)
         result = ProfileResult(hostnames=[r.host for r in reports], device_types=types, flops=list(per_rank),
                                memory_bytes=[r.memory_bytes for r in reports], bandwidth_Bps=np.array(bw),
                                latency_s=np.array(lat), fit_rel_rms=np.array(err), hopper=[r.hopper for r in reports],
                                backend=dist.get_backend(), flops_dtype=str(run.compute_dtype).replace("torch.", ""),
-                               sizes_bytes=list(sizes), notes=notes, nics=nic_fits, layer_tables=_merge_tables(parts))
+                               sizes_bytes=list(sizes), notes=notes, nics=nics, nic_to=nic_to,
+                               layer_tables=_merge_tables(parts))
         write_cluster(result, cached, name or f"discovered_{fp[:8]}", tool="hexiscale discover")
         if out is not None:
             path = copy_cluster(cached, Path(out))

@@ -15,9 +15,10 @@ capability) this module derives, identically on every rank:
 Count of timed measurements (:func:`measurement_count`), for H hosts x G devices of T device types,
 D TP degrees, M micro-batch sizes, against the full profile's N(N-1)/2 pairs (N = H G):
 
-    flops T + layer cases T D M 3 + inter links H(H-1)/2 + NICs H + intra links (type pairs met on a host)
+    flops T + layer cases T D M 3 + inter links H(H-1)/2 + NICs H K + intra links (type pairs met on a host)
 
-(a NIC is measured on a host with two or more ranks that can send to two or more ranks elsewhere)
+(a NIC is measured per kind K of the other machines (their device types), on a host with two or more
+ranks that can send to two or more ranks of that kind: :func:`nic_groups`; one kind: K = 1)
 
 - 8 x 8, one type, TP 1/2/4/8, micro-batches 1/2/4: 1 + 36 + 28 + 8 + 1 = **74** (full profile: 2016 pairs)
 - 128 x 8, same: 1 + 36 + 8128 + 128 + 1 = **8294** (full profile: 523776 pairs)
@@ -35,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from lightning_hexiscale.profiling.fit import Pair, nic_pairs, round_robin, split_round
+from lightning_hexiscale.profiling.fit import Pair, round_robin, split_round
 
 CACHE_ENV = "HEXISCALE_CACHE_DIR"
 """Environment variable naming the folder discovered cluster files are cached in (default
@@ -105,7 +106,7 @@ def measurement_count(hosts: int, gpus_per_host: int, device_types: int = 1, tp_
     n = hosts * gpus_per_host
     return MeasurementCount(flops=device_types, layer_cases=device_types * d * micro_batches * PARTS_PER_CASE,
                             inter_links=hosts * (hosts - 1) // 2,
-                            nics=hosts if hosts > 1 and gpus_per_host > 1 else 0,
+                            nics=hosts * device_types if hosts > 1 and gpus_per_host > 1 else 0,
                             intra_links=device_types if gpus_per_host > 1 else 0,
                             full_profile_pairs=n * (n - 1) // 2)
 
@@ -144,6 +145,34 @@ def intra_pairs(reports: Sequence[RankReport]) -> dict[tuple[str, str], Pair]:
     return out
 
 
+def host_kind(reports: Sequence[RankReport], ranks: Sequence[int]) -> tuple[str, ...]:
+    """A machine's kind: the sorted device types of its ranks."""
+    return tuple(sorted({reports[r].device_type for r in ranks}))
+
+
+def nic_groups(reports: Sequence[RankReport]) -> list[tuple[str, tuple[str, ...], list[Pair]]]:
+    """Per host with two or more ranks and per kind of the other hosts (:func:`host_kind`, in order of
+    first rank): (host, the hosts of that kind, the (sender, receiver) pairs whose transfers leave the
+    host at once): every rank of the host, at most as many as the kind has ranks, sends to a rank of
+    that kind, the receivers dealt over its hosts in turn. Kept when two or more transfers result.
+    With one kind of other hosts this is :func:`~lightning_hexiscale.profiling.fit.nic_pairs`.
+    Deterministic, so every rank computes the same list."""
+    hosts = hosts_in_order(reports)
+    out = []
+    for h, senders in hosts.items():
+        kinds: dict[tuple[str, ...], list[str]] = {}
+        for o, ranks in hosts.items():
+            if o != h:
+                kinds.setdefault(host_kind(reports, ranks), []).append(o)
+        for dest in kinds.values():
+            groups = [hosts[o] for o in dest]
+            receivers = [rs[k] for k in range(max(len(rs) for rs in groups)) for rs in groups if k < len(rs)]
+            k = min(len(senders), len(receivers))
+            if k >= 2:
+                out.append((h, tuple(dest), list(zip(senders[:k], receivers[:k]))))
+    return out
+
+
 def disjoint_steps(pairs: Sequence[Pair], max_pairs: int | None = None) -> list[list[Pair]]:
     """Greedy steps of pairs that share no rank, at most ``max_pairs`` per step, in the given order."""
     steps: list[list[Pair]] = []
@@ -164,7 +193,7 @@ def count_for(reports: Sequence[RankReport], tp_degrees: int, micro_batches: int
     n = len(reports)
     return MeasurementCount(flops=len(types), layer_cases=len(types) * tp_degrees * micro_batches * PARTS_PER_CASE,
                             inter_links=len(hosts) * (len(hosts) - 1) // 2,
-                            nics=len(nic_pairs([r.host for r in reports])),
+                            nics=len(nic_groups(reports)),
                             intra_links=len(intra_pairs(reports)), full_profile_pairs=n * (n - 1) // 2)
 
 

@@ -61,6 +61,10 @@ class ProfileResult:
     """Human-readable caveats written as comments into the YAML (e.g. how memory was derived)."""
     nics: dict[str, NicFit] = field(default_factory=dict)
     """Per host name: its concurrent-transfer measurement (hosts with several ranks and other hosts)."""
+    nic_to: dict[str, list[tuple[tuple[str, ...], float]]] = field(default_factory=dict)
+    """Per host name: (destination hosts, bytes/s) where its NIC carried clearly less toward those
+    hosts than its ``nics`` figure (``hexiscale discover``, per kind of destination), written as
+    the machine's ``nics.to``."""
     layer_tables: tuple = ()
     """Measured layer times (:class:`~lightning_hexiscale.config.layer_table.LayerTable`, one per
     device type), written as the cluster's ``layer_times`` (``hexiscale profile --model``)."""
@@ -131,7 +135,9 @@ def cluster_document(p: ProfileResult, name: str, matrix_path: str,
     bw_all = _median_off_diag(p.bandwidth_Bps, np.ones((n, n), dtype=bool))
     lat_all = _median_off_diag(p.latency_s, np.ones((n, n), dtype=bool))
     machines = []
-    for m in infer_machines(p.hostnames, p.device_types):
+    groups = infer_machines(p.hostnames, p.device_types)
+    names_of = {h: [g.name for g in groups if g.hostname == h] for h in dict.fromkeys(p.hostnames)}
+    for m in groups:
         idx = list(m.ranks)
         inside = np.zeros((n, n), dtype=bool)
         inside[np.ix_(idx, idx)] = True
@@ -143,6 +149,9 @@ def cluster_document(p: ProfileResult, name: str, matrix_path: str,
                          "intra_latency": _fmt_time(lat), "hostname": m.hostname})
         if m.hostname in p.nics:
             machines[-1]["nics"] = {"count": 1, "bandwidth": _fmt_bw(p.nics[m.hostname].aggregate_Bps)}
+            if p.nic_to.get(m.hostname):
+                machines[-1]["nics"]["to"] = [{"machines": [n for h in dest for n in names_of[h]], "bandwidth": _fmt_bw(bw)}
+                                              for dest, bw in p.nic_to[m.hostname]]
     inter_bw = _median_off_diag(p.bandwidth_Bps, ~same_host) or bw_all or 1e9
     inter_lat = _median_off_diag(p.latency_s, ~same_host)
     inter_lat = inter_lat if inter_lat is not None else (lat_all or 0.0)

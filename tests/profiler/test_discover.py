@@ -221,3 +221,45 @@ def test_discovery_communicates_under_nccl_rules(tmp_path):
     assert report.ok, str(report)
     kinds = {s.kind for t in traces for s in t}
     assert "coll" in kinds and kinds - {"coll"}, kinds  # collectives and the ping-pongs were both recorded
+
+
+def test_nic_groups_one_per_kind_of_destination():
+    from lightning_hexiscale.profiling.fit import nic_pairs
+
+    reps = _reports([("a", "FAST", 2), ("b", "SLOW", 2), ("c", "SLOW", 2), ("d", "FAST", 2)])
+    groups = dp.nic_groups(reps)
+    assert [(h, dest) for h, dest, _ in groups] == [("a", ("b", "c")), ("a", ("d",)), ("b", ("a", "d")), ("b", ("c",)),
+                                                    ("c", ("a", "d")), ("c", ("b",)), ("d", ("a",)), ("d", ("b", "c"))]
+    assert groups[0][2] == [(0, 2), (1, 4)]  # a's ranks to the first ranks of b, then c
+    assert dp.count_for(reps, 1, 1).nics == 8
+    # one kind of other machines: the profile's pairs
+    same = _reports([("a", "X", 2), ("b", "X", 3), ("c", "X", 1)])
+    assert [(h, p) for h, _, p in dp.nic_groups(same)] == nic_pairs([r.host for r in same])
+
+
+def test_nic_figure_per_kind_is_written_as_nics_to_and_priced(tmp_path):
+    """A host whose NIC carried 4x less toward the other kind: its file says so (nics.to), and the
+    planner's cluster caps a transfer toward that kind at the figure."""
+    import numpy as np
+
+    from lightning_hexiscale.config.cluster import Cluster
+    from lightning_hexiscale.profiling.discover import nic_figures
+    from lightning_hexiscale.profiling.fit import NicFit
+    from lightning_hexiscale.profiling.writer import ProfileResult, write_cluster
+
+    fits = {("a", ("b",)): NicFit(2, 1e9, (1e9, 1e9)), ("a", ("c",)): NicFit(2, .25e9, (.25e9, .25e9)),
+            ("b", ("a", "c")): NicFit(2, 1e9, (0.95e9, 0.95e9))}
+    nics, nic_to = nic_figures(fits)
+    assert nics["a"].aggregate_Bps == 2e9 and nic_to == {"a": [(("c",), 0.5e9)]}  # b's 5 % is noise: not written
+    hosts = ["a", "a", "b", "b", "c", "c"]
+    bw = np.full((6, 6), 1e9)
+    np.fill_diagonal(bw, np.inf)
+    p = ProfileResult(hostnames=hosts, device_types=["X"] * 6, flops=[1e12] * 6, memory_bytes=[2**30] * 6,
+                      bandwidth_Bps=bw, latency_s=np.zeros((6, 6)), fit_rel_rms=np.zeros((6, 6)), nics=nics,
+                      nic_to=nic_to)
+    path, _ = write_cluster(p, tmp_path / "d.yaml", tool="hexiscale discover")
+    doc = yaml.safe_load(path.read_text())
+    assert doc["machines"][0]["nics"]["to"] == [{"machines": ["c"], "bandwidth": "500 MB/s"}]
+    assert "to" not in doc["machines"][1]["nics"]
+    c = Cluster.load(str(path))
+    assert c.bandwidth[0, 4] == 0.5e9 and c.bandwidth[0, 2] == 1e9
