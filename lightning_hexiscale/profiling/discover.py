@@ -240,10 +240,10 @@ def check_settings(micro_batches: Sequence[int], budget_s: float, reps: int, lay
 
 
 def _cache_state(cached: Path, rediscover: bool) -> bool | ConfigError:
-    """Rank 0: reuse the cached file (True), measure (False), or the error of a cache folder that
-    cannot be written (returned, so that every rank raises it)."""
+    """Rank 0: reuse the cached file (True), measure (False), or the error of a cached file that does
+    not load or of a cache folder that cannot be written (returned, so that every rank raises it)."""
     if cached.is_file() and not rediscover:
-        return True
+        return _check_cached(cached) or True
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
         probe = cached.with_name(f".{cached.name}.probe")
@@ -255,14 +255,16 @@ def _cache_state(cached: Path, rediscover: bool) -> bool | ConfigError:
     return False
 
 
-def _check_cached(path: Path) -> None:
+def _check_cached(path: Path) -> ConfigError | None:
+    """The error of a cached file that does not load (a file cut short, an older format), or None."""
     from lightning_hexiscale.config.cluster import Cluster
 
     try:
         Cluster.load(str(path))
-    except ConfigError as e:
-        raise ConfigError(f"${dp.CACHE_ENV}", str(path), f"the cached cluster file does not load ({e.rule})",
-                          "run again with --rediscover (rediscover=True), or delete the file") from None
+    except (ConfigError, OSError, ValueError, KeyError, TypeError) as e:
+        return ConfigError(f"${dp.CACHE_ENV}", str(path), f"the cached cluster file does not load ({e})",
+                           "run again with --rediscover (rediscover=True), or delete the file")
+    return None
 
 
 def discover_process_group(model: LlamaConfig, *, precision: str | None = None,
@@ -313,10 +315,8 @@ def discover_process_group(model: LlamaConfig, *, precision: str | None = None,
         raise reuse
     if reuse:
         path = cached
-        if rank == 0:
-            _check_cached(cached)
-            if out is not None:
-                path = copy_cluster(cached, Path(out))
+        if rank == 0 and out is not None:
+            path = copy_cluster(cached, Path(out))
         seconds = time.perf_counter() - t_start
         say(f"reusing the cluster discovered earlier: {cached} (same fingerprint; {seconds:.2f} s; "
             f"--rediscover / rediscover=True measures again)" + (f"; copied to {path}" if path != cached else ""))

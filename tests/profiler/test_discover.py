@@ -263,3 +263,29 @@ def test_nic_figure_per_kind_is_written_as_nics_to_and_priced(tmp_path):
     assert "to" not in doc["machines"][1]["nics"]
     c = Cluster.load(str(path))
     assert c.bandwidth[0, 4] == 0.5e9 and c.bandwidth[0, 2] == 1e9
+
+
+def _discover_small(rank: int, world: int, model, cache: str, rediscover: bool):
+    os.environ[dp.CACHE_ENV] = cache
+    from lightning_hexiscale.profiling.discover import discover_process_group
+
+    return discover_process_group(model, matmul_time_s=0.1, micro_batches=[1], layer_reps=1, reps=1,
+                                  sizes=[1 << 10, 1 << 16], rediscover=rediscover, progress=False)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_cached_file_that_does_not_load_is_one_error_and_rediscover_replaces_it(tmp_path):
+    from lightning_hexiscale.models.config import LlamaConfig
+    from lightning_hexiscale.profiling.launch import RankFailure, run_local
+
+    model, cache = LlamaConfig.load("llama_tiny"), str(tmp_path)
+    first = run_local(2, _discover_small, model, cache, False, timeout_s=60)[0]
+    with open(first.path, "a") as f:
+        f.write("machines: 3\n")  # a duplicate key: the file no longer loads
+    with pytest.raises(RankFailure) as e:
+        run_local(2, _discover_small, model, cache, False, timeout_s=60)
+    assert "does not load" in str(e.value) and "--rediscover" in str(e.value)
+    again = run_local(2, _discover_small, model, cache, True, timeout_s=60)[0]
+    assert not again.reused and again.path == first.path
+    assert run_local(2, _discover_small, model, cache, False, timeout_s=60)[0].reused
