@@ -18,7 +18,8 @@ D TP degrees, M micro-batch sizes, against the full profile's N(N-1)/2 pairs (N 
     flops T + layer cases T D M 3 + inter links H(H-1)/2 + NICs H K + intra links (type pairs met on a host)
 
 (a NIC is measured per kind K of the other machines (their device types), on a host with two or more
-ranks that can send to two or more ranks of that kind: :func:`nic_groups`; one kind: K = 1)
+ranks that can send to two or more ranks of that kind: :func:`nic_groups`; one kind: K = 1;
+:func:`measurement_count` takes K = T, every host seeing every type elsewhere)
 
 - 8 x 8, one type, TP 1/2/4/8, micro-batches 1/2/4: 1 + 36 + 28 + 8 + 1 = **74** (full profile: 2016 pairs)
 - 128 x 8, same: 1 + 36 + 8128 + 128 + 1 = **8294** (full profile: 523776 pairs)
