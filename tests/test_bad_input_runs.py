@@ -45,6 +45,8 @@ RECIPE_CASES = {
                                                                     "did you mean cluster.inter_machine.bandwidth?"]),
     "cluster_file_key_typo": ([f"cluster={BAD}/cluster/key_typo.yaml"], ["cluster.inter_machine.bandwith",
                                                                           "did you mean bandwidth?"]),
+    "model_file_key_typo": ([f"model={BAD}/model/key_typo.yaml"], ["model.n_layers = 4: no such key in ModelConfig",
+                                                                    "did you mean num_layers?"]),
     "negative_lr": (["trainer.lr=-0.001"], ["trainer.lr = -0.001: the AdamW learning rate must be a positive number"]),
     "zero_adam_eps": (["trainer.adam_eps=0"], ["trainer.adam_eps = 0"]),
     "negative_warmup": (["trainer.warmup_steps=-1"], ["trainer.warmup_steps = -1: must not be negative"]),

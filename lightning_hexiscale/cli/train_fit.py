@@ -60,7 +60,7 @@ def check_logger(cfg: DictConfig) -> None:
     packages = LOGGERS[kind]
     if packages and not any(importlib.util.find_spec(p) for p in packages):
         raise ConfigError("trainer.logger", kind, f"needs the {packages[0]} package, which is not installed",
-                          f"pip install -c constraints.txt 'lightning-hexiscale[{kind}]', or trainer.logger=csv")
+                          f"pip install {packages[0]} (the extra 'lightning-hexiscale[{kind}]'), or trainer.logger=csv")
 
 
 def make_logger(cfg: DictConfig, out: Path):

@@ -420,7 +420,7 @@ def _reapply(cfg: DictConfig, key: str, overrides: list[str] | tuple[str, ...]) 
             try:
                 OmegaConf.update(cfg, k, yaml.safe_load(v) if v else v, merge=True)
             except Exception as e:
-                raise ConfigError(k, v, _clean(str(e)), "see conf/ for the schema") from None
+                raise ConfigError(k, v, _clean(str(e)), f"see {_page(key)} for its keys") from None
 
 
 def load_yaml_node(path: str | Path, schema: type, key: str) -> DictConfig:
@@ -431,11 +431,11 @@ def load_yaml_node(path: str | Path, schema: type, key: str) -> DictConfig:
         raise ConfigError(key, str(path), f"cannot read YAML ({e})", "fix the file") from None
     if not isinstance(raw, DictConfig):
         raise ConfigError(key, str(path), "the file holds a list, not a mapping of keys",
-                          f"see conf/{key}/ for examples of such files")
+                          f"see {_page(key)} for the format and `hexiscale list` for the presets")
     if isinstance(raw, DictConfig) and "defaults" in raw:
         raw = OmegaConf.masked_copy(raw, [k for k in raw if k != "defaults"])
     if len(raw) == 0:
-        raise ConfigError(key, str(path), "the file is empty", f"describe the {key} in it; see conf/{key}/ for examples")
+        raise ConfigError(key, str(path), "the file is empty", f"describe the {key} in it; see {_page(key)}")
     from lightning_hexiscale.config.suggest import check_yaml_keys
 
     check_yaml_keys(raw, schema, key, str(path))  # a typo (bandwith) names the closest key
@@ -446,11 +446,11 @@ def load_yaml_node(path: str | Path, schema: type, key: str) -> DictConfig:
         where = _locate(OmegaConf.to_container(raw), getattr(e, "full_key", None) or "", str(e))
         bad = f"{key}.{where[0]}" if where else key
         raise ConfigError(bad, where[1] if where else str(path), f"{_clean(str(e))} (in {path})",
-                          "see conf/ for the schema of this file") from None
+                          f"see {_page(key)} for the format of this file") from None
     missing = sorted(OmegaConf.missing_keys(node))
     if missing:
         raise ConfigError(f"{key}.{missing[0]}", None, f"a required key is missing (in {path})",
-                          f"add {missing[0].split('.')[-1]}: ... (see conf/{key}/ for examples)")
+                          f"add {missing[0].split('.')[-1]}: ... (see {_page(key)})")
     # A relative matrix_file is first looked up next to the cluster file itself, so a profiled
     # cluster (YAML + matrix) can be moved as a pair.
     if schema is ClusterConfig and node.matrix_file and not Path(node.matrix_file).is_absolute():
@@ -458,6 +458,14 @@ def load_yaml_node(path: str | Path, schema: type, key: str) -> DictConfig:
         if beside.is_file():
             node.matrix_file = str(beside)
     return node
+
+
+DOC_PAGES = {"cluster": "Clusters (docs/guide/clusters.md)", "model": "Models (docs/guide/models.md)"}
+"""The documentation page of each file kind, for the fixes: a wheel user has the docs, not ``conf/``."""
+
+
+def _page(key: str) -> str:
+    return "the docs' " + DOC_PAGES.get(key, "Configuration reference (docs/reference/configuration.md)") + " page"
 
 
 def _locate(data: Any, full_key: str, message: str = "") -> tuple[str, Any] | None:
