@@ -55,6 +55,8 @@ from lightning_hexiscale.lightning.fast_path import log_fast_path, prepare_optim
 from lightning_hexiscale.lightning.idle_ranks import IdleRankMethods, accepted_world_sizes, layout_for, world_error
 from lightning_hexiscale.lightning.launching import CHILD_ENV, LaunchGuard, agree, is_agreed, mark_agreed
 from lightning_hexiscale.lightning.pipeline_model import PipelineLogits, PipelineModel
+from lightning_hexiscale.lightning.plan_check import DEFAULT_WARMUP as DEFAULT_PLAN_CHECK_WARMUP
+from lightning_hexiscale.lightning.plan_check import PlanCheck, plan_check_setting
 from lightning_hexiscale.lightning.plan_resolution import (AUTO, describe_local_devices, discover_cluster,
                                                            load_cluster_arg, load_plan_arg, plan_for)
 from lightning_hexiscale.lightning.strategy_checkpoints import CheckpointMethods
@@ -96,6 +98,10 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
         planner_iterations: search iterations when planning here.
         use_all_devices: when planning here, give every device work (``planner.use_all_devices``);
             by default the plan may leave devices idle where it is faster without them.
+        plan_check: after this many warm-up optimizer steps (default 5) the run times a few steps and
+            rank 0 prints the estimated vs measured step time and the stage furthest from its price,
+            warns when the step is more than 25 % off, and writes ``plan_check.json`` to the log
+            directory (:mod:`lightning_hexiscale.lightning.plan_check`); None: no check.
         start_method: launcher: ``popen`` (default; re-runs the script, works under Hydra),
             ``spawn``, ``fork``. Under torchrun or SLURM the cluster environment launches instead.
         num_threads: intra-op threads per process on CPU; ``"auto"`` = cores // local processes.
@@ -139,7 +145,7 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
                  global_batch: int | None = None, micro_batch_size: int | None = None,
                  schedule: str | None = None, recompute: bool | None = None, dp_sharding: str | None = None,
                  seed: int | None = None, planner_iterations: int = 20, use_all_devices: bool = False,
-                 start_method: StartMethod = "popen",
+                 plan_check: int | bool | None = DEFAULT_PLAN_CHECK_WARMUP, start_method: StartMethod = "popen",
                  num_threads: int | Literal["auto"] = "auto", check_devices: bool = True,
                  nonfinite: Literal["skip", "stop"] = "stop", async_checkpoint: bool = False, elastic=None,
                  watchdog: bool = True, watchdog_grace_s: float = 5.0, compile: bool | None = None, fast_path=None,
@@ -207,6 +213,8 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
             raise ConfigError("HexiScaleStrategy(use_all_devices)", use_all_devices, "must be True or False",
                               "pass use_all_devices=True to give every device work")
         self.use_all_devices = use_all_devices
+        self.plan_check = plan_check_setting(plan_check)
+        self._plan_check: PlanCheck | None = None
         self.num_threads = num_threads
         self.check_devices = check_devices
         self.cluster: Cluster | None = cluster
@@ -326,6 +334,7 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
             internals.optimizers_to_device(self.optimizers, self.root_device)
         self._setup_checkpointer()
         self._start_watch()
+        self._plan_check = PlanCheck.for_strategy(self, trainer) if fitting and self.plan_check is not None else None
         if self.elastic is not None and fitting:
             agree(lambda: self.elastic.start(self, trainer, self.workload), self.global_rank, self.world_size)
 
@@ -480,6 +489,8 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
         self.pipeline_model.last_of_window = internals.steps_after_this_batch(trainer)
         if self._train_sampler is not None:
             self._train_sampler.consumed += 1  # the loader's resume position (data.PlanDataLoader)
+        if self._plan_check is not None:
+            self._plan_check.batch_starts()
         return super().training_step(*args, **kwargs)
 
     @override
@@ -494,6 +505,12 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
 
     @override
     def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any], model=None, **kwargs: Any) -> Any:
+        out = self._optimizer_step(optimizer, closure, model, **kwargs)
+        if self._plan_check is not None:  # after the warm-up, a collective at the same step on every rank
+            self._plan_check.step_ends(self.lightning_module.trainer)
+        return out
+
+    def _optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any], model=None, **kwargs: Any) -> Any:
         engine = self.pipeline_model.engine
 
         # The closure (forward, backward) runs here rather than inside optimizer.step, so that a

@@ -279,3 +279,112 @@ def check(plan: Plan, cluster: Cluster, config: LlamaConfig, steps: int = 3, war
     est = estimate(plan, cluster, cpu_workload(config, precision))
     m = run_plan(plan, config, steps, warmup, local, timeout_s, precision)
     return None if m is None else (est, m)
+
+
+# ---- while training: the plan's price against its measured step (lightning/plan_check.py) -------------
+PLAN_CHECK_TOLERANCE = 0.25
+"""A run whose measured step is more than this fraction off its estimate (|measured / estimated - 1|)
+gets a warning naming the stage furthest from its price and what to do."""
+
+
+@dataclass(frozen=True)
+class StageCheck:
+    """One stage's busy time per step, priced and measured."""
+
+    pipeline: int
+    stage: int
+    devices: list[int]
+    tp: int
+    estimated_s: float
+    """The stage's priced compute per iteration: ``StageEstimate.compute_s + tp_comm_s`` (forward and
+    backward of its layers, head / embedding, TP collectives, over all micro-batches)."""
+    measured_s: float
+    """The slowest of its ranks: per step, the time inside the pipeline schedule minus the time in
+    its point-to-point exchanges (waiting for and moving activations), median over the measured steps."""
+
+    @property
+    def ratio(self) -> float:
+        """measured / estimated (1.0: priced right; 1.4: 40 % slower than priced)."""
+        return self.measured_s / self.estimated_s if self.estimated_s > 0 else float("inf")
+
+
+@dataclass(frozen=True)
+class RunCheck:
+    """The plan's estimate against a training run's measured steps."""
+
+    estimated_step_s: float
+    """``Estimate.iteration_time_s``."""
+    measured_step_s: float
+    """Per step the slowest rank's wall time from its first training batch of the step to the end of
+    its optimizer step; the median over the measured steps."""
+    stages: list[StageCheck]
+    warmup_steps: int
+    measured_steps: int
+    tolerance: float = PLAN_CHECK_TOLERANCE
+
+    @property
+    def ratio(self) -> float:
+        """measured / estimated step time."""
+        return self.measured_step_s / self.estimated_step_s
+
+    @property
+    def worst(self) -> StageCheck:
+        """The stage whose measured time is furthest from its price (largest |log ratio|: 2x and 0.5x are as far)."""
+        import math
+
+        return max(self.stages, key=lambda s: abs(math.log(s.ratio)) if 0 < s.ratio < float("inf") else float("inf"))
+
+    @property
+    def off(self) -> bool:
+        return abs(self.ratio - 1.0) > self.tolerance
+
+    def line(self) -> str:
+        """The one line rank 0 prints."""
+        w = self.worst
+        return (f"hexiscale plan check ({self.measured_steps} steps after {self.warmup_steps} warm-up): step "
+                f"estimated {self.estimated_step_s:.4g} s, measured {self.measured_step_s:.4g} s "
+                f"({self.ratio:.2f}x); furthest from its price: pipeline {w.pipeline} stage {w.stage} "
+                f"(devices {w.devices}, TP {w.tp}) estimated {w.estimated_s:.4g} s, measured {w.measured_s:.4g} s "
+                f"({w.ratio:.2f}x)")
+
+    def warning(self, model_name: str = "<model>") -> str | None:
+        """None within tolerance; else what is off, where, and what to do."""
+        if not self.off:
+            return None
+        w = self.worst
+        way = "slower" if self.ratio > 1 else "faster"
+        return (f"the plan runs {abs(self.ratio - 1) * 100:.0f} % {way} than priced (step measured "
+                f"{self.measured_step_s:.4g} s, estimated {self.estimated_step_s:.4g} s; more than "
+                f"{self.tolerance:.0%} off): the stage furthest from its price is pipeline {w.pipeline} stage {w.stage} "
+                f"on devices {w.devices} ({w.ratio:.2f}x its price), so the plan may not be the best one for this "
+                f"cluster. Fix: re-discover the cluster (`hexiscale discover --rediscover`) so that the planner prices "
+                f"measured layer times and links, or profile those devices (`hexiscale profile --model {model_name}`), "
+                f"then plan again")
+
+    def to_dict(self) -> dict:
+        return {"estimated_step_s": self.estimated_step_s, "measured_step_s": self.measured_step_s,
+                "ratio": self.ratio, "warmup_steps": self.warmup_steps, "measured_steps": self.measured_steps,
+                "tolerance": self.tolerance, "off": self.off,
+                "worst_stage": {"pipeline": self.worst.pipeline, "stage": self.worst.stage},
+                "stages": [{"pipeline": s.pipeline, "stage": s.stage, "devices": s.devices, "tp": s.tp,
+                            "estimated_s": s.estimated_s, "measured_s": s.measured_s, "ratio": s.ratio}
+                           for s in self.stages]}
+
+
+def compare_run(plan: Plan, est: Estimate, step_s: list[list[float]], busy_s: list[list[float]],
+                warmup_steps: int, tolerance: float = PLAN_CHECK_TOLERANCE) -> RunCheck:
+    """Hold ``est`` against what every rank measured: ``step_s[r]`` / ``busy_s[r]`` are rank r's wall
+    and busy seconds per measured step (ranks in the plan's rank order). Step: per step the slowest
+    rank, then the median over steps; a stage: the median of each of its ranks, then the slowest."""
+    if not step_s or any(len(s) != len(step_s[0]) or not s for s in step_s) or len(busy_s) != len(step_s):
+        raise ValueError("every rank must report the same, non-zero number of measured steps")
+    per_step = [max(s[k] for s in step_s) for k in range(len(step_s[0]))]
+    where = stage_of_rank(plan)
+    stages = []
+    for i, p in enumerate(plan.pipelines):
+        for j, st in enumerate(p.stages):
+            ranks = [r for r, ij in where.items() if ij == (i, j)]
+            e = est.pipelines[i].stages[j]
+            stages.append(StageCheck(i, j, list(st.devices), st.tp, e.compute_s + e.tp_comm_s,
+                                     max(statistics.median(busy_s[r]) for r in ranks)))
+    return RunCheck(est.iteration_time_s, statistics.median(per_step), stages, warmup_steps, len(per_step), tolerance)
