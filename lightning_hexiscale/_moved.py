@@ -35,7 +35,7 @@ MOVED_MODULES: dict[str, str] = {
     "lightning_hexiscale.registration": "lightning_hexiscale.lightning.registration",
     "lightning_hexiscale.strategy": "lightning_hexiscale.lightning.strategy",
     "lightning_hexiscale.strategy_plan": "lightning_hexiscale.lightning.plan_resolution",
-    "lightning_hexiscale.strategy_zero": "lightning_hexiscale.lightning.zero_hooks",
+    "lightning_hexiscale.strategy_zero": "lightning_hexiscale.lightning.step_adapter",
     "lightning_hexiscale.profiler": "lightning_hexiscale.cli.profile",
     "lightning_hexiscale.profiling.commands": "lightning_hexiscale.cli.calibrate",
     "lightning_hexiscale.planner.cli_plan": "lightning_hexiscale.cli.plan",

@@ -250,17 +250,20 @@ def test_no_private_name_crosses_modules():
 # PipelineEngine sets is classified as façade data or a part, so a new one forces that choice.
 
 ENGINE_FACADE_DATA = {"plan", "config", "device", "role", "stage", "fast_path", "fast_path_settings", "sharding",
-                      "wire_dtype", "reduce_dtype"}
-"""Attributes of PipelineEngine a trainer may read (descriptions of the run, and the stage it registers)."""
+                      "wire_dtype", "reduce_dtype", "loss_scale", "loss_device", "step"}
+"""Attributes of PipelineEngine a trainer may read (descriptions of the run, the stage it registers, and
+``step``, the step's phases that a trainer's hooks call)."""
 
-ENGINE_PARTS = {"topology", "executor", "main_grads", "grad_sync", "zero", "zero3", "sharded_optimizer", "tied"}
-"""Attributes of PipelineEngine that hold the runtime's machinery: only the runtime touches them."""
+ENGINE_PARTS = {"topology", "executor", "main_grads", "reducer", "grad_sync", "zero", "zero3", "sharded_optimizer",
+                "tied"}
+"""Attributes of PipelineEngine that hold the runtime's machinery (the gradient reducer and, as properties,
+its parts): only the runtime touches them."""
 
 RUNTIME = f"{PKG}.runtime"
 
 
 def _class_attributes(path: Path, cls: str) -> set[str]:
-    """The ``self.<name>`` attributes that the methods of class ``cls`` in ``path`` assign."""
+    """The ``self.<name>`` attributes that the methods of class ``cls`` in ``path`` assign, and its properties."""
     tree = ast.parse(path.read_text())
     node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
     out = set()
@@ -270,6 +273,8 @@ def _class_attributes(path: Path, cls: str) -> set[str]:
             for leaf in (t.elts if isinstance(t, ast.Tuple) else [t]):
                 if isinstance(leaf, ast.Attribute) and isinstance(leaf.value, ast.Name) and leaf.value.id == "self":
                     out.add(leaf.attr)
+    out |= {f.name for f in node.body if isinstance(f, ast.FunctionDef)
+            and any(isinstance(d, ast.Name) and d.id == "property" for d in f.decorator_list)}
     return out
 
 

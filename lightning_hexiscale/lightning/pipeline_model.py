@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from lightning_hexiscale.errors import HexiScaleError
+from lightning_hexiscale.lightning.step_adapter import StepAdapter
 
 if TYPE_CHECKING:  # pragma: no cover
     from lightning_hexiscale.runtime import PipelineEngine
@@ -63,17 +64,14 @@ class PipelineModel(nn.Module):
     module's ``configure_optimizers`` builds from it) are this rank's local shards.
     """
 
-    def __init__(self, engine: PipelineEngine, loss_dtype: torch.dtype, accumulate: int = 1):
+    def __init__(self, engine: PipelineEngine, loss_dtype: torch.dtype):
         super().__init__()
         self.stage = engine.stage
         self._engine = engine
         self.config = engine.config
         self.loss_dtype = loss_dtype
-        self.accumulate = accumulate
-        """k = accumulate_grad_batches; set by the strategy before each fit."""
-        self.last_of_window = False
-        """Set by the strategy before each training step: this batch ends the accumulation window
-        (an optimizer step follows), so its last backward starts the gradient sync (overlap)."""
+        self.step_adapter = StepAdapter(engine)
+        """Lightning's hooks -> the engine's step phases (the strategy's hooks call it too)."""
 
     @property
     def engine(self) -> PipelineEngine:
@@ -92,16 +90,10 @@ class PipelineModel(nn.Module):
             value = self._evaluate(logits.tokens, targets)
         return torch.tensor(value, dtype=self.loss_dtype, device=logits.tokens.device)
 
-    def zero_grad_local(self) -> None:
-        """Start of an accumulation window: drop the stage's gradients (Lightning's zero_grad is skipped)."""
-        self._engine.zero_grad()
-
     # ---- training ------------------------------------------------------------------------
     def _train(self, tokens: torch.Tensor, targets: torch.Tensor) -> float:
-        arm, self.last_of_window = self.last_of_window, False
-        loss = self._engine.forward_backward(tokens, targets, accumulate=self.accumulate, arm=arm)
-        # The reduced value is the scaled sum; undo the 1/k so the shown loss is this batch's mean.
-        return loss * self.accumulate
+        """The window's micro-step on this batch (:meth:`StepAdapter.micro_step`)."""
+        return self.step_adapter.micro_step(tokens, targets)
 
     # ---- forward only --------------------------------------------------------------------
     def _evaluate(self, tokens: torch.Tensor, targets: torch.Tensor) -> float:

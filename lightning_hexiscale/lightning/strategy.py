@@ -11,14 +11,12 @@ The only place where Lightning meets the runtime. Per process (global rank r):
    this rank's stage (layers and TP shards of ``plan.device_order[r]``), initialised from the
    module's ``init_seed`` (bit-identical to ``Llama.init_weights(init_seed)``) or from the weights the
    module already holds; ``module.model`` becomes a :class:`PipelineModel` (see its contract).
-4. Each training batch: pipeline i's slice of the global batch (:mod:`lightning_hexiscale.data.samplers`);
-   ``training_step`` runs the schedule (forward + backward) through ``self.model.loss``;
-   Lightning's backward and zero_grad are skipped (``fit_loop._skip_backward``), because they would
-   wipe the gradients the schedule just produced; the strategy zeroes them at the start of each
-   accumulation window instead.
-5. ``optimizer_step``: the closure is wrapped so that, after the last accumulated batch, the
-   asymmetric gradient sync runs before Lightning's ``on_before_optimizer_step``, gradient clipping
-   (by the global norm over TP/PP/DP, not the local one) and ``optimizer.step``.
+4. Each training batch: pipeline i's slice of the global batch (:mod:`lightning_hexiscale.data.samplers`).
+   The training hooks call the phases of the engine's step (open the window, micro-step through
+   ``self.model.loss``, close the window, clip, update) through one adapter,
+   :mod:`lightning_hexiscale.lightning.step_adapter`, which maps each hook onto its phase. Lightning's
+   backward and zero_grad are skipped (``fit_loop._skip_backward``): they would wipe the gradients
+   the schedule produced inside ``training_step``.
 
 Checkpoints are plan-independent torch.distributed.checkpoint shards: every rank writes and reads
 only its own pieces (:mod:`lightning_hexiscale.runtime.checkpoint`), optionally asynchronously.
@@ -59,9 +57,8 @@ from lightning_hexiscale.lightning.plan_check import DEFAULT_WARMUP as DEFAULT_P
 from lightning_hexiscale.lightning.plan_check import PlanCheck, plan_check_setting
 from lightning_hexiscale.lightning.plan_resolution import (AUTO, describe_local_devices, discover_cluster,
                                                            load_cluster_arg, load_plan_arg, plan_for)
+from lightning_hexiscale.lightning.step_adapter import GradientMethods
 from lightning_hexiscale.lightning.strategy_checkpoints import CheckpointMethods
-from lightning_hexiscale.lightning.strategy_gradients import GradientMethods
-from lightning_hexiscale.lightning.zero_hooks import shard_optimizers
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.models.llama import Llama
 from lightning_hexiscale.planner.cost.workload import Workload
@@ -90,7 +87,7 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
         micro_batch_size / schedule / recompute / dp_sharding: override the plan's values (or bind
             the search). ``dp_sharding``: ``ddp`` (every pipeline holds its full copy of the state),
             ``zero2`` (gradients and optimizer states sharded over the pipelines) or ``zero3``
-            (parameters too); see :mod:`lightning_hexiscale.lightning.zero_hooks`.
+            (parameters too); see :mod:`lightning_hexiscale.lightning.step_adapter`.
         seed: seed of the planner's search when planning here (default: ``PL_GLOBAL_SEED`` or 0).
             The data order is the DataLoader's own, as on one device (``shuffle=True`` draws from its
             ``generator``, else from torch's global generator: :mod:`lightning_hexiscale.data.samplers`).
@@ -317,7 +314,6 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
             self.precision_plugin.convert_module(module)
             self._pipeline_model = self._build_pipeline_model(module, trainer, llama)
             module.model = self._pipeline_model
-        self._pipeline_model.accumulate = trainer.accumulate_grad_batches
         self.model = module
         # Let the DataLoader's own shuffle flag decide, as on one device (Lightning's injected
         # DistributedSampler would always shuffle); process_dataloader cuts it per pipeline.
@@ -326,7 +322,7 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
             internals.skip_lightning_backward(trainer)
             self.setup_optimizers(trainer)
             fused = prepare_optimizers(self.pipeline_model.engine, self.optimizers)  # fused AdamW
-            shard_optimizers(self.pipeline_model.engine, self.optimizers)  # zero2/zero3 only
+            self.pipeline_model.step_adapter.attach_optimizers(self.optimizers)  # zero2/zero3: the sharded one
         log_fast_path(self.pipeline_model.engine, fused if fitting else [], self.global_rank, self.world_size)
         self.setup_precision_plugin()
         self._install_global_clipping()
@@ -421,7 +417,7 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
                                 device=self.root_device, dtype=param.dtype, autocast_dtype=self._autocast_dtype(),
                                 state_dict=state, fast_path=self.fast_path)
         loss_dtype = torch.float64 if param.dtype == torch.float64 else torch.float32
-        return PipelineModel(engine, loss_dtype, trainer.accumulate_grad_batches)
+        return PipelineModel(engine, loss_dtype)
 
     def _global_batch_for(self, trainer) -> int | None:
         """The explicit global batch, else the training DataLoader's batch size (read, not consumed)."""
@@ -481,12 +477,8 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
     # ---- training ------------------------------------------------------------------------
     @override
     def training_step(self, *args: Any, **kwargs: Any):
-        trainer = self.lightning_module.trainer
-        # Same rule as Lightning's zero_grad_fn, which _skip_backward disables.
-        if trainer.fit_loop.epoch_loop.batch_idx % trainer.accumulate_grad_batches == 0:
-            self.pipeline_model.zero_grad_local()
-        # The gradient sync overlaps the last backward of the batch that precedes an optimizer step.
-        self.pipeline_model.last_of_window = internals.steps_after_this_batch(trainer)
+        # open the window on its first batch; the batch before an optimizer step arms the overlapped sync
+        self.pipeline_model.step_adapter.begin_batch(self.lightning_module.trainer)
         if self._train_sampler is not None:
             self._train_sampler.consumed += 1  # the loader's resume position (data.PlanDataLoader)
         if self._plan_check is not None:
@@ -511,17 +503,9 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
         return out
 
     def _optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any], model=None, **kwargs: Any) -> Any:
-        engine = self.pipeline_model.engine
-
-        # The closure (forward, backward) runs here rather than inside optimizer.step, so that a
-        # non-finite step can be dropped before Lightning's hooks, clipping and the update see it.
-        # engine.finish_backward: the check comes before the sync, which would spread one rank's NaN
-        # to the other pipelines and hide where it came from; every rank decides the same, then all
-        # SUM across pipelines (the global-mean gradient; ZeRO: reduce-scatter) or all drop the step.
-        # The same call as in PipelineEngine.fit_step, which calibration and the benchmarks time.
-        with torch.enable_grad():
-            out = closure()
-        bad = engine.finish_backward(out)
+        # the window's last micro-step, then its close (non-finite check, then sync or discard), the
+        # same phases as PipelineEngine.fit_step; the plugin then clips and updates (step_adapter)
+        out, bad = self.pipeline_model.step_adapter.close_window(closure)
         if bad:
             self._nonfinite_step(bad)
             return out

@@ -16,14 +16,14 @@ PLAN = plan_of([(2, 1, [([0, 1], (0, 2)), ([2], (2, 4))]), (2, 1, [([3], (0, 4))
 def _check(rank: int, world: int, config, poison: dict[int, str]) -> dict[int, int]:
     engine = PipelineEngine(PLAN, config, seed=0, device=torch.device("cpu"), dtype=torch.float64)
     tokens, targets = make_batch(config, PLAN.global_batch, 0)
-    loss = torch.tensor(engine.forward_backward(engine.local_batch(tokens), engine.local_batch(targets)))
+    loss = torch.tensor(engine.step.micro_step(engine.local_batch(tokens), engine.local_batch(targets)))
     what = poison.get(rank, "")
     if "loss" in what:
         loss = torch.tensor(float("nan"))
     if "grad" in what:
         next(p for p in engine.parameters() if p.grad is not None).grad.view(-1)[0] = float("inf")
-    bad = engine.nonfinite_ranks(loss)
-    engine.discard_grads()  # what a skipped step does: the sync the backward started completes
+    bad = engine.step.nonfinite_ranks(loss)
+    engine.step.discard()  # what a skipped step does: the sync the backward started completes
     return bad
 
 

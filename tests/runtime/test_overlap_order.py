@@ -69,11 +69,11 @@ def _worker(rank, world, plan_dict, config, precision, cap):
         tokens, targets = make_batch(config, plan.global_batch, step)
         for p in engine.stage.parameters():
             p.grad = None
-        loss = engine.run_pipeline(engine.local_batch(tokens), engine.local_batch(targets), engine.loss_scale,
-                                   arm=True)
+        loss = engine.step.run_pipeline(engine.local_batch(tokens), engine.local_batch(targets), engine.loss_scale,
+                                        last=True)
         global_loss(loss, engine.role, engine.loss_device)  # the Lightning path's order: loss, check, sync
         dist.all_reduce(torch.zeros(world))
-        engine.sync_grads()
+        engine.step.sync()
         started.append(syncer.overlapped_buckets)
         late.append(syncer.starts.started_after_backward)
         opt.step()

@@ -47,9 +47,10 @@ def _worker(rank, world, plan_dict, config):
         opt = engine.wrap_optimizer(torch.optim.SGD(engine.parameters(), lr=0.1))
         tokens, targets = make_batch(config, plan.global_batch, 0)
         rec.mark(f"{name}:run")
-        loss = engine.run_pipeline(engine.local_batch(tokens), engine.local_batch(targets), engine.loss_scale, arm=True)
+        loss = engine.step.run_pipeline(engine.local_batch(tokens), engine.local_batch(targets), engine.loss_scale,
+                                        last=True)
         rec.mark(f"{name}:sync")
-        engine.sync_grads()
+        engine.step.sync()
         rec.mark(f"{name}:step")
         opt.step()
         rec.mark("loss")

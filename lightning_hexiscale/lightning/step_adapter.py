@@ -1,0 +1,242 @@
+"""Lightning's training hooks mapped onto the runtime's step phases (``PipelineEngine.step``).
+
+``Trainer.fit`` under the strategy and ``PipelineEngine.fit_step`` call the same phases in the same
+order (``tests/strategy/test_fit_step_trace.py`` compares their communication call for call):
+
+=====================================================  ==========================================
+Lightning hook                                         step phase
+=====================================================  ==========================================
+``strategy.training_step`` (first batch of a window)   ``open_window``
+``self.model.loss`` inside the module's training_step  ``micro_step`` (``last``: an optimizer step
+                                                       follows this batch)
+``strategy.optimizer_step``: the closure, then         ``close_window`` (non-finite check, then
+                                                       sync or discard)
+precision plugin ``clip_grad_by_norm``                 ``clip`` (``gradient_clip_val``)
+precision plugin ``optimizer_step``                    ``update``
+``strategy.backward``                                  nothing: ``micro_step`` ran the backward
+=====================================================  ==========================================
+
+Why a precision plugin: Lightning clips and steps inside the plugin the Trainer chose (``32-true``:
+``Precision``, ``64-true``: ``DoublePrecision``, ``bf16-true``: ``HalfPrecision``, ``bf16-mixed``:
+``MixedPrecision``, or the user's), where ``clip_grad_norm_`` over this rank's shards would give a
+local norm. The strategy gives that plugin the same state as an instance of a subclass of its class
+(:func:`global_norm_precision`) whose two hooks call :class:`StepAdapter`. Clipping by value is
+element-wise, so the plugin's own is already the one-device one.
+
+Under ZeRO (``plan.dp_sharding`` zero2 / zero3) the update steps only this rank's chunks: the adapter
+holds the engine's sharded optimizer (``wrap_optimizer`` of the one ``configure_optimizers``
+returned: same class and hyper-parameters) and the plugin steps it after Lightning's closure and
+hooks. The user's optimizer keeps its ``param_groups`` (LR schedulers write there, the sharded one
+reads them each step) and holds no state; checkpoints read the owned chunks from the engine.
+
+A step whose loss or gradients are not finite on some rank (the close's answer, the same on every
+rank) is recorded and stops the run or is skipped (:class:`GradientMethods`, the strategy's mixin).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+from lightning.pytorch.plugins.precision import Precision
+
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+
+from lightning_hexiscale.errors import ConfigError, NonFiniteError
+from lightning_hexiscale.lightning import internals
+
+if TYPE_CHECKING:  # pragma: no cover
+    from lightning_hexiscale.runtime import PipelineEngine
+
+
+class StepAdapter:
+    """One rank's hooks -> the phases of ``engine.step``; holds the accumulation window's state."""
+
+    def __init__(self, engine: PipelineEngine):
+        self.step = engine.step
+        self._engine = engine
+        self.accumulate = 1
+        """k = the Trainer's ``accumulate_grad_batches`` (read at each batch)."""
+        self._last = False
+        """The current batch ends the window: its last backward starts the gradient reduction."""
+        self._user_optimizer = None
+        self.optimizer = None
+        """Under ZeRO: the sharded optimizer that steps in place of the user's (None under ddp)."""
+
+    # ---- strategy.training_step ----------------------------------------------------------------
+    def begin_batch(self, trainer) -> None:
+        """Open the window on its first batch (Lightning's own rule for zero_grad, which the
+        strategy's ``_skip_backward`` disables), and note whether an optimizer step follows."""
+        self.accumulate = trainer.accumulate_grad_batches
+        if trainer.fit_loop.epoch_loop.batch_idx % self.accumulate == 0:
+            self.step.open_window()
+        self._last = internals.steps_after_this_batch(trainer)
+
+    # ---- self.model.loss in training --------------------------------------------------------------
+    def micro_step(self, tokens: torch.Tensor, targets: torch.Tensor) -> float:
+        """Forward + backward of this pipeline's rows, weighted by 1/k; returns this batch's global
+        mean loss (the step returns it / k: the shown loss is the batch's, as on one device)."""
+        last, self._last = self._last, False
+        return self.step.micro_step(tokens, targets, accumulate=self.accumulate, last=last) * self.accumulate
+
+    # ---- strategy.optimizer_step ------------------------------------------------------------------
+    def close_window(self, closure: Callable[[], Any]) -> tuple[Any, dict[int, int]]:
+        """Run Lightning's closure (the training step: the window's last micro-step) here, not inside
+        ``optimizer.step``, so that a non-finite step is dropped before Lightning's hooks, clipping
+        and the update see it; then the step's close (check, then sync or discard, every rank alike).
+        Returns the closure's output and the check's answer ({global rank: code}, empty when synced)."""
+        with torch.enable_grad():
+            out = closure()
+        return out, self.step.close_window(out)
+
+    # ---- the precision plugin -------------------------------------------------------------------------
+    def clip(self, max_norm: float) -> float:
+        """Clip by the whole model's norm (collective); returns ||g||."""
+        return self.step.clip(max_norm)
+
+    def attach_optimizers(self, optimizers: list) -> None:
+        """After ``configure_optimizers``: prepare the optimizer for the reducer (under ZeRO its
+        sharded twin, built once per optimizer; ddp steps the optimizer itself)."""
+        if self._engine.sharding == "ddp" or not optimizers:
+            return
+        if len(optimizers) > 1:
+            raise ConfigError("configure_optimizers", f"{len(optimizers)} optimizers",
+                              f"dp_sharding={self._engine.sharding} shards one optimizer's state over the pipelines",
+                              "return one optimizer, or use dp_sharding='ddp'")
+        raw = internals.unwrap_optimizer(optimizers[0])
+        if raw is not self._user_optimizer:
+            self._user_optimizer, self.optimizer = raw, self._engine.wrap_optimizer(raw)
+
+    def update(self, plugin: Precision, model, optimizer, closure) -> Any:
+        """The plugin's ``optimizer_step`` under ZeRO: Lightning's closure and hooks
+        (``on_before_optimizer_step``, clipping), then the sharded optimizer's step; the user's
+        optimizer is marked as stepped for its LR schedulers."""
+        result = internals.run_closure_and_hooks(plugin, model, optimizer, closure)
+        self.step.update(self.optimizer)
+        internals.record_step_called(internals.unwrap_optimizer(optimizer))
+        return result
+
+    def steps_in_place_of(self, optimizer) -> bool:
+        """Does a sharded optimizer step in place of ``optimizer`` (Lightning's wrapper or the raw one)?"""
+        return self.optimizer is not None and internals.unwrap_optimizer(optimizer) is self._user_optimizer
+
+
+class GlobalNormClipping:
+    """Mixin placed before a Lightning ``Precision`` class: while :attr:`adapter` is set (the
+    strategy's ``setup`` sets it, ``teardown`` clears it) ``clip_grad_by_norm`` clips by the global
+    norm and, under ZeRO, ``optimizer_step`` steps the sharded optimizer; the base class's otherwise."""
+
+    adapter: StepAdapter | None = None
+    base: type = Precision
+    """The Lightning plugin class this one extends (set on each subclass)."""
+
+    def optimizer_step(self, optimizer, model, closure, **kwargs: Any) -> Any:
+        if self.adapter is None or not self.adapter.steps_in_place_of(optimizer):
+            return super().optimizer_step(optimizer, model, closure, **kwargs)
+        if kwargs:
+            raise TypeError(f"optimizer.step() got arguments {sorted(kwargs)}: under ZeRO the sharded optimizer "
+                            f"steps, and it takes none")
+        return self.adapter.update(self, model, optimizer, closure)
+
+    def clip_grad_by_norm(self, optimizer, clip_val) -> None:
+        if self.adapter is None:
+            super().clip_grad_by_norm(optimizer, clip_val)
+            return
+        self.adapter.clip(clip_val)
+
+    def __reduce__(self):
+        # The class is made at run time (one per plugin class): pickle the plugin's own class and
+        # state, and rebuild this subclass around them (spawn pickles the Trainer's strategy).
+        state = {k: v for k, v in vars(self).items() if k != "adapter"}
+        return _rebuild, (self.base, state)
+
+
+_SUBCLASSES: dict[type, type] = {}
+
+
+def global_norm_precision(plugin: Precision) -> Precision:
+    """``plugin`` as an instance of ``GlobalNorm<its class>`` (its class with :class:`GlobalNormClipping`
+    first), holding the same attributes; ``plugin`` itself when it already is one."""
+    if isinstance(plugin, GlobalNormClipping):
+        return plugin
+    base = type(plugin)
+    cls = _SUBCLASSES.get(base)
+    if cls is None:
+        cls = _SUBCLASSES[base] = type(f"GlobalNorm{base.__name__}", (GlobalNormClipping, base),
+                                       {"__module__": __name__, "base": base,
+                                        "__doc__": f"{base.__qualname__}, clipping by the global norm "
+                                                   "(lightning_hexiscale.lightning.step_adapter)."})
+    new = cls.__new__(cls)
+    new.__dict__.update(vars(plugin))
+    return new
+
+
+def _rebuild(base: type, state: dict[str, Any]) -> Precision:
+    plugin = base.__new__(base)
+    plugin.__dict__.update(state)
+    return global_norm_precision(plugin)
+
+
+def eps_underflow(optimizers) -> str | None:
+    """The cause and fix when an optimizer's ``eps`` is 0 in its parameters' dtype, else None.
+
+    Adam's update is ``m / (sqrt(v) + eps)``. In float16 (``16-true``) the default ``eps=1e-8`` rounds
+    to 0 (the smallest float16 is 6.0e-8), and ``v = g^2`` underflows to 0 for every element with
+    ``|g| < 2.4e-4``: the update divides by zero and the parameters become inf or NaN in the first
+    step, which the non-finite check sees on the next one. bfloat16 has float32's range."""
+    for opt in optimizers:
+        inner = internals.unwrap_optimizer(opt)
+        for group in inner.param_groups:
+            eps = group.get("eps")
+            params = [p for p in group["params"] if p.is_floating_point()]
+            if not isinstance(eps, float) or eps <= 0 or not params:
+                continue
+            dtype = params[0].dtype
+            if float(torch.tensor(eps, dtype=dtype)) == 0.0:
+                name = str(dtype).replace("torch.", "")
+                smallest = torch.finfo(dtype).tiny * torch.finfo(dtype).eps
+                return (f"Cause: the parameters are {name} and {type(inner).__name__}'s eps={eps:g} rounds to 0 in "
+                        f"{name} (its smallest value is {smallest:.1e}), so every element whose squared gradient "
+                        "underflows divides by zero in the update m / (sqrt(v) + eps). Fix: train in bf16-mixed or "
+                        f"bf16-true (bfloat16 has float32's range), or give the optimizer an eps that {name} holds, "
+                        "e.g. eps=1e-4 (LlamaLitModule(eps=1e-4); recipe: trainer.adam_eps=1e-4)")
+    return None
+
+
+class GradientMethods:
+    """The strategy's mixin: a non-finite step's policy, and the precision plugin tied to the step."""
+
+    def _nonfinite_step(self, bad: dict[int, int]) -> None:
+        """A step whose loss or gradients were not finite on the ranks ``bad`` ({global rank: code},
+        the answer of the step's ``close_window``, the same on every rank, which already dropped the
+        gradients): record it, then stop or skip per
+        ``nonfinite``."""
+        trainer = self.lightning_module.trainer
+        what = " and ".join(w for bit, w in ((1, "loss"), (2, "gradients")) if any(c & bit for c in bad.values()))
+        event = {"step": trainer.global_step, "epoch": trainer.current_epoch,
+                 "batch": trainer.fit_loop.epoch_loop.batch_idx, "ranks": sorted(bad), "what": what,
+                 "action": self.nonfinite}
+        self.nonfinite_events.append(event)
+        where = (f"non-finite {what} at optimizer step {event['step']} (epoch {event['epoch']}, batch "
+                 f"{event['batch']}) on rank(s) {event['ranks']}")
+        if self.nonfinite == "stop":
+            cause = eps_underflow(self.optimizers)
+            if cause:
+                raise NonFiniteError(f"{where}; stopping (nonfinite='stop'). {cause}")
+            raise NonFiniteError(f"{where}; stopping (nonfinite='stop'). Fix: lower the learning rate, enable "
+                                 f"gradient clipping, check the data of that batch, or pass nonfinite='skip' to drop "
+                                 f"such steps")
+        if self.global_rank == 0:
+            rank_zero_warn(f"{where}; the update is skipped (nonfinite='skip')")
+
+    def _install_global_clipping(self) -> None:
+        """Clip and step through the step's phases: the Trainer's precision plugin becomes its
+        :func:`~lightning_hexiscale.lightning.step_adapter.global_norm_precision` subclass, tied to
+        this run's :class:`~lightning_hexiscale.lightning.step_adapter.StepAdapter` (``teardown``
+        unties it: the plugin then clips and steps as its base class does)."""
+        self.precision_plugin = global_norm_precision(self.precision_plugin)
+        self.precision_plugin.adapter = self.pipeline_model.step_adapter
+
+    def _release_global_clipping(self) -> None:
+        if isinstance(self.precision_plugin, GlobalNormClipping):
+            self.precision_plugin.adapter = None
