@@ -4,7 +4,9 @@
 - :mod:`.parallelize`      the plain Llama -> this rank's stage (layers + TP shards); :mod:`.tensor_parallel`
 - :mod:`.schedule`         GPipe / 1F1B op lists and the executor that walks them; :mod:`.forward_only`
                            (evaluation, prediction)
-- :mod:`.grad_sync`        asymmetric gradient sum across pipelines; :mod:`.zero`, :mod:`.zero3` for ZeRO
+- :mod:`.grad_sync`        asymmetric gradient sum across pipelines; :mod:`.zero`, :mod:`.zero3` for ZeRO;
+                           :mod:`.reducers` (one interface, the flavour chosen once)
+- :mod:`.step`             the step's phases: open window, micro-step, close window, clip, update
 - :mod:`.checkpoint`       plan-independent sharded checkpoints (torch.distributed.checkpoint);
                            :mod:`.checkpoint_layout`, :mod:`.checkpoint_io`
 - :mod:`.failure`          heartbeats that name a failed rank; :mod:`.host` (this machine's load, its processes, forking)
@@ -12,9 +14,10 @@
 
 The names below are the runtime's public API: what a trainer (the Lightning layer,
 :mod:`lightning_hexiscale.lightning`) may use. It drives a step only through
-:class:`PipelineEngine`'s methods (``forward_backward``, ``sync_grads``, ``clip_grad_norm``,
-``eval_loss``, ``predict_logits``, ...), never through the engine's parts (its executor, ZeRO
-sharder, gradient synchroniser, topology); ``tests/test_layers.py`` enforces both. The names are
+the phases of :attr:`PipelineEngine.step` (``open_window``, ``micro_step``, ``close_window``, ``clip``,
+``update``) and the engine's methods (``wrap_optimizer``, ``eval_loss``, ``predict_logits``, ...), never
+through the engine's parts (its executor, gradient reducer, topology); ``tests/test_layers.py``
+enforces both. The names are
 resolved on first use, so importing the package does not import torch.
 """
 
