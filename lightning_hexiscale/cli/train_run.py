@@ -72,7 +72,7 @@ def run(cfg: DictConfig, progress: JobWatch | None = None, app: AppName = HEXISC
     from lightning_hexiscale.config.cluster import Cluster
     from lightning_hexiscale.config.recipe import effective_precision
     from lightning_hexiscale.config.schema import resolve_hf_model
-    from lightning_hexiscale.errors import PlanError
+    from lightning_hexiscale.errors import ConfigError, PlanError
     from lightning_hexiscale.models.config import LlamaConfig
 
     quiet_logs()
@@ -81,7 +81,12 @@ def run(cfg: DictConfig, progress: JobWatch | None = None, app: AppName = HEXISC
     check_logger(cfg)
     resolve_hf_model(cfg, overrides_given())  # model=hf:/dir: the shape from its config.json
     out = output_dir(cfg)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        key = "trainer.output_dir" if cfg.trainer.output_dir else "hydra.run.dir"
+        raise ConfigError(key, str(out), f"cannot create the run's directory ({e.strerror})",
+                          f"give a writable directory: {key}=DIR") from None
     progress = progress if progress is not None else JobWatch(app.prog)
     progress.out = out
     cluster = Cluster.from_config(cfg.cluster)

@@ -67,6 +67,9 @@ def check_override_key(cfg: DictConfig, override: str) -> None:
         if not isinstance(node, DictConfig):
             return  # below a leaf: OmegaConf refuses it with its own message
         if part in node:
+            if i == len(parts) - 1:
+                check_value_type(node, part, ".".join(parts), value)
+                return
             node = node[part]
             continue
         typed = _typed_fields(node)
@@ -75,6 +78,29 @@ def check_override_key(cfg: DictConfig, override: str) -> None:
         fields, schema = typed
         raise unknown_key_error(".".join(parts[: i + 1]), value if i == len(parts) - 1 else None, part, fields,
                                 schema)
+
+
+def check_value_type(parent: DictConfig, name: str, key: str, value: str) -> None:
+    """``value`` (as the command line gave it) converts to the type of ``parent[name]``; ConfigError
+    naming the key, the type and the current value as an example otherwise (Hydra's message named
+    every override of the command line and no fix)."""
+    import yaml
+
+    try:
+        parsed = yaml.safe_load(value) if value != "" else ""
+    except yaml.YAMLError:
+        return  # Hydra's grammar (quotes, lists, interpolations): Hydra reports it
+    if isinstance(parsed, (dict, list)) or parsed is None:
+        return
+    try:
+        parent.copy()[name] = parsed  # the typed node converts or refuses it, as Hydra's merge would
+    except Exception:  # noqa: BLE001 -- OmegaConf's ValidationError: the value does not fit the type
+        current = parent._get_node(name)._value()
+        kind = type(current).__name__ if current is not None else "the field's type"
+        words = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}.get(kind, kind)
+        example = str(current).lower() if isinstance(current, bool) else current
+        raise ConfigError(key, value, f"must be {words}",
+                          f"e.g. {key}={example}" if current is not None else "see the configuration reference") from None
 
 
 def check_yaml_keys(raw: DictConfig, schema: type, key: str, path: str) -> None:
