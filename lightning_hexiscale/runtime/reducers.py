@@ -54,6 +54,11 @@ class GradReducer(ABC):
     def arm(self) -> None:
         """Start this window's reductions during the next backward (the window's last)."""
 
+    def after_last_backward(self) -> None:
+        """Start every bucket this rank's members start during the backward that has not started yet:
+        the early set is the plan's, not the hooks' timing, before anything else communicates."""
+        self.starts.finish()
+
     def training_run(self) -> AbstractContextManager:
         """Context around one schedule run (forward and backward of every micro-batch)."""
         return nullcontext()

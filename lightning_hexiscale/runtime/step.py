@@ -97,10 +97,8 @@ class Step:
             hook = _then(hook, self.main_grads.free_after_use)
         with self.reducer.training_run():
             loss = self.executor.run(tokens, targets, loss_scale, hook)
-        if last:
-            # Every member of a bucket starts it before what follows the backward (the loss
-            # all-reduce, the non-finite check): the early set is the plan's, not the hooks' luck.
-            self.reducer.starts.finish()
+        if last:  # before the loss all-reduce and the non-finite check
+            self.reducer.after_last_backward()
         return loss
 
     def micro_step(self, tokens: torch.Tensor, targets: torch.Tensor, *, accumulate: int = 1,
