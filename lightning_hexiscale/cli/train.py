@@ -135,6 +135,10 @@ class _Job:
             print(f"{prog}: error: {e}", file=sys.stderr)
             code = EXIT_CONFIG
         except Exception:  # a bug or a rank's own failure: its traceback is the information, Hydra's wrapper is not
+            if self.watch.ctrl_c.is_set():  # a KeyboardInterrupt that an import turned into another error
+                self.say(self.watch.message())
+                self.statuses.append(EXIT_INTERRUPTED)
+                return EXIT_INTERRUPTED
             import traceback
 
             traceback.print_exc()

@@ -50,7 +50,7 @@ import torch.distributed as dist
 from lightning.fabric.plugins.environments import ClusterEnvironment
 
 from lightning_hexiscale.errors import ConfigError, RankFailure
-from lightning_hexiscale.lightning import internals
+from lightning_hexiscale.lightning import internals, job_watch
 from lightning_hexiscale.lightning.launching import IdleRankExit, portable_error, mark_agreed
 from lightning_hexiscale.planner.plan import Plan
 
@@ -313,6 +313,8 @@ class IdleRankMethods:
         if self._job_end.call == 0:
             print(idle_line(self.plan, layout, self.cluster, stays), flush=True)
         if stays:
+            # the others train meanwhile: Ctrl-C lets them finish the step (job_watch's training phase)
+            job_watch.set_phase("training")
             err = self._job_end.wait()
             if err is not None:
                 raise mark_agreed(err, list(layout.active_ranks))
