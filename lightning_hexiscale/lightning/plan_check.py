@@ -88,10 +88,17 @@ class PlanCheck:
 
     @classmethod
     def for_strategy(cls, strategy, trainer) -> PlanCheck:
-        """The check of a strategy's run: its plan priced on its cluster and workload (``estimate()``)."""
+        """The check of a strategy's run: its plan priced on its cluster and workload (``estimate()``).
+        Global rank 0 prints what priced each device type (:mod:`planner.cost.sources`), the price
+        the run is held against; a layer table that does not match the run is refused here (every
+        rank raises the same ConfigError) unless ``planner.allow_table_mismatch``."""
         from lightning_hexiscale.planner.cost.estimate import estimate
+        from lightning_hexiscale.planner.cost.sources import price_sources
 
+        sources = price_sources(strategy.cluster, strategy.workload, strategy.plan)
         est = estimate(strategy.plan, strategy.cluster, strategy.workload)
+        if strategy.global_rank == 0:
+            print("hexiscale plan priced by: " + "; ".join(str(s) for s in sources), flush=True)
         return cls(strategy.pipeline_model.engine, strategy.plan, est, strategy.global_rank, strategy.world_size,
                    strategy.plan_check, strategy.workload.model.name)
 

@@ -24,6 +24,8 @@ def test_rank0_prints_the_check_and_writes_the_stage_times(tmp_path, capfd):
     lines = [ln for ln in out.splitlines() if ln.startswith("hexiscale plan check (")]
     assert len(lines) == 1, out  # rank 0 only, once
     assert "3 steps after 1 warm-up" in lines[0] and "furthest from its price: pipeline 0 stage" in lines[0]
+    # and, at setup, what priced the plan it is held against (local CPU devices: declared FLOP/s)
+    assert out.count("hexiscale plan priced by: ") == 1 and "CPU" in out.split("hexiscale plan priced by: ")[1]
     doc = json.loads((tmp_path / "plan_check.json").read_text())
     assert doc["warmup_steps"] == 1 and doc["measured_steps"] == 3 and doc["measured_step_s"] > 0
     assert [(s["pipeline"], s["stage"], s["devices"]) for s in doc["stages"]] == [(0, 0, [0]), (0, 1, [1])]
