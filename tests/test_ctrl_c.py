@@ -228,3 +228,45 @@ def test_a_second_ctrl_c_while_saving_ends_the_job_and_leaves_no_half_checkpoint
     assert one_line(err) == ("recipes/train.py: interrupted (Ctrl-C twice) while saving the checkpoint of step 2; "
                              "that checkpoint was not completed")
     assert not (run / "checkpoints" / "last.ckpt").exists()
+
+
+def test_the_watch_acts_by_phase_and_prints_one_line(tmp_path, monkeypatch):
+    """What each Ctrl-C does in each phase (the processes themselves: the tests above), without ending
+    this process: ``end`` is recorded instead."""
+    from lightning_hexiscale.lightning.job_watch import JobWatch
+
+    ended = []
+    watch = JobWatch("hexiscale train", backstop_s=60)
+    monkeypatch.setattr(watch, "end", lambda line, code=130: ended.append(line))
+    watch.out = tmp_path
+    for phase in ("starting", "rendezvous", "setup", "running", "finishing"):
+        watch.set_phase(phase)
+        watch._asked_to_finish = False
+        watch.on_ctrl_c()
+    assert [line.split(" while ")[1] for line in ended] == [
+        "starting the ranks", "waiting for the ranks to join (rendezvous)",
+        "setting up the ranks (plan, devices, stages, checkpoint)", "running the ranks", "finishing"]
+    ended.clear()
+    watch.set_phase("training", 7)
+    watch.on_ctrl_c()  # the first: every rank finishes the step (GracefulInterrupt)
+    assert ended == []
+    (tmp_path / "checkpoints" / "last.ckpt").mkdir(parents=True)
+    watch.on_ctrl_c()
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert ended == [f"hexiscale train: interrupted (Ctrl-C twice) while training (step 7); the last checkpoint, "
+                     f"{last}, was kept (resume with trainer.resume={last})"]
+    watch.set_phase("saving", 8)
+    assert watch.message(twice=True).startswith("hexiscale train: interrupted (Ctrl-C twice) while saving the "
+                                                "checkpoint of step 8; that checkpoint was not completed")
+    with pytest.raises(ValueError, match="unknown job phase"):
+        watch.set_phase("resting")
+    assert watch.claim() and not watch.claim()  # the one line is printed once, whoever ends the job
+
+
+def test_children_start_with_sigint_blocked_and_the_block_ends_after():
+    from lightning_hexiscale.lightning.job_watch import blocked_during
+
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    with blocked_during():
+        assert signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) == before
