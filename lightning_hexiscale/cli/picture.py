@@ -97,7 +97,8 @@ def draw_plan(plan, cluster, path: str | Path, title: str = "", estimate=None) -
     except ImportError:
         raise ConfigError("--picture", str(path), "drawing needs matplotlib, which is not installed",
                           "pip install 'lightning-hexiscale[plot]' or leave out --picture") from None
-    doc = describe(plan, cluster, estimate, title or f"plan: {plan.num_pipelines} pipelines, {plan.world_size} devices")
+    p, d = plan.num_pipelines, plan.world_size
+    doc = describe(plan, cluster, estimate, title or f"plan: {p} pipeline{'s' * (p != 1)}, {d} device{'s' * (d != 1)}")
     types = sorted({cluster.devices[d].gpu_type for p in plan.pipelines for d in p.devices})
     palette = plt.get_cmap("tab10")
     colour = {t: palette(i % 10) for i, t in enumerate(types)}

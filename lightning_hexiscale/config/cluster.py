@@ -239,7 +239,8 @@ class Cluster:
 
     def summary(self) -> str:
         """One line per machine: name, GPUs, memory, intra link; then the inter-machine links."""
-        lines = [f"cluster {self.name}: {self.num_devices} devices on {len(self.machines)} machines, "
+        n, k = self.num_devices, len(self.machines)  # "1 device on 1 machine", not "1 devices on 1 machines"
+        lines = [f"cluster {self.name}: {n} device{'s' * (n != 1)} on {k} machine{'s' * (k != 1)}, "
                  f"{format_flops(float(self.flops.sum()))}, {format_bytes(self.total_memory)} memory"]
         for m in self.machines:
             d0 = m.devices[0]

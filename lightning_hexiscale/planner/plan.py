@@ -339,7 +339,8 @@ class Plan:
         lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))
         reduce = f" (reduce in {self.reduce_dtype})" if self.reduce_dtype else ""
-        head = (f"{self.num_pipelines} pipelines, {self.world_size} devices, global batch {self.global_batch}, "
+        p, d = self.num_pipelines, self.world_size
+        head = (f"{p} pipeline{'s' * (p != 1)}, {d} device{'s' * (d != 1)}, global batch {self.global_batch}, "
                 f"schedule {self.schedule}, dp {self.dp_sharding}{reduce}, recompute {'on' if self.recompute else 'off'}")
         idle = ""
         if self.idle_devices:
