@@ -39,3 +39,10 @@ def test_a_run_into_a_pipe_has_no_bar_and_ends_naming_checkpoint_and_logs(tmp_pa
     last = run / "checkpoints" / "last.ckpt"
     assert out.stdout.strip().splitlines()[-1] == (f"checkpoint: {last} (resume with trainer.resume={last}); "
                                                    f"logs: {run / 'logs' / 'version_0'}")
+
+
+def test_one_of_a_kind_is_singular():
+    from lightning_hexiscale.config.cluster import Cluster
+
+    one = Cluster.from_config({"name": "one", "machines": [{"gpu": "A800", "count": 1, "intra_bandwidth": "200 GB/s"}]})
+    assert one.summary().splitlines()[0].startswith("cluster one: 1 device on 1 machine, ")
