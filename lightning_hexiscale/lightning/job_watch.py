@@ -212,14 +212,15 @@ class JobWatch:
     # ---- ending the job --------------------------------------------------------------------------
     def end(self, line: str | None, code: int = EXIT_INTERRUPTED) -> None:
         """Print ``line`` (once), kill every process this one started, leave with ``code`` now."""
+        _flush_stdout(0.5)
         if line is not None:
             self.say(line)
+        # The line is the last word: what the main thread still prints while the ranks are killed
+        # (torch's "Terminating process ..." as it sees a worker die) goes nowhere.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
         kill_descendants(self.children)
-        _flush_stdout(0.5)
-        try:
-            sys.stderr.flush()
-        except Exception:  # noqa: BLE001 -- leaving anyway
-            pass
         os._exit(code)
 
     def on_ctrl_c(self) -> None:
