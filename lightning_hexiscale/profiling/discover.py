@@ -105,6 +105,16 @@ class Progress:
         return time.perf_counter() - self.t0
 
 
+def budget_message(seconds: float, budget_s: float, phases: dict[str, float]) -> str | None:
+    """The warning of a discovery that took longer than its budget (naming its longest phase), or None."""
+    if seconds <= budget_s:
+        return None
+    worst = max(phases, key=phases.get) if phases else "?"
+    return (f"discovery took {seconds:.1f} s, over its budget of {budget_s:.0f} s; the longest phase was {worst} "
+            f"({phases.get(worst, 0.0):.1f} s). It runs once per fingerprint (the file is cached); to shorten it, "
+            "measure fewer micro-batch sizes (--layer-micro-batches) or TP degrees (--layer-tp)")
+
+
 def report_ranks(device: torch.device) -> list[dp.RankReport]:
     """Collective: every rank's :class:`~lightning_hexiscale.profiling.discovery_plan.RankReport`, by rank."""
     world = dist.get_world_size()
@@ -382,11 +392,9 @@ def discover_process_group(model: LlamaConfig, *, precision: str | None = None,
     bar.step("cluster file written", "write")
     seconds = bar.close()
     say(f"discovered in {seconds:.1f} s: {path}" + (f" (cached as {cached})" if path != cached else ""))
-    if seconds > budget_s and rank == 0:
-        worst = max(bar.phases, key=bar.phases.get)
-        warnings.warn(f"discovery took {seconds:.1f} s, over its budget of {budget_s:.0f} s; the longest phase was "
-                      f"{worst} ({bar.phases[worst]:.1f} s). It runs once per fingerprint (the file is cached); to "
-                      "shorten it, measure fewer micro-batch sizes or TP degrees", stacklevel=2)
+    over = budget_message(seconds, budget_s, bar.phases)
+    if over and rank == 0:
+        warnings.warn(over, stacklevel=2)
     return Discovery(_from_rank0(str(path)), False, fp, seconds, count, str(cached))
 
 

@@ -289,3 +289,24 @@ def test_a_cached_file_that_does_not_load_is_one_error_and_rediscover_replaces_i
     again = run_local(2, _discover_small, model, cache, True, timeout_s=60)[0]
     assert not again.reused and again.path == first.path
     assert run_local(2, _discover_small, model, cache, False, timeout_s=60)[0].reused
+
+
+def test_progress_lines_and_the_budget(monkeypatch):
+    import io
+
+    from lightning_hexiscale.profiling.discover import Progress, budget_message
+
+    monkeypatch.setattr("sys.stderr", io.StringIO())  # not a terminal: plain lines, no bar
+    lines: list[str] = []
+    bar = Progress(2, 60.0, True, lines.append)
+    bar.step("ranks reported", "report")
+    bar.step("layer times at TP 1", "layer times")
+    assert bar.close() >= 0 and bar.bar is None
+    assert [ln.split(" (")[0] for ln in lines] == ["discover [1/2] ranks reported", "discover [2/2] layer times at TP 1"]
+    assert all("of 60 s budget" in ln for ln in lines) and set(bar.phases) == {"report", "layer times"}
+    quiet: list[str] = []
+    Progress(1, 60.0, False, quiet.append).step("x", "y")
+    assert quiet == []
+    assert budget_message(59.0, 60.0, {"layer times": 50.0}) is None
+    msg = budget_message(75.0, 60.0, {"flops": 2.0, "layer times": 50.0, "NICs": 20.0})
+    assert "75.0 s, over its budget of 60 s" in msg and "longest phase was layer times (50.0 s)" in msg
