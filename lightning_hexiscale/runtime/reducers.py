@@ -184,7 +184,7 @@ class ZeroReducer(GradReducer):
         self.sharder.reduce_grads()
 
     def drop_reduced(self) -> None:
-        self.sharder.grads = [None] * len(self.sharder.grads)
+        self.sharder.drop_grads()
 
     def grad_norm_sq(self, device: torch.device) -> torch.Tensor:
         # every element is owned by exactly one rank: the owned chunks, each element once

@@ -304,6 +304,10 @@ class ZeroSharder:
         self.starts.reset()
         self.freed_finite = []
 
+    def drop_grads(self) -> None:
+        """Forget the reduced chunks (a skipped step: the update must not see them)."""
+        self.grads = [None] * len(self.buckets)
+
     def grad_norm_sq(self) -> torch.Tensor:
         """Sum of squares of the owned gradient chunks (float64 scalar, no float64 copies). Every
         element of the model's gradient is owned by exactly one rank, so a world all-reduce of this
