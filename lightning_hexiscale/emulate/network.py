@@ -13,7 +13,8 @@ matrix (``machine_links``) is honoured: an ``htb`` root, one class per other mac
 ``rate = ceil = bandwidth`` (bytes/s), selected by a ``u32`` filter on the destination address.
 When the machine's NICs carry less than its links together (``egress``: three or more machines,
 or a NIC slower than the link), the per-destination classes hang under one parent class at the
-NIC figure, which all of them share: the veth is then the machine's NIC for every destination. A
+NIC figure, which all of them share: each class's assured ``rate`` is NIC / (machines - 1) and its
+``ceil`` min(link, NIC), so the veth is then the machine's NIC for every destination. A
 message from machine a to machine b is therefore limited once, by a's class for b, and TCP's
 acknowledgements flow back through b's class for a. The class's leaf queue is ``netem delay
 latency`` when the kernel has ``sch_netem`` (the one-way delay), else a deep FIFO (no drops, so TCP
@@ -140,14 +141,20 @@ class Network:
         for j in range(self.num_machines):
             if j == k:
                 continue
-            rate = int(min(self.bandwidth[k][j], nic))
+            ceil = int(min(self.bandwidth[k][j], nic))
+            # htb lets a class send at its own ``rate`` whatever its parent has left: only what it
+            # borrows above that, up to ``ceil``, is bounded by the parent. Under a shared NIC the
+            # classes' rates must therefore add up to the NIC (an equal share each), with ``ceil`` at
+            # the link: one flow alone still gets min(link, NIC), several share the NIC. With each
+            # rate at the link, two flows out of one machine had got 2 x the NIC.
+            rate = ceil if parent == "1:" else max(1, int(min(ceil, nic / (self.num_machines - 1))))
             # burst: 1 ms of traffic (at least one MTU): a deeper bucket lets the first bytes of
             # every message through faster than the link. htb sends a packet while its tokens are
             # >= 0 and charges it afterwards, so 64 KiB GSO packets pass a smaller bucket too.
-            burst = max(1600, int(rate * 0.001))
+            burst = max(1600, int(ceil * 0.001))
             cls = f"1:{j + 10:x}"
             sh("tc", "-n", ns, "class", "add", "dev", dev, "parent", parent, "classid", cls, "htb",
-               "rate", f"{rate}bps", "ceil", f"{rate}bps", "burst", str(burst), "cburst", str(burst))
+               "rate", f"{rate}bps", "ceil", f"{ceil}bps", "burst", str(burst), "cburst", str(burst))
             if self.latency_shaped and self.latency[k][j] > 0:
                 leaf = ["netem", "delay", f"{self.latency[k][j] * 1e6:.0f}us", "limit", "100000"]
             else:
