@@ -35,6 +35,7 @@ def test_a_run_into_a_pipe_has_no_bar_and_ends_naming_checkpoint_and_logs(tmp_pa
                           f"hydra.run.dir={run}"], capture_output=True, text=True, timeout=250, cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "\r" not in out.stdout + out.stderr  # trainer.progress_bar=null: no bar into a pipe
+    assert "validation_step" not in out.stderr  # validation off on purpose (val_every=0): no notice about it
     assert "step     2  loss" in out.stdout
     last = run / "checkpoints" / "last.ckpt"
     assert out.stdout.strip().splitlines()[-1] == (f"checkpoint: {last} (resume with trainer.resume={last}); "
@@ -46,3 +47,19 @@ def test_one_of_a_kind_is_singular():
 
     one = Cluster.from_config({"name": "one", "machines": [{"gpu": "A800", "count": 1, "intra_bandwidth": "200 GB/s"}]})
     assert one.summary().splitlines()[0].startswith("cluster one: 1 device on 1 machine, ")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_sweep_point_prints_what_a_single_run_prints(tmp_path):
+    """-m starts each point's ranks with spawn (fresh interpreters): they printed Lightning's
+    "Initializing distributed" banner and torch's LeafSpec deprecation, which a single run filters."""
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_PORT")}
+    out = subprocess.run([sys.executable, str(ROOT / "recipes" / "train.py"), "-m", "cluster=cpu2", "model=llama_tiny",
+                          "train.global_batch=8", "trainer.max_steps=1", "trainer.val_every=0",
+                          f"hydra.sweep.dir={tmp_path / 'sweep'}"], capture_output=True, text=True, timeout=250,
+                         cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "final metrics:" in out.stdout
+    for noise in ("Initializing distributed", "LeafSpec", "distributed_backend=", "validation_step"):
+        assert noise not in out.stdout + out.stderr, (noise, out.stderr[-3000:])

@@ -108,6 +108,7 @@ def fit(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict, precisio
     from lightning_hexiscale.config.fast_path import FastPath
     from lightning_hexiscale.lightning.example import LlamaLitModule, LogHyperparams, LossPrinter, StepProgressBar
     from lightning_hexiscale.lightning.interrupt import GracefulInterrupt
+    from lightning_hexiscale.lightning.quiet_worker import QuietWorker
     from lightning_hexiscale.lightning.strategy import HexiScaleStrategy
 
     t = cfg.trainer
@@ -143,6 +144,10 @@ def fit(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict, precisio
     interrupt = GracefulInterrupt(save_to=last if t.save_on_interrupt else None, last_checkpoint=last)
     ckpt = ModelCheckpoint(dirpath=str(out / "checkpoints"), save_last=True, save_top_k=0 if not every else -1,
                            every_n_train_steps=every or None)
+    if not t.val_every or val_dl is None:  # validation is off on purpose: Lightning's notice says nothing new
+        import warnings
+
+        warnings.filterwarnings("ignore", message="You defined a `validation_step` but have no `val_dataloader`")
     bar = bool(t.progress_bar) if t.progress_bar is not None else progress_bar_by_default()
     trainer = pl.Trainer(
         strategy=strategy, **launch, precision=precision, max_steps=int(t.max_steps),
@@ -150,7 +155,8 @@ def fit(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict, precisio
         val_check_interval=int(t.val_every) if t.val_every and val_dl is not None else None,
         check_val_every_n_epoch=None if t.val_every else 1, limit_val_batches=int(t.limit_val_batches) if t.val_every else 0,
         num_sanity_val_steps=0, log_every_n_steps=int(t.log_every), default_root_dir=str(out),
-        logger=logger, callbacks=[ckpt, LossPrinter(), interrupt, *hparams] + ([StepProgressBar()] if bar else []),
+        logger=logger, callbacks=[ckpt, LossPrinter(), interrupt, *hparams, *([QuietWorker()] if launcher == "spawn" else [])]
+        + ([StepProgressBar()] if bar else []),
         enable_progress_bar=bar, enable_model_summary=False)
     trainer.fit(module, train_dl, val_dl if t.val_every else None, ckpt_path=t.resume)
     # the training rank 0's figures (None on the other ranks, and on ranks of idle devices)
