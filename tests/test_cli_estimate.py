@@ -78,13 +78,16 @@ def test_console_script_help_and_list():
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
 
 
-def test_estimate_names_what_priced_each_type_and_refuses_a_mismatched_table(tmp_path, capsys):
+def test_estimate_names_what_priced_each_type_and_refuses_a_mismatched_table(tmp_path, capsys, monkeypatch):
     """``hexiscale estimate`` prints and writes (``--json``: price_sources) the source of every device
     type; a layer table measured in another precision stops it with the key and the mismatch, and
     ``--allow-table-mismatch`` turns that into a warning naming what prices the type instead."""
     import yaml
 
+    from lightning_hexiscale.config import layer_table
     from tests.test_layer_table import cluster_doc
+
+    monkeypatch.setattr(layer_table, "_WARNED", set())  # said once per process: not by an earlier test
 
     cluster = tmp_path / "measured.yaml"
     doc = cluster_doc()

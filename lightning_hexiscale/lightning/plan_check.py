@@ -19,9 +19,8 @@ What is timed, per rank and step: **wall** time from the first training batch of
 inside the engine's pipeline schedule (``executor.run``) minus the time inside its point-to-point
 exchanges (``executor.exchange``: waiting for a neighbour stage and moving activations), i.e. the
 stage's forward and backward with their TP collectives, which is what a stage's price
-(``compute_s + tp_comm_s``) covers. The two methods are wrapped on this engine's executor only
-during the measured steps (on CUDA with a device synchronisation at each edge, so that queued
-kernels count where they run) and restored afterwards. The comparison itself is pure:
+(``compute_s + tp_comm_s``) covers, timed by :class:`~lightning_hexiscale.profiling.check.StageTimer`
+only during the measured steps. The comparison itself is pure:
 :func:`lightning_hexiscale.profiling.check.compare_run`.
 """
 
@@ -33,13 +32,12 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.planner.cost.estimate import Estimate
 from lightning_hexiscale.planner.plan import Plan
-from lightning_hexiscale.profiling.check import RunCheck, compare_run
+from lightning_hexiscale.profiling.check import RunCheck, StageTimer, compare_run
 
 DEFAULT_WARMUP = 5
 """Optimizer steps left alone before the measurement."""
@@ -82,9 +80,7 @@ class PlanCheck:
         self.busy_s: list[float] = []
         self.result: RunCheck | None = None
         self._t0: float | None = None
-        self._busy = 0.0
-        self._wrapped = False
-        self.cuda = torch.device(engine.device).type == "cuda"
+        self.timer = StageTimer(engine)
 
     @classmethod
     def for_strategy(cls, strategy, trainer) -> PlanCheck:
@@ -110,67 +106,28 @@ class PlanCheck:
     def done(self) -> bool:
         return self.steps >= self.warmup + self.measured_steps
 
-    def _sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize(self.engine.device)
-
     # ---- hooks the strategy calls ---------------------------------------------------------------
     def batch_starts(self) -> None:
         """A training batch begins; the first of an optimizer step opens its window."""
         if self._t0 is not None or not self.measuring:
             return
-        if not self._wrapped:
-            self._wrap()
-        self._sync()
-        self._busy = 0.0
+        self.timer.install()
+        self.timer.sync()
+        self.timer.busy_s = 0.0
         self._t0 = time.perf_counter()
 
     def step_ends(self, trainer) -> None:
         """An optimizer step ended (taken or skipped as non-finite): record it; at the end of the
         last measured step, the collective report (every rank, the same step)."""
         if self._t0 is not None:
-            self._sync()
+            self.timer.sync()
             self.step_s.append(time.perf_counter() - self._t0)
-            self.busy_s.append(self._busy)
+            self.busy_s.append(self.timer.busy_s)
             self._t0 = None
         self.steps += 1
         if self.steps == self.warmup + self.measured_steps:
-            self._unwrap()
+            self.timer.remove()
             self.report(trainer)
-
-    # ---- timing the executor --------------------------------------------------------------------
-    def _wrap(self) -> None:
-        ex = self.engine.executor
-        run, exchange = ex.run, ex.exchange
-        state = {"comm": 0.0}
-
-        def timed_exchange(*args, **kwargs):
-            self._sync()
-            t = time.perf_counter()
-            try:
-                return exchange(*args, **kwargs)
-            finally:
-                self._sync()
-                state["comm"] += time.perf_counter() - t
-
-        def timed_run(*args, **kwargs):
-            state["comm"] = 0.0
-            self._sync()
-            t = time.perf_counter()
-            try:
-                return run(*args, **kwargs)
-            finally:
-                self._sync()
-                self._busy += time.perf_counter() - t - state["comm"]
-
-        ex.run, ex.exchange = timed_run, timed_exchange  # instance attributes shadow the methods
-        self._wrapped = True
-
-    def _unwrap(self) -> None:
-        if self._wrapped:
-            ex = self.engine.executor
-            del ex.run, ex.exchange
-            self._wrapped = False
 
     # ---- the report -----------------------------------------------------------------------------
     def report(self, trainer) -> RunCheck:

@@ -388,3 +388,57 @@ def compare_run(plan: Plan, est: Estimate, step_s: list[list[float]], busy_s: li
             stages.append(StageCheck(i, j, list(st.devices), st.tp, e.compute_s + e.tp_comm_s,
                                      max(statistics.median(busy_s[r]) for r in ranks)))
     return RunCheck(est.iteration_time_s, statistics.median(per_step), stages, warmup_steps, len(per_step), tolerance)
+
+
+class StageTimer:
+    """This rank's busy time inside the engine's pipeline schedule, while installed: each call of
+    ``executor.run`` minus the calls of ``executor.exchange`` inside it (waiting for a neighbour
+    stage and moving activations), i.e. the stage's forward and backward with their TP collectives.
+    Installed as instance attributes that shadow the executor's two methods (removed by
+    :meth:`remove`); on CUDA with a device synchronisation at each edge, so that queued kernels
+    count where they run. ``busy_s`` accumulates until reset."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.busy_s = 0.0
+        self.installed = False
+        self.cuda = torch.device(engine.device).type == "cuda"
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.engine.device)
+
+    def install(self) -> None:
+        if self.installed:
+            return
+        ex = self.engine.executor
+        run, exchange = ex.run, ex.exchange
+        comm = [0.0]
+
+        def timed_exchange(*args, **kwargs):
+            self.sync()
+            t = time.perf_counter()
+            try:
+                return exchange(*args, **kwargs)
+            finally:
+                self.sync()
+                comm[0] += time.perf_counter() - t
+
+        def timed_run(*args, **kwargs):
+            comm[0] = 0.0
+            self.sync()
+            t = time.perf_counter()
+            try:
+                return run(*args, **kwargs)
+            finally:
+                self.sync()
+                self.busy_s += time.perf_counter() - t - comm[0]
+
+        ex.run, ex.exchange = timed_run, timed_exchange
+        self.installed = True
+
+    def remove(self) -> None:
+        if self.installed:
+            ex = self.engine.executor
+            del ex.run, ex.exchange
+            self.installed = False

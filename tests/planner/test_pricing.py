@@ -69,7 +69,7 @@ def test_cpu_workloads_keep_flops_pricing():
     c = Cluster.load("cpu_demo")
     w = Workload.from_precision(LlamaConfig.load("llama_demo"), "32-true", device="cpu")
     t_f = layer_times(c, w, [0], 2, False)[0]
-    assert t_f == pytest.approx(w.model.layer_forward_flops(2) / 200e9)
+    assert t_f == pytest.approx(w.model.layer_forward_flops(2) / 160e9)  # cpu_demo: CPU-BIG at 160 GFLOPS
     assert C.datasheet_types(c, w) == []
 
 
