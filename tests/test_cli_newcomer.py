@@ -40,6 +40,13 @@ def test_a_run_into_a_pipe_has_no_bar_and_ends_naming_checkpoint_and_logs(tmp_pa
     last = run / "checkpoints" / "last.ckpt"
     assert out.stdout.strip().splitlines()[-1] == (f"checkpoint: {last} (resume with trainer.resume={last}); "
                                                    f"logs: {run / 'logs' / 'version_0'}")
+    # resumed in another run directory: ModelCheckpoint's "dirpath has changed" (once per rank) is noise here
+    again = subprocess.run([sys.executable, str(ROOT / "recipes" / "train.py"), "cluster=cpu2", "model=llama_tiny",
+                            "train.global_batch=8", "trainer.max_steps=3", "trainer.val_every=0",
+                            f"trainer.resume={last}", f"hydra.run.dir={tmp_path / 'again'}"],
+                           capture_output=True, text=True, timeout=250, cwd=tmp_path, env=env)
+    assert again.returncode == 0 and "steps 3-3, resumed at step 2" in again.stdout, again.stdout[-3000:]
+    assert "dirpath has changed" not in again.stderr, again.stderr[-3000:]
 
 
 def test_one_of_a_kind_is_singular():

@@ -148,6 +148,10 @@ def fit(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict, precisio
         import warnings
 
         warnings.filterwarnings("ignore", message="You defined a `validation_step` but have no `val_dataloader`")
+    if t.resume:  # the recipe keeps no top-k checkpoints: what ModelCheckpoint says it will not reload is nothing
+        import warnings
+
+        warnings.filterwarnings("ignore", message="The dirpath has changed from")
     bar = bool(t.progress_bar) if t.progress_bar is not None else progress_bar_by_default()
     trainer = pl.Trainer(
         strategy=strategy, **launch, precision=precision, max_steps=int(t.max_steps),
