@@ -68,7 +68,8 @@ def check_override_key(cfg: DictConfig, override: str) -> None:
             return  # below a leaf: OmegaConf refuses it with its own message
         if part in node:
             if i == len(parts) - 1:
-                check_value_type(node, part, ".".join(parts), value)
+                if not override.startswith("~"):  # ~key (delete) carries no value
+                    check_value_type(node, part, ".".join(parts), value)
                 return
             node = node[part]
             continue
