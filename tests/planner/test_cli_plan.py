@@ -22,6 +22,18 @@ def test_plan_json_has_plan_estimate_and_search_time(capsys, tmp_path):
     again = json.loads(capsys.readouterr().out)
     assert again["iteration_time_s"] == pytest.approx(doc["estimate"]["iteration_time_s"])
     assert set(again) == set(doc["estimate"])
+    # what priced each device type, and how recompute: auto decided (the written plan keeps the choice)
+    assert [(s["gpu_type"], s["kind"]) for s in doc["estimate"]["price_sources"]] == [
+        ("A800", "datasheet"), ("RTX4090", "datasheet"), ("RTX3090", "datasheet")]
+    assert doc["estimate"]["recompute_choice"].startswith("auto: ")
+    assert again["price_sources"] == doc["estimate"]["price_sources"]
+
+
+def test_plan_text_names_the_price_sources(capsys):
+    assert main(["plan", *BASE]) == 0
+    out = capsys.readouterr().out
+    assert "priced by:\n  A800: datasheet (roofline: GEMMs at 70% of the dense peak" in out
+    assert "\nrecompute: auto: " in out
 
 
 def test_plan_json_with_baselines(capsys):
