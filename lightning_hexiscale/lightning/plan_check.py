@@ -4,15 +4,15 @@
 leaves the first W steps alone (compilation, allocator and gloo warm-up), times the next
 :data:`MEASURED_STEPS` on every rank, and then every training rank, at the end of the same optimizer
 step, sends its times to the others (one ``all_gather_object`` on the default group: the same
-collective, at the same step, on every rank) and reads the log directory (``trainer.log_dir``, a
-broadcast). Global rank 0 then:
+collective, at the same step, on every rank) and read the output directory (:func:`output_dir`).
+Global rank 0 then:
 
 - prints one line: the estimated and measured step time, and the stage whose measured time is
   furthest from its price (:meth:`~lightning_hexiscale.profiling.check.RunCheck.line`);
 - warns (:class:`PlanCheckWarning`) when the step is more than 25 % off, naming that stage and what
   to do (re-discover the cluster, or profile it);
 - writes ``plan_check.json`` (:meth:`RunCheck.to_dict`: per stage its devices, estimated and
-  measured seconds) into the log directory, where the checkpoints go too.
+  measured seconds) into the log directory (:func:`output_dir`: the logger's, else the checkpoints').
 
 What is timed, per rank and step: **wall** time from the first training batch of the optimizer step
 (``batch_starts``) to the end of its optimizer step (``step_ends``), and **busy** time, the time
@@ -137,7 +137,7 @@ class PlanCheck:
         if self.world_size > 1 and dist.is_initialized():
             everyone = [None] * self.world_size
             dist.all_gather_object(everyone, mine)
-        log_dir = trainer.log_dir  # a broadcast from rank 0: every rank reads it here
+        out_dir = output_dir(trainer)
         self.result = compare_run(self.plan, self.estimate, [s for s, _ in everyone], [b for _, b in everyone],
                                   self.warmup)
         if self.rank == 0:
@@ -145,10 +145,24 @@ class PlanCheck:
             text = self.result.warning(self.model_name)
             if text is not None:
                 warnings.warn(text, PlanCheckWarning, stacklevel=2)
-            out = Path(log_dir or trainer.default_root_dir) / FILE_NAME
-            out.parent.mkdir(parents=True, exist_ok=True)
-            doc = {**self.result.to_dict(), "plan": self.plan.to_dict(),
-                   "per_rank": [{"rank": r, "step_s": s, "busy_s": b} for r, (s, b) in enumerate(everyone)]}
-            out.write_text(json.dumps(doc, indent=2))
-            print(f"hexiscale plan check written to {out}", flush=True)
+            if out_dir is not None:
+                out = out_dir / FILE_NAME
+                out.parent.mkdir(parents=True, exist_ok=True)
+                doc = {**self.result.to_dict(), "plan": self.plan.to_dict(),
+                       "per_rank": [{"rank": r, "step_s": s, "busy_s": b} for r, (s, b) in enumerate(everyone)]}
+                out.write_text(json.dumps(doc, indent=2))
+                print(f"hexiscale plan check written to {out}", flush=True)
         return self.result
+
+
+def output_dir(trainer) -> Path | None:
+    """Where ``plan_check.json`` goes: the log directory of the Trainer's first logger
+    (``trainer.log_dir``: a broadcast from rank 0, so every rank calls this at the same point), else
+    the checkpoint callback's directory, else nowhere (a run with neither writes no outputs, and the
+    check does not start: ``logger=False`` without checkpoints would otherwise fill the working
+    directory)."""
+    if trainer.loggers:
+        return Path(trainer.log_dir)
+    callback = trainer.checkpoint_callback
+    dirpath = getattr(callback, "dirpath", None) if callback is not None else None
+    return Path(dirpath) if dirpath else None

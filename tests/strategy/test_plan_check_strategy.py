@@ -16,8 +16,10 @@ PLAN = plan_of([(2, 1, [([0], (0, 2)), ([1], (2, 4))])])  # one pipeline, two st
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_rank0_prints_the_check_and_writes_the_stage_times(tmp_path, capfd):
+    from lightning.pytorch.loggers import CSVLogger
+
     trainer = hexiscale_trainer(PLAN, tmp_path, strategy_kw={"plan_check": 1}, max_steps=5,
-                                default_root_dir=str(tmp_path))
+                                logger=CSVLogger(str(tmp_path), name="logs", version=0))
     trainer.fit(module(), loader(20, 2))
     read_ranks(tmp_path, 2)  # every rank's communication replays under NCCL's rules
     out = capfd.readouterr().out
@@ -26,7 +28,7 @@ def test_rank0_prints_the_check_and_writes_the_stage_times(tmp_path, capfd):
     assert "3 steps after 1 warm-up" in lines[0] and "furthest from its price: pipeline 0 stage" in lines[0]
     # and, at setup, what priced the plan it is held against (local CPU devices: declared FLOP/s)
     assert out.count("hexiscale plan priced by: ") == 1 and "CPU" in out.split("hexiscale plan priced by: ")[1]
-    doc = json.loads((tmp_path / "plan_check.json").read_text())
+    doc = json.loads((tmp_path / "logs" / "version_0" / "plan_check.json").read_text())  # the log directory
     assert doc["warmup_steps"] == 1 and doc["measured_steps"] == 3 and doc["measured_step_s"] > 0
     assert [(s["pipeline"], s["stage"], s["devices"]) for s in doc["stages"]] == [(0, 0, [0]), (0, 1, [1])]
     assert all(s["measured_s"] > 0 and s["estimated_s"] > 0 for s in doc["stages"])
@@ -41,5 +43,11 @@ def test_no_check_before_the_warm_up_ends_or_when_off(tmp_path, capfd):
     hexiscale_trainer(PLAN, tmp_path, max_steps=3, default_root_dir=str(tmp_path)).fit(module(), loader(12, 2))
     hexiscale_trainer(PLAN, tmp_path, strategy_kw={"plan_check": None}, max_steps=5,
                       default_root_dir=str(tmp_path)).fit(module(), loader(20, 2))
-    assert "hexiscale plan check" not in capfd.readouterr().out
-    assert not (tmp_path / "plan_check.json").exists()
+    assert "hexiscale plan check (" not in capfd.readouterr().out
+    assert not list(tmp_path.rglob("plan_check.json"))
+    # no logger, no checkpoints: the line, but no file (the run writes no outputs at all)
+    hexiscale_trainer(PLAN, tmp_path, strategy_kw={"plan_check": 1}, max_steps=4,
+                      default_root_dir=str(tmp_path)).fit(module(), loader(16, 2))
+    out = capfd.readouterr().out
+    assert out.count("hexiscale plan check (") == 1 and "written to" not in out
+    assert not list(tmp_path.rglob("plan_check.json"))
