@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 
 from lightning_hexiscale.cli.common import add_launch_args, add_precision_arg, positive_int, resolve_precision, subcommand
-from lightning_hexiscale.cli.profile import _int_list, _sizes, emulated_defaults, layer_time_model
+from lightning_hexiscale.cli.profile import int_list, message_sizes, emulated_defaults, layer_time_model
 
 
 def _discover_args(p: argparse.ArgumentParser) -> None:
@@ -32,14 +32,14 @@ def _discover_args(p: argparse.ArgumentParser) -> None:
                    help="measure again even when a file of the same fingerprint is cached (and replace it)")
     p.add_argument("--budget", type=float, default=60.0, metavar="S",
                    help="seconds discovery should take; a warning names the longest phase when exceeded (default 60)")
-    p.add_argument("--layer-micro-batches", type=_int_list, default=None, metavar="M1,M2,...",
+    p.add_argument("--layer-micro-batches", type=int_list, default=None, metavar="M1,M2,...",
                    help="micro-batch sizes of the layer times (default 1,2,4)")
-    p.add_argument("--layer-tp", type=_int_list, default=None, metavar="T1,T2,...",
+    p.add_argument("--layer-tp", type=int_list, default=None, metavar="T1,T2,...",
                    help="TP degrees of the layer times (default: powers of two up to the largest machine and each "
                         "machine's device count, at most the model's KV heads)")
     p.add_argument("--layer-reps", type=positive_int, default=2, help="timed reps per layer-time case (default 2)")
     p.add_argument("--reps", type=positive_int, default=3, help="timed ping-pongs per size and pair (default 3)")
-    p.add_argument("--sizes", type=_sizes, default=None, metavar="S1,S2,...",
+    p.add_argument("--sizes", type=message_sizes, default=None, metavar="S1,S2,...",
                    help="ping-pong message sizes (default as `hexiscale profile`)")
     p.add_argument("--matmul-size", type=positive_int, default=None, metavar="N", help="matmul size of the FLOP/s test")
     p.add_argument("--matmul-time", type=float, default=None, metavar="S",

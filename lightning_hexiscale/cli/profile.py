@@ -24,7 +24,8 @@ from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.config.units import parse_bytes
 
 
-def _sizes(text: str) -> list[int]:
+def message_sizes(text: str) -> list[int]:
+    """``--sizes``: comma-separated byte sizes with units (``1KiB,64KiB,1MiB``), at least two distinct."""
     out = []
     for part in text.split(","):
         try:
@@ -41,7 +42,7 @@ def _profile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="profiled_cluster.yaml", metavar="PATH.yaml",
                    help="cluster YAML to write (its matrices go to PATH.matrix.yaml beside it)")
     p.add_argument("--name", default=None, help="cluster name (default: the file's stem)")
-    p.add_argument("--sizes", type=_sizes, default=None, metavar="S1,S2,...",
+    p.add_argument("--sizes", type=message_sizes, default=None, metavar="S1,S2,...",
                    help="ping-pong message sizes, e.g. 1KiB,64KiB,1MiB,4MiB (default: 1 KiB..4 MiB on CPU, "
                         "4 KiB..64 MiB on CUDA, 256 KiB..4 MiB inside `hexiscale emulate`)")
     p.add_argument("--reps", type=positive_int, default=5, help="timed ping-pongs per size and pair (default 5)")
@@ -70,7 +71,7 @@ def _profile_args(p: argparse.ArgumentParser) -> None:
                    help="sequence length of --model's layer times (default: the model's)")
 
 
-def _int_list(text: str) -> list[int]:
+def int_list(text: str) -> list[int]:
     try:
         out = sorted({int(x) for x in text.split(",") if x.strip()})
     except ValueError:
@@ -82,10 +83,10 @@ def _int_list(text: str) -> list[int]:
 
 def add_layer_time_args(p: argparse.ArgumentParser) -> None:
     """Options of the layer-time measurement (``profile --model``, ``calibrate --layer-times``)."""
-    p.add_argument("--layer-micro-batches", type=_int_list, default=None, metavar="M1,M2,...",
+    p.add_argument("--layer-micro-batches", type=int_list, default=None, metavar="M1,M2,...",
                    help="micro-batch sizes of the layer times (default 1,2,4; the cost model interpolates "
                         "between them and scales the nearest per sequence outside them)")
-    p.add_argument("--layer-tp", type=_int_list, default=None, metavar="T1,T2,...",
+    p.add_argument("--layer-tp", type=int_list, default=None, metavar="T1,T2,...",
                    help="TP degrees of the layer times (default: powers of two up to the largest machine and "
                         "each machine's device count, at most the model's KV heads)")
     p.add_argument("--layer-reps", type=positive_int, default=3, help="timed reps per layer-time case (default 3)")

@@ -42,7 +42,7 @@ from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.profiling import discovery_plan as dp
 from lightning_hexiscale.profiling.fit import NicFit, default_sizes, fit_alpha_beta, fit_nic
-from lightning_hexiscale.profiling.measure import (_is_hopper, current_device, device_memory_bytes, device_type_name,
+from lightning_hexiscale.profiling.measure import (is_hopper, current_device, device_memory_bytes, device_type_name,
                                                    machine_name, measure_matmul_flops, ping_pong, transfer)
 from lightning_hexiscale.profiling.writer import ProfileResult, infer_machines, write_cluster
 
@@ -123,7 +123,7 @@ def report_ranks(device: torch.device) -> list[dp.RankReport]:
     me = hosts[dist.get_rank()]
     cap = "cpu" if device.type != "cuda" else "sm_%d%d" % torch.cuda.get_device_capability(device)
     mine = dp.RankReport(me, device_type_name(device), device_memory_bytes(device, hosts.count(me)), cap,
-                         _is_hopper(device))
+                         is_hopper(device))
     out: list = [None] * world
     dist.all_gather_object(out, mine)
     return out

@@ -126,7 +126,8 @@ def cgroup_memory_limit() -> float | None:
     return None
 
 
-def _is_hopper(device: torch.device) -> bool:
+def is_hopper(device: torch.device) -> bool:
+    """A compute-capability 9.x GPU (H100, H200, H800, H20)."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
 
 
@@ -258,7 +259,7 @@ def profile_process_group(sizes: Sequence[int] | None = None, reps: int = 5, max
     dist.barrier()
     flops = measure_matmul_flops(device, matmul_n, matmul_time_s, dtype=run.compute_dtype)
     me = {"type": device_type_name(device), "flops": flops, "memory": device_memory_bytes(device, on_host),
-          "hopper": _is_hopper(device)}
+          "hopper": is_hopper(device)}
     info: list[dict] = [{}] * world
     dist.all_gather_object(info, me)
     say(f"matmul FLOP/s measured on all ranks at once ({flops_dtype}, precision {run.name})")
