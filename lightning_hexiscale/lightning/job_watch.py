@@ -229,8 +229,10 @@ class JobWatch:
         self.ctrl_c.set()
         phase = self.phase
         if phase in IN_MAIN_THREAD:
-            if first:
-                threading.Timer(self.backstop_s, self._backstop).start()
+            if first:  # a daemon: a process that ends by itself does not wait for it
+                timer = threading.Timer(self.backstop_s, self._backstop)
+                timer.daemon = True
+                timer.start()
             return
         if phase in GRACEFUL and not self._asked_to_finish:
             self._asked_to_finish = True  # GracefulInterrupt (every rank) stops at the end of the step
@@ -274,6 +276,10 @@ class JobWatch:
     def _handler(self, signum, frame) -> None:
         self.ctrl_c.set()
         if self.phase in IN_MAIN_THREAD:
+            if _importing():
+                # KeyboardInterrupt inside an import can abort the process: torch's C++ start-up turns
+                # it into pybind11's error_already_set, then std::terminate (exit -6, a C++ trace)
+                self.end(self.message())
             raise KeyboardInterrupt
 
     def _read(self, fd: int) -> None:
@@ -288,6 +294,14 @@ class JobWatch:
             for signum in data:
                 if signum == signal.SIGINT:
                     self.on_ctrl_c()
+
+
+def _importing() -> bool:
+    """A module is being imported (its import lock is held): importlib's table of module locks is
+    not empty (CPython; a private table, read only, absent elsewhere: then False)."""
+    import importlib._bootstrap as bootstrap
+
+    return bool(getattr(bootstrap, "_module_locks", None))
 
 
 def record_in_child(flag: threading.Event) -> None:
