@@ -87,6 +87,7 @@ plan
     assert "-0  14/14" in found[0] and "+0  15/15" in found[0] and "-1  18/1" in found[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page,message", [
     ("```bash\necho hi\n```\n", "page.md:1: a bash block without a doc marker"),
     ("```\nsome output\n```\n", "page.md:1: a plain block without a doc marker"),

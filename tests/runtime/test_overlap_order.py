@@ -80,6 +80,7 @@ def _worker(rank, world, plan_dict, config, precision, cap):
     return started, late, syncer.starts.early, len(syncer.starts.sizes)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("plan_id,sharding,precision,cap", CASES, ids=["-".join(map(str, c)) for c in CASES])
 def test_early_buckets_are_the_plans_on_every_member(run_ranks, tiny_mha, plan_id, sharding, precision, cap):

@@ -260,6 +260,7 @@ def _reference(tmp_path: Path, steps: int) -> list[float]:
     return read_ranks(ref_dir, 1)[0]["losses"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(360)
 def test_rank_zero_hosting_the_store_stays_until_the_end_and_shares_a_failure(tmp_path):
     ok, bad = tmp_path / "ok", tmp_path / "bad"

@@ -105,6 +105,7 @@ def _blamed(line: str) -> set[int]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("how", ["raise", "kill", "hang"])
 def test_every_rank_stops_and_names_the_failed_one_under_load(tmp_path, how, cpu_hog):

@@ -453,5 +453,5 @@ def workload_from_config(cfg) -> Workload:
     return Workload.for_devices(LlamaConfig.from_config(cfg.model), [m.gpu for m in cfg.cluster.machines],
                                 cfg.trainer.precision,
                                 memory_headroom=float(cfg.train.get("memory_headroom", 0.0) or 0.0),
-                                allow_table_mismatch=bool(cfg.planner.get("allow_table_mismatch", False)),
+                                allow_table_mismatch=bool((cfg.get("planner") or {}).get("allow_table_mismatch", False)),
                                 fast_path=FastPath.coerce(cfg.trainer.get("fast_path"), key="trainer.fast_path"))
