@@ -117,9 +117,9 @@ def test_bf16_nccl_row_fails_without_gradient_sync(monkeypatch):
     """The bf16-mixed rows can fail: two pipelines that never sum their gradients stay within 3e-3
     of the reference's losses, but their updates point elsewhere (cosine ~0), and the row FAILs."""
     check_gpu = _recipe(monkeypatch)
-    from lightning_hexiscale.runtime.engine import PipelineEngine
+    from lightning_hexiscale.runtime.reducers import DDPReducer
 
-    monkeypatch.setattr(PipelineEngine, "sync_grads", lambda self: None)  # forked ranks inherit it
+    monkeypatch.setattr(DDPReducer, "reduce", lambda self: None)  # forked ranks inherit it
     name = "ddp, 2 pipelines, NCCL"
     row = check_gpu.check_nccl(name, check_gpu.plans()[name], steps=3, timeout=60, cuda=False, bf16=True)
     assert row.result == "FAIL" and "update cosine" in row.measured, row
