@@ -3,10 +3,10 @@ test that starts a process fails at once with the fix ("mark it slow"), so the l
 tests that run in seconds, and the ``slow`` marker stays true of every test that forks, spawns or
 runs a command.
 
-A process starts through ``os.fork`` (multiprocessing's fork start method, forked ranks) or
-``subprocess.Popen`` (the CLI, torchrun, recipes and benchmarks run as commands; multiprocessing's
-spawn and forkserver start methods launch their interpreter through it, as ``_posixsubprocess``).
-Both are patched for the test's duration.
+A process starts through ``os.fork`` (multiprocessing's fork start method, forked ranks),
+``subprocess.Popen`` (the CLI, torchrun, recipes and benchmarks run as commands) or
+``multiprocessing.util.spawnv_passfds`` (multiprocessing's spawn and forkserver start methods,
+which call ``_posixsubprocess`` themselves). All three are patched for the test's duration.
 """
 
 from __future__ import annotations
@@ -34,10 +34,11 @@ def no_processes(test_id: str):
                             "(or `pytestmark = pytest.mark.slow` for a module of such tests); the fast lane "
                             "(make test-fast) runs only tests that start no process")
 
-    fork, init = os.fork, subprocess.Popen.__init__
-    os.fork = refuse
-    subprocess.Popen.__init__ = refuse
+    import multiprocessing.util as mp_util
+
+    fork, init, spawn = os.fork, subprocess.Popen.__init__, mp_util.spawnv_passfds
+    os.fork = subprocess.Popen.__init__ = mp_util.spawnv_passfds = refuse
     try:
         yield
     finally:
-        os.fork, subprocess.Popen.__init__ = fork, init
+        os.fork, subprocess.Popen.__init__, mp_util.spawnv_passfds = fork, init, spawn

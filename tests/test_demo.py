@@ -29,6 +29,7 @@ def demo():
     return cfg, cluster, workload
 
 
+@pytest.mark.slow
 def test_demo_plan_has_tp_pipeline_and_unequal_replicas(demo):
     cfg, cluster, workload = demo
     settings = SearchSettings.from_config(cfg, progress=False)

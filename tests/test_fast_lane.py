@@ -22,6 +22,8 @@ def test_guard_refuses_fork_and_popen_and_names_the_test():
 
         with pytest.raises(fast_lane.StartsProcess):
             mp.get_context("fork").Process(target=print).start()
+        with pytest.raises(fast_lane.StartsProcess):
+            mp.get_context("spawn").Process(target=print).start()
 
 
 @pytest.mark.slow

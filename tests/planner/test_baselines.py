@@ -28,6 +28,7 @@ def test_baselines_return_valid_plans_that_fit(name, hetero2_7b):
     assert r.plan.meta["planner"] == name
 
 
+@pytest.mark.slow
 def test_baselines_use_their_own_sharding_unless_like_for_like(hetero2_7b):
     """Appendix G: Megatron and Metis run DDP, Galvatron ZeRO-3; like-for-like lets them choose."""
     res = B.run_baselines(*hetero2_7b, FAST, ("megatron", "galvatron", "metis"))
@@ -67,6 +68,7 @@ def test_megatron_on_the_case_study_is_out_of_memory_but_reports_its_time():
     assert r.ignoring_memory is not None and r.ignoring_memory.iteration_time_s > 0
 
 
+@pytest.mark.slow
 def test_exhaustive_bounds_the_search_on_a_tiny_cluster(tiny):
     c = Cluster.load("cpu_hetero4")
     ex = B.exhaustive(c, tiny, 8, SearchSettings())
@@ -135,6 +137,7 @@ def test_unaware_baseline_retunes_when_the_believed_best_plan_does_not_fit(heter
     assert first >= 1  # that many plans the belief preferred were skipped
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset,model,gb", [("cpu_hetero4", "llama_tiny", 8), ("hetero2", "llama2_7b", 64)])
 def test_search_beats_or_equals_the_unaware_baselines(preset, model, gb):
     c, w = Cluster.load(preset), Workload(LlamaConfig.load(model))
@@ -177,6 +180,7 @@ def test_fast_only_is_the_best_symmetric_plan_over_every_machine_subset(small7b,
     assert search(c, small7b, gb, FAST).estimate.cost <= r.estimate.cost * (1 + 1e-9)
 
 
+@pytest.mark.slow
 def test_uniform_tp_uses_one_tp_degree_in_every_stage(small7b, straggler):
     c = straggler
     r = B.uniform_tp(c, small7b, 16, FAST)

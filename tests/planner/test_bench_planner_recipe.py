@@ -25,6 +25,7 @@ def bench():
     return bench_planner
 
 
+@pytest.mark.slow
 def test_sections_on_tiny_inputs(bench, tmp_path, capsys):
     assert len(bench.small_clusters()) >= 10
     speed = bench.bench_speed([32], iterations=3)

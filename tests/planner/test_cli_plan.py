@@ -36,6 +36,7 @@ def test_plan_text_names_the_price_sources(capsys):
     assert "\nrecompute: auto: " in out
 
 
+@pytest.mark.slow
 def test_plan_json_with_baselines(capsys):
     assert main(["plan", "--json", "--baselines", *BASE]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -60,6 +61,7 @@ def test_plan_json_with_baselines(capsys):
     assert aware["galvatron"]["feasible"] is True
 
 
+@pytest.mark.slow
 def test_plan_text_report(capsys):
     assert main(["plan", "--baselines", *BASE, "planner.progress=false"]) == 0
     out = capsys.readouterr().out
@@ -78,6 +80,7 @@ def test_picture_with_a_bad_extension_is_a_config_error(tmp_path, capsys):
     assert "--picture" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_sweep_writes_csv_and_markdown(tmp_path, capsys):
     args = ["plan", "-m", "--baselines", "--sweep-dir", str(tmp_path), "cluster=cpu_hetero4,cpu2", "model=llama_tiny",
             "train.global_batch=8", "planner.iterations=4"]
@@ -96,6 +99,7 @@ def test_infeasible_model_exits_2_with_the_reason(capsys):
     assert "no plan fits in memory" in err and "Fix:" in err
 
 
+@pytest.mark.slow
 def test_plan_optimum_reports_the_oracle_beside_the_search(capsys):
     """--optimum: the oracle's optimum, independently re-scored here, and the search's fraction of it."""
     from lightning_hexiscale.config.cluster import Cluster

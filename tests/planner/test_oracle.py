@@ -192,6 +192,7 @@ def test_symmetry_reduction_changes_nothing_but_the_work():
     assert sym.stats["partitions"] < res.stats["partitions"]
 
 
+@pytest.mark.slow
 def test_time_limit_says_incomplete_with_a_true_lower_bound(tiny):
     cluster = Cluster.load("cpu_hetero8")
     full = oracle(cluster, tiny, 16)

@@ -32,6 +32,7 @@ def test_every_preset_is_covered():
     assert sorted(PRESETS) == preset_names("cluster")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_every_plan_validates_and_fits_in_memory(name):
     model, gb = PRESETS[name]
@@ -47,6 +48,7 @@ def test_every_plan_validates_and_fits_in_memory(name):
     assert r.plan.meta["planner"] == "hexiscale-search" and r.plan.meta["cluster"] == c.name
 
 
+@pytest.mark.slow
 def test_nvlink_islands_are_never_split_across_a_tp_group(llama7b):
     c = two_islands()
     for cut in ("min", "max"):
@@ -56,6 +58,7 @@ def test_nvlink_islands_are_never_split_across_a_tp_group(llama7b):
                 assert len({c.devices[d].machine for d in st.devices}) == 1, st
 
 
+@pytest.mark.slow
 def test_same_seed_same_plan_and_log():
     c, w = Cluster.load("hetero1"), Workload(LlamaConfig.load("llama2_7b"))
     a = search(c, w, 64, SearchSettings(iterations=12, seed=7))
@@ -149,6 +152,7 @@ def test_memory_cap_matches_estimate(llama7b):
     assert peak(cap).peak_memory_bytes <= c.devices[0].memory_bytes < peak(cap + 1).peak_memory_bytes
 
 
+@pytest.mark.slow
 def test_search_beats_the_shipped_paper_plans():
     """The paper's Tab. 7 plan costs ~43.5 s under this cost model; the search must do at least as well."""
     from lightning_hexiscale.planner.plan import Plan
@@ -159,6 +163,7 @@ def test_search_beats_the_shipped_paper_plans():
     assert r.estimate.iteration_time_s < paper.iteration_time_s and math.isfinite(r.estimate.cost)
 
 
+@pytest.mark.slow
 def test_search_is_not_beaten_by_the_reversed_symmetric_plan():
     """hetero1 (8 RTX 3080 Ti, 8 RTX 3090, 24 RTX 4090 on five machines), Llama-2 7B, batch 128:
     a symmetric plan of 8 pipelines through the five machines, slowest first (layers 4, 4, 8, 8, 8,

@@ -14,6 +14,8 @@ search also ranges over device subsets; the timeout is 300 s).
 
 from __future__ import annotations
 
+import pytest
+
 import re
 
 from hypothesis import HealthCheck, given, settings
@@ -89,6 +91,7 @@ def _plan_or_infeasible(cluster: Cluster, model: LlamaConfig, global_batch: int,
     return plan
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(cluster=clusters(), model=models(), global_batch=st.integers(1, 64), seed=st.integers(0, 3))
@@ -96,6 +99,7 @@ def test_search_returns_a_valid_fitting_plan_or_says_what_is_missing(cluster, mo
     _plan_or_infeasible(cluster, model, global_batch, seed)
 
 
+@pytest.mark.slow
 @settings(max_examples=8, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(cluster=clusters(), model=models(), global_batch=st.integers(1, 32), seed=st.integers(0, 3))

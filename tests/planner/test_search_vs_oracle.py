@@ -25,6 +25,7 @@ SEEDS = range(40)
 TARGET = 0.97
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", SEEDS)
 def test_default_search_reaches_97_percent_of_the_oracle(seed):
     cluster, workload, batch = random_case(seed)

@@ -176,6 +176,7 @@ def test_engine_memory_estimate_goes_through_estimate(monkeypatch):
     assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_lightning_resume_row_logic(monkeypatch, tmp_path):
     """20 steps with a checkpoint at 10 and a resume, on the CPU in bf16-mixed: the resumed run

@@ -141,6 +141,7 @@ def _rank0_explains_while_rank2_hangs(ranks, rank0_error: Exception, rank1_repor
             a.set() if isinstance(a, threading.Event) else a.cancel()
 
 
+@pytest.mark.slow
 def test_a_hung_rank_is_named_once_the_later_peers_time_out_too(ranks, monkeypatch):
     """Ranks 0 and 1 wait on rank 2, which is alive but never joins; rank 1 times out 1 s after rank
     0 (its compute was slower: a loaded host). On a host 5 times slower than idle the settle window
@@ -151,6 +152,7 @@ def test_a_hung_rank_is_named_once_the_later_peers_time_out_too(ranks, monkeypat
     assert "ranks [1, 2]" not in why, why
 
 
+@pytest.mark.slow
 def test_a_peer_that_times_out_long_after_the_window_is_not_named(ranks, monkeypatch):
     """The loaded-host case that a timing window cannot settle: rank 1 reports its timeout 2 s after
     rank 0, over 3 settle windows later (the load average lags a new load, so the window is that of
@@ -165,6 +167,7 @@ def test_a_peer_that_times_out_long_after_the_window_is_not_named(ranks, monkeyp
     assert took < 10.0, f"named after {took:.1f} s: once rank 1 reported, rank 2 is the one left"
 
 
+@pytest.mark.slow
 def test_a_hung_rank_its_watch_stopped_is_named_not_the_peer_still_waiting(ranks, monkeypatch):
     """The hung rank 2's own watch stops it (a "stopped by its failure watch" report, a consequence)
     before rank 1's late timeout: rank 2 never timed out itself, so it is still the one that never
@@ -176,6 +179,7 @@ def test_a_hung_rank_its_watch_stopped_is_named_not_the_peer_still_waiting(ranks
     assert "its failure watch stopped it" in why and "rank 1 " not in why and "[1, 2]" not in why, why
 
 
+@pytest.mark.slow
 def test_two_ranks_that_never_join_are_named_after_the_collective_timeout(ranks, monkeypatch):
     """Ranks 1 and 2 both hang (alive, never report): rank 0 cannot tell them from a peer that is
     only waiting until the collective timeout has passed, then names both."""
@@ -189,6 +193,7 @@ def test_two_ranks_that_never_join_are_named_after_the_collective_timeout(ranks,
     assert took >= timeout, f"named after {took:.1f} s, before a peer that only waits would have timed out"
 
 
+@pytest.mark.slow
 def test_a_broken_connection_waits_for_the_live_peer_that_broke_it(ranks, monkeypatch):
     """Rank 1 times out on hung rank 2 and closes its connections; rank 0 sees "Connection closed"
     and reports first, while rank 1 (a loaded host) reports its timeout 1.5 s later. Rank 0 must not

@@ -49,6 +49,7 @@ def test_tp1_block_has_no_graph_breaks():
     assert ex.graph_count == 1
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("sharding, mode", [("ddp", "blocks"), ("zero3", "regions")])
 def test_compiled_stage_matches_eager_aot(sharding, mode):

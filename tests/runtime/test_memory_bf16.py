@@ -37,6 +37,7 @@ def measured_rows() -> dict[tuple[str, int], dict]:
     return {(r["sharding"], r["micro_batches"]): r for r in json.loads(out.stdout.strip().splitlines()[-1])}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("micro_batches", [1, 8])
 @pytest.mark.parametrize("sharding", ["ddp", "zero2", "zero3"])

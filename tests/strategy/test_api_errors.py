@@ -64,6 +64,7 @@ def test_setup_error_of_every_rank_is_raised_once_fork(capfd):
     assert "Traceback" not in err and "meta tensor" not in err and "Terminating process" not in err, err
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_setup_error_of_every_rank_is_raised_once_spawn(capfd):
     """spawn (what a Hydra multirun sweep uses) pickles the launcher into fresh processes."""

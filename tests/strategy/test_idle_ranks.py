@@ -150,6 +150,7 @@ def test_idle_ranks_through_trainer_and_resume_under_an_all_device_plan(tmp_path
     assert_matches(resumed, {"losses": ref["losses"][3:], "shards": ref["shards"]}, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_idle_rank_zero_with_spawn_hands_back_training_rank_zero_results(tmp_path):
     """spawn (a Hydra multirun's launcher) pickles the launcher into fresh processes; worker 0 runs the

@@ -29,6 +29,7 @@ def _dry_run(tmp_path, *overrides: str) -> int:
     return train_run.run(cfg)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cluster", preset_names("cluster"))
 def test_every_cluster_preset_plans(tmp_path, cluster, capsys):
     # A global batch big enough that every device of the largest preset (240 GPUs) gets work.
