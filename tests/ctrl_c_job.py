@@ -7,6 +7,9 @@ PHASE (the popen launcher re-runs this script, so every rank applies it):
 - ``child_sleeps``: the ranks the launcher starts sleep before importing anything (rank 0 waits in
   the rendezvous for them, as when they are slow to import torch; it prints ``SLOW rendezvous``);
 - ``child_dies``: they exit with status 3 at once (a rank that dies while the job starts);
+- ``worker_starts`` (with ``-m``: spawn workers): each worker sleeps while multiprocessing's spawn
+  bootstrap re-runs this script in it (``__mp_main__``), before any of the package's code runs there
+  (prints ``SLOW worker start``);
 - ``setup``: every rank sleeps in the strategy's setup (after the process group exists);
 - ``step``: every rank sleeps in the training step of step 3;
 - ``save``: every rank sleeps in the strategy's save_checkpoint.
@@ -29,6 +32,9 @@ def slow(what: str, seconds: float = 300.0) -> None:
 
 
 if PHASE == "child_sleeps" and CHILD:
+    time.sleep(300)
+if PHASE == "worker_starts" and __name__ == "__mp_main__":
+    print("SLOW worker start", flush=True)
     time.sleep(300)
 if PHASE == "child_dies" and CHILD:
     print(f"rank {os.environ['LOCAL_RANK']}: dying on purpose", file=sys.stderr, flush=True)

@@ -197,6 +197,19 @@ def test_a_rank_that_dies_while_the_job_starts_ends_it_with_one_line(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
+def test_ctrl_c_while_sweep_workers_start_prints_no_traceback(tmp_path):
+    """-m starts the ranks with spawn: a worker that gets Ctrl-C in multiprocessing's bootstrap (before
+    any code of the package runs there) printed a KeyboardInterrupt traceback. They start with SIGINT
+    ignored (a SIGINT mask does not survive spawn, an ignored disposition does) until their entry."""
+    cmd = job("worker_starts", tmp_path / "run", f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    code, _, err, took = timed_ctrl_c([*cmd[:3], "-m", *cmd[3:]], ("SLOW worker start",), tmp_path, 150)
+    assert code == 130 and took < 5, (code, took, err[-3000:])
+    assert "KeyboardInterrupt" not in err, err[-3000:]
+    assert one_line(err) == "recipes/train.py: interrupted (Ctrl-C) while running the ranks"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
 def test_ctrl_c_while_the_ranks_set_up(tmp_path):
     code, _, err, took = timed_ctrl_c(job("setup", tmp_path / "run"), ("SLOW setup",), tmp_path, 150)
     assert code == 130 and took < 5, (code, took, err[-3000:])

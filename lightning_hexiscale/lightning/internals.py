@@ -16,6 +16,7 @@ import logging
 from typing import Any
 
 from lightning_hexiscale.errors import HexiScaleError
+from lightning_hexiscale.lightning import job_watch
 
 TESTED = "2.4-2.6"
 """Lightning versions the attributes below were read from."""
@@ -295,7 +296,8 @@ class ProcessLauncher(_MultiProcessingLauncher):
         spawn_log = logging.getLogger("torch.multiprocessing.spawn")
         spawn_log.addFilter(quiet)
         try:
-            return super().launch(function, *args, trainer=trainer, **kwargs)
+            with job_watch.workers_ignore_sigint_at_start():  # no traceback from a worker's bootstrap
+                return super().launch(function, *args, trainer=trainer, **kwargs)
         except ProcessExitedException:
             if not self._errors.empty():
                 raise self._errors.get() from None
@@ -309,6 +311,7 @@ class ProcessLauncher(_MultiProcessingLauncher):
 
         from lightning_hexiscale.lightning.launching import IdleRankExit
 
+        job_watch.worker_entry()
         self._collected = None
         try:
             super()._wrapping_function(process_idx, trainer, function, args, kwargs, return_queue, global_states)

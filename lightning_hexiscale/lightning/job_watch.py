@@ -41,10 +41,13 @@ installs it before anything heavy is imported.
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import sys
+import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable
 
@@ -328,6 +331,51 @@ class blocked_during:
     def __exit__(self, *exc) -> None:
         if signal.SIGINT not in self._was:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+WORKER_ENV = "HEXISCALE_WORKER_SIGINT_IGNORED"
+"""Set in the environment of spawn workers started by :func:`workers_ignore_sigint_at_start`."""
+
+
+@contextmanager
+def workers_ignore_sigint_at_start():
+    """``with workers_ignore_sigint_at_start(): start spawn/forkserver workers``: they start with
+    SIGINT ignored until their entry (:func:`worker_entry`) puts Python's handler back.
+
+    A spawn worker runs multiprocessing's bootstrap first (re-running the main script, unpickling
+    the Trainer: imports of torch and Lightning), where a Ctrl-C printed a KeyboardInterrupt
+    traceback. A blocked SIGINT does not reach it (the worker starts with an empty mask) and the
+    package has no code there yet; an ignored SIGINT survives exec, and Python keeps ignoring a
+    signal it found ignored. So the workers' interpreter is started by a two-line shell script
+    that ignores SIGINT and execs it (multiprocessing's executable, meanwhile). The launching
+    process keeps its own handler: its Ctrl-C still ends the job. Nothing changes where SIGINT is
+    ignored already (nohup), or where the script cannot be run (a ``noexec`` temporary directory)."""
+    import multiprocessing.spawn as spawn
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        yield
+        return
+    real = spawn.get_executable()
+    fd, path = tempfile.mkstemp(prefix="hexiscale-worker-", suffix=".sh")
+    with os.fdopen(fd, "w") as f:
+        f.write(f"#!/bin/sh\ntrap '' INT\nexport {WORKER_ENV}=1\nexec {shlex.quote(os.fsdecode(real))} \"$@\"\n")
+    os.chmod(path, 0o700)
+    usable = os.access(path, os.X_OK)  # False on a noexec mount
+    if usable:
+        spawn.set_executable(path)
+    try:
+        yield
+    finally:
+        if usable:
+            spawn.set_executable(real)
+        os.unlink(path)
+
+
+def worker_entry() -> None:
+    """First thing of a spawn worker's entry function: SIGINT back to Python's handler if the worker
+    started ignoring it (:func:`workers_ignore_sigint_at_start`); its own processes start plain."""
+    if os.environ.pop(WORKER_ENV, None) == "1" and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def phased(fn: Callable, phase: str, step: Callable[[], int | None]) -> Callable:
