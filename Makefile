@@ -19,7 +19,7 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	rm -rf outputs/demo
-	$(BIN)/python recipes/train.py trainer.max_steps=30 hydra.run.dir=outputs/demo
+	$(BIN)/python recipes/train.py cluster=cpu_demo trainer.max_steps=30 hydra.run.dir=outputs/demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not timing" --durations=30

@@ -47,19 +47,29 @@ def _discover_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar or lines")
 
 
+def local_args(ranks: int, precision: str | None) -> argparse.Namespace:
+    """The options of ``hexiscale discover --local RANKS [--precision P]`` with every other default (the
+    model is passed to :func:`run_discover` built): ``hexiscale train cluster=auto`` discovers with them."""
+    p = argparse.ArgumentParser(add_help=False)
+    _discover_args(p)
+    return p.parse_args(["--local", str(ranks), "--model", "-", *(["--precision", precision] if precision else [])])
+
+
 def _discover_rank(rank: int, world: int, model, opts: dict):
     from lightning_hexiscale.profiling.discover import discover_process_group
 
     return discover_process_group(model, **opts)
 
 
-def run_discover(args: argparse.Namespace):
+def run_discover(args: argparse.Namespace, model=None):
     """Discover with the launch mode of ``args``; the :class:`~lightning_hexiscale.profiling.discover.Discovery`
-    (on every rank of an external launch)."""
+    (on every rank of an external launch). ``model``: a built LlamaConfig instead of ``args.model``'s
+    name (``hexiscale train cluster=auto`` passes its composed model)."""
     from lightning_hexiscale.profiling.launch import run_from_env, run_local
 
     args = emulated_defaults(args)
-    model = layer_time_model(args.model, args.seq_len, args.layer_tp)
+    if model is None:
+        model = layer_time_model(args.model, args.seq_len, args.layer_tp)
     opts = dict(precision=resolve_precision(args), micro_batches=args.layer_micro_batches or [1, 2, 4],
                 tp_degrees=args.layer_tp, sizes=args.sizes, reps=args.reps, matmul_n=args.matmul_size,
                 matmul_time_s=args.matmul_time, layer_reps=args.layer_reps, rediscover=args.rediscover,

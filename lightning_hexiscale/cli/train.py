@@ -5,6 +5,7 @@
     hexiscale train data.kind=text data.path=book.txt # a local text file, byte tokens
     hexiscale train cluster=hetero3 model=llama_30b   # plans; says what hardware it needs
     hexiscale train cluster=hetero3 model=llama_30b dry_run=true   # only plans, anywhere
+    hexiscale train cluster=auto model=llama_tiny    # discovers this machine's cluster (cached), plans, trains
     hexiscale train -m cluster=cpu2,cpu_hetero4 train.global_batch=8,16
     hexiscale train model=hf:/models/Llama-3.2-1B data.kind=bin data.path=data/train.bin  # fine-tune
 
@@ -48,6 +49,7 @@ examples:
   {prog} data.kind=text data.path=book.txt  a local text file, byte tokens
   {prog} cluster=hetero3 model=llama_30b dry_run=true   plan only, on any machine
   {prog} cluster=my_cluster.yaml            a cluster file (e.g. from `hexiscale profile`)
+  {prog} cluster=auto model=llama_tiny      discover this machine's cluster first (cached), then plan
   {prog} model=hf:/models/Llama-3.2-1B data.kind=bin data.path=train.bin   fine-tune
   {prog} -m cluster=cpu2,cpu_hetero4 train.global_batch=8,16   a sweep, one run per point
 
@@ -56,6 +58,8 @@ presets (`hexiscale list` describes them):
 
 keys (defaults; `{prog} --cfg job` prints the whole composed config):
 {keys}
+  cluster=auto  discover this machine's cluster for the model and precision first (cached under
+                $HEXISCALE_CACHE_DIR; one rank per CUDA GPU, else 4 CPU processes), then plan on it
   plan=FILE     a plan file instead of the search's plan
   dry_run=true  plan, print and write the plan, do not train
   hydra.run.dir=DIR   where the run writes plan.yaml, config.yaml, checkpoints/, logs/

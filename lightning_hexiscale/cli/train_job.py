@@ -144,14 +144,41 @@ def apply_file_overrides(cfg: DictConfig) -> None:
         OmegaConf.set_struct(cfg, True)
 
 
+AUTO_ENV = "HEXISCALE_TRAIN_CLUSTER_AUTO"
+"""Set by :func:`take_auto_cluster` when the command line said ``cluster=auto``: the launching process
+discovers this machine's cluster before planning (:func:`lightning_hexiscale.cli.train_discover.discover_for_train`)."""
+
+AUTO_FIX = ("discover first under the same launch (`hexiscale discover --model <model> --out my_cluster.yaml`, "
+            "with --local N on one machine), then pass cluster=my_cluster.yaml")
+
+
+def take_auto_cluster(argv: list[str]) -> list[str]:
+    """``cluster=auto``: taken out of the command line (Hydra has no preset of that name) and recorded in
+    :data:`AUTO_ENV`; the job discovers the cluster before planning and replaces the ``cluster`` node by
+    the discovered file (which the popen children then read, as a ``cluster=FILE``). A sweep (``-m``) and
+    a torchrun/SLURM launch are refused with the fix: discover first, then ``cluster=<file>``."""
+    from lightning_hexiscale.errors import ConfigError
+
+    if "cluster=auto" not in argv:
+        return argv
+    if any(a in ("-m", "--multirun") for a in argv):
+        raise ConfigError("cluster", "auto", "a sweep (-m) does not discover its cluster", AUTO_FIX)
+    if "TORCHELASTIC_RUN_ID" in os.environ or "SLURM_PROCID" in os.environ:
+        raise ConfigError("cluster", "auto", "hexiscale train discovers only the machine it runs on, not under "
+                          "torchrun or SLURM", AUTO_FIX + " on every rank")
+    os.environ[AUTO_ENV] = "1"
+    return [a for a in argv if a != "cluster=auto"]
+
+
 def prepare_argv(argv: list[str]) -> list[str]:
     """The overrides Hydra composes, from the command line's: ``model=hf:/dir`` becomes
     ``model=_hf trainer.weights=/dir``; the launching process checks every override first (popen
-    children re-run the checked command line) and takes ``cluster=``/``model=`` files out (torchrun
+    children re-run the checked command line) and takes ``cluster=auto`` (:func:`take_auto_cluster`) and
+    ``cluster=``/``model=`` files out (torchrun
     and SLURM workers too: no launcher of ours took them out for them)."""
     from lightning_hexiscale.config.schema import hf_model_overrides
 
-    argv = hf_model_overrides(argv)
+    argv = take_auto_cluster(hf_model_overrides(argv))
     if "LOCAL_RANK" not in os.environ:
         check_overrides(argv)
         return take_file_overrides(argv)
