@@ -102,6 +102,7 @@ def test_ranks_environment_namespace_and_cgroup():
         assert f"hx{emu.id}-m1" in out  # the namespace's /etc/hosts names the machines
 
 
+@pytest.mark.slow
 def test_gone_after_exception_and_ctrl_c():
     for exc in (RuntimeError("boom"), KeyboardInterrupt()):
         with pytest.raises(type(exc)):

@@ -100,6 +100,7 @@ def test_killed_job_resumes_exactly(tmp_path):
             assert err < 1e-12, f"rank {rank}: {name} differs by {err:.3g} from the uninterrupted run"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
 def test_crash_during_save_keeps_the_last_good_checkpoint(tmp_path, asynchronous):
