@@ -59,7 +59,7 @@ presets (`hexiscale list` describes them):
 keys (defaults; `{prog} --cfg job` prints the whole composed config):
 {keys}
   cluster=auto  discover this machine's cluster for the model and precision first (cached under
-                $HEXISCALE_CACHE_DIR; one rank per CUDA GPU, else 4 CPU processes), then plan on it
+                $HEXISCALE_CACHE_DIR; 4 CPU processes; on GPUs: hexiscale discover), then plan on it
   plan=FILE     a plan file instead of the search's plan
   dry_run=true  plan, print and write the plan, do not train
   hydra.run.dir=DIR   where the run writes plan.yaml, config.yaml, checkpoints/, logs/

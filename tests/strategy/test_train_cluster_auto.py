@@ -1,5 +1,5 @@
 """``hexiscale train cluster=auto`` (issue 40, item 1): before planning, the job discovers this machine's
-cluster for its model and precision (4 forked CPU ranks here: no CUDA), writes the cluster file into
+cluster for its model and precision (4 forked CPU ranks; refused on a CUDA machine), writes the cluster file into
 ``$HEXISCALE_CACHE_DIR``, plans on it and trains; a second run with the same fingerprint reuses the
 cached file and says so. A sweep and a torchrun/SLURM launch are refused with the fix."""
 
@@ -12,7 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
+from lightning_hexiscale.cli.train_discover import CPU_RANKS, local_ranks
 from lightning_hexiscale.cli.train_job import AUTO_ENV, take_auto_cluster
 from lightning_hexiscale.errors import ConfigError
 
@@ -32,6 +34,7 @@ def _run(args: list[str], cwd: Path, cache: Path, timeout: float) -> subprocess.
 
 @pytest.mark.slow
 @pytest.mark.timeout(170)
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on CUDA cluster=auto is refused (test below)")
 def test_train_cluster_auto_discovers_then_reuses_the_cache(tmp_path):
     cache = tmp_path / "cache"
     first = _run([*ARGS, "dry_run=true", f"hydra.run.dir={tmp_path / 'plan'}"], tmp_path, cache, timeout=80)
@@ -69,3 +72,13 @@ def test_cluster_auto_is_refused_in_a_sweep_and_under_torchrun(monkeypatch):
     assert take_auto_cluster(["cluster=auto", "model=llama_tiny"]) == ["model=llama_tiny"]
     assert os.environ[AUTO_ENV] == "1"
     assert take_auto_cluster(["cluster=cpu2"]) == ["cluster=cpu2"]
+
+
+def test_cluster_auto_is_refused_on_a_cuda_machine(monkeypatch):
+    """--local forks gloo ranks, which would measure the CPU, not the GPUs: refused with the torchrun fix."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(ConfigError, match=r"cluster = 'auto'.*2 CUDA GPU.*torchrun --nproc-per-node=2 .*discover"):
+        local_ranks()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert local_ranks() == CPU_RANKS == 4
