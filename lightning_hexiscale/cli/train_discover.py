@@ -52,13 +52,7 @@ def discover_for_train(cfg: DictConfig, say) -> str:
     say(f"cluster=auto: discovering this machine's cluster for {model.name} ({precision}) on {n} local ranks "
         f"(no CUDA: CPU processes, as many as the demo's) ...")
     found = run_discover(args, model)  # the composed model itself (a preset, a file or hf:DIR alike)
-    path = str(Path(found.path).resolve())
-    if found.reused:
-        say(f"cluster=auto: reused the cached cluster file {path} (same hardware, model shape, precision and "
-            f"torch: fingerprint {found.fingerprint}; `hexiscale discover --rediscover` measures again)")
-    else:
-        say(f"cluster=auto: discovered in {found.seconds:.1f} s, wrote {path} (cached under fingerprint "
-            f"{found.fingerprint})")
+    path = str(Path(found.path).resolve())  # discovery said in one line whether it reused the cached file
     node = load_yaml_node(path, ClusterConfig, "cluster")
     OmegaConf.set_struct(cfg, False)
     cfg.cluster = node

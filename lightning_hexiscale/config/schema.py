@@ -500,6 +500,10 @@ def _compose_error(e: Exception, overrides: list[str]) -> ConfigError:
             fix = f"available {group} presets: {', '.join(preset_names(group))}"
             value = next((o.split("=", 1)[1] for o in overrides if o.startswith(group + "=")), group)
             msg = msg.split(" Available options")[0]
+            if group == "cluster" and value == "auto":  # not a preset: the train app and the strategy discover
+                fix = ("cluster=auto is for `hexiscale train` and HexiScaleStrategy; here discover first "
+                       "(`hexiscale discover --local 4 --model <model> --out my_cluster.yaml`), then pass "
+                       f"cluster=my_cluster.yaml, or a preset: {', '.join(preset_names(group))}")
             return ConfigError(group, value, msg, fix)
     # Lightning's checkpoint names (epoch=0-step=2.ckpt) carry '=': Hydra's grammar then needs the value quoted
     unquoted = [o for o in overrides if o.count("=") > 1 and not re.match(r"^[^=]*=\s*['\"]", o)]
