@@ -160,6 +160,7 @@ def take_auto_cluster(argv: list[str]) -> list[str]:
     from lightning_hexiscale.errors import ConfigError
 
     if "cluster=auto" not in argv:
+        os.environ.pop(AUTO_ENV, None)  # an earlier in-process run's, which ended before discovering
         return argv
     if any(a in ("-m", "--multirun") for a in argv):
         raise ConfigError("cluster", "auto", "a sweep (-m) does not discover its cluster", AUTO_FIX)

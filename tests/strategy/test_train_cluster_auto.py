@@ -72,6 +72,7 @@ def test_cluster_auto_is_refused_in_a_sweep_and_under_torchrun(monkeypatch):
     assert take_auto_cluster(["cluster=auto", "model=llama_tiny"]) == ["model=llama_tiny"]
     assert os.environ[AUTO_ENV] == "1"
     assert take_auto_cluster(["cluster=cpu2"]) == ["cluster=cpu2"]
+    assert AUTO_ENV not in os.environ  # a later run without cluster=auto does not discover
 
 
 def test_cluster_auto_is_refused_on_a_cuda_machine(monkeypatch):
