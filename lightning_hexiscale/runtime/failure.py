@@ -270,12 +270,16 @@ class FailureWatch:
     def _run(self) -> None:
         known_since: float | None = None
         store_lost_since: float | None = None
+        closed = False
         while not self._stop.wait(self.interval_s):
             now = time.monotonic()
             try:
+                if closed:  # no call on a closed connection: each one logs a C++ warning and trace
+                    raise ConnectionError("the rendezvous store closed the connection")
                 failures = self.beat()
                 store_lost_since = None
-            except Exception:  # noqa: BLE001 -- a timeout on a loaded host, or the store's host is gone
+            except Exception as e:  # noqa: BLE001 -- a timeout on a loaded host, or the store's host is gone
+                closed = closed or connection_closed(e)
                 store_lost_since = store_lost_since or now
                 if now - store_lost_since > 2 * self.grace_s * host_slowdown():
                     self._end("the rendezvous store (hosted by global rank 0) is unreachable: rank 0 failed or "
@@ -294,6 +298,16 @@ class FailureWatch:
         sys.stderr.flush()
         sys.stdout.flush()
         os._exit(self.exit_code)
+
+
+CLOSED_TEXTS = ("got 0 bytes", "Broken pipe", "Connection reset", "Connection refused")
+"""TCPStore client errors after its server closed the connection (its host ended): the client does
+not reconnect, so every later call fails too, each after a ``TCPStore.cpp`` warning with ~13 C++ frames."""
+
+
+def connection_closed(exc: BaseException) -> bool:
+    """``exc`` says the store's connection is closed for good (not a timeout on a loaded host)."""
+    return isinstance(exc, getattr(dist, "DistNetworkError", ())) and any(t in str(exc) for t in CLOSED_TEXTS)
 
 
 def _account(reports: list[tuple[int, int, str]], ended: Sequence[int] = (), silent: Sequence[int] = (),

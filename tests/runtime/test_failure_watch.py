@@ -233,3 +233,39 @@ def test_process_ended_tells_a_live_process_from_an_ended_one():
         proc.wait()
     assert process_ended(ident)
     assert not process_ended("") and not process_ended("no identity")
+
+
+class _StoreThatLeaves:
+    """A store whose host leaves (``gone``): every call then fails as torch's TCPStore client does."""
+
+    def __init__(self):
+        self.gone, self.calls = False, 0
+
+    def clone(self):
+        return self
+
+    def set_timeout(self, timeout):
+        pass
+
+    def set(self, key, value):
+        pass
+
+    def add(self, key, n):
+        self.calls += 1
+        if self.gone:
+            raise dist.DistNetworkError("recvValue failed: Failed to recv, got 0 bytes. Connection was likely closed")
+        return 0
+
+
+def test_the_watch_stops_calling_a_store_whose_host_left():
+    """An elastic survivor's log had 42 TCPStore.cpp warnings (504 C++ frame lines): one per heartbeat
+    on the closed connection of the store hosted by the rank that left. Now only the first call."""
+    store = _StoreThatLeaves()
+    watch = FailureWatch(0, 2, "t", interval_s=0.02, grace_s=3600.0, store=store).start()
+    try:
+        time.sleep(0.1)
+        store.gone, before = True, store.calls
+        time.sleep(0.4)  # ~20 ticks
+        assert store.calls - before == 1, store.calls - before
+    finally:
+        watch.stop()
