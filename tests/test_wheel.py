@@ -11,6 +11,7 @@ installed from the wheel with ``--no-deps --no-index``.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -129,3 +130,17 @@ def test_installed_strategy_trains_two_cpu_steps(installed):
     package = Path(out.split("PACKAGE ")[1].split()[0])
     assert package.resolve().is_relative_to(venv.resolve()) and not package.resolve().is_relative_to(ROOT)
     assert not list(ROOT.glob("train_two_steps*")), "nothing is written into the checkout"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_torch_installed_first_the_wheel_pulls_no_other_torch(installed, tmp_path):
+    """docs/getting-started.md, without the checkout: torch first (from the CPU or CUDA index), then
+    the wheel. pip resolving the wheel's dependencies then keeps that torch: offline, every
+    requirement is already met, nothing (no torch, no nvidia-* CUDA stack) is to be installed."""
+    venv, wheel, _, env = installed
+    report = tmp_path / "report.json"
+    _run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "--dry-run", "--no-index",
+          "--report", str(report), "-q", str(wheel)], tmp_path, env, 240)
+    names = [item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]]
+    assert not [n for n in names if n == "torch" or n.startswith("nvidia")], names
