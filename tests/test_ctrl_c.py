@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import types
 from pathlib import Path
@@ -202,10 +203,13 @@ def test_ctrl_c_while_sweep_workers_start_prints_no_traceback(tmp_path):
     any code of the package runs there) printed a KeyboardInterrupt traceback. They start with SIGINT
     ignored (a SIGINT mask does not survive spawn, an ignored disposition does) until their entry."""
     cmd = job("worker_starts", tmp_path / "run", f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    t0 = time.time()
     code, _, err, took = timed_ctrl_c([*cmd[:3], "-m", *cmd[3:]], ("SLOW worker start",), tmp_path, 150)
     assert code == 130 and took < 5, (code, took, err[-3000:])
     assert "KeyboardInterrupt" not in err, err[-3000:]
     assert one_line(err) == "recipes/train.py: interrupted (Ctrl-C) while running the ranks"
+    assert not [p for p in Path(tempfile.gettempdir()).glob("hexiscale-worker-*.sh") if p.stat().st_mtime > t0], \
+        "the workers' start script is removed when the job ends"
 
 
 @pytest.mark.slow

@@ -159,6 +159,8 @@ class JobWatch:
         """Set at the first Ctrl-C."""
         self.children: list[Any] = []
         """Processes the launcher started (Popen-like), killed with the job where /proc is absent."""
+        self.files: list[str] = []
+        """Temporary files to remove when the watch ends the job (os._exit runs no ``finally``)."""
         self._claim = threading.Lock()
         self._claimed = False
         self._asked_to_finish = False
@@ -224,6 +226,11 @@ class JobWatch:
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)
         kill_descendants(self.children)
+        for path in list(self.files):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
         os._exit(code)
 
     def on_ctrl_c(self) -> None:
@@ -360,6 +367,8 @@ def workers_ignore_sigint_at_start():
     with os.fdopen(fd, "w") as f:
         f.write(f"#!/bin/sh\ntrap '' INT\nexport {WORKER_ENV}=1\nexec {shlex.quote(os.fsdecode(real))} \"$@\"\n")
     os.chmod(path, 0o700)
+    if _current is not None:
+        _current.files.append(path)
     usable = os.access(path, os.X_OK)  # False on a noexec mount
     if usable:
         spawn.set_executable(path)
@@ -369,6 +378,8 @@ def workers_ignore_sigint_at_start():
         if usable:
             spawn.set_executable(real)
         os.unlink(path)
+        if _current is not None and path in _current.files:
+            _current.files.remove(path)
 
 
 def worker_entry() -> None:
