@@ -41,7 +41,7 @@ import yaml
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.profiling import discovery_plan as dp
-from lightning_hexiscale.profiling.fit import NicFit, default_sizes, fit_alpha_beta, fit_nic
+from lightning_hexiscale.profiling.fit import NicFit, default_sizes, fit_nic, fit_or_bound
 from lightning_hexiscale.profiling.measure import (is_hopper, current_device, device_memory_bytes, device_type_name,
                                                    machine_name, measure_matmul_flops, ping_pong, transfer)
 from lightning_hexiscale.profiling.writer import ProfileResult, infer_machines, write_cluster
@@ -127,22 +127,6 @@ def report_ranks(device: torch.device) -> list[dp.RankReport]:
     out: list = [None] * world
     dist.all_gather_object(out, mine)
     return out
-
-
-def fit_or_bound(sizes: Sequence[int], times: Sequence[float], reps: int, stat: str) -> tuple[float, float, float, str]:
-    """(alpha s, beta B/s, relative residual, note) of one pair's ping-pong times. When the time does
-    not grow with the size (a link so fast that scheduling noise hides it, e.g. loopback between
-    throttled CPU ranks), beta is the lower bound largest size / its time, alpha 0, and the note
-    says so (printed and written into the file)."""
-    samples = [s for s in sizes for _ in range(reps)]
-    try:
-        f = fit_alpha_beta(samples, times, stat)
-        return f.alpha_s, f.beta_Bps, f.rel_rms, ""
-    except ValueError:
-        top = max(sizes)
-        t = sorted(times[i] for i, s in enumerate(samples) if s == top)[len([s for s in samples if s == top]) // 2]
-        return 0.0, top / t, 0.0, (f"time did not grow with the size ({min(sizes)}-{top} B): written as the lower "
-                                   f"bound {top} B / {t * 1e3:.2f} ms = {top / t / 1e6:.0f} MB/s")
 
 
 def measure_pairs(steps: Sequence[Sequence[tuple[int, int]]], sizes: Sequence[int], reps: int, device: torch.device,

@@ -47,7 +47,8 @@ def fit_alpha_beta(sizes_bytes: Sequence[float], times_s: Sequence[float], reduc
     the small sizes) is clamped to 0 and g refitted alone: g = sum(s/t) / sum((s/t)^2).
 
     Raises ValueError when fewer than two distinct sizes are given or when the time does not grow
-    with the size (no bandwidth can be read from such data).
+    with the size: the fitted s_max / beta is under 5 % of the largest size's time (no bandwidth can
+    be read from such data).
     """
     s = np.asarray(sizes_bytes, dtype=float)
     t = np.asarray(times_s, dtype=float)
@@ -67,12 +68,30 @@ def fit_alpha_beta(sizes_bytes: Sequence[float], times_s: Sequence[float], reduc
     if alpha < 0:
         x = uniq / med
         alpha, g = 0.0, float(x.sum() / (x * x).sum())
-    if not g > 0:
+    # the bandwidth term must be a readable part of the largest message's time: below 5 % it is
+    # noise (flat times fit g ~ 1e-22, a link priced at 1e21 B/s), not a measurement
+    if not g * uniq[-1] >= 0.05 * med[-1]:
         raise ValueError(f"the time does not grow with the message size (medians {med.tolist()} s for sizes "
                          f"{uniq.tolist()} B): use larger messages so that bandwidth dominates the largest")
     pred = alpha + uniq * g
     rel = float(np.sqrt(np.mean(((pred - med) / med) ** 2)))
     return LinkFit(float(alpha), float(1.0 / g), rel)
+
+
+def fit_or_bound(sizes: Sequence[int], times: Sequence[float], reps: int, stat: str) -> tuple[float, float, float, str]:
+    """(alpha s, beta B/s, relative residual, note) of one pair's ping-pong times. When the time does
+    not grow with the size (a link so fast that scheduling noise hides it, e.g. loopback between
+    throttled CPU ranks), beta is the lower bound largest size / its time, alpha 0, and the note
+    says so (printed and written into the file)."""
+    samples = [s for s in sizes for _ in range(reps)]
+    try:
+        f = fit_alpha_beta(samples, times, stat)
+        return f.alpha_s, f.beta_Bps, f.rel_rms, ""
+    except ValueError:
+        top = max(sizes)
+        t = sorted(times[i] for i, s in enumerate(samples) if s == top)[len([s for s in samples if s == top]) // 2]
+        return 0.0, top / t, 0.0, (f"time did not grow with the size ({min(sizes)}-{top} B): written as the lower "
+                                   f"bound {top} B / {t * 1e3:.2f} ms = {top / t / 1e6:.0f} MB/s")
 
 
 def round_robin(n: int) -> list[list[Pair]]:

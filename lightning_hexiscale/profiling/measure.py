@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from lightning_hexiscale.profiling.fit import LinkFit, NicFit, fit_alpha_beta, fit_nic, nic_pairs, pair_schedule
+from lightning_hexiscale.profiling.fit import NicFit, fit_nic, fit_or_bound, nic_pairs, pair_schedule
 from lightning_hexiscale.profiling.writer import ProfileResult
 
 
@@ -190,10 +190,12 @@ def transfer(peer: int, sender: bool, sizes: Sequence[int], reps: int, device: t
 
 def measure_nics(hosts: Sequence[str], sizes: Sequence[int], reps: int, device: torch.device,
                  send_buf: torch.Tensor, recv_buf: torch.Tensor, link_stat: str = "median",
-                 log=None) -> dict[str, NicFit]:
+                 log=None) -> tuple[dict[str, NicFit], list[str]]:
     """Collective: for every host with several ranks (:func:`~lightning_hexiscale.profiling.fit.nic_pairs`),
     the first pair's transfers alone, then all of the host's pairs at once (every rank joins the
-    barriers; only the pairs move data). Returns {host: NicFit} on every rank (gathered)."""
+    barriers; only the pairs move data). Returns ({host: NicFit}, notes) on every rank (gathered):
+    a host whose times do not fit a bandwidth (loopback so fast that scheduling noise hides the
+    size) is left out and a note says so, as discovery does, rather than ending the profile."""
     rank = dist.get_rank()
     mine: dict[str, tuple[list[float], list[float]]] = {}
     for host, pairs in nic_pairs(list(hosts)):
@@ -208,12 +210,16 @@ def measure_nics(hosts: Sequence[str], sizes: Sequence[int], reps: int, device: 
     gathered: list[dict] = [{}] * dist.get_world_size()
     dist.all_gather_object(gathered, {h: (solo, conc) for h, (solo, conc) in mine.items()})
     out: dict[str, NicFit] = {}
+    notes: list[str] = []
+    samples = [s for s in sizes for _ in range(reps)]
     for host, pairs in nic_pairs(list(hosts)):
         single = next(g[host][0][0] for g in gathered if host in g and g[host][0])
         concurrent = [t for g in gathered if host in g for t in g[host][1]]
-        samples = [s for s in sizes for _ in range(reps)]
-        out[host] = fit_nic(samples, single, concurrent, link_stat)
-    return out
+        try:
+            out[host] = fit_nic(samples, single, concurrent, link_stat)
+        except ValueError as e:  # every rank fits the same gathered times: all go on alike
+            notes.append(f"NIC of {host}: not written, its transfers did not fit a bandwidth ({e})")
+    return out, notes
 
 
 def profile_process_group(sizes: Sequence[int] | None = None, reps: int = 5, max_pairs: int | None = None,
@@ -269,7 +275,7 @@ def profile_process_group(sizes: Sequence[int] | None = None, reps: int = 5, max
     steps = pair_schedule(world, hosts, max_pairs, isolate_hosts)
     buf_out = torch.ones(max(sizes) if sizes else 1, dtype=torch.uint8, device=device)
     buf_in = torch.empty_like(buf_out)
-    mine: dict[tuple[int, int], tuple[LinkFit, list[float]]] = {}
+    mine: dict[tuple[int, int], tuple[float, float, float, str]] = {}
     t_start = time.perf_counter()
     for k, step in enumerate(steps):
         dist.barrier()
@@ -278,25 +284,27 @@ def profile_process_group(sizes: Sequence[int] | None = None, reps: int = 5, max
                 peer = b if rank == a else a
                 times = ping_pong(peer, rank == a, sizes, reps, device, buf_out, buf_in)
                 if rank == a:
-                    fit = fit_alpha_beta([s for s in sizes for _ in range(reps)], times, link_stat)
-                    mine[(a, b)] = (fit, times)
+                    mine[(a, b)] = fit_or_bound(sizes, times, reps, link_stat)
         if k == 0 or (k + 1) % max(1, len(steps) // 10) == 0:
             say(f"  link step {k + 1}/{len(steps)} ({len(step)} pair(s) at once), "
                 f"{time.perf_counter() - t_start:.1f} s")
     dist.barrier()
-    nic_fits = measure_nics(hosts, sizes, reps, device, buf_out, buf_in, link_stat, say) if nics else {}
+    nic_fits, nic_notes = measure_nics(hosts, sizes, reps, device, buf_out, buf_in, link_stat, say) if nics else ({}, [])
     fits: list[dict] = [{}] * world
-    dist.all_gather_object(fits, {pair: (f.alpha_s, f.beta_Bps, f.rel_rms) for pair, (f, _) in mine.items()})
+    dist.all_gather_object(fits, mine)
     if rank != 0:
         return None
     bw = np.full((world, world), np.inf)
     lat = np.zeros((world, world))
     err = np.zeros((world, world))
+    bounds = []
     for part in fits:
-        for (a, b), (alpha, beta, rel) in part.items():
+        for (a, b), (alpha, beta, rel, note) in part.items():
             lat[a, b] = lat[b, a] = alpha
             bw[a, b] = bw[b, a] = beta
             err[a, b] = err[b, a] = rel
+            if note:
+                bounds.append(f"link {a}-{b}: {note}")
     notes = [f"flops: sustained {matmul_n or (8192 if cuda else 1024)}^3 matmul, "
              f"{flops_dtype} (precision {run.name}) on {'CUDA' if cuda else 'CPU (one intra-op thread per rank)'}, "
              f"all ranks at once, "
@@ -306,6 +314,7 @@ def profile_process_group(sizes: Sequence[int] | None = None, reps: int = 5, max
     notes.append(f"links: {link_stat} of {reps} ping-pongs per size; "
                  + (f"at most {max_pairs} pair(s) at once" if max_pairs else "all disjoint pairs of a round at once")
                  + ("; cross-host pairs one per host at a time" if isolate_hosts else ""))
+    notes += bounds + nic_notes
     for host, f in nic_fits.items():
         notes.append(f"NIC of {host}: {f.flows} transfers at once carried {f.aggregate_Bps / 1e6:.1f} MB/s together "
                      f"({f.aggregate_Bps / f.flows / 1e6:.1f} MB/s each), one alone {f.single_Bps / 1e6:.1f} MB/s")
