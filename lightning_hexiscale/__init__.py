@@ -17,8 +17,6 @@ itself (:mod:`.lightning.registration`); the names below that need torch or Ligh
 """
 
 from lightning_hexiscale._lazy import lazy_exports
-from lightning_hexiscale._moved import install as _install_moved
-from lightning_hexiscale._moved import moved_getattr
 from lightning_hexiscale.lightning.registration import install as _install_strategy
 
 __version__ = "0.1.0"
@@ -42,7 +40,5 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "load_llama_state_dict": "lightning_hexiscale.runtime.checkpoint",
     "search": "lightning_hexiscale.planner.search.two_phase",
 })
-__getattr__ = moved_getattr(__name__, __getattr__)
 
-_install_moved()  # `import lightning_hexiscale.strategy` names lightning_hexiscale.lightning.strategy
 _install_strategy()

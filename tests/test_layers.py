@@ -16,7 +16,7 @@ import pytest
 PKG = "lightning_hexiscale"
 ROOT = Path(__file__).resolve().parents[1] / PKG
 
-LAYERS = ["errors", "_lazy", "_moved", "torch_compat", "config", "emulate", "models", "data", "planner", "runtime", "profiling", "lightning", "bench", "cli"]
+LAYERS = ["errors", "_lazy", "torch_compat", "config", "emulate", "models", "data", "planner", "runtime", "profiling", "lightning", "bench", "cli"]
 """Bottom to top. A module may import its own layer and the layers before it, never one after."""
 
 
@@ -217,7 +217,7 @@ def test_scripts_import_only_the_package(script):
 
 def private_imports(path: Path) -> list[str]:
     """``from <package module> import _name`` in ``path``: a private name taken from another module
-    (dunder names and the package's own lazy-loading helper module ``_lazy`` / ``_moved`` apart)."""
+    (dunder names and the package's own lazy-loading helper module ``_lazy`` apart)."""
     out = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(PKG):
