@@ -10,14 +10,11 @@ planner, so that the rules live in one place:
   fingerprint), and the search plans on it; with a plan given, ``"auto"`` reads the plan's
   ``meta.cluster`` or, without one, describes the local devices as ``None`` does;
 - ``cluster=None``: the local devices are described as a nominal homogeneous cluster, nothing is
-  measured (:func:`describe_local_devices`);
-- without the planner's search module (an install that lacks it), :func:`fallback_data_parallel_plan`
-  gives a plain data-parallel plan with batches in proportion to device speed, and says so.
+  measured (:func:`describe_local_devices`).
 """
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -26,11 +23,10 @@ import torch
 
 from lightning_hexiscale.config import catalog
 from lightning_hexiscale.config.cluster import Cluster
-from lightning_hexiscale.data.samplers import split_proportional
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.cost.workload import Workload
-from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
+from lightning_hexiscale.planner.plan import Plan
 
 
 AUTO = "auto"
@@ -108,21 +104,6 @@ def _catalog_name(device_name: str) -> str:
     return name
 
 
-def fallback_data_parallel_plan(cluster: Cluster, config: LlamaConfig, global_batch: int) -> Plan:
-    """One single-device pipeline per device, batches in proportion to sustained FLOP/s (each >= 1),
-    micro-batch 1. Used only when the planner's search module is not installed."""
-    n = cluster.num_devices
-    if global_batch < n:
-        raise ConfigError("global_batch", global_batch, f"the data-parallel fallback plan needs one sequence per "
-                          f"device ({n} devices)", f"use a global batch of at least {n}")
-    speeds = [max(1, round(d.flops / min(x.flops for x in cluster.devices) * 100)) for d in cluster.devices]
-    sizes = [1 + s for s in split_proportional(global_batch - n, speeds)]
-    pipes = tuple(Pipeline(batch_size=b, micro_batch_size=1, stages=(Stage(devices=(d,), layers=(0, config.num_layers)),))
-                  for d, b in enumerate(sizes))
-    return Plan(pipelines=pipes, num_layers=config.num_layers, meta={"source": "fallback_data_parallel_plan",
-                                                                       "cluster": cluster.name, "model": config.name})
-
-
 def search_plan(cluster: Cluster, workload: Workload, global_batch: int, overrides: dict[str, Any], *,
                 seed: int = 0, iterations: int = 20, progress: bool = False, use_all_devices: bool = False):
     """The planner's search (§4) -> (Plan, Estimate or None), pricing ``workload`` (a run's workload
@@ -130,14 +111,7 @@ def search_plan(cluster: Cluster, workload: Workload, global_batch: int, overrid
     The runtime runs ddp, zero2 and zero3, so the search picks the sharding with the cost model
     unless ``overrides['dp_sharding']`` binds it. ``use_all_devices``: every device takes work (else
     the plan may leave devices idle)."""
-    try:
-        from lightning_hexiscale.planner.search.two_phase import SearchSettings, search
-    except ModuleNotFoundError as e:
-        if not (e.name or "").startswith("lightning_hexiscale"):
-            raise
-        warnings.warn("lightning_hexiscale.planner.search.two_phase is not available: using a plain data-parallel plan "
-                      "(fallback_data_parallel_plan)", stacklevel=2)
-        return fallback_data_parallel_plan(cluster, workload.model, global_batch), None
+    from lightning_hexiscale.planner.search.two_phase import SearchSettings, search  # networkx, pymetis: on use
     settings = SearchSettings(iterations=iterations, seed=seed, progress=progress,
                               schedule=overrides.get("schedule") or "1f1b",
                               recompute="auto" if overrides.get("recompute") is None else overrides["recompute"],
