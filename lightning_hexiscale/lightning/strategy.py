@@ -49,91 +49,33 @@ from lightning_hexiscale.errors import (ConfigError, ElasticStop, InfeasiblePlan
                                         TrainingInterrupted)
 from lightning_hexiscale.lightning import internals, notices
 from lightning_hexiscale.lightning.device_check import check_local_gpus
-from lightning_hexiscale.lightning.fast_path import log_fast_path, prepare_optimizers, strategy_fast_path
+from lightning_hexiscale.lightning.fast_path import log_fast_path, prepare_optimizers
 from lightning_hexiscale.lightning.idle_ranks import IdleRankMethods, accepted_world_sizes, layout_for, world_error
 from lightning_hexiscale.lightning.launching import CHILD_ENV, LaunchGuard, agree, is_agreed, mark_agreed
 from lightning_hexiscale.lightning.pipeline_model import PipelineLogits, PipelineModel
 from lightning_hexiscale.lightning.plan_check import DEFAULT_WARMUP as DEFAULT_PLAN_CHECK_WARMUP
-from lightning_hexiscale.lightning.plan_check import PlanCheck, plan_check_setting
-from lightning_hexiscale.lightning.plan_resolution import (AUTO, describe_local_devices, discover_cluster,
-                                                           load_cluster_arg, load_plan_arg, plan_for)
+from lightning_hexiscale.lightning.plan_check import PlanCheck
+from lightning_hexiscale.lightning.plan_resolution import AUTO, describe_local_devices, discover_cluster, plan_for
+from lightning_hexiscale.lightning.settings import StartMethod, StrategySettings
 from lightning_hexiscale.lightning.step_adapter import GradientMethods
 from lightning_hexiscale.lightning.strategy_checkpoints import CheckpointMethods
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.models.llama import Llama
 from lightning_hexiscale.planner.cost.workload import Workload
-from lightning_hexiscale.planner.plan import DP_SHARDINGS, SCHEDULES, Plan
-
-StartMethod = Literal["popen", "spawn", "fork", "forkserver"]
-NONFINITE_POLICIES = ("skip", "stop")
+from lightning_hexiscale.planner.plan import Plan
 
 
 class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDPStrategy):
     """Asymmetric pipeline x tensor x data parallelism over heterogeneous devices.
 
-    Args:
-        cluster: ``"auto"`` (default): with no ``plan``, the job's ranks discover their cluster at
-            ``setup`` (all ranks together: devices, hosts, the model's layer times, links per machine
-            pair; cached by a hardware + model fingerprint under ``$HEXISCALE_CACHE_DIR``, see
-            ``hexiscale discover``) and the search plans on it; with a ``plan``, its ``meta.cluster``
-            or the local devices as for ``None``. A preset name (``conf/cluster/NAME.yaml``), a
-            cluster YAML path (from ``hexiscale discover`` / ``profile``) or a :class:`Cluster`: that
-            cluster. ``None``: a nominal description of the local devices, nothing measured
-            (homogeneous: ``num_nodes x devices`` of the local GPU type, or CPU devices).
-        plan: a plan file, a :class:`Plan`, or ``None`` to plan with the planner's search on the
-            cluster for ``global_batch``.
-        global_batch: sequences per optimizer step, summed over pipelines (= the DataLoader's
-            ``batch_size``). ``None``: the plan's, or the training DataLoader's batch size.
-        micro_batch_size / schedule / recompute / dp_sharding: override the plan's values (or bind
-            the search). ``dp_sharding``: ``ddp`` (every pipeline holds its full copy of the state),
-            ``zero2`` (gradients and optimizer states sharded over the pipelines) or ``zero3``
-            (parameters too); see :mod:`lightning_hexiscale.lightning.step_adapter`.
-        seed: seed of the planner's search when planning here (default: ``PL_GLOBAL_SEED`` or 0).
-            The data order is the DataLoader's own, as on one device (``shuffle=True`` draws from its
-            ``generator``, else from torch's global generator: :mod:`lightning_hexiscale.data.samplers`).
-            Weights are initialised from the module's ``init_seed`` attribute (default 0).
-        planner_iterations: search iterations when planning here.
-        use_all_devices: when planning here, give every device work (``planner.use_all_devices``);
-            by default the plan may leave devices idle where it is faster without them.
-        plan_check: after this many warm-up optimizer steps (default 5) the run times a few steps and
-            rank 0 prints the estimated vs measured step time and the stage furthest from its price,
-            warns when the step is more than 25 % off, and writes ``plan_check.json`` to the log
-            directory (:mod:`lightning_hexiscale.lightning.plan_check`); None: no check.
-        start_method: launcher: ``popen`` (default; re-runs the script, works under Hydra),
-            ``spawn``, ``fork``. Under torchrun or SLURM the cluster environment launches instead.
-        num_threads: intra-op threads per process on CPU; ``"auto"`` = cores // local processes.
-        check_devices: refuse to run a plan made for GPU types on CPU (or vice versa).
-        nonfinite: what to do when the loss or a gradient is not finite on any rank (checked on every
-            optimizer step, all ranks agree): ``"stop"`` raises :class:`NonFiniteError` naming the
-            step and the ranks; ``"skip"`` drops the update (the step still counts: data and LR
-            schedule move on, as with a loss scaler's skipped step) and records it in
-            ``nonfinite_events``.
-        timeout: process-group timeout of every collective and p2p wait (a ``timedelta`` or
-            seconds): a rank waiting on a dead or hung peer raises after this long.
-        async_checkpoint: write checkpoints in the background: a save copies this rank's pieces to
-            CPU memory (DCP's stager; its own shard bytes) and returns; DCP's save and the rename into
-            place run in one writer thread per rank, over a gloo process group of their own, while
-            training goes on (at most 2 saves in flight). A load, the end of the run, or a third save
-            waits for them; a crash meanwhile leaves the previous checkpoint.
-        elastic: elastic training under torchrun (``--nnodes=MIN:MAX``, c10d): a checkpoint directory or an
-            :class:`~lightning_hexiscale.lightning.elastic.ElasticSettings`. At every (re)start the
-            strategy learns which machines of the cluster file are present (``$HEXISCALE_MACHINE`` on
-            each node), plans for them, resumes from the newest complete checkpoint and prints what
-            changed; it saves every ``every_n_steps`` and on SIGTERM. Needs ``cluster``, no ``plan``.
-        compile: ``torch.compile`` of the stage (each block where it has no hooks or collectives,
-            regions otherwise); ``None`` (default): on for CUDA, off on CPU. Shortcut for
-            ``fast_path={"compile": ...}``.
-        fast_path: the stage's speed switches, one per change
-            (:class:`~lightning_hexiscale.config.fast_path.FastPath` or a dict of its fields:
-            ``fused_norm``, ``cast_once``, ``main_grads``, ``fused_adamw``, ``chunked_loss``,
-            ``attention``, ...); ``None``: all auto (a GPU run takes the whole fast path);
-            ``False``: all off. The run's log says what each rank runs.
-        watchdog: run :class:`~lightning_hexiscale.runtime.FailureWatch` (heartbeats over the
-            rendezvous store): when a rank fails, every rank stops within ``watchdog_grace_s`` seconds
-            more (times the load average per core on a loaded host; exit status 4) and says which
-            rank failed: the rank that raised, else one whose process ended or heartbeat stopped.
-        process_group_backend / accelerator / parallel_devices / cluster_environment /
-        checkpoint_io / precision_plugin: as for ``DDPStrategy``.
+    The keyword arguments are the fields of :class:`~lightning_hexiscale.lightning.settings.StrategySettings`,
+    documented there (``cluster``, ``plan``, ``global_batch``, the plan overrides ``micro_batch_size`` /
+    ``schedule`` / ``recompute`` / ``dp_sharding``, ``seed``, ``planner_iterations``,
+    ``use_all_devices``, ``plan_check``, ``start_method``, ``num_threads``, ``check_devices``,
+    ``nonfinite``, ``async_checkpoint``, ``elastic``, ``watchdog``, ``watchdog_grace_s``, ``compile``,
+    ``fast_path``, ``timeout``); the constructor checks them once, into :attr:`settings`.
+    ``process_group_backend`` / ``accelerator`` / ``parallel_devices`` / ``cluster_environment`` /
+    ``checkpoint_io`` / ``precision_plugin``: as for ``DDPStrategy``.
     """
 
     strategy_name = "hexiscale"
@@ -150,86 +92,43 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
                  accelerator=None, parallel_devices=None, cluster_environment=None, checkpoint_io=None,
                  precision_plugin=None) -> None:
         notices.install()  # Lightning's litlogger tip and a torch deprecation raised inside Lightning
-        if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
-            if timeout <= 0:
-                raise ConfigError("HexiScaleStrategy(timeout)", timeout, "must be a positive number of seconds",
-                                  "use e.g. timeout=600")
-            timeout = timedelta(seconds=float(timeout))
-        if not isinstance(async_checkpoint, bool):
-            raise ConfigError("HexiScaleStrategy(async_checkpoint)", async_checkpoint, "must be True or False",
-                              "pass async_checkpoint=True to write checkpoints in the background")
-        if nonfinite not in NONFINITE_POLICIES:
-            raise ConfigError("HexiScaleStrategy(nonfinite)", nonfinite, f"must be one of {NONFINITE_POLICIES}",
-                              "use 'stop' (raise) or 'skip' (drop the update)")
+        s = StrategySettings(
+            cluster=cluster, plan=plan, global_batch=global_batch, micro_batch_size=micro_batch_size,
+            schedule=schedule, recompute=recompute, dp_sharding=dp_sharding, seed=seed,
+            planner_iterations=planner_iterations, use_all_devices=use_all_devices, plan_check=plan_check,
+            start_method=start_method, num_threads=num_threads, check_devices=check_devices, nonfinite=nonfinite,
+            async_checkpoint=async_checkpoint, elastic=elastic, watchdog=watchdog, watchdog_grace_s=watchdog_grace_s,
+            compile=compile, fast_path=fast_path, timeout=timeout)
+        self.settings = s
+        """The checked arguments (frozen); the attributes below are run state."""
         super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
                          cluster_environment=cluster_environment, checkpoint_io=checkpoint_io,
                          precision_plugin=precision_plugin, process_group_backend=process_group_backend,
-                         timeout=timeout, start_method=start_method)
-        if schedule is not None and schedule not in SCHEDULES:
-            raise ConfigError("HexiScaleStrategy(schedule)", schedule, f"must be one of {SCHEDULES}", "use 1f1b")
-        if dp_sharding is not None and dp_sharding not in DP_SHARDINGS:
-            raise ConfigError("HexiScaleStrategy(dp_sharding)", dp_sharding, f"must be one of {DP_SHARDINGS}",
-                              "use ddp")
-        for key, v in (("global_batch", global_batch), ("micro_batch_size", micro_batch_size)):
-            if v is not None and (not isinstance(v, int) or v < 1):
-                raise ConfigError(f"HexiScaleStrategy({key})", v, "must be a positive integer (or None)", "fix it")
-        if not (num_threads == "auto" or (isinstance(num_threads, int) and num_threads >= 1)):
-            raise ConfigError("HexiScaleStrategy(num_threads)", num_threads, "must be 'auto' or an integer >= 1",
-                              "use 'auto'")
-        if not isinstance(cluster, (str, Path, Cluster, type(None))):
-            raise ConfigError("HexiScaleStrategy(cluster)", type(cluster).__name__,
-                              "must be a preset name, a cluster YAML path, a Cluster or None", "pass cluster='cpu_hetero4'")
-        if not isinstance(plan, (str, Path, Plan, type(None))):
-            raise ConfigError("HexiScaleStrategy(plan)", type(plan).__name__,
-                              "must be a plan file path, a Plan or None", "pass plan='conf/plans/....yaml'")
-        # Files are read now, in the caller's process, so that a wrong name or path is a ConfigError
-        # from this line rather than from every rank after the launch.
-        plan = load_plan_arg(plan)
-        if cluster == AUTO and plan is not None:  # nothing to plan: the plan's own cluster, or the local devices
-            cluster = None
-        if cluster is None and plan is not None and plan.meta.get("cluster"):
-            cluster = load_cluster_arg(plan.meta["cluster"], key="plan.meta.cluster")
-        else:
-            cluster = load_cluster_arg(cluster)
-        if plan is not None and cluster is not None:
-            plan.validate(cluster)  # its devices exist in the cluster
-        self._cluster_arg, self._plan_arg = cluster, plan
+                         timeout=s.timeout, start_method=s.start_method)
+        self.elastic = _elastic_run(s.elastic)
         self._discovered: Cluster | None = None
         """``cluster="auto"``: what the ranks discovered at setup."""
-        if cluster == AUTO:
-            cluster = None
-        self.elastic = _elastic_run(elastic, cluster, plan)
         self._present: Cluster | None = None
-        self._global_batch = global_batch
-        self.fast_path = strategy_fast_path(compile, fast_path)
-        self._overrides = {"micro_batch_size": micro_batch_size, "schedule": schedule, "recompute": recompute,
-                           "dp_sharding": dp_sharding}
-        self.seed = int(os.environ.get("PL_GLOBAL_SEED", 0)) if seed is None else int(seed)
-        self.planner_iterations = planner_iterations
-        if not isinstance(use_all_devices, bool):
-            raise ConfigError("HexiScaleStrategy(use_all_devices)", use_all_devices, "must be True or False",
-                              "pass use_all_devices=True to give every device work")
-        self.use_all_devices = use_all_devices
-        self.plan_check = plan_check_setting(plan_check)
         self._plan_check: PlanCheck | None = None
-        self.num_threads = num_threads
-        self.check_devices = check_devices
-        self.cluster: Cluster | None = cluster
-        self.plan: Plan | None = plan
+        self.cluster: Cluster | None = s.cluster if isinstance(s.cluster, Cluster) else None
+        self.plan: Plan | None = s.plan
         self.workload: Workload | None = None
         """What the plan is priced for (set in ``setup``: :meth:`Workload.for_cluster`)."""
         self._pipeline_model: PipelineModel | None = None
-        self.nonfinite = nonfinite
         self.nonfinite_events: list[dict[str, Any]] = []
         """One entry per optimizer step with a non-finite loss or gradient (the same on every rank)."""
-        self.watchdog, self.watchdog_grace_s = watchdog, float(watchdog_grace_s)
         self._watch = None
         self._failure: tuple[BaseException, str] | None = None
         self._guard = LaunchGuard(self)
         self._train_sampler = None
-        self.async_checkpoint = async_checkpoint
         self._checkpointer = None
         self._failed = False
+
+    # the settings that other modules of this package read from the strategy
+    nonfinite = property(lambda self: self.settings.nonfinite, doc="``StrategySettings.nonfinite`` (step_adapter).")
+    plan_check = property(lambda self: self.settings.plan_check, doc="``StrategySettings.plan_check`` (plan_check).")
+    watchdog_grace_s = property(lambda self: self.settings.watchdog_grace_s, doc="(launching: the parent's wait).")
+    fast_path = property(lambda self: self.settings.fast_path, doc="``StrategySettings.fast_path``.")
 
     # ---- environment -----------------------------------------------------------------------
     @override
@@ -237,7 +136,7 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
         if self.root_device.type == "cpu":
             # Several processes share few cores: each with torch's default of one thread per core
             # oversubscribes them (8 such processes ran 9x slower than with one thread each).
-            n = self.num_threads if self.num_threads != "auto" else max(1, (os.cpu_count() or 1) // max(1, self.num_processes))
+            n = self.settings.num_threads if self.settings.num_threads != "auto" else max(1, (os.cpu_count() or 1) // max(1, self.num_processes))
             torch.set_num_threads(n)
         super().setup_environment()
 
@@ -245,8 +144,8 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
     def _configure_launcher(self) -> None:
         # Lightning calls this when the Trainer is built, with num_nodes and devices known: the first
         # moment a given plan's world size can be checked, before any process starts.
-        if self._plan_arg is not None:
-            self._check_world(self._plan_arg)
+        if self.settings.plan is not None:
+            self._check_world(self.settings.plan)
         if internals.trainer_precision_argument() == "16-mixed":
             # on CPU Lightning has already replaced it by bf16-mixed (with a warning): refuse it as on GPUs
             precision_dtype("16-mixed", key="Trainer(precision)")
@@ -263,7 +162,7 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
             raise _manual_optimization_error()
         loader = arguments.get("train_dataloaders")
         if fn_name == "_fit_impl" and isinstance(loader, DataLoader):
-            want = self._plan_arg.global_batch if self._plan_arg is not None else self._global_batch
+            want = self.settings.plan.global_batch if self.settings.plan is not None else self.settings.global_batch
             check_train_loader(loader, want)
 
     @contextmanager
@@ -299,9 +198,9 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
             self._pipeline_model = existing
         else:
             if self.elastic is not None:  # collective: the machines present, device k = global rank k
-                self._present = agree(lambda: self.elastic.present_cluster(self, self._cluster_arg),
+                self._present = agree(lambda: self.elastic.present_cluster(self, self.settings.cluster),
                                       self.global_rank, self.world_size)
-            if self._cluster_arg == AUTO and self._discovered is None:  # collective: every rank measures
+            if self.settings.cluster == AUTO and self._discovered is None:  # collective: every rank measures
                 self._discovered = self._discover_cluster(module, trainer)
             # Every rank checks the same things (Lightning, the module, the plan, world size and
             # devices); one error, from rank 0, reaches the caller (launching.agree).
@@ -330,7 +229,7 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
             internals.optimizers_to_device(self.optimizers, self.root_device)
         self._setup_checkpointer()
         self._start_watch()
-        self._plan_check = PlanCheck.for_strategy(self, trainer) if fitting and self.plan_check is not None else None
+        self._plan_check = PlanCheck.for_strategy(self, trainer) if fitting and self.settings.plan_check is not None else None
         if self.elastic is not None and fitting:
             agree(lambda: self.elastic.start(self, trainer, self.workload), self.global_rank, self.world_size)
 
@@ -341,18 +240,18 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
             return
         from lightning_hexiscale.runtime import Checkpointer
 
-        group = dist.new_group(backend="gloo") if self.async_checkpoint and dist.is_initialized() else None
-        self._checkpointer = Checkpointer(group, async_save=self.async_checkpoint)
+        group = dist.new_group(backend="gloo") if self.settings.async_checkpoint and dist.is_initialized() else None
+        self._checkpointer = Checkpointer(group, async_save=self.settings.async_checkpoint)
 
     def _start_watch(self) -> None:
         """One FailureWatch per run (a token from rank 0 keeps earlier runs' keys out)."""
-        if not self.watchdog or self._watch is not None or self.world_size < 1 or not dist.is_initialized():
+        if not self.settings.watchdog or self._watch is not None or self.world_size < 1 or not dist.is_initialized():
             return
         from lightning_hexiscale.runtime import FailureWatch
 
         token = self.broadcast(uuid.uuid4().hex[:12] if self.global_rank == 0 else None, 0)
         timeout = self._timeout.total_seconds() if self._timeout is not None else None
-        self._watch = FailureWatch(self.global_rank, self.world_size, token, grace_s=self.watchdog_grace_s,
+        self._watch = FailureWatch(self.global_rank, self.world_size, token, grace_s=self.settings.watchdog_grace_s,
                                    collective_timeout_s=timeout).start()
 
     def _resolve_plan(self, module, trainer, fitting: bool) -> Llama:
@@ -363,8 +262,8 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
         if fitting and not module.automatic_optimization:
             raise _manual_optimization_error()
         llama = find_llama(module)
-        given = self._plan_arg
-        given_cluster = self._cluster_arg if isinstance(self._cluster_arg, Cluster) else None
+        given = self.settings.plan
+        given_cluster = self.settings.cluster if isinstance(self.settings.cluster, Cluster) else None
         self.cluster = (self._present or self._discovered or given_cluster  # elastic: the devices present
                         or describe_local_devices(self.root_device, self.num_nodes, self.num_processes))
         if given is not None:  # the world-size message is clearer than "device 5 does not exist"
@@ -375,11 +274,11 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
         # the one workload of this run (the precision's dtypes, the cluster's device kind): the
         # search prices it, and elastic restarts report its estimate
         self.workload = Workload.for_cluster(llama.config, self.cluster, self._workload_precision(),
-                                              fast_path=self.fast_path)
+                                              fast_path=self.settings.fast_path)
         try:
-            self.plan = plan_for(given, self.cluster, self.workload, self._global_batch_for(trainer), self._overrides,
-                                 seed=self.seed, iterations=self.planner_iterations,
-                                 use_all_devices=self.use_all_devices)
+            self.plan = plan_for(given, self.cluster, self.workload, self._global_batch_for(trainer), self.settings.overrides,
+                                 seed=self.settings.seed, iterations=self.settings.planner_iterations,
+                                 use_all_devices=self.settings.use_all_devices)
         except InfeasiblePlan as e:
             if self.elastic is None:
                 raise
@@ -394,7 +293,7 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
         launched on the plan's idle devices too)."""
         if self.broadcast(self.plan.to_dict(), 0) != self.plan.to_dict():
             raise RuntimeError(f"rank {self.global_rank} planned differently from rank 0; pass an explicit plan file")
-        if self.check_devices and self.root_device.type == "cuda" and self.world_size > 1:
+        if self.settings.check_devices and self.root_device.type == "cuda" and self.world_size > 1:
             # collective; the same error on every rank, so rank 0 reports it for all
             layout = layout_for(self.plan, self.world_size, self.global_rank)
             order = layout.launch_order if layout is not None else self.plan.device_order
@@ -415,14 +314,14 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
             state = {k: v.detach() for k, v in llama.state_dict().items()}
         engine = PipelineEngine(self.plan, config, rank=self.global_rank, seed=int(getattr(module, "init_seed", 0)),
                                 device=self.root_device, dtype=param.dtype, autocast_dtype=self._autocast_dtype(),
-                                state_dict=state, fast_path=self.fast_path)
+                                state_dict=state, fast_path=self.settings.fast_path)
         loss_dtype = torch.float64 if param.dtype == torch.float64 else torch.float32
         return PipelineModel(engine, loss_dtype)
 
     def _global_batch_for(self, trainer) -> int | None:
         """The explicit global batch, else the training DataLoader's batch size (read, not consumed)."""
-        if self._global_batch is not None or self._plan_arg is not None:
-            return self._global_batch
+        if self.settings.global_batch is not None or self.settings.plan is not None:
+            return self.settings.global_batch
         loader = internals.train_dataloader(trainer)
         if isinstance(loader, DataLoader) and loader.batch_size:
             return int(loader.batch_size)
@@ -456,11 +355,11 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
         rank, world = self.global_rank, self.world_size
         llama = agree(lambda: find_llama(module), rank, world)
         batch = agree(lambda: self._global_batch_for(trainer), rank, world)
-        return discover_cluster(llama.config, self._workload_precision(), batch, self._overrides.get("micro_batch_size"),
+        return discover_cluster(llama.config, self._workload_precision(), batch, self.settings.micro_batch_size,
                                 rank, self.broadcast)
 
     def _check_devices(self, plan: Plan) -> None:
-        if not self.check_devices or self.cluster is None or self._discovered is not None:
+        if not self.settings.check_devices or self.cluster is None or self._discovered is not None:
             return  # a discovered cluster was measured on these very devices
         types_ = sorted({self.cluster.devices[d].gpu_type for d in plan.device_order})
         gpu_types = [t for t in types_ if device_kind([t]) == "cuda"]
@@ -604,19 +503,12 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
         return None
 
 
-def _elastic_run(elastic, cluster: Cluster | None, plan: Plan | None):
-    """``HexiScaleStrategy(elastic=...)`` checked at construction: an ElasticRun, or None."""
-    from lightning_hexiscale.lightning.elastic import ElasticRun, as_settings
-
-    settings = as_settings(elastic)
+def _elastic_run(settings):
+    """The run of ``StrategySettings.elastic`` (checked there), or None."""
     if settings is None:
         return None
-    if plan is not None:
-        raise ConfigError("HexiScaleStrategy(plan)", "a plan", "elastic training plans for the machines present at "
-                          "every start, so a fixed plan cannot be used", "pass plan=None with elastic=...")
-    if cluster is None:
-        raise ConfigError("HexiScaleStrategy(cluster)", None, "elastic training re-plans on the machines of a "
-                          "cluster file and needs one", "pass cluster=<cluster YAML or preset>")
+    from lightning_hexiscale.lightning.elastic import ElasticRun  # torch.distributed's elastic helpers: on use
+
     return ElasticRun(settings)
 
 

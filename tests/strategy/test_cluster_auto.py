@@ -19,10 +19,10 @@ from strategy_helpers import PG_TIMEOUT
 
 
 def test_auto_is_the_default_and_none_keeps_its_meaning():
-    assert HexiScaleStrategy()._cluster_arg == AUTO
-    assert HexiScaleStrategy(cluster="auto")._cluster_arg == AUTO and HexiScaleStrategy().cluster is None
-    assert HexiScaleStrategy(cluster=None)._cluster_arg is None
-    assert HexiScaleStrategy(cluster="cpu_demo")._cluster_arg.name == "cpu_demo"
+    assert HexiScaleStrategy().settings.cluster == AUTO
+    assert HexiScaleStrategy(cluster="auto").settings.cluster == AUTO and HexiScaleStrategy().cluster is None
+    assert HexiScaleStrategy(cluster=None).settings.cluster is None
+    assert HexiScaleStrategy(cluster="cpu_demo").settings.cluster.name == "cpu_demo"
 
 
 class _Steps(pl.Callback):

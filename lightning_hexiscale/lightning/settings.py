@@ -1,0 +1,222 @@
+"""``StrategySettings``: every ``HexiScaleStrategy`` keyword argument, checked once, as a frozen value.
+
+The strategy's constructor keeps its keyword arguments (``HexiScaleStrategy(cluster=..., plan=...)``
+is how Lightning users write it) and builds one :class:`StrategySettings` from them; every check of
+an argument lives here, in ``__post_init__``, and raises :class:`~lightning_hexiscale.errors.ConfigError`
+naming ``HexiScaleStrategy(<argument>)``, the value, the rule and the fix. Why here and not at
+``setup``: an error after the launch is raised by every rank; one from the constructor is raised
+once, in the caller's process, from the line that made it (files are read here for the same reason).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+
+from lightning_hexiscale.config.cluster import Cluster
+from lightning_hexiscale.config.fast_path import FastPath
+from lightning_hexiscale.errors import ConfigError
+from lightning_hexiscale.lightning.fast_path import strategy_fast_path
+from lightning_hexiscale.lightning.plan_check import DEFAULT_WARMUP, plan_check_setting
+from lightning_hexiscale.lightning.plan_resolution import AUTO, load_cluster_arg, load_plan_arg
+from lightning_hexiscale.planner.plan import DP_SHARDINGS, SCHEDULES, Plan
+
+StartMethod = Literal["popen", "spawn", "fork", "forkserver"]
+START_METHODS = ("popen", "spawn", "fork", "forkserver")
+NONFINITE_POLICIES = ("skip", "stop")
+PLAN_OVERRIDE_KEYS = ("micro_batch_size", "schedule", "recompute", "dp_sharding")
+"""The settings that override the plan's values (or bind the search): :attr:`StrategySettings.overrides`."""
+
+
+def _key(name: str) -> str:
+    return f"HexiScaleStrategy({name})"
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+@dataclass(frozen=True)
+class StrategySettings:
+    """The strategy's settings. Built from the constructor's arguments; some fields are normalised
+    when built (said under each): ``plan`` and ``cluster`` are read from their files, ``timeout`` is a
+    ``timedelta``, ``seed`` an int, ``plan_check`` an int or None, ``fast_path`` a FastPath (with
+    ``compile`` folded in), ``elastic`` an ElasticSettings or None."""
+
+    cluster: str | Path | Cluster | None = AUTO
+    """``"auto"`` (default): with no ``plan``, the job's ranks discover their cluster at ``setup`` (all
+    ranks together: devices, hosts, the model's layer times, links per machine pair; cached by a
+    hardware + model fingerprint under ``$HEXISCALE_CACHE_DIR``, see ``hexiscale discover``) and the
+    search plans on it. A preset name (``conf/cluster/NAME.yaml``), a cluster YAML path (from
+    ``hexiscale discover`` / ``profile``) or a :class:`Cluster`: that cluster. ``None``: a nominal
+    description of the local devices, nothing measured (``num_nodes x devices`` of the local GPU
+    type, or CPU devices). Built: a Cluster, ``"auto"`` or None; with a ``plan``, ``"auto"`` becomes
+    the plan's ``meta.cluster`` (read) or None."""
+    plan: str | Path | Plan | None = None
+    """A plan file, a :class:`Plan`, or None to plan with the planner's search on the cluster for
+    ``global_batch``. Built: a Plan (checked against the cluster's devices) or None."""
+    global_batch: int | None = None
+    """Sequences per optimizer step, summed over pipelines (= the DataLoader's ``batch_size``).
+    None: the plan's, or the training DataLoader's batch size."""
+    micro_batch_size: int | None = None
+    """Overrides the plan's micro-batch (it must divide every pipeline's batch), or binds the search."""
+    schedule: str | None = None
+    """Overrides the plan's pipeline schedule (one of :data:`SCHEDULES`), or binds the search."""
+    recompute: bool | str | None = None
+    """Overrides the plan's activation recomputation (True, False; None or ``"auto"``: the plan's)."""
+    dp_sharding: str | None = None
+    """``ddp`` (every pipeline holds its full copy of the state), ``zero2`` (gradients and optimizer
+    states sharded over the pipelines) or ``zero3`` (parameters too); None: the plan's, or the
+    search's choice (:mod:`lightning_hexiscale.lightning.step_adapter`)."""
+    seed: int | None = None
+    """Seed of the planner's search when planning here. Built: None becomes ``$PL_GLOBAL_SEED`` (or 0),
+    read when the settings are built. The data order is the DataLoader's own, as on one device;
+    weights are initialised from the module's ``init_seed`` attribute (default 0)."""
+    planner_iterations: int = 20
+    """Search iterations when planning here (>= 1)."""
+    use_all_devices: bool = False
+    """When planning here, give every device work (``planner.use_all_devices``); by default the plan
+    may leave devices idle where it is faster without them."""
+    plan_check: int | bool | None = DEFAULT_WARMUP
+    """After this many warm-up optimizer steps (default 5) the run times a few steps and rank 0 prints
+    the estimated vs measured step time and the stage furthest from its price, warns when the step is
+    more than 25 % off, and writes ``plan_check.json`` to the log directory
+    (:mod:`lightning_hexiscale.lightning.plan_check`). True: 5; None or False: no check. Built: int or None."""
+    start_method: StartMethod = "popen"
+    """Launcher: ``popen`` (default; re-runs the script, works under Hydra), ``spawn``, ``fork``,
+    ``forkserver``. Under torchrun or SLURM the cluster environment launches instead."""
+    num_threads: int | Literal["auto"] = "auto"
+    """Intra-op threads per process on CPU; ``"auto"`` = cores // local processes."""
+    check_devices: bool = True
+    """Refuse to run a plan made for GPU types on CPU (or vice versa)."""
+    nonfinite: Literal["skip", "stop"] = "stop"
+    """When the loss or a gradient is not finite on any rank (checked every optimizer step, all ranks
+    agree): ``"stop"`` raises :class:`NonFiniteError` naming the step and the ranks; ``"skip"`` drops
+    the update (the step still counts: data and LR schedule move on, as with a loss scaler's skipped
+    step) and records it in the strategy's ``nonfinite_events``."""
+    async_checkpoint: bool = False
+    """Write checkpoints in the background: a save copies this rank's pieces to CPU memory and returns;
+    DCP's save and the rename into place run in one writer thread per rank, over a gloo group of their
+    own (at most 2 saves in flight). A load, the end of the run, or a third save waits for them; a
+    crash meanwhile leaves the previous checkpoint."""
+    elastic: Any = None
+    """Elastic training under torchrun (``--nnodes=MIN:MAX``, c10d): a checkpoint directory or an
+    :class:`~lightning_hexiscale.lightning.elastic.ElasticSettings`. At every (re)start the strategy
+    learns which machines of the cluster file are present (``$HEXISCALE_MACHINE`` on each node),
+    plans for them, resumes from the newest complete checkpoint and prints what changed. Needs a
+    ``cluster``, no ``plan``. Built: an ElasticSettings or None."""
+    watchdog: bool = True
+    """Run :class:`~lightning_hexiscale.runtime.FailureWatch` (heartbeats over the rendezvous store):
+    when a rank fails, every rank stops within ``watchdog_grace_s`` more (exit status 4) and says
+    which rank failed."""
+    watchdog_grace_s: float = 5.0
+    """Seconds (> 0; times the load average per core on a loaded host) the watch waits before the
+    other ranks stop. Built: a float."""
+    compile: bool | None = None
+    """``torch.compile`` of the stage; None: on for CUDA, off on CPU. Shortcut for
+    ``fast_path={"compile": ...}``."""
+    fast_path: Any = None
+    """The stage's speed switches (:class:`~lightning_hexiscale.config.fast_path.FastPath` or a dict of
+    its fields); None: all auto (a GPU run takes the whole fast path); False: all off. Built: a
+    FastPath with ``compile`` applied."""
+    timeout: timedelta | float | None = default_pg_timeout
+    """Process-group timeout of every collective and p2p wait (a ``timedelta`` or seconds > 0): a rank
+    waiting on a dead or hung peer raises after this long. Built: a timedelta (or None)."""
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__  # normalising a frozen dataclass's fields, once, here
+        t = self.timeout
+        if _is_int(t) or isinstance(t, float):
+            if t <= 0:
+                raise ConfigError(_key("timeout"), t, "must be a positive number of seconds", "use e.g. timeout=600")
+            set_(self, "timeout", timedelta(seconds=float(t)))
+        for name, fix in (("async_checkpoint", "pass async_checkpoint=True to write checkpoints in the background"),
+                          ("use_all_devices", "pass use_all_devices=True to give every device work"),
+                          ("check_devices", "pass check_devices=False to run a plan on other device types"),
+                          ("watchdog", "pass watchdog=False to run without the failure watch")):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(_key(name), getattr(self, name), "must be True or False", fix)
+        if self.nonfinite not in NONFINITE_POLICIES:
+            raise ConfigError(_key("nonfinite"), self.nonfinite, f"must be one of {NONFINITE_POLICIES}",
+                              "use 'stop' (raise) or 'skip' (drop the update)")
+        if self.start_method not in START_METHODS:
+            raise ConfigError(_key("start_method"), self.start_method, f"must be one of {START_METHODS}",
+                              "use 'popen' (the default)")
+        self._check_plan_overrides()
+        if not (self.num_threads == "auto" or (_is_int(self.num_threads) and self.num_threads >= 1)):
+            raise ConfigError(_key("num_threads"), self.num_threads, "must be 'auto' or an integer >= 1", "use 'auto'")
+        if not _is_int(self.planner_iterations) or self.planner_iterations < 1:
+            raise ConfigError(_key("planner_iterations"), self.planner_iterations, "must be an integer >= 1",
+                              "use e.g. planner_iterations=20 (the default)")
+        if self.seed is not None and not _is_int(self.seed):
+            raise ConfigError(_key("seed"), self.seed, "must be an integer or None", "use e.g. seed=0")
+        set_(self, "seed", int(os.environ.get("PL_GLOBAL_SEED", 0)) if self.seed is None else self.seed)
+        g = self.watchdog_grace_s
+        if not (_is_int(g) or isinstance(g, float)) or g <= 0:
+            raise ConfigError(_key("watchdog_grace_s"), g, "must be a positive number of seconds",
+                              "use e.g. watchdog_grace_s=5")
+        set_(self, "watchdog_grace_s", float(g))
+        set_(self, "plan_check", plan_check_setting(self.plan_check))
+        set_(self, "fast_path", strategy_fast_path(self.compile, self.fast_path))
+        self._read_cluster_and_plan()
+        set_(self, "elastic", self._elastic_settings())
+
+    def _check_plan_overrides(self) -> None:
+        if self.schedule is not None and self.schedule not in SCHEDULES:
+            raise ConfigError(_key("schedule"), self.schedule, f"must be one of {SCHEDULES}", "use 1f1b")
+        if self.dp_sharding is not None and self.dp_sharding not in DP_SHARDINGS:
+            raise ConfigError(_key("dp_sharding"), self.dp_sharding, f"must be one of {DP_SHARDINGS}", "use ddp")
+        if self.recompute not in (None, True, False, "auto"):
+            raise ConfigError(_key("recompute"), self.recompute, "must be True, False, 'auto' or None",
+                              "leave it to the plan (None)")
+        for name in ("global_batch", "micro_batch_size"):
+            v = getattr(self, name)
+            if v is not None and (not _is_int(v) or v < 1):
+                raise ConfigError(_key(name), v, "must be a positive integer (or None)", "fix it")
+
+    def _read_cluster_and_plan(self) -> None:
+        """Files are read now, in the caller's process, so that a wrong name or path is a ConfigError
+        from the constructor's line rather than from every rank after the launch."""
+        cluster, plan = self.cluster, self.plan
+        if not isinstance(cluster, (str, Path, Cluster, type(None))):
+            raise ConfigError(_key("cluster"), type(cluster).__name__,
+                              "must be a preset name, a cluster YAML path, a Cluster or None", "pass cluster='cpu_hetero4'")
+        if not isinstance(plan, (str, Path, Plan, type(None))):
+            raise ConfigError(_key("plan"), type(plan).__name__, "must be a plan file path, a Plan or None",
+                              "pass plan='conf/plans/....yaml'")
+        plan = load_plan_arg(plan)
+        if cluster == AUTO and plan is not None:  # nothing to plan: the plan's own cluster, or the local devices
+            cluster = None
+        if cluster is None and plan is not None and plan.meta.get("cluster"):
+            cluster = load_cluster_arg(plan.meta["cluster"], key="plan.meta.cluster")
+        else:
+            cluster = load_cluster_arg(cluster)
+        if plan is not None and cluster is not None:
+            plan.validate(cluster)  # its devices exist in the cluster
+        object.__setattr__(self, "cluster", cluster)
+        object.__setattr__(self, "plan", plan)
+
+    def _elastic_settings(self):
+        """``elastic`` as an ElasticSettings (or None), with what it needs: a cluster file, no plan."""
+        from lightning_hexiscale.lightning.elastic import as_settings  # its torch.distributed helpers: on use
+
+        settings = as_settings(self.elastic)
+        if settings is None:
+            return None
+        if self.plan is not None:
+            raise ConfigError(_key("plan"), "a plan", "elastic training plans for the machines present at every "
+                              "start, so a fixed plan cannot be used", "pass plan=None with elastic=...")
+        if not isinstance(self.cluster, Cluster):
+            raise ConfigError(_key("cluster"), None, "elastic training re-plans on the machines of a cluster file "
+                              "and needs one", "pass cluster=<cluster YAML or preset>")
+        return settings
+
+    @property
+    def overrides(self) -> dict[str, Any]:
+        """The plan overrides (:data:`PLAN_OVERRIDE_KEYS`), as ``plan_resolution.plan_for`` takes them."""
+        return {k: getattr(self, k) for k in PLAN_OVERRIDE_KEYS}

@@ -1,0 +1,100 @@
+"""StrategySettings: the strategy's keyword arguments, checked once into one frozen value (issue 42, item 6)."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import pickle
+import re
+from datetime import timedelta
+
+import pytest
+
+from lightning_hexiscale.config.fast_path import FastPath
+from lightning_hexiscale.errors import ConfigError
+from lightning_hexiscale.lightning.elastic import ElasticSettings
+from lightning_hexiscale.lightning.plan_check import DEFAULT_WARMUP
+from lightning_hexiscale.lightning.plan_resolution import AUTO
+from lightning_hexiscale.lightning.settings import StrategySettings
+from lightning_hexiscale.lightning.strategy import HexiScaleStrategy
+from strategy_helpers import plan_of
+
+DDP_ARGUMENTS = {"self", "process_group_backend", "accelerator", "parallel_devices", "cluster_environment",
+                 "checkpoint_io", "precision_plugin"}
+"""The constructor's arguments that go to DDPStrategy as they are."""
+
+
+def test_the_constructor_takes_every_setting_with_the_same_default():
+    """A setting added to the dataclass but not to the constructor (or with another default) fails here."""
+    params = {n: p.default for n, p in inspect.signature(HexiScaleStrategy.__init__).parameters.items()
+              if n not in DDP_ARGUMENTS}
+    fields = {f.name: f.default for f in dataclasses.fields(StrategySettings)}
+    assert params == fields
+
+
+def test_the_strategy_stores_the_settings_it_built():
+    strategy = HexiScaleStrategy(nonfinite="skip", timeout=30, plan_check=True, seed=3, schedule="gpipe",
+                                 micro_batch_size=2, compile=False)
+    s = strategy.settings
+    assert s == StrategySettings(nonfinite="skip", timeout=30, plan_check=True, seed=3, schedule="gpipe",
+                                 micro_batch_size=2, compile=False)
+    assert s.timeout == timedelta(seconds=30) and strategy._timeout == timedelta(seconds=30)
+    assert s.plan_check == DEFAULT_WARMUP and strategy.plan_check == DEFAULT_WARMUP
+    assert s.seed == 3 and s.cluster == AUTO and strategy.cluster is None and strategy.plan is None
+    assert isinstance(s.fast_path, FastPath) and s.fast_path.compile is False and strategy.fast_path is s.fast_path
+    assert strategy.nonfinite == "skip" and strategy.watchdog_grace_s == 5.0
+    assert s.overrides == {"micro_batch_size": 2, "schedule": "gpipe", "recompute": None, "dp_sharding": None}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.nonfinite = "stop"
+
+
+def test_settings_survive_pickling_and_rebuilding(monkeypatch):
+    """The strategy travels to spawned ranks by pickle: the built (normalised) values come back as
+    they are, and building again from them gives the same settings."""
+    monkeypatch.setenv("PL_GLOBAL_SEED", "11")
+    s = StrategySettings(cluster="cpu2", timeout=12.5, elastic="ckpt", plan_check=None, fast_path=False)
+    assert s.seed == 11 and s.elastic == ElasticSettings(checkpoint_dir="ckpt") and s.cluster.name == "cpu2"
+    for again in (pickle.loads(pickle.dumps(s)),
+                  StrategySettings(**{f.name: getattr(s, f.name) for f in dataclasses.fields(s)})):
+        assert again.cluster.name == "cpu2"  # a Cluster compares by identity
+        assert dataclasses.replace(again, cluster=s.cluster) == s
+
+
+PLAN = plan_of([(4, 2, [([0], (0, 4))]), (2, 1, [([1], (0, 4))])])
+
+BAD = {  # case: (arguments, the argument named, a piece of the rule)
+    "timeout": ({"timeout": 0}, "timeout", "positive number of seconds"),
+    "async_checkpoint": ({"async_checkpoint": "yes"}, "async_checkpoint", "True or False"),
+    "nonfinite": ({"nonfinite": "ignore"}, "nonfinite", "must be one of"),
+    "schedule": ({"schedule": "zigzag"}, "schedule", "must be one of"),
+    "dp_sharding": ({"dp_sharding": "zero4"}, "dp_sharding", "must be one of"),
+    "global_batch": ({"global_batch": 0}, "global_batch", "positive integer"),
+    "micro_batch_size": ({"micro_batch_size": 1.5}, "micro_batch_size", "positive integer"),
+    "num_threads": ({"num_threads": 0}, "num_threads", "'auto' or an integer"),
+    "use_all_devices": ({"use_all_devices": "yes"}, "use_all_devices", "True or False"),
+    "cluster_type": ({"cluster": 123}, "cluster", "a preset name, a cluster YAML path"),
+    "cluster_missing": ({"cluster": "nonexistent"}, "cluster", "no such preset"),
+    "plan_type": ({"plan": 1.5}, "plan", "a plan file path, a Plan or None"),
+    "plan_check": ({"plan_check": -1}, "plan_check", "warm-up steps"),
+    "compile": ({"compile": "yes"}, "compile", "True, False or None"),
+    "elastic_with_plan": ({"cluster": "cpu2", "plan": PLAN, "elastic": "ckpt"}, "plan", "a fixed plan cannot"),
+    "elastic_without_cluster": ({"elastic": "ckpt"}, "cluster", "needs one"),
+    # checks the constructor did not make before the settings (each was a later failure, or none)
+    "start_method": ({"start_method": "thread"}, "start_method", "must be one of"),
+    "planner_iterations": ({"planner_iterations": 0}, "planner_iterations", "integer >= 1"),
+    "seed": ({"seed": "1"}, "seed", "an integer or None"),
+    "watchdog_grace_s": ({"watchdog_grace_s": 0}, "watchdog_grace_s", "positive number of seconds"),
+    "check_devices": ({"check_devices": "no"}, "check_devices", "True or False"),
+    "watchdog": ({"watchdog": 1}, "watchdog", "True or False"),
+    "recompute": ({"recompute": "sometimes"}, "recompute", "True, False, 'auto' or None"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_a_bad_setting_names_its_argument(case):
+    kwargs, key, rule = BAD[case]
+    pattern = rf"^HexiScaleStrategy\({key}\) = .*: .*{re.escape(rule)}.*Fix: "
+    with pytest.raises(ConfigError, match=pattern):
+        StrategySettings(**kwargs)
+    with pytest.raises(ConfigError, match=pattern):  # the same error from the constructor users call
+        HexiScaleStrategy(**kwargs)
