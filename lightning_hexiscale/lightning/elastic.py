@@ -1,35 +1,14 @@
 """Elastic training under torchrun: the job re-plans for the machines present at every (re)start.
 
-Launch (one agent per machine; ``--nnodes=MIN:MAX``, c10d rendezvous)::
-
-    HEXISCALE_MACHINE=<name or index in the cluster file> torchrun --nnodes=1:4 --nproc-per-node=<GPUs> \\
-        --rdzv-backend=c10d --rdzv-endpoint=<host:port> --max-restarts=10 train.py ...
-
-Under c10d the rendezvous assigns node ranks, so a node's rank says nothing about which machine of
-the cluster file it is: each node says so itself (:data:`MACHINE_ENV`, or
-``ElasticSettings(machine=...)``). At every start of the workers (the first one, and each restart
-torchrun makes after a failure or a membership change), :class:`ElasticRun`:
-
-1. gathers (machine, local rank) of every global rank (one ``all_gather_object`` of strings), and
-   checks them: every machine named exists, no device is claimed twice, every local rank has a device;
-2. builds the cluster of the devices present with ``Cluster.subset`` in **global-rank order**: device
-   k of that cluster is the device global rank k runs, so the plan made for it (which maps rank r to
-   its r-th device, ``Plan.device_order``) puts every stage where torchrun put the process, without
-   any rank permutation;
-3. lets the strategy plan for that cluster (the planner's search, seconds);
-4. after setup, finds the newest complete checkpoint under ``checkpoint_dir`` (every subdirectory with
-   a COMPLETE marker, ordered by its ``global_step``) and hands it to Lightning's restore, which loads
-   it under the new plan (checkpoints are plan-independent: runtime/checkpoint.py) and restores the
-   loops and the data position (:class:`~lightning_hexiscale.data.samplers.PlanBatchSampler`:
-   the position is counted in global batches, so the global batch must stay the same);
-5. prints what changed against the previous start (``elastic.json`` in ``checkpoint_dir``): machines
-   that left or joined, old and new plan, estimated throughput before and after, steps redone
-   (the step the previous workers reached minus the checkpoint's step).
-
-While training, it saves ``step-<N>`` every ``every_n_steps`` optimizer steps (keeping the newest
-``keep``), and on SIGTERM: the flag is agreed by every rank at the end of each step (one all-reduce
-of a boolean), every rank saves, and the job stops with :class:`ElasticStop` (a failure, so that
-torchrun restarts the workers with the machines that remain rather than ending the job).
+At every start of the workers, :class:`ElasticRun` gathers which machine of the cluster file each
+node is (:data:`MACHINE_ENV` or ``ElasticSettings(machine=...)``), builds the cluster of the devices
+present in global-rank order (device k = the device global rank k runs, so the plan needs no rank
+permutation), lets the strategy plan for it, resumes from the newest complete checkpoint under
+``checkpoint_dir`` and prints what changed against the previous start. While training it saves
+``step-<N>`` every ``every_n_steps`` and on SIGTERM, then stops with :class:`ElasticStop` so that
+torchrun restarts the workers. Why each node names its machine: under c10d the rendezvous assigns
+node ranks, so a node's rank says nothing about which machine it is. The launch command, the steps
+and what is printed: docs/guide/elastic.md.
 """
 
 from __future__ import annotations

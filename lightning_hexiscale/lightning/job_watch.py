@@ -1,41 +1,15 @@
 """The phase of a training job and its Ctrl-C watch: Ctrl-C ends the job within seconds whatever it
 is doing, with one line that names what it was doing, exit status 130 and no process left.
 
-Python runs a SIGINT handler only when the main thread comes back to the interpreter. While it
-waits inside torch (rank 0 in ``init_process_group`` for ranks that died while importing torch, a
-collective waiting for a hung peer) it never does, and the job hung for the process-group timeout.
-:class:`JobWatch` therefore also receives the signal through a pipe (:func:`signal.set_wakeup_fd`:
-the C-level handler writes the signal number there at once) in a thread of its own, and acts by
-the phase the job is in:
-
-============ ================================================ =========================================
-phase        what the job does                                first Ctrl-C
-============ ================================================ =========================================
-planning     checks, the search, writing the plan             KeyboardInterrupt in the main thread (the
-                                                              watch ends the process if it is still
-                                                              there ``backstop_s`` later)
-starting     the launcher starts the other ranks              ends the job at once
-rendezvous   rank 0 waits for every rank to join              ends the job at once
-setup        the ranks agree on the plan and devices, build   ends the job at once
-             their stages, load the checkpoint
-running      spawn/fork: the launching process waits for      ends the job at once
-             its workers
-training     steps (and validation)                           every rank stops at the end of the step
-                                                              (:class:`~.interrupt.GracefulInterrupt`)
-saving       a checkpoint is being written                    finish it, stop at the end of the step
-finishing    the last hooks and the final report              ends the job at once
-============ ================================================ =========================================
-
-A second Ctrl-C while training or saving ends the job at once. Ending the job is one line on
-stderr (``PROG: interrupted (Ctrl-C) while <phase>...``, printed once whoever ends it: see
-:meth:`JobWatch.claim`), SIGKILL to every process this one started (the popen ranks, their
-children), then ``os._exit(130)``. A checkpoint cut short stays a ``.tmp-`` directory beside the
-last complete one (the checkpointer renames only complete checkpoints into place).
-
-One watch per process: signal handlers are process-wide. The launching process (and every
-torchrun/SLURM rank) installs it; the ranks the popen launcher starts only record Ctrl-C
-(:func:`record_in_child`): their launching process ends them. Torch-free, so that the command line
-installs it before anything heavy is imported.
+:class:`JobWatch` acts by the job's phase (:func:`set_phase`): in ``training`` and ``saving`` the
+first Ctrl-C stops every rank at the end of the step (:class:`~.interrupt.GracefulInterrupt`), a
+second one, or the first in any other phase, ends the job (:meth:`JobWatch.claim`, SIGKILL to every
+process this one started, ``os._exit(130)``). Why a thread and a pipe (:func:`signal.set_wakeup_fd`)
+beside the handler: Python runs a SIGINT handler only when the main thread returns to the
+interpreter, which it does not while it waits inside torch. One watch per process; the ranks the
+popen launcher starts only record Ctrl-C (:func:`record_in_child`). Torch-free, so that the command
+line installs it before anything heavy is imported. The phases: docs/guide/interrupts.md; the
+mechanism: docs/concepts/processes.md.
 """
 
 from __future__ import annotations

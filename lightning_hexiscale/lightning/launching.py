@@ -1,39 +1,13 @@
 """Around the launch: what the caller sees when something is wrong, once, from the right process.
 
-Lightning runs a job as N processes: ``popen`` re-runs the user's script per local rank (the
-launching process is rank 0), ``spawn`` / ``fork`` start N workers and wait for them, torchrun and
-SLURM start every rank themselves. Left alone, a configuration error that every rank finds gives N
-tracebacks, Lightning's popen observer SIGKILLs the launching process 5 s after any child exits
-non-zero (the job ends with -9), and a dead rank shows up as the survivors' raw gloo/NCCL
-"Connection closed by peer". :class:`LaunchGuard` (installed by the strategy through
-``internals.configure_launcher``) changes that:
-
-- **Before processes start** (:meth:`LaunchGuard.before_launch`, in the launching process): the
-  strategy's checks that need the call's arguments (``ckpt_path``, the training DataLoader's batch
-  size against the plan, the precision).
-- **One error from many ranks** (:func:`agree`): where every rank checks the same thing (the plan,
-  the world size, the devices, the DataLoader), each rank runs the check, then one all-gather of the
-  outcome; if any rank failed, every rank raises the lowest failing rank's error, marked as agreed.
-  Rank 0 raises it to the caller; Lightning-started ranks end quietly (popen children exit with
-  status 2, spawn/fork workers hand rank 0's error back to the caller's process).
-- **A rank that died** (:meth:`LaunchGuard.stop`): a communication error on a surviving rank
-  (:func:`~lightning_hexiscale.runtime.is_peer_failure`) becomes :class:`RankFailure` with the
-  failure watch's account of which rank failed and how; Lightning-started survivors end quietly
-  (status 4), rank 0 raises it; so do they on a non-finite step, which every rank stops on together.
-  A rank's own error (the root cause) keeps its type and traceback.
-- **An idle rank** (a device the plan leaves idle, :mod:`~lightning_hexiscale.lightning.idle_ranks`)
-  ends its Trainer call at setup: the guard turns its :class:`IdleRankExit` into a clean end of the
-  call (teardown hooks, status FINISHED, ``fit`` returns); a training rank's failure is published
-  for the idle rank that waits for the job (``strategy.note_failure``).
-- **The popen children** are watched by :class:`ChildWatch` instead of Lightning's observer: a child
-  that exits non-zero before every rank has joined the process group ends the job at once (rank 0
-  would wait in ``init_process_group`` for it until the timeout), with status 4 and one line naming
-  the rank; later, it gives the launching process ``grace_s`` (times the host's load,
-  :func:`~lightning_hexiscale.runtime.host_slowdown`) to stop by itself (it normally raises at
-  once), and only then ends the job the same way.
-- **Ctrl-C** (:mod:`~lightning_hexiscale.lightning.job_watch`): the guard records the job's phase
-  (starting the ranks, then the rendezvous) and starts the popen children with SIGINT blocked, so
-  that a Ctrl-C while they import torch waits for their handler instead of killing them mid-import.
+:class:`LaunchGuard` (installed by the strategy through ``internals.configure_launcher``) runs the
+checks that need the Trainer call's arguments before processes start; :func:`agree` turns the same
+check on every rank into one error, raised by rank 0, the other ranks ending quietly; a survivor's
+communication error becomes :class:`RankFailure` naming the rank that failed; an idle rank's
+:class:`IdleRankExit` ends its call cleanly; :class:`ChildWatch` replaces Lightning's popen observer.
+Why: left alone, one configuration error gives N tracebacks, Lightning SIGKILLs the launching
+process 5 s after a child fails, and a dead rank shows up as the survivors' raw "Connection closed
+by peer". How each case is handled: docs/concepts/processes.md.
 """
 
 from __future__ import annotations

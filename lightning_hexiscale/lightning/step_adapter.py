@@ -1,36 +1,14 @@
 """Lightning's training hooks mapped onto the runtime's step phases (``PipelineEngine.step``).
 
-``Trainer.fit`` under the strategy and ``PipelineEngine.fit_step`` call the same phases in the same
-order (``tests/strategy/test_fit_step_trace.py`` compares their communication call for call):
-
-=====================================================  ==========================================
-Lightning hook                                         step phase
-=====================================================  ==========================================
-``strategy.training_step`` (first batch of a window)   ``open_window``
-``self.model.loss`` inside the module's training_step  ``micro_step`` (``last``: an optimizer step
-                                                       follows this batch)
-``strategy.optimizer_step``: the closure, then         ``close_window`` (non-finite check, then
-                                                       sync or discard)
-precision plugin ``clip_grad_by_norm``                 ``clip`` (``gradient_clip_val``)
-precision plugin ``optimizer_step``                    ``update``
-``strategy.backward``                                  nothing: ``micro_step`` ran the backward
-=====================================================  ==========================================
-
-Why a precision plugin: Lightning clips and steps inside the plugin the Trainer chose (``32-true``:
-``Precision``, ``64-true``: ``DoublePrecision``, ``bf16-true``: ``HalfPrecision``, ``bf16-mixed``:
-``MixedPrecision``, or the user's), where ``clip_grad_norm_`` over this rank's shards would give a
-local norm. The strategy gives that plugin the same state as an instance of a subclass of its class
-(:func:`global_norm_precision`) whose two hooks call :class:`StepAdapter`. Clipping by value is
-element-wise, so the plugin's own is already the one-device one.
-
-Under ZeRO (``plan.dp_sharding`` zero2 / zero3) the update steps only this rank's chunks: the adapter
-holds the engine's sharded optimizer (``wrap_optimizer`` of the one ``configure_optimizers``
-returned: same class and hyper-parameters) and the plugin steps it after Lightning's closure and
-hooks. The user's optimizer keeps its ``param_groups`` (LR schedulers write there, the sharded one
-reads them each step) and holds no state; checkpoints read the owned chunks from the engine.
-
-A step whose loss or gradients are not finite on some rank (the close's answer, the same on every
-rank) is recorded and stops the run or is skipped (:class:`GradientMethods`, the strategy's mixin).
+``strategy.training_step`` opens the window, ``self.model.loss`` is the micro-step,
+``strategy.optimizer_step`` runs the closure then closes the window (non-finite check, then sync or
+discard), the precision plugin's ``clip_grad_by_norm`` and ``optimizer_step`` clip and update
+(:func:`global_norm_precision`, :class:`StepAdapter`); ``strategy.backward`` does nothing. Under
+ZeRO the update steps the engine's sharded optimizer, held by the adapter. A non-finite step stops
+the run or is skipped (:class:`GradientMethods`, the strategy's mixin). Why one adapter: ``Trainer.fit``
+and ``PipelineEngine.fit_step`` then call the same phases in the same order
+(``tests/strategy/test_fit_step_trace.py`` compares their communication call for call). The hook
+table and why clipping goes through the precision plugin: docs/concepts/step.md.
 """
 
 from __future__ import annotations
