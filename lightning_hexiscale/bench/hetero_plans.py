@@ -4,9 +4,13 @@
 calibrated cluster, with the bench's micro-batch size, no recomputation and DDP):
 
 - ``search``: the §4 search on the whole cluster;
-- ``fast-only-megatron``, ``fast-only-galvatron``: the best Megatron-style (equal layers) and
-  Galvatron-style (free layer split) symmetric plans on a machine subset, i.e. what a user does
-  anyway: leave the slow machines out (``planner.baselines.fast_only``);
+- ``leave-out-search``, ``leave-out-symmetric``: what a user does without this project, train on
+  the fast machine(s) and leave the slow ones out: the best plan on a STRICT machine subset (at
+  least one machine idle), made by the search (``planner.baselines.leave_out(style="search")``) or
+  the best Megatron/Galvatron-style symmetric plan (``style="symmetric"``);
+- ``symmetric-best``: the best symmetric plan (either style, every dp sharding) on ANY machine
+  subset, the whole cluster included (``planner.baselines.symmetric_best``): the strongest
+  symmetric opponent for the "best plan" rule;
 - ``uniform-tp``: the search restricted to one TP degree in every stage (``planner.baselines.uniform_tp``);
 - ``megatron``, ``galvatron``: their spaces on all devices (``planner.baselines``);
 - ``held-out-fast-first``, ``held-out-slow-first``: one pipeline through every machine, each machine
@@ -56,11 +60,13 @@ class Compared:
 
 COMPARED = (
     Compared("search", "search", role="the §4 search on the whole cluster"),
-    Compared("fast-only-megatron", "baselines.fast_only", (("style", "megatron"),),
-             "best Megatron-style symmetric plan on a machine subset (every subset, the whole cluster included)"),
-    Compared("fast-only-galvatron", "baselines.fast_only", (("style", "galvatron"),),
-             "best Galvatron-style symmetric plan (free layer split) on a machine subset (every subset, the whole "
-             "cluster included)"),
+    Compared("leave-out-search", "baselines.leave_out", (("style", "search"),),
+             "the search on a strict machine subset: at least one machine left out"),
+    Compared("leave-out-symmetric", "baselines.leave_out", (("style", "symmetric"),),
+             "the best Megatron/Galvatron-style symmetric plan on a strict machine subset"),
+    Compared("symmetric-best", "baselines.symmetric_best", (),
+             "the best Megatron/Galvatron-style symmetric plan, every dp sharding, on any machine subset, the "
+             "whole cluster included (issue 28's fast-only-*, renamed: it may use every machine)"),
     Compared("uniform-tp", "baselines.uniform_tp", (), "the search with one TP degree in every stage"),
     Compared("megatron", "baselines.megatron", (), "Megatron's (dp, tp, pp) space on all devices"),
     Compared("galvatron", "baselines.galvatron", (), "Megatron's space with a free layer split, all devices"),
@@ -156,7 +162,7 @@ def make_plans(cluster: Cluster, config: LlamaConfig, args, names: tuple[str, ..
                measurable: bool = False) -> dict[str, tuple[Plan | None, str]]:
     """name -> (plan, note) for every compared plan in ``names``; (None, why) when the planner has
     none: nothing fits, or it cannot make that plan yet. ``measurable``: only plans the rounds can
-    run (:func:`not_measurable`; plans that leave devices idle included, the fast-only plans among
+    run (:func:`not_measurable`; plans that leave devices idle included, the leave-out plans among
     them): another plan is unavailable, with the reason, except the search's, which is replaced by
     the search with ``use_all_devices`` and says so in its note (``SUBSTITUTED`` in the note: the
     run is then not a pre-registered one)."""

@@ -1,17 +1,34 @@
 """The pre-registered rules of benchmarks/bench_hetero.py: its targets, its ranking test and its rounds.
 
-Written down before any full run of the bench (issue 28) and printed with every result; no rule or
-target changes after results are seen (a change needs a new issue, and the README says which runs
+Written down before any full run of the bench and printed with every result; no rule or target
+changes after results are seen (a change needs a new issue, and the results page says which runs
 were made under which rules).
 
-1. **Speedup** (:data:`SPEEDUP_TARGETS`): the search's plan, measured median step time, over the best
-   measured fast-only plan (the lower median of ``fast-only-megatron`` and ``fast-only-galvatron``):
-   at least 1.25x on ``emu_headroom``; never below 1.0 on ``emu_4to1`` (where the search may leave the
-   slow machine out). Other clusters have no target (the ratio is printed).
+**History.** Issue 28's first rule measured the search against ``fast-only``, the best symmetric plan
+on ANY machine subset, the whole cluster included: on ``emu_headroom`` that is a Galvatron-style plan
+on all six ranks, which ties the search, so that rule mixed two questions. Issue 43 (committed here
+before its first run) splits it into rule 1 and rule 3 below and renames the baselines:
+``leave-out-*`` (a strict subset: at least one machine left out) and ``symmetric-best`` (may use
+every machine). Rules 2 and 3, the ranking test and the rounds are issue 28's, unchanged.
+
+1. **Worth it** (:data:`WORTH_IT_TARGETS`): is using the slow machines worth it, against what a user
+   does without this project? The search's plan, measured median step time, over the best measured
+   leave-out plan (the lower median of :data:`LEAVE_OUT`, ``leave-out-search`` and
+   ``leave-out-symmetric``: the best plan of any style on a strict machine subset): at least
+   **1.20x on ``emu_headroom``** in every run; at least **0.98x on ``emu_4to1``** (where the search
+   may leave the slow machine out itself). Other clusters have no target (the ratio is printed).
+   Noted when this file was written, before any run (``bench_hetero.py --cluster emu_headroom
+   --plan-only``, nominal figures): issue 43 quotes "priced 1.31x", which is the search (0.711 s)
+   over the fast machine ALONE (0.929 s). The best leave-out plan as the issue defines it (search
+   included) is the search on the fast machine and ONE slow machine, 0.839 s: priced **1.18x**,
+   below the 1.20x target. The rule is kept as the issue wrote it (a target is not moved to fit a
+   price); the fast machine alone is printed beside it as a reference, not a rule.
 2. **Accuracy** (:data:`ACCURACY_TARGET`): every compared plan's estimate within 15 % of its measured
    median, ``|estimate / median - 1| <= 0.15``, the held-out plans included.
-3. **Ranking**: the search's plan is the measured best or tied. A plan beats the search when its
-   median is lower AND the paired test below rejects "no difference". The test: per round k,
+3. **Best plan** (ranking): the search's plan is the measured best or tied against EVERY compared
+   plan, ``symmetric-best`` (which may be a Galvatron-style plan on all devices), ``megatron`` and
+   ``galvatron`` on all devices included. A plan beats the search when its median is lower AND the
+   paired test below rejects "no difference". The test: per round k,
    ``d_k = ln(search's round median / the plan's round median)`` (round k ran both under the same
    load, at rotated positions); two-sided exact Wilcoxon signed-rank test of "d is symmetric about 0"
    at :data:`RANK_ALPHA` = 0.05 (:func:`wilcoxon_p`). Not significant: a tie.
@@ -45,10 +62,10 @@ import math
 import statistics
 from statistics import NormalDist
 
-SPEEDUP_TARGETS = {"emu_headroom": 1.25, "emu_4to1": 1.0}
-"""Cluster name -> the least measured speedup of the search over the best fast-only plan."""
-FAST_ONLY = ("fast-only-megatron", "fast-only-galvatron")
-"""The compared plans the speedup target is measured against (the better one)."""
+WORTH_IT_TARGETS = {"emu_headroom": 1.20, "emu_4to1": 0.98}
+"""Cluster name -> the least measured speedup of the search over the best leave-out plan (rule 1)."""
+LEAVE_OUT = ("leave-out-search", "leave-out-symmetric")
+"""The compared plans rule 1 is measured against (the better one): each on a strict machine subset."""
 ACCURACY_TARGET = 0.15
 """|estimate / measured median - 1| for every compared plan."""
 RANK_ALPHA = 0.05
@@ -164,16 +181,16 @@ def targets(rows: dict[str, dict], cluster_name: str) -> dict[str, dict]:
     """The three pre-registered targets; ``pass`` None where a target cannot be judged (and why)."""
     out: dict[str, dict] = {}
     search = rows.get("search")
-    fast = [n for n in FAST_ONLY if n in rows]
-    goal = SPEEDUP_TARGETS.get(cluster_name)
-    if search is None or not fast:
-        out["speedup_over_fast_only"] = {"value": None, "target": f">= {goal}" if goal else "none for this cluster",
-                                         "pass": None, "why": "the search's plan or every fast-only plan is missing"}
+    left = [n for n in LEAVE_OUT if n in rows]
+    goal = WORTH_IT_TARGETS.get(cluster_name)
+    if search is None or not left:
+        out["worth_it_over_leave_out"] = {"value": None, "target": f">= {goal}" if goal else "none for this cluster",
+                                          "pass": None, "why": "the search's plan or every leave-out plan is missing"}
     else:
-        best = min(fast, key=lambda n: rows[n]["median_s"])
+        best = min(left, key=lambda n: rows[n]["median_s"])
         sp = rows[best]["median_s"] / search["median_s"]
-        out["speedup_over_fast_only"] = {"value": sp, "against": best, "target": f">= {goal}" if goal else
-                                         "none for this cluster", "pass": (sp >= goal) if goal else None}
+        out["worth_it_over_leave_out"] = {"value": sp, "against": best, "target": f">= {goal}" if goal else
+                                          "none for this cluster", "pass": (sp >= goal) if goal else None}
     worst = max(rows, key=lambda n: abs(rows[n]["ratio"] - 1.0), default=None)
     out["estimates_within_15pct"] = {
         "value": abs(rows[worst]["ratio"] - 1.0) if worst else None, "worst_plan": worst,

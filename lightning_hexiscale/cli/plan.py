@@ -50,8 +50,10 @@ def sources_lines(plan, sources) -> str:
 
 def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--baselines", action="store_true", help="also run megatron, galvatron, metis, random, "
-                   "fast-only (the best megatron/galvatron plan on any machine subset, the others idle: what a "
-                   "user would do anyway; fast-only-subset: the best of those that leaves a machine out) and uniform-tp (the search with one TP degree in every stage), time "
+                   "symmetric-best (the best megatron/galvatron plan on any machine subset, the whole cluster "
+                   "included), leave-out (the best plan of any style, the search's included, that leaves at "
+                   "least one machine out: what a user does without this project) and uniform-tp (the search "
+                   "with one TP degree in every stage), time "
                    "their plans with the same cost model on the real cluster and print a comparison with each "
                    "plan's compute ceiling (cluster FLOP/s over the FLOP/s of the devices it uses). By default "
                    "megatron and galvatron choose their plan heterogeneity-unaware, as the real "
@@ -149,13 +151,9 @@ def estimate_document(plan, cluster, workload, est, plan_file: str | None, sourc
 
 def baseline_rows(best_time: float, baselines: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """{name: {iteration_time_s, pflops, feasible, speedup, ...}}: speedup = baseline time / search
-    time; fast-only's best plan that leaves at least one machine out is the row ``fast-only-subset``."""
+    time."""
     rows = {}
-    items = list(baselines.items())
-    fast = baselines.get("fast-only")
-    if fast is not None and fast.leaving_out is not None:
-        items.append(("fast-only-subset", fast.leaving_out))
-    for name, b in items:
+    for name, b in baselines.items():
         feasible = b.estimate is not None and b.estimate.feasible
         t = b.estimate.iteration_time_s if feasible else math.inf
         loose = b.ignoring_memory
@@ -178,7 +176,7 @@ def comparison_table(best, rows: dict[str, dict[str, Any]], ceiling: float = 1.0
         if r["feasible"]:
             lines.append(f"{name:<{w}} {r['iteration_time_s']:>10.3f}s {format_flops(r['pflops'] * 1e15):>12} "
                          f"{r['speedup']:>14.2f}x {r['compute_ceiling']:>15.2f}x"
-                         + (f"  {r['note']}" if name.startswith(("fast-only", "uniform-tp")) else ""))
+                         + (f"  {r['note']}" if name in ("symmetric-best", "leave-out", "uniform-tp") else ""))
         else:
             loose = r["iteration_time_ignoring_memory_s"]
             extra = (f"; ignoring memory (as the paper's case study does) its best is {loose:.3f} s, "
@@ -333,7 +331,7 @@ def _sweep(args: argparse.Namespace) -> int:
     combos = sweep_overrides(overrides_of(args))
     out_dir = Path(args.sweep_dir or f"outputs/plan-sweep-{time.strftime('%Y%m%d-%H%M%S')}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    names = (["megatron", "galvatron", "metis", "random", "fast-only", "fast-only-subset", "uniform-tp"]
+    names = (["megatron", "galvatron", "metis", "random", "symmetric-best", "leave-out", "uniform-tp"]
              if args.baselines else [])
     header = ["overrides", "cluster", "model", "global_batch", "pipelines", "idle_devices", "iteration_time_s", "pflops",
               "search_time_s"] + [f"{n}_{k}" for n in names for k in ("time_s", "speedup")] + ["error"]

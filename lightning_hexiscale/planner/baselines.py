@@ -17,9 +17,12 @@ restriction stands for which system:
   proportion to replica speed.
 - :func:`random_search` (the paper's Fig. 6 ablation): the §4 search with phase 1 replaced by
   random compute-agnostic partitions (a seeded random permutation cut into D_dp equal sizes).
-- :func:`fast_only` (what a user would do anyway): the best Megatron-style and Galvatron-style
-  symmetric plans over every machine subset (the fast machines alone, typically), leaving the
-  other machines idle.
+- :func:`symmetric_best`: the best Megatron-style and Galvatron-style symmetric plans over every
+  machine subset, the whole cluster included (so on a cluster where the slow machines help, it is
+  a heterogeneity-aware symmetric plan on every device).
+- :func:`leave_out` (what a user does without this project): the best plan of any style, the
+  search's included, on a STRICT subset of the machines: at least one machine left out (the fast
+  machines alone, typically).
 - :func:`uniform_tp` (an ablation of per-stage TP): the search restricted to one TP degree in every
   stage, the best over the degrees.
 - :func:`exhaustive`: the true optimum of the whole plan space on clusters of up to 8 devices
@@ -107,8 +110,8 @@ class BaselineResult:
     them): the most any plan on every device could gain over this one if both ran at the same
     efficiency. None when nothing fits."""
     leaving_out: BaselineResult | None = None
-    """fast-only: its best plan that leaves at least one machine out (the user's alternative to the
-    cluster as a whole; the plan itself may use every machine). None for the others."""
+    """symmetric-best: its best plan that leaves at least one machine out (the plan itself may use
+    every machine). None for the others."""
 
 
 class _Best:
@@ -422,30 +425,31 @@ def compute_ceiling(plan: Plan, cluster: Cluster) -> float:
     return float(cluster.flops.sum() / cluster.flops[list(plan.device_order)].sum())
 
 
-_FAST_ONLY_SUBSETS = 256
-"""Beyond this many machine subsets (up to symmetry), fast-only tries whole machine classes only."""
+_SYMMETRIC_SUBSETS = 256
+"""Beyond this many machine subsets (up to symmetry), symmetric-best tries whole machine classes only."""
 
 
 @_best_recompute
-def fast_only(cluster: Cluster, workload: Workload, global_batch: int,
-              settings: SearchSettings | None = None, style: str | None = None) -> BaselineResult:
-    """What a user would do anyway: run a symmetric plan on some machines (the fast ones, usually)
-    and leave the others idle. ``style``: ``megatron`` or ``galvatron`` alone (None: the better of
+def symmetric_best(cluster: Cluster, workload: Workload, global_batch: int,
+                   settings: SearchSettings | None = None, style: str | None = None) -> BaselineResult:
+    """The best symmetric plan on any machine subset, the whole cluster included (its name says it
+    may use every machine: on a cluster where the slow machines help it is the heterogeneity-aware
+    symmetric plan on all devices), the other machines idle. ``style``: ``megatron`` or ``galvatron`` alone (None: the better of
     the two, the default). The best plan of :func:`megatron` and :func:`galvatron`, each in its
     strongest reading (ranked with the true cluster, every dp sharding), over every machine subset
-    up to symmetry (:func:`subsets.machine_classes`; beyond ``_FAST_ONLY_SUBSETS`` subsets, every
+    up to symmetry (:func:`subsets.machine_classes`; beyond ``_SYMMETRIC_SUBSETS`` subsets, every
     choice of whole classes), most compute first; ``leaving_out`` is the best of those on a subset
     that leaves at least one machine out. A subset whose devices cannot hold the training state, or
     whose compute-only bound (:func:`subsets.compute_bound`) is no better than the best such plan so
     far, is skipped: no plan on it can win. Timed on the whole cluster, the other devices idle."""
     styles = {"megatron": (megatron,), "galvatron": (galvatron,), None: (megatron, galvatron)}
     if style not in styles:
-        raise ConfigError("fast_only(style)", style, "must be megatron, galvatron or None (the better of both)",
+        raise ConfigError("symmetric_best(style)", style, "must be megatron, galvatron or None (the better of both)",
                           "pass style='megatron' or style='galvatron', or leave it out")
     s = replace(settings or SearchSettings(), progress=False)
     classes = machine_classes(cluster)
     vectors = subset_vectors(classes)
-    if len(vectors) > _FAST_ONLY_SUBSETS:
+    if len(vectors) > _SYMMETRIC_SUBSETS:
         vectors = [v for v in vectors if all(k in (0, len(c)) for k, c in zip(v, classes))]
     cal = cluster.calibration
     theta = (cal.theta_ddp, cal.theta_zero2, cal.theta_zero3_fwd, cal.theta_zero3_bwd)
@@ -476,13 +480,70 @@ def fast_only(cluster: Cluster, workload: Workload, global_batch: int,
     results = []
     for cost, plan, note in best:
         if plan is None:
-            results.append(BaselineResult("fast-only", None, None,
+            results.append(BaselineResult("symmetric-best", None, None,
                                           f"no symmetric plan fits any machine subset ({tried} tried)"))
             continue
-        plan = replace(plan, meta={**plan.meta, "planner": "fast-only"})
-        results.append(BaselineResult("fast-only", plan, estimate(plan, cluster, workload), note,
+        plan = replace(plan, meta={**plan.meta, "planner": "symmetric-best"})
+        results.append(BaselineResult("symmetric-best", plan, estimate(plan, cluster, workload), note,
                                       compute_ceiling=compute_ceiling(plan, cluster)))
     return replace(results[0], leaving_out=results[1] if results[1].plan is not None else None)
+
+
+LEAVE_OUT_STYLES = ("search", "symmetric")
+"""What :func:`leave_out` may run on the machines it keeps: the §4 search, or the symmetric plans of
+:func:`symmetric_best` (Megatron- and Galvatron-style)."""
+
+
+def leave_out(cluster: Cluster, workload: Workload, global_batch: int,
+              settings: SearchSettings | None = None, style: str | None = None) -> BaselineResult:
+    """What a user does without this project: train on some machines (the fast ones, usually) and
+    leave at least one machine out. The best plan on a STRICT machine subset, of ``style``:
+
+    - ``search``: the §4 search on the cluster less one machine, for each machine class
+      (:func:`subsets.machine_classes`: which machine of a class is left out does not matter), the
+      best of them. Every strict subset lies inside one of these, and the search on it may leave
+      more devices idle itself (:mod:`planner.search.subsets`), so this covers every strict subset
+      as far as the search explores subsets; ``use_all_devices`` in ``settings`` is ignored here.
+    - ``symmetric``: :func:`symmetric_best`'s best plan that leaves a machine out.
+    - None (default): the better of the two.
+
+    The plan is in the cluster's own device ids, the machines left out named idle, timed on the
+    whole cluster. A one-machine cluster has no strict subset: no plan, and the note says so."""
+    if style not in LEAVE_OUT_STYLES + (None,):
+        raise ConfigError("leave_out(style)", style, "must be search, symmetric or None (the better of both)",
+                          "pass style='search' or style='symmetric', or leave it out")
+    if len(cluster.machines) < 2:
+        return BaselineResult("leave-out", None, None, "one machine: nothing can be left out")
+    s = replace(settings or SearchSettings(), progress=False)
+    found: list[tuple[float, Plan, str]] = []
+    if style in ("search", None):
+        for cls in machine_classes(cluster):
+            gone = cls[0]
+            devices = devices_of(cluster, [m for m in range(len(cluster.machines)) if m != gone])
+            if not memory_possible(cluster, workload, devices):
+                continue
+            try:
+                r = search(cluster.subset(list(devices)), workload, global_batch, replace(s, use_all_devices=False))
+            except InfeasiblePlan:
+                continue
+            if r.estimate.feasible:
+                plan = lift(r.plan, devices, cluster)
+                est = estimate(plan, cluster, workload)
+                n = r.plan.num_pipelines
+                found.append((est.cost, plan, f"search without {cluster.machines[gone].name}: "
+                                              f"{n} pipeline{'s' if n != 1 else ''}, {r.plan.dp_sharding}"))
+    if style in ("symmetric", None):
+        sym = symmetric_best(cluster, workload, global_batch, s).leaving_out
+        if sym is not None and sym.plan is not None:
+            found.append((sym.estimate.cost, sym.plan, sym.note))
+    if not found:
+        return BaselineResult("leave-out", None, None, f"no {style or 'search or symmetric'} plan fits any strict "
+                                                       "machine subset")
+    cost, plan, note = min(found, key=lambda f: f[0])  # min keeps the first (the search's) on ties
+    left = sorted({cluster.machines[cluster.devices[d].machine].name for d in plan.idle_devices})
+    plan = replace(plan, meta={**plan.meta, "planner": "leave-out"})
+    return BaselineResult("leave-out", plan, estimate(plan, cluster, workload), f"{note}; idle: {', '.join(left)}",
+                          compute_ceiling=compute_ceiling(plan, cluster))
 
 
 def _kinds(cluster: Cluster, devices) -> dict[str, int]:
@@ -515,12 +576,13 @@ def uniform_tp(cluster: Cluster, workload: Workload, global_batch: int,
         return BaselineResult("uniform-tp", None, None, f"no plan with one TP degree ({degrees}) fits")
     plan = replace(best.plan, meta={**best.plan.meta, "planner": "uniform-tp"})
     t = plan.pipelines[0].stages[0].tp
-    idle = f", {len(plan.idle_devices)} devices idle" if plan.idle_devices else ""
+    k = len(plan.idle_devices)
+    idle = f", {k} device{'s' if k != 1 else ''} idle" if k else ""
     return BaselineResult("uniform-tp", plan, best.estimate, f"TP {t} in every stage, {plan.num_pipelines} "
-                          f"pipelines{idle} (best of TP {degrees})", compute_ceiling=compute_ceiling(plan, cluster))
+                          f"pipeline{'s' if plan.num_pipelines != 1 else ''}{idle} (best of TP {degrees})", compute_ceiling=compute_ceiling(plan, cluster))
 
 
-BASELINES = ("megatron", "galvatron", "metis", "random", "fast-only", "uniform-tp")
+BASELINES = ("megatron", "galvatron", "metis", "random", "symmetric-best", "leave-out", "uniform-tp")
 """What ``--baselines`` runs (``exhaustive`` only when asked: it is exponential)."""
 
 
@@ -543,8 +605,14 @@ def run_baselines(cluster: Cluster, workload: Workload, global_batch: int, setti
             out[n] = random_baseline(cluster, workload, global_batch, s)
         elif n == "exhaustive":
             out[n] = exhaustive(cluster, workload, global_batch, s)
-        elif n == "fast-only":
-            out[n] = fast_only(cluster, workload, global_batch, s)
+        elif n == "symmetric-best":
+            out[n] = symmetric_best(cluster, workload, global_batch, s)
+        elif n == "leave-out":
+            out[n] = leave_out(cluster, workload, global_batch, s)
+        elif n == "fast-only":  # renamed in issue 43: it ranged over the whole cluster too
+            raise ConfigError("baselines", n, "fast-only was split: it also ranged over the whole cluster",
+                              "use symmetric-best (the best symmetric plan on any machine subset, all machines "
+                              "included) or leave-out (the best plan of any style that leaves a machine out)")
         elif n == "uniform-tp":
             out[n] = uniform_tp(cluster, workload, global_batch, s)
         else:

@@ -1,9 +1,11 @@
 """Baselines under the same cost model: valid plans, their restrictions, exhaustive >= search."""
 
+import math
+
 import pytest
 
 from lightning_hexiscale.config.cluster import Cluster
-from lightning_hexiscale.errors import ConfigError
+from lightning_hexiscale.errors import ConfigError, InfeasiblePlan
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner import baselines as B
 from lightning_hexiscale.planner.cost.estimate import Workload, estimate
@@ -149,16 +151,16 @@ def test_search_beats_or_equals_the_unaware_baselines(preset, model, gb):
         assert se.estimate.iteration_time_s <= r.estimate.iteration_time_s * (1 + 1e-9), name
 
 
-# ---- fast-only and uniform-tp: the baselines a user would compare with -------------------------------
-def test_fast_only_is_the_best_symmetric_plan_over_every_machine_subset(small7b, straggler):
+# ---- symmetric-best, leave-out and uniform-tp: the baselines a user would compare with ----------------
+def test_symmetric_best_is_the_best_symmetric_plan_over_every_machine_subset(small7b, straggler):
     from itertools import combinations
 
     from lightning_hexiscale.planner.search.subsets import devices_of
 
     c, gb = straggler, 16
-    r = B.fast_only(c, small7b, gb, FAST)
+    r = B.symmetric_best(c, small7b, gb, FAST)
     r.plan.validate(c, small7b.model, global_batch=gb)
-    assert r.plan.meta["planner"] == "fast-only" and r.plan.launch_order == tuple(range(5))
+    assert r.plan.meta["planner"] == "symmetric-best" and r.plan.launch_order == tuple(range(5))
     used = set(r.plan.device_order)
     # whole machines, symmetric: equal batches, one TP degree, one stage count
     assert all(set(m.devices) <= used or not (set(m.devices) & used) for m in c.machines)
@@ -181,6 +183,54 @@ def test_fast_only_is_the_best_symmetric_plan_over_every_machine_subset(small7b,
 
 
 @pytest.mark.slow
+def test_leave_out_is_the_best_plan_of_any_style_that_leaves_a_machine_out(small7b, straggler):
+    """Independent reference: the search and the strongest symmetric plans on EVERY strict machine
+    subset, enumerated here (leave_out runs the search only on the cluster less one machine per class)."""
+    from itertools import combinations
+
+    from lightning_hexiscale.planner.search.subsets import devices_of, lift
+
+    c, gb = straggler, 16
+    r = B.leave_out(c, small7b, gb, FAST)
+    r.plan.validate(c, small7b.model, global_batch=gb)
+    assert r.plan.meta["planner"] == "leave-out" and r.plan.launch_order == tuple(range(c.num_devices))
+    used = set(r.plan.device_order)
+    left_out = [m for m in range(len(c.machines)) if not set(c.machines[m].devices) & used]
+    assert left_out, "a leave-out plan keeps at least one machine idle"
+    assert r.estimate.cost == pytest.approx(estimate(r.plan, c, small7b).cost)  # timed on the whole cluster
+    best = math.inf
+    for k in range(1, len(c.machines)):
+        for keep in combinations(range(len(c.machines)), k):
+            devs = devices_of(c, list(keep))
+            sub = c.subset(list(devs))
+            try:
+                best = min(best, estimate(lift(search(sub, small7b, gb, FAST).plan, devs, c), c, small7b).cost)
+            except InfeasiblePlan:
+                pass
+            for fn in (B.megatron, B.galvatron):
+                other = fn(sub, small7b, gb, FAST, like_for_like=True, aware=True)
+                if other.estimate is not None and other.estimate.feasible:
+                    best = min(best, estimate(lift(other.plan, devs, c), c, small7b).cost)
+    assert r.estimate.cost <= best * (1 + 1e-9)
+    # each style alone, and the default is the better of them
+    sym = B.leave_out(c, small7b, gb, FAST, style="symmetric")
+    assert sym.estimate.cost == pytest.approx(B.symmetric_best(c, small7b, gb, FAST).leaving_out.estimate.cost)
+    only = B.leave_out(c, small7b, gb, FAST, style="search")
+    assert r.estimate.cost == pytest.approx(min(sym.estimate.cost, only.estimate.cost))
+    # the whole cluster's search is never slower than what leaves a machine out
+    assert search(c, small7b, gb, FAST).estimate.cost <= r.estimate.cost * (1 + 1e-9)
+
+
+def test_leave_out_on_one_machine_has_no_plan_and_a_bad_style_is_refused(tiny):
+    one = Cluster.from_config({"name": "one", "machines": [{"gpu": "RTX4090", "count": 2, "intra_bandwidth": "32 GB/s"}],
+                               "inter_machine": {"bandwidth": "1 GB/s"}})
+    r = B.leave_out(one, tiny, 8, FAST)
+    assert r.plan is None and "one machine" in r.note
+    with pytest.raises(ConfigError, match=r"leave_out\(style\).*search, symmetric or None"):
+        B.leave_out(Cluster.load("cpu_hetero4"), tiny, 8, FAST, style="fast")
+
+
+@pytest.mark.slow
 def test_uniform_tp_uses_one_tp_degree_in_every_stage(small7b, straggler):
     c = straggler
     r = B.uniform_tp(c, small7b, 16, FAST)
@@ -198,14 +248,17 @@ def test_uniform_tp_uses_one_tp_degree_in_every_stage(small7b, straggler):
 
 def test_run_baselines_gives_every_plan_its_compute_ceiling(tiny):
     c = Cluster.load("cpu_hetero4")
-    res = B.run_baselines(c, tiny, 8, FAST, ("megatron", "fast-only"))
+    res = B.run_baselines(c, tiny, 8, FAST, ("megatron", "symmetric-best"))
     assert res["megatron"].compute_ceiling == pytest.approx(1.0)  # all devices
-    assert res["fast-only"].compute_ceiling >= 1.0
-    with pytest.raises(ConfigError, match="fast-only"):
+    assert res["symmetric-best"].compute_ceiling >= 1.0
+    with pytest.raises(ConfigError, match="symmetric-best"):
         B.run_baselines(c, tiny, 8, FAST, ("nope",))
+    # the old name is refused with both of the names it was split into
+    with pytest.raises(ConfigError, match="use symmetric-best .* or leave-out"):
+        B.run_baselines(c, tiny, 8, FAST, ("fast-only",))
 
 
-@pytest.mark.parametrize("name", ["megatron", "galvatron", "fast-only"])
+@pytest.mark.parametrize("name", ["megatron", "galvatron", "symmetric-best"])
 def test_a_users_micro_batch_skips_the_dp_degrees_it_does_not_divide(name, tiny):
     """8 devices, global batch 24, micro-batch 2: DP 8 gives replicas of 3 sequences, which 2 does not
     divide. That degree is not a candidate (it used to raise the user's micro-batch as bad input

@@ -35,13 +35,14 @@ def test_sections_on_tiny_inputs(bench, tmp_path, capsys):
     rows = bench.bench_baselines([("cpu_hetero4", "llama_tiny", 8)], iterations=4)
     assert rows[0]["galvatron"]["unaware"]["speedup"] > 0 and rows[0]["galvatron"]["aware"]["speedup"] > 0
     assert rows[0]["metis"]["own"]["speedup"] > 0
-    # the baselines a user would compare with: fast-only and uniform-tp, with their compute ceilings
-    for name in ("fast-only", "uniform-tp"):
+    # the baselines a user would compare with: symmetric-best, leave-out and uniform-tp, with their compute ceilings
+    for name in ("symmetric-best", "leave-out", "uniform-tp"):
         assert rows[0][name]["own"]["speedup"] >= 1 - 1e-9 and rows[0][name]["own"]["compute_ceiling"] >= 1.0
     assert rows[0]["search_ceiling"] >= 1.0
     out = capsys.readouterr().out
     assert "search time" in out and "true optimum" in out and "galvatron" in out
-    assert "fast-only" in out and "uniform-tp" in out and "at least as fast as fast-only on every row: met" in out
+    assert "symmetric-best" in out and "leave-out" in out and "uniform-tp" in out
+    assert "at least as fast as symmetric-best on every row: met" in out
 
 
 def test_unknown_section_is_an_error(bench, tmp_path):

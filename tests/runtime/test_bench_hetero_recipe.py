@@ -62,44 +62,50 @@ def _measured(medians: dict[str, float], rounds: int = 1) -> dict[str, dict]:
 
 def test_compare_ratios_speedups_and_targets():
     bench = load_recipe()
-    est = {"search": 1.0, "fast-only-megatron": 1.4, "megatron": 2.2, "held-out-fast-first": 1.9}
-    res = bench.compare(est, _measured({"search": 1.0, "fast-only-megatron": 1.3, "megatron": 2.0,
+    est = {"search": 1.0, "leave-out-search": 1.4, "megatron": 2.2, "held-out-fast-first": 1.9}
+    res = bench.compare(est, _measured({"search": 1.0, "leave-out-search": 1.3, "megatron": 2.0,
                                         "held-out-fast-first": 2.0}, rounds=8), "emu_headroom",
                         held_out=("held-out-fast-first",))
     rows = res["rows"]
     assert rows["megatron"]["ratio"] == pytest.approx(1.1) and rows["megatron"]["speedup_of_search"] == pytest.approx(2.0)
     assert rows["held-out-fast-first"]["held_out"] and not rows["megatron"]["held_out"]
-    assert res["order_by_estimate"] == ["search", "fast-only-megatron", "held-out-fast-first", "megatron"]
+    assert res["order_by_estimate"] == ["search", "leave-out-search", "held-out-fast-first", "megatron"]
     t = res["targets"]
-    assert t["speedup_over_fast_only"]["value"] == pytest.approx(1.3) and t["speedup_over_fast_only"]["pass"]
+    assert t["worth_it_over_leave_out"]["value"] == pytest.approx(1.3) and t["worth_it_over_leave_out"]["pass"]
     assert t["estimates_within_15pct"]["pass"] and t["estimates_within_15pct"]["held_out_worst"] == pytest.approx(0.05)
     assert t["search_best_or_tied"]["pass"]
     text = bench.report(res, {})
-    assert "PASS  speedup_over_fast_only: 1.300" in text and "FAIL" not in text and "held out" in text
-    # the checks can fail: the held-out plan priced 20 % low, the search slower than fast-only in every round
+    assert "PASS  worth_it_over_leave_out: 1.300" in text and "FAIL" not in text and "held out" in text
+    # the checks can fail: the held-out plan priced 20 % low, the search slower than leave-out in every round
     bad = bench.compare({**est, "held-out-fast-first": 1.6},
-                        _measured({"search": 1.5, "fast-only-megatron": 1.3, "megatron": 2.0,
+                        _measured({"search": 1.5, "leave-out-search": 1.3, "megatron": 2.0,
                                    "held-out-fast-first": 2.0}, rounds=8), "emu_headroom",
                         held_out=("held-out-fast-first",))
     t = bad["targets"]
-    assert not t["speedup_over_fast_only"]["pass"] and not t["estimates_within_15pct"]["pass"]
+    assert not t["worth_it_over_leave_out"]["pass"] and not t["estimates_within_15pct"]["pass"]
     assert t["estimates_within_15pct"]["worst_plan"] == "search"
-    assert not t["search_best_or_tied"]["pass"] and t["search_best_or_tied"]["beaten_by"] == ["fast-only-megatron"]
+    assert not t["search_best_or_tied"]["pass"] and t["search_best_or_tied"]["beaten_by"] == ["leave-out-search"]
     assert "FAIL  search_best_or_tied" in bench.report(bad, {})
 
 
-def test_speedup_target_per_cluster_and_not_judged_without_fast_only():
+def test_worth_it_target_per_cluster_and_not_judged_without_leave_out():
     bench = load_recipe()
-    meas = _measured({"search": 1.0, "fast-only-galvatron": 0.99, "fast-only-megatron": 1.2}, rounds=3)
-    est = {"search": 1.0, "fast-only-galvatron": 1.0, "fast-only-megatron": 1.2}
-    on_4to1 = bench.compare(est, meas, "emu_4to1")["targets"]["speedup_over_fast_only"]
-    assert on_4to1["against"] == "fast-only-galvatron" and on_4to1["value"] == pytest.approx(0.99)
-    assert on_4to1["pass"] is False and on_4to1["target"] == ">= 1.0"  # never below 1.0 on emu_4to1
-    other = bench.compare(est, meas, "cpu_hetero4")["targets"]["speedup_over_fast_only"]
+    meas = _measured({"search": 1.0, "leave-out-symmetric": 0.99, "leave-out-search": 1.2}, rounds=3)
+    est = {"search": 1.0, "leave-out-symmetric": 1.0, "leave-out-search": 1.2}
+    on_4to1 = bench.compare(est, meas, "emu_4to1")["targets"]["worth_it_over_leave_out"]
+    assert on_4to1["against"] == "leave-out-symmetric" and on_4to1["value"] == pytest.approx(0.99)
+    assert on_4to1["pass"] is True and on_4to1["target"] == ">= 0.98"  # 0.99: within issue 43's 2 % on emu_4to1
+    below = bench.compare(est, _measured({"search": 1.0, "leave-out-symmetric": 0.97, "leave-out-search": 1.2}, rounds=3),
+                          "emu_4to1")["targets"]["worth_it_over_leave_out"]
+    assert below["pass"] is False and below["value"] == pytest.approx(0.97)
+    head = bench.compare(est, _measured({"search": 1.0, "leave-out-symmetric": 1.19, "leave-out-search": 1.25}, rounds=3),
+                         "emu_headroom")["targets"]["worth_it_over_leave_out"]
+    assert head["pass"] is False and head["against"] == "leave-out-symmetric" and head["target"] == ">= 1.2"
+    other = bench.compare(est, meas, "cpu_hetero4")["targets"]["worth_it_over_leave_out"]
     assert other["pass"] is None and "none for this cluster" in other["target"]
     missing = bench.compare({"search": 1.0}, _measured({"search": 1.0}), "emu_headroom")["targets"]
-    assert missing["speedup_over_fast_only"]["pass"] is None
-    assert "NOT JUDGED  speedup_over_fast_only" in bench.report(bench.compare({"search": 1.0}, _measured(
+    assert missing["worth_it_over_leave_out"]["pass"] is None
+    assert "NOT JUDGED  worth_it_over_leave_out" in bench.report(bench.compare({"search": 1.0}, _measured(
         {"search": 1.0}), "emu_headroom"), {})
 
 
@@ -235,7 +241,7 @@ def _check_results(out: Path, world: int, rounds: int, steps: int, cost: Cluster
         assert max(s.tp for p in plan.pipelines for s in p.stages) >= 2
         assert len({cost.devices[s.devices[0]].machine for p in plan.pipelines for s in p.stages}) >= 2
     assert sorted(doc["order_by_measured"]) == sorted(doc["rows"])
-    assert set(doc["targets"]) == {"speedup_over_fast_only", "estimates_within_15pct", "search_best_or_tied"}
+    assert set(doc["targets"]) == {"worth_it_over_leave_out", "estimates_within_15pct", "search_best_or_tied"}
     assert doc["cost_model_form"]["sha256"] and "lightning_hexiscale/planner/cost/model.py" in doc["cost_model_form"]["files"]
     assert doc["load_before"]["cpus"] >= 1 and doc["rules"]["ranking_rounds"] >= 20
     return doc
@@ -254,8 +260,8 @@ def test_tiny_local_run_of_every_compared_plan(tmp_path):
     assert "fitted constants" in p.stdout and "host load before the run:" in p.stdout
     assert "host load during the run:" in p.stdout
     doc = _check_results(out, 4, 2, 1, Cluster.load("cpu_hetero4"), p.stdout)
-    # the fast-only plans leave the slow machine idle and are measured in the same rounds
-    assert {"fast-only-megatron", "fast-only-galvatron"} <= set(doc["rows"])
+    # the leave-out plans leave a machine idle and are measured in the same rounds
+    assert {"leave-out-search", "leave-out-symmetric"} <= set(doc["rows"])
     assert any(Plan.from_dict(doc["plans"][n]).idle_devices for n in doc["rows"])
 
 
@@ -390,4 +396,8 @@ def test_plan_only_prices_the_compared_plans_and_the_fast_machine_alone(tmp_path
     assert t["(search on fast alone)"] / t["search"] >= 1.25
     assert t["(equal DP on all ranks)"] > t["(search on fast alone)"]
     assert {"held-out-fast-first", "held-out-slow-first", "megatron", "galvatron"} <= set(t)
+    # leave-out (issue 43): the best plan on a strict subset; here the search on the fast machine and
+    # one slow machine, faster than the fast machine alone, so its price is below the 1.31x above
+    assert t["(search on fast alone)"] > t["leave-out-search"] >= t["search"]
+    assert t["leave-out-search"] <= t["leave-out-symmetric"] and t["symmetric-best"] <= t["galvatron"] + 1e-9
     assert not (tmp_path / "logs").exists()  # no process was started
