@@ -53,5 +53,5 @@ clean:
 # `make demo`: the same plan, without training); tests/docs checks that it is current.
 docs-picture: $(STAMP)
 	rm -rf outputs/docs-picture
-	$(BIN)/python recipes/train.py trainer.max_steps=30 dry_run=true hydra.run.dir=outputs/docs-picture
+	$(BIN)/python recipes/train.py cluster=cpu_demo trainer.max_steps=30 dry_run=true hydra.run.dir=outputs/docs-picture
 	cp outputs/docs-picture/plan.png docs/demo_plan.png

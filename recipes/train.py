@@ -1,6 +1,7 @@
 """Train a LLaMA with the hexiscale strategy: ``hexiscale train`` under the recipe's name.
 
-    python recipes/train.py                                  # 4 CPU processes emulate cpu_demo, llama_demo
+    python recipes/train.py                                  # discovers this machine (cached), plans, trains llama_demo
+    python recipes/train.py cluster=cpu_demo                 # the demo: 4 CPU processes emulate cpu_demo
     python recipes/train.py trainer.max_steps=200 trainer.precision=bf16-mixed
     python recipes/train.py cluster=hetero3 model=llama_30b dry_run=true   # only plans, anywhere
     python recipes/train.py -m cluster=cpu2,cpu_hetero4 train.global_batch=8,16

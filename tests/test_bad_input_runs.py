@@ -107,6 +107,8 @@ def test_recipe_rejects_bad_command_line(case, tmp_path):
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     if not any(a.startswith("dry_run=") for a in args):
         args.append("dry_run=true")
+    if not any(a.split("=", 1)[0] == "cluster" for a in args):
+        args.insert(0, "cluster=cpu_demo")  # the demo's preset: the default (cluster=auto) would discover first
     env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE")}
     out = subprocess.run([sys.executable, str(TRAIN), *args, f"hydra.run.dir={tmp_path}",
                           f"hydra.sweep.dir={tmp_path}/sweep"], cwd=tmp_path, env=env, capture_output=True,

@@ -1,6 +1,7 @@
 """`hexiscale discover`: the job's ranks measure their cluster for one model and write (and cache) the cluster file.
 
-    hexiscale discover --local 4 --model llama_tiny --out outputs/disc.yaml        # 4 forked CPU ranks
+    hexiscale discover --local 4 --model llama_tiny --out outputs/disc.yaml        # 4 forked CPU ranks (no CUDA)
+    hexiscale discover --local 8 --model llama2_7b     # a CUDA machine: one spawned NCCL rank per GPU (at most the GPUs)
     torchrun --nproc-per-node 4 --nnodes 2 ... -m lightning_hexiscale.cli discover --model llama2_7b
     sudo hexiscale emulate emu_headroom --cores 1.6 -- hexiscale discover --model llama_tiny --out d.yaml
 
@@ -49,7 +50,8 @@ def _discover_args(p: argparse.ArgumentParser) -> None:
 
 def local_args(ranks: int, precision: str | None) -> argparse.Namespace:
     """The options of ``hexiscale discover --local RANKS [--precision P]`` with every other default (the
-    model is passed to :func:`run_discover` built): ``hexiscale train cluster=auto`` discovers with them."""
+    model is passed to :func:`run_discover` built): ``hexiscale train`` with cluster=auto (its default)
+    discovers with them."""
     p = argparse.ArgumentParser(add_help=False)
     _discover_args(p)
     return p.parse_args(["--local", str(ranks), "--model", "-", *(["--precision", precision] if precision else [])])
@@ -64,8 +66,10 @@ def _discover_rank(rank: int, world: int, model, opts: dict):
 def run_discover(args: argparse.Namespace, model=None):
     """Discover with the launch mode of ``args``; the :class:`~lightning_hexiscale.profiling.discover.Discovery`
     (on every rank of an external launch). ``model``: a built LlamaConfig instead of ``args.model``'s
-    name (``hexiscale train cluster=auto`` passes its composed model)."""
-    from lightning_hexiscale.profiling.launch import run_from_env, run_local
+    name (``hexiscale train`` with cluster=auto passes its composed model). ``--local N``: N forked CPU
+    ranks, or on a CUDA machine N spawned NCCL ranks, one per GPU (:mod:`lightning_hexiscale.cli.discover_local`)."""
+    from lightning_hexiscale.cli.discover_local import local_launch, run_local_ranks
+    from lightning_hexiscale.profiling.launch import run_from_env
 
     args = emulated_defaults(args)
     if model is None:
@@ -75,7 +79,7 @@ def run_discover(args: argparse.Namespace, model=None):
                 matmul_time_s=args.matmul_time, layer_reps=args.layer_reps, rediscover=args.rediscover,
                 out=args.out, name=args.name, budget_s=args.budget, progress=args.progress)
     if args.local:
-        return run_local(args.local, _discover_rank, model, opts, timeout_s=args.timeout)[0]
+        return run_local_ranks(local_launch(args.local), _discover_rank, model, opts, timeout_s=args.timeout)[0]
     return run_from_env(_discover_rank, model, opts, timeout_s=args.timeout)
 
 

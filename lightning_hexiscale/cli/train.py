@@ -1,17 +1,19 @@
 """`hexiscale train`: plan on the cluster, print the plan, train a LLaMA with the hexiscale strategy.
 
-    hexiscale train                                  # 4 CPU processes emulate cpu_demo, llama_demo
+    hexiscale train                                  # discovers this machine (cached), plans, trains llama_demo
+    hexiscale train cluster=cpu_demo                 # the demo: 4 CPU processes emulate cpu_demo, llama_demo
     hexiscale train trainer.max_steps=200 trainer.precision=bf16-mixed
     hexiscale train data.kind=text data.path=book.txt # a local text file, byte tokens
     hexiscale train cluster=hetero3 model=llama_30b   # plans; says what hardware it needs
     hexiscale train cluster=hetero3 model=llama_30b dry_run=true   # only plans, anywhere
-    hexiscale train cluster=auto model=llama_tiny    # discovers this machine's cluster (cached), plans, trains
     hexiscale train -m cluster=cpu2,cpu_hetero4 train.global_batch=8,16
     hexiscale train model=hf:/models/Llama-3.2-1B data.kind=bin data.path=data/train.bin  # fine-tune
 
 A Hydra app: the config is the package's presets (``lightning_hexiscale/conf``: cluster, model, train,
 planner groups) plus ``trainer.*`` and ``data.*`` (:mod:`lightning_hexiscale.config.recipe`),
-``plan=<file>`` and ``dry_run``; ``-m`` sweeps, ``--cfg job`` prints the composed config.
+``plan=<file>`` and ``dry_run``; ``-m`` sweeps, ``--cfg job`` prints the composed config. ``cluster``
+defaults to ``auto``: the job discovers this machine's cluster first and caches it
+(:mod:`lightning_hexiscale.cli.train_discover`); ``cluster=<preset or file>`` skips discovery.
 ``recipes/train.py`` runs the same app under its own name. The job itself is
 :func:`lightning_hexiscale.cli.train_run.run`; this module maps its outcome to exit statuses.
 
@@ -31,7 +33,7 @@ import warnings
 from collections.abc import Sequence
 
 from lightning_hexiscale.cli.common import notice_printer, subcommand
-from lightning_hexiscale.cli.train_job import HEXISCALE, AppName, is_popen_child, is_rank_zero, prepare_argv
+from lightning_hexiscale.cli.train_job import AUTO_ENV, HEXISCALE, AppName, is_popen_child, is_rank_zero, prepare_argv
 from lightning_hexiscale.errors import ElasticStop, HexiScaleError, TrainingFailure, TrainingInterrupted
 
 EXIT_CONFIG, EXIT_HARDWARE, EXIT_FAILED, EXIT_RESTART, EXIT_INTERRUPTED = 2, 3, 4, 5, 130
@@ -43,13 +45,17 @@ USAGE = """usage: {prog} [-m] [--cfg job] [KEY=VALUE ...]
 Plan on the cluster, print the plan and its estimate, and train a LLaMA with Lightning's Trainer and
 the hexiscale strategy. A Hydra app: every key of the config can be overridden.
 
+cluster defaults to auto: discovered and cached (one rank per CUDA GPU, else 4 CPU processes; reused
+while the hardware, model, precision and torch are the same); pass cluster=<preset or file> to skip
+discovery.
+
 examples:
-  {prog}                                   the demo: 4 CPU processes emulate cpu_demo, llama_demo
+  {prog}                                   discover this machine (cached), plan and train llama_demo
+  {prog} cluster=cpu_demo                  the demo: 4 CPU processes emulate cpu_demo, llama_demo
   {prog} trainer.max_steps=200 trainer.precision=bf16-mixed
   {prog} data.kind=text data.path=book.txt  a local text file, byte tokens
   {prog} cluster=hetero3 model=llama_30b dry_run=true   plan only, on any machine
   {prog} cluster=my_cluster.yaml            a cluster file (e.g. from `hexiscale profile`)
-  {prog} cluster=auto model=llama_tiny      discover this machine's cluster first (cached), then plan
   {prog} model=hf:/models/Llama-3.2-1B data.kind=bin data.path=train.bin   fine-tune
   {prog} -m cluster=cpu2,cpu_hetero4 train.global_batch=8,16   a sweep, one run per point
 
@@ -58,8 +64,9 @@ presets (`hexiscale list` describes them):
 
 keys (defaults; `{prog} --cfg job` prints the whole composed config):
 {keys}
-  cluster=auto  discover this machine's cluster for the model and precision first (cached under
-                $HEXISCALE_CACHE_DIR; 4 CPU processes; on GPUs: hexiscale discover), then plan on it
+  cluster=auto  the default: discover this machine's cluster for the model and precision first (cached
+                under $HEXISCALE_CACHE_DIR; one rank per CUDA GPU, else 4 CPU processes), then plan on
+                it; not under torchrun/SLURM or in -m sweeps (there: hexiscale discover, cluster=FILE)
   plan=FILE     a plan file instead of the search's plan
   dry_run=true  plan, print and write the plan, do not train
   hydra.run.dir=DIR   where the run writes plan.yaml, config.yaml, checkpoints/, logs/
@@ -197,6 +204,7 @@ def main(argv: Sequence[str] | None = None, app: AppName = HEXISCALE, launch_pre
         return EXIT_INTERRUPTED
     finally:
         job.watch.uninstall()
+        os.environ.pop(AUTO_ENV, None)  # cluster=auto is this job's: a later job of this process names its own
     return max(job.statuses, default=0)  # no job ran: --cfg, --info or --hydra-help printed and ended
 
 

@@ -145,30 +145,77 @@ def apply_file_overrides(cfg: DictConfig) -> None:
 
 
 AUTO_ENV = "HEXISCALE_TRAIN_CLUSTER_AUTO"
-"""Set by :func:`take_auto_cluster` when the command line said ``cluster=auto``: the launching process
-discovers this machine's cluster before planning (:func:`lightning_hexiscale.cli.train_discover.discover_for_train`)."""
+"""Set by :func:`take_auto_cluster` to ``given`` (the command line said ``cluster=auto``) or ``default`` (it named
+no cluster): the launching process discovers this machine's cluster before planning
+(:func:`lightning_hexiscale.cli.train_discover.discover_for_train`). :func:`lightning_hexiscale.cli.train.main`
+removes it when the job ends, so that nothing later in the same process discovers by accident."""
 
 AUTO_FIX = ("discover first under the same launch (`hexiscale discover --model <model> --out my_cluster.yaml`, "
-            "with --local N on one machine), then pass cluster=my_cluster.yaml")
+            "with --local N on one machine), then pass cluster=my_cluster.yaml, or name a preset (cluster=cpu_demo)")
+
+
+def cluster_given(argv: list[str]) -> str | None:
+    """The value of the command line's ``cluster=`` override (also ``+cluster=``/``~cluster``), or None."""
+    for a in argv:
+        key, _, value = a.partition("=")
+        if key.lstrip("+~") == "cluster":
+            return value
+    return None
+
+
+def plan_cluster(argv: list[str]) -> str | None:
+    """The cluster preset a ``plan=FILE`` of the command line was made for (its ``meta.cluster``), or None
+    (no plan, no such file or key, or a name that is no preset, e.g. a discovered cluster's)."""
+    import yaml
+
+    from lightning_hexiscale.config.schema import preset_names
+
+    value = next((a.split("=", 1)[1] for a in argv if a.split("=", 1)[0] == "plan"), None)
+    if not value or not Path(value).is_file():
+        return None
+    try:
+        name = ((yaml.safe_load(Path(value).read_text()) or {}).get("meta") or {}).get("cluster")
+    except (OSError, yaml.YAMLError, AttributeError):
+        return None
+    return name if isinstance(name, str) and name in preset_names("cluster") else None
 
 
 def take_auto_cluster(argv: list[str]) -> list[str]:
-    """``cluster=auto``: taken out of the command line (Hydra has no preset of that name) and recorded in
-    :data:`AUTO_ENV`; the job discovers the cluster before planning and replaces the ``cluster`` node by
-    the discovered file (which the popen children then read, as a ``cluster=FILE``). A sweep (``-m``) and
-    a torchrun/SLURM launch are refused with the fix: discover first, then ``cluster=<file>``."""
+    """``cluster=auto``, and no ``cluster=`` at all (auto is ``hexiscale train``'s default): recorded in
+    :data:`AUTO_ENV` (``given`` / ``default``) and taken out of the command line (Hydra has no preset of that
+    name: it composes conf/config.yaml's cpu_demo, which the discovered file replaces before planning; the popen
+    children then read the file as a ``cluster=FILE``). Not discovered:
+
+    - ``plan=FILE`` without ``cluster=``: the preset the plan was made for (``meta.cluster``) is added, as
+      ``HexiScaleStrategy(cluster="auto", plan=...)`` does;
+    - ``cluster.KEY=...`` without ``cluster=``: refused (a measured cluster has nothing to override);
+    - a sweep (``-m``) and a torchrun/SLURM launch: refused with the fix (discover first, then ``cluster=<file>``).
+    """
     from lightning_hexiscale.errors import ConfigError
 
-    if "cluster=auto" not in argv:
+    given = cluster_given(argv)
+    made_for = plan_cluster(argv) if given is None else None
+    if (given is not None and given != "auto") or made_for:
         os.environ.pop(AUTO_ENV, None)  # an earlier in-process run's, which ended before discovering
-        return argv
+        return argv if not made_for else [*argv, f"cluster={made_for}"]
+    value = "auto" if given else "auto (the default: no cluster= given)"
+    nested = [a for a in argv if a.lstrip("+~").startswith("cluster.")]
+    if nested:
+        raise ConfigError("cluster", value, f"{nested[0]} changes a preset or file, and discovery measures the cluster",
+                          f"name the cluster it changes (cluster=cpu_demo {nested[0]}), or leave it out")
     if any(a in ("-m", "--multirun") for a in argv):
-        raise ConfigError("cluster", "auto", "a sweep (-m) does not discover its cluster", AUTO_FIX)
+        raise ConfigError("cluster", value, "a sweep (-m) does not discover its cluster", AUTO_FIX)
     if "TORCHELASTIC_RUN_ID" in os.environ or "SLURM_PROCID" in os.environ:
-        raise ConfigError("cluster", "auto", "hexiscale train discovers only the machine it runs on, not under "
+        raise ConfigError("cluster", value, "hexiscale train discovers only the machine it runs on, not under "
                           "torchrun or SLURM", AUTO_FIX + " on every rank")
-    os.environ[AUTO_ENV] = "1"
+    os.environ[AUTO_ENV] = "given" if given else "default"
     return [a for a in argv if a != "cluster=auto"]
+
+
+def auto_cluster() -> str | None:
+    """``given`` or ``default`` when this job discovers its cluster (:func:`take_auto_cluster`), else None."""
+    value = os.environ.get(AUTO_ENV)
+    return value if value in ("given", "default") else None
 
 
 def prepare_argv(argv: list[str]) -> list[str]:

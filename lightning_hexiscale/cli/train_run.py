@@ -12,8 +12,8 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from lightning_hexiscale.cli.train_fit import check_logger, fit, load_dataset, quiet_logs
-from lightning_hexiscale.cli.train_job import (AUTO_ENV, HEXISCALE, AppName, apply_file_overrides, is_multirun, is_rank_zero,
-                                               output_dir, overrides_given, say)
+from lightning_hexiscale.cli.train_job import (HEXISCALE, AppName, apply_file_overrides, auto_cluster, is_multirun,
+                                               is_rank_zero, output_dir, overrides_given, say)
 from lightning_hexiscale.cli.train_plan import effective_config, launch_settings, make_plan, write_picture
 from lightning_hexiscale.lightning.job_watch import JobWatch
 
@@ -89,17 +89,20 @@ def run(cfg: DictConfig, progress: JobWatch | None = None, app: AppName = HEXISC
                           f"give a writable directory: {key}=DIR") from None
     progress = progress if progress is not None else JobWatch(app.prog)
     progress.out = out
-    if os.environ.get(AUTO_ENV) == "1" and "LOCAL_RANK" not in os.environ:  # cluster=auto: discover, then plan
-        from lightning_hexiscale.cli.train_discover import discover_for_train
-
-        discover_for_train(cfg, say)
-    cluster = Cluster.from_config(cfg.cluster)
     model = LlamaConfig.from_config(cfg.model)
     if cfg.trainer.weights:  # every difference between the preset and config.json, before any process starts
         from lightning_hexiscale.data.weights import check_hf_config
 
         check_hf_config(cfg.trainer.weights, model)
     dataset = None if cfg.dry_run else load_dataset(cfg, model)
+    if auto_cluster() and "LOCAL_RANK" not in os.environ:  # cluster=auto (the default): discover, then plan
+        from lightning_hexiscale.cli.train_discover import discover_for_train
+        from lightning_hexiscale.lightning.plan_resolution import load_plan_arg
+
+        if cfg.plan:  # a plan file that is not there or not valid says so before discovery's minute
+            load_plan_arg(cfg.plan, key="plan")
+        discover_for_train(cfg, say, auto_cluster())
+    cluster = Cluster.from_config(cfg.cluster)
     precision = effective_precision(cfg.trainer.precision, [d.gpu_type for d in cluster.devices])
     if cfg.trainer.elastic and not cfg.dry_run:
         return run_elastic(cfg, cluster, model, out, precision, dataset, progress, app)

@@ -1,7 +1,9 @@
-"""``hexiscale train cluster=auto`` (issue 40, item 1): before planning, the job discovers this machine's
-cluster for its model and precision (4 forked CPU ranks; refused on a CUDA machine), writes the cluster file into
-``$HEXISCALE_CACHE_DIR``, plans on it and trains; a second run with the same fingerprint reuses the
-cached file and says so. A sweep and a torchrun/SLURM launch are refused with the fix."""
+"""``hexiscale train`` with ``cluster=auto``, its default (issue 40, item 1): with no ``cluster=`` (or with
+``cluster=auto``) the job discovers this machine's cluster for its model and precision before planning (one
+spawned NCCL rank per CUDA GPU, else 4 forked CPU ranks), writes the cluster file into
+``$HEXISCALE_CACHE_DIR``, plans on it and trains; a second run with the same fingerprint reuses the cached
+file and says so. A sweep and a torchrun/SLURM launch are refused with the fix; ``cluster=<preset or file>``
+skips discovery. The local ranks themselves: tests/profiler/test_discover_local.py."""
 
 from __future__ import annotations
 
@@ -13,13 +15,16 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
-from lightning_hexiscale.cli.train_discover import CPU_RANKS, local_ranks
-from lightning_hexiscale.cli.train_job import AUTO_ENV, take_auto_cluster
+from lightning_hexiscale.cli import train_discover
+from lightning_hexiscale.cli.discover_local import local_launch
+from lightning_hexiscale.cli.train_job import AUTO_ENV, FILES_ENV, auto_cluster, take_auto_cluster
 from lightning_hexiscale.errors import ConfigError
 
 HEXISCALE = Path(sys.executable).parent / "hexiscale"
-ARGS = ["cluster=auto", "model=llama_tiny", "trainer.progress_bar=false", "data.num_samples=64"]
+ROOT = Path(__file__).resolve().parents[2]
+ARGS = ["model=llama_tiny", "trainer.progress_bar=false", "data.num_samples=64"]
 
 
 def _run(args: list[str], cwd: Path, cache: Path, timeout: float) -> subprocess.CompletedProcess:
@@ -34,23 +39,28 @@ def _run(args: list[str], cwd: Path, cache: Path, timeout: float) -> subprocess.
 
 @pytest.mark.slow
 @pytest.mark.timeout(170)
-@pytest.mark.skipif(torch.cuda.is_available(), reason="on CUDA cluster=auto is refused (test below)")
-def test_train_cluster_auto_discovers_then_reuses_the_cache(tmp_path):
+def test_train_without_cluster_discovers_then_cluster_auto_reuses_the_cache(tmp_path):
+    """No cluster= at all: the default discovers (and says how to skip it); then cluster=auto reuses the file."""
     cache = tmp_path / "cache"
+    launch = local_launch()  # 4 CPU ranks here; one per GPU on a CUDA machine
+    precision = "bf16-mixed" if launch.backend == "nccl" else "32-true"
     first = _run([*ARGS, "dry_run=true", f"hydra.run.dir={tmp_path / 'plan'}"], tmp_path, cache, timeout=80)
     assert first.returncode == 0, first.stderr[-3000:]
     files = sorted(p for p in cache.glob("*.yaml") if not p.name.endswith(".matrix.yaml"))  # and its matrices
     assert len(files) == 1, (list(cache.iterdir()) if cache.exists() else "no cache", first.stdout[-2000:])
-    assert "cluster=auto: discovering this machine's cluster for llama_tiny (32-true) on 4 local ranks" in first.stdout
+    assert (f"cluster defaults to auto (discovered and cached): discovering this machine's cluster for llama_tiny "
+            f"({precision}) on {launch.describe()}, or reusing the cached one; pass cluster=<preset or file> to skip "
+            "discovery") in first.stdout, first.stdout[-2000:]
     assert re.search(rf"discovered in [\d.]+ s: {re.escape(str(files[0]))}", first.stdout), first.stdout[-2000:]
     assert "discover [6/6]" in first.stdout + first.stderr  # discovery's progress lines
     name = f"discovered_{files[0].stem[:8]}"
-    assert f"planning for llama_tiny on cluster {name} (4 devices)" in first.stdout, first.stdout[-2000:]
+    assert f"planning for llama_tiny on cluster {name} ({launch.ranks} devices)" in first.stdout, first.stdout[-2000:]
     assert (tmp_path / "plan" / "plan.yaml").is_file()
 
-    second = _run([*ARGS, "train.global_batch=8", "trainer.max_steps=2", f"hydra.run.dir={tmp_path / 'run'}"],
-                  tmp_path, cache, timeout=80)
+    second = _run(["cluster=auto", *ARGS, "train.global_batch=8", "trainer.max_steps=2",
+                   f"hydra.run.dir={tmp_path / 'run'}"], tmp_path, cache, timeout=80)
     assert second.returncode == 0, second.stderr[-3000:]
+    assert "cluster=auto: discovering this machine's cluster for llama_tiny" in second.stdout, second.stdout[-2000:]
     assert f"reusing the cluster discovered earlier: {files[0]} (same fingerprint" in second.stdout, second.stdout[-2000:]
     assert "discover [" not in second.stdout + second.stderr  # nothing measured again
     assert sorted(p for p in cache.glob("*.yaml") if not p.name.endswith(".matrix.yaml")) == files
@@ -58,31 +68,100 @@ def test_train_cluster_auto_discovers_then_reuses_the_cache(tmp_path):
     assert re.search(r"training loss: first [\d.]+ -> last [\d.]+ after 2 steps", second.stdout), second.stdout[-2000:]
 
 
-def test_cluster_auto_is_refused_in_a_sweep_and_under_torchrun(monkeypatch):
-    monkeypatch.delenv(AUTO_ENV, raising=False)
-    for key in ("TORCHELASTIC_RUN_ID", "SLURM_PROCID"):
-        monkeypatch.delenv(key, raising=False)
+@pytest.fixture
+def no_launcher(monkeypatch):
+    """No launcher's variables, and the job's own (AUTO_ENV, FILES_ENV) put back as they were afterwards: a
+    flag left set would make a later in-process run of the suite discover. (setenv first: delenv of an absent
+    variable records nothing to undo.)"""
+    for key in (AUTO_ENV, FILES_ENV, "TORCHELASTIC_RUN_ID", "SLURM_PROCID"):
+        monkeypatch.setenv(key, "")
+        monkeypatch.delenv(key)
+    return monkeypatch
+
+
+def test_no_cluster_means_auto_and_a_named_cluster_skips_discovery(no_launcher):
+    assert take_auto_cluster(["model=llama_tiny", "dry_run=true"]) == ["model=llama_tiny", "dry_run=true"]
+    assert auto_cluster() == "default"
+    assert take_auto_cluster(["cluster=auto", "model=llama_tiny"]) == ["model=llama_tiny"]
+    assert auto_cluster() == "given"
+    for named in (["cluster=cpu2"], ["cluster=my_cluster.yaml"], ["+cluster=cpu2"]):
+        assert take_auto_cluster(named) == named
+        assert auto_cluster() is None and AUTO_ENV not in os.environ  # a later run names its own cluster
+
+
+def test_cluster_auto_is_refused_in_a_sweep_and_under_torchrun(no_launcher):
+    """Given or by default: a sweep and a torchrun/SLURM launch do not discover (the fix: discover, then a file)."""
     with pytest.raises(ConfigError, match=r"cluster = 'auto': a sweep \(-m\).*hexiscale discover"):
         take_auto_cluster(["-m", "cluster=auto", "train.global_batch=8,16"])
-    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
-    with pytest.raises(ConfigError, match=r"not under torchrun or SLURM.*cluster=my_cluster.yaml"):
-        take_auto_cluster(["cluster=auto"])
+    with pytest.raises(ConfigError, match=r"cluster = 'auto \(the default: no cluster= given\)': a sweep \(-m\) "
+                                          r"does not discover.*cluster=my_cluster.yaml, or name a preset \(cluster=cpu_demo\)"):
+        take_auto_cluster(["-m", "train.global_batch=8,16"])
+    assert take_auto_cluster(["-m", "cluster=cpu2,cpu_hetero4"]) == ["-m", "cluster=cpu2,cpu_hetero4"]
+    for key in ("TORCHELASTIC_RUN_ID", "SLURM_PROCID"):
+        no_launcher.setenv(key, "0")
+        for argv in (["cluster=auto"], ["model=llama_tiny"]):
+            with pytest.raises(ConfigError, match=r"not under torchrun or SLURM.*cluster=my_cluster.yaml"):
+                take_auto_cluster(argv)
+        assert take_auto_cluster(["cluster=cpu2"]) == ["cluster=cpu2"]
+        no_launcher.delenv(key)
     assert os.environ.get(AUTO_ENV) is None
-    monkeypatch.delenv("TORCHELASTIC_RUN_ID")
-    assert take_auto_cluster(["cluster=auto", "model=llama_tiny"]) == ["model=llama_tiny"]
-    assert os.environ[AUTO_ENV] == "1"
-    assert take_auto_cluster(["cluster=cpu2"]) == ["cluster=cpu2"]
-    assert AUTO_ENV not in os.environ  # a later run without cluster=auto does not discover
 
 
-def test_cluster_auto_is_refused_on_a_cuda_machine(monkeypatch):
-    """--local forks gloo ranks, which would measure the CPU, not the GPUs: refused with the torchrun fix."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    with pytest.raises(ConfigError, match=r"cluster = 'auto'.*2 CUDA GPU.*torchrun --nproc-per-node=2 .*discover"):
-        local_ranks()
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert local_ranks() == CPU_RANKS == 4
+def test_a_cluster_override_needs_a_named_cluster(no_launcher):
+    """cluster.KEY=... changes a preset or file; with nothing named it would be dropped by discovery: refused."""
+    with pytest.raises(ConfigError, match=r"cluster = 'auto \(the default.*cluster.inter_machine.bandwidth=1GB/s "
+                                          r"changes a preset or file.*Fix: name the cluster it changes \(cluster=cpu_demo"):
+        take_auto_cluster(["cluster.inter_machine.bandwidth=1GB/s"])
+    argv = ["cluster=cpu2", "cluster.inter_machine.bandwidth=1GB/s"]
+    assert take_auto_cluster(argv) == argv
+
+
+def test_a_plan_file_without_cluster_runs_on_the_cluster_it_was_made_for(no_launcher, tmp_path):
+    plan = tmp_path / "plan.yaml"
+    data = yaml.safe_load((ROOT / "tests" / "bad_configs" / "good_tiny_plan.yaml").read_text())
+    plan.write_text(yaml.safe_dump({**data, "meta": {"cluster": "cpu_hetero4"}}))
+    assert take_auto_cluster([f"plan={plan}"]) == [f"plan={plan}", "cluster=cpu_hetero4"]
+    assert auto_cluster() is None
+    plan.write_text(yaml.safe_dump({**data, "meta": {"cluster": "discovered_0123abcd"}}))  # no preset: discover
+    assert take_auto_cluster([f"plan={plan}"]) == [f"plan={plan}"] and auto_cluster() == "default"
+
+
+def test_the_job_leaves_no_auto_flag_behind(no_launcher, capsys):
+    """A job of this process that ends (here: refused at its command line) does not leave cluster=auto set for
+    the next in-process run (tests and the docs runner call the app in-process)."""
+    from lightning_hexiscale.cli.train import main
+
+    assert main(["cluster=auto", "trainer.max_step=3"]) == 2
+    assert "trainer.max_step" in capsys.readouterr().err
+    assert AUTO_ENV not in os.environ
+
+
+def test_the_job_discovers_one_rank_per_gpu_on_a_cuda_machine(no_launcher, tmp_path):
+    """On a (mocked) 2-GPU machine: 2 NCCL ranks, bf16-mixed by default, the banner says so; the discovered
+    file replaces the cluster node and goes to the popen children."""
+    from lightning_hexiscale.config.schema import compose
+    from lightning_hexiscale.profiling.discover import Discovery
+
+    no_launcher.setattr(torch.cuda, "is_available", lambda: True)
+    no_launcher.setattr(torch.cuda, "device_count", lambda: 2)
+    found = tmp_path / "found.yaml"
+    found.write_text((ROOT / "conf" / "cluster" / "cpu2.yaml").read_text())
+    calls = []
+
+    def fake_run_discover(args, model):
+        calls.append((args.local, args.precision, model.name))
+        return Discovery(path=str(found), reused=False, fingerprint="f" * 16, seconds=1.0, count=None,
+                         cache_path=str(found))
+
+    no_launcher.setattr("lightning_hexiscale.cli.discover.run_discover", fake_run_discover)
+    lines = []
+    cfg = compose(["model=llama_tiny"])
+    assert train_discover.discover_for_train(cfg, lines.append, "default") == str(found.resolve())
+    assert calls == [(2, "bf16-mixed", "llama_tiny")]
+    assert lines == ["cluster defaults to auto (discovered and cached): discovering this machine's cluster for "
+                     "llama_tiny (bf16-mixed) on 2 local ranks, one per CUDA GPU (NCCL, spawned), or reusing the "
+                     "cached one; pass cluster=<preset or file> to skip discovery"]
+    assert cfg.cluster.name == "cpu2" and str(found.resolve()) in os.environ[FILES_ENV]
 
 
 def test_cluster_auto_elsewhere_says_to_discover_first():

@@ -1,0 +1,172 @@
+"""The local ranks of ``hexiscale discover --local N`` and of ``hexiscale train`` with ``cluster=auto`` (its
+default): on a machine without CUDA, forked gloo CPU processes (:func:`lightning_hexiscale.profiling.launch.run_local`);
+on a machine with CUDA, one spawned NCCL rank per visible GPU.
+
+Why spawn for the GPUs: a forked child of a process that has initialised CUDA cannot use CUDA, and the
+launching process of ``hexiscale train`` is the job's rank 0 (it has asked torch how many GPUs there are, and
+trains on cuda:0 afterwards); a spawned child is a fresh interpreter with nothing of the parent's CUDA state. It
+pays for that with an import of torch per rank (seconds, once per discovery). Each GPU rank gets the environment
+torchrun would give it (:meth:`LocalLaunch.rank_env`) and joins through
+:func:`~lightning_hexiscale.profiling.launch.run_from_env` with ``backend="nccl"``, which pins it to
+``cuda:LOCAL_RANK``: one device per rank, every visible device measured (``CUDA_VISIBLE_DEVICES`` narrows them).
+Gloo ranks on a GPU machine would measure the CPU instead of the GPUs.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import time
+import traceback
+from dataclasses import dataclass
+
+CPU_RANKS = 4
+"""Local ranks on a machine without CUDA: as many as the demo's processes (a CPU machine has no device count
+to read, and 4 ranks discover within the 60 s budget)."""
+
+
+@dataclass(frozen=True)
+class LocalLaunch:
+    """How many local ranks discover, with which backend and start method."""
+
+    ranks: int
+    backend: str
+    """``gloo`` (CPU processes) or ``nccl`` (one rank per CUDA GPU)."""
+    start_method: str
+    """``fork`` (gloo: inherits the imported torch) or ``spawn`` (nccl: no CUDA state inherited)."""
+    gpus: int
+    """CUDA devices visible to this process (0 without CUDA)."""
+
+    def describe(self) -> str:
+        """Half a sentence for the banner: how many ranks, on what."""
+        if self.backend == "nccl":
+            return f"{self.ranks} local rank{'s' if self.ranks != 1 else ''}, one per CUDA GPU (NCCL, spawned)"
+        return f"{self.ranks} local ranks (no CUDA: CPU processes, as many as the demo's)"
+
+    def rank_env(self, rank: int, port: int) -> dict[str, str]:
+        """What a spawned GPU rank sets before it joins: torchrun's variables for one machine of ``ranks``
+        processes, rank ``rank`` on ``cuda:rank``, rendezvous at ``127.0.0.1:port``."""
+        if not 0 <= rank < self.ranks:
+            raise ValueError(f"rank {rank} is not one of the {self.ranks} local ranks")
+        return {"RANK": str(rank), "WORLD_SIZE": str(self.ranks), "LOCAL_RANK": str(rank),
+                "LOCAL_WORLD_SIZE": str(self.ranks), "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port)}
+
+
+def local_launch(ranks: int | None = None) -> LocalLaunch:
+    """The local ranks: ``ranks`` (``--local N``) or, when None, one per visible CUDA GPU, else :data:`CPU_RANKS`.
+    On CUDA, ``ranks`` may not exceed the GPUs (one device per rank): a ConfigError naming ``--local``.
+
+    ``torch.cuda.device_count()`` is read, not a device property: it does not create a CUDA context."""
+    import torch
+
+    from lightning_hexiscale.errors import ConfigError
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus <= 0:
+        return LocalLaunch(ranks or CPU_RANKS, "gloo", "fork", 0)
+    if ranks is not None and ranks > gpus:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        raise ConfigError("--local", ranks, f"on a CUDA machine discovery runs one rank per GPU, and {gpus} GPU(s) "
+                          "are visible" + (f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else ""),
+                          f"use --local {gpus} or fewer (or torchrun without --local: one rank per GPU of every machine)")
+    return LocalLaunch(ranks or gpus, "nccl", "spawn", gpus)
+
+
+def run_local_ranks(launch: LocalLaunch, fn, *args, timeout_s: float = 600.0) -> list:
+    """Run ``fn(rank, world, *args)`` on ``launch``'s local ranks; results by rank. Gloo: forked ranks
+    (``run_local``); NCCL: :func:`run_spawned`. A rank that raises, dies or hangs: RankFailure."""
+    if launch.backend == "gloo":
+        from lightning_hexiscale.profiling.launch import run_local
+
+        return run_local(launch.ranks, fn, *args, timeout_s=timeout_s)
+    return run_spawned(launch, fn, *args, timeout_s=timeout_s)
+
+
+def spawned_rank_main(env: dict[str, str], backend: str, timeout_s: float, fn, args: tuple, out) -> None:
+    """A spawned rank: take ``env`` (torchrun's variables), join with ``backend``, run ``fn``, report to ``out``
+    (``(rank, "ok" | "error", value or traceback, time of the failure)``, as ``run_local``'s children do)."""
+    os.environ.update(env)
+    rank = int(env["RANK"])
+    try:
+        from lightning_hexiscale.profiling.launch import run_from_env
+
+        report = (rank, "ok", run_from_env(fn, *args, timeout_s=timeout_s, backend=backend), 0.0)
+    except BaseException:  # everything goes back to the parent, which kills the others
+        report = (rank, "error", traceback.format_exc(), time.time())
+    try:
+        out.put(report)
+    except Exception:
+        out.put((rank, "error", "result not picklable:\n" + traceback.format_exc(), time.time()))
+    out.close()
+    out.join_thread()  # the report is in the pipe before this process exits
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+SETTLE_S = 5.0
+"""After the first failure, how long the other ranks' reports are awaited before they are killed (a failing
+NCCL rank's peers block in their next collective instead of failing at once; the root cause usually reports first)."""
+
+
+def run_spawned(launch: LocalLaunch, fn, *args, timeout_s: float = 600.0) -> list:
+    """``launch.ranks`` spawned processes, rank r with :meth:`LocalLaunch.rank_env` joined with ``launch.backend``
+    (nccl on GPUs; a test spawns gloo ranks the same way), run ``fn(rank, world, *args)``; results by rank.
+
+    ``timeout_s`` bounds the whole run (parent side) and every collective (rank side). A rank that raises or
+    dies ends the run after :data:`SETTLE_S`: every rank is killed and a RankFailure carries the tracebacks,
+    root cause first (``root_cause_order``)."""
+    import multiprocessing
+
+    from lightning_hexiscale.profiling.launch import RankFailure, root_cause_order
+
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=spawned_rank_main,
+                         args=(launch.rank_env(r, port), launch.backend, timeout_s, fn, args, out), daemon=True)
+             for r in range(launch.ranks)]
+    for p in procs:
+        p.start()
+    results: dict[int, tuple[str, object, float]] = {}
+    deadline = time.monotonic() + timeout_s
+    settle_until: float | None = None
+    try:
+        while len(results) < launch.ranks:
+            now = time.monotonic()
+            if now >= deadline or (settle_until is not None and now >= settle_until):
+                break
+            try:
+                rank, status, value, when = out.get(timeout=min(deadline - now, 0.2))
+            except queue.Empty:
+                if settle_until is None and any(p.exitcode not in (None, 0) for p in procs):
+                    settle_until = time.monotonic() + SETTLE_S  # a rank died without a report
+                continue
+            results[rank] = (status, value, when)
+            if status == "error" and settle_until is None:
+                settle_until = time.monotonic() + SETTLE_S
+    finally:
+        done = len(results) == launch.ranks and all(s == "ok" for s, _, _ in results.values())
+        for p in procs:
+            if done:  # every rank reported: let it leave on its own (it destroys its group first)
+                p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+            p.join(timeout=5)
+    errors = {r: (v, w) for r, (s, v, w) in results.items() if s == "error"}
+    missing = [r for r in range(launch.ranks) if r not in results]
+    if errors:
+        order = root_cause_order(errors)
+        text = "\n".join(f"--- rank {r} ---\n{errors[r][0]}" for r in order)
+        first = errors[order[0]][0].strip().splitlines()[-1]
+        raise RankFailure(f"rank {order[0]} failed first: {first}\nrank(s) raised (root cause first):\n{text}"
+                          + (f"\n(ranks {missing} killed)" if missing else ""))
+    if missing:
+        codes = {r: procs[r].exitcode for r in missing}
+        raise RankFailure(f"ranks {missing} did not finish within {timeout_s:.0f} s (hang?); exit codes {codes}")
+    return [results[r][1] for r in range(launch.ranks)]
