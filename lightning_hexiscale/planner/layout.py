@@ -16,6 +16,7 @@ devices have no role. Every list here is in plan ranks except :attr:`RankLayout.
 
 from __future__ import annotations
 
+import bisect
 import functools
 from dataclasses import dataclass
 
@@ -153,7 +154,8 @@ class RankLayout:
         is neither the used devices' count nor the launch order's is a PlanError."""
         world = plan.world_size if world is None else world
         ranks, devices = _rank_map(plan, world)
-        order = {d: r for r, d in enumerate(plan.device_order)}
+        device_order = plan.device_order  # a derived property: sorts every device on each read
+        order = {d: r for r, d in enumerate(device_order)}
         stage_ranks = tuple(tuple(tuple(order[d] for d in st.devices) for st in p.stages) for p in plan.pipelines)
         offsets, roles, pairs = [], [None] * plan.world_size, set()
         for i, (pipe, stages) in enumerate(zip(plan.pipelines, stage_ranks)):
@@ -162,7 +164,7 @@ class RankLayout:
                 prev = stages[j - 1] if j > 0 else ()
                 nxt = stages[j + 1] if j + 1 < len(stages) else ()
                 for k, r in enumerate(here):
-                    roles[r] = Role(rank=r, device=plan.device_order[r], pipeline=i, stage=j,
+                    roles[r] = Role(rank=r, device=device_order[r], pipeline=i, stage=j,
                                     num_stages=len(stages), tp_rank=k, stage_ranks=here, prev_stage_ranks=prev,
                                     next_stage_ranks=nxt, layers=st.layers, batch_offset=offsets[i],
                                     batch_size=pipe.batch_size, micro_batch_size=pipe.micro_batch_size)
@@ -299,25 +301,25 @@ def stage_holds(spec: ParamSpec, layers: tuple[int, int], is_first: bool, is_las
 # ---- gradient segments: what the data-parallel groups are made of ------------------------------
 def segment_bounds(ranges: list[list[tuple[int, int]]]) -> list[tuple[int, int, tuple[int, ...]]]:
     """Union-of-boundaries segmentation. ``ranges[p]`` = the [start, end) ranges of pipeline p's
-    ranks, covering the same [0, n). Returns (start, end, holder index per pipeline) per segment.
+    ranks in ascending order, covering the same [0, n). Returns (start, end, holder index per
+    pipeline) per segment; the holder of a segment is the last range starting at or before it.
 
     >>> segment_bounds([[(0, 2), (2, 3), (3, 4)], [(0, 2), (2, 4)]])
     [(0, 2, (0, 0)), (2, 3, (1, 1)), (3, 4, (2, 1))]
     """
     cuts = sorted({b for rs in ranges for r in rs for b in r})
-    out = []
-    for a, b in zip(cuts, cuts[1:]):
-        holders = tuple(next(i for i, (s, e) in enumerate(rs) if s <= a < e) for rs in ranges)
-        out.append((a, b, holders))
-    return out
+    starts = [[s for s, _ in rs] for rs in ranges]
+    return [(a, b, tuple(bisect.bisect_right(st, a) - 1 for st in starts)) for a, b in zip(cuts, cuts[1:])]
 
 
-def _segments_of(plan: Plan, config: LlamaConfig, specs: list[ParamSpec]) -> tuple[Segment, ...]:
-    """The segments of ``specs`` under ``plan``: per parameter, the union of the pipelines' shard
-    boundaries; the holders are the first stage of each pipeline holding it (leaders only when
-    replicated)."""
-    stage_ranks = RankLayout.of(plan).stage_ranks
-    segs: list[Segment] = []
+def _segments_of(plan: Plan, config: LlamaConfig, specs: list[ParamSpec]
+                 ) -> list[tuple[str, int | None, int, int, tuple[int, ...]]]:
+    """The segments of ``specs`` under ``plan`` as :class:`Segment` fields: per parameter, the union
+    of the pipelines' shard boundaries; the holders are the first stage of each pipeline holding it
+    (leaders only when replicated)."""
+    order = {d: r for r, d in enumerate(plan.device_order)}
+    stage_ranks = [[tuple(order[d] for d in st.devices) for st in p.stages] for p in plan.pipelines]
+    segs = []
     for spec in specs:
         holders_per_pipe: list[tuple[int, ...]] = []  # ranks of the stage holding spec, per pipeline
         ranges_per_pipe: list[list[tuple[int, int]]] = []
@@ -332,26 +334,31 @@ def _segments_of(plan: Plan, config: LlamaConfig, specs: list[ParamSpec]) -> tup
                                    else [(0, spec.shape[0])])
         for a, b, idx in segment_bounds(ranges_per_pipe):
             ranks = tuple(sorted(holders_per_pipe[p][k] for p, k in enumerate(idx)))
-            segs.append(Segment(spec.name, spec.shard_dim, a, b, ranks))
-    return tuple(segs)
+            segs.append((spec.name, spec.shard_dim, a, b, ranks))
+    return segs
 
 
 @functools.lru_cache(maxsize=16)
 def sync_segments(plan: Plan, config: LlamaConfig) -> tuple[Segment, ...]:
     """Every gradient segment of the model under ``plan``, in canonical (parameter, start) order:
     what the gradient sync, ZeRO's buckets and the ddp checkpoint writers are laid out by."""
-    return _segments_of(plan, config, param_specs(config))
+    return tuple(Segment(*fields) for fields in _segments_of(plan, config, param_specs(config)))
 
 
 @functools.lru_cache(maxsize=64)
 def data_parallel_groups(plan: Plan, config: LlamaConfig) -> tuple[tuple[int, ...], ...]:
     """The distinct holder sets of :func:`sync_segments`, sorted (empty with one pipeline).
 
-    A layer's holders change only where some pipeline has a stage boundary, so one layer per
-    interval between consecutive boundaries stands for all of them: 8 intervals instead of 80
-    layers on a 3-pipeline Llama-2 70B plan, which the search prices thousands of times."""
+    The search prices this for thousands of plans, so only the parameters whose holder sets can
+    differ are segmented: a layer's holders change only where some pipeline has a stage boundary
+    (one layer per interval between consecutive boundaries stands for all of them), and parameters
+    of one layer with the same split have the same holder sets (the split's unit scales every
+    boundary alike: q, k, v and o share the KV-head split). That is 3 parameters per interval (a
+    norm, q, gate) plus the embedding, the final norm and the head: 30 of Llama-30B's 543 on
+    Tab. 7's plan."""
     if plan.num_pipelines < 2:
         return ()
     cuts = sorted({b for p in plan.pipelines for s in p.stages for b in s.layers})
-    segs = _segments_of(plan, config, param_specs(config, cuts[:-1]))
-    return tuple(sorted({s.ranks for s in segs}))
+    one_per_split = {(s.place, s.layer, s.split): s for s in reversed(param_specs(config, cuts[:-1]))}
+    segs = _segments_of(plan, config, list(one_per_split.values()))
+    return tuple(sorted({ranks for *_, ranks in segs}))
