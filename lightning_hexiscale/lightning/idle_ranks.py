@@ -52,6 +52,7 @@ from lightning.fabric.plugins.environments import ClusterEnvironment
 from lightning_hexiscale.errors import ConfigError, RankFailure
 from lightning_hexiscale.lightning import internals, job_watch
 from lightning_hexiscale.lightning.launching import IdleRankExit, portable_error, mark_agreed
+from lightning_hexiscale.planner.layout import RankLayout
 from lightning_hexiscale.planner.plan import Plan
 
 REASONS_KEY = "idle_reasons"
@@ -65,21 +66,31 @@ POLL_S = 0.2
 
 @dataclass(frozen=True)
 class IdleLayout:
-    """A job launched on every device of a plan's ``launch_order``, seen from one launch rank."""
+    """A job launched on every device of a plan's ``launch_order``, seen from one launch rank: the
+    plan's rank layout on that world (its rank map says which launch ranks train) and this rank."""
 
-    launch_order: tuple[int, ...]
-    """Cluster device of every launch rank (index = the rank the launcher gave the process)."""
-    idle_devices: tuple[int, ...]
+    ranks: RankLayout
+    """The plan's rank layout on the launched world: training rank i is plan rank i, on launch rank
+    ``ranks.ranks[i]``; ``ranks.idle`` are the launch ranks of idle devices."""
     launch_rank: int
+
+    @property
+    def launch_order(self) -> tuple[int, ...]:
+        """Cluster device of every launch rank (index = the rank the launcher gave the process)."""
+        return self.ranks.devices
+
+    @property
+    def idle_devices(self) -> tuple[int, ...]:
+        return tuple(sorted(self.ranks.plan.idle_devices))
 
     @property
     def active_ranks(self) -> tuple[int, ...]:
         """Launch ranks that train, ascending; the i-th of them is training rank i."""
-        return tuple(r for r, d in enumerate(self.launch_order) if d not in self.idle_devices)
+        return self.ranks.ranks
 
     @property
     def idle_ranks(self) -> tuple[int, ...]:
-        return tuple(r for r, d in enumerate(self.launch_order) if d in self.idle_devices)
+        return self.ranks.idle
 
     @property
     def device(self) -> int:
@@ -87,7 +98,7 @@ class IdleLayout:
 
     @property
     def idle(self) -> bool:
-        return self.device in self.idle_devices
+        return self.launch_rank in self.ranks.idle
 
     @property
     def world_size(self) -> int:
@@ -100,7 +111,7 @@ class IdleLayout:
         among the idle ones, so that no idle rank is rank zero."""
         if self.idle:
             return self.world_size + self.idle_ranks.index(self.launch_rank)
-        return self.active_ranks.index(self.launch_rank)
+        return self.ranks.plan_rank(self.launch_rank)
 
 
 def layout_for(plan: Plan, world_size: int, launch_rank: int) -> IdleLayout | None:
@@ -109,7 +120,7 @@ def layout_for(plan: Plan, world_size: int, launch_rank: int) -> IdleLayout | No
     or when the world size fits neither (the strategy's world check says so)."""
     if not plan.idle_devices or world_size == plan.world_size or world_size != len(plan.launch_order):
         return None
-    return IdleLayout(tuple(plan.launch_order), tuple(sorted(plan.idle_devices)), launch_rank)
+    return IdleLayout(RankLayout.of(plan, world_size), launch_rank)
 
 
 def accepted_world_sizes(plan: Plan) -> tuple[int, ...]:

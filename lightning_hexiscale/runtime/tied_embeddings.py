@@ -11,7 +11,7 @@ group) and sees only its contribution. Per optimizer step, for every pipeline of
    [lo, hi), and each adds what it received: both copies then hold E_i + H_i (pipeline i's total).
    With equal TP degrees (or TP 1 on both) this is a leader-to-leader swap of the whole matrix.
 2. The gradient sync sums the FIRST stages' copies across pipelines (the tied parameter's holders,
-   see :func:`lightning_hexiscale.runtime.topology.sync_segments`): the global gradient, sum_i (E_i + H_i).
+   see :func:`lightning_hexiscale.planner.layout.sync_segments`): the global gradient, sum_i (E_i + H_i).
 3. The last stage's copy follows: :meth:`after_dp_sync` under ddp copies the synchronised gradient
    rows first -> last (so both optimizers take the same step; needed only with 2+ pipelines), and
    :meth:`after_step` under ZeRO copies the updated weight rows (the sharded optimizer steps only
@@ -37,9 +37,10 @@ import torch
 import torch.distributed as dist
 
 from lightning_hexiscale.models.config import LlamaConfig
+from lightning_hexiscale.planner.layout import RankLayout
 from lightning_hexiscale.planner.plan import Plan
 from lightning_hexiscale.runtime.parallelize import StageModule
-from lightning_hexiscale.runtime.topology import Topology, stage_rank_lists
+from lightning_hexiscale.runtime.topology import Topology
 
 NAME = "embed.weight"
 """Global name of the tied matrix (the head has no parameter of its own)."""
@@ -57,18 +58,17 @@ class TiedPair:
     end: int
 
 
-def tied_pairs(plan: Plan, config: LlamaConfig, stage_ranks: list[list[tuple[int, ...]]] | None = None
-               ) -> list[TiedPair]:
+def tied_pairs(plan: Plan, config: LlamaConfig, layout: RankLayout | None = None) -> list[TiedPair]:
     """Every (first-stage rank, last-stage rank) overlap of the tied matrix, over all pipelines with
     two or more stages, in one canonical order (pipeline, row). Pure: the same list on every rank.
     Example: first stage TP 1 (rows [0, V)), last stage TP 2 (rows [0, V/2) and [V/2, V)): two
     pairs, the first-stage rank exchanging half of its rows with each last-stage rank.
-    ``stage_ranks``: the plan's :func:`stage_rank_lists` when the caller has them (``Topology.stage_ranks``).
+    ``layout``: the plan's rank layout when the caller has it (``Topology.layout``).
     """
     if not config.tie_word_embeddings:
         return []
     pairs = []
-    for i, stages in enumerate(stage_rank_lists(plan) if stage_ranks is None else stage_ranks):
+    for i, stages in enumerate((layout or RankLayout.of(plan)).stage_ranks):
         if len(stages) < 2:
             continue
         first, last = stages[0], stages[-1]
@@ -96,7 +96,7 @@ class TiedEmbeddingSync:
         shard = stage.shards().get(NAME)
         self.offset = shard.start if shard is not None else 0
         self.param = dict(stage.named_parameters()).get(NAME)
-        self.pairs = [p for p in tied_pairs(topology.plan, topology.config, topology.stage_ranks)
+        self.pairs = [p for p in tied_pairs(topology.plan, topology.config, topology.layout)
                       if rank in (p.first, p.last)]
         self.is_first = bool(self.pairs) and self.pairs[0].first == rank
         self.bytes_sent = 0
