@@ -131,3 +131,16 @@ def test_the_layout_imports_no_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
+
+
+@settings(max_examples=30, deadline=None)
+@given(plan=plans())
+def test_the_samplers_cut_each_pipeline_at_the_layouts_batch_offset(plan):
+    """data/ sits below the planner and cannot import the layout; its per-pipeline slice of a full
+    global batch must still start where the layout (and so the engine's Role) says."""
+    from lightning_hexiscale.data.samplers import PlanBatchSampler
+
+    layout, sizes = RankLayout.of(plan), [p.batch_size for p in plan.pipelines]
+    for i, (off, b) in enumerate(zip(layout.batch_offsets, sizes)):
+        first = next(iter(PlanBatchSampler(2 * plan.global_batch, sizes, i, shuffle=False)))
+        assert first == list(range(off, off + b))
