@@ -15,12 +15,18 @@ from __future__ import annotations
 
 import argparse
 
-from lightning_hexiscale.cli.common import add_launch_args, add_precision_arg, positive_int, resolve_precision, subcommand
+from lightning_hexiscale.cli.common import add_precision_arg, positive_int, resolve_precision, subcommand
 from lightning_hexiscale.cli.profile import int_list, message_sizes, emulated_defaults, layer_time_model
 
 
 def _discover_args(p: argparse.ArgumentParser) -> None:
-    add_launch_args(p)
+    # add_launch_args's options, with --local saying what it means here: GPUs on a CUDA machine
+    p.add_argument("--local", type=positive_int, metavar="N", default=None,
+                   help="start N local ranks here instead of joining a torchrun/SLURM/Lightning-launched process "
+                        "group: one spawned NCCL rank per GPU on a CUDA machine (N at most the visible GPUs), else "
+                        "N forked CPU ranks (gloo, one thread each)")
+    p.add_argument("--timeout", type=float, default=900.0, metavar="S",
+                   help="deadline in seconds for the whole run and every collective (default 900)")
     p.add_argument("--model", required=True, metavar="NAME",
                    help="the job's model (a preset, a model YAML or hf:DIR): its layer times are measured per device "
                         "type, TP degree and micro-batch size, and its shape is part of the cache fingerprint")
