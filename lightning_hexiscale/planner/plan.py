@@ -10,6 +10,10 @@ Conventions the runtime relies on:
   embedding, the last stage the final norm and the LM head.
 - Rank mapping: global rank r runs the r-th device of ``Plan.device_order`` (all used device ids,
   sorted ascending), so a plan over devices {0..N-1} maps rank r to device r.
+- Recomputation is per pipeline (``Pipeline.recompute``): a roomy pipeline runs without it while a
+  tight one beside it recomputes. ``Plan.recompute`` is the common flag when every pipeline has the
+  same, ``None`` when they differ; passing a bool to ``Plan(..., recompute=)`` (or
+  ``dataclasses.replace``) sets every pipeline, which is how an explicit user setting wins.
 - Idle devices: ``Plan.idle_devices`` are cluster devices the plan deliberately leaves without work
   (the planner found the plan faster without them, or the user left them out). A job launched on
   the used devices alone maps ranks by ``device_order``; a job launched on every device of
@@ -20,9 +24,9 @@ Conventions the runtime relies on:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import yaml
 
@@ -72,6 +76,10 @@ class Pipeline:
     """Sequences per micro-batch; divides ``batch_size``."""
     stages: tuple[Stage, ...]
     """Stages in execution order."""
+    recompute: bool | None = None
+    """Activation recomputation in every stage of this pipeline (re-run each layer's forward in its
+    backward, keep only the layer inputs). ``None`` only while building: the Plan fills in its own
+    setting (default True), so in a built Plan it is always a bool."""
 
     @property
     def num_micro_batches(self) -> int:
@@ -94,8 +102,10 @@ class Plan:
     """Transformer layers of the model the plan was made for."""
     schedule: str = "1f1b"
     """Pipeline schedule: ``gpipe`` or ``1f1b``."""
-    recompute: bool = True
-    """Activation recomputation per layer."""
+    recompute: bool | None = None
+    """Activation recomputation, every pipeline alike: a bool sets every pipeline's
+    ``Pipeline.recompute``; ``None`` keeps each pipeline's own (True where it has none). Derived
+    after construction: the common flag, or ``None`` when the pipelines differ (:attr:`recomputes`)."""
     dp_sharding: str = "ddp"
     """Data-parallel sharding across pipelines: ``ddp``, ``zero2`` or ``zero3``."""
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
@@ -108,7 +118,46 @@ class Plan:
     """Cluster device ids the plan leaves without work, ascending (none by default). They are named,
     not merely absent, so that a job launched on the whole cluster knows which ranks stay out."""
 
+    def __post_init__(self) -> None:
+        # One source of truth per pipeline: a plan-wide bool wins (an explicit user setting),
+        # else each pipeline's own flag, True where it has none (the plan default before
+        # per-pipeline recomputation existed).
+        plan_wide = self.recompute
+        if plan_wide is not None and not isinstance(plan_wide, bool):
+            raise PlanError("plan.recompute", plan_wide, "a plan runs with recomputation or without: true or false",
+                            "pass recompute=True or False (or None to keep each pipeline's own)")
+        pipes = []
+        for i, p in enumerate(self.pipelines):
+            if p.recompute is not None and not isinstance(p.recompute, bool):
+                raise PlanError(f"plan.pipelines[{i}].recompute", p.recompute,
+                                "a pipeline runs with recomputation or without: true or false", "write true or false")
+            flag = plan_wide if plan_wide is not None else (True if p.recompute is None else p.recompute)
+            pipes.append(p if p.recompute is flag else replace(p, recompute=flag))
+        flags = {p.recompute for p in pipes}
+        if not flags:  # no pipelines (validate() says so): the plan-wide setting, else the default
+            common = True if plan_wide is None else plan_wide
+        else:
+            common = flags.pop() if len(flags) == 1 else None
+        object.__setattr__(self, "pipelines", tuple(pipes))
+        object.__setattr__(self, "recompute", common)
+
     # ---- derived -------------------------------------------------------------------------
+    @property
+    def recomputes(self) -> tuple[bool, ...]:
+        """Derived: ``Pipeline.recompute`` of every pipeline, in order."""
+        return tuple(p.recompute for p in self.pipelines)
+
+    def with_recompute(self, flags: bool | Sequence[bool]) -> Plan:
+        """This plan with recomputation set: one bool for every pipeline, or one per pipeline."""
+        if isinstance(flags, bool):
+            return replace(self, recompute=flags)
+        flags = tuple(flags)
+        if len(flags) != self.num_pipelines:
+            raise PlanError("recompute", list(flags), f"one flag per pipeline: the plan has {self.num_pipelines}",
+                            "give as many flags as pipelines, or one bool for all")
+        return replace(self, recompute=None,
+                       pipelines=tuple(replace(p, recompute=f) for p, f in zip(self.pipelines, flags)))
+
     @property
     def global_batch(self) -> int:
         """Derived: sum of pipeline batch sizes."""
@@ -238,7 +287,9 @@ class Plan:
     # ---- serialisation -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """Plain dict (the plan file format); inverse of :meth:`from_dict`. ``idle_devices`` is
-        written only when the plan has some, so plans without idle devices read as before."""
+        written only when the plan has some, so plans without idle devices read as before; likewise
+        ``recompute`` is one top-level flag when every pipeline has the same, else one per pipeline."""
+        mixed = self.recompute is None
         out = {
             "num_layers": self.num_layers,
             "schedule": self.schedule,
@@ -250,10 +301,13 @@ class Plan:
                     "batch_size": p.batch_size,
                     "micro_batch_size": p.micro_batch_size,
                     "stages": [{"devices": list(s.devices), "layers": list(s.layers)} for s in p.stages],
+                    **({"recompute": p.recompute} if mixed else {}),
                 }
                 for p in self.pipelines
             ],
         }
+        if mixed:
+            del out["recompute"]
         if self.idle_devices:
             out["idle_devices"] = list(self.idle_devices)
         out["meta"] = dict(self.meta)
@@ -261,13 +315,14 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "plan") -> Plan:
-        """Build from the plan-file dict; unknown or missing keys raise :class:`PlanError`."""
+        """Build from the plan-file dict; unknown or missing keys raise :class:`PlanError`. The
+        top-level ``recompute`` (default true) is every pipeline's unless the pipeline has its own."""
         _keys(data, {"num_layers", "pipelines"}, {"schedule", "recompute", "dp_sharding", "reduce_dtype", "idle_devices", "meta"},
               source)
         pipes = []
         for i, p in enumerate(data["pipelines"] or []):
             pkey = f"{source}.pipelines[{i}]"
-            _keys(p, {"batch_size", "micro_batch_size", "stages"}, set(), pkey)
+            _keys(p, {"batch_size", "micro_batch_size", "stages"}, {"recompute"}, pkey)
             stages = []
             for j, s in enumerate(p["stages"] or []):
                 skey = f"{pkey}.stages[{j}]"
@@ -278,18 +333,16 @@ class Plan:
                                     "write e.g. layers: [0, 20]")
                 stages.append(Stage(devices=tuple(s["devices"]), layers=(int(layers[0]), int(layers[1]))))
             pipes.append(Pipeline(batch_size=p["batch_size"], micro_batch_size=p["micro_batch_size"],
-                                  stages=tuple(stages)))
+                                  stages=tuple(stages), recompute=_recompute_flag(p, pkey)))
         idle = data.get("idle_devices") or []
         if not isinstance(idle, (list, tuple)):
             raise PlanError(f"{source}.idle_devices", idle, "must be a list of device ids",
                             "write e.g. idle_devices: [6, 7]")
-        recompute = data.get("recompute", True)
-        if not isinstance(recompute, bool):  # bool("false") is True; a plan says what it runs
-            raise PlanError(f"{source}.recompute", recompute, "a plan runs with recomputation or without: true or false",
-                            "write recompute: true or recompute: false (auto is a planner setting, "
-                            "train.recompute, that a plan's search resolves)")
+        recompute = _recompute_flag(data, source)
+        pipes = [p if p.recompute is not None else replace(p, recompute=True if recompute is None else recompute)
+                 for p in pipes]
         return cls(pipelines=tuple(pipes), num_layers=data["num_layers"], idle_devices=tuple(idle),
-                   schedule=data.get("schedule", "1f1b"), recompute=recompute,
+                   schedule=data.get("schedule", "1f1b"), recompute=None,
                    dp_sharding=data.get("dp_sharding", "ddp"), reduce_dtype=data.get("reduce_dtype"),
                    meta=dict(data.get("meta") or {}))
 
@@ -329,19 +382,23 @@ class Plan:
     # ---- display -------------------------------------------------------------------------
     def table(self, cluster: Cluster | None = None) -> str:
         """A table like the paper's Tab. 7: pipeline, stage, GPUs, layers, TP (+ batch)."""
-        rows = [("pipeline", "batch/mb", "stage", "GPUs", "layers", "#", "TP")]
+        mixed = self.recompute is None  # then a column says which pipelines recompute
+        rows = [("pipeline", "batch/mb", "stage", "GPUs", "layers", "#", "TP") + (("recompute",) if mixed else ())]
         for i, p in enumerate(self.pipelines):
             for j, s in enumerate(p.stages):
                 gpus = _describe_devices(s.devices, cluster)
                 rows.append((str(i) if j == 0 else "", f"{p.batch_size}/{p.micro_batch_size}" if j == 0 else "",
-                             str(j), gpus, f"{s.layers[0]}-{s.layers[1] - 1}", str(s.num_layers), str(s.tp)))
+                             str(j), gpus, f"{s.layers[0]}-{s.layers[1] - 1}", str(s.num_layers), str(s.tp))
+                            + (((("on" if p.recompute else "off") if j == 0 else ""),) if mixed else ()))
         widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
         lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))
         reduce = f" (reduce in {self.reduce_dtype})" if self.reduce_dtype else ""
         p, d = self.num_pipelines, self.world_size
+        on = ("per pipeline: " + ", ".join("on" if r else "off" for r in self.recomputes) if self.recompute is None
+              else "on" if self.recompute else "off")
         head = (f"{p} pipeline{'s' * (p != 1)}, {d} device{'s' * (d != 1)}, global batch {self.global_batch}, "
-                f"schedule {self.schedule}, dp {self.dp_sharding}{reduce}, recompute {'on' if self.recompute else 'off'}")
+                f"schedule {self.schedule}, dp {self.dp_sharding}{reduce}, recompute {on}")
         idle = ""
         if self.idle_devices:
             idle = f"\nidle: {_describe_devices(tuple(self.idle_devices), cluster)} (no work in this plan)"
@@ -358,6 +415,16 @@ def _describe_devices(devices: tuple[int, ...], cluster: Cluster | None) -> str:
             t = cluster.devices[d].gpu_type
             types[t] = types.get(t, 0) + 1
     return " + ".join(f"{n}x{t}" for t, n in types.items()) + f" [{ids}]"
+
+
+def _recompute_flag(data: dict[str, Any], where: str) -> bool | None:
+    """``data['recompute']`` as a bool, None when absent; anything else (null too) is a PlanError."""
+    value = data.get("recompute")
+    if "recompute" in data and not isinstance(value, bool):  # bool("false") is True; a plan says what it runs
+        raise PlanError(f"{where}.recompute", value, "a plan runs with recomputation or without: true or false",
+                        "write recompute: true or recompute: false (auto is a planner setting, "
+                        "train.recompute, that a plan's search resolves)")
+    return value
 
 
 def _keys(data: Any, required: set[str], optional: set[str], where: str) -> None:

@@ -75,14 +75,17 @@ class PipelineEngine:
         self.role = role = self.topology.role
         with torch.device("meta"):
             model = Llama(model_config)
+        # recomputation is per pipeline (a roomy pipeline runs without it beside a tight one that
+        # recomputes); it changes no collective, only when this rank's forwards run
+        recompute = plan.pipelines[role.pipeline].recompute
         self.stage = build_stage(model, role.layers, role.is_first, role.is_last, role.tp, role.tp_rank,
                                  self.topology.tp_group, device=self.device, dtype=dtype,
-                                 recompute=plan.recompute, seed=None if state_dict is not None else seed)
+                                 recompute=recompute, seed=None if state_dict is not None else seed)
         if state_dict is not None:
             load_full_state_dict(self.stage, state_dict)
         mixed = wire_dtype(dtype, autocast_dtype) != dtype
         self.fast_path_settings = FastPath.coerce(fast_path).resolve(self.device.type, mixed, plan.dp_sharding,
-                                                                      plan.recompute)
+                                                                      recompute)
         self.fast_path, self.main_grads = apply_fast_path(
             self.stage, self.fast_path_settings, compute_dtype=autocast_dtype if mixed else dtype,
             zero3=gathers_parameters(plan.dp_sharding), mixed=mixed)

@@ -1,5 +1,5 @@
 """``recompute: auto`` (the default): the planner prices a plan without and with activation
-recomputation and keeps the faster one that fits (planner/search/two_phase.py: auto_recompute); an
+recomputation and keeps the faster one that fits (planner/search/recompute.py: auto_recompute); an
 explicit True / False still wins. Before, recomputation was a config default (on), which cost one
 H200 running Llama-3.2-1B at global batch 8 x 2048 about a fifth of its speed for memory it did not need."""
 

@@ -385,17 +385,18 @@ def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
     edges = dp_edge_all(plan, cluster, workload)
     pipes: list[PipelineEstimate] = []
     ooms: list[OutOfMemory] = []
-    n_tp = 2.0 + (cm.RECOMPUTE_TP_SHARE if plan.recompute else 0.0)
     # the communicators each stage's ranks join (only priced on CUDA)
     comms = stage_communicators(plan, model) if workload.device == "cuda" and workload.comm_buffer_bytes else {}
     caps = nic.hop_caps(cluster, [[st.devices for st in p.stages] for p in plan.pipelines], plan.schedule)
     for i, pipe in enumerate(plan.pipelines):
         mb, n_mb = pipe.micro_batch_size, pipe.num_micro_batches
         n_st = len(pipe.stages)
+        recompute = pipe.recompute  # each pipeline's own: its time and memory (Plan.recomputes)
+        n_tp = 2.0 + (cm.RECOMPUTE_TP_SHARE if recompute else 0.0)
         per_mb, hops, tails, rows = [], [], [], []
         for j, st in enumerate(pipe.stages):
             l = st.num_layers
-            t_f, t_b, comp_f, tp_f = layer_times(cluster, workload, st.devices, mb, plan.recompute)
+            t_f, t_b, comp_f, tp_f = layer_times(cluster, workload, st.devices, mb, recompute)
             head_comp, head_comm = stage_extra_times(cluster, workload, st.devices, mb, j == 0, j == n_st - 1)
             hop = (hop_time(cluster, workload, st.devices, pipe.stages[j + 1].devices, mb, caps.get((i, j), ()))
                    if j + 1 < n_st else 0.0)
@@ -413,7 +414,7 @@ def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
             hops.append(hop)
             tails.append(tail)
             peak = stage_memory_terms(workload, plan.dp_sharding, plan.num_pipelines, plan.schedule,
-                                      plan.recompute, n_st, j, st.tp, mb, n_mb, comms.get((i, j))).peak(l)
+                                      recompute, n_st, j, st.tp, mb, n_mb, comms.get((i, j))).peak(l)
             cap = min(cluster.devices[d].memory_bytes for d in st.devices)
             for d in st.devices:
                 usable = usable_memory(workload, cluster.devices[d].memory_bytes)

@@ -89,7 +89,7 @@ def wire_bytes(plan: Plan, model: LlamaConfig, act_bytes: int, reduce_bytes: int
             t, l = st.tp, st.num_layers
             first, last = j == 0, j == len(stages) - 1
             if t > 1:  # tensor parallelism inside the stage
-                ar = l * (4 + 2 * RECOMPUTE_TP_SHARE * plan.recompute) + int(first) + int(last)
+                ar = l * (4 + 2 * RECOMPUTE_TP_SHARE * pipe.recompute) + int(first) + int(last)
                 tokens = pipe.micro_batch_size * seq
                 for d in st.devices:
                     out[d]["tp"] += n_mb * 2 * (t - 1) / t * (ar * m * b_act + last * 3 * tokens * loss_bytes)

@@ -297,7 +297,9 @@ def oracle(cluster: Cluster, workload: Workload, global_batch: int, settings=Non
 def _best_of_recompute(cluster: Cluster, workload: Workload, global_batch: int, settings, time_limit_s: float,
                        incumbent: Plan | None) -> OracleResult:
     """``recompute: auto``: the optimum without and with recomputation (half the time limit each),
-    the better one (ties: without); complete when both are, its bound the smaller of the two."""
+    the better one (ties: without); complete when both are, its bound the smaller of the two. One
+    flag for every pipeline: the search's per-pipeline decision (:mod:`planner.search.recompute`)
+    can beat it where one pipeline fits without recomputation and another does not."""
     import dataclasses
 
     runs = []

@@ -118,10 +118,14 @@ def minimax_split(g: list[np.ndarray], total: int) -> tuple[float, list[int]]:
     return v, split
 
 
-def with_batches(layout: Plan, batches: list[int], micro_batches: list[int], meta: dict | None = None) -> Plan:
-    """The layout with the given batch and micro-batch size per pipeline."""
-    pipes = tuple(Pipeline(int(b), int(m), p.stages) for p, b, m in zip(layout.pipelines, batches, micro_batches))
-    return Plan(pipes, layout.num_layers, layout.schedule, layout.recompute, layout.dp_sharding,
+def with_batches(layout: Plan, batches: list[int], micro_batches: list[int], meta: dict | None = None,
+                 recompute: list[bool] | None = None) -> Plan:
+    """The layout with the given batch and micro-batch size per pipeline (and recomputation flag,
+    when given; else each pipeline keeps its own)."""
+    flags = recompute or [p.recompute for p in layout.pipelines]
+    pipes = tuple(Pipeline(int(b), int(m), p.stages, bool(r))
+                  for p, b, m, r in zip(layout.pipelines, batches, micro_batches, flags))
+    return Plan(pipes, layout.num_layers, layout.schedule, None, layout.dp_sharding,
                 dict(layout.meta if meta is None else meta), reduce_dtype=layout.reduce_dtype)
 
 
@@ -236,9 +240,11 @@ class BatchTimer:
             self._cap[devices] = E.usable_memory(self.w, min(self.cluster.devices[d].memory_bytes for d in devices))
         return self._cap[devices]
 
-    def mem(self, plan: Plan, S: int, j: int, tp: int, m: int, n: int, comms: int | None = None) -> E.MemoryTerms:
+    def mem(self, plan: Plan, S: int, j: int, tp: int, m: int, n: int, comms: int | None = None,
+            recompute: bool = True) -> E.MemoryTerms:
+        """Memory terms of stage j of an S-stage pipeline of ``plan`` that recomputes or not."""
         inflight = cm.inflight_micro_batches(plan.schedule, S, j, n)
-        key = (plan.dp_sharding, plan.num_pipelines, plan.recompute, j == 0, j == S - 1, inflight, tp, m, comms)
+        key = (plan.dp_sharding, plan.num_pipelines, recompute, j == 0, j == S - 1, inflight, tp, m, comms)
         if key not in self._mem:
             self._mem[key] = E.stage_memory_at(self.w, *key)
         return self._mem[key]
@@ -256,11 +262,12 @@ class BatchTimer:
     def fits(self, layout: Plan, i: int, m: int, n: int) -> bool:
         """Whether every stage of pipeline i fits with n micro-batches of m (``estimate()``'s check:
         fixed + layers * per_layer <= usable memory of the stage's smallest device)."""
-        stages = layout.pipelines[i].stages
+        stages, recompute = layout.pipelines[i].stages, layout.pipelines[i].recompute
         S = len(stages)
         comms = self.comms(layout)
         for j, st in enumerate(stages):
-            if self.mem(layout, S, j, st.tp, m, n, comms.get((i, j))).peak(st.num_layers) > self.cap(st.devices):
+            if (self.mem(layout, S, j, st.tp, m, n, comms.get((i, j)), recompute).peak(st.num_layers)
+                    > self.cap(st.devices)):
                 return False
         return True
 
@@ -290,7 +297,7 @@ class BatchTimer:
         # what :meth:`fits` reads of a stage: its smallest device's usable memory, its TP degree, its
         # layer count and communicators (its position is the tuple's): pipelines on equal memory
         # share one entry, which on large clusters of repeated machines is most of them
-        shape = (P, layout.dp_sharding, layout.schedule, layout.recompute,
+        shape = (P, layout.dp_sharding, layout.schedule, layout.pipelines[i].recompute,
                  tuple((self.cap(st.devices), st.tp, st.num_layers, comms.get((i, j))) for j, st in enumerate(stages)))
         if shape not in self._limit:
             n_top = max(self.G - (P - 1), 1)
@@ -314,7 +321,7 @@ class BatchTimer:
         P, sh = layout.num_pipelines, layout.dp_sharding
         stages = layout.pipelines[i].stages
         S = len(stages)
-        shape = (P, sh, layout.schedule, layout.recompute, tuple((st.devices, st.layers) for st in stages))
+        shape = (P, sh, layout.schedule, layout.pipelines[i].recompute, tuple((st.devices, st.layers) for st in stages))
         edges, caps, comms = self.edges(layout), self.hop_caps(layout), self.comms(layout)
         key = (shape, tuple(tuple(dp[(i, j)]) for j in range(S)), tuple(edges.get((i, j)) for j in range(S)),
                tuple(caps.get((i, j), ()) for j in range(S)), tuple(comms.get((i, j)) for j in range(S)))
@@ -355,7 +362,7 @@ class BatchTimer:
         per_mb, hops, tails = [], [], []
         caps = self.hop_caps(layout)
         for j, st in enumerate(stages):
-            t_f, t_b = self.layer_tb(st.devices, m, layout.recompute)
+            t_f, t_b = self.layer_tb(st.devices, m, layout.pipelines[i].recompute)
             times = edges.get((i, j))
             tail = E.dp_edge_exposed(times, st.num_layers * t_b, sh)[1] if times is not None else 0.0
             stage_mb = 0.0
@@ -380,8 +387,8 @@ class BatchTimer:
         # the per-micro-batch terms once per class of stages that price alike (_flat_layout)
         nc = len(reps)
         tf_c, tb_c, per0_c, hop_c = np.empty(nc), np.empty(nc), np.empty(nc), np.zeros(nc)
-        for k, (devices, first, last, nxt, caps) in enumerate(reps):
-            tf_c[k], tb_c[k] = self.layer_tb(devices, m, layout.recompute)
+        for k, (devices, first, last, nxt, caps, recompute) in enumerate(reps):
+            tf_c[k], tb_c[k] = self.layer_tb(devices, m, recompute)
             hop_c[k] = self.hop(devices, nxt, m, caps) if nxt is not None else 0.0
             per0_c[k] = self.extra(devices, m, first, last)
         tf, tb, per0, hop = tf_c[cls], tb_c[cls], per0_c[cls], hop_c[cls]
@@ -419,7 +426,7 @@ class BatchTimer:
             for j, st in enumerate(p.stages):
                 k = len(stages)
                 stages.append((st.devices, j == 0, j == S - 1, p.stages[j + 1].devices if j + 1 < S else None,
-                               caps.get((i, j), ())))
+                               caps.get((i, j), ()), p.recompute))
                 for n, tc in dp[(i, j)]:
                     iv_stage.append(k)
                     iv_n.append(n)
@@ -435,8 +442,8 @@ class BatchTimer:
         reps: list[tuple] = []
         cls = np.empty(len(stages), dtype=np.int64)
         for k, st in enumerate(stages):
-            devices, first, last, nxt, cap = st
-            key = (self.shape(devices), first, last, None if nxt is None else self.shape(devices + nxt), cap)
+            devices, first, last, nxt, cap, recompute = st
+            key = (self.shape(devices), first, last, None if nxt is None else self.shape(devices + nxt), cap, recompute)
             c = index.get(key)
             if c is None:
                 c = index[key] = len(reps)

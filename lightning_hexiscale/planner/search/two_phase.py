@@ -71,6 +71,7 @@ from lightning_hexiscale.planner.search.batching import BatchTimer, layout_key, 
 from lightning_hexiscale.planner.search.dp_split import resplit, resplit_cost
 from lightning_hexiscale.planner.search.floors import exposed_floor, local_time, zero3_step_floor
 from lightning_hexiscale.planner.search.partition import DeviceGraph, partition
+from lightning_hexiscale.planner.search.recompute import auto_recompute
 from lightning_hexiscale.planner.search.settings import (Iteration, LogEntry, SearchResult, SearchSettings,
                                                          dp_candidates)
 from lightning_hexiscale.planner.search.subsets import CoreRun, name_idle, search_subsets, shrink
@@ -603,7 +604,7 @@ def search(cluster: Cluster, workload: Workload, global_batch: int,
     gc.set_threshold(max(threshold[0], 100_000), *threshold[1:])
     try:
         if s.recompute == "auto":
-            result = auto_recompute(cluster, workload, global_batch, s, worth)
+            result = auto_recompute(cluster, workload, global_batch, s, worth, _search_one)
         else:
             result = _search_one(cluster, workload, global_batch, s, worth)
     finally:
@@ -617,35 +618,6 @@ def _search_one(cluster: Cluster, workload: Workload, global_batch: int, s: Sear
     if s.use_all_devices:
         return SearchRun(cluster, workload, global_batch, s).run()
     return subset_search(cluster, workload, global_batch, s, worth)
-
-
-def auto_recompute(cluster: Cluster, workload: Workload, global_batch: int, s: SearchSettings,
-                   worth: bool = False) -> SearchResult:
-    """``recompute: auto``: the whole search once without and once with activation recomputation,
-    and the faster plan that fits (ties: without). Recomputation re-runs each layer's forward in its
-    backward (+1 forward per layer and micro-batch, ~1/3 more compute) and in exchange keeps only
-    each layer's input per micro-batch in flight (:mod:`planner.cost.memory`): it wins only where
-    memory keeps the faster layouts out, which the cost model prices on both sides. The plan's
-    ``meta['recompute']`` records both times (inf: nothing fits). Raises the InfeasiblePlan of the
-    run with recomputation (the least memory) when neither fits."""
-    results: dict[bool, SearchResult] = {}
-    failed: InfeasiblePlan | None = None
-    for r in (False, True):
-        try:
-            results[r] = _search_one(cluster, workload, global_batch, dataclasses.replace(s, recompute=r), worth)
-        except InfeasiblePlan as e:
-            failed = e
-    if not results:
-        assert failed is not None
-        raise failed
-    times = {r: (res.estimate.cost if res is not None else math.inf) for r, res in
-             ((r, results.get(r)) for r in (False, True))}
-    pick = min(results, key=lambda r: (times[r], r))
-    best = results[pick]
-    note = (f"auto: {'on' if pick else 'off'} (without {times[False]:.6g} s, with {times[True]:.6g} s per "
-            f"iteration)")
-    plan = dataclasses.replace(best.plan, meta={**best.plan.meta, "recompute": note})
-    return dataclasses.replace(best, plan=plan, search_time_s=sum(r.search_time_s for r in results.values()))
 
 
 def _core(workload: Workload, global_batch: int, s: SearchSettings, results: list[tuple[Cluster, SearchResult]]):
