@@ -197,7 +197,11 @@ def take_auto_cluster(argv: list[str]) -> list[str]:
     made_for = plan_cluster(argv) if given is None else None
     if (given is not None and given != "auto") or made_for:
         os.environ.pop(AUTO_ENV, None)  # an earlier in-process run's, which ended before discovering
-        return argv if not made_for else [*argv, f"cluster={made_for}"]
+        if not made_for:
+            return argv
+        if "LOCAL_RANK" not in os.environ:  # the launching process says it once (its children re-run this argv)
+            say(f"cluster={made_for}: the cluster the plan was made for (its meta.cluster; no cluster= given)")
+        return [*argv, f"cluster={made_for}"]
     value = "auto" if given else "auto (the default: no cluster= given)"
     nested = [a for a in argv if a.lstrip("+~").startswith("cluster.")]
     if nested:

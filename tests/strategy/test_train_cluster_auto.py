@@ -116,12 +116,13 @@ def test_a_cluster_override_needs_a_named_cluster(no_launcher):
     assert take_auto_cluster(argv) == argv
 
 
-def test_a_plan_file_without_cluster_runs_on_the_cluster_it_was_made_for(no_launcher, tmp_path):
+def test_a_plan_file_without_cluster_runs_on_the_cluster_it_was_made_for(no_launcher, tmp_path, capsys):
     plan = tmp_path / "plan.yaml"
     data = yaml.safe_load((ROOT / "tests" / "bad_configs" / "good_tiny_plan.yaml").read_text())
     plan.write_text(yaml.safe_dump({**data, "meta": {"cluster": "cpu_hetero4"}}))
     assert take_auto_cluster([f"plan={plan}"]) == [f"plan={plan}", "cluster=cpu_hetero4"]
     assert auto_cluster() is None
+    assert "cluster=cpu_hetero4: the cluster the plan was made for (its meta.cluster" in capsys.readouterr().out
     plan.write_text(yaml.safe_dump({**data, "meta": {"cluster": "discovered_0123abcd"}}))  # no preset: discover
     assert take_auto_cluster([f"plan={plan}"]) == [f"plan={plan}"] and auto_cluster() == "default"
 
