@@ -125,6 +125,8 @@ def test_a_world_that_fits_neither_launch_names_the_key_and_both_counts():
         RankLayout.of(plan, 3)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(60)
 def test_the_layout_imports_no_torch():
     """`hexiscale plan` and the cost model read the layout: importing it must not load torch."""
     code = "import sys, lightning_hexiscale.planner.layout; print('torch' in sys.modules)"
