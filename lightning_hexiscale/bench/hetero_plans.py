@@ -260,7 +260,8 @@ def cost_model_form() -> dict:
 
     def git(*a: str) -> str:
         try:
-            return subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True, timeout=10).stdout.strip()
+            # rstrip only: porcelain lines start with a status column that may be a space (" M path")
+            return subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True, timeout=10).stdout.rstrip()
         except (OSError, subprocess.SubprocessError):
             return ""
 

@@ -160,3 +160,21 @@ def test_cost_model_form_changes_with_the_pricing_source(monkeypatch, tmp_path):
     first = plans.cost_model_form()["sha256"]
     (copy / "estimate.py").write_text("x = 2\n")
     assert plans.cost_model_form()["sha256"] != first
+
+
+def test_cost_model_form_names_a_modified_file_whole(monkeypatch, tmp_path):
+    """`git status --porcelain` starts a modified file's line with a space (" M path"); the form once
+    stripped it and printed "ightning_hexiscale/..." (seen in a smoke run on 2026-11-28)."""
+    import subprocess
+
+    f = tmp_path / "lightning_hexiscale" / "planner" / "cost" / "estimate.py"
+    f.parent.mkdir(parents=True)
+    f.write_text("x = 1\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(tmp_path)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+    f.write_text("x = 2\n")
+    monkeypatch.setattr(plans, "REPO", tmp_path)
+    monkeypatch.setattr(plans, "PRICING_ROOTS", ("lightning_hexiscale/planner/cost/estimate.py",))
+    assert plans.cost_model_form()["modified"] == ["lightning_hexiscale/planner/cost/estimate.py"]
