@@ -10,21 +10,23 @@ import torch
 from test_equivalence import SEED, STEPS, assert_matches_reference, make_batch, make_optimizer, reference
 
 from lightning_hexiscale.models.config import LlamaConfig
+from lightning_hexiscale.models.llama import Llama
 from lightning_hexiscale.planner.plan import Plan
 from lightning_hexiscale.runtime.engine import PipelineEngine
 
 
-def _worker(rank: int, world: int, plan_dict: dict, config: LlamaConfig):
+def _worker(rank: int, world: int, plan_dict: dict, config: LlamaConfig, dtype: torch.dtype = torch.float64,
+            autocast_dtype: torch.dtype | None = None, steps: int = STEPS):
     plan = Plan.from_dict(plan_dict)
-    engine = PipelineEngine(plan, config, seed=SEED, dtype=torch.float64)
+    engine = PipelineEngine(plan, config, seed=SEED, dtype=dtype, autocast_dtype=autocast_dtype)
     opt = engine.wrap_optimizer(make_optimizer("sgd", engine.parameters()))
     losses = []
-    for step in range(STEPS):
+    for step in range(steps):
         tokens, targets = make_batch(config, plan.global_batch, step)
         losses.append(engine.train_step(tokens, targets))
         opt.step()
     return {"losses": losses, "shards": engine.local_shards(), "recompute": engine.stage.recompute,
-            "pipeline": engine.role.pipeline}
+            "pipeline": engine.role.pipeline, "main_grads": engine.main_grads is not None}
 
 
 def mixed_plan(sharding: str) -> Plan:
@@ -52,3 +54,28 @@ def test_mixed_recomputation_matches_the_reference(run_ranks, tiny_gqa, sharding
     ref_losses, ref_state = reference(tiny_gqa, plan.global_batch, "sgd")
     assert_matches_reference(results, ref_losses, ref_state)
 
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_mixed_recomputation_under_bf16_autocast(run_ranks, tiny_gqa):
+    """Under mixed precision the fast path keeps fp32 main gradients only where a pipeline does not
+    recompute (``FastPath.resolve``): the recomputing pipeline sums its gradients without them, the
+    other with them, and the two meet in the same all-reduce. Losses within bf16 noise of the
+    single-process run under the same autocast (as ``test_equivalence``'s bf16 test)."""
+    plan = mixed_plan("ddp")
+    results = run_ranks(plan.world_size, _worker, plan.to_dict(), tiny_gqa, torch.float32, torch.bfloat16, 2)
+    assert [(r["recompute"], r["main_grads"]) for r in results] == [(True, False)] * 2 + [(False, True)] * 3
+    model = Llama(tiny_gqa).init_weights(SEED)
+    opt = make_optimizer("sgd", model.parameters())
+    ref = []
+    for step in range(2):
+        tokens, targets = make_batch(tiny_gqa, plan.global_batch, step)
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model.loss(model(tokens), targets)
+        loss.backward()
+        opt.step()
+        ref.append(loss.item())
+    for res in results:
+        assert res["losses"] == pytest.approx(ref, rel=2e-2)
