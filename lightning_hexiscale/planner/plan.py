@@ -128,12 +128,15 @@ class Plan:
                             "pass recompute=True or False (or None to keep each pipeline's own)")
         pipes = []
         for i, p in enumerate(self.pipelines):
+            if not isinstance(p, Pipeline):  # not a plan at all: validate() names what is wrong
+                pipes.append(p)
+                continue
             if p.recompute is not None and not isinstance(p.recompute, bool):
                 raise PlanError(f"plan.pipelines[{i}].recompute", p.recompute,
                                 "a pipeline runs with recomputation or without: true or false", "write true or false")
             flag = plan_wide if plan_wide is not None else (True if p.recompute is None else p.recompute)
             pipes.append(p if p.recompute is flag else replace(p, recompute=flag))
-        flags = {p.recompute for p in pipes}
+        flags = {p.recompute for p in pipes if isinstance(p, Pipeline)}
         if not flags:  # no pipelines (validate() says so): the plan-wide setting, else the default
             common = True if plan_wide is None else plan_wide
         else:

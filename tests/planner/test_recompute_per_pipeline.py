@@ -51,6 +51,19 @@ def test_the_premise_one_pipeline_fits_without_recomputation_and_one_does_not(a8
     assert estimate(two_pipelines(True), a800_4090, long_seq).feasible
 
 
+def test_the_cost_model_prices_each_pipeline_with_its_own_flag(a800_4090, long_seq):
+    """Pipeline i of a mixed plan costs what it costs in the uniform plan with its flag: time,
+    compute, TP traffic and peak memory (nothing of one pipeline's flag reaches another's price)."""
+    mixed = estimate(two_pipelines(None, (False, True)), a800_4090, long_seq)
+    alike = {r: estimate(two_pipelines(r), a800_4090, long_seq) for r in (False, True)}
+    for i, r in enumerate((False, True)):
+        got, want = mixed.pipelines[i], alike[r].pipelines[i]
+        assert got.time_s == pytest.approx(want.time_s)
+        assert got.stages[0].compute_s == pytest.approx(want.stages[0].compute_s)
+        assert got.stages[0].peak_memory_bytes == pytest.approx(want.stages[0].peak_memory_bytes)
+    assert mixed.feasible and mixed.iteration_time_s < alike[True].iteration_time_s * (1 + 1e-12)
+
+
 def test_each_pipeline_decides_on_a_fixed_layout(a800_4090, long_seq):
     from lightning_hexiscale.planner.search.recompute import per_pipeline, recompute_each, turn_off_where_fits
 
