@@ -137,7 +137,8 @@ def optimum_document(found_s: float, best) -> dict[str, Any]:
 
 def estimate_document(plan, cluster, workload, est, plan_file: str | None, sources=None) -> dict[str, Any]:
     """The same document ``hexiscale estimate --json`` prints for this plan: with ``price_sources``
-    (per device type: gpu_type, kind, detail; :mod:`planner.cost.sources`) and ``recompute_choice``
+    (per device type: gpu_type, kind, detail; :mod:`planner.cost.sources`), ``recompute_per_pipeline``
+    (one flag per pipeline; ``recompute`` is null when they differ) and ``recompute_choice``
     (how ``recompute: auto`` decided, null when pinned or given by the plan file)."""
     if sources is None:
         from lightning_hexiscale.planner.cost.sources import price_sources
@@ -145,7 +146,9 @@ def estimate_document(plan, cluster, workload, est, plan_file: str | None, sourc
         sources = price_sources(cluster, workload, plan)
     return {"plan_file": plan_file, "cluster": cluster.name, "model": workload.model.name,
             "global_batch": plan.global_batch, "dp_sharding": plan.dp_sharding, "schedule": plan.schedule,
-            "recompute": plan.recompute, "recompute_choice": plan.meta.get("recompute"),
+            # recompute: the plan's common flag, null when its pipelines differ (then per pipeline)
+            "recompute": plan.recompute, "recompute_per_pipeline": list(plan.recomputes),
+            "recompute_choice": plan.meta.get("recompute"),
             "price_sources": [s.to_dict() for s in sources], **est.to_dict()}
 
 

@@ -11,8 +11,8 @@ One sub-package per concern, each importing only those above it in this list:
 ``estimate(plan, cluster, workload)`` is in :mod:`.cost.estimate`; ``search(cluster, workload, G,
 settings)`` in :mod:`.search` (``from lightning_hexiscale.planner.search import search``). The
 package root exports the types (Plan, Estimate, Workload, SearchSettings, SearchResult). The flat
-module paths before the split (``planner.cost_model``, ``planner.estimate``, ...) still import, with a
-DeprecationWarning naming the new path (``lightning_hexiscale/_moved.py``).
+module paths before the split (``planner.cost_model``, ``planner.estimate``, ...) are gone; the
+CHANGELOG lists where each moved.
 """
 
 from lightning_hexiscale._lazy import lazy_exports

@@ -40,79 +40,10 @@ from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.models.llama import Llama, RMSNorm, RopeCache, TransformerBlock, causal_lm_loss, init_tensor
 from lightning_hexiscale.runtime import tensor_parallel as tpl
 from lightning_hexiscale.runtime.chunked_loss import chunked_cross_entropy
+# the parameter table is torch-free and lives beside the rank layout (one copy for the planner and the runtime)
+from lightning_hexiscale.planner.layout import ParamSpec, param_specs, stage_holds  # noqa: F401 (re-exported)
 
 ProcessGroup = torch.distributed.ProcessGroup
-
-
-@dataclass(frozen=True)
-class ParamSpec:
-    """How one global parameter is laid out over a TP group."""
-
-    name: str
-    """Global name, as in ``Llama.named_parameters()``."""
-    shape: tuple[int, ...]
-    """Full shape."""
-    shard_dim: int | None
-    """Dimension split over TP ranks; ``None`` when replicated."""
-    split: str | None
-    """``"kv"`` (split in whole KV-head groups), ``"ffn"`` (FFN columns), ``"vocab"`` (vocabulary
-    rows) or ``None``."""
-    unit: int
-    """Elements along ``shard_dim`` per split unit: g*d for q/o, d for k/v, 1 for the FFN and vocabulary."""
-    layer: int | None
-    """Layer index, or ``None`` for the embedding / final norm / LM head."""
-    place: str
-    """``"first"`` (embedding), ``"layer"``, ``"last"`` (final norm, LM head) or ``"tied"`` (the
-    embedding when the head is tied to it: held by first AND last stages)."""
-
-    def ranges(self, config: LlamaConfig, tp: int) -> list[tuple[int, int]]:
-        """[start, end) along ``shard_dim`` held by each of ``tp`` ranks ([0, full) when replicated)."""
-        if self.shard_dim is None:
-            return [(0, self.shape[0])] * tp
-        split = {"kv": config.kv_head_split, "ffn": config.ffn_split, "vocab": config.vocab_split}[self.split]
-        return [(s * self.unit, e * self.unit) for s, e in split(tp)]
-
-
-def param_specs(config: LlamaConfig) -> list[ParamSpec]:
-    """Every parameter of the model in one canonical order: embed, layers 0..L-1, norm, lm_head
-    (no lm_head when tied: the head is ``embed.weight``)."""
-    h, f, v = config.hidden_size, config.ffn_hidden_size, config.vocab_size
-    gd, d = config.heads_per_kv * config.head_dim, config.head_dim
-    q_out = config.num_heads * d
-    tied = config.tie_word_embeddings
-    specs = [ParamSpec("embed.weight", (v, h), 0, "vocab", 1, None, "tied" if tied else "first")]
-    for layer in range(config.num_layers):
-        p = f"layers.{layer}."
-        specs += [
-            ParamSpec(p + "attn_norm.weight", (h,), None, None, 1, layer, "layer"),
-            ParamSpec(p + "attn.q_proj.weight", (q_out, h), 0, "kv", gd, layer, "layer"),
-            ParamSpec(p + "attn.k_proj.weight", (config.kv_dim, h), 0, "kv", d, layer, "layer"),
-            ParamSpec(p + "attn.v_proj.weight", (config.kv_dim, h), 0, "kv", d, layer, "layer"),
-            ParamSpec(p + "attn.o_proj.weight", (h, q_out), 1, "kv", gd, layer, "layer"),
-            ParamSpec(p + "mlp_norm.weight", (h,), None, None, 1, layer, "layer"),
-            ParamSpec(p + "mlp.gate_proj.weight", (f, h), 0, "ffn", 1, layer, "layer"),
-            ParamSpec(p + "mlp.up_proj.weight", (f, h), 0, "ffn", 1, layer, "layer"),
-            ParamSpec(p + "mlp.down_proj.weight", (h, f), 1, "ffn", 1, layer, "layer"),
-        ]
-    specs.append(ParamSpec("norm.weight", (h,), None, None, 1, None, "last"))
-    if not tied:
-        specs.append(ParamSpec("lm_head.weight", (v, h), 0, "vocab", 1, None, "last"))
-    return specs
-
-
-def stage_holds(spec: ParamSpec, layers: tuple[int, int], is_first: bool, is_last: bool) -> bool:
-    """Whether a stage running ``layers`` (first/last flags given) holds ``spec``.
-
-    A tied embedding is held by first and last stages; code that needs ONE holder per pipeline
-    (the gradient sync, checkpoints) takes the first stage holding it, which is the first stage.
-    """
-    if spec.place == "first":
-        return is_first
-    if spec.place == "last":
-        return is_last
-    if spec.place == "tied":
-        return is_first or is_last
-    return layers[0] <= spec.layer < layers[1]
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,9 @@ def test_plan_json_has_plan_estimate_and_search_time(capsys, tmp_path):
     assert [(s["gpu_type"], s["kind"]) for s in doc["estimate"]["price_sources"]] == [
         ("A800", "datasheet"), ("RTX4090", "datasheet"), ("RTX3090", "datasheet")]
     assert doc["estimate"]["recompute_choice"].startswith("auto: ")
+    flags = doc["estimate"]["recompute_per_pipeline"]
+    assert flags == [p.get("recompute", doc["plan"].get("recompute")) for p in doc["plan"]["pipelines"]]
+    assert doc["estimate"]["recompute"] == (flags[0] if len(set(flags)) == 1 else None)
     assert again["price_sources"] == doc["estimate"]["price_sources"]
 
 

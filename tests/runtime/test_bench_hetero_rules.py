@@ -162,6 +162,7 @@ def test_cost_model_form_changes_with_the_pricing_source(monkeypatch, tmp_path):
     assert plans.cost_model_form()["sha256"] != first
 
 
+@pytest.mark.slow  # runs git: a process
 def test_cost_model_form_names_a_modified_file_whole(monkeypatch, tmp_path):
     """`git status --porcelain` starts a modified file's line with a space (" M path"); the form once
     stripped it and printed "ightning_hexiscale/..." (seen in a smoke run on 2026-11-28)."""
