@@ -3,6 +3,7 @@ one training iteration under a Plan (pure functions; no torch.distributed).
 
 - :mod:`.model`          each Appendix B term as a named pure function, formula in its docstring
 - :mod:`.estimate`       a plan on a cluster -> :class:`~.estimate.Estimate` (times, memory, throughput)
+- :mod:`.compose`        stage terms -> pipeline and iteration time (the one composition estimate and search share)
 - :mod:`.workload`       what is trained: the model and its numeric formats
 - :mod:`.compute`        compute time per TP group: measured, roofline or FLOPs
 - :mod:`.roofline`       the roofline of uncalibrated CUDA compute

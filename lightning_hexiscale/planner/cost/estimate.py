@@ -26,11 +26,12 @@ import numpy as np
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.config.units import format_bytes, format_flops
 from lightning_hexiscale.models.config import LlamaConfig
+from lightning_hexiscale.planner.cost import compose
 from lightning_hexiscale.planner.cost import compute as C
 from lightning_hexiscale.planner.cost import model as cm
 from lightning_hexiscale.planner.cost import nic
-from lightning_hexiscale.planner.cost import zero_terms as Z
 from lightning_hexiscale.planner.cost.communicators import stage_communicators
+from lightning_hexiscale.planner.cost.compose import dp_edge_exposed, dp_t_comm, layer_step  # noqa: F401 (re-exported)
 from lightning_hexiscale.planner.cost.dp_comm import dp_comm_all
 from lightning_hexiscale.planner.cost.memory import (MemoryTerms, shard_fraction,  # noqa: F401
                                                      stage_memory_at, stage_memory_terms, usable_memory)
@@ -233,18 +234,6 @@ def dp_terms(plan: Plan, cluster: Cluster, workload: Workload) -> tuple[dict, di
     return dp_red, dp_par
 
 
-def dp_t_comm(sharding: str, t_red: float, t_par: float) -> float:
-    """T_comm entering DP-Overhead-Layer (whose collectives cost 2*T_comm): ddp all-reduces gradients
-    (reduce-scatter + all-gather, both at reduce_dtype); zero2 reduce-scatters gradients
-    (reduce_dtype) and all-gathers parameters (B_type); zero3 is dominated by its per-use parameter
-    gathers (B_type)."""
-    if sharding == "ddp":
-        return t_red
-    if sharding == "zero2":
-        return 0.5 * (t_red + t_par)
-    return t_par
-
-
 def _overlap(r: int, t: int, r2: int, t2: int) -> float:
     """Shared fraction of a tensor between TP rank r of t and TP rank r2 of t2 (even splits)."""
     lo, hi = max(r / t, r2 / t2), min((r + 1) / t, (r2 + 1) / t2)
@@ -347,41 +336,12 @@ def dp_edge_all(plan: Plan, cluster: Cluster, workload: Workload) -> dict[tuple[
     return {k: (float(v[0]), float(v[1]), float(v[2])) for k, v in out.items()}
 
 
-_NO_EDGES = (0.0, 0.0, 0.0)
-
-
-def dp_edge_exposed(times: tuple[float, float, float], backward_s: float, sharding: str = "ddp") -> tuple[float, float]:
-    """(total, exposed) of :func:`dp_edge_times`: the embedding's gradient is final only at the end
-    of the backward (fully exposed), the head's sync overlaps the stage's last backward
-    ``backward_s`` as far as the runtime starts it there (:func:`zero_terms.zero_head_exposed`),
-    the norms' broadcast follows the sync."""
-    t_emb, t_head, t_norms = times
-    return t_emb + t_head + t_norms, t_emb + Z.zero_head_exposed(t_head, backward_s, sharding) + t_norms
-
-
-def layer_step(t_f: float, t_b: float, t_comm: float, sharding: str,
-               theta: tuple[float, float, float, float]) -> tuple[float, float]:
-    """(time per micro-batch, exposed data-parallel time per iteration) of one layer (eq. 5, as the
-    runtime runs it: :mod:`.zero_terms`): ZeRO-3 overlaps every forward and backward with its
-    gathers (theta_3f*max(T_f, T_comm) + theta_3b*max(T_b, T_comm)) and stalls for the uses it
-    serves (:func:`zero_terms.zero3_serve_layer`), then reduce-scatters after the backward
-    (:func:`zero_terms.zero3_exposed_layer`); DDP and ZeRO-2 run T_f + T_b, DDP's exposed part is
-    :func:`cost.model.dp_exposed_layer`, ZeRO-2's :func:`zero_terms.zero2_exposed_layer` (its
-    all-gather follows the optimizer step). Both are non-decreasing in ``t_comm``."""
-    if sharding == "zero3":
-        step = theta[2] * max(t_f, t_comm) + theta[3] * max(t_b, t_comm) + Z.zero3_serve_layer(t_comm)
-        return step, Z.zero3_exposed_layer(t_comm)
-    if sharding == "zero2":
-        return t_f + t_b, Z.zero2_exposed_layer(t_b, t_comm, theta[1])
-    return t_f + t_b, cm.dp_exposed_layer(t_b, t_comm, sharding, theta)
-
-
 def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
     """Estimate iteration time, throughput and memory of ``plan`` on ``cluster`` (Appendix B)."""
     model = workload.model
     S = model.seq_len
     theta = calibration_theta(cluster)
-    dp_red, dp_par = dp_terms(plan, cluster, workload)
+    dp = compose.dp_intervals(*dp_terms(plan, cluster, workload), plan.dp_sharding)
     edges = dp_edge_all(plan, cluster, workload)
     pipes: list[PipelineEstimate] = []
     ooms: list[OutOfMemory] = []
@@ -400,16 +360,14 @@ def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
             head_comp, head_comm = stage_extra_times(cluster, workload, st.devices, mb, j == 0, j == n_st - 1)
             hop = (hop_time(cluster, workload, st.devices, pipe.stages[j + 1].devices, mb, caps.get((i, j), ()))
                    if j + 1 < n_st else 0.0)
-            dp_comm, tail = dp_edge_exposed(edges.get((i, j), _NO_EDGES), l * t_b, plan.dp_sharding)
-            stage_mb = 0.0
-            for (n_layers, t_red), (_, t_par) in zip(dp_red[(i, j)], dp_par[(i, j)]):
-                t_comm = dp_t_comm(plan.dp_sharding, t_red, t_par)
-                step, exposed = layer_step(t_f, t_b, t_comm, plan.dp_sharding, theta)
-                stage_mb += n_layers * step
-                tail += n_layers * exposed
-                # ZeRO-3: a gather per use (2 n_mb), the uses served (2 n_mb), the reduce-scatter
-                dp_comm += n_layers * (4 * n_mb + 1 if plan.dp_sharding == "zero3" else 2) * t_comm
-            stage_mb += head_comp + head_comm
+            edge = edges.get((i, j))
+            stage_mb, tail = compose.stage_time(t_f, t_b, dp[(i, j)], head_comp + head_comm, edge, l,
+                                                plan.dp_sharding, theta)
+            # ZeRO-3: a gather per use (2 n_mb), the uses served (2 n_mb), the reduce-scatter
+            per_comm = 4 * n_mb + 1 if plan.dp_sharding == "zero3" else 2
+            dp_comm = dp_edge_exposed(edge or compose.NO_EDGES, l * t_b, plan.dp_sharding)[0]
+            for n_layers, t_comm in dp[(i, j)]:
+                dp_comm += n_layers * per_comm * t_comm
             per_mb.append(stage_mb)
             hops.append(hop)
             tails.append(tail)
@@ -426,14 +384,12 @@ def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
                              pp_comm_s=0.0, dp_comm_s=float(dp_comm), dp_exposed_s=float(tail),
                              time_per_micro_batch_s=stage_mb, peak_memory_bytes=peak, memory_capacity_bytes=cap))
         # each stage's share of the hops under the plan's schedule (sum unchanged: cost.model.hop_charges)
-        hops = cm.hop_charges(hops, plan.schedule)
-        for r, h in zip(rows, hops):
-            r.update(pp_comm_s=n_mb * h, time_per_micro_batch_s=r["time_per_micro_batch_s"] + h)
-        t_pipe = cm.pipeline_time(per_mb, hops, n_mb) + max(tails)
-        steps = [s + h for s, h in zip(per_mb, hops)]
-        pipes.append(PipelineEstimate(pipe.batch_size, mb, n_mb, t_pipe, sum(steps) - max(steps),
+        t = compose.pipeline_time(per_mb, hops, tails, plan.schedule)
+        for r, h, step in zip(rows, t.charges, t.steps):
+            r.update(pp_comm_s=n_mb * h, time_per_micro_batch_s=step)
+        pipes.append(PipelineEstimate(pipe.batch_size, mb, n_mb, t.time_s(n_mb), t.bubble_s,
                                       [StageEstimate(**r) for r in rows]))
-    it = cm.total_time([p.time_s for p in pipes])
+    it = compose.iteration_time([p.time_s for p in pipes])
     # the first of the slowest pipelines, ties judged to 1e-12 so that float rounding in the
     # data-parallel sums cannot move the bottleneck between equally fast pipelines
     worst = next(k for k, p in enumerate(pipes) if p.time_s >= it * (1 - 1e-12))

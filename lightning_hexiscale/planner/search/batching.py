@@ -31,6 +31,7 @@ import math
 import numpy as np
 
 from lightning_hexiscale.config.cluster import Cluster
+from lightning_hexiscale.planner.cost import compose
 from lightning_hexiscale.planner.cost import model as cm
 from lightning_hexiscale.planner.cost import estimate as E
 from lightning_hexiscale.planner.cost import nic
@@ -356,26 +357,20 @@ class BatchTimer:
 
     def abc(self, layout: Plan, i: int, dp: dict, edges: dict, m: int) -> tuple[float, float, float]:
         """(A, B, C) of pipeline i at micro-batch size m: its time with n micro-batches is
-        (A + (n - 1) * B) + C, ``cost.model.pipeline_time``'s arithmetic plus the tail, as in estimate()."""
+        (A + (n - 1) * B) + C: :func:`cost.compose.pipeline_time`, the composition estimate() calls."""
         stages, sh = layout.pipelines[i].stages, layout.dp_sharding
         S = len(stages)
         per_mb, hops, tails = [], [], []
         caps = self.hop_caps(layout)
         for j, st in enumerate(stages):
             t_f, t_b = self.layer_tb(st.devices, m, layout.pipelines[i].recompute)
-            times = edges.get((i, j))
-            tail = E.dp_edge_exposed(times, st.num_layers * t_b, sh)[1] if times is not None else 0.0
-            stage_mb = 0.0
-            for n_layers, t_comm in dp[(i, j)]:
-                step, exposed = E.layer_step(t_f, t_b, t_comm, sh, self.theta)
-                stage_mb += n_layers * step
-                tail += n_layers * exposed
-            stage_mb += self.extra(st.devices, m, j == 0, j == S - 1)
+            stage_mb, tail = compose.stage_time(t_f, t_b, dp[(i, j)], self.extra(st.devices, m, j == 0, j == S - 1),
+                                                edges.get((i, j)), st.num_layers, sh, self.theta)
             per_mb.append(stage_mb)
             hops.append(self.hop(st.devices, stages[j + 1].devices, m, caps.get((i, j), ())) if j + 1 < S else 0.0)
             tails.append(tail)
-        per_mb = [s + h for s, h in zip(per_mb, cm.hop_charges(hops, layout.schedule))]
-        return sum(per_mb), max(per_mb), max(tails)
+        t = compose.pipeline_time(per_mb, hops, tails, layout.schedule)
+        return t.A, t.B, t.C
 
     def abc_all(self, layout: Plan, dp: dict, edges: dict, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """:meth:`abc` of every pipeline at once (arrays A, B, C), vectorised over the stages and
@@ -528,14 +523,11 @@ class BatchTimer:
 
     def dp(self, layout: Plan) -> dict:
         """Per stage, [(layers, T_comm)] with T_comm as DP-Overhead-Layer takes it (:func:`estimate.dp_terms`
-        at the reduce and parameter bytes, combined by :func:`estimate.dp_t_comm`)."""
+        at the reduce and parameter bytes, combined by :func:`compose.dp_intervals`)."""
         shape = tuple(tuple((st.devices, st.layers) for st in p.stages) for p in layout.pipelines)
         if self._dp_terms is None or self._dp_terms[0] != shape:  # the same layout under another sharding
             self._dp_terms = (shape, E.dp_terms(layout, self.cluster, self.w))
-        dp_red, dp_par = self._dp_terms[1]
-        sh = layout.dp_sharding
-        return {k: [(n, E.dp_t_comm(sh, t_red, t_par)) for (n, t_red), (_, t_par) in zip(v, dp_par[k])]
-                for k, v in dp_red.items()}
+        return compose.dp_intervals(*self._dp_terms[1], layout.dp_sharding)
 
     def edges(self, layout: Plan) -> dict:
         """:func:`estimate.dp_edge_all` of the layout ((i, j) -> embedding / head / norms sync times;
