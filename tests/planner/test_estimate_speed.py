@@ -6,6 +6,7 @@ from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.cost import dp_comm as D
 from lightning_hexiscale.planner.cost import estimate as E
+from lightning_hexiscale.planner.cost.cache import pricing_cache
 from lightning_hexiscale.planner.plan import Plan
 from lightning_hexiscale.planner.search.two_phase import SearchSettings, search
 
@@ -23,7 +24,7 @@ def _plans():
 def test_dp_terms_match_the_reference(case):
     plan, cluster, model = case
     layer_bytes = model.layer_params * 2
-    cluster.__dict__.pop("_dp_comm_cache", None)
+    pricing_cache(cluster).clear()
     fast = D.dp_comm_all(plan, cluster, layer_bytes)
     for i, p in enumerate(plan.pipelines):
         for j, st in enumerate(p.stages):

@@ -13,6 +13,7 @@ one training iteration under a Plan (pure functions; no torch.distributed).
 - :mod:`.nic`            shared NICs: concurrent cross-machine transfers divide a NIC's bandwidth
 - :mod:`.wire`           bytes on the wire per device and link class (what the runtime sends)
 - :mod:`.communicators`  the process groups each rank joins, counted
+- :mod:`.cache`          the pricing cache: one :class:`~.cache.PricingCache` of memo tables per cluster
 
 It imports nothing from :mod:`..search` or :mod:`..oracle` (tests/test_layers.py).
 """

@@ -13,6 +13,7 @@ import numpy as np
 
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.planner.cost import model as cm
+from lightning_hexiscale.planner.cost.cache import DP_COMM_ENTRIES, pricing_cache
 from lightning_hexiscale.planner.cost import nic
 from lightning_hexiscale.planner.plan import Plan, Stage
 
@@ -61,9 +62,6 @@ def dp_comm_per_layer(plan: Plan, i: int, stage: Stage, cluster: Cluster, layer_
     return out
 
 
-_DP_CACHE_SIZE = 256
-
-
 def dp_comm_all(plan: Plan, cluster: Cluster, layer_bytes: float) -> dict[tuple[int, int], list[tuple[int, float]]]:
     """:func:`dp_comm_per_layer` for every stage (i, j) at once, vectorised with numpy.
 
@@ -78,14 +76,14 @@ def dp_comm_all(plan: Plan, cluster: Cluster, layer_bytes: float) -> dict[tuple[
     T_comm is sum_k A + (N_dp - 1)/t * layer_bytes / (N_dp * min(min_k B, R)), R the rate its
     rings get from the NICs the interval's rings share (:func:`nic.dp_ring_rates`); a stage's on
     an interval is the max over its devices. Same terms as the reference, summed in a different order (differences
-    at the level of float rounding). Results are memoised per cluster for the last few plan
+    at the level of float rounding). Results are memoised in the cluster's :class:`.cache.PricingCache` for the last few plan
     layouts (they do not depend on batch, micro-batch or sharding).
     """
     P = plan.num_pipelines
     if P == 1:
         return {(0, j): [(st.num_layers, 0.0)] for j, st in enumerate(plan.pipelines[0].stages)}
     key = (layer_bytes, tuple(tuple((s.devices, s.layers) for s in p.stages) for p in plan.pipelines))
-    cache = cluster.__dict__.setdefault("_dp_comm_cache", {})
+    cache = pricing_cache(cluster).dp_comm
     if key in cache:
         return cache[key]
     bw, lat = cluster.bandwidth, cluster.latency
@@ -195,7 +193,7 @@ def dp_comm_all(plan: Plan, cluster: Cluster, layer_bytes: float) -> dict[tuple[
         for j, st in enumerate(p.stages):
             a, b = bounds.index(st.layers[0]), bounds.index(st.layers[1])
             out[(k, j)] = [(bounds[q + 1] - bounds[q], float(worst[k, q])) for q in range(a, b)]
-    if len(cache) >= _DP_CACHE_SIZE:
+    if len(cache) >= DP_COMM_ENTRIES:
         cache.pop(next(iter(cache)))
     cache[key] = out
     return out

@@ -55,6 +55,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from lightning_hexiscale.config.cluster import Cluster
+from lightning_hexiscale.planner.cost.cache import RING_RATE_ENTRIES, pricing_cache
 
 Caps = tuple[float, ...]
 """Per flow of a hop, in :func:`hop_flows` order: the NIC fair share (bytes/s; inf: not limited)."""
@@ -149,19 +150,18 @@ def dp_ring_rates(cluster: Cluster, dev: np.ndarray, lo: np.ndarray, hi: np.ndar
     out = np.full(len(dev), np.inf)
     if len(dev) < 2 or not cluster.nics_shared:
         return out
-    # memoised per cluster: the search meets the same holders (layer intervals, embedding) again and again
-    cache = cluster.__dict__.setdefault("_dp_ring_rates", {})
+    # memoised per cluster (cache.PricingCache): the search meets the same holders (layer intervals,
+    # embedding) again and again
+    cache = pricing_cache(cluster).ring_rates
     key = (np.asarray(dev, dtype=np.int64).tobytes(), np.asarray(lo, dtype=float).tobytes(),
            np.asarray(hi, dtype=float).tobytes())
     if key not in cache:
-        if len(cache) >= _RATE_CACHE:
+        if len(cache) >= RING_RATE_ENTRIES:
             cache.clear()
         cache[key] = _ring_rates(cluster, dev, lo, hi, out)
         cache[key].setflags(write=False)
     return cache[key].copy()
 
-
-_RATE_CACHE = 100_000
 
 
 def _ring_rates(cluster: Cluster, dev: np.ndarray, lo: np.ndarray, hi: np.ndarray, out: np.ndarray) -> np.ndarray:

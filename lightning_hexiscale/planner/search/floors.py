@@ -31,16 +31,19 @@ import numpy as np
 
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.planner.cost import estimate as E
+from lightning_hexiscale.planner.cost.cache import pricing_cache
 
 
 def link_ceiling(cluster: Cluster, k: int) -> np.ndarray:
     """beta_k(d) for every device d: the k-th largest bandwidth (bytes/s) from d to another device
-    (1 <= k <= N - 1). Each row's distinct values and their counts are kept on the cluster (rows hold
-    few distinct values: a machine's links, its NIC's, the network's), so a query is O(N)."""
+    (1 <= k <= N - 1). Each row's distinct values and their counts are kept in the cluster's
+    :class:`cost.cache.PricingCache` (rows hold few distinct values: a machine's links, its NIC's,
+    the network's), so a query is O(N)."""
     n = cluster.num_devices
     if not 1 <= k < n:
         raise ValueError(f"k = {k}: a device has {n - 1} links")
-    table = cluster.__dict__.get("_link_ceiling")
+    cache = pricing_cache(cluster)
+    table = cache.link_ceiling
     if table is None:
         rows_v, rows_c = [], []
         for d in range(n):
@@ -53,7 +56,7 @@ def link_ceiling(cluster: Cluster, k: int) -> np.ndarray:
         cum = np.full((n, width), n, dtype=np.int64)  # padding: reached by every k
         for d, (v, c) in enumerate(zip(rows_v, rows_c)):
             vals[d, :len(v)], cum[d, :len(c)] = v, c
-        table = cluster.__dict__["_link_ceiling"] = (vals, cum)
+        table = cache.link_ceiling = (vals, cum)
     vals, cum = table
     first = (cum >= k).argmax(axis=1)  # the first distinct value (fastest first) reaching k links
     return vals[np.arange(n), first]

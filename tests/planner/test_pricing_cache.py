@@ -1,0 +1,64 @@
+"""The pricing cache is an explicit object (planner/cost/cache.py, issue 42 item 5): estimate() and
+the search fill the cluster's :class:`PricingCache`, the cluster itself carries no memo entries,
+a cleared or fresh cache prices alike, and the cache goes with its cluster."""
+
+from __future__ import annotations
+
+import gc
+import re
+from pathlib import Path
+
+import pytest
+
+from lightning_hexiscale.config.cluster import Cluster
+from lightning_hexiscale.models.config import LlamaConfig
+from lightning_hexiscale.planner import Plan, Workload
+from lightning_hexiscale.planner.cost.estimate import estimate
+from lightning_hexiscale.planner.cost import cache as pc
+from lightning_hexiscale.planner.cost.cache import PricingCache, pricing_cache
+from lightning_hexiscale.planner.search.floors import link_ceiling
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # datasheet pricing
+
+PLANNER = Path(__file__).resolve().parents[2] / "lightning_hexiscale" / "planner"
+
+
+@pytest.fixture
+def hetero3():
+    return (Plan.load("conf/plans/hetero3_llama30b_tab7.yaml"), Cluster.load("hetero3"),
+            Workload(LlamaConfig.load("llama_30b")))
+
+
+def test_estimate_fills_the_clusters_pricing_cache_not_the_cluster(hetero3):
+    plan, cluster, w = hetero3
+    before = dict(vars(cluster))
+    first = estimate(plan, cluster, w)
+    cache = pricing_cache(cluster)
+    assert isinstance(cache, PricingCache) and cache is pricing_cache(cluster)
+    assert cache.dp_comm, "dp_comm_all memoises the layout's data-parallel terms"
+    assert vars(cluster).keys() == before.keys(), "nothing stashed on the cluster"
+    link_ceiling(cluster, 1)
+    assert cache.link_ceiling is not None and vars(cluster).keys() == before.keys()
+    n = len(cache)
+    assert estimate(plan, cluster, w) == first and len(cache) == n  # a hit adds nothing
+    cache.clear()
+    assert len(cache) == 0 and estimate(plan, cluster, w) == first  # cleared: same figures
+
+
+def test_each_cluster_has_its_own_cache_dropped_with_it(hetero3):
+    plan, cluster, w = hetero3
+    other = Cluster.load("hetero3")
+    estimate(plan, cluster, w)
+    assert pricing_cache(other) is not pricing_cache(cluster) and not pricing_cache(other).dp_comm
+    alive = len(pc._CACHES)
+    del other
+    gc.collect()
+    assert len(pc._CACHES) == alive - 1
+
+
+def test_no_planner_module_stashes_entries_on_an_object_dict():
+    """The memo tables live in cost/cache.py; ``x.__dict__[...]`` / ``.__dict__.setdefault`` in the
+    planner would be a cache hidden on the object again."""
+    offenders = [f"{p.relative_to(PLANNER)}:{i}" for p in sorted(PLANNER.rglob("*.py"))
+                 for i, line in enumerate(p.read_text().splitlines(), 1) if re.search(r"__dict__\s*(\[|\.)", line)]
+    assert not offenders, offenders
