@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch.distributed as dist
 from lightning_hexiscale.config.fast_path import FastPath
 from lightning_hexiscale.errors import ConfigError
-from lightning_hexiscale.lightning import internals
+from lightning_hexiscale.lightning.step_adapter import unwrap_optimizer
 
 
 def strategy_fast_path(compile, fast_path) -> FastPath:
@@ -24,7 +24,7 @@ def strategy_fast_path(compile, fast_path) -> FastPath:
 
 def prepare_optimizers(engine, optimizers: list) -> list[bool]:
     """Fused Adam / AdamW for each optimizer where the fast path asks for it (before any step)."""
-    return [engine.prepare_optimizer(internals.unwrap_optimizer(o)) for o in optimizers]
+    return [engine.prepare_optimizer(unwrap_optimizer(o)) for o in optimizers]
 
 
 def log_fast_path(engine, fused: list[bool], global_rank: int, world_size: int) -> list[tuple[str, list[int]]]:

@@ -1,18 +1,50 @@
 """The one module that touches Lightning's (and torch's) private attributes.
 
 The strategy runs forward and backward itself, cuts every global batch into per-pipeline slices
-and steps a sharded optimizer; Lightning 2.x has no public switch for any of these, so a handful of
-private attributes are set or read. They all live here, behind named functions, so that a
-Lightning upgrade that renames one breaks in exactly one place, and :func:`check` (run by the
-strategy's ``setup`` and by ``tests/strategy/test_internals.py``) says which attribute moved,
-in which Lightning version, instead of failing deep inside a training step.
+and launches its own way; Lightning 2.x has no public switch for these, so a few private names are
+set or read. They all live here, behind named functions, so that a Lightning upgrade that renames
+one breaks in exactly one place, and :func:`check` (run by the strategy's ``setup`` and by
+``tests/strategy/test_internals.py``, which also fails when a private Lightning name is used
+outside this module or is missing from this list) says which name moved, in which Lightning
+version, instead of failing deep inside a training step.
+
+The touches: 13 (Lightning's own strategies: 4-8), one per function or class here, each name checked
+by :data:`CHECKS`:
+
+The step and the data (4):
+  1. ``_FitLoop._should_accumulate``: :func:`steps_after_this_batch`
+  2. ``_FitLoop._skip_backward`` (read by ``_AutomaticOptimization``): :func:`skip_lightning_backward`
+  3. ``Trainer._accelerator_connector.use_distributed_sampler``: :func:`keep_dataloader_sampler`
+  4. ``_FitLoop._data_source``: :func:`train_dataloader`
+The process group (1; idle_ranks.py reads it too, outside this module, until item 4's redesign):
+  5. ``DDPStrategy._timeout``: :func:`process_group_timeout`
+Launching (5):
+  6. ``DDPStrategy._configure_launcher``, ``_launcher``, ``_start_method``: :class:`LauncherHooks`,
+     :func:`configure_launcher`
+  7. ``_SubprocessScriptLauncher``, its ``_call_children_scripts``: :class:`ScriptLauncher`
+  8. ``_MultiProcessingLauncher``, its ``_wrapping_function``, ``_collect_rank_zero_results`` and
+     ``_strategy``: :class:`ProcessLauncher` (idle ranks: the reporting worker)
+  9. ``Trainer._fit_impl`` (the launched call's name): :func:`is_fit_call`
+ 10. ``Trainer.__init__``'s ``precision`` local, read from its frame: :func:`trainer_precision_argument`
+Idle ranks (2):
+ 11. ``trainer.call._call_teardown_hook``, ``Trainer._teardown``: :func:`end_without_training`
+ 12. a logger's ``_version``: :func:`logger_versions`, :func:`adopt_logger_versions`
+Elastic restarts (1):
+ 13. ``Trainer._checkpoint_connector`` (``resume_start``, ``_loaded_checkpoint``): :func:`preload_checkpoint`
+
+Torch's, not Lightning's: the LR scheduler's ``_opt_called`` / ``_wrapped_by_lr_sched``
+(:func:`track_step_calls`) and ``sys._getframe`` (10.).
 
 Tested with lightning 2.6 (pyproject bounds the version to ``>=2.4,<2.7``).
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
+import inspect
 import logging
+import weakref
 from typing import Any
 
 from lightning_hexiscale.errors import HexiScaleError
@@ -21,76 +53,110 @@ from lightning_hexiscale.lightning import job_watch
 TESTED = "2.4-2.6"
 """Lightning versions the attributes below were read from."""
 
+_TRAINER = "lightning.pytorch.trainer.trainer.Trainer"
+_FIT_LOOP = "lightning.pytorch.loops.fit_loop._FitLoop"
+_DDP = "lightning.pytorch.strategies.ddp.DDPStrategy"
+_SCRIPT = "lightning.pytorch.strategies.launchers.subprocess_script._SubprocessScriptLauncher"
+_PROCESSES = "lightning.pytorch.strategies.launchers.multiprocessing._MultiProcessingLauncher"
+_WRAPPING_ARGS = ("self", "process_idx", "trainer", "function", "args", "kwargs", "return_queue")
+
+CHECKS: tuple[tuple[int, str, str, str], ...] = (
+    (1, _FIT_LOOP, "_should_accumulate", "callable"),
+    (2, _FIT_LOOP, "_skip_backward", "property"),
+    (2, "lightning.pytorch.loops.optimization.automatic._AutomaticOptimization", "_skip_backward", "init"),
+    (3, _TRAINER, "_accelerator_connector", "init"),
+    (3, "lightning.pytorch.trainer.connectors.accelerator_connector._AcceleratorConnector",
+     "use_distributed_sampler", "init"),
+    (4, _FIT_LOOP, "_data_source", "init"),
+    (5, _DDP, "_timeout", "init"),
+    (6, _DDP, "_configure_launcher", "callable"),
+    (6, _DDP, "_launcher", "init"),
+    (6, _DDP, "_start_method", "init"),
+    (7, _SCRIPT, "_call_children_scripts", "callable"),
+    (8, _PROCESSES, "_wrapping_function", "worker"),
+    (8, _PROCESSES, "_collect_rank_zero_results", "callable"),
+    (8, _PROCESSES, "_strategy", "init"),
+    (9, _TRAINER, "_fit_impl", "callable"),
+    (10, _TRAINER, "precision", "local"),
+    (11, "lightning.pytorch.trainer.call", "_call_teardown_hook", "callable"),
+    (11, _TRAINER, "_teardown", "callable"),
+    (12, "lightning.pytorch.loggers.csv_logs.CSVLogger", "_version", "init"),
+    (13, _TRAINER, "_checkpoint_connector", "init"),
+    (13, "lightning.pytorch.trainer.connectors.checkpoint_connector._CheckpointConnector", "_loaded_checkpoint",
+     "init"),
+)
+"""(touch number of the module doc, owner, name, kind) for every private name used here. Kinds:
+``callable`` (a method or function of the owner), ``property``, ``init`` (assigned by the
+``__init__`` of the owner or a base), ``worker`` (``_wrapping_function`` with the arguments
+:class:`ProcessLauncher` passes), ``local`` (a local variable of the owner's ``__init__``)."""
+
 
 class LightningInternalsChanged(HexiScaleError, RuntimeError):
     """A private Lightning attribute the strategy relies on is gone (a Lightning upgrade)."""
 
 
 def _missing(where: str, attr: str) -> LightningInternalsChanged:
-    import lightning
+    return _missing_all([f"{where}.{attr}"])
 
-    return LightningInternalsChanged(
-        f"{where}.{attr} is missing in lightning {lightning.__version__}: the hexiscale strategy relies on it "
-        f"(tested with lightning {TESTED}). Fix: pip install 'lightning>=2.4,<2.7', or update "
-        f"lightning_hexiscale/lightning/internals.py for this release")
+
+def _resolve(path: str) -> Any:
+    module, _, name = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return importlib.import_module(path)
+
+
+def _init_names(owner: type) -> set[str]:
+    """Attribute names the ``__init__`` of ``owner`` or of a base sets or reads (under Lightning's
+    decorators, e.g. the Trainer's environment-variable defaults)."""
+    names: set[str] = set()
+    for cls in owner.__mro__:
+        code = getattr(inspect.unwrap(cls.__dict__.get("__init__", object)), "__code__", None)
+        if code is not None:
+            names.update(code.co_names)
+    return names
+
+
+def _present(owner: Any, name: str, kind: str) -> bool:
+    if kind == "callable":
+        return callable(getattr(owner, name, None))
+    if kind == "property":
+        return isinstance(getattr(owner, name, None), property)
+    if kind == "init":
+        return name in _init_names(owner)
+    if kind == "local":
+        return name in inspect.unwrap(owner.__init__).__code__.co_varnames
+    if kind == "worker":
+        fn = getattr(owner, name, None)
+        return callable(fn) and fn.__code__.co_varnames[:len(_WRAPPING_ARGS)] == _WRAPPING_ARGS
+    raise ValueError(f"unknown kind {kind!r}")
 
 
 def check() -> None:
-    """Raise :class:`LightningInternalsChanged` naming the first private attribute that moved."""
-    from lightning.pytorch.core.optimizer import LightningOptimizer
-    from lightning.pytorch.loops.fit_loop import _FitLoop
-    from lightning.pytorch.loops.optimization.automatic import _AutomaticOptimization
-    from lightning.pytorch.trainer.connectors.accelerator_connector import _AcceleratorConnector
-
-    if not callable(getattr(_FitLoop, "_should_accumulate", None)):
-        raise _missing("lightning.pytorch.loops.fit_loop._FitLoop", "_should_accumulate")
-    if not isinstance(getattr(_FitLoop, "_skip_backward", None), property):
-        raise _missing("lightning.pytorch.loops.fit_loop._FitLoop", "_skip_backward")
-    if "_skip_backward" not in _AutomaticOptimization.__init__.__code__.co_names:
-        raise _missing("lightning.pytorch.loops.optimization.automatic._AutomaticOptimization", "_skip_backward")
-    if "use_distributed_sampler" not in _AcceleratorConnector.__init__.__code__.co_names:
-        raise _missing("lightning.pytorch.trainer.connectors.accelerator_connector._AcceleratorConnector",
-                       "use_distributed_sampler")
-    if "_data_source" not in _FitLoop.__init__.__code__.co_names:
-        raise _missing("lightning.pytorch.loops.fit_loop._FitLoop", "_data_source")
-    if "_optimizer" not in LightningOptimizer.__init__.__code__.co_names:
-        raise _missing("lightning.pytorch.core.optimizer.LightningOptimizer", "_optimizer")
-    from lightning.fabric.utilities import optimizer as fabric_optimizer
-
-    if not callable(getattr(fabric_optimizer, "_optimizers_to_device", None)):
-        raise _missing("lightning.fabric.utilities.optimizer", "_optimizers_to_device")
-    from lightning.pytorch.strategies import DDPStrategy
-    from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
-    from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
-
-    if not callable(getattr(DDPStrategy, "_configure_launcher", None)):
-        raise _missing("lightning.pytorch.strategies.DDPStrategy", "_configure_launcher")
-    if not callable(getattr(_SubprocessScriptLauncher, "_call_children_scripts", None)):
-        raise _missing("lightning.pytorch.strategies.launchers.subprocess_script._SubprocessScriptLauncher",
-                       "_call_children_scripts")
-    from lightning.pytorch import Trainer
-    from lightning.pytorch.trainer import call
-
-    if not callable(getattr(call, "_call_teardown_hook", None)):
-        raise _missing("lightning.pytorch.trainer.call", "_call_teardown_hook")
-    if not callable(getattr(Trainer, "_teardown", None)):
-        raise _missing("lightning.pytorch.Trainer", "_teardown")
-    if not callable(getattr(_MultiProcessingLauncher, "_collect_rank_zero_results", None)):
-        raise _missing("lightning.pytorch.strategies.launchers.multiprocessing._MultiProcessingLauncher",
-                       "_collect_rank_zero_results")
-    from lightning.pytorch.plugins.precision import Precision
-
-    if not callable(getattr(Precision, "_wrap_closure", None)):
-        raise _missing("lightning.pytorch.plugins.precision.Precision", "_wrap_closure")
-    wrapping = getattr(_MultiProcessingLauncher, "_wrapping_function", None)
-    if not callable(wrapping) or wrapping.__code__.co_varnames[:7] != _WRAPPING_ARGS:
-        raise _missing("lightning.pytorch.strategies.launchers.multiprocessing._MultiProcessingLauncher",
-                       f"_wrapping_function{_WRAPPING_ARGS}")
+    """Raise :class:`LightningInternalsChanged` naming every private name of :data:`CHECKS` that moved."""
+    gone = []
+    for _touch, path, name, kind in CHECKS:
+        try:
+            owner = _resolve(path)
+        except ImportError:
+            owner = None
+        if owner is None or not _present(owner, name, kind):
+            gone.append(f"{path}.{name}" + (str(_WRAPPING_ARGS) if kind == "worker" else ""))
+    if gone:
+        raise _missing_all(gone)
 
 
-_WRAPPING_ARGS = ("self", "process_idx", "trainer", "function", "args", "kwargs", "return_queue")
+def _missing_all(gone: list[str]) -> LightningInternalsChanged:
+    import lightning
+
+    return LightningInternalsChanged(
+        f"{', '.join(gone)} {'is' if len(gone) == 1 else 'are'} missing in lightning {lightning.__version__}: the "
+        f"hexiscale strategy relies on {'it' if len(gone) == 1 else 'them'} (tested with lightning {TESTED}). Fix: "
+        f"pip install 'lightning>=2.4,<2.7', or update lightning_hexiscale/lightning/internals.py for this release")
 
 
+# ---- the step and the data ---------------------------------------------------------------------
 def steps_after_this_batch(trainer) -> bool:
     """Does an optimizer step follow the current training batch (end of the accumulation window or
     of the epoch)? Lightning's own rule, ``fit_loop._should_accumulate``."""
@@ -125,6 +191,7 @@ def train_dataloader(trainer) -> Any:
         return None
 
 
+# ---- elastic restarts -----------------------------------------------------------------------------
 def preload_checkpoint(trainer, path: str) -> None:
     """Load ``path`` as if it had been ``fit(ckpt_path=path)`` (elastic resume, chosen during the
     strategy's setup). Lightning's ``_run`` then calls ``resume_start(None)``, which keeps the
@@ -138,6 +205,7 @@ def preload_checkpoint(trainer, path: str) -> None:
                        "_loaded_checkpoint")
 
 
+# ---- idle ranks ---------------------------------------------------------------------------------------
 def end_without_training(trainer) -> None:
     """End a Trainer call that stopped at the strategy's setup as Lightning ends one a tuner stops
     early (trainer/call.py, ``_TunerExitException``): the teardown hooks (callbacks, module,
@@ -164,34 +232,49 @@ def adopt_logger_versions(trainer, versions: list | None) -> None:
             logger._version = version
 
 
-def unwrap_optimizer(optimizer):
-    """The torch optimizer inside Lightning's ``LightningOptimizer`` wrapper (or the argument itself)."""
-    from lightning.pytorch.core.optimizer import LightningOptimizer
-
-    return optimizer._optimizer if isinstance(optimizer, LightningOptimizer) else optimizer
-
-
-def run_closure_and_hooks(plugin, model, optimizer, closure) -> Any:
-    """What a Lightning ``Precision`` runs before ``optimizer.step``: the closure (training step),
-    then ``on_before_optimizer_step`` and gradient clipping (``Precision._wrap_closure``); returns
-    the closure's result. For a plugin that steps another optimizer than the one Lightning holds."""
-    return plugin._wrap_closure(model, optimizer, closure)
+# ---- the process group and the optimizer -------------------------------------------------------
+def process_group_timeout(strategy):
+    """The ``timeout`` the strategy was built with (a ``timedelta`` or None), which DDPStrategy keeps
+    privately and passes to ``init_process_group``; the failure watch times collectives by it."""
+    return strategy._timeout
 
 
-def record_step_called(raw_optimizer) -> None:
-    """What torch's LR-scheduler wrapper of ``optimizer.step`` records when the step ran (the
-    scheduler warns about ``scheduler.step`` before ``optimizer.step`` otherwise)."""
-    raw_optimizer._opt_called = True
+def track_step_calls(optimizer) -> None:
+    """Give ``optimizer.step`` what torch's LR scheduler gives its optimizer's when it is built
+    (``LRScheduler.__init__``, ``patch_track_step_called``): a wrapper that records the call. An LR
+    scheduler re-pointed at ``optimizer`` (ZeRO's sharded one) then neither warns that the step
+    was "overridden" nor that it ran "before optimizer.step()". Idempotent."""
+    if hasattr(optimizer.step, "_wrapped_by_lr_sched"):
+        return
+    ref, func = weakref.ref(optimizer), type(optimizer).step
 
+    @functools.wraps(func)
+    def step(*args, **kwargs):
+        opt = ref()
+        opt._opt_called = True
+        return func(opt, *args, **kwargs)
 
-def optimizers_to_device(optimizers, device) -> None:
-    """Move optimizer state tensors to ``device`` (Lightning's private fabric helper)."""
-    from lightning.fabric.utilities.optimizer import _optimizers_to_device
-
-    _optimizers_to_device(optimizers, device)
+    step._wrapped_by_lr_sched = True
+    optimizer.step = step
 
 
 # ---- launchers ---------------------------------------------------------------------------------
+class LauncherHooks:
+    """A mixin placed before ``DDPStrategy``: Lightning calls ``_configure_launcher`` when the
+    Trainer is built, with ``num_nodes`` and ``devices`` known. The strategy's
+    ``before_launcher_configured()`` runs first (its checks), then :func:`configure_launcher` with
+    the strategy's ``launch_guard``."""
+
+    def _configure_launcher(self) -> None:
+        self.before_launcher_configured()
+        configure_launcher(self, self.launch_guard)
+
+
+def is_fit_call(function_name: str) -> bool:
+    """Is the function Lightning's launcher runs the one of ``Trainer.fit``?"""
+    return function_name == "_fit_impl"
+
+
 def trainer_precision_argument() -> str | None:
     """The ``precision`` argument of the ``Trainer(...)`` call being built, as the user gave it, or
     None outside one. Lightning's connector replaces ``16-mixed`` by ``bf16-mixed`` on CPU before a

@@ -108,9 +108,10 @@ class LaunchGuard:
 
     # -- launching process -----------------------------------------------------------------------
     def before_launch(self, function: Callable, args: tuple, kwargs: dict) -> None:
-        """Checks with the call's arguments (``trainer._fit_impl(model, train_dataloaders, ...)``)."""
+        """Checks with the call's arguments (those of ``Trainer.fit``'s inner call: ``model``,
+        ``train_dataloaders``, ...)."""
         # popen: this process is rank 0 and will meet the others; spawn/fork: it only waits for workers
-        job_watch.set_phase("starting" if getattr(self.strategy, "_start_method", "popen") == "popen" else "running")
+        job_watch.set_phase("starting" if self.strategy.settings.start_method == "popen" else "running")
         try:
             bound = inspect.signature(function).bind_partial(*args, **kwargs).arguments
         except (TypeError, ValueError):  # an unexpected callable: nothing to check

@@ -2,10 +2,11 @@
 
 ``strategy.training_step`` opens the window, ``self.model.loss`` is the micro-step,
 ``strategy.optimizer_step`` runs the closure then closes the window (non-finite check, then sync or
-discard), the precision plugin's ``clip_grad_by_norm`` and ``optimizer_step`` clip and update
-(:func:`global_norm_precision`, :class:`StepAdapter`); ``strategy.backward`` does nothing. Under
-ZeRO the update steps the engine's sharded optimizer, held by the adapter. A non-finite step stops
-the run or is skipped (:class:`GradientMethods`, the strategy's mixin). Why one adapter: ``Trainer.fit``
+discard), the precision plugin's ``clip_grad_by_norm`` clips (:func:`global_norm_precision`) and
+Lightning's own ``optimizer.step()`` updates; ``strategy.backward`` does nothing. Under ZeRO the
+optimizer Lightning holds is the engine's sharded one (:meth:`StepAdapter.engine_optimizers`, as
+Lightning's DeepSpeed strategy hands Lightning its engine's optimizer). A non-finite step stops the
+run or is skipped (:class:`GradientMethods`, the strategy's mixin). Why one adapter: ``Trainer.fit``
 and ``PipelineEngine.fit_step`` then call the same phases in the same order
 (``tests/strategy/test_fit_step_trace.py`` compares their communication call for call). The hook
 table and why clipping goes through the precision plugin: docs/concepts/step.md.
@@ -16,8 +17,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
+from lightning.fabric.utilities.apply_func import move_data_to_device
+from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.plugins.precision import Precision
-
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from lightning_hexiscale.errors import ConfigError, NonFiniteError
@@ -37,9 +39,8 @@ class StepAdapter:
         """k = the Trainer's ``accumulate_grad_batches`` (read at each batch)."""
         self._last = False
         """The current batch ends the window: its last backward starts the gradient reduction."""
-        self._user_optimizer = None
-        self.optimizer = None
-        """Under ZeRO: the sharded optimizer that steps in place of the user's (None under ddp)."""
+        self.configured: list = []
+        """The optimizers ``configure_optimizers`` returned (under ZeRO Lightning holds another)."""
 
     # ---- strategy.training_step ----------------------------------------------------------------
     def begin_batch(self, trainer) -> None:
@@ -72,49 +73,52 @@ class StepAdapter:
         """Clip by the whole model's norm (collective); returns ||g||."""
         return self.step.clip(max_norm)
 
-    def attach_optimizers(self, optimizers: list) -> None:
-        """After ``configure_optimizers``: prepare the optimizer for the reducer (under ZeRO its
-        sharded twin, built once per optimizer; ddp steps the optimizer itself)."""
-        if self._engine.sharding == "ddp" or not optimizers:
-            return
+    # ---- strategy.setup -------------------------------------------------------------------------------
+    def engine_optimizers(self, optimizers: list, lr_scheduler_configs: list) -> list:
+        """After ``configure_optimizers``: the optimizers Lightning is to hold and step. ddp: the
+        user's. zero2/zero3: the engine's :class:`~lightning_hexiscale.runtime.zero.ShardedOptimizer`
+        of the one optimizer (its class and hyper-parameters over this rank's chunks, sharing its
+        ``param_groups``), and each LR scheduler of the user's optimizer is re-pointed at it, so that
+        Lightning's step, zero_grad and the scheduler's step-order check all see the one that steps."""
+        self.configured = [unwrap_optimizer(o) for o in optimizers]
+        if not optimizers or self._engine.sharding == "ddp":
+            return list(optimizers)
         if len(optimizers) > 1:
             raise ConfigError("configure_optimizers", f"{len(optimizers)} optimizers",
-                              f"dp_sharding={self._engine.sharding} shards one optimizer's state over the pipelines",
-                              "return one optimizer, or use dp_sharding='ddp'")
-        raw = internals.unwrap_optimizer(optimizers[0])
-        if raw is not self._user_optimizer:
-            self._user_optimizer, self.optimizer = raw, self._engine.wrap_optimizer(raw)
+                              f"dp_sharding={self._engine.sharding} shards one optimizer's state over the "
+                              "pipelines", "return one optimizer, or use dp_sharding='ddp'")
+        user = self.configured[0]
+        sharded = self._engine.wrap_optimizer(user)
+        for config in lr_scheduler_configs:
+            if config.scheduler.optimizer in (user, optimizers[0]):
+                config.scheduler.optimizer = sharded
+                internals.track_step_calls(sharded)  # what torch's scheduler did to the user's step when built
+        return [sharded]
 
-    def update(self, plugin: Precision, model, optimizer, closure) -> Any:
-        """The plugin's ``optimizer_step`` under ZeRO: Lightning's closure and hooks
-        (``on_before_optimizer_step``, clipping), then the sharded optimizer's step; the user's
-        optimizer is marked as stepped for its LR schedulers."""
-        result = internals.run_closure_and_hooks(plugin, model, optimizer, closure)
-        self.step.update(self.optimizer)
-        internals.record_step_called(internals.unwrap_optimizer(optimizer))
-        return result
 
-    def steps_in_place_of(self, optimizer) -> bool:
-        """Does a sharded optimizer step in place of ``optimizer`` (Lightning's wrapper or the raw one)?"""
-        return self.optimizer is not None and internals.unwrap_optimizer(optimizer) is self._user_optimizer
+def unwrap_optimizer(optimizer):
+    """The torch optimizer inside Lightning's ``LightningOptimizer`` wrapper (or the argument itself)."""
+    return optimizer.optimizer if isinstance(optimizer, LightningOptimizer) else optimizer
+
+
+def state_to_device(optimizers, device) -> None:
+    """Move each optimizer's state tensors to ``device``, ``step`` counters excepted (torch keeps
+    those on the CPU unless the optimizer is fused or capturable), as Lightning's strategies do."""
+    for optimizer in optimizers:
+        for state in unwrap_optimizer(optimizer).state.values():
+            for key, value in state.items():
+                if key != "step":
+                    state[key] = move_data_to_device(value, device)
 
 
 class GlobalNormClipping:
     """Mixin placed before a Lightning ``Precision`` class: while :attr:`adapter` is set (the
     strategy's ``setup`` sets it, ``teardown`` clears it) ``clip_grad_by_norm`` clips by the global
-    norm and, under ZeRO, ``optimizer_step`` steps the sharded optimizer; the base class's otherwise."""
+    norm (every element of the model's gradient once, over all ranks); the base class's otherwise."""
 
     adapter: StepAdapter | None = None
     base: type = Precision
     """The Lightning plugin class this one extends (set on each subclass)."""
-
-    def optimizer_step(self, optimizer, model, closure, **kwargs: Any) -> Any:
-        if self.adapter is None or not self.adapter.steps_in_place_of(optimizer):
-            return super().optimizer_step(optimizer, model, closure, **kwargs)
-        if kwargs:
-            raise TypeError(f"optimizer.step() got arguments {sorted(kwargs)}: under ZeRO the sharded optimizer "
-                            f"steps, and it takes none")
-        return self.adapter.update(self, model, optimizer, closure)
 
     def clip_grad_by_norm(self, optimizer, clip_val) -> None:
         if self.adapter is None:
@@ -163,7 +167,7 @@ def eps_underflow(optimizers) -> str | None:
     ``|g| < 2.4e-4``: the update divides by zero and the parameters become inf or NaN in the first
     step, which the non-finite check sees on the next one. bfloat16 has float32's range."""
     for opt in optimizers:
-        inner = internals.unwrap_optimizer(opt)
+        inner = unwrap_optimizer(opt)
         for group in inner.param_groups:
             eps = group.get("eps")
             params = [p for p in group["params"] if p.is_floating_point()]
@@ -198,7 +202,7 @@ class GradientMethods:
         where = (f"non-finite {what} at optimizer step {event['step']} (epoch {event['epoch']}, batch "
                  f"{event['batch']}) on rank(s) {event['ranks']}")
         if self.nonfinite == "stop":
-            cause = eps_underflow(self.optimizers)
+            cause = eps_underflow(self.pipeline_model.step_adapter.configured or self.optimizers)
             if cause:
                 raise NonFiniteError(f"{where}; stopping (nonfinite='stop'). {cause}")
             raise NonFiniteError(f"{where}; stopping (nonfinite='stop'). Fix: lower the learning rate, enable "
@@ -208,10 +212,10 @@ class GradientMethods:
             rank_zero_warn(f"{where}; the update is skipped (nonfinite='skip')")
 
     def _install_global_clipping(self) -> None:
-        """Clip and step through the step's phases: the Trainer's precision plugin becomes its
+        """Clip through the step's phases: the Trainer's precision plugin becomes its
         :func:`~lightning_hexiscale.lightning.step_adapter.global_norm_precision` subclass, tied to
         this run's :class:`~lightning_hexiscale.lightning.step_adapter.StepAdapter` (``teardown``
-        unties it: the plugin then clips and steps as its base class does)."""
+        unties it: the plugin then clips as its base class does)."""
         self.precision_plugin = global_norm_precision(self.precision_plugin)
         self.precision_plugin.adapter = self.pipeline_model.step_adapter
 

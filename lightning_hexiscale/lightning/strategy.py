@@ -57,7 +57,7 @@ from lightning_hexiscale.lightning.plan_check import DEFAULT_WARMUP as DEFAULT_P
 from lightning_hexiscale.lightning.plan_check import PlanCheck
 from lightning_hexiscale.lightning.plan_resolution import AUTO, describe_local_devices, discover_cluster, plan_for
 from lightning_hexiscale.lightning.settings import StartMethod, StrategySettings
-from lightning_hexiscale.lightning.step_adapter import GradientMethods
+from lightning_hexiscale.lightning.step_adapter import GradientMethods, state_to_device
 from lightning_hexiscale.lightning.strategy_checkpoints import CheckpointMethods
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.models.llama import Llama
@@ -65,7 +65,7 @@ from lightning_hexiscale.planner.cost.workload import Workload
 from lightning_hexiscale.planner.plan import Plan
 
 
-class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDPStrategy):
+class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, internals.LauncherHooks, DDPStrategy):
     """Asymmetric pipeline x tensor x data parallelism over heterogeneous devices.
 
     The keyword arguments are the fields of :class:`~lightning_hexiscale.lightning.settings.StrategySettings`,
@@ -140,16 +140,20 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
             torch.set_num_threads(n)
         super().setup_environment()
 
-    @override
-    def _configure_launcher(self) -> None:
-        # Lightning calls this when the Trainer is built, with num_nodes and devices known: the first
-        # moment a given plan's world size can be checked, before any process starts.
+    def before_launcher_configured(self) -> None:
+        """When the Trainer is built (:class:`~lightning_hexiscale.lightning.internals.LauncherHooks`),
+        with num_nodes and devices known: the first moment a given plan's world size can be checked,
+        before any process starts."""
         if self.settings.plan is not None:
             self._check_world(self.settings.plan)
         if internals.trainer_precision_argument() == "16-mixed":
             # on CPU Lightning has already replaced it by bf16-mixed (with a warning): refuse it as on GPUs
             precision_dtype("16-mixed", key="Trainer(precision)")
-        internals.configure_launcher(self, self._guard)
+
+    @property
+    def launch_guard(self) -> LaunchGuard:
+        """The guard around this strategy's launcher (:mod:`~lightning_hexiscale.lightning.launching`)."""
+        return self._guard
 
     def check_before_launch(self, fn_name: str, arguments: dict[str, Any]) -> None:
         """What the Trainer call's arguments allow checking before processes start (the launcher calls
@@ -158,10 +162,10 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
         check_ckpt_path(arguments.get("ckpt_path"))
         self._workload_precision()  # refuses a precision the runtime does not train in (16-mixed, ...)
         module = arguments.get("model")
-        if fn_name == "_fit_impl" and module is not None and not module.automatic_optimization:
+        if internals.is_fit_call(fn_name) and module is not None and not module.automatic_optimization:
             raise _manual_optimization_error()
         loader = arguments.get("train_dataloaders")
-        if fn_name == "_fit_impl" and isinstance(loader, DataLoader):
+        if internals.is_fit_call(fn_name) and isinstance(loader, DataLoader):
             want = self.settings.plan.global_batch if self.settings.plan is not None else self.settings.global_batch
             check_train_loader(loader, want)
 
@@ -221,12 +225,15 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
             internals.skip_lightning_backward(trainer)
             self.setup_optimizers(trainer)
             fused = prepare_optimizers(self.pipeline_model.engine, self.optimizers)  # fused AdamW
-            self.pipeline_model.step_adapter.attach_optimizers(self.optimizers)  # zero2/zero3: the sharded one
+            # zero2/zero3: Lightning holds and steps the engine's sharded optimizer (its LR schedulers
+            # re-pointed at it), as with Lightning's DeepSpeed strategy; ddp: the user's
+            self.optimizers = self.pipeline_model.step_adapter.engine_optimizers(self.optimizers,
+                                                                                  self.lr_scheduler_configs)
         log_fast_path(self.pipeline_model.engine, fused if fitting else [], self.global_rank, self.world_size)
         self.setup_precision_plugin()
         self._install_global_clipping()
         if fitting:
-            internals.optimizers_to_device(self.optimizers, self.root_device)
+            state_to_device(self.optimizers, self.root_device)
         self._setup_checkpointer()
         self._start_watch()
         self._plan_check = PlanCheck.for_strategy(self, trainer) if fitting and self.settings.plan_check is not None else None
@@ -250,7 +257,8 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, DDP
         from lightning_hexiscale.runtime import FailureWatch
 
         token = self.broadcast(uuid.uuid4().hex[:12] if self.global_rank == 0 else None, 0)
-        timeout = self._timeout.total_seconds() if self._timeout is not None else None
+        timeout = internals.process_group_timeout(self)
+        timeout = timeout.total_seconds() if timeout is not None else None
         self._watch = FailureWatch(self.global_rank, self.world_size, token, grace_s=self.settings.watchdog_grace_s,
                                    collective_timeout_s=timeout).start()
 

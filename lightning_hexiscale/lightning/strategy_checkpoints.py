@@ -14,7 +14,7 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_hexiscale.errors import ConfigError
-from lightning_hexiscale.lightning import internals
+from lightning_hexiscale.lightning.step_adapter import state_to_device, unwrap_optimizer
 
 
 class CheckpointMethods:
@@ -53,7 +53,7 @@ class CheckpointMethods:
         if with_optim and len(self.optimizers) > 1:
             raise ConfigError("configure_optimizers", f"{len(self.optimizers)} optimizers",
                               "hexiscale checkpoints hold one optimizer's state", "use one optimizer")
-        optimizer = internals.unwrap_optimizer(self.optimizers[0]) if with_optim else None
+        optimizer = unwrap_optimizer(self.optimizers[0]) if with_optim else None  # under ZeRO the sharded one
         self.checkpointer.save(filepath, self.pipeline_model.engine, optimizer, checkpoint)
 
     @override
@@ -82,12 +82,12 @@ class CheckpointMethods:
     def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
         from lightning_hexiscale.runtime import load_checkpoint_optimizer
 
-        for optimizer in self.optimizers[:1]:
-            inner = internals.unwrap_optimizer(optimizer)
+        for optimizer in self.optimizers[:1]:  # under ZeRO the sharded one: its chunks' state is loaded
+            inner = unwrap_optimizer(optimizer)
             load_checkpoint_optimizer(checkpoint["hexiscale"]["path"], self.pipeline_model.engine, inner,
                                       dict(checkpoint), self.checkpointer.group,
                                       weights_only=checkpoint["hexiscale"].get("weights_only"))
-            internals.optimizers_to_device([inner], self.root_device)
+            state_to_device([inner], self.root_device)
 
     @override
     def remove_checkpoint(self, filepath) -> None:

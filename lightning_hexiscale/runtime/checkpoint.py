@@ -65,6 +65,7 @@ from lightning_hexiscale.runtime.checkpoint_safety import load_meta
 from lightning_hexiscale.runtime.checkpoint_layout import (OptimizerTargets, Piece, model_fqn, read_model_pieces,
                                                            read_optimizer_targets, saved_optimizer_keys, write_pieces)
 from lightning_hexiscale.runtime.parallelize import param_specs
+from lightning_hexiscale.runtime.zero import user_optimizer
 from lightning_hexiscale.torch_compat import dcp_load, dcp_save, dcp_stage
 
 FORMAT = "hexiscale-checkpoint/2"
@@ -118,7 +119,9 @@ class Checkpointer:
 
         ``lightning_state`` (rank 0's is written) and ``extra`` (added to ``meta["hexiscale"]``)
         go to ``meta.pt``. No communication happens in the calling thread except, once, the
-        agreement on this Checkpointer's name for temporary directories."""
+        agreement on this Checkpointer's name for temporary directories. ``optimizer``: the user's,
+        or the :class:`~.zero.ShardedOptimizer` that steps in its place (the user's is recorded)."""
+        optimizer = user_optimizer(optimizer)
         if optimizer is not None:
             check_optimizer(engine, optimizer)
         while len(self._pending) >= MAX_IN_FLIGHT:
@@ -344,7 +347,9 @@ def load_model(path: str | Path, engine, meta: dict[str, Any] | None = None, gro
 def load_optimizer(path: str | Path, engine, optimizer: Optimizer, meta: dict[str, Any] | None = None,
                    group=None, weights_only: bool | None = None) -> RangeReader:
     """Collective: this rank's optimizer state (ddp: ``optimizer.state``; ZeRO: the chunks of the
-    engine's sharded optimizer) and the saved param-group hyper-parameters."""
+    engine's sharded optimizer) and the saved param-group hyper-parameters. ``optimizer``: the
+    user's, or the :class:`~.zero.ShardedOptimizer` that steps in its place."""
+    optimizer = user_optimizer(optimizer)
     p = check_complete(path)
     meta = meta if meta is not None else read_meta(p, weights_only)
     check_optimizer(engine, optimizer)

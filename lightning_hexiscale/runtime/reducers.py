@@ -194,9 +194,9 @@ class ZeroReducer(GradReducer):
         self.sharder.scale_grads(coef)
 
     def wrap_optimizer(self, optimizer):
-        self.optimizer = self.sharder.attach(optimizer)
-        if self.tied is not None:
-            return _StepThenTie(self.optimizer, self.tied)
+        # ZeRO steps only the first stage's copy of a tied embedding: the copy to the last stage
+        # follows each step (TiedEmbeddingSync.after_step)
+        self.optimizer = self.sharder.attach(optimizer, self.tied.after_step if self.tied is not None else None)
         return self.optimizer
 
     def full_params(self, gather: bool = True, writeback: bool = False) -> AbstractContextManager:
@@ -224,18 +224,3 @@ def build_reducer(sharding: str, stage: StageModule, topology: Topology, tied: T
         return ZeroReducer(stage, topology, tied, sharding, bucket_cap_bytes, reduce_dtype, wire_dtype, executor)
     raise ValueError(f"plan.dp_sharding={sharding!r}: must be 'ddp', 'zero2' or 'zero3'")
 
-
-class _StepThenTie:
-    """The sharded optimizer, followed after each step by the tied-embedding weight copy to the last
-    stage (ZeRO steps only the first stage's copy, see :meth:`TiedEmbeddingSync.after_step`)."""
-
-    def __init__(self, sharded: ShardedOptimizer, tied: TiedEmbeddingSync):
-        self._sharded, self._tied = sharded, tied
-
-    def step(self, closure=None):
-        loss = self._sharded.step(closure)
-        self._tied.after_step()
-        return loss
-
-    def __getattr__(self, name: str):
-        return getattr(self._sharded, name)

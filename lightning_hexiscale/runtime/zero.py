@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import inspect
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -340,21 +340,32 @@ class ZeroSharder:
             p.data.copy_(flat[off:off + p.numel()].view(p.shape))
             off += p.numel()
 
-    def attach(self, optimizer: Optimizer) -> ShardedOptimizer:
-        """A :class:`ShardedOptimizer` with ``optimizer``'s class and hyper-parameters."""
-        return ShardedOptimizer(self, optimizer)
+    def attach(self, optimizer: Optimizer, after_step: Callable[[], None] | None = None) -> ShardedOptimizer:
+        """A :class:`ShardedOptimizer` with ``optimizer``'s class and hyper-parameters;
+        ``after_step()`` runs at the end of each of its steps (collective if it communicates)."""
+        return ShardedOptimizer(self, optimizer, after_step)
+
+
+def user_optimizer(optimizer):
+    """The optimizer a :class:`ShardedOptimizer` copies (its class, ``param_groups`` and defaults);
+    any other optimizer itself. Checkpoints record and check that class."""
+    return optimizer.user if isinstance(optimizer, ShardedOptimizer) else optimizer
 
 
 class ShardedOptimizer:
     """Steps only this rank's chunks with inner optimizers of the user's optimizer class.
 
-    The user's optimizer (built on the stage parameters, e.g. by ``configure_optimizers``) keeps its
-    ``param_groups``: LR schedulers keep writing there, and every :meth:`step` copies the current
-    hyper-parameters into the inner optimizers. Its own ``state`` stays empty.
+    It is the optimizer that steps under ZeRO, in place of the user's (built on the stage parameters,
+    e.g. by ``configure_optimizers``), as DeepSpeed's engine optimizer is: the strategy hands it to
+    Lightning, which steps it. It shares the user's ``param_groups`` (the same dicts: an LR
+    scheduler of either writes the ``lr`` every :meth:`step` copies into the inner optimizers) and
+    ``defaults``; ``state`` is the inner optimizers' (per chunk run); the user's own stays empty.
     """
 
-    def __init__(self, sharder: ZeroSharder, optimizer: Optimizer):
+    def __init__(self, sharder: ZeroSharder, optimizer: Optimizer, after_step: Callable[[], None] | None = None):
         self.sharder, self.user = sharder, optimizer
+        self.after_step = after_step
+        """Run after each step's all-gathers (tied embeddings: the first stage's updated rows to the last)."""
         names = {id(p): n for n, p in sharder.params.items()}
         group_of = {}
         for g, group in enumerate(optimizer.param_groups):
@@ -391,6 +402,37 @@ class ShardedOptimizer:
     @property
     def param_groups(self) -> list[dict[str, Any]]:
         return self.user.param_groups
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        return self.user.defaults
+
+    @property
+    def state(self) -> dict[torch.Tensor, dict[str, Any]]:
+        """Chunk-run leaf -> its state, over every inner optimizer (a new dict of the same entries)."""
+        return {leaf: st for inner in self.inner for leaf, st in inner.state.items()}
+
+    def __repr__(self) -> str:
+        return f"ShardedOptimizer({type(self.user).__name__}, {len(self.inner)} buckets)"
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's state: ``inner``, each bucket's inner optimizer's ``state_dict()`` (its chunk
+        runs' state), and ``param_groups``, the user's hyper-parameters. Valid for this plan only;
+        the plan-independent checkpoints write the state by global parameter name (:mod:`.checkpoint`)."""
+        return {"inner": [o.state_dict() for o in self.inner],
+                "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in self.user.param_groups]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """The inverse of :meth:`state_dict` (on the same plan and rank)."""
+        inner, groups = state_dict["inner"], state_dict["param_groups"]
+        if len(inner) != len(self.inner) or len(groups) != len(self.user.param_groups):
+            raise ValueError(f"a state of {len(inner)} buckets and {len(groups)} param groups cannot load into "
+                             f"{self!r} with {len(self.user.param_groups)} param groups: another plan or rank "
+                             "saved it; load a plan-independent checkpoint (runtime.checkpoint) instead")
+        for opt, sd in zip(self.inner, inner):
+            opt.load_state_dict(sd)
+        for group, hyper in zip(self.user.param_groups, groups):
+            group.update(hyper)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.sharder.params.values():
@@ -446,4 +488,6 @@ class ShardedOptimizer:
             if not sh.has_master(i):
                 self._bind(i, empty)  # drop the views of the transient flat buffers
         sh.broadcast_replicated()
+        if self.after_step is not None:
+            self.after_step()
         return loss

@@ -12,7 +12,7 @@ import pytest
 import torch
 from strategy_helpers import PG_TIMEOUT, NcclTrace, Recorder, loader, module, plan_of, read_ranks
 
-from lightning_hexiscale.lightning import internals
+from lightning_hexiscale.lightning.step_adapter import unwrap_optimizer
 from lightning_hexiscale.lightning.strategy import HexiScaleStrategy
 
 PLAN = plan_of([(2, 1, [([0], (0, 4))]), (2, 1, [([1], (0, 4))])])  # ddp over two one-stage pipelines
@@ -25,7 +25,7 @@ class FastProbe(pl.Callback):
         self.out_dir = Path(out_dir)
 
     def on_train_end(self, trainer, module):
-        fused = [bool(internals.unwrap_optimizer(o).param_groups[0].get("fused")) for o in trainer.optimizers]
+        fused = [bool(unwrap_optimizer(o).param_groups[0].get("fused")) for o in trainer.optimizers]
         torch.save({"fast": module.model.engine.fast_path, "fused": fused},
                    self.out_dir / f"fast{trainer.global_rank}.pt")
 
