@@ -249,6 +249,23 @@ def test_a_second_ctrl_c_while_saving_ends_the_job_and_leaves_no_half_checkpoint
     assert not (run / "checkpoints" / "last.ckpt").exists()
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_ctrl_c_while_the_train_command_discovers(tmp_path, monkeypatch):
+    """`hexiscale train` without cluster= discovers first (forked ranks): Ctrl-C there ends the job
+    within 5 s, one line naming discovery (it said "while planning"), no rank left, nothing cached."""
+    monkeypatch.setenv("HEXISCALE_CACHE_DIR", str(tmp_path / "cache"))
+    code, _, err, took = timed_ctrl_c([sys.executable, "-m", "lightning_hexiscale.cli", "train", "trainer.max_steps=2",
+                                       f"hydra.run.dir={tmp_path / 'run'}"],
+                                      ("discovering this machine's cluster",), tmp_path, 120)
+    assert code == 130, err[-2000:]
+    assert took < 5.0, took
+    lines = [ln for ln in err.strip().splitlines() if "interrupted" in ln]
+    assert "Traceback" not in err and lines == ["hexiscale train: interrupted (Ctrl-C) while discovering this "
+                                                "machine's cluster"], err[-2000:]
+    assert not list((tmp_path / "cache").glob("**/*.yaml"))
+
+
 def test_the_watch_acts_by_phase_and_prints_one_line(tmp_path, monkeypatch):
     """What each Ctrl-C does in each phase (the processes themselves: the tests above), without ending
     this process: ``end`` is recorded instead."""
@@ -258,12 +275,12 @@ def test_the_watch_acts_by_phase_and_prints_one_line(tmp_path, monkeypatch):
     watch = JobWatch("hexiscale train", backstop_s=60)
     monkeypatch.setattr(watch, "end", lambda line, code=130: ended.append(line))
     watch.out = tmp_path
-    for phase in ("starting", "rendezvous", "setup", "running", "finishing"):
+    for phase in ("discovering", "starting", "rendezvous", "setup", "running", "finishing"):
         watch.set_phase(phase)
         watch._asked_to_finish = False
         watch.on_ctrl_c()
     assert [line.split(" while ")[1] for line in ended] == [
-        "starting the ranks", "waiting for the ranks to join (rendezvous)",
+        "discovering this machine's cluster", "starting the ranks", "waiting for the ranks to join (rendezvous)",
         "setting up the ranks (plan, devices, stages, checkpoint)", "running the ranks", "finishing"]
     ended.clear()
     watch.set_phase("training", 7)

@@ -35,6 +35,7 @@ def discover_for_train(cfg: DictConfig, say, how: str | None = "given") -> str:
     from lightning_hexiscale.cli.discover_local import local_launch
     from lightning_hexiscale.cli.train_job import AUTO_ENV, FILES_ENV
     from lightning_hexiscale.config.schema import ClusterConfig, load_yaml_node
+    from lightning_hexiscale.lightning import job_watch
     from lightning_hexiscale.models.config import LlamaConfig
     from lightning_hexiscale.profiling.precision import default_precision
 
@@ -43,7 +44,10 @@ def discover_for_train(cfg: DictConfig, say, how: str | None = "given") -> str:
     precision = cfg.trainer.precision or default_precision(launch.backend == "nccl")
     args = local_args(launch.ranks, str(precision))
     say(banner(how, model.name, str(precision), launch.describe()))
+    # not a main-thread phase: on Ctrl-C the watch ends the job at once, the discovery ranks with it
+    job_watch.set_phase("discovering")
     found = run_discover(args, model)  # the composed model itself (a preset, a file or hf:DIR alike)
+    job_watch.set_phase("planning")
     path = str(Path(found.path).resolve())  # discovery said in one line whether it reused the cached file
     node = load_yaml_node(path, ClusterConfig, "cluster")
     OmegaConf.set_struct(cfg, False)

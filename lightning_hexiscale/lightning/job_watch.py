@@ -30,6 +30,7 @@ EXIT_INTERRUPTED = 130
 
 PHASES = {
     "planning": "planning",
+    "discovering": "discovering this machine's cluster",
     "starting": "starting the ranks",
     "rendezvous": "waiting for the ranks to join (rendezvous)",
     "setup": "setting up the ranks (plan, devices, stages, checkpoint)",
