@@ -48,7 +48,7 @@ from lightning_hexiscale.bench.resident_memory import fixed_mmap_threshold
 from lightning_hexiscale.config.recipe import DEFAULT_GRADIENT_CLIP_VAL
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.models.llama import Llama
-from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner import Plan
 from lightning_hexiscale.profiling.check import make_batch, peak_memory, prime, reset_peak_memory
 from lightning_hexiscale.runtime.host import fork_context
 

@@ -46,8 +46,7 @@ from pathlib import Path
 from lightning_hexiscale.bench.resident_memory import fixed_mmap_threshold
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.cost.estimate import estimate
-from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner import Plan, estimate
 from lightning_hexiscale.profiling.calibrate import CalibrationSteps, fit_calibration, measure_calibration
 from lightning_hexiscale.profiling.check import PlanMeasurement, cpu_workload, deviation, measure_plan_rank
 from lightning_hexiscale.profiling.launch import HostLoad, run_local, wait_for_quiet_host

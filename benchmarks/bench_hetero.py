@@ -405,7 +405,7 @@ def bench(args) -> int:
               + "; ".join(CALIBRATION) + f". {len(constants)} fitted constants ({', '.join(constants) or 'none'}) for "
               f"{len(plans)} compared plans, {sum(n in HELD_OUT for n in plans)} of them held out; in-sample: "
               f"{', '.join(f'{n} = {c}' for n, c in in_sample_of.items()) or 'none'}", flush=True)
-        from lightning_hexiscale.planner.cost.estimate import estimate
+        from lightning_hexiscale.planner import estimate
         from lightning_hexiscale.profiling.check import cpu_workload
 
         estimates = {n: estimate(p, cost, cpu_workload(config)).iteration_time_s for n, p in plans.items()}
@@ -463,9 +463,7 @@ def bench(args) -> int:
 def plan_only(cluster: Cluster, config: LlamaConfig, args, out: Path) -> int:
     """--plan-only: the compared plans' estimates on the YAML's figures, against the fastest machine alone."""
     from lightning_hexiscale.errors import InfeasiblePlan
-    from lightning_hexiscale.planner.cost.estimate import estimate
-    from lightning_hexiscale.planner.search.settings import SearchSettings
-    from lightning_hexiscale.planner.search.two_phase import search
+    from lightning_hexiscale.planner import SearchSettings, estimate, search
     from lightning_hexiscale.profiling.check import cpu_workload
 
     work = cpu_workload(config)

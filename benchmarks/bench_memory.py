@@ -40,8 +40,7 @@ from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.config.fast_path import FastPath
 from lightning_hexiscale.config.recipe import DEFAULT_GRADIENT_CLIP_VAL
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.cost.estimate import estimate
-from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner import Plan, estimate
 from lightning_hexiscale.profiling.check import cpu_workload, make_batch
 from lightning_hexiscale.runtime.engine import PipelineEngine
 

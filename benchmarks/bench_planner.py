@@ -56,10 +56,9 @@ from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import InfeasiblePlan
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner import baselines as B
-from lightning_hexiscale.planner.cost.estimate import Workload
+from lightning_hexiscale.planner import SearchSettings, Workload, search
 from lightning_hexiscale.planner.oracle.cases import random_case
 from lightning_hexiscale.planner.oracle.exact import oracle
-from lightning_hexiscale.planner.search.two_phase import SearchSettings, search
 
 
 def _w(model: str) -> Workload:

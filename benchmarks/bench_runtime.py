@@ -41,7 +41,7 @@ from lightning_hexiscale.bench.resident_memory import peak_rss_bytes, prime_proc
 from lightning_hexiscale.config.recipe import DEFAULT_GRADIENT_CLIP_VAL
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.models.llama import Llama
-from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner import Plan
 from lightning_hexiscale.profiling.calibrate import pure_dp_plan
 from lightning_hexiscale.profiling.check import make_batch
 from lightning_hexiscale.runtime.engine import PipelineEngine
@@ -195,7 +195,7 @@ def estimated_peak_bytes(plan: Plan, config: LlamaConfig) -> float:
     """The cost model's peak memory of the plan's largest stage for this benchmark's setting:
     fp32 weights and gradients (B_type = 4), plain SGD (no optimizer state, K = 0), no reserve."""
     from lightning_hexiscale.config.cluster import Cluster
-    from lightning_hexiscale.planner.cost.estimate import Workload, estimate
+    from lightning_hexiscale.planner import Workload, estimate
 
     cluster = Cluster.load("cpu2").replicate((plan.world_size + 1) // 2)
     work = Workload(config, dtype="fp32", optimizer_bytes_per_param=0.0, reserve_bytes=0.0)

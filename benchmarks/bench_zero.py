@@ -35,8 +35,7 @@ from lightning_hexiscale.bench.resident_memory import fixed_mmap_threshold, peak
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.config.recipe import DEFAULT_GRADIENT_CLIP_VAL
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.cost.estimate import Workload, estimate
-from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner import Plan, Workload, estimate
 from lightning_hexiscale.profiling.calibrate import pure_dp_plan
 from lightning_hexiscale.profiling.check import make_batch
 from lightning_hexiscale.runtime.engine import PipelineEngine

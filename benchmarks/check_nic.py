@@ -56,7 +56,7 @@ MODEL = dict(name="nic_check", hidden_size=64, num_layers=2, num_heads=2, num_kv
 # ---- the ranks ----------------------------------------------------------------------------------
 def plans(global_batch: int = 2):
     """The two plans the ranks build: one pipeline TP-2 -> TP-2, and two pipelines of TP-1 -> TP-1."""
-    from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
+    from lightning_hexiscale.planner import Pipeline, Plan, Stage
 
     scatter = Plan((Pipeline(global_batch, 1, (Stage((0, 1), (0, 1)), Stage((2, 3), (1, 2)))),), 2)
     leaders = Plan(tuple(Pipeline(global_batch // 2, 1, (Stage((a,), (0, 1)), Stage((b,), (1, 2)))) for a, b in ((0, 2), (1, 3))), 2)

@@ -73,7 +73,7 @@ def tiny_config():
 
 # ---- 2+ GPUs: spawned NCCL ranks under a watchdog ----------------------------------------------------
 def plans() -> dict:
-    from lightning_hexiscale.planner.plan import Plan
+    from lightning_hexiscale.planner import Plan
 
     def plan(pipelines, schedule="1f1b", sharding="ddp"):
         return Plan.from_dict({"num_layers": 4, "schedule": schedule, "recompute": False, "dp_sharding": sharding,
@@ -100,7 +100,7 @@ def _engine_rank(rank: int, world: int, port: int, plan_dict: dict, steps: int, 
     report losses and shards."""
     import torch.distributed as dist
 
-    from lightning_hexiscale.planner.plan import Plan
+    from lightning_hexiscale.planner import Plan
     from lightning_hexiscale.runtime.engine import PipelineEngine
 
     try:

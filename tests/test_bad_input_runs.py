@@ -23,8 +23,7 @@ from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.config.schema import compose
 from lightning_hexiscale.errors import ConfigError, InfeasiblePlan
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.cost.estimate import Workload
-from lightning_hexiscale.planner.search.two_phase import SearchSettings, search
+from lightning_hexiscale.planner import SearchSettings, Workload, search
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ROOT / "recipes" / "train.py"

@@ -5,7 +5,7 @@ import pytest
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.config.schema import compose, preset_names
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.cost.estimate import workload_from_config
+from lightning_hexiscale.planner import workload_from_config
 
 
 @pytest.mark.parametrize("model", preset_names("model"))
@@ -49,7 +49,7 @@ def test_presets_are_package_data_and_the_env_var_overrides(tmp_path, monkeypatc
     import lightning_hexiscale
     from lightning_hexiscale.config.schema import conf_dir, packaged_file
     from lightning_hexiscale.errors import ConfigError
-    from lightning_hexiscale.planner.plan import Plan
+    from lightning_hexiscale.planner import Plan
 
     monkeypatch.delenv("HEXISCALE_CONF_DIR", raising=False)
     assert conf_dir() == Path(lightning_hexiscale.__file__).resolve().parent / "conf"

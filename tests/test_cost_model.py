@@ -9,8 +9,7 @@ import pytest
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.cost import model as cm
-from lightning_hexiscale.planner.cost.estimate import Workload, estimate
-from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
+from lightning_hexiscale.planner import Pipeline, Plan, Stage, Workload, estimate
 
 L13 = LlamaConfig.load("llama2_13b")
 

@@ -13,8 +13,8 @@ from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.config.fast_path import FastPath
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.cost import model as cm
-from lightning_hexiscale.planner.cost.estimate import Workload, estimate, stage_memory_at
-from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner import Plan, Workload, estimate
+from lightning_hexiscale.planner.cost.estimate import stage_memory_at
 
 ALPHA, BETA = 1e-5, 1e10
 

@@ -9,9 +9,7 @@ import pytest
 
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.config.schema import compose
-from lightning_hexiscale.planner.baselines import exhaustive
-from lightning_hexiscale.planner.cost.estimate import workload_from_config
-from lightning_hexiscale.planner.search.two_phase import SearchSettings, search
+from lightning_hexiscale.planner import SearchSettings, exhaustive, search, workload_from_config
 
 
 def _shape(plan) -> dict:

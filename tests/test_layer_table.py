@@ -14,7 +14,8 @@ from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.config.layer_table import LayerTable, LayerTimeRow, ModelShape, interpolate
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.cost.estimate import Workload, estimate, layer_times, stage_extra_times
+from lightning_hexiscale.planner import Workload, estimate
+from lightning_hexiscale.planner.cost.estimate import layer_times, stage_extra_times
 
 TINY = LlamaConfig.load("llama_tiny")  # 4 heads, 2 KV heads
 
@@ -122,7 +123,7 @@ def test_one_pricing_for_estimate_the_search_and_the_oracle():
     BatchTimer) and the oracle price with it exactly as estimate() does: the search's plan costs
     what estimate() says, and the oracle's optimum is no better than the search's (2 + 2 devices)."""
     from lightning_hexiscale.planner.oracle.exact import oracle
-    from lightning_hexiscale.planner.search.two_phase import SearchSettings, search
+    from lightning_hexiscale.planner import SearchSettings, search
 
     model = dataclasses.replace(TINY, num_layers=4)
     doc = cluster_doc(_rows(scale=0.01))  # a few times faster than FLOPs at 100 / 50 GFLOP/s: worth using

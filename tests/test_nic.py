@@ -17,8 +17,8 @@ from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.cost import model as cm
 from lightning_hexiscale.planner.cost import nic
 from lightning_hexiscale.planner.cost.dp_comm import dp_comm_all, dp_comm_per_layer
-from lightning_hexiscale.planner.cost.estimate import Workload, activation_message_bytes, estimate, hop_time
-from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
+from lightning_hexiscale.planner import Pipeline, Plan, Stage, Workload, estimate
+from lightning_hexiscale.planner.cost.estimate import activation_message_bytes, hop_time
 from lightning_hexiscale.planner.search.batching import BatchTimer
 
 B = 1e9

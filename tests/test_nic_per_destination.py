@@ -74,9 +74,7 @@ def test_data_parallel_rings_take_the_slowest_destination():
 
 def test_the_estimate_prices_the_slow_path():
     from lightning_hexiscale.models.config import LlamaConfig
-    from lightning_hexiscale.planner.cost.estimate import estimate
-    from lightning_hexiscale.planner.cost.workload import Workload
-    from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
+    from lightning_hexiscale.planner import Pipeline, Plan, Stage, Workload, estimate
 
     model = LlamaConfig(name="t", hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=4, ffn_hidden_size=512,
                         vocab_size=1000, seq_len=256)

@@ -9,9 +9,7 @@ import pytest
 from lightning_hexiscale.cli.picture import batch_words, bottleneck, describe, draw_plan, id_ranges, read_description
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.cost.estimate import estimate
-from lightning_hexiscale.planner.cost.workload import Workload
-from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner import Plan, Workload, estimate
 
 PLAN = Plan.from_dict({"num_layers": 4, "pipelines": [
     {"batch_size": 15, "micro_batch_size": 15, "stages": [{"devices": [0], "layers": [0, 4]}]},

@@ -5,7 +5,7 @@ import pytest
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import PlanError
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
+from lightning_hexiscale.planner import Pipeline, Plan, Stage
 
 TAB7 = "conf/plans/hetero3_llama30b_tab7.yaml"
 

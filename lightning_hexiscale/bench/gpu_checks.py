@@ -296,7 +296,7 @@ def memory_config():
 
 def one_device_plan(num_layers: int, micro_batches: int, micro_batch_size: int, recompute: bool,
                     sharding: str = "ddp"):
-    from lightning_hexiscale.planner.plan import Plan
+    from lightning_hexiscale.planner import Plan
 
     return Plan.from_dict({"num_layers": num_layers, "schedule": "1f1b", "recompute": recompute,
                            "dp_sharding": sharding,
@@ -333,7 +333,7 @@ def estimated_peak(plan, model_config, precision: str, device: str = "cuda", clu
     communicator buffers (``allocator_bytes``: what ``torch.cuda.max_memory_allocated`` can see)."""
     from omegaconf import OmegaConf
 
-    from lightning_hexiscale.planner.cost.estimate import estimate, workload_from_config
+    from lightning_hexiscale.planner import estimate, workload_from_config
 
     cluster = cluster or local_cluster(device)
     model = {f.name: getattr(model_config, f.name) for f in dataclasses.fields(model_config)}

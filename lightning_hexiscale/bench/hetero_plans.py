@@ -42,7 +42,7 @@ from pathlib import Path
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import InfeasiblePlan
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner import Plan
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -167,8 +167,7 @@ def make_plans(cluster: Cluster, config: LlamaConfig, args, names: tuple[str, ..
     the search with ``use_all_devices`` and says so in its note (``SUBSTITUTED`` in the note: the
     run is then not a pre-registered one)."""
     from lightning_hexiscale.planner import baselines
-    from lightning_hexiscale.planner.search.settings import SearchSettings
-    from lightning_hexiscale.planner.search.two_phase import search
+    from lightning_hexiscale.planner import SearchSettings, search
     from lightning_hexiscale.profiling.check import cpu_workload
 
     work = cpu_workload(config)

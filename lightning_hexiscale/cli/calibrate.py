@@ -109,7 +109,7 @@ def cmd_check_estimate(args: argparse.Namespace) -> int:
     from lightning_hexiscale.config.cluster import Cluster
     from lightning_hexiscale.config.schema import compose
     from lightning_hexiscale.models.config import LlamaConfig
-    from lightning_hexiscale.planner.plan import Plan
+    from lightning_hexiscale.planner import Plan
     from lightning_hexiscale.profiling.check import check, comparison_table, deviation
 
     plan = Plan.load(args.plan)

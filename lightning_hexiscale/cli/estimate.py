@@ -20,9 +20,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from lightning_hexiscale.config.cluster import Cluster
     from lightning_hexiscale.config.schema import compose
     from lightning_hexiscale.planner.cost.compute import warn_datasheet_pricing
-    from lightning_hexiscale.planner.cost.estimate import estimate, workload_from_config
-    from lightning_hexiscale.planner.cost.sources import price_sources
-    from lightning_hexiscale.planner.plan import Plan
+    from lightning_hexiscale.planner import Plan, estimate, price_sources, workload_from_config
 
     plan = Plan.load(args.plan)
     overrides = compose_for_plan(overrides_of(args), plan.meta)

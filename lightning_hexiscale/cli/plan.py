@@ -87,8 +87,7 @@ def plan_once(overrides: list[str], with_baselines: bool, progress: bool | None 
     without each machine (unless ``planner.use_all_devices``)."""
     from lightning_hexiscale.config.cluster import Cluster
     from lightning_hexiscale.config.schema import compose
-    from lightning_hexiscale.planner.cost.estimate import workload_from_config
-    from lightning_hexiscale.planner.search.two_phase import SearchSettings, search
+    from lightning_hexiscale.planner import SearchSettings, search, workload_from_config
 
     cfg = compose(overrides)
     cluster = Cluster.from_config(cfg.cluster)
@@ -111,7 +110,7 @@ def plan_once(overrides: list[str], with_baselines: bool, progress: bool | None 
     out: dict[str, Any] = {"cfg": cfg, "cluster": cluster, "workload": workload, "result": result,
                            "global_batch": gb, "settings": settings}
     if with_baselines:
-        from lightning_hexiscale.planner.baselines import run_baselines
+        from lightning_hexiscale.planner import run_baselines
 
         out["baselines"] = run_baselines(cluster, workload, gb, settings, like_for_like=like_for_like, aware=aware)
     if optimum_time_limit is not None:
@@ -141,7 +140,7 @@ def estimate_document(plan, cluster, workload, est, plan_file: str | None, sourc
     (one flag per pipeline; ``recompute`` is null when they differ) and ``recompute_choice``
     (how ``recompute: auto`` decided, null when pinned or given by the plan file)."""
     if sources is None:
-        from lightning_hexiscale.planner.cost.sources import price_sources
+        from lightning_hexiscale.planner import price_sources
 
         sources = price_sources(cluster, workload, plan)
     return {"plan_file": plan_file, "cluster": cluster.name, "model": workload.model.name,
@@ -300,7 +299,7 @@ def subsets_document(report, plan, cluster) -> dict[str, Any]:
 
 
 def compute_ceiling(plan, cluster) -> float:
-    from lightning_hexiscale.planner.baselines import compute_ceiling as ceiling
+    from lightning_hexiscale.planner import compute_ceiling as ceiling
 
     return ceiling(plan, cluster)
 

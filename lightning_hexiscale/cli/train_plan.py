@@ -34,9 +34,7 @@ def make_plan(cfg: DictConfig, cluster, model, out: Path):
     """The plan file given, or the search's plan (with every planner.* setting, as ``hexiscale plan``
     makes it); ranks launched by popen reuse rank 0's plan file. Returns (plan, its estimate)."""
     from lightning_hexiscale.lightning.plan_resolution import apply_overrides, load_plan_arg
-    from lightning_hexiscale.planner.cost.estimate import estimate, workload_from_config
-    from lightning_hexiscale.planner.plan import Plan
-    from lightning_hexiscale.planner.search.two_phase import SearchSettings, search
+    from lightning_hexiscale.planner import Plan, SearchSettings, estimate, search, workload_from_config
 
     workload = workload_from_config(cfg)  # its dtype comes from trainer.precision
     gb = int(cfg.train.global_batch)

@@ -21,7 +21,7 @@ from lightning_hexiscale.config import catalog
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.config.units import format_bytes
 from lightning_hexiscale.errors import ConfigError
-from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner import Plan
 
 MEMORY_TOLERANCE = 0.10
 """Local total memory may differ from the described memory by this fraction (an 80 GiB A100

@@ -52,8 +52,7 @@ from lightning.fabric.plugins.environments import ClusterEnvironment
 from lightning_hexiscale.errors import ConfigError, RankFailure
 from lightning_hexiscale.lightning import internals, job_watch
 from lightning_hexiscale.lightning.launching import IdleRankExit, portable_error, mark_agreed
-from lightning_hexiscale.planner.layout import RankLayout
-from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner import Plan, RankLayout
 
 REASONS_KEY = "idle_reasons"
 """``plan.meta[REASONS_KEY]``: why each idle device is idle, ``{device id: text}`` (the planner's)."""

@@ -35,8 +35,7 @@ from typing import Any
 import torch.distributed as dist
 
 from lightning_hexiscale.errors import ConfigError
-from lightning_hexiscale.planner.cost.estimate import Estimate
-from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner import Estimate, Plan
 from lightning_hexiscale.profiling.check import RunCheck, StageTimer, compare_run
 
 DEFAULT_WARMUP = 5
@@ -88,8 +87,7 @@ class PlanCheck:
         Global rank 0 prints what priced each device type (:mod:`planner.cost.sources`), the price
         the run is held against; a layer table that does not match the run is refused here (every
         rank raises the same ConfigError) unless ``planner.allow_table_mismatch``."""
-        from lightning_hexiscale.planner.cost.estimate import estimate
-        from lightning_hexiscale.planner.cost.sources import price_sources
+        from lightning_hexiscale.planner import estimate, price_sources
 
         sources = price_sources(strategy.cluster, strategy.workload, strategy.plan)
         est = estimate(strategy.plan, strategy.cluster, strategy.workload)

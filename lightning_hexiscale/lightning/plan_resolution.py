@@ -25,8 +25,7 @@ from lightning_hexiscale.config import catalog
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.cost.workload import Workload
-from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner import Plan, Workload
 
 
 AUTO = "auto"
@@ -111,7 +110,7 @@ def search_plan(cluster: Cluster, workload: Workload, global_batch: int, overrid
     The runtime runs ddp, zero2 and zero3, so the search picks the sharding with the cost model
     unless ``overrides['dp_sharding']`` binds it. ``use_all_devices``: every device takes work (else
     the plan may leave devices idle)."""
-    from lightning_hexiscale.planner.search.two_phase import SearchSettings, search  # networkx, pymetis: on use
+    from lightning_hexiscale.planner import SearchSettings, search  # networkx, pymetis: on use
     settings = SearchSettings(iterations=iterations, seed=seed, progress=progress,
                               schedule=overrides.get("schedule") or "1f1b",
                               recompute="auto" if overrides.get("recompute") is None else overrides["recompute"],

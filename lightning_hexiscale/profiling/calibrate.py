@@ -47,8 +47,7 @@ import torch.distributed as dist
 
 from lightning_hexiscale.config.cluster import Calibration, Cluster
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.cost.estimate import estimate
-from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner import Plan, estimate
 from lightning_hexiscale.profiling.check import cpu_workload, make_batch
 
 

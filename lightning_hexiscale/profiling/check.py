@@ -38,8 +38,7 @@ from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.config.recipe import DEFAULT_GRADIENT_CLIP_VAL
 from lightning_hexiscale.config.units import format_bytes
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.cost.estimate import Estimate, Workload, estimate
-from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner import Estimate, Plan, Workload, estimate
 
 
 def cpu_workload(model: LlamaConfig, precision: str = "32-true") -> Workload:

@@ -40,7 +40,7 @@ import torch.distributed as dist
 from lightning_hexiscale.config.recipe import DEFAULT_GRADIENT_CLIP_VAL
 from lightning_hexiscale.errors import PlanError
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner import Plan
 
 
 def round_orders(names: list[str], rounds: int) -> list[list[str]]:

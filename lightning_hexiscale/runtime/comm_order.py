@@ -35,7 +35,7 @@ from __future__ import annotations
 import functools
 
 from lightning_hexiscale.errors import PlanError
-from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner import Plan
 from lightning_hexiscale.runtime.schedule import exchange_points, schedule_ops
 
 Event = tuple

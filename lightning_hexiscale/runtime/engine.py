@@ -22,7 +22,7 @@ from lightning_hexiscale.config.fast_path import FastPath
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.models.llama import Llama
-from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner import Plan
 from lightning_hexiscale.runtime.comm_order import check_exchanges
 from lightning_hexiscale.runtime.fast_path import apply_fast_path, fuse_adam
 from lightning_hexiscale.runtime.forward_only import eval_loss, predict_logits

@@ -37,8 +37,7 @@ import torch
 import torch.distributed as dist
 
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.layout import RankLayout
-from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner import Plan, RankLayout
 from lightning_hexiscale.runtime.parallelize import StageModule
 from lightning_hexiscale.runtime.topology import Topology
 

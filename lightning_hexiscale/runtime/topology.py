@@ -40,8 +40,8 @@ import torch.distributed as dist
 
 from lightning_hexiscale.errors import PlanError
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.layout import RankLayout, Role, Segment, segment_bounds, sync_segments
-from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner import Plan, RankLayout
+from lightning_hexiscale.planner.layout import Role, Segment, segment_bounds, sync_segments
 
 __all__ = ["Role", "Segment", "Topology", "create_groups", "group_ranks", "link_pairs", "rank_map", "role_of",
            "segment_bounds", "stage_rank_lists", "sync_segments"]

@@ -138,7 +138,7 @@ def test_pieces():
 def test_a_picture_is_compared_by_what_it_shows(tmp_path, runner):
     from lightning_hexiscale.cli.picture import draw_plan
     from lightning_hexiscale.config.cluster import Cluster
-    from lightning_hexiscale.planner.plan import Plan
+    from lightning_hexiscale.planner import Plan
 
     cluster = Cluster.load("cpu2")
 

@@ -69,8 +69,7 @@ def _discover(tmp_path: Path, script: Path | None = None) -> str:
 def _plans_compared(discovered, preset, model) -> tuple[float, float]:
     """(estimate of the discovered file's plan, estimate of the preset's plan), both on ``discovered``."""
     from lightning_hexiscale.lightning.plan_resolution import search_plan
-    from lightning_hexiscale.planner.cost.estimate import estimate
-    from lightning_hexiscale.planner.cost.workload import Workload
+    from lightning_hexiscale.planner import Workload, estimate
 
     w_disc = Workload.for_cluster(model, discovered, "32-true")
     plan_disc, est_disc = search_plan(discovered, w_disc, GLOBAL_BATCH, {}, iterations=20)

@@ -18,7 +18,7 @@ import lightning_hexiscale.runtime.engine  # noqa: F401
 from lightning_hexiscale.data import generated_corpus
 from lightning_hexiscale.lightning.example import LlamaLitModule
 from lightning_hexiscale.lightning.strategy import HexiScaleStrategy
-from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner import Plan
 
 # Embedding on a TP-1 first stage, the tied head on a TP-2 last stage (vocabulary-parallel loss).
 PLAN = {"num_layers": 2, "schedule": "1f1b", "recompute": False, "pipelines": [

@@ -4,7 +4,7 @@ import pytest
 
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.cost.estimate import Workload
+from lightning_hexiscale.planner import Workload
 from planner_clusters import STRAGGLER, two_islands  # a module of its own: several conftest.py share the name
 
 

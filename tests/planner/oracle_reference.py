@@ -8,8 +8,7 @@ from __future__ import annotations
 import itertools
 import math
 
-from lightning_hexiscale.planner.cost.estimate import estimate
-from lightning_hexiscale.planner.plan import DP_SHARDINGS, Pipeline, Plan, Stage
+from lightning_hexiscale.planner import DP_SHARDINGS, Pipeline, Plan, Stage, estimate
 
 
 def set_partitions(items: list[int]):

@@ -8,8 +8,7 @@ from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError, InfeasiblePlan
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner import baselines as B
-from lightning_hexiscale.planner.cost.estimate import Workload, estimate
-from lightning_hexiscale.planner.search.two_phase import SearchSettings, search
+from lightning_hexiscale.planner import SearchSettings, Workload, estimate, search
 
 FAST = SearchSettings(iterations=6)
 

@@ -18,9 +18,7 @@ from hypothesis import strategies as st
 
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner import Plan, Workload
-from lightning_hexiscale.planner.cost.estimate import estimate
-from lightning_hexiscale.planner.plan import Pipeline, Stage
+from lightning_hexiscale.planner import Pipeline, Plan, Stage, Workload, estimate
 from lightning_hexiscale.planner.search.batching import BatchTimer, with_batches
 
 from planner_clusters import STRAGGLER, two_islands

@@ -9,8 +9,8 @@ import dataclasses
 import pytest
 
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.cost.estimate import Workload, stage_memory_at
-from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner import Plan, Workload
+from lightning_hexiscale.planner.cost.estimate import stage_memory_at
 
 
 def test_zero_window_holds_the_largest_segment():

@@ -108,8 +108,7 @@ def test_plan_optimum_reports_the_oracle_beside_the_search(capsys):
     """--optimum: the oracle's optimum, independently re-scored here, and the search's fraction of it."""
     from lightning_hexiscale.config.cluster import Cluster
     from lightning_hexiscale.config.schema import compose
-    from lightning_hexiscale.planner.cost.estimate import estimate, workload_from_config
-    from lightning_hexiscale.planner.plan import Plan
+    from lightning_hexiscale.planner import Plan, estimate, workload_from_config
 
     args = ["cluster=cpu_hetero4", "model=llama_demo", "planner.iterations=4"]
     assert main(["plan", "--json", "--optimum", *args]) == 0
@@ -158,7 +157,7 @@ def test_plan_says_which_devices_it_leaves_idle_and_what_each_machine_is_worth(c
     assert "what each machine is worth" in out and "device subsets: exhaustive" in out
     worth = out[out.index("what each machine is worth"):].splitlines()[2:5]
     assert [line.split()[0] for line in worth] == ["fast", "slow", "fast2"]
-    from lightning_hexiscale.planner.plan import Plan
+    from lightning_hexiscale.planner import Plan
 
     written = Plan.load(out_file)
     assert 2 in written.idle_devices and "idle_reason" in written.meta and written.meta["all_devices_time_s"] > 0

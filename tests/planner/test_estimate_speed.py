@@ -6,9 +6,7 @@ from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.cost import dp_comm as D
 from lightning_hexiscale.planner.cost import estimate as E
-from lightning_hexiscale.planner.cost.cache import pricing_cache
-from lightning_hexiscale.planner.plan import Plan
-from lightning_hexiscale.planner.search.two_phase import SearchSettings, search
+from lightning_hexiscale.planner import Plan, SearchSettings, pricing_cache, search
 
 
 def _plans():

@@ -10,7 +10,8 @@ import pytest
 from lightning_hexiscale.config.fast_path import FastPath
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.cost import model as cm
-from lightning_hexiscale.planner.cost.estimate import Workload, stage_memory_at
+from lightning_hexiscale.planner import Workload
+from lightning_hexiscale.planner.cost.estimate import stage_memory_at
 
 M = LlamaConfig(name="t", hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=4, ffn_hidden_size=704,
                 vocab_size=256, seq_len=32)

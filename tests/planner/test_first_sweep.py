@@ -6,8 +6,8 @@ import pytest
 
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.cost.estimate import Workload
-from lightning_hexiscale.planner.search.two_phase import SearchRun, SearchSettings, first_sweep
+from lightning_hexiscale.planner import SearchSettings, Workload
+from lightning_hexiscale.planner.search.two_phase import SearchRun, first_sweep
 
 
 def _plain(n: int, iterations: int) -> list[int]:

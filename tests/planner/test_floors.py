@@ -7,10 +7,10 @@ import pytest
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.cost.compute import effective_cluster
-from lightning_hexiscale.planner.cost.estimate import Workload
+from lightning_hexiscale.planner import SearchSettings, Workload
 from lightning_hexiscale.planner.search import floors as F
 from lightning_hexiscale.planner.search.batching import BatchTimer
-from lightning_hexiscale.planner.search.two_phase import SearchRun, SearchSettings
+from lightning_hexiscale.planner.search.two_phase import SearchRun
 
 
 def _scored_layouts(cluster: Cluster, w: Workload, global_batch: int) -> tuple[BatchTimer, list]:

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 import layout_reference as ref
 from lightning_hexiscale.errors import PlanError
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.layout import RankLayout, param_specs
-from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
+from lightning_hexiscale.planner import Pipeline, Plan, RankLayout, Stage
+from lightning_hexiscale.planner.layout import param_specs
 from lightning_hexiscale.runtime import topology
 
 NUM_LAYERS = 6

@@ -15,7 +15,7 @@ import pytest
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.cost.estimate import Workload, estimate
+from lightning_hexiscale.planner import Workload, estimate
 from lightning_hexiscale.planner.oracle.exact import (OracleSettings, Oracle, compositions, device_classes,
                                                       oracle, vector_partitions)
 from lightning_hexiscale.planner.search.batching import minimax_split
@@ -92,7 +92,7 @@ def test_the_brute_force_can_tell_a_worse_plan():
 
 
 def _data_parallel_plans(cluster, workload, batch, settings):
-    from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
+    from lightning_hexiscale.planner import Pipeline, Plan, Stage
 
     L = workload.model.num_layers
     for blocks in set_partitions(list(range(cluster.num_devices))):
@@ -110,7 +110,7 @@ def _data_parallel_plans(cluster, workload, batch, settings):
 def test_bounds_never_exceed_the_true_time(seed):
     """Every plan of the space: rate bound <= stage-set bound <= chain bound <= the pipeline's time
     in estimate() (module docstring, point 3), for every pipeline of every feasible plan."""
-    from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
+    from lightning_hexiscale.planner import Pipeline, Plan, Stage
 
     cluster, workload, batch, settings = tiny_case(seed)
     o = Oracle(cluster, workload, batch, settings, time_limit_s=60)

@@ -13,10 +13,9 @@ import pytest
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.cost.estimate import Workload, estimate, layer_times
-from lightning_hexiscale.planner.cost.sources import TableMismatchWarning, price_sources
-from lightning_hexiscale.planner.plan import Plan
-from lightning_hexiscale.planner.search.two_phase import SearchSettings, search
+from lightning_hexiscale.planner import Plan, SearchSettings, Workload, estimate, price_sources, search
+from lightning_hexiscale.planner.cost.estimate import layer_times
+from lightning_hexiscale.planner.cost.sources import TableMismatchWarning
 from tests.test_layer_table import TINY, W32, _shape, cluster_doc
 
 

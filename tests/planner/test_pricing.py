@@ -13,8 +13,8 @@ import pytest
 
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.cost.estimate import Workload, estimate, layer_step, layer_times
-from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner import Plan, Workload, estimate
+from lightning_hexiscale.planner.cost.estimate import layer_step, layer_times
 
 M13 = LlamaConfig.load("llama2_13b")
 

@@ -12,10 +12,8 @@ import pytest
 
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner import Plan, Workload
-from lightning_hexiscale.planner.cost.estimate import estimate
+from lightning_hexiscale.planner import Plan, PricingCache, Workload, estimate, pricing_cache
 from lightning_hexiscale.planner.cost import cache as pc
-from lightning_hexiscale.planner.cost.cache import PricingCache, pricing_cache
 from lightning_hexiscale.planner.search.floors import link_ceiling
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # datasheet pricing

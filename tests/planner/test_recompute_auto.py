@@ -13,9 +13,7 @@ from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.config.schema import compose
 from lightning_hexiscale.errors import ConfigError, InfeasiblePlan, PlanError
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.cost.estimate import Workload, estimate
-from lightning_hexiscale.planner.plan import Plan
-from lightning_hexiscale.planner.search.two_phase import SearchSettings, search
+from lightning_hexiscale.planner import Plan, SearchSettings, Workload, estimate, search
 
 FEW = dict(iterations=4, progress=False)
 

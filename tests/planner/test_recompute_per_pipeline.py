@@ -13,11 +13,9 @@ import yaml
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import PlanError
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.cost.estimate import Workload, estimate
-from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
+from lightning_hexiscale.planner import Pipeline, Plan, SearchSettings, Stage, Workload, estimate, search
 from lightning_hexiscale.planner.search.assemble import batch_micro_sizes
 from lightning_hexiscale.planner.search.batching import BatchTimer
-from lightning_hexiscale.planner.search.two_phase import SearchSettings, search
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # datasheet pricing of both types
 

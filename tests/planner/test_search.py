@@ -7,10 +7,10 @@ import pytest
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError, InfeasiblePlan
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.cost.estimate import Workload, estimate
+from lightning_hexiscale.planner import SearchSettings, Workload, estimate, search
 from lightning_hexiscale.planner.search.assemble import (DraftContext, Evaluator, chain_draft, make_plan, split_batches,
                                                          split_layers)
-from lightning_hexiscale.planner.search.two_phase import SearchSettings, dp_candidates, search
+from lightning_hexiscale.planner.search.two_phase import dp_candidates
 
 from planner_clusters import two_islands
 
@@ -143,7 +143,7 @@ def test_memory_cap_matches_estimate(llama7b):
     st = (0, 1)
     cap = ev.max_layers(st, 0, 2, 2, 8, "ddp", 1)  # stage 0 of 2, micro-batch 2, 8 micro-batches
     assert 0 < cap < 32
-    from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
+    from lightning_hexiscale.planner import Pipeline, Plan, Stage
 
     def peak(layers):
         plan = Plan((Pipeline(16, 2, (Stage(st, (0, layers)), Stage((2, 3, 4, 5, 6, 7), (layers, 32)))),), 32)
@@ -155,7 +155,7 @@ def test_memory_cap_matches_estimate(llama7b):
 @pytest.mark.slow
 def test_search_beats_the_shipped_paper_plans():
     """The paper's Tab. 7 plan costs ~43.5 s under this cost model; the search must do at least as well."""
-    from lightning_hexiscale.planner.plan import Plan
+    from lightning_hexiscale.planner import Plan
 
     c, w = Cluster.load("hetero3"), Workload(LlamaConfig.load("llama_30b"))
     paper = estimate(Plan.load("conf/plans/hetero3_llama30b_tab7.yaml"), c, w)
@@ -170,7 +170,7 @@ def test_search_is_not_beaten_by_the_reversed_symmetric_plan():
     ZeRO-2, micro-batch 1: Galvatron's plan, written out here) is priced 15.637 s. The search's
     drafts preferred the other orientation (fastest first, 15.654 s) until the final improvement
     also scored every start with every pipeline reversed (planner/search/refine.py)."""
-    from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
+    from lightning_hexiscale.planner import Pipeline, Plan, Stage
 
     cluster = Cluster.load("hetero1")
     w = Workload(LlamaConfig.load("llama2_7b"))

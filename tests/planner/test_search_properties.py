@@ -25,8 +25,7 @@ from lightning_hexiscale.config import catalog
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import InfeasiblePlan
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.cost.estimate import Workload, estimate
-from lightning_hexiscale.planner.search.two_phase import SearchSettings, search
+from lightning_hexiscale.planner import SearchSettings, Workload, estimate, search
 
 GPU_TYPES = [n for n in catalog.known_names() if not n.startswith("CPU")]
 ITERATIONS = 4

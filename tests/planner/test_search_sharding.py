@@ -11,7 +11,7 @@ import pytest
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.lightning.plan_resolution import search_plan
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.cost.estimate import Workload, estimate
+from lightning_hexiscale.planner import Workload, estimate
 
 
 @pytest.mark.parametrize("cluster,model,batch", [("hetero1", "llama2_7b", 64), ("cpu_hetero4", "llama_tiny", 16)])

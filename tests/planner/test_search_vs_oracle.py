@@ -19,7 +19,7 @@ import pytest
 from lightning_hexiscale.errors import InfeasiblePlan
 from lightning_hexiscale.planner.oracle.cases import random_case
 from lightning_hexiscale.planner.oracle.exact import oracle
-from lightning_hexiscale.planner.search.two_phase import SearchSettings, search
+from lightning_hexiscale.planner import SearchSettings, search
 
 SEEDS = range(40)
 TARGET = 0.97

@@ -13,11 +13,9 @@ from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.config.schema import compose
 from lightning_hexiscale.errors import ConfigError, InfeasiblePlan
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.cost.estimate import Workload, estimate
+from lightning_hexiscale.planner import Pipeline, Plan, SearchSettings, Stage, Workload, estimate, search
 from lightning_hexiscale.planner.oracle.cases import random_case
-from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
 from lightning_hexiscale.planner.search import subsets as S
-from lightning_hexiscale.planner.search.two_phase import SearchSettings, search
 
 FEW = SearchSettings(recompute=True, iterations=3)
 

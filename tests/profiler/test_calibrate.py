@@ -12,7 +12,7 @@ import yaml
 from lightning_hexiscale.cli.main import main
 from lightning_hexiscale.config.cluster import Calibration, Cluster
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.cost.estimate import estimate
+from lightning_hexiscale.planner import estimate
 from lightning_hexiscale.profiling.calibrate import (CalibrationSteps, current_efficiency, fit_calibration,
                                                      fit_efficiency, fit_sync_latency, fit_theta, pure_dp_plan,
                                                      single_device_plan, tp_pairs_plan, with_calibration)

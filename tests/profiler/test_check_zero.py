@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner import Plan
 from lightning_hexiscale.profiling.check import measure_plan_rank
 from lightning_hexiscale.profiling.launch import run_local
 

@@ -92,7 +92,7 @@ def test_discover_uneven_machines_plans_and_reuses_cache(tmp_path, capfd):
     from lightning_hexiscale.config.cluster import Cluster
     from lightning_hexiscale.lightning.plan_resolution import search_plan
     from lightning_hexiscale.models.config import LlamaConfig
-    from lightning_hexiscale.planner.cost.workload import Workload
+    from lightning_hexiscale.planner import Workload
     from lightning_hexiscale.profiling.launch import run_local
 
     model = LlamaConfig.load("llama_tiny")

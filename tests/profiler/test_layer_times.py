@@ -10,7 +10,8 @@ import pytest
 from lightning_hexiscale.cli.main import main
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.cost.estimate import Workload, layer_times
+from lightning_hexiscale.planner import Workload
+from lightning_hexiscale.planner.cost.estimate import layer_times
 from lightning_hexiscale.profiling.launch import run_local
 from lightning_hexiscale.profiling.layer_times import default_tp_degrees, measure_layer_tables, tp_groups
 

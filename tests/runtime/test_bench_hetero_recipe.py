@@ -18,8 +18,7 @@ import pytest
 
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.cost.estimate import estimate
-from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner import Plan, estimate
 from lightning_hexiscale.profiling.check import cpu_workload
 from lightning_hexiscale.profiling.rounds import PlanTimes, round_orders, slowest_rank
 

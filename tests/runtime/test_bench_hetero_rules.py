@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from lightning_hexiscale.config.cluster import Cluster
-from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner import Plan
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -160,7 +160,7 @@ def test_engine_memory_estimate_goes_through_estimate(monkeypatch):
     _recipe(monkeypatch)
     from lightning_hexiscale.bench import gpu_checks
     from lightning_hexiscale.models.config import LlamaConfig
-    from lightning_hexiscale.planner.cost.estimate import Workload
+    from lightning_hexiscale.planner import Workload
 
     cfg = gpu_checks.memory_config()
     h100 = gpu_checks.catalog_cluster("H100")

@@ -27,7 +27,7 @@ import torch.distributed.checkpoint as dcp
 from test_equivalence import make_batch, plan_of
 
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner import Plan
 from lightning_hexiscale.profiling.check import peak_memory, reset_peak_memory
 from lightning_hexiscale.runtime import checkpoint as ckpt
 from lightning_hexiscale.runtime.checkpoint_io import _runs

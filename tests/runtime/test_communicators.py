@@ -9,7 +9,7 @@ import pytest
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.cost.communicators import (communicator_groups, communicators_lower_bound,
                                                             communicators_per_rank)
-from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner import Plan
 from lightning_hexiscale.runtime.topology import Topology, group_ranks
 
 

@@ -20,7 +20,7 @@ import pytest
 import torch
 from test_equivalence import SEED, make_batch, plan_of
 
-from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner import Plan
 from lightning_hexiscale.runtime.engine import PipelineEngine
 
 # a TP-2 stage next to a two-stage pipeline (every kind of hook and group on 4 ranks)

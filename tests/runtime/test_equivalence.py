@@ -13,7 +13,7 @@ import torch
 
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.models.llama import Llama
-from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner import Plan
 from lightning_hexiscale.runtime.engine import PipelineEngine
 from lightning_hexiscale.runtime.parallelize import assemble_full_state_dict
 

@@ -11,7 +11,7 @@ from test_equivalence import SEED, STEPS, assert_matches_reference, make_batch, 
 
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.models.llama import Llama
-from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner import Plan
 from lightning_hexiscale.runtime.engine import PipelineEngine
 
 

@@ -16,7 +16,7 @@ import torch
 from test_equivalence import SEED, STEPS, assert_matches_reference, make_batch, make_optimizer, plan_of, reference
 
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner import Plan
 from lightning_hexiscale.runtime.engine import PipelineEngine
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from test_equivalence import SEED, STEPS, assert_matches_reference, make_batch, make_optimizer, plan_of, reference
 
-from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner import Plan
 from lightning_hexiscale.runtime.engine import PipelineEngine
 
 

@@ -17,7 +17,7 @@ from test_equivalence import ATOL, SEED, assert_matches_reference, make_batch, p
 
 from lightning_hexiscale.errors import NonFiniteError
 from lightning_hexiscale.models.llama import Llama
-from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner import Plan
 from lightning_hexiscale.runtime.engine import PipelineEngine
 
 PLAN = plan_of([(2, 1, [([0, 1], (0, 4))]), (4, 2, [([2], (0, 2)), ([3], (2, 4))])], 4)

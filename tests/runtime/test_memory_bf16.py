@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_memory  # noqa: E402
 
 from lightning_hexiscale.config.cluster import Cluster  # noqa: E402
-from lightning_hexiscale.planner.cost.estimate import Workload, estimate  # noqa: E402
+from lightning_hexiscale.planner import Workload, estimate  # noqa: E402
 
 
 RECIPES = Path(__file__).resolve().parents[2] / "benchmarks"

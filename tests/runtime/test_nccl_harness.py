@@ -13,7 +13,7 @@ import torch.distributed as dist
 from nccl_semantics import ALL_GATHERS, P2POp, Step, replay, replay_segments, step_bytes
 from test_equivalence import SEED, make_batch, plan_of, reference
 
-from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner import Plan
 from lightning_hexiscale.runtime.engine import PipelineEngine
 from lightning_hexiscale.runtime.schedule import PipelineExecutor, schedule_ops
 from lightning_hexiscale.runtime.zero3 import Zero3Gatherer

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from test_equivalence import SEED, make_batch, plan_of
 
-from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner import Plan
 from lightning_hexiscale.runtime.engine import PipelineEngine
 from lightning_hexiscale.runtime.grad_sync import DEFAULT_BUCKET_CAP_BYTES
 from lightning_hexiscale.runtime.schedule import global_loss

@@ -24,7 +24,7 @@ from test_equivalence import SEED, STEPS, assert_matches_reference, make_batch, 
 
 from lightning_hexiscale.errors import PlanError
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner import Plan
 from lightning_hexiscale.profiling.rounds import measure_plans_rank, slowest_rank
 from lightning_hexiscale.runtime.engine import PipelineEngine
 from lightning_hexiscale.runtime.topology import create_groups, rank_map

@@ -21,7 +21,7 @@ from test_equivalence import SEED, STEPS, assert_matches_reference, check_equiva
 
 from lightning_hexiscale.models.config import LlamaConfig, split_even
 from lightning_hexiscale.models.llama import Llama
-from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner import Plan
 from lightning_hexiscale.runtime import tensor_parallel as tpl
 from lightning_hexiscale.runtime.engine import PipelineEngine
 from lightning_hexiscale.runtime.tied_embeddings import TiedPair, needs_tied_sync, tied_pairs

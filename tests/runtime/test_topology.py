@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from lightning_hexiscale.errors import PlanError
-from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner import Plan
 from lightning_hexiscale.runtime.topology import segment_bounds, sync_segments
 from lightning_hexiscale.runtime.topology import Topology, group_ranks, link_pairs, role_of
 

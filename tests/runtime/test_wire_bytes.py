@@ -20,7 +20,7 @@ import torch
 from test_equivalence import SEED, make_batch, plan_of
 
 from lightning_hexiscale.planner.cost.wire import CLASSES, wire_bytes
-from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner import Plan
 from lightning_hexiscale.runtime.engine import PipelineEngine
 from lightning_hexiscale.runtime.schedule import global_loss
 from lightning_hexiscale.runtime.topology import link_pairs, role_of

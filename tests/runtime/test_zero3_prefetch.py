@@ -23,7 +23,7 @@ import pytest
 import torch
 from test_equivalence import SEED, make_batch, plan_of
 
-from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner import Plan
 from lightning_hexiscale.runtime.comm_order import stage_events
 from lightning_hexiscale.runtime.engine import PipelineEngine
 

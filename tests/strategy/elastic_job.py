@@ -32,7 +32,7 @@ from lightning_hexiscale.lightning.elastic import ElasticSettings, ElasticStop
 from lightning_hexiscale.lightning.example import LlamaLitModule
 from lightning_hexiscale.lightning.strategy import HexiScaleStrategy
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner import Plan
 
 TINY = LlamaConfig(name="tiny_elastic", hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2,
                    ffn_hidden_size=128, vocab_size=256, seq_len=16)

@@ -30,7 +30,7 @@ from strategy_helpers import TINY, loader, module
 from lightning_hexiscale.lightning import plan_resolution
 from lightning_hexiscale.lightning.elastic import ElasticSettings
 from lightning_hexiscale.lightning.strategy import HexiScaleStrategy
-from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner import Plan
 
 CLUSTER = {"name": "three", "machines": [{"name": "m", "gpu": "CPU-FAST", "count": 3, "intra_bandwidth": "10 GB/s"}],
            "inter_machine": {"bandwidth": "1 GB/s", "latency": "50us"}}

@@ -35,7 +35,7 @@ from lightning_hexiscale.data import generated_corpus
 from lightning_hexiscale.lightning.example import LlamaLitModule
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.lightning.pipeline_model import PipelineModel
-from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner import Plan
 from lightning_hexiscale.lightning.strategy import HexiScaleStrategy
 
 TINY = LlamaConfig(name="tiny_test", hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2,

@@ -34,8 +34,7 @@ from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError, InfeasiblePlan
 from lightning_hexiscale.lightning import elastic
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.cost.estimate import Workload
-from lightning_hexiscale.planner.search.two_phase import SearchSettings, search
+from lightning_hexiscale.planner import SearchSettings, Workload, search
 from lightning_hexiscale.runtime import checkpoint as ckpt
 
 ROOT = Path(__file__).resolve().parents[2]

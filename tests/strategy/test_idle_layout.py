@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lightning_hexiscale.lightning.idle_ranks import layout_for
-from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
+from lightning_hexiscale.planner import Pipeline, Plan, Stage
 
 
 @st.composite

@@ -38,7 +38,7 @@ from test_checkpoint import Snapshot
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.lightning import idle_ranks
 from lightning_hexiscale.lightning.strategy import HexiScaleStrategy
-from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner import Plan
 
 HERE = Path(__file__).parent
 ROOT = HERE.parents[1]

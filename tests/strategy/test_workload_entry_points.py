@@ -22,9 +22,7 @@ from lightning_hexiscale.errors import InfeasiblePlan
 from lightning_hexiscale.lightning.example import LlamaLitModule
 from lightning_hexiscale.lightning.strategy import HexiScaleStrategy
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner.cost.estimate import workload_from_config
-from lightning_hexiscale.planner.cost.workload import Workload
-from lightning_hexiscale.planner.search.two_phase import SearchSettings, search
+from lightning_hexiscale.planner import SearchSettings, Workload, search, workload_from_config
 
 
 @pytest.mark.parametrize("cluster,precision,device,dtype", [

@@ -11,10 +11,14 @@
 - :mod:`.subsets`     which devices a plan uses: the search over subsets of the cluster
 - :mod:`.infeasible`  why no plan fits: the message that names the term
 
-The package exports the names ``lightning_hexiscale.planner.search`` had as a module
-(``from lightning_hexiscale.planner.search import SearchSettings, search``), lazily: the search pulls
-in networkx and pymetis, and importing :mod:`.settings` alone should not.
+The package exports the names ``lightning_hexiscale.planner.search`` had as a module, lazily: the
+search pulls in networkx and pymetis, and importing :mod:`.settings` alone should not. The package
+is itself callable as :func:`.two_phase.search`, so that ``from lightning_hexiscale.planner import
+search`` -- which yields this sub-package, whatever the planner's root binds -- is the search.
 """
+
+import sys
+import types
 
 from lightning_hexiscale._lazy import lazy_exports
 
@@ -26,3 +30,16 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     **{name: _TWO_PHASE for name in ("SearchRun", "capacity_message", "first_sweep", "search", "subset_search")},
     **{name: _SETTINGS for name in ("CUTS", "Iteration", "LogEntry", "SearchResult", "SearchSettings",
                                     "dp_candidates")}})
+
+
+class _CallableSearch(types.ModuleType):
+    """This package, callable: ``search(cluster, workload, global_batch, settings, worth)`` runs
+    :func:`.two_phase.search` (looked up at each call, so a patched two_phase.search is seen)."""
+
+    def __call__(self, *args, **kwargs):
+        from lightning_hexiscale.planner.search import two_phase
+
+        return two_phase.search(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableSearch
