@@ -38,7 +38,7 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "load_hf": "lightning_hexiscale.data.weights",
     "load_llama": "lightning_hexiscale.runtime.checkpoint",
     "load_llama_state_dict": "lightning_hexiscale.runtime.checkpoint",
-    "search": "lightning_hexiscale.planner.search.two_phase",
+    "search": "lightning_hexiscale.planner.search.entry",
 })
 
 _install_strategy()

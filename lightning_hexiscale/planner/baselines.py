@@ -64,13 +64,15 @@ from lightning_hexiscale.planner.search.assemble import (DP_OPTIONS, DraftContex
 from lightning_hexiscale.planner.search.partition import DeviceGraph, partition
 from lightning_hexiscale.planner.search.subsets import (compute_bound, device_rates, devices_of, lift, machine_classes,
                                                         machines_of, memory_possible, subset_vectors)
-from lightning_hexiscale.planner.search.two_phase import SearchResult, SearchSettings, SearchRun, search
+from lightning_hexiscale.planner.search.entry import search
+from lightning_hexiscale.planner.search.settings import SearchResult, SearchSettings
+from lightning_hexiscale.planner.search.two_phase import SearchRun
 
 
 def _best_recompute(fn):
     """``settings.recompute == 'auto'`` (the default): the baseline as the user of that system would
     run it, with recomputation off and on, keeping the faster result that fits (ties: off); a pinned
-    True / False runs once. The same rule as the search's (:func:`two_phase.auto_recompute`)."""
+    True / False runs once. The same rule as the search's (:func:`recompute.auto_recompute`)."""
 
     @functools.wraps(fn)
     def run(cluster, workload, global_batch, settings=None, *args, **kwargs):

@@ -32,8 +32,8 @@ def _is_root_name(module: str, name: str) -> bool:
     """Whether ``module``'s ``name`` is what the root exports under that name."""
     if name not in root.__all__:
         return False
-    if name == "search":  # the root's search is the callable sub-package, the function behind it
-        return True
+    if name == "search":  # the root's search is the callable sub-package, entry.search behind it
+        return module in (f"{PLANNER}.search", f"{PLANNER}.search.entry")
     try:
         return getattr(importlib.import_module(module), name) is getattr(root, name)
     except (ImportError, AttributeError):
@@ -68,10 +68,10 @@ def test_callers_import_root_names_from_the_root():
 
 def test_the_scan_finds_a_deep_import_and_spares_the_rest():
     src = ("from lightning_hexiscale.planner.cost.estimate import estimate, layer_times\n"
-           "def f():\n    from lightning_hexiscale.planner.search.two_phase import SearchRun, search\n"
+           "def f():\n    from lightning_hexiscale.planner.search.entry import search\n"
            "from lightning_hexiscale.planner import Plan\n")
     assert deep_imports(src) == ["1: from lightning_hexiscale.planner.cost.estimate import estimate",
-                                 "3: from lightning_hexiscale.planner.search.two_phase import search"]
+                                 "3: from lightning_hexiscale.planner.search.entry import search"]
 
 
 def test_every_root_name_resolves():
@@ -82,14 +82,14 @@ def test_every_root_name_resolves():
     assert root.SearchSettings is deep(f"{PLANNER}.search.settings").SearchSettings
 
 
-def test_the_roots_search_runs_the_two_phase_search(monkeypatch):
+def test_the_roots_search_runs_the_search_entry(monkeypatch):
     """``search`` at the root is the search sub-package (the import system binds it there), callable
-    as two_phase.search with the same arguments."""
+    as entry.search with the same arguments."""
     from lightning_hexiscale.planner import search
-    from lightning_hexiscale.planner.search import two_phase
+    from lightning_hexiscale.planner.search import entry
 
     seen = []
-    monkeypatch.setattr(two_phase, "search", lambda *a, **k: seen.append((a, k)) or "result")
+    monkeypatch.setattr(entry, "search", lambda *a, **k: seen.append((a, k)) or "result")
     assert search(1, 2, 3, settings=4) == "result" and seen == [((1, 2, 3), {"settings": 4})]
     assert root.search is search and search.SearchSettings is root.SearchSettings
 

@@ -1,6 +1,7 @@
 """The search for a plan: §4's two-phase hierarchical search and what it adds (no torch.distributed).
 
-- :mod:`.two_phase`   the search itself: ``search(cluster, workload, G, settings)``
+- :mod:`.entry`       what callers run: ``search(cluster, workload, G, settings)`` (recompute, subsets)
+- :mod:`.two_phase`   the two-phase search itself on one (sub)cluster (SearchRun)
 - :mod:`.settings`    what it takes and returns: SearchSettings, SearchResult, its log
 - :mod:`.partition`   the device graph and its multilevel (pymetis) partitions
 - :mod:`.assemble`    drafts -> pipelines: stage strategies, leaders, layer splits
@@ -9,11 +10,11 @@
 - :mod:`.floors`      lower bounds of a layout's time (hopeless layouts are not scored)
 - :mod:`.refine`      local improvement of the best layouts
 - :mod:`.subsets`     which devices a plan uses: the search over subsets of the cluster
-- :mod:`.infeasible`  why no plan fits: the message that names the term
+- :mod:`.infeasible`  why no plan fits (or gives every device work): the message that names the term
 
 The package exports the names ``lightning_hexiscale.planner.search`` had as a module, lazily: the
 search pulls in networkx and pymetis, and importing :mod:`.settings` alone should not. The package
-is itself callable as :func:`.two_phase.search`, so that ``from lightning_hexiscale.planner import
+is itself callable as :func:`.entry.search`, so that ``from lightning_hexiscale.planner import
 search`` -- which yields this sub-package, whatever the planner's root binds -- is the search.
 """
 
@@ -23,23 +24,26 @@ import types
 from lightning_hexiscale._lazy import lazy_exports
 
 _TWO_PHASE = "lightning_hexiscale.planner.search.two_phase"
+_ENTRY = "lightning_hexiscale.planner.search.entry"
 _SETTINGS = "lightning_hexiscale.planner.search.settings"
 __all__ = ["CUTS", "Iteration", "LogEntry", "SearchResult", "SearchRun", "SearchSettings", "capacity_message",
            "dp_candidates", "first_sweep", "search", "subset_search"]
 __getattr__, __dir__ = lazy_exports(__name__, {
-    **{name: _TWO_PHASE for name in ("SearchRun", "capacity_message", "first_sweep", "search", "subset_search")},
+    **{name: _TWO_PHASE for name in ("SearchRun", "first_sweep")},
+    **{name: _ENTRY for name in ("search", "subset_search")},
+    "capacity_message": "lightning_hexiscale.planner.search.infeasible",
     **{name: _SETTINGS for name in ("CUTS", "Iteration", "LogEntry", "SearchResult", "SearchSettings",
                                     "dp_candidates")}})
 
 
 class _CallableSearch(types.ModuleType):
     """This package, callable: ``search(cluster, workload, global_batch, settings, worth)`` runs
-    :func:`.two_phase.search` (looked up at each call, so a patched two_phase.search is seen)."""
+    :func:`.entry.search` (looked up at each call, so a patched entry.search is seen)."""
 
     def __call__(self, *args, **kwargs):
-        from lightning_hexiscale.planner.search import two_phase
+        from lightning_hexiscale.planner.search import entry
 
-        return two_phase.search(*args, **kwargs)
+        return entry.search(*args, **kwargs)
 
 
 sys.modules[__name__].__class__ = _CallableSearch

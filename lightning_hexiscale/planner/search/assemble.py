@@ -45,7 +45,7 @@ class Evaluator:
     """Cached pipeline-local cost terms for one cluster and workload."""
 
     def __init__(self, cluster: Cluster, workload: Workload, schedule: str = "1f1b", recompute: bool = True):
-        if not isinstance(recompute, bool):  # "auto" is resolved by the search, per run (two_phase.search)
+        if not isinstance(recompute, bool):  # "auto" is resolved by the search, per run (entry.search)
             raise TypeError(f"Evaluator(recompute={recompute!r}): pass True or False; the search resolves 'auto' "
                             "by running once without and once with recomputation")
         self.cluster, self.workload, self.schedule, self.recompute = cluster, workload, schedule, recompute

@@ -14,7 +14,8 @@ The search gives every device work, so nothing fits when either
    first of them that no longer fits the device (its capacity less ``memory_headroom``).
 
 Otherwise the activations of the global batch are what is missing. The message says which case it
-is, with the numbers, and the fix.
+is, with the numbers, and the fix. Before any of that, :func:`capacity_message` says when the
+cluster has more devices than the model and batch can give work to.
 """
 
 from __future__ import annotations
@@ -108,3 +109,22 @@ def _devices_without_room(cluster: Cluster, workload: Workload) -> str | None:
                        "or leave these out of the cluster")
         return (f"every device gets work, but {where} cannot hold even the smallest stage: {parts}; {culprit}")
     return None
+
+
+def capacity_message(cluster: Cluster, workload: Workload, global_batch: int) -> str | None:
+    """What is missing when the cluster has more devices than the model and batch can occupy, or None.
+
+    The search gives work to every device. A pipeline takes at least one sequence of the global
+    batch G, a stage at least one of the L layers, and a TP rank at least one of the K key/value
+    heads, so at most G * L * K devices can be busy (e.g. 1 x 1 x 1 = 1 for a one-layer model with
+    one KV head at batch 1: a second device has nothing to do). Found by the property tests, where
+    such draws were reported as "no plan fits in memory".
+    """
+    m = workload.model
+    most = global_batch * m.num_layers * m.num_kv_heads
+    if cluster.num_devices <= most:
+        return None
+    return (f"no plan gives every device work: cluster {cluster.name} has {cluster.num_devices} devices, but "
+            f"{m.name} needs at most {most} (global batch {global_batch} sequences x {m.num_layers} layers x "
+            f"{m.num_kv_heads} KV heads: a pipeline needs a sequence, a stage a layer, a TP rank a KV head). "
+            f"Fix: a larger train.global_batch, a deeper model, or a cluster (or plan file) with at most {most} devices")

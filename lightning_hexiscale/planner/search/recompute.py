@@ -100,7 +100,7 @@ def auto_recompute(cluster: Cluster, workload: Workload, global_batch: int, s: S
     each layer's input per micro-batch in flight. The plan's ``meta['recompute']`` records the
     times (inf: nothing fits). Raises the InfeasiblePlan of the run with recomputation (the least
     memory) when neither fits. ``search_one(cluster, workload, global_batch, settings, worth)`` is
-    the search with one setting (``two_phase._search_one``)."""
+    the search with one setting (``entry._search_one``)."""
     results: dict[bool, SearchResult] = {}
     failed: InfeasiblePlan | None = None
     for r in (False, True):

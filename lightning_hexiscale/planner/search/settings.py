@@ -1,6 +1,6 @@
 """What the search takes and returns: :class:`SearchSettings` (from ``cfg.planner`` + ``cfg.train``),
 one :class:`Iteration`'s choices, the search log and :class:`SearchResult`; and the D_dp ladder
-the first pass enumerates. The search itself: :mod:`lightning_hexiscale.planner.search.two_phase`."""
+the first pass enumerates. The search itself: :mod:`lightning_hexiscale.planner.search.entry`."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ class SearchSettings:
     schedule: str = "1f1b"
     recompute: bool | str = "auto"
     """Activation recomputation per layer: ``auto`` (the search tries the plan without and with it
-    and keeps the faster one that fits: :func:`two_phase.search`), or True / False to pin it."""
+    and keeps the faster one that fits: :func:`entry.search`), or True / False to pin it."""
     micro_batch_size: int | None = None
     """None: the batch split picks one per pipeline (``assemble.batch_micro_sizes``); else every
     pipeline uses this one (it must divide the global batch)."""

@@ -40,7 +40,7 @@ Where it goes beyond §4, and why (each measured against the true optimum of
   or a stage, with the batches re-split exactly each time.
 - Speed on large clusters: one draft micro-batch size, ZeRO-3 only when ZeRO-2 fits nothing,
   layouts whose pipelines alone are 1.25x slower than the best plan not scored.
-- Device subsets (unless ``use_all_devices``): :func:`search` runs all of the above on machine
+- Device subsets (unless ``use_all_devices``): :func:`.entry.search` runs all of the above on machine
   subsets too and keeps the best, leaving the other devices idle (:mod:`planner.search.subsets`); the
   final improvement may leave single devices idle.
 """
@@ -48,7 +48,6 @@ Where it goes beyond §4, and why (each measured against the true optimum of
 from __future__ import annotations
 
 import dataclasses
-import gc
 import itertools
 import math
 import time
@@ -58,10 +57,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from lightning_hexiscale.config.cluster import Cluster
-from lightning_hexiscale.errors import ConfigError, InfeasiblePlan
-from lightning_hexiscale.planner.cost.compute import effective_cluster, warn_datasheet_pricing
+from lightning_hexiscale.errors import InfeasiblePlan
 from lightning_hexiscale.planner.cost.estimate import Workload, estimate
-from lightning_hexiscale.planner.cost.sources import price_sources
 from lightning_hexiscale.planner.plan import Plan
 from lightning_hexiscale.planner.search import refine
 from lightning_hexiscale.planner.search.assemble import (DP_OPTIONS, SMALL_CLUSTER, DraftContext, Evaluator,
@@ -70,11 +67,11 @@ from lightning_hexiscale.planner.search.assemble import (DP_OPTIONS, SMALL_CLUST
 from lightning_hexiscale.planner.search.batching import BatchTimer, layout_key, layout_plan
 from lightning_hexiscale.planner.search.dp_split import resplit, resplit_cost
 from lightning_hexiscale.planner.search.floors import exposed_floor, local_time, zero3_step_floor
+from lightning_hexiscale.planner.search.infeasible import capacity_message
 from lightning_hexiscale.planner.search.partition import DeviceGraph, partition
-from lightning_hexiscale.planner.search.recompute import auto_recompute
 from lightning_hexiscale.planner.search.settings import (Iteration, LogEntry, SearchResult, SearchSettings,
                                                          dp_candidates)
-from lightning_hexiscale.planner.search.subsets import CoreRun, name_idle, search_subsets, shrink
+from lightning_hexiscale.planner.search.subsets import name_idle, shrink
 
 _REPLICA_LAYOUTS = 256
 """Replica-only layouts the search scores on small clusters (one TP size per machine, every combination)."""
@@ -562,89 +559,3 @@ class SearchRun:
                         best = (d, t)
             out.append(p if best is None else tuple(zip(best[0].stages, best[0].layers)))
         return sharding, tuple(out)
-
-
-def capacity_message(cluster: Cluster, workload: Workload, global_batch: int) -> str | None:
-    """What is missing when the cluster has more devices than the model and batch can occupy, or None.
-
-    The search gives work to every device. A pipeline takes at least one sequence of the global
-    batch G, a stage at least one of the L layers, and a TP rank at least one of the K key/value
-    heads, so at most G * L * K devices can be busy (e.g. 1 x 1 x 1 = 1 for a one-layer model with
-    one KV head at batch 1: a second device has nothing to do). Found by the property tests, where
-    such draws were reported as "no plan fits in memory".
-    """
-    m = workload.model
-    most = global_batch * m.num_layers * m.num_kv_heads
-    if cluster.num_devices <= most:
-        return None
-    return (f"no plan gives every device work: cluster {cluster.name} has {cluster.num_devices} devices, but "
-            f"{m.name} needs at most {most} (global batch {global_batch} sequences x {m.num_layers} layers x "
-            f"{m.num_kv_heads} KV heads: a pipeline needs a sequence, a stage a layer, a TP rank a KV head). "
-            f"Fix: a larger train.global_batch, a deeper model, or a cluster (or plan file) with at most {most} devices")
-
-
-def search(cluster: Cluster, workload: Workload, global_batch: int,
-           settings: SearchSettings | None = None, worth: bool = False) -> SearchResult:
-    """Find a low-cost plan for ``workload`` on ``cluster`` with ``global_batch`` sequences per step.
-
-    Unless ``settings.use_all_devices``, the plan may leave devices idle where that is faster
-    (:mod:`planner.search.subsets`: device subsets are searched too; ``result.subsets`` says which).
-    ``worth``: also find, per machine, the best plan without it (``hexiscale plan``'s report).
-    Raises :class:`InfeasiblePlan` when no plan tried fits in memory, saying what is missing.
-    """
-    s = settings or SearchSettings()
-    if global_batch < 1:
-        raise ConfigError("train.global_batch", global_batch, "must be a positive integer", "use e.g. 32")
-    priced = cluster
-    warn_datasheet_pricing(cluster, workload)  # once per process: CUDA types priced from datasheets
-    cluster = effective_cluster(cluster, workload)  # the heuristics' device speeds follow the roofline
-    # the search allocates millions of small tuples that live as long as its caches: a rarer
-    # young-generation collection saves ~5% of the time on large clusters (restored afterwards)
-    threshold = gc.get_threshold()
-    gc.set_threshold(max(threshold[0], 100_000), *threshold[1:])
-    try:
-        if s.recompute == "auto":
-            result = auto_recompute(cluster, workload, global_batch, s, worth, _search_one)
-        else:
-            result = _search_one(cluster, workload, global_batch, s, worth)
-    finally:
-        gc.set_threshold(*threshold)
-    # what priced each device type; refuses a stage at a TP degree its type's layer table lacks
-    return dataclasses.replace(result, sources=price_sources(priced, workload, result.plan))
-
-
-def _search_one(cluster: Cluster, workload: Workload, global_batch: int, s: SearchSettings,
-                worth: bool) -> SearchResult:
-    if s.use_all_devices:
-        return SearchRun(cluster, workload, global_batch, s).run()
-    return subset_search(cluster, workload, global_batch, s, worth)
-
-
-def _core(workload: Workload, global_batch: int, s: SearchSettings, results: list[tuple[Cluster, SearchResult]]):
-    """The all-device search as :mod:`planner.search.subsets` runs it on a (sub)cluster: a
-    :class:`subsets.CoreRun` (its best plan, the best plan giving every device work, the log and
-    a way to try the best layouts without some devices). Each run's (cluster, result) is appended
-    to ``results``."""
-
-    def run(cluster: Cluster, share: float = 1.0) -> CoreRun:
-        sr = SearchRun(cluster, workload, global_batch, s, share)
-        result = sr.run()
-        results.append((cluster, result))
-        return CoreRun(result.plan, result.estimate.cost, sr.best_all[0], result.log, sr.without)
-
-    return run
-
-
-def subset_search(cluster: Cluster, workload: Workload, global_batch: int, s: SearchSettings,
-                  worth: bool = False) -> SearchResult:
-    """The best plan over device subsets (:func:`subsets.search_subsets`), as a SearchResult."""
-    t0 = time.perf_counter()
-    mbs = micro_batch_candidates(global_batch, s.micro_batch_size, cluster.num_devices)
-    runs: list[tuple[Cluster, SearchResult]] = []
-    plan, report, log = search_subsets(cluster, workload, global_batch, _core(workload, global_batch, s, runs), mbs,
-                                       s.recompute, worth)
-    # the whole cluster's plan was priced at the end of its run, on this cluster: not again (a
-    # quarter of a second at 1,024 GPUs); a subset's plan is priced here on the whole cluster
-    same = [r.estimate for c, r in runs if c is cluster and r.plan.pipelines == plan.pipelines]
-    return SearchResult(plan, same[0] if same else estimate(plan, cluster, workload), log,
-                        time.perf_counter() - t0, report)

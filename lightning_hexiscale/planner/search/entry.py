@@ -1,0 +1,93 @@
+"""``search(cluster, workload, global_batch, settings)``: the search as callers run it.
+
+It checks the batch, warns once where CUDA types are priced from datasheets, runs the search on the
+cluster whose device speeds follow the roofline (:func:`cost.compute.effective_cluster`), resolves
+``recompute: auto`` per pipeline (:mod:`.recompute`), searches device subsets unless
+``settings.use_all_devices`` (:mod:`.subsets`; each (sub)cluster by one :class:`.two_phase.SearchRun`)
+and names what priced each device type (:func:`cost.sources.price_sources`). The two-phase search
+itself is :mod:`.two_phase`; why the result may leave devices idle is :mod:`.subsets`'.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import time
+
+from lightning_hexiscale.config.cluster import Cluster
+from lightning_hexiscale.errors import ConfigError
+from lightning_hexiscale.planner.cost.compute import effective_cluster, warn_datasheet_pricing
+from lightning_hexiscale.planner.cost.estimate import Workload, estimate
+from lightning_hexiscale.planner.cost.sources import price_sources
+from lightning_hexiscale.planner.search.assemble import micro_batch_candidates
+from lightning_hexiscale.planner.search.recompute import auto_recompute
+from lightning_hexiscale.planner.search.settings import SearchResult, SearchSettings
+from lightning_hexiscale.planner.search.subsets import CoreRun, search_subsets
+from lightning_hexiscale.planner.search.two_phase import SearchRun
+
+
+def search(cluster: Cluster, workload: Workload, global_batch: int,
+           settings: SearchSettings | None = None, worth: bool = False) -> SearchResult:
+    """Find a low-cost plan for ``workload`` on ``cluster`` with ``global_batch`` sequences per step.
+
+    Unless ``settings.use_all_devices``, the plan may leave devices idle where that is faster
+    (:mod:`planner.search.subsets`: device subsets are searched too; ``result.subsets`` says which).
+    ``worth``: also find, per machine, the best plan without it (``hexiscale plan``'s report).
+    Raises :class:`InfeasiblePlan` when no plan tried fits in memory, saying what is missing.
+    """
+    s = settings or SearchSettings()
+    if global_batch < 1:
+        raise ConfigError("train.global_batch", global_batch, "must be a positive integer", "use e.g. 32")
+    priced = cluster
+    warn_datasheet_pricing(cluster, workload)  # once per process: CUDA types priced from datasheets
+    cluster = effective_cluster(cluster, workload)  # the heuristics' device speeds follow the roofline
+    # the search allocates millions of small tuples that live as long as its caches: a rarer
+    # young-generation collection saves ~5% of the time on large clusters (restored afterwards)
+    threshold = gc.get_threshold()
+    gc.set_threshold(max(threshold[0], 100_000), *threshold[1:])
+    try:
+        if s.recompute == "auto":
+            result = auto_recompute(cluster, workload, global_batch, s, worth, _search_one)
+        else:
+            result = _search_one(cluster, workload, global_batch, s, worth)
+    finally:
+        gc.set_threshold(*threshold)
+    # what priced each device type; refuses a stage at a TP degree its type's layer table lacks
+    return dataclasses.replace(result, sources=price_sources(priced, workload, result.plan))
+
+
+def _search_one(cluster: Cluster, workload: Workload, global_batch: int, s: SearchSettings,
+                worth: bool) -> SearchResult:
+    if s.use_all_devices:
+        return SearchRun(cluster, workload, global_batch, s).run()
+    return subset_search(cluster, workload, global_batch, s, worth)
+
+
+def _core(workload: Workload, global_batch: int, s: SearchSettings, results: list[tuple[Cluster, SearchResult]]):
+    """The all-device search as :mod:`planner.search.subsets` runs it on a (sub)cluster: a
+    :class:`subsets.CoreRun` (its best plan, the best plan giving every device work, the log and
+    a way to try the best layouts without some devices). Each run's (cluster, result) is appended
+    to ``results``."""
+
+    def run(cluster: Cluster, share: float = 1.0) -> CoreRun:
+        sr = SearchRun(cluster, workload, global_batch, s, share)
+        result = sr.run()
+        results.append((cluster, result))
+        return CoreRun(result.plan, result.estimate.cost, sr.best_all[0], result.log, sr.without)
+
+    return run
+
+
+def subset_search(cluster: Cluster, workload: Workload, global_batch: int, s: SearchSettings,
+                  worth: bool = False) -> SearchResult:
+    """The best plan over device subsets (:func:`subsets.search_subsets`), as a SearchResult."""
+    t0 = time.perf_counter()
+    mbs = micro_batch_candidates(global_batch, s.micro_batch_size, cluster.num_devices)
+    runs: list[tuple[Cluster, SearchResult]] = []
+    plan, report, log = search_subsets(cluster, workload, global_batch, _core(workload, global_batch, s, runs), mbs,
+                                       s.recompute, worth)
+    # the whole cluster's plan was priced at the end of its run, on this cluster: not again (a
+    # quarter of a second at 1,024 GPUs); a subset's plan is priced here on the whole cluster
+    same = [r.estimate for c, r in runs if c is cluster and r.plan.pipelines == plan.pipelines]
+    return SearchResult(plan, same[0] if same else estimate(plan, cluster, workload), log,
+                        time.perf_counter() - t0, report)
