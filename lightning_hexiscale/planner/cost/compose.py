@@ -13,14 +13,16 @@ and with charge_j its share of the hops (``cost.model.hop_charges``) and n micro
 
 (eq. 8 plus the data-parallel time the last backward cannot hide); the iteration takes the slowest
 pipeline (eq. 9). Times in seconds; Stage and charge per micro-batch, Tail and the pipeline time per
-iteration. The vectorised large-cluster path (``BatchTimer.abc_all``) evaluates the same formulas
-over arrays of stages (summed in another order: equal to float rounding, tested).
+iteration. The large-cluster path (``BatchTimer.abc_all``) takes the array forms at the end of this
+module (summed in another order: equal to float rounding, tested).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from lightning_hexiscale.planner.cost import model as cm
 from lightning_hexiscale.planner.cost import zero_terms as Z
@@ -107,7 +109,7 @@ class PipelineTime:
 
     def time_s(self, num_micro_batches: int) -> float:
         """Pipeline-Time (eq. 8) + C, in seconds per iteration."""
-        return (self.A + (num_micro_batches - 1) * self.B) + self.C
+        return pipeline_seconds(self.A, self.B, self.C, num_micro_batches)
 
     @property
     def bubble_s(self) -> float:
@@ -125,6 +127,41 @@ def pipeline_time(stage_s: Sequence[float], hop_s: Sequence[float], tails: Seque
     return PipelineTime(steps, charges, sum(steps), max(steps), max(tails))
 
 
+def pipeline_seconds(A, B, C, n):
+    """``(A + (n - 1) * B) + C``: a pipeline's time per iteration with n micro-batches, for floats or
+    arrays alike (the batch timer evaluates it over many (m, n) at once); the one place it is written."""
+    return (A + (n - 1) * B) + C
+
+
 def iteration_time(pipeline_s: Sequence[float]) -> float:
     """Total-Time = max_i Pipeline-Time(i) (eq. 9)."""
     return cm.total_time(pipeline_s)
+
+
+# ---- the same formulas over arrays of stages (BatchTimer.abc_all: hundreds of pipelines at once) ----
+
+def layer_steps(t_f: np.ndarray, t_b: np.ndarray, t_comm: np.ndarray, sharding: str,
+                theta: tuple[float, float, float, float]) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`layer_step` element-wise over arrays of (T_f, T_b, T_comm) (zero_terms: ZeRO-3 serves
+    and reduce-scatters after the backward, ZeRO-2's all-gather follows the step)."""
+    th1, th2, th3f, th3b = theta
+    if sharding == "zero3":
+        return th3f * np.maximum(t_f, t_comm) + th3b * np.maximum(t_b, t_comm) + 2.0 * t_comm, t_comm
+    if sharding == "zero2":
+        return t_f + t_b, np.maximum(0.0, th2 * np.maximum(t_b, t_comm) - t_b) + t_comm
+    return t_f + t_b, np.maximum(0.0, th1 * np.maximum(t_b, 2 * t_comm) - t_b)
+
+
+def head_exposed(t_head: np.ndarray, backward_s: np.ndarray, sharding: str) -> np.ndarray:
+    """:func:`zero_terms.zero_head_exposed` element-wise (the exposed part of the LM head's sync)."""
+    if sharding == "ddp":
+        return np.maximum(0.0, t_head - backward_s)
+    if sharding == "zero2":
+        return np.maximum(0.0, 0.5 * t_head - backward_s) + 0.5 * t_head
+    return t_head
+
+
+def pipelines_abc(steps: np.ndarray, tails: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(A, B, C) per pipeline of stages laid end to end (``starts``: each pipeline's first stage):
+    the sum and max of Stage_j + charge_j, the max of Tail_j (:func:`pipeline_time`, vectorised)."""
+    return np.add.reduceat(steps, starts), np.maximum.reduceat(steps, starts), np.maximum.reduceat(tails, starts)

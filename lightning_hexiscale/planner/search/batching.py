@@ -342,7 +342,7 @@ class BatchTimer:
         for m in np.unique(qm[sel]).tolist():
             A[m], B[m], C[m] = self.abc(layout, i, dp, edges, m)
         m_sel, n_sel, b_sel = qm[sel], qn[sel], qb[sel]
-        T = (A[m_sel] + (n_sel - 1) * B[m_sel]) + C[m_sel]
+        T = compose.pipeline_seconds(A[m_sel], B[m_sel], C[m_sel], n_sel)
         order = np.lexsort((T, b_sel))
         first = np.ones(len(order), dtype=bool)
         first[1:] = b_sel[order][1:] != b_sel[order][:-1]
@@ -388,26 +388,12 @@ class BatchTimer:
             per0_c[k] = self.extra(devices, m, first, last)
         tf, tb, per0, hop = tf_c[cls], tb_c[cls], per0_c[cls], hop_c[cls]
         per0 += cm.hop_charges(hop, layout.schedule)  # the pipelines end to end (each last hop is 0)
-        TF, TB = tf[iv_stage], tb[iv_stage]
-        th1, th2, th3f, th3b = self.theta
         sh = layout.dp_sharding
-        # estimate.layer_step, vectorised (zero_terms: ZeRO-3 serves and reduce-scatters after the
-        # backward, ZeRO-2's all-gather follows the step)
-        if sh == "zero3":
-            step = th3f * np.maximum(TF, iv_tc) + th3b * np.maximum(TB, iv_tc) + 2.0 * iv_tc
-            exposed = iv_tc
-        elif sh == "zero2":
-            step = TF + TB
-            exposed = np.maximum(0.0, th2 * np.maximum(TB, iv_tc) - TB) + iv_tc
-        else:
-            step = TF + TB
-            exposed = np.maximum(0.0, th1 * np.maximum(TB, 2 * iv_tc) - TB)
+        step, exposed = compose.layer_steps(tf[iv_stage], tb[iv_stage], iv_tc, sh, self.theta)
         per = np.bincount(iv_stage, weights=iv_n * step, minlength=ns) + per0
-        back = n_layers * tb  # zero_terms.zero_head_exposed, vectorised
-        head = (np.maximum(0.0, e_head - back) if sh == "ddp" else
-                np.maximum(0.0, 0.5 * e_head - back) + 0.5 * e_head if sh == "zero2" else e_head)
+        head = compose.head_exposed(e_head, n_layers * tb, sh)
         tail = np.bincount(iv_stage, weights=iv_n * exposed, minlength=ns) + e_emb + head + e_norm
-        return np.add.reduceat(per, starts), np.maximum.reduceat(per, starts), np.maximum.reduceat(tail, starts)
+        return compose.pipelines_abc(per, tail, starts)
 
     def _flat_layout(self, layout: Plan, dp: dict, edges: dict) -> tuple:
         """The m-independent arrays of :meth:`abc_all`, kept for the last layout."""
@@ -486,10 +472,10 @@ class BatchTimer:
                     lo = mid
             n = counts(hi)
             for _ in range(int(n.sum() - N)):  # the surplus leaves the slowest pipelines
-                t = (A + (n - 1) * B) + C
+                t = compose.pipeline_seconds(A, B, C, n)
                 t[n <= 1] = -math.inf
                 n[int(np.argmax(t))] -= 1
-            t = (A + (n - 1) * B) + C
+            t = compose.pipeline_seconds(A, B, C, n)
             cost = float(t.max())
             if cost < best[0]:
                 plan = with_batches(layout, (n * m).tolist(), [m] * P, meta)
@@ -513,7 +499,7 @@ class BatchTimer:
         for i, p in enumerate(plan.pipelines):
             m, n = p.micro_batch_size, p.num_micro_batches
             A, B, C = self.abc(plan, i, dp, edges, m)
-            t = (A + (n - 1) * B) + C
+            t = compose.pipeline_seconds(A, B, C, n)
             if t > worst:
                 caps = self.hop_caps(plan)
                 hops = sum(self.hop(a.devices, b.devices, m, caps.get((i, j), ()))
