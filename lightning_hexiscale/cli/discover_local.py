@@ -15,8 +15,6 @@ Gloo ranks on a GPU machine would measure the CPU instead of the GPUs.
 from __future__ import annotations
 
 import os
-import queue
-import socket
 import time
 import traceback
 from dataclasses import dataclass
@@ -103,12 +101,6 @@ def spawned_rank_main(env: dict[str, str], backend: str, timeout_s: float, fn, a
     out.join_thread()  # the report is in the pipe before this process exits
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 SETTLE_S = 5.0
 """After the first failure, how long the other ranks' reports are awaited before they are killed (a failing
 NCCL rank's peers block in their next collective instead of failing at once; the root cause usually reports first)."""
@@ -123,7 +115,7 @@ def run_spawned(launch: LocalLaunch, fn, *args, timeout_s: float = 600.0) -> lis
     root cause first (``root_cause_order``)."""
     import multiprocessing
 
-    from lightning_hexiscale.profiling.launch import RankFailure, root_cause_order
+    from lightning_hexiscale.profiling.launch import free_port, gather_reports
 
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
@@ -133,40 +125,4 @@ def run_spawned(launch: LocalLaunch, fn, *args, timeout_s: float = 600.0) -> lis
              for r in range(launch.ranks)]
     for p in procs:
         p.start()
-    results: dict[int, tuple[str, object, float]] = {}
-    deadline = time.monotonic() + timeout_s
-    settle_until: float | None = None
-    try:
-        while len(results) < launch.ranks:
-            now = time.monotonic()
-            if now >= deadline or (settle_until is not None and now >= settle_until):
-                break
-            try:
-                rank, status, value, when = out.get(timeout=min(deadline - now, 0.2))
-            except queue.Empty:
-                if settle_until is None and any(p.exitcode not in (None, 0) for p in procs):
-                    settle_until = time.monotonic() + SETTLE_S  # a rank died without a report
-                continue
-            results[rank] = (status, value, when)
-            if status == "error" and settle_until is None:
-                settle_until = time.monotonic() + SETTLE_S
-    finally:
-        done = len(results) == launch.ranks and all(s == "ok" for s, _, _ in results.values())
-        for p in procs:
-            if done:  # every rank reported: let it leave on its own (it destroys its group first)
-                p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-            p.join(timeout=5)
-    errors = {r: (v, w) for r, (s, v, w) in results.items() if s == "error"}
-    missing = [r for r in range(launch.ranks) if r not in results]
-    if errors:
-        order = root_cause_order(errors)
-        text = "\n".join(f"--- rank {r} ---\n{errors[r][0]}" for r in order)
-        first = errors[order[0]][0].strip().splitlines()[-1]
-        raise RankFailure(f"rank {order[0]} failed first: {first}\nrank(s) raised (root cause first):\n{text}"
-                          + (f"\n(ranks {missing} killed)" if missing else ""))
-    if missing:
-        codes = {r: procs[r].exitcode for r in missing}
-        raise RankFailure(f"ranks {missing} did not finish within {timeout_s:.0f} s (hang?); exit codes {codes}")
-    return [results[r][1] for r in range(launch.ranks)]
+    return gather_reports(procs, out, timeout_s, SETTLE_S, let_finish=True)

@@ -59,7 +59,8 @@ class EnvRank:
     launcher: str
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 for a local rendezvous."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -108,14 +109,26 @@ def run_local(world: int, fn, *args, timeout_s: float = 600.0) -> list:
         raise ValueError(f"world size must be >= 1, got {world}")
     ctx = fork_context()  # collects garbage first: see runtime.host.collect_before_fork
     out = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_child, args=(r, world, port, timeout_s, fn, args, out), daemon=True)
              for r in range(world)]
     for p in procs:
         p.start()
+    return gather_reports(procs, out, timeout_s, FAILURE_SETTLE_S)
+
+
+def gather_reports(procs: list, out, timeout_s: float, settle_s: float, let_finish: bool = False) -> list:
+    """The reports of ``procs`` (rank r = ``procs[r]``), each ``(rank, "ok" | "error", value or traceback,
+    time of the failure)`` on the queue ``out``; their values by rank. Waits up to ``timeout_s``; after
+    the first failure (a report of one, or a process that exited non-zero without a report) only
+    ``settle_s`` more, for the root cause's report, which may come second (:func:`root_cause_order`).
+    Then every process still alive is killed: all of them at once, or, with ``let_finish``, only when
+    not every rank reported ok (a spawned NCCL rank leaves on its own after destroying its group).
+    Raises :class:`RankFailure` with every traceback, root cause first, or the ranks that hung."""
+    world = len(procs)
     results: dict[int, tuple[str, object, float]] = {}
     deadline = time.monotonic() + timeout_s
-    settle_until: float | None = None  # after the first failure: time for the other reports to come in
+    settle_until: float | None = None
     try:
         while len(results) < world:
             now = time.monotonic()
@@ -125,19 +138,22 @@ def run_local(world: int, fn, *args, timeout_s: float = 600.0) -> list:
                 rank, status, value, when = out.get(timeout=min(deadline - now, 0.2))
             except queue.Empty:
                 if settle_until is None and any(p.exitcode not in (None, 0) for p in procs):
-                    settle_until = time.monotonic() + FAILURE_SETTLE_S  # a rank died without a report
+                    settle_until = time.monotonic() + settle_s  # a rank died without a report
                 continue
             results[rank] = (status, value, when)
             if status == "error" and settle_until is None:
-                # Not the first report to arrive but the root cause is wanted (root_cause_order);
-                # the other ranks' reports, usually broken connections, follow within moments.
-                settle_until = time.monotonic() + FAILURE_SETTLE_S
+                # not the first report to arrive but the root cause is wanted; the other ranks'
+                # reports, usually broken connections, follow within moments
+                settle_until = time.monotonic() + settle_s
     finally:
+        done = len(results) == world and all(st == "ok" for st, _, _ in results.values())
         for p in procs:
+            if let_finish and done:
+                p.join(timeout=30)
             if p.is_alive():
                 p.kill()
             p.join(timeout=5)
-    errors = {r: (v, w) for r, (s, v, w) in results.items() if s == "error"}
+    errors = {r: (v, w) for r, (st, v, w) in results.items() if st == "error"}
     missing = [r for r in range(world) if r not in results]
     if errors:
         order = root_cause_order(errors)
