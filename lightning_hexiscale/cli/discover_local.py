@@ -15,8 +15,6 @@ Gloo ranks on a GPU machine would measure the CPU instead of the GPUs.
 from __future__ import annotations
 
 import os
-import time
-import traceback
 from dataclasses import dataclass
 
 CPU_RANKS = 4
@@ -87,16 +85,9 @@ def spawned_rank_main(env: dict[str, str], backend: str, timeout_s: float, fn, a
     (``(rank, "ok" | "error", value or traceback, time of the failure)``, as ``run_local``'s children do)."""
     os.environ.update(env)
     rank = int(env["RANK"])
-    try:
-        from lightning_hexiscale.profiling.launch import run_from_env
+    from lightning_hexiscale.profiling.launch import run_and_report, run_from_env
 
-        report = (rank, "ok", run_from_env(fn, *args, timeout_s=timeout_s, backend=backend), 0.0)
-    except BaseException:  # everything goes back to the parent, which kills the others
-        report = (rank, "error", traceback.format_exc(), time.time())
-    try:
-        out.put(report)
-    except Exception:
-        out.put((rank, "error", "result not picklable:\n" + traceback.format_exc(), time.time()))
+    run_and_report(rank, out, lambda: run_from_env(fn, *args, timeout_s=timeout_s, backend=backend))
     out.close()
     out.join_thread()  # the report is in the pipe before this process exits
 

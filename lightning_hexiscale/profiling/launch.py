@@ -66,21 +66,33 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _child(rank: int, world: int, port: int, timeout_s: float, fn, args, out) -> None:
-    torch.set_num_threads(1)  # one thread per rank: N ranks x default threads oversubscribe the cores
+def run_and_report(rank: int, out, work) -> None:
+    """Run ``work()`` and put this rank's report on ``out``: ``(rank, "ok", value, 0.0)``, or
+    ``(rank, "error", traceback, time of the failure)`` for anything raised (everything goes back to
+    the parent, which kills the others), or for a value that cannot be pickled."""
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=timeout_s))
-        report = (rank, "ok", fn(rank, world, *args), 0.0)
-    except BaseException:  # everything goes back to the parent, which kills the others
-        # The time of the failure and the report go out BEFORE the process group is destroyed: tearing
-        # it down closes this rank's sockets, and the peers' "Connection closed by peer" must not be
-        # the first (or the only) thing the parent hears.
+        report = (rank, "ok", work(), 0.0)
+    except BaseException:
         report = (rank, "error", traceback.format_exc(), time.time())
     try:
         out.put(report)
     except Exception:
         out.put((rank, "error", "result not picklable:\n" + traceback.format_exc(), time.time()))
+
+
+def _child(rank: int, world: int, port: int, timeout_s: float, fn, args, out) -> None:
+    torch.set_num_threads(1)  # one thread per rank: N ranks x default threads oversubscribe the cores
+
+    def work():
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+        return fn(rank, world, *args)
+
+    try:
+        # The time of a failure and the report go out BEFORE the process group is destroyed: tearing
+        # it down closes this rank's sockets, and the peers' "Connection closed by peer" must not be
+        # the first (or the only) thing the parent hears.
+        run_and_report(rank, out, work)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
