@@ -8,7 +8,7 @@ one breaks in exactly one place, and :func:`check` (run by the strategy's ``setu
 outside this module or is missing from this list) says which name moved, in which Lightning
 version, instead of failing deep inside a training step.
 
-The touches: 13 (Lightning's own strategies: 4-8), one per function or class here, each name checked
+The touches: 12 (Lightning's own strategies: 4-8), one per function or class here, each name checked
 by :data:`CHECKS`:
 
 The step and the data (4):
@@ -16,24 +16,23 @@ The step and the data (4):
   2. ``_FitLoop._skip_backward`` (read by ``_AutomaticOptimization``): :func:`skip_lightning_backward`
   3. ``Trainer._accelerator_connector.use_distributed_sampler``: :func:`keep_dataloader_sampler`
   4. ``_FitLoop._data_source``: :func:`train_dataloader`
-The process group (1; idle_ranks.py reads it too, outside this module, until item 4's redesign):
-  5. ``DDPStrategy._timeout``: :func:`process_group_timeout`
-Launching (5):
-  6. ``DDPStrategy._configure_launcher``, ``_launcher``, ``_start_method``: :class:`LauncherHooks`,
+Idle ranks (3):
+  5. ``DDPStrategy._timeout``: read by idle_ranks.py's switch of the process group, the one use
+     outside this module (the strategy reads ``StrategySettings.timeout``; issue 42 item 4 removes the switch)
+  6. ``trainer.call._call_teardown_hook``, ``Trainer._teardown``: :func:`end_without_training`
+  7. a logger's ``_version``: :func:`logger_versions`, :func:`adopt_logger_versions`
+Launching (4):
+  8. ``DDPStrategy._configure_launcher``, ``_launcher``, ``_start_method``: :class:`LauncherHooks`,
      :func:`configure_launcher`
-  7. ``_SubprocessScriptLauncher``, its ``_call_children_scripts``: :class:`ScriptLauncher`
-  8. ``_MultiProcessingLauncher``, its ``_wrapping_function``, ``_collect_rank_zero_results`` and
+  9. ``_SubprocessScriptLauncher``, its ``_call_children_scripts``: :class:`ScriptLauncher`
+ 10. ``_MultiProcessingLauncher``, its ``_wrapping_function``, ``_collect_rank_zero_results`` and
      ``_strategy``: :class:`ProcessLauncher` (idle ranks: the reporting worker)
-  9. ``Trainer._fit_impl`` (the launched call's name): :func:`is_fit_call`
- 10. ``Trainer.__init__``'s ``precision`` local, read from its frame: :func:`trainer_precision_argument`
-Idle ranks (2):
- 11. ``trainer.call._call_teardown_hook``, ``Trainer._teardown``: :func:`end_without_training`
- 12. a logger's ``_version``: :func:`logger_versions`, :func:`adopt_logger_versions`
+ 11. ``Trainer.__init__``'s ``precision`` local, read from its frame: :func:`trainer_precision_argument`
 Elastic restarts (1):
- 13. ``Trainer._checkpoint_connector`` (``resume_start``, ``_loaded_checkpoint``): :func:`preload_checkpoint`
+ 12. ``Trainer._checkpoint_connector`` (``resume_start``, ``_loaded_checkpoint``): :func:`preload_checkpoint`
 
 Torch's, not Lightning's: the LR scheduler's ``_opt_called`` / ``_wrapped_by_lr_sched``
-(:func:`track_step_calls`) and ``sys._getframe`` (10.).
+(:func:`track_step_calls`) and ``sys._getframe`` (11.).
 
 Tested with lightning 2.6 (pyproject bounds the version to ``>=2.4,<2.7``).
 """
@@ -69,23 +68,23 @@ CHECKS: tuple[tuple[int, str, str, str], ...] = (
      "use_distributed_sampler", "init"),
     (4, _FIT_LOOP, "_data_source", "init"),
     (5, _DDP, "_timeout", "init"),
-    (6, _DDP, "_configure_launcher", "callable"),
-    (6, _DDP, "_launcher", "init"),
-    (6, _DDP, "_start_method", "init"),
-    (7, _SCRIPT, "_call_children_scripts", "callable"),
-    (8, _PROCESSES, "_wrapping_function", "worker"),
-    (8, _PROCESSES, "_collect_rank_zero_results", "callable"),
-    (8, _PROCESSES, "_strategy", "init"),
-    (9, _TRAINER, "_fit_impl", "callable"),
-    (10, _TRAINER, "precision", "local"),
-    (11, "lightning.pytorch.trainer.call", "_call_teardown_hook", "callable"),
-    (11, _TRAINER, "_teardown", "callable"),
-    (12, "lightning.pytorch.loggers.csv_logs.CSVLogger", "_version", "init"),
-    (13, _TRAINER, "_checkpoint_connector", "init"),
-    (13, "lightning.pytorch.trainer.connectors.checkpoint_connector._CheckpointConnector", "_loaded_checkpoint",
+    (6, "lightning.pytorch.trainer.call", "_call_teardown_hook", "callable"),
+    (6, _TRAINER, "_teardown", "callable"),
+    (7, "lightning.pytorch.loggers.csv_logs.CSVLogger", "_version", "init"),
+    (8, _DDP, "_configure_launcher", "callable"),
+    (8, _DDP, "_launcher", "init"),
+    (8, _DDP, "_start_method", "init"),
+    (9, _SCRIPT, "_call_children_scripts", "callable"),
+    (10, _PROCESSES, "_wrapping_function", "worker"),
+    (10, _PROCESSES, "_collect_rank_zero_results", "callable"),
+    (10, _PROCESSES, "_strategy", "init"),
+    (11, _TRAINER, "precision", "local"),
+    (12, _TRAINER, "_checkpoint_connector", "init"),
+    (12, "lightning.pytorch.trainer.connectors.checkpoint_connector._CheckpointConnector", "_loaded_checkpoint",
      "init"),
 )
-"""(touch number of the module doc, owner, name, kind) for every private name used here. Kinds:
+"""(touch number of the module doc, owner, name, kind) for every private name used here (and
+idle_ranks.py's ``_timeout``). Kinds:
 ``callable`` (a method or function of the owner), ``property``, ``init`` (assigned by the
 ``__init__`` of the owner or a base), ``worker`` (``_wrapping_function`` with the arguments
 :class:`ProcessLauncher` passes), ``local`` (a local variable of the owner's ``__init__``)."""
@@ -232,13 +231,7 @@ def adopt_logger_versions(trainer, versions: list | None) -> None:
             logger._version = version
 
 
-# ---- the process group and the optimizer -------------------------------------------------------
-def process_group_timeout(strategy):
-    """The ``timeout`` the strategy was built with (a ``timedelta`` or None), which DDPStrategy keeps
-    privately and passes to ``init_process_group``; the failure watch times collectives by it."""
-    return strategy._timeout
-
-
+# ---- the optimizer (torch's private names) ------------------------------------------------------
 def track_step_calls(optimizer) -> None:
     """Give ``optimizer.step`` what torch's LR scheduler gives its optimizer's when it is built
     (``LRScheduler.__init__``, ``patch_track_step_called``): a wrapper that records the call. An LR
@@ -268,11 +261,6 @@ class LauncherHooks:
     def _configure_launcher(self) -> None:
         self.before_launcher_configured()
         configure_launcher(self, self.launch_guard)
-
-
-def is_fit_call(function_name: str) -> bool:
-    """Is the function Lightning's launcher runs the one of ``Trainer.fit``?"""
-    return function_name == "_fit_impl"
 
 
 def trainer_precision_argument() -> str | None:
@@ -344,7 +332,7 @@ class ScriptLauncher(_SubprocessScriptLauncher):
         self.guard = guard
 
     def launch(self, function, *args: Any, trainer=None, **kwargs: Any) -> Any:
-        self.guard.before_launch(function, args, kwargs)
+        self.guard.before_launch(function, args, kwargs, trainer)
         self.cluster_environment.validate_settings(num_devices=self.num_processes, num_nodes=self.num_nodes)
         if not self.cluster_environment.creates_processes_externally:
             with self.guard.marked_children():
@@ -369,7 +357,7 @@ class ProcessLauncher(_MultiProcessingLauncher):
 
         from lightning_hexiscale.runtime import collect_before_fork
 
-        self.guard.before_launch(function, args, kwargs)
+        self.guard.before_launch(function, args, kwargs, trainer)
         if self._start_method == "fork":  # no child may free a process group it inherited
             collect_before_fork()
         self._errors = multiprocessing.get_context(self._start_method).SimpleQueue()

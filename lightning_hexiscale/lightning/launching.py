@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from typing import Any, Callable
 
 import torch.distributed as dist
+from lightning.pytorch.trainer.states import TrainerFn
 
 from lightning_hexiscale.errors import HexiScaleError, NonFiniteError, RankFailure, TrainingFailure
 from lightning_hexiscale.lightning import job_watch
@@ -99,7 +100,7 @@ def agree(fn: Callable[[], Any], rank: int, world_size: int) -> Any:
 # ---- the guard -------------------------------------------------------------------------------------
 class LaunchGuard:
     """The strategy's hooks in its launcher (see the module doc). ``strategy`` provides
-    ``check_before_launch(fn_name, arguments)``, ``failure_reason(exc)``, ``note_failure(exc)``,
+    ``check_before_launch(fitting, arguments)``, ``failure_reason(exc)``, ``note_failure(exc)``,
     ``end_idle_call(trainer)`` and ``global_rank``."""
 
     def __init__(self, strategy):
@@ -107,16 +108,17 @@ class LaunchGuard:
         self.child_watch: ChildWatch | None = None
 
     # -- launching process -----------------------------------------------------------------------
-    def before_launch(self, function: Callable, args: tuple, kwargs: dict) -> None:
-        """Checks with the call's arguments (those of ``Trainer.fit``'s inner call: ``model``,
-        ``train_dataloaders``, ...)."""
+    def before_launch(self, function: Callable, args: tuple, kwargs: dict, trainer=None) -> None:
+        """Checks with the call's arguments (those of the Trainer call's inner function: ``model``,
+        ``train_dataloaders``, ...); ``trainer``'s state says which call it is."""
         # popen: this process is rank 0 and will meet the others; spawn/fork: it only waits for workers
         job_watch.set_phase("starting" if self.strategy.settings.start_method == "popen" else "running")
         try:
             bound = inspect.signature(function).bind_partial(*args, **kwargs).arguments
         except (TypeError, ValueError):  # an unexpected callable: nothing to check
             bound = {}
-        self.strategy.check_before_launch(getattr(function, "__name__", ""), dict(bound))
+        fitting = trainer is not None and trainer.state.fn == TrainerFn.FITTING
+        self.strategy.check_before_launch(fitting, dict(bound))
 
     @contextmanager
     def marked_children(self):

@@ -155,17 +155,17 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, int
         """The guard around this strategy's launcher (:mod:`~lightning_hexiscale.lightning.launching`)."""
         return self._guard
 
-    def check_before_launch(self, fn_name: str, arguments: dict[str, Any]) -> None:
+    def check_before_launch(self, fitting: bool, arguments: dict[str, Any]) -> None:
         """What the Trainer call's arguments allow checking before processes start (the launcher calls
-        it in the launching process): ``ckpt_path``, the training DataLoader against the plan, the
-        precision, automatic optimisation."""
+        it in the launching process): ``ckpt_path``, the precision and, for ``fit`` (``fitting``),
+        automatic optimisation and the training DataLoader against the plan."""
         check_ckpt_path(arguments.get("ckpt_path"))
         self._workload_precision()  # refuses a precision the runtime does not train in (16-mixed, ...)
         module = arguments.get("model")
-        if internals.is_fit_call(fn_name) and module is not None and not module.automatic_optimization:
+        if fitting and module is not None and not module.automatic_optimization:
             raise _manual_optimization_error()
         loader = arguments.get("train_dataloaders")
-        if internals.is_fit_call(fn_name) and isinstance(loader, DataLoader):
+        if fitting and isinstance(loader, DataLoader):
             want = self.settings.plan.global_batch if self.settings.plan is not None else self.settings.global_batch
             check_train_loader(loader, want)
 
@@ -257,8 +257,7 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, int
         from lightning_hexiscale.runtime import FailureWatch
 
         token = self.broadcast(uuid.uuid4().hex[:12] if self.global_rank == 0 else None, 0)
-        timeout = internals.process_group_timeout(self)
-        timeout = timeout.total_seconds() if timeout is not None else None
+        timeout = self.settings.timeout.total_seconds() if self.settings.timeout is not None else None
         self._watch = FailureWatch(self.global_rank, self.world_size, token, grace_s=self.settings.watchdog_grace_s,
                                    collective_timeout_s=timeout).start()
 

@@ -189,5 +189,5 @@ def test_good_api_input_passes(tmp_path):
                                  dp_sharding="zero2", global_batch=6, num_threads=1, use_all_devices=True)
     assert strategy.plan is not None and strategy.cluster.name == "cpu_hetero4"
     _trainer(HexiScaleStrategy(plan=PLAN), devices=2)
-    strategy.check_before_launch("_fit_impl", {"model": module(), "train_dataloaders": loader(12, 6),
+    strategy.check_before_launch(True, {"model": module(), "train_dataloaders": loader(12, 6),
                                                 "ckpt_path": None})

@@ -19,8 +19,8 @@ PACKAGE = Path(lightning_hexiscale.__file__).parent
 KNOWN_OUTSIDE = {("lightning/idle_ranks.py", "_timeout")}
 """Private Lightning names still used outside internals.py, in files this change could not edit: the
 idle-rank switch re-creates the process group with DDPStrategy's ``_timeout`` (issue 42 item 4, the
-one mechanism for idle devices, removes the switch; until then ``internals.process_group_timeout``
-is there for it)."""
+one mechanism for idle devices, removes the switch; it could read ``strategy.settings.timeout``,
+as the strategy does)."""
 
 
 def test_installed_lightning_has_every_attribute():
