@@ -266,7 +266,7 @@ class JobEnd:
 class IdleRankMethods:
     """The strategy's side (a mixin of HexiScaleStrategy): the switch at setup, leaving, and the
     end-of-call signals. Uses the strategy's ``plan``, ``cluster``, ``global_rank``, ``world_size``,
-    ``broadcast``, ``barrier``, ``cluster_environment``, ``root_device`` and ``_timeout``."""
+    ``broadcast``, ``barrier``, ``cluster_environment``, ``root_device`` and ``settings.timeout``."""
 
     _layout: IdleLayout | None = None
     """This process's view of an idle-device launch (set by the switch; kept for later calls)."""
@@ -305,7 +305,7 @@ class IdleRankMethods:
             self._leave()
         cuda = self.root_device.type == "cuda"
         dist.init_process_group(backend, store=dist.PrefixStore(f"{ACTIVE_PREFIX}/{token}", store), rank=layout.rank,
-                                world_size=layout.world_size, timeout=self._timeout,
+                                world_size=layout.world_size, timeout=self.settings.timeout,
                                 device_id=self.root_device if cuda else None)
 
     def _share_logger_versions(self) -> None:

@@ -8,7 +8,7 @@ one breaks in exactly one place, and :func:`check` (run by the strategy's ``setu
 outside this module or is missing from this list) says which name moved, in which Lightning
 version, instead of failing deep inside a training step.
 
-The touches: 12 (Lightning's own strategies: 4-8), one per function or class here, each name checked
+The touches: 11 (Lightning's own strategies: 4-8), one per function or class here, each name checked
 by :data:`CHECKS`:
 
 The step and the data (4):
@@ -16,23 +16,21 @@ The step and the data (4):
   2. ``_FitLoop._skip_backward`` (read by ``_AutomaticOptimization``): :func:`skip_lightning_backward`
   3. ``Trainer._accelerator_connector.use_distributed_sampler``: :func:`keep_dataloader_sampler`
   4. ``_FitLoop._data_source``: :func:`train_dataloader`
-Idle ranks (3):
-  5. ``DDPStrategy._timeout``: read by idle_ranks.py's switch of the process group, the one use
-     outside this module (the strategy reads ``StrategySettings.timeout``; issue 42 item 4 removes the switch)
-  6. ``trainer.call._call_teardown_hook``, ``Trainer._teardown``: :func:`end_without_training`
-  7. a logger's ``_version``: :func:`logger_versions`, :func:`adopt_logger_versions`
+Idle ranks (2; the idle-rank switch reads ``StrategySettings.timeout``, not ``DDPStrategy._timeout``):
+  5. ``trainer.call._call_teardown_hook``, ``Trainer._teardown``: :func:`end_without_training`
+  6. a logger's ``_version``: :func:`logger_versions`, :func:`adopt_logger_versions`
 Launching (4):
-  8. ``DDPStrategy._configure_launcher``, ``_launcher``, ``_start_method``: :class:`LauncherHooks`,
+  7. ``DDPStrategy._configure_launcher``, ``_launcher``, ``_start_method``: :class:`LauncherHooks`,
      :func:`configure_launcher`
-  9. ``_SubprocessScriptLauncher``, its ``_call_children_scripts``: :class:`ScriptLauncher`
- 10. ``_MultiProcessingLauncher``, its ``_wrapping_function``, ``_collect_rank_zero_results`` and
+  8. ``_SubprocessScriptLauncher``, its ``_call_children_scripts``: :class:`ScriptLauncher`
+  9. ``_MultiProcessingLauncher``, its ``_wrapping_function``, ``_collect_rank_zero_results`` and
      ``_strategy``: :class:`ProcessLauncher` (idle ranks: the reporting worker)
- 11. ``Trainer.__init__``'s ``precision`` local, read from its frame: :func:`trainer_precision_argument`
+ 10. ``Trainer.__init__``'s ``precision`` local, read from its frame: :func:`trainer_precision_argument`
 Elastic restarts (1):
- 12. ``Trainer._checkpoint_connector`` (``resume_start``, ``_loaded_checkpoint``): :func:`preload_checkpoint`
+ 11. ``Trainer._checkpoint_connector`` (``resume_start``, ``_loaded_checkpoint``): :func:`preload_checkpoint`
 
 Torch's, not Lightning's: the LR scheduler's ``_opt_called`` / ``_wrapped_by_lr_sched``
-(:func:`track_step_calls`) and ``sys._getframe`` (11.).
+(:func:`track_step_calls`) and ``sys._getframe`` (10.).
 
 Tested with lightning 2.6 (pyproject bounds the version to ``>=2.4,<2.7``).
 """
@@ -67,24 +65,22 @@ CHECKS: tuple[tuple[int, str, str, str], ...] = (
     (3, "lightning.pytorch.trainer.connectors.accelerator_connector._AcceleratorConnector",
      "use_distributed_sampler", "init"),
     (4, _FIT_LOOP, "_data_source", "init"),
-    (5, _DDP, "_timeout", "init"),
-    (6, "lightning.pytorch.trainer.call", "_call_teardown_hook", "callable"),
-    (6, _TRAINER, "_teardown", "callable"),
-    (7, "lightning.pytorch.loggers.csv_logs.CSVLogger", "_version", "init"),
-    (8, _DDP, "_configure_launcher", "callable"),
-    (8, _DDP, "_launcher", "init"),
-    (8, _DDP, "_start_method", "init"),
-    (9, _SCRIPT, "_call_children_scripts", "callable"),
-    (10, _PROCESSES, "_wrapping_function", "worker"),
-    (10, _PROCESSES, "_collect_rank_zero_results", "callable"),
-    (10, _PROCESSES, "_strategy", "init"),
-    (11, _TRAINER, "precision", "local"),
-    (12, _TRAINER, "_checkpoint_connector", "init"),
-    (12, "lightning.pytorch.trainer.connectors.checkpoint_connector._CheckpointConnector", "_loaded_checkpoint",
+    (5, "lightning.pytorch.trainer.call", "_call_teardown_hook", "callable"),
+    (5, _TRAINER, "_teardown", "callable"),
+    (6, "lightning.pytorch.loggers.csv_logs.CSVLogger", "_version", "init"),
+    (7, _DDP, "_configure_launcher", "callable"),
+    (7, _DDP, "_launcher", "init"),
+    (7, _DDP, "_start_method", "init"),
+    (8, _SCRIPT, "_call_children_scripts", "callable"),
+    (9, _PROCESSES, "_wrapping_function", "worker"),
+    (9, _PROCESSES, "_collect_rank_zero_results", "callable"),
+    (9, _PROCESSES, "_strategy", "init"),
+    (10, _TRAINER, "precision", "local"),
+    (11, _TRAINER, "_checkpoint_connector", "init"),
+    (11, "lightning.pytorch.trainer.connectors.checkpoint_connector._CheckpointConnector", "_loaded_checkpoint",
      "init"),
 )
-"""(touch number of the module doc, owner, name, kind) for every private name used here (and
-idle_ranks.py's ``_timeout``). Kinds:
+"""(touch number of the module doc, owner, name, kind) for every private name used here. Kinds:
 ``callable`` (a method or function of the owner), ``property``, ``init`` (assigned by the
 ``__init__`` of the owner or a base), ``worker`` (``_wrapping_function`` with the arguments
 :class:`ProcessLauncher` passes), ``local`` (a local variable of the owner's ``__init__``)."""

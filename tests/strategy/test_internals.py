@@ -16,11 +16,9 @@ import lightning_hexiscale
 from lightning_hexiscale.lightning import internals
 
 PACKAGE = Path(lightning_hexiscale.__file__).parent
-KNOWN_OUTSIDE = {("lightning/idle_ranks.py", "_timeout")}
-"""Private Lightning names still used outside internals.py, in files this change could not edit: the
-idle-rank switch re-creates the process group with DDPStrategy's ``_timeout`` (issue 42 item 4, the
-one mechanism for idle devices, removes the switch; it could read ``strategy.settings.timeout``,
-as the strategy does)."""
+KNOWN_OUTSIDE: set[tuple[str, str]] = set()
+"""Private Lightning names still used outside internals.py: none (the idle-rank switch read
+DDPStrategy's ``_timeout`` until it read ``strategy.settings.timeout``, as the strategy does)."""
 
 
 def test_installed_lightning_has_every_attribute():
