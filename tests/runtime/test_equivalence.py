@@ -35,6 +35,22 @@ def make_optimizer(name: str, params):
     return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1)
 
 
+def bf16_reference_losses(config: LlamaConfig, global_batch: int, steps: int) -> list[float]:
+    """The single-process run under CPU bf16 autocast (float32 weights, SGD): its loss per step."""
+    model = Llama(config).init_weights(SEED)
+    opt = make_optimizer("sgd", model.parameters())
+    ref = []
+    for step in range(steps):
+        tokens, targets = make_batch(config, global_batch, step)
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model.loss(model(tokens), targets)
+        loss.backward()
+        opt.step()
+        ref.append(loss.item())
+    return ref
+
+
 def reference(config: LlamaConfig, global_batch: int, optimizer: str) -> tuple[list[float], dict[str, torch.Tensor]]:
     """Single process, no parallelism: losses per step and the final state dict."""
     model = Llama(config).to(torch.float64).init_weights(SEED)
@@ -225,17 +241,7 @@ def test_bf16_autocast_close_to_reference(run_ranks, tiny_gqa):
     plan = plan_of([(4, 2, [([0, 1], (0, 4))]),
                     (2, 1, [([2], (0, 2)), ([3], (2, 3)), ([4], (3, 4))])], 4, recompute=True)
     results = run_ranks(plan.world_size, _worker, plan.to_dict(), tiny_gqa, "sgd", torch.float32, torch.bfloat16, 2)
-    model = Llama(tiny_gqa).init_weights(SEED)
-    opt = make_optimizer("sgd", model.parameters())
-    ref = []
-    for step in range(2):
-        tokens, targets = make_batch(tiny_gqa, plan.global_batch, step)
-        opt.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = model.loss(model(tokens), targets)
-        loss.backward()
-        opt.step()
-        ref.append(loss.item())
+    ref = bf16_reference_losses(tiny_gqa, plan.global_batch, 2)
     for res in results:
         assert res["losses"] == pytest.approx(ref, rel=2e-2)
         assert all(t.dtype == torch.float32 for t, *_ in res["shards"].values())

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_equivalence import SEED, STEPS, assert_matches_reference, make_batch, make_optimizer, reference
+from test_equivalence import (SEED, STEPS, assert_matches_reference, bf16_reference_losses, make_batch,
+                              make_optimizer, reference)
 
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.models.llama import Llama
 from lightning_hexiscale.planner import Plan
 from lightning_hexiscale.runtime.engine import PipelineEngine
 
@@ -66,16 +66,6 @@ def test_mixed_recomputation_under_bf16_autocast(run_ranks, tiny_gqa):
     plan = mixed_plan("ddp")
     results = run_ranks(plan.world_size, _worker, plan.to_dict(), tiny_gqa, torch.float32, torch.bfloat16, 2)
     assert [(r["recompute"], r["main_grads"]) for r in results] == [(True, False)] * 2 + [(False, True)] * 3
-    model = Llama(tiny_gqa).init_weights(SEED)
-    opt = make_optimizer("sgd", model.parameters())
-    ref = []
-    for step in range(2):
-        tokens, targets = make_batch(tiny_gqa, plan.global_batch, step)
-        opt.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = model.loss(model(tokens), targets)
-        loss.backward()
-        opt.step()
-        ref.append(loss.item())
+    ref = bf16_reference_losses(tiny_gqa, plan.global_batch, 2)
     for res in results:
         assert res["losses"] == pytest.approx(ref, rel=2e-2)
