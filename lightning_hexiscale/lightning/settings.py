@@ -25,10 +25,10 @@ from lightning_hexiscale.lightning.fast_path import strategy_fast_path
 from lightning_hexiscale.lightning.plan_check import DEFAULT_WARMUP, plan_check_setting
 from lightning_hexiscale.lightning.plan_resolution import AUTO, load_cluster_arg, load_plan_arg
 from lightning_hexiscale.planner import DP_SHARDINGS, SCHEDULES, Plan
+from lightning_hexiscale.runtime.step import NONFINITE_POLICIES
 
 StartMethod = Literal["popen", "spawn", "fork", "forkserver"]
 START_METHODS = ("popen", "spawn", "fork", "forkserver")
-NONFINITE_POLICIES = ("skip", "stop")
 PLAN_OVERRIDE_KEYS = ("micro_batch_size", "schedule", "recompute", "dp_sharding")
 """The settings that override the plan's values (or bind the search): :attr:`StrategySettings.overrides`."""
 
