@@ -168,26 +168,6 @@ class PipelineEngine:
         return self.step.run(self.local_batch(tokens), self.local_batch(targets), optimizer, clip_norm=clip_norm,
                              nonfinite=nonfinite, before_update=before_update)
 
-    def train_step(self, tokens: torch.Tensor, targets: torch.Tensor, *, zero_grad: bool = True,
-                   sync_grads: bool = True, loss_scale_factor: float = 1.0) -> float:
-        """Forward + backward of one global batch (G, S) of tokens and targets; returns the global
-        mean loss (same value on every rank).
-
-        With ``zero_grad`` the local grads are reset first; with ``sync_grads`` they are summed
-        across pipelines at the end (collective). To accumulate k global batches per optimizer
-        step, call with ``zero_grad`` only on the first, ``sync_grads`` only on the last and
-        ``loss_scale_factor=1/k`` on all: the gradients are then the mean over the k batches, and
-        the returned losses (scaled alike) sum to the mean loss.
-        """
-        step = self.step
-        tok, tgt = self.local_batch(tokens), self.local_batch(targets)
-        if zero_grad:
-            step.open_window()
-        pipeline_loss = step.run_pipeline(tok, tgt, step.loss_scale * loss_scale_factor, last=sync_grads)
-        if sync_grads:
-            step.sync()
-        return step.global_loss(pipeline_loss)
-
     def local_shards(self) -> dict[str, tuple[torch.Tensor, int | None, int, int]]:
         """Global name -> (local tensor, shard dim, start, end) of this rank's parameters
         (collective under ZeRO-3, which gathers the blocks to copy them)."""

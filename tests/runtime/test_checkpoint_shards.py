@@ -36,6 +36,7 @@ from lightning_hexiscale.runtime.checkpoint_layout import (flat_range_boxes, own
 from lightning_hexiscale.runtime.engine import PipelineEngine
 from lightning_hexiscale.runtime.parallelize import param_specs
 from lightning_hexiscale.torch_compat import dcp_load
+from grad_step import train_step
 
 MIB = 2**20
 SLACK = 16 * MIB
@@ -76,7 +77,7 @@ def _save_worker(rank: int, world: int, plan_dict: dict, sharding: str, path: st
     _fresh_pages_for_tensors()
     plan, engine, user, opt = _engine(plan_dict, sharding)
     tokens, targets = make_batch(CFG, plan.global_batch, 0)
-    engine.train_step(tokens, targets)
+    train_step(engine, tokens, targets)
     opt.step()
     ckpt.save(f"{path}/warm", engine, user)  # one-time lazy initialisation of DCP's code paths
     own = own_bytes(engine, user)
@@ -216,7 +217,7 @@ def _tiny_save_worker(rank: int, world: int, plan_dict: dict, config: LlamaConfi
     engine = PipelineEngine(plan, config, seed=5, dtype=torch.float64)
     opt = torch.optim.SGD(engine.parameters(), lr=0.1, momentum=0.9)
     tokens, targets = make_batch(config, plan.global_batch, 0)
-    engine.train_step(tokens, targets)
+    train_step(engine, tokens, targets)
     opt.step()
     ckpt.save(path, engine, opt, lightning_state={"global_step": 1, "epoch": 0})
     return engine.local_shards()

@@ -16,6 +16,7 @@ from lightning_hexiscale.models.llama import Llama
 from lightning_hexiscale.planner import Plan
 from lightning_hexiscale.runtime.engine import PipelineEngine
 from lightning_hexiscale.runtime.parallelize import assemble_full_state_dict
+from grad_step import train_step
 
 STEPS = 3
 SEED = 1234
@@ -76,7 +77,7 @@ def _worker(rank: int, world: int, plan_dict: dict, config: LlamaConfig, optimiz
     losses = []
     for step in range(steps):
         tokens, targets = make_batch(config, plan.global_batch, step)
-        losses.append(engine.train_step(tokens, targets))
+        losses.append(train_step(engine, tokens, targets))
         opt.step()
     gs = engine.grad_sync
     layout = [(ranks, gs._order_key((ranks, items)), sum(gs._view(*it).numel() for it in items))
@@ -213,7 +214,7 @@ def _accumulate_worker(rank: int, world: int, plan_dict: dict, config: LlamaConf
     for step in range(STEPS):
         tokens, targets = make_batch(config, k * plan.global_batch, step)
         parts = zip(tokens.split(plan.global_batch), targets.split(plan.global_batch))
-        losses.append(sum(engine.train_step(t, y, zero_grad=j == 0, sync_grads=j == k - 1, loss_scale_factor=1 / k)
+        losses.append(sum(train_step(engine, t, y, zero_grad=j == 0, sync_grads=j == k - 1, loss_scale_factor=1 / k)
                           for j, (t, y) in enumerate(parts)))
         opt.step()
     return {"losses": losses, "shards": {n: (t.clone(), d, s, e) for n, (t, d, s, e) in engine.local_shards().items()}}

@@ -13,6 +13,7 @@ from test_equivalence import (SEED, STEPS, assert_matches_reference, bf16_refere
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner import Plan
 from lightning_hexiscale.runtime.engine import PipelineEngine
+from grad_step import train_step
 
 
 def _worker(rank: int, world: int, plan_dict: dict, config: LlamaConfig, dtype: torch.dtype = torch.float64,
@@ -23,7 +24,7 @@ def _worker(rank: int, world: int, plan_dict: dict, config: LlamaConfig, dtype: 
     losses = []
     for step in range(steps):
         tokens, targets = make_batch(config, plan.global_batch, step)
-        losses.append(engine.train_step(tokens, targets))
+        losses.append(train_step(engine, tokens, targets))
         opt.step()
     return {"losses": losses, "shards": engine.local_shards(), "recompute": engine.stage.recompute,
             "pipeline": engine.role.pipeline, "main_grads": engine.main_grads is not None}

@@ -18,6 +18,7 @@ from test_equivalence import SEED, STEPS, assert_matches_reference, make_batch, 
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner import Plan
 from lightning_hexiscale.runtime.engine import PipelineEngine
+from grad_step import train_step
 
 
 
@@ -28,7 +29,7 @@ def _zero_worker(rank: int, world: int, plan_dict: dict, config: LlamaConfig, op
     losses = []
     for step in range(STEPS):
         tokens, targets = make_batch(config, plan.global_batch, step)
-        losses.append(engine.train_step(tokens, targets))
+        losses.append(train_step(engine, tokens, targets))
         opt.step()
     # Elements of optimizer state this rank keeps vs elements of its local parameters.
     state_numel = sum(v.numel() for o in opt.inner for st in o.state.values() for v in st.values()

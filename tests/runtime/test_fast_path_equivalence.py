@@ -15,6 +15,7 @@ from test_equivalence import SEED, STEPS, assert_matches_reference, make_batch, 
 
 from lightning_hexiscale.planner import Plan
 from lightning_hexiscale.runtime.engine import PipelineEngine
+from grad_step import train_step
 
 
 def fast_fp64(vocab: int) -> dict:
@@ -31,7 +32,7 @@ def _worker(rank: int, world: int, plan_dict: dict, config, optimizer: str, fast
     losses = [0.0] * steps
     for step in range(steps):
         tokens, targets = make_batch(config, plan.global_batch, step)
-        losses[step] = engine.train_step(tokens, targets)
+        losses[step] = train_step(engine, tokens, targets)
         opt.step()
     fused = bool(engine.sharded_optimizer.inner[0].param_groups[0].get("fused")) if engine.sharded_optimizer \
         else bool(opt.param_groups[0].get("fused"))

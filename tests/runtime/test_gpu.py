@@ -16,6 +16,7 @@ import torch
 from lightning_hexiscale.models.llama import attention, flash_attn_available
 from lightning_hexiscale.runtime.tensor_parallel import default_backend
 from lightning_hexiscale.models.llama import sdpa_attention
+from grad_step import train_step
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -70,7 +71,7 @@ _ENGINE_SCRIPT = textwrap.dedent('''
             {"batch_size": 4, "micro_batch_size": 2, "stages": [{"devices": devices, "layers": [0, 2]}]}]})
         engine = PipelineEngine(plan, CFG, seed=3, device=f"cuda:{rank}", dtype=torch.float32)
         tok, tgt = batch()
-        loss = engine.train_step(tok.cuda(), tgt.cuda())
+        loss = train_step(engine, tok.cuda(), tgt.cuda())
         out.put((rank, loss))
         dist.destroy_process_group()
 

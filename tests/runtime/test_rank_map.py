@@ -28,6 +28,7 @@ from lightning_hexiscale.planner import Plan
 from lightning_hexiscale.profiling.rounds import measure_plans_rank, slowest_rank
 from lightning_hexiscale.runtime.engine import PipelineEngine
 from lightning_hexiscale.runtime.topology import create_groups, rank_map
+from grad_step import train_step
 
 IDLE = [0, 1]
 WORLD = 4
@@ -85,7 +86,7 @@ def _subset_worker(rank: int, world: int, plan_dict: dict, config: LlamaConfig):
     losses = []
     for step in range(STEPS):
         tokens, targets = make_batch(config, plan.global_batch, step)
-        losses.append(engine.train_step(tokens, targets))
+        losses.append(train_step(engine, tokens, targets))
         opt.step()
     return {"losses": losses, "shards": engine.local_shards(), "plan_rank": engine.topology.rank}
 

@@ -25,6 +25,7 @@ from lightning_hexiscale.planner import Plan
 from lightning_hexiscale.runtime import tensor_parallel as tpl
 from lightning_hexiscale.runtime.engine import PipelineEngine
 from lightning_hexiscale.runtime.tied_embeddings import TiedPair, needs_tied_sync, tied_pairs
+from grad_step import train_step
 
 ATOL = 1e-10  # the vocab-parallel kernels alone, in float64
 
@@ -147,7 +148,7 @@ def _no_tie_worker(rank: int, world: int, plan_dict: dict, config: LlamaConfig):
     losses = []
     for step in range(STEPS):
         tokens, targets = make_batch(config, plan.global_batch, step)
-        losses.append(engine.train_step(tokens, targets))
+        losses.append(train_step(engine, tokens, targets))
         opt.step()
     return {"losses": losses, "shards": engine.local_shards()}
 

@@ -26,6 +26,7 @@ from test_equivalence import SEED, make_batch, plan_of
 from lightning_hexiscale.planner import Plan
 from lightning_hexiscale.runtime.comm_order import stage_events
 from lightning_hexiscale.runtime.engine import PipelineEngine
+from grad_step import train_step
 
 # pipeline 0: rank 0, one stage (layers 0-3, 2 micro-batches); pipeline 1: ranks 1 -> 2 (layers 0-1, 2-3)
 PLAN = dataclasses.replace(plan_of([(4, 2, [([0], (0, 4))]), (2, 1, [([1], (0, 2)), ([2], (2, 4))])], 4),
@@ -65,7 +66,7 @@ def _worker(rank, world, plan_dict, config):
         block.register_forward_hook(on_output, prepend=True)
     tokens, targets = make_batch(config, plan.global_batch, 0)
     rec.mark("run")
-    engine.train_step(tokens, targets)
+    train_step(engine, tokens, targets)
     rec.mark("step")
     opt.step()
     role = engine.role
