@@ -30,7 +30,7 @@ __all__ = ["PipelineEngine", "Topology",
            "Checkpointer", "read_checkpoint_meta", "load_checkpoint_model", "load_checkpoint_optimizer",
            "remove_checkpoint", "CHECKPOINT_COMPLETE",
            "FailureWatch", "is_peer_failure", "EXIT_RANK_FAILED", "host_slowdown",
-           "collect_before_fork"]
+           "collect_before_fork", "NONFINITE_POLICIES"]
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     "PipelineEngine": "lightning_hexiscale.runtime.engine",
@@ -48,4 +48,5 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "EXIT_RANK_FAILED": _FAILURE,
     "host_slowdown": "lightning_hexiscale.runtime.host",
     "collect_before_fork": "lightning_hexiscale.runtime.host",
+    "NONFINITE_POLICIES": "lightning_hexiscale.runtime.step",  # fit_step(nonfinite=...) and the strategy's
 })
