@@ -123,6 +123,11 @@ def latest_worker(out: Path, machine: str) -> int:
     return int(files[-1].read_text())
 
 
+HOLD_FILE = "hold-solo"
+"""While this file is in the output folder, a worker that trains alone before any restart waits up to
+``elastic_job.HOLD_S`` at the end of each step: the second agent then joins while the first trains."""
+
+
 def stop_workers(out: Path) -> None:
     """SIGKILL every worker the agents started that is still running (torchrun starts each worker in
     a session of its own, so killing an agent's session leaves them; their pids are in ``pid-*``)."""
@@ -145,6 +150,8 @@ def run(out: Path, steps: int = 24, every: int = 4, kill_at: int = 10, sleep_s: 
     server = store_process(port, out) if external else None
     agents: dict[str, subprocess.Popen] = {}
     survivor = "b" if kill == "a" else "a"
+    hold = out / HOLD_FILE
+    hold.write_text("a's workers wait at each step while alone (at most HOLD_S each) until b's worker starts\n")
     try:
         if server is not None:
             wait_for(lambda: listening(port), deadline, server, f"the rendezvous store did not open (see {out}/store.log)")
@@ -154,6 +161,11 @@ def run(out: Path, steps: int = 24, every: int = 4, kill_at: int = 10, sleep_s: 
         first = (lambda: (out / "pid-a-0").exists()) if external else (lambda: listening(port))
         wait_for(first, deadline, agents["a"], f"agent a did not start (see {out}/agent-a.log)")
         agents["b"] = agent("b", port, out, steps, every, sleep_s, external)
+        # a trains alone, held at each step (tests/strategy/elastic_job.py), until b's first worker
+        # runs: on a loaded host b's start took longer than a's whole run (CI), and then no join came
+        wait_for(lambda: any(out.glob("pid-b-*")), deadline, list(agents.values()),
+                 f"agent b did not start a worker (see {out}/agent-b.log)")
+        hold.unlink(missing_ok=True)
         wait_for(lambda: any(r["world"] == 2 and r["step"] >= kill_at for r in rows(out)), deadline,
                  list(agents.values()), f"the two-agent run did not reach step {kill_at} (see {out}/agent-*.log)")
         worker = latest_worker(out, kill)
@@ -166,6 +178,7 @@ def run(out: Path, steps: int = 24, every: int = 4, kill_at: int = 10, sleep_s: 
         agents[kill].wait()
         agents[survivor].wait(timeout=max(1.0, deadline - time.time()))
     finally:
+        hold.unlink(missing_ok=True)
         for p in agents.values():
             stop(p)
         stop_workers(out)

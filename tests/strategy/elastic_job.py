@@ -36,6 +36,7 @@ from lightning_hexiscale.planner import Plan
 
 TINY = LlamaConfig(name="tiny_elastic", hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2,
                    ffn_hidden_size=128, vocab_size=256, seq_len=16)
+HOLD_S = 2.0  # seconds a lone first worker waits per step while bench_elastic's hold file exists
 G = 8  # global batch: the same on every plan, so the data position carries over
 
 
@@ -51,6 +52,12 @@ class Losses(pl.Callback):
                 f.write(json.dumps(row) + "\n")
         if self.sleep_s:
             time.sleep(self.sleep_s)
+        # bench_elastic.HOLD_FILE: alone and not yet restarted, wait for the second agent (bounded, so a
+        # SIGTERM of its join is acted on at the step boundary within HOLD_S)
+        hold, until = self.path.parent / "hold-solo", time.time() + HOLD_S
+        if trainer.world_size == 1 and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+            while hold.exists() and time.time() < until:
+                time.sleep(0.05)
 
 
 def data(seed: int | None = None) -> DataLoader:
