@@ -48,5 +48,5 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "EXIT_RANK_FAILED": _FAILURE,
     "host_slowdown": "lightning_hexiscale.runtime.host",
     "collect_before_fork": "lightning_hexiscale.runtime.host",
-    "NONFINITE_POLICIES": "lightning_hexiscale.runtime.step",  # fit_step(nonfinite=...) and the strategy's
+    "NONFINITE_POLICIES": "lightning_hexiscale.runtime.step",  # fit_step(nonfinite=...), HexiScaleStrategy(nonfinite=...)
 })
