@@ -38,7 +38,7 @@ test-timing: $(STAMP)
 # their own, then the distributed suites (OLDEST_TESTS) on them. PyPI's torch wheel of that version
 # brings its CUDA libraries (about 5 GB in the venv).
 OLDEST_VENV ?= .venv-oldest
-OLDEST_TESTS ?= tests/runtime tests/strategy
+OLDEST_TESTS ?= tests/runtime tests/lightning
 
 test-oldest:
 	test -x $(OLDEST_VENV)/bin/python || $(PY) -m venv $(OLDEST_VENV)

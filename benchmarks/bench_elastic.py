@@ -15,7 +15,7 @@ and rendezvous, the workers' start, the re-plan and the checkpoint load), the st
 step reached before the kill minus the checkpoint's step), and the throughput kept: estimated (the
 planner's tokens/s for the new plan over the old one, from ``elastic.json``) and measured (optimizer
 steps per second after the restart over before, from the steps' timestamps). Both agents use the
-rendezvous settings of :data:`RDZV_CONF`; the worker is ``tests/strategy/elastic_job.py``.
+rendezvous settings of :data:`RDZV_CONF`; the worker is ``tests/lightning/elastic_job.py``.
 
 The baseline is the same run before the kill (two machines), measured in the same run.
 """
@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-WORKER = ROOT / "tests" / "strategy" / "elastic_job.py"
+WORKER = ROOT / "tests" / "lightning" / "elastic_job.py"
 RDZV_CONF = "join_timeout=120,last_call_timeout=1,close_timeout=5,keep_alive_interval=2,keep_alive_max_attempt=3"
 """c10d rendezvous knobs: after the first node is in, wait 1 s for more (last_call); a dead node's
 heartbeat is missed after 3 x 2 s (keep-alive), so a survivor's new round does not wait the default 15 s."""
@@ -161,7 +161,7 @@ def run(out: Path, steps: int = 24, every: int = 4, kill_at: int = 10, sleep_s: 
         first = (lambda: (out / "pid-a-0").exists()) if external else (lambda: listening(port))
         wait_for(first, deadline, agents["a"], f"agent a did not start (see {out}/agent-a.log)")
         agents["b"] = agent("b", port, out, steps, every, sleep_s, external)
-        # a trains alone, held at each step (tests/strategy/elastic_job.py), until b's first worker
+        # a trains alone, held at each step (tests/lightning/elastic_job.py), until b's first worker
         # runs: on a loaded host b's start took longer than a's whole run (CI), and then no join came
         wait_for(lambda: any(out.glob("pid-b-*")), deadline, list(agents.values()),
                  f"agent b did not start a worker (see {out}/agent-b.log)")

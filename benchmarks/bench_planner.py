@@ -18,7 +18,7 @@ Sections:
   quality      search / true optimum (throughput ratio; the optimum over every device subset, the
                rest idle) on named small clusters (their models cut to 8 layers, which the oracle
                covers whole) and on the 40 random heterogeneous clusters of
-               tests/planner/test_search_vs_oracle.py (planner/oracle/cases.py); target >= 0.97 on every
+               tests/planner/oracle/test_search_vs_oracle.py (planner/oracle/cases.py); target >= 0.97 on every
                case; min, mean and cases at 1.0.
   baselines    every preset of BASELINE_CASES (case_study, hetero1-3, the H800+H20 clusters): the
                search, symmetric-best (the best megatron/galvatron plan on any machine subset, the

@@ -27,7 +27,7 @@ class ConfigError(HexiScaleError, ValueError):
 
     def __reduce__(self):
         # Rebuilt from its parts (the default would call __init__ with the message alone): the error
-        # of one rank travels to the others and to the launching process (lightning/launching.py).
+        # of one rank travels to the others and to the launching process (lightning/launch/guard.py).
         return (type(self), (self.key, self.value, self.rule, self.fix), self.__dict__)
 
 

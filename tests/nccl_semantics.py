@@ -37,7 +37,7 @@ and be judged, as NCCL ranks:
    in (its rank and world size there, and the steps); :func:`replay_segments` replays the k-th
    segments of all processes together, each under the ranks of its own group.
 
-Used by ``tests/runtime/conftest.py`` (every ``run_ranks`` test) and ``tests/strategy/strategy_helpers.py``
+Used by ``tests/runtime/conftest.py`` (every ``run_ranks`` test) and ``tests/lightning/strategy_helpers.py``
 (every ``hexiscale_trainer`` run); :func:`link_bytes` counts the wire bytes per link class for the
 bytes-on-the-wire test.
 """

@@ -4,7 +4,7 @@ cluster files given by path, a model that fits on no device) and the Python API 
 arguments, Trainer settings, DataLoaders, ckpt_path, the module). Every case is refused: the recipe
 and ``hexiscale plan`` exit with status 2 and ONE message naming the key, with a fix and no traceback;
 the Python API raises the typed error naming the key. None is silently accepted (the valid
-counterparts pass: tests/strategy/test_recipes.py, test_good_api_input_passes below). Malformed
+counterparts pass: tests/lightning/test_recipes.py, test_good_api_input_passes below). Malformed
 cluster/model/plan files through ``hexiscale`` are in test_bad_configs.py.
 """
 

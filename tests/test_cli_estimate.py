@@ -85,7 +85,7 @@ def test_estimate_names_what_priced_each_type_and_refuses_a_mismatched_table(tmp
     import yaml
 
     from lightning_hexiscale.config import layer_table
-    from tests.test_layer_table import cluster_doc
+    from tests.planner.cost.test_layer_table import cluster_doc
 
     monkeypatch.setattr(layer_table, "_WARNED", set())  # said once per process: not by an earlier test
 

@@ -12,7 +12,7 @@ a client of it::
         --rdzv-conf=is_host=false,join_timeout=600,... recipes/train.py trainer.elastic=true ...
 
 ``is_host=false`` makes every agent a client, so any agent, the first one included, may die and the
-others re-rendezvous without it (``tests/strategy/test_elastic.py`` kills the agent that started
+others re-rendezvous without it (``tests/lightning/test_elastic.py`` kills the agent that started
 first). The store holds only the rendezvous' small keys; one store can serve several jobs
 (distinct ``--rdzv-id``).
 """

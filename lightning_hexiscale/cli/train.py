@@ -98,11 +98,11 @@ class _Job:
     """One invocation's state shared by the Hydra task and the Ctrl-C handling of :func:`main`."""
 
     def __init__(self, app: AppName, launch_argv: list[str]):
-        from lightning_hexiscale.lightning.job_watch import JobWatch
+        from lightning_hexiscale.lightning.launch.job_watch import JobWatch
 
         self.app = app
         self.launch_argv = launch_argv
-        # the job's phase, its output directory and its Ctrl-C handling (lightning/job_watch.py)
+        # the job's phase, its output directory and its Ctrl-C handling (lightning/launch/job_watch.py)
         self.watch = JobWatch(app.prog, quiet=not is_rank_zero())
         self.statuses: list[int] = []
 
@@ -168,7 +168,7 @@ def main(argv: Sequence[str] | None = None, app: AppName = HEXISCALE, launch_pre
     import hydra
 
     from lightning_hexiscale.config.schema import conf_dir, register_configs
-    from lightning_hexiscale.lightning.job_watch import record_in_child
+    from lightning_hexiscale.lightning.launch.job_watch import record_in_child
 
     argv = list(sys.argv[1 + len(launch_prefix):] if argv is None else argv)
     if any(a in HELP_FLAGS for a in argv):

@@ -35,7 +35,7 @@ def discover_for_train(cfg: DictConfig, say, how: str | None = "given") -> str:
     from lightning_hexiscale.cli.discover_local import local_launch
     from lightning_hexiscale.cli.train_job import AUTO_ENV, FILES_ENV
     from lightning_hexiscale.config.schema import ClusterConfig, load_yaml_node
-    from lightning_hexiscale.lightning import job_watch
+    from lightning_hexiscale.lightning.launch import job_watch
     from lightning_hexiscale.models.config import LlamaConfig
     from lightning_hexiscale.profiling.precision import default_precision
 

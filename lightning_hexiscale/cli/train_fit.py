@@ -107,8 +107,8 @@ def fit(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict, precisio
 
     from lightning_hexiscale.config.fast_path import FastPath
     from lightning_hexiscale.lightning.example import LlamaLitModule, LogHyperparams, LossPrinter, StepProgressBar
-    from lightning_hexiscale.lightning.interrupt import GracefulInterrupt
-    from lightning_hexiscale.lightning.quiet_worker import QuietWorker
+    from lightning_hexiscale.lightning.launch.interrupt import GracefulInterrupt
+    from lightning_hexiscale.lightning.launch.quiet_worker import QuietWorker
     from lightning_hexiscale.lightning.strategy import HexiScaleStrategy
 
     t = cfg.trainer

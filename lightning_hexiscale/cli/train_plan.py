@@ -30,26 +30,22 @@ def explicit_train_settings(cfg: DictConfig) -> dict:
     return {k: cfg.train[k] for k in PLAN_OVERRIDES if explicit(given, f"train.{k}")}
 
 
-def make_plan(cfg: DictConfig, cluster, model, out: Path):
+def make_plan(cfg: DictConfig, cluster, out: Path):
     """The plan file given, or the search's plan (with every planner.* setting, as ``hexiscale plan``
     makes it); ranks launched by popen reuse rank 0's plan file. Returns (plan, its estimate)."""
-    from lightning_hexiscale.lightning.plan_resolution import apply_overrides, load_plan_arg
-    from lightning_hexiscale.planner import Plan, SearchSettings, estimate, search, workload_from_config
+    from lightning_hexiscale.lightning.plan_resolution import plan_for
+    from lightning_hexiscale.planner import SearchSettings, estimate, workload_from_config
 
     workload = workload_from_config(cfg)  # its dtype comes from trainer.precision
     gb = int(cfg.train.global_batch)
     overrides = explicit_train_settings(cfg)
     saved = out / "plan.yaml"
-    if cfg.plan:
-        plan = apply_overrides(load_plan_arg(cfg.plan, key="plan"), overrides)
-    elif not is_rank_zero() and saved.is_file():
-        plan = Plan.load(saved)
-    else:
-        # The search picks ddp / zero2 / zero3 with the cost model unless train.dp_sharding was given.
-        settings = SearchSettings.from_config(cfg, dp_sharding_explicit="dp_sharding" in overrides, progress=False)
-        plan = search(cluster, workload, gb, settings).plan
+    given = cfg.plan or (saved if not is_rank_zero() and saved.is_file() else None)
+    # The search picks ddp / zero2 / zero3 with the cost model unless train.dp_sharding was given.
+    settings = SearchSettings.from_config(cfg, dp_sharding_explicit="dp_sharding" in overrides, progress=False)
     batch_given = not cfg.plan or explicit(overrides_given(), "train.global_batch")
-    plan.validate(cluster, model, global_batch=gb if batch_given else None)
+    plan = plan_for(given, cluster, workload, gb, overrides, settings=settings, check_global_batch=batch_given,
+                    key="plan")
     return plan, estimate(plan, cluster, workload)
 
 

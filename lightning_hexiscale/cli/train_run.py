@@ -15,7 +15,7 @@ from lightning_hexiscale.cli.train_fit import check_logger, fit, load_dataset, q
 from lightning_hexiscale.cli.train_job import (HEXISCALE, AppName, apply_file_overrides, auto_cluster, is_multirun,
                                                is_rank_zero, output_dir, overrides_given, say)
 from lightning_hexiscale.cli.train_plan import effective_config, launch_settings, make_plan, write_picture
-from lightning_hexiscale.lightning.job_watch import JobWatch
+from lightning_hexiscale.lightning.launch.job_watch import JobWatch
 
 
 def check_early(cfg: DictConfig) -> None:
@@ -67,7 +67,7 @@ def for_another_cluster(e, plan_file: str | None, cluster: str):
 def run(cfg: DictConfig, progress: JobWatch | None = None, app: AppName = HEXISCALE) -> int:
     """The job on one composed config: check, plan, print the plan and its estimate, train (or stop
     after planning with ``dry_run``). Returns 0; errors are raised (the app maps them to exit codes).
-    ``progress`` (the job's :class:`~lightning_hexiscale.lightning.job_watch.JobWatch`) records the
+    ``progress`` (the job's :class:`~lightning_hexiscale.lightning.launch.job_watch.JobWatch`) records the
     phase and the output directory for the Ctrl-C message."""
     from lightning_hexiscale.config.cluster import Cluster
     from lightning_hexiscale.config.recipe import effective_precision
@@ -108,7 +108,7 @@ def run(cfg: DictConfig, progress: JobWatch | None = None, app: AppName = HEXISC
         return run_elastic(cfg, cluster, model, out, precision, dataset, progress, app)
     say(f"planning for {model.name} on cluster {cluster.name} ({cluster.num_devices} devices) ...")
     try:
-        plan, est = make_plan(cfg, cluster, model, out)
+        plan, est = make_plan(cfg, cluster, out)
     except PlanError as e:
         raise for_another_cluster(e, cfg.plan, cluster.name) from None
     picture = None
@@ -153,7 +153,7 @@ def elastic_launch(cfg: DictConfig, app: AppName = HEXISCALE) -> dict:
     import torch
 
     from lightning_hexiscale.errors import ConfigError
-    from lightning_hexiscale.lightning.elastic import MACHINE_ENV
+    from lightning_hexiscale.lightning.launch.elastic import MACHINE_ENV
 
     command = (f"{MACHINE_ENV}=<machine> torchrun --nnodes=1:<machines> --nproc-per-node=<GPUs> --rdzv-backend=c10d "
                f"--rdzv-endpoint=<host:port> --max-restarts=10 {app.torchrun} trainer.elastic=true "
@@ -181,7 +181,7 @@ def elastic_launch(cfg: DictConfig, app: AppName = HEXISCALE) -> dict:
 def run_elastic(cfg: DictConfig, cluster, model, out: Path, precision: str, dataset, progress: JobWatch,
                 app: AppName) -> int:
     """trainer.elastic=true: no plan here; the strategy plans for the machines present at every start."""
-    from lightning_hexiscale.lightning.elastic import ElasticSettings
+    from lightning_hexiscale.lightning.launch.elastic import ElasticSettings
 
     launch = elastic_launch(cfg, app)
     say(cluster.summary(), "\n")

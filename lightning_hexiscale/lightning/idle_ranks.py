@@ -50,8 +50,9 @@ import torch.distributed as dist
 from lightning.fabric.plugins.environments import ClusterEnvironment
 
 from lightning_hexiscale.errors import ConfigError, RankFailure
-from lightning_hexiscale.lightning import internals, job_watch
-from lightning_hexiscale.lightning.launching import IdleRankExit, portable_error, mark_agreed
+from lightning_hexiscale.lightning import internals
+from lightning_hexiscale.lightning.launch import job_watch
+from lightning_hexiscale.lightning.launch.guard import IdleRankExit, portable_error, mark_agreed
 from lightning_hexiscale.planner import Plan, RankLayout
 
 REASONS_KEY = "idle_reasons"

@@ -4,7 +4,7 @@ The strategy runs forward and backward itself, cuts every global batch into per-
 and launches its own way; Lightning 2.x has no public switch for these, so a few private names are
 set or read. They all live here, behind named functions, so that a Lightning upgrade that renames
 one breaks in exactly one place, and :func:`check` (run by the strategy's ``setup`` and by
-``tests/strategy/test_internals.py``, which also fails when a private Lightning name is used
+``tests/lightning/test_internals.py``, which also fails when a private Lightning name is used
 outside this module or is missing from this list) says which name moved, in which Lightning
 version, instead of failing deep inside a training step.
 
@@ -45,7 +45,7 @@ import weakref
 from typing import Any
 
 from lightning_hexiscale.errors import HexiScaleError
-from lightning_hexiscale.lightning import job_watch
+from lightning_hexiscale.lightning.launch import job_watch
 
 TESTED = "2.4-2.6"
 """Lightning versions the attributes below were read from."""
@@ -283,7 +283,7 @@ def trainer_precision_argument() -> str | None:
 
 def configure_launcher(strategy, guard) -> None:
     """Give ``strategy`` (a DDPStrategy) Lightning's launcher for its start method, with ``guard``
-    (:class:`lightning_hexiscale.lightning.launching.LaunchGuard`) around it:
+    (:class:`lightning_hexiscale.lightning.launch.guard.LaunchGuard`) around it:
 
     - ``popen``: Lightning's script launcher re-runs the script per local rank, but its process
       observer SIGKILLs every process, the launching one included, 5 s after any child exits non-zero,
@@ -376,7 +376,7 @@ class ProcessLauncher(_MultiProcessingLauncher):
                            global_states=None) -> None:
         from lightning.fabric.utilities.apply_func import move_data_to_device
 
-        from lightning_hexiscale.lightning.launching import IdleRankExit
+        from lightning_hexiscale.lightning.launch.guard import IdleRankExit
 
         job_watch.worker_entry()
         self._collected = None

@@ -135,16 +135,28 @@ def apply_overrides(plan: Plan, overrides: dict[str, Any]) -> Plan:
 
 
 def plan_for(plan: str | Path | Plan | None, cluster: Cluster, workload: Workload, global_batch: int | None,
-             overrides: dict[str, Any], *, seed: int = 0, iterations: int = 20,
-             use_all_devices: bool = False) -> Plan:
+             overrides: dict[str, Any], *, seed: int = 0, iterations: int = 20, use_all_devices: bool = False,
+             settings=None, check_global_batch: bool = True, key: str = "HexiScaleStrategy(plan)") -> Plan:
     """A validated plan: ``plan`` itself, the file it names, or the search's plan on ``cluster``
-    pricing ``workload`` (see :func:`search_plan`)."""
+    pricing ``workload``. The one door of the strategy and of ``hexiscale train``.
+
+    - the search runs with ``settings`` (a :class:`~lightning_hexiscale.planner.SearchSettings`, as
+      ``hexiscale train`` builds it from every ``planner.*`` key) or, without one, with the settings
+      :func:`search_plan` builds from ``overrides``, ``seed``, ``iterations`` and ``use_all_devices``;
+    - explicit ``overrides`` then replace the plan's values (:func:`apply_overrides`);
+    - the plan is validated against the cluster and the model, and against ``global_batch`` unless
+      ``check_global_batch`` is false (a plan file whose batch the user did not restate).
+    """
     if plan is None:
         if global_batch is None:
             raise ConfigError("global_batch", None, "planning needs the global batch", "pass global_batch=G")
-        plan, _ = search_plan(cluster, workload, global_batch, overrides, seed=seed, iterations=iterations,
-                              use_all_devices=use_all_devices)
-    elif not isinstance(plan, Plan):
-        plan = Plan.load(plan)
+        if settings is None:
+            plan, _ = search_plan(cluster, workload, global_batch, overrides, seed=seed, iterations=iterations,
+                                  use_all_devices=use_all_devices)
+        else:
+            from lightning_hexiscale.planner import search  # networkx, pymetis: on use
+            plan = search(cluster, workload, global_batch, settings).plan
+    else:
+        plan = load_plan_arg(plan, key=key)
     plan = apply_overrides(plan, overrides)
-    return plan.validate(cluster, workload.model, global_batch=global_batch)
+    return plan.validate(cluster, workload.model, global_batch=global_batch if check_global_batch else None)

@@ -106,7 +106,7 @@ class StrategySettings:
     crash meanwhile leaves the previous checkpoint."""
     elastic: Any = None
     """Elastic training under torchrun (``--nnodes=MIN:MAX``, c10d): a checkpoint directory or an
-    :class:`~lightning_hexiscale.lightning.elastic.ElasticSettings`. At every (re)start the strategy
+    :class:`~lightning_hexiscale.lightning.launch.elastic.ElasticSettings`. At every (re)start the strategy
     learns which machines of the cluster file are present (``$HEXISCALE_MACHINE`` on each node),
     plans for them, resumes from the newest complete checkpoint and prints what changed. Needs a
     ``cluster``, no ``plan``. Built: an ElasticSettings or None."""
@@ -203,7 +203,7 @@ class StrategySettings:
 
     def _elastic_settings(self):
         """``elastic`` as an ElasticSettings (or None), with what it needs: a cluster file, no plan."""
-        from lightning_hexiscale.lightning.elastic import as_settings  # its torch.distributed helpers: on use
+        from lightning_hexiscale.lightning.launch.elastic import as_settings  # its torch.distributed helpers: on use
 
         settings = as_settings(self.elastic)
         if settings is None:

@@ -8,7 +8,7 @@ optimizer Lightning holds is the engine's sharded one (:meth:`StepAdapter.engine
 Lightning's DeepSpeed strategy hands Lightning its engine's optimizer). A non-finite step stops the
 run or is skipped (:class:`GradientMethods`, the strategy's mixin). Why one adapter: ``Trainer.fit``
 and ``PipelineEngine.fit_step`` then call the same phases in the same order
-(``tests/strategy/test_fit_step_trace.py`` compares their communication call for call). The hook
+(``tests/lightning/test_fit_step_trace.py`` compares their communication call for call). The hook
 table and why clipping goes through the precision plugin: docs/concepts/step.md.
 """
 

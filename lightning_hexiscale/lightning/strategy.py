@@ -51,7 +51,7 @@ from lightning_hexiscale.lightning import internals, notices
 from lightning_hexiscale.lightning.device_check import check_local_gpus
 from lightning_hexiscale.lightning.fast_path import log_fast_path, prepare_optimizers
 from lightning_hexiscale.lightning.idle_ranks import IdleRankMethods, accepted_world_sizes, layout_for, world_error
-from lightning_hexiscale.lightning.launching import CHILD_ENV, LaunchGuard, agree, is_agreed, mark_agreed
+from lightning_hexiscale.lightning.launch.guard import CHILD_ENV, LaunchGuard, agree, is_agreed, mark_agreed
 from lightning_hexiscale.lightning.pipeline_model import PipelineLogits, PipelineModel
 from lightning_hexiscale.lightning.plan_check import DEFAULT_WARMUP as DEFAULT_PLAN_CHECK_WARMUP
 from lightning_hexiscale.lightning.plan_check import PlanCheck
@@ -152,7 +152,7 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, int
 
     @property
     def launch_guard(self) -> LaunchGuard:
-        """The guard around this strategy's launcher (:mod:`~lightning_hexiscale.lightning.launching`)."""
+        """The guard around this strategy's launcher (:mod:`~lightning_hexiscale.lightning.launch.guard`)."""
         return self._guard
 
     def check_before_launch(self, fitting: bool, arguments: dict[str, Any]) -> None:
@@ -207,7 +207,7 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, int
             if self.settings.cluster == AUTO and self._discovered is None:  # collective: every rank measures
                 self._discovered = self._discover_cluster(module, trainer)
             # Every rank checks the same things (Lightning, the module, the plan, world size and
-            # devices); one error, from rank 0, reaches the caller (launching.agree).
+            # devices); one error, from rank 0, reaches the caller (launch.guard.agree).
             llama = agree(lambda: self._resolve_plan(module, trainer, fitting), self.global_rank, self.world_size)
             self._agree_plan_and_devices()
             self._switch_if_idle()  # launched on idle devices too: they leave, the others train alone
@@ -437,7 +437,7 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, int
     @override
     def on_exception(self, exception: BaseException) -> None:
         """Under torchrun/SLURM every rank says on stderr which rank failed first (Lightning's own
-        launchers hand one error to the caller instead: lightning/launching.py)."""
+        launchers hand one error to the caller instead: lightning/launch/guard.py)."""
         super().on_exception(exception)
         self._failed = True
         cause = exception.__cause__ if isinstance(exception, RankFailure) and exception.__cause__ else exception
@@ -461,7 +461,7 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, int
         assert self.plan is not None
         # The order is the one-device loader's (its generator, else torch's global one); every rank
         # draws, then all take rank 0's draw (a broadcast at the start of each shuffled epoch).
-        # Every rank checks the same loader: one error reaches the caller (launching.agree).
+        # Every rank checks the same loader: one error reaches the caller (launch.guard.agree).
         loader = agree(lambda: plan_dataloader(dataloader, [p.batch_size for p in self.plan.pipelines],
                                                self.pipeline_model.engine.role.pipeline, drop_last=training,
                                                agree=self._agree if self.world_size > 1 else None,
@@ -514,7 +514,7 @@ def _elastic_run(settings):
     """The run of ``StrategySettings.elastic`` (checked there), or None."""
     if settings is None:
         return None
-    from lightning_hexiscale.lightning.elastic import ElasticRun  # torch.distributed's elastic helpers: on use
+    from lightning_hexiscale.lightning.launch.elastic import ElasticRun  # torch.distributed's elastic helpers: on use
 
     return ElasticRun(settings)
 

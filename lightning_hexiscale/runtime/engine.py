@@ -156,7 +156,7 @@ class PipelineEngine:
                  nonfinite: str = "stop", before_update=None) -> FitStep:
         """One optimizer step on a global batch (G, S), as ``Trainer.fit`` runs it under the strategy
         with ``accumulate_grad_batches=1``: :meth:`Step.run` on this pipeline's rows, the phases the
-        strategy's hooks call (``tests/strategy/test_fit_step_trace.py`` compares the traces;
+        strategy's hooks call (``tests/lightning/test_fit_step_trace.py`` compares the traces;
         ``tests/runtime/test_fit_step.py`` checks it against one process).
 
         ``optimizer`` is :meth:`wrap_optimizer`'s; ``clip_norm`` the Trainer's ``gradient_clip_val``;

@@ -3,7 +3,7 @@ non-finite policies, on 4 gloo ranks (a TP-2 stage and a second pipeline of two 
 
 The reference is the plain ``Llama`` in one process: loss, backward, ``torch.nn.utils.clip_grad_norm_``
 and SGD, float64. The clip is set below the gradient's norm so that clipping acts on every step; the
-norm fit_step reports must equal the reference's. ``tests/strategy/test_fit_step_trace.py`` shows
+norm fit_step reports must equal the reference's. ``tests/lightning/test_fit_step_trace.py`` shows
 that the Trainer's step issues the same communication.
 """
 

@@ -1,6 +1,6 @@
 """The step's phases and the gradient reducer, without processes (runtime/step.py, runtime/reducers.py,
 lightning/step_adapter.py). That the phases are the ones ``Trainer.fit`` runs, call for call, is
-tests/strategy/test_fit_step_trace.py; that they equal one device is tests/runtime/test_fit_step.py."""
+tests/lightning/test_fit_step_trace.py; that they equal one device is tests/runtime/test_fit_step.py."""
 
 from __future__ import annotations
 

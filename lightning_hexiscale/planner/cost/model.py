@@ -464,7 +464,7 @@ def stored_activation_bytes(tokens: int, hidden: int, kv_dim: int, ffn: int, tp:
 
         tokens * [ 2 * (2 * C / B_type + 1) * H  +  (2 * H + 2 * kv + 4 * F) / t ] * B_type
 
-    measured with saved-tensor hooks on ``models/llama.py`` (tests/planner/test_memory_terms.py):
+    measured with saved-tensor hooks on ``models/llama.py`` (tests/planner/cost/test_memory_terms.py):
     each RMSNorm keeps its input and normalised value in its compute dtype C (float32) and its
     output feeds the next projection (replicated over the TP group); attention keeps q, out and
     the k, v of the local heads; the SwiGLU MLP keeps gate, up, silu(gate) and their product.

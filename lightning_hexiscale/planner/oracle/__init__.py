@@ -1,5 +1,5 @@
 """The true optimum of the plan space under ``estimate()``, on clusters of up to 8 devices: what the
-search is held against (tests/planner/test_search_vs_oracle.py, ``hexiscale plan --oracle``).
+search is held against (tests/planner/oracle/test_search_vs_oracle.py, ``hexiscale plan --oracle``).
 
 - :mod:`.exact`   the exhaustive branch and bound: ``oracle(cluster, workload, G, settings)``
 - :mod:`.space`   its space and its result: OracleSettings, OracleResult, compositions, partitions

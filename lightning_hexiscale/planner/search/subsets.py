@@ -31,7 +31,7 @@ Tolerance: the search's quality target, 0.97 of the throughput. With every machi
 searched, the plan reaches at least 0.97 of the search's own plan for any machine subset (a trial
 runs the same search with ``TRIAL_REFINE`` of the final improvement's budget; a subset skipped is
 proven unable to win), and at least 0.97 of the true optimum over every device subset
-(:mod:`planner.oracle.exact`; tests/planner/test_search_vs_oracle.py). The greedy promises only the
+(:mod:`planner.oracle.exact`; tests/planner/oracle/test_search_vs_oracle.py). The greedy promises only the
 subsets it visits.
 """
 
@@ -58,7 +58,7 @@ SEARCHED_DEVICES = 64
 TRIAL_REFINE = 0.25
 """Share of the final improvement's budget (:func:`refine.budget_for`) a subset trial gets (the whole
 cluster gets all of it). A quarter keeps the search on 40 random small clusters at the optimum over
-every subset (as with the whole budget: tests/planner/test_search_vs_oracle.py) for about 0.65x the
+every subset (as with the whole budget: tests/planner/oracle/test_search_vs_oracle.py) for about 0.65x the
 time of full trials."""
 
 

@@ -23,7 +23,7 @@ minimises it; one iteration in five takes the other option so that both averages
 All randomness comes from one ``numpy.random.default_rng(seed)``: a seed gives the same plan.
 
 Where it goes beyond §4, and why (each measured against the true optimum of
-:mod:`planner.oracle.exact` on random heterogeneous clusters, tests/planner/test_search_vs_oracle.py):
+:mod:`planner.oracle.exact` on random heterogeneous clusters, tests/planner/oracle/test_search_vs_oracle.py):
 
 - Batches (§4.4 assigns them "proportionally to the estimated training efficiency"): an exact
   minimax over integer batch splits with its own micro-batch size per pipeline, up to 64 devices

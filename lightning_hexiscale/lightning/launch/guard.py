@@ -26,7 +26,7 @@ import torch.distributed as dist
 from lightning.pytorch.trainer.states import TrainerFn
 
 from lightning_hexiscale.errors import HexiScaleError, NonFiniteError, RankFailure, TrainingFailure
-from lightning_hexiscale.lightning import job_watch
+from lightning_hexiscale.lightning.launch import job_watch
 from lightning_hexiscale.runtime import EXIT_RANK_FAILED, host_slowdown, is_peer_failure
 
 EXIT_CONFIG = 2

@@ -1,4 +1,4 @@
-"""Elastic training (lightning/elastic.py): a machine leaves, the survivor re-plans and goes on.
+"""Elastic training (lightning/launch/elastic.py): a machine leaves, the survivor re-plans and goes on.
 
 The end-to-end test runs the c10d rendezvous store in a process of its own (``hexiscale
 rendezvous-store``) and two torchrun agents on localhost as its clients (``--nnodes=1:2``,
@@ -9,7 +9,7 @@ SIGKILL once step 6 is reached, and checks that agent b's new workers re-planned
 alone, resumed from the newest complete checkpoint and finished; their losses from the resumed step
 equal, bit for bit (float64), those of an independent single-process run started from the same
 checkpoint with the survivor's plan, and a mutated reference (another corpus) differs (the
-comparison can fail). The driver is benchmarks/bench_elastic.py, the worker tests/strategy/elastic_job.py.
+comparison can fail). The driver is benchmarks/bench_elastic.py, the worker tests/lightning/elastic_job.py.
 
 The other tests check the pieces without processes: machine names, the rank-ordered subset cluster,
 the clear errors (a machine not in the cluster file, no plan fits the devices left, no complete
@@ -32,7 +32,7 @@ import torch
 
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError, InfeasiblePlan
-from lightning_hexiscale.lightning import elastic
+from lightning_hexiscale.lightning.launch import elastic
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner import SearchSettings, Workload, search
 from lightning_hexiscale.runtime import checkpoint as ckpt
@@ -95,7 +95,7 @@ def test_survivor_replans_resumes_and_matches_a_run_from_the_same_checkpoint(tmp
     # not os.environ: an earlier in-process fit of this pytest run left MASTER_PORT there, and the two
     # runs below would both bind it (EADDRINUSE); bench.child_env drops the launch variables
     env = bench.child_env()
-    base = [sys.executable, str(ROOT / "tests" / "strategy" / "elastic_job.py"), str(tmp_path),
+    base = [sys.executable, str(ROOT / "tests" / "lightning" / "elastic_job.py"), str(tmp_path),
             str(tmp_path / "cluster.yaml"), str(steps), "0", "0", "--reference", str(ck), str(plan_file), "b"]
     procs = [subprocess.Popen(cmd, env=env, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for cmd in (base, base + ["--mutate"])]

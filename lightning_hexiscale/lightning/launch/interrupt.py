@@ -17,7 +17,7 @@ Rank 0 says at once that the stop is coming. A second Ctrl-C restores the handle
 before (Python's: ``KeyboardInterrupt``, Lightning's immediate shutdown; under ``hexiscale train``,
 the job watch's, which ends the job at once).
 
-The callback also tells the job watch (:mod:`~lightning_hexiscale.lightning.job_watch`) which phase
+The callback also tells the job watch (:mod:`~lightning_hexiscale.lightning.launch.job_watch`) which phase
 this rank is in: setup, training (and the step), saving (while ``trainer.save_checkpoint`` runs),
 finishing; without a watch (a user's script) that is a no-op.
 """
@@ -32,7 +32,7 @@ from typing import Any
 from lightning.pytorch.callbacks import Callback
 
 from lightning_hexiscale.errors import TrainingInterrupted
-from lightning_hexiscale.lightning import job_watch
+from lightning_hexiscale.lightning.launch import job_watch
 
 
 class GracefulInterrupt(Callback):

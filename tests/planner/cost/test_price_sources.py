@@ -16,7 +16,7 @@ from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner import Plan, SearchSettings, Workload, estimate, price_sources, search
 from lightning_hexiscale.planner.cost.estimate import layer_times
 from lightning_hexiscale.planner.cost.sources import TableMismatchWarning
-from tests.test_layer_table import TINY, W32, _shape, cluster_doc
+from tests.planner.cost.test_layer_table import TINY, W32, _shape, cluster_doc
 
 
 def _tp1_only() -> dict:

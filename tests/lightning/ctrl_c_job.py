@@ -1,6 +1,6 @@
 """``recipes/train.py`` with one phase made slow, so that a test's Ctrl-C lands in it for sure.
 
-    python tests/ctrl_c_job.py PHASE KEY=VALUE ...
+    python tests/lightning/ctrl_c_job.py PHASE KEY=VALUE ...
 
 PHASE (the popen launcher re-runs this script, so every rank applies it):
 
@@ -44,7 +44,7 @@ from lightning_hexiscale.cli.train import main  # noqa: E402
 from lightning_hexiscale.cli.train_job import RECIPE  # noqa: E402
 
 if PHASE == "child_sleeps":
-    from lightning_hexiscale.lightning.launching import LaunchGuard
+    from lightning_hexiscale.lightning.launch.guard import LaunchGuard
 
     run = LaunchGuard.run  # rank 0, after starting the others; next: init_process_group waits for them
     LaunchGuard.run = lambda self, *a, **k: (print("SLOW rendezvous", flush=True), run(self, *a, **k))[1]

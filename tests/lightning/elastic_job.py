@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader
 
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.data import generated_corpus
-from lightning_hexiscale.lightning.elastic import ElasticSettings, ElasticStop
+from lightning_hexiscale.lightning.launch.elastic import ElasticSettings, ElasticStop
 from lightning_hexiscale.lightning.example import LlamaLitModule
 from lightning_hexiscale.lightning.strategy import HexiScaleStrategy
 from lightning_hexiscale.models.config import LlamaConfig

@@ -1,7 +1,7 @@
 """lightning/step_adapter.py's ``engine_optimizers``: under ZeRO the optimizer Lightning holds is the
 one that steps (the engine's), and the user's LR schedulers are re-pointed at it; under ddp the
 user's stays. An engine stand-in: the real sharded optimizer needs process groups (the Lightning
-runs of tests/strategy/test_strategy_zero.py cover it)."""
+runs of tests/lightning/test_strategy_zero.py cover it)."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from lightning_hexiscale.planner.search.floors import link_ceiling
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # datasheet pricing
 
-PLANNER = Path(__file__).resolve().parents[2] / "lightning_hexiscale" / "planner"
+PLANNER = Path(__file__).resolve().parents[3] / "lightning_hexiscale" / "planner"
 
 
 @pytest.fixture

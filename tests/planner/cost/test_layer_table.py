@@ -88,7 +88,7 @@ def test_estimate_uses_the_table_where_it_covers_a_case():
 def test_cases_a_table_cannot_cover_are_computed():
     """A TP group across machines (a table is measured over one machine's links) and a head at a TP
     degree without head rows are computed, as without a table (and named by price_sources:
-    tests/planner/test_price_sources.py). Another shape or precision is refused (same file)."""
+    tests/planner/cost/test_price_sources.py). Another shape or precision is refused (same file)."""
     c = Cluster.from_config(cluster_doc())
     flops = Cluster.from_config(dict(cluster_doc(), layer_times=[]))
     assert layer_times(c, W32, [0, 2], 2, False) == layer_times(flops, W32, [0, 2], 2, False)

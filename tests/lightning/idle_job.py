@@ -28,7 +28,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from strategy_helpers import TINY, loader, module
 
 from lightning_hexiscale.lightning import plan_resolution
-from lightning_hexiscale.lightning.elastic import ElasticSettings
+from lightning_hexiscale.lightning.launch.elastic import ElasticSettings
 from lightning_hexiscale.lightning.strategy import HexiScaleStrategy
 from lightning_hexiscale.planner import Plan
 

@@ -1,7 +1,7 @@
 """`hexiscale train`: the training job as a subcommand of the package's CLI. A two-step CPU run with
 overrides through the console script (the popen launcher re-runs `hexiscale train ...` for the second
 rank), a `-m` sweep (Hydra's multirun, spawned workers), `--help`, and a bad override's message.
-``recipes/train.py`` runs the same app: tests/strategy/test_recipes.py."""
+``recipes/train.py`` runs the same app: tests/lightning/test_recipes.py."""
 
 from __future__ import annotations
 

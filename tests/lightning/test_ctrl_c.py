@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 
 from lightning_hexiscale.errors import TrainingInterrupted
-from lightning_hexiscale.lightning.interrupt import GracefulInterrupt
+from lightning_hexiscale.lightning.launch.interrupt import GracefulInterrupt
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "recipes" / "train.py"
 
 
@@ -158,11 +158,11 @@ def test_save_on_interrupt_saves_the_step_on_every_rank_then_stops(tmp_path):
 
 
 # ---- every phase of a training job: one line naming it, exit 130 within 5 s, no process left -------
-JOB = ROOT / "tests" / "ctrl_c_job.py"
+JOB = ROOT / "tests" / "lightning" / "ctrl_c_job.py"
 
 
 def job(phase: str, run: Path, *extra: str) -> list[str]:
-    """A 2-rank job (cpu2, llama_tiny) with ``phase`` made slow (tests/ctrl_c_job.py)."""
+    """A 2-rank job (cpu2, llama_tiny) with ``phase`` made slow (tests/lightning/ctrl_c_job.py)."""
     return [sys.executable, str(JOB), phase, "cluster=cpu2", "model=llama_tiny", "train.global_batch=8",
             "trainer.max_steps=6", "trainer.val_every=0", "trainer.progress_bar=false", "trainer.log_every=1",
             f"hydra.run.dir={run}", *extra]
@@ -269,7 +269,7 @@ def test_ctrl_c_while_the_train_command_discovers(tmp_path, monkeypatch):
 def test_the_watch_acts_by_phase_and_prints_one_line(tmp_path, monkeypatch):
     """What each Ctrl-C does in each phase (the processes themselves: the tests above), without ending
     this process: ``end`` is recorded instead."""
-    from lightning_hexiscale.lightning.job_watch import JobWatch
+    from lightning_hexiscale.lightning.launch.job_watch import JobWatch
 
     ended = []
     watch = JobWatch("hexiscale train", backstop_s=60)
@@ -300,7 +300,7 @@ def test_the_watch_acts_by_phase_and_prints_one_line(tmp_path, monkeypatch):
 
 
 def test_children_start_with_sigint_blocked_and_the_block_ends_after():
-    from lightning_hexiscale.lightning.job_watch import blocked_during
+    from lightning_hexiscale.lightning.launch.job_watch import blocked_during
 
     before = signal.pthread_sigmask(signal.SIG_BLOCK, set())
     with blocked_during():

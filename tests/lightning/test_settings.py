@@ -12,7 +12,7 @@ import pytest
 
 from lightning_hexiscale.config.fast_path import FastPath
 from lightning_hexiscale.errors import ConfigError
-from lightning_hexiscale.lightning.elastic import ElasticSettings
+from lightning_hexiscale.lightning.launch.elastic import ElasticSettings
 from lightning_hexiscale.lightning.plan_check import DEFAULT_WARMUP
 from lightning_hexiscale.lightning.plan_resolution import AUTO
 from lightning_hexiscale.lightning.settings import StrategySettings

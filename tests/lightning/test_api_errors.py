@@ -78,7 +78,7 @@ def test_setup_error_of_every_rank_is_raised_once_spawn(capfd):
 
 def _job(case: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PL_", "LOCAL_", "MASTER_", "WORLD_", "RANK"))}
-    env["PYTHONPATH"] = os.pathsep.join(map(str, (HERE, HERE.parent, HERE.parents[1])))  # strategy/, tests/, root
+    env["PYTHONPATH"] = os.pathsep.join(map(str, (HERE, HERE.parent, HERE.parents[1])))  # lightning/, tests/, root
     return subprocess.run([sys.executable, str(HERE / "api_error_job.py"), case], env=env, capture_output=True,
                           text=True, timeout=100)
 

@@ -44,7 +44,7 @@ def test_mixed_activations_measured_layout():
 
 def test_autocast_copies_at_most_two():
     # the autocast path: the fast path's main grads, cast-once and chunked loss off (their terms:
-    # tests/planner/test_fast_path_memory.py)
+    # tests/planner/cost/test_fast_path_memory.py)
     w = dataclasses.replace(Workload.from_precision(M, "bf16-mixed", fast_path=FastPath.off()), reserve_bytes=0.0,
                             device="cpu")
     peak = {n: stage_memory_at(w, "ddp", 1, False, True, True, n, 1, 1).peak(M.num_layers) for n in (1, 2, 8)}

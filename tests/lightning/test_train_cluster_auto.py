@@ -3,7 +3,7 @@
 spawned NCCL rank per CUDA GPU, else 4 forked CPU ranks), writes the cluster file into
 ``$HEXISCALE_CACHE_DIR``, plans on it and trains; a second run with the same fingerprint reuses the cached
 file and says so. A sweep and a torchrun/SLURM launch are refused with the fix; ``cluster=<preset or file>``
-skips discovery. The local ranks themselves: tests/profiler/test_discover_local.py."""
+skips discovery. The local ranks themselves: tests/profiling/test_discover_local.py."""
 
 from __future__ import annotations
 
