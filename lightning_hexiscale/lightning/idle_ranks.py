@@ -12,30 +12,10 @@ Before that it prints one line saying why (the planner's reason from the plan's 
 needs (no layer, no optimizer state, no data), so leaving frees its device and cannot hang anything;
 a process that stays would have to be woken at the end and could be forgotten by its launcher.
 
-Two kinds of idle process must not leave (:func:`stay_reason`), because the job needs them alive:
-
-- the one that hosts the job's rendezvous store: a TCPStore inside global rank 0 under Lightning's
-  own launchers, SLURM and ``hexiscale emulate`` (under torchrun the agent hosts it). The training
-  ranks keep using that store (their own process group, the failure watch). Under ``popen`` it is
-  also the caller's own process, whose ``fit`` must not return before the job is over;
-- under torchrun, local rank 0 of a machine where no rank trains: once all its workers are done,
-  torchrun's agent there leaves the job (after its exit barrier's timeout, 300 s), and the agent of
-  node 0 hosts the rendezvous store.
-
-Such a process returns from its Trainer call only when the job ends: it takes part in no collective
-meanwhile, only reads the store, and raises the job's error when the job fails.
-
-**No training group includes an idle rank.** At setup, after every launch rank agreed on the plan
-(over the launcher's default process group), the switch (:meth:`IdleRankMethods._switch_if_idle`):
-a token from rank 0 and a barrier, then every launch rank destroys that group; the training ranks
-form a fresh default process group of their own, with compact ranks, on the same store under a
-key prefix of the token. Launch rank a becomes rank i, its index among the training ranks; since
-``launch_order`` and ``device_order`` are both sorted, its device is ``device_order[i]``, so the
-runtime, Lightning's own collectives (barrier, broadcast, ``sync_dist`` reductions, checkpoint
-barriers), checkpoints and the failure watch run unchanged, on ranks 0..plan.world_size-1. The
-strategy's cluster environment reports the compact rank and world size, and Lightning's
-rank-zero-only printing and logging follows training rank 0 (idle ranks report ranks after the
-training ones, so none of them is rank zero). The loggers keep the version global rank 0 chose.
+Some idle processes must stay until the job ends (:func:`stay_reason`: the one hosting the
+rendezvous store, a torchrun machine's local rank 0 where no rank trains), and no training group
+includes an idle rank (:meth:`IdleRankMethods._switch_if_idle`: the training ranks form a compact
+default group). Who stays and why, and how the switch works: ``docs/concepts/processes.md``, "Idle ranks".
 """
 
 from __future__ import annotations

@@ -1,76 +1,13 @@
 """The oracle: the exact optimum of the whole plan space under ``estimate()``, for clusters of up to 8 devices.
 
-The space (what a Plan can express for the cluster, model and global batch G):
-
-- every subset of the devices (the rest named in ``Plan.idle_devices``; only the whole cluster with
-  ``use_all_devices``) and every partition of it into pipelines (at most ``max_pipelines``, at
-  most G pipelines);
-- per pipeline, every ordered sequence of stages, every TP group (any subset of the pipeline's
-  devices of at most ``num_kv_heads`` devices, across machines too), every stage leader and every
-  TP rank order (they decide who exchanges gradients with whom under asymmetric TP, and who sends
-  to whom on the scatter/gather path between stages of equal TP degree);
-- every layer split (each stage at least one layer);
-- every integer batch split b_1 + ... + b_P = G, b_i >= 1, and per pipeline any micro-batch size
-  m_i dividing b_i (``train.micro_batch_size`` pins it);
-- ddp, zero2 and zero3 (``train.dp_sharding`` pins it); the schedule and recompute are the settings',
-  and ``reduce_dtype`` is the run's own (None), as the search leaves it.
-
-Every returned plan is scored by ``estimate()``; the result is the plan of least ``estimate().cost``.
-
-How, exactly and fast enough:
-
-1. **Device symmetry.** Two devices whose swap leaves the cluster unchanged (same FLOP/s and
-   memory, equal bandwidth and latency to every third device) are interchangeable, and
-   ``estimate()`` is invariant under the swap. Devices are grouped into classes of pairwise
-   interchangeable devices (usually: the GPUs of one machine). A pipeline is then a vector of
-   device counts per class, a stage a tuple of class labels, and each orbit of plans is
-   enumerated once (canonical devices: the first free devices of each class). A subset is a
-   count vector at most the class sizes (``space.sub_vectors``): ``estimate()`` prices
-   only the devices a plan uses, so which devices of a class stay idle does not matter.
-2. **Structure of the time.** With A = sum_j (Stage_j + Hop_j), B = max_j (Stage_j + Hop_j) per
-   micro-batch and C = max_j (exposed data-parallel time of stage j), a pipeline with n
-   micro-batches takes A + (n - 1) * B + C (Appendix B eq. 8 plus its data-parallel tail) and the
-   iteration takes the slowest pipeline. Pipelines interact only through the data-parallel
-   T_comm of their layers (eq. 4), which depends on the layouts (devices, layer ranges) of all
-   pipelines and on their number P, never on batches or micro-batch sizes.
-3. **A lower bound that never exceeds the true time (soundness).** Let device d of a TP-t stage of
-   pipeline i and another pipeline k. Every layer d holds is held whole by pipeline k, split over
-   the ranks of k's stage, and d exchanges with the ranks whose shard overlaps its own 1/t share:
-   at least one partner, and shares summing to 1/t. So its eq. 4 sum over k's partners is at least
-   ``min alpha(d, D_k) + (1/t) * layer_bytes / (P * max beta(d, D_k))`` and, summed over the P - 1
-   other pipelines and bounded by the links to all devices outside pipeline i,
-   ``T_comm(d) >= (P - 1) * (min_{x not in D_i} alpha(d, x) + layer_bytes / (t * P * max_{x not in D_i} beta(d, x)))``.
-   The T_comm of a stage is the max over its devices, so the max of these per-device bounds bounds
-   it too. Every term of the pipeline time is non-decreasing in T_comm
-   (``estimate.layer_step``: T_f + T_b, or theta*max(T, T_comm); ``cost.model.dp_exposed_layer``),
-   so plugging the bound in gives a lower bound LB(structure, m, n) of the pipeline's time that
-   depends on the pipeline alone. Memory does not depend on T_comm, so the feasibility used with
-   the bound is exact. The data-parallel syncs of the embedding, the LM head and the norms
-   (``estimate.dp_edge_times``) only add to the tail and are left out (>= 0). On a chain with
-   fixed leaders a hop on the leader path is exact; on the scatter/gather path (equal TP > 1) it
-   is taken as the least over every pairing of the two stages' ranks, which is what the rank
-   orders vary. Two coarser bounds prune earlier: for an unordered set of stages, the hops are at
-   least (S - 1) times the cheapest hop between any two of its stages with any leaders and rank
-   orders, the LM head at least the cheapest stage's head and the embedding's all-reduce at least
-   the cheapest stage's; the memory check uses, per stage, the smallest fixed and per-layer bytes
-   over every position the stage could take (a relaxation). Each is a minimum over a superset of
-   what the exact term minimises, hence never larger.
-4. **Joint batch split, exactly.** For fixed structures, g_i(b) = min over micro-batch sizes m | b
-   that fit in memory of pipeline i's time at b / m micro-batches; the best integer split is the
-   minimax min_{b_1+...+b_P=G} max_i g_i(b_i), found by a binary search over the candidate values
-   with an exact subset-sum (bitset) feasibility test (:func:`batching.minimax_split`).
-5. **Branch and bound.** Phase 1 bounds every (partition, sharding) by the minimax of its
-   pipelines' coarse bounds; partitions are visited best first and the search stops when the next
-   bound reaches the incumbent. Inside a partition the per-pipeline structures whose bound can
-   still beat the incumbent are combined depth first (pipelines with the same device counts in
-   non-decreasing order: swapping them is a symmetry); a combination survives only if some batch
-   split keeps every pipeline's bound below the incumbent (bitset test). Survivors are evaluated
-   exactly (their real T_comm, every TP rank order of mixed-class stages where it matters: with
-   more than one pipeline or next to a stage of the same TP degree), and an improvement is
-   re-scored by ``estimate()`` itself, which must agree to 1e-9 (a disagreement raises: the
-   oracle's exact path and ``estimate()`` share their terms, so it would be a bug).
-6. **Time limit.** Past ``time_limit_s`` the oracle stops and says so: ``complete=False``,
-   ``status="incomplete"``, with the best plan found and a proven lower bound on the optimum.
+Contract: :func:`oracle` returns the plan of least ``estimate().cost`` over every plan a Plan can
+express for the cluster, model and global batch (device subsets, pipeline partitions, stage chains,
+TP groups, leaders and rank orders, layer and batch splits, micro-batch sizes, ddp/zero2/zero3), or,
+past ``time_limit_s``, ``complete=False`` with the best plan found and a proven lower bound.
+Why a branch and bound rather than a brute force: the space grows exponentially with the devices
+(partitions x stage chains x layer splits x batch splits); device symmetry and lower bounds proven
+sound prune it and keep the result exact. The space, the bounds and their proofs (points 1-6):
+``docs/concepts/planner.md``, "How the oracle is exact".
 
 Code: the space and the result in :mod:`.space`, the terms and bounds (points 2-3) in
 :mod:`.terms`, the branch and bound (points 4-6) here.
