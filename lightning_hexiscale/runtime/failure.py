@@ -14,43 +14,9 @@ Two mechanisms, because each covers what the other cannot:
   failure is known it gives its own process ``grace_s`` (times :func:`host_slowdown`) to stop by
   itself, then prints the reason and ``os._exit(exit_code)``.
 
-Which rank failed (:meth:`FailureWatch.explain`), from the evidence that needs the least waiting:
-
-1. **The rank that raised.** A rank reports its own exception on its exception path, before its
-   process ends or drops its connections, so the broken connections of its peers come after it.
-   The first report that is not a peer failure (:func:`is_peer_failure`) is the root cause, named as
-   soon as it is seen; no heartbeat is consulted, so a live rank whose heartbeat is late on a loaded
-   host is never blamed instead of it.
-2. **A process that ended without a word** (SIGKILL, ``os._exit``, a segfault, the OOM killer):
-   every rank publishes its process identity (:func:`~.host.process_identity`); a peer on the same
-   machine sees at once that the process is gone.
-3. **Heartbeat silence** (a rank on another machine, or a hang): only when no rank reported an
-   exception, and only once the rank's counter stood still while this rank's own counter moved 3
-   times *and* ``settle = 3 * interval_s * host_slowdown()`` seconds passed. The observer's own
-   heartbeat is the clock: on a loaded host it is late too, so the window stretches with the load.
-4. **A rank outside the collective:** when peers time out ("Timed out"), a rank that is alive and
-   reports nothing, or that its own failure watch had to stop without it ever timing out, never
-   joined (a hang, or blocked elsewhere). Peers blocked on it time out apart by their own compute
-   skew, which grows with the load and which no heartbeat measures, so a set of two or more such
-   ranks is not named by a timing window: a rank that is merely waiting in a collective or p2p
-   call reports its own timeout within the process-group timeout (``collective_timeout_s``) of
-   entering it, so the set is named only once it shrinks to one rank (every other rank has then
-   spoken, and somebody's absence made them time out: that rank's), stays unchanged for
-   ``settle``, or after ``collective_timeout_s + 2 * settle`` if it never shrinks (two hung ranks).
-
-Broken connections alone name nobody while every unreported peer is alive and beating: the peer that
-closed them is on its own (slower, on a loaded host) exception path, and its report ("Timed out", or
-its error) is awaited rather than blaming the first rank that saw the connection close.
-
-Every wait is bounded (``4 * settle`` at most; ``collective_timeout_s + 2 * settle`` while two or more
-ranks may be the one that never joined). Store traffic is O(1) per rank per interval (one add
-for the heartbeat, one for the counter); the O(world) scans run only in :meth:`explain`, after a
-failure. Reports and explanations use a store connection of their own with a long timeout
-(``call_timeout_s``), so a slow store on a loaded host does not lose a report; the thread's
-connection has a short one, so a blocking call does not outlast the grace period. If the store
-itself is gone (its host, global rank 0, died), the watch says so and exits after twice the grace
-unless stopped first, so the normal end of a job, where rank 0 may leave a moment earlier, is not
-mistaken for a failure; a rank that stops normally marks itself done, and is never blamed.
+Which rank is named (:meth:`FailureWatch.explain`: the rank that raised, then a process that ended
+without a word, then heartbeat silence, then a rank outside the collective), why each waits as long
+as it does, and the bounds on every wait: ``docs/concepts/processes.md``, "The failure watch".
 """
 
 from __future__ import annotations
