@@ -41,8 +41,10 @@ def make_plan(cfg: DictConfig, cluster, out: Path):
     overrides = explicit_train_settings(cfg)
     saved = out / "plan.yaml"
     given = cfg.plan or (saved if not is_rank_zero() and saved.is_file() else None)
-    # The search picks ddp / zero2 / zero3 with the cost model unless train.dp_sharding was given.
-    settings = SearchSettings.from_config(cfg, dp_sharding_explicit="dp_sharding" in overrides, progress=False)
+    # The search picks ddp / zero2 / zero3 with the cost model unless train.dp_sharding was given;
+    # its planner.* settings are read only when it runs, as before plan_for was this door too.
+    settings = None if given else SearchSettings.from_config(cfg, dp_sharding_explicit="dp_sharding" in overrides,
+                                                             progress=False)
     batch_given = not cfg.plan or explicit(overrides_given(), "train.global_batch")
     plan = plan_for(given, cluster, workload, gb, overrides, settings=settings, check_global_batch=batch_given,
                     key="plan")
