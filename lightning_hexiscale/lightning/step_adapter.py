@@ -29,6 +29,20 @@ if TYPE_CHECKING:  # pragma: no cover
     from lightning_hexiscale.runtime import PipelineEngine
 
 
+def steps_after_this_batch(trainer) -> bool:
+    """Does an optimizer step follow the current training batch? Lightning's rule
+    (``_TrainingEpochLoop._should_accumulate``, lightning 2.4-2.6), restated from the fit loop's public
+    counters so that no private name is needed: the batch fills the window
+    (``ready % accumulate_grad_batches == 0``), or it is the epoch's last (``ready ==
+    num_training_batches``, or the data fetcher saw the end) and the strategy does not accumulate across
+    epochs. ``tests/lightning/test_step_adapter.py`` holds it to Lightning's own answer batch by batch."""
+    progress = trainer.fit_loop.epoch_loop.batch_progress
+    ready = progress.current.ready
+    window_full = ready % trainer.accumulate_grad_batches == 0
+    epoch_ends = ready == trainer.num_training_batches or progress.is_last_batch
+    return window_full or (epoch_ends and not trainer.strategy.handles_gradient_accumulation)
+
+
 class StepAdapter:
     """One rank's hooks -> the phases of ``engine.step``; holds the accumulation window's state."""
 
@@ -49,7 +63,7 @@ class StepAdapter:
         self.accumulate = trainer.accumulate_grad_batches
         if trainer.fit_loop.epoch_loop.batch_idx % self.accumulate == 0:
             self.step.open_window()
-        self._last = internals.steps_after_this_batch(trainer)
+        self._last = steps_after_this_batch(trainer)
 
     # ---- self.model.loss in training --------------------------------------------------------------
     def micro_step(self, tokens: torch.Tensor, targets: torch.Tensor) -> float:

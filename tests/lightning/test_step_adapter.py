@@ -83,3 +83,67 @@ def test_state_to_device_moves_all_but_step():
     sentinel = opt.state[p]["step"]
     state_to_device([opt], torch.device("meta"))
     assert opt.state[p]["exp_avg"].is_meta and opt.state[p]["step"] is sentinel
+
+
+# ---- when the window closes: Lightning's rule, from its public counters -------------------------------
+class _Agreement:
+    """A Lightning callback: at each training batch, the restated rule next to Lightning's own
+    (``_should_accumulate``, private: read here, in a test, to hold the package to it)."""
+
+    def __init__(self):
+        self.rows: list[tuple[int, bool, bool]] = []
+
+    def __call__(self, trainer, batch_idx: int) -> None:
+        from lightning_hexiscale.lightning.step_adapter import steps_after_this_batch
+
+        self.rows.append((batch_idx, steps_after_this_batch(trainer), not trainer.fit_loop._should_accumulate()))
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    """No ``__len__``: Lightning learns the epoch's last batch only from its fetcher."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __iter__(self):
+        return iter([torch.ones(2) * i for i in range(self.n)])
+
+
+@pytest.mark.parametrize("data, k, limit, epochs", [
+    ("sized", 3, None, 2),     # 7 batches, windows 3-3-1: the epoch's end closes the last one
+    ("sized", 4, 6, 1),        # limit_train_batches cuts the epoch inside a window
+    ("stream", 3, None, 2),    # no len(): the fetcher's look-ahead says the epoch ends
+    ("sized", 1, None, 1),     # no accumulation: every batch steps
+])
+def test_steps_after_this_batch_is_lightnings_rule(data, k, limit, epochs):
+    import lightning.pytorch as pl
+
+    agreement = _Agreement()
+
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(2))
+
+        def training_step(self, batch, batch_idx):
+            return (self.w * (batch[0] if isinstance(batch, list) else batch)).sum()
+
+        def on_train_batch_start(self, batch, batch_idx):
+            agreement(self.trainer, batch_idx)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    dataset = _Stream(7) if data == "stream" else torch.utils.data.TensorDataset(torch.ones(7, 2))
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None if data == "stream" else 1)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=epochs, accumulate_grad_batches=k,
+                         limit_train_batches=limit, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(Module(), loader)
+    n = limit or 7
+    assert len(agreement.rows) == n * epochs
+    assert [ours for _, ours, _ in agreement.rows] == [theirs for _, _, theirs in agreement.rows], agreement.rows
+    # the cases exercise each clause: a window still open, and (n % k != 0 in the first three) an
+    # epoch's end that closes a window early
+    assert any(not ours for _, ours, _ in agreement.rows) == (k > 1)
+    assert agreement.rows[n - 1][1], "the epoch's last batch steps"

@@ -85,9 +85,12 @@ def test_a_nonfinite_step_skips_the_update_or_stops():
         _RecordingStep().run(None, None, object(), nonfinite="ignore")
 
 
-def _trainer(batch_idx: int, k: int, steps_after: bool):
-    loop = SimpleNamespace(epoch_loop=SimpleNamespace(batch_idx=batch_idx), _should_accumulate=lambda: not steps_after)
-    return SimpleNamespace(accumulate_grad_batches=k, fit_loop=loop)
+def _trainer(batch_idx: int, k: int, batches: int = 100):
+    """The fit loop's public counters at training batch ``batch_idx`` of an epoch of ``batches``."""
+    progress = SimpleNamespace(current=SimpleNamespace(ready=batch_idx + 1), is_last_batch=batch_idx + 1 == batches)
+    loop = SimpleNamespace(epoch_loop=SimpleNamespace(batch_idx=batch_idx, batch_progress=progress))
+    return SimpleNamespace(accumulate_grad_batches=k, fit_loop=loop, num_training_batches=batches,
+                           strategy=SimpleNamespace(handles_gradient_accumulation=False))
 
 
 def test_the_adapter_maps_a_window_of_three_batches():
@@ -97,7 +100,7 @@ def test_the_adapter_maps_a_window_of_three_batches():
     adapter = StepAdapter(SimpleNamespace(step=step))
     shown = []
     for i in range(3):
-        adapter.begin_batch(_trainer(i, 3, steps_after=i == 2))
+        adapter.begin_batch(_trainer(i, 3))
         shown.append(adapter.micro_step(None, None))
     assert step.calls == ["open", ("micro", 3, False), ("micro", 3, False), ("micro", 3, True)]
     assert shown == [7.5, 7.5, 7.5]
