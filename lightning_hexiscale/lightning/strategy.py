@@ -121,6 +121,8 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, int
         self._failure: tuple[BaseException, str] | None = None
         self._guard = LaunchGuard(self)
         self._train_sampler = None
+        self._call_data: dict[str, Any] = {}
+        """The data arguments of the current Trainer call (:meth:`keep_call_arguments`)."""
         self._checkpointer = None
         self._failed = False
 
@@ -168,6 +170,14 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, int
         if fitting and isinstance(loader, DataLoader):
             want = self.settings.plan.global_batch if self.settings.plan is not None else self.settings.global_batch
             check_train_loader(loader, want)
+
+    def keep_call_arguments(self, trainer, fitting: bool, arguments: dict[str, Any]) -> None:
+        """What the strategy keeps of the Trainer call's arguments (the launcher calls it before
+        processes start, in every process that launches; spawn/fork workers inherit it): the data
+        the global batch is read from when none is given, and, elastic, the checkpoint to resume."""
+        self._call_data = {key: arguments.get(key) for key in ("train_dataloaders", "datamodule")}
+        if self.elastic is not None:
+            self.elastic.before_call(trainer, fitting, arguments.get("ckpt_path"))
 
     @contextmanager
     @override
@@ -283,7 +293,7 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, int
         self.workload = Workload.for_cluster(llama.config, self.cluster, self._workload_precision(),
                                               fast_path=self.settings.fast_path)
         try:
-            self.plan = plan_for(given, self.cluster, self.workload, self._global_batch_for(trainer), self.settings.overrides,
+            self.plan = plan_for(given, self.cluster, self.workload, self._global_batch_for(), self.settings.overrides,
                                  seed=self.settings.seed, iterations=self.settings.planner_iterations,
                                  use_all_devices=self.settings.use_all_devices)
         except InfeasiblePlan as e:
@@ -325,11 +335,11 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, int
         loss_dtype = torch.float64 if param.dtype == torch.float64 else torch.float32
         return PipelineModel(engine, loss_dtype)
 
-    def _global_batch_for(self, trainer) -> int | None:
+    def _global_batch_for(self) -> int | None:
         """The explicit global batch, else the training DataLoader's batch size (read, not consumed)."""
         if self.settings.global_batch is not None or self.settings.plan is not None:
             return self.settings.global_batch
-        loader = internals.train_dataloader(trainer)
+        loader = training_loader(self._call_data, self.lightning_module)
         if isinstance(loader, DataLoader) and loader.batch_size:
             return int(loader.batch_size)
         raise ConfigError("HexiScaleStrategy(global_batch)", None,
@@ -361,7 +371,7 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, int
         """``cluster="auto"``: collective (:func:`~lightning_hexiscale.lightning.plan_resolution.discover_cluster`)."""
         rank, world = self.global_rank, self.world_size
         llama = agree(lambda: find_llama(module), rank, world)
-        batch = agree(lambda: self._global_batch_for(trainer), rank, world)
+        batch = agree(lambda: self._global_batch_for(), rank, world)
         return discover_cluster(llama.config, self._workload_precision(), batch, self.settings.micro_batch_size,
                                 rank, self.broadcast)
 
@@ -529,6 +539,28 @@ def find_llama(module) -> Llama:
                           "finds it as self.model (or self.llama())",
                           "build it in configure_model: self.model = Llama(config)")
     return llama
+
+
+def training_loader(arguments: dict[str, Any], module) -> Any:
+    """The training DataLoader of a Trainer call, found where Lightning's fit loop will find it, and
+    not consumed: ``train_dataloaders`` (a DataModule passed there is the datamodule), else the
+    datamodule's or else the module's ``train_dataloader()`` where it defines one. None when none is
+    reachable yet (the caller then asks for an explicit global batch)."""
+    from lightning.pytorch import LightningDataModule
+    from lightning.pytorch.utilities.model_helpers import is_overridden
+
+    loader, datamodule = arguments.get("train_dataloaders"), arguments.get("datamodule")
+    if isinstance(loader, LightningDataModule):
+        loader, datamodule = None, loader
+    if loader is not None:
+        return loader
+    source = datamodule if datamodule is not None else module
+    if source is None or not is_overridden("train_dataloader", source):
+        return None
+    try:
+        return source.train_dataloader()
+    except Exception:  # the user's *_dataloader hook may need setup that has not run: treat as unknown
+        return None
 
 
 def _manual_optimization_error() -> ConfigError:

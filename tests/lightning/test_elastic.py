@@ -201,10 +201,47 @@ def test_resume_must_without_a_complete_checkpoint_is_a_clear_error(tmp_path):
     fake_checkpoint(tmp_path / "step-00000004.tmp-ab12", 4, complete=False)
     run = elastic.ElasticRun(elastic.ElasticSettings(tmp_path, resume="must"))
     run.full_cluster, run.devices = cluster3(), [0, 1]
+    trainer = types.SimpleNamespace(callbacks=[], ckpt_path=None)
+    run.before_call(trainer, True, None)
+    assert trainer.ckpt_path is None
     with pytest.raises(ConfigError) as e:
-        run.start(fake_strategy(tmp_path), types.SimpleNamespace(callbacks=[]), TINY_FP32)
+        run.start(fake_strategy(tmp_path), trainer, TINY_FP32)
     msg = str(e.value)
     assert "resume" in msg and f"no complete checkpoint under {tmp_path}" in msg and "step-00000004.tmp-ab12" in msg
+
+
+def test_the_checkpoint_is_handed_to_lightning_before_the_call(tmp_path):
+    """fit: the newest complete checkpoint becomes trainer.ckpt_path (Lightning restores it as it
+    restores fit(ckpt_path=...)); a ckpt_path the call names wins; the next call takes it back; ranks
+    that chose differently (a checkpoint_dir that is not shared) get a clear error."""
+    fake_checkpoint(tmp_path / "step-00000004", 4)
+    fake_checkpoint(tmp_path / "step-00000008", 8)
+    fake_checkpoint(tmp_path / "step-00000012", 12, complete=False)
+    run = elastic.ElasticRun(elastic.ElasticSettings(tmp_path))
+    run.full_cluster, run.devices = cluster3(), [0, 1]
+    trainer = types.SimpleNamespace(callbacks=[], ckpt_path=None)
+    run.before_call(trainer, True, None)
+    newest = str(tmp_path / "step-00000008")
+    assert trainer.ckpt_path == newest and run.chosen == (8, newest)
+    run.start(fake_strategy(tmp_path), trainer, TINY_FP32)
+    assert run.resumed_from == (8, newest) and "step-00000008" in run.report
+    run.before_call(trainer, False, None)  # e.g. trainer.validate() after fit
+    assert trainer.ckpt_path is None
+
+    run.before_call(trainer, True, "mine.ckpt")  # the call names its own checkpoint: it wins
+    assert trainer.ckpt_path is None and run.chosen == (8, newest)
+
+    run.before_call(trainer, True, None)
+    other = fake_strategy(tmp_path)
+    other.global_rank, other.broadcast = 1, lambda value, src: (4, str(tmp_path / "step-00000004"))
+    with pytest.raises(ConfigError, match=r"rank 1 found step-00000008 .* rank 0 step-00000004: every rank must "
+                       r"see the same checkpoints.*Fix: put checkpoint_dir on a filesystem that every node shares"):
+        run.start(other, trainer, TINY_FP32)
+
+    never = elastic.ElasticRun(elastic.ElasticSettings(tmp_path, resume="never"))
+    trainer.ckpt_path = None
+    never.before_call(trainer, True, None)
+    assert trainer.ckpt_path is None and never.chosen is None
 
 
 def test_report_says_who_left_and_joined_and_the_steps_redone(tmp_path):
@@ -212,7 +249,8 @@ def test_report_says_who_left_and_joined_and_the_steps_redone(tmp_path):
     run.full_cluster, run.devices = cluster3(), [0, 1]
     (tmp_path / elastic.RECORD).write_text(json.dumps({
         "machines": ["big", "other"], "devices": 3, "plan": "OLD PLAN", "tokens_per_s": 2000.0, "step": 11}))
-    trainer = types.SimpleNamespace(callbacks=[])
+    trainer = types.SimpleNamespace(callbacks=[], ckpt_path=None)
+    run.before_call(trainer, True, None)
     run.start(fake_strategy(tmp_path), trainer, TINY_FP32)  # no checkpoint: from step 0
     assert "machines left: other; joined: none" in run.report and "old plan: OLD PLAN" in run.report
     assert "2,000 -> " in run.report and "starting from step 0 (11 step(s) redone)" in run.report

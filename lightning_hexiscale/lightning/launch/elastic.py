@@ -168,6 +168,10 @@ def complete_checkpoints(directory: str | Path) -> list[tuple[int, Path]]:
     return [(s, p) for s, _, p in sorted(found)]
 
 
+def _checkpoint_name(choice: tuple[int, str] | None) -> str:
+    return Path(choice[1]).name if choice is not None else "none"
+
+
 def _write_json(path: Path, data: dict) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=1))
@@ -194,6 +198,10 @@ class ElasticRun(Callback):
         """Cluster-file device of every global rank (index = rank), at this start."""
         self.report = ""
         self.resumed_from: tuple[int, str] | None = None
+        self.chosen: tuple[int, str] | None = None
+        """(step, path) of the checkpoint this rank chose before the call's processes started."""
+        self._handed: str | None = None
+        """The ``trainer.ckpt_path`` this run set for the current call (taken back at the next)."""
         self.sigterm = False
         self._last_saved = -1
         self._record: dict = {}
@@ -234,21 +242,40 @@ class ElasticRun(Callback):
                            "bring machines back (the next restart re-plans), or lower train.global_batch / use a "
                            "smaller model")
 
+    # ---- before processes start: the checkpoint to resume -------------------------------------
+    def before_call(self, trainer, fitting: bool, ckpt_path) -> None:
+        """Before a Trainer call's processes start (every launching process; spawn/fork workers
+        inherit it). For ``fit``: the newest complete checkpoint under ``checkpoint_dir``, handed to
+        Lightning as ``trainer.ckpt_path`` so that Lightning restores it as it would
+        ``fit(ckpt_path=...)``; a ``ckpt_path`` the call names itself wins, as it always did. Why
+        here, not at setup: Lightning reads ``trainer.ckpt_path`` once, as the call begins.
+        :meth:`start` checks that every rank chose alike. Any call first takes back the path handed
+        to the previous one, so that no later call of this Trainer loads it again."""
+        if self._handed is not None and trainer.ckpt_path == self._handed:
+            trainer.ckpt_path = None
+        self._handed = None
+        if not fitting:
+            return
+        found = complete_checkpoints(self.directory) if self.settings.resume != "never" else []
+        self.chosen = (found[-1][0], str(found[-1][1])) if found else None
+        if self.chosen is not None and ckpt_path is None:
+            trainer.ckpt_path = self._handed = self.chosen[1]
+
     # ---- after the strategy's setup: resume and report ----------------------------------------
     def start(self, strategy, trainer, workload) -> None:
-        """Collective. Pick the checkpoint (rank 0's choice, broadcast), preload it into Lightning's
-        restore, print and record what changed, and join the Trainer's callbacks. ``workload``: the
-        one the plan was searched for (the estimate printed is the planner's)."""
-        from lightning_hexiscale.lightning import internals
+        """Collective. Check that every rank chose rank 0's checkpoint (:meth:`before_call`),
+        print and record what changed, and join the Trainer's callbacks. ``workload``: the one the
+        plan was searched for (the estimate printed is the planner's)."""
         from lightning_hexiscale.planner.cost.estimate import estimate
 
         cluster, plan = strategy.cluster, strategy.plan
         est = estimate(plan, cluster, workload)
-        choice = None
-        if strategy.global_rank == 0:
-            found = complete_checkpoints(self.directory) if self.settings.resume != "never" else []
-            choice = (found[-1][0], str(found[-1][1])) if found else None
-        choice = strategy.broadcast(choice, 0)
+        choice = strategy.broadcast(self.chosen, 0)
+        if choice != self.chosen:
+            raise ConfigError("HexiScaleStrategy(elastic).checkpoint_dir", str(self.directory),
+                              f"rank {strategy.global_rank} found {_checkpoint_name(self.chosen)} as the newest "
+                              f"complete checkpoint, rank 0 {_checkpoint_name(choice)}: every rank must see the "
+                              "same checkpoints", "put checkpoint_dir on a filesystem that every node shares")
         if choice is None and self.settings.resume == "must":
             partial = sorted(p.name for p in self.directory.glob("*.tmp-*")) if self.directory.is_dir() else []
             raise ConfigError("HexiScaleStrategy(elastic).resume", "must",
@@ -258,7 +285,6 @@ class ElasticRun(Callback):
                               "from scratch")
         self.resumed_from = choice
         if choice is not None:
-            internals.preload_checkpoint(trainer, choice[1])
             self._last_saved = choice[0]
         names = machines_of(self.full_cluster, self.devices)
         now = {"machines": names, "devices": len(self.devices), "plan": plan_summary(plan, cluster),

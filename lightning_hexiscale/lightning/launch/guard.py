@@ -100,8 +100,8 @@ def agree(fn: Callable[[], Any], rank: int, world_size: int) -> Any:
 # ---- the guard -------------------------------------------------------------------------------------
 class LaunchGuard:
     """The strategy's hooks in its launcher (see the module doc). ``strategy`` provides
-    ``check_before_launch(fitting, arguments)``, ``failure_reason(exc)``, ``note_failure(exc)``,
-    ``end_idle_call(trainer)`` and ``global_rank``."""
+    ``check_before_launch(fitting, arguments)``, ``keep_call_arguments(trainer, fitting, arguments)``,
+    ``failure_reason(exc)``, ``note_failure(exc)``, ``end_idle_call(trainer)`` and ``global_rank``."""
 
     def __init__(self, strategy):
         self.strategy = strategy
@@ -110,7 +110,9 @@ class LaunchGuard:
     # -- launching process -----------------------------------------------------------------------
     def before_launch(self, function: Callable, args: tuple, kwargs: dict, trainer=None) -> None:
         """Checks with the call's arguments (those of the Trainer call's inner function: ``model``,
-        ``train_dataloaders``, ...); ``trainer``'s state says which call it is."""
+        ``train_dataloaders``, ...), which the strategy then keeps; ``trainer``'s state says which
+        call it is. Runs in every process that calls ``launch``: the popen children and torchrun's
+        workers too; spawn/fork workers inherit what it kept."""
         # popen: this process is rank 0 and will meet the others; spawn/fork: it only waits for workers
         job_watch.set_phase("starting" if self.strategy.settings.start_method == "popen" else "running")
         try:
@@ -119,6 +121,7 @@ class LaunchGuard:
             bound = {}
         fitting = trainer is not None and trainer.state.fn == TrainerFn.FITTING
         self.strategy.check_before_launch(fitting, dict(bound))
+        self.strategy.keep_call_arguments(trainer, fitting, dict(bound))
 
     @contextmanager
     def marked_children(self):
