@@ -8,29 +8,25 @@ one breaks in exactly one place, and :func:`check` (run by the strategy's ``setu
 outside this module or is missing from this list) says which name moved, in which Lightning
 version, instead of failing deep inside a training step.
 
-The touches: 11 (Lightning's own strategies: 4-8), one per function or class here, each name checked
+The touches: 8 (Lightning's own strategies: 4-8), one per function or class here, each name checked
 by :data:`CHECKS`:
 
-The step and the data (4):
-  1. ``_FitLoop._should_accumulate``: :func:`steps_after_this_batch`
-  2. ``_FitLoop._skip_backward`` (read by ``_AutomaticOptimization``): :func:`skip_lightning_backward`
-  3. ``Trainer._accelerator_connector.use_distributed_sampler``: :func:`keep_dataloader_sampler`
-  4. ``_FitLoop._data_source``: :func:`train_dataloader`
+The step and the data (2):
+  1. ``_FitLoop._skip_backward`` (read by ``_AutomaticOptimization``): :func:`skip_lightning_backward`
+  2. ``Trainer._accelerator_connector.use_distributed_sampler``: :func:`keep_dataloader_sampler`
 Idle ranks (2; the idle-rank switch reads ``StrategySettings.timeout``, not ``DDPStrategy._timeout``):
-  5. ``trainer.call._call_teardown_hook``, ``Trainer._teardown``: :func:`end_without_training`
-  6. a logger's ``_version``: :func:`logger_versions`, :func:`adopt_logger_versions`
+  3. ``trainer.call._call_teardown_hook``, ``Trainer._teardown``: :func:`end_without_training`
+  4. a logger's ``_version``: :func:`logger_versions`, :func:`adopt_logger_versions`
 Launching (4):
-  7. ``DDPStrategy._configure_launcher``, ``_launcher``, ``_start_method``: :class:`LauncherHooks`,
+  5. ``DDPStrategy._configure_launcher``, ``_launcher``, ``_start_method``: :class:`LauncherHooks`,
      :func:`configure_launcher`
-  8. ``_SubprocessScriptLauncher``, its ``_call_children_scripts``: :class:`ScriptLauncher`
-  9. ``_MultiProcessingLauncher``, its ``_wrapping_function``, ``_collect_rank_zero_results`` and
+  6. ``_SubprocessScriptLauncher``, its ``_call_children_scripts``: :class:`ScriptLauncher`
+  7. ``_MultiProcessingLauncher``, its ``_wrapping_function``, ``_collect_rank_zero_results`` and
      ``_strategy``: :class:`ProcessLauncher` (idle ranks: the reporting worker)
- 10. ``Trainer.__init__``'s ``precision`` local, read from its frame: :func:`trainer_precision_argument`
-Elastic restarts (1):
- 11. ``Trainer._checkpoint_connector`` (``resume_start``, ``_loaded_checkpoint``): :func:`preload_checkpoint`
+  8. ``Trainer.__init__``'s ``precision`` local, read from its frame: :func:`trainer_precision_argument`
 
 Torch's, not Lightning's: the LR scheduler's ``_opt_called`` / ``_wrapped_by_lr_sched``
-(:func:`track_step_calls`) and ``sys._getframe`` (10.).
+(:func:`track_step_calls`) and ``sys._getframe`` (8.).
 
 Tested with lightning 2.6 (pyproject bounds the version to ``>=2.4,<2.7``).
 """
@@ -58,27 +54,22 @@ _PROCESSES = "lightning.pytorch.strategies.launchers.multiprocessing._MultiProce
 _WRAPPING_ARGS = ("self", "process_idx", "trainer", "function", "args", "kwargs", "return_queue")
 
 CHECKS: tuple[tuple[int, str, str, str], ...] = (
-    (1, _FIT_LOOP, "_should_accumulate", "callable"),
-    (2, _FIT_LOOP, "_skip_backward", "property"),
-    (2, "lightning.pytorch.loops.optimization.automatic._AutomaticOptimization", "_skip_backward", "init"),
-    (3, _TRAINER, "_accelerator_connector", "init"),
-    (3, "lightning.pytorch.trainer.connectors.accelerator_connector._AcceleratorConnector",
+    (1, _FIT_LOOP, "_skip_backward", "property"),
+    (1, "lightning.pytorch.loops.optimization.automatic._AutomaticOptimization", "_skip_backward", "init"),
+    (2, _TRAINER, "_accelerator_connector", "init"),
+    (2, "lightning.pytorch.trainer.connectors.accelerator_connector._AcceleratorConnector",
      "use_distributed_sampler", "init"),
-    (4, _FIT_LOOP, "_data_source", "init"),
-    (5, "lightning.pytorch.trainer.call", "_call_teardown_hook", "callable"),
-    (5, _TRAINER, "_teardown", "callable"),
-    (6, "lightning.pytorch.loggers.csv_logs.CSVLogger", "_version", "init"),
-    (7, _DDP, "_configure_launcher", "callable"),
-    (7, _DDP, "_launcher", "init"),
-    (7, _DDP, "_start_method", "init"),
-    (8, _SCRIPT, "_call_children_scripts", "callable"),
-    (9, _PROCESSES, "_wrapping_function", "worker"),
-    (9, _PROCESSES, "_collect_rank_zero_results", "callable"),
-    (9, _PROCESSES, "_strategy", "init"),
-    (10, _TRAINER, "precision", "local"),
-    (11, _TRAINER, "_checkpoint_connector", "init"),
-    (11, "lightning.pytorch.trainer.connectors.checkpoint_connector._CheckpointConnector", "_loaded_checkpoint",
-     "init"),
+    (3, "lightning.pytorch.trainer.call", "_call_teardown_hook", "callable"),
+    (3, _TRAINER, "_teardown", "callable"),
+    (4, "lightning.pytorch.loggers.csv_logs.CSVLogger", "_version", "init"),
+    (5, _DDP, "_configure_launcher", "callable"),
+    (5, _DDP, "_launcher", "init"),
+    (5, _DDP, "_start_method", "init"),
+    (6, _SCRIPT, "_call_children_scripts", "callable"),
+    (7, _PROCESSES, "_wrapping_function", "worker"),
+    (7, _PROCESSES, "_collect_rank_zero_results", "callable"),
+    (7, _PROCESSES, "_strategy", "init"),
+    (8, _TRAINER, "precision", "local"),
 )
 """(touch number of the module doc, owner, name, kind) for every private name used here. Kinds:
 ``callable`` (a method or function of the owner), ``property``, ``init`` (assigned by the
@@ -152,12 +143,6 @@ def _missing_all(gone: list[str]) -> LightningInternalsChanged:
 
 
 # ---- the step and the data ---------------------------------------------------------------------
-def steps_after_this_batch(trainer) -> bool:
-    """Does an optimizer step follow the current training batch (end of the accumulation window or
-    of the epoch)? Lightning's own rule, ``fit_loop._should_accumulate``."""
-    return not trainer.fit_loop._should_accumulate()
-
-
 def skip_lightning_backward(trainer) -> None:
     """Lightning's closure would run zero_grad and backward after ``training_step``, wiping the
     gradients the pipeline schedule produced inside it (Lightning's automatic optimisation runs
@@ -172,32 +157,6 @@ def keep_dataloader_sampler(trainer) -> None:
     if connector is None:
         raise _missing("lightning.pytorch.Trainer", "_accelerator_connector")
     connector.use_distributed_sampler = False
-
-
-def train_dataloader(trainer) -> Any:
-    """The training DataLoader the fit loop will use, without consuming it; ``None`` when none is
-    reachable yet (the caller then asks for an explicit global batch)."""
-    source = getattr(trainer.fit_loop, "_data_source", None)
-    if source is None:
-        return None
-    try:
-        return source.dataloader() if source.is_defined() else None
-    except Exception:  # the user's *_dataloader hook may need setup that has not run: treat as unknown
-        return None
-
-
-# ---- elastic restarts -----------------------------------------------------------------------------
-def preload_checkpoint(trainer, path: str) -> None:
-    """Load ``path`` as if it had been ``fit(ckpt_path=path)`` (elastic resume, chosen during the
-    strategy's setup). Lightning's ``_run`` then calls ``resume_start(None)``, which keeps the
-    loaded checkpoint, and restores the model, callbacks, loops and optimizers from it."""
-    connector = getattr(trainer, "_checkpoint_connector", None)
-    if connector is None or not callable(getattr(connector, "resume_start", None)):
-        raise _missing("lightning.pytorch.Trainer", "_checkpoint_connector.resume_start")
-    connector.resume_start(path)
-    if not getattr(connector, "_loaded_checkpoint", None):
-        raise _missing("lightning.pytorch.trainer.connectors.checkpoint_connector._CheckpointConnector",
-                       "_loaded_checkpoint")
 
 
 # ---- idle ranks ---------------------------------------------------------------------------------------
