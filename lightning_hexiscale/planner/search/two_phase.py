@@ -22,27 +22,9 @@ when DP dominates, the next iteration maximises the cut (DP gets the fast links)
 minimises it; one iteration in five takes the other option so that both averages stay informed.
 All randomness comes from one ``numpy.random.default_rng(seed)``: a seed gives the same plan.
 
-Where it goes beyond §4, and why (each measured against the true optimum of
-:mod:`planner.oracle.exact` on random heterogeneous clusters, tests/planner/oracle/test_search_vs_oracle.py):
-
-- Batches (§4.4 assigns them "proportionally to the estimated training efficiency"): an exact
-  minimax over integer batch splits with its own micro-batch size per pipeline, up to 64 devices
-  (many optima run a fast replica's whole batch as one micro-batch beside a pipeline of slow GPUs
-  with many); beyond, one micro-batch size for all and exact water-filling per size.
-- Layers: besides the compute-proportional split, one that also sees each stage's data-parallel
-  links (:mod:`planner.search.dp_split`): layers move off stages whose gradients cross slow links.
-- Mixed structures, on clusters of up to ``assemble.SMALL_CLUSTER`` devices: phase 1 also peels
-  the strongest devices, or same-machine pairs, off as replicas of their own and cuts the rest
-  into one or two pipelines; phase 2 also groups a set's GPUs by type and may form TP groups across
-  machines (devices too small to hold a stage alone share one); replica-only layouts (every
-  machine cut into TP groups of one size) are scored directly.
-- A final local improvement of the best layouts (:mod:`planner.search.refine`): move a layer, a device
-  or a stage, with the batches re-split exactly each time.
-- Speed on large clusters: one draft micro-batch size, ZeRO-3 only when ZeRO-2 fits nothing,
-  layouts whose pipelines alone are 1.25x slower than the best plan not scored.
-- Device subsets (unless ``use_all_devices``): :func:`.entry.search` runs all of the above on machine
-  subsets too and keeps the best, leaving the other devices idle (:mod:`planner.search.subsets`); the
-  final improvement may leave single devices idle.
+Where it goes beyond §4 (exact batch splits, layers off slow data-parallel links, mixed structures
+on small clusters, a final local improvement, pruning at scale, device subsets) and why: each
+closed a gap measured against the true optimum; docs/concepts/planner.md lists them.
 """
 
 from __future__ import annotations
