@@ -13,7 +13,8 @@ pipelines are known, so its per-layer data-parallel time can be estimated:
 best link to each pipeline is assumed, which is what a good split can hope for, and the slowest
 of those paces the bytes, as in ``cost.model.comm_dp``). When that slowest link leaves the
 machine, the rings of the stage's devices behind one NIC share it (``planner/cost/nic.py``): beta is
-then at most B_nic(d) / (the stage's devices using d's NIC). With u_j, w_j the
+then at most B_nic(d)(machine of x) / (the stage's devices using d's NIC), the NIC's figure toward
+that machine (``nics.to``, else its bandwidth). With u_j, w_j the
 per-micro-batch and exposed per-iteration times of one layer on stage j at that T_comm
 (``estimate.layer_step``) and f_j its hop and head, the split minimises the pipeline's time
 
@@ -48,9 +49,11 @@ def stage_comm(ev: Evaluator, stage: tuple[int, ...], others: list[tuple[int, ..
         alpha = sum(float(ev.lat[d, list(peers)].min()) for peers in others)
         best = [max(peers, key=lambda x: ev.bw[d, x]) for peers in others]
         slowest = min(float(ev.bw[d, x]) for x in best)
-        if any(machine[x] != machine[d] for x in best):  # the stage's rings leave through d's NIC
+        cross = [x for x in best if machine[x] != machine[d]]
+        if cross:  # the stage's rings leave through d's NIC, at its figure toward each peer's machine (nics.to)
             sharing = sum(1 for e in stage if nic_of[e] == nic_of[d])
-            slowest = min(slowest, float(ev.cluster.nic_bandwidth[nic_of[d]]) / sharing)
+            nic = min(float(ev.cluster.nic_to[nic_of[d], machine[x]]) for x in cross)
+            slowest = min(slowest, nic / sharing)
         worst = max(worst, alpha + len(others) * layer_bytes / (t * num_pipelines * slowest))
     return worst
 
