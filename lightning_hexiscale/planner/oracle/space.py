@@ -74,16 +74,18 @@ class OracleResult:
 def device_classes(cluster: Cluster) -> list[list[int]]:
     """Classes of pairwise interchangeable devices, in device order: d joins a class when swapping
     it with every member leaves FLOP/s, memory, all links to third devices and the NICs unchanged
-    (both use one NIC, or each is the only user of a NIC of the same bandwidth: which transfers
-    share a NIC is then the same after the swap)."""
+    (both use one NIC, or each is the only user of a NIC with the same figures, its bandwidth and
+    its ``nics.to`` toward every machine: which transfers share a NIC, at what rate, is then the
+    same after the swap)."""
     bw, lat = cluster.bandwidth, cluster.latency
     n = cluster.num_devices
-    nic_of, nic_bw = cluster.nic_of, cluster.nic_bandwidth
+    nic_of, nic_bw, nic_to = cluster.nic_of, cluster.nic_bandwidth, cluster.nic_to
     users = np.bincount(nic_of, minlength=len(nic_bw))
 
     def same_nic(a: int, b: int) -> bool:
         na, nb = nic_of[a], nic_of[b]
-        return bool(na == nb or (users[na] == users[nb] == 1 and nic_bw[na] == nic_bw[nb]))
+        return bool(na == nb or (users[na] == users[nb] == 1 and nic_bw[na] == nic_bw[nb]
+                                 and np.array_equal(nic_to[na], nic_to[nb])))
 
     classes: list[list[int]] = []
     for d in range(n):

@@ -171,6 +171,25 @@ def test_device_classes_follow_the_symmetry_of_the_links():
     assert device_classes(broken) == [[0], [1, 2], [3], [4, 5], [6, 7]]
 
 
+def test_device_classes_keep_apart_nics_with_other_figures_toward_a_machine():
+    """Two lone GPUs whose links read alike (a 1 GB/s path caps both) but whose NICs carry different
+    figures toward machine c (``nics.to``): concurrent transfers through them would share different
+    rates, so they are not interchangeable; with the same figures they are."""
+    def cluster(to_a: str) -> Cluster:
+        nic = {"bandwidth": "10 GB/s", "to": [{"machines": ["c"], "bandwidth": to_a}]}
+        machines = [{"name": "a", "gpu": "A100-80G", "count": 1, "intra_bandwidth": "20 GB/s", "nics": nic},
+                    {"name": "b", "gpu": "A100-80G", "count": 1, "intra_bandwidth": "20 GB/s",
+                     "nics": {"bandwidth": "10 GB/s", "to": [{"machines": ["c"], "bandwidth": "3 GB/s"}]}},
+                    {"name": "c", "gpu": "RTX4090", "count": 2, "intra_bandwidth": "20 GB/s"}]
+        return Cluster.from_config({"name": "to", "machines": machines,
+                                    "inter_machine": {"bandwidth": "1 GB/s", "latency": "1ms"}})
+
+    differ, alike = cluster("2 GB/s"), cluster("3 GB/s")
+    assert np.array_equal(differ.bandwidth, alike.bandwidth)  # the links cannot tell them apart
+    assert device_classes(differ) == [[0], [1], [2, 3]]
+    assert device_classes(alike) == [[0, 1], [2, 3]]
+
+
 def test_symmetry_reduction_changes_nothing_but_the_work():
     """Breaking the symmetry by a negligible link change makes every device its own class: the
     optimum stays the same, and the symmetric run does less work."""
