@@ -181,13 +181,24 @@ class FailureWatch:
         unchanged: tuple[tuple[int, ...], float] = ((), t0)
         while True:
             count = store.add(self._key("failures"), 0)
-            if count != seen:  # the O(world) scan only when a report came
+            # The O(world) scan only when a report came, or while one is counted but its message not
+            # yet written (report() counts, then writes).
+            if count != seen or len(reports) < count:
                 seen, reports = count, self._reports(store)
             if any(not is_peer_failure(msg) for _, _, msg in reports):
                 return _account(reports)  # 1: the rank that raised
             reporters = {r for _, r, _ in reports}
             open_ = [r for r in others if r not in reporters and r not in done]
             ended = [r for r in open_ if process_ended(ident[r])]
+            if ended:
+                # A rank writes its report before its process ends: read them again after seeing the
+                # end, so that a report written since the scan above does not pass for no word at all.
+                reports = self._reports(store)
+                if any(not is_peer_failure(msg) for _, _, msg in reports):
+                    return _account(reports)
+                reporters = {r for _, r, _ in reports}
+                open_ = [r for r in open_ if r not in reporters]
+                ended = [r for r in ended if r not in reporters]
             # 4: who never joined the collective the peers timed out in: alive and silent, or stopped
             # by its own watch without a timeout of its own (a rank that only waited reports one).
             timed_out = any("Timed out" in msg for _, _, msg in reports if not msg.startswith(STOPPED_BY_WATCH))

@@ -141,6 +141,42 @@ def _rank0_explains_while_rank2_hangs(ranks, rank0_error: Exception, rank1_repor
             a.set() if isinstance(a, threading.Event) else a.cancel()
 
 
+def test_a_rank_that_reported_then_ended_is_not_taken_for_one_that_ended_without_a_word(ranks, monkeypatch):
+    """Rank 2 hangs; rank 1 times out, reports it and its process ends, all while rank 0 explains,
+    in the worst order for rank 0: rank 1's report is counted before its message is written (as
+    report() does it), rank 0 scans in between, and rank 1's message lands just before its end.
+    Rank 0 must read the report rather than name rank 1 "stopped without reporting an error" (the
+    hang case of tests/lightning/test_rank_failure.py failed so on a loaded host)."""
+    monkeypatch.setattr(failure, "host_slowdown", lambda: 1.0)
+    w0, w1, w2 = ranks(3)
+    _announce(w1, "rank-1-process")
+    _announce(w2, "rank-2-process")
+    checks = {"n": 0}
+
+    def ended(identity: str) -> bool:
+        if identity != "rank-1-process":
+            return False
+        checks["n"] += 1
+        if checks["n"] == 1:
+            return False  # rank 0's first look: rank 1 still running, its report counted, not written
+        if checks["n"] == 2:  # rank 1 writes its message, then its process ends
+            w1._calls.set(w1._key("failed/1"), f"2|RuntimeError: {TIMED_OUT}")
+        return True
+
+    monkeypatch.setattr(failure, "process_ended", ended)
+    alive = _beating(w2, INTERVAL)
+    try:
+        w0.report(TIMED_OUT)
+        w1.reported = True
+        w1._calls.add(w1._key("failures"), 1)  # report(): counted first ...
+        why = w0.explain()
+    finally:
+        alive.set()
+    assert checks["n"] >= 2, "the interleaving did not happen"
+    assert why.startswith("rank 2 is alive but never joined the collective the others timed out in"), why
+    assert "rank 1 stopped without reporting" not in why, why
+
+
 @pytest.mark.slow
 def test_a_hung_rank_is_named_once_the_later_peers_time_out_too(ranks, monkeypatch):
     """Ranks 0 and 1 wait on rank 2, which is alive but never joins; rank 1 times out 1 s after rank
