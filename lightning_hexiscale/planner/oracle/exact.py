@@ -2,8 +2,9 @@
 
 Contract: :func:`oracle` returns the plan of least ``estimate().cost`` over every plan a Plan can
 express for the cluster, model and global batch (device subsets, pipeline partitions, stage chains,
-TP groups, leaders and rank orders, layer and batch splits, micro-batch sizes, ddp/zero2/zero3), or,
-past ``time_limit_s``, ``complete=False`` with the best plan found and a proven lower bound.
+TP groups, leaders and rank orders, layer and batch splits, micro-batch sizes, ddp/zero2/zero3, and
+under ``recompute: auto`` recomputation per pipeline), or, past ``time_limit_s``, ``complete=False``
+with the best plan found and a proven lower bound.
 Why a branch and bound rather than a brute force: the space grows exponentially with the devices
 (partitions x stage chains x layer splits x batch splits); device symmetry and lower bounds proven
 sound prune it and keep the result exact. The space, the bounds and their proofs (points 1-6):
@@ -50,6 +51,8 @@ class Oracle(OracleTerms):
     def offer(self, plan: Plan) -> None:
         if self.s.use_all_devices and plan.world_size < self.cluster.num_devices:
             return  # outside the space asked for: an incumbent that leaves devices idle
+        if not set(plan.recomputes) <= set(self.flags):
+            return  # outside the space asked for: a recompute setting the settings exclude
         est = estimate(plan, self.cluster, self.w)
         if est.cost < self.best[0]:
             self.best = (est.cost, plan, est)
@@ -163,7 +166,7 @@ class Oracle(OracleTerms):
         cannot beat the incumbent are not evaluated."""
         self.stats["combinations"] += 1
         orders_per_stage = []
-        for chain, _ in combo:
+        for chain, _, _ in combo:
             for j, st in enumerate(chain):
                 rest = list(st[1:])
                 # the rank order beyond the leader matters for the gradient exchange (P > 1) and on
@@ -176,14 +179,16 @@ class Oracle(OracleTerms):
             self.stats["exact"] += 1
             pools = [list(c) for c in self.classes]
             stages_dev, k = [], 0
-            for chain, _ in combo:
+            for chain, _, _ in combo:
                 devs = []
                 for _ in chain:
                     devs.append(tuple(pools[lab].pop(0) for lab in variant[k]))
                     k += 1
                 stages_dev.append(devs)
-            layout = layout_plan(stages_dev, [split for _, split in combo], sh, self.s.schedule, self.s.recompute,
-                                 self.L)
+            flags = [r for _, _, r in combo]
+            layout = layout_plan(stages_dev, [split for _, split, _ in combo], sh, self.s.schedule, flags[0], self.L)
+            if len(set(flags)) > 1:
+                layout = layout.with_recompute(flags)
             dp = self.timer.dp(layout)
             bar = self.best[0]
             suffix = [1] * (P + 1)
@@ -218,7 +223,8 @@ def oracle(cluster: Cluster, workload: Workload, global_batch: int, settings=Non
     """The plan of least ``estimate().cost`` over the whole plan space (module docstring), or, past
     ``time_limit_s``, the best found with ``complete=False``. ``settings``: a SearchSettings or
     :class:`OracleSettings` (schedule, recompute, pinned micro-batch size / dp sharding, max
-    pipelines). ``incumbent``: a known plan to start from (it only speeds up the pruning)."""
+    pipelines; ``recompute="auto"``: each pipeline recomputes or not, as the search decides it).
+    ``incumbent``: a known plan to start from (it only speeds up the pruning)."""
     if not isinstance(global_batch, int) or global_batch < 1:
         raise ConfigError("train.global_batch", global_batch, "must be a positive integer", "use e.g. 16")
     if cluster.num_devices > max_devices:
@@ -226,26 +232,5 @@ def oracle(cluster: Cluster, workload: Workload, global_batch: int, settings=Non
                           f"is more than max_devices={max_devices}", "use a small cluster (cluster.subset) or the search")
     if time_limit_s <= 0:
         raise ConfigError("time_limit_s", time_limit_s, "must be positive", "give the oracle e.g. 60 seconds")
-    if getattr(settings, "recompute", None) == "auto":  # the optimum over both settings (search.auto_recompute)
-        return _best_of_recompute(cluster, workload, global_batch, settings, time_limit_s, incumbent)
     return Oracle(cluster, workload, global_batch, OracleSettings.of(settings), time_limit_s).run(incumbent)
 
-
-def _best_of_recompute(cluster: Cluster, workload: Workload, global_batch: int, settings, time_limit_s: float,
-                       incumbent: Plan | None) -> OracleResult:
-    """``recompute: auto``: the optimum without and with recomputation (half the time limit each),
-    the better one (ties: without); complete when both are, its bound the smaller of the two. One
-    flag for every pipeline: the search's per-pipeline decision (:mod:`planner.search.recompute`)
-    can beat it where one pipeline fits without recomputation and another does not."""
-    import dataclasses
-
-    runs = []
-    for r in (False, True):
-        start = incumbent if incumbent is not None and incumbent.recompute == r else None
-        runs.append(Oracle(cluster, workload, global_batch, OracleSettings.of(dataclasses.replace(settings, recompute=r)),
-                           time_limit_s / 2).run(start))
-    best = min(runs, key=lambda x: x.cost)
-    complete = all(x.complete for x in runs)
-    status = best.status if complete else "incomplete"
-    return dataclasses.replace(best, complete=complete, status=status,
-                               lower_bound_s=min(x.lower_bound_s for x in runs), time_s=sum(x.time_s for x in runs))

@@ -21,7 +21,9 @@ class OracleSettings:
     """What the oracle may vary (the same knobs a user pins in ``train.*``)."""
 
     schedule: str = "1f1b"
-    recompute: bool = True
+    recompute: bool | str = True
+    """True / False: every pipeline alike; ``"auto"``: each pipeline recomputes or not, whichever
+    its plan is faster with (the space ``recompute: auto`` searches)."""
     micro_batch_size: int | None = None
     """None: any micro-batch size per pipeline; else every pipeline uses this one."""
     dp_sharding: str | None = None
@@ -32,13 +34,18 @@ class OracleSettings:
     plans on any subset of the devices, the others named in ``Plan.idle_devices``."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.recompute, bool):  # "auto": baselines.exhaustive runs each and keeps the better
-            raise ConfigError("train.recompute", self.recompute, "the optimum is searched for one recompute setting",
-                              "pass recompute=True or False (oracle() tries both for auto)")
+        if not (isinstance(self.recompute, bool) or self.recompute == "auto"):
+            raise ConfigError("train.recompute", self.recompute, "must be true, false or auto",
+                              "pass recompute=True, False or 'auto' (each pipeline its own)")
         if self.schedule not in SCHEDULES:
             raise ConfigError("train.schedule", self.schedule, f"must be one of {SCHEDULES}", "use 1f1b")
         if self.dp_sharding is not None and self.dp_sharding not in DP_SHARDINGS:
             raise ConfigError("train.dp_sharding", self.dp_sharding, f"must be one of {DP_SHARDINGS}", "use zero2")
+
+    @property
+    def flags(self) -> tuple[bool, ...]:
+        """The recompute flags a pipeline may take."""
+        return (False, True) if self.recompute == "auto" else (self.recompute,)
 
     @classmethod
     def of(cls, settings) -> OracleSettings:

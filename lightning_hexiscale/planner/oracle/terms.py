@@ -42,6 +42,8 @@ class OracleTerms:
         self.theta = E.calibration_theta(cluster)
         self.layer_bytes = E.dp_layer_bytes(workload)
         self.shardings = (s.dp_sharding,) if s.dp_sharding else DP_SHARDINGS
+        self.flags = s.flags
+        """The recompute flags a pipeline may take: both under ``auto`` (each pipeline its own)."""
         self.max_p = min(cluster.num_devices, global_batch, s.max_pipelines or cluster.num_devices)
         self.t0 = time.perf_counter()
         self.deadline = self.t0 + time_limit_s
@@ -107,10 +109,11 @@ class OracleTerms:
             self._q[P] = (qm, qn, qb, qmi, starts, bvals)
         return self._q[P]
 
-    def layer_tb(self, st: tuple[int, ...], m: int) -> tuple[float, float]:
-        key = (tuple(sorted(st)), m)
+    def layer_tb(self, st: tuple[int, ...], m: int, r: bool) -> tuple[float, float]:
+        """(forward, backward) seconds of one layer per micro-batch of m on the stage, recomputing or not."""
+        key = (tuple(sorted(st)), m, r)
         if key not in self._lt:
-            t_f, t_b, _, _ = E.layer_times(self.cluster, self.w, self.devices_of(key[0]), m, self.s.recompute)
+            t_f, t_b, _, _ = E.layer_times(self.cluster, self.w, self.devices_of(key[0]), m, r)
             self._lt[key] = (t_f, t_b)
         return self._lt[key]
 
@@ -185,30 +188,30 @@ class OracleTerms:
                                                         for k in key))
         return self._cap[key]
 
-    def room_pos(self, sh: str, P: int, S: int, tp: int, cap: float) -> np.ndarray:
+    def room_pos(self, sh: str, P: int, S: int, tp: int, cap: float, r: bool) -> np.ndarray:
         """(Q, S): the most layers a TP-tp stage with ``cap`` usable bytes holds at position j of an
         S-stage pipeline, per (m, n) pair, in every memory phase (:func:`estimate.stage_memory_at`),
         rounded generously: a bound may admit a split the exact check (``BatchTimer.fits``, the
         arithmetic of ``estimate()``) then rejects, never the reverse."""
-        key = ("room", sh, P, S, tp, cap)
+        key = ("room", sh, P, S, tp, cap, r)
         if key not in self._arr:
             qm, qn = self.qpairs(P)[:2]
             room = np.empty((len(qm), S))
             for q, (m, n) in enumerate(zip(qm.tolist(), qn.tolist())):
                 for j in range(S):
                     inflight = cm.inflight_micro_batches(self.s.schedule, S, j, n)
-                    k = (sh, P, j == 0, j == S - 1, inflight, tp, m)
+                    k = (sh, P, r, j == 0, j == S - 1, inflight, tp, m)
                     if k not in self._mem:
-                        self._mem[k] = E.stage_memory_at(self.w, sh, P, self.s.recompute, *k[2:])
+                        self._mem[k] = E.stage_memory_at(self.w, *k)
                     room[q, j] = generous_room(self._mem[k], cap)
             self._arr[key] = room
         return self._arr[key]
 
-    def room_any(self, sh: str, P: int, S: int, tp: int, cap: float) -> np.ndarray:
+    def room_any(self, sh: str, P: int, S: int, tp: int, cap: float, r: bool) -> np.ndarray:
         """(Q,): the most layers at the stage's most favourable position (a relaxation)."""
-        key = ("roomany", sh, P, S, tp, cap)
+        key = ("roomany", sh, P, S, tp, cap, r)
         if key not in self._arr:
-            self._arr[key] = self.room_pos(sh, P, S, tp, cap).max(axis=1)
+            self._arr[key] = self.room_pos(sh, P, S, tp, cap, r).max(axis=1)
         return self._arr[key]
 
     def tc_lb(self, st: tuple[int, ...], ctx: tuple, P: int) -> float:
@@ -227,15 +230,15 @@ class OracleTerms:
             worst = max(worst, total)
         return worst
 
-    def uw(self, st: tuple[int, ...], ctx: tuple, P: int, sh: str) -> tuple[np.ndarray, np.ndarray]:
+    def uw(self, st: tuple[int, ...], ctx: tuple, P: int, sh: str, r: bool) -> tuple[np.ndarray, np.ndarray]:
         """Per micro-batch size of ``self.ms``: (time per layer per micro-batch, exposed DP time per
-        layer), with the T_comm lower bound."""
-        key = ("uw", tuple(sorted(st)), ctx, sh)
+        layer), with the T_comm lower bound, recomputing or not."""
+        key = ("uw", tuple(sorted(st)), ctx, sh, r)
         if key not in self._arr:
             tc = self.tc_lb(st, ctx, P)
             u, w = np.empty(len(self.ms)), np.empty(len(self.ms))
             for i, m in enumerate(self.ms):
-                t_f, t_b = self.layer_tb(st, m)
+                t_f, t_b = self.layer_tb(st, m, r)
                 u[i], w[i] = E.layer_step(t_f, t_b, tc, sh, self.theta)
             self._arr[key] = (u, w)
         return self._arr[key]
@@ -249,37 +252,40 @@ class OracleTerms:
         slowest stage takes at least L / R per micro-batch and sum_j l_j u_j >= L * min_s u(s); the
         head adds at least the least head of any stage (a TP group's vocabulary-parallel head may
         be cheaper than any single device's). Hence T >= max(n L / R, L min u + head + (n-1) L / R)
-        (hops, tails >= 0; memory ignored)."""
+        (hops, tails >= 0; memory ignored). Under ``auto`` a pipeline recomputes or not as a whole:
+        the bound is the lesser of the two flags' bounds."""
         key = ("l0", v, P, sh)
         if key in self._arr:
             return self._arr[key]
         qm, qn, qb, qmi, starts, bvals = self.qpairs(P)
         present = [k for k in range(self.K) if v[k]]
-        rho = np.zeros((self.K, len(self.ms)))
-        umin = np.full(len(self.ms), math.inf)
-        head = np.full(len(self.ms), math.inf)
-        for sub in itertools.product(*(range(c + 1) for c in v)):
-            size = sum(sub)
-            if not 1 <= size <= self.max_tp:
-                continue
-            st = tuple(k for k in range(self.K) for _ in range(sub[k]))
-            u = self.u0(st, sh)
-            umin = np.minimum(umin, u)
-            head = np.minimum(head, self.head_arr(st))
-            for k in set(st):
-                rho[k] = np.maximum(rho[k], 1.0 / (u * size))
-        R = sum(v[k] * rho[k] for k in present)
         L = self.L
-        T = np.maximum(qn * L / R[qmi], L * umin[qmi] + head[qmi] + (qn - 1) * L / R[qmi])
+        T = np.full(len(qm), math.inf)
+        for r in self.flags:
+            rho = np.zeros((self.K, len(self.ms)))
+            umin = np.full(len(self.ms), math.inf)
+            head = np.full(len(self.ms), math.inf)
+            for sub in itertools.product(*(range(c + 1) for c in v)):
+                size = sum(sub)
+                if not 1 <= size <= self.max_tp:
+                    continue
+                st = tuple(k for k in range(self.K) for _ in range(sub[k]))
+                u = self.u0(st, sh, r)
+                umin = np.minimum(umin, u)
+                head = np.minimum(head, self.head_arr(st))
+                for k in set(st):
+                    rho[k] = np.maximum(rho[k], 1.0 / (u * size))
+            R = sum(v[k] * rho[k] for k in present)
+            T = np.minimum(T, np.maximum(qn * L / R[qmi], L * umin[qmi] + head[qmi] + (qn - 1) * L / R[qmi]))
         f0 = np.full(self.G + 1, math.inf)
         f0[bvals] = np.minimum.reduceat(T, starts)
         self._arr[key] = f0
         return f0
 
-    def u0(self, st: tuple[int, ...], sh: str) -> np.ndarray:
-        key = ("u0", tuple(sorted(st)), sh)
+    def u0(self, st: tuple[int, ...], sh: str, r: bool) -> np.ndarray:
+        key = ("u0", tuple(sorted(st)), sh, r)
         if key not in self._arr:
-            self._arr[key] = np.array([E.layer_step(*self.layer_tb(st, m), 0.0, sh, self.theta)[0] for m in self.ms])
+            self._arr[key] = np.array([E.layer_step(*self.layer_tb(st, m, r), 0.0, sh, self.theta)[0] for m in self.ms])
         return self._arr[key]
 
     # ---- level 1: unordered stage sets -------------------------------------------------------
@@ -318,13 +324,13 @@ class OracleTerms:
         self._arr[key] = (list(catalog), by_s)
         return self._arr[key]
 
-    def set_fits(self, v: tuple[int, ...], P: int, sh: str, S: int) -> np.ndarray:
+    def set_fits(self, v: tuple[int, ...], P: int, sh: str, S: int, r: bool) -> np.ndarray:
         """(n, Q, K) whether each stage set of S stages can hold each layer split at each (m, n), with
-        each stage at its most favourable position (:meth:`room_any`)."""
-        key = ("fits", v, P, sh, S)
+        each stage at its most favourable position (:meth:`room_any`), recomputing or not."""
+        key = ("fits", v, P, sh, S, r)
         if key not in self._arr:
             sets, idx, floor, tps, caps = self.stage_sets(v)[1][S]
-            room = np.stack([np.stack([self.room_any(sh, P, S, int(t), float(c)) for t, c in zip(tr, cr)], axis=1)
+            room = np.stack([np.stack([self.room_any(sh, P, S, int(t), float(c), r) for t, c in zip(tr, cr)], axis=1)
                              for tr, cr in zip(tps, caps)])  # (n, Q, S)
             Lc = self.comps(S)
             self._arr[key] = (Lc[None, None, :, :] <= room[:, :, None, :]).all(axis=3)
@@ -335,29 +341,32 @@ class OracleTerms:
         """Every unordered set of stages of the pipeline ``ctx`` = (device counts, others') with its
         coarse bound per (m, n) pair (hops >= (S-1) x the cheapest hop between two of its stages,
         head >= its cheapest head, memory relaxed over positions), and f1[b], the least bound at
-        batch b. Evaluated for all sets of a stage count at once; cached."""
+        batch b. Evaluated for all sets of a stage count at once; cached. Under ``auto`` a set's
+        bound is the lesser of its bounds recomputing and not."""
         key = (ctx, sh)
         if key in self._l1:
             return self._l1[key]
         v = ctx[0]
         qm, qn, qb, qmi, starts, bvals = self.qpairs(P)
         catalog, by_s = self.stage_sets(v)
-        Ucat = np.stack([self.uw(st, ctx, P, sh)[0] for st in catalog]) if catalog else np.zeros((0, len(self.ms)))
-        Wcat = np.stack([self.uw(st, ctx, P, sh)[1] for st in catalog]) if catalog else np.zeros((0, len(self.ms)))
         f1 = np.full(self.G + 1, math.inf)
         out = []
         for S, (sets, idx, floor, tps, caps) in by_s.items():
             self.tick()
             Lc = self.comps(S)
-            fits = self.set_fits(v, P, sh, S)
-            U = Ucat[idx].transpose(0, 2, 1)  # (n, M, S)
-            W = Wcat[idx].transpose(0, 2, 1)
-            LU = Lc[None, None, :, :] * U[:, :, None, :]  # (n, M, K, S)
-            A = LU.sum(axis=3) + floor[:, :, None]
-            B = A if S == 1 else LU.max(axis=3)
-            C = (Lc[None, None, :, :] * W[:, :, None, :]).max(axis=3)
-            T = A[:, qmi] + (qn - 1)[None, :, None] * B[:, qmi] + C[:, qmi]  # (n, Q, K)
-            lb = np.where(fits, T, math.inf).min(axis=2)  # (n, Q)
+            lb = np.full((len(sets), len(qm)), math.inf)
+            for r in self.flags:
+                Ucat = np.stack([self.uw(st, ctx, P, sh, r)[0] for st in catalog])
+                Wcat = np.stack([self.uw(st, ctx, P, sh, r)[1] for st in catalog])
+                fits = self.set_fits(v, P, sh, S, r)
+                U = Ucat[idx].transpose(0, 2, 1)  # (n, M, S)
+                W = Wcat[idx].transpose(0, 2, 1)
+                LU = Lc[None, None, :, :] * U[:, :, None, :]  # (n, M, K, S)
+                A = LU.sum(axis=3) + floor[:, :, None]
+                B = A if S == 1 else LU.max(axis=3)
+                C = (Lc[None, None, :, :] * W[:, :, None, :]).max(axis=3)
+                T = A[:, qmi] + (qn - 1)[None, :, None] * B[:, qmi] + C[:, qmi]  # (n, Q, K)
+                lb = np.minimum(lb, np.where(fits, T, math.inf).min(axis=2))  # (n, Q)
             out.extend(zip(sets, lb))
             f1[bvals] = np.minimum(f1[bvals], np.minimum.reduceat(lb.min(axis=0), starts))
         self._l1[key] = (out, f1)
@@ -365,8 +374,8 @@ class OracleTerms:
 
     # ---- level 2: ordered chains with leaders ------------------------------------------------
     def level2(self, ctx: tuple, P: int, sh: str, cap: float) -> tuple[list, np.ndarray]:
-        """Structures (chain, layer split) of the pipeline whose bound is below ``cap`` at some batch,
-        with their bound g[b] (rows, sorted by their least bound). Cached with the cap they were
+        """Structures (chain, layer split, recompute flag) of the pipeline whose bound is below ``cap``
+        at some batch, with their bound g[b] (rows, sorted by their least bound). Cached with the cap they were
         cut at: a smaller cap filters the cache, a larger one rebuilds it."""
         bar = cap
         key = (ctx, sh)
@@ -390,13 +399,13 @@ class OracleTerms:
             chains = [tuple((ld,) + rest_of(stages[i], ld) for i, ld in zip(order, leaders))
                       for order in multiset_permutations([stages.index(st) for st in stages])
                       for leaders in itertools.product(*(sorted(set(stages[i])) for i in order))]
-            for lo in range(0, len(chains), _CHUNK):
+            for lo, r in itertools.product(range(0, len(chains), _CHUNK), self.flags):
                 part = chains[lo:lo + _CHUNK]
-                T = self.chains_table(part, ctx, P, sh)  # (n, Q, K)
+                T = self.chains_table(part, ctx, P, sh, r)  # (n, Q, K)
                 g = np.full((len(part), T.shape[2], self.G + 1), math.inf)
                 g[:, :, bvals] = np.minimum.reduceat(T, starts, axis=1).transpose(0, 2, 1)
                 for c, k in zip(*np.nonzero(g.min(axis=2) < bar)):
-                    structs.append((part[c], tuple(Lc[k].tolist())))
+                    structs.append((part[c], tuple(Lc[k].tolist()), r))
                     rows.append(g[c, k])
         garr = np.array(rows).reshape(len(rows), self.G + 1)
         order = np.argsort(garr.min(axis=1), kind="stable") if len(rows) else np.array([], dtype=np.int64)
@@ -405,14 +414,15 @@ class OracleTerms:
         self._l2[key] = (structs, garr, bar)
         return structs, garr
 
-    def chains_table(self, chains: list[tuple], ctx: tuple, P: int, sh: str) -> np.ndarray:
-        """Bound (chains, Q, layer splits) of stage chains of one length (class labels, leader first):
-        exact hops, head and memory, T_comm at its lower bound; inf where a stage does not fit."""
+    def chains_table(self, chains: list[tuple], ctx: tuple, P: int, sh: str, r: bool) -> np.ndarray:
+        """Bound (chains, Q, layer splits) of stage chains of one length (class labels, leader first)
+        recomputing or not: exact hops, head and memory, T_comm at its lower bound; inf where a stage
+        does not fit."""
         qmi, qn = self.qpairs(P)[3], self.qpairs(P)[1]
         S = len(chains[0])
         Lc = self.comps(S)
-        U = np.array([[self.uw(st, ctx, P, sh)[0] for st in ch] for ch in chains]).transpose(0, 2, 1)  # (n, M, S)
-        W = np.array([[self.uw(st, ctx, P, sh)[1] for st in ch] for ch in chains]).transpose(0, 2, 1)
+        U = np.array([[self.uw(st, ctx, P, sh, r)[0] for st in ch] for ch in chains]).transpose(0, 2, 1)  # (n, M, S)
+        W = np.array([[self.uw(st, ctx, P, sh, r)[1] for st in ch] for ch in chains]).transpose(0, 2, 1)
         # each stage's share of the hops (cost.model.hop_charges) at every micro-batch size, from a lower
         # bound of each hop (exact on the leader path): the charges are linear in the hops, so still a bound
         hop = np.array([[self.hop_bound(ch[j], ch[j + 1]) for j in range(S - 1)] + [np.zeros(len(self.ms))]
@@ -421,7 +431,7 @@ class OracleTerms:
         H[:, -1] += np.array([self.head_arr(ch[-1]) for ch in chains])
         H = H.transpose(0, 2, 1)
         H[:, :, 0] += np.array([self.embed_arr(ch[0]) for ch in chains])
-        room = np.array([[self.room_pos(sh, P, S, len(st), self.cap(st))[:, j] for j, st in enumerate(ch)]
+        room = np.array([[self.room_pos(sh, P, S, len(st), self.cap(st), r)[:, j] for j, st in enumerate(ch)]
                          for ch in chains]).transpose(0, 2, 1)  # (n, Q, S)
         X = Lc[None, None, :, :] * U[:, :, None, :] + H[:, :, None, :]  # (n, M, K, S)
         A = X.sum(axis=3)
@@ -447,4 +457,5 @@ class OracleTerms:
                               for x, p in enumerate(plan.pipelines) if x != i))
         ctx = (v, others)
         lb1 = next(lb[q] for stages, lb in self.level1(ctx, P, sh)[0] if sorted(stages) == stage_set)
-        return float(self.level0(v, P, sh)[pipe.batch_size]), float(lb1), float(self.chains_table([chain], ctx, P, sh)[0, q, k])
+        lb2 = self.chains_table([chain], ctx, P, sh, bool(pipe.recompute))[0, q, k]
+        return float(self.level0(v, P, sh)[pipe.batch_size]), float(lb1), float(lb2)

@@ -1,7 +1,7 @@
 """An independent brute force over the whole plan space, for tiny cases only: every subset of the
 devices (the rest idle), every set partition of it into pipelines, every ordered split of each pipeline into stages with every rank order,
-every layer split, every batch split, every micro-batch size per pipeline, every dp sharding, each
-plan scored by ``estimate()``. No symmetry, no bounds: the oracle's yardstick in the tests."""
+every layer split, every batch split, every micro-batch size per pipeline, every dp sharding (and
+under ``recompute="auto"`` every recompute flag per pipeline), each plan scored by ``estimate()``. No symmetry, no bounds: the oracle's yardstick in the tests."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def device_subsets(n: int, all_devices: bool):
         yield from (list(c) for c in itertools.combinations(range(n), k))
 
 
-def brute_force(cluster, workload, global_batch: int, schedule: str = "1f1b", recompute: bool = True,
+def brute_force(cluster, workload, global_batch: int, schedule: str = "1f1b", recompute: bool | str = True,
                 shardings=DP_SHARDINGS, all_devices: bool = False):
     """(best cost, best plan, plans scored) over plans on every device subset (the others idle),
     or on all devices only."""
@@ -80,16 +80,18 @@ def _brute_force(cluster, workload, global_batch, schedule, recompute, shardings
                     bounds = list(itertools.accumulate([0] + split))
                     opts.append(tuple(Stage(st, (bounds[j], bounds[j + 1])) for j, st in enumerate(ch)))
             per_pipe.append(opts)
+        flag_opts = list(itertools.product((False, True), repeat=P)) if recompute == "auto" else [(recompute,) * P]
         for batches in compositions(global_batch, P):
             mb_opts = [[m for m in range(1, b + 1) if b % m == 0] for b in batches]
             for structs in itertools.product(*per_pipe):
                 for mbs in itertools.product(*mb_opts):
-                    pipes = tuple(Pipeline(b, m, st) for b, m, st in zip(batches, mbs, structs))
-                    for sh in shardings:
-                        plan = Plan(pipes, L, schedule=schedule, recompute=recompute, dp_sharding=sh,
-                                    idle_devices=idle)
-                        count += 1
-                        cost = estimate(plan, cluster, workload).cost
-                        if cost < best:
-                            best, best_plan = cost, plan
+                    for flags in flag_opts:
+                        pipes = tuple(Pipeline(b, m, st, r) for b, m, st, r in zip(batches, mbs, structs, flags))
+                        for sh in shardings:
+                            plan = Plan(pipes, L, schedule=schedule, recompute=None, dp_sharding=sh,
+                                        idle_devices=idle)
+                            count += 1
+                            cost = estimate(plan, cluster, workload).cost
+                            if cost < best:
+                                best, best_plan = cost, plan
     return best, best_plan, count

@@ -106,13 +106,17 @@ def _data_parallel_plans(cluster, workload, batch, settings):
                            schedule=settings.schedule, recompute=settings.recompute, dp_sharding=sh)
 
 
+@pytest.mark.parametrize("auto", [False, True], ids=["fixed", "auto"])
 @pytest.mark.parametrize("seed", [0, 3, 9, 11, 17, 24])
-def test_bounds_never_exceed_the_true_time(seed):
+def test_bounds_never_exceed_the_true_time(seed, auto):
     """Every plan of the space: rate bound <= stage-set bound <= chain bound <= the pipeline's time
-    in estimate() (module docstring, point 3), for every pipeline of every feasible plan."""
+    in estimate() (module docstring, point 3), for every pipeline of every feasible plan; under
+    ``recompute="auto"`` for every recompute flag of every pipeline."""
     from lightning_hexiscale.planner import Pipeline, Plan, Stage
 
     cluster, workload, batch, settings = tiny_case(seed)
+    if auto:
+        settings = replace(settings, recompute="auto")
     o = Oracle(cluster, workload, batch, settings, time_limit_s=60)
     L, checked = workload.model.num_layers, 0
     for blocks in set_partitions(list(range(cluster.num_devices))):
@@ -124,12 +128,13 @@ def test_bounds_never_exceed_the_true_time(seed):
                 for batches in itertools.product(*(range(1, batch + 1) for _ in blocks)):
                     if sum(batches) != batch:
                         continue
-                    for sh in ("ddp", "zero3"):
+                    for sh, flags in itertools.product(("ddp", "zero3"), itertools.product(*[o.flags] * P)):
                         pipes = []
-                        for ch, sp, b in zip(structs, splits, batches):
+                        for ch, sp, b, r in zip(structs, splits, batches, flags):
                             bounds = list(itertools.accumulate([0] + sp))
-                            pipes.append(Pipeline(b, 1, tuple(Stage(st, (bounds[j], bounds[j + 1])) for j, st in enumerate(ch))))
-                        plan = Plan(tuple(pipes), L, settings.schedule, settings.recompute, sh)
+                            pipes.append(Pipeline(b, 1, tuple(Stage(st, (bounds[j], bounds[j + 1]))
+                                                              for j, st in enumerate(ch)), r))
+                        plan = Plan(tuple(pipes), L, settings.schedule, None, sh)
                         est = estimate(plan, cluster, workload)
                         for i, pe in enumerate(est.pipelines):
                             lb0, lb1, lb2 = o.pipeline_bounds(plan, i)
