@@ -28,12 +28,28 @@ TARGET = 0.97
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", SEEDS)
 def test_default_search_reaches_97_percent_of_the_oracle(seed):
+    search_vs_oracle(seed, True)
+
+
+AUTO_SEEDS = [14, 23, 25, 30]
+"""Under ``recompute: auto`` (the default): the four of the 40 cases where the search's plan is not
+the optimum's, seed 25 with mixed flags ([off, on, off, on]; the optimum [off, off, on], 0.996).
+All 40 pass too (>= 0.984, 160 s on 2 cores): these four keep the suite short."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", AUTO_SEEDS)
+def test_auto_search_reaches_97_percent_of_the_per_pipeline_oracle(seed):
+    search_vs_oracle(seed, "auto")
+
+
+def search_vs_oracle(seed: int, recompute) -> None:
     cluster, workload, batch = random_case(seed)
     try:
-        found = search(cluster, workload, batch, SearchSettings(recompute=True, progress=False))
+        found = search(cluster, workload, batch, SearchSettings(recompute=recompute, progress=False))
     except InfeasiblePlan:
         found = None
-    best = oracle(cluster, workload, batch, SearchSettings(recompute=True), time_limit_s=120.0,
+    best = oracle(cluster, workload, batch, SearchSettings(recompute=recompute), time_limit_s=120.0,
                   incumbent=found.plan if found else None)
     assert best.complete, f"the oracle did not finish seed {seed}: {best.stats}"
     if found is None:
