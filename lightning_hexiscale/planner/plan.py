@@ -331,9 +331,12 @@ class Plan:
                 skey = f"{pkey}.stages[{j}]"
                 _keys(s, {"devices", "layers"}, set(), skey)
                 layers = s["layers"]
-                if not isinstance(layers, (list, tuple)) or len(layers) != 2:
+                if not isinstance(layers, (list, tuple)) or len(layers) != 2 or not all(_is_int(x) for x in layers):
                     raise PlanError(f"{skey}.layers", layers, "must be [start, end) with two integers",
                                     "write e.g. layers: [0, 20]")
+                if not isinstance(s["devices"], (list, tuple)):
+                    raise PlanError(f"{skey}.devices", s["devices"], "must be a list of device ids",
+                                    "write e.g. devices: [0, 1]")
                 stages.append(Stage(devices=tuple(s["devices"]), layers=(int(layers[0]), int(layers[1]))))
             pipes.append(Pipeline(batch_size=p["batch_size"], micro_batch_size=p["micro_batch_size"],
                                   stages=tuple(stages), recompute=_recompute_flag(p, pkey)))
@@ -341,6 +344,9 @@ class Plan:
         if not isinstance(idle, (list, tuple)):
             raise PlanError(f"{source}.idle_devices", idle, "must be a list of device ids",
                             "write e.g. idle_devices: [6, 7]")
+        if not isinstance(data.get("meta") or {}, dict):
+            raise PlanError(f"{source}.meta", data["meta"], "must be a mapping (what the plan was made for)",
+                            "write e.g. meta: {cluster: cpu_hetero4, model: llama_tiny}, or leave it out")
         recompute = _recompute_flag(data, source)
         pipes = [p if p.recompute is not None else replace(p, recompute=True if recompute is None else recompute)
                  for p in pipes]
@@ -428,6 +434,10 @@ def _recompute_flag(data: dict[str, Any], where: str) -> bool | None:
                         "write recompute: true or recompute: false (auto is a planner setting, "
                         "train.recompute, that a plan's search resolves)")
     return value
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def _keys(data: Any, required: set[str], optional: set[str], where: str) -> None:
