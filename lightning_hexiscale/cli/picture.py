@@ -80,13 +80,19 @@ def _box_label(cluster, st) -> str:
             f"{layers}")
 
 
-def draw_plan(plan, cluster, path: str | Path, title: str = "", estimate=None) -> None:
-    """Draw ``plan`` (see the module doc) to ``path``, PNG or SVG by the extension; ``estimate``
-    (the plan's :class:`~lightning_hexiscale.planner.cost.estimate.Estimate`) marks the bottleneck stage."""
+def check_picture_path(path: str | Path) -> Path:
+    """``path`` ends in .png or .svg (the format is chosen by the extension)."""
     path = Path(path)
     if path.suffix.lower() not in (".png", ".svg"):
         raise ConfigError("--picture", str(path), "the picture is PNG or SVG, chosen by the extension",
                           "use a path ending in .png or .svg")
+    return path
+
+
+def draw_plan(plan, cluster, path: str | Path, title: str = "", estimate=None) -> None:
+    """Draw ``plan`` (see the module doc) to ``path``, PNG or SVG by the extension; ``estimate``
+    (the plan's :class:`~lightning_hexiscale.planner.cost.estimate.Estimate`) marks the bottleneck stage."""
+    path = check_picture_path(path)
     try:
         import matplotlib
 

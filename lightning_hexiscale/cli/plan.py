@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lightning_hexiscale.cli.common import explicit, subcommand
-from lightning_hexiscale.cli.picture import draw_plan  # noqa: F401 (also importable from here)
+from lightning_hexiscale.cli.common import check_output_file, explicit, subcommand
+from lightning_hexiscale.cli.picture import check_picture_path, draw_plan  # noqa: F401 (also importable from here)
 from lightning_hexiscale.config.units import format_flops
 from lightning_hexiscale.errors import ConfigError, HexiScaleError
 
@@ -193,17 +193,27 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if args.optimum:
             raise ConfigError("--optimum", "with -m", "the true optimum is computed for one plan, not a sweep",
                               "run `hexiscale plan ... --optimum` for each cluster you want checked")
+        for flag, value in (("--out", args.out), ("--picture", args.picture)):
+            if value:
+                raise ConfigError(flag, value, "a sweep (-m) writes one plan file per run into its sweep directory",
+                                  "use --sweep-dir DIR, or plan one configuration without -m")
         return _sweep(args)
+    if args.out:
+        check_output_file("--out", args.out, "plan.yaml")
+    if args.picture:
+        check_output_file("--picture", args.picture, "plan.png")
+        check_picture_path(args.picture)
     run = plan_once(overrides_of(args), args.baselines, progress=None if not args.json else False,
                     like_for_like=args.like_for_like, aware=args.aware_baselines,
                     optimum_time_limit=args.optimum_time_limit if args.optimum else None)
     cluster, workload, res = run["cluster"], run["workload"], run["result"]
     plan, est = res.plan, res.estimate
     if args.out:
-        plan.save(args.out)
+        _write_file("--out", args.out, lambda: plan.save(args.out))
     if args.picture:
-        draw_plan(plan, cluster, args.picture, title=f"{workload.model.name} on {cluster.name}: "
-                  f"{est.iteration_time_s:.2f} s/iteration, {format_flops(est.pflops * 1e15)}", estimate=est)
+        _write_file("--picture", args.picture, lambda: draw_plan(
+            plan, cluster, args.picture, title=f"{workload.model.name} on {cluster.name}: "
+            f"{est.iteration_time_s:.2f} s/iteration, {format_flops(est.pflops * 1e15)}", estimate=est))
     rows = baseline_rows(est.iteration_time_s, run["baselines"]) if args.baselines else None
     if args.json:
         doc = {"plan": plan.to_dict(), "estimate": estimate_document(plan, cluster, workload, est, args.out, res.sources),
@@ -242,6 +252,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.picture:
         print(f"picture written to {args.picture}")
     return 0
+
+
+def _write_file(flag: str, path: str, write) -> None:
+    """Create the missing folders of ``path``, then ``write()``; an OSError that check_output_file could
+    not foresee (/proc, a full disk) is a ConfigError naming the option."""
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        write()
+    except OSError as e:
+        raise ConfigError(flag, path, f"cannot write it ({e.strerror})", "give a path in a writable directory") from None
 
 
 def idle_banner(plan, cluster) -> str:

@@ -80,8 +80,34 @@ def test_picture_is_written(tmp_path, capsys, ext):
 
 
 def test_picture_with_a_bad_extension_is_a_config_error(tmp_path, capsys):
-    assert main(["plan", "--picture", str(tmp_path / "plan.jpg"), *BASE, "planner.progress=false"]) == 2
-    assert "--picture" in capsys.readouterr().err
+    assert main(["plan", "--picture", str(tmp_path / "plan.jpg"), *BASE]) == 2
+    err = capsys.readouterr().err
+    assert "--picture" in err and "search:" not in err  # refused before the search
+
+
+@pytest.mark.parametrize("flag, path, rule", [("--out", "{tmp}", "is a directory"),
+                                              ("--out", "{tmp}/a_file/plan.yaml", "a_file is a file, not a directory"),
+                                              ("--picture", "{tmp}", "is a directory")])
+def test_an_output_path_that_cannot_be_written_is_refused_before_the_search(tmp_path, capsys, flag, path, rule):
+    (tmp_path / "a_file").write_text("kept")
+    path = path.format(tmp=tmp_path)
+    assert main(["plan", flag, path, *BASE]) == 2  # was an IsADirectoryError / NotADirectoryError traceback
+    err = capsys.readouterr().err
+    assert f"{flag} = '{path}': " in err and rule in err and "Fix:" in err and "search:" not in err
+    assert (tmp_path / "a_file").read_text() == "kept"
+
+
+def test_out_and_picture_create_missing_folders(tmp_path, capsys):
+    out, pic = tmp_path / "new" / "plan.yaml", tmp_path / "pics" / "deeper" / "plan.svg"
+    assert main(["plan", "--out", str(out), "--picture", str(pic), *BASE, "planner.progress=false"]) == 0
+    assert out.stat().st_size > 0 and pic.stat().st_size > 0
+
+
+def test_a_sweep_refuses_out_and_picture(tmp_path, capsys):
+    """They were silently ignored: a sweep writes its plans into --sweep-dir."""
+    assert main(["plan", "-m", "--out", str(tmp_path / "p.yaml"), "cluster=cpu2,cpu_hetero4", "model=llama_tiny"]) == 2
+    err = capsys.readouterr().err
+    assert "--out = " in err and "--sweep-dir" in err and not list(tmp_path.iterdir())
 
 
 @pytest.mark.slow
