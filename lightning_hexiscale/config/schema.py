@@ -341,13 +341,20 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "con
         else:
             rest.append(o)
     GlobalHydra.instance().clear()
+    error = None
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
             cfg = hydra_compose(config_name=config_name, overrides=rest)
     except Exception as e:  # Hydra wraps every composition error; keep its message, drop the traceback
-        raise _compose_error(e, rest) from None
+        error = _compose_error(e, rest)
     finally:
         GlobalHydra.instance().clear()
+    if error is not None or any(o.startswith("+") for o in rest):
+        # Hydra's message for a misspelt key or a wrong type names every override and no fix, and it
+        # accepts +train.global_bach=8 (a key nothing reads): name the one key, with the closest field
+        _check_override_keys(rest, config_name)
+    if error is not None:
+        raise error
     for key, path in files.items():
         schema = ClusterConfig if key == "cluster" else ModelConfig
         node = load_yaml_node(path, schema, key)
@@ -357,6 +364,30 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "con
         _reapply(cfg, key, rest)
     resolve_hf_model(cfg, rest)
     return cfg
+
+
+def _check_override_keys(overrides: list[str], config_name: str) -> None:
+    """Check every ``a.b=v`` override against the config its group selections compose to
+    (:func:`~lightning_hexiscale.config.suggest.check_override_key`); returns when those do not
+    compose (the caller reports that error)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from lightning_hexiscale.config.suggest import check_override_key
+
+    # the groups' presets alone (model=_hf needs its trainer.weights: the default model has the same schema)
+    groups = [o for o in overrides if "." not in o.partition("=")[0] and not o.startswith(("+", "~", f"model={HF_PLACEHOLDER}"))]
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            base = hydra_compose(config_name=config_name, overrides=groups)
+    except Exception:  # noqa: BLE001 -- a bad group selection: the caller's own error says which
+        return
+    finally:
+        GlobalHydra.instance().clear()
+    for o in overrides:
+        check_override_key(base, o)
 
 
 def hf_model_overrides(overrides: list[str]) -> list[str]:
