@@ -331,12 +331,21 @@ class Cluster:
         for mi, m in enumerate(machines):
             ix = np.ix_(m.devices, m.devices)
             bw[ix], lat[ix] = intra_bw[mi], intra_lat[mi]
+        pairs: dict[frozenset, int] = {}
         for li, link in enumerate(c.get("machine_links") or []):
             key = f"cluster.machine_links[{li}]"
             names = link["machines"]
             if len(names) != 2 or any(x not in by_name for x in names):
                 raise ConfigError(f"{key}.machines", names, "must name two declared machines",
                                   f"use names from: {', '.join(by_name)}")
+            if names[0] == names[1]:  # it would silently replace the machine's intra_bandwidth
+                raise ConfigError(f"{key}.machines", names, "a machine link joins two different machines",
+                                  f"give the figures inside machine {names[0]} as its intra_bandwidth and intra_latency")
+            if frozenset(names) in pairs:  # the later entry would silently win
+                raise ConfigError(f"{key}.machines", names, f"the pair is already given by "
+                                  f"cluster.machine_links[{pairs[frozenset(names)]}]: one link per machine pair",
+                                  "keep one of the two entries")
+            pairs[frozenset(names)] = li
             a, b = by_name[names[0]].devices, by_name[names[1]].devices
             lb = parse_bandwidth(link["bandwidth"], f"{key}.bandwidth")
             ll = parse_time(link.get("latency", "10us"), f"{key}.latency")
