@@ -10,6 +10,7 @@ once, in the caller's process, from the line that made it (files are read here f
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -131,10 +132,15 @@ class StrategySettings:
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # normalising a frozen dataclass's fields, once, here
         t = self.timeout
-        if _is_int(t) or isinstance(t, float):
-            if t <= 0:
-                raise ConfigError(_key("timeout"), t, "must be a positive number of seconds", "use e.g. timeout=600")
-            set_(self, "timeout", timedelta(seconds=float(t)))
+        if t is not None:
+            secs = t.total_seconds() if isinstance(t, timedelta) else float(t) if _is_int(t) or isinstance(t, float) else None
+            try:  # '600', inf, nan and timedelta(-1) reached torch.distributed (or a traceback) before
+                if secs is None or not 0 < secs < math.inf:
+                    raise ValueError
+                set_(self, "timeout", timedelta(seconds=secs))
+            except (ValueError, OverflowError):
+                raise ConfigError(_key("timeout"), t, "must be a positive number of seconds (or a positive timedelta)",
+                                  "use e.g. timeout=600") from None
         for name, fix in (("async_checkpoint", "pass async_checkpoint=True to write checkpoints in the background"),
                           ("use_all_devices", "pass use_all_devices=True to give every device work"),
                           ("check_devices", "pass check_devices=False to run a plan on other device types"),
@@ -157,7 +163,7 @@ class StrategySettings:
             raise ConfigError(_key("seed"), self.seed, "must be an integer or None", "use e.g. seed=0")
         set_(self, "seed", int(os.environ.get("PL_GLOBAL_SEED", 0)) if self.seed is None else self.seed)
         g = self.watchdog_grace_s
-        if not (_is_int(g) or isinstance(g, float)) or g <= 0:
+        if not (_is_int(g) or isinstance(g, float)) or not 0 < g < math.inf:
             raise ConfigError(_key("watchdog_grace_s"), g, "must be a positive number of seconds",
                               "use e.g. watchdog_grace_s=5")
         set_(self, "watchdog_grace_s", float(g))

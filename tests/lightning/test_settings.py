@@ -64,6 +64,12 @@ PLAN = plan_of([(4, 2, [([0], (0, 4))]), (2, 1, [([1], (0, 4))])])
 
 BAD = {  # case: (arguments, the argument named, a piece of the rule)
     "timeout": ({"timeout": 0}, "timeout", "positive number of seconds"),
+    # each reached torch.distributed unchecked, or was an OverflowError/ValueError traceback
+    "timeout_string": ({"timeout": "600"}, "timeout", "positive number of seconds"),
+    "timeout_inf": ({"timeout": float("inf")}, "timeout", "positive number of seconds"),
+    "timeout_nan": ({"timeout": float("nan")}, "timeout", "positive number of seconds"),
+    "timeout_negative_timedelta": ({"timeout": timedelta(seconds=-1)}, "timeout", "positive timedelta"),
+    "watchdog_grace_s_nan": ({"watchdog_grace_s": float("nan")}, "watchdog_grace_s", "positive number of seconds"),
     "async_checkpoint": ({"async_checkpoint": "yes"}, "async_checkpoint", "True or False"),
     "nonfinite": ({"nonfinite": "ignore"}, "nonfinite", "must be one of"),
     "schedule": ({"schedule": "zigzag"}, "schedule", "must be one of"),
