@@ -102,11 +102,24 @@ def positive_int(text: str) -> int:
     return v
 
 
+def positive_seconds(text: str) -> float:
+    """A finite number of seconds > 0 (a deadline or budget), checked before any rank starts."""
+    import math
+
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds, e.g. 60") from None
+    if not 0 < v < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}; e.g. 60")
+    return v
+
+
 def add_launch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--local", type=positive_int, metavar="N", default=None,
                    help="fork N CPU ranks here (gloo, one thread each) instead of joining a torchrun/SLURM/"
                         "Lightning-launched process group")
-    p.add_argument("--timeout", type=float, default=900.0, metavar="S",
+    p.add_argument("--timeout", type=positive_seconds, default=900.0, metavar="S",
                    help="deadline in seconds for the whole run and every collective (default 900)")
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 
-from lightning_hexiscale.cli.common import add_precision_arg, positive_int, resolve_precision, subcommand
+from lightning_hexiscale.cli.common import add_precision_arg, positive_int, positive_seconds, resolve_precision, subcommand
 from lightning_hexiscale.cli.profile import int_list, message_sizes, emulated_defaults, layer_time_model
 
 
@@ -25,7 +25,7 @@ def _discover_args(p: argparse.ArgumentParser) -> None:
                    help="start N local ranks here instead of joining a torchrun/SLURM/Lightning-launched process "
                         "group: one spawned NCCL rank per GPU on a CUDA machine (N at most the visible GPUs), else "
                         "N forked CPU ranks (gloo, one thread each)")
-    p.add_argument("--timeout", type=float, default=900.0, metavar="S",
+    p.add_argument("--timeout", type=positive_seconds, default=900.0, metavar="S",
                    help="deadline in seconds for the whole run and every collective (default 900)")
     p.add_argument("--model", required=True, metavar="NAME",
                    help="the job's model (a preset, a model YAML or hf:DIR): its layer times are measured per device "
@@ -37,7 +37,7 @@ def _discover_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", default=None, help="cluster name (default: discovered_<fingerprint>)")
     p.add_argument("--rediscover", action="store_true",
                    help="measure again even when a file of the same fingerprint is cached (and replace it)")
-    p.add_argument("--budget", type=float, default=60.0, metavar="S",
+    p.add_argument("--budget", type=positive_seconds, default=60.0, metavar="S",
                    help="seconds discovery should take; a warning names the longest phase when exceeded (default 60)")
     p.add_argument("--layer-micro-batches", type=int_list, default=None, metavar="M1,M2,...",
                    help="micro-batch sizes of the layer times (default 1,2,4)")
@@ -49,7 +49,7 @@ def _discover_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sizes", type=message_sizes, default=None, metavar="S1,S2,...",
                    help="ping-pong message sizes (default as `hexiscale profile`)")
     p.add_argument("--matmul-size", type=positive_int, default=None, metavar="N", help="matmul size of the FLOP/s test")
-    p.add_argument("--matmul-time", type=float, default=None, metavar="S",
+    p.add_argument("--matmul-time", type=positive_seconds, default=None, metavar="S",
                    help="seconds of matmuls per rank (default 0.5; 2 inside `hexiscale emulate`)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar or lines")
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 
-from lightning_hexiscale.cli.common import add_launch_args, add_precision_arg, positive_int, resolve_precision, subcommand
+from lightning_hexiscale.cli.common import add_launch_args, add_precision_arg, positive_int, positive_seconds, resolve_precision, subcommand
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.config.units import parse_bytes
 
@@ -58,7 +58,7 @@ def _profile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--matmul-size", type=positive_int, default=None, metavar="N",
                    help="matmul size N for the FLOP/s test (default 8192 on CUDA, 1024 on CPU, 256 inside "
                         "`hexiscale emulate`)")
-    p.add_argument("--matmul-time", type=float, default=None, metavar="S",
+    p.add_argument("--matmul-time", type=positive_seconds, default=None, metavar="S",
                    help="seconds of matmuls per rank (default 0.5; 2 inside `hexiscale emulate`)")
     add_precision_arg(p)
     add_layer_time_args(p)

@@ -134,6 +134,26 @@ def test_discover_cli_is_registered():
                                                                                    "32-true")
 
 
+@pytest.mark.parametrize("argv", [["discover", "--model", "llama_tiny", "--budget", "-1"],
+                                  ["discover", "--model", "llama_tiny", "--timeout", "-1"],
+                                  ["discover", "--model", "llama_tiny", "--matmul-time", "0"],
+                                  ["profile", "--timeout", "inf"], ["profile", "--matmul-time", "-1"],
+                                  ["calibrate", "--timeout", "abc"]])
+def test_bad_seconds_are_refused_before_any_rank_starts(argv, capsys, tmp_path, monkeypatch):
+    """--budget -1 was a ConfigError traceback from every forked rank, --timeout -1 a c10d socket
+    timeout, --matmul-time -1 was measured anyway: now argparse's usage error, exit status 2."""
+    from lightning_hexiscale.cli.main import main
+
+    monkeypatch.chdir(tmp_path)  # were it accepted: profile's default --out and discover's cache land here
+    monkeypatch.setenv(dp.CACHE_ENV, str(tmp_path / "cache"))
+
+    with pytest.raises(SystemExit) as e:
+        main([argv[0], "--local", "2", *argv[1:]])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {argv[-2]}: " in err and "e.g. 60" in err and "Traceback" not in err
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_discover_cli_writes_out_and_reuses(tmp_path, monkeypatch, capfd):
