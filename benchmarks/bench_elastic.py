@@ -98,7 +98,7 @@ def agent(machine: str, port: int, out: Path, steps: int, every: int, sleep_s: f
            "--rdzv-backend=c10d", f"--rdzv-endpoint=localhost:{port}", "--rdzv-id=elastic-bench",
            f"--rdzv-conf={conf}", "--max-restarts=3", "--monitor-interval=0.2",
            str(WORKER), str(out), str(out / "cluster.yaml"), str(steps), str(every), str(sleep_s)]
-    env = child_env(HEXISCALE_MACHINE=machine, **AGENT_ENV)
+    env = child_env(HEXISCALE_MACHINE=machine, HEXISCALE_HOLD_FILE=str(out / HOLD_FILE), **AGENT_ENV)
     log = open(out / f"agent-{machine}.log", "w")
     return subprocess.Popen(cmd, env=env, cwd=str(ROOT), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -125,7 +125,8 @@ def latest_worker(out: Path, machine: str) -> int:
 
 HOLD_FILE = "hold-solo"
 """While this file is in the output folder, a worker that trains alone before any restart waits up to
-``elastic_job.HOLD_S`` at the end of each step: the second agent then joins while the first trains."""
+``elastic_job.HOLD_S`` at the end of each step: the second agent then joins while the first trains.
+The agents hand its path to their workers as ``HEXISCALE_HOLD_FILE``."""
 
 
 def stop_workers(out: Path) -> None:

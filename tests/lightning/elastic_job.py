@@ -52,11 +52,11 @@ class Losses(pl.Callback):
                 f.write(json.dumps(row) + "\n")
         if self.sleep_s:
             time.sleep(self.sleep_s)
-        # bench_elastic.HOLD_FILE: alone and not yet restarted, wait for the second agent (bounded, so a
-        # SIGTERM of its join is acted on at the step boundary within HOLD_S)
-        hold, until = self.path.parent / "hold-solo", time.time() + HOLD_S
-        if trainer.world_size == 1 and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
-            while hold.exists() and time.time() < until:
+        # bench_elastic.HOLD_FILE (its path in HEXISCALE_HOLD_FILE): alone and not yet restarted, wait
+        # for the second agent (bounded, so a SIGTERM of its join is acted on at the step boundary within HOLD_S)
+        hold, until = os.environ.get("HEXISCALE_HOLD_FILE"), time.time() + HOLD_S
+        if hold and trainer.world_size == 1 and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+            while Path(hold).exists() and time.time() < until:
                 time.sleep(0.05)
 
 
