@@ -180,10 +180,19 @@ class StrategySettings:
         if self.recompute not in (None, True, False, "auto"):
             raise ConfigError(_key("recompute"), self.recompute, "must be True, False, 'auto' or None",
                               "leave it to the plan (None)")
-        for name in ("global_batch", "micro_batch_size"):
+        for name, fix in (("global_batch", "pass e.g. global_batch=32 (sequences per optimizer step), or None to take "
+                                           "the plan's or the training DataLoader's batch size"),
+                          ("micro_batch_size", "pass e.g. micro_batch_size=1, or None to leave it to the plan or the search")):
             v = getattr(self, name)
             if v is not None and (not _is_int(v) or v < 1):
-                raise ConfigError(_key(name), v, "must be a positive integer (or None)", "fix it")
+                raise ConfigError(_key(name), v, "must be a positive integer (or None)", fix)
+        gb, mb = self.global_batch, self.micro_batch_size
+        if gb is not None and mb is not None and gb % mb:  # the search refuses it too, but after the launch
+            divisors = [d for d in range(1, min(gb, 64) + 1) if gb % d == 0][:5]
+            divisors += [gb] if gb not in divisors else []
+            raise ConfigError(_key("micro_batch_size"), mb, f"must divide global_batch={gb}",
+                              f"choose a divisor of the global batch (e.g. {', '.join(map(str, divisors))}) "
+                              "or None to let the planner choose")
 
     def _read_cluster_and_plan(self) -> None:
         """Files are read now, in the caller's process, so that a wrong name or path is a ConfigError

@@ -76,6 +76,10 @@ BAD = {  # case: (arguments, the argument named, a piece of the rule)
     "dp_sharding": ({"dp_sharding": "zero4"}, "dp_sharding", "must be one of"),
     "global_batch": ({"global_batch": 0}, "global_batch", "positive integer"),
     "micro_batch_size": ({"micro_batch_size": 1.5}, "micro_batch_size", "positive integer"),
+    "micro_batch_size_zero": ({"micro_batch_size": 0}, "micro_batch_size", "positive integer"),
+    # the search refused it only after the launch, in every rank (the recipe's "must divide" rule)
+    "micro_batch_size_not_dividing": ({"cluster": "cpu2", "global_batch": 8, "micro_batch_size": 3},
+                                      "micro_batch_size", "must divide global_batch=8"),
     "num_threads": ({"num_threads": 0}, "num_threads", "'auto' or an integer"),
     "use_all_devices": ({"use_all_devices": "yes"}, "use_all_devices", "True or False"),
     "cluster_type": ({"cluster": 123}, "cluster", "a preset name, a cluster YAML path"),
@@ -102,5 +106,12 @@ def test_a_bad_setting_names_its_argument(case):
     pattern = rf"^HexiScaleStrategy\({key}\) = .*: .*{re.escape(rule)}.*Fix: "
     with pytest.raises(ConfigError, match=pattern):
         StrategySettings(**kwargs)
-    with pytest.raises(ConfigError, match=pattern):  # the same error from the constructor users call
+    with pytest.raises(ConfigError, match=pattern) as e:  # the same error from the constructor users call
         HexiScaleStrategy(**kwargs)
+    assert e.value.fix and e.value.fix.lower() not in ("fix it", "fix it."), e.value  # a real fix, not a placeholder
+
+
+def test_micro_batch_size_not_dividing_says_which_divisors_would():
+    with pytest.raises(ConfigError, match=r"global_batch=8\. Fix: choose a divisor .*\(e\.g\. 1, 2, 4, 8\)"):
+        HexiScaleStrategy(cluster="cpu2", global_batch=8, micro_batch_size=3)
+    assert HexiScaleStrategy(cluster="cpu2", global_batch=8, micro_batch_size=4).settings.micro_batch_size == 4
