@@ -42,6 +42,28 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def check_process_group_backend(backend: Any) -> None:
+    """``process_group_backend`` (passed on to DDPStrategy as it is): None, a backend torch.distributed
+    knows (``torch.distributed.Backend.backend_list``: gloo, nccl, mpi, ucc, ... and any registered with
+    ``Backend.register_backend`` before the strategy is built) or ``"cpu:gloo,cuda:nccl"`` pairs of
+    such backends. torch takes any other name with a warning and fails in every rank's
+    ``init_process_group``, after the launch."""
+    if backend is None:
+        return
+    from torch.distributed import Backend  # torch is imported by the strategy anyway
+
+    known = [b for b in Backend.backend_list if b != Backend.UNDEFINED]
+    rule = (f"must be None, one of {', '.join(known)} (torch.distributed's backends) or device:backend pairs "
+            "such as 'cpu:gloo,cuda:nccl'")
+    fix = "pass process_group_backend=None (gloo on CPU, nccl on CUDA) or e.g. 'gloo'"
+    if not isinstance(backend, str):
+        raise ConfigError(_key("process_group_backend"), backend, rule, fix)
+    pairs = [p.split(":") for p in backend.lower().split(",")] if ":" in backend else [["", backend.lower()]]
+    devices = [p[0] for p in pairs]
+    if any(len(p) != 2 or p[1] not in Backend.backend_list for p in pairs) or len(set(devices)) != len(devices):
+        raise ConfigError(_key("process_group_backend"), backend, rule, fix)
+
+
 @dataclass(frozen=True)
 class StrategySettings:
     """The strategy's settings. Built from the constructor's arguments; some fields are normalised

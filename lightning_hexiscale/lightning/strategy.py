@@ -56,7 +56,7 @@ from lightning_hexiscale.lightning.pipeline_model import PipelineLogits, Pipelin
 from lightning_hexiscale.lightning.plan_check import DEFAULT_WARMUP as DEFAULT_PLAN_CHECK_WARMUP
 from lightning_hexiscale.lightning.plan_check import PlanCheck
 from lightning_hexiscale.lightning.plan_resolution import AUTO, describe_local_devices, discover_cluster, plan_for
-from lightning_hexiscale.lightning.settings import StartMethod, StrategySettings
+from lightning_hexiscale.lightning.settings import StartMethod, StrategySettings, check_process_group_backend
 from lightning_hexiscale.lightning.step_adapter import GradientMethods, state_to_device
 from lightning_hexiscale.lightning.strategy_checkpoints import CheckpointMethods
 from lightning_hexiscale.models.config import LlamaConfig
@@ -99,6 +99,7 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, int
             start_method=start_method, num_threads=num_threads, check_devices=check_devices, nonfinite=nonfinite,
             async_checkpoint=async_checkpoint, elastic=elastic, watchdog=watchdog, watchdog_grace_s=watchdog_grace_s,
             compile=compile, fast_path=fast_path, timeout=timeout)
+        check_process_group_backend(process_group_backend)  # DDPStrategy's argument: torch takes any name
         self.settings = s
         """The checked arguments (frozen); the attributes below are run state."""
         super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,

@@ -115,3 +115,17 @@ def test_micro_batch_size_not_dividing_says_which_divisors_would():
     with pytest.raises(ConfigError, match=r"global_batch=8\. Fix: choose a divisor .*\(e\.g\. 1, 2, 4, 8\)"):
         HexiScaleStrategy(cluster="cpu2", global_batch=8, micro_batch_size=3)
     assert HexiScaleStrategy(cluster="cpu2", global_batch=8, micro_batch_size=4).settings.micro_batch_size == 4
+
+
+@pytest.mark.parametrize("backend", ["mpi2", "", "cpu:gloo,cpu:mpi", "cpu-gloo:x", 3])
+def test_an_unknown_process_group_backend_is_refused_at_construction(backend):
+    """torch.distributed takes any backend name with a warning, and every rank then failed in
+    init_process_group after the launch."""
+    with pytest.raises(ConfigError, match=r"^HexiScaleStrategy\(process_group_backend\) = .*: must be None, one of "
+                                          r"gloo, .*'cpu:gloo,cuda:nccl'.*Fix: "):
+        HexiScaleStrategy(cluster="cpu2", process_group_backend=backend)
+
+
+@pytest.mark.parametrize("backend", [None, "gloo", "GLOO", "nccl", "mpi", "ucc", "cpu:gloo,cuda:nccl", "cpu:gloo"])
+def test_the_backends_torch_knows_are_accepted(backend):
+    assert HexiScaleStrategy(cluster="cpu2", process_group_backend=backend)._process_group_backend == backend
