@@ -212,3 +212,14 @@ def test_estimate_refuses_a_plan_that_names_an_idle_device_in_a_stage(capsys, tm
     err = capsys.readouterr().err
     assert "plan.idle_devices = [2]" in err and "device 2 is idle and also runs" in err and "Fix:" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("mb, rule", [("0", "train.micro_batch_size = 0: must be a positive integer"),
+                                      ("-2", "train.micro_batch_size = -2: must be a positive integer"),
+                                      ("5", "train.micro_batch_size = 5: must divide train.global_batch=32")])
+def test_a_bad_micro_batch_size_says_which_rule_it_breaks(capsys, mb, rule):
+    """0 and -2 were refused with "must divide train.global_batch=32", as if they were a wrong divisor."""
+    assert main(["plan", "cluster=cpu2", "model=llama_tiny", f"train.micro_batch_size={mb}",
+                 "planner.iterations=1", "planner.progress=false"]) == 2
+    err = capsys.readouterr().err
+    assert rule in err and "Fix:" in err and "Traceback" not in err, err

@@ -541,7 +541,10 @@ def batch_micro_sizes(global_batch: int, user_mb: int | None, num_devices: int) 
 
 
 def _check_user_mb(global_batch: int, user_mb: int) -> None:
-    if not isinstance(user_mb, int) or user_mb < 1 or global_batch % user_mb:
+    if isinstance(user_mb, bool) or not isinstance(user_mb, int) or user_mb < 1:  # 0 or -2 does not "divide"
+        raise ConfigError("train.micro_batch_size", user_mb, "must be a positive integer",
+                          "use e.g. train.micro_batch_size=1, or null to let the planner choose")
+    if global_batch % user_mb:
         raise ConfigError("train.micro_batch_size", user_mb, f"must divide train.global_batch={global_batch}",
                           "choose a divisor of the global batch or null to let the planner choose")
 
