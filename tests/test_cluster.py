@@ -147,3 +147,12 @@ def test_relative_matrix_file_resolves_next_to_the_cluster_file(tmp_path, monkey
     monkeypatch.chdir(tmp_path)  # the matrix is not in the working directory
     assert Cluster.load(str(path)).bandwidth[0, 1] == 7e9
     assert Cluster.from_config(compose([f"cluster={path}"]).cluster).bandwidth[0, 1] == 7e9
+
+
+def test_machines_given_as_names_name_the_entry_the_rule_and_an_example():
+    """machines: [a, b] said "cluster = '<dict>': Invalid type assigned: str is not a subclass of
+    MachineConfig" (a file: cluster = '<path>': ...), naming neither the entry nor what it should be."""
+    with pytest.raises(ConfigError, match=r"^cluster\.machines\[1\] = 'b': an entry of machines must be a mapping "
+                                          r"with the keys gpu, count, intra_bandwidth, .*not a str.*Fix: write it as "
+                                          r"e\.g\. \{name: b, gpu: A800, count: 8, intra_bandwidth: \"200 GB/s\"\}"):
+        Cluster.from_config({"name": "x", "machines": [{"gpu": "A800", "count": 1, "intra_bandwidth": "1 GB/s"}, "b"]})

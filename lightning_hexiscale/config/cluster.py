@@ -263,12 +263,13 @@ class Cluster:
     def from_config(cls, cfg: Any) -> Cluster:
         """Build from a ClusterConfig (DictConfig or plain dict with the same keys)."""
         if isinstance(cfg, dict):
-            from lightning_hexiscale.config.schema import ClusterConfig
+            from lightning_hexiscale.config.schema import ClusterConfig, check_missing, merge_error
 
             try:
                 cfg = OmegaConf.merge(OmegaConf.structured(ClusterConfig), cfg)
             except Exception as e:
-                raise ConfigError("cluster", "<dict>", str(e).splitlines()[0], "fix the cluster description") from None
+                raise merge_error(e, cfg, "cluster", "the dict given to Cluster.from_config") from None
+            check_missing(cfg, "cluster", "the dict given to Cluster.from_config")
         c = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
         name = c["name"]
         extra = {tname: gpu_type_from_config(tname, t or {}) for tname, t in (c.get("gpu_types") or {}).items()}

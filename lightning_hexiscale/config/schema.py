@@ -8,6 +8,7 @@ Nothing below the entry points reads argv: the CLI and recipes compose a config 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from importlib import resources
@@ -473,15 +474,8 @@ def load_yaml_node(path: str | Path, schema: type, key: str) -> DictConfig:
     try:
         node = OmegaConf.merge(OmegaConf.structured(schema), raw)
     except Exception as e:
-        # OmegaConf names the field but not where it sits in a list (machines[1].count): look it up.
-        where = _locate(OmegaConf.to_container(raw), getattr(e, "full_key", None) or "", str(e))
-        bad = f"{key}.{where[0]}" if where else key
-        raise ConfigError(bad, where[1] if where else str(path), f"{_clean(str(e))} (in {path})",
-                          f"see {_page(key)} for the format of this file") from None
-    missing = sorted(OmegaConf.missing_keys(node))
-    if missing:
-        raise ConfigError(f"{key}.{missing[0]}", None, f"a required key is missing (in {path})",
-                          f"add {missing[0].split('.')[-1]}: ... (see {_page(key)})")
+        raise merge_error(e, OmegaConf.to_container(raw), key, str(path)) from None
+    check_missing(node, key, str(path))
     # A relative matrix_file is first looked up next to the cluster file itself, so a profiled
     # cluster (YAML + matrix) can be moved as a pair.
     if schema is ClusterConfig and node.matrix_file and not Path(node.matrix_file).is_absolute():
@@ -489,6 +483,43 @@ def load_yaml_node(path: str | Path, schema: type, key: str) -> DictConfig:
         if beside.is_file():
             node.matrix_file = str(beside)
     return node
+
+
+def check_missing(node: DictConfig, key: str, where: str) -> None:
+    """A required key (``MISSING`` in the schema) left out of ``node`` is a ConfigError naming it,
+    rather than OmegaConf's ``'???'`` read as a value further on."""
+    missing = sorted(OmegaConf.missing_keys(node))
+    if missing:
+        raise ConfigError(f"{key}.{missing[0]}", None, f"a required key is missing (in {where})",
+                          f"add {missing[0].split('.')[-1]}: ... (see {_page(key)})")
+
+
+ENTRY_EXAMPLES = {
+    "MachineConfig": '{{name: {name}, gpu: A800, count: 8, intra_bandwidth: "200 GB/s"}}',
+    "MachineLinkConfig": '{{machines: [a, b], bandwidth: "100 Gbps"}}',
+}
+"""An example entry per schema that a list holds, for the fix when an entry is not a mapping."""
+
+
+def merge_error(e: Exception, data: Any, key: str, where: str) -> ConfigError:
+    """The ConfigError for OmegaConf's error merging ``data`` (a plain container) into ``key``'s
+    schema; ``where``: the file (or what stands for it). OmegaConf names the field but not where it
+    sits in a list (``count`` for ``machines[1].count``): it is looked up."""
+    full_key = getattr(e, "full_key", None) or ""
+    found = _locate(data, full_key, str(e))
+    bad = f"{key}.{found[0]}" if found else key
+    entry = re.match(r"Invalid type assigned: (\w+) is not a subclass of (\w+)", str(e))
+    schema = globals().get(entry.group(2)) if entry else None
+    if found and dataclasses.is_dataclass(schema):  # machines: [a, b]: an entry is a str, not a mapping
+        names = ", ".join(f.name for f in dataclasses.fields(schema))
+        example = ENTRY_EXAMPLES.get(schema.__name__, "").format(name=found[1] if isinstance(found[1], str) else "a")
+        field_ = re.sub(r"\[\d+\]$", "", found[0]).split(".")[-1]
+        return ConfigError(bad, found[1], f"an entry of {field_} must be a mapping with the keys {names} "
+                           f"({schema.__name__}), not {'an' if entry.group(1)[0] in 'aeiou' else 'a'} {entry.group(1)} (in {where})",
+                           f"write it as e.g. {example} (see {_page(key)})" if example
+                           else f"write it as a mapping of those keys (see {_page(key)})")
+    return ConfigError(bad, found[1] if found else where, f"{_clean(str(e))} (in {where})",
+                       f"see {_page(key)} for the format of this file")
 
 
 DOC_PAGES = {"cluster": "Clusters (docs/guide/clusters.md)", "model": "Models (docs/guide/models.md)"}
@@ -507,16 +538,21 @@ def _locate(data: Any, full_key: str, message: str = "") -> tuple[str, Any] | No
         return None
     tail = full_key.split(".")
     found: list[tuple[str, Any]] = []
+    exact: list[tuple[str, Any]] = []  # full_key names an entry itself (machines[0]): that entry
 
     def walk(node: Any, path: str) -> None:
         items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
         for k, v in items:
             here = f"{path}[{k}]" if isinstance(k, int) else (f"{path}.{k}" if path else str(k))
+            if here == full_key and "[" in full_key:
+                exact.append((here, v))
             if re.sub(r"\[\d+\]", "", here).split(".")[-len(tail):] == tail:
                 found.append((here, v))
             walk(v, here)
 
     walk(data, "")
+    if exact:
+        return exact[0]
     quoted = [c for c in found if f"'{c[1]}'" in message]
     return (quoted or found or [None])[0]
 
