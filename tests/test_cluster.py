@@ -156,3 +156,13 @@ def test_machines_given_as_names_name_the_entry_the_rule_and_an_example():
                                           r"with the keys gpu, count, intra_bandwidth, .*not a str.*Fix: write it as "
                                           r"e\.g\. \{name: b, gpu: A800, count: 8, intra_bandwidth: \"200 GB/s\"\}"):
         Cluster.from_config({"name": "x", "machines": [{"gpu": "A800", "count": 1, "intra_bandwidth": "1 GB/s"}, "b"]})
+
+
+def test_an_empty_machine_name_is_refused_and_a_left_out_one_is_defaulted():
+    """name: "" was silently renamed (A800-0), as if it had been left out."""
+    machine = {"gpu": "A800", "count": 2, "intra_bandwidth": "200 GB/s"}
+    assert [m.name for m in Cluster.from_config({"name": "x", "machines": [machine]}).machines] == ["A800-0"]
+    for empty in ("", "  "):
+        with pytest.raises(ConfigError, match=r"^cluster\.machines\[0\]\.name = '\s*': a machine name must not be "
+                                              r"empty.*Fix: give it a name \(e\.g\. name: A800-0\)"):
+            Cluster.from_config({"name": "x", "machines": [{**machine, "name": empty}]})

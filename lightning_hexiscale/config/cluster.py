@@ -289,6 +289,10 @@ class Cluster:
             if gt is None:
                 raise ConfigError(f"{key}.gpu", m["gpu"], "unknown GPU type",
                                   f"use one of {', '.join(catalog.known_names(extra))} or define it under gpu_types")
+            if m.get("name") is not None and not str(m["name"]).strip():  # was silently renamed A800-0
+                raise ConfigError(f"{key}.name", m["name"], "a machine name must not be empty: machine_links, "
+                                  "nics.to and the plan tables refer to machines by name",
+                                  f"give it a name (e.g. name: {gt.name}-{mi}), or leave name out for that default")
             for field_, most in (("count", MAX_DEVICES_PER_MACHINE), ("repeat", MAX_DEVICES)):
                 v = m.get(field_, 1)
                 if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= most:

@@ -99,8 +99,9 @@ class MachineConfig:
     intra_bandwidth: str = MISSING
     """Bandwidth between two GPUs of this machine, e.g. "200 GB/s" (NVLink) or "32 GB/s" (PCIe)."""
     intra_latency: str = "5us"
-    name: str = ""
-    """Label used in tables (defaults to gpu type and index)."""
+    name: Optional[str] = None
+    """Label used in tables, machine links and ``nics.to``; left out: the GPU type and the entry's
+    index (``A800-0``). An empty name is refused."""
     repeat: int = 1
     """Number of identical machines this entry stands for."""
     hostname: Optional[str] = None
