@@ -166,3 +166,36 @@ def test_an_empty_machine_name_is_refused_and_a_left_out_one_is_defaulted():
         with pytest.raises(ConfigError, match=r"^cluster\.machines\[0\]\.name = '\s*': a machine name must not be "
                                               r"empty.*Fix: give it a name \(e\.g\. name: A800-0\)"):
             Cluster.from_config({"name": "x", "machines": [{**machine, "name": empty}]})
+
+
+def _one_device_machines(intra: dict) -> dict:
+    return {"name": "x", "inter_machine": {"bandwidth": "3 GB/s"},
+            "machines": [{"name": "a", "gpu": "A800", "count": 1, **intra}, {"name": "b", "gpu": "A800", "count": 1, **intra},
+                         {"name": "c", "gpu": "RTX4090", "count": 2, "intra_bandwidth": "32 GB/s"}]}
+
+
+def test_a_one_device_machine_needs_no_intra_bandwidth_and_is_priced_the_same_whatever_it_says():
+    """count: 1 without intra_bandwidth was "intra_bandwidth = '???': not a bandwidth". One device has
+    no link inside its machine: the figure given (or not) changes no link and no estimate."""
+    from lightning_hexiscale.models.config import LlamaConfig
+    from lightning_hexiscale.planner import Pipeline, Plan, Stage, Workload, estimate, search, SearchSettings
+
+    workload = Workload(LlamaConfig.load("llama_tiny"))
+    plans = [Plan((Pipeline(8, 2, (Stage((0,), (0, 1)), Stage((1,), (1, 2)), Stage((2, 3), (2, 4)))),), 4),
+             Plan((Pipeline(4, 1, (Stage((0, 1), (0, 4)),)), Pipeline(4, 2, (Stage((2, 3), (0, 4)),))), 4)]
+    variants = [Cluster.from_config(_one_device_machines(intra)) for intra in
+                ({}, {"intra_bandwidth": "1 KB/s", "intra_latency": "1s"}, {"intra_bandwidth": "900 GB/s"})]
+    left_out = variants[0]
+    plans.append(search(left_out, workload, 8, SearchSettings(iterations=2)).plan)
+    for c in variants[1:]:
+        assert np.array_equal(c.bandwidth, left_out.bandwidth) and np.array_equal(c.latency, left_out.latency)
+        for plan in plans:
+            assert estimate(plan, c, workload).iteration_time_s == estimate(plan, left_out, workload).iteration_time_s
+
+
+def test_a_machine_of_several_devices_says_it_needs_intra_bandwidth():
+    machine = {"name": "a", "gpu": "A800", "count": 2}
+    with pytest.raises(ConfigError, match=r"^cluster\.machines\[0\]\.intra_bandwidth = None: missing: a machine of 2 "
+                                          r"devices needs intra_bandwidth \(the link between its devices\)\. Fix: add "
+                                          r"e\.g\. intra_bandwidth: \"200 GB/s\""):
+        Cluster.from_config({"name": "x", "machines": [machine]})

@@ -298,7 +298,13 @@ class Cluster:
                 if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= most:
                     raise ConfigError(f"{key}.{field_}", v, f"must be a whole number from 1 to {most}",
                                       "give the number of GPUs of the machine (count) or of identical machines (repeat)")
-            bw = parse_bandwidth(m["intra_bandwidth"], f"{key}.intra_bandwidth")
+            if m.get("intra_bandwidth") is None and m["count"] > 1:
+                raise ConfigError(f"{key}.intra_bandwidth", None, f"missing: a machine of {m['count']} devices needs "
+                                  "intra_bandwidth (the link between its devices)",
+                                  'add e.g. intra_bandwidth: "200 GB/s" (NVLink) or "32 GB/s" (PCIe)')
+            # one device: no link inside the machine; its 1 x 1 block is the diagonal (inf), never priced
+            bw = (np.inf if m.get("intra_bandwidth") is None
+                  else parse_bandwidth(m["intra_bandwidth"], f"{key}.intra_bandwidth"))
             lat = parse_time(m.get("intra_latency", "5us"), f"{key}.intra_latency")
             decl = parse_nics(m.get("nics"), f"{key}.nics", m["count"])
             for r in range(m.get("repeat", 1)):

@@ -96,8 +96,9 @@ class MachineConfig:
     """GPU type: a catalog name (A800, RTX4090, ...) or a key of ``gpu_types``."""
     count: int = MISSING
     """GPUs in this machine."""
-    intra_bandwidth: str = MISSING
-    """Bandwidth between two GPUs of this machine, e.g. "200 GB/s" (NVLink) or "32 GB/s" (PCIe)."""
+    intra_bandwidth: Optional[str] = None
+    """Bandwidth between two GPUs of this machine, e.g. "200 GB/s" (NVLink) or "32 GB/s" (PCIe);
+    required when ``count`` > 1 (a machine of one GPU has no such link)."""
     intra_latency: str = "5us"
     name: Optional[str] = None
     """Label used in tables, machine links and ``nics.to``; left out: the GPU type and the entry's
