@@ -199,3 +199,10 @@ def test_a_machine_of_several_devices_says_it_needs_intra_bandwidth():
                                           r"devices needs intra_bandwidth \(the link between its devices\)\. Fix: add "
                                           r"e\.g\. intra_bandwidth: \"200 GB/s\""):
         Cluster.from_config({"name": "x", "machines": [machine]})
+
+
+def test_a_cluster_file_that_is_not_yaml_says_where_to_correct_it(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nmachines: [{gpu: A800\n")
+    with pytest.raises(ConfigError, match=r"(?s)cannot read YAML .*line.*Fix: correct the syntax at the line and column named"):
+        Cluster.load(str(bad))

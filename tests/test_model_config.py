@@ -67,3 +67,18 @@ def test_unknown_model_key():
     with pytest.raises(ConfigError, match="unknown key"):
         LlamaConfig.from_config(dict(name="m", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                                      ffn_hidden_size=128, vocab_size=10, seq_len=8, n_embd=3))
+
+
+@pytest.mark.parametrize("changes, key, fix", [
+    ({"num_layers": 0}, "model.num_layers", "write a whole number >= 1 in the model file (or override model.num_layers=N)"),
+    ({"tie_word_embeddings": "yes"}, "model.tie_word_embeddings", "write true (the LM head reuses the token embedding"),
+    ({"rope_scaling": {"factor": 0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                       "original_max_position_embeddings": 8192}}, "model.rope_scaling.factor", "copy it from the model's config.json"),
+])
+def test_a_bad_model_field_gets_a_real_fix(changes, key, fix):
+    """The fix was "fix the model YAML", which says nothing the rule does not."""
+    import dataclasses
+
+    with pytest.raises(ConfigError) as e:
+        dataclasses.replace(LlamaConfig.load("llama_tiny"), **changes)
+    assert e.value.key == key and e.value.fix.startswith(fix), e.value

@@ -462,7 +462,8 @@ def load_yaml_node(path: str | Path, schema: type, key: str) -> DictConfig:
     try:
         raw = OmegaConf.load(path)
     except Exception as e:
-        raise ConfigError(key, str(path), f"cannot read YAML ({e})", "fix the file") from None
+        raise ConfigError(key, str(path), f"cannot read YAML ({e})",
+                          "correct the syntax at the line and column named (quote values holding ':' or '#')") from None
     if not isinstance(raw, DictConfig):
         raise ConfigError(key, str(path), "the file holds a list, not a mapping of keys",
                           f"see {_page(key)} for the format and `hexiscale list` for the presets")

@@ -43,7 +43,9 @@ class RopeScaling:
         for key in ("factor", "low_freq_factor", "high_freq_factor"):
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-                raise ConfigError(f"model.rope_scaling.{key}", v, "must be a positive number", "fix the model YAML")
+                raise ConfigError(f"model.rope_scaling.{key}", v, "must be a positive number",
+                                  "copy it from the model's config.json (Llama 3.1: factor 8.0, low_freq_factor 1.0, "
+                                  "high_freq_factor 4.0)")
             object.__setattr__(self, key, float(v))
         if not self.high_freq_factor > self.low_freq_factor:
             raise ConfigError("model.rope_scaling.high_freq_factor", self.high_freq_factor,
@@ -144,11 +146,12 @@ class LlamaConfig:
         for key in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size", "seq_len"):
             v = getattr(self, key)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ConfigError(f"model.{key}", v, "must be a positive integer", "fix the model YAML")
+                raise ConfigError(f"model.{key}", v, "must be a positive integer",
+                                  f"write a whole number >= 1 in the model file (or override model.{key}=N)")
         object.__setattr__(self, "rope_scaling", _rope_scaling(self.rope_scaling))
         if not isinstance(self.tie_word_embeddings, bool):
             raise ConfigError("model.tie_word_embeddings", self.tie_word_embeddings, "must be true or false",
-                              "fix the model YAML")
+                              "write true (the LM head reuses the token embedding, Llama 3.2 1B / 3B) or false")
         if not (isinstance(self.rope_theta, (int, float)) and not isinstance(self.rope_theta, bool)
                 and self.rope_theta > 0):
             raise ConfigError("model.rope_theta", self.rope_theta, "must be a positive number", "Llama 3 uses 500000")

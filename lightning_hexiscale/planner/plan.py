@@ -220,7 +220,8 @@ class Plan:
             for name in ("batch_size", "micro_batch_size"):
                 v = getattr(pipe, name)
                 if not isinstance(v, int) or v < 1:
-                    raise PlanError(f"{key}.{name}", v, "must be a positive integer", "fix the plan file")
+                    raise PlanError(f"{key}.{name}", v, "must be a positive integer",
+                                    f"write a whole number >= 1 in the plan file, e.g. {name}: {1 if name == 'micro_batch_size' else 8}")
             if pipe.batch_size % pipe.micro_batch_size:
                 raise PlanError(f"{key}.micro_batch_size", pipe.micro_batch_size,
                                 f"must divide the pipeline's batch_size={pipe.batch_size}",
@@ -383,7 +384,8 @@ class Plan:
         try:
             data = yaml.safe_load(path.read_text())
         except yaml.YAMLError as e:
-            raise PlanError("--plan", str(path), f"not valid YAML/JSON ({e})", "fix the file") from None
+            raise PlanError("--plan", str(path), f"not valid YAML/JSON ({e})",
+                            "correct the syntax at the line and column named (quote values holding ':' or '#')") from None
         if not isinstance(data, dict):
             raise PlanError("--plan", str(path), "a plan file holds a mapping", "see conf/plans/ for examples")
         return cls.from_dict(data, source=path.name)
@@ -449,4 +451,5 @@ def _keys(data: Any, required: set[str], optional: set[str], where: str) -> None
                         f"unknown key; allowed keys are {sorted(required | optional)}", "remove or rename it")
     missing = required - set(data)
     if missing:
-        raise PlanError(f"{where}.{sorted(missing)[0]}", None, "required key is missing", "add it")
+        raise PlanError(f"{where}.{sorted(missing)[0]}", None, "required key is missing",
+                        f"add {sorted(missing)[0]}: ... (see conf/plans/ for the plan file format)")
