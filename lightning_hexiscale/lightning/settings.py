@@ -235,6 +235,15 @@ class StrategySettings:
             cluster = load_cluster_arg(cluster)
         if plan is not None and cluster is not None:
             plan.validate(cluster)  # its devices exist in the cluster
+        mb = self.micro_batch_size
+        if plan is not None and mb is not None and any(p.batch_size % mb for p in plan.pipelines):
+            # every rank refused it at setup (plan_resolution.apply_overrides), after the launch
+            i, b = next((i, p.batch_size) for i, p in enumerate(plan.pipelines) if p.batch_size % mb)
+            common = math.gcd(*(p.batch_size for p in plan.pipelines))
+            divisors = ", ".join(str(d) for d in range(1, common + 1) if common % d == 0)
+            raise ConfigError(_key("micro_batch_size"), mb, f"must divide every pipeline's batch of the plan: "
+                              f"pipeline {i}'s batch_size is {b}",
+                              f"choose a divisor of every pipeline batch ({divisors}), or None to keep the plan's")
         object.__setattr__(self, "cluster", cluster)
         object.__setattr__(self, "plan", plan)
 

@@ -7,6 +7,7 @@ import inspect
 import pickle
 import re
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -115,6 +116,15 @@ def test_micro_batch_size_not_dividing_says_which_divisors_would():
     with pytest.raises(ConfigError, match=r"global_batch=8\. Fix: choose a divisor .*\(e\.g\. 1, 2, 4, 8\)"):
         HexiScaleStrategy(cluster="cpu2", global_batch=8, micro_batch_size=3)
     assert HexiScaleStrategy(cluster="cpu2", global_batch=8, micro_batch_size=4).settings.micro_batch_size == 4
+
+
+def test_micro_batch_size_not_dividing_a_pipeline_batch_of_the_plan_is_refused_at_construction():
+    """The plan's pipelines have batches 3 and 1: every rank refused micro_batch_size=3 at setup."""
+    plan = Path(__file__).resolve().parents[1] / "bad_configs" / "good_tiny_plan.yaml"
+    with pytest.raises(ConfigError, match=r"^HexiScaleStrategy\(micro_batch_size\) = 3: must divide every pipeline's "
+                                          r"batch of the plan: pipeline 1's batch_size is 1\. Fix: .*\(1\)"):
+        HexiScaleStrategy(cluster="cpu_hetero4", plan=str(plan), micro_batch_size=3)
+    assert HexiScaleStrategy(cluster="cpu_hetero4", plan=str(plan), micro_batch_size=1).settings.micro_batch_size == 1
 
 
 @pytest.mark.parametrize("backend", ["mpi2", "", "cpu:gloo,cpu:mpi", "cpu-gloo:x", 3])
