@@ -33,3 +33,16 @@ def test_fit_equals_single_process(tmp_path):
     assert_matches(results, ref, atol=1e-6)
     for res in results:  # the validation loss every rank logs is the global one
         assert res["metrics"]["val_loss"] == pytest.approx(ref["metrics"]["val_loss"], abs=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_validation_loss_of_a_short_last_batch_equals_single_process(tmp_path):
+    """The ranks see unequal slices of each batch (4 and 2 of 6; of the last, 3 and 2 of 5), so the
+    samples Lightning's epoch mean counts per rank (11 and 6) do not divide evenly over the ranks:
+    the mean of the counts must not be truncated to an integer (it was: 8 for 8.5, val_loss 17/16 too high)."""
+    plan = plan_of([(4, 2, [([0], (0, 4))]), (2, 1, [([1], (0, 4))])])
+    val = loader(17, 6, seed=1)  # batches of 6, 6 and 5
+    ref = single_trainer(tmp_path).validate(module(), val)[0]["val_loss"]
+    got = hexiscale_trainer(plan, tmp_path).validate(module(), val)[0]["val_loss"]
+    assert got == pytest.approx(ref, abs=1e-6)
