@@ -24,6 +24,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from lightning_hexiscale.errors import ConfigError, NonFiniteError
 from lightning_hexiscale.lightning import internals
+from lightning_hexiscale.lightning.launch.guard import mark_agreed
 
 if TYPE_CHECKING:  # pragma: no cover
     from lightning_hexiscale.runtime import PipelineEngine
@@ -87,6 +88,19 @@ class StepAdapter:
         """Clip by the whole model's norm (collective); returns ||g||."""
         return self.step.clip(max_norm)
 
+    def check_value_clipping(self) -> None:
+        """Value clipping clamps ``p.grad`` (each element alone: local is exact), which holds the reduced
+        gradients under ddp; under ZeRO they are this rank's chunks and ``p.grad`` is empty. The same
+        answer on every rank, at the same point: one error reaches the caller."""
+        if self._engine.sharding == "ddp":
+            return
+        world = self._engine.topology.plan.world_size
+        raise mark_agreed(ConfigError(
+            "Trainer(gradient_clip_algorithm)", "value",
+            f"under dp_sharding={self._engine.sharding} each rank holds its reduced gradients as chunks outside "
+            "the parameters' .grad, which value clipping clamps", "use gradient_clip_algorithm='norm' (clipped by "
+            "the global norm over TP, PP and DP), or dp_sharding='ddp'"), list(range(world)))
+
     # ---- strategy.setup -------------------------------------------------------------------------------
     def engine_optimizers(self, optimizers: list, lr_scheduler_configs: list) -> list:
         """After ``configure_optimizers``: the optimizers Lightning is to hold and step. ddp: the
@@ -128,7 +142,8 @@ def state_to_device(optimizers, device) -> None:
 class GlobalNormClipping:
     """Mixin placed before a Lightning ``Precision`` class: while :attr:`adapter` is set (the
     strategy's ``setup`` sets it, ``teardown`` clears it) ``clip_grad_by_norm`` clips by the global
-    norm (every element of the model's gradient once, over all ranks); the base class's otherwise."""
+    norm (every element of the model's gradient once, over all ranks), and ``clip_grad_by_value`` is
+    refused under ZeRO (:meth:`StepAdapter.check_value_clipping`); the base class's otherwise."""
 
     adapter: StepAdapter | None = None
     base: type = Precision
@@ -139,6 +154,11 @@ class GlobalNormClipping:
             super().clip_grad_by_norm(optimizer, clip_val)
             return
         self.adapter.clip(clip_val)
+
+    def clip_grad_by_value(self, optimizer, clip_val) -> None:
+        if self.adapter is not None:
+            self.adapter.check_value_clipping()
+        super().clip_grad_by_value(optimizer, clip_val)
 
     def __reduce__(self):
         # The class is made at run time (one per plugin class): pickle the plugin's own class and

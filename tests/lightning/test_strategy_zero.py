@@ -121,3 +121,17 @@ def test_lightning_holds_and_steps_the_sharded_optimizer(tmp_path):
         assert seen["user_state"] == 0 and seen["state"] > 0 and not seen["user_step_is_ours"], f"rank {r}: {seen}"
         assert not [w for w in seen["warnings"] if "optimizer.step()" in w], seen["warnings"]
         assert seen["lr"] == pytest.approx(1e-2 * 3 / 4), seen  # LambdaLR warmup after 2 steps: (2 + 1) / 4
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_value_clipping_under_zero_is_refused_once(tmp_path, capfd):
+    """Under ZeRO the reduced gradients are the rank's chunks, not ``p.grad``: value clipping is a
+    ConfigError naming the fix (it was torch's 'Expected !nested_tensorlist[0].empty()' from every rank)."""
+    from lightning_hexiscale.errors import ConfigError
+
+    plan = dataclasses.replace(plan_of([(4, 2, [([0], (0, 4))]), (2, 1, [([1], (0, 4))])]), dp_sharding="zero2")
+    trainer = hexiscale_trainer(plan, tmp_path, max_steps=2, gradient_clip_val=0.5, gradient_clip_algorithm="value")
+    with pytest.raises(ConfigError, match=r"gradient_clip_algorithm\) = 'value'.*dp_sharding=zero2.*'norm'"):
+        trainer.fit(module(), loader(12, 6))
+    assert "Traceback" not in capfd.readouterr().err
