@@ -16,7 +16,8 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
-from strategy_helpers import PG_TIMEOUT, loader, module, plan_of
+import torch
+from strategy_helpers import PG_TIMEOUT, TINY, loader, module, plan_of
 
 from lightning_hexiscale.errors import ConfigError, PlanError
 from lightning_hexiscale.lightning.strategy import HexiScaleStrategy
@@ -191,3 +192,20 @@ def test_good_api_input_passes(tmp_path):
     _trainer(HexiScaleStrategy(plan=PLAN), devices=2)
     strategy.check_before_launch(True, {"model": module(), "train_dataloaders": loader(12, 6),
                                                 "ckpt_path": None})
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_several_optimizers_are_refused_once(capfd):
+    """Lightning's own error says to switch to manual optimisation, which the strategy refuses: the
+    strategy's says what it supports instead, once (not a traceback from every rank)."""
+
+    class TwoOptimizers(type(module())):
+        def configure_optimizers(self):
+            params = list(self.parameters())
+            return [torch.optim.SGD(params[:2], lr=0.1), torch.optim.SGD(params[2:], lr=0.1)]
+
+    trainer = _trainer(HexiScaleStrategy(plan=PLAN, start_method="fork", timeout=PG_TIMEOUT))
+    with pytest.raises(ConfigError, match=r"configure_optimizers = 'several optimizers'.*one optimizer"):
+        trainer.fit(TwoOptimizers(TINY, dtype=torch.float64), loader(12, 6))
+    assert "Traceback" not in capfd.readouterr().err
