@@ -310,6 +310,7 @@ class ProcessLauncher(_MultiProcessingLauncher):
 
         from torch.multiprocessing import ProcessExitedException
 
+        from lightning_hexiscale.lightning.launch.guard import fit_ran_in_workers
         from lightning_hexiscale.runtime import collect_before_fork
 
         self.guard.before_launch(function, args, kwargs, trainer)
@@ -323,7 +324,9 @@ class ProcessLauncher(_MultiProcessingLauncher):
         spawn_log.addFilter(quiet)
         try:
             with job_watch.workers_ignore_sigint_at_start():  # no traceback from a worker's bootstrap
-                return super().launch(function, *args, trainer=trainer, **kwargs)
+                result = super().launch(function, *args, trainer=trainer, **kwargs)
+            fit_ran_in_workers(self.guard.call_model, self._start_method)
+            return result
         except ProcessExitedException:
             if not self._errors.empty():
                 raise self._errors.get() from None

@@ -209,3 +209,41 @@ def test_several_optimizers_are_refused_once(capfd):
     with pytest.raises(ConfigError, match=r"configure_optimizers = 'several optimizers'.*one optimizer"):
         trainer.fit(TwoOptimizers(TINY, dtype=torch.float64), loader(12, 6))
     assert "Traceback" not in capfd.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_a_call_after_a_fork_fit_refuses_the_initial_weights(capfd):
+    """The trained weights stay in the fork workers (the model exists only as their shards): a later
+    ``validate(model)`` ran the module's initial weights without a word (val_loss 5.575 after a fit
+    that reached 4.384 on one device). Refused before any process starts; a module no fork fit trained
+    is not."""
+    trainer = _trainer(HexiScaleStrategy(plan=PLAN, start_method="fork", timeout=PG_TIMEOUT))
+    trained = module()
+    trainer.fit(trained, loader(12, 6))
+    capfd.readouterr()
+    with pytest.raises(ConfigError, match=r"^ckpt_path = None: \w+ was trained by a fit whose ranks ran in "
+                                          r"start_method='fork' worker processes.*Fix: pass ckpt_path='last'"):
+        trainer.validate(trained, loader(12, 6, seed=1), verbose=False)
+    assert "Initializing distributed" not in capfd.readouterr().err  # refused before any process started
+    assert trainer.validate(module(), loader(12, 6, seed=1), verbose=False)[0]["val_loss"] > 0
+
+
+def test_the_trained_weights_check_lets_a_checkpoint_or_new_weights_through():
+    from lightning_hexiscale.lightning.launch.guard import check_trained_weights, fit_ran_in_workers
+
+    class Trainer:
+        ckpt_path = None
+
+    m = module()
+    check_trained_weights(Trainer(), {"model": m})  # no fit in workers: nothing to say
+    fit_ran_in_workers(m, "spawn")
+    with pytest.raises(ConfigError, match=r"start_method='spawn'"):
+        check_trained_weights(Trainer(), {"model": m})
+    check_trained_weights(Trainer(), {"model": m, "ckpt_path": "last"})  # Lightning loads it
+    check_trained_weights(Trainer(), {"model": None})  # Lightning picks the best checkpoint itself
+    Trainer.ckpt_path = "set.ckpt"  # trainer.ckpt_path = ...: Lightning loads it
+    check_trained_weights(Trainer(), {"model": m})
+    Trainer.ckpt_path = None
+    m.init_state_dict = {}  # weights given since (weights.attach_weights)
+    check_trained_weights(Trainer(), {"model": m})

@@ -19,13 +19,14 @@ import signal
 import sys
 import threading
 import time
+import weakref
 from contextlib import contextmanager
 from typing import Any, Callable
 
 import torch.distributed as dist
 from lightning.pytorch.trainer.states import TrainerFn
 
-from lightning_hexiscale.errors import HexiScaleError, NonFiniteError, RankFailure, TrainingFailure
+from lightning_hexiscale.errors import ConfigError, HexiScaleError, NonFiniteError, RankFailure, TrainingFailure
 from lightning_hexiscale.lightning.launch import job_watch
 from lightning_hexiscale.runtime import EXIT_RANK_FAILED, host_slowdown, is_peer_failure
 
@@ -97,6 +98,39 @@ def agree(fn: Callable[[], Any], rank: int, world_size: int) -> Any:
     raise mark_agreed(err if (err is not None and first == rank) else errors[first], failed, world_size)
 
 
+# ---- weights that stayed in spawn/fork workers -----------------------------------------------------
+_FIT_IN_WORKERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""Modules whose last ``fit`` ran in spawn/fork workers -> (start method, id of their
+``init_state_dict`` then). Why not hand the weights back, as Lightning's ddp_spawn does: the model
+exists only as the ranks' shards, and this process's module was never materialised."""
+
+
+def fit_ran_in_workers(module, start_method: str) -> None:
+    """After a ``fit`` whose ranks were spawn/fork workers: ``module`` in this process still holds its
+    initial weights."""
+    if module is not None:
+        _FIT_IN_WORKERS[module] = (start_method, id(getattr(module, "init_state_dict", None)))
+
+
+def check_trained_weights(trainer, arguments: dict[str, Any]) -> None:
+    """A Trainer call given a module that a spawn/fork ``fit`` trained, and no checkpoint to load,
+    would silently run on the module's initial weights (the trained ones stayed in the workers): a
+    ConfigError before processes start. Not when a checkpoint is loaded (``ckpt_path``, or
+    ``trainer.ckpt_path`` set), nor when the module was given other weights since
+    (``init_state_dict``)."""
+    module = arguments.get("model")
+    if module is None or arguments.get("ckpt_path") is not None or getattr(trainer, "ckpt_path", None) is not None:
+        return
+    seen = _FIT_IN_WORKERS.get(module)
+    if seen is None or seen[1] != id(getattr(module, "init_state_dict", None)):
+        return
+    raise ConfigError("ckpt_path", None, f"{type(module).__name__} was trained by a fit whose ranks ran in "
+                      f"start_method='{seen[0]}' worker processes: the trained weights stayed there, and this "
+                      "process's module, which this call would run, holds its initial weights",
+                      "pass ckpt_path='last' (or 'best', or a checkpoint file the fit wrote), or train with "
+                      "start_method='popen' (the default), where this process is rank 0 and keeps its trained stage")
+
+
 # ---- the guard -------------------------------------------------------------------------------------
 class LaunchGuard:
     """The strategy's hooks in its launcher (see the module doc). ``strategy`` provides
@@ -106,6 +140,8 @@ class LaunchGuard:
     def __init__(self, strategy):
         self.strategy = strategy
         self.child_watch: ChildWatch | None = None
+        self.call_model = None
+        """The module of the ``fit`` being launched (None for other calls)."""
 
     # -- launching process -----------------------------------------------------------------------
     def before_launch(self, function: Callable, args: tuple, kwargs: dict, trainer=None) -> None:
@@ -120,6 +156,8 @@ class LaunchGuard:
         except (TypeError, ValueError):  # an unexpected callable: nothing to check
             bound = {}
         fitting = trainer is not None and trainer.state.fn == TrainerFn.FITTING
+        check_trained_weights(trainer, bound)
+        self.call_model = bound.get("model") if fitting else None
         self.strategy.check_before_launch(fitting, dict(bound))
         self.strategy.keep_call_arguments(trainer, fitting, dict(bound))
 
