@@ -209,6 +209,22 @@ class PlanBatchSampler(Sampler[list[int]]):
             return full + 1
         return full
 
+    @property
+    def left_out(self) -> int:
+        """Samples of a last batch too small to give every pipeline one, which is left out although
+        ``drop_last`` is false (0: none); a one-device loader would use them."""
+        rest = self.sampler.num_samples % self.global_batch
+        return rest if rest and not self.drop_last and min(split_proportional(rest, self.batch_sizes)) < 1 else 0
+
+    def left_out_note(self, key: str) -> str | None:
+        """What to tell the user when :attr:`left_out` is not 0 (None otherwise)."""
+        n, total, p = self.left_out, self.sampler.num_samples, len(self.batch_sizes)
+        if not n:
+            return None
+        return (f"{key}: the last batch holds {n} of the {total} samples, too few to give each of the plan's {p} "
+                f"pipelines one, so it is left out (one device would use it); use a batch size that divides {total} "
+                f"or leaves at least {p} samples in the last batch")
+
 
 class PlanDataLoader(DataLoader):
     """A DataLoader over a :class:`PlanBatchSampler` that Lightning can save and restore mid-epoch.

@@ -38,6 +38,7 @@ from lightning.fabric.plugins.collectives.torch_collective import default_pg_tim
 from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 from typing_extensions import override
@@ -488,14 +489,15 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, int
         # The order is the one-device loader's (its generator, else torch's global one); every rank
         # draws, then all take rank 0's draw (a broadcast at the start of each shuffled epoch).
         # Every rank checks the same loader: one error reaches the caller (launch.guard.agree).
+        key = "train_dataloader" if training else ("predict_dataloader" if trainer.predicting else "eval_dataloader")
         loader = agree(lambda: plan_dataloader(dataloader, [p.batch_size for p in self.plan.pipelines],
                                                self.pipeline_model.engine.role.pipeline, drop_last=training,
-                                               agree=self._agree if self.world_size > 1 else None,
-                                               key="train_dataloader" if training else
-                                               ("predict_dataloader" if trainer.predicting else "eval_dataloader")),
+                                               agree=self._agree if self.world_size > 1 else None, key=key),
                        self.global_rank, self.world_size)
         if training:
             self._train_sampler = loader.batch_sampler
+        elif loader.batch_sampler.left_out:  # an evaluation metric over fewer samples than given: say so
+            rank_zero_warn(loader.batch_sampler.left_out_note(key))
         return loader
 
     def _agree(self, value: Any) -> Any:

@@ -67,3 +67,24 @@ def test_predict_loader_never_drops_its_last_batch():
     loaders = [plan_dataloader(DataLoader(ds, batch_size=7), [4, 2], i, drop_last=False, key="predict_dataloader")
                for i in range(2)]
     assert sum(b.shape[0] for dl in loaders for b in dl) == 21  # every sample, once
+
+
+def test_an_evaluation_loader_says_what_its_last_batch_leaves_out():
+    """Evaluation leaves out a last batch too small for every pipeline (13 samples in batches of 6 for
+    2 pipelines: the last holds 1); the metric then covers 12 samples, and the user is told."""
+    ds = generated_corpus(13, 8)
+    loaders = [plan_dataloader(DataLoader(ds, batch_size=6), [4, 2], i, drop_last=False, key="eval_dataloader")
+               for i in range(2)]
+    assert sum(b.shape[0] for dl in loaders for b in dl) == 12
+    sampler = loaders[0].batch_sampler
+    assert sampler.left_out == 1
+    assert sampler.left_out_note("eval_dataloader") == (
+        "eval_dataloader: the last batch holds 1 of the 13 samples, too few to give each of the plan's 2 pipelines "
+        "one, so it is left out (one device would use it); use a batch size that divides 13 or leaves at least 2 "
+        "samples in the last batch")
+    kept = plan_dataloader(DataLoader(generated_corpus(14, 8), batch_size=6), [4, 2], 0, drop_last=False,
+                           key="eval_dataloader")  # a last batch of 2: one sample each
+    assert kept.batch_sampler.left_out == 0 and kept.batch_sampler.left_out_note("eval_dataloader") is None
+    asked = plan_dataloader(DataLoader(ds, batch_size=6, drop_last=True), [4, 2], 0, drop_last=False,
+                            key="eval_dataloader")  # the user's own drop_last: nothing to say
+    assert asked.batch_sampler.left_out == 0

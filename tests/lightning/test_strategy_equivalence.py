@@ -9,6 +9,11 @@ every rank equal the one-process run to 1e-6.
 
 from __future__ import annotations
 
+import json
+import warnings
+from pathlib import Path
+
+import lightning.pytorch as pl
 import pytest
 
 from strategy_helpers import assert_matches, hexiscale_trainer, loader, module, plan_of, read_ranks, single_trainer
@@ -46,3 +51,37 @@ def test_validation_loss_of_a_short_last_batch_equals_single_process(tmp_path):
     ref = single_trainer(tmp_path).validate(module(), val)[0]["val_loss"]
     got = hexiscale_trainer(plan, tmp_path).validate(module(), val)[0]["val_loss"]
     assert got == pytest.approx(ref, abs=1e-6)
+
+
+
+class Warned(pl.Callback):
+    """Each rank's warnings from setup to teardown, written to ``warned<rank>.json`` (a fork
+    worker's warnings would otherwise end in a copy of pytest's record that nobody reads)."""
+
+    def __init__(self, out_dir: Path):
+        self.out_dir = out_dir
+
+    def setup(self, trainer, pl_module, stage):
+        self._catch = warnings.catch_warnings(record=True)
+        self._seen = self._catch.__enter__()
+        warnings.simplefilter("always")
+
+    def teardown(self, trainer, pl_module, stage):
+        self._catch.__exit__(None, None, None)
+        (self.out_dir / f"warned{trainer.global_rank}.json").write_text(json.dumps([str(w.message) for w in self._seen]))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_a_last_validation_batch_left_out_is_said_once(tmp_path):
+    """13 samples in batches of 6 over pipelines of 4 and 2: the last batch (1 sample) cannot give
+    both pipelines one and is left out, so val_loss covers the first 12 samples, which rank 0 says."""
+    plan = plan_of([(4, 2, [([0], (0, 4))]), (2, 1, [([1], (0, 4))])])
+    trainer = hexiscale_trainer(plan, tmp_path, callbacks=[Warned(tmp_path)])
+    got = trainer.validate(module(), loader(13, 6, seed=1))[0]["val_loss"]
+    assert got == pytest.approx(single_trainer(tmp_path).validate(module(), loader(12, 6, seed=1))[0]["val_loss"],
+                                abs=1e-6)
+    said = [[m for m in json.loads((tmp_path / f"warned{r}.json").read_text()) if "left out" in m] for r in (0, 1)]
+    assert said == [["eval_dataloader: the last batch holds 1 of the 13 samples, too few to give each of the plan's 2 "
+                     "pipelines one, so it is left out (one device would use it); use a batch size that divides 13 "
+                     "or leaves at least 2 samples in the last batch"], []]
