@@ -94,7 +94,7 @@ class StepAdapter:
         answer on every rank, at the same point: one error reaches the caller."""
         if self._engine.sharding == "ddp":
             return
-        world = self._engine.topology.plan.world_size
+        world = self._engine.plan.world_size
         raise mark_agreed(ConfigError(
             "Trainer(gradient_clip_algorithm)", "value",
             f"under dp_sharding={self._engine.sharding} each rank holds its reduced gradients as chunks outside "
@@ -220,7 +220,23 @@ def eps_underflow(optimizers) -> str | None:
 
 
 class GradientMethods:
-    """The strategy's mixin: a non-finite step's policy, and the precision plugin tied to the step."""
+    """The strategy's mixin: its one optimizer, a non-finite step's policy, and the precision plugin
+    tied to the step."""
+
+    def _setup_one_optimizer(self, trainer) -> None:
+        """Lightning's ``setup_optimizers``. Its error for several optimizers advises manual
+        optimisation, which this strategy refuses: say what it supports instead. Every rank's
+        ``configure_optimizers`` returns the same, so rank 0 reports for all."""
+        try:
+            self.setup_optimizers(trainer)
+        except RuntimeError as e:
+            if "multiple optimizers" not in str(e):
+                raise
+            raise mark_agreed(ConfigError(
+                "configure_optimizers", "several optimizers",
+                "the hexiscale strategy runs automatic optimisation (forward and backward inside "
+                "self.model.loss) with one optimizer", "return one optimizer over self.parameters(), with "
+                "param groups for different settings"), list(range(self.world_size))) from None
 
     def _nonfinite_step(self, bad: dict[int, int]) -> None:
         """A step whose loss or gradients were not finite on the ranks ``bad`` ({global rank: code},

@@ -252,21 +252,6 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, int
         if self.elastic is not None and fitting:
             agree(lambda: self.elastic.start(self, trainer, self.workload), self.global_rank, self.world_size)
 
-    def _setup_one_optimizer(self, trainer) -> None:
-        """Lightning's ``setup_optimizers``. Its error for several optimizers advises manual
-        optimisation, which this strategy refuses: say what it supports instead. Every rank's
-        ``configure_optimizers`` returns the same, so rank 0 reports for all."""
-        try:
-            self.setup_optimizers(trainer)
-        except RuntimeError as e:
-            if "multiple optimizers" not in str(e):
-                raise
-            raise mark_agreed(ConfigError(
-                "configure_optimizers", "several optimizers",
-                "the hexiscale strategy runs automatic optimisation (forward and backward inside "
-                "self.model.loss) with one optimizer", "return one optimizer over self.parameters(), with "
-                "param groups for different settings"), list(range(self.world_size))) from None
-
     def _setup_checkpointer(self) -> None:
         """One Checkpointer per run. Asynchronous saves run their collectives in a background
         thread, so they get a gloo group of their own (created by every rank here, at the same point)."""
