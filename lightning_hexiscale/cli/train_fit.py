@@ -25,10 +25,15 @@ def load_dataset(cfg: DictConfig, model):
                         vocab_size=model.vocab_size, dtype=d.get("dtype"))
 
 
-def make_data(cfg: DictConfig, model, global_batch: int, dataset=None):
+def make_data(cfg: DictConfig, model, global_batch: int, dataset=None, pipeline_batches=None):
     """(train, validation) DataLoaders of whole global batches: the last ``data.val_samples``
-    sequences (at most a tenth) validate, the rest train, shuffled by the seed Lightning set."""
+    sequences (at most a tenth) validate, the rest train, shuffled by the seed Lightning set.
+    ``pipeline_batches`` (the plan's): a last validation batch too small to give every pipeline a
+    sample, which the strategy would leave out, is dropped by the loader itself (the same samples
+    validate; the recipe's own split is no cause for a warning)."""
     from torch.utils.data import DataLoader, Subset
+
+    from lightning_hexiscale.data.samplers import split_proportional
 
     ds = dataset if dataset is not None else load_dataset(cfg, model)
     d = cfg.data
@@ -40,7 +45,11 @@ def make_data(cfg: DictConfig, model, global_batch: int, dataset=None):
         raise ConfigError("data", f"{len(ds)} sequences", f"fewer than one global batch ({global_batch}) to train on",
                           "use more data (data.num_samples) or a smaller train.global_batch")
     train = DataLoader(Subset(ds, range(n_train)), batch_size=global_batch, shuffle=True, drop_last=True)
-    val = DataLoader(Subset(ds, range(n_train, len(ds))), batch_size=global_batch) if n_val >= 1 else None
+    rest = n_val % global_batch
+    drop = bool(pipeline_batches and rest and n_val > global_batch
+                and min(split_proportional(rest, list(pipeline_batches))) < 1)
+    val = (DataLoader(Subset(ds, range(n_train, len(ds))), batch_size=global_batch, drop_last=drop)
+           if n_val >= 1 else None)
     return train, val
 
 
@@ -114,7 +123,8 @@ def fit(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict, precisio
     t = cfg.trainer
     pl.seed_everything(int(t.seed), verbose=False)
     gb = plan.global_batch if plan is not None else int(cfg.train.global_batch)
-    train_dl, val_dl = make_data(cfg, model, gb, dataset)
+    train_dl, val_dl = make_data(cfg, model, gb, dataset,
+                                 pipeline_batches=[p.batch_size for p in plan.pipelines] if plan is not None else None)
     module = LlamaLitModule(model, lr=float(t.lr), weight_decay=float(t.weight_decay), warmup_steps=int(t.warmup_steps),
                             init_seed=int(t.seed), eps=float(t.adam_eps))
     if t.weights:

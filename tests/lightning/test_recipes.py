@@ -129,3 +129,14 @@ def test_bad_recipe_key_exits_2(tmp_path):
         compose(["trainer.max_step=3"])
     with pytest.raises(ConfigError, match="data.kind"):
         train_fit.make_data(compose(["data.kind=csv"]), module().config, 8)
+
+
+def test_the_recipe_drops_a_last_validation_batch_the_strategy_would_leave_out():
+    """256 sequences: the last 25 validate, in batches of 8, 8, 8 and 1. Over two pipelines the last
+    one cannot give each a sample (the strategy leaves it out and warns): the recipe's loader drops it
+    itself, so the same 24 samples validate without a warning. One pipeline can take it: kept."""
+    cfg = compose(["data.num_samples=256", "model=llama_tiny"])
+    _, two = train_fit.make_data(cfg, module().config, 8, pipeline_batches=[4, 4])
+    _, one = train_fit.make_data(cfg, module().config, 8, pipeline_batches=[8])
+    assert len(two.dataset) == len(one.dataset) == 25
+    assert (two.drop_last, one.drop_last) == (True, False)
