@@ -65,6 +65,14 @@ def test_missing_plan_file(capsys):
     assert "no such plan file" in capsys.readouterr().err
 
 
+def test_list_refuses_overrides(capsys):
+    """``hexiscale list foo.bar=1`` listed the presets and ignored the override."""
+    assert main(["list", "foo.bar=1"]) == 2
+    err = capsys.readouterr().err
+    assert "hexiscale list = 'foo.bar=1': takes no overrides" in err and "Fix: drop them" in err
+    assert main(["list"]) == 0 and "hetero3" in capsys.readouterr().out
+
+
 @pytest.mark.slow
 def test_console_script_help_and_list():
     exe = Path(sys.executable).parent / "hexiscale"

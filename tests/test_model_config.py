@@ -82,3 +82,11 @@ def test_a_bad_model_field_gets_a_real_fix(changes, key, fix):
     with pytest.raises(ConfigError) as e:
         dataclasses.replace(LlamaConfig.load("llama_tiny"), **changes)
     assert e.value.key == key and e.value.fix.startswith(fix), e.value
+
+
+def test_a_config_json_without_a_field_says_what_to_add():
+    from lightning_hexiscale.config.hf_model import model_fields_from_hf
+
+    with pytest.raises(ConfigError, match=r"model.hidden_size = None: config.json has no hidden_size\. "
+                                          r"Fix: add hidden_size to config.json"):
+        model_fields_from_hf({"model_type": "llama"}, "m")

@@ -434,10 +434,12 @@ def _load_matrices(path: str, n: int) -> tuple[np.ndarray, np.ndarray]:
         off = ~np.eye(n, dtype=bool)
         if key == "bandwidth_Bps" and not (m[off] > 0).all():
             i, j = np.argwhere(~(m > 0) & off)[0]
-            raise ConfigError(f"cluster.matrix_file:{key}[{i}][{j}]", m[i, j], "bandwidth must be > 0", "fix the measurement")
+            raise ConfigError(f"cluster.matrix_file:{key}[{i}][{j}]", m[i, j], "bandwidth must be > 0",
+                              "measure the links again (`hexiscale profile`), or write the pair's bandwidth in bytes/s")
         if key == "latency_s" and not (m[off] >= 0).all():
             i, j = np.argwhere(~(m >= 0) & off)[0]
-            raise ConfigError(f"cluster.matrix_file:{key}[{i}][{j}]", m[i, j], "latency must be >= 0", "fix the measurement")
+            raise ConfigError(f"cluster.matrix_file:{key}[{i}][{j}]", m[i, j], "latency must be >= 0",
+                              "measure the links again (`hexiscale profile`), or write the pair's latency in seconds")
         if not np.allclose(m[off], m.T[off], rtol=1e-6):
             i, j = np.argwhere(~np.isclose(m, m.T, rtol=1e-6) & off)[0]
             raise ConfigError(f"cluster.matrix_file:{key}[{i}][{j}]", m[i, j],

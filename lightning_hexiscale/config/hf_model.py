@@ -85,7 +85,9 @@ def hf_rope(hf: dict[str, Any], where: str = "config.json") -> tuple[float, dict
             out[k] = hf["max_position_embeddings"]  # what transformers falls back to
         else:
             raise ConfigError(f"model.rope_scaling.{k}", None, f"{where}: llama3 RoPE scaling needs {k}",
-                              "fix config.json")
+                              f"add rope_scaling.{k} to config.json, as in the model's original config.json "
+                              "(Llama 3.1: factor 8.0, low_freq_factor 1.0, high_freq_factor 4.0, "
+                              "original_max_position_embeddings 8192)")
     out["factor"], out["low_freq_factor"], out["high_freq_factor"] = (
         float(out["factor"]), float(out["low_freq_factor"]), float(out["high_freq_factor"]))
     out["original_max_position_embeddings"] = int(out["original_max_position_embeddings"])
@@ -114,7 +116,9 @@ def model_fields_from_hf(hf: dict[str, Any], name: str, seq_len: int | None = No
     out: dict[str, Any] = {"name": name}
     for ours, theirs in need.items():
         if theirs not in hf:
-            raise ConfigError(f"model.{ours}", None, f"{where} has no {theirs}", "fix config.json")
+            raise ConfigError(f"model.{ours}", None, f"{where} has no {theirs}",
+                              f"add {theirs} to config.json, as in the model's original config.json (or download the "
+                              "checkpoint again)")
         out[ours] = hf[theirs]
     out["num_kv_heads"] = hf.get("num_key_value_heads") or out["num_heads"]
     head_dim = hf.get("head_dim")
