@@ -206,3 +206,9 @@ def test_a_cluster_file_that_is_not_yaml_says_where_to_correct_it(tmp_path):
     bad.write_text("name: x\nmachines: [{gpu: A800\n")
     with pytest.raises(ConfigError, match=r"(?s)cannot read YAML .*line.*Fix: correct the syntax at the line and column named"):
         Cluster.load(str(bad))
+
+
+def test_a_cluster_dict_may_leave_its_name_out():
+    """A label only: the Python API took such a dict before (naming it '???'); a file still needs it."""
+    c = Cluster.from_config({"machines": [{"gpu": "A800", "count": 2, "intra_bandwidth": "200 GB/s"}]})
+    assert c.name == "cluster" and c.num_devices == 2

@@ -261,9 +261,12 @@ class Cluster:
     # ---- construction --------------------------------------------------------------------
     @classmethod
     def from_config(cls, cfg: Any) -> Cluster:
-        """Build from a ClusterConfig (DictConfig or plain dict with the same keys)."""
+        """Build from a ClusterConfig (DictConfig or plain dict with the same keys; a dict may leave
+        ``name``, a label, out: ``"cluster"``)."""
         if isinstance(cfg, dict):
             from lightning_hexiscale.config.schema import ClusterConfig, check_missing, merge_error
+
+            cfg = cfg if "name" in cfg else {**cfg, "name": "cluster"}  # a label only (it read '???' before)
 
             try:
                 cfg = OmegaConf.merge(OmegaConf.structured(ClusterConfig), cfg)
