@@ -439,7 +439,12 @@ def _recompute_flag(data: dict[str, Any], where: str) -> bool | None:
 
 
 def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
+    """A whole number: an int (numpy's too) or a float without a fraction (4.0); not a bool, not 2.5."""
+    import numbers
+
+    if isinstance(x, bool):
+        return False
+    return isinstance(x, numbers.Integral) or (isinstance(x, float) and x.is_integer())
 
 
 def _keys(data: Any, required: set[str], optional: set[str], where: str) -> None:

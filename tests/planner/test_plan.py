@@ -149,3 +149,16 @@ def test_idle_devices_bad(idle, words):
     with pytest.raises(PlanError) as e:
         _with_idle(idle).validate(cluster)
     assert e.value.key == "plan.idle_devices" and words in str(e.value)
+
+
+def test_layer_bounds_may_be_numpy_ints_or_whole_floats():
+    """Another tool's plan dict (numpy ints, 4.0 from a JSON writer) loads; a fraction does not."""
+    import numpy as np
+
+    d = fig1_plan().to_dict()
+    d["pipelines"][0]["stages"][0]["layers"] = [np.int64(x) for x in d["pipelines"][0]["stages"][0]["layers"]]
+    d["pipelines"][0]["stages"][-1]["layers"] = [float(x) for x in d["pipelines"][0]["stages"][-1]["layers"]]
+    assert Plan.from_dict(d) == fig1_plan()
+    d["pipelines"][0]["stages"][0]["layers"][1] = 2.5
+    with pytest.raises(PlanError, match=r"layers = .*must be \[start, end\) with two integers"):
+        Plan.from_dict(d)
