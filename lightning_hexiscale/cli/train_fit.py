@@ -33,7 +33,7 @@ def make_data(cfg: DictConfig, model, global_batch: int, dataset=None, pipeline_
     validate; the recipe's own split is no cause for a warning)."""
     from torch.utils.data import DataLoader, Subset
 
-    from lightning_hexiscale.data.samplers import split_proportional
+    from lightning_hexiscale.data.samplers import short_last_batch
 
     ds = dataset if dataset is not None else load_dataset(cfg, model)
     d = cfg.data
@@ -45,9 +45,8 @@ def make_data(cfg: DictConfig, model, global_batch: int, dataset=None, pipeline_
         raise ConfigError("data", f"{len(ds)} sequences", f"fewer than one global batch ({global_batch}) to train on",
                           "use more data (data.num_samples) or a smaller train.global_batch")
     train = DataLoader(Subset(ds, range(n_train)), batch_size=global_batch, shuffle=True, drop_last=True)
-    rest = n_val % global_batch
-    drop = bool(pipeline_batches and rest and n_val > global_batch
-                and min(split_proportional(rest, list(pipeline_batches))) < 1)
+    drop = bool(pipeline_batches and n_val > global_batch
+                and short_last_batch(n_val, global_batch, list(pipeline_batches)))
     val = (DataLoader(Subset(ds, range(n_train, len(ds))), batch_size=global_batch, drop_last=drop)
            if n_val >= 1 else None)
     return train, val

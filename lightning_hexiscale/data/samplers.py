@@ -53,6 +53,13 @@ def split_proportional(n: int, weights: Sequence[int]) -> list[int]:
     return parts
 
 
+def short_last_batch(num_samples: int, batch_size: int, weights: Sequence[int]) -> int:
+    """The samples of a last batch too small to give every pipeline one when split in proportion to
+    ``weights`` (such a batch is left out: every pipeline needs a sample); 0 when there is none."""
+    rest = num_samples % batch_size
+    return rest if rest and min(split_proportional(rest, weights)) < 1 else 0
+
+
 class _EpochPermutation(Sampler[int]):
     """The shared permutation of one epoch (see the module doc); ``set_epoch`` as on ``DistributedSampler``.
 
@@ -205,16 +212,13 @@ class PlanBatchSampler(Sampler[list[int]]):
 
     def __len__(self) -> int:
         full, rest = divmod(self.sampler.num_samples, self.global_batch)
-        if rest and not self.drop_last and min(split_proportional(rest, self.batch_sizes)) > 0:
-            return full + 1
-        return full
+        return full + 1 if rest and not self.drop_last and not self.left_out else full
 
     @property
     def left_out(self) -> int:
         """Samples of a last batch too small to give every pipeline one, which is left out although
         ``drop_last`` is false (0: none); a one-device loader would use them."""
-        rest = self.sampler.num_samples % self.global_batch
-        return rest if rest and not self.drop_last and min(split_proportional(rest, self.batch_sizes)) < 1 else 0
+        return 0 if self.drop_last else short_last_batch(self.sampler.num_samples, self.global_batch, self.batch_sizes)
 
     def left_out_note(self, key: str) -> str | None:
         """What to tell the user when :attr:`left_out` is not 0 (None otherwise)."""
@@ -313,8 +317,8 @@ def plan_dataloader(loader: DataLoader, batch_sizes: Sequence[int], pipeline: in
     if min(sizes) < 1:
         raise ConfigError(f"{key}.batch_size", g, f"split over the plan's pipelines as {sizes}; every pipeline "
                           "needs at least one sample per batch", f"use a batch size of at least {len(sizes)}")
-    rest = len(loader.dataset) % g
-    if key == "predict_dataloader" and rest and min(split_proportional(rest, sizes)) < 1:
+    rest = short_last_batch(len(loader.dataset), g, sizes)
+    if key == "predict_dataloader" and rest:
         # Evaluation drops such a last batch (every pipeline needs a sample); predictions must not.
         raise ConfigError(f"{key}.batch_size", g, f"the last batch holds {rest} of the {len(loader.dataset)} "
                           f"samples, too few for every one of the plan's {len(sizes)} pipelines",

@@ -42,6 +42,12 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _divisors(n: int) -> str:
+    """The first few divisors of n and n itself, for a fix: "1, 2, 4, 8"."""
+    small = [d for d in range(1, min(n, 64) + 1) if n % d == 0][:5]
+    return ", ".join(map(str, small + ([n] if n not in small else [])))
+
+
 def check_process_group_backend(backend: Any) -> None:
     """``process_group_backend`` (passed on to DDPStrategy as it is): None, a backend torch.distributed
     knows (``torch.distributed.Backend.backend_list``: gloo, nccl, mpi, ucc, ... and any registered with
@@ -210,10 +216,8 @@ class StrategySettings:
                 raise ConfigError(_key(name), v, "must be a positive integer (or None)", fix)
         gb, mb = self.global_batch, self.micro_batch_size
         if gb is not None and mb is not None and gb % mb:  # the search refuses it too, but after the launch
-            divisors = [d for d in range(1, min(gb, 64) + 1) if gb % d == 0][:5]
-            divisors += [gb] if gb not in divisors else []
             raise ConfigError(_key("micro_batch_size"), mb, f"must divide global_batch={gb}",
-                              f"choose a divisor of the global batch (e.g. {', '.join(map(str, divisors))}) "
+                              f"choose a divisor of the global batch (e.g. {_divisors(gb)}) "
                               "or None to let the planner choose")
 
     def _read_cluster_and_plan(self) -> None:
@@ -240,10 +244,10 @@ class StrategySettings:
             # every rank refused it at setup (plan_resolution.apply_overrides), after the launch
             i, b = next((i, p.batch_size) for i, p in enumerate(plan.pipelines) if p.batch_size % mb)
             common = math.gcd(*(p.batch_size for p in plan.pipelines))
-            divisors = ", ".join(str(d) for d in range(1, common + 1) if common % d == 0)
             raise ConfigError(_key("micro_batch_size"), mb, f"must divide every pipeline's batch of the plan: "
                               f"pipeline {i}'s batch_size is {b}",
-                              f"choose a divisor of every pipeline batch ({divisors}), or None to keep the plan's")
+                              f"choose a divisor of every pipeline batch ({_divisors(common)}), or None to "
+                              "keep the plan's")
         object.__setattr__(self, "cluster", cluster)
         object.__setattr__(self, "plan", plan)
 
