@@ -36,6 +36,7 @@ import torch.distributed as dist
 
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.planner import Estimate, Plan
+from lightning_hexiscale.planner.cost.sources import PriceSource
 from lightning_hexiscale.profiling.check import RunCheck, StageTimer, compare_run
 
 DEFAULT_WARMUP = 5
@@ -70,8 +71,11 @@ class PlanCheck:
     """One training run's check of ``plan`` against ``estimate`` on this rank (module docstring)."""
 
     def __init__(self, engine, plan: Plan, estimate: Estimate, rank: int, world_size: int, warmup: int,
-                 model_name: str = "<model>", measured_steps: int = MEASURED_STEPS):
+                 model_name: str = "<model>", measured_steps: int = MEASURED_STEPS,
+                 sources: dict[int, PriceSource] | None = None):
         self.engine, self.plan, self.estimate = engine, plan, estimate
+        self.sources = sources or {}
+        """Device id -> what priced its type: the warning's fix depends on it (RunCheck.warning)."""
         self.rank, self.world_size, self.warmup = rank, world_size, warmup
         self.model_name, self.measured_steps = model_name, measured_steps
         self.steps = 0
@@ -93,8 +97,10 @@ class PlanCheck:
         est = estimate(strategy.plan, strategy.cluster, strategy.workload)
         if strategy.global_rank == 0:
             print("hexiscale plan priced by: " + "; ".join(str(s) for s in sources), flush=True)
+        by_type = {s.gpu_type: s for s in sources}
+        by_device = {k: by_type[d.gpu_type] for k, d in enumerate(strategy.cluster.devices) if d.gpu_type in by_type}
         return cls(strategy.pipeline_model.engine, strategy.plan, est, strategy.global_rank, strategy.world_size,
-                   strategy.plan_check, strategy.workload.model.name)
+                   strategy.plan_check, strategy.workload.model.name, sources=by_device)
 
     @property
     def measuring(self) -> bool:
@@ -140,7 +146,7 @@ class PlanCheck:
                                   self.warmup)
         if self.rank == 0:
             print(self.result.line(), flush=True)
-            text = self.result.warning(self.model_name)
+            text = self.result.warning(self.model_name, self.sources)
             if text is not None:
                 warnings.warn(text, PlanCheckWarning, stacklevel=2)
             if out_dir is not None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +40,7 @@ from lightning_hexiscale.config.recipe import DEFAULT_GRADIENT_CLIP_VAL
 from lightning_hexiscale.config.units import format_bytes
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner import Estimate, Plan, Workload, estimate
+from lightning_hexiscale.planner.cost.sources import PriceSource
 
 
 def cpu_workload(model: LlamaConfig, precision: str = "32-true") -> Workload:
@@ -346,19 +348,32 @@ class RunCheck:
                 f"(devices {w.devices}, TP {w.tp}) estimated {w.estimated_s:.4g} s, measured {w.measured_s:.4g} s "
                 f"({w.ratio:.2f}x)")
 
-    def warning(self, model_name: str = "<model>") -> str | None:
-        """None within tolerance; else what is off, where, and what to do."""
+    def warning(self, model_name: str = "<model>", sources: Mapping[int, PriceSource] | None = None) -> str | None:
+        """None within tolerance; else what is off, where, and what to do. ``sources`` (device id ->
+        what priced its type, :func:`~lightning_hexiscale.planner.cost.sources.price_sources`) tailors
+        the fix to the furthest stage: measured layer tables are measured again (they may be stale, or
+        taken on a busy machine); declared, datasheet or calibrated figures are replaced by measuring
+        the machine, which a hand-written cluster file never did."""
         if not self.off:
             return None
         w = self.worst
         way = "slower" if self.ratio > 1 else "faster"
-        return (f"the plan runs {abs(self.ratio - 1) * 100:.0f} % {way} than priced (step measured "
+        head = (f"the plan runs {abs(self.ratio - 1) * 100:.0f} % {way} than priced (step measured "
                 f"{self.measured_step_s:.4g} s, estimated {self.estimated_step_s:.4g} s; more than "
                 f"{self.tolerance:.0%} off): the stage furthest from its price is pipeline {w.pipeline} stage {w.stage} "
                 f"on devices {w.devices} ({w.ratio:.2f}x its price), so the plan may not be the best one for this "
-                f"cluster. Fix: re-discover the cluster (`hexiscale discover --rediscover`) so that the planner prices "
-                f"measured layer times and links, or profile those devices (`hexiscale profile --model {model_name}`), "
-                f"then plan again")
+                f"cluster. ")
+        profile = f"`hexiscale profile --model {model_name}`"
+        unmeasured = sorted({sources[d] for d in w.devices if d in (sources or {})
+                             and sources[d].kind != "layer table"}, key=lambda s: s.gpu_type)
+        if unmeasured:
+            what = ", ".join(f"{s.gpu_type} ({s.kind})" for s in unmeasured)
+            return (head + f"Those devices are priced from figures, not measured layer times: {what}. Fix: plan from "
+                    f"the machine: cluster=auto (the default when no cluster is given) discovers it, or "
+                    f"`hexiscale discover --model {model_name} --out cluster.yaml` writes the measured cluster file; "
+                    f"or profile those devices ({profile}); then plan again")
+        return (head + f"Fix: re-discover the cluster (`hexiscale discover --rediscover`) so that the planner prices "
+                f"freshly measured layer times and links, or profile those devices ({profile}), then plan again")
 
     def to_dict(self) -> dict:
         return {"estimated_step_s": self.estimated_step_s, "measured_step_s": self.measured_step_s,

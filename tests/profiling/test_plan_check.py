@@ -58,6 +58,23 @@ def test_more_than_25_percent_off_warns_with_the_stage_and_the_fix():
     assert not compare_run(PLAN, EST, *times(1.24, {}), warmup_steps=5).off
 
 
+def test_the_fix_follows_what_priced_the_furthest_stage():
+    """Declared or datasheet figures: measure the machine (cluster=auto / discover --out), not
+    ``--rediscover`` of a cluster that was never discovered; measured tables: measure again."""
+    from lightning_hexiscale.planner.cost.sources import PriceSource
+
+    r = compare_run(PLAN, EST, *times(1.4, {(1, 0): 0.4}), warmup_steps=5)  # worst: devices [2, 3]
+    declared = PriceSource("CPU-SMALL", "declared", "40 GFLOPS")
+    table = PriceSource("CPU-BIG", "layer table", "llama_tiny")
+    text = r.warning("llama_tiny", {0: table, 1: table, 2: declared, 3: declared})
+    for words in ("CPU-SMALL (declared)", "cluster=auto", "hexiscale discover --model llama_tiny --out cluster.yaml",
+                  "hexiscale profile --model llama_tiny"):
+        assert words in text, (words, text)
+    assert "--rediscover" not in text and "CPU-BIG" not in text
+    measured = r.warning("llama_tiny", {d: table for d in range(4)})
+    assert "hexiscale discover --rediscover" in measured and "cluster=auto" not in measured
+
+
 def test_the_document_has_every_stage_priced_and_measured():
     r = compare_run(PLAN, EST, *times(1.0, {(0, 0): 2.0}), warmup_steps=2)
     doc = r.to_dict()
