@@ -28,6 +28,9 @@ def test_root_config_defaults():
                               "Fix: did you mean train.global_batch? (e.g. train.global_batch=3)"),
     # Hydra adds a +key that no schema has, and nothing reads it: the run would plan the default batch
     ("+train.global_bach=8", "train.global_bach = '8': no such key in TrainConfig"),
+    # '+' on a key that exists: Hydra's message named the whole command line and the fix pointed at conf/
+    ("+train.global_batch=8", "train.global_batch = '+train.global_batch=8': '+' adds a key the configuration "
+                              "does not have, and this one is there already. Fix: drop the '+': train.global_batch=8"),
     ("planner.iterations=many", "planner.iterations = 'many': must be an integer. Fix: e.g. planner.iterations=50"),
     ("train.global_batch=1.5", "train.global_batch = '1.5': must be an integer"),
     ("model.hidden_size=abc", "model.hidden_size = 'abc': must be an integer"),

@@ -581,6 +581,12 @@ def _compose_error(e: Exception, overrides: list[str]) -> ConfigError:
         key, value = unquoted[0].split("=", 1)
         return ConfigError(key, value, "a value containing '=' must be quoted in a Hydra override",
                            f"quote it, e.g. {key}='{value}' (in a shell: \"{key}='{value}'\")")
+    # '+key=v' appends a key the config lacks; for one it has, Hydra's message names the whole command line
+    there = re.search(r"An item is already at '([^']+)'", msg)
+    added = next((o[1:] for o in overrides if there and o.startswith(f"+{there.group(1)}=")), None)
+    if added is not None:
+        return ConfigError(there.group(1), "+" + added, "'+' adds a key the configuration does not have, and this "
+                           "one is there already", f"drop the '+': {added}")
     return ConfigError("overrides", " ".join(overrides), msg, "check key names against conf/ and the schemas in lightning_hexiscale/config/schema.py")
 
 
