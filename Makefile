@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast test-timing test-oldest install clean docs-picture
+.PHONY: demo test test-fast test-timing test-oldest install clean docs-picture gpu-wheels
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -55,3 +55,14 @@ docs-picture: $(STAMP)
 	rm -rf outputs/docs-picture
 	$(BIN)/python recipes/train.py cluster=cpu_demo trainer.max_steps=30 dry_run=true hydra.run.dir=outputs/docs-picture
 	cp outputs/docs-picture/plan.png docs/demo_plan.png
+
+# The wheels a lent GPU machine lacks (its image has torch and Lightning, not these; it reaches no
+# index), for its Python 3.12, into .whl/, which benchmarks/gpu_session.sh installs there. antlr4's
+# runtime is published as a source archive only: built here into a pure-Python wheel.
+GPU_PY ?= 3.12
+GPU_PLATFORMS := $(foreach p,manylinux_2_28_x86_64 manylinux_2_24_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64,--platform $(p))
+gpu-wheels: $(STAMP)
+	rm -rf .whl && mkdir .whl
+	$(BIN)/python -m pip download --quiet --no-deps --only-binary=:all: --python-version $(GPU_PY) --implementation cp \
+		$(GPU_PLATFORMS) -d .whl omegaconf==2.3.0 hydra-core==1.3.2 pymetis==2025.2.2
+	$(BIN)/python -m pip wheel --quiet --no-deps -w .whl antlr4-python3-runtime==4.9.3
