@@ -203,8 +203,11 @@ class FailureWatch:
             # by its own watch without a timeout of its own (a rank that only waited reports one).
             timed_out = any("Timed out" in msg for _, _, msg in reports if not msg.startswith(STOPPED_BY_WATCH))
             absent = [r for _, r, msg in reports if timed_out and r != self.rank and msg.startswith(STOPPED_BY_WATCH)]
+            # The watch thread of a rank that never reported while the others timed out: this rank
+            # was outside their collective (or entered it late), not a victim of the first to time out.
+            late = self.rank if beat and timed_out and not self.reported else None
             if ended or not open_:  # 2: a process gone without a word; or every rank has spoken
-                return _account(reports, ended, absent=absent)
+                return _account(reports, ended, absent=absent, late=late)
             if beat:  # the watch thread explains: it beats here, or the others would find it silent
                 store.add(self._key(f"hb/{self.rank}"), 1)
             now_beats = self._beats(store)
@@ -226,8 +229,10 @@ class FailureWatch:
             else:  # only broken connections so far: the peer that broke them is alive and reports later
                 settled = waited and bool(silent)
             if settled or elapsed >= patience:
-                return _account(reports, silent=silent, quiet=quiet if timed_out else [], absent=absent,
-                                waited_s=elapsed)
+                # quiet: alive outside the collective; not when this rank is the one outside (``late``):
+                # then they are waiting for it, as the ranks that timed out were
+                return _account(reports, silent=silent, quiet=quiet if timed_out and late is None else [],
+                                absent=absent, waited_s=elapsed, late=late)
             time.sleep(self.interval_s / 2)
 
     def _reports(self, store) -> list[tuple[int, int, str]]:
@@ -288,12 +293,15 @@ def connection_closed(exc: BaseException) -> bool:
 
 
 def _account(reports: list[tuple[int, int, str]], ended: Sequence[int] = (), silent: Sequence[int] = (),
-             quiet: Sequence[int] = (), absent: Sequence[int] = (), waited_s: float = 0.0) -> str:
+             quiet: Sequence[int] = (), absent: Sequence[int] = (), waited_s: float = 0.0,
+             late: int | None = None) -> str:
     """The sentence of :meth:`FailureWatch.explain`: the first real error leads; ranks that ended
     or fell silent without a word, or that are alive outside the collective the others timed out
     in (``quiet``), or that their watch stopped while outside it (``absent``), come next; peers'
     broken connections are only counted (their raw text, gloo's "Connection reset by peer ...
-    GLHF", shown only when nothing else is known)."""
+    GLHF", shown only when nothing else is known). ``late``: the explaining rank itself, when its
+    watch explains after the others timed out and it never did: it comes first, as the one they
+    waited for, rather than the first of them to time out passing for the failed rank."""
     causes = [(r, msg) for _, r, msg in reports if not is_peer_failure(msg)]
     lost = [r for _, r, msg in reports if is_peer_failure(msg) and r not in absent]
     parts = []
@@ -301,6 +309,11 @@ def _account(reports: list[tuple[int, int, str]], ended: Sequence[int] = (), sil
         parts.append(f"first rank {causes[0][0]} failed: {causes[0][1]}")
         if len(causes) > 1:
             parts.append(f"then rank(s) {[r for r, _ in causes[1:]]} failed too")
+    elif late is not None:
+        waited = [r for _, r, msg in reports if "Timed out" in msg and not msg.startswith(STOPPED_BY_WATCH)]
+        parts.append(f"{_ranks(waited)} timed out in a collective that this rank ({late}) had not joined in time "
+                     f"(it hung or ran late, or was blocked outside the collectives)")
+        lost = [r for r in lost if r not in waited]
     if ended:
         parts.append(f"{_ranks(ended)} stopped without reporting an error (the process ended: killed or crashed)")
     if silent:

@@ -305,3 +305,17 @@ def test_the_watch_stops_calling_a_store_whose_host_left():
         assert store.calls - before == 1, store.calls - before
     finally:
         watch.stop()
+
+
+def test_the_hung_ranks_own_watch_names_itself_not_the_first_peer_to_time_out(ranks):
+    """Rank 2 hangs outside the collective; ranks 0 and 1 time out in it and report. Rank 2's watch
+    (the thread: ``beat=True``), which stops it, must not say "first rank 0 failed": rank 0 only
+    waited for it. A rank whose main thread reported its own timeout is not "late" itself."""
+    w0, w1, w2 = ranks(3)
+    w0.report(TIMED_OUT)
+    w1.report(TIMED_OUT)
+    why = w2._explain(w2._calls, beat=True)
+    assert why.startswith("ranks [0, 1] timed out in a collective that this rank (2) had not joined in time"), why
+    assert "rank 0 failed" not in why, why
+    other = w1._explain(w1._calls, beat=True)  # rank 1 timed out itself: it names rank 2, not itself
+    assert "this rank" not in other and "rank 2" in other, other
