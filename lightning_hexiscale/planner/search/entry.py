@@ -12,17 +12,20 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import math
 import time
 
 from lightning_hexiscale.config.cluster import Cluster
-from lightning_hexiscale.errors import ConfigError
+from lightning_hexiscale.errors import ConfigError, InfeasiblePlan
 from lightning_hexiscale.planner.cost.compute import effective_cluster, warn_datasheet_pricing
 from lightning_hexiscale.planner.cost.estimate import Workload, estimate
 from lightning_hexiscale.planner.cost.sources import price_sources
+from lightning_hexiscale.planner.plan import Plan
 from lightning_hexiscale.planner.search.assemble import micro_batch_candidates
+from lightning_hexiscale.planner.search.infeasible import most_busy
 from lightning_hexiscale.planner.search.recompute import auto_recompute
 from lightning_hexiscale.planner.search.settings import SearchResult, SearchSettings
-from lightning_hexiscale.planner.search.subsets import CoreRun, search_subsets
+from lightning_hexiscale.planner.search.subsets import CoreRun, lift, search_subsets
 from lightning_hexiscale.planner.search.two_phase import SearchRun
 
 
@@ -70,10 +73,53 @@ def _core(workload: Workload, global_batch: int, s: SearchSettings, results: lis
     to ``results``."""
 
     def run(cluster: Cluster, share: float = 1.0) -> CoreRun:
+        if cluster.num_devices > most_busy(workload, global_batch):
+            return busy_only(cluster, share)
         sr = SearchRun(cluster, workload, global_batch, s, share)
         result = sr.run()
         results.append((cluster, result))
         return CoreRun(result.plan, result.estimate.cost, sr.best_all[0], result.log, sr.without)
+
+    def busy_only(cluster: Cluster, share: float) -> CoreRun:
+        """More devices than any plan can give work to (G x L x K, :func:`infeasible.capacity_message`):
+        the all-device search refuses such a cluster, but plans may leave devices idle, so it runs
+        on the ``most`` fastest devices (then, as a second try, the ``most`` largest: memory may be
+        what binds), the others idle. Without this a one-machine cluster had no subset to fall back on."""
+        most = most_busy(workload, global_batch)
+        devs = cluster.devices
+        keeps = []
+        for key in (lambda d: (-devs[d].flops, -devs[d].memory_bytes, d),
+                    lambda d: (-devs[d].memory_bytes, -devs[d].flops, d)):
+            keep = tuple(sorted(sorted(range(cluster.num_devices), key=key)[:most]))
+            if keep not in keeps:
+                keeps.append(keep)
+        best, error = None, None
+        for keep in keeps:
+            sr = SearchRun(cluster.subset(list(keep)), workload, global_batch, s, share)
+            try:
+                result = sr.run()
+            except InfeasiblePlan as e:
+                error = error or e
+                continue
+            m = workload.model
+            reason = (f"no plan gives all {cluster.num_devices} devices work: {m.name} at global batch {global_batch} "
+                      f"has work for at most {most} ({global_batch} sequences x {m.num_layers} layers x "
+                      f"{m.num_kv_heads} KV heads)")
+            plan = lift(result.plan, keep, cluster)
+            plan = dataclasses.replace(plan, meta={**plan.meta, "idle_reason": reason})
+            est = estimate(plan, cluster, workload)
+            if best is None or est.cost < best[1].cost:
+                best = (plan, est, result, sr, keep)
+        if best is None:
+            raise error
+        plan, est, result, sr, keep = best
+        results.append((cluster, SearchResult(plan, est, result.log, result.search_time_s)))
+
+        def without(drop: frozenset[int]) -> tuple[float, Plan | None]:
+            t, p = sr.without(frozenset(keep.index(d) for d in drop if d in keep))
+            return t, (lift(p, keep, cluster) if p is not None else None)
+
+        return CoreRun(plan, est.cost, math.inf, result.log, without)
 
     return run
 

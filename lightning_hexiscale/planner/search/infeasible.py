@@ -111,6 +111,12 @@ def _devices_without_room(cluster: Cluster, workload: Workload) -> str | None:
     return None
 
 
+def most_busy(workload: Workload, global_batch: int) -> int:
+    """How many devices any plan can give work to: G x L x K (:func:`capacity_message`)."""
+    m = workload.model
+    return global_batch * m.num_layers * m.num_kv_heads
+
+
 def capacity_message(cluster: Cluster, workload: Workload, global_batch: int) -> str | None:
     """What is missing when the cluster has more devices than the model and batch can occupy, or None.
 
@@ -118,10 +124,12 @@ def capacity_message(cluster: Cluster, workload: Workload, global_batch: int) ->
     batch G, a stage at least one of the L layers, and a TP rank at least one of the K key/value
     heads, so at most G * L * K devices can be busy (e.g. 1 x 1 x 1 = 1 for a one-layer model with
     one KV head at batch 1: a second device has nothing to do). Found by the property tests, where
-    such draws were reported as "no plan fits in memory".
+    such draws were reported as "no plan fits in memory". Only the search that gives every device
+    work (``planner.use_all_devices=true``) raises it; otherwise the plan runs on at most that many
+    devices and names the others idle (``entry._core``).
     """
     m = workload.model
-    most = global_batch * m.num_layers * m.num_kv_heads
+    most = most_busy(workload, global_batch)
     if cluster.num_devices <= most:
         return None
     return (f"no plan gives every device work: cluster {cluster.name} has {cluster.num_devices} devices, but "

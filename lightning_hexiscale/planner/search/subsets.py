@@ -252,8 +252,8 @@ def idle_meta(plan: Plan, cluster: Cluster, all_devices_s: float, best_s: float)
                   f"iteration, {100 * (all_devices_s / best_s - 1):.1f} % more than this plan's {best_s:.4g} s "
                   f"on {total - n}")
         all_s: float | None = float(all_devices_s)
-    else:
-        reason = f"no plan found on all {total} devices fits in memory"
+    else:  # a reason the run gave (the cluster has more devices than the model can occupy), else memory
+        reason = plan.meta.get("idle_reason") or f"no plan found on all {total} devices fits in memory"
         all_s = None
     return replace(plan, meta={**plan.meta, "idle_reason": reason, "all_devices_time_s": all_s})
 

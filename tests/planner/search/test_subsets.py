@@ -226,3 +226,22 @@ def test_deterministic_for_a_seed(small7b, straggler):
     c = straggler
     a, b = (search(c, small7b, 16, SearchSettings(recompute=True, iterations=2, seed=3)) for _ in range(2))
     assert a.plan.to_dict() == b.plan.to_dict()
+
+
+def test_more_devices_than_the_model_can_occupy_leaves_the_rest_idle(tiny):
+    """A one-layer model with 2 KV heads at global batch 1 gives work to at most 1 x 1 x 2 = 2
+    devices; on one machine of 4 the search refused ("no plan gives every device work") although
+    the plan may leave devices idle, and the oracle's optimum uses 2 of them. Now the plan runs on
+    the devices that can work and names the others idle; use_all_devices still refuses, saying why."""
+    import dataclasses
+
+    c = Cluster.from_config({"name": "one4", "machines": [
+        {"name": "m", "gpu": "CPU-FAST", "count": 4, "intra_bandwidth": "10 GB/s"}]})
+    w = Workload(dataclasses.replace(tiny.model, num_layers=1))
+    r = search(c, w, 1, SearchSettings(iterations=3))
+    r.plan.validate(c, w.model, global_batch=1)
+    assert r.plan.world_size <= 2 and r.plan.launch_order == (0, 1, 2, 3)
+    assert r.estimate.cost == pytest.approx(estimate(r.plan, c, w).cost, rel=1e-12)
+    assert "idle_reason" in r.plan.meta
+    with pytest.raises(InfeasiblePlan, match="needs at most 2"):
+        search(c, w, 1, SearchSettings(iterations=3, use_all_devices=True))
