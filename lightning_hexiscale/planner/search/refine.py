@@ -164,6 +164,11 @@ def neighbours(layout: Layout, model: LlamaConfig, shardings: tuple[str, ...], g
                     yield "structure", (sharding, rest + ((((d,), L),),))
 
 
+def _count(layout: Layout) -> int:
+    """Devices a layout gives work to."""
+    return sum(len(devs) for p in layout[1] for devs, _ in p)
+
+
 def _put(pipes: tuple, i: int, pipe: tuple) -> tuple:
     return pipes[:i] + (pipe,) + pipes[i + 1:]
 
@@ -225,11 +230,24 @@ def improve(plan: Plan, cost: float, ctx: RefineContext, budget: int) -> tuple[f
                                          ctx.may_idle):
                 if state["used"] >= budget:
                     break
+                fitted = False
                 for var in variants(kind, cand, current):
                     c, p = score(var)
+                    fitted = fitted or p is not None
                     if p is not None and c < cost * (1 - 1e-12):
                         cost, cur_plan, current, improved = c, p, var, True
                         break
+                if not improved and not fitted and ctx.may_idle and _count(cand) < _count(current):
+                    # a device went idle and the rest does not fit under this sharding: try the
+                    # others (a lone pipeline out of memory under ZeRO-3 may
+                    # fit under ZeRO-2 and run faster); two single moves would pass through a
+                    # layout that does not fit, which the climb never takes
+                    for other in ctx.shardings:
+                        if other != cand[0]:
+                            c, p = score((other, cand[1]))
+                            if p is not None and c < cost * (1 - 1e-12):
+                                cost, cur_plan, current, improved = c, p, (other, cand[1]), True
+                                break
                 if improved:
                     break
         return cost, cur_plan, current
