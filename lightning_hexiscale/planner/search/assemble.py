@@ -478,10 +478,20 @@ def chain_draft(ev: Evaluator, stages: list[tuple[int, ...]], ctx: DraftContext)
     mem_n = max(2 * ctx.n_mb, 1) if gpipe else S
     caps = [ev.max_layers(st, j, S, ctx.mb, mem_n, ctx.sharding, ctx.num_pipelines) for j, st in enumerate(stages)]
     n = split_layers(layer_s, fixed, caps, ev.model.num_layers)
+    cap = mem_n if gpipe else _UNCAPPED
+    if n is None and max(ctx.n_mb, 1) < mem_n:
+        # drafted for more micro-batches in flight than the pipeline may run (1F1B: S, GPipe: twice
+        # its share), the chain may not fit where its own share does: with a small batch (fewer
+        # micro-batches than stages) it was never drafted, and the oracle found plans where the
+        # search found none. Drafted for its share in flight, it is capped there; the batch split
+        # checks the memory exactly.
+        cap = max(ctx.n_mb, 1)
+        caps = [ev.max_layers(st, j, S, ctx.mb, cap, ctx.sharding, ctx.num_pipelines) for j, st in enumerate(stages)]
+        n = split_layers(layer_s, fixed, caps, ev.model.num_layers)
     if n is None:
         return None
     per = tuple(n[j] * layer_s[j] + fixed[j] for j in range(S))
-    return PipeDraft(tuple(stages), tuple(n), per, mem_n if gpipe else _UNCAPPED)
+    return PipeDraft(tuple(stages), tuple(n), per, cap)
 
 
 def draft_pipeline(ev: Evaluator, groups: list[tuple[int, ...]], ctx: DraftContext) -> PipeDraft | None:

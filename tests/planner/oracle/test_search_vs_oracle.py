@@ -85,3 +85,40 @@ def test_a_device_goes_idle_under_another_sharding():
     best = oracle(cluster, workload, 2, settings)
     assert best.complete and best.plan.world_size == 1
     assert best.estimate.cost / found.estimate.cost >= TARGET, (found.plan.table(cluster), best.plan.table(cluster))
+
+
+SMALL_BATCH_CASES = {
+    # 1F1B, global batch 1: one micro-batch in flight, but the drafts assumed one per stage
+    "1f1b": ({"T": {"flops": "4 TFLOPS", "memory": "2 MiB"}}, [("m0", 2)], "2 GB/s", "1us",
+             dict(num_layers=2, num_kv_heads=1, seq_len=256), "cuda", 1, "1f1b"),
+    # GPipe, global batch 4: four micro-batches in flight, but the drafts assumed eight
+    "gpipe": ({"S": {"flops": "0.5 TFLOPS", "memory": "2 MiB"}, "F": {"flops": "2 TFLOPS", "memory": "1.5 MiB"}},
+              [("m0", 2, "S"), ("m1", 1, "F")], "2 GB/s", "20us",
+              dict(num_layers=3, num_kv_heads=4, seq_len=64), "cpu", 4, "gpipe"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SMALL_BATCH_CASES))
+def test_a_small_batch_finds_the_pipelines_that_fit_only_with_few_micro_batches(case):
+    """Memory-tight stage chains that fit with the pipeline's own few micro-batches in flight, but
+    not with the drafts' assumption (1F1B: one per stage; GPipe: twice the pipeline's share): the
+    search said "no plan fits in memory" where the oracle's optimum is a plain pipeline of
+    single-device stages (8.98e-05 s and 3.12e-04 s)."""
+    from lightning_hexiscale.config.cluster import Cluster
+    from lightning_hexiscale.models.config import LlamaConfig
+    from lightning_hexiscale.planner import Workload
+
+    types, machines, bw, lat, shape, device, batch, schedule = SMALL_BATCH_CASES[case]
+    cluster = Cluster.from_config({
+        "name": f"small_batch_{case}", "gpu_types": types,
+        "machines": [{"name": m[0], "gpu": m[2] if len(m) > 2 else next(iter(types)), "count": m[1],
+                      "intra_bandwidth": bw, "intra_latency": lat} for m in machines],
+        "inter_machine": {"bandwidth": "3 GB/s", "latency": "20us"}})
+    model = LlamaConfig(name="t", hidden_size=64, num_heads=4, ffn_hidden_size=128, vocab_size=128, **shape)
+    workload = Workload(model, reserve_bytes=0.0, device=device, comm_buffer_bytes=32 * 1024)
+    settings = SearchSettings(recompute=False, schedule=schedule)
+    best = oracle(cluster, workload, batch, settings)
+    assert best.status == "optimal"
+    found = search(cluster, workload, batch, settings)  # raised InfeasiblePlan
+    found.plan.validate(cluster, model, global_batch=batch)
+    assert best.estimate.cost / found.estimate.cost >= TARGET, (found.plan.table(cluster), best.plan.table(cluster))
