@@ -225,12 +225,13 @@ def memory_possible(cluster: Cluster, workload: Workload, devices) -> bool:
 # ---- plans on a subset --------------------------------------------------------------------------
 def lift(plan: Plan, devices: tuple[int, ...], cluster: Cluster) -> Plan:
     """A plan made on ``cluster.subset(devices)`` (ids 0..k-1) in the cluster's own device ids,
-    every other device of the cluster named idle."""
+    every other device of the cluster named idle. Each pipeline keeps its own recompute flag (a
+    plan of ``recompute: auto`` may differ per pipeline; the plan-wide setting must not override it)."""
     pipes = tuple(Pipeline(p.batch_size, p.micro_batch_size,
-                           tuple(Stage(tuple(devices[d] for d in s.devices), s.layers) for s in p.stages))
+                           tuple(Stage(tuple(devices[d] for d in s.devices), s.layers) for s in p.stages), p.recompute)
                   for p in plan.pipelines)
-    return name_idle(replace(plan, pipelines=pipes, idle_devices=(), meta={**plan.meta, "cluster": cluster.name}),
-                     cluster)
+    return name_idle(replace(plan, pipelines=pipes, recompute=None, idle_devices=(),
+                             meta={**plan.meta, "cluster": cluster.name}), cluster)
 
 
 def name_idle(plan: Plan, cluster: Cluster) -> Plan:

@@ -112,6 +112,18 @@ def test_lift_maps_a_subset_plan_back_and_names_the_rest_idle(straggler):
     assert sub.num_devices == 4
 
 
+def test_lift_keeps_each_pipelines_recompute_flag(straggler):
+    """A plan of ``recompute: auto`` may recompute in one pipeline and not in another; lifted to the
+    cluster's ids (the leave-out baseline lifts the search's plan on a machine subset), every
+    pipeline came back recomputing (the default of a pipeline without a flag), priced slower."""
+    plan = Plan((Pipeline(2, 1, (Stage((0,), (0, 4)),), recompute=False),
+                 Pipeline(2, 1, (Stage((1,), (0, 4)),), recompute=True)), 4)
+    assert plan.recompute is None
+    lifted = S.lift(plan, (0, 3), straggler)
+    assert lifted.recomputes == (False, True) and lifted.recompute is None
+    assert [p.devices for p in lifted.pipelines] == [(0,), (3,)]
+
+
 # ---- the search over subsets -----------------------------------------------------------------------
 def test_straggler_is_left_idle_and_the_plan_says_why(small7b, straggler):
     c = straggler
