@@ -559,8 +559,8 @@ def _check_user_mb(global_batch: int, user_mb: int) -> None:
                           "choose a divisor of the global batch or null to let the planner choose")
 
 
-def minimum_memory_message(cluster: Cluster, workload: Workload, global_batch: int) -> str:
+def minimum_memory_message(cluster: Cluster, workload: Workload, global_batch: int, recompute: bool | None = None) -> str:
     """What is missing when nothing fits (:func:`lightning_hexiscale.planner.search.infeasible.memory_message`)."""
     from lightning_hexiscale.planner.search.infeasible import memory_message
 
-    return memory_message(cluster, workload, global_batch)
+    return memory_message(cluster, workload, global_batch, recompute)

@@ -58,8 +58,10 @@ def smallest_stage_terms(workload: Workload, num_devices: int) -> dict[str, floa
             "layer": total - workload.reserve_bytes - buffers, "total": total, "tp": tp}
 
 
-def memory_message(cluster: Cluster, workload: Workload, global_batch: int) -> str:
-    """What is missing when no plan fits in memory (module doc), with the numbers and a fix."""
+def memory_message(cluster: Cluster, workload: Workload, global_batch: int, recompute: bool | None = None) -> str:
+    """What is missing when no plan fits in memory (module doc), with the numbers and a fix;
+    ``recompute``: whether the plans tried recomputed (True: under ``auto`` too, whose message is
+    that of its run with recomputation), so that the fix offers it only where it was not tried."""
     m = workload.model
     per_param = 2 * workload.param_bytes + workload.optimizer_bytes_per_param  # parameter, gradient, optimizer
     need = m.total_params * per_param
@@ -74,8 +76,9 @@ def memory_message(cluster: Cluster, workload: Workload, global_batch: int) -> s
     short = _devices_without_room(cluster, workload)
     if short:
         return f"{head}: {short}"
-    return (f"{head} {totals}: the states fit, the activations do not. Fix: a smaller train.micro_batch_size or "
-            f"train.global_batch, train.recompute=true, or more or larger GPUs")
+    also = "" if recompute else " train.recompute=true (or auto),"
+    return (f"{head} {totals}: the states fit, the activations do not{' even with recomputation' if recompute else ''}. "
+            f"Fix: a smaller train.micro_batch_size or train.global_batch,{also} or more or larger GPUs")
 
 
 def _devices_without_room(cluster: Cluster, workload: Workload) -> str | None:

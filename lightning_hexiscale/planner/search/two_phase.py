@@ -441,7 +441,7 @@ class SearchRun:
         _, plan = self.best
         if plan is None:
             raise InfeasiblePlan(capacity_message(self.cluster, self.workload, self.gb)
-                                 or minimum_memory_message(self.cluster, self.workload, self.gb))
+                                 or minimum_memory_message(self.cluster, self.workload, self.gb, self.s.recompute is True))
         plan = name_idle(plan, self.cluster)
         return SearchResult(plan, estimate(plan, self.cluster, self.workload), log, time.perf_counter() - t0)
 

@@ -95,3 +95,20 @@ def test_the_strategy_default_lets_the_planner_decide():
     assert plan.recompute is False and plan.meta["recompute"].startswith("auto")
     plan, _ = search_plan(c, w, 8, {"recompute": True}, iterations=3)
     assert plan.recompute is True
+
+
+@pytest.mark.parametrize("recompute", [False, True, "auto"])
+def test_activations_that_do_not_fit_offer_recomputation_only_where_it_was_not_tried(recompute):
+    """Two 1050 MiB devices (52 MiB past the reserve) hold the states of 8 layers at 4,096 tokens but
+    not their activations, with or without recomputation. The fix offered train.recompute=true under
+    recompute=true and auto too, where every plan tried already recomputed."""
+    model = LlamaConfig(name="t", hidden_size=64, num_layers=8, num_heads=4, num_kv_heads=1, ffn_hidden_size=128,
+                        vocab_size=128, seq_len=4096)
+    cluster = Cluster.from_config({"name": "c", "gpu_types": {"T": {"flops": "1 TFLOPS", "memory": "1050 MiB"}},
+                                   "machines": [{"name": "m", "gpu": "T", "count": 2, "intra_bandwidth": "2 GB/s"}]})
+    with pytest.raises(InfeasiblePlan, match="the states fit, the activations do not") as e:
+        search(cluster, Workload.from_precision(model, "32-true", device="cpu"), 4,
+               SearchSettings(recompute=recompute, **FEW))
+    tried = recompute is not False
+    assert ("train.recompute=true" in str(e.value)) is not tried, str(e.value)
+    assert ("even with recomputation" in str(e.value)) is tried, str(e.value)
