@@ -277,7 +277,10 @@ def idle_banner(plan, cluster) -> str:
     reason = plan.meta.get("idle_reason")
     if reason:
         lines.append(f"  why: {reason}")
-    lines.append("  planner.use_all_devices=true plans with every device")
+    if "all_devices_time_s" in plan.meta and plan.meta["all_devices_time_s"] is None:  # no plan gave them all work
+        lines.append("  planner.use_all_devices=true would be refused: no plan found gives every device work")
+    else:
+        lines.append("  planner.use_all_devices=true plans with every device")
     return "\n".join(lines)
 
 

@@ -223,3 +223,14 @@ def test_a_bad_micro_batch_size_says_which_rule_it_breaks(capsys, mb, rule):
                  "planner.iterations=1", "planner.progress=false"]) == 2
     err = capsys.readouterr().err
     assert rule in err and "Fix:" in err and "Traceback" not in err, err
+
+
+def test_idle_devices_without_a_plan_on_all_of_them_do_not_offer_use_all_devices(capsys):
+    """One layer with one KV head at batch 1 gives work to one device of four: the banner says why
+    and that planner.use_all_devices=true would be refused, not that it "plans with every device"."""
+    args = ["cluster=cpu_hetero4", "model=llama_tiny", "model.num_layers=1", "model.num_kv_heads=1",
+            "model.num_heads=2", "train.global_batch=1", "planner.progress=false"]
+    assert main(["plan", *args]) == 0
+    out = capsys.readouterr().out
+    assert "has work for at most 1" in out and "planner.use_all_devices=true would be refused" in out, out
+    assert "plans with every device" not in out, out
