@@ -163,6 +163,23 @@ def _jsonl_pieces(path: Path, field: str, chunk_bytes: int) -> Iterator[tuple[li
     yield texts, [True] * len(texts), consumed
 
 
+def _temporary_names(out: Path) -> tuple[Path, Path]:
+    idx = index_path(out)
+    return out.with_name(out.name + ".tmp"), idx.with_name(idx.name + ".tmp")
+
+
+def _check_outputs_spare_inputs(files: Sequence[Path], out: Path) -> None:
+    """The token file, its index (``DATA.json``, a name a JSONL corpus may well have) and their
+    temporary names are replaced by the run: none of them may be an input, or the corpus is lost."""
+    written = [out, index_path(out), *_temporary_names(out)]
+    for f in files:
+        for w in written:
+            if w.exists() and os.path.samefile(f, w):
+                raise ConfigError("--out", str(out), f"the run writes {w}, which is the INPUT {f}: it would be "
+                                  "replaced (the index of DATA.bin is DATA.json)",
+                                  f"write elsewhere, e.g. --out {out.with_name(out.stem + '.tokens.bin')}")
+
+
 def prepare(inputs: Sequence[str | Path], tokenizer_path: str | Path, out: str | Path, *, field: str = "text",
             fmt: str = "auto", eos: str | None = None, bos: bool = False, bos_token: str | None = None,
             chunk_bytes: int = DEFAULT_CHUNK_BYTES, progress: bool = True) -> dict[str, Any]:
@@ -179,13 +196,14 @@ def prepare(inputs: Sequence[str | Path], tokenizer_path: str | Path, out: str |
     if out.suffix != ".bin":
         raise ConfigError("--out", str(out), "the token file must end in .bin (its index is written beside it as .json)",
                           f"use --out {out.with_suffix('.bin')}")
+    _check_outputs_spare_inputs(files, out)
     tokenizer, tok_dir = load_tokenizer(tokenizer_path)
     vocab = tokenizer.get_vocab_size(with_added_tokens=True)
     dtype = np.dtype(token_dtype(vocab))
     eos_id = special_id(tokenizer, tok_dir, "eos", eos, required=True)
     bos_id = special_id(tokenizer, tok_dir, "bos", bos_token, required=True) if bos else None
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp_bin, tmp_idx = out.with_name(out.name + ".tmp"), index_path(out).with_name(index_path(out).name + ".tmp")
+    tmp_bin, tmp_idx = _temporary_names(out)
     sources, total = [], 0
     bar = tqdm(total=sum(p.stat().st_size for p in files), unit="B", unit_scale=True, desc="tokenizing",
                disable=not progress)

@@ -122,3 +122,20 @@ def test_bad_inputs_are_config_errors(tmp_path):
         f.write(b"\x00\x00")
     with pytest.raises(ConfigError, match="index says"):
         TokenFileDataset(out, seq_len=4)
+
+
+def test_an_input_is_never_overwritten_by_the_outputs(tmp_path):
+    """`--out docs.bin` writes its index to docs.json: when docs.json is one of the inputs (a JSONL
+    corpus named .json, read with --format jsonl), the run must refuse before writing anything, not
+    replace the user's corpus with the index."""
+    tok, tok_path = make_tokenizer(tmp_path)
+    src = write_jsonl(tmp_path / "docs.json", DOCS, field="text")
+    before = src.read_bytes()
+    with pytest.raises(ConfigError, match="--out.*docs.json.*INPUT"):
+        prepare([src], tok_path, tmp_path / "docs.bin", fmt="jsonl", progress=False)
+    assert src.read_bytes() == before and not (tmp_path / "docs.bin").exists()
+    raw = tmp_path / "raw.bin"  # the token file itself named as an input
+    raw.write_text("the model\n")
+    with pytest.raises(ConfigError, match="--out.*raw.bin.*INPUT"):
+        prepare([raw], tok_path, raw, fmt="text", progress=False)
+    assert raw.read_text() == "the model\n"
