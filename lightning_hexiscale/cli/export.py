@@ -23,16 +23,18 @@ def _export_args(p: argparse.ArgumentParser) -> None:
                    help="tensor dtype in the files (default: as in the checkpoint)")
     p.add_argument("--max-shard-size", default="5GB", metavar="SIZE",
                    help="largest *.safetensors file, with a unit (default 5GB, as transformers)")
-    p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    p.add_argument("--overwrite", action="store_true", help="replace OUT if it holds a previous export (only config.json, "
+                   "*.safetensors, the index and tokenizer files; anything else is refused)")
 
 
 @subcommand("export", "export a checkpoint as a Hugging Face Llama directory (safetensors)", _export_args)
 def cmd_export(args: argparse.Namespace) -> int:
     from lightning_hexiscale.config.units import parse_bytes
-    from lightning_hexiscale.data.hf_export import save_hf
+    from lightning_hexiscale.data.hf_export import check_export_target, save_hf
     from lightning_hexiscale.runtime.checkpoint import load_llama
 
     max_bytes = int(parse_bytes(args.max_shard_size, "--max-shard-size"))
+    check_export_target(args.hf, args.overwrite)  # before reading a checkpoint that may take minutes
     model = load_llama(args.checkpoint)
     out = save_hf(model.state_dict(), model.config, args.hf, dtype=args.dtype, max_shard_bytes=max_bytes,
                   tokenizer_dir=args.tokenizer, overwrite=args.overwrite)

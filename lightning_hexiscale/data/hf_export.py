@@ -71,6 +71,33 @@ def tokenizer_extras(tokenizer_dir: Path | None) -> dict:
     return out
 
 
+def _written_by_export(name: str) -> bool:
+    """A file name that :func:`save_hf` writes (or copies from a tokenizer directory)."""
+    return (name in ("config.json", "model.safetensors", "model.safetensors.index.json") or name in TOKENIZER_FILES
+            or (name.startswith("model-") and name.endswith(".safetensors")))
+
+
+def check_export_target(out: str | Path, overwrite: bool) -> Path:
+    """The output directory of an export, checked before any work: an existing file is refused (the
+    export writes a directory, and deleting a file the user named is never what they meant), an
+    existing directory needs ``overwrite``, and even then it may hold only what an export writes,
+    so that ``--overwrite`` cannot wipe a model's source directory, a checkpoint or a home folder."""
+    out = Path(out).expanduser().absolute()
+    if out.exists() and not out.is_dir():
+        raise ConfigError("--hf", str(out), "is a file; the export writes a directory (config.json, *.safetensors)",
+                          "give the path of a new directory, e.g. --hf " + str(out.with_suffix("")) + "-hf")
+    if out.is_dir():
+        if not overwrite:
+            raise ConfigError("--hf", str(out), "the output directory exists",
+                              "choose a new directory or pass --overwrite")
+        foreign = sorted(p.name for p in out.iterdir() if not (p.is_file() and _written_by_export(p.name)))
+        if foreign:
+            raise ConfigError("--hf", str(out), f"holds {foreign[0]!r} (and {len(foreign) - 1} more), which an export "
+                              "does not write: --overwrite replaces only a previous export",
+                              "choose a new directory, or move those files away first")
+    return out
+
+
 def save_hf(state: Mapping[str, torch.Tensor], config: LlamaConfig, out: str | Path, *, dtype: str | None = None,
             max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, tokenizer_dir: str | Path | None = None,
             overwrite: bool = False) -> Path:
@@ -78,9 +105,7 @@ def save_hf(state: Mapping[str, torch.Tensor], config: LlamaConfig, out: str | P
     directory ``out`` (see the module doc). ``dtype``: float32 / bfloat16 / float16 (None: as stored)."""
     from safetensors.torch import save_file
 
-    out = Path(out)
-    if out.exists() and not overwrite:
-        raise ConfigError("--hf", str(out), "the output directory exists", "choose a new directory or pass --overwrite")
+    out = check_export_target(out, overwrite)
     tok = Path(tokenizer_dir).expanduser() if tokenizer_dir is not None else None
     if tok is not None:
         if not tok.is_dir() or not any((tok / n).is_file() for n in ("tokenizer.json", "tokenizer.model")):
@@ -122,9 +147,19 @@ def save_hf(state: Mapping[str, torch.Tensor], config: LlamaConfig, out: str | P
             for name in TOKENIZER_FILES:
                 if (tok / name).is_file():
                     shutil.copy2(tok / name, tmp / name)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
+        # The previous export is set aside, not deleted, until the new one is in place: a failure
+        # between the two renames leaves the old directory (under .old-*), never neither.
+        old = out.with_name(f"{out.name}.old-{uuid.uuid4().hex[:8]}") if out.exists() else None
+        if old is not None:
+            out.rename(old)
+        try:
+            tmp.rename(out)
+        except BaseException:
+            if old is not None:
+                old.rename(out)
+            raise
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
