@@ -28,13 +28,14 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="consolidate: overwrite OUT.pt if it exists")
 
 
-@subcommand("checkpoint", "inspect a sharded checkpoint or consolidate it into one full state dict (OUT.pt)", _args)
+@subcommand("checkpoint", "inspect a sharded checkpoint or consolidate it into one full state dict (OUT.pt)", _args,
+            no_overrides="run e.g. `hexiscale checkpoint consolidate CKPT OUT.pt`")
 def cmd_checkpoint(args: argparse.Namespace) -> int:
     from lightning_hexiscale.runtime import checkpoint as ckpt
 
-    if args.overrides:
-        raise ConfigError("hexiscale checkpoint", " ".join(args.overrides), "takes no config overrides",
-                          "run e.g. `hexiscale checkpoint consolidate CKPT OUT.pt`")
+    if args.action == "info" and args.out is not None:  # argparse's optional OUT.pt swallows an override too
+        raise ConfigError("OUT.pt", args.out, "hexiscale checkpoint info writes nothing and takes no overrides",
+                          "run `hexiscale checkpoint info CKPT`, or `consolidate CKPT OUT.pt` to write a file")
     if args.action == "info":
         meta = ckpt.read_meta(args.ckpt)
         info = meta["hexiscale"]

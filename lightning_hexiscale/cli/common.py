@@ -23,10 +23,21 @@ run `hexiscale list` for the presets."""
 SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
 
 
-def subcommand(name: str, help_: str, configure: Callable[[argparse.ArgumentParser], None]):
-    """Register ``fn(args) -> exit code`` as ``hexiscale NAME`` (other modules add theirs this way)."""
+NO_OVERRIDES: dict[str, str] = {}
+"""Commands that compose no configuration -> the fix their refusal suggests: ``main`` refuses KEY=VALUE
+overrides for them (an ignored ``model=...`` would look as if it had been applied), and their --help
+does not offer any."""
+
+
+def subcommand(name: str, help_: str, configure: Callable[[argparse.ArgumentParser], None], *,
+               no_overrides: str | None = None):
+    """Register ``fn(args) -> exit code`` as ``hexiscale NAME`` (other modules add theirs this way).
+    ``no_overrides``: the command reads no Hydra configuration; the fix to print when given some."""
     def deco(fn: Callable[[argparse.Namespace], int]):
         SUBCOMMANDS[name] = (help_, configure, fn)
+        NO_OVERRIDES.pop(name, None)
+        if no_overrides is not None:
+            NO_OVERRIDES[name] = no_overrides
         return fn
     return deco
 

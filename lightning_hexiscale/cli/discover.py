@@ -90,7 +90,8 @@ def run_discover(args: argparse.Namespace, model=None):
 
 
 @subcommand("discover", "measure this job's cluster for one model (per machine pair and device type, cached by a "
-                        "hardware + model fingerprint) and write the cluster file", _discover_args)
+                        "hardware + model fingerprint) and write the cluster file", _discover_args,
+            no_overrides="the model is --model NAME (see `hexiscale discover --help`)")
 def cmd_discover(args: argparse.Namespace) -> int:
     import os
 

@@ -27,7 +27,8 @@ def _export_args(p: argparse.ArgumentParser) -> None:
                    "*.safetensors, the index and tokenizer files; anything else is refused)")
 
 
-@subcommand("export", "export a checkpoint as a Hugging Face Llama directory (safetensors)", _export_args)
+@subcommand("export", "export a checkpoint as a Hugging Face Llama directory (safetensors)", _export_args,
+            no_overrides="the model and its shape come from the checkpoint: `hexiscale export CKPT --hf OUT`")
 def cmd_export(args: argparse.Namespace) -> int:
     from lightning_hexiscale.config.units import parse_bytes
     from lightning_hexiscale.data.hf_export import check_export_target, save_hf

@@ -4,7 +4,8 @@
     hexiscale estimate --plan conf/plans/hetero3_llama30b_tab7.yaml cluster=hetero3 model=llama_30b
     hexiscale train cluster=cpu2 model=llama_tiny trainer.max_steps=2
 
-Every subcommand takes Hydra-style overrides after its options, composed over conf/config.yaml.
+The subcommands that read the configuration (plan, estimate, cluster, calibrate, check-estimate, train)
+take Hydra-style overrides after their options, composed over conf/config.yaml; the others refuse them.
 Bad input exits with status 2 and a one-paragraph message (key, value, rule, fix); no traceback.
 Ctrl-C exits with status 130 and one line.
 """
@@ -43,7 +44,7 @@ def load_commands() -> None:
         importlib.import_module(f"lightning_hexiscale.cli.{name}")
 
 
-from lightning_hexiscale.cli.common import EPILOG, SUBCOMMANDS, notice_printer
+from lightning_hexiscale.cli.common import EPILOG, NO_OVERRIDES, SUBCOMMANDS, notice_printer
 from lightning_hexiscale.errors import HexiScaleError
 
 EXIT_INTERRUPTED = 130
@@ -57,10 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (help_, configure, _fn) in SUBCOMMANDS.items():
-        p = sub.add_parser(name, help=help_, description=help_, epilog=EPILOG,
+        takes = name not in NO_OVERRIDES
+        p = sub.add_parser(name, help=help_, description=help_, epilog=EPILOG if takes else None,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         configure(p)
-        p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Hydra-style config overrides")
+        if takes:
+            p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Hydra-style config overrides")
     return parser
 
 
@@ -84,6 +87,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if bad:
         parser.error(f"unrecognized arguments: {' '.join(bad)}")
     args.overrides = list(getattr(args, "overrides", [])) + extra
+    if args.overrides and args.command in NO_OVERRIDES:
+        print(f"hexiscale {args.command}: error: hexiscale {args.command} = {' '.join(args.overrides)!r}: takes no "
+              f"overrides (it reads no cluster, model or train configuration). Fix: drop them; "
+              f"{NO_OVERRIDES[args.command]}", file=sys.stderr)
+        return 2
     for o in args.overrides:
         if "=" not in o:
             print(f"hexiscale: error: override {o!r} is not KEY=VALUE. Fix: write e.g. cluster=hetero3", file=sys.stderr)

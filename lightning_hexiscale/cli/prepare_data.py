@@ -26,7 +26,8 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-@subcommand("prepare-data", "tokenise local text/JSONL into a token file + index for training", _args)
+@subcommand("prepare-data", "tokenise local text/JSONL into a token file + index for training", _args,
+            no_overrides="the tokenizer is --tokenizer DIR_OR_JSON, the output --out DATA.bin")
 def cmd_prepare_data(args: argparse.Namespace) -> int:
     from lightning_hexiscale.config.units import parse_bytes
     from lightning_hexiscale.data.tokenize import prepare

@@ -7,14 +7,10 @@ import argparse
 from lightning_hexiscale.cli.common import subcommand
 
 
-@subcommand("list", "list the cluster, model and plan presets under conf/", lambda p: None)
+@subcommand("list", "list the cluster, model and plan presets under conf/", lambda p: None,
+            no_overrides="`hexiscale cluster cluster=NAME` describes one cluster")
 def cmd_list(args: argparse.Namespace) -> int:
     from lightning_hexiscale.config.schema import conf_dir, preset_names
-    from lightning_hexiscale.errors import ConfigError
-
-    if args.overrides:  # they were ignored without a word
-        raise ConfigError("hexiscale list", " ".join(args.overrides), "takes no overrides: it lists the presets",
-                          "drop them; `hexiscale cluster cluster=NAME` describes one cluster")
 
     for group in ("cluster", "model"):
         print(f"{group}:")

@@ -163,7 +163,8 @@ def run_profile(args: argparse.Namespace):
 
 
 @subcommand("profile", "measure every rank's FLOP/s and memory and alpha/beta of every rank pair (with --model, "
-                       "layer times too); write a cluster YAML", _profile_args)
+                       "layer times too); write a cluster YAML", _profile_args,
+            no_overrides="layer times of a model: --model NAME (see `hexiscale profile --help`)")
 def cmd_profile(args: argparse.Namespace) -> int:
     from lightning_hexiscale.config.cluster import Cluster
     from lightning_hexiscale.profiling.writer import link_summary, write_cluster

@@ -35,7 +35,8 @@ def _args(p: argparse.ArgumentParser) -> None:
 
 
 @subcommand("rendezvous-store", "run the c10d rendezvous store of an elastic torchrun job in a process of its "
-            "own, so that any agent may die (agents: --rdzv-conf=is_host=false)", _args)
+            "own, so that any agent may die (agents: --rdzv-conf=is_host=false)", _args,
+            no_overrides="see `hexiscale rendezvous-store --help`")
 def cmd_rendezvous_store(args: argparse.Namespace) -> int:
     from torch.distributed import TCPStore
 
