@@ -4,9 +4,10 @@
     weights["layers.3.attn.q_proj.weight"]                  # one full tensor, read on access
     weights.read_slice("lm_head.weight", 0, 0, 64128)        # only these rows are read from disk
 
-``config.json`` gives the :class:`LlamaConfig` (:meth:`LlamaConfig.from_hf`); the tensors of every
-``*.safetensors`` file are opened with ``safetensors.safe_open`` (memory-mapped, headers only until
-a tensor is read) and read with ``get_slice``, so a tensor-parallel rank reads only its own rows
+``config.json`` gives the :class:`LlamaConfig` (:meth:`LlamaConfig.from_hf`); the weight files are
+the ones transformers would read (``model.safetensors``, else those ``model.safetensors.index.json``
+names, else every ``*.safetensors``), opened with ``safetensors.safe_open`` (memory-mapped, headers
+only until a tensor is read) and read with ``get_slice``, so a tensor-parallel rank reads only its own rows
 (or columns) of each matrix and a pipeline stage only its own layers
 (:func:`lightning_hexiscale.runtime.parallelize.load_full_state_dict` asks for exactly those).
 
@@ -24,6 +25,7 @@ shards from it, and the example module loads it whole on one device.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -77,6 +79,33 @@ def expected_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
     return {n: tuple(p.shape) for n, p in model.named_parameters()}
 
 
+SINGLE_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
+
+
+def _weight_files(directory: Path) -> tuple[list[Path], dict[str, str] | None]:
+    """(the safetensors files to read, the index's tensor -> file map or None), chosen as
+    transformers' ``from_pretrained`` chooses: ``model.safetensors`` if present, else the files of
+    ``model.safetensors.index.json``, else every ``*.safetensors`` file. Going by the index matters
+    when stale shards of another revision or shard size lie beside the current ones."""
+    if (directory / SINGLE_FILE).is_file():
+        return [directory / SINGLE_FILE], None
+    index = directory / INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            listed = {str(k): str(v) for k, v in weight_map.items()}
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ConfigError("trainer.weights", str(index), f"not a safetensors index (no weight_map: {e!r})",
+                              "re-download the file, or delete it to read every *.safetensors file") from None
+        # A listed file that is missing shows below as the tensors it should hold ("lack ... tensors").
+        return sorted({directory / v for v in listed.values() if (directory / v).is_file()}), listed
+    files = sorted(directory.glob("*.safetensors")) if directory.is_dir() else []
+    if not files:
+        raise ConfigError("trainer.weights", str(directory), "no *.safetensors files in this local directory",
+                          "point to a downloaded HF Llama directory (nothing is downloaded here)")
+    return files, None
+
+
 class HFWeights(Mapping):
     """Global name -> full tensor over the ``*.safetensors`` files of a local HF Llama directory.
 
@@ -88,10 +117,7 @@ class HFWeights(Mapping):
     def __init__(self, directory: str | Path, config: LlamaConfig):
         self.directory = Path(directory).expanduser()
         self.config = config
-        files = sorted(self.directory.glob("*.safetensors")) if self.directory.is_dir() else []
-        if not files:
-            raise ConfigError("trainer.weights", str(self.directory), "no *.safetensors files in this local directory",
-                              "point to a downloaded HF Llama directory (nothing is downloaded here)")
+        files, listed = _weight_files(self.directory)
         self._files = files
         self._handles: dict[Path, object] = {}
         self._where: dict[str, tuple[Path, str]] = {}
@@ -102,8 +128,15 @@ class HFWeights(Mapping):
                 raise ConfigError("trainer.weights", str(f), f"not a readable safetensors file ({e})",
                                   "re-download or re-export the file") from None
             for hf_name in names:
+                if listed is not None and listed.get(hf_name) != f.name:
+                    continue  # the index puts this tensor in another file (this copy is stale)
                 ours = hf_to_global(hf_name)
                 if ours is not None and not (ours == "lm_head.weight" and config.tie_word_embeddings):
+                    if ours in self._where:
+                        raise ConfigError("trainer.weights", str(self.directory),
+                                          f"{hf_name} is in two files, {self._where[ours][0].name} and {f.name}, "
+                                          "and no model.safetensors.index.json says which one holds it",
+                                          "remove the stale file (or restore the index)")
                     self._where[ours] = (f, hf_name)
         want = expected_shapes(config)
         missing = [n for n in want if n not in self._where]

@@ -98,3 +98,34 @@ def test_a_tp_rank_reads_only_its_rows(tmp_path):
     for name, p in stage.named_parameters():
         s = stage.shards()[name]
         assert torch.equal(p, s.slice_of(ours[name])), name
+
+
+def test_the_index_decides_which_files_hold_the_weights(tmp_path):
+    """A directory with stale shards beside the current ones (a newer revision copied over an older
+    one saved with another shard size): transformers reads the files model.safetensors.index.json
+    names, and so must we; the stale files sorted last and silently won before."""
+    import shutil
+
+    d, old = hf_directory(tmp_path, seed=3)  # many shards (60 kB each)
+    newer = save_hf({k: v.detach().clone() for k, v in Llama(TINY).to(torch.float64).init_weights(4).state_dict().items()},
+                    TINY, tmp_path / "newer", max_shard_bytes=200_000)
+    assert 1 < len(list(newer.glob("*.safetensors"))) < len(list(d.glob("*.safetensors")))
+    for f in newer.iterdir():
+        shutil.copy(f, d / f.name)
+    weights = HFWeights(d, TINY)
+    for name in ("embed.weight", "layers.3.mlp.down_proj.weight", "lm_head.weight"):
+        assert torch.equal(weights[name], HFWeights(newer, TINY)[name]), name
+        assert not torch.equal(weights[name], old[name]), name
+
+    # a single model.safetensors wins over an index, as in transformers' from_pretrained
+    single = save_hf(old, TINY, tmp_path / "single")
+    shutil.copy(single / "model.safetensors", d / "model.safetensors")
+    assert torch.equal(HFWeights(d, TINY)["embed.weight"], old["embed.weight"])
+
+    # no index and no model.safetensors: a tensor in two files is ambiguous, not "the last file sorted"
+    two = tmp_path / "two"
+    shutil.copytree(newer, two)
+    (two / "model.safetensors.index.json").unlink()
+    shutil.copy(next(iter(sorted(d.glob("model-0*-of-*.safetensors")))), two / "extra.safetensors")
+    with pytest.raises(ConfigError, match="trainer.weights.*in two files.*extra.safetensors"):
+        HFWeights(two, TINY)
