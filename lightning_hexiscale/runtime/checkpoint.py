@@ -443,14 +443,18 @@ def load_llama(path: str | Path, device: str | torch.device = "cpu", weights_onl
 
 def consolidate(path: str | Path, out: str | Path) -> dict[str, Any]:
     """Write the checkpoint's full model state dict (global names) to one ``torch.save`` file
-    (written to ``<out>.tmp`` and renamed). Returns a summary: step, tensors, bytes."""
+    (written to ``<out>.tmp-<id>`` and renamed; removed if the write fails, so a full disk or Ctrl-C
+    leaves no partial file). Returns a summary: step, tensors, bytes."""
     state = load_llama_state_dict(path)
     meta = read_meta(path)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    torch.save(state, tmp)
-    tmp.replace(out)
+    tmp = out.with_name(f"{out.name}.tmp-{uuid.uuid4().hex[:8]}")  # unique: never a file of the user's
+    try:
+        torch.save(state, tmp)
+        tmp.replace(out)
+    finally:
+        tmp.unlink(missing_ok=True)
     return {"global_step": meta.get("global_step"), "epoch": meta.get("epoch"), "tensors": len(state),
             "bytes": sum(t.numel() * t.element_size() for t in state.values()),
             "model": meta["hexiscale"]["model"].get("name")}
