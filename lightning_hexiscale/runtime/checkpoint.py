@@ -272,6 +272,21 @@ def optimizer_meta(optimizer: Optimizer) -> dict[str, Any]:
 
 
 # ---- checking a directory -------------------------------------------------------------------------
+def _refuse_what_is_not_a_checkpoint(p: Path) -> None:
+    """A directory without the COMPLETE marker that is plainly something else, rather than an
+    interrupted save: saying "partial checkpoint" there sends the user looking for a crash."""
+    inside = sorted(c.name for c in p.iterdir() if c.is_dir() and (c / COMPLETE).is_file())
+    if inside:
+        pick = "last.ckpt" if "last.ckpt" in inside else inside[-1]
+        raise ConfigError("ckpt_path", str(p), f"a folder of checkpoints ({', '.join(inside[:4])}"
+                          f"{', ...' if len(inside) > 4 else ''}), not a checkpoint",
+                          f"give one of them, e.g. {p / pick}")
+    if (p / "config.json").is_file() and any(p.glob("*.safetensors")):
+        raise ConfigError("ckpt_path", str(p), "a Hugging Face model directory (config.json, *.safetensors), not a "
+                          "checkpoint of the hexiscale strategy",
+                          f"start training from its weights with model=hf:{p} (or trainer.weights={p})")
+
+
 def check_complete(path: str | Path) -> Path:
     """The checkpoint directory, or ConfigError saying why it cannot be used."""
     p = Path(path)
@@ -289,6 +304,8 @@ def check_complete(path: str | Path) -> Path:
                           "{n: t for f in sorted((ckpt / 'model').glob('*.pt')) for n, t in torch.load(f).items()} "
                           "and start a new run from them (LlamaLitModule.init_state_dict); its optimizer state "
                           "cannot be resumed by this version")
+    if written is None:
+        _refuse_what_is_not_a_checkpoint(p)
     if written is None or ".tmp-" in p.name:
         raise ConfigError("ckpt_path", str(p), f"partial checkpoint: the {COMPLETE} marker is missing, so the save was "
                           "interrupted before every rank had written its part", "resume from an earlier checkpoint")

@@ -83,6 +83,27 @@ def test_partial_or_foreign_checkpoint_is_refused(tmp_path):
         ckpt.read_meta(single_file)
 
 
+def test_a_folder_of_checkpoints_or_an_hf_directory_is_not_called_a_partial_save(tmp_path, capsys):
+    """`hexiscale checkpoint info outputs/run/checkpoints` (the folder, not last.ckpt in it) and a
+    Hugging Face directory were both refused as "partial checkpoint ... the save was interrupted",
+    which sends the user looking for a crash that never happened."""
+    from lightning_hexiscale.cli.main import main
+
+    folder = tmp_path / "checkpoints"
+    for name in ("last.ckpt", "epoch=0-step=4.ckpt"):
+        (folder / name).mkdir(parents=True)
+        (folder / name / ckpt.COMPLETE).write_text(ckpt.FORMAT)
+    with pytest.raises(ConfigError, match="a folder of checkpoints.*give one of them.*last.ckpt"):
+        ckpt.read_meta(folder)
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    (hf / "model.safetensors").write_bytes(b"")
+    assert main(["checkpoint", "info", str(hf)]) == 2
+    err = capsys.readouterr().err
+    assert "a Hugging Face model directory" in err and "partial" not in err and "model=hf:" in err
+
+
 def test_previous_format_is_refused_with_the_way_out(tmp_path):
     old = tmp_path / "last.ckpt"
     (old / "model").mkdir(parents=True)
