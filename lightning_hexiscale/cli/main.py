@@ -45,6 +45,7 @@ def load_commands() -> None:
 
 
 from lightning_hexiscale.cli.common import EPILOG, NO_OVERRIDES, SUBCOMMANDS, notice_printer
+from lightning_hexiscale.cli.examples import examples_text
 from lightning_hexiscale.errors import HexiScaleError
 
 EXIT_INTERRUPTED = 130
@@ -59,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (help_, configure, _fn) in SUBCOMMANDS.items():
         takes = name not in NO_OVERRIDES
-        p = sub.add_parser(name, help=help_, description=help_, epilog=EPILOG if takes else None,
+        epilog = "\n\n".join(t for t in (examples_text(name), EPILOG if takes else None) if t) or None
+        p = sub.add_parser(name, help=help_, description=help_, epilog=epilog,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         configure(p)
         if takes:
