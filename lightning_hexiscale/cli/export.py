@@ -23,8 +23,9 @@ def _export_args(p: argparse.ArgumentParser) -> None:
                    help="tensor dtype in the files (default: as in the checkpoint)")
     p.add_argument("--max-shard-size", default="5GB", metavar="SIZE",
                    help="largest *.safetensors file, with a unit (default 5GB, as transformers)")
-    p.add_argument("--overwrite", action="store_true", help="replace OUT if it holds a previous export (only config.json, "
-                   "*.safetensors, the index and tokenizer files; anything else is refused)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace OUT if it holds a previous export (only config.json, *.safetensors, the index and "
+                        "tokenizer files; anything else is refused)")
 
 
 @subcommand("export", "export a checkpoint as a Hugging Face Llama directory (safetensors)", _export_args,

@@ -107,8 +107,9 @@ def test_the_index_decides_which_files_hold_the_weights(tmp_path):
     import shutil
 
     d, old = hf_directory(tmp_path, seed=3)  # many shards (60 kB each)
-    newer = save_hf({k: v.detach().clone() for k, v in Llama(TINY).to(torch.float64).init_weights(4).state_dict().items()},
-                    TINY, tmp_path / "newer", max_shard_bytes=200_000)
+    newer_state = Llama(TINY).to(torch.float64).init_weights(4).state_dict()
+    newer = save_hf({k: v.detach().clone() for k, v in newer_state.items()}, TINY, tmp_path / "newer",
+                    max_shard_bytes=200_000)
     assert 1 < len(list(newer.glob("*.safetensors"))) < len(list(d.glob("*.safetensors")))
     for f in newer.iterdir():
         shutil.copy(f, d / f.name)
