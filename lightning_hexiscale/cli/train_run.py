@@ -23,7 +23,7 @@ def check_early(cfg: DictConfig) -> None:
     trainer.nonfinite, trainer.timeout_s, trainer.precision, trainer.launcher, trainer.resume,
     trainer.fast_path, and the optimizer, schedule and data values
     (:func:`~lightning_hexiscale.config.recipe.check_values`)."""
-    from lightning_hexiscale.config.recipe import check_ckpt_path, check_values, precision_dtype
+    from lightning_hexiscale.config.recipe import CKPT_ALIASES, check_ckpt_path, check_values, precision_dtype
     from lightning_hexiscale.errors import ConfigError
 
     t = cfg.trainer
@@ -42,6 +42,12 @@ def check_early(cfg: DictConfig) -> None:
             raise ConfigError(f"trainer.{key}", t[key], "must be a positive integer", f"e.g. trainer.{key}=1")
     check_values(cfg)
     check_ckpt_path(t.resume, key="trainer.resume")
+    if t.resume and str(t.resume).split(":")[0] not in CKPT_ALIASES:
+        # Complete, this format, and a checkpoint at all (not the folder of them): the ranks would
+        # refuse it too, but after the search and the launch, and under their own key, ckpt_path.
+        from lightning_hexiscale.runtime.checkpoint import check_complete
+
+        check_complete(t.resume, key="trainer.resume")
     from lightning_hexiscale.config.fast_path import FastPath
 
     FastPath.coerce(t.get("fast_path"), key="trainer.fast_path")  # a bad switch value, before planning

@@ -272,48 +272,49 @@ def optimizer_meta(optimizer: Optimizer) -> dict[str, Any]:
 
 
 # ---- checking a directory -------------------------------------------------------------------------
-def _refuse_what_is_not_a_checkpoint(p: Path) -> None:
+def _refuse_what_is_not_a_checkpoint(p: Path, key: str) -> None:
     """A directory without the COMPLETE marker that is plainly something else, rather than an
     interrupted save: saying "partial checkpoint" there sends the user looking for a crash."""
     inside = sorted(c.name for c in p.iterdir() if c.is_dir() and (c / COMPLETE).is_file())
     if inside:
         pick = "last.ckpt" if "last.ckpt" in inside else inside[-1]
-        raise ConfigError("ckpt_path", str(p), f"a folder of checkpoints ({', '.join(inside[:4])}"
+        raise ConfigError(key, str(p), f"a folder of checkpoints ({', '.join(inside[:4])}"
                           f"{', ...' if len(inside) > 4 else ''}), not a checkpoint",
                           f"give one of them, e.g. {p / pick}")
     if (p / "config.json").is_file() and any(p.glob("*.safetensors")):
-        raise ConfigError("ckpt_path", str(p), "a Hugging Face model directory (config.json, *.safetensors), not a "
+        raise ConfigError(key, str(p), "a Hugging Face model directory (config.json, *.safetensors), not a "
                           "checkpoint of the hexiscale strategy",
                           f"start training from its weights with model=hf:{p} (or trainer.weights={p})")
 
 
-def check_complete(path: str | Path) -> Path:
-    """The checkpoint directory, or ConfigError saying why it cannot be used."""
+def check_complete(path: str | Path, key: str = "ckpt_path") -> Path:
+    """The checkpoint directory, or ConfigError saying why it cannot be used (``key``: the setting
+    that named it, e.g. the recipe's ``trainer.resume``)."""
     p = Path(path)
     if not p.exists():
-        raise ConfigError("ckpt_path", str(p), "no such checkpoint", "give the directory a hexiscale run saved")
+        raise ConfigError(key, str(p), "no such checkpoint", "give the directory a hexiscale run saved")
     if not p.is_dir():
-        raise ConfigError("ckpt_path", str(p), "not a hexiscale checkpoint directory (a single-file checkpoint of "
+        raise ConfigError(key, str(p), "not a hexiscale checkpoint directory (a single-file checkpoint of "
                           "another strategy?)", "resume from a checkpoint saved with strategy='hexiscale'")
     marker = p / COMPLETE
     written = marker.read_text().strip() if marker.is_file() else None
     if written in PREVIOUS_FORMATS:
-        raise ConfigError("ckpt_path", str(p), f"a checkpoint in the previous format {written!r} "
+        raise ConfigError(key, str(p), f"a checkpoint in the previous format {written!r} "
                           f"({PREVIOUS_FORMATS[written]}); this version reads {FORMAT!r} (torch.distributed."
                           "checkpoint shards) only", "its weights are plain torch files: load them with "
                           "{n: t for f in sorted((ckpt / 'model').glob('*.pt')) for n, t in torch.load(f).items()} "
                           "and start a new run from them (LlamaLitModule.init_state_dict); its optimizer state "
                           "cannot be resumed by this version")
     if written is None:
-        _refuse_what_is_not_a_checkpoint(p)
+        _refuse_what_is_not_a_checkpoint(p, key)
     if written is None or ".tmp-" in p.name:
-        raise ConfigError("ckpt_path", str(p), f"partial checkpoint: the {COMPLETE} marker is missing, so the save was "
+        raise ConfigError(key, str(p), f"partial checkpoint: the {COMPLETE} marker is missing, so the save was "
                           "interrupted before every rank had written its part", "resume from an earlier checkpoint")
     if written != FORMAT:
-        raise ConfigError("ckpt_path", str(p), f"format {written!r} is not {FORMAT!r}",
+        raise ConfigError(key, str(p), f"format {written!r} is not {FORMAT!r}",
                           "load it with the lightning-hexiscale version that wrote it")
     if not (p / ".metadata").is_file() or not (p / META).is_file():
-        raise ConfigError("ckpt_path", str(p), f"marked {COMPLETE} but .metadata or {META} is missing",
+        raise ConfigError(key, str(p), f"marked {COMPLETE} but .metadata or {META} is missing",
                           "the checkpoint is damaged; use another")
     return p
 

@@ -140,3 +140,16 @@ def test_the_recipe_drops_a_last_validation_batch_the_strategy_would_leave_out()
     _, one = train_fit.make_data(cfg, module().config, 8, pipeline_batches=[8])
     assert len(two.dataset) == len(one.dataset) == 25
     assert (two.drop_last, one.drop_last) == (True, False)
+
+
+def test_a_resume_path_that_is_no_checkpoint_is_refused_before_planning(tmp_path):
+    """trainer.resume=outputs/run/checkpoints (the folder, not last.ckpt in it) passed the early check
+    (it exists and is a directory); the ranks refused it after the search and the launch, naming
+    ``ckpt_path``, a key the recipe does not have."""
+    folder = tmp_path / "checkpoints"
+    (folder / "last.ckpt").mkdir(parents=True)
+    (folder / "last.ckpt" / "COMPLETE").write_text("hexiscale-checkpoint/2")
+    for bad, what in ((folder, "a folder of checkpoints"), (tmp_path, "partial checkpoint")):
+        cfg = compose(["cluster=cpu2", "model=llama_tiny", f"trainer.resume={bad}"])
+        with pytest.raises(ConfigError, match=f"^trainer.resume = .*{what}"):
+            train_run.check_early(cfg)
