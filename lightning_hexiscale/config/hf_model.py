@@ -40,11 +40,18 @@ def read_hf_config(directory: str | Path, key: str = "model") -> dict[str, Any]:
     """The parsed ``config.json`` of a LOCAL Hugging Face model directory (nothing is downloaded)."""
     d = Path(directory).expanduser()
     f = d / "config.json"
+    if d.is_file():  # e.g. the model.safetensors inside the directory
+        raise ConfigError(key, str(directory), "is a file; a Hugging Face model is the directory holding config.json "
+                          "and *.safetensors", f"give the directory: model=hf:{d.parent} (or trainer.weights={d.parent})")
     if not d.is_dir():
         raise ConfigError(key, str(directory), "no such local directory (nothing is downloaded)",
                           "point to a directory holding config.json and *.safetensors, e.g. one made by "
                           "`huggingface-cli download meta-llama/Llama-3.2-1B --local-dir DIR`")
     if not f.is_file():
+        if (d / "COMPLETE").is_file() or (d / "meta.pt").is_file():  # the markers of runtime/checkpoint.py
+            raise ConfigError(key, str(d), "a checkpoint of the hexiscale strategy, not a Hugging Face model directory",
+                              f"resume it with trainer.resume={d}, or turn it into one with "
+                              f"`hexiscale export {d} --hf OUT` and use model=hf:OUT")
         raise ConfigError(key, str(d), "the directory has no config.json", "point to a Hugging Face model directory")
     try:
         data = json.loads(f.read_text())

@@ -140,3 +140,17 @@ def test_export_from_pretrained_equal_logits(tmp_path):
     # training moved the weights away from the source directory's
     start = ours_from(src)
     assert (start.embed.weight - ours.embed.weight).abs().max() > 1e-4
+
+
+def test_a_path_that_is_no_hf_directory_says_what_it_is(tmp_path):
+    """model=hf:<file model.safetensors> said "no such local directory" (it exists), and
+    model=hf:<a checkpoint of this strategy> "the directory has no config.json" with no way forward."""
+    hf_model(tmp_path / "hf")
+    with pytest.raises(ConfigError, match="is a file.*model=hf:.*/hf"):
+        LlamaConfig.load(f"hf:{tmp_path / 'hf' / 'model.safetensors'}")
+    ckpt = tmp_path / "last.ckpt"
+    ckpt.mkdir()
+    (ckpt / "COMPLETE").write_text("hexiscale-checkpoint/2")
+    (ckpt / "meta.pt").write_bytes(b"")
+    with pytest.raises(ConfigError, match="checkpoint of the hexiscale strategy.*trainer.resume=.*hexiscale export"):
+        LlamaConfig.load(f"hf:{ckpt}")
