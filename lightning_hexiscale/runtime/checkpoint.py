@@ -124,9 +124,10 @@ class Checkpointer:
         optimizer = user_optimizer(optimizer)
         if optimizer is not None:
             check_optimizer(engine, optimizer)
+        path = Path(path)
+        check_save_target(path)
         while len(self._pending) >= MAX_IN_FLIGHT:
             self._pop()
-        path = Path(path)
         on = _distributed()
         coordinator = not on or dist.get_rank(self.group) == 0
         if self._run_id is None:  # before any save is in flight: the group is free
@@ -194,6 +195,21 @@ class Checkpointer:
             if self._executor is not None:
                 self._executor.shutdown(wait=wait, cancel_futures=True)
                 self._executor = None
+
+
+def check_save_target(path: Path) -> None:
+    """A save moves an existing ``path`` aside and deletes it: allowed for an earlier checkpoint (any
+    format, with its COMPLETE marker), an empty directory or a file (Lightning's single-file saves
+    overwrite too); any other directory is refused before anything is written, so that a typo
+    cannot delete a folder. Every rank checks the same path on the shared file system, so all raise
+    or none does."""
+    if not path.is_dir() or (path / COMPLETE).is_file():
+        return
+    inside = sorted(c.name for c in path.iterdir())
+    if inside:
+        raise ConfigError("checkpoint path", str(path), f"an existing directory that is not a checkpoint (it holds "
+                          f"{', '.join(inside[:3])}{', ...' if len(inside) > 3 else ''}); a save would replace it whole",
+                          "save to a new path, e.g. " + str(path / "last.ckpt"))
 
 
 def save(path: str | Path, engine, optimizer: Optimizer | None = None, lightning_state: dict[str, Any] | None = None,
