@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lightning_hexiscale.cli.common import subcommand
+from lightning_hexiscale.cli.common import check_output_file, subcommand
 from lightning_hexiscale.errors import ConfigError
 
 ACTIONS = ("info", "consolidate")
@@ -56,10 +56,11 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
         raise ConfigError("hexiscale checkpoint consolidate", args.ckpt, "needs the output file",
                           "run `hexiscale checkpoint consolidate CKPT OUT.pt`")
     out = Path(args.out)
-    if out.exists() and not args.force:
-        raise ConfigError("OUT.pt", str(out), "exists", "choose another path or pass --force")
     if out.is_dir():
         raise ConfigError("OUT.pt", str(out), "is a directory", "give a file path such as llama.pt")
+    if out.exists() and not args.force:
+        raise ConfigError("OUT.pt", str(out), "exists", "choose another path or pass --force")
+    check_output_file("OUT.pt", str(out), "llama.pt")  # a folder below a file, or one we cannot write in
     summary = ckpt.consolidate(args.ckpt, out)
     print(f"wrote {out}: {summary['tensors']} tensors, {summary['bytes'] / 1e6:.1f} MB, model {summary['model']}, "
           f"step {summary['global_step']}")

@@ -29,9 +29,12 @@ def _args(p: argparse.ArgumentParser) -> None:
 @subcommand("prepare-data", "tokenise local text/JSONL into a token file + index for training", _args,
             no_overrides="the tokenizer is --tokenizer DIR_OR_JSON, the output --out DATA.bin")
 def cmd_prepare_data(args: argparse.Namespace) -> int:
+    from lightning_hexiscale.cli.common import check_output_file
     from lightning_hexiscale.config.units import parse_bytes
-    from lightning_hexiscale.data.tokenize import prepare
+    from lightning_hexiscale.data.tokenize import index_path, prepare
 
+    for path in (args.out, index_path(args.out)):  # before tokenising, not at the final rename
+        check_output_file("--out", str(path), "train.bin")
     index = prepare(args.inputs, args.tokenizer, args.out, field=args.field, fmt=args.fmt,
                     eos=args.eos, bos=args.bos, chunk_bytes=int(parse_bytes(args.chunk_size, "--chunk-size")),
                     progress=not args.no_progress)

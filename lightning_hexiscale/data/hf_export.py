@@ -17,6 +17,7 @@ interrupted export never leaves a directory that looks complete.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import uuid
 from collections.abc import Mapping
@@ -83,6 +84,13 @@ def check_export_target(out: str | Path, overwrite: bool) -> Path:
     existing directory needs ``overwrite``, and even then it may hold only what an export writes,
     so that ``--overwrite`` cannot wipe a model's source directory, a checkpoint or a home folder."""
     out = Path(out).expanduser().absolute()
+    parent = out.parent
+    while not parent.exists():  # missing folders are created; the first one that exists must be one
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise ConfigError("--hf", str(out), f"cannot create a directory in {parent} "
+                          f"({'a file' if not parent.is_dir() else 'not writable'})",
+                          "give a path inside a writable directory")
     if out.exists() and not out.is_dir():
         raise ConfigError("--hf", str(out), "is a file; the export writes a directory (config.json, *.safetensors)",
                           "give the path of a new directory, e.g. --hf " + str(out.with_suffix("")) + "-hf")
