@@ -25,6 +25,7 @@ shards from it, and the example module loads it whole on one device.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Iterator, Mapping
@@ -220,11 +221,16 @@ def check_hf_config(directory: str | Path, config: LlamaConfig) -> LlamaConfig:
 
 def attach_weights(module, directory: str | Path) -> None:
     """Make ``module`` start from the weights in ``directory`` (see the module doc's contract); its
-    ``config`` must match the directory's config.json (ConfigError otherwise)."""
+    ``config`` must match the directory's config.json (ConfigError otherwise), and takes the
+    directory's ``max_position_embeddings`` when it leaves it open."""
     config = getattr(module, "config", None)
     if config is None:
         config, weights = load_hf(directory)
     else:
-        check_hf_config(directory, config)
+        theirs = check_hf_config(directory, config)
+        if config.max_position_embeddings is None and theirs.max_position_embeddings is not None:
+            # A preset that leaves the context open (the Llama 2 ones) would otherwise record its
+            # training seq_len as the model's context in checkpoints and exported config.json files.
+            config = module.config = dataclasses.replace(config, max_position_embeddings=theirs.max_position_embeddings)
         weights = HFWeights(directory, config)
     module.init_state_dict = weights

@@ -346,7 +346,11 @@ def read_meta(path: str | Path, weights_only: bool | None = None) -> dict[str, A
 def _check_model(meta: dict[str, Any], config: LlamaConfig, path: Path) -> None:
     saved = dict(meta["hexiscale"]["model"])
     now = config.to_dict()
-    diff = [k for k in now if k != "name" and saved.get(k) != now[k]]
+    # The context is metadata (RoPE tables follow the sequence at hand), recorded only when known:
+    # a preset leaves it open, the same preset started from HF weights records theirs.
+    open_context = saved.get("max_position_embeddings") is None or now["max_position_embeddings"] is None
+    diff = [k for k in now if k != "name" and saved.get(k) != now[k]
+            and not (k == "max_position_embeddings" and open_context)]
     if diff:
         k = diff[0]
         raise ConfigError(f"model.{k}", now[k], f"the checkpoint {path} was saved for {k}={saved.get(k)!r}",

@@ -5,6 +5,7 @@ one-device loss. The directory is written by ``save_hf`` (the export path), in s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import lightning.pytorch as pl
@@ -130,3 +131,32 @@ def test_the_index_decides_which_files_hold_the_weights(tmp_path):
     shutil.copy(next(iter(sorted(d.glob("model-0*-of-*.safetensors")))), two / "extra.safetensors")
     with pytest.raises(ConfigError, match="trainer.weights.*in two files.*extra.safetensors"):
         HFWeights(two, TINY)
+
+
+def test_a_preset_without_a_context_takes_the_weights_context(tmp_path):
+    """model=llama2_7b trainer.weights=/models/Llama-2-7b-hf model.seq_len=512: the preset leaves
+    max_position_embeddings open, so the checkpoint and `hexiscale export` recorded the training
+    seq_len as the model's context (config.json said 512 where the weights support 4096, and a
+    server reading it would refuse longer prompts). The directory's value is recorded instead."""
+    d, _ = hf_directory(tmp_path)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 64}))
+    m = module()
+    assert m.config.max_position_embeddings is None and m.config.seq_len == 16
+    attach_weights(m, d)
+    assert m.config.max_position_embeddings == 64 and m.config.seq_len == 16
+    assert m.config.to_hf()["max_position_embeddings"] == 64
+
+
+def test_resuming_is_not_refused_over_a_context_one_side_leaves_open():
+    """After the above, a run started with trainer.weights records the weights' context; resuming it
+    with the bare preset (or a checkpoint of an older run with the weights) must still work: the
+    context is metadata (RoPE tables follow the sequence), not a shape."""
+    from lightning_hexiscale.runtime.checkpoint import _check_model
+
+    with_context = dataclasses.replace(TINY, max_position_embeddings=64)
+    for saved, now in ((with_context, TINY), (TINY, with_context), (with_context, with_context)):
+        _check_model({"hexiscale": {"model": saved.to_dict()}}, now, "x.ckpt")
+    with pytest.raises(ConfigError, match="model.max_position_embeddings = 128"):
+        _check_model({"hexiscale": {"model": with_context.to_dict()}},
+                     dataclasses.replace(TINY, max_position_embeddings=128), "x.ckpt")
