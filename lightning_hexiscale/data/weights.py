@@ -101,6 +101,12 @@ def _weight_files(directory: Path) -> tuple[list[Path], dict[str, str] | None]:
         # A listed file that is missing shows below as the tensors it should hold ("lack ... tensors").
         return sorted({directory / v for v in listed.values() if (directory / v).is_file()}), listed
     files = sorted(directory.glob("*.safetensors")) if directory.is_dir() else []
+    pickled = sorted(directory.glob("pytorch_model*.bin")) if directory.is_dir() else []
+    if not files and pickled:  # an older repository: the weights are there, in another format
+        raise ConfigError("trainer.weights", str(directory), f"holds {pickled[0].name} (PyTorch pickles) but no "
+                          "*.safetensors files, the only format read here (safely, and a rank's rows only)",
+                          "convert it once: transformers.LlamaForCausalLM.from_pretrained(DIR)"
+                          ".save_pretrained(NEW_DIR) writes safetensors, then use NEW_DIR")
     if not files:
         raise ConfigError("trainer.weights", str(directory), "no *.safetensors files in this local directory",
                           "point to a downloaded HF Llama directory (nothing is downloaded here)")

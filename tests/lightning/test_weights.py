@@ -160,3 +160,13 @@ def test_resuming_is_not_refused_over_a_context_one_side_leaves_open():
     with pytest.raises(ConfigError, match="model.max_position_embeddings = 128"):
         _check_model({"hexiscale": {"model": with_context.to_dict()}},
                      dataclasses.replace(TINY, max_position_embeddings=128), "x.ckpt")
+
+
+def test_a_directory_of_pytorch_bin_weights_says_how_to_convert(tmp_path):
+    """Older Hugging Face repositories hold pytorch_model*.bin only; "no *.safetensors files. Fix:
+    point to a downloaded HF Llama directory" sent the user to a directory they already had."""
+    d = tmp_path / "old"
+    d.mkdir()
+    (d / "pytorch_model-00001-of-00002.bin").write_bytes(b"")
+    with pytest.raises(ConfigError, match="pytorch_model.*bin.*save_pretrained"):
+        HFWeights(d, TINY)
