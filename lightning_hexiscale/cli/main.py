@@ -44,8 +44,7 @@ def load_commands() -> None:
         importlib.import_module(f"lightning_hexiscale.cli.{name}")
 
 
-from lightning_hexiscale.cli.common import EPILOG, NO_OVERRIDES, SUBCOMMANDS, notice_printer
-from lightning_hexiscale.cli.examples import examples_text
+from lightning_hexiscale.cli.common import EPILOG, NO_OVERRIDES, SUBCOMMANDS, examples_text, notice_printer
 from lightning_hexiscale.errors import HexiScaleError
 
 EXIT_INTERRUPTED = 130

@@ -1,0 +1,117 @@
+"""What the `hexiscale` commands outside `train` promise their user:
+
+- a command that reads no configuration refuses KEY=VALUE overrides instead of ignoring them, and
+  its --help does not offer them (`hexiscale export CKPT --hf OUT model=llama_tiny` exported with
+  the checkpoint's own model and said nothing about the override);
+- every `hexiscale COMMAND --help` shows examples, and each one parses with the command's own
+  parser (so the help cannot go stale);
+- the files a command writes are checked before its work: a path it cannot write is a one-line
+  ConfigError naming the option, never a traceback from the last rename (prepare-data --out onto a
+  directory or below a file, checkpoint consolidate and export below a file).
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+from lightning_hexiscale.cli import common
+from lightning_hexiscale.cli.main import build_parser, main
+
+sys.path.insert(0, str(Path(__file__).parent / "data"))
+from test_prepare_data import make_tokenizer  # noqa: E402
+
+PARSER = build_parser()
+COMMANDS = next(a for a in PARSER._subparsers._group_actions).choices
+
+
+# ---- overrides ----------------------------------------------------------------------------------
+NO_CONFIG = {  # command -> arguments that parse (the command itself is replaced below and must not run)
+    "export": ["ckpt", "--hf", "out"],
+    "prepare-data": ["a.txt", "--tokenizer", "tok.json", "--out", "a.bin"],
+    "profile": ["--local", "2"],
+    "discover": ["--local", "2", "--model", "llama_tiny"],
+    "rendezvous-store": [],
+    "checkpoint": ["consolidate", "ckpt", "out.pt"],
+    "list": [],
+}
+
+
+@pytest.mark.parametrize("command", list(NO_CONFIG))
+def test_overrides_are_refused_before_the_command_runs(command, monkeypatch, capsys):
+    ran = []
+    help_, configure, _fn = common.SUBCOMMANDS[command]
+    monkeypatch.setitem(common.SUBCOMMANDS, command, (help_, configure, lambda args: ran.append(args) or 0))
+    assert main([command, *NO_CONFIG[command], "model=llama_tiny"]) == 2
+    err = capsys.readouterr().err
+    assert f"hexiscale {command} = 'model=llama_tiny': takes no overrides" in err and "Fix: drop them" in err
+    assert not ran
+
+
+@pytest.mark.parametrize("command", list(NO_CONFIG))
+def test_help_offers_no_overrides_to_a_command_that_reads_none(command):
+    sub = COMMANDS[command]
+    text = sub.format_help()
+    assert "KEY=VALUE" not in text and "Hydra" not in text
+
+
+def test_a_command_that_composes_the_config_still_offers_them():
+    sub = COMMANDS["estimate"]
+    assert "KEY=VALUE" in sub.format_help() and "cluster=NAME" in sub.format_help()
+
+
+def test_checkpoint_info_refuses_an_output_file(tmp_path, capsys):
+    """`checkpoint info CKPT X` took X as OUT.pt and ignored it (so `info CKPT model=...` said nothing)."""
+    assert main(["checkpoint", "info", str(tmp_path / "ckpt"), "model=llama_tiny"]) == 2
+    err = capsys.readouterr().err
+    assert "OUT.pt = 'model=llama_tiny'" in err and "info writes nothing" in err
+
+
+# ---- examples in --help ---------------------------------------------------------------------------
+def examples(command: str) -> list[str]:
+    text = COMMANDS[command].format_help()
+    head = "examples:" if "examples:" in text else "example:"
+    assert head in text, f"`hexiscale {command} --help` shows no example"
+    block = text.split(head, 1)[1].split("\n\n", 1)[0]
+    return [line.strip() for line in block.splitlines() if line.strip().startswith(("hexiscale", "sudo hexiscale"))]
+
+
+@pytest.mark.parametrize("command", [c for c in COMMANDS if c != "train"])  # train: Hydra's own help, tested apart
+def test_help_shows_examples_that_parse(command):
+    shown = examples(command)
+    assert shown
+    for line in shown:
+        argv = [a for a in shlex.split(line.split("  #", 1)[0]) if a != "&"]  # & : run in the background
+        argv = argv[argv.index("hexiscale") + 1:]
+        if "--" in argv:  # emulate: the command after -- is not ours to parse
+            argv = argv[:argv.index("--")]
+        args = PARSER.parse_args(argv)
+        assert args.command == command, line
+
+
+# ---- outputs ----------------------------------------------------------------------------------------
+@pytest.fixture
+def workdir(tmp_path):
+    make_tokenizer(tmp_path)
+    (tmp_path / "a.txt").write_text("the cluster trains a small model\n")
+    (tmp_path / "taken.bin").mkdir()
+    return tmp_path
+
+
+@pytest.mark.parametrize("argv, key", [
+    (["prepare-data", "{d}/a.txt", "--tokenizer", "{d}/tokenizer.json", "--out", "{d}/taken.bin", "--no-progress"],
+     "--out"),
+    (["prepare-data", "{d}/a.txt", "--tokenizer", "{d}/tokenizer.json", "--out", "{d}/a.txt/x.bin", "--no-progress"],
+     "--out"),
+    (["checkpoint", "consolidate", "{d}/no.ckpt", "{d}/a.txt/llama.pt"], "OUT.pt"),
+    (["export", "{d}/no.ckpt", "--hf", "{d}/a.txt/hf"], "--hf"),
+])
+def test_an_output_that_cannot_be_written_is_refused_first(workdir, argv, key, capsys):
+    assert main([a.format(d=workdir) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {key} = " in err and "Traceback" not in err
+    assert sorted(p.name for p in workdir.iterdir()) == ["a.txt", "taken.bin", "tokenizer.json"]
+    assert list((workdir / "taken.bin").iterdir()) == []
