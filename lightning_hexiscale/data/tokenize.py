@@ -188,6 +188,11 @@ def prepare(inputs: Sequence[str | Path], tokenizer_path: str | Path, out: str |
 
     files = [Path(p).expanduser() for p in inputs]
     for p in files:
+        if p.is_dir():  # one level of glob is the shell's job, so that the order of documents is visible
+            suffixes = sorted({f.suffix for f in p.iterdir() if f.is_file() and f.suffix})
+            example = " ".join(f"{p}/*{x}" for x in suffixes[:3]) or f"{p}/*.txt"
+            raise ConfigError("INPUT", str(p), "is a directory; the inputs are files",
+                              f"give its files, e.g. {example}")
         if not p.is_file():
             raise ConfigError("INPUT", str(p), "no such file", "give local text or JSONL files")
     if fmt not in ("auto", "text", "jsonl"):

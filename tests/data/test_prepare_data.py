@@ -139,3 +139,12 @@ def test_an_input_is_never_overwritten_by_the_outputs(tmp_path):
     with pytest.raises(ConfigError, match="--out.*raw.bin.*INPUT"):
         prepare([raw], tok_path, raw, fmt="text", progress=False)
     assert raw.read_text() == "the model\n"
+
+
+def test_a_directory_input_names_its_files(tmp_path):
+    """`prepare-data corpus/` said "no such file" of a directory that exists."""
+    tok, tok_path = make_tokenizer(tmp_path)
+    (tmp_path / "corpus").mkdir()
+    write_jsonl(tmp_path / "corpus" / "a.jsonl", DOCS, field="text")
+    with pytest.raises(ConfigError, match="INPUT.*is a directory.*corpus/\\*.jsonl"):
+        prepare([tmp_path / "corpus"], tok_path, tmp_path / "x.bin", progress=False)
