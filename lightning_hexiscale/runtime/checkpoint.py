@@ -300,7 +300,8 @@ def _refuse_what_is_not_a_checkpoint(p: Path, key: str) -> None:
     if (p / "config.json").is_file() and any(p.glob("*.safetensors")):
         raise ConfigError(key, str(p), "a Hugging Face model directory (config.json, *.safetensors), not a "
                           "checkpoint of the hexiscale strategy",
-                          f"start training from its weights with model=hf:{p} (or trainer.weights={p})")
+                          f"start training from its weights: model=hf:{p} (or trainer.weights={p}) in the recipe, "
+                          f"LlamaLitModule('hf:{p}') in Python")
 
 
 def check_complete(path: str | Path, key: str = "ckpt_path") -> Path:
