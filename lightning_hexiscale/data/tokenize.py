@@ -242,6 +242,9 @@ def prepare(inputs: Sequence[str | Path], tokenizer_path: str | Path, out: str |
                 total += tokens
                 sources.append({"path": str(path.resolve()), "format": kind, "documents": docs, "tokens": tokens,
                                 "bytes": path.stat().st_size})
+        if total == 0:  # every input empty: a token file of nothing would fail only when training starts
+            raise ConfigError("INPUT", " ".join(str(p) for p in files), "every input file is empty: no tokens",
+                              "give files that hold text (an earlier token file at --out is kept)")
         index = {"format": INDEX_FORMAT, "dtype": dtype.name, "vocab_size": vocab, "num_tokens": total,
                  "eos_id": eos_id, "bos_id": bos_id, "tokenizer": str(Path(tokenizer_path).expanduser().resolve()),
                  "field": field, "sources": sources}

@@ -148,3 +148,17 @@ def test_a_directory_input_names_its_files(tmp_path):
     write_jsonl(tmp_path / "corpus" / "a.jsonl", DOCS, field="text")
     with pytest.raises(ConfigError, match="INPUT.*is a directory.*corpus/\\*.jsonl"):
         prepare([tmp_path / "corpus"], tok_path, tmp_path / "x.bin", progress=False)
+
+
+def test_only_empty_inputs_are_refused_and_an_earlier_token_file_is_kept(tmp_path):
+    """Empty files only: it wrote a 0-token file over the earlier one and exited 0 (training then
+    failed on a dataset of no samples)."""
+    tok, tok_path = make_tokenizer(tmp_path)
+    out = tmp_path / "ok.bin"
+    prepare([write_jsonl(tmp_path / "c.jsonl", DOCS, field="text")], tok_path, out, progress=False)
+    before = out.read_bytes()
+    (tmp_path / "a.txt").write_text("")
+    (tmp_path / "b.txt").write_text("")
+    with pytest.raises(ConfigError, match="INPUT.*every input file is empty: no tokens"):
+        prepare([tmp_path / "a.txt", tmp_path / "b.txt"], tok_path, out, progress=False)
+    assert out.read_bytes() == before and not list(tmp_path.glob("*.tmp"))
