@@ -132,7 +132,13 @@ def save_hf(state: Mapping[str, torch.Tensor], config: LlamaConfig, out: str | P
         t = state[n].detach().to("cpu")
         if tuple(t.shape) != want[n]:
             raise ConfigError("CKPT", f"{n} {list(t.shape)}", f"{config.name} needs {list(want[n])}", "check the checkpoint")
-        tensors.append(t.to(DTYPES[dtype]) if dtype is not None else t)
+        cast = t.to(DTYPES[dtype]) if dtype is not None else t
+        if cast.is_floating_point() and t.is_floating_point() and torch.isinf(cast).any() and not torch.isinf(t).any():
+            # float16 tops out at 65,504: a larger weight would be written as inf without a word
+            raise ConfigError("--dtype", dtype, f"{n} has values up to {t.abs().max().item():.4g}, beyond {dtype}'s "
+                              f"range ({torch.finfo(cast.dtype).max:.5g}): they would be written as inf",
+                              "use --dtype bfloat16 (float32's range) or float32")
+        tensors.append(cast)
     out_dtype = next((k for k, v in DTYPES.items() if v == tensors[0].dtype), "float32")
     tmp = out.with_name(f"{out.name}.tmp-{uuid.uuid4().hex[:8]}")
     tmp.mkdir(parents=True)

@@ -56,3 +56,17 @@ def test_the_cli_checks_the_output_before_reading_the_checkpoint(tmp_path, capsy
     err = capsys.readouterr().err
     assert "--hf" in err and "is a file" in err and "Traceback" not in err
     assert target.read_text() == "mine"
+
+
+def test_float16_refuses_weights_beyond_its_range(tmp_path):
+    """A weight of 7e4 (float16's largest is 65,504) was written as inf with --dtype float16; bfloat16
+    keeps float32's range, and in-range weights export to float16 as before."""
+    big = state(0)
+    big["layers.0.mlp.down_proj.weight"] = big["layers.0.mlp.down_proj.weight"].clone()
+    big["layers.0.mlp.down_proj.weight"][0, 0] = 7e4
+    with pytest.raises(ConfigError, match=r"--dtype.*layers.0.mlp.down_proj.weight has values up to 7e\+04.*bfloat16"):
+        save_hf(big, CONFIG, tmp_path / "f16", dtype="float16")
+    assert not (tmp_path / "f16").exists()
+    save_hf(big, CONFIG, tmp_path / "bf16", dtype="bfloat16")
+    save_hf(state(0), CONFIG, tmp_path / "ok16", dtype="float16")
+    assert json.loads((tmp_path / "ok16" / "config.json").read_text())["torch_dtype"] == "float16"
