@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import uuid
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -70,6 +71,13 @@ def tokenizer_extras(tokenizer_dir: Path | None) -> dict:
                 if key in data and key not in out:
                     out[key] = data[key]
     return out
+
+
+class NoTokenIdsWarning(UserWarning):
+    """An export without a tokenizer directory: config.json gets no bos/eos token ids."""
+
+    cli_notice = True
+    """``hexiscale export`` prints it as one line (``cli/common.py``)."""
 
 
 def _written_by_export(name: str) -> bool:
@@ -133,7 +141,8 @@ def save_hf(state: Mapping[str, torch.Tensor], config: LlamaConfig, out: str | P
         if tuple(t.shape) != want[n]:
             raise ConfigError("CKPT", f"{n} {list(t.shape)}", f"{config.name} needs {list(want[n])}", "check the checkpoint")
         cast = t.to(DTYPES[dtype]) if dtype is not None else t
-        if cast.is_floating_point() and t.is_floating_point() and torch.isinf(cast).any() and not torch.isinf(t).any():
+        if cast.is_floating_point() and t.is_floating_point() and torch.isinf(cast).any() \
+                and not torch.isinf(t).any():
             # float16 tops out at 65,504: a larger weight would be written as inf without a word
             raise ConfigError("--dtype", dtype, f"{n} has values up to {t.abs().max().item():.4g}, beyond {dtype}'s "
                               f"range ({torch.finfo(cast.dtype).max:.5g}): they would be written as inf",
@@ -155,7 +164,15 @@ def save_hf(state: Mapping[str, torch.Tensor], config: LlamaConfig, out: str | P
         if len(groups) > 1:
             index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
             (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-        hf = config.to_hf(out_dtype, tokenizer_extras(tok))
+        extras = tokenizer_extras(tok)
+        if "eos_token_id" not in extras:
+            # transformers then assumes Llama 2's ids (bos 1, eos 2): Llama 3's are 128000 / 128001 and up,
+            # and generation would not stop at the end of a turn
+            why = "no --tokenizer" if tok is None else f"none in {tok}"
+            warnings.warn(f"config.json of {out} gets no bos/eos token ids ({why}), so transformers assumes 1 "
+                          f"and 2 (Llama 2's). Fix: pass --tokenizer DIR, the Hugging Face directory the model "
+                          f"came from (its config.json has them)", NoTokenIdsWarning, stacklevel=2)
+        hf = config.to_hf(out_dtype, extras)
         (tmp / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
         if tok is not None:
             for name in TOKENIZER_FILES:

@@ -70,3 +70,23 @@ def test_float16_refuses_weights_beyond_its_range(tmp_path):
     save_hf(big, CONFIG, tmp_path / "bf16", dtype="bfloat16")
     save_hf(state(0), CONFIG, tmp_path / "ok16", dtype="float16")
     assert json.loads((tmp_path / "ok16" / "config.json").read_text())["torch_dtype"] == "float16"
+
+
+def test_an_export_without_token_ids_says_so(tmp_path):
+    """Without --tokenizer config.json had no bos/eos ids, silently: transformers then assumes 1 and 2
+    (Llama 2's), wrong for Llama 3. With a tokenizer directory whose config.json has them: no warning."""
+    from lightning_hexiscale.data.hf_export import NoTokenIdsWarning
+
+    with pytest.warns(NoTokenIdsWarning, match="no bos/eos token ids.*--tokenizer DIR"):
+        save_hf(state(0), CONFIG, tmp_path / "bare")
+    assert "eos_token_id" not in json.loads((tmp_path / "bare" / "config.json").read_text())
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    (tok / "tokenizer.json").write_text("{}")
+    (tok / "config.json").write_text(json.dumps({"bos_token_id": 60, "eos_token_id": 61}))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NoTokenIdsWarning)
+        save_hf(state(0), CONFIG, tmp_path / "with", tokenizer_dir=tok)
+    assert json.loads((tmp_path / "with" / "config.json").read_text())["eos_token_id"] == 61
