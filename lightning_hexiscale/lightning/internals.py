@@ -8,7 +8,7 @@ one breaks in exactly one place, and :func:`check` (run by the strategy's ``setu
 outside this module or is missing from this list) says which name moved, in which Lightning
 version, instead of failing deep inside a training step.
 
-The touches: 8 (Lightning's own strategies: 4-8), one per function or class here, each name checked
+The touches: 9 (Lightning's own strategies: 4-8), one per function or class here, each name checked
 by :data:`CHECKS`:
 
 The step and the data (2):
@@ -24,6 +24,9 @@ Launching (4):
   7. ``_MultiProcessingLauncher``, its ``_wrapping_function``, ``_collect_rank_zero_results`` and
      ``_strategy``: :class:`ProcessLauncher` (idle ranks: the reporting worker)
   8. ``Trainer.__init__``'s ``precision`` local, read from its frame: :func:`trainer_precision_argument`
+Logging (1):
+  9. ``Trainer._results`` (the active loop's ``_ResultCollection``), its ``batch_size``:
+     :func:`logged_batch_size`
 
 Torch's, not Lightning's: the LR scheduler's ``_opt_called`` / ``_wrapped_by_lr_sched``
 (:func:`track_step_calls`) and ``sys._getframe`` (8.).
@@ -38,7 +41,7 @@ import importlib
 import inspect
 import logging
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 from lightning_hexiscale.errors import HexiScaleError
 from lightning_hexiscale.lightning.launch import job_watch
@@ -70,6 +73,8 @@ CHECKS: tuple[tuple[int, str, str, str], ...] = (
     (7, _PROCESSES, "_collect_rank_zero_results", "callable"),
     (7, _PROCESSES, "_strategy", "init"),
     (8, _TRAINER, "precision", "local"),
+    (9, _TRAINER, "_results", "property"),
+    (9, "lightning.pytorch.trainer.connectors.logger_connector.result._ResultCollection", "batch_size", "init"),
 )
 """(touch number of the module doc, owner, name, kind) for every private name used here. Kinds:
 ``callable`` (a method or function of the owner), ``property``, ``init`` (assigned by the
@@ -184,6 +189,22 @@ def adopt_logger_versions(trainer, versions: list | None) -> None:
     for logger, version in zip(trainer.loggers, versions or []):
         if version is not None and hasattr(logger, "_version"):
             logger._version = version
+
+
+# ---- logging ------------------------------------------------------------------------------------------
+def logged_batch_size(module) -> Callable[[int], None]:
+    """``rows -> None``: the batch size by which Lightning weighs the values ``module`` logs for the
+    current evaluation batch becomes ``rows``, the global batch's. Lightning takes it from the batch
+    it hands the step, here the rank's slice (4 or 2 of 6, 3 or 2 of a last 5), while the loss is the
+    global batch's: the epoch mean then weighed each batch by its slice (no sync_dist) or by the
+    sum of the slices of every rank (sync_dist; a pipeline of 2 stages counts its slice twice), not
+    by its size as on one device. An explicit ``self.log(..., batch_size=...)`` still wins."""
+    def note(rows: int) -> None:
+        results = module.trainer._results
+        if results is not None:
+            results.batch_size = rows
+
+    return note
 
 
 # ---- the optimizer (torch's private names) ------------------------------------------------------

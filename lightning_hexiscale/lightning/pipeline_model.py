@@ -23,7 +23,7 @@ Trainer's ``accumulate_grad_batches`` (Lightning divides the one-device loss by 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch import nn
@@ -64,8 +64,12 @@ class PipelineModel(nn.Module):
     module's ``configure_optimizers`` builds from it) are this rank's local shards.
     """
 
-    def __init__(self, engine: PipelineEngine, loss_dtype: torch.dtype):
+    def __init__(self, engine: PipelineEngine, loss_dtype: torch.dtype,
+                 rows_seen: Callable[[int], None] | None = None):
         super().__init__()
+        self.rows_seen = rows_seen
+        """Told the sequences of the global batch each forward-only loss is the mean of (the strategy
+        has Lightning weigh logged values by it: :func:`~lightning_hexiscale.lightning.internals.logged_batch_size`)."""
         self.stage = engine.stage
         self._engine = engine
         self.config = engine.config
@@ -98,7 +102,10 @@ class PipelineModel(nn.Module):
     # ---- forward only --------------------------------------------------------------------
     def _evaluate(self, tokens: torch.Tensor, targets: torch.Tensor) -> float:
         """The engine's forward-only walk (micro-batches of the plan's size), reduced over the world."""
-        return self._engine.eval_loss(tokens, targets)
+        loss, rows = self._engine.eval_loss_and_rows(tokens, targets)
+        if self.rows_seen is not None:
+            self.rows_seen(rows)
+        return loss
 
     # ---- prediction ------------------------------------------------------------------------
     def predict_logits(self, logits: PipelineLogits) -> torch.Tensor | None:

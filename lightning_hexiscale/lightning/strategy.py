@@ -335,7 +335,7 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, int
                                 device=self.root_device, dtype=param.dtype, autocast_dtype=self._autocast_dtype(),
                                 state_dict=state, fast_path=self.settings.fast_path)
         loss_dtype = torch.float64 if param.dtype == torch.float64 else torch.float32
-        return PipelineModel(engine, loss_dtype)
+        return PipelineModel(engine, loss_dtype, internals.logged_batch_size(module))
 
     def _global_batch_for(self) -> int | None:
         """The explicit global batch, else the training DataLoader's batch size (read, not consumed)."""

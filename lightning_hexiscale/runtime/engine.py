@@ -25,7 +25,7 @@ from lightning_hexiscale.models.llama import Llama
 from lightning_hexiscale.planner import Plan
 from lightning_hexiscale.runtime.comm_order import check_exchanges
 from lightning_hexiscale.runtime.fast_path import apply_fast_path, fuse_adam
-from lightning_hexiscale.runtime.forward_only import eval_loss, predict_logits
+from lightning_hexiscale.runtime.forward_only import eval_loss, eval_loss_and_rows, predict_logits
 from lightning_hexiscale.runtime.grad_sync import DEFAULT_BUCKET_CAP_BYTES, GradSynchronizer
 from lightning_hexiscale.runtime.parallelize import build_stage, load_full_state_dict, local_shards
 from lightning_hexiscale.runtime.reducers import GradReducer, build_reducer, gathers_parameters
@@ -178,6 +178,11 @@ class PipelineEngine:
         """Global mean token loss of this pipeline's rows and every other pipeline's, forward only
         (collective; :func:`~lightning_hexiscale.runtime.forward_only.eval_loss`)."""
         return eval_loss(self, tokens, targets)
+
+    def eval_loss_and_rows(self, tokens: torch.Tensor, targets: torch.Tensor) -> tuple[float, int]:
+        """:meth:`eval_loss` and the sequences of the world's batch it is the mean of (the same
+        all-reduce; a trainer weighs the loss by them when it averages over batches)."""
+        return eval_loss_and_rows(self, tokens, targets)
 
     def predict_logits(self, tokens: torch.Tensor) -> torch.Tensor | None:
         """The whole batch's logits on plan rank 0, None elsewhere (collective;

@@ -25,6 +25,12 @@ def eval_loss(engine, tokens: torch.Tensor, targets: torch.Tensor) -> float:
     The last-stage leader of each pipeline contributes (sum over chunks of chunk_mean * chunk_size,
     n) to one world all-reduce of two float64s; loss = sum / sum n.
     """
+    return eval_loss_and_rows(engine, tokens, targets)[0]
+
+
+def eval_loss_and_rows(engine, tokens: torch.Tensor, targets: torch.Tensor) -> tuple[float, int]:
+    """:func:`eval_loss` and the number of sequences of the world's batch (sum n), which the same
+    all-reduce gives: what the loss is the mean of."""
     role = engine.role
     with engine.full_params():
         weighted = engine.executor.forward_only(tokens, targets)
@@ -32,7 +38,7 @@ def eval_loss(engine, tokens: torch.Tensor, targets: torch.Tensor) -> float:
     if role.is_last and role.is_leader:
         buf[0], buf[1] = weighted.item(), float(tokens.shape[0])
     dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=engine.topology.plan_group)
-    return float(buf[0] / buf[1])
+    return float(buf[0] / buf[1]), int(buf[1])
 
 
 @torch.no_grad()

@@ -15,8 +15,12 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
+import torch
 
-from strategy_helpers import assert_matches, hexiscale_trainer, loader, module, plan_of, read_ranks, single_trainer
+from strategy_helpers import (TINY, assert_matches, hexiscale_trainer, loader, module, plan_of, read_ranks,
+                              single_trainer)
+
+from lightning_hexiscale.lightning.example import LlamaLitModule
 
 PLAN = plan_of([(4, 2, [([0, 1], (0, 4))]), (2, 1, [([2], (0, 2)), ([3], (2, 4))])], cluster="cpu_hetero4")
 G = PLAN.global_batch  # 6
@@ -85,3 +89,31 @@ def test_a_last_validation_batch_left_out_is_said_once(tmp_path):
     assert said == [["eval_dataloader: the last batch holds 1 of the 13 samples, too few to give each of the plan's 2 "
                      "pipelines one, so it is left out (one device would use it); use a batch size that divides 13 "
                      "or leaves at least 2 samples in the last batch"], []]
+
+
+class _LogsWithoutSync(LlamaLitModule):
+    """The validation loss logged as one-device code logs it: no sync_dist."""
+
+    def validation_step(self, batch, batch_idx):
+        loss = self._loss(batch)
+        self.log("val_loss", loss)
+        return loss
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("case", ["sync_dist, pipelines of 1 and 2 ranks", "no sync_dist"])
+def test_validation_loss_is_weighted_by_the_global_batch(tmp_path, case):
+    """Lightning weighs each batch's logged loss by the batch size it finds in the batch: here the
+    rank's slice (4 or 2 of 6, 3 or 2 of the last 5), although the loss is the global batch's. The
+    epoch mean then weighed the last batch 7/5 where the others weigh 8/6 when the 2 pipelines have
+    1 and 2 ranks (sync_dist: 3.2e-4 too low), and without sync_dist rank 0 weighed its own slices
+    (4, 4, 3: 6.7e-4 too high); one device weighs 6, 6 and 5."""
+    if case == "no sync_dist":
+        plan, make = plan_of([(4, 2, [([0], (0, 4))]), (2, 1, [([1], (0, 4))])]), _LogsWithoutSync
+    else:
+        plan, make = plan_of([(4, 2, [([0], (0, 4))]), (2, 1, [([1], (0, 2)), ([2], (2, 4))])]), LlamaLitModule
+    val = loader(17, 6, seed=1)  # batches of 6, 6 and 5
+    ref = single_trainer(tmp_path).validate(make(TINY, dtype=torch.float64, init_seed=7), val)[0]["val_loss"]
+    got = hexiscale_trainer(plan, tmp_path).validate(make(TINY, dtype=torch.float64, init_seed=7), val)
+    assert got[0]["val_loss"] == pytest.approx(ref, abs=1e-9)
