@@ -136,14 +136,18 @@ class PlanBatchSampler(Sampler[list[int]]):
         generator: the one-device loader's ``generator`` (None: torch's global generator).
         agree: ``value -> rank 0's value`` (a broadcast); None in a single process.
         drop_last: drop a last global batch shorter than G (always on for training).
+        one_device_keeps_last: the one-device loader uses such a last batch (its own ``drop_last`` is
+            off) although ``drop_last`` drops it here: :attr:`left_out` counts it.
     """
 
     def __init__(self, num_samples: int, batch_sizes: Sequence[int], pipeline: int, *, shuffle: bool,
                  seed: int | None = None, generator: torch.Generator | None = None,
-                 agree: Callable[[Any], Any] | None = None, drop_last: bool = True):
+                 agree: Callable[[Any], Any] | None = None, drop_last: bool = True,
+                 one_device_keeps_last: bool = False):
         if not 0 <= pipeline < len(batch_sizes):
             raise ValueError(f"pipeline {pipeline} out of range for {len(batch_sizes)} pipelines")
         self.batch_sizes, self.pipeline, self.drop_last = list(batch_sizes), pipeline, drop_last
+        self.one_device_keeps_last = one_device_keeps_last
         self.global_batch = sum(batch_sizes)
         self.sampler = _EpochPermutation(num_samples, shuffle, seed, generator, agree)
         self.consumed = 0
@@ -216,15 +220,24 @@ class PlanBatchSampler(Sampler[list[int]]):
 
     @property
     def left_out(self) -> int:
-        """Samples of a last batch too small to give every pipeline one, which is left out although
-        ``drop_last`` is false (0: none); a one-device loader would use them."""
-        return 0 if self.drop_last else short_last_batch(self.sampler.num_samples, self.global_batch, self.batch_sizes)
+        """Samples of a last batch that a one-device loader would use and this sampler does not (0:
+        none): one too small to give every pipeline one although ``drop_last`` is false, or, where
+        ``drop_last`` drops it (training) but the one-device loader keeps it, any short last batch."""
+        if self.drop_last:
+            return self.sampler.num_samples % self.global_batch if self.one_device_keeps_last else 0
+        return short_last_batch(self.sampler.num_samples, self.global_batch, self.batch_sizes)
 
     def left_out_note(self, key: str) -> str | None:
         """What to tell the user when :attr:`left_out` is not 0 (None otherwise)."""
         n, total, p = self.left_out, self.sampler.num_samples, len(self.batch_sizes)
         if not n:
             return None
+        if self.drop_last:  # training: every optimizer step takes exactly G sequences
+            g = self.global_batch
+            return (f"{key}: the last batch holds {n} of the {total} samples; one device trains on it, but each "
+                    f"optimizer step of the plan takes a whole global batch of {g}, so it is dropped every epoch "
+                    f"({len(self)} steps an epoch, not {len(self) + 1}); pass DataLoader(..., drop_last=True) to drop "
+                    f"it on one device too, or use a number of samples that {g} divides")
         return (f"{key}: the last batch holds {n} of the {total} samples, too few to give each of the plan's {p} "
                 f"pipelines one, so it is left out (one device would use it); use a batch size that divides {total} "
                 f"or leaves at least {p} samples in the last batch")
@@ -330,7 +343,8 @@ def plan_dataloader(loader: DataLoader, batch_sizes: Sequence[int], pipeline: in
         seed = _sampler(loader).seed  # its own rule: randperm of seed + epoch
     generator = getattr(_sampler(loader), "generator", None) if seed is None else None
     sampler = PlanBatchSampler(len(loader.dataset), sizes, pipeline, shuffle=loader_shuffles(loader), seed=seed,
-                               generator=generator, agree=agree, drop_last=drop_last or loader.drop_last)
+                               generator=generator, agree=agree, drop_last=drop_last or loader.drop_last,
+                               one_device_keeps_last=not loader.drop_last)
     # The loader's generator goes along: each DataLoader iterator draws its workers' base seed from
     # it (or from the global generator), as the one-device loader's iterators do.
     return PlanDataLoader(loader.dataset, batch_sampler=sampler, num_workers=loader.num_workers,

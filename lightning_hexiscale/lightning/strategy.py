@@ -481,7 +481,7 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, int
                        self.global_rank, self.world_size)
         if training:
             self._train_sampler = loader.batch_sampler
-        elif loader.batch_sampler.left_out:  # an evaluation metric over fewer samples than given: say so
+        if loader.batch_sampler.left_out:  # a metric over fewer samples, or fewer steps, than one device's: say so
             rank_zero_warn(loader.batch_sampler.left_out_note(key))
         return loader
 

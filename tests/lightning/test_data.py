@@ -88,3 +88,20 @@ def test_an_evaluation_loader_says_what_its_last_batch_leaves_out():
     asked = plan_dataloader(DataLoader(ds, batch_size=6, drop_last=True), [4, 2], 0, drop_last=False,
                             key="eval_dataloader")  # the user's own drop_last: nothing to say
     assert asked.batch_sampler.left_out == 0
+
+
+def test_a_training_loader_says_it_drops_a_last_batch_one_device_trains_on():
+    """Training takes whole global batches: 32 samples in batches of 6 leave a last batch of 2, which
+    one device trains on (the loader's drop_last is off) and the strategy drops every epoch (5 steps
+    an epoch where one device takes 6). It said nothing; now the note says so and how to agree."""
+    ds = generated_corpus(32, 8)
+    sampler = plan_dataloader(DataLoader(ds, batch_size=6, shuffle=True), [4, 2], 0, drop_last=True).batch_sampler
+    assert len(sampler) == 5 and sampler.left_out == 2
+    assert sampler.left_out_note("train_dataloader") == (
+        "train_dataloader: the last batch holds 2 of the 32 samples; one device trains on it, but each optimizer "
+        "step of the plan takes a whole global batch of 6, so it is dropped every epoch (5 steps an epoch, not 6); "
+        "pass DataLoader(..., drop_last=True) to drop it on one device too, or use a number of samples that 6 "
+        "divides")
+    for quiet in (DataLoader(ds, batch_size=6, drop_last=True), DataLoader(generated_corpus(30, 8), batch_size=6)):
+        sampler = plan_dataloader(quiet, [4, 2], 0, drop_last=True).batch_sampler  # as one device: nothing to say
+        assert sampler.left_out == 0 and sampler.left_out_note("train_dataloader") is None
