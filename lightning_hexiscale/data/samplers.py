@@ -42,7 +42,9 @@ def split_proportional(n: int, weights: Sequence[int]) -> list[int]:
     """Split n items into len(weights) whole parts proportional to ``weights`` (largest remainder).
 
     Exact when n = sum(weights): split_proportional(16, [6, 5, 5]) = [6, 5, 5]; a short batch of 8
-    gives [3, 3, 2] (quotas 3.0, 2.5, 2.5; ties go to the earlier pipeline).
+    gives [3, 3, 2] (quotas 3.0, 2.5, 2.5; ties go to the earlier pipeline). When n is at least the
+    number of parts, every part gets one, taken from the largest (earliest on ties): every pipeline
+    needs a sample of a batch, so 2 over [3, 1] is [1, 1], not [2, 0] (which left the batch out).
     """
     total = sum(weights)
     quotas = [n * w / total for w in weights]
@@ -50,6 +52,10 @@ def split_proportional(n: int, weights: Sequence[int]) -> list[int]:
     order = sorted(range(len(weights)), key=lambda i: (-(quotas[i] - parts[i]), i))
     for i in order[: n - sum(parts)]:
         parts[i] += 1
+    if n >= len(parts):
+        for i in [i for i, p in enumerate(parts) if p == 0]:
+            parts[parts.index(max(parts))] -= 1  # n >= len(parts) with a 0 part: the largest holds 2 or more
+            parts[i] = 1
     return parts
 
 

@@ -105,3 +105,20 @@ def test_a_training_loader_says_it_drops_a_last_batch_one_device_trains_on():
     for quiet in (DataLoader(ds, batch_size=6, drop_last=True), DataLoader(generated_corpus(30, 8), batch_size=6)):
         sampler = plan_dataloader(quiet, [4, 2], 0, drop_last=True).batch_sampler  # as one device: nothing to say
         assert sampler.left_out == 0 and sampler.left_out_note("train_dataloader") is None
+
+
+def test_a_batch_with_a_sample_for_every_pipeline_gives_each_one():
+    """Largest remainder alone split a batch of 2 over pipelines of 3 and 1 as [2, 0]: a validation
+    loader of 14 samples in batches of 4 (over a plan's 4 and 2) left its last 2 samples out, and the
+    warning said 'too few to give each of the plan's 2 pipelines one ... leaves at least 2 samples'
+    (it held 2); a batch of 3 over [10, 1, 1] was refused with 'use a batch size of at least 3'."""
+    assert split_proportional(2, [3, 1]) == [1, 1]
+    assert split_proportional(3, [10, 1, 1]) == [1, 1, 1]
+    assert split_proportional(4, [10, 1, 1]) == [2, 1, 1]
+    assert split_proportional(1, [3, 1]) == [1, 0]  # fewer samples than pipelines: still proportional
+    loaders = [plan_dataloader(DataLoader(generated_corpus(14, 8), batch_size=4), [4, 2], i, drop_last=False,
+                               key="eval_dataloader") for i in range(2)]
+    assert loaders[0].batch_sampler.left_out == 0
+    assert sum(b.shape[0] for dl in loaders for b in dl) == 14  # every sample, as one device
+    assert len(plan_dataloader(DataLoader(generated_corpus(9, 8), batch_size=3), [10, 1, 1], 2, drop_last=False,
+                               key="eval_dataloader")) == 3
