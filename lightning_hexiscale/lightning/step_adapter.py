@@ -223,6 +223,14 @@ class GradientMethods:
     """The strategy's mixin: its one optimizer, a non-finite step's policy, and the precision plugin
     tied to the step."""
 
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        """Lightning's last hook before it builds the batch's closure, which reads ``_skip_backward``:
+        set it again here, not only at setup, because a callback may clear it (Lightning's
+        StochasticWeightAveraging does at every epoch end) and Lightning's zero_grad would then wipe
+        the gradients the schedule produces inside ``training_step``."""
+        internals.skip_lightning_backward(self.lightning_module.trainer)
+        super().on_train_batch_start(batch, batch_idx)
+
     def _setup_one_optimizer(self, trainer) -> None:
         """Lightning's ``setup_optimizers``. Its error for several optimizers advises manual
         optimisation, which this strategy refuses: say what it supports instead. Every rank's
