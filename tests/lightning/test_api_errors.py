@@ -247,3 +247,19 @@ def test_the_trained_weights_check_lets_a_checkpoint_or_new_weights_through():
     Trainer.ckpt_path = None
     m.init_state_dict = {}  # weights given since (weights.attach_weights)
     check_trained_weights(Trainer(), {"model": m})
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_the_learning_rate_finder_under_fork_is_refused_before_launch(capfd):
+    """Lightning's learning-rate finder ends its search inside fit with a private exception that
+    Lightning catches in the process that called fit: a fork worker raised it to torch's join
+    instead (ProcessRaisedException: lightning...._TunerExitException, a traceback from inside
+    Lightning), and the suggestion would stay in the workers. Under popen it equals one device's."""
+    from lightning.pytorch.tuner import Tuner
+
+    trainer = _trainer(HexiScaleStrategy(plan=PLAN, start_method="fork", timeout=PG_TIMEOUT))
+    with pytest.raises(ConfigError, match=r"^HexiScaleStrategy\(start_method\) = 'fork': Lightning's learning-rate "
+                                          r"finder.*Fix: .*start_method='popen'"):
+        Tuner(trainer).lr_find(module(), loader(36, 6), num_training=3)
+    assert "Initializing distributed" not in capfd.readouterr().err  # refused before any process started

@@ -3,6 +3,11 @@ pipelines of 4 and 2, float64): the strategy's step must survive what a callback
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from lightning.pytorch.callbacks import StochasticWeightAveraging
 from strategy_helpers import assert_matches, hexiscale_trainer, loader, module, plan_of, read_ranks, single_trainer
@@ -30,3 +35,22 @@ def test_stochastic_weight_averaging_equals_single_process(tmp_path):
     ref = read_ranks(ref_dir, 1)[0]
     assert len(ref["losses"]) == 15
     assert_matches(read_ranks(run_dir, PLAN.world_size), ref, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_learning_rate_finder_under_popen_equals_single_process(tmp_path):
+    """``Tuner.lr_find`` runs inside fit and restores the weights from its own checkpoint after the
+    search: under popen every rank gets one device's losses, suggestion and module learning rate
+    (under spawn/fork it is refused before launch: test_api_errors.py)."""
+    here = Path(__file__).parent
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PL_", "LOCAL_", "MASTER_", "WORLD_", "RANK"))}
+    env["PYTHONPATH"] = os.pathsep.join(map(str, (here, here.parent, here.parents[1])))  # lightning/, tests/, root
+    for case in ("single", "hexiscale"):
+        out = subprocess.run([sys.executable, str(here / "lr_find_job.py"), case, str(tmp_path / case)], env=env,
+                             capture_output=True, text=True, timeout=100)
+        assert out.returncode == 0, out.stderr[-3000:]
+    want = (tmp_path / "single" / "rank0.txt").read_text()
+    assert "SUGGEST None" not in want
+    for rank in (0, 1):
+        assert (tmp_path / "hexiscale" / f"rank{rank}.txt").read_text() == want

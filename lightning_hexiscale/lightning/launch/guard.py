@@ -131,6 +131,24 @@ def check_trained_weights(trainer, arguments: dict[str, Any]) -> None:
                       "start_method='popen' (the default), where this process is rank 0 and keeps its trained stage")
 
 
+def check_tuner(trainer, start_method: str) -> None:
+    """Lightning's learning-rate finder (``Tuner.lr_find``, or the ``LearningRateFinder`` callback)
+    runs inside ``fit`` and ends it with a private exception that Lightning catches in the process
+    that called ``fit``. A spawn/fork worker raises it to torch's join instead (a traceback from
+    inside Lightning), and the suggested learning rate would stay in the workers: a ConfigError
+    before processes start. Under popen this process is rank 0 and gets it, as on one device."""
+    from lightning.pytorch.callbacks import LearningRateFinder
+
+    if start_method == "popen" or not any(isinstance(cb, LearningRateFinder) for cb in trainer.callbacks):
+        return
+    raise ConfigError("HexiScaleStrategy(start_method)", start_method,
+                      "Lightning's learning-rate finder (Tuner.lr_find, LearningRateFinder) runs inside fit and "
+                      f"keeps its suggestion in the process that runs rank 0, here a {start_method} worker, which "
+                      "ends the search with an exception only the calling process can catch",
+                      "use start_method='popen' (the default), where this process is rank 0 and gets the suggested "
+                      "learning rate, or find it on one device")
+
+
 # ---- the guard -------------------------------------------------------------------------------------
 class LaunchGuard:
     """The strategy's hooks in its launcher (see the module doc). ``strategy`` provides
@@ -157,6 +175,8 @@ class LaunchGuard:
             bound = {}
         fitting = trainer is not None and trainer.state.fn == TrainerFn.FITTING
         check_trained_weights(trainer, bound)
+        if fitting:
+            check_tuner(trainer, self.strategy.settings.start_method)
         self.call_model = bound.get("model") if fitting else None
         self.strategy.check_before_launch(fitting, dict(bound))
         self.strategy.keep_call_arguments(trainer, fitting, dict(bound))
