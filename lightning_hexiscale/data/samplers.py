@@ -156,6 +156,8 @@ class PlanBatchSampler(Sampler[list[int]]):
         self.one_device_keeps_last = one_device_keeps_last
         self.global_batch = sum(batch_sizes)
         self.sampler = _EpochPermutation(num_samples, shuffle, seed, generator, agree)
+        self.window: list[int] = []
+        """The global batch (its sample indices, in batch order) of the slice yielded last."""
         self.consumed = 0
         """Global batches of the current epoch the training loop has taken (the strategy counts them
         in ``training_step``: the sampler itself runs ahead by Lightning's prefetch)."""
@@ -216,6 +218,7 @@ class PlanBatchSampler(Sampler[list[int]]):
                 if self.drop_last or min(sizes) == 0:
                     return  # every pipeline needs at least one sample of a batch; all ranks stop together
             off = sum(sizes[:self.pipeline])
+            self.window = window
             yield window[off:off + sizes[self.pipeline]]
         if len(perm) % g == 0:  # asked for one more batch: the one-device sampler runs out now
             self.sampler.exhausted()
@@ -263,6 +266,11 @@ class PlanDataLoader(DataLoader):
 
     def load_state_dict(self, state: dict) -> None:
         self.batch_sampler.load_state_dict(state)
+
+    def with_batch_sampler(self, batch_sampler) -> PlanDataLoader:
+        """The same loader (dataset, workers, collate, generator, ...) over ``batch_sampler``, e.g. this
+        one's batch sampler wrapped to record what it yields (a DataLoader's cannot be replaced)."""
+        return PlanDataLoader(self.dataset, batch_sampler=batch_sampler, **self.settings)
 
 
 def loader_shuffles(loader: DataLoader) -> bool:
@@ -353,8 +361,10 @@ def plan_dataloader(loader: DataLoader, batch_sizes: Sequence[int], pipeline: in
                                one_device_keeps_last=not loader.drop_last)
     # The loader's generator goes along: each DataLoader iterator draws its workers' base seed from
     # it (or from the global generator), as the one-device loader's iterators do.
-    return PlanDataLoader(loader.dataset, batch_sampler=sampler, num_workers=loader.num_workers,
-                          collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
-                          worker_init_fn=loader.worker_init_fn, persistent_workers=loader.persistent_workers,
-                          generator=loader.generator,
-                          multiprocessing_context=loader.multiprocessing_context if loader.num_workers else None)
+    settings = dict(num_workers=loader.num_workers, collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
+                    worker_init_fn=loader.worker_init_fn, persistent_workers=loader.persistent_workers,
+                    generator=loader.generator,
+                    multiprocessing_context=loader.multiprocessing_context if loader.num_workers else None)
+    out = PlanDataLoader(loader.dataset, batch_sampler=sampler, **settings)
+    out.settings = settings  # PlanDataLoader.with_batch_sampler
+    return out

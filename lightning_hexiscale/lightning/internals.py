@@ -8,7 +8,7 @@ one breaks in exactly one place, and :func:`check` (run by the strategy's ``setu
 outside this module or is missing from this list) says which name moved, in which Lightning
 version, instead of failing deep inside a training step.
 
-The touches: 9 (Lightning's own strategies: 4-8), one per function or class here, each name checked
+The touches: 10 (Lightning's own strategies: 4-8), one per function or class here, each name checked
 by :data:`CHECKS`:
 
 The step and the data (2):
@@ -27,6 +27,9 @@ Launching (4):
 Logging (1):
   9. ``Trainer._results`` (the active loop's ``_ResultCollection``), its ``batch_size``:
      :func:`logged_batch_size`
+Prediction (1):
+  10. ``_IndexBatchSamplerWrapper``, its ``_batch_sampler`` and ``_iterator`` (what the predict loop
+      hands a ``BasePredictionWriter`` as batch indices): :func:`record_batch_indices`
 
 Torch's, not Lightning's: the LR scheduler's ``_opt_called`` / ``_wrapped_by_lr_sched``
 (:func:`track_step_calls`) and ``sys._getframe`` (8.).
@@ -54,6 +57,7 @@ _FIT_LOOP = "lightning.pytorch.loops.fit_loop._FitLoop"
 _DDP = "lightning.pytorch.strategies.ddp.DDPStrategy"
 _SCRIPT = "lightning.pytorch.strategies.launchers.subprocess_script._SubprocessScriptLauncher"
 _PROCESSES = "lightning.pytorch.strategies.launchers.multiprocessing._MultiProcessingLauncher"
+_INDEX_WRAPPER = "lightning.pytorch.overrides.distributed._IndexBatchSamplerWrapper"
 _WRAPPING_ARGS = ("self", "process_idx", "trainer", "function", "args", "kwargs", "return_queue")
 
 CHECKS: tuple[tuple[int, str, str, str], ...] = (
@@ -75,6 +79,9 @@ CHECKS: tuple[tuple[int, str, str, str], ...] = (
     (8, _TRAINER, "precision", "local"),
     (9, _TRAINER, "_results", "property"),
     (9, "lightning.pytorch.trainer.connectors.logger_connector.result._ResultCollection", "batch_size", "init"),
+    (10, "lightning.pytorch.overrides.distributed", "_IndexBatchSamplerWrapper", "callable"),
+    (10, _INDEX_WRAPPER, "_batch_sampler", "init"),
+    (10, _INDEX_WRAPPER, "_iterator", "init"),
 )
 """(touch number of the module doc, owner, name, kind) for every private name used here. Kinds:
 ``callable`` (a method or function of the owner), ``property``, ``init`` (assigned by the
@@ -205,6 +212,31 @@ def logged_batch_size(module) -> Callable[[int], None]:
             results.batch_size = rows
 
     return note
+
+
+# ---- prediction -------------------------------------------------------------------------------------
+def record_batch_indices(loader):
+    """``loader`` (a ``PlanDataLoader``) over a batch sampler that records, per batch, the sample
+    indices of the whole global batch: what the predict loop hands a ``BasePredictionWriter``. It
+    finds them only in its own ``_IndexBatchSamplerWrapper``, which Lightning put around the user's
+    batch sampler and the per-pipeline loader replaced (the writer got ``[]``); global rank 0's
+    predictions are the whole batch's logits, so the indices are the whole batch's, as on one device."""
+    return loader.with_batch_sampler(_GlobalBatchIndices(loader.batch_sampler))
+
+
+try:  # module level, as Lightning's own; check() names a base that moved
+    from lightning.pytorch.overrides.distributed import _IndexBatchSamplerWrapper
+except ImportError:  # pragma: no cover - a Lightning release without it
+    _IndexBatchSamplerWrapper = object  # type: ignore[misc,assignment]
+
+
+class _GlobalBatchIndices(_IndexBatchSamplerWrapper):
+    """Lightning's wrapper, recording the global batch of each slice (``PlanBatchSampler.window``)."""
+
+    def __next__(self) -> list[int]:
+        batch = next(self._iterator)
+        self.seen_batch_indices.append(list(self._batch_sampler.window))
+        return batch
 
 
 # ---- the optimizer (torch's private names) ------------------------------------------------------

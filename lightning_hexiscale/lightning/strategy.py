@@ -483,7 +483,7 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, int
             self._train_sampler = loader.batch_sampler
         if loader.batch_sampler.left_out:  # a metric over fewer samples, or fewer steps, than one device's: say so
             rank_zero_warn(loader.batch_sampler.left_out_note(key))
-        return loader
+        return internals.record_batch_indices(loader) if trainer.predicting else loader  # prediction writers
 
     def _agree(self, value: Any) -> Any:
         """Rank 0's ``value`` on every rank (the data permutation's draw)."""

@@ -16,6 +16,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 import nccl_semantics
+from lightning.pytorch.callbacks import BasePredictionWriter
 from strategy_helpers import PG_TIMEOUT, TINY, NcclTrace, module, plan_of
 from torch.utils.data import DataLoader
 
@@ -68,3 +69,39 @@ def test_predict_gathers_the_one_device_logits_on_rank_zero(tmp_path):
     report = nccl_semantics.replay([torch.load(tmp_path / f"trace{r}.pt", weights_only=False)
                                     for r in range(PLAN.world_size)])
     assert report.ok, str(report)
+
+
+class IndexWriter(BasePredictionWriter):
+    """A prediction writer: the batch indices and prediction shapes it is handed, per batch and at
+    the epoch's end, written by rank 0 to ``path``."""
+
+    def __init__(self, path: Path):
+        super().__init__("batch_and_epoch")
+        self.path, self.batches = path, []
+
+    def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx):
+        self.batches.append((list(batch_indices), None if prediction is None else tuple(prediction.shape)))
+
+    def write_on_epoch_end(self, trainer, pl_module, predictions, batch_indices):
+        if trainer.global_rank == 0:
+            torch.save({"batches": self.batches, "epoch": batch_indices}, self.path)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_a_prediction_writer_gets_the_global_batch_indices(tmp_path):
+    """BasePredictionWriter maps predictions to samples by their batch indices: Lightning records
+    them in its wrapper around the loader's batch sampler, which the strategy's per-pipeline loader
+    replaced, so the writer got [] for every batch (and Lightning's "Couldn't infer the batch
+    indices" warning). Rank 0 holds the whole batch's logits: it gets the whole batch's indices."""
+    def data():
+        return DataLoader(generated_corpus(12, TINY.seq_len, seed=4), batch_size=5, shuffle=True,
+                          generator=torch.Generator().manual_seed(3))
+
+    one_device = _trainer(devices=1, callbacks=[IndexWriter(tmp_path / "one.pt")])
+    one_device.predict(module(), data(), return_predictions=False)
+    _trainer(strategy=HexiScaleStrategy(plan=PLAN, start_method="fork", timeout=PG_TIMEOUT), devices=PLAN.world_size,
+             callbacks=[IndexWriter(tmp_path / "run.pt")]).predict(module(), data(), return_predictions=False)
+    one, run = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "run.pt")
+    assert [len(b) for b, _ in one["batches"]] == [5, 5, 2] and sorted(sum(one["epoch"][0], [])) == list(range(12))
+    assert run == one
