@@ -117,11 +117,27 @@ class StepAdapter:
                               "pipelines", "return one optimizer, or use dp_sharding='ddp'")
         user = self.configured[0]
         sharded = self._engine.wrap_optimizer(user)
+        sharded.__class__ = named_like(type(sharded), type(user))
         for config in lr_scheduler_configs:
             if config.scheduler.optimizer in (user, optimizers[0]):
                 config.scheduler.optimizer = sharded
                 internals.track_step_calls(sharded)  # what torch's scheduler did to the user's step when built
         return [sharded]
+
+
+_NAMED: dict[tuple[type, type], type] = {}
+
+
+def named_like(cls: type, user: type) -> type:
+    """A subclass of ``cls`` (the engine's sharded optimizer) whose ``__name__`` is the user's
+    optimizer class's: Lightning names what it logs about the optimizer it holds after its class
+    (LearningRateMonitor's ``lr-AdamW``), which under ZeRO would otherwise read ``lr-ShardedOptimizer``
+    where one device logs ``lr-AdamW``. Its qualified name says what it is."""
+    key = (cls, user)
+    if key not in _NAMED:
+        _NAMED[key] = type(user.__name__, (cls,), {"__module__": cls.__module__,
+                                                   "__qualname__": f"{cls.__qualname__}[{user.__qualname__}]"})
+    return _NAMED[key]
 
 
 def unwrap_optimizer(optimizer):

@@ -3,13 +3,15 @@ pipelines of 4 and 2, float64): the strategy's step must survive what a callback
 
 from __future__ import annotations
 
+import csv
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from lightning.pytorch.callbacks import StochasticWeightAveraging
+from lightning.pytorch.callbacks import LearningRateMonitor, StochasticWeightAveraging
+from lightning.pytorch.loggers import CSVLogger
 from strategy_helpers import assert_matches, hexiscale_trainer, loader, module, plan_of, read_ranks, single_trainer
 
 PLAN = plan_of([(4, 2, [([0], (0, 4))]), (2, 1, [([1], (0, 4))])])
@@ -54,3 +56,26 @@ def test_learning_rate_finder_under_popen_equals_single_process(tmp_path):
     assert "SUGGEST None" not in want
     for rank in (0, 1):
         assert (tmp_path / "hexiscale" / f"rank{rank}.txt").read_text() == want
+
+
+def _lr_column(log_dir: Path) -> dict[str, list[float]]:
+    """The learning-rate columns of the CSVLogger's metrics.csv: {name: values by row}."""
+    with open(next(log_dir.rglob("metrics.csv"))) as f:
+        rows = list(csv.DictReader(f))
+    return {k: [float(r[k]) for r in rows if r[k]] for k in rows[0] if k.startswith("lr-")}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_learning_rate_monitor_under_zero_logs_one_devices_names(tmp_path):
+    """LearningRateMonitor names its metric after the optimizer's class: under zero2 Lightning holds
+    the engine's sharded optimizer, so the learning rate was logged as lr-ShardedOptimizer where one
+    device logs lr-AdamW (a dashboard or a monitor on lr-AdamW found nothing)."""
+    kw = dict(max_steps=3, log_every_n_steps=1)
+    single_trainer(tmp_path, callbacks=[LearningRateMonitor("step")], logger=CSVLogger(str(tmp_path / "one")),
+                   **kw).fit(module(warmup_steps=2), loader(18, 6))
+    hexiscale_trainer(PLAN, tmp_path, callbacks=[LearningRateMonitor("step")], logger=CSVLogger(str(tmp_path / "run")),
+                      strategy_kw=dict(dp_sharding="zero2"), **kw).fit(module(warmup_steps=2), loader(18, 6))
+    want = _lr_column(tmp_path / "one")
+    assert want == {"lr-AdamW": [0.005, 0.01, 0.01]}
+    assert _lr_column(tmp_path / "run") == want
