@@ -90,8 +90,9 @@ class PipelineModel(nn.Module):
             raise HexiScaleError(f"self.model.loss got {type(logits).__name__}: {_CONTRACT}")
         if torch.is_grad_enabled() and self.training:
             value = self._train(logits.tokens, targets)
-        else:
-            value = self._evaluate(logits.tokens, targets)
+            out = self.step_adapter.given = torch.tensor(value, dtype=self.loss_dtype, device=logits.tokens.device)
+            return out  # the adapter checks that the training step returns it (StepAdapter.end_batch)
+        value = self._evaluate(logits.tokens, targets)
         return torch.tensor(value, dtype=self.loss_dtype, device=logits.tokens.device)
 
     # ---- training ------------------------------------------------------------------------

@@ -56,6 +56,8 @@ class StepAdapter:
         """The current batch ends the window: its last backward starts the gradient reduction."""
         self.configured: list = []
         """The optimizers ``configure_optimizers`` returned (under ZeRO Lightning holds another)."""
+        self.given: torch.Tensor | None = None
+        """The loss ``self.model.loss`` returned in the current training batch (None before the call)."""
 
     # ---- strategy.training_step ----------------------------------------------------------------
     def begin_batch(self, trainer) -> None:
@@ -65,13 +67,40 @@ class StepAdapter:
         if trainer.fit_loop.epoch_loop.batch_idx % self.accumulate == 0:
             self.step.open_window()
         self._last = steps_after_this_batch(trainer)
+        self.given = None
+
+    def end_batch(self, output: Any) -> Any:
+        """``training_step``'s output, once it is known to be the loss ``self.model.loss`` gave (its
+        value: a tensor or Lightning's dict, detached or not): the backward ran inside that call, so
+        a factor or a term added afterwards would not reach the gradients that one device's would.
+        Every rank has the same values and runs the same code: one error reaches the caller."""
+        loss = output.get("loss") if isinstance(output, dict) else output
+        given = self.given
+        if given is None or loss is given or (isinstance(loss, torch.Tensor) and loss.numel() == 1
+                                              and _same(loss.detach().reshape(()).to(given), given)):
+            return output
+        value = float(loss) if isinstance(loss, torch.Tensor) and loss.numel() == 1 else type(loss).__name__
+        raise self._loss_error(f"returned {value:.6g}" if isinstance(value, float) else f"returned {value}",
+                               f"self.model.loss gave {float(given):.6g} and ran the backward of that loss inside "
+                               "the call: a factor or a term added to it afterwards (a regulariser, another loss) "
+                               "does not reach the gradients, which one device would train on")
 
     # ---- self.model.loss in training --------------------------------------------------------------
     def micro_step(self, tokens: torch.Tensor, targets: torch.Tensor) -> float:
         """Forward + backward of this pipeline's rows, weighted by 1/k; returns this batch's global
         mean loss (the step returns it / k: the shown loss is the batch's, as on one device)."""
+        if self.given is not None:  # before any communication: every rank stops here together
+            raise self._loss_error("self.model.loss called twice", "each call runs the forward and the backward "
+                                   "of the whole batch, so a second loss (an auxiliary term) adds its whole gradient "
+                                   "whatever the step then does with the values")
         last, self._last = self._last, False
         return self.step.micro_step(tokens, targets, accumulate=self.accumulate, last=last) * self.accumulate
+
+    def _loss_error(self, value: str, rule: str) -> BaseException:
+        return mark_agreed(ConfigError("LightningModule.training_step", value, "under the hexiscale strategy " + rule,
+                                       "return the value of one self.model.loss call per training_step, unchanged "
+                                       "(a dict {'loss': it} or it detached are fine)"),
+                           list(range(self._engine.plan.world_size)))
 
     # ---- strategy.optimizer_step ------------------------------------------------------------------
     def close_window(self, closure: Callable[[], Any]) -> tuple[Any, dict[int, int]]:
@@ -123,6 +152,11 @@ class StepAdapter:
                 config.scheduler.optimizer = sharded
                 internals.track_step_calls(sharded)  # what torch's scheduler did to the user's step when built
         return [sharded]
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal values, NaN included (a non-finite loss is the non-finite check's to handle)."""
+    return bool(a == b) or bool(a.isnan() and b.isnan())
 
 
 _NAMED: dict[tuple[type, type], type] = {}

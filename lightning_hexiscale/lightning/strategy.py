@@ -401,7 +401,7 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, int
             self._train_sampler.consumed += 1  # the loader's resume position (data.PlanDataLoader)
         if self._plan_check is not None:
             self._plan_check.batch_starts()
-        return super().training_step(*args, **kwargs)
+        return self.pipeline_model.step_adapter.end_batch(super().training_step(*args, **kwargs))
 
     @override
     def predict_step(self, *args: Any, **kwargs: Any) -> Any:

@@ -263,3 +263,55 @@ def test_the_learning_rate_finder_under_fork_is_refused_before_launch(capfd):
                                           r"finder.*Fix: .*start_method='popen'"):
         Tuner(trainer).lr_find(module(), loader(36, 6), num_training=3)
     assert "Initializing distributed" not in capfd.readouterr().err  # refused before any process started
+
+
+class _TwoLosses(type(module())):
+    """A second, auxiliary loss: one device trains on loss + 0.5 * aux."""
+
+    def training_step(self, batch, batch_idx):
+        return self._loss(batch) + 0.5 * self._loss(batch[:, :9])
+
+
+class _Scaled(type(module())):
+    """A factor on the loss: one device's gradients are scaled by it."""
+
+    def training_step(self, batch, batch_idx):
+        return 0.1 * self._loss(batch)
+
+
+class _Detached(type(module())):
+    """The loss returned in Lightning's dict form, detached: the same value."""
+
+    def training_step(self, batch, batch_idx):
+        loss = self._loss(batch)
+        return {"loss": loss.detach().clone()}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("case, match", [
+    (_TwoLosses, r"^LightningModule.training_step = 'self.model.loss called twice'"),
+    (_Scaled, r"^LightningModule.training_step = 'returned 0.5\d+': under the hexiscale strategy self.model.loss "
+              r"gave 5.5\d+ and ran the backward")])
+def test_a_loss_the_strategy_cannot_train_on_is_refused_once(case, match, capfd):
+    """self.model.loss runs the forward and the backward of the batch inside the call: a second
+    call (an auxiliary loss) added its whole gradient whatever the step did with the values, and a
+    factor or a term added afterwards never reached the gradients; both trained silently otherwise
+    (loss after one step 8.11101 where one device gives 8.122592 for loss + 0.5 * aux)."""
+    trainer = _trainer(HexiScaleStrategy(plan=PLAN, start_method="fork", timeout=PG_TIMEOUT))
+    with pytest.raises(ConfigError, match=match + r".*Fix: return the value of one self.model.loss call"):
+        trainer.fit(case(TINY, dtype=torch.float64, init_seed=7), loader(12, 6))
+    assert "Traceback" not in capfd.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_the_loss_returned_as_a_dict_or_detached_trains(tmp_path):
+    from strategy_helpers import assert_matches, hexiscale_trainer, read_ranks, single_trainer
+
+    ref_dir, run_dir = tmp_path / "ref", tmp_path / "run"
+    ref_dir.mkdir(), run_dir.mkdir()
+    single_trainer(ref_dir, max_steps=2).fit(module(), loader(12, 6))
+    hexiscale_trainer(PLAN, run_dir, max_steps=2).fit(_Detached(TINY, dtype=torch.float64, init_seed=7, lr=1e-2),
+                                                      loader(12, 6))
+    assert_matches(read_ranks(run_dir, 2), read_ranks(ref_dir, 1)[0], atol=1e-6)
