@@ -24,7 +24,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from lightning_hexiscale.errors import ConfigError, NonFiniteError
 from lightning_hexiscale.lightning import internals
-from lightning_hexiscale.lightning.launch.guard import mark_agreed
+from lightning_hexiscale.lightning.launch.guard import agree, mark_agreed
 
 if TYPE_CHECKING:  # pragma: no cover
     from lightning_hexiscale.runtime import PipelineEngine
@@ -174,6 +174,21 @@ def named_like(cls: type, user: type) -> type:
     return _NAMED[key]
 
 
+def frozen(model: torch.nn.Module, where: str) -> torch.nn.Module:
+    """``model``, once none of its parameters is frozen (``requires_grad=False``), else ConfigError.
+    The strategy builds each rank's stage anew from the Llama's shape and its gradient sync hooks
+    every parameter of the stage: a Llama frozen in ``configure_model`` would train whole, and a stage
+    parameter frozen in ``configure_optimizers`` stops the first step inside the sync."""
+    names = [name for name, p in model.named_parameters() if not p.requires_grad]
+    if not names:
+        return model
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    raise ConfigError(f"{where}.requires_grad", False, f"{len(names)} parameter(s) are frozen ({shown}); the "
+                      "hexiscale strategy trains every parameter of each rank's stage", "leave requires_grad on and "
+                      "put those parameters in a param group with lr=0 and weight_decay=0 (AdamW then leaves them "
+                      "as they are, as one device leaves frozen ones)")
+
+
 def unwrap_optimizer(optimizer):
     """The torch optimizer inside Lightning's ``LightningOptimizer`` wrapper (or the argument itself)."""
     return optimizer.optimizer if isinstance(optimizer, LightningOptimizer) else optimizer
@@ -287,6 +302,10 @@ class GradientMethods:
         ``configure_optimizers`` returns the same, so rank 0 reports for all."""
         try:
             self.setup_optimizers(trainer)
+            # a parameter frozen there: every rank says, before the first step (the ranks that hold
+            # none would otherwise wait in the first sync for those that stop inside it)
+            agree(lambda: frozen(self.lightning_module, type(self.lightning_module).__name__), self.global_rank,
+                  self.world_size)
         except RuntimeError as e:
             if "multiple optimizers" not in str(e):
                 raise

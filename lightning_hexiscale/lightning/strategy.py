@@ -58,7 +58,7 @@ from lightning_hexiscale.lightning.plan_check import DEFAULT_WARMUP as DEFAULT_P
 from lightning_hexiscale.lightning.plan_check import PlanCheck
 from lightning_hexiscale.lightning.plan_resolution import AUTO, describe_local_devices, discover_cluster, plan_for
 from lightning_hexiscale.lightning.settings import StartMethod, StrategySettings, check_process_group_backend
-from lightning_hexiscale.lightning.step_adapter import GradientMethods, state_to_device
+from lightning_hexiscale.lightning.step_adapter import GradientMethods, frozen, state_to_device
 from lightning_hexiscale.lightning.strategy_checkpoints import CheckpointMethods
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.models.llama import Llama
@@ -280,7 +280,7 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, int
         internals.check()
         if fitting and not module.automatic_optimization:
             raise _manual_optimization_error()
-        llama = find_llama(module)
+        llama = find_llama(module, fitting)
         given = self.settings.plan
         given_cluster = self.settings.cluster if isinstance(self.settings.cluster, Cluster) else None
         self.cluster = (self._present or self._discovered or given_cluster  # elastic: the devices present
@@ -543,16 +543,16 @@ def _elastic_run(settings):
     return ElasticRun(settings)
 
 
-def find_llama(module) -> Llama:
+def find_llama(module, fitting: bool = False) -> Llama:
     """The contract: the LightningModule holds its :class:`Llama` as ``self.model`` (built in
-    ``configure_model``) or returns it from ``module.llama()``."""
+    ``configure_model``) or returns it from ``module.llama()``; in fit, every parameter trains (:func:`frozen`)."""
     llama = module.llama() if callable(getattr(module, "llama", None)) else getattr(module, "model", None)
     if not isinstance(llama, Llama):
         raise ConfigError(f"{type(module).__name__}.model", type(llama).__name__,
                           "the hexiscale strategy turns the module's Llama into this rank's pipeline stage and "
                           "finds it as self.model (or self.llama())",
                           "build it in configure_model: self.model = Llama(config)")
-    return llama
+    return frozen(llama, f"{type(module).__name__}.model") if fitting else llama
 
 
 def training_loader(arguments: dict[str, Any], module) -> Any:

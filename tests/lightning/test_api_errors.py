@@ -10,6 +10,7 @@ and the launching process is not killed.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -315,3 +316,47 @@ def test_the_loss_returned_as_a_dict_or_detached_trains(tmp_path):
     hexiscale_trainer(PLAN, run_dir, max_steps=2).fit(_Detached(TINY, dtype=torch.float64, init_seed=7, lr=1e-2),
                                                       loader(12, 6))
     assert_matches(read_ranks(run_dir, 2), read_ranks(ref_dir, 1)[0], atol=1e-6)
+
+
+class _FrozenInConfigureOptimizers(type(module())):
+    def configure_optimizers(self):
+        for name, p in self.named_parameters():
+            if "layers.0." in name:
+                p.requires_grad_(False)
+        return torch.optim.AdamW([p for p in self.parameters() if p.requires_grad], lr=1e-2)
+
+
+class _FrozenInConfigureModel(type(module())):
+    def configure_model(self):
+        super().configure_model()
+        self.model.embed.requires_grad_(False)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("case, names", [(_FrozenInConfigureOptimizers, "layers.0.attn_norm.weight"),
+                                         (_FrozenInConfigureModel, "embed.weight")])
+def test_frozen_parameters_are_refused_once(case, names, capfd):
+    """Parameters with requires_grad=False (frozen for fine-tuning) trained on one device as frozen;
+    frozen in configure_optimizers they stopped the first step with torch's "cannot register a hook
+    on a tensor that doesn't require gradient" from inside the gradient sync, on the ranks that hold
+    them (under a plan whose other ranks hold none, those waited for them); frozen on the Llama in
+    configure_model they were trained, since each rank's stage is built anew from the Llama's shape."""
+    plan = plan_of([(4, 2, [([0], (0, 2)), ([1], (2, 4))]), (2, 1, [([2], (0, 4))])])
+    trainer = _trainer(HexiScaleStrategy(plan=plan, start_method="fork", timeout=PG_TIMEOUT), devices=3)
+    with pytest.raises(ConfigError, match=r"^[\w.]+\.requires_grad = False: .*" + re.escape(names) +
+                       r".*Fix: .*lr=0 and weight_decay=0"):
+        trainer.fit(case(TINY, dtype=torch.float64, init_seed=7), loader(12, 6))
+    assert "Traceback" not in capfd.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_frozen_parameters_may_be_evaluated():
+    """Evaluation trains nothing: a module with frozen parameters validates as on one device."""
+    plan = plan_of([(4, 2, [([0], (0, 4))]), (2, 1, [([1], (0, 4))])])
+    got = _trainer(HexiScaleStrategy(plan=plan, start_method="fork", timeout=PG_TIMEOUT)).validate(
+        _FrozenInConfigureModel(TINY, dtype=torch.float64, init_seed=7), loader(12, 6), verbose=False)
+    want = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False).validate(
+        _FrozenInConfigureModel(TINY, dtype=torch.float64, init_seed=7), loader(12, 6), verbose=False)
+    assert got[0]["val_loss"] == pytest.approx(want[0]["val_loss"], abs=1e-9)
