@@ -186,7 +186,8 @@ def frozen(model: torch.nn.Module, where: str) -> torch.nn.Module:
     raise ConfigError(f"{where}.requires_grad", False, f"{len(names)} parameter(s) are frozen ({shown}); the "
                       "hexiscale strategy trains every parameter of each rank's stage", "leave requires_grad on and "
                       "put those parameters in a param group with lr=0 and weight_decay=0 (AdamW then leaves them "
-                      "as they are, as one device leaves frozen ones)")
+                      "as they are, as one device leaves frozen ones; their gradients still count in the norm that "
+                      "gradient_clip_val clips by)")
 
 
 def unwrap_optimizer(optimizer):
