@@ -55,6 +55,29 @@ class LlamaLitModule(pl.LightningModule):
         self.warmup_steps, self.init_seed, self.param_dtype = warmup_steps, init_seed, dtype
         self.model: Llama | None = None
 
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path, map_location=None, hparams_file=None, strict=None, **kwargs):
+        """Lightning's, and also a checkpoint directory the hexiscale strategy saved (Lightning's
+        ``torch.load`` fails on a directory): the module with the checkpoint's model shape and its
+        full weights, gathered from the shards of any plan, built on this process's default device
+        (then ``map_location``, a device, when given); ``kwargs`` go to the constructor (lr, ...)."""
+        import os
+        from pathlib import Path
+
+        if not isinstance(checkpoint_path, (str, os.PathLike)) or not Path(checkpoint_path).is_dir():
+            return super().load_from_checkpoint(checkpoint_path, map_location, hparams_file, strict, **kwargs)
+        from lightning_hexiscale.errors import ConfigError
+        from lightning_hexiscale.runtime import load_checkpoint_state_dict, read_checkpoint_meta
+
+        if "config" in kwargs:
+            raise ConfigError("config", kwargs["config"], "the checkpoint defines the model's shape",
+                              f"drop config=: LlamaLitModule.load_from_checkpoint({str(checkpoint_path)!r})")
+        meta = read_checkpoint_meta(checkpoint_path)  # a complete checkpoint, or a ConfigError saying what it is
+        module = cls(config=LlamaConfig(**meta["hexiscale"]["model"]), **kwargs)
+        module.init_state_dict = load_checkpoint_state_dict(checkpoint_path)
+        module.configure_model()  # builds the Llama and loads init_state_dict into it
+        return module.to(map_location) if isinstance(map_location, (str, torch.device)) else module
+
     @override
     def configure_model(self) -> None:
         if self.model is not None:  # called again by a later fit/validate

@@ -27,7 +27,8 @@ _CHECKPOINT = "lightning_hexiscale.runtime.checkpoint"
 _FAILURE = "lightning_hexiscale.runtime.failure"
 
 __all__ = ["PipelineEngine", "Topology",
-           "Checkpointer", "read_checkpoint_meta", "load_checkpoint_model", "load_checkpoint_optimizer",
+           "Checkpointer", "read_checkpoint_meta", "load_checkpoint_model", "load_checkpoint_state_dict",
+           "load_checkpoint_optimizer",
            "remove_checkpoint", "CHECKPOINT_COMPLETE",
            "FailureWatch", "is_peer_failure", "EXIT_RANK_FAILED", "host_slowdown",
            "collect_before_fork", "NONFINITE_POLICIES"]
@@ -39,6 +40,7 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "Checkpointer": _CHECKPOINT,
     "read_checkpoint_meta": f"{_CHECKPOINT}:read_meta",
     "load_checkpoint_model": f"{_CHECKPOINT}:load_model",
+    "load_checkpoint_state_dict": f"{_CHECKPOINT}:load_llama_state_dict",
     "load_checkpoint_optimizer": f"{_CHECKPOINT}:load_optimizer",
     "remove_checkpoint": f"{_CHECKPOINT}:remove",
     "CHECKPOINT_COMPLETE": f"{_CHECKPOINT}:COMPLETE",
