@@ -35,6 +35,7 @@ from lightning_hexiscale.planner.oracle.space import (OracleResult, OracleSettin
 from lightning_hexiscale.planner.oracle.terms import OracleTerms, OracleTimeout
 from lightning_hexiscale.planner.plan import Plan
 from lightning_hexiscale.planner.search.batching import layout_plan, minimax_split, mask, sumset, with_batches
+from lightning_hexiscale.planner.search.settings import global_batch_setting
 from lightning_hexiscale.planner.search.subsets import name_idle
 
 __all__ = ["MAX_DEVICES", "OracleResult", "OracleSettings", "compositions", "device_classes", "oracle",
@@ -225,8 +226,7 @@ def oracle(cluster: Cluster, workload: Workload, global_batch: int, settings=Non
     :class:`OracleSettings` (schedule, recompute, pinned micro-batch size / dp sharding, max
     pipelines; ``recompute="auto"``: each pipeline recomputes or not, as the search decides it).
     ``incumbent``: a known plan to start from (it only speeds up the pruning)."""
-    if not isinstance(global_batch, int) or global_batch < 1:
-        raise ConfigError("train.global_batch", global_batch, "must be a positive integer", "use e.g. 16")
+    global_batch = global_batch_setting(global_batch, example=16)
     if cluster.num_devices > max_devices:
         raise ConfigError("cluster", cluster.name, f"the oracle enumerates every plan; {cluster.num_devices} devices "
                           f"is more than max_devices={max_devices}", "use a small cluster (cluster.subset) or the search")

@@ -16,7 +16,7 @@ import math
 import time
 
 from lightning_hexiscale.config.cluster import Cluster
-from lightning_hexiscale.errors import ConfigError, InfeasiblePlan
+from lightning_hexiscale.errors import InfeasiblePlan
 from lightning_hexiscale.planner.cost.compute import effective_cluster, warn_datasheet_pricing
 from lightning_hexiscale.planner.cost.estimate import Workload, estimate
 from lightning_hexiscale.planner.cost.sources import price_sources
@@ -24,7 +24,7 @@ from lightning_hexiscale.planner.plan import Plan
 from lightning_hexiscale.planner.search.assemble import micro_batch_candidates
 from lightning_hexiscale.planner.search.infeasible import most_busy
 from lightning_hexiscale.planner.search.recompute import auto_recompute
-from lightning_hexiscale.planner.search.settings import SearchResult, SearchSettings
+from lightning_hexiscale.planner.search.settings import SearchResult, SearchSettings, global_batch_setting
 from lightning_hexiscale.planner.search.subsets import CoreRun, lift, search_subsets
 from lightning_hexiscale.planner.search.two_phase import SearchRun
 
@@ -39,8 +39,7 @@ def search(cluster: Cluster, workload: Workload, global_batch: int,
     Raises :class:`InfeasiblePlan` when no plan tried fits in memory, saying what is missing.
     """
     s = settings or SearchSettings()
-    if global_batch < 1:
-        raise ConfigError("train.global_batch", global_batch, "must be a positive integer", "use e.g. 32")
+    global_batch = global_batch_setting(global_batch)
     priced = cluster
     warn_datasheet_pricing(cluster, workload)  # once per process: CUDA types priced from datasheets
     cluster = effective_cluster(cluster, workload)  # the heuristics' device speeds follow the roofline

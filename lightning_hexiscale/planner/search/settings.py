@@ -131,6 +131,17 @@ class SearchResult:
     what priced it (layer table, calibrated, datasheet, ...)."""
 
 
+def global_batch_setting(value: Any, example: int = 32) -> int:
+    """``train.global_batch`` as the search and the oracle take it: a positive whole number (a numpy
+    integer too); a bool, a float (2.5, or 8.0 that hides a computed value) or a string is refused."""
+    import numbers
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ConfigError("train.global_batch", value, "must be a positive integer (sequences per optimizer step)",
+                          f"use e.g. {example}")
+    return int(value)
+
+
 def recompute_setting(value: Any, key: str = "train.recompute") -> bool | str:
     """``auto`` (also null), True or False from a config value (YAML's true / false, or the strings
     "true" / "false" from a command line); anything else is a ConfigError."""

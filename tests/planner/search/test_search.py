@@ -183,3 +183,19 @@ def test_search_is_not_beaten_by_the_reversed_symmetric_plan():
     assert [cluster.devices[8 * m].gpu_type for m in range(5)] == ["RTX3080Ti", "RTX3090"] + ["RTX4090"] * 3
     got = search(cluster, w, 128, SearchSettings(progress=False)).estimate.cost
     assert got <= reference * (1 + 1e-9), (got, reference)
+
+
+@pytest.mark.parametrize("batch", [2.5, 8.0, "8", True, 0])
+def test_a_global_batch_that_is_not_a_positive_whole_number_is_refused_by_search_and_oracle(batch):
+    """search() checked only ``< 1``: 2.5 planned a batch split of a fraction and 8.0 passed as a float;
+    the oracle took True as 1 and refused numpy integers. Both now take the same rule."""
+    import numpy as np
+
+    from lightning_hexiscale.planner.oracle import oracle
+
+    cluster, workload = Cluster.load("cpu2"), Workload.from_precision(LlamaConfig.load("llama_tiny"), "32-true",
+                                                                     device="cpu")
+    for find in (search, oracle):
+        with pytest.raises(ConfigError, match="train.global_batch.*must be a positive integer"):
+            find(cluster, workload, batch, SearchSettings(iterations=2, progress=False))
+    assert search(cluster, workload, np.int64(4), SearchSettings(iterations=2, progress=False)).plan.global_batch == 4
