@@ -115,3 +115,16 @@ def test_an_output_that_cannot_be_written_is_refused_first(workdir, argv, key, c
     assert f"error: {key} = " in err and "Traceback" not in err
     assert sorted(p.name for p in workdir.iterdir()) == ["a.txt", "taken.bin", "tokenizer.json"]
     assert list((workdir / "taken.bin").iterdir()) == []
+
+
+@pytest.mark.parametrize("argv, key", [
+    (["checkpoint", "consolidate", "{d}/last.ckpt", "{d}/last.ckpt/llama.pt"], "OUT.pt"),
+    (["export", "{d}/last.ckpt", "--hf", "{d}/last.ckpt/hf"], "--hf"),
+])
+def test_an_output_inside_the_checkpoint_it_comes_from_is_refused(tmp_path, argv, key, capsys):
+    """Written into the checkpoint directory, it was lost with it at the next save of that path."""
+    (tmp_path / "last.ckpt").mkdir()
+    assert main([a.format(d=tmp_path) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {key} = " in err and "inside the checkpoint" in err and "Traceback" not in err, err
+    assert list((tmp_path / "last.ckpt").iterdir()) == []

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lightning_hexiscale.cli.common import check_output_file, subcommand
+from lightning_hexiscale.cli.common import check_output_file, check_outside_checkpoint, subcommand
 from lightning_hexiscale.errors import ConfigError
 
 ACTIONS = ("info", "consolidate")
@@ -61,6 +61,7 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
     if out.exists() and not args.force:
         raise ConfigError("OUT.pt", str(out), "exists", "choose another path or pass --force")
     check_output_file("OUT.pt", str(out), "llama.pt")  # a folder below a file, or one we cannot write in
+    check_outside_checkpoint("OUT.pt", str(out), args.ckpt, "llama.pt")
     summary = ckpt.consolidate(args.ckpt, out)
     print(f"wrote {out}: {summary['tensors']} tensors, {summary['bytes'] / 1e6:.1f} MB, model {summary['model']}, "
           f"step {summary['global_step']}")

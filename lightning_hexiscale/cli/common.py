@@ -151,6 +151,20 @@ def check_output_file(flag: str, path: str, example: str) -> None:
         raise ConfigError(flag, path, f"cannot write in {parent}", "give a path inside a writable directory")
 
 
+def check_outside_checkpoint(flag: str, path: str, checkpoint: str, example: str) -> None:
+    """``flag PATH`` is not inside the checkpoint directory it is made from: a save replaces that
+    directory whole (a newer last.ckpt), and a file or export written into it would go with it."""
+    from pathlib import Path
+
+    from lightning_hexiscale.errors import ConfigError
+
+    ckpt, out = Path(checkpoint).expanduser().resolve(), Path(path).expanduser().resolve()
+    if ckpt.is_dir() and (out == ckpt or ckpt in out.parents):
+        raise ConfigError(flag, path, f"is inside the checkpoint {checkpoint}, which the next save of that path "
+                          "replaces whole (with everything in it)", f"write it beside the checkpoint, e.g. "
+                          f"{flag} {ckpt.parent / example}")
+
+
 # ---- launch flags shared by profile, calibrate and check-estimate -----------------------------
 def positive_int(text: str) -> int:
     v = int(text)

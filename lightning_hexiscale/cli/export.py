@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from lightning_hexiscale.cli.common import subcommand
+from lightning_hexiscale.cli.common import check_outside_checkpoint, subcommand
 
 
 def _export_args(p: argparse.ArgumentParser) -> None:
@@ -37,6 +37,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     max_bytes = int(parse_bytes(args.max_shard_size, "--max-shard-size"))
     check_export_target(args.hf, args.overwrite)  # before reading a checkpoint that may take minutes
+    check_outside_checkpoint("--hf", args.hf, args.checkpoint, "hf")
     model = load_llama(args.checkpoint)
     out = save_hf(model.state_dict(), model.config, args.hf, dtype=args.dtype, max_shard_bytes=max_bytes,
                   tokenizer_dir=args.tokenizer, overwrite=args.overwrite)
