@@ -15,7 +15,7 @@ from lightning_hexiscale.cli.common import check_outside_checkpoint, subcommand
 
 def _export_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", metavar="CKPT", help="a checkpoint directory saved by the hexiscale strategy")
-    p.add_argument("--hf", required=True, metavar="OUT", help="output directory (must not exist, see --overwrite)")
+    p.add_argument("--hf", required=True, metavar="OUT", help="output directory (new or empty; see --overwrite)")
     p.add_argument("--tokenizer", metavar="DIR", default=None,
                    help="copy tokenizer.json / tokenizer_config.json / ... from this directory (e.g. the HF model "
                         "directory you fine-tuned from); bos/eos ids are taken from its config.json")

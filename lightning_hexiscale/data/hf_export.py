@@ -102,7 +102,7 @@ def check_export_target(out: str | Path, overwrite: bool) -> Path:
     if out.exists() and not out.is_dir():
         raise ConfigError("--hf", str(out), "is a file; the export writes a directory (config.json, *.safetensors)",
                           "give the path of a new directory, e.g. --hf " + str(out.with_suffix("")) + "-hf")
-    if out.is_dir():
+    if out.is_dir() and any(out.iterdir()):  # an empty directory (made ahead, e.g. by a job script) is taken
         if not overwrite:
             raise ConfigError("--hf", str(out), "the output directory exists",
                               "choose a new directory or pass --overwrite")

@@ -90,3 +90,11 @@ def test_an_export_without_token_ids_says_so(tmp_path):
         warnings.simplefilter("error", NoTokenIdsWarning)
         save_hf(state(0), CONFIG, tmp_path / "with", tokenizer_dir=tok)
     assert json.loads((tmp_path / "with" / "config.json").read_text())["eos_token_id"] == 61
+
+
+def test_an_empty_directory_is_taken_without_overwrite(tmp_path):
+    """An empty directory made ahead (a job script's mkdir) was refused as 'the output directory exists'."""
+    (tmp_path / "hf").mkdir()
+    save_hf(state(0), CONFIG, tmp_path / "hf")
+    assert (tmp_path / "hf" / "model.safetensors").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
