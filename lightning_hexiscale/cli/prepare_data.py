@@ -39,6 +39,7 @@ def cmd_prepare_data(args: argparse.Namespace) -> int:
                     eos=args.eos, bos=args.bos, chunk_bytes=int(parse_bytes(args.chunk_size, "--chunk-size")),
                     progress=not args.no_progress)
     docs = sum(s["documents"] for s in index["sources"])
-    print(f"{index['num_tokens']:,} tokens ({docs:,} documents, {index['dtype']}, vocabulary {index['vocab_size']:,}) "
+    documents = f"{docs:,} document{'' if docs == 1 else 's'}"
+    print(f"{index['num_tokens']:,} tokens ({documents}, {index['dtype']}, vocabulary {index['vocab_size']:,}) "
           f"-> {args.out}")
     return 0

@@ -172,8 +172,8 @@ class LossPrinter(pl.Callback):
             last = float(trainer.callback_metrics.get("train_loss", float("nan")))
             resumed = (f" (steps {self.start_step + 1}-{trainer.global_step}, resumed at step {self.start_step})"
                        if self.start_step else "")
-            _print(trainer, f"training loss: first {self.first:.4f} -> last {last:.4f} after {self.steps_run} "
-                            f"steps{resumed}")
+            steps = f"{self.steps_run} step{'' if self.steps_run == 1 else 's'}"
+            _print(trainer, f"training loss: first {self.first:.4f} -> last {last:.4f} after {steps}{resumed}")
 
 
 class LogHyperparams(pl.Callback):

@@ -35,7 +35,7 @@ def test_loss_lines_go_through_the_progress_bar(capsys):
     printer = LossPrinter()
     printer.on_train_batch_end(_trainer(bar), None, {"loss": 3.0}, None, 0)
     printer.on_train_end(_trainer(bar), None)
-    assert bar.lines == ["step     1  loss 3.0000", "training loss: first 3.0000 -> last 2.0000 after 1 steps"]
+    assert bar.lines == ["step     1  loss 3.0000", "training loss: first 3.0000 -> last 2.0000 after 1 step"]
     assert capsys.readouterr().out == ""
     printer = LossPrinter()  # no bar (trainer.progress_bar=false): plain prints
     printer.on_train_batch_end(_trainer(None), None, {"loss": 3.0}, None, 0)
