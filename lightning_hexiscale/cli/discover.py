@@ -96,8 +96,12 @@ def cmd_discover(args: argparse.Namespace) -> int:
     import os
 
     from lightning_hexiscale.config.cluster import Cluster
+    from lightning_hexiscale.cli.common import check_output_file
     from lightning_hexiscale.profiling.launch import env_rank
 
+    # before any rank starts; under an external launch rank 0 checks it inside discovery and every rank refuses alike
+    if args.out is not None and args.local:
+        check_output_file("--out", args.out, "cluster.yaml")
     found = run_discover(args)
     er = env_rank() if not args.local else None
     if er is not None and er.rank != 0:  # an external launch: rank 0 prints

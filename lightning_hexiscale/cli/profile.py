@@ -166,9 +166,12 @@ def run_profile(args: argparse.Namespace):
                        "layer times too); write a cluster YAML", _profile_args,
             no_overrides="layer times of a model: --model NAME (see `hexiscale profile --help`)")
 def cmd_profile(args: argparse.Namespace) -> int:
+    from lightning_hexiscale.cli.common import check_output_file
     from lightning_hexiscale.config.cluster import Cluster
     from lightning_hexiscale.profiling.writer import link_summary, write_cluster
 
+    if args.local:  # before the measurement, not after it (an external launch's ranks would not all agree)
+        check_output_file("--out", args.out, "cluster.yaml")
     result = run_profile(args)
     if result is None:  # not rank 0 of an external launch: rank 0 writes
         return 0

@@ -210,6 +210,8 @@ def copy_cluster(src: Path, dst: Path) -> Path:
     """Copy a written cluster file and its matrix file to ``dst`` (``matrix_file`` re-pointed), keeping
     its header comments. Returns ``dst``."""
     dst = Path(dst).resolve()
+    if dst == Path(src).resolve():  # --out named the cache's own file: it is already there
+        return dst
     dst.parent.mkdir(parents=True, exist_ok=True)
     text = src.read_text()
     doc = yaml.safe_load(text)
@@ -233,9 +235,32 @@ def check_settings(micro_batches: Sequence[int], budget_s: float, reps: int, lay
             raise ConfigError(key, v, "must be a whole number >= 1", f"give e.g. {key} 3")
 
 
-def _cache_state(cached: Path, rediscover: bool) -> bool | ConfigError:
+def _out_error(out: str | Path | None, cached: Path) -> ConfigError | None:
+    """Rank 0: the error of an ``out`` that cannot take the copy (a folder, a path below a file, an
+    unwritable folder, the cache's matrix file), found before anything is measured: it used to fail
+    in :func:`copy_cluster` after the whole measurement, one rank's traceback and the others' lost
+    connections. None when ``out`` is fine (or not given)."""
+    if out is None:
+        return None
+    from lightning_hexiscale.cli.common import check_output_file
+
+    if Path(out).resolve() == cached.with_name(cached.stem + ".matrix.yaml").resolve():
+        return ConfigError("--out", str(out), "is the cache's matrix file, which the cached cluster file points to",
+                           "give another path, e.g. --out cluster.yaml")
+    try:
+        check_output_file("--out", str(out), "cluster.yaml")
+    except ConfigError as e:
+        return e
+    return None
+
+
+def _cache_state(cached: Path, rediscover: bool, out: str | Path | None = None) -> bool | ConfigError:
     """Rank 0: reuse the cached file (True), measure (False), or the error of a cached file that does
-    not load or of a cache folder that cannot be written (returned, so that every rank raises it)."""
+    not load, of a cache folder that cannot be written or of an ``out`` that cannot be written
+    (returned, so that every rank raises it)."""
+    bad_out = _out_error(out, cached)
+    if bad_out is not None:
+        return bad_out
     if cached.is_file() and not rediscover:
         return _check_cached(cached) or True
     try:
@@ -304,7 +329,7 @@ def discover_process_group(model: LlamaConfig, *, precision: str | None = None,
         f"({', '.join(f'{h}: {len(rs)} x {reports[rs[0]].device_type}' for h, rs in hosts.items())}); "
         f"{model.name or 'model'} in {run.name}; fingerprint {fp}")
     # every rank follows rank 0's file system: all measure or none, and all raise its cache error alike
-    reuse = _from_rank0(_cache_state(cached, rediscover) if rank == 0 else None)
+    reuse = _from_rank0(_cache_state(cached, rediscover, out) if rank == 0 else None)
     if isinstance(reuse, ConfigError):
         raise reuse
     if reuse:

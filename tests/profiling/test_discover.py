@@ -330,3 +330,56 @@ def test_progress_lines_and_the_budget(monkeypatch):
     assert budget_message(59.0, 60.0, {"layer times": 50.0}) is None
     msg = budget_message(75.0, 60.0, {"flops": 2.0, "layer times": 50.0, "NICs": 20.0})
     assert "75.0 s, over its budget of 60 s" in msg and "longest phase was layer times (50.0 s)" in msg
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("command", ["discover", "profile"])
+@pytest.mark.parametrize("where", ["a folder", "below a file"])
+def test_a_bad_out_is_refused_before_anything_is_measured(command, where, tmp_path, monkeypatch, capsys):
+    """--out naming a folder was measured in full and then 55 lines of tracebacks from both ranks
+    (IsADirectoryError on rank 0, 'Connection closed by peer' on rank 1), with a stray
+    '<folder>.matrix.yaml' written beside the folder: now one ConfigError naming --out, before any rank starts."""
+    from lightning_hexiscale.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(dp.CACHE_ENV, str(tmp_path / "cache"))
+    (tmp_path / "outdir").mkdir()
+    (tmp_path / "afile").write_text("not a folder")
+    out = str(tmp_path / ("outdir" if where == "a folder" else "afile/d.yaml"))
+    assert main([command, "--local", "2", "--out", out, "--reps", "1", "--matmul-time", "0.1",
+                 *(["--model", "llama_tiny"] if command == "discover" else [])]) == 2
+    err = capsys.readouterr().err
+    assert f"--out = {out!r}" in err and "Fix:" in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "outdir"]  # no cache, no stray matrix file
+
+
+def _discover_out(rank: int, world: int, model, cache: str, out: str):
+    os.environ[dp.CACHE_ENV] = cache
+    from lightning_hexiscale.profiling.discover import discover_process_group
+
+    return discover_process_group(model, matmul_time_s=0.1, micro_batches=[1], layer_reps=1, reps=1,
+                                  sizes=[1 << 10, 1 << 16], out=out, progress=False)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_out_is_checked_on_rank_0_for_every_rank_and_may_name_the_cache_file(tmp_path):
+    """out= a folder (the API and external launches, no pre-launch check): the same ConfigError on
+    every rank before measuring, not rank 0's IsADirectoryError after it and the others' lost
+    connections. out= the cache's own file: shutil.SameFileError after the measurement; now it is the file."""
+    from lightning_hexiscale.models.config import LlamaConfig
+    from lightning_hexiscale.profiling.launch import RankFailure, run_local
+
+    model, cache = LlamaConfig.load("llama_tiny"), str(tmp_path / "cache")
+    (tmp_path / "outdir").mkdir()
+    with pytest.raises(RankFailure) as e:
+        run_local(2, _discover_out, model, cache, str(tmp_path / "outdir"), timeout_s=60)
+    root = str(e.value).split("---")[0]
+    assert "--out" in root and "is a directory" in root and "Connection closed" not in root
+    assert not (tmp_path / "outdir.matrix.yaml").exists() and not os.path.exists(cache)  # nothing measured
+    first = run_local(2, _discover_out, model, cache, str(tmp_path / "d.yaml"), timeout_s=60)[0]
+    again = run_local(2, _discover_out, model, cache, first.cache_path, timeout_s=60)[0]
+    assert again.reused and again.path == first.cache_path
+    with pytest.raises(RankFailure) as e:  # the cache's matrix file: the cached file would point to a cluster file
+        run_local(2, _discover_out, model, cache, first.cache_path.replace(".yaml", ".matrix.yaml"), timeout_s=60)
+    assert "the cache's matrix file" in str(e.value).split("---")[0]
