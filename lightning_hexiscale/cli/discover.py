@@ -33,7 +33,8 @@ def _discover_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=positive_int, default=None, metavar="S", help="sequence length (default: the model's)")
     add_precision_arg(p)
     p.add_argument("--out", default=None, metavar="PATH.yaml",
-                   help="also write the cluster file here (its matrices beside it); default: only the cache's file")
+                   help="also write the cluster file here (its matrices beside it, PATH.matrix.yaml; files already there are "
+                        "replaced, and the output names them); default: only the cache's file")
     p.add_argument("--name", default=None, help="cluster name (default: discovered_<fingerprint>)")
     p.add_argument("--rediscover", action="store_true",
                    help="measure again even when a file of the same fingerprint is cached (and replace it)")

@@ -223,6 +223,15 @@ def copy_cluster(src: Path, dst: Path) -> Path:
     return dst
 
 
+def replaced_by_copy(dst: str | Path) -> str:
+    """What a copy to ``dst`` (:func:`copy_cluster`) will replace, as ``; replacing A, B`` for the line
+    that names the copy, or "": ``--out`` overwrites, and a file of the user's (a hand-written cluster,
+    the matrices beside it) should not go without a word."""
+    dst = Path(dst).resolve()
+    there = [str(p) for p in (dst, dst.with_name(dst.stem + ".matrix.yaml")) if p.is_file()]
+    return f"; replacing {', '.join(there)}" if there else ""
+
+
 def check_settings(micro_batches: Sequence[int], budget_s: float, reps: int, layer_reps: int) -> None:
     """The settings every rank checks alike before any collective (ConfigError naming the option)."""
     if not micro_batches or any(isinstance(m, bool) or not isinstance(m, int) or m < 1 for m in micro_batches):
@@ -334,11 +343,14 @@ def discover_process_group(model: LlamaConfig, *, precision: str | None = None,
         raise reuse
     if reuse:
         path = cached
+        replacing = ""
         if rank == 0 and out is not None:
+            replacing = "" if Path(out).resolve() == cached.resolve() else replaced_by_copy(out)
             path = copy_cluster(cached, Path(out))
         seconds = time.perf_counter() - t_start
         say(f"reusing the cluster discovered earlier: {cached} (same fingerprint; {seconds:.2f} s; "
-            f"--rediscover / rediscover=True measures again)" + (f"; copied to {path}" if path != cached else ""))
+            f"--rediscover / rediscover=True measures again)" + (f"; copied to {path}" if path != cached else "")
+            + replacing)
         return Discovery(_from_rank0(str(path)), True, fp, seconds, count, str(cached))
 
     say(f"measuring: {count.describe()}")
@@ -371,7 +383,7 @@ def discover_process_group(model: LlamaConfig, *, precision: str | None = None,
     inter_fits = measure_pairs(inter_steps, sizes, reps, device, link_stat, bar, "machine-pair links", "inter links")
     nic_fits, nic_notes = measure_nic_groups(nic_plan, sizes, reps, device, link_stat, bar)
 
-    path = cached
+    path, replacing = cached, ""
     if rank == 0:
         by_type = {key: intra_fits[pair] for key, pair in intra.items()}
         by_host = {tuple(sorted((reports[a].host, reports[b].host))): v for (a, b), v in inter_fits.items()}
@@ -397,10 +409,12 @@ def discover_process_group(model: LlamaConfig, *, precision: str | None = None,
                                layer_tables=_merge_tables(parts))
         write_cluster(result, cached, name or f"discovered_{fp[:8]}", tool="hexiscale discover")
         if out is not None:
+            replacing = "" if Path(out).resolve() == cached.resolve() else replaced_by_copy(out)
             path = copy_cluster(cached, Path(out))
     bar.step("cluster file written", "write")
     seconds = bar.close()
-    say(f"discovered in {seconds:.1f} s: {path}" + (f" (cached as {cached})" if path != cached else ""))
+    say(f"discovered in {seconds:.1f} s: {path}" + (f" (cached as {cached})" if path != cached else "")
+        + replacing)
     over = budget_message(seconds, budget_s, bar.phases)
     if over and rank == 0:
         warnings.warn(over, stacklevel=2)

@@ -383,3 +383,23 @@ def test_out_is_checked_on_rank_0_for_every_rank_and_may_name_the_cache_file(tmp
     with pytest.raises(RankFailure) as e:  # the cache's matrix file: the cached file would point to a cluster file
         run_local(2, _discover_out, model, cache, first.cache_path.replace(".yaml", ".matrix.yaml"), timeout_s=60)
     assert "the cache's matrix file" in str(e.value).split("---")[0]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_out_says_which_of_the_users_files_it_replaced(tmp_path, capfd):
+    """--out d.yaml replaced an existing d.yaml and d.matrix.yaml (say, a hand-written cluster and its
+    measured matrices) without a word; now the line that names the copy names the files it replaced."""
+    from lightning_hexiscale.models.config import LlamaConfig
+    from lightning_hexiscale.profiling.launch import run_local
+
+    model, cache = LlamaConfig.load("llama_tiny"), str(tmp_path / "cache")
+    (tmp_path / "d.matrix.yaml").write_text("bandwidth_Bps: mine\n")
+    run_local(2, _discover_out, model, cache, str(tmp_path / "d.yaml"), timeout_s=60)  # measures
+    out = capfd.readouterr().out
+    assert f"replacing {tmp_path / 'd.matrix.yaml'}" in out and f"replacing {tmp_path / 'd.yaml'}" not in out
+    run_local(2, _discover_out, model, cache, str(tmp_path / "d.yaml"), timeout_s=60)  # reuses the cache
+    out = capfd.readouterr().out
+    assert "reusing" in out and f"replacing {tmp_path / 'd.yaml'}, {tmp_path / 'd.matrix.yaml'}" in out
+    run_local(2, _discover_out, model, cache, str(tmp_path / "x.yaml"), timeout_s=60)  # a new path: nothing to say
+    assert "replacing" not in capfd.readouterr().out and (tmp_path / "x.matrix.yaml").is_file()
