@@ -217,8 +217,10 @@ def copy_cluster(src: Path, dst: Path) -> Path:
     doc = yaml.safe_load(text)
     mdst = dst.with_name(dst.stem + ".matrix.yaml")
     shutil.copyfile(doc["matrix_file"], mdst)
+    # the writer's header names the matrix file beside it: the copy's is mdst, not the cache's
+    old = f"matrices in {Path(doc['matrix_file']).name}."
     doc["matrix_file"] = str(mdst)
-    header = [ln for ln in text.splitlines() if ln.startswith("#")]
+    header = [ln.replace(old, f"matrices in {mdst.name}.") for ln in text.splitlines() if ln.startswith("#")]
     dst.write_text("\n".join(header) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=1 << 16))
     return dst
 

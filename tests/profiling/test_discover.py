@@ -403,3 +403,20 @@ def test_out_says_which_of_the_users_files_it_replaced(tmp_path, capfd):
     assert "reusing" in out and f"replacing {tmp_path / 'd.yaml'}, {tmp_path / 'd.matrix.yaml'}" in out
     run_local(2, _discover_out, model, cache, str(tmp_path / "x.yaml"), timeout_s=60)  # a new path: nothing to say
     assert "replacing" not in capfd.readouterr().out and (tmp_path / "x.matrix.yaml").is_file()
+
+
+def test_the_copy_names_its_own_matrix_file_in_its_header(tmp_path):
+    """--out d.yaml kept the cache's header line 'matrices in <fingerprint>.matrix.yaml', a file that is
+    not beside d.yaml; the copy's header now names d.matrix.yaml, as its matrix_file does."""
+    from lightning_hexiscale.profiling.discover import copy_cluster
+
+    (tmp_path / "cache").mkdir()
+    src = tmp_path / "cache" / "abc.yaml"
+    (tmp_path / "cache" / "abc.matrix.yaml").write_text("bandwidth_Bps: []\n")
+    src.write_text("# half round trips at sizes 1024, 65536 B; matrices in abc.matrix.yaml.\n# other note\n"
+                   f"name: x\nmatrix_file: {tmp_path / 'cache' / 'abc.matrix.yaml'}\n")
+    dst = copy_cluster(src, tmp_path / "d.yaml")
+    text = dst.read_text()
+    assert "matrices in d.matrix.yaml." in text and "abc.matrix" not in text and "# other note" in text
+    assert yaml.safe_load(text) == {"name": "x", "matrix_file": str(tmp_path / "d.matrix.yaml")}
+    assert (tmp_path / "d.matrix.yaml").read_text() == "bandwidth_Bps: []\n"
