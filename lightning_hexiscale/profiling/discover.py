@@ -316,7 +316,7 @@ def discover_process_group(model: LlamaConfig, *, precision: str | None = None,
     """
     from lightning_hexiscale.config.layer_table import ModelShape
     from lightning_hexiscale.profiling import precision as prec
-    from lightning_hexiscale.profiling.layer_times import default_tp_degrees, measure_layer_tables
+    from lightning_hexiscale.profiling.layer_times import check_tp_fits, default_tp_degrees, measure_layer_tables
 
     check_settings(micro_batches, budget_s, reps, layer_reps)
     t_start = time.perf_counter()
@@ -331,6 +331,7 @@ def discover_process_group(model: LlamaConfig, *, precision: str | None = None,
     degrees = sorted(set(tp_degrees or default_tp_degrees([len(m) for m in machines], model.num_kv_heads)))
     for t in degrees:
         model.check_tp(t, "tp_degrees")
+    check_tp_fits(degrees, machines)  # every rank alike (same reports), before the cache and any measurement
     mbs = sorted({int(m) for m in micro_batches})
     settings = {"tp_degrees": degrees, "micro_batches": mbs}
     fp = dp.fingerprint(reports, vars(ModelShape.of(model)), run.name, torch.__version__, settings)

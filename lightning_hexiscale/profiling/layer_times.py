@@ -49,6 +49,20 @@ def tp_groups(machines: Sequence[Sequence[int]], tp: int) -> list[tuple[int, ...
     return [tuple(m[i:i + tp]) for m in machines for i in range(0, len(m) - tp + 1, tp)]
 
 
+def check_tp_fits(degrees: Sequence[int], machines: Sequence[Sequence[int]], key: str = "--layer-tp") -> None:
+    """Every TP degree forms a group on some machine (:func:`tp_groups`). A degree larger than every
+    machine measured nothing and said nothing: its rows were missing from the tables (with no other
+    degree, the file had no layer times at all and the planner priced FLOP/s instead)."""
+    from lightning_hexiscale.errors import ConfigError
+
+    largest = max(len(m) for m in machines)
+    too_big = sorted(t for t in set(degrees) if t > largest)
+    if too_big:
+        raise ConfigError(key, too_big, f"a TP group is measured inside one machine (ranks of one host and device "
+                          f"type), and the largest here has {largest} rank(s), so no group of that size forms",
+                          f"give TP degrees up to {largest}, or leave {key} out (the default fits the machines)")
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -134,6 +148,7 @@ def measure_layer_tables(model: LlamaConfig, micro_batches: Sequence[int], preci
         machines = machines or [m.ranks for m in infer_machines([h for h, _ in everyone], [t for _, t in everyone])]
     machines = [list(m) for m in machines]
     degrees = sorted(set(tp_degrees or default_tp_degrees([len(m) for m in machines], model.num_kv_heads)))
+    check_tp_fits(degrees, machines)
     for t in degrees:
         model.check_tp(t, "--layer-tp")
     mbs = sorted(set(int(m) for m in micro_batches))

@@ -420,3 +420,31 @@ def test_the_copy_names_its_own_matrix_file_in_its_header(tmp_path):
     assert "matrices in d.matrix.yaml." in text and "abc.matrix" not in text and "# other note" in text
     assert yaml.safe_load(text) == {"name": "x", "matrix_file": str(tmp_path / "d.matrix.yaml")}
     assert (tmp_path / "d.matrix.yaml").read_text() == "bandwidth_Bps: []\n"
+
+
+def _discover_tp(rank: int, world: int, model, cache: str, tp: list[int]):
+    os.environ[dp.CACHE_ENV] = cache
+    os.environ["HEXISCALE_MACHINE"] = f"m{rank}"  # one rank per machine: no TP group of 2 can form
+    from lightning_hexiscale.profiling.discover import discover_process_group
+
+    return discover_process_group(model, matmul_time_s=0.1, micro_batches=[1], layer_reps=1, reps=1,
+                                  sizes=[1 << 10, 1 << 16], tp_degrees=tp, progress=False)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_tp_degree_no_machine_can_form_is_refused(tmp_path):
+    """tp_degrees=[2] (--layer-tp 2) on machines of one rank each: no TP group formed, so the file was
+    written without any layer_times (the planner then priced FLOP/s) while the log counted '3 layer
+    cases'; now the same ConfigError on every rank, naming --layer-tp, before anything is measured."""
+    from lightning_hexiscale.models.config import LlamaConfig
+    from lightning_hexiscale.profiling.launch import RankFailure, run_local
+
+    model, cache = LlamaConfig.load("llama_tiny"), str(tmp_path / "cache")
+    with pytest.raises(RankFailure) as e:
+        run_local(2, _discover_tp, model, cache, [1, 2], timeout_s=60)
+    root = str(e.value).split("---")[0]
+    assert "--layer-tp = [2]" in root and "Connection closed" not in root and "largest here has 1" in str(e.value)
+    assert not os.path.exists(cache)
+    found = run_local(2, _discover_tp, model, cache, [1], timeout_s=60)[0]
+    assert yaml.safe_load(open(found.path))["layer_times"]
