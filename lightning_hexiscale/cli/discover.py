@@ -35,7 +35,8 @@ def _discover_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, metavar="PATH.yaml",
                    help="also write the cluster file here (its matrices beside it, PATH.matrix.yaml; files already there are "
                         "replaced, and the output names them); default: only the cache's file")
-    p.add_argument("--name", default=None, help="cluster name (default: discovered_<fingerprint>)")
+    p.add_argument("--name", default=None,
+                   help="cluster name, also given to a reused file (default: discovered_<first 8 of the fingerprint>)")
     p.add_argument("--rediscover", action="store_true",
                    help="measure again even when a file of the same fingerprint is cached (and replace it)")
     p.add_argument("--budget", type=positive_seconds, default=60.0, metavar="S",

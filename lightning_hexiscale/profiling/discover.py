@@ -26,7 +26,6 @@ names the phase that took longest when it is exceeded).
 
 from __future__ import annotations
 
-import shutil
 import sys
 import time
 import warnings
@@ -44,7 +43,7 @@ from lightning_hexiscale.profiling import discovery_plan as dp
 from lightning_hexiscale.profiling.fit import NicFit, default_sizes, fit_nic, fit_or_bound
 from lightning_hexiscale.profiling.measure import (is_hopper, current_device, device_memory_bytes, device_type_name,
                                                    machine_name, measure_matmul_flops, ping_pong, transfer)
-from lightning_hexiscale.profiling.writer import ProfileResult, infer_machines, write_cluster
+from lightning_hexiscale.profiling.writer import ProfileResult, _atomic_write, infer_machines, write_cluster
 
 DEFAULT_BUDGET_S = 60.0
 """The time discovery should take on a small cluster (4 CPU ranks here: well under it)."""
@@ -206,22 +205,30 @@ def _merge_tables(parts: Sequence[Sequence]) -> tuple:
                  for t in by.values())
 
 
-def copy_cluster(src: Path, dst: Path) -> Path:
+def copy_cluster(src: Path, dst: Path, name: str | None = None) -> Path:
     """Copy a written cluster file and its matrix file to ``dst`` (``matrix_file`` re-pointed), keeping
-    its header comments. Returns ``dst``."""
+    its header comments, named ``name`` when given. Returns ``dst``. ``dst`` may be ``src`` itself:
+    then only the name changes (``--name`` is no part of the fingerprint, and a reused file must still
+    carry the name asked for). Each file is written to a temporary name and renamed."""
     dst = Path(dst).resolve()
-    if dst == Path(src).resolve():  # --out named the cache's own file: it is already there
-        return dst
-    dst.parent.mkdir(parents=True, exist_ok=True)
     text = src.read_text()
     doc = yaml.safe_load(text)
+    header = [ln for ln in text.splitlines() if ln.startswith("#")]
+    if dst == Path(src).resolve():  # --out named the cache's own file, or only the name changes
+        if name is not None and doc.get("name") != name:
+            doc["name"] = name
+            _atomic_write(dst, "\n".join(header) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=1 << 16))
+        return dst
+    dst.parent.mkdir(parents=True, exist_ok=True)
     mdst = dst.with_name(dst.stem + ".matrix.yaml")
-    shutil.copyfile(doc["matrix_file"], mdst)
+    _atomic_write(mdst, Path(doc["matrix_file"]).read_text())
     # the writer's header names the matrix file beside it: the copy's is mdst, not the cache's
     old = f"matrices in {Path(doc['matrix_file']).name}."
     doc["matrix_file"] = str(mdst)
-    header = [ln.replace(old, f"matrices in {mdst.name}.") for ln in text.splitlines() if ln.startswith("#")]
-    dst.write_text("\n".join(header) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=1 << 16))
+    if name is not None:
+        doc["name"] = name
+    header = [ln.replace(old, f"matrices in {mdst.name}.") for ln in header]
+    _atomic_write(dst, "\n".join(header) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=1 << 16))
     return dst
 
 
@@ -349,7 +356,9 @@ def discover_process_group(model: LlamaConfig, *, precision: str | None = None,
         replacing = ""
         if rank == 0 and out is not None:
             replacing = "" if Path(out).resolve() == cached.resolve() else replaced_by_copy(out)
-            path = copy_cluster(cached, Path(out))
+            path = copy_cluster(cached, Path(out), name)
+        elif rank == 0 and name is not None:
+            copy_cluster(cached, cached, name)
         seconds = time.perf_counter() - t_start
         say(f"reusing the cluster discovered earlier: {cached} (same fingerprint; {seconds:.2f} s; "
             f"--rediscover / rediscover=True measures again)" + (f"; copied to {path}" if path != cached else "")
