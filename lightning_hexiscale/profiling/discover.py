@@ -241,8 +241,12 @@ def replaced_by_copy(dst: str | Path) -> str:
     return f"; replacing {', '.join(there)}" if there else ""
 
 
-def check_settings(micro_batches: Sequence[int], budget_s: float, reps: int, layer_reps: int) -> None:
+def check_settings(micro_batches: Sequence[int], budget_s: float, reps: int, layer_reps: int,
+                   name: str | None = None) -> None:
     """The settings every rank checks alike before any collective (ConfigError naming the option)."""
+    if name is not None and not str(name).strip():  # '' would be the default when measuring, '' when reusing
+        raise ConfigError("--name", name, "must not be empty", "give e.g. --name my_cluster, or leave --name out "
+                          "for discovered_<fingerprint>")
     if not micro_batches or any(isinstance(m, bool) or not isinstance(m, int) or m < 1 for m in micro_batches):
         raise ConfigError("--layer-micro-batches", list(micro_batches), "must be whole numbers >= 1",
                           "give e.g. 1,2,4 (the micro-batch sizes the planner may choose)")
@@ -325,7 +329,7 @@ def discover_process_group(model: LlamaConfig, *, precision: str | None = None,
     from lightning_hexiscale.profiling import precision as prec
     from lightning_hexiscale.profiling.layer_times import check_tp_fits, default_tp_degrees, measure_layer_tables
 
-    check_settings(micro_batches, budget_s, reps, layer_reps)
+    check_settings(micro_batches, budget_s, reps, layer_reps, name)
     t_start = time.perf_counter()
     rank = dist.get_rank()
     device = current_device()

@@ -177,7 +177,9 @@ def test_discover_cli_writes_out_and_reuses(tmp_path, monkeypatch, capfd):
 @pytest.mark.parametrize("kw,key", [(dict(micro_batches=[]), "--layer-micro-batches"),
                                     (dict(micro_batches=[0, 2]), "--layer-micro-batches"),
                                     (dict(budget_s=0), "--budget"), (dict(reps=0), "--reps"),
-                                    (dict(layer_reps=1.5), "--layer-reps")])
+                                    (dict(layer_reps=1.5), "--layer-reps"),
+                                    # --name '' named a measured file discovered_<fp> but a reused one ''
+                                    (dict(name=""), "--name"), (dict(name=" "), "--name")])
 def test_bad_settings_are_config_errors(kw, key):
     from lightning_hexiscale.errors import ConfigError
     from lightning_hexiscale.profiling.discover import check_settings
@@ -477,3 +479,14 @@ def test_name_is_the_files_name_when_the_cache_is_reused_too(tmp_path):
     assert again.reused and again.path == first.path and Cluster.load(again.path).name == "other"
     text = open(again.path).read()
     assert text.startswith("# Written by `hexiscale discover`")  # the header comments stay
+
+
+def test_an_empty_name_is_refused_before_any_rank_starts(capsys, tmp_path, monkeypatch):
+    from lightning_hexiscale.cli.main import main
+
+    monkeypatch.setenv(dp.CACHE_ENV, str(tmp_path / "cache"))
+    with pytest.raises(SystemExit) as e:
+        main(["discover", "--local", "2", "--model", "llama_tiny", "--name", ""])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "argument --name: must not be empty" in err and "Traceback" not in err
+    assert not (tmp_path / "cache").exists()
