@@ -223,7 +223,7 @@ def fill_links(reports: Sequence[RankReport], inter: dict[tuple[str, str], tuple
 def fingerprint(reports: Sequence[RankReport], model_shape: dict | None, precision: str, torch_version: str,
                 settings: dict | None = None) -> str:
     """sha256 (first 20 hex digits) of what a discovered file depends on: per rank its host, device
-    type and memory (MiB), the model's shape, the precision, the torch version and the discovery
+    type, memory (MiB) and compute capability, the model's shape, the precision, the torch version and the discovery
     settings that shape the file (TP degrees, micro-batch sizes)."""
     doc = {"format": FORMAT_VERSION,
            "ranks": [[r.host, r.device_type, int(r.memory_bytes // 2**20), r.capability] for r in reports],
