@@ -301,6 +301,14 @@ def link_summary(p: ProfileResult) -> str:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    """Write ``text`` to a temporary name of this writer's own, then rename it to ``path``: a reader sees
+    the old file or the new one, whole. Two writers of one file (two jobs discovering one fingerprint)
+    each rename their own temporary; with one shared name the second rename found it gone."""
+    import uuid
+
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+    try:
+        tmp.write_text(text)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)  # nothing stays behind when the write or the rename failed

@@ -84,3 +84,33 @@ def test_update_calibration_keeps_the_rest(tmp_path):
     assert yaml.safe_load(text)["gpu_types"]["GPU-X"]["efficiency"] == 0.5
     with pytest.raises(KeyError, match="GPU-Z"):
         update_calibration(path, {}, {"GPU-Z": 0.5})
+
+
+@pytest.mark.timeout(60)
+def test_two_writers_of_one_file_do_not_crash_each_other(tmp_path):
+    """Two jobs discovering the same fingerprint at once (two `hexiscale train` on one machine, say) write
+    the same cache file. Both used the temporary name '<file>.tmp': one renamed it away under the
+    other, whose rename then failed (FileNotFoundError in 3 of 3 runs of 2 x 300 writes). Each writer
+    now has its own temporary name; the file is always one writer's whole text, and no temporary stays."""
+    import threading
+
+    from lightning_hexiscale.profiling.writer import _atomic_write
+
+    path, errors = tmp_path / "c.yaml", []
+    texts = [f"name: w{k}\n" * 200 for k in range(2)]
+
+    def write(k: int) -> None:
+        for _ in range(300):
+            try:
+                _atomic_write(path, texts[k])
+            except OSError as e:
+                errors.append(e)
+                return
+
+    threads = [threading.Thread(target=write, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and path.read_text() in texts
+    assert [p.name for p in tmp_path.iterdir()] == ["c.yaml"]
