@@ -26,7 +26,9 @@ names the phase that took longest when it is exceeded).
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -287,7 +289,8 @@ def _cache_state(cached: Path, rediscover: bool, out: str | Path | None = None) 
         return _check_cached(cached) or True
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
-        probe = cached.with_name(f".{cached.name}.probe")
+        # a name of this job's own: two jobs of one fingerprint probe at once, and would unlink each other's
+        probe = cached.with_name(f".{cached.name}.{os.getpid()}.{threading.get_ident()}.probe")
         probe.write_text("")
         probe.unlink()
     except OSError as e:
@@ -372,8 +375,6 @@ def discover_process_group(model: LlamaConfig, *, precision: str | None = None,
     say(f"measuring: {count.describe()}")
     sizes = sorted(int(s) for s in (sizes or default_sizes(device.type == "cuda")))
     if max_pairs is None and device.type != "cuda":
-        import os
-
         max_pairs = max(1, (os.cpu_count() or 2) // 2)
     intra = dp.intra_pairs(reports)
     intra_steps = dp.disjoint_steps(list(intra.values()), max_pairs)

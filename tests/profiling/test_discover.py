@@ -490,3 +490,27 @@ def test_an_empty_name_is_refused_before_any_rank_starts(capsys, tmp_path, monke
     err = capsys.readouterr().err
     assert e.value.code == 2 and "argument --name: must not be empty" in err and "Traceback" not in err
     assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.timeout(60)
+def test_two_jobs_probing_one_cache_folder_do_not_fail_each_other(tmp_path):
+    """Rank 0 proves the cache folder writable with a probe file before measuring. Every job used the
+    name '.<fingerprint>.yaml.probe': one job unlinked it under another, whose unlink then failed, and
+    it stopped with 'the cache folder cannot be written (No such file or directory)'. Now each probe
+    has its own name."""
+    import threading
+
+    from lightning_hexiscale.profiling.discover import _cache_state
+
+    cached, answers = tmp_path / "cache" / "abc.yaml", []
+
+    def probe() -> None:
+        answers.extend(_cache_state(cached, False) for _ in range(300))
+
+    threads = [threading.Thread(target=probe) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [a for a in answers if a is not False] == [] and len(answers) == 600
+    assert list((tmp_path / "cache").iterdir()) == []
