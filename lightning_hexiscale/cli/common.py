@@ -12,6 +12,8 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
+from lightning_hexiscale.config.recipe import check_output_file  # noqa: F401 (the commands' name for it)
+
 EPILOG = """overrides (Hydra syntax, composed over conf/config.yaml):
   cluster=NAME|PATH.yaml   a preset of conf/cluster/ or a cluster file (e.g. from `hexiscale profile`)
   model=NAME|PATH.yaml|hf:DIR  a preset of conf/model/, a model file, or a local Hugging Face directory
@@ -127,28 +129,6 @@ def apply_train_overrides(plan, cfg, overrides: Sequence[str]):
             del changes["recompute"]
     return replace(plan, **changes) if changes else plan
 
-
-
-def check_output_file(flag: str, path: str, example: str) -> None:
-    """``flag PATH`` names a file this command may write: checked before the work that fills it (a
-    search, a measurement), so that a typo costs nothing. Missing folders are created when it is
-    written (as ``hexiscale profile`` and ``discover`` do); a folder, or a path below a file, is refused."""
-    import os
-    from pathlib import Path
-
-    from lightning_hexiscale.errors import ConfigError
-
-    p = Path(path)
-    if p.is_dir():
-        raise ConfigError(flag, path, "is a directory; this option names the file to write",
-                          f"give a file path, e.g. {flag} {p / example}")
-    parent = p.parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise ConfigError(flag, path, f"{parent} is a file, not a directory", "give a path inside a directory")
-    if not os.access(parent, os.W_OK):
-        raise ConfigError(flag, path, f"cannot write in {parent}", "give a path inside a writable directory")
 
 
 def check_outside_checkpoint(flag: str, path: str, checkpoint: str, example: str) -> None:

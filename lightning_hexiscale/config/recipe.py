@@ -230,3 +230,25 @@ def check_values(cfg) -> None:
     if t.gradient_clip_val is not None and not float(t.gradient_clip_val) > 0:
         raise ConfigError("trainer.gradient_clip_val", t.gradient_clip_val, "the clip norm must be positive, or null "
                           "for no clipping", "e.g. trainer.gradient_clip_val=1.0, or trainer.gradient_clip_val=null")
+
+
+def check_output_file(flag: str, path: str, example: str) -> None:
+    """``flag PATH`` names a file this command may write: checked before the work that fills it (a
+    search, a measurement), so that a typo costs nothing. Missing folders are created when it is
+    written (as ``hexiscale profile`` and ``discover`` do); a folder, or a path below a file, is refused."""
+    import os
+    from pathlib import Path
+
+    from lightning_hexiscale.errors import ConfigError
+
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigError(flag, path, "is a directory; this option names the file to write",
+                          f"give a file path, e.g. {flag} {p / example}")
+    parent = p.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(flag, path, f"{parent} is a file, not a directory", "give a path inside a directory")
+    if not os.access(parent, os.W_OK):
+        raise ConfigError(flag, path, f"cannot write in {parent}", "give a path inside a writable directory")

@@ -45,7 +45,7 @@ from lightning_hexiscale.profiling import discovery_plan as dp
 from lightning_hexiscale.profiling.fit import NicFit, default_sizes, fit_nic, fit_or_bound
 from lightning_hexiscale.profiling.measure import (is_hopper, current_device, device_memory_bytes, device_type_name,
                                                    machine_name, measure_matmul_flops, ping_pong, transfer)
-from lightning_hexiscale.profiling.writer import ProfileResult, _atomic_write, infer_machines, write_cluster
+from lightning_hexiscale.profiling.writer import ProfileResult, atomic_write, infer_machines, write_cluster
 
 DEFAULT_BUDGET_S = 60.0
 """The time discovery should take on a small cluster (4 CPU ranks here: well under it)."""
@@ -219,18 +219,18 @@ def copy_cluster(src: Path, dst: Path, name: str | None = None) -> Path:
     if dst == Path(src).resolve():  # --out named the cache's own file, or only the name changes
         if name is not None and doc.get("name") != name:
             doc["name"] = name
-            _atomic_write(dst, "\n".join(header) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=1 << 16))
+            atomic_write(dst, "\n".join(header) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=1 << 16))
         return dst
     dst.parent.mkdir(parents=True, exist_ok=True)
     mdst = dst.with_name(dst.stem + ".matrix.yaml")
-    _atomic_write(mdst, Path(doc["matrix_file"]).read_text())
+    atomic_write(mdst, Path(doc["matrix_file"]).read_text())
     # the writer's header names the matrix file beside it: the copy's is mdst, not the cache's
     old = f"matrices in {Path(doc['matrix_file']).name}."
     doc["matrix_file"] = str(mdst)
     if name is not None:
         doc["name"] = name
     header = [ln.replace(old, f"matrices in {mdst.name}.") for ln in header]
-    _atomic_write(dst, "\n".join(header) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=1 << 16))
+    atomic_write(dst, "\n".join(header) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=1 << 16))
     return dst
 
 
@@ -266,7 +266,7 @@ def _out_error(out: str | Path | None, cached: Path) -> ConfigError | None:
     connections. None when ``out`` is fine (or not given)."""
     if out is None:
         return None
-    from lightning_hexiscale.cli.common import check_output_file
+    from lightning_hexiscale.config.recipe import check_output_file
 
     if Path(out).resolve() == cached.with_name(cached.stem + ".matrix.yaml").resolve():
         return ConfigError("--out", str(out), "is the cache's matrix file, which the cached cluster file points to",

@@ -205,9 +205,9 @@ def write_cluster(p: ProfileResult, out: str | Path, name: str | None = None,
               f"# {p.world_size} ranks; device id = global rank. Links: alpha + size/beta fitted to ping-pong",
               f"# half round trips at sizes {', '.join(str(s) for s in p.sizes_bytes)} B; matrices in {mpath.name}."]
     header += [f"# {line}" for line in p.notes]
-    _atomic_write(mpath, yaml.safe_dump(matrix_document(p), sort_keys=False, width=1 << 16))
+    atomic_write(mpath, yaml.safe_dump(matrix_document(p), sort_keys=False, width=1 << 16))
     doc = cluster_document(p, name, str(mpath), calibration, efficiency, tool)
-    _atomic_write(out, "\n".join(header) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=1 << 16))
+    atomic_write(out, "\n".join(header) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=1 << 16))
     return out, mpath
 
 
@@ -244,10 +244,10 @@ def update_calibration(path: str | Path, calibration: dict[str, float], efficien
         mdoc["latency_link_s"] = [[float(x) for x in row] for row in link]
         mdoc["latency_s"] = [[float(x) for x in row] for row in link + sync_latency_s * (1.0 - np.eye(n))]
         mdoc["sync_latency_s"] = float(sync_latency_s)
-        _atomic_write(mpath, yaml.safe_dump(mdoc, sort_keys=False, width=1 << 16))
+        atomic_write(mpath, yaml.safe_dump(mdoc, sort_keys=False, width=1 << 16))
         notes.append(f"sync latency {sync_latency_s * 1e6:.0f} us added to every alpha in {mpath.name}")
     stamp = f"# Calibrated {datetime.datetime.now().isoformat(timespec='seconds')}: " + ", ".join(notes)
-    _atomic_write(path, "\n".join(header + [stamp]) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=1 << 16))
+    atomic_write(path, "\n".join(header + [stamp]) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=1 << 16))
 
 
 def update_layer_tables(path: str | Path, tables) -> None:
@@ -268,7 +268,7 @@ def update_layer_tables(path: str | Path, tables) -> None:
     doc["layer_times"] = [e for e in (doc.get("layer_times") or []) if ident(e) not in replaced] + new
     stamp = (f"# Layer times measured {datetime.datetime.now().isoformat(timespec='seconds')}: "
              + ", ".join(f"{t.gpu} {t.precision} {t.model_name or 'model'} ({len(t.rows)} rows)" for t in tables))
-    _atomic_write(path, "\n".join(header + [stamp]) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=1 << 16))
+    atomic_write(path, "\n".join(header + [stamp]) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=1 << 16))
 
 
 def previous_sync_latency(path: str | Path) -> float:
@@ -300,7 +300,7 @@ def link_summary(p: ProfileResult) -> str:
     return "\n".join(lines)
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, text: str) -> None:
     """Write ``text`` to a temporary name of this writer's own, then rename it to ``path``: a reader sees
     the old file or the new one, whole. Two writers of one file (two jobs discovering one fingerprint)
     each rename their own temporary; with one shared name the second rename found it gone."""

@@ -94,7 +94,7 @@ def test_two_writers_of_one_file_do_not_crash_each_other(tmp_path):
     now has its own temporary name; the file is always one writer's whole text, and no temporary stays."""
     import threading
 
-    from lightning_hexiscale.profiling.writer import _atomic_write
+    from lightning_hexiscale.profiling.writer import atomic_write
 
     path, errors = tmp_path / "c.yaml", []
     texts = [f"name: w{k}\n" * 200 for k in range(2)]
@@ -102,7 +102,7 @@ def test_two_writers_of_one_file_do_not_crash_each_other(tmp_path):
     def write(k: int) -> None:
         for _ in range(300):
             try:
-                _atomic_write(path, texts[k])
+                atomic_write(path, texts[k])
             except OSError as e:
                 errors.append(e)
                 return
