@@ -302,7 +302,11 @@ class GradientMethods:
         optimisation, which this strategy refuses: say what it supports instead. Every rank's
         ``configure_optimizers`` returns the same, so rank 0 reports for all."""
         try:
-            self.setup_optimizers(trainer)
+            # ZeRO-3 keeps a block's parameters as empty tensors between uses: a configure_optimizers
+            # that picks param groups by shape (p.dim() >= 2 for weight decay) must see what one device
+            # does, so it runs with every local parameter whole (collective: every rank is here)
+            with self.pipeline_model.engine.full_params():
+                self.setup_optimizers(trainer)
             # a parameter frozen there: every rank says, before the first step (the ranks that hold
             # none would otherwise wait in the first sync for those that stop inside it)
             agree(lambda: frozen(self.lightning_module, type(self.lightning_module).__name__), self.global_rank,

@@ -110,7 +110,9 @@ class PipelineEngine:
         """The step's phases (:class:`~lightning_hexiscale.runtime.step.Step`): what a trainer calls."""
 
     def parameters(self):
-        """This rank's local parameters (shards), for the optimizer."""
+        """This rank's local parameters (shards), for the optimizer. Under ZeRO-3 a block's are empty
+        tensors between uses: choose param groups by shape inside :meth:`full_params` (as the
+        Lightning strategy runs ``configure_optimizers``)."""
         return self.stage.parameters()
 
     def wrap_optimizer(self, optimizer):

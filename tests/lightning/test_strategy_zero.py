@@ -14,9 +14,11 @@ import lightning.pytorch as pl
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
-from strategy_helpers import assert_matches, hexiscale_trainer, loader, module, plan_of, read_ranks, single_trainer
+from strategy_helpers import (TINY, assert_matches, hexiscale_trainer, loader, module, plan_of, read_ranks,
+                              single_trainer)
 from test_checkpoint import PLAN_A, PLAN_B, Snapshot
 
+from lightning_hexiscale.lightning.example import LlamaLitModule
 from lightning_hexiscale.runtime import checkpoint as ckpt
 
 PLAN = plan_of([(4, 2, [([0, 1], (0, 4))]), (2, 1, [([2], (0, 2)), ([3], (2, 4))])], cluster="cpu_hetero4")
@@ -135,3 +137,31 @@ def test_value_clipping_under_zero_is_refused_once(tmp_path, capfd):
     with pytest.raises(ConfigError, match=r"gradient_clip_algorithm\) = 'value'.*dp_sharding=zero2.*'norm'"):
         trainer.fit(module(), loader(12, 6))
     assert "Traceback" not in capfd.readouterr().err
+
+
+class _GroupsByShape(LlamaLitModule):
+    """nanoGPT's / LitGPT's rule: weight decay on the matrices only, chosen by ``p.dim()``."""
+
+    def configure_optimizers(self):
+        params = list(self.parameters())
+        return torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.5},
+                                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0, "lr": 5e-2}],
+                                 lr=1e-2)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_configure_optimizers_sees_the_local_shapes_under_zero3(tmp_path):
+    """ZeRO-3 keeps a block's parameters as empty tensors between uses: ``configure_optimizers`` saw
+    them all with ``dim() == 1`` and put the blocks' matrices in the no-decay group at lr 5e-2
+    (losses 5.5684, 5.4955, 5.0442 where one process gives 5.5684, 5.4003, 4.3795). It now runs
+    with every local parameter whole."""
+    ref_dir, run_dir = tmp_path / "ref", tmp_path / "run"
+    ref_dir.mkdir(), run_dir.mkdir()
+    kw = dict(max_steps=3, max_epochs=1)
+    train = loader(G * 3, G)
+    new = lambda: _GroupsByShape(TINY, dtype=torch.float64, init_seed=7)  # noqa: E731
+    single_trainer(ref_dir, **kw).fit(new(), train)
+    plan = dataclasses.replace(PLAN, dp_sharding="zero3")
+    hexiscale_trainer(plan, run_dir, **kw).fit(new(), train)
+    assert_matches(read_ranks(run_dir, plan.world_size), read_ranks(ref_dir, 1)[0], atol=1e-6)
