@@ -287,12 +287,12 @@ def test_nic_figure_per_kind_is_written_as_nics_to_and_priced(tmp_path):
     assert c.bandwidth[0, 4] == 0.5e9 and c.bandwidth[0, 2] == 1e9
 
 
-def _discover_small(rank: int, world: int, model, cache: str, rediscover: bool):
+def _discover_small(rank: int, world: int, model, cache: str, rediscover: bool, out: str | None = None):
     os.environ[dp.CACHE_ENV] = cache
     from lightning_hexiscale.profiling.discover import discover_process_group
 
     return discover_process_group(model, matmul_time_s=0.1, micro_batches=[1], layer_reps=1, reps=1,
-                                  sizes=[1 << 10, 1 << 16], rediscover=rediscover, progress=False)
+                                  sizes=[1 << 10, 1 << 16], rediscover=rediscover, out=out, progress=False)
 
 
 @pytest.mark.slow
@@ -355,14 +355,6 @@ def test_a_bad_out_is_refused_before_anything_is_measured(command, where, tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "outdir"]  # no cache, no stray matrix file
 
 
-def _discover_out(rank: int, world: int, model, cache: str, out: str):
-    os.environ[dp.CACHE_ENV] = cache
-    from lightning_hexiscale.profiling.discover import discover_process_group
-
-    return discover_process_group(model, matmul_time_s=0.1, micro_batches=[1], layer_reps=1, reps=1,
-                                  sizes=[1 << 10, 1 << 16], out=out, progress=False)
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_out_is_checked_on_rank_0_for_every_rank_and_may_name_the_cache_file(tmp_path):
@@ -375,15 +367,15 @@ def test_out_is_checked_on_rank_0_for_every_rank_and_may_name_the_cache_file(tmp
     model, cache = LlamaConfig.load("llama_tiny"), str(tmp_path / "cache")
     (tmp_path / "outdir").mkdir()
     with pytest.raises(RankFailure) as e:
-        run_local(2, _discover_out, model, cache, str(tmp_path / "outdir"), timeout_s=60)
+        run_local(2, _discover_small, model, cache, False, str(tmp_path / "outdir"), timeout_s=60)
     root = str(e.value).split("---")[0]
     assert "--out" in root and "is a directory" in root and "Connection closed" not in root
     assert not (tmp_path / "outdir.matrix.yaml").exists() and not os.path.exists(cache)  # nothing measured
-    first = run_local(2, _discover_out, model, cache, str(tmp_path / "d.yaml"), timeout_s=60)[0]
-    again = run_local(2, _discover_out, model, cache, first.cache_path, timeout_s=60)[0]
+    first = run_local(2, _discover_small, model, cache, False, str(tmp_path / "d.yaml"), timeout_s=60)[0]
+    again = run_local(2, _discover_small, model, cache, False, first.cache_path, timeout_s=60)[0]
     assert again.reused and again.path == first.cache_path
     with pytest.raises(RankFailure) as e:  # the cache's matrix file: the cached file would point to a cluster file
-        run_local(2, _discover_out, model, cache, first.cache_path.replace(".yaml", ".matrix.yaml"), timeout_s=60)
+        run_local(2, _discover_small, model, cache, False, first.cache_path.replace(".yaml", ".matrix.yaml"), timeout_s=60)
     assert "the cache's matrix file" in str(e.value).split("---")[0]
 
 
@@ -397,13 +389,13 @@ def test_out_says_which_of_the_users_files_it_replaced(tmp_path, capfd):
 
     model, cache = LlamaConfig.load("llama_tiny"), str(tmp_path / "cache")
     (tmp_path / "d.matrix.yaml").write_text("bandwidth_Bps: mine\n")
-    run_local(2, _discover_out, model, cache, str(tmp_path / "d.yaml"), timeout_s=60)  # measures
+    run_local(2, _discover_small, model, cache, False, str(tmp_path / "d.yaml"), timeout_s=60)  # measures
     out = capfd.readouterr().out
     assert f"replacing {tmp_path / 'd.matrix.yaml'}" in out and f"replacing {tmp_path / 'd.yaml'}" not in out
-    run_local(2, _discover_out, model, cache, str(tmp_path / "d.yaml"), timeout_s=60)  # reuses the cache
+    run_local(2, _discover_small, model, cache, False, str(tmp_path / "d.yaml"), timeout_s=60)  # reuses the cache
     out = capfd.readouterr().out
     assert "reusing" in out and f"replacing {tmp_path / 'd.yaml'}, {tmp_path / 'd.matrix.yaml'}" in out
-    run_local(2, _discover_out, model, cache, str(tmp_path / "x.yaml"), timeout_s=60)  # a new path: nothing to say
+    run_local(2, _discover_small, model, cache, False, str(tmp_path / "x.yaml"), timeout_s=60)  # a new path: nothing to say
     assert "replacing" not in capfd.readouterr().out and (tmp_path / "x.matrix.yaml").is_file()
 
 
