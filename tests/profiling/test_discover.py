@@ -287,12 +287,14 @@ def test_nic_figure_per_kind_is_written_as_nics_to_and_priced(tmp_path):
     assert c.bandwidth[0, 4] == 0.5e9 and c.bandwidth[0, 2] == 1e9
 
 
-def _discover_small(rank: int, world: int, model, cache: str, rediscover: bool, out: str | None = None):
+def _discover_small(rank: int, world: int, model, cache: str, rediscover: bool, out: str | None = None,
+                    name: str | None = None):
     os.environ[dp.CACHE_ENV] = cache
     from lightning_hexiscale.profiling.discover import discover_process_group
 
     return discover_process_group(model, matmul_time_s=0.1, micro_batches=[1], layer_reps=1, reps=1,
-                                  sizes=[1 << 10, 1 << 16], rediscover=rediscover, out=out, progress=False)
+                                  sizes=[1 << 10, 1 << 16], rediscover=rediscover, out=out, name=name,
+                                  progress=False)
 
 
 @pytest.mark.slow
@@ -444,14 +446,6 @@ def test_a_tp_degree_no_machine_can_form_is_refused(tmp_path):
     assert yaml.safe_load(open(found.path))["layer_times"]
 
 
-def _discover_named(rank: int, world: int, model, cache: str, out: str | None, name: str | None):
-    os.environ[dp.CACHE_ENV] = cache
-    from lightning_hexiscale.profiling.discover import discover_process_group
-
-    return discover_process_group(model, matmul_time_s=0.1, micro_batches=[1], layer_reps=1, reps=1,
-                                  sizes=[1 << 10, 1 << 16], out=out, name=name, progress=False)
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_name_is_the_files_name_when_the_cache_is_reused_too(tmp_path):
@@ -463,11 +457,11 @@ def test_name_is_the_files_name_when_the_cache_is_reused_too(tmp_path):
     from lightning_hexiscale.models.config import LlamaConfig
 
     model, cache = LlamaConfig.load("llama_tiny"), str(tmp_path / "cache")
-    first = run_local(2, _discover_named, model, cache, None, None, timeout_s=60)[0]
-    named = run_local(2, _discover_named, model, cache, str(tmp_path / "n.yaml"), "mine", timeout_s=60)[0]
+    first = run_local(2, _discover_small, model, cache, False, None, None, timeout_s=60)[0]
+    named = run_local(2, _discover_small, model, cache, False, str(tmp_path / "n.yaml"), "mine", timeout_s=60)[0]
     assert named.reused and Cluster.load(named.path).name == "mine"
     assert Cluster.load(first.path).name == f"discovered_{first.fingerprint[:8]}"  # the cache's file kept its own
-    again = run_local(2, _discover_named, model, cache, None, "other", timeout_s=60)[0]
+    again = run_local(2, _discover_small, model, cache, False, None, "other", timeout_s=60)[0]
     assert again.reused and again.path == first.path and Cluster.load(again.path).name == "other"
     text = open(again.path).read()
     assert text.startswith("# Written by `hexiscale discover`")  # the header comments stay
