@@ -307,7 +307,9 @@ def _check_cached(path: Path) -> ConfigError | None:
         Cluster.load(str(path))
     except (ConfigError, OSError, ValueError, KeyError, TypeError) as e:
         return ConfigError(f"${dp.CACHE_ENV}", str(path), f"the cached cluster file does not load ({e})",
-                           "run again with --rediscover (rediscover=True), or delete the file")
+                           # the fix for every entry point: `hexiscale train` and Trainer have no --rediscover
+                           f"delete {path} (a cache: the next run measures again), or run `hexiscale discover "
+                           f"--rediscover` (rediscover=True in Python)")
     return None
 
 
@@ -368,7 +370,7 @@ def discover_process_group(model: LlamaConfig, *, precision: str | None = None,
             copy_cluster(cached, cached, name)
         seconds = time.perf_counter() - t_start
         say(f"reusing the cluster discovered earlier: {cached} (same fingerprint; {seconds:.2f} s; "
-            f"--rediscover / rediscover=True measures again)" + (f"; copied to {path}" if path != cached else "")
+            f"to measure again: hexiscale discover --rediscover, or delete that file)" + (f"; copied to {path}" if path != cached else "")
             + replacing)
         return Discovery(_from_rank0(str(path)), True, fp, seconds, count, str(cached))
 

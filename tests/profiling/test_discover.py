@@ -118,7 +118,9 @@ def test_discover_uneven_machines_plans_and_reuses_cache(tmp_path, capfd):
     t0 = time.perf_counter()
     again = run_local(4, _discover_uneven, model, cache, False, timeout_s=60)
     assert again[0].reused and again[0].path == first[0].path and again[0].seconds < 2.0
-    assert "reusing the cluster discovered earlier" in capfd.readouterr().out
+    reuse_line = capfd.readouterr().out
+    assert "reusing the cluster discovered earlier" in reuse_line
+    assert "hexiscale discover --rediscover, or delete that file" in reuse_line  # a fix for train users too
     assert yaml.safe_load(open(first[0].path))["name"] == f"discovered_{first[0].fingerprint[:8]}"
     # --rediscover measures again
     forced = run_local(4, _discover_uneven, model, cache, True, timeout_s=180)
@@ -310,6 +312,7 @@ def test_a_cached_file_that_does_not_load_is_one_error_and_rediscover_replaces_i
     with pytest.raises(RankFailure) as e:
         run_local(2, _discover_small, model, cache, False, timeout_s=60)
     assert "does not load" in str(e.value) and "--rediscover" in str(e.value)
+    assert f"delete {first.path}" in str(e.value)  # the fix that works from `hexiscale train` and Trainer too
     again = run_local(2, _discover_small, model, cache, True, timeout_s=60)[0]
     assert not again.reused and again.path == first.path
     assert run_local(2, _discover_small, model, cache, False, timeout_s=60)[0].reused
