@@ -107,9 +107,11 @@ def layer_time_model(name: str, seq_len: int | None, tp: list[int] | None):
     return model
 
 
-def _profile_rank(rank: int, world: int, opts: dict, layer_opts: dict | None = None):
+def _profile_rank(rank: int, world: int, opts: dict, layer_opts: dict | None = None, out: str | None = None):
     from lightning_hexiscale.profiling.measure import profile_process_group
 
+    if out is not None:
+        _check_out_on_rank0(rank, out)
     say = lambda m: print(m, flush=True)  # noqa: E731
     result = profile_process_group(log=say, **opts)
     if layer_opts is not None:
@@ -119,6 +121,27 @@ def _profile_rank(rank: int, world: int, opts: dict, layer_opts: dict | None = N
         if result is not None:
             result.layer_tables = tables
     return result
+
+
+def _check_out_on_rank0(rank: int, out: str) -> None:
+    """An external launch (torchrun, SLURM): rank 0, which writes ``--out``, checks it before anything is
+    measured and every rank raises its error alike; collective. Why not in ``cmd_profile``: there every
+    rank would check its own file system, and a rank that raised alone would leave the others waiting
+    in the first collective until the timeout."""
+    import torch.distributed as dist
+
+    from lightning_hexiscale.cli.common import check_output_file
+
+    error = None
+    if rank == 0:
+        try:
+            check_output_file("--out", out, "cluster.yaml")
+        except ConfigError as e:
+            error = e
+    box = [error]
+    dist.broadcast_object_list(box, src=0)
+    if box[0] is not None:
+        raise box[0]
 
 
 EMULATED_SIZES = [256 * 1024, 1 << 20, 2 << 20, 4 << 20]
@@ -159,7 +182,7 @@ def run_profile(args: argparse.Namespace):
                           reps=args.layer_reps)
     if args.local:
         return run_local(args.local, _profile_rank, opts, layer_opts, timeout_s=args.timeout)[0]
-    return run_from_env(_profile_rank, opts, layer_opts, timeout_s=args.timeout)
+    return run_from_env(_profile_rank, opts, layer_opts, args.out, timeout_s=args.timeout)
 
 
 @subcommand("profile", "measure every rank's FLOP/s and memory and alpha/beta of every rank pair (with --model, "
@@ -170,7 +193,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from lightning_hexiscale.config.cluster import Cluster
     from lightning_hexiscale.profiling.writer import link_summary, write_cluster
 
-    if args.local:  # before the measurement, not after it (an external launch's ranks would not all agree)
+    if args.local:  # before the measurement; an external launch's rank 0 checks it in _profile_rank
         check_output_file("--out", args.out, "cluster.yaml")
     result = run_profile(args)
     if result is None:  # not rank 0 of an external launch: rank 0 writes

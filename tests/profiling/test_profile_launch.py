@@ -143,3 +143,34 @@ def test_exit_process_without_a_group_is_a_normal_exit():
     with pytest.raises(SystemExit) as e:
         launch.exit_process(3)
     assert e.value.code == 3
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_bad_out_under_an_external_launch_is_refused_before_measuring(tmp_path):
+    """torchrun-style ranks: rank 0 checks ``--out`` before any measurement and every rank stops with its
+    error (an existing folder cannot be written as a file). Before, the ranks measured first and rank 0
+    failed only when it wrote."""
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    repo = str(Path(__file__).resolve().parents[2])
+    (tmp_path / "taken").mkdir()
+    cmd = [sys.executable, "-m", "lightning_hexiscale.cli", "profile", "--out", str(tmp_path / "taken"),
+           "--sizes", "1KiB,64KiB", "--reps", "1", "--matmul-time", "0.1"]
+    procs = [subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env={**os.environ, "PYTHONPATH": repo, "OMP_NUM_THREADS": "1", "RANK": str(r),
+                                   "WORLD_SIZE": "2", "LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1",
+                                   "MASTER_PORT": str(port)})
+             for r in range(2)]
+    outs = [p.communicate(timeout=100)[0] for p in procs]
+    assert all(p.returncode not in (0, None) for p in procs), outs
+    for out in outs:
+        assert "--out" in out and str(tmp_path / "taken") in out, out[-2000:]
+        assert "Traceback" not in out, out[-2000:]
+    assert "FLOP/s" not in outs[0] and "alpha" not in outs[0], outs[0][-2000:]  # nothing was measured
