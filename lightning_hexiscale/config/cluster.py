@@ -403,8 +403,8 @@ def _pos_float(v: Any, key: str) -> float:
         f = float(v)
     except (TypeError, ValueError):
         raise ConfigError(key, v, "must be a number", "write e.g. 1.0") from None
-    if not f > 0:
-        raise ConfigError(key, v, "must be greater than zero", "use a positive value")
+    if not (f > 0 and np.isfinite(f)):  # .inf would make every price 0 or inf downstream
+        raise ConfigError(key, v, "must be a finite number greater than zero", "use a positive value")
     return f
 
 
@@ -435,17 +435,22 @@ def _load_matrices(path: str, n: int) -> tuple[np.ndarray, np.ndarray]:
             raise ConfigError(f"cluster.matrix_file:{key}", f"shape {m.shape}",
                               f"must be {n} x {n}: the machines declare {n} devices", "regenerate the matrix or fix the machines")
         off = ~np.eye(n, dtype=bool)
+        if not np.isfinite(m[off]).all():  # .inf passes the sign checks: an infinitely fast or slow link
+            i, j = np.argwhere(~np.isfinite(m) & off)[0]
+            raise ConfigError(f"cluster.matrix_file:{key}[{i}][{j}]", float(m[i, j]), "every off-diagonal entry must be a "
+                              "finite number", "measure the links again (`hexiscale profile`), or write the pair's "
+                              + ("bandwidth in bytes/s" if key == "bandwidth_Bps" else "latency in seconds"))
         if key == "bandwidth_Bps" and not (m[off] > 0).all():
             i, j = np.argwhere(~(m > 0) & off)[0]
-            raise ConfigError(f"cluster.matrix_file:{key}[{i}][{j}]", m[i, j], "bandwidth must be > 0",
+            raise ConfigError(f"cluster.matrix_file:{key}[{i}][{j}]", float(m[i, j]), "bandwidth must be > 0",
                               "measure the links again (`hexiscale profile`), or write the pair's bandwidth in bytes/s")
         if key == "latency_s" and not (m[off] >= 0).all():
             i, j = np.argwhere(~(m >= 0) & off)[0]
-            raise ConfigError(f"cluster.matrix_file:{key}[{i}][{j}]", m[i, j], "latency must be >= 0",
+            raise ConfigError(f"cluster.matrix_file:{key}[{i}][{j}]", float(m[i, j]), "latency must be >= 0",
                               "measure the links again (`hexiscale profile`), or write the pair's latency in seconds")
         if not np.allclose(m[off], m.T[off], rtol=1e-6):
             i, j = np.argwhere(~np.isclose(m, m.T, rtol=1e-6) & off)[0]
-            raise ConfigError(f"cluster.matrix_file:{key}[{i}][{j}]", m[i, j],
+            raise ConfigError(f"cluster.matrix_file:{key}[{i}][{j}]", float(m[i, j]),
                               f"matrix must be symmetric but [{j}][{i}] = {m[j, i]}", "average the two directions")
         out.append(m)
     return out[0], out[1]

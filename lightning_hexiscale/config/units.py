@@ -8,6 +8,7 @@ written, so that "200" never silently means 200 bytes/s when GB/s was meant.
 
 from __future__ import annotations
 
+import math
 import re
 
 from lightning_hexiscale.errors import ConfigError
@@ -28,6 +29,9 @@ def _split(key: str, text: object, kind: str, example: str) -> tuple[float, str]
             raise ConfigError(key, text, f"a {kind} must be greater than zero", f'write e.g. "{example}"')
         raise ConfigError(key, text, f"not a {kind}", f'write e.g. "{example}"')
     value, unit = float(m.group(1)), m.group(2).strip()
+    if not math.isfinite(value):  # "1e400 GB/s" reads as inf: the planner would divide by it or by zero
+        raise ConfigError(key, text, f"a {kind} must be a finite number ({m.group(1)} overflows a float)",
+                          f'write e.g. "{example}"')
     if not unit:
         raise ConfigError(key, text, f"a {kind} needs a unit; a bare number is ambiguous", f'write e.g. "{example}"')
     return value, unit
