@@ -128,3 +128,23 @@ def test_an_output_inside_the_checkpoint_it_comes_from_is_refused(tmp_path, argv
     err = capsys.readouterr().err
     assert f"error: {key} = " in err and "inside the checkpoint" in err and "Traceback" not in err, err
     assert list((tmp_path / "last.ckpt").iterdir()) == []
+
+
+def test_sweeps_read_hydras_sweep_grammar():
+    """`-m` points are Hydra's: range(), choice(), glob() over a group's presets, and a quoted value
+    keeps its comma. Splitting at commas made range(8,17,8) the points 'range(8', '17' and '8)':
+    `hexiscale plan -m` planned nothing and `hexiscale train -m` refused a valid sweep before Hydra ran."""
+    from lightning_hexiscale.cli.plan import sweep_overrides
+    from lightning_hexiscale.cli.train_job import check_overrides
+    from lightning_hexiscale.config.schema import preset_names
+    from lightning_hexiscale.errors import ConfigError
+
+    assert sweep_overrides(["train.global_batch=range(8,17,8)", "cluster=cpu2"]) == [
+        ["train.global_batch=8", "cluster=cpu2"], ["train.global_batch=16", "cluster=cpu2"]]
+    assert sweep_overrides(["trainer.lr=choice(1e-3,3e-3)", "data.path='a,b.txt'"]) == [
+        ["trainer.lr=0.001", "data.path='a,b.txt'"], ["trainer.lr=0.003", "data.path='a,b.txt'"]]
+    cpus = [n for n in preset_names("cluster") if n.startswith("cpu_hetero")]
+    assert len(cpus) >= 2 and sweep_overrides(["cluster=glob(cpu_hetero*)"]) == [[f"cluster={n}"] for n in cpus]
+    check_overrides(["-m", "cluster=cpu2", "model=llama_tiny", "train.global_batch=range(8,17,8)"])
+    with pytest.raises(ConfigError, match=r"train.global_batch = 'many': must be an integer"):
+        check_overrides(["-m", "cluster=cpu2", "train.global_batch=choice(8,many)"])

@@ -106,6 +106,37 @@ def explicit(overrides: Sequence[str], key: str) -> bool:
     return any(o.split("=", 1)[0].lstrip("+~") == key for o in overrides)
 
 
+def sweep_axes(overrides: Sequence[str]) -> list[list[str]]:
+    """The values of each override of a ``-m`` sweep, one whole override per value, read with Hydra's own
+    grammar (its basic sweeper runs the cartesian product of these): ``cluster=a,b`` -> ``cluster=a``,
+    ``cluster=b``; ``range(8,17,8)``, ``choice(..)`` and ``glob(..)`` (over a group's presets) likewise;
+    a quoted value keeps its commas (``data.path='a,b.txt'``). An override that is no sweep, or that
+    Hydra cannot parse (composing it reports that), is its own one value."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ValueType
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    axes = []
+    for o in overrides:
+        try:
+            (ov,) = parser.parse_overrides([o])
+        except HydraException:
+            ov = None
+        if ov is None or not ov.is_sweep_override() or ov.value_type == ValueType.INTERVAL_SWEEP:
+            axes.append([o])  # interval(): for optimising sweepers, which sample it; Hydra's basic one refuses it
+            continue
+        key = ov.get_key_element()
+        if ov.value_type == ValueType.GLOB_CHOICE_SWEEP:  # a glob picks among the group's presets
+            from lightning_hexiscale.config.schema import preset_names
+
+            values = ov.value().filter(preset_names(ov.key_or_group)) if "." not in key else []
+        else:
+            values = list(ov.sweep_string_iterator())
+        axes.append([f"{key}={v}" for v in values] or [o])
+    return axes
+
+
 def compose_for_plan(overrides: list[str], plan_meta: dict) -> list[str]:
     """Default ``cluster=`` and ``model=`` to the ones a plan file names in its ``meta``."""
     out = list(overrides)

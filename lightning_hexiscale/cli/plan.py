@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lightning_hexiscale.cli.common import check_output_file, explicit, subcommand
+from lightning_hexiscale.cli.common import check_output_file, explicit, subcommand, sweep_axes
 from lightning_hexiscale.cli.picture import check_picture_path, draw_plan  # noqa: F401 (also importable from here)
 from lightning_hexiscale.config.units import format_flops
 from lightning_hexiscale.errors import ConfigError, HexiScaleError
@@ -344,12 +344,9 @@ def _finite(x: float) -> float | None:
 
 # ---- multirun ----------------------------------------------------------------------------------
 def sweep_overrides(overrides: list[str]) -> list[list[str]]:
-    """Cartesian product of ``key=a,b,c`` overrides (the order of keys is kept)."""
-    axes = []
-    for o in overrides:
-        key, _, value = o.partition("=")
-        axes.append([f"{key}={v}" for v in value.split(",")] if "," in value else [o])
-    return [list(combo) for combo in itertools.product(*axes)]
+    """Cartesian product of the sweep's overrides (``key=a,b,c``, ``range(..)``, ``choice(..)``,
+    ``glob(..)``: :func:`~lightning_hexiscale.cli.common.sweep_axes`), the order of keys kept."""
+    return [list(combo) for combo in itertools.product(*sweep_axes(overrides))]
 
 
 def _sweep(args: argparse.Namespace) -> int:

@@ -90,12 +90,14 @@ def check_overrides(argv: list[str]) -> None:
     default 40 steps), with the closest valid key (:mod:`lightning_hexiscale.config.suggest`). A
     multirun sweep (``cluster=a,b``) is checked one value at a time, the other keys at their first value.
     """
+    from lightning_hexiscale.cli.common import sweep_axes
     from lightning_hexiscale.config.schema import compose
     from lightning_hexiscale.config.suggest import check_override_key
 
     args = [a for a in argv if not a.startswith("-") and "=" in a and not a.lstrip("+~").startswith("hydra.")]
     multirun = any(a in ("-m", "--multirun") for a in argv)
-    first = [a.split("=", 1)[0] + "=" + a.split("=", 1)[1].split(",")[0] for a in args]
+    axes = sweep_axes(args)  # Hydra's sweep grammar: range(8,17,8), choice(..), a quoted 'a,b'
+    first = [values[0] for values in axes]
     # the groups' presets alone (model=_hf needs its trainer.weights: the default model has the same schema)
     base = compose([a for a in first if "." not in a.split("=", 1)[0] and not a.startswith("model=_hf")])
     for a in first:
@@ -103,10 +105,9 @@ def check_overrides(argv: list[str]) -> None:
     if not multirun:
         compose(args)
         return
-    for i, a in enumerate(args):
-        key, value = a.split("=", 1)
-        for v in value.split(",") if "," in value else []:
-            compose(first[:i] + [f"{key}={v}"] + first[i + 1:])
+    for i, values in enumerate(axes):
+        for v in values[1:]:
+            compose(first[:i] + [v] + first[i + 1:])
     compose(first)
 
 
