@@ -74,3 +74,51 @@ def test_presets_are_package_data_and_the_env_var_overrides(tmp_path, monkeypatc
     (other / "cluster" / "cpu2.yaml").write_text((other / "cluster" / "cpu2.yaml").read_text().replace("name: cpu2", "name: mine"))
     monkeypatch.setenv("HEXISCALE_CONF_DIR", str(other))
     assert conf_dir() == other.resolve() and compose(["cluster=cpu2"]).cluster.name == "mine"
+
+
+def _my_conf_dir(tmp_path):
+    """A user's own config directory holding one cluster preset, ``mine`` (the cpu2 machines renamed)."""
+    from lightning_hexiscale.config.schema import conf_dir
+
+    mine = tmp_path / "myconf" / "cluster" / "mine.yaml"
+    mine.parent.mkdir(parents=True)
+    mine.write_text((conf_dir() / "cluster" / "cpu2.yaml").read_text().replace("name: cpu2", "name: mine"))
+    return mine.parent.parent
+
+
+def test_presets_of_a_users_config_dir_pass_the_command_line_check(tmp_path):
+    """Hydra's --config-dir (and hydra.searchpath) adds a user's presets; the train app's check of the
+    command line composed the package's presets only and refused cluster=mine ("Could not find
+    'cluster/mine'") before Hydra, which would have found it, ran."""
+    import re
+
+    from lightning_hexiscale.cli.train_job import check_overrides
+    from lightning_hexiscale.errors import ConfigError
+
+    mine = _my_conf_dir(tmp_path)
+    for flags in (["--config-dir", str(mine)], [f"--config-dir={mine}"], ["-cd", str(mine)],
+                  [f"hydra.searchpath=[file://{mine}]"]):
+        check_overrides([*flags, "cluster=mine", "model=llama_tiny", "train.global_batch=8"])
+        check_overrides(["-m", *flags, "cluster=mine,cpu2", "model=llama_tiny"])
+    with pytest.raises(ConfigError, match=re.escape("trainer.max_step = '3': no such key")):
+        check_overrides(["--config-dir", str(mine), "cluster=mine", "+trainer.max_step=3"])
+    with pytest.raises(ConfigError, match=re.escape("cluster = 'nope'")):
+        check_overrides(["--config-dir", str(mine), "cluster=nope"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_the_recipe_plans_on_a_preset_of_a_users_config_dir(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    mine = _my_conf_dir(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_PORT")}
+    out = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "recipes" / "train.py"),
+                          "--config-dir", str(mine), "cluster=mine", "model=llama_tiny", "dry_run=true",
+                          "planner.iterations=2", f"hydra.run.dir={tmp_path / 'run'}"],
+                         capture_output=True, text=True, timeout=180, cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "cluster mine: 2 devices" in out.stdout and (tmp_path / "run" / "plan.yaml").is_file()

@@ -71,7 +71,8 @@ keys (defaults; `{prog} --cfg job` prints the whole composed config):
   dry_run=true  plan, print and write the plan, do not train
   hydra.run.dir=DIR   where the run writes plan.yaml, config.yaml, checkpoints/, logs/
 
-Hydra: -m/--multirun sweeps, --cfg job|hydra|all, --info, --hydra-help.
+Hydra: -m/--multirun sweeps, --cfg job|hydra|all, --info, --hydra-help; --config-dir DIR adds presets of
+your own (DIR/cluster/NAME.yaml is cluster=NAME; a name the package has keeps the package's).
 
 exit status: 0 trained (or planned); 2 bad configuration; 3 the plan needs hardware this machine does
 not have; 4 training stopped (non-finite step, failed rank); 5 elastic restart; 130 Ctrl-C; 1 other.

@@ -91,24 +91,65 @@ def check_overrides(argv: list[str]) -> None:
     multirun sweep (``cluster=a,b``) is checked one value at a time, the other keys at their first value.
     """
     from lightning_hexiscale.cli.common import sweep_axes
-    from lightning_hexiscale.config.schema import compose
+    from lightning_hexiscale.config.schema import compose, conf_dir
     from lightning_hexiscale.config.suggest import check_override_key
 
     args = [a for a in argv if not a.startswith("-") and "=" in a and not a.lstrip("+~").startswith("hydra.")]
     multirun = any(a in ("-m", "--multirun") for a in argv)
     axes = sweep_axes(args)  # Hydra's sweep grammar: range(8,17,8), choice(..), a quoted 'a,b'
     first = [values[0] for values in axes]
+    # the user's own config directories, as Hydra's run will compose them; a primary config of theirs
+    # (--config-name) is found only through them, which Hydra's compose API does not search for the
+    # primary: its overrides are checked against the package's config.yaml, as before
+    where, name = search_path(argv), flag_value(argv, ("--config-name", "-cn")) or "config"
+    if not (conf_dir() / f"{name}.yaml").is_file():
+        name = "config"
+
+    def check(overrides: list[str]) -> DictConfig:
+        return compose([*where, *overrides], config_name=name)
+
     # the groups' presets alone (model=_hf needs its trainer.weights: the default model has the same schema)
-    base = compose([a for a in first if "." not in a.split("=", 1)[0] and not a.startswith("model=_hf")])
+    base = check([a for a in first if "." not in a.split("=", 1)[0] and not a.startswith("model=_hf")])
     for a in first:
         check_override_key(base, a)
     if not multirun:
-        compose(args)
+        check(args)
         return
     for i, values in enumerate(axes):
         for v in values[1:]:
-            compose(first[:i] + [v] + first[i + 1:])
-    compose(first)
+            check(first[:i] + [v] + first[i + 1:])
+    check(first)
+
+
+def flag_value(argv: list[str], names: tuple[str, ...]) -> str | None:
+    """The value of a Hydra flag written ``--flag VALUE`` or ``--flag=VALUE`` (the last one given), or None."""
+    found = None
+    for i, a in enumerate(argv):
+        if a in names and i + 1 < len(argv):
+            found = argv[i + 1]
+        elif a.partition("=")[0] in names and "=" in a:
+            found = a.partition("=")[2]
+    return found
+
+
+def search_path(argv: list[str]) -> list[str]:
+    """``--config-dir DIR`` (``-cd``) and ``hydra.searchpath=[...]`` of the command line as the one
+    ``hydra.searchpath`` override that composes like Hydra's run: their presets after the package's,
+    the directories in Hydra's order (``--config-dir``'s first). [] when the command line has neither."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    dirs = [f"file://{Path(d).expanduser().resolve()}" for d in
+            [argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--config-dir", "-cd")]
+            + [a.partition("=")[2] for a in argv if a.startswith(("--config-dir=", "-cd="))]]
+    for a in argv:
+        if a.lstrip("+").partition("=")[0] == "hydra.searchpath":
+            try:
+                (ov,) = OverridesParser.create().parse_overrides([a])
+                dirs += [str(d) for d in ov.value()]
+            except (HydraException, TypeError):  # not a list: Hydra's run reports it
+                pass
+    return [f"hydra.searchpath=[{','.join(dirs)}]"] if dirs else []
 
 
 FILES_ENV = "HEXISCALE_RECIPE_FILES"
