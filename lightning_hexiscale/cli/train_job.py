@@ -176,14 +176,17 @@ def take_file_overrides(argv: list[str]) -> list[str]:
 
 
 def apply_file_overrides(cfg: DictConfig) -> None:
-    """Replace the ``cluster`` / ``model`` nodes by the files :func:`take_file_overrides` took out."""
-    from lightning_hexiscale.config.schema import ClusterConfig, ModelConfig, load_yaml_node
+    """Replace the ``cluster`` / ``model`` nodes by the files :func:`take_file_overrides` took out, then
+    apply the command line's ``cluster.*`` / ``model.*`` overrides to them again (Hydra applied them to
+    the default preset the file replaces), as ``hexiscale plan`` does."""
+    from lightning_hexiscale.config.schema import ClusterConfig, ModelConfig, load_yaml_node, reapply_overrides
 
     for key, path in json.loads(os.environ.get(FILES_ENV, "{}")).items():
         node = load_yaml_node(path, ClusterConfig if key == "cluster" else ModelConfig, key)
         OmegaConf.set_struct(cfg, False)
         cfg[key] = node
         OmegaConf.set_struct(cfg, True)
+        reapply_overrides(cfg, key, overrides_given())
 
 
 AUTO_ENV = "HEXISCALE_TRAIN_CLUSTER_AUTO"

@@ -364,7 +364,7 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "con
         OmegaConf.set_struct(cfg, False)
         cfg[key] = node
         OmegaConf.set_struct(cfg, True)
-        _reapply(cfg, key, rest)
+        reapply_overrides(cfg, key, rest)
     resolve_hf_model(cfg, rest)
     return cfg
 
@@ -441,11 +441,11 @@ def resolve_hf_model(cfg: DictConfig, overrides: list[str] | tuple[str, ...] = (
     OmegaConf.set_struct(cfg, False)
     cfg.model = node
     OmegaConf.set_struct(cfg, True)
-    _reapply(cfg, "model", overrides)
+    reapply_overrides(cfg, "model", overrides)
     return cfg
 
 
-def _reapply(cfg: DictConfig, key: str, overrides: list[str] | tuple[str, ...]) -> None:
+def reapply_overrides(cfg: DictConfig, key: str, overrides: list[str] | tuple[str, ...]) -> None:
     """Apply ``key.x=v`` overrides to a node that replaced the composed one (a file or HF model)."""
     for o in overrides:
         k, _, v = o.partition("=")
