@@ -152,3 +152,22 @@ def test_the_recipe_applies_key_overrides_to_cluster_and_model_files(tmp_path):
     ran = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert ran["cluster"]["machines"][0]["intra_bandwidth"] == "1 GB/s" and ran["model"]["num_layers"] == 2
     assert yaml.safe_load((tmp_path / "run" / "plan.yaml").read_text())["num_layers"] == 2
+
+
+def test_a_sweep_takes_a_cluster_file_and_refuses_a_sweep_over_files(tmp_path, monkeypatch):
+    """-m with cluster=FILE: Hydra looked for a preset of that name ("Could not find", exit 1); the file
+    now stands for every point, as in a single run. A sweep over files names the way that works."""
+    import json
+    import os
+    import re
+
+    from lightning_hexiscale.cli.train_job import FILES_ENV, take_file_overrides
+    from lightning_hexiscale.errors import ConfigError
+
+    monkeypatch.delenv(FILES_ENV, raising=False)
+    mine = _my_conf_dir(tmp_path) / "cluster" / "mine.yaml"
+    assert take_file_overrides(["-m", f"cluster={mine}", "train.global_batch=8,16"]) == ["-m", "train.global_batch=8,16"]
+    assert json.loads(os.environ[FILES_ENV]) == {"cluster": str(mine.resolve())}
+    with pytest.raises(ConfigError, match=re.escape("a -m sweep chooses among presets") + ".*"
+                       + re.escape("--config-dir DIR cluster=mine,cpu2")):
+        take_file_overrides(["-m", f"cluster={mine},cpu2"])

@@ -160,16 +160,27 @@ def take_file_overrides(argv: list[str]) -> list[str]:
     """``cluster=my_cluster.yaml`` (e.g. from ``hexiscale profile``) or ``model=my_model.yaml``: Hydra
     would look for a preset of that name and stop with "Could not find"; the overrides are taken out
     of the command line (Hydra composes the default preset) and the files replace it in the job
-    (:func:`apply_file_overrides`), as ``hexiscale plan`` does. Single runs only; a sweep keeps presets."""
-    if any(a in ("-m", "--multirun") for a in argv):
-        return argv
+    (:func:`apply_file_overrides`), as ``hexiscale plan`` does; in a ``-m`` sweep too, for every point
+    alike. A sweep over files (``cluster=a.yaml,b.yaml``) is refused: Hydra sweeps presets."""
+    from lightning_hexiscale.cli.common import sweep_axes
+    from lightning_hexiscale.errors import ConfigError
+
+    def is_file(value: str) -> bool:
+        return value.endswith((".yaml", ".yml")) and Path(value).is_file()
+
     files, rest = {}, []
     for a in argv:
         key, _, value = a.partition("=")
-        if key in ("cluster", "model") and value.endswith((".yaml", ".yml")) and Path(value).is_file():
+        if key in ("cluster", "model") and is_file(value):
             files[key] = str(Path(value).resolve())
-        else:
-            rest.append(a)
+            continue
+        points = [p.partition("=")[2] for p in sweep_axes([a])[0]] if key in ("cluster", "model") else []
+        named = next((p for p in points if is_file(p)), None)
+        if len(points) > 1 and named is not None:
+            raise ConfigError(key, value, f"a -m sweep chooses among presets, and {named} is a file",
+                              f"put the files in a directory of your own as DIR/{key}/NAME.yaml and sweep their "
+                              f"names: --config-dir DIR {key}={','.join(Path(p).stem for p in points)}")
+        rest.append(a)
     if files:
         os.environ[FILES_ENV] = json.dumps(files)
     return rest
