@@ -91,6 +91,9 @@ RECIPE_CASES = {
     "duplicate_machine_names": ([f"cluster={BAD}/cluster/duplicate_names.yaml"],
                                 ["cluster.machines[1].name = 'a': machine names must be unique"]),
     "count_1e30": ([f"cluster={BAD}/cluster/count_1e30.yaml"], ["cluster.machines[1].count = 1e+30"]),
+    "unset_env_var": (["train.global_batch=${oc.env:HEXISCALE_TEST_UNSET_GB}"],  # was a traceback, exit 1
+                      ["train.global_batch = '${oc.env:HEXISCALE_TEST_UNSET_GB}': cannot be resolved",
+                       "set HEXISCALE_TEST_UNSET_GB in the environment, or give a default"]),
     "fits_nowhere": (["cluster=cpu2", "model=llama2_70b", "planner.iterations=2"],
                      ["no plan fits in memory", "needs 1.0 TiB", "cluster cpu2 has 8.0 GiB"]),
 }

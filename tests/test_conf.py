@@ -34,6 +34,11 @@ def test_root_config_defaults():
     ("planner.iterations=many", "planner.iterations = 'many': must be an integer. Fix: e.g. planner.iterations=50"),
     ("train.global_batch=1.5", "train.global_batch = '1.5': must be an integer"),
     ("model.hidden_size=abc", "model.hidden_size = 'abc': must be an integer"),
+    # OmegaConf's InterpolationResolutionError was a traceback from wherever the value was first read
+    ("train.global_batch=${oc.env:HEXISCALE_TEST_UNSET_GB}", "train.global_batch = '${oc.env:HEXISCALE_TEST_UNSET_GB}': "
+                                                            "cannot be resolved"),
+    ("train.global_batch=${train.nope}", "train.global_batch = '${train.nope}': cannot be resolved: Interpolation key "
+                                         "'train.nope' not found"),
 ])
 def test_typos_and_wrong_types_fail_clearly(override, fragment):
     """One key named, with the closest field or the type (Hydra's message named the whole command line)."""

@@ -273,6 +273,10 @@ class Cluster:
             except Exception as e:
                 raise merge_error(e, cfg, "cluster", "the dict given to Cluster.from_config") from None
             check_missing(cfg, "cluster", "the dict given to Cluster.from_config")
+        if isinstance(cfg, DictConfig):
+            from lightning_hexiscale.config.suggest import check_interpolations
+
+            check_interpolations(cfg, "cluster")  # a cluster file's ${oc.env:UNSET}: its key, no traceback
         c = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
         name = c["name"]
         extra = {tname: gpu_type_from_config(tname, t or {}) for tname, t in (c.get("gpu_types") or {}).items()}

@@ -270,8 +270,7 @@ def conf_dir() -> Path:
     presets without any environment variable (a source checkout's top-level ``conf`` links there).
 
     Hydra composes from a directory on disk, so a package imported from a zip archive is refused."""
-    env = os.environ.get("HEXISCALE_CONF_DIR")
-    if env:
+    if env := os.environ.get("HEXISCALE_CONF_DIR"):
         return Path(env).resolve()
     res = resources.files("lightning_hexiscale") / "conf"
     if not isinstance(res, Path):
@@ -334,7 +333,7 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "con
     files: dict[str, str] = {}
     rest: list[str] = []
     overrides = hf_model_overrides(list(overrides))
-    from lightning_hexiscale.config.suggest import check_file_refs
+    from lightning_hexiscale.config.suggest import check_file_refs, check_interpolations
 
     check_file_refs(overrides, {g: preset_names(g) for g in ("cluster", "model")})
     for o in overrides:
@@ -359,13 +358,13 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "con
     if error is not None:
         raise error
     for key, path in files.items():
-        schema = ClusterConfig if key == "cluster" else ModelConfig
-        node = load_yaml_node(path, schema, key)
+        node = load_yaml_node(path, ClusterConfig if key == "cluster" else ModelConfig, key)
         OmegaConf.set_struct(cfg, False)
         cfg[key] = node
         OmegaConf.set_struct(cfg, True)
         reapply_overrides(cfg, key, rest)
     resolve_hf_model(cfg, rest)
+    check_interpolations(cfg)  # ${oc.env:UNSET} names its key here, not in a traceback where it is read
     return cfg
 
 
@@ -471,13 +470,14 @@ def load_yaml_node(path: str | Path, schema: type, key: str) -> DictConfig:
         raw = OmegaConf.masked_copy(raw, [k for k in raw if k != "defaults"])
     if len(raw) == 0:
         raise ConfigError(key, str(path), "the file is empty", f"describe the {key} in it; see {_page(key)}")
-    from lightning_hexiscale.config.suggest import check_yaml_keys
+    from lightning_hexiscale.config.suggest import check_interpolations, check_yaml_keys
 
     check_yaml_keys(raw, schema, key, str(path))  # a typo (bandwith) names the closest key
     try:
         node = OmegaConf.merge(OmegaConf.structured(schema), raw)
     except Exception as e:
         raise merge_error(e, OmegaConf.to_container(raw), key, str(path)) from None
+    check_interpolations(node, key)  # missing_keys resolves them: ${oc.env:UNSET} would be its traceback
     check_missing(node, key, str(path))
     # A relative matrix_file is first looked up next to the cluster file itself, so a profiled
     # cluster (YAML + matrix) can be moved as a pair.

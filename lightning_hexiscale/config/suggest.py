@@ -6,12 +6,14 @@ default 40 steps. Here a key below a typed node (a dataclass schema of
 :mod:`~lightning_hexiscale.config.schema` or :mod:`~lightning_hexiscale.config.recipe`) must be one
 of the schema's fields, with or without ``+``; the closest field names
 (:func:`difflib.get_close_matches`) are the fix. Nodes that are plain mappings (free keys) take any key.
+Beside it, the other checks of what a user wrote: value types, file references, interpolations.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -177,3 +179,29 @@ def check_file_refs(overrides: list[str], presets: dict[str, list[str]]) -> None
             fix = (f"check the path, or use the preset {near[0]} ({key}={near[0]})" if near
                    else f"check the path, or use a preset: {', '.join(presets.get(key, []))}")
             raise ConfigError(key, value, rule, fix)
+
+
+def check_interpolations(cfg: DictConfig, prefix: str = "") -> None:
+    """Every ``${...}`` of ``cfg`` resolves, or a ConfigError names its key: ``${oc.env:VAR}`` of a
+    variable that is not set was OmegaConf's InterpolationResolutionError traceback wherever the value
+    was first read (the cluster's summary, the search, each rank). ``${hydra:...}`` is left to Hydra
+    outside a Hydra run (``hexiscale plan`` composes without one). ``prefix``: the key of ``cfg``."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf.errors import OmegaConfBaseException
+
+    def walk(raw: Any, path: list[str | int]) -> None:
+        items = raw.items() if isinstance(raw, dict) else enumerate(raw) if isinstance(raw, list) else ()
+        for k, v in items:
+            walk(v, [*path, k])
+        if not (isinstance(raw, str) and "${" in raw) or ("${hydra:" in raw and not HydraConfig.initialized()):
+            return
+        try:
+            OmegaConf.select(cfg, ".".join(str(p) for p in path), throw_on_resolution_failure=True)
+        except OmegaConfBaseException as e:
+            key = prefix + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path)
+            env = re.search(r"Environment variable '([^']+)' not found", str(e))
+            fix = (f"set {env.group(1)} in the environment, or give a default: ${{oc.env:{env.group(1)},VALUE}}"
+                   if env else "interpolate a key the configuration has (`--cfg job` prints it)")
+            raise ConfigError(key.lstrip("."), raw, f"cannot be resolved: {str(e).splitlines()[0]}", fix) from None
+
+    walk(OmegaConf.to_container(cfg, resolve=False), [])
