@@ -176,3 +176,57 @@ def test_a_sweep_takes_a_cluster_file_and_refuses_a_sweep_over_files(tmp_path, m
     with pytest.raises(ConfigError, match=re.escape("a -m sweep chooses among presets") + ".*"
                        + re.escape("--config-dir DIR cluster=mine,cpu2")):
         take_file_overrides(["-m", f"cluster={mine},cpu2"])
+
+
+def _reference_rows() -> dict[str, str]:
+    """key -> default cell of every table row of the configuration reference whose first cell names
+    keys (``| `train.global_batch` | `32` | ... |``; ``, `.fused_norm``` continues the first key's parent)."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "reference" / "configuration.md").read_text()
+    rows: dict[str, str] = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("| `") else []
+        keys = re.findall(r"`([\w.]+)`", cells[0]) if len(cells) == 3 else []
+        if not keys or not re.fullmatch(r"(train|planner|trainer|data|model)\.[\w.]+|plan|dry_run", keys[0]):
+            continue
+        parent = keys[0].rsplit(".", 1)[0]
+        for k in keys:
+            rows[parent + k if k.startswith(".") else k] = cells[1].strip("`")
+    return rows
+
+
+def test_the_configuration_reference_lists_every_key_with_its_default():
+    """docs/reference/configuration.md's key tables against the composed config (train, planner,
+    trainer, data, plan, dry_run: the presets' values) and ModelConfig's fields: no key missing, none
+    that the schema lacks, every default as the user gets it."""
+    import dataclasses
+    import math
+
+    import yaml
+    from omegaconf import MISSING, OmegaConf
+
+    from lightning_hexiscale.config.schema import ModelConfig
+
+    cfg = OmegaConf.to_container(compose(["cluster=cpu2"]))
+    want: dict[str, object] = {"plan": cfg["plan"], "dry_run": cfg["dry_run"]}
+
+    def leaves(node: dict, prefix: str) -> None:
+        for k, v in node.items():
+            leaves(v, f"{prefix}{k}.") if isinstance(v, dict) else want.__setitem__(prefix + k, v)
+
+    for top in ("train", "planner", "trainer", "data"):
+        leaves(cfg[top], top + ".")
+    for f in dataclasses.fields(ModelConfig):
+        default = f.default if f.default is not dataclasses.MISSING else None
+        want[f"model.{f.name}"] = "required" if default == MISSING else default
+    rows = _reference_rows()
+    assert sorted(set(want) - set(rows)) == [], "keys the reference does not list"
+    assert sorted(set(rows) - set(want)) == [], "keys the reference lists that the schema does not have"
+    for key, cell in rows.items():
+        got = yaml.safe_load(cell) if cell != "required" else cell
+        if isinstance(want[key], float) and isinstance(got, str):
+            got = float(got)  # YAML 1.1 reads 1e-08 (no dot) as a string
+        same = got == want[key] or (isinstance(got, float) and math.isclose(got, float(want[key])))
+        assert same, f"{key}: the reference says {cell}, the config has {want[key]!r}"
