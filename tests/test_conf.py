@@ -230,3 +230,21 @@ def test_the_configuration_reference_lists_every_key_with_its_default():
             got = float(got)  # YAML 1.1 reads 1e-08 (no dot) as a string
         same = got == want[key] or (isinstance(got, float) and math.isclose(got, float(want[key])))
         assert same, f"{key}: the reference says {cell}, the config has {want[key]!r}"
+
+
+@pytest.mark.parametrize("override, message", [
+    ("planner.seed=-1", "planner.seed = -1: must be a non-negative integer"),  # was numpy's ValueError traceback
+    ("planner.balance=nan", "planner.balance = nan: a balance factor (max / mean compute) is at least 1"),
+    ("planner.group_balance=0", "planner.group_balance = 0.0: a balance factor (max / mean compute) is at least 1"),
+    ("model.rms_norm_eps=nan", "model.rms_norm_eps = nan: must be a small positive number"),
+    ("model.rms_norm_eps=0", "model.rms_norm_eps = 0.0: must be a small positive number"),
+    ("model.rope_theta=inf", "model.rope_theta = inf: must be a positive number"),
+])
+def test_planner_and_model_numbers_out_of_range_are_refused(override, message, capsys):
+    """Each was planned on (nan, 0, inf) or ended in a traceback (a negative seed)."""
+    from lightning_hexiscale.cli.main import main
+
+    assert main(["plan", "cluster=cpu2", "model=llama_tiny", "train.global_batch=8", "planner.iterations=2",
+                 "planner.progress=false", override]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Fix:" in err and "Traceback" not in err, err

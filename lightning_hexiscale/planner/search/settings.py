@@ -53,6 +53,12 @@ class SearchSettings:
             raise ConfigError("planner.iterations", self.iterations, "must be at least 1", "use e.g. 50")
         if self.tau < 1:
             raise ConfigError("planner.tau", self.tau, "must be at least 1", "use e.g. 2")
+        if self.seed < 0:  # numpy's generators take none: it was their ValueError traceback
+            raise ConfigError("planner.seed", self.seed, "must be a non-negative integer", "use e.g. 0")
+        for key, value, example in (("balance", self.balance, 1.2), ("group_balance", self.group_balance, 2.0)):
+            if not value >= 1.0:  # nan (and a group_balance of 0) passed here: the partitions took them as bounds
+                raise ConfigError(f"planner.{key}", value, "a balance factor (max / mean compute) is at least 1",
+                                  f"use e.g. {example}")
         if self.cut not in CUTS:
             raise ConfigError("planner.cut", self.cut, f"must be one of {CUTS}", "use auto")
         if not (isinstance(self.recompute, bool) or self.recompute == "auto"):
