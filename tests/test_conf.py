@@ -248,3 +248,19 @@ def test_planner_and_model_numbers_out_of_range_are_refused(override, message, c
                  "planner.progress=false", override]) == 2
     err = capsys.readouterr().err
     assert message in err and "Fix:" in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("override", ["trainer.weight_decay=nan", "trainer.weight_decay=inf", "trainer.lr=inf",
+                                      "trainer.adam_eps=inf", "trainer.timeout_s=inf"])
+def test_the_train_apps_numbers_must_be_finite(override):
+    """nan and inf passed the checks made before planning (nan < 0 is false): AdamW took a nan weight
+    decay and an infinite learning rate, and timeout_s=inf came back after planning as the strategy's
+    own `HexiScaleStrategy(timeout)` error."""
+    import re
+
+    from lightning_hexiscale.cli.train_run import check_early
+    from lightning_hexiscale.errors import ConfigError
+
+    key, value = override.split("=")
+    with pytest.raises(ConfigError, match=re.escape(f"{key} = {float(value)}: ") + r".*finite"):
+        check_early(compose(["cluster=cpu2", override]))

@@ -30,8 +30,8 @@ def check_early(cfg: DictConfig) -> None:
     if t.nonfinite not in ("skip", "stop"):
         raise ConfigError("trainer.nonfinite", t.nonfinite, "must be skip or stop",
                           "trainer.nonfinite=stop (raise, exit 4) or trainer.nonfinite=skip (drop the update)")
-    if not float(t.timeout_s) > 0:
-        raise ConfigError("trainer.timeout_s", t.timeout_s, "must be a positive number of seconds",
+    if not 0 < float(t.timeout_s) < float("inf"):  # inf: the strategy refused it after planning, as its own key
+        raise ConfigError("trainer.timeout_s", t.timeout_s, "must be a positive number of seconds (finite)",
                           "e.g. trainer.timeout_s=600")
     if t.precision is not None:
         precision_dtype(t.precision)

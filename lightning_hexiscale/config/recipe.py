@@ -214,9 +214,11 @@ def check_values(cfg) -> None:
 
     t, d = cfg.trainer, cfg.data
     positive = {"lr": ("the AdamW learning rate", "3e-3"), "adam_eps": ("AdamW's eps", "1e-8")}
+    # nan and inf pass a plain comparison (or fail it silently): AdamW would take them and the loss turn nan
     for key, (what, example) in positive.items():
-        if not float(t[key]) > 0:
-            raise ConfigError(f"trainer.{key}", t[key], f"{what} must be a positive number", f"e.g. trainer.{key}={example}")
+        if not 0 < float(t[key]) < float("inf"):
+            raise ConfigError(f"trainer.{key}", t[key], f"{what} must be a positive number (finite)",
+                              f"e.g. trainer.{key}={example}")
     at_least = {"trainer.weight_decay": (t.weight_decay, 0, "0.1"), "trainer.warmup_steps": (t.warmup_steps, 0, "5"),
                 "trainer.val_every": (t.val_every, 0, "20 (0: never)"),
                 "trainer.checkpoint_every": (t.checkpoint_every, 0, "100 (0: only last at the end)"),
@@ -224,8 +226,8 @@ def check_values(cfg) -> None:
                 "data.num_samples": (d.num_samples, 1, "2048"), "data.val_samples": (d.val_samples, 0, "64"),
                 "data.seed": (d.seed, 0, "0")}
     for key, (value, low, example) in at_least.items():
-        if float(value) < low:
-            rule = "must not be negative" if low == 0 else f"must be at least {low}"
+        if not low <= float(value) < float("inf"):
+            rule = ("must not be negative" if low == 0 else f"must be at least {low}") + " (and finite)"
             raise ConfigError(key, value, rule, f"e.g. {key}={example}")
     if t.gradient_clip_val is not None and not float(t.gradient_clip_val) > 0:
         raise ConfigError("trainer.gradient_clip_val", t.gradient_clip_val, "the clip norm must be positive, or null "
