@@ -190,7 +190,7 @@ def parse_layer_tables(entries: list | None, gpu_types: set[str], key: str = "cl
     not allow, a non-positive size or time, a duplicated row."""
     from lightning_hexiscale.config.recipe import PRECISION_DTYPES
 
-    tables = []
+    tables, first = [], {}
     for i, e in enumerate(entries or []):
         k = f"{key}[{i}]"
         gpu = e["gpu"]
@@ -207,6 +207,11 @@ def parse_layer_tables(entries: list | None, gpu_types: set[str], key: str = "cl
             if getattr(shape, f) < 1:
                 raise ConfigError(f"{k}.model.{f}", getattr(shape, f), "must be a positive whole number",
                                   "copy the model's shape from its preset")
+        same = first.setdefault((gpu, str(e["precision"]), shape), i)
+        if same != i:  # the planner prices from the first table that matches: this one's rows were never read
+            raise ConfigError(k, f"gpu {gpu}, {e['precision']}, {m.get('name') or 'model'} ({shape_text(shape)})",
+                              f"{key}[{same}] is a table of the same device type, precision and model shape: "
+                              "one table per case", f"merge the two tables' rows into {key}[{same}] and remove this one")
         rows, seen = [], set()
         for j, r in enumerate(e.get("rows") or []):
             rk = f"{k}.rows[{j}]"
