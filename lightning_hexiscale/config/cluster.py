@@ -332,6 +332,7 @@ class Cluster:
                     raise ConfigError(f"{key}.{field_}", m.get(field_, 1), f"the cluster would have more than "
                                       f"{MAX_DEVICES} devices (its N x N bandwidth and latency matrices)",
                                       "describe a smaller cluster")
+        _check_type_overrides(extra, machines_cfg)
         labels = [m.name for m in machines]
         for i, label in enumerate(labels):
             if label in labels[:i]:
@@ -400,6 +401,23 @@ def _entry_of(machines_cfg: list, machine_index: int) -> int:
         if machine_index < seen:
             return i
     return len(machines_cfg) - 1
+
+
+def _check_type_overrides(extra: dict[str, catalog.GpuType], machines_cfg: list) -> None:
+    """A ``gpu_types`` key that overrides a catalog type under another of its names than the machines
+    use (``gpu_types.4090`` with ``gpu: RTX4090``) changes no machine: a ConfigError says which name
+    to use (the machines kept the catalog's figures silently)."""
+    used = [str(m["gpu"]) for m in machines_cfg]
+    for tname in extra:
+        listed = catalog.lookup(tname)
+        if tname in used or listed is None:
+            continue
+        for mi, u in enumerate(used):
+            theirs = catalog.lookup(u)
+            if u not in extra and theirs is not None and theirs.name == listed.name:
+                raise ConfigError(f"cluster.gpu_types.{tname}", tname, f"no machine names {tname}: the machines name this "
+                                  f"GPU {u} (machines[{mi}].gpu), so they keep the catalog's figures",
+                                  f"write the override as gpu_types.{u}, or name the machines gpu: {tname}")
 
 
 def _pos_float(v: Any, key: str) -> float:
