@@ -148,3 +148,30 @@ def test_sweeps_read_hydras_sweep_grammar():
     check_overrides(["-m", "cluster=cpu2", "model=llama_tiny", "train.global_batch=range(8,17,8)"])
     with pytest.raises(ConfigError, match=r"train.global_batch = 'many': must be an integer"):
         check_overrides(["-m", "cluster=cpu2", "train.global_batch=choice(8,many)"])
+
+
+def test_train_help_lists_every_key_as_an_override_that_composes():
+    """`hexiscale train --help` listed train, trainer and data keys but no planner.* nor trainer.fast_path.*,
+    and wrote defaults as Python reprs: trainer.precision=None copied from it is the text "None" to Hydra
+    (refused as a precision), not null. Every entry is now a key=value that composes to the default."""
+    import re
+
+    from omegaconf import OmegaConf
+
+    from lightning_hexiscale.cli.train import help_text
+    from lightning_hexiscale.config.schema import compose
+
+    text = help_text().split("\nkeys (defaults")[1].split("cluster=auto")[0]
+    entries = re.findall(r"(?<=\s)((?:train|planner|trainer|data)\.[\w.]+=\S+)", text)
+    default = compose([])
+
+    def keys(node: dict, prefix: str) -> set[str]:
+        return {x for k, v in node.items() for x in (keys(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k})}
+
+    want = set().union(*(keys(OmegaConf.to_container(default[top]), top + ".") for top in ("train", "planner", "trainer", "data")))
+    flat = {e.split("=", 1)[0] for e in entries}
+    assert "planner.iterations" in flat and "trainer.fast_path.compile" in flat and want - flat == set()
+    composed = compose(entries)
+    for e in entries:
+        key = e.split("=", 1)[0]
+        assert OmegaConf.select(composed, key) == OmegaConf.select(default, key), e

@@ -88,10 +88,16 @@ def help_text(prog: str = HEXISCALE.prog) -> str:
     presets = "\n".join(textwrap.fill(", ".join(preset_names(g)), width=100, initial_indent=f"  {g + '=':10s}",
                                       subsequent_indent=" " * 12) for g in ("cluster", "model", "train", "planner"))
     cfg = compose([])
-    keys = []
-    for node in ("train", "trainer", "data"):
-        items = [f"{node}.{k}={v}" for k, v in cfg[node].items() if not hasattr(v, "items")]
-        keys.append(textwrap.fill("  ".join(items), width=100, initial_indent="  ", subsequent_indent="  "))
+
+    def value(v) -> str:  # as an override is written: null / true, not Python's None / True (Hydra reads "None" as text)
+        return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+
+    def leaves(node, prefix: str) -> list[str]:  # trainer.fast_path.* too: every key one can override
+        return [x for k, v in node.items()
+                for x in (leaves(v, f"{prefix}{k}.") if hasattr(v, "items") else [f"{prefix}{k}={value(v)}"])]
+
+    keys = [textwrap.fill("  ".join(leaves(cfg[node], node + ".")), width=100, initial_indent="  ", subsequent_indent="  ")
+            for node in ("train", "planner", "trainer", "data")]
     return USAGE.format(prog=prog, presets=presets, keys="\n".join(keys))
 
 
