@@ -264,3 +264,18 @@ def test_the_train_apps_numbers_must_be_finite(override):
     key, value = override.split("=")
     with pytest.raises(ConfigError, match=re.escape(f"{key} = {float(value)}: ") + r".*finite"):
         check_early(compose(["cluster=cpu2", override]))
+
+
+@pytest.mark.timeout(120)
+def test_a_later_train_job_in_the_same_process_uses_its_own_cluster(tmp_path, monkeypatch, capsys):
+    """The cluster file of one `hexiscale train` call (given, or discovered) stayed in the process's
+    environment, and the next call's cluster=cpu_demo planned on that file's cluster."""
+    from lightning_hexiscale.cli.train import main
+
+    monkeypatch.chdir(tmp_path)
+    mine = _my_conf_dir(tmp_path) / "cluster" / "mine.yaml"
+    common = ["model=llama_tiny", "dry_run=true", "planner.iterations=1", "planner.progress=false"]
+    assert main([f"cluster={mine}", *common, f"hydra.run.dir={tmp_path / 'a'}"]) == 0
+    assert main(["cluster=cpu_demo", *common, f"hydra.run.dir={tmp_path / 'b'}"]) == 0
+    planned = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("planning for")]
+    assert [ln.split(" on cluster ")[1].split()[0] for ln in planned] == ["mine", "cpu_demo"], planned

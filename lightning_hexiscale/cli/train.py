@@ -33,7 +33,7 @@ import warnings
 from collections.abc import Sequence
 
 from lightning_hexiscale.cli.common import notice_printer, subcommand
-from lightning_hexiscale.cli.train_job import AUTO_ENV, HEXISCALE, AppName, is_popen_child, is_rank_zero, prepare_argv
+from lightning_hexiscale.cli.train_job import AUTO_ENV, FILES_ENV, HEXISCALE, AppName, is_popen_child, is_rank_zero, prepare_argv
 from lightning_hexiscale.errors import ElasticStop, HexiScaleError, TrainingFailure, TrainingInterrupted
 
 EXIT_CONFIG, EXIT_HARDWARE, EXIT_FAILED, EXIT_RESTART, EXIT_INTERRUPTED = 2, 3, 4, 5, 130
@@ -211,7 +211,10 @@ def main(argv: Sequence[str] | None = None, app: AppName = HEXISCALE, launch_pre
         return EXIT_INTERRUPTED
     finally:
         job.watch.uninstall()
-        os.environ.pop(AUTO_ENV, None)  # cluster=auto is this job's: a later job of this process names its own
+        # cluster=auto and cluster=/model= files (discovered or given) are this job's: a later job of this
+        # process names its own (a stale file planned a later cluster=cpu_demo on the earlier file's cluster)
+        os.environ.pop(AUTO_ENV, None)
+        os.environ.pop(FILES_ENV, None)
     return max(job.statuses, default=0)  # no job ran: --cfg, --info or --hydra-help printed and ended
 
 
