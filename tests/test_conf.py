@@ -279,3 +279,18 @@ def test_a_later_train_job_in_the_same_process_uses_its_own_cluster(tmp_path, mo
     assert main(["cluster=cpu_demo", *common, f"hydra.run.dir={tmp_path / 'b'}"]) == 0
     planned = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("planning for")]
     assert [ln.split(" on cluster ")[1].split()[0] for ln in planned] == ["mine", "cpu_demo"], planned
+
+
+def test_cfg_job_prints_the_cluster_file_the_job_runs_on(tmp_path, monkeypatch, capsys):
+    """`hexiscale train cluster=FILE --cfg job` printed the cpu_demo preset that the file replaces in the
+    job (the file is taken out of Hydra's command line), not the file nor its cluster.* overrides."""
+    import yaml
+
+    from lightning_hexiscale.cli.train import main
+
+    monkeypatch.chdir(tmp_path)
+    mine = _my_conf_dir(tmp_path) / "cluster" / "mine.yaml"
+    assert main([f"cluster={mine}", "cluster.inter_machine.bandwidth=3 GB/s", "model=llama_tiny", "--cfg", "job"]) == 0
+    shown = yaml.safe_load(capsys.readouterr().out)
+    assert shown["cluster"]["name"] == "mine" and shown["cluster"]["inter_machine"]["bandwidth"] == "3 GB/s"
+    assert shown["model"]["name"] == "llama_tiny" and not list(tmp_path.glob("outputs"))

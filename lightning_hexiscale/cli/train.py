@@ -33,7 +33,8 @@ import warnings
 from collections.abc import Sequence
 
 from lightning_hexiscale.cli.common import notice_printer, subcommand
-from lightning_hexiscale.cli.train_job import AUTO_ENV, FILES_ENV, HEXISCALE, AppName, is_popen_child, is_rank_zero, prepare_argv
+from lightning_hexiscale.cli.train_job import (AUTO_ENV, FILES_ENV, HEXISCALE, AppName, is_popen_child, is_rank_zero,
+                                               prepare_argv, print_file_config)
 from lightning_hexiscale.errors import ElasticStop, HexiScaleError, TrainingFailure, TrainingInterrupted
 
 EXIT_CONFIG, EXIT_HARDWARE, EXIT_FAILED, EXIT_RESTART, EXIT_INTERRUPTED = 2, 3, 4, 5, 130
@@ -191,8 +192,11 @@ def main(argv: Sequence[str] | None = None, app: AppName = HEXISCALE, launch_pre
     else:
         job.watch.install()
     try:
+        given = list(argv)
         try:
             argv = prepare_argv(argv)
+            if print_file_config(given):  # --cfg job with a cluster=/model= file: the file, not the preset it replaces
+                return 0
         except HexiScaleError as e:
             print(f"{app.prog}: error: {e}", file=sys.stderr)
             return EXIT_CONFIG

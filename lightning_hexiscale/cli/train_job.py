@@ -293,3 +293,20 @@ def prepare_argv(argv: list[str]) -> list[str]:
     if FILES_ENV not in os.environ:
         return take_file_overrides(argv)
     return argv
+
+
+def print_file_config(given: list[str]) -> bool:
+    """``--cfg job`` of a single run with a ``cluster=``/``model=`` file (taken out of Hydra's command line
+    by :func:`take_file_overrides`): Hydra would print the default preset that the file replaces in the
+    job; the config the job runs on is printed instead, composed as ``hexiscale plan`` composes it.
+    ``given``: the command line as typed. True when it printed (the app then ends)."""
+    from lightning_hexiscale.config.schema import compose
+
+    if (flag_value(given, ("--cfg", "-c")) != "job" or flag_value(given, ("--package", "-p"))
+            or FILES_ENV not in os.environ or any(a in ("-m", "--multirun") for a in given)):
+        return False
+    overrides = [a for a in given if not a.startswith("-") and "=" in a and a != "cluster=auto"
+                 and not a.lstrip("+~").startswith("hydra.")]
+    cfg = compose([*search_path(given), *overrides], config_name=flag_value(given, ("--config-name", "-cn")) or "config")
+    print(OmegaConf.to_yaml(cfg, resolve="--resolve" in given))
+    return True
