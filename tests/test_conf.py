@@ -294,3 +294,19 @@ def test_cfg_job_prints_the_cluster_file_the_job_runs_on(tmp_path, monkeypatch, 
     shown = yaml.safe_load(capsys.readouterr().out)
     assert shown["cluster"]["name"] == "mine" and shown["cluster"]["inter_machine"]["bandwidth"] == "3 GB/s"
     assert shown["model"]["name"] == "llama_tiny" and not list(tmp_path.glob("outputs"))
+
+
+def test_a_sweep_with_one_fixed_output_dir_is_refused(tmp_path):
+    """-m train.global_batch=8,16 trainer.output_dir=DIR: both jobs wrote plan.yaml, config.yaml and
+    checkpoints into DIR, the second over the first. A per-job directory, or one job, is fine."""
+    import re
+
+    from lightning_hexiscale.cli.train_job import check_overrides
+    from lightning_hexiscale.errors import ConfigError
+
+    base = ["-m", "cluster=cpu2", "model=llama_tiny"]
+    with pytest.raises(ConfigError, match=re.escape(f"trainer.output_dir = '{tmp_path}': the sweep runs 2 jobs")
+                       + ".*" + re.escape(f"trainer.output_dir='{tmp_path}/${{hydra:job.num}}'")):
+        check_overrides([*base, "train.global_batch=8,16", f"trainer.output_dir={tmp_path}"])
+    check_overrides([*base, "train.global_batch=8,16", f"trainer.output_dir={tmp_path}/${{hydra:job.num}}"])
+    check_overrides([*base, "train.global_batch=8", f"trainer.output_dir={tmp_path}"])

@@ -115,10 +115,30 @@ def check_overrides(argv: list[str]) -> None:
     if not multirun:
         check(args)
         return
+    check_sweep_output(axes)
     for i, values in enumerate(axes):
         for v in values[1:]:
             check(first[:i] + [v] + first[i + 1:])
     check(first)
+
+
+def check_sweep_output(axes: list[list[str]]) -> None:
+    """A sweep of several jobs with one fixed ``trainer.output_dir``: every job would write its plan, config
+    and checkpoints into that one directory, each over the one before (Hydra gives each job its own
+    ``hydra.sweep.dir/<job number>`` only when the output directory is left to it)."""
+    from lightning_hexiscale.errors import ConfigError
+
+    fixed = [v for values in axes if len(values) == 1 for v in values
+             if v.lstrip("+").partition("=")[0] == "trainer.output_dir" and "${" not in v]
+    jobs = 1
+    for values in axes:
+        jobs *= len(values)
+    if fixed and jobs > 1:
+        value = fixed[-1].partition("=")[2]
+        raise ConfigError("trainer.output_dir", value, f"the sweep runs {jobs} jobs, and each would write its plan, "
+                          "config and checkpoints into this one directory over the one before",
+                          "leave trainer.output_dir out (each job writes into hydra.sweep.dir/<job number>), or make it "
+                          f"per job: trainer.output_dir='{value.rstrip('/')}/${{hydra:job.num}}'")
 
 
 def flag_value(argv: list[str], names: tuple[str, ...]) -> str | None:
