@@ -19,7 +19,8 @@ def test_bytes(text, expected):
     assert parse_bytes(text) == pytest.approx(expected)
 
 
-@pytest.mark.parametrize("text,expected", [("10us", 1e-5), ("0.5 ms", 5e-4), ("2s", 2.0), ("0us", 0.0), ("100ns", 1e-7)])
+@pytest.mark.parametrize("text,expected", [("10us", 1e-5), ("0.5 ms", 5e-4), ("2s", 2.0), ("0us", 0.0), ("100ns", 1e-7),
+                                           ("10 \u00b5s", 1e-5), ("10 \u03bcs", 1e-5)])  # micro sign, Greek mu (both are typed)
 def test_time(text, expected):
     assert parse_time(text) == pytest.approx(expected)
 
