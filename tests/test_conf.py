@@ -109,6 +109,9 @@ def test_presets_of_a_users_config_dir_pass_the_command_line_check(tmp_path):
         check_overrides(["--config-dir", str(mine), "cluster=mine", "+trainer.max_step=3"])
     with pytest.raises(ConfigError, match=re.escape("cluster = 'nope'")):
         check_overrides(["--config-dir", str(mine), "cluster=nope"])
+    # Hydra's own answer: "Additional config directory ... not found", exit status 1, after a UserWarning
+    with pytest.raises(ConfigError, match=re.escape(f"--config-dir = '{tmp_path}/nowhere': no such directory")):
+        check_overrides(["--config-dir", str(tmp_path / "nowhere"), "cluster=cpu2"])
 
 
 @pytest.mark.slow

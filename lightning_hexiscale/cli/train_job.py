@@ -159,9 +159,15 @@ def search_path(argv: list[str]) -> list[str]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
-    dirs = [f"file://{Path(d).expanduser().resolve()}" for d in
-            [argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--config-dir", "-cd")]
-            + [a.partition("=")[2] for a in argv if a.startswith(("--config-dir=", "-cd="))]]
+    from lightning_hexiscale.errors import ConfigError
+
+    given = ([argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--config-dir", "-cd")]
+             + [a.partition("=")[2] for a in argv if a.startswith(("--config-dir=", "-cd="))])
+    for d in given:  # Hydra stops on it too, with exit status 1 and a pointer to HYDRA_FULL_ERROR
+        if not Path(d).expanduser().is_dir():
+            raise ConfigError("--config-dir", d, "no such directory", "give the directory that holds your cluster/, "
+                              "model/ (...) presets, e.g. --config-dir ./my_conf for ./my_conf/cluster/mine.yaml")
+    dirs = [f"file://{Path(d).expanduser().resolve()}" for d in given]
     for a in argv:
         if a.lstrip("+").partition("=")[0] == "hydra.searchpath":
             try:
