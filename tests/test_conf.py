@@ -37,6 +37,8 @@ def test_root_config_defaults():
     # OmegaConf's InterpolationResolutionError was a traceback from wherever the value was first read
     ("train.global_batch=${oc.env:HEXISCALE_TEST_UNSET_GB}", "train.global_batch = '${oc.env:HEXISCALE_TEST_UNSET_GB}': "
                                                             "cannot be resolved"),
+    # a list index past the end: OmegaConf's "dict is not a subclass of MachineConfig" named every override
+    ("cluster.machines.5.count=2", "cluster.machines.5.count = '2': cluster.machines has 1 entry (index 0 to 0)"),
     ("train.global_batch=${train.nope}", "train.global_batch = '${train.nope}': cannot be resolved: Interpolation key "
                                          "'train.nope' not found"),
 ])

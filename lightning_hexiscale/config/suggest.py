@@ -62,7 +62,12 @@ def check_override_key(cfg: DictConfig, override: str) -> None:
         if isinstance(node, ListConfig):
             if not part.isdigit():
                 return  # OmegaConf's own message names the list
-            node = node[int(part)] if int(part) < len(node) else None
+            if int(part) >= len(node):  # OmegaConf: "Invalid type assigned: dict is not a subclass of MachineConfig"
+                raise ConfigError(".".join(parts), value, f"{'.'.join(parts[:i])} has {len(node)} "
+                                  f"entr{'y' if len(node) == 1 else 'ies'} (index 0 to {len(node) - 1})",
+                                  "use the index of an existing entry; to add entries, write them in a file "
+                                  f"({parts[0]}=my_{parts[0]}.yaml)")
+            node = node[int(part)]
             if node is None:
                 return
             continue
