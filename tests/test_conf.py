@@ -39,6 +39,10 @@ def test_root_config_defaults():
                                                             "cannot be resolved"),
     # a list index past the end: OmegaConf's "dict is not a subclass of MachineConfig" named every override
     ("cluster.machines.5.count=2", "cluster.machines.5.count = '2': cluster.machines has 1 entry (index 0 to 0)"),
+    # a key in a section the preset leaves null: OmegaConf's "'NoneType' object has no attribute 'get'"
+    ("cluster.machines.0.nics.count=1", "cluster.machines.0.nics.count = '1': cluster.machines.0.nics is null here"),
+    ("model.rope_scaling={factor: 8.0}", "model.rope_scaling = '{factor: 8.0}': model.rope_scaling is null here, and "
+                                         "an override cannot fill in a null RopeScalingConfig section"),
     ("train.global_batch=${train.nope}", "train.global_batch = '${train.nope}': cannot be resolved: Interpolation key "
                                          "'train.nope' not found"),
 ])

@@ -74,6 +74,7 @@ def check_override_key(cfg: DictConfig, override: str) -> None:
         if not isinstance(node, DictConfig):
             return  # below a leaf: OmegaConf refuses it with its own message
         if part in node:
+            _check_fills_null(node, parts, i, value)
             if i == len(parts) - 1:
                 if not override.startswith("~"):  # ~key (delete) carries no value
                     check_value_type(node, part, ".".join(parts), value)
@@ -86,6 +87,24 @@ def check_override_key(cfg: DictConfig, override: str) -> None:
         fields, schema = typed
         raise unknown_key_error(".".join(parts[: i + 1]), value if i == len(parts) - 1 else None, part, fields,
                                 schema)
+
+
+def _check_fills_null(node: DictConfig, parts: list[str], i: int, value: str) -> None:
+    """``parts[i]`` of ``node`` is a typed section left null (a machine's ``nics``, a model's
+    ``rope_scaling``), and the override sets a key below it or a mapping into it: OmegaConf cannot merge
+    into a null section ("'NoneType' object has no attribute 'get'", "Unexpected type for root:
+    NoneType" under the whole command line), so the ConfigError says where such a section is written."""
+    if node[parts[i]] is not None or (i == len(parts) - 1 and not value.lstrip().startswith("{")):
+        return
+    kind = OmegaConf.get_type(node)
+    sub = _hints(kind).get(parts[i], (None, False))[0] if dataclasses.is_dataclass(kind) else None
+    if not dataclasses.is_dataclass(sub):
+        return
+    here = ".".join(parts[: i + 1])
+    raise ConfigError(".".join(parts), value, f"{here} is null here, and an override cannot fill in a null "
+                      f"{sub.__name__} section (OmegaConf cannot merge into it)",
+                      f"write the {parts[0]} in a file with {parts[i]}: {{...}} (start from its preset under conf/{parts[0]}/) "
+                      f"and pass {parts[0]}=that_file.yaml")
 
 
 def check_value_type(parent: DictConfig, name: str, key: str, value: str) -> None:
