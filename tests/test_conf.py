@@ -319,3 +319,25 @@ def test_a_sweep_with_one_fixed_output_dir_is_refused(tmp_path):
         check_overrides([*base, "train.global_batch=8,16", f"trainer.output_dir={tmp_path}"])
     check_overrides([*base, "train.global_batch=8,16", f"trainer.output_dir={tmp_path}/${{hydra:job.num}}"])
     check_overrides([*base, "train.global_batch=8", f"trainer.output_dir={tmp_path}"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_recipe_trains_on_a_cluster_file_with_key_overrides(tmp_path):
+    """cluster=FILE cluster.KEY=V trained on no rank but the first: the launcher's other ranks re-run the
+    command line without the file (taken out for Hydra), read it as cluster=auto, and refused the
+    cluster.* override ("changes a preset or file, and discovery measures the cluster")."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    mine = _my_conf_dir(tmp_path) / "cluster" / "mine.yaml"
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_PORT")}
+    out = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "recipes" / "train.py"),
+                          f"cluster={mine}", "cluster.machines.0.intra_bandwidth=1 GB/s", "model=llama_tiny",
+                          "train.global_batch=8", "trainer.max_steps=1", "trainer.val_every=0", "planner.iterations=2",
+                          f"hydra.run.dir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=280, cwd=tmp_path,
+                         env=env)
+    assert out.returncode == 0 and "changes a preset or file" not in out.stderr, out.stderr[-3000:]
+    assert "intra 1 GB/s" in out.stdout and "final metrics:" in out.stdout, out.stdout[-3000:]

@@ -276,6 +276,10 @@ def take_auto_cluster(argv: list[str]) -> list[str]:
     from lightning_hexiscale.errors import ConfigError
 
     given = cluster_given(argv)
+    if given is None and "LOCAL_RANK" in os.environ and "cluster" in json.loads(os.environ.get(FILES_ENV, "{}")):
+        # a popen rank: the launching process took the cluster file (given or discovered) out of the command line
+        # it re-runs; read as auto, its cluster.KEY=V overrides of that file were refused and the rank failed
+        return argv
     made_for = plan_cluster(argv) if given is None else None
     if (given is not None and given != "auto") or made_for:
         os.environ.pop(AUTO_ENV, None)  # an earlier in-process run's, which ended before discovering
