@@ -31,6 +31,10 @@ def test_root_config_defaults():
     # '+' on a key that exists: Hydra's message named the whole command line and the fix pointed at conf/
     ("+train.global_batch=8", "train.global_batch = '+train.global_batch=8': '+' adds a key the configuration "
                               "does not have, and this one is there already. Fix: drop the '+': train.global_batch=8"),
+    # the key of another section (trainer.lr): the fix listed train's keys only
+    ("train.lr=1e-3", "train.lr = '1e-3': no such key in TrainConfig. Fix: did you mean trainer.lr? (e.g. trainer.lr=1e-3)"),
+    # ... and before a near name of its own section (it said trainer.limit_val_batches)
+    ("trainer.global_batch=8", "Fix: did you mean train.global_batch? (e.g. train.global_batch=8)"),
     ("planner.iterations=many", "planner.iterations = 'many': must be an integer. Fix: e.g. planner.iterations=50"),
     ("train.global_batch=1.5", "train.global_batch = '1.5': must be an integer"),
     ("model.hidden_size=abc", "model.hidden_size = 'abc': must be an integer"),

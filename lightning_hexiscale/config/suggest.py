@@ -85,6 +85,13 @@ def check_override_key(cfg: DictConfig, override: str) -> None:
         if typed is None:
             return  # a free mapping: any key
         fields, schema = typed
+        elsewhere = [top for top in cfg if i == 1 and top != parts[0] and isinstance(cfg[top], DictConfig)
+                     and part in cfg[top]]  # train.lr for trainer.lr: the key is in another section
+        if elsewhere:  # the same name elsewhere beats a near name here (trainer.global_batch: not limit_val_batches)
+            moved = [".".join([top, *parts[1:]]) for top in elsewhere]
+            others = f" (or {', '.join(moved[1:])})" if moved[1:] else ""
+            raise ConfigError(key, value, f"no such key in {schema}", f"did you mean {moved[0]}?{others} "
+                              f"(e.g. {moved[0]}={value})")
         raise unknown_key_error(".".join(parts[: i + 1]), value if i == len(parts) - 1 else None, part, fields,
                                 schema)
 
