@@ -39,6 +39,7 @@ def test_flops():
     (parse_bytes, "80 Gbps", "unknown size unit"),
     (parse_time, "10", "needs a unit"),
     (parse_time, "10 parsecs", "unknown time unit"),
+    (parse_time, "-5us", "a time must not be negative"),  # it said "greater than zero", and 0us is taken
     (parse_bandwidth, "fast", "not a bandwidth"),
     (parse_bandwidth, None, "written with its unit"),
 ])

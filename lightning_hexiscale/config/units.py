@@ -26,7 +26,8 @@ def _split(key: str, text: object, kind: str, example: str) -> tuple[float, str]
     m = re.fullmatch(_NUM + r"\s*(.*)", s)
     if not m:
         if re.fullmatch(r"-\s*" + _NUM + r".*", s):  # "-5 Gbps": say what is wrong, not just "not a bandwidth"
-            raise ConfigError(key, text, f"a {kind} must be greater than zero", f'write e.g. "{example}"')
+            rule = "must not be negative" if kind == "time" else "must be greater than zero"  # a latency may be 0
+            raise ConfigError(key, text, f"a {kind} {rule}", f'write e.g. "{example}"')
         raise ConfigError(key, text, f"not a {kind}", f'write e.g. "{example}"')
     value, unit = float(m.group(1)), m.group(2).strip()
     if not math.isfinite(value):  # "1e400 GB/s" reads as inf: the planner would divide by it or by zero
