@@ -7,7 +7,8 @@ on 8 gloo ranks under
 the NCCL-semantics recorder, in fp32 and bf16-mixed, ddp and zero2 (and reduce_dtype=fp32 under
 bf16-mixed). The bytes each rank moves per link class, counted from the trace with the cost model's
 conventions (tests/nccl_semantics.step_bytes), must equal ``planner.cost.wire.wire_bytes`` for the same
-plan and dtypes, exactly.
+plan and dtypes, exactly. A second plan does the same for a tied embedding (its first/last-stage
+exchange, at the float32 master dtype).
 """
 
 from __future__ import annotations
@@ -110,3 +111,27 @@ def test_runtime_moves_the_bytes_the_cost_model_prices(run_ranks_traced_fixture,
     for c in ("pp", "dp"):
         assert total[("bf16", c)] == pytest.approx(total[("fp32", c)] / 2)
     assert 0.5 * total[("fp32", "tp")] < total[("bf16", "tp")] < 0.55 * total[("fp32", "tp")]
+
+
+# tied embeddings: pipeline 0's TP-2 first stage and TP-1 last stage exchange the tied rows pairwise
+# (rank 2 pairs with ranks 0 and 1, half of the vocabulary each); pipeline 1 is one stage (no
+# exchange, one copy of the tied matrix in the sync)
+TIED_PLAN = plan_of([(4, 2, [([0, 1], (0, 2)), ([2], (2, 4))]), (2, 1, [([3], (0, 4))])], 4)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_tied_embedding_exchange_is_priced(run_ranks_traced_fixture, tiny_gqa):
+    """The first/last-stage exchange of a tied embedding (gradient sum, then the summed gradient
+    under ddp or the updated weights under ZeRO-2) moves the float32 master rows, also under
+    bf16-mixed; wire_bytes prices it, and counts the tied matrix once in the gradient sync."""
+    tied = dataclasses.replace(tiny_gqa, tie_word_embeddings=True)
+    _, traces = run_ranks_traced_fixture(TIED_PLAN.world_size, _worker, TIED_PLAN.to_dict(), tied)
+    assert nccl_semantics.replay(traces).ok
+    for name, _, sharding, reduce, (b_act, b_red, b_par) in CONFIGS:
+        plan = dataclasses.replace(TIED_PLAN, dp_sharding=sharding, reduce_dtype=reduce)
+        priced = wire_bytes(plan, tied, b_act, b_red, b_par, master_bytes=4)
+        got = measured(traces, plan, name)
+        for r, device in enumerate(plan.device_order):
+            for cls in CLASSES:
+                assert got[r][cls] == pytest.approx(priced[device][cls], rel=1e-12), (name, r, cls, got[r], priced[device])

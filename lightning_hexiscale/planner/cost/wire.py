@@ -33,8 +33,14 @@ or b_act; b_par = b_act, the dtype parameters are gathered in):
   gradients in its TP group; zero2: reduce-scatter (k-1)/k*n_local*b_red, all-gather of the updated
   parameters (k-1)/k*n_local*b_par, then the replicated parameters' TP broadcast at b_par. Exact
   when k divides every bucket (the runtime pads each bucket to a multiple of k; fewer than k
-  elements per bucket). zero3 is priced by the time model (2 n_mb gathers per layer) and not here,
-  nor is the first/last-stage exchange of a tied embedding (runtime/tied_embeddings.py).
+  elements per bucket). zero3 is priced by the time model (2 n_mb gathers per layer) and not here.
+  A tied embedding (``tie_word_embeddings``) is one parameter: the first stages hold it for the
+  sync (a last stage's copy is not synchronised), and in every pipeline of 2+ stages each
+  first-stage rank and last-stage rank whose vocabulary rows overlap exchange those rows
+  (runtime/tied_embeddings.py), at b_master, the dtype parameters and their gradients are stored
+  in (float32 under bf16-mixed): both send n_rows*H*b_master (the gradient sum), then the first
+  sends n_rows*H*b_master again (the summed gradient under ddp with k > 1, the updated weights
+  under ZeRO, whatever k). Counted as ``dp``: it is part of the step's gradient synchronisation.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ import math
 
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.cost.model import RECOMPUTE_TP_SHARE
-from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner.plan import Plan, Stage
 
 CLASSES = ("pp", "tp", "dp")
 
@@ -64,19 +70,42 @@ def stage_replicated_params(model: LlamaConfig, num_layers: int, last: bool) -> 
 
 
 def local_vocab_params(model: LlamaConfig, tp: int, tp_rank: int, first: bool, last: bool) -> int:
-    """This TP rank's vocabulary rows of the embedding (first stage) and the untied LM head (last)."""
+    """This TP rank's vocabulary rows of the embedding (first stage) and the untied LM head (last)
+    that the gradient sync covers (a tied head is the embedding: synchronised on the first stage)."""
     a, b = model.vocab_split(tp)[tp_rank]
-    return (b - a) * model.hidden_size * (int(first) + int(last))
+    return (b - a) * model.hidden_size * (int(first) + int(last and not model.tie_word_embeddings))
+
+
+def tied_pairs(model: LlamaConfig, first: Stage, last: Stage) -> list[tuple[int, int, int]]:
+    """[(first-stage device, last-stage device, rows)] of one pipeline's tied-embedding exchange:
+    every pair whose vocabulary rows overlap, with the number of overlapping rows (empty when the
+    model is untied or the stages are one)."""
+    if not model.tie_word_embeddings or first is last:
+        return []
+    out = []
+    for a, (a0, a1) in zip(first.devices, model.vocab_split(first.tp)):
+        for b, (b0, b1) in zip(last.devices, model.vocab_split(last.tp)):
+            if min(a1, b1) > max(a0, b0):
+                out.append((a, b, min(a1, b1) - max(a0, b0)))
+    return out
+
+
+def tied_phases(dp_sharding: str, num_pipelines: int) -> tuple[int, int]:
+    """(two-way exchanges, one-way first->last copies) of the tied rows per optimizer step: the
+    gradient sum, then the summed gradient (ddp, 2+ pipelines) or the updated weights (ZeRO)."""
+    return 1, int(dp_sharding != "ddp" or num_pipelines > 1)
 
 
 def wire_bytes(plan: Plan, model: LlamaConfig, act_bytes: int, reduce_bytes: int | None = None,
-               param_bytes: int | None = None, loss_bytes: int = 4) -> dict[int, dict[str, float]]:
-    """{device: {"pp", "tp", "dp": bytes sent per optimizer step}} (conventions in the module doc)."""
+               param_bytes: int | None = None, loss_bytes: int = 4,
+               master_bytes: int | None = None) -> dict[int, dict[str, float]]:
+    """{device: {"pp", "tp", "dp": bytes sent per optimizer step}} (conventions in the module doc);
+    ``master_bytes``: the stored parameters' dtype (default ``act_bytes``), which only the tied
+    embedding's exchange uses."""
     if plan.dp_sharding == "zero3":
         raise ValueError("wire_bytes covers ddp and zero2; zero3's per-use gathers are priced by the time model")
-    if model.tie_word_embeddings:
-        raise ValueError("wire_bytes does not cover tied embeddings (their first/last-stage exchange)")
     b_act = act_bytes
+    b_master = master_bytes or act_bytes
     b_red = reduce_bytes or act_bytes
     b_par = param_bytes or act_bytes
     out = {d: dict.fromkeys(CLASSES, 0.0) for d in plan.device_order}
@@ -85,6 +114,10 @@ def wire_bytes(plan: Plan, model: LlamaConfig, act_bytes: int, reduce_bytes: int
     for pipe in plan.pipelines:
         n_mb, m = pipe.num_micro_batches, pipe.micro_batch_size * seq * hid
         stages = pipe.stages
+        two_way, one_way = tied_phases(plan.dp_sharding, k)
+        for a, b, rows in tied_pairs(model, stages[0], stages[-1]):
+            out[a]["dp"] += (two_way + one_way) * rows * hid * b_master
+            out[b]["dp"] += two_way * rows * hid * b_master
         for j, st in enumerate(stages):
             t, l = st.tp, st.num_layers
             first, last = j == 0, j == len(stages) - 1
