@@ -30,6 +30,7 @@ from lightning_hexiscale.planner.cost import compose
 from lightning_hexiscale.planner.cost import compute as C
 from lightning_hexiscale.planner.cost import model as cm
 from lightning_hexiscale.planner.cost import nic
+from lightning_hexiscale.planner.cost import wire as W
 from lightning_hexiscale.planner.cost.communicators import stage_communicators
 from lightning_hexiscale.planner.cost.compose import dp_edge_exposed, dp_t_comm, layer_step  # noqa: F401 (re-exported)
 from lightning_hexiscale.planner.cost.dp_comm import dp_comm_all
@@ -240,16 +241,51 @@ def _overlap(r: int, t: int, r2: int, t2: int) -> float:
     return max(0.0, hi - lo)
 
 
+def tied_exchange_s(plan: Plan, i: int, cluster: Cluster, workload: Workload) -> float:
+    """Time per iteration of pipeline i's tied-embedding exchange between its first and last stage
+    (``wire.tied_pairs``: every rank pair whose vocabulary rows overlap; runtime/tied_embeddings.py),
+    rows at the stored parameter dtype (``Workload.param_bytes``): one two-way exchange of the
+    gradients (both directions at once) and, under ddp with 2+ pipelines or under ZeRO, one one-way
+    copy first -> last (``wire.tied_phases``), each taking
+
+        max( max_x sum_{pairs p of x} (alpha_p + bytes_p / beta_p),  max_n sum_{p crossing NIC n} bytes_p / B_n )
+
+    (a rank sends its pairs' rows over its own links; the pairs that leave a machine share its NIC).
+    Zero for an untied model or a one-stage pipeline. It follows the backward and precedes the
+    first stage's embedding sync, so it is fully exposed."""
+    model = workload.model
+    stages = plan.pipelines[i].stages
+    pairs = W.tied_pairs(model, stages[0], stages[-1])
+    if not pairs:
+        return 0.0
+    two_way, one_way = W.tied_phases(plan.dp_sharding, plan.num_pipelines)
+    per_rank: dict[int, float] = {}
+    per_nic = np.zeros(len(cluster.nic_bandwidth))
+    for a, b, rows in pairs:
+        nbytes = rows * model.hidden_size * workload.param_bytes
+        t = float(cluster.latency[a, b] + nbytes / cluster.bandwidth[a, b])
+        for x in (a, b):
+            per_rank[x] = per_rank.get(x, 0.0) + t
+        if cluster.machine_of[a] != cluster.machine_of[b]:
+            per_nic[cluster.nic_of[a]] += nbytes
+            per_nic[cluster.nic_of[b]] += nbytes
+    phase = max(max(per_rank.values()), float((per_nic / cluster.nic_bandwidth).max()))
+    return (two_way + one_way) * phase
+
+
 def dp_edge_times(plan: Plan, i: int, j: int, cluster: Cluster, workload: Workload) -> tuple[float, float, float]:
     """Data-parallel times of the tensors outside the layers of stage (i, j), per iteration:
     (embedding sync, LM head sync, TP broadcast of the replicated norms). Each TP rank's vocabulary
     rows of the embedding (first stage) and of the untied LM head (last stage) are summed with the
     ranks of the other pipelines that hold the same rows (all-reduce, or reduce-scatter +
     all-gather; the slowest rank of the stage counts), and the leader broadcasts the stage's
-    replicated norms in its TP group after the sync. All zero with one pipeline."""
+    replicated norms in its TP group after the sync. A tied embedding's first/last-stage exchange
+    (:func:`tied_exchange_s`) counts with the embedding sync of the first stage. All zero with one
+    pipeline, apart from that exchange."""
     pipes = plan.pipelines
+    tied = tied_exchange_s(plan, i, cluster, workload) if j == 0 else 0.0
     if len(pipes) == 1:
-        return 0.0, 0.0, 0.0
+        return tied, 0.0, 0.0
     model = workload.model
     red_bt, bt = wire_element_bytes(plan, workload)
     st = pipes[i].stages[j]
@@ -268,7 +304,7 @@ def dp_edge_times(plan: Plan, i: int, j: int, cluster: Cluster, workload: Worklo
             worst = max(worst, 2.0 * dp_t_comm(plan.dp_sharding, t_red, t_par))
         return worst
 
-    t_emb = sync(model.embedding_params, lambda p: p.stages[0]) if first else 0.0
+    t_emb = tied + (sync(model.embedding_params, lambda p: p.stages[0]) if first else 0.0)
     t_head = (sync(model.head_params, lambda p: p.stages[-1])  # LM head rows (+ the final norm, on leaders)
               if last and not model.tie_word_embeddings else 0.0)
     t_norms = 0.0
@@ -287,8 +323,9 @@ def dp_edge_all(plan: Plan, cluster: Cluster, workload: Workload) -> dict[tuple[
     what :func:`estimate` and the batch timer use."""
     pipes = plan.pipelines
     P = len(pipes)
+    tied = {i: t for i in range(P) if (t := tied_exchange_s(plan, i, cluster, workload)) > 0.0}
     if P == 1:
-        return {}
+        return {(i, 0): (t, 0.0, 0.0) for i, t in tied.items()}
     model = workload.model
     red_bt, bt = wire_element_bytes(plan, workload)
     bw, lat = cluster.bandwidth, cluster.latency
@@ -321,7 +358,7 @@ def dp_edge_all(plan: Plan, cluster: Cluster, workload: Workload) -> dict[tuple[
 
     out: dict[tuple[int, int], list[float]] = {}
     for i, t in enumerate(sync(model.embedding_params, lambda p: p.stages[0]).tolist()):
-        out[(i, 0)] = [t, 0.0, 0.0]
+        out[(i, 0)] = [tied.get(i, 0.0) + t, 0.0, 0.0]
     if not model.tie_word_embeddings:
         for i, t in enumerate(sync(model.head_params, lambda p: p.stages[-1]).tolist()):
             out.setdefault((i, len(pipes[i].stages) - 1), [0.0, 0.0, 0.0])[1] = t

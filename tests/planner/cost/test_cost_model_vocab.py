@@ -114,3 +114,28 @@ def test_estimate_counts_a_tied_head_once_per_stage():
     two = [estimate(_plan(1), c, Workload(m, "bf16")).pipelines[0].stages[1].peak_memory_bytes for m in (MODEL, tied)]
     assert two[0] == pytest.approx(two[1])
     assert tied.total_params == MODEL.total_params - MODEL.vocab_size * MODEL.hidden_size
+
+
+@pytest.mark.parametrize("sharding, phases", [("ddp", 1), ("zero2", 2)])
+def test_tied_embedding_exchange_is_priced(sharding, phases):
+    """Llama 3.2 1B (tied) in one pipeline of two stages on two machines, 1 GB/s between them: each
+    step the stages exchange the embedding's gradient rows (both ways at once) and, under ZeRO, the
+    first sends the updated rows to the last, V*H float32 master elements each time (bf16-mixed):
+    about 1.05 s per transfer, fully exposed after the backward."""
+    from lightning_hexiscale.planner.cost import estimate as E
+
+    model = dataclasses.replace(LlamaConfig.load("llama3_2_1b"), num_layers=4, seq_len=1024)
+    cluster = Cluster.from_config({"name": "two", "machines": [{"gpu": "H100", "count": 1, "repeat": 2}],
+                                   "inter_machine": {"bandwidth": "1 GB/s", "latency": "0us"}})
+    w = Workload.from_precision(model, "bf16-mixed")
+    plan = Plan.from_dict({"num_layers": 4, "dp_sharding": sharding, "pipelines": [
+        {"batch_size": 2, "micro_batch_size": 1, "stages": [{"devices": [0], "layers": [0, 2]},
+                                                            {"devices": [1], "layers": [2, 4]}]}]})
+    transfer = model.vocab_size * model.hidden_size * 4 / 1e9
+    assert E.dp_edge_all(plan, cluster, w)[(0, 0)][0] == pytest.approx(phases * transfer)
+    assert E.dp_edge_times(plan, 0, 0, cluster, w)[0] == pytest.approx(phases * transfer)
+    first = estimate(plan, cluster, w).pipelines[0].stages[0]
+    assert first.dp_exposed_s == pytest.approx(phases * transfer)
+    # an untied model exchanges nothing between the stages of one pipeline
+    untied = Workload.from_precision(dataclasses.replace(model, tie_word_embeddings=False), "bf16-mixed")
+    assert E.dp_edge_all(plan, cluster, untied) == {}
