@@ -230,8 +230,8 @@ def dp_layer_bytes(workload: Workload, element_bytes: int | None = None) -> floa
 def dp_terms(plan: Plan, cluster: Cluster, workload: Workload) -> tuple[dict, dict]:
     """Per stage, [(layers, T_comm)] at the reduce and at the parameter bytes (:func:`dp_comm.dp_comm_all`)."""
     red_bt, bt = wire_element_bytes(plan, workload)
-    dp_red = dp_comm_all(plan, cluster, dp_layer_bytes(workload, red_bt))
-    dp_par = dp_red if red_bt == bt else dp_comm_all(plan, cluster, dp_layer_bytes(workload, bt))
+    dp_red = dp_comm_all(plan, cluster, dp_layer_bytes(workload, red_bt), workload.model)
+    dp_par = dp_red if red_bt == bt else dp_comm_all(plan, cluster, dp_layer_bytes(workload, bt), workload.model)
     return dp_red, dp_par
 
 

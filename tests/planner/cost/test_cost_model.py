@@ -9,6 +9,7 @@ import pytest
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.cost import model as cm
+from lightning_hexiscale.planner.cost.wire import local_matrix_params
 from lightning_hexiscale.planner import Pipeline, Plan, Stage, Workload, estimate
 
 L13 = LlamaConfig.load("llama2_13b")
@@ -322,3 +323,27 @@ def test_equal_tp_boundary_is_priced_on_the_scatter_path():
     assert [s.pp_comm_s for s in est.pipelines[0].stages] == pytest.approx([8 * hop / 2, 8 * hop / 2])
     gpipe = estimate(dataclasses.replace(plan, schedule="gpipe"), c, Workload(model))
     assert [s.pp_comm_s for s in gpipe.pipelines[0].stages] == pytest.approx([8 * hop, 0.0])
+
+
+def test_dp_comm_prices_each_rank_its_own_uneven_share():
+    """Llama 3 8B's 8 KV heads over TP 3 split 3,3,2: ranks 0 and 1 synchronise 2.4 % more than 1/3
+    of a layer (rank 0 also the norms). T_comm of the TP-3 stage is its heaviest rank's bytes,
+    (P-1)/P * n_local * B_type / beta, the bytes planner/cost/wire.py counts and the runtime moves;
+    the pipeline-wide form and the per-stage reference agree."""
+    from lightning_hexiscale.planner.cost import estimate as E
+    from lightning_hexiscale.planner.cost.dp_comm import dp_comm_per_layer
+
+    model = dataclasses.replace(LlamaConfig.load("llama3_8b"), num_layers=2)
+    c = Cluster.from_config({"name": "one", "machines": [{"gpu": "H100", "count": 4, "intra_bandwidth": "100 GB/s",
+                                                          "intra_latency": "0us"}],
+                             "inter_machine": {"bandwidth": "10 GB/s"}})
+    plan = Plan.from_dict({"num_layers": 2, "pipelines": [
+        {"batch_size": 2, "micro_batch_size": 1, "stages": [{"devices": [0, 1, 2], "layers": [0, 2]}]},
+        {"batch_size": 2, "micro_batch_size": 1, "stages": [{"devices": [3], "layers": [0, 2]}]}]})
+    w = Workload(model)
+    n_local = max(local_matrix_params(model, 3, r) + (2 * model.hidden_size if r == 0 else 0) for r in range(3))
+    want = 0.5 * n_local * w.dtype_bytes / 100e9
+    assert n_local > 1.02 * model.layer_params / 3
+    assert E.dp_terms(plan, c, w)[0][(0, 0)] == [(2, pytest.approx(want, rel=1e-9))]
+    ref = dp_comm_per_layer(plan, 0, plan.pipelines[0].stages[0], c, model.layer_params * w.dtype_bytes, model)
+    assert ref == [(2, pytest.approx(want, rel=1e-9))]
