@@ -9,6 +9,7 @@ pipeline recomputation) under every sharding and schedule, on hand-made clusters
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import numpy as np
@@ -36,7 +37,9 @@ def _clusters() -> dict[str, Cluster]:
 
 CLUSTERS = _clusters()
 WORKLOADS = {"tiny": Workload(LlamaConfig.load("llama_tiny")),
-             "tiny_cuda_buffers": Workload(LlamaConfig.load("llama_tiny"), device="cuda")}
+             "tiny_cuda_buffers": Workload(LlamaConfig.load("llama_tiny"), device="cuda"),
+             # the first/last-stage exchange of a tied embedding (estimate.tied_exchange_s)
+             "tiny_tied": Workload(dataclasses.replace(LlamaConfig.load("llama_tiny"), tie_word_embeddings=True))}
 
 
 def random_plan(rng: random.Random, cluster: Cluster, num_layers: int) -> Plan:
