@@ -190,39 +190,6 @@ def dp_exposed_layer(t_b: float, t_comm: float, sharding: str,
     raise ValueError(f"unknown dp_sharding {sharding!r}")
 
 
-def comm_dp_replicated(leader: int, peers: Sequence[int], param_bytes: float, num_pipelines: int,
-                       bandwidth: np.ndarray, latency: np.ndarray) -> float:
-    """T_comm of a parameter every pipeline holds whole on one stage (the token embedding on the
-    first stages, the LM head on the last), eq. 4 between the stage leaders, which are the only
-    ones taking part across pipelines (``runtime/grad_sync.py``):
-
-        sum_{d' in peers} ( alpha[d, d'] + param_bytes / (N_dp * beta[d, d']) )
-    """
-    return float(sum(latency[leader, p] + param_bytes / (num_pipelines * bandwidth[leader, p]) for p in peers))
-
-
-def tp_broadcast(leader: int, group: Sequence[int], param_bytes: float, bandwidth: np.ndarray,
-                 latency: np.ndarray) -> float:
-    """The leader's broadcast of a replicated parameter's synchronised gradient to the rest of its TP
-    group (pipelined, so the slowest link sets the pace): max_{d in group \\ {leader}} alpha + bytes/beta."""
-    others = [d for d in group if d != leader]
-    return max((float(latency[leader, d] + param_bytes / bandwidth[leader, d]) for d in others), default=0.0)
-
-
-def dp_exposed_replicated(t_b: float, t_comm: float, broadcast: float, sharding: str,
-                          theta: tuple[float, float, float, float] = (1.0, 1.0, 1.0, 1.0)) -> float:
-    """Exposed data-parallel time of the embedding or the LM head per iteration, after its last
-    backward (t_b: the LM head's backward compute, which its synchronisation overlaps; 0 for the
-    embedding, whose gradient is complete last): like eq. 5's last backward,
-    max(0, theta * max(t_b, 2 T_comm) - t_b), plus the TP broadcast. Under ZeRO these parameters
-    stay whole on every holder (the runtime's ``whole`` buckets), a reduce-scatter and an all-gather
-    (2 T_comm) priced with theta_2."""
-    th = theta[0] if sharding == "ddp" else theta[1]
-    if t_comm <= 0.0:
-        return 0.0
-    return max(0.0, th * max(t_b, 2 * t_comm) - t_b) + broadcast
-
-
 def comm_pp_hop(src: Group, dst: Group, message_bytes: float, bandwidth: np.ndarray, latency: np.ndarray,
                 leaders: tuple[int, int] | None = None, send_cap: float = np.inf) -> float:
     """Comm-PP-Hop(d_ij, d_i,j+1) for one micro-batch, Appendix B eq. 6:
