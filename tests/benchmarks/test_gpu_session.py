@@ -8,12 +8,15 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_session.sh"
 CALL_LIMIT_S = 600
 """The device tool's limit on one command."""
 
 
+@pytest.mark.slow  # starts bash
 def test_the_script_parses():
     assert subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True, text=True).returncode == 0
 

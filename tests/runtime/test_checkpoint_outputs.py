@@ -74,6 +74,7 @@ def _save_worker(rank: int, world: int, plan_dict: dict, paths: list[str]) -> li
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_directory_that_is_not_a_checkpoint_is_never_replaced(run_ranks, tmp_path):
     mine = tmp_path / "project"
