@@ -102,3 +102,22 @@ def test_rope_tables_are_cached_per_device_and_dtype():
     assert b[0].dtype == torch.float64 and b[0] is not a[0]
     ref = llama_mod.rope_tables(16, c.head_dim, c.rope_theta, dtype=torch.float64)
     assert torch.equal(b[0], ref[0]) and torch.equal(b[1], ref[1])
+
+
+def test_rope_tables_built_in_inference_mode_serve_a_later_training_step():
+    """A model evaluated under torch.inference_mode first (Lightning's trainer.validate / predict,
+    then trainer.fit with the same module) cached inference tensors, and the first training forward
+    failed with 'Inference tensors cannot be saved for backward'."""
+    c = LlamaConfig(name="t", hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=2, ffn_hidden_size=48,
+                    vocab_size=64, seq_len=8)
+    model = llama_mod.Llama(c).init_weights(0)
+    tokens = torch.randint(0, c.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        evaluated = model.loss(model(tokens[:, :-1]), tokens[:, 1:])
+    loss = model.loss(model(tokens[:, :-1]), tokens[:, 1:])
+    loss.backward()
+    fresh = llama_mod.Llama(c).init_weights(0)
+    fresh.loss(fresh(tokens[:, :-1]), tokens[:, 1:]).backward()
+    assert float(loss) == float(evaluated)
+    for (name, p), q in zip(model.named_parameters(), fresh.parameters()):
+        assert torch.equal(p.grad, q.grad), name

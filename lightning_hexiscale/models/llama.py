@@ -116,7 +116,11 @@ class RopeCache:
         if hit is None:
             if len(self._tables) >= self.max_entries:
                 self._tables.pop(next(iter(self._tables)))
-            hit = rope_tables(seq_len, self.head_dim, self.theta, device, dtype, self.inv_freq)
+            # Built outside inference mode even when asked inside it (Lightning's validate/predict):
+            # a table made there is an inference tensor, and a later training forward that reuses
+            # it fails ("Inference tensors cannot be saved for backward"); a normal tensor serves both.
+            with torch.inference_mode(False):
+                hit = rope_tables(seq_len, self.head_dim, self.theta, device, dtype, self.inv_freq)
             self._tables[key] = hit
         return hit
 
