@@ -65,8 +65,11 @@ class PipelineModel(nn.Module):
     """
 
     def __init__(self, engine: PipelineEngine, loss_dtype: torch.dtype,
-                 rows_seen: Callable[[int], None] | None = None):
+                 rows_seen: Callable[[int], None] | None = None, built_for: tuple[Any, Any] = (None, None)):
         super().__init__()
+        self.built_for = built_for
+        """(cluster, workload) the stage's plan was resolved for: a later Trainer call with this module,
+        whose new strategy has not planned, takes them with the plan (``plan_resolution.reuse_stage``)."""
         self.rows_seen = rows_seen
         """Told the sequences of the global batch each forward-only loss is the mean of (the strategy
         has Lightning weigh logged values by it: :func:`~lightning_hexiscale.lightning.internals.logged_batch_size`)."""

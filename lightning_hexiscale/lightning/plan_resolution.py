@@ -24,6 +24,7 @@ import torch
 from lightning_hexiscale.config import catalog
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError
+from lightning_hexiscale.lightning.launch.guard import mark_agreed
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner import Plan, Workload
 
@@ -160,3 +161,23 @@ def plan_for(plan: str | Path | Plan | None, cluster: Cluster, workload: Workloa
         plan = load_plan_arg(plan, key=key)
     plan = apply_overrides(plan, overrides)
     return plan.validate(cluster, workload.model, global_batch=global_batch if check_global_batch else None)
+
+
+def reuse_stage(stage, strategy) -> tuple[Any, Plan, Cluster | None, Workload | None]:
+    """A Trainer call whose module already holds this rank's stage (``stage``, a ``PipelineModel``
+    an earlier call built, perhaps under another Trainer and strategy): ``(stage, plan, cluster,
+    workload)`` for ``strategy``, the plan being the stage's. The stage holds the trained weights,
+    which one device's module would keep too; a strategy that planned nothing yet (``cluster`` only)
+    takes the stage's plan, one given another plan is refused (same error on every rank)."""
+    built = stage.engine.plan
+    given = strategy.settings.plan
+    if given is not None and apply_overrides(given, strategy.settings.overrides).to_dict() != built.to_dict():
+        raise mark_agreed(ConfigError(
+            "HexiScaleStrategy(plan)", f"a plan of {len(given.pipelines)} pipeline(s), batches "
+            f"{[p.batch_size for p in given.pipelines]}", "the module's Llama is already each rank's stage of "
+            f"another plan ({len(built.pipelines)} pipeline(s), batches {[p.batch_size for p in built.pipelines]}), "
+            "built by an earlier Trainer call, and it holds the trained weights", "pass the same plan (or none: "
+            "the stage's plan is taken), or start from a new module with ckpt_path=... to resume under this plan"),
+            list(range(strategy.world_size)))
+    cluster, workload = stage.built_for
+    return stage, built, cluster, workload

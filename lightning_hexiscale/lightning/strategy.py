@@ -48,7 +48,7 @@ from lightning_hexiscale.config.recipe import check_ckpt_path, device_kind, prec
 from lightning_hexiscale.data.samplers import check_train_loader
 from lightning_hexiscale.errors import (ConfigError, ElasticStop, InfeasiblePlan, NonFiniteError, RankFailure,
                                         TrainingInterrupted)
-from lightning_hexiscale.lightning import internals, notices
+from lightning_hexiscale.lightning import internals, notices, plan_resolution
 from lightning_hexiscale.lightning.device_check import check_local_gpus
 from lightning_hexiscale.lightning.fast_path import log_fast_path, prepare_optimizers
 from lightning_hexiscale.lightning.idle_ranks import IdleRankMethods, accepted_world_sizes, layout_for, world_error
@@ -210,8 +210,8 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, int
         fitting = trainer.state.fn == TrainerFn.FITTING
         self._next_call()  # a later Trainer call of a job whose plan leaves devices idle
         existing = getattr(module, "model", None)
-        if isinstance(existing, PipelineModel):  # a second fit/validate with the same module
-            self._pipeline_model = existing
+        if isinstance(existing, PipelineModel):  # a later call with the same module (a new Trainer's too)
+            self._pipeline_model, self.plan, self.cluster, self.workload = plan_resolution.reuse_stage(existing, self)
         else:
             if self.elastic is not None:  # collective: the machines present, device k = global rank k
                 self._present = agree(lambda: self.elastic.present_cluster(self, self.settings.cluster),
@@ -335,7 +335,7 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, int
                                 device=self.root_device, dtype=param.dtype, autocast_dtype=self._autocast_dtype(),
                                 state_dict=state, fast_path=self.settings.fast_path)
         loss_dtype = torch.float64 if param.dtype == torch.float64 else torch.float32
-        return PipelineModel(engine, loss_dtype, internals.logged_batch_size(module))
+        return PipelineModel(engine, loss_dtype, internals.logged_batch_size(module), (self.cluster, self.workload))
 
     def _global_batch_for(self) -> int | None:
         """The explicit global batch, else the training DataLoader's batch size (read, not consumed)."""

@@ -6,7 +6,9 @@ script per rank, so it cannot run inside pytest): the worker of test_api_errors.
 Cases: ``layers`` (a plan for 6 layers with a 4-layer model: every rank finds it in setup),
 ``kill`` (rank 1 dies by ``os._exit`` at step 2). The launching process catches what ``fit``
 raises and prints ``CAUGHT <type>: <message>``, waits long enough that an observer killing it
-would show, and prints ``ALIVE``.
+would show, and prints ``ALIVE``. ``new_trainer`` / ``other_plan``: after ``fit``, a new Trainer with
+a new strategy (``cluster=None``, no plan; or another plan) validates the same module; every rank
+prints ``RESULT <rank> <val_loss>`` or ``CAUGHT <rank> <type>: <message>``.
 """
 
 from __future__ import annotations
@@ -29,9 +31,31 @@ class DiesOnRank1(type(module())):
         return super().training_step(batch, batch_idx)
 
 
+def validate_with_a_new_trainer(case: str) -> None:
+    """Lightning's habit of a fresh Trainer for evaluation, in the popen processes that hold the
+    trained stage (a fork or spawn worker ends with its call)."""
+    plan = plan_of([(4, 2, [([0], (0, 4))]), (2, 1, [([1], (0, 4))])])
+    kw = dict(accelerator="cpu", devices=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+              enable_model_summary=False)
+    mod = module()
+    pl.Trainer(strategy=HexiScaleStrategy(plan=plan, timeout=PG_TIMEOUT), max_steps=3, **kw).fit(mod, loader(36, 6))
+    other = plan_of([(3, 1, [([0], (0, 4))]), (3, 1, [([1], (0, 4))])]) if case == "other_plan" else None
+    strategy = HexiScaleStrategy(cluster=None, plan=other, timeout=PG_TIMEOUT, plan_check=None)
+    rank = os.environ.get("LOCAL_RANK", "0")
+    try:
+        got = pl.Trainer(strategy=strategy, **kw).validate(mod, loader(12, 6, seed=1), verbose=False)
+        line = f"RESULT {rank} {got[0]['val_loss']!r}"
+    except Exception as e:  # noqa: BLE001 -- what the user's code sees is what is tested
+        line = f"CAUGHT {rank} {type(e).__name__}: {e}"
+    os.write(1, (line + "\n").encode())  # one write: the ranks share stdout, and print() may interleave
+
+
 def main() -> None:
     case = sys.argv[1]
     torch.set_num_threads(1)
+    if case in ("new_trainer", "other_plan"):
+        validate_with_a_new_trainer(case)
+        return
     layers = 6 if case == "layers" else 4
     plan = plan_of([(4, 2, [([0], (0, layers))]), (2, 1, [([1], (0, layers))])], num_layers=layers)
     strategy = HexiScaleStrategy(plan=plan, timeout=PG_TIMEOUT)

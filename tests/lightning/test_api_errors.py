@@ -107,6 +107,38 @@ def test_dead_rank_is_one_rank_failure_popen():
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_new_trainer_validates_the_trained_stage_popen():
+    """Under popen each rank keeps its stage (the module's trained weights) after fit. A new Trainer
+    whose strategy plans nothing yet (cluster=None) validating that module stopped with a bare
+    AssertionError (its strategy had no plan); it takes the stage's plan, and val_loss is one
+    device's after the same 3 steps."""
+    one = pl.Trainer(accelerator="cpu", devices=1, max_steps=3, logger=False, enable_checkpointing=False,
+                     enable_progress_bar=False, enable_model_summary=False)
+    mod = module()
+    one.fit(mod, loader(36, 6))
+    want = one.validate(mod, loader(12, 6, seed=1), verbose=False)[0]["val_loss"]
+    out = _job("new_trainer")
+    got = dict(ln.split()[1:] for ln in out.stdout.splitlines() if ln.startswith("RESULT"))
+    assert set(got) == {"0", "1"}, (out.stdout, out.stderr[-3000:])
+    for value in got.values():
+        assert float(value) == pytest.approx(want, abs=1e-9)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_new_trainer_with_another_plan_is_refused_popen():
+    out = _job("other_plan")
+    caught = [ln for ln in out.stdout.splitlines() if ln.startswith("CAUGHT")]  # one error, rank 0's
+    assert caught == ["CAUGHT 0 ConfigError: HexiScaleStrategy(plan) = 'a plan of 2 pipeline(s), batches [3, 3]': "
+                      "the module's Llama is already each rank's stage of another plan (2 pipeline(s), batches "
+                      "[4, 2]), built by an earlier Trainer call, and it holds the trained weights. Fix: pass the "
+                      "same plan (or none: the stage's plan is taken), or start from a new module with "
+                      "ckpt_path=... to resume under this plan"], (out.stdout, out.stderr[-3000:])
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+
+
 # ---- the Python API's bad-input corpus: each case raises the typed error naming the key ----------
 class ManualOptimization(type(module())):
     def __init__(self):
