@@ -153,13 +153,18 @@ class LossPrinter(pl.Callback):
         self.first: float | None = None
         self.start_step = 0
         self.steps_run = 0
+        self._seen_step = 0
 
     def on_train_start(self, trainer, module):
         self.first, self.start_step, self.steps_run = None, trainer.global_step, 0  # after any checkpoint restore
+        self._seen_step = trainer.global_step
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        if (batch_idx + 1) % trainer.accumulate_grad_batches:
+        # a batch ended an optimizer step when the step count moved: a window full of
+        # accumulate_grad_batches batches, or the epoch's last window, which may be shorter
+        if trainer.global_step == self._seen_step:
             return
+        self._seen_step = trainer.global_step
         loss = float(outputs["loss"]) * trainer.accumulate_grad_batches
         self.first = loss if self.first is None else self.first
         self.steps_run += 1

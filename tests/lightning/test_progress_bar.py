@@ -3,8 +3,10 @@ loss lines printed through the bar (Lightning's ``ProgressBar.print``) so that t
 
 from types import SimpleNamespace
 
+import lightning.pytorch as pl
 from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.loggers import CSVLogger
+from strategy_helpers import loader, module
 
 from lightning_hexiscale.lightning.example import LossPrinter, StepProgressBar
 
@@ -40,3 +42,17 @@ def test_loss_lines_go_through_the_progress_bar(capsys):
     printer = LossPrinter()  # no bar (trainer.progress_bar=false): plain prints
     printer.on_train_batch_end(_trainer(None), None, {"loss": 3.0}, None, 0)
     assert capsys.readouterr().out == "step     1  loss 3.0000\n"
+
+
+def test_the_steps_of_a_short_last_window_are_counted(capsys):
+    """One device, 5 batches per epoch in windows of 2: each epoch ends with a step of one batch
+    (steps 3 and 6 of 6), which the printer took for an unfinished window: with log_every_n_steps=3
+    it printed step 1 only, and 'after 4 steps'."""
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=2, accumulate_grad_batches=2, log_every_n_steps=3,
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, callbacks=[LossPrinter()])
+    trainer.fit(module(), loader(30, 6))
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(("step", "training loss"))]
+    assert trainer.global_step == 6
+    assert [ln.split("  loss")[0] for ln in lines[:3]] == ["step     1", "step     3", "step     6"]
+    assert lines[3].startswith("training loss: first ") and lines[3].endswith(" after 6 steps")
