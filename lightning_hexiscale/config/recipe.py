@@ -199,8 +199,14 @@ def check_ckpt_path(path: str | Path | None, key: str = "ckpt_path") -> None:
                           "give a checkpoint directory the strategy saved (e.g. outputs/.../checkpoints/last.ckpt), "
                           "or leave it out to start from scratch")
     if not p.is_dir():
-        raise ConfigError(key, str(path), "a hexiscale checkpoint is a directory, not a file",
-                          "give the directory ModelCheckpoint wrote under the hexiscale strategy")
+        # Most often the one file Lightning's own strategies (one device, DDP) save: say how its
+        # weights can still be used, since only the strategy's own directories resume
+        raise ConfigError(key, str(path), "a hexiscale checkpoint is a directory, not a file (a one-file "
+                          "checkpoint, as Lightning writes on one device or under DDP, does not resume under the "
+                          "hexiscale strategy)", "give the directory ModelCheckpoint wrote under the hexiscale "
+                          "strategy; to start from a one-file checkpoint's weights, load them into the module "
+                          "(LlamaLitModule.load_from_checkpoint(path, config=...), or your module's own) and "
+                          "train or evaluate it without ckpt_path (its optimizer and loop state stay behind)")
 
 
 def check_values(cfg) -> None:

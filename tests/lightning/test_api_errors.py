@@ -56,6 +56,30 @@ def test_loader_and_checkpoint_are_checked_before_launch(tmp_path, capfd):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_a_one_device_checkpoint_file_is_refused_with_the_way_to_its_weights(tmp_path):
+    """A checkpoint Lightning saved on one device is one file: the error said only 'give the directory
+    ModelCheckpoint wrote under the hexiscale strategy', which such a user does not have. Its way
+    (load the weights into the module, then evaluate without ckpt_path) gives one device's val_loss."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from lightning_hexiscale.lightning.example import LlamaLitModule
+
+    one = pl.Trainer(accelerator="cpu", devices=1, max_steps=2, logger=False, enable_progress_bar=False,
+                     enable_model_summary=False, callbacks=[ModelCheckpoint(dirpath=str(tmp_path), save_last=True)])
+    mod = module()
+    one.fit(mod, loader(12, 6))
+    val = loader(12, 6, seed=1)
+    want = one.validate(mod, val, verbose=False)[0]["val_loss"]
+    trainer = _trainer(HexiScaleStrategy(plan=PLAN, start_method="fork", timeout=PG_TIMEOUT))
+    with pytest.raises(ConfigError, match=r"not a file \(a one-file checkpoint, as Lightning writes on one device or "
+                                          r"under DDP, .*LlamaLitModule.load_from_checkpoint\(path, config=...\)"):
+        trainer.validate(module(), val, ckpt_path=str(tmp_path / "last.ckpt"))
+    loaded = LlamaLitModule.load_from_checkpoint(str(tmp_path / "last.ckpt"), config=TINY, dtype=torch.float64)
+    assert trainer.validate(loaded, val, verbose=False)[0]["val_loss"] == pytest.approx(want, abs=1e-9)
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_setup_error_of_every_rank_is_raised_once_fork(capfd):
     plan6 = plan_of([(4, 2, [([0], (0, 6))]), (2, 1, [([1], (0, 6))])], num_layers=6)
