@@ -190,6 +190,25 @@ def frozen(model: torch.nn.Module, where: str) -> torch.nn.Module:
                       "gradient_clip_val clips by)")
 
 
+def every_parameter_optimized(module: torch.nn.Module, optimizers: list) -> None:
+    """ConfigError when ``configure_optimizers`` leaves parameters of ``module`` out of its optimizer.
+    One device then keeps them as they are and clips by the norm of the optimizer's parameters only;
+    the strategy's clipping norm counts every parameter of the stage (a step with
+    ``gradient_clip_val`` came out slightly off), and ZeRO's sharded optimizer holds every
+    parameter's state (it stopped the first step with a ValueError from inside the runtime)."""
+    given = {id(p) for opt in optimizers for group in unwrap_optimizer(opt).param_groups for p in group["params"]}
+    names = [name for name, p in module.named_parameters() if id(p) not in given]
+    if not names:
+        return
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    raise ConfigError(f"{type(module).__name__}.configure_optimizers", f"an optimizer without {len(names)} "
+                      f"parameter(s) ({shown})", "the hexiscale strategy trains every parameter of each rank's "
+                      "stage: its clipping norm counts them all and ZeRO shards every parameter's optimizer state",
+                      "build the optimizer over self.parameters() and put those parameters in a param group with "
+                      "lr=0 and weight_decay=0 (AdamW then leaves them as they are, as one device leaves parameters "
+                      "outside its optimizer)")
+
+
 def unwrap_optimizer(optimizer):
     """The torch optimizer inside Lightning's ``LightningOptimizer`` wrapper (or the argument itself)."""
     return optimizer.optimizer if isinstance(optimizer, LightningOptimizer) else optimizer
@@ -307,10 +326,10 @@ class GradientMethods:
             # does, so it runs with every local parameter whole (collective: every rank is here)
             with self.pipeline_model.engine.full_params():
                 self.setup_optimizers(trainer)
-            # a parameter frozen there: every rank says, before the first step (the ranks that hold
-            # none would otherwise wait in the first sync for those that stop inside it)
-            agree(lambda: frozen(self.lightning_module, type(self.lightning_module).__name__), self.global_rank,
-                  self.world_size)
+            # a parameter frozen there or left out of the optimizer: every rank says, before the first
+            # step (the ranks that hold none would otherwise wait in the first sync for those that stop)
+            agree(lambda: every_parameter_optimized(frozen(self.lightning_module, type(self.lightning_module).__name__),
+                                                    self.optimizers), self.global_rank, self.world_size)
         except RuntimeError as e:
             if "multiple optimizers" not in str(e):
                 raise

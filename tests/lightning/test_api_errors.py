@@ -406,6 +406,29 @@ def test_frozen_parameters_are_refused_once(case, names, capfd):
     assert "Traceback" not in capfd.readouterr().err
 
 
+class _NormsLeftOut(type(module())):
+    def configure_optimizers(self):
+        return torch.optim.AdamW([p for name, p in self.named_parameters() if "norm" not in name], lr=1e-2)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("dp_sharding", ["ddp", "zero2"])
+def test_parameters_left_out_of_the_optimizer_are_refused_once(dp_sharding, capfd):
+    """One device keeps parameters outside its optimizer as they are and clips by the norm of the
+    optimizer's parameters only. The strategy's clipping norm counts every parameter (ddp with
+    gradient_clip_val=0.3: loss 4.43177496 at the third step where one device gives 4.43176454),
+    and under zero2 the first step stopped with a ValueError from inside the runtime on every rank."""
+    strategy = HexiScaleStrategy(plan=PLAN, start_method="fork", timeout=PG_TIMEOUT, dp_sharding=dp_sharding)
+    trainer = pl.Trainer(strategy=strategy, accelerator="cpu", devices=2, max_steps=3, gradient_clip_val=0.3,
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False)
+    with pytest.raises(ConfigError, match=r"^_NormsLeftOut.configure_optimizers = 'an optimizer without 9 parameter\(s\) "
+                                          r"\(model.stage.layers.0.attn_norm.weight, .*Fix: .*lr=0 and weight_decay=0"):
+        trainer.fit(_NormsLeftOut(TINY, dtype=torch.float64, init_seed=7), loader(18, 6))
+    assert "Traceback" not in capfd.readouterr().err
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_frozen_parameters_may_be_evaluated():
