@@ -145,6 +145,13 @@ class StepAdapter:
                               f"dp_sharding={self._engine.sharding} shards one optimizer's state over the "
                               "pipelines", "return one optimizer, or use dp_sharding='ddp'")
         user = self.configured[0]
+        if user.state:  # nothing has stepped yet: the class creates its state when built
+            raise mark_agreed(ConfigError(
+                "configure_optimizers", type(user).__name__, f"it creates its state when it is built (per "
+                f"parameter: {sorted(next(iter(user.state.values())))}), and dp_sharding={self._engine.sharding} "
+                "builds it over empty stand-ins that take this rank's chunks only when it steps (the first step "
+                "stopped with a size mismatch inside torch)", "use dp_sharding='ddp', or an optimizer that creates its state at its first step "
+                "(AdamW, SGD, RMSprop, ...)"), list(range(self._engine.plan.world_size)))
         sharded = self._engine.wrap_optimizer(user)
         sharded.__class__ = named_like(type(sharded), type(user))
         for config in lr_scheduler_configs:
@@ -207,6 +214,20 @@ def every_parameter_optimized(module: torch.nn.Module, optimizers: list) -> None
                       "build the optimizer over self.parameters() and put those parameters in a param group with "
                       "lr=0 and weight_decay=0 (AdamW then leaves them as they are, as one device leaves parameters "
                       "outside its optimizer)")
+
+
+def one_evaluation_per_step(optimizers: list) -> None:
+    """ConfigError for an optimizer whose step evaluates the closure several times (torch's LBFGS: a
+    forward and a backward per inner iteration). Under the strategy a batch's forward and backward
+    run once, inside ``self.model.loss``: LBFGS's further evaluations got the same loss and
+    gradients back and it trained silently otherwise (loss 5.5768 after 2 steps, one device 4.8446)."""
+    for optimizer in optimizers:
+        inner = unwrap_optimizer(optimizer)
+        if isinstance(inner, torch.optim.LBFGS):
+            raise ConfigError("configure_optimizers", type(inner).__name__, "its step evaluates the closure (a "
+                              "forward and a backward of the batch) several times, while under the hexiscale "
+                              "strategy the forward and the backward of a batch run once, inside self.model.loss",
+                              "use an optimizer that evaluates it once per step (AdamW, SGD, ...)")
 
 
 def unwrap_optimizer(optimizer):
@@ -328,8 +349,9 @@ class GradientMethods:
                 self.setup_optimizers(trainer)
             # a parameter frozen there or left out of the optimizer: every rank says, before the first
             # step (the ranks that hold none would otherwise wait in the first sync for those that stop)
-            agree(lambda: every_parameter_optimized(frozen(self.lightning_module, type(self.lightning_module).__name__),
-                                                    self.optimizers), self.global_rank, self.world_size)
+            agree(lambda: (one_evaluation_per_step(self.optimizers), every_parameter_optimized(
+                frozen(self.lightning_module, type(self.lightning_module).__name__), self.optimizers)),
+                self.global_rank, self.world_size)
         except RuntimeError as e:
             if "multiple optimizers" not in str(e):
                 raise

@@ -429,6 +429,33 @@ def test_parameters_left_out_of_the_optimizer_are_refused_once(dp_sharding, capf
     assert "Traceback" not in capfd.readouterr().err
 
 
+def _optimizing_with(name: str, **kw):
+    class Module(type(module())):
+        def configure_optimizers(self):
+            return getattr(torch.optim, name)(self.parameters(), **kw)
+
+    return Module(TINY, dtype=torch.float64, init_seed=7)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("name, dp_sharding, match", [
+    ("LBFGS", "ddp", r"^configure_optimizers = 'LBFGS': its step evaluates the closure \(a forward and a backward "
+                     r"of the batch\) several times.*Fix: use an optimizer that evaluates it once per step"),
+    ("Adagrad", "zero2", r"^configure_optimizers = 'Adagrad': it creates its state when it is built \(per parameter: "
+                         r"\['step', 'sum'\]\), and dp_sharding=zero2 .*Fix: use dp_sharding='ddp'")])
+def test_an_optimizer_the_step_cannot_run_is_refused_once(name, dp_sharding, match, capfd):
+    """LBFGS evaluates the closure several times per step; the strategy runs the batch's forward and
+    backward once, so its further evaluations got the same loss and gradients and it trained silently
+    (loss 5.5768 after 2 steps where one device gives 4.8446). Adagrad creates its state when built:
+    under ZeRO over empty stand-ins of the chunks, and the first step stopped inside torch with 'The
+    size of tensor a (0) must match the size of tensor b (8224)' on every rank (under ddp it trains)."""
+    strategy = HexiScaleStrategy(plan=PLAN, start_method="fork", timeout=PG_TIMEOUT, dp_sharding=dp_sharding)
+    with pytest.raises(ConfigError, match=match):
+        _trainer(strategy).fit(_optimizing_with(name, lr=0.05), loader(12, 6))
+    assert "Traceback" not in capfd.readouterr().err
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_frozen_parameters_may_be_evaluated():
