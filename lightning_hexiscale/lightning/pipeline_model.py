@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from lightning_hexiscale.errors import HexiScaleError
+from lightning_hexiscale.lightning.launch.guard import mark_agreed
 from lightning_hexiscale.lightning.step_adapter import StepAdapter
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -43,18 +44,23 @@ class PipelineLogits:
     """Placeholder for the logits of ``tokens``; consumed by :meth:`PipelineModel.loss` only.
 
     Any other use (``F.cross_entropy(logits, ...)``, ``logits.view(...)``) raises
-    :class:`HexiScaleError` with the contract, instead of a confusing error deep in torch.
+    :class:`HexiScaleError` with the contract, instead of a confusing error deep in torch; every
+    rank runs the same step code and raises it alike, so it is marked as raised on ``ranks`` (all
+    of the job's: one error, rank 0's, reaches the caller, not one worker traceback per rank).
     """
 
-    def __init__(self, tokens: torch.Tensor):
+    def __init__(self, tokens: torch.Tensor, ranks: list[int] | None = None):
         self.tokens = tokens
+        self.ranks = ranks or []
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        raise HexiScaleError(f"{getattr(func, '__name__', func)}(logits): {_CONTRACT}")
+        mine = [a for a in (*args, *(kwargs or {}).values()) if isinstance(a, PipelineLogits)]
+        raise mark_agreed(HexiScaleError(f"{getattr(func, '__name__', func)}(logits): {_CONTRACT}"),
+                          mine[0].ranks if mine else [])
 
     def __getattr__(self, name: str) -> Any:
-        raise HexiScaleError(f"logits.{name}: {_CONTRACT}")
+        raise mark_agreed(HexiScaleError(f"logits.{name}: {_CONTRACT}"), self.__dict__.get("ranks", []))
 
 
 class PipelineModel(nn.Module):
@@ -85,12 +91,13 @@ class PipelineModel(nn.Module):
         return self._engine
 
     def forward(self, tokens: torch.Tensor) -> PipelineLogits:
-        return PipelineLogits(tokens)
+        return PipelineLogits(tokens, list(range(self._engine.plan.world_size)))
 
     def loss(self, logits: PipelineLogits, targets: torch.Tensor) -> torch.Tensor:
         """Global mean token cross-entropy of this step's global batch (0-d tensor, same on every rank)."""
         if not isinstance(logits, PipelineLogits):
-            raise HexiScaleError(f"self.model.loss got {type(logits).__name__}: {_CONTRACT}")
+            raise mark_agreed(HexiScaleError(f"self.model.loss got {type(logits).__name__}: {_CONTRACT}"),
+                              list(range(self._engine.plan.world_size)))
         if torch.is_grad_enabled() and self.training:
             value = self._train(logits.tokens, targets)
             out = self.step_adapter.given = torch.tensor(value, dtype=self.loss_dtype, device=logits.tokens.device)

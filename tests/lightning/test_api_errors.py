@@ -20,7 +20,7 @@ import pytest
 import torch
 from strategy_helpers import PG_TIMEOUT, TINY, loader, module, plan_of
 
-from lightning_hexiscale.errors import ConfigError, PlanError
+from lightning_hexiscale.errors import ConfigError, HexiScaleError, PlanError
 from lightning_hexiscale.lightning.strategy import HexiScaleStrategy
 
 HERE = Path(__file__).parent
@@ -454,6 +454,32 @@ def test_an_optimizer_the_step_cannot_run_is_refused_once(name, dp_sharding, mat
     with pytest.raises(ConfigError, match=match):
         _trainer(strategy).fit(_optimizing_with(name, lr=0.05), loader(12, 6))
     assert "Traceback" not in capfd.readouterr().err
+
+
+class _AccuracyFromLogits(type(module())):
+    def validation_step(self, batch, batch_idx):
+        logits = self.model(batch[:, :-1])
+        self.log("acc", (logits.argmax(-1) == batch[:, 1:]).float().mean())
+
+
+class _CrossEntropyOfLogits(type(module())):
+    def training_step(self, batch, batch_idx):
+        return torch.nn.functional.cross_entropy(self.model(batch[:, :-1]), batch[:, 1:])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("case, call", [(_AccuracyFromLogits, "validate"), (_CrossEntropyOfLogits, "fit")])
+def test_the_logits_placeholder_used_as_a_tensor_is_one_error(case, call, capfd):
+    """Every rank runs the same step and stops at the placeholder alike: the caller got torch's
+    ProcessRaisedException with a worker's traceback and the other rank's TCPStore 'Connection reset
+    by peer' C++ frames, instead of the contract's HexiScaleError once."""
+    trainer = _trainer(HexiScaleStrategy(plan=PLAN, start_method="fork", timeout=PG_TIMEOUT))
+    with pytest.raises(HexiScaleError, match=r"^(logits.argmax|cross_entropy\(logits\)): under the hexiscale "
+                                             r"strategy the logits of self.model\(tokens\) exist only on the last"):
+        getattr(trainer, call)(case(TINY, dtype=torch.float64, init_seed=7), loader(12, 6))
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "frame #" not in err, err[-3000:]
 
 
 @pytest.mark.slow
