@@ -168,16 +168,22 @@ def reuse_stage(stage, strategy) -> tuple[Any, Plan, Cluster | None, Workload | 
     an earlier call built, perhaps under another Trainer and strategy): ``(stage, plan, cluster,
     workload)`` for ``strategy``, the plan being the stage's. The stage holds the trained weights,
     which one device's module would keep too; a strategy that planned nothing yet (``cluster`` only)
-    takes the stage's plan, one given another plan is refused (same error on every rank)."""
+    takes the stage's plan; one given another plan, or overrides (``dp_sharding``, ``schedule``,
+    ...) the stage's plan does not have, is refused (the same error on every rank)."""
     built = stage.engine.plan
     given = strategy.settings.plan
-    if given is not None and apply_overrides(given, strategy.settings.overrides).to_dict() != built.to_dict():
+    wanted = apply_overrides(given if given is not None else built, strategy.settings.overrides)
+    if wanted.to_dict() != built.to_dict():
         raise mark_agreed(ConfigError(
-            "HexiScaleStrategy(plan)", f"a plan of {len(given.pipelines)} pipeline(s), batches "
-            f"{[p.batch_size for p in given.pipelines]}", "the module's Llama is already each rank's stage of "
-            f"another plan ({len(built.pipelines)} pipeline(s), batches {[p.batch_size for p in built.pipelines]}), "
-            "built by an earlier Trainer call, and it holds the trained weights", "pass the same plan (or none: "
-            "the stage's plan is taken), or start from a new module with ckpt_path=... to resume under this plan"),
-            list(range(strategy.world_size)))
+            "HexiScaleStrategy(plan)" if given is not None else "HexiScaleStrategy(dp_sharding/schedule/...)",
+            _brief(wanted), f"the module's Llama is already each rank's stage of another plan ({_brief(built)}), "
+            "built by an earlier Trainer call, and it holds the trained weights", "pass the same plan and "
+            "overrides (or none: the stage's plan is taken), or start from a new module with ckpt_path=... to "
+            "resume under this plan"), list(range(strategy.world_size)))
     cluster, workload = stage.built_for
     return stage, built, cluster, workload
+
+
+def _brief(plan: Plan) -> str:
+    return (f"{len(plan.pipelines)} pipeline(s), batches {[p.batch_size for p in plan.pipelines]}, micro-batches "
+            f"{[p.micro_batch_size for p in plan.pipelines]}, {plan.schedule}, {plan.dp_sharding}")

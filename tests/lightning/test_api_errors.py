@@ -153,14 +153,35 @@ def test_a_new_trainer_validates_the_trained_stage_popen():
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_new_trainer_with_another_plan_is_refused_popen():
+    """Its data would be cut by the new plan while the stage runs the old one."""
     out = _job("other_plan")
     caught = [ln for ln in out.stdout.splitlines() if ln.startswith("CAUGHT")]  # one error, rank 0's
-    assert caught == ["CAUGHT 0 ConfigError: HexiScaleStrategy(plan) = 'a plan of 2 pipeline(s), batches [3, 3]': "
-                      "the module's Llama is already each rank's stage of another plan (2 pipeline(s), batches "
-                      "[4, 2]), built by an earlier Trainer call, and it holds the trained weights. Fix: pass the "
-                      "same plan (or none: the stage's plan is taken), or start from a new module with "
-                      "ckpt_path=... to resume under this plan"], (out.stdout, out.stderr[-3000:])
+    assert caught == ["CAUGHT 0 ConfigError: HexiScaleStrategy(plan) = '2 pipeline(s), batches [3, 3], micro-batches "
+                      "[1, 1], 1f1b, ddp': the module's Llama is already each rank's stage of another plan (2 "
+                      "pipeline(s), batches [4, 2], micro-batches [2, 1], 1f1b, ddp), built by an earlier Trainer "
+                      "call, and it holds the trained weights. Fix: pass the same plan and overrides (or none: the "
+                      "stage's plan is taken), or start from a new module with ckpt_path=... to resume under this "
+                      "plan"], (out.stdout, out.stderr[-3000:])
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
+
+
+def test_a_new_strategy_overriding_the_stages_plan_is_refused():
+    """cluster=None with dp_sharding='zero2' after a fit under ddp: the stage (its reducer, its
+    optimizer's sharding) is ddp's; the override would have been dropped without a word."""
+    from types import SimpleNamespace
+
+    from lightning_hexiscale.lightning.plan_resolution import reuse_stage
+
+    stage = SimpleNamespace(engine=SimpleNamespace(plan=PLAN), built_for=("cluster", "workload"))
+
+    def strategy(**overrides):
+        return SimpleNamespace(settings=SimpleNamespace(plan=None, overrides=overrides), world_size=2)
+
+    assert reuse_stage(stage, strategy(dp_sharding=None, schedule="auto")) == (stage, PLAN, "cluster", "workload")
+    with pytest.raises(ConfigError, match=r"^HexiScaleStrategy\(dp_sharding/schedule/...\) = '2 pipeline\(s\), "
+                                          r"batches \[4, 2\], micro-batches \[2, 1\], 1f1b, zero2': .* another plan "
+                                          r"\(2 pipeline\(s\), batches \[4, 2\], micro-batches \[2, 1\], 1f1b, ddp\)"):
+        reuse_stage(stage, strategy(dp_sharding="zero2"))
 
 
 # ---- the Python API's bad-input corpus: each case raises the typed error naming the key ----------
