@@ -45,6 +45,13 @@ class CheckpointMethods:
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Any | None = None) -> None:
         """Collective: every rank enters (the Trainer barriers right after) and writes its own
         pieces; rank 0's ``checkpoint`` (Lightning's state) goes to ``meta.pt``."""
+        if self._checkpointer is None:  # no setup in this process: Lightning's spawn/fork workers ran the call
+            raise ConfigError("trainer.save_checkpoint", str(filepath), "the ranks of the last Trainer call ran in "
+                              f"start_method='{self.settings.start_method}' worker processes, which held the model's "
+                              "shards and ended with the call; this process holds no part of the model",
+                              "save during fit: ModelCheckpoint (save_last=True), or trainer.save_checkpoint in a "
+                              "callback (e.g. on_train_end); or use start_method='popen' (the default), where this "
+                              "process is rank 0 and keeps its stage")
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__}.save_checkpoint(..., storage_options=...) is not supported: "
                             "hexiscale checkpoints are written by torch.distributed.checkpoint, not a CheckpointIO")

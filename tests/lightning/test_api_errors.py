@@ -307,6 +307,21 @@ def test_a_call_after_a_fork_fit_refuses_the_initial_weights(capfd):
     assert trainer.validate(module(), loader(12, 6, seed=1), verbose=False)[0]["val_loss"] > 0
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_save_checkpoint_after_a_fork_fit_says_where_the_weights_are(tmp_path):
+    """On one device trainer.save_checkpoint after fit saves the trained model; after a fit in fork
+    workers this process holds none of it, and the call said 'HexiScaleStrategy.setup has not run
+    yet' (a RuntimeError) although setup had run, in the workers."""
+    trainer = _trainer(HexiScaleStrategy(plan=PLAN, start_method="fork", timeout=PG_TIMEOUT))
+    trainer.fit(module(), loader(12, 6))
+    with pytest.raises(ConfigError, match=r"^trainer.save_checkpoint = '.*after.ckpt': the ranks of the last Trainer "
+                                          r"call ran in start_method='fork' worker processes.*Fix: save during fit: "
+                                          r"ModelCheckpoint"):
+        trainer.save_checkpoint(str(tmp_path / "after.ckpt"))
+    assert not (tmp_path / "after.ckpt").exists()
+
+
 def test_the_trained_weights_check_lets_a_checkpoint_or_new_weights_through():
     from lightning_hexiscale.lightning.launch.guard import check_trained_weights, fit_ran_in_workers
 
