@@ -150,8 +150,8 @@ class StepAdapter:
                 "configure_optimizers", type(user).__name__, f"it creates its state when it is built (per "
                 f"parameter: {sorted(next(iter(user.state.values())))}), and dp_sharding={self._engine.sharding} "
                 "builds it over empty stand-ins that take this rank's chunks only when it steps (the first step "
-                "stopped with a size mismatch inside torch)", "use dp_sharding='ddp', or an optimizer that creates its state at its first step "
-                "(AdamW, SGD, RMSprop, ...)"), list(range(self._engine.plan.world_size)))
+                "stopped with a size mismatch inside torch)", "use dp_sharding='ddp', or an optimizer that creates "
+                "its state at its first step (AdamW, SGD, RMSprop, ...)"), list(range(self._engine.plan.world_size)))
         sharded = self._engine.wrap_optimizer(user)
         sharded.__class__ = named_like(type(sharded), type(user))
         for config in lr_scheduler_configs:
@@ -347,8 +347,8 @@ class GradientMethods:
             # does, so it runs with every local parameter whole (collective: every rank is here)
             with self.pipeline_model.engine.full_params():
                 self.setup_optimizers(trainer)
-            # a parameter frozen there or left out of the optimizer: every rank says, before the first
-            # step (the ranks that hold none would otherwise wait in the first sync for those that stop)
+            # an optimizer the step cannot run, a parameter frozen there or left out of it: every rank
+            # says, before the first step (ranks that hold none would wait in the first sync for the others)
             agree(lambda: (one_evaluation_per_step(self.optimizers), every_parameter_optimized(
                 frozen(self.lightning_module, type(self.lightning_module).__name__), self.optimizers)),
                 self.global_rank, self.world_size)

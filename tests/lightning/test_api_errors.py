@@ -459,8 +459,9 @@ def test_parameters_left_out_of_the_optimizer_are_refused_once(dp_sharding, capf
     trainer = pl.Trainer(strategy=strategy, accelerator="cpu", devices=2, max_steps=3, gradient_clip_val=0.3,
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False)
-    with pytest.raises(ConfigError, match=r"^_NormsLeftOut.configure_optimizers = 'an optimizer without 9 parameter\(s\) "
-                                          r"\(model.stage.layers.0.attn_norm.weight, .*Fix: .*lr=0 and weight_decay=0"):
+    with pytest.raises(ConfigError, match=r"^_NormsLeftOut.configure_optimizers = 'an optimizer without 9 "
+                                          r"parameter\(s\) \(model.stage.layers.0.attn_norm.weight, .*Fix: .*lr=0 "
+                                          r"and weight_decay=0"):
         trainer.fit(_NormsLeftOut(TINY, dtype=torch.float64, init_seed=7), loader(18, 6))
     assert "Traceback" not in capfd.readouterr().err
 
