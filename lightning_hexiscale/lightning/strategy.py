@@ -56,9 +56,10 @@ from lightning_hexiscale.lightning.launch.guard import CHILD_ENV, LaunchGuard, a
 from lightning_hexiscale.lightning.pipeline_model import PipelineLogits, PipelineModel
 from lightning_hexiscale.lightning.plan_check import DEFAULT_WARMUP as DEFAULT_PLAN_CHECK_WARMUP
 from lightning_hexiscale.lightning.plan_check import PlanCheck
-from lightning_hexiscale.lightning.plan_resolution import AUTO, describe_local_devices, discover_cluster, plan_for
+from lightning_hexiscale.lightning.plan_resolution import (AUTO, describe_local_devices, discover_cluster, find_llama,
+                                                           plan_for, training_loader)
 from lightning_hexiscale.lightning.settings import StartMethod, StrategySettings, check_process_group_backend
-from lightning_hexiscale.lightning.step_adapter import GradientMethods, frozen, state_to_device
+from lightning_hexiscale.lightning.step_adapter import GradientMethods, state_to_device
 from lightning_hexiscale.lightning.strategy_checkpoints import CheckpointMethods
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.models.llama import Llama
@@ -541,40 +542,6 @@ def _elastic_run(settings):
     from lightning_hexiscale.lightning.launch.elastic import ElasticRun  # torch.distributed's elastic helpers: on use
 
     return ElasticRun(settings)
-
-
-def find_llama(module, fitting: bool = False) -> Llama:
-    """The contract: the LightningModule holds its :class:`Llama` as ``self.model`` (built in
-    ``configure_model``) or returns it from ``module.llama()``; in fit, every parameter trains (:func:`frozen`)."""
-    llama = module.llama() if callable(getattr(module, "llama", None)) else getattr(module, "model", None)
-    if not isinstance(llama, Llama):
-        raise ConfigError(f"{type(module).__name__}.model", type(llama).__name__,
-                          "the hexiscale strategy turns the module's Llama into this rank's pipeline stage and "
-                          "finds it as self.model (or self.llama())",
-                          "build it in configure_model: self.model = Llama(config)")
-    return frozen(llama, f"{type(module).__name__}.model") if fitting else llama
-
-
-def training_loader(arguments: dict[str, Any], module) -> Any:
-    """The training DataLoader of a Trainer call, found where Lightning's fit loop will find it, and
-    not consumed: ``train_dataloaders`` (a DataModule passed there is the datamodule), else the
-    datamodule's or else the module's ``train_dataloader()`` where it defines one. None when none is
-    reachable yet (the caller then asks for an explicit global batch)."""
-    from lightning.pytorch import LightningDataModule
-    from lightning.pytorch.utilities.model_helpers import is_overridden
-
-    loader, datamodule = arguments.get("train_dataloaders"), arguments.get("datamodule")
-    if isinstance(loader, LightningDataModule):
-        loader, datamodule = None, loader
-    if loader is not None:
-        return loader
-    source = datamodule if datamodule is not None else module
-    if source is None or not is_overridden("train_dataloader", source):
-        return None
-    try:
-        return source.train_dataloader()
-    except Exception:  # the user's *_dataloader hook may need setup that has not run: treat as unknown
-        return None
 
 
 def _manual_optimization_error() -> ConfigError:

@@ -1,6 +1,6 @@
 """What the strategy keeps of a Trainer call's arguments (``keep_call_arguments``, called by the
 launcher before processes start): the training DataLoader the global batch is read from is found where
-Lightning's fit loop finds it (``strategy.training_loader``), without consuming it. No processes."""
+Lightning's fit loop finds it (``plan_resolution.training_loader``), without consuming it. No processes."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_hexiscale.errors import ConfigError
-from lightning_hexiscale.lightning.strategy import HexiScaleStrategy, training_loader
+from lightning_hexiscale.lightning.plan_resolution import training_loader
+from lightning_hexiscale.lightning.strategy import HexiScaleStrategy
 
 
 def _loader(batch: int) -> DataLoader:
