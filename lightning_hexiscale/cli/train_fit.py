@@ -38,6 +38,11 @@ def make_data(cfg: DictConfig, model, global_batch: int, dataset=None, pipeline_
     ds = dataset if dataset is not None else load_dataset(cfg, model)
     d = cfg.data
     n_val = min(int(d.val_samples), len(ds) // 10)
+    if n_val < int(d.val_samples):  # said, not silent: the metric covers fewer sequences than asked for
+        from lightning_hexiscale.cli.train_job import say
+
+        say(f"data.val_samples={int(d.val_samples)}: {n_val} sequence{'' if n_val == 1 else 's'} validate, a tenth "
+            f"of the {len(ds)}-sequence corpus at most (the rest train); use more data for more")
     n_train = len(ds) - n_val
     if n_train < global_batch:
         from lightning_hexiscale.errors import ConfigError

@@ -130,7 +130,8 @@ class DataConfig:
     num_samples: int = 2048
     """Sequences of the generated corpus."""
     val_samples: int = 64
-    """Sequences held out for validation (the last ones of the corpus)."""
+    """Sequences held out for validation (the last ones of the corpus), at most a tenth of it (the
+    recipe says so when it holds out fewer)."""
     seed: int = 0
     """Seed of the generated corpus."""
 

@@ -142,6 +142,15 @@ def test_the_recipe_drops_a_last_validation_batch_the_strategy_would_leave_out()
     assert (two.drop_last, one.drop_last) == (True, False)
 
 
+def test_a_capped_validation_split_is_said(capsys):
+    """data.val_samples above a tenth of the corpus is cut to the tenth: the run says so (it was silent)."""
+    _, val = train_fit.make_data(compose(["data.num_samples=120", "model=llama_tiny"]), module().config, 8)
+    assert len(val.dataset) == 12
+    assert "data.val_samples=64: 12 sequences validate, a tenth of the 120-sequence corpus" in capsys.readouterr().out
+    train_fit.make_data(compose(["data.num_samples=1000", "model=llama_tiny"]), module().config, 8)
+    assert "data.val_samples" not in capsys.readouterr().out  # 64 of 1000: as asked
+
+
 def test_a_resume_path_that_is_no_checkpoint_is_refused_before_planning(tmp_path):
     """trainer.resume=outputs/run/checkpoints (the folder, not last.ckpt in it) passed the early check
     (it exists and is a directory); the ranks refused it after the search and the launch, naming
