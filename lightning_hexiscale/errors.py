@@ -59,5 +59,10 @@ class ElasticStop(TrainingFailure):
 
 
 class TrainingInterrupted(HexiScaleError):
-    """Ctrl-C (SIGINT) stopped training at the end of a step, on every rank together (the message
-    says at which step and where the last checkpoint is). `hexiscale train` exits with status 130."""
+    """Ctrl-C (SIGINT) or SIGTERM stopped training at the end of a step, on every rank together (the
+    message says at which step and where the last checkpoint is). ``signal_name`` says which:
+    `hexiscale train` exits with status 130 for SIGINT, 143 for SIGTERM (128 + the signal number)."""
+
+    def __init__(self, message: str, signal_name: str = "SIGINT"):
+        super().__init__(message)
+        self.signal_name = signal_name

@@ -21,7 +21,7 @@ Exit status: 0 trained (or planned, with dry_run); 2 bad configuration (one mess
 value, rule and fix); 3 the plan needs hardware this machine does not have; 4 training stopped (a
 non-finite step with ``trainer.nonfinite=stop``, or a rank failed); 5 an elastic worker stopped on
 SIGTERM after saving, for torchrun to restart it (a machine joins or leaves; not a failure); 130
-interrupted (Ctrl-C); 1 any other error.
+interrupted (Ctrl-C); 143 terminated (SIGTERM) during training; 1 any other error.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from lightning_hexiscale.cli.train_job import (AUTO_ENV, FILES_ENV, HEXISCALE, A
                                                prepare_argv, print_file_config)
 from lightning_hexiscale.errors import ElasticStop, HexiScaleError, TrainingFailure, TrainingInterrupted
 
-EXIT_CONFIG, EXIT_HARDWARE, EXIT_FAILED, EXIT_RESTART, EXIT_INTERRUPTED = 2, 3, 4, 5, 130
+EXIT_CONFIG, EXIT_HARDWARE, EXIT_FAILED, EXIT_RESTART, EXIT_INTERRUPTED, EXIT_TERMINATED = 2, 3, 4, 5, 130, 143
 
 HELP_FLAGS = ("-h", "--help")
 
@@ -76,7 +76,8 @@ Hydra: -m/--multirun sweeps, --cfg job|hydra|all, --info, --hydra-help; --config
 your own (DIR/cluster/NAME.yaml is cluster=NAME; a name the package has keeps the package's).
 
 exit status: 0 trained (or planned); 2 bad configuration; 3 the plan needs hardware this machine does
-not have; 4 training stopped (non-finite step, failed rank); 5 elastic restart; 130 Ctrl-C; 1 other.
+not have; 4 training stopped (non-finite step, failed rank); 5 elastic restart; 130 Ctrl-C;
+143 SIGTERM during training; 1 other.
 """
 
 
@@ -133,7 +134,7 @@ class _Job:
         except TrainingInterrupted as e:  # every rank stopped at the end of the same step
             resume = self.watch.last_checkpoint()
             self.say(f"{prog}: {e}" + (f" (resume with trainer.resume={resume})" if resume is not None else ""))
-            code = EXIT_INTERRUPTED
+            code = EXIT_TERMINATED if e.signal_name == "SIGTERM" else EXIT_INTERRUPTED
         except KeyboardInterrupt:  # while planning: one line, no traceback (later phases: the watch ends the job)
             self.say(self.watch.message())
             code = EXIT_INTERRUPTED

@@ -136,25 +136,96 @@ def test_ctrl_c_while_training_stops_at_a_step_and_saves_it(tmp_path):
 def test_save_on_interrupt_saves_the_step_on_every_rank_then_stops(tmp_path):
     """The flag is agreed at the end of the step (any rank's Ctrl-C stops all); the save, a collective,
     runs there on every rank; then TrainingInterrupted names the step and the checkpoint."""
+    import torch
+
     saved, decisions = [], []
 
-    def reduce(flag, all=True):  # noqa: A002  (Lightning's signature): rank 1 pressed Ctrl-C
-        decisions.append((flag, all))
-        return True
+    def reduce(code, reduce_op="mean"):  # the strategy's all-reduce: rank 1 pressed Ctrl-C
+        decisions.append((int(code), reduce_op))
+        return torch.tensor(1)
 
-    strategy = types.SimpleNamespace(reduce_boolean_decision=reduce)
+    strategy = types.SimpleNamespace(reduce=reduce, root_device=torch.device("cpu"))
     trainer = types.SimpleNamespace(strategy=strategy, world_size=2, global_step=9, is_global_zero=True,
                                     save_checkpoint=saved.append)
     cb = GracefulInterrupt(save_to=tmp_path / "last.ckpt", last_checkpoint=tmp_path / "last.ckpt")
     with pytest.raises(TrainingInterrupted, match=f"after step 9; checkpoint of step 9 saved to {tmp_path}"):
         cb.on_train_batch_end(trainer, None, None, None, 0)
-    assert saved == [str(tmp_path / "last.ckpt")] and decisions == [(False, False)] and cb.stopped_at == 9
+    assert saved == [str(tmp_path / "last.ckpt")] and decisions == [(0, "max")] and cb.stopped_at == 9
     quiet = GracefulInterrupt(last_checkpoint=tmp_path / "none.ckpt")
-    strategy.reduce_boolean_decision = lambda flag, all=True: flag  # noqa: A002
+    strategy.reduce = lambda code, reduce_op="mean": code
     quiet.on_train_batch_end(trainer, None, None, None, 0)  # nobody pressed Ctrl-C: nothing happens
     quiet.requested = True
     with pytest.raises(TrainingInterrupted, match="after step 9; no checkpoint was written"):
         quiet.on_train_batch_end(trainer, None, None, None, 0)
+
+
+def test_sigterm_on_any_rank_stops_every_rank_at_the_step_and_names_sigterm(tmp_path):
+    """SIGTERM (kill, scancel) is agreed like Ctrl-C, in the same one all-reduce: the highest code
+    wins (2: SIGTERM), so every rank raises TrainingInterrupted with signal_name SIGTERM, whichever
+    rank got it; this rank's own SIGTERM handler sets the code it contributes."""
+    import torch
+
+    saved, codes = [], []
+
+    def reduce(code, reduce_op="mean"):  # rank 1 got SIGTERM, this rank nothing
+        codes.append(int(code))
+        return torch.maximum(code, torch.tensor(2))
+
+    strategy = types.SimpleNamespace(reduce=reduce, root_device=torch.device("cpu"))
+    trainer = types.SimpleNamespace(strategy=strategy, world_size=2, global_step=4, is_global_zero=False,
+                                    save_checkpoint=saved.append)
+    cb = GracefulInterrupt(save_to=tmp_path / "last.ckpt")
+    with pytest.raises(TrainingInterrupted, match="terminated \\(SIGTERM\\) after step 4; checkpoint of step 4") as e:
+        cb.on_train_batch_end(trainer, None, None, None, 0)
+    assert e.value.signal_name == "SIGTERM" and codes == [0] and saved == [str(tmp_path / "last.ckpt")]
+    own = GracefulInterrupt()
+    own._on_sigterm(15, None)  # this rank's SIGTERM: it contributes 2
+    strategy.reduce = lambda code, reduce_op="mean": (codes.append(int(code)), code)[1]
+    with pytest.raises(TrainingInterrupted) as e:
+        own.on_train_batch_end(trainer, None, None, None, 0)
+    assert e.value.signal_name == "SIGTERM" and codes[-1] == 2
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_sigterm_to_the_job_while_training_stops_at_a_step_and_saves_it(tmp_path):
+    """`kill <pid>` of the job (SLURM, a container stop): it hung until the process-group timeout
+    (Lightning's SIGTERM handler broadcasts from inside the handler, which pairs with another rank's
+    collective); now every rank stops at the end of the same step, saves it, exit status 143."""
+    from lightning_hexiscale.runtime import checkpoint as ckpt
+
+    run = tmp_path / "run"
+    out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_PORT")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    cmd = [sys.executable, str(TRAIN), "cluster=cpu2", "model=llama_tiny", "train.global_batch=8",
+           "trainer.max_steps=1000", "trainer.val_every=0", "trainer.progress_bar=false", "trainer.log_every=1",
+           "trainer.timeout_s=120", f"hydra.run.dir={run}"]
+    with open(out, "w") as o, open(err, "w") as e:
+        p = subprocess.Popen(cmd, stdout=o, stderr=e, cwd=tmp_path, env=env, start_new_session=True)
+    try:
+        t0 = time.time()
+        while "step     3" not in out.read_text():
+            assert p.poll() is None, err.read_text()[-3000:]
+            assert time.time() - t0 < 200, "no step 3"
+            time.sleep(0.2)
+        p.send_signal(signal.SIGTERM)  # the launching process only, as `kill <pid>` does
+        code = p.wait(timeout=60)  # the old code: no progress until trainer.timeout_s (120 s)
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    text = err.read_text()
+    assert code == 143 and "Traceback" not in text, (code, text[-3000:])
+    assert "SIGTERM: stopping at the end of this step" in out.read_text()
+    lines = [ln for ln in text.splitlines() if ln.startswith("recipes/train.py:")
+             and not ln.startswith("recipes/train.py: warning:")]
+    assert len(lines) == 1 and "terminated (SIGTERM) after step" in lines[0], text[-3000:]
+    stopped = int(lines[0].split("after step ")[1].split(";")[0])
+    last = run / "checkpoints" / "last.ckpt"
+    assert f"checkpoint of step {stopped} saved to {last}" in lines[0]
+    assert ckpt.read_meta(last)["global_step"] == stopped
 
 
 # ---- every phase of a training job: one line naming it, exit 130 within 5 s, no process left -------

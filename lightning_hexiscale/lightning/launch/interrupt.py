@@ -17,6 +17,13 @@ Rank 0 says at once that the stop is coming. A second Ctrl-C restores the handle
 before (Python's: ``KeyboardInterrupt``, Lightning's immediate shutdown; under ``hexiscale train``,
 the job watch's, which ends the job at once).
 
+SIGTERM (``kill``, SLURM's ``scancel``, a container stop) stops the same way, and the error says so
+(``signal_name``). Why the callback takes it over from Lightning: Lightning's SIGTERM handler
+broadcasts from inside the handler, wherever the rank's main thread happens to be, so that
+broadcast pairs with another collective of a peer and the job hangs until the process-group
+timeout (measured: ``kill`` of ``hexiscale train`` on cpu2 after step 3, no progress and no line
+after 5 minutes). The second SIGTERM only sets the flag again: the sender's SIGKILL follows it.
+
 The callback also tells the job watch (:mod:`~lightning_hexiscale.lightning.launch.job_watch`) which phase
 this rank is in: setup, training (and the step), saving (while ``trainer.save_checkpoint`` runs),
 finishing; without a watch (a user's script) that is a no-op.
@@ -29,6 +36,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import torch
 from lightning.pytorch.callbacks import Callback
 
 from lightning_hexiscale.errors import TrainingInterrupted
@@ -50,8 +58,11 @@ class GracefulInterrupt(Callback):
         self.save_to = None if save_to is None else str(save_to)
         self.last_checkpoint = None if last_checkpoint is None else Path(last_checkpoint)
         self.requested = False
+        self.terminated = False
+        """SIGTERM arrived on this rank (``requested`` is set too)."""
         self.stopped_at: int | None = None
         self._previous: Any = None
+        self._previous_term: Any = None
         self._rank0 = True
 
     def setup(self, trainer, pl_module, stage: str) -> None:
@@ -66,6 +77,8 @@ class GracefulInterrupt(Callback):
         job_watch.set_phase("training", trainer.global_step + 1)
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+            # replaces Lightning's handler, registered as the call began (module doc)
+            self._previous_term = signal.signal(signal.SIGTERM, self._on_sigterm)
 
     def _on_sigint(self, signum, frame) -> None:
         self.requested = True
@@ -73,13 +86,23 @@ class GracefulInterrupt(Callback):
         if self._rank0:
             print("\nCtrl-C: stopping at the end of this step (Ctrl-C again to stop at once)", flush=True)
 
+    def _on_sigterm(self, signum, frame) -> None:
+        first = not self.terminated
+        self.requested = self.terminated = True
+        if first and self._rank0:
+            print("\nSIGTERM: stopping at the end of this step", flush=True)
+
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         job_watch.set_phase("training", trainer.global_step + 1)  # the step now running
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        strategy = trainer.strategy
-        stop = strategy.reduce_boolean_decision(self.requested, all=False) if trainer.world_size > 1 else self.requested
-        if not stop:
+        # one all-reduce (max) of 0 (go on), 1 (Ctrl-C) or 2 (SIGTERM): every rank stops, and names the
+        # same signal, when any rank got one
+        code = 2 if self.terminated else int(self.requested)
+        if trainer.world_size > 1:
+            code = int(trainer.strategy.reduce(torch.tensor(code, device=trainer.strategy.root_device),
+                                               reduce_op="max").item())
+        if not code:
             return
         step = trainer.global_step
         self.stopped_at = step
@@ -92,16 +115,25 @@ class GracefulInterrupt(Callback):
         else:
             where = ("no checkpoint was written (trainer.save_on_interrupt=true, or GracefulInterrupt(save_to=...), "
                      "saves the interrupted step)")
+        if code == 2:
+            raise TrainingInterrupted(f"terminated (SIGTERM) after step {step}; {where}", signal_name="SIGTERM")
         raise TrainingInterrupted(f"interrupted (Ctrl-C) after step {step}; {where}")
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._restore()
+        self._restore_sigterm()
         job_watch.set_phase("finishing")
 
     def on_exception(self, trainer, pl_module, exception) -> None:
         self._restore()
+        self._restore_sigterm()
 
     def _restore(self) -> None:
         if self._previous is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, self._previous)
             self._previous = None
+
+    def _restore_sigterm(self) -> None:
+        if self._previous_term is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._previous_term)
+            self._previous_term = None
