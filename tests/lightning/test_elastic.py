@@ -352,6 +352,29 @@ def test_a_planned_join_is_not_reported_as_a_failure(tmp_path, capsys):
     assert HexiScaleStrategy.failure_reason(fake, RuntimeError("gloo")) == "first rank 1 failed"  # a real failure
 
 
+def test_sigterm_inside_an_accumulation_window_stops_at_its_end(tmp_path, capsys):
+    """accumulate_grad_batches > 1: a batch that ends without an optimizer step (global_step unchanged
+    since the batch started) neither agrees, saves nor stops; it used to save step-<N> mid-window
+    (the loader past a batch whose gradient the checkpoint lacks) and stop there. The window's last
+    batch saves the completed step and stops."""
+    from lightning_hexiscale.errors import ElasticStop
+
+    run = elastic.ElasticRun(elastic.ElasticSettings(tmp_path, every_n_steps=0))
+    run.sigterm = True
+    saved, agreed = [], []
+    strategy = types.SimpleNamespace(global_rank=0, world_size=2, remove_checkpoint=lambda p: None,
+                                     reduce_boolean_decision=lambda flag, all=True: (agreed.append(flag), flag)[1])
+    trainer = types.SimpleNamespace(strategy=strategy, global_step=7, save_checkpoint=saved.append)
+    run.on_train_batch_start(trainer, None, None, 14)
+    run.on_train_batch_end(trainer, None, None, None, 14)  # first batch of the window of step 8
+    assert saved == [] and agreed == []
+    run.on_train_batch_start(trainer, None, None, 15)
+    trainer.global_step = 8  # the window's last batch: the optimizer stepped
+    with pytest.raises(ElasticStop, match="checkpoint of step 8"):
+        run.on_train_batch_end(trainer, None, None, None, 15)
+    assert saved == [str(tmp_path / "step-00000008")] and agreed == [True]
+
+
 def test_the_end_summary_counts_the_steps_this_worker_ran(capsys):
     """Resumed at step 15 and stopped at 40: 25 steps ran here, not 40."""
     from lightning_hexiscale.lightning.example import LossPrinter

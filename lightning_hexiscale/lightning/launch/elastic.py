@@ -203,6 +203,7 @@ class ElasticRun(Callback):
         self._handed: str | None = None
         """The ``trainer.ckpt_path`` this run set for the current call (taken back at the next)."""
         self.sigterm = False
+        self._step_before: int | None = None
         self._last_saved = -1
         self._record: dict = {}
         self._old_handler: Any = None
@@ -310,12 +311,20 @@ class ElasticRun(Callback):
     def _on_sigterm(self, signum, frame) -> None:
         self.sigterm = True
 
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._step_before = trainer.global_step
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         strategy = trainer.strategy
         step = trainer.global_step
         if strategy.global_rank == 0 and step != self._record.get("step"):
             self._record.update(step=step, step_time=time.time())
             _write_json(self.directory / RECORD, self._record)
+        if step == self._step_before:
+            # inside a gradient-accumulation window: a checkpoint here would hold the loader past
+            # batches whose gradients it lacks (the resumed step would miss them). Stop and save at
+            # the window's end; every rank is at the same batch, so every rank skips alike.
+            return
         stop = strategy.reduce_boolean_decision(self.sigterm, all=False) if strategy.world_size > 1 else self.sigterm
         every = self.settings.every_n_steps
         if (stop or (every and step % every == 0)) and step != self._last_saved and step > 0:

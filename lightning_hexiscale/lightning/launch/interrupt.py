@@ -61,6 +61,7 @@ class GracefulInterrupt(Callback):
         self.terminated = False
         """SIGTERM arrived on this rank (``requested`` is set too)."""
         self.stopped_at: int | None = None
+        self._step_before: int | None = None
         self._previous: Any = None
         self._previous_term: Any = None
         self._rank0 = True
@@ -94,8 +95,14 @@ class GracefulInterrupt(Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         job_watch.set_phase("training", trainer.global_step + 1)  # the step now running
+        self._step_before = trainer.global_step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self._step_before:
+            # A batch inside a gradient-accumulation window (accumulate_grad_batches > 1): no optimizer
+            # step yet, and a checkpoint here would hold the loader past batches whose gradients it
+            # lacks. Every rank is at the same batch, so every rank skips the agreement alike.
+            return
         # one all-reduce (max) of 0 (go on), 1 (Ctrl-C) or 2 (SIGTERM): every rank stops, and names the
         # same signal, when any rank got one
         code = 2 if self.terminated else int(self.requested)
