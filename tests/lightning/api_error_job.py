@@ -4,7 +4,8 @@ script per rank, so it cannot run inside pytest): the worker of test_api_errors.
     python api_error_job.py CASE
 
 Cases: ``layers`` (a plan for 6 layers with a 4-layer model: every rank finds it in setup),
-``kill`` (rank 1 dies by ``os._exit`` at step 2). The launching process catches what ``fit``
+``kill`` (rank 1 dies by ``os._exit`` at step 2), ``interrupt`` (GracefulInterrupt; rank 1 records a
+Ctrl-C as step 3 starts: every rank stops after it). The launching process catches what ``fit``
 raises and prints ``CAUGHT <type>: <message>``, waits long enough that an observer killing it
 would show, and prints ``ALIVE``. ``new_trainer`` / ``other_plan``: after ``fit``, a new Trainer with
 a new strategy (``cluster=None``, no plan; or another plan) validates the same module; every rank
@@ -21,6 +22,7 @@ import lightning.pytorch as pl
 import torch
 from strategy_helpers import PG_TIMEOUT, TINY, loader, module, plan_of
 
+from lightning_hexiscale.lightning.launch.interrupt import GracefulInterrupt
 from lightning_hexiscale.lightning.strategy import HexiScaleStrategy
 
 
@@ -50,6 +52,15 @@ def validate_with_a_new_trainer(case: str) -> None:
     os.write(1, (line + "\n").encode())  # one write: the ranks share stdout, and print() may interleave
 
 
+class CtrlCOnRank1(pl.Callback):
+    def __init__(self, interrupt):
+        self.interrupt = interrupt
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_rank == 1 and trainer.global_step == 2:
+            self.interrupt.requested = True
+
+
 def main() -> None:
     case = sys.argv[1]
     torch.set_num_threads(1)
@@ -59,7 +70,9 @@ def main() -> None:
     layers = 6 if case == "layers" else 4
     plan = plan_of([(4, 2, [([0], (0, layers))]), (2, 1, [([1], (0, layers))])], num_layers=layers)
     strategy = HexiScaleStrategy(plan=plan, timeout=PG_TIMEOUT)
-    trainer = pl.Trainer(strategy=strategy, accelerator="cpu", devices=2, max_steps=6, logger=False,
+    interrupt = GracefulInterrupt()
+    callbacks = [interrupt, CtrlCOnRank1(interrupt)] if case == "interrupt" else []
+    trainer = pl.Trainer(strategy=strategy, accelerator="cpu", devices=2, max_steps=6, logger=False, callbacks=callbacks,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     mod = DiesOnRank1(TINY, dtype=torch.float64, init_seed=7) if case == "kill" else module()
     try:

@@ -184,6 +184,20 @@ def test_a_new_strategy_overriding_the_stages_plan_is_refused():
         reuse_stage(stage, strategy(dp_sharding="zero2"))
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_graceful_interrupt_is_raised_once_popen():
+    """Every rank stops at the same step (GracefulInterrupt): rank 0 raises TrainingInterrupted to the
+    caller, the rank the launcher started ends quietly (it printed a TrainingInterrupted traceback)."""
+    out = _job("interrupt")
+    caught = [ln for ln in out.stdout.splitlines() if ln.startswith("CAUGHT")]
+    assert out.returncode == 0 and "ALIVE" in out.stdout, (out.returncode, out.stdout, out.stderr[-3000:])
+    assert caught == ["CAUGHT TrainingInterrupted: interrupted (Ctrl-C) after step 3; no checkpoint was written "
+                      "(trainer.save_on_interrupt=true, or GracefulInterrupt(save_to=...), saves the interrupted "
+                      "step)"], out.stdout
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+
+
 # ---- the Python API's bad-input corpus: each case raises the typed error naming the key ----------
 class ManualOptimization(type(module())):
     def __init__(self):

@@ -26,7 +26,8 @@ from typing import Any, Callable
 import torch.distributed as dist
 from lightning.pytorch.trainer.states import TrainerFn
 
-from lightning_hexiscale.errors import ConfigError, HexiScaleError, NonFiniteError, RankFailure, TrainingFailure
+from lightning_hexiscale.errors import (ConfigError, HexiScaleError, NonFiniteError, RankFailure, TrainingFailure,
+                                       TrainingInterrupted)
 from lightning_hexiscale.lightning.launch import job_watch
 from lightning_hexiscale.runtime import EXIT_RANK_FAILED, host_slowdown, is_peer_failure
 
@@ -58,8 +59,9 @@ def mark_agreed(exc: BaseException, ranks: list[int], world_size: int | None = N
 
 def _shared(exc: BaseException) -> bool:
     """An error every rank stops with alike, so that rank 0's report suffices: an agreed one, a
-    non-finite step (every rank takes that decision together) or another rank's failure."""
-    return is_agreed(exc) or isinstance(exc, (RankFailure, NonFiniteError))
+    non-finite step or a graceful Ctrl-C / SIGTERM stop (every rank takes those decisions together,
+    at the same step) or another rank's failure."""
+    return is_agreed(exc) or isinstance(exc, (RankFailure, NonFiniteError, TrainingInterrupted))
 
 
 def portable_error(exc: BaseException | None) -> BaseException | None:
@@ -224,6 +226,8 @@ class LaunchGuard:
                            f"{why or _first_line(exc)}")
 
     def exit_status(self, exc: BaseException) -> int:
+        if isinstance(exc, TrainingInterrupted):  # 128 + the signal's number, as a shell reports it
+            return 128 + (signal.SIGTERM if exc.signal_name == "SIGTERM" else signal.SIGINT)
         if isinstance(exc, TrainingFailure):
             return EXIT_RANK_FAILED
         return EXIT_CONFIG if isinstance(exc, HexiScaleError) else 1
