@@ -296,6 +296,40 @@ def test_ctrl_c_while_the_ranks_set_up(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
+def test_sigterm_while_the_ranks_set_up_ends_the_job_and_its_ranks(tmp_path):
+    """`kill <pid>` of the launching process before training: SIGTERM's default action ended it
+    alone, with no line (status -15), and left the rank it started running in the group."""
+    out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_PORT")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    with open(out, "w") as o, open(err, "w") as e:
+        p = subprocess.Popen(job("setup", tmp_path / "run"), stdout=o, stderr=e, cwd=tmp_path, env=env,
+                             start_new_session=True)
+    try:
+        t0 = time.time()
+        while "SLOW setup" not in out.read_text():
+            assert p.poll() is None and time.time() - t0 < 150, err.read_text()[-3000:]
+            time.sleep(0.2)
+        time.sleep(0.5)
+        p.send_signal(signal.SIGTERM)  # the launching process only
+        sent = time.time()
+        code = p.wait(timeout=60)
+        took = time.time() - sent
+        time.sleep(2)
+        left = subprocess.run(["ps", "-o", "pid=,stat=", "-g", str(p.pid)], capture_output=True, text=True).stdout
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert code == 143 and took < 5, (code, took, err.read_text()[-3000:])
+    assert one_line(err.read_text()) == ("recipes/train.py: terminated (SIGTERM) while setting up the ranks "
+                                         "(plan, devices, stages, checkpoint)")
+    assert [ln for ln in left.splitlines() if "Z" not in ln.split()[1]] == [], f"ranks left running: {left}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
 def test_a_second_ctrl_c_in_a_long_step_ends_the_job_at_once(tmp_path):
     """The first Ctrl-C asks every rank to finish the step; the step does not end (every rank sleeps
     in it); the second ends the job within 5 s and names the step and the checkpoint of step 2."""

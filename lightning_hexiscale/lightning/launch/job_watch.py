@@ -7,7 +7,8 @@ second one, or the first in any other phase, ends the job (:meth:`JobWatch.claim
 process this one started, ``os._exit(130)``). Why a thread and a pipe (:func:`signal.set_wakeup_fd`)
 beside the handler: Python runs a SIGINT handler only when the main thread returns to the
 interpreter, which it does not while it waits inside torch. One watch per process; the ranks the
-popen launcher starts only record Ctrl-C (:func:`record_in_child`). Torch-free, so that the command
+popen launcher starts only record Ctrl-C (:func:`record_in_child`). SIGTERM outside training ends
+the job the same way, with status 143 (:meth:`JobWatch.on_sigterm`). Torch-free, so that the command
 line installs it before anything heavy is imported. The phases: docs/guide/interrupts.md; the
 mechanism: docs/concepts/processes.md.
 """
@@ -27,6 +28,8 @@ from typing import Any, Callable
 
 EXIT_INTERRUPTED = 130
 """128 + SIGINT, as shells report a job Ctrl-C ended."""
+EXIT_TERMINATED = 143
+"""128 + SIGTERM."""
 
 PHASES = {
     "planning": "planning",
@@ -141,6 +144,7 @@ class JobWatch:
         self._asked_to_finish = False
         self._pipe: tuple[int, int] | None = None
         self._previous: tuple[Any, int] | None = None
+        self._previous_term: Any = None
 
     # ---- the phase -------------------------------------------------------------------------------
     def set_phase(self, phase: str, step: int | None = None) -> None:
@@ -161,10 +165,11 @@ class JobWatch:
         last = self.out / "checkpoints" / "last.ckpt" if self.out is not None else None
         return last if last is not None and last.exists() else None
 
-    def message(self, twice: bool = False) -> str:
+    def message(self, twice: bool = False, sigterm: bool = False) -> str:
         """The one line: the phase, and the checkpoint to resume from."""
         what = "Ctrl-C twice" if twice else "Ctrl-C"
-        line = f"{self.prog}: interrupted ({what}) while {self.describe()}"
+        line = (f"{self.prog}: terminated (SIGTERM) while {self.describe()}" if sigterm
+                else f"{self.prog}: interrupted ({what}) while {self.describe()}")
         if self.phase == "saving":
             line += "; that checkpoint was not completed"
         last = self.last_checkpoint()
@@ -227,6 +232,14 @@ class JobWatch:
     def _backstop(self) -> None:
         self.end(self.message())
 
+    def on_sigterm(self) -> None:
+        """SIGTERM, seen by the watch's thread. In training and saving, GracefulInterrupt's handler
+        (which replaced Lightning's) stops every rank at the end of the step; in any other phase the
+        job ends now, ranks included: without this, SIGTERM's default action ended this process
+        alone, silently, and the popen ranks it started stayed behind."""
+        if self.phase not in GRACEFUL:
+            self.end(self.message(sigterm=True), EXIT_TERMINATED)
+
     # ---- installing ------------------------------------------------------------------------------
     def install(self) -> JobWatch:
         """Make this the process's watch: a SIGINT handler (KeyboardInterrupt while planning, only
@@ -240,6 +253,9 @@ class JobWatch:
         self._pipe = (r, w)
         old_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
         self._previous = (signal.signal(signal.SIGINT, self._handler), old_fd)
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            # a Python handler, so that SIGTERM reaches the pipe; the thread acts on it (on_sigterm)
+            self._previous_term = signal.signal(signal.SIGTERM, _record_only)
         threading.Thread(target=self._read, args=(r,), name="hexiscale-ctrl-c", daemon=True).start()
         _current = self
         return self
@@ -252,6 +268,9 @@ class JobWatch:
             signal.signal(signal.SIGINT, handler)
             signal.set_wakeup_fd(old_fd)
             self._previous = None
+        if self._previous_term is not None:
+            signal.signal(signal.SIGTERM, self._previous_term)
+            self._previous_term = None
         if self._pipe is not None:
             os.close(self._pipe[1])  # the reader sees end-of-file
             self._pipe = None
@@ -279,6 +298,12 @@ class JobWatch:
             for signum in data:
                 if signum == signal.SIGINT:
                     self.on_ctrl_c()
+                elif signum == signal.SIGTERM:
+                    self.on_sigterm()
+
+
+def _record_only(signum, frame) -> None:
+    """The main thread's SIGTERM handler under a watch: nothing; the watch's thread acts."""
 
 
 def _importing() -> bool:
