@@ -175,3 +175,18 @@ def test_train_help_lists_every_key_as_an_override_that_composes():
     for e in entries:
         key = e.split("=", 1)[0]
         assert OmegaConf.select(composed, key) == OmegaConf.select(default, key), e
+
+
+# ---- rendezvous-store: its two options -------------------------------------------------------------
+@pytest.mark.parametrize("argv, key, rule", [
+    (["--port", "99999"], "--port = 99999", "a TCP port is 1-65535"),
+    (["--port", "-1"], "--port = -1", "a TCP port is 1-65535"),
+    (["--port", "0"], "--port = 0", "a TCP port is 1-65535"),
+    (["--host", "nonexistent.invalid"], "--host = 'nonexistent.invalid'", "no such host"),
+])
+def test_rendezvous_store_refuses_a_bad_port_or_host(argv, key, rule, capsys):
+    """A port out of range was a pybind TypeError traceback; an unknown host printed C++ frames, then
+    blamed the port ("pick a free port")."""
+    assert main(["rendezvous-store", *argv]) == 2
+    err = capsys.readouterr().err
+    assert key in err and rule in err and "Traceback" not in err and "frame #" not in err, err

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import socket
 import sys
 import threading
 from datetime import timedelta
@@ -42,6 +43,16 @@ def cmd_rendezvous_store(args: argparse.Namespace) -> int:
 
     from lightning_hexiscale.errors import ConfigError
 
+    # Checked here: torch answers a port outside 0-65535 with a pybind TypeError traceback, and an
+    # unknown host with C++ frames and a connect timeout that the message below blamed on the port.
+    # Port 0 would listen on a port nobody is told.
+    if not 0 < args.port < 65536:
+        raise ConfigError("--port", args.port, "a TCP port is 1-65535", "e.g. --port 29400 (torchrun's default)")
+    try:
+        socket.getaddrinfo(args.host, args.port, type=socket.SOCK_STREAM)
+    except OSError as e:
+        raise ConfigError("--host", args.host, f"no such host ({e.strerror or e})",
+                          "leave --host out (all interfaces), or give an address or host name of this machine") from None
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
