@@ -69,6 +69,10 @@ RECIPE_CASES = {
     "fast_path_bad_attention": (["trainer.fast_path.attention=flash3"],
                                 ["trainer.fast_path.attention = 'flash3': must be one of"]),
     "resume_nowhere": (["trainer.resume={tmp}/gone/last.ckpt"], ["trainer.resume = ", "no such checkpoint"]),
+    # a complete checkpoint of llama_tiny: refused before planning (the ranks found it after their setup and
+    # every process printed it)
+    "resume_another_model": (["model=llama_demo", "trainer.resume={tmp}/tiny.ckpt"],
+                             ["model.hidden_size = 256", "was saved for hidden_size=128", "(llama_tiny)"]),
     "resume_a_file": (["trainer.resume={tmp}/a_file.ckpt"], ["trainer.resume = ", "is a directory"]),
     "resume_unquoted_equals": (["trainer.resume={tmp}/checkpoints/epoch=0-step=2.ckpt"],
                                ["trainer.resume = ", "must be quoted", "trainer.resume='"]),
@@ -106,6 +110,7 @@ def test_recipe_rejects_bad_command_line(case, tmp_path):
     args, expected = RECIPE_CASES[case]
     (tmp_path / "a_file.ckpt").write_text("not a checkpoint directory")
     (tmp_path / "odd.bin").write_bytes(bytes(1001))  # 500.5 uint16 tokens
+    fake_checkpoint(tmp_path / "tiny.ckpt", LlamaConfig.load("llama_tiny"))
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     if not any(a.startswith("dry_run=") for a in args):
         args.append("dry_run=true")
@@ -122,6 +127,19 @@ def test_recipe_rejects_bad_command_line(case, tmp_path):
     for text in expected:
         assert text in errors[0], errors[0]
     assert "Initializing distributed" not in out.stderr + out.stdout  # refused before any rank started
+
+
+def fake_checkpoint(path: Path, model: LlamaConfig) -> None:
+    """A complete checkpoint's files as far as the recipe reads them before launching: its marker, DCP's
+    index (empty here) and meta.pt naming the model it was saved for."""
+    import torch
+
+    from lightning_hexiscale.runtime import checkpoint as ckpt
+
+    path.mkdir()
+    (path / ckpt.COMPLETE).write_text(ckpt.FORMAT)
+    (path / ".metadata").write_bytes(b"")
+    torch.save({"hexiscale": {"format": ckpt.FORMAT, "model": model.to_dict()}}, path / ckpt.META)
 
 
 def test_cli_plan_says_what_memory_is_missing(capsys):

@@ -76,7 +76,7 @@ def run(cfg: DictConfig, progress: JobWatch | None = None, app: AppName = HEXISC
     ``progress`` (the job's :class:`~lightning_hexiscale.lightning.launch.job_watch.JobWatch`) records the
     phase and the output directory for the Ctrl-C message."""
     from lightning_hexiscale.config.cluster import Cluster
-    from lightning_hexiscale.config.recipe import effective_precision
+    from lightning_hexiscale.config.recipe import CKPT_ALIASES, effective_precision
     from lightning_hexiscale.config.schema import resolve_hf_model
     from lightning_hexiscale.config.suggest import check_interpolations
     from lightning_hexiscale.errors import ConfigError, PlanError
@@ -102,6 +102,12 @@ def run(cfg: DictConfig, progress: JobWatch | None = None, app: AppName = HEXISC
         from lightning_hexiscale.data.weights import check_hf_config
 
         check_hf_config(cfg.trainer.weights, model)
+    if cfg.trainer.resume and str(cfg.trainer.resume).split(":")[0] not in CKPT_ALIASES:
+        # a checkpoint of another model: once, before planning and launching (the ranks found it
+        # after their setup, and every process printed it)
+        from lightning_hexiscale.runtime.checkpoint import check_model
+
+        check_model(cfg.trainer.resume, model, key="trainer.resume")
     dataset = None if cfg.dry_run else load_dataset(cfg, model)
     if auto_cluster() and "LOCAL_RANK" not in os.environ:  # cluster=auto (the default): discover, then plan
         from lightning_hexiscale.cli.train_discover import discover_for_train
