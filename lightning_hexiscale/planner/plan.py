@@ -208,6 +208,9 @@ class Plan:
             raise PlanError("plan.reduce_dtype", self.reduce_dtype,
                             f"must be one of {REDUCE_DTYPES} or null (the run's own dtype)",
                             "use reduce_dtype: bf16 (half the bytes) or fp32, or leave it out")
+        if not _whole(self.num_layers) or self.num_layers < 1:
+            raise PlanError("plan.num_layers", self.num_layers, "must be a positive integer: the model's transformer "
+                            "layers, which every pipeline's stages cover", "write e.g. num_layers: 32 (the model's num_layers)")
         if not self.pipelines:
             raise PlanError("plan.pipelines", [], "a plan needs at least one pipeline", "add a pipeline")
         if model is not None and self.num_layers != model.num_layers:
@@ -217,24 +220,35 @@ class Plan:
         seen: dict[int, str] = {}
         for i, pipe in enumerate(self.pipelines):
             key = f"plan.pipelines[{i}]"
+            if not isinstance(pipe, Pipeline):
+                raise PlanError(key, pipe, "must be a Pipeline (batch_size, micro_batch_size, stages)",
+                                "build it with Pipeline(...), or read plan files with Plan.from_dict / Plan.load")
             for name in ("batch_size", "micro_batch_size"):
                 v = getattr(pipe, name)
-                if not isinstance(v, int) or v < 1:
+                if not _whole(v) or v < 1:  # a bool is no batch size
                     raise PlanError(f"{key}.{name}", v, "must be a positive integer",
                                     f"write a whole number >= 1 in the plan file, e.g. {name}: {1 if name == 'micro_batch_size' else 8}")
             if pipe.batch_size % pipe.micro_batch_size:
                 raise PlanError(f"{key}.micro_batch_size", pipe.micro_batch_size,
                                 f"must divide the pipeline's batch_size={pipe.batch_size}",
                                 "choose a micro-batch size that divides the batch")
-            if not pipe.stages:
-                raise PlanError(f"{key}.stages", [], "a pipeline needs at least one stage", "add a stage")
+            if not isinstance(pipe.stages, (tuple, list)) or not pipe.stages:
+                raise PlanError(f"{key}.stages", pipe.stages, "a pipeline needs a list of at least one stage",
+                                "list its stages in execution order")
             expect = 0
             for j, st in enumerate(pipe.stages):
                 skey = f"{key}.stages[{j}]"
-                if not st.devices:
-                    raise PlanError(f"{skey}.devices", [], "a stage needs at least one device", "list its devices")
+                if not isinstance(st, Stage):
+                    raise PlanError(skey, st, "must be a Stage (devices, layers)", "build it with Stage(devices, layers)")
+                if not isinstance(st.devices, (tuple, list)) or not st.devices:
+                    raise PlanError(f"{skey}.devices", st.devices, "a stage needs a list of at least one device id",
+                                    "list its devices, e.g. devices: [0, 1]")
+                if (not isinstance(st.layers, (tuple, list)) or len(st.layers) != 2
+                        or not all(_whole(x) for x in st.layers)):
+                    raise PlanError(f"{skey}.layers", st.layers, "must be [start, end) with two integers",
+                                    "write e.g. layers: [0, 20]")
                 for d in st.devices:
-                    if not isinstance(d, int) or d < 0:
+                    if not _whole(d) or d < 0:  # True would run device 1
                         raise PlanError(f"{skey}.devices", list(st.devices), "device ids are integers >= 0",
                                         "use the ids of the cluster's devices")
                     if d in seen:
@@ -274,7 +288,7 @@ class Plan:
         """``idle_devices``: distinct integer ids >= 0, in no stage, present in ``cluster`` (when given)."""
         idle = list(self.idle_devices)
         for d in idle:
-            if not isinstance(d, int) or isinstance(d, bool) or d < 0:
+            if not _whole(d) or d < 0:
                 raise PlanError("plan.idle_devices", idle, "device ids are integers >= 0",
                                 "list the ids of the cluster's devices that take no work")
             if d in used:
@@ -324,11 +338,12 @@ class Plan:
         _keys(data, {"num_layers", "pipelines"}, {"schedule", "recompute", "dp_sharding", "reduce_dtype", "idle_devices", "meta"},
               source)
         pipes = []
-        for i, p in enumerate(data["pipelines"] or []):
+        for i, p in enumerate(_listed(data["pipelines"], f"{source}.pipelines", "pipelines: [{batch_size: 8, "
+                                      "micro_batch_size: 1, stages: [...]}]")):
             pkey = f"{source}.pipelines[{i}]"
             _keys(p, {"batch_size", "micro_batch_size", "stages"}, {"recompute"}, pkey)
             stages = []
-            for j, s in enumerate(p["stages"] or []):
+            for j, s in enumerate(_listed(p["stages"], f"{pkey}.stages", "stages: [{devices: [0], layers: [0, 32]}]")):
                 skey = f"{pkey}.stages[{j}]"
                 _keys(s, {"devices", "layers"}, set(), skey)
                 layers = s["layers"]
@@ -436,6 +451,20 @@ def _recompute_flag(data: dict[str, Any], where: str) -> bool | None:
                         "write recompute: true or recompute: false (auto is a planner setting, "
                         "train.recompute, that a plan's search resolves)")
     return value
+
+
+def _listed(value: Any, key: str, example: str) -> list:
+    """A plan file's list (``pipelines``, ``stages``); null reads as empty, which validate() refuses."""
+    if value is None:
+        return []
+    if not isinstance(value, (list, tuple)):
+        raise PlanError(key, value, "must be a list", f"write e.g. {example}")
+    return list(value)
+
+
+def _whole(x: Any) -> bool:
+    """An int as a built plan holds one: not a bool (``True`` is no batch size or device id), not 4.0."""
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def _is_int(x: Any) -> bool:

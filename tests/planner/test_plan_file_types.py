@@ -1,0 +1,63 @@
+"""Hand-written plans (files and Python) with values of the wrong type: one PlanError naming the key."""
+
+import copy
+
+import pytest
+
+from lightning_hexiscale.errors import PlanError
+from lightning_hexiscale.planner import Pipeline, Plan, Stage
+
+BASE = {"num_layers": 4, "pipelines": [
+    {"batch_size": 8, "micro_batch_size": 2, "stages": [{"devices": [0], "layers": [0, 2]}, {"devices": [1], "layers": [2, 4]}]},
+    {"batch_size": 8, "micro_batch_size": 2, "stages": [{"devices": [2, 3], "layers": [0, 4]}]},
+]}
+
+
+def _set(path, value) -> dict:
+    d = copy.deepcopy(BASE)
+    o = d
+    for k in path[:-1]:
+        o = o[k]
+    o[path[-1]] = value
+    return d
+
+
+@pytest.mark.parametrize("path,value,key", [
+    (["num_layers"], 4.0, "plan.num_layers"),          # accepted, a float layer count in the plan
+    (["num_layers"], "4", "plan.num_layers"),          # was blamed on pipelines[0].stages
+    (["num_layers"], True, "plan.num_layers"),
+    (["num_layers"], 0, "plan.num_layers"),
+    (["pipelines"], 5, "plan.pipelines"),              # TypeError: 'int' object is not iterable
+    (["pipelines"], "abc", "plan.pipelines"),
+    (["pipelines", 0, "stages"], 3, "plan.pipelines[0].stages"),
+    (["pipelines", 0, "stages"], {"devices": [0], "layers": [0, 4]}, "plan.pipelines[0].stages"),
+    (["pipelines", 0, "micro_batch_size"], True, "plan.pipelines[0].micro_batch_size"),  # accepted as 1
+    (["pipelines", 0, "batch_size"], True, "plan.pipelines[0].batch_size"),
+    (["pipelines", 0, "stages", 0, "devices"], [False], "plan.pipelines[0].stages[0].devices"),  # ran device 0
+])
+def test_wrong_types_in_a_plan_file_name_their_key(path, value, key):
+    with pytest.raises(PlanError) as ei:
+        Plan.from_dict(_set(path, value)).validate()
+    assert ei.value.key == key and ei.value.value == value, ei.value
+
+
+def _one(stage) -> Plan:
+    return Plan(pipelines=(Pipeline(2, 1, (stage,)),), num_layers=4)
+
+
+@pytest.mark.parametrize("plan,key", [
+    (lambda: Plan(pipelines=({"batch_size": 2},), num_layers=4), "plan.pipelines[0]"),       # AttributeError
+    (lambda: Plan(pipelines=(Pipeline(2, 1, ({"devices": [0]},)),), num_layers=4), "plan.pipelines[0].stages[0]"),
+    (lambda: _one(Stage((0,), (0, 2, 4))), "plan.pipelines[0].stages[0].layers"),            # ValueError: unpack
+    (lambda: _one(Stage((0,), (0, 4.0))), "plan.pipelines[0].stages[0].layers"),             # accepted
+    (lambda: _one(Stage(0, (0, 4))), "plan.pipelines[0].stages[0].devices"),                 # value [], 'no device'
+])
+def test_plans_built_in_python_with_wrong_parts_name_their_key(plan, key):
+    built = plan()
+    with pytest.raises(PlanError) as ei:
+        built.validate()
+    assert ei.value.key == key, ei.value
+    part = built.pipelines[0]
+    for name in key.split(".")[2:]:  # the error shows the value the plan holds at that key
+        part = part.stages[0] if name == "stages[0]" else getattr(part, name)
+    assert ei.value.value == part, ei.value
