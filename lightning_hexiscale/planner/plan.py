@@ -50,6 +50,9 @@ class Stage:
     layers: tuple[int, int]
     """Half-open range [start, end) of transformer layers run by this stage."""
 
+    def __post_init__(self) -> None:
+        _tuples(self, "devices", "layers")
+
     @property
     def tp(self) -> int:
         """Derived: tensor-parallel degree = number of devices."""
@@ -80,6 +83,9 @@ class Pipeline:
     """Activation recomputation in every stage of this pipeline (re-run each layer's forward in its
     backward, keep only the layer inputs). ``None`` only while building: the Plan fills in its own
     setting (default True), so in a built Plan it is always a bool."""
+
+    def __post_init__(self) -> None:
+        _tuples(self, "stages")
 
     @property
     def num_micro_batches(self) -> int:
@@ -122,6 +128,13 @@ class Plan:
         # One source of truth per pipeline: a plan-wide bool wins (an explicit user setting),
         # else each pipeline's own flag, True where it has none (the plan default before
         # per-pipeline recomputation existed).
+        _tuples(self, "pipelines", "idle_devices")
+        if not isinstance(self.pipelines, tuple):
+            raise PlanError("plan.pipelines", self.pipelines, "must be a list of Pipeline",
+                            "pass pipelines=(Pipeline(batch_size, micro_batch_size, stages), ...)")
+        for name, empty in (("idle_devices", ()), ("meta", {})):  # None: none (what the defaults are)
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, empty)
         plan_wide = self.recompute
         if plan_wide is not None and not isinstance(plan_wide, bool):
             raise PlanError("plan.recompute", plan_wide, "a plan runs with recomputation or without: true or false",
@@ -451,6 +464,14 @@ def _recompute_flag(data: dict[str, Any], where: str) -> bool | None:
                         "write recompute: true or recompute: false (auto is a planner setting, "
                         "train.recompute, that a plan's search resolves)")
     return value
+
+
+def _tuples(obj: Any, *names: str) -> None:
+    """Lists a caller passed (``Stage([0, 1], [0, 4])``) held as tuples, so that the plan equals its
+    file round trip and hashes (the cost model's caches key on it); other types are validate()'s."""
+    for name in names:
+        if isinstance(getattr(obj, name), list):
+            object.__setattr__(obj, name, tuple(getattr(obj, name)))
 
 
 def _listed(value: Any, key: str, example: str) -> list:

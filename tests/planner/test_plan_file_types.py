@@ -61,3 +61,25 @@ def test_plans_built_in_python_with_wrong_parts_name_their_key(plan, key):
     for name in key.split(".")[2:]:  # the error shows the value the plan holds at that key
         part = part.stages[0] if name == "stages[0]" else getattr(part, name)
     assert ei.value.value == part, ei.value
+
+
+def test_a_plan_built_from_lists_equals_its_file_and_prices():
+    """Lists where the dataclasses annotate tuples (as a client writes them) are held as tuples: the
+    plan equals its YAML round trip and hashes, which the cost model's caches need (it raised
+    TypeError: unhashable type: 'list' from dp_comm.py); None for idle_devices / meta means none."""
+    from lightning_hexiscale.config.cluster import Cluster
+    from lightning_hexiscale.config.schema import compose
+    from lightning_hexiscale.planner import estimate, workload_from_config
+
+    cfg = compose(["cluster=cpu_hetero4", "model=llama_tiny"])
+    cluster, workload = Cluster.from_config(cfg.cluster), workload_from_config(cfg)
+    n = workload.model.num_layers
+    listed = Plan(pipelines=[Pipeline(4, 1, [Stage([0], [0, n // 2]), Stage([1], [n // 2, n])]),
+                             Pipeline(4, 1, [Stage([2], [0, n])])], num_layers=n, idle_devices=[3], meta=None)
+    assert listed == Plan.from_dict(listed.to_dict()) == Plan.from_dict(__import__("yaml").safe_load(listed.to_yaml()))
+    assert hash(listed) == hash(Plan.from_dict(listed.to_dict())) and listed.meta == {}
+    assert estimate(listed.validate(cluster, workload.model, 8), cluster, workload).feasible in (True, False)
+    assert Plan(pipelines=(Pipeline(2, 1, (Stage((0,), (0, n)),)),), num_layers=n, idle_devices=None).idle_devices == ()
+    with pytest.raises(PlanError) as ei:
+        Plan(pipelines=None, num_layers=n)  # TypeError: 'NoneType' object is not iterable
+    assert ei.value.key == "plan.pipelines"
