@@ -279,6 +279,11 @@ class Plan:
                                     f"stage layers must be non-empty and continue at layer {expect} "
                                     f"(each pipeline covers layers 0..{self.num_layers - 1} once, in order)",
                                     f"start this stage at {expect}")
+                if end > self.num_layers:  # past the model: the fix is to end here, not to extend
+                    raise PlanError(f"{skey}.layers", list(st.layers),
+                                    f"the plan has {self.num_layers} layers (0..{self.num_layers - 1}); this stage "
+                                    f"runs past the last", f"end it at layer {self.num_layers}: layers: [{start}, "
+                                    f"{self.num_layers}] (or set num_layers to the model's)")
                 expect = end
                 if model is not None:
                     try:

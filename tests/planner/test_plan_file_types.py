@@ -83,3 +83,11 @@ def test_a_plan_built_from_lists_equals_its_file_and_prices():
     with pytest.raises(PlanError) as ei:
         Plan(pipelines=None, num_layers=n)  # TypeError: 'NoneType' object is not iterable
     assert ei.value.key == "plan.pipelines"
+
+
+def test_a_stage_past_the_last_layer_is_told_to_end_there():
+    """It was blamed on the pipeline with 'Fix: extend its last stage to layer 4' for layers [2, 6]."""
+    with pytest.raises(PlanError) as ei:
+        Plan.from_dict(_set(["pipelines", 0, "stages", 1, "layers"], [2, 6])).validate()
+    assert ei.value.key == "plan.pipelines[0].stages[1].layers" and ei.value.value == [2, 6], ei.value
+    assert "[2, 4]" in ei.value.fix and "extend" not in ei.value.fix, ei.value
