@@ -252,6 +252,8 @@ def _symmetric(name: str, cluster: Cluster, workload: Workload, global_batch: in
                     continue
             for layout in _symmetric_layouts(cluster, dp, tp, pp):
                 for mb in micro_batch_candidates(global_batch // dp, s.micro_batch_size, N):
+                    if (global_batch // dp) % mb:  # a replica of 3 in micro-batches of 2 ran (and was priced as) 2
+                        continue
                     for sh in _shardings(s, name, like_for_like):
                         layers = _symmetric_layers(ev, layout, mb, sh, dp, global_batch // dp // mb) if free_layers \
                             else [L // pp] * pp
@@ -324,7 +326,7 @@ def metis(cluster: Cluster, workload: Workload, global_batch: int, settings: Sea
             fitted = False
             for mb in mbs:
                 total = global_batch // mb
-                if total < dp:
+                if total < dp or global_batch % mb:  # the plan would run total * mb < global_batch sequences
                     continue
                 for sh in _shardings(s, "metis", like_for_like):
                     drafts = [chain_draft(ev, ch, DraftContext(mb, sh, dp, max(1, total // dp))) for ch in chains]
