@@ -25,6 +25,7 @@ import numpy as np
 
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.config.units import format_bytes, format_flops
+from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.cost import compose
 from lightning_hexiscale.planner.cost import compute as C
@@ -373,8 +374,24 @@ def dp_edge_all(plan: Plan, cluster: Cluster, workload: Workload) -> dict[tuple[
     return {k: (float(v[0]), float(v[1]), float(v[2])) for k, v in out.items()}
 
 
+def _check_arguments(plan: Any, cluster: Any, workload: Any) -> None:
+    """``estimate``'s arguments: a Plan, a Cluster and a Workload, the plan valid on both."""
+    for name, value, kind, fix in (
+            ("plan", plan, Plan, "pass a Plan: Plan.load(path) or Plan.from_dict(d)"),
+            ("cluster", cluster, Cluster, "pass a Cluster: Cluster.load(name_or_path)"),
+            ("workload", workload, Workload, "pass a Workload: Workload(LlamaConfig.load(name)) or workload_from_config(cfg)")):
+        if not isinstance(value, kind):
+            raise ConfigError(f"estimate({name})", value if isinstance(value, (str, int, float)) else type(value).__name__,
+                              f"must be a {kind.__name__}", fix)
+    plan.validate(cluster, workload.model)
+
+
 def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
-    """Estimate iteration time, throughput and memory of ``plan`` on ``cluster`` (Appendix B)."""
+    """Estimate iteration time, throughput and memory of ``plan`` on ``cluster`` (Appendix B).
+
+    The plan is validated against ``cluster`` and ``workload.model`` first (:meth:`Plan.validate`): a
+    plan made for another cluster or model is a :class:`PlanError` naming the key, not a price."""
+    _check_arguments(plan, cluster, workload)
     model = workload.model
     S = model.seq_len
     theta = calibration_theta(cluster)
