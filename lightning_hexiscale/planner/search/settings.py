@@ -5,6 +5,7 @@ the first pass enumerates. The search itself: :mod:`lightning_hexiscale.planner.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +50,23 @@ class SearchSettings:
     sets one; devices no allowed TP group covers stay idle."""
 
     def __post_init__(self) -> None:
+        # whole numbers first: 2.5 / '3' / 'a' were TypeErrors from the comparisons below or from
+        # numpy, and True ran as 1 (a bool is no count)
+        for key, value, example in (("planner.iterations", self.iterations, 50), ("planner.seed", self.seed, 0),
+                                    ("planner.tau", self.tau, 2), ("planner.max_pipelines", self.max_pipelines, "null")):
+            if value is None and key == "planner.max_pipelines":
+                continue
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise ConfigError(key, value, "must be an integer", f"use e.g. {example}")
+        for key, value, example in (("balance", self.balance, 1.2), ("group_balance", self.group_balance, 2.0)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise ConfigError(f"planner.{key}", value, "must be a number (max / mean compute)", f"use e.g. {example}")
+        if not isinstance(self.progress, bool):
+            raise ConfigError("planner.progress", self.progress, "must be true or false", "use false")
+        if isinstance(self.tp_degrees, list):
+            object.__setattr__(self, "tp_degrees", tuple(self.tp_degrees))
+        if self.tp_degrees is not None and not isinstance(self.tp_degrees, tuple):
+            raise ConfigError("tp_degrees", self.tp_degrees, "must be a tuple of TP degrees (or None)", "use e.g. (2,)")
         if self.iterations < 1:
             raise ConfigError("planner.iterations", self.iterations, "must be at least 1", "use e.g. 50")
         if self.tau < 1:
@@ -75,7 +93,7 @@ class SearchSettings:
             raise ConfigError("planner.use_all_devices", self.use_all_devices, "must be true or false",
                               "use false (the plan may leave slow devices idle) or true (every device takes work)")
         if self.tp_degrees is not None and (not self.tp_degrees or any(
-                not isinstance(t, int) or t < 1 for t in self.tp_degrees)):
+                not isinstance(t, int) or isinstance(t, bool) or t < 1 for t in self.tp_degrees)):
             raise ConfigError("tp_degrees", self.tp_degrees, "must be positive integers (or None)", "use e.g. (2,)")
 
     @classmethod

@@ -1,0 +1,40 @@
+"""search(cluster, workload, global_batch, settings) called from Python with arguments of the wrong
+type: one ConfigError naming the setting, before any search (they were TypeErrors from comparisons
+or numpy, AttributeErrors from inside the search, or silently taken: iterations=True ran 1)."""
+
+import pytest
+
+from lightning_hexiscale.config.cluster import Cluster
+from lightning_hexiscale.errors import ConfigError
+from lightning_hexiscale.models.config import LlamaConfig
+from lightning_hexiscale.planner import SearchSettings, Workload, search
+
+
+@pytest.mark.parametrize("kwargs,key", [
+    ({"iterations": 2.5}, "planner.iterations"),     # TypeError: 'float' object cannot be interpreted as an integer
+    ({"iterations": "3"}, "planner.iterations"),     # TypeError: '<' not supported
+    ({"iterations": True}, "planner.iterations"),    # ran one iteration
+    ({"seed": "a"}, "planner.seed"),
+    ({"seed": 1.5}, "planner.seed"),                 # numpy's SeedSequence TypeError
+    ({"tau": 1.5}, "planner.tau"),                   # accepted
+    ({"max_pipelines": 1.5}, "planner.max_pipelines"),
+    ({"balance": "x"}, "planner.balance"),
+    ({"progress": "no"}, "planner.progress"),        # drew a progress bar
+    ({"tp_degrees": 2}, "tp_degrees"),               # TypeError: 'int' object is not iterable
+    ({"tp_degrees": (True,)}, "tp_degrees"),         # ran TP 1
+])
+def test_settings_of_the_wrong_type_name_their_key(kwargs, key):
+    with pytest.raises(ConfigError) as ei:
+        SearchSettings(**kwargs)
+    assert ei.value.key == key, ei.value
+
+
+def test_search_arguments_of_the_wrong_type_are_named():
+    cluster, workload = Cluster.load("cpu_hetero4"), Workload(LlamaConfig.load("llama_tiny"))
+    for args, key in (((cluster, workload, 8, {"iterations": 2}), "search(settings)"),
+                      (("cpu_hetero4", workload, 8, None), "search(cluster)"),
+                      ((cluster, workload.model, 8, None), "search(workload)")):
+        with pytest.raises(ConfigError) as ei:  # AttributeError: 'dict' object has no attribute 'recompute'
+            search(*args)
+        assert ei.value.key == key, ei.value
+    assert SearchSettings(tp_degrees=[2]).tp_degrees == (2,)  # a list reads as the tuple (hashable)
