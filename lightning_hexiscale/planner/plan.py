@@ -346,7 +346,7 @@ class Plan:
             del out["recompute"]
         if self.idle_devices:
             out["idle_devices"] = list(self.idle_devices)
-        out["meta"] = dict(self.meta)
+        out["meta"] = _plain(dict(self.meta))
         return out
 
     @classmethod
@@ -398,7 +398,7 @@ class Plan:
     def save(self, path: str | Path) -> None:
         """Write YAML (or JSON for a .json path) atomically: temporary file, then rename."""
         path = Path(path)
-        text = self.to_json() if path.suffix == ".json" else self.to_yaml()
+        text = self.to_json() if path.suffix.lower() == ".json" else self.to_yaml()  # plan.JSON too
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(text)
         tmp.replace(path)
@@ -468,6 +468,18 @@ def _recompute_flag(data: dict[str, Any], where: str) -> bool | None:
         raise PlanError(f"{where}.recompute", value, "a plan runs with recomputation or without: true or false",
                         "write recompute: true or recompute: false (auto is a planner setting, "
                         "train.recompute, that a plan's search resolves)")
+    return value
+
+
+def _plain(value: Any) -> Any:
+    """``meta`` as YAML and JSON write it: numpy scalars as Python numbers (a client's
+    ``meta={'time_s': np.float64(...)}`` made save() raise), tuples as lists."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "item") and type(value).__module__ == "numpy":
+        return value.item()
     return value
 
 

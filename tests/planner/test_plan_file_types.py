@@ -91,3 +91,19 @@ def test_a_stage_past_the_last_layer_is_told_to_end_there():
         Plan.from_dict(_set(["pipelines", 0, "stages", 1, "layers"], [2, 6])).validate()
     assert ei.value.key == "plan.pipelines[0].stages[1].layers" and ei.value.value == [2, 6], ei.value
     assert "[2, 4]" in ei.value.fix and "extend" not in ei.value.fix, ei.value
+
+
+def test_save_writes_what_the_suffix_says_with_numpy_in_meta(tmp_path):
+    """A .JSON path was written as YAML (a JSON reader refused it); numpy values in meta (a client's
+    timings) made save() raise RepresenterError (YAML) / 'int64 is not JSON serializable'."""
+    import json
+
+    import numpy as np
+
+    plan = Plan.from_dict(BASE)
+    plan = Plan(plan.pipelines, plan.num_layers, meta={"time_s": np.float64(1.5), "seed": np.int64(3), "ids": (1, 2)})
+    for name in ("plan.JSON", "plan.json", "plan.yaml"):
+        plan.save(tmp_path / name)
+        back = Plan.load(tmp_path / name)
+        assert back == plan and back.meta == {"time_s": 1.5, "seed": 3, "ids": [1, 2]}
+    assert json.loads((tmp_path / "plan.JSON").read_text())["meta"]["seed"] == 3
