@@ -34,8 +34,9 @@ from lightning_hexiscale.planner.oracle.space import (OracleResult, OracleSettin
                                                       vector_partitions)
 from lightning_hexiscale.planner.oracle.terms import OracleTerms, OracleTimeout
 from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.planner.search.assemble import micro_batch_candidates
 from lightning_hexiscale.planner.search.batching import layout_plan, minimax_split, mask, sumset, with_batches
-from lightning_hexiscale.planner.search.settings import global_batch_setting
+from lightning_hexiscale.planner.search.settings import SearchSettings, global_batch_setting
 from lightning_hexiscale.planner.search.subsets import name_idle
 
 __all__ = ["MAX_DEVICES", "OracleResult", "OracleSettings", "compositions", "device_classes", "oracle",
@@ -226,11 +227,25 @@ def oracle(cluster: Cluster, workload: Workload, global_batch: int, settings=Non
     :class:`OracleSettings` (schedule, recompute, pinned micro-batch size / dp sharding, max
     pipelines; ``recompute="auto"``: each pipeline recomputes or not, as the search decides it).
     ``incumbent``: a known plan to start from (it only speeds up the pruning)."""
+    for name, value, kind, fix in (
+            ("cluster", cluster, Cluster, "pass a Cluster: Cluster.load(name_or_path)"),
+            ("workload", workload, Workload, "pass a Workload: Workload(LlamaConfig.load(name))")):
+        if not isinstance(value, kind):  # was an AttributeError from inside
+            raise ConfigError(f"oracle({name})", value if isinstance(value, (str, int, float)) else type(value).__name__,
+                              f"must be a {kind.__name__}", fix)
+    if settings is not None and not isinstance(settings, (OracleSettings, SearchSettings)):
+        raise ConfigError("oracle(settings)", type(settings).__name__, "must be an OracleSettings, a SearchSettings "
+                          "or None", "pass OracleSettings(recompute='auto', ...)")
     global_batch = global_batch_setting(global_batch, example=16)
+    s = OracleSettings.of(settings)
+    if s.micro_batch_size is not None:  # one that does not divide the batch: 'infeasible', complete, no plan
+        micro_batch_candidates(global_batch, s.micro_batch_size, cluster.num_devices)
+    if isinstance(time_limit_s, bool) or not isinstance(time_limit_s, (int, float)):
+        raise ConfigError("time_limit_s", time_limit_s, "must be a number of seconds", "give the oracle e.g. 60 seconds")
     if cluster.num_devices > max_devices:
         raise ConfigError("cluster", cluster.name, f"the oracle enumerates every plan; {cluster.num_devices} devices "
                           f"is more than max_devices={max_devices}", "use a small cluster (cluster.subset) or the search")
     if time_limit_s <= 0:
         raise ConfigError("time_limit_s", time_limit_s, "must be positive", "give the oracle e.g. 60 seconds")
-    return Oracle(cluster, workload, global_batch, OracleSettings.of(settings), time_limit_s).run(incumbent)
+    return Oracle(cluster, workload, global_batch, s, time_limit_s).run(incumbent)
 

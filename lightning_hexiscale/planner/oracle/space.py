@@ -41,6 +41,14 @@ class OracleSettings:
             raise ConfigError("train.schedule", self.schedule, f"must be one of {SCHEDULES}", "use 1f1b")
         if self.dp_sharding is not None and self.dp_sharding not in DP_SHARDINGS:
             raise ConfigError("train.dp_sharding", self.dp_sharding, f"must be one of {DP_SHARDINGS}", "use zero2")
+        for key, value, fix in (("train.micro_batch_size", self.micro_batch_size, "use e.g. 1, or None (any per pipeline)"),
+                                ("planner.max_pipelines", self.max_pipelines, "use e.g. 2, or None (no limit)")):
+            # 0 read as None (any size / no limit), True as 1, 1.5 was taken
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ConfigError(key, value, "must be a positive integer or None", fix)
+        if not isinstance(self.use_all_devices, bool):
+            raise ConfigError("planner.use_all_devices", self.use_all_devices, "must be True or False",
+                              "use False (plans may leave devices idle) or True (every device takes work)")
 
     @property
     def flags(self) -> tuple[bool, ...]:
