@@ -117,3 +117,15 @@ def test_estimate_names_what_priced_each_type_and_refuses_a_mismatched_table(tmp
     captured = capsys.readouterr()
     assert "priced by:\n  CPU-FAST: declared" in captured.out
     assert "priced from FLOP/s" in captured.out + captured.err
+
+
+def test_train_micro_batch_size_overrides_the_plan_as_train_does(capsys):
+    """`hexiscale train plan=F train.micro_batch_size=4` runs micro-batches of 4; estimate ignored the
+    key and priced the plan's (2): the two commands disagreed on the same plan and overrides."""
+    plan = "conf/plans/hetero3_llama30b_tab7.yaml"  # micro-batch 2 in every pipeline, batches 80/64/64/48
+    assert main(["estimate", "--plan", plan, "--json", "train.micro_batch_size=4"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert {p["micro_batch"] for p in doc["pipelines"]} == {4}
+    assert main(["estimate", "--plan", plan, "train.micro_batch_size=32"]) == 2  # 32 does not divide 80
+    err = capsys.readouterr().err
+    assert "train.micro_batch_size = 32" in err and "batch_size=80" in err and "Traceback" not in err

@@ -147,8 +147,19 @@ def compose_for_plan(overrides: list[str], plan_meta: dict) -> list[str]:
 
 
 def apply_train_overrides(plan, cfg, overrides: Sequence[str]):
-    """Explicit train.schedule / train.recompute / train.dp_sharding overrides replace the plan's values."""
+    """Explicit train.schedule / train.recompute / train.dp_sharding / train.micro_batch_size overrides
+    replace the plan's values, as ``hexiscale train plan=FILE`` replaces them (plan_resolution.apply_overrides)."""
     changes = {}
+    mb = cfg.train.micro_batch_size if explicit(overrides, "train.micro_batch_size") else None
+    if mb is not None:  # was ignored here: estimate priced the plan's micro-batches, train ran these
+        from lightning_hexiscale.errors import ConfigError
+
+        for i, p in enumerate(plan.pipelines):
+            if isinstance(mb, bool) or not isinstance(mb, int) or mb < 1 or p.batch_size % mb:
+                raise ConfigError("train.micro_batch_size", mb, f"must be a positive integer dividing every pipeline's "
+                                  f"batch (pipeline {i}'s batch_size={p.batch_size})",
+                                  "choose a divisor of every pipeline batch, or leave it out to keep the plan's")
+        changes["pipelines"] = tuple(replace(p, micro_batch_size=mb) for p in plan.pipelines)
     for key in ("schedule", "recompute", "dp_sharding"):
         if explicit(overrides, f"train.{key}"):
             changes[key] = cfg.train[key]
