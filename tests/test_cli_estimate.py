@@ -129,3 +129,19 @@ def test_train_micro_batch_size_overrides_the_plan_as_train_does(capsys):
     assert main(["estimate", "--plan", plan, "train.micro_batch_size=32"]) == 2  # 32 does not divide 80
     err = capsys.readouterr().err
     assert "train.micro_batch_size = 32" in err and "batch_size=80" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("meta,fragment", [
+    ("{cluster: nonexistent_cluster, model: llama_tiny}", "meta.cluster = 'nonexistent_cluster': the plan file's meta"),
+    ("{cluster: [1, 2], model: llama_tiny}", "meta.cluster = [1, 2]: names a preset or a file"),
+])
+def test_a_cluster_named_by_the_plan_meta_is_blamed_on_the_meta(tmp_path, capsys, meta, fragment):
+    """It read 'cluster = ...' (a cluster= the user never typed) or 'overrides = model=... cluster=[1, 2]:
+    Config group override must be a string'."""
+    plan = tmp_path / "p.yaml"
+    plan.write_text("num_layers: 4\npipelines:\n  - {batch_size: 2, micro_batch_size: 1, stages: [{devices: [0], "
+                    f"layers: [0, 4]}}]}}\nmeta: {meta}\n")
+    assert main(["estimate", "--plan", str(plan)]) == 2
+    err = capsys.readouterr().err
+    assert f"{plan}: {fragment}" in err and "cluster=NAME" in err and "Traceback" not in err, err
+    assert main(["estimate", "--plan", str(plan), "cluster=cpu_hetero4"]) == 0  # the command line's wins

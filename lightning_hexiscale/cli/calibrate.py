@@ -17,7 +17,7 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
-from lightning_hexiscale.cli.common import (add_launch_args, add_precision_arg, compose_for_plan, positive_int,
+from lightning_hexiscale.cli.common import (add_launch_args, add_precision_arg, compose_plan_config, positive_int,
                                             resolve_precision, subcommand)
 from lightning_hexiscale.cli.profile import add_layer_time_args
 from lightning_hexiscale.errors import ConfigError
@@ -107,13 +107,12 @@ def _check_args(p: argparse.ArgumentParser) -> None:
                               "per rank beside the cost model's estimate", _check_args)
 def cmd_check_estimate(args: argparse.Namespace) -> int:
     from lightning_hexiscale.config.cluster import Cluster
-    from lightning_hexiscale.config.schema import compose
     from lightning_hexiscale.models.config import LlamaConfig
     from lightning_hexiscale.planner import Plan
     from lightning_hexiscale.profiling.check import check, comparison_table, deviation
 
     plan = Plan.load(args.plan)
-    cfg = compose(compose_for_plan(args.overrides, plan.meta))
+    cfg = compose_plan_config(args.overrides, plan, args.plan)
     cluster = Cluster.from_config(cfg.cluster)
     model = LlamaConfig.from_config(cfg.model)
     if plan.dp_sharding != "ddp":

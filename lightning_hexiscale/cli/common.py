@@ -146,6 +146,27 @@ def compose_for_plan(overrides: list[str], plan_meta: dict) -> list[str]:
     return out
 
 
+def compose_plan_config(overrides: list[str], plan, source: str):
+    """The config a plan file runs on: :func:`compose_for_plan`'s overrides, composed. A cluster or
+    model the plan's meta names (none given on the command line) that does not load is blamed on
+    ``SOURCE: meta.KEY``, not on a ``cluster=`` the user never typed."""
+    from lightning_hexiscale.config.schema import compose
+    from lightning_hexiscale.errors import ConfigError
+
+    taken = [k for k in ("cluster", "model") if not explicit(overrides, k) and plan.meta.get(k)]
+    for key in taken:
+        if not isinstance(plan.meta[key], str):  # was 'overrides = ...: Config group override must be a string'
+            raise ConfigError(f"{source}: meta.{key}", plan.meta[key], "names a preset or a file: a string",
+                              f"write meta: {{{key}: NAME}}, or pass {key}=NAME on the command line")
+    try:
+        return compose(compose_for_plan(overrides, plan.meta))
+    except ConfigError as e:
+        if e.key not in taken:
+            raise
+        raise ConfigError(f"{source}: meta.{e.key}", e.value, f"the plan file's meta names it (no {e.key}= was "
+                          f"given): {e.rule}", f"{e.fix}; or pass {e.key}=NAME on the command line") from None
+
+
 def apply_train_overrides(plan, cfg, overrides: Sequence[str]):
     """Explicit train.schedule / train.recompute / train.dp_sharding / train.micro_batch_size overrides
     replace the plan's values, as ``hexiscale train plan=FILE`` replaces them (plan_resolution.apply_overrides)."""

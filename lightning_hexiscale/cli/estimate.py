@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from lightning_hexiscale.cli.common import apply_train_overrides, compose_for_plan, explicit, subcommand
+from lightning_hexiscale.cli.common import apply_train_overrides, compose_plan_config, explicit, subcommand
 from lightning_hexiscale.cli.plan import add_table_flag, estimate_document, overrides_of, sources_lines
 
 
@@ -18,13 +18,11 @@ def _estimate_args(p: argparse.ArgumentParser) -> None:
 @subcommand("estimate", "estimate iteration time, throughput and memory of a plan (Appendix B cost model)", _estimate_args)
 def cmd_estimate(args: argparse.Namespace) -> int:
     from lightning_hexiscale.config.cluster import Cluster
-    from lightning_hexiscale.config.schema import compose
     from lightning_hexiscale.planner.cost.compute import warn_datasheet_pricing
     from lightning_hexiscale.planner import Plan, estimate, price_sources, workload_from_config
 
     plan = Plan.load(args.plan)
-    overrides = compose_for_plan(overrides_of(args), plan.meta)
-    cfg = compose(overrides)
+    cfg = compose_plan_config(overrides_of(args), plan, args.plan)
     cluster = Cluster.from_config(cfg.cluster)
     workload = workload_from_config(cfg)
     plan = apply_train_overrides(plan, cfg, args.overrides)
