@@ -415,7 +415,7 @@ class Plan:
         if not path.is_file():
             raise PlanError("--plan", str(path), "no such plan file", "give the path of a plan YAML/JSON file")
         try:
-            data = yaml.safe_load(path.read_text())
+            data = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)
         except yaml.YAMLError as e:
             raise PlanError("--plan", str(path), f"not valid YAML/JSON ({e})",
                             "correct the syntax at the line and column named (quote values holding ':' or '#')") from None
@@ -469,6 +469,32 @@ def _recompute_flag(data: dict[str, Any], where: str) -> bool | None:
                         "write recompute: true or recompute: false (auto is a planner setting, "
                         "train.recompute, that a plan's search resolves)")
     return value
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.safe_load`` that refuses a key given twice in one mapping: YAML (and json) keep the last,
+    so a second ``pipelines:`` block replaced the first and ``batch_size: 4 ... batch_size: 8`` ran 8."""
+
+
+def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":  # '<<: *anchor' merges; explicit keys may override
+            continue
+        key = loader.construct_object(key_node, deep=deep)
+        try:
+            first = seen.get(key)
+        except TypeError:  # an unhashable key: the constructor below says so
+            continue
+        if first is not None:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key {key!r} is given twice in one mapping (first on line {first + 1}); "
+                "the second would silently replace the first", key_node.start_mark)
+        seen[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
 
 
 def _plain(value: Any) -> Any:

@@ -107,3 +107,21 @@ def test_save_writes_what_the_suffix_says_with_numpy_in_meta(tmp_path):
         back = Plan.load(tmp_path / name)
         assert back == plan and back.meta == {"time_s": 1.5, "seed": 3, "ids": [1, 2]}
     assert json.loads((tmp_path / "plan.JSON").read_text())["meta"]["seed"] == 3
+
+
+@pytest.mark.parametrize("text,key", [
+    # a second pipelines: block (a user appending a pipeline) replaced the first: plan of device 1 only
+    ("num_layers: 4\npipelines:\n  - {batch_size: 2, micro_batch_size: 1, stages: [{devices: [0], layers: [0, 4]}]}\n"
+     "pipelines:\n  - {batch_size: 2, micro_batch_size: 1, stages: [{devices: [1], layers: [0, 4]}]}\n", "pipelines"),
+    ('{"num_layers": 4, "pipelines": [{"batch_size": 2, "batch_size": 4, "micro_batch_size": 1, '
+     '"stages": [{"devices": [0], "layers": [0, 4]}]}]}', "batch_size"),  # JSON: ran batch 4
+])
+def test_a_key_given_twice_is_refused_not_overwritten(tmp_path, text, key):
+    path = tmp_path / ("p.json" if text.startswith("{") else "p.yaml")
+    path.write_text(text)
+    with pytest.raises(PlanError, match=f"key '{key}' is given twice"):
+        Plan.load(path)
+    # YAML merge keys still read: explicit keys override what '<<' brings in
+    path.write_text("num_layers: 4\npipelines:\n  - &p {batch_size: 2, micro_batch_size: 1, stages: [{devices: [0], "
+                    "layers: [0, 4]}]}\n  - {<<: *p, batch_size: 4, stages: [{devices: [1], layers: [0, 4]}]}\n")
+    assert [p.batch_size for p in Plan.load(path).pipelines] == [2, 4]
