@@ -8,7 +8,7 @@ one breaks in exactly one place, and :func:`check` (run by the strategy's ``setu
 outside this module or is missing from this list) says which name moved, in which Lightning
 version, instead of failing deep inside a training step.
 
-The touches: 10 (Lightning's own strategies: 4-8), one per function or class here, each name checked
+The touches: 11 (Lightning's own strategies: 4-8), one per function or class here, each name checked
 by :data:`CHECKS`:
 
 The step and the data (2):
@@ -30,6 +30,9 @@ Logging (1):
 Prediction (1):
   10. ``_IndexBatchSamplerWrapper``, its ``_batch_sampler`` and ``_iterator`` (what the predict loop
       hands a ``BasePredictionWriter`` as batch indices): :func:`record_batch_indices`
+SIGTERM (1):
+  11. ``Trainer._signal_connector`` (its ``received_sigterm`` and ``_sigterm_notifier_fn``) and
+      ``_TrainingEpochLoop._broadcast_sigterm_tensor``: :func:`stop_on_sigterm`
 
 Torch's, not Lightning's: the LR scheduler's ``_opt_called`` / ``_wrapped_by_lr_sched``
 (:func:`track_step_calls`) and ``sys._getframe`` (8.).
@@ -58,6 +61,7 @@ _DDP = "lightning.pytorch.strategies.ddp.DDPStrategy"
 _SCRIPT = "lightning.pytorch.strategies.launchers.subprocess_script._SubprocessScriptLauncher"
 _PROCESSES = "lightning.pytorch.strategies.launchers.multiprocessing._MultiProcessingLauncher"
 _INDEX_WRAPPER = "lightning.pytorch.overrides.distributed._IndexBatchSamplerWrapper"
+_EPOCH_LOOP = "lightning.pytorch.loops.training_epoch_loop._TrainingEpochLoop"
 _WRAPPING_ARGS = ("self", "process_idx", "trainer", "function", "args", "kwargs", "return_queue")
 
 CHECKS: tuple[tuple[int, str, str, str], ...] = (
@@ -82,6 +86,9 @@ CHECKS: tuple[tuple[int, str, str, str], ...] = (
     (10, "lightning.pytorch.overrides.distributed", "_IndexBatchSamplerWrapper", "callable"),
     (10, _INDEX_WRAPPER, "_batch_sampler", "init"),
     (10, _INDEX_WRAPPER, "_iterator", "init"),
+    (11, _TRAINER, "_signal_connector", "init"),
+    (11, "lightning.pytorch.trainer.connectors.signal_connector._SignalConnector", "_sigterm_notifier_fn", "callable"),
+    (11, _EPOCH_LOOP, "_broadcast_sigterm_tensor", "callable"),
 )
 """(touch number of the module doc, owner, name, kind) for every private name used here. Kinds:
 ``callable`` (a method or function of the owner), ``property``, ``init`` (assigned by the
@@ -237,6 +244,24 @@ class _GlobalBatchIndices(_IndexBatchSamplerWrapper):
         batch = next(self._iterator)
         self.seen_batch_indices.append(list(self._batch_sampler.window))
         return batch
+
+
+# ---- SIGTERM ----------------------------------------------------------------------------------------
+def stop_on_sigterm(trainer) -> None:
+    """Lightning's SIGTERM notifier broadcasts from inside the signal handler (a hang until the
+    process-group timeout): :class:`~lightning_hexiscale.lightning.launch.sigterm.SigtermStop` replaces it
+    and the per-batch broadcast of rank 0's flag (the notifier is read when Lightning registers its
+    handlers, after the strategy's setup). Per Trainer call, on the ranks that run it."""
+    from lightning_hexiscale.lightning.launch.sigterm import SigtermStop
+
+    connector = trainer._signal_connector
+
+    def mark_received() -> None:
+        connector.received_sigterm = True
+
+    stop = SigtermStop(trainer, mark_received)
+    connector._sigterm_notifier_fn = stop.notify
+    trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = stop.agree
 
 
 # ---- the optimizer (torch's private names) ------------------------------------------------------

@@ -234,6 +234,7 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, int
         # Let the DataLoader's own shuffle flag decide, as on one device (Lightning's injected
         # DistributedSampler would always shuffle); process_dataloader cuts it per pipeline.
         internals.keep_dataloader_sampler(trainer)
+        internals.stop_on_sigterm(trainer)  # Lightning's SIGTERM handler broadcasts from inside the handler
         if fitting:
             internals.skip_lightning_backward(trainer)
             self._setup_one_optimizer(trainer)

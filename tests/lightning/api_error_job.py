@@ -9,7 +9,9 @@ Ctrl-C as step 3 starts: every rank stops after it). The launching process catch
 raises and prints ``CAUGHT <type>: <message>``, waits long enough that an observer killing it
 would show, and prints ``ALIVE``. ``new_trainer`` / ``other_plan``: after ``fit``, a new Trainer with
 a new strategy (``cluster=None``, no plan; or another plan) validates the same module; every rank
-prints ``RESULT <rank> <val_loss>`` or ``CAUGHT <rank> <type>: <message>``.
+prints ``RESULT <rank> <val_loss>`` or ``CAUGHT <rank> <type>: <message>``. ``sigterm``: 200 steps, rank 0
+prints ``STEP <n>`` after each and sleeps (where the test's SIGTERM to this process lands); what
+``fit`` raises is printed as ``CAUGHT <type> <exit code>`` and raised again.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import time
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from strategy_helpers import PG_TIMEOUT, TINY, loader, module, plan_of
 
 from lightning_hexiscale.lightning.launch.interrupt import GracefulInterrupt
@@ -61,6 +64,13 @@ class CtrlCOnRank1(pl.Callback):
             self.interrupt.requested = True
 
 
+class SlowSteps(pl.Callback):
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.is_global_zero:  # rank 1 meanwhile waits in the next batch's collectives
+            print(f"STEP {trainer.global_step}", flush=True)
+            time.sleep(0.3)
+
+
 def main() -> None:
     case = sys.argv[1]
     torch.set_num_threads(1)
@@ -72,12 +82,18 @@ def main() -> None:
     strategy = HexiScaleStrategy(plan=plan, timeout=PG_TIMEOUT)
     interrupt = GracefulInterrupt()
     callbacks = [interrupt, CtrlCOnRank1(interrupt)] if case == "interrupt" else []
-    trainer = pl.Trainer(strategy=strategy, accelerator="cpu", devices=2, max_steps=6, logger=False, callbacks=callbacks,
+    callbacks += [SlowSteps()] if case == "sigterm" else []
+    trainer = pl.Trainer(strategy=strategy, accelerator="cpu", devices=2, max_steps=200 if case == "sigterm" else 6,
+                         logger=False, callbacks=callbacks,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     mod = DiesOnRank1(TINY, dtype=torch.float64, init_seed=7) if case == "kill" else module()
     try:
         trainer.fit(mod, loader(36, 6))
         print("FINISHED", flush=True)
+    except SIGTERMException as e:
+        if os.environ.get("HEXISCALE_POPEN_CHILD") != "1":  # the launching process: the caller of fit
+            print(f"CAUGHT {type(e).__name__} {e.code}", flush=True)
+        raise
     except Exception as e:  # noqa: BLE001 -- what the user's code sees is what is tested
         print(f"CAUGHT {type(e).__name__}: {e}", flush=True)
         time.sleep(6)  # Lightning's own observer would SIGKILL this process within 5 s

@@ -132,6 +132,57 @@ def test_dead_rank_is_one_rank_failure_popen():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_sigterm_to_a_user_script_stops_every_rank_at_the_same_step_popen(tmp_path):
+    """`kill <pid>` (scancel, a container stop) of a user's script (no GracefulInterrupt): Lightning's
+    SIGTERM handler broadcast from inside the handler, which paired with whatever collective a peer was
+    in. Depending on where each rank was: a hang until the process-group timeout (here 45 s; 10 min by
+    default), then "RankFailure ... Application timeout caused pair closure"; or, here, rank 0 left at
+    once with SIGTERMException and exit status 0 while rank 1 printed c10d store errors with C++ frames.
+    Now every rank stops at the same step within seconds: one line from rank 0, Lightning's
+    SIGTERMException (exit status 143) in the script, no traceback, no process left."""
+    import signal
+    import time
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PL_", "LOCAL_", "MASTER_", "WORLD_", "RANK"))}
+    env["PYTHONPATH"] = os.pathsep.join(map(str, (HERE, HERE.parent, HERE.parents[1])))
+    out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    with open(out, "w") as o, open(err, "w") as e:
+        p = subprocess.Popen([sys.executable, str(HERE / "api_error_job.py"), "sigterm"], stdout=o, stderr=e, env=env,
+                             start_new_session=True)
+    try:
+        t0 = time.time()
+        while "STEP 3\n" not in out.read_text():
+            assert p.poll() is None and time.time() - t0 < 100, err.read_text()[-3000:]
+            time.sleep(0.2)
+        p.send_signal(signal.SIGTERM)  # the launching process only, as `kill <pid>` does
+        sent = time.time()
+        try:
+            code = p.wait(timeout=40)  # below the process-group timeout (45 s): the old code was still hanging
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still running 40 s after SIGTERM: {out.read_text()[-500:]}")
+        took = time.time() - sent
+        time.sleep(2)
+        left = subprocess.run(["ps", "-o", "pid=,stat=", "-g", str(p.pid)], capture_output=True, text=True).stdout
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    stdout, stderr = out.read_text(), err.read_text()
+    assert code == 143 and took < 30, (code, took, stdout[-1000:], stderr[-3000:])
+    assert [ln for ln in stdout.splitlines() if ln.startswith("CAUGHT")] == ["CAUGHT SIGTERMException 143"], stdout
+    steps = [int(ln.split()[1]) for ln in stdout.splitlines() if ln.startswith("STEP")]
+    lines = [ln for ln in stderr.splitlines() if ln.startswith("hexiscale:")]
+    assert lines == [f"hexiscale: terminated (SIGTERM) after step {steps[-1]}: every rank stopped at this step "
+                     "(trainer.fit raises Lightning's SIGTERMException, exit status 143)"], stderr[-3000:]
+    assert steps[-1] < 10, steps  # within a step or two of the signal
+    for text in ("Traceback", "timeout", "pair closure", "RankFailure", "c10d"):
+        assert text not in stderr, stderr[-3000:]
+    assert [ln for ln in left.splitlines() if "Z" not in ln.split()[1]] == [], f"ranks left running: {left}"
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_new_trainer_validates_the_trained_stage_popen():
     """Under popen each rank keeps its stage (the module's trained weights) after fit. A new Trainer

@@ -411,3 +411,39 @@ def test_children_start_with_sigint_blocked_and_the_block_ends_after():
     with blocked_during():
         assert signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, set())
     assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) == before
+
+
+def test_sigterm_without_graceful_interrupt_is_agreed_at_the_next_batch():
+    """A user's script (launch/sigterm.py): the handler only records the signal and forwards it once
+    to the launcher's processes (no collective inside the handler); at the next training batch one
+    all-reduce (max) stops every rank, also the ranks that got no SIGTERM themselves."""
+    import torch
+    from lightning.pytorch.trainer.states import TrainerFn
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from lightning_hexiscale.lightning.launch.sigterm import SigtermStop
+
+    killed, marked, codes = [], [], []
+
+    def reduce(code, reduce_op="mean"):  # another rank got SIGTERM, this one nothing
+        codes.append((int(code), reduce_op))
+        return torch.maximum(code, torch.tensor(1))
+
+    launcher = types.SimpleNamespace(kill=killed.append)
+    strategy = types.SimpleNamespace(reduce=reduce, root_device=torch.device("cpu"), launcher=launcher)
+    trainer = types.SimpleNamespace(strategy=strategy, world_size=2, global_step=4, is_global_zero=False,
+                                    state=types.SimpleNamespace(fn=TrainerFn.FITTING))
+    stop = SigtermStop(trainer, lambda: marked.append(True))
+    with pytest.raises(SIGTERMException) as e:
+        stop.agree()
+    assert e.value.code == 143 and codes == [(0, "max")] and marked == [True]
+    mine = SigtermStop(trainer, lambda: marked.append("mine"))
+    mine.notify(signal.SIGTERM, None)
+    mine.notify(signal.SIGTERM, None)  # forwarded once; while fitting, the flag waits for the agreement
+    assert killed == [signal.SIGTERM] and mine.received and marked == [True]
+    strategy.reduce = lambda code, reduce_op="mean": code
+    quiet = SigtermStop(trainer, lambda: marked.append("quiet"))
+    quiet.agree()  # nobody got SIGTERM: training goes on
+    trainer.state.fn = TrainerFn.VALIDATING
+    quiet.notify(signal.SIGTERM, None)  # no training batch to agree at: Lightning's flag at once
+    assert marked == [True, "quiet"]

@@ -1,0 +1,75 @@
+"""SIGTERM in a user's script (no :class:`~.interrupt.GracefulInterrupt`): every rank stops at the same step.
+
+Lightning's SIGTERM handler (lightning 2.6, ``_SignalConnector._sigterm_notifier_fn``) forwards the
+signal to the launcher's processes and then broadcasts from rank 0 *inside the handler*, wherever
+the rank's main thread happens to be: that broadcast pairs with another collective of a peer (a
+pipeline exchange, an all-reduce) and the job hangs until the process-group timeout, then ends
+with a misleading ``RankFailure: ... Application timeout caused pair closure`` (measured: a popen
+job of 2 ranks, ``kill -TERM`` of the launching process at step 3: step 12, then the timeout). And
+each rank's ``trainer.received_sigterm`` becomes true at a different moment, while the loops read
+it at the end of each batch, so the ranks would not stop at the same one either.
+
+:class:`SigtermStop` (installed by the strategy's setup, through ``internals.stop_on_sigterm``)
+keeps what Lightning's handler does but the collective: the handler records the signal and
+forwards it once to the launcher's processes (the popen children, spawn/fork workers). Where
+Lightning broadcasts rank 0's flag at the start of each training batch, one all-reduce (max) of
+every rank's flag decides instead (the same cost: one small collective per batch), so a SIGTERM
+that reached any rank (``kill`` of the launching process, ``scancel``, torchrun's agent, ``kill``
+of one rank) stops every rank at the same batch: ``trainer.received_sigterm`` becomes true
+there, rank 0 prints one line, and every rank raises Lightning's ``SIGTERMException`` with exit
+status 143 (128 + SIGTERM, as a shell reports it; Lightning's has none, so the script exited 0).
+
+- During validation inside ``fit``: the flag waits for the next training batch (validation ends first).
+- ``validate`` / ``test`` / ``predict`` (no training batch to agree at): the handler sets
+  ``received_sigterm`` at once, as Lightning's does; each rank stops after its current batch, and a
+  rank that stops one batch before a peer ends that peer with a :class:`~..errors.RankFailure`.
+- ``GracefulInterrupt`` (``hexiscale train``) and ``ElasticRun`` take SIGTERM over at train start
+  (they register after this handler) and restore it at the end; the agreement then sees no flag.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+import torch
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+EXIT_SIGTERM = 128 + signal.SIGTERM
+
+
+class SigtermStop:
+    """The SIGTERM notifier and the per-batch agreement of one Trainer call (module doc)."""
+
+    def __init__(self, trainer, mark_received):
+        self.trainer = trainer
+        self.mark_received = mark_received
+        """``() -> None``: sets ``trainer.received_sigterm`` (internals)."""
+        self.received = False
+
+    def notify(self, signum, frame) -> None:
+        """Lightning's notifier without the broadcast: runs inside the signal handler."""
+        first = not self.received
+        self.received = True
+        if first:
+            launcher = self.trainer.strategy.launcher
+            if launcher is not None:
+                launcher.kill(signum)  # the processes this one started; a popen child started none
+        if self.trainer.state.fn != TrainerFn.FITTING:
+            self.mark_received()  # no training batch to agree at: Lightning's evaluation loop stops
+
+    def agree(self) -> None:
+        """At the start of each training batch, on every rank: stop every rank when any got SIGTERM."""
+        trainer = self.trainer
+        code = torch.tensor(int(self.received), device=trainer.strategy.root_device)
+        if trainer.world_size > 1:
+            code = trainer.strategy.reduce(code, reduce_op="max")
+        if not int(code.item()):
+            return
+        self.mark_received()
+        if trainer.is_global_zero:
+            print(f"hexiscale: terminated (SIGTERM) after step {trainer.global_step}: every rank stopped at this "
+                  f"step (trainer.fit raises Lightning's SIGTERMException, exit status {EXIT_SIGTERM})",
+                  file=sys.stderr, flush=True)
+        raise SIGTERMException(EXIT_SIGTERM)
