@@ -18,16 +18,27 @@ and be judged, as NCCL ranks:
    of NCCL's "operations on different communicators must be issued in the same order on every rank";
    asynchronous calls are therefore judged at the point where they are issued):
 
-   - p2p: one FIFO per (group, sender, receiver); the k-th send matches the k-th receive, with equal
-     numel and dtype. A step (un-fused op or batch) completes when every op in it has its
-     counterpart posted; the ops of one batch progress together.
-   - collectives: the i-th collective of every member of a group is one call; it completes when all
-     members have posted it, with equal op, numel, dtype, root, reduce op; all-gather and
+   - communicators: a group is its member ranks AND its identity (:attr:`Step.comm`), because two
+     process groups with the same members (a plan group next to a DP group of the same ranks, the
+     world group next to a DP group spanning it) are two NCCL communicators, each with its own
+     order of calls. The identity is torch's name for the process group, the same on every rank:
+     ``"0"`` for the default group, then the creation ordinal of each ``new_group`` within the
+     current default group (every rank calls ``new_group`` for every group, in the same order;
+     ``destroy_process_group()`` restarts the count), or a hash of the ranks for groups made with
+     ``use_local_synchronization`` (two such groups with the same members are not told apart).
+     Hand-made traces that leave it empty have one communicator per member set. Every rule below
+     is per communicator; messages name a group by its ranks, plus ``[pg NAME]`` where the
+     traces hold two communicators with those ranks.
+   - p2p: one FIFO per (communicator, sender, receiver); the k-th send matches the k-th receive,
+     with equal numel and dtype. A step (un-fused op or batch) completes when every op in it has
+     its counterpart posted; the ops of one batch progress together.
+   - collectives: the i-th collective of every member of a communicator is one call; it completes
+     when all members have posted it, with equal op, numel, dtype, root, reduce op; all-gather and
      reduce-scatter chunks equal on every member.
-   - the first batched p2p call on a group must involve every member (torch/NCCL: the first
+   - the first batched p2p call on a communicator must involve every member (torch/NCCL: the first
      collective call on a group creates its communicator; ``new_group`` calls, recorded on the
      world group for their order, do not count), and a rank pair must not mix batched and
-     un-fused p2p on one group (lazily initialised ProcessGroupNCCL puts un-fused p2p on a separate
+     un-fused p2p on one communicator (lazily initialised ProcessGroupNCCL puts un-fused p2p on a separate
      2-rank communicator, so the two never match).
 
    A violation is reported with the first stuck or mismatched step of each rank.
@@ -74,12 +85,19 @@ class P2POp:
     peer: int
     """Global rank of the other side."""
     group: tuple[int, ...]
+    """Member ranks (global) of the process group."""
     numel: int
     dtype: str
+    comm: str = ""
+    """Identity of the process group, the same on every rank (module doc): with :attr:`group`, the communicator."""
 
     def __str__(self) -> str:
+        return self.describe()
+
+    def describe(self, shared: frozenset = frozenset()) -> str:
+        """``shared``: member tuples that more than one communicator has (their name is added)."""
         way = "to" if self.op == "send" else "from"
-        return f"{self.op} {self.numel} {self.dtype} {way} rank {self.peer} on group {_g(self.group)}"
+        return f"{self.op} {self.numel} {self.dtype} {way} rank {self.peer} on group {_g(self.group, self.comm, shared)}"
 
 
 @dataclass(frozen=True)
@@ -92,6 +110,9 @@ class Step:
     coll: str = ""
     """Collective name (``all_reduce``, ..., ``new_group``)."""
     group: tuple[int, ...] = ()
+    """Member ranks (global) of the process group (of the first op, for a batch)."""
+    comm: str = ""
+    """Identity of that process group, the same on every rank (module doc)."""
     numel: int | None = None
     """Input elements of a collective (None: not compared, e.g. object collectives)."""
     out_numel: int | None = None
@@ -109,19 +130,42 @@ class Step:
     def signature(self) -> tuple:
         return (self.coll, self.numel, self.out_numel, self.dtype, self.root, self.detail)
 
+    @property
+    def key(self) -> tuple[tuple[int, ...], str]:
+        """The communicator of a collective: (member ranks, identity)."""
+        return (self.group, self.comm)
+
     def __str__(self) -> str:
+        return self.describe()
+
+    def describe(self, shared: frozenset = frozenset()) -> str:
+        """``shared``: member tuples that more than one communicator has (their name is added)."""
         at = f" at {self.where}" if self.where else ""
         if self.kind == "coll":
             size = "" if self.numel is None else f" numel {self.numel}" + (
                 f" -> {self.out_numel}" if self.out_numel is not None else "")
             root = "" if self.root is None else f" root {self.root}"
-            return f"{self.coll}({self.dtype}{size}{root}{' ' + self.detail if self.detail else ''}) on group {_g(self.group)}{at}"
+            return (f"{self.coll}({self.dtype}{size}{root}{' ' + self.detail if self.detail else ''}) on group "
+                    f"{_g(self.group, self.comm, shared)}{at}")
         kind = "batch_isend_irecv[" if self.kind == "batch" else "un-fused "
-        return kind + "; ".join(str(o) for o in self.ops) + ("]" if self.kind == "batch" else "") + at
+        return kind + "; ".join(o.describe(shared) for o in self.ops) + ("]" if self.kind == "batch" else "") + at
 
 
-def _g(group: tuple[int, ...]) -> str:
-    return "(" + ",".join(map(str, group)) + ")"
+def _g(group: tuple[int, ...], comm: str = "", shared: frozenset = frozenset()) -> str:
+    """A group by its ranks, plus its communicator's name when ``group`` is in ``shared``."""
+    ranks = "(" + ",".join(map(str, group)) + ")"
+    return f"{ranks} [pg {comm or '?'}]" if group in shared else ranks
+
+
+def _shared(traces: list[list[Step]]) -> frozenset:
+    """Member tuples that more than one communicator of the traces has."""
+    comms: dict[tuple[int, ...], set[str]] = defaultdict(set)
+    for trace in traces:
+        for step in trace:
+            comms[step.group].add(step.comm)
+            for op in step.ops:
+                comms[op.group].add(op.comm)
+    return frozenset(g for g, c in comms.items() if len(c) > 1)
 
 
 def _dtype(t: torch.Tensor) -> str:
@@ -141,7 +185,7 @@ class Recorder:
         self.phase = ""
         self._saved: list[tuple[object, str, object]] = []
         self._depth = 0
-        self._groups: dict[int, tuple[int, ...]] = {}
+        self._groups: dict[int, tuple[tuple[int, ...], str]] = {}  # id(group) -> (ranks, identity)
         self._starts: list[tuple[int, int, int]] = []  # (rank, world, first step) per default group
 
     @property
@@ -185,6 +229,8 @@ class Recorder:
             if group is None or group is c10d.GroupMember.WORLD:
                 self._groups.clear()  # ids of destroyed groups may be reused
                 self._starts.append((-1, 0, len(self.steps)))
+            else:
+                self._groups.pop(id(group), None)
             return out
 
         return wrapper
@@ -218,14 +264,18 @@ class Recorder:
                 setattr(module, name, wrapper)
 
     # ---- helpers ----
-    def _ranks(self, group) -> tuple[int, ...] | None:
-        if group is None or group is c10d.GroupMember.WORLD:
-            return tuple(range(dist.get_world_size()))
+    def _group(self, group) -> tuple[tuple[int, ...], str] | None:
+        """(member ranks, identity) of a process group argument; None where this rank is no member."""
         if group is c10d.GroupMember.NON_GROUP_MEMBER:
             return None
         key = id(group)
         if key not in self._groups:
-            self._groups[key] = tuple(dist.get_process_group_ranks(group))
+            if group is None or group is c10d.GroupMember.WORLD:
+                pg = c10d._get_default_group()
+                ranks = tuple(range(dist.get_world_size()))
+            else:
+                pg, ranks = group, tuple(dist.get_process_group_ranks(group))
+            self._groups[key] = (ranks, _pg_name(pg))
         return self._groups[key]
 
     @staticmethod
@@ -260,15 +310,16 @@ class Recorder:
             ba.arguments["tag"] = 0  # NCCL has no tags: match by order only
             if self._depth == 0:
                 a = ba.arguments
-                group = self._ranks(a.get("group"))
-                if group is not None:
+                pg = self._group(a.get("group"))
+                if pg is not None:
+                    group, comm = pg
                     peer = a["dst" if sending else "src"]
                     gpeer = a.get("group_dst" if sending else "group_src")
                     if peer is None and gpeer is not None:
                         peer = group[gpeer]
                     t = a["tensor"]
                     op = P2POp("send" if sending else "recv", -1 if peer is None else int(peer), group,
-                               t.numel(), _dtype(t))
+                               t.numel(), _dtype(t), comm)
                     self._record(Step("p2p", (op,), where=self._where(), phase=self.phase))
             return self._inner(orig, *ba.args, **ba.kwargs)
 
@@ -279,12 +330,13 @@ class Recorder:
             if self._depth == 0 and p2p_op_list:
                 ops = []
                 for o in p2p_op_list:
-                    group = self._ranks(o.group)
+                    group, comm = self._group(o.group) or ((), "")
                     sending = getattr(o.op, "__name__", "") in ("isend", "send")
-                    ops.append(P2POp("send" if sending else "recv", int(o.peer), group or (), o.tensor.numel(),
-                                     _dtype(o.tensor)))
+                    ops.append(P2POp("send" if sending else "recv", int(o.peer), group, o.tensor.numel(),
+                                     _dtype(o.tensor), comm))
                     o.tag = 0
-                self._record(Step("batch", tuple(ops), group=ops[0].group, where=self._where(), phase=self.phase))
+                self._record(Step("batch", tuple(ops), group=ops[0].group, comm=ops[0].comm, where=self._where(),
+                                  phase=self.phase))
             return self._inner(orig, p2p_op_list)
 
         return wrapper
@@ -304,9 +356,10 @@ class Recorder:
         return wrapper
 
     def _describe(self, name: str, a: dict) -> Step | None:
-        group = self._ranks(a.get("group"))
-        if group is None:
+        pg = self._group(a.get("group"))
+        if pg is None:
             return None  # not a member: torch returns without communicating
+        group, comm = pg
         numel = out = root = None
         dtype = detail = ""
         if name in OBJECT_COLLECTIVES:
@@ -339,20 +392,26 @@ class Recorder:
                 gkey = "group_" + key
                 if root is None and a.get(gkey) is not None:
                     root = group[a[gkey]]
-        return Step("coll", coll=name, group=group, numel=numel, out_numel=out, dtype=dtype, root=root,
+        return Step("coll", coll=name, group=group, comm=comm, numel=numel, out_numel=out, dtype=dtype, root=root,
                     detail=detail, where=self._where(), phase=self.phase)
 
     def _new_group_wrapper(self, name: str, orig):
         def wrapper(*args, **kwargs):
             if self._depth == 0:
                 ranks = kwargs.get("ranks", args[0] if args else None)
-                world = tuple(range(dist.get_world_size()))
+                world, comm = self._group(None)
                 detail = "all" if ranks is None else ",".join(map(str, sorted(ranks)))
-                self._record(Step("coll", coll="new_group", group=world, numel=0, detail=detail,
+                self._record(Step("coll", coll="new_group", group=world, comm=comm, numel=0, detail=detail,
                                   where=self._where(), phase=self.phase))
             return self._inner(orig, *args, **kwargs)
 
         return wrapper
+
+
+def _pg_name(pg) -> str:
+    """torch's name of a process group: the same on every rank (module doc)."""
+    name = getattr(c10d, "_get_process_group_name", None)
+    return str(name(pg)) if name is not None else str(getattr(pg, "group_name", ""))
 
 
 _CURRENT: Recorder | None = None
@@ -389,12 +448,13 @@ class Report:
 def replay(traces: list[list[Step]]) -> Report:
     """Replay every rank's trace under NCCL's rules (module doc); report what would hang or mismatch."""
     report = Report()
-    report.problems += _static_rules(traces)
+    shared = _shared(traces)
+    report.problems += _static_rules(traces, shared)
     n = len(traces)
     pc = [0] * n
     dead = [False] * n  # a rank whose current step mismatched: stop it, report once
     posted = [False] * n
-    fifo_len: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])  # (group, src, dst) -> [sends, recvs]
+    fifo_len: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])  # (group, comm, src, dst) -> [sends, recvs]
     fifo_ops: dict[tuple, dict[int, list]] = defaultdict(lambda: defaultdict(lambda: [None, None]))
     position: list[list[int]] = [[] for _ in range(n)]  # per rank: FIFO index of each op of the current step
     coll_seq: list[dict[tuple, int]] = [defaultdict(int) for _ in range(n)]
@@ -408,25 +468,26 @@ def replay(traces: list[list[Step]]) -> Report:
             chunked = {"all_gather_single": (t, 1), "all_gather_into_tensor": (t, 1),
                        "reduce_scatter_single": (1, t), "reduce_scatter_tensor": (1, t)}.get(step.coll)
             if chunked and step.numel * chunked[0] != step.out_numel * chunked[1]:
-                report.problems.append(f"rank {r} step {pc[r]}: {step}: the chunks must be equal on all {t} members "
+                report.problems.append(f"rank {r} step {pc[r]}: {step.describe(shared)}: the chunks must be equal on all {t} members "
                                        f"(input {step.numel}, output {step.out_numel})")
                 dead[r] = True
                 return
-            i = coll_seq[r][step.group]
-            coll_seq[r][step.group] += 1
+            i = coll_seq[r][step.key]
+            coll_seq[r][step.key] += 1
             my_coll_index[r] = i
-            entry = coll_posted[step.group][i]
+            entry = coll_posted[step.key][i]
             entry[r] = (pc[r], step)
             first_rank, (first_pc, first) = next(iter(entry.items()))
             if first_rank != r and first.signature() != step.signature():
-                report.problems.append(f"collective #{i} on group {_g(step.group)} mismatched: rank {first_rank} "
-                                       f"step {first_pc}: {first}; rank {r} step {pc[r]}: {step}")
+                report.problems.append(f"collective #{i} on group {_g(step.group, step.comm, shared)} mismatched: "
+                                       f"rank {first_rank} step {first_pc}: {first.describe(shared)}; rank {r} step "
+                                       f"{pc[r]}: {step.describe(shared)}")
                 dead[r] = True
             return
         idx = []
         for op in step.ops:
             src, dst = (r, op.peer) if op.op == "send" else (op.peer, r)
-            key = (op.group, src, dst)
+            key = (op.group, op.comm, src, dst)
             side = 0 if op.op == "send" else 1
             k = fifo_len[key][side]
             fifo_len[key][side] += 1
@@ -436,18 +497,19 @@ def replay(traces: list[list[Step]]) -> Report:
             if other is not None:
                 orank, opc, oop = other
                 if (oop.numel, oop.dtype) != (op.numel, op.dtype):
-                    report.problems.append(f"p2p #{k} from rank {src} to rank {dst} on group {_g(op.group)} "
-                                           f"mismatched: rank {r} step {pc[r]} {op} vs rank {orank} step {opc} {oop}")
+                    report.problems.append(f"p2p #{k} from rank {src} to rank {dst} on group "
+                                           f"{_g(op.group, op.comm, shared)} mismatched: rank {r} step {pc[r]} "
+                                           f"{op.describe(shared)} vs rank {orank} step {opc} {oop.describe(shared)}")
                     dead[r] = True
         position[r] = idx
 
     def complete(r: int, step: Step) -> bool:
         if step.kind == "coll":
-            return len(coll_posted[step.group][my_coll_index[r]]) == len(step.group)
+            return len(coll_posted[step.key][my_coll_index[r]]) == len(step.group)
         for op, k in zip(step.ops, position[r]):
             src, dst = (r, op.peer) if op.op == "send" else (op.peer, r)
             side = 0 if op.op == "send" else 1
-            if fifo_len[(op.group, src, dst)][1 - side] <= k:
+            if fifo_len[(op.group, op.comm, src, dst)][1 - side] <= k:
                 return False
         return True
 
@@ -459,7 +521,7 @@ def replay(traces: list[list[Step]]) -> Report:
                 step = traces[r][pc[r]]
                 if not posted[r]:
                     if any(op.peer not in op.group or op.peer == r for op in step.ops):
-                        report.problems.append(f"rank {r} step {pc[r]}: bad peer in {step}")
+                        report.problems.append(f"rank {r} step {pc[r]}: bad peer in {step.describe(shared)}")
                         dead[r] = True
                         break
                     post(r, step)
@@ -475,8 +537,8 @@ def replay(traces: list[list[Step]]) -> Report:
     stuck = [r for r in range(n) if pc[r] < len(traces[r]) and not dead[r]]
     for r in stuck:
         step = traces[r][pc[r]]
-        report.problems.append(f"rank {r} stuck at step {pc[r]} of {len(traces[r])}: {step}; "
-                               f"{_waiting_for(r, step, traces, pc, position[r], fifo_len, coll_posted, my_coll_index[r])}")
+        report.problems.append(f"rank {r} stuck at step {pc[r]} of {len(traces[r])}: {step.describe(shared)}; "
+                               f"{_waiting_for(r, step, traces, pc, position[r], fifo_len, coll_posted, my_coll_index[r], shared)}")
     return report
 
 
@@ -500,28 +562,29 @@ def replay_segments(processes: list[list[tuple[int, int, list[Step]]]]) -> Repor
     return report
 
 
-def _waiting_for(r, step, traces, pc, idx, fifo_len, coll_posted, coll_index) -> str:
+def _waiting_for(r, step, traces, pc, idx, fifo_len, coll_posted, coll_index, shared) -> str:
     def where(q: int) -> str:
         if pc[q] >= len(traces[q]):
             return f"rank {q} has finished its {len(traces[q])} steps"
-        return f"rank {q} is at step {pc[q]}: {traces[q][pc[q]]}"
+        return f"rank {q} is at step {pc[q]}: {traces[q][pc[q]].describe(shared)}"
 
     if step.kind == "coll":
-        missing = [q for q in step.group if q not in coll_posted[step.group][coll_index]]
+        missing = [q for q in step.group if q not in coll_posted[step.key][coll_index]]
         return "waiting for " + "; ".join(where(q) for q in missing)
     waits = []
     for op, k in zip(step.ops, idx):
         src, dst = (r, op.peer) if op.op == "send" else (op.peer, r)
         side = 0 if op.op == "send" else 1
-        have = fifo_len[(op.group, src, dst)][1 - side]
+        have = fifo_len[(op.group, op.comm, src, dst)][1 - side]
         if have <= k:
             other = "receive" if op.op == "send" else "send"
             waits.append(f"needs the matching {other} #{k} of rank {op.peer} (posted {have}); {where(op.peer)}")
     return "; ".join(waits)
 
 
-def _static_rules(traces: list[list[Step]]) -> list[str]:
-    """First batched call on a group involves every member; no mixing of batched and un-fused p2p."""
+def _static_rules(traces: list[list[Step]], shared: frozenset = frozenset()) -> list[str]:
+    """First batched call on a communicator involves every member; no mixing of batched and un-fused p2p
+    on one."""
     problems = []
     first: dict[tuple, dict[int, tuple[int, Step]]] = defaultdict(dict)
     modes: dict[tuple, dict[str, tuple[int, int]]] = defaultdict(dict)
@@ -529,35 +592,36 @@ def _static_rules(traces: list[list[Step]]) -> list[str]:
         for i, step in enumerate(trace):
             if step.kind == "p2p":
                 op = step.ops[0]
-                modes[(op.group, min(r, op.peer), max(r, op.peer))].setdefault("un-fused", (r, i))
+                modes[(op.group, op.comm, min(r, op.peer), max(r, op.peer))].setdefault("un-fused", (r, i))
                 continue
             if step.coll == "new_group":
                 # recorded on the world group (every rank, same order), but not a collective on its
                 # communicator: torch syncs new_group through the store, NCCL's world communicator
                 # is still made by the first real call on it
                 continue
-            groups = {op.group for op in step.ops} if step.kind == "batch" else {step.group}
+            groups = {(op.group, op.comm) for op in step.ops} if step.kind == "batch" else {step.key}
             for g in groups:
                 first[g].setdefault(r, (i, step))
             for op in step.ops:
-                modes[(op.group, min(r, op.peer), max(r, op.peer))].setdefault("batched", (r, i))
-    for g, by_rank in sorted(first.items()):
+                modes[(op.group, op.comm, min(r, op.peer), max(r, op.peer))].setdefault("batched", (r, i))
+    for (g, comm), by_rank in sorted(first.items()):
         if not any(s.kind == "batch" for _, s in by_rank.values()):
             continue
         linked = set()
         for r, (_, s) in by_rank.items():
             if s.kind == "batch":
                 linked.add(r)
-                linked.update(op.peer for op in s.ops if op.group == g)
+                linked.update(op.peer for op in s.ops if (op.group, op.comm) == (g, comm))
         left = [q for q in g if q not in linked or q not in by_rank or by_rank[q][1].kind != "batch"]
         if left:
             r, (i, s) = next((r, v) for r, v in sorted(by_rank.items()) if v[1].kind == "batch")
-            problems.append(f"group {_g(g)}: its first call is batch_isend_irecv (rank {r} step {i}: {s}) but "
+            problems.append(f"group {_g(g, comm, shared)}: its first call is batch_isend_irecv (rank {r} step {i}: "
+                            f"{s.describe(shared)}) but "
                             f"ranks {left} do not take part in it: NCCL needs every member in the first "
                             f"collective call on a group")
-    for (g, a, b), seen in sorted(modes.items()):
+    for (g, comm, a, b), seen in sorted(modes.items()):
         if len(seen) == 2:
-            problems.append(f"ranks {a} and {b} mix batched and un-fused p2p on group {_g(g)} (batched at rank "
+            problems.append(f"ranks {a} and {b} mix batched and un-fused p2p on group {_g(g, comm, shared)} (batched at rank "
                             f"{seen['batched'][0]} step {seen['batched'][1]}, un-fused at rank {seen['un-fused'][0]} "
                             f"step {seen['un-fused'][1]}): lazily initialised ProcessGroupNCCL runs them on "
                             f"different communicators")

@@ -23,16 +23,16 @@ from grad_step import train_step
 W = (0, 1)
 
 
-def send(peer, n=8, group=W, dtype="float32"):
-    return P2POp("send", peer, group, n, dtype)
+def send(peer, n=8, group=W, dtype="float32", comm=""):
+    return P2POp("send", peer, group, n, dtype, comm)
 
 
-def recv(peer, n=8, group=W, dtype="float32"):
-    return P2POp("recv", peer, group, n, dtype)
+def recv(peer, n=8, group=W, dtype="float32", comm=""):
+    return P2POp("recv", peer, group, n, dtype, comm)
 
 
-def coll(name, group=W, numel=4, out=None, dtype="float32", root=None):
-    return Step("coll", coll=name, group=group, numel=numel, out_numel=out, dtype=dtype, root=root)
+def coll(name, group=W, numel=4, out=None, dtype="float32", root=None, comm=""):
+    return Step("coll", coll=name, group=group, comm=comm, numel=numel, out_numel=out, dtype=dtype, root=root)
 
 
 # ---- the replay checker on hand-made traces --------------------------------------------------------
@@ -93,6 +93,46 @@ def test_collectives_in_different_orders_deadlock():
     assert not report.ok and "rank 0 stuck" in str(report) and "rank 1 stuck" in str(report)
 
 
+def test_same_member_communicators_in_inverted_order_deadlock():
+    """Two process groups with the same members are two communicators (a plan group next to a DP
+    group of the same ranks): rank 0 all-reduces on A then B, rank 1 on B then A, equal sizes. Under
+    NCCL each blocks in its first call; pairing the calls by position (by member ranks only) would
+    let it through."""
+    traces = [[coll("all_reduce", comm="1"), coll("all_reduce", comm="2")],
+              [coll("all_reduce", comm="2"), coll("all_reduce", comm="1")]]
+    report = replay(traces)
+    text = str(report)
+    assert not report.ok and "rank 0 stuck at step 0" in text and "rank 1 stuck at step 0" in text
+    assert "on group (0,1) [pg 1]" in text and "on group (0,1) [pg 2]" in text  # which communicator
+    # un-fused p2p: one FIFO per communicator, so A's send does not meet B's receive
+    traces = [[Step("p2p", (send(1, comm="1"),)), Step("p2p", (send(1, comm="2"),))],
+              [Step("p2p", (recv(0, comm="2"),)), Step("p2p", (recv(0, comm="1"),))]]
+    report = replay(traces)
+    assert not report.ok and "needs the matching receive #0 of rank 1 (posted 0)" in str(report)
+    # the static rules are per communicator too: un-fused on A and batched on B is no mixing
+    traces = [[Step("batch", (send(1, comm="1"),), group=W, comm="1"), Step("p2p", (send(1, comm="2"),))],
+              [Step("batch", (recv(0, comm="1"),), group=W, comm="1"), Step("p2p", (recv(0, comm="2"),))]]
+    assert replay(traces).ok
+    # the world group and a DP group spanning it: a new_group (world) does not make the batch on
+    # the DP group its first call
+    g = (0, 1, 2)
+    made = Step("coll", coll="new_group", group=g, comm="0", numel=0, detail="0,1,2")
+    traces = [[made, Step("batch", (send(1, group=g, comm="1"),), group=g, comm="1")],
+              [made, Step("batch", (recv(0, group=g, comm="1"),), group=g, comm="1")], [made]]
+    assert "group (0,1,2) [pg 1]: its first call is batch_isend_irecv" in str(replay(traces))
+
+
+def test_same_member_communicators_in_the_same_order_complete():
+    traces = [[coll("all_reduce", comm="1"), coll("all_reduce", numel=8, comm="2")],
+              [coll("all_reduce", comm="1"), coll("all_reduce", numel=8, comm="2")]]
+    assert replay(traces).ok
+    traces = [[Step("p2p", (send(1, comm="1"),)), Step("p2p", (send(1, n=4, comm="2"),))],
+              [Step("p2p", (recv(0, comm="1"),)), Step("p2p", (recv(0, n=4, comm="2"),))]]
+    assert replay(traces).ok
+    # one member set, no communicator named: messages keep the ranks alone
+    assert "[pg" not in str(replay([[coll("all_reduce")], [coll("all_reduce", numel=8)]]))
+
+
 def test_p2p_size_mismatch_is_a_mispairing():
     traces = [[Step("batch", (send(1, 8),), group=W), Step("batch", (send(1, 4),), group=W)],
               [Step("batch", (recv(0, 4),), group=W), Step("batch", (recv(0, 8),), group=W)]]
@@ -148,7 +188,7 @@ def test_recorder_matches_by_order_only(run_ranks_traced_fixture):
     results, traces = run_ranks_traced_fixture(2, _tags_worker)
     assert results[1] == [1.0, 2.0]  # the first receive posted got the first send: order, not tag
     assert [s.kind for s in traces[0]] == ["p2p", "p2p"] and traces[0][0].ops[0].op == "send"
-    assert traces[1][0].ops[0] == P2POp("recv", 0, (0, 1), 3, "float32")
+    assert traces[1][0].ops[0] == P2POp("recv", 0, (0, 1), 3, "float32", "0")  # the default group
 
 
 def _record_worker(rank, world):
@@ -173,9 +213,41 @@ def test_recorder_records_groups_collectives_and_batches(run_ranks_traced_fixtur
     assert kinds[2][0] == "coll" and kinds[2][1] in ALL_GATHERS
     assert "test_nccl_harness.py" in traces[0][2].where  # the caller, not the torch_compat shim
     assert traces[0][2].numel == 4 and traces[0][2].out_numel == 8 and traces[0][1].detail == "SUM"
-    assert traces[0][3].ops == (P2POp("send", 1, (0, 1), 4, "float32"), P2POp("recv", 1, (0, 1), 4, "float32"))
+    assert traces[0][3].ops == (P2POp("send", 1, (0, 1), 4, "float32", "1"),
+                                P2POp("recv", 1, (0, 1), 4, "float32", "1"))
     assert "test_nccl_harness.py" in traces[0][3].where
     assert replay(traces).ok
+
+
+def _same_members_worker(rank, world):
+    """Two groups of ranks 0 and 1 (a third, {1, 2}, created between them), used in inverted order
+    on the two ranks, with equal sizes; asynchronous, so that gloo (a worker thread per group)
+    completes what NCCL's one-stream-per-communicator model would not."""
+    a = dist.new_group([0, 1])
+    dist.new_group([1, 2])
+    b = dist.new_group([0, 1])
+    if rank == 2:
+        return None
+    x, y = torch.ones(4), torch.ones(4)
+    order = [(a, x), (b, y)] if rank == 0 else [(b, y), (a, x)]
+    works = [dist.all_reduce(t, group=g, async_op=True) for g, t in order]
+    for w in works:
+        w.wait()
+    return [x[0].item(), y[0].item()]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_recorder_tells_same_member_groups_apart(run_ranks_traced_fixture):
+    results, traces = run_ranks_traced_fixture(3, _same_members_worker)
+    assert results[:2] == [[2.0, 2.0]] * 2  # gloo let it through
+    report = replay(traces)  # (one sequence per member set would pair A with B and pass)
+    assert not report.ok and "rank 0 stuck at step 3" in str(report) and "rank 1 stuck at step 3" in str(report)
+    made = [s for s in traces[0] if s.coll == "new_group"]
+    assert len(made) == 3 and {s.comm for s in made} == {"0"}  # recorded on the default group
+    reduces = [[(s.group, s.comm) for s in t if s.coll == "all_reduce"] for t in traces]
+    # torch's names, the same on every rank: the creation ordinal, rank 0 counting the group it is not in
+    assert reduces == [[((0, 1), "1"), ((0, 1), "3")], [((0, 1), "3"), ((0, 1), "1")], []]
 
 
 # ---- mutation tests: the former runtime patterns are flagged ------------------------------------------
