@@ -24,6 +24,7 @@ Conventions the runtime relies on:
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
@@ -393,7 +394,9 @@ class Plan:
         return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None)
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
+        """Strict JSON: a non-finite number (in ``meta``) is written null, not ``Infinity`` / ``NaN``,
+        tokens that strict parsers (JavaScript's, jq) refuse; YAML keeps ``.inf``."""
+        return json.dumps(_finite_or_null(self.to_dict()), indent=2, allow_nan=False)
 
     def save(self, path: str | Path) -> None:
         """Write YAML (or JSON for a .json path) atomically: temporary file, then rename."""
@@ -506,6 +509,17 @@ def _plain(value: Any) -> Any:
         return [_plain(v) for v in value]
     if hasattr(value, "item") and type(value).__module__ == "numpy":
         return value.item()
+    return value
+
+
+def _finite_or_null(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by None (for strict JSON)."""
+    if isinstance(value, dict):
+        return {k: _finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite_or_null(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
     return value
 
 

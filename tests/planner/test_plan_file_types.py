@@ -109,6 +109,22 @@ def test_save_writes_what_the_suffix_says_with_numpy_in_meta(tmp_path):
     assert json.loads((tmp_path / "plan.JSON").read_text())["meta"]["seed"] == 3
 
 
+def test_json_is_strict_with_a_non_finite_meta_value(tmp_path):
+    """meta={'time_s': inf} was written as the token Infinity, which strict JSON parsers refuse."""
+    import json
+
+    def refuse(token):
+        raise ValueError(f"not JSON: {token}")
+
+    plan = Plan.from_dict(BASE)
+    plan = Plan(plan.pipelines, plan.num_layers, meta={"time_s": float("inf"), "gap": [float("nan"), 1.0]})
+    plan.save(tmp_path / "plan.json")
+    meta = json.loads((tmp_path / "plan.json").read_text(), parse_constant=refuse)["meta"]
+    assert meta == {"time_s": None, "gap": [None, 1.0]}
+    plan.save(tmp_path / "plan.yaml")  # YAML has .inf
+    assert Plan.load(tmp_path / "plan.yaml").meta["time_s"] == float("inf")
+
+
 @pytest.mark.parametrize("text,key", [
     # a second pipelines: block (a user appending a pipeline) replaced the first: plan of device 1 only
     ("num_layers: 4\npipelines:\n  - {batch_size: 2, micro_batch_size: 1, stages: [{devices: [0], layers: [0, 4]}]}\n"
