@@ -78,6 +78,8 @@ class _Best:
 
     def __init__(self, name: str):
         self.name, self.cost, self.plan, self.est, self.tried, self.note = name, math.inf, None, None, 0, ""
+        self.blind = 0
+        """Candidates with no layer split that fits in memory (offered only for the ignoring-memory figure)."""
         self.loose: Estimate | None = None
         self.empty = ""
         """Why the space had no candidate at all (set by the caller): said instead of memory."""
@@ -87,16 +89,17 @@ class _Best:
         est = estimate(plan, cluster, workload)
         if not blind:
             self.tried += 1
+        self.blind += blind
         if not blind and est.cost < self.cost:
             self.cost, self.plan, self.est, self.note = est.cost, plan, est, note
         if self.loose is None or est.iteration_time_s < self.loose.iteration_time_s:
             self.loose = est
 
     def result(self) -> BaselineResult:
-        if self.plan is None and self.tried == 0 and self.empty:
+        if self.plan is None and self.tried == 0 and not self.blind and self.empty:
             return BaselineResult(self.name, None, None, self.empty, self.loose)
         if self.plan is None:
-            return BaselineResult(self.name, None, None, f"no configuration fits in memory ({self.tried} tried)",
+            return BaselineResult(self.name, None, None, f"no configuration fits in memory ({_tried(self)})",
                                   self.loose)
         return BaselineResult(self.name, self.plan, self.est, self.note, self.loose)
 
@@ -112,6 +115,7 @@ class _Believed:
         self.name, self.belief, self.tried = name, belief, 0
         self.ranked: list[tuple[float, int, Plan, str]] = []
         self.fastest: tuple[float, int, Plan] | None = None
+        self.blind = 0
         self.empty = ""
 
     def offer(self, plan: Plan, cluster: Cluster, workload: Workload, note: str = "", blind: bool = False) -> None:
@@ -119,6 +123,7 @@ class _Believed:
         if self.fastest is None or est.iteration_time_s < self.fastest[0]:
             self.fastest = (est.iteration_time_s, self.tried, plan)
         if blind:
+            self.blind += 1
             return
         if est.feasible:
             self.ranked.append((est.cost, self.tried, plan, note))
@@ -134,10 +139,17 @@ class _Believed:
                 retuned = f", {k} believed-better plans do not fit the real devices" if k else ""
                 return BaselineResult(self.name, plan, est, f"{note}; chosen under a homogeneous belief "
                                       f"(believed {believed:.3f} s{retuned})", loose)
-        if self.tried == 0 and self.empty:
+        if self.tried == 0 and not self.blind and self.empty:
             return BaselineResult(self.name, None, None, self.empty, loose)
-        return BaselineResult(self.name, None, None, f"no configuration fits in memory ({self.tried} tried, "
+        return BaselineResult(self.name, None, None, f"no configuration fits in memory ({_tried(self)}, "
                               f"{len(self.ranked)} fit the homogeneous belief)", loose)
+
+
+def _tried(best: _Best | _Believed) -> str:
+    """'N tried', and the candidates none of whose layer splits fits (Galvatron's free split): they
+    are configurations too, so the space was not empty (it said "no (dp, tp, pp) suits the model")."""
+    extra = f", {best.blind} of them with no layer split that fits" if best.blind else ""
+    return f"{best.tried + best.blind} tried{extra}"
 
 
 def homogeneous_belief(cluster: Cluster, memory_bytes: float | None = None) -> Cluster:

@@ -284,3 +284,15 @@ def test_a_space_without_candidates_says_why_not_memory(tiny, aware):
     r = B.megatron(c, tiny, 24, FAST, aware=aware)
     assert r.plan is None
     assert "dp x tp x pp = 7 devices" in r.note and "memory" not in r.note, r.note
+
+
+def test_candidates_with_no_layer_split_that_fits_are_a_memory_failure():
+    """The case study (Llama-2 13B, batch 24), Galvatron as `--baselines` runs it (unaware of the
+    heterogeneity): every candidate has a (dp, tp, pp) but no layer split that fits. The note said "no (dp, tp, pp) ... suits the model and batch" (the space was not
+    empty: its ignoring-memory figure was priced from those candidates); it is a memory failure."""
+    c = Cluster.load("case_study")
+    w = Workload(LlamaConfig.load("llama2_13b"))
+    r = B.galvatron(c, w, 24, FAST)
+    assert r.plan is None and r.ignoring_memory is not None
+    assert "no configuration fits in memory" in r.note and "with no layer split that fits" in r.note, r.note
+    assert "suits the model" not in r.note, r.note
