@@ -352,6 +352,9 @@ class GradientMethods:
             agree(lambda: (one_evaluation_per_step(self.optimizers), every_parameter_optimized(
                 frozen(self.lightning_module, type(self.lightning_module).__name__), self.optimizers)),
                 self.global_rank, self.world_size)
+            if trainer.gradient_clip_val and str(trainer.gradient_clip_algorithm).lower().endswith("value"):
+                # refused here, before the first step ran (the Trainer's settings: every rank alike)
+                self.pipeline_model.step_adapter.check_value_clipping()
         except RuntimeError as e:
             if "multiple optimizers" not in str(e):
                 raise

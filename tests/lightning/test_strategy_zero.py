@@ -134,9 +134,16 @@ def test_value_clipping_under_zero_is_refused_once(tmp_path, capfd):
 
     plan = dataclasses.replace(plan_of([(4, 2, [([0], (0, 4))]), (2, 1, [([1], (0, 4))])]), dp_sharding="zero2")
     trainer = hexiscale_trainer(plan, tmp_path, max_steps=2, gradient_clip_val=0.5, gradient_clip_algorithm="value")
+
+    class MarksItsSteps(type(module())):
+        def training_step(self, batch, batch_idx):
+            (tmp_path / f"stepped{self.global_rank}").touch()
+            return super().training_step(batch, batch_idx)
+
     with pytest.raises(ConfigError, match=r"gradient_clip_algorithm\) = 'value'.*dp_sharding=zero2.*'norm'"):
-        trainer.fit(module(), loader(12, 6))
+        trainer.fit(MarksItsSteps(module().config, dtype=module().param_dtype), loader(12, 6))
     assert "Traceback" not in capfd.readouterr().err
+    assert not list(tmp_path.glob("stepped*"))  # refused in setup, before a step ran (it was at the first clip)
 
 
 class _GroupsByShape(LlamaLitModule):
