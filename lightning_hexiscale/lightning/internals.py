@@ -386,9 +386,11 @@ class ProcessLauncher(_MultiProcessingLauncher):
     def launch(self, function, *args: Any, trainer=None, **kwargs: Any) -> Any:
         import multiprocessing
 
+        from lightning.pytorch.utilities.exceptions import SIGTERMException
         from torch.multiprocessing import ProcessExitedException
 
         from lightning_hexiscale.lightning.launch.guard import fit_ran_in_workers
+        from lightning_hexiscale.lightning.launch.sigterm import EXIT_SIGTERM, ForwardToWorkers
         from lightning_hexiscale.runtime import collect_before_fork
 
         self.guard.before_launch(function, args, kwargs, trainer)
@@ -397,17 +399,20 @@ class ProcessLauncher(_MultiProcessingLauncher):
         self._errors = multiprocessing.get_context(self._start_method).SimpleQueue()
         # Once rank 0 has handed its error back and exited, torch's join terminates the other
         # workers (already on their way out) and logs a warning per worker: noise then.
-        quiet = _DropRecords("Terminating process", lambda: not self._errors.empty())
+        sigterm = ForwardToWorkers(self)  # this process is no rank: a SIGTERM goes to the workers
+        quiet = _DropRecords("Terminating process", lambda: not self._errors.empty() or sigterm.received)
         spawn_log = logging.getLogger("torch.multiprocessing.spawn")
         spawn_log.addFilter(quiet)
         try:
-            with job_watch.workers_ignore_sigint_at_start():  # no traceback from a worker's bootstrap
+            with sigterm, job_watch.workers_ignore_sigint_at_start():  # no traceback from a worker's bootstrap
                 result = super().launch(function, *args, trainer=trainer, **kwargs)
             fit_ran_in_workers(self.guard.call_model, self._start_method)
             return result
         except ProcessExitedException:
             if not self._errors.empty():
                 raise self._errors.get() from None
+            if sigterm.received:
+                raise SIGTERMException(EXIT_SIGTERM) from None
             raise
         finally:
             spawn_log.removeFilter(quiet)
@@ -418,7 +423,10 @@ class ProcessLauncher(_MultiProcessingLauncher):
 
         from lightning_hexiscale.lightning.launch.guard import IdleRankExit
 
+        from lightning_hexiscale.lightning.launch.sigterm import ForwardToWorkers
+
         job_watch.worker_entry()
+        ForwardToWorkers.leave_in_worker()  # fork: the caller's forwarding handler is not this worker's
         self._collected = None
         try:
             super()._wrapping_function(process_idx, trainer, function, args, kwargs, return_queue, global_states)

@@ -12,6 +12,8 @@ a new strategy (``cluster=None``, no plan; or another plan) validates the same m
 prints ``RESULT <rank> <val_loss>`` or ``CAUGHT <rank> <type>: <message>``. ``sigterm``: 200 steps, rank 0
 prints ``STEP <n>`` after each and sleeps (where the test's SIGTERM to this process lands); what
 ``fit`` raises is printed as ``CAUGHT <type> <exit code>`` and raised again.
+``python api_error_job.py sigterm spawn`` (or ``fork``): the same with that start method; the
+caller prints ``CAUGHT <type> ...`` for whatever ``fit`` raises there.
 """
 
 from __future__ import annotations
@@ -79,7 +81,8 @@ def main() -> None:
         return
     layers = 6 if case == "layers" else 4
     plan = plan_of([(4, 2, [([0], (0, layers))]), (2, 1, [([1], (0, layers))])], num_layers=layers)
-    strategy = HexiScaleStrategy(plan=plan, timeout=PG_TIMEOUT)
+    start_method = sys.argv[2] if len(sys.argv) > 2 else "popen"
+    strategy = HexiScaleStrategy(plan=plan, timeout=PG_TIMEOUT, start_method=start_method)
     interrupt = GracefulInterrupt()
     callbacks = [interrupt, CtrlCOnRank1(interrupt)] if case == "interrupt" else []
     callbacks += [SlowSteps()] if case == "sigterm" else []
@@ -94,6 +97,10 @@ def main() -> None:
         if os.environ.get("HEXISCALE_POPEN_CHILD") != "1":  # the launching process: the caller of fit
             print(f"CAUGHT {type(e).__name__} {e.code}", flush=True)
         raise
+    except BaseException as e:
+        if case == "sigterm":
+            print(f"CAUGHT {type(e).__name__}: {str(e)[:200]}", flush=True)
+            raise
     except Exception as e:  # noqa: BLE001 -- what the user's code sees is what is tested
         print(f"CAUGHT {type(e).__name__}: {e}", flush=True)
         time.sleep(6)  # Lightning's own observer would SIGKILL this process within 5 s

@@ -594,3 +594,54 @@ def test_frozen_parameters_may_be_evaluated():
     want = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False).validate(
         _FrozenInConfigureModel(TINY, dtype=torch.float64, init_seed=7), loader(12, 6), verbose=False)
     assert got[0]["val_loss"] == pytest.approx(want[0]["val_loss"], abs=1e-9)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("start_method", ["spawn", "fork"])
+def test_sigterm_to_the_caller_of_a_spawn_or_fork_job_stops_its_workers(tmp_path, start_method):
+    """spawn / fork: the process that calls fit is no rank and Lightning registers no SIGTERM handler
+    there, so `kill <pid>` of the user's script ended it at once (status 143, nothing printed, no
+    exception in the script) and left both workers training on, orphaned (they ran the 200 steps).
+    Now the caller forwards the signal to its workers for the duration of the launch: they stop at
+    the same step, rank 0 prints one line, fit raises SIGTERMException in the caller (status 143),
+    and no process is left."""
+    import signal
+    import time
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PL_", "LOCAL_", "MASTER_", "WORLD_", "RANK"))}
+    env["PYTHONPATH"] = os.pathsep.join(map(str, (HERE, HERE.parent, HERE.parents[1])))
+    out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    with open(out, "w") as o, open(err, "w") as e:
+        p = subprocess.Popen([sys.executable, str(HERE / "api_error_job.py"), "sigterm", start_method], stdout=o,
+                             stderr=e, env=env, start_new_session=True)
+    try:
+        t0 = time.time()
+        while "STEP 3\n" not in out.read_text():
+            assert p.poll() is None and time.time() - t0 < 100, err.read_text()[-3000:]
+            time.sleep(0.2)
+        p.send_signal(signal.SIGTERM)  # the calling process only, as `kill <pid>` does
+        sent = time.time()
+        try:
+            code = p.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still running 40 s after SIGTERM: {out.read_text()[-500:]}")
+        took = time.time() - sent
+        time.sleep(3)
+        left = subprocess.run(["ps", "-o", "pid=,stat=", "-g", str(p.pid)], capture_output=True, text=True).stdout
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    stdout, stderr = out.read_text(), err.read_text()
+    assert [ln for ln in left.splitlines() if "Z" not in ln.split()[1]] == [], f"workers left running: {left}"
+    assert code == 143 and took < 30, (code, took, stdout[-1000:], stderr[-3000:])
+    assert [ln for ln in stdout.splitlines() if ln.startswith("CAUGHT")] == ["CAUGHT SIGTERMException 143"], stdout
+    steps = [int(ln.split()[1]) for ln in stdout.splitlines() if ln.startswith("STEP")]
+    lines = [ln for ln in stderr.splitlines() if ln.startswith("hexiscale:")]
+    assert lines == [f"hexiscale: terminated (SIGTERM) after step {steps[-1]}: every rank stopped at this step "
+                     "(trainer.fit raises Lightning's SIGTERMException, exit status 143)"], stderr[-3000:]
+    assert steps[-1] < 10, steps
+    for text in ("Traceback", "Terminating process", "RankFailure"):
+        assert text not in stderr, stderr[-3000:]

@@ -29,6 +29,7 @@ status 143 (128 + SIGTERM, as a shell reports it; Lightning's has none, so the s
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
@@ -72,4 +73,53 @@ class SigtermStop:
             print(f"hexiscale: terminated (SIGTERM) after step {trainer.global_step}: every rank stopped at this "
                   f"step (trainer.fit raises Lightning's SIGTERMException, exit status {EXIT_SIGTERM})",
                   file=sys.stderr, flush=True)
+        raise SIGTERMException(EXIT_SIGTERM)
+
+
+class ForwardToWorkers:
+    """spawn / fork: the process that calls ``trainer.fit`` is no rank, and Lightning registers no
+    SIGTERM handler there, so ``kill <pid>`` of the user's script ended it at once (exit status 143,
+    nothing printed) and left its workers training on, orphaned. For the duration of the launch this
+    handler forwards a SIGTERM to the workers instead (they stop at the same step, as above: rank 0
+    prints the line) and the launch ends with Lightning's ``SIGTERMException`` (exit status 143) once
+    they have ended. A second SIGTERM while they stop ends them and the caller at once. The caller's
+    previous handler is restored after the launch."""
+
+    def __init__(self, launcher):
+        self.launcher = launcher
+        self.received = 0
+        self._before = None
+        self._pid = os.getpid()
+
+    def __enter__(self) -> ForwardToWorkers:
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            self._before = signal.signal(signal.SIGTERM, self._notify)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._before is not None:
+            signal.signal(signal.SIGTERM, self._before)
+            self._before = None
+
+    @staticmethod
+    def leave_in_worker() -> None:
+        """In a fork worker (at its entry): the caller's previous handler again, so that Lightning's
+        signal connector composes that one, not the forwarding, with its own."""
+        handler = signal.getsignal(signal.SIGTERM)
+        owner = getattr(handler, "__self__", None)
+        if isinstance(owner, ForwardToWorkers) and owner._before is not None:
+            signal.signal(signal.SIGTERM, owner._before)
+
+    def _notify(self, signum, frame) -> None:
+        if os.getpid() != self._pid:  # a fork worker before the strategy's setup replaced it: the default
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        self.received += 1
+        if self.received == 1:
+            self.launcher.kill(signal.SIGTERM)
+            return
+        self.launcher.kill(signal.SIGKILL)  # a second SIGTERM: stop waiting for the workers
         raise SIGTERMException(EXIT_SIGTERM)
