@@ -408,6 +408,9 @@ class ProcessLauncher(_MultiProcessingLauncher):
                 result = super().launch(function, *args, trainer=trainer, **kwargs)
             fit_ran_in_workers(self.guard.call_model, self._start_method)
             return result
+        except KeyboardInterrupt:
+            job_watch.stop_workers(self.procs)  # SIGINT to the caller alone: Lightning's exit waited for them
+            raise
         except ProcessExitedException:
             if not self._errors.empty():
                 raise self._errors.get() from None

@@ -645,3 +645,45 @@ def test_sigterm_to_the_caller_of_a_spawn_or_fork_job_stops_its_workers(tmp_path
     assert steps[-1] < 10, steps
     for text in ("Traceback", "Terminating process", "RankFailure"):
         assert text not in stderr, stderr[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("start_method", ["spawn", "fork"])
+def test_sigint_to_the_caller_alone_of_a_spawn_or_fork_job_stops_its_workers(tmp_path, start_method):
+    """`kill -INT <pid>` of the script (a Ctrl-C that reaches the caller but not its workers, e.g. a
+    supervisor forwarding it): Lightning's KeyboardInterrupt handling in the caller kills only a popen
+    launcher's children, and the caller's exit (multiprocessing joins its workers) waited while both
+    workers trained on to the last step. Now the workers get SIGINT too: the job ends within seconds
+    as a terminal's Ctrl-C ends it (Lightning's one line, exit status 1), no process left."""
+    import signal
+    import time
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PL_", "LOCAL_", "MASTER_", "WORLD_", "RANK"))}
+    env["PYTHONPATH"] = os.pathsep.join(map(str, (HERE, HERE.parent, HERE.parents[1])))
+    out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    with open(out, "w") as o, open(err, "w") as e:
+        p = subprocess.Popen([sys.executable, str(HERE / "api_error_job.py"), "sigterm", start_method], stdout=o,
+                             stderr=e, env=env, start_new_session=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        t0 = time.time()
+        while "STEP 3\n" not in out.read_text():
+            assert p.poll() is None and time.time() - t0 < 100, err.read_text()[-3000:]
+            time.sleep(0.2)
+        p.send_signal(signal.SIGINT)  # the calling process only
+        try:
+            code = p.wait(timeout=30)  # the old code waited for the 200 steps (60 s and more)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still running 30 s after SIGINT: {out.read_text()[-300:]}")
+        time.sleep(3)
+        left = subprocess.run(["ps", "-o", "pid=,stat=", "-g", str(p.pid)], capture_output=True, text=True).stdout
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    stdout, stderr = out.read_text(), err.read_text()
+    assert [ln for ln in left.splitlines() if "Z" not in ln.split()[1]] == [], f"workers left running: {left}"
+    assert code == 1 and "FINISHED" not in stdout, (code, stdout[-500:], stderr[-3000:])
+    assert stderr.count("Detected KeyboardInterrupt") == 1 and "Traceback" not in stderr, stderr[-3000:]

@@ -405,3 +405,24 @@ def phased(fn: Callable, phase: str, step: Callable[[], int | None]) -> Callable
                 watch.set_phase(*before)
     wrapper.__wrapped__ = fn
     return wrapper
+
+
+def stop_workers(procs: list, own_s: float = 1.0, grace_s: float = 10.0) -> None:
+    """Ctrl-C in the caller of a spawn/fork job (``procs``: its workers). A terminal's Ctrl-C reached
+    the workers too (each ends through Lightning's KeyboardInterrupt handling); a SIGINT to the caller
+    alone did not, and the caller's exit (multiprocessing joins its workers) waited for the whole
+    training. Workers still alive after ``own_s`` get SIGINT, those alive after ``grace_s`` SIGKILL."""
+    def alive() -> list:
+        return [p for p in procs if p.is_alive() and p.pid is not None]
+
+    for deadline, signum in ((own_s, signal.SIGINT), (grace_s, signal.SIGKILL)):
+        end = time.monotonic() + deadline
+        while alive() and time.monotonic() < end:
+            time.sleep(0.05)
+        for p in alive():
+            try:
+                os.kill(p.pid, signum)
+            except ProcessLookupError:
+                pass
+    for p in procs:
+        p.join(timeout=2.0)
