@@ -262,6 +262,20 @@ def stop_on_sigterm(trainer) -> None:
     stop = SigtermStop(trainer, mark_received)
     connector._sigterm_notifier_fn = stop.notify
     trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = stop.agree
+    strategy = trainer.strategy
+    for name in ("validation_step", "test_step", "predict_step"):  # every rank, at each evaluation batch
+        step = getattr(type(strategy), name).__get__(strategy)
+
+        def agreed(*args, _step=step, **kwargs):
+            stop.agree_evaluation(_batch_index(args, kwargs))  # returns at once inside fit
+            return _step(*args, **kwargs)
+
+        setattr(strategy, name, agreed)
+
+
+def _batch_index(args: tuple, kwargs: dict) -> int:
+    """``batch_idx`` of a Lightning step call (``step(batch, batch_idx, ...)``)."""
+    return int(kwargs.get("batch_idx", args[1] if len(args) > 1 else -1))
 
 
 # ---- the optimizer (torch's private names) ------------------------------------------------------

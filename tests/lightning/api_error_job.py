@@ -73,11 +73,47 @@ class SlowSteps(pl.Callback):
             time.sleep(0.3)
 
 
+class SlowEvalBatches(pl.Callback):
+    def _end(self, trainer, batch_idx):
+        if trainer.is_global_zero:
+            print(f"BATCH {batch_idx}", flush=True)
+            time.sleep(0.3)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        self._end(trainer, batch_idx)
+
+    def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        self._end(trainer, batch_idx)
+
+
+def evaluate_until_sigterm(case: str) -> None:
+    """``sigterm_validate`` / ``sigterm_predict``: a 2-stage pipeline evaluates 200 batches; rank 0
+    prints ``BATCH <i>`` after each and sleeps (where the test's SIGTERM lands)."""
+    plan = plan_of([(4, 2, [([0], (0, 2)), ([1], (2, 4))])])
+    trainer = pl.Trainer(strategy=HexiScaleStrategy(plan=plan, timeout=PG_TIMEOUT), accelerator="cpu", devices=2,
+                         logger=False, callbacks=[SlowEvalBatches()], enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    data = loader(800, 4)
+    try:
+        if case == "sigterm_validate":
+            trainer.validate(module(), data, verbose=False)
+        else:
+            trainer.predict(module(), data, return_predictions=False)
+        print("FINISHED", flush=True)
+    except BaseException as e:
+        if os.environ.get("HEXISCALE_POPEN_CHILD") != "1":
+            print(f"CAUGHT {type(e).__name__}: {str(e)[:300]}", flush=True)
+        raise
+
+
 def main() -> None:
     case = sys.argv[1]
     torch.set_num_threads(1)
     if case in ("new_trainer", "other_plan"):
         validate_with_a_new_trainer(case)
+        return
+    if case in ("sigterm_validate", "sigterm_predict"):
+        evaluate_until_sigterm(case)
         return
     layers = 6 if case == "layers" else 4
     plan = plan_of([(4, 2, [([0], (0, layers))]), (2, 1, [([1], (0, layers))])], num_layers=layers)

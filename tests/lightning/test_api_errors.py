@@ -687,3 +687,50 @@ def test_sigint_to_the_caller_alone_of_a_spawn_or_fork_job_stops_its_workers(tmp
     assert [ln for ln in left.splitlines() if "Z" not in ln.split()[1]] == [], f"workers left running: {left}"
     assert code == 1 and "FINISHED" not in stdout, (code, stdout[-500:], stderr[-3000:])
     assert stderr.count("Detected KeyboardInterrupt") == 1 and "Traceback" not in stderr, stderr[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("call", ["validate", "predict"])
+def test_sigterm_during_validate_or_predict_stops_every_rank_at_the_same_batch_popen(tmp_path, call):
+    """`kill <pid>` of a script in trainer.validate / trainer.predict (2-stage pipeline, popen). Before:
+    the handler set Lightning's flag at once, so validate stopped each rank after its own batch with a
+    codeless SIGTERMException (exit status 0, nothing printed; a rank a batch ahead of its peer could
+    leave it in a pipeline exchange), and predict, whose loop reads no flag, ignored the signal and
+    ran all 200 batches. Now every rank agrees at each evaluation batch start: one line from rank 0,
+    SIGTERMException(143) in the script, no process left."""
+    import signal
+    import time
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PL_", "LOCAL_", "MASTER_", "WORLD_", "RANK"))}
+    env["PYTHONPATH"] = os.pathsep.join(map(str, (HERE, HERE.parent, HERE.parents[1])))
+    out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    with open(out, "w") as o, open(err, "w") as e:
+        p = subprocess.Popen([sys.executable, str(HERE / "api_error_job.py"), f"sigterm_{call}"], stdout=o, stderr=e,
+                             env=env, start_new_session=True)
+    try:
+        t0 = time.time()
+        while "BATCH 3\n" not in out.read_text():
+            assert p.poll() is None and time.time() - t0 < 100, err.read_text()[-3000:]
+            time.sleep(0.2)
+        p.send_signal(signal.SIGTERM)
+        try:
+            code = p.wait(timeout=30)  # predict on the old code ran on for 60 s
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still running 30 s after SIGTERM: {out.read_text()[-300:]}")
+        time.sleep(2)
+        left = subprocess.run(["ps", "-o", "pid=,stat=", "-g", str(p.pid)], capture_output=True, text=True).stdout
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    stdout, stderr = out.read_text(), err.read_text()
+    assert [ln for ln in left.splitlines() if "Z" not in ln.split()[1]] == [], f"ranks left running: {left}"
+    # -6: gloo's 'terminate called without an active exception' at interpreter exit, an intermittent
+    # teardown race seen also with Ctrl-C (reported separately, not fixed here)
+    assert code == 143 or (code == -6 and "terminate called" in stderr), (code, stdout[-500:], stderr[-3000:])
+    assert [ln for ln in stdout.splitlines() if ln.startswith("CAUGHT")] == ["CAUGHT SIGTERMException: 143"], stdout
+    lines = [ln for ln in stderr.splitlines() if ln.startswith("hexiscale:")]
+    assert len(lines) == 1 and lines[0].startswith(f"hexiscale: terminated (SIGTERM) during {call} before batch ")
+    assert "FINISHED" not in stdout and "Traceback" not in stderr, stderr[-3000:]

@@ -445,5 +445,8 @@ def test_sigterm_without_graceful_interrupt_is_agreed_at_the_next_batch():
     quiet = SigtermStop(trainer, lambda: marked.append("quiet"))
     quiet.agree()  # nobody got SIGTERM: training goes on
     trainer.state.fn = TrainerFn.VALIDATING
-    quiet.notify(signal.SIGTERM, None)  # no training batch to agree at: Lightning's flag at once
-    assert marked == [True, "quiet"]
+    quiet.notify(signal.SIGTERM, None)  # validate/test/predict: agreed at the next evaluation batch too
+    assert marked == [True] and quiet.received
+    with pytest.raises(SIGTERMException) as e:
+        quiet.agree_evaluation(5)
+    assert e.value.code == 143 and marked == [True, "quiet"]

@@ -20,9 +20,10 @@ there, rank 0 prints one line, and every rank raises Lightning's ``SIGTERMExcept
 status 143 (128 + SIGTERM, as a shell reports it; Lightning's has none, so the script exited 0).
 
 - During validation inside ``fit``: the flag waits for the next training batch (validation ends first).
-- ``validate`` / ``test`` / ``predict`` (no training batch to agree at): the handler sets
-  ``received_sigterm`` at once, as Lightning's does; each rank stops after its current batch, and a
-  rank that stops one batch before a peer ends that peer with a :class:`~..errors.RankFailure`.
+- ``validate`` / ``test`` / ``predict``: the same agreement at the start of each batch
+  (:meth:`SigtermStop.agree_evaluation`); before, the handler set ``received_sigterm`` at once: each
+  rank stopped after its own batch with a codeless SIGTERMException (exit status 0, no message), and
+  ``predict`` (whose loop reads no flag) ignored the signal and ran to its end.
 - ``GracefulInterrupt`` (``hexiscale train``) and ``ElasticRun`` take SIGTERM over at train start
   (they register after this handler) and restore it at the end; the agreement then sees no flag.
 """
@@ -57,16 +58,11 @@ class SigtermStop:
             launcher = self.trainer.strategy.launcher
             if launcher is not None:
                 launcher.kill(signum)  # the processes this one started; a popen child started none
-        if self.trainer.state.fn != TrainerFn.FITTING:
-            self.mark_received()  # no training batch to agree at: Lightning's evaluation loop stops
 
     def agree(self) -> None:
         """At the start of each training batch, on every rank: stop every rank when any got SIGTERM."""
         trainer = self.trainer
-        code = torch.tensor(int(self.received), device=trainer.strategy.root_device)
-        if trainer.world_size > 1:
-            code = trainer.strategy.reduce(code, reduce_op="max")
-        if not int(code.item()):
+        if not self._any_received():
             return
         self.mark_received()
         if trainer.is_global_zero:
@@ -74,6 +70,28 @@ class SigtermStop:
                   f"step (trainer.fit raises Lightning's SIGTERMException, exit status {EXIT_SIGTERM})",
                   file=sys.stderr, flush=True)
         raise SIGTERMException(EXIT_SIGTERM)
+
+    def agree_evaluation(self, batch_idx: int) -> None:
+        """At the start of each batch of ``validate`` / ``test`` / ``predict`` (not inside ``fit``: the
+        next training batch agrees), on every rank: the same agreement. Lightning's prediction loop
+        reads no SIGTERM flag at all, and its evaluation loop stops each rank after its own batch."""
+        trainer = self.trainer
+        if trainer.state.fn == TrainerFn.FITTING or not self._any_received():
+            return
+        self.mark_received()
+        call = trainer.state.fn.value
+        if trainer.is_global_zero:
+            print(f"hexiscale: terminated (SIGTERM) during {call} before batch {batch_idx}: every rank stopped "
+                  f"there (trainer.{call} raises Lightning's SIGTERMException, exit status {EXIT_SIGTERM})",
+                  file=sys.stderr, flush=True)
+        raise SIGTERMException(EXIT_SIGTERM)
+
+    def _any_received(self) -> bool:
+        trainer = self.trainer
+        code = torch.tensor(int(self.received), device=trainer.strategy.root_device)
+        if trainer.world_size > 1:
+            code = trainer.strategy.reduce(code, reduce_op="max")
+        return bool(int(code.item()))
 
 
 class ForwardToWorkers:
