@@ -133,14 +133,14 @@ def main() -> None:
         if os.environ.get("HEXISCALE_POPEN_CHILD") != "1":  # the launching process: the caller of fit
             print(f"CAUGHT {type(e).__name__} {e.code}", flush=True)
         raise
-    except BaseException as e:
-        if case == "sigterm":
-            print(f"CAUGHT {type(e).__name__}: {str(e)[:200]}", flush=True)
-            raise
     except Exception as e:  # noqa: BLE001 -- what the user's code sees is what is tested
         print(f"CAUGHT {type(e).__name__}: {e}", flush=True)
         time.sleep(6)  # Lightning's own observer would SIGKILL this process within 5 s
         print("ALIVE", flush=True)
+    except BaseException as e:  # spawn/fork caller: what else fit raised (KeyboardInterrupt, SystemExit)
+        if os.environ.get("HEXISCALE_POPEN_CHILD") != "1":
+            print(f"CAUGHT {type(e).__name__}: {str(e)[:200]}", flush=True)
+        raise
 
 
 if __name__ == "__main__":
