@@ -170,7 +170,10 @@ def test_sigterm_to_a_user_script_stops_every_rank_at_the_same_step_popen(tmp_pa
         except ProcessLookupError:
             pass
     stdout, stderr = out.read_text(), err.read_text()
-    assert code == 143 and took < 30, (code, took, stdout[-1000:], stderr[-3000:])
+    # -6: gloo's 'terminate called without an active exception' at interpreter exit, after the job's work
+    # and its lines (the teardown race the validate/predict test allows too; seen once in a clean-clone run)
+    assert (code == 143 or (code == -6 and "terminate called" in stderr)) and took < 30, (
+        code, took, stdout[-1000:], stderr[-3000:])
     assert [ln for ln in stdout.splitlines() if ln.startswith("CAUGHT")] == ["CAUGHT SIGTERMException 143"], stdout
     steps = [int(ln.split()[1]) for ln in stdout.splitlines() if ln.startswith("STEP")]
     lines = [ln for ln in stderr.splitlines() if ln.startswith("hexiscale:")]
@@ -636,7 +639,10 @@ def test_sigterm_to_the_caller_of_a_spawn_or_fork_job_stops_its_workers(tmp_path
             pass
     stdout, stderr = out.read_text(), err.read_text()
     assert [ln for ln in left.splitlines() if "Z" not in ln.split()[1]] == [], f"workers left running: {left}"
-    assert code == 143 and took < 30, (code, took, stdout[-1000:], stderr[-3000:])
+    # -6: gloo's 'terminate called without an active exception' at interpreter exit, after the job's work
+    # and its lines (the teardown race the validate/predict test allows too; seen once in a clean-clone run)
+    assert (code == 143 or (code == -6 and "terminate called" in stderr)) and took < 30, (
+        code, took, stdout[-1000:], stderr[-3000:])
     assert [ln for ln in stdout.splitlines() if ln.startswith("CAUGHT")] == ["CAUGHT SIGTERMException 143"], stdout
     steps = [int(ln.split()[1]) for ln in stdout.splitlines() if ln.startswith("STEP")]
     lines = [ln for ln in stderr.splitlines() if ln.startswith("hexiscale:")]
