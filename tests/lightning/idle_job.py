@@ -11,11 +11,14 @@ search replaced by PLAN_FILE (the search that chooses idle devices is not this t
 saves every 2 steps and resumes from the newest checkpoint at every start.
 Training rank 0 appends ``{"step", "loss", "world", "time"}`` per step to ``OUT/losses.jsonl``; every process
 writes ``OUT/done<launch rank>`` (its rank and world size as the Trainer saw them) when ``fit``
-returns. With FAIL_STEP, training rank 1 raises at that step.
+returns. With FAIL_STEP, training rank 1 raises at that step. At a normal exit every process prints
+``process groups at exit: <initialized>`` from an ``atexit`` handler registered before the strategy's,
+so it runs after it (``runtime.host.destroy_groups_at_exit``: ``False`` expected).
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import sys
@@ -24,6 +27,7 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
+import torch.distributed as dist
 from lightning.pytorch.callbacks import ModelCheckpoint
 from strategy_helpers import TINY, loader, module
 
@@ -56,6 +60,7 @@ def main() -> None:
     out, mode, plan_file, max_steps = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
     fail_step = int(sys.argv[5]) if len(sys.argv) > 5 else None
     torch.set_num_threads(1)
+    atexit.register(lambda: print(f"process groups at exit: {dist.is_initialized()}", flush=True))
     plan = Plan.load(plan_file)
     common = dict(timeout=30.0, watchdog_grace_s=2.0, num_threads=1)
     if mode == "elastic":
