@@ -162,3 +162,20 @@ def test_only_empty_inputs_are_refused_and_an_earlier_token_file_is_kept(tmp_pat
     with pytest.raises(ConfigError, match="INPUT.*every input file is empty: no tokens"):
         prepare([tmp_path / "a.txt", tmp_path / "b.txt"], tok_path, out, progress=False)
     assert out.read_bytes() == before and not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_json_file_that_is_not_an_index_is_not_replaced(tmp_path):
+    """`prepare-data train.jsonl --out train.bin` replaced a train.json beside it (the user's JSON
+    corpus, not an input) with the index, without a word; an earlier index is still replaced."""
+    tok, tok_path = make_tokenizer(tmp_path)
+    src = write_jsonl(tmp_path / "train.jsonl", DOCS, field="text")
+    theirs = tmp_path / "train.json"
+    theirs.write_text(json.dumps([{"text": d} for d in DOCS]))
+    before = theirs.read_bytes()
+    with pytest.raises(ConfigError, match="--out.*train.json, which exists and is not a hexiscale-tokens/1 index"):
+        prepare([src], tok_path, tmp_path / "train.bin", progress=False)
+    assert theirs.read_bytes() == before and not (tmp_path / "train.bin").exists()
+    out = tmp_path / "tokens.bin"
+    prepare([src], tok_path, out, progress=False)
+    prepare([src], tok_path, out, progress=False)  # its own index: replaced, as before
+    assert json.loads((tmp_path / "tokens.json").read_text())["num_tokens"] == out.stat().st_size // 2
