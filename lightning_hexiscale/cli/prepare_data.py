@@ -22,6 +22,8 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eos", default=None, metavar="TOKEN",
                    help="end-of-document token (default: tokenizer_config.json's eos_token or a well-known name)")
     p.add_argument("--bos", action="store_true", help="also put the BOS token before every document")
+    p.add_argument("--bos-token", default=None, metavar="TOKEN",
+                   help="the BOS token, implies --bos (default: tokenizer_config.json's bos_token or a well-known name)")
     p.add_argument("--chunk-size", default="16MiB", metavar="SIZE", help="bytes of input per tokenizer batch")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -36,8 +38,8 @@ def cmd_prepare_data(args: argparse.Namespace) -> int:
     for path in (args.out, index_path(args.out)):  # before tokenising, not at the final rename
         check_output_file("--out", str(path), "train.bin")
     index = prepare(args.inputs, args.tokenizer, args.out, field=args.field, fmt=args.fmt,
-                    eos=args.eos, bos=args.bos, chunk_bytes=int(parse_bytes(args.chunk_size, "--chunk-size")),
-                    progress=not args.no_progress)
+                    eos=args.eos, bos=args.bos or args.bos_token is not None, bos_token=args.bos_token,
+                    chunk_bytes=int(parse_bytes(args.chunk_size, "--chunk-size")), progress=not args.no_progress)
     docs = sum(s["documents"] for s in index["sources"])
     documents = f"{docs:,} document{'' if docs == 1 else 's'}"
     print(f"{index['num_tokens']:,} tokens ({documents}, {index['dtype']}, vocabulary {index['vocab_size']:,}) "

@@ -84,7 +84,7 @@ def _configured_token(directory: Path, key: str) -> str | None:
 def special_id(tokenizer, directory: Path, which: str, given: str | None, required: bool) -> int | None:
     """Id of the EOS (``which="eos"``) or BOS token: ``given`` (a token string), else the
     tokenizer_config.json's ``eos_token``/``bos_token``, else a well-known name in the vocabulary."""
-    key = f"--{which}"
+    key = "--eos" if which == "eos" else "--bos-token"  # --bos is a flag: the token is named by --bos-token
     if given is not None:
         tid = tokenizer.token_to_id(given)
         if tid is None:

@@ -179,3 +179,27 @@ def test_a_json_file_that_is_not_an_index_is_not_replaced(tmp_path):
     prepare([src], tok_path, out, progress=False)
     prepare([src], tok_path, out, progress=False)  # its own index: replaced, as before
     assert json.loads((tmp_path / "tokens.json").read_text())["num_tokens"] == out.stat().st_size // 2
+
+
+def test_a_bos_token_the_tokenizer_does_not_name_can_be_given(tmp_path, capsys):
+    """With --bos and a BOS of no well-known name, the fix said `--bos '<token>'`, which argparse
+    takes as an INPUT (--bos is a flag): the token is now named by --bos-token (which implies --bos)."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+
+    vocab = {"<unk>": 0, "</s>": 1, "[START]": 2, **{w: 3 + i for i, w in enumerate(dict.fromkeys(WORDS))}}
+    tok = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = Whitespace()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    src = write_jsonl(tmp_path / "c.jsonl", DOCS[:2], field="text")
+    out = tmp_path / "t.bin"
+    args = ["prepare-data", str(src), "--tokenizer", str(tmp_path), "--out", str(out), "--no-progress"]
+    assert main(args + ["--bos"]) == 2
+    assert "--bos-token = None: the tokenizer has no recognisable BOS token. Fix: name it: --bos-token '<token>'" \
+        in capsys.readouterr().err
+    assert main(args + ["--bos-token", "[START]"]) == 0
+    want = np.concatenate([[2, *tok.encode(d).ids, 1] for d in DOCS[:2]])
+    assert np.array_equal(np.fromfile(out, dtype=np.uint16), want)
+    assert main(args + ["--bos-token", "<nope>"]) == 2
+    assert "--bos-token = '<nope>': not a token of this tokenizer" in capsys.readouterr().err
