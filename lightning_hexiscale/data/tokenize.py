@@ -210,6 +210,9 @@ def prepare(inputs: Sequence[str | Path], tokenizer_path: str | Path, out: str |
                               f"give its files, e.g. {example}")
         if not p.is_file():
             raise ConfigError("INPUT", str(p), "no such file", "give local text or JSONL files")
+    if chunk_bytes < 1:  # a text file read 0 bytes at a time is one empty document: its text would be lost
+        raise ConfigError("--chunk-size", f"{chunk_bytes} bytes", "must be at least 1 byte (whole bytes, rounded down)",
+                          "use the default, --chunk-size 16MiB")
     if fmt not in ("auto", "text", "jsonl"):
         raise ConfigError("--format", fmt, "must be auto, text or jsonl", "use --format auto")
     out = Path(out).expanduser()

@@ -203,3 +203,15 @@ def test_a_bos_token_the_tokenizer_does_not_name_can_be_given(tmp_path, capsys):
     assert np.array_equal(np.fromfile(out, dtype=np.uint16), want)
     assert main(args + ["--bos-token", "<nope>"]) == 2
     assert "--bos-token = '<nope>': not a token of this tokenizer" in capsys.readouterr().err
+
+
+def test_a_chunk_size_under_one_byte_is_refused(tmp_path, capsys):
+    """`--chunk-size 0.5B` (0 whole bytes) read every text file as one empty document and wrote
+    only its EOS, exit 0: the corpus's tokens were lost without a word."""
+    tok, tok_path = make_tokenizer(tmp_path)
+    (tmp_path / "a.txt").write_text("\n".join(DOCS))
+    out = tmp_path / "a.bin"
+    assert main(["prepare-data", str(tmp_path / "a.txt"), "--tokenizer", str(tok_path), "--out", str(out),
+                 "--chunk-size", "0.5B", "--no-progress"]) == 2
+    assert "--chunk-size = '0 bytes': must be at least 1 byte" in capsys.readouterr().err
+    assert not out.exists()
