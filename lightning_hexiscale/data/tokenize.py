@@ -155,12 +155,26 @@ def _jsonl_pieces(path: Path, field: str, chunk_bytes: int) -> Iterator[tuple[li
                 keys = sorted(record)[:8] if isinstance(record, dict) else type(record).__name__
                 raise ConfigError("--field", field, f"{path}:{lineno} has no string field {field!r} (keys: {keys})",
                                   "choose the field that holds the text: --field NAME")
+            if not value.isascii():
+                _check_encodable(value, f"{path}:{lineno}", field)
             texts.append(value)
             size += len(value)
             if size >= chunk_bytes:
                 yield texts, [True] * len(texts), consumed
                 texts, size, consumed = [], 0, 0
     yield texts, [True] * len(texts), consumed
+
+
+def _check_encodable(text: str, where: str, field: str) -> None:
+    """JSON may escape half a UTF-16 pair (``"\\ud83d"``, an emoji cut in two by a scraper): Python
+    takes it, the tokenizer's Rust side refuses it with a TypeError that names no line."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ConfigError("INPUT", where, f"the {field!r} text holds a lone surrogate {text[e.start]!r} at character "
+                          f"{e.start} (half of a UTF-16 pair, e.g. a cut emoji), which is not text a tokenizer reads",
+                          "fix or drop that line, e.g. re-encode its text with "
+                          "text.encode('utf-8', 'replace').decode()") from None
 
 
 def _temporary_names(out: Path) -> tuple[Path, Path]:

@@ -215,3 +215,15 @@ def test_a_chunk_size_under_one_byte_is_refused(tmp_path, capsys):
                  "--chunk-size", "0.5B", "--no-progress"]) == 2
     assert "--chunk-size = '0 bytes': must be at least 1 byte" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_a_lone_surrogate_names_its_line(tmp_path):
+    """A JSONL line escaping half an emoji ("\\ud83d") stopped the run with the tokenizer's TypeError
+    ('TextEncodeInput must be Union[...]'), naming no file or line; the other text tokenises."""
+    tok, tok_path = make_tokenizer(tmp_path)
+    src = tmp_path / "c.jsonl"
+    src.write_text('{"text": "the model \\u00e9"}\n{"text": "the cluster \\ud83d trains"}\n')
+    with pytest.raises(ConfigError, match=r"INPUT = '.*c.jsonl:2': the 'text' text holds a lone surrogate '\\ud83d'"):
+        prepare([src], tok_path, tmp_path / "x.bin", progress=False)
+    src.write_text('{"text": "the model \\u00e9 \\ud83d\\ude00"}\n')  # a whole pair is fine
+    assert prepare([src], tok_path, tmp_path / "x.bin", progress=False)["num_tokens"] == 5
