@@ -159,6 +159,16 @@ def make_dataset(kind: str, seq_len: int, *, path: str | None = None, num_sample
     tokens) or ``bin`` (``path``: token file of ``hexiscale prepare-data``, or raw ids of ``dtype``)."""
     if kind not in ("generated", "text", "bin"):
         raise ConfigError("data.kind", kind, "must be one of generated, text, bin", "use data.kind=generated")
+    if kind == "generated" and path is not None:
+        # data.path=book.txt alone would train on the generated corpus, and the book never be read
+        guess = "bin" if Path(path).suffix == ".bin" else "text"
+        raise ConfigError("data.path", path, "data.kind=generated (the default) reads no file: it trains on the "
+                          "generated corpus", f"set data.kind={guess} to train on this file "
+                          f"({'a token file of hexiscale prepare-data' if guess == 'bin' else 'UTF-8, byte tokens'}), "
+                          "or drop data.path")
+    if dtype is not None and kind != "bin":
+        raise ConfigError("data.dtype", dtype, f"only data.kind=bin reads token ids of a dtype, not data.kind={kind}",
+                          "drop data.dtype, or set data.kind=bin for a file of raw token ids")
     if kind == "generated":
         return generated_corpus(num_samples, seq_len, seed)
     if path is None:

@@ -122,3 +122,19 @@ def test_a_batch_with_a_sample_for_every_pipeline_gives_each_one():
     assert sum(b.shape[0] for dl in loaders for b in dl) == 14  # every sample, as one device
     assert len(plan_dataloader(DataLoader(generated_corpus(9, 8), batch_size=3), [10, 1, 1], 2, drop_last=False,
                                key="eval_dataloader")) == 3
+
+
+def test_a_data_file_is_never_ignored(tmp_path):
+    """`hexiscale train data.path=book.txt` (data.kind left at generated) trained on the generated
+    corpus and never read the book; data.dtype with data.kind=text was ignored as silently."""
+    from lightning_hexiscale.data import make_dataset
+
+    book = tmp_path / "book.txt"
+    book.write_text("héllo world, " * 20)
+    with pytest.raises(ConfigError, match="data.path = .*book.txt.*reads no file.*Fix: set data.kind=text"):
+        make_dataset("generated", 16, path=str(book))
+    with pytest.raises(ConfigError, match="Fix: set data.kind=bin"):
+        make_dataset("generated", 16, path=str(tmp_path / "train.bin"))
+    with pytest.raises(ConfigError, match="data.dtype = 'uint32': only data.kind=bin"):
+        make_dataset("text", 16, path=str(book), dtype="uint32")
+    assert len(make_dataset("text", 16, path=str(book))) == len(text_file_dataset(book, 16))
