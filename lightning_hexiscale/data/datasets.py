@@ -117,7 +117,12 @@ def text_file_dataset(path: str | Path, seq_len: int) -> TokenWindows:
     p = Path(path)
     if not p.is_file():
         raise ConfigError("data.path", str(p), "no such text file", "give the path of a local UTF-8 text file")
-    return TokenWindows(byte_tokenize(p.read_text(encoding="utf-8")), seq_len, BYTE_VOCAB, key="data.path")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:  # was a traceback from every rank
+        raise ConfigError("data.path", str(p), f"not UTF-8 text ({e.reason} at byte {e.start})",
+                          "convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+    return TokenWindows(byte_tokenize(text), seq_len, BYTE_VOCAB, key="data.path")
 
 
 _SUBJECTS = ["the engineer", "a small model", "the cluster", "every pipeline", "the planner", "a fast GPU",

@@ -138,3 +138,13 @@ def test_a_data_file_is_never_ignored(tmp_path):
     with pytest.raises(ConfigError, match="data.dtype = 'uint32': only data.kind=bin"):
         make_dataset("text", 16, path=str(book), dtype="uint32")
     assert len(make_dataset("text", 16, path=str(book))) == len(text_file_dataset(book, 16))
+
+
+def test_a_text_file_that_is_not_utf8_is_a_config_error(tmp_path):
+    """`hexiscale train data.kind=text data.path=latin1.txt` failed with a UnicodeDecodeError
+    traceback on the ranks."""
+    f = tmp_path / "latin1.txt"
+    f.write_bytes(b"the cluster trains\n" * 40 + b"caf\xe9 au lait\n")
+    with pytest.raises(ConfigError, match=r"data.path = .*latin1.txt.*not UTF-8 text \(invalid continuation byte "
+                                          r"at byte 763\).*Fix: convert the file to UTF-8"):
+        text_file_dataset(f, 16)
