@@ -148,3 +148,31 @@ def test_a_text_file_that_is_not_utf8_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match=r"data.path = .*latin1.txt.*not UTF-8 text \(invalid continuation byte "
                                           r"at byte 763\).*Fix: convert the file to UTF-8"):
         text_file_dataset(f, 16)
+
+
+def test_a_text_file_costs_no_more_memory_than_its_size(tmp_path, monkeypatch):
+    """data.kind=text read the whole file into a str and then int64 ids: about 10 bytes of RAM per
+    byte of text on every rank (0.5 GB for a 55 MB book). Now the file is mapped as uint8 (or, with
+    "\\r" line ends to translate, copied once); the tokens are the ones the old reading gave."""
+    import tracemalloc
+
+    from lightning_hexiscale.data import datasets
+
+    big = tmp_path / "big.txt"
+    big.write_bytes("the cluster trains a small model, héllo\n".encode() * 100_000)  # 4.1 MB
+    monkeypatch.setattr(datasets, "TEXT_READ_BYTES", 2**20, raising=False)  # the check reads 1 MiB at a time
+    tracemalloc.start()
+    ds = text_file_dataset(big, 64)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert isinstance(ds.tokens, np.memmap) and peak < big.stat().st_size
+    assert torch.equal(ds[5], torch.as_tensor(np.frombuffer(big.read_bytes()[320:385], np.uint8).astype(np.int64)))
+    monkeypatch.setattr(datasets, "TEXT_READ_BYTES", 7)  # chunks end inside characters and inside "\r\n"
+    for raw in ["é\r\nab\rcd\n" * 9 + "€", "a\r" * 30, "€x" * 20]:
+        f = tmp_path / "t.txt"
+        f.write_bytes(raw.encode())
+        want = np.frombuffer(f.read_text(encoding="utf-8").encode(), np.uint8)  # text mode, as before
+        assert np.array_equal(np.asarray(text_file_dataset(f, 4).tokens), want)
+    f.write_bytes("é".encode() * 10 + b"ab\xe9c\n")  # the bad byte is in the 4th chunk of 7
+    with pytest.raises(ConfigError, match=r"not UTF-8 text \(invalid continuation byte at byte 22\)"):
+        text_file_dataset(f, 4)
