@@ -30,17 +30,25 @@ def make_data(cfg: DictConfig, model, global_batch: int, dataset=None, pipeline_
     sequences (at most a tenth) validate, the rest train, shuffled by the seed Lightning set.
     ``pipeline_batches`` (the plan's): a last validation batch too small to give every pipeline a
     sample, which the strategy would leave out, is dropped by the loader itself (the same samples
-    validate; the recipe's own split is no cause for a warning)."""
+    validate; the recipe's own split is no cause for a warning); fewer held-out sequences than
+    pipelines validate nothing (they train, and the run says so)."""
     from torch.utils.data import DataLoader, Subset
 
+    from lightning_hexiscale.cli.train_job import say
     from lightning_hexiscale.data.samplers import short_last_batch
 
     ds = dataset if dataset is not None else load_dataset(cfg, model)
     d = cfg.data
     n_val = min(int(d.val_samples), len(ds) // 10)
-    if n_val < int(d.val_samples):  # said, not silent: the metric covers fewer sequences than asked for
-        from lightning_hexiscale.cli.train_job import say
-
+    pipes = len(pipeline_batches or [])
+    if 0 < n_val < pipes:
+        # One batch of n_val < P samples cannot give every pipeline one: the strategy would leave it
+        # out, and validation would run on nothing after a warning about a batch size the recipe sets.
+        say(f"data.val_samples={int(d.val_samples)}: {n_val} held-out sequence{'' if n_val == 1 else 's'} cannot "
+            f"give each of the plan's {pipes} pipelines one, so nothing validates (they train); hold out at least "
+            f"{pipes} (data.val_samples, and a corpus of at least {10 * pipes} sequences)")
+        n_val = 0
+    elif n_val < int(d.val_samples):  # said, not silent: the metric covers fewer sequences than asked for
         say(f"data.val_samples={int(d.val_samples)}: {n_val} sequence{'' if n_val == 1 else 's'} validate, a tenth "
             f"of the {len(ds)}-sequence corpus at most (the rest train); use more data for more")
     n_train = len(ds) - n_val

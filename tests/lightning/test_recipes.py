@@ -142,6 +142,19 @@ def test_the_recipe_drops_a_last_validation_batch_the_strategy_would_leave_out()
     assert (two.drop_last, one.drop_last) == (True, False)
 
 
+def test_fewer_held_out_sequences_than_pipelines_train_and_the_run_says_so(capsys):
+    """A 15-sequence corpus holds out 1 to validate; over two pipelines that one batch cannot give
+    each a sample, so the strategy left it out: the run said "1 sequence validate", then warned about
+    a batch size the recipe sets, and validated nothing. Now it says so and the sequence trains."""
+    cfg = compose(["data.num_samples=15", "model=llama_tiny"])
+    train, val = train_fit.make_data(cfg, module().config, 8, pipeline_batches=[4, 4])
+    assert val is None and len(train.dataset) == 15
+    assert ("data.val_samples=64: 1 held-out sequence cannot give each of the plan's 2 pipelines one, so nothing "
+            "validates (they train); hold out at least 2") in capsys.readouterr().out
+    _, val = train_fit.make_data(cfg, module().config, 8, pipeline_batches=[8])  # one pipeline takes it
+    assert len(val.dataset) == 1
+
+
 def test_a_capped_validation_split_is_said(capsys):
     """data.val_samples above a tenth of the corpus is cut to the tenth: the run says so (it was silent)."""
     _, val = train_fit.make_data(compose(["data.num_samples=120", "model=llama_tiny"]), module().config, 8)
