@@ -177,6 +177,24 @@ def _check_encodable(text: str, where: str, field: str) -> None:
                           "text.encode('utf-8', 'replace').decode()") from None
 
 
+COMPRESSED = ((b"\x1f\x8b", "gzip", "gunzip -k"), (b"\x28\xb5\x2f\xfd", "zstd", "zstd -d"),
+              (b"\xfd7zXZ\x00", "xz", "unxz -k"), (b"PK\x03\x04", "zip", "unzip"))
+"""(magic bytes at the start of a file, format, the command that unpacks it); bzip2 is ``BZh`` + a
+digit 1-9 (:func:`_compression`)."""
+
+
+def _compression(path: Path) -> tuple[str, str] | None:
+    """(format, unpacking command) when ``path`` starts with a compressed format's magic bytes."""
+    with open(path, "rb") as f:
+        head = f.read(6)
+    for magic, name, tool in COMPRESSED:
+        if head.startswith(magic):
+            return name, tool
+    if head[:3] == b"BZh" and head[3:4].isdigit() and head[3:4] != b"0":
+        return "bzip2", "bunzip2 -k"
+    return None
+
+
 def _temporary_names(out: Path) -> tuple[Path, Path]:
     idx = index_path(out)
     return out.with_name(out.name + ".tmp"), idx.with_name(idx.name + ".tmp")
@@ -224,6 +242,11 @@ def prepare(inputs: Sequence[str | Path], tokenizer_path: str | Path, out: str |
                               f"give its files, e.g. {example}")
         if not p.is_file():
             raise ConfigError("INPUT", str(p), "no such file", "give local text or JSONL files")
+        packed = _compression(p)
+        if packed is not None:  # read as text it was "not UTF-8 text. Fix: convert the file to UTF-8"
+            name, tool = packed
+            raise ConfigError("INPUT", str(p), f"is {name}-compressed; the inputs are plain text or JSONL",
+                              f"decompress it first, e.g. {tool} {p}")
     if chunk_bytes < 1:  # a text file read 0 bytes at a time is one empty document: its text would be lost
         raise ConfigError("--chunk-size", f"{chunk_bytes} bytes", "must be at least 1 byte (whole bytes, rounded down)",
                           "use the default, --chunk-size 16MiB")

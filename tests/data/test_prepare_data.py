@@ -227,3 +227,20 @@ def test_a_lone_surrogate_names_its_line(tmp_path):
         prepare([src], tok_path, tmp_path / "x.bin", progress=False)
     src.write_text('{"text": "the model \\u00e9 \\ud83d\\ude00"}\n')  # a whole pair is fine
     assert prepare([src], tok_path, tmp_path / "x.bin", progress=False)["num_tokens"] == 5
+
+
+def test_a_compressed_input_is_named_as_such(tmp_path):
+    """corpus.jsonl.gz was read as text: "not UTF-8 text. Fix: convert the file to UTF-8" (or, with
+    --format jsonl, "not a JSON line"), though it is UTF-8 once decompressed."""
+    import gzip
+
+    tok, tok_path = make_tokenizer(tmp_path)
+    src = write_jsonl(tmp_path / "c.jsonl", DOCS, field="text")
+    packed = tmp_path / "c.jsonl.gz"
+    packed.write_bytes(gzip.compress(src.read_bytes()))
+    for fmt in ("auto", "jsonl"):
+        with pytest.raises(ConfigError, match=r"INPUT = '.*c.jsonl.gz': is gzip-compressed.*Fix: decompress it "
+                                              r"first, e.g. gunzip -k"):
+            prepare([packed], tok_path, tmp_path / "x.bin", fmt=fmt, progress=False)
+    (tmp_path / "b.txt").write_text("BZh is not bzip2 here, and BZh0 neither\n")
+    assert prepare([tmp_path / "b.txt"], tok_path, tmp_path / "x.bin", progress=False)["num_tokens"] > 0
