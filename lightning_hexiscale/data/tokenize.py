@@ -67,7 +67,15 @@ def load_tokenizer(path: str | Path):
     try:
         return Tokenizer.from_file(str(f)), f.parent
     except Exception as e:  # the Rust side raises a plain Exception with the parse error
-        raise ConfigError("--tokenizer", str(f), f"not a tokenizers JSON file ({e})", "re-download tokenizer.json") from None
+        beside = f.parent / "tokenizer.json"
+        if f.name != beside.name and beside.is_file():  # tokenizer_config.json, tokenizer.model, ... of a model dir
+            fix = f"give the tokenizer.json beside it, --tokenizer {beside}, or the directory, --tokenizer {f.parent}"
+        elif f.suffix == ".model":
+            fix = ("it is a SentencePiece model: convert it once with transformers, AutoTokenizer.from_pretrained(DIR)"
+                   ".save_pretrained(DIR), and give the tokenizer.json it writes")
+        else:
+            fix = "give a Hugging Face tokenizer.json (re-download it if this one is damaged)"
+        raise ConfigError("--tokenizer", str(f), f"not a tokenizers JSON file ({e})", fix) from None
 
 
 def _configured_token(directory: Path, key: str) -> str | None:

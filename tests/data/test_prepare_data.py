@@ -244,3 +244,18 @@ def test_a_compressed_input_is_named_as_such(tmp_path):
             prepare([packed], tok_path, tmp_path / "x.bin", fmt=fmt, progress=False)
     (tmp_path / "b.txt").write_text("BZh is not bzip2 here, and BZh0 neither\n")
     assert prepare([tmp_path / "b.txt"], tok_path, tmp_path / "x.bin", progress=False)["num_tokens"] > 0
+
+
+def test_a_file_beside_the_tokenizer_points_to_it(tmp_path):
+    """--tokenizer DIR/tokenizer_config.json (or DIR/tokenizer.model) said "Fix: re-download
+    tokenizer.json", though the tokenizer.json is right beside it."""
+    tok, tok_path = make_tokenizer(tmp_path)
+    src = write_jsonl(tmp_path / "c.jsonl", DOCS, field="text")
+    (tmp_path / "tokenizer_config.json").write_text('{"eos_token": "</s>"}')
+    with pytest.raises(ConfigError, match=r"--tokenizer = .*tokenizer_config.json.*Fix: give the tokenizer.json beside "
+                                          r"it, --tokenizer .*/tokenizer.json, or the directory"):
+        prepare([src], tmp_path / "tokenizer_config.json", tmp_path / "x.bin", progress=False)
+    (tmp_path / "sp").mkdir()
+    (tmp_path / "sp" / "tokenizer.model").write_bytes(b"\x0a\x0b\x00sentencepiece")
+    with pytest.raises(ConfigError, match="Fix: it is a SentencePiece model: convert it once"):
+        prepare([src], tmp_path / "sp" / "tokenizer.model", tmp_path / "x.bin", progress=False)
