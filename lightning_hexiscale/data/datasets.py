@@ -69,13 +69,17 @@ class TokenFileDataset(TokenWindows):
     """
 
     def __init__(self, path: str | Path, seq_len: int, vocab_size: int | None = None, dtype: str | None = None):
-        from lightning_hexiscale.data.tokenize import index_path, read_index
+        from lightning_hexiscale.data.tokenize import index_path, is_index, read_index
 
         p = Path(path)
         if not p.is_file():
             raise ConfigError("data.path", str(p), "no such token file",
                               "give a .bin file made by `hexiscale prepare-data` (or of uint16 ids)")
-        self.index = read_index(p)
+        if p.suffix == ".json" and is_index(p):
+            raise ConfigError("data.path", str(p), "is the index of a token file, not its tokens",
+                              f"give the token file beside it: data.path={p.with_suffix('.bin')}")
+        # prepare-data's token files end in .bin: train.jsonl's "index" train.json is train.bin's
+        self.index = read_index(p) if p.suffix == ".bin" else None
         if self.index is not None:
             if dtype is not None and dtype != self.index["dtype"]:
                 raise ConfigError("data.dtype", dtype, f"{index_path(p)} says the tokens are {self.index['dtype']}",

@@ -219,7 +219,7 @@ def _check_outputs_spare_inputs(files: Sequence[Path], out: Path) -> None:
                                   "replaced (the index of DATA.bin is DATA.json)",
                                   f"write elsewhere, e.g. --out {out.with_name(out.stem + '.tokens.bin')}")
     idx = index_path(out)
-    if idx.is_file() and not _is_index(idx):
+    if idx.is_file() and not is_index(idx):
         # Not an input, but still the user's file (a JSON corpus next to its JSONL copy, say): the
         # index is a name the user never typed, so replacing it would lose data without a word.
         raise ConfigError("--out", str(out), f"the run writes its index to {idx}, which exists and is not a "
@@ -227,7 +227,7 @@ def _check_outputs_spare_inputs(files: Sequence[Path], out: Path) -> None:
                           f"move {idx} away, or write elsewhere, e.g. --out {out.with_name(out.stem + '.tokens.bin')}")
 
 
-def _is_index(path: Path) -> bool:
+def is_index(path: Path) -> bool:
     """Whether ``path`` starts as an index :func:`prepare` writes (``{"format": INDEX_FORMAT, ...``):
     its first KiB is enough (a JSON corpus may be gigabytes)."""
     with open(path, "rb") as f:

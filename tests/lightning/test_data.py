@@ -176,3 +176,21 @@ def test_a_text_file_costs_no_more_memory_than_its_size(tmp_path, monkeypatch):
     f.write_bytes("é".encode() * 10 + b"ab\xe9c\n")  # the bad byte is in the 4th chunk of 7
     with pytest.raises(ConfigError, match=r"not UTF-8 text \(invalid continuation byte at byte 22\)"):
         text_file_dataset(f, 4)
+
+
+def test_a_token_file_reads_only_its_own_index(tmp_path):
+    """data.kind=bin data.path=train.jsonl took train.json (train.bin's index) for its own: "holds 9
+    tokens but its index says 4"; data.path=train.json read the index as tokens ("343 bytes is not a
+    whole number of uint16 tokens")."""
+    from lightning_hexiscale.data.tokenize import INDEX_FORMAT
+
+    np.arange(40, dtype=np.uint16).tofile(tmp_path / "train.bin")
+    (tmp_path / "train.json").write_text(f'{{"format": "{INDEX_FORMAT}", "dtype": "uint16", "vocab_size": 64, '
+                                         '"num_tokens": 40}\n')
+    with pytest.raises(ConfigError, match=r"train.json': is the index of a token file, not its tokens. "
+                                          r"Fix: give the token file beside it: data.path=.*train.bin"):
+        TokenFileDataset(tmp_path / "train.json", 4)
+    np.arange(30, dtype=np.uint16).tofile(tmp_path / "train.jsonl")  # raw ids of another name: no index
+    ds = TokenFileDataset(tmp_path / "train.jsonl", 4)
+    assert ds.index is None and len(ds) == 7
+    assert TokenFileDataset(tmp_path / "train.bin", 4).index["num_tokens"] == 40
