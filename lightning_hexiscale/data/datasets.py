@@ -133,6 +133,9 @@ def text_file_dataset(path: str | Path, seq_len: int) -> TokenWindows:
     p = Path(path)
     if not p.is_file():
         raise ConfigError("data.path", str(p), "no such text file", "give the path of a local UTF-8 text file")
+    if p.suffix == ".bin":  # token ids, not text: uint16 ids below 128 would even pass as UTF-8
+        raise ConfigError("data.path", str(p), "data.kind=text reads a UTF-8 text file (byte tokens); a .bin file "
+                          "holds token ids", "set data.kind=bin for a token file of `hexiscale prepare-data`")
     has_cr = _check_utf8(p)
     size = p.stat().st_size
     if size == 0:  # np.memmap cannot map an empty file; TokenWindows says it is too short
