@@ -18,12 +18,14 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, metavar="DATA.bin", help="token file to write (its index goes to DATA.json)")
     p.add_argument("--field", default="text", help="JSONL: the key holding each document's text (default: text)")
     p.add_argument("--format", dest="fmt", choices=["auto", "text", "jsonl"], default="auto",
-                   help="input format (auto: .jsonl/.ndjson are JSONL, anything else text)")
+                   help="input format (auto: .jsonl/.ndjson, and .json of one object per line, are JSONL; "
+                   "anything else text)")
     p.add_argument("--eos", default=None, metavar="TOKEN",
                    help="end-of-document token (default: tokenizer_config.json's eos_token or a well-known name)")
     p.add_argument("--bos", action="store_true", help="also put the BOS token before every document")
     p.add_argument("--bos-token", default=None, metavar="TOKEN",
-                   help="the BOS token, implies --bos (default: tokenizer_config.json's bos_token or a well-known name)")
+                   help="the BOS token, implies --bos (default: tokenizer_config.json's bos_token or a "
+                   "well-known name)")
     p.add_argument("--chunk-size", default="16MiB", metavar="SIZE", help="bytes of input per tokenizer batch")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 

@@ -110,9 +110,32 @@ def special_id(tokenizer, directory: Path, which: str, given: str | None, requir
 
 
 def detect_format(path: Path, fmt: str) -> str:
+    """``fmt`` unless ``auto``: .jsonl/.ndjson are JSONL; so is a .json file whose first line is a
+    JSON object (Hugging Face ``Dataset.to_json`` writes JSON Lines under .json), while a .json
+    array or a multi-line object is refused; anything else is text (one document per file)."""
     if fmt != "auto":
         return fmt
-    return "jsonl" if path.suffix.lower() in (".jsonl", ".ndjson") else "text"
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".ndjson"):
+        return "jsonl"
+    if suffix != ".json":
+        return "text"
+    with open(path, "rb") as f:  # (read as text it was ONE document of braces, keys and escapes)
+        first = b""
+        while not first.strip():
+            first = f.readline()
+            if not first:
+                return "text"  # empty: no document either way
+    if first.lstrip()[:1] == b"{":
+        try:
+            if isinstance(json.loads(first), dict):
+                return "jsonl"
+        except ValueError:
+            pass
+    shape = "a JSON array" if first.lstrip()[:1] == b"[" else "JSON, but not one object per line"
+    raise ConfigError("INPUT", str(path), f"is {shape} (JSON Lines is what is read as JSON)",
+                      f"convert it to JSONL, e.g. jq -c '.[]' {path} > {path.with_suffix('.jsonl')}, "
+                      "or --format text to tokenise the file as one document")
 
 
 def _text_pieces(path: Path, chunk_bytes: int) -> Iterator[tuple[list[str], list[bool], int]]:
@@ -260,6 +283,7 @@ def prepare(inputs: Sequence[str | Path], tokenizer_path: str | Path, out: str |
                           "use the default, --chunk-size 16MiB")
     if fmt not in ("auto", "text", "jsonl"):
         raise ConfigError("--format", fmt, "must be auto, text or jsonl", "use --format auto")
+    kinds = [detect_format(p, fmt) for p in files]  # before anything is written
     out = Path(out).expanduser()
     if out.suffix != ".bin":
         raise ConfigError("--out", str(out), "the token file must end in .bin (its index is written beside it as .json)",
@@ -277,8 +301,7 @@ def prepare(inputs: Sequence[str | Path], tokenizer_path: str | Path, out: str |
                disable=not progress)
     try:
         with open(tmp_bin, "wb") as fh:
-            for path in files:
-                kind = detect_format(path, fmt)
+            for path, kind in zip(files, kinds):
                 if path.stat().st_size == 0:  # no document at all (not an empty one)
                     sources.append({"path": str(path.resolve()), "format": kind, "documents": 0, "tokens": 0, "bytes": 0})
                     continue

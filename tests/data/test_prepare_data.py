@@ -259,3 +259,21 @@ def test_a_file_beside_the_tokenizer_points_to_it(tmp_path):
     (tmp_path / "sp" / "tokenizer.model").write_bytes(b"\x0a\x0b\x00sentencepiece")
     with pytest.raises(ConfigError, match="Fix: it is a SentencePiece model: convert it once"):
         prepare([src], tmp_path / "sp" / "tokenizer.model", tmp_path / "x.bin", progress=False)
+
+
+def test_json_lines_named_json_are_read_as_jsonl(tmp_path):
+    """Hugging Face's Dataset.to_json writes JSON Lines under .json: `prepare-data train.json` read
+    it as ONE text document of braces, keys and escapes (35 tokens for two short documents), exit
+    0. A JSON array or a pretty-printed object is refused with the command that converts it."""
+    tok, tok_path = make_tokenizer(tmp_path)
+    src = write_jsonl(tmp_path / "train.json", DOCS, field="text")
+    index = prepare([src], tok_path, tmp_path / "tokens.bin", progress=False)
+    assert index["sources"][0]["format"] == "jsonl" and index["sources"][0]["documents"] == len(DOCS)
+    (tmp_path / "array.json").write_text(json.dumps([{"text": d} for d in DOCS]))
+    (tmp_path / "pretty.json").write_text(json.dumps({"text": DOCS[0]}, indent=2))
+    for name, shape in (("array", "a JSON array"), ("pretty", "JSON, but not one object per line")):
+        with pytest.raises(ConfigError, match=f"INPUT = '.*{name}.json': is {shape}.*Fix: convert it to JSONL, e.g. "
+                                              "jq -c"):
+            prepare([tmp_path / f"{name}.json"], tok_path, tmp_path / "x.bin", progress=False)
+    assert prepare([tmp_path / "array.json"], tok_path, tmp_path / "x.bin", fmt="text",
+                   progress=False)["sources"][0]["documents"] == 1  # as asked

@@ -200,5 +200,6 @@ def test_a_token_file_is_not_read_as_text(tmp_path):
     """data.kind=text data.path=train.bin said "not UTF-8 text. Fix: convert the file to UTF-8", or,
     with ids below 128 (their bytes pass as UTF-8), trained on the ids' bytes as text."""
     (np.arange(200, dtype=np.uint16) % 100).tofile(tmp_path / "train.bin")
-    with pytest.raises(ConfigError, match=r"train.bin': data.kind=text reads a UTF-8 text file.*Fix: set data.kind=bin"):
+    with pytest.raises(ConfigError, match=r"train.bin': data.kind=text reads a UTF-8 text file.*Fix: set data.kind="
+                                          r"bin"):
         text_file_dataset(tmp_path / "train.bin", 16)
