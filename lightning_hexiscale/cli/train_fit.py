@@ -55,8 +55,13 @@ def make_data(cfg: DictConfig, model, global_batch: int, dataset=None, pipeline_
     if n_train < global_batch:
         from lightning_hexiscale.errors import ConfigError
 
-        raise ConfigError("data", f"{len(ds)} sequences", f"fewer than one global batch ({global_batch}) to train on",
-                          "use more data (data.num_samples) or a smaller train.global_batch")
+        held = f" less the {n_val} held out to validate" if n_val else ""
+        more = (f"data.num_samples={global_batch + n_val}" if d.kind == "generated"
+                else f"a longer data.path file (or a shorter model.seq_len than {model.seq_len})")
+        fewer = " or data.val_samples=0" if n_val and len(ds) >= global_batch else ""
+        raise ConfigError("data", f"{len(ds)} sequences", f"{n_train} train ({len(ds)}{held}), fewer than one "
+                          f"global batch ({global_batch})", f"use more data ({more}){fewer}, or a smaller "
+                          "train.global_batch")
     train = DataLoader(Subset(ds, range(n_train)), batch_size=global_batch, shuffle=True, drop_last=True)
     drop = bool(pipeline_batches and n_val > global_batch
                 and short_last_batch(n_val, global_batch, list(pipeline_batches)))

@@ -155,6 +155,21 @@ def test_fewer_held_out_sequences_than_pipelines_train_and_the_run_says_so(capsy
     assert len(val.dataset) == 1
 
 
+def test_too_little_data_counts_the_held_out_sequences(tmp_path):
+    """75 sequences against a global batch of 72 said "data = '75 sequences': fewer than one global
+    batch (72)" (the 7 held out to validate went unmentioned) and, for a text file, "Fix: use more
+    data (data.num_samples)", a key that only the generated corpus reads."""
+    book = tmp_path / "book.txt"
+    book.write_text("x" * (75 * module().config.seq_len + 1))
+    cfg = compose(["data.kind=text", f"data.path={book}", "model=llama_tiny"])
+    with pytest.raises(ConfigError, match=r"data = '75 sequences': 68 train \(75 less the 7 held out to validate\), "
+                                          r"fewer than one global batch \(72\). Fix: use more data \(a longer "
+                                          r"data.path file .*\) or data.val_samples=0, or a smaller"):
+        train_fit.make_data(cfg, module().config, 72)
+    with pytest.raises(ConfigError, match=r"Fix: use more data \(data.num_samples=79\) or data.val_samples=0"):
+        train_fit.make_data(compose(["data.num_samples=75", "model=llama_tiny"]), module().config, 72)
+
+
 def test_a_capped_validation_split_is_said(capsys):
     """data.val_samples above a tenth of the corpus is cut to the tenth: the run says so (it was silent)."""
     _, val = train_fit.make_data(compose(["data.num_samples=120", "model=llama_tiny"]), module().config, 8)
