@@ -184,10 +184,15 @@ class PlanBatchSampler(Sampler[list[int]]):
         s = self.sampler
         self._resume_rng = state.get("rng") if s.shuffle and s.seed is None else None
         batches = int(state.get("batches", 0))
-        if not 0 < batches < len(self):
-            return  # saved at an epoch boundary: the next epoch starts from its first batch anyway
         now = {"global_batch": self.global_batch, "num_samples": s.num_samples, "shuffle": s.shuffle, "seed": s.seed}
         changed = [k for k in now if k in state and state[k] != now[k]]
+        # The epoch boundary is the saved run's: 8 batches into an epoch of 10 is mid-epoch even
+        # where the changed data or batch makes epochs of 7 (that was passed over in silence).
+        full, rest = divmod(int(state.get("num_samples", s.num_samples)),
+                            int(state.get("global_batch", self.global_batch)))
+        saved_len = (full + (1 if rest and not self.drop_last else 0)) if changed else len(self)
+        if not 0 < batches < saved_len:
+            return  # saved at an epoch boundary: the next epoch starts from its first batch anyway
         if changed:
             k = changed[0]
             raise ConfigError(f"resume: data {k}", now[k],

@@ -138,6 +138,14 @@ def test_sampler_position_is_plan_independent_and_checked():
     assert len(list(b)) == len(windows)  # the skip applies to one epoch only
     with pytest.raises(ConfigError, match="global_batch"):
         PlanBatchSampler(60, [4, 4], 0, shuffle=True, seed=3).load_state_dict(state)
+    # 8 batches into an epoch of 10: past the end of an epoch of 7 (global batch 8), but still mid-epoch
+    a.consumed = 8
+    with pytest.raises(ConfigError, match="global_batch = 8: the checkpoint was saved 8 global batches into an epoch"):
+        PlanBatchSampler(60, [4, 4], 0, shuffle=True, seed=3).load_state_dict(a.state_dict())
+    with pytest.raises(ConfigError, match="num_samples = 36"):  # the data shrank to 6 batches
+        PlanBatchSampler(36, [4, 2], 0, shuffle=True, seed=3).load_state_dict(a.state_dict())
+    a.consumed = 10  # saved as the epoch ended: the next one starts afresh on any data
+    PlanBatchSampler(36, [4, 4], 0, shuffle=True, seed=3).load_state_dict(a.state_dict())
 
 
 class CtrlCAt(Callback):
