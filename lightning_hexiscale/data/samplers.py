@@ -164,19 +164,28 @@ class PlanBatchSampler(Sampler[list[int]]):
         self._resume_at = 0
         self._resume_key: Any = None
         self._resume_rng: torch.Tensor | None = None
+        self._window_rng: torch.Tensor | None = None
 
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
 
     # ---- mid-epoch resume ----------------------------------------------------------------------
+    def window_starts(self) -> None:
+        """The strategy calls it as the first batch of a gradient-accumulation window trains: the
+        generator's state then (``window_rng``) is where a checkpoint saved later inside the window,
+        rewound to the window's start, resumes drawing (lightning/strategy_checkpoints.py)."""
+        s = self.sampler
+        self._window_rng = s.rng_state() if s.shuffle and s.seed is None else None
+
     def state_dict(self) -> dict:
         """Where the epoch stands, in global batches: plan-independent (another plan with the same
         global batch resumes at the same window of the same permutation); plus the epoch's draw and
-        the generator's state now, from which the uninterrupted run goes on drawing."""
+        the generator's state now, from which the uninterrupted run goes on drawing, and at the
+        start of the current accumulation window."""
         s = self.sampler
         return {"epoch": s.epoch, "batches": self.consumed, "global_batch": self.global_batch,
                 "num_samples": s.num_samples, "shuffle": s.shuffle, "seed": s.seed, "key": s.key,
-                "rng": s.rng_state() if s.shuffle and s.seed is None else None}
+                "rng": s.rng_state() if s.shuffle and s.seed is None else None, "window_rng": self._window_rng}
 
     def load_state_dict(self, state: dict) -> None:
         """The next iteration starts at global batch ``state["batches"]`` of the saved epoch's
@@ -191,7 +200,10 @@ class PlanBatchSampler(Sampler[list[int]]):
         full, rest = divmod(int(state.get("num_samples", s.num_samples)),
                             int(state.get("global_batch", self.global_batch)))
         saved_len = (full + (1 if rest and not self.drop_last else 0)) if changed else len(self)
-        if not 0 < batches < saved_len:
+        # A checkpoint rewound to the start of the epoch's first accumulation window (window_start:
+        # lightning/strategy_checkpoints.py) resumes the epoch's saved permutation at batch 0
+        at_window_start = batches == 0 and bool(state.get("window_start"))
+        if not ((0 < batches or at_window_start) and batches < saved_len):
             return  # saved at an epoch boundary: the next epoch starts from its first batch anyway
         if changed:
             k = changed[0]
@@ -211,7 +223,7 @@ class PlanBatchSampler(Sampler[list[int]]):
         first, key = self._resume_at, self._resume_key
         if self._resume_rng is not None:
             self.sampler.set_rng_state(self._resume_rng)
-        perm = self.sampler.permutation(key if first else None)
+        perm = self.sampler.permutation(key)  # None (draw) unless a resumed epoch saved its draw
         g = self.global_batch
         self.consumed = first
         for start in range(first * g, len(perm), g):

@@ -402,6 +402,9 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, int
         # open the window on its first batch; the batch before an optimizer step arms the overlapped sync
         self.pipeline_model.step_adapter.begin_batch(self.lightning_module.trainer)
         if self._train_sampler is not None:
+            trainer = self.lightning_module.trainer
+            if trainer.fit_loop.epoch_loop.batch_idx % trainer.accumulate_grad_batches == 0:
+                self._train_sampler.window_starts()  # where a save inside this window rewinds to
             self._train_sampler.consumed += 1  # the loader's resume position (data.PlanDataLoader)
         if self._plan_check is not None:
             self._plan_check.batch_starts()

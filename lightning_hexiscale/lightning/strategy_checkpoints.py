@@ -14,7 +14,42 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_hexiscale.errors import ConfigError
-from lightning_hexiscale.lightning.step_adapter import state_to_device, unwrap_optimizer
+from lightning_hexiscale.lightning.step_adapter import steps_after_this_batch, state_to_device, unwrap_optimizer
+
+_BATCH_COUNTERS = ("ready", "started", "processed", "completed")
+
+
+def rewind_to_window_start(checkpoint: dict[str, Any], trainer) -> int:
+    """Make a checkpoint saved inside a gradient-accumulation window read as saved at its start.
+
+    With ``accumulate_grad_batches`` k, a save after batch r of an epoch whose gradient is still
+    pending (ModelCheckpoint after a validation that falls mid-window, e.g. ``val_check_interval=3``
+    with k=2, or ``trainer.save_checkpoint`` in a callback) holds the parameters and optimizer of
+    the window's start, but Lightning's loop state and the loader's position count the p = r mod k
+    batches trained since, whose accumulated gradient no checkpoint holds: the resumed run skipped
+    them and its next step took the gradient of k - p batches. Here the batch counters of the
+    epoch loop and the loader's position (``batches`` of :class:`~lightning_hexiscale.data.PlanBatchSampler`,
+    and its generator state: the one the window's first batch found) go back by p, so that the
+    checkpoint is the state after batch r - p and its step (what Lightning restores as a save "on
+    last", validation included) and the resumed run trains the window again.
+    Returns p (0: the save is at a step boundary, nothing changed)."""
+    loops = checkpoint.get("loops", {}).get("fit_loop")
+    if loops is None or trainer.state.fn != "fit" or trainer.sanity_checking or steps_after_this_batch(trainer):
+        return 0
+    progress = loops.get("epoch_loop.batch_progress")
+    p = trainer.fit_loop.epoch_loop.batch_progress.current.ready % trainer.accumulate_grad_batches
+    if not p or progress is None:
+        return 0
+    for scope in ("total", "current"):
+        start = progress[scope]["ready"] - p
+        progress[scope].update({c: start for c in _BATCH_COUNTERS})
+    for state in (loops.get("state_dict") or {}).get("combined_loader", []):
+        if isinstance(state, dict) and "batches" in state:
+            state["batches"] -= p
+            state["window_start"] = True  # its permutation is the saved one, even at batch 0
+            if state.get("window_rng") is not None:  # the generator as the window's first batch found it
+                state["rng"] = state["window_rng"]
+    return p
 
 
 class CheckpointMethods:
@@ -61,6 +96,7 @@ class CheckpointMethods:
             raise ConfigError("configure_optimizers", f"{len(self.optimizers)} optimizers",
                               "hexiscale checkpoints hold one optimizer's state", "use one optimizer")
         optimizer = unwrap_optimizer(self.optimizers[0]) if with_optim else None  # under ZeRO the sharded one
+        rewind_to_window_start(checkpoint, self.lightning_module.trainer)
         self.checkpointer.save(filepath, self.pipeline_model.engine, optimizer, checkpoint)
 
     @override

@@ -165,31 +165,44 @@ def test_ctrl_c_mid_accumulation_window_stops_at_its_end_and_resumes_exactly(tmp
     """accumulate_grad_batches=2, Ctrl-C as batch 2 starts (the first of the window of optimizer step
     2): the stop and its save wait for the window's end (step 2), and the resumed run ends with the
     uninterrupted run's parameters. It used to save after batch 2, mid-window: step 1 with the
-    loader 3 batches in, so the resumed step 2 had batch 3's gradient alone."""
+    loader 3 batches in, so the resumed step 2 had batch 3's gradient alone.
+
+    Validation every 3 batches falls inside that window too: ModelCheckpoint(monitor="val_loss")
+    saves there (step=1.ckpt, after batch 3 of 4). That checkpoint is rewound to the window's start
+    (loader at 2 batches, the generator of batch 2) and resumes exactly; it used to record 3 batches,
+    so its resumed step 2 also had batch 3's gradient alone (embed.weight 4e-2 off)."""
     from lightning_hexiscale.errors import TrainingInterrupted
     from lightning_hexiscale.lightning.launch.interrupt import GracefulInterrupt
 
     plan = plan_of([(3, 1, [([0], (0, 4))]), (3, 1, [([1], (0, 4))])])
-    ref_dir, run_dir, res_dir = (tmp_path / d for d in ("ref", "run", "resumed"))
-    for d in (ref_dir, run_dir, res_dir):
+    ref_dir, run_dir, res_dir, val_dir = (tmp_path / d for d in ("ref", "run", "resumed", "from_val"))
+    for d in (ref_dir, run_dir, res_dir, val_dir):
         d.mkdir()
-    kw = dict(max_steps=4, accumulate_grad_batches=2)
-    hexiscale_trainer(plan, ref_dir, **kw).fit(module(), shuffled_loader())
+    kw = dict(max_steps=4, accumulate_grad_batches=2, val_check_interval=3, check_val_every_n_epoch=None,
+              limit_val_batches=1)
+    val = DataLoader(generated_corpus(G, TINY.seq_len, seed=5), batch_size=G)
+    hexiscale_trainer(plan, ref_dir, **kw).fit(module(), shuffled_loader(), val)
     ref = read_ranks(ref_dir, plan.world_size)
 
     last = tmp_path / "last.ckpt"
     interrupt = GracefulInterrupt(save_to=last)
+    by_val = ModelCheckpoint(dirpath=str(tmp_path / "val"), monitor="val_loss", save_top_k=-1, filename="{step}")
     # every rank raises it at the same step: rank 0's comes back to the caller, as it is (it used to
     # be torch's ProcessRaisedException carrying worker 1's traceback)
     with pytest.raises(TrainingInterrupted, match="after step 2; checkpoint of step 2"):
-        hexiscale_trainer(plan, run_dir, callbacks=[interrupt, CtrlCAt(interrupt, 2)],
-                          **kw).fit(module(), shuffled_loader())
+        hexiscale_trainer(plan, run_dir, callbacks=[interrupt, CtrlCAt(interrupt, 2), by_val],
+                          enable_checkpointing=True, **kw).fit(module(), shuffled_loader(), val)
     meta = ckpt.read_meta(last)
     assert meta["global_step"] == 2
     assert meta["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]["batches"] == 4
+    mid = tmp_path / "val" / "step=1.ckpt"
+    meta = ckpt.read_meta(mid)
+    assert meta["global_step"] == 1
+    assert meta["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]["batches"] == 2
 
-    hexiscale_trainer(plan, res_dir, **kw).fit(module(), shuffled_loader(), ckpt_path=str(last))
-    for rank, (r, want) in enumerate(zip(read_ranks(res_dir, plan.world_size), ref)):
-        for name, (t, *_rest) in r["shards"].items():
-            err = (t - want["shards"][name][0]).abs().max().item()
-            assert err < 1e-12, f"rank {rank}: {name} differs by {err:.3g} from the uninterrupted run"
+    for out, path in ((res_dir, last), (val_dir, mid)):
+        hexiscale_trainer(plan, out, **kw).fit(module(), shuffled_loader(), val, ckpt_path=str(path))
+        for rank, (r, want) in enumerate(zip(read_ranks(out, plan.world_size), ref)):
+            for name, (t, *_rest) in r["shards"].items():
+                err = (t - want["shards"][name][0]).abs().max().item()
+                assert err < 1e-12, f"{path.name}, rank {rank}: {name} differs by {err:.3g} from the uninterrupted"
