@@ -48,9 +48,31 @@ def check_early(cfg: DictConfig) -> None:
         from lightning_hexiscale.runtime.checkpoint import check_complete
 
         check_complete(t.resume, key="trainer.resume")
+    check_resume_alias(cfg)
     from lightning_hexiscale.config.fast_path import FastPath
 
     FastPath.coerce(t.get("fast_path"), key="trainer.fast_path")  # a bad switch value, before planning
+
+
+def check_resume_alias(cfg: DictConfig) -> None:
+    """``trainer.resume=last`` / ``best``, which Lightning resolves against the recipe's ModelCheckpoint
+    (``<output dir>/checkpoints``, no monitored metric), must find something there: Lightning starts a
+    "last" that finds nothing from step 0 with a warning whose hint (``save_last=True``) the recipe
+    already follows, and refuses "best" on every rank after planning and launching."""
+    from lightning_hexiscale.errors import ConfigError
+
+    alias = str(cfg.trainer.resume).split(":")[0] if cfg.trainer.resume else None
+    fix = ("give the earlier run's checkpoint, trainer.resume=<its output dir>/checkpoints/last.ckpt, or run in "
+           "its directory again: trainer.output_dir=<its output dir> trainer.resume=last")
+    if alias == "best":
+        raise ConfigError("trainer.resume", "best", "the recipe's ModelCheckpoint monitors no metric, so it keeps no "
+                          "best checkpoint to resume", fix)
+    if alias == "last" and cfg.trainer.elastic is not True:  # elastic refuses any trainer.resume itself
+        found = output_dir(cfg) / "checkpoints"
+        if not any(found.glob("last*.ckpt")):
+            raise ConfigError("trainer.resume", "last", f"'last' is the last.ckpt of this run's output directory, and "
+                              f"{found} holds none (Hydra gives every run a new directory unless trainer.output_dir or "
+                              "hydra.run.dir names one); training would start from step 0", fix)
 
 
 def for_another_cluster(e, plan_file: str | None, cluster: str):

@@ -82,7 +82,8 @@ class TrainerConfig:
     steps since the last periodic checkpoint are kept; false: the last checkpoint written is kept as
     it is (docs/guide/interrupts.md says why true is the default)."""
     resume: Optional[str] = None
-    """A checkpoint directory to resume from (any plan, any cluster)."""
+    """A checkpoint directory to resume from (any plan, any cluster); ``last``: the output directory's
+    ``checkpoints/last.ckpt`` (refused when there is none: Hydra gives every run a new directory)."""
     elastic: bool = False
     """Elastic training under torchrun (``--nnodes=MIN:MAX``, c10d; README "Elastic training"): every
     (re)start plans for the machines present (``HEXISCALE_MACHINE`` on each node), resumes from the

@@ -190,3 +190,19 @@ def test_a_resume_path_that_is_no_checkpoint_is_refused_before_planning(tmp_path
         cfg = compose(["cluster=cpu2", "model=llama_tiny", f"trainer.resume={bad}"])
         with pytest.raises(ConfigError, match=f"^trainer.resume = .*{what}"):
             train_run.check_early(cfg)
+
+
+def test_resume_last_or_best_that_finds_nothing_is_refused_before_planning(tmp_path):
+    """trainer.resume=last in a new output directory (Hydra's default: one per run) trained from step 0
+    with Lightning's warning, whose hint (save_last=True) the recipe already follows; trainer.resume=best
+    failed on every rank after planning and launching (the recipe monitors no metric)."""
+    earlier = tmp_path / "earlier"
+    (earlier / "checkpoints" / "last.ckpt").mkdir(parents=True)
+    (earlier / "checkpoints" / "last.ckpt" / "COMPLETE").write_text("hexiscale-checkpoint/2")
+    base = ["cluster=cpu2", "model=llama_tiny"]
+    with pytest.raises(ConfigError, match=r"^trainer.resume = 'last': .*/new/checkpoints holds none.*"
+                                          r"trainer.output_dir=<its output dir> trainer.resume=last"):
+        train_run.check_early(compose([*base, f"trainer.output_dir={tmp_path / 'new'}", "trainer.resume=last"]))
+    with pytest.raises(ConfigError, match="^trainer.resume = 'best': the recipe's ModelCheckpoint monitors no metric"):
+        train_run.check_early(compose([*base, f"trainer.output_dir={earlier}", "trainer.resume=best"]))
+    train_run.check_early(compose([*base, f"trainer.output_dir={earlier}", "trainer.resume=last"]))  # finds it
