@@ -60,7 +60,7 @@ from lightning_hexiscale.lightning.plan_resolution import (AUTO, describe_local_
                                                            plan_for, training_loader)
 from lightning_hexiscale.lightning.settings import StartMethod, StrategySettings, check_process_group_backend
 from lightning_hexiscale.lightning.step_adapter import GradientMethods, state_to_device
-from lightning_hexiscale.lightning.strategy_checkpoints import CheckpointMethods
+from lightning_hexiscale.lightning.strategy_checkpoints import CheckpointMethods, check_checkpoint_before_launch
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.models.llama import Llama
 from lightning_hexiscale.planner.cost.workload import Workload
@@ -166,9 +166,10 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, int
         """What the Trainer call's arguments allow checking before processes start (the launcher calls
         it in the launching process): ``ckpt_path``, the precision and, for ``fit`` (``fitting``),
         automatic optimisation and the training DataLoader against the plan."""
-        check_ckpt_path(arguments.get("ckpt_path"))
-        self._workload_precision()  # refuses a precision the runtime does not train in (16-mixed, ...)
         module = arguments.get("model")
+        check_ckpt_path(arguments.get("ckpt_path"))
+        check_checkpoint_before_launch(arguments.get("ckpt_path"), module, arguments.get("weights_only"))
+        self._workload_precision()  # refuses a precision the runtime does not train in (16-mixed, ...)
         if fitting and module is not None and not module.automatic_optimization:
             raise _manual_optimization_error()
         loader = arguments.get("train_dataloaders")

@@ -52,6 +52,24 @@ def rewind_to_window_start(checkpoint: dict[str, Any], trainer) -> int:
     return p
 
 
+def check_checkpoint_before_launch(ckpt_path, module, weights_only: bool | None) -> None:
+    """A ``ckpt_path`` that every rank would refuse after its setup (a partial save, a folder of
+    checkpoints, the previous format, another model's checkpoint when the module names its
+    :class:`~lightning_hexiscale.models.config.LlamaConfig` as ``config``), refused once in the
+    launching process, before the processes, the cluster discovery and the plan search (the recipe
+    does the same for ``trainer.resume``)."""
+    from lightning_hexiscale.config.recipe import CKPT_ALIASES
+    from lightning_hexiscale.models.config import LlamaConfig
+    from lightning_hexiscale.runtime.checkpoint import check_complete, check_model
+
+    if ckpt_path is None or str(ckpt_path).split(":")[0] in CKPT_ALIASES:
+        return
+    check_complete(ckpt_path)
+    config = getattr(module, "config", None)
+    if isinstance(config, LlamaConfig):
+        check_model(ckpt_path, config, weights_only=weights_only)
+
+
 class CheckpointMethods:
     """Lightning's checkpoint hooks for plan-independent DCP shards."""
 

@@ -344,12 +344,13 @@ def read_meta(path: str | Path, weights_only: bool | None = None) -> dict[str, A
     return load_meta(p / META, weights_only)
 
 
-def check_model(path: str | Path, config: LlamaConfig, key: str = "ckpt_path") -> None:
+def check_model(path: str | Path, config: LlamaConfig, key: str = "ckpt_path",
+                weights_only: bool | None = None) -> None:
     """ConfigError when the complete checkpoint at ``path`` was saved for another model than
     ``config``: what loading it would say on every rank, said once before any rank starts (the
-    recipe's ``trainer.resume``)."""
+    recipe's ``trainer.resume``, the strategy's ``ckpt_path``). ``weights_only``: see :func:`read_meta`."""
     p = check_complete(path, key)
-    _check_model(read_meta(p), config, p)
+    _check_model(read_meta(p, weights_only), config, p)
 
 
 def _check_model(meta: dict[str, Any], config: LlamaConfig, path: Path) -> None:

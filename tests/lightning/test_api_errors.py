@@ -52,6 +52,23 @@ def test_loader_and_checkpoint_are_checked_before_launch(tmp_path, capfd):
         trainer.fit(module(), loader(12, 4))
     with pytest.raises(ConfigError, match=r"ckpt_path = '.*gone.ckpt': no such checkpoint"):
         trainer.fit(module(), loader(12, 6), ckpt_path=str(tmp_path / "gone.ckpt"))
+    # what every rank refused after its setup (the fork workers had started; with cluster=auto after
+    # the discovery and the search): a save killed before COMPLETE, and another model's checkpoint
+    from lightning_hexiscale.runtime import checkpoint as ckpt
+
+    partial, other = tmp_path / "partial.ckpt", tmp_path / "other.ckpt"
+    (partial / "meta.pt").parent.mkdir()
+    (partial / "meta.pt").write_bytes(b"")
+    other.mkdir()
+    (other / ckpt.COMPLETE).write_text(ckpt.FORMAT)
+    (other / ".metadata").write_bytes(b"")
+    saved_for = {**TINY.to_dict(), "hidden_size": 32}
+    torch.save({"hexiscale": {"format": ckpt.FORMAT, "model": saved_for}}, other / ckpt.META)
+    with pytest.raises(ConfigError, match=r"ckpt_path = '.*partial.ckpt': partial checkpoint"):
+        trainer.fit(module(), loader(12, 6), ckpt_path=str(partial))
+    with pytest.raises(ConfigError, match=r"model.hidden_size = 64: the checkpoint .*other.ckpt was saved for "
+                                          r"hidden_size=32"):
+        trainer.validate(module(), loader(12, 6), ckpt_path=str(other))
     assert "Initializing distributed" not in capfd.readouterr().err  # no process was started
 
 
