@@ -56,9 +56,12 @@ def check_early(cfg: DictConfig) -> None:
 
 def check_resume_alias(cfg: DictConfig) -> None:
     """``trainer.resume=last`` / ``best``, which Lightning resolves against the recipe's ModelCheckpoint
-    (``<output dir>/checkpoints``, no monitored metric), must find something there: Lightning starts a
-    "last" that finds nothing from step 0 with a warning whose hint (``save_last=True``) the recipe
-    already follows, and refuses "best" on every rank after planning and launching."""
+    (``<output dir>/checkpoints``, no monitored metric). "best" is refused: Lightning refused it on
+    every rank after planning and launching. "last" that finds nothing in Hydra's new per-run
+    directory can never find anything (Lightning started from step 0 with a warning whose hint,
+    ``save_last=True``, the recipe already follows): refused. In a directory the user fixed
+    (``trainer.output_dir``, ``hydra.run.dir``) it is the first run of a command that resumes on
+    every later one: it starts from step 0 and says so."""
     from lightning_hexiscale.errors import ConfigError
 
     alias = str(cfg.trainer.resume).split(":")[0] if cfg.trainer.resume else None
@@ -67,12 +70,27 @@ def check_resume_alias(cfg: DictConfig) -> None:
     if alias == "best":
         raise ConfigError("trainer.resume", "best", "the recipe's ModelCheckpoint monitors no metric, so it keeps no "
                           "best checkpoint to resume", fix)
-    if alias == "last" and cfg.trainer.elastic is not True:  # elastic refuses any trainer.resume itself
-        found = output_dir(cfg) / "checkpoints"
-        if not any(found.glob("last*.ckpt")):
-            raise ConfigError("trainer.resume", "last", f"'last' is the last.ckpt of this run's output directory, and "
-                              f"{found} holds none (Hydra gives every run a new directory unless trainer.output_dir or "
-                              "hydra.run.dir names one); training would start from step 0", fix)
+    if alias != "last" or cfg.trainer.elastic is True:  # elastic refuses any trainer.resume itself
+        return
+    found = output_dir(cfg) / "checkpoints"
+    if any(found.glob("last*.ckpt")):
+        return
+    if _hydra_made_the_run_dir(cfg):
+        raise ConfigError("trainer.resume", "last", f"'last' is the last.ckpt of this run's output directory, and "
+                          f"{found} holds none: Hydra gives every run a new directory (unless trainer.output_dir or "
+                          "hydra.run.dir names one), so training would start from step 0", fix)
+    say(f"trainer.resume=last: no last.ckpt in {found} yet, so training starts from step 0")
+
+
+def _hydra_made_the_run_dir(cfg: DictConfig) -> bool:
+    """Whether the output directory is Hydra's default one for this run (a new, timestamped one):
+    no ``trainer.output_dir`` and no ``hydra.run.dir`` / ``hydra.sweep.dir`` on the command line."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if cfg.trainer.output_dir or not HydraConfig.initialized():
+        return False
+    given = [str(o).split("=")[0].lstrip("+~") for o in HydraConfig.get().overrides.hydra]
+    return not any(k in ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir") for k in given)
 
 
 def for_another_cluster(e, plan_file: str | None, cluster: str):

@@ -83,7 +83,8 @@ class TrainerConfig:
     it is (docs/guide/interrupts.md says why true is the default)."""
     resume: Optional[str] = None
     """A checkpoint directory to resume from (any plan, any cluster); ``last``: the output directory's
-    ``checkpoints/last.ckpt`` (refused when there is none: Hydra gives every run a new directory)."""
+    ``checkpoints/last.ckpt`` (refused when there is none in Hydra's new per-run directory; in a
+    fixed ``trainer.output_dir`` or ``hydra.run.dir`` the first run starts from step 0 and says so)."""
     elastic: bool = False
     """Elastic training under torchrun (``--nnodes=MIN:MAX``, c10d; README "Elastic training"): every
     (re)start plans for the machines present (``HEXISCALE_MACHINE`` on each node), resumes from the

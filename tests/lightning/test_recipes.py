@@ -192,17 +192,31 @@ def test_a_resume_path_that_is_no_checkpoint_is_refused_before_planning(tmp_path
             train_run.check_early(cfg)
 
 
-def test_resume_last_or_best_that_finds_nothing_is_refused_before_planning(tmp_path):
-    """trainer.resume=last in a new output directory (Hydra's default: one per run) trained from step 0
-    with Lightning's warning, whose hint (save_last=True) the recipe already follows; trainer.resume=best
-    failed on every rank after planning and launching (the recipe monitors no metric)."""
+def test_resume_last_or_best_that_finds_nothing_is_refused_before_planning(tmp_path, capsys):
+    """trainer.resume=best failed on every rank after planning and launching (the recipe monitors no
+    metric). trainer.resume=last that finds nothing starts from step 0 and says so in a directory the
+    user fixed (the first run of a command that resumes on every later one); in Hydra's new per-run
+    directory, where it can never find anything, it is refused (test_resume_last_in_hydras_own_directory...)."""
     earlier = tmp_path / "earlier"
     (earlier / "checkpoints" / "last.ckpt").mkdir(parents=True)
     (earlier / "checkpoints" / "last.ckpt" / "COMPLETE").write_text("hexiscale-checkpoint/2")
     base = ["cluster=cpu2", "model=llama_tiny"]
-    with pytest.raises(ConfigError, match=r"^trainer.resume = 'last': .*/new/checkpoints holds none.*"
-                                          r"trainer.output_dir=<its output dir> trainer.resume=last"):
-        train_run.check_early(compose([*base, f"trainer.output_dir={tmp_path / 'new'}", "trainer.resume=last"]))
+    train_run.check_early(compose([*base, f"trainer.output_dir={tmp_path / 'new'}", "trainer.resume=last"]))
+    assert f"trainer.resume=last: no last.ckpt in {tmp_path / 'new' / 'checkpoints'} yet, so training starts " \
+           "from step 0" in capsys.readouterr().out
     with pytest.raises(ConfigError, match="^trainer.resume = 'best': the recipe's ModelCheckpoint monitors no metric"):
         train_run.check_early(compose([*base, f"trainer.output_dir={earlier}", "trainer.resume=best"]))
     train_run.check_early(compose([*base, f"trainer.output_dir={earlier}", "trainer.resume=last"]))  # finds it
+    assert "no last.ckpt" not in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_resume_last_in_hydras_own_directory_is_refused_before_planning(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "MASTER_PORT", "WORLD_SIZE", "RANK")}
+    out = subprocess.run([sys.executable, str(TRAIN), "cluster=cpu2", "model=llama_tiny", "trainer.resume=last"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=50)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert re.search(r"trainer.resume = 'last': .*/outputs/.*/checkpoints holds none: Hydra gives every run a new "
+                     r"directory.*Fix: .*trainer.output_dir=<its output dir> trainer.resume=last", out.stderr), out.stderr
+    assert "Traceback" not in out.stderr and "pipeline  batch/mb" not in out.stdout
