@@ -90,8 +90,12 @@ def check_export_target(out: str | Path, overwrite: bool) -> Path:
     """The output directory of an export, checked before any work: an existing file is refused (the
     export writes a directory, and deleting a file the user named is never what they meant), an
     existing directory needs ``overwrite``, and even then it may hold only what an export writes,
-    so that ``--overwrite`` cannot wipe a model's source directory, a checkpoint or a home folder."""
+    so that ``--overwrite`` cannot wipe a model's source directory, a checkpoint or a home folder.
+    A symbolic link is followed: the export is renamed into place beside the directory it names
+    (else it would replace the link, on the link's file system, and leave the link as ``.old-*``)."""
     out = Path(out).expanduser().absolute()
+    if out.is_symlink():
+        out = out.resolve()  # a dangling link too: its target is where the user wants the export
     parent = out.parent
     while not parent.exists():  # missing folders are created; the first one that exists must be one
         parent = parent.parent

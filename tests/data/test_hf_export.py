@@ -98,3 +98,18 @@ def test_an_empty_directory_is_taken_without_overwrite(tmp_path):
     save_hf(state(0), CONFIG, tmp_path / "hf")
     assert (tmp_path / "hf" / "model.safetensors").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+
+
+def test_a_symlinked_output_directory_receives_the_export(tmp_path):
+    """--hf LINK (a link to a directory on another disk) replaced the link with a directory beside it,
+    written on the link's file system, and left the link behind as LINK.old-*."""
+    target = tmp_path / "big" / "out"
+    target.mkdir(parents=True)
+    (tmp_path / "small").mkdir()
+    link = tmp_path / "small" / "out"
+    link.symlink_to(target)
+    for overwrite in (False, True):  # into the empty directory, then over that export
+        save_hf(state(int(overwrite)), CONFIG, link, overwrite=overwrite)
+        assert link.is_symlink() and (target / "model.safetensors").is_file()
+        assert sorted(p.name for p in (tmp_path / "small").iterdir()) == ["out"]
+        assert sorted(p.name for p in (tmp_path / "big").iterdir()) == ["out"]
