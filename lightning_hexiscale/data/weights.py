@@ -113,6 +113,42 @@ def _weight_files(directory: Path) -> tuple[list[Path], dict[str, str] | None]:
     return files, None
 
 
+def _missing_error(directory: Path, config: LlamaConfig, missing: list[str], listed: dict[str, str] | None,
+                   seen: set[str]) -> ConfigError:
+    """Why tensors the model needs are not in the files, most specific cause first: shards the
+    index names that are not in the directory (an interrupted download), a ``LlamaModel`` (the
+    decoder saved without its LM head, names without ``model.``), a head of another task
+    (``architectures``: e.g. LlamaForSequenceClassification's ``score.weight``), an untied
+    config.json over a tied checkpoint."""
+    first = global_to_hf(missing[0])
+    what = f"the safetensors files lack {len(missing)} tensor(s) of {config.name}, e.g. {first}"
+    absent = sorted({listed[global_to_hf(n)] for n in missing if listed is not None and global_to_hf(n) in listed
+                     and not (directory / listed[global_to_hf(n)]).is_file()})
+    if absent:
+        return ConfigError("trainer.weights", str(directory),
+                           f"{what}: {INDEX_FILE} puts them in {len(absent)} file(s) that are not in the directory: "
+                           f"{', '.join(absent[:3])}{', ...' if len(absent) > 3 else ''}",
+                           "download the missing file(s) again (an interrupted download?), e.g. "
+                           f"`huggingface-cli download REPO {absent[0]} --local-dir {directory}`")
+    if first.startswith("model.") and first[len("model."):] in seen:
+        return ConfigError("trainer.weights", str(directory),
+                           f"{what}: the files hold {first[len('model.'):]} (no 'model.' prefix), the decoder of a "
+                           "transformers LlamaModel saved without an LM head",
+                           "use the LlamaForCausalLM checkpoint of the model (with lm_head.weight)")
+    if missing == ["lm_head.weight"]:
+        try:
+            archs = json.loads((directory / "config.json").read_text()).get("architectures") or []
+        except (OSError, ValueError, AttributeError):
+            archs = []
+        other = [a for a in archs if isinstance(a, str) and not a.endswith("ForCausalLM")]
+        if other:
+            return ConfigError("trainer.weights", str(directory),
+                               f"{what}: config.json's architectures is {other[0]}, whose head is not a language "
+                               "model head", "use a LlamaForCausalLM checkpoint (a causal LM with lm_head.weight)")
+        what += " (an untied model needs lm_head.weight; set tie_word_embeddings in config.json if the head is the embedding)"
+    return ConfigError("trainer.weights", str(directory), what, "use the complete checkpoint directory")
+
+
 class HFWeights(Mapping):
     """Global name -> full tensor over the ``*.safetensors`` files of a local HF Llama directory.
 
@@ -148,11 +184,8 @@ class HFWeights(Mapping):
         want = expected_shapes(config)
         missing = [n for n in want if n not in self._where]
         if missing:
-            hint = (" (an untied model needs lm_head.weight; set tie_word_embeddings in config.json if the head "
-                    "is the embedding)" if missing == ["lm_head.weight"] else "")
-            raise ConfigError("trainer.weights", str(self.directory),
-                              f"the safetensors files lack {len(missing)} tensor(s) of {config.name}, e.g. "
-                              f"{global_to_hf(missing[0])}{hint}", "use the complete checkpoint directory")
+            seen = {n for f in files for n in self._open(f).keys()}
+            raise _missing_error(self.directory, config, missing, listed, seen)
         for name, shape in want.items():
             got = self.shape_of(name)
             if got != shape:

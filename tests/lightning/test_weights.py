@@ -170,3 +170,41 @@ def test_a_directory_of_pytorch_bin_weights_says_how_to_convert(tmp_path):
     (d / "pytorch_model-00001-of-00002.bin").write_bytes(b"")
     with pytest.raises(ConfigError, match="pytorch_model.*bin.*save_pretrained"):
         HFWeights(d, TINY)
+
+
+def test_missing_tensors_say_why(tmp_path):
+    """Every case below said only "the safetensors files lack N tensor(s) ... use the complete
+    checkpoint directory", and the sequence classifier was told to set tie_word_embeddings (a model
+    whose LM head would then be its embedding, silently)."""
+    from safetensors.torch import load_file, save_file
+
+    d, _ = hf_directory(tmp_path)  # a shard of the index deleted: named, with the way to fetch it
+    state = {}
+    for f in d.glob("*.safetensors"):
+        state.update(load_file(f))
+    index = json.loads((d / "model.safetensors.index.json").read_text())["weight_map"]
+    shard = index["model.layers.2.mlp.up_proj.weight"]
+    (d / shard).unlink()
+    with pytest.raises(ConfigError, match=f"index.json puts them in 1 file.*not in the directory: {shard}.*download"):
+        HFWeights(d, TINY)
+
+    base = tmp_path / "base"  # a transformers LlamaModel: the decoder without "model." and lm_head.weight
+    base.mkdir()
+    save_file({k.removeprefix("model."): v for k, v in state.items() if k != "lm_head.weight"},
+              str(base / "model.safetensors"))
+    with pytest.raises(ConfigError, match="embed_tokens.weight \\(no 'model.' prefix\\).*LlamaModel.*LlamaForCausalLM"):
+        HFWeights(base, TINY)
+
+    cls = tmp_path / "cls"  # LlamaForSequenceClassification: score.weight where lm_head.weight would be
+    cls.mkdir()
+    full = {k: v for k, v in state.items() if k != "lm_head.weight"}
+    save_file({**full, "score.weight": torch.zeros(2, TINY.hidden_size, dtype=torch.float64)},
+              str(cls / "model.safetensors"))
+    cfg = json.loads((d / "config.json").read_text())
+    (cls / "config.json").write_text(json.dumps({**cfg, "architectures": ["LlamaForSequenceClassification"]}))
+    with pytest.raises(ConfigError, match="architectures is LlamaForSequenceClassification") as e:
+        HFWeights(cls, TINY)
+    assert "tie_word_embeddings" not in str(e.value)
+    (cls / "config.json").write_text(json.dumps(cfg))  # a causal LM's config.json: the tie hint stays
+    with pytest.raises(ConfigError, match="set tie_word_embeddings"):
+        HFWeights(cls, TINY)
