@@ -357,10 +357,16 @@ def _check_model(meta: dict[str, Any], config: LlamaConfig, path: Path) -> None:
     saved = dict(meta["hexiscale"]["model"])
     now = config.to_dict()
     # The context is metadata (RoPE tables follow the sequence at hand), recorded only when known:
-    # a preset leaves it open, the same preset started from HF weights records theirs.
+    # a preset leaves it open, the same preset started from HF weights records theirs. The training
+    # seq_len is no part of the weights either (continued pre-training at a longer context resumes
+    # with a larger one), as in LlamaConfig.check_matches; only the weights' context bounds it.
     open_context = saved.get("max_position_embeddings") is None or now["max_position_embeddings"] is None
-    diff = [k for k in now if k != "name" and saved.get(k) != now[k]
+    diff = [k for k in now if k not in ("name", "seq_len") and saved.get(k) != now[k]
             and not (k == "max_position_embeddings" and open_context)]
+    context = saved.get("max_position_embeddings")
+    if not diff and context is not None and now["seq_len"] > context:
+        raise ConfigError("model.seq_len", now["seq_len"], f"the checkpoint {path} holds weights for at most "
+                          f"{context} positions (max_position_embeddings)", f"use model.seq_len <= {context}")
     if diff:
         k = diff[0]
         raise ConfigError(f"model.{k}", now[k], f"the checkpoint {path} was saved for {k}={saved.get(k)!r}",

@@ -83,6 +83,29 @@ def test_partial_or_foreign_checkpoint_is_refused(tmp_path):
         ckpt.read_meta(single_file)
 
 
+def test_a_checkpoint_resumes_at_another_sequence_length(tmp_path):
+    """Continued pre-training at a longer context (seq_len 16 -> 32, same weights) was refused:
+    "model.seq_len = 32: the checkpoint was saved for seq_len=16. Fix: resume with the model it was
+    trained with", though the weights do not depend on it (a real resume then trains: probed under
+    a 2-stage plan). The weights' own context still bounds it, and the shape is still checked."""
+    import dataclasses
+
+    from strategy_helpers import TINY
+
+    saved = tmp_path / "last.ckpt"  # what check_model reads: the marker, DCP's index and meta.pt
+    saved.mkdir()
+    (saved / ckpt.COMPLETE).write_text(ckpt.FORMAT)
+    (saved / ".metadata").write_bytes(b"")
+    torch.save({"hexiscale": {"format": ckpt.FORMAT, "model": TINY.to_dict()}}, saved / ckpt.META)
+    ckpt.check_model(saved, dataclasses.replace(TINY, seq_len=32), key="trainer.resume")
+    with pytest.raises(ConfigError, match="model.num_layers = 3"):
+        ckpt.check_model(saved, dataclasses.replace(TINY, num_layers=3))
+    bounded = dataclasses.replace(TINY, max_position_embeddings=24)
+    torch.save({"hexiscale": {"format": ckpt.FORMAT, "model": bounded.to_dict()}}, saved / ckpt.META)
+    with pytest.raises(ConfigError, match="model.seq_len = 32: .* at most 24 positions.*seq_len <= 24"):
+        ckpt.check_model(saved, dataclasses.replace(TINY, seq_len=32))
+
+
 def test_a_folder_of_checkpoints_or_an_hf_directory_is_not_called_a_partial_save(tmp_path, capsys):
     """`hexiscale checkpoint info outputs/run/checkpoints` (the folder, not last.ckpt in it) and a
     Hugging Face directory were both refused as "partial checkpoint ... the save was interrupted",
