@@ -12,7 +12,7 @@ Both generations of Llama ``config.json`` are read:
 - transformers 5.x: ``rope_parameters`` = ``{rope_type: default | llama3, rope_theta, ...}``.
 
 Only what this project's :class:`~lightning_hexiscale.models.llama.Llama` computes is accepted:
-SiLU, no biases, head_dim = hidden / heads, RoPE of type ``default`` or ``llama3``. Anything else is a
+SiLU, no biases, no quantization, head_dim = hidden / heads, RoPE of type ``default`` or ``llama3``. Anything else is a
 :class:`ConfigError` that names the key (``model.rope_scaling.rope_type = 'yarn'`` ...), never a
 silently different model.
 """
@@ -115,6 +115,12 @@ def model_fields_from_hf(hf: dict[str, Any], name: str, seq_len: int | None = No
                           "use a Llama checkpoint (Llama 2, Llama 3.x)")
     if hf.get("hidden_act", "silu") != "silu":
         raise ConfigError("model.hidden_act", hf["hidden_act"], "the MLP is SwiGLU (silu)", "use a Llama checkpoint")
+    quant = hf.get("quantization_config")
+    if quant:  # FP8 / GPTQ / AWQ / bitsandbytes: the stored matrices are meaningless without their scales
+        method = quant.get("quant_method", "?") if isinstance(quant, dict) else quant
+        raise ConfigError("model.quantization_config", method, f"{where} describes a quantized checkpoint, whose "
+                          "weights are stored with scales (or packed) that this Llama does not apply",
+                          "use the unquantized checkpoint of the model (bfloat16 / float16 / float32 safetensors)")
     for flag in ("attention_bias", "mlp_bias"):
         if hf.get(flag):
             raise ConfigError(f"model.{flag}", hf[flag], "linear layers have no bias here", "use a Llama checkpoint")

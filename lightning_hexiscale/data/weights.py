@@ -82,6 +82,9 @@ def expected_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
 
 SINGLE_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
 
+FLOAT_DTYPES = ("BF16", "F16", "F32", "F64")
+"""safetensors dtypes that hold the weights' values themselves (not quantized codes)."""
+
 
 def _weight_files(directory: Path) -> tuple[list[Path], dict[str, str] | None]:
     """(the safetensors files to read, the index's tensor -> file map or None), chosen as
@@ -187,6 +190,12 @@ class HFWeights(Mapping):
             seen = {n for f in files for n in self._open(f).keys()}
             raise _missing_error(self.directory, config, missing, listed, seen)
         for name, shape in want.items():
+            get_dtype = getattr(self._slice(name), "get_dtype", None)  # (not in every safetensors 0.4.x)
+            stored = get_dtype() if get_dtype is not None else "F32"
+            if stored not in FLOAT_DTYPES:  # e.g. F8_E4M3 with a weight_scale beside it: read as is, silently wrong
+                raise ConfigError("trainer.weights", f"{self._where[name][1]} ({stored})",
+                                  f"a quantized or integer tensor; weights are read as {'/'.join(FLOAT_DTYPES)} "
+                                  "values, without any scale", "use the unquantized checkpoint of the model")
             got = self.shape_of(name)
             if got != shape:
                 raise ConfigError("trainer.weights", f"{global_to_hf(name)} {list(got)}",

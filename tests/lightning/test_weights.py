@@ -208,3 +208,32 @@ def test_missing_tensors_say_why(tmp_path):
     (cls / "config.json").write_text(json.dumps(cfg))  # a causal LM's config.json: the tie hint stays
     with pytest.raises(ConfigError, match="set tie_word_embeddings"):
         HFWeights(cls, TINY)
+
+
+def test_a_quantized_checkpoint_is_refused(tmp_path):
+    """An FP8 Llama (float8 matrices with a weight_scale beside each, quantization_config in
+    config.json) loaded without a word: the codes were read as weights, about 1000x too large."""
+    from safetensors.torch import load_file, save_file
+
+    d, _ = hf_directory(tmp_path)
+    fp8 = tmp_path / "fp8"
+    fp8.mkdir()
+    state = {}
+    for f in d.glob("*.safetensors"):
+        state.update(load_file(f))
+    quantized = {}
+    for k, v in state.items():
+        if k.endswith("proj.weight"):  # what an FP8 (compressed-tensors) export stores
+            scale = v.abs().max().float() / 448
+            quantized[k] = (v.float() / scale).to(torch.float8_e4m3fn)
+            quantized[k.removesuffix("weight") + "weight_scale"] = scale.reshape(1)
+        else:
+            quantized[k] = v
+    save_file(quantized, str(fp8 / "model.safetensors"))
+    cfg = json.loads((d / "config.json").read_text())
+    (fp8 / "config.json").write_text(json.dumps({**cfg, "quantization_config": {"quant_method": "compressed-tensors"}}))
+    with pytest.raises(ConfigError, match="model.quantization_config = 'compressed-tensors'.*unquantized"):
+        load_hf(fp8)
+    (fp8 / "config.json").write_text(json.dumps(cfg))  # the files alone give it away too
+    with pytest.raises(ConfigError, match="q_proj.weight \\(F8_E4M3\\).*quantized.*unquantized"):
+        load_hf(fp8)
