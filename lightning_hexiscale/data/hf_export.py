@@ -34,8 +34,11 @@ DEFAULT_MAX_SHARD_BYTES = 5 * 10**9
 """5 GB per file, transformers' default ``max_shard_size``."""
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                   "added_tokens.json", "vocab.json", "merges.txt", "generation_config.json")
-"""Files copied from a tokenizer directory when present (tokenizer.json or tokenizer.model required)."""
+                   "added_tokens.json", "vocab.json", "merges.txt", "generation_config.json",
+                   "chat_template.jinja", "chat_template.json")
+"""Files copied from a tokenizer directory when present (tokenizer.json or tokenizer.model required).
+The chat template: transformers >= 4.50 saves it in ``chat_template.jinja``, no longer in
+tokenizer_config.json, so an instruct model exported without that file has none."""
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 

@@ -113,3 +113,19 @@ def test_a_symlinked_output_directory_receives_the_export(tmp_path):
         assert link.is_symlink() and (target / "model.safetensors").is_file()
         assert sorted(p.name for p in (tmp_path / "small").iterdir()) == ["out"]
         assert sorted(p.name for p in (tmp_path / "big").iterdir()) == ["out"]
+
+
+def test_the_chat_template_goes_with_the_tokenizer(tmp_path):
+    """transformers >= 4.50 saves an instruct model's chat template as chat_template.jinja (no longer
+    in tokenizer_config.json); the export did not copy it, so the exported model had no template
+    (apply_chat_template refused it). --overwrite also takes it as a file an export writes."""
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    (tok / "tokenizer.json").write_text("{}")
+    (tok / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
+    (tok / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    (tok / "config.json").write_text(json.dumps({"bos_token_id": 60, "eos_token_id": 61}))
+    out = save_hf(state(0), CONFIG, tmp_path / "hf", tokenizer_dir=tok)
+    assert (out / "chat_template.jinja").read_text() == (tok / "chat_template.jinja").read_text()
+    save_hf(state(1), CONFIG, out, tokenizer_dir=tok, overwrite=True)
+    assert (out / "chat_template.jinja").is_file()
