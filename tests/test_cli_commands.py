@@ -130,6 +130,16 @@ def test_an_output_inside_the_checkpoint_it_comes_from_is_refused(tmp_path, argv
     assert list((tmp_path / "last.ckpt").iterdir()) == []
 
 
+def test_consolidate_into_a_safetensors_name_is_refused(tmp_path, capsys):
+    """`checkpoint consolidate CKPT model.safetensors` wrote a torch.save pickle under that name, which
+    safetensors then failed to read ("header too large"); refused first, pointing to export."""
+    (tmp_path / "last.ckpt").mkdir()
+    assert main(["checkpoint", "consolidate", str(tmp_path / "last.ckpt"), str(tmp_path / "model.safetensors")]) == 2
+    err = capsys.readouterr().err
+    assert "error: OUT.pt = " in err and "not a safetensors file" in err and "model.pt" in err, err
+    assert "hexiscale export" in err and "Traceback" not in err
+
+
 def test_sweeps_read_hydras_sweep_grammar():
     """`-m` points are Hydra's: range(), choice(), glob() over a group's presets, and a quoted value
     keeps its comma. Splitting at commas made range(8,17,8) the points 'range(8', '17' and '8)':
