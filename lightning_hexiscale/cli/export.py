@@ -32,12 +32,13 @@ def _export_args(p: argparse.ArgumentParser) -> None:
             no_overrides="the model and its shape come from the checkpoint: `hexiscale export CKPT --hf OUT`")
 def cmd_export(args: argparse.Namespace) -> int:
     from lightning_hexiscale.config.units import parse_bytes
-    from lightning_hexiscale.data.hf_export import check_export_target, save_hf
+    from lightning_hexiscale.data.hf_export import check_export_target, check_tokenizer_dir, save_hf
     from lightning_hexiscale.runtime.checkpoint import load_llama
 
     max_bytes = int(parse_bytes(args.max_shard_size, "--max-shard-size"))
     check_export_target(args.hf, args.overwrite)  # before reading a checkpoint that may take minutes
     check_outside_checkpoint("--hf", args.hf, args.checkpoint, "hf")
+    check_tokenizer_dir(args.tokenizer)
     model = load_llama(args.checkpoint)
     out = save_hf(model.state_dict(), model.config, args.hf, dtype=args.dtype, max_shard_bytes=max_bytes,
                   tokenizer_dir=args.tokenizer, overwrite=args.overwrite)

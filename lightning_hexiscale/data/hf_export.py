@@ -121,6 +121,22 @@ def check_export_target(out: str | Path, overwrite: bool) -> Path:
     return out
 
 
+def check_tokenizer_dir(tokenizer_dir: str | Path | None) -> Path | None:
+    """``--tokenizer``: a directory holding tokenizer.json or tokenizer.model (checked before the
+    checkpoint is read); None stays None."""
+    if tokenizer_dir is None:
+        return None
+    tok = Path(tokenizer_dir).expanduser()
+    if tok.is_file():  # prepare-data takes tokenizer.json itself; here the directory's other files count
+        raise ConfigError("--tokenizer", str(tok), "is a file; the export copies the tokenizer files of a "
+                          "directory and takes the bos/eos ids from its config.json",
+                          f"give the directory holding it: --tokenizer {tok.parent}")
+    if not tok.is_dir() or not any((tok / n).is_file() for n in ("tokenizer.json", "tokenizer.model")):
+        raise ConfigError("--tokenizer", str(tok), "no tokenizer.json or tokenizer.model in this directory",
+                          "point to the HF model directory the checkpoint was trained from")
+    return tok
+
+
 def save_hf(state: Mapping[str, torch.Tensor], config: LlamaConfig, out: str | Path, *, dtype: str | None = None,
             max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, tokenizer_dir: str | Path | None = None,
             overwrite: bool = False) -> Path:
@@ -129,11 +145,7 @@ def save_hf(state: Mapping[str, torch.Tensor], config: LlamaConfig, out: str | P
     from safetensors.torch import save_file
 
     out = check_export_target(out, overwrite)
-    tok = Path(tokenizer_dir).expanduser() if tokenizer_dir is not None else None
-    if tok is not None:
-        if not tok.is_dir() or not any((tok / n).is_file() for n in ("tokenizer.json", "tokenizer.model")):
-            raise ConfigError("--tokenizer", str(tok), "no tokenizer.json or tokenizer.model in this directory",
-                              "point to the HF model directory the checkpoint was trained from")
+    tok = check_tokenizer_dir(tokenizer_dir)
     if dtype is not None and dtype not in DTYPES:
         raise ConfigError("--dtype", dtype, f"must be one of {sorted(DTYPES)}", "use bfloat16 or float32")
     want = expected_shapes(config)

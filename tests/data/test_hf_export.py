@@ -129,3 +129,19 @@ def test_the_chat_template_goes_with_the_tokenizer(tmp_path):
     assert (out / "chat_template.jinja").read_text() == (tok / "chat_template.jinja").read_text()
     save_hf(state(1), CONFIG, out, tokenizer_dir=tok, overwrite=True)
     assert (out / "chat_template.jinja").is_file()
+
+
+def test_a_tokenizer_file_is_refused_with_its_directory(tmp_path, capsys):
+    """--tokenizer DIR/tokenizer.json (as prepare-data takes it) said "no tokenizer.json or
+    tokenizer.model in this directory", of the tokenizer.json itself, and only after the checkpoint
+    had been read."""
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "tokenizer.json").write_text("{}")
+    with pytest.raises(ConfigError, match=f"--tokenizer = .*is a file.*Fix: give the directory holding it: "
+                                          f"--tokenizer {tmp_path / 'tok'}$"):
+        save_hf(state(0), CONFIG, tmp_path / "hf", tokenizer_dir=tmp_path / "tok" / "tokenizer.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tok"]
+    # the command says so before reading the checkpoint (which may take minutes): here there is none
+    assert main(["export", str(tmp_path / "no.ckpt"), "--hf", str(tmp_path / "hf"), "--tokenizer",
+                 str(tmp_path / "tok" / "tokenizer.json")]) == 2
+    assert "error: --tokenizer = " in capsys.readouterr().err
