@@ -152,6 +152,16 @@ def _missing_error(directory: Path, config: LlamaConfig, missing: list[str], lis
     return ConfigError("trainer.weights", str(directory), what, "use the complete checkpoint directory")
 
 
+def _inside_the_model(name: str, num_layers: int) -> bool:
+    """A tensor name of ours that would belong to a module the model builds: the embedding, the
+    final norm or one of its ``num_layers`` layers (not RoPE's ``inv_freq`` buffer, which is
+    recomputed; layers beyond the count are a checkpoint cut to fewer layers by its config.json)."""
+    if name.endswith("rotary_emb.inv_freq") or name == "lm_head.weight":
+        return False
+    m = re.match(r"layers\.(\d+)\.", name)
+    return m is None or int(m.group(1)) < num_layers
+
+
 class HFWeights(Mapping):
     """Global name -> full tensor over the ``*.safetensors`` files of a local HF Llama directory.
 
@@ -200,7 +210,13 @@ class HFWeights(Mapping):
             if got != shape:
                 raise ConfigError("trainer.weights", f"{global_to_hf(name)} {list(got)}",
                                   f"{config.name} needs shape {list(shape)}", "use the model the weights were made for")
-        self._where = {n: self._where[n] for n in want}  # only what the model uses
+        dropped = [n for n in self._where if n not in want and _inside_the_model(n, config.num_layers)]
+        if dropped:  # e.g. q_proj.bias of a Qwen2-style checkpoint labelled llama: reading on would drop it
+            raise ConfigError("trainer.weights", f"{self._where[dropped[0]][1]} (and {len(dropped) - 1} more)",
+                              f"{config.name} has no such parameter (the Llama here has no biases and no extra "
+                              "norms), so the model would silently differ from the checkpoint's",
+                              "use a Llama checkpoint (model_type llama without attention_bias / mlp_bias tensors)")
+        self._where = {n: self._where[n] for n in want}  # only what the model uses (layers beyond num_layers: a cut)
 
     def _open(self, f: Path):
         from safetensors import safe_open

@@ -237,3 +237,26 @@ def test_a_quantized_checkpoint_is_refused(tmp_path):
     (fp8 / "config.json").write_text(json.dumps(cfg))  # the files alone give it away too
     with pytest.raises(ConfigError, match="q_proj.weight \\(F8_E4M3\\).*quantized.*unquantized"):
         load_hf(fp8)
+
+
+def test_tensors_the_model_would_drop_are_refused(tmp_path):
+    """q/k/v biases in the files (a Qwen2-style checkpoint labelled llama, attention_bias unset) were
+    dropped without a word: a different model. RoPE's inv_freq buffers (older conversions) and the
+    layers beyond a config.json's num_hidden_layers (a checkpoint cut short) are still read past."""
+    from safetensors.torch import load_file, save_file
+
+    d, ours = hf_directory(tmp_path)
+    state = {}
+    for f in d.glob("*.safetensors"):
+        state.update(load_file(f))
+    one = tmp_path / "one"
+    one.mkdir()
+    (one / "config.json").write_text((d / "config.json").read_text())
+    extra = {"model.layers.1.self_attn.rotary_emb.inv_freq": torch.ones(TINY.head_dim // 2),
+             f"model.layers.{TINY.num_layers}.mlp.up_proj.weight": state["model.layers.0.mlp.up_proj.weight"].clone()}
+    save_file({**state, **extra}, str(one / "model.safetensors"))
+    assert torch.equal(HFWeights(one, TINY)["layers.1.attn.q_proj.weight"], ours["layers.1.attn.q_proj.weight"])
+    bias = {"model.layers.1.self_attn.q_proj.bias": torch.ones(TINY.hidden_size, dtype=torch.float64)}
+    save_file({**state, **extra, **bias}, str(one / "model.safetensors"))
+    with pytest.raises(ConfigError, match="q_proj.bias \\(and 0 more\\).*no such parameter.*silently differ"):
+        HFWeights(one, TINY)
