@@ -334,9 +334,13 @@ class LlamaConfig:
                 continue
             mine, theirs = getattr(self, f.name), getattr(other, f.name)
             if mine != theirs:
+                # A model named hf:<dir> is that directory's config.json: a difference is a model.* override
+                fix = ("choose the model preset that matches the weights, or use model=hf:<dir>"
+                       if not self.name.startswith("hf:") else
+                       f"drop the model.{f.name} override: with model={self.name} the model is the directory's "
+                       "config.json (a model other than the one the weights were trained as is not supported)")
                 raise ConfigError(f"model.{f.name}", _show(mine),
-                                  f"the weights in {source} have {f.name}={_show(theirs)}",
-                                  "choose the model preset that matches the weights, or use model=hf:<dir>")
+                                  f"the weights in {source} have {f.name}={_show(theirs)}", fix)
         if other.max_position_embeddings is not None and self.seq_len > other.max_position_embeddings:
             raise ConfigError("model.seq_len", self.seq_len,
                               f"the weights in {source} support at most {other.max_position_embeddings} positions",

@@ -260,3 +260,18 @@ def test_tensors_the_model_would_drop_are_refused(tmp_path):
     save_file({**state, **extra, **bias}, str(one / "model.safetensors"))
     with pytest.raises(ConfigError, match="q_proj.bias \\(and 0 more\\).*no such parameter.*silently differ"):
         HFWeights(one, TINY)
+
+
+def test_an_override_of_an_hf_model_is_told_to_go(tmp_path):
+    """recipes/train.py model=hf:DIR model.rope_theta=1e6 was told "Fix: choose the model preset that
+    matches the weights, or use model=hf:<dir>": what it already did. A preset keeps that advice."""
+    from lightning_hexiscale.data.weights import check_hf_config
+    from lightning_hexiscale.models.config import LlamaConfig
+
+    d, _ = hf_directory(tmp_path)
+    from_dir = LlamaConfig.load(f"hf:{d}")
+    with pytest.raises(ConfigError, match=f"model.rope_theta = 1000000.0: .*rope_theta=10000.0. Fix: drop the "
+                                          f"model.rope_theta override: with model=hf:{d}"):
+        check_hf_config(d, dataclasses.replace(from_dir, rope_theta=1e6))
+    with pytest.raises(ConfigError, match="Fix: choose the model preset that matches the weights"):
+        check_hf_config(d, dataclasses.replace(TINY, rope_theta=1e6))
