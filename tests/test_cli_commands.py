@@ -140,6 +140,23 @@ def test_consolidate_into_a_safetensors_name_is_refused(tmp_path, capsys):
     assert "hexiscale export" in err and "Traceback" not in err
 
 
+def test_a_consolidated_file_is_named_as_such(tmp_path, capsys):
+    """`hexiscale export llama.pt` (the output of `checkpoint consolidate`) was told "a single-file
+    checkpoint of another strategy? Fix: resume from a checkpoint saved with strategy='hexiscale'"."""
+    import torch
+
+    torch.save({"embed.weight": torch.zeros(4, 2)}, tmp_path / "llama.pt")
+    for argv in (["export", str(tmp_path / "llama.pt"), "--hf", str(tmp_path / "hf")],
+                 ["checkpoint", "info", str(tmp_path / "llama.pt")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "a consolidated state dict" in err and "give the checkpoint directory it came from" in err, err
+    (tmp_path / "other.pt").write_bytes(b"not a pickle")
+    assert main(["checkpoint", "info", str(tmp_path / "other.pt")]) == 2
+    err = capsys.readouterr().err
+    assert "not a hexiscale checkpoint directory" in err and "resume" not in err, err
+
+
 def test_sweeps_read_hydras_sweep_grammar():
     """`-m` points are Hydra's: range(), choice(), glob() over a group's presets, and a quoted value
     keeps its comma. Splitting at commas made range(8,17,8) the points 'range(8', '17' and '8)':

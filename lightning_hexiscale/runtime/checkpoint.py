@@ -304,6 +304,15 @@ def _refuse_what_is_not_a_checkpoint(p: Path, key: str) -> None:
                           f"LlamaLitModule('hf:{p}') in Python")
 
 
+def _is_consolidated(p: Path) -> bool:
+    """A torch.save file of global Llama names (``embed.weight``, ...), read without running code."""
+    try:
+        state = torch.load(p, map_location="meta", weights_only=True, mmap=True)
+    except Exception:  # any unreadable or foreign file: simply not one
+        return False
+    return isinstance(state, dict) and "embed.weight" in state
+
+
 def check_complete(path: str | Path, key: str = "ckpt_path") -> Path:
     """The checkpoint directory, or ConfigError saying why it cannot be used (``key``: the setting
     that named it, e.g. the recipe's ``trainer.resume``)."""
@@ -311,8 +320,13 @@ def check_complete(path: str | Path, key: str = "ckpt_path") -> Path:
     if not p.exists():
         raise ConfigError(key, str(p), "no such checkpoint", "give the directory a hexiscale run saved")
     if not p.is_dir():
+        if p.suffix == ".pt" and _is_consolidated(p):  # what `hexiscale checkpoint consolidate` writes
+            raise ConfigError(key, str(p), "a consolidated state dict (hexiscale checkpoint consolidate), not a "
+                              "checkpoint directory: it holds the weights without the model's shape",
+                              f"give the checkpoint directory it came from, or load it yourself: "
+                              f"Llama(config).load_state_dict(torch.load({str(p)!r}))")
         raise ConfigError(key, str(p), "not a hexiscale checkpoint directory (a single-file checkpoint of "
-                          "another strategy?)", "resume from a checkpoint saved with strategy='hexiscale'")
+                          "another strategy?)", "give a checkpoint directory saved with strategy='hexiscale'")
     marker = p / COMPLETE
     written = marker.read_text().strip() if marker.is_file() else None
     if written in PREVIOUS_FORMATS:
