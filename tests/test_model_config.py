@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from lightning_hexiscale.errors import ConfigError
@@ -90,3 +92,21 @@ def test_a_config_json_without_a_field_says_what_to_add():
     with pytest.raises(ConfigError, match=r"model.hidden_size = None: config.json has no hidden_size\. "
                                           r"Fix: add hidden_size to config.json"):
         model_fields_from_hf({"model_type": "llama"}, "m")
+
+
+@pytest.mark.parametrize("key, value, expect", [
+    ("max_position_embeddings", None, "model.max_position_embeddings = None: config.json: max_position_embeddings "
+                                      "must be a number"),
+    ("rms_norm_eps", None, "model.rms_norm_eps = None: config.json: rms_norm_eps must be a number"),
+    ("rope_theta", "fast", "model.rope_theta = 'fast': config.json: rope_theta must be a number"),
+    ("rope_scaling", "llama3", "model.rope_scaling = 'llama3': config.json: rope_scaling must be a mapping or null"),
+])
+def test_a_config_json_with_a_null_or_text_number_names_it(key, value, expect):
+    """null (or text) in these keys of a hand-edited config.json raised TypeError / ValueError /
+    AttributeError from inside float(), int() or dict.get, naming nothing."""
+    from lightning_hexiscale.config.hf_model import model_fields_from_hf
+
+    hf = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 96,
+          "vocab_size": 300, key: value}
+    with pytest.raises(ConfigError, match=re.escape(expect)):
+        model_fields_from_hf(hf, "m")

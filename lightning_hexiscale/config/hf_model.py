@@ -62,6 +62,19 @@ def read_hf_config(directory: str | Path, key: str = "model") -> dict[str, Any]:
     return data
 
 
+def _number(value: Any, key: str, theirs: str, where: str) -> float:
+    """``value`` as a float, or a ConfigError naming config.json's key (null or text there used to
+    fail deep inside ``float()`` / ``int()`` with a TypeError)."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(key, value, f"{where}: {theirs} must be a number",
+                          f"write the value of the model's original config.json, or remove {theirs} for "
+                          "transformers' default") from None
+
+
 def hf_rope(hf: dict[str, Any], where: str = "config.json") -> tuple[float, dict[str, Any] | None]:
     """(rope_theta, rope_scaling or None) from either config.json generation (see module doc)."""
     params = hf.get("rope_parameters")
@@ -72,8 +85,13 @@ def hf_rope(hf: dict[str, Any], where: str = "config.json") -> tuple[float, dict
         scaling, theta = params, params.get("rope_theta", hf.get("rope_theta", 10000.0))
     else:
         scaling, theta = hf.get("rope_scaling"), hf.get("rope_theta", 10000.0)
+    theta = _number(theta, "model.rope_theta", "rope_theta", where)
     if not scaling:
-        return float(theta), None
+        return theta, None
+    if not isinstance(scaling, dict):
+        raise ConfigError("model.rope_scaling", scaling, f"{where}: rope_scaling must be a mapping or null",
+                          "copy it from the model's original config.json (Llama 3.1: {rope_type: llama3, factor: "
+                          "8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position_embeddings: 8192})")
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ConfigError("model.rope_scaling.rope_type", rope_type,
@@ -83,7 +101,7 @@ def hf_rope(hf: dict[str, Any], where: str = "config.json") -> tuple[float, dict
         raise ConfigError("model.rope_scaling.partial_rotary_factor", scaling["partial_rotary_factor"],
                           "partial rotary embeddings are not implemented", "use a Llama checkpoint")
     if rope_type == "default":
-        return float(theta), None
+        return theta, None
     out: dict[str, Any] = {"rope_type": "llama3"}
     for k in LLAMA3_ROPE_KEYS:
         if k in scaling:
@@ -98,7 +116,7 @@ def hf_rope(hf: dict[str, Any], where: str = "config.json") -> tuple[float, dict
     out["factor"], out["low_freq_factor"], out["high_freq_factor"] = (
         float(out["factor"]), float(out["low_freq_factor"]), float(out["high_freq_factor"]))
     out["original_max_position_embeddings"] = int(out["original_max_position_embeddings"])
-    return float(theta), out
+    return theta, out
 
 
 def model_fields_from_hf(hf: dict[str, Any], name: str, seq_len: int | None = None,
@@ -139,8 +157,10 @@ def model_fields_from_hf(hf: dict[str, Any], name: str, seq_len: int | None = No
         raise ConfigError("model.head_dim", head_dim, f"must equal hidden_size / num_attention_heads = "
                           f"{out['hidden_size']} / {out['num_heads']}", "use a Llama checkpoint with standard heads")
     theta, scaling = hf_rope(hf, where)
-    max_pos = int(hf.get("max_position_embeddings", 2048))
-    out["rms_norm_eps"] = float(hf.get("rms_norm_eps", 1e-6))  # transformers' LlamaConfig default
+    max_pos = int(_number(hf.get("max_position_embeddings", 2048), "model.max_position_embeddings",
+                          "max_position_embeddings", where))
+    # 1e-6: transformers' LlamaConfig default
+    out["rms_norm_eps"] = _number(hf.get("rms_norm_eps", 1e-6), "model.rms_norm_eps", "rms_norm_eps", where)
     out["rope_theta"] = theta
     out["rope_scaling"] = scaling
     out["tie_word_embeddings"] = bool(hf.get("tie_word_embeddings", False))  # LlamaConfig's default
