@@ -516,6 +516,8 @@ def consolidate(path: str | Path, out: str | Path) -> dict[str, Any]:
     state = load_llama_state_dict(path)
     meta = read_meta(path)
     out = Path(out)
+    if out.is_symlink():  # write where the link points (e.g. a larger disk), and keep the link
+        out = out.resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f"{out.name}.tmp-{uuid.uuid4().hex[:8]}")  # unique: never a file of the user's
     try:

@@ -55,6 +55,18 @@ def test_a_file_named_like_the_temporary_is_not_overwritten(tmp_path, stub_check
     assert sorted(p.name for p in tmp_path.iterdir()) == ["llama.pt", "llama.pt.tmp"]
 
 
+def test_a_symlinked_output_is_written_where_it_points(tmp_path, stub_checkpoint):
+    """OUT.pt a link to a file on another disk: the link was replaced by a file beside it."""
+    (tmp_path / "big").mkdir()
+    target = tmp_path / "big" / "llama.pt"
+    target.write_bytes(b"old")
+    link = tmp_path / "llama.pt"
+    link.symlink_to(target)
+    ckpt.consolidate("ck", link)
+    assert link.is_symlink() and torch.equal(torch.load(target)["embed.weight"], STATE["embed.weight"])
+    assert sorted(p.name for p in (tmp_path / "big").iterdir()) == ["llama.pt"]
+
+
 # ---- the target of a save ------------------------------------------------------------------------
 CONFIG = LlamaConfig(name="tiny", hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=2, ffn_hidden_size=48,
                      vocab_size=64, seq_len=8)
