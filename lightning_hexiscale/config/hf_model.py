@@ -52,6 +52,10 @@ def read_hf_config(directory: str | Path, key: str = "model") -> dict[str, Any]:
             raise ConfigError(key, str(d), "a checkpoint of the hexiscale strategy, not a Hugging Face model directory",
                               f"resume it with trainer.resume={d}, or turn it into one with "
                               f"`hexiscale export {d} --hf OUT` and use model=hf:OUT")
+        if (d / "adapter_config.json").is_file():  # what peft's save_pretrained writes: the LoRA matrices only
+            raise ConfigError(key, str(d), "a PEFT (LoRA) adapter, not a model: it holds only the adapter's weights",
+                              "merge it into its base model first: peft.PeftModel.from_pretrained(base, DIR)"
+                              ".merge_and_unload().save_pretrained(OUT), then use model=hf:OUT")
         raise ConfigError(key, str(d), "the directory has no config.json", "point to a Hugging Face model directory")
     try:
         data = json.loads(f.read_text())

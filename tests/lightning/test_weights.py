@@ -275,3 +275,17 @@ def test_an_override_of_an_hf_model_is_told_to_go(tmp_path):
         check_hf_config(d, dataclasses.replace(from_dir, rope_theta=1e6))
     with pytest.raises(ConfigError, match="Fix: choose the model preset that matches the weights"):
         check_hf_config(d, dataclasses.replace(TINY, rope_theta=1e6))
+
+
+def test_a_lora_adapter_directory_says_what_it_is(tmp_path):
+    """model=hf:<a PEFT adapter directory> (adapter_config.json + adapter_model.safetensors) said only
+    "the directory has no config.json. Fix: point to a Hugging Face model directory"."""
+    from lightning_hexiscale.models.config import LlamaConfig
+
+    (tmp_path / "lora").mkdir()
+    (tmp_path / "lora" / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 8}))
+    (tmp_path / "lora" / "adapter_model.safetensors").write_bytes(b"")
+    with pytest.raises(ConfigError, match="a PEFT \\(LoRA\\) adapter, not a model.*merge_and_unload"):
+        LlamaConfig.load(f"hf:{tmp_path / 'lora'}")
+    with pytest.raises(ConfigError, match="trainer.weights = .*a PEFT"):
+        load_hf(tmp_path / "lora")
