@@ -200,3 +200,26 @@ def hf_config_from_fields(fields: dict[str, Any], torch_dtype: str = "float32",
 def parse_hf_ref(value: str) -> str | None:
     """The directory of ``hf:/path/to/dir``, or None when ``value`` is not such a reference."""
     return value[len(HF_PREFIX):] if isinstance(value, str) and value.startswith(HF_PREFIX) else None
+
+
+def hf_dirs_of(value: str) -> list[str] | None:
+    """The directories of a ``model=`` override's value read with Hydra's grammar, so that an escaped
+    ``hf\\:/dir`` (how a ``-m`` sweep's values come back) and a sweep ``hf:/a,hf:/b`` are seen: one
+    directory per value, or None when no value is ``hf:``. A sweep that mixes ``hf:`` directories and
+    presets is a ConfigError (``model=_hf`` with a ``trainer.weights`` sweep cannot express it)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        (ov,) = OverridesParser.create().parse_overrides([f"model={value}"])
+        parsed = ov.value()
+        values = list(parsed.list) if ov.is_sweep_override() and hasattr(parsed, "list") else [parsed]
+    except (HydraException, ValueError):  # not Hydra's grammar: composing the override reports it
+        values = [value]
+    dirs = [parse_hf_ref(v) if isinstance(v, str) else None for v in values]
+    if all(d is None for d in dirs):
+        return None
+    if any(d is None for d in dirs):
+        raise ConfigError("model", value, "a sweep over both hf: directories and model presets",
+                          "sweep them apart: -m model=PRESET_A,PRESET_B, then -m model=hf:/dir_a,hf:/dir_b")
+    return dirs

@@ -396,16 +396,16 @@ def hf_model_overrides(overrides: list[str]) -> list[str]:
     """Rewrite ``model=hf:/dir`` into what Hydra can compose: ``model=_hf trainer.weights=/dir``
     (``conf/model/_hf.yaml`` is the placeholder :func:`resolve_hf_model` fills from config.json).
     ``trainer.weights`` given too must name the same directory."""
-    from lightning_hexiscale.config.hf_model import parse_hf_ref
+    from lightning_hexiscale.config.hf_model import hf_dirs_of
 
     out, hf_dir = [], None
     for o in overrides:
         key, _, value = o.partition("=")
-        d = parse_hf_ref(value) if key == "model" else None
-        if d is None:
+        dirs = hf_dirs_of(value) if key == "model" else None
+        if dirs is None:
             out.append(o)
             continue
-        hf_dir = str(Path(d).expanduser().resolve())
+        hf_dir = ",".join(str(Path(d).expanduser().resolve()) for d in dirs)  # a -m sweep: one job per directory
         out.append(f"model={HF_PLACEHOLDER}")
     if hf_dir is None:
         return out

@@ -69,6 +69,24 @@ def test_model_hf_composes_and_checks_presets(tmp_path):
         compose([f"model=hf:{tmp_path / 'missing'}"])
 
 
+def test_a_sweep_over_hf_models(tmp_path):
+    """`-m model=hf:A,hf:B`: `hexiscale plan -m` composed each job with Hydra's escaped value
+    (model=hf\\:A), which was taken for a model file ("no such file"); `recipes/train.py -m` made it
+    trainer.weights=A,hf:B (the second job's directory was 'hf:B', "no such local directory")."""
+    from lightning_hexiscale.config.schema import hf_model_overrides
+
+    import shutil
+
+    a = save_hf(Llama(MODEL).state_dict(), MODEL, tmp_path / "a")
+    b = Path(shutil.copytree(a, tmp_path / "b"))
+    assert hf_model_overrides([f"model=hf:{a},hf:{b}", "cluster=cpu2"]) == [
+        "model=_hf", "cluster=cpu2", f"trainer.weights={a.resolve()},{b.resolve()}"]
+    cfg = compose([f"model=hf\\:{a}", "cluster=cpu2"])  # one job of a plan sweep, as Hydra writes it
+    assert cfg.model.name == f"hf:{a.resolve()}" and Path(cfg.trainer.weights) == a.resolve()
+    with pytest.raises(ConfigError, match="model = .*a sweep over both hf: directories and model presets"):
+        hf_model_overrides([f"model=llama_tiny,hf:{a}"])
+
+
 def test_logger_choices(tmp_path, monkeypatch):
     cfg = compose(["trainer.logger=csv", "cluster=cpu2"])
     logger = train_fit.make_logger(cfg, tmp_path)
