@@ -14,6 +14,7 @@ that joins a process group with ``init_method="env://"`` runs unchanged. See
 from __future__ import annotations
 
 import argparse
+import math
 import socket
 import sys
 
@@ -21,9 +22,26 @@ from lightning_hexiscale.cli.common import subcommand
 
 
 def _positive_float(text: str) -> float:
-    v = float(text)
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    """A finite number > 0 (``--cores``, ``--bw-scale``, ``--timeout``): ``inf`` would make every quota
+    ``inf * 0`` = nan cores and every link unshaped."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number, e.g. 1.5") from None
+    if not 0 < v < math.inf:
+        raise argparse.ArgumentTypeError(f"must be > 0 and finite, got {text}; e.g. 1.5")
+    return v
+
+
+def _port(text: str) -> int:
+    """``--master-port``: a TCP port, 1-65535 (beyond it the rendezvous fails inside every rank)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number, e.g. 29500") from None
+    if not 1 <= v <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a TCP port from 1 to 65535, got {v}; e.g. 29500, or leave "
+                                         "--master-port out for a free one")
     return v
 
 
@@ -67,7 +85,7 @@ def _emulate_args(p: argparse.ArgumentParser) -> None:
                         "kernel's tick and periods are 10 ms (see lightning_hexiscale/emulate/clock.py)")
     p.add_argument("--timeout", type=_positive_float, default=3600.0, metavar="S",
                    help="stop every rank after S seconds (default 3600)")
-    p.add_argument("--master-port", type=int, default=None, metavar="PORT",
+    p.add_argument("--master-port", type=_port, default=None, metavar="PORT",
                    help="rank 0's rendezvous port (default: a free port)")
 
 

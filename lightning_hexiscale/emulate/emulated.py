@@ -21,6 +21,7 @@ with ``M_r`` the device memory. Links (bytes/s, s): the YAML's inter-machine ban
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import secrets
 import shlex
@@ -106,10 +107,12 @@ class EmulatedCluster:
         from lightning_hexiscale.config.cluster import Cluster
 
         self.cluster = cluster if isinstance(cluster, Cluster) else Cluster.load(str(cluster))
-        if not bw_scale > 0:
-            raise EmulationError(f"bw_scale = {bw_scale!r}: must be > 0. Fix: e.g. --bw-scale 0.5 halves every link")
-        if cores is not None and not cores > 0:
-            raise EmulationError(f"cores = {cores!r}: must be > 0. Fix: give the CPU cores to share, e.g. --cores 1.5")
+        if not 0 < bw_scale < math.inf:
+            raise EmulationError(f"bw_scale = {bw_scale!r}: must be > 0 and finite. Fix: e.g. --bw-scale 0.5 halves "
+                                 "every link")
+        if cores is not None and not 0 < cores < math.inf:
+            raise EmulationError(f"cores = {cores!r}: must be > 0 and finite. Fix: give the CPU cores to share, "
+                                 "e.g. --cores 1.5")
         self.bw_scale, self.memory = float(bw_scale), bool(memory)
         self._cores_arg, self._memory_total_arg, self._cgroup_root = cores, memory_total, cgroup_root
         self.id = secrets.token_hex(3)

@@ -235,3 +235,24 @@ def test_quota_clock_refused_starts_nothing(monkeypatch):
     monkeypatch.setattr(clock, "_SLEEPER", "print('refused [Errno 1] Operation not permitted', flush=True)")
     c = clock.QuotaClock(cpus=[0])
     assert c.start() is False and not c.running and "refused" in c.why and c.procs == [] and c.pids == []
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--cores", "inf"], "--cores: must be > 0 and finite, got inf"),  # was accepted: nan cores per rank
+    (["--bw-scale", "inf"], "--bw-scale: must be > 0 and finite, got inf"),  # was accepted: links unshaped
+    (["--cores", "abc"], "'abc' is not a number"),
+    (["--master-port", "99999"], "--master-port: must be a TCP port from 1 to 65535, got 99999"),
+])
+def test_cli_refuses_infinite_scales_and_bad_ports(argv, words, capsys):
+    from lightning_hexiscale.cli.main import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["emulate", "emu_4to1", "--describe", *argv])
+    assert e.value.code == 2 and words in capsys.readouterr().err
+
+
+def test_api_refuses_infinite_cores_and_bw_scale():
+    with pytest.raises(EmulationError, match="cores = inf: must be > 0 and finite"):
+        EmulatedCluster("emu_4to1", cores=float("inf"))
+    with pytest.raises(EmulationError, match="bw_scale = inf: must be > 0 and finite"):
+        EmulatedCluster("emu_4to1", bw_scale=float("inf"))
