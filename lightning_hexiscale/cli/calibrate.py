@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -65,9 +64,14 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from lightning_hexiscale.config.schema import compose
     from lightning_hexiscale.models.config import LlamaConfig
     from lightning_hexiscale.profiling.calibrate import calibrate, with_calibration
-    from lightning_hexiscale.profiling.writer import previous_sync_latency, update_calibration, update_layer_tables
+    from lightning_hexiscale.profiling.writer import (copy_cluster, previous_sync_latency, update_calibration,
+                                                      update_layer_tables)
 
     path = _cluster_file(args.overrides)
+    if args.out is not None and args.local:  # before minutes of measuring (external launches: at the write)
+        from lightning_hexiscale.cli.common import check_output_file
+
+        check_output_file("--out", args.out, "cluster.yaml")
     cfg = compose(args.overrides)
     # Fit against the measured link latencies: take out a delta an earlier calibration added.
     cluster = with_calibration(Cluster.from_config(cfg.cluster), sync_latency_s=-previous_sync_latency(path))
@@ -86,8 +90,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     print(f"measured in {precision}")
     print(res.summary())
     out = Path(args.out) if args.out else path
-    if out.resolve() != path.resolve():
-        shutil.copyfile(path, out)
+    if out.resolve() != path.resolve():  # the copy gets a matrix file of its own: the fit rewrites it
+        out = copy_cluster(path, out)
     update_calibration(out, {"theta_ddp": res.theta_ddp}, res.efficiency, res.sync_latency_s)
     if res.layer_tables:
         update_layer_tables(out, res.layer_tables)

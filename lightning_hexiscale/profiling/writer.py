@@ -271,6 +271,29 @@ def update_layer_tables(path: str | Path, tables) -> None:
     atomic_write(path, "\n".join(header + [stamp]) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=1 << 16))
 
 
+def copy_cluster(src: str | Path, dst: str | Path) -> Path:
+    """Copy a profiled cluster YAML to ``dst`` (missing folders are made) with its matrix file, to
+    ``<dst stem>.matrix.yaml``, and point the copy's ``matrix_file`` there (absolute, as
+    :func:`write_cluster` writes it); header comments are kept. Why the matrix too: a calibration
+    rewrites the matrix file its cluster YAML names (:func:`update_calibration`), and a copy naming
+    the source's would change the source's link latencies. A file without ``matrix_file`` is copied
+    as it is."""
+    src, dst = Path(src), Path(dst).resolve()
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    text = src.read_text()
+    doc = yaml.safe_load(text)
+    mfile = doc.get("matrix_file") if isinstance(doc, dict) else None
+    if not mfile or not Path(mfile).is_file():
+        atomic_write(dst, text)
+        return dst
+    mpath = dst.with_name(dst.stem + ".matrix.yaml")
+    atomic_write(mpath, Path(mfile).read_text())
+    doc["matrix_file"] = str(mpath)
+    header = [ln for ln in text.splitlines() if ln.startswith("#")]
+    atomic_write(dst, "\n".join(header) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=1 << 16))
+    return dst
+
+
 def previous_sync_latency(path: str | Path) -> float:
     """The sync latency delta (s) a calibrated cluster file already added to its alphas (0 if none)."""
     doc = yaml.safe_load(Path(path).read_text())

@@ -277,3 +277,43 @@ def test_cli_passes_the_precision_and_its_default(monkeypatch, tmp_path, capsys)
     assert "needs a gradient scaler" in capsys.readouterr().err
     assert chk.cpu_workload(MODEL, "64-true").dtype == "fp64"
     assert chk.cpu_workload(MODEL, "64-true").optimizer_bytes_per_param == 16  # AdamW m, v in float64
+
+
+def _fitted(sync_latency_s: float):
+    from lightning_hexiscale.profiling.calibrate import CalibrationResult
+
+    return CalibrationResult({"FAST": 0.5, "SLOW": 0.5}, sync_latency_s, 1.5, [1.0] * 4, [1.0] * 4, 1.0, (1.0, 1.0),
+                             1.0, (1.0, 1.0))
+
+
+@pytest.mark.parametrize("folder_exists", [True, False])
+def test_calibrate_out_leaves_the_source_and_its_matrix_alone(folder_exists, monkeypatch, tmp_path, capsys):
+    """--out into a new folder: the copy gets its own matrix file, which takes the fitted sync
+    latency; the source's files stay byte for byte. Before: a FileNotFoundError traceback after the
+    measurement (missing folder), and with an existing folder the fit rewrote the SOURCE's matrix."""
+    import lightning_hexiscale.profiling.calibrate as cal
+
+    two_type_cluster(tmp_path)
+    src, msrc = tmp_path / "c.yaml", tmp_path / "c.matrix.yaml"
+    before = (src.read_bytes(), msrc.read_bytes(), Cluster.load(str(src)).latency.copy())
+    monkeypatch.setattr(cal, "calibrate", lambda *a: _fitted(1e-3))
+    out = tmp_path / "new" / "cal.yaml"
+    if folder_exists:
+        out.parent.mkdir()
+    assert main(["calibrate", "--local", "4", "--out", str(out), f"cluster={src}"]) == 0
+    assert (src.read_bytes(), msrc.read_bytes()) == before[:2]
+    assert yaml.safe_load(out.read_text())["matrix_file"] == str(tmp_path / "new" / "cal.matrix.yaml")
+    calibrated = Cluster.load(str(out))
+    np.testing.assert_allclose(calibrated.latency, before[2] + 1e-3 * (1 - np.eye(4)))
+    assert calibrated.calibration.theta_ddp == 1.5 and previous_sync_latency(out) == 1e-3
+
+
+def test_calibrate_refuses_a_bad_out_before_measuring(monkeypatch, tmp_path, capsys):
+    import lightning_hexiscale.profiling.calibrate as cal
+
+    two_type_cluster(tmp_path)
+    ran = []
+    monkeypatch.setattr(cal, "calibrate", lambda *a: ran.append(a) or _fitted(0.0))
+    assert main(["calibrate", "--local", "4", "--out", str(tmp_path), f"cluster={tmp_path / 'c.yaml'}"]) == 2
+    err = capsys.readouterr().err
+    assert "--out" in err and "is a directory" in err and "Traceback" not in err and not ran
