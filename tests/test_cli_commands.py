@@ -37,6 +37,7 @@ NO_CONFIG = {  # command -> arguments that parse (the command itself is replaced
     "rendezvous-store": [],
     "checkpoint": ["consolidate", "ckpt", "out.pt"],
     "list": [],
+    "emulate": ["emu_4to1", "--cores", "1"],
 }
 
 

@@ -120,7 +120,9 @@ def _free_port() -> int:
 
 
 @subcommand("emulate", "run a command once per rank of a cluster YAML emulated on this machine (cgroups, "
-                       "network namespaces, tc)", _emulate_args)
+                       "network namespaces, tc)", _emulate_args,
+            no_overrides="the command to run goes after `--`, e.g. hexiscale emulate emu_4to1 --cores 1.5 -- "
+                         "hexiscale profile --out emu.yaml (a word before `--` reads as an override)")
 def cmd_emulate(args: argparse.Namespace) -> int:
     from lightning_hexiscale.emulate import EmulatedCluster, EmulationError
 

@@ -256,3 +256,13 @@ def test_api_refuses_infinite_cores_and_bw_scale():
         EmulatedCluster("emu_4to1", cores=float("inf"))
     with pytest.raises(EmulationError, match="bw_scale = inf: must be > 0 and finite"):
         EmulatedCluster("emu_4to1", bw_scale=float("inf"))
+
+
+def test_cli_a_command_without_the_double_dash_is_refused_with_the_fix(capsys):
+    """`hexiscale emulate emu_4to1 --describe sleep 3` (no `--`): before, 'override 'sleep' is not
+    KEY=VALUE. Fix: write e.g. cluster=hetero3', which emulate refuses too; now the fix names `--`."""
+    from lightning_hexiscale.cli.main import main
+
+    assert main(["emulate", "emu_4to1", "--describe", "sleep", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "'sleep 3': takes no overrides" in err and "goes after `--`" in err and "cluster=hetero3" not in err
