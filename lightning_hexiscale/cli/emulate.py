@@ -63,7 +63,8 @@ def _emulate_args(p: argparse.ArgumentParser) -> None:
                 "  hexiscale emulate conf/cluster/emu_4to1.yaml --cores 1.5 -- hexiscale profile --out emu.yaml\n"
                 "environment of each rank: RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT\n"
                 "  GLOO_SOCKET_IFNAME HEXISCALE_MACHINE HEXISCALE_DEVICE_TYPE HEXISCALE_EMULATED=1 OMP_NUM_THREADS=1\n"
-                "  GROUP_RANK (the machine) TORCHELASTIC_RUN_ID (so Lightning takes RANK and WORLD_SIZE as they are)")
+                "  GROUP_RANK (the machine) TORCHELASTIC_RUN_ID (so Lightning takes RANK and WORLD_SIZE as they are)\n"
+                "  HEXISCALE_EMULATION (a digest of the quotas and links: part of `hexiscale discover`'s cache key)")
     p.add_argument("cluster", metavar="CLUSTER", nargs="?",
                    help="cluster preset name (conf/cluster/NAME.yaml) or YAML path")
     p.add_argument("--cores", type=_positive_float, default=None, metavar="N",

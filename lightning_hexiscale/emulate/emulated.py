@@ -120,6 +120,7 @@ class EmulatedCluster:
         self.network: Network | None = None
         self.clock: QuotaClock | None = None
         self._want_clock = bool(quota_clock)
+        self._key: str | None = None
         self.ranks: list[EmulatedRank] = []
         self._procs: list[subprocess.Popen] = []
         self._old_handlers: dict[int, object] = {}
@@ -151,6 +152,7 @@ class EmulatedCluster:
             self.ranks.append(EmulatedRank(d.id, d.machine, mach.name, mach.devices.index(d.id), len(mach.devices),
                                            d.gpu_type, d.flops, quotas[d.id], None if mem is None else mem[d.id],
                                            Network.address(d.machine), Network.ifname(d.machine)))
+        self._key = self._emulation_key(quotas)
         registry.remove_stale()  # what owners killed with SIGKILL left behind
         _LIVE.add(self)
         self._install_signal_handlers()
@@ -247,8 +249,8 @@ class EmulatedCluster:
         rank's cgroups, with a torchrun-like environment (RANK, WORLD_SIZE, LOCAL_RANK,
         LOCAL_WORLD_SIZE, MASTER_ADDR = rank 0's machine address, MASTER_PORT, GLOO_SOCKET_IFNAME =
         the machine's veth, HEXISCALE_MACHINE = machine name, HEXISCALE_DEVICE_TYPE = its GPU type,
-        HEXISCALE_EMULATED=1, OMP_NUM_THREADS=1, GROUP_RANK = machine index, TORCHELASTIC_RUN_ID) over
-        ``os.environ`` and ``env``."""
+        HEXISCALE_EMULATED=1, OMP_NUM_THREADS=1, GROUP_RANK = machine index, TORCHELASTIC_RUN_ID,
+        HEXISCALE_EMULATION = :meth:`emulation_key`) over ``os.environ`` and ``env``."""
         if self.network is None or self.cgroups is None:
             raise EmulationError("EmulatedCluster.launch outside its context. Fix: call it inside "
                                  "`with EmulatedCluster(...) as emu:`")
@@ -263,7 +265,8 @@ class EmulatedCluster:
                      LOCAL_WORLD_SIZE=str(r.local_world), MASTER_ADDR=self.ranks[0].address,
                      MASTER_PORT=str(master_port), GLOO_SOCKET_IFNAME=r.ifname, HEXISCALE_MACHINE=r.machine_name,
                      HEXISCALE_MACHINE_INDEX=str(r.machine), HEXISCALE_DEVICE_TYPE=r.gpu_type, HEXISCALE_EMULATED="1",
-                     OMP_NUM_THREADS="1", GROUP_RANK=str(r.machine), TORCHELASTIC_RUN_ID=f"hexiscale-emulate-{self.id}")
+                     OMP_NUM_THREADS="1", GROUP_RANK=str(r.machine), TORCHELASTIC_RUN_ID=f"hexiscale-emulate-{self.id}",
+                     HEXISCALE_EMULATION=self._key)
             # GROUP_RANK and TORCHELASTIC_RUN_ID as torchrun sets them: Lightning then takes every rank from
             # RANK/WORLD_SIZE (its TorchElasticEnvironment); otherwise it computes node_rank * devices +
             # LOCAL_RANK with node_rank 0, and the ranks of different machines collide. Rank 0 still
@@ -300,6 +303,29 @@ class EmulatedCluster:
             if all(c == 0 for c in codes):
                 return codes
             time.sleep(0.05)
+
+    def emulation_key(self) -> str:
+        """The emulated hardware as 16 hex digits (sha256): per rank its device type and CPU quota as set
+        up before trimming (cores), every link's rate and latency and each machine's egress (after
+        ``bw_scale``), whether memory is limited and whether the quota clock runs. Ranks get it as
+        HEXISCALE_EMULATION and discovery's cache fingerprint includes it: another ``--cores`` or
+        ``--bw-scale``, or an edited cluster YAML, is other hardware, whose host names and device types
+        are the same. Not the trimmed quotas nor the memory limits' bytes: they follow the host's load
+        and free memory, and would make every run miss the cache."""
+        if self._key is None:
+            return self._emulation_key([r.cores for r in self._planned_ranks()])
+        return self._key
+
+    def _emulation_key(self, quotas: list[float]) -> str:
+        import hashlib
+        import json
+
+        doc = {"ranks": [[d.gpu_type, f"{q:.6g}"] for d, q in zip(self.cluster.devices, quotas)],
+               "bandwidth": [[f"{x:.6g}" for x in row] for row in self.link_bandwidth],
+               "latency": [[f"{x:.6g}" for x in row] for row in self.link_latency],
+               "egress": [f"{x:.6g}" for x in self.egress_bandwidth], "memory": self.memory,
+               "quota_clock": self._want_clock}
+        return hashlib.sha256(json.dumps(doc).encode()).hexdigest()[:16]
 
     # ---- reading -------------------------------------------------------------------------------
     def describe(self) -> str:

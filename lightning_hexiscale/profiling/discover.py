@@ -5,7 +5,8 @@ ranks, torchrun, SLURM, Lightning's launcher, ``hexiscale emulate``). In order:
 
 1. every rank reports host, device type, memory and capability (one all-gather); machines are
    grouped by host, uneven ones included (1 rank here, 3 there);
-2. the fingerprint of that hardware, the model's shape, the precision, the torch version and the
+2. the fingerprint of that hardware (inside ``hexiscale emulate`` also its quotas and links,
+   HEXISCALE_EMULATION), the model's shape, the precision, the torch version and the
    settings (:func:`~lightning_hexiscale.profiling.discovery_plan.fingerprint`) names the cache
    file ``$HEXISCALE_CACHE_DIR/<fingerprint>.yaml``; if it exists (and ``rediscover`` is off) it
    is reused at once and nothing is measured;
@@ -350,6 +351,8 @@ def discover_process_group(model: LlamaConfig, *, precision: str | None = None,
     check_tp_fits(degrees, machines)  # every rank alike (same reports), before the cache and any measurement
     mbs = sorted({int(m) for m in micro_batches})
     settings = {"tp_degrees": degrees, "micro_batches": mbs}
+    if os.environ.get("HEXISCALE_EMULATION"):  # inside `hexiscale emulate`: its quotas and links are the hardware
+        settings["emulation"] = os.environ["HEXISCALE_EMULATION"]
     fp = dp.fingerprint(reports, vars(ModelShape.of(model)), run.name, torch.__version__, settings)
     cached = dp.cache_path(fp)
     count = dp.count_for(reports, len(degrees), len(mbs))

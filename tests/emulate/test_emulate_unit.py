@@ -266,3 +266,16 @@ def test_cli_a_command_without_the_double_dash_is_refused_with_the_fix(capsys):
     assert main(["emulate", "emu_4to1", "--describe", "sleep", "3"]) == 2
     err = capsys.readouterr().err
     assert "'sleep 3': takes no overrides" in err and "goes after `--`" in err and "cluster=hetero3" not in err
+
+
+def test_emulation_key_names_the_emulated_hardware():
+    """Discovery caches by host names and device types, which an emulated cluster keeps whatever its
+    quotas and links: the key (HEXISCALE_EMULATION, part of the fingerprint) tells them apart."""
+    key = EmulatedCluster("emu_4to1", cores=1.0).emulation_key()
+    assert key == EmulatedCluster("emu_4to1", cores=1.0).emulation_key()
+    others = {EmulatedCluster("emu_4to1", cores=1.5).emulation_key(),
+              EmulatedCluster("emu_4to1", cores=1.0, bw_scale=0.5).emulation_key(),
+              EmulatedCluster("emu_4to1", cores=1.0, memory=True).emulation_key(),
+              EmulatedCluster("emu_4to1", cores=1.0, quota_clock=False).emulation_key(),
+              EmulatedCluster("emu_headroom", cores=1.0).emulation_key()}
+    assert key not in others and len(others) == 5

@@ -503,3 +503,23 @@ def test_two_jobs_probing_one_cache_folder_do_not_fail_each_other(tmp_path):
         t.join()
     assert [a for a in answers if a is not False] == [] and len(answers) == 600
     assert list((tmp_path / "cache").iterdir()) == []
+
+
+def _discover_emulated(rank: int, world: int, model, cache: str, key: str):
+    os.environ["HEXISCALE_EMULATION"] = key  # as `hexiscale emulate` sets it: another --cores / --bw-scale
+    return _discover_small(rank, world, model, cache, False)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_another_emulation_is_not_served_from_the_cache(tmp_path):
+    """Before: inside `hexiscale emulate`, a run with another --cores or --bw-scale reused the file
+    measured on the first (same machine names and device types), with the first run's FLOP/s and links."""
+    from lightning_hexiscale.models.config import LlamaConfig
+    from lightning_hexiscale.profiling.launch import run_local
+
+    model, cache = LlamaConfig.load("llama_tiny"), str(tmp_path)
+    first = run_local(1, _discover_emulated, model, cache, "a" * 16, timeout_s=60)[0]
+    other = run_local(1, _discover_emulated, model, cache, "b" * 16, timeout_s=60)[0]
+    assert not other.reused and other.fingerprint != first.fingerprint
+    assert run_local(1, _discover_emulated, model, cache, "b" * 16, timeout_s=60)[0].reused
