@@ -170,13 +170,26 @@ def gather_reports(procs: list, out, timeout_s: float, settle_s: float, let_fini
     if errors:
         order = root_cause_order(errors)
         text = "\n".join(f"--- rank {r} ---\n{errors[r][0]}" for r in order)
-        first = errors[order[0]][0].strip().splitlines()[-1]
+        first = error_headline(errors[order[0]][0])
         raise RankFailure(f"rank {order[0]} failed first: {first}\nrank(s) raised (root cause first):\n{text}"
                           + (f"\n(ranks {missing} killed)" if missing else ""))
     if missing:
         codes = {r: procs[r].exitcode for r in missing}
         raise RankFailure(f"ranks {missing} did not finish within {timeout_s:.0f} s (hang?); exit codes {codes}")
     return [results[r][1] for r in range(world)]
+
+
+def error_headline(report: str) -> str:
+    """The first line of the exception a rank's traceback ends with (``Type: message``). Not the
+    traceback's last line: a message of several lines (a YAML error quoted in a ConfigError) would
+    leave only its tail, e.g. ``in "c.yaml", line 2, column 1). Fix: ...``. The exception starts at
+    the first unindented line after the last ``  File`` frame (its code and ``^^^`` lines are indented)."""
+    lines = report.strip().splitlines()
+    frames = [i for i, ln in enumerate(lines) if ln.startswith("  File ")]
+    for ln in lines[frames[-1] + 1:] if frames else []:
+        if ln and not ln[0].isspace():
+            return ln
+    return lines[-1] if lines else report
 
 
 def env_rank() -> EnvRank | None:

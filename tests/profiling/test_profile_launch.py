@@ -174,3 +174,38 @@ def test_a_bad_out_under_an_external_launch_is_refused_before_measuring(tmp_path
         assert "--out" in out and str(tmp_path / "taken") in out, out[-2000:]
         assert "Traceback" not in out, out[-2000:]
     assert "FLOP/s" not in outs[0] and "alpha" not in outs[0], outs[0][-2000:]  # nothing was measured
+
+
+def test_the_headline_is_the_exceptions_first_line_not_the_tail_of_its_message():
+    """A ConfigError quoting a YAML error (a corrupted discovery cache) spans lines; the headline
+    said 'rank 1 failed first:   in "c.yaml", line 2, column 1). Fix: ...' and lost what failed.
+    gather_reports is fed reports as the ranks send them (no processes)."""
+    import queue
+
+    from lightning_hexiscale.profiling.launch import gather_reports
+
+    tb = ('Traceback (most recent call last):\n  File "d.py", line 362, in discover\n    raise reuse\n'
+          "lightning_hexiscale.errors.ConfigError: cache = 'c.yaml': the cached cluster file does not load "
+          "(cannot read YAML (while parsing a flow node\nexpected the node content\n"
+          '  in "c.yaml", line 2, column 1)). Fix: delete c.yaml\n')
+
+    class Done:
+        exitcode = 0
+
+        def is_alive(self):
+            return False
+
+        def join(self, timeout=None):
+            pass
+
+    out = queue.Queue()
+    out.put((1, "error", tb, 1.0))
+    out.put((0, "ok", None, 0.0))
+    with pytest.raises(RankFailure) as info:
+        gather_reports([Done(), Done()], out, timeout_s=5, settle_s=0.1)
+    first = str(info.value).splitlines()[0]
+    assert first == ("rank 1 failed first: lightning_hexiscale.errors.ConfigError: cache = 'c.yaml': the cached "
+                     "cluster file does not load (cannot read YAML (while parsing a flow node")
+    from lightning_hexiscale.profiling.launch import error_headline
+
+    assert error_headline("Traceback ...\nValueError: boom") == "ValueError: boom"  # no frames: the last line
