@@ -140,27 +140,12 @@ class EmulatedCluster:
     def __enter__(self) -> EmulatedCluster:
         layout = check_support(self.memory, self._cgroup_root)
         c = self.cluster
-        cores = self._cores_arg if self._cores_arg is not None else available_cores(layout)
-        quotas = cpu_quotas([d.flops for d in c.devices], cores)
-        mem = None
-        if self.memory:
-            total = self._memory_total_arg if self._memory_total_arg is not None else available_memory()
-            mem = memory_limits([d.memory_bytes for d in c.devices], total)
-        self.ranks = []
-        for d in c.devices:
-            mach = c.machines[d.machine]
-            self.ranks.append(EmulatedRank(d.id, d.machine, mach.name, mach.devices.index(d.id), len(mach.devices),
-                                           d.gpu_type, d.flops, quotas[d.id], None if mem is None else mem[d.id],
-                                           Network.address(d.machine), Network.ifname(d.machine)))
+        quotas, self.ranks = self._plan(layout)  # refuses too small quotas before anything exists
         self._key = self._emulation_key(quotas)
         registry.remove_stale()  # what owners killed with SIGKILL left behind
         _LIVE.add(self)
         self._install_signal_handlers()
-        try:
-            cfs_period_us(quotas, CLOCKED_PERIOD_US)
-        except ValueError as e:
-            raise EmulationError(f"{e} ({len(quotas)} ranks sharing {cores:g} cores in the ratio of their FLOP/s). "
-                                 "Fix: give more --cores or emulate fewer or less unequal ranks") from None
+        mem = None if not self.memory else [r.memory_bytes for r in self.ranks]
         try:
             self.clock = QuotaClock()
             if self._want_clock:
@@ -369,13 +354,29 @@ class EmulatedCluster:
 
     def _planned_ranks(self) -> list[EmulatedRank]:
         """The ranks as they would be set up (for describe() before entering)."""
+        return self._plan(CgroupLayout.detect(self._cgroup_root))[1]
+
+    def _plan(self, layout: CgroupLayout | None) -> tuple[list[float], list[EmulatedRank]]:
+        """The quotas (cores, before trimming) and the ranks as ``__enter__`` sets them up, memory
+        limits included; one path for both, so that describe() shows what a run gets, and refuses
+        what it would refuse (a quota below the kernel's minimum)."""
         c = self.cluster
-        cores = (self._cores_arg if self._cores_arg is not None
-                 else available_cores(CgroupLayout.detect(self._cgroup_root)))
+        cores = self._cores_arg if self._cores_arg is not None else available_cores(layout)
         quotas = cpu_quotas([d.flops for d in c.devices], cores)
-        return [EmulatedRank(d.id, d.machine, c.machines[d.machine].name, c.machines[d.machine].devices.index(d.id),
-                             len(c.machines[d.machine].devices), d.gpu_type, d.flops, quotas[d.id], None,
-                             Network.address(d.machine), Network.ifname(d.machine)) for d in c.devices]
+        try:
+            cfs_period_us(quotas, CLOCKED_PERIOD_US)
+        except ValueError as e:
+            raise EmulationError(f"{e} ({len(quotas)} ranks sharing {cores:g} cores in the ratio of their FLOP/s). "
+                                 "Fix: give more --cores or emulate fewer or less unequal ranks") from None
+        mem = None
+        if self.memory:
+            total = self._memory_total_arg if self._memory_total_arg is not None else available_memory()
+            mem = memory_limits([d.memory_bytes for d in c.devices], total)
+        ranks = [EmulatedRank(d.id, d.machine, c.machines[d.machine].name, c.machines[d.machine].devices.index(d.id),
+                              len(c.machines[d.machine].devices), d.gpu_type, d.flops, quotas[d.id],
+                              None if mem is None else mem[d.id], Network.address(d.machine),
+                              Network.ifname(d.machine)) for d in c.devices]
+        return quotas, ranks
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:

@@ -279,3 +279,16 @@ def test_emulation_key_names_the_emulated_hardware():
               EmulatedCluster("emu_4to1", cores=1.0, quota_clock=False).emulation_key(),
               EmulatedCluster("emu_headroom", cores=1.0).emulation_key()}
     assert key not in others and len(others) == 5
+
+
+def test_describe_shows_the_memory_limits_and_refuses_quotas_the_run_refuses(capsys):
+    """--describe planned apart from the run: with --memory it said 'no limit' for every rank, and with
+    --cores 0.001 it printed quotas of 0.000 cores (exit 0) that the run then refused."""
+    from lightning_hexiscale.cli.main import main
+
+    emu = EmulatedCluster("emu_4to1", cores=1.0, memory=True, memory_total=8 * 2**30)
+    text = emu.describe()  # 8 GiB in the ratio of the devices' memory: 2.7 GiB per fast rank, 1.3 GiB per slow
+    assert "no limit" not in text and text.count("2.7 GiB") == 2 and text.count("1.3 GiB") == 2
+    assert main(["emulate", "emu_4to1", "--describe", "--cores", "0.001"]) == 2
+    err = capsys.readouterr().err
+    assert "below the kernel's minimum" in err and "Fix: give more --cores" in err
