@@ -16,8 +16,8 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from lightning_hexiscale.cli.common import (add_launch_args, add_precision_arg, compose_plan_config, positive_int,
-                                            resolve_precision, subcommand)
+from lightning_hexiscale.cli.common import (add_launch_args, add_precision_arg, compose_plan_config, non_negative_int,
+                                            positive_int, resolve_precision, subcommand)
 from lightning_hexiscale.cli.profile import add_layer_time_args
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.profiling.check import STATS
@@ -26,7 +26,7 @@ from lightning_hexiscale.profiling.check import STATS
 def _measure_args(p: argparse.ArgumentParser) -> None:
     add_launch_args(p)
     p.add_argument("--steps", type=positive_int, default=5, help="timed steps (default 5)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1)")
+    p.add_argument("--warmup", type=non_negative_int, default=1, help="untimed steps first (default 1)")
     p.add_argument("--stat", choices=STATS, default="min",
                    help="step times -> one time: min (fastest step; load from other jobs only adds time; "
                         "default) or median (typical step; use on a dedicated machine)")

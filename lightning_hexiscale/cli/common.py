@@ -216,6 +216,18 @@ def positive_int(text: str) -> int:
     return v
 
 
+def non_negative_int(text: str) -> int:
+    """A whole number >= 0 (``--warmup``: steps run untimed before the timed ones; a negative count would
+    silently time fewer steps, or none)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number, e.g. 1") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
+    return v
+
+
 def positive_seconds(text: str) -> float:
     """A finite number of seconds > 0 (a deadline or budget), checked before any rank starts."""
     import math

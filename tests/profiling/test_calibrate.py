@@ -317,3 +317,14 @@ def test_calibrate_refuses_a_bad_out_before_measuring(monkeypatch, tmp_path, cap
     assert main(["calibrate", "--local", "4", "--out", str(tmp_path), f"cluster={tmp_path / 'c.yaml'}"]) == 2
     err = capsys.readouterr().err
     assert "--out" in err and "is a directory" in err and "Traceback" not in err and not ran
+
+
+@pytest.mark.parametrize("command", ["calibrate", "check-estimate"])
+def test_a_negative_warmup_is_refused_before_any_rank_starts(command, tmp_path, capsys):
+    """--warmup -1 ran warmup + steps steps and timed them all: one step fewer than --steps, and with
+    --steps 1 none, a StatisticsError traceback from every rank ('no median for empty data')."""
+    two_type_cluster(tmp_path)
+    extra = ["--plan", str(tmp_path / "p.yaml")] if command == "check-estimate" else []
+    with pytest.raises(SystemExit) as e:
+        main([command, "--local", "4", "--warmup", "-1", "--steps", "1", *extra, f"cluster={tmp_path / 'c.yaml'}"])
+    assert e.value.code == 2 and "argument --warmup: must be >= 0, got -1" in capsys.readouterr().err
