@@ -57,6 +57,24 @@ def _cluster_file(overrides: list[str]) -> Path:
                       "calibrate writes its fit into a cluster FILE", "pass cluster=PATH.yaml (e.g. from `hexiscale profile`)")
 
 
+def _check_calibratable(path: Path, cluster) -> None:
+    """The fit goes into a profiled cluster file: each device type's ``gpu_types.<type>.efficiency`` and
+    the sync latency in its ``matrix_file``; checked before any rank starts (a hand-written or preset
+    YAML measured for the whole run, then failed with a KeyError traceback)."""
+    import yaml
+
+    doc = yaml.safe_load(path.read_text()) or {}
+    types = sorted({d.gpu_type for d in cluster.devices} - set(doc.get("gpu_types") or {}))
+    missing = ([f"gpu_types entries for {', '.join(types)}"] if types else []) + \
+              ([] if doc.get("matrix_file") else ["a matrix_file"])
+    if missing:
+        raise ConfigError("cluster", str(path), f"calibrate stores its fit in a profiled cluster file (each device "
+                          f"type's efficiency under gpu_types, the sync latency in its matrix_file); this file lacks "
+                          f"{' and '.join(missing)}", "profile the cluster first, e.g. hexiscale profile --local "
+                          f"{cluster.num_devices} --out c.yaml (or hexiscale discover --out c.yaml), then calibrate "
+                          "cluster=c.yaml")
+
+
 @subcommand("calibrate", "fit efficiency per device type, sync latency and theta_ddp to measured training steps; "
                          "store them in the cluster file", _calibrate_args)
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -75,6 +93,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     cfg = compose(args.overrides)
     # Fit against the measured link latencies: take out a delta an earlier calibration added.
     cluster = with_calibration(Cluster.from_config(cfg.cluster), sync_latency_s=-previous_sync_latency(path))
+    _check_calibratable(path, cluster)
     model = LlamaConfig.from_config(cfg.model)
     precision = resolve_precision(args)
     layer_opts = None

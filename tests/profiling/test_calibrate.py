@@ -328,3 +328,21 @@ def test_a_negative_warmup_is_refused_before_any_rank_starts(command, tmp_path, 
     with pytest.raises(SystemExit) as e:
         main([command, "--local", "4", "--warmup", "-1", "--steps", "1", *extra, f"cluster={tmp_path / 'c.yaml'}"])
     assert e.value.code == 2 and "argument --warmup: must be >= 0, got -1" in capsys.readouterr().err
+
+
+def test_a_cluster_file_that_cannot_take_the_fit_is_refused_before_measuring(monkeypatch, tmp_path, capsys):
+    """A preset-style YAML (no gpu_types, no matrix_file): calibrate measured for the whole run, then
+    died with "KeyError: device type 'CPU-FAST' is not under gpu_types"."""
+    import shutil
+
+    import lightning_hexiscale.profiling.calibrate as cal
+    from lightning_hexiscale.config import conf_dir
+
+    own = tmp_path / "cpu2.yaml"
+    shutil.copyfile(conf_dir() / "cluster" / "cpu2.yaml", own)
+    ran = []
+    monkeypatch.setattr(cal, "calibrate", lambda *a: ran.append(a) or _fitted(0.0))
+    assert main(["calibrate", "--local", "2", f"cluster={own}"]) == 2
+    err = capsys.readouterr().err
+    assert f"cluster = '{own}'" in err and "lacks gpu_types entries for CPU-FAST and a matrix_file" in err
+    assert "hexiscale profile --local 2" in err and not ran
