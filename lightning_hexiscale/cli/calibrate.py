@@ -5,8 +5,8 @@
 
 Both run real training steps with the runtime engine: on ``--local N`` forked CPU ranks, or under
 torchrun / SLURM / Lightning's launcher (every rank runs the command; rank 0 prints and writes). They
-measure in ``--precision`` (the run's trainer.precision; default 32-true on CPU ranks, bf16-mixed on
-CUDA) and the estimates price that dtype.
+measure in ``--precision`` or the ``trainer.precision=`` override (the run's; default 32-true on CPU
+ranks, bf16-mixed on CUDA) and the estimates price that dtype.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     cluster = with_calibration(Cluster.from_config(cfg.cluster), sync_latency_s=-previous_sync_latency(path))
     _check_calibratable(path, cluster)
     model = LlamaConfig.from_config(cfg.model)
-    precision = resolve_precision(args)
+    precision = resolve_precision(args, cfg.trainer.precision)  # --precision or trainer.precision=
     layer_opts = None
     if args.layer_times:
         for t in args.layer_tp or []:
@@ -141,7 +141,7 @@ def cmd_check_estimate(args: argparse.Namespace) -> int:
     if plan.dp_sharding != "ddp":
         print(f"note: the runtime all-reduces gradients (DDP); the plan says {plan.dp_sharding}, estimated as ddp")
         plan = replace(plan, dp_sharding="ddp")
-    precision = resolve_precision(args)
+    precision = resolve_precision(args, cfg.trainer.precision)  # --precision or trainer.precision=
     res = check(plan, cluster, model, args.steps, args.warmup, args.local, args.timeout, precision)
     if res is None:
         return 0

@@ -267,8 +267,19 @@ def add_precision_arg(p: argparse.ArgumentParser) -> None:
                         "32-true on CPU ranks (--local, or no CUDA), bf16-mixed on CUDA)")
 
 
-def resolve_precision(args: argparse.Namespace) -> str:
-    """``--precision``, else 32-true on CPU ranks (``--local`` or no CUDA), else bf16-mixed."""
+def resolve_precision(args: argparse.Namespace, composed: str | None = None) -> str:
+    """``--precision``, else ``composed`` (the ``trainer.precision=`` override of the commands that compose
+    the run's configuration: calibrate, check-estimate), else 32-true on CPU ranks (``--local`` or no
+    CUDA), else bf16-mixed. Both given and different: a ConfigError (one measurement, one precision)."""
+    if composed is not None:
+        from lightning_hexiscale.errors import ConfigError
+        from lightning_hexiscale.profiling.precision import check_precision
+
+        check_precision(composed, "trainer.precision")
+        if args.precision is not None and args.precision != composed:
+            raise ConfigError("--precision", args.precision, f"differs from trainer.precision={composed}; the "
+                              "measurement and the estimate run in one precision", "give only one of them")
+        return composed
     if args.precision is not None:
         return args.precision
     import torch

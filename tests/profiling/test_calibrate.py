@@ -346,3 +346,23 @@ def test_a_cluster_file_that_cannot_take_the_fit_is_refused_before_measuring(mon
     err = capsys.readouterr().err
     assert f"cluster = '{own}'" in err and "lacks gpu_types entries for CPU-FAST and a matrix_file" in err
     assert "hexiscale profile --local 2" in err and not ran
+
+
+def test_the_trainer_precision_override_is_what_they_measure_in(monkeypatch, tmp_path, capsys):
+    """calibrate and check-estimate compose the run's configuration, and their --help offers
+    trainer.precision=...; it was ignored (\"measured in 32-true\" for trainer.precision=64-true)."""
+    import lightning_hexiscale.profiling.calibrate as cal
+    import lightning_hexiscale.profiling.check as chk
+
+    seen = {}
+    monkeypatch.setattr(cal, "calibrate", lambda *a: seen.update(calibrate=a[10]))  # (..., stat, precision, layer_opts)
+    monkeypatch.setattr(chk, "check", lambda *a: seen.update(check=a[-1]))
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump(pure_dp_plan(2, MODEL, 1, 1, False).to_dict()))
+    two_type_cluster(tmp_path)
+    main(["calibrate", "--local", "4", f"cluster={tmp_path / 'c.yaml'}", "trainer.precision=64-true"])
+    main(["check-estimate", "--local", "2", "--plan", str(plan), "cluster=cpu2", "trainer.precision=64-true"])
+    assert seen == {"calibrate": "64-true", "check": "64-true"}
+    assert main(["check-estimate", "--local", "2", "--precision", "32-true", "--plan", str(plan), "cluster=cpu2",
+                 "trainer.precision=64-true"]) == 2
+    assert "--precision = '32-true': differs from trainer.precision=64-true" in capsys.readouterr().err
