@@ -180,6 +180,20 @@ class RankCgroups:
             return {}
         return {k: int(v) for k, v in (line.split() for line in text.splitlines() if len(line.split()) == 2)}
 
+    def oom_kills(self, rank: int) -> int:
+        """Processes of rank ``rank`` the kernel's OOM killer ended at its memory limit (v1
+        ``memory.oom_control``, v2 ``memory.events``: the ``oom_kill N`` line); 0 without a limit or
+        when unreadable. A rank killed so dies by SIGKILL and prints nothing."""
+        if self.memory_bytes is None:
+            return 0
+        d = self.group_dir("memory" if self.layout.version == 1 else "cpu") / f"rank{rank}"
+        try:
+            text = (d / ("memory.oom_control" if self.layout.version == 1 else "memory.events")).read_text()
+        except OSError:
+            return 0
+        counts = dict(line.split(None, 1) for line in text.splitlines() if len(line.split()) == 2)
+        return int(counts.get("oom_kill", 0))
+
     def _mkdir(self, d: Path) -> None:
         d.mkdir(exist_ok=False)
         self.created.append(d)

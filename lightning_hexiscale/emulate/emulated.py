@@ -278,9 +278,18 @@ class EmulatedCluster:
                 running = [r for r, c in enumerate(codes) if c is None]
                 _stop(procs)
                 if failed:
-                    r = failed[0]
+                    oom = [r for r in failed if self.cgroups is not None and self.cgroups.oom_kills(r)]
+                    r = (oom or failed)[0]  # an OOM-killed rank's peers fail after it, of a broken connection
                     rk = self.ranks[r] if r < len(self.ranks) else None
                     where = f" (machine {rk.machine_name}, {rk.gpu_type})" if rk else ""
+                    if oom:
+                        from lightning_hexiscale.config.units import format_bytes
+
+                        limit = format_bytes(rk.memory_bytes) if rk and rk.memory_bytes else "its limit"
+                        raise EmulationError(f"rank {r}{where} was killed by the kernel's OOM killer at its --memory "
+                                             f"limit of {limit} (exit code {codes[r]}, no output of its own); ranks "
+                                             f"{running} were stopped. Fix: run without --memory, or with a "
+                                             "smaller model or batch")
                     raise EmulationError(f"rank {r}{where} exited with code {codes[r]}; ranks {running} were "
                                          "stopped. Fix: see that rank's output above")
                 raise EmulationError(f"ranks {running} still running after {timeout:.0f} s; all were stopped. "

@@ -292,3 +292,43 @@ def test_describe_shows_the_memory_limits_and_refuses_quotas_the_run_refuses(cap
     assert main(["emulate", "emu_4to1", "--describe", "--cores", "0.001"]) == 2
     err = capsys.readouterr().err
     assert "below the kernel's minimum" in err and "Fix: give more --cores" in err
+
+
+class _Proc:
+    """A finished rank as wait() and _stop() see it."""
+
+    def __init__(self, code):
+        self.code = code
+
+    def poll(self):
+        return self.code
+
+    def terminate(self):
+        pass
+
+    def wait(self, timeout=None):
+        return self.code
+
+
+def test_a_rank_killed_at_its_memory_limit_is_named_as_such(tmp_path):
+    """Under --memory a rank over its limit dies by SIGKILL and prints nothing: the message said only
+    'rank 2 ... exited with code -9 ... Fix: see that rank's output above' (there is none), and named
+    the rank whose peer connection broke when that one failed first."""
+    (tmp_path / "cgroup.controllers").write_text("cpu memory\n")
+    (tmp_path / "cgroup.subtree_control").write_text("")
+    emu = EmulatedCluster("emu_4to1", cores=1.0, memory=True, memory_total=8 * 2**30, cgroup_root=tmp_path)
+    emu.ranks = emu._planned_ranks()
+    emu.cgroups = RankCgroups(CgroupLayout.detect(tmp_path), "emu-test", [0.4, 0.4, 0.1, 0.1],
+                              [r.memory_bytes for r in emu.ranks])
+    emu.cgroups.create()
+    for r in range(4):  # what the kernel writes (v2): rank 2 had one process OOM-killed
+        (tmp_path / "emu-test" / f"rank{r}" / "memory.events").write_text(
+            f"low 0\nhigh 0\nmax 3\noom 1\noom_kill {int(r == 2)}\n")
+    with pytest.raises(EmulationError) as e:
+        emu.wait([_Proc(0), _Proc(1), _Proc(-9), _Proc(None)], timeout=5)
+    assert str(e.value).startswith("rank 2 (machine slow, EMU-SLOW) was killed by the kernel's OOM killer at its "
+                                   "--memory limit of 1.3 GiB")
+    assert "Fix: run without --memory" in str(e.value)
+    (tmp_path / "emu-test" / "rank2" / "memory.events").write_text("oom_kill 0\n")
+    with pytest.raises(EmulationError, match="rank 1 .* exited with code 1"):
+        emu.wait([_Proc(0), _Proc(1), _Proc(-9), _Proc(None)], timeout=5)
