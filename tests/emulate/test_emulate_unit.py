@@ -281,10 +281,13 @@ def test_emulation_key_names_the_emulated_hardware():
     assert key not in others and len(others) == 5
 
 
-def test_describe_shows_the_memory_limits_and_refuses_quotas_the_run_refuses(capsys):
+def test_describe_shows_the_memory_limits_and_refuses_quotas_the_run_refuses(capsys, monkeypatch):
     """--describe planned apart from the run: with --memory it said 'no limit' for every rank, and with
     --cores 0.001 it printed quotas of 0.000 cores (exit 0) that the run then refused."""
     from lightning_hexiscale.cli.main import main
+    from lightning_hexiscale.emulate import emulated
+
+    monkeypatch.setattr(emulated, "netem_probe", lambda: False)  # no `tc` process in the fast lane
 
     emu = EmulatedCluster("emu_4to1", cores=1.0, memory=True, memory_total=8 * 2**30)
     text = emu.describe()  # 8 GiB in the ratio of the devices' memory: 2.7 GiB per fast rank, 1.3 GiB per slow
