@@ -192,7 +192,8 @@ def test_memory_limits_apply():
         procs = emu.launch([sys.executable, "-S", "-c", alloc], master_port=29127, stdout=subprocess.PIPE)
         codes = [p.wait(timeout=60) for p in procs]
         assert codes == [0, 0, -9, -9]  # the kernel's OOM killer, inside the slow ranks' groups only
-        with pytest.raises(EmulationError, match=r"rank 2 \(machine slow, EMU-SLOW\) exited with code -9"):
+        with pytest.raises(EmulationError, match=r"rank 2 \(machine slow, EMU-SLOW\) was killed by the kernel's OOM "
+                                                 r"killer at its --memory limit of 40.0 MiB \(exit code -9"):
             emu.wait(procs, timeout=60)
 
 
