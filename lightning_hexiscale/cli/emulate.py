@@ -68,7 +68,7 @@ def _emulate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("cluster", metavar="CLUSTER", nargs="?",
                    help="cluster preset name (conf/cluster/NAME.yaml) or YAML path")
     p.add_argument("--cores", type=_positive_float, default=None, metavar="N",
-                   help="CPU cores the ranks' quotas sum to (default: the cores this process may use)")
+                   help="CPU cores the ranks' quotas sum to (default, and at most: the cores this process may use)")
     p.add_argument("--bw-scale", type=_positive_float, default=1.0, metavar="F",
                    help="multiply every inter-machine bandwidth by F (and divide latencies by F); default 1")
     p.add_argument("--memory", action="store_true",

@@ -370,8 +370,15 @@ class EmulatedCluster:
         limits included; one path for both, so that describe() shows what a run gets, and refuses
         what it would refuse (a quota below the kernel's minimum)."""
         c = self.cluster
-        cores = self._cores_arg if self._cores_arg is not None else available_cores(layout)
+        avail = available_cores(layout)
+        cores = self._cores_arg if self._cores_arg is not None else avail
         quotas = cpu_quotas([d.flops for d in c.devices], cores)
+        if sum(quotas) > avail + 1e-9:
+            # quotas are ceilings: beyond the CPUs there are, ranks share cores and the fast ones lose most
+            raise EmulationError(f"cores = {cores:g}: the ranks' quotas sum to {sum(quotas):.3g} cores, more than the "
+                                 f"{avail:g} this process may use (its CPU affinity and cgroup quota); the ranks would "
+                                 "contend for cores and the emulated ratio would drift toward 1:1. Fix: --cores "
+                                 f"{avail:g} or less (or leave --cores out)")
         try:
             cfs_period_us(quotas, CLOCKED_PERIOD_US)
         except ValueError as e:

@@ -335,3 +335,17 @@ def test_a_rank_killed_at_its_memory_limit_is_named_as_such(tmp_path):
     (tmp_path / "emu-test" / "rank2" / "memory.events").write_text("oom_kill 0\n")
     with pytest.raises(EmulationError, match="rank 1 .* exited with code 1"):
         emu.wait([_Proc(0), _Proc(1), _Proc(-9), _Proc(None)], timeout=5)
+
+
+def test_more_cores_than_this_process_may_use_are_refused(monkeypatch, capsys):
+    """--cores 8 on a 2-CPU host: the quotas (1 + 1 + 0.25 + 0.25 cores) were set up and the ranks
+    contended for 2 CPUs, the fast ones losing most, without a word."""
+    from lightning_hexiscale.cli.main import main
+    from lightning_hexiscale.emulate import emulated
+
+    monkeypatch.setattr(emulated, "available_cores", lambda layout: 2.0)
+    assert main(["emulate", "emu_4to1", "--describe", "--cores", "8"]) == 2
+    err = capsys.readouterr().err
+    assert "cores = 8: the ranks' quotas sum to 2.5 cores, more than the 2 this process may use" in err
+    assert "Fix: --cores 2 or less" in err
+    assert EmulatedCluster("emu_4to1", cores=2.0)._planned_ranks()[0].cores == pytest.approx(0.8)  # 2 fits
