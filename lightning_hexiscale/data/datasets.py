@@ -136,6 +136,12 @@ def text_file_dataset(path: str | Path, seq_len: int) -> TokenWindows:
     if p.suffix == ".bin":  # token ids, not text: uint16 ids below 128 would even pass as UTF-8
         raise ConfigError("data.path", str(p), "data.kind=text reads a UTF-8 text file (byte tokens); a .bin file "
                           "holds token ids", "set data.kind=bin for a token file of `hexiscale prepare-data`")
+    from lightning_hexiscale.data.tokenize import compression
+
+    packed = compression(p)
+    if packed is not None:  # read as text it was "not UTF-8 text. Fix: convert the file to UTF-8"
+        raise ConfigError("data.path", str(p), f"is {packed[0]}-compressed; data.kind=text reads plain UTF-8 text",
+                          f"decompress it first, e.g. {packed[1]} {p}")
     has_cr = _check_utf8(p)
     size = p.stat().st_size
     if size == 0:  # np.memmap cannot map an empty file; TokenWindows says it is too short

@@ -211,10 +211,10 @@ def _check_encodable(text: str, where: str, field: str) -> None:
 COMPRESSED = ((b"\x1f\x8b", "gzip", "gunzip -k"), (b"\x28\xb5\x2f\xfd", "zstd", "zstd -d"),
               (b"\xfd7zXZ\x00", "xz", "unxz -k"), (b"PK\x03\x04", "zip", "unzip"))
 """(magic bytes at the start of a file, format, the command that unpacks it); bzip2 is ``BZh`` + a
-digit 1-9 (:func:`_compression`)."""
+digit 1-9 (:func:`compression`)."""
 
 
-def _compression(path: Path) -> tuple[str, str] | None:
+def compression(path: Path) -> tuple[str, str] | None:
     """(format, unpacking command) when ``path`` starts with a compressed format's magic bytes."""
     with open(path, "rb") as f:
         head = f.read(6)
@@ -273,7 +273,7 @@ def prepare(inputs: Sequence[str | Path], tokenizer_path: str | Path, out: str |
                               f"give its files, e.g. {example}")
         if not p.is_file():
             raise ConfigError("INPUT", str(p), "no such file", "give local text or JSONL files")
-        packed = _compression(p)
+        packed = compression(p)
         if packed is not None:  # read as text it was "not UTF-8 text. Fix: convert the file to UTF-8"
             name, tool = packed
             raise ConfigError("INPUT", str(p), f"is {name}-compressed; the inputs are plain text or JSONL",

@@ -150,6 +150,17 @@ def test_a_text_file_that_is_not_utf8_is_a_config_error(tmp_path):
         text_file_dataset(f, 16)
 
 
+def test_a_compressed_text_file_is_named_as_such(tmp_path):
+    """`data.kind=text data.path=book.txt.gz` said "not UTF-8 text ... convert the file to UTF-8"."""
+    import gzip
+
+    f = tmp_path / "book.txt.gz"
+    f.write_bytes(gzip.compress(b"the cluster trains\n" * 40))
+    with pytest.raises(ConfigError, match=r"data.path = .*book.txt.gz.*is gzip-compressed; data.kind=text reads plain "
+                                          r"UTF-8 text. Fix: decompress it first, e.g. gunzip -k "):
+        text_file_dataset(f, 16)
+
+
 def test_a_text_file_costs_no_more_memory_than_its_size(tmp_path, monkeypatch):
     """data.kind=text read the whole file into a str and then int64 ids: about 10 bytes of RAM per
     byte of text on every rank (0.5 GB for a 55 MB book). Now the file is mapped as uint8 (or, with
