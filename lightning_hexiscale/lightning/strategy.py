@@ -65,7 +65,7 @@ from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.models.llama import Llama
 from lightning_hexiscale.planner.cost.workload import Workload
 from lightning_hexiscale.planner.plan import Plan
-from lightning_hexiscale.runtime.host import destroy_groups_at_exit
+from lightning_hexiscale.runtime import destroy_groups_at_exit
 
 
 class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, internals.LauncherHooks, DDPStrategy):

@@ -60,14 +60,14 @@ def check_checkpoint_before_launch(ckpt_path, module, weights_only: bool | None)
     does the same for ``trainer.resume``)."""
     from lightning_hexiscale.config.recipe import CKPT_ALIASES
     from lightning_hexiscale.models.config import LlamaConfig
-    from lightning_hexiscale.runtime.checkpoint import check_complete, check_model
+    from lightning_hexiscale.runtime import check_checkpoint_complete, check_checkpoint_model
 
     if ckpt_path is None or str(ckpt_path).split(":")[0] in CKPT_ALIASES:
         return
-    check_complete(ckpt_path)
+    check_checkpoint_complete(ckpt_path)
     config = getattr(module, "config", None)
     if isinstance(config, LlamaConfig):
-        check_model(ckpt_path, config, weights_only=weights_only)
+        check_checkpoint_model(ckpt_path, config, weights_only=weights_only)
 
 
 class CheckpointMethods:

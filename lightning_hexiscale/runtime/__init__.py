@@ -29,9 +29,9 @@ _FAILURE = "lightning_hexiscale.runtime.failure"
 __all__ = ["PipelineEngine", "Topology",
            "Checkpointer", "read_checkpoint_meta", "load_checkpoint_model", "load_checkpoint_state_dict",
            "load_checkpoint_optimizer",
-           "remove_checkpoint", "CHECKPOINT_COMPLETE",
+           "remove_checkpoint", "check_checkpoint_complete", "check_checkpoint_model", "CHECKPOINT_COMPLETE",
            "FailureWatch", "is_peer_failure", "EXIT_RANK_FAILED", "host_slowdown",
-           "collect_before_fork", "NONFINITE_POLICIES"]
+           "collect_before_fork", "destroy_groups_at_exit", "NONFINITE_POLICIES"]
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     "PipelineEngine": "lightning_hexiscale.runtime.engine",
@@ -43,6 +43,8 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "load_checkpoint_state_dict": f"{_CHECKPOINT}:load_llama_state_dict",
     "load_checkpoint_optimizer": f"{_CHECKPOINT}:load_optimizer",
     "remove_checkpoint": f"{_CHECKPOINT}:remove",
+    "check_checkpoint_complete": f"{_CHECKPOINT}:check_complete",
+    "check_checkpoint_model": f"{_CHECKPOINT}:check_model",
     "CHECKPOINT_COMPLETE": f"{_CHECKPOINT}:COMPLETE",
     # failures and the host's load
     "FailureWatch": _FAILURE,
@@ -50,5 +52,6 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "EXIT_RANK_FAILED": _FAILURE,
     "host_slowdown": "lightning_hexiscale.runtime.host",
     "collect_before_fork": "lightning_hexiscale.runtime.host",
+    "destroy_groups_at_exit": "lightning_hexiscale.runtime.host",
     "NONFINITE_POLICIES": "lightning_hexiscale.runtime.step",  # fit_step(nonfinite=...), HexiScaleStrategy(nonfinite=...)
 })
