@@ -99,6 +99,11 @@ def special_id(tokenizer, directory: Path, which: str, given: str | None, requir
             raise ConfigError(key, given, "not a token of this tokenizer", f"give the tokenizer's {which.upper()} token")
         return tid
     configured = _configured_token(directory, f"{which}_token")
+    if configured and tokenizer.token_to_id(configured) is None:
+        # a well-known name found instead would be another token than the model was trained to end on
+        raise ConfigError(f"tokenizer_config.json: {which}_token", configured,
+                          f"{directory / 'tokenizer_config.json'} names it, but tokenizer.json has no such token",
+                          f"name the {which.upper()} token: {key} TOKEN (or fix tokenizer_config.json)")
     for tok in ((configured,) if configured else ()) + (EOS_CANDIDATES if which == "eos" else BOS_CANDIDATES):
         tid = tokenizer.token_to_id(tok)
         if tid is not None:

@@ -277,3 +277,17 @@ def test_json_lines_named_json_are_read_as_jsonl(tmp_path):
             prepare([tmp_path / f"{name}.json"], tok_path, tmp_path / "x.bin", progress=False)
     assert prepare([tmp_path / "array.json"], tok_path, tmp_path / "x.bin", fmt="text",
                    progress=False)["sources"][0]["documents"] == 1  # as asked
+
+
+def test_an_eos_that_tokenizer_config_names_but_the_vocabulary_lacks_is_refused(tmp_path, capsys):
+    """tokenizer_config.json's eos_token missing from tokenizer.json: the run fell back to a well-known
+    name (</s> here) without a word, ending every document on a token the model was not trained to
+    end on. Now the config key and value are named, with the way to name the token; --eos still wins."""
+    make_tokenizer(tmp_path)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|end_of_text|>"}))
+    src = write_jsonl(tmp_path / "c.jsonl", DOCS[:2], field="text")
+    args = ["prepare-data", str(src), "--tokenizer", str(tmp_path), "--out", str(tmp_path / "t.bin"), "--no-progress"]
+    assert main(args) == 2
+    assert ("tokenizer_config.json: eos_token = '<|end_of_text|>': " in capsys.readouterr().err)
+    assert not (tmp_path / "t.bin").exists()
+    assert main(args + ["--eos", "</s>"]) == 0
