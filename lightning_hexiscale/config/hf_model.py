@@ -219,6 +219,9 @@ def hf_dirs_of(value: str) -> list[str] | None:
     dirs = [parse_hf_ref(v) if isinstance(v, str) else None for v in values]
     if all(d is None for d in dirs):
         return None
+    if any(d is not None and not d.strip() for d in dirs):  # "hf:" alone read the working directory
+        raise ConfigError("model", value, "hf: needs the directory of a Hugging Face model after it",
+                          "write model=hf:/path/to/dir (model=hf:. for the working directory)")
     if any(d is None for d in dirs):
         raise ConfigError("model", value, "a sweep over both hf: directories and model presets",
                           "sweep them apart: -m model=PRESET_A,PRESET_B, then -m model=hf:/dir_a,hf:/dir_b")

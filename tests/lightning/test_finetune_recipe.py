@@ -67,6 +67,8 @@ def test_model_hf_composes_and_checks_presets(tmp_path):
         compose([f"model=hf:{d}", f"trainer.weights={tmp_path}"])
     with pytest.raises(ConfigError, match="no such local directory"):
         compose([f"model=hf:{tmp_path / 'missing'}"])
+    with pytest.raises(ConfigError, match="^model = 'hf:': hf: needs the directory"):  # read the working directory
+        compose(["model=hf:"])
 
 
 def test_a_sweep_over_hf_models(tmp_path):
