@@ -16,14 +16,7 @@ from __future__ import annotations
 import argparse
 
 from lightning_hexiscale.cli.common import add_precision_arg, positive_int, positive_seconds, resolve_precision, subcommand
-from lightning_hexiscale.cli.profile import int_list, message_sizes, emulated_defaults, layer_time_model
-
-
-def _cluster_name(text: str) -> str:
-    """``--name``: not empty (checked here so that no rank starts; discovery checks it again for the API)."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("must not be empty; give e.g. --name my_cluster, or leave --name out")
-    return text
+from lightning_hexiscale.cli.profile import cluster_name, emulated_defaults, int_list, layer_time_model, message_sizes
 
 
 def _discover_args(p: argparse.ArgumentParser) -> None:
@@ -42,7 +35,7 @@ def _discover_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, metavar="PATH.yaml",
                    help="also write the cluster file here (its matrices beside it, PATH.matrix.yaml; files already there are "
                         "replaced, and the output names them); default: only the cache's file")
-    p.add_argument("--name", default=None, type=_cluster_name,
+    p.add_argument("--name", default=None, type=cluster_name,
                    help="cluster name, also given to a reused file (default: discovered_<first 8 of the fingerprint>)")
     p.add_argument("--rediscover", action="store_true",
                    help="measure again even when a file of the same fingerprint is cached (and replace it)")

@@ -37,11 +37,19 @@ def message_sizes(text: str) -> list[int]:
     return out
 
 
+def cluster_name(text: str) -> str:
+    """``--name`` (profile, discover): not empty, checked before any rank starts (an empty name fell
+    back to the file's stem in silence; discovery checks it again for the API)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty; give e.g. --name my_cluster, or leave --name out")
+    return text
+
+
 def _profile_args(p: argparse.ArgumentParser) -> None:
     add_launch_args(p)
     p.add_argument("--out", default="profiled_cluster.yaml", metavar="PATH.yaml",
                    help="cluster YAML to write (its matrices go to PATH.matrix.yaml beside it)")
-    p.add_argument("--name", default=None, help="cluster name (default: the file's stem)")
+    p.add_argument("--name", default=None, type=cluster_name, help="cluster name (default: the file's stem)")
     p.add_argument("--sizes", type=message_sizes, default=None, metavar="S1,S2,...",
                    help="ping-pong message sizes, e.g. 1KiB,64KiB,1MiB,4MiB (default: 1 KiB..4 MiB on CPU, "
                         "4 KiB..64 MiB on CUDA, 256 KiB..4 MiB inside `hexiscale emulate`)")

@@ -479,6 +479,11 @@ def test_an_empty_name_is_refused_before_any_rank_starts(capsys, tmp_path, monke
     err = capsys.readouterr().err
     assert e.value.code == 2 and "argument --name: must not be empty" in err and "Traceback" not in err
     assert not (tmp_path / "cache").exists()
+    # profile's --name too: '' fell back to the file's stem in silence, after the whole measurement
+    with pytest.raises(SystemExit) as e:
+        main(["profile", "--local", "2", "--out", str(tmp_path / "p.yaml"), "--name", " "])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "argument --name: must not be empty" in err and not (tmp_path / "p.yaml").exists()
 
 
 @pytest.mark.timeout(60)
