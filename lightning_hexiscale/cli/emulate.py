@@ -130,6 +130,12 @@ def cmd_emulate(args: argparse.Namespace) -> int:
     if args.cleanup:
         from lightning_hexiscale.emulate import remove_stale
 
+        extra = ([args.cluster] if args.cluster else []) + list(getattr(args, "command_argv", None) or [])
+        if extra:  # they were ignored: a user who meant to run something would think it ran
+            raise EmulationError(f"--cleanup takes no CLUSTER or command (got {' '.join(extra)}): it removes what "
+                                 "killed emulations left behind, and exits. Fix: run hexiscale emulate --cleanup "
+                                 "alone, then the emulation")
+
         removed = remove_stale()
         print(f"removed {len(removed)} stale emulated cluster(s){': ' + ', '.join(removed) if removed else ''}")
         return 0

@@ -128,6 +128,9 @@ def test_cli_help_and_errors(capsys, monkeypatch, tmp_path):
     assert "no command given" in capsys.readouterr().err
     assert main(["emulate", "--cores", "1", "--", "true"]) == 2
     assert "no CLUSTER given" in capsys.readouterr().err
+    for extra in (["emu_4to1"], ["--", "true"]):  # ignored before: removed nothing, ran nothing, exit 0
+        assert main(["emulate", "--cleanup", *extra]) == 2
+        assert "--cleanup takes no CLUSTER or command" in capsys.readouterr().err
     _fake_no_privileges(monkeypatch)
     monkeypatch.setattr(support, "CgroupLayout", type("NoCgroups", (), {"detect": staticmethod(lambda root: None)}))
     assert main(["emulate", "emu_4to1", "--", "true"]) == 2
