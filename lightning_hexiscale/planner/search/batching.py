@@ -18,10 +18,10 @@ batch split is the minimax
 solved exactly by :func:`minimax_split` (binary search over candidate values with a bitset
 subset-sum test). This replaces §4.4's proportional batch assignment, which rounds and ignores that
 the micro-batch size may differ per pipeline. Beyond 64 devices (hundreds of pipelines, batches
-of thousands) the subset-sum is too slow for a search that scores many layouts: there every
-pipeline gets the same micro-batch size m (each m dividing G is tried) and the micro-batch counts
-come from water-filling, which is exact for one m because every pipeline's time grows linearly
-with its count (:meth:`BatchTimer.best_uniform`).
+of thousands), or past a global batch of 4,096, the subset-sum is too slow for a search that
+scores many layouts: there every pipeline gets the same micro-batch size m (each m dividing G is
+tried) and the micro-batch counts come from water-filling, which is exact for one m because every
+pipeline's time grows linearly with its count (:meth:`BatchTimer.best_uniform`).
 """
 
 from __future__ import annotations
@@ -42,6 +42,12 @@ from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
 
 _BITS = np.array([1 << b for b in range(63)], dtype=np.int64)
 _EXACT_DEVICES = 64
+_EXACT_BATCH = 4096
+"""Global batches above this take the water-filling split too: the subset-sum's bitsets are G bits
+long and the search scores hundreds of layouts, so its time grows about as G^2 (2 CPU devices,
+llama_tiny: G = 30,000 in 3 s, 100,000 in 29 s, 10^7 not within hours: a global batch typed in
+tokens hung ``hexiscale plan``). Water-filling takes seconds at G = 10^9 and found the same times
+as the exact split on case_study (llama2_7b, G = 8,192) and cpu2 (llama_tiny, G = 100,000)."""
 _PIPE_CACHE = 20000
 """Pipelines whose batch times are memoised (a search revisits the same pipelines often)."""
 
@@ -149,9 +155,10 @@ class BatchTimer:
     def __init__(self, cluster: Cluster, workload: Workload, global_batch: int,
                  micro_batch_sizes: list[int] | None = None):
         self.cluster, self.w, self.G = cluster, workload, global_batch
-        self.exact = cluster.num_devices <= _EXACT_DEVICES
-        """Per-pipeline micro-batch sizes and the exact minimax split up to _EXACT_DEVICES devices;
-        beyond, one micro-batch size for all and water-filling (:meth:`best_uniform`)."""
+        self.exact = cluster.num_devices <= _EXACT_DEVICES and global_batch <= _EXACT_BATCH
+        """Per-pipeline micro-batch sizes and the exact minimax split up to _EXACT_DEVICES devices
+        and a global batch of _EXACT_BATCH; beyond, one micro-batch size for all and water-filling
+        (:meth:`best_uniform`)."""
         self.ms = sorted(set(micro_batch_sizes)) if micro_batch_sizes else list(range(1, global_batch + 1))
         self.theta = E.calibration_theta(cluster)
         self._lt: dict[tuple, tuple[float, float]] = {}
@@ -170,7 +177,7 @@ class BatchTimer:
         self._edges: tuple[Plan, dict] | None = None
         self._caps: tuple[Plan, dict] | None = None
         self._comms: tuple[Plan, dict] | None = None
-        self.exact_comms = self.exact and workload.device == "cuda" and workload.comm_buffer_bytes > 0
+        self.exact_comms = cluster.num_devices <= _EXACT_DEVICES and workload.device == "cuda" and workload.comm_buffer_bytes > 0
         """Up to _EXACT_DEVICES devices the memory check counts each stage's NCCL communicators as
         ``estimate()`` does (``communicators.stage_communicators``, a few ms per layout there); beyond,
         the per-position lower bound (the count takes ~0.5 s for a 1024-GPU layout)."""

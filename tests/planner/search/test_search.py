@@ -199,3 +199,29 @@ def test_a_global_batch_that_is_not_a_positive_whole_number_is_refused_by_search
         with pytest.raises(ConfigError, match="train.global_batch.*must be a positive integer"):
             find(cluster, workload, batch, SearchSettings(iterations=2, progress=False))
     assert search(cluster, workload, np.int64(4), SearchSettings(iterations=2, progress=False)).plan.global_batch == 4
+
+
+def test_a_global_batch_of_millions_is_planned_in_seconds():
+    """A global batch typed in tokens (4,194,304) was a hang: the exact batch split's bitsets are G
+    bits long (G = 100,000 took 29 s on cpu2, 10^7 did not finish within hours). Past 4,096
+    sequences the split water-fills one micro-batch size for every pipeline (batching._EXACT_BATCH)."""
+    import signal
+    import time
+
+    cluster, workload, gb = Cluster.load("cpu2"), Workload(LlamaConfig.load("llama_tiny")), 4_194_304
+
+    def stop(*_):
+        raise TimeoutError("search at a global batch of 4,194,304 took over 60 s")
+
+    old = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(60)
+    try:
+        t0 = time.perf_counter()
+        r = search(cluster, workload, gb, SearchSettings(progress=False))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert time.perf_counter() - t0 < 60
+    r.plan.validate(cluster, workload.model, global_batch=gb)
+    assert sum(p.batch_size for p in r.plan.pipelines) == gb
+    assert r.estimate.cost == estimate(r.plan, cluster, workload).cost
