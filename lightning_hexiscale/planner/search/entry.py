@@ -47,6 +47,14 @@ def search(cluster: Cluster, workload: Workload, global_batch: int,
                               f"must be a {getattr(kind, '__name__', 'SearchSettings')}", fix)
     s = settings or SearchSettings()
     global_batch = global_batch_setting(global_batch)
+    most_tp = min(workload.model.num_kv_heads, cluster.num_devices)
+    if s.tp_degrees is not None and min(s.tp_degrees) > most_tp:
+        # no stage can be formed: this was "no plan fits in memory ... the activations do not fit"
+        raise ConfigError("tp_degrees", s.tp_degrees,
+                          f"a stage's TP degree is at most the KV heads ({workload.model.name}: "
+                          f"{workload.model.num_kv_heads}) and the devices (cluster {cluster.name}: "
+                          f"{cluster.num_devices}), so no TP group can be formed",
+                          f"allow a degree from 1 to {most_tp}, or None for any")
     priced = cluster
     warn_datasheet_pricing(cluster, workload)  # once per process: CUDA types priced from datasheets
     cluster = effective_cluster(cluster, workload)  # the heuristics' device speeds follow the roofline

@@ -38,3 +38,14 @@ def test_search_arguments_of_the_wrong_type_are_named():
             search(*args)
         assert ei.value.key == key, ei.value
     assert SearchSettings(tp_degrees=[2]).tp_degrees == (2,)  # a list reads as the tuple (hashable)
+
+
+def test_tp_degrees_no_group_can_have_are_refused_with_the_limits():
+    """cpu2 has 2 devices and llama_tiny 2 KV heads: TP 3 or 16 forms no stage. The search said
+    "no plan fits in memory ... the activations do not fit", which is not the reason."""
+    cluster, workload = Cluster.load("cpu2"), Workload(LlamaConfig.load("llama_tiny"))
+    for degrees in ((3,), (16, 4)):
+        with pytest.raises(ConfigError) as ei:
+            search(cluster, workload, 8, SearchSettings(progress=False, tp_degrees=degrees))
+        assert ei.value.key == "tp_degrees" and "KV heads" in str(ei.value) and "from 1 to 2" in str(ei.value)
+    assert search(cluster, workload, 8, SearchSettings(progress=False, tp_degrees=(2, 3))).plan.pipelines[0].stages[0].tp == 2
