@@ -96,12 +96,16 @@ def plan_once(overrides: list[str], with_baselines: bool, progress: bool | None 
     settings = SearchSettings.from_config(cfg, dp_sharding_explicit=explicit(overrides, "train.dp_sharding"), **changes)
     gb = int(cfg.train.global_batch)
     if optimum_time_limit is not None:
-        from lightning_hexiscale.planner.oracle.exact import MAX_DEVICES
+        from lightning_hexiscale.planner.oracle.exact import MAX_BATCH, MAX_DEVICES
 
         if cluster.num_devices > MAX_DEVICES:
             raise ConfigError("--optimum", f"cluster {cluster.name} ({cluster.num_devices} devices)",
                               f"the true optimum enumerates every plan; it covers clusters of at most {MAX_DEVICES} "
                               "devices", "drop --optimum, or plan a smaller cluster")
+        if gb > MAX_BATCH:  # before the search, as the device count
+            raise ConfigError("--optimum", f"train.global_batch={gb}", f"the true optimum enumerates every batch "
+                              f"split; it covers global batches of at most {MAX_BATCH:,} sequences",
+                              "drop --optimum, or give the global batch in sequences, not tokens")
         if not optimum_time_limit > 0:
             raise ConfigError("--optimum-time-limit", optimum_time_limit, "must be a positive number of seconds",
                               "use e.g. --optimum-time-limit 60")

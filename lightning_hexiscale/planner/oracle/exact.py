@@ -39,10 +39,14 @@ from lightning_hexiscale.planner.search.batching import layout_plan, minimax_spl
 from lightning_hexiscale.planner.search.settings import SearchSettings, global_batch_setting
 from lightning_hexiscale.planner.search.subsets import name_idle
 
-__all__ = ["MAX_DEVICES", "OracleResult", "OracleSettings", "compositions", "device_classes", "oracle",
+__all__ = ["MAX_BATCH", "MAX_DEVICES", "OracleResult", "OracleSettings", "compositions", "device_classes", "oracle",
            "vector_partitions"]
 
 MAX_DEVICES = 8
+MAX_BATCH = 65_536
+"""Its tables take every micro-batch size m <= G and count n <= G / m, about G ln G pairs per
+pipeline, built before the first check of the time limit: G = 65,536 answers ``incomplete`` in 24 s
+at a 10 s limit on cpu_hetero4, G = 4,194,304 (a batch typed in tokens) ran past 3 minutes at 10 s."""
 _CAP_STEP = 1.25
 """A partition's structures are first taken up to 1.25 x its bound; the rest only if that finds nothing better."""
 
@@ -247,5 +251,9 @@ def oracle(cluster: Cluster, workload: Workload, global_batch: int, settings=Non
                           f"is more than max_devices={max_devices}", "use a small cluster (cluster.subset) or the search")
     if time_limit_s <= 0:
         raise ConfigError("time_limit_s", time_limit_s, "must be positive", "give the oracle e.g. 60 seconds")
+    if global_batch > MAX_BATCH:
+        raise ConfigError("train.global_batch", global_batch, f"the oracle enumerates every micro-batch size and batch "
+                          f"split; it covers global batches of at most {MAX_BATCH:,} sequences",
+                          "drop --optimum (the search plans it), or give the global batch in sequences, not tokens")
     return Oracle(cluster, workload, global_batch, s, time_limit_s).run(incumbent)
 

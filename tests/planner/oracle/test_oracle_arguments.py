@@ -35,3 +35,23 @@ def test_oracle_arguments_are_checked_before_the_enumeration():
         with pytest.raises(ConfigError) as ei:
             oracle(*args, **kwargs)
         assert ei.value.key == key, ei.value
+
+
+def test_a_global_batch_past_the_oracles_tables_is_refused():
+    """G = 4,194,304 (a batch typed in tokens) ran past its 10 s time limit for minutes: the tables of
+    every (micro-batch size, count) pair are built before the limit is first checked."""
+    import signal
+
+    def stop(*_):
+        raise TimeoutError("the oracle did not answer within 30 s at a time limit of 1 s")
+
+    cluster, workload = Cluster.load("cpu2"), Workload(LlamaConfig.load("llama_tiny"))
+    old = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(30)
+    try:
+        with pytest.raises(ConfigError) as ei:
+            oracle(cluster, workload, 4_194_304, time_limit_s=1.0)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert ei.value.key == "train.global_batch" and "at most 65,536 sequences" in str(ei.value), ei.value
