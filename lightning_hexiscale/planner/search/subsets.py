@@ -48,7 +48,7 @@ import numpy as np
 
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import InfeasiblePlan
-from lightning_hexiscale.planner.cost.estimate import Workload, layer_times, usable_memory
+from lightning_hexiscale.planner.cost.estimate import Workload, estimate, layer_times, usable_memory
 from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
 
 MAX_EXHAUSTIVE = 16
@@ -358,6 +358,11 @@ class _Subsets:
             drop = frozenset(d for m in out for d in self.c.machines[m].devices)
             t, plan = self.full.without(drop)
             plan, status = (name_idle(plan, self.c) if plan is not None else None), "shrunk"
+            if (plan is not None and t < self.best[0] * (1 - 1e-12)
+                    and not estimate(plan, self.c, self.w).feasible):
+                # beyond 64 devices the batch split checks memory against a lower bound of the NCCL
+                # buffers: a shrunk layout short by a few MiB was returned as the plan
+                t, plan = math.inf, None
         else:
             return math.inf
         self.trials.append(Trial(devices, out, status, t, bound))

@@ -40,7 +40,7 @@ from tqdm.auto import tqdm
 
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import InfeasiblePlan
-from lightning_hexiscale.planner.cost.estimate import Workload, estimate
+from lightning_hexiscale.planner.cost.estimate import Estimate, Workload, estimate
 from lightning_hexiscale.planner.plan import Plan
 from lightning_hexiscale.planner.search import refine
 from lightning_hexiscale.planner.search.assemble import (DP_OPTIONS, SMALL_CLUSTER, DraftContext, Evaluator,
@@ -443,7 +443,23 @@ class SearchRun:
             raise InfeasiblePlan(capacity_message(self.cluster, self.workload, self.gb)
                                  or minimum_memory_message(self.cluster, self.workload, self.gb, self.s.recompute is True))
         plan = name_idle(plan, self.cluster)
-        return SearchResult(plan, estimate(plan, self.cluster, self.workload), log, time.perf_counter() - t0)
+        est = estimate(plan, self.cluster, self.workload)
+        if not est.feasible:
+            plan, est = self.first_that_fits(plan, est)
+        return SearchResult(plan, est, log, time.perf_counter() - t0)
+
+    def first_that_fits(self, plan: Plan, est: Estimate) -> tuple[Plan, Estimate]:
+        """The best remembered layout (one per number of pipelines) that ``estimate()`` fits, when the
+        best plan does not: beyond 64 devices the batch split checks memory against a lower bound of
+        the NCCL communicator buffers (``BatchTimer.exact_comms``), so its winner may be short by a few
+        MiB (512 A800s with 1 GB/s between machines, Llama-2 70B at batch 512 without recomputation:
+        8 devices short by 23-151 MiB, and that plan was returned). ``plan, est`` when none fits."""
+        for cost, cand, _ in sorted((e for v in self.top.values() for e in v), key=lambda e: e[0]):
+            cand = name_idle(cand, self.cluster)
+            e = estimate(cand, self.cluster, self.workload)
+            if e.feasible:
+                return cand, e
+        return plan, est
 
     def replicas(self) -> None:
         """Mixed structures of replicas only (beyond §4, small clusters): every machine cut into TP
