@@ -38,7 +38,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import yaml
 
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.models.config import LlamaConfig
@@ -46,7 +45,7 @@ from lightning_hexiscale.profiling import discovery_plan as dp
 from lightning_hexiscale.profiling.fit import NicFit, default_sizes, fit_nic, fit_or_bound
 from lightning_hexiscale.profiling.measure import (is_hopper, current_device, device_memory_bytes, device_type_name,
                                                    machine_name, measure_matmul_flops, ping_pong, transfer)
-from lightning_hexiscale.profiling.writer import ProfileResult, atomic_write, infer_machines, write_cluster
+from lightning_hexiscale.profiling.writer import ProfileResult, copy_cluster, infer_machines, write_cluster
 
 DEFAULT_BUDGET_S = 60.0
 """The time discovery should take on a small cluster (4 CPU ranks here: well under it)."""
@@ -206,33 +205,6 @@ def _merge_tables(parts: Sequence[Sequence]) -> tuple:
             by[t.gpu] = replace(by[t.gpu], rows=by[t.gpu].rows + t.rows) if t.gpu in by else t
     return tuple(replace(t, rows=tuple(sorted(t.rows, key=lambda r: (r.part, r.tp, r.micro_batch))))
                  for t in by.values())
-
-
-def copy_cluster(src: Path, dst: Path, name: str | None = None) -> Path:
-    """Copy a written cluster file and its matrix file to ``dst`` (``matrix_file`` re-pointed), keeping
-    its header comments, named ``name`` when given. Returns ``dst``. ``dst`` may be ``src`` itself:
-    then only the name changes (``--name`` is no part of the fingerprint, and a reused file must still
-    carry the name asked for). Each file is written to a temporary name and renamed."""
-    dst = Path(dst).resolve()
-    text = src.read_text()
-    doc = yaml.safe_load(text)
-    header = [ln for ln in text.splitlines() if ln.startswith("#")]
-    if dst == Path(src).resolve():  # --out named the cache's own file, or only the name changes
-        if name is not None and doc.get("name") != name:
-            doc["name"] = name
-            atomic_write(dst, "\n".join(header) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=1 << 16))
-        return dst
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    mdst = dst.with_name(dst.stem + ".matrix.yaml")
-    atomic_write(mdst, Path(doc["matrix_file"]).read_text())
-    # the writer's header names the matrix file beside it: the copy's is mdst, not the cache's
-    old = f"matrices in {Path(doc['matrix_file']).name}."
-    doc["matrix_file"] = str(mdst)
-    if name is not None:
-        doc["name"] = name
-    header = [ln.replace(old, f"matrices in {mdst.name}.") for ln in header]
-    atomic_write(dst, "\n".join(header) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=1 << 16))
-    return dst
 
 
 def replaced_by_copy(dst: str | Path) -> str:

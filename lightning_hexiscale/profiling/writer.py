@@ -271,25 +271,44 @@ def update_layer_tables(path: str | Path, tables) -> None:
     atomic_write(path, "\n".join(header + [stamp]) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=1 << 16))
 
 
-def copy_cluster(src: str | Path, dst: str | Path) -> Path:
-    """Copy a profiled cluster YAML to ``dst`` (missing folders are made) with its matrix file, to
-    ``<dst stem>.matrix.yaml``, and point the copy's ``matrix_file`` there (absolute, as
-    :func:`write_cluster` writes it); header comments are kept. Why the matrix too: a calibration
-    rewrites the matrix file its cluster YAML names (:func:`update_calibration`), and a copy naming
-    the source's would change the source's link latencies. A file without ``matrix_file`` is copied
-    as it is."""
+def copy_cluster(src: str | Path, dst: str | Path, name: str | None = None) -> Path:
+    """Copy a cluster YAML to ``dst`` (missing folders are made) with its matrix file, to
+    ``<dst stem>.matrix.yaml``, the copy's ``matrix_file`` pointing there (absolute, as
+    :func:`write_cluster` writes it) and its header comments kept; named ``name`` when given.
+    Returns ``dst``. Why the matrix too: a calibration rewrites the matrix file its cluster YAML
+    names (:func:`update_calibration`), and a copy naming the source's would change the source's
+    link latencies. ``dst`` may be ``src`` itself: then only the name changes (discovery: ``--name``
+    is no part of the fingerprint). A file without a matrix file is copied as it is. Each file is
+    written to a temporary name and renamed."""
     src, dst = Path(src), Path(dst).resolve()
-    dst.parent.mkdir(parents=True, exist_ok=True)
     text = src.read_text()
     doc = yaml.safe_load(text)
-    mfile = doc.get("matrix_file") if isinstance(doc, dict) else None
-    if not mfile or not Path(mfile).is_file():
-        atomic_write(dst, text)
-        return dst
-    mpath = dst.with_name(dst.stem + ".matrix.yaml")
-    atomic_write(mpath, Path(mfile).read_text())
-    doc["matrix_file"] = str(mpath)
+    doc = doc if isinstance(doc, dict) else {}
     header = [ln for ln in text.splitlines() if ln.startswith("#")]
+    renamed = name is not None and doc.get("name") != name
+    if renamed:
+        doc["name"] = name
+    if dst == src.resolve():  # --out named the source itself: only the name may change
+        if renamed:
+            atomic_write(dst, "\n".join(header) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=1 << 16))
+        return dst
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    mfile = doc.get("matrix_file")
+    msrc = None
+    if mfile:  # a relative one is looked up beside its cluster file first, as the schema does
+        beside = src.resolve().parent / str(mfile)
+        msrc = Path(str(mfile)) if Path(str(mfile)).is_absolute() or not beside.is_file() else beside
+    if msrc is None or not msrc.is_file():
+        if renamed:
+            atomic_write(dst, "\n".join(header) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=1 << 16))
+        else:
+            atomic_write(dst, text)
+        return dst
+    mdst = dst.with_name(dst.stem + ".matrix.yaml")
+    atomic_write(mdst, msrc.read_text())
+    doc["matrix_file"] = str(mdst)
+    # the writer's header names the matrix file beside it: the copy's is mdst
+    header = [ln.replace(f"matrices in {msrc.name}.", f"matrices in {mdst.name}.") for ln in header]
     atomic_write(dst, "\n".join(header) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=1 << 16))
     return dst
 

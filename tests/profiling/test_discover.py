@@ -407,7 +407,7 @@ def test_out_says_which_of_the_users_files_it_replaced(tmp_path, capfd):
 def test_the_copy_names_its_own_matrix_file_in_its_header(tmp_path):
     """--out d.yaml kept the cache's header line 'matrices in <fingerprint>.matrix.yaml', a file that is
     not beside d.yaml; the copy's header now names d.matrix.yaml, as its matrix_file does."""
-    from lightning_hexiscale.profiling.discover import copy_cluster
+    from lightning_hexiscale.profiling.writer import copy_cluster
 
     (tmp_path / "cache").mkdir()
     src = tmp_path / "cache" / "abc.yaml"
@@ -419,6 +419,22 @@ def test_the_copy_names_its_own_matrix_file_in_its_header(tmp_path):
     assert "matrices in d.matrix.yaml." in text and "abc.matrix" not in text and "# other note" in text
     assert yaml.safe_load(text) == {"name": "x", "matrix_file": str(tmp_path / "d.matrix.yaml")}
     assert (tmp_path / "d.matrix.yaml").read_text() == "bandwidth_Bps: []\n"
+
+
+def test_a_copy_takes_a_relative_matrix_file_from_beside_its_cluster_file(tmp_path, monkeypatch):
+    """A relative matrix_file is read beside its cluster file (as the schema reads it), whatever the
+    working directory; a file without one is copied as it is, renamed when asked."""
+    from lightning_hexiscale.profiling.writer import copy_cluster
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "c.matrix.yaml").write_text("bandwidth_Bps: [[0]]\n")
+    (tmp_path / "src" / "c.yaml").write_text("name: c\nmatrix_file: c.matrix.yaml\n")
+    monkeypatch.chdir(tmp_path)
+    dst = copy_cluster(tmp_path / "src" / "c.yaml", tmp_path / "out" / "d.yaml", name="d")
+    assert yaml.safe_load(dst.read_text()) == {"name": "d", "matrix_file": str(tmp_path / "out" / "d.matrix.yaml")}
+    assert (tmp_path / "out" / "d.matrix.yaml").read_text() == "bandwidth_Bps: [[0]]\n"
+    (tmp_path / "plain.yaml").write_text("# hand-written\nname: p\n")
+    assert copy_cluster(tmp_path / "plain.yaml", tmp_path / "p2.yaml").read_text() == "# hand-written\nname: p\n"
 
 
 def _discover_tp(rank: int, world: int, model, cache: str, tp: list[int]):
