@@ -13,10 +13,16 @@ and be judged, as NCCL ranks:
    communication call: an un-fused p2p op, a ``batch_isend_irecv`` (all its ops), or a collective
    (group ranks, op, numel, dtype, root, chunk sizes). Recording costs a dict lookup and a few
    frames of stack walk per call.
-3. **A replay** (:func:`replay`, pure Python) under NCCL's rules, with each rank modelled as a
-   sequential program that blocks at every communication call until it completes (the safe reading
-   of NCCL's "operations on different communicators must be issued in the same order on every rank";
-   asynchronous calls are therefore judged at the point where they are issued):
+3. **A replay** (:func:`replay`, pure Python) under NCCL's rules, with each thread of a rank that
+   communicates (:attr:`Step.thread`) modelled as a sequential program that blocks at every
+   communication call until it completes (the safe reading of NCCL's "operations on different
+   communicators must be issued in the same order on every rank" for the calls of one thread;
+   asynchronous calls are therefore judged at the point where they are issued). Threads of one rank
+   are independent programs: e.g. the asynchronous checkpoint writer, whose collectives run on a
+   process group of its own while the main thread trains. On one communicator a rank's calls are
+   numbered in the order it recorded them, whichever thread made them, and the i-th calls of all
+   members are one call. Waits that are not communication (a thread joining another) are not
+   modelled.
 
    - communicators: a group is its member ranks AND its identity (:attr:`Step.comm`), because two
      process groups with the same members (a plan group next to a DP group of the same ranks, the
@@ -57,8 +63,9 @@ from __future__ import annotations
 
 import inspect
 import sys
+import threading
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.distributed as dist
@@ -126,6 +133,9 @@ class Step:
     """Caller file:line (outside torch, this module and the package's ``torch_compat`` shims)."""
     phase: str = ""
     """Label set by :meth:`Recorder.mark` (e.g. ``run``, ``sync``) for byte accounting."""
+    thread: str = ""
+    """Name of the thread that made the call; empty for the main thread. Each thread of a rank is
+    its own sequential program in the replay."""
 
     def signature(self) -> tuple:
         return (self.coll, self.numel, self.out_numel, self.dtype, self.root, self.detail)
@@ -184,7 +194,7 @@ class Recorder:
         self.steps: list[Step] = []
         self.phase = ""
         self._saved: list[tuple[object, str, object]] = []
-        self._depth = 0
+        self._local = threading.local()  # per thread: depth of nested recorded calls
         self._groups: dict[int, tuple[tuple[int, ...], str]] = {}  # id(group) -> (ranks, identity)
         self._starts: list[tuple[int, int, int]] = []  # (rank, world, first step) per default group
 
@@ -289,16 +299,23 @@ class Recorder:
             frame = frame.f_back
         return ""
 
+    @property
+    def _depth(self) -> int:
+        return getattr(self._local, "depth", 0)
+
     def _record(self, step: Step) -> None:
-        self.steps.append(step)
+        thread = threading.current_thread()
+        if thread is not threading.main_thread():
+            step = replace(step, thread=thread.name)
+        self.steps.append(step)  # atomic under the GIL: one order per rank, whichever thread calls
 
     def _inner(self, orig, *args, **kwargs):
-        """Call the real function; calls it makes on its own are not recorded again."""
-        self._depth += 1
+        """Call the real function; calls it makes on its own (in this thread) are not recorded again."""
+        self._local.depth = self._depth + 1
         try:
             return orig(*args, **kwargs)
         finally:
-            self._depth -= 1
+            self._local.depth -= 1
 
     def _p2p_wrapper(self, name: str, orig):
         sig = inspect.signature(orig)
@@ -451,95 +468,121 @@ def replay(traces: list[list[Step]]) -> Report:
     shared = _shared(traces)
     report.problems += _static_rules(traces, shared)
     n = len(traces)
-    pc = [0] * n
-    dead = [False] * n  # a rank whose current step mismatched: stop it, report once
-    posted = [False] * n
-    fifo_len: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])  # (group, comm, src, dst) -> [sends, recvs]
+    # A rank's calls on one communicator (one p2p FIFO) are numbered in its recorded order, whichever
+    # thread made them: the i-th collective on a communicator, the k-th send on a FIFO.
+    number: list[list] = [[] for _ in range(n)]
+    for r, trace in enumerate(traces):
+        count: dict[tuple, int] = defaultdict(int)
+        for step in trace:
+            if step.kind == "coll":
+                number[r].append(count[step.key])
+                count[step.key] += 1
+                continue
+            idx = []
+            for op in step.ops:
+                key = _fifo(r, op)
+                idx.append(count[key])
+                count[key] += 1
+            number[r].append(idx)
+    # One sequential program per (rank, thread): the indices of its steps in the rank's trace.
+    lanes: list[tuple[int, list[int]]] = []
+    for r, trace in enumerate(traces):
+        by_thread: dict[str, list[int]] = {}
+        for i, step in enumerate(trace):
+            by_thread.setdefault(step.thread, []).append(i)
+        lanes += [(r, steps) for steps in by_thread.values()]
+    pc = [0] * len(lanes)
+    dead = [False] * len(lanes)  # a lane whose current step mismatched: stop it, report once
+    posted = [False] * len(lanes)
     fifo_ops: dict[tuple, dict[int, list]] = defaultdict(lambda: defaultdict(lambda: [None, None]))
-    position: list[list[int]] = [[] for _ in range(n)]  # per rank: FIFO index of each op of the current step
-    coll_seq: list[dict[tuple, int]] = [defaultdict(int) for _ in range(n)]
     coll_posted: dict[tuple, dict[int, dict[int, tuple[int, Step]]]] = defaultdict(lambda: defaultdict(dict))
-    my_coll_index = [0] * n
 
-    def post(r: int, step: Step) -> None:
+    def post(lane: int, r: int, i: int, step: Step) -> None:
         if step.kind == "coll":
             t = len(step.group)
             # all-gather: output = t x input; reduce-scatter: input = t x output
             chunked = {"all_gather_single": (t, 1), "all_gather_into_tensor": (t, 1),
                        "reduce_scatter_single": (1, t), "reduce_scatter_tensor": (1, t)}.get(step.coll)
             if chunked and step.numel * chunked[0] != step.out_numel * chunked[1]:
-                report.problems.append(f"rank {r} step {pc[r]}: {step.describe(shared)}: the chunks must be equal on all {t} members "
+                report.problems.append(f"rank {r} step {i}: {step.describe(shared)}: the chunks must be equal on all {t} members "
                                        f"(input {step.numel}, output {step.out_numel})")
-                dead[r] = True
+                dead[lane] = True
                 return
-            i = coll_seq[r][step.key]
-            coll_seq[r][step.key] += 1
-            my_coll_index[r] = i
-            entry = coll_posted[step.key][i]
-            entry[r] = (pc[r], step)
-            first_rank, (first_pc, first) = next(iter(entry.items()))
+            c = number[r][i]
+            entry = coll_posted[step.key][c]
+            entry[r] = (i, step)
+            first_rank, (first_i, first) = next(iter(entry.items()))
             if first_rank != r and first.signature() != step.signature():
-                report.problems.append(f"collective #{i} on group {_g(step.group, step.comm, shared)} mismatched: "
-                                       f"rank {first_rank} step {first_pc}: {first.describe(shared)}; rank {r} step "
-                                       f"{pc[r]}: {step.describe(shared)}")
-                dead[r] = True
+                report.problems.append(f"collective #{c} on group {_g(step.group, step.comm, shared)} mismatched: "
+                                       f"rank {first_rank} step {first_i}: {first.describe(shared)}; rank {r} step "
+                                       f"{i}: {step.describe(shared)}")
+                dead[lane] = True
             return
-        idx = []
-        for op in step.ops:
-            src, dst = (r, op.peer) if op.op == "send" else (op.peer, r)
-            key = (op.group, op.comm, src, dst)
-            side = 0 if op.op == "send" else 1
-            k = fifo_len[key][side]
-            fifo_len[key][side] += 1
-            fifo_ops[key][k][side] = (r, pc[r], op)
-            idx.append(k)
+        for op, k in zip(step.ops, number[r][i]):
+            key, side = _fifo(r, op), _side(op)
+            fifo_ops[key][k][side] = (r, i, op)
             other = fifo_ops[key][k][1 - side]
             if other is not None:
-                orank, opc, oop = other
+                orank, oi, oop = other
                 if (oop.numel, oop.dtype) != (op.numel, op.dtype):
-                    report.problems.append(f"p2p #{k} from rank {src} to rank {dst} on group "
-                                           f"{_g(op.group, op.comm, shared)} mismatched: rank {r} step {pc[r]} "
-                                           f"{op.describe(shared)} vs rank {orank} step {opc} {oop.describe(shared)}")
-                    dead[r] = True
-        position[r] = idx
+                    report.problems.append(f"p2p #{k} from rank {key[2]} to rank {key[3]} on group "
+                                           f"{_g(op.group, op.comm, shared)} mismatched: rank {r} step {i} "
+                                           f"{op.describe(shared)} vs rank {orank} step {oi} {oop.describe(shared)}")
+                    dead[lane] = True
 
-    def complete(r: int, step: Step) -> bool:
+    def complete(r: int, i: int, step: Step) -> bool:
         if step.kind == "coll":
-            return len(coll_posted[step.key][my_coll_index[r]]) == len(step.group)
-        for op, k in zip(step.ops, position[r]):
-            src, dst = (r, op.peer) if op.op == "send" else (op.peer, r)
-            side = 0 if op.op == "send" else 1
-            if fifo_len[(op.group, op.comm, src, dst)][1 - side] <= k:
-                return False
-        return True
+            return len(coll_posted[step.key][number[r][i]]) == len(step.group)
+        return all(fifo_ops[_fifo(r, op)][k][1 - _side(op)] is not None for op, k in zip(step.ops, number[r][i]))
 
     progress = True
     while progress:
         progress = False
-        for r in range(n):
-            while pc[r] < len(traces[r]) and not dead[r]:
-                step = traces[r][pc[r]]
-                if not posted[r]:
+        for lane, (r, steps) in enumerate(lanes):
+            while pc[lane] < len(steps) and not dead[lane]:
+                i = steps[pc[lane]]
+                step = traces[r][i]
+                if not posted[lane]:
                     if any(op.peer not in op.group or op.peer == r for op in step.ops):
-                        report.problems.append(f"rank {r} step {pc[r]}: bad peer in {step.describe(shared)}")
-                        dead[r] = True
+                        report.problems.append(f"rank {r} step {i}: bad peer in {step.describe(shared)}")
+                        dead[lane] = True
                         break
-                    post(r, step)
-                    posted[r] = True
-                    if dead[r]:
+                    post(lane, r, i, step)
+                    posted[lane] = True
+                    if dead[lane]:
                         break
-                if not complete(r, step):
+                if not complete(r, i, step):
                     break
-                pc[r] += 1
-                posted[r] = False
+                pc[lane] += 1
+                posted[lane] = False
                 progress = True
-    report.completed = list(pc)
-    stuck = [r for r in range(n) if pc[r] < len(traces[r]) and not dead[r]]
-    for r in stuck:
-        step = traces[r][pc[r]]
-        report.problems.append(f"rank {r} stuck at step {pc[r]} of {len(traces[r])}: {step.describe(shared)}; "
-                               f"{_waiting_for(r, step, traces, pc, position[r], fifo_len, coll_posted, my_coll_index[r], shared)}")
+    report.completed = [sum(pc[lane] for lane, (q, _) in enumerate(lanes) if q == r) for r in range(n)]
+    at = {}  # rank -> [(step index, step)] where its unfinished lanes are
+    for lane, (r, steps) in enumerate(lanes):
+        if pc[lane] < len(steps):
+            at.setdefault(r, []).append((steps[pc[lane]], traces[r][steps[pc[lane]]]))
+    for lane, (r, steps) in enumerate(lanes):
+        if pc[lane] < len(steps) and not dead[lane]:
+            i = steps[pc[lane]]
+            step = traces[r][i]
+            report.problems.append(f"rank {r} stuck at step {i} of {len(traces[r])}{_in(step)}: "
+                                   f"{step.describe(shared)}; "
+                                   f"{_waiting_for(r, i, step, traces, at, number, fifo_ops, coll_posted, shared)}")
     return report
+
+
+def _fifo(r: int, op: P2POp) -> tuple:
+    """The p2p FIFO of an op issued by rank ``r``: (group, communicator, sender, receiver)."""
+    src, dst = (r, op.peer) if op.op == "send" else (op.peer, r)
+    return (op.group, op.comm, src, dst)
+
+
+def _side(op: P2POp) -> int:
+    return 0 if op.op == "send" else 1
+
+
+def _in(step: Step) -> str:
+    return f" (thread {step.thread})" if step.thread else ""
 
 
 def replay_segments(processes: list[list[tuple[int, int, list[Step]]]]) -> Report:
@@ -562,21 +605,20 @@ def replay_segments(processes: list[list[tuple[int, int, list[Step]]]]) -> Repor
     return report
 
 
-def _waiting_for(r, step, traces, pc, idx, fifo_len, coll_posted, coll_index, shared) -> str:
+def _waiting_for(r, i, step, traces, at, number, fifo_ops, coll_posted, shared) -> str:
     def where(q: int) -> str:
-        if pc[q] >= len(traces[q]):
+        if q not in at:
             return f"rank {q} has finished its {len(traces[q])} steps"
-        return f"rank {q} is at step {pc[q]}: {traces[q][pc[q]].describe(shared)}"
+        return " and ".join(f"rank {q} is at step {j}{_in(s)}: {s.describe(shared)}" for j, s in at[q])
 
     if step.kind == "coll":
-        missing = [q for q in step.group if q not in coll_posted[step.key][coll_index]]
+        missing = [q for q in step.group if q not in coll_posted[step.key][number[r][i]]]
         return "waiting for " + "; ".join(where(q) for q in missing)
     waits = []
-    for op, k in zip(step.ops, idx):
-        src, dst = (r, op.peer) if op.op == "send" else (op.peer, r)
-        side = 0 if op.op == "send" else 1
-        have = fifo_len[(op.group, op.comm, src, dst)][1 - side]
-        if have <= k:
+    for op, k in zip(step.ops, number[r][i]):
+        key, side = _fifo(r, op), _side(op)
+        if fifo_ops[key][k][1 - side] is None:
+            have = sum(e[1 - side] is not None for e in fifo_ops[key].values())
             other = "receive" if op.op == "send" else "send"
             waits.append(f"needs the matching {other} #{k} of rank {op.peer} (posted {have}); {where(op.peer)}")
     return "; ".join(waits)

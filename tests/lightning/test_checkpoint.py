@@ -4,7 +4,8 @@ pipeline of a TP-1 stage and a TP-2 stage). The continued run equals an uninterr
 run (losses, every parameter copy, AdamW state and the warm-up schedule across the split), and the
 checkpoint loads into the plain single-device Llama. With ``async_checkpoint=True`` the saves
 overlap training, hold the values of their step, and "last" is never half-written; top-k removal
-works meanwhile. Partial, foreign and previous-format directories are refused with clear errors.
+works meanwhile, and the writer thread's collectives pass the NCCL-semantics replay next to the
+training thread's. Partial, foreign and previous-format directories are refused with clear errors.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
-from strategy_helpers import (PG_TIMEOUT, Recorder, assert_matches, hexiscale_trainer, loader, module, plan_of,
+from strategy_helpers import (PG_TIMEOUT, NcclTrace, Recorder, assert_matches, hexiscale_trainer, loader, module, plan_of,
                               read_ranks, single_trainer)
 
 from lightning_hexiscale.errors import ConfigError
@@ -195,7 +196,7 @@ class GateAsyncWrites(Callback):
 
 def async_trainer(plan, out_dir: Path, callbacks=(), **kw) -> pl.Trainer:
     strategy = HexiScaleStrategy(plan=plan, start_method="fork", timeout=PG_TIMEOUT, async_checkpoint=True)
-    return pl.Trainer(strategy=strategy, callbacks=[Recorder(out_dir), *callbacks], accelerator="cpu",
+    return pl.Trainer(strategy=strategy, callbacks=[NcclTrace(out_dir), Recorder(out_dir), *callbacks], accelerator="cpu",
                       devices=plan.world_size, logger=False, enable_progress_bar=False, enable_model_summary=False,
                       num_sanity_val_steps=0, **kw)
 

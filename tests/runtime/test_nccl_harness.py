@@ -133,6 +133,30 @@ def test_same_member_communicators_in_the_same_order_complete():
     assert "[pg" not in str(replay([[coll("all_reduce")], [coll("all_reduce", numel=8)]]))
 
 
+def test_threads_of_a_rank_are_independent_programs():
+    """An asynchronous checkpoint writer: its collectives run on a group of its own (comm "7") in a
+    thread of each rank, while the main threads all-reduce on the world group ("0"). The ranks record
+    the two streams interleaved differently; each thread blocks only on its own calls, so this
+    completes (one program per rank would deadlock: rank 0 in the world all-reduce, rank 1 in the
+    writer's gather)."""
+    work = coll("all_reduce", comm="0")
+    save = dataclasses.replace(coll("all_gather_object", numel=None, dtype="", comm="7"), thread="writer")
+    traces = [[work, save, work], [save, work, work]]
+    assert replay(traces).ok
+    # on one communicator the order is still checked, across threads: the writer's broadcast and the
+    # main thread's barrier on the writer's group, in different orders on the two ranks
+    bar = coll("barrier", numel=0, comm="7")
+    bcast = dataclasses.replace(coll("broadcast", root=0, comm="7"), thread="writer")
+    report = replay([[bar, bcast], [bcast, bar]])
+    assert not report.ok and "collective #0 on group (0,1) mismatched" in str(report)
+    # and within one thread the calls still block in order: the writer's two groups, inverted
+    g1, g2 = (dataclasses.replace(coll("all_reduce", comm=c), thread="writer") for c in ("7", "8"))
+    report = replay([[work, g1, g2], [g2, g1, work]])
+    text = str(report)
+    assert "rank 0 stuck at step 1 of 3 (thread writer)" in text and "rank 1 stuck at step 0 of 3 (thread writer)" in text
+    assert report.completed == [1, 1]  # the main threads' all-reduce is not held up by the writers
+
+
 def test_p2p_size_mismatch_is_a_mispairing():
     traces = [[Step("batch", (send(1, 8),), group=W), Step("batch", (send(1, 4),), group=W)],
               [Step("batch", (recv(0, 4),), group=W), Step("batch", (recv(0, 8),), group=W)]]
