@@ -32,6 +32,7 @@ from lightning_hexiscale.planner.cost import compute as C
 from lightning_hexiscale.planner.cost import model as cm
 from lightning_hexiscale.planner.cost import nic
 from lightning_hexiscale.planner.cost import wire as W
+from lightning_hexiscale.planner.cost import zero_terms as Z
 from lightning_hexiscale.planner.cost.communicators import stage_communicators
 from lightning_hexiscale.planner.cost.compose import dp_edge_exposed, dp_t_comm, layer_step  # noqa: F401 (re-exported)
 from lightning_hexiscale.planner.cost.dp_comm import dp_comm_all
@@ -402,6 +403,7 @@ def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
     # the communicators each stage's ranks join (only priced on CUDA)
     comms = stage_communicators(plan, model) if workload.device == "cuda" and workload.comm_buffer_bytes else {}
     caps = nic.hop_caps(cluster, [[st.devices for st in p.stages] for p in plan.pipelines], plan.schedule)
+    micro_batches = [p.num_micro_batches for p in plan.pipelines]
     for i, pipe in enumerate(plan.pipelines):
         mb, n_mb = pipe.micro_batch_size, pipe.num_micro_batches
         n_st = len(pipe.stages)
@@ -417,8 +419,10 @@ def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
             edge = edges.get((i, j))
             stage_mb, tail = compose.stage_time(t_f, t_b, dp[(i, j)], head_comp + head_comm, edge, l,
                                                 plan.dp_sharding, theta)
-            # ZeRO-3: a gather per use (2 n_mb), the uses served (2 n_mb), the reduce-scatter
-            per_comm = 4 * n_mb + 1 if plan.dp_sharding == "zero3" else 2
+            # ZeRO-3: a gather per use (2 n_mb), the partners' uses served (2 n_mb of THEIR pipelines,
+            # zero_terms.zero3_served_per_layer), the reduce-scatter
+            per_comm = (2 * n_mb + Z.zero3_served_per_layer(micro_batches, i) + 1 if plan.dp_sharding == "zero3"
+                        else 2)
             dp_comm = dp_edge_exposed(edge or compose.NO_EDGES, l * t_b, plan.dp_sharding)[0]
             for n_layers, t_comm in dp[(i, j)]:
                 dp_comm += n_layers * per_comm * t_comm

@@ -33,7 +33,9 @@ or b_act; b_par = b_act, the dtype parameters are gathered in):
   gradients in its TP group; zero2: reduce-scatter (k-1)/k*n_local*b_red, all-gather of the updated
   parameters (k-1)/k*n_local*b_par, then the replicated parameters' TP broadcast at b_par. Exact
   when k divides every bucket (the runtime pads each bucket to a multiple of k; fewer than k
-  elements per bucket). zero3 is priced by the time model (2 n_mb gathers per layer) and not here.
+  elements per bucket). zero3's bytes are priced by the time model, not here; its block transfers
+  are counted by :func:`zero3_served_uses` (each use of a block by a device: one chunk from every
+  holder of it in the other pipelines).
   A tied embedding (``tie_word_embeddings``) is one parameter: the first stages hold it for the
   sync (a last stage's copy is not synchronised), and in every pipeline of 2+ stages each
   first-stage rank and last-stage rank whose vocabulary rows overlap exchange those rows
@@ -94,6 +96,32 @@ def tied_phases(dp_sharding: str, num_pipelines: int) -> tuple[int, int]:
     """(two-way exchanges, one-way first->last copies) of the tied rows per optimizer step: the
     gradient sum, then the summed gradient (ddp, 2+ pipelines) or the updated weights (ZeRO)."""
     return 1, int(dp_sharding != "ddp" or num_pipelines > 1)
+
+
+def zero3_served_uses(plan: Plan) -> dict[tuple[int, int], int]:
+    """{(holder, user): block uses of ``user`` per optimizer step that ``holder`` serves} under ZeRO-3
+    (runtime/zero3.py): a device uses each block of its stage twice per micro-batch of its own
+    pipeline (forward, backward; a recomputed forward re-uses the backward's gather), and for each
+    use every device of another pipeline that holds a part of its TP shard of that block (even
+    splits) sends it that part, one send per use. A holder therefore serves a user
+    2 * n_mb(user's pipeline) times per shared block, whatever its own pipeline's n_mb."""
+    out: dict[tuple[int, int], int] = {}
+    pipes = plan.pipelines
+    for i, user_pipe in enumerate(pipes):
+        uses = 2 * user_pipe.num_micro_batches
+        for st in user_pipe.stages:
+            for k, other in enumerate(pipes):
+                if k == i:
+                    continue
+                for h in other.stages:
+                    shared = min(st.layers[1], h.layers[1]) - max(st.layers[0], h.layers[0])
+                    if shared <= 0:
+                        continue
+                    for r, d in enumerate(st.devices):
+                        for r2, d2 in enumerate(h.devices):
+                            if max(r / st.tp, r2 / h.tp) < min((r + 1) / st.tp, (r2 + 1) / h.tp):
+                                out[(d2, d)] = out.get((d2, d), 0) + uses * shared
+    return out
 
 
 def wire_bytes(plan: Plan, model: LlamaConfig, act_bytes: int, reduce_bytes: int | None = None,

@@ -8,11 +8,19 @@ cost model prices, so it is exposed. ZeRO-3 (``runtime/zero3.py``) prefetches ea
 under the previous block's compute (eq. 5's max(T, T_comm)), but a rank also *serves* the block
 uses of its partners in the other pipelines: ``Zero3Gatherer._serve`` sends its chunk with
 ``batch_isend_irecv`` and waits for each send on the compute stream, so every served use stalls
-the server's compute by the send. Each partner uses a block twice per micro-batch (its forward and
-its backward; the recomputed forward runs inside the backward's gather), so with as many
-micro-batches as the server, a rank sends every partner its chunk 2 n_mb times per layer: in
-T_comm units (eq. 4, which sums the partners' latencies and paces the bytes by the slowest
-partner link; a chunk sent equals a chunk received) that is 2 T_comm per micro-batch.
+the server's compute by the send. Each partner uses a block twice per micro-batch of ITS pipeline
+(its forward and its backward; the recomputed forward runs inside the backward's gather), so a
+rank sends a partner in pipeline k its chunk 2 n_mb(k) times per layer and step
+(``wire.zero3_served_uses`` counts them; tests/runtime/test_zero3_wire.py checks the count against
+the runtime's sends). In T_comm units (eq. 4, which sums the partners' latencies and paces the
+bytes by the slowest partner link; a chunk sent equals a chunk received) that is
+2 * mean_{k != i} n_mb(k) * T_comm per layer and step (:func:`zero3_served_per_layer`), which the
+breakdown's ``dp_comm_s`` charges. The step time (:func:`zero3_serve_layer`) charges it as
+2 T_comm per micro-batch of the server's own pipeline i: the same when the pipelines run equal
+micro-batch counts, otherwise too high for a pipeline with more micro-batches than its partners
+and too low for one with fewer. It stays so because the batch split prices each pipeline's time
+from its own batch alone (``search/batching.BatchTimer``, bit for bit equal to ``estimate()``);
+charging the partners' counts would couple the pipelines' times.
 
 ZeRO-3's gradient reduce-scatters, too, run after the backward (``ZeroSharder.reduce_grads``), not
 under it as eq. 5 has them.
@@ -49,8 +57,18 @@ def zero3_serve_layer(t_comm: float) -> float:
     """Compute-stream time a ZeRO-3 rank spends serving its partners' uses of one layer, per
     micro-batch: 2 * T_comm (one send of its chunk to every partner for each of the partner's
     forward and backward uses), the partners running as many micro-batches as the server (the
-    batch split keeps each pipeline's time a function of its own batch)."""
+    batch split keeps each pipeline's time a function of its own batch; the module doc says where
+    this differs from the runtime's count, :func:`zero3_served_per_layer`)."""
     return 2.0 * t_comm
+
+
+def zero3_served_per_layer(micro_batches: list[int], i: int) -> float:
+    """Uses of one layer that a ZeRO-3 rank of pipeline ``i`` serves per step, in T_comm units (one
+    chunk to one partner in every other pipeline): 2 * mean_{k != i} n_mb(k), with
+    ``micro_batches[k]`` = n_mb(k) (the runtime sends a partner of pipeline k its chunk
+    2 n_mb(k) times: ``wire.zero3_served_uses``). 0 with one pipeline."""
+    others = [n for k, n in enumerate(micro_batches) if k != i]
+    return 2.0 * sum(others) / len(others) if others else 0.0
 
 
 def zero_head_exposed(t_head: float, backward_s: float, sharding: str) -> float:

@@ -148,6 +148,32 @@ def test_estimate_prices_the_zero_terms():
     assert z3 - ddp == pytest.approx(n * L * 2 * tc + L * tc + t_head, rel=1e-6)
 
 
+def test_zero3_dp_comm_counts_the_partners_uses_served():
+    """A ZeRO-3 rank serves each use of its partner pipeline's micro-batches (runtime/zero3.py;
+    tests/runtime/test_zero3_wire.py counts them on the wire): pipeline 0's communication time grows
+    with pipeline 1's micro-batch count, by 2 T_comm per layer and extra partner micro-batch, while
+    its own gathers stay (they were charged 2 n_mb of its own pipeline for the serves before)."""
+    from lightning_hexiscale.planner.cost import estimate as E
+
+    model = dataclasses.replace(LlamaConfig.load("llama2_7b"), num_layers=4)
+    c = Cluster.from_config({"name": "pair", "machines": [{"gpu": "A100-80G", "count": 1, "intra_bandwidth": "1 GB/s",
+                                                           "repeat": 2}],
+                             "inter_machine": {"bandwidth": "50 GB/s", "latency": "0us"}})
+    w = Workload(model)
+
+    def plan(partner_batch: int) -> Plan:
+        d = _two_pipelines("zero3").to_dict()
+        d["pipelines"][1]["batch_size"] = partner_batch  # micro-batch 2: n_mb = batch / 2
+        return Plan.from_dict(d)
+
+    tc = E.dp_terms(plan(8), c, w)[0][(0, 0)][0][1]
+    assert tc > 0
+    row = {b: estimate(plan(b), c, w).pipelines[0].stages[0].dp_comm_s for b in (4, 8, 16)}
+    L = 4
+    assert row[16] - row[8] == pytest.approx(L * 2 * (8 - 4) * tc, rel=1e-9)
+    assert row[8] - row[4] == pytest.approx(L * 2 * (4 - 2) * tc, rel=1e-9)
+
+
 # ---- the datasheet notice ----------------------------------------------------------------------------
 def test_one_warning_when_cuda_types_are_priced_from_datasheets(monkeypatch):
     from lightning_hexiscale.planner.cost import compute as C
