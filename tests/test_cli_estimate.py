@@ -145,3 +145,17 @@ def test_a_cluster_named_by_the_plan_meta_is_blamed_on_the_meta(tmp_path, capsys
     err = capsys.readouterr().err
     assert f"{plan}: {fragment}" in err and "cluster=NAME" in err and "Traceback" not in err, err
     assert main(["estimate", "--plan", str(plan), "cluster=cpu_hetero4"]) == 0  # the command line's wins
+
+
+def test_estimate_refuses_a_plan_made_for_another_model_of_the_same_depth(tmp_path, capsys):
+    """The case-study plan is for llama2_13b (40 layers, hidden 5120); a 40-layer model of another
+    width was priced silently with the 13B's layout."""
+    import yaml
+
+    model = tmp_path / "wide40.yaml"
+    model.write_text(yaml.safe_dump({"name": "wide40", "hidden_size": 6144, "num_layers": 40, "num_heads": 48,
+                                     "num_kv_heads": 48, "ffn_hidden_size": 16384, "vocab_size": 32000, "seq_len": 4096}))
+    assert main(["estimate", "--plan", "conf/plans/case_study_llama2_13b.yaml", f"model={model}"]) == 2
+    err = capsys.readouterr().err
+    assert "plan.meta.model = 'llama2_13b'" in err and "hidden_size=5120" in err and "hidden_size=6144" in err
+    assert "Traceback" not in err

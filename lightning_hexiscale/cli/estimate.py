@@ -28,6 +28,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     plan = apply_train_overrides(plan, cfg, args.overrides)
     gb = cfg.train.global_batch if explicit(args.overrides, "train.global_batch") else None
     plan.validate(cluster, workload.model, global_batch=gb)
+    plan.check_model(workload.model)
     warn_datasheet_pricing(cluster, workload)
     est = estimate(plan, cluster, workload)
     # what priced each device type; a layer table that does not match the run is refused here

@@ -211,7 +211,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                     like_for_like=args.like_for_like, aware=args.aware_baselines,
                     optimum_time_limit=args.optimum_time_limit if args.optimum else None)
     cluster, workload, res = run["cluster"], run["workload"], run["result"]
-    plan, est = res.plan, res.estimate
+    plan, est = with_model_shape(res.plan, workload.model), res.estimate
     if args.out:
         _write_file("--out", args.out, lambda: plan.save(args.out))
     if args.picture:
@@ -256,6 +256,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.picture:
         print(f"picture written to {args.picture}")
     return 0
+
+
+def with_model_shape(plan, model):
+    """The plan with ``meta.model_shape`` (the model's shape), which ``estimate`` checks a model
+    against (:meth:`Plan.check_model`; the name in ``meta.model`` does not carry ``model.*`` overrides)."""
+    from dataclasses import replace
+
+    from lightning_hexiscale.planner.plan import model_shape
+
+    return replace(plan, meta={**plan.meta, "model_shape": model_shape(model)})
 
 
 def _write_file(flag: str, path: str, write) -> None:
@@ -373,7 +383,7 @@ def _sweep(args: argparse.Namespace) -> int:
             continue
         res, cl, wl = run["result"], run["cluster"], run["workload"]
         tag = "-".join(f"{o.split('=', 1)[1]}" for o in combo if "=" in o).replace("/", "_")
-        res.plan.save(out_dir / f"plan-{tag}.yaml")
+        with_model_shape(res.plan, wl.model).save(out_dir / f"plan-{tag}.yaml")
         row.update(cluster=cl.name, model=wl.model.name, global_batch=run["global_batch"],
                    pipelines=res.plan.num_pipelines, idle_devices=len(res.plan.idle_devices),
                    iteration_time_s=round(res.estimate.iteration_time_s, 4),

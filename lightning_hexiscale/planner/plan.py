@@ -99,6 +99,16 @@ class Pipeline:
         return tuple(d for s in self.stages for d in s.devices)
 
 
+MODEL_SHAPE_FIELDS = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size",
+                      "tie_word_embeddings")
+"""The model fields a plan's layout and price depend on (``seq_len`` is a run setting: not among them)."""
+
+
+def model_shape(model: LlamaConfig) -> dict[str, Any]:
+    """The :data:`MODEL_SHAPE_FIELDS` of ``model``, as a plan's ``meta.model_shape`` records them."""
+    return {f: getattr(model, f) for f in MODEL_SHAPE_FIELDS}
+
+
 @dataclass(frozen=True)
 class Plan:
     """A complete asymmetric execution plan. Pure data; see :meth:`validate` for the rules."""
@@ -302,6 +312,42 @@ class Plan:
                             f"the plan's pipeline batches {[p.batch_size for p in self.pipelines]} sum to "
                             f"{self.global_batch}", f"set train.global_batch={self.global_batch} or re-plan")
         return self
+
+    def check_model(self, model: LlamaConfig) -> None:
+        """PlanError when the plan records that it was made for a model whose shape
+        (:data:`MODEL_SHAPE_FIELDS`) differs from ``model``'s: ``meta.model_shape`` (written by
+        ``hexiscale plan --out``), else the preset, model file or ``hf:`` directory that
+        ``meta.model`` names when it is not ``model``'s name. A plan that records neither, or
+        names a model that does not load here, is not checked (:meth:`validate` still checks the
+        layer count and the TP degrees)."""
+        shape, where = self.meta.get("model_shape"), "meta.model_shape"
+        name = self.meta.get("model")
+        if not isinstance(shape, dict):
+            if not isinstance(name, str) or name == model.name:
+                return
+            from lightning_hexiscale.errors import HexiScaleError
+            from lightning_hexiscale.models.config import LlamaConfig as _Llama
+
+            try:
+                shape, where = model_shape(_Llama.load(name)), "meta.model"
+            except (HexiScaleError, OSError, ValueError):
+                return
+        diffs = [f for f in MODEL_SHAPE_FIELDS if f in shape and shape[f] != getattr(model, f)]
+        if not diffs:
+            return
+        made_for = name if isinstance(name, str) else "another model"
+        if isinstance(name, str) and name == model.name:  # same name: model.* overrides differ
+            made_for = f"{name} with " + ", ".join(f"{f}={shape[f]}" for f in diffs)
+            use = "pass the same overrides (" + " ".join(f"model.{f}={shape[f]}" for f in diffs) + ")"
+        else:
+            use = f"use the model it was made for (model={made_for})"
+            made_for += " (" + ", ".join(f"{f}={shape[f]}" for f in diffs) + ")"
+        here = ", ".join(f"{f}={getattr(model, f)}" for f in diffs)
+        raise PlanError(f"plan.{where}", name if where == "meta.model" else {f: shape[f] for f in diffs},
+                        f"the plan was made for {made_for}; the model here, {model.name}, has {here}: the "
+                        "layout, batches and price belong to the plan's model",
+                        f"{use}, or make a plan for this model (hexiscale plan model={model.name} ...); to price "
+                        "this layout for it anyway, remove meta.model and meta.model_shape from the plan file")
 
     def _validate_idle(self, used: dict[int, str], cluster: Cluster | None) -> None:
         """``idle_devices``: distinct integer ids >= 0, in no stage, present in ``cluster`` (when given)."""

@@ -385,13 +385,15 @@ def _check_arguments(plan: Any, cluster: Any, workload: Any) -> None:
             raise ConfigError(f"estimate({name})", value if isinstance(value, (str, int, float)) else type(value).__name__,
                               f"must be a {kind.__name__}", fix)
     plan.validate(cluster, workload.model)
+    plan.check_model(workload.model)
 
 
 def estimate(plan: Plan, cluster: Cluster, workload: Workload) -> Estimate:
     """Estimate iteration time, throughput and memory of ``plan`` on ``cluster`` (Appendix B).
 
-    The plan is validated against ``cluster`` and ``workload.model`` first (:meth:`Plan.validate`): a
-    plan made for another cluster or model is a :class:`PlanError` naming the key, not a price."""
+    The plan is validated against ``cluster`` and ``workload.model`` first (:meth:`Plan.validate`,
+    :meth:`Plan.check_model`): a plan made for another cluster or model (one whose recorded shape
+    differs, even with the same layer count) is a :class:`PlanError` naming the key, not a price."""
     _check_arguments(plan, cluster, workload)
     model = workload.model
     S = model.seq_len

@@ -44,3 +44,32 @@ def test_arguments_of_the_wrong_type_are_named(four):
             estimate(*args)
         assert ei.value.key == key, ei.value
     assert estimate(_plan(), cluster, workload).iteration_time_s > 0
+
+
+def test_a_plan_for_another_model_with_the_same_layer_count_is_refused(four):
+    """llama2_7b and llama3_8b both have 32 layers: a plan made for one was priced as the other."""
+    import dataclasses
+
+    from lightning_hexiscale.planner.plan import model_shape
+
+    cluster = Cluster.load("hetero1")
+    plan = dataclasses.replace(_plan(layers=32), meta={"model": "llama2_7b"})
+    w8b = Workload(LlamaConfig.load("llama3_8b"))
+    with pytest.raises(PlanError) as ei:
+        estimate(plan, cluster, w8b)
+    assert ei.value.key == "plan.meta.model" and ei.value.value == "llama2_7b"
+    assert "num_kv_heads=32, ffn_hidden_size=11008, vocab_size=32000" in ei.value.rule
+    assert "llama3_8b, has num_kv_heads=8, ffn_hidden_size=14336, vocab_size=128256" in ei.value.rule
+    assert estimate(plan, cluster, Workload(LlamaConfig.load("llama2_7b"))).iteration_time_s > 0
+    # the recorded shape wins over the name: a plan made with a model.* override
+    m7 = LlamaConfig.load("llama2_7b")
+    narrow = dataclasses.replace(m7, ffn_hidden_size=8192)
+    made = dataclasses.replace(plan, meta={"model": "llama2_7b", "model_shape": model_shape(narrow)})
+    with pytest.raises(PlanError, match=r"made for llama2_7b with ffn_hidden_size=8192.*model.ffn_hidden_size=8192") as ei:
+        estimate(made, cluster, Workload(m7))
+    assert ei.value.key == "plan.meta.model_shape"
+    assert estimate(made, cluster, Workload(narrow)).iteration_time_s > 0
+    assert estimate(Plan.from_dict(made.to_dict()), cluster, Workload(narrow)).iteration_time_s > 0  # round trip
+    # nothing recorded, or a name that does not load here: not checked (layers and TP degrees still are)
+    for meta in ({}, {"model": "my_own_model"}):
+        assert estimate(dataclasses.replace(plan, meta=meta), cluster, w8b).iteration_time_s > 0
