@@ -245,6 +245,49 @@ def cluster_given(argv: list[str]) -> str | None:
     return None
 
 
+def config_cluster(argv: list[str]) -> str | None:
+    """The cluster preset that a primary config of the command line (``--config-name``/``-cn`` other
+    than the package's ``config``) chooses in its defaults list (``override cluster: NAME``,
+    ``cluster: NAME``, ``/cluster: NAME``; also through the configs it includes by name, the
+    package's ``config`` excepted: its ``cluster`` is the default that auto replaces), or None. The
+    primary is looked for where Hydra's run finds it: ``--config-path``, ``--config-dir``, then the
+    package's conf directory."""
+    import yaml
+
+    from lightning_hexiscale.config.schema import conf_dir
+
+    name = flag_value(argv, ("--config-name", "-cn"))
+    if not name or name == "config":
+        return None
+    cd = ([argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--config-dir", "-cd")]
+          + [a.partition("=")[2] for a in argv if a.startswith(("--config-dir=", "-cd="))])
+    cp = flag_value(argv, ("--config-path", "-cp"))
+    dirs = [Path(d).expanduser() for d in ([cp] if cp else []) + cd] + [conf_dir()]
+    root = (conf_dir() / "config.yaml").resolve()
+    found: dict[bool, str] = {}  # override? -> the last choice seen
+
+    def visit(config: str, depth: int) -> None:
+        path = next((d / f"{config}.yaml" for d in dirs if (d / f"{config}.yaml").is_file()), None)
+        if path is None or path.resolve() == root or depth > 8:
+            return
+        try:
+            defaults = (yaml.safe_load(path.read_text()) or {}).get("defaults") or []
+        except (OSError, yaml.YAMLError, AttributeError):
+            return
+        for entry in defaults if isinstance(defaults, list) else []:
+            if isinstance(entry, str) and entry != "_self_":
+                visit(entry, depth + 1)
+            elif isinstance(entry, dict) and len(entry) == 1:
+                (key, value), = entry.items()
+                words = str(key).split()
+                group = words[-1].lstrip("/").split("@")[0] if words else ""
+                if group == "cluster" and isinstance(value, str):
+                    found[words[0] == "override"] = value
+
+    visit(name, 0)
+    return found.get(True, found.get(False))
+
+
 def plan_cluster(argv: list[str]) -> str | None:
     """The cluster preset a ``plan=FILE`` of the command line was made for (its ``meta.cluster``), or None
     (no plan, no such file or key, or a name that is no preset, e.g. a discovered cluster's)."""
@@ -268,6 +311,8 @@ def take_auto_cluster(argv: list[str]) -> list[str]:
     name: it composes conf/config.yaml's cpu_demo, which the discovered file replaces before planning; the popen
     children then read the file as a ``cluster=FILE``). Not discovered:
 
+    - a primary config (``-cn NAME``) whose defaults choose a cluster (``override cluster: NAME``:
+      :func:`config_cluster`): Hydra composes that one;
     - ``plan=FILE`` without ``cluster=``: the preset the plan was made for (``meta.cluster``) is added, as
       ``HexiScaleStrategy(cluster="auto", plan=...)`` does;
     - ``cluster.KEY=...`` without ``cluster=``: refused (a measured cluster has nothing to override);
@@ -276,6 +321,10 @@ def take_auto_cluster(argv: list[str]) -> list[str]:
     from lightning_hexiscale.errors import ConfigError
 
     given = cluster_given(argv)
+    chosen = config_cluster(argv) if given is None else None
+    if chosen is not None and chosen != "auto":  # the primary config's defaults name it: Hydra composes it
+        os.environ.pop(AUTO_ENV, None)
+        return argv
     if given is None and "LOCAL_RANK" in os.environ and "cluster" in json.loads(os.environ.get(FILES_ENV, "{}")):
         # a popen rank: the launching process took the cluster file (given or discovered) out of the command line
         # it re-runs; read as auto, its cluster.KEY=V overrides of that file were refused and the rank failed

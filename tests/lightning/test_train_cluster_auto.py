@@ -127,6 +127,26 @@ def test_a_plan_file_without_cluster_runs_on_the_cluster_it_was_made_for(no_laun
     assert take_auto_cluster([f"plan={plan}"]) == [f"plan={plan}"] and auto_cluster() == "default"
 
 
+def test_a_primary_config_that_chooses_a_cluster_skips_discovery(no_launcher, tmp_path):
+    """``-cn my_exp`` whose defaults say ``override cluster: cpu2`` (directly, or in a config it
+    includes) ran on the discovered cluster: no cluster= on the command line read as auto."""
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "my_exp.yaml").write_text("defaults:\n  - config\n  - override cluster: cpu2\n  - _self_\n")
+    (conf / "base_exp.yaml").write_text("defaults:\n  - config\n  - override /cluster: cpu_hetero4\n  - _self_\n")
+    (conf / "child_exp.yaml").write_text("defaults:\n  - base_exp\n  - _self_\n")
+    (conf / "no_cluster.yaml").write_text("defaults:\n  - config\n  - override model: llama_tiny\n  - _self_\n")
+    for name in ("my_exp", "child_exp"):
+        for argv in (["-cd", str(conf), "-cn", name, "dry_run=true"], [f"--config-dir={conf}", f"--config-name={name}"]):
+            assert take_auto_cluster(argv) == argv
+            assert auto_cluster() is None, argv
+    # a primary config that chooses none, or a cluster= on the command line: as before
+    assert take_auto_cluster(["-cd", str(conf), "-cn", "no_cluster"]) == ["-cd", str(conf), "-cn", "no_cluster"]
+    assert auto_cluster() == "default"
+    assert take_auto_cluster(["-cd", str(conf), "-cn", "my_exp", "cluster=auto"]) == ["-cd", str(conf), "-cn", "my_exp"]
+    assert auto_cluster() == "given"
+
+
 def test_the_job_leaves_no_auto_flag_behind(no_launcher, capsys):
     """A job of this process that ends (here: refused at its command line) does not leave cluster=auto set for
     the next in-process run (tests and the docs runner call the app in-process)."""
