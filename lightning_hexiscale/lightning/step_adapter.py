@@ -117,6 +117,10 @@ class StepAdapter:
         """Clip by the whole model's norm (collective); returns ||g||."""
         return self.step.clip(max_norm)
 
+    def grad_norm(self) -> float:
+        """||g|| of the whole model's reduced gradient, every element once (collective)."""
+        return self.step.grad_norm()
+
     def check_value_clipping(self) -> None:
         """Value clipping clamps ``p.grad`` (each element alone: local is exact), which holds the reduced
         gradients under ddp; under ZeRO they are this rank's chunks and ``p.grad`` is empty. The same

@@ -437,6 +437,23 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, int
             return out
         return super().optimizer_step(optimizer, lambda: out, model, **kwargs)
 
+    def grad_norm(self, norm_type: float = 2.0) -> float:
+        """The 2-norm of the whole model's gradient, as one device would compute it from the same
+        batch: every element once over all stages, TP shards and pipelines (replicated norms and a
+        tied embedding counted once), after the gradient sync and before clipping when called from
+        ``on_before_optimizer_step``; the norm ``gradient_clip_val`` clips by. Collective: every rank
+        calls it at the same point (one all-reduce of a scalar). Lightning's
+        ``lightning.pytorch.utilities.grad_norm(module)`` sees only this rank's parameters (its stage,
+        its TP shard; under ZeRO no ``.grad`` at all): log this instead::
+
+            def on_before_optimizer_step(self, optimizer):
+                self.log("grad_norm", self.trainer.strategy.grad_norm())
+        """
+        if float(norm_type) != 2.0:
+            raise ValueError(f"HexiScaleStrategy.grad_norm(norm_type={norm_type!r}): only the 2-norm is computed "
+                             "across ranks; call grad_norm() (norm_type=2.0)")
+        return self.pipeline_model.step_adapter.grad_norm()
+
     @override
     def backward(self, closure_loss: torch.Tensor, optimizer: Optimizer | None, *args: Any, **kwargs: Any) -> torch.Tensor:
         # self.model.loss already ran the schedule's backward; nothing is left to differentiate.
