@@ -5,7 +5,7 @@ them with a TP-2 stage, on 4 gloo ranks under the NCCL-semantics recorder. From 
 run phase, calls made in ``runtime/zero3.py``): every send-only batch is a holder serving one use
 of a block to one user, every receive-only batch a user gathering one use from one holder group.
 The sends per (holder, user) must equal ``wire.zero3_served_uses`` (2 n_mb of the USER's pipeline
-per shared block), the gathers 2 n_mb of the rank's own pipeline per block and holder group, and
+per shared block), each of the size eq. 4 prices (the shared part of the holder's TP shard / k), the gathers 2 n_mb of the rank's own pipeline per block and holder group, and
 per block the serves in T_comm units (a chunk to every other pipeline) must be what
 ``estimate()``'s ``dp_comm_s`` charges (``zero_terms.zero3_served_per_layer``).
 """
@@ -22,7 +22,7 @@ from test_equivalence import SEED, make_batch, plan_of
 
 from lightning_hexiscale.planner import Plan
 from lightning_hexiscale.planner.cost import zero_terms
-from lightning_hexiscale.planner.cost.wire import zero3_served_uses
+from lightning_hexiscale.planner.cost.wire import local_matrix_params, zero3_served_uses
 from lightning_hexiscale.runtime.engine import PipelineEngine
 from grad_step import train_step
 
@@ -65,13 +65,20 @@ def test_zero3_serves_and_gathers_are_what_the_cost_model_counts(run_ranks_trace
     results, traces = run_ranks_traced_fixture(PLAN.world_size, _worker, PLAN.to_dict(), tiny_gqa)
     report = nccl_semantics.replay(traces)
     assert report.ok, str(report)
-    served = Counter()
+    served, elements = Counter(), Counter()
     for rank, trace in enumerate(traces):
         for s in _zero3_batches(trace, "send"):
             assert len({o.peer for o in s.ops}) == 1, s  # one serve: one user
             served[(rank, s.ops[0].peer)] += 1
+            elements[(rank, s.ops[0].peer)] += sum(o.numel for o in s.ops)
     want = zero3_served_uses(PLAN)
     assert dict(served) == want
+    # the size of a serve: the part of the holder's TP shard of the block (matrices) that the user
+    # holds, over the k pipelines, as eq. 4's bytes (dp_comm: share * layer / k) have it
+    for (holder, user), n in served.items():
+        st = next(st for p in PLAN.pipelines for st in p.stages if holder in st.devices)
+        own = local_matrix_params(tiny_gqa, st.tp, st.devices.index(holder))
+        assert elements[(holder, user)] / n == _share(holder, user) * own / PLAN.num_pipelines, (holder, user)
     # e.g. holder 2 (pipeline 1, n_mb 2) serves user 0 (pipeline 0, n_mb 4) 2 * 4 uses of each of its
     # 2 blocks; holder 0 serves user 2 only 2 * 2 per block
     assert want[(2, 0)] == 16 and want[(0, 2)] == 8
