@@ -69,14 +69,25 @@ def free_port() -> int:
 def run_and_report(rank: int, out, work) -> None:
     """Run ``work()`` and put this rank's report on ``out``: ``(rank, "ok", value, 0.0)``, or
     ``(rank, "error", traceback, time of the failure)`` for anything raised (everything goes back to
-    the parent, which kills the others), or for a value that cannot be pickled."""
+    the parent, which kills the others), or for a value that cannot be pickled. A refusal of bad input
+    (a :class:`~lightning_hexiscale.errors.HexiScaleError`) is ``(rank, "refused", (traceback, the
+    error), time)``: the parent can raise that error itself (:func:`agreed_refusal`)."""
     try:
         report = (rank, "ok", work(), 0.0)
+    except HexiScaleError as e:
+        report = (rank, "refused", (traceback.format_exc(), e), time.time())
     except BaseException:
         report = (rank, "error", traceback.format_exc(), time.time())
     try:
         out.put(report)
     except Exception:
+        if report[1] == "refused":  # an error that does not pickle: its traceback still goes back
+            report = (rank, "error", report[2][0], report[3])
+            try:
+                out.put(report)
+                return
+            except Exception:
+                pass
         out.put((rank, "error", "result not picklable:\n" + traceback.format_exc(), time.time()))
 
 
@@ -153,7 +164,7 @@ def gather_reports(procs: list, out, timeout_s: float, settle_s: float, let_fini
                     settle_until = time.monotonic() + settle_s  # a rank died without a report
                 continue
             results[rank] = (status, value, when)
-            if status == "error" and settle_until is None:
+            if status != "ok" and settle_until is None:
                 # not the first report to arrive but the root cause is wanted; the other ranks'
                 # reports, usually broken connections, follow within moments
                 settle_until = time.monotonic() + settle_s
@@ -165,8 +176,12 @@ def gather_reports(procs: list, out, timeout_s: float, settle_s: float, let_fini
             if p.is_alive():
                 p.kill()
             p.join(timeout=5)
-    errors = {r: (v, w) for r, (st, v, w) in results.items() if st == "error"}
+    refusals = {r: v[1] for r, (st, v, w) in results.items() if st == "refused"}
+    errors = {r: (v[0] if st == "refused" else v, w) for r, (st, v, w) in results.items() if st != "ok"}
     missing = [r for r in range(world) if r not in results]
+    agreed = agreed_refusal(refusals, errors)
+    if agreed is not None:
+        raise agreed
     if errors:
         order = root_cause_order(errors)
         text = "\n".join(f"--- rank {r} ---\n{errors[r][0]}" for r in order)
@@ -177,6 +192,22 @@ def gather_reports(procs: list, out, timeout_s: float, settle_s: float, let_fini
         codes = {r: procs[r].exitcode for r in missing}
         raise RankFailure(f"ranks {missing} did not finish within {timeout_s:.0f} s (hang?); exit codes {codes}")
     return [results[r][1] for r in range(world)]
+
+
+def agreed_refusal(refusals: dict[int, HexiScaleError], errors: dict[int, tuple[str, float]]) -> HexiScaleError | None:
+    """The one error to raise when the ranks refused bad input alike: every rank that raised, raised a
+    HexiScaleError with the same message (ranks agree on a refusal before they measure, e.g. a discovery
+    cache that does not load), or lost its connection to a rank that did. Its message is complete (key,
+    value, rule, fix), so it is raised as it is, once, instead of a RankFailure with every rank's
+    traceback. None when any rank raised something else: then every traceback is wanted."""
+    if not refusals:
+        return None
+    messages = {str(e) for e in refusals.values()}
+    if len(messages) != 1:
+        return None
+    if any(r not in refusals and not is_peer_failure(text) for r, (text, _) in errors.items()):
+        return None
+    return refusals[min(refusals)]
 
 
 def error_headline(report: str) -> str:

@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 import yaml
 
+from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.profiling import discovery_plan as dp
 from lightning_hexiscale.profiling.discovery_plan import RankReport
 
@@ -203,10 +204,10 @@ def _discover_into(rank: int, world: int, model, cache: str):
 @pytest.mark.timeout(60)
 def test_unwritable_cache_is_the_same_config_error_on_every_rank(tmp_path):
     from lightning_hexiscale.models.config import LlamaConfig
-    from lightning_hexiscale.profiling.launch import RankFailure, run_local
+    from lightning_hexiscale.profiling.launch import run_local
 
     (tmp_path / "file").write_text("not a folder")
-    with pytest.raises(RankFailure) as e:  # before anything is measured, not a hang of the other rank
+    with pytest.raises(ConfigError) as e:  # before anything is measured, not a hang of the other rank
         run_local(2, _discover_into, LlamaConfig.load("llama_tiny"), str(tmp_path / "file"), timeout_s=40)
     text = str(e.value)
     assert "HEXISCALE_CACHE_DIR" in text and "cannot be written" in text and "Connection closed" not in text.split("---")[0]
@@ -303,13 +304,13 @@ def _discover_small(rank: int, world: int, model, cache: str, rediscover: bool, 
 @pytest.mark.timeout(120)
 def test_a_cached_file_that_does_not_load_is_one_error_and_rediscover_replaces_it(tmp_path):
     from lightning_hexiscale.models.config import LlamaConfig
-    from lightning_hexiscale.profiling.launch import RankFailure, run_local
+    from lightning_hexiscale.profiling.launch import run_local
 
     model, cache = LlamaConfig.load("llama_tiny"), str(tmp_path)
     first = run_local(2, _discover_small, model, cache, False, timeout_s=60)[0]
     with open(first.path, "a") as f:
         f.write("machines: 3\n")  # a duplicate key: the file no longer loads
-    with pytest.raises(RankFailure) as e:
+    with pytest.raises(ConfigError) as e:
         run_local(2, _discover_small, model, cache, False, timeout_s=60)
     assert "does not load" in str(e.value) and "--rediscover" in str(e.value)
     assert f"delete {first.path}" in str(e.value)  # the fix that works from `hexiscale train` and Trainer too
@@ -367,11 +368,11 @@ def test_out_is_checked_on_rank_0_for_every_rank_and_may_name_the_cache_file(tmp
     every rank before measuring, not rank 0's IsADirectoryError after it and the others' lost
     connections. out= the cache's own file: shutil.SameFileError after the measurement; now it is the file."""
     from lightning_hexiscale.models.config import LlamaConfig
-    from lightning_hexiscale.profiling.launch import RankFailure, run_local
+    from lightning_hexiscale.profiling.launch import run_local
 
     model, cache = LlamaConfig.load("llama_tiny"), str(tmp_path / "cache")
     (tmp_path / "outdir").mkdir()
-    with pytest.raises(RankFailure) as e:
+    with pytest.raises(ConfigError) as e:
         run_local(2, _discover_small, model, cache, False, str(tmp_path / "outdir"), timeout_s=60)
     root = str(e.value).split("---")[0]
     assert "--out" in root and "is a directory" in root and "Connection closed" not in root
@@ -379,7 +380,7 @@ def test_out_is_checked_on_rank_0_for_every_rank_and_may_name_the_cache_file(tmp
     first = run_local(2, _discover_small, model, cache, False, str(tmp_path / "d.yaml"), timeout_s=60)[0]
     again = run_local(2, _discover_small, model, cache, False, first.cache_path, timeout_s=60)[0]
     assert again.reused and again.path == first.cache_path
-    with pytest.raises(RankFailure) as e:  # the cache's matrix file: the cached file would point to a cluster file
+    with pytest.raises(ConfigError) as e:  # the cache's matrix file: the cached file would point to a cluster file
         run_local(2, _discover_small, model, cache, False, first.cache_path.replace(".yaml", ".matrix.yaml"), timeout_s=60)
     assert "the cache's matrix file" in str(e.value).split("---")[0]
 
@@ -453,10 +454,10 @@ def test_a_tp_degree_no_machine_can_form_is_refused(tmp_path):
     written without any layer_times (the planner then priced FLOP/s) while the log counted '3 layer
     cases'; now the same ConfigError on every rank, naming --layer-tp, before anything is measured."""
     from lightning_hexiscale.models.config import LlamaConfig
-    from lightning_hexiscale.profiling.launch import RankFailure, run_local
+    from lightning_hexiscale.profiling.launch import run_local
 
     model, cache = LlamaConfig.load("llama_tiny"), str(tmp_path / "cache")
-    with pytest.raises(RankFailure) as e:
+    with pytest.raises(ConfigError) as e:
         run_local(2, _discover_tp, model, cache, [1, 2], timeout_s=60)
     root = str(e.value).split("---")[0]
     assert "--layer-tp = [2]" in root and "Connection closed" not in root and "largest here has 1" in str(e.value)

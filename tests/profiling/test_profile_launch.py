@@ -209,3 +209,58 @@ def test_the_headline_is_the_exceptions_first_line_not_the_tail_of_its_message()
     from lightning_hexiscale.profiling.launch import error_headline
 
     assert error_headline("Traceback ...\nValueError: boom") == "ValueError: boom"  # no frames: the last line
+
+
+class _Exited:
+    """A rank process that has already exited cleanly (gather_reports fed by hand)."""
+
+    exitcode = 0
+
+    def is_alive(self):
+        return False
+
+    def join(self, timeout=None):
+        pass
+
+
+def _gather(reports):
+    import queue
+
+    from lightning_hexiscale.profiling.launch import gather_reports
+
+    out = queue.Queue()
+    for report in reports:
+        out.put(report)
+    return gather_reports([_Exited() for _ in reports], out, timeout_s=5, settle_s=0.1)
+
+
+def test_a_refusal_every_rank_agreed_on_is_raised_once_as_itself():
+    """A discovery cache that does not load (or cannot be written): every rank raises the same
+    ConfigError, and `hexiscale discover` / `hexiscale train` cluster=auto printed a RankFailure with each
+    rank's traceback after the headline. Now the ConfigError itself, once; a rank whose connection broke
+    meanwhile does not change that, a rank with another error does (then every traceback is wanted)."""
+    import queue
+
+    from lightning_hexiscale.errors import ConfigError
+    from lightning_hexiscale.profiling.launch import run_and_report
+
+    def refuse():
+        raise ConfigError("$HEXISCALE_CACHE_DIR", "/f/sub", "the cache folder cannot be written (Not a directory)",
+                          "point HEXISCALE_CACHE_DIR at a writable folder")
+
+    out = queue.Queue()
+    run_and_report(0, out, refuse)
+    run_and_report(1, out, refuse)
+    reports = [out.get(), out.get()]
+    assert [r[1] for r in reports] == ["refused", "refused"]
+    with pytest.raises(ConfigError) as info:
+        _gather(reports)
+    assert str(info.value).startswith("$HEXISCALE_CACHE_DIR = '/f/sub': the cache folder cannot be written")
+    assert "Traceback" not in str(info.value) and "rank" not in str(info.value)
+
+    closed = "Traceback ...\nRuntimeError: [pair.cc:534] Connection closed by peer [127.0.0.1]:1234"
+    with pytest.raises(ConfigError):
+        _gather([reports[0], (1, "error", closed, 2.0)])
+    with pytest.raises(RankFailure) as info:  # another error too: every traceback, as before
+        _gather([reports[0], (1, "error", "Traceback ...\nValueError: boom", 2.0)])
+    assert "ValueError: boom" in str(info.value) and "cache folder cannot be written" in str(info.value)
