@@ -16,7 +16,8 @@ from __future__ import annotations
 import argparse
 
 from lightning_hexiscale.cli.common import add_precision_arg, positive_int, positive_seconds, resolve_precision, subcommand
-from lightning_hexiscale.cli.profile import cluster_name, emulated_defaults, int_list, layer_time_model, message_sizes
+from lightning_hexiscale.cli.profile import (check_local_matmul_size, cluster_name, emulated_defaults, int_list,
+                                             layer_time_model, message_sizes)
 
 
 def _discover_args(p: argparse.ArgumentParser) -> None:
@@ -87,7 +88,10 @@ def run_discover(args: argparse.Namespace, model=None):
                 matmul_time_s=args.matmul_time, layer_reps=args.layer_reps, rediscover=args.rediscover,
                 out=args.out, name=args.name, budget_s=args.budget, progress=args.progress)
     if args.local:
-        return run_local_ranks(local_launch(args.local), _discover_rank, model, opts, timeout_s=args.timeout)[0]
+        launch = local_launch(args.local)
+        if launch.backend == "gloo":  # forked CPU ranks: the host's RAM is known here (GPUs: the ranks check)
+            check_local_matmul_size(args.matmul_size, launch.ranks, opts["precision"])
+        return run_local_ranks(launch, _discover_rank, model, opts, timeout_s=args.timeout)[0]
     return run_from_env(_discover_rank, model, opts, timeout_s=args.timeout)
 
 

@@ -65,7 +65,7 @@ def _profile_args(p: argparse.ArgumentParser) -> None:
                    help="time per message size: median (typical, default) or min (best case) of the reps")
     p.add_argument("--matmul-size", type=positive_int, default=None, metavar="N",
                    help="matmul size N for the FLOP/s test (default 8192 on CUDA, 1024 on CPU, 256 inside "
-                        "`hexiscale emulate`)")
+                        "`hexiscale emulate`); its three N x N buffers must fit in half of a rank's memory")
     p.add_argument("--matmul-time", type=positive_seconds, default=None, metavar="S",
                    help="seconds of matmuls per rank (default 0.5; 2 inside `hexiscale emulate`)")
     add_precision_arg(p)
@@ -152,6 +152,21 @@ def _check_out_on_rank0(rank: int, out: str) -> None:
         raise box[0]
 
 
+def check_local_matmul_size(n: int | None, ranks: int, precision: str) -> None:
+    """``--matmul-size`` of ``--local`` CPU ranks, before they start: the three n x n buffers of each of
+    ``ranks`` forked ranks in the host's RAM (the ranks check it again, against every rank's memory)."""
+    import torch
+
+    from lightning_hexiscale.profiling.measure import device_memory_bytes, matmul_size_error
+    from lightning_hexiscale.profiling.precision import resolve
+
+    cpu = torch.device("cpu")
+    error = matmul_size_error(n, resolve(precision, cpu).compute_dtype, device_memory_bytes(cpu, ranks),
+                              f"a rank's share of this host's RAM ({ranks} local ranks)")
+    if error is not None:
+        raise error
+
+
 EMULATED_SIZES = [256 * 1024, 1 << 20, 2 << 20, 4 << 20]
 """Message sizes inside ``hexiscale emulate``: the shaped links' token bucket (1 ms of traffic) lets
 the first bytes of a message through unshaped, and a rank throttled to a fraction of a core wakes
@@ -189,6 +204,7 @@ def run_profile(args: argparse.Namespace):
                           micro_batches=args.layer_micro_batches or [1, 2, 4], tp_degrees=args.layer_tp,
                           reps=args.layer_reps)
     if args.local:
+        check_local_matmul_size(args.matmul_size, args.local, opts["precision"])
         return run_local(args.local, _profile_rank, opts, layer_opts, timeout_s=args.timeout)[0]
     return run_from_env(_profile_rank, opts, layer_opts, args.out, timeout_s=args.timeout)
 

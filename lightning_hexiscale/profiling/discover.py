@@ -44,7 +44,8 @@ from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.profiling import discovery_plan as dp
 from lightning_hexiscale.profiling.fit import NicFit, default_sizes, fit_nic, fit_or_bound
 from lightning_hexiscale.profiling.measure import (is_hopper, current_device, device_memory_bytes, device_type_name,
-                                                   machine_name, measure_matmul_flops, ping_pong, transfer)
+                                                   machine_name, measure_matmul_flops, ping_pong, transfer,
+                                                   check_matmul_size)
 from lightning_hexiscale.profiling.writer import ProfileResult, copy_cluster, infer_machines, write_cluster
 
 DEFAULT_BUDGET_S = 60.0
@@ -321,6 +322,7 @@ def discover_process_group(model: LlamaConfig, *, precision: str | None = None,
     for t in degrees:
         model.check_tp(t, "tp_degrees")
     check_tp_fits(degrees, machines)  # every rank alike (same reports), before the cache and any measurement
+    check_matmul_size(matmul_n, run.compute_dtype, [r.memory_bytes for r in reports], device.type == "cuda")
     mbs = sorted({int(m) for m in micro_batches})
     settings = {"tp_degrees": degrees, "micro_batches": mbs}
     if os.environ.get("HEXISCALE_EMULATION"):  # inside `hexiscale emulate`: its quotas and links are the hardware

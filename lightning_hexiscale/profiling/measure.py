@@ -52,6 +52,39 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+MATMUL_MEMORY_SHARE = 0.5
+"""The share of a rank's memory the FLOP/s test's three n x n buffers may take: the rest is for what else
+the rank holds (torch, the communication buffers, on CPU the host itself)."""
+
+
+def default_matmul_size(cuda: bool) -> int:
+    """The FLOP/s test's n when none is given: 8192 on CUDA, 1024 on CPU."""
+    return 8192 if cuda else 1024
+
+
+def matmul_size_error(n: int | None, dtype: torch.dtype, memory_bytes: float, where: str,
+                      key: str = "--matmul-size") -> Exception | None:
+    """The ConfigError of an n x n FLOP/s test whose buffers (a, b and the product: 3 n^2 elements of
+    ``dtype``) take more than :data:`MATMUL_MEMORY_SHARE` of ``memory_bytes`` (a rank's memory,
+    :func:`device_memory_bytes`; ``where`` names whose), or None. Checked before anything is allocated:
+    ``--matmul-size 100000`` was a 40 GB allocator traceback from every rank."""
+    from lightning_hexiscale.errors import ConfigError
+
+    if n is None:
+        return None
+    size = torch.tensor([], dtype=dtype).element_size()
+    need = 3 * n * n * size
+    limit = MATMUL_MEMORY_SHARE * memory_bytes
+    if need <= limit:
+        return None
+    largest = int((limit / (3 * size)) ** 0.5)
+    return ConfigError(key, n, f"the FLOP/s test's three {n} x {n} {str(dtype).replace('torch.', '')} buffers take "
+                       f"{need / 2**30:.1f} GiB, more than {MATMUL_MEMORY_SHARE:.0%} of {where} "
+                       f"({memory_bytes / 2**30:.1f} GiB)",
+                       f"give --matmul-size {largest} or less (a few thousand measures the sustained rate), or "
+                       f"leave it out for the default")
+
+
 def measure_matmul_flops(device: torch.device, n: int | None = None, min_time_s: float = 0.5, windows: int = 5,
                          dtype: torch.dtype | None = None) -> float:
     """Sustained FLOP/s of an n x n @ n x n matmul (2 n^3 FLOPs) on this rank, in FLOP/s.
@@ -66,7 +99,7 @@ def measure_matmul_flops(device: torch.device, n: int | None = None, min_time_s:
     training, so ranks that share cores (more ranks than cores) each see their share of a core.
     """
     cuda = device.type == "cuda"
-    n = n or (8192 if cuda else 1024)
+    n = n or default_matmul_size(cuda)
     dtype = dtype or (torch.bfloat16 if cuda else torch.float32)
     gen = torch.Generator(device=device).manual_seed(0)
     a = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
@@ -88,6 +121,27 @@ def measure_matmul_flops(device: torch.device, n: int | None = None, min_time_s:
                     break
         best = max(best, 2.0 * n**3 * reps / (time.perf_counter() - t0))
     return best
+
+
+def agree_on_matmul_size(n: int | None, dtype: torch.dtype, memory_bytes: float, device: torch.device) -> None:
+    """Collective: every rank raises the same :func:`matmul_size_error` when ``n``'s buffers do not fit the
+    memory of some rank, before any rank allocates them."""
+    if n is None:
+        return
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, memory_bytes)
+    check_matmul_size(n, dtype, everyone, device.type == "cuda")
+
+
+def check_matmul_size(n: int | None, dtype: torch.dtype, memories: Sequence[float], cuda: bool) -> None:
+    """Raise :func:`matmul_size_error` for the rank with the least of ``memories`` (bytes, by rank)."""
+    if n is None or not memories:
+        return
+    least = min(range(len(memories)), key=lambda r: memories[r])
+    where = f"rank {least}'s memory" + ("" if cuda else " (its host's RAM shared by its ranks)")
+    error = matmul_size_error(n, dtype, memories[least], where)
+    if error is not None:
+        raise error
 
 
 def device_memory_bytes(device: torch.device, ranks_on_host: int) -> float:
@@ -262,10 +316,11 @@ def profile_process_group(sizes: Sequence[int] | None = None, reps: int = 5, max
     on_host = hosts.count(hosts[rank])
     say(f"profiling {world} ranks on {len(set(hosts))} host(s), backend {dist.get_backend()}")
 
+    memory = device_memory_bytes(device, on_host)
+    agree_on_matmul_size(matmul_n, run.compute_dtype, memory, device)
     dist.barrier()
     flops = measure_matmul_flops(device, matmul_n, matmul_time_s, dtype=run.compute_dtype)
-    me = {"type": device_type_name(device), "flops": flops, "memory": device_memory_bytes(device, on_host),
-          "hopper": is_hopper(device)}
+    me = {"type": device_type_name(device), "flops": flops, "memory": memory, "hopper": is_hopper(device)}
     info: list[dict] = [{}] * world
     dist.all_gather_object(info, me)
     say(f"matmul FLOP/s measured on all ranks at once ({flops_dtype}, precision {run.name})")
@@ -305,7 +360,7 @@ def profile_process_group(sizes: Sequence[int] | None = None, reps: int = 5, max
             err[a, b] = err[b, a] = rel
             if note:
                 bounds.append(f"link {a}-{b}: {note}")
-    notes = [f"flops: sustained {matmul_n or (8192 if cuda else 1024)}^3 matmul, "
+    notes = [f"flops: sustained {matmul_n or default_matmul_size(cuda)}^3 matmul, "
              f"{flops_dtype} (precision {run.name}) on {'CUDA' if cuda else 'CPU (one intra-op thread per rank)'}, "
              f"all ranks at once, "
              f"best of 5 windows"]
