@@ -256,10 +256,32 @@ def check_output_file(flag: str, path: str, example: str) -> None:
     if p.is_dir():
         raise ConfigError(flag, path, "is a directory; this option names the file to write",
                           f"give a file path, e.g. {flag} {p / example}")
-    parent = p.parent
-    while not parent.exists():
-        parent = parent.parent
+    parent = nearest_existing(p.parent)
     if not parent.is_dir():
         raise ConfigError(flag, path, f"{parent} is a file, not a directory", "give a path inside a directory")
     if not os.access(parent, os.W_OK):
         raise ConfigError(flag, path, f"cannot write in {parent}", "give a path inside a writable directory")
+
+
+def nearest_existing(path):
+    """``path`` or its nearest ancestor that exists (``.`` at worst, for a relative path)."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_output_dir(key: str, path, fix: str) -> None:
+    """``path`` names a directory a run creates and writes into (its checkpoints): refused before the run
+    when it is a file, lies below a file, or the nearest folder that exists cannot be written (rank 0's
+    raw ``OSError`` from ``mkdir`` when the first checkpoint was saved, after the training)."""
+    import os
+    from pathlib import Path
+
+    from lightning_hexiscale.errors import ConfigError
+
+    parent = nearest_existing(Path(path))
+    if not parent.is_dir():
+        raise ConfigError(key, str(path), "is a file, not a directory" if parent == Path(path) else
+                          f"lies below {parent}, which is a file, so no directory can be created there", fix)
+    if not os.access(parent, os.W_OK):
+        raise ConfigError(key, str(path), f"cannot write in {parent}", fix)

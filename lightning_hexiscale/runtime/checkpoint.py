@@ -202,7 +202,13 @@ def check_save_target(path: Path) -> None:
     format, with its COMPLETE marker), an empty directory or a file (Lightning's single-file saves
     overwrite too); any other directory is refused before anything is written, so that a typo
     cannot delete a folder. Every rank checks the same path on the shared file system, so all raise
-    or none does."""
+    or none does. A path whose folder cannot be created (it lies below a file) is refused too: it was
+    the coordinator's raw ``OSError`` from ``mkdir`` while the other ranks waited."""
+    from lightning_hexiscale.config.recipe import nearest_existing
+
+    if not (below := nearest_existing(path.parent)).is_dir():
+        raise ConfigError("checkpoint path", str(path), f"lies below {below}, which is a file, so its directory "
+                          "cannot be created", "save to a path inside a directory")
     if not path.is_dir() or (path / COMPLETE).is_file():
         return
     inside = sorted(c.name for c in path.iterdir())

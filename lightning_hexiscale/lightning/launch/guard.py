@@ -133,6 +133,24 @@ def check_trained_weights(trainer, arguments: dict[str, Any]) -> None:
                       "start_method='popen' (the default), where this process is rank 0 and keeps its trained stage")
 
 
+def check_checkpoint_dirs(trainer) -> None:
+    """The folders the ``fit``'s ModelCheckpoint callbacks save into (its ``dirpath``, else the first
+    logger's ``save_dir`` or ``default_root_dir``, below which Lightning puts them), refused in the
+    launching process when they are a file, lie below a file, or cannot be written: rank 0's raw
+    ``OSError`` from ``mkdir`` came at the first save, after training, while the other ranks waited."""
+    from lightning_hexiscale.config.recipe import check_output_dir
+
+    for callback in trainer.checkpoint_callbacks:
+        if callback.dirpath is not None:
+            key, path = f"{type(callback).__name__}(dirpath)", callback.dirpath
+        elif trainer.loggers and trainer.loggers[0].save_dir:
+            key, path = f"{type(trainer.loggers[0]).__name__}(save_dir)", trainer.loggers[0].save_dir
+        else:
+            key, path = "Trainer(default_root_dir)", trainer.default_root_dir
+        if "://" not in str(path):  # a remote file system: its own client says
+            check_output_dir(key, path, f"pass {key} a directory, or a path where one can be created")
+
+
 def check_tuner(trainer, start_method: str) -> None:
     """Lightning's learning-rate finder (``Tuner.lr_find``, or the ``LearningRateFinder`` callback)
     runs inside ``fit`` and ends it with a private exception that Lightning catches in the process
@@ -179,6 +197,7 @@ class LaunchGuard:
         check_trained_weights(trainer, bound)
         if fitting:
             check_tuner(trainer, self.strategy.settings.start_method)
+            check_checkpoint_dirs(trainer)
         self.call_model = bound.get("model") if fitting else None
         self.strategy.check_before_launch(fitting, dict(bound))
         self.strategy.keep_call_arguments(trainer, fitting, dict(bound))
