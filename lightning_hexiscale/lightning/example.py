@@ -60,7 +60,11 @@ class LlamaLitModule(pl.LightningModule):
         """Lightning's, and also a checkpoint directory the hexiscale strategy saved (Lightning's
         ``torch.load`` fails on a directory): the module with the checkpoint's model shape and its
         full weights, gathered from the shards of any plan, built on this process's default device
-        (then ``map_location``, a device, when given); ``kwargs`` go to the constructor (lr, ...)."""
+        (then ``map_location``, a device, when given); ``kwargs`` go to the constructor (lr, ...).
+        The parameters keep the dtype they were saved in (as ``load_llama``: float64 for a 64-true run,
+        bfloat16 for bf16-true, float32 for 32-true and bf16-mixed, whose weights are float32); they were
+        built in the constructor's float32, which rounded a float64 checkpoint without a word.
+        ``dtype=`` casts them."""
         import os
         from pathlib import Path
 
@@ -73,8 +77,10 @@ class LlamaLitModule(pl.LightningModule):
             raise ConfigError("config", kwargs["config"], "the checkpoint defines the model's shape",
                               f"drop config=: LlamaLitModule.load_from_checkpoint({str(checkpoint_path)!r})")
         meta = read_checkpoint_meta(checkpoint_path)  # a complete checkpoint, or a ConfigError saying what it is
+        state = load_checkpoint_state_dict(checkpoint_path)
+        kwargs.setdefault("dtype", next(iter(state.values())).dtype)  # the saved dtype: the run's parameters'
         module = cls(config=LlamaConfig(**meta["hexiscale"]["model"]), **kwargs)
-        module.init_state_dict = load_checkpoint_state_dict(checkpoint_path)
+        module.init_state_dict = state
         module.configure_model()  # builds the Llama and loads init_state_dict into it
         return module.to(map_location) if isinstance(map_location, (str, torch.device)) else module
 

@@ -39,3 +39,24 @@ def test_a_checkpoint_directory_loads_as_the_module(run_ranks, tmp_path):
         LlamaLitModule.load_from_checkpoint(path, config="llama_tiny")
     with pytest.raises(ConfigError, match="ckpt_path.*a folder of checkpoints"):
         LlamaLitModule.load_from_checkpoint(tmp_path)
+
+
+def _save_as(rank: int, world: int, path: str, dtype: torch.dtype) -> None:
+    engine = PipelineEngine(Plan.from_dict(PLAN), CONFIG, seed=7, dtype=dtype)
+    ckpt.save(path, engine, None, lightning_state={"global_step": 3})
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_the_module_keeps_the_dtype_its_checkpoint_was_saved_in(run_ranks, tmp_path):
+    """A float64 run's checkpoint loaded as float32 (the constructor's default), rounding its weights
+    without a word, while load_llama gave float64; now the saved dtype, and dtype= still casts."""
+    path = tmp_path / "last.ckpt"
+    run_ranks(2, _save_as, str(path), torch.float64)
+    module = LlamaLitModule.load_from_checkpoint(str(path))
+    want = ckpt.load_llama(path).state_dict()
+    got = module.model.state_dict()
+    assert module.param_dtype == torch.float64 and {t.dtype for t in got.values()} == {torch.float64}
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    cast = LlamaLitModule.load_from_checkpoint(str(path), dtype=torch.float32)
+    assert {p.dtype for p in cast.parameters()} == {torch.float32}
