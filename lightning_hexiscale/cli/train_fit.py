@@ -145,9 +145,15 @@ def fit(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict, precisio
     module = LlamaLitModule(model, lr=float(t.lr), weight_decay=float(t.weight_decay), warmup_steps=int(t.warmup_steps),
                             init_seed=int(t.seed), eps=float(t.adam_eps))
     if t.weights:
-        from lightning_hexiscale.data.weights import attach_weights
+        import warnings
 
-        attach_weights(module, t.weights)
+        from lightning_hexiscale.cli.train_job import is_rank_zero
+        from lightning_hexiscale.data.weights import UnusedWeightsWarning, attach_weights
+
+        with warnings.catch_warnings():
+            if not is_rank_zero():  # a popen child reads the same files: rank 0 says it for the job
+                warnings.simplefilter("ignore", UnusedWeightsWarning)
+            attach_weights(module, t.weights)
     # Multirun: fresh spawned workers per job, so no process or process group outlives its job.
     launcher = "spawn" if is_multirun() else str(t.launcher)
     planning = {}

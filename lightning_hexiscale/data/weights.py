@@ -162,6 +162,25 @@ def _inside_the_model(name: str, num_layers: int) -> bool:
     return m is None or int(m.group(1)) < num_layers
 
 
+class UnusedWeightsWarning(UserWarning):
+    """The weight files hold layers beyond config.json's ``num_hidden_layers``, which are not loaded."""
+
+
+def warn_unused_layers(directory: Path, config: LlamaConfig, layers: list[int]) -> None:
+    """Say that the files' layers ``layers`` (beyond ``config.num_layers``) are not used, as transformers
+    says of unused weights: a config.json cut to fewer layers than its files hold (deliberately, to train
+    a shorter model from the first layers, or by mistake, e.g. another model's config.json) loaded the
+    first layers without a word. A warning, not a refusal: the cut is a way to start a shorter model."""
+    import warnings
+
+    named = ", ".join(map(str, layers[:4])) + (f", ... {layers[-1]}" if len(layers) > 4 else "")
+    warnings.warn(UnusedWeightsWarning(
+        f"trainer.weights = {str(directory)!r}: the weight files hold {layers[-1] + 1} layers and "
+        f"config.json's num_hidden_layers is {config.num_layers}, so layer(s) {named} (model.layers.N.*) are not used: "
+        f"the model takes only the first {config.num_layers} layer(s). If that is not meant, set num_hidden_layers to "
+        f"{layers[-1] + 1} in {directory / 'config.json'}"), stacklevel=3)
+
+
 class HFWeights(Mapping):
     """Global name -> full tensor over the ``*.safetensors`` files of a local HF Llama directory.
 
@@ -216,6 +235,10 @@ class HFWeights(Mapping):
                               f"{config.name} has no such parameter (the Llama here has no biases and no extra "
                               "norms), so the model would silently differ from the checkpoint's",
                               "use a Llama checkpoint (model_type llama without attention_bias / mlp_bias tensors)")
+        beyond = sorted({int(m.group(1)) for n in self._where if (m := re.match(r"layers\.(\d+)\.", n))
+                         and int(m.group(1)) >= config.num_layers})
+        if beyond:
+            warn_unused_layers(self.directory, config, beyond)
         self._where = {n: self._where[n] for n in want}  # only what the model uses (layers beyond num_layers: a cut)
 
     def _open(self, f: Path):

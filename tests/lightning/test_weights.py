@@ -289,3 +289,26 @@ def test_a_lora_adapter_directory_says_what_it_is(tmp_path):
         LlamaConfig.load(f"hf:{tmp_path / 'lora'}")
     with pytest.raises(ConfigError, match="trainer.weights = .*a PEFT"):
         load_hf(tmp_path / "lora")
+
+
+def test_layers_beyond_config_json_are_named_as_unused(tmp_path):
+    """A config.json cut to fewer layers than its files hold loaded the first layers without a word
+    (transformers warns of unused weights): now an UnusedWeightsWarning names them and the fix."""
+    import warnings
+
+    from lightning_hexiscale.data.weights import UnusedWeightsWarning
+
+    d, ours = hf_directory(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnusedWeightsWarning)
+        load_hf(d)  # every layer used: nothing said
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 1}))
+    with pytest.warns(UnusedWeightsWarning) as caught:
+        config, weights = load_hf(d)
+    assert len(caught) == 1 and str(caught[0].message) == (
+        f"trainer.weights = {str(d)!r}: the weight files hold 4 layers and config.json's num_hidden_layers is 1, "
+        "so layer(s) 1, 2, 3 (model.layers.N.*) are not used: the model takes only the first 1 layer(s). If that is not "
+        f"meant, set num_hidden_layers to 4 in {d / 'config.json'}")
+    assert config.num_layers == 1 and set(weights) == {n for n in ours if not n.startswith(("layers.1", "layers.2",
+                                                                                              "layers.3"))}
