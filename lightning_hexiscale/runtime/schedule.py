@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from lightning_hexiscale.errors import PlanError
+from lightning_hexiscale.errors import ConfigError, PlanError
 from lightning_hexiscale.runtime.parallelize import StageModule
 from lightning_hexiscale.runtime.topology import Role, Topology
 from lightning_hexiscale.torch_compat import all_gather_single
@@ -163,6 +163,30 @@ def exchange_points(ops_of: Callable[[int], list[Op]], num_stages: int, stage: i
 def forward_ops(num_micro_batches: int) -> list[Op]:
     """Forward only (evaluation): F0 .. F(n-1) on every stage."""
     return [("F", i) for i in range(num_micro_batches)]
+
+
+def check_token_ids(tokens: torch.Tensor, targets: torch.Tensor, vocab_size: int, pipeline: int) -> None:
+    """Every id of a pipeline's inputs and targets in [0, ``vocab_size``), or a ConfigError naming the id,
+    where it is and the likely cause (a tokenizer larger than ``model.vocab_size``). Without it, the
+    first stage's embedding raised ``IndexError: index out of range in self`` deep in the step (the
+    loss on the last stage, for a target). Cost: one ``aminmax`` of each and one host read per
+    schedule run (the pipeline's rows; the step reads its loss on the host at the end anyway)."""
+    if tokens.dtype.is_floating_point or not tokens.numel():
+        return
+    lo, hi = torch.aminmax(tokens)
+    tlo, thi = torch.aminmax(targets) if targets.numel() and not targets.dtype.is_floating_point else (lo, hi)
+    lo, hi, tlo, thi = torch.stack([lo, hi, tlo, thi]).tolist()
+    if 0 <= min(lo, tlo) and max(hi, thi) < vocab_size:
+        return
+    which, t = ("targets", targets) if 0 <= lo and hi < vocab_size else ("inputs", tokens)
+    bad = (t < 0) | (t >= vocab_size)
+    row, col = (int(i) for i in bad.nonzero()[0])
+    value = int(t[row, col])
+    raise ConfigError("model.vocab_size", vocab_size,
+                      f"the batch's {which} hold token id {value} (row {row} of pipeline {pipeline}'s samples, "
+                      f"position {col}; ids run {min(lo, tlo)}..{max(hi, thi)}), and ids must be in [0, {vocab_size})",
+                      f"tokenize with the model's tokenizer, or give the model the tokenizer's vocabulary "
+                      f"(model.vocab_size >= {max(hi, thi) + 1}); an ignore index such as -100 is not supported")
 
 
 class PipelineExecutor:
@@ -292,6 +316,7 @@ class PipelineExecutor:
         would run it, and accumulate the weight's gradient, only at the end of the last backward,
         and no gradient would be final after its block's backward (the gradient sync starts there).
         """
+        check_token_ids(tokens, targets, self.stage.config.vocab_size, self.role.pipeline)
         if self.before_run is not None:
             self.before_run()
         with self._step_region():
@@ -361,6 +386,7 @@ class PipelineExecutor:
         last-stage ranks and 0 elsewhere.
         """
         role = self.role
+        check_token_ids(tokens, targets, self.stage.config.vocab_size, role.pipeline)
         if self.before_run is not None:
             self.before_run()
         mb = role.micro_batch_size
