@@ -88,9 +88,15 @@ def run_discover(args: argparse.Namespace, model=None):
                 matmul_time_s=args.matmul_time, layer_reps=args.layer_reps, rediscover=args.rediscover,
                 out=args.out, name=args.name, budget_s=args.budget, progress=args.progress)
     if args.local:
+        from lightning_hexiscale.profiling.discover import cache_folder_error
+        from lightning_hexiscale.profiling.discovery_plan import cache_dir
+
         launch = local_launch(args.local)
         if launch.backend == "gloo":  # forked CPU ranks: the host's RAM is known here (GPUs: the ranks check)
             check_local_matmul_size(args.matmul_size, launch.ranks, opts["precision"])
+        bad_cache = cache_folder_error(cache_dir())  # before the ranks start: they are on this host
+        if bad_cache is not None:
+            raise bad_cache
         return run_local_ranks(launch, _discover_rank, model, opts, timeout_s=args.timeout)[0]
     return run_from_env(_discover_rank, model, opts, timeout_s=args.timeout)
 

@@ -261,16 +261,23 @@ def _cache_state(cached: Path, rediscover: bool, out: str | Path | None = None) 
         return bad_out
     if cached.is_file() and not rediscover:
         return _check_cached(cached) or True
+    return cache_folder_error(cached.parent) or False
+
+
+def cache_folder_error(folder: Path) -> ConfigError | None:
+    """The error of a cache folder that cannot be created or written (a file of this job's own is
+    written and removed there), or None. ``hexiscale discover --local`` and ``hexiscale train`` with
+    cluster=auto check it before their ranks start, rank 0 again inside discovery."""
     try:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        # a name of this job's own: two jobs of one fingerprint probe at once, and would unlink each other's
-        probe = cached.with_name(f".{cached.name}.{os.getpid()}.{threading.get_ident()}.probe")
+        folder.mkdir(parents=True, exist_ok=True)
+        # a name of this job's own: two jobs probing one folder at once would unlink each other's
+        probe = folder / f".probe.{os.getpid()}.{threading.get_ident()}"
         probe.write_text("")
         probe.unlink()
     except OSError as e:
-        return ConfigError(f"${dp.CACHE_ENV}", str(cached.parent), f"the cache folder cannot be written ({e.strerror})",
+        return ConfigError(f"${dp.CACHE_ENV}", str(folder), f"the cache folder cannot be written ({e.strerror})",
                            f"point {dp.CACHE_ENV} at a writable folder")
-    return False
+    return None
 
 
 def _check_cached(path: Path) -> ConfigError | None:
