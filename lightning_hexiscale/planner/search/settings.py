@@ -125,7 +125,8 @@ class Iteration:
     peel: int = 0
     """The ``peel`` strongest replica units become replicas of their own (mixed structures)."""
     unit: int = 1
-    """Devices per peeled replica: 1 (single devices) or 2 (same-machine TP-2 pairs)."""
+    """Devices per peeled replica: 1 (single devices) or 2 (same-machine TP-2 pairs); 0 peels columns
+    instead, thin pipelines of one device per machine (``two_phase.COLUMN``)."""
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,8 @@ per sharding and micro-batch size, DDP's layouts come from ZeRO-2's drafts, and 
 only when nothing else fits."""
 _STARTS = 4
 """Layouts (the best for each number of pipelines, best first) the final local improvement starts from."""
+COLUMN = 0
+"""``Iteration.unit`` of a peeled column (:meth:`SearchRun.columns`): one device per machine."""
 
 
 def first_sweep(n: int, iterations: int, coarse_first: bool) -> list[int]:
@@ -138,20 +140,42 @@ class SearchRun:
         # every stage needs a layer and, without cross-machine TP, is a TP group inside a machine
         widest = max(len(m.devices) for m in cluster.machines)
         self.most_per_pipeline = self.L * min(workload.model.num_kv_heads, n if self.small else widest)
-        # mixed structures: r single-device replicas + the rest as 1 or 2 pipelines (small clusters)
         self.peels: list[tuple[int, int, int]] = []
         self.peeled = 0
-        self.units: dict[int, list[tuple[int, ...]]] = {1: [(d,) for d in self.strongest], 2: self.pairs()}
+        self.units: dict[int, list[tuple[int, ...]]] = {1: [(d,) for d in self.strongest], 2: self.pairs(),
+                                                        COLUMN: self.columns()}
         if self.small:
             # mixed structures: r replica units (single devices or same-machine pairs, strongest
-            # first) + the rest as 1 or 2 pipelines
+            # first; or columns, thin pipelines of one device per machine) + the rest as 1 or 2 pipelines
             for r in range(1, 9):
-                for unit in (1, 2):
+                for unit in (1, 2, COLUMN):
                     for rest in (1, 2):
-                        left = n - unit * r
+                        size = len(self.units[unit][0]) if self.units[unit] else n
+                        left = n - size * r
+                        tp = 1 if unit == COLUMN else unit
                         if (r <= len(self.units[unit]) and left >= rest and r + rest <= max_dp
-                                and (not s.tp_degrees or unit in s.tp_degrees)):
+                                and (not s.tp_degrees or tp in s.tp_degrees)):
                             self.peels.append((r, rest, unit))
+
+    def columns(self) -> list[tuple[int, ...]]:
+        """Columns: the k-th strongest device of every machine, k = 0, 1, ... up to the smallest
+        machine (none on one machine). Peeled, a column is a thin pipeline of one single-device stage
+        per machine (phase 2 groups a set by machine), beside one or two pipelines of the rest.
+
+        Why: over a slow link such a pipeline crosses it once, at another stage boundary than the
+        wide pipeline beside it, so their hops do not share the NICs (:mod:`cost.nic` prices a
+        boundary's hops together), and the batch split gives it the share its speed earns. Phase 1
+        cuts sets of equal compute and never proposes it; from the best equal split the local
+        improvement needs two device moves whose intermediate layouts are slower. On 2 x 4 A800 at
+        1 GB/s, an 8-layer Llama-2 7B at batch 32 (recomputation on): the optimum, 2.243 s, where
+        the search stopped at 2.323 s before columns were peeled."""
+        by_machine: dict[int, list[int]] = {}
+        for d in self.strongest:
+            by_machine.setdefault(self.cluster.devices[d].machine, []).append(d)
+        if len(by_machine) < 2:
+            return []
+        depth = min(len(ds) for ds in by_machine.values())
+        return [tuple(sorted(ds[k] for ds in by_machine.values())) for k in range(depth)]
 
     def pairs(self) -> list[tuple[int, ...]]:
         """Same-machine device pairs, strongest machines first (TP-2 replica candidates)."""
@@ -161,9 +185,9 @@ class SearchRun:
         return [tuple(ds[k:k + 2]) for ds in by_machine.values() for k in range(0, len(ds) - 1, 2)]
 
     def phase1(self, step: Iteration) -> list[np.ndarray]:
-        """D_dp GPU sets (§4.2). With ``step.peel = r`` the r strongest replica units (devices or
-        same-machine pairs) are sets of their own and the rest is cut into D_dp - r sets (mixed
-        structures, beyond §4)."""
+        """D_dp GPU sets (§4.2). With ``step.peel = r`` the r strongest replica units (devices,
+        same-machine pairs or columns) are sets of their own and the rest is cut into D_dp - r sets
+        (mixed structures, beyond §4)."""
         dp, cut, balance, seed = step.dp, step.cut, step.balance, step.seed
         key = (dp, cut, balance, seed if cut == "min" else seed % dp, step.peel, step.unit)
         if key not in self._p1:
@@ -358,7 +382,7 @@ class SearchRun:
         """What iteration ``it`` tries: first every D_dp; then the promising D_dp values (every one
         when the iterations allow) with the cut option they did not get; then, on clusters of up
         to 16 devices, mixed structures (the strongest devices or same-machine pairs as replicas,
-        the rest as one or two pipelines); then variations around the best D_dp values."""
+        or columns as thin pipelines, the rest as one or two pipelines); then variations around the best D_dp values."""
         cut = self.choose_cut(it)
         explore = len(self.dps)
         if it < len(self.sweep):
