@@ -44,12 +44,14 @@ def test_a_column_takes_the_kth_strongest_device_of_every_machine(small7b):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("batch", [32])
-def test_two_symmetric_machines_over_a_slow_link_reach_the_optimum(small7b, batch):
+@pytest.mark.parametrize("batch, recompute", [(32, True), (16, "auto")])
+def test_two_symmetric_machines_over_a_slow_link_reach_the_optimum(small7b, batch, recompute):
+    """Before columns: 0.966 of the optimum at batch 32 with recomputation, 0.946 at batch 16 under
+    ``auto`` (1.0438 s against 0.9876 s, a column of 4 sequences beside a six-device pipeline of 12)."""
     c = machines(["A800", "A800"], 4, "1 GB/s")
-    found = search(c, small7b, batch, SearchSettings(recompute=True))
-    best = oracle(c, small7b, batch, SearchSettings(recompute=True), time_limit_s=300.0, incumbent=found.plan)
+    found = search(c, small7b, batch, SearchSettings(recompute=recompute))
+    best = oracle(c, small7b, batch, SearchSettings(recompute=recompute), time_limit_s=300.0, incumbent=found.plan)
     assert best.complete
     ratio = best.estimate.cost / found.estimate.cost
-    assert ratio >= TARGET, (f"batch {batch}: search {found.estimate.cost:.4f} s, optimum {best.estimate.cost:.4f} s "
-                             f"({ratio:.3f})")
+    assert ratio >= TARGET, (f"batch {batch}, recompute {recompute}: search {found.estimate.cost:.4f} s, "
+                             f"optimum {best.estimate.cost:.4f} s ({ratio:.3f})")
