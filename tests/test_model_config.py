@@ -110,3 +110,42 @@ def test_a_config_json_with_a_null_or_text_number_names_it(key, value, expect):
           "vocab_size": 300, key: value}
     with pytest.raises(ConfigError, match=re.escape(expect)):
         model_fields_from_hf(hf, "m")
+
+
+_LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+           "original_max_position_embeddings": 8192}
+
+
+@pytest.mark.parametrize("changes, key", [
+    ({"num_layers": 2**70}, "model.num_layers"),
+    ({"num_layers": 65_537}, "model.num_layers"),
+    ({"hidden_size": 2**70}, "model.hidden_size"),
+    ({"ffn_hidden_size": 2**40}, "model.ffn_hidden_size"),
+    ({"vocab_size": 2**70}, "model.vocab_size"),
+    ({"seq_len": 2**70}, "model.seq_len"),
+    ({"max_position_embeddings": 2**70}, "model.max_position_embeddings"),
+    ({"rope_scaling": {**_LLAMA3, "factor": float("inf")}}, "model.rope_scaling.factor"),
+    ({"rope_scaling": {**_LLAMA3, "high_freq_factor": float("inf")}}, "model.rope_scaling.high_freq_factor"),
+    ({"rope_scaling": {**_LLAMA3, "original_max_position_embeddings": 2**70}},
+     "model.rope_scaling.original_max_position_embeddings"),
+])
+def test_a_huge_or_infinite_model_field_is_refused(changes, key):
+    """A model file with num_layers: 2**70 was accepted and the search died of an OverflowError
+    (``Python int too large to convert to C long``); the other widths, contexts and an infinite
+    RoPE scaling factor were accepted and priced as nonsense."""
+    import dataclasses
+
+    with pytest.raises(ConfigError) as e:
+        dataclasses.replace(LlamaConfig.load("llama_tiny"), **changes)
+    assert e.value.key == key and e.value.fix, e.value
+
+
+def test_a_huge_num_layers_in_a_model_file_is_a_config_error_from_the_cli(tmp_path, capsys):
+    from lightning_hexiscale.cli.main import main
+
+    text = (__import__("pathlib").Path(__file__).parent.parent / "conf/model/llama_tiny.yaml").read_text()
+    f = tmp_path / "deep.yaml"
+    f.write_text(text.replace("num_layers: 4", "num_layers: 1180591620717411303424"))
+    assert main(["plan", "cluster=cpu_hetero4", f"model={f}", "planner.iterations=1"]) == 2
+    err = capsys.readouterr().err
+    assert "model.num_layers = 1180591620717411303424: must be at most 65,536" in err and "Traceback" not in err

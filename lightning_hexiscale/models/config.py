@@ -15,6 +15,14 @@ from typing import Any
 from lightning_hexiscale.errors import ConfigError
 
 
+MAX_MODEL_DIM = 2**24
+"""Largest width, head count, vocabulary or context a model may declare (16,777,216): 16x the widest
+published LLaMA-family dimension (vocabularies of 256K, contexts of 1M), and far below where the cost
+model's integer arithmetic overflows."""
+MAX_LAYERS = 65_536
+"""Most transformer layers a model may declare (Llama 3.1 405B has 126)."""
+
+
 @dataclass(frozen=True)
 class RopeScaling:
     """Llama 3.1's RoPE frequency scaling (``rope_type: llama3``), as transformers computes it.
@@ -41,9 +49,9 @@ class RopeScaling:
                               "other types would silently compute different attention",
                               "use rope_type: llama3, or rope_scaling: null for plain RoPE")
         for key in ("factor", "low_freq_factor", "high_freq_factor"):
-            v = getattr(self, key)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-                raise ConfigError(f"model.rope_scaling.{key}", v, "must be a positive number",
+            v = getattr(self, key)  # .inf passed: every scaled frequency became 0 or nan
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
+                raise ConfigError(f"model.rope_scaling.{key}", v, "must be a finite positive number",
                                   "copy it from the model's config.json (Llama 3.1: factor 8.0, low_freq_factor 1.0, "
                                   "high_freq_factor 4.0)")
             object.__setattr__(self, key, float(v))
@@ -51,9 +59,9 @@ class RopeScaling:
             raise ConfigError("model.rope_scaling.high_freq_factor", self.high_freq_factor,
                               f"must exceed low_freq_factor={self.low_freq_factor}", "Llama 3.1 uses 4.0 and 1.0")
         L = self.original_max_position_embeddings
-        if isinstance(L, bool) or not isinstance(L, int) or L < 1:
+        if isinstance(L, bool) or not isinstance(L, int) or not 1 <= L <= MAX_MODEL_DIM:
             raise ConfigError("model.rope_scaling.original_max_position_embeddings", L,
-                              "must be a positive integer", "Llama 3.1 uses 8192")
+                              f"must be a whole number from 1 to {MAX_MODEL_DIM:,}", "Llama 3.1 uses 8192")
 
     def scale(self, inv_freq: list[float]) -> list[float]:
         """The scaled inverse frequencies (formula in the class doc), one per rotary pair."""
@@ -148,6 +156,10 @@ class LlamaConfig:
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"model.{key}", v, "must be a positive integer",
                                   f"write a whole number >= 1 in the model file (or override model.{key}=N)")
+            most = MAX_LAYERS if key == "num_layers" else MAX_MODEL_DIM
+            if v > most:  # num_layers: 2**70 was an OverflowError traceback in the search (a C long)
+                raise ConfigError(f"model.{key}", v, f"must be at most {most:,} (no real model comes near it)",
+                                  f"check the model file (or the override model.{key}=N) for a typo")
         object.__setattr__(self, "rope_scaling", _rope_scaling(self.rope_scaling))
         if not isinstance(self.tie_word_embeddings, bool):
             raise ConfigError("model.tie_word_embeddings", self.tie_word_embeddings, "must be true or false",
@@ -160,7 +172,10 @@ class LlamaConfig:
             raise ConfigError("model.rms_norm_eps", eps, "must be a small positive number", "Llama uses 1e-5 (Llama 3: 1e-5, "
                               "Llama 2: 1e-5 or 1e-6)")
         mp = self.max_position_embeddings
-        if mp is not None and (isinstance(mp, bool) or not isinstance(mp, int) or mp < self.seq_len):
+        if mp is not None and (isinstance(mp, bool) or not isinstance(mp, int) or mp > MAX_MODEL_DIM):
+            raise ConfigError("model.max_position_embeddings", mp, f"must be a whole number from seq_len to {MAX_MODEL_DIM:,}",
+                              "copy it from the model's config.json, or write null (= seq_len)")
+        if mp is not None and mp < self.seq_len:
             raise ConfigError("model.seq_len", self.seq_len,
                               f"must not exceed max_position_embeddings={mp} (the longest context the weights support)",
                               f"use model.seq_len <= {mp}")
