@@ -88,6 +88,7 @@ def plan_once(overrides: list[str], with_baselines: bool, progress: bool | None 
     from lightning_hexiscale.config.cluster import Cluster
     from lightning_hexiscale.config.schema import compose
     from lightning_hexiscale.planner import SearchSettings, search, workload_from_config
+    from lightning_hexiscale.planner.plan import check_global_batch_bound
 
     cfg = compose(overrides)
     cluster = Cluster.from_config(cfg.cluster)
@@ -95,6 +96,7 @@ def plan_once(overrides: list[str], with_baselines: bool, progress: bool | None 
     changes = {} if progress is None else {"progress": progress}
     settings = SearchSettings.from_config(cfg, dp_sharding_explicit=explicit(overrides, "train.dp_sharding"), **changes)
     gb = int(cfg.train.global_batch)
+    check_global_batch_bound(gb)  # the search's arithmetic overflowed on 2**70
     if optimum_time_limit is not None:
         from lightning_hexiscale.planner.oracle.exact import MAX_BATCH, MAX_DEVICES
 

@@ -153,6 +153,9 @@ def plan_for(plan: str | Path | Plan | None, cluster: Cluster, workload: Workloa
     if plan is None:
         if global_batch is None:
             raise ConfigError("global_batch", None, "planning needs the global batch", "pass global_batch=G")
+        from lightning_hexiscale.planner.plan import check_global_batch_bound
+
+        check_global_batch_bound(global_batch, "train.global_batch" if key == "plan" else "global_batch")
         if settings is None:
             plan, _ = search_plan(cluster, workload, global_batch, overrides, seed=seed, iterations=iterations,
                                   use_all_devices=use_all_devices)

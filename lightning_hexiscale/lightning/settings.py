@@ -26,6 +26,7 @@ from lightning_hexiscale.lightning.fast_path import strategy_fast_path
 from lightning_hexiscale.lightning.plan_check import DEFAULT_WARMUP, plan_check_setting
 from lightning_hexiscale.lightning.plan_resolution import AUTO, load_cluster_arg, load_plan_arg
 from lightning_hexiscale.planner import DP_SHARDINGS, SCHEDULES, Plan
+from lightning_hexiscale.planner.plan import check_global_batch_bound
 from lightning_hexiscale.runtime import NONFINITE_POLICIES
 
 StartMethod = Literal["popen", "spawn", "fork", "forkserver"]
@@ -214,6 +215,7 @@ class StrategySettings:
             v = getattr(self, name)
             if v is not None and (not _is_int(v) or v < 1):
                 raise ConfigError(_key(name), v, "must be a positive integer (or None)", fix)
+            check_global_batch_bound(v, _key(name))  # a micro-batch is part of one: the same bound
         gb, mb = self.global_batch, self.micro_batch_size
         if gb is not None and mb is not None and gb % mb:  # the search refuses it too, but after the launch
             raise ConfigError(_key("micro_batch_size"), mb, f"must divide global_batch={gb}",

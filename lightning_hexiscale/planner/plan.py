@@ -39,6 +39,18 @@ if TYPE_CHECKING:  # pragma: no cover
 
 SCHEDULES = ("gpipe", "1f1b")
 DP_SHARDINGS = ("ddp", "zero2", "zero3")
+MAX_GLOBAL_BATCH = 2**24
+"""Most sequences one optimizer step may take (16,777,216; Llama 3's 405B trained on 16M tokens, a
+few thousand sequences, per step). 2**70 was an OverflowError traceback in the search, and a plan
+file's pipeline of that batch was priced as if a runtime could loop over its micro-batches."""
+
+
+def check_global_batch_bound(value: Any, key: str = "train.global_batch") -> None:
+    """A global batch (or a pipeline's share of it) above :data:`MAX_GLOBAL_BATCH` is a ConfigError
+    naming ``key``; other values are left to the caller's own rule (positive integer)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > MAX_GLOBAL_BATCH:
+        raise ConfigError(key, value, f"must be at most {MAX_GLOBAL_BATCH:,} sequences per optimizer step",
+                          "give the global batch in sequences (not tokens), e.g. 32")
 REDUCE_DTYPES = ("bf16", "fp32")
 
 
@@ -252,6 +264,10 @@ class Plan:
                 if not _whole(v) or v < 1:  # a bool is no batch size
                     raise PlanError(f"{key}.{name}", v, "must be a positive integer",
                                     f"write a whole number >= 1 in the plan file, e.g. {name}: {1 if name == 'micro_batch_size' else 8}")
+            try:
+                check_global_batch_bound(pipe.batch_size, f"{key}.batch_size")
+            except ConfigError as e:
+                raise PlanError(e.key, e.value, e.rule, e.fix) from None
             if pipe.batch_size % pipe.micro_batch_size:
                 raise PlanError(f"{key}.micro_batch_size", pipe.micro_batch_size,
                                 f"must divide the pipeline's batch_size={pipe.batch_size}",
@@ -307,6 +323,10 @@ class Plan:
                                 "every pipeline must run every layer",
                                 f"extend its last stage to layer {self.num_layers}")
         self._validate_idle(seen, cluster)
+        if self.global_batch > MAX_GLOBAL_BATCH:
+            raise PlanError("plan.pipelines", [p.batch_size for p in self.pipelines],
+                            f"the pipelines' batches sum to {self.global_batch:,}: more than {MAX_GLOBAL_BATCH:,} "
+                            "sequences per optimizer step", "give the batches in sequences (not tokens)")
         if global_batch is not None and self.global_batch != global_batch:
             raise PlanError("train.global_batch", global_batch,
                             f"the plan's pipeline batches {[p.batch_size for p in self.pipelines]} sum to "
