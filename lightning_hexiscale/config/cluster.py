@@ -354,7 +354,7 @@ class Cluster:
         for li, link in enumerate(c.get("machine_links") or []):
             key = f"cluster.machine_links[{li}]"
             names = link["machines"]
-            if len(names) != 2 or any(x not in by_name for x in names):
+            if len(names) != 2 or any(not isinstance(x, str) or x not in by_name for x in names):  # [[a], b]: unhashable
                 raise ConfigError(f"{key}.machines", names, "must name two declared machines",
                                   f"use names from: {', '.join(by_name)}")
             if names[0] == names[1]:  # it would silently replace the machine's intra_bandwidth

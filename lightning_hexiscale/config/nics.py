@@ -131,7 +131,11 @@ def _parse_to(entries: Any, key: str) -> tuple[tuple[str, float], ...]:
         if not isinstance(e, dict) or set(e) - {"machines", "bandwidth"} or not e.get("machines") or "bandwidth" not in e:
             raise ConfigError(k, e, "must be {machines: [names], bandwidth: ...}: the destination machines and "
                               "what the NIC carries in traffic with them", 'write e.g. {machines: [slow], bandwidth: "1 Gbps"}')
-        names = [e["machines"]] if isinstance(e["machines"], str) else list(e["machines"])
+        names = [e["machines"]] if isinstance(e["machines"], str) else e["machines"]
+        if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) and n.strip() for n in names):
+            # 5 was "'int' object is not iterable", [[a]] "unhashable type: 'list'"
+            raise ConfigError(f"{k}.machines", e["machines"], "must be a list of machine names",
+                              'write e.g. {machines: [slow], bandwidth: "1 Gbps"}')
         bw = _nic_bandwidth(e["bandwidth"], f"{k}.bandwidth")
         for name in names:
             if name in out:

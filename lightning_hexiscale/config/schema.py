@@ -533,10 +533,25 @@ def _page(key: str) -> str:
     return "the docs' " + DOC_PAGES.get(key, "Configuration reference (docs/reference/configuration.md)") + " page"
 
 
-def _locate(data: Any, full_key: str, message: str = "") -> tuple[str, Any] | None:
+def _locate(data: Any, full_key: str | int, message: str = "") -> tuple[str, Any] | None:
     """(path with list indices, value) of the entry of ``data`` that OmegaConf's error is about: it
     reports ``count`` for ``machines[1].count``, so every entry whose path ends with ``full_key`` is
-    a candidate, and the one whose value the message quotes wins."""
+    a candidate, and the one whose value the message quotes wins. An entry of a nested list
+    (``nics.gpus: [[0], 1]``) is reported by its index alone (``1``, an int): the entry at that index
+    whose type the message names (``int is not a ListConfig``)."""
+    if isinstance(full_key, int):  # was AttributeError: 'int' object has no attribute 'split'
+        hits: list[tuple[str, Any]] = []
+
+        def entries(node: Any, path: str) -> None:
+            items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+            for k, v in items:
+                here = f"{path}[{k}]" if isinstance(k, int) else (f"{path}.{k}" if path else str(k))
+                if isinstance(node, list) and k == full_key and f"{type(v).__name__} is not" in message:
+                    hits.append((here, v))
+                entries(v, here)
+
+        entries(data, "")
+        return hits[0] if hits else None
     if not full_key:
         return None
     tail = full_key.split(".")
