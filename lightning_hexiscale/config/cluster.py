@@ -279,6 +279,9 @@ class Cluster:
             check_interpolations(cfg, "cluster")  # a cluster file's ${oc.env:UNSET}: its key, no traceback
         c = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
         name = c["name"]
+        if not isinstance(name, str) or not name.strip():  # '' was accepted: plans record it as meta.cluster
+            raise ConfigError("cluster.name", name, "a cluster needs a name: plans record it (meta.cluster) and "
+                              "the tables print it", "give it one, e.g. name: my_cluster")
         extra = {tname: gpu_type_from_config(tname, t or {}) for tname, t in (c.get("gpu_types") or {}).items()}
         machines_cfg = c.get("machines") or []
         if not machines_cfg:

@@ -151,6 +151,9 @@ class LlamaConfig:
     exported: RoPE tables are computed for the sequence at hand."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():  # '' was accepted: plans record it as meta.model
+            raise ConfigError("model.name", self.name, "a model needs a name: plans record it (meta.model) and the "
+                              "tables print it", "give it one, e.g. name: my_llama")
         for key in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size", "seq_len"):
             v = getattr(self, key)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
