@@ -232,7 +232,7 @@ class _Attrs:
 
 
 def _row(r: dict, key: str, shape: ModelShape, model_name: str) -> LayerTimeRow:
-    part = r.get("part") or "layer"
+    part = "layer" if r.get("part") is None else r["part"]  # part: "" was read as a layer row
     if part not in PARTS:
         raise ConfigError(f"{key}.part", part, f"must be one of {', '.join(PARTS)}", "use layer, embedding or head")
     tp = r["tp"]
