@@ -16,12 +16,16 @@ on one device (``Trainer(accelerator="cpu", devices=1)``) and unchanged under
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
 from typing_extensions import override
 
 from lightning_hexiscale.config.hf_model import HF_PREFIX
+from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.models.llama import Llama
 
@@ -50,7 +54,11 @@ class LlamaLitModule(pl.LightningModule):
             from lightning_hexiscale.data.weights import load_hf
 
             config, self.init_state_dict = load_hf(config[len(HF_PREFIX):])
+        if not isinstance(config, (LlamaConfig, str)):
+            raise ConfigError("LlamaLitModule(config)", type(config).__name__, "must be a LlamaConfig, a preset name "
+                              "or 'hf:/path/to/dir'", "pass e.g. LlamaLitModule('llama_tiny')")
         self.config = LlamaConfig.load(config) if isinstance(config, str) else config
+        _check_optimizer_args(lr, weight_decay, betas, warmup_steps, init_seed, dtype, eps)
         self.lr, self.weight_decay, self.betas, self.eps = lr, weight_decay, tuple(betas), eps
         self.warmup_steps, self.init_seed, self.param_dtype = warmup_steps, init_seed, dtype
         self.model: Llama | None = None
@@ -70,7 +78,6 @@ class LlamaLitModule(pl.LightningModule):
 
         if not isinstance(checkpoint_path, (str, os.PathLike)) or not Path(checkpoint_path).is_dir():
             return super().load_from_checkpoint(checkpoint_path, map_location, hparams_file, strict, **kwargs)
-        from lightning_hexiscale.errors import ConfigError
         from lightning_hexiscale.runtime import load_checkpoint_state_dict, read_checkpoint_meta
 
         if "config" in kwargs:
@@ -137,6 +144,33 @@ class LlamaLitModule(pl.LightningModule):
         warm = self.warmup_steps
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / warm))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def _check_optimizer_args(lr, weight_decay, betas, warmup_steps, init_seed, dtype, eps) -> None:
+    """LlamaLitModule's arguments, checked at construction: AdamW refused some of them only inside
+    every rank, after the search and the launch (lr=-1: torch's ValueError traceback from
+    configure_optimizers), and took others silently (lr=nan, a negative warm-up, betas of 1.5).
+    The recipe checks its trainer.* equivalents the same way (``config.recipe.check_values``)."""
+    def number(v):  # numpy's numbers too; a bool is no rate
+        return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+    for name, v, low, example in (("lr", lr, None, "3e-3"), ("eps", eps, None, "1e-8"),
+                                  ("weight_decay", weight_decay, 0.0, "0.1")):
+        ok = number(v) and math.isfinite(v) and (v > 0 if low is None else v >= low)
+        if not ok:
+            rule = "must be a finite number " + ("greater than zero" if low is None else "that is not negative")
+            raise ConfigError(f"LlamaLitModule({name})", v, rule, f"pass e.g. {name}={example}")
+    pair = tuple(betas) if isinstance(betas, (tuple, list)) else None
+    if pair is None or len(pair) != 2 or not all(number(b) and 0.0 <= b < 1.0 for b in pair):
+        raise ConfigError("LlamaLitModule(betas)", betas, "must be two numbers in [0, 1) (AdamW's moment decays)",
+                          "pass e.g. betas=(0.9, 0.95)")
+    for name, v, example in (("warmup_steps", warmup_steps, "0 (none) or 100"), ("init_seed", init_seed, "0")):
+        if not isinstance(v, numbers.Integral) or isinstance(v, bool) or not 0 <= v < 2**63:  # torch's seeds: 64-bit
+            raise ConfigError(f"LlamaLitModule({name})", v, "must be a whole number from 0 to 2**63 - 1",
+                              f"pass e.g. {name}={example}")
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ConfigError("LlamaLitModule(dtype)", dtype, "must be a floating-point torch.dtype",
+                          "pass e.g. dtype=torch.float32 (or leave it out)")
 
 
 class StepProgressBar(TQDMProgressBar):
