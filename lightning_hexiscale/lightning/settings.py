@@ -35,6 +35,14 @@ PLAN_OVERRIDE_KEYS = ("micro_batch_size", "schedule", "recompute", "dp_sharding"
 """The settings that override the plan's values (or bind the search): :attr:`StrategySettings.overrides`."""
 
 
+MAX_THREADS = 4096
+"""Most CPU threads per rank (``num_threads``): more than any machine's cores."""
+MAX_PLANNER_ITERATIONS = 100_000
+"""Most search iterations (``planner_iterations``; the default is 20, ``hexiscale plan``'s 50)."""
+MAX_GRACE_S = 86_400
+"""Longest ``watchdog_grace_s``: a day."""
+
+
 def _key(name: str) -> str:
     return f"HexiScaleStrategy({name})"
 
@@ -183,18 +191,22 @@ class StrategySettings:
             raise ConfigError(_key("start_method"), self.start_method, f"must be one of {START_METHODS}",
                               "use 'popen' (the default)")
         self._check_plan_overrides()
-        if not (self.num_threads == "auto" or (_is_int(self.num_threads) and self.num_threads >= 1)):
-            raise ConfigError(_key("num_threads"), self.num_threads, "must be 'auto' or an integer >= 1", "use 'auto'")
-        if not _is_int(self.planner_iterations) or self.planner_iterations < 1:
-            raise ConfigError(_key("planner_iterations"), self.planner_iterations, "must be an integer >= 1",
+        # upper bounds: 2**70 threads was torch's ValueError in every rank (set_num_threads takes a C
+        # int), 2**70 search iterations never ended, a grace of 1e308 s overflowed the watchdog's timedelta
+        if not (self.num_threads == "auto" or (_is_int(self.num_threads) and 1 <= self.num_threads <= MAX_THREADS)):
+            raise ConfigError(_key("num_threads"), self.num_threads, f"must be 'auto' or an integer from 1 to {MAX_THREADS:,}",
+                              "use 'auto'")
+        if not _is_int(self.planner_iterations) or not 1 <= self.planner_iterations <= MAX_PLANNER_ITERATIONS:
+            raise ConfigError(_key("planner_iterations"), self.planner_iterations,
+                              f"must be an integer from 1 to {MAX_PLANNER_ITERATIONS:,}",
                               "use e.g. planner_iterations=20 (the default)")
         if self.seed is not None and not _is_int(self.seed):
             raise ConfigError(_key("seed"), self.seed, "must be an integer or None", "use e.g. seed=0")
         set_(self, "seed", int(os.environ.get("PL_GLOBAL_SEED", 0)) if self.seed is None else self.seed)
         g = self.watchdog_grace_s
-        if not (_is_int(g) or isinstance(g, float)) or not 0 < g < math.inf:
-            raise ConfigError(_key("watchdog_grace_s"), g, "must be a positive number of seconds",
-                              "use e.g. watchdog_grace_s=5")
+        if not (_is_int(g) or isinstance(g, float)) or not 0 < g <= MAX_GRACE_S:
+            raise ConfigError(_key("watchdog_grace_s"), g, f"must be a positive number of seconds, at most {MAX_GRACE_S:,}"
+                              " (a day)", "use e.g. watchdog_grace_s=5")
         set_(self, "watchdog_grace_s", float(g))
         set_(self, "plan_check", plan_check_setting(self.plan_check))
         set_(self, "fast_path", strategy_fast_path(self.compile, self.fast_path))
@@ -206,7 +218,7 @@ class StrategySettings:
             raise ConfigError(_key("schedule"), self.schedule, f"must be one of {SCHEDULES}", "use 1f1b")
         if self.dp_sharding is not None and self.dp_sharding not in DP_SHARDINGS:
             raise ConfigError(_key("dp_sharding"), self.dp_sharding, f"must be one of {DP_SHARDINGS}", "use ddp")
-        if self.recompute not in (None, True, False, "auto"):
+        if not (self.recompute is None or isinstance(self.recompute, bool) or self.recompute == "auto"):  # 0 == False
             raise ConfigError(_key("recompute"), self.recompute, "must be True, False, 'auto' or None",
                               "leave it to the plan (None)")
         for name, fix in (("global_batch", "pass e.g. global_batch=32 (sequences per optimizer step), or None to take "
