@@ -19,6 +19,7 @@ from pathlib import Path
 from lightning_hexiscale.cli.common import (add_launch_args, add_precision_arg, compose_plan_config, non_negative_int,
                                             positive_int, resolve_precision, subcommand)
 from lightning_hexiscale.cli.profile import add_layer_time_args
+from lightning_hexiscale.config.schema import is_file
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.profiling.check import STATS
 
@@ -50,7 +51,7 @@ def _cluster_file(overrides: list[str]) -> Path:
     for o in overrides:
         key, _, value = o.partition("=")
         if key == "cluster":
-            if Path(value).is_file():
+            if is_file(value):
                 return Path(value)
             break
     raise ConfigError("cluster", next((o.split("=", 1)[1] for o in overrides if o.startswith("cluster=")), None),

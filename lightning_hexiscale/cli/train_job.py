@@ -15,6 +15,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from lightning_hexiscale.config.schema import is_file as schema_is_file
+
 
 @dataclass(frozen=True)
 class AppName:
@@ -192,7 +194,7 @@ def take_file_overrides(argv: list[str]) -> list[str]:
     from lightning_hexiscale.errors import ConfigError
 
     def is_file(value: str) -> bool:
-        return value.endswith((".yaml", ".yml")) and Path(value).is_file()
+        return value.endswith((".yaml", ".yml")) and schema_is_file(value)
 
     files, rest = {}, []
     for a in argv:
@@ -296,7 +298,7 @@ def plan_cluster(argv: list[str]) -> str | None:
     from lightning_hexiscale.config.schema import preset_names
 
     value = next((a.split("=", 1)[1] for a in argv if a.split("=", 1)[0] == "plan"), None)
-    if not value or not Path(value).is_file():
+    if not value or not schema_is_file(value):
         return None
     try:
         name = ((yaml.safe_load(Path(value).read_text()) or {}).get("meta") or {}).get("cluster")

@@ -263,6 +263,10 @@ class Cluster:
     def from_config(cls, cfg: Any) -> Cluster:
         """Build from a ClusterConfig (DictConfig or plain dict with the same keys; a dict may leave
         ``name``, a label, out: ``"cluster"``)."""
+        if not isinstance(cfg, (dict, DictConfig)):  # a str / list / None was a TypeError (string indices ...)
+            raise ConfigError("cluster", cfg if isinstance(cfg, (str, int, float)) else type(cfg).__name__,
+                              "Cluster.from_config takes a mapping of the cluster's keys (machines, inter_machine, ...)",
+                              "pass a dict, or Cluster.load(name_or_path) for a preset or a file")
         if isinstance(cfg, dict):
             from lightning_hexiscale.config.schema import ClusterConfig, check_missing, merge_error
 

@@ -296,7 +296,7 @@ def packaged_file(path: str | Path) -> Path | None:
         return None
     parts = p.parts[1:] if p.parts[:1] == ("conf",) else p.parts
     cand = conf_dir().joinpath(*parts) if parts else None
-    return cand if cand is not None and cand.is_file() else None
+    return cand if cand is not None and is_file(cand) else None
 
 
 def preset_names(group: str) -> list[str]:
@@ -304,12 +304,30 @@ def preset_names(group: str) -> list[str]:
     return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml") if not p.stem.startswith("_"))
 
 
+def is_file(p: str | os.PathLike) -> bool:
+    """``Path(p).is_file()``, False for a name the OS refuses (longer than NAME_MAX: pathlib raises
+    OSError 'File name too long' there instead of answering)."""
+    try:
+        return Path(p).is_file()
+    except (OSError, ValueError):  # ValueError: an embedded NUL byte
+        return False
+
+
+def check_name_or_path(value: Any, key: str, example: str) -> None:
+    """``value`` names a preset or a file: a str or a path. None, a number or a mapping was a
+    TypeError from pathlib ('expected str, bytes or os.PathLike object')."""
+    if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
+        raise ConfigError(key, value if isinstance(value, (str, int, float)) else type(value).__name__,
+                          "must be a preset name or the path of a file", f"pass e.g. {example!r}")
+
+
 def load_preset(group: str, name_or_path: str, schema: type) -> DictConfig:
     """A preset name (conf/<group>/NAME.yaml) or a path to a YAML file, checked against ``schema``."""
+    check_name_or_path(name_or_path, group, {"cluster": "cpu_hetero4", "model": "llama_tiny"}.get(group, "NAME"))
     p = Path(name_or_path)
-    if not p.is_file():
+    if not is_file(p):
         p = conf_dir() / group / f"{name_or_path}.yaml"
-        if not p.is_file():
+        if not is_file(p):
             raise ConfigError(group, name_or_path, "no such preset or file",
                               f"use a path or one of: {', '.join(preset_names(group))}")
     return load_yaml_node(p, schema, group)
@@ -338,7 +356,7 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "con
     check_file_refs(overrides, {g: preset_names(g) for g in ("cluster", "model")})
     for o in overrides:
         key, _, value = o.partition("=")
-        if key in ("cluster", "model") and value.endswith((".yaml", ".yml")) and Path(value).is_file():
+        if key in ("cluster", "model") and value.endswith((".yaml", ".yml")) and is_file(value):
             files[key] = value
         else:
             rest.append(o)

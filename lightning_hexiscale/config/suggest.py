@@ -197,14 +197,20 @@ def check_file_refs(overrides: list[str], presets: dict[str, list[str]]) -> None
     'cluster//path'" with the preset list. ``presets``: group -> preset names, for the fix."""
     from pathlib import Path
 
+    from lightning_hexiscale.config.schema import is_file
+
     for o in overrides:
         key, _, value = o.partition("=")
         if key not in ("cluster", "model") or value.startswith("hf:") or "," in value:
             continue
-        if ("/" in value or value.endswith((".yaml", ".yml"))) and not Path(value).expanduser().is_file():
+        if ("/" in value or value.endswith((".yaml", ".yml"))) and not is_file(Path(value).expanduser()):
             where = Path(value).expanduser()
             rule = "no such file" + (f" ({where.resolve()})" if not where.is_absolute() else "")
-            if where.is_dir():
+            try:
+                is_dir = where.is_dir()
+            except (OSError, ValueError):  # a name longer than the OS allows: not a directory either
+                is_dir = False
+            if is_dir:
                 rule = "a directory, not a YAML file"
             near = closest(where.stem, presets.get(key, []))
             fix = (f"check the path, or use the preset {near[0]} ({key}={near[0]})" if near

@@ -9,6 +9,7 @@ Llama 3.x adds two things to the Llama 2 shape: RoPE frequency scaling (:class:`
 from __future__ import annotations
 
 import math
+from dataclasses import MISSING as MISSING_FIELD
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -369,12 +370,21 @@ class LlamaConfig:
         """From a ModelConfig node (DictConfig) or a plain dict with the same keys."""
         from omegaconf import DictConfig, OmegaConf
 
+        if not isinstance(cfg, (DictConfig, dict)):  # a str / list / None was dict()'s TypeError or ValueError
+            raise ConfigError("model", cfg if isinstance(cfg, (str, int, float)) else type(cfg).__name__,
+                              "LlamaConfig.from_config takes a mapping of the model's fields",
+                              "pass e.g. {'name': 'm', 'hidden_size': 128, ...}, or LlamaConfig.load('llama_tiny') for a preset")
         d = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
         allowed = set(cls.__dataclass_fields__)
         unknown = sorted(set(d) - allowed)
         if unknown:
             raise ConfigError(f"model.{unknown[0]}", d[unknown[0]], f"unknown key; allowed: {sorted(allowed)}",
                               "remove or rename it")
+        required = [f.name for f in fields(cls) if f.default is MISSING_FIELD and f.default_factory is MISSING_FIELD]
+        missing = [k for k in required if k not in d]
+        if missing:  # was the constructor's TypeError ("missing 8 required positional arguments")
+            raise ConfigError(f"model.{missing[0]}", None, f"a required key is missing (the model needs {', '.join(required)})",
+                              f"add {missing[0]}: ... (see the docs' Models (docs/guide/models.md) page)")
         return cls(**d)
 
     @classmethod
@@ -384,6 +394,9 @@ class LlamaConfig:
         from lightning_hexiscale.config.hf_model import parse_hf_ref, read_hf_config
         from lightning_hexiscale.config.schema import ModelConfig, load_preset
 
+        from lightning_hexiscale.config.schema import check_name_or_path
+
+        check_name_or_path(name_or_path, "model", "llama_tiny")
         hf_dir = parse_hf_ref(name_or_path)
         if hf_dir is not None:
             from pathlib import Path

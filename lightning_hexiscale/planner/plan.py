@@ -476,12 +476,13 @@ class Plan:
     def load(cls, path: str | Path) -> Plan:
         """Read a plan file (YAML or JSON): a path, else a packaged preset written as in a checkout
         (``conf/plans/X.yaml``), so the shipped plans load from any working directory."""
-        from lightning_hexiscale.config.schema import packaged_file
+        from lightning_hexiscale.config.schema import check_name_or_path, is_file, packaged_file
 
+        check_name_or_path(path, "--plan", "conf/plans/case_study_llama2_13b.yaml")
         path = Path(path)
-        if not path.is_file():
+        if not is_file(path):
             path = packaged_file(path) or path
-        if not path.is_file():
+        if not is_file(path):
             raise PlanError("--plan", str(path), "no such plan file", "give the path of a plan YAML/JSON file")
         try:
             data = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)

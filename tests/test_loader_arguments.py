@@ -1,0 +1,52 @@
+"""The public loaders take a name or path (``Cluster.load``, ``LlamaConfig.load``, ``Plan.load``) or
+a mapping (``Cluster.from_config``, ``LlamaConfig.from_config``); anything else is a ConfigError
+naming the argument. None / a number / a list was a TypeError from pathlib ('expected str, bytes or
+os.PathLike object') or from dict(); a name longer than the file system allows was OSError 'File name
+too long' (pathlib's is_file raises there), from the Python API and from ``hexiscale plan
+cluster=<name>.yaml``; LlamaConfig.from_config({}) was the constructor's TypeError ('missing 8
+required positional arguments')."""
+
+import pytest
+
+from lightning_hexiscale.cli.main import main
+from lightning_hexiscale.config.cluster import Cluster
+from lightning_hexiscale.errors import ConfigError
+from lightning_hexiscale.models.config import LlamaConfig
+from lightning_hexiscale.planner import Plan
+
+LONG = "x" * 5000
+NOT_A_NAME = [None, 7, 1.5, True, [], {}, [1], "", LONG, LONG + ".yaml"]
+
+
+@pytest.mark.parametrize("load, key", [(Cluster.load, "cluster"), (LlamaConfig.load, "model"), (Plan.load, "--plan")],
+                         ids=["Cluster.load", "LlamaConfig.load", "Plan.load"])
+@pytest.mark.parametrize("value", NOT_A_NAME, ids=lambda v: repr(v)[:12])
+def test_a_loader_refuses_what_names_no_file(load, key, value):
+    with pytest.raises(ConfigError) as e:
+        load(value)
+    assert e.value.key == key and e.value.fix
+
+
+@pytest.mark.parametrize("build, key", [(Cluster.from_config, "cluster"), (LlamaConfig.from_config, "model")],
+                         ids=["Cluster.from_config", "LlamaConfig.from_config"])
+@pytest.mark.parametrize("value", [None, "abc", 7, [], [1], True], ids=repr)
+def test_from_config_refuses_what_is_not_a_mapping(build, key, value):
+    with pytest.raises(ConfigError) as e:
+        build(value)
+    assert e.value.key == key and e.value.fix
+
+
+def test_llama_config_from_config_names_a_missing_key():
+    with pytest.raises(ConfigError, match=r"model.hidden_size = None: a required key is missing") as e:
+        LlamaConfig.from_config({"name": "m"})
+    assert e.value.fix
+
+
+@pytest.mark.parametrize("argv", [["plan", f"cluster={'x' * 300}.yaml", "planner.iterations=1"],
+                                  ["plan", f"model={'x' * 300}.yaml", "planner.iterations=1"],
+                                  ["estimate", "--plan", f"{'x' * 300}.yaml", "cluster=cpu_hetero4"]],
+                         ids=["cluster", "model", "plan"])
+def test_the_cli_names_a_too_long_file_name(argv, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "no such" in err and "Fix:" in err and "Traceback" not in err
