@@ -8,6 +8,8 @@ price a run through it, so that a CPU cluster is priced as CPU (no NCCL buffers)
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -55,15 +57,38 @@ class Workload:
     warning saying so, instead of a ConfigError (:mod:`.sources`)."""
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.memory_headroom < 1.0:
-            from lightning_hexiscale.errors import ConfigError
+        # Every field is checked here, where the workload is built: a wrong type or value was a
+        # KeyError / TypeError / AttributeError deep inside estimate() (dtype='abc': KeyError 'abc'),
+        # or a silent price (reserve_bytes=nan, a negative optimizer state)
+        from lightning_hexiscale.errors import ConfigError
 
+        def number(v: Any) -> bool:  # numpy's numbers too; a bool is no size
+            return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+        if not isinstance(self.model, LlamaConfig):
+            raise ConfigError("Workload(model)", type(self.model).__name__, "must be a LlamaConfig",
+                              "pass Workload(LlamaConfig.load('llama_tiny'))")
+        if not (number(self.memory_headroom) and 0.0 <= self.memory_headroom < 1.0):
             raise ConfigError("train.memory_headroom", self.memory_headroom, "must be a fraction in [0, 1)",
                               "use e.g. 0.05 to keep 5 % of every device free, or 0")
         if self.device not in ("cuda", "cpu"):
-            from lightning_hexiscale.errors import ConfigError
-
             raise ConfigError("workload.device", self.device, "must be cuda or cpu", "use cuda for GPU clusters")
+        for name, value in (("dtype", self.dtype), ("param_dtype", self.param_dtype)):
+            if not (isinstance(value, str) and value in DTYPE_BYTES) and not (name == "param_dtype" and value is None):
+                raise ConfigError(f"Workload({name})", value, f"must be one of {', '.join(DTYPE_BYTES)}"
+                                  + (" (or None: dtype)" if name == "param_dtype" else ""),
+                                  "use Workload.from_precision(model, 'bf16-mixed'), which sets both")
+        for name in ("optimizer_bytes_per_param", "reserve_bytes", "comm_buffer_bytes"):
+            v = getattr(self, name)
+            if not (number(v) and 0 <= v < math.inf):
+                raise ConfigError(f"Workload({name})", v, "must be a finite number of bytes >= 0",
+                                  f"leave it out for the default ({getattr(type(self), name)})")
+        if not isinstance(self.fast_path, FastPath):
+            raise ConfigError("Workload(fast_path)", self.fast_path, "must be a FastPath",
+                              "leave it out (the runtime's defaults), or pass FastPath.coerce(...)")
+        for name in ("allow_tf32", "allow_table_mismatch"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"Workload({name})", getattr(self, name), "must be True or False", f"pass {name}=False")
 
     @property
     def dtype_bytes(self) -> int:
