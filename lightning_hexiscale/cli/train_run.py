@@ -118,13 +118,14 @@ def run(cfg: DictConfig, progress: JobWatch | None = None, app: AppName = HEXISC
     from lightning_hexiscale.config.cluster import Cluster
     from lightning_hexiscale.config.recipe import CKPT_ALIASES, effective_precision
     from lightning_hexiscale.config.schema import resolve_hf_model
-    from lightning_hexiscale.config.suggest import check_interpolations
+    from lightning_hexiscale.config.suggest import check_flag_overrides, check_interpolations
     from lightning_hexiscale.errors import ConfigError, PlanError
     from lightning_hexiscale.models.config import LlamaConfig
 
     quiet_logs()
     apply_file_overrides(cfg)
     check_interpolations(cfg)  # ${oc.env:UNSET} names its key before anything reads it (here or in a rank)
+    check_flag_overrides(cfg, overrides_given())
     check_early(cfg)
     check_logger(cfg)
     resolve_hf_model(cfg, overrides_given())  # model=hf:/dir: the shape from its config.json

@@ -383,6 +383,9 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "con
         reapply_overrides(cfg, key, rest)
     resolve_hf_model(cfg, rest)
     check_interpolations(cfg)  # ${oc.env:UNSET} names its key here, not in a traceback where it is read
+    from lightning_hexiscale.config.suggest import check_flag_overrides
+
+    check_flag_overrides(cfg, rest)
     return cfg
 
 

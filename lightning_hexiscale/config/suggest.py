@@ -149,6 +149,7 @@ def check_yaml_keys(raw: DictConfig, schema: type, key: str, path: str) -> None:
             return
         names = [f.name for f in dataclasses.fields(kind)]
         hints = _hints(kind)
+        flags = _flag_fields(kind)
         for k in node:
             value = node._get_node(k)._value()
             if k not in names:
@@ -156,6 +157,10 @@ def check_yaml_keys(raw: DictConfig, schema: type, key: str, path: str) -> None:
                 fix = (f"did you mean {near[0]}? (write {near[0]}: ... in the file)" if near
                        else f"the keys of {where} are: {', '.join(names)}")
                 raise ConfigError(f"{where}.{k}", value, f"no such key in {kind.__name__} (in {path})", fix)
+            if k in flags and value is not None and not isinstance(value, bool):
+                # OmegaConf turns any number into a flag (tie_word_embeddings: -1 ran as true)
+                raise ConfigError(f"{where}.{k}", value, f"must be true or false (in {path})",
+                                  f"write {k}: true or {k}: false")
             child = node[k] if OmegaConf.is_config(node._get_node(k)) else None
             sub, mapping = hints.get(k, (None, False))
             if mapping and isinstance(child, DictConfig):  # free keys (names), each value of type ``sub``
@@ -165,6 +170,41 @@ def check_yaml_keys(raw: DictConfig, schema: type, key: str, path: str) -> None:
                 walk(child, sub, f"{where}.{k}")
 
     walk(raw, schema, key)
+
+
+def _flag_fields(kind: type) -> set[str]:
+    """The fields of dataclass ``kind`` typed bool (or Optional[bool])."""
+    import typing
+
+    try:
+        hints = typing.get_type_hints(kind)
+    except Exception:  # noqa: BLE001 -- an unresolvable annotation: not checked
+        return set()
+    return {n for n, h in hints.items() if h is bool or h == typing.Optional[bool]}
+
+
+def check_flag_overrides(cfg: DictConfig, overrides: list[str] | tuple[str, ...]) -> None:
+    """An override of a true/false key (``planner.use_all_devices=-1``) gives true or false:
+    OmegaConf turned any number into a flag (-1 and 2**70 ran as true, 0 as false)."""
+    import yaml
+
+    for o in overrides:
+        key, sep, value = o.partition("=")
+        key = key.lstrip("+")
+        if not sep or key.startswith(("~", "hydra.")) or "," in value:
+            continue  # group selections, deletions and -m sweeps (each point is composed on its own)
+        try:  # an interpolation (${hydra:...} outside a Hydra run) is no flag: not resolved here
+            current = OmegaConf.select(cfg, key, default=None, throw_on_missing=False, throw_on_resolution_failure=False)
+        except Exception:  # noqa: BLE001 -- a key OmegaConf cannot select: composition reported it already
+            continue
+        if not isinstance(current, bool):
+            continue
+        try:
+            parsed = yaml.safe_load(value) if value else value
+        except yaml.YAMLError:
+            continue
+        if not isinstance(parsed, bool):
+            raise ConfigError(key, value, "must be true or false", f"write {key}=true or {key}=false")
 
 
 def _hints(kind: type) -> dict[str, tuple[Any, bool]]:
