@@ -92,6 +92,10 @@ def gpu_type_from_config(tname: str, t: dict) -> catalog.GpuType:
             fields[name] = _fraction(t[name], f"{key}.{name}")
     if "hopper" in t:
         fields["hopper"] = bool(t["hopper"])
+    peak = fields.get("peak_flops", base.peak_flops if base is not None else None)
+    if "efficiency" in fields and not np.isfinite(peak * fields["efficiency"]):  # 1e308: sustained FLOP/s of inf
+        raise ConfigError(f"{key}.efficiency", t["efficiency"], f"the sustained rate flops x efficiency overflows "
+                          f"({format_flops(peak)} x {fields['efficiency']:g})", "give the calibrated fraction, e.g. 0.45")
     if base is None:
         return catalog.GpuType(tname, fields.pop("peak_flops"), fields.pop("memory_bytes"), **fields)
     # a listed type: its figures stay datasheet figures only where the user changed no rate
