@@ -149,3 +149,14 @@ def test_a_huge_num_layers_in_a_model_file_is_a_config_error_from_the_cli(tmp_pa
     assert main(["plan", "cluster=cpu_hetero4", f"model={f}", "planner.iterations=1"]) == 2
     err = capsys.readouterr().err
     assert "model.num_layers = 1180591620717411303424: must be at most 65,536" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("eps", [1.5, 1e308, 2**70, 1])
+def test_an_rms_norm_eps_of_one_or_more_is_refused(eps):
+    """rms_norm_eps: 1e308 was accepted ("a small positive number" checked only > 0 and finite-ish):
+    RMSNorm's output is then x / sqrt(mean(x^2) + eps), the activations shrunk to nothing."""
+    import dataclasses
+
+    with pytest.raises(ConfigError) as e:
+        dataclasses.replace(LlamaConfig.load("llama_tiny"), rms_norm_eps=eps)
+    assert e.value.key == "model.rms_norm_eps" and e.value.fix

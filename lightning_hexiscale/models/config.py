@@ -171,9 +171,10 @@ class LlamaConfig:
         if not (isinstance(self.rope_theta, (int, float)) and not isinstance(self.rope_theta, bool)
                 and 0 < self.rope_theta < float("inf")):
             raise ConfigError("model.rope_theta", self.rope_theta, "must be a positive number", "Llama 3 uses 500000")
-        eps = self.rms_norm_eps  # nan, 0 or below: every RMSNorm output would be nan (or inf) from the first step
-        if not (isinstance(eps, (int, float)) and not isinstance(eps, bool) and 0 < eps < float("inf")):
-            raise ConfigError("model.rms_norm_eps", eps, "must be a small positive number", "Llama uses 1e-5 (Llama 3: 1e-5, "
+        eps = self.rms_norm_eps  # nan, 0 or below: every RMSNorm output would be nan (or inf) from the first step;
+        # 1 or more outweighs the activations' mean square (~1): RMSNorm then shrinks them instead of normalising
+        if not (isinstance(eps, (int, float)) and not isinstance(eps, bool) and 0 < eps < 1):
+            raise ConfigError("model.rms_norm_eps", eps, "must be a small positive number (below 1)", "Llama uses 1e-5 (Llama 3: 1e-5, "
                               "Llama 2: 1e-5 or 1e-6)")
         mp = self.max_position_embeddings
         if mp is not None and (isinstance(mp, bool) or not isinstance(mp, int) or mp > MAX_MODEL_DIM):
