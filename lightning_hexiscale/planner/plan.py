@@ -158,6 +158,14 @@ class Plan:
         for name, empty in (("idle_devices", ()), ("meta", {})):  # None: none (what the defaults are)
             if getattr(self, name) is None:
                 object.__setattr__(self, name, empty)
+        # a scalar or a string here was a TypeError / AttributeError from validate() or check_model()
+        # ('' passed as no idle device at all)
+        if not isinstance(self.idle_devices, tuple):
+            raise PlanError("plan.idle_devices", self.idle_devices, "must be a list of device ids",
+                            "pass idle_devices=(6, 7), or () for none")
+        if not isinstance(self.meta, dict):
+            raise PlanError("plan.meta", self.meta, "must be a mapping (what the plan was made for)",
+                            "pass meta={'cluster': 'cpu_hetero4', 'model': 'llama_tiny'}, or leave it out")
         plan_wide = self.recompute
         if plan_wide is not None and not isinstance(plan_wide, bool):
             raise PlanError("plan.recompute", plan_wide, "a plan runs with recomputation or without: true or false",
@@ -190,6 +198,9 @@ class Plan:
         """This plan with recomputation set: one bool for every pipeline, or one per pipeline."""
         if isinstance(flags, bool):
             return replace(self, recompute=flags)
+        if not isinstance(flags, (list, tuple)):  # None / 1 was a TypeError ('not iterable')
+            raise PlanError("recompute", flags, "must be True, False or one flag per pipeline",
+                            f"pass e.g. with_recompute(True) or with_recompute({[True] * self.num_pipelines})")
         flags = tuple(flags)
         if len(flags) != self.num_pipelines:
             raise PlanError("recompute", list(flags), f"one flag per pipeline: the plan has {self.num_pipelines}",
@@ -236,6 +247,14 @@ class Plan:
         (when given); devices exist in ``cluster`` (when given); TP degree fits the model's heads
         (when ``model`` is given); ``num_layers`` matches the model. Returns ``self``.
         """
+        from lightning_hexiscale.config.cluster import Cluster
+        from lightning_hexiscale.models.config import LlamaConfig
+
+        for name, value, kind, fix in (("cluster", cluster, Cluster, "pass a Cluster: Cluster.load(name_or_path)"),
+                                       ("model", model, LlamaConfig, "pass a LlamaConfig: LlamaConfig.load(name_or_path)")):
+            if value is not None and not isinstance(value, kind):  # was AttributeError: no attribute 'num_devices'
+                raise PlanError(f"Plan.validate({name})", value if isinstance(value, (str, int, float)) else type(value).__name__,
+                                f"must be a {kind.__name__} or None", fix)
         if self.schedule not in SCHEDULES:
             raise PlanError("plan.schedule", self.schedule, f"must be one of {SCHEDULES}", "pick one of them")
         if self.dp_sharding not in DP_SHARDINGS:
