@@ -275,7 +275,14 @@ class Cluster:
             from lightning_hexiscale.config.schema import ClusterConfig, check_missing, merge_error
 
             cfg = cfg if "name" in cfg else {**cfg, "name": "cluster"}  # a label only (it read '???' before)
+            from lightning_hexiscale.config.suggest import check_yaml_keys
 
+            try:
+                raw = OmegaConf.create(cfg)
+            except Exception:  # noqa: BLE001 -- values OmegaConf cannot hold: the merge below names them
+                raw = None
+            if raw is not None:  # as a file's keys: a typo names the closest key, hopper: -1 is no flag
+                check_yaml_keys(raw, ClusterConfig, "cluster", "the dict given to Cluster.from_config")
             try:
                 cfg = OmegaConf.merge(OmegaConf.structured(ClusterConfig), cfg)
             except Exception as e:
