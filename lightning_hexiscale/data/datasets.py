@@ -209,8 +209,18 @@ def generated_text(num_chars: int, seed: int = 0) -> str:
     return "".join(out)[:num_chars]
 
 
+MAX_GENERATED_TOKENS = 2**27
+"""Most tokens the generated corpus holds (num_samples x seq_len = 134,217,728: about 20 s to generate and
+1 GiB of token ids); data.num_samples=2**70 generated text until the job was killed."""
+
+
 def generated_corpus(num_samples: int, seq_len: int, seed: int = 0) -> TokenWindows:
     """``num_samples`` windows of :func:`generated_text`, byte-tokenised."""
+    if isinstance(num_samples, int) and isinstance(seq_len, int) and num_samples * seq_len > MAX_GENERATED_TOKENS:
+        raise ConfigError("data.num_samples", num_samples, f"the generated corpus holds at most "
+                          f"{MAX_GENERATED_TOKENS:,} tokens, and {num_samples:,} sequences of {seq_len} tokens are "
+                          f"{num_samples * seq_len:,}", f"use at most {MAX_GENERATED_TOKENS // seq_len:,} samples "
+                          "(the default is 2048), or train on a file (data.kind=bin, hexiscale prepare-data)")
     text = generated_text(num_samples * seq_len + 1, seed)
     return TokenWindows(byte_tokenize(text), seq_len, BYTE_VOCAB, key="data")
 
