@@ -18,6 +18,16 @@ from lightning_hexiscale.cli.train_plan import effective_config, launch_settings
 from lightning_hexiscale.lightning.launch.job_watch import JobWatch
 
 
+def _fits_timedelta(seconds: float) -> bool:
+    from datetime import timedelta
+
+    try:
+        timedelta(seconds=seconds)
+    except OverflowError:
+        return False
+    return True
+
+
 def check_early(cfg: DictConfig) -> None:
     """What needs no plan, checked before planning (not after minutes of it, nor on every rank):
     trainer.nonfinite, trainer.timeout_s, trainer.precision, trainer.launcher, trainer.resume,
@@ -30,7 +40,8 @@ def check_early(cfg: DictConfig) -> None:
     if t.nonfinite not in ("skip", "stop"):
         raise ConfigError("trainer.nonfinite", t.nonfinite, "must be skip or stop",
                           "trainer.nonfinite=stop (raise, exit 4) or trainer.nonfinite=skip (drop the update)")
-    if not 0 < float(t.timeout_s) < float("inf"):  # inf: the strategy refused it after planning, as its own key
+    if not 0 < float(t.timeout_s) < float("inf") or not _fits_timedelta(float(t.timeout_s)):
+        # inf and 1e308 (a timedelta overflows): the strategy refused them after planning, as its own key
         raise ConfigError("trainer.timeout_s", t.timeout_s, "must be a positive number of seconds (finite)",
                           "e.g. trainer.timeout_s=600")
     if t.precision is not None:
