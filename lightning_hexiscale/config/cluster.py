@@ -456,6 +456,21 @@ def _fraction(v: Any, key: str) -> float:
     return f
 
 
+def _plain_number(x: Any) -> bool:
+    """A matrix entry: a number, or text that is one (YAML reads 1e9 without a point as text)."""
+    if isinstance(x, bool):
+        return False
+    if isinstance(x, (int, float)):
+        return True
+    if isinstance(x, str):
+        try:
+            float(x)
+        except ValueError:
+            return False
+        return True
+    return False
+
+
 def _load_matrices(path: str, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Read ``bandwidth_Bps`` and ``latency_s`` matrices (YAML/JSON); check shape, sign, symmetry."""
     from lightning_hexiscale.config.schema import packaged_file
@@ -465,12 +480,28 @@ def _load_matrices(path: str, n: int) -> tuple[np.ndarray, np.ndarray]:
         p = packaged_file(path) or p
     if not p.is_file():
         raise ConfigError("cluster.matrix_file", path, "file not found", "give a path relative to the working directory or conf/")
-    data = yaml.safe_load(p.read_text()) or {}
+    try:  # a syntax error, a folder or bytes were yaml's / the OS's tracebacks
+        data = yaml.safe_load(p.read_text()) or {}
+    except (yaml.YAMLError, OSError, UnicodeDecodeError) as e:
+        raise ConfigError("cluster.matrix_file", path, f"cannot read it as YAML/JSON ({str(e).splitlines()[0]})",
+                          "give the bandwidth_Bps / latency_s file `hexiscale profile` wrote") from None
+    if not isinstance(data, dict):  # 5 was "argument of type 'int' is not iterable"
+        raise ConfigError("cluster.matrix_file", path, f"holds a {type(data).__name__}, not a mapping of bandwidth_Bps "
+                          "and latency_s", f"write bandwidth_Bps: and latency_s: as {n} x {n} lists of lists")
     out = []
     for key in ("bandwidth_Bps", "latency_s"):
         if key not in data:
             raise ConfigError(f"cluster.matrix_file:{key}", None, "missing matrix", f"add {key}: an {n} x {n} list of lists")
-        m = np.asarray(data[key], dtype=float)
+        rows = data[key]
+        flat = [x for r in rows for x in (r if isinstance(r, list) else [r])] if isinstance(rows, list) else [rows]
+        bad = next((x for x in flat if not _plain_number(x)), None)
+        if bad is not None or (isinstance(rows, list) and len({len(r) if isinstance(r, list) else -1 for r in rows}) > 1):
+            # 'a', "1 GB/s", true, or rows of unequal length were numpy's ValueError (or a bool read as 1.0)
+            raise ConfigError(f"cluster.matrix_file:{key}", bad if bad is not None else "rows of unequal length",
+                              f"must be an {n} x {n} list of lists of plain numbers "
+                              + ("(bytes/s, no units)" if key == "bandwidth_Bps" else "(seconds, no units)"),
+                              "regenerate the file with `hexiscale profile`, or write plain numbers")
+        m = np.asarray(rows, dtype=float)
         if m.shape != (n, n):
             raise ConfigError(f"cluster.matrix_file:{key}", f"shape {m.shape}",
                               f"must be {n} x {n}: the machines declare {n} devices", "regenerate the matrix or fix the machines")
