@@ -90,7 +90,7 @@ def hf_rope(hf: dict[str, Any], where: str = "config.json") -> tuple[float, dict
     else:
         scaling, theta = hf.get("rope_scaling"), hf.get("rope_theta", 10000.0)
     theta = _number(theta, "model.rope_theta", "rope_theta", where)
-    if not scaling:
+    if scaling is None or scaling == {}:  # 0, "" or [] are no mapping: refused below, not read as none
         return theta, None
     if not isinstance(scaling, dict):
         raise ConfigError("model.rope_scaling", scaling, f"{where}: rope_scaling must be a mapping or null",
@@ -117,10 +117,21 @@ def hf_rope(hf: dict[str, Any], where: str = "config.json") -> tuple[float, dict
                               f"add rope_scaling.{k} to config.json, as in the model's original config.json "
                               "(Llama 3.1: factor 8.0, low_freq_factor 1.0, high_freq_factor 4.0, "
                               "original_max_position_embeddings 8192)")
-    out["factor"], out["low_freq_factor"], out["high_freq_factor"] = (
-        float(out["factor"]), float(out["low_freq_factor"]), float(out["high_freq_factor"]))
-    out["original_max_position_embeddings"] = int(out["original_max_position_embeddings"])
+    for k in ("factor", "low_freq_factor", "high_freq_factor"):  # null / text was float()'s TypeError / ValueError
+        out[k] = _number(out[k], f"model.rope_scaling.{k}", f"rope_scaling.{k}", where)
+    out["original_max_position_embeddings"] = _whole(out["original_max_position_embeddings"],
+                                                     "model.rope_scaling.original_max_position_embeddings",
+                                                     "rope_scaling.original_max_position_embeddings", where)
     return theta, out
+
+
+def _whole(value: Any, key: str, theirs: str, where: str) -> int:
+    """``value`` as an int: a number without a fraction (1.5 was truncated to 1 by ``int()``)."""
+    x = _number(value, key, theirs, where)
+    if not (x == x and abs(x) != float("inf") and float(x).is_integer()):
+        raise ConfigError(key, value, f"{where}: {theirs} must be a whole number",
+                          "write the value of the model's original config.json") from None
+    return int(x)
 
 
 def model_fields_from_hf(hf: dict[str, Any], name: str, seq_len: int | None = None,
@@ -155,19 +166,26 @@ def model_fields_from_hf(hf: dict[str, Any], name: str, seq_len: int | None = No
                               f"add {theirs} to config.json, as in the model's original config.json (or download the "
                               "checkpoint again)")
         out[ours] = hf[theirs]
-    out["num_kv_heads"] = hf.get("num_key_value_heads") or out["num_heads"]
+    # null or absent: multi-head attention (transformers' rule); 0, "" or [] are refused by LlamaConfig, not
+    # read as absent
+    kv = hf.get("num_key_value_heads")
+    out["num_kv_heads"] = out["num_heads"] if kv is None else kv
     head_dim = hf.get("head_dim")
     if head_dim is not None and head_dim * out["num_heads"] != out["hidden_size"]:
         raise ConfigError("model.head_dim", head_dim, f"must equal hidden_size / num_attention_heads = "
                           f"{out['hidden_size']} / {out['num_heads']}", "use a Llama checkpoint with standard heads")
     theta, scaling = hf_rope(hf, where)
-    max_pos = int(_number(hf.get("max_position_embeddings", 2048), "model.max_position_embeddings",
-                          "max_position_embeddings", where))
+    max_pos = _whole(hf.get("max_position_embeddings", 2048), "model.max_position_embeddings",
+                     "max_position_embeddings", where)
     # 1e-6: transformers' LlamaConfig default
     out["rms_norm_eps"] = _number(hf.get("rms_norm_eps", 1e-6), "model.rms_norm_eps", "rms_norm_eps", where)
     out["rope_theta"] = theta
     out["rope_scaling"] = scaling
-    out["tie_word_embeddings"] = bool(hf.get("tie_word_embeddings", False))  # LlamaConfig's default
+    tie = hf.get("tie_word_embeddings")
+    if tie is not None and not isinstance(tie, bool):  # bool() made "abc", -1 and [1] true
+        raise ConfigError("model.tie_word_embeddings", tie, f"{where}: tie_word_embeddings must be true or false",
+                          "write the value of the model's original config.json (false for Llama 2 / 3, 3.1)")
+    out["tie_word_embeddings"] = bool(tie)  # null or absent: LlamaConfig's default, false
     out["max_position_embeddings"] = max_pos
     if seq_len is None:
         seq_len = min(max_pos, scaling["original_max_position_embeddings"]) if scaling else max_pos
