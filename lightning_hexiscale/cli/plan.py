@@ -204,9 +204,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 raise ConfigError(flag, value, "a sweep (-m) writes one plan file per run into its sweep directory",
                                   "use --sweep-dir DIR, or plan one configuration without -m")
         return _sweep(args)
-    if args.out:
+    if args.out is not None:  # --out '' wrote nothing, silently
         check_output_file("--out", args.out, "plan.yaml")
-    if args.picture:
+    if args.picture is not None:
         check_output_file("--picture", args.picture, "plan.png")
         check_picture_path(args.picture)
     run = plan_once(overrides_of(args), args.baselines, progress=None if not args.json else False,

@@ -252,6 +252,8 @@ def check_output_file(flag: str, path: str, example: str) -> None:
 
     from lightning_hexiscale.errors import ConfigError
 
+    if not str(path).strip():
+        raise ConfigError(flag, path, "is empty; this option names the file to write", f"give a file path, e.g. {flag} {example}")
     p = Path(path)
     if p.is_dir():
         raise ConfigError(flag, path, "is a directory; this option names the file to write",

@@ -1,0 +1,22 @@
+"""An empty output path is a ConfigError naming its flag, before the work that fills it:
+`hexiscale plan --out ''` searched and wrote nothing, silently (and --picture '' the same)."""
+
+import pytest
+
+from lightning_hexiscale.cli.main import main
+from lightning_hexiscale.config.recipe import check_output_file
+from lightning_hexiscale.errors import ConfigError
+
+
+@pytest.mark.parametrize("flag", ["--out", "--picture"])
+def test_hexiscale_plan_refuses_an_empty_output_path(flag, capsys):
+    assert main(["plan", "cluster=cpu_hetero4", "model=llama_tiny", "planner.iterations=1", flag, ""]) == 2
+    captured = capsys.readouterr()
+    assert f"{flag} = '': is empty" in captured.err and "Fix:" in captured.err
+    assert "search:" not in captured.out + captured.err  # before the search
+
+
+@pytest.mark.parametrize("path", ["", "   "])
+def test_check_output_file_refuses_an_empty_path(path):
+    with pytest.raises(ConfigError, match="is empty"):
+        check_output_file("--out", path, "cluster.yaml")
