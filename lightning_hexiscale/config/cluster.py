@@ -390,7 +390,7 @@ class Cluster:
             lat[np.ix_(a, b)] = lat[np.ix_(b, a)] = ll
         if c.get("matrix_file"):
             bw, lat = _load_matrices(c["matrix_file"], n)
-        cal = Calibration(**{k: _pos_float(v, f"cluster.calibration.{k}") for k, v in (c.get("calibration") or {}).items()})
+        cal = Calibration(**{k: _theta(v, f"cluster.calibration.{k}") for k, v in (c.get("calibration") or {}).items()})
         toward = [resolve_toward(decl, labels, entry_names, mi) for mi, decl in enumerate(nic_decl)]
         nics = build_nics([m.devices for m in machines], nic_decl, np.array([d.machine for d in devices]), bw,
                           toward=toward)
@@ -445,6 +445,19 @@ def _pos_float(v: Any, key: str) -> float:
         raise ConfigError(key, v, "must be a number", "write e.g. 1.0") from None
     if not (f > 0 and np.isfinite(f)):  # .inf would make every price 0 or inf downstream
         raise ConfigError(key, v, "must be a finite number greater than zero", "use a positive value")
+    return f
+
+
+MAX_THETA = 100.0
+"""Largest overlap slowdown theta a cluster file may give: ``hexiscale calibrate`` fits theta_ddp within
+[0.1, 20] (profiling/calibrate.py); 1e308 was accepted and priced every data-parallel step at ~1e300 s."""
+
+
+def _theta(v: Any, key: str) -> float:
+    f = _pos_float(v, key)
+    if f > MAX_THETA:
+        raise ConfigError(key, v, f"an overlap slowdown (1.0 = none) must be at most {MAX_THETA:g}; hexiscale calibrate "
+                          "fits it between 0.1 and 20", "use the value hexiscale calibrate wrote, or 1.0")
     return f
 
 
