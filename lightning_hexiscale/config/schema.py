@@ -21,6 +21,8 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from lightning_hexiscale.config.layer_table import LayerTableConfig
 from lightning_hexiscale.config.recipe import DataConfig, TrainerConfig
+from lightning_hexiscale.config.file_errors import (  # noqa: F401 (DOC_PAGES, is_file: re-exported)
+    DOC_PAGES, check_name_or_path, clean_message, doc_page, is_file, locate_entry)
 from lightning_hexiscale.errors import ConfigError
 
 
@@ -304,23 +306,6 @@ def preset_names(group: str) -> list[str]:
     return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml") if not p.stem.startswith("_"))
 
 
-def is_file(p: str | os.PathLike) -> bool:
-    """``Path(p).is_file()``, False for a name the OS refuses (longer than NAME_MAX: pathlib raises
-    OSError 'File name too long' there instead of answering)."""
-    try:
-        return Path(p).is_file()
-    except (OSError, ValueError):  # ValueError: an embedded NUL byte
-        return False
-
-
-def check_name_or_path(value: Any, key: str, example: str) -> None:
-    """``value`` names a preset or a file: a str or a path. None, a number or a mapping was a
-    TypeError from pathlib ('expected str, bytes or os.PathLike object')."""
-    if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
-        raise ConfigError(key, value if isinstance(value, (str, int, float)) else type(value).__name__,
-                          "must be a preset name or the path of a file", f"pass e.g. {example!r}")
-
-
 def load_preset(group: str, name_or_path: str, schema: type) -> DictConfig:
     """A preset name (conf/<group>/NAME.yaml) or a path to a YAML file, checked against ``schema``."""
     check_name_or_path(name_or_path, group, {"cluster": "cpu_hetero4", "model": "llama_tiny"}.get(group, "NAME"))
@@ -457,7 +442,7 @@ def resolve_hf_model(cfg: DictConfig, overrides: list[str] | tuple[str, ...] = (
     try:
         node = OmegaConf.merge(OmegaConf.structured(ModelConfig), fields)
     except Exception as e:
-        raise ConfigError("model", f"hf:{d}", _clean(str(e)), "check config.json") from None
+        raise ConfigError("model", f"hf:{d}", clean_message(str(e)), "check config.json") from None
     OmegaConf.set_struct(cfg, False)
     cfg.model = node
     OmegaConf.set_struct(cfg, True)
@@ -474,7 +459,7 @@ def reapply_overrides(cfg: DictConfig, key: str, overrides: list[str] | tuple[st
             try:
                 OmegaConf.update(cfg, k, yaml.safe_load(v) if v else v, merge=True)
             except Exception as e:
-                raise ConfigError(k, v, _clean(str(e)), f"see {_page(key)} for its keys") from None
+                raise ConfigError(k, v, clean_message(str(e)), f"see {doc_page(key)} for its keys") from None
 
 
 def load_yaml_node(path: str | Path, schema: type, key: str) -> DictConfig:
@@ -486,11 +471,11 @@ def load_yaml_node(path: str | Path, schema: type, key: str) -> DictConfig:
                           "correct the syntax at the line and column named (quote values holding ':' or '#')") from None
     if not isinstance(raw, DictConfig):
         raise ConfigError(key, str(path), "the file holds a list, not a mapping of keys",
-                          f"see {_page(key)} for the format and `hexiscale list` for the presets")
+                          f"see {doc_page(key)} for the format and `hexiscale list` for the presets")
     if isinstance(raw, DictConfig) and "defaults" in raw:
         raw = OmegaConf.masked_copy(raw, [k for k in raw if k != "defaults"])
     if len(raw) == 0:
-        raise ConfigError(key, str(path), "the file is empty", f"describe the {key} in it; see {_page(key)}")
+        raise ConfigError(key, str(path), "the file is empty", f"describe the {key} in it; see {doc_page(key)}")
     from lightning_hexiscale.config.suggest import check_interpolations, check_yaml_keys
 
     check_yaml_keys(raw, schema, key, str(path))  # a typo (bandwith) names the closest key
@@ -515,7 +500,7 @@ def check_missing(node: DictConfig, key: str, where: str) -> None:
     missing = sorted(OmegaConf.missing_keys(node))
     if missing:
         raise ConfigError(f"{key}.{missing[0]}", None, f"a required key is missing (in {where})",
-                          f"add {missing[0].split('.')[-1]}: ... (see {_page(key)})")
+                          f"add {missing[0].split('.')[-1]}: ... (see {doc_page(key)})")
 
 
 ENTRY_EXAMPLES = {
@@ -530,7 +515,7 @@ def merge_error(e: Exception, data: Any, key: str, where: str) -> ConfigError:
     schema; ``where``: the file (or what stands for it). OmegaConf names the field but not where it
     sits in a list (``count`` for ``machines[1].count``): it is looked up."""
     full_key = getattr(e, "full_key", None) or ""
-    found = _locate(data, full_key, str(e))
+    found = locate_entry(data, full_key, str(e))
     bad = f"{key}.{found[0]}" if found else key
     entry = re.match(r"Invalid type assigned: (\w+) is not a subclass of (\w+)", str(e))
     schema = globals().get(entry.group(2)) if entry else None
@@ -540,67 +525,17 @@ def merge_error(e: Exception, data: Any, key: str, where: str) -> ConfigError:
         field_ = re.sub(r"\[\d+\]$", "", found[0]).split(".")[-1]
         return ConfigError(bad, found[1], f"an entry of {field_} must be a mapping with the keys {names} "
                            f"({schema.__name__}), not {'an' if entry.group(1)[0] in 'aeiou' else 'a'} {entry.group(1)} (in {where})",
-                           f"write it as e.g. {example} (see {_page(key)})" if example
-                           else f"write it as a mapping of those keys (see {_page(key)})")
-    return ConfigError(bad, found[1] if found else where, f"{_clean(str(e))} (in {where})",
-                       f"see {_page(key)} for the format of this file")
-
-
-DOC_PAGES = {"cluster": "Clusters (docs/guide/clusters.md)", "model": "Models (docs/guide/models.md)"}
-"""The documentation page of each file kind, for the fixes: a wheel user has the docs, not ``conf/``."""
-
-
-def _page(key: str) -> str:
-    return "the docs' " + DOC_PAGES.get(key, "Configuration reference (docs/reference/configuration.md)") + " page"
-
-
-def _locate(data: Any, full_key: str | int, message: str = "") -> tuple[str, Any] | None:
-    """(path with list indices, value) of the entry of ``data`` that OmegaConf's error is about: it
-    reports ``count`` for ``machines[1].count``, so every entry whose path ends with ``full_key`` is
-    a candidate, and the one whose value the message quotes wins. An entry of a nested list
-    (``nics.gpus: [[0], 1]``) is reported by its index alone (``1``, an int): the entry at that index
-    whose type the message names (``int is not a ListConfig``)."""
-    if isinstance(full_key, int):  # was AttributeError: 'int' object has no attribute 'split'
-        hits: list[tuple[str, Any]] = []
-
-        def entries(node: Any, path: str) -> None:
-            items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
-            for k, v in items:
-                here = f"{path}[{k}]" if isinstance(k, int) else (f"{path}.{k}" if path else str(k))
-                if isinstance(node, list) and k == full_key and f"{type(v).__name__} is not" in message:
-                    hits.append((here, v))
-                entries(v, here)
-
-        entries(data, "")
-        return hits[0] if hits else None
-    if not full_key:
-        return None
-    tail = full_key.split(".")
-    found: list[tuple[str, Any]] = []
-    exact: list[tuple[str, Any]] = []  # full_key names an entry itself (machines[0]): that entry
-
-    def walk(node: Any, path: str) -> None:
-        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
-        for k, v in items:
-            here = f"{path}[{k}]" if isinstance(k, int) else (f"{path}.{k}" if path else str(k))
-            if here == full_key and "[" in full_key:
-                exact.append((here, v))
-            if re.sub(r"\[\d+\]", "", here).split(".")[-len(tail):] == tail:
-                found.append((here, v))
-            walk(v, here)
-
-    walk(data, "")
-    if exact:
-        return exact[0]
-    quoted = [c for c in found if f"'{c[1]}'" in message]
-    return (quoted or found or [None])[0]
+                           f"write it as e.g. {example} (see {doc_page(key)})" if example
+                           else f"write it as a mapping of those keys (see {doc_page(key)})")
+    return ConfigError(bad, found[1] if found else where, f"{clean_message(str(e))} (in {where})",
+                       f"see {doc_page(key)} for the format of this file")
 
 
 def _compose_error(e: Exception, overrides: list[str]) -> ConfigError:
-    msg = _clean(str(e))
+    msg = clean_message(str(e))
     cause = e.__cause__ or e.__context__
     if cause is not None and str(cause) and str(cause) not in msg:
-        msg += ": " + _clean(str(cause))
+        msg += ": " + clean_message(str(cause))
     for group in ("cluster", "model", "train", "planner"):
         if f"'{group}/" in msg or f"group {group}" in msg or f"{group}=" in msg:
             fix = f"available {group} presets: {', '.join(preset_names(group))}"
@@ -624,12 +559,6 @@ def _compose_error(e: Exception, overrides: list[str]) -> ConfigError:
         return ConfigError(there.group(1), "+" + added, "'+' adds a key the configuration does not have, and this "
                            "one is there already", f"drop the '+': {added}")
     return ConfigError("overrides", " ".join(overrides), msg, "check key names against conf/ and the schemas in lightning_hexiscale/config/schema.py")
-
-
-def _clean(msg: str) -> str:
-    """First meaningful lines of an OmegaConf/Hydra message, without the full_key/object_type footer."""
-    keep = [ln.strip() for ln in msg.splitlines() if ln.strip() and not ln.strip().startswith(("full_key", "object_type", "reference_type"))]
-    return " ".join(keep[:3])
 
 
 def to_container(cfg: Any) -> Any:

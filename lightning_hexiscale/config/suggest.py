@@ -237,7 +237,7 @@ def check_file_refs(overrides: list[str], presets: dict[str, list[str]]) -> None
     'cluster//path'" with the preset list. ``presets``: group -> preset names, for the fix."""
     from pathlib import Path
 
-    from lightning_hexiscale.config.schema import is_file
+    from lightning_hexiscale.config.file_errors import is_file
 
     for o in overrides:
         key, _, value = o.partition("=")

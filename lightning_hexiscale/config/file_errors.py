@@ -1,0 +1,87 @@
+"""Reading a user's YAML file names the entry at fault: paths that may not be files (a name longer
+than the OS allows), a preset-or-file argument of the wrong type, and where in the file an
+OmegaConf error points (it names a field, not its place in a list). Used by
+:mod:`~lightning_hexiscale.config.schema` and :mod:`~lightning_hexiscale.config.suggest`, which it
+imports neither of."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from lightning_hexiscale.errors import ConfigError
+
+
+def is_file(p: str | os.PathLike) -> bool:
+    """``Path(p).is_file()``, False for a name the OS refuses (longer than NAME_MAX: pathlib raises
+    OSError 'File name too long' there instead of answering)."""
+    try:
+        return Path(p).is_file()
+    except (OSError, ValueError):  # ValueError: an embedded NUL byte
+        return False
+
+
+def check_name_or_path(value: Any, key: str, example: str) -> None:
+    """``value`` names a preset or a file: a str or a path. None, a number or a mapping was a
+    TypeError from pathlib ('expected str, bytes or os.PathLike object')."""
+    if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
+        raise ConfigError(key, value if isinstance(value, (str, int, float)) else type(value).__name__,
+                          "must be a preset name or the path of a file", f"pass e.g. {example!r}")
+
+
+DOC_PAGES = {"cluster": "Clusters (docs/guide/clusters.md)", "model": "Models (docs/guide/models.md)"}
+"""The documentation page of each file kind, for the fixes: a wheel user has the docs, not ``conf/``."""
+
+
+def doc_page(key: str) -> str:
+    return "the docs' " + DOC_PAGES.get(key, "Configuration reference (docs/reference/configuration.md)") + " page"
+
+
+def locate_entry(data: Any, full_key: str | int, message: str = "") -> tuple[str, Any] | None:
+    """(path with list indices, value) of the entry of ``data`` that OmegaConf's error is about: it
+    reports ``count`` for ``machines[1].count``, so every entry whose path ends with ``full_key`` is
+    a candidate, and the one whose value the message quotes wins. An entry of a nested list
+    (``nics.gpus: [[0], 1]``) is reported by its index alone (``1``, an int): the entry at that index
+    whose type the message names (``int is not a ListConfig``)."""
+    if isinstance(full_key, int):  # was AttributeError: 'int' object has no attribute 'split'
+        hits: list[tuple[str, Any]] = []
+
+        def entries(node: Any, path: str) -> None:
+            items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+            for k, v in items:
+                here = f"{path}[{k}]" if isinstance(k, int) else (f"{path}.{k}" if path else str(k))
+                if isinstance(node, list) and k == full_key and f"{type(v).__name__} is not" in message:
+                    hits.append((here, v))
+                entries(v, here)
+
+        entries(data, "")
+        return hits[0] if hits else None
+    if not full_key:
+        return None
+    tail = full_key.split(".")
+    found: list[tuple[str, Any]] = []
+    exact: list[tuple[str, Any]] = []  # full_key names an entry itself (machines[0]): that entry
+
+    def walk(node: Any, path: str) -> None:
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for k, v in items:
+            here = f"{path}[{k}]" if isinstance(k, int) else (f"{path}.{k}" if path else str(k))
+            if here == full_key and "[" in full_key:
+                exact.append((here, v))
+            if re.sub(r"\[\d+\]", "", here).split(".")[-len(tail):] == tail:
+                found.append((here, v))
+            walk(v, here)
+
+    walk(data, "")
+    if exact:
+        return exact[0]
+    quoted = [c for c in found if f"'{c[1]}'" in message]
+    return (quoted or found or [None])[0]
+
+
+def clean_message(msg: str) -> str:
+    """First meaningful lines of an OmegaConf/Hydra message, without the full_key/object_type footer."""
+    keep = [ln.strip() for ln in msg.splitlines() if ln.strip() and not ln.strip().startswith(("full_key", "object_type", "reference_type"))]
+    return " ".join(keep[:3])
