@@ -24,7 +24,6 @@ Conventions the runtime relies on:
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
@@ -32,6 +31,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 import yaml
 
 from lightning_hexiscale.errors import ConfigError, PlanError
+from lightning_hexiscale.planner.plan.model_check import MODEL_SHAPE_FIELDS, check_plan_model, model_shape  # noqa: F401 (re-exported)
+from lightning_hexiscale.planner.plan.yaml_io import UniqueKeyLoader, finite_or_null, plain
 
 if TYPE_CHECKING:  # pragma: no cover
     from lightning_hexiscale.config.cluster import Cluster
@@ -51,6 +52,8 @@ def check_global_batch_bound(value: Any, key: str = "train.global_batch") -> Non
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value > MAX_GLOBAL_BATCH:
         raise ConfigError(key, value, f"must be at most {MAX_GLOBAL_BATCH:,} sequences per optimizer step",
                           "give the global batch in sequences (not tokens), e.g. 32")
+
+
 REDUCE_DTYPES = ("bf16", "fp32")
 
 
@@ -109,16 +112,6 @@ class Pipeline:
     def devices(self) -> tuple[int, ...]:
         """Derived: every device of every stage, in stage order."""
         return tuple(d for s in self.stages for d in s.devices)
-
-
-MODEL_SHAPE_FIELDS = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size",
-                      "tie_word_embeddings")
-"""The model fields a plan's layout and price depend on (``seq_len`` is a run setting: not among them)."""
-
-
-def model_shape(model: LlamaConfig) -> dict[str, Any]:
-    """The :data:`MODEL_SHAPE_FIELDS` of ``model``, as a plan's ``meta.model_shape`` records them."""
-    return {f: getattr(model, f) for f in MODEL_SHAPE_FIELDS}
 
 
 @dataclass(frozen=True)
@@ -359,34 +352,7 @@ class Plan:
         ``meta.model`` names when it is not ``model``'s name. A plan that records neither, or
         names a model that does not load here, is not checked (:meth:`validate` still checks the
         layer count and the TP degrees)."""
-        shape, where = self.meta.get("model_shape"), "meta.model_shape"
-        name = self.meta.get("model")
-        if not isinstance(shape, dict):
-            if not isinstance(name, str) or name == model.name:
-                return
-            from lightning_hexiscale.errors import HexiScaleError
-            from lightning_hexiscale.models.config import LlamaConfig as _Llama
-
-            try:
-                shape, where = model_shape(_Llama.load(name)), "meta.model"
-            except (HexiScaleError, OSError, ValueError):
-                return
-        diffs = [f for f in MODEL_SHAPE_FIELDS if f in shape and shape[f] != getattr(model, f)]
-        if not diffs:
-            return
-        made_for = name if isinstance(name, str) else "another model"
-        if isinstance(name, str) and name == model.name:  # same name: model.* overrides differ
-            made_for = f"{name} with " + ", ".join(f"{f}={shape[f]}" for f in diffs)
-            use = "pass the same overrides (" + " ".join(f"model.{f}={shape[f]}" for f in diffs) + ")"
-        else:
-            use = f"use the model it was made for (model={made_for})"
-            made_for += " (" + ", ".join(f"{f}={shape[f]}" for f in diffs) + ")"
-        here = ", ".join(f"{f}={getattr(model, f)}" for f in diffs)
-        raise PlanError(f"plan.{where}", name if where == "meta.model" else {f: shape[f] for f in diffs},
-                        f"the plan was made for {made_for}; the model here, {model.name}, has {here}: the "
-                        "layout, batches and price belong to the plan's model",
-                        f"{use}, or make a plan for this model (hexiscale plan model={model.name} ...); to price "
-                        "this layout for it anyway, remove meta.model and meta.model_shape from the plan file")
+        check_plan_model(self, model)
 
     def _validate_idle(self, used: dict[int, str], cluster: Cluster | None) -> None:
         """``idle_devices``: distinct integer ids >= 0, in no stage, present in ``cluster`` (when given)."""
@@ -432,7 +398,7 @@ class Plan:
             del out["recompute"]
         if self.idle_devices:
             out["idle_devices"] = list(self.idle_devices)
-        out["meta"] = _plain(dict(self.meta))
+        out["meta"] = plain(dict(self.meta))
         return out
 
     @classmethod
@@ -481,7 +447,7 @@ class Plan:
     def to_json(self) -> str:
         """Strict JSON: a non-finite number (in ``meta``) is written null, not ``Infinity`` / ``NaN``,
         tokens that strict parsers (JavaScript's, jq) refuse; YAML keeps ``.inf``."""
-        return json.dumps(_finite_or_null(self.to_dict()), indent=2, allow_nan=False)
+        return json.dumps(finite_or_null(self.to_dict()), indent=2, allow_nan=False)
 
     def save(self, path: str | Path) -> None:
         """Write YAML (or JSON for a .json path) atomically: temporary file, then rename."""
@@ -504,7 +470,7 @@ class Plan:
         if not is_file(path):
             raise PlanError("--plan", str(path), "no such plan file", "give the path of a plan YAML/JSON file")
         try:
-            data = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)
+            data = yaml.load(path.read_text(), Loader=UniqueKeyLoader)
         except yaml.YAMLError as e:
             raise PlanError("--plan", str(path), f"not valid YAML/JSON ({e})",
                             "correct the syntax at the line and column named (quote values holding ':' or '#')") from None
@@ -557,55 +523,6 @@ def _recompute_flag(data: dict[str, Any], where: str) -> bool | None:
         raise PlanError(f"{where}.recompute", value, "a plan runs with recomputation or without: true or false",
                         "write recompute: true or recompute: false (auto is a planner setting, "
                         "train.recompute, that a plan's search resolves)")
-    return value
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """``yaml.safe_load`` that refuses a key given twice in one mapping: YAML (and json) keep the last,
-    so a second ``pipelines:`` block replaced the first and ``batch_size: 4 ... batch_size: 8`` ran 8."""
-
-
-def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen: dict[Any, int] = {}
-    for key_node, _ in node.value:
-        if key_node.tag == "tag:yaml.org,2002:merge":  # '<<: *anchor' merges; explicit keys may override
-            continue
-        key = loader.construct_object(key_node, deep=deep)
-        try:
-            first = seen.get(key)
-        except TypeError:  # an unhashable key: the constructor below says so
-            continue
-        if first is not None:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"key {key!r} is given twice in one mapping (first on line {first + 1}); "
-                "the second would silently replace the first", key_node.start_mark)
-        seen[key] = key_node.start_mark.line
-    return loader.construct_mapping(node, deep=deep)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
-
-
-def _plain(value: Any) -> Any:
-    """``meta`` as YAML and JSON write it: numpy scalars as Python numbers (a client's
-    ``meta={'time_s': np.float64(...)}`` made save() raise), tuples as lists."""
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if hasattr(value, "item") and type(value).__module__ == "numpy":
-        return value.item()
-    return value
-
-
-def _finite_or_null(value: Any) -> Any:
-    """``value`` with every non-finite float replaced by None (for strict JSON)."""
-    if isinstance(value, dict):
-        return {k: _finite_or_null(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite_or_null(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
     return value
 
 

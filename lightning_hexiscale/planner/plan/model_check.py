@@ -1,0 +1,58 @@
+"""Which model a plan was made for: its recorded shape (``meta.model_shape``) checked against the
+model it is about to price or run (:meth:`Plan.check_model`).
+
+A plan's layout (layers per stage, TP degrees), batches and price belong to one model shape; two
+models of the same depth (Llama-2 7B and Llama-3 8B: 32 layers) pass :meth:`Plan.validate`, so
+without this check one's plan was priced and run as the other's without a word.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from lightning_hexiscale.errors import PlanError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from lightning_hexiscale.models.config import LlamaConfig
+
+
+MODEL_SHAPE_FIELDS = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size",
+                      "tie_word_embeddings")
+"""The model fields a plan's layout and price depend on (``seq_len`` is a run setting: not among them)."""
+
+
+def model_shape(model: LlamaConfig) -> dict[str, Any]:
+    """The :data:`MODEL_SHAPE_FIELDS` of ``model``, as a plan's ``meta.model_shape`` records them."""
+    return {f: getattr(model, f) for f in MODEL_SHAPE_FIELDS}
+
+
+def check_plan_model(plan: Any, model: LlamaConfig) -> None:
+    """See :meth:`Plan.check_model` (``plan`` is a :class:`Plan`; not imported here, which imports this)."""
+    shape, where = plan.meta.get("model_shape"), "meta.model_shape"
+    name = plan.meta.get("model")
+    if not isinstance(shape, dict):
+        if not isinstance(name, str) or name == model.name:
+            return
+        from lightning_hexiscale.errors import HexiScaleError
+        from lightning_hexiscale.models.config import LlamaConfig as _Llama
+
+        try:
+            shape, where = model_shape(_Llama.load(name)), "meta.model"
+        except (HexiScaleError, OSError, ValueError):
+            return
+    diffs = [f for f in MODEL_SHAPE_FIELDS if f in shape and shape[f] != getattr(model, f)]
+    if not diffs:
+        return
+    made_for = name if isinstance(name, str) else "another model"
+    if isinstance(name, str) and name == model.name:  # same name: model.* overrides differ
+        made_for = f"{name} with " + ", ".join(f"{f}={shape[f]}" for f in diffs)
+        use = "pass the same overrides (" + " ".join(f"model.{f}={shape[f]}" for f in diffs) + ")"
+    else:
+        use = f"use the model it was made for (model={made_for})"
+        made_for += " (" + ", ".join(f"{f}={shape[f]}" for f in diffs) + ")"
+    here = ", ".join(f"{f}={getattr(model, f)}" for f in diffs)
+    raise PlanError(f"plan.{where}", name if where == "meta.model" else {f: shape[f] for f in diffs},
+                    f"the plan was made for {made_for}; the model here, {model.name}, has {here}: the "
+                    "layout, batches and price belong to the plan's model",
+                    f"{use}, or make a plan for this model (hexiscale plan model={model.name} ...); to price "
+                    "this layout for it anyway, remove meta.model and meta.model_shape from the plan file")

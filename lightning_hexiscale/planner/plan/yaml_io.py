@@ -1,0 +1,58 @@
+"""YAML and JSON helpers of plan files: a loader that refuses a key given twice, and ``meta`` in the
+plain types YAML and strict JSON write."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import yaml
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.safe_load`` that refuses a key given twice in one mapping: YAML (and json) keep the last,
+    so a second ``pipelines:`` block replaced the first and ``batch_size: 4 ... batch_size: 8`` ran 8."""
+
+
+def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":  # '<<: *anchor' merges; explicit keys may override
+            continue
+        key = loader.construct_object(key_node, deep=deep)
+        try:
+            first = seen.get(key)
+        except TypeError:  # an unhashable key: the constructor below says so
+            continue
+        if first is not None:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key {key!r} is given twice in one mapping (first on line {first + 1}); "
+                "the second would silently replace the first", key_node.start_mark)
+        seen[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=deep)
+
+
+UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
+def plain(value: Any) -> Any:
+    """``meta`` as YAML and JSON write it: numpy scalars as Python numbers (a client's
+    ``meta={'time_s': np.float64(...)}`` made save() raise), tuples as lists."""
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if hasattr(value, "item") and type(value).__module__ == "numpy":
+        return value.item()
+    return value
+
+
+def finite_or_null(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by None (for strict JSON)."""
+    if isinstance(value, dict):
+        return {k: finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite_or_null(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
