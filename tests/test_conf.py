@@ -247,8 +247,8 @@ def test_the_configuration_reference_lists_every_key_with_its_default():
 
 @pytest.mark.parametrize("override, message", [
     ("planner.seed=-1", "planner.seed = -1: must be a non-negative integer"),  # was numpy's ValueError traceback
-    ("planner.balance=nan", "planner.balance = nan: a balance factor (max / mean compute) is at least 1"),
-    ("planner.group_balance=0", "planner.group_balance = 0.0: a balance factor (max / mean compute) is at least 1"),
+    ("planner.balance=nan", "planner.balance = nan: a balance factor (max / mean compute) is a finite number of at least 1"),
+    ("planner.group_balance=0", "planner.group_balance = 0.0: a balance factor (max / mean compute) is a finite number of at least 1"),
     ("model.rms_norm_eps=nan", "model.rms_norm_eps = nan: must be a small positive number"),
     ("model.rms_norm_eps=0", "model.rms_norm_eps = 0.0: must be a small positive number"),
     ("model.rope_theta=inf", "model.rope_theta = inf: must be a positive number"),

@@ -27,6 +27,7 @@ from lightning_hexiscale.lightning.plan_check import DEFAULT_WARMUP, plan_check_
 from lightning_hexiscale.lightning.plan_resolution import AUTO, load_cluster_arg, load_plan_arg
 from lightning_hexiscale.planner import DP_SHARDINGS, SCHEDULES, Plan
 from lightning_hexiscale.planner.plan import check_global_batch_bound
+from lightning_hexiscale.planner.search.settings import MAX_ITERATIONS
 from lightning_hexiscale.runtime import NONFINITE_POLICIES
 
 StartMethod = Literal["popen", "spawn", "fork", "forkserver"]
@@ -37,7 +38,7 @@ PLAN_OVERRIDE_KEYS = ("micro_batch_size", "schedule", "recompute", "dp_sharding"
 
 MAX_THREADS = 4096
 """Most CPU threads per rank (``num_threads``): more than any machine's cores."""
-MAX_PLANNER_ITERATIONS = 100_000
+MAX_PLANNER_ITERATIONS = MAX_ITERATIONS
 """Most search iterations (``planner_iterations``; the default is 20, ``hexiscale plan``'s 50)."""
 MAX_GRACE_S = 86_400
 """Longest ``watchdog_grace_s``: a day."""

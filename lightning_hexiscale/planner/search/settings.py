@@ -11,10 +11,12 @@ from typing import Any
 
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.planner.cost.estimate import Estimate
-from lightning_hexiscale.planner.plan import SCHEDULES, Plan
+from lightning_hexiscale.planner.plan import MAX_GLOBAL_BATCH, SCHEDULES, Plan, check_global_batch_bound
 from lightning_hexiscale.planner.search.assemble import DP_OPTIONS
 
 CUTS = ("auto", "min", "max")
+MAX_ITERATIONS = 100_000
+"""Most search iterations (``planner.iterations``): hours of search on a large cluster; 2**70 never ended."""
 
 
 @dataclass(frozen=True)
@@ -67,15 +69,17 @@ class SearchSettings:
             object.__setattr__(self, "tp_degrees", tuple(self.tp_degrees))
         if self.tp_degrees is not None and not isinstance(self.tp_degrees, tuple):
             raise ConfigError("tp_degrees", self.tp_degrees, "must be a tuple of TP degrees (or None)", "use e.g. (2,)")
-        if self.iterations < 1:
-            raise ConfigError("planner.iterations", self.iterations, "must be at least 1", "use e.g. 50")
+        if not 1 <= self.iterations <= MAX_ITERATIONS:  # 2**70 was a search that never ended
+            raise ConfigError("planner.iterations", self.iterations, f"must be between 1 and {MAX_ITERATIONS:,}",
+                              "use e.g. 50 (the default; each iteration takes milliseconds to a second)")
         if self.tau < 1:
             raise ConfigError("planner.tau", self.tau, "must be at least 1", "use e.g. 2")
         if self.seed < 0:  # numpy's generators take none: it was their ValueError traceback
             raise ConfigError("planner.seed", self.seed, "must be a non-negative integer", "use e.g. 0")
         for key, value, example in (("balance", self.balance, 1.2), ("group_balance", self.group_balance, 2.0)):
-            if not value >= 1.0:  # nan (and a group_balance of 0) passed here: the partitions took them as bounds
-                raise ConfigError(f"planner.{key}", value, "a balance factor (max / mean compute) is at least 1",
+            if not 1.0 <= value < math.inf:  # nan, 0 and inf passed here: the partitions took them as bounds
+                raise ConfigError(f"planner.{key}", value,
+                                  "a balance factor (max / mean compute) is a finite number of at least 1",
                                   f"use e.g. {example}")
         if self.cut not in CUTS:
             raise ConfigError("planner.cut", self.cut, f"must be one of {CUTS}", "use auto")
@@ -92,6 +96,13 @@ class SearchSettings:
         if not isinstance(self.use_all_devices, bool):
             raise ConfigError("planner.use_all_devices", self.use_all_devices, "must be true or false",
                               "use false (the plan may leave slow devices idle) or true (every device takes work)")
+        if self.micro_batch_size is not None and (
+                isinstance(self.micro_batch_size, bool) or not isinstance(self.micro_batch_size, numbers.Integral)
+                or not 1 <= self.micro_batch_size <= MAX_GLOBAL_BATCH):
+            # 'abc', -1, nan and [] were taken at construction and failed (or split nothing) inside the search
+            raise ConfigError("train.micro_batch_size", self.micro_batch_size,
+                              "must be a positive integer that divides the global batch (or null)",
+                              "use null (the batch split picks one per pipeline) or e.g. 1")
         if self.tp_degrees is not None and (not self.tp_degrees or any(
                 not isinstance(t, int) or isinstance(t, bool) or t < 1 for t in self.tp_degrees)):
             raise ConfigError("tp_degrees", self.tp_degrees, "must be positive integers (or None)", "use e.g. (2,)")
@@ -164,6 +175,7 @@ def global_batch_setting(value: Any, example: int = 32) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise ConfigError("train.global_batch", value, "must be a positive integer (sequences per optimizer step)",
                           f"use e.g. {example}")
+    check_global_batch_bound(value)  # search(.., 2**70) was an OverflowError from the batch split
     return int(value)
 
 

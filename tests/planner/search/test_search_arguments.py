@@ -49,3 +49,30 @@ def test_tp_degrees_no_group_can_have_are_refused_with_the_limits():
             search(cluster, workload, 8, SearchSettings(progress=False, tp_degrees=degrees))
         assert ei.value.key == "tp_degrees" and "KV heads" in str(ei.value) and "from 1 to 2" in str(ei.value)
     assert search(cluster, workload, 8, SearchSettings(progress=False, tp_degrees=(2, 3))).plan.pipelines[0].stages[0].tp == 2
+
+
+@pytest.mark.parametrize("kwargs,key", [
+    ({"iterations": 2**70}, "planner.iterations"),             # a search that never ended
+    ({"balance": float("inf")}, "planner.balance"),            # taken as a bound: any partition passed
+    ({"group_balance": float("inf")}, "planner.group_balance"),
+    ({"micro_batch_size": "abc"}, "train.micro_batch_size"),   # taken; a TypeError inside the search
+    ({"micro_batch_size": -1}, "train.micro_batch_size"),
+    ({"micro_batch_size": float("nan")}, "train.micro_batch_size"),
+    ({"micro_batch_size": []}, "train.micro_batch_size"),
+    ({"micro_batch_size": True}, "train.micro_batch_size"),
+    ({"micro_batch_size": 2**70}, "train.micro_batch_size"),
+])
+def test_settings_out_of_range_name_their_key(kwargs, key):
+    with pytest.raises(ConfigError) as ei:
+        SearchSettings(**kwargs)
+    assert ei.value.key == key, ei.value
+    assert SearchSettings(iterations=100_000, micro_batch_size=4, balance=1.5).micro_batch_size == 4
+
+
+def test_a_global_batch_beyond_the_bound_is_named_before_the_search():
+    """search(.., 2**70) from Python was an OverflowError from the batch split (the command line,
+    the strategy and hexiscale train already refused it before the search)."""
+    cluster, workload = Cluster.load("cpu2"), Workload(LlamaConfig.load("llama_tiny"))
+    with pytest.raises(ConfigError) as ei:
+        search(cluster, workload, 2**70, SearchSettings(progress=False, iterations=1))
+    assert ei.value.key == "train.global_batch" and "16,777,216" in str(ei.value), ei.value
