@@ -10,9 +10,7 @@ cluster/model/plan files through ``hexiscale`` are in test_bad_configs.py.
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -106,7 +104,7 @@ RECIPE_CASES = {
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("case", sorted(RECIPE_CASES))
-def test_recipe_rejects_bad_command_line(case, tmp_path):
+def test_recipe_rejects_bad_command_line(case, tmp_path, monkeypatch, capfd):
     args, expected = RECIPE_CASES[case]
     (tmp_path / "a_file.ckpt").write_text("not a checkpoint directory")
     (tmp_path / "odd.bin").write_bytes(bytes(1001))  # 500.5 uint16 tokens
@@ -116,17 +114,36 @@ def test_recipe_rejects_bad_command_line(case, tmp_path):
         args.append("dry_run=true")
     if not any(a.split("=", 1)[0] == "cluster" for a in args):
         args.insert(0, "cluster=cpu_demo")  # the demo's preset: the default (cluster=auto) would discover first
-    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE")}
-    out = subprocess.run([sys.executable, str(TRAIN), *args, f"hydra.run.dir={tmp_path}",
-                          f"hydra.sweep.dir={tmp_path}/sweep"], cwd=tmp_path, env=env, capture_output=True,
-                         text=True, timeout=50)
-    assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
-    assert "Traceback" not in out.stderr and "HYDRA_FULL_ERROR" not in out.stderr, out.stderr[-2000:]
-    errors = [ln for ln in out.stderr.splitlines() if "error:" in ln]
-    assert len(errors) == 1 and "Fix:" in errors[0], out.stderr[-2000:]
+    code, stdout, stderr = _run_recipe([*args, f"hydra.run.dir={tmp_path}", f"hydra.sweep.dir={tmp_path}/sweep"],
+                                       tmp_path, monkeypatch, capfd)
+    assert code == 2, (code, stderr[-2000:])
+    assert "Traceback" not in stderr and "HYDRA_FULL_ERROR" not in stderr, stderr[-2000:]
+    errors = [ln for ln in stderr.splitlines() if "error:" in ln]
+    assert len(errors) == 1 and "Fix:" in errors[0], stderr[-2000:]
     for text in expected:
         assert text in errors[0], errors[0]
-    assert "Initializing distributed" not in out.stderr + out.stdout  # refused before any rank started
+    assert "Initializing distributed" not in stderr + stdout  # refused before any rank started
+
+
+def _run_recipe(argv: list[str], cwd: Path, monkeypatch, capfd) -> tuple[int, str, str]:
+    """``python recipes/train.py ARGV`` run in this process (its argv, working directory and environment
+    without launch variables), as the docs runner runs ``hexiscale``: a fresh interpreter per case cost
+    about a second each (Hydra's imports, and torch's for the cases that read a checkpoint or plan).
+    The exit status the script would have, and what it printed."""
+    from lightning_hexiscale.cli.train import main
+    from lightning_hexiscale.cli.train_job import RECIPE
+
+    monkeypatch.chdir(cwd)
+    for key in ("LOCAL_RANK", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr(sys, "argv", [str(TRAIN), *argv])  # a launch would re-run the recipe, as from a shell
+    capfd.readouterr()
+    try:
+        code = main(app=RECIPE, launch_prefix=())
+    except SystemExit as e:  # what `sys.exit(main(...))` in the script would have ended with
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    out = capfd.readouterr()
+    return code, out.out, out.err
 
 
 def fake_checkpoint(path: Path, model: LlamaConfig) -> None:
