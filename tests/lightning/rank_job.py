@@ -6,8 +6,9 @@ test_rank_failure.py.
 
 Rank FAIL_RANK raises, ``os._exit``s (as a SIGKILL or the OOM killer would end it) or hangs inside
 ``training_step`` of step FAIL_STEP, while the other ranks are already waiting for it in the
-pipeline's p2p and collective calls; it writes the time to ``OUT_DIR/failed_at`` first. Each rank
-writes ``OUT_DIR/done{rank}`` if ``fit`` returns.
+pipeline's p2p and collective calls; there it first writes ``OUT_DIR/at_failure``, waits for
+``OUT_DIR/loaded`` (the test has started its CPU load), and writes the time to ``OUT_DIR/failed_at``.
+Each rank writes ``OUT_DIR/done{rank}`` if ``fit`` returns.
 """
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ class FailingModule(type(module())):
 
     def training_step(self, batch, batch_idx):
         if self.global_rank == self.fail_rank and self.trainer.global_step == self.fail_step:
+            Path(self.out, "at_failure").write_text("")
+            for _ in range(3000):  # the test's loops start now (at most 60 s: a test that is gone never writes it)
+                if Path(self.out, "loaded").exists():
+                    break
+                time.sleep(0.02)
             Path(self.out, "failed_at").write_text(repr(time.time()))
             if self.how == "kill":
                 os._exit(9)

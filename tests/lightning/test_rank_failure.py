@@ -9,6 +9,11 @@ peers); every rank must be gone within that timeout + 10 s of the failure on an 
 stretched by the load (``slow_host.py``: the stop path is work, the timeout is wall-clock). Start-up
 (imports, rendezvous, setup) is not part of the bound: a loaded host slows it down many times, and
 it gets a limit of its own. A rank still running past the limits is killed and fails the test.
+
+The busy loops start when the failing rank reaches the failure (it waits for them before it fails,
+the others already waiting in their calls): the stop path runs under the same load as if they had
+run from the start, and the start-up, which no check looks at, does not pay for them (about 20 s of
+the three tests on 2 cores).
 """
 
 from __future__ import annotations
@@ -44,9 +49,13 @@ def _free_port() -> int:
 
 @pytest.fixture
 def cpu_hog():
-    """Busy-looping processes, one more than the usable cores, for the length of the test."""
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(usable_cores() + 1)]
-    yield hogs
+    """Starts busy-looping processes, one more than the usable cores, that run to the end of the test."""
+    hogs: list[subprocess.Popen] = []
+
+    def start() -> None:
+        hogs.extend(subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(usable_cores() + 1))
+
+    yield start
     for p in hogs:
         p.kill()
     for p in hogs:
@@ -69,15 +78,23 @@ def _launch(out: Path, how: str) -> list[subprocess.Popen]:
     return procs
 
 
-def _wait_all(procs: list[subprocess.Popen], failed_at: Path) -> tuple[list[int | None], list[str], list[float], float]:
+def _wait_all(procs: list[subprocess.Popen], failed_at: Path, load) -> tuple[list[int | None], list[str], list[float],
+                                                                            float]:
     """Exit codes (None: still running at the limit, then killed), stderr, exit times, and the
-    largest slowdown seen. Limits: scaled(START_S) to reach the failure, then PG_TIMEOUT_S +
-    2 * scaled(STOP_SLACK_S) (twice what the test allows, so that a slow stop shows as a time)."""
+    largest slowdown seen. ``load()`` starts the busy loops when the failing rank is at the failure
+    (``at_failure``), which then fails (``loaded``). Limits: scaled(START_S) to reach the failure,
+    then PG_TIMEOUT_S + 2 * scaled(STOP_SLACK_S) (twice what the test allows, so that a slow stop
+    shows as a time)."""
     slow = slowdown()
     ended = [0.0] * len(procs)
     deadline = time.monotonic() + scaled(START_S)
-    failed = False
+    failed = loaded = False
     while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        if not loaded and (failed_at.parent / "at_failure").exists():
+            load()
+            time.sleep(0.2)  # the loops' interpreters are up and spinning before the failure
+            (failed_at.parent / "loaded").write_text("")
+            loaded = True
         if not failed and failed_at.exists():
             failed, slow = True, max(slow, slowdown())
             deadline = time.monotonic() + PG_TIMEOUT_S + 2 * STOP_SLACK_S * slow
@@ -109,7 +126,7 @@ def _blamed(line: str) -> set[int]:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("how", ["raise", "kill", "hang"])
 def test_every_rank_stops_and_names_the_failed_one_under_load(tmp_path, how, cpu_hog):
-    codes, errs, ended, slow = _wait_all(_launch(tmp_path, how), tmp_path / "failed_at")
+    codes, errs, ended, slow = _wait_all(_launch(tmp_path, how), tmp_path / "failed_at", cpu_hog)
     detail = "\n".join(f"--- rank {r} (exit {c}):\n{e[-1500:]}" for r, (c, e) in enumerate(zip(codes, errs)))
     assert (tmp_path / "failed_at").exists(), f"the ranks did not reach step {FAIL_STEP}:\n{detail}"
     assert all(c is not None for c in codes), f"a rank hung:\n{detail}"
