@@ -114,7 +114,7 @@ def test_recipe_rejects_bad_command_line(case, tmp_path, monkeypatch, capfd):
         args.append("dry_run=true")
     if not any(a.split("=", 1)[0] == "cluster" for a in args):
         args.insert(0, "cluster=cpu_demo")  # the demo's preset: the default (cluster=auto) would discover first
-    code, stdout, stderr = _run_recipe([*args, f"hydra.run.dir={tmp_path}", f"hydra.sweep.dir={tmp_path}/sweep"],
+    code, stdout, stderr = run_recipe([*args, f"hydra.run.dir={tmp_path}", f"hydra.sweep.dir={tmp_path}/sweep"],
                                        tmp_path, monkeypatch, capfd)
     assert code == 2, (code, stderr[-2000:])
     assert "Traceback" not in stderr and "HYDRA_FULL_ERROR" not in stderr, stderr[-2000:]
@@ -125,7 +125,7 @@ def test_recipe_rejects_bad_command_line(case, tmp_path, monkeypatch, capfd):
     assert "Initializing distributed" not in stderr + stdout  # refused before any rank started
 
 
-def _run_recipe(argv: list[str], cwd: Path, monkeypatch, capfd) -> tuple[int, str, str]:
+def run_recipe(argv: list[str], cwd: Path, monkeypatch, capfd) -> tuple[int, str, str]:
     """``python recipes/train.py ARGV`` run in this process (its argv, working directory and environment
     without launch variables), as the docs runner runs ``hexiscale``: a fresh interpreter per case cost
     about a second each (Hydra's imports, and torch's for the cases that read a checkpoint or plan).

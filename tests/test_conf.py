@@ -126,47 +126,38 @@ def test_presets_of_a_users_config_dir_pass_the_command_line_check(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
-def test_the_recipe_plans_on_a_preset_of_a_users_config_dir(tmp_path):
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+def test_the_recipe_plans_on_a_preset_of_a_users_config_dir(tmp_path, monkeypatch, capfd):
+    from test_bad_input_runs import run_recipe
 
     mine = _my_conf_dir(tmp_path)
-    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_PORT")}
-    out = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "recipes" / "train.py"),
-                          "--config-dir", str(mine), "cluster=mine", "model=llama_tiny", "dry_run=true",
-                          "planner.iterations=2", f"hydra.run.dir={tmp_path / 'run'}"],
-                         capture_output=True, text=True, timeout=180, cwd=tmp_path, env=env)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "cluster mine: 2 devices" in out.stdout and (tmp_path / "run" / "plan.yaml").is_file()
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    code, stdout, stderr = run_recipe(["--config-dir", str(mine), "cluster=mine", "model=llama_tiny", "dry_run=true",
+                                       "planner.iterations=2", f"hydra.run.dir={tmp_path / 'run'}"],
+                                      tmp_path, monkeypatch, capfd)
+    assert code == 0, stderr[-3000:]
+    assert "cluster mine: 2 devices" in stdout and (tmp_path / "run" / "plan.yaml").is_file()
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
-def test_the_recipe_applies_key_overrides_to_cluster_and_model_files(tmp_path):
+def test_the_recipe_applies_key_overrides_to_cluster_and_model_files(tmp_path, monkeypatch, capfd):
     """cluster=FILE cluster.KEY=V (and model=FILE model.KEY=V): Hydra applied the key to the default
     preset that the file then replaced, so the run planned on the file's own 10 GB/s and 4 layers
     while `hexiscale plan` with the same command line used the override."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     import yaml
+    from test_bad_input_runs import run_recipe
 
     from lightning_hexiscale.config.schema import conf_dir
 
     cluster, model = _my_conf_dir(tmp_path) / "cluster" / "mine.yaml", tmp_path / "tiny.yaml"
     model.write_text((conf_dir() / "model" / "llama_tiny.yaml").read_text())
     assert yaml.safe_load(model.read_text())["num_layers"] != 2 and "10 GB/s" in cluster.read_text()
-    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_PORT")}
-    out = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "recipes" / "train.py"),
-                          f"cluster={cluster}", "cluster.machines.0.intra_bandwidth=1 GB/s", f"model={model}",
-                          "model.num_layers=2", "dry_run=true", "planner.iterations=2", f"hydra.run.dir={tmp_path / 'run'}"],
-                         capture_output=True, text=True, timeout=180, cwd=tmp_path, env=env)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "intra 1 GB/s" in out.stdout, out.stdout[-3000:]
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    code, stdout, stderr = run_recipe([f"cluster={cluster}", "cluster.machines.0.intra_bandwidth=1 GB/s",
+                                       f"model={model}", "model.num_layers=2", "dry_run=true", "planner.iterations=2",
+                                       f"hydra.run.dir={tmp_path / 'run'}"], tmp_path, monkeypatch, capfd)
+    assert code == 0, stderr[-3000:]
+    assert "intra 1 GB/s" in stdout, stdout[-3000:]
     ran = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert ran["cluster"]["machines"][0]["intra_bandwidth"] == "1 GB/s" and ran["model"]["num_layers"] == 2
     assert yaml.safe_load((tmp_path / "run" / "plan.yaml").read_text())["num_layers"] == 2
