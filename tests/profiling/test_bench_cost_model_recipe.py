@@ -4,11 +4,10 @@ takes minutes and is run by hand; see docs/results/index.md, "Cost-model accurac
 from __future__ import annotations
 
 import importlib.util
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from run_script import run_script
 
 from lightning_hexiscale.models.config import LlamaConfig
 
@@ -23,9 +22,9 @@ def load_recipe():
 
 
 @pytest.mark.slow
-def test_help():
-    out = subprocess.run([sys.executable, str(RECIPE), "--help"], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0 and "--ranks" in out.stdout and "Oversubscription" in out.stdout
+def test_help(capsys):
+    code, out, _ = run_script(RECIPE, ["--help"], capsys)
+    assert code == 0 and "--ranks" in out and "Oversubscription" in out
 
 
 @pytest.mark.parametrize("world", [2, 4])

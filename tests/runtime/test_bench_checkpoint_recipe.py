@@ -7,15 +7,16 @@ import sys
 from pathlib import Path
 
 import pytest
+from run_script import run_script
 import torch
 
 RECIPE = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_checkpoint.py"
 
 
 @pytest.mark.slow
-def test_help():
-    out = subprocess.run([sys.executable, str(RECIPE), "--help"], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0 and "--ranks" in out.stdout and "torch.save" in out.stdout
+def test_help(capsys):
+    code, out, _ = run_script(RECIPE, ["--help"], capsys)
+    assert code == 0 and "--ranks" in out and "torch.save" in out
 
 
 @pytest.mark.slow
@@ -31,9 +32,9 @@ def test_tiny_run_prints_table_and_ratios(tmp_path):
 
 
 @pytest.mark.slow
-def test_bad_ranks_are_refused():
-    out = subprocess.run([sys.executable, str(RECIPE), "--ranks", "9"], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2 and "--ranks" in out.stderr
+def test_bad_ranks_are_refused(capsys):
+    code, _, err = run_script(RECIPE, ["--ranks", "9"], capsys)
+    assert code == 2 and "--ranks" in err
 
 
 @pytest.mark.gpu

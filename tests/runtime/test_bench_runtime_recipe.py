@@ -7,14 +7,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from run_script import run_script
 
 RECIPE = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_runtime.py"
 
 
 @pytest.mark.slow
-def test_help():
-    out = subprocess.run([sys.executable, str(RECIPE), "--help"], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0 and "DistributedDataParallel" in out.stdout
+def test_help(capsys):
+    code, out, _ = run_script(RECIPE, ["--help"], capsys)
+    assert code == 0 and "DistributedDataParallel" in out
 
 
 @pytest.mark.slow

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from run_script import run_script
 import torch
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
@@ -20,9 +20,9 @@ RECIPE = RECIPES / "check_gpu.py"
 
 
 @pytest.mark.slow
-def test_help():
-    out = subprocess.run([sys.executable, str(RECIPE), "--help"], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0 and "--timeout" in out.stdout and "CUDA" in out.stdout
+def test_help(capsys):
+    code, out, _ = run_script(RECIPE, ["--help"], capsys)
+    assert code == 0 and "--timeout" in out and "CUDA" in out
 
 
 def _recipe(monkeypatch):
