@@ -1,7 +1,8 @@
 """What a newcomer meets first: ``hexiscale train --help`` answers without importing torch (it took
 16 s when every subcommand was imported up front), and a run whose output goes to a file or a pipe
 prints plain loss lines, no progress bar (its ``\\r`` redraws piled up there), and ends by naming
-where the checkpoint and the logs are."""
+where the checkpoint and the logs are. A sweep point printing what a single run prints is checked on
+the sweep of tests/lightning/test_train_command.py (test_train_multirun_sweep)."""
 
 from __future__ import annotations
 
@@ -54,19 +55,3 @@ def test_one_of_a_kind_is_singular():
 
     one = Cluster.from_config({"name": "one", "machines": [{"gpu": "A800", "count": 1, "intra_bandwidth": "200 GB/s"}]})
     assert one.summary().splitlines()[0].startswith("cluster one: 1 device on 1 machine, ")
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_a_sweep_point_prints_what_a_single_run_prints(tmp_path):
-    """-m starts each point's ranks with spawn (fresh interpreters): they printed Lightning's
-    "Initializing distributed" banner and torch's LeafSpec deprecation, which a single run filters."""
-    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_PORT")}
-    out = subprocess.run([sys.executable, str(ROOT / "recipes" / "train.py"), "-m", "cluster=cpu2", "model=llama_tiny",
-                          "train.global_batch=8", "trainer.max_steps=1", "trainer.val_every=0",
-                          f"hydra.sweep.dir={tmp_path / 'sweep'}"], capture_output=True, text=True, timeout=250,
-                         cwd=tmp_path, env=env)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "final metrics:" in out.stdout
-    for noise in ("Initializing distributed", "LeafSpec", "distributed_backend=", "validation_step"):
-        assert noise not in out.stdout + out.stderr, (noise, out.stderr[-3000:])
