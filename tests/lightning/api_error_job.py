@@ -7,9 +7,9 @@ Cases: ``layers`` (a plan for 6 layers with a 4-layer model: every rank finds it
 ``kill`` (rank 1 dies by ``os._exit`` at step 2), ``interrupt`` (GracefulInterrupt; rank 1 records a
 Ctrl-C as step 3 starts: every rank stops after it). The launching process catches what ``fit``
 raises and prints ``CAUGHT <type>: <message>``, waits long enough that an observer killing it
-would show, and prints ``ALIVE``. ``new_trainer`` / ``other_plan``: after ``fit``, a new Trainer with
-a new strategy (``cluster=None``, no plan; or another plan) validates the same module; every rank
-prints ``RESULT <rank> <val_loss>`` or ``CAUGHT <rank> <type>: <message>``. ``sigterm``: 200 steps, rank 0
+would show, and prints ``ALIVE``. ``new_trainers``: after ``fit``, a new Trainer with a new strategy
+(``cluster=None``, no plan) validates the same module, then one with another plan; every rank prints
+``RESULT <rank> <val_loss>`` or ``CAUGHT <rank> <type>: <message>`` for each. ``sigterm``: 200 steps, rank 0
 prints ``STEP <n>`` after each and sleeps (where the test's SIGTERM to this process lands); what
 ``fit`` raises is printed as ``CAUGHT <type> <exit code>`` and raised again.
 ``python api_error_job.py sigterm spawn`` (or ``fork``): the same with that start method; the
@@ -39,23 +39,24 @@ class DiesOnRank1(type(module())):
         return super().training_step(batch, batch_idx)
 
 
-def validate_with_a_new_trainer(case: str) -> None:
+def validate_with_new_trainers() -> None:
     """Lightning's habit of a fresh Trainer for evaluation, in the popen processes that hold the
-    trained stage (a fork or spawn worker ends with its call)."""
+    trained stage (a fork or spawn worker ends with its call): one with a strategy that plans nothing
+    (cluster=None), then one with another plan."""
     plan = plan_of([(4, 2, [([0], (0, 4))]), (2, 1, [([1], (0, 4))])])
     kw = dict(accelerator="cpu", devices=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
               enable_model_summary=False)
     mod = module()
     pl.Trainer(strategy=HexiScaleStrategy(plan=plan, timeout=PG_TIMEOUT), max_steps=3, **kw).fit(mod, loader(36, 6))
-    other = plan_of([(3, 1, [([0], (0, 4))]), (3, 1, [([1], (0, 4))])]) if case == "other_plan" else None
-    strategy = HexiScaleStrategy(cluster=None, plan=other, timeout=PG_TIMEOUT, plan_check=None)
     rank = os.environ.get("LOCAL_RANK", "0")
-    try:
-        got = pl.Trainer(strategy=strategy, **kw).validate(mod, loader(12, 6, seed=1), verbose=False)
-        line = f"RESULT {rank} {got[0]['val_loss']!r}"
-    except Exception as e:  # noqa: BLE001 -- what the user's code sees is what is tested
-        line = f"CAUGHT {rank} {type(e).__name__}: {e}"
-    os.write(1, (line + "\n").encode())  # one write: the ranks share stdout, and print() may interleave
+    for other in (None, plan_of([(3, 1, [([0], (0, 4))]), (3, 1, [([1], (0, 4))])])):
+        strategy = HexiScaleStrategy(cluster=None, plan=other, timeout=PG_TIMEOUT, plan_check=None)
+        try:
+            got = pl.Trainer(strategy=strategy, **kw).validate(mod, loader(12, 6, seed=1), verbose=False)
+            line = f"RESULT {rank} {got[0]['val_loss']!r}"
+        except Exception as e:  # noqa: BLE001 -- what the user's code sees is what is tested
+            line = f"CAUGHT {rank} {type(e).__name__}: {e}"
+        os.write(1, (line + "\n").encode())  # one write: the ranks share stdout, and print() may interleave
 
 
 class CtrlCOnRank1(pl.Callback):
@@ -110,8 +111,8 @@ def evaluate_until_sigterm(case: str) -> None:
 def main() -> None:
     case = sys.argv[1]
     torch.set_num_threads(1)
-    if case in ("new_trainer", "other_plan"):
-        validate_with_a_new_trainer(case)
+    if case == "new_trainers":
+        validate_with_new_trainers()
         return
     if case in ("sigterm_validate", "sigterm_predict"):
         evaluate_until_sigterm(case)

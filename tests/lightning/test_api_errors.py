@@ -148,9 +148,15 @@ def test_dead_rank_is_one_rank_failure_popen():
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
 
 
+@pytest.fixture(scope="module")
+def new_trainers_job() -> subprocess.CompletedProcess:
+    """One popen job for the two tests below: after fit, a new Trainer validates, then another is refused."""
+    return _job("new_trainers")
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_a_new_trainer_validates_the_trained_stage_popen():
+def test_a_new_trainer_validates_the_trained_stage_popen(new_trainers_job):
     """Under popen each rank keeps its stage (the module's trained weights) after fit. A new Trainer
     whose strategy plans nothing yet (cluster=None) validating that module stopped with a bare
     AssertionError (its strategy had no plan); it takes the stage's plan, and val_loss is one
@@ -160,7 +166,7 @@ def test_a_new_trainer_validates_the_trained_stage_popen():
     mod = module()
     one.fit(mod, loader(36, 6))
     want = one.validate(mod, loader(12, 6, seed=1), verbose=False)[0]["val_loss"]
-    out = _job("new_trainer")
+    out = new_trainers_job
     got = dict(ln.split()[1:] for ln in out.stdout.splitlines() if ln.startswith("RESULT"))
     assert set(got) == {"0", "1"}, (out.stdout, out.stderr[-3000:])
     for value in got.values():
@@ -169,9 +175,10 @@ def test_a_new_trainer_validates_the_trained_stage_popen():
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_a_new_trainer_with_another_plan_is_refused_popen():
-    """Its data would be cut by the new plan while the stage runs the old one."""
-    out = _job("other_plan")
+def test_a_new_trainer_with_another_plan_is_refused_popen(new_trainers_job):
+    """Its data would be cut by the new plan while the stage runs the old one (the same job, after the
+    validation above: the stage is still the fit's)."""
+    out = new_trainers_job
     caught = [ln for ln in out.stdout.splitlines() if ln.startswith("CAUGHT")]  # one error, rank 0's
     assert caught == ["CAUGHT 0 ConfigError: HexiScaleStrategy(plan) = '2 pipeline(s), batches [3, 3], micro-batches "
                       "[1, 1], 1f1b, ddp': the module's Llama is already each rank's stage of another plan (2 "
