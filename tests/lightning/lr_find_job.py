@@ -3,6 +3,8 @@ this script per rank, so it cannot run inside pytest): the worker of test_callba
 
     python lr_find_job.py single|hexiscale ROOT_DIR
 
+(``single``, one device and no launcher, is also ``run("single", ROOT_DIR)`` in the test's process.)
+
 Each process writes ``LOSSES <the finder's losses> SUGGEST <lr> MODULE_LR <the module's lr>`` to
 ``ROOT_DIR/rank<r>.txt`` (the ranks share stdout, where their lines could interleave).
 """
@@ -21,7 +23,11 @@ from lightning_hexiscale.lightning.strategy import HexiScaleStrategy
 
 
 def main() -> None:
-    case, root = sys.argv[1], sys.argv[2]
+    run(sys.argv[1], sys.argv[2])
+
+
+def run(case: str, root: str) -> None:
+    """The case in this process (``single`` needs no launcher: the test calls it in its own)."""
     torch.set_num_threads(1)
     kw = dict(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
               enable_model_summary=False, default_root_dir=root)
