@@ -27,8 +27,9 @@ without a language (or ``text``) must carry a marker; data blocks (yaml, json, t
 Commands run in a scratch directory that links the repository's top-level entries (``conf/``,
 ``recipes/``, ...), so relative paths work and nothing is written into the checkout. ``hexiscale
 ARGS`` runs in this process through the same entry point (``lightning_hexiscale.cli.main.main``),
-which saves seconds of imports per command; anything else in ``bash``, with the virtual
-environment's ``bin`` first on ``PATH``. A command runs once per session; later references reuse
+which saves seconds of imports per command, and so does ``python recipes/train.py ARGS`` (the same
+app under the recipe's name); anything else in ``bash``, with the virtual environment's ``bin``
+first on ``PATH``. A command runs once per session; later references reuse
 its output.
 """
 
@@ -184,6 +185,10 @@ def commands(block: str) -> list[tuple[str, int]]:
     return out
 
 
+RECIPE = "recipes/train.py"
+"""The recipe whose runs go through ``hexiscale train``'s entry point in this process."""
+
+
 class Runner:
     """Runs commands in a scratch directory linked to the repository; one result per command."""
 
@@ -205,8 +210,11 @@ class Runner:
         if command not in self.cache:
             t0 = time.time()
             words = command.split()
-            if words[0] == "hexiscale" and not re.search(r"[|&;<>$`]|^\w+=", command):
+            simple = not re.search(r"[|&;<>$`]|^\w+=", command)
+            if words[0] == "hexiscale" and simple:
                 code, out, err = self._in_process(shlex.split(command)[1:])
+            elif words[:2] == ["python", RECIPE] and simple:  # `hexiscale train` under the recipe's name
+                code, out, err = self._in_process(shlex.split(command)[2:], recipe=True)
             else:
                 p = subprocess.run(["bash", "-c", command], cwd=self.workdir, env=self.env, capture_output=True,
                                    text=True, timeout=timeout)
@@ -225,20 +233,27 @@ class Runner:
             self.cache[key] = Result(f"python {script.name}", p.returncode, p.stdout, p.stderr, time.time() - t0)
         return self.cache[key]
 
-    def _in_process(self, argv: list[str]) -> tuple[int, str, str]:
+    def _in_process(self, argv: list[str], recipe: bool = False) -> tuple[int, str, str]:
+        """``hexiscale ARGV``, or (``recipe``) ``python recipes/train.py ARGV`` with the script as
+        ``sys.argv[0]`` (what a launch would re-run, as from a shell)."""
         from lightning_hexiscale.cli.main import main
+        from lightning_hexiscale.cli.train import main as train_main
+        from lightning_hexiscale.cli.train_job import RECIPE as RECIPE_APP
 
         out, err = io.StringIO(), io.StringIO()
-        here = Path.cwd()
+        here, program = Path.cwd(), sys.argv[0]
         os.chdir(self.workdir)
+        if recipe:
+            sys.argv[0] = RECIPE
         try:
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
                 try:
-                    code = main(argv)
+                    code = train_main(argv, app=RECIPE_APP, launch_prefix=()) if recipe else main(argv)
                 except SystemExit as e:  # argparse: --help, usage errors
                     code = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
         finally:
             os.chdir(here)
+            sys.argv[0] = program
         return int(code or 0), out.getvalue(), err.getvalue()
 
 
