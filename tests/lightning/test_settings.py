@@ -92,7 +92,7 @@ BAD = {  # case: (arguments, the argument named, a piece of the rule)
     "elastic_without_cluster": ({"elastic": "ckpt"}, "cluster", "needs one"),
     # checks the constructor did not make before the settings (each was a later failure, or none)
     "start_method": ({"start_method": "thread"}, "start_method", "must be one of"),
-    "planner_iterations": ({"planner_iterations": 0}, "planner_iterations", "integer >= 1"),
+    "planner_iterations": ({"planner_iterations": 0}, "planner_iterations", "integer from 1 to 100,000"),
     "seed": ({"seed": "1"}, "seed", "an integer or None"),
     "watchdog_grace_s": ({"watchdog_grace_s": 0}, "watchdog_grace_s", "positive number of seconds"),
     "check_devices": ({"check_devices": "no"}, "check_devices", "True or False"),
