@@ -350,7 +350,7 @@ class Cluster:
                     raise ConfigError(f"{key}.{field_}", m.get(field_, 1), f"the cluster would have more than "
                                       f"{MAX_DEVICES} devices (its N x N bandwidth and latency matrices)",
                                       "describe a smaller cluster")
-        _check_type_overrides(extra, machines_cfg)
+        _check_unused_types(extra, machines_cfg)
         labels = [m.name for m in machines]
         for i, label in enumerate(labels):
             if label in labels[:i]:
@@ -421,21 +421,32 @@ def _entry_of(machines_cfg: list, machine_index: int) -> int:
     return len(machines_cfg) - 1
 
 
-def _check_type_overrides(extra: dict[str, catalog.GpuType], machines_cfg: list) -> None:
-    """A ``gpu_types`` key that overrides a catalog type under another of its names than the machines
-    use (``gpu_types.4090`` with ``gpu: RTX4090``) changes no machine: a ConfigError says which name
-    to use (the machines kept the catalog's figures silently)."""
+def _check_unused_types(extra: dict[str, catalog.GpuType], machines_cfg: list) -> None:
+    """A ``gpu_types`` entry that no machine names changes no machine: its figures were ignored
+    silently (``gpu_types.A80O`` with ``gpu: A800`` priced the catalog's A800). A ConfigError names
+    the entry, says whether it overrides a catalog type, and names the closest type the machines use; an override of a catalog
+    type under another of its names (``gpu_types.4090`` with ``gpu: RTX4090``) says which name to use."""
+    from lightning_hexiscale.config.suggest import closest
+
     used = [str(m["gpu"]) for m in machines_cfg]
     for tname in extra:
-        listed = catalog.lookup(tname)
-        if tname in used or listed is None:
+        if tname in used:
             continue
+        listed = catalog.lookup(tname)
         for mi, u in enumerate(used):
             theirs = catalog.lookup(u)
-            if u not in extra and theirs is not None and theirs.name == listed.name:
+            if listed is not None and u not in extra and theirs is not None and theirs.name == listed.name:
                 raise ConfigError(f"cluster.gpu_types.{tname}", tname, f"no machine names {tname}: the machines name this "
                                   f"GPU {u} (machines[{mi}].gpu), so they keep the catalog's figures",
                                   f"write the override as gpu_types.{u}, or name the machines gpu: {tname}")
+        names = list(dict.fromkeys(used))
+        near = closest(tname, names)
+        what = f"overrides the catalog's {listed.name}, but" if listed is not None else "is a new type, but"
+        hint = f"did you mean {near[0]}? write gpu_types.{near[0]} to give the machines of gpu: {near[0]} these " \
+            "figures; or " if near else ""
+        raise ConfigError(f"cluster.gpu_types.{tname}", tname, f"gpu_types.{tname} {what} no machine names it (the "
+                          f"machines name {', '.join(names)}), so its figures would be ignored",
+                          f"{hint}name the machines that have it gpu: {tname}, or remove the entry")
 
 
 def _pos_float(v: Any, key: str) -> float:

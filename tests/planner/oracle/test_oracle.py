@@ -43,6 +43,7 @@ def tiny_case(seed: int):
         links.append({"machines": ["m0", "m1"], "bandwidth": f"{r.choice([0.05, 5])} GB/s"})
     cal = {"theta_ddp": r.choice([1.0, 1.3]), "theta_zero2": r.choice([0.9, 1.0, 1.2]),
            "theta_zero3_fwd": r.choice([1.0, 1.1]), "theta_zero3_bwd": r.choice([1.0, 1.2])}
+    types = {t: v for t, v in types.items() if any(m["gpu"] == t for m in machines)}  # an unused type is refused
     cluster = Cluster.from_config({"name": f"tiny{seed}", "gpu_types": types, "machines": machines, "machine_links": links,
                                    "calibration": cal,
                                    "inter_machine": {"bandwidth": f"{r.choice([0.02, 0.3, 3])} GB/s", "latency": "20us"}})
