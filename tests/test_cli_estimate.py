@@ -159,3 +159,25 @@ def test_estimate_refuses_a_plan_made_for_another_model_of_the_same_depth(tmp_pa
     err = capsys.readouterr().err
     assert "plan.meta.model = 'llama2_13b'" in err and "hidden_size=5120" in err and "hidden_size=6144" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("override,fragment", [
+    ("planner.cut=abc", "planner.cut = 'abc': must be one of"),
+    ("planner.iterations=-1", "planner.iterations = -1: must be between 1 and"),
+    ("planner.balance=nan", "planner.balance = nan"),
+])
+def test_estimate_checks_planner_overrides_as_plan_does_then_ignores_them(override, fragment, capsys):
+    """planner.* prices nothing in estimate, but one override list may serve `plan` and `estimate`:
+    a bad value there was accepted silently; it is `hexiscale plan`'s error now, and a good one
+    leaves the estimate as it was (the --help says so)."""
+    args = ["estimate", "--plan", "tests/bad_configs/good_tiny_plan.yaml", "cluster=cpu_hetero4", "model=llama_tiny",
+            "--json"]
+    assert main([*args, override]) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and "Fix:" in err and "Traceback" not in err
+    assert main(["plan", "cluster=cpu_hetero4", "model=llama_tiny", override]) == 2
+    assert fragment in capsys.readouterr().err
+    assert main(args) == 0
+    base = json.loads(capsys.readouterr().out)
+    assert main([*args, "planner.iterations=7", "planner.cut=max"]) == 0
+    assert json.loads(capsys.readouterr().out) == base

@@ -13,19 +13,26 @@ def _estimate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plan", required=True, metavar="PLAN.yaml", help="plan file (YAML or JSON), e.g. conf/plans/*.yaml")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
     add_table_flag(p)
+    p.description = (f"{p.description}\n\n"
+                     "planner.* overrides (the search's settings; all but planner.allow_table_mismatch) change no\n"
+                     "estimate: a plan is priced as written. They are checked as `hexiscale plan` checks them\n"
+                     "(planner.cut=abc is an error), then ignored, so that one override list serves both commands.")
 
 
 @subcommand("estimate", "estimate iteration time, throughput and memory of a plan (Appendix B cost model)", _estimate_args)
 def cmd_estimate(args: argparse.Namespace) -> int:
     from lightning_hexiscale.config.cluster import Cluster
     from lightning_hexiscale.planner.cost.compute import warn_datasheet_pricing
-    from lightning_hexiscale.planner import Plan, estimate, price_sources, workload_from_config
+    from lightning_hexiscale.planner import Plan, SearchSettings, estimate, price_sources, workload_from_config
 
     plan = Plan.load(args.plan)
     cfg = compose_plan_config(overrides_of(args), plan, args.plan)
     cluster = Cluster.from_config(cfg.cluster)
     workload = workload_from_config(cfg)
     plan = apply_train_overrides(plan, cfg, args.overrides)
+    # planner.* prices nothing here, but a bad value (planner.iterations=-1) is the error `hexiscale
+    # plan` gives for it, not a silent pass: users give both commands one override list
+    SearchSettings.from_config(cfg, dp_sharding_explicit=explicit(args.overrides, "train.dp_sharding"))
     gb = cfg.train.global_batch if explicit(args.overrides, "train.global_batch") else None
     plan.validate(cluster, workload.model, global_batch=gb)
     plan.check_model(workload.model)
