@@ -242,7 +242,10 @@ def test_the_configuration_reference_lists_every_key_with_its_default():
     ("planner.group_balance=0", "planner.group_balance = 0.0: a balance factor (max / mean compute) is a finite number of at least 1"),
     ("model.rms_norm_eps=nan", "model.rms_norm_eps = nan: must be a small positive number"),
     ("model.rms_norm_eps=0", "model.rms_norm_eps = 0.0: must be a small positive number"),
-    ("model.rope_theta=inf", "model.rope_theta = inf: must be a positive number"),
+    ("model.rope_theta=inf", "model.rope_theta = inf: the RoPE base must be a number above 1 and at most 1e+12"),
+    ("model.rope_theta=1e308", "model.rope_theta = 1e+308: the RoPE base must be a number above 1"),  # was planned on
+    ("model.rope_theta=1", "model.rope_theta = 1.0: the RoPE base must be a number above 1"),  # every pair turned alike
+    ("model.rope_theta=0.5", "model.rope_theta = 0.5: the RoPE base must be a number above 1"),
 ])
 def test_planner_and_model_numbers_out_of_range_are_refused(override, message, capsys):
     """Each was planned on (nan, 0, inf) or ended in a traceback (a negative seed)."""

@@ -20,6 +20,10 @@ MAX_MODEL_DIM = 2**24
 """Largest width, head count, vocabulary or context a model may declare (16,777,216): 16x the widest
 published LLaMA-family dimension (vocabularies of 256K, contexts of 1M), and far below where the cost
 model's integer arithmetic overflows."""
+MAX_ROPE_THETA = 1e12
+"""Largest RoPE base (``rope_theta``): released models use 1e4 (Llama 2) to 5e5 (Llama 3), long-context
+variants a few 1e9. At or below 1 the frequencies theta^(-2i/d) do not fall with i (1: every pair turns
+alike); far above 1e12 the slow pairs' angles underflow in float32 tables (1e308: most pairs never turn)."""
 MAX_LAYERS = 65_536
 """Most transformer layers a model may declare (Llama 3.1 405B has 126)."""
 
@@ -169,8 +173,10 @@ class LlamaConfig:
             raise ConfigError("model.tie_word_embeddings", self.tie_word_embeddings, "must be true or false",
                               "write true (the LM head reuses the token embedding, Llama 3.2 1B / 3B) or false")
         if not (isinstance(self.rope_theta, (int, float)) and not isinstance(self.rope_theta, bool)
-                and 0 < self.rope_theta < float("inf")):
-            raise ConfigError("model.rope_theta", self.rope_theta, "must be a positive number", "Llama 3 uses 500000")
+                and 1 < self.rope_theta <= MAX_ROPE_THETA):  # 1.5 and 1e308 were taken (see MAX_ROPE_THETA)
+            raise ConfigError("model.rope_theta", self.rope_theta, f"the RoPE base must be a number above 1 and at most "
+                              f"{MAX_ROPE_THETA:.0e} (theta^(-2i/d) are the rotation frequencies)",
+                              "Llama 2 uses 10000, Llama 3 500000")
         eps = self.rms_norm_eps  # nan, 0 or below: every RMSNorm output would be nan (or inf) from the first step;
         # 1 or more outweighs the activations' mean square (~1): RMSNorm then shrinks them instead of normalising
         if not (isinstance(eps, (int, float)) and not isinstance(eps, bool) and 0 < eps < 1):
