@@ -50,6 +50,8 @@ RECIPE_CASES = {
     "negative_weight_decay": (["trainer.weight_decay=-0.1"], ["trainer.weight_decay = -0.1"]),
     "zero_clip": (["trainer.gradient_clip_val=0"], ["trainer.gradient_clip_val = 0", "or null for no clipping"]),
     "no_samples": (["data.num_samples=0"], ["data.num_samples = 0: must be at least 1"]),
+    "huge_val_samples": (["data.val_samples=1180591620717411303424"],  # 2**70 was cut to a tenth in the ranks
+                         ["data.val_samples = 1180591620717411303424: must be at most 134,217,728 sequences"]),
     "sweep_with_unknown_preset": (["-m", "cluster=cpu2,nope"], ["cluster = 'nope'"]),
     "wrong_type": (["train.global_batch=abc"], ["train.global_batch = 'abc': must be an integer",
                                                 "e.g. train.global_batch=32"]),

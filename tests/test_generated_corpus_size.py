@@ -35,3 +35,16 @@ def test_a_generated_corpus_too_large_to_generate_is_refused(build):
         else:
             datasets.make_dataset("generated", 128, num_samples=2**70)
     assert len(datasets.generated_corpus(64, 16)) == 64
+
+
+def test_val_samples_follow_the_corpus_cap():
+    """data.val_samples=2**70 passed the checks made before planning (the ranks then held out a tenth
+    of the corpus); it is bounded by the generated corpus's token cap, as data.num_samples is."""
+    from lightning_hexiscale.config.recipe import MAX_VAL_SAMPLES, check_values
+    from lightning_hexiscale.config.schema import compose
+    from lightning_hexiscale.data.datasets import MAX_GENERATED_TOKENS
+
+    assert MAX_VAL_SAMPLES == MAX_GENERATED_TOKENS
+    with pytest.raises(ConfigError, match=r"data.val_samples = 1180591620717411303424: must be at most 134,217,728 "):
+        check_values(compose(["cluster=cpu2", f"data.val_samples={2**70}"]))
+    check_values(compose(["cluster=cpu2", f"data.val_samples={MAX_VAL_SAMPLES}"]))

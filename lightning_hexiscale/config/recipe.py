@@ -17,6 +17,12 @@ from typing import Optional
 from lightning_hexiscale.config.fast_path import DEFAULT_LOSS_CHUNK_BYTES
 
 
+MAX_VAL_SAMPLES = 2**27
+"""Most held-out sequences (``data.val_samples``): the generated corpus holds at most 2**27 tokens
+(``data.datasets.MAX_GENERATED_TOKENS``, which caps ``data.num_samples``), and 2**27 sequences of a
+text or token file are a tenth of a corpus of over 1.3e9 sequences."""
+
+
 @dataclass
 class FastPathConfig:
     """``trainer.fast_path.*``: the stage's speed switches (:class:`~.fast_path.FastPath`, where each
@@ -238,6 +244,10 @@ def check_values(cfg) -> None:
         if not low <= float(value) < float("inf"):
             rule = ("must not be negative" if low == 0 else f"must be at least {low}") + " (and finite)"
             raise ConfigError(key, value, rule, f"e.g. {key}={example}")
+    if int(d.val_samples) > MAX_VAL_SAMPLES:  # 2**70 was taken here, then cut to a tenth of the corpus in the ranks
+        raise ConfigError("data.val_samples", d.val_samples, f"must be at most {MAX_VAL_SAMPLES:,} sequences (the "
+                          "generated corpus's cap of 2**27 tokens; at most a tenth of a corpus validates)",
+                          "e.g. data.val_samples=64")
     if t.gradient_clip_val is not None and not float(t.gradient_clip_val) > 0:
         raise ConfigError("trainer.gradient_clip_val", t.gradient_clip_val, "the clip norm must be positive, or null "
                           "for no clipping", "e.g. trainer.gradient_clip_val=1.0, or trainer.gradient_clip_val=null")
