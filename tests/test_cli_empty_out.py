@@ -20,3 +20,15 @@ def test_hexiscale_plan_refuses_an_empty_output_path(flag, capsys):
 def test_check_output_file_refuses_an_empty_path(path):
     with pytest.raises(ConfigError, match="is empty"):
         check_output_file("--out", path, "cluster.yaml")
+
+
+@pytest.mark.parametrize("flag", ["--out", "--picture"])
+@pytest.mark.parametrize("path", ["", "plan.yaml"])
+def test_a_sweep_refuses_out_and_picture_even_when_empty(flag, path, tmp_path, capsys):
+    """`hexiscale plan -m ... --out ''` swept and ignored the flag silently, where a single run refuses
+    `--out ''`; a sweep refuses either flag, empty or not, before its first run."""
+    assert main(["plan", "-m", "cluster=cpu2", "model=llama_tiny", "train.global_batch=8", "planner.iterations=1",
+                 "--sweep-dir", str(tmp_path / "sweep"), flag, path]) == 2
+    err = capsys.readouterr().err
+    assert f"{flag} = {path!r}: a sweep (-m) writes one plan file per run into its sweep directory" in err
+    assert "Fix:" in err and not (tmp_path / "sweep").exists()

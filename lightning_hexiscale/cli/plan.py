@@ -200,7 +200,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             raise ConfigError("--optimum", "with -m", "the true optimum is computed for one plan, not a sweep",
                               "run `hexiscale plan ... --optimum` for each cluster you want checked")
         for flag, value in (("--out", args.out), ("--picture", args.picture)):
-            if value:
+            if value is not None:  # --out '' was ignored silently here (a single run refuses it)
                 raise ConfigError(flag, value, "a sweep (-m) writes one plan file per run into its sweep directory",
                                   "use --sweep-dir DIR, or plan one configuration without -m")
         return _sweep(args)
