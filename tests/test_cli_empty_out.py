@@ -32,3 +32,17 @@ def test_a_sweep_refuses_out_and_picture_even_when_empty(flag, path, tmp_path, c
     err = capsys.readouterr().err
     assert f"{flag} = {path!r}: a sweep (-m) writes one plan file per run into its sweep directory" in err
     assert "Fix:" in err and not (tmp_path / "sweep").exists()
+
+
+@pytest.mark.parametrize("where,fragment", [("", "--sweep-dir = '': is empty"),
+                                            ("a_file", "is a file, not a directory"),
+                                            ("a_file/below", "lies below")])
+def test_a_sweep_checks_its_folder_first(where, fragment, tmp_path, capsys):
+    """--sweep-dir '' swept into the default outputs/plan-sweep-* folder silently, and a file was
+    mkdir's FileExistsError traceback; both are refused before the first run."""
+    (tmp_path / "a_file").write_text("")
+    path = str(tmp_path / where) if where else ""
+    assert main(["plan", "-m", "cluster=cpu2", "model=llama_tiny", "train.global_batch=8", "planner.iterations=1",
+                 "--sweep-dir", path]) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and "Fix:" in err and "Traceback" not in err

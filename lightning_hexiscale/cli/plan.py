@@ -24,6 +24,7 @@ from typing import Any
 
 from lightning_hexiscale.cli.common import check_output_file, explicit, subcommand, sweep_axes
 from lightning_hexiscale.cli.picture import check_picture_path, draw_plan  # noqa: F401 (also importable from here)
+from lightning_hexiscale.config.recipe import check_output_dir
 from lightning_hexiscale.config.units import format_flops
 from lightning_hexiscale.errors import ConfigError, HexiScaleError
 
@@ -203,6 +204,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
             if value is not None:  # --out '' was ignored silently here (a single run refuses it)
                 raise ConfigError(flag, value, "a sweep (-m) writes one plan file per run into its sweep directory",
                                   "use --sweep-dir DIR, or plan one configuration without -m")
+        if args.sweep_dir is not None:  # '' swept into the default folder silently; a file was mkdir's traceback
+            fix = "give a folder to create or fill, e.g. --sweep-dir outputs/my-sweep (or leave it out)"
+            if not args.sweep_dir.strip():
+                raise ConfigError("--sweep-dir", args.sweep_dir, "is empty; this option names the sweep's folder", fix)
+            check_output_dir("--sweep-dir", args.sweep_dir, fix)
         return _sweep(args)
     if args.out is not None:  # --out '' wrote nothing, silently
         check_output_file("--out", args.out, "plan.yaml")
