@@ -137,9 +137,15 @@ def check_value_type(parent: DictConfig, name: str, key: str, value: str) -> Non
                           f"e.g. {key}={example}" if current is not None else "see the configuration reference") from None
 
 
+IDENTIFIERS = frozenset({"name", "gpu", "hostname"})
+"""Text fields that name things; YAML's flags and floats there are refused (its integers, as in
+``name: 3090``, read back as written and are kept)."""
+
+
 def check_yaml_keys(raw: DictConfig, schema: type, key: str, path: str) -> None:
     """Every key of a YAML node ``raw`` (a cluster or model file) is a field of ``schema`` (nested
-    dataclasses and lists of them included); ConfigError with the closest field otherwise."""
+    dataclasses and lists of them included); ConfigError with the closest field otherwise. A name
+    (:data:`IDENTIFIERS`) that YAML read as a flag or a float is refused too."""
     def walk(node: Any, kind: Any, where: str) -> None:
         if isinstance(node, ListConfig):
             for i, item in enumerate(node):
@@ -161,6 +167,12 @@ def check_yaml_keys(raw: DictConfig, schema: type, key: str, path: str) -> None:
                 # OmegaConf turns any number into a flag (tie_word_embeddings: -1 ran as true)
                 raise ConfigError(f"{where}.{k}", value, f"must be true or false (in {path})",
                                   f"write {k}: true or {k}: false")
+            if k in IDENTIFIERS and isinstance(value, (bool, float)):
+                # a str field takes them as text: name: yes became 'True', 1.10 '1.1', 1e3 '1000.0'
+                # (then unknown to machine_links and nics.to, or shown so in the plan tables)
+                raise ConfigError(f"{where}.{k}", value, f"YAML read this {k} as {type(value).__name__} {value!r}, "
+                                  f"not as text (in {path})", f'write it as a string, in YAML in quotes (e.g. {k}: "on", {k}: "1.10"): '
+                                  "unquoted, yes/no/on/off/true/false are flags and 1.10 or 1e3 numbers")
             child = node[k] if OmegaConf.is_config(node._get_node(k)) else None
             sub, mapping = hints.get(k, (None, False))
             if mapping and isinstance(child, DictConfig):  # free keys (names), each value of type ``sub``
