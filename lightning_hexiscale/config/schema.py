@@ -515,6 +515,11 @@ def merge_error(e: Exception, data: Any, key: str, where: str) -> ConfigError:
     schema; ``where``: the file (or what stands for it). OmegaConf names the field but not where it
     sits in a list (``count`` for ``machines[1].count``): it is looked up."""
     full_key = getattr(e, "full_key", None) or ""
+    number_key = re.match(r"Key (\S+) \((int|float|bool)\) is incompatible with \(str\)", str(e))
+    if number_key and full_key:  # gpu_types: {4090: ...}: OmegaConf's message named neither key nor fix
+        return ConfigError(f"{key}.{full_key}", number_key.group(1), f"YAML read this key as {number_key.group(2)}; "
+                           f"the keys here are names, so text (in {where})",
+                           f'quote it in the file: "{number_key.group(1)}": ...')
     found = locate_entry(data, full_key, str(e))
     bad = f"{key}.{found[0]}" if found else key
     entry = re.match(r"Invalid type assigned: (\w+) is not a subclass of (\w+)", str(e))
