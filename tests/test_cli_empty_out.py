@@ -46,3 +46,13 @@ def test_a_sweep_checks_its_folder_first(where, fragment, tmp_path, capsys):
                  "--sweep-dir", path]) == 2
     err = capsys.readouterr().err
     assert fragment in err and "Fix:" in err and "Traceback" not in err
+
+
+def test_a_single_plan_refuses_a_sweep_dir(tmp_path, capsys):
+    """--sweep-dir without -m was ignored silently (one plan searched, nothing written there), as a
+    sweep's --out was; a single run refuses it before the search."""
+    assert main(["plan", "cluster=cpu2", "model=llama_tiny", "train.global_batch=8", "planner.iterations=1",
+                 "--sweep-dir", str(tmp_path / "sweep")]) == 2
+    captured = capsys.readouterr()
+    assert "--sweep-dir = " in captured.err and "names the folder of a sweep (-m)" in captured.err
+    assert "Fix:" in captured.err and "search:" not in captured.out + captured.err

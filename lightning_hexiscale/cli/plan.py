@@ -210,6 +210,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 raise ConfigError("--sweep-dir", args.sweep_dir, "is empty; this option names the sweep's folder", fix)
             check_output_dir("--sweep-dir", args.sweep_dir, fix)
         return _sweep(args)
+    if args.sweep_dir is not None:  # was ignored: one plan was searched and nothing written there
+        raise ConfigError("--sweep-dir", args.sweep_dir, "names the folder of a sweep (-m); without -m one "
+                          "configuration is planned and nothing is written there",
+                          "add -m to sweep, or write the plan with --out PLAN.yaml")
     if args.out is not None:  # --out '' wrote nothing, silently
         check_output_file("--out", args.out, "plan.yaml")
     if args.picture is not None:
