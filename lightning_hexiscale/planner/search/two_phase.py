@@ -54,6 +54,7 @@ from lightning_hexiscale.planner.search.partition import DeviceGraph, partition
 from lightning_hexiscale.planner.search.settings import (Iteration, LogEntry, SearchResult, SearchSettings,
                                                          dp_candidates)
 from lightning_hexiscale.planner.search.subsets import name_idle, shrink
+from lightning_hexiscale.planner.search.symmetric_seeds import seed_symmetric
 
 _REPLICA_LAYOUTS = 256
 """Replica-only layouts the search scores on small clusters (one TP size per machine, every combination)."""
@@ -459,6 +460,7 @@ class SearchRun:
             if math.isfinite(self.best[0]):
                 bar.set_postfix_str(f"best {self.best[0]:.3f} s", refresh=False)
         bar.close()
+        seed_symmetric(self)  # machine-aligned symmetric layouts: the search is never slower than these
         if self.small:
             self.replicas()
         self.improve()

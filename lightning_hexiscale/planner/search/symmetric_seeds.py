@@ -1,0 +1,145 @@
+"""Machine-aligned symmetric layouts, scored exactly, as seeds of the search (beyond §4).
+
+On clusters of many identical machines the two-phase search can miss the plain symmetric plan
+that Megatron or Galvatron would run: its partitions are built pipeline by pipeline, and at scale
+it drafts one micro-batch size and prunes. So every run also scores, with its own batch timer
+(:meth:`batching.BatchTimer.best`, the arithmetic of ``estimate()``), each layout
+
+    P pipelines x S stages x TP t,   P * S * t = N devices,
+
+where t divides every machine's device count (TP groups never cross a machine; t at most the KV
+heads and in ``tp_degrees`` when set), P is at most ``max_pipelines`` and the batch's micro-batches,
+and S is at most the layers. The N / t TP groups, numbered in machine order, are dealt to (replica,
+stage) in the two Megatron rank orders: group ``s * P + r`` (a stage's replicas side by side, so the
+gradient all-reduce stays on the fastest links) or ``r * S + s`` (each pipeline on consecutive
+machines). Layers: split evenly (the L mod S extra layers on the middle stages, away from the
+embedding and the LM head), and as :func:`assemble.chain_draft` splits them (compute- and
+memory-proportional, with its stage leaders); every dp sharding the settings allow; the batch
+split and micro-batch size per pipeline are the timer's (:func:`seed_symmetric` says which
+variants of which arrangements it scores). The seeds that fit join the search's kept layouts
+(:meth:`two_phase.SearchRun.remember`) and so the starts of its final improvement: the search's
+plan is never slower than the best seed it scored.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from lightning_hexiscale.planner.search.assemble import DraftContext, chain_draft
+from lightning_hexiscale.planner.search.batching import layout_plan
+
+LARGE_FROM = 64
+"""Devices beyond which the seeds are drafted once per layout (the search's own ``two_phase._LARGE_FROM``)."""
+_FULL = 4
+"""Arrangements whose every variant (layer split, sharding) is scored after the first pass."""
+
+if TYPE_CHECKING:
+    from lightning_hexiscale.planner.search.two_phase import SearchRun
+
+
+def tp_group_rows(run: SearchRun) -> dict[int, list[tuple[int, ...]]]:
+    """TP degree t -> the cluster's TP groups of t devices, machine by machine in machine order
+    (devices in id order inside a machine), for every t that divides every machine's device count,
+    is at most the KV heads and is allowed by ``tp_degrees``. Empty when a machine has no device."""
+    machines = [sorted(m.devices) for m in run.cluster.machines]
+    if not machines or any(not m for m in machines):
+        return {}
+    allowed = run.ev.tp_degrees
+    heads = run.workload.model.num_kv_heads
+    out = {}
+    for t in range(1, min(len(m) for m in machines) + 1):
+        if t > heads or any(len(m) % t for m in machines) or (allowed is not None and t not in allowed):
+            continue
+        out[t] = [tuple(m[i:i + t]) for m in machines for i in range(0, len(m), t)]
+    return out
+
+
+def even_split(num_layers: int, stages: int) -> tuple[int, ...]:
+    """``num_layers`` over ``stages`` as evenly as possible: floor(L / S) each, the L mod S extra
+    layers on the middle stages (the first stage also runs the embedding, the last the LM head)."""
+    q, r = divmod(num_layers, stages)
+    extra = set(range((stages - r) // 2, (stages - r) // 2 + r))
+    return tuple(q + (j in extra) for j in range(stages))
+
+
+def symmetric_shapes(run: SearchRun) -> list[tuple[tuple[tuple[int, ...], ...], ...]]:
+    """Every machine-aligned symmetric arrangement of the module docstring, as pipelines of stage
+    device tuples (each order once: with one pipeline or one stage both orders are the same)."""
+    N = run.cluster.num_devices
+    most_p = min(N, run.gb // min(run.mbs))  # every pipeline runs at least one micro-batch
+    if run.s.max_pipelines:
+        most_p = min(most_p, run.s.max_pipelines)
+    out = []
+    for t, groups in tp_group_rows(run).items():
+        G = len(groups)
+        for P in range(1, min(G, most_p) + 1):
+            S = G // P
+            if G % P or S > run.L:
+                continue
+            by_stage = tuple(tuple(groups[s * P + r] for s in range(S)) for r in range(P))
+            by_replica = tuple(tuple(groups[r * S + s] for s in range(S)) for r in range(P))
+            out += [by_stage] if by_stage == by_replica else [by_stage, by_replica]
+    return out
+
+
+def layouts_of(run: SearchRun, pipes, sharding: str, even: bool = True) -> list:
+    """Layouts (batch and micro-batch 1 per pipeline: the timer splits the batch) of one arrangement
+    drafted for ``sharding``: chain_draft's layer split and leaders where every pipeline has one
+    (its leaders may reorder a stage's devices), and the even split when ``even`` (or no draft)."""
+    P, S = len(pipes), len(pipes[0])
+    mb = min(run.mbs)
+    ctx = DraftContext(mb, sharding, P, max(1, run.gb // P // mb), run.s.tau)
+    drafts = [chain_draft(run.ev, list(p), ctx) for p in pipes]
+    splits = []
+    if all(d is not None for d in drafts):
+        splits.append(([list(d.stages) for d in drafts], [tuple(d.layers) for d in drafts]))
+    if even or not splits:
+        splits.append(([list(p) for p in pipes], [even_split(run.L, S)] * P))
+    return [layout_plan(st, sp, sharding, run.s.schedule, run.s.recompute, run.L) for st, sp in splits]
+
+
+def seed_symmetric(run: SearchRun) -> float:
+    """Score the symmetric layouts with the run's batch timer in two passes; each one that fits is
+    remembered (a start of the final improvement) and the best replaces the run's best where faster.
+
+    1. Every arrangement (:func:`symmetric_shapes`) once: chain_draft's split under ZeRO-2 (the
+       allowed sharding with the least memory but ZeRO-3's, whose extra gathers only add time).
+    2. The ``_FULL`` best arrangements (every one when none fitted): both layer splits, drafted for
+       every allowed sharding (beyond ``LARGE_FROM`` devices drafted once and scored under every
+       allowed sharding but ZeRO-3, and under ZeRO-3 only when nothing else fits, as the search
+       itself does: ZeRO-3 is there for memory).
+
+    Pass 1 costs one timer call per arrangement (about 45 at 512 devices): scoring every variant
+    of every arrangement took 15-30 % of the search's time there. Returns the best seed's
+    iteration time in seconds (inf when none fits)."""
+    shapes = symmetric_shapes(run)
+    first = "zero2" if "zero2" in run.shardings else run.shardings[0]
+    coarse = [(_score(run, layouts_of(run, pipes, first, even=False)), k) for k, pipes in enumerate(shapes)]
+    ranked = sorted(c for c in coarse if math.isfinite(c[0]))
+    chosen = [shapes[k] for _, k in ranked[:_FULL]] if ranked else shapes
+    if not _large(run):
+        return _score(run, [lay for pipes in chosen for sh in run.shardings for lay in layouts_of(run, pipes, sh)])
+    layouts = [lay for pipes in chosen for lay in layouts_of(run, pipes, first)]
+    best = _score(run, [replace(lay, dp_sharding=sh) for lay in layouts for sh in run.shardings if sh != "zero3"])
+    if not math.isfinite(best) and "zero3" in run.shardings:
+        best = _score(run, [replace(lay, dp_sharding="zero3") for lay in layouts])
+    return min([best] + [c for c, _ in ranked[:1]])
+
+
+def _score(run: SearchRun, layouts: list) -> float:
+    best = math.inf
+    for layout in layouts:
+        cost, plan = run.timer.best(layout, run.meta())
+        if plan is None:
+            continue
+        run.remember(cost, plan)
+        best = min(best, cost)
+        if cost < run.best[0] * (1 - 1e-12):
+            run.best = (cost, plan)
+    return best
+
+
+def _large(run: SearchRun) -> bool:
+    return run.cluster.num_devices > LARGE_FROM
