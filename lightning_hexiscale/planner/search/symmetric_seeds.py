@@ -27,8 +27,9 @@ import math
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from lightning_hexiscale.planner.cost.compute import without_place
 from lightning_hexiscale.planner.search.assemble import DraftContext, chain_draft
-from lightning_hexiscale.planner.search.batching import layout_plan
+from lightning_hexiscale.planner.search.batching import layout_key, layout_plan
 
 LARGE_FROM = 64
 """Devices beyond which the seeds are drafted once per layout (the search's own ``two_phase._LARGE_FROM``)."""
@@ -54,6 +55,13 @@ def tp_group_rows(run: SearchRun) -> dict[int, list[tuple[int, ...]]]:
             continue
         out[t] = [tuple(m[i:i + t]) for m in machines for i in range(0, len(m), t)]
     return out
+
+
+def identical_machines(cluster) -> bool:
+    """Every device of one kind (type, speed, memory, ...: :func:`cost.compute.without_place`) and every
+    machine of one size: where a symmetric plan is what a user would run."""
+    return (len({without_place(d) for d in cluster.devices}) == 1
+            and len({len(m.devices) for m in cluster.machines}) == 1)
 
 
 def even_split(num_layers: int, stages: int) -> tuple[int, ...]:
@@ -84,19 +92,23 @@ def symmetric_shapes(run: SearchRun) -> list[tuple[tuple[tuple[int, ...], ...], 
     return out
 
 
-def layouts_of(run: SearchRun, pipes, sharding: str, even: bool = True) -> list:
+def layouts_of(run: SearchRun, pipes, sharding: str, draft: bool = True, drafted: dict | None = None) -> list:
     """Layouts (batch and micro-batch 1 per pipeline: the timer splits the batch) of one arrangement
-    drafted for ``sharding``: chain_draft's layer split and leaders where every pipeline has one
-    (its leaders may reorder a stage's devices), and the even split when ``even`` (or no draft)."""
+    drafted for ``sharding``: the even split, and when ``draft`` chain_draft's layer split and
+    leaders where every pipeline has one (its leaders may reorder a stage's devices), memoised in
+    ``drafted`` by (arrangement, sharding)."""
     P, S = len(pipes), len(pipes[0])
-    mb = min(run.mbs)
-    ctx = DraftContext(mb, sharding, P, max(1, run.gb // P // mb), run.s.tau)
-    drafts = [chain_draft(run.ev, list(p), ctx) for p in pipes]
-    splits = []
-    if all(d is not None for d in drafts):
-        splits.append(([list(d.stages) for d in drafts], [tuple(d.layers) for d in drafts]))
-    if even or not splits:
-        splits.append(([list(p) for p in pipes], [even_split(run.L, S)] * P))
+    splits = [([list(p) for p in pipes], [even_split(run.L, S)] * P)]
+    if draft:
+        drafted = {} if drafted is None else drafted
+        if (pipes, sharding) not in drafted:
+            mb = min(run.mbs)
+            ctx = DraftContext(mb, sharding, P, max(1, run.gb // P // mb), run.s.tau)
+            drafts = [chain_draft(run.ev, list(p), ctx) for p in pipes]
+            drafted[pipes, sharding] = drafts if all(d is not None for d in drafts) else None
+        drafts = drafted[pipes, sharding]
+        if drafts is not None:
+            splits.append(([list(d.stages) for d in drafts], [tuple(d.layers) for d in drafts]))
     return [layout_plan(st, sp, sharding, run.s.schedule, run.s.recompute, run.L) for st, sp in splits]
 
 
@@ -104,34 +116,56 @@ def seed_symmetric(run: SearchRun) -> float:
     """Score the symmetric layouts with the run's batch timer in two passes; each one that fits is
     remembered (a start of the final improvement) and the best replaces the run's best where faster.
 
-    1. Every arrangement (:func:`symmetric_shapes`) once: chain_draft's split under ZeRO-2 (the
-       allowed sharding with the least memory but ZeRO-3's, whose extra gathers only add time).
+    1. Every arrangement (:func:`symmetric_shapes`) once: the even split (chain_draft's where that
+       does not fit) under ZeRO-2 (the allowed sharding with the least memory but ZeRO-3's,
+       whose extra gathers only add time).
     2. The ``_FULL`` best arrangements (every one when none fitted): both layer splits, drafted for
        every allowed sharding (beyond ``LARGE_FROM`` devices drafted once and scored under every
        allowed sharding but ZeRO-3, and under ZeRO-3 only when nothing else fits, as the search
        itself does: ZeRO-3 is there for memory).
 
-    Pass 1 costs one timer call per arrangement (about 45 at 512 devices): scoring every variant
-    of every arrangement took 15-30 % of the search's time there. Returns the best seed's
+    Pass 1 costs about one timer call per arrangement (51 at 512 devices) and few drafts: scoring every
+    variant of every arrangement added a third to the search's time there; now about a fifth.
+
+    Only on clusters of identical machines (every device of one kind, every machine of one size):
+    on 5 machines of different GPUs (``hetero1``) the seeds were 2 % slower than the search's own
+    plan and, over its device subsets, added 15 % to its time. Returns the best seed's
     iteration time in seconds (inf when none fits)."""
+    if not identical_machines(run.cluster):
+        return math.inf
     shapes = symmetric_shapes(run)
     first = "zero2" if "zero2" in run.shardings else run.shardings[0]
-    coarse = [(_score(run, layouts_of(run, pipes, first, even=False)), k) for k, pipes in enumerate(shapes)]
+    drafted: dict = {}
+    scored: dict = {}  # layout key -> iteration time: pass 2 meets pass 1's layouts again
+    coarse = []
+    for k, pipes in enumerate(shapes):
+        cost = _score(run, layouts_of(run, pipes, first, draft=False), scored)
+        if not math.isfinite(cost):  # the even split may overfill the embedding's or the head's stage
+            cost = _score(run, layouts_of(run, pipes, first, drafted=drafted)[1:], scored)
+        coarse.append((cost, k))
     ranked = sorted(c for c in coarse if math.isfinite(c[0]))
     chosen = [shapes[k] for _, k in ranked[:_FULL]] if ranked else shapes
     if not _large(run):
-        return _score(run, [lay for pipes in chosen for sh in run.shardings for lay in layouts_of(run, pipes, sh)])
-    layouts = [lay for pipes in chosen for lay in layouts_of(run, pipes, first)]
-    best = _score(run, [replace(lay, dp_sharding=sh) for lay in layouts for sh in run.shardings if sh != "zero3"])
+        layouts = [lay for pipes in chosen for sh in run.shardings for lay in layouts_of(run, pipes, sh, drafted=drafted)]
+        return min([_score(run, layouts, scored)] + [c for c, _ in ranked[:1]])
+    layouts = [lay for pipes in chosen for lay in layouts_of(run, pipes, first, drafted=drafted)]
+    best = _score(run, [replace(lay, dp_sharding=sh) for lay in layouts for sh in run.shardings if sh != "zero3"],
+                  scored)
     if not math.isfinite(best) and "zero3" in run.shardings:
-        best = _score(run, [replace(lay, dp_sharding="zero3") for lay in layouts])
+        best = _score(run, [replace(lay, dp_sharding="zero3") for lay in layouts], scored)
     return min([best] + [c for c, _ in ranked[:1]])
 
 
-def _score(run: SearchRun, layouts: list) -> float:
+def _score(run: SearchRun, layouts: list, scored: dict) -> float:
+    """The least iteration time of ``layouts`` (each scored once per ``scored``), remembered by the run."""
     best = math.inf
     for layout in layouts:
+        key = layout_key(layout)
+        if key in scored:
+            best = min(best, scored[key])
+            continue
         cost, plan = run.timer.best(layout, run.meta())
+        scored[key] = cost
         if plan is None:
             continue
         run.remember(cost, plan)

@@ -6,7 +6,8 @@ from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner import SearchSettings, Workload, estimate, search
 from lightning_hexiscale.planner import baselines as B
-from lightning_hexiscale.planner.search.symmetric_seeds import even_split, symmetric_shapes, tp_group_rows
+from lightning_hexiscale.planner.search.symmetric_seeds import (even_split, identical_machines, symmetric_shapes,
+                                                                 tp_group_rows)
 from lightning_hexiscale.planner.search.two_phase import SearchRun
 
 
@@ -34,6 +35,7 @@ def test_shapes_respect_the_settings():
     """TP groups stay inside machines and in ``tp_degrees``; pipelines at most ``max_pipelines``;
     every device in exactly one stage; both rank orders, each once."""
     c, w = a800s(2, "1 GB/s"), Workload(LlamaConfig.load("llama2_7b"))
+    assert identical_machines(c) and not identical_machines(Cluster.load("hetero1"))  # seeds only where symmetric
     run = SearchRun(c, w, 32, SearchSettings(tp_degrees=(2, 4), max_pipelines=4, recompute=False))
     assert sorted(tp_group_rows(run)) == [2, 4]
     shapes = symmetric_shapes(run)
