@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import Any
 
 from lightning_hexiscale.planner.cost.compute import without_place
 from lightning_hexiscale.planner.search.assemble import DraftContext, chain_draft
@@ -36,8 +36,8 @@ LARGE_FROM = 64
 _FULL = 4
 """Arrangements whose every variant (layer split, sharding) is scored after the first pass."""
 
-if TYPE_CHECKING:
-    from lightning_hexiscale.planner.search.two_phase import SearchRun
+SearchRun = Any
+"""A :class:`two_phase.SearchRun` (which calls this module, so it is not imported here)."""
 
 
 def tp_group_rows(run: SearchRun) -> dict[int, list[tuple[int, ...]]]:
