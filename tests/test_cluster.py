@@ -212,3 +212,26 @@ def test_a_cluster_dict_may_leave_its_name_out():
     """A label only: the Python API took such a dict before (naming it '???'); a file still needs it."""
     c = Cluster.from_config({"machines": [{"gpu": "A800", "count": 2, "intra_bandwidth": "200 GB/s"}]})
     assert c.name == "cluster" and c.num_devices == 2
+
+
+def test_a_gpu_type_no_machine_names_warns_unless_it_looks_like_a_misspelling():
+    """An entry that no machine names prices nothing. Close to a type the machines use that has no
+    entry of its own (A80O beside gpu: A800): an error (bad_configs/cluster/unused_gpu_type.yaml).
+    Otherwise (a file listing more types than this cluster uses, such as one catalog of types shared
+    by several cluster files, or an H100 override beside A800 machines): a warning naming it, and the
+    cluster is the one without the entry."""
+    import warnings
+
+    from lightning_hexiscale.config.cluster import Cluster
+
+    machines = [{"name": "m0", "gpu": "T0", "count": 2, "intra_bandwidth": "32 GB/s"}]
+    types = {f"T{i}": {"flops": f"{10 * (i + 1)} TFLOPS", "memory": "24 GiB"} for i in range(3)}
+    with pytest.warns(UserWarning, match=r"cluster.gpu_types.T1: is a new type, but no machine names it"):
+        shared = Cluster.from_config({"name": "c", "gpu_types": types, "machines": machines})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        alone = Cluster.from_config({"name": "c", "gpu_types": {"T0": types["T0"]}, "machines": machines})
+    assert shared.devices == alone.devices
+    a800 = [{"name": "m0", "gpu": "A800", "count": 2, "intra_bandwidth": "32 GB/s"}]
+    with pytest.warns(UserWarning, match="overrides the catalog's H100, but no machine names it"):
+        Cluster.from_config({"name": "c", "gpu_types": {"H100": {"memory": "40 GiB"}}, "machines": a800})

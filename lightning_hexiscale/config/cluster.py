@@ -423,12 +423,19 @@ def _entry_of(machines_cfg: list, machine_index: int) -> int:
 
 def _check_unused_types(extra: dict[str, catalog.GpuType], machines_cfg: list) -> None:
     """A ``gpu_types`` entry that no machine names changes no machine: its figures were ignored
-    silently (``gpu_types.A80O`` with ``gpu: A800`` priced the catalog's A800). A ConfigError names
-    the entry, says whether it overrides a catalog type, and names the closest type the machines use; an override of a catalog
-    type under another of its names (``gpu_types.4090`` with ``gpu: RTX4090``) says which name to use."""
+    silently (``gpu_types.A80O`` with ``gpu: A800`` priced the catalog's A800).
+
+    - An override of a catalog type under another of its names (``gpu_types.4090`` with
+      ``gpu: RTX4090``), or an entry close to a type the machines use that has no entry of its own
+      (the misspelling above): a ConfigError naming the name to use.
+    - Any other unused entry (a file that lists more types than this cluster uses, e.g. one catalog
+      of types shared by several cluster files): a warning naming it, since it prices nothing."""
+    import warnings
+
     from lightning_hexiscale.config.suggest import closest
 
     used = [str(m["gpu"]) for m in machines_cfg]
+    names = list(dict.fromkeys(used))
     for tname in extra:
         if tname in used:
             continue
@@ -439,14 +446,16 @@ def _check_unused_types(extra: dict[str, catalog.GpuType], machines_cfg: list) -
                 raise ConfigError(f"cluster.gpu_types.{tname}", tname, f"no machine names {tname}: the machines name this "
                                   f"GPU {u} (machines[{mi}].gpu), so they keep the catalog's figures",
                                   f"write the override as gpu_types.{u}, or name the machines gpu: {tname}")
-        names = list(dict.fromkeys(used))
-        near = closest(tname, names)
         what = f"overrides the catalog's {listed.name}, but" if listed is not None else "is a new type, but"
-        hint = f"did you mean {near[0]}? write gpu_types.{near[0]} to give the machines of gpu: {near[0]} these " \
-            "figures; or " if near else ""
-        raise ConfigError(f"cluster.gpu_types.{tname}", tname, f"gpu_types.{tname} {what} no machine names it (the "
-                          f"machines name {', '.join(names)}), so its figures would be ignored",
-                          f"{hint}name the machines that have it gpu: {tname}, or remove the entry")
+        near = [n for n in closest(tname, names) if n not in extra]
+        if near:
+            raise ConfigError(f"cluster.gpu_types.{tname}", tname, f"gpu_types.{tname} {what} no machine names it (the "
+                              f"machines name {', '.join(names)}), so its figures would be ignored",
+                              f"did you mean {near[0]}? write gpu_types.{near[0]} to give the machines of gpu: "
+                              f"{near[0]} these figures; or name the machines that have it gpu: {tname}, or remove "
+                              "the entry")
+        warnings.warn(f"cluster.gpu_types.{tname}: {what} no machine names it (the machines name {', '.join(names)}); "
+                      "its figures price nothing in this cluster", UserWarning, stacklevel=3)
 
 
 def _pos_float(v: Any, key: str) -> float:
