@@ -17,6 +17,12 @@ from lightning_hexiscale.planner.search.assemble import DP_OPTIONS
 CUTS = ("auto", "min", "max")
 MAX_ITERATIONS = 100_000
 """Most search iterations (``planner.iterations``): hours of search on a large cluster; 2**70 never ended."""
+LARGE_FROM = 64
+"""Beyond this many devices a cluster is large. The two-phase search (:mod:`planner.search.two_phase`)
+then prunes layouts against the best plan so far (``two_phase._PRUNE``), sweeps the D_dp values coarse
+to fine (``two_phase.first_sweep``), drafts once per sharding and micro-batch size, takes DDP's layouts
+from ZeRO-2's drafts and tries ZeRO-3 only when nothing else fits; the symmetric seeds
+(:mod:`planner.search.symmetric_seeds`) are drafted once per layout."""
 
 
 @dataclass(frozen=True)

@@ -30,9 +30,8 @@ from typing import Any
 from lightning_hexiscale.planner.cost.compute import without_place
 from lightning_hexiscale.planner.search.assemble import DraftContext, chain_draft
 from lightning_hexiscale.planner.search.batching import layout_key, layout_plan
+from lightning_hexiscale.planner.search.settings import LARGE_FROM
 
-LARGE_FROM = 64
-"""Devices beyond which the seeds are drafted once per layout (the search's own ``two_phase._LARGE_FROM``)."""
 _FULL = 4
 """Arrangements whose every variant (layer split, sharding) is scored after the first pass."""
 

@@ -51,8 +51,8 @@ from lightning_hexiscale.planner.search.dp_split import resplit, resplit_cost
 from lightning_hexiscale.planner.search.floors import exposed_floor, local_time, zero3_step_floor
 from lightning_hexiscale.planner.search.infeasible import capacity_message
 from lightning_hexiscale.planner.search.partition import DeviceGraph, partition
-from lightning_hexiscale.planner.search.settings import (Iteration, LogEntry, SearchResult, SearchSettings,
-                                                         dp_candidates)
+from lightning_hexiscale.planner.search.settings import (LARGE_FROM, Iteration, LogEntry, SearchResult,
+                                                         SearchSettings, dp_candidates)
 from lightning_hexiscale.planner.search.subsets import name_idle, shrink
 from lightning_hexiscale.planner.search.symmetric_seeds import seed_symmetric
 
@@ -63,11 +63,6 @@ _PRUNE = 1.1
 at the drafted micro-batch size) take 1.1 x the best plan so far is not scored; the 10 % margin
 covers the batch split's other micro-batch sizes. 1.25 before 2026-11-26: on seven replicated
 presets of 256-1024 devices 1.1 found the same plans (with fewer layouts scored)."""
-_LARGE_FROM = 64
-"""Beyond this many devices a cluster is large: layouts are pruned against the best plan so far
-(``_PRUNE``), the first sweep of D_dp values goes coarse to fine (:func:`first_sweep`), one draft
-per sharding and micro-batch size, DDP's layouts come from ZeRO-2's drafts, and ZeRO-3 is tried
-only when nothing else fits."""
 _STARTS = 4
 """Layouts (the best for each number of pipelines, best first) the final local improvement starts from."""
 COLUMN = 0
@@ -119,7 +114,7 @@ class SearchRun:
         if s.max_pipelines:
             max_dp = min(max_dp, s.max_pipelines)
         self.dps = dp_candidates(cluster.num_devices, max_dp, len(cluster.machines))
-        self.sweep = first_sweep(len(self.dps), s.iterations, cluster.num_devices > _LARGE_FROM)
+        self.sweep = first_sweep(len(self.dps), s.iterations, cluster.num_devices > LARGE_FROM)
         """Indices into ``dps`` of the first iterations, in the order they are tried."""
         self._p1: dict[tuple, list[np.ndarray]] = {}
         self._p2: dict[tuple, list[tuple[int, ...]]] = {}
@@ -273,7 +268,7 @@ class SearchRun:
         """
         P = len(groups_per_pipe)
         best: tuple[float, Plan | None] = (math.inf, None)
-        large = self.cluster.num_devices > _LARGE_FROM
+        large = self.cluster.num_devices > LARGE_FROM
         hopeless = False
         for sharding in self.shardings_for(P):
             if large and sharding == "zero3" and (best[1] is not None or hopeless):
@@ -288,11 +283,11 @@ class SearchRun:
                 drafts = [self.ev.draft(g, ctx) for g in groups_per_pipe]
                 if any(d is None for d in drafts):
                     continue
-                if self.cluster.num_devices > _LARGE_FROM and local_time(drafts, self.gb // mb) > _PRUNE * self.best[0]:
+                if self.cluster.num_devices > LARGE_FROM and local_time(drafts, self.gb // mb) > _PRUNE * self.best[0]:
                     hopeless = True
                     continue  # large clusters: hopeless even without data parallelism; not scored
                 variants = [drafts]
-                if P > 1 and self.cluster.num_devices <= _LARGE_FROM:  # layers split for their DP links too
+                if P > 1 and self.cluster.num_devices <= LARGE_FROM:  # layers split for their DP links too
                     flat = [tuple(d for g in groups for d in g) for groups in groups_per_pipe]
                     variants.append([resplit(self.ev, d, flat[:i] + flat[i + 1:], ctx) for i, d in enumerate(drafts)])
                 for ds in variants:
@@ -335,7 +330,7 @@ class SearchRun:
         """The dp shardings to draft layouts for: every one of the settings (none dominates: ZeRO-2
         needs less memory than DDP but exposes its post-step all-gather, planner/cost/zero_terms.py);
         beyond 64 devices DDP's layouts come from ZeRO-2's drafts (:meth:`evaluate`)."""
-        if self.cluster.num_devices > _LARGE_FROM and "zero2" in self.shardings and num_pipelines > 1:
+        if self.cluster.num_devices > LARGE_FROM and "zero2" in self.shardings and num_pipelines > 1:
             return tuple(sh for sh in self.shardings if sh != "ddp")
         return self.shardings
 
@@ -344,7 +339,7 @@ class SearchRun:
         pipeline's share of the batch (the batch split then picks one per pipeline)."""
         share = max(1, self.gb // num_pipelines)
         fit = [m for m in self.mbs if m <= share] or [min(self.mbs)]
-        if self.cluster.num_devices > _LARGE_FROM:  # one draft (the split picks the micro-batch size anyway)
+        if self.cluster.num_devices > LARGE_FROM:  # one draft (the split picks the micro-batch size anyway)
             return fit[:1]
         if not self.small:
             return fit[:1] + fit[-1:] if len(fit) > 1 else fit
@@ -546,7 +541,7 @@ class SearchRun:
         firsts = sorted((v[0] for v in self.top.values()), key=lambda e: e[0])[:1]
         # large clusters: leaders and layers afresh without the data-parallel-aware split (its
         # enumeration over hundreds of pipelines costs more than the search itself)
-        repair = self.repair if self.cluster.num_devices <= _LARGE_FROM else self.relead
+        repair = self.repair if self.cluster.num_devices <= LARGE_FROM else self.relead
         return shrink([p for _, p, _ in firsts], drop, self.timer, repair, self.meta())
 
     def relead(self, layout: refine.Layout, before: refine.Layout) -> refine.Layout:
