@@ -38,8 +38,6 @@ PLAN_OVERRIDE_KEYS = ("micro_batch_size", "schedule", "recompute", "dp_sharding"
 
 MAX_THREADS = 4096
 """Most CPU threads per rank (``num_threads``): more than any machine's cores."""
-MAX_PLANNER_ITERATIONS = MAX_ITERATIONS
-"""Most search iterations (``planner_iterations``; the default is 20, ``hexiscale plan``'s 50)."""
 MAX_GRACE_S = 86_400
 """Longest ``watchdog_grace_s``: a day."""
 
@@ -197,9 +195,9 @@ class StrategySettings:
         if not (self.num_threads == "auto" or (_is_int(self.num_threads) and 1 <= self.num_threads <= MAX_THREADS)):
             raise ConfigError(_key("num_threads"), self.num_threads, f"must be 'auto' or an integer from 1 to {MAX_THREADS:,}",
                               "use 'auto'")
-        if not _is_int(self.planner_iterations) or not 1 <= self.planner_iterations <= MAX_PLANNER_ITERATIONS:
+        if not _is_int(self.planner_iterations) or not 1 <= self.planner_iterations <= MAX_ITERATIONS:
             raise ConfigError(_key("planner_iterations"), self.planner_iterations,
-                              f"must be an integer from 1 to {MAX_PLANNER_ITERATIONS:,}",
+                              f"must be an integer from 1 to {MAX_ITERATIONS:,}",
                               "use e.g. planner_iterations=20 (the default)")
         if self.seed is not None and not _is_int(self.seed):
             raise ConfigError(_key("seed"), self.seed, "must be an integer or None", "use e.g. seed=0")
