@@ -8,9 +8,11 @@ without this check one's plan was priced and run as the other's without a word.
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lightning_hexiscale.errors import PlanError
+from lightning_hexiscale.errors import HexiScaleError, PlanError
 
 if TYPE_CHECKING:  # pragma: no cover
     from lightning_hexiscale.models.config import LlamaConfig
@@ -33,12 +35,8 @@ def check_plan_model(plan: Any, model: LlamaConfig) -> None:
     if not isinstance(shape, dict):
         if not isinstance(name, str) or name == model.name:
             return
-        from lightning_hexiscale.errors import HexiScaleError
-        from lightning_hexiscale.models.config import LlamaConfig as _Llama
-
-        try:
-            shape, where = model_shape(_Llama.load(name)), "meta.model"
-        except (HexiScaleError, OSError, ValueError):
+        shape, where = named_model_shape(name), "meta.model"
+        if shape is None:
             return
     diffs = [f for f in MODEL_SHAPE_FIELDS if f in shape and shape[f] != getattr(model, f)]
     if not diffs:
@@ -56,3 +54,41 @@ def check_plan_model(plan: Any, model: LlamaConfig) -> None:
                     "layout, batches and price belong to the plan's model",
                     f"{use}, or make a plan for this model (hexiscale plan model={model.name} ...); to price "
                     "this layout for it anyway, remove meta.model and meta.model_shape from the plan file")
+
+
+def named_model_shape(name: str) -> dict[str, Any] | None:
+    """The :func:`model_shape` of the preset, model file or ``hf:`` directory ``name`` (as
+    ``LlamaConfig.load`` reads it), or None when it does not load here. Cached by name and by the
+    read file's path, size and modification time: ``estimate()`` checks every plan it prices, and a
+    plan naming another model reloaded and re-validated its YAML on each call; a file edited in place
+    is read again. A new dict each call, so a caller's changes never reach the cache."""
+    shape = _load_shape(name, _source_stamp(name))
+    return None if shape is None else dict(shape)
+
+
+def _source_stamp(name: str) -> tuple[str, int, int] | None:
+    """(path, mtime in ns, size in bytes) of the file ``LlamaConfig.load(name)`` reads; None when none is found."""
+    from lightning_hexiscale.config.file_errors import is_file
+    from lightning_hexiscale.config.hf_model import parse_hf_ref
+    from lightning_hexiscale.config.schema import conf_dir
+
+    try:
+        hf_dir = parse_hf_ref(name)
+        p = Path(hf_dir).expanduser() / "config.json" if hf_dir is not None else Path(name)
+        if hf_dir is None and not is_file(p):
+            p = conf_dir() / "model" / f"{name}.yaml"
+        st = p.stat()
+        return str(p.resolve()), st.st_mtime_ns, st.st_size
+    except (HexiScaleError, OSError, ValueError):  # no such file, a name the OS refuses
+        return None
+
+
+@functools.lru_cache(maxsize=32)
+def _load_shape(name: str, stamp: tuple[str, int, int] | None) -> tuple[tuple[str, Any], ...] | None:
+    """``stamp`` is only the cache key. A tuple of (field, value) pairs: immutable, so the cache is safe to share."""
+    from lightning_hexiscale.models.config import LlamaConfig
+
+    try:
+        return tuple(model_shape(LlamaConfig.load(name)).items())
+    except (HexiScaleError, OSError, ValueError):
+        return None

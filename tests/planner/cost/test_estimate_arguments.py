@@ -73,3 +73,38 @@ def test_a_plan_for_another_model_with_the_same_layer_count_is_refused(four):
     # nothing recorded, or a name that does not load here: not checked (layers and TP degrees still are)
     for meta in ({}, {"model": "my_own_model"}):
         assert estimate(dataclasses.replace(plan, meta=meta), cluster, w8b).iteration_time_s > 0
+
+
+def test_the_model_a_plan_names_is_loaded_once_not_per_estimate(four, tmp_path, monkeypatch):
+    """estimate() checks every plan it prices: a plan naming another model reloaded that model's YAML
+    on each call. Now once per name and file version; a file edited in place is read again, and the
+    shape handed out is a copy (changing it cannot change the next check)."""
+    import dataclasses
+    import os
+
+    import yaml
+
+    from lightning_hexiscale.planner.plan import model_check
+
+    loads = []
+    real = LlamaConfig.load
+    monkeypatch.setattr(LlamaConfig, "load", classmethod(lambda cls, name: loads.append(name) or real(name)))
+    cluster, workload = four
+    f = tmp_path / "mine.yaml"  # a new path: no earlier test has cached it
+    d = {k: v for k, v in workload.model.to_dict().items() if v is not None}
+    f.write_text(yaml.safe_dump({**d, "name": "mine"}))
+    plan = dataclasses.replace(_plan(), meta={"model": str(f)})
+    other = Workload(dataclasses.replace(workload.model, name="tiny_copy"))
+    for _ in range(3):
+        assert estimate(plan, cluster, other).iteration_time_s > 0
+    assert loads == [str(f)]
+    shape = model_check.named_model_shape(str(f))
+    shape["hidden_size"] = 99  # the caller's copy only
+    assert model_check.named_model_shape(str(f))["hidden_size"] == d["hidden_size"] and loads == [str(f)]
+    # the file edited in place: the next check reads the new shape
+    f.write_text(yaml.safe_dump({**d, "name": "mine", "hidden_size": 2 * d["hidden_size"]}))
+    st = f.stat()
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # a later modification time, on any file system
+    with pytest.raises(PlanError, match="hidden_size"):
+        estimate(plan, cluster, other)
+    assert loads == [str(f), str(f)]
