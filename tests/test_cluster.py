@@ -235,3 +235,48 @@ def test_a_gpu_type_no_machine_names_warns_unless_it_looks_like_a_misspelling():
     a800 = [{"name": "m0", "gpu": "A800", "count": 2, "intra_bandwidth": "32 GB/s"}]
     with pytest.warns(UserWarning, match="overrides the catalog's H100, but no machine names it"):
         Cluster.from_config({"name": "c", "gpu_types": {"H100": {"memory": "40 GiB"}}, "machines": a800})
+
+
+def test_efficiency_is_a_fraction_of_the_peak_it_names():
+    """``gpu_types.<type>.efficiency``: at most 1 of a catalog type's datasheet peak; up to 10 of a
+    declared flops, which may be a measured rate that training beats a little (what hexiscale
+    calibrate fits on a profiled CPU cluster). 2**70 was accepted and priced every layer at ~0 s."""
+    from lightning_hexiscale.config.cluster import MAX_EFFICIENCY
+    from lightning_hexiscale.errors import ConfigError
+
+    def cluster(gpu, entry):
+        return Cluster.from_config({"name": "c", "gpu_types": {gpu: entry},
+                                    "machines": [{"name": "m0", "gpu": gpu, "count": 1}]})
+
+    assert cluster("A800", {"efficiency": 0.45}).devices[0].flops == pytest.approx(0.45 * 312e12)
+    declared = cluster("X", {"flops": "10 TFLOPS", "memory": "24 GiB", "efficiency": 1.5})
+    assert declared.devices[0].flops == pytest.approx(15e12)
+    assert cluster("A800", {"flops": "200 TFLOPS", "efficiency": 1.2}).devices[0].flops == pytest.approx(240e12)
+    for gpu, entry, rule in (("A800", {"efficiency": 2**70}, "efficiency of a datasheet peak"),
+                             ("A800", {"efficiency": 1.5}, "must be at most 1: training does not beat"),
+                             ("X", {"flops": "10 TFLOPS", "memory": "24 GiB", "efficiency": 2**70},
+                              f"must be at most {MAX_EFFICIENCY:g}")):
+        with pytest.raises(ConfigError, match=rule) as ei:
+            cluster(gpu, entry)
+        assert ei.value.key == f"cluster.gpu_types.{gpu}.efficiency" and "Fix:" in str(ei.value)
+
+
+@pytest.mark.parametrize("name,value,rule", [
+    ("flops", "1e40 TFLOPS", "at most 1 EFLOP/s for one device"),
+    ("flops", "1e300 TFLOPS", "times its unit it overflows"),
+    ("fp32_flops", "1e40 TFLOPS", "at most 1 EFLOP/s"),
+    ("tf32_flops", "1e40 TFLOPS", "at most 1 EFLOP/s"),
+    ("memory", "1e30 GiB", "at most 1 PiB"),
+    ("memory", "1e300 TiB", "times its unit it overflows"),
+    ("memory_bandwidth", "1e40 TB/s", "at most 1 PB/s"),
+    ("memory_bandwidth", "1e300 TB/s", "times its unit it overflows"),
+])
+def test_a_device_figure_past_any_device_is_refused(name, value, rule):
+    """Finite figures no device has (and finite numbers that overflow to inf in their unit) were
+    accepted: compute or memory-bound work priced at 0 s, every plan fitting in memory."""
+    from lightning_hexiscale.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=rule) as ei:
+        Cluster.from_config({"name": "c", "gpu_types": {"A800": {name: value}},
+                             "machines": [{"name": "m0", "gpu": "A800", "count": 1}]})
+    assert ei.value.key == f"cluster.gpu_types.A800.{name}" and "Fix:" in str(ei.value)

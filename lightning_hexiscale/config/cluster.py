@@ -85,22 +85,37 @@ def gpu_type_from_config(tname: str, t: dict) -> catalog.GpuType:
             fields[field_] = parse_flops(t[name], f"{key}.{name}")
     if "memory_bandwidth" in t:
         fields["memory_bandwidth_Bps"] = parse_bandwidth(t["memory_bandwidth"], f"{key}.memory_bandwidth")
-    if "efficiency" in t:
-        fields["efficiency"] = _pos_float(t["efficiency"], f"{key}.efficiency")
+    if "efficiency" in t:  # of the catalog's datasheet peak unless this entry declares its own flops
+        fields["efficiency"] = check_efficiency(t["efficiency"], f"{key}.efficiency",
+                                                datasheet_peak=base is not None and "flops" not in t)
     for name in ("gemm_efficiency", "hbm_efficiency"):
         if name in t:
             fields[name] = _fraction(t[name], f"{key}.{name}")
     if "hopper" in t:
         fields["hopper"] = bool(t["hopper"])
-    peak = fields.get("peak_flops", base.peak_flops if base is not None else None)
-    if "efficiency" in fields and not np.isfinite(peak * fields["efficiency"]):  # 1e308: sustained FLOP/s of inf
-        raise ConfigError(f"{key}.efficiency", t["efficiency"], f"the sustained rate flops x efficiency overflows "
-                          f"({format_flops(peak)} x {fields['efficiency']:g})", "give the calibrated fraction, e.g. 0.45")
+    _check_device_figures(fields, t, key)
     if base is None:
         return catalog.GpuType(tname, fields.pop("peak_flops"), fields.pop("memory_bytes"), **fields)
     # a listed type: its figures stay datasheet figures only where the user changed no rate
     own_rates = {"peak_flops", "fp32_flops", "tf32_flops", "memory_bandwidth_Bps"} & set(fields)
     return replace(base, name=tname, datasheet=base.datasheet and not own_rates, **fields)
+
+
+DEVICE_LIMITS = {"peak_flops": ("flops", 1e18, "1 EFLOP/s", "FLOP/s", "312 TFLOPS"),
+                 "fp32_flops": ("fp32_flops", 1e18, "1 EFLOP/s", "FLOP/s", "67 TFLOPS"),
+                 "tf32_flops": ("tf32_flops", 1e18, "1 EFLOP/s", "FLOP/s", "495 TFLOPS"),
+                 "memory_bytes": ("memory", 2.0**50, "1 PiB", "bytes", "80 GiB"),
+                 "memory_bandwidth_Bps": ("memory_bandwidth", 1e15, "1 PB/s", "bytes/s", "3.35 TB/s")}
+"""Field -> (its key, the most any one device has, that in words, its unit, an example): 1 EFLOP/s (a
+B200 has 2.25 PFLOP/s dense 16-bit), 1 PiB of memory (GPUs have under 300 GB), 1 PB/s of memory
+bandwidth (an H200 has 4.8 TB/s). Past them the figure is a typo: "1e40 TFLOPS" priced every layer at ~0 s."""
+
+
+def _check_device_figures(fields: dict[str, Any], t: dict, key: str) -> None:
+    for field_, (name, most, words, unit, example) in DEVICE_LIMITS.items():
+        if field_ in fields and fields[field_] > most:
+            raise ConfigError(f"{key}.{name}", t[name], f"must be at most {words} for one device (it is "
+                              f"{fields[field_]:.3g} {unit})", f'give the device\'s figure with its unit, e.g. "{example}"')
 
 
 @dataclass(frozen=True)
@@ -478,6 +493,32 @@ def _theta(v: Any, key: str) -> float:
     if f > MAX_THETA:
         raise ConfigError(key, v, f"an overlap slowdown (1.0 = none) must be at most {MAX_THETA:g}; hexiscale calibrate "
                           "fits it between 0.1 and 20", "use the value hexiscale calibrate wrote, or 1.0")
+    return f
+
+
+MAX_EFFICIENCY = 10.0
+"""Largest ``gpu_types.<type>.efficiency`` of a type whose ``flops`` the file declares. The efficiency is
+the sustained fraction of ``flops`` (``hexiscale calibrate``: estimated / measured compute time).
+Training cannot beat a datasheet peak, so there it is at most 1; a declared ``flops`` is often a
+measured rate (``hexiscale profile``'s square matmul, an emulated device's figure) that training's
+matmuls can beat a little, and the calibration test allows up to 10. Beyond that ``flops`` itself is
+wrong: 2**70 priced every layer at 0 s."""
+
+
+def check_efficiency(v: Any, key: str, datasheet_peak: bool) -> float:
+    """``efficiency`` as a float in (0, 1] of a datasheet peak (``datasheet_peak``), else in
+    (0, :data:`MAX_EFFICIENCY`]; a ConfigError naming ``key`` otherwise."""
+    f = _pos_float(v, key)
+    if datasheet_peak and f > 1.0:
+        raise ConfigError(key, v, "the efficiency of a datasheet peak (the catalog's flops: no flops given here) "
+                          "must be at most 1: training does not beat the datasheet",
+                          "give the calibrated fraction, e.g. 0.45, or declare the rate it is a fraction of as "
+                          "flops (e.g. flops: \"400 TFLOPS\")")
+    if f > MAX_EFFICIENCY:
+        raise ConfigError(key, v, f"the efficiency (sustained fraction of flops) must be at most {MAX_EFFICIENCY:g}; "
+                          "above 1 only where flops is a measured rate that training beats",
+                          "give the fraction hexiscale calibrate wrote (e.g. 0.45); if flops is far off, declare the "
+                          "rate the device sustains as flops")
     return f
 
 

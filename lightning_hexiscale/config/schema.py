@@ -39,7 +39,8 @@ class GpuTypeConfig:
     efficiency: Optional[float] = None
     """Sustained fraction of ``flops`` the cost model assumes (FLOPs / (flops x efficiency)), as
     ``hexiscale calibrate`` fits it; null: not calibrated (CUDA plans use the roofline where the
-    type has a ``memory_bandwidth``, else ``flops`` itself)."""
+    type has a ``memory_bandwidth``, else ``flops`` itself). In (0, 1] of a catalog type's datasheet
+    ``flops``; in (0, 10] of a ``flops`` given here (``config.cluster.check_efficiency``)."""
     hopper: Optional[bool] = None
     fp32_flops: Optional[str] = None
     """Peak FP32 throughput without tensor cores, e.g. "67 TFLOPS": what 32-true runs at."""

@@ -56,7 +56,7 @@ def parse_bytes(text: object, key: str = "memory") -> float:
     mult = _prefixed(unit, "B")
     if mult is None or unit.endswith("bps"):
         raise ConfigError(key, text, f"unknown size unit {unit!r}", "use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB")
-    return _positive(key, text, value * mult)
+    return _positive(key, text, value * mult, "80 GiB")
 
 
 def parse_bandwidth(text: object, key: str = "bandwidth") -> float:
@@ -65,11 +65,11 @@ def parse_bandwidth(text: object, key: str = "bandwidth") -> float:
     if unit.endswith("/s"):
         mult = _prefixed(unit[:-2], "B")
         if mult is not None:
-            return _positive(key, text, value * mult)
+            return _positive(key, text, value * mult, "200 GB/s")
     if unit.endswith("bps") or unit.endswith("bit/s") or unit.endswith("b/s"):
         stem = unit[: -3] if unit.endswith("bps") else unit[: unit.index("b")]
         if stem in _PREFIX:
-            return _positive(key, text, value * _PREFIX[stem] / 8.0)
+            return _positive(key, text, value * _PREFIX[stem] / 8.0, "200 GB/s")
     raise ConfigError(key, text, f"unknown bandwidth unit {unit!r}", "use e.g. GB/s, GiB/s, MB/s or Gbps (bits)")
 
 
@@ -88,13 +88,16 @@ def parse_flops(text: object, key: str = "flops") -> float:
         if unit.endswith(base):
             p = unit[: len(unit) - len(base)]
             if p in _PREFIX:
-                return _positive(key, text, value * _PREFIX[p])
+                return _positive(key, text, value * _PREFIX[p], "312 TFLOPS")
     raise ConfigError(key, text, f"unknown compute unit {unit!r}", "use e.g. TFLOPS or GFLOPS")
 
 
-def _positive(key: str, text: object, value: float) -> float:
+def _positive(key: str, text: object, value: float, example: str) -> float:
     if not value > 0:
         raise ConfigError(key, text, "must be greater than zero", "give a positive value")
+    if value == math.inf:  # "1e300 TFLOPS": the number is finite, times its unit's 1e12 it is not
+        raise ConfigError(key, text, "must be a finite quantity (times its unit it overflows a float)",
+                          f'write e.g. "{example}"')
     return value
 
 

@@ -32,6 +32,8 @@ from typing import Any
 import numpy as np
 import yaml
 
+from lightning_hexiscale.config import catalog
+from lightning_hexiscale.config.cluster import check_efficiency
 from lightning_hexiscale.config.units import format_bandwidth
 from lightning_hexiscale.profiling.fit import NicFit
 
@@ -232,7 +234,11 @@ def update_calibration(path: str | Path, calibration: dict[str, float], efficien
             raise KeyError(f"device type {t!r} is not under gpu_types of {path}")
         if not (math.isfinite(e) and e > 0):
             raise ValueError(f"efficiency of {t} must be a finite positive number, got {e}")
-        doc["gpu_types"][t]["efficiency"] = float(e)
+        # the loader's rule, before writing: a fit it would refuse left a file that no longer loaded
+        entry = doc["gpu_types"][t] or {}
+        check_efficiency(e, f"cluster.gpu_types.{t}.efficiency",
+                         datasheet_peak=catalog.lookup(t) is not None and "flops" not in entry)
+        doc["gpu_types"][t] = {**entry, "efficiency": float(e)}
     notes = [f"{k}={v:.4g}" for k, v in calibration.items()] + [f"efficiency[{t}]={e:.4g}" for t, e in efficiency.items()]
     if sync_latency_s is not None:
         if not (math.isfinite(sync_latency_s) and sync_latency_s >= 0):

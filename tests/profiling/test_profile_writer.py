@@ -86,6 +86,21 @@ def test_update_calibration_keeps_the_rest(tmp_path):
         update_calibration(path, {}, {"GPU-Z": 0.5})
 
 
+
+def test_update_calibration_refuses_an_efficiency_the_loader_would(tmp_path):
+    """A fit past the loader's bound (config.cluster.check_efficiency) is refused before the file is
+    written: it was written, and the file then no longer loaded."""
+    from lightning_hexiscale.errors import ConfigError
+
+    path, _ = write_cluster(synthetic(), tmp_path / "prof.yaml")
+    update_calibration(path, {}, {"GPU-X": 1.4})  # a measured flops that training beats a little
+    assert Cluster.load(str(path)).devices[0].efficiency == 1.4
+    before = path.read_text()
+    with pytest.raises(ConfigError, match="must be at most 10") as ei:
+        update_calibration(path, {"theta_ddp": 1.3}, {"GPU-X": 50.0})
+    assert ei.value.key == "cluster.gpu_types.GPU-X.efficiency" and path.read_text() == before
+
+
 @pytest.mark.timeout(60)
 def test_two_writers_of_one_file_do_not_crash_each_other(tmp_path):
     """Two jobs discovering the same fingerprint at once (two `hexiscale train` on one machine, say) write
