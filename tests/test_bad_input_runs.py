@@ -98,6 +98,11 @@ RECIPE_CASES = {
     "unset_env_var": (["train.global_batch=${oc.env:HEXISCALE_TEST_UNSET_GB}"],  # was a traceback, exit 1
                       ["train.global_batch = '${oc.env:HEXISCALE_TEST_UNSET_GB}': cannot be resolved",
                        "set HEXISCALE_TEST_UNSET_GB in the environment, or give a default"]),
+    # the search does not run with a plan file: the override changed nothing, without a word
+    "planner_override_beside_a_plan_file": ([f"plan={BAD}/good_tiny_plan.yaml", "cluster=cpu_hetero4", "model=llama_tiny",
+                                             "planner.iterations=5"],
+                                            ["planner.iterations = '5': sets the planner's search, which a plan file skips",
+                                             "drop planner.iterations=..., or drop plan="]),
     "fits_nowhere": (["cluster=cpu2", "model=llama2_70b", "planner.iterations=2"],
                      ["no plan fits in memory", "needs 1.0 TiB", "cluster cpu2 has 8.0 GiB"]),
 }
@@ -166,6 +171,19 @@ def test_cli_plan_says_what_memory_is_missing(capsys):
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert re.search(r"needs [\d.]+ TiB .* has [\d.]+ GiB", err), err
+
+
+def test_only_planner_overrides_the_command_line_gave_are_refused_beside_a_plan_file():
+    """The base config always has planner.* (conf/planner/default.yaml): only the command line's overrides
+    count, and planner.allow_table_mismatch, which the plan file's estimate reads, passes."""
+    from lightning_hexiscale.cli.train_plan import check_search_overrides
+
+    cfg = compose(["cluster=cpu_hetero4", "model=llama_tiny", f"plan={BAD}/good_tiny_plan.yaml"])
+    check_search_overrides(cfg, ["cluster=cpu_hetero4", "planner.allow_table_mismatch=true", "train.schedule=gpipe"])
+    for given in (["planner.seed=3"], ["+planner.use_all_devices=true"]):
+        with pytest.raises(ConfigError, match=r"^planner\.(seed|use_all_devices) = .*which a plan file skips"):
+            check_search_overrides(cfg, given)
+    check_search_overrides(compose(["cluster=cpu_hetero4"]), ["planner.iterations=5"])  # no plan: the search's
 
 
 def test_api_raises_typed_errors():

@@ -30,6 +30,26 @@ def explicit_train_settings(cfg: DictConfig) -> dict:
     return {k: cfg.train[k] for k in PLAN_OVERRIDES if explicit(given, f"train.{k}")}
 
 
+PRICING_KEYS = ("allow_table_mismatch",)
+"""``planner.*`` keys that pricing reads too (the estimate of a plan file): the others set the search only."""
+
+
+def check_search_overrides(cfg: DictConfig, given: list[str]) -> None:
+    """A ``planner.*`` override on the command line beside a plan file: the search does not run, so it
+    changed nothing and was dropped without a word. Only keys the command line gave (Hydra's task
+    overrides): the base config's ``planner.*`` defaults are always there."""
+    from lightning_hexiscale.errors import ConfigError
+
+    if not cfg.plan:
+        return
+    for o in given:
+        key = o.split("=", 1)[0].lstrip("+~")
+        if key.startswith("planner.") and key.split(".")[1] not in PRICING_KEYS:
+            raise ConfigError(key, o.split("=", 1)[1] if "=" in o else None,
+                              f"sets the planner's search, which a plan file skips (plan={cfg.plan} runs as it is)",
+                              f"drop {key}=..., or drop plan= to plan here with it")
+
+
 def make_plan(cfg: DictConfig, cluster, out: Path):
     """The plan file given, or the search's plan (with every planner.* setting, as ``hexiscale plan``
     makes it); ranks launched by popen reuse rank 0's plan file. Returns (plan, its estimate)."""

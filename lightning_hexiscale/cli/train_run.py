@@ -14,7 +14,8 @@ from omegaconf import DictConfig, OmegaConf
 from lightning_hexiscale.cli.train_fit import check_logger, fit, load_dataset, quiet_logs
 from lightning_hexiscale.cli.train_job import (HEXISCALE, AppName, apply_file_overrides, auto_cluster, is_multirun,
                                                is_rank_zero, output_dir, overrides_given, say)
-from lightning_hexiscale.cli.train_plan import effective_config, launch_settings, make_plan, write_picture
+from lightning_hexiscale.cli.train_plan import (check_search_overrides, effective_config, launch_settings, make_plan,
+                                                write_picture)
 from lightning_hexiscale.lightning.launch.job_watch import JobWatch
 
 
@@ -138,6 +139,7 @@ def run(cfg: DictConfig, progress: JobWatch | None = None, app: AppName = HEXISC
     check_interpolations(cfg)  # ${oc.env:UNSET} names its key before anything reads it (here or in a rank)
     check_flag_overrides(cfg, overrides_given())
     check_early(cfg)
+    check_search_overrides(cfg, overrides_given())  # planner.* beside plan=FILE: before any discovery or launch
     check_logger(cfg)
     resolve_hf_model(cfg, overrides_given())  # model=hf:/dir: the shape from its config.json
     out = output_dir(cfg)

@@ -210,6 +210,7 @@ class StrategySettings:
         set_(self, "plan_check", plan_check_setting(self.plan_check))
         set_(self, "fast_path", strategy_fast_path(self.compile, self.fast_path))
         self._read_cluster_and_plan()
+        self._check_search_settings()
         set_(self, "elastic", self._elastic_settings())
 
     def _check_plan_overrides(self) -> None:
@@ -232,6 +233,18 @@ class StrategySettings:
             raise ConfigError(_key("micro_batch_size"), mb, f"must divide global_batch={gb}",
                               f"choose a divisor of the global batch (e.g. {_divisors(gb)}) "
                               "or None to let the planner choose")
+
+    def _check_search_settings(self) -> None:
+        """``planner_iterations`` / ``use_all_devices`` changed from their defaults beside a ``plan``: they
+        set the search, which a given plan skips, so they were dropped without a word. (The value equal
+        to the default cannot be told from no value and passes.)"""
+        if self.plan is None:
+            return
+        for name in ("planner_iterations", "use_all_devices"):
+            value = getattr(self, name)
+            if value != type(self).__dataclass_fields__[name].default:
+                raise ConfigError(_key(name), value, "sets the planner's search, which a given plan skips (the plan "
+                                  "runs as it is)", f"drop {name}=..., or pass plan=None to plan here with it")
 
     def _read_cluster_and_plan(self) -> None:
         """Files are read now, in the caller's process, so that a wrong name or path is a ConfigError
