@@ -189,3 +189,22 @@ def test_one_warning_when_cuda_types_are_priced_from_datasheets(monkeypatch):
         assert C.datasheet_types(one_type("H100", efficiency=0.4), w) == []
         assert C.datasheet_types(one_type("H100", gemm_efficiency=0.6), w) == []
         assert C.datasheet_types(c, dataclasses.replace(w, device="cpu")) == []
+
+
+def test_the_datasheet_notice_names_each_type_once_whatever_subsets_are_priced(monkeypatch):
+    """``hexiscale plan --baselines`` prices subsets of the machines (leave-out, symmetric-best): the
+    notice was said once per SET of types, four times for case_study (each subset's own types), where
+    the cost-model page promises one warning. Now a type named once is not named again; a type not
+    yet named still is."""
+    from lightning_hexiscale.planner.cost import compute as C
+
+    monkeypatch.setattr(C, "_WARNED", set())
+    c, w = Cluster.load("case_study"), Workload(LlamaConfig.load("llama2_7b"))
+    with pytest.warns(C.DatasheetPricingWarning, match="A800, RTX4090, RTX3090: priced from datasheet"):
+        C.warn_datasheet_pricing(c, w)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for devices in ([0, 1, 2, 3, 4, 5], [3, 4, 5, 6, 7], [0, 1, 2, 6, 7]):  # machines left out
+            assert C.warn_datasheet_pricing(c.subset(devices), w) is None
+    with pytest.warns(C.DatasheetPricingWarning, match=r"^H100: priced from datasheet"):
+        C.warn_datasheet_pricing(one_type("H100"), w)
