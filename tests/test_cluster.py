@@ -280,3 +280,30 @@ def test_a_device_figure_past_any_device_is_refused(name, value, rule):
         Cluster.from_config({"name": "c", "gpu_types": {"A800": {name: value}},
                              "machines": [{"name": "m0", "gpu": "A800", "count": 1}]})
     assert ei.value.key == f"cluster.gpu_types.A800.{name}" and "Fix:" in str(ei.value)
+
+
+def test_a_machine_link_naming_a_repeated_entry_sets_every_copy_as_nics_to_does():
+    """``machine_links: [{machines: [fast, slow]}]`` with ``slow`` declared ``repeat: 2`` was refused
+    ("must name two declared machines. Fix: use names from: fast, slow.0, slow.1") although
+    ``nics.to`` takes the entry name for all its copies (docs/guide/clusters.md): the entry name
+    now stands for every copy, ``[slow, slow]`` for the links among the copies, and a pair set by
+    two links is refused naming both."""
+    base = {"name": "rep", "inter_machine": {"bandwidth": "1 GB/s", "latency": "50us"},
+            "machines": [{"name": "fast", "gpu": "A800", "count": 2, "intra_bandwidth": "200 GB/s"},
+                         {"name": "slow", "gpu": "RTX4090", "count": 1, "repeat": 3}]}
+    c = Cluster.from_config(dict(base, machine_links=[
+        {"machines": ["fast", "slow"], "bandwidth": "10 GB/s", "latency": "20us"},
+        {"machines": ["slow", "slow"], "bandwidth": "5 GB/s"}]))
+    assert [m.name for m in c.machines] == ["fast", "slow.0", "slow.1", "slow.2"]
+    for s in (2, 3, 4):  # device 2, 3, 4: the three copies
+        assert c.bandwidth[0, s] == c.bandwidth[s, 1] == 10e9 and c.latency[1, s] == pytest.approx(20e-6)
+    assert c.bandwidth[2, 3] == c.bandwidth[3, 4] == c.bandwidth[4, 2] == 5e9
+    # a copy's own name still sets that copy alone
+    one = Cluster.from_config(dict(base, machine_links=[{"machines": ["slow.1", "fast"], "bandwidth": "7 GB/s"}]))
+    assert one.bandwidth[0, 3] == 7e9 and one.bandwidth[0, 2] == one.bandwidth[0, 4] == 1e9
+    with pytest.raises(ConfigError, match=r"machine_links\[1\].machines.*already given by cluster.machine_links\[0\] "
+                                          r"\(machines fast and slow.1\)"):
+        Cluster.from_config(dict(base, machine_links=[{"machines": ["fast", "slow"], "bandwidth": "10 GB/s"},
+                                                      {"machines": ["slow.1", "fast"], "bandwidth": "7 GB/s"}]))
+    with pytest.raises(ConfigError, match="must name two declared machines. Fix: use names from: fast, slow, slow.0"):
+        Cluster.from_config(dict(base, machine_links=[{"machines": ["fast", "slwo"], "bandwidth": "10 GB/s"}]))

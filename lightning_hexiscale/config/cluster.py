@@ -377,32 +377,18 @@ class Cluster:
         inter = c.get("inter_machine") or {}
         bw = np.full((n, n), parse_bandwidth(inter.get("bandwidth"), "cluster.inter_machine.bandwidth"))
         lat = np.full((n, n), parse_time(inter.get("latency", "10us"), "cluster.inter_machine.latency"))
-        by_name = {}
-        for m in machines:
-            by_name.setdefault(m.name, m)
         for mi, m in enumerate(machines):
             ix = np.ix_(m.devices, m.devices)
             bw[ix], lat[ix] = intra_bw[mi], intra_lat[mi]
-        pairs: dict[frozenset, int] = {}
+        given: dict[tuple[int, int], int] = {}
         for li, link in enumerate(c.get("machine_links") or []):
             key = f"cluster.machine_links[{li}]"
-            names = link["machines"]
-            if len(names) != 2 or any(not isinstance(x, str) or x not in by_name for x in names):  # [[a], b]: unhashable
-                raise ConfigError(f"{key}.machines", names, "must name two declared machines",
-                                  f"use names from: {', '.join(by_name)}")
-            if names[0] == names[1]:  # it would silently replace the machine's intra_bandwidth
-                raise ConfigError(f"{key}.machines", names, "a machine link joins two different machines",
-                                  f"give the figures inside machine {names[0]} as its intra_bandwidth and intra_latency")
-            if frozenset(names) in pairs:  # the later entry would silently win
-                raise ConfigError(f"{key}.machines", names, f"the pair is already given by "
-                                  f"cluster.machine_links[{pairs[frozenset(names)]}]: one link per machine pair",
-                                  "keep one of the two entries")
-            pairs[frozenset(names)] = li
-            a, b = by_name[names[0]].devices, by_name[names[1]].devices
             lb = parse_bandwidth(link["bandwidth"], f"{key}.bandwidth")
             ll = parse_time(link.get("latency", "10us"), f"{key}.latency")
-            bw[np.ix_(a, b)] = bw[np.ix_(b, a)] = lb
-            lat[np.ix_(a, b)] = lat[np.ix_(b, a)] = ll
+            for x, y in link_pairs(link["machines"], labels, entry_names, key, given, li):
+                a, b = machines[x].devices, machines[y].devices
+                bw[np.ix_(a, b)] = bw[np.ix_(b, a)] = lb
+                lat[np.ix_(a, b)] = lat[np.ix_(b, a)] = ll
         if c.get("matrix_file"):
             bw, lat = _load_matrices(c["matrix_file"], n)
         cal = Calibration(**{k: _theta(v, f"cluster.calibration.{k}") for k, v in (c.get("calibration") or {}).items()})
@@ -424,6 +410,30 @@ MAX_DEVICES_PER_MACHINE = 1024
 """GPUs one machine entry may declare (the largest single systems hold a few hundred)."""
 MAX_DEVICES = 16384
 """Devices of a whole cluster: its two N x N float64 matrices take 2 x 8 N^2 bytes (4 GiB at this N)."""
+
+
+def link_pairs(names: Any, labels: list[str], entry_names: list[str], key: str, given: dict[tuple[int, int], int],
+               index: int) -> list[tuple[int, int]]:
+    """The machine pairs (indices) of ``machine_links[index]``: a name matches a machine (``fast``, or a
+    ``repeat`` copy ``slow.1``) and an entry name all its copies (``slow``), as in ``nics.to``, so
+    ``[fast, slow]`` sets the link from ``fast`` to every copy and ``[slow, slow]`` the links among the
+    copies. ``given`` (pair -> link index) refuses a pair two links set: the later one would win silently."""
+    if (not isinstance(names, (list, tuple)) or len(names) != 2
+            or any(not isinstance(x, str) or x not in labels + entry_names for x in names)):  # [[a], b]: unhashable
+        raise ConfigError(f"{key}.machines", names, "must name two declared machines",
+                          f"use names from: {', '.join(dict.fromkeys(entry_names + labels))}")
+    hits = [[i for i, (lab, ent) in enumerate(zip(labels, entry_names)) if x in (lab, ent)] for x in names]
+    pairs = sorted({(min(x, y), max(x, y)) for x in hits[0] for y in hits[1] if x != y})
+    if not pairs:  # it would silently replace the machine's intra_bandwidth
+        raise ConfigError(f"{key}.machines", names, "a machine link joins two different machines",
+                          f"give the figures inside machine {names[0]} as its intra_bandwidth and intra_latency")
+    for pair in pairs:
+        if pair in given:
+            raise ConfigError(f"{key}.machines", names, f"the pair is already given by cluster.machine_links[{given[pair]}] "
+                              f"(machines {labels[pair[0]]} and {labels[pair[1]]}): one link per machine pair",
+                              "keep one of the two entries")
+        given[pair] = index
+    return pairs
 
 
 def _entry_of(machines_cfg: list, machine_index: int) -> int:
@@ -553,7 +563,9 @@ def _load_matrices(path: str, n: int) -> tuple[np.ndarray, np.ndarray]:
     if not p.is_file():
         p = packaged_file(path) or p
     if not p.is_file():
-        raise ConfigError("cluster.matrix_file", path, "file not found", "give a path relative to the working directory or conf/")
+        raise ConfigError("cluster.matrix_file", path, "file not found",
+                          "give a path relative to the cluster file's folder, the working directory or conf/, or an "
+                          "absolute one")
     try:  # a syntax error, a folder or bytes were yaml's / the OS's tracebacks
         data = yaml.safe_load(p.read_text()) or {}
     except (yaml.YAMLError, OSError, UnicodeDecodeError) as e:
