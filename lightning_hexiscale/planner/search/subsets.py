@@ -341,6 +341,11 @@ class _Subsets:
         keep = set(machines)
         out = tuple(m for m in range(len(self.c.machines)) if m not in keep)
         devices = devices_of(self.c, machines)
+        done = next((t for t in self.trials if t.devices == devices and t.status != "bounded"), None)
+        if done is not None:  # fill_worth asks again for a subset the exhaustive pass priced (was a second trial)
+            for m in out:
+                self.without[m] = min(self.without.get(m, math.inf), done.time_s)
+            return done.time_s
         bound = self.bound(devices)
         if not memory_possible(self.c, self.w, devices):
             self.trials.append(Trial(devices, out, "no memory", math.inf, bound))

@@ -257,3 +257,17 @@ def test_more_devices_than_the_model_can_occupy_leaves_the_rest_idle(tiny):
     assert "idle_reason" in r.plan.meta
     with pytest.raises(InfeasiblePlan, match="needs at most 2"):
         search(c, w, 1, SearchSettings(iterations=3, use_all_devices=True))
+
+
+def test_each_subset_is_one_trial_even_when_the_worth_report_asks_for_it_again(small7b):
+    """``subsets.trials`` (``hexiscale plan --json``: "every subset tried") listed a subset twice:
+    the exhaustive pass found that the small machine alone cannot hold the model ("no memory"), and
+    the per-machine report priced the cluster without the big machine, the same subset, again."""
+    c = Cluster.from_config({"name": "big_tiny", "inter_machine": {"bandwidth": "1 GB/s"},
+                             "gpu_types": {"TINY": {"flops": "10 TFLOPS", "memory": "1100 MiB"}},
+                             "machines": [{"name": "big", "gpu": "A800", "count": 2, "intra_bandwidth": "200 GB/s"},
+                                          {"name": "tiny", "gpu": "TINY", "count": 1}]})
+    r = search(c, small7b, 8, FEW, worth=True)
+    kept = [t.devices for t in r.subsets.trials]
+    assert len(kept) == len(set(kept)), r.subsets.trials
+    assert r.subsets.without == {0: math.inf, 1: pytest.approx(r.estimate.cost)}  # without big: nothing fits
