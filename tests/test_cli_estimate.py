@@ -181,3 +181,39 @@ def test_estimate_checks_planner_overrides_as_plan_does_then_ignores_them(overri
     base = json.loads(capsys.readouterr().out)
     assert main([*args, "planner.iterations=7", "planner.cut=max"]) == 0
     assert json.loads(capsys.readouterr().out) == base
+
+
+@pytest.mark.slow
+def test_a_plan_made_on_a_cluster_file_is_estimated_and_trained_without_cluster_again(tmp_path, capsys, monkeypatch):
+    """The reference says a plan file that names its ``meta.cluster`` needs no ``cluster=``; but a plan
+    made on a cluster FILE recorded only the cluster's name, which no preset has: ``hexiscale estimate
+    --plan`` stopped ("meta.cluster = 'my_lab': ... Could not find 'cluster/my_lab'"), ``hexiscale
+    train plan=`` discovered the local machine instead and ``HexiScaleStrategy(plan=...)`` could not
+    load it. ``--out`` now records the file's absolute path as ``meta.cluster_file``, which all three
+    load (from any working directory); a preset's plan records none."""
+    import yaml
+
+    from lightning_hexiscale.cli.train_job import plan_cluster
+    from lightning_hexiscale.lightning.settings import StrategySettings
+
+    made = tmp_path / "made"
+    made.mkdir()
+    (made / "my_lab.yaml").write_text(yaml.safe_dump({
+        "name": "my_lab", "inter_machine": {"bandwidth": "1 Gbps"},
+        "gpu_types": {"CPU-A": {"flops": "100 GFLOPS", "memory": "8 GiB"}},
+        "machines": [{"name": "a", "gpu": "CPU-A", "count": 2, "intra_bandwidth": "10 GB/s"}]}))
+    monkeypatch.chdir(made)
+    assert main(["plan", "cluster=my_lab.yaml", "model=llama_tiny", "train.global_batch=4", "planner.iterations=2",
+                 "planner.progress=false", "--out", "p.yaml"]) == 0
+    meta = yaml.safe_load((made / "p.yaml").read_text())["meta"]
+    assert meta["cluster"] == "my_lab" and meta["cluster_file"] == str(made / "my_lab.yaml")
+    capsys.readouterr()
+    monkeypatch.chdir(tmp_path)  # elsewhere, without cluster=
+    assert main(["estimate", "--plan", str(made / "p.yaml"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["cluster"] == "my_lab"
+    assert plan_cluster([f"plan={made / 'p.yaml'}"]) == str(made / "my_lab.yaml")
+    assert StrategySettings(cluster=None, plan=str(made / "p.yaml")).cluster.name == "my_lab"
+    # a preset's plan keeps loading the preset by name
+    assert main(["plan", "cluster=cpu2", "model=llama_tiny", "train.global_batch=4", "planner.iterations=2",
+                 "planner.progress=false", "--out", "q.yaml"]) == 0
+    assert "cluster_file" not in yaml.safe_load((tmp_path / "q.yaml").read_text())["meta"]

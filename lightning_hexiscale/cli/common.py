@@ -11,6 +11,8 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 from lightning_hexiscale.config.recipe import check_output_file  # noqa: F401 (the commands' name for it)
 
@@ -137,13 +139,38 @@ def sweep_axes(overrides: Sequence[str]) -> list[list[str]]:
     return axes
 
 
+def plan_meta_sources(plan_meta: dict) -> dict[str, tuple[str, Any]]:
+    """``{"cluster" / "model": (the meta key, its value)}`` a plan file names: the cluster from
+    ``meta.cluster_file`` (a cluster file's path) while that file exists, else ``meta.cluster``
+    (:func:`~lightning_hexiscale.planner.plan.cluster_source`); the model from ``meta.model``."""
+    from lightning_hexiscale.planner.plan import cluster_source
+
+    cluster = cluster_source(plan_meta)
+    out = {"cluster": ("cluster_file" if cluster is not None and cluster == plan_meta.get("cluster_file")
+                       else "cluster", cluster), "model": ("model", plan_meta.get("model"))}
+    return {k: v for k, v in out.items() if v[1]}
+
+
 def compose_for_plan(overrides: list[str], plan_meta: dict) -> list[str]:
     """Default ``cluster=`` and ``model=`` to the ones a plan file names in its ``meta``."""
     out = list(overrides)
-    for key in ("cluster", "model"):
-        if not explicit(out, key) and plan_meta.get(key):
-            out.insert(0, f"{key}={plan_meta[key]}")
+    for key, (_, value) in plan_meta_sources(plan_meta).items():
+        if not explicit(out, key):
+            out.insert(0, f"{key}={value}")
     return out
+
+
+def with_cluster_file(plan, overrides: Sequence[str]):
+    """The plan with ``meta.cluster_file``, the absolute path of the cluster file the command line's
+    ``cluster=FILE`` named (the last one), so that ``hexiscale estimate --plan``, ``hexiscale train
+    plan=`` and ``HexiScaleStrategy(plan=...)`` find the cluster without ``cluster=`` again; a preset
+    (``meta.cluster`` loads it by name) adds nothing."""
+    from lightning_hexiscale.config.schema import is_file
+
+    value = next((o.partition("=")[2] for o in reversed(overrides) if o.partition("=")[0] == "cluster"), None)
+    if not value or not is_file(value):  # as config.schema.load_preset tells a file from a preset
+        return plan
+    return replace(plan, meta={**plan.meta, "cluster_file": str(Path(value).resolve())})
 
 
 def compose_plan_config(overrides: list[str], plan, source: str):
@@ -153,18 +180,19 @@ def compose_plan_config(overrides: list[str], plan, source: str):
     from lightning_hexiscale.config.schema import compose
     from lightning_hexiscale.errors import ConfigError
 
-    taken = [k for k in ("cluster", "model") if not explicit(overrides, k) and plan.meta.get(k)]
-    for key in taken:
-        if not isinstance(plan.meta[key], str):  # was 'overrides = ...: Config group override must be a string'
-            raise ConfigError(f"{source}: meta.{key}", plan.meta[key], "names a preset or a file: a string",
+    named = plan_meta_sources(plan.meta)
+    taken = {k: meta_key for k, (meta_key, _) in named.items() if not explicit(overrides, k)}
+    for key, meta_key in taken.items():
+        if not isinstance(named[key][1], str):  # was 'overrides = ...: Config group override must be a string'
+            raise ConfigError(f"{source}: meta.{meta_key}", named[key][1], "names a preset or a file: a string",
                               f"write meta: {{{key}: NAME}}, or pass {key}=NAME on the command line")
     try:
         return compose(compose_for_plan(overrides, plan.meta))
     except ConfigError as e:
         if e.key not in taken:
             raise
-        raise ConfigError(f"{source}: meta.{e.key}", e.value, f"the plan file's meta names it (no {e.key}= was "
-                          f"given): {e.rule}", f"{e.fix}; or pass {e.key}=NAME on the command line") from None
+        raise ConfigError(f"{source}: meta.{taken[e.key]}", e.value, f"the plan file's meta names it (no {e.key}= "
+                          f"was given): {e.rule}", f"{e.fix}; or pass {e.key}=NAME on the command line") from None
 
 
 def apply_train_overrides(plan, cfg, overrides: Sequence[str]):

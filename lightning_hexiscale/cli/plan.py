@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lightning_hexiscale.cli.common import check_output_file, explicit, subcommand, sweep_axes
+from lightning_hexiscale.cli.common import check_output_file, explicit, subcommand, sweep_axes, with_cluster_file
 from lightning_hexiscale.cli.picture import check_picture_path, draw_plan  # noqa: F401 (also importable from here)
 from lightning_hexiscale.config.recipe import check_output_dir
 from lightning_hexiscale.config.units import format_flops
@@ -223,7 +223,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                     like_for_like=args.like_for_like, aware=args.aware_baselines,
                     optimum_time_limit=args.optimum_time_limit if args.optimum else None)
     cluster, workload, res = run["cluster"], run["workload"], run["result"]
-    plan, est = with_model_shape(res.plan, workload.model), res.estimate
+    plan, est = with_cluster_file(with_model_shape(res.plan, workload.model), overrides_of(args)), res.estimate
     if args.out:
         _write_file("--out", args.out, lambda: plan.save(args.out))
     if args.picture:
@@ -395,7 +395,7 @@ def _sweep(args: argparse.Namespace) -> int:
             continue
         res, cl, wl = run["result"], run["cluster"], run["workload"]
         tag = "-".join(f"{o.split('=', 1)[1]}" for o in combo if "=" in o).replace("/", "_")
-        with_model_shape(res.plan, wl.model).save(out_dir / f"plan-{tag}.yaml")
+        with_cluster_file(with_model_shape(res.plan, wl.model), combo).save(out_dir / f"plan-{tag}.yaml")
         row.update(cluster=cl.name, model=wl.model.name, global_batch=run["global_batch"],
                    pipelines=res.plan.num_pipelines, idle_devices=len(res.plan.idle_devices),
                    iteration_time_s=round(res.estimate.iteration_time_s, 4),

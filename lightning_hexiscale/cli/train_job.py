@@ -214,6 +214,13 @@ def take_file_overrides(argv: list[str]) -> list[str]:
     return rest
 
 
+def cluster_file_given() -> list[str]:
+    """``[cluster=PATH]`` for the cluster file this job runs on (given as ``cluster=FILE`` or discovered:
+    :func:`take_file_overrides`, ``train_discover``), else ``[]``."""
+    path = json.loads(os.environ.get(FILES_ENV, "{}")).get("cluster")
+    return [f"cluster={path}"] if path else []
+
+
 def apply_file_overrides(cfg: DictConfig) -> None:
     """Replace the ``cluster`` / ``model`` nodes by the files :func:`take_file_overrides` took out, then
     apply the command line's ``cluster.*`` / ``model.*`` overrides to them again (Hydra applied them to
@@ -291,19 +298,24 @@ def config_cluster(argv: list[str]) -> str | None:
 
 
 def plan_cluster(argv: list[str]) -> str | None:
-    """The cluster preset a ``plan=FILE`` of the command line was made for (its ``meta.cluster``), or None
-    (no plan, no such file or key, or a name that is no preset, e.g. a discovered cluster's)."""
+    """The cluster a ``plan=FILE`` of the command line was made for: its ``meta.cluster_file`` while that
+    file exists, else its ``meta.cluster`` when that names a preset; None otherwise (no plan, no such
+    file or key, or a name that is no preset, e.g. a discovered cluster's from before cluster_file)."""
     import yaml
 
     from lightning_hexiscale.config.schema import preset_names
+    from lightning_hexiscale.planner.plan import cluster_source
 
     value = next((a.split("=", 1)[1] for a in argv if a.split("=", 1)[0] == "plan"), None)
     if not value or not schema_is_file(value):
         return None
     try:
-        name = ((yaml.safe_load(Path(value).read_text()) or {}).get("meta") or {}).get("cluster")
+        meta = (yaml.safe_load(Path(value).read_text()) or {}).get("meta") or {}
+        name = cluster_source(meta)
     except (OSError, yaml.YAMLError, AttributeError):
         return None
+    if isinstance(name, str) and name == meta.get("cluster_file"):
+        return name  # the cluster file the plan was made on, which exists
     return name if isinstance(name, str) and name in preset_names("cluster") else None
 
 
@@ -337,7 +349,8 @@ def take_auto_cluster(argv: list[str]) -> list[str]:
         if not made_for:
             return argv
         if "LOCAL_RANK" not in os.environ:  # the launching process says it once (its children re-run this argv)
-            say(f"cluster={made_for}: the cluster the plan was made for (its meta.cluster; no cluster= given)")
+            say(f"cluster={made_for}: the cluster the plan was made for (its meta.cluster or meta.cluster_file; "
+                "no cluster= given)")
         return [*argv, f"cluster={made_for}"]
     value = "auto" if given else "auto (the default: no cluster= given)"
     nested = [a for a in argv if a.lstrip("+~").startswith("cluster.")]

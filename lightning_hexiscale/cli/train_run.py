@@ -11,9 +11,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from lightning_hexiscale.cli.common import with_cluster_file
 from lightning_hexiscale.cli.train_fit import check_logger, fit, load_dataset, quiet_logs
 from lightning_hexiscale.cli.train_job import (HEXISCALE, AppName, apply_file_overrides, auto_cluster, is_multirun,
-                                               is_rank_zero, output_dir, overrides_given, say)
+                                               cluster_file_given, is_rank_zero, output_dir, overrides_given, say)
 from lightning_hexiscale.cli.train_plan import (check_search_overrides, effective_config, launch_settings, make_plan,
                                                 write_picture)
 from lightning_hexiscale.lightning.launch.job_watch import JobWatch
@@ -180,6 +181,7 @@ def run(cfg: DictConfig, progress: JobWatch | None = None, app: AppName = HEXISC
     except PlanError as e:
         raise for_another_cluster(e, cfg.plan, cluster.name) from None
     picture = None
+    plan = with_cluster_file(plan, cluster_file_given())  # plan=plan.yaml finds the cluster file again
     if is_rank_zero():
         plan.save(out / "plan.yaml")
         (out / "config.yaml").write_text(OmegaConf.to_yaml(effective_config(cfg, plan, precision)))

@@ -26,7 +26,7 @@ from lightning_hexiscale.lightning.fast_path import strategy_fast_path
 from lightning_hexiscale.lightning.plan_check import DEFAULT_WARMUP, plan_check_setting
 from lightning_hexiscale.lightning.plan_resolution import AUTO, load_cluster_arg, load_plan_arg
 from lightning_hexiscale.planner import DP_SHARDINGS, SCHEDULES, Plan
-from lightning_hexiscale.planner.plan import check_global_batch_bound
+from lightning_hexiscale.planner.plan import check_global_batch_bound, cluster_source
 from lightning_hexiscale.planner.search.settings import MAX_ITERATIONS
 from lightning_hexiscale.runtime import NONFINITE_POLICIES
 
@@ -259,8 +259,10 @@ class StrategySettings:
         plan = load_plan_arg(plan)
         if cluster == AUTO and plan is not None:  # nothing to plan: the plan's own cluster, or the local devices
             cluster = None
-        if cluster is None and plan is not None and plan.meta.get("cluster"):
-            cluster = load_cluster_arg(plan.meta["cluster"], key="plan.meta.cluster")
+        made_for = cluster_source(plan.meta) if plan is not None else None  # its cluster file, else a preset
+        if cluster is None and made_for:
+            key = "plan.meta.cluster_file" if made_for == plan.meta.get("cluster_file") else "plan.meta.cluster"
+            cluster = load_cluster_arg(made_for, key=key)
         else:
             cluster = load_cluster_arg(cluster)
         if plan is not None and cluster is not None:

@@ -1,9 +1,10 @@
-"""YAML and JSON helpers of plan files: a loader that refuses a key given twice, and ``meta`` in the
-plain types YAML and strict JSON write."""
+"""YAML and JSON helpers of plan files: a loader that refuses a key given twice, ``meta`` in the
+plain types YAML and strict JSON write, and the cluster a plan's ``meta`` says it was made for."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -56,3 +57,14 @@ def finite_or_null(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+def cluster_source(meta: dict) -> Any:
+    """What to load as the cluster a plan was made for: ``meta.cluster_file`` (the cluster file's
+    absolute path, written by ``hexiscale plan --out`` and the recipe's ``plan.yaml`` when the cluster
+    came from a file) while that file exists, else ``meta.cluster`` (the cluster's name: a preset's
+    name loads as that preset). None when the plan names neither."""
+    path = meta.get("cluster_file")
+    if isinstance(path, str) and path and Path(path).is_file():
+        return path
+    return meta.get("cluster")
