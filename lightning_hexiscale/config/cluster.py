@@ -429,8 +429,9 @@ def link_pairs(names: Any, labels: list[str], entry_names: list[str], key: str, 
                           f"give the figures inside machine {names[0]} as its intra_bandwidth and intra_latency")
     for pair in pairs:
         if pair in given:
-            raise ConfigError(f"{key}.machines", names, f"the pair is already given by cluster.machine_links[{given[pair]}] "
-                              f"(machines {labels[pair[0]]} and {labels[pair[1]]}): one link per machine pair",
+            raise ConfigError(f"{key}.machines", names, f"the pair is already given by "
+                              f"cluster.machine_links[{given[pair]}] (machines {labels[pair[0]]} and "
+                              f"{labels[pair[1]]}): one link per machine pair",
                               "keep one of the two entries")
         given[pair] = index
     return pairs

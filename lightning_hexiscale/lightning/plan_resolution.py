@@ -8,7 +8,8 @@ planner, so that the rules live in one place:
 - ``cluster="auto"`` (the strategy's default) with no plan: the job's ranks discover their cluster
   for the job's model and precision (:func:`discover_cluster`, cached by a hardware + model
   fingerprint), and the search plans on it; with a plan given, ``"auto"`` reads the plan's
-  ``meta.cluster`` or, without one, describes the local devices as ``None`` does;
+  ``meta.cluster_file`` (while that file exists) or ``meta.cluster`` or, without one, describes the
+  local devices as ``None`` does;
 - ``cluster=None``: the local devices are described as a nominal homogeneous cluster, nothing is
   measured (:func:`describe_local_devices`).
 """
