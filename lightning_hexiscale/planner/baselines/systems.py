@@ -17,6 +17,7 @@ import numpy as np
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import InfeasiblePlan
 from lightning_hexiscale.planner.cost.estimate import Estimate, Workload, estimate
+from lightning_hexiscale.planner.cost.sources import stage_rule
 from lightning_hexiscale.planner.oracle.exact import MAX_DEVICES, oracle
 from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
 from lightning_hexiscale.planner.search.assemble import (DP_OPTIONS, DraftContext, Evaluator, chain_draft, make_plan,
@@ -83,9 +84,13 @@ class _Best:
         self.loose: Estimate | None = None
         self.empty = ""
         """Why the space had no candidate at all (set by the caller): said instead of memory."""
+        self.unmeasured = 0
+        """Candidates with a stage at a TP degree its type's layer table did not measure (not offered)."""
 
     def offer(self, plan: Plan, cluster: Cluster, workload: Workload, note: str = "", blind: bool = False) -> None:
         """``blind``: a plan built ignoring memory, offered only for the ``ignoring_memory`` figure."""
+        if not _measured(plan, cluster, workload, self):
+            return
         est = estimate(plan, cluster, workload)
         if not blind:
             self.tried += 1
@@ -117,8 +122,11 @@ class _Believed:
         self.fastest: tuple[float, int, Plan] | None = None
         self.blind = 0
         self.empty = ""
+        self.unmeasured = 0
 
     def offer(self, plan: Plan, cluster: Cluster, workload: Workload, note: str = "", blind: bool = False) -> None:
+        if not _measured(plan, cluster, workload, self):
+            return
         est = estimate(plan, self.belief, workload)
         if self.fastest is None or est.iteration_time_s < self.fastest[0]:
             self.fastest = (est.iteration_time_s, self.tried, plan)
@@ -145,10 +153,24 @@ class _Believed:
                               f"{len(self.ranked)} fit the homogeneous belief)", loose)
 
 
+def _measured(plan: Plan, cluster: Cluster, workload: Workload, best: _Best | _Believed) -> bool:
+    """Whether every stage of ``plan`` is at a TP degree the layer tables price
+    (:class:`cost.sources.StageRule`, the search's rule); else counted in ``best.unmeasured``: a
+    baseline gets the same space as the search, not a stage priced from FLOP/s beside measured ones."""
+    rule = stage_rule(cluster, workload)
+    if rule is None or all(rule(st.devices) for p in plan.pipelines for st in p.stages):
+        return True
+    best.unmeasured += 1
+    return False
+
+
 def _tried(best: _Best | _Believed) -> str:
     """'N tried', and the candidates none of whose layer splits fits (Galvatron's free split): they
-    are configurations too, so the space was not empty (it said "no (dp, tp, pp) suits the model")."""
+    are configurations too, so the space was not empty (it said "no (dp, tp, pp) suits the model");
+    and those left out at a TP degree the layer tables did not measure."""
     extra = f", {best.blind} of them with no layer split that fits" if best.blind else ""
+    if best.unmeasured:
+        extra += f"; {best.unmeasured} left out at a TP degree the layer tables did not measure"
     return f"{best.tried + best.blind} tried{extra}"
 
 
@@ -329,12 +351,16 @@ def metis(cluster: Cluster, workload: Workload, global_batch: int, settings: Sea
     graph = DeviceGraph.from_cluster(cluster)
     best = _Best("metis")
     mbs = micro_batch_candidates(global_batch, s.micro_batch_size, cluster.num_devices)
+    rule = stage_rule(cluster, workload)
     for dp in range(1, min(cluster.num_devices, global_batch) + 1):
         replicas = partition(graph, dp, "max")
         for tp in (1, 2, 4, 8):
             if tp > workload.model.num_kv_heads:
                 break
             chains = [_by_type_chain(cluster, rep, tp) for rep in replicas]
+            if rule is not None and not all(rule(st) for ch in chains for st in ch):
+                best.unmeasured += 1
+                continue  # a degree the layer tables did not measure: the next one, as for memory
             fitted = False
             for mb in mbs:
                 total = global_batch // mb

@@ -21,21 +21,30 @@ the computed path is named in the type's source line, not refused: a TP group ac
 table is measured over one machine's links), head / embedding rows at a TP degree without them,
 and micro-batch sizes outside the measured range (extrapolated per sequence from the nearest one,
 :func:`~lightning_hexiscale.config.layer_table.interpolate`).
+
+The search proposes only what rule 2 accepts (:class:`StageRule`): a TP group of one device type
+inside one machine whose type a table prices is at a degree with ``layer`` rows; micro-batch sizes
+are not restricted (extrapolated, as above). A type whose machines hold too few devices of it for
+any measured degree is refused before the search (:func:`check_measured_tp`). With
+``planner.allow_table_mismatch`` nothing is restricted (an unmeasured degree is priced from FLOP/s
+with a warning), and without tables the rule is None: the search does no extra work.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from lightning_hexiscale.config.cluster import Cluster, Device
 from lightning_hexiscale.config.layer_table import LayerTable, TableMismatchWarning, refuse_or_warn, shape_text
+from lightning_hexiscale.errors import ConfigError, InfeasiblePlan
 from lightning_hexiscale.planner.cost import roofline as rf
 from lightning_hexiscale.planner.cost.workload import Workload
 from lightning_hexiscale.planner.plan import Plan
 
-__all__ = ["KINDS", "PriceSource", "TableMismatchWarning", "computed_source", "price_sources", "sources_text",
-           "table_source"]
+__all__ = ["KINDS", "PriceSource", "StageRule", "TableMismatchWarning", "check_measured_tp", "computed_source",
+           "measured_tp_degrees", "price_sources", "sources_text", "stage_rule", "table_source"]
 
 KINDS = ("layer table", "calibrated", "measured GEMM efficiency", "datasheet", "declared")
 """The price sources, best first."""
@@ -140,6 +149,100 @@ def price_sources(cluster: Cluster, workload: Workload, plan: Plan | None = None
         out[d.gpu_type] = (table_source(table, uses.get(d.gpu_type, {}), workload) if table is not None
                            else computed_source(without_place(d), workload))
     return list(out.values())
+
+
+def measured_tp_degrees(cluster: Cluster, workload: Workload) -> dict[str, frozenset[int]]:
+    """Device type -> the TP degrees its layer table has ``layer`` rows for, for every type of
+    ``cluster`` a table prices for ``workload`` (:func:`compute.table_for`, which refuses tables of
+    another shape / precision: rule 1). Empty without tables or with ``allow_table_mismatch`` (then
+    any degree is priced)."""
+    from lightning_hexiscale.planner.cost.compute import table_for
+
+    if not cluster.layer_tables or workload.allow_table_mismatch:
+        return {}
+    out = {}
+    for gpu_type in dict.fromkeys(d.gpu_type for d in cluster.devices):
+        table = table_for(cluster, workload, gpu_type)
+        if table is not None:
+            out[gpu_type] = frozenset(r.tp for r in table.rows if r.part == "layer")
+    return out
+
+
+def check_measured_tp(cluster: Cluster, workload: Workload, degrees: Sequence[int] | None = None) -> None:
+    """Refuse, before a search, a type that a table prices and none of whose machines holds as many
+    devices of it as a measured TP degree (a ConfigError): no stage of it could be priced from its
+    table, and the search would leave it idle, or find no plan, without a word why. With the
+    settings' TP ``degrees`` (the ``uniform-tp`` baseline) a type they leave no degree is idle, as
+    machines no TP group of those degrees covers are; an InfeasiblePlan when that is every type."""
+    measured = measured_tp_degrees(cluster, workload)
+    unusable = []
+    for gpu_type, have in measured.items():
+        counts: dict[str, int] = {}
+        for d in cluster.devices:
+            if d.gpu_type == gpu_type:
+                name = cluster.machines[d.machine].name
+                counts[name] = counts.get(name, 0) + 1
+        most = max(counts.values())
+        usable = [t for t in have if t <= most and (not degrees or t in degrees)]
+        if usable:
+            continue
+        fits = list(range(1, min(most, workload.model.num_kv_heads) + 1))
+        rule = (f"a stage of {gpu_type} inside a machine is priced from its table only at a measured TP degree, "
+                f"and its machines hold at most {most} {gpu_type} device(s) "
+                f"({', '.join(f'{k}: {v}' for k, v in counts.items())})")
+        fix = (f"measure TP {fits} on {gpu_type} (hexiscale profile --model {workload.model.name} --layer-tp "
+               f"{','.join(map(str, fits))}, or hexiscale discover --model {workload.model.name} --rediscover), or "
+               f"remove the {gpu_type} entries from layer_times; or set planner.allow_table_mismatch=true "
+               f"(hexiscale --allow-table-mismatch) to price unmeasured degrees from FLOP/s with a warning")
+        if not degrees:
+            raise ConfigError("cluster.layer_times", f"{gpu_type}: layer rows at TP {sorted(have)}",
+                              f"{rule}, so no stage of {gpu_type} can be priced", fix)
+        unusable.append(f"{gpu_type} (layer rows at TP {sorted(have)})")
+    if unusable and len(unusable) == len({d.gpu_type for d in cluster.devices}):
+        raise InfeasiblePlan(f"no stage at TP {sorted(degrees or ())} can be priced: the layer tables of "
+                             f"{', '.join(unusable)} have no rows at those degrees that their machines can form. "
+                             f"Fix: measure them (hexiscale profile --model {workload.model.name} --layer-tp "
+                             f"{','.join(map(str, sorted(degrees or ())))}), or set planner.allow_table_mismatch=true")
+
+
+@dataclass(frozen=True)
+class StageRule:
+    """Which TP groups (a stage's devices) the search may form: a TP degree in ``degrees`` (the
+    ``uniform-tp`` baseline's ``SearchSettings.tp_degrees``; None: any), and a group of one device
+    type inside one machine whose type is in ``measured`` at one of that type's measured degrees
+    (rule 2 of the module docstring). Groups across machines or of mixed types are allowed (the
+    table does not price them; :func:`price_sources` names them)."""
+
+    degrees: frozenset[int] | None
+    measured: dict[str, frozenset[int]]
+    gpu_type: tuple[str, ...]
+    """Per device id."""
+    machine: tuple[int, ...]
+
+    def __call__(self, stage: Sequence[int]) -> bool:
+        t = len(stage)
+        if self.degrees is not None and t not in self.degrees:
+            return False
+        if not self.measured:
+            return True
+        first = stage[0]
+        have = self.measured.get(self.gpu_type[first])
+        if have is None or t in have:
+            return True
+        # a stage the table cannot price: refused only where price_sources refuses it
+        return not all(self.machine[d] == self.machine[first] and self.gpu_type[d] == self.gpu_type[first]
+                       for d in stage)
+
+
+def stage_rule(cluster: Cluster, workload: Workload, degrees: Sequence[int] | None = None) -> StageRule | None:
+    """The :class:`StageRule` of ``cluster`` for ``workload`` (and the TP ``degrees`` a setting
+    allows), or None when nothing restricts a stage (no table prices a type, or
+    ``allow_table_mismatch``, and no ``degrees``): the search then checks nothing."""
+    measured = measured_tp_degrees(cluster, workload)
+    if not measured and not degrees:
+        return None
+    return StageRule(frozenset(degrees) if degrees else None, measured,
+                     tuple(d.gpu_type for d in cluster.devices), tuple(d.machine for d in cluster.devices))
 
 
 def sources_text(sources: list[PriceSource]) -> str:

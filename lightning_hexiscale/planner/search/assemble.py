@@ -28,6 +28,7 @@ from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.planner.cost import model as cm
 from lightning_hexiscale.planner.cost.estimate import (Workload, hop_time, layer_times, stage_extra_times,
                                                        stage_memory_terms, usable_memory)
+from lightning_hexiscale.planner.cost.sources import StageRule
 from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
 from lightning_hexiscale.planner.search.partition import group_bandwidth, top_tau_order
 
@@ -73,9 +74,10 @@ class Evaluator:
         self.reuse_choices = cluster.num_devices > 64
         self.cross_machine_tp = cluster.num_devices <= SMALL_CLUSTER
         """Up to SMALL_CLUSTER devices, groups spanning machines may also form TP groups across them."""
-        self.tp_degrees: frozenset[int] | None = None
-        """The TP degrees a stage may have (None: any up to the KV heads). With a restriction, the
-        devices of a machine part that no allowed TP group covers are left out (idle)."""
+        self.stage_ok: StageRule | None = None
+        """Which TP groups a stage may be (:class:`cost.sources.StageRule`: the settings' TP degrees
+        and the degrees the layer tables measured; None: any up to the KV heads). With a restriction,
+        the devices of a machine part that no allowed TP group covers are left out (idle)."""
         """Beyond 64 devices a structure's intra-group strategies are chosen once (first micro-batch
         size and sharding tried) and reused, to bound the search time; see :func:`draft_pipeline`."""
 
@@ -169,14 +171,20 @@ class Evaluator:
         if group not in self._options:
             parts = [tuple(d for d in group if self.machine[d] == mach) for mach in dict.fromkeys(self.machine[list(group)])]
             per_part = []
-            only = self.tp_degrees
+            only = self.stage_ok
             for part in parts:
                 g = len(part)
-                ts = [t for t in range(1, min(g, self.max_tp) + 1)
-                      if (not self.reuse_choices or (t & (t - 1)) == 0 or g % t == 0) and (only is None or t in only)]
-                # restricted TP: only whole groups of t, the rest of the part idle (none fits: all idle)
-                per_part.append([[part[i:i + t] for i in range(0, g - (g % t if only else 0), t)] for t in ts]
-                                or [[]])
+                cuts = []
+                for t in range(1, min(g, self.max_tp) + 1):
+                    if self.reuse_choices and (t & (t - 1)) != 0 and g % t != 0:
+                        continue
+                    groups = [part[i:i + t] for i in range(0, g, t)]
+                    if only is not None:
+                        # restricted TP: only allowed whole groups of t, the rest of the part idle
+                        groups = [st for st in groups if len(st) == t and only(st)]
+                    if groups:
+                        cuts.append(groups)
+                per_part.append(cuts or [[]])  # none allowed: the whole part idle
             combos = list(itertools.product(*per_part))
             if len(combos) > 32:  # many machine parts: the same rule for every part
                 combos = [tuple(opts[min(i, len(opts) - 1)] for opts in per_part) for i in range(max(map(len, per_part)))]
@@ -189,7 +197,7 @@ class Evaluator:
                 for d in group:
                     types.setdefault(self.cluster.devices[d].gpu_type, []).append(d)
                 for cross in ([tuple(ds) for ds in types.values()], [tuple(group)]):
-                    if (all(len(st) <= self.max_tp and (only is None or len(st) in only) for st in cross)
+                    if (all(len(st) <= self.max_tp and (only is None or only(st)) for st in cross)
                             and cross not in options):
                         options.append(cross)
             self._options[group] = options
@@ -281,7 +289,7 @@ class Evaluator:
     def _descend(self, groups: list[tuple[int, ...]], ctx: DraftContext, choice_key: tuple) -> PipeDraft | None:
         order = self.group_order(groups, ctx.tau)
         ordered = [groups[i] for i in order]
-        if self.tp_degrees is not None:  # groups no allowed TP degree can use stay out (idle)
+        if self.stage_ok is not None:  # groups no allowed TP group can use stay out (idle)
             ordered = [g for g in ordered if self.group_options(g)]
             if not ordered:
                 return None

@@ -19,7 +19,7 @@ from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError, InfeasiblePlan
 from lightning_hexiscale.planner.cost.compute import effective_cluster, warn_datasheet_pricing
 from lightning_hexiscale.planner.cost.estimate import Workload, estimate
-from lightning_hexiscale.planner.cost.sources import price_sources
+from lightning_hexiscale.planner.cost.sources import check_measured_tp, price_sources
 from lightning_hexiscale.planner.plan import Plan
 from lightning_hexiscale.planner.search.assemble import micro_batch_candidates
 from lightning_hexiscale.planner.search.infeasible import most_busy
@@ -55,6 +55,9 @@ def search(cluster: Cluster, workload: Workload, global_batch: int,
                           f"{workload.model.num_kv_heads}) and the devices (cluster {cluster.name}: "
                           f"{cluster.num_devices}), so no TP group can be formed",
                           f"allow a degree from 1 to {most_tp}, or None for any")
+    # a type its layer table prices at no TP degree its machines can form: refused here, not by an
+    # empty search (the search proposes only measured degrees: cost.sources.StageRule)
+    check_measured_tp(cluster, workload, s.tp_degrees)
     priced = cluster
     warn_datasheet_pricing(cluster, workload)  # once per process: CUDA types priced from datasheets
     cluster = effective_cluster(cluster, workload)  # the heuristics' device speeds follow the roofline
@@ -69,7 +72,8 @@ def search(cluster: Cluster, workload: Workload, global_batch: int,
             result = _search_one(cluster, workload, global_batch, s, worth)
     finally:
         gc.set_threshold(*threshold)
-    # what priced each device type; refuses a stage at a TP degree its type's layer table lacks
+    # what priced each device type; would refuse a stage at a TP degree its type's layer table lacks
+    # (the search proposes none: cost.sources.StageRule)
     return dataclasses.replace(result, sources=price_sources(priced, workload, result.plan))
 
 

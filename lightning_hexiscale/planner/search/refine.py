@@ -53,8 +53,9 @@ class RefineContext:
     seed: int = 0
     may_idle: bool = False
     """A device may leave the plan (idle): the subset-aware search (``planner.use_all_devices=false``)."""
-    tp_degrees: frozenset[int] | None = None
-    """The TP degrees a stage may have (None: any); layouts with another are not scored."""
+    stage_ok: Callable[[tuple[int, ...]], bool] | None = None
+    """Which TP groups a stage may be (:class:`cost.sources.StageRule`; None: any); layouts with
+    another are not scored."""
 
 
 _REPAIR_FLIP = 16
@@ -210,7 +211,7 @@ def improve(plan: Plan, cost: float, ctx: RefineContext, budget: int) -> tuple[f
         key = layout_key(layout)
         if key in seen or state["used"] >= budget:
             return math.inf, None
-        if ctx.tp_degrees is not None and any(len(st) not in ctx.tp_degrees for p in cand[1] for st, _ in p):
+        if ctx.stage_ok is not None and not all(ctx.stage_ok(st) for p in cand[1] for st, _ in p):
             seen.add(key)
             return math.inf, None
         seen.add(key)

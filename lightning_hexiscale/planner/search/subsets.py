@@ -259,12 +259,14 @@ def idle_meta(plan: Plan, cluster: Cluster, all_devices_s: float, best_s: float)
     return replace(plan, meta={**plan.meta, "idle_reason": reason, "all_devices_time_s": all_s})
 
 
-def shrink(layouts: list[Plan], drop: frozenset[int], timer: Any, repair: Any, meta: dict) -> tuple[float, Plan | None]:
+def shrink(layouts: list[Plan], drop: frozenset[int], timer: Any, repair: Any, meta: dict,
+           stage_ok: Any = None) -> tuple[float, Plan | None]:
     """The best of ``layouts`` with the devices ``drop`` taken out: a stage keeps its other devices
     (one left with none gives its layers to its neighbour), a pipeline left with no stage goes,
     the pipelines that changed get their leaders and layer split afresh (``repair``, the search's
     phase-2 rules) and the batches are re-split exactly (``timer.best``). (inf, None) when nothing
-    is left or nothing fits."""
+    is left or nothing fits. ``stage_ok`` (:class:`cost.sources.StageRule`): a layout with a stage it
+    refuses (a TP group shrunk to a degree its type's layer table lacks) is not scored."""
     from lightning_hexiscale.planner.search.refine import plan_from_layout
 
     best: tuple[float, Plan | None] = (math.inf, None)
@@ -286,6 +288,8 @@ def shrink(layouts: list[Plan], drop: frozenset[int], timer: Any, repair: Any, m
             if stages:
                 pipes.append(tuple((tuple(st), n) for st, n in stages))
         if not pipes or len(pipes) > timer.G:
+            continue
+        if stage_ok is not None and not all(stage_ok(st) for p in pipes for st, _ in p):
             continue
         layout = repair((like.dp_sharding, tuple(pipes)), before)
         cost, plan = timer.best(plan_from_layout(layout, like), meta)

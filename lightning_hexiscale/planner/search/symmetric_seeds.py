@@ -8,10 +8,11 @@ it drafts one micro-batch size and prunes. So every run also scores, with its ow
     P pipelines x S stages x TP t,   P * S * t = N devices,
 
 where t divides every machine's device count (TP groups never cross a machine; t at most the KV
-heads and in ``tp_degrees`` when set), P is at most ``max_pipelines`` and the batch's micro-batches,
-and S is at most the layers. The N / t TP groups, numbered in machine order, are dealt to (replica,
-stage) in the two Megatron rank orders: group ``s * P + r`` (a stage's replicas side by side, so the
-gradient all-reduce stays on the fastest links) or ``r * S + s`` (each pipeline on consecutive
+heads and allowed by the stage rule: ``tp_degrees`` when set, a layer table's measured degrees), P
+is at most ``max_pipelines`` and the batch's micro-batches, and S is at most the layers. The N / t
+TP groups, numbered in machine order, are dealt to (replica, stage) in the two Megatron rank
+orders: group ``s * P + r`` (a stage's replicas side by side, so the gradient all-reduce stays on
+the fastest links) or ``r * S + s`` (each pipeline on consecutive
 machines). Layers: split evenly (the L mod S extra layers on the middle stages, away from the
 embedding and the LM head), and as :func:`assemble.chain_draft` splits them (compute- and
 memory-proportional, with its stage leaders); every dp sharding the settings allow; the batch
@@ -42,17 +43,20 @@ SearchRun = Any
 def tp_group_rows(run: SearchRun) -> dict[int, list[tuple[int, ...]]]:
     """TP degree t -> the cluster's TP groups of t devices, machine by machine in machine order
     (devices in id order inside a machine), for every t that divides every machine's device count,
-    is at most the KV heads and is allowed by ``tp_degrees``. Empty when a machine has no device."""
+    is at most the KV heads and whose groups ``run.ev.stage_ok`` allows (``tp_degrees``, layer
+    tables). Empty when a machine has no device."""
     machines = [sorted(m.devices) for m in run.cluster.machines]
     if not machines or any(not m for m in machines):
         return {}
-    allowed = run.ev.tp_degrees
+    allowed = run.ev.stage_ok
     heads = run.workload.model.num_kv_heads
     out = {}
     for t in range(1, min(len(m) for m in machines) + 1):
-        if t > heads or any(len(m) % t for m in machines) or (allowed is not None and t not in allowed):
+        if t > heads or any(len(m) % t for m in machines):
             continue
-        out[t] = [tuple(m[i:i + t]) for m in machines for i in range(0, len(m), t)]
+        groups = [tuple(m[i:i + t]) for m in machines for i in range(0, len(m), t)]
+        if allowed is None or all(allowed(g) for g in groups):
+            out[t] = groups
     return out
 
 

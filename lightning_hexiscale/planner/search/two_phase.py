@@ -41,6 +41,7 @@ from tqdm.auto import tqdm
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import InfeasiblePlan
 from lightning_hexiscale.planner.cost.estimate import Estimate, Workload, estimate
+from lightning_hexiscale.planner.cost.sources import stage_rule
 from lightning_hexiscale.planner.plan import Plan
 from lightning_hexiscale.planner.search import refine
 from lightning_hexiscale.planner.search.assemble import (DP_OPTIONS, SMALL_CLUSTER, DraftContext, Evaluator,
@@ -105,7 +106,9 @@ class SearchRun:
         """Fraction of the final improvement's budget (:func:`refine.budget_for`) this run gets."""
         self.L = workload.model.num_layers
         self.ev = Evaluator(cluster, workload, s.schedule, s.recompute)
-        self.ev.tp_degrees = frozenset(s.tp_degrees) if s.tp_degrees else None
+        # the TP groups a stage may be: the settings' degrees, and on a type a layer table prices,
+        # the degrees it measured (None when nothing restricts: no check anywhere)
+        self.ev.stage_ok = stage_rule(cluster, workload, s.tp_degrees)
         self.graph = DeviceGraph.from_cluster(cluster)
         self.rng = np.random.default_rng(s.seed)
         self.mbs = micro_batch_candidates(global_batch, s.micro_batch_size, cluster.num_devices)
@@ -140,6 +143,10 @@ class SearchRun:
         self.peeled = 0
         self.units: dict[int, list[tuple[int, ...]]] = {1: [(d,) for d in self.strongest], 2: self.pairs(),
                                                         COLUMN: self.columns()}
+        ok = self.ev.stage_ok
+        if ok is not None:  # replica units whose TP groups the rule refuses are not peeled
+            self.units = {1: [u for u in self.units[1] if ok(u)], 2: [u for u in self.units[2] if ok(u)],
+                          COLUMN: [u for u in self.units[COLUMN] if all(ok((d,)) for d in u)]}
         if self.small:
             # mixed structures: r replica units (single devices or same-machine pairs, strongest
             # first; or columns, thin pipelines of one device per machine) + the rest as 1 or 2 pipelines
@@ -148,9 +155,7 @@ class SearchRun:
                     for rest in (1, 2):
                         size = len(self.units[unit][0]) if self.units[unit] else n
                         left = n - size * r
-                        tp = 1 if unit == COLUMN else unit
-                        if (r <= len(self.units[unit]) and left >= rest and r + rest <= max_dp
-                                and (not s.tp_degrees or tp in s.tp_degrees)):
+                        if r <= len(self.units[unit]) and left >= rest and r + rest <= max_dp:
                             self.peels.append((r, rest, unit))
 
     def columns(self) -> list[tuple[int, ...]]:
@@ -490,12 +495,17 @@ class SearchRun:
         per_machine = []
         for m in self.cluster.machines:
             devs = sorted(m.devices, key=lambda d: (-self.cluster.devices[d].flops, d))
-            only = self.ev.tp_degrees
-            ts = [t for t in range(1, min(len(devs), self.workload.model.num_kv_heads) + 1)
-                  if (len(devs) % t == 0 if only is None else t in only)]
-            # restricted TP (uniform-tp): whole groups of t, the rest of the machine idle
-            per_machine.append([[tuple(devs[i:i + t]) for i in range(0, len(devs) - len(devs) % t, t)]
-                                for t in ts] or [[]])
+            only = self.ev.stage_ok
+            cuts = []
+            for t in range(1, min(len(devs), self.workload.model.num_kv_heads) + 1):
+                if only is None and len(devs) % t:
+                    continue
+                # restricted TP (uniform-tp, layer tables): allowed whole groups of t, the rest idle
+                groups = [tuple(devs[i:i + t]) for i in range(0, len(devs) - len(devs) % t, t)]
+                groups = [g for g in groups if only is None or only(g)]
+                if groups:
+                    cuts.append(groups)
+            per_machine.append(cuts or [[]])
         for k, combo in enumerate(itertools.product(*per_machine)):
             if k >= _REPLICA_LAYOUTS:
                 break
@@ -517,7 +527,7 @@ class SearchRun:
         ctx = refine.RefineContext(self.timer, self.workload.model, self.shardings,
                                    move_devices=self.small, repair=self.repair,
                                    meta=self.meta(), seed=self.s.seed, may_idle=not self.s.use_all_devices,
-                                   tp_degrees=self.ev.tp_degrees)
+                                   stage_ok=self.ev.stage_ok)
         firsts = [e[0] for e in self.top.values()]
         seconds = [e for v in self.top.values() for e in v[1:]]
         starts = sorted(firsts, key=lambda e: e[0])[:_STARTS]
@@ -542,7 +552,7 @@ class SearchRun:
         # large clusters: leaders and layers afresh without the data-parallel-aware split (its
         # enumeration over hundreds of pipelines costs more than the search itself)
         repair = self.repair if self.cluster.num_devices <= LARGE_FROM else self.relead
-        return shrink([p for _, p, _ in firsts], drop, self.timer, repair, self.meta())
+        return shrink([p for _, p, _ in firsts], drop, self.timer, repair, self.meta(), self.ev.stage_ok)
 
     def relead(self, layout: refine.Layout, before: refine.Layout) -> refine.Layout:
         """The pipelines a move changed get their leaders and a compute- and memory-proportional

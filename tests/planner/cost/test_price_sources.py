@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 
 from lightning_hexiscale.config.cluster import Cluster
-from lightning_hexiscale.errors import ConfigError
+from lightning_hexiscale.errors import ConfigError, InfeasiblePlan
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner import Plan, SearchSettings, Workload, estimate, price_sources, search
 from lightning_hexiscale.planner.cost.estimate import layer_times
@@ -99,12 +99,15 @@ def test_a_plan_at_a_tp_degree_the_table_lacks_is_refused():
 
 def test_the_search_names_its_sources_and_refuses_an_uncovered_tp_degree():
     """The search's plan comes with its sources; a table covering TP 1 only on machines of two
-    devices, where TP 2 is faster by FLOP/s, is an error naming the degree, not a silent mix."""
+    devices, where TP 2 is faster by FLOP/s, is not mixed in silently: the search stays at TP 1
+    (tests/planner/search/test_search_table_tp.py), and held to TP 2 it finds no plan, saying why."""
     model = dataclasses.replace(TINY, num_layers=2)
     doc = _tp1_only()
     doc["layer_times"][0]["model"] = _shape(model)
     w = Workload.from_precision(model, "32-true", device="cpu")
     r = search(Cluster.from_config(doc), w, 4, SearchSettings(iterations=3, progress=False, tp_degrees=(1,)))
     assert [s.kind for s in r.sources] == ["layer table"]
-    with pytest.raises(ConfigError, match="TP 2"):
+    assert {st.tp for p in r.plan.pipelines for st in p.stages} == {1}
+    words = r"no stage at TP \[2\] can be priced.*CPU-FAST \(layer rows at TP \[1\]\)"
+    with pytest.raises(InfeasiblePlan, match=words):
         search(Cluster.from_config(doc), w, 1, SearchSettings(iterations=3, progress=False, tp_degrees=(2,)))
