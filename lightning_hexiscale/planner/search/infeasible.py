@@ -70,8 +70,14 @@ def memory_message(cluster: Cluster, workload: Workload, global_batch: int, reco
     totals = (f"needs {format_bytes(need)} for weights, gradients and optimizer states ({per_param:g} bytes per "
               f"parameter, even fully sharded with ZeRO-3) plus activations for global batch {global_batch}; cluster "
               f"{cluster.name} has {format_bytes(cluster.total_memory)} ({format_bytes(usable)} after the "
-              f"{format_bytes(workload.reserve_bytes)} reserve per device)")
+              f"{format_bytes(workload.reserve_bytes)} reserve per device"
+              + (f" and train.memory_headroom={workload.memory_headroom:g}" if workload.memory_headroom else "") + ")")
     if need > usable:
+        if need <= cluster.total_memory:
+            # the devices hold the states; what the reserve and the headroom keep back does not leave room
+            return (f"{head} {totals}: the reserve and the headroom leave too little of the devices. Fix: a smaller "
+                    f"train.memory_headroom (now {workload.memory_headroom:g}) or Workload.reserve_bytes (now "
+                    f"{format_bytes(workload.reserve_bytes)}), or more or larger GPUs")
         return f"{head} {totals}. Fix: use more or larger GPUs, or a smaller model"
     short = _devices_without_room(cluster, workload)
     if short:

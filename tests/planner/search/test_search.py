@@ -91,6 +91,22 @@ def test_nothing_fits_says_what_is_missing():
         search(c, w, 8, SearchSettings(iterations=3))
 
 
+@pytest.mark.parametrize("change, named", [({"memory_headroom": 0.99}, "train.memory_headroom (now 0.99)"),
+                                           ({"reserve_bytes": 100e9}, "Workload.reserve_bytes (now 93.1 GiB)")])
+def test_nothing_fits_because_of_the_reserve_or_headroom_names_them(change, named):
+    """Two A800s (160 GiB) hold a 2-layer 7B shape's 9.9 GiB of states many times over; with 99 %
+    kept free, or a 93 GiB reserve, nothing fits. The message said "use more or larger GPUs, or a
+    smaller model", which is not what to change."""
+    from dataclasses import replace
+
+    c = Cluster.from_config({
+        "name": "two_a800", "machines": [{"name": "m0", "gpu": "A800", "count": 2, "intra_bandwidth": "200 GB/s"}]})
+    w = Workload(replace(LlamaConfig.load("llama2_7b"), num_layers=2), **change)
+    with pytest.raises(InfeasiblePlan) as ei:
+        search(c, w, 8, SearchSettings(iterations=3))
+    assert named in str(ei.value) and "more or larger GPUs" in str(ei.value), ei.value
+
+
 def test_dp_candidates_cover_small_clusters_and_ladder_large_ones():
     assert dp_candidates(8, 8, 3) == list(range(1, 9))
     big = dp_candidates(1024, 1024, 128)
