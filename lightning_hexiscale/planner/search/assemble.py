@@ -78,6 +78,9 @@ class Evaluator:
         """Which TP groups a stage may be (:class:`cost.sources.StageRule`: the settings' TP degrees
         and the degrees the layer tables measured; None: any up to the KV heads). With a restriction,
         the devices of a machine part that no allowed TP group covers are left out (idle)."""
+        self.idle_remainders = False
+        """Set by the search on small clusters whose plans may leave devices idle: a machine part
+        not divisible by a TP degree t may also form whole groups of t, the rest idle (:meth:`group_options`)."""
         """Beyond 64 devices a structure's intra-group strategies are chosen once (first micro-batch
         size and sharding tried) and reused, to bound the search time; see :func:`draft_pipeline`."""
 
@@ -174,7 +177,7 @@ class Evaluator:
             only = self.stage_ok
             for part in parts:
                 g = len(part)
-                cuts = []
+                cuts, remainders = [], []
                 for t in range(1, min(g, self.max_tp) + 1):
                     if self.reuse_choices and (t & (t - 1)) != 0 and g % t != 0:
                         continue
@@ -184,7 +187,14 @@ class Evaluator:
                         groups = [st for st in groups if len(st) == t and only(st)]
                     if groups:
                         cuts.append(groups)
-                per_part.append(cuts or [[]])  # none allowed: the whole part idle
+                    if self.idle_remainders and only is None and g % t and g >= t:
+                        # beyond §4 (small clusters, plans that may leave devices idle): whole TP groups
+                        # of t, the weakest g mod t devices idle. A part of 3 devices whose single
+                        # devices hold no layer has no plan otherwise: a pair and a lone device that
+                        # does not fit, or three stages for a model of two layers
+                        strong = sorted(part, key=lambda d: (-self.flops[d], -self.memory[d], d))
+                        remainders.append([tuple(sorted(strong[i:i + t])) for i in range(0, g - g % t, t)])
+                per_part.append(cuts + remainders or [[]])  # none allowed: the whole part idle
             combos = list(itertools.product(*per_part))
             if len(combos) > 32:  # many machine parts: the same rule for every part
                 combos = [tuple(opts[min(i, len(opts) - 1)] for opts in per_part) for i in range(max(map(len, per_part)))]
@@ -196,8 +206,19 @@ class Evaluator:
                 types = {}
                 for d in group:
                     types.setdefault(self.cluster.devices[d].gpu_type, []).append(d)
-                for cross in ([tuple(ds) for ds in types.values()], [tuple(group)]):
-                    if (all(len(st) <= self.max_tp and (only is None or only(st)) for st in cross)
+                crosses = [[tuple(ds) for ds in types.values()], [tuple(group)]]
+                # the group's devices in machine order cut into consecutive TP groups of t: TP groups
+                # inside the machines, the odd devices of adjacent machines paired across them (three
+                # V100s of 3 MiB beside one RTX3090, a 2-layer model: no single device holds a layer,
+                # [V100 V100] + [V100 3090] is the plan). Whole groups only where devices may idle
+                flat = [d for part in parts for d in part]
+                for t in range(2, min(len(flat), self.max_tp) + 1):
+                    cut = [tuple(flat[i:i + t]) for i in range(0, len(flat), t)]
+                    if len(cut[-1]) < t and self.idle_remainders:
+                        crosses.append(cut[:-1])
+                    crosses.append(cut)
+                for cross in crosses:
+                    if (cross and all(len(st) <= self.max_tp and (only is None or only(st)) for st in cross)
                             and cross not in options):
                         options.append(cross)
             self._options[group] = options

@@ -353,3 +353,16 @@ def top_tau_order(weight: np.ndarray, tau: int = 2, budget: int = 500) -> tuple[
         seen[start] = True
         extend([start], seen, 0.0)
     return best_path, float(best_cost)
+
+
+def odd_machine_parts(cluster: Cluster, sets: list[np.ndarray], model) -> bool:
+    """Whether some set spans machines of which two hold an odd number of its devices: TP 2 inside
+    the machines leaves one device on each, and a pair across them may be the only stage they fit
+    (the search then also drafts each set as one group, whose options pair them: ``Evaluator.group_options``)."""
+    if model.num_kv_heads < 2:
+        return False
+    for d in sets:
+        per = np.bincount([cluster.devices[x].machine for x in d.tolist()])
+        if int((per % 2 == 1).sum()) >= 2:
+            return True
+    return False

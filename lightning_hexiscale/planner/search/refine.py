@@ -12,6 +12,8 @@ candidate scored exactly with its best batch split and per-pipeline micro-batch 
   a single-device pipeline disappears) and joins another stage's TP group, or becomes a new stage
   (taking half of a neighbour's layers), or a new single-device pipeline (all layers), or, where
   the plan may leave devices idle (``RefineContext.may_idle``), takes no work at all;
+- there, an idle device (or an idle same-machine pair) comes back: it takes a working device's
+  place, joins a stage's TP group, or becomes a new stage or a new pipeline;
 - two adjacent stages swap places (in one pipeline, or at the same position in every pipeline),
   or merge into one TP group; a TP group changes its leader;
 - once, before the climb (every cluster size): every pipeline's stage chain reversed;
@@ -84,9 +86,10 @@ def plan_from_layout(layout: Layout, like: Plan) -> Plan:
 
 
 def neighbours(layout: Layout, model: LlamaConfig, shardings: tuple[str, ...], global_batch: int,
-               move_devices: bool = True, may_idle: bool = False):
+               move_devices: bool = True, may_idle: bool = False, idle: tuple[tuple[int, ...], ...] = ()):
     """(kind, layout) for every layout one move away (see the module docstring), cheap moves
-    first; kind is ``layers`` for layer and sharding moves, ``structure`` for the others."""
+    first; kind is ``layers`` for layer and sharding moves, ``structure`` for the others. ``idle``:
+    the idle units that may come back (:func:`idle_units`; with ``may_idle`` only)."""
     sharding, pipes = layout
     L, max_tp = model.num_layers, model.num_kv_heads
     # layer boundaries
@@ -163,6 +166,43 @@ def neighbours(layout: Layout, model: LlamaConfig, shardings: tuple[str, ...], g
                             yield "structure", (sharding, _put(rest, i2, tuple(q)))
                 if len(rest) + 1 <= global_batch:
                     yield "structure", (sharding, rest + ((((d,), L),),))
+    yield from _idle_moves(layout, idle, L, max_tp, global_batch)
+
+
+def _idle_moves(layout: Layout, idle: tuple[tuple[int, ...], ...], L: int, max_tp: int, global_batch: int):
+    """Idle units (single idle devices, idle same-machine pairs) coming back: a single one takes a
+    working device's place (that one goes idle), any joins a stage's TP group, becomes a new stage
+    (half of a neighbour's layers) or a new pipeline (all layers). Without these a device the drafts
+    or a move left idle never returned: three 3 MiB RTX3090s idle beside 6 MiB cards, whose pair
+    holds a layer where one alone holds none (0.85 of the optimum)."""
+    sharding, pipes = layout
+    for unit in idle:
+        for i, p in enumerate(pipes):
+            for j, (devs, n) in enumerate(p):
+                if len(unit) == 1:
+                    for r in range(len(devs)):
+                        yield "structure", (sharding, _put(pipes, i, p[:j] + (_replace_device(p[j], r, unit[0]),) + p[j + 1:]))
+                if len(devs) + len(unit) <= max_tp:
+                    yield "structure", (sharding, _put(pipes, i, p[:j] + ((devs + unit, n),) + p[j + 1:]))
+            if len(p) < L:
+                for pos in range(len(p) + 1):
+                    nb = pos - 1 if pos > 0 else 0
+                    if p[nb][1] >= 2:
+                        q = list(p)
+                        q[nb] = (q[nb][0], q[nb][1] - p[nb][1] // 2)
+                        q.insert(pos, (unit, p[nb][1] // 2))
+                        yield "structure", (sharding, _put(pipes, i, tuple(q)))
+        if len(pipes) + 1 <= global_batch and len(unit) <= max_tp:
+            yield "structure", (sharding, pipes + (((unit, L),),))
+
+
+def idle_units(layout: Layout, machine_of) -> tuple[tuple[int, ...], ...]:
+    """The devices ``layout`` leaves idle, one by one, then in same-machine pairs (``machine_of``:
+    each device's machine)."""
+    used = {d for p in layout[1] for devs, _ in p for d in devs}
+    idle = [d for d in range(len(machine_of)) if d not in used]
+    pairs = [(a, b) for k, a in enumerate(idle) for b in idle[k + 1:] if machine_of[a] == machine_of[b]]
+    return tuple((d,) for d in idle) + tuple(pairs)
 
 
 def _count(layout: Layout) -> int:
@@ -218,6 +258,11 @@ def improve(plan: Plan, cost: float, ctx: RefineContext, budget: int) -> tuple[f
         state["used"] += 1
         return ctx.timer.best(layout, ctx.meta or plan.meta)
 
+    machine_of = [d.machine for d in ctx.timer.cluster.devices]
+
+    def units(layout: Layout) -> tuple:
+        return idle_units(layout, machine_of) if ctx.may_idle and ctx.move_devices else ()
+
     def variants(kind: str, cand: Layout, before: Layout):
         yield cand
         if kind == "structure" and ctx.repair is not None:
@@ -228,7 +273,7 @@ def improve(plan: Plan, cost: float, ctx: RefineContext, budget: int) -> tuple[f
         while improved and state["used"] < budget:
             improved = False
             for kind, cand in neighbours(current, ctx.model, ctx.shardings, ctx.timer.G, ctx.move_devices,
-                                         ctx.may_idle):
+                                         ctx.may_idle, units(current)):
                 if state["used"] >= budget:
                     break
                 fitted = False
@@ -272,7 +317,7 @@ def improve(plan: Plan, cost: float, ctx: RefineContext, budget: int) -> tuple[f
         kicked = best[2]
         for _ in range(2):
             moves = [cand for kind, cand in neighbours(kicked, ctx.model, ctx.shardings, ctx.timer.G, True,
-                                                       ctx.may_idle) if kind == "structure"]
+                                                       ctx.may_idle, units(kicked)) if kind == "structure"]
             if not moves:
                 break
             before, kicked = kicked, rng.choice(moves)

@@ -51,7 +51,7 @@ from lightning_hexiscale.planner.search.batching import BatchTimer, layout_key, 
 from lightning_hexiscale.planner.search.dp_split import resplit, resplit_cost
 from lightning_hexiscale.planner.search.floors import exposed_floor, local_time, zero3_step_floor
 from lightning_hexiscale.planner.search.infeasible import capacity_message
-from lightning_hexiscale.planner.search.partition import DeviceGraph, partition
+from lightning_hexiscale.planner.search.partition import DeviceGraph, odd_machine_parts, partition
 from lightning_hexiscale.planner.search.settings import (LARGE_FROM, Iteration, LogEntry, SearchResult,
                                                          SearchSettings, dp_candidates)
 from lightning_hexiscale.planner.search.subsets import name_idle, shrink
@@ -109,6 +109,7 @@ class SearchRun:
         # the TP groups a stage may be: the settings' degrees, and on a type a layer table prices,
         # the degrees it measured (None when nothing restricts: no check anywhere)
         self.ev.stage_ok = stage_rule(cluster, workload, s.tp_degrees)
+        self.ev.idle_remainders = cluster.num_devices <= SMALL_CLUSTER and not s.use_all_devices
         self.graph = DeviceGraph.from_cluster(cluster)
         self.rng = np.random.default_rng(s.seed)
         self.mbs = micro_batch_candidates(global_batch, s.micro_batch_size, cluster.num_devices)
@@ -436,6 +437,15 @@ class SearchRun:
                 by_type = [self.type_groups(d) for d in sets]
                 if by_type != groups:
                     alt = self.evaluate(by_type)
+                    if alt[0] < cost:
+                        cost, plan, est = alt
+                # where nothing fitted: each set as one group, when machines have odd devices to pair
+                # across them (the cross-machine options of Evaluator.group_options need a group
+                # spanning machines; only then, as it costs a third evaluation)
+                whole = [[tuple(sorted(d.tolist(), key=lambda x: (self.cluster.devices[x].machine, x)))] for d in sets]
+                if (not math.isfinite(cost) and whole != groups and whole != by_type
+                        and odd_machine_parts(self.cluster, sets, self.workload.model)):
+                    alt = self.evaluate(whole)
                     if alt[0] < cost:
                         cost, plan, est = alt
                 if not step.peel and step.dp not in self.mixed_tried:
