@@ -177,6 +177,8 @@ def _idle_moves(layout: Layout, idle: tuple[tuple[int, ...], ...], L: int, max_t
     holds a layer where one alone holds none (0.85 of the optimum)."""
     sharding, pipes = layout
     for unit in idle:
+        if len(unit) > max_tp:  # a pair is a TP-2 stage: none where the model has one KV head
+            continue
         for i, p in enumerate(pipes):
             for j, (devs, n) in enumerate(p):
                 if len(unit) == 1:
