@@ -396,6 +396,7 @@ class ProcessLauncher(_MultiProcessingLauncher):
         super().__init__(strategy, start_method=start_method)
         self.guard = guard
         self._errors = None
+        self._phases = None
 
     def launch(self, function, *args: Any, trainer=None, **kwargs: Any) -> Any:
         import multiprocessing
@@ -410,7 +411,13 @@ class ProcessLauncher(_MultiProcessingLauncher):
         self.guard.before_launch(function, args, kwargs, trainer)
         if self._start_method == "fork":  # no child may free a process group it inherited
             collect_before_fork()
-        self._errors = multiprocessing.get_context(self._start_method).SimpleQueue()
+        context = multiprocessing.get_context(self._start_method)
+        self._errors = context.SimpleQueue()
+        # the workers' phases: a Ctrl-C / SIGTERM while they train waits for them to stop at the end of the step
+        self._phases = job_watch.WorkerPhases(context, self._strategy.num_processes)
+        watch = job_watch.current()
+        if watch is not None:
+            watch.workers = self._phases
         # Once rank 0 has handed its error back and exited, torch's join terminates the other
         # workers (already on their way out) and logs a warning per worker: noise then.
         sigterm = ForwardToWorkers(self)  # this process is no rank: a SIGTERM goes to the workers
@@ -433,6 +440,8 @@ class ProcessLauncher(_MultiProcessingLauncher):
             raise
         finally:
             spawn_log.removeFilter(quiet)
+            if watch is not None:
+                watch.workers = None
 
     def _wrapping_function(self, process_idx, trainer, function, args, kwargs, return_queue,
                            global_states=None) -> None:
@@ -443,24 +452,28 @@ class ProcessLauncher(_MultiProcessingLauncher):
         from lightning_hexiscale.lightning.launch.sigterm import ForwardToWorkers
 
         job_watch.worker_entry()
+        job_watch.enter_worker(self._phases, process_idx)  # its phases go to the caller's watch
         ForwardToWorkers.leave_in_worker()  # fork: the caller's forwarding handler is not this worker's
         self._collected = None
         try:
-            super()._wrapping_function(process_idx, trainer, function, args, kwargs, return_queue, global_states)
-        except IdleRankExit:  # an idle device: the call ends cleanly; the first training rank reports
-            end_without_training(trainer)
-            return
-        except BaseException as exc:  # noqa: BLE001 -- classified by the guard, re-raised when it is the cause
-            report = self.guard.worker_report(exc, process_idx)
-            if report is None:
-                raise  # this rank's own error: torch sends its traceback to the caller
-            if self._reports(process_idx):
-                self._errors.put(report)
-                raise SystemExit(self.guard.exit_status(report)) from None
-            # Other ranks end quietly and successfully, so that torch's join waits for rank 0's report.
-            return
-        if process_idx != 0 and self._reports(process_idx):  # rank 0 is idle: training rank 0 reports
-            return_queue.put(move_data_to_device(self._collected, "cpu"))
+            try:
+                super()._wrapping_function(process_idx, trainer, function, args, kwargs, return_queue, global_states)
+            except IdleRankExit:  # an idle device: the call ends cleanly; the first training rank reports
+                end_without_training(trainer)
+                return
+            except BaseException as exc:  # noqa: BLE001 -- classified by the guard, re-raised when it is the cause
+                report = self.guard.worker_report(exc, process_idx)
+                if report is None:
+                    raise  # this rank's own error: torch sends its traceback to the caller
+                if self._reports(process_idx):
+                    self._errors.put(report)
+                    raise SystemExit(self.guard.exit_status(report)) from None
+                # Other ranks end quietly and successfully, so that torch's join waits for rank 0's report.
+                return
+            if process_idx != 0 and self._reports(process_idx):  # rank 0 is idle: training rank 0 reports
+                return_queue.put(move_data_to_device(self._collected, "cpu"))
+        finally:
+            job_watch.leave_worker()  # the caller's watch counts it no more
 
     def _reports(self, process_idx: int) -> bool:
         """Whether this worker hands results and errors to the caller: worker 0, or, when the plan

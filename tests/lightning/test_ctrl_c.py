@@ -450,3 +450,126 @@ def test_sigterm_without_graceful_interrupt_is_agreed_at_the_next_batch():
     with pytest.raises(SIGTERMException) as e:
         quiet.agree_evaluation(5)
     assert e.value.code == 143 and marked == [True, "quiet"]
+
+
+# ---- the spawn and fork launchers: the launching process is no rank; its workers train ----------
+def _cpu2(run: Path, launcher: str, *extra: str) -> list[str]:
+    return [sys.executable, str(TRAIN), "cluster=cpu2", "model=llama_tiny", "train.global_batch=8",
+            "trainer.val_every=0", "trainer.progress_bar=false", "trainer.log_every=1", f"trainer.launcher={launcher}",
+            f"hydra.run.dir={run}", *extra]
+
+
+def _stopped_and_saved(code: int, err: str, run: Path, why: str, status: int) -> int:
+    """The job's one line says ``why`` after step N and that step N was saved to last.ckpt; returns N."""
+    from lightning_hexiscale.runtime import checkpoint as ckpt
+
+    assert code == status and "Traceback" not in err, (code, err[-3000:])
+    last = run / "checkpoints" / "last.ckpt"
+    lines = [ln for ln in err.splitlines() if ln.startswith("recipes/train.py:")
+             and not ln.startswith("recipes/train.py: warning:")]
+    assert len(lines) == 1 and f"{why} after step" in lines[0], err[-3000:]
+    stopped = int(lines[0].split("after step ")[1].split(";")[0])
+    assert f"checkpoint of step {stopped} saved to {last} (resume with trainer.resume={last})" in lines[0]
+    assert ckpt.read_meta(last)["global_step"] == stopped
+    return stopped
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("launcher", ["fork", "spawn"])
+def test_ctrl_c_while_spawn_or_fork_workers_train_stops_at_a_step_saves_it_and_resumes(tmp_path, launcher):
+    """trainer.launcher=fork/spawn: the launching process is no rank, so its phase stayed "running the
+    ranks" and the terminal's Ctrl-C ended the job at once there (exit 130, the workers killed
+    mid-step, the interrupted step not saved), while the workers had just said they would stop at
+    the end of the step. Now it waits for them, as under popen: every rank stops at the end of the
+    same step and saves it, one line, exit 130; a run resumed from that checkpoint goes on at the next step."""
+    run = tmp_path / "run"
+    code, out, err = ctrl_c(_cpu2(run, launcher, "trainer.max_steps=1000", "trainer.checkpoint_every=2"),
+                            "step     3", tmp_path, 200)
+    assert "Ctrl-C: stopping at the end of this step" in out
+    stopped = _stopped_and_saved(code, err, run, "interrupted (Ctrl-C)", 130)
+    last = run / "checkpoints" / "last.ckpt"
+    again = subprocess.run(_cpu2(tmp_path / "resumed", launcher, f"trainer.max_steps={stopped + 2}",
+                                 f"trainer.resume={last}"),
+                           capture_output=True, text=True, timeout=200, cwd=tmp_path,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert again.returncode == 0, again.stderr[-3000:]
+    steps = [int(ln.split()[1]) for ln in again.stdout.splitlines() if ln.startswith("step ")]
+    assert steps == [stopped + 1, stopped + 2], again.stdout[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("launcher", ["fork", "spawn"])
+def test_sigterm_to_a_spawn_or_fork_job_while_training_stops_at_a_step_and_saves_it(tmp_path, launcher):
+    """SIGTERM to the job's process group (a container stop, a supervisor) under fork/spawn: it ended
+    at once with "terminated (SIGTERM) while running the ranks" and no checkpoint of the step; now
+    every rank stops at the end of the same step and saves it, exit status 143, as under popen."""
+    run = tmp_path / "run"
+    out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_PORT")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    with open(out, "w") as o, open(err, "w") as e:
+        p = subprocess.Popen(_cpu2(run, launcher, "trainer.max_steps=1000"), stdout=o, stderr=e, cwd=tmp_path,
+                             env=env, start_new_session=True)
+    try:
+        t0 = time.time()
+        while "step     3" not in out.read_text():
+            assert p.poll() is None and time.time() - t0 < 200, err.read_text()[-3000:]
+            time.sleep(0.2)
+        os.killpg(p.pid, signal.SIGTERM)  # the whole group: the launching process and its workers
+        code = p.wait(timeout=60)
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert "SIGTERM: stopping at the end of this step" in out.read_text()
+    _stopped_and_saved(code, err.read_text(), run, "terminated (SIGTERM)", 143)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("launcher", ["fork", "spawn"])
+def test_a_second_ctrl_c_in_a_long_step_of_spawn_or_fork_workers_ends_the_job_at_once(tmp_path, launcher):
+    """As under popen: the first Ctrl-C asks the workers to finish the step (it used to end the job
+    at once), the second ends it within 5 s and names the step and the checkpoint kept (step 2)."""
+    run = tmp_path / "run"
+    code, out, err, took = timed_ctrl_c(job("step", run, "trainer.checkpoint_every=2", f"trainer.launcher={launcher}"),
+                                        ("SLOW step", "stopping at the end of this step"), tmp_path, 150)
+    assert code == 130 and took < 5, (code, took, err[-3000:])
+    last = run / "checkpoints" / "last.ckpt"
+    assert one_line(err) == (f"recipes/train.py: interrupted (Ctrl-C twice) while training (step 3); the last "
+                             f"checkpoint, {last}, was kept (resume with trainer.resume={last})")
+
+
+def test_the_watch_of_a_spawn_or_fork_job_acts_by_its_workers_phase(tmp_path, monkeypatch):
+    """The launching process of a spawn/fork job stays in "running"; its watch acts by the phase its
+    workers report (WorkerPhases): at once while any of them sets up, gracefully while all train."""
+    import multiprocessing
+
+    from lightning_hexiscale.lightning.launch.job_watch import JobWatch, WorkerPhases
+
+    ended = []
+    watch = JobWatch("hexiscale train", backstop_s=60)
+    monkeypatch.setattr(watch, "end", lambda line, code=130: ended.append((line, code)))
+    watch.out = tmp_path
+    watch.set_phase("running")
+    watch.workers = phases = WorkerPhases(multiprocessing.get_context("fork"), 3)
+    assert watch.now() == ("running", None)
+    phases.report(0, "training", 5)
+    phases.report(1, "setup")
+    phases.report(2, None)  # an idle rank that left
+    assert watch.now() == ("setup", None) and not phases.graceful()
+    phases.report(1, "training", 5)
+    assert watch.now() == ("training", 5) and phases.graceful()
+    watch.on_sigterm()
+    watch.on_ctrl_c()  # the first: the workers finish the step
+    assert ended == []
+    phases.report(1, "saving", 5)
+    watch.on_ctrl_c()
+    assert ended == [("hexiscale train: interrupted (Ctrl-C twice) while saving the checkpoint of step 5; that "
+                      "checkpoint was not completed", 130)]
+    for worker in range(3):
+        phases.report(worker, None)
+    assert watch.now() == ("running", None) and not phases.graceful()

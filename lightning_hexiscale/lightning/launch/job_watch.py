@@ -7,8 +7,9 @@ second one, or the first in any other phase, ends the job (:meth:`JobWatch.claim
 process this one started, ``os._exit(130)``). Why a thread and a pipe (:func:`signal.set_wakeup_fd`)
 beside the handler: Python runs a SIGINT handler only when the main thread returns to the
 interpreter, which it does not while it waits inside torch. One watch per process; the ranks the
-popen launcher starts only record Ctrl-C (:func:`record_in_child`). SIGTERM outside training ends
-the job the same way, with status 143 (:meth:`JobWatch.on_sigterm`). Torch-free, so that the command
+popen launcher starts only record Ctrl-C (:func:`record_in_child`); the workers of the spawn and fork
+launchers report their phase to it (:class:`WorkerPhases`). SIGTERM outside training ends the job
+the same way, with status 143 (:meth:`JobWatch.on_sigterm`). Torch-free, so that the command
 line installs it before anything heavy is imported. The phases: docs/guide/interrupts.md; the
 mechanism: docs/concepts/processes.md.
 """
@@ -49,6 +50,8 @@ GRACEFUL = frozenset({"training", "saving"})
 """Phases where the first Ctrl-C asks every rank to stop at the end of the step."""
 
 _current: JobWatch | None = None
+_worker: tuple[WorkerPhases, int] | None = None
+"""In a spawn/fork worker: where it reports its phase (:func:`enter_worker`)."""
 
 
 def current() -> JobWatch | None:
@@ -57,9 +60,21 @@ def current() -> JobWatch | None:
 
 
 def set_phase(phase: str, step: int | None = None) -> None:
-    """Record the job's phase on this process's watch, if one is installed (a no-op otherwise)."""
+    """Record the job's phase on this process's watch, if one is installed, or report it to the
+    launching process from a spawn/fork worker (a no-op otherwise)."""
     if _current is not None:
         _current.set_phase(phase, step)
+    elif _worker is not None:
+        _worker[0].report(_worker[1], phase, step)
+
+
+def _phase_now() -> tuple[str, int | None] | None:
+    """This process's phase and step (its watch's, or the one this worker reported); None without either."""
+    if _current is not None:
+        return _current.phase, _current.step
+    if _worker is not None:
+        return _worker[0].of(_worker[1])
+    return None
 
 
 def descendants(pid: int) -> list[int]:
@@ -145,6 +160,8 @@ class JobWatch:
         self._pipe: tuple[int, int] | None = None
         self._previous: tuple[Any, int] | None = None
         self._previous_term: Any = None
+        self.workers: WorkerPhases | None = None
+        """spawn/fork: the phases its workers report, while this process (no rank) runs them."""
 
     # ---- the phase -------------------------------------------------------------------------------
     def set_phase(self, phase: str, step: int | None = None) -> None:
@@ -152,13 +169,23 @@ class JobWatch:
             raise ValueError(f"unknown job phase {phase!r}; one of {', '.join(PHASES)}")
         self.phase, self.step = phase, step
 
+    def now(self) -> tuple[str, int | None]:
+        """The job's phase and step: this process's, or, while it runs spawn/fork workers (phase
+        ``running``), theirs (:meth:`WorkerPhases.job`), e.g. ``training`` at step 12."""
+        if self.phase == "running" and self.workers is not None:
+            seen = self.workers.job()
+            if seen is not None:
+                return seen
+        return self.phase, self.step
+
     def describe(self) -> str:
         """The phase in words: ``training (step 12)``, ``saving the checkpoint of step 12``."""
-        if self.phase == "training" and self.step is not None:
-            return f"training (step {self.step})"
-        if self.phase == "saving" and self.step is not None:
-            return f"saving the checkpoint of step {self.step}"
-        return PHASES[self.phase]
+        phase, step = self.now()
+        if phase == "training" and step is not None:
+            return f"training (step {step})"
+        if phase == "saving" and step is not None:
+            return f"saving the checkpoint of step {step}"
+        return PHASES[phase]
 
     def last_checkpoint(self) -> Path | None:
         """``<out>/checkpoints/last.ckpt`` if it exists (complete: only complete ones are renamed into place)."""
@@ -170,12 +197,13 @@ class JobWatch:
         what = "Ctrl-C twice" if twice else "Ctrl-C"
         line = (f"{self.prog}: terminated (SIGTERM) while {self.describe()}" if sigterm
                 else f"{self.prog}: interrupted ({what}) while {self.describe()}")
-        if self.phase == "saving":
+        phase = self.now()[0]
+        if phase == "saving":
             line += "; that checkpoint was not completed"
         last = self.last_checkpoint()
         if last is not None:
             line += f"; the last checkpoint, {last}, was kept (resume with trainer.resume={last})"
-        elif self.phase == "training":
+        elif phase == "training":
             line += "; no checkpoint was written"
         return line
 
@@ -217,7 +245,7 @@ class JobWatch:
         """One Ctrl-C, seen by the watch's thread (the table of the module doc)."""
         first = not self.ctrl_c.is_set()
         self.ctrl_c.set()
-        phase = self.phase
+        phase = self.now()[0]
         if phase in IN_MAIN_THREAD:
             if first:  # a daemon: a process that ends by itself does not wait for it
                 timer = threading.Timer(self.backstop_s, self._backstop)
@@ -237,7 +265,7 @@ class JobWatch:
         (which replaced Lightning's) stops every rank at the end of the step; in any other phase the
         job ends now, ranks included: without this, SIGTERM's default action ended this process
         alone, silently, and the popen ranks it started stayed behind."""
-        if self.phase not in GRACEFUL:
+        if self.now()[0] not in GRACEFUL:
             self.end(self.message(sigterm=True), EXIT_TERMINATED)
 
     # ---- installing ------------------------------------------------------------------------------
@@ -389,20 +417,93 @@ def worker_entry() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+
+class WorkerPhases:
+    """The phase and step of each spawn/fork worker, in shared memory (two ints per worker), read by
+    the launching process's watch (:meth:`JobWatch.now`).
+
+    Why: under spawn and fork the launching process is no rank; its phase stays ``running`` while
+    its workers train, so a terminal's Ctrl-C (which reaches the workers too, and their
+    GracefulInterrupt stops them at the end of the step) ended the job at once there, and the
+    interrupted step was not saved. With the workers' phases, the first Ctrl-C or SIGTERM in
+    training waits for them as under popen, and a second Ctrl-C ends the job at once.
+
+    Args:
+        context: the launcher's multiprocessing context (its shared memory reaches spawn workers
+            as they start).
+        workers: how many workers.
+    """
+
+    NAMES = tuple(PHASES)
+    GONE = -1
+    """A worker whose Trainer call has ended (an idle rank that left, or any at the end): not counted."""
+
+    def __init__(self, context, workers: int):
+        self._cells = context.RawArray("i", 2 * workers)
+        for i in range(workers):  # until a worker says more: it is starting, or joining the others
+            self.report(i, "running", None)
+
+    def report(self, worker: int, phase: str | None, step: int | None = None) -> None:
+        """Worker ``worker`` is in ``phase`` (None: its call has ended)."""
+        self._cells[2 * worker + 1] = -1 if step is None else int(step)
+        self._cells[2 * worker] = self.GONE if phase is None else self.NAMES.index(phase)
+
+    def of(self, worker: int) -> tuple[str, int | None] | None:
+        code, step = self._cells[2 * worker], self._cells[2 * worker + 1]
+        return None if code == self.GONE else (self.NAMES[code], None if step < 0 else step)
+
+    def job(self) -> tuple[str, int | None] | None:
+        """The job's phase as its workers report it: the first worker's that is not graceful (a
+        Ctrl-C there ends the job at once), else the first one saving, else the first with a step
+        (an idle rank that waits reports none); None once every worker has ended."""
+        live = [seen for seen in map(self.of, range(len(self._cells) // 2)) if seen is not None]
+        for pick in (lambda s: s[0] not in GRACEFUL, lambda s: s[0] == "saving", lambda s: s[1] is not None,
+                     lambda s: True):
+            for seen in live:
+                if pick(seen):
+                    return seen
+        return None
+
+    def graceful(self) -> bool:
+        """Every worker still running is training or saving (its GracefulInterrupt stops it at the end of the step)."""
+        seen = self.job()
+        return seen is not None and seen[0] in GRACEFUL
+
+
+def enter_worker(phases: WorkerPhases | None, worker: int) -> None:
+    """First thing of a spawn/fork worker: its phases go to ``phases`` (for the launching process's
+    watch) instead of a watch of its own. A fork worker inherits the launching process's watch and
+    its signal wakeup pipe: each Ctrl-C the worker got would reach the launching process's watch as
+    one more Ctrl-C of its own (the second one ends the job at once), so the worker drops both."""
+    global _current, _worker
+    if _current is not None and threading.current_thread() is threading.main_thread():
+        signal.set_wakeup_fd(-1)
+    _current = None
+    _worker = None if phases is None else (phases, worker)
+
+
+def leave_worker() -> None:
+    """A spawn/fork worker's Trainer call has ended: the launching process no longer counts it."""
+    global _worker
+    if _worker is not None:
+        _worker[0].report(_worker[1], None)
+        _worker = None
+
+
 def phased(fn: Callable, phase: str, step: Callable[[], int | None]) -> Callable:
     """``fn`` wrapped so that the job is in ``phase`` (at ``step()``) while it runs, then back in
     the phase it was in (e.g. ``trainer.save_checkpoint``: saving, then training again)."""
     def wrapper(*args, **kwargs):
-        watch = _current
-        if watch is None:
+        before = _phase_now()
+        if before is None:
             return fn(*args, **kwargs)
-        before = (watch.phase, watch.step)
-        watch.set_phase(phase, step())
+        set_phase(phase, step())
         try:
             return fn(*args, **kwargs)
         finally:
-            if watch.phase == phase:
-                watch.set_phase(*before)
+            now = _phase_now()
+            if now is not None and now[0] == phase:
+                set_phase(*before)
     wrapper.__wrapped__ = fn
     return wrapper
 
