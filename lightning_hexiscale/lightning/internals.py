@@ -430,6 +430,11 @@ class ProcessLauncher(_MultiProcessingLauncher):
             fit_ran_in_workers(self.guard.call_model, self._start_method)
             return result
         except KeyboardInterrupt:
+            if self._phases.graceful() and self._wait_for_workers():
+                # a script's GracefulInterrupt: the workers stop at the end of the step (and save it)
+                if not self._errors.empty():
+                    raise self._errors.get() from None
+                raise
             job_watch.stop_workers(self.procs)  # SIGINT to the caller alone: Lightning's exit waited for them
             raise
         except ProcessExitedException:
@@ -442,6 +447,16 @@ class ProcessLauncher(_MultiProcessingLauncher):
             spawn_log.removeFilter(quiet)
             if watch is not None:
                 watch.workers = None
+
+    def _wait_for_workers(self) -> bool:
+        """After a Ctrl-C in a script (no job watch) while every worker trains with GracefulInterrupt:
+        wait for them to stop at the end of the step; False at a second Ctrl-C (stop them now)."""
+        try:
+            for p in self.procs:
+                p.join()
+        except KeyboardInterrupt:
+            return False
+        return True
 
     def _wrapping_function(self, process_idx, trainer, function, args, kwargs, return_queue,
                            global_states=None) -> None:

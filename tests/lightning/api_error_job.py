@@ -13,7 +13,8 @@ would show, and prints ``ALIVE``. ``new_trainers``: after ``fit``, a new Trainer
 prints ``STEP <n>`` after each and sleeps (where the test's SIGTERM to this process lands); what
 ``fit`` raises is printed as ``CAUGHT <type> <exit code>`` and raised again.
 ``python api_error_job.py sigterm spawn`` (or ``fork``): the same with that start method; the
-caller prints ``CAUGHT <type> ...`` for whatever ``fit`` raises there.
+caller prints ``CAUGHT <type> ...`` for whatever ``fit`` raises there. ``ctrl_c START_METHOD CKPT``:
+as ``sigterm``, with ``GracefulInterrupt(save_to=CKPT)``.
 """
 
 from __future__ import annotations
@@ -120,10 +121,12 @@ def main() -> None:
     plan = plan_of([(4, 2, [([0], (0, layers))]), (2, 1, [([1], (0, layers))])], num_layers=layers)
     start_method = sys.argv[2] if len(sys.argv) > 2 else "popen"
     strategy = HexiScaleStrategy(plan=plan, timeout=PG_TIMEOUT, start_method=start_method)
-    interrupt = GracefulInterrupt()
+    interrupt = GracefulInterrupt(save_to=sys.argv[3] if case == "ctrl_c" else None)
     callbacks = [interrupt, CtrlCOnRank1(interrupt)] if case == "interrupt" else []
-    callbacks += [SlowSteps()] if case == "sigterm" else []
-    trainer = pl.Trainer(strategy=strategy, accelerator="cpu", devices=2, max_steps=200 if case == "sigterm" else 6,
+    callbacks += [SlowSteps()] if case in ("sigterm", "ctrl_c") else []
+    callbacks += [interrupt] if case == "ctrl_c" else []
+    trainer = pl.Trainer(strategy=strategy, accelerator="cpu", devices=2,
+                         max_steps=200 if case in ("sigterm", "ctrl_c") else 6,
                          logger=False, callbacks=callbacks,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     mod = DiesOnRank1(TINY, dtype=torch.float64, init_seed=7) if case == "kill" else module()
@@ -136,6 +139,8 @@ def main() -> None:
         raise
     except Exception as e:  # noqa: BLE001 -- what the user's code sees is what is tested
         print(f"CAUGHT {type(e).__name__}: {e}", flush=True)
+        if case == "ctrl_c":
+            raise
         time.sleep(6)  # Lightning's own observer would SIGKILL this process within 5 s
         print("ALIVE", flush=True)
     except BaseException as e:  # spawn/fork caller: what else fit raised (KeyboardInterrupt, SystemExit)

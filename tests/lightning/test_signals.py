@@ -121,11 +121,13 @@ def _sigint_default() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def _signal_job(tmp_path, args: list[str], ready: str, sig, wait_s: int, settle_s: int, preexec=None):
-    """Run ``api_error_job.py ARGS`` in a session of its own, send ``sig`` to its first process once it
-    printed ``READY`` (e.g. "STEP 3"), wait at most ``wait_s`` (a pytest failure beyond: the old code's
-    hang), then ``settle_s`` for its processes to go; kill what is left. Returns (exit code, seconds
-    from the signal to the exit, ``ps`` lines of the session's processes, stdout, stderr)."""
+def _signal_job(tmp_path, args: list[str], ready: str, sig, wait_s: int, settle_s: int, preexec=None,
+                group: bool = False):
+    """Run ``api_error_job.py ARGS`` in a session of its own, send ``sig`` to its first process (to the
+    whole session with ``group``, as a terminal's Ctrl-C) once it printed ``READY`` (e.g. "STEP 3"),
+    wait at most ``wait_s`` (a pytest failure beyond: the old code's hang), then ``settle_s`` for its
+    processes to go; kill what is left. Returns (exit code, seconds from the signal to the exit, ``ps``
+    lines of the session's processes, stdout, stderr)."""
     import signal
     import time
 
@@ -140,7 +142,10 @@ def _signal_job(tmp_path, args: list[str], ready: str, sig, wait_s: int, settle_
         while ready + "\n" not in out.read_text():
             assert p.poll() is None and time.time() - t0 < 100, err.read_text()[-3000:]
             time.sleep(0.2)
-        p.send_signal(sig)  # the first process only, as `kill <pid>` does
+        if group:
+            os.killpg(p.pid, sig)
+        else:
+            p.send_signal(sig)  # the first process only, as `kill <pid>` does
         sent = time.time()
         try:
             code = p.wait(timeout=wait_s)
@@ -156,3 +161,29 @@ def _signal_job(tmp_path, args: list[str], ready: str, sig, wait_s: int, settle_
             pass
     return code, took, left, out.read_text(), err.read_text()
 
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("start_method", ["spawn", "fork"])
+def test_ctrl_c_to_a_spawn_or_fork_script_with_graceful_interrupt_saves_the_step(tmp_path, start_method):
+    """A terminal's Ctrl-C (SIGINT to the whole group) to a user's script whose workers train with
+    GracefulInterrupt(save_to=...): the caller stopped them within a second (SIGINT again: their
+    second Ctrl-C, then SIGKILL), so the step was not saved. Now it waits for them to finish the step
+    and save it, and fit raises their TrainingInterrupted in the caller (uncaught: exit status 1, as
+    under popen)."""
+    import signal
+
+    from lightning_hexiscale.runtime import checkpoint as ckpt
+
+    last = tmp_path / "last.ckpt"
+    code, took, left, stdout, stderr = _signal_job(tmp_path, ["ctrl_c", start_method, str(last)], "STEP 3",
+                                                   signal.SIGINT, 40, 3, preexec=_sigint_default, group=True)
+    assert [ln for ln in left.splitlines() if "Z" not in ln.split()[1]] == [], f"workers left running: {left}"
+    assert code == 1 and "FINISHED" not in stdout, (code, stdout[-500:], stderr[-3000:])
+    caught = [ln for ln in stdout.splitlines() if ln.startswith("CAUGHT")]
+    assert len(caught) == 1 and caught[0].startswith("CAUGHT TrainingInterrupted: interrupted (Ctrl-C) after step"), \
+        (stdout[-1000:], stderr[-3000:])
+    stopped = int(caught[0].split("after step ")[1].split(";")[0])
+    assert f"checkpoint of step {stopped} saved to {last}" in caught[0]
+    assert ckpt.read_meta(last)["global_step"] == stopped
