@@ -446,6 +446,11 @@ class ProcessLauncher(_MultiProcessingLauncher):
         finally:
             spawn_log.removeFilter(quiet)
             if watch is not None:
+                # the job is where its workers left it (e.g. training, step 3, when a Ctrl-C stopped
+                # them): this process's line names that phase, not "running the ranks"
+                left_at = self._phases.job()
+                if left_at is not None and watch.phase == "running":
+                    watch.set_phase(*left_at)
                 watch.workers = None
 
     def _wait_for_workers(self) -> bool:

@@ -475,47 +475,33 @@ def _stopped_and_saved(code: int, err: str, run: Path, why: str, status: int) ->
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(500)
 @pytest.mark.parametrize("launcher", ["fork", "spawn"])
-def test_ctrl_c_while_spawn_or_fork_workers_train_stops_at_a_step_saves_it_and_resumes(tmp_path, launcher):
+def test_ctrl_c_then_sigterm_to_spawn_or_fork_workers_stop_at_a_step_and_save_it(tmp_path, launcher):
     """trainer.launcher=fork/spawn: the launching process is no rank, so its phase stayed "running the
-    ranks" and the terminal's Ctrl-C ended the job at once there (exit 130, the workers killed
-    mid-step, the interrupted step not saved), while the workers had just said they would stop at
-    the end of the step. Now it waits for them, as under popen: every rank stops at the end of the
-    same step and saves it, one line, exit 130; a run resumed from that checkpoint goes on at the next step."""
+    ranks" and the terminal's Ctrl-C, or SIGTERM to the job's process group (a container stop),
+    ended the job at once there (exit 130 / 143, the workers killed mid-step, the interrupted step
+    not saved), while the workers had just said they would stop at the end of the step. Now it
+    waits for them, as under popen: every rank stops at the end of the same step and saves it, one
+    line. Two runs (one start of each costs most of the time): Ctrl-C after step 3 (exit 130); the
+    run resumed from its checkpoint goes on at the next step, and SIGTERM to its group saves (143)."""
     run = tmp_path / "run"
     code, out, err = ctrl_c(_cpu2(run, launcher, "trainer.max_steps=1000", "trainer.checkpoint_every=2"),
                             "step     3", tmp_path, 200)
     assert "Ctrl-C: stopping at the end of this step" in out
     stopped = _stopped_and_saved(code, err, run, "interrupted (Ctrl-C)", 130)
     last = run / "checkpoints" / "last.ckpt"
-    again = subprocess.run(_cpu2(tmp_path / "resumed", launcher, f"trainer.max_steps={stopped + 2}",
-                                 f"trainer.resume={last}"),
-                           capture_output=True, text=True, timeout=200, cwd=tmp_path,
-                           env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert again.returncode == 0, again.stderr[-3000:]
-    steps = [int(ln.split()[1]) for ln in again.stdout.splitlines() if ln.startswith("step ")]
-    assert steps == [stopped + 1, stopped + 2], again.stdout[-2000:]
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("launcher", ["fork", "spawn"])
-def test_sigterm_to_a_spawn_or_fork_job_while_training_stops_at_a_step_and_saves_it(tmp_path, launcher):
-    """SIGTERM to the job's process group (a container stop, a supervisor) under fork/spawn: it ended
-    at once with "terminated (SIGTERM) while running the ranks" and no checkpoint of the step; now
-    every rank stops at the end of the same step and saves it, exit status 143, as under popen."""
-    run = tmp_path / "run"
-    out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    resumed = tmp_path / "resumed"
+    stdout, stderr = tmp_path / "stdout2.txt", tmp_path / "stderr2.txt"
     env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_PORT")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    with open(out, "w") as o, open(err, "w") as e:
-        p = subprocess.Popen(_cpu2(run, launcher, "trainer.max_steps=1000"), stdout=o, stderr=e, cwd=tmp_path,
-                             env=env, start_new_session=True)
+    with open(stdout, "w") as o, open(stderr, "w") as e:
+        p = subprocess.Popen(_cpu2(resumed, launcher, "trainer.max_steps=1000", f"trainer.resume={last}"),
+                             stdout=o, stderr=e, cwd=tmp_path, env=env, start_new_session=True)
     try:
         t0 = time.time()
-        while "step     3" not in out.read_text():
-            assert p.poll() is None and time.time() - t0 < 200, err.read_text()[-3000:]
+        while f"step {stopped + 2:5d}" not in stdout.read_text():
+            assert p.poll() is None and time.time() - t0 < 200, stderr.read_text()[-3000:]
             time.sleep(0.2)
         os.killpg(p.pid, signal.SIGTERM)  # the whole group: the launching process and its workers
         code = p.wait(timeout=60)
@@ -524,8 +510,10 @@ def test_sigterm_to_a_spawn_or_fork_job_while_training_stops_at_a_step_and_saves
             os.killpg(p.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    assert "SIGTERM: stopping at the end of this step" in out.read_text()
-    _stopped_and_saved(code, err.read_text(), run, "terminated (SIGTERM)", 143)
+    steps = [int(ln.split()[1]) for ln in stdout.read_text().splitlines() if ln.startswith("step ")]
+    assert steps[:2] == [stopped + 1, stopped + 2], stdout.read_text()[-2000:]
+    assert "SIGTERM: stopping at the end of this step" in stdout.read_text()
+    _stopped_and_saved(code, stderr.read_text(), resumed, "terminated (SIGTERM)", 143)
 
 
 @pytest.mark.slow
@@ -533,7 +521,9 @@ def test_sigterm_to_a_spawn_or_fork_job_while_training_stops_at_a_step_and_saves
 @pytest.mark.parametrize("launcher", ["fork", "spawn"])
 def test_a_second_ctrl_c_in_a_long_step_of_spawn_or_fork_workers_ends_the_job_at_once(tmp_path, launcher):
     """As under popen: the first Ctrl-C asks the workers to finish the step (it used to end the job
-    at once), the second ends it within 5 s and names the step and the checkpoint kept (step 2)."""
+    at once), the second ends it within 5 s and names the step and the checkpoint kept (step 2).
+    The workers get the second SIGINT too and may leave before the launching process reads it: the
+    race of the watch's unit test below, which this test met about once in ten runs under load."""
     run = tmp_path / "run"
     code, out, err, took = timed_ctrl_c(job("step", run, "trainer.checkpoint_every=2", f"trainer.launcher={launcher}"),
                                         ("SLOW step", "stopping at the end of this step"), tmp_path, 150)
@@ -559,8 +549,9 @@ def test_the_watch_of_a_spawn_or_fork_job_acts_by_its_workers_phase(tmp_path, mo
     assert watch.now() == ("running", None)
     phases.report(0, "training", 5)
     phases.report(1, "setup")
-    phases.report(2, None)  # an idle rank that left
+    phases.report(2, "setup")
     assert watch.now() == ("setup", None) and not phases.graceful()
+    phases.leave(2)  # an idle rank that left at setup
     phases.report(1, "training", 5)
     assert watch.now() == ("training", 5) and phases.graceful()
     watch.on_sigterm()
@@ -570,6 +561,16 @@ def test_the_watch_of_a_spawn_or_fork_job_acts_by_its_workers_phase(tmp_path, mo
     watch.on_ctrl_c()
     assert ended == [("hexiscale train: interrupted (Ctrl-C twice) while saving the checkpoint of step 5; that "
                       "checkpoint was not completed", 130)]
-    for worker in range(3):
-        phases.report(worker, None)
-    assert watch.now() == ("running", None) and not phases.graceful()
+    # The race of a terminal's second Ctrl-C: it reached the workers too, whose KeyboardInterrupt
+    # ended them before this watch read it. It said "interrupted (Ctrl-C) while running the ranks".
+    ended.clear()
+    phases.report(1, "training", 5)
+    phases.leave(0)
+    phases.leave(1)
+    assert watch.now() == ("training", 5) and phases.graceful()  # every worker left: the furthest phase
+    watch.on_ctrl_c()
+    assert ended == [("hexiscale train: interrupted (Ctrl-C twice) while training (step 5); no checkpoint was "
+                      "written", 130)]
+    assert watch.message().startswith("hexiscale train: interrupted (Ctrl-C twice)")  # the main thread's line too
+    phases.report(0, "finishing")  # workers that ended normally: a Ctrl-C now ends the job at once
+    assert watch.now() == ("finishing", None) and not phases.graceful()

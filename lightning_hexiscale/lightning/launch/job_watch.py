@@ -167,7 +167,8 @@ class JobWatch:
     def set_phase(self, phase: str, step: int | None = None) -> None:
         if phase not in PHASES:
             raise ValueError(f"unknown job phase {phase!r}; one of {', '.join(PHASES)}")
-        self.phase, self.step = phase, step
+        self.step = step  # before the phase: the watch's thread reads the phase first (now)
+        self.phase = phase
 
     def now(self) -> tuple[str, int | None]:
         """The job's phase and step: this process's, or, while it runs spawn/fork workers (phase
@@ -192,9 +193,10 @@ class JobWatch:
         last = self.out / "checkpoints" / "last.ckpt" if self.out is not None else None
         return last if last is not None and last.exists() else None
 
-    def message(self, twice: bool = False, sigterm: bool = False) -> str:
-        """The one line: the phase, and the checkpoint to resume from."""
-        what = "Ctrl-C twice" if twice else "Ctrl-C"
+    def message(self, twice: bool | None = None, sigterm: bool = False) -> str:
+        """The one line: the phase, and the checkpoint to resume from. ``twice`` (default: whether a
+        Ctrl-C already asked the ranks to finish the step) names a second Ctrl-C."""
+        what = "Ctrl-C twice" if (self._asked_to_finish if twice is None else twice) else "Ctrl-C"
         line = (f"{self.prog}: terminated (SIGTERM) while {self.describe()}" if sigterm
                 else f"{self.prog}: interrupted ({what}) while {self.describe()}")
         phase = self.now()[0]
@@ -255,7 +257,9 @@ class JobWatch:
         if phase in GRACEFUL and not self._asked_to_finish:
             self._asked_to_finish = True  # GracefulInterrupt (every rank) stops at the end of the step
             return
-        self.end(self.message(twice=phase in GRACEFUL))
+        # After a graceful first one, any phase: spawn/fork workers got this SIGINT too, and may have
+        # stopped at once and left before this thread read it (then their phase is only their last).
+        self.end(self.message())
 
     def _backstop(self) -> None:
         self.end(self.message())
@@ -419,14 +423,17 @@ def worker_entry() -> None:
 
 
 class WorkerPhases:
-    """The phase and step of each spawn/fork worker, in shared memory (two ints per worker), read by
-    the launching process's watch (:meth:`JobWatch.now`).
+    """The phase and step of each spawn/fork worker, and whether it has left, in shared memory
+    (three ints per worker), read by the launching process's watch (:meth:`JobWatch.now`).
 
     Why: under spawn and fork the launching process is no rank; its phase stays ``running`` while
     its workers train, so a terminal's Ctrl-C (which reaches the workers too, and their
     GracefulInterrupt stops them at the end of the step) ended the job at once there, and the
     interrupted step was not saved. With the workers' phases, the first Ctrl-C or SIGTERM in
-    training waits for them as under popen, and a second Ctrl-C ends the job at once.
+    training waits for them as under popen, and a second Ctrl-C ends the job at once. A worker that
+    left keeps its last phase: a terminal's Ctrl-C reaches the workers and the launching process
+    at once, and a worker's second Ctrl-C (KeyboardInterrupt) can end it before the launching
+    process's watch has read that signal; the watch must still see "training (step 3)".
 
     Args:
         context: the launcher's multiprocessing context (its shared memory reaches spawn workers
@@ -435,37 +442,47 @@ class WorkerPhases:
     """
 
     NAMES = tuple(PHASES)
-    GONE = -1
-    """A worker whose Trainer call has ended (an idle rank that left, or any at the end): not counted."""
 
     def __init__(self, context, workers: int):
-        self._cells = context.RawArray("i", 2 * workers)
+        self._cells = context.RawArray("i", 3 * workers)  # phase (index in NAMES), step (-1: none), left
         for i in range(workers):  # until a worker says more: it is starting, or joining the others
             self.report(i, "running", None)
 
-    def report(self, worker: int, phase: str | None, step: int | None = None) -> None:
-        """Worker ``worker`` is in ``phase`` (None: its call has ended)."""
-        self._cells[2 * worker + 1] = -1 if step is None else int(step)
-        self._cells[2 * worker] = self.GONE if phase is None else self.NAMES.index(phase)
+    def report(self, worker: int, phase: str, step: int | None = None) -> None:
+        """Worker ``worker`` is in ``phase``, at ``step``."""
+        self._cells[3 * worker + 1] = -1 if step is None else int(step)
+        self._cells[3 * worker] = self.NAMES.index(phase)
 
-    def of(self, worker: int) -> tuple[str, int | None] | None:
-        code, step = self._cells[2 * worker], self._cells[2 * worker + 1]
-        return None if code == self.GONE else (self.NAMES[code], None if step < 0 else step)
+    def leave(self, worker: int) -> None:
+        """Worker ``worker``'s Trainer call has ended (an idle rank that left, or any at the end): it
+        keeps its last phase, but counts only once every worker has left."""
+        self._cells[3 * worker + 2] = 1
+
+    def of(self, worker: int) -> tuple[str, int | None]:
+        """Worker ``worker``'s last phase and step."""
+        code, step = self._cells[3 * worker], self._cells[3 * worker + 1]
+        return self.NAMES[code], None if step < 0 else step
+
+    def left(self, worker: int) -> bool:
+        return bool(self._cells[3 * worker + 2])
 
     def job(self) -> tuple[str, int | None] | None:
-        """The job's phase as its workers report it: the first worker's that is not graceful (a
+        """The job's phase as its workers report it: the first live worker's that is not graceful (a
         Ctrl-C there ends the job at once), else the first one saving, else the first with a step
-        (an idle rank that waits reports none); None once every worker has ended."""
-        live = [seen for seen in map(self.of, range(len(self._cells) // 2)) if seen is not None]
+        (an idle rank that waits reports none). Once every worker has left: the furthest phase any
+        of them reached (NAMES is in the order of a job; an idle rank leaves at setup). None: no worker."""
+        workers = range(len(self._cells) // 3)
+        live = [self.of(i) for i in workers if not self.left(i)]
         for pick in (lambda s: s[0] not in GRACEFUL, lambda s: s[0] == "saving", lambda s: s[1] is not None,
                      lambda s: True):
             for seen in live:
                 if pick(seen):
                     return seen
-        return None
+        return max(map(self.of, workers), key=lambda s: self.NAMES.index(s[0]), default=None)
 
     def graceful(self) -> bool:
-        """Every worker still running is training or saving (its GracefulInterrupt stops it at the end of the step)."""
+        """Every worker still running is training or saving (its GracefulInterrupt stops it at the end of
+        the step), or, once all have left, they left training or saving (:meth:`job`)."""
         seen = self.job()
         return seen is not None and seen[0] in GRACEFUL
 
@@ -486,7 +503,7 @@ def leave_worker() -> None:
     """A spawn/fork worker's Trainer call has ended: the launching process no longer counts it."""
     global _worker
     if _worker is not None:
-        _worker[0].report(_worker[1], None)
+        _worker[0].leave(_worker[1])
         _worker = None
 
 
