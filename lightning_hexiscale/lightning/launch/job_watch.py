@@ -478,7 +478,8 @@ class WorkerPhases:
             for seen in live:
                 if pick(seen):
                     return seen
-        return max(map(self.of, workers), key=lambda s: self.NAMES.index(s[0]), default=None)
+        # (ties: one with a step, not an idle rank's "training" while it waited)
+        return max(map(self.of, workers), key=lambda s: (self.NAMES.index(s[0]), s[1] is not None), default=None)
 
     def graceful(self) -> bool:
         """Every worker still running is training or saving (its GracefulInterrupt stops it at the end of
