@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -236,15 +237,18 @@ class StrategySettings:
 
     def _check_search_settings(self) -> None:
         """``planner_iterations`` / ``use_all_devices`` changed from their defaults beside a ``plan``: they
-        set the search, which a given plan skips, so they were dropped without a word. (The value equal
-        to the default cannot be told from no value and passes.)"""
+        set the search, which a given plan skips, so they were dropped without a word. A UserWarning
+        naming the setting, not an error: the run does what the plan says either way, and a script
+        that passes one strategy's arguments for both cases (plan or none) keeps working. (The value
+        equal to the default cannot be told from no value and says nothing.)"""
         if self.plan is None:
             return
         for name in ("planner_iterations", "use_all_devices"):
             value = getattr(self, name)
             if value != type(self).__dataclass_fields__[name].default:
-                raise ConfigError(_key(name), value, "sets the planner's search, which a given plan skips (the plan "
-                                  "runs as it is)", f"drop {name}=..., or pass plan=None to plan here with it")
+                warnings.warn(f"{_key(name)} = {value!r} is ignored: it sets the planner's search, which a given "
+                              f"plan skips (the plan runs as it is); drop {name}=..., or pass plan=None to plan "
+                              "here with it", UserWarning, stacklevel=4)
 
     def _read_cluster_and_plan(self) -> None:
         """Files are read now, in the caller's process, so that a wrong name or path is a ConfigError

@@ -127,17 +127,24 @@ def test_micro_batch_size_not_dividing_a_pipeline_batch_of_the_plan_is_refused_a
     assert HexiScaleStrategy(cluster="cpu_hetero4", plan=str(plan), micro_batch_size=1).settings.micro_batch_size == 1
 
 
-def test_search_settings_beside_a_plan_are_refused():
+def test_search_settings_beside_a_plan_are_named_as_ignored():
     """planner_iterations / use_all_devices set the search, which a given plan skips: they were dropped
-    without a word. Their defaults beside a plan pass (a default cannot be told from no value)."""
+    without a word; now a UserWarning names them. Their defaults beside a plan say nothing (a default
+    cannot be told from no value)."""
+    import warnings
+
     plan = Path(__file__).resolve().parents[1] / "bad_configs" / "good_tiny_plan.yaml"
     for kwargs in ({"planner_iterations": 5}, {"use_all_devices": True}):
         (name, value), = kwargs.items()
-        with pytest.raises(ConfigError, match=rf"^HexiScaleStrategy\({name}\) = {value}: sets the planner's search, "
-                                              r"which a given plan skips.*Fix: drop .*or pass plan=None"):
-            HexiScaleStrategy(cluster="cpu_hetero4", plan=str(plan), **kwargs)
-        assert HexiScaleStrategy(cluster="cpu_hetero4", **kwargs).settings.plan is None  # no plan: the search's
-    assert HexiScaleStrategy(cluster="cpu_hetero4", plan=str(plan), planner_iterations=20).settings.plan is not None
+        with pytest.warns(UserWarning, match=rf"^HexiScaleStrategy\({name}\) = {value} is ignored: it sets the "
+                                             r"planner's search, which a given plan skips.*or pass plan=None"):
+            assert HexiScaleStrategy(cluster="cpu_hetero4", plan=str(plan), **kwargs).settings.plan is not None
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert HexiScaleStrategy(cluster="cpu_hetero4", **kwargs).settings.plan is None  # no plan: the search's
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert HexiScaleStrategy(cluster="cpu_hetero4", plan=str(plan), planner_iterations=20).settings.plan is not None
 
 
 @pytest.mark.parametrize("backend", ["mpi2", "", "cpu:gloo,cpu:mpi", "cpu-gloo:x", 3])
