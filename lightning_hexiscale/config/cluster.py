@@ -21,7 +21,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from lightning_hexiscale.config import catalog
 from lightning_hexiscale.config.nics import (Nic, NicDeclaration, build_nics, cap_links, destination_bandwidth,
-                                             fastest_links, nic_index, nics_can_bind, parse_nics, resolve_toward)
+                                             fastest_links, machines_named, nic_index, nics_can_bind, parse_nics,
+                                             resolve_toward)
 from lightning_hexiscale.config.layer_table import LayerTable, parse_layer_tables
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.config.units import format_bandwidth, format_bytes, format_flops, parse_bandwidth, parse_bytes, parse_flops, parse_time
@@ -422,7 +423,7 @@ def link_pairs(names: Any, labels: list[str], entry_names: list[str], key: str, 
             or any(not isinstance(x, str) or x not in labels + entry_names for x in names)):  # [[a], b]: unhashable
         raise ConfigError(f"{key}.machines", names, "must name two declared machines",
                           f"use names from: {', '.join(dict.fromkeys(entry_names + labels))}")
-    hits = [[i for i, (lab, ent) in enumerate(zip(labels, entry_names)) if x in (lab, ent)] for x in names]
+    hits = [machines_named(x, labels, entry_names) for x in names]
     pairs = sorted({(min(x, y), max(x, y)) for x in hits[0] for y in hits[1] if x != y})
     if not pairs:  # it would silently replace the machine's intra_bandwidth
         raise ConfigError(f"{key}.machines", names, "a machine link joins two different machines",

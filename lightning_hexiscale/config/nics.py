@@ -145,6 +145,13 @@ def _parse_to(entries: Any, key: str) -> tuple[tuple[str, float], ...]:
     return tuple(out.items())
 
 
+def machines_named(name: str, labels: Sequence[str], entry_names: Sequence[str]) -> list[int]:
+    """The machine indices ``name`` stands for: the machine of that name (``fast``, or a ``repeat``
+    copy ``slow.1``), or every copy of the entry of that name (``slow``). Shared by ``nics.to`` and
+    ``machine_links``, so that both read a name alike."""
+    return [i for i, (lab, ent) in enumerate(zip(labels, entry_names)) if name in (lab, ent)]
+
+
 def resolve_toward(decl: NicDeclaration, labels: Sequence[str], entry_names: Sequence[str],
                    own: int) -> tuple[tuple[int, float], ...]:
     """``decl.toward`` as (machine index, bytes/s): a name matches the machines of the entry of that
@@ -152,7 +159,7 @@ def resolve_toward(decl: NicDeclaration, labels: Sequence[str], entry_names: Seq
     ``repeat`` copies). Unknown names and the machine itself are errors naming the key."""
     out = []
     for name, bw in decl.toward:
-        hits = [i for i, (lab, ent) in enumerate(zip(labels, entry_names)) if name in (lab, ent)]
+        hits = machines_named(name, labels, entry_names)
         if not hits:
             raise ConfigError(f"{decl.key}.to", name, "names no machine of the cluster",
                               f"use machine names from: {', '.join(dict.fromkeys(labels))}")
