@@ -145,9 +145,7 @@ def plan_meta_sources(plan_meta: dict) -> dict[str, tuple[str, Any]]:
     (:func:`~lightning_hexiscale.planner.plan.cluster_source`); the model from ``meta.model``."""
     from lightning_hexiscale.planner.plan import cluster_source
 
-    cluster = cluster_source(plan_meta)
-    out = {"cluster": ("cluster_file" if cluster is not None and cluster == plan_meta.get("cluster_file")
-                       else "cluster", cluster), "model": ("model", plan_meta.get("model"))}
+    out = {"cluster": tuple(cluster_source(plan_meta)), "model": ("model", plan_meta.get("model"))}
     return {k: v for k, v in out.items() if v[1]}
 
 

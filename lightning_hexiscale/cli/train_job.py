@@ -311,10 +311,10 @@ def plan_cluster(argv: list[str]) -> str | None:
         return None
     try:
         meta = (yaml.safe_load(Path(value).read_text()) or {}).get("meta") or {}
-        name = cluster_source(meta)
+        key, name = cluster_source(meta)
     except (OSError, yaml.YAMLError, AttributeError):
         return None
-    if isinstance(name, str) and name == meta.get("cluster_file"):
+    if key == "cluster_file":
         return name  # the cluster file the plan was made on, which exists
     return name if isinstance(name, str) and name in preset_names("cluster") else None
 

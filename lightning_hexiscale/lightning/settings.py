@@ -263,10 +263,10 @@ class StrategySettings:
         plan = load_plan_arg(plan)
         if cluster == AUTO and plan is not None:  # nothing to plan: the plan's own cluster, or the local devices
             cluster = None
-        made_for = cluster_source(plan.meta) if plan is not None else None  # its cluster file, else a preset
+        # its cluster file, else a preset
+        meta_key, made_for = cluster_source(plan.meta) if plan is not None else ("cluster", None)
         if cluster is None and made_for:
-            key = "plan.meta.cluster_file" if made_for == plan.meta.get("cluster_file") else "plan.meta.cluster"
-            cluster = load_cluster_arg(made_for, key=key)
+            cluster = load_cluster_arg(made_for, key=f"plan.meta.{meta_key}")
         else:
             cluster = load_cluster_arg(cluster)
         if plan is not None and cluster is not None:

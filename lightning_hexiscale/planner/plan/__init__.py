@@ -32,7 +32,7 @@ import yaml
 
 from lightning_hexiscale.errors import ConfigError, PlanError
 from lightning_hexiscale.planner.plan.model_check import MODEL_SHAPE_FIELDS, check_plan_model, model_shape  # noqa: F401 (re-exported)
-from lightning_hexiscale.planner.plan.yaml_io import UniqueKeyLoader, cluster_source, finite_or_null, plain  # noqa: F401
+from lightning_hexiscale.planner.plan.yaml_io import ClusterSource, UniqueKeyLoader, cluster_source, finite_or_null, plain  # noqa: F401
 
 if TYPE_CHECKING:  # pragma: no cover
     from lightning_hexiscale.config.cluster import Cluster

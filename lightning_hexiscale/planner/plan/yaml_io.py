@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
@@ -59,12 +59,21 @@ def finite_or_null(value: Any) -> Any:
     return value
 
 
-def cluster_source(meta: dict) -> Any:
+class ClusterSource(NamedTuple):
+    """The cluster a plan's ``meta`` names: ``key`` is the meta key it came from (``"cluster_file"`` or
+    ``"cluster"``), ``value`` that key's value (None when the plan names neither)."""
+
+    key: str
+    value: Any
+
+
+def cluster_source(meta: dict) -> ClusterSource:
     """What to load as the cluster a plan was made for: ``meta.cluster_file`` (the cluster file's
     absolute path, written by ``hexiscale plan --out`` and the recipe's ``plan.yaml`` when the cluster
     came from a file) while that file exists, else ``meta.cluster`` (the cluster's name: a preset's
-    name loads as that preset). None when the plan names neither."""
+    name loads as that preset; None when the plan names neither). The key comes with the value, so
+    that an error about it names the key the user wrote."""
     path = meta.get("cluster_file")
     if isinstance(path, str) and path and Path(path).is_file():
-        return path
-    return meta.get("cluster")
+        return ClusterSource("cluster_file", path)
+    return ClusterSource("cluster", meta.get("cluster"))
