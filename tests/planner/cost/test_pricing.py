@@ -125,17 +125,23 @@ def _two_pipelines(sharding: str) -> Plan:
                                          for i in (0, 1)]})
 
 
+def _pair() -> tuple[Cluster, Workload]:
+    """Two single-A100 machines 50 GB/s apart (1 GB/s inside, where nothing talks) and a 4-layer 7B:
+    the two pipelines of :func:`_two_pipelines` sync across machines."""
+    model = dataclasses.replace(LlamaConfig.load("llama2_7b"), num_layers=4)
+    c = Cluster.from_config({"name": "pair", "machines": [{"gpu": "A100-80G", "count": 1, "intra_bandwidth": "1 GB/s",
+                                                           "repeat": 2}],
+                             "inter_machine": {"bandwidth": "50 GB/s", "latency": "0us"}})
+    return c, Workload(model)
+
+
 def test_estimate_prices_the_zero_terms():
     """Two single-device pipelines, compute-bound (T_b > 2 T_comm, the head's sync hidden under the
     last stage's backward): ZeRO-2 costs DDP's time plus the layers' all-gathers and the head's;
     ZeRO-3 plus two serves per layer and micro-batch, the reduce-scatters and the head's sync."""
     from lightning_hexiscale.planner.cost import estimate as E
 
-    model = dataclasses.replace(LlamaConfig.load("llama2_7b"), num_layers=4)
-    c = Cluster.from_config({"name": "pair", "machines": [{"gpu": "A100-80G", "count": 1, "intra_bandwidth": "1 GB/s",
-                                                           "repeat": 2}],
-                             "inter_machine": {"bandwidth": "50 GB/s", "latency": "0us"}})
-    w = Workload(model)
+    c, w = _pair()
     est = {sh: estimate(_two_pipelines(sh), c, w) for sh in ("ddp", "zero2", "zero3")}
     assert all(e.feasible for e in est.values())
     t_b = layer_times(c, w, [0], 2, False)[1]
@@ -155,11 +161,7 @@ def test_zero3_dp_comm_counts_the_partners_uses_served():
     its own gathers stay (they were charged 2 n_mb of its own pipeline for the serves before)."""
     from lightning_hexiscale.planner.cost import estimate as E
 
-    model = dataclasses.replace(LlamaConfig.load("llama2_7b"), num_layers=4)
-    c = Cluster.from_config({"name": "pair", "machines": [{"gpu": "A100-80G", "count": 1, "intra_bandwidth": "1 GB/s",
-                                                           "repeat": 2}],
-                             "inter_machine": {"bandwidth": "50 GB/s", "latency": "0us"}})
-    w = Workload(model)
+    c, w = _pair()
 
     def plan(partner_batch: int) -> Plan:
         d = _two_pipelines("zero3").to_dict()
@@ -175,13 +177,24 @@ def test_zero3_dp_comm_counts_the_partners_uses_served():
 
 
 # ---- the datasheet notice ----------------------------------------------------------------------------
-def test_one_warning_when_cuda_types_are_priced_from_datasheets(monkeypatch):
+@pytest.fixture
+def first_notice(monkeypatch):
+    """``first_notice(preset, names)``: the compute module, with its once-per-process notice reset, and
+    the preset's cluster and a 7B workload, after the first notice said for them (naming ``names``)."""
     from lightning_hexiscale.planner.cost import compute as C
 
     monkeypatch.setattr(C, "_WARNED", set())
-    c, w = Cluster.load("hetero2"), Workload(LlamaConfig.load("llama2_7b"))
-    with pytest.warns(C.DatasheetPricingWarning, match="RTX3080Ti, RTX3090, RTX4090, A800: priced from datasheet"):
-        C.warn_datasheet_pricing(c, w)
+
+    def said(preset: str, names: str):
+        c, w = Cluster.load(preset), Workload(LlamaConfig.load("llama2_7b"))
+        with pytest.warns(C.DatasheetPricingWarning, match=f"{names}: priced from datasheet"):
+            C.warn_datasheet_pricing(c, w)
+        return C, c, w
+    return said
+
+
+def test_one_warning_when_cuda_types_are_priced_from_datasheets(first_notice):
+    C, c, w = first_notice("hetero2", "RTX3080Ti, RTX3090, RTX4090, A800")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert C.warn_datasheet_pricing(c, w) is None  # once per process
@@ -191,17 +204,12 @@ def test_one_warning_when_cuda_types_are_priced_from_datasheets(monkeypatch):
         assert C.datasheet_types(c, dataclasses.replace(w, device="cpu")) == []
 
 
-def test_the_datasheet_notice_names_each_type_once_whatever_subsets_are_priced(monkeypatch):
+def test_the_datasheet_notice_names_each_type_once_whatever_subsets_are_priced(first_notice):
     """``hexiscale plan --baselines`` prices subsets of the machines (leave-out, symmetric-best): the
     notice was said once per SET of types, four times for case_study (each subset's own types), where
     the cost-model page promises one warning. Now a type named once is not named again; a type not
     yet named still is."""
-    from lightning_hexiscale.planner.cost import compute as C
-
-    monkeypatch.setattr(C, "_WARNED", set())
-    c, w = Cluster.load("case_study"), Workload(LlamaConfig.load("llama2_7b"))
-    with pytest.warns(C.DatasheetPricingWarning, match="A800, RTX4090, RTX3090: priced from datasheet"):
-        C.warn_datasheet_pricing(c, w)
+    C, c, w = first_notice("case_study", "A800, RTX4090, RTX3090")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for devices in ([0, 1, 2, 3, 4, 5], [3, 4, 5, 6, 7], [0, 1, 2, 6, 7]):  # machines left out
