@@ -139,22 +139,27 @@ def sweep_axes(overrides: Sequence[str]) -> list[list[str]]:
     return axes
 
 
-def plan_meta_sources(plan_meta: dict) -> dict[str, tuple[str, Any]]:
-    """``{"cluster" / "model": (the meta key, its value)}`` a plan file names: the cluster from
-    ``meta.cluster_file`` (a cluster file's path) while that file exists, else ``meta.cluster``
-    (:func:`~lightning_hexiscale.planner.plan.cluster_source`); the model from ``meta.model``."""
+def plan_meta_sources(plan_meta: dict, overrides: Sequence[str] = (), where: str = "meta") -> dict[str, tuple[str, Any]]:
+    """``{"cluster" / "model": (the meta key, its value)}`` a plan file names for what ``overrides`` do
+    not give: the cluster from ``meta.cluster_file`` (a cluster file's path, which must exist), else
+    ``meta.cluster`` (:func:`~lightning_hexiscale.planner.plan.cluster_source`, whose errors name
+    ``{where}.cluster_file``); the model from ``meta.model``. A ``cluster=`` given on the command line
+    is not looked up in the meta at all (a plan made on a file that has moved runs on the one given)."""
     from lightning_hexiscale.planner.plan import cluster_source
 
-    out = {"cluster": tuple(cluster_source(plan_meta)), "model": ("model", plan_meta.get("model"))}
+    out = {}
+    if not explicit(overrides, "cluster"):
+        out["cluster"] = tuple(cluster_source(plan_meta, where))
+    if not explicit(overrides, "model"):
+        out["model"] = ("model", plan_meta.get("model"))
     return {k: v for k, v in out.items() if v[1]}
 
 
-def compose_for_plan(overrides: list[str], plan_meta: dict) -> list[str]:
+def compose_for_plan(overrides: list[str], plan_meta: dict, where: str = "meta") -> list[str]:
     """Default ``cluster=`` and ``model=`` to the ones a plan file names in its ``meta``."""
     out = list(overrides)
-    for key, (_, value) in plan_meta_sources(plan_meta).items():
-        if not explicit(out, key):
-            out.insert(0, f"{key}={value}")
+    for key, (_, value) in plan_meta_sources(plan_meta, out, where).items():
+        out.insert(0, f"{key}={value}")
     return out
 
 
@@ -178,14 +183,14 @@ def compose_plan_config(overrides: list[str], plan, source: str):
     from lightning_hexiscale.config.schema import compose
     from lightning_hexiscale.errors import ConfigError
 
-    named = plan_meta_sources(plan.meta)
-    taken = {k: meta_key for k, (meta_key, _) in named.items() if not explicit(overrides, k)}
+    named = plan_meta_sources(plan.meta, overrides, where=f"{source}: meta")
+    taken = {k: meta_key for k, (meta_key, _) in named.items()}
     for key, meta_key in taken.items():
         if not isinstance(named[key][1], str):  # was 'overrides = ...: Config group override must be a string'
             raise ConfigError(f"{source}: meta.{meta_key}", named[key][1], "names a preset or a file: a string",
                               f"write meta: {{{key}: NAME}}, or pass {key}=NAME on the command line")
     try:
-        return compose(compose_for_plan(overrides, plan.meta))
+        return compose(compose_for_plan(overrides, plan.meta, where=f"{source}: meta"))
     except ConfigError as e:
         if e.key not in taken:
             raise

@@ -298,9 +298,11 @@ def config_cluster(argv: list[str]) -> str | None:
 
 
 def plan_cluster(argv: list[str]) -> str | None:
-    """The cluster a ``plan=FILE`` of the command line was made for: its ``meta.cluster_file`` while that
-    file exists, else its ``meta.cluster`` when that names a preset; None otherwise (no plan, no such
-    file or key, or a name that is no preset, e.g. a discovered cluster's from before cluster_file)."""
+    """The cluster a ``plan=FILE`` of the command line was made for: its ``meta.cluster_file`` (a
+    ConfigError when that file is gone: discovering the local machine instead ran the plan on other
+    devices without a word), else its ``meta.cluster`` when that names a preset; None otherwise (no
+    plan, a plan file that does not read, which the run then refuses, no such key, or a name that is no
+    preset, e.g. a discovered cluster's from before cluster_file)."""
     import yaml
 
     from lightning_hexiscale.config.schema import preset_names
@@ -311,9 +313,9 @@ def plan_cluster(argv: list[str]) -> str | None:
         return None
     try:
         meta = (yaml.safe_load(Path(value).read_text()) or {}).get("meta") or {}
-        key, name = cluster_source(meta)
-    except (OSError, yaml.YAMLError, AttributeError):
-        return None
+    except (OSError, ValueError, yaml.YAMLError, AttributeError):  # ValueError: not UTF-8 text
+        return None  # the run's own load_plan_arg says what is wrong with the file
+    key, name = cluster_source(meta, where=f"{value}: meta") if isinstance(meta, dict) else ("cluster", None)
     if key == "cluster_file":
         return name  # the cluster file the plan was made on, which exists
     return name if isinstance(name, str) and name in preset_names("cluster") else None

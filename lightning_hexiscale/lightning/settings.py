@@ -263,10 +263,9 @@ class StrategySettings:
         plan = load_plan_arg(plan)
         if cluster == AUTO and plan is not None:  # nothing to plan: the plan's own cluster, or the local devices
             cluster = None
-        # its cluster file, else a preset
-        meta_key, made_for = cluster_source(plan.meta) if plan is not None else ("cluster", None)
-        if cluster is None and made_for:
-            cluster = load_cluster_arg(made_for, key=f"plan.meta.{meta_key}")
+        if cluster is None and plan is not None:  # its cluster file (which must be there), else a preset
+            meta_key, made_for = cluster_source(plan.meta)
+            cluster = load_cluster_arg(made_for, key=f"plan.meta.{meta_key}") if made_for else None
         else:
             cluster = load_cluster_arg(cluster)
         if plan is not None and cluster is not None:

@@ -67,13 +67,30 @@ class ClusterSource(NamedTuple):
     value: Any
 
 
-def cluster_source(meta: dict) -> ClusterSource:
+def cluster_source(meta: dict, where: str = "plan.meta") -> ClusterSource:
     """What to load as the cluster a plan was made for: ``meta.cluster_file`` (the cluster file's
     absolute path, written by ``hexiscale plan --out`` and the recipe's ``plan.yaml`` when the cluster
-    came from a file) while that file exists, else ``meta.cluster`` (the cluster's name: a preset's
-    name loads as that preset; None when the plan names neither). The key comes with the value, so
-    that an error about it names the key the user wrote."""
+    came from a file), else ``meta.cluster`` (the cluster's name: a preset's name loads as that preset;
+    None when the plan names neither). The key comes with the value, so that an error about it names
+    the key the user wrote.
+
+    A ``meta.cluster_file`` that is not there (moved, deleted, a hand-edited path) is a ConfigError
+    naming ``{where}.cluster_file``: the plan was made and priced on that file, and any other cluster
+    (the preset of the same name, or the local machine that ``hexiscale train`` discovers without a
+    cluster) would run it on other devices and links without a word. Callers ask only when no
+    cluster was given, which is the fix the error names."""
+    from lightning_hexiscale.errors import ConfigError
+
     path = meta.get("cluster_file")
-    if isinstance(path, str) and path and Path(path).is_file():
-        return ClusterSource("cluster_file", path)
-    return ClusterSource("cluster", meta.get("cluster"))
+    if path is None:
+        return ClusterSource("cluster", meta.get("cluster"))
+    key = f"{where}.cluster_file"
+    if not isinstance(path, str) or not path.strip():
+        raise ConfigError(key, path, "must be the path of the cluster file the plan was made on",
+                          "correct the path, or pass cluster=<preset or file> to run the plan on that cluster")
+    if not Path(path).is_file():
+        what = "is a directory" if Path(path).is_dir() else "is not there (moved or deleted)"
+        raise ConfigError(key, path, f"the cluster file this plan was made on {what}",
+                          "pass cluster=<the file's new path> (or the preset or file to run the plan on), "
+                          "or correct meta.cluster_file in the plan")
+    return ClusterSource("cluster_file", path)
