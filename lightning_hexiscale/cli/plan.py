@@ -216,6 +216,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                           "add -m to sweep, or write the plan with --out PLAN.yaml")
     if args.out is not None:  # --out '' wrote nothing, silently
         check_output_file("--out", args.out, "plan.yaml")
+        check_plan_out(args.out, overrides_of(args), args.picture)
     if args.picture is not None:
         check_output_file("--picture", args.picture, "plan.png")
         check_picture_path(args.picture)
@@ -278,6 +279,45 @@ def with_model_shape(plan, model):
     from lightning_hexiscale.planner.plan import model_shape
 
     return replace(plan, meta={**plan.meta, "model_shape": model_shape(model)})
+
+
+def check_plan_out(out: str, overrides: list[str], picture: str | None = None) -> None:
+    """``--out PATH`` replaces what is at PATH (a temporary file, then a rename): refused before the search
+    when that would lose what is there: the ``cluster=`` / ``model=`` file the plan is made from (the
+    cluster file was replaced by the plan), a file that is no plan (notes, a config: a previous plan is
+    replaced, as re-planning does), something that is no regular file (a FIFO or device: the rename put
+    a file in its place), or the ``--picture`` path (one write replaced the other)."""
+    import os
+
+    import yaml
+
+    path = Path(out)
+    if not path.exists():
+        if picture and Path(picture).absolute() == path.absolute():
+            raise ConfigError("--out", out, "is also the --picture path: one file would replace the other",
+                              "give the plan and the picture different paths (plan.yaml, plan.png)")
+        return
+    if not path.is_file():
+        raise ConfigError("--out", out, "exists and is not a regular file (a FIFO, socket or device): the plan's "
+                          "write would put a file in its place", "give the path of a new or plan file")
+    for key in ("cluster", "model"):
+        given = next((o.split("=", 1)[1] for o in reversed(overrides) if o.split("=", 1)[0].lstrip("+~") == key), "")
+        if given and Path(given).is_file() and os.path.samefile(given, path):
+            raise ConfigError("--out", out, f"is the {key} file this plan is made from ({key}={given}): writing "
+                              f"the plan there would replace it", "give the plan its own path, e.g. --out plan.yaml")
+    if picture and Path(picture).exists() and os.path.samefile(picture, path):
+        raise ConfigError("--out", out, "is also the --picture path: one file would replace the other",
+                          "give the plan and the picture different paths (plan.yaml, plan.png)")
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = yaml.safe_load(text) if text.strip() else {"pipelines": None}  # an empty file loses nothing
+    except (OSError, ValueError, yaml.YAMLError):
+        data = None
+    if not (isinstance(data, dict) and "pipelines" in data):  # no plan file: what it holds would be lost
+        raise ConfigError("--out", out, "exists and is not a plan file (it has no pipelines: key); writing the "
+                          "plan would replace what it holds",
+                          "give a new path, or the path of a plan file to replace (delete this file first if it "
+                          "is meant to go)")
 
 
 def _write_file(flag: str, path: str, write) -> None:

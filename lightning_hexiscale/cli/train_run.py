@@ -123,6 +123,27 @@ def for_another_cluster(e, plan_file: str | None, cluster: str):
                      f"run it on that cluster (cluster={made_for}), or leave plan= out to plan for cluster {cluster}")
 
 
+def plan_file_to_write(given: str | None, plan, target: Path) -> bool:
+    """Whether the run writes its ``plan.yaml`` (``target``). Not when ``plan=`` IS that file (a run re-run
+    in its own directory, ``hydra.run.dir``) and holds this very plan: rewriting it dropped a hand-edited
+    file's comments and layout. A ConfigError when it is that file and the plan differs from it (a
+    ``train.*`` override or ``meta.cluster_file`` applied): the file the user wrote would be replaced."""
+    import os
+
+    from lightning_hexiscale.errors import ConfigError
+    from lightning_hexiscale.planner.plan import Plan
+
+    if not given or not target.is_file() or not Path(given).is_file() or not os.path.samefile(given, target):
+        return True
+    if Plan.load(target) == plan:
+        return False
+    raise ConfigError("plan", str(given), "is the plan.yaml of this run's directory, which the run writes with the "
+                      "plan it runs, and that plan differs from the file (train.* overrides, or meta.cluster_file, "
+                      "applied): the file would be replaced",
+                      "copy the plan out of the run directory (plan=my_plan.yaml), or run in another directory "
+                      "(hydra.run.dir=DIR)")
+
+
 def run(cfg: DictConfig, progress: JobWatch | None = None, app: AppName = HEXISCALE) -> int:
     """The job on one composed config: check, plan, print the plan and its estimate, train (or stop
     after planning with ``dry_run``). Returns 0; errors are raised (the app maps them to exit codes).
@@ -182,8 +203,10 @@ def run(cfg: DictConfig, progress: JobWatch | None = None, app: AppName = HEXISC
         raise for_another_cluster(e, cfg.plan, cluster.name) from None
     picture = None
     plan = with_cluster_file(plan, cluster_file_given())  # plan=plan.yaml finds the cluster file again
+    rewrite = plan_file_to_write(cfg.plan, plan, out / "plan.yaml")
     if is_rank_zero():
-        plan.save(out / "plan.yaml")
+        if rewrite:
+            plan.save(out / "plan.yaml")
         (out / "config.yaml").write_text(OmegaConf.to_yaml(effective_config(cfg, plan, precision)))
         picture = write_picture(plan, cluster, model, est, out / "plan.png")
     say(cluster.summary(), "\n")
