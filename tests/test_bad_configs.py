@@ -19,7 +19,7 @@ GOOD_TINY_PLAN = "tests/bad_configs/good_tiny_plan.yaml"
 
 
 def _header(path: Path, key: str) -> str:
-    for line in path.read_text().splitlines():
+    for line in path.read_bytes().decode("utf-8", "replace").splitlines():  # not_utf8.yaml's header is text
         if line.startswith(f"# {key}:"):
             return line.split(":", 1)[1].strip()
     return ""

@@ -268,8 +268,17 @@ class StrategySettings:
             cluster = load_cluster_arg(made_for, key=f"plan.meta.{meta_key}") if made_for else None
         else:
             cluster = load_cluster_arg(cluster)
-        if plan is not None and cluster is not None:
-            plan.validate(cluster)  # its devices exist in the cluster
+        if plan is not None:
+            # its devices exist in the cluster; with none (the local devices, described at setup) the
+            # plan's own rules; and its batches sum to global_batch: every rank found these after the
+            # launch ('pipelines: []' was accepted here)
+            try:
+                plan.validate(cluster if isinstance(cluster, Cluster) else None, global_batch=self.global_batch)
+            except ConfigError as e:
+                if e.key != "train.global_batch":
+                    raise
+                raise ConfigError(_key("global_batch"), e.value, e.rule, f"pass global_batch={plan.global_batch} "
+                                  "or None (the plan's), or a plan for this batch") from None
         mb = self.micro_batch_size
         if plan is not None and mb is not None and any(p.batch_size % mb for p in plan.pipelines):
             # every rank refused it at setup (plan_resolution.apply_overrides), after the launch

@@ -470,7 +470,16 @@ class Plan:
         if not is_file(path):
             raise PlanError("--plan", str(path), "no such plan file", "give the path of a plan YAML/JSON file")
         try:
-            data = yaml.load(path.read_text(), Loader=UniqueKeyLoader)
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:  # a checkpoint, a picture, a gzip: was a UnicodeDecodeError traceback
+            raise PlanError("--plan", str(path), f"is not a text file (byte {e.start} is not UTF-8): a plan file is "
+                            "YAML or JSON", "give the plan file `hexiscale plan --out` wrote (or one like "
+                            "conf/plans/*.yaml)") from None
+        except OSError as e:  # unreadable (permissions, an I/O error)
+            raise PlanError("--plan", str(path), f"cannot be read ({e.strerror})",
+                            "give a readable plan YAML/JSON file") from None
+        try:
+            data = yaml.load(text, Loader=UniqueKeyLoader)
         except yaml.YAMLError as e:
             raise PlanError("--plan", str(path), f"not valid YAML/JSON ({e})",
                             "correct the syntax at the line and column named (quote values holding ':' or '#')") from None
@@ -562,8 +571,14 @@ def _keys(data: Any, required: set[str], optional: set[str], where: str) -> None
         raise PlanError(where, data, "expected a mapping", "see conf/plans/ for the plan file format")
     unknown = set(data) - required - optional
     if unknown:
-        raise PlanError(f"{where}.{sorted(unknown)[0]}", data[sorted(unknown)[0]],
-                        f"unknown key; allowed keys are {sorted(required | optional)}", "remove or rename it")
+        import difflib
+
+        key = sorted(unknown, key=str)[0]
+        allowed = sorted(required | optional)
+        # a misspelling (micro_batch, layer, schedul) names the key it meant, as Hydra's config keys do
+        near = difflib.get_close_matches(str(key), [k for k in allowed if k not in data], n=1, cutoff=0.6)
+        raise PlanError(f"{where}.{key}", data[key], f"unknown key; allowed keys are {allowed}",
+                        f"did you mean {near[0]}? rename it" if near else "remove or rename it")
     missing = required - set(data)
     if missing:
         raise PlanError(f"{where}.{sorted(missing)[0]}", None, "required key is missing",
