@@ -25,7 +25,7 @@ from lightning_hexiscale.cli.main import main as cli_main
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner import Workload, estimate
+from lightning_hexiscale.planner import Plan, Workload, estimate
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD = ROOT / "tests" / "bad_configs" / "tiny_plan_for_cpu_hetero4.yaml"
@@ -163,3 +163,23 @@ def test_a_cluster_given_beside_a_plan_whose_cluster_file_is_gone_runs_on_it(tmp
     assert cli_main(["estimate", "--plan", str(plan), f"cluster={cluster}"]) == 0
     assert HexiScaleStrategy(cluster=str(cluster), plan=str(plan)).cluster.name == "my_lab"
     assert Cluster.load(str(cluster)).name == "my_lab"
+
+
+def test_plan_save_replaces_a_file_and_nothing_else(tmp_path):
+    """``Plan.save`` renamed its temporary file over whatever the path named: a link to a directory (a
+    checkout's ``conf``) became a plan file, a link to a plan became a plain file beside a stale target, a
+    directory or a path below a file was a raw OSError traceback from the Python API."""
+    plan = Plan.load(GOOD)
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "target.yaml").write_text("num_layers: 4\npipelines: []\n")
+    os.symlink(tmp_path / "dir", tmp_path / "conf")
+    os.symlink(tmp_path / "target.yaml", tmp_path / "link.yaml")
+    os.mkfifo(tmp_path / "fifo.yaml")
+    for name, rule in (("conf", "is a directory"), ("dir", "is a directory"),
+                       ("fifo.yaml", "is not a regular file"), ("target.yaml/p.yaml", "cannot be written")):
+        with pytest.raises(ConfigError, match=rf"^Plan\.save\(path\) = '{tmp_path / name}': {rule}"):
+            plan.save(tmp_path / name)
+    assert (tmp_path / "conf").is_symlink() and (tmp_path / "dir").is_dir() and not list((tmp_path / "dir").iterdir())
+    plan.save(tmp_path / "link.yaml")  # the link is kept, the file it names replaced
+    assert (tmp_path / "link.yaml").is_symlink() and Plan.load(tmp_path / "target.yaml") == plan
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["conf", "dir", "fifo.yaml", "link.yaml", "target.yaml"]

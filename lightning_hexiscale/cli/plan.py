@@ -328,6 +328,10 @@ def _write_file(flag: str, path: str, write) -> None:
         write()
     except OSError as e:
         raise ConfigError(flag, path, f"cannot write it ({e.strerror})", "give a path in a writable directory") from None
+    except ConfigError as e:  # Plan.save's own refusal (write_atomically), named by the option given
+        if e.key != "Plan.save(path)":
+            raise
+        raise ConfigError(flag, path, e.rule, e.fix) from None
 
 
 def idle_banner(plan, cluster) -> str:

@@ -32,7 +32,8 @@ import yaml
 
 from lightning_hexiscale.errors import ConfigError, PlanError
 from lightning_hexiscale.planner.plan.model_check import MODEL_SHAPE_FIELDS, check_plan_model, model_shape  # noqa: F401 (re-exported)
-from lightning_hexiscale.planner.plan.yaml_io import ClusterSource, UniqueKeyLoader, cluster_source, finite_or_null, plain  # noqa: F401
+from lightning_hexiscale.planner.plan.yaml_io import (  # noqa: F401
+    ClusterSource, UniqueKeyLoader, cluster_source, finite_or_null, plain, write_atomically)
 
 if TYPE_CHECKING:  # pragma: no cover
     from lightning_hexiscale.config.cluster import Cluster
@@ -450,12 +451,10 @@ class Plan:
         return json.dumps(finite_or_null(self.to_dict()), indent=2, allow_nan=False)
 
     def save(self, path: str | Path) -> None:
-        """Write YAML (or JSON for a .json path) atomically: temporary file, then rename."""
-        path = Path(path)
-        text = self.to_json() if path.suffix.lower() == ".json" else self.to_yaml()  # plan.JSON too
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
+        """Write YAML (or JSON for a .json path) atomically (:func:`write_atomically`: a directory, a
+        FIFO or a failed write is a ConfigError; a link is followed)."""
+        text = self.to_json() if Path(path).suffix.lower() == ".json" else self.to_yaml()  # plan.JSON too
+        write_atomically(path, text)
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:

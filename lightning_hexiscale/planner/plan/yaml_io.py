@@ -1,9 +1,11 @@
 """YAML and JSON helpers of plan files: a loader that refuses a key given twice, ``meta`` in the
-plain types YAML and strict JSON write, and the cluster a plan's ``meta`` says it was made for."""
+plain types YAML and strict JSON write, the cluster a plan's ``meta`` says it was made for, and the
+write that replaces a plan file and nothing else."""
 
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -94,3 +96,29 @@ def cluster_source(meta: dict, where: str = "plan.meta") -> ClusterSource:
                           "pass cluster=<the file's new path> (or the preset or file to run the plan on), "
                           "or correct meta.cluster_file in the plan")
     return ClusterSource("cluster_file", path)
+
+
+def write_atomically(path: str | Path, text: str, key: str = "Plan.save(path)") -> None:
+    """Replace the file at ``path`` by ``text``: a temporary file beside it, then a rename, so that a
+    reader never sees half a plan. A link is followed (the file it names is replaced and the link
+    kept: the rename put a plain file in the link's place, and a link to a directory, such as a
+    checkout's ``conf``, was replaced by the plan). A directory, something that is no regular file (a
+    FIFO, a device) and a failed write are a ConfigError naming ``key``; the temporary file goes."""
+    from lightning_hexiscale.errors import ConfigError
+
+    given, path = str(path), Path(os.path.realpath(path))
+    if path.is_dir():
+        raise ConfigError(key, given, "is a directory; a plan is written to a file",
+                          f"give a file path, e.g. {path / 'plan.yaml'}")
+    if path.exists() and not path.is_file():
+        raise ConfigError(key, given, "is not a regular file (a FIFO, socket or device)",
+                          "give the path of a new or plan file")
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text)
+        tmp.replace(path)
+    except OSError as e:
+        if tmp.is_file():
+            tmp.unlink()
+        raise ConfigError(key, given, f"cannot be written ({e.strerror})",
+                          "give a path in a writable directory") from None
