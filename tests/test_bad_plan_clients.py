@@ -137,6 +137,17 @@ def test_plan_out_keeps_what_is_already_written(case, tmp_path, capsys):
     assert cli_main([*argv, "--out", str(tmp_path / "old_plan.yaml")]) == 0  # a plan is replaced by the new one
 
 
+@pytest.mark.parametrize("command", [["profile", "--local", "2"], ["discover", "--local", "2", "--model", "llama_tiny"]])
+def test_a_cluster_out_that_is_a_fifo_is_refused_before_measuring(command, tmp_path, capsys):
+    """``hexiscale profile --out FIFO`` measured, then its write's rename put the cluster file in the
+    FIFO's place (exit 0). Refused before any rank starts, as a directory is."""
+    os.mkfifo(tmp_path / "fifo.yaml")
+    assert cli_main([*command, "--out", str(tmp_path / "fifo.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "--out = " in err and "exists and is not a regular file" in err and "Fix:" in err
+    assert not (tmp_path / "fifo.yaml").is_file() and list(tmp_path.iterdir()) == [tmp_path / "fifo.yaml"]
+
+
 @pytest.mark.timeout(60)
 def test_a_plan_in_the_runs_own_directory_is_not_rewritten(tmp_path, monkeypatch, capfd):
     """``plan=DIR/plan.yaml hydra.run.dir=DIR`` (a run re-run where it ran, the plan edited by hand) rewrote

@@ -285,8 +285,8 @@ def check_plan_out(out: str, overrides: list[str], picture: str | None = None) -
     """``--out PATH`` replaces what is at PATH (a temporary file, then a rename): refused before the search
     when that would lose what is there: the ``cluster=`` / ``model=`` file the plan is made from (the
     cluster file was replaced by the plan), a file that is no plan (notes, a config: a previous plan is
-    replaced, as re-planning does), something that is no regular file (a FIFO or device: the rename put
-    a file in its place), or the ``--picture`` path (one write replaced the other)."""
+    replaced, as re-planning does), or the ``--picture`` path (one write replaced the other).
+    :func:`check_output_file` has refused a directory and a FIFO or device already."""
     import os
 
     import yaml
@@ -297,9 +297,6 @@ def check_plan_out(out: str, overrides: list[str], picture: str | None = None) -
             raise ConfigError("--out", out, "is also the --picture path: one file would replace the other",
                               "give the plan and the picture different paths (plan.yaml, plan.png)")
         return
-    if not path.is_file():
-        raise ConfigError("--out", out, "exists and is not a regular file (a FIFO, socket or device): the plan's "
-                          "write would put a file in its place", "give the path of a new or plan file")
     for key in ("cluster", "model"):
         given = next((o.split("=", 1)[1] for o in reversed(overrides) if o.split("=", 1)[0].lstrip("+~") == key), "")
         if given and Path(given).is_file() and os.path.samefile(given, path):

@@ -268,6 +268,9 @@ def check_output_file(flag: str, path: str, example: str) -> None:
     if p.is_dir():
         raise ConfigError(flag, path, "is a directory; this option names the file to write",
                           f"give a file path, e.g. {flag} {p / example}")
+    if p.exists() and not p.is_file():  # the write's rename put a plain file in a FIFO's or device's place
+        raise ConfigError(flag, path, "exists and is not a regular file (a FIFO, socket or device)",
+                          f"give the path of a new or regular file, e.g. {flag} {example}")
     parent = nearest_existing(p.parent)
     if not parent.is_dir():
         raise ConfigError(flag, path, f"{parent} is a file, not a directory", "give a path inside a directory")
