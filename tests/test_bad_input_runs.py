@@ -55,6 +55,9 @@ RECIPE_CASES = {
     "sweep_with_unknown_preset": (["-m", "cluster=cpu2,nope"], ["cluster = 'nope'"]),
     "wrong_type": (["train.global_batch=abc"], ["train.global_batch = 'abc': must be an integer",
                                                 "e.g. train.global_batch=32"]),
+    # a field that is null by default: was "must be the field's type. Fix: see the configuration reference"
+    "wrong_type_of_an_unset_field": (["train.micro_batch_size=abc"], ["train.micro_batch_size = 'abc': must be an "
+                                                                     "integer. Fix: give an integer, or null"]),
     "wrong_type_float": (["trainer.lr=fast"], ["trainer.lr = 'fast': must be a number", "e.g. trainer.lr=0.003"]),
     "bad_nonfinite_policy": (["trainer.nonfinite=ignore"], ["trainer.nonfinite = 'ignore': must be skip or stop"]),
     "zero_timeout": (["trainer.timeout_s=0"], ["trainer.timeout_s = 0"]),

@@ -67,6 +67,14 @@ def test_the_python_api_refuses_a_bad_plan(path):
     assert expect in str(caught.value) and "Fix:" in str(caught.value)
 
 
+def test_a_train_override_of_the_wrong_type_beside_a_plan_names_the_type(capsys):
+    """``train.micro_batch_size`` is null unless given: 'abc' was "must be the field's type. Fix: see the
+    configuration reference"."""
+    assert cli_main(["estimate", "--plan", str(GOOD), "train.micro_batch_size=abc"]) == 2
+    assert ("train.micro_batch_size = 'abc': must be an integer. Fix: give an integer, or null to leave it unset"
+            in capsys.readouterr().err)
+
+
 # ---- paths that are no plan file, through the three clients --------------------------------------------
 NOT_A_FILE = {
     "a_directory": (lambda tmp: (tmp / "plan.yaml").mkdir(), "no such plan file"),

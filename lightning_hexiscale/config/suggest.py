@@ -129,12 +129,18 @@ def check_value_type(parent: DictConfig, name: str, key: str, value: str) -> Non
     try:
         parent.copy()[name] = parsed  # the typed node converts or refuses it, as Hydra's merge would
     except Exception:  # noqa: BLE001 -- OmegaConf's ValidationError: the value does not fit the type
-        current = parent._get_node(name)._value()
-        kind = type(current).__name__ if current is not None else "the field's type"
+        node = parent._get_node(name)
+        current = node._value()
+        # a field that is null now (train.micro_batch_size) names its type from its node: was "must be the
+        # field's type. Fix: see the configuration reference"
+        ref = getattr(node._metadata, "ref_type", None)
+        kind = type(current).__name__ if current is not None else getattr(ref, "__name__", "the field's type")
         words = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}.get(kind, kind)
         example = str(current).lower() if isinstance(current, bool) else current
-        raise ConfigError(key, value, f"must be {words}",
-                          f"e.g. {key}={example}" if current is not None else "see the configuration reference") from None
+        fix = (f"e.g. {key}={example}" if current is not None else
+               f"give {words}, or null to leave it unset" if kind in ("int", "float", "bool", "str") else
+               "see the configuration reference")
+        raise ConfigError(key, value, f"must be {words}", fix) from None
 
 
 IDENTIFIERS = frozenset({"name", "gpu", "hostname"})
