@@ -37,7 +37,16 @@ def _args(path: Path) -> dict[str, str]:
 
 def _train(argv: list[str], tmp_path: Path, monkeypatch, capfd) -> str:
     """``recipes/train.py ARGV dry_run=false`` in this process: it must stop with status 2 before any rank
-    starts (the launching process's one message); returns that message."""
+    starts (the launching process's one message); returns that message. Training and discovery, the two
+    ways ranks start, fail the test instead of running (a plan accepted by mistake trained in this
+    process, and its launcher's exit ended the test session)."""
+    from lightning_hexiscale.cli import train_discover, train_run
+
+    def no_ranks(*_args, **_kwargs):
+        raise AssertionError("the job reached the launch of its ranks")
+
+    monkeypatch.setattr(train_run, "fit", no_ranks)
+    monkeypatch.setattr(train_discover, "discover_for_train", no_ranks)
     code, out, err = run_recipe([*argv, "dry_run=false", "trainer.max_steps=1", f"hydra.run.dir={tmp_path}/run"],
                                 tmp_path, monkeypatch, capfd)
     assert code == 2, (code, err[-2000:])

@@ -183,12 +183,12 @@ def compose_plan_config(overrides: list[str], plan, source: str):
     from lightning_hexiscale.config.schema import compose
     from lightning_hexiscale.errors import ConfigError
 
+    from lightning_hexiscale.planner.plan import check_meta_record
+
+    # a name that is no string was 'overrides = ...: Config group override must be a string'; '' was the default
+    check_meta_record(plan.meta, tuple(k for k in ("cluster", "model") if not explicit(overrides, k)), f"{source}: meta")
     named = plan_meta_sources(plan.meta, overrides, where=f"{source}: meta")
     taken = {k: meta_key for k, (meta_key, _) in named.items()}
-    for key, meta_key in taken.items():
-        if not isinstance(named[key][1], str):  # was 'overrides = ...: Config group override must be a string'
-            raise ConfigError(f"{source}: meta.{meta_key}", named[key][1], "names a preset or a file: a string",
-                              f"write meta: {{{key}: NAME}}, or pass {key}=NAME on the command line")
     try:
         return compose(compose_for_plan(overrides, plan.meta, where=f"{source}: meta"))
     except ConfigError as e:

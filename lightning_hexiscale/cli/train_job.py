@@ -306,7 +306,7 @@ def plan_cluster(argv: list[str]) -> str | None:
     import yaml
 
     from lightning_hexiscale.config.schema import preset_names
-    from lightning_hexiscale.planner.plan import cluster_source
+    from lightning_hexiscale.planner.plan import check_meta_record, cluster_source
 
     value = next((a.split("=", 1)[1] for a in argv if a.split("=", 1)[0] == "plan"), None)
     if not value or not schema_is_file(value):
@@ -315,7 +315,10 @@ def plan_cluster(argv: list[str]) -> str | None:
         meta = (yaml.safe_load(Path(value).read_text()) or {}).get("meta") or {}
     except (OSError, ValueError, yaml.YAMLError, AttributeError):  # ValueError: not UTF-8 text
         return None  # the run's own load_plan_arg says what is wrong with the file
-    key, name = cluster_source(meta, where=f"{value}: meta") if isinstance(meta, dict) else ("cluster", None)
+    if not isinstance(meta, dict):
+        return None
+    check_meta_record(meta, ("cluster",), f"{value}: meta")  # cluster: [a, b] discovered the local machine
+    key, name = cluster_source(meta, where=f"{value}: meta")
     if key == "cluster_file":
         return name  # the cluster file the plan was made on, which exists
     return name if isinstance(name, str) and name in preset_names("cluster") else None

@@ -115,10 +115,10 @@ def for_another_cluster(e, plan_file: str | None, cluster: str):
 
     try:
         made_for = (yaml.safe_load(Path(plan_file).read_text()) or {}).get("meta", {}).get("cluster") if plan_file else None
-    except (OSError, yaml.YAMLError, AttributeError):
+    except (OSError, ValueError, yaml.YAMLError, AttributeError):  # ValueError: not UTF-8 text
         made_for = None
-    if not made_for or made_for == cluster:
-        return e
+    if not isinstance(made_for, str) or not made_for or made_for == cluster or e.key.startswith("plan.meta"):
+        return e  # (an error in the meta's own record is about that record, not about another cluster)
     return PlanError(e.key, e.value, f"{e.rule}; the plan {plan_file} was made for cluster {made_for}",
                      f"run it on that cluster (cluster={made_for}), or leave plan= out to plan for cluster {cluster}")
 

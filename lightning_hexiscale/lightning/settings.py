@@ -27,7 +27,7 @@ from lightning_hexiscale.lightning.fast_path import strategy_fast_path
 from lightning_hexiscale.lightning.plan_check import DEFAULT_WARMUP, plan_check_setting
 from lightning_hexiscale.lightning.plan_resolution import AUTO, load_cluster_arg, load_plan_arg
 from lightning_hexiscale.planner import DP_SHARDINGS, SCHEDULES, Plan
-from lightning_hexiscale.planner.plan import check_global_batch_bound, cluster_source
+from lightning_hexiscale.planner.plan import check_global_batch_bound, check_meta_record, cluster_source
 from lightning_hexiscale.planner.search.settings import MAX_ITERATIONS
 from lightning_hexiscale.runtime import NONFINITE_POLICIES
 
@@ -264,6 +264,7 @@ class StrategySettings:
         if cluster == AUTO and plan is not None:  # nothing to plan: the plan's own cluster, or the local devices
             cluster = None
         if cluster is None and plan is not None:  # its cluster file (which must be there), else a preset
+            check_meta_record(plan.meta, ("cluster",))  # [a, b] was 'no such preset or file' for its str()
             meta_key, made_for = cluster_source(plan.meta)
             cluster = load_cluster_arg(made_for, key=f"plan.meta.{meta_key}") if made_for else None
         else:

@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 import yaml
 
 from lightning_hexiscale.errors import ConfigError, PlanError
-from lightning_hexiscale.planner.plan.model_check import MODEL_SHAPE_FIELDS, check_plan_model, model_shape  # noqa: F401 (re-exported)
+from lightning_hexiscale.planner.plan.model_check import (  # noqa: F401 (re-exported)
+    MODEL_SHAPE_FIELDS, check_meta_record, check_plan_model, model_shape)
 from lightning_hexiscale.planner.plan.yaml_io import (  # noqa: F401
     ClusterSource, UniqueKeyLoader, cluster_source, finite_or_null, plain, write_atomically)
 
@@ -249,6 +250,7 @@ class Plan:
             if value is not None and not isinstance(value, kind):  # was AttributeError: no attribute 'num_devices'
                 raise PlanError(f"Plan.validate({name})", value if isinstance(value, (str, int, float)) else type(value).__name__,
                                 f"must be a {kind.__name__} or None", fix)
+        check_meta_record(self.meta)  # the model and cluster it records: read by check_model and the clients
         if self.schedule not in SCHEDULES:
             raise PlanError("plan.schedule", self.schedule, f"must be one of {SCHEDULES}", "pick one of them")
         if self.dp_sharding not in DP_SHARDINGS:

@@ -23,6 +23,39 @@ MODEL_SHAPE_FIELDS = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", 
 """The model fields a plan's layout and price depend on (``seq_len`` is a run setting: not among them)."""
 
 
+def check_meta_record(meta: dict, names: tuple[str, ...] = (), where: str = "plan.meta") -> None:
+    """What a plan's ``meta`` records about the model it was made for: ``model_shape``, when present,
+    maps :data:`MODEL_SHAPE_FIELDS` to whole numbers (``tie_word_embeddings`` to true/false); and each
+    of ``names`` (``"cluster"``, ``"model"``: the keys a caller is about to load, none given by the
+    user), when present, names a preset or file. A hand-edited type or misspelling
+    (``model_shape: {hiden_size: 128}``, ``model_shape: big``) made the record unread, and the plan was
+    priced and run on a model it was never checked against; ``cluster: [a, b]`` sent ``hexiscale
+    train`` to discover the local machine."""
+    import difflib
+
+    for key in names:
+        value = meta.get(key)
+        if key in meta and (not isinstance(value, str) or not value.strip()):
+            raise PlanError(f"{where}.{key}", value, "names a preset or a file: a string",
+                            f"write meta: {{{key}: NAME}}, or pass {key}=NAME")
+    if "model_shape" not in meta:
+        return
+    shape = meta["model_shape"]
+    fix = "remove meta.model_shape, or restore what `hexiscale plan --out` wrote"
+    if not isinstance(shape, dict):
+        raise PlanError(f"{where}.model_shape", shape, f"must be a mapping of the model's {', '.join(MODEL_SHAPE_FIELDS)}",
+                        fix)
+    for field, value in shape.items():
+        if field not in MODEL_SHAPE_FIELDS:
+            near = difflib.get_close_matches(str(field), MODEL_SHAPE_FIELDS, n=1, cutoff=0.6)
+            raise PlanError(f"{where}.model_shape.{field}", value, f"unknown field; the fields are {list(MODEL_SHAPE_FIELDS)}",
+                            f"did you mean {near[0]}? rename it" if near else fix)
+        boolean = field == "tie_word_embeddings"
+        if isinstance(value, bool) != boolean or (not boolean and (not isinstance(value, int) or value < 1)):
+            raise PlanError(f"{where}.model_shape.{field}", value,
+                            "must be true or false" if boolean else "must be a positive integer", fix)
+
+
 def model_shape(model: LlamaConfig) -> dict[str, Any]:
     """The :data:`MODEL_SHAPE_FIELDS` of ``model``, as a plan's ``meta.model_shape`` records them."""
     return {f: getattr(model, f) for f in MODEL_SHAPE_FIELDS}
