@@ -297,25 +297,51 @@ def config_cluster(argv: list[str]) -> str | None:
     return found.get(True, found.get(False))
 
 
+def plan_meta(argv: list[str]) -> tuple[str | None, dict]:
+    """``(FILE, its meta mapping)`` of the command line's ``plan=FILE``; ``{}`` for no plan, a plan file
+    that does not read (the run's own load_plan_arg says what is wrong with it) or no meta mapping."""
+    import yaml
+
+    value = next((a.split("=", 1)[1] for a in argv if a.split("=", 1)[0] == "plan"), None)
+    if not value or not schema_is_file(value):
+        return value, {}
+    try:
+        meta = (yaml.safe_load(Path(value).read_text()) or {}).get("meta") or {}
+    except (OSError, ValueError, yaml.YAMLError, AttributeError):  # ValueError: not UTF-8 text
+        return value, {}
+    return value, meta if isinstance(meta, dict) else {}
+
+
+def take_plan_model(argv: list[str]) -> list[str]:
+    """``model=NAME`` added when a ``plan=FILE`` names a model preset (``meta.model``) and the command line
+    gives no ``model=``: the configuration reference promises that such a plan needs no ``model=``, as for
+    ``hexiscale estimate --plan``; the default model (llama_tiny) was composed instead and the plan refused
+    for its shape. A name that is no preset (a model file's ``model.name``) adds nothing: the run then says
+    which model the plan was made for. Popen ranks re-run the command line and add the same."""
+    from lightning_hexiscale.config.schema import preset_names
+
+    if any(a.partition("=")[0].lstrip("+~") == "model" for a in argv):
+        return argv
+    value, meta = plan_meta(argv)
+    name = meta.get("model")
+    if not isinstance(name, str) or name not in preset_names("model"):
+        return argv
+    if "LOCAL_RANK" not in os.environ:
+        say(f"model={name}: the model the plan was made for (its meta.model; no model= given)")
+    return [*argv, f"model={name}"]
+
+
 def plan_cluster(argv: list[str]) -> str | None:
     """The cluster a ``plan=FILE`` of the command line was made for: its ``meta.cluster_file`` (a
     ConfigError when that file is gone: discovering the local machine instead ran the plan on other
     devices without a word), else its ``meta.cluster`` when that names a preset; None otherwise (no
     plan, a plan file that does not read, which the run then refuses, no such key, or a name that is no
     preset, e.g. a discovered cluster's from before cluster_file)."""
-    import yaml
-
     from lightning_hexiscale.config.schema import preset_names
     from lightning_hexiscale.planner.plan import check_meta_record, cluster_source
 
-    value = next((a.split("=", 1)[1] for a in argv if a.split("=", 1)[0] == "plan"), None)
-    if not value or not schema_is_file(value):
-        return None
-    try:
-        meta = (yaml.safe_load(Path(value).read_text()) or {}).get("meta") or {}
-    except (OSError, ValueError, yaml.YAMLError, AttributeError):  # ValueError: not UTF-8 text
-        return None  # the run's own load_plan_arg says what is wrong with the file
-    if not isinstance(meta, dict):
+    value, meta = plan_meta(argv)
+    if not meta:
         return None
     check_meta_record(meta, ("cluster",), f"{value}: meta")  # cluster: [a, b] discovered the local machine
     key, name = cluster_source(meta, where=f"{value}: meta")
@@ -385,7 +411,7 @@ def prepare_argv(argv: list[str]) -> list[str]:
     and SLURM workers too: no launcher of ours took them out for them)."""
     from lightning_hexiscale.config.schema import hf_model_overrides
 
-    argv = take_auto_cluster(hf_model_overrides(argv))
+    argv = take_plan_model(take_auto_cluster(hf_model_overrides(argv)))
     if "LOCAL_RANK" not in os.environ:
         check_overrides(argv)
         return take_file_overrides(argv)
