@@ -21,8 +21,9 @@ Launching (4):
   5. ``DDPStrategy._configure_launcher``, ``_launcher``, ``_start_method``: :class:`LauncherHooks`,
      :func:`configure_launcher`
   6. ``_SubprocessScriptLauncher``, its ``_call_children_scripts``: :class:`ScriptLauncher`
-  7. ``_MultiProcessingLauncher``, its ``_wrapping_function``, ``_collect_rank_zero_results`` and
-     ``_strategy``: :class:`ProcessLauncher` (idle ranks: the reporting worker)
+  7. ``_MultiProcessingLauncher``, its ``_wrapping_function``, ``_collect_rank_zero_results``,
+     ``_recover_results_in_main_process`` and ``_strategy``: :class:`ProcessLauncher` (idle ranks:
+     the reporting worker; a worker stopped at once by Ctrl-C)
   8. ``Trainer.__init__``'s ``precision`` local, read from its frame: :func:`trainer_precision_argument`
 Logging (1):
   9. ``Trainer._results`` (the active loop's ``_ResultCollection``), its ``batch_size``:
@@ -79,6 +80,7 @@ CHECKS: tuple[tuple[int, str, str, str], ...] = (
     (6, _SCRIPT, "_call_children_scripts", "callable"),
     (7, _PROCESSES, "_wrapping_function", "worker"),
     (7, _PROCESSES, "_collect_rank_zero_results", "callable"),
+    (7, _PROCESSES, "_recover_results_in_main_process", "callable"),
     (7, _PROCESSES, "_strategy", "init"),
     (8, _TRAINER, "precision", "local"),
     (9, _TRAINER, "_results", "property"),
@@ -427,6 +429,8 @@ class ProcessLauncher(_MultiProcessingLauncher):
         try:
             with sigterm, job_watch.workers_ignore_sigint_at_start():  # no traceback from a worker's bootstrap
                 result = super().launch(function, *args, trainer=trainer, **kwargs)
+            if isinstance(result, StoppedAtOnce):  # a call without a Trainer (with one: _recover_results_...)
+                _stopped_at_once()
             fit_ran_in_workers(self.guard.call_model, self._start_method)
             return result
         except KeyboardInterrupt:
@@ -484,6 +488,8 @@ class ProcessLauncher(_MultiProcessingLauncher):
             except BaseException as exc:  # noqa: BLE001 -- classified by the guard, re-raised when it is the cause
                 report = self.guard.worker_report(exc, process_idx)
                 if report is None:
+                    if isinstance(exc, KeyboardInterrupt) and self._reports(process_idx):
+                        self._hand_back_stopped(return_queue)
                     raise  # this rank's own error: torch sends its traceback to the caller
                 if self._reports(process_idx):
                     self._errors.put(report)
@@ -494,6 +500,27 @@ class ProcessLauncher(_MultiProcessingLauncher):
                 return_queue.put(move_data_to_device(self._collected, "cpu"))
         finally:
             job_watch.leave_worker()  # the caller's watch counts it no more
+
+    @staticmethod
+    def _hand_back_stopped(return_queue) -> None:
+        """The reporting worker was stopped at once by Ctrl-C (KeyboardInterrupt: its second one).
+        Torch's worker wrapper swallows KeyboardInterrupt (exit status 0), so the caller's join
+        succeeds and it waits for rank 0's result in ``return_queue.get()``: for ever when it saw
+        one Ctrl-C and its workers two (two SIGINTs coalesced in a busy caller, or ``kill -INT`` of
+        the workers). The worker hands back :class:`StoppedAtOnce` instead, which the caller raises
+        as its own KeyboardInterrupt (:meth:`_recover_results_in_main_process`), and marks itself
+        so in the caller's job watch, which ends the job at once (without waiting for the workers'
+        interpreters to end, seconds under spawn)."""
+        import signal
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a third Ctrl-C must not cut the hand-over short
+        return_queue.put(StoppedAtOnce())
+        job_watch.stopped_at_once()  # hexiscale train: the caller's watch ends the job now
+
+    def _recover_results_in_main_process(self, worker_output, trainer) -> None:
+        if isinstance(worker_output, StoppedAtOnce):
+            _stopped_at_once()
+        super()._recover_results_in_main_process(worker_output, trainer)
 
     def _reports(self, process_idx: int) -> bool:
         """Whether this worker hands results and errors to the caller: worker 0, or, when the plan
@@ -513,6 +540,24 @@ class ProcessLauncher(_MultiProcessingLauncher):
         finally:
             self._strategy = strategy
         return self._collected
+
+
+class StoppedAtOnce:
+    """What the reporting spawn/fork worker hands back in place of its result when Ctrl-C stopped it
+    at once (:meth:`ProcessLauncher._hand_back_stopped`)."""
+
+
+def _stopped_at_once() -> None:
+    """In the caller: its workers were stopped at once by Ctrl-C, so no step is saved. Under a job
+    watch (``hexiscale train``) the job ends now, as at a second Ctrl-C the watch saw: its one line
+    (``Ctrl-C twice`` when the watch saw the first; ``Ctrl-C`` when the SIGINTs went to the workers
+    alone) names the workers' step and the checkpoint kept, exit status 130. In a script: the
+    caller's KeyboardInterrupt (Lightning's one line, exit status 1), as when it gets the Ctrl-C."""
+    watch = job_watch.current()
+    if watch is not None:
+        watch.ctrl_c.set()
+        watch.end(watch.message())
+    raise KeyboardInterrupt
 
 
 class _AsLocalRankZero:

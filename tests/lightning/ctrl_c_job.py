@@ -14,7 +14,8 @@ PHASE (the popen launcher re-runs this script, so every rank applies it):
 - ``step``: every rank sleeps in the training step of step 3;
 - ``save``: every rank sleeps in the strategy's save_checkpoint.
 
-Each prints ``SLOW <phase>`` (rank 0 only) as it starts sleeping.
+Each prints ``SLOW <phase> (pid N)`` as it starts sleeping: rank 0 only under popen (the ranks the
+launcher starts have ``LOCAL_RANK`` from the start), every worker under spawn and fork.
 """
 
 import os
@@ -27,7 +28,7 @@ CHILD = "LOCAL_RANK" in os.environ
 
 def slow(what: str, seconds: float = 300.0) -> None:
     if not CHILD:
-        print(f"SLOW {what}", flush=True)
+        print(f"SLOW {what} (pid {os.getpid()})", flush=True)
     time.sleep(seconds)
 
 

@@ -43,9 +43,12 @@ def ctrl_c(cmd: list[str], marker: str, tmp: Path, deadline_s: float,
     return code, out, err
 
 
-def timed_ctrl_c(cmd: list[str], markers: tuple[str, ...], tmp: Path,
-                 deadline_s: float) -> tuple[int, str, str, float]:
-    """:func:`ctrl_c`, and the seconds from the last SIGINT to the command's end."""
+def timed_ctrl_c(cmd: list[str], markers: tuple[str, ...], tmp: Path, deadline_s: float,
+                 last_to_workers: int = 0, end_s: float | None = None) -> tuple[int, str, str, float]:
+    """:func:`ctrl_c`, and the seconds from the last SIGINT to the command's end (a failure after
+    ``end_s``, default ``deadline_s``: a hang). With ``last_to_workers``: the last SIGINT goes to
+    that many processes that printed ``SLOW ... (pid N)`` (ctrl_c_job.py's spawn/fork workers)
+    alone, not to the group."""
     out, err = tmp / "stdout.txt", tmp / "stderr.txt"
     env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_PORT")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
@@ -54,15 +57,22 @@ def timed_ctrl_c(cmd: list[str], markers: tuple[str, ...], tmp: Path,
                              start_new_session=True)
     try:
         t0 = time.time()
-        for marker in markers:
-            while marker not in out.read_text() + err.read_text():
+        for i, marker in enumerate(markers):
+            workers = last_to_workers if i == len(markers) - 1 else 0
+            while marker not in out.read_text() + err.read_text() or len(slow_pids(out.read_text())) < workers:
                 assert p.poll() is None, f"ended before {marker!r}: {err.read_text()[-3000:]}"
                 assert time.time() - t0 < deadline_s, f"no {marker!r} after {deadline_s} s"
-                time.sleep(0.2)
+                time.sleep(0.05)
             time.sleep(0.5)
-            os.killpg(p.pid, signal.SIGINT)
+            for pid in slow_pids(out.read_text()) if workers else ():
+                os.kill(pid, signal.SIGINT)
+            if not workers:
+                os.killpg(p.pid, signal.SIGINT)
             sent = time.time()
-        code = p.wait(timeout=deadline_s)
+        try:
+            code = p.wait(timeout=deadline_s if end_s is None else end_s)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still running {end_s} s after the last SIGINT: {out.read_text()[-500:]}")
         took = time.time() - sent
         gone = time.time() + 30
         while time.time() < gone:  # the ranks end with it
@@ -70,7 +80,7 @@ def timed_ctrl_c(cmd: list[str], markers: tuple[str, ...], tmp: Path,
                 os.killpg(p.pid, 0)
             except ProcessLookupError:
                 break
-            time.sleep(0.2)
+            time.sleep(0.05)
         else:
             pytest.fail("processes of the job are still running 30 s after it ended")
     finally:
@@ -79,6 +89,12 @@ def timed_ctrl_c(cmd: list[str], markers: tuple[str, ...], tmp: Path,
         except ProcessLookupError:
             pass
     return code, out.read_text(), err.read_text(), took
+
+
+def slow_pids(out: str) -> list[int]:
+    """The pids of ctrl_c_job.py's ``SLOW <phase> (pid N)`` lines."""
+    return [int(ln.rsplit("(pid ", 1)[1].rstrip(")")) for ln in out.splitlines()
+            if ln.startswith("SLOW ") and "(pid " in ln]
 
 
 @pytest.mark.slow
@@ -518,15 +534,22 @@ def test_ctrl_c_then_sigterm_to_spawn_or_fork_workers_stop_at_a_step_and_save_it
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("launcher", ["fork", "spawn"])
-def test_a_second_ctrl_c_in_a_long_step_of_spawn_or_fork_workers_ends_the_job_at_once(tmp_path, launcher):
+@pytest.mark.parametrize("launcher,second", [("fork", "group"), ("spawn", "workers")])
+def test_a_second_ctrl_c_in_a_long_step_of_spawn_or_fork_workers_ends_the_job_at_once(tmp_path, launcher, second):
     """As under popen: the first Ctrl-C asks the workers to finish the step (it used to end the job
     at once), the second ends it within 5 s and names the step and the checkpoint kept (step 2).
-    The workers get the second SIGINT too and may leave before the launching process reads it: the
-    race of the watch's unit test below, which this test met about once in ten runs under load."""
+
+    ``group``: the second SIGINT reaches the workers and the launching process, and the workers may
+    leave before the launching process reads it (the race of the watch's unit test below, which
+    this test met about once in ten runs under load). ``workers``: it reaches the workers alone, as
+    when a busy launching process got the terminal's two SIGINTs as one (a pending signal is not
+    queued twice). The workers stopped at once, handed back nothing, and the launching process,
+    whose watch had seen one Ctrl-C, waited for rank 0's result for ever (spawn); fork workers
+    ignored their second Ctrl-C and slept out the step (300 s)."""
     run = tmp_path / "run"
     code, out, err, took = timed_ctrl_c(job("step", run, "trainer.checkpoint_every=2", f"trainer.launcher={launcher}"),
-                                        ("SLOW step", "stopping at the end of this step"), tmp_path, 150)
+                                        ("SLOW step", "stopping at the end of this step"), tmp_path, 150,
+                                        last_to_workers=2 if second == "workers" else 0, end_s=20)
     assert code == 130 and took < 5, (code, took, err[-3000:])
     last = run / "checkpoints" / "last.ckpt"
     assert one_line(err) == (f"recipes/train.py: interrupted (Ctrl-C twice) while training (step 3); the last "
@@ -574,3 +597,65 @@ def test_the_watch_of_a_spawn_or_fork_job_acts_by_its_workers_phase(tmp_path, mo
     assert watch.message().startswith("hexiscale train: interrupted (Ctrl-C twice)")  # the main thread's line too
     phases.report(0, "finishing")  # workers that ended normally: a Ctrl-C now ends the job at once
     assert watch.now() == ("finishing", None) and not phases.graceful()
+
+
+def test_a_worker_stopped_at_once_ends_the_wait_of_the_launching_process(tmp_path, monkeypatch):
+    """Two SIGINTs that reach a busy launching process close together may be delivered to it as one
+    (a pending signal is not queued twice), while its workers see both: their second stops them at
+    once, exit status 0 (torch's worker wrapper swallows KeyboardInterrupt), no step saved, and the
+    launching process waited for rank 0's result in ``return_queue.get()`` for ever. The reporting
+    worker now hands back StoppedAtOnce (raised in the caller as its KeyboardInterrupt) and marks
+    itself in WorkerPhases, which the watch polls: it ends the job with its line."""
+    import multiprocessing
+
+    from lightning_hexiscale.lightning import internals
+    from lightning_hexiscale.lightning.launch import job_watch
+    from lightning_hexiscale.lightning.launch.job_watch import JobWatch, WorkerPhases
+
+    ended = []
+    watch = JobWatch("hexiscale train", backstop_s=60)
+    monkeypatch.setattr(watch, "end", lambda line, code=130: ended.append((line, code)))
+    watch.set_phase("running")
+    watch.workers = phases = WorkerPhases(multiprocessing.get_context("fork"), 2)
+    phases.report(0, "training", 3)
+    phases.report(1, "training", 3)
+    watch.on_ctrl_c()  # the one Ctrl-C this process saw: the workers finish the step
+    phases.leave(1)  # a worker that left (its KeyboardInterrupt) is no reason to end the job
+    watch.check_workers()
+    assert ended == [] and not phases.stopped_at_once()
+    # worker 0 reports to the caller: what its KeyboardInterrupt does (in this process: the handler put back)
+    queue = multiprocessing.get_context("fork").SimpleQueue()
+    before = signal.getsignal(signal.SIGINT)
+    job_watch.enter_worker(phases, 0)
+    try:
+        internals.ProcessLauncher._hand_back_stopped(queue)
+        job_watch.leave_worker()
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert phases.stopped_at_once() and phases.left(0) and isinstance(queue.get(), internals.StoppedAtOnce)
+    watch.check_workers()
+    assert ended == [("hexiscale train: interrupted (Ctrl-C twice) while training (step 3); no checkpoint was "
+                      "written", 130)]
+    # without a job watch (a user's script): the caller's KeyboardInterrupt, as if it had the Ctrl-C
+    with pytest.raises(KeyboardInterrupt):
+        internals.ProcessLauncher._recover_results_in_main_process(None, internals.StoppedAtOnce(), None)
+
+
+def test_a_fork_worker_drops_the_watch_s_sigint_handler(monkeypatch):
+    """A fork worker inherits the launching process's watch handler, which only records a Ctrl-C
+    outside planning: its second Ctrl-C did nothing (it slept out a long step), where a spawn
+    worker's stopped it at once. It gets Python's handler (KeyboardInterrupt) as it enters."""
+    from lightning_hexiscale.lightning.launch import job_watch
+    from lightning_hexiscale.lightning.launch.job_watch import JobWatch
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    watch = JobWatch("hexiscale train").install()
+    try:
+        watch.set_phase("running")
+        assert signal.getsignal(signal.SIGINT) == watch._handler
+        job_watch.enter_worker(None, 0)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler and job_watch.current() is None
+    finally:
+        monkeypatch.setattr(job_watch, "_current", watch)
+        watch.uninstall()
+        signal.signal(signal.SIGINT, before)

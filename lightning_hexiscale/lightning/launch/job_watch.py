@@ -17,6 +17,7 @@ mechanism: docs/concepts/processes.md.
 from __future__ import annotations
 
 import os
+import select
 import shlex
 import signal
 import sys
@@ -318,13 +319,14 @@ class JobWatch:
                 self.end(self.message())
             raise KeyboardInterrupt
 
-    def _read(self, fd: int) -> None:
+    def _read(self, fd: int, poll_s: float = 0.2) -> None:
         while True:
             try:
-                data = os.read(fd, 64)
+                ready = select.select([fd], [], [], poll_s)[0]
+                data = os.read(fd, 64) if ready else b""
             except OSError:
                 return
-            if not data:
+            if ready and not data:
                 os.close(fd)
                 return
             for signum in data:
@@ -332,6 +334,19 @@ class JobWatch:
                     self.on_ctrl_c()
                 elif signum == signal.SIGTERM:
                     self.on_sigterm()
+            self.check_workers()
+
+    def check_workers(self) -> None:
+        """spawn/fork: Ctrl-C stopped the reporting worker at once (:meth:`WorkerPhases.stopped_at_once`),
+        so no result will come: the job ends now (polled every ``poll_s``), as at a second Ctrl-C
+        this watch saw. It may have seen one, or none (two SIGINTs that reach a busy process close
+        together can be delivered as one; ``kill -INT`` of the workers), and the main thread would
+        wait for rank 0's result until the workers' interpreters had ended (seconds), or for ever
+        without :class:`~lightning_hexiscale.lightning.internals.StoppedAtOnce`."""
+        workers = self.workers
+        if workers is not None and workers.stopped_at_once():
+            self.ctrl_c.set()
+            self.end(self.message())
 
 
 def _record_only(signum, frame) -> None:
@@ -444,7 +459,8 @@ class WorkerPhases:
     NAMES = tuple(PHASES)
 
     def __init__(self, context, workers: int):
-        self._cells = context.RawArray("i", 3 * workers)  # phase (index in NAMES), step (-1: none), left
+        # phase (index in NAMES), step (-1: none), left (1; 2: stopped at once by Ctrl-C, no result handed back)
+        self._cells = context.RawArray("i", 3 * workers)
         for i in range(workers):  # until a worker says more: it is starting, or joining the others
             self.report(i, "running", None)
 
@@ -456,7 +472,15 @@ class WorkerPhases:
     def leave(self, worker: int) -> None:
         """Worker ``worker``'s Trainer call has ended (an idle rank that left, or any at the end): it
         keeps its last phase, but counts only once every worker has left."""
-        self._cells[3 * worker + 2] = 1
+        self._cells[3 * worker + 2] = max(1, self._cells[3 * worker + 2])
+
+    def stop_at_once(self, worker: int) -> None:
+        """Ctrl-C stopped worker ``worker`` at once (its second one), and it is the worker that hands
+        the caller its result or error: none will come (:meth:`JobWatch.check_workers`)."""
+        self._cells[3 * worker + 2] = 2
+
+    def stopped_at_once(self) -> bool:
+        return any(self._cells[3 * i + 2] == 2 for i in range(len(self._cells) // 3))
 
     def of(self, worker: int) -> tuple[str, int | None]:
         """Worker ``worker``'s last phase and step."""
@@ -492,12 +516,23 @@ def enter_worker(phases: WorkerPhases | None, worker: int) -> None:
     """First thing of a spawn/fork worker: its phases go to ``phases`` (for the launching process's
     watch) instead of a watch of its own. A fork worker inherits the launching process's watch and
     its signal wakeup pipe: each Ctrl-C the worker got would reach the launching process's watch as
-    one more Ctrl-C of its own (the second one ends the job at once), so the worker drops both."""
+    one more Ctrl-C of its own (the second one ends the job at once), so the worker drops both, and
+    the watch's SIGINT handler, which only records a Ctrl-C outside planning: with it a fork
+    worker's second Ctrl-C did nothing (it finished the step), a spawn worker's stopped it at once."""
     global _current, _worker
     if _current is not None and threading.current_thread() is threading.main_thread():
         signal.set_wakeup_fd(-1)
+        if signal.getsignal(signal.SIGINT) == _current._handler:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
     _current = None
     _worker = None if phases is None else (phases, worker)
+
+
+def stopped_at_once() -> None:
+    """The spawn/fork worker that reports to the caller was stopped at once by Ctrl-C: its watch
+    ends the job now (:meth:`JobWatch.check_workers`)."""
+    if _worker is not None:
+        _worker[0].stop_at_once(_worker[1])
 
 
 def leave_worker() -> None:
