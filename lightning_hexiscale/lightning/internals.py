@@ -420,10 +420,13 @@ class ProcessLauncher(_MultiProcessingLauncher):
         watch = job_watch.current()
         if watch is not None:
             watch.workers = self._phases
+            watch.worker_procs = lambda: list(self.procs)  # Lightning sets them once started
         # Once rank 0 has handed its error back and exited, torch's join terminates the other
         # workers (already on their way out) and logs a warning per worker: noise then.
         sigterm = ForwardToWorkers(self)  # this process is no rank: a SIGTERM goes to the workers
-        quiet = _DropRecords("Terminating process", lambda: not self._errors.empty() or sigterm.received)
+        # (after a Ctrl-C or SIGTERM too: a worker that died then ends the job with the watch's line)
+        quiet = _DropRecords("Terminating process", lambda: not self._errors.empty() or sigterm.received
+                             or (watch is not None and watch.finishing))
         spawn_log = logging.getLogger("torch.multiprocessing.spawn")
         spawn_log.addFilter(quiet)
         try:
@@ -455,7 +458,7 @@ class ProcessLauncher(_MultiProcessingLauncher):
                 left_at = self._phases.job()
                 if left_at is not None and watch.phase == "running":
                     watch.set_phase(*left_at)
-                watch.workers = None
+                watch.workers = watch.worker_procs = None
 
     def _wait_for_workers(self) -> bool:
         """After a Ctrl-C in a script (no job watch) while every worker trains with GracefulInterrupt:

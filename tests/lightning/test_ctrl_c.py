@@ -44,11 +44,12 @@ def ctrl_c(cmd: list[str], marker: str, tmp: Path, deadline_s: float,
 
 
 def timed_ctrl_c(cmd: list[str], markers: tuple[str, ...], tmp: Path, deadline_s: float,
-                 last_to_workers: int = 0, end_s: float | None = None) -> tuple[int, str, str, float]:
-    """:func:`ctrl_c`, and the seconds from the last SIGINT to the command's end (a failure after
-    ``end_s``, default ``deadline_s``: a hang). With ``last_to_workers``: the last SIGINT goes to
-    that many processes that printed ``SLOW ... (pid N)`` (ctrl_c_job.py's spawn/fork workers)
-    alone, not to the group."""
+                 last_to: tuple[int, ...] = (), last_signal: int = signal.SIGINT,
+                 end_s: float | None = None) -> tuple[int, str, str, float]:
+    """:func:`ctrl_c`, and the seconds from the last signal to the command's end (a failure after
+    ``end_s``, default ``deadline_s``: a hang). With ``last_to`` (indices of ctrl_c_job.py's ``SLOW
+    ... (pid N)`` lines, one per spawn/fork worker): the last signal, ``last_signal``, goes to those
+    processes alone, not to the group."""
     out, err = tmp / "stdout.txt", tmp / "stderr.txt"
     env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_PORT")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
@@ -58,21 +59,22 @@ def timed_ctrl_c(cmd: list[str], markers: tuple[str, ...], tmp: Path, deadline_s
     try:
         t0 = time.time()
         for i, marker in enumerate(markers):
-            workers = last_to_workers if i == len(markers) - 1 else 0
-            while marker not in out.read_text() + err.read_text() or len(slow_pids(out.read_text())) < workers:
+            workers = last_to if i == len(markers) - 1 else ()
+            while (marker not in out.read_text() + err.read_text()
+                   or len(slow_pids(out.read_text())) <= max(workers, default=-1)):
                 assert p.poll() is None, f"ended before {marker!r}: {err.read_text()[-3000:]}"
                 assert time.time() - t0 < deadline_s, f"no {marker!r} after {deadline_s} s"
                 time.sleep(0.05)
             time.sleep(0.5)
-            for pid in slow_pids(out.read_text()) if workers else ():
-                os.kill(pid, signal.SIGINT)
+            for w in workers:
+                os.kill(slow_pids(out.read_text())[w], last_signal)
             if not workers:
                 os.killpg(p.pid, signal.SIGINT)
             sent = time.time()
         try:
             code = p.wait(timeout=deadline_s if end_s is None else end_s)
         except subprocess.TimeoutExpired:
-            pytest.fail(f"still running {end_s} s after the last SIGINT: {out.read_text()[-500:]}")
+            pytest.fail(f"still running {end_s} s after the last signal: {out.read_text()[-500:]}")
         took = time.time() - sent
         gone = time.time() + 30
         while time.time() < gone:  # the ranks end with it
@@ -549,11 +551,32 @@ def test_a_second_ctrl_c_in_a_long_step_of_spawn_or_fork_workers_ends_the_job_at
     run = tmp_path / "run"
     code, out, err, took = timed_ctrl_c(job("step", run, "trainer.checkpoint_every=2", f"trainer.launcher={launcher}"),
                                         ("SLOW step", "stopping at the end of this step"), tmp_path, 150,
-                                        last_to_workers=2 if second == "workers" else 0, end_s=20)
+                                        last_to=(0, 1) if second == "workers" else (), end_s=20)
     assert code == 130 and took < 5, (code, took, err[-3000:])
     last = run / "checkpoints" / "last.ckpt"
     assert one_line(err) == (f"recipes/train.py: interrupted (Ctrl-C twice) while training (step 3); the last "
                              f"checkpoint, {last}, was kept (resume with trainer.resume={last})")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_a_fork_worker_that_dies_after_ctrl_c_ends_the_job_at_once_naming_it(tmp_path):
+    """After the first Ctrl-C (the workers finish a long step) one worker is killed (SIGKILL: the OOM
+    killer). It took 32 s (torch's join sent the survivor SIGTERM, which its GracefulInterrupt only
+    records, and waited 30 s), printed torch's "Unable to shutdown process ... via SIGTERM" and named
+    a second Ctrl-C that nobody pressed. Now the watch sees the worker gone and ends the job naming it."""
+    run = tmp_path / "run"
+    code, out, err, took = timed_ctrl_c(job("step", run, "trainer.checkpoint_every=2", "trainer.launcher=fork"),
+                                        ("SLOW step", "stopping at the end of this step"), tmp_path, 150,
+                                        last_to=(1,), last_signal=signal.SIGKILL, end_s=20)
+    assert code == 4 and took < 5, (code, took, err[-3000:])
+    last = run / "checkpoints" / "last.ckpt"
+    line = one_line(err)
+    assert line.startswith(("recipes/train.py: rank 0 was killed by signal SIGKILL while training (step 3), ",
+                            "recipes/train.py: rank 1 was killed by signal SIGKILL while training (step 3), ")), line
+    assert line.endswith(f"before the ranks could stop at the end of the step; ending the job (exit status 4); the "
+                         f"last checkpoint, {last}, was kept (resume with trainer.resume={last})"), line
+    assert "Terminating process" not in err and "Unable to shutdown" not in err, err[-3000:]
 
 
 def test_the_watch_of_a_spawn_or_fork_job_acts_by_its_workers_phase(tmp_path, monkeypatch):
@@ -659,3 +682,65 @@ def test_a_fork_worker_drops_the_watch_s_sigint_handler(monkeypatch):
         monkeypatch.setattr(job_watch, "_current", watch)
         watch.uninstall()
         signal.signal(signal.SIGINT, before)
+
+
+def test_a_worker_that_dies_while_the_others_finish_the_step_ends_the_job(tmp_path, monkeypatch):
+    """After a Ctrl-C or SIGTERM (the workers finish the step), a worker that died without leaving
+    its call ends the job at once with a line naming it, exit status 4: torch's join sent the others
+    SIGTERM, which their GracefulInterrupt only records, and waited 30 s. Before a Ctrl-C, and for a
+    worker that left with its own error, the launcher's own path reports it."""
+    import multiprocessing
+
+    from lightning_hexiscale.lightning.launch.job_watch import EXIT_RANK_FAILED, JobWatch, WorkerPhases
+    from lightning_hexiscale.runtime import EXIT_RANK_FAILED as RUNTIME_EXIT
+
+    ended = []
+    watch = JobWatch("hexiscale train", backstop_s=60)
+    monkeypatch.setattr(watch, "end", lambda line, code=130: ended.append((line, code)))
+    watch.set_phase("running")
+    watch.workers = phases = WorkerPhases(multiprocessing.get_context("fork"), 3)
+    procs = [types.SimpleNamespace(exitcode=None) for _ in range(3)]
+    watch.worker_procs = lambda: procs
+    for i in range(3):
+        phases.report(i, "training", 3)
+    procs[1].exitcode = -9
+    watch.check_workers()  # no Ctrl-C yet: the survivors' RankFailure says it
+    assert ended == [] and not watch.finishing
+    watch.on_sigterm()  # every rank finishes the step
+    procs[1].exitcode, procs[2].exitcode = None, 1
+    phases.leave(2)  # its own error: torch's join reports it with its traceback
+    watch.check_workers()
+    assert ended == [] and watch.finishing
+    procs[1].exitcode = -9
+    watch.check_workers()
+    assert ended == [("hexiscale train: rank 1 was killed by signal SIGKILL while training (step 3), before the "
+                      "ranks could stop at the end of the step; ending the job (exit status 4); no checkpoint was "
+                      "written", 4)]
+    assert EXIT_RANK_FAILED == RUNTIME_EXIT
+
+
+def test_a_second_sigterm_to_the_caller_of_a_spawn_or_fork_job_prints_the_job_s_line(monkeypatch):
+    """Under hexiscale train the second SIGTERM (workers killed, SIGTERMException) ended the job
+    with status 143 and nothing printed; now with the watch's line."""
+    import multiprocessing
+
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from lightning_hexiscale.lightning.launch import job_watch
+    from lightning_hexiscale.lightning.launch.job_watch import JobWatch, WorkerPhases
+    from lightning_hexiscale.lightning.launch.sigterm import ForwardToWorkers
+
+    ended, killed = [], []
+    watch = JobWatch("hexiscale train", backstop_s=60)
+    monkeypatch.setattr(watch, "end", lambda line, code=130: ended.append((line, code)))
+    monkeypatch.setattr(job_watch, "_current", watch)
+    watch.set_phase("running")
+    watch.workers = phases = WorkerPhases(multiprocessing.get_context("fork"), 1)
+    phases.report(0, "training", 3)
+    forward = ForwardToWorkers(types.SimpleNamespace(kill=killed.append))
+    forward._notify(signal.SIGTERM, None)  # the first: forwarded, the workers finish the step
+    assert killed == [signal.SIGTERM] and ended == []
+    with pytest.raises(SIGTERMException):
+        forward._notify(signal.SIGTERM, None)
+    assert killed == [signal.SIGTERM, signal.SIGKILL]
+    assert ended == [("hexiscale train: terminated (SIGTERM) while training (step 3); no checkpoint was written", 143)]

@@ -32,6 +32,8 @@ EXIT_INTERRUPTED = 130
 """128 + SIGINT, as shells report a job Ctrl-C ended."""
 EXIT_TERMINATED = 143
 """128 + SIGTERM."""
+EXIT_RANK_FAILED = 4
+"""A rank failed: ``runtime.failure.EXIT_RANK_FAILED`` (this module imports no torch)."""
 
 PHASES = {
     "planning": "planning",
@@ -158,11 +160,19 @@ class JobWatch:
         self._claim = threading.Lock()
         self._claimed = False
         self._asked_to_finish = False
+        self._finishing = False
         self._pipe: tuple[int, int] | None = None
         self._previous: tuple[Any, int] | None = None
         self._previous_term: Any = None
         self.workers: WorkerPhases | None = None
         """spawn/fork: the phases its workers report, while this process (no rank) runs them."""
+        self.worker_procs: Callable[[], list] | None = None
+        """spawn/fork: their processes (multiprocessing's; index = rank), [] until started."""
+
+    @property
+    def finishing(self) -> bool:
+        """A Ctrl-C or SIGTERM asked every rank to stop at the end of the step."""
+        return self._finishing
 
     # ---- the phase -------------------------------------------------------------------------------
     def set_phase(self, phase: str, step: int | None = None) -> None:
@@ -200,6 +210,18 @@ class JobWatch:
         what = "Ctrl-C twice" if (self._asked_to_finish if twice is None else twice) else "Ctrl-C"
         line = (f"{self.prog}: terminated (SIGTERM) while {self.describe()}" if sigterm
                 else f"{self.prog}: interrupted ({what}) while {self.describe()}")
+        return line + self._checkpoint_note()
+
+    def worker_died(self, worker: int, code: int) -> str:
+        """The line for a spawn/fork worker that died (exit status ``code``; negative: a signal)
+        while the ranks finished their step after a Ctrl-C or SIGTERM."""
+        how = (f"was killed by signal {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals()
+               else f"exited with status {code}")
+        return (f"{self.prog}: rank {worker} {how} while {self.describe()}, before the ranks could stop at the end "
+                f"of the step; ending the job (exit status {EXIT_RANK_FAILED})" + self._checkpoint_note())
+
+    def _checkpoint_note(self) -> str:
+        line = ""
         phase = self.now()[0]
         if phase == "saving":
             line += "; that checkpoint was not completed"
@@ -256,7 +278,7 @@ class JobWatch:
                 timer.start()
             return
         if phase in GRACEFUL and not self._asked_to_finish:
-            self._asked_to_finish = True  # GracefulInterrupt (every rank) stops at the end of the step
+            self._asked_to_finish = self._finishing = True  # GracefulInterrupt (every rank) stops at the end of the step
             return
         # After a graceful first one, any phase: spawn/fork workers got this SIGINT too, and may have
         # stopped at once and left before this thread read it (then their phase is only their last).
@@ -272,6 +294,7 @@ class JobWatch:
         alone, silently, and the popen ranks it started stayed behind."""
         if self.now()[0] not in GRACEFUL:
             self.end(self.message(sigterm=True), EXIT_TERMINATED)
+        self._finishing = True
 
     # ---- installing ------------------------------------------------------------------------------
     def install(self) -> JobWatch:
@@ -347,6 +370,15 @@ class JobWatch:
         if workers is not None and workers.stopped_at_once():
             self.ctrl_c.set()
             self.end(self.message())
+        if workers is None or not self._finishing or self.worker_procs is None:
+            return
+        # A worker that died without leaving its call (a signal, os._exit, the OOM killer) while the
+        # others finish the step: that step cannot be saved, and torch's join would first send the
+        # others SIGTERM, which their GracefulInterrupt only records, and wait 30 s for them.
+        for i, proc in enumerate(self.worker_procs()):
+            code = proc.exitcode
+            if code not in (None, 0) and not workers.left(i):
+                self.end(self.worker_died(i, code), EXIT_RANK_FAILED)
 
 
 def _record_only(signum, frame) -> None:

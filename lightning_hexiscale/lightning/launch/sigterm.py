@@ -100,8 +100,9 @@ class ForwardToWorkers:
     nothing printed) and left its workers training on, orphaned. For the duration of the launch this
     handler forwards a SIGTERM to the workers instead (they stop at the same step, as above: rank 0
     prints the line) and the launch ends with Lightning's ``SIGTERMException`` (exit status 143) once
-    they have ended. A second SIGTERM while they stop ends them and the caller at once. The caller's
-    previous handler is restored after the launch."""
+    they have ended. A second SIGTERM while they stop ends them and the caller at once (under
+    ``hexiscale train`` with the job watch's one line and exit status 143; it ended silently). The
+    caller's previous handler is restored after the launch."""
 
     def __init__(self, launcher):
         self.launcher = launcher
@@ -140,4 +141,9 @@ class ForwardToWorkers:
             self.launcher.kill(signal.SIGTERM)
             return
         self.launcher.kill(signal.SIGKILL)  # a second SIGTERM: stop waiting for the workers
+        from lightning_hexiscale.lightning.launch import job_watch
+
+        watch = job_watch.current()
+        if watch is not None:  # hexiscale train: the job's one line (Lightning's exit path prints none)
+            watch.end(watch.message(sigterm=True), EXIT_SIGTERM)
         raise SIGTERMException(EXIT_SIGTERM)
