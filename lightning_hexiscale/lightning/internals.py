@@ -51,7 +51,7 @@ import weakref
 from typing import Any, Callable
 
 from lightning_hexiscale.errors import HexiScaleError
-from lightning_hexiscale.lightning.launch import job_watch
+from lightning_hexiscale.lightning.launch import job_watch, spawn_workers
 
 TESTED = "2.4-2.6"
 """Lightning versions the attributes below were read from."""
@@ -416,7 +416,7 @@ class ProcessLauncher(_MultiProcessingLauncher):
         context = multiprocessing.get_context(self._start_method)
         self._errors = context.SimpleQueue()
         # the workers' phases: a Ctrl-C / SIGTERM while they train waits for them to stop at the end of the step
-        self._phases = job_watch.WorkerPhases(context, self._strategy.num_processes)
+        self._phases = spawn_workers.WorkerPhases(context, self._strategy.num_processes)
         watch = job_watch.current()
         if watch is not None:
             watch.workers = self._phases
@@ -430,7 +430,7 @@ class ProcessLauncher(_MultiProcessingLauncher):
         spawn_log = logging.getLogger("torch.multiprocessing.spawn")
         spawn_log.addFilter(quiet)
         try:
-            with sigterm, job_watch.workers_ignore_sigint_at_start():  # no traceback from a worker's bootstrap
+            with sigterm, spawn_workers.workers_ignore_sigint_at_start():  # no traceback from a worker's bootstrap
                 result = super().launch(function, *args, trainer=trainer, **kwargs)
             if isinstance(result, StoppedAtOnce):  # a call without a Trainer (with one: _recover_results_...)
                 _stopped_at_once()
@@ -442,7 +442,7 @@ class ProcessLauncher(_MultiProcessingLauncher):
                 if not self._errors.empty():
                     raise self._errors.get() from None
                 raise
-            job_watch.stop_workers(self.procs)  # SIGINT to the caller alone: Lightning's exit waited for them
+            spawn_workers.stop_workers(self.procs)  # SIGINT to the caller alone: Lightning's exit waited for them
             raise
         except ProcessExitedException:
             if not self._errors.empty():
@@ -478,7 +478,7 @@ class ProcessLauncher(_MultiProcessingLauncher):
 
         from lightning_hexiscale.lightning.launch.sigterm import ForwardToWorkers
 
-        job_watch.worker_entry()
+        spawn_workers.worker_entry()
         job_watch.enter_worker(self._phases, process_idx)  # its phases go to the caller's watch
         ForwardToWorkers.leave_in_worker()  # fork: the caller's forwarding handler is not this worker's
         self._collected = None
