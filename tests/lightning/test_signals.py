@@ -114,6 +114,20 @@ def test_sigterm_during_validate_or_predict_stops_every_rank_at_the_same_batch_p
     assert "FINISHED" not in stdout and "Traceback" not in stderr, stderr[-3000:]
 
 
+def _running_in_session(sid: int, within_s: float) -> str:
+    """``ps`` lines (pid, state) of the processes of session ``sid`` still running (zombies aside:
+    their parent is gone, nobody reaps them here) after up to ``within_s``; polled, so a session
+    that empties at once costs no wait."""
+    import time
+
+    end = time.time() + within_s
+    while True:
+        left = subprocess.run(["ps", "-o", "pid=,stat=", "-g", str(sid)], capture_output=True, text=True).stdout
+        if not [ln for ln in left.splitlines() if "Z" not in ln.split()[1]] or time.time() > end:
+            return left
+        time.sleep(0.1)
+
+
 def _sigint_default() -> None:
     """In the child: SIGINT back to its default (a test runner may ignore it, and children inherit that)."""
     import signal
@@ -125,9 +139,9 @@ def _signal_job(tmp_path, args: list[str], ready: str, sig, wait_s: int, settle_
                 group: bool = False):
     """Run ``api_error_job.py ARGS`` in a session of its own, send ``sig`` to its first process (to the
     whole session with ``group``, as a terminal's Ctrl-C) once it printed ``READY`` (e.g. "STEP 3"),
-    wait at most ``wait_s`` (a pytest failure beyond: the old code's hang), then ``settle_s`` for its
-    processes to go; kill what is left. Returns (exit code, seconds from the signal to the exit, ``ps``
-    lines of the session's processes, stdout, stderr)."""
+    wait at most ``wait_s`` (a pytest failure beyond: the old code's hang), then up to ``settle_s`` for
+    its processes to go; kill what is left. Returns (exit code, seconds from the signal to the exit, ``ps``
+    lines of the session's processes still running after ``settle_s``, stdout, stderr)."""
     import signal
     import time
 
@@ -141,7 +155,7 @@ def _signal_job(tmp_path, args: list[str], ready: str, sig, wait_s: int, settle_
         t0 = time.time()
         while ready + "\n" not in out.read_text():
             assert p.poll() is None and time.time() - t0 < 100, err.read_text()[-3000:]
-            time.sleep(0.2)
+            time.sleep(0.05)
         if group:
             os.killpg(p.pid, sig)
         else:
@@ -152,8 +166,7 @@ def _signal_job(tmp_path, args: list[str], ready: str, sig, wait_s: int, settle_
         except subprocess.TimeoutExpired:
             pytest.fail(f"still running {wait_s} s after {signal.Signals(sig).name}: {out.read_text()[-500:]}")
         took = time.time() - sent
-        time.sleep(settle_s)
-        left = subprocess.run(["ps", "-o", "pid=,stat=", "-g", str(p.pid)], capture_output=True, text=True).stdout
+        left = _running_in_session(p.pid, settle_s)
     finally:
         try:
             os.killpg(p.pid, signal.SIGKILL)
