@@ -92,6 +92,24 @@ def test_sigint_to_the_caller_alone_of_a_spawn_or_fork_job_stops_its_workers(tmp
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(100)
+def test_sigint_to_the_workers_alone_of_a_fork_script_ends_fit_in_the_caller(tmp_path):
+    """`kill -INT` of a script's fork workers (or a terminal's second Ctrl-C that the busy caller got
+    merged with its first): they stopped at once (KeyboardInterrupt; torch's worker wrapper makes it
+    exit status 0) and handed back nothing, and the caller waited for rank 0's result for ever. Now
+    rank 0 hands back "stopped at once" and fit raises KeyboardInterrupt in the caller, as when it
+    gets the Ctrl-C: Lightning's one line, exit status 1, no process left."""
+    import signal
+
+    code, took, left, stdout, stderr = _signal_job(tmp_path, ["sigterm", "fork"], "STEP 3", signal.SIGINT, 20, 3,
+                                                   preexec=_sigint_default, workers=True)
+    assert [ln for ln in left.splitlines() if "Z" not in ln.split()[1]] == [], f"workers left running: {left}"
+    assert code == 1 and "FINISHED" not in stdout, (code, stdout[-500:], stderr[-3000:])
+    assert [ln for ln in stdout.splitlines() if ln.startswith("CAUGHT")] == ["CAUGHT SystemExit: 1"], stdout[-1000:]
+    assert stderr.count("Detected KeyboardInterrupt") == 1 and "Traceback" not in stderr, stderr[-3000:]
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("call", ["validate", "predict"])
 def test_sigterm_during_validate_or_predict_stops_every_rank_at_the_same_batch_popen(tmp_path, call):
@@ -136,9 +154,10 @@ def _sigint_default() -> None:
 
 
 def _signal_job(tmp_path, args: list[str], ready: str, sig, wait_s: int, settle_s: int, preexec=None,
-                group: bool = False):
+                group: bool = False, workers: bool = False):
     """Run ``api_error_job.py ARGS`` in a session of its own, send ``sig`` to its first process (to the
-    whole session with ``group``, as a terminal's Ctrl-C) once it printed ``READY`` (e.g. "STEP 3"),
+    whole session with ``group``, as a terminal's Ctrl-C; to its spawn/fork workers alone with
+    ``workers``) once it printed ``READY`` (e.g. "STEP 3"),
     wait at most ``wait_s`` (a pytest failure beyond: the old code's hang), then up to ``settle_s`` for
     its processes to go; kill what is left. Returns (exit code, seconds from the signal to the exit, ``ps``
     lines of the session's processes still running after ``settle_s``, stdout, stderr)."""
@@ -158,6 +177,10 @@ def _signal_job(tmp_path, args: list[str], ready: str, sig, wait_s: int, settle_
             time.sleep(0.05)
         if group:
             os.killpg(p.pid, sig)
+        elif workers:  # the caller's children but multiprocessing's resource tracker
+            for child in Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text().split():
+                if b"resource_tracker" not in Path(f"/proc/{child}/cmdline").read_bytes():
+                    os.kill(int(child), sig)
         else:
             p.send_signal(sig)  # the first process only, as `kill <pid>` does
         sent = time.time()
