@@ -155,7 +155,10 @@ class _Job:
             print(f"{prog}: error: {e}", file=sys.stderr)
             code = EXIT_CONFIG
         except Exception:  # a bug or a rank's own failure: its traceback is the information, Hydra's wrapper is not
-            if self.watch.ctrl_c.is_set():  # a KeyboardInterrupt that an import turned into another error
+            # A KeyboardInterrupt that an import turned into another error (Ctrl-C in the main thread's
+            # phases). After a graceful Ctrl-C (the ranks finish their step) the job went on: an error
+            # then is a failure of its own, with its traceback, not "interrupted (Ctrl-C twice)".
+            if self.watch.ctrl_c.is_set() and not self.watch.asked_to_finish:
                 self.say(self.watch.message())
                 self.statuses.append(EXIT_INTERRUPTED)
                 return EXIT_INTERRUPTED

@@ -472,3 +472,36 @@ def test_sigterm_without_graceful_interrupt_is_agreed_at_the_next_batch():
     with pytest.raises(SIGTERMException) as e:
         quiet.agree_evaluation(5)
     assert e.value.code == 143 and marked == [True, "quiet"]
+
+
+def test_an_error_after_a_graceful_ctrl_c_is_a_failure_with_its_traceback(monkeypatch, capsys):
+    """After the first Ctrl-C of training (every rank finishes its step) the job goes on; an error then
+    is a failure of its own: its traceback and the failed rank, exit 1. It was printed as "interrupted
+    (Ctrl-C twice)" with exit 130 and no traceback. An error while planning after a Ctrl-C (a
+    KeyboardInterrupt an import turned into another error) stays the one Ctrl-C line."""
+    import lightning_hexiscale.cli.train_run as train_run
+    from lightning_hexiscale.cli.train import HEXISCALE, _Job
+
+    job = _Job(HEXISCALE, ["hexiscale", "train"])
+
+    def fails_after_a_graceful_ctrl_c(cfg, watch, app):
+        watch.set_phase("training", 3)
+        watch.on_ctrl_c()  # GracefulInterrupt's: the ranks finish the step
+        raise RuntimeError("a rank's own error")
+
+    monkeypatch.setattr(train_run, "run", fails_after_a_graceful_ctrl_c)
+    assert job.task(None) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "RuntimeError: a rank's own error" in err and "rank 0 failed" in err, err
+    assert "interrupted" not in err, err
+
+    job = _Job(HEXISCALE, ["hexiscale", "train"])
+
+    def an_import_turned_ctrl_c_into_an_error(cfg, watch, app):
+        watch.ctrl_c.set()  # as the watch's thread does at a Ctrl-C while planning
+        raise ImportError("interrupted import")
+
+    monkeypatch.setattr(train_run, "run", an_import_turned_ctrl_c_into_an_error)
+    assert job.task(None) == 130
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "interrupted (Ctrl-C) while planning" in err, err

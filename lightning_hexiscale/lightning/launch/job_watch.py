@@ -202,6 +202,12 @@ class JobWatch:
         last = self.out / "checkpoints" / "last.ckpt" if self.out is not None else None
         return last if last is not None and last.exists() else None
 
+    @property
+    def asked_to_finish(self) -> bool:
+        """Whether a Ctrl-C asked every rank to finish its step (training or saving); the job goes on,
+        and a second Ctrl-C ends it from this watch's thread."""
+        return self._asked_to_finish
+
     def message(self, twice: bool | None = None, sigterm: bool = False) -> str:
         """The one line: the phase, and the checkpoint to resume from. ``twice`` (default: whether a
         Ctrl-C already asked the ranks to finish the step) names a second Ctrl-C."""
