@@ -168,12 +168,15 @@ def measured_tp_degrees(cluster: Cluster, workload: Workload) -> dict[str, froze
     return out
 
 
-def check_measured_tp(cluster: Cluster, workload: Workload, degrees: Sequence[int] | None = None) -> None:
+def check_measured_tp(cluster: Cluster, workload: Workload,
+                      degrees: Sequence[int] | None = None) -> dict[str, frozenset[int]]:
     """Refuse, before a search, a type that a table prices and none of whose machines holds as many
     devices of it as a measured TP degree (a ConfigError): no stage of it could be priced from its
     table, and the search would leave it idle, or find no plan, without a word why. With the
     settings' TP ``degrees`` (the ``uniform-tp`` baseline) a type they leave no degree is idle, as
-    machines no TP group of those degrees covers are; an InfeasiblePlan when that is every type."""
+    machines no TP group of those degrees covers are; an InfeasiblePlan when that is every type.
+    Returns :func:`measured_tp_degrees`, which the search passes to every :func:`stage_rule` it
+    builds (one per device subset and recompute setting) instead of reading the tables again."""
     measured = measured_tp_degrees(cluster, workload)
     unusable = []
     for gpu_type, have in measured.items():
@@ -203,6 +206,7 @@ def check_measured_tp(cluster: Cluster, workload: Workload, degrees: Sequence[in
                              f"{', '.join(unusable)} have no rows at those degrees that their machines can form. "
                              f"Fix: measure them (hexiscale profile --model {workload.model.name} --layer-tp "
                              f"{','.join(map(str, sorted(degrees or ())))}), or set planner.allow_table_mismatch=true")
+    return measured
 
 
 @dataclass(frozen=True)
@@ -234,11 +238,15 @@ class StageRule:
                        for d in stage)
 
 
-def stage_rule(cluster: Cluster, workload: Workload, degrees: Sequence[int] | None = None) -> StageRule | None:
+def stage_rule(cluster: Cluster, workload: Workload, degrees: Sequence[int] | None = None,
+               measured: dict[str, frozenset[int]] | None = None) -> StageRule | None:
     """The :class:`StageRule` of ``cluster`` for ``workload`` (and the TP ``degrees`` a setting
     allows), or None when nothing restricts a stage (no table prices a type, or
-    ``allow_table_mismatch``, and no ``degrees``): the search then checks nothing."""
-    measured = measured_tp_degrees(cluster, workload)
+    ``allow_table_mismatch``, and no ``degrees``): the search then checks nothing. ``measured``:
+    :func:`measured_tp_degrees` of this cluster or of one it is a subset of (a type's degrees do not
+    depend on which of its devices are kept), computed here when None."""
+    if measured is None:
+        measured = measured_tp_degrees(cluster, workload)
     if not measured and not degrees:
         return None
     return StageRule(frozenset(degrees) if degrees else None, measured,

@@ -11,6 +11,7 @@ itself is :mod:`.two_phase`; why the result may leave devices idle is :mod:`.sub
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import math
 import time
@@ -57,7 +58,7 @@ def search(cluster: Cluster, workload: Workload, global_batch: int,
                           f"allow a degree from 1 to {most_tp}, or None for any")
     # a type its layer table prices at no TP degree its machines can form: refused here, not by an
     # empty search (the search proposes only measured degrees: cost.sources.StageRule)
-    check_measured_tp(cluster, workload, s.tp_degrees)
+    measured = check_measured_tp(cluster, workload, s.tp_degrees)  # read once: every SearchRun's StageRule
     priced = cluster
     warn_datasheet_pricing(cluster, workload)  # once per process: CUDA types priced from datasheets
     cluster = effective_cluster(cluster, workload)  # the heuristics' device speeds follow the roofline
@@ -66,10 +67,11 @@ def search(cluster: Cluster, workload: Workload, global_batch: int,
     threshold = gc.get_threshold()
     gc.set_threshold(max(threshold[0], 100_000), *threshold[1:])
     try:
+        one = functools.partial(_search_one, measured=measured)
         if s.recompute == "auto":
-            result = auto_recompute(cluster, workload, global_batch, s, worth, _search_one)
+            result = auto_recompute(cluster, workload, global_batch, s, worth, one)
         else:
-            result = _search_one(cluster, workload, global_batch, s, worth)
+            result = one(cluster, workload, global_batch, s, worth)
     finally:
         gc.set_threshold(*threshold)
     # what priced each device type; would refuse a stage at a TP degree its type's layer table lacks
@@ -78,22 +80,25 @@ def search(cluster: Cluster, workload: Workload, global_batch: int,
 
 
 def _search_one(cluster: Cluster, workload: Workload, global_batch: int, s: SearchSettings,
-                worth: bool) -> SearchResult:
+                worth: bool, measured: dict[str, frozenset[int]] | None = None) -> SearchResult:
+    """One recompute setting's search. ``measured``: :func:`cost.sources.measured_tp_degrees` of
+    ``cluster`` (None: each run reads the tables)."""
     if s.use_all_devices:
-        return SearchRun(cluster, workload, global_batch, s).run()
-    return subset_search(cluster, workload, global_batch, s, worth)
+        return SearchRun(cluster, workload, global_batch, s, measured=measured).run()
+    return subset_search(cluster, workload, global_batch, s, worth, measured)
 
 
-def _core(workload: Workload, global_batch: int, s: SearchSettings, results: list[tuple[Cluster, SearchResult]]):
+def _core(workload: Workload, global_batch: int, s: SearchSettings, results: list[tuple[Cluster, SearchResult]],
+          measured: dict[str, frozenset[int]] | None = None):
     """The all-device search as :mod:`planner.search.subsets` runs it on a (sub)cluster: a
     :class:`subsets.CoreRun` (its best plan, the best plan giving every device work, the log and
     a way to try the best layouts without some devices). Each run's (cluster, result) is appended
-    to ``results``."""
+    to ``results``; every run shares ``measured`` (the tables' TP degrees do not depend on the subset)."""
 
     def run(cluster: Cluster, share: float = 1.0) -> CoreRun:
         if cluster.num_devices > most_busy(workload, global_batch):
             return busy_only(cluster, share)
-        sr = SearchRun(cluster, workload, global_batch, s, share)
+        sr = SearchRun(cluster, workload, global_batch, s, share, measured)
         result = sr.run()
         results.append((cluster, result))
         return CoreRun(result.plan, result.estimate.cost, sr.best_all[0], result.log, sr.without)
@@ -113,7 +118,7 @@ def _core(workload: Workload, global_batch: int, s: SearchSettings, results: lis
                 keeps.append(keep)
         best, error = None, None
         for keep in keeps:
-            sr = SearchRun(cluster.subset(list(keep)), workload, global_batch, s, share)
+            sr = SearchRun(cluster.subset(list(keep)), workload, global_batch, s, share, measured)
             try:
                 result = sr.run()
             except InfeasiblePlan as e:
@@ -143,13 +148,14 @@ def _core(workload: Workload, global_batch: int, s: SearchSettings, results: lis
 
 
 def subset_search(cluster: Cluster, workload: Workload, global_batch: int, s: SearchSettings,
-                  worth: bool = False) -> SearchResult:
-    """The best plan over device subsets (:func:`subsets.search_subsets`), as a SearchResult."""
+                  worth: bool = False, measured: dict[str, frozenset[int]] | None = None) -> SearchResult:
+    """The best plan over device subsets (:func:`subsets.search_subsets`), as a SearchResult.
+    ``measured``: as :func:`_search_one`'s."""
     t0 = time.perf_counter()
     mbs = micro_batch_candidates(global_batch, s.micro_batch_size, cluster.num_devices)
     runs: list[tuple[Cluster, SearchResult]] = []
-    plan, report, log = search_subsets(cluster, workload, global_batch, _core(workload, global_batch, s, runs), mbs,
-                                       s.recompute, worth)
+    core = _core(workload, global_batch, s, runs, measured)
+    plan, report, log = search_subsets(cluster, workload, global_batch, core, mbs, s.recompute, worth)
     # the whole cluster's plan was priced at the end of its run, on this cluster: not again (a
     # quarter of a second at 1,024 GPUs); a subset's plan is priced here on the whole cluster
     same = [r.estimate for c, r in runs if c is cluster and r.plan.pipelines == plan.pipelines]

@@ -100,15 +100,16 @@ class SearchRun:
     """State of one search run (caches, moving averages, best plan)."""
 
     def __init__(self, cluster: Cluster, workload: Workload, global_batch: int, s: SearchSettings,
-                 refine_share: float = 1.0):
+                 refine_share: float = 1.0, measured: dict[str, frozenset[int]] | None = None):
         self.cluster, self.workload, self.gb, self.s = cluster, workload, global_batch, s
         self.refine_share = refine_share
         """Fraction of the final improvement's budget (:func:`refine.budget_for`) this run gets."""
         self.L = workload.model.num_layers
         self.ev = Evaluator(cluster, workload, s.schedule, s.recompute)
         # the TP groups a stage may be: the settings' degrees, and on a type a layer table prices,
-        # the degrees it measured (None when nothing restricts: no check anywhere)
-        self.ev.stage_ok = stage_rule(cluster, workload, s.tp_degrees)
+        # the degrees it measured (None when nothing restricts: no check anywhere); ``measured``:
+        # cost.sources.measured_tp_degrees as search() found it once (None: read here)
+        self.ev.stage_ok = stage_rule(cluster, workload, s.tp_degrees, measured)
         self.ev.idle_remainders = cluster.num_devices <= SMALL_CLUSTER and not s.use_all_devices
         self.graph = DeviceGraph.from_cluster(cluster)
         self.rng = np.random.default_rng(s.seed)

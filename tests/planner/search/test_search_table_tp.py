@@ -122,3 +122,23 @@ def test_the_strategy_plans_inside_the_measured_degrees():
     c = Cluster.from_config(_doc(2, (2,)))
     plan = plan_for(None, c, W, 32, {}, iterations=4)
     assert _cpu_tps(plan, c) == {2}
+
+
+@pytest.mark.parametrize("recompute", [True, "auto"])
+def test_the_tables_are_read_once_per_search(monkeypatch, recompute):
+    """search() reads the measured TP degrees once (check_measured_tp) and hands them to every
+    SearchRun's StageRule: the subset search runs one per machine subset, ``recompute: auto`` two
+    searches. Before, every SearchRun read the tables again (3 reads where one suffices on this
+    cluster: check_measured_tp, the whole cluster, one subset)."""
+    calls = []
+    real = sources.measured_tp_degrees
+
+    def counted(cluster, workload):
+        calls.append(cluster.num_devices)
+        return real(cluster, workload)
+
+    monkeypatch.setattr(sources, "measured_tp_degrees", counted)
+    c = Cluster.from_config(_doc(2, (2, 2), other=2))
+    r = search(c, W, 8, dataclasses.replace(FAST, recompute=recompute))
+    assert sum(t.status == "searched" for t in r.subsets.trials) > 1  # several SearchRuns
+    assert calls == [c.num_devices], calls  # in check_measured_tp, for every run
