@@ -4,7 +4,7 @@ not match the run is an error, never a silent fallback.
 
 A device type's layer table **matches** a run when it was measured on the run's model shape
 (:class:`~lightning_hexiscale.config.layer_table.ModelShape`: hidden, FFN, heads, KV heads,
-sequence length, vocabulary) in a precision with the run's compute and parameter dtypes. Two
+sequence length, vocabulary) in a precision with the run's compute and parameter dtypes. Three
 mismatches are refused with a :class:`ConfigError` naming the type, what the table holds and what
 the run needs:
 
@@ -13,18 +13,26 @@ the run needs:
    that was skipped);
 2. a plan puts a stage of the type, inside one machine, at a TP degree its table has no ``layer``
    row for (:func:`price_sources`, run on every plan the search returns and every plan
-   ``hexiscale estimate`` prices).
+   ``hexiscale estimate`` prices);
+3. a plan puts a device of the type in a TP group across machines or beside another type (same
+   place). Why refused and not priced from FLOP/s as before: a table is measured over one machine's
+   links on one type, so such a group has no row, and its FLOP/s price beside measured stages of the
+   same type is another scale. The profiling page's example table pasted into a cluster of two
+   3-device CPU machines at 50 GFLOP/s: every stage a TP-2 pair across the 1 GB/s link, 0.025 s per
+   iteration on paper, against 0.76 s for the measured stages of one machine; the plan was chosen by
+   the gap between two price sources, not by the hardware. (Pricing such a group from the table's
+   per-device times plus its collectives over the cross-machine links would keep it; that is the
+   computed path's change to make, and the measured group is what the profiler can give.)
 
-With ``planner.allow_table_mismatch`` (``Workload.allow_table_mismatch``) both become a
+With ``planner.allow_table_mismatch`` (``Workload.allow_table_mismatch``) all three become a
 :class:`TableMismatchWarning` saying what prices the type instead. What the table still leaves to
-the computed path is named in the type's source line, not refused: a TP group across machines (a
-table is measured over one machine's links), head / embedding rows at a TP degree without them,
-and micro-batch sizes outside the measured range (extrapolated per sequence from the nearest one,
-:func:`~lightning_hexiscale.config.layer_table.interpolate`).
+the computed path is named in the type's source line, not refused: head / embedding rows at a TP
+degree without them, and micro-batch sizes outside the measured range (extrapolated per sequence
+from the nearest one, :func:`~lightning_hexiscale.config.layer_table.interpolate`).
 
-The search proposes only what rule 2 accepts (:class:`StageRule`): a TP group of one device type
-inside one machine whose type a table prices is at a degree with ``layer`` rows; micro-batch sizes
-are not restricted (extrapolated, as above). A type whose machines hold too few devices of it for
+The search proposes only what rules 2 and 3 accept (:class:`StageRule`): a TP group holding a type a
+table prices is of that type alone, inside one machine, at a degree with ``layer`` rows; micro-batch
+sizes are not restricted (extrapolated, as above). A type whose machines hold too few devices of it for
 any measured degree is refused before the search (:func:`check_measured_tp`). With
 ``planner.allow_table_mismatch`` nothing is restricted (an unmeasured degree is priced from FLOP/s
 with a warning), and without tables the rule is None: the search does no extra work.
@@ -121,6 +129,8 @@ def price_sources(cluster: Cluster, workload: Workload, plan: Plan | None = None
             for j, st in enumerate(p.stages):
                 devs = [cluster.devices[d] for d in st.devices]
                 one_machine = len({d.machine for d in devs}) == 1 and len({d.gpu_type for d in devs}) == 1
+                if not one_machine:
+                    _refuse_unmeasured_group(cluster, workload, f"plan.pipelines[{i}].stages[{j}].devices", st.devices)
                 for d in devs:
                     u = uses.setdefault(d.gpu_type, {})
                     u.setdefault("mb", set()).add(p.micro_batch_size)
@@ -149,6 +159,25 @@ def price_sources(cluster: Cluster, workload: Workload, plan: Plan | None = None
         out[d.gpu_type] = (table_source(table, uses.get(d.gpu_type, {}), workload) if table is not None
                            else computed_source(without_place(d), workload))
     return list(out.values())
+
+
+def _refuse_unmeasured_group(cluster: Cluster, workload: Workload, key: str, stage: Sequence[int]) -> None:
+    """Rule 3 of the module docstring: a TP group across machines or of mixed types that holds a
+    type a layer table prices is refused (with ``allow_table_mismatch``: a warning, then FLOP/s)."""
+    from lightning_hexiscale.planner.cost.compute import table_for
+
+    devs = [cluster.devices[d] for d in stage]
+    tabled = [t for t in dict.fromkeys(d.gpu_type for d in devs) if table_for(cluster, workload, t) is not None]
+    if not tabled:
+        return
+    where = ", ".join(f"{d.gpu_type} on {cluster.machines[d.machine].name}" for d in devs)
+    across = len({d.machine for d in devs}) > 1
+    refuse_or_warn(key, f"a TP-{len(devs)} group of {where}",
+                   f"the layer table of {', '.join(tabled)} was measured on TP groups of that type inside one "
+                   f"machine; a group {'across machines' if across else 'of mixed types'} has no row, and its "
+                   f"FLOP/s price beside measured stages of the same type is another scale",
+                   f"put the group's devices inside one machine and of one type (TP degrees with layer rows), or "
+                   f"give each its own stage", workload.allow_table_mismatch, "FLOP/s (the computed path)")
 
 
 def measured_tp_degrees(cluster: Cluster, workload: Workload) -> dict[str, frozenset[int]]:
@@ -212,10 +241,9 @@ def check_measured_tp(cluster: Cluster, workload: Workload,
 @dataclass(frozen=True)
 class StageRule:
     """Which TP groups (a stage's devices) the search may form: a TP degree in ``degrees`` (the
-    ``uniform-tp`` baseline's ``SearchSettings.tp_degrees``; None: any), and a group of one device
-    type inside one machine whose type is in ``measured`` at one of that type's measured degrees
-    (rule 2 of the module docstring). Groups across machines or of mixed types are allowed (the
-    table does not price them; :func:`price_sources` names them)."""
+    ``uniform-tp`` baseline's ``SearchSettings.tp_degrees``; None: any), and a group holding a type
+    in ``measured`` only of that type, inside one machine, at one of its measured degrees (rules 2
+    and 3 of the module docstring). Groups of types no table prices are not restricted."""
 
     degrees: frozenset[int] | None
     measured: dict[str, frozenset[int]]
@@ -230,12 +258,12 @@ class StageRule:
         if not self.measured:
             return True
         first = stage[0]
-        have = self.measured.get(self.gpu_type[first])
-        if have is None or t in have:
-            return True
-        # a stage the table cannot price: refused only where price_sources refuses it
-        return not all(self.machine[d] == self.machine[first] and self.gpu_type[d] == self.gpu_type[first]
-                       for d in stage)
+        kind, where = self.gpu_type[first], self.machine[first]
+        if all(self.gpu_type[d] == kind and self.machine[d] == where for d in stage):
+            have = self.measured.get(kind)
+            return have is None or t in have
+        # across machines or of mixed types: the tables price none (rule 3), so none holds a tabled type
+        return not any(self.gpu_type[d] in self.measured for d in stage)
 
 
 def stage_rule(cluster: Cluster, workload: Workload, degrees: Sequence[int] | None = None,

@@ -97,6 +97,26 @@ def test_a_plan_at_a_tp_degree_the_table_lacks_is_refused():
         price_sources(c, allowed, _plan(2))
 
 
+def test_a_tp_group_across_machines_of_a_table_type_is_refused():
+    """Rule 3 (planner/cost/sources.py): the table was measured on TP groups inside one machine; a
+    group across machines was priced from FLOP/s beside the measured stages (another scale) and only
+    named in the source line. Now refused like an unmeasured degree; allow_table_mismatch warns."""
+    c = Cluster.from_config(cluster_doc())  # m0: devices 0, 1; m1: devices 2, 3; TP 1 and 2 measured
+    across = Plan.from_dict({"num_layers": TINY.num_layers, "schedule": "1f1b", "recompute": False, "pipelines": [
+        {"batch_size": 4, "micro_batch_size": 2, "stages": [{"devices": [0, 2], "layers": [0, TINY.num_layers]}]}]})
+    price_sources(c, W32, _plan(2))  # the same degree inside m0: measured
+    with pytest.raises(ConfigError) as e:
+        price_sources(c, W32, across)
+    assert e.value.key == "plan.pipelines[0].stages[0].devices", str(e.value)
+    for word in ("TP-2 group of CPU-FAST on m0, CPU-FAST on m1", "inside one machine", "across machines",
+                 "allow_table_mismatch"):
+        assert word in str(e.value), (word, str(e.value))
+    allowed = dataclasses.replace(W32, allow_table_mismatch=True)
+    with pytest.warns(TableMismatchWarning, match="across machines"):
+        (src,) = price_sources(c, allowed, across)
+    assert "TP groups across machines (TP [2]) computed" in src.detail
+
+
 def test_the_search_names_its_sources_and_refuses_an_uncovered_tp_degree():
     """The search's plan comes with its sources; a table covering TP 1 only on machines of two
     devices, where TP 2 is faster by FLOP/s, is not mixed in silently: the search stays at TP 1

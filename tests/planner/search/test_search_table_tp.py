@@ -9,8 +9,11 @@ from FLOP/s with a warning); without tables nothing is restricted (no rule, no e
 from __future__ import annotations
 
 import dataclasses
+import re
+from pathlib import Path
 
 import pytest
+import yaml
 
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError
@@ -67,7 +70,27 @@ def test_other_types_keep_every_degree_beside_a_restricted_one():
     assert _cpu_tps(r.plan, c) <= {2}
     rule = sources.stage_rule(c, W)
     assert rule((2,)) and rule((2, 3)) and rule((0, 1)) and not rule((0,)) and not rule((1,))
-    assert rule((1, 2))  # across machines and types: not the table's to price (the source line names it)
+    assert not rule((1, 2))  # a table type beside another: no row prices it (rule 3; was allowed, FLOP/s)
+
+
+def test_the_pasted_example_table_plans_no_tp_group_across_machines():
+    """The profiling page's table (TP 1 and 2, llama_tiny, 32-true) pasted into a cluster of two
+    3-device CPU machines at 50 GFLOP/s joined at 1 GB/s: every TP group across machines was priced
+    from FLOP/s (about 6x faster than the table's own rows), so the search paired devices across the
+    slow link beside the table-priced pairs (0.025 s on paper vs 0.76 s on one machine). Rule 3 of
+    planner/cost/sources.py: every stage now stays inside a machine and is priced by the table."""
+    page = (Path(__file__).parents[3] / "docs" / "guide" / "profiling.md").read_text()
+    tables = yaml.safe_load(re.search(r"```yaml\n(layer_times:.*?)```", page, re.S).group(1))["layer_times"]
+    c = Cluster.from_config({
+        "name": "pasted", "inter_machine": {"bandwidth": "1 GB/s"}, "layer_times": tables,
+        "machines": [{"name": f"m{i}", "gpu": "CPU", "count": 3, "intra_bandwidth": "10 GB/s"} for i in range(2)],
+        "gpu_types": {"CPU": {"flops": "50 GFLOPS", "memory": "4 GiB"}}})
+    w = Workload.from_precision(TINY, "32-true", device="cpu")  # the table's shape: llama_tiny, 4 layers
+    r = search(c, w, 8, dataclasses.replace(FAST, iterations=10))
+    machines = [{c.devices[d].machine for d in st.devices} for p in r.plan.pipelines for st in p.stages]
+    assert all(len(m) == 1 for m in machines), r.plan.table(c)  # was: three TP-2 pairs across m0 and m1
+    assert "across machines" not in r.sources[0].detail
+    assert r.estimate.iteration_time_s > 0.3  # the table's scale (0.45 s), not FLOP/s' (0.025 s)
 
 
 def test_a_type_measured_at_no_degree_its_machines_can_form_is_refused_before_the_search():
