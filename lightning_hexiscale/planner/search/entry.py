@@ -101,7 +101,8 @@ def _core(workload: Workload, global_batch: int, s: SearchSettings, results: lis
         sr = SearchRun(cluster, workload, global_batch, s, share, measured)
         result = sr.run()
         results.append((cluster, result))
-        return CoreRun(result.plan, result.estimate.cost, sr.best_all[0], result.log, sr.without)
+        return CoreRun(result.plan, result.estimate.cost, sr.best_all[0], result.log, sr.without,
+                       sr.polish if sr.small and not s.use_all_devices else None)
 
     def busy_only(cluster: Cluster, share: float) -> CoreRun:
         """More devices than any plan can give work to (G x L x K, :func:`infeasible.capacity_message`):

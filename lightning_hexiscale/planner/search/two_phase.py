@@ -52,9 +52,10 @@ from lightning_hexiscale.planner.search.dp_split import resplit, resplit_cost
 from lightning_hexiscale.planner.search.floors import exposed_floor, local_time, zero3_step_floor
 from lightning_hexiscale.planner.search.infeasible import capacity_message
 from lightning_hexiscale.planner.search.partition import DeviceGraph, odd_machine_parts, partition
+from lightning_hexiscale.planner.search.regroup import regroup
 from lightning_hexiscale.planner.search.settings import (LARGE_FROM, Iteration, LogEntry, SearchResult,
                                                          SearchSettings, dp_candidates)
-from lightning_hexiscale.planner.search.subsets import name_idle, shrink
+from lightning_hexiscale.planner.search.subsets import TRIAL_REFINE, name_idle, shrink
 from lightning_hexiscale.planner.search.symmetric_seeds import seed_symmetric
 
 _REPLICA_LAYOUTS = 256
@@ -474,6 +475,7 @@ class SearchRun:
         seed_symmetric(self)  # machine-aligned symmetric layouts: the search is never slower than these
         if self.small:
             self.replicas()
+            regroup(self)  # the best layouts' TP groups dealt into other pipeline counts
         self.improve()
         _, plan = self.best
         if plan is None:
@@ -532,13 +534,16 @@ class SearchRun:
                     if cost < self.best[0] * (1 - 1e-12):
                         self.best = (cost, plan)
 
+    def refine_context(self) -> refine.RefineContext:
+        return refine.RefineContext(self.timer, self.workload.model, self.shardings,
+                                    move_devices=self.small, repair=self.repair,
+                                    meta=self.meta(), seed=self.s.seed, may_idle=not self.s.use_all_devices,
+                                    stage_ok=self.ev.stage_ok)
+
     def improve(self) -> None:
         """Local improvement of the best layouts found (:mod:`planner.search.refine`), beyond §4."""
         budget = max(1, int(refine.budget_for(self.cluster.num_devices, self.s.iterations) * self.refine_share))
-        ctx = refine.RefineContext(self.timer, self.workload.model, self.shardings,
-                                   move_devices=self.small, repair=self.repair,
-                                   meta=self.meta(), seed=self.s.seed, may_idle=not self.s.use_all_devices,
-                                   stage_ok=self.ev.stage_ok)
+        ctx = self.refine_context()
         firsts = [e[0] for e in self.top.values()]
         seconds = [e for v in self.top.values() for e in v[1:]]
         starts = sorted(firsts, key=lambda e: e[0])[:_STARTS]
@@ -554,6 +559,21 @@ class SearchRun:
                 self.best_all = (cost, plan)
             if cost < self.best[0] * (1 - 1e-12):
                 self.best = (cost, plan)
+
+    def polish(self, plan: Plan) -> tuple[float, Plan]:
+        """The final improvement's climb (:func:`refine.improve`, ``subsets.TRIAL_REFINE`` of its
+        budget) from ``plan``, a plan in this run's device ids that may leave devices idle (a device
+        subset's plan, :meth:`subsets._Subsets.bring_back`): (time, plan), scored by this run's
+        timer; (inf, plan) when it does not fit here."""
+        budget = max(1, int(refine.budget_for(self.cluster.num_devices, self.s.iterations) * TRIAL_REFINE))
+        like = layout_plan([[]], [()], plan.dp_sharding, self.s.schedule, self.s.recompute, self.L)
+        start = refine.plan_from_layout(refine.layout_of(plan), like)
+        cost, scored = self.timer.best(start, self.meta())
+        if scored is None:
+            return math.inf, plan
+        ctx = dataclasses.replace(self.refine_context(), lookahead=True)
+        cost, found, _ = refine.improve(scored, cost, ctx, budget)
+        return cost, found
 
     def without(self, drop: frozenset[int]) -> tuple[float, Plan | None]:
         """The best layout found with the devices ``drop`` taken out (:func:`subsets.shrink`: stages

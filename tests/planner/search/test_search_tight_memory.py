@@ -49,6 +49,28 @@ CASES = {
         [{"machines": ["m1", "m2"], "bandwidth": "10 GB/s", "latency": "20us"}],
         {"RTX4090": ("4 TFLOPS", "6 MiB"), "A100-40G": ("2 TFLOPS", "6 MiB"), "RTX3090": ("4 TFLOPS", "3 MiB")},
         "12.5 GB/s", 4, 8, "auto"),
+    # a subset's plan won (the T4 machine idle: three V100 pairs) and the whole cluster's climb never
+    # started from it; the optimum splits the middle pair into two stages and pairs one V100 with the
+    # idle T4 ([V100] then [V100 T4]), two steps of which the first alone does not fit (0.910 before)
+    "a_subset_plan_takes_an_idle_device_back": (
+        [machine("m0", "V100", 3), machine("m1", "T4", 1), machine("m2", "V100", 2, "16 GB/s"),
+         machine("m3", "V100", 1)],
+        [{"machines": ["m0", "m1"], "bandwidth": "11.71 GB/s", "latency": "20us"}],
+        {"V100": ("2 TFLOPS", "4 MiB"), "T4": ("4 TFLOPS", "3 MiB")}, "7.57 GB/s", 3, 24, False),
+    # one 4-stage DDP pipeline of RTX4090s (0.746 of the optimum): the optimum splits it into two
+    # pipelines under ZeRO-2 and adds a third of the idle RTX4090 and V100 pair; every single step
+    # there does not fit (search/regroup.py deals the TP groups into 3 pipelines)
+    "a_pipeline_splits_into_three": (
+        [machine("m0", "RTX4090", 3, "16 GB/s", {"count": 2}), machine("m1", "V100", 2, "128 GB/s"),
+         machine("m2", "RTX4090", 2, "128 GB/s")],
+        [{"machines": ["m0", "m1"], "bandwidth": "1.55 GB/s", "latency": "20us"}],
+        {"RTX4090": ("2 TFLOPS", "6 MiB"), "V100": ("4 TFLOPS", "3 MiB")}, "9.84 GB/s", 4, 16, True),
+    # the only plan: one DDP pipeline [3090 pair] [3090 of m0 + 3090 of m2] [T4] [3090 pair], the T4
+    # (alone it holds one layer) in a middle stage; the search raised "no plan fits in memory"
+    "nothing_fitted_until_one_pipeline_in_another_order": (
+        [machine("m0", "RTX3090", 3, "16 GB/s"), machine("m1", "RTX3090", 2), machine("m2", "RTX3090", 1),
+         machine("m3", "T4", 1)], [],
+        {"RTX3090": ("4 TFLOPS", "3 MiB"), "T4": ("4 TFLOPS", "4 MiB")}, "3.35 GB/s", 4, 8, True),
 }
 
 
