@@ -9,7 +9,7 @@
 - :mod:`.batching`    the exact best batches and micro-batch sizes of a layout
 - :mod:`.floors`      lower bounds of a layout's time (hopeless layouts are not scored)
 - :mod:`.refine`      local improvement of the best layouts
-- :mod:`.regroup`     the best layouts' TP groups dealt into other numbers of pipelines
+- :mod:`.regroup`     layouts built from TP groups: replicas per machine, the best layouts regrouped
 - :mod:`.subsets`     which devices a plan uses: the search over subsets of the cluster
 - :mod:`.infeasible`  why no plan fits (or gives every device work): the message that names the term
 

@@ -1,27 +1,31 @@
-"""The best layouts' TP groups dealt again into pipelines, scored exactly (beyond §4, small clusters).
+"""Layouts built from TP groups rather than drafted, scored exactly (beyond §4, small clusters): the
+best layouts' TP groups dealt again into pipelines (:func:`regroup`), and every machine cut into
+replicas (:func:`replicas`).
 
 The two phases fix which devices share a pipeline before the stages are formed, and the local
 improvement (:mod:`.refine`) changes one device, stage or layer at a time. Where memory binds, the
 better plan can differ in the number of pipelines, the stage order and the dp sharding at once, and
-every single step towards it does not fit. On 2-6 MiB devices (llama_tiny of 1-4 layers):
+no single step towards it fits. Found by a random sweep of 2-6 MiB devices and llama_tiny of 1-4
+layers (tests/planner/search/test_search_tight_memory.py):
 
-- two ZeRO-3 pipelines of two stages each, where one DDP pipeline of the same four TP groups holds a
-  layer per device and is faster (a merge, a reorder and a sharding change);
-- one four-stage pipeline, where three two-stage pipelines under ZeRO-2, with the devices it left
-  idle, run 1.34x as fast (a split, idle devices back, a sharding change).
+- one four-stage DDP pipeline, where three two-stage pipelines under ZeRO-2, with devices it left
+  idle, run 1.34x as fast (a split, idle devices back, a sharding change);
+- "no plan fits in memory", where one DDP pipeline of four TP groups fits with the lone T4 in a
+  middle stage (the drafts put it at an end, with the embedding or the LM head).
 
-So, before the final improvement, each of the best layouts (one per number of pipelines, the
-``_FROM`` best) is taken apart into *units*: its stages' TP groups, plus its idle devices (one
-unit each; or same-machine pairs where two are idle on a machine, the rest one each). Where
-nothing fitted, the units are each machine's device pairs, its odd device alone or paired with the
-next machine's (:func:`machine_units`), and up to ``_ORDERS`` units one pipeline of them is tried in
-every stage order. The units,
-in machine order, are dealt into P pipelines for every P the batch allows, as a stage's replicas
-side by side (unit ``s * P + r`` is stage s of pipeline r: a slow link is crossed at the same
-boundary) and as consecutive blocks (each pipeline on neighbouring machines), with every dp
-sharding, the layers split evenly and as :func:`assemble.chain_draft` splits them (memory- and
-compute-proportional, with its leaders). Each layout is scored with the run's batch timer; those
-that fit join the starts of the final improvement (:meth:`two_phase.SearchRun.remember`).
+Merges (two pipelines into one, with another sharding) are the same deal with fewer pipelines.
+
+Before the final improvement, each of the best layouts (one per number of pipelines, the ``_FROM``
+best) is taken apart into *units*: its stages' TP groups, plus its idle devices (one unit each; or
+same-machine pairs where two are idle on a machine). Where nothing fitted, the units are each
+machine's device pairs, its odd device alone or paired with the next machine's
+(:func:`machine_units`), and up to ``_ORDERS`` units one pipeline is tried in every stage order.
+The units, in machine order, are dealt into P pipelines for every P the batch allows, as a stage's
+replicas side by side (unit ``s * P + r`` is stage s of pipeline r) and as consecutive blocks (each
+pipeline on neighbouring machines), under every dp sharding, the layers split evenly and as
+:func:`assemble.chain_draft` splits them (memory- and compute-proportional, with its leaders). Each
+layout is scored with the run's batch timer; those that fit join the starts of the final
+improvement (:meth:`two_phase.SearchRun.remember`).
 
 Cost: at most ``units x 2 x shardings x 2`` timer calls per unit list; on 8 devices a few hundred
 (tens of milliseconds on tight-memory clusters, where it matters).
@@ -38,6 +42,8 @@ from lightning_hexiscale.planner.search.batching import layout_key, layout_plan
 SearchRun = Any
 """A :class:`two_phase.SearchRun` (which calls this module, so it is not imported here)."""
 
+_REPLICA_LAYOUTS = 256
+"""Replica-only layouts the search scores on small clusters (one TP size per machine, every combination)."""
 _FROM = 3
 """Best layouts (each with a different number of pipelines) whose TP groups are dealt again."""
 _ORDERS = 5
@@ -150,3 +156,38 @@ def _layouts(run: SearchRun, pipes, sharding: str) -> list:
         out.append(layout_plan([list(d.stages) for d in drafts], [tuple(d.layers) for d in drafts], sharding,
                                run.s.schedule, run.s.recompute, run.L))
     return out
+
+
+def replicas(run: SearchRun) -> None:
+    """Mixed structures of replicas only (beyond §4, small clusters): every machine cut into TP
+    groups of one size t (t dividing its device count, at most the KV heads), each a
+    single-stage pipeline of all layers; every combination of sizes over the machines (at most
+    ``_REPLICA_LAYOUTS``), each scored exactly. They join the starts of the final improvement."""
+    per_machine = []
+    for m in run.cluster.machines:
+        devs = sorted(m.devices, key=lambda d: (-run.cluster.devices[d].flops, d))
+        only = run.ev.stage_ok
+        cuts = []
+        for t in range(1, min(len(devs), run.workload.model.num_kv_heads) + 1):
+            if only is None and len(devs) % t:
+                continue
+            # restricted TP (uniform-tp, layer tables): allowed whole groups of t, the rest idle
+            groups = [tuple(devs[i:i + t]) for i in range(0, len(devs) - len(devs) % t, t)]
+            groups = [g for g in groups if only is None or only(g)]
+            if groups:
+                cuts.append(groups)
+        per_machine.append(cuts or [[]])
+    for k, combo in enumerate(itertools.product(*per_machine)):
+        if k >= _REPLICA_LAYOUTS:
+            break
+        groups = [g for part in combo for g in part]
+        if not groups or len(groups) > run.gb:
+            continue
+        for sharding in run.shardings_for(len(groups)):
+            layout = layout_plan([[g] for g in groups], [(run.L,)] * len(groups), sharding, run.s.schedule,
+                                 run.s.recompute, run.L)
+            cost, plan = run.timer.best(layout, run.meta())
+            if plan is not None:
+                run.remember(cost, plan)
+                if cost < run.best[0] * (1 - 1e-12):
+                    run.best = (cost, plan)

@@ -30,7 +30,6 @@ closed a gap measured against the true optimum; docs/concepts/planner.md lists t
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 import time
 from typing import Any
@@ -52,14 +51,12 @@ from lightning_hexiscale.planner.search.dp_split import resplit, resplit_cost
 from lightning_hexiscale.planner.search.floors import exposed_floor, local_time, zero3_step_floor
 from lightning_hexiscale.planner.search.infeasible import capacity_message
 from lightning_hexiscale.planner.search.partition import DeviceGraph, odd_machine_parts, partition
-from lightning_hexiscale.planner.search.regroup import regroup
+from lightning_hexiscale.planner.search.regroup import regroup, replicas
 from lightning_hexiscale.planner.search.settings import (LARGE_FROM, Iteration, LogEntry, SearchResult,
                                                          SearchSettings, dp_candidates)
 from lightning_hexiscale.planner.search.subsets import TRIAL_REFINE, name_idle, shrink
 from lightning_hexiscale.planner.search.symmetric_seeds import seed_symmetric
 
-_REPLICA_LAYOUTS = 256
-"""Replica-only layouts the search scores on small clusters (one TP size per machine, every combination)."""
 _PRUNE = 1.1
 """Large clusters: a layout whose pipelines alone (no data-parallel time: a lower bound of its cost
 at the drafted micro-batch size) take 1.1 x the best plan so far is not scored; the 10 % margin
@@ -474,7 +471,7 @@ class SearchRun:
         bar.close()
         seed_symmetric(self)  # machine-aligned symmetric layouts: the search is never slower than these
         if self.small:
-            self.replicas()
+            replicas(self)
             regroup(self)  # the best layouts' TP groups dealt into other pipeline counts
         self.improve()
         _, plan = self.best
@@ -499,40 +496,6 @@ class SearchRun:
             if e.feasible:
                 return cand, e
         return plan, est
-
-    def replicas(self) -> None:
-        """Mixed structures of replicas only (beyond §4, small clusters): every machine cut into TP
-        groups of one size t (t dividing its device count, at most the KV heads), each a
-        single-stage pipeline of all layers; every combination of sizes over the machines (at most
-        ``_REPLICA_LAYOUTS``), each scored exactly. They join the starts of the final improvement."""
-        per_machine = []
-        for m in self.cluster.machines:
-            devs = sorted(m.devices, key=lambda d: (-self.cluster.devices[d].flops, d))
-            only = self.ev.stage_ok
-            cuts = []
-            for t in range(1, min(len(devs), self.workload.model.num_kv_heads) + 1):
-                if only is None and len(devs) % t:
-                    continue
-                # restricted TP (uniform-tp, layer tables): allowed whole groups of t, the rest idle
-                groups = [tuple(devs[i:i + t]) for i in range(0, len(devs) - len(devs) % t, t)]
-                groups = [g for g in groups if only is None or only(g)]
-                if groups:
-                    cuts.append(groups)
-            per_machine.append(cuts or [[]])
-        for k, combo in enumerate(itertools.product(*per_machine)):
-            if k >= _REPLICA_LAYOUTS:
-                break
-            groups = [g for part in combo for g in part]
-            if not groups or len(groups) > self.gb:
-                continue
-            for sharding in self.shardings_for(len(groups)):
-                layout = layout_plan([[g] for g in groups], [(self.L,)] * len(groups), sharding, self.s.schedule,
-                                     self.s.recompute, self.L)
-                cost, plan = self.timer.best(layout, self.meta())
-                if plan is not None:
-                    self.remember(cost, plan)
-                    if cost < self.best[0] * (1 - 1e-12):
-                        self.best = (cost, plan)
 
     def refine_context(self) -> refine.RefineContext:
         return refine.RefineContext(self.timer, self.workload.model, self.shardings,
