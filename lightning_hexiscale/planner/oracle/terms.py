@@ -16,6 +16,7 @@ from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.planner.cost import model as cm
 from lightning_hexiscale.planner.cost import estimate as E
 from lightning_hexiscale.planner.cost.estimate import Estimate, Workload
+from lightning_hexiscale.planner.cost.sources import stage_rule
 from lightning_hexiscale.planner.oracle.space import (OracleSettings, compositions, device_classes, generous_room,
                                                       multiset_permutations, rest_of, vector_partitions)
 from lightning_hexiscale.planner.plan import DP_SHARDINGS, Plan
@@ -68,6 +69,11 @@ class OracleTerms:
         self._mem: dict[tuple, E.MemoryTerms] = {}
         self._cap: dict[tuple, float] = {}
         self._arr: dict[tuple, object] = {}
+        self.rule = stage_rule(cluster, workload)
+        """The TP groups estimate() prices (layer tables: measured degrees, in one machine; None: any),
+        the same :class:`~lightning_hexiscale.planner.cost.sources.StageRule` the search plans under.
+        Applied to stage sets (level 1); level 0's rate bound over every group stays a valid, looser
+        bound."""
         self.timer = BatchTimer(cluster, workload, global_batch, [s.micro_batch_size] if s.micro_batch_size else None)
         self.timer.exact_comms = True  # its plans must agree with estimate(), memory included
         self.ms = [s.micro_batch_size] if s.micro_batch_size else list(range(1, global_batch + 1))
@@ -304,6 +310,8 @@ class OracleTerms:
                 continue
             self.tick()
             stages = [tuple(k for k in range(self.K) for _ in range(p[k])) for p in parts]
+            if self.rule is not None and not all(self.rule(self.devices_of(st)) for st in stages):
+                continue
             for st in stages:
                 catalog.setdefault(st, len(catalog))
             grouped.setdefault(S, []).append(stages)
