@@ -18,7 +18,12 @@ def _plans():
             yield search(c, E.Workload(m), gb, SearchSettings(iterations=6, seed=seed, cut="max" if seed else "min")).plan, c, m
 
 
-@pytest.mark.parametrize("case", list(_plans()), ids=lambda c: f"{c[1].name}-{c[0].num_pipelines}p")
+# Searched once for both tests: the four searches are most of this module's time (about 9 s on 2 cores,
+# spent at collection, where --durations does not show it).
+CASES = list(_plans())
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[1].name}-{c[0].num_pipelines}p")
 def test_dp_terms_match_the_reference(case):
     plan, cluster, model = case
     layer_bytes = model.layer_params * 2
@@ -31,7 +36,7 @@ def test_dp_terms_match_the_reference(case):
             assert [t for _, t in fast[(i, j)]] == pytest.approx([t for _, t in ref], rel=1e-12, abs=1e-15)
 
 
-@pytest.mark.parametrize("case", list(_plans()), ids=lambda c: f"{c[1].name}-{c[0].num_pipelines}p")
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[1].name}-{c[0].num_pipelines}p")
 def test_edge_terms_match_the_reference(case):
     """The embedding / LM head / norms syncs, vectorised (dp_edge_all) vs per stage (dp_edge_times)."""
     plan, cluster, model = case
