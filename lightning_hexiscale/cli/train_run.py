@@ -131,7 +131,7 @@ def plan_file_to_write(given: str | None, plan, target: Path) -> bool:
     import os
 
     from lightning_hexiscale.errors import ConfigError
-    from lightning_hexiscale.planner.plan import Plan
+    from lightning_hexiscale.planner import Plan
 
     if not given or not target.is_file() or not Path(given).is_file() or not os.path.samefile(given, target):
         return True

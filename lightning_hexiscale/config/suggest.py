@@ -133,8 +133,11 @@ def check_value_type(parent: DictConfig, name: str, key: str, value: str) -> Non
         current = node._value()
         # a field that is null now (train.micro_batch_size) names its type from its node: was "must be the
         # field's type. Fix: see the configuration reference"
-        ref = getattr(node._metadata, "ref_type", None)
-        kind = type(current).__name__ if current is not None else getattr(ref, "__name__", "the field's type")
+        from omegaconf import BooleanNode, FloatNode, IntegerNode, StringNode
+
+        typed = {IntegerNode: "int", FloatNode: "float", BooleanNode: "bool", StringNode: "str"}
+        kind = type(current).__name__ if current is not None else next(
+            (k for cls, k in typed.items() if isinstance(node, cls)), "the field's type")
         words = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}.get(kind, kind)
         example = str(current).lower() if isinstance(current, bool) else current
         fix = (f"e.g. {key}={example}" if current is not None else
