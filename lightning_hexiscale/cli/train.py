@@ -130,7 +130,11 @@ class _Job:
         self.watch.out = None
         prog = self.app.prog
         try:
-            code = run(cfg, self.watch, self.app)
+            try:
+                code = run(cfg, self.watch, self.app)
+            except BaseException:
+                self.watch.wait_if_ending()  # the watch's thread is ending the job: its line and status
+                raise
         except TrainingInterrupted as e:  # every rank stopped at the end of the same step
             resume = self.watch.last_checkpoint()
             self.say(f"{prog}: {e}" + (f" (resume with trainer.resume={resume})" if resume is not None else ""))

@@ -158,6 +158,7 @@ class JobWatch:
         self._claimed = False
         self._asked_to_finish = False
         self._finishing = False
+        self._ending = False
         self._pipe: tuple[int, int] | None = None
         self._previous: tuple[Any, int] | None = None
         self._previous_term: Any = None
@@ -201,6 +202,16 @@ class JobWatch:
         """``<out>/checkpoints/last.ckpt`` if it exists (complete: only complete ones are renamed into place)."""
         last = self.out / "checkpoints" / "last.ckpt" if self.out is not None else None
         return last if last is not None and last.exists() else None
+
+    def wait_if_ending(self, wait_s: float = 30.0) -> None:
+        """In the main thread, at an error: when this watch's thread is ending the job (:meth:`end`:
+        its line printed, the ranks being killed and reaped, up to a few seconds), wait for its exit
+        status instead of racing it. The workers it kills make the main thread's launcher raise, and
+        its own exit (status 1, or 130) came first: a job ended by ``rank 1 was killed ...`` left
+        with 1, not 4."""
+        deadline = time.monotonic() + wait_s
+        while self._ending and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     @property
     def asked_to_finish(self) -> bool:
@@ -254,6 +265,7 @@ class JobWatch:
     # ---- ending the job --------------------------------------------------------------------------
     def end(self, line: str | None, code: int = EXIT_INTERRUPTED) -> None:
         """Print ``line`` (once), kill every process this one started, leave with ``code`` now."""
+        self._ending = True
         _flush_stdout(0.5)
         if line is not None:
             self.say(line)
