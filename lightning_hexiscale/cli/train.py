@@ -33,8 +33,8 @@ import warnings
 from collections.abc import Sequence
 
 from lightning_hexiscale.cli.common import notice_printer, subcommand
-from lightning_hexiscale.cli.train_job import (AUTO_ENV, FILES_ENV, HEXISCALE, AppName, is_popen_child, is_rank_zero,
-                                               prepare_argv, print_file_config)
+from lightning_hexiscale.cli.train_job import (AUTO_ENV, FILES_ENV, HEXISCALE, AppName, is_multirun, is_popen_child,
+                                               is_rank_zero, not_run_line, prepare_argv, print_file_config, sweep_point)
 from lightning_hexiscale.errors import ElasticStop, HexiScaleError, TrainingFailure, TrainingInterrupted
 
 EXIT_CONFIG, EXIT_HARDWARE, EXIT_FAILED, EXIT_RESTART, EXIT_INTERRUPTED, EXIT_TERMINATED = 2, 3, 4, 5, 130, 143
@@ -126,8 +126,7 @@ class _Job:
 
         # Hydra has parsed its argv; the popen launcher re-runs this process's argv for each rank.
         sys.argv = self.launch_argv
-        self.watch.set_phase("planning")  # each point of a sweep starts again
-        self.watch.out = None
+        self.watch.begin_run()  # each point of a sweep starts again: no Ctrl-C, phase or line of the last one
         prog = self.app.prog
         try:
             try:
@@ -173,7 +172,23 @@ class _Job:
             print(f"{prog}: rank {rank} failed (traceback above)", file=sys.stderr)
             code = 1
         self.statuses.append(code)
+        if is_multirun() and (code in (EXIT_INTERRUPTED, EXIT_TERMINATED) or self.watch.ctrl_c.is_set()
+                              or self.watch.finishing):
+            # As in any Hydra app, whose KeyboardInterrupt leaves the sweep's loop: a Ctrl-C or SIGTERM
+            # ends the whole sweep, not this point alone (one press per point would be needed to stop it)
+            code = code if code in (EXIT_INTERRUPTED, EXIT_TERMINATED) else EXIT_INTERRUPTED
+            raise SweepStopped(code, sweep_point())
         return code
+
+
+class SweepStopped(KeyboardInterrupt):
+    """A Ctrl-C or SIGTERM stopped point ``point`` of a ``-m`` sweep (its checkpoint kept): the points
+    after it do not run. A KeyboardInterrupt, so that it leaves Hydra's sweep loop (which catches
+    ``Exception`` only) as a Ctrl-C of a plain Hydra app does."""
+
+    def __init__(self, code: int, point: int):
+        super().__init__(code, point)
+        self.code, self.point = code, point
 
 
 def main(argv: Sequence[str] | None = None, app: AppName = HEXISCALE, launch_prefix: Sequence[str] = ("train",)) -> int:
@@ -218,6 +233,11 @@ def main(argv: Sequence[str] | None = None, app: AppName = HEXISCALE, launch_pre
         finally:
             sys.argv = saved
             warnings.showwarning = default_show
+    except SweepStopped as e:
+        why = "SIGTERM" if e.code == EXIT_TERMINATED else "Ctrl-C"
+        print(f"{app.prog}: {why} stopped the sweep at job #{e.point}; {not_run_line(argv, e.point)}", file=sys.stderr,
+              flush=True)
+        return e.code
     except KeyboardInterrupt:  # before Hydra started the run (reading the command line)
         job.say(job.watch.message())
         return EXIT_INTERRUPTED

@@ -65,6 +65,31 @@ def is_multirun() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
+def sweep_point() -> int:
+    """This job's number in its ``-m`` sweep (Hydra's ``#N``, from 0); 0 outside a sweep."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return int(HydraConfig.get().job.num) if HydraConfig.initialized() else 0
+
+
+def not_run_line(argv: list[str], stopped: int) -> str:
+    """Which jobs of the sweep on ``argv`` (the overrides Hydra swept) did not run after job #``stopped``:
+    the cartesian product of the swept values, in the order of Hydra's basic sweeper, named by the
+    values that vary (``#1 trainer.lr=0.002``)."""
+    import itertools
+
+    from lightning_hexiscale.cli.common import sweep_axes
+
+    args = [a for a in argv if not a.startswith("-") and "=" in a]
+    axes = [values for values in sweep_axes(args) if len(values) > 1]
+    points = list(itertools.product(*axes))
+    left = [f"#{i} {' '.join(p)}" for i, p in enumerate(points) if i > stopped]
+    if not left:
+        return "it was the sweep's last job"
+    shown = "; ".join(left[:8]) + (f"; and {len(left) - 8} more" if len(left) > 8 else "")
+    return f"{len(left)} of its {len(points)} jobs did not run ({shown})"
+
+
 def output_dir(cfg: DictConfig) -> Path:
     """trainer.output_dir, else Hydra's run directory, resolved to a plain path now: spawned workers
     have no HydraConfig to resolve ``${hydra:...}`` with."""

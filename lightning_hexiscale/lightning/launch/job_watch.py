@@ -168,6 +168,17 @@ class JobWatch:
         self.worker_procs: Callable[[], list] | None = None
         """spawn/fork: their processes (multiprocessing's; index = rank), [] until started."""
 
+    def begin_run(self) -> None:
+        """A new run of this process (each point of a ``-m`` sweep): the previous run's Ctrl-C, SIGTERM,
+        phase, step, output directory and claimed line are forgotten. Kept, they made the next point's
+        first Ctrl-C end it at once as ``Ctrl-C twice`` and print nothing (the line already claimed)."""
+        with self._claim:
+            self._claimed = False
+        self._asked_to_finish = self._finishing = False
+        self.ctrl_c.clear()
+        self.out = None
+        self.set_phase("planning")
+
     @property
     def finishing(self) -> bool:
         """A Ctrl-C or SIGTERM asked every rank to stop at the end of the step."""

@@ -1,0 +1,122 @@
+"""Ctrl-C and SIGTERM in a ``-m`` sweep of ``hexiscale train``: the one process runs every point
+(Hydra's basic launcher), so the job watch's state of one point must not reach the next, and a stop
+ends the sweep as a Ctrl-C ends any Hydra app's sweep: the interrupted point keeps its checkpoint,
+one line names the jobs that did not run, exit status 130 (143 for SIGTERM)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lightning_hexiscale.cli import train as train_cli
+from lightning_hexiscale.cli.train_job import HEXISCALE, not_run_line
+from lightning_hexiscale.errors import TrainingInterrupted
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = Path(sys.executable).parent / "hexiscale"
+
+
+def _job(monkeypatch, points: list, multirun: bool):
+    """A _Job whose run() is ``points.pop(0)(watch)``, with the watch's ``end`` recorded, not called."""
+    from lightning_hexiscale.cli import train_run
+
+    job = train_cli._Job(HEXISCALE, ["hexiscale", "train"])
+    ended: list[str] = []
+    monkeypatch.setattr(job.watch, "end", lambda line, code=130: ended.append(line))
+    monkeypatch.setattr(train_run, "run", lambda cfg, watch, app: points.pop(0)(watch))
+    monkeypatch.setattr(train_cli, "is_multirun", lambda: multirun, raising=False)
+    monkeypatch.setattr(train_cli, "sweep_point", lambda: 0, raising=False)
+    return job, ended
+
+
+def _interrupted(watch) -> int:
+    watch.set_phase("training", 3)
+    watch.on_ctrl_c()  # the first Ctrl-C: every rank finishes its step
+    raise TrainingInterrupted("interrupted (Ctrl-C) after step 3; no checkpoint was written")
+
+
+def test_the_next_run_starts_without_the_last_runs_ctrl_c(monkeypatch, capsys):
+    """Point 1 stopped by one Ctrl-C; in point 2 one Ctrl-C is again a graceful stop with its own line.
+    The watch kept ``asked to finish`` and the claimed line: point 2's first Ctrl-C ended the job at
+    once as ``Ctrl-C twice``, and printed nothing."""
+
+    def second(watch) -> int:
+        assert watch.phase == "planning" and not watch.ctrl_c.is_set() and not watch.finishing
+        return _interrupted(watch)
+
+    job, ended = _job(monkeypatch, [_interrupted, second], multirun=False)
+    assert job.task(None) == 130 and job.task(None) == 130
+    assert ended == []  # neither Ctrl-C ended a job at once
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == ["hexiscale train: interrupted (Ctrl-C) after step 3; no checkpoint was written"] * 2
+
+
+def test_a_stopped_point_of_a_sweep_stops_the_sweep(monkeypatch):
+    """Under -m an interrupted point raises SweepStopped (a KeyboardInterrupt: Hydra's sweep loop lets it
+    through), also when the point ended normally after the Ctrl-C (its last step was already done)."""
+    job, _ = _job(monkeypatch, [_interrupted], multirun=True)
+    with pytest.raises(train_cli.SweepStopped) as stopped:
+        job.task(None)
+    assert isinstance(stopped.value, KeyboardInterrupt) and stopped.value.code == 130
+
+    def finished_anyway(watch) -> int:
+        watch.set_phase("training", 5)
+        watch.on_ctrl_c()
+        return 0
+
+    job, _ = _job(monkeypatch, [finished_anyway], multirun=True)
+    with pytest.raises(train_cli.SweepStopped):
+        job.task(None)
+    job, _ = _job(monkeypatch, [lambda watch: 0], multirun=True)
+    assert job.task(None) == 0  # no signal: the sweep goes on
+
+
+def test_the_line_names_the_jobs_that_did_not_run():
+    argv = ["-m", "cluster=cpu2", "trainer.lr=1e-3,2e-3", "train.global_batch=8,16", "hydra.sweep.dir=x"]
+    assert not_run_line(argv, 1) == ("2 of its 4 jobs did not run (#2 trainer.lr=0.002 train.global_batch=8; "
+                                     "#3 trainer.lr=0.002 train.global_batch=16)")
+    assert not_run_line(argv, 3) == "it was the sweep's last job"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_ctrl_c_in_the_first_point_of_a_sweep_ends_the_sweep(tmp_path):
+    """The command itself: one Ctrl-C (to the process group, as a terminal sends it) while job #0 trains.
+    Before, job #0 stopped and saved, then job #1 started, and its first Ctrl-C ended it at once, silently."""
+    if not SCRIPT.is_file():
+        pytest.skip(f"no console script at {SCRIPT}")
+    sweep = tmp_path / "sweep"
+    cmd = [str(SCRIPT), "train", "-m", "cluster=cpu2", "model=llama_tiny", "train.global_batch=8",
+           "trainer.progress_bar=false", "data.num_samples=64", "trainer.max_steps=2000", "trainer.val_every=0",
+           "trainer.log_every=1", "trainer.lr=1e-3,2e-3", f"hydra.sweep.dir={sweep}"]
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_PORT")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    with open(out, "w") as o, open(err, "w") as e:
+        p = subprocess.Popen(cmd, stdout=o, stderr=e, cwd=tmp_path, env=env, start_new_session=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        t0 = time.time()
+        while "step     2 " not in out.read_text():
+            assert p.poll() is None, err.read_text()[-3000:]
+            assert time.time() - t0 < 240, "job #0 did not train"
+            time.sleep(0.1)
+        os.killpg(p.pid, signal.SIGINT)
+        code = p.wait(timeout=60)
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    text = err.read_text()
+    assert code == 130, text[-3000:]
+    assert "interrupted (Ctrl-C) after step" in text, text[-3000:]
+    assert text.strip().splitlines()[-1] == ("hexiscale train: Ctrl-C stopped the sweep at job #0; 1 of its 2 jobs "
+                                             "did not run (#1 trainer.lr=0.002)"), text[-3000:]
+    assert (sweep / "0" / "checkpoints" / "last.ckpt").exists() and not (sweep / "1").exists()
