@@ -257,7 +257,6 @@ def check_output_file(flag: str, path: str, example: str) -> None:
     """``flag PATH`` names a file this command may write: checked before the work that fills it (a
     search, a measurement), so that a typo costs nothing. Missing folders are created when it is
     written (as ``hexiscale profile`` and ``discover`` do); a folder, or a path below a file, is refused."""
-    import os
     from pathlib import Path
 
     from lightning_hexiscale.errors import ConfigError
@@ -274,8 +273,9 @@ def check_output_file(flag: str, path: str, example: str) -> None:
     parent = nearest_existing(p.parent)
     if not parent.is_dir():
         raise ConfigError(flag, path, f"{parent} is a file, not a directory", "give a path inside a directory")
-    if not os.access(parent, os.W_OK):
-        raise ConfigError(flag, path, f"cannot write in {parent}", "give a path inside a writable directory")
+    refused = cannot_create_in(parent)
+    if refused:
+        raise ConfigError(flag, path, refused, "give a path inside a writable directory")
 
 
 def nearest_existing(path):
@@ -289,7 +289,6 @@ def check_output_dir(key: str, path, fix: str) -> None:
     """``path`` names a directory a run creates and writes into (its checkpoints): refused before the run
     when it is a file, lies below a file, or the nearest folder that exists cannot be written (rank 0's
     raw ``OSError`` from ``mkdir`` when the first checkpoint was saved, after the training)."""
-    import os
     from pathlib import Path
 
     from lightning_hexiscale.errors import ConfigError
@@ -298,5 +297,26 @@ def check_output_dir(key: str, path, fix: str) -> None:
     if not parent.is_dir():
         raise ConfigError(key, str(path), "is a file, not a directory" if parent == Path(path) else
                           f"lies below {parent}, which is a file, so no directory can be created there", fix)
-    if not os.access(parent, os.W_OK):
-        raise ConfigError(key, str(path), f"cannot write in {parent}", fix)
+    refused = cannot_create_in(parent)
+    if refused:
+        raise ConfigError(key, str(path), refused, fix)
+
+
+def cannot_create_in(folder) -> str | None:
+    """Why no file can be created in ``folder`` (an existing directory), or None when one can. The
+    permission bits (``os.access``) do not say it for root, to whom every folder looks writable: /proc,
+    /sys and a read-only mount refuse only the write itself, which came after the search or measurement
+    (``hexiscale plan --out /proc/plan.yaml`` searched, then failed). So an empty file of a unique name
+    is created there and removed at once: nothing is left that the user did not ask for."""
+    import os
+    import tempfile
+
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"cannot write in {folder} (no permission)"
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".hexiscale-write-check-")
+    except OSError as e:
+        return f"cannot create a file in {folder} ({e.strerror})"
+    os.close(fd)
+    os.unlink(probe)
+    return None
