@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import warnings
 
 from lightning_hexiscale.cli.common import apply_train_overrides, compose_plan_config, explicit, subcommand
 from lightning_hexiscale.cli.plan import add_table_flag, estimate_document, overrides_of, sources_lines
@@ -24,10 +25,15 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from lightning_hexiscale.config.cluster import Cluster
     from lightning_hexiscale.planner.cost.compute import warn_datasheet_pricing
     from lightning_hexiscale.planner import Plan, SearchSettings, estimate, price_sources, workload_from_config
+    from lightning_hexiscale.planner.plan import OtherClusterWarning, made_for_another_cluster
 
     plan = Plan.load(args.plan)
     cfg = compose_plan_config(overrides_of(args), plan, args.plan)
     cluster = Cluster.from_config(cfg.cluster)
+    given = [o.split("=", 1)[1] for o in args.overrides if o.split("=", 1)[0].lstrip("+~") == "cluster"]
+    note = made_for_another_cluster(plan.meta, cluster, "priced", given[-1]) if given else None
+    if note:  # cluster= wins over the plan's meta, but not without a word
+        warnings.warn(note, OtherClusterWarning)
     workload = workload_from_config(cfg)
     plan = apply_train_overrides(plan, cfg, args.overrides)
     # planner.* prices nothing here, but a bad value (planner.iterations=-1) is the error `hexiscale

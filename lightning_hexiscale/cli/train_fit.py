@@ -7,6 +7,7 @@ same data loaders (same seed, same shuffle) and the strategy gives each its part
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -161,10 +162,12 @@ def fit(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict, precisio
         planning = explicit_train_settings(cfg)
         planning.update(global_batch=gb, planner_iterations=int(cfg.planner.iterations), elastic=elastic,
                         use_all_devices=bool(cfg.planner.get("use_all_devices", False)))
-    strategy = HexiScaleStrategy(cluster=cluster, plan=plan, start_method=launcher, seed=int(t.seed),
-                                 nonfinite=str(t.nonfinite), timeout=float(t.timeout_s),
-                                 async_checkpoint=bool(t.async_checkpoint),
-                                 fast_path=FastPath.coerce(t.get("fast_path"), key="trainer.fast_path"), **planning)
+    with warnings.catch_warnings():  # the run said it already, once, before the plan's table (train_run)
+        warnings.filterwarnings("ignore", message=r"HexiScaleStrategy\(plan, cluster\): the plan was made for cluster")
+        strategy = HexiScaleStrategy(cluster=cluster, plan=plan, start_method=launcher, seed=int(t.seed),
+                                     nonfinite=str(t.nonfinite), timeout=float(t.timeout_s),
+                                     async_checkpoint=bool(t.async_checkpoint),
+                                     fast_path=FastPath.coerce(t.get("fast_path"), key="trainer.fast_path"), **planning)
     logger = make_logger(cfg, out)
     # the train.* values that ran (effective_config), not the defaults; logged at fit start by the
     # training rank 0 (global rank 0 may be a device the plan leaves idle)

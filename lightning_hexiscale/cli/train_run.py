@@ -7,6 +7,7 @@ module raises.
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -18,6 +19,7 @@ from lightning_hexiscale.cli.train_job import (HEXISCALE, AppName, apply_file_ov
 from lightning_hexiscale.cli.train_plan import (check_search_overrides, effective_config, launch_settings, make_plan,
                                                 write_picture)
 from lightning_hexiscale.lightning.launch.job_watch import JobWatch
+from lightning_hexiscale.planner.plan import OtherClusterWarning, made_for_another_cluster
 
 
 def _fits_timedelta(seconds: float) -> bool:
@@ -201,6 +203,11 @@ def run(cfg: DictConfig, progress: JobWatch | None = None, app: AppName = HEXISC
         plan, est = make_plan(cfg, cluster, out)
     except PlanError as e:
         raise for_another_cluster(e, cfg.plan, cluster.name) from None
+    files = cluster_file_given()  # the fix names the cluster as given: its file, else its preset
+    note = (made_for_another_cluster(plan.meta, cluster, "run", files[0].split("=", 1)[1] if files else None)
+            if cfg.plan else None)
+    if note and is_rank_zero():  # cluster= wins over the plan's meta, but not without a word
+        warnings.warn(note, OtherClusterWarning)
     picture = None
     plan = with_cluster_file(plan, cluster_file_given())  # plan=plan.yaml finds the cluster file again
     rewrite = plan_file_to_write(cfg.plan, plan, out / "plan.yaml")

@@ -27,7 +27,8 @@ from lightning_hexiscale.lightning.fast_path import strategy_fast_path
 from lightning_hexiscale.lightning.plan_check import DEFAULT_WARMUP, plan_check_setting
 from lightning_hexiscale.lightning.plan_resolution import AUTO, load_cluster_arg, load_plan_arg
 from lightning_hexiscale.planner import DP_SHARDINGS, SCHEDULES, Plan
-from lightning_hexiscale.planner.plan import check_global_batch_bound, check_meta_record, cluster_source
+from lightning_hexiscale.planner.plan import (check_global_batch_bound, check_meta_record, cluster_source,
+                                              OtherClusterWarning, made_for_another_cluster)
 from lightning_hexiscale.planner.search.settings import MAX_ITERATIONS
 from lightning_hexiscale.runtime import NONFINITE_POLICIES
 
@@ -268,7 +269,12 @@ class StrategySettings:
             meta_key, made_for = cluster_source(plan.meta)
             cluster = load_cluster_arg(made_for, key=f"plan.meta.{meta_key}") if made_for else None
         else:
+            given = cluster
             cluster = load_cluster_arg(cluster)
+            note = (made_for_another_cluster(plan.meta, cluster, "run", given if isinstance(given, (str, Path)) else None)
+                    if plan is not None and isinstance(cluster, Cluster) else None)
+            if note:  # the explicit cluster wins, but not without a word (the plan's links and devices differ)
+                warnings.warn(f"HexiScaleStrategy(plan, cluster): {note}", OtherClusterWarning, stacklevel=5)
         if plan is not None:
             # its devices exist in the cluster; with none (the local devices, described at setup) the
             # plan's own rules; and its batches sum to global_batch: every rank found these after the

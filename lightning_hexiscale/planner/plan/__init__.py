@@ -34,7 +34,8 @@ from lightning_hexiscale.errors import ConfigError, PlanError
 from lightning_hexiscale.planner.plan.model_check import (  # noqa: F401 (re-exported)
     MODEL_SHAPE_FIELDS, check_meta_record, check_plan_model, model_shape)
 from lightning_hexiscale.planner.plan.yaml_io import (  # noqa: F401
-    ClusterSource, UniqueKeyLoader, cluster_source, finite_or_null, plain, write_atomically)
+    ClusterSource, OtherClusterWarning, UniqueKeyLoader, cluster_source, finite_or_null, made_for_another_cluster,
+    plain, write_atomically)
 
 if TYPE_CHECKING:  # pragma: no cover
     from lightning_hexiscale.config.cluster import Cluster

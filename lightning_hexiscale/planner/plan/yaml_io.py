@@ -98,6 +98,50 @@ def cluster_source(meta: dict, where: str = "plan.meta") -> ClusterSource:
     return ClusterSource("cluster_file", path)
 
 
+class OtherClusterWarning(UserWarning):
+    """A plan runs, or is priced, on a cluster other than the one its ``meta`` names (:func:`made_for_another_cluster`)."""
+
+    cli_notice = True
+    """Printed by the command line as one ``PROG: warning: ...`` line."""
+
+
+def made_for_another_cluster(meta: dict, cluster, doing: str, given: str | None = None) -> str | None:
+    """The line that says a plan runs on a cluster other than the one its ``meta`` names (``cluster=``
+    given beside the plan: the explicit choice wins), or None when it names none or the same cluster:
+    the same file, or the same content (devices, machines, links, NICs, calibration, layer tables; the
+    name aside: a copy of a preset's file is that preset); one that does not load (its file gone, a
+    discovered cluster's name) is compared by name. ``doing``: ``priced`` or ``run``; ``given``:
+    the cluster as the user named it (a preset or a path; default its name), for the fix."""
+    from lightning_hexiscale.config.cluster import Cluster
+    from lightning_hexiscale.errors import ConfigError
+
+    file, name = meta.get("cluster_file"), meta.get("cluster")
+    file = file if isinstance(file, str) and file.strip() else None
+    name = name if isinstance(name, str) and name.strip() else None
+    if file is None and name is None:
+        return None
+    try:
+        made = Cluster.load(file if file is not None else name)
+    except (ConfigError, OSError, ValueError):  # gone, or a discovered cluster's name: compare the names
+        made = None
+    if made is not None and _same_devices_and_links(made, cluster):
+        return None
+    if made is None and name == cluster.name:  # e.g. the moved file of a plan whose meta.cluster_file is gone
+        return None
+    what = f"meta.cluster_file: {file}" if file is not None else "meta.cluster"
+    target = given or cluster.name
+    return (f"the plan was made for cluster {name or Path(file).stem} ({what}) and is {doing} on cluster "
+            f"{cluster.name}, the cluster= given; `hexiscale plan cluster={target}` makes a plan for {cluster.name}")
+
+
+def _same_devices_and_links(a, b) -> bool:
+    """Two clusters alike in everything the cost model and the runtime read (the name aside)."""
+    import numpy as np
+
+    return (all(getattr(a, k) == getattr(b, k) for k in ("devices", "machines", "nics", "calibration", "layer_tables"))
+            and np.array_equal(a.bandwidth, b.bandwidth) and np.array_equal(a.latency, b.latency))
+
+
 def write_atomically(path: str | Path, text: str, key: str = "Plan.save(path)") -> None:
     """Replace the file at ``path`` by ``text``: a temporary file beside it, then a rename, so that a
     reader never sees half a plan. A link is followed (the file it names is replaced and the link
