@@ -169,7 +169,7 @@ def test_estimate_refuses_a_plan_made_for_another_model_of_the_same_depth(tmp_pa
 def test_estimate_checks_planner_overrides_as_plan_does_then_ignores_them(override, fragment, capsys):
     """planner.* prices nothing in estimate, but one override list may serve `plan` and `estimate`:
     a bad value there was accepted silently; it is `hexiscale plan`'s error now, and a good one
-    leaves the estimate as it was (the --help says so)."""
+    leaves the estimate as it was, and one warning line names it (the --help says so)."""
     args = ["estimate", "--plan", "tests/bad_configs/good_tiny_plan.yaml", "cluster=cpu_hetero4", "model=llama_tiny",
             "--json"]
     assert main([*args, override]) == 2
@@ -179,8 +179,14 @@ def test_estimate_checks_planner_overrides_as_plan_does_then_ignores_them(overri
     assert fragment in capsys.readouterr().err
     assert main(args) == 0
     base = json.loads(capsys.readouterr().out)
-    assert main([*args, "planner.iterations=7", "planner.cut=max"]) == 0
-    assert json.loads(capsys.readouterr().out) == base
+    assert main([*args, "planner.iterations=7", "planner.cut=max", "planner.progress=false"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out) == base
+    # not silently: one line names them (they were dropped without a word); the progress bar's is not named
+    assert captured.err.strip() == (
+        "hexiscale estimate: warning: planner.iterations=7, planner.cut=max: set the planner's search, which a fixed "
+        "plan skips: tests/bad_configs/good_tiny_plan.yaml is priced as written, so they change nothing here; to use "
+        "them, re-plan (hexiscale plan ... planner.iterations=7 planner.cut=max --out PLAN.yaml) and estimate that plan")
 
 
 @pytest.mark.slow
