@@ -133,6 +133,7 @@ def cmd_check_estimate(args: argparse.Namespace) -> int:
     from lightning_hexiscale.config.cluster import Cluster
     from lightning_hexiscale.models.config import LlamaConfig
     from lightning_hexiscale.planner import Plan
+    from lightning_hexiscale.planner.cost.estimate import whole_bytes
     from lightning_hexiscale.profiling.check import check, comparison_table, deviation
 
     plan = Plan.load(args.plan)
@@ -149,14 +150,12 @@ def cmd_check_estimate(args: argparse.Namespace) -> int:
     est, m = res
     if args.json:
         t = m.iteration_s(args.stat)
-        print(json.dumps({"plan_file": args.plan, "cluster": cluster.name, "model": model.name, "stat": args.stat,
-                          "precision": precision,
-                          "estimated_s": est.iteration_time_s, "measured_s": t,
-                          "deviation": deviation(est.iteration_time_s, t), "steps_s": m.steps_s,
-                          "optimizer_s": m.optimizer_s, "step_s_per_rank": m.step_s_per_rank,
-                          "peak_bytes_per_rank": m.peak_bytes_per_rank,
-                          "estimated_peak_bytes_per_stage": [[s.peak_memory_bytes for s in p.stages]
-                                                             for p in est.pipelines]}, indent=2))
+        doc = {"plan_file": args.plan, "cluster": cluster.name, "model": model.name, "stat": args.stat,
+               "precision": precision, "estimated_s": est.iteration_time_s, "measured_s": t,
+               "deviation": deviation(est.iteration_time_s, t), "steps_s": m.steps_s, "optimizer_s": m.optimizer_s,
+               "step_s_per_rank": m.step_s_per_rank, "peak_bytes_per_rank": m.peak_bytes_per_rank,
+               "estimated_peak_bytes_per_stage": [[s.peak_memory_bytes for s in p.stages] for p in est.pipelines]}
+        print(json.dumps(whole_bytes(doc), indent=2))  # byte counts as whole numbers, times as floats
     else:
         print(plan.table(cluster))
         print()

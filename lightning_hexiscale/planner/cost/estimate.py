@@ -114,10 +114,11 @@ class Estimate:
         return self.iteration_time_s if self.feasible else float("inf")
 
     def to_dict(self) -> dict[str, Any]:
-        """The stable JSON document of ``hexiscale estimate --json`` (fields documented in README)."""
+        """The stable JSON document of ``hexiscale estimate --json`` (fields documented in README);
+        byte counts (``*_bytes``) are whole numbers (:func:`whole_bytes`), times stay floats."""
         d = asdict(self)
         d["out_of_memory"] = [dict(asdict(o), message=str(o)) for o in self.out_of_memory]
-        return d
+        return whole_bytes(d)
 
     def summary(self) -> str:
         lines = [f"iteration {self.iteration_time_s:.3f} s, {self.tokens_per_s:,.0f} tokens/s, "
@@ -141,6 +142,20 @@ class Estimate:
                          f"time {p.time_s:.3f} s (bubble {p.bubble_s:.3f} s)")
         lines.append("(* bottleneck pipeline; stage times are per iteration, summed over micro-batches)")
         return "\n".join(lines)
+
+
+def whole_bytes(value: Any, key: str = "") -> Any:
+    """``value`` with every finite float under a key with the word ``bytes`` (``peak_memory_bytes``,
+    ``peak_bytes_per_rank``) rounded to an int, in dicts and lists at any depth: a byte count is a
+    whole number, and JSON wrote the model's float arithmetic as ``1090011264.0`` (a consumer's
+    ``isinstance(x, int)`` failed). Infinite and NaN values are left for the writer to refuse or null."""
+    if isinstance(value, dict):
+        return {k: whole_bytes(v, str(k)) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [whole_bytes(v, key) for v in value]
+    if "bytes" in key.split("_") and isinstance(value, float) and np.isfinite(value):
+        return int(round(value))
+    return value
 
 
 def calibration_theta(cluster: Cluster) -> tuple[float, float, float, float]:
