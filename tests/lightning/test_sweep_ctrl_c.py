@@ -76,6 +76,16 @@ def test_a_stopped_point_of_a_sweep_stops_the_sweep(monkeypatch):
     job, _ = _job(monkeypatch, [lambda watch: 0], multirun=True)
     assert job.task(None) == 0  # no signal: the sweep goes on
 
+    def terminated(watch) -> int:
+        watch.set_phase("training", 2)
+        watch.on_sigterm()
+        raise TrainingInterrupted("terminated (SIGTERM) after step 2; no checkpoint was written", signal_name="SIGTERM")
+
+    job, _ = _job(monkeypatch, [terminated], multirun=True)
+    with pytest.raises(train_cli.SweepStopped) as stopped:
+        job.task(None)
+    assert stopped.value.code == 143
+
 
 def test_the_line_names_the_jobs_that_did_not_run():
     argv = ["-m", "cluster=cpu2", "trainer.lr=1e-3,2e-3", "train.global_batch=8,16", "hydra.sweep.dir=x"]
