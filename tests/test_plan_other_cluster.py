@@ -76,3 +76,26 @@ def test_train_on_another_cluster_says_so_once(cpu2_plan, tmp_path, monkeypatch,
     assert err.count("was made for cluster cpu2") == 1, err[-3000:]
     assert ("hexiscale train: warning: the plan was made for cluster cpu2 (meta.cluster) and is run on cluster "
             "cpu_hetero4, the cluster= given; `hexiscale plan cluster=cpu_hetero4` makes a plan for cpu_hetero4") in err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_a_training_run_on_another_cluster_says_so_once(cpu2_plan, tmp_path):
+    """The strategy the run builds (in the launching process and in each rank it starts) would say it
+    again: three lines for one run on cpu_hetero4 before the run's own line filtered the strategy's."""
+    import os
+    import subprocess
+    import sys
+
+    script = Path(sys.executable).parent / "hexiscale"
+    if not script.is_file():
+        pytest.skip(f"no console script at {script}")
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_PORT")}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
+    out = subprocess.run([str(script), "train", f"plan={cpu2_plan}", "cluster=cpu_hetero4", "trainer.max_steps=1",
+                          "trainer.progress_bar=false", "data.num_samples=64", "trainer.val_every=0",
+                          f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (out.stdout + out.stderr).count("was made for cluster cpu2") == 1, out.stderr[-3000:]
+    assert "final metrics:" in out.stdout

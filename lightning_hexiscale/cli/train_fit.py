@@ -146,8 +146,6 @@ def fit(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict, precisio
     module = LlamaLitModule(model, lr=float(t.lr), weight_decay=float(t.weight_decay), warmup_steps=int(t.warmup_steps),
                             init_seed=int(t.seed), eps=float(t.adam_eps))
     if t.weights:
-        import warnings
-
         from lightning_hexiscale.cli.train_job import is_rank_zero
         from lightning_hexiscale.data.weights import UnusedWeightsWarning, attach_weights
 
@@ -181,12 +179,8 @@ def fit(cfg: DictConfig, cluster, model, plan, out: Path, launch: dict, precisio
     ckpt = ModelCheckpoint(dirpath=str(out / "checkpoints"), save_last=True, save_top_k=0 if not every else -1,
                            every_n_train_steps=every or None)
     if not t.val_every or val_dl is None:  # validation is off on purpose: Lightning's notice says nothing new
-        import warnings
-
         warnings.filterwarnings("ignore", message="You defined a `validation_step` but have no `val_dataloader`")
     if t.resume:  # the recipe keeps no top-k checkpoints: what ModelCheckpoint says it will not reload is nothing
-        import warnings
-
         warnings.filterwarnings("ignore", message="The dirpath has changed from")
     bar = bool(t.progress_bar) if t.progress_bar is not None else progress_bar_by_default()
     trainer = pl.Trainer(
