@@ -10,10 +10,9 @@ The same Hydra app, config and exit statuses as ``hexiscale train`` (lightning_h
 ``python recipes/train.py --help``); its messages and the launch commands it prints name this script.
 """
 
-import sys
-
+from lightning_hexiscale.cli.common import end_command
 from lightning_hexiscale.cli.train import main
 from lightning_hexiscale.cli.train_job import RECIPE
 
 if __name__ == "__main__":
-    sys.exit(main(app=RECIPE, launch_prefix=()))
+    end_command(main(app=RECIPE, launch_prefix=()))

@@ -16,6 +16,18 @@ from typing import Any
 
 from lightning_hexiscale.config.recipe import check_output_file  # noqa: F401 (the commands' name for it)
 
+def end_command(code: int) -> None:
+    """End a ``hexiscale`` command or a recipe with its exit status ``code``. One that imported torch
+    (``train`` and its ranks, ``discover``, ``emulate``, ...) ends through
+    :func:`~lightning_hexiscale.runtime.host.exit_without_finalizing`: the interpreter's teardown of
+    torch and Lightning took seconds per process after the job's last line, every rank paying it."""
+    if "torch" in sys.modules:
+        from lightning_hexiscale.runtime.host import exit_without_finalizing
+
+        exit_without_finalizing(code)
+    sys.exit(code)
+
+
 EPILOG = """overrides (Hydra syntax, composed over conf/config.yaml):
   cluster=NAME|PATH.yaml   a preset of conf/cluster/ or a cluster file (e.g. from `hexiscale profile`)
   model=NAME|PATH.yaml|hf:DIR  a preset of conf/model/, a model file, or a local Hugging Face directory

@@ -44,7 +44,7 @@ def load_commands() -> None:
         importlib.import_module(f"lightning_hexiscale.cli.{name}")
 
 
-from lightning_hexiscale.cli.common import EPILOG, NO_OVERRIDES, SUBCOMMANDS, examples_text, notice_printer
+from lightning_hexiscale.cli.common import EPILOG, end_command, NO_OVERRIDES, SUBCOMMANDS, examples_text, notice_printer
 from lightning_hexiscale.errors import HexiScaleError
 
 EXIT_INTERRUPTED = 130
@@ -119,7 +119,7 @@ def console_main() -> None:
     (``profile``, ``calibrate``, ``check-estimate`` under torchrun) leave through
     :func:`~lightning_hexiscale.profiling.launch.exit_process`, which skips the interpreter shutdown
     that can abort them after their work is done. The module is looked up, not imported: the other
-    commands never load torch.distributed."""
+    commands never load torch.distributed. The rest end through :func:`~.common.end_command`."""
     try:
         code = main()
     except KeyboardInterrupt:  # while reading the command line or importing a subcommand
@@ -128,7 +128,7 @@ def console_main() -> None:
     launch = sys.modules.get("lightning_hexiscale.profiling.launch")
     if launch is not None:
         launch.exit_process(code)
-    sys.exit(code)
+    end_command(code)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -20,7 +20,6 @@ Two ways in, one function shape ``fn(rank, world, *args)``:
 
 from __future__ import annotations
 
-import atexit
 import datetime
 import os
 import queue
@@ -36,7 +35,7 @@ import torch.distributed as dist
 
 from lightning_hexiscale.errors import HexiScaleError
 from lightning_hexiscale.runtime.failure import is_peer_failure
-from lightning_hexiscale.runtime.host import fork_context
+from lightning_hexiscale.runtime.host import exit_without_finalizing, fork_context
 
 
 _JOINED_GROUP = False
@@ -274,18 +273,12 @@ def exit_process(code: int):
     calls ``std::terminate``: the rank dies with SIGABRT ("terminate called without an active
     exception", exit -6) after its work is done, and the launcher reports a failed job (seen in CI
     about one run in six of the benchmark's workers). ``destroy_process_group`` does not join gloo's
-    threads. Skipping finalization is what ``multiprocessing`` children do too; the ``atexit``
-    handlers still run first, and everything this package writes is closed before the caller
-    returns its code."""
+    threads. :func:`~lightning_hexiscale.runtime.host.exit_without_finalizing` (the ``atexit``
+    handlers still run first); everything this package writes is closed before the caller returns
+    its code."""
     if not _JOINED_GROUP:
         sys.exit(code)
-    atexit._run_exitfuncs()  # what the normal exit would run (loggers, temp files) still runs; not the finalization
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # closed or broken pipe: nothing more can be written anyway
-            pass
-    os._exit(0 if code is None else int(code))
+    exit_without_finalizing(code)
 
 
 # ---- load from other jobs on a shared host -----------------------------------------------------------

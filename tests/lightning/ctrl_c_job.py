@@ -41,6 +41,7 @@ if PHASE == "child_dies" and CHILD:
     print(f"rank {os.environ['LOCAL_RANK']}: dying on purpose", file=sys.stderr, flush=True)
     sys.exit(3)
 
+from lightning_hexiscale.cli.common import end_command  # noqa: E402
 from lightning_hexiscale.cli.train import main  # noqa: E402
 from lightning_hexiscale.cli.train_job import RECIPE  # noqa: E402
 
@@ -67,4 +68,4 @@ elif PHASE == "save":
     HexiScaleStrategy.save_checkpoint = lambda self, *a, **k: (slow("save"), save(self, *a, **k))[1]
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:], app=RECIPE, launch_prefix=(PHASE,)))
+    end_command(main(sys.argv[1:], app=RECIPE, launch_prefix=(PHASE,)))
