@@ -164,7 +164,11 @@ def exit_without_finalizing(code: int | None) -> None:
     after a 2-rank ``hexiscale train`` on a loaded 2-core host, in every rank and in the launching
     process, after the job's last line. ``multiprocessing`` children skip it the same way. What
     the finalization would still do is release memory the kernel takes back anyway, and flush files
-    left open without ``close`` (none of this package's)."""
+    left open without ``close`` (none of this package's). Under a profiler or tracer (``python -m
+    cProfile``, a debugger, coverage) the exit is the normal one: cProfile writes its file after the
+    script returns."""
+    if _traced():
+        sys.exit(code)
     shutdown = getattr(threading, "_shutdown", None)
     if shutdown is not None and threading.current_thread() is threading.main_thread():
         shutdown()  # joins non-daemon threads (a checkpoint writer's pool among them), as the normal exit does
@@ -175,3 +179,11 @@ def exit_without_finalizing(code: int | None) -> None:
         except (OSError, ValueError):  # closed or broken pipe: nothing more can be written anyway
             pass
     os._exit(0 if code is None else int(code))
+
+
+def _traced() -> bool:
+    """Whether a profiler, tracer or (Python 3.12+) ``sys.monitoring`` tool watches this process."""
+    if sys.getprofile() is not None or sys.gettrace() is not None:
+        return True
+    monitoring = getattr(sys, "monitoring", None)
+    return monitoring is not None and any(monitoring.get_tool(i) is not None for i in range(6))
