@@ -17,7 +17,7 @@ import types
 from pathlib import Path
 
 import pytest
-from test_ctrl_c import ROOT, TRAIN, ctrl_c, job, one_line, timed_ctrl_c
+from test_ctrl_c import ROOT, TRAIN, ctrl_c, ended_at_once_in_step_3, job, one_line, timed_ctrl_c
 
 
 def _cpu2(run: Path, launcher: str, *extra: str) -> list[str]:
@@ -101,10 +101,7 @@ def test_a_second_ctrl_c_in_a_long_step_of_spawn_or_fork_workers_ends_the_job_at
     code, out, err, took = timed_ctrl_c(job("step", run, "trainer.checkpoint_every=2", f"trainer.launcher={launcher}"),
                                         ("SLOW step", "stopping at the end of this step"), tmp_path, 150,
                                         last_to=(0, 1) if second == "workers" else (), end_s=20)
-    assert code == 130 and took < 5, (code, took, err[-3000:])
-    last = run / "checkpoints" / "last.ckpt"
-    assert one_line(err) == (f"recipes/train.py: interrupted (Ctrl-C twice) while training (step 3); the last "
-                             f"checkpoint, {last}, was kept (resume with trainer.resume={last})")
+    ended_at_once_in_step_3(code, took, err, run)
 
 
 @pytest.mark.slow
