@@ -5,9 +5,19 @@ import json
 
 import pytest
 
+from plan_memo import memoised_planner
+
 from lightning_hexiscale.cli.main import main
 
 BASE = ["cluster=case_study", "model=llama2_13b", "train.global_batch=24", "planner.iterations=6"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def planned_once():
+    """The tests here plan BASE (and the straggler cluster) several times over: each search and
+    baseline runs once per module for equal arguments (tests/planner/plan_memo.py)."""
+    with pytest.MonkeyPatch.context() as mp, memoised_planner(mp) as stats:
+        yield stats
 
 
 def test_plan_json_has_plan_estimate_and_search_time(capsys, tmp_path):
