@@ -86,7 +86,8 @@ def run_baselines(cluster: Cluster, workload: Workload, global_batch: int, setti
         elif n == "symmetric-best":
             out[n] = symmetric_best(cluster, workload, global_batch, s)
         elif n == "leave-out":
-            out[n] = leave_out(cluster, workload, global_batch, s)
+            # symmetric-best (run first, same arguments) is the symmetric half of leave-out
+            out[n] = leave_out(cluster, workload, global_batch, s, symmetric=out.get("symmetric-best"))
         elif n == "fast-only":  # renamed in issue 43: it ranged over the whole cluster too
             raise ConfigError("baselines", n, "fast-only was split: it also ranged over the whole cluster",
                               "use symmetric-best (the best symmetric plan on any machine subset, all machines "

@@ -99,7 +99,8 @@ LEAVE_OUT_STYLES = ("search", "symmetric")
 
 
 def leave_out(cluster: Cluster, workload: Workload, global_batch: int,
-              settings: SearchSettings | None = None, style: str | None = None) -> BaselineResult:
+              settings: SearchSettings | None = None, style: str | None = None,
+              symmetric: BaselineResult | None = None) -> BaselineResult:
     """What a user does without this project: train on some machines (the fast ones, usually) and
     leave at least one machine out. The best plan on a STRICT machine subset, of ``style``:
 
@@ -112,7 +113,9 @@ def leave_out(cluster: Cluster, workload: Workload, global_batch: int,
     - None (default): the better of the two.
 
     The plan is in the cluster's own device ids, the machines left out named idle, timed on the
-    whole cluster. A one-machine cluster has no strict subset: no plan, and the note says so."""
+    whole cluster. A one-machine cluster has no strict subset: no plan, and the note says so.
+    ``symmetric``: :func:`symmetric_best`'s result for these same arguments where the caller has it
+    (:func:`baselines.run_baselines` runs both; it was searched twice), else it is run here."""
     if style not in LEAVE_OUT_STYLES + (None,):
         raise ConfigError("leave_out(style)", style, "must be search, symmetric or None (the better of both)",
                           "pass style='search' or style='symmetric', or leave it out")
@@ -137,7 +140,7 @@ def leave_out(cluster: Cluster, workload: Workload, global_batch: int,
                 found.append((est.cost, plan, f"search without {cluster.machines[gone].name}: "
                                               f"{n} pipeline{'s' if n != 1 else ''}, {r.plan.dp_sharding}"))
     if style in ("symmetric", None):
-        sym = symmetric_best(cluster, workload, global_batch, s).leaving_out
+        sym = (symmetric or symmetric_best(cluster, workload, global_batch, s)).leaving_out
         if sym is not None and sym.plan is not None:
             found.append((sym.estimate.cost, sym.plan, sym.note))
     if not found:
