@@ -3,6 +3,7 @@
 import math
 
 import pytest
+from plan_memo import memoised_planner
 
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError, InfeasiblePlan
@@ -11,6 +12,14 @@ from lightning_hexiscale.planner import baselines as B
 from lightning_hexiscale.planner import SearchSettings, Workload, estimate, search
 
 FAST = SearchSettings(iterations=6)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def planned_once():
+    """symmetric-best's and leave-out's tests price the same machine subsets of the straggler
+    cluster (megatron, galvatron, the search): once per module for equal arguments (plan_memo.py)."""
+    with pytest.MonkeyPatch.context() as mp, memoised_planner(mp) as stats:
+        yield stats
 
 
 @pytest.fixture(scope="module")
