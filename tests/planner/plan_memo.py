@@ -6,8 +6,9 @@ checks the same seed gives the same plan and log), so a test that asks again for
 test of its module already searched gets that result back instead of searching again; what the
 command does with it (validation, reports, files written) still runs. The key is the pickled
 arguments (cluster, workload, batch, settings) with ``progress`` set aside: it draws a bar and
-changes no result. tests/planner/test_cli_plan.py plans case_study / Llama-2 13B / batch 24 in eight
-tests, three of them with the baselines: 19.0 s for the file on an idle 2-core host, 11.3 s memoised.
+changes no result. tests/planner/test_cli_plan.py plans case_study / Llama-2 13B / batch 24 in seven
+tests, two of them with the baselines (three runs, one with --aware-baselines): 19.0 s for the file
+on an idle 2-core host, 11.3 s memoised.
 """
 
 from __future__ import annotations
