@@ -177,6 +177,7 @@ class BatchTimer:
         self._edges: tuple[Plan, dict] | None = None
         self._caps: tuple[Plan, dict] | None = None
         self._comms: tuple[Plan, dict] | None = None
+        self._comms_of: dict[tuple, dict] = {}
         self.exact_comms = cluster.num_devices <= _EXACT_DEVICES and workload.device == "cuda" and workload.comm_buffer_bytes > 0
         """Up to _EXACT_DEVICES devices the memory check counts each stage's NCCL communicators as
         ``estimate()`` does (``communicators.stage_communicators``, a few ms per layout there); beyond,
@@ -264,7 +265,16 @@ class BatchTimer:
         if not (self.exact_comms and self.w.device == "cuda" and self.w.comm_buffer_bytes):
             return {}
         if self._comms is None or self._comms[0] is not layout:
-            self._comms = (layout, stage_communicators(layout, self.w.model))
+            # the groups depend on the rank order and the stages (devices, layers) only, not on the
+            # dp sharding, batches or schedule: a layout drafted under three shardings counts once
+            key = (layout.device_order,
+                   tuple(tuple((st.devices, st.layers) for st in p.stages) for p in layout.pipelines))
+            found = self._comms_of.get(key)
+            if found is None:
+                if len(self._comms_of) > _PIPE_CACHE:
+                    self._comms_of.clear()
+                found = self._comms_of[key] = stage_communicators(layout, self.w.model)
+            self._comms = (layout, found)
         return self._comms[1]
 
     def fits(self, layout: Plan, i: int, m: int, n: int) -> bool:
