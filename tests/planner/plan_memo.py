@@ -19,9 +19,8 @@ import functools
 import pickle
 from typing import Any, Callable, Iterator
 
-from lightning_hexiscale.planner import baselines
+from lightning_hexiscale.planner import SearchSettings, baselines
 from lightning_hexiscale.planner.search import entry
-from lightning_hexiscale.planner import SearchSettings
 
 BASELINE_FUNCTIONS = ("megatron", "galvatron", "metis", "random_baseline", "symmetric_best", "leave_out", "uniform_tp")
 """What :func:`baselines.run_baselines` calls by these names (looked up in its module at each call)."""
