@@ -50,6 +50,10 @@ tokens hung ``hexiscale plan``). Water-filling takes seconds at G = 10^9 and fou
 as the exact split on case_study (llama2_7b, G = 8,192) and cpu2 (llama_tiny, G = 100,000)."""
 _PIPE_CACHE = 20000
 """Pipelines whose batch times are memoised (a search revisits the same pipelines often)."""
+_LAYOUT_CACHE = 64
+"""Layout structures whose sharding-free terms (data-parallel terms, communicator counts) are kept:
+a layout is scored under every dp sharding within a few calls, and on large clusters one entry
+holds a term per stage of hundreds of pipelines."""
 
 
 def sumset(reach: int, allowed: int, limit: int) -> int:
@@ -182,8 +186,10 @@ class BatchTimer:
         """Up to _EXACT_DEVICES devices the memory check counts each stage's NCCL communicators as
         ``estimate()`` does (``communicators.stage_communicators``, a few ms per layout there); beyond,
         the per-position lower bound (the count takes ~0.5 s for a 1024-GPU layout)."""
-        self._dp_terms: tuple[tuple, tuple] | None = None
-        """(stages of the last layout, its :func:`estimate.dp_terms`), which no sharding changes."""
+        self._dp_terms: dict[tuple, tuple] = {}
+        """Stages of a layout -> its :func:`estimate.dp_terms`, which no sharding changes (kept for
+        every layout, not the last one only: regroup scores each layer split under every sharding
+        in turn, so the last one was never the same)."""
         self._flat: tuple[Plan, tuple] | None = None
         self._known: tuple | None = None
         """(plan, breakdown) of the last winner of :meth:`best_uniform` (saves recomputing it)."""
@@ -271,7 +277,7 @@ class BatchTimer:
                    tuple(tuple((st.devices, st.layers) for st in p.stages) for p in layout.pipelines))
             found = self._comms_of.get(key)
             if found is None:
-                if len(self._comms_of) > _PIPE_CACHE:
+                if len(self._comms_of) > _LAYOUT_CACHE:
                     self._comms_of.clear()
                 found = self._comms_of[key] = stage_communicators(layout, self.w.model)
             self._comms = (layout, found)
@@ -528,9 +534,12 @@ class BatchTimer:
         """Per stage, [(layers, T_comm)] with T_comm as DP-Overhead-Layer takes it (:func:`estimate.dp_terms`
         at the reduce and parameter bytes, combined by :func:`compose.dp_intervals`)."""
         shape = tuple(tuple((st.devices, st.layers) for st in p.stages) for p in layout.pipelines)
-        if self._dp_terms is None or self._dp_terms[0] != shape:  # the same layout under another sharding
-            self._dp_terms = (shape, E.dp_terms(layout, self.cluster, self.w))
-        return compose.dp_intervals(*self._dp_terms[1], layout.dp_sharding)
+        terms = self._dp_terms.get(shape)
+        if terms is None:
+            if len(self._dp_terms) > _LAYOUT_CACHE:
+                self._dp_terms.clear()
+            terms = self._dp_terms[shape] = E.dp_terms(layout, self.cluster, self.w)
+        return compose.dp_intervals(*terms, layout.dp_sharding)
 
     def edges(self, layout: Plan) -> dict:
         """:func:`estimate.dp_edge_all` of the layout ((i, j) -> embedding / head / norms sync times;
