@@ -9,7 +9,8 @@ whatever the caller does, so they are filtered here by their exact text and orig
   ``lightning/pytorch/utilities/_pytree.py``: Lightning's CombinedLoader flattens every DataLoader
   it is given with ``LeafSpec()``, so no way of passing loaders avoids it; only Lightning can.
 
-Everything else still shows. :func:`install` is idempotent; the strategy calls it when built.
+Everything else still shows. :func:`install` is idempotent; the strategy calls it when built and
+again when each rank sets up (see there).
 """
 
 from __future__ import annotations
@@ -26,15 +27,16 @@ class _DropTip(logging.Filter):
         return not str(record.msg).startswith(LITLOGGER_TIP)
 
 
-_installed = False
-
-
 def install() -> None:
-    global _installed
-    if _installed:
-        return
-    _installed = True
+    """Add both filters; idempotent. The warning filter is added again at every call (the warnings
+    module moves an equal filter to the front rather than adding a second): a caller's
+    ``warnings.catch_warnings()`` block restores the filters it found, so a filter first added inside
+    one (``hexiscale train`` builds the strategy in such a block) was gone after it, and the
+    deprecation came back; the strategy calls this again in :meth:`setup_environment` for that reason.
+    The logging filter is added once per logger (loggers keep theirs)."""
     for name in _LOGGERS:
-        logging.getLogger(name).addFilter(_DropTip())
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropTip) for f in logger.filters):
+            logger.addFilter(_DropTip())
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
                             category=FutureWarning, module=r"lightning\.pytorch\.utilities\._pytree")

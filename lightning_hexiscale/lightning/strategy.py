@@ -144,6 +144,7 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, int
             # oversubscribes them (8 such processes ran 9x slower than with one thread each).
             n = self.settings.num_threads if self.settings.num_threads != "auto" else max(1, (os.cpu_count() or 1) // max(1, self.num_processes))
             torch.set_num_threads(n)
+        notices.install()  # again: built inside a caller's warnings.catch_warnings(), its filter was dropped
         super().setup_environment()
         destroy_groups_at_exit()  # a user's script would otherwise end with gloo's SIGABRT now and then
 
