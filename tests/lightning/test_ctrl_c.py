@@ -43,6 +43,33 @@ def ctrl_c(cmd: list[str], marker: str, tmp: Path, deadline_s: float,
     return code, out, err
 
 
+def signal_when(cmd: list[str], tmp: Path, marker: str, send, deadline_s: float = 200, names=("stdout.txt", "stderr.txt"),
+                **popen) -> tuple[int, Path, Path]:
+    """Run ``cmd`` in a session of its own (stdout and stderr to ``tmp / names``, the rank variables of
+    this process left out, the checkout on PYTHONPATH); once ``marker`` is in its stdout, ``send(p)``
+    (the signal); (exit status within 60 s, stdout file, stderr file). Fails if it exits first or the
+    marker takes ``deadline_s``; its process group is killed after."""
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_PORT")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    out, err = tmp / names[0], tmp / names[1]
+    with open(out, "w") as o, open(err, "w") as e:
+        p = subprocess.Popen(cmd, stdout=o, stderr=e, cwd=tmp, env=env, start_new_session=True, **popen)
+    try:
+        t0 = time.time()
+        while marker not in out.read_text():
+            assert p.poll() is None, err.read_text()[-3000:]
+            assert time.time() - t0 < deadline_s, f"no {marker!r} in {deadline_s} s: {err.read_text()[-3000:]}"
+            time.sleep(0.1)
+        send(p)
+        code = p.wait(timeout=60)
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return code, out, err
+
+
 def timed_ctrl_c(cmd: list[str], markers: tuple[str, ...], tmp: Path, deadline_s: float,
                  last_to: tuple[int, ...] = (), last_signal: int = signal.SIGINT,
                  end_s: float | None = None) -> tuple[int, str, str, float]:
@@ -213,27 +240,12 @@ def test_sigterm_to_the_job_while_training_stops_at_a_step_and_saves_it(tmp_path
     from lightning_hexiscale.runtime import checkpoint as ckpt
 
     run = tmp_path / "run"
-    out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
-    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_PORT")}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     cmd = [sys.executable, str(TRAIN), "cluster=cpu2", "model=llama_tiny", "train.global_batch=8",
            "trainer.max_steps=1000", "trainer.val_every=0", "trainer.progress_bar=false", "trainer.log_every=1",
            "trainer.timeout_s=120", f"hydra.run.dir={run}"]
-    with open(out, "w") as o, open(err, "w") as e:
-        p = subprocess.Popen(cmd, stdout=o, stderr=e, cwd=tmp_path, env=env, start_new_session=True)
-    try:
-        t0 = time.time()
-        while "step     3" not in out.read_text():
-            assert p.poll() is None, err.read_text()[-3000:]
-            assert time.time() - t0 < 200, "no step 3"
-            time.sleep(0.2)
-        p.send_signal(signal.SIGTERM)  # the launching process only, as `kill <pid>` does
-        code = p.wait(timeout=60)  # the old code: no progress until trainer.timeout_s (120 s)
-    finally:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    # SIGTERM to the launching process only, as `kill <pid>` does; the old code: no progress until
+    # trainer.timeout_s (120 s)
+    code, out, err = signal_when(cmd, tmp_path, "step     3", lambda p: p.send_signal(signal.SIGTERM))
     text = err.read_text()
     assert code == 143 and "Traceback" not in text, (code, text[-3000:])
     assert "SIGTERM: stopping at the end of this step" in out.read_text()

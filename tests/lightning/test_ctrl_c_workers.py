@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
-import time
 import types
 from pathlib import Path
 
 import pytest
-from test_ctrl_c import ROOT, TRAIN, ctrl_c, ended_at_once_in_step_3, job, one_line, timed_ctrl_c
+from test_ctrl_c import TRAIN, ctrl_c, ended_at_once_in_step_3, job, one_line, signal_when, timed_ctrl_c
 
 
 def _cpu2(run: Path, launcher: str, *extra: str) -> list[str]:
@@ -59,24 +57,10 @@ def test_ctrl_c_then_sigterm_to_spawn_or_fork_workers_stop_at_a_step_and_save_it
     stopped = _stopped_and_saved(code, err, run, "interrupted (Ctrl-C)", 130)
     last = run / "checkpoints" / "last.ckpt"
     resumed = tmp_path / "resumed"
-    stdout, stderr = tmp_path / "stdout2.txt", tmp_path / "stderr2.txt"
-    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_PORT")}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    with open(stdout, "w") as o, open(stderr, "w") as e:
-        p = subprocess.Popen(_cpu2(resumed, launcher, "trainer.max_steps=1000", f"trainer.resume={last}"),
-                             stdout=o, stderr=e, cwd=tmp_path, env=env, start_new_session=True)
-    try:
-        t0 = time.time()
-        while f"step {stopped + 2:5d}" not in stdout.read_text():
-            assert p.poll() is None and time.time() - t0 < 200, stderr.read_text()[-3000:]
-            time.sleep(0.2)
-        os.killpg(p.pid, signal.SIGTERM)  # the whole group: the launching process and its workers
-        code = p.wait(timeout=60)
-    finally:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    # SIGTERM to the whole group: the launching process and its workers
+    code, stdout, stderr = signal_when(_cpu2(resumed, launcher, "trainer.max_steps=1000", f"trainer.resume={last}"),
+                                       tmp_path, f"step {stopped + 2:5d}", lambda p: os.killpg(p.pid, signal.SIGTERM),
+                                       names=("stdout2.txt", "stderr2.txt"))
     steps = [int(ln.split()[1]) for ln in stdout.read_text().splitlines() if ln.startswith("step ")]
     assert steps[:2] == [stopped + 1, stopped + 2], stdout.read_text()[-2000:]
     assert "SIGTERM: stopping at the end of this step" in stdout.read_text()

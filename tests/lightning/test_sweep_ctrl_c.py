@@ -7,18 +7,16 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from test_ctrl_c import signal_when
 
 from lightning_hexiscale.cli import train as train_cli
 from lightning_hexiscale.cli.train_job import HEXISCALE, not_run_line
 from lightning_hexiscale.errors import TrainingInterrupted
 
-ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(sys.executable).parent / "hexiscale"
 
 
@@ -105,25 +103,9 @@ def test_ctrl_c_in_the_first_point_of_a_sweep_ends_the_sweep(tmp_path):
     cmd = [str(SCRIPT), "train", "-m", "cluster=cpu2", "model=llama_tiny", "train.global_batch=8",
            "trainer.progress_bar=false", "data.num_samples=64", "trainer.max_steps=2000", "trainer.val_every=0",
            "trainer.log_every=1", "trainer.lr=1e-3,2e-3", f"hydra.sweep.dir={sweep}"]
-    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_PORT")}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
-    with open(out, "w") as o, open(err, "w") as e:
-        p = subprocess.Popen(cmd, stdout=o, stderr=e, cwd=tmp_path, env=env, start_new_session=True,
-                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    try:
-        t0 = time.time()
-        while "step     2 " not in out.read_text():
-            assert p.poll() is None, err.read_text()[-3000:]
-            assert time.time() - t0 < 240, "job #0 did not train"
-            time.sleep(0.1)
-        os.killpg(p.pid, signal.SIGINT)
-        code = p.wait(timeout=60)
-    finally:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    # one Ctrl-C to the process group, as a terminal sends it
+    code, out, err = signal_when(cmd, tmp_path, "step     2 ", lambda p: os.killpg(p.pid, signal.SIGINT), 240,
+                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     text = err.read_text()
     assert code == 130, text[-3000:]
     assert "interrupted (Ctrl-C) after step" in text, text[-3000:]
