@@ -117,7 +117,18 @@ def notice_printer(prog: str, default_show):
 
 
 def explicit(overrides: Sequence[str], key: str) -> bool:
-    return any(o.split("=", 1)[0].lstrip("+~") == key for o in overrides)
+    return given_value(overrides, key) is not None
+
+
+def given_value(overrides: Sequence[str], key: str) -> str | None:
+    """The value of the last ``key=VALUE`` override (``+key`` / ``~key`` alike; ``~key`` without a value
+    gives ""), else None."""
+    found = None
+    for o in overrides:
+        name, _, value = o.partition("=")
+        if name.lstrip("+~") == key:
+            found = value
+    return found
 
 
 def sweep_axes(overrides: Sequence[str]) -> list[list[str]]:

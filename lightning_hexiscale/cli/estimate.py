@@ -6,7 +6,8 @@ import argparse
 import json
 import warnings
 
-from lightning_hexiscale.cli.common import apply_train_overrides, compose_plan_config, explicit, subcommand
+from lightning_hexiscale.cli.common import (apply_train_overrides, compose_plan_config, explicit, given_value,
+                                           subcommand)
 from lightning_hexiscale.cli.plan import add_table_flag, estimate_document, overrides_of, sources_lines
 
 
@@ -57,8 +58,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     plan = Plan.load(args.plan)
     cfg = compose_plan_config(overrides_of(args), plan, args.plan)
     cluster = Cluster.from_config(cfg.cluster)
-    given = [o.split("=", 1)[1] for o in args.overrides if o.split("=", 1)[0].lstrip("+~") == "cluster"]
-    note = made_for_another_cluster(plan.meta, cluster, "priced", given[-1]) if given else None
+    given = given_value(args.overrides, "cluster")
+    note = made_for_another_cluster(plan.meta, cluster, "priced", given) if given is not None else None
     if note:  # cluster= wins over the plan's meta, but not without a word
         warnings.warn(note, OtherClusterWarning)
     workload = workload_from_config(cfg)

@@ -204,12 +204,12 @@ def run(cfg: DictConfig, progress: JobWatch | None = None, app: AppName = HEXISC
     except PlanError as e:
         raise for_another_cluster(e, cfg.plan, cluster.name) from None
     files = cluster_file_given()  # the fix names the cluster as given: its file, else its preset
-    note = (made_for_another_cluster(plan.meta, cluster, "run", files[0].split("=", 1)[1] if files else None)
-            if cfg.plan else None)
-    if note and is_rank_zero():  # cluster= wins over the plan's meta, but not without a word
-        warnings.warn(note, OtherClusterWarning)
+    if cfg.plan and is_rank_zero():  # rank 0 says it for the job (no rank else loads the plan's cluster again)
+        note = made_for_another_cluster(plan.meta, cluster, "run", files[0].split("=", 1)[1] if files else None)
+        if note:  # cluster= wins over the plan's meta, but not without a word
+            warnings.warn(note, OtherClusterWarning)
     picture = None
-    plan = with_cluster_file(plan, cluster_file_given())  # plan=plan.yaml finds the cluster file again
+    plan = with_cluster_file(plan, files)  # plan=plan.yaml finds the cluster file again
     rewrite = plan_file_to_write(cfg.plan, plan, out / "plan.yaml")
     if is_rank_zero():
         if rewrite:
