@@ -47,8 +47,14 @@ def _running_children() -> list[str] | None:
     lists = list(Path("/proc/self/task").glob("*/children"))
     if not lists:
         return None
+    pids = []
+    for f in lists:
+        try:  # a thread listed by the glob may have exited since (its task directory is gone)
+            pids += f.read_text().split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
     running = []
-    for pid in (p for f in lists for p in f.read_text().split()):
+    for pid in pids:
         try:
             state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except (FileNotFoundError, ProcessLookupError, IndexError):

@@ -179,7 +179,11 @@ def _signal_job(tmp_path, args: list[str], ready: str, sig, wait_s: int, settle_
             os.killpg(p.pid, sig)
         elif workers:  # the caller's children but multiprocessing's resource tracker
             for child in Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text().split():
-                if b"resource_tracker" not in Path(f"/proc/{child}/cmdline").read_bytes():
+                try:  # a child that exited since the list was read has no cmdline left
+                    cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+                except (FileNotFoundError, ProcessLookupError):
+                    continue
+                if b"resource_tracker" not in cmdline:
                     os.kill(int(child), sig)
         else:
             p.send_signal(sig)  # the first process only, as `kill <pid>` does
