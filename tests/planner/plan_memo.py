@@ -4,7 +4,7 @@
 The search and the baselines are deterministic for their inputs (tests/planner/search/test_search.py
 checks the same seed gives the same plan and log), so a test that asks again for a plan an earlier
 test of its module already searched gets that result back instead of searching again; what the
-command does with it (validation, reports, files written) still runs. The key is the pickled
+command does with it (validation, reports, files written) still runs, on a copy of its own. The key is the pickled
 arguments (cluster, workload, batch, settings) with ``progress`` set aside: it draws a bar and
 changes no result. tests/planner/test_cli_plan.py plans case_study / Llama-2 13B / batch 24 in seven
 tests, two of them with the baselines (three runs, one with --aware-baselines): 19.0 s for the file
@@ -14,6 +14,7 @@ on an idle 2-core host, 11.3 s memoised.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import functools
 import pickle
@@ -41,7 +42,9 @@ def _memo(fn: Callable, store: dict, stats: dict) -> Callable:
             stats["computed"] += 1
         else:
             stats["reused"] += 1
-        return store[key]
+        # a copy each time: a test that changes the plan it got (a stage, a batch) must not change the
+        # next test's result
+        return copy.deepcopy(store[key])
     return call
 
 
