@@ -114,6 +114,8 @@ class _Job:
         # the job's phase, its output directory and its Ctrl-C handling (lightning/launch/job_watch.py)
         self.watch = JobWatch(app.prog, quiet=not is_rank_zero())
         self.statuses: list[int] = []
+        self.sweep_argv: list[str] = []
+        """The overrides Hydra parses (a ``-m`` sweep's swept values among them)."""
 
     def say(self, line: str) -> None:
         """The job's one closing line (once, whoever ends the job: this or the watch's thread)."""
@@ -178,6 +180,14 @@ class _Job:
             # ends the whole sweep, not this point alone (one press per point would be needed to stop it)
             code = code if code in (EXIT_INTERRUPTED, EXIT_TERMINATED) else EXIT_INTERRUPTED
             raise SweepStopped(code, sweep_point())
+        if is_multirun():
+            # Until the next job begins (Hydra's own code runs in this thread), a Ctrl-C leaves the
+            # sweep's loop as a KeyboardInterrupt and a SIGTERM ends it from the watch; both name the
+            # jobs that will not run (before, the line was "interrupted (Ctrl-C) while finishing")
+            point, swept = sweep_point(), self.sweep_argv
+            self.watch.sweep_line = lambda why: (f"{prog}: {why} stopped the sweep after job #{point} ended; "
+                                                 f"{not_run_line(swept, point)}")
+            self.watch.set_phase("between")
         return code
 
 
@@ -224,7 +234,7 @@ def main(argv: Sequence[str] | None = None, app: AppName = HEXISCALE, launch_pre
             print(f"{app.prog}: error: {e}", file=sys.stderr)
             return EXIT_CONFIG
         register_configs()
-        job.launch_argv = [program, *launch_prefix, *argv]
+        job.launch_argv, job.sweep_argv = [program, *launch_prefix, *argv], argv
         saved, sys.argv = sys.argv, [program, *argv]  # what Hydra parses: its flags and the overrides
         default_show = warnings.showwarning
         warnings.showwarning = notice_printer(app.prog, default_show)

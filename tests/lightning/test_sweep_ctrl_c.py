@@ -85,6 +85,43 @@ def test_a_stopped_point_of_a_sweep_stops_the_sweep(monkeypatch):
     assert stopped.value.code == 143
 
 
+def test_a_stop_between_two_jobs_names_the_jobs_that_will_not_run(monkeypatch, capsys):
+    """After a job of a sweep ended and before the next began (Hydra's code, in the main thread): a
+    Ctrl-C leaves the sweep's loop and the line names the jobs that will not run; a SIGTERM's line
+    does too. Before, both said ``interrupted (Ctrl-C) while finishing`` (or ``while planning``)."""
+    import hydra
+
+    job, _ = _job(monkeypatch, [lambda watch: 0], multirun=True)
+    job.sweep_argv = ["-m", "cluster=cpu2", "trainer.lr=1e-3,2e-3,3e-3"]
+    assert job.task(None) == 0
+    assert job.watch.phase == "between"
+    left = "2 of its 3 jobs did not run (#1 trainer.lr=0.002; #2 trainer.lr=0.003)"
+    assert job.watch.message() == f"hexiscale train: Ctrl-C stopped the sweep after job #0 ended; {left}"
+    assert job.watch.message(sigterm=True) == f"hexiscale train: SIGTERM stopped the sweep after job #0 ended; {left}"
+    with pytest.raises(KeyboardInterrupt):  # the main thread's handler: Hydra's loop is left
+        job.watch._handler(signal.SIGINT, None)
+    job.watch.begin_run()  # the next job's own phases again
+    assert job.watch.message() == "hexiscale train: interrupted (Ctrl-C) while planning"
+
+    # The command's main(): Hydra runs job #0, then a Ctrl-C arrives before job #1
+    from lightning_hexiscale.cli import train_run
+
+    def sweep(**_):
+        def decorate(task):
+            def run_sweep():
+                task(None)
+                raise KeyboardInterrupt  # what the watch's handler raises in phase "between"
+            return run_sweep
+        return decorate
+
+    monkeypatch.setattr(hydra, "main", sweep)
+    monkeypatch.setattr(train_run, "run", lambda cfg, watch, app: 0)
+    capsys.readouterr()
+    assert train_cli.main(["-m", "cluster=cpu2", "trainer.lr=1e-3,2e-3"]) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "hexiscale train: Ctrl-C stopped the sweep after job #0 ended; 1 of its 2 jobs did not run (#1 trainer.lr=0.002)")
+
+
 def test_the_line_names_the_jobs_that_did_not_run():
     argv = ["-m", "cluster=cpu2", "trainer.lr=1e-3,2e-3", "train.global_batch=8,16", "hydra.sweep.dir=x"]
     assert not_run_line(argv, 1) == ("2 of its 4 jobs did not run (#2 trainer.lr=0.002 train.global_batch=8; "

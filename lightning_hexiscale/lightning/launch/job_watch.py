@@ -42,9 +42,10 @@ PHASES = {
     "training": "training",
     "saving": "saving a checkpoint",
     "finishing": "finishing",
+    "between": "between two jobs of the sweep",
 }
 """Phase -> the words of the one line (``interrupted (Ctrl-C) while <words>``)."""
-IN_MAIN_THREAD = frozenset({"planning"})
+IN_MAIN_THREAD = frozenset({"planning", "between"})
 """Phases whose work is Python code of the main thread: KeyboardInterrupt there ends them cleanly."""
 GRACEFUL = frozenset({"training", "saving"})
 """Phases where the first Ctrl-C asks every rank to stop at the end of the step."""
@@ -167,6 +168,9 @@ class JobWatch:
         imports this module), while this process (no rank) runs them."""
         self.worker_procs: Callable[[], list] | None = None
         """spawn/fork: their processes (multiprocessing's; index = rank), [] until started."""
+        self.sweep_line: Callable[[str], str] | None = None
+        """In phase ``between`` (a ``-m`` sweep, after a job ended): the line for a Ctrl-C or SIGTERM
+        there, given ``"Ctrl-C"`` or ``"SIGTERM"``: the jobs of the sweep that will not run."""
 
     def begin_run(self) -> None:
         """A new run of this process (each point of a ``-m`` sweep): the previous run's Ctrl-C, SIGTERM,
@@ -233,6 +237,8 @@ class JobWatch:
     def message(self, twice: bool | None = None, sigterm: bool = False) -> str:
         """The one line: the phase, and the checkpoint to resume from. ``twice`` (default: whether a
         Ctrl-C already asked the ranks to finish the step) names a second Ctrl-C."""
+        if self.phase == "between" and self.sweep_line is not None:
+            return self.sweep_line("SIGTERM" if sigterm else "Ctrl-C")
         what = "Ctrl-C twice" if (self._asked_to_finish if twice is None else twice) else "Ctrl-C"
         line = (f"{self.prog}: terminated (SIGTERM) while {self.describe()}" if sigterm
                 else f"{self.prog}: interrupted ({what}) while {self.describe()}")
