@@ -129,6 +129,12 @@ class _Job:
         # Hydra has parsed its argv; the popen launcher re-runs this process's argv for each rank.
         sys.argv = self.launch_argv
         self.watch.begin_run()  # each point of a sweep starts again: no Ctrl-C, phase or line of the last one
+        # Each point prints its own warnings: Python shows a warning once per text and line (its
+        # registries), so a second point with the same datasheet or plan notice printed none. Entering
+        # catch_warnings invalidates those registries; leaving it puts the same filters back (a filter a
+        # module added while the last point imported it stays)
+        with warnings.catch_warnings():
+            pass
         prog = self.app.prog
         try:
             try:

@@ -122,6 +122,30 @@ def test_a_stop_between_two_jobs_names_the_jobs_that_will_not_run(monkeypatch, c
         "hexiscale train: Ctrl-C stopped the sweep after job #0 ended; 1 of its 2 jobs did not run (#1 trainer.lr=0.002)")
 
 
+def test_each_point_of_a_sweep_prints_its_own_warnings(monkeypatch):
+    """The same warning from the same line in two points of a sweep is shown in both (Python's
+    registry showed it in the first only), and a filter added during a point stays for the next."""
+    import warnings
+
+    def notice() -> None:
+        warnings.warn("RTX3090: priced from datasheet figures", UserWarning)
+
+    def point(watch) -> int:
+        notice()
+        return 0
+
+    def adds_a_filter(watch) -> int:
+        warnings.filterwarnings("ignore", message="a filter the first point added")
+        return point(watch)
+
+    job, _ = _job(monkeypatch, [adds_a_filter, point], multirun=False)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("default")
+        assert job.task(None) == 0 and job.task(None) == 0
+        assert any(getattr(f[1], "pattern", None) == "a filter the first point added" for f in warnings.filters)
+    assert [str(w.message) for w in seen] == ["RTX3090: priced from datasheet figures"] * 2
+
+
 def test_the_line_names_the_jobs_that_did_not_run():
     argv = ["-m", "cluster=cpu2", "trainer.lr=1e-3,2e-3", "train.global_batch=8,16", "hydra.sweep.dir=x"]
     assert not_run_line(argv, 1) == ("2 of its 4 jobs did not run (#2 trainer.lr=0.002 train.global_batch=8; "
