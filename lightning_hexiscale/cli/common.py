@@ -20,12 +20,25 @@ def end_command(code: int) -> None:
     """End a ``hexiscale`` command or a recipe with its exit status ``code``. One that imported torch
     (``train`` and its ranks, ``discover``, ``emulate``, ...) ends through
     :func:`~lightning_hexiscale.runtime.host.exit_without_finalizing`: the interpreter's teardown of
-    torch and Lightning took seconds per process after the job's last line, every rank paying it."""
-    if "torch" in sys.modules:
+    torch and Lightning took seconds per process after the job's last line, every rank paying it.
+    Not when another program runs the script in its own process (:func:`hosted`): that program goes on."""
+    if "torch" in sys.modules and not hosted():
         from lightning_hexiscale.runtime.host import exit_without_finalizing
 
         exit_without_finalizing(code)
     sys.exit(code)
+
+
+def hosted() -> bool:
+    """Whether this process goes on after the script: ``python -i`` (its prompt follows), IPython or
+    Jupyter's ``%run recipes/train.py ...`` (the kernel), a test that runs the script with ``runpy``
+    (pytest). There ``os._exit`` would end that program too (Jupyter's "kernel died"); the script
+    raises ``SystemExit`` instead, which each of them catches."""
+    if sys.flags.interactive or hasattr(sys, "ps1") or "_pytest" in sys.modules:
+        return True
+    ipython = sys.modules.get("IPython")  # imported by tqdm.auto and others in plain runs too: ask it
+    get_ipython = getattr(ipython, "get_ipython", None)
+    return get_ipython is not None and get_ipython() is not None
 
 
 EPILOG = """overrides (Hydra syntax, composed over conf/config.yaml):
