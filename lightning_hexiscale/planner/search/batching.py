@@ -340,12 +340,18 @@ class BatchTimer:
     def pipeline(self, layout: Plan, i: int, dp: dict, wanted: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
         """g[b]: pipeline i's exact time at batch b with its best micro-batch size (inf where nothing
         fits or ``wanted[b]`` is False), and that size per b. Same arithmetic as ``estimate()``.
-        Memoised per pipeline (its stages, its data-parallel terms, its hops' NIC shares, the
-        plan-wide settings)."""
+        Memoised per pipeline by what it reads: the shape (:meth:`shape`) of each stage's devices
+        and of each hop's two groups, the layers, TP degrees, data-parallel terms, hops' NIC shares
+        and communicators, and the plan-wide settings. Not by the devices themselves: a pipeline
+        dealt onto another machine of the same kind prices alike (regroup deals the same TP groups
+        over every machine of a replicated cluster; 6,641 -> 2,729 computed for hetero1)."""
         P, sh = layout.num_pipelines, layout.dp_sharding
         stages = layout.pipelines[i].stages
         S = len(stages)
-        shape = (P, sh, layout.schedule, layout.pipelines[i].recompute, tuple((st.devices, st.layers) for st in stages))
+        # shape() holds what layer_tb, extra, hop and cap (through limits) read of the devices
+        shape = (P, sh, layout.schedule, layout.pipelines[i].recompute,
+                 tuple((self.shape(st.devices), st.tp, st.layers) for st in stages),
+                 tuple(self.shape(a.devices + b.devices) for a, b in zip(stages, stages[1:])))
         edges, caps, comms = self.edges(layout), self.hop_caps(layout), self.comms(layout)
         key = (shape, tuple(tuple(dp[(i, j)]) for j in range(S)), tuple(edges.get((i, j)) for j in range(S)),
                tuple(caps.get((i, j), ()) for j in range(S)), tuple(comms.get((i, j)) for j in range(S)))

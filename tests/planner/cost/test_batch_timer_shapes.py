@@ -53,3 +53,41 @@ def test_shapes_tell_apart_links_types_and_machines(timer):
     # and the terms do differ where the shapes do (the memo would have hidden it)
     assert timer.layer_tb((0, 1), 2, False) != timer.layer_tb((8, 9), 2, False)
     assert timer.layer_tb((0, 1), 2, False) != timer.layer_tb((12, 13), 2, False)
+
+
+def _one_pipeline(groups, num_layers: int):
+    from lightning_hexiscale.planner import Pipeline, Plan, Stage
+
+    cuts = [round(num_layers * k / len(groups)) for k in range(len(groups) + 1)]
+    stages = tuple(Stage(g, (cuts[j], cuts[j + 1])) for j, g in enumerate(groups))
+    return Plan((Pipeline(16, 1, stages, True),), num_layers, dp_sharding="ddp")
+
+
+def test_whole_pipelines_are_memoised_by_shape_not_by_devices():
+    """A pipeline dealt onto another machine of the same hardware reuses the memo entry; one whose
+    stages differ in links, type or in the hop between them is priced anew, and every price is the
+    one estimate() gives (bit for bit), with the memo shared across all these layouts."""
+    from lightning_hexiscale.planner import estimate
+
+    c = Cluster.from_config(MIXED)
+    w = E.Workload(LlamaConfig.load("llama_tiny"))  # fits on every stage, the 4090s included
+    timer = BatchTimer(c, w, 16, [1, 2, 4])
+    cases = {
+        "on a": [(0, 1), (2, 3)],
+        "on b": [(4, 5), (6, 7)],  # the same hardware as on a: shares a's entry
+        "on c": [(8, 9), (10, 11)],  # PCIe links inside the stages
+        "a then d": [(0, 1), (12, 13)],  # another type in the second stage
+        "across a and b": [(2, 3), (4, 5)],  # the hop between the stages crosses machines
+        "one device a stage on a": [(0,), (1,)],
+        "one device a stage on c": [(8,), (9,)],  # stages alike, the link between them is PCIe
+    }
+    costs = {}
+    for name, groups in cases.items():
+        before = len(timer._pipe)
+        cost, plan = timer.best(_one_pipeline(groups, w.model.num_layers))
+        assert plan is not None and estimate(plan, c, w).iteration_time_s == cost, name
+        costs[name] = cost
+        assert len(timer._pipe) == before + (name != "on b"), name
+    assert costs["on a"] == costs["on b"]
+    apart = ("on a", "on c", "a then d", "across a and b", "one device a stage on a", "one device a stage on c")
+    assert len({costs[k] for k in apart}) == len(apart)
