@@ -55,13 +55,16 @@ def test_inside_pytest_the_script_raises_system_exit(monkeypatch):
 
 def test_ipython_is_asked_whether_it_runs_the_script(monkeypatch):
     """IPython imported (tqdm.auto imports it in plain runs too) is a host only when it has a shell."""
-    monkeypatch.delitem(sys.modules, "_pytest")
     shell: list = []
-    monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: shell[0] if shell else None))
+    ipython = types.SimpleNamespace(get_ipython=lambda: shell[0] if shell else None)
+    # what hosted() reads of sys, as a plain run of a script shows it (no _pytest), IPython imported
+    modules = {k: v for k, v in sys.modules.items() if k != "_pytest"} | {"IPython": ipython}
+    monkeypatch.setattr(common, "sys", types.SimpleNamespace(flags=types.SimpleNamespace(interactive=0),
+                                                             modules=modules))
     assert not common.hosted()
     shell.append(object())  # %run in IPython or a Jupyter kernel
     assert common.hosted()
-    monkeypatch.delitem(sys.modules, "IPython")
+    del modules["IPython"]
     assert not common.hosted()
 
 
