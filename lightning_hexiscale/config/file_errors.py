@@ -35,6 +35,14 @@ DOC_PAGES = {"cluster": "Clusters (docs/guide/clusters.md)", "model": "Models (d
 """The documentation page of each file kind, for the fixes: a wheel user has the docs, not ``conf/``."""
 
 
+ENTRY_EXAMPLES = {
+    "MachineConfig": '{{name: {name}, gpu: A800, count: 8, intra_bandwidth: "200 GB/s"}}',
+    "MachineLinkConfig": '{{machines: [a, b], bandwidth: "100 Gbps"}}',
+}
+"""An example entry per schema that a list holds, for the fix when an entry is not a mapping or
+the list is not a list."""
+
+
 def doc_page(key: str) -> str:
     return "the docs' " + DOC_PAGES.get(key, "Configuration reference (docs/reference/configuration.md)") + " page"
 

@@ -22,7 +22,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from lightning_hexiscale.config.layer_table import LayerTableConfig
 from lightning_hexiscale.config.recipe import DataConfig, TrainerConfig
 from lightning_hexiscale.config.file_errors import (  # noqa: F401 (DOC_PAGES, is_file: re-exported)
-    DOC_PAGES, check_name_or_path, clean_message, doc_page, is_file, locate_entry)
+    DOC_PAGES, ENTRY_EXAMPLES, check_name_or_path, clean_message, doc_page, is_file, locate_entry)
 from lightning_hexiscale.errors import ConfigError
 
 
@@ -502,13 +502,6 @@ def check_missing(node: DictConfig, key: str, where: str) -> None:
     if missing:
         raise ConfigError(f"{key}.{missing[0]}", None, f"a required key is missing (in {where})",
                           f"add {missing[0].split('.')[-1]}: ... (see {doc_page(key)})")
-
-
-ENTRY_EXAMPLES = {
-    "MachineConfig": '{{name: {name}, gpu: A800, count: 8, intra_bandwidth: "200 GB/s"}}',
-    "MachineLinkConfig": '{{machines: [a, b], bandwidth: "100 Gbps"}}',
-}
-"""An example entry per schema that a list holds, for the fix when an entry is not a mapping."""
 
 
 def merge_error(e: Exception, data: Any, key: str, where: str) -> ConfigError:

@@ -165,6 +165,7 @@ def check_yaml_keys(raw: DictConfig, schema: type, key: str, path: str) -> None:
         names = [f.name for f in dataclasses.fields(kind)]
         hints = _hints(kind)
         flags = _flag_fields(kind)
+        containers = _containers(kind)
         for k in node:
             value = node._get_node(k)._value()
             if k not in names:
@@ -172,6 +173,7 @@ def check_yaml_keys(raw: DictConfig, schema: type, key: str, path: str) -> None:
                 fix = (f"did you mean {near[0]}? (write {near[0]}: ... in the file)" if near
                        else f"the keys of {where} are: {', '.join(names)}")
                 raise ConfigError(f"{where}.{k}", value, f"no such key in {kind.__name__} (in {path})", fix)
+            _check_container(node._get_node(k), containers.get(k), hints.get(k, (None, False)), f"{where}.{k}", path)
             if k in flags and value is not None and not isinstance(value, bool):
                 # OmegaConf turns any number into a flag (tie_word_embeddings: -1 ran as true)
                 raise ConfigError(f"{where}.{k}", value, f"must be true or false (in {path})",
@@ -191,6 +193,58 @@ def check_yaml_keys(raw: DictConfig, schema: type, key: str, path: str) -> None:
                 walk(child, sub, f"{where}.{k}")
 
     walk(raw, schema, key)
+
+
+def _containers(kind: type) -> dict[str, str]:
+    """Field name -> ``list`` or ``mapping`` (a dict or a dataclass, possibly Optional) for the fields
+    of dataclass ``kind`` that hold one."""
+    import typing
+
+    try:
+        hints = typing.get_type_hints(kind)
+    except Exception:  # noqa: BLE001 -- an unresolvable annotation: not checked
+        return {}
+    out = {}
+    for name, hint in hints.items():
+        args = [a for a in typing.get_args(hint) if a is not type(None)] if typing.get_origin(hint) is typing.Union else [hint]
+        if len(args) != 1:
+            continue
+        origin = typing.get_origin(args[0]) or args[0]
+        if origin in (list, tuple):
+            out[name] = "list"
+        elif origin is dict or dataclasses.is_dataclass(origin):
+            out[name] = "mapping"
+    return out
+
+
+def _check_container(child: Any, want: str | None, held: tuple[Any, bool], key: str, path: str) -> None:
+    """A field that holds a list or a mapping got one (or null): OmegaConf's own errors named neither
+    the key nor the fix ("Cannot merge DictConfig with ListConfig", "AnyNode is not a ListConfig").
+    ``held``: (the dataclass the list's entries, the mapping's values or the field itself is, whether
+    it is the values of a mapping of names), for the rule and the example in the fix."""
+    value = child._value()
+    if want is None or value is None or OmegaConf.is_missing(child._get_parent(), child._key()):
+        return
+    got = isinstance(child, ListConfig), isinstance(child, DictConfig)
+    if (want == "list" and got[0]) or (want == "mapping" and got[1]):
+        return
+    what = "a list" if got[0] else "a mapping" if got[1] else f"{type(value).__name__} {value!r}"
+    entry, by_name = held
+    keys = f"{entry.__name__} ({', '.join(f.name for f in dataclasses.fields(entry))})" if dataclasses.is_dataclass(entry) else ""
+    name = key.rsplit(".", 1)[-1]
+    from lightning_hexiscale.config.file_errors import ENTRY_EXAMPLES, doc_page
+
+    page = doc_page(key.split(".", 1)[0])
+    if want == "list":
+        example = ENTRY_EXAMPLES.get(getattr(entry, "__name__", ""), "").format(name="a")
+        raise ConfigError(key, value, f"must be a list{f' of entries with the keys of {keys}' if keys else ''}, not {what} "
+                          f"(in {path})", "write one entry per line, each starting with '- ', or the list on one line in "
+                          f"brackets" + (f", e.g. {name}: [{example}]" if example else f" (see {page})"))
+    rule = (f"must be a mapping of names to entries with the keys of {keys}" if keys and by_name
+            else f"must be a mapping with the keys of {keys}" if keys else "must be a mapping")
+    raise ConfigError(key, value, f"{rule}, not {what} (in {path})",
+                      f"write {name}: with its keys below it, indented (key: value), or {name}: {{key: value, ...}} on "
+                      f"one line (see {page})")
 
 
 def _flag_fields(kind: type) -> set[str]:
