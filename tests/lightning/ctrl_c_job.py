@@ -28,7 +28,10 @@ CHILD = "LOCAL_RANK" in os.environ
 
 def slow(what: str, seconds: float = 300.0) -> None:
     if not CHILD:
-        print(f"SLOW {what} (pid {os.getpid()})", flush=True)
+        # one write(2) of the whole line: fork workers share stdout, and print's text and newline are
+        # two writes there, so two workers' lines came out as "SLOW step (pid 1)SLOW step (pid 2)"
+        sys.stdout.flush()
+        os.write(sys.stdout.fileno(), f"SLOW {what} (pid {os.getpid()})\n".encode())
     time.sleep(seconds)
 
 
