@@ -229,6 +229,8 @@ def _check_container(child: Any, want: str | None, held: tuple[Any, bool], key: 
     if (want == "list" and got[0]) or (want == "mapping" and got[1]):
         return
     what = "a list" if got[0] else "a mapping" if got[1] else f"{type(value).__name__} {value!r}"
+    if got[0] or got[1]:  # the error's value as plain data, as the file wrote it (not OmegaConf's node)
+        value = OmegaConf.to_container(child, resolve=False)
     entry, by_name = held
     keys = f"{entry.__name__} ({', '.join(f.name for f in dataclasses.fields(entry))})" if dataclasses.is_dataclass(entry) else ""
     name = key.rsplit(".", 1)[-1]
