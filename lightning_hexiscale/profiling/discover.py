@@ -156,20 +156,24 @@ def measure_nic_groups(groups, sizes: Sequence[int], reps: int, device: torch.de
                        progress: Progress) -> tuple[dict[tuple[str, tuple[str, ...]], NicFit], list[str]]:
     """Collective: per (host, kind of destination) of :func:`~lightning_hexiscale.profiling.discovery_plan.nic_groups`,
     the first transfer alone, then all of them at once (every rank joins the barriers; only the
-    pairs move data), fitted by :func:`~lightning_hexiscale.profiling.fit.fit_nic`. Returns the fits
+    pairs move data), fitted by :func:`~lightning_hexiscale.profiling.fit.fit_nic` (the NIC figure from
+    the transfers' common span on the host's clock). Returns the fits
     and notes (a group whose times do not fit a bandwidth is left out, and the note says so), the
     same on every rank."""
     rank = dist.get_rank()
     out_buf = torch.ones(max(sizes), dtype=torch.uint8, device=device)
     in_buf = torch.empty_like(out_buf)
-    mine: dict[int, tuple[list, list]] = {}
+    mine: dict[int, tuple[list, list, list]] = {}
     for gi, (host, dest, pairs) in enumerate(groups):
         for together in (pairs[:1], pairs):
             role = next(((b, True) if rank == a else (a, False) for a, b in together if rank in (a, b)), (None, False))
-            times = transfer(role[0], role[1], sizes, reps, device, out_buf, in_buf, dist.barrier)
+            stamps: list[tuple[float, float]] = []
+            times = transfer(role[0], role[1], sizes, reps, device, out_buf, in_buf, dist.barrier, stamps)
             if role[1]:
-                solo, conc = mine.setdefault(gi, ([], []))
+                solo, conc, clocks = mine.setdefault(gi, ([], [], []))
                 (solo if len(together) == 1 else conc).append(times)
+                if len(together) > 1:
+                    clocks.append(stamps)
         progress.step(f"NIC of {host} toward {', '.join(dest)}: alone, then {len(pairs)} at once", "NICs")
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
@@ -178,8 +182,9 @@ def measure_nic_groups(groups, sizes: Sequence[int], reps: int, device: torch.de
     for gi, (host, dest, _) in enumerate(groups):
         single = next(g[gi][0][0] for g in gathered if gi in g and g[gi][0])
         concurrent = [t for g in gathered if gi in g for t in g[gi][1]]
+        clocks = [c for g in gathered if gi in g for c in g[gi][2]]  # the senders: all on ``host``
         try:
-            fits[(host, dest)] = fit_nic(samples, single, concurrent, stat)
+            fits[(host, dest)] = fit_nic(samples, single, concurrent, stat, clocks)
         except ValueError as e:  # every rank fits the same gathered times: all go on alike
             notes.append(f"NIC of {host} toward {', '.join(dest)}: not written, its transfers did not fit a bandwidth ({e})")
     return fits, notes

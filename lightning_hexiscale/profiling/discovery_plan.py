@@ -46,8 +46,10 @@ CACHE_ENV = "HEXISCALE_CACHE_DIR"
 PARTS_PER_CASE = 3
 """Layer-table parts timed per (type, TP degree, micro-batch): layer, head, embedding."""
 
-FORMAT_VERSION = 1
-"""Part of the fingerprint: a new discovery format never reuses an older file."""
+FORMAT_VERSION = 2
+"""Part of the fingerprint: a new discovery format never reuses an older file. 2: a NIC's figure is
+read from its transfers' common span (``fit.NicFit.aggregate_Bps``); version 1 summed per-flow
+figures, which read a shared NIC up to ~30 % high."""
 
 
 @dataclass(frozen=True)

@@ -184,18 +184,40 @@ class NicFit:
     """Bandwidth of the first of them run alone (bytes/s)."""
     per_flow_Bps: tuple[float, ...]
     """Bandwidth of each transfer while all ``flows`` ran at once (bytes/s)."""
+    span_Bps: float | None = None
+    """All ``flows`` transfers together over their common span (bytes/s): t = alpha + flows * s / beta
+    fitted to span = latest end - earliest start of each round (:func:`common_spans`); None when the
+    senders' clocks were not recorded."""
 
     @property
     def aggregate_Bps(self) -> float:
-        """What the machine's network interface carried with ``flows`` transfers at once: the sum of
-        their bandwidths. The NIC figure written to the cluster file (``nics.bandwidth``)."""
-        return float(sum(self.per_flow_Bps))
+        """What the machine's network interface carried with ``flows`` transfers at once: the NIC
+        figure written to the cluster file (``nics.bandwidth``). ``span_Bps`` where measured, else
+        the sum of the per-flow bandwidths.
+
+        Why the span: the sum assumes the transfers run side by side from start to end. A shared
+        interface need not split itself fairly: with shares a > b (a + b = C) the first transfer
+        ends at s / a and the second then runs alone at C, so its time is 2s / C and the fitted
+        per-flow figures are a and C/2, whose sum a + C/2 exceeds C (an emulated 40 MB/s NIC read
+        28.7 + 20.8 = 49.5 MB/s). The span carries 2s in 2s / C whatever the split, and a start
+        skew between the senders that does not grow with s lands in alpha."""
+        return float(self.span_Bps) if self.span_Bps is not None else float(sum(self.per_flow_Bps))
 
     @property
     def sharing(self) -> float:
         """single / mean concurrent per-flow bandwidth: ~1 when every transfer has a link of its own,
         ~flows when they share one interface."""
         return self.single_Bps * len(self.per_flow_Bps) / self.aggregate_Bps
+
+
+def common_spans(stamps: Sequence[Sequence[tuple[float, float]]]) -> list[float]:
+    """Per round of concurrent transfers: the latest end minus the earliest start over the flows
+    (``stamps[f][k]``: (start, end) of flow f's k-th transfer, seconds of one clock). The senders of a
+    NIC measurement share their machine, hence ``time.perf_counter``'s clock (CLOCK_MONOTONIC)."""
+    rounds = {len(s) for s in stamps}
+    if len(rounds) != 1:
+        raise ValueError(f"every flow must have the same rounds, got {sorted(len(s) for s in stamps)}")
+    return [max(s[k][1] for s in stamps) - min(s[k][0] for s in stamps) for k in range(rounds.pop())]
 
 
 def nic_pairs(hosts: Sequence[str]) -> list[tuple[str, list[Pair]]]:
@@ -219,10 +241,17 @@ def nic_pairs(hosts: Sequence[str]) -> list[tuple[str, list[Pair]]]:
 
 
 def fit_nic(sizes_bytes: Sequence[float], single_times_s: Sequence[float],
-            concurrent_times_s: Sequence[Sequence[float]], reduce: str = "median") -> NicFit:
+            concurrent_times_s: Sequence[Sequence[float]], reduce: str = "median",
+            concurrent_stamps: Sequence[Sequence[tuple[float, float]]] | None = None) -> NicFit:
     """:class:`NicFit` from the sender-side times of one transfer alone and of ``len(concurrent_times_s)``
     transfers at once (the same ``sizes_bytes`` samples for each), each fitted t = alpha + s / beta
-    (:func:`fit_alpha_beta`)."""
+    (:func:`fit_alpha_beta`); with ``concurrent_stamps`` (per flow, (start, end) of each of those
+    transfers on the machine's clock) also all of them together over their common span
+    (``NicFit.span_Bps``, the NIC figure)."""
     single = fit_alpha_beta(sizes_bytes, single_times_s, reduce).beta_Bps
     per_flow = tuple(fit_alpha_beta(sizes_bytes, t, reduce).beta_Bps for t in concurrent_times_s)
-    return NicFit(len(per_flow), single, per_flow)
+    span = None
+    if concurrent_stamps is not None:
+        n = len(concurrent_stamps)
+        span = fit_alpha_beta([n * s for s in sizes_bytes], common_spans(concurrent_stamps), reduce).beta_Bps
+    return NicFit(len(per_flow), single, per_flow, span)

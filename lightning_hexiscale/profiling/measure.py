@@ -214,12 +214,15 @@ def ping_pong(peer: int, initiator: bool, sizes: Sequence[int], reps: int, devic
 
 
 def transfer(peer: int, sender: bool, sizes: Sequence[int], reps: int, device: torch.device,
-             send_buf: torch.Tensor, recv_buf: torch.Tensor, barrier=None) -> list[float]:
+             send_buf: torch.Tensor, recv_buf: torch.Tensor, barrier=None,
+             stamps: list[tuple[float, float]] | None = None) -> list[float]:
     """One-way transfers timed on the sender: s bytes to ``peer``, then a 1-byte acknowledgement back
     (so the time ends when the receiver holds every byte: t(s) = alpha + s / beta + alpha_ack),
     ``reps`` per size after one warm-up. ``barrier``: called before every transfer by every rank
     (a collective), so that concurrent transfers start together. Returns the sender's times; the
-    receiver (and a rank with ``peer`` None, which only joins the barriers) returns []."""
+    receiver (and a rank with ``peer`` None, which only joins the barriers) returns []. ``stamps``:
+    the sender appends (start, end) of each timed transfer (``time.perf_counter``), from which
+    :func:`~lightning_hexiscale.profiling.fit.common_spans` reads concurrent transfers' span."""
     ack_out, ack_in = send_buf[:1], recv_buf[:1]
     times: list[float] = []
     for s in sizes:
@@ -238,7 +241,10 @@ def transfer(peer: int, sender: bool, sizes: Sequence[int], reps: int, device: t
                 dist.isend(ack_out, peer).wait()
             _sync(device)
             if sender and k > 0:
-                times.append(time.perf_counter() - t0)
+                t1 = time.perf_counter()
+                times.append(t1 - t0)
+                if stamps is not None:
+                    stamps.append((t0, t1))
     return times
 
 
@@ -251,26 +257,30 @@ def measure_nics(hosts: Sequence[str], sizes: Sequence[int], reps: int, device: 
     a host whose times do not fit a bandwidth (loopback so fast that scheduling noise hides the
     size) is left out and a note says so, as discovery does, rather than ending the profile."""
     rank = dist.get_rank()
-    mine: dict[str, tuple[list[float], list[float]]] = {}
+    mine: dict[str, tuple[list, list, list]] = {}
     for host, pairs in nic_pairs(list(hosts)):
         for together in (pairs[:1], pairs):
             role = next(((b, True) if rank == a else (a, False) for a, b in together if rank in (a, b)), (None, False))
-            times = transfer(role[0], role[1], sizes, reps, device, send_buf, recv_buf, dist.barrier)
+            stamps: list[tuple[float, float]] = []
+            times = transfer(role[0], role[1], sizes, reps, device, send_buf, recv_buf, dist.barrier, stamps)
             if role[1]:
-                solo, conc = mine.setdefault(host, ([], []))
+                solo, conc, clocks = mine.setdefault(host, ([], [], []))
                 (solo if len(together) == 1 else conc).append(times)
+                if len(together) > 1:
+                    clocks.append(stamps)
         if log:
             log(f"  NIC of {host}: {len(pairs)} transfers to other hosts alone and at once")
     gathered: list[dict] = [{}] * dist.get_world_size()
-    dist.all_gather_object(gathered, {h: (solo, conc) for h, (solo, conc) in mine.items()})
+    dist.all_gather_object(gathered, mine)
     out: dict[str, NicFit] = {}
     notes: list[str] = []
     samples = [s for s in sizes for _ in range(reps)]
     for host, pairs in nic_pairs(list(hosts)):
         single = next(g[host][0][0] for g in gathered if host in g and g[host][0])
         concurrent = [t for g in gathered if host in g for t in g[host][1]]
+        clocks = [c for g in gathered if host in g for c in g[host][2]]  # the senders: all on ``host``
         try:
-            out[host] = fit_nic(samples, single, concurrent, link_stat)
+            out[host] = fit_nic(samples, single, concurrent, link_stat, clocks)
         except ValueError as e:  # every rank fits the same gathered times: all go on alike
             notes.append(f"NIC of {host}: not written, its transfers did not fit a bandwidth ({e})")
     return out, notes

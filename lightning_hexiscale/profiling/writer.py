@@ -189,7 +189,7 @@ def matrix_document(p: ProfileResult) -> dict[str, Any]:
             "flops_per_rank": [float(x) for x in p.flops], "memory_bytes_per_rank": [float(x) for x in p.memory_bytes],
             "sizes_bytes": [int(s) for s in p.sizes_bytes], "backend": p.backend, "flops_dtype": p.flops_dtype,
             "nics": {h: {"flows": f.flows, "single_Bps": f.single_Bps, "per_flow_Bps": list(f.per_flow_Bps),
-                         "aggregate_Bps": f.aggregate_Bps} for h, f in p.nics.items()}}
+                         "span_Bps": f.span_Bps, "aggregate_Bps": f.aggregate_Bps} for h, f in p.nics.items()}}
 
 
 def write_cluster(p: ProfileResult, out: str | Path, name: str | None = None,

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from lightning_hexiscale.config.cluster import Cluster
-from lightning_hexiscale.profiling.fit import fit_nic, fit_or_bound, nic_pairs
+from lightning_hexiscale.profiling.fit import common_spans, fit_nic, fit_or_bound, nic_pairs
 from lightning_hexiscale.profiling.launch import run_local
 from lightning_hexiscale.profiling.writer import write_cluster
 
@@ -32,6 +32,35 @@ def test_fit_nic_reads_the_interface_from_concurrent_transfers():
     assert f.sharing == pytest.approx(4.0)
     own = fit_nic(sizes, alone, [alone] * 4)  # every transfer with a link of its own
     assert own.aggregate_Bps == pytest.approx(4 * B) and own.sharing == pytest.approx(1.0)
+
+
+def test_a_shared_interface_split_unfairly_reads_its_capacity_from_the_common_span():
+    """Two transfers through one 100 MB/s interface that gives the first 70 MB/s while both run: the
+    first ends at s/70e6 and the second then runs alone, ending at 2s/100e6. Their per-flow figures
+    (70 and 50 MB/s) sum to 120 MB/s; the span carries 2s in 2s/100e6 (an emulated 40 MB/s NIC
+    summed to 49.5 MB/s this way)."""
+    sizes = [1e5, 1e6, 4e6] * 3
+    C, a, alpha = 100e6, 70e6, 1e-3
+    skew = [0.0005 * (k % 3) for k in range(len(sizes))]  # the second sender starts a little late, differently each round
+    first = [(0.0, alpha + s / a) for s in sizes]
+    second = [(d, alpha + d + 2 * s / C) for s, d in zip(sizes, skew)]
+    times = [[e - b for b, e in flow] for flow in (first, second)]
+    alone = [alpha + s / C for s in sizes]
+    old = fit_nic(sizes, alone, times)  # without the clocks: the sum
+    assert old.span_Bps is None and old.aggregate_Bps > 1.15 * C
+    f = fit_nic(sizes, alone, times, concurrent_stamps=[first, second])
+    assert f.aggregate_Bps == pytest.approx(C, rel=0.03) and f.span_Bps == f.aggregate_Bps
+    assert f.sharing == pytest.approx(2.0, rel=0.03)
+    # links of their own (each 100 MB/s), the second starting 0.5 ms late: the skew lands in alpha
+    own = [[(d, d + alpha + s / C) for s, d in zip(sizes, skew if k else [0.0] * len(sizes))] for k in range(2)]
+    g = fit_nic(sizes, alone, [[e - b for b, e in flow] for flow in own], concurrent_stamps=own)
+    assert g.aggregate_Bps == pytest.approx(2 * C, rel=0.05)
+
+
+def test_common_spans_needs_every_flow_to_have_the_same_rounds():
+    assert common_spans([[(0.0, 1.0), (2.0, 3.0)], [(0.5, 1.5), (2.0, 2.5)]]) == [1.5, 1.0]
+    with pytest.raises(ValueError, match="same rounds"):
+        common_spans([[(0.0, 1.0)], []])
 
 
 def _profile_two_machines(rank, world):
@@ -67,6 +96,7 @@ def test_profile_measures_concurrent_transfers_and_writes_the_nics(tmp_path):
     for host, f in result.nics.items():
         assert f.flows == 2 and len(f.per_flow_Bps) == 2
         assert f.single_Bps > 0 and all(0 < x < float("inf") for x in f.per_flow_Bps)
+        assert f.span_Bps is not None and f.aggregate_Bps == f.span_Bps  # the senders' clocks were recorded
     assert any("NIC of m0: 2 transfers at once" in n for n in result.notes)
     path, mpath = write_cluster(result, tmp_path / "two.yaml")
     doc = yaml.safe_load(path.read_text())
@@ -75,7 +105,8 @@ def test_profile_measures_concurrent_transfers_and_writes_the_nics(tmp_path):
     assert len(c.nics) == 2 and [n.devices for n in c.nics] == [(0, 1), (2, 3)]
     for k, host in enumerate(("m0", "m1")):
         assert c.nic_bandwidth[k] == pytest.approx(result.nics[host].aggregate_Bps, rel=1e-6)
-    assert yaml.safe_load(mpath.read_text())["nics"]["m1"]["flows"] == 2
+    matrix = yaml.safe_load(mpath.read_text())["nics"]["m1"]
+    assert matrix["flows"] == 2 and matrix["aggregate_Bps"] == matrix["span_Bps"]
 
 
 def test_a_link_whose_time_does_not_grow_is_a_lower_bound_not_a_crash():
