@@ -30,8 +30,10 @@ def message_sizes(text: str) -> list[int]:
     for part in text.split(","):
         try:
             out.append(int(parse_bytes(part.strip(), "--sizes")))
-        except ConfigError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
+        except ConfigError as e:  # parse_bytes' own example is a memory size ("80 GiB"): give a message size
+            raise argparse.ArgumentTypeError(str(ConfigError(e.key, e.value, e.rule, (
+                e.fix + " in a list of message sizes such as 1KiB,64KiB,1MiB,4MiB" if e.fix and e.fix.startswith("use ")
+                else "write each size with its unit, e.g. 1KiB,64KiB,1MiB,4MiB")))) from None
     if len(set(out)) < 2:
         raise argparse.ArgumentTypeError("give at least two distinct sizes, e.g. 1KiB,64KiB,1MiB,4MiB")
     return out

@@ -39,3 +39,14 @@ def test_profile_rejects_one_size(capsys):
     with pytest.raises(SystemExit):
         main(["profile", "--local", "2", "--sizes", "1KiB"])
     assert "two distinct sizes" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["profile", "discover"])
+def test_a_message_size_without_its_unit_is_refused_with_a_message_size_example(command, capsys):
+    """The size parser's own example is a memory size ("80 GiB"); ``--sizes`` names message sizes."""
+    extra = ["--model", "llama_tiny"] if command == "discover" else []
+    for bad, rule in (("1024,4MiB", "needs a unit"), ("1KiB,4Gbps", "unknown size unit 'Gbps'")):
+        with pytest.raises(SystemExit):
+            main([command, "--local", "2", *extra, "--sizes", bad])
+        err = capsys.readouterr().err
+        assert rule in err and "1KiB,64KiB,1MiB,4MiB" in err and "80 GiB" not in err, err
