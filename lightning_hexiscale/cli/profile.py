@@ -24,16 +24,17 @@ from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.config.units import parse_bytes
 
 
+MESSAGE_SIZES_FIX = "write each size with a unit of B, KB, MB, GB, KiB, MiB or GiB, e.g. 1KiB,64KiB,1MiB,4MiB"
+
+
 def message_sizes(text: str) -> list[int]:
     """``--sizes``: comma-separated byte sizes with units (``1KiB,64KiB,1MiB``), at least two distinct."""
     out = []
     for part in text.split(","):
         try:
             out.append(int(parse_bytes(part.strip(), "--sizes")))
-        except ConfigError as e:  # parse_bytes' own example is a memory size ("80 GiB"): give a message size
-            raise argparse.ArgumentTypeError(str(ConfigError(e.key, e.value, e.rule, (
-                e.fix + " in a list of message sizes such as 1KiB,64KiB,1MiB,4MiB" if e.fix and e.fix.startswith("use ")
-                else "write each size with its unit, e.g. 1KiB,64KiB,1MiB,4MiB")))) from None
+        except ConfigError as e:  # parse_bytes' own fix names a memory size ("80 GiB"): name message sizes
+            raise argparse.ArgumentTypeError(str(ConfigError(e.key, e.value, e.rule, MESSAGE_SIZES_FIX))) from None
     if len(set(out)) < 2:
         raise argparse.ArgumentTypeError("give at least two distinct sizes, e.g. 1KiB,64KiB,1MiB,4MiB")
     return out
