@@ -49,6 +49,17 @@ def test_root_config_defaults():
                                          "an override cannot fill in a null RopeScalingConfig section"),
     ("train.global_batch=${train.nope}", "train.global_batch = '${train.nope}': cannot be resolved: Interpolation key "
                                          "'train.nope' not found"),
+    # a section's key at the top: Hydra named the whole command line and advised +max_steps=3
+    ("max_steps=3", "max_steps = '3': no such key at the top of the config (HexiScaleConfig). "
+                    "Fix: did you mean trainer.max_steps? (e.g. trainer.max_steps=3)"),
+    ("global_batch=8", "Fix: did you mean train.global_batch? (e.g. train.global_batch=8)"),
+    ("globl_batch=8", "Fix: did you mean train.global_batch?"),
+    ("dryrun=true", "Fix: did you mean dry_run? (e.g. dry_run=true)"),
+    ("zzzz=1", "Fix: the top-level keys are cluster, model, train, planner, trainer, data, plan, dry_run"),
+    # ... and on that advice Hydra added a value nothing reads: the run trained the default steps
+    ("+max_steps=3", "max_steps = '3': no such key at the top of the config (HexiScaleConfig). "
+                     "Fix: did you mean trainer.max_steps?"),
+    ("++precision=bf16-mixed", "Fix: did you mean trainer.precision? (e.g. trainer.precision=bf16-mixed)"),
 ])
 def test_typos_and_wrong_types_fail_clearly(override, fragment):
     """One key named, with the closest field or the type (Hydra's message named the whole command line)."""
@@ -58,6 +69,17 @@ def test_typos_and_wrong_types_fail_clearly(override, fragment):
 
     with pytest.raises(ConfigError, match=re.escape(fragment)):
         compose(["cluster=cpu2", override])
+
+
+def test_a_config_group_of_the_users_own_still_composes_at_the_top(tmp_path):
+    """A top-level key Hydra refuses gets the key it meant, but a group the user adds (``+experiment=x``
+    of ``@package _global_``, the usual way to keep experiments) composes as before: only plain values
+    are refused."""
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "short.yaml").write_text("# @package _global_\ntrain:\n  global_batch: 8\n")
+    where = f"hydra.searchpath=[file://{tmp_path}]"
+    cfg = compose(["cluster=cpu2", where, "+experiment=short"])
+    assert cfg.train.global_batch == 8
 
 
 def test_presets_listed():

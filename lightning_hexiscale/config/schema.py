@@ -361,6 +361,7 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "con
         _check_override_keys(rest, config_name)
     if error is not None:
         raise error
+    _check_added_top_keys(cfg, rest)
     for key, path in files.items():
         node = load_yaml_node(path, ClusterConfig if key == "cluster" else ModelConfig, key)
         OmegaConf.set_struct(cfg, False)
@@ -373,6 +374,22 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "con
 
     check_flag_overrides(cfg, rest)
     return cfg
+
+
+def _check_added_top_keys(cfg: DictConfig, overrides: list[str]) -> None:
+    """``+max_steps=3`` (Hydra's own advice for ``max_steps=3``) composes: it adds a top-level value
+    that nothing reads, and the run trains the default steps. Refused with the key it meant. A
+    ``+group=option`` of a config group adds a mapping, or nothing under ``@package _global_``,
+    never a plain value: those pass."""
+    roots = {f.name for f in dataclasses.fields(HexiScaleConfig)}
+    for o in overrides:
+        key, _, value = o.partition("=")
+        name = key.lstrip("+")
+        if (key.startswith("+") and "." not in name and name not in roots and name in cfg
+                and not isinstance(cfg._get_node(name), DictConfig)):
+            from lightning_hexiscale.config.suggest import top_key_error
+
+            raise top_key_error(name, value, HexiScaleConfig)
 
 
 def _check_override_keys(overrides: list[str], config_name: str) -> None:
@@ -557,6 +574,15 @@ def _compose_error(e: Exception, overrides: list[str]) -> ConfigError:
     if added is not None:
         return ConfigError(there.group(1), "+" + added, "'+' adds a key the configuration does not have, and this "
                            "one is there already", f"drop the '+': {added}")
+    # a top-level key the root lacks (max_steps=3): Hydra names the whole command line and advises '+'
+    top = re.search(r"Could not override '(\w+)'.*Key '\1' not in '(\w+)'", msg)
+    root = globals().get(top.group(2)) if top else None
+    if top and dataclasses.is_dataclass(root):
+        from lightning_hexiscale.config.suggest import top_key_error
+
+        name = top.group(1)
+        value = next((o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+") == name), "...")
+        return top_key_error(name, value, root)
     return ConfigError("overrides", " ".join(overrides), msg, "check key names against conf/ and the schemas in lightning_hexiscale/config/schema.py")
 
 

@@ -96,6 +96,35 @@ def check_override_key(cfg: DictConfig, override: str) -> None:
                                 schema)
 
 
+def top_key_error(name: str, value: str, schema: type) -> ConfigError:
+    """The ConfigError for a top-level override ``name=value`` that the root ``schema`` lacks: Hydra
+    says "Could not override 'max_steps' ... use +max_steps=3", and on that advice adds a key that
+    nothing reads. The fix names the section that has a field of that name (``max_steps`` ->
+    ``trainer.max_steps``), else the closest top-level field or section field (``global_bach`` ->
+    ``train.global_batch``). Only for what Hydra itself refused: a config group of the user's own
+    (an ``experiment=...`` of ``@package _global_``) composes and never gets here."""
+    hints = _hints(schema)
+    top = [f.name for f in dataclasses.fields(schema)]
+    # section field name -> its dotted keys (a name in two sections: both, in the schema's order)
+    inner: dict[str, list[str]] = {}
+    for section in top:
+        sub, mapping = hints.get(section, (None, False))
+        if sub is not None and not mapping and dataclasses.is_dataclass(sub):
+            for f in dataclasses.fields(sub):
+                inner.setdefault(f.name, []).append(f"{section}.{f.name}")
+    exact = inner.get(name, [])
+    near = closest(name, top) or [inner[n][0] for n in closest(name, list(inner))]
+    if exact:  # the same name in a section beats a near name at the top (max_steps: not plan)
+        others = f" (or {', '.join(exact[1:])})" if exact[1:] else ""
+        fix = f"did you mean {exact[0]}?{others} (e.g. {exact[0]}={value})"
+    elif near:
+        fix = f"did you mean {near[0]}? (e.g. {near[0]}={value})"
+    else:
+        fix = (f"the top-level keys are {', '.join(top)}; every other key is below one of them "
+               "(e.g. train.global_batch=32, trainer.max_steps=100)")
+    return ConfigError(name, value, f"no such key at the top of the config ({schema.__name__})", fix)
+
+
 def _check_fills_null(node: DictConfig, parts: list[str], i: int, value: str) -> None:
     """``parts[i]`` of ``node`` is a typed section left null (a machine's ``nics``, a model's
     ``rope_scaling``), and the override sets a key below it or a mapping into it: OmegaConf cannot merge
