@@ -125,13 +125,13 @@ class FailureWatch:
 
     def stop(self) -> None:
         """Disarm (the end of the run): the thread exits at once and never ends the process; a
-        rank that did not fail marks itself done, so its silence is never blamed. Waits for the
-        thread to leave a store call it is in (at most two calls' timeout, about 2 s), because a
+        rank that did not fail marks itself done, so its silence is never blamed. Waits up to two
+        of the thread's store timeouts (about 2 s) for it to leave a store call it is in, because a
         daemon thread that returns from a torch call while the interpreter finalizes aborts the
         process: pybind11 takes the GIL back in a ``noexcept`` destructor, CPython ends the thread
         there, and the process dies with SIGABRT ("terminate called without an active exception",
-        exit -6) after all its work is done (a store that answers slowly at the end of a run: 5 of
-        5 processes without this wait, ``tests/runtime/test_failure_watch.py``)."""
+        exit -6) after all its work is done (a store host that answers 1 s late at the end of a run:
+        4 of 4 processes without this wait, ``tests/runtime/test_failure_watch.py``)."""
         self._stop.set()
         if not self.reported:
             try:
