@@ -534,8 +534,7 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, int
             # failure they are abandoned (their peers are gone; the directories stay partial).
             self._checkpointer.close(wait=not self._failed)
         if self._watch is not None:
-            # after a normal end only: a failure's or Ctrl-C's stop keeps its pace (tests bound it)
-            self._watch.stop(wait=not self._failed)
+            self._watch.stop()
             self._watch = None
         self._guard.job_ended()
         self._call_ended()  # an idle rank that hosts the store waits for this

@@ -123,26 +123,15 @@ class FailureWatch:
         self._thread.start()
         return self
 
-    def stop(self, wait: bool = True) -> None:
-        """Disarm (the end of the run): the thread exits at once and never ends the process; a
-        rank that did not fail marks itself done, so its silence is never blamed. With ``wait``
-        (the strategy's after a normal end; after a failure or Ctrl-C it stops without waiting),
-        waits up to two of the thread's store timeouts (about 2 s) for it to leave a store call it
-        is in, because a daemon thread that returns from a torch call while the interpreter finalizes aborts the
-        process: pybind11 takes the GIL back in a ``noexcept`` destructor, CPython ends the thread
-        there, and the process dies with SIGABRT ("terminate called without an active exception",
-        exit -6) after all its work is done (a store host that answers 1 s late at the end of a run:
-        4 of 4 processes without this wait, ``tests/runtime/test_failure_watch.py``)."""
+    def stop(self) -> None:
+        """Disarm (the end of the run): the thread exits at its next tick and never ends the
+        process; a rank that did not fail marks itself done, so its silence is never blamed."""
         self._stop.set()
         if not self.reported:
             try:
                 self._calls.set(self._key(f"done/{self.rank}"), "1")
             except Exception:  # noqa: BLE001 -- the store's host already left: nobody is left to ask
                 pass
-        thread = self._thread
-        if wait and thread is not None and thread is not threading.current_thread():
-            # a beat is two calls on the thread's connection (timeout max(1, 2 interval) each)
-            thread.join(timeout=2 * max(1.0, 2 * self.interval_s) + self.interval_s)
 
     def beat(self) -> int:
         """One heartbeat of this rank; returns the number of failures reported so far."""
