@@ -21,11 +21,13 @@ as it does, and the bounds on every wait: ``docs/concepts/processes.md``, "The f
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 
 import torch.distributed as dist
@@ -107,6 +109,8 @@ class FailureWatch:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._explaining = False
+        self._pid = -1  # the process that started the thread (start())
+        self._beating = False  # the thread is inside beat()'s store calls (joined at exit: _join_at_exit)
         self.reported = False
         self.last_explanation: str | None = None
         """What :meth:`explain` said last (the watch ends a process with it rather than wait again)."""
@@ -121,6 +125,7 @@ class FailureWatch:
         self._calls.add(self._key(f"hb/{self.rank}"), 1)
         self._thread = threading.Thread(target=self._run, name=f"hexiscale-watch-{self.rank}", daemon=True)
         self._thread.start()
+        _at_exit(self)
         return self
 
     def stop(self) -> None:
@@ -258,7 +263,13 @@ class FailureWatch:
             try:
                 if closed:  # no call on a closed connection: each one logs a C++ warning and trace
                     raise ConnectionError("the rendezvous store closed the connection")
-                failures = self.beat()
+                self._beating = True  # before the check: _leave_at_exit sets the stop, then reads this
+                if self._stop.is_set():
+                    break
+                try:
+                    failures = self.beat()
+                finally:
+                    self._beating = False
                 store_lost_since = None
             except Exception as e:  # noqa: BLE001 -- a timeout on a loaded host, or the store's host is gone
                 closed = closed or connection_closed(e)
@@ -272,6 +283,26 @@ class FailureWatch:
             if known_since is not None and now - known_since > self.grace_s * host_slowdown():
                 self._end(self.last_explanation or self.explain())
 
+    def _leave_at_exit(self) -> None:
+        """At interpreter exit: stop the thread and wait for it to end, at most its beat's two store
+        calls' timeouts (``max(1, 2 interval_s)`` s each) when it is inside one, else 0.2 s (it wakes
+        from its wait at once). A daemon thread that runs a torch call once the interpreter finalizes
+        aborts the process: pybind11 takes the GIL back in a ``noexcept`` destructor, CPython ends the
+        thread there, and the process dies with SIGABRT ("terminate called without an active
+        exception", exit -6) after all its work is done. Two such calls: a beat in flight (a store
+        host that answers 1 s late at the end of a run: 4 of 4 processes aborted without this wait),
+        and the thread's own end, which drops the last reference to this watch and so destroys its
+        store connections. Only here, not in :meth:`stop`: a wait in the run's teardown changed the
+        pace of the Ctrl-C and SIGTERM stops that the suite bounds (two of its tests failed in full
+        runs). A thread still explaining a failure (long store calls) is left after the 0.2 s, with a
+        reference kept to this watch so that its end at least destroys nothing."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=2 * max(1.0, 2 * self.interval_s) + self.interval_s if self._beating else 0.2)
+            if thread.is_alive():
+                _LEFT.append(self)
+
     def _end(self, why: str) -> None:
         if self._stop.is_set():  # the run ended normally meanwhile
             return
@@ -280,6 +311,33 @@ class FailureWatch:
         sys.stderr.flush()
         sys.stdout.flush()
         os._exit(self.exit_code)
+
+
+_STARTED: weakref.WeakSet[FailureWatch] = weakref.WeakSet()
+"""The watches this process started (held weakly: a stopped watch whose thread ended goes)."""
+
+
+def _at_exit(watch: FailureWatch) -> None:
+    """Have ``watch`` leave its store calls before the interpreter finalizes (:meth:`FailureWatch._leave_at_exit`).
+    ``atexit`` runs after the main thread ended and before finalization; ``os._exit`` (the watch's
+    own end, a forked worker's) skips it, as it skips finalization."""
+    global _REGISTERED
+    if not _REGISTERED:
+        atexit.register(_join_at_exit)
+        _REGISTERED = True
+    watch._pid = os.getpid()
+    _STARTED.add(watch)
+
+
+_REGISTERED = False
+_LEFT: list[FailureWatch] = []
+"""Watches whose thread was still busy at exit (:meth:`FailureWatch._leave_at_exit`)."""
+
+
+def _join_at_exit() -> None:
+    for watch in list(_STARTED):
+        if watch._pid == os.getpid():  # not a forked child's copy of its parent's watch (no thread here)
+            watch._leave_at_exit()
 
 
 CLOSED_TEXTS = ("got 0 bytes", "Broken pipe", "Connection reset", "Connection refused")
