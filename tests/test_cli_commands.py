@@ -218,3 +218,27 @@ def test_rendezvous_store_refuses_a_bad_port_or_host(argv, key, rule, capsys):
     assert main(["rendezvous-store", *argv]) == 2
     err = capsys.readouterr().err
     assert key in err and rule in err and "Traceback" not in err and "frame #" not in err, err
+
+
+# ---- unknown flags ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, usage, fix", [
+    (["cluster", "--json"], "usage: hexiscale cluster",
+     "hexiscale cluster takes no options (only KEY=VALUE overrides)"),  # it has no --json
+    (["plan", "cluster=cpu2", "--jsn"], "usage: hexiscale plan", "did you mean --json?"),
+    (["estimate", "--plan", "p.yaml", "--jsno"], "usage: hexiscale estimate", "did you mean --json?"),
+    (["profile", "--locall", "2"], "usage: hexiscale profile", "did you mean --local?"),
+    (["estimate", "--plan", "p.yaml", "--zzz"], "usage: hexiscale estimate", "hexiscale estimate takes --plan, --json"),
+])
+def test_an_unknown_flag_is_refused_with_the_commands_usage_and_options(argv, usage, fix, monkeypatch, capsys):
+    """`hexiscale cluster --json` printed the usage of `hexiscale` itself (`hexiscale [-h] COMMAND ...`)
+    and no hint; the flag is refused by the command's own parser, with its closest option or its list."""
+    command = argv[0]
+    monkeypatch.setitem(common.SUBCOMMANDS, command, (*common.SUBCOMMANDS[command][:2],
+                                                      lambda args: pytest.fail("the command ran")))
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith(usage), err
+    bad = next(a for a in argv[1:] if a.startswith("--") and a not in ("--plan",))
+    assert f"{command}: error: unrecognized arguments: {bad}. Fix: {fix}" in err, err
+    assert "COMMAND ..." not in err, err

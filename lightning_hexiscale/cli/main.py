@@ -13,6 +13,7 @@ Ctrl-C exits with status 130 and one line.
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 import warnings
 from collections.abc import Sequence
@@ -65,7 +66,23 @@ def build_parser() -> argparse.ArgumentParser:
         configure(p)
         if takes:
             p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Hydra-style config overrides")
+    parser.set_defaults(command_parsers=sub.choices)  # an unknown flag is refused by its command's parser
     return parser
+
+
+def unknown_flags(bad: Sequence[str], command: argparse.ArgumentParser) -> str:
+    """The error for flags ``command`` does not take: the closest of its options, else the list of them."""
+    # argparse keeps a parser's options in _actions only (no public accessor); 3.11's argparse suggests nothing
+    options = [s for a in command._actions for s in a.option_strings if s.startswith("--") and s != "--help"]
+    near = [m for b in bad for m in difflib.get_close_matches(b.split("=", 1)[0], options, n=1, cutoff=0.6)]
+    if near:
+        fix = f"did you mean {' / '.join(dict.fromkeys(near))}?"
+    elif options:
+        fix = f"{command.prog} takes {', '.join(options)}"
+    else:
+        takes = any(a.dest == "overrides" for a in command._actions)
+        fix = f"{command.prog} takes no options{' (only KEY=VALUE overrides)' if takes else ''}"
+    return f"unrecognized arguments: {' '.join(bad)}. Fix: {fix}{' ' if fix.endswith('?') else '. '}See {command.prog} --help"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -86,7 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     bad = [e for e in extra if e.startswith("-")]
     if bad:
-        parser.error(f"unrecognized arguments: {' '.join(bad)}")
+        command = args.command_parsers[args.command]
+        command.error(unknown_flags(bad, command))
     args.overrides = list(getattr(args, "overrides", [])) + extra
     if args.overrides and args.command in NO_OVERRIDES:
         print(f"hexiscale {args.command}: error: hexiscale {args.command} = {' '.join(args.overrides)!r}: takes no "
