@@ -242,3 +242,24 @@ def test_an_unknown_flag_is_refused_with_the_commands_usage_and_options(argv, us
     bad = next(a for a in argv[1:] if a.startswith("--") and a not in ("--plan",))
     assert f"{command}: error: unrecognized arguments: {bad}. Fix: {fix}" in err, err
     assert "COMMAND ..." not in err, err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["plna"], "no command 'plna'. Fix: did you mean plan? See hexiscale --help"),
+    (["xyzzy"], "no command 'xyzzy'. Fix: use one of plan, estimate"),
+    (["cluster=cpu2", "model=llama_tiny"], "'cluster=cpu2' comes before any command. Fix: name the command first, "
+                                           "e.g. hexiscale plan cluster=cpu2"),
+    (["--json"], "unrecognized arguments: --json. Fix: a command comes first (hexiscale COMMAND [options]"),
+])
+def test_a_first_word_that_names_no_command_gets_the_closest_command(argv, message, capsys):
+    """`hexiscale plna` said argparse's `invalid choice: 'plna' (choose from ...)`; `hexiscale --json`
+    printed the help and exited 2 with no error line."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"hexiscale: error: {message}" in err, err
+
+
+def test_no_arguments_still_prints_the_help(capsys):
+    assert main([]) == 2
+    assert "usage: hexiscale" in capsys.readouterr().out

@@ -85,6 +85,16 @@ def unknown_flags(bad: Sequence[str], command: argparse.ArgumentParser) -> str:
     return f"unrecognized arguments: {' '.join(bad)}. Fix: {fix}{' ' if fix.endswith('?') else '. '}See {command.prog} --help"
 
 
+def unknown_command(word: str) -> str:
+    """The error for a first word that names no command: the closest command, or an override's hint."""
+    if "=" in word:  # `hexiscale cluster=cpu2`: overrides with no command before them
+        return (f"{word!r} comes before any command. Fix: name the command first, e.g. hexiscale plan {word} "
+                f"(commands: {', '.join(SUBCOMMANDS)})")
+    near = difflib.get_close_matches(word, list(SUBCOMMANDS), n=1, cutoff=0.6)
+    fix = f"did you mean {near[0]}?" if near else f"use one of {', '.join(SUBCOMMANDS)}."
+    return f"no command {word!r}. Fix: {fix} See hexiscale --help"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command_argv = None
@@ -96,9 +106,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return train.main(argv[1:], train.HEXISCALE, ("train",))
     parser = build_parser()
+    if argv and not argv[0].startswith("-") and argv[0] not in SUBCOMMANDS:
+        parser.error(unknown_command(argv[0]))
     args, extra = parser.parse_known_args(argv)
     args.command_argv = command_argv
     if args.command is None:
+        if extra:  # `hexiscale --json`: a flag before any command
+            parser.error(f"unrecognized arguments: {' '.join(extra)}. Fix: a command comes first "
+                         f"(hexiscale COMMAND [options]; commands: {', '.join(SUBCOMMANDS)}). See hexiscale --help")
         parser.print_help()
         return 2
     bad = [e for e in extra if e.startswith("-")]
