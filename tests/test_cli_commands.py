@@ -246,7 +246,7 @@ def test_an_unknown_flag_is_refused_with_the_commands_usage_and_options(argv, us
 
 @pytest.mark.parametrize("argv, message", [
     (["plna"], "no command 'plna'. Fix: did you mean plan? See hexiscale --help"),
-    (["xyzzy"], "no command 'xyzzy'. Fix: use one of plan, estimate"),
+    (["xyzzy"], f"no command 'xyzzy'. Fix: use one of {', '.join(sorted(common.SUBCOMMANDS))}. See hexiscale --help"),
     (["cluster=cpu2", "model=llama_tiny"], "'cluster=cpu2' comes before any command. Fix: name the command first, "
                                            "e.g. hexiscale plan cluster=cpu2"),
     (["--json"], "unrecognized arguments: --json. Fix: a command comes first (hexiscale COMMAND [options]"),
