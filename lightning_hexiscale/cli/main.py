@@ -85,13 +85,18 @@ def unknown_flags(bad: Sequence[str], command: argparse.ArgumentParser) -> str:
     return f"unrecognized arguments: {' '.join(bad)}. Fix: {fix}{' ' if fix.endswith('?') else '. '}See {command.prog} --help"
 
 
+def command_list() -> str:
+    """The commands, sorted (SUBCOMMANDS is in the order their modules were imported)."""
+    return ", ".join(sorted(SUBCOMMANDS))
+
+
 def unknown_command(word: str) -> str:
     """The error for a first word that names no command: the closest command, or an override's hint."""
     if "=" in word:  # `hexiscale cluster=cpu2`: overrides with no command before them
         return (f"{word!r} comes before any command. Fix: name the command first, e.g. hexiscale plan {word} "
-                f"(commands: {', '.join(sorted(SUBCOMMANDS))})")
+                f"(commands: {command_list()})")
     near = difflib.get_close_matches(word, list(SUBCOMMANDS), n=1, cutoff=0.6)
-    fix = f"did you mean {near[0]}?" if near else f"use one of {', '.join(sorted(SUBCOMMANDS))}."
+    fix = f"did you mean {near[0]}?" if near else f"use one of {command_list()}."
     return f"no command {word!r}. Fix: {fix} See hexiscale --help"
 
 
@@ -113,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         if extra:  # `hexiscale --json`: a flag before any command
             parser.error(f"unrecognized arguments: {' '.join(extra)}. Fix: a command comes first "
-                         f"(hexiscale COMMAND [options]; commands: {', '.join(sorted(SUBCOMMANDS))}). See hexiscale --help")
+                         f"(hexiscale COMMAND [options]; commands: {command_list()}). See hexiscale --help")
         parser.print_help()
         return 2
     bad = [e for e in extra if e.startswith("-")]
