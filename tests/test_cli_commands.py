@@ -263,3 +263,16 @@ def test_a_first_word_that_names_no_command_gets_the_closest_command(argv, messa
 def test_no_arguments_still_prints_the_help(capsys):
     assert main([]) == 2
     assert "usage: hexiscale" in capsys.readouterr().out
+
+
+def test_version_names_the_package_torch_lightning_and_python(capsys):
+    """`hexiscale --version` said `unrecognized arguments: --version`: a bug report had no versions."""
+    from importlib import metadata
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    out = capsys.readouterr().out.strip()
+    python = ".".join(map(str, sys.version_info[:3]))
+    assert e.value.code == 0
+    assert out == (f"hexiscale {metadata.version('lightning-hexiscale')} (torch {metadata.version('torch')}, "
+                   f"lightning {metadata.version('lightning')}, Python {python})"), out
