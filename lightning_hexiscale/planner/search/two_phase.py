@@ -416,8 +416,10 @@ class SearchRun:
     def run(self) -> SearchResult:
         t0 = time.perf_counter()
         log: list[LogEntry] = []
+        # disable=None: tqdm draws only on a terminal; into a pipe or a log file each run's bar was a
+        # line of carriage returns (hexiscale plan runs up to two searches per device subset)
         bar = tqdm(total=self.s.iterations, desc="search", unit="it", leave=False, dynamic_ncols=True,
-                   disable=not self.s.progress or self.s.iterations < 2)
+                   disable=True if not self.s.progress or self.s.iterations < 2 else None)
         for it in range(self.s.iterations):
             step = self.plan_iteration(it)
             sets = self.phase1(step)

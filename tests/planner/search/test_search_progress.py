@@ -1,0 +1,34 @@
+"""``planner.progress``: the search's bar is drawn on a terminal only. Into a pipe or a log file
+(`hexiscale plan ... 2> log`, CI) each search wrote a line of carriage-returned bars, and
+``hexiscale plan`` runs up to two searches per device subset (30 bars for hetero2)."""
+
+import io
+import sys
+
+import pytest
+
+from lightning_hexiscale.config.cluster import Cluster
+from lightning_hexiscale.models.config import LlamaConfig
+from lightning_hexiscale.planner import SearchSettings, Workload, search
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _search(progress: bool) -> None:
+    search(Cluster.load("cpu_hetero4"), Workload(LlamaConfig.load("llama_tiny")), 8,
+           SearchSettings(iterations=3, progress=progress, recompute=False, use_all_devices=True))
+
+
+@pytest.mark.parametrize("stream, progress, drawn", [
+    (Terminal, True, True),        # a terminal: the bar
+    (io.StringIO, True, False),    # a pipe or a file: no bar
+    (Terminal, False, False),      # planner.progress=false: never
+])
+def test_the_search_bar_is_drawn_on_a_terminal_only(monkeypatch, stream, progress, drawn):
+    err = stream()
+    monkeypatch.setattr(sys, "stderr", err)
+    _search(progress)
+    assert ("search:" in err.getvalue()) == drawn, err.getvalue()
