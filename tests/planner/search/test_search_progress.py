@@ -1,6 +1,8 @@
 """``planner.progress``: the search's bar is drawn on a terminal only. Into a pipe or a log file
 (`hexiscale plan ... 2> log`, CI) each search wrote a line of carriage-returned bars, and
-``hexiscale plan`` runs up to two searches per device subset (30 bars for hetero2)."""
+``hexiscale plan`` runs up to two searches per device subset (30 bars for hetero2), each named ``search`` alone, so that
+on a terminal the bars that restart from 0 % read as a loop: each now names its devices and its
+recompute setting."""
 
 import io
 import sys
@@ -31,4 +33,6 @@ def test_the_search_bar_is_drawn_on_a_terminal_only(monkeypatch, stream, progres
     err = stream()
     monkeypatch.setattr(sys, "stderr", err)
     _search(progress)
-    assert ("search:" in err.getvalue()) == drawn, err.getvalue()
+    # the bar names its search (one per device subset and recompute setting: bars of one name read as a loop)
+    assert ("search (4 devices, recompute off):" in err.getvalue()) == drawn, err.getvalue()
+    assert ("search" in err.getvalue()) == drawn, err.getvalue()
