@@ -416,12 +416,12 @@ class SearchRun:
     def run(self) -> SearchResult:
         t0 = time.perf_counter()
         log: list[LogEntry] = []
-        # disable=None: tqdm draws only on a terminal; into a pipe or a log file each run's bar was a
-        # line of carriage returns (hexiscale plan runs up to two searches per device subset)
         # which search this is: `hexiscale plan` runs one per device subset and recompute setting, and
         # bars that restart from 0 % with the same name read as a loop
         what = [f"{self.cluster.num_devices} devices"] + (
             [f"recompute {'on' if self.s.recompute else 'off'}"] if isinstance(self.s.recompute, bool) else [])
+        # disable=None: tqdm draws only on a terminal; into a pipe or a log file each run's bar was a
+        # line of carriage returns (hexiscale plan runs up to two searches per device subset)
         bar = tqdm(total=self.s.iterations, desc=f"search ({', '.join(what)})", unit="it", leave=False,
                    dynamic_ncols=True,
                    disable=True if not self.s.progress or self.s.iterations < 2 else None)
