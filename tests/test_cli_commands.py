@@ -265,14 +265,19 @@ def test_no_arguments_still_prints_the_help(capsys):
     assert "usage: hexiscale" in capsys.readouterr().out
 
 
-def test_version_names_the_package_torch_lightning_and_python(capsys):
-    """`hexiscale --version` said `unrecognized arguments: --version`: a bug report had no versions."""
+@pytest.mark.parametrize("argv", [["--version"], ["train", "--version"]])
+def test_version_names_the_package_torch_lightning_hydra_and_python(argv, capsys):
+    """`hexiscale --version` said `unrecognized arguments: --version`, and `hexiscale train --version`
+    printed Hydra's version alone (`Hydra 1.3.8`): a bug report had no versions."""
     from importlib import metadata
 
-    with pytest.raises(SystemExit) as e:
-        main(["--version"])
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse's version action exits
+        code = e.code
     out = capsys.readouterr().out.strip()
     python = ".".join(map(str, sys.version_info[:3]))
-    assert e.value.code == 0
+    assert code == 0
     assert out == (f"hexiscale {metadata.version('lightning-hexiscale')} (torch {metadata.version('torch')}, "
-                   f"lightning {metadata.version('lightning')}, Python {python})"), out
+                   f"lightning {metadata.version('lightning')}, hydra {metadata.version('hydra-core')}, "
+                   f"Python {python})"), out

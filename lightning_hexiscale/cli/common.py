@@ -354,3 +354,22 @@ def resolve_precision(args: argparse.Namespace, composed: str | None = None) -> 
     from lightning_hexiscale.profiling.precision import default_precision
 
     return default_precision(args.local is None and torch.cuda.is_available())
+
+
+def version_line() -> str:
+    """``hexiscale 0.1.0 (torch 2.13.0+cpu, lightning 2.6.6, hydra 1.3.8, Python 3.11.7)``: what a bug
+    report needs (``hexiscale --version``, ``hexiscale train --version``). The libraries' versions come
+    from their installed metadata, so that ``--version`` imports none of them."""
+    from importlib import metadata
+
+    import lightning_hexiscale
+
+    def installed(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    python = ".".join(map(str, sys.version_info[:3]))
+    return (f"hexiscale {lightning_hexiscale.__version__} (torch {installed('torch')}, lightning "
+            f"{installed('lightning')}, hydra {installed('hydra-core')}, Python {python})")

@@ -45,7 +45,8 @@ def load_commands() -> None:
         importlib.import_module(f"lightning_hexiscale.cli.{name}")
 
 
-from lightning_hexiscale.cli.common import EPILOG, end_command, NO_OVERRIDES, SUBCOMMANDS, examples_text, notice_printer
+from lightning_hexiscale.cli.common import (EPILOG, end_command, NO_OVERRIDES, SUBCOMMANDS, examples_text, notice_printer,
+                                            version_line)
 from lightning_hexiscale.errors import HexiScaleError
 
 EXIT_INTERRUPTED = 130
@@ -58,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="hexiscale", description="Plan and estimate asymmetric parallel LLM training on heterogeneous GPU clusters.",
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
     parser.add_argument("--version", action="version", version=version_line(),
-                        help="print the versions of hexiscale, torch, Lightning and Python, and exit")
+                        help="print the versions of hexiscale, torch, Lightning, Hydra and Python, and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (help_, configure, _fn) in SUBCOMMANDS.items():
         takes = name not in NO_OVERRIDES
@@ -70,24 +71,6 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Hydra-style config overrides")
     parser.set_defaults(command_parsers=sub.choices)  # an unknown flag is refused by its command's parser
     return parser
-
-
-def version_line() -> str:
-    """``hexiscale 0.1.0 (torch 2.13.0+cpu, lightning 2.6.6, Python 3.11.7)``: what a bug report needs. The
-    libraries' versions come from their installed metadata, so that ``--version`` imports neither."""
-    from importlib import metadata
-
-    import lightning_hexiscale
-
-    def installed(name: str) -> str:
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            return "not installed"
-
-    python = ".".join(map(str, sys.version_info[:3]))
-    return (f"hexiscale {lightning_hexiscale.__version__} (torch {installed('torch')}, "
-            f"lightning {installed('lightning')}, Python {python})")
 
 
 def unknown_flags(bad: Sequence[str], command: argparse.ArgumentParser) -> str:

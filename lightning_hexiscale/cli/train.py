@@ -32,7 +32,7 @@ import sys
 import warnings
 from collections.abc import Sequence
 
-from lightning_hexiscale.cli.common import notice_printer, subcommand
+from lightning_hexiscale.cli.common import notice_printer, subcommand, version_line
 from lightning_hexiscale.cli.train_job import (AUTO_ENV, FILES_ENV, HEXISCALE, AppName, is_multirun, is_popen_child,
                                                is_rank_zero, not_run_line, prepare_argv, print_file_config, sweep_point)
 from lightning_hexiscale.errors import ElasticStop, HexiScaleError, TrainingFailure, TrainingInterrupted
@@ -41,7 +41,7 @@ EXIT_CONFIG, EXIT_HARDWARE, EXIT_FAILED, EXIT_RESTART, EXIT_INTERRUPTED, EXIT_TE
 
 HELP_FLAGS = ("-h", "--help")
 
-USAGE = """usage: {prog} [-m] [--cfg job] [KEY=VALUE ...]
+USAGE = """usage: {prog} [-m] [--cfg job] [--version] [KEY=VALUE ...]
 
 Plan on the cluster, print the plan and its estimate, and train a LLaMA with Lightning's Trainer and
 the hexiscale strategy. A Hydra app: every key of the config can be overridden.
@@ -220,6 +220,9 @@ def main(argv: Sequence[str] | None = None, app: AppName = HEXISCALE, launch_pre
     argv = list(sys.argv[1 + len(launch_prefix):] if argv is None else argv)
     if any(a in HELP_FLAGS for a in argv):
         print(help_text(app.prog), end="")
+        return 0
+    if "--version" in argv:  # Hydra's own flag printed "Hydra 1.3.8" alone
+        print(version_line())
         return 0
     program = sys.argv[0]
     job = _Job(app, [])
