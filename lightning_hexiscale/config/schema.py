@@ -224,7 +224,7 @@ class PlannerConfig:
     """Max (heaviest part compute) / (mean part compute) in the phase-1 partition."""
     max_pipelines: Optional[int] = None
     progress: bool = True
-    """A tqdm bar on stderr while searching, drawn only when stderr is a terminal."""
+    """A tqdm bar on stderr while searching, drawn only when stderr is a terminal (or a Jupyter kernel's)."""
     cut: str = "auto"
     """Phase-1 cut between pipelines (§4.4): auto (moving averages of simulated DP and pipeline
     costs), min (pipelines on well-connected islands) or max (every machine dealt over the pipelines)."""

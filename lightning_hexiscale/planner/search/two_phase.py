@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import time
 from typing import Any
 
@@ -92,6 +93,20 @@ def first_sweep(n: int, iterations: int, coarse_first: bool) -> list[int]:
             order.append(idx[mid])
             spans += [(lo, mid - 1), (mid + 1, hi)]
     return order
+
+
+def draws_bar(s: SearchSettings) -> bool:
+    """Whether a search draws its progress bar: ``progress`` set, more than one iteration, and stderr a
+    terminal or a Jupyter kernel's stream. Into a pipe or a log file each run's bar was a line of carriage
+    returns (``hexiscale plan`` runs up to two searches per device subset); tqdm's own ``disable=None``
+    would also hide it in a notebook, whose streams are no terminal."""
+    if not s.progress or s.iterations < 2:
+        return False
+    try:
+        terminal = sys.stderr.isatty()
+    except (AttributeError, ValueError):  # a replaced or closed stderr
+        terminal = False
+    return terminal or "ipykernel" in sys.modules
 
 
 class SearchRun:
@@ -420,11 +435,8 @@ class SearchRun:
         # bars that restart from 0 % with the same name read as a loop
         what = [f"{self.cluster.num_devices} devices"] + (
             [f"recompute {'on' if self.s.recompute else 'off'}"] if isinstance(self.s.recompute, bool) else [])
-        # disable=None: tqdm draws only on a terminal; into a pipe or a log file each run's bar was a
-        # line of carriage returns (hexiscale plan runs up to two searches per device subset)
         bar = tqdm(total=self.s.iterations, desc=f"search ({', '.join(what)})", unit="it", leave=False,
-                   dynamic_ncols=True,
-                   disable=True if not self.s.progress or self.s.iterations < 2 else None)
+                   dynamic_ncols=True, disable=not draws_bar(self.s))
         for it in range(self.s.iterations):
             step = self.plan_iteration(it)
             sets = self.phase1(step)

@@ -6,6 +6,7 @@ recompute setting."""
 
 import io
 import sys
+import types
 
 import pytest
 
@@ -24,14 +25,19 @@ def _search(progress: bool) -> None:
            SearchSettings(iterations=3, progress=progress, recompute=False, use_all_devices=True))
 
 
-@pytest.mark.parametrize("stream, progress, drawn", [
-    (Terminal, True, True),        # a terminal: the bar
-    (io.StringIO, True, False),    # a pipe or a file: no bar
-    (Terminal, False, False),      # planner.progress=false: never
+@pytest.mark.parametrize("stream, progress, notebook, drawn", [
+    (Terminal, True, False, True),        # a terminal: the bar
+    (io.StringIO, True, False, False),    # a pipe or a file: no bar
+    (io.StringIO, True, True, True),      # a Jupyter kernel's stream is no terminal, and shows the bar
+    (Terminal, False, False, False),      # planner.progress=false: never
 ])
-def test_the_search_bar_is_drawn_on_a_terminal_only(monkeypatch, stream, progress, drawn):
+def test_the_search_bar_is_drawn_on_a_terminal_only(monkeypatch, stream, progress, notebook, drawn):
     err = stream()
     monkeypatch.setattr(sys, "stderr", err)
+    if notebook:
+        monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))
+    else:
+        monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
     _search(progress)
     # the bar names its search (one per device subset and recompute setting: bars of one name read as a loop)
     assert ("search (4 devices, recompute off):" in err.getvalue()) == drawn, err.getvalue()
