@@ -47,3 +47,20 @@ def _fast_lane_guard(request):
         return
     with fast_lane.no_processes(request.node.nodeid):
         yield
+
+
+@pytest.fixture
+def searches(monkeypatch) -> list:
+    """One entry per call of the planner's ``search`` (as ``hexiscale plan`` calls it) during the test:
+    "refused before the search" is ``not searches``. The absence of the search's bar said it before,
+    but the bar is drawn on a terminal only, and never with ``planner.iterations=1``."""
+    import lightning_hexiscale.planner as planner
+
+    calls, real = [], planner.search
+
+    def counted(*args, **kwargs):
+        calls.append(args[:3])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(planner, "search", counted)
+    return calls
