@@ -1,8 +1,8 @@
-"""``planner.progress``: the search's bar is drawn on a terminal only. Into a pipe or a log file
-(`hexiscale plan ... 2> log`, CI) each search wrote a line of carriage-returned bars, and
-``hexiscale plan`` runs up to two searches per device subset (30 bars for hetero2), each named ``search`` alone, so that
-on a terminal the bars that restart from 0 % read as a loop: each now names its devices and its
-recompute setting."""
+"""``planner.progress``: the search's bar is drawn on a terminal (or in a notebook) only. Into a pipe
+or a log file (`hexiscale plan ... 2> log`, CI) each search wrote a line of carriage-returned bars, and
+``hexiscale plan`` runs up to two searches per device subset (30 bars for hetero2). Each was named
+``search`` alone, so that on a terminal the bars that restart from 0 % read as a loop: each now names
+its devices and its recompute setting."""
 
 import io
 import sys
