@@ -3,7 +3,7 @@ import math
 import pytest
 
 from lightning_hexiscale.errors import ConfigError
-from lightning_hexiscale.config.units import format_bandwidth, format_bytes, parse_bandwidth, parse_bytes, parse_flops, parse_time
+from lightning_hexiscale.config.units import format_bandwidth, format_bytes, format_seconds, parse_bandwidth, parse_bytes, parse_flops, parse_time
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -55,3 +55,35 @@ def test_format():
     assert format_bytes(24 * 2**30) == "24.0 GiB"
     assert format_bandwidth(200e9) == "200 GB/s"
     assert not math.isnan(parse_bandwidth("1e-3 GB/s"))
+
+
+@pytest.mark.parametrize("seconds,text", [
+    (7.3414, "7.341 s"), (0.0274, "0.027 s"), (0.0005, "0.001 s"), (0.0, "0.000 s"),
+    (0.0004056, "406 us"), (2.26e-5, "22.6 us"), (4e-8, "40 ns"), (math.inf, "inf s"),
+])
+def test_format_seconds_keeps_three_decimals_and_names_what_they_would_print_as_zero(seconds, text):
+    """A tiny model on big GPUs was reported as "iteration 0.000 s" by `hexiscale plan cluster=hetero3`."""
+    assert format_seconds(seconds) == text
+    assert format_seconds(seconds, "") == text.replace(" ", "")
+
+
+def test_format_seconds_like_takes_the_unit_of_the_longest_time():
+    assert format_seconds(0.0, like=4e-4) == "0 us"
+    assert format_seconds(6.6e-5, "", like=0.236) == "0.000s"
+    assert format_seconds(2.5e-5, like=4e-4) == "25 us"
+
+
+def test_a_tiny_models_estimate_prints_no_zero_time_for_nonzero_work():
+    """The estimate table of a 4-layer model on an A800: every nonzero time shows its digits."""
+    from lightning_hexiscale.config.cluster import Cluster
+    from lightning_hexiscale.models.config import LlamaConfig
+    from lightning_hexiscale.planner import Pipeline, Plan, Stage, Workload, estimate
+
+    model = LlamaConfig.load("llama_tiny")
+    plan = Plan((Pipeline(6, 6, (Stage((0,), (0, model.num_layers)),)),), model.num_layers)
+    est = estimate(plan, Cluster.load("hetero3"), Workload(model))
+    assert 0 < est.iteration_time_s < 5e-4
+    text = est.summary()
+    assert "iteration 0.000 s" not in text and f"iteration {format_seconds(est.iteration_time_s)}," in text
+    stage_row = text.splitlines()[2].split()
+    assert all(cell.endswith("us") for cell in stage_row[4:9])  # compute to DP exposed, one unit

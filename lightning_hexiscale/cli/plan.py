@@ -25,7 +25,7 @@ from typing import Any
 from lightning_hexiscale.cli.common import check_output_file, explicit, subcommand, sweep_axes, with_cluster_file
 from lightning_hexiscale.cli.picture import check_picture_path, draw_plan  # noqa: F401 (also importable from here)
 from lightning_hexiscale.config.recipe import check_output_dir
-from lightning_hexiscale.config.units import format_flops
+from lightning_hexiscale.config.units import format_flops, format_seconds
 from lightning_hexiscale.errors import ConfigError, HexiScaleError
 
 
@@ -179,16 +179,16 @@ def comparison_table(best, rows: dict[str, dict[str, Any]], ceiling: float = 1.0
     """Search and baselines side by side; ``ceiling``: the search plan's compute ceiling."""
     w = max([12] + [len(n) for n in rows])
     lines = [f"{'system':<{w}} {'iteration':>11} {'FLOP/s':>12} {'search speedup':>15} {'compute ceiling':>16}",
-             f"{'hexiscale':<{w}} {best.iteration_time_s:>10.3f}s {format_flops(best.pflops * 1e15):>12} {'1.00x':>15} "
+             f"{'hexiscale':<{w}} {format_seconds(best.iteration_time_s, ''):>11} {format_flops(best.pflops * 1e15):>12} {'1.00x':>15} "
              f"{ceiling:>15.2f}x"]
     for name, r in rows.items():
         if r["feasible"]:
-            lines.append(f"{name:<{w}} {r['iteration_time_s']:>10.3f}s {format_flops(r['pflops'] * 1e15):>12} "
+            lines.append(f"{name:<{w}} {format_seconds(r['iteration_time_s'], ''):>11} {format_flops(r['pflops'] * 1e15):>12} "
                          f"{r['speedup']:>14.2f}x {r['compute_ceiling']:>15.2f}x"
                          + (f"  {r['note']}" if name in ("symmetric-best", "leave-out", "uniform-tp") else ""))
         else:
             loose = r["iteration_time_ignoring_memory_s"]
-            extra = (f"; ignoring memory (as the paper's case study does) its best is {loose:.3f} s, "
+            extra = (f"; ignoring memory (as the paper's case study does) its best is {format_seconds(loose)}, "
                      f"{loose / best.iteration_time_s:.2f}x the search's time") if loose else ""
             lines.append(f"{name:<{w}} {'OOM':>11} {'-':>8} {'-':>15}  {r['note']}{extra}")
     return "\n".join(lines)

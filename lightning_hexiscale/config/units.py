@@ -109,6 +109,21 @@ def format_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
+def format_seconds(t: float, sep: str = " ", like: float | None = None) -> str:
+    """A duration as the planner's reports print it: three decimals of a second ("7.341 s",
+    "0.027 s") while that shows the value, and a nonzero time under half a millisecond, which three
+    decimals would print as "0.000 s" (a tiny model on big GPUs), in us or ns with three significant
+    digits ("406 us"). Zero stays "0.000 s"; ``sep`` goes between number and unit ("0.236s" in the
+    stage table). ``like``: take the unit this value would get (a table's largest time, so that one
+    column shows one unit)."""
+    ref = abs(t if like is None else like)
+    if ref == 0 or not math.isfinite(ref) or ref >= 5e-4:
+        return f"{t:.3f}{sep}s"
+    if ref >= 5e-7:
+        return f"{t * 1e6:.3g}{sep}us"
+    return f"{t * 1e9:.3g}{sep}ns"
+
+
 def format_bandwidth(bps: float) -> str:
     """Human-readable decimal bandwidth: 200 GB/s."""
     for unit, mult in (("TB/s", 1e12), ("GB/s", 1e9), ("MB/s", 1e6), ("KB/s", 1e3)):

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from lightning_hexiscale.config.cluster import Cluster
-from lightning_hexiscale.config.units import format_bytes, format_flops
+from lightning_hexiscale.config.units import format_bytes, format_flops, format_seconds
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.cost import compose
@@ -121,7 +121,7 @@ class Estimate:
         return whole_bytes(d)
 
     def summary(self) -> str:
-        lines = [f"iteration {self.iteration_time_s:.3f} s, {self.tokens_per_s:,.0f} tokens/s, "
+        lines = [f"iteration {format_seconds(self.iteration_time_s)}, {self.tokens_per_s:,.0f} tokens/s, "
                  f"{format_flops(self.pflops * 1e15)}, {'fits in memory' if self.feasible else 'OUT OF MEMORY'}"]
         for o in self.out_of_memory[:5]:
             lines.append(f"  OOM: {o}")
@@ -129,17 +129,21 @@ class Estimate:
             lines.append(f"  ... and {len(self.out_of_memory) - 5} more devices out of memory")
         hdr = ("pipe", "stage", "layers", "TP", "compute", "TP comm", "PP comm", "DP comm", "DP exposed", "peak mem", "capacity")
         rows = [hdr]
+        times = [t for p in self.pipelines for s in p.stages
+                 for t in (s.compute_s, s.tp_comm_s, s.pp_comm_s, s.dp_comm_s, s.dp_exposed_s)]
+        longest = max(times, default=0.0)
         for i, p in enumerate(self.pipelines):
             for j, s in enumerate(p.stages):
                 rows.append((f"{i}" + ("*" if i == self.bottleneck_pipeline and j == 0 else ""), str(j),
-                             f"{s.layers[0]}-{s.layers[1] - 1}", str(s.tp), f"{s.compute_s:.3f}s", f"{s.tp_comm_s:.3f}s",
-                             f"{s.pp_comm_s:.3f}s", f"{s.dp_comm_s:.3f}s", f"{s.dp_exposed_s:.3f}s",
+                             f"{s.layers[0]}-{s.layers[1] - 1}", str(s.tp),
+                             *(format_seconds(t, "", like=longest)  # one unit in the whole table
+                               for t in (s.compute_s, s.tp_comm_s, s.pp_comm_s, s.dp_comm_s, s.dp_exposed_s)),
                              format_bytes(s.peak_memory_bytes), format_bytes(s.memory_capacity_bytes)))
         w = [max(len(r[c]) for r in rows) for c in range(len(hdr))]
         lines += ["  ".join(v.rjust(x) for v, x in zip(r, w)) for r in rows]
         for i, p in enumerate(self.pipelines):
             lines.append(f"pipeline {i}: batch {p.batch} = {p.num_micro_batches} x {p.micro_batch}, "
-                         f"time {p.time_s:.3f} s (bubble {p.bubble_s:.3f} s)")
+                         f"time {format_seconds(p.time_s)} (bubble {format_seconds(p.bubble_s, like=p.time_s)})")
         lines.append("(* bottleneck pipeline; stage times are per iteration, summed over micro-batches)")
         return "\n".join(lines)
 

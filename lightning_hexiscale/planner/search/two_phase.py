@@ -39,6 +39,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from lightning_hexiscale.config.cluster import Cluster
+from lightning_hexiscale.config.units import format_seconds
 from lightning_hexiscale.errors import InfeasiblePlan
 from lightning_hexiscale.planner.cost.estimate import Estimate, Workload, estimate
 from lightning_hexiscale.planner.cost.sources import stage_rule
@@ -486,7 +487,7 @@ class SearchRun:
             log.append(LogEntry(it, step.dp, step.cut, cost, self.best[0]))
             bar.update(1)
             if math.isfinite(self.best[0]):
-                bar.set_postfix_str(f"best {self.best[0]:.3f} s", refresh=False)
+                bar.set_postfix_str(f"best {format_seconds(self.best[0])}", refresh=False)
         bar.close()
         seed_symmetric(self)  # machine-aligned symmetric layouts: the search is never slower than these
         if self.small:
