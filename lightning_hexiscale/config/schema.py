@@ -534,6 +534,15 @@ def merge_error(e: Exception, data: Any, key: str, where: str) -> ConfigError:
                            f'quote it in the file: "{number_key.group(1)}": ...')
     found = locate_entry(data, full_key, str(e))
     bad = f"{key}.{found[0]}" if found else key
+    conv = re.match(r"Value '.*' of type '(\w+)' could not be converted to (Integer|Float|Boolean)", str(e), re.S)
+    if conv and found:  # count: 2.5 / true / "two": OmegaConf's own sentence named the Python types only
+        what, example = {"Integer": ("a whole number", "8"), "Float": ("a number", "0.5"),
+                         "Boolean": ("true or false", "true")}[conv.group(2)]
+        read = {"str": "text", "bool": "a flag", "float": "a number with a fraction",
+                "int": "a whole number"}.get(conv.group(1), conv.group(1))
+        field_ = found[0].split(".")[-1]
+        return ConfigError(bad, found[1], f"must be {what}; YAML read {read} (in {where})",
+                           f"write e.g. {field_}: {example} (see {doc_page(key)})")
     entry = re.match(r"Invalid type assigned: (\w+) is not a subclass of (\w+)", str(e))
     schema = globals().get(entry.group(2)) if entry else None
     if found and dataclasses.is_dataclass(schema):  # machines: [a, b]: an entry is a str, not a mapping
