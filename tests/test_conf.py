@@ -361,3 +361,25 @@ def test_the_recipe_trains_on_a_cluster_file_with_key_overrides(tmp_path):
                          env=env)
     assert out.returncode == 0 and "changes a preset or file" not in out.stderr, out.stderr[-3000:]
     assert "intra 1 GB/s" in out.stdout and "final metrics:" in out.stdout, out.stdout[-3000:]
+
+
+@pytest.mark.parametrize("override,fix", [
+    ("trainer.devices=4", "the devices come from the cluster"),
+    ("+trainer.accelerator=gpu", "the devices come from the cluster"),
+    ("trainer.num_nodes=2", "the devices come from the cluster"),
+    ("trainer.strategy=ddp", "always runs the hexiscale strategy"),
+    ("trainer.max_epochs=2", "trainer.max_steps=N"),
+    ("trainer.val_check_interval=50", "trainer.val_every"),
+    ("data.batch_size=4", "the batch is train.global_batch"),
+    ("train.batch_size=4", "did you mean train.global_batch?"),
+])
+def test_a_lightning_trainer_argument_is_refused_with_where_the_recipe_takes_it(override, fix):
+    """A Lightning user's first overrides: ``trainer.devices=4`` listed the trainer's 27 keys, none of
+    which sets the devices; the fix now says where the recipe takes it (or why it does not)."""
+    from lightning_hexiscale.cli.train_job import check_overrides
+    from lightning_hexiscale.errors import ConfigError
+
+    key = override.lstrip("+").split("=")[0]
+    with pytest.raises(ConfigError) as caught:
+        check_overrides(["cluster=cpu2", override])
+    assert caught.value.key == key and "no such key" in caught.value.rule and fix in caught.value.fix

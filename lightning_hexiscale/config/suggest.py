@@ -38,6 +38,33 @@ def unknown_key_error(key: str, value: Any, name: str, fields: list[str], schema
     return ConfigError(key, value if value is not None else name, f"no such key in {schema}", fix)
 
 
+_DEVICES = ("the devices come from the cluster, not the trainer: one rank per device of cluster=<preset or "
+            "file>, or cluster=auto (this machine's GPUs, else 4 CPU processes); under torchrun or SLURM the "
+            "launch decides (see docs/guide/clusters.md)")
+LIGHTNING_KEYS = {
+    "trainer.devices": _DEVICES, "trainer.num_nodes": _DEVICES, "trainer.accelerator": _DEVICES,
+    "trainer.strategy": "hexiscale train always runs the hexiscale strategy; to use another, call "
+                        "lightning.Trainer(strategy=...) in a script of your own",
+    "trainer.max_epochs": "training is counted in optimizer steps: trainer.max_steps=N",
+    "trainer.max_time": "training is counted in optimizer steps: trainer.max_steps=N",
+    "trainer.val_check_interval": "validation runs every trainer.val_every steps (e.g. trainer.val_every=50; 0 = never)",
+    "trainer.check_val_every_n_epoch": "validation runs every trainer.val_every steps (e.g. trainer.val_every=50)",
+    "trainer.log_every_n_steps": "use trainer.log_every (e.g. trainer.log_every=10)",
+    "trainer.enable_progress_bar": "use trainer.progress_bar (true or false)",
+    "trainer.default_root_dir": "use trainer.output_dir (or hydra.run.dir)",
+    "trainer.enable_checkpointing": "set trainer.checkpoint_every (0: only the last checkpoint, at the end)",
+    "trainer.limit_train_batches": "training is counted in optimizer steps: trainer.max_steps=N",
+    "trainer.batch_size": "the batch is train.global_batch (sequences per optimizer step, which the planner "
+                          "splits among the pipelines)",
+    "data.batch_size": "the batch is train.global_batch (sequences per optimizer step, which the planner "
+                       "splits among the pipelines)",
+    "train.batch_size": "did you mean train.global_batch? (sequences per optimizer step, which the planner "
+                        "splits among the pipelines)",
+}
+"""Lightning's Trainer (and DataLoader) arguments that the recipe's config takes elsewhere, or not at
+all: the fix says where, rather than the list of keys (``trainer.devices=4`` listed 27 keys)."""
+
+
 def _typed_fields(node: Any) -> tuple[list[str], str] | None:
     """(field names, schema name) of a typed DictConfig node; None for a free mapping."""
     if not isinstance(node, DictConfig):
@@ -92,8 +119,11 @@ def check_override_key(cfg: DictConfig, override: str) -> None:
             others = f" (or {', '.join(moved[1:])})" if moved[1:] else ""
             raise ConfigError(key, value, f"no such key in {schema}", f"did you mean {moved[0]}?{others} "
                               f"(e.g. {moved[0]}={value})")
-        raise unknown_key_error(".".join(parts[: i + 1]), value if i == len(parts) - 1 else None, part, fields,
-                                schema)
+        bad = ".".join(parts[: i + 1])
+        if bad in LIGHTNING_KEYS:
+            raise ConfigError(bad, value if i == len(parts) - 1 else None, f"no such key in {schema}",
+                              LIGHTNING_KEYS[bad])
+        raise unknown_key_error(bad, value if i == len(parts) - 1 else None, part, fields, schema)
 
 
 def top_key_error(name: str, value: str, schema: type) -> ConfigError:
