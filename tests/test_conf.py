@@ -372,6 +372,9 @@ def test_the_recipe_trains_on_a_cluster_file_with_key_overrides(tmp_path):
     ("trainer.val_check_interval=50", "trainer.val_every"),
     ("data.batch_size=4", "the batch is train.global_batch"),
     ("train.batch_size=4", "did you mean train.global_batch?"),
+    ("devices=4", "the devices come from the cluster"),  # was "did you mean planner.use_all_devices?"
+    ("batch_size=8", "the batch is train.global_batch"),  # was "did you mean train.micro_batch_size?"
+    ("max_epochs=3", "trainer.max_steps"),
 ])
 def test_a_lightning_trainer_argument_is_refused_with_where_the_recipe_takes_it(override, fix):
     """A Lightning user's first overrides: ``trainer.devices=4`` listed the trainer's 27 keys, none of

@@ -147,6 +147,8 @@ def top_key_error(name: str, value: str, schema: type) -> ConfigError:
     if exact:  # the same name in a section beats a near name at the top (max_steps: not plan)
         others = f" (or {', '.join(exact[1:])})" if exact[1:] else ""
         fix = f"did you mean {exact[0]}?{others} (e.g. {exact[0]}={value})"
+    elif f"trainer.{name}" in LIGHTNING_KEYS:  # devices=4: Lightning's Trainer(devices=4), not use_all_devices
+        fix = LIGHTNING_KEYS[f"trainer.{name}"]
     elif near:
         fix = f"did you mean {near[0]}? (e.g. {near[0]}={value})"
     else:
