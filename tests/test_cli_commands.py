@@ -71,6 +71,20 @@ def test_checkpoint_info_refuses_an_output_file(tmp_path, capsys):
     assert "OUT.pt = 'model=llama_tiny'" in err and "info writes nothing" in err
 
 
+@pytest.mark.parametrize("argv,fix", [
+    (["checkpoint", "{d}"], "Fix: run `hexiscale checkpoint info {d}`"),
+    (["checkpoint", "runs/last.ckpt"], "Fix: run `hexiscale checkpoint info runs/last.ckpt`"),
+    (["checkpoint", "inf", "{d}"], "'inf' is no action: the first argument is info or consolidate. Fix: did you mean info?"),
+    (["checkpoint", "consolidat", "{d}", "x.pt"], "Fix: did you mean consolidate?"),
+])
+def test_checkpoint_without_its_action_says_which_and_how(tmp_path, argv, fix, capsys):
+    """`hexiscale checkpoint CKPT` was argparse's "invalid choice: 'CKPT' (choose from 'info', 'consolidate')"."""
+    with pytest.raises(SystemExit) as stop:
+        main([a.format(d=tmp_path) for a in argv])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and fix.format(d=tmp_path) in err and "invalid choice" not in err, err
+
+
 # ---- examples in --help ---------------------------------------------------------------------------
 def examples(command: str) -> list[str]:
     text = COMMANDS[command].format_help()

@@ -20,9 +20,25 @@ from lightning_hexiscale.errors import ConfigError
 ACTIONS = ("info", "consolidate")
 
 
+def _action(word: str) -> str:
+    """The first argument: info or consolidate. A checkpoint path there (``hexiscale checkpoint
+    outputs/.../last.ckpt``) was argparse's "invalid choice: 'outputs/...'" with no hint."""
+    if word in ACTIONS:
+        return word
+    if Path(word).exists() or "/" in word or word.endswith(".ckpt"):
+        raise argparse.ArgumentTypeError(f"{word!r} is a checkpoint, and the first argument says what to do with it: "
+                                         f"info or consolidate. Fix: run `hexiscale checkpoint info {word}` (or "
+                                         f"`hexiscale checkpoint consolidate {word} OUT.pt`)")
+    from lightning_hexiscale.config.suggest import closest
+
+    near = closest(word, list(ACTIONS))
+    raise argparse.ArgumentTypeError(f"{word!r} is no action: the first argument is info or consolidate. Fix: "
+                                     + (f"did you mean {near[0]}?" if near else "run e.g. `hexiscale checkpoint info CKPT`"))
+
+
 def _args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("action", choices=ACTIONS, help="info: what the checkpoint holds; consolidate: write one full "
-                   "state dict of the model")
+    p.add_argument("action", type=_action, metavar="{info,consolidate}",
+                   help="info: what the checkpoint holds; consolidate: write one full state dict of the model")
     p.add_argument("ckpt", metavar="CKPT", help="a checkpoint directory saved by strategy='hexiscale'")
     p.add_argument("out", metavar="OUT.pt", nargs="?", help="consolidate: the torch.save file to write")
     p.add_argument("--force", action="store_true", help="consolidate: overwrite OUT.pt if it exists")
