@@ -307,3 +307,23 @@ def test_a_machine_link_naming_a_repeated_entry_sets_every_copy_as_nics_to_does(
                                                       {"machines": ["slow.1", "fast"], "bandwidth": "7 GB/s"}]))
     with pytest.raises(ConfigError, match="must name two declared machines. Fix: use names from: fast, slow, slow.0"):
         Cluster.from_config(dict(base, machine_links=[{"machines": ["fast", "slwo"], "bandwidth": "10 GB/s"}]))
+
+
+@pytest.mark.parametrize("devices,rule", [
+    ([9], "device 9 is not an id of cluster cpu_hetero4 (0..3)"),
+    ([], "names no device"),
+    ([0, 0], "names a device twice"),
+    (3, "must be a list of device ids"),
+    ([True], "device True is not an id"),
+])
+def test_subset_of_devices_it_lacks_is_a_config_error(devices, rule):
+    """`Cluster.subset([9])` was numpy's IndexError ("tuple index out of range"), [] another one."""
+    with pytest.raises(ConfigError) as caught:
+        Cluster.load("cpu_hetero4").subset(devices)
+    assert caught.value.key == "Cluster.subset(devices)" and rule in caught.value.rule and caught.value.fix
+
+
+def test_subset_keeps_the_order_it_is_given():
+    c = Cluster.load("cpu_hetero4")
+    sub = c.subset([3, 0])
+    assert [d.gpu_type for d in sub.devices] == [c.devices[3].gpu_type, c.devices[0].gpu_type]

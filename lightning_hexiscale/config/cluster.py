@@ -216,7 +216,20 @@ class Cluster:
         return g
 
     def subset(self, devices: list[int]) -> Cluster:
-        """A cluster of the given devices, renumbered 0..k-1 in the given order."""
+        """A cluster of the given devices, renumbered 0..k-1 in the given order. ``devices``: distinct
+        device ids of this cluster, at least one (else a ConfigError: was an IndexError from numpy)."""
+        n = self.num_devices
+        if isinstance(devices, (str, bytes)) or not hasattr(devices, "__iter__"):
+            raise ConfigError("Cluster.subset(devices)", devices, "must be a list of device ids",
+                              f"pass e.g. [0, 1] (ids 0..{n - 1} of cluster {self.name})")
+        devices = list(devices)
+        bad = [d for d in devices if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or not 0 <= d < n]
+        if not devices or bad or len(set(devices)) != len(devices):
+            rule = (f"device {bad[0]!r} is not an id of cluster {self.name} (0..{n - 1})" if bad else
+                    "names no device" if not devices else "names a device twice")
+            raise ConfigError("Cluster.subset(devices)", devices, rule,
+                              f"pass distinct ids from 0 to {n - 1}, at least one")
+        devices = [int(d) for d in devices]
         idx = np.array(devices)
         remap = {old: new for new, old in enumerate(devices)}
         devs = [replace(self.devices[o], id=remap[o]) for o in devices]
