@@ -327,3 +327,17 @@ def test_subset_keeps_the_order_it_is_given():
     c = Cluster.load("cpu_hetero4")
     sub = c.subset([3, 0])
     assert [d.gpu_type for d in sub.devices] == [c.devices[3].gpu_type, c.devices[0].gpu_type]
+
+
+@pytest.mark.parametrize("kwargs,key", [
+    ({"k": 0}, "Cluster.replicate(k)"), ({"k": -1}, "Cluster.replicate(k)"), ({"k": "2"}, "Cluster.replicate(k)"),
+    ({"k": 2, "inter_bandwidth": -1.0}, "Cluster.replicate(inter_bandwidth)"),
+    ({"k": 2, "inter_bandwidth": float("inf")}, "Cluster.replicate(inter_bandwidth)"),
+    ({"k": 2, "inter_latency": -1e-6}, "Cluster.replicate(inter_latency)"),
+])
+def test_replicate_refuses_a_bad_count_or_link(kwargs, key):
+    """replicate(-1) was numpy's "negative dimensions are not allowed", replicate('2') a TypeError and
+    inter_bandwidth=-1 a cluster with a negative link (and a RuntimeWarning)."""
+    with pytest.raises(ConfigError) as caught:
+        Cluster.load("cpu_hetero4").replicate(**kwargs)
+    assert caught.value.key == key and caught.value.fix

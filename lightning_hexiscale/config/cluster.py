@@ -11,6 +11,7 @@ two NICs it crosses, and concurrent transfers share a NIC in the cost model.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -246,7 +247,19 @@ class Cluster:
                        self.layer_tables)
 
     def replicate(self, k: int, inter_bandwidth: float | None = None, inter_latency: float | None = None) -> Cluster:
-        """k copies of this cluster joined by ``inter_bandwidth`` (default: this cluster's slowest link)."""
+        """k copies of this cluster joined by ``inter_bandwidth`` (bytes/s; default: this cluster's
+        slowest link) with ``inter_latency`` (seconds; default: its largest latency)."""
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+            raise ConfigError("Cluster.replicate(k)", k, "must be a whole number of copies, at least 1",
+                              "pass e.g. replicate(2)")
+        for key, v, ok in (("inter_bandwidth", inter_bandwidth, "greater than zero"),
+                           ("inter_latency", inter_latency, "zero or more")):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float, np.number))
+                                  or not math.isfinite(v) or (v <= 0 if key == "inter_bandwidth" else v < 0)):
+                raise ConfigError(f"Cluster.replicate({key})", v, f"must be a finite number {ok} "
+                                  f"({'bytes/s' if key == 'inter_bandwidth' else 'seconds'}), or None for the default",
+                                  "pass e.g. inter_bandwidth=parse_bandwidth('10 Gbps')" if key == "inter_bandwidth"
+                                  else "pass e.g. inter_latency=50e-6")
         n = self.num_devices
         bw_inter = inter_bandwidth if inter_bandwidth is not None else float(self.bandwidth[np.isfinite(self.bandwidth)].min() if n > 1 else 1e9)
         lat_inter = inter_latency if inter_latency is not None else float(self.latency.max())
