@@ -121,7 +121,7 @@ def check_override_key(cfg: DictConfig, override: str) -> None:
                               f"(e.g. {moved[0]}={value})")
         bad = ".".join(parts[: i + 1])
         if bad in LIGHTNING_KEYS:
-            raise ConfigError(bad, value if i == len(parts) - 1 else None, f"no such key in {schema}",
+            raise ConfigError(bad, value if i == len(parts) - 1 else part, f"no such key in {schema}",
                               LIGHTNING_KEYS[bad])
         raise unknown_key_error(bad, value if i == len(parts) - 1 else None, part, fields, schema)
 
