@@ -295,3 +295,13 @@ def test_version_names_the_package_torch_lightning_hydra_and_python(argv, capsys
     assert out == (f"hexiscale {metadata.version('lightning-hexiscale')} (torch {metadata.version('torch')}, "
                    f"lightning {metadata.version('lightning')}, hydra {metadata.version('hydra-core')}, "
                    f"Python {python})"), out
+
+
+@pytest.mark.parametrize("value", ["x", "2.5"])
+def test_a_count_flag_that_is_no_whole_number_says_so(value, capsys):
+    """`hexiscale discover --local x` said argparse's "invalid positive_int value: 'x'": the name of
+    a function, not the rule."""
+    with pytest.raises(SystemExit) as stop:
+        main(["discover", "--local", value, "--model", "llama_tiny"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and f"argument --local: {value!r} is not a whole number" in err, err

@@ -277,7 +277,12 @@ def check_outside_checkpoint(flag: str, path: str, checkpoint: str, example: str
 
 # ---- launch flags shared by profile, calibrate and check-estimate -----------------------------
 def positive_int(text: str) -> int:
-    v = int(text)
+    """A whole number >= 1 (``--local N``); argparse's own "invalid positive_int value: 'x'" named the
+    function, not the rule."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number, e.g. 4") from None
     if v < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
     return v
