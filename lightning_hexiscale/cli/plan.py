@@ -220,7 +220,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.picture is not None:
         check_output_file("--picture", args.picture, "plan.png")
         check_picture_path(args.picture)
-    run = plan_once(overrides_of(args), args.baselines, progress=None if not args.json else False,
+    # --json too: the bar goes to stderr, and only on a terminal (two_phase.draws_bar), never into the JSON
+    run = plan_once(overrides_of(args), args.baselines,
                     like_for_like=args.like_for_like, aware=args.aware_baselines,
                     optimum_time_limit=args.optimum_time_limit if args.optimum else None)
     cluster, workload, res = run["cluster"], run["workload"], run["result"]
@@ -230,7 +231,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.picture:
         _write_file("--picture", args.picture, lambda: draw_plan(
             plan, cluster, args.picture, title=f"{workload.model.name} on {cluster.name}: "
-            f"{est.iteration_time_s:.2f} s/iteration, {format_flops(est.pflops * 1e15)}", estimate=est))
+            f"{format_seconds(est.iteration_time_s)}/iteration, {format_flops(est.pflops * 1e15)}", estimate=est))
     rows = baseline_rows(est.iteration_time_s, run["baselines"]) if args.baselines else None
     if args.json:
         doc = {"plan": plan.to_dict(), "estimate": estimate_document(plan, cluster, workload, est, args.out, res.sources),

@@ -42,3 +42,23 @@ def test_the_search_bar_is_drawn_on_a_terminal_only(monkeypatch, stream, progres
     # the bar names its search (one per device subset and recompute setting: bars of one name read as a loop)
     assert ("search (4 devices, recompute off):" in err.getvalue()) == drawn, err.getvalue()
     assert ("search" in err.getvalue()) == drawn, err.getvalue()
+
+
+@pytest.mark.parametrize("argv", [["--json"], []])
+def test_hexiscale_plan_draws_the_bar_on_a_terminal_with_or_without_json(monkeypatch, capsys, argv):
+    """`hexiscale plan --json > plan.json` at a terminal searched in silence: --json turned the bar off.
+    The bar goes to stderr, so stdout stays the JSON document."""
+    import json
+
+    from lightning_hexiscale.cli.main import main
+
+    out = io.StringIO()
+    err = Terminal()
+    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.setattr(sys, "stderr", err)
+    monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
+    assert main(["plan", *argv, "cluster=cpu_hetero4", "model=llama_tiny", "train.global_batch=8",
+                 "planner.iterations=3", "train.recompute=false", "planner.use_all_devices=true"]) == 0
+    assert "search (4 devices, recompute off):" in err.getvalue(), err.getvalue()
+    if argv:
+        assert json.loads(out.getvalue())["plan"]["pipelines"]
