@@ -289,12 +289,24 @@ def test_ctrl_c_while_rank_0_waits_for_the_others_ends_the_job_at_once(tmp_path)
     assert one_line(err) == "recipes/train.py: interrupted (Ctrl-C) while waiting for the ranks to join (rendezvous)"
 
 
+def _ignore_sigint() -> None:
+    """preexec_fn: the job starts with SIGINT ignored, as under `nohup ... &` or a script's `cmd &`."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+SIGINT_AT_START = pytest.mark.parametrize("sigint", ["default", "ignored"])
+"""A job that inherited SIGINT ignored installed no watch at all: `kill` ended its launching process
+alone (status -15, its ranks left running) and a rank that died went unnamed by the command."""
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(200)
-def test_a_rank_that_dies_while_the_job_starts_ends_it_with_one_line(tmp_path):
+@SIGINT_AT_START
+def test_a_rank_that_dies_while_the_job_starts_ends_it_with_one_line(tmp_path, sigint):
     t0 = time.time()
     p = subprocess.run(job("child_dies", tmp_path / "run"), capture_output=True, text=True, timeout=150, cwd=tmp_path,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+                       env={**os.environ, "PYTHONPATH": str(ROOT)},
+                       preexec_fn=_ignore_sigint if sigint == "ignored" else None)
     assert p.returncode == 4, p.stderr[-3000:]
     assert "rank 1: dying on purpose" in p.stderr
     assert one_line(p.stderr) == ("recipes/train.py: rank 1 exited with status 3 while waiting for the ranks to join "
@@ -329,7 +341,8 @@ def test_ctrl_c_while_the_ranks_set_up(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
-def test_sigterm_while_the_ranks_set_up_ends_the_job_and_its_ranks(tmp_path):
+@SIGINT_AT_START
+def test_sigterm_while_the_ranks_set_up_ends_the_job_and_its_ranks(tmp_path, sigint):
     """`kill <pid>` of the launching process before training: SIGTERM's default action ended it
     alone, with no line (status -15), and left the rank it started running in the group."""
     out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
@@ -337,7 +350,7 @@ def test_sigterm_while_the_ranks_set_up_ends_the_job_and_its_ranks(tmp_path):
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     with open(out, "w") as o, open(err, "w") as e:
         p = subprocess.Popen(job("setup", tmp_path / "run"), stdout=o, stderr=e, cwd=tmp_path, env=env,
-                             start_new_session=True)
+                             start_new_session=True, preexec_fn=_ignore_sigint if sigint == "ignored" else None)
     try:
         t0 = time.time()
         while "SLOW setup" not in out.read_text():

@@ -333,16 +333,20 @@ class JobWatch:
     # ---- installing ------------------------------------------------------------------------------
     def install(self) -> JobWatch:
         """Make this the process's watch: a SIGINT handler (KeyboardInterrupt while planning, only
-        recorded after) and the wakeup pipe's reader thread. Main thread only; a process that
-        inherited SIGINT ignored (nohup, a background job) keeps ignoring it."""
+        recorded after), a SIGTERM one and the wakeup pipe's reader thread. Main thread only. A
+        process that inherited SIGINT ignored (``nohup ... &``, a background job of a script) keeps
+        ignoring it, and is still watched otherwise: it returned here before, so ``kill`` of such a
+        job ended the launching process alone (its ranks left running) and a rank that died was
+        reported without the command's name."""
         global _current
-        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-            return self
         r, w = os.pipe()
         os.set_blocking(w, False)  # set_wakeup_fd requires it: the C handler must never block
         self._pipe = (r, w)
         old_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
-        self._previous = (signal.signal(signal.SIGINT, self._handler), old_fd)
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+            self._previous = (signal.SIG_IGN, old_fd)  # uninstall leaves it ignored
+        else:
+            self._previous = (signal.signal(signal.SIGINT, self._handler), old_fd)
         if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             # a Python handler, so that SIGTERM reaches the pipe; the thread acts on it (on_sigterm)
             self._previous_term = signal.signal(signal.SIGTERM, _record_only)
