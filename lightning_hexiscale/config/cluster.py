@@ -252,14 +252,16 @@ class Cluster:
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
             raise ConfigError("Cluster.replicate(k)", k, "must be a whole number of copies, at least 1",
                               "pass e.g. replicate(2)")
-        for key, v, ok in (("inter_bandwidth", inter_bandwidth, "greater than zero"),
-                           ("inter_latency", inter_latency, "zero or more")):
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float, np.number))
-                                  or not math.isfinite(v) or (v <= 0 if key == "inter_bandwidth" else v < 0)):
-                raise ConfigError(f"Cluster.replicate({key})", v, f"must be a finite number {ok} "
-                                  f"({'bytes/s' if key == 'inter_bandwidth' else 'seconds'}), or None for the default",
-                                  "pass e.g. inter_bandwidth=parse_bandwidth('10 Gbps')" if key == "inter_bandwidth"
-                                  else "pass e.g. inter_latency=50e-6")
+        def number(value) -> bool:
+            return not isinstance(value, bool) and isinstance(value, (int, float, np.number)) and math.isfinite(value)
+
+        if inter_bandwidth is not None and not (number(inter_bandwidth) and inter_bandwidth > 0):
+            raise ConfigError("Cluster.replicate(inter_bandwidth)", inter_bandwidth, "must be a finite number greater "
+                              "than zero (bytes/s), or None for the default",
+                              "pass e.g. inter_bandwidth=parse_bandwidth('10 Gbps')")
+        if inter_latency is not None and not (number(inter_latency) and inter_latency >= 0):
+            raise ConfigError("Cluster.replicate(inter_latency)", inter_latency, "must be a finite number zero or "
+                              "more (seconds), or None for the default", "pass e.g. inter_latency=50e-6")
         n = self.num_devices
         bw_inter = inter_bandwidth if inter_bandwidth is not None else float(self.bandwidth[np.isfinite(self.bandwidth)].min() if n > 1 else 1e9)
         lat_inter = inter_latency if inter_latency is not None else float(self.latency.max())

@@ -41,25 +41,22 @@ def unknown_key_error(key: str, value: Any, name: str, fields: list[str], schema
 _DEVICES = ("the devices come from the cluster, not the trainer: one rank per device of cluster=<preset or "
             "file>, or cluster=auto (this machine's GPUs, else 4 CPU processes); under torchrun or SLURM the "
             "launch decides (see docs/guide/clusters.md)")
+_STEPS = "training is counted in optimizer steps: trainer.max_steps=N"
+_BATCH = "sequences per optimizer step, which the planner splits among the pipelines"
 LIGHTNING_KEYS = {
     "trainer.devices": _DEVICES, "trainer.num_nodes": _DEVICES, "trainer.accelerator": _DEVICES,
     "trainer.strategy": "hexiscale train always runs the hexiscale strategy; to use another, call "
                         "lightning.Trainer(strategy=...) in a script of your own",
-    "trainer.max_epochs": "training is counted in optimizer steps: trainer.max_steps=N",
-    "trainer.max_time": "training is counted in optimizer steps: trainer.max_steps=N",
+    "trainer.max_epochs": _STEPS, "trainer.max_time": _STEPS, "trainer.limit_train_batches": _STEPS,
     "trainer.val_check_interval": "validation runs every trainer.val_every steps (e.g. trainer.val_every=50; 0 = never)",
     "trainer.check_val_every_n_epoch": "validation runs every trainer.val_every steps (e.g. trainer.val_every=50)",
     "trainer.log_every_n_steps": "use trainer.log_every (e.g. trainer.log_every=10)",
     "trainer.enable_progress_bar": "use trainer.progress_bar (true or false)",
     "trainer.default_root_dir": "use trainer.output_dir (or hydra.run.dir)",
     "trainer.enable_checkpointing": "set trainer.checkpoint_every (0: only the last checkpoint, at the end)",
-    "trainer.limit_train_batches": "training is counted in optimizer steps: trainer.max_steps=N",
-    "trainer.batch_size": "the batch is train.global_batch (sequences per optimizer step, which the planner "
-                          "splits among the pipelines)",
-    "data.batch_size": "the batch is train.global_batch (sequences per optimizer step, which the planner "
-                       "splits among the pipelines)",
-    "train.batch_size": "did you mean train.global_batch? (sequences per optimizer step, which the planner "
-                        "splits among the pipelines)",
+    "trainer.batch_size": f"the batch is train.global_batch ({_BATCH})",
+    "data.batch_size": f"the batch is train.global_batch ({_BATCH})",
+    "train.batch_size": f"did you mean train.global_batch? ({_BATCH})",
 }
 """Lightning's Trainer (and DataLoader) arguments that the recipe's config takes elsewhere, or not at
 all: the fix says where, rather than the list of keys (``trainer.devices=4`` listed 27 keys)."""
