@@ -12,7 +12,8 @@ on it has ended.
 - :func:`fork_context` / :func:`collect_before_fork`: ``fork`` only after this process's garbage is
   collected, so no forked child frees a process group it inherited (see there).
 - :func:`destroy_groups_at_exit`: the process groups are destroyed while the interpreter is still
-  whole, so a gloo worker thread never outlives it (see there).
+  whole, so a gloo worker thread never outlives it (see there); :func:`wait_for_gloo_workers`: the
+  workers of groups still held elsewhere finish their last release before it finalizes.
 - :func:`exit_without_finalizing`: a command's end that skips the interpreter's finalization of torch
   and Lightning (seconds per process; see there).
 
@@ -27,6 +28,7 @@ import multiprocessing
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 
 SLOWDOWN_CAP = 10.0
@@ -151,6 +153,62 @@ def _destroy_groups() -> None:
         except Exception as e:  # noqa: BLE001 -- at exit: one line, not a traceback; the job's outcome stands
             print(f"hexiscale: destroying the process groups at exit failed ({type(e).__name__}: {e})",
                   file=sys.stderr)
+    wait_for_gloo_workers()
+
+
+GLOO_WORKER = "pt_gloo_runloop"
+"""The name torch gives a gloo process group's worker threads (``/proc/<pid>/task/<tid>/comm``)."""
+
+
+def _gloo_worker_states() -> list[str] | None:
+    """The scheduler state (``R`` runnable, ``S`` asleep, ...) of each gloo worker thread of this
+    process, or None where ``/proc`` cannot tell (not Linux)."""
+    tasks = Path("/proc/self/task")
+    try:
+        tids = os.listdir(tasks)
+    except OSError:
+        return None
+    states = []
+    for tid in tids:
+        try:
+            if (tasks / tid / "comm").read_text().strip() != GLOO_WORKER:
+                continue
+            states.append((tasks / tid / "stat").read_text().rsplit(")", 1)[1].split()[0])
+        except (OSError, IndexError):  # the thread ended meanwhile
+            continue
+    return states
+
+
+def wait_for_gloo_workers(limit_s: float = 1.0, poll_s: float = 0.005, states=_gloo_worker_states) -> bool:
+    """Sleep, the GIL released, until every gloo worker thread of this process has been asleep at
+    two polls ``poll_s`` apart (at most ``limit_s`` times :func:`host_slowdown`); True when they were.
+
+    Why: :func:`dist.destroy_process_group` frees only the groups nothing else holds; the groups of
+    a Lightning job stay referenced by the strategy and the module (their tensor-parallel layers)
+    until the interpreter finalizes, and their worker threads with them. A worker that wakes the
+    caller of a collective, is preempted, and only then drops its reference to that collective's
+    tensors needs the GIL for it (a tensor whose Python object the caller already dropped is owned
+    by C++). If the interpreter is finalizing by then, CPython ends the thread inside that
+    ``noexcept`` release and the process aborts (exit -6, "terminate called without an active
+    exception"; gdb on the core: ``~AsyncAllgatherWork`` -> ``decref_pyobject`` -> ``take_gil`` ->
+    ``pthread_exit``). Seen after ``trainer.predict`` in a documented script, 1 run in about 10
+    clean-clone suites, and in 2 of about 250 processes of a 3-rank script ending in
+    ``all_gather_object``. A preempted worker is runnable (``R``); one waiting for the GIL gets it
+    while this sleeps; a worker blocked inside a collective that a peer never joins sleeps (``S``)
+    and is not waited for. Costs about 2 polls (10 ms) per process."""
+    deadline = time.monotonic() + limit_s * host_slowdown()
+    quiet = 0
+    while True:
+        now = states()
+        if now is None:
+            time.sleep(2 * poll_s)  # cannot tell: give a worker waiting for the GIL the two polls' time
+            return False
+        quiet = quiet + 1 if all(s == "S" for s in now) else 0
+        if quiet >= 2:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(poll_s)
 
 
 def exit_without_finalizing(code: int | None) -> None:
