@@ -55,9 +55,9 @@ def host_slowdown(cap: float = SLOWDOWN_CAP) -> float:
     return min(cap, max(1.0, load / usable_cores()))
 
 
-def _stat(pid: int) -> list[str]:
-    """Fields 3.. of ``/proc/<pid>/stat`` (state first; the command name, which may hold spaces and
-    parentheses, is cut off at its last ``)``)."""
+def _stat(pid: int | str) -> list[str]:
+    """Fields 3.. of ``/proc/<pid>/stat`` (``pid`` may also be ``self/task/<tid>``, a thread; state
+    first; the command name, which may hold spaces and parentheses, is cut off at its last ``)``)."""
     text = Path(f"/proc/{pid}/stat").read_text()
     return text[text.rindex(")") + 2:].split()
 
@@ -171,10 +171,9 @@ def _gloo_worker_states() -> list[str] | None:
     states = []
     for tid in tids:
         try:
-            if (tasks / tid / "comm").read_text().strip() != GLOO_WORKER:
-                continue
-            states.append((tasks / tid / "stat").read_text().rsplit(")", 1)[1].split()[0])
-        except (OSError, IndexError):  # the thread ended meanwhile
+            if (tasks / tid / "comm").read_text().strip() == GLOO_WORKER:
+                states.append(_stat(f"self/task/{tid}")[_STATE])
+        except (OSError, IndexError, ValueError):  # the thread ended meanwhile
             continue
     return states
 
