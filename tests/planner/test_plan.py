@@ -162,3 +162,17 @@ def test_layer_bounds_may_be_numpy_ints_or_whole_floats():
     d["pipelines"][0]["stages"][0]["layers"][1] = 2.5
     with pytest.raises(PlanError, match=r"layers = .*must be \[start, end\) with two integers"):
         Plan.from_dict(d)
+
+
+@pytest.mark.parametrize("pipeline,key", [
+    ("{batch_size: 1, micro_batch_sizex: 1, stages: [{devices: [0], layers: [0, 4]}]}", "micro_batch_sizex"),  # from_dict
+    ("{batch_size: 0, micro_batch_size: 1, stages: [{devices: [0], layers: [0, 4]}]}", "batch_size"),  # validate
+])
+def test_a_plan_file_error_is_keyed_as_validate_keys_it(tmp_path, pipeline, key):
+    """Both checks of a plan file name the key in one form, ``plan.pipelines[i]...`` (the file's
+    parse errors were ``<file name>.pipelines[i]...``, its validation errors ``plan.pipelines[i]...``)."""
+    p = tmp_path / "mine.yaml"
+    p.write_text(f"num_layers: 4\npipelines: [{pipeline}]\n")
+    with pytest.raises(PlanError) as ei:
+        Plan.load(p).validate()
+    assert ei.value.key == f"plan.pipelines[0].{key}", ei.value

@@ -487,7 +487,9 @@ class Plan:
                             "correct the syntax at the line and column named (quote values holding ':' or '#')") from None
         if not isinstance(data, dict):
             raise PlanError("--plan", str(path), "a plan file holds a mapping", "see conf/plans/ for examples")
-        return cls.from_dict(data, source=path.name)
+        # the keys of its errors read as validate()'s do (plan.pipelines[0].stages ...), whichever of the
+        # two finds the fault: the file name prefixed them here only, and the same file gave both forms
+        return cls.from_dict(data)
 
     # ---- display -------------------------------------------------------------------------
     def table(self, cluster: Cluster | None = None) -> str:
