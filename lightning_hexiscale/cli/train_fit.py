@@ -201,10 +201,9 @@ def progress_bar_by_default() -> bool:
     """``trainer.progress_bar=null``: a bar when stdout is a terminal; none into a file or a pipe."""
     import sys
 
-    try:
-        return sys.stdout.isatty()
-    except (AttributeError, ValueError):  # replaced or closed stdout
-        return False
+    from lightning_hexiscale.progress import is_terminal
+
+    return is_terminal(sys.stdout)
 
 
 def quiet_logs() -> None:

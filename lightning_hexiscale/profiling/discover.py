@@ -47,6 +47,7 @@ from lightning_hexiscale.profiling.measure import (is_hopper, current_device, de
                                                    machine_name, measure_matmul_flops, ping_pong, transfer,
                                                    check_matmul_size)
 from lightning_hexiscale.profiling.writer import ProfileResult, copy_cluster, infer_machines, write_cluster
+from lightning_hexiscale.progress import is_terminal
 
 DEFAULT_BUDGET_S = 60.0
 """The time discovery should take on a small cluster (4 CPU ranks here: well under it)."""
@@ -83,7 +84,7 @@ class Progress:
         self.done = 0
         self.phases: dict[str, float] = {}
         self.bar = None
-        if enabled and sys.stderr.isatty():
+        if enabled and is_terminal(sys.stderr):
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, desc="discover", unit="step", file=sys.stderr)

@@ -27,7 +27,7 @@ from lightning_hexiscale.planner.search.infeasible import most_busy
 from lightning_hexiscale.planner.search.recompute import auto_recompute
 from lightning_hexiscale.planner.search.settings import SearchResult, SearchSettings, global_batch_setting
 from lightning_hexiscale.planner.search.subsets import CoreRun, lift, search_subsets
-from lightning_hexiscale.planner.search.two_phase import SearchRun
+from lightning_hexiscale.planner.search.two_phase import HEARTBEAT, SearchRun
 
 
 def search(cluster: Cluster, workload: Workload, global_batch: int,
@@ -65,6 +65,7 @@ def search(cluster: Cluster, workload: Workload, global_batch: int,
     # the search allocates millions of small tuples that live as long as its caches: a rarer
     # young-generation collection saves ~5% of the time on large clusters (restored afterwards)
     threshold = gc.get_threshold()
+    HEARTBEAT.restart()  # into a pipe: the first line 10 s after this search starts (two_phase.writes_lines)
     gc.set_threshold(max(threshold[0], 100_000), *threshold[1:])
     try:
         one = functools.partial(_search_one, measured=measured)

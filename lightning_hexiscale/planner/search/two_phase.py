@@ -58,6 +58,7 @@ from lightning_hexiscale.planner.search.settings import (LARGE_FROM, Iteration, 
                                                          SearchSettings, dp_candidates)
 from lightning_hexiscale.planner.search.subsets import TRIAL_REFINE, name_idle, shrink
 from lightning_hexiscale.planner.search.symmetric_seeds import seed_symmetric
+from lightning_hexiscale.progress import Heartbeat, bar_wanted
 
 _PRUNE = 1.1
 """Large clusters: a layout whose pipelines alone (no data-parallel time: a lower bound of its cost
@@ -98,16 +99,21 @@ def first_sweep(n: int, iterations: int, coarse_first: bool) -> list[int]:
 
 def draws_bar(s: SearchSettings) -> bool:
     """Whether a search draws its progress bar: ``progress`` set, more than one iteration, and stderr a
-    terminal or a Jupyter kernel's stream. Into a pipe or a log file each run's bar was a line of carriage
-    returns (``hexiscale plan`` runs up to two searches per device subset); tqdm's own ``disable=None``
-    would also hide it in a notebook, whose streams are no terminal."""
-    if not s.progress or s.iterations < 2:
-        return False
-    try:
-        terminal = sys.stderr.isatty()
-    except (AttributeError, ValueError):  # a replaced or closed stderr
-        terminal = False
-    return terminal or "ipykernel" in sys.modules
+    terminal or a Jupyter kernel's stream (:func:`progress.bar_wanted`). Into a pipe or a log file each
+    run's bar was a line of carriage returns (``hexiscale plan`` runs up to two searches per device
+    subset): there :data:`HEARTBEAT` writes a plain line now and then instead (:func:`writes_lines`)."""
+    return bool(s.progress) and s.iterations >= 2 and bar_wanted(sys.stderr)
+
+
+def writes_lines(s: SearchSettings) -> bool:
+    """Whether a search writes :data:`HEARTBEAT`'s plain lines: ``progress`` set, more than one
+    iteration, and no bar (stderr a pipe or a file)."""
+    return bool(s.progress) and s.iterations >= 2 and not bar_wanted(sys.stderr)
+
+
+HEARTBEAT = Heartbeat(every_s=10.0)
+"""The searches' plain progress lines, one per 10 s at most across the runs of a process (a plan of
+32 GPUs is up to 60 runs of a second or two)."""
 
 
 class SearchRun:
@@ -438,7 +444,11 @@ class SearchRun:
             [f"recompute {'on' if self.s.recompute else 'off'}"] if isinstance(self.s.recompute, bool) else [])
         bar = tqdm(total=self.s.iterations, desc=f"search ({', '.join(what)})", unit="it", leave=False,
                    dynamic_ncols=True, disable=not draws_bar(self.s))
+        lines = writes_lines(self.s)
         for it in range(self.s.iterations):
+            if lines:
+                HEARTBEAT.beat(lambda: f"search ({', '.join(what)}): iteration {it + 1}/{self.s.iterations}"
+                               + (f", best {format_seconds(self.best[0])}" if math.isfinite(self.best[0]) else ""))
             step = self.plan_iteration(it)
             sets = self.phase1(step)
             groups = []

@@ -5,6 +5,7 @@ or a log file (`hexiscale plan ... 2> log`, CI) each search wrote a line of carr
 its devices and its recompute setting."""
 
 import io
+import re
 import sys
 import types
 
@@ -13,6 +14,8 @@ import pytest
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner import SearchSettings, Workload, search
+from lightning_hexiscale.planner.search.two_phase import HEARTBEAT
+from lightning_hexiscale.progress import Heartbeat, is_terminal
 
 
 class Terminal(io.StringIO):
@@ -34,6 +37,7 @@ def _search(progress: bool) -> None:
 def test_the_search_bar_is_drawn_on_a_terminal_only(monkeypatch, stream, progress, notebook, drawn):
     err = stream()
     monkeypatch.setattr(sys, "stderr", err)
+    monkeypatch.setattr(HEARTBEAT, "every_s", 1e9)  # the bar alone here: the plain lines are tested below
     if notebook:
         monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))
     else:
@@ -62,3 +66,73 @@ def test_hexiscale_plan_draws_the_bar_on_a_terminal_with_or_without_json(monkeyp
     assert "search (4 devices, recompute off):" in err.getvalue(), err.getvalue()
     if argv:
         assert json.loads(out.getvalue())["plan"]["pipelines"]
+
+
+class Clock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_the_heartbeat_writes_one_line_per_period_from_its_first_beat():
+    clock, lines, asked = Clock(), [], []
+    beat = Heartbeat(every_s=10.0, clock=clock, write=lines.append)
+
+    def line():
+        asked.append(clock.t)
+        return f"at {clock.t:g}"
+
+    assert not beat.beat(line)  # the first beat starts the period
+    for t, wrote in ((109.9, False), (110.0, True), (115.0, False), (119.9, False), (125.0, True), (200.0, True)):
+        clock.t = t
+        assert beat.beat(line) is wrote, t
+    assert lines == ["at 110", "at 125", "at 200"] and beat.lines == 3
+    assert asked == [110.0, 125.0, 200.0]  # the line is formatted only when it is written
+    beat.restart()
+    clock.t = 500.0
+    assert not beat.beat(line)  # a new piece of work: its own first period, not 300 s since the last line
+    clock.t = 509.0
+    assert not beat.beat(line) and lines[-1] == "at 200"
+    with pytest.raises(ValueError, match="every_s"):
+        Heartbeat(every_s=0)
+
+
+def test_is_terminal_is_false_for_what_is_no_terminal(tmp_path):
+    import os
+
+    closed = io.StringIO()
+    closed.close()
+    assert not is_terminal(None) and not is_terminal(object()) and not is_terminal(closed)
+    assert not is_terminal(io.StringIO()) and is_terminal(Terminal())
+    parent, child = os.openpty()  # a real one
+    try:
+        with os.fdopen(child, "w", closefd=False) as tty:
+            assert is_terminal(tty)
+    finally:
+        os.close(parent)
+        os.close(child)
+
+
+@pytest.mark.parametrize("stream, progress, lines", [
+    (io.StringIO, True, True),     # a pipe or a log file: plain lines (the bar would be carriage returns)
+    (Terminal, True, False),       # a terminal: the bar, no lines
+    (io.StringIO, False, False),   # planner.progress=false: nothing
+])
+def test_into_a_pipe_the_search_writes_plain_lines_now_and_then(monkeypatch, stream, progress, lines):
+    """`hexiscale plan cluster=hetero2 2>&1 | tee log` said nothing for the 50 s of its 30 searches."""
+    err = stream()
+    monkeypatch.setattr(sys, "stderr", err)
+    monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
+    monkeypatch.setattr(HEARTBEAT, "every_s", 1e-9)  # every beat after the first writes
+    _search(progress)
+    printed = [ln for ln in err.getvalue().splitlines() if "iteration" in ln]
+    if not lines:
+        assert not printed, err.getvalue()
+        return
+    # one per iteration after the search's first (3 iterations), named as its bar is, no carriage return
+    found = [re.fullmatch(r"search \(4 devices, recompute off\): iteration (\d)/3(, best [\d.]+ [un]?s)?", ln)
+             for ln in printed]
+    assert all(found) and [int(m.group(1)) for m in found] == [2, 3], printed
+    assert "\r" not in err.getvalue()
