@@ -16,7 +16,7 @@ import pytest
 PKG = "lightning_hexiscale"
 ROOT = Path(__file__).resolve().parents[1] / PKG
 
-LAYERS = ["errors", "_lazy", "torch_compat", "config", "emulate", "models", "data", "planner", "runtime", "profiling", "lightning", "bench", "cli"]
+LAYERS = ["errors", "_lazy", "torch_compat", "progress", "config", "emulate", "models", "data", "planner", "runtime", "profiling", "lightning", "bench", "cli"]
 """Bottom to top. A module may import its own layer and the layers before it, never one after."""
 
 
