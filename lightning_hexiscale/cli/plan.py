@@ -220,7 +220,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.picture is not None:
         check_output_file("--picture", args.picture, "plan.png")
         check_picture_path(args.picture)
-    # --json too: the bar goes to stderr, and only on a terminal (two_phase.draws_bar), never into the JSON
+    # --json too: the bar goes to stderr, and only on a terminal (two_phase.progress_kind), never into the JSON
     run = plan_once(overrides_of(args), args.baselines,
                     like_for_like=args.like_for_like, aware=args.aware_baselines,
                     optimum_time_limit=args.optimum_time_limit if args.optimum else None)

@@ -65,7 +65,7 @@ def search(cluster: Cluster, workload: Workload, global_batch: int,
     # the search allocates millions of small tuples that live as long as its caches: a rarer
     # young-generation collection saves ~5% of the time on large clusters (restored afterwards)
     threshold = gc.get_threshold()
-    HEARTBEAT.restart()  # into a pipe: the first line 10 s after this search starts (two_phase.writes_lines)
+    HEARTBEAT.restart()  # into a pipe: the first line 10 s after this search starts (two_phase.progress_kind)
     gc.set_threshold(max(threshold[0], 100_000), *threshold[1:])
     try:
         one = functools.partial(_search_one, measured=measured)

@@ -97,18 +97,15 @@ def first_sweep(n: int, iterations: int, coarse_first: bool) -> list[int]:
     return order
 
 
-def draws_bar(s: SearchSettings) -> bool:
-    """Whether a search draws its progress bar: ``progress`` set, more than one iteration, and stderr a
-    terminal or a Jupyter kernel's stream (:func:`progress.bar_wanted`). Into a pipe or a log file each
-    run's bar was a line of carriage returns (``hexiscale plan`` runs up to two searches per device
-    subset): there :data:`HEARTBEAT` writes a plain line now and then instead (:func:`writes_lines`)."""
-    return bool(s.progress) and s.iterations >= 2 and bar_wanted(sys.stderr)
-
-
-def writes_lines(s: SearchSettings) -> bool:
-    """Whether a search writes :data:`HEARTBEAT`'s plain lines: ``progress`` set, more than one
-    iteration, and no bar (stderr a pipe or a file)."""
-    return bool(s.progress) and s.iterations >= 2 and not bar_wanted(sys.stderr)
+def progress_kind(s: SearchSettings) -> str | None:
+    """How a search shows its progress: ``"bar"`` (tqdm) when stderr is a terminal or a Jupyter
+    kernel's stream (:func:`progress.bar_wanted`), ``"lines"`` (:data:`HEARTBEAT`'s plain lines, now and
+    then) into a pipe or a log file, where each run's bar was a line of carriage returns
+    (``hexiscale plan`` runs up to two searches per device subset); None without ``progress`` or with a
+    single iteration."""
+    if not (s.progress and s.iterations >= 2):
+        return None
+    return "bar" if bar_wanted(sys.stderr) else "lines"
 
 
 HEARTBEAT = Heartbeat(every_s=10.0)
@@ -443,8 +440,8 @@ class SearchRun:
         what = [f"{self.cluster.num_devices} devices"] + (
             [f"recompute {'on' if self.s.recompute else 'off'}"] if isinstance(self.s.recompute, bool) else [])
         bar = tqdm(total=self.s.iterations, desc=f"search ({', '.join(what)})", unit="it", leave=False,
-                   dynamic_ncols=True, disable=not draws_bar(self.s))
-        lines = writes_lines(self.s)
+                   dynamic_ncols=True, disable=progress_kind(self.s) != "bar")
+        lines = progress_kind(self.s) == "lines"
         for it in range(self.s.iterations):
             if lines:
                 HEARTBEAT.beat(lambda: f"search ({', '.join(what)}): iteration {it + 1}/{self.s.iterations}"
