@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from lightning_hexiscale.cli.picture import batch_words, bottleneck, describe, draw_plan, id_ranges, read_description
+from lightning_hexiscale.cli.picture import batch_words, bottleneck, describe, draw_plan, id_ranges, plan_title, read_description
+from lightning_hexiscale.cli.train_plan import write_picture
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner import Plan, Workload, estimate
@@ -39,3 +40,12 @@ def test_picture_says_devices_layers_batches_and_the_bottleneck(tmp_path):
     assert (tmp_path / "plan.svg").stat().st_size > 0
     with pytest.raises(Exception, match="PNG or SVG"):
         draw_plan(PLAN, cluster, tmp_path / "plan.jpg")
+
+
+def test_the_recipe_and_hexiscale_plan_title_the_picture_alike(tmp_path):
+    cluster, model = Cluster.load("cpu_demo"), LlamaConfig.load("llama_demo")
+    est = estimate(PLAN, cluster, Workload.for_cluster(model, cluster))
+    assert write_picture(PLAN, cluster, model, est, tmp_path / "plan.png") == f"plan picture written to {tmp_path / 'plan.png'}"
+    title = read_description(tmp_path / "plan.png")["title"]
+    assert title == plan_title(model.name, cluster.name, est)
+    assert title.startswith("llama_demo on cpu_demo: ") and "/iteration (estimated), " in title

@@ -27,6 +27,16 @@ HOW_TO_READ = ("row = a pipeline (data-parallel replica); box = a stage: its dev
                "and layers; red edge = the bottleneck stage")
 
 
+def plan_title(model_name: str, cluster_name: str, estimate) -> str:
+    """The picture's title, the same for ``hexiscale plan --picture`` and the recipe's ``plan.png``:
+    ``"<model> on <cluster>: <s>/iteration (estimated), <FLOP/s>"`` (``estimate``: the plan's
+    :class:`~lightning_hexiscale.planner.cost.estimate.Estimate`)."""
+    from lightning_hexiscale.config.units import format_flops, format_seconds
+
+    return (f"{model_name} on {cluster_name}: {format_seconds(estimate.iteration_time_s)}/iteration (estimated), "
+            f"{format_flops(estimate.pflops * 1e15)}")
+
+
 def id_ranges(ids: list[int]) -> str:
     """Device ids compactly: [0, 1, 2, 3, 6] -> "0-3,6"."""
     ids = sorted(ids)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_hexiscale.cli.common import check_output_file, explicit, subcommand, sweep_axes, with_cluster_file
-from lightning_hexiscale.cli.picture import check_picture_path, draw_plan  # noqa: F401 (also importable from here)
+from lightning_hexiscale.cli.picture import check_picture_path, draw_plan, plan_title  # noqa: F401 (also importable from here)
 from lightning_hexiscale.config.recipe import check_output_dir
 from lightning_hexiscale.config.units import format_flops, format_seconds
 from lightning_hexiscale.errors import ConfigError, HexiScaleError
@@ -230,8 +230,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         _write_file("--out", args.out, lambda: plan.save(args.out))
     if args.picture:
         _write_file("--picture", args.picture, lambda: draw_plan(
-            plan, cluster, args.picture, title=f"{workload.model.name} on {cluster.name}: "
-            f"{format_seconds(est.iteration_time_s)}/iteration, {format_flops(est.pflops * 1e15)}", estimate=est))
+            plan, cluster, args.picture, title=plan_title(workload.model.name, cluster.name, est), estimate=est))
     rows = baseline_rows(est.iteration_time_s, run["baselines"]) if args.baselines else None
     if args.json:
         doc = {"plan": plan.to_dict(), "estimate": estimate_document(plan, cluster, workload, est, args.out, res.sources),

@@ -85,12 +85,10 @@ def effective_config(cfg: DictConfig, plan, precision: str) -> DictConfig:
 
 def write_picture(plan, cluster, model, est, path: Path) -> str:
     """The plan drawn as ``hexiscale plan --picture`` draws it; a sentence saying where (or why not)."""
-    from lightning_hexiscale.cli.picture import draw_plan
-    from lightning_hexiscale.config.units import format_flops, format_seconds
+    from lightning_hexiscale.cli.picture import draw_plan, plan_title
 
     try:
-        draw_plan(plan, cluster, path, title=f"{model.name} on {cluster.name}: {format_seconds(est.iteration_time_s)}/iteration "
-                  f"(estimated), {format_flops(est.pflops * 1e15)}", estimate=est)
+        draw_plan(plan, cluster, path, title=plan_title(model.name, cluster.name, est), estimate=est)
     except HexiScaleError as e:  # no matplotlib: the plan table above says the same
         return f"no plan picture ({e.rule})"
     return f"plan picture written to {path}"

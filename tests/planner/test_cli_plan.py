@@ -8,6 +8,7 @@ import pytest
 from plan_memo import memoised_planner
 
 from lightning_hexiscale.cli.main import main
+from lightning_hexiscale.cli.picture import read_description
 
 BASE = ["cluster=case_study", "model=llama2_13b", "train.global_batch=24", "planner.iterations=6"]
 
@@ -87,6 +88,9 @@ def test_picture_is_written(tmp_path, capsys, ext):
     pic = tmp_path / f"plan.{ext}"
     assert main(["plan", "--picture", str(pic), *BASE, "planner.progress=false", "planner.use_all_devices=true"]) == 0
     assert pic.stat().st_size > 1000
+    if ext == "png":  # titled as the recipe's plan.png is (cli/picture.plan_title): "(estimated)" included
+        title = read_description(pic)["title"]
+        assert title.startswith("llama2_13b on case_study: ") and "/iteration (estimated), " in title and "FLOP" in title
 
 
 def test_picture_with_a_bad_extension_is_a_config_error(tmp_path, capsys):
