@@ -27,7 +27,7 @@ def _args(p: argparse.ArgumentParser) -> None:
                    help="the BOS token, implies --bos (default: tokenizer_config.json's bos_token or a "
                    "well-known name)")
     p.add_argument("--chunk-size", default="16MiB", metavar="SIZE", help="bytes of input per tokenizer batch")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (on a terminal) or progress lines (into a pipe or a log file)")
 
 
 @subcommand("prepare-data", "tokenise local text/JSONL into a token file + index for training", _args,

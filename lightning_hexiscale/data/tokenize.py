@@ -26,13 +26,16 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from lightning_hexiscale.config.units import format_bytes
 from lightning_hexiscale.errors import ConfigError
+from lightning_hexiscale.progress import Heartbeat, bar_wanted
 
 INDEX_FORMAT = "hexiscale-tokens/1"
 UINT16_MAX_VOCAB = 1 << 16
@@ -40,6 +43,8 @@ UINT16_MAX_VOCAB = 1 << 16
 EOS_CANDIDATES = ("<|end_of_text|>", "</s>", "<|endoftext|>", "<eos>", "<|im_end|>")
 BOS_CANDIDATES = ("<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>")
 DEFAULT_CHUNK_BYTES = 16 * 2**20
+HEARTBEAT = Heartbeat(every_s=10.0)
+"""prepare()'s plain progress lines where no bar is drawn (a pipe, a log file), one per 10 s at most."""
 
 
 def token_dtype(vocab_size: int) -> str:
@@ -302,8 +307,14 @@ def prepare(inputs: Sequence[str | Path], tokenizer_path: str | Path, out: str |
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp_bin, tmp_idx = _temporary_names(out)
     sources, total = [], 0
-    bar = tqdm(total=sum(p.stat().st_size for p in files), unit="B", unit_scale=True, desc="tokenizing",
-               disable=not progress)
+    size = sum(p.stat().st_size for p in files)
+    # a bar on a terminal; into a pipe or a log file (a bar there is a line of carriage returns) a
+    # plain line every 10 s at most (lightning_hexiscale.progress)
+    drawn = progress and bar_wanted(sys.stderr)
+    bar = tqdm(total=size, unit="B", unit_scale=True, desc="tokenizing", disable=not drawn)
+    lines = progress and not drawn
+    HEARTBEAT.restart()
+    done = 0
     try:
         with open(tmp_bin, "wb") as fh:
             for path, kind in zip(files, kinds):
@@ -330,6 +341,10 @@ def prepare(inputs: Sequence[str | Path], tokenizer_path: str | Path, out: str |
                         arr.astype(dtype.newbyteorder("<"), copy=False).tofile(fh)
                         tokens += arr.size
                     bar.update(consumed)
+                    done += consumed
+                    if lines:
+                        HEARTBEAT.beat(lambda: f"tokenizing: {format_bytes(done)} of {format_bytes(size)} "
+                                       f"({100 * done / max(size, 1):.0f} %), {path.name}")
                 total += tokens
                 sources.append({"path": str(path.resolve()), "format": kind, "documents": docs, "tokens": tokens,
                                 "bytes": path.stat().st_size})

@@ -291,3 +291,49 @@ def test_an_eos_that_tokenizer_config_names_but_the_vocabulary_lacks_is_refused(
     assert ("tokenizer_config.json: eos_token = '<|end_of_text|>': " in capsys.readouterr().err)
     assert not (tmp_path / "t.bin").exists()
     assert main(args + ["--eos", "</s>"]) == 0
+
+
+class _Terminal:
+    """A stderr that says it is a terminal (tqdm draws its bar there)."""
+
+    def __init__(self):
+        self.text = ""
+
+    def isatty(self):
+        return True
+
+    def write(self, s):
+        self.text += s
+
+    def flush(self):
+        pass
+
+
+@pytest.mark.parametrize("stream, progress, lines", [
+    ("pipe", True, True),       # a pipe or a log file: plain lines (a bar there is a line of carriage returns)
+    ("terminal", True, False),  # a terminal: the bar, no lines
+    ("pipe", False, False),     # --no-progress: neither
+])
+def test_into_a_pipe_tokenizing_writes_plain_lines_now_and_then(tmp_path, monkeypatch, stream, progress, lines):
+    import io
+    import re
+    import sys
+
+    from lightning_hexiscale.data import tokenize
+
+    _, tok_path = make_tokenizer(tmp_path)
+    (tmp_path / "a.txt").write_text(" ".join(DOCS))
+    err = io.StringIO() if stream == "pipe" else _Terminal()
+    monkeypatch.setattr(sys, "stderr", err)
+    monkeypatch.setattr(tokenize.HEARTBEAT, "every_s", 1e-9)  # every beat after the first writes
+    prepare([tmp_path / "a.txt"], tok_path, tmp_path / "t.bin", chunk_bytes=64, progress=progress)
+    text = err.getvalue() if stream == "pipe" else err.text
+    said = [line for line in text.splitlines() if re.match(r"tokenizing: [\d.]+ \w*B of ", line)]
+    if lines:
+        assert said and "\r" not in text, text
+        size = (tmp_path / "a.txt").stat().st_size
+        assert said[-1].startswith(f"tokenizing: {size} B of {size} B (100 %), a.txt"), said[-1]
+    else:
+        assert not said, said
+    if stream == "terminal":
+        assert "tokenizing" in text and "\r" in text  # tqdm's bar
