@@ -4,7 +4,10 @@ step; bad inputs are ConfigErrors naming what is wrong."""
 
 from __future__ import annotations
 
+import io
 import json
+import re
+import sys
 
 import lightning.pytorch as pl
 import numpy as np
@@ -13,6 +16,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from lightning_hexiscale.cli.main import main
+from lightning_hexiscale.data import tokenize
 from lightning_hexiscale.data.datasets import TokenFileDataset, make_dataset
 from lightning_hexiscale.data.tokenize import prepare
 from lightning_hexiscale.errors import ConfigError
@@ -293,20 +297,11 @@ def test_an_eos_that_tokenizer_config_names_but_the_vocabulary_lacks_is_refused(
     assert main(args + ["--eos", "</s>"]) == 0
 
 
-class _Terminal:
+class _Terminal(io.StringIO):
     """A stderr that says it is a terminal (tqdm draws its bar there)."""
 
-    def __init__(self):
-        self.text = ""
-
-    def isatty(self):
+    def isatty(self) -> bool:
         return True
-
-    def write(self, s):
-        self.text += s
-
-    def flush(self):
-        pass
 
 
 @pytest.mark.parametrize("stream, progress, lines", [
@@ -315,19 +310,13 @@ class _Terminal:
     ("pipe", False, False),     # --no-progress: neither
 ])
 def test_into_a_pipe_tokenizing_writes_plain_lines_now_and_then(tmp_path, monkeypatch, stream, progress, lines):
-    import io
-    import re
-    import sys
-
-    from lightning_hexiscale.data import tokenize
-
     _, tok_path = make_tokenizer(tmp_path)
     (tmp_path / "a.txt").write_text(" ".join(DOCS))
     err = io.StringIO() if stream == "pipe" else _Terminal()
     monkeypatch.setattr(sys, "stderr", err)
     monkeypatch.setattr(tokenize.HEARTBEAT, "every_s", 1e-9)  # every beat after the first writes
     prepare([tmp_path / "a.txt"], tok_path, tmp_path / "t.bin", chunk_bytes=64, progress=progress)
-    text = err.getvalue() if stream == "pipe" else err.text
+    text = err.getvalue()
     said = [line for line in text.splitlines() if re.match(r"tokenizing: [\d.]+ \w*B of ", line)]
     if lines:
         assert said and "\r" not in text, text
