@@ -5,6 +5,7 @@ no bar can be drawn (a pipe, a log file, CI) plain lines, few of them.
   closed stream is no terminal, never an exception).
 - :func:`bar_wanted`: a terminal, or a Jupyter kernel's stream (no terminal, but it draws tqdm's
   widget; tqdm's own ``disable=None`` would hide the bar there).
+- :func:`shown_as`: which of the two a piece of work shows ("bar", "lines" or None).
 - :class:`Heartbeat`: plain lines at most one per ``every_s`` seconds. Into a pipe a tqdm bar is one
   line of carriage returns per run (``hexiscale plan`` runs up to two searches per device subset,
   up to 60 of them), and nothing at all left a 50 s plan of 32 GPUs silent: a heartbeat says the
@@ -30,6 +31,15 @@ def is_terminal(stream: TextIO | None) -> bool:
 def bar_wanted(stream: TextIO | None) -> bool:
     """Whether a progress bar drawn on ``stream`` is seen as a bar: a terminal or a Jupyter kernel."""
     return is_terminal(stream) or "ipykernel" in sys.modules
+
+
+def shown_as(wanted: bool, stream: TextIO | None) -> str | None:
+    """How long work shows its progress on ``stream``: ``"bar"`` where a bar is seen
+    (:func:`bar_wanted`), ``"lines"`` elsewhere (a :class:`Heartbeat`'s plain lines), None when not
+    ``wanted`` (``--no-progress``, ``planner.progress=false``)."""
+    if not wanted:
+        return None
+    return "bar" if bar_wanted(stream) else "lines"
 
 
 class Heartbeat:

@@ -35,7 +35,7 @@ import numpy as np
 
 from lightning_hexiscale.config.units import format_bytes
 from lightning_hexiscale.errors import ConfigError
-from lightning_hexiscale.progress import Heartbeat, bar_wanted
+from lightning_hexiscale.progress import Heartbeat, shown_as
 
 INDEX_FORMAT = "hexiscale-tokens/1"
 UINT16_MAX_VOCAB = 1 << 16
@@ -310,9 +310,8 @@ def prepare(inputs: Sequence[str | Path], tokenizer_path: str | Path, out: str |
     size = sum(p.stat().st_size for p in files)
     # a bar on a terminal; into a pipe or a log file (a bar there is a line of carriage returns) a
     # plain line every 10 s at most (lightning_hexiscale.progress)
-    drawn = progress and bar_wanted(sys.stderr)
-    bar = tqdm(total=size, unit="B", unit_scale=True, desc="tokenizing", disable=not drawn)
-    lines = progress and not drawn
+    shown = shown_as(progress, sys.stderr)
+    bar = tqdm(total=size, unit="B", unit_scale=True, desc="tokenizing", disable=shown != "bar")
     HEARTBEAT.restart()
     done = 0
     try:
@@ -342,7 +341,7 @@ def prepare(inputs: Sequence[str | Path], tokenizer_path: str | Path, out: str |
                         tokens += arr.size
                     bar.update(consumed)
                     done += consumed
-                    if lines:
+                    if shown == "lines":
                         HEARTBEAT.beat(lambda: f"tokenizing: {format_bytes(done)} of {format_bytes(size)} "
                                        f"({100 * done / max(size, 1):.0f} %), {path.name}")
                 total += tokens

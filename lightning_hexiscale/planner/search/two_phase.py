@@ -58,7 +58,7 @@ from lightning_hexiscale.planner.search.settings import (LARGE_FROM, Iteration, 
                                                          SearchSettings, dp_candidates)
 from lightning_hexiscale.planner.search.subsets import TRIAL_REFINE, name_idle, shrink
 from lightning_hexiscale.planner.search.symmetric_seeds import seed_symmetric
-from lightning_hexiscale.progress import Heartbeat, bar_wanted
+from lightning_hexiscale.progress import Heartbeat, shown_as
 
 _PRUNE = 1.1
 """Large clusters: a layout whose pipelines alone (no data-parallel time: a lower bound of its cost
@@ -98,14 +98,11 @@ def first_sweep(n: int, iterations: int, coarse_first: bool) -> list[int]:
 
 
 def progress_kind(s: SearchSettings) -> str | None:
-    """How a search shows its progress: ``"bar"`` (tqdm) when stderr is a terminal or a Jupyter
-    kernel's stream (:func:`progress.bar_wanted`), ``"lines"`` (:data:`HEARTBEAT`'s plain lines, now and
-    then) into a pipe or a log file, where each run's bar was a line of carriage returns
-    (``hexiscale plan`` runs up to two searches per device subset); None without ``progress`` or with a
-    single iteration."""
-    if not (s.progress and s.iterations >= 2):
-        return None
-    return "bar" if bar_wanted(sys.stderr) else "lines"
+    """How a search shows its progress (:func:`progress.shown_as` on stderr): a tqdm bar on a terminal or
+    in a Jupyter kernel, :data:`HEARTBEAT`'s plain lines into a pipe or a log file, where each run's
+    bar was a line of carriage returns (``hexiscale plan`` runs up to two searches per device
+    subset); None without ``progress`` or with a single iteration."""
+    return shown_as(bool(s.progress) and s.iterations >= 2, sys.stderr)
 
 
 HEARTBEAT = Heartbeat(every_s=10.0)

@@ -15,7 +15,7 @@ from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner import SearchSettings, Workload, search
 from lightning_hexiscale.planner.search.two_phase import HEARTBEAT
-from lightning_hexiscale.progress import Heartbeat, is_terminal
+from lightning_hexiscale.progress import Heartbeat, is_terminal, shown_as
 
 
 class Terminal(io.StringIO):
@@ -113,6 +113,14 @@ def test_is_terminal_is_false_for_what_is_no_terminal(tmp_path):
     finally:
         os.close(parent)
         os.close(child)
+
+
+def test_shown_as_a_bar_where_one_is_seen_else_as_lines(monkeypatch):
+    monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
+    assert shown_as(True, Terminal()) == "bar" and shown_as(True, io.StringIO()) == "lines"
+    assert shown_as(False, Terminal()) is None and shown_as(False, io.StringIO()) is None
+    monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))  # a notebook draws tqdm's widget
+    assert shown_as(True, io.StringIO()) == "bar"
 
 
 @pytest.mark.parametrize("stream, progress, lines", [
