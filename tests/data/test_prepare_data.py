@@ -314,6 +314,7 @@ def test_into_a_pipe_tokenizing_writes_plain_lines_now_and_then(tmp_path, monkey
     (tmp_path / "a.txt").write_text(" ".join(DOCS))
     err = io.StringIO() if stream == "pipe" else _Terminal()
     monkeypatch.setattr(sys, "stderr", err)
+    monkeypatch.delitem(sys.modules, "ipykernel", raising=False)  # in a notebook a pipe shows the bar too
     monkeypatch.setattr(tokenize.HEARTBEAT, "every_s", 1e-9)  # every beat after the first writes
     prepare([tmp_path / "a.txt"], tok_path, tmp_path / "t.bin", chunk_bytes=64, progress=progress)
     text = err.getvalue()
