@@ -436,11 +436,11 @@ class SearchRun:
         # bars that restart from 0 % with the same name read as a loop
         what = [f"{self.cluster.num_devices} devices"] + (
             [f"recompute {'on' if self.s.recompute else 'off'}"] if isinstance(self.s.recompute, bool) else [])
+        shown = progress_kind(self.s)
         bar = tqdm(total=self.s.iterations, desc=f"search ({', '.join(what)})", unit="it", leave=False,
-                   dynamic_ncols=True, disable=progress_kind(self.s) != "bar")
-        lines = progress_kind(self.s) == "lines"
+                   dynamic_ncols=True, disable=shown != "bar")
         for it in range(self.s.iterations):
-            if lines:
+            if shown == "lines":
                 HEARTBEAT.beat(lambda: f"search ({', '.join(what)}): iteration {it + 1}/{self.s.iterations}"
                                + (f", best {format_seconds(self.best[0])}" if math.isfinite(self.best[0]) else ""))
             step = self.plan_iteration(it)
