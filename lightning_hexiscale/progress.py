@@ -71,3 +71,9 @@ class Heartbeat:
         self.write(line())
         self.last = now
         return True
+
+    def write_now(self, line: str) -> None:
+        """Write ``line`` at once (one that must be seen: a new phase, the end of the work) and count
+        the next ``every_s`` from it."""
+        self.write(line)
+        self.last = self.clock()

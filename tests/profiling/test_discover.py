@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import replace
 
@@ -325,6 +326,7 @@ def test_progress_lines_and_the_budget(monkeypatch):
     from lightning_hexiscale.profiling.discover import Progress, budget_message
 
     monkeypatch.setattr("sys.stderr", io.StringIO())  # not a terminal: plain lines, no bar
+    monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
     lines: list[str] = []
     bar = Progress(2, 60.0, True, lines.append)
     bar.step("ranks reported", "report")
@@ -338,6 +340,53 @@ def test_progress_lines_and_the_budget(monkeypatch):
     assert budget_message(59.0, 60.0, {"layer times": 50.0}) is None
     msg = budget_message(75.0, 60.0, {"flops": 2.0, "layer times": 50.0, "NICs": 20.0})
     assert "75.0 s, over its budget of 60 s" in msg and "longest phase was layer times (50.0 s)" in msg
+
+
+def test_into_a_pipe_progress_lines_are_one_per_phase_and_paced_within_it(monkeypatch):
+    """At 128 machines x 8 GPUs discovery takes about 263 steps (127 pair rounds, 128 NIC groups); a
+    line per step filled a log. Now: a line when a phase starts, the last step's, and at most one per
+    ``every_s`` between them."""
+    import io
+
+    from lightning_hexiscale.profiling.discover import Progress
+
+    monkeypatch.setattr("sys.stderr", io.StringIO())  # not a terminal: lines
+    monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
+    clock = [0.0]
+    lines: list[str] = []
+    bar = Progress(263, 60.0, True, lines.append, every_s=10.0, clock=lambda: clock[0])
+    steps = [("ranks reported", "report"), ("matmul", "flops")]
+    steps += [(f"layer TP {t}", "layer times") for t in (1, 2, 4, 8)]
+    steps += [(f"round {k}", "inter links") for k in range(127)] + [(f"NIC {h}", "NICs") for h in range(128)]
+    steps += [("intra", "intra links"), ("cluster file written", "write")]
+    for label, phase in steps:
+        clock[0] += 1.0  # one second a step
+        bar.step(label, phase)
+    heads = [ln.split(" (")[0] for ln in lines]
+    assert heads[:3] == ["discover [1/263] ranks reported", "discover [2/263] matmul", "discover [3/263] layer TP 1"]
+    assert "discover [7/263] round 0" in heads and "discover [134/263] NIC 0" in heads  # each phase's first step
+    assert heads[-2:] == ["discover [262/263] intra", "discover [263/263] cluster file written"]
+    assert "discover [17/263] round 10" in heads  # 10 s after round 0's line
+    assert "discover [8/263] round 1" not in heads and "discover [16/263] round 9" not in heads
+    assert len(lines) == 7 + 12 + 12, heads  # 7 phases' first lines (the last among them), 12 + 12 beats
+
+
+def test_in_a_notebook_discovery_draws_the_bar(monkeypatch):
+    """A Jupyter kernel's stderr is no terminal but shows tqdm's widget (as the search and prepare-data)."""
+    import io
+    import types
+
+    from lightning_hexiscale.profiling.discover import Progress
+
+    err = io.StringIO()
+    monkeypatch.setattr("sys.stderr", err)
+    monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))
+    lines: list[str] = []
+    bar = Progress(2, 60.0, True, lines.append)
+    bar.step("ranks reported", "report")
+    bar.step("cluster file written", "write")
+    bar.close()
+    assert bar.bar is not None and lines == [] and "discover" in err.getvalue()
 
 
 @pytest.mark.timeout(60)

@@ -99,6 +99,21 @@ def test_the_heartbeat_writes_one_line_per_period_from_its_first_beat():
         Heartbeat(every_s=0)
 
 
+def test_a_line_written_now_restarts_the_heartbeats_period():
+    """Discovery writes a new phase's line at once (:meth:`Heartbeat.write_now`); the next beat's line
+    comes ``every_s`` after it, not after the previous beat's."""
+    clock, lines = Clock(), []
+    beat = Heartbeat(every_s=10.0, clock=clock, write=lines.append)
+    assert not beat.beat(lambda: "first")
+    clock.t = 108.0
+    beat.write_now("new phase")
+    clock.t = 112.0
+    assert not beat.beat(lambda: "too soon")  # 12 s after the first beat, 4 s after the line
+    clock.t = 118.0
+    assert beat.beat(lambda: "beat")
+    assert lines == ["new phase", "beat"]
+
+
 def test_is_terminal_is_false_for_what_is_no_terminal(tmp_path):
     import os
 
