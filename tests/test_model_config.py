@@ -51,6 +51,8 @@ def test_tp_larger_than_kv_heads_is_rejected_with_fix():
     m = LlamaConfig.load("llama2_70b")
     with pytest.raises(ConfigError, match="at most 8 devices"):
         m.check_tp(16)
+    with pytest.raises(ConfigError, match=r"tp_degrees = 16: .* e\.g\. tp_degrees=\[1, 2, 4, 8\]"):
+        m.check_measured_tp([1, 16], "tp_degrees")  # discover_process_group's argument: a Python list
 
 
 @pytest.mark.parametrize("field,value,fragment", [

@@ -99,8 +99,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     precision = resolve_precision(args, cfg.trainer.precision)  # --precision or trainer.precision=
     layer_opts = None
     if args.layer_times:
-        for t in args.layer_tp or []:
-            model.check_tp(t, "--layer-tp")
+        model.check_measured_tp(args.layer_tp or [])
         layer_opts = dict(micro_batches=args.layer_micro_batches or [1, 2, 4], tp_degrees=args.layer_tp,
                           reps=args.layer_reps, stat=args.stat)
     res = calibrate(cluster, model, args.micro_batch, args.micro_batches, args.recompute, args.steps, args.warmup,

@@ -113,8 +113,7 @@ def layer_time_model(name: str, seq_len: int | None, tp: list[int] | None):
     model = LlamaConfig.load(name)
     if seq_len is not None:
         model = replace(model, seq_len=seq_len)
-    for t in tp or []:
-        model.check_tp(t, "--layer-tp")
+    model.check_measured_tp(tp or [])
     return model
 
 

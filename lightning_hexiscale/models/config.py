@@ -288,17 +288,26 @@ class LlamaConfig:
         return 3.0 * fwd
 
     # ---- tensor-parallel splits ----------------------------------------------------------
-    def check_tp(self, tp: int, key: str = "plan.tp") -> None:
+    def check_tp(self, tp: int, key: str = "plan.tp", fix: str | None = None) -> None:
         """A TP group of ``tp`` ranks needs at least one key/value head per rank.
 
         Heads are split in whole key/value groups (a KV head with its query heads), as evenly as
         possible: TP need not divide the head count (Llama-30B's 52 heads over TP 8 -> 7,7,7,7,6,6,6,6).
+        ``fix``: the error's fix (default: a plan's, a stage of fewer devices).
         """
         if tp < 1 or tp > self.num_kv_heads:
             raise ConfigError(key, tp,
                               f"a TP group needs at least one key/value head per rank; {self.name} has "
                               f"{self.num_kv_heads} KV heads, so TP must be between 1 and {self.num_kv_heads}",
-                              f"use a stage with at most {self.num_kv_heads} devices")
+                              fix or f"use a stage with at most {self.num_kv_heads} devices")
+
+    def check_measured_tp(self, degrees, key: str = "--layer-tp") -> None:
+        """:meth:`check_tp` of each TP degree to measure layer times at (``hexiscale profile``,
+        ``discover``, ``calibrate``), whose fix is other degrees, not a smaller stage."""
+        powers = [2 ** k for k in range(self.num_kv_heads.bit_length())]
+        example = f"{key} {','.join(map(str, powers))}" if key.startswith("--") else f"{key}={powers}"
+        for t in degrees:
+            self.check_tp(t, key, f"measure TP degrees between 1 and {self.num_kv_heads}, e.g. {example}")
 
     def kv_head_split(self, tp: int) -> list[tuple[int, int]]:
         """[start, end) of the KV heads held by each TP rank (query heads follow their KV head)."""

@@ -88,7 +88,7 @@ class Progress:
 
     def __init__(self, total: int, budget_s: float, enabled: bool, log: Callable[[str], None] | None,
                  every_s: float = LINES_EVERY_S, clock: Callable[[], float] = time.monotonic):
-        self.total, self.budget_s, self.enabled = total, budget_s, enabled
+        self.total, self.budget_s = total, budget_s
         self.heartbeat = Heartbeat(every_s, clock, log or (lambda m: print(m, flush=True)))
         self.t0 = self._last = time.perf_counter()
         self.done = 0
@@ -350,8 +350,7 @@ def discover_process_group(model: LlamaConfig, *, precision: str | None = None,
     types = [r.device_type for r in reports]
     machines = [list(m.ranks) for m in infer_machines([r.host for r in reports], types)]
     degrees = sorted(set(tp_degrees or default_tp_degrees([len(m) for m in machines], model.num_kv_heads)))
-    for t in degrees:
-        model.check_tp(t, "tp_degrees")
+    model.check_measured_tp(degrees, "tp_degrees")
     check_tp_fits(degrees, machines)  # every rank alike (same reports), before the cache and any measurement
     check_matmul_size(matmul_n, run.compute_dtype, [r.memory_bytes for r in reports], device.type == "cuda")
     mbs = sorted({int(m) for m in micro_batches})

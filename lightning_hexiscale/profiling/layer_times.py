@@ -149,8 +149,7 @@ def measure_layer_tables(model: LlamaConfig, micro_batches: Sequence[int], preci
     machines = [list(m) for m in machines]
     degrees = sorted(set(tp_degrees or default_tp_degrees([len(m) for m in machines], model.num_kv_heads)))
     check_tp_fits(degrees, machines)
-    for t in degrees:
-        model.check_tp(t, "--layer-tp")
+    model.check_measured_tp(degrees)
     mbs = sorted(set(int(m) for m in micro_batches))
     mine: list[tuple[str, int, int, list[float]]] = []  # (part, tp, mb, times) of this rank's groups
     for t in degrees:

@@ -65,7 +65,16 @@ def test_profile_with_a_model_writes_the_table(tmp_path, capsys):
     assert {(r.part, r.tp) for r in table.rows} == {(p, t) for p in ("layer", "head", "embedding") for t in (1, 2)}
 
 
-def test_a_tp_degree_the_heads_do_not_allow_stops_before_any_rank_starts(capsys):
-    rc = main(["profile", "--local", "2", "--out", "never.yaml", "--model", "llama_tiny", "--layer-tp", "1,4"])
+@pytest.mark.parametrize("argv", [
+    ["profile", "--local", "2", "--out", "never.yaml", "--model", "llama_tiny"],
+    ["discover", "--local", "2", "--out", "never.yaml", "--model", "llama_tiny"],
+])
+def test_a_tp_degree_the_heads_do_not_allow_stops_before_any_rank_starts(capsys, tmp_path, monkeypatch, argv):
+    """The fix names other degrees to measure: it said "use a stage with at most 2 devices", a plan's fix,
+    to a flag that names no stage (``calibrate --layer-tp`` checks alike: ``LlamaConfig.check_measured_tp``)."""
+    monkeypatch.chdir(tmp_path)
+    rc = main([*argv, "--layer-tp", "1,4"])
     err = capsys.readouterr().err
-    assert rc == 2 and "--layer-tp = 4" in err and "2 KV heads" in err and "Fix:" in err
+    assert rc == 2 and "--layer-tp = 4" in err and "2 KV heads" in err, err
+    assert "Fix: measure TP degrees between 1 and 2, e.g. --layer-tp 1,2" in err and "stage" not in err, err
+    assert not (tmp_path / "never.yaml").exists()
