@@ -65,6 +65,44 @@ def test_missing_plan_file(capsys):
     assert "no such plan file" in capsys.readouterr().err
 
 
+def test_the_plan_override_names_the_plan_as_hexiscale_train_reads_it(capsys):
+    """`hexiscale train plan=FILE ...` and `hexiscale estimate plan=FILE ...`: one override list serves
+    both. estimate refused plan= ("the following arguments are required: --plan")."""
+    tab7 = "conf/plans/hetero3_llama30b_tab7.yaml"
+    assert main(["estimate", "--plan", tab7, "--json"]) == 0
+    by_flag = json.loads(capsys.readouterr().out)
+    assert main(["estimate", f"plan={tab7}", "--json"]) == 0
+    by_key = json.loads(capsys.readouterr().out)
+    assert by_key == by_flag and by_key["plan_file"] == tab7
+    assert main(["estimate", "--plan", tab7, f"plan={tab7}", "--json"]) == 0  # the same file twice: fine
+    assert json.loads(capsys.readouterr().out) == by_flag
+
+
+@pytest.mark.parametrize("command", ["estimate", "check-estimate"])
+@pytest.mark.parametrize("args, fragment", [
+    ([], "--plan = None: hexiscale {command} needs a plan file, and none was given. Fix: pass --plan PLAN.yaml "
+         "(or plan=PLAN.yaml)"),
+    (["plan=null"], "--plan = None: hexiscale {command} needs a plan file"),
+    (["--plan", "conf/plans/hetero3_llama30b_tab7.yaml", "plan=other.yaml"],
+     "plan = 'other.yaml': names another file than --plan conf/plans/hetero3_llama30b_tab7.yaml"),
+    (["plan=nope.yaml"], "plan = 'nope.yaml': no such plan file"),  # keyed as the user named it
+])
+def test_a_missing_or_doubled_plan_is_an_error_naming_both_ways(command, args, fragment, capsys):
+    """check-estimate takes its plan as estimate does (the errors come before any rank starts)."""
+    assert main([command, *args]) == 2
+    err = capsys.readouterr().err
+    assert fragment.format(command=command) in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("argv", [["plan"], ["plan", "-m", "cluster=cpu_demo,cpu2"]])
+def test_hexiscale_plan_refuses_a_plan_file_it_would_not_read(argv, capsys):
+    """`hexiscale plan plan=FILE` searched a new plan and never read the file, without a word."""
+    assert main([*argv, "plan=conf/plans/hetero3_llama30b_tab7.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert ("plan = 'conf/plans/hetero3_llama30b_tab7.yaml': hexiscale plan searches a new plan" in err
+            and "hexiscale estimate plan=conf/plans/hetero3_llama30b_tab7.yaml" in err), err
+
+
 def test_list_refuses_overrides(capsys):
     """``hexiscale list foo.bar=1`` listed the presets and ignored the override."""
     assert main(["list", "foo.bar=1"]) == 2

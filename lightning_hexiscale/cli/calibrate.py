@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from lightning_hexiscale.cli.common import (add_launch_args, add_precision_arg, compose_plan_config, non_negative_int,
-                                            positive_int, resolve_precision, subcommand)
+                                            plan_source, positive_int, resolve_precision, subcommand)
 from lightning_hexiscale.cli.profile import add_layer_time_args
 from lightning_hexiscale.config.schema import is_file
 from lightning_hexiscale.errors import ConfigError
@@ -122,7 +122,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 def _check_args(p: argparse.ArgumentParser) -> None:
     _measure_args(p)
-    p.add_argument("--plan", required=True, metavar="PLAN.yaml", help="plan file to run and estimate")
+    p.add_argument("--plan", metavar="PLAN.yaml", help="plan file to run and estimate (or the override plan=PLAN.yaml)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
 
 
@@ -135,8 +135,9 @@ def cmd_check_estimate(args: argparse.Namespace) -> int:
     from lightning_hexiscale.planner.cost.estimate import whole_bytes
     from lightning_hexiscale.profiling.check import check, comparison_table, deviation
 
-    plan = Plan.load(args.plan)
-    cfg = compose_plan_config(args.overrides, plan, args.plan)
+    path, key = plan_source(args)
+    plan = Plan.load(path, key)
+    cfg = compose_plan_config(args.overrides, plan, path)
     cluster = Cluster.from_config(cfg.cluster)
     model = LlamaConfig.from_config(cfg.model)
     if plan.dp_sharding != "ddp":
@@ -149,7 +150,7 @@ def cmd_check_estimate(args: argparse.Namespace) -> int:
     est, m = res
     if args.json:
         t = m.iteration_s(args.stat)
-        doc = {"plan_file": args.plan, "cluster": cluster.name, "model": model.name, "stat": args.stat,
+        doc = {"plan_file": path, "cluster": cluster.name, "model": model.name, "stat": args.stat,
                "precision": precision, "estimated_s": est.iteration_time_s, "measured_s": t,
                "deviation": deviation(est.iteration_time_s, t), "steps_s": m.steps_s, "optimizer_s": m.optimizer_s,
                "step_s_per_rank": m.step_s_per_rank, "peak_bytes_per_rank": m.peak_bytes_per_rank,

@@ -234,6 +234,27 @@ def compose_plan_config(overrides: list[str], plan, source: str):
                           f"was given): {e.rule}", f"{e.fix}; or pass {e.key}=NAME on the command line") from None
 
 
+def plan_source(args: argparse.Namespace) -> tuple[str, str]:
+    """(the plan file, the key that named it) of ``hexiscale estimate`` / ``check-estimate``: ``--plan``
+    or the override ``plan=`` (the key ``hexiscale train`` reads, so one override list serves the
+    commands; it was refused as "--plan is required"). Neither, or the two naming different files, is
+    an error."""
+    from lightning_hexiscale.errors import ConfigError
+
+    given = given_value(args.overrides, "plan")
+    given = None if given in (None, "", "null") else given  # ~plan, plan=, plan=null: no file
+    if given is not None and len(given) > 1 and given[0] == given[-1] and given[0] in "'\"":
+        given = given[1:-1]  # plan='my plan.yaml'
+    if args.plan is not None and given is not None and given != args.plan:
+        raise ConfigError("plan", given, f"names another file than --plan {args.plan}; one run takes one plan",
+                          "give the plan once: --plan PLAN.yaml or plan=PLAN.yaml")
+    if args.plan is None and given is None:
+        raise ConfigError("--plan", None, f"hexiscale {args.command} needs a plan file, and none was given",
+                          "pass --plan PLAN.yaml (or plan=PLAN.yaml), e.g. one `hexiscale plan --out PLAN.yaml` "
+                          "wrote or conf/plans/case_study_llama2_13b.yaml")
+    return (args.plan, "--plan") if args.plan is not None else (given, "plan")
+
+
 def apply_train_overrides(plan, cfg, overrides: Sequence[str]):
     """Explicit train.schedule / train.recompute / train.dp_sharding / train.micro_batch_size overrides
     replace the plan's values, as ``hexiscale train plan=FILE`` replaces them (plan_resolution.apply_overrides)."""

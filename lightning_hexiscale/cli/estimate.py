@@ -7,12 +7,13 @@ import json
 import warnings
 
 from lightning_hexiscale.cli.common import (apply_train_overrides, compose_plan_config, explicit, given_value,
-                                           subcommand)
+                                           plan_source, subcommand)
 from lightning_hexiscale.cli.plan import add_table_flag, estimate_document, overrides_of, sources_lines
 
 
 def _estimate_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--plan", required=True, metavar="PLAN.yaml", help="plan file (YAML or JSON), e.g. conf/plans/*.yaml")
+    p.add_argument("--plan", metavar="PLAN.yaml", help="plan file (YAML or JSON), e.g. conf/plans/*.yaml; or the "
+                   "override plan=PLAN.yaml, as hexiscale train takes it")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
     add_table_flag(p)
     p.description = (f"{p.description}\n\n"
@@ -55,8 +56,9 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from lightning_hexiscale.planner import Plan, SearchSettings, estimate, price_sources, workload_from_config
     from lightning_hexiscale.planner.plan import OtherClusterWarning, made_for_another_cluster
 
-    plan = Plan.load(args.plan)
-    cfg = compose_plan_config(overrides_of(args), plan, args.plan)
+    path, key = plan_source(args)
+    plan = Plan.load(path, key)
+    cfg = compose_plan_config(overrides_of(args), plan, path)
     cluster = Cluster.from_config(cfg.cluster)
     given = given_value(args.overrides, "cluster")
     note = made_for_another_cluster(plan.meta, cluster, "priced", given) if given is not None else None
@@ -67,7 +69,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     # planner.* prices nothing here (but allow_table_mismatch), yet a bad value (planner.iterations=-1) is the
     # error `hexiscale plan` gives for it, not a silent pass: users give both commands one override list
     SearchSettings.from_config(cfg, dp_sharding_explicit=explicit(args.overrides, "train.dp_sharding"))
-    warn_search_only(list(args.overrides), args.plan)
+    warn_search_only(list(args.overrides), path)
     gb = cfg.train.global_batch if explicit(args.overrides, "train.global_batch") else None
     plan.validate(cluster, workload.model, global_batch=gb)
     plan.check_model(workload.model)
@@ -76,7 +78,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     # what priced each device type; a layer table that does not match the run is refused here
     sources = price_sources(cluster, workload, plan)
     if args.json:
-        print(json.dumps(estimate_document(plan, cluster, workload, est, args.plan, sources), indent=2))
+        print(json.dumps(estimate_document(plan, cluster, workload, est, path, sources), indent=2))
     else:
         print(cluster.summary())
         print()

@@ -53,12 +53,7 @@ def load_plan_arg(plan: str | Path | Plan | None, key: str = "HexiScaleStrategy(
     """``HexiScaleStrategy(plan=...)`` (or the recipe's ``plan=``): a plan file, read now (a ``Plan`` as is)."""
     if plan is None or isinstance(plan, Plan):
         return plan
-    try:
-        return Plan.load(plan)
-    except ConfigError as e:
-        if e.key != "--plan":
-            raise
-        raise ConfigError(key, str(plan), e.rule, e.fix) from None
+    return Plan.load(plan, key)
 
 
 def describe_local_devices(root_device: torch.device, num_nodes: int, devices_per_node: int) -> Cluster:

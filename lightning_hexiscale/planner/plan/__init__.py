@@ -460,33 +460,34 @@ class Plan:
         write_atomically(path, text)
 
     @classmethod
-    def load(cls, path: str | Path) -> Plan:
+    def load(cls, path: str | Path, key: str = "--plan") -> Plan:
         """Read a plan file (YAML or JSON): a path, else a packaged preset written as in a checkout
-        (``conf/plans/X.yaml``), so the shipped plans load from any working directory."""
+        (``conf/plans/X.yaml``), so the shipped plans load from any working directory. ``key``: what
+        named the file, for the errors about it (``--plan``, a recipe's ``plan``, ``HexiScaleStrategy(plan)``)."""
         from lightning_hexiscale.config.schema import check_name_or_path, is_file, packaged_file
 
-        check_name_or_path(path, "--plan", "conf/plans/case_study_llama2_13b.yaml")
+        check_name_or_path(path, key, "conf/plans/case_study_llama2_13b.yaml")
         path = Path(path)
         if not is_file(path):
             path = packaged_file(path) or path
         if not is_file(path):
-            raise PlanError("--plan", str(path), "no such plan file", "give the path of a plan YAML/JSON file")
+            raise PlanError(key, str(path), "no such plan file", "give the path of a plan YAML/JSON file")
         try:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as e:  # a checkpoint, a picture, a gzip: was a UnicodeDecodeError traceback
-            raise PlanError("--plan", str(path), f"is not a text file (byte {e.start} is not UTF-8): a plan file is "
+            raise PlanError(key, str(path), f"is not a text file (byte {e.start} is not UTF-8): a plan file is "
                             "YAML or JSON", "give the plan file `hexiscale plan --out` wrote (or one like "
                             "conf/plans/*.yaml)") from None
         except OSError as e:  # unreadable (permissions, an I/O error)
-            raise PlanError("--plan", str(path), f"cannot be read ({e.strerror})",
+            raise PlanError(key, str(path), f"cannot be read ({e.strerror})",
                             "give a readable plan YAML/JSON file") from None
         try:
             data = yaml.load(text, Loader=UniqueKeyLoader)
         except yaml.YAMLError as e:
-            raise PlanError("--plan", str(path), f"not valid YAML/JSON ({e})",
+            raise PlanError(key, str(path), f"not valid YAML/JSON ({e})",
                             "correct the syntax at the line and column named (quote values holding ':' or '#')") from None
         if not isinstance(data, dict):
-            raise PlanError("--plan", str(path), "a plan file holds a mapping", "see conf/plans/ for examples")
+            raise PlanError(key, str(path), "a plan file holds a mapping", "see conf/plans/ for examples")
         # the keys of its errors read as validate()'s do (plan.pipelines[0].stages ...), whichever of the
         # two finds the fault: the file name prefixed them here only, and the same file gave both forms
         return cls.from_dict(data)
