@@ -74,8 +74,19 @@ def test_the_plan_override_names_the_plan_as_hexiscale_train_reads_it(capsys):
     assert main(["estimate", f"plan={tab7}", "--json"]) == 0
     by_key = json.loads(capsys.readouterr().out)
     assert by_key == by_flag and by_key["plan_file"] == tab7
-    assert main(["estimate", "--plan", tab7, f"plan={tab7}", "--json"]) == 0  # the same file twice: fine
+    assert main(["estimate", "--plan", tab7, f"plan=./{tab7}", "--json"]) == 0  # the same file twice: fine
     assert json.loads(capsys.readouterr().out) == by_flag
+
+
+def test_hexiscale_cluster_shows_the_cluster_of_a_plan_given_as_plan(capsys):
+    """`hexiscale cluster plan=FILE` described the default preset (cpu_demo), not the plan's hetero3,
+    where estimate and train run the plan on its meta's cluster."""
+    assert main(["cluster", "plan=conf/plans/hetero3_llama30b_tab7.yaml"]) == 0
+    assert capsys.readouterr().out.startswith("cluster hetero3:")
+    assert main(["cluster", "plan=conf/plans/hetero3_llama30b_tab7.yaml", "cluster=hetero1"]) == 0  # cluster= wins
+    assert capsys.readouterr().out.startswith("cluster hetero1:")
+    assert main(["cluster", "plan=nope.yaml"]) == 2
+    assert "plan = 'nope.yaml': no such plan file" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("command", ["estimate", "check-estimate"])

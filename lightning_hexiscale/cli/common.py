@@ -234,6 +234,17 @@ def compose_plan_config(overrides: list[str], plan, source: str):
                           f"was given): {e.rule}", f"{e.fix}; or pass {e.key}=NAME on the command line") from None
 
 
+def plan_override(overrides: Sequence[str]) -> str | None:
+    """The plan file the override ``plan=`` names (quotes taken off), or None (not given, ``~plan``,
+    ``plan=``, ``plan=null``)."""
+    given = given_value(overrides, "plan")
+    if given in (None, "", "null"):
+        return None
+    if len(given) > 1 and given[0] == given[-1] and given[0] in "'\"":
+        return given[1:-1]  # plan='my plan.yaml'
+    return given
+
+
 def plan_source(args: argparse.Namespace) -> tuple[str, str]:
     """(the plan file, the key that named it) of ``hexiscale estimate`` / ``check-estimate``: ``--plan``
     or the override ``plan=`` (the key ``hexiscale train`` reads, so one override list serves the
@@ -241,11 +252,8 @@ def plan_source(args: argparse.Namespace) -> tuple[str, str]:
     an error."""
     from lightning_hexiscale.errors import ConfigError
 
-    given = given_value(args.overrides, "plan")
-    given = None if given in (None, "", "null") else given  # ~plan, plan=, plan=null: no file
-    if given is not None and len(given) > 1 and given[0] == given[-1] and given[0] in "'\"":
-        given = given[1:-1]  # plan='my plan.yaml'
-    if args.plan is not None and given is not None and given != args.plan:
+    given = plan_override(args.overrides)
+    if args.plan is not None and given is not None and Path(given).resolve() != Path(args.plan).resolve():
         raise ConfigError("plan", given, f"names another file than --plan {args.plan}; one run takes one plan",
                           "give the plan once: --plan PLAN.yaml or plan=PLAN.yaml")
     if args.plan is None and given is None:

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lightning_hexiscale.cli.common import (check_output_file, explicit, given_value, subcommand, sweep_axes,
+from lightning_hexiscale.cli.common import (check_output_file, explicit, plan_override, subcommand, sweep_axes,
                                            with_cluster_file)
 from lightning_hexiscale.cli.picture import check_picture_path, draw_plan, plan_title  # noqa: F401 (also importable from here)
 from lightning_hexiscale.config.recipe import check_output_dir
@@ -197,8 +197,8 @@ def comparison_table(best, rows: dict[str, dict[str, Any]], ceiling: float = 1.0
 
 @subcommand("plan", "search an asymmetric parallel plan (§4 two-phase graph partitioning) and report it", _args)
 def cmd_plan(args: argparse.Namespace) -> int:
-    given = given_value(args.overrides, "plan")
-    if given not in (None, "", "null"):  # was ignored: a new plan was searched, the file never read
+    given = plan_override(args.overrides)
+    if given is not None:  # was ignored: a new plan was searched, the file never read
         raise ConfigError("plan", given, "hexiscale plan searches a new plan; a plan file is priced by "
                           "hexiscale estimate (and run by hexiscale train)",
                           f"to price that file: hexiscale estimate plan={given} with the same overrides; "

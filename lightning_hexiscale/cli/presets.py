@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from lightning_hexiscale.cli.common import subcommand
+from lightning_hexiscale.cli.common import compose_plan_config, plan_override, subcommand
 
 
 @subcommand("list", "list the cluster, model and plan presets under conf/", lambda p: None,
@@ -28,6 +28,12 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     from lightning_hexiscale.config.cluster import Cluster
     from lightning_hexiscale.config.schema import compose
 
-    cfg = compose(args.overrides)
+    given = plan_override(args.overrides)
+    if given is None:
+        cfg = compose(args.overrides)
+    else:  # the plan's cluster (its meta), as estimate and train take it: it showed the default preset
+        from lightning_hexiscale.planner.plan import Plan
+
+        cfg = compose_plan_config(args.overrides, Plan.load(given, "plan"), given)
     print(Cluster.from_config(cfg.cluster).summary())
     return 0
