@@ -105,13 +105,19 @@ def test_a_missing_or_doubled_plan_is_an_error_naming_both_ways(command, args, f
     assert fragment.format(command=command) in err and "Traceback" not in err, err
 
 
-@pytest.mark.parametrize("argv", [["plan"], ["plan", "-m", "cluster=cpu_demo,cpu2"]])
-def test_hexiscale_plan_refuses_a_plan_file_it_would_not_read(argv, capsys):
-    """`hexiscale plan plan=FILE` searched a new plan and never read the file, without a word."""
+@pytest.mark.parametrize("argv, rule, fix", [
+    (["plan"], "hexiscale plan searches a new plan", "hexiscale estimate plan="),
+    (["plan", "-m", "cluster=cpu_demo,cpu2"], "hexiscale plan searches a new plan", "hexiscale estimate plan="),
+    (["calibrate", "--local", "2"], "hexiscale calibrate fits the cluster file to training steps of its own",
+     "hexiscale check-estimate plan="),
+])
+def test_commands_that_read_no_plan_refuse_one(argv, rule, fix, capsys):
+    """`hexiscale plan plan=FILE` searched a new plan and never read the file, without a word; calibrate
+    fitted its own steps. Both refuse it before any search or rank, and name the command that reads it."""
     assert main([*argv, "plan=conf/plans/hetero3_llama30b_tab7.yaml"]) == 2
     err = capsys.readouterr().err
-    assert ("plan = 'conf/plans/hetero3_llama30b_tab7.yaml': hexiscale plan searches a new plan" in err
-            and "hexiscale estimate plan=conf/plans/hetero3_llama30b_tab7.yaml" in err), err
+    assert f"plan = 'conf/plans/hetero3_llama30b_tab7.yaml': {rule}" in err, err
+    assert f"{fix}conf/plans/hetero3_llama30b_tab7.yaml" in err, err
 
 
 def test_list_refuses_overrides(capsys):

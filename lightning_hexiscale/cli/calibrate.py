@@ -17,7 +17,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from lightning_hexiscale.cli.common import (add_launch_args, add_precision_arg, compose_plan_config, non_negative_int,
-                                            plan_source, positive_int, resolve_precision, subcommand)
+                                            plan_override, plan_source, positive_int, resolve_precision,
+                                            subcommand)
 from lightning_hexiscale.cli.profile import add_layer_time_args
 from lightning_hexiscale.config.schema import is_file
 from lightning_hexiscale.errors import ConfigError
@@ -86,6 +87,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from lightning_hexiscale.profiling.writer import (copy_cluster, previous_sync_latency, update_calibration,
                                                       update_layer_tables)
 
+    given = plan_override(args.overrides)
+    if given is not None:  # was ignored: the fit was made on calibrate's own steps, the plan never read
+        raise ConfigError("plan", given, "hexiscale calibrate fits the cluster file to training steps of its own "
+                          "(--micro-batch, --micro-batches), not to a plan's",
+                          f"to compare the plan's estimate with its measured steps: hexiscale check-estimate "
+                          f"plan={given} with the same overrides; to calibrate: drop plan=")
     path = _cluster_file(args.overrides)
     if args.out is not None and args.local:  # before minutes of measuring (external launches: at the write)
         from lightning_hexiscale.cli.common import check_output_file
