@@ -32,7 +32,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     if given is None:
         cfg = compose(args.overrides)
     else:  # the plan's cluster (its meta), as estimate and train take it: it showed the default preset
-        from lightning_hexiscale.planner.plan import Plan
+        from lightning_hexiscale.planner import Plan
 
         cfg = compose_plan_config(args.overrides, Plan.load(given, "plan"), given)
     print(Cluster.from_config(cfg.cluster).summary())
