@@ -73,7 +73,8 @@ def test_checkpoint_info_refuses_an_output_file(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv,fix", [
     (["checkpoint", "{d}"], "Fix: run `hexiscale checkpoint info {d}`"),
-    (["checkpoint", "runs/last.ckpt"], "Fix: run `hexiscale checkpoint info runs/last.ckpt`"),
+    (["checkpoint", "runs/last.ckpt"], "'runs/last.ckpt' is a path, and the first argument says what to do with the "
+                                       "checkpoint: info or consolidate. Fix: run `hexiscale checkpoint info runs/last.ckpt`"),
     (["checkpoint", "inf", "{d}"], "'inf' is no action: the first argument is info or consolidate. Fix: did you mean info?"),
     (["checkpoint", "consolidat", "{d}", "x.pt"], "Fix: did you mean consolidate?"),
 ])

@@ -26,8 +26,9 @@ def _action(word: str) -> str:
     if word in ACTIONS:
         return word
     if Path(word).exists() or "/" in word or word.endswith(".ckpt"):
-        raise argparse.ArgumentTypeError(f"{word!r} is a checkpoint, and the first argument says what to do with it: "
-                                         f"info or consolidate. Fix: run `hexiscale checkpoint info {word}` (or "
+        # "is a path", not "is a checkpoint": the path may not exist; CKPT's own check says so after
+        raise argparse.ArgumentTypeError(f"{word!r} is a path, and the first argument says what to do with the "
+                                         f"checkpoint: info or consolidate. Fix: run `hexiscale checkpoint info {word}` (or "
                                          f"`hexiscale checkpoint consolidate {word} OUT.pt`)")
     from lightning_hexiscale.config.suggest import closest
 
