@@ -33,13 +33,14 @@ _LAZY = {
     "compute_ceiling": "lightning_hexiscale.planner.baselines",
     "exhaustive": "lightning_hexiscale.planner.baselines",
     "run_baselines": "lightning_hexiscale.planner.baselines",
+    "search": "lightning_hexiscale.planner.search",  # the sub-package itself (see below)
 }
 
 # ``search`` is the sub-package .search itself, which is callable as its search() (an attribute set
 # here would be replaced by the sub-package as soon as anything imports it: the import system
-# binds a loaded sub-module on its parent); ``from lightning_hexiscale.planner import search``
-# imports it on first use like the lazy names.
+# binds a loaded sub-module on its parent); ``from lightning_hexiscale.planner import search`` and
+# ``planner.search`` import it on first use like the lazy names (_LAZY's entry below).
 __all__ = sorted(["DP_SHARDINGS", "Estimate", "Pipeline", "Plan", "SCHEDULES", "Stage", "Workload", "estimate",
-                  "search", "workload_from_config", *_LAZY])
+                  "workload_from_config", *_LAZY])
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -96,6 +96,18 @@ def test_the_roots_search_runs_the_search_entry(monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
+def test_the_roots_search_is_an_attribute_before_anything_imported_it():
+    """``planner.search`` in a fresh interpreter was "AttributeError: module 'lightning_hexiscale.planner'
+    has no attribute 'search'" until something had imported the sub-package (the tests' ``searches``
+    fixture failed so when its test ran alone)."""
+    code = ("import sys\nimport lightning_hexiscale.planner as planner\n"
+            "print(callable(planner.search), planner.search is sys.modules['lightning_hexiscale.planner.search'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=100)
+    assert out.stdout.strip() == "True True", out.stdout + out.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
 def test_the_root_loads_neither_the_search_nor_torch():
     code = ("import sys\nfrom lightning_hexiscale.planner import Plan, Workload, estimate, Estimate, SearchSettings\n"
             "print(sorted(m for m in ('networkx', 'pymetis', 'torch') if m in sys.modules))")
