@@ -305,13 +305,19 @@ def check_outside_checkpoint(flag: str, path: str, checkpoint: str, example: str
 
 
 # ---- launch flags shared by profile, calibrate and check-estimate -----------------------------
-def positive_int(text: str) -> int:
-    """A whole number >= 1 (``--local N``); argparse's own "invalid positive_int value: 'x'" named the
-    function, not the rule."""
+def parse_number(text: str, kind: type, noun: str, example: str):
+    """``kind(text)`` (int or float) for an argparse type; a text it cannot read is "'x' is not NOUN,
+    e.g. EXAMPLE" (argparse's own "invalid positive_int value: 'x'" named the function, not the rule).
+    The callers check the range, each with its own rule."""
     try:
-        v = int(text)
+        return kind(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number, e.g. 4") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not {noun}, e.g. {example}") from None
+
+
+def positive_int(text: str) -> int:
+    """A whole number >= 1 (``--local N``)."""
+    v = parse_number(text, int, "a whole number", "4")
     if v < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
     return v
@@ -320,10 +326,7 @@ def positive_int(text: str) -> int:
 def non_negative_int(text: str) -> int:
     """A whole number >= 0 (``--warmup``: steps run untimed before the timed ones; a negative count would
     silently time fewer steps, or none)."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number, e.g. 1") from None
+    v = parse_number(text, int, "a whole number", "1")
     if v < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
     return v
@@ -333,10 +336,7 @@ def positive_seconds(text: str) -> float:
     """A finite number of seconds > 0 (a deadline or budget), checked before any rank starts."""
     import math
 
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds, e.g. 60") from None
+    v = parse_number(text, float, "a number of seconds", "60")
     if not 0 < v < math.inf:
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}; e.g. 60")
     return v

@@ -18,16 +18,13 @@ import math
 import socket
 import sys
 
-from lightning_hexiscale.cli.common import subcommand
+from lightning_hexiscale.cli.common import parse_number, subcommand
 
 
 def _positive_float(text: str) -> float:
     """A finite number > 0 (``--cores``, ``--bw-scale``, ``--timeout``): ``inf`` would make every quota
     ``inf * 0`` = nan cores and every link unshaped."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number, e.g. 1.5") from None
+    v = parse_number(text, float, "a number", "1.5")
     if not 0 < v < math.inf:
         raise argparse.ArgumentTypeError(f"must be > 0 and finite, got {text}; e.g. 1.5")
     return v
@@ -35,10 +32,7 @@ def _positive_float(text: str) -> float:
 
 def _port(text: str) -> int:
     """``--master-port``: a TCP port, 1-65535 (beyond it the rendezvous fails inside every rank)."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number, e.g. 29500") from None
+    v = parse_number(text, int, "a port number", "29500")
     if not 1 <= v <= 65535:
         raise argparse.ArgumentTypeError(f"must be a TCP port from 1 to 65535, got {v}; e.g. 29500, or leave "
                                          "--master-port out for a free one")
