@@ -13,12 +13,14 @@ from __future__ import annotations
 import math
 import os
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from omegaconf import DictConfig, OmegaConf
 
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.config.fast_path import FastPath
@@ -80,6 +82,12 @@ def check_process_group_backend(backend: Any) -> None:
         raise ConfigError(_key("process_group_backend"), backend, rule, fix)
 
 
+def _shown(value: object) -> object:
+    """The value an error shows: itself when its repr is short (``3``, ``[1, 2]``), else its type's
+    name (an object's repr can run to pages)."""
+    return value if len(repr(value)) <= 60 else type(value).__name__
+
+
 @dataclass(frozen=True)
 class StrategySettings:
     """The strategy's settings. Built from the constructor's arguments; some fields are normalised
@@ -87,17 +95,18 @@ class StrategySettings:
     ``timedelta``, ``seed`` an int, ``plan_check`` an int or None, ``fast_path`` a FastPath (with
     ``compile`` folded in), ``elastic`` an ElasticSettings or None."""
 
-    cluster: str | Path | Cluster | None = AUTO
+    cluster: str | Path | Mapping | Cluster | None = AUTO
     """``"auto"`` (default): with no ``plan``, the job's ranks discover their cluster at ``setup`` (all
     ranks together: devices, hosts, the model's layer times, links per machine pair; cached by a
     hardware + model fingerprint under ``$HEXISCALE_CACHE_DIR``, see ``hexiscale discover``) and the
     search plans on it. A preset name (``conf/cluster/NAME.yaml``), a cluster YAML path (from
-    ``hexiscale discover`` / ``profile``) or a :class:`Cluster`: that cluster. ``None``: a nominal
+    ``hexiscale discover`` / ``profile``), a mapping of a cluster file's keys (a dict, or a Hydra
+    app's ``cfg.cluster``) or a :class:`Cluster`: that cluster. ``None``: a nominal
     description of the local devices, nothing measured (``num_nodes x devices`` of the local GPU
     type, or CPU devices). Built: a Cluster, ``"auto"`` or None; with a ``plan``, ``"auto"`` becomes
     the plan's ``meta.cluster`` (read) or None."""
-    plan: str | Path | Plan | None = None
-    """A plan file, a :class:`Plan`, or None to plan with the planner's search on the cluster for
+    plan: str | Path | Mapping | Plan | None = None
+    """A plan file, a mapping of a plan file's keys, a :class:`Plan`, or None to plan with the planner's search on the cluster for
     ``global_batch``. Built: a Plan (checked against the cluster's devices) or None."""
     global_batch: int | None = None
     """Sequences per optimizer step, summed over pipelines (= the DataLoader's ``batch_size``).
@@ -255,12 +264,19 @@ class StrategySettings:
         """Files are read now, in the caller's process, so that a wrong name or path is a ConfigError
         from the constructor's line rather than from every rank after the launch."""
         cluster, plan = self.cluster, self.plan
+        # a mapping is what a cluster or plan file holds, e.g. a Hydra app's composed cfg.cluster
+        # (a DictConfig): read as the file would be, its errors keyed cluster.<key> / plan.<key>
+        if isinstance(cluster, Mapping):
+            cluster = Cluster.from_config(cluster)
+        if isinstance(plan, Mapping):
+            plan = Plan.from_dict(OmegaConf.to_container(plan, resolve=True) if isinstance(plan, DictConfig) else dict(plan))
         if not isinstance(cluster, (str, Path, Cluster, type(None))):
-            raise ConfigError(_key("cluster"), type(cluster).__name__,
-                              "must be a preset name, a cluster YAML path, a Cluster or None", "pass cluster='cpu_hetero4'")
+            raise ConfigError(_key("cluster"), _shown(cluster), f"is of type {type(cluster).__name__}; it must be a preset "
+                              "name, a cluster YAML path, a mapping of a cluster file's keys, a Cluster or None",
+                              "pass cluster='cpu_hetero4'")
         if not isinstance(plan, (str, Path, Plan, type(None))):
-            raise ConfigError(_key("plan"), type(plan).__name__, "must be a plan file path, a Plan or None",
-                              "pass plan='conf/plans/....yaml'")
+            raise ConfigError(_key("plan"), _shown(plan), f"is of type {type(plan).__name__}; it must be a plan file path, "
+                              "a mapping of a plan file's keys, a Plan or None", "pass plan='conf/plans/....yaml'")
         plan = load_plan_arg(plan)
         if cluster == AUTO and plan is not None:  # nothing to plan: the plan's own cluster, or the local devices
             cluster = None

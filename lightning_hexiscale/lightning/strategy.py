@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import sys
 import uuid
+from collections.abc import Mapping
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -83,7 +84,8 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, int
 
     strategy_name = "hexiscale"
 
-    def __init__(self, cluster: str | Path | Cluster | None = AUTO, plan: str | Path | Plan | None = None, *,
+    def __init__(self, cluster: str | Path | Mapping | Cluster | None = AUTO,
+                 plan: str | Path | Mapping | Plan | None = None, *,
                  global_batch: int | None = None, micro_batch_size: int | None = None,
                  schedule: str | None = None, recompute: bool | None = None, dp_sharding: str | None = None,
                  seed: int | None = None, planner_iterations: int = 20, use_all_devices: bool = False,

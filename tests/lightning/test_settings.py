@@ -83,9 +83,9 @@ BAD = {  # case: (arguments, the argument named, a piece of the rule)
                                       "micro_batch_size", "must divide global_batch=8"),
     "num_threads": ({"num_threads": 0}, "num_threads", "'auto' or an integer"),
     "use_all_devices": ({"use_all_devices": "yes"}, "use_all_devices", "True or False"),
-    "cluster_type": ({"cluster": 123}, "cluster", "a preset name, a cluster YAML path"),
+    "cluster_type": ({"cluster": 123}, "cluster", "is of type int; it must be a preset name, a cluster YAML path"),
     "cluster_missing": ({"cluster": "nonexistent"}, "cluster", "no such preset"),
-    "plan_type": ({"plan": 1.5}, "plan", "a plan file path, a Plan or None"),
+    "plan_type": ({"plan": 1.5}, "plan", "is of type float; it must be a plan file path"),
     "plan_check": ({"plan_check": -1}, "plan_check", "warm-up steps"),
     "compile": ({"compile": "yes"}, "compile", "True, False or None"),
     "elastic_with_plan": ({"cluster": "cpu2", "plan": PLAN, "elastic": "ckpt"}, "plan", "a fixed plan cannot"),
@@ -110,6 +110,42 @@ def test_a_bad_setting_names_its_argument(case):
     with pytest.raises(ConfigError, match=pattern) as e:  # the same error from the constructor users call
         HexiScaleStrategy(**kwargs)
     assert e.value.fix and e.value.fix.lower() not in ("fix it", "fix it."), e.value  # a real fix, not a placeholder
+
+
+def test_an_objects_long_repr_is_not_the_value_shown():
+    with pytest.raises(ConfigError, match=r"^HexiScaleStrategy\(cluster\) = 'Path_': is of type Path_"):
+        HexiScaleStrategy(cluster=type("Path_", (), {"__repr__": lambda self: "x" * 500})())
+
+
+def test_a_mapping_of_a_files_keys_is_read_as_the_file(tmp_path):
+    """``HexiScaleStrategy(cluster=cfg.cluster)`` in a Hydra app (a DictConfig), or a dict: it was
+    refused as "= 'DictConfig': must be a preset name, a cluster YAML path, a Cluster or None"."""
+    from omegaconf import OmegaConf
+
+    from lightning_hexiscale import Cluster, Plan
+
+    keys = {"name": "two_a100", "machines": [{"gpu": "A100", "count": 2, "intra_bandwidth": "100 GB/s"}],
+            "inter_machine": {"bandwidth": "1 GB/s"}}
+    (tmp_path / "two.yaml").write_text(OmegaConf.to_yaml(keys))
+    from_file = Cluster.load(str(tmp_path / "two.yaml"))
+    for given in (keys, OmegaConf.create(keys)):
+        cluster = HexiScaleStrategy(cluster=given).cluster
+        assert isinstance(cluster, Cluster) and cluster.name == "two_a100"
+        assert [d.gpu_type for d in cluster.devices] == [d.gpu_type for d in from_file.devices]
+    plan_file = Path(__file__).resolve().parents[2] / "conf" / "plans" / "hetero3_llama30b_tab7.yaml"
+    keys = OmegaConf.to_container(OmegaConf.load(plan_file))
+    for given in (keys, OmegaConf.create(keys)):
+        strategy = HexiScaleStrategy(plan=given)
+        assert strategy.plan == Plan.load(plan_file) and strategy.cluster.name == "hetero3"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"cluster": {"machines": [{"gpu": "A100", "count": 0}]}}, r"^cluster\.machines\[0\]\.count = 0: .*1 to 1024"),
+    ({"plan": {"num_layers": 4}}, r"^plan\.pipelines = None: required key is missing"),
+])
+def test_a_mappings_faults_are_named_as_a_files_are(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        HexiScaleStrategy(**kwargs)
 
 
 def test_micro_batch_size_not_dividing_says_which_divisors_would():
