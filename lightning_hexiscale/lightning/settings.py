@@ -106,8 +106,9 @@ class StrategySettings:
     type, or CPU devices). Built: a Cluster, ``"auto"`` or None; with a ``plan``, ``"auto"`` becomes
     the plan's ``meta.cluster`` (read) or None."""
     plan: str | Path | Mapping | Plan | None = None
-    """A plan file, a mapping of a plan file's keys, a :class:`Plan`, or None to plan with the planner's search on the cluster for
-    ``global_batch``. Built: a Plan (checked against the cluster's devices) or None."""
+    """A plan file, a mapping of a plan file's keys, a :class:`Plan`, or None to plan with the planner's
+    search on the cluster for ``global_batch``. Built: a Plan (checked against the cluster's devices)
+    or None."""
     global_batch: int | None = None
     """Sequences per optimizer step, summed over pipelines (= the DataLoader's ``batch_size``).
     None: the plan's, or the training DataLoader's batch size."""
@@ -269,14 +270,15 @@ class StrategySettings:
         if isinstance(cluster, Mapping):
             cluster = Cluster.from_config(cluster)
         if isinstance(plan, Mapping):
-            plan = Plan.from_dict(OmegaConf.to_container(plan, resolve=True) if isinstance(plan, DictConfig) else dict(plan))
+            plan = Plan.from_dict(OmegaConf.to_container(plan, resolve=True) if isinstance(plan, DictConfig)
+                                  else dict(plan))
         if not isinstance(cluster, (str, Path, Cluster, type(None))):
-            raise ConfigError(_key("cluster"), _shown(cluster), f"is of type {type(cluster).__name__}; it must be a preset "
-                              "name, a cluster YAML path, a mapping of a cluster file's keys, a Cluster or None",
+            raise ConfigError(_key("cluster"), _shown(cluster), f"is of type {type(cluster).__name__}; it must be a "
+                              "preset name, a cluster YAML path, a mapping of a cluster file's keys, a Cluster or None",
                               "pass cluster='cpu_hetero4'")
         if not isinstance(plan, (str, Path, Plan, type(None))):
-            raise ConfigError(_key("plan"), _shown(plan), f"is of type {type(plan).__name__}; it must be a plan file path, "
-                              "a mapping of a plan file's keys, a Plan or None", "pass plan='conf/plans/....yaml'")
+            raise ConfigError(_key("plan"), _shown(plan), f"is of type {type(plan).__name__}; it must be a plan file "
+                              "path, a mapping of a plan file's keys, a Plan or None", "pass plan='conf/plans/....yaml'")
         plan = load_plan_arg(plan)
         if cluster == AUTO and plan is not None:  # nothing to plan: the plan's own cluster, or the local devices
             cluster = None
