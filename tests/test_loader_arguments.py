@@ -27,6 +27,17 @@ def test_a_loader_refuses_what_names_no_file(load, key, value):
     assert e.value.key == key and e.value.fix
 
 
+@pytest.mark.parametrize("load, reader", [(Cluster.load, "Cluster.from_config(mapping)"),
+                                          (LlamaConfig.load, "LlamaConfig.from_config(mapping)"),
+                                          (Plan.load, "Plan.from_dict(mapping)")],
+                         ids=["Cluster.load", "LlamaConfig.load", "Plan.load"])
+def test_a_loader_given_a_mapping_names_what_reads_one(load, reader):
+    """``Cluster.load({...})`` said "pass e.g. 'cpu_hetero4'" only; the keys were there, the reader not."""
+    with pytest.raises(ConfigError) as e:
+        load({"name": "x"})
+    assert e.value.fix.endswith(f", or {reader} for a mapping of the file's keys"), e.value
+
+
 @pytest.mark.parametrize("build, key", [(Cluster.from_config, "cluster"), (LlamaConfig.from_config, "model")],
                          ids=["Cluster.from_config", "LlamaConfig.from_config"])
 @pytest.mark.parametrize("value", [None, "abc", 7, [], [1], True], ids=repr)

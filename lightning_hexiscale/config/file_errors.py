@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +24,16 @@ def is_file(p: str | os.PathLike) -> bool:
         return False
 
 
-def check_name_or_path(value: Any, key: str, example: str) -> None:
+def check_name_or_path(value: Any, key: str, example: str, from_mapping: str | None = None) -> None:
     """``value`` names a preset or a file: a str or a path. None, a number or a mapping was a
-    TypeError from pathlib ('expected str, bytes or os.PathLike object')."""
+    TypeError from pathlib ('expected str, bytes or os.PathLike object'). ``from_mapping``: what reads
+    a mapping of the file's keys instead (``Cluster.from_config(mapping)``), named in a mapping's fix."""
     if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
+        fix = f"pass e.g. {example!r}"
+        if from_mapping and isinstance(value, Mapping):
+            fix += f", or {from_mapping} for a mapping of the file's keys"
         raise ConfigError(key, value if isinstance(value, (str, int, float)) else type(value).__name__,
-                          "must be a preset name or the path of a file", f"pass e.g. {example!r}")
+                          "must be a preset name or the path of a file", fix)
 
 
 DOC_PAGES = {"cluster": "Clusters (docs/guide/clusters.md)", "model": "Models (docs/guide/models.md)"}

@@ -466,7 +466,7 @@ class Plan:
         named the file, for the errors about it (``--plan``, a recipe's ``plan``, ``HexiScaleStrategy(plan)``)."""
         from lightning_hexiscale.config.schema import check_name_or_path, is_file, packaged_file
 
-        check_name_or_path(path, key, "conf/plans/case_study_llama2_13b.yaml")
+        check_name_or_path(path, key, "conf/plans/case_study_llama2_13b.yaml", "Plan.from_dict(mapping)")
         path = Path(path)
         if not is_file(path):
             path = packaged_file(path) or path
