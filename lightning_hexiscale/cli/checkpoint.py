@@ -26,10 +26,10 @@ def _action(word: str) -> str:
     if word in ACTIONS:
         return word
     if Path(word).exists() or "/" in word or word.endswith(".ckpt"):
-        # "is a path", not "is a checkpoint": the path may not exist; CKPT's own check says so after
+        # "is a path", not "is a checkpoint": it may not exist (the corrected command's CKPT check says so)
         raise argparse.ArgumentTypeError(f"{word!r} is a path, and the first argument says what to do with the "
-                                         f"checkpoint: info or consolidate. Fix: run `hexiscale checkpoint info {word}` (or "
-                                         f"`hexiscale checkpoint consolidate {word} OUT.pt`)")
+                                         f"checkpoint: info or consolidate. Fix: run `hexiscale checkpoint info "
+                                         f"{word}` (or `hexiscale checkpoint consolidate {word} OUT.pt`)")
     from lightning_hexiscale.config.suggest import closest
 
     near = closest(word, list(ACTIONS))

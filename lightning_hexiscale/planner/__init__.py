@@ -39,7 +39,7 @@ _LAZY = {
 # ``search`` is the sub-package .search itself, which is callable as its search() (an attribute set
 # here would be replaced by the sub-package as soon as anything imports it: the import system
 # binds a loaded sub-module on its parent); ``from lightning_hexiscale.planner import search`` and
-# ``planner.search`` import it on first use like the lazy names (_LAZY's entry below).
+# ``planner.search`` import it on first use like the lazy names (_LAZY's entry above).
 __all__ = sorted(["DP_SHARDINGS", "Estimate", "Pipeline", "Plan", "SCHEDULES", "Stage", "Workload", "estimate",
                   "workload_from_config", *_LAZY])
 
