@@ -24,12 +24,17 @@ def is_file(p: str | os.PathLike) -> bool:
         return False
 
 
+FROM_MAPPING = {"cluster": "Cluster.from_config(mapping)", "model": "LlamaConfig.from_config(mapping)"}
+"""What reads a mapping of a preset file's keys, per preset group (the default ``from_mapping``)."""
+
+
 def check_name_or_path(value: Any, key: str, example: str, from_mapping: str | None = None) -> None:
     """``value`` names a preset or a file: a str or a path. None, a number or a mapping was a
     TypeError from pathlib ('expected str, bytes or os.PathLike object'). ``from_mapping``: what reads
-    a mapping of the file's keys instead (``Cluster.from_config(mapping)``), named in a mapping's fix."""
+    a mapping of the file's keys instead, named in a mapping's fix (default: ``FROM_MAPPING[key]``)."""
     if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
         fix = f"pass e.g. {example!r}"
+        from_mapping = from_mapping or FROM_MAPPING.get(key)
         if from_mapping and isinstance(value, Mapping):
             fix += f", or {from_mapping} for a mapping of the file's keys"
         raise ConfigError(key, value if isinstance(value, (str, int, float)) else type(value).__name__,

@@ -310,8 +310,7 @@ def preset_names(group: str) -> list[str]:
 
 def load_preset(group: str, name_or_path: str, schema: type) -> DictConfig:
     """A preset name (conf/<group>/NAME.yaml) or a path to a YAML file, checked against ``schema``."""
-    check_name_or_path(name_or_path, group, {"cluster": "cpu_hetero4", "model": "llama_tiny"}.get(group, "NAME"),
-                       {"cluster": "Cluster.from_config(mapping)", "model": "LlamaConfig.from_config(mapping)"}.get(group))
+    check_name_or_path(name_or_path, group, {"cluster": "cpu_hetero4", "model": "llama_tiny"}.get(group, "NAME"))
     p = Path(name_or_path)
     if not is_file(p):
         p = conf_dir() / group / f"{name_or_path}.yaml"

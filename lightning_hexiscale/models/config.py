@@ -412,7 +412,7 @@ class LlamaConfig:
 
         from lightning_hexiscale.config.schema import check_name_or_path
 
-        check_name_or_path(name_or_path, "model", "llama_tiny", "LlamaConfig.from_config(mapping)")
+        check_name_or_path(name_or_path, "model", "llama_tiny")
         hf_dir = parse_hf_ref(name_or_path)
         if hf_dir is not None:
             from pathlib import Path
