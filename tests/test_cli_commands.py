@@ -306,3 +306,72 @@ def test_a_count_flag_that_is_no_whole_number_says_so(value, capsys):
         main(["discover", "--local", value, "--model", "llama_tiny"])
     err = capsys.readouterr().err
     assert stop.value.code == 2 and f"argument --local: {value!r} is not a whole number" in err, err
+
+
+@pytest.mark.parametrize("word, fix", [
+    ("hetero1", "did you mean cluster=hetero1?"),
+    ("llama_tiny", "did you mean model=llama_tiny?"),
+    ("hetro3", "did you mean cluster=hetero3?"),  # a near preset
+    ("conf/cluster/cpu2.yaml", "did you mean cluster=conf/cluster/cpu2.yaml?"),
+    ("conf/model/llama_tiny.yaml", "did you mean model=conf/model/llama_tiny.yaml?"),
+    ("conf/plans/hetero3_llama30b_tab7.yaml", "did you mean plan=conf/plans/hetero3_llama30b_tab7.yaml?"),
+    ("xyzzy", "write KEY=VALUE, e.g. cluster=hetero3 or model=llama_tiny"),
+])
+@pytest.mark.parametrize("command", ["plan", "cluster", "train"])
+def test_a_word_without_equals_gets_the_override_it_meant(command, word, fix, monkeypatch, capsys):
+    """`hexiscale plan hetero1` said "override 'hetero1' is not KEY=VALUE. Fix: write e.g. cluster=hetero3",
+    whatever the word; `hexiscale train hetero1` was Hydra's "Error parsing override 'hetero1' / missing
+    EQUAL at '<EOF>'". Both now name the override the word most likely meant."""
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])  # the conf/ paths above are the repository's
+    if command == "train":
+        from lightning_hexiscale.cli.train import main as train_main
+
+        assert train_main([word]) == 2
+    else:
+        monkeypatch.setitem(common.SUBCOMMANDS, command, (*common.SUBCOMMANDS[command][:2],
+                                                          lambda args: pytest.fail("the command ran")))
+        assert main([command, "model=llama_tiny", word]) == 2
+    err = capsys.readouterr().err
+    assert f"hexiscale {command}: error: override = {word!r}: is not KEY=VALUE. Fix: {fix}" in err, err
+
+
+def test_a_hugging_face_directory_as_a_word_is_meant_as_model_hf(tmp_path, capsys):
+    (tmp_path / "config.json").write_text("{}")
+    assert main(["plan", str(tmp_path)]) == 2
+    assert f"Fix: did you mean model=hf:{tmp_path}?" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [
+    ["--cfg", "job", "hetero1"], ["-cn", "config", "hetero1"], ["--info", "hetero1"], ["~train.seed", "hetero1"],
+])
+def test_train_tells_a_flags_value_from_a_bare_word(argv, capsys):
+    """A word after a flag that takes a value is the flag's (`--cfg job`), not an override."""
+    from lightning_hexiscale.cli.train import main as train_main
+
+    assert train_main(argv) == 2
+    assert "override = 'hetero1': is not KEY=VALUE" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, flags", [
+    (["--cfg", "job", "--info"], "--cfg --info"),
+    (["-m", "cluster=cpu2,cpu_hetero4", "--cfg=job"], "-m --cfg"),
+    (["--info", "config", "-c", "job"], "--info -c"),
+])
+def test_train_refuses_two_of_hydras_modes_without_a_traceback(argv, flags, capsys):
+    """Hydra raised "ValueError: Only one of --run, --multirun, --cfg, --info and --shell_completion can be
+    specified" with its traceback."""
+    from lightning_hexiscale.cli.train import main as train_main
+
+    assert train_main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"hexiscale train: error: Hydra's flags = {flags!r}: only one of" in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("argv", [["--cfg", "job", "cluster=cpu2"], ["--info", "config"], ["--info", "cluster=cpu2"],
+                                  ["-cd", "my_conf", "~train.seed", "-m", "-m", "+a=b"], ["--cfg=job", "-p", "trainer"]])
+def test_train_still_takes_a_flags_value_and_a_deletion(argv):
+    """What the check passes on to Hydra (run here without Hydra: its in-process run leaves a logging
+    handler on the test's closed stderr)."""
+    from lightning_hexiscale.cli.train_job import check_command_line
+
+    check_command_line(argv)

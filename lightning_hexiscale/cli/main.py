@@ -148,7 +148,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     for o in args.overrides:
         if "=" not in o:
-            print(f"hexiscale: error: override {o!r} is not KEY=VALUE. Fix: write e.g. cluster=hetero3", file=sys.stderr)
+            from lightning_hexiscale.config.suggest import bare_word_error
+
+            print(f"hexiscale {args.command}: error: {bare_word_error(o)}", file=sys.stderr)
             return 2
     default_show = warnings.showwarning
     warnings.showwarning = notice_printer(f"hexiscale {args.command}", default_show)

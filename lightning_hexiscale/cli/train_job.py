@@ -436,6 +436,7 @@ def prepare_argv(argv: list[str]) -> list[str]:
     and SLURM workers too: no launcher of ours took them out for them)."""
     from lightning_hexiscale.config.schema import hf_model_overrides
 
+    check_command_line(argv)
     argv = take_plan_model(take_auto_cluster(hf_model_overrides(argv)))
     if "LOCAL_RANK" not in os.environ:
         check_overrides(argv)
@@ -443,6 +444,38 @@ def prepare_argv(argv: list[str]) -> list[str]:
     if FILES_ENV not in os.environ:
         return take_file_overrides(argv)
     return argv
+
+
+HYDRA_VALUE_FLAGS = ("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
+                     "--config-dir", "-cd", "--experimental-rerun")
+"""Hydra's flags that take the next word as their value (hydra/_internal/utils.py, Hydra 1.3)."""
+HYDRA_INFO = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
+"""The values ``--info``/``-i`` may take as its next word (it may also take none)."""
+HYDRA_MODES = {"--run": "run", "-r": "run", "--multirun": "multirun", "-m": "multirun", "--cfg": "cfg", "-c": "cfg",
+               "--info": "info", "-i": "info", "--shell-completion": "shell", "-sc": "shell"}
+"""Hydra's flags that say what the app does: one of them at most (two was a ValueError traceback)."""
+
+
+def check_command_line(argv: list[str]) -> None:
+    """A word that is neither a flag, a flag's value, ``KEY=VALUE`` nor ``~KEY`` (a deletion) is refused
+    with :func:`~lightning_hexiscale.config.suggest.bare_word_error`: Hydra said "Error parsing override
+    'hetero1' / missing EQUAL at '<EOF>'" and named no override to write instead. So are two of Hydra's
+    modes (``--cfg job --info``): Hydra raised a ValueError whose traceback ended the command."""
+    from lightning_hexiscale.config.suggest import bare_word_error
+    from lightning_hexiscale.errors import ConfigError
+
+    before, modes = None, {}
+    for a in argv:
+        is_value = before in HYDRA_VALUE_FLAGS or (before in ("--info", "-i") and a in HYDRA_INFO)
+        if not (is_value or a.startswith(("-", "~")) or "=" in a):
+            raise bare_word_error(a)
+        mode = None if is_value else HYDRA_MODES.get(a.partition("=")[0])
+        if mode:
+            modes.setdefault(mode, a.partition("=")[0])
+        before = None if is_value else a
+    if len(modes) > 1:  # Hydra raised a ValueError with a traceback
+        raise ConfigError("Hydra's flags", " ".join(modes.values()), "only one of --run, --multirun, --cfg, --info "
+                          "and --shell-completion may be given", "drop all but one of them")
 
 
 def print_file_config(given: list[str]) -> bool:
