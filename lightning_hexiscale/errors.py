@@ -66,3 +66,31 @@ class TrainingInterrupted(HexiScaleError):
     def __init__(self, message: str, signal_name: str = "SIGINT"):
         super().__init__(message)
         self.signal_name = signal_name
+
+
+SHORT_REPR = 60
+"""Characters of a value's repr up to which an error shows the value itself (else its type's name)."""
+
+
+def shown(value: object) -> object:
+    """The value an error shows: itself when it is a str, a number or None, or when its repr is short
+    (``[1, 2]``, ``{}``); else its type's name (an object's repr can run to pages: a Cluster, a tensor)."""
+    if value is None or isinstance(value, (str, int, float)):
+        return value
+    try:
+        text = repr(value)
+    except Exception:  # a broken __repr__ of the user's object must not hide the error being raised
+        text = ""
+    return value if 0 < len(text) <= SHORT_REPR else type(value).__name__
+
+
+def check_argument_types(call: str, arguments, error: type[ConfigError] = ConfigError) -> None:
+    """Each ``(name, value, kind, fix)`` of ``arguments``: ``value`` is an instance of ``kind`` (a type,
+    or a tuple of types where ``type(None)`` allows None), else ``error`` keyed ``call(name)``, e.g.
+    ``search(cluster) = 'cpu_hetero4': is of type str; it must be a Cluster. Fix: ...`` (the API's
+    entry points ran into an AttributeError deep inside instead)."""
+    for name, value, kind, fix in arguments:
+        if not isinstance(value, kind):
+            kinds = kind if isinstance(kind, tuple) else (kind,)
+            wanted = " or ".join([k.__name__ for k in kinds if k is not type(None)] + ["None"] * (type(None) in kinds))
+            raise error(f"{call}({name})", shown(value), f"is of type {type(value).__name__}; it must be a {wanted}", fix)

@@ -25,7 +25,7 @@ from lightning_hexiscale.config.nics import (Nic, NicDeclaration, build_nics, ca
                                              fastest_links, machines_named, nic_index, nics_can_bind, parse_nics,
                                              resolve_toward)
 from lightning_hexiscale.config.layer_table import LayerTable, parse_layer_tables
-from lightning_hexiscale.errors import ConfigError
+from lightning_hexiscale.errors import ConfigError, shown
 from lightning_hexiscale.config.units import format_bandwidth, format_bytes, format_flops, parse_bandwidth, parse_bytes, parse_flops, parse_time
 
 
@@ -312,7 +312,7 @@ class Cluster:
         """Build from a ClusterConfig (DictConfig or plain dict with the same keys; a dict may leave
         ``name``, a label, out: ``"cluster"``)."""
         if not isinstance(cfg, (dict, DictConfig)):  # a str / list / None was a TypeError (string indices ...)
-            raise ConfigError("cluster", cfg if isinstance(cfg, (str, int, float)) else type(cfg).__name__,
+            raise ConfigError("cluster", shown(cfg),
                               "Cluster.from_config takes a mapping of the cluster's keys (machines, inter_machine, ...)",
                               "pass a dict, or Cluster.load(name_or_path) for a preset or a file")
         if isinstance(cfg, dict):

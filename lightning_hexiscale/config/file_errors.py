@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from lightning_hexiscale.errors import ConfigError
+from lightning_hexiscale.errors import ConfigError, shown
 
 
 def is_file(p: str | os.PathLike) -> bool:
@@ -37,7 +37,7 @@ def check_name_or_path(value: Any, key: str, example: str, from_mapping: str | N
         from_mapping = from_mapping or FROM_MAPPING.get(key)
         if from_mapping and isinstance(value, Mapping):
             fix += f", or {from_mapping} for a mapping of the file's keys"
-        raise ConfigError(key, value if isinstance(value, (str, int, float)) else type(value).__name__,
+        raise ConfigError(key, shown(value),
                           "must be a preset name or the path of a file", fix)
 
 

@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.config.fast_path import FastPath
-from lightning_hexiscale.errors import ConfigError
+from lightning_hexiscale.errors import ConfigError, shown
 from lightning_hexiscale.lightning.fast_path import strategy_fast_path
 from lightning_hexiscale.lightning.plan_check import DEFAULT_WARMUP, plan_check_setting
 from lightning_hexiscale.lightning.plan_resolution import AUTO, load_cluster_arg, load_plan_arg
@@ -80,12 +80,6 @@ def check_process_group_backend(backend: Any) -> None:
     devices = [p[0] for p in pairs]
     if any(len(p) != 2 or p[1] not in Backend.backend_list for p in pairs) or len(set(devices)) != len(devices):
         raise ConfigError(_key("process_group_backend"), backend, rule, fix)
-
-
-def _shown(value: object) -> object:
-    """The value an error shows: itself when its repr is short (``3``, ``[1, 2]``), else its type's
-    name (an object's repr can run to pages)."""
-    return value if len(repr(value)) <= 60 else type(value).__name__
 
 
 @dataclass(frozen=True)
@@ -273,11 +267,11 @@ class StrategySettings:
             plan = Plan.from_dict(OmegaConf.to_container(plan, resolve=True) if isinstance(plan, DictConfig)
                                   else dict(plan))
         if not isinstance(cluster, (str, Path, Cluster, type(None))):
-            raise ConfigError(_key("cluster"), _shown(cluster), f"is of type {type(cluster).__name__}; it must be a "
+            raise ConfigError(_key("cluster"), shown(cluster), f"is of type {type(cluster).__name__}; it must be a "
                               "preset name, a cluster YAML path, a mapping of a cluster file's keys, a Cluster or None",
                               "pass cluster='cpu_hetero4'")
         if not isinstance(plan, (str, Path, Plan, type(None))):
-            raise ConfigError(_key("plan"), _shown(plan), f"is of type {type(plan).__name__}; it must be a plan file "
+            raise ConfigError(_key("plan"), shown(plan), f"is of type {type(plan).__name__}; it must be a plan file "
                               "path, a mapping of a plan file's keys, a Plan or None", "pass plan='conf/plans/....yaml'")
         plan = load_plan_arg(plan)
         if cluster == AUTO and plan is not None:  # nothing to plan: the plan's own cluster, or the local devices

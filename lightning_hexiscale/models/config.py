@@ -13,7 +13,7 @@ from dataclasses import MISSING as MISSING_FIELD
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from lightning_hexiscale.errors import ConfigError
+from lightning_hexiscale.errors import ConfigError, shown
 
 
 MAX_MODEL_DIM = 2**24
@@ -387,7 +387,7 @@ class LlamaConfig:
         from omegaconf import DictConfig, OmegaConf
 
         if not isinstance(cfg, (DictConfig, dict)):  # a str / list / None was dict()'s TypeError or ValueError
-            raise ConfigError("model", cfg if isinstance(cfg, (str, int, float)) else type(cfg).__name__,
+            raise ConfigError("model", shown(cfg),
                               "LlamaConfig.from_config takes a mapping of the model's fields",
                               "pass e.g. {'name': 'm', 'hidden_size': 128, ...}, or LlamaConfig.load('llama_tiny') for a preset")
         d = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)

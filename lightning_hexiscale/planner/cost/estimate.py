@@ -25,7 +25,7 @@ import numpy as np
 
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.config.units import format_bytes, format_flops, format_seconds
-from lightning_hexiscale.errors import ConfigError
+from lightning_hexiscale.errors import check_argument_types
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner.cost import compose
 from lightning_hexiscale.planner.cost import compute as C
@@ -396,13 +396,10 @@ def dp_edge_all(plan: Plan, cluster: Cluster, workload: Workload) -> dict[tuple[
 
 def _check_arguments(plan: Any, cluster: Any, workload: Any) -> None:
     """``estimate``'s arguments: a Plan, a Cluster and a Workload, the plan valid on both."""
-    for name, value, kind, fix in (
-            ("plan", plan, Plan, "pass a Plan: Plan.load(path) or Plan.from_dict(d)"),
-            ("cluster", cluster, Cluster, "pass a Cluster: Cluster.load(name_or_path)"),
-            ("workload", workload, Workload, "pass a Workload: Workload(LlamaConfig.load(name)) or workload_from_config(cfg)")):
-        if not isinstance(value, kind):
-            raise ConfigError(f"estimate({name})", value if isinstance(value, (str, int, float)) else type(value).__name__,
-                              f"must be a {kind.__name__}", fix)
+    check_argument_types("estimate", (
+        ("plan", plan, Plan, "pass a Plan: Plan.load(path) or Plan.from_dict(d)"),
+        ("cluster", cluster, Cluster, "pass a Cluster: Cluster.load(name_or_path)"),
+        ("workload", workload, Workload, "pass a Workload: Workload(LlamaConfig.load(name)) or workload_from_config(cfg)")))
     plan.validate(cluster, workload.model)
     plan.check_model(workload.model)
 

@@ -27,7 +27,7 @@ import time
 import numpy as np
 
 from lightning_hexiscale.config.cluster import Cluster
-from lightning_hexiscale.errors import ConfigError
+from lightning_hexiscale.errors import ConfigError, check_argument_types
 from lightning_hexiscale.planner.cost.estimate import Workload, estimate
 from lightning_hexiscale.planner.oracle.space import (OracleResult, OracleSettings, compositions, contexts,
                                                       device_classes, multiset_permutations, sub_vectors,
@@ -231,12 +231,9 @@ def oracle(cluster: Cluster, workload: Workload, global_batch: int, settings=Non
     :class:`OracleSettings` (schedule, recompute, pinned micro-batch size / dp sharding, max
     pipelines; ``recompute="auto"``: each pipeline recomputes or not, as the search decides it).
     ``incumbent``: a known plan to start from (it only speeds up the pruning)."""
-    for name, value, kind, fix in (
-            ("cluster", cluster, Cluster, "pass a Cluster: Cluster.load(name_or_path)"),
-            ("workload", workload, Workload, "pass a Workload: Workload(LlamaConfig.load(name))")):
-        if not isinstance(value, kind):  # was an AttributeError from inside
-            raise ConfigError(f"oracle({name})", value if isinstance(value, (str, int, float)) else type(value).__name__,
-                              f"must be a {kind.__name__}", fix)
+    check_argument_types("oracle", (
+        ("cluster", cluster, Cluster, "pass a Cluster: Cluster.load(name_or_path)"),
+        ("workload", workload, Workload, "pass a Workload: Workload(LlamaConfig.load(name))")))
     if settings is not None and not isinstance(settings, (OracleSettings, SearchSettings)):
         raise ConfigError("oracle(settings)", type(settings).__name__, "must be an OracleSettings, a SearchSettings "
                           "or None", "pass OracleSettings(recompute='auto', ...)")

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import yaml
 
-from lightning_hexiscale.errors import ConfigError, PlanError
+from lightning_hexiscale.errors import ConfigError, PlanError, check_argument_types
 from lightning_hexiscale.planner.plan.model_check import (  # noqa: F401 (re-exported)
     MODEL_SHAPE_FIELDS, check_meta_record, check_plan_model, model_shape)
 from lightning_hexiscale.planner.plan.yaml_io import (  # noqa: F401
@@ -246,11 +246,10 @@ class Plan:
         from lightning_hexiscale.config.cluster import Cluster
         from lightning_hexiscale.models.config import LlamaConfig
 
-        for name, value, kind, fix in (("cluster", cluster, Cluster, "pass a Cluster: Cluster.load(name_or_path)"),
-                                       ("model", model, LlamaConfig, "pass a LlamaConfig: LlamaConfig.load(name_or_path)")):
-            if value is not None and not isinstance(value, kind):  # was AttributeError: no attribute 'num_devices'
-                raise PlanError(f"Plan.validate({name})", value if isinstance(value, (str, int, float)) else type(value).__name__,
-                                f"must be a {kind.__name__} or None", fix)
+        # was AttributeError: no attribute 'num_devices'
+        check_argument_types("Plan.validate", (
+            ("cluster", cluster, (Cluster, type(None)), "pass a Cluster: Cluster.load(name_or_path)"),
+            ("model", model, (LlamaConfig, type(None)), "pass a LlamaConfig: LlamaConfig.load(name_or_path)")), PlanError)
         check_meta_record(self.meta)  # the model and cluster it records: read by check_model and the clients
         if self.schedule not in SCHEDULES:
             raise PlanError("plan.schedule", self.schedule, f"must be one of {SCHEDULES}", "pick one of them")

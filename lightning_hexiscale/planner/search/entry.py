@@ -17,7 +17,7 @@ import math
 import time
 
 from lightning_hexiscale.config.cluster import Cluster
-from lightning_hexiscale.errors import ConfigError, InfeasiblePlan
+from lightning_hexiscale.errors import ConfigError, InfeasiblePlan, check_argument_types
 from lightning_hexiscale.planner.cost.compute import effective_cluster, warn_datasheet_pricing
 from lightning_hexiscale.planner.cost.estimate import Workload, estimate
 from lightning_hexiscale.planner.cost.sources import check_measured_tp, price_sources
@@ -39,13 +39,10 @@ def search(cluster: Cluster, workload: Workload, global_batch: int,
     ``worth``: also find, per machine, the best plan without it (``hexiscale plan``'s report).
     Raises :class:`InfeasiblePlan` when no plan tried fits in memory, saying what is missing.
     """
-    for name, value, kind, fix in (
-            ("cluster", cluster, Cluster, "pass a Cluster: Cluster.load(name_or_path)"),
-            ("workload", workload, Workload, "pass a Workload: Workload(LlamaConfig.load(name)) or workload_from_config(cfg)"),
-            ("settings", settings, (SearchSettings, type(None)), "pass SearchSettings(iterations=..., ...) or None")):
-        if not isinstance(value, kind):  # was an AttributeError from inside the search
-            raise ConfigError(f"search({name})", value if isinstance(value, (str, int, float)) else type(value).__name__,
-                              f"must be a {getattr(kind, '__name__', 'SearchSettings')}", fix)
+    check_argument_types("search", (
+        ("cluster", cluster, Cluster, "pass a Cluster: Cluster.load(name_or_path)"),
+        ("workload", workload, Workload, "pass a Workload: Workload(LlamaConfig.load(name)) or workload_from_config(cfg)"),
+        ("settings", settings, (SearchSettings, type(None)), "pass SearchSettings(iterations=..., ...) or None")))
     s = settings or SearchSettings()
     global_batch = global_batch_setting(global_batch)
     most_tp = min(workload.model.num_kv_heads, cluster.num_devices)
