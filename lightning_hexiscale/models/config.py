@@ -408,11 +408,9 @@ class LlamaConfig:
         """A preset name (conf/model/NAME.yaml), a path to a model YAML, or ``hf:/path/to/dir``
         (the shape of a local Hugging Face directory, from its config.json)."""
         from lightning_hexiscale.config.hf_model import parse_hf_ref, read_hf_config
-        from lightning_hexiscale.config.schema import ModelConfig, load_preset
+        from lightning_hexiscale.config.schema import ModelConfig, check_name_or_path, load_preset
 
-        from lightning_hexiscale.config.schema import check_name_or_path
-
-        check_name_or_path(name_or_path, "model", "llama_tiny")
+        check_name_or_path(name_or_path, "model", "llama_tiny")  # before parse_hf_ref reads it as a str
         hf_dir = parse_hf_ref(name_or_path)
         if hf_dir is not None:
             from pathlib import Path
