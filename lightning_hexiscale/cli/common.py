@@ -175,6 +175,13 @@ def sweep_axes(overrides: Sequence[str]) -> list[list[str]]:
     return axes
 
 
+def axis_points(axes: Sequence[Sequence[str]]) -> list[list[str]]:
+    """Each value of each of a sweep's ``axes`` once, the other axes at their first value: the points
+    that check every value for a sum of the axes' lengths, where the sweep runs their product."""
+    first = [values[0] for values in axes]
+    return [first] + [first[:i] + [v] + first[i + 1:] for i, values in enumerate(axes) for v in values[1:]]
+
+
 def plan_meta_sources(plan_meta: dict, overrides: Sequence[str] = (), where: str = "meta") -> dict[str, tuple[str, Any]]:
     """``{"cluster" / "model": (the meta key, its value)}`` a plan file names for what ``overrides`` do
     not give: the cluster from ``meta.cluster_file`` (a cluster file's path, which must exist), else

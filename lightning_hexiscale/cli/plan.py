@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lightning_hexiscale.cli.common import (check_output_file, explicit, plan_override, subcommand, sweep_axes,
-                                           with_cluster_file)
+from lightning_hexiscale.cli.common import (axis_points, check_output_file, explicit, plan_override, subcommand,
+                                           sweep_axes, with_cluster_file)
 from lightning_hexiscale.cli.picture import check_picture_path, draw_plan, plan_title  # noqa: F401 (also importable from here)
 from lightning_hexiscale.config.recipe import check_output_dir
 from lightning_hexiscale.config.units import format_flops, format_seconds
@@ -424,6 +424,12 @@ def sweep_overrides(overrides: list[str]) -> list[list[str]]:
 
 
 def _sweep(args: argparse.Namespace) -> int:
+    from lightning_hexiscale.config.schema import compose
+
+    # every value composes before the first search: a misspelled preset or key was the error of its
+    # rows only, after the searches of the rows before it (an infeasible point is still a row's error)
+    for point in axis_points(sweep_axes(overrides_of(args))):
+        compose(point)
     combos = sweep_overrides(overrides_of(args))
     out_dir = Path(args.sweep_dir or f"outputs/plan-sweep-{time.strftime('%Y%m%d-%H%M%S')}")
     out_dir.mkdir(parents=True, exist_ok=True)

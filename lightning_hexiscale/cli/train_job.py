@@ -117,7 +117,7 @@ def check_overrides(argv: list[str]) -> None:
     default 40 steps), with the closest valid key (:mod:`lightning_hexiscale.config.suggest`). A
     multirun sweep (``cluster=a,b``) is checked one value at a time, the other keys at their first value.
     """
-    from lightning_hexiscale.cli.common import sweep_axes
+    from lightning_hexiscale.cli.common import axis_points, sweep_axes
     from lightning_hexiscale.config.schema import compose, conf_dir
     from lightning_hexiscale.config.suggest import check_override_key
 
@@ -143,10 +143,8 @@ def check_overrides(argv: list[str]) -> None:
         check(args)
         return
     check_sweep_output(axes)
-    for i, values in enumerate(axes):
-        for v in values[1:]:
-            check(first[:i] + [v] + first[i + 1:])
-    check(first)
+    for point in axis_points(axes):
+        check(point)
 
 
 def check_sweep_output(axes: list[list[str]]) -> None:

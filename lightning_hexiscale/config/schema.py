@@ -9,6 +9,7 @@ Nothing below the entry points reads argv: the CLI and recipes compose a config 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import re
 from importlib import resources
@@ -567,6 +568,9 @@ def _compose_error(e: Exception, overrides: list[str]) -> ConfigError:
             fix = f"available {group} presets: {', '.join(preset_names(group))}"
             value = next((o.split("=", 1)[1] for o in overrides if o.startswith(group + "=")), group)
             msg = msg.split(" Available options")[0]
+            near = difflib.get_close_matches(value, preset_names(group), n=1, cutoff=0.6)
+            if near and value not in preset_names(group):  # a misspelled preset: the one it most likely meant
+                fix = f"did you mean {group}={near[0]}? ({fix})"
             if group == "cluster" and value == "auto":  # not a preset: the train app and the strategy discover
                 fix = ("cluster=auto is for `hexiscale train` and HexiScaleStrategy; here discover first "
                        "(`hexiscale discover --local 4 --model <model> --out my_cluster.yaml`), then pass "

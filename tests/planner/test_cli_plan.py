@@ -137,6 +137,33 @@ def test_sweep_writes_csv_and_markdown(tmp_path, capsys):
     assert len(list(tmp_path.glob("plan-*.yaml"))) == 2
 
 
+@pytest.mark.parametrize("sweep, message", [
+    (["cluster=cpu2", "model=llama_tiny,llama_tny"],
+     "model = 'llama_tny': In 'config': Could not find 'model/llama_tny'. Fix: did you mean model=llama_tiny?"),
+    (["cluster=cpu2", "model=llama_tiny", "trainer.max_step=1,2"], "trainer.max_step = '1': no such key"),
+    (["cluster=cpu2,cpu_hetero4", "model=llama_tiny", "train.global_batch=8,abc"],
+     "train.global_batch = 'abc': must be an integer"),
+])
+def test_a_sweep_refuses_a_bad_value_before_the_first_search(sweep, message, tmp_path, monkeypatch, capsys):
+    """A misspelled preset or key of a sweep was the error of its rows only, after the searches of the
+    rows before it ran, and the sweep directory was written."""
+    from lightning_hexiscale.cli import plan
+
+    monkeypatch.setattr(plan, "plan_once", lambda *a, **k: pytest.fail("a search ran"))
+    assert main(["plan", "-m", "--sweep-dir", str(tmp_path / "sweep"), *sweep]) == 2
+    assert f"hexiscale plan: error: {message}" in capsys.readouterr().err
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_each_sweep_value_is_checked_once_not_the_product():
+    from lightning_hexiscale.cli.common import axis_points
+
+    axes = [["a=1", "a=2", "a=3"], ["b=1"], ["c=1", "c=2"]]
+    assert axis_points(axes) == [["a=1", "b=1", "c=1"], ["a=2", "b=1", "c=1"], ["a=3", "b=1", "c=1"],
+                                 ["a=1", "b=1", "c=2"]]
+    assert axis_points([["a=1"]]) == [["a=1"]]
+
+
 def test_infeasible_model_exits_2_with_the_reason(capsys):
     assert main(["plan", "cluster=cpu2", "model=llama2_70b", "planner.iterations=2", "planner.progress=false"]) == 2
     err = capsys.readouterr().err
