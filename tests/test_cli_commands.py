@@ -367,8 +367,20 @@ def test_train_refuses_two_of_hydras_modes_without_a_traceback(argv, flags, caps
     assert f"hexiscale train: error: Hydra's flags = {flags!r}: only one of" in err and "Traceback" not in err, err
 
 
+@pytest.mark.parametrize("flag, fix", [("--multi-run", "did you mean --multirun?"), ("--cfgg=job", "did you mean --cfg?"),
+                                       ("-x", "the flags are --cfg, --package, ")])
+def test_train_refuses_a_flag_it_does_not_take_with_the_closest(flag, fix, capsys):
+    """Hydra's argparse printed its usage under the name `hexiscale` and "unrecognized arguments: --multi-run"."""
+    from lightning_hexiscale.cli.train import main as train_main
+
+    assert train_main([flag, "cluster=cpu2"]) == 2
+    err = capsys.readouterr().err
+    assert f"hexiscale train: error: unrecognized argument: {flag}. Fix: {fix}" in err and "usage" not in err, err
+
+
 @pytest.mark.parametrize("argv", [["--cfg", "job", "cluster=cpu2"], ["--info", "config"], ["--info", "cluster=cpu2"],
-                                  ["-cd", "my_conf", "~train.seed", "-m", "-m", "+a=b"], ["--cfg=job", "-p", "trainer"]])
+                                  ["-cd", "my_conf", "~train.seed", "-m", "-m", "+a=b"], ["--cfg=job", "-p", "trainer"],
+                                  ["--resolve", "--cfg", "all", "--config-name=config"], ["--hydra-help"]])
 def test_train_still_takes_a_flags_value_and_a_deletion(argv):
     """What the check passes on to Hydra (run here without Hydra: its in-process run leaves a logging
     handler on the test's closed stderr)."""

@@ -452,21 +452,31 @@ HYDRA_INFO = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpa
 HYDRA_MODES = {"--run": "run", "-r": "run", "--multirun": "multirun", "-m": "multirun", "--cfg": "cfg", "-c": "cfg",
                "--info": "info", "-i": "info", "--shell-completion": "shell", "-sc": "shell"}
 """Hydra's flags that say what the app does: one of them at most (two was a ValueError traceback)."""
+HYDRA_FLAGS = tuple(dict.fromkeys((*HYDRA_VALUE_FLAGS, *HYDRA_MODES, "--resolve", "--hydra-help", "--version", "--help",
+                                    "-h")))
+"""Every flag the app takes (Hydra's; ``--help`` and ``--version`` the app answers itself)."""
 
 
 def check_command_line(argv: list[str]) -> None:
     """A word that is neither a flag, a flag's value, ``KEY=VALUE`` nor ``~KEY`` (a deletion) is refused
     with :func:`~lightning_hexiscale.config.suggest.bare_word_error`: Hydra said "Error parsing override
     'hetero1' / missing EQUAL at '<EOF>'" and named no override to write instead. So are two of Hydra's
-    modes (``--cfg job --info``): Hydra raised a ValueError whose traceback ended the command."""
+    modes (``--cfg job --info``): Hydra raised a ValueError whose traceback ended the command. A flag
+    the app does not take gets the closest one (Hydra's argparse printed its usage and the flag alone)."""
+    import difflib
+
     from lightning_hexiscale.config.suggest import bare_word_error
-    from lightning_hexiscale.errors import ConfigError
+    from lightning_hexiscale.errors import ConfigError, HexiScaleError
 
     before, modes = None, {}
     for a in argv:
         is_value = before in HYDRA_VALUE_FLAGS or (before in ("--info", "-i") and a in HYDRA_INFO)
         if not (is_value or a.startswith(("-", "~")) or "=" in a):
             raise bare_word_error(a)
+        if not is_value and a.startswith("-") and a.partition("=")[0] not in HYDRA_FLAGS:
+            near = difflib.get_close_matches(a.partition("=")[0], [f for f in HYDRA_FLAGS if f.startswith("--")], n=1)
+            fix = f"did you mean {near[0]}?" if near else f"the flags are {', '.join(f for f in HYDRA_FLAGS if f.startswith('--'))}"
+            raise HexiScaleError(f"unrecognized argument: {a}. Fix: {fix} (--help lists them)")
         mode = None if is_value else HYDRA_MODES.get(a.partition("=")[0])
         if mode:
             modes.setdefault(mode, a.partition("=")[0])
