@@ -335,6 +335,15 @@ def test_a_word_without_equals_gets_the_override_it_meant(command, word, fix, mo
     assert f"hexiscale {command}: error: override = {word!r}: is not KEY=VALUE. Fix: {fix}" in err, err
 
 
+@pytest.mark.parametrize("word", ["x" * 300, "~no_such_user_here", "~/nope.yaml"])
+def test_a_word_that_names_no_file_the_os_can_open_is_still_refused_in_one_line(word, capsys):
+    """A word longer than the OS's NAME_MAX made Path.is_dir raise OSError (File name too long), and
+    ~name of no such user made Path.expanduser raise RuntimeError: tracebacks, not the error."""
+    assert main(["plan", word]) == 2
+    err = capsys.readouterr().err
+    assert f"override = {word!r}: is not KEY=VALUE" in err and "Traceback" not in err, err
+
+
 def test_a_hugging_face_directory_as_a_word_is_meant_as_model_hf(tmp_path, capsys):
     (tmp_path / "config.json").write_text("{}")
     assert main(["plan", str(tmp_path)]) == 2

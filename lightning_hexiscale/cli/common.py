@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from lightning_hexiscale.config.file_errors import expand_user
 from lightning_hexiscale.config.recipe import check_output_file  # noqa: F401 (the commands' name for it)
 
 def end_command(code: int) -> None:
@@ -304,7 +305,7 @@ def check_outside_checkpoint(flag: str, path: str, checkpoint: str, example: str
 
     from lightning_hexiscale.errors import ConfigError
 
-    ckpt, out = Path(checkpoint).expanduser().resolve(), Path(path).expanduser().resolve()
+    ckpt, out = expand_user(checkpoint).resolve(), expand_user(path).resolve()
     if ckpt.is_dir() and (out == ckpt or ckpt in out.parents):
         raise ConfigError(flag, path, f"is inside the checkpoint {checkpoint}, which the next save of that path "
                           "replaces whole (with everything in it)", f"write it beside the checkpoint, e.g. "
@@ -414,3 +415,44 @@ def version_line() -> str:
     python = ".".join(map(str, sys.version_info[:3]))
     return (f"hexiscale {lightning_hexiscale.__version__} (torch {installed('torch')}, lightning "
             f"{installed('lightning')}, hydra {installed('hydra-core')}, Python {python})")
+
+
+def bare_word_error(word: str) -> ConfigError:
+    """The error for a command-line word without ``=`` where an override goes (``hexiscale plan
+    hetero1``): the fix names the override the word most likely meant, ``cluster=hetero1`` for a
+    cluster preset (or one close to it), ``model=...`` for a model preset, ``model=hf:DIR`` for a
+    Hugging Face directory, and for a YAML file ``cluster=``, ``model=`` or ``plan=`` by its keys."""
+    from lightning_hexiscale.config.file_errors import is_file
+    from lightning_hexiscale.config.schema import preset_names
+    from lightning_hexiscale.config.suggest import closest
+    from lightning_hexiscale.errors import ConfigError
+
+    groups = ("cluster", "model")
+    meant = [f"{g}={word}" for g in groups if word in preset_names(g)]
+    path = expand_user(word)
+    # is_file, not Path.is_dir: a word longer than the OS's NAME_MAX made is_dir raise OSError
+    if not meant and is_file(path) and path.suffix in (".yaml", ".yml", ".json"):
+        meant = [f"{key}={word}" for key in _file_kind(path)]
+    elif not meant and is_file(path / "config.json"):
+        meant = [f"model=hf:{word}"]
+    if not meant:
+        meant = [f"{g}={name}" for g in groups for name in closest(word, preset_names(g))[:1]]
+    fix = (f"did you mean {' or '.join(meant)}?" if meant
+           else "write KEY=VALUE, e.g. cluster=hetero3 or model=llama_tiny (`hexiscale list` names the presets)")
+    return ConfigError("override", word, "is not KEY=VALUE", fix)
+
+
+def _file_kind(path) -> list[str]:
+    """The override keys a YAML/JSON file can be given to, by its top-level keys: ``pipelines`` a plan
+    (which has ``num_layers`` too), ``machines`` a cluster, ``hidden_size`` a model; all three when it
+    is none of these or unreadable."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, ValueError, yaml.YAMLError):  # UnicodeDecodeError is a ValueError
+        data = None
+    keys = data.keys() if isinstance(data, dict) else ()
+    kind = next((kind for kind, key in (("plan", "pipelines"), ("cluster", "machines"), ("model", "hidden_size"))
+                 if key in keys), None)
+    return [kind] if kind else ["cluster", "model", "plan"]

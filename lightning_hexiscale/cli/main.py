@@ -148,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     for o in args.overrides:
         if "=" not in o:
-            from lightning_hexiscale.config.suggest import bare_word_error
+            from lightning_hexiscale.cli.common import bare_word_error
 
             print(f"hexiscale {args.command}: error: {bare_word_error(o)}", file=sys.stderr)
             return 2

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from lightning_hexiscale.config.file_errors import expand_user
 from lightning_hexiscale.config.schema import is_file as schema_is_file
 
 
@@ -189,10 +190,10 @@ def search_path(argv: list[str]) -> list[str]:
     given = ([argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--config-dir", "-cd")]
              + [a.partition("=")[2] for a in argv if a.startswith(("--config-dir=", "-cd="))])
     for d in given:  # Hydra stops on it too, with exit status 1 and a pointer to HYDRA_FULL_ERROR
-        if not Path(d).expanduser().is_dir():
+        if not expand_user(d).is_dir():
             raise ConfigError("--config-dir", d, "no such directory", "give the directory that holds your cluster/, "
                               "model/ (...) presets, e.g. --config-dir ./my_conf for ./my_conf/cluster/mine.yaml")
-    dirs = [f"file://{Path(d).expanduser().resolve()}" for d in given]
+    dirs = [f"file://{expand_user(d).resolve()}" for d in given]
     for a in argv:
         if a.lstrip("+").partition("=")[0] == "hydra.searchpath":
             try:
@@ -294,7 +295,7 @@ def config_cluster(argv: list[str]) -> str | None:
     cd = ([argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--config-dir", "-cd")]
           + [a.partition("=")[2] for a in argv if a.startswith(("--config-dir=", "-cd="))])
     cp = flag_value(argv, ("--config-path", "-cp"))
-    dirs = [Path(d).expanduser() for d in ([cp] if cp else []) + cd] + [conf_dir()]
+    dirs = [expand_user(d) for d in ([cp] if cp else []) + cd] + [conf_dir()]
     root = (conf_dir() / "config.yaml").resolve()
     found: dict[bool, str] = {}  # override? -> the last choice seen
 
@@ -459,13 +460,13 @@ HYDRA_FLAGS = tuple(dict.fromkeys((*HYDRA_VALUE_FLAGS, *HYDRA_MODES, "--resolve"
 
 def check_command_line(argv: list[str]) -> None:
     """A word that is neither a flag, a flag's value, ``KEY=VALUE`` nor ``~KEY`` (a deletion) is refused
-    with :func:`~lightning_hexiscale.config.suggest.bare_word_error`: Hydra said "Error parsing override
+    with :func:`~lightning_hexiscale.cli.common.bare_word_error`: Hydra said "Error parsing override
     'hetero1' / missing EQUAL at '<EOF>'" and named no override to write instead. So are two of Hydra's
     modes (``--cfg job --info``): Hydra raised a ValueError whose traceback ended the command. A flag
     the app does not take gets the closest one (Hydra's argparse printed its usage and the flag alone)."""
     import difflib
 
-    from lightning_hexiscale.config.suggest import bare_word_error
+    from lightning_hexiscale.cli.common import bare_word_error
     from lightning_hexiscale.errors import ConfigError, HexiScaleError
 
     before, modes = None, {}

@@ -24,6 +24,16 @@ def is_file(p: str | os.PathLike) -> bool:
         return False
 
 
+def expand_user(p: str | os.PathLike) -> Path:
+    """``Path(p).expanduser()``, or ``Path(p)`` as given when its ``~name`` names no user (pathlib
+    raises RuntimeError 'Could not determine home directory' there; a shell, too, leaves the word as
+    it is). The check that follows then says the path does not exist, naming it as the user wrote it."""
+    try:
+        return Path(p).expanduser()
+    except RuntimeError:
+        return Path(p)
+
+
 FROM_MAPPING = {"cluster": "Cluster.from_config(mapping)", "model": "LlamaConfig.from_config(mapping)"}
 """What reads a mapping of a preset file's keys, per preset group (the default ``from_mapping``)."""
 

@@ -23,6 +23,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from lightning_hexiscale.config.file_errors import expand_user
 from lightning_hexiscale.errors import ConfigError
 
 HF_PREFIX = "hf:"
@@ -38,7 +39,7 @@ SUPPORTED_ROPE_TYPES = ("default", "llama3")
 
 def read_hf_config(directory: str | Path, key: str = "model") -> dict[str, Any]:
     """The parsed ``config.json`` of a LOCAL Hugging Face model directory (nothing is downloaded)."""
-    d = Path(directory).expanduser()
+    d = expand_user(directory)
     f = d / "config.json"
     if d.is_file():  # e.g. the model.safetensors inside the directory
         raise ConfigError(key, str(directory), "is a file; a Hugging Face model is the directory holding config.json "

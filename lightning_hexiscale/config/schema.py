@@ -23,7 +23,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from lightning_hexiscale.config.layer_table import LayerTableConfig
 from lightning_hexiscale.config.recipe import DataConfig, TrainerConfig
 from lightning_hexiscale.config.file_errors import (  # noqa: F401 (DOC_PAGES, is_file: re-exported)
-    DOC_PAGES, ENTRY_EXAMPLES, check_name_or_path, clean_message, doc_page, is_file, locate_entry)
+    DOC_PAGES, ENTRY_EXAMPLES, check_name_or_path, clean_message, doc_page, expand_user, is_file, locate_entry)
 from lightning_hexiscale.errors import ConfigError
 
 
@@ -424,23 +424,25 @@ def hf_model_overrides(overrides: list[str]) -> list[str]:
     ``trainer.weights`` given too must name the same directory."""
     from lightning_hexiscale.config.hf_model import hf_dirs_of
 
-    out, hf_dir = [], None
+    out, hf_dir, written = [], None, ""
     for o in overrides:
         key, _, value = o.partition("=")
         dirs = hf_dirs_of(value) if key == "model" else None
         if dirs is None:
             out.append(o)
             continue
-        hf_dir = ",".join(str(Path(d).expanduser().resolve()) for d in dirs)  # a -m sweep: one job per directory
+        resolved = [str(expand_user(d).resolve()) for d in dirs]
+        hf_dir = ",".join(resolved)  # a -m sweep: one job per directory
+        written = ",".join(hydra_quoted(d) for d in resolved)  # a '~' or '#' in a directory's name: quoted
         out.append(f"model={HF_PLACEHOLDER}")
     if hf_dir is None:
         return out
     given = [o.partition("=")[2] for o in out if o.partition("=")[0] == "trainer.weights"]
-    if given and str(Path(given[-1]).expanduser().resolve()) != hf_dir:
+    if given and str(expand_user(given[-1]).resolve()) != hf_dir:
         raise ConfigError("trainer.weights", given[-1], f"model=hf:{hf_dir} already starts from that directory's "
                           "weights", "drop trainer.weights, or give the same directory")
     if not given:
-        out.append(f"trainer.weights={hf_dir}")
+        out.append(f"trainer.weights={written}")
     return out
 
 
@@ -455,7 +457,7 @@ def resolve_hf_model(cfg: DictConfig, overrides: list[str] | tuple[str, ...] = (
     if not weights:
         raise ConfigError("model", HF_PLACEHOLDER, "the model shape comes from a Hugging Face directory",
                           "write model=hf:/path/to/dir (or model=_hf trainer.weights=/path/to/dir)")
-    d = Path(str(weights)).expanduser()
+    d = expand_user(str(weights))
     seq = next((o.partition("=")[2] for o in overrides if o.partition("=")[0].lstrip("+") == "model.seq_len"), None)
     fields = model_fields_from_hf(read_hf_config(d, "trainer.weights"), f"hf:{d.resolve()}",
                                   int(seq) if seq is not None else None, where=str(d / "config.json"))
@@ -597,7 +599,47 @@ def _compose_error(e: Exception, overrides: list[str]) -> ConfigError:
         name = top.group(1)
         value = next((o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+") == name), "...")
         return top_key_error(name, value, root)
+    unreadable = _unparsable_override(overrides)
+    if unreadable is not None:  # Hydra named the whole command line and its lexer's state
+        key, value, reason = unreadable
+        return ConfigError(key.lstrip("+~"), value, f"Hydra's override grammar cannot read this value ({reason})",
+                           f"quote it if it is a literal: {key}={hydra_quoted(value, always=True)} (in a shell: "
+                           f"\"{key}={hydra_quoted(value, always=True)}\"); the grammar: "
+                           "https://hydra.cc/docs/advanced/override_grammar/basic/")
     return ConfigError("overrides", " ".join(overrides), msg, "check key names against conf/ and the schemas in lightning_hexiscale/config/schema.py")
+
+
+_UNQUOTED = re.compile(r"[\w\-+./:@%]+")
+"""Characters a value may hold unquoted in a Hydra override whatever surrounds them (a subset of its grammar's)."""
+
+
+def hydra_quoted(value: str, always: bool = False) -> str:
+    """``value`` as a Hydra override writes it: as is when it holds only plain characters (letters,
+    digits, ``_-+./:@%``), else in single quotes with its own quotes escaped (``~``, ``#``, ``(`` or a
+    quote were the lexer's errors: ``trainer.weights=/data/t~x``)."""
+    if not always and _UNQUOTED.fullmatch(value):
+        return value
+    return "'" + value.replace("'", "\\'") + "'"
+
+
+def _unparsable_override(overrides: list[str]) -> tuple[str, str, str] | None:
+    """(key, value, Hydra's reason) of the first override Hydra's parser refuses on its own, or None."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    for o in overrides:
+        if "=" not in o:
+            continue
+        try:
+            parser.parse_overrides([o])
+        except HydraException as e:
+            text = f"{e} {e.__cause__ or e.__context__ or ''}"  # a lexer's error: the character is in its context
+            reason = re.search(r"(token recognition error at: '.*'|mismatched input '.*?'|extraneous input '.*?'|"
+                               r"missing .*? at '.*?'|no viable alternative at input '.*?')", text)
+            key, _, value = o.partition("=")
+            return key, value, reason.group(1) if reason else clean_message(str(e)).split("\n")[0]
+    return None
 
 
 def to_container(cfg: Any) -> Any:

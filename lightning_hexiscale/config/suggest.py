@@ -370,16 +370,14 @@ def check_file_refs(overrides: list[str], presets: dict[str, list[str]]) -> None
     """``cluster=`` / ``model=`` values that look like paths (a ``/``, or a ``.yaml``/``.yml`` ending)
     name files that exist: Hydra would look for a preset of that name and answer "Could not find
     'cluster//path'" with the preset list. ``presets``: group -> preset names, for the fix."""
-    from pathlib import Path
-
-    from lightning_hexiscale.config.file_errors import is_file
+    from lightning_hexiscale.config.file_errors import expand_user, is_file
 
     for o in overrides:
         key, _, value = o.partition("=")
         if key not in ("cluster", "model") or value.startswith("hf:") or "," in value:
             continue
-        if ("/" in value or value.endswith((".yaml", ".yml"))) and not is_file(Path(value).expanduser()):
-            where = Path(value).expanduser()
+        if ("/" in value or value.endswith((".yaml", ".yml"))) and not is_file(expand_user(value)):
+            where = expand_user(value)
             rule = "no such file" + (f" ({where.resolve()})" if not where.is_absolute() else "")
             try:
                 is_dir = where.is_dir()
@@ -418,42 +416,3 @@ def check_interpolations(cfg: DictConfig, prefix: str = "") -> None:
 
     walk(OmegaConf.to_container(cfg, resolve=False), [])
 
-
-def bare_word_error(word: str) -> ConfigError:
-    """The error for a command-line word without ``=`` where an override goes (``hexiscale plan
-    hetero1``): the fix names the override the word most likely meant, ``cluster=hetero1`` for a
-    cluster preset (or one close to it), ``model=...`` for a model preset, ``model=hf:DIR`` for a
-    Hugging Face directory, and for a YAML file ``cluster=``, ``model=`` or ``plan=`` by its keys."""
-    from pathlib import Path
-
-    from lightning_hexiscale.config.file_errors import is_file
-    from lightning_hexiscale.config.schema import preset_names
-
-    groups = ("cluster", "model")
-    meant = [f"{g}={word}" for g in groups if word in preset_names(g)]
-    path = Path(word).expanduser()
-    if not meant and is_file(path) and path.suffix in (".yaml", ".yml", ".json"):
-        meant = [f"{key}={word}" for key in _file_kind(path)]
-    elif not meant and path.is_dir() and (path / "config.json").is_file():
-        meant = [f"model=hf:{word}"]
-    if not meant:
-        meant = [f"{g}={name}" for g in groups for name in closest(word, preset_names(g))[:1]]
-    fix = (f"did you mean {' or '.join(meant)}?" if meant
-           else "write KEY=VALUE, e.g. cluster=hetero3 or model=llama_tiny (`hexiscale list` names the presets)")
-    return ConfigError("override", word, "is not KEY=VALUE", fix)
-
-
-def _file_kind(path) -> list[str]:
-    """The override keys a YAML/JSON file can be given to, by its top-level keys: ``pipelines`` a plan
-    (which has ``num_layers`` too), ``machines`` a cluster, ``hidden_size`` a model; all three when it
-    is none of these or unreadable."""
-    import yaml
-
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, ValueError, yaml.YAMLError):  # UnicodeDecodeError is a ValueError
-        data = None
-    keys = data.keys() if isinstance(data, dict) else ()
-    kind = next((kind for kind, key in (("plan", "pipelines"), ("cluster", "machines"), ("model", "hidden_size"))
-                 if key in keys), None)
-    return [kind] if kind else ["cluster", "model", "plan"]

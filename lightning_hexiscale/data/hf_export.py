@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from lightning_hexiscale.config.file_errors import expand_user
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.data.weights import expected_shapes, global_to_hf
@@ -96,7 +97,7 @@ def check_export_target(out: str | Path, overwrite: bool) -> Path:
     so that ``--overwrite`` cannot wipe a model's source directory, a checkpoint or a home folder.
     A symbolic link is followed: the export is renamed into place beside the directory it names
     (else it would replace the link, on the link's file system, and leave the link as ``.old-*``)."""
-    out = Path(out).expanduser().absolute()
+    out = expand_user(out).absolute()
     if out.is_symlink():
         out = out.resolve()  # a dangling link too: its target is where the user wants the export
     parent = out.parent
@@ -126,7 +127,7 @@ def check_tokenizer_dir(tokenizer_dir: str | Path | None) -> Path | None:
     checkpoint is read); None stays None."""
     if tokenizer_dir is None:
         return None
-    tok = Path(tokenizer_dir).expanduser()
+    tok = expand_user(tokenizer_dir)
     if tok.is_file():  # prepare-data takes tokenizer.json itself; here the directory's other files count
         raise ConfigError("--tokenizer", str(tok), "is a file; the export copies the tokenizer files of a "
                           "directory and takes the bos/eos ids from its config.json",

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from lightning_hexiscale.config.file_errors import expand_user
 from lightning_hexiscale.config.units import format_bytes
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.progress import Heartbeat, shown_as
@@ -62,7 +63,7 @@ def load_tokenizer(path: str | Path):
     the directory (for tokenizer_config.json)."""
     from tokenizers import Tokenizer
 
-    p = Path(path).expanduser()
+    p = expand_user(path)
     f = p / "tokenizer.json" if p.is_dir() else p
     if not f.is_file():
         hint = (" (it has only a SentencePiece tokenizer.model: convert it once with transformers, "
@@ -274,7 +275,7 @@ def prepare(inputs: Sequence[str | Path], tokenizer_path: str | Path, out: str |
     """Tokenise ``inputs`` into ``out`` (+ its index, see the module doc); returns the index."""
     from tqdm.auto import tqdm
 
-    files = [Path(p).expanduser() for p in inputs]
+    files = [expand_user(p) for p in inputs]
     for p in files:
         if p.is_dir():  # one level of glob is the shell's job, so that the order of documents is visible
             suffixes = sorted({f.suffix for f in p.iterdir() if f.is_file() and f.suffix})
@@ -294,7 +295,7 @@ def prepare(inputs: Sequence[str | Path], tokenizer_path: str | Path, out: str |
     if fmt not in ("auto", "text", "jsonl"):
         raise ConfigError("--format", fmt, "must be auto, text or jsonl", "use --format auto")
     kinds = [detect_format(p, fmt) for p in files]  # before anything is written
-    out = Path(out).expanduser()
+    out = expand_user(out)
     if out.suffix != ".bin":
         raise ConfigError("--out", str(out), "the token file must end in .bin (its index is written beside it as .json)",
                           f"use --out {out.with_suffix('.bin')}")
@@ -351,7 +352,7 @@ def prepare(inputs: Sequence[str | Path], tokenizer_path: str | Path, out: str |
             raise ConfigError("INPUT", " ".join(str(p) for p in files), "every input file is empty: no tokens",
                               "give files that hold text (an earlier token file at --out is kept)")
         index = {"format": INDEX_FORMAT, "dtype": dtype.name, "vocab_size": vocab, "num_tokens": total,
-                 "eos_id": eos_id, "bos_id": bos_id, "tokenizer": str(Path(tokenizer_path).expanduser().resolve()),
+                 "eos_id": eos_id, "bos_id": bos_id, "tokenizer": str(expand_user(tokenizer_path).resolve()),
                  "field": field, "sources": sources}
         tmp_idx.write_text(json.dumps(index, indent=2) + "\n")
         os.replace(tmp_bin, out)

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from lightning_hexiscale.config.file_errors import expand_user
 from lightning_hexiscale.config.hf_model import read_hf_config
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.models.config import LlamaConfig
@@ -190,7 +191,7 @@ class HFWeights(Mapping):
     """
 
     def __init__(self, directory: str | Path, config: LlamaConfig):
-        self.directory = Path(directory).expanduser()
+        self.directory = expand_user(directory)
         self.config = config
         files, listed = _weight_files(self.directory)
         self._files = files
@@ -289,7 +290,7 @@ def load_hf(directory: str | Path, seq_len: int | None = None) -> tuple[LlamaCon
     """(config, weights) of a LOCAL Hugging Face Llama directory: the :class:`LlamaConfig` from its
     ``config.json`` (``seq_len`` defaults to the pre-training context, see
     :meth:`LlamaConfig.from_hf`) and a lazy mapping global name -> full tensor (:class:`HFWeights`)."""
-    d = Path(directory).expanduser()
+    d = expand_user(directory)
     config = LlamaConfig.from_hf(read_hf_config(d, "trainer.weights"), f"hf:{d.resolve()}", seq_len,
                                  where=str(d / "config.json"))
     return config, HFWeights(d, config)
@@ -299,7 +300,7 @@ def check_hf_config(directory: str | Path, config: LlamaConfig) -> LlamaConfig:
     """``config`` (e.g. a preset) against the directory's ``config.json``: a ConfigError names the
     first field that differs (shape, norm epsilon, RoPE theta and scaling, tied head) or a
     ``seq_len`` beyond the weights' context. Returns the directory's own config."""
-    d = Path(directory).expanduser()
+    d = expand_user(directory)
     theirs = LlamaConfig.from_hf(read_hf_config(d, "trainer.weights"), f"hf:{d.resolve()}",
                                  where=str(d / "config.json"))
     config.check_matches(theirs, str(d))

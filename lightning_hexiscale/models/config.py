@@ -13,6 +13,7 @@ from dataclasses import MISSING as MISSING_FIELD
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from lightning_hexiscale.config.file_errors import expand_user
 from lightning_hexiscale.errors import ConfigError, shown
 
 
@@ -413,9 +414,7 @@ class LlamaConfig:
         check_name_or_path(name_or_path, "model", "llama_tiny")  # before parse_hf_ref reads it as a str
         hf_dir = parse_hf_ref(name_or_path)
         if hf_dir is not None:
-            from pathlib import Path
-
-            d = Path(hf_dir).expanduser()
+            d = expand_user(hf_dir)
             return cls.from_hf(read_hf_config(d), f"hf:{d.resolve()}", where=str(d / "config.json"))
         return cls.from_config(load_preset("model", name_or_path, ModelConfig))
 

@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from lightning_hexiscale.config.file_errors import expand_user
 from lightning_hexiscale.profiling.fit import Pair, round_robin, split_round
 
 CACHE_ENV = "HEXISCALE_CACHE_DIR"
@@ -236,7 +237,7 @@ def fingerprint(reports: Sequence[RankReport], model_shape: dict | None, precisi
 def cache_dir() -> Path:
     """``$HEXISCALE_CACHE_DIR``, else ``~/.cache/lightning_hexiscale/clusters``."""
     env = os.environ.get(CACHE_ENV)
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "lightning_hexiscale" / "clusters"
+    return expand_user(env) if env else Path.home() / ".cache" / "lightning_hexiscale" / "clusters"
 
 
 def cache_path(fp: str) -> Path:

@@ -101,13 +101,13 @@ def named_model_shape(name: str) -> dict[str, Any] | None:
 
 def _source_stamp(name: str) -> tuple[str, int, int] | None:
     """(path, mtime in ns, size in bytes) of the file ``LlamaConfig.load(name)`` reads; None when none is found."""
-    from lightning_hexiscale.config.file_errors import is_file
+    from lightning_hexiscale.config.file_errors import expand_user, is_file
     from lightning_hexiscale.config.hf_model import parse_hf_ref
     from lightning_hexiscale.config.schema import conf_dir
 
     try:
         hf_dir = parse_hf_ref(name)
-        p = Path(hf_dir).expanduser() / "config.json" if hf_dir is not None else Path(name)
+        p = expand_user(hf_dir) / "config.json" if hf_dir is not None else Path(name)
         if hf_dir is None and not is_file(p):
             p = conf_dir() / "model" / f"{name}.yaml"
         st = p.stat()
