@@ -71,3 +71,37 @@ def test_a_hugging_face_directory_with_a_tilde_in_its_name_composes(tmp_path):
     assert f"trainer.weights='{d}'" in overrides
     cfg = compose(overrides)
     assert cfg.trainer.weights == str(d) and cfg.model.num_layers == 2 and cfg.model.hidden_size == 64
+
+
+LONG = "x" * 300  # one name longer than NAME_MAX (255 bytes): os.stat raises OSError 'File name too long'
+
+
+@pytest.mark.parametrize("argv, shown", [
+    (["prepare-data", LONG, "--tokenizer", LONG, "--out", "{tmp}/o"], f"'{LONG}'"),
+    (["checkpoint", "info", LONG], f"'{LONG}'"),
+    (["plan", "cluster=cpu2", "model=llama_tiny", "planner.iterations=1", "--out", LONG], f"'{LONG}'"),
+    (["discover", "--model", "llama_tiny", "--local", "1", "--out", f"{LONG}.yaml"], f"'{LONG}.yaml'"),
+])
+def test_a_name_longer_than_the_os_allows_is_an_error_line_not_a_traceback(argv, shown, tmp_path, capsys):
+    """Path.exists / is_dir / open raise OSError for such a name, wherever a command first touches it:
+    each was a traceback. cli.main's net turns an OSError about a path into the path, the OS's reason
+    and a fix."""
+    assert main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {shown}: File name too long. Fix: shorten it: each name in a path may be at most 255 bytes" in err, err
+    assert "Traceback" not in err
+
+
+def test_the_checks_that_run_before_the_ranks_take_a_name_longer_than_the_os_allows():
+    """trainer.resume and trainer.weights of that length: OSError in the launching process, reported as
+    "rank 0 failed (traceback above)"; --config-dir: a traceback before Hydra started."""
+    from lightning_hexiscale.cli.train import main as train_main
+    from lightning_hexiscale.config.hf_model import read_hf_config
+    from lightning_hexiscale.config.recipe import check_ckpt_path
+    from lightning_hexiscale.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="no such checkpoint"):
+        check_ckpt_path(LONG, "trainer.resume")
+    with pytest.raises(ConfigError, match="no such local directory"):
+        read_hf_config(LONG, "trainer.weights")
+    assert train_main(["--config-dir", LONG]) == 2

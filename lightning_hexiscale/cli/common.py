@@ -417,6 +417,20 @@ def version_line() -> str:
             f"{installed('lightning')}, hydra {installed('hydra-core')}, Python {python})")
 
 
+def os_error_line(e: OSError) -> str:
+    """One line for an OSError about a path the user gave (``e.filename`` set): the path, the OS's
+    reason and a fix by its errno. The commands check their paths first; this is the net under the
+    checks, so that a path the OS refuses (a name longer than 255 bytes, no permission, a full disk)
+    is an error line, not a traceback."""
+    import errno
+
+    fixes = {errno.ENAMETOOLONG: "shorten it: each name in a path may be at most 255 bytes",
+             errno.EACCES: "choose a path you may read and write, or change its permissions",
+             errno.EPERM: "choose a path you may read and write, or change its permissions",
+             errno.ENOSPC: "free space on that disk or choose another", errno.EROFS: "choose a writable location"}
+    return f"{e.filename!r}: {e.strerror or e}. Fix: {fixes.get(e.errno, 'check the path')}"
+
+
 def bare_word_error(word: str) -> ConfigError:
     """The error for a command-line word without ``=`` where an override goes (``hexiscale plan
     hetero1``): the fix names the override the word most likely meant, ``cluster=hetero1`` for a

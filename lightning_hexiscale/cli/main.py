@@ -165,6 +165,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `hexiscale ... | head`: the reader left; not an error of ours
         sys.stderr.close()
         return 0
+    except OSError as e:  # after BrokenPipeError, an OSError too
+        if e.filename is None:  # not about a path: a fault of ours, shown whole
+            raise
+        from lightning_hexiscale.cli.common import os_error_line
+
+        print(f"hexiscale {args.command}: error: {os_error_line(e)}", file=sys.stderr)
+        return 2
     finally:
         warnings.showwarning = default_show
 

@@ -242,6 +242,13 @@ def main(argv: Sequence[str] | None = None, app: AppName = HEXISCALE, launch_pre
         except HexiScaleError as e:
             print(f"{app.prog}: error: {e}", file=sys.stderr)
             return EXIT_CONFIG
+        except OSError as e:  # a path of the command line the OS refuses (cli.main's net, for the Hydra app)
+            if e.filename is None:
+                raise
+            from lightning_hexiscale.cli.common import os_error_line
+
+            print(f"{app.prog}: error: {os_error_line(e)}", file=sys.stderr)
+            return EXIT_CONFIG
         register_configs()
         job.launch_argv, job.sweep_argv = [program, *launch_prefix, *argv], argv
         saved, sys.argv = sys.argv, [program, *argv]  # what Hydra parses: its flags and the overrides

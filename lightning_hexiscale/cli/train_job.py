@@ -15,7 +15,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from lightning_hexiscale.config.file_errors import expand_user
+from lightning_hexiscale.config.file_errors import expand_user, is_dir
 from lightning_hexiscale.config.schema import is_file as schema_is_file
 
 
@@ -190,7 +190,7 @@ def search_path(argv: list[str]) -> list[str]:
     given = ([argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--config-dir", "-cd")]
              + [a.partition("=")[2] for a in argv if a.startswith(("--config-dir=", "-cd="))])
     for d in given:  # Hydra stops on it too, with exit status 1 and a pointer to HYDRA_FULL_ERROR
-        if not expand_user(d).is_dir():
+        if not is_dir(expand_user(d)):
             raise ConfigError("--config-dir", d, "no such directory", "give the directory that holds your cluster/, "
                               "model/ (...) presets, e.g. --config-dir ./my_conf for ./my_conf/cluster/mine.yaml")
     dirs = [f"file://{expand_user(d).resolve()}" for d in given]

@@ -24,6 +24,14 @@ def is_file(p: str | os.PathLike) -> bool:
         return False
 
 
+def is_dir(p: str | os.PathLike) -> bool:
+    """``Path(p).is_dir()``, False for a name the OS refuses (as :func:`is_file`)."""
+    try:
+        return Path(p).is_dir()
+    except (OSError, ValueError):
+        return False
+
+
 def expand_user(p: str | os.PathLike) -> Path:
     """``Path(p).expanduser()``, or ``Path(p)`` as given when its ``~name`` names no user (pathlib
     raises RuntimeError 'Could not determine home directory' there; a shell, too, leaves the word as

@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from lightning_hexiscale.config.file_errors import expand_user
+from lightning_hexiscale.config.file_errors import expand_user, is_dir, is_file
 from lightning_hexiscale.errors import ConfigError
 
 HF_PREFIX = "hf:"
@@ -41,10 +41,10 @@ def read_hf_config(directory: str | Path, key: str = "model") -> dict[str, Any]:
     """The parsed ``config.json`` of a LOCAL Hugging Face model directory (nothing is downloaded)."""
     d = expand_user(directory)
     f = d / "config.json"
-    if d.is_file():  # e.g. the model.safetensors inside the directory
+    if is_file(d):  # e.g. the model.safetensors inside the directory
         raise ConfigError(key, str(directory), "is a file; a Hugging Face model is the directory holding config.json "
                           "and *.safetensors", f"give the directory: model=hf:{d.parent} (or trainer.weights={d.parent})")
-    if not d.is_dir():
+    if not is_dir(d):  # is_dir: a name longer than the OS allows is no directory (Path.is_dir raised OSError)
         raise ConfigError(key, str(directory), "no such local directory (nothing is downloaded)",
                           "point to a directory holding config.json and *.safetensors, e.g. one made by "
                           "`huggingface-cli download meta-llama/Llama-3.2-1B --local-dir DIR`")

@@ -198,16 +198,17 @@ CKPT_ALIASES = ("last", "best", "hpc", "registry")
 def check_ckpt_path(path: str | Path | None, key: str = "ckpt_path") -> None:
     """A checkpoint to resume from must exist (a directory that ``ModelCheckpoint`` or
     ``trainer.save_checkpoint`` wrote under this strategy); checked before any rank starts."""
+    from lightning_hexiscale.config.file_errors import is_dir, is_file
     from lightning_hexiscale.errors import ConfigError
 
     if path is None or (isinstance(path, str) and path.split(":")[0] in CKPT_ALIASES):
         return
     p = Path(path)
-    if not p.exists():
+    if not (is_dir(p) or is_file(p)):  # not Path.exists: it raised OSError for a name longer than the OS allows
         raise ConfigError(key, str(path), "no such checkpoint",
                           "give a checkpoint directory the strategy saved (e.g. outputs/.../checkpoints/last.ckpt), "
                           "or leave it out to start from scratch")
-    if not p.is_dir():
+    if not is_dir(p):
         # Most often the one file Lightning's own strategies (one device, DDP) save: say how its
         # weights can still be used, since only the strategy's own directories resume
         raise ConfigError(key, str(path), "a hexiscale checkpoint is a directory, not a file (a one-file "
