@@ -73,15 +73,19 @@ SHORT_REPR = 60
 
 
 def shown(value: object) -> object:
-    """The value an error shows: itself when it is a str, a number or None, or when its repr is short
-    (``[1, 2]``, ``{}``); else its type's name (an object's repr can run to pages: a Cluster, a tensor)."""
+    """The value an error shows: itself when it is a str, a number or None, or a list, tuple, dict or
+    set whose repr is short (``[1, 2]``, ``{}``); else its type's name. Not any object with a short
+    repr: the error keeps the value, and it travels between ranks pickled (a lambda would not), and an
+    object's repr can run to pages (a tensor)."""
     if value is None or isinstance(value, (str, int, float)):
         return value
-    try:
-        text = repr(value)
-    except Exception:  # a broken __repr__ of the user's object must not hide the error being raised
-        text = ""
-    return value if 0 < len(text) <= SHORT_REPR else type(value).__name__
+    if type(value) in (list, tuple, dict, set, frozenset):
+        try:
+            if len(repr(value)) <= SHORT_REPR:
+                return value
+        except Exception:  # an element's broken __repr__ must not hide the error being raised
+            pass
+    return type(value).__name__
 
 
 def check_argument_types(call: str, arguments, error: type[ConfigError] = ConfigError) -> None:

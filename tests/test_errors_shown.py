@@ -23,16 +23,18 @@ class _BrokenRepr:
     ("x" * 500, "x" * 500),  # a string is shown whole: it is what the user typed
     ([1, 2], [1, 2]), ({}, {}), ((2, 4), (2, 4)),
     (list(range(100)), "list"),  # a long repr: the type's name
-    (_BrokenRepr(), "_BrokenRepr"),
+    (_BrokenRepr(), "_BrokenRepr"), (b"ab", "bytes"),
 ])
 def test_a_value_is_shown_as_itself_when_short_else_by_its_type(value, expected):
     assert shown(value) == expected
 
 
-def test_an_object_is_shown_by_its_repr_when_short_else_by_its_type_name():
-    cluster = Cluster.load("cpu2")
-    assert shown(cluster) is cluster  # Cluster('cpu2', 2 devices, 1 machines)
-    assert shown(LlamaConfig.load("llama_tiny")) == "LlamaConfig"  # a dataclass repr of every field
+def test_an_object_is_shown_by_its_type_name_even_with_a_short_repr():
+    """The error keeps the value and travels pickled between ranks: a lambda's repr is short too."""
+    assert shown(Cluster.load("cpu2")) == "Cluster"  # repr: Cluster('cpu2', 2 devices, 1 machines)
+    assert shown(lambda: 0) == "function"
+    assert shown(LlamaConfig.load("llama_tiny")) == "LlamaConfig"
+    assert shown([_BrokenRepr()]) == "list"
 
 
 def test_the_type_check_names_the_call_the_type_given_and_the_types_wanted():
