@@ -474,13 +474,15 @@ def check_command_line(argv: list[str]) -> None:
         is_value = before in HYDRA_VALUE_FLAGS or (before in ("--info", "-i") and a in HYDRA_INFO)
         if not (is_value or a.startswith(("-", "~")) or "=" in a):
             raise bare_word_error(a)
-        if not is_value and a.startswith("-") and a.partition("=")[0] not in HYDRA_FLAGS:
-            near = difflib.get_close_matches(a.partition("=")[0], [f for f in HYDRA_FLAGS if f.startswith("--")], n=1)
-            fix = f"did you mean {near[0]}?" if near else f"the flags are {', '.join(f for f in HYDRA_FLAGS if f.startswith('--'))}"
+        flag = a.partition("=")[0]  # --cfg=job: --cfg
+        if not is_value and a.startswith("-") and flag not in HYDRA_FLAGS:
+            long_flags = [f for f in HYDRA_FLAGS if f.startswith("--")]
+            near = difflib.get_close_matches(flag, long_flags, n=1)
+            fix = f"did you mean {near[0]}?" if near else f"the flags are {', '.join(long_flags)}"
             raise HexiScaleError(f"unrecognized argument: {a}. Fix: {fix} (--help lists them)")
-        mode = None if is_value else HYDRA_MODES.get(a.partition("=")[0])
+        mode = None if is_value else HYDRA_MODES.get(flag)
         if mode:
-            modes.setdefault(mode, a.partition("=")[0])
+            modes.setdefault(mode, flag)
         before = None if is_value else a
     if len(modes) > 1:  # Hydra raised a ValueError with a traceback
         raise ConfigError("Hydra's flags", " ".join(modes.values()), "only one of --run, --multirun, --cfg, --info "

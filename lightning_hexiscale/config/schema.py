@@ -602,9 +602,9 @@ def _compose_error(e: Exception, overrides: list[str]) -> ConfigError:
     unreadable = _unparsable_override(overrides)
     if unreadable is not None:  # Hydra named the whole command line and its lexer's state
         key, value, reason = unreadable
+        quoted = f"{key}={hydra_quoted(value, always=True)}"
         return ConfigError(key.lstrip("+~"), value, f"Hydra's override grammar cannot read this value ({reason})",
-                           f"quote it if it is a literal: {key}={hydra_quoted(value, always=True)} (in a shell: "
-                           f"\"{key}={hydra_quoted(value, always=True)}\"); the grammar: "
+                           f"quote it if it is a literal: {quoted} (in a shell: \"{quoted}\"); the grammar: "
                            "https://hydra.cc/docs/advanced/override_grammar/basic/")
     return ConfigError("overrides", " ".join(overrides), msg, "check key names against conf/ and the schemas in lightning_hexiscale/config/schema.py")
 
