@@ -97,4 +97,6 @@ def check_argument_types(call: str, arguments, error: type[ConfigError] = Config
         if not isinstance(value, kind):
             kinds = kind if isinstance(kind, tuple) else (kind,)
             wanted = " or ".join([k.__name__ for k in kinds if k is not type(None)] + ["None"] * (type(None) in kinds))
-            raise error(f"{call}({name})", shown(value), f"is of type {type(value).__name__}; it must be a {wanted}", fix)
+            article = "an" if wanted[0] in "AEIOU" else "a"
+            raise error(f"{call}({name})", shown(value), f"is of type {type(value).__name__}; it must be {article} {wanted}",
+                        fix)

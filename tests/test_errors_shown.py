@@ -8,6 +8,7 @@ import pytest
 
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError, PlanError, check_argument_types, shown
+from lightning_hexiscale.lightning.example import LlamaLitModule
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner import Workload, estimate, search
 from lightning_hexiscale.planner.oracle import oracle
@@ -52,6 +53,10 @@ def test_the_type_check_names_the_call_the_type_given_and_the_types_wanted():
      "is of type dict; it must be a SearchSettings or None"),
     (lambda c, w: oracle(c, w.model, 8), "oracle(workload)", "is of type LlamaConfig; it must be a Workload"),
     (lambda c, w: estimate({"pipelines": []}, c, w), "estimate(plan)", "is of type dict; it must be a Plan"),
+    (lambda c, w: oracle(c, w, 8, settings=3), "oracle(settings)",
+     "is of type int; it must be an OracleSettings or SearchSettings or None"),  # 'an' before a vowel
+    (lambda c, w: LlamaLitModule(3), "LlamaLitModule(config)",
+     "is of type int; it must be a LlamaConfig, a preset name or 'hf:/path/to/dir'"),
 ])
 def test_the_entry_points_name_the_type_they_were_given(call, key, rule):
     cluster, workload = Cluster.load("cpu_hetero4"), Workload(LlamaConfig.load("llama_tiny"))

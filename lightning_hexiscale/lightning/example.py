@@ -25,7 +25,7 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from typing_extensions import override
 
 from lightning_hexiscale.config.hf_model import HF_PREFIX
-from lightning_hexiscale.errors import ConfigError
+from lightning_hexiscale.errors import ConfigError, shown
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.models.llama import Llama
 
@@ -55,8 +55,9 @@ class LlamaLitModule(pl.LightningModule):
 
             config, self.init_state_dict = load_hf(config[len(HF_PREFIX):])
         if not isinstance(config, (LlamaConfig, str)):
-            raise ConfigError("LlamaLitModule(config)", type(config).__name__, "must be a LlamaConfig, a preset name "
-                              "or 'hf:/path/to/dir'", "pass e.g. LlamaLitModule('llama_tiny')")
+            raise ConfigError("LlamaLitModule(config)", shown(config), f"is of type {type(config).__name__}; it must "
+                              "be a LlamaConfig, a preset name or 'hf:/path/to/dir'",
+                              "pass e.g. LlamaLitModule('llama_tiny')")
         self.config = LlamaConfig.load(config) if isinstance(config, str) else config
         _check_optimizer_args(lr, weight_decay, betas, warmup_steps, init_seed, dtype, eps)
         self.lr, self.weight_decay, self.betas, self.eps = lr, weight_decay, tuple(betas), eps

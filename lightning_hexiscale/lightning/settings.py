@@ -54,6 +54,22 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _global_seed() -> int:
+    """``PL_GLOBAL_SEED`` (what Lightning's ``seed_everything`` exported), 0 when unset; a ConfigError
+    naming the variable when it is not a non-negative integer (it was int()'s ValueError traceback)."""
+    text = os.environ.get("PL_GLOBAL_SEED", "").strip()
+    if not text:
+        return 0
+    try:
+        seed = int(text)
+    except ValueError:
+        seed = -1
+    if seed < 0:
+        raise ConfigError("PL_GLOBAL_SEED", text, "must be a non-negative integer (HexiScaleStrategy(seed=None) "
+                          "takes the plan search's seed from it)", "unset it, or pass seed=0")
+    return seed
+
+
 def _divisors(n: int) -> str:
     """The first few divisors of n and n itself, for a fix: "1, 2, 4, 8"."""
     small = [d for d in range(1, min(n, 64) + 1) if n % d == 0][:5]
@@ -205,9 +221,12 @@ class StrategySettings:
             raise ConfigError(_key("planner_iterations"), self.planner_iterations,
                               f"must be an integer from 1 to {MAX_ITERATIONS:,}",
                               "use e.g. planner_iterations=20 (the default)")
-        if self.seed is not None and not _is_int(self.seed):
-            raise ConfigError(_key("seed"), self.seed, "must be an integer or None", "use e.g. seed=0")
-        set_(self, "seed", int(os.environ.get("PL_GLOBAL_SEED", 0)) if self.seed is None else self.seed)
+        # The plan search's seed (numpy's and random's generators take no negative one: it was the
+        # search's 'planner.seed' error at setup, after the ranks had started, naming a key not passed)
+        if self.seed is not None and not (_is_int(self.seed) and self.seed >= 0):
+            raise ConfigError(_key("seed"), shown(self.seed), "must be a non-negative integer or None",
+                              "use e.g. seed=0, or None for Lightning's seed_everything seed (PL_GLOBAL_SEED)")
+        set_(self, "seed", _global_seed() if self.seed is None else self.seed)
         g = self.watchdog_grace_s
         if not (_is_int(g) or isinstance(g, float)) or not 0 < g <= MAX_GRACE_S:
             raise ConfigError(_key("watchdog_grace_s"), g, f"must be a positive number of seconds, at most {MAX_GRACE_S:,}"

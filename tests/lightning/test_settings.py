@@ -93,7 +93,10 @@ BAD = {  # case: (arguments, the argument named, a piece of the rule)
     # checks the constructor did not make before the settings (each was a later failure, or none)
     "start_method": ({"start_method": "thread"}, "start_method", "must be one of"),
     "planner_iterations": ({"planner_iterations": 0}, "planner_iterations", "integer from 1 to 100,000"),
-    "seed": ({"seed": "1"}, "seed", "an integer or None"),
+    "seed": ({"seed": "1"}, "seed", "a non-negative integer or None"),
+    # the plan search's generators take none: the search's 'planner.seed' error, after the ranks started
+    "seed_negative": ({"seed": -1}, "seed", "a non-negative integer or None"),
+    "elastic_type": ({"elastic": 7}, "elastic", "is of type int; it must be None, a checkpoint directory"),
     "watchdog_grace_s": ({"watchdog_grace_s": 0}, "watchdog_grace_s", "positive number of seconds"),
     "check_devices": ({"check_devices": "no"}, "check_devices", "True or False"),
     "watchdog": ({"watchdog": 1}, "watchdog", "True or False"),
@@ -110,6 +113,19 @@ def test_a_bad_setting_names_its_argument(case):
     with pytest.raises(ConfigError, match=pattern) as e:  # the same error from the constructor users call
         HexiScaleStrategy(**kwargs)
     assert e.value.fix and e.value.fix.lower() not in ("fix it", "fix it."), e.value  # a real fix, not a placeholder
+
+
+@pytest.mark.parametrize("text", ["abc", "-3", "1.5"])
+def test_a_bad_global_seed_in_the_environment_is_named(monkeypatch, text):
+    """``seed=None`` takes Lightning's PL_GLOBAL_SEED: one that is no seed was int()'s ValueError
+    traceback (or, negative, the search's error once the ranks had started)."""
+    monkeypatch.setenv("PL_GLOBAL_SEED", text)
+    with pytest.raises(ConfigError, match=rf"^PL_GLOBAL_SEED = '{re.escape(text)}': must be a non-negative "
+                                          r"integer .* Fix: unset it, or pass seed=0"):
+        HexiScaleStrategy()
+    assert HexiScaleStrategy(seed=4).settings.seed == 4  # an explicit seed does not read it
+    monkeypatch.setenv("PL_GLOBAL_SEED", " ")
+    assert HexiScaleStrategy().settings.seed == 0
 
 
 def test_an_objects_long_repr_is_not_the_value_shown():

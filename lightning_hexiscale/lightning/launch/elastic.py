@@ -27,7 +27,7 @@ import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 
 from lightning_hexiscale.config.cluster import Cluster
-from lightning_hexiscale.errors import ConfigError, ElasticStop, InfeasiblePlan  # noqa: F401 (ElasticStop: here too)
+from lightning_hexiscale.errors import ConfigError, ElasticStop, InfeasiblePlan, shown  # noqa: F401 (ElasticStop: here too)
 from lightning_hexiscale.planner.plan import Plan
 
 MACHINE_ENV = "HEXISCALE_MACHINE"
@@ -74,7 +74,7 @@ def as_settings(value: ElasticSettings | str | Path | None) -> ElasticSettings |
         return value
     if isinstance(value, (str, Path)):
         return ElasticSettings(checkpoint_dir=value)
-    raise ConfigError("HexiScaleStrategy(elastic)", type(value).__name__,
+    raise ConfigError("HexiScaleStrategy(elastic)", shown(value), f"is of type {type(value).__name__}; it "
                       "must be None, a checkpoint directory or an ElasticSettings",
                       "pass elastic=ElasticSettings(checkpoint_dir='ckpt', every_n_steps=50)")
 

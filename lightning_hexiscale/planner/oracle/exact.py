@@ -234,9 +234,8 @@ def oracle(cluster: Cluster, workload: Workload, global_batch: int, settings=Non
     check_argument_types("oracle", (
         ("cluster", cluster, Cluster, "pass a Cluster: Cluster.load(name_or_path)"),
         ("workload", workload, Workload, "pass a Workload: Workload(LlamaConfig.load(name))")))
-    if settings is not None and not isinstance(settings, (OracleSettings, SearchSettings)):
-        raise ConfigError("oracle(settings)", type(settings).__name__, "must be an OracleSettings, a SearchSettings "
-                          "or None", "pass OracleSettings(recompute='auto', ...)")
+    check_argument_types("oracle", (("settings", settings, (OracleSettings, SearchSettings, type(None)),
+                                     "pass OracleSettings(recompute='auto', ...)"),))
     global_batch = global_batch_setting(global_batch, example=16)
     s = OracleSettings.of(settings)
     if s.micro_batch_size is not None:  # one that does not divide the batch: 'infeasible', complete, no plan
