@@ -128,6 +128,21 @@ def test_a_bad_global_seed_in_the_environment_is_named(monkeypatch, text):
     assert HexiScaleStrategy().settings.seed == 0
 
 
+def test_a_misspelled_preset_names_the_closest_one():
+    """The API's loaders listed every preset; the commands already said "did you mean"."""
+    from lightning_hexiscale import Cluster
+    from lightning_hexiscale.models.config import LlamaConfig
+
+    for load, wrong, meant in ((lambda v: HexiScaleStrategy(cluster=v), "hetro3", "hetero3"),
+                               (Cluster.load, "cpu_hetro4", "cpu_hetero4"), (LlamaConfig.load, "lama_tiny", "llama_tiny")):
+        with pytest.raises(ConfigError) as ei:
+            load(wrong)
+        assert ei.value.fix.startswith(f"did you mean '{meant}'? (or use a path or one of: "), ei.value
+    with pytest.raises(ConfigError) as ei:
+        Cluster.load("zzz")
+    assert ei.value.fix.startswith("use a path or one of: ") and "did you mean" not in ei.value.fix, ei.value
+
+
 def test_an_objects_long_repr_is_not_the_value_shown():
     with pytest.raises(ConfigError, match=r"^HexiScaleStrategy\(cluster\) = 'Path_': is of type Path_"):
         HexiScaleStrategy(cluster=type("Path_", (), {"__repr__": lambda self: "x" * 500})())
