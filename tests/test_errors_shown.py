@@ -55,10 +55,13 @@ def test_the_type_check_names_the_call_the_type_given_and_the_types_wanted():
     (lambda c, w: estimate({"pipelines": []}, c, w), "estimate(plan)", "is of type dict; it must be a Plan"),
     (lambda c, w: oracle(c, w, 8, settings=3), "oracle(settings)",
      "is of type int; it must be an OracleSettings or SearchSettings or None"),  # 'an' before a vowel
+    (lambda c, w: Workload("llama_tiny"), "Workload(model)", "is of type str; it must be a LlamaConfig"),
+    # keyed by the call made, not by the recipe's trainer.weights
+    (lambda c, w: LlamaLitModule("hf:/no/such/dir"), "LlamaLitModule(config)", "no such local directory (nothing is downloaded)"),
     (lambda c, w: LlamaLitModule(3), "LlamaLitModule(config)",
      "is of type int; it must be a LlamaConfig, a preset name or 'hf:/path/to/dir'"),
 ])
-def test_the_entry_points_name_the_type_they_were_given(call, key, rule):
+def test_the_entry_points_name_the_call_and_what_they_were_given(call, key, rule):
     cluster, workload = Cluster.load("cpu_hetero4"), Workload(LlamaConfig.load("llama_tiny"))
     with pytest.raises(ConfigError) as ei:
         call(cluster, workload)

@@ -286,12 +286,14 @@ class HFWeights(Mapping):
         return len(self._where)
 
 
-def load_hf(directory: str | Path, seq_len: int | None = None) -> tuple[LlamaConfig, HFWeights]:
+def load_hf(directory: str | Path, seq_len: int | None = None,
+            key: str = "trainer.weights") -> tuple[LlamaConfig, HFWeights]:
     """(config, weights) of a LOCAL Hugging Face Llama directory: the :class:`LlamaConfig` from its
     ``config.json`` (``seq_len`` defaults to the pre-training context, see
-    :meth:`LlamaConfig.from_hf`) and a lazy mapping global name -> full tensor (:class:`HFWeights`)."""
+    :meth:`LlamaConfig.from_hf`) and a lazy mapping global name -> full tensor (:class:`HFWeights`).
+    ``key``: what named the directory, for the errors about it and its config.json."""
     d = expand_user(directory)
-    config = LlamaConfig.from_hf(read_hf_config(d, "trainer.weights"), f"hf:{d.resolve()}", seq_len,
+    config = LlamaConfig.from_hf(read_hf_config(d, key), f"hf:{d.resolve()}", seq_len,
                                  where=str(d / "config.json"))
     return config, HFWeights(d, config)
 

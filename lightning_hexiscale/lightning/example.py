@@ -53,7 +53,7 @@ class LlamaLitModule(pl.LightningModule):
         if isinstance(config, str) and config.startswith(HF_PREFIX):
             from lightning_hexiscale.data.weights import load_hf
 
-            config, self.init_state_dict = load_hf(config[len(HF_PREFIX):])
+            config, self.init_state_dict = load_hf(config[len(HF_PREFIX):], key="LlamaLitModule(config)")
         if not isinstance(config, (LlamaConfig, str)):
             raise ConfigError("LlamaLitModule(config)", shown(config), f"is of type {type(config).__name__}; it must "
                               "be a LlamaConfig, a preset name or 'hf:/path/to/dir'",

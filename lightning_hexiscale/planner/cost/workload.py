@@ -60,14 +60,12 @@ class Workload:
         # Every field is checked here, where the workload is built: a wrong type or value was a
         # KeyError / TypeError / AttributeError deep inside estimate() (dtype='abc': KeyError 'abc'),
         # or a silent price (reserve_bytes=nan, a negative optimizer state)
-        from lightning_hexiscale.errors import ConfigError
+        from lightning_hexiscale.errors import ConfigError, check_argument_types, shown
 
         def number(v: Any) -> bool:  # numpy's numbers too; a bool is no size
             return isinstance(v, numbers.Real) and not isinstance(v, bool)
 
-        if not isinstance(self.model, LlamaConfig):
-            raise ConfigError("Workload(model)", type(self.model).__name__, "must be a LlamaConfig",
-                              "pass Workload(LlamaConfig.load('llama_tiny'))")
+        check_argument_types("Workload", (("model", self.model, LlamaConfig, "pass Workload(LlamaConfig.load('llama_tiny'))"),))
         if not (number(self.memory_headroom) and 0.0 <= self.memory_headroom < 1.0):
             raise ConfigError("train.memory_headroom", self.memory_headroom, "must be a fraction in [0, 1)",
                               "use e.g. 0.05 to keep 5 % of every device free, or 0")
@@ -84,7 +82,7 @@ class Workload:
                 raise ConfigError(f"Workload({name})", v, "must be a finite number of bytes >= 0",
                                   f"leave it out for the default ({getattr(type(self), name)})")
         if not isinstance(self.fast_path, FastPath):
-            raise ConfigError("Workload(fast_path)", self.fast_path, "must be a FastPath",
+            raise ConfigError("Workload(fast_path)", shown(self.fast_path), "must be a FastPath",
                               "leave it out (the runtime's defaults), or pass FastPath.coerce(...)")
         for name in ("allow_tf32", "allow_table_mismatch"):
             if not isinstance(getattr(self, name), bool):
