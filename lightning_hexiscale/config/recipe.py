@@ -157,6 +157,11 @@ REFUSED_PRECISIONS = {
 }
 """Lightning precisions that exist but that the runtime refuses, with the reason."""
 
+PRECISION_SHORT_NAMES = {"32": "32-true", "64": "64-true", "bf16": "bf16-mixed", "16": "16-mixed"}
+"""The short names ``Trainer(precision=...)`` also takes, and the full names Lightning reads them as.
+The recipe asks for the full name (it keys layer tables and the discovery cache by it), and its error
+names the one meant."""
+
 
 def device_kind(gpu_types: list[str]) -> str:
     """What the runtime runs on for devices of these types: ``cpu`` when every one is an emulated CPU
@@ -181,13 +186,17 @@ def precision_dtype(precision: str, key: str = "trainer.precision") -> str:
     from lightning_hexiscale.errors import ConfigError
 
     valid = ", ".join(PRECISION_DTYPES)
-    if str(precision) in REFUSED_PRECISIONS:
-        raise ConfigError(key, precision, f"{REFUSED_PRECISIONS[str(precision)]}; the precisions the strategy trains "
+    full = PRECISION_SHORT_NAMES.get(str(precision), str(precision))
+    if full in REFUSED_PRECISIONS:
+        said = "" if full == str(precision) else f"Lightning reads {precision} as {full}: "
+        raise ConfigError(key, precision, f"{said}{REFUSED_PRECISIONS[full]}; the precisions the strategy trains "
                           f"in are {valid}", "use bf16-mixed (float32 weights, bfloat16 compute: float32's range, "
                           "so no scaler is needed), or 32-true")
     if str(precision) not in PRECISION_DTYPES:
-        raise ConfigError(key, precision, f"must be one of {valid}",
-                          "use 32-true (fp32) or bf16-mixed, or leave it out (null) to choose by the cluster")
+        fix = "use 32-true (fp32) or bf16-mixed, or leave it out (null) to choose by the cluster"
+        if full != str(precision):
+            fix = f"write its full name, {full} (Lightning reads {precision} as {full})"
+        raise ConfigError(key, precision, f"must be one of {valid}", fix)
     return PRECISION_DTYPES[str(precision)]
 
 

@@ -199,6 +199,21 @@ def test_fp16_mixed_is_refused_on_cpu_too(precision):
                    devices=PLAN.world_size, precision=precision, logger=False)
 
 
+@pytest.mark.parametrize("short, full", [("32", "32-true"), (32, "32-true"), ("64", "64-true"), ("bf16", "bf16-mixed")])
+def test_the_recipe_names_the_full_name_of_lightnings_short_precision_names(short, full):
+    """``Trainer(precision=32)`` takes the short names; the recipe's ``trainer.precision=32`` was
+    refused with 'use 32-true or bf16-mixed', whichever short name was written."""
+    from lightning_hexiscale.config.recipe import precision_dtype
+
+    with pytest.raises(ConfigError, match=rf"^trainer\.precision = '?{short}'?: must be one of .*Fix: write its full "
+                                          rf"name, {full} \(Lightning reads {short} as {full}\)$"):
+        precision_dtype(short)
+    assert precision_dtype(full) in ("fp32", "fp64", "bf16")
+    with pytest.raises(ConfigError, match=r"^trainer\.precision = '16': Lightning reads 16 as 16-mixed: float16 mixed "
+                                          r"precision needs a gradient scaler"):
+        precision_dtype("16")
+
+
 # ---- through the recipe, against one device in float64 ----------------------------------------
 RECIPE_PLAN = plan_of([(4, 2, [([0, 1], (0, 2)), ([2], (2, 4))]), (4, 2, [([3], (0, 4))])], cluster="cpu_hetero4")
 STEPS, WARMUP, CLIP, LR, SEED = 3, 2, 0.5, 1e-2, 5
