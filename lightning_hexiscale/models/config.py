@@ -349,10 +349,20 @@ class LlamaConfig:
     @classmethod
     def from_hf(cls, hf: dict[str, Any], name: str = "hf", seq_len: int | None = None,
                 where: str = "config.json") -> LlamaConfig:
-        """From a Hugging Face Llama ``config.json`` (either transformers generation); ``seq_len``
-        defaults to the pre-training context (see :func:`~lightning_hexiscale.config.hf_model.model_fields_from_hf`)."""
+        """From a Hugging Face Llama ``config.json`` (either transformers generation): its parsed
+        mapping, or a transformers ``PretrainedConfig`` (``AutoConfig.from_pretrained(...)``, read by its
+        ``to_dict()``); ``seq_len`` defaults to the pre-training context (see
+        :func:`~lightning_hexiscale.config.hf_model.model_fields_from_hf`)."""
+        from collections.abc import Mapping
+
         from lightning_hexiscale.config.hf_model import model_fields_from_hf
 
+        if not isinstance(hf, Mapping) and callable(getattr(hf, "to_dict", None)):
+            hf = hf.to_dict()
+        if not isinstance(hf, Mapping):  # was an AttributeError ('int' object has no attribute 'get')
+            raise ConfigError("LlamaConfig.from_hf(hf)", shown(hf), f"is of type {type(hf).__name__}; it must be "
+                              "the mapping of a config.json or a transformers PretrainedConfig",
+                              "pass json.load(open('DIR/config.json')), or LlamaConfig.load('hf:DIR')")
         return cls(**model_fields_from_hf(hf, name, seq_len, where))
 
     def to_hf(self, torch_dtype: str = "float32", extra: dict[str, Any] | None = None) -> dict[str, Any]:

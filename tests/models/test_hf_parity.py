@@ -82,6 +82,18 @@ def test_load_hf_config_and_slices(tmp_path):
     assert weights.shape_of("embed.weight") == (300, 64)
 
 
+@pytest.mark.parametrize("case", ["llama3_rope_scaling", "tied_embeddings", "gqa"])
+def test_from_hf_takes_a_transformers_config_as_its_config_json(tmp_path, case):
+    """``LlamaConfig.from_hf(AutoConfig.from_pretrained(d))``, what a Hugging Face user holds: it was an
+    AttributeError (no ``.get``); it reads as the directory's config.json does."""
+    hf_model(tmp_path, **CASES[case])
+    from_file = LlamaConfig.from_hf(json.loads((tmp_path / "config.json").read_text()), "m")
+    assert LlamaConfig.from_hf(transformers.AutoConfig.from_pretrained(tmp_path), "m") == from_file
+    with pytest.raises(ConfigError, match=r"^LlamaConfig\.from_hf\(hf\) = '.*config\.json': is of type str; it must "
+                                          r"be the mapping of a config\.json or a transformers PretrainedConfig"):
+        LlamaConfig.from_hf(str(tmp_path / "config.json"))
+
+
 def test_preset_mismatch_is_a_config_error(tmp_path):
     from lightning_hexiscale.data.weights import attach_weights
 
