@@ -59,7 +59,7 @@ def test_the_type_check_names_the_call_the_type_given_and_the_types_wanted():
     # keyed by the call made, not by the recipe's trainer.weights
     (lambda c, w: LlamaLitModule("hf:/no/such/dir"), "LlamaLitModule(config)", "no such local directory (nothing is downloaded)"),
     (lambda c, w: LlamaLitModule(3), "LlamaLitModule(config)",
-     "is of type int; it must be a LlamaConfig, a preset name or 'hf:/path/to/dir'"),
+     "is of type int; it must be a LlamaConfig, a preset name, 'hf:/path/to/dir' or a transformers LlamaConfig"),
 ])
 def test_the_entry_points_name_the_call_and_what_they_were_given(call, key, rule):
     cluster, workload = Cluster.load("cpu_hetero4"), Workload(LlamaConfig.load("llama_tiny"))

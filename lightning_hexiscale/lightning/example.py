@@ -35,7 +35,9 @@ class LlamaLitModule(pl.LightningModule):
 
     Args:
         config: the model shape: a :class:`LlamaConfig`, a preset name such as ``"llama_tiny"``, or
-            ``"hf:/path/to/dir"`` (a local Hugging Face Llama directory: its config.json and weights).
+            ``"hf:/path/to/dir"`` (a local Hugging Face Llama directory: its config.json and weights), or
+            a transformers ``LlamaConfig`` (``AutoConfig.from_pretrained(...)``: its shape only, the weights
+            initialised from ``init_seed``).
         lr: AdamW learning rate.
         weight_decay: AdamW decoupled weight decay.
         betas: AdamW betas.
@@ -54,9 +56,11 @@ class LlamaLitModule(pl.LightningModule):
             from lightning_hexiscale.data.weights import load_hf
 
             config, self.init_state_dict = load_hf(config[len(HF_PREFIX):], key="LlamaLitModule(config)")
+        elif not isinstance(config, (LlamaConfig, str)) and callable(getattr(config, "to_dict", None)):
+            config = LlamaConfig.from_hf(config)  # a transformers config (AutoConfig): its shape only
         if not isinstance(config, (LlamaConfig, str)):
             raise ConfigError("LlamaLitModule(config)", shown(config), f"is of type {type(config).__name__}; it must "
-                              "be a LlamaConfig, a preset name or 'hf:/path/to/dir'",
+                              "be a LlamaConfig, a preset name, 'hf:/path/to/dir' or a transformers LlamaConfig",
                               "pass e.g. LlamaLitModule('llama_tiny')")
         self.config = LlamaConfig.load(config) if isinstance(config, str) else config
         _check_optimizer_args(lr, weight_decay, betas, warmup_steps, init_seed, dtype, eps)

@@ -5,6 +5,7 @@ logits. The only test module that imports transformers (importorskip: it is a te
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -89,6 +90,10 @@ def test_from_hf_takes_a_transformers_config_as_its_config_json(tmp_path, case):
     hf_model(tmp_path, **CASES[case])
     from_file = LlamaConfig.from_hf(json.loads((tmp_path / "config.json").read_text()), "m")
     assert LlamaConfig.from_hf(transformers.AutoConfig.from_pretrained(tmp_path), "m") == from_file
+    from lightning_hexiscale.lightning.example import LlamaLitModule
+
+    module = LlamaLitModule(transformers.AutoConfig.from_pretrained(tmp_path))  # its shape, not its weights
+    assert module.config == dataclasses.replace(from_file, name="hf") and getattr(module, "init_state_dict", None) is None
     with pytest.raises(ConfigError, match=r"^LlamaConfig\.from_hf\(hf\) = '.*config\.json': is of type str; it must "
                                           r"be the mapping of a config\.json or a transformers PretrainedConfig"):
         LlamaConfig.from_hf(str(tmp_path / "config.json"))
