@@ -18,7 +18,7 @@ LONG = "x" * 5000
 NOT_A_NAME = [None, 7, 1.5, True, [], {}, [1], "", LONG, LONG + ".yaml"]
 
 
-@pytest.mark.parametrize("load, key", [(Cluster.load, "cluster"), (LlamaConfig.load, "model"), (Plan.load, "--plan")],
+@pytest.mark.parametrize("load, key", [(Cluster.load, "cluster"), (LlamaConfig.load, "model"), (Plan.load, "plan")],
                          ids=["Cluster.load", "LlamaConfig.load", "Plan.load"])
 @pytest.mark.parametrize("value", NOT_A_NAME, ids=lambda v: repr(v)[:12])
 def test_a_loader_refuses_what_names_no_file(load, key, value):

@@ -112,8 +112,8 @@ def test_bad_plan_files(tmp_path, text, fragment):
     with pytest.raises(PlanError, match=fragment) as ei:
         Plan.load(p)
     assert ei.value.fix not in GENERIC_FIXES, ei.value
-    # keyed by the call an API user made (it said '--plan', a flag they had not typed)
-    with pytest.raises(PlanError, match=r"^Plan\.load\(path\) = '.*missing\.yaml': no such plan file"):
+    # keyed 'plan', as Cluster.load's errors are 'cluster' (it said '--plan', a flag the caller had not typed)
+    with pytest.raises(PlanError, match=r"^plan = '.*missing\.yaml': no such plan file"):
         Plan.load(tmp_path / "missing.yaml")
 
 

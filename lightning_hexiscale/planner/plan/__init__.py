@@ -459,7 +459,7 @@ class Plan:
         write_atomically(path, text)
 
     @classmethod
-    def load(cls, path: str | Path, key: str = "Plan.load(path)") -> Plan:
+    def load(cls, path: str | Path, key: str = "plan") -> Plan:
         """Read a plan file (YAML or JSON): a path, else a packaged preset written as in a checkout
         (``conf/plans/X.yaml``), so the shipped plans load from any working directory. ``key``: what
         named the file, for the errors about it (``--plan``, a recipe's ``plan``, ``HexiScaleStrategy(plan)``)."""

@@ -40,7 +40,7 @@ def test_a_bad_workload_field_is_a_config_error(kwargs, key):
 
 
 def test_a_workload_of_no_model_is_a_config_error():
-    with pytest.raises(ConfigError, match=r"Workload\(model\) = 'str': must be a LlamaConfig"):
+    with pytest.raises(ConfigError, match=r"Workload\(model\) = 'llama_tiny': is of type str; it must be a LlamaConfig"):
         Workload("llama_tiny")
 
 
