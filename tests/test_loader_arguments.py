@@ -61,3 +61,35 @@ def test_the_cli_names_a_too_long_file_name(argv, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "no such" in err and "Fix:" in err and "Traceback" not in err
+
+
+FILES = {"cluster": "conf/cluster/cpu2.yaml", "model": "conf/model/llama_tiny.yaml",
+         "plan": "conf/plans/hetero3_llama30b_tab7.yaml"}
+MARKERS = {"cluster": "machines", "model": "hidden_size", "plan": "pipelines"}
+
+
+@pytest.mark.parametrize("wanted, load", [("cluster", Cluster.load), ("model", LlamaConfig.load), ("plan", Plan.load)],
+                         ids=["Cluster.load", "LlamaConfig.load", "Plan.load"])
+@pytest.mark.parametrize("given", sorted(FILES))
+def test_a_file_of_another_kind_is_named_as_that_kind(wanted, load, given):
+    """A plan file given as the cluster was "cluster.num_layers = 60: no such key in ClusterConfig", the
+    first key the schema did not know; it is now named for what it is, with where it belongs."""
+    if given == wanted:
+        load(FILES[given])  # the right kind still loads
+        return
+    with pytest.raises(ConfigError) as e:
+        load(FILES[given])
+    assert (e.value.key, e.value.value) == (wanted, FILES[given])
+    assert e.value.rule == f"is a {given} file (it has {MARKERS[given]}:), not a {wanted} file", e.value
+    assert e.value.fix == f"give it as the {given} ({given}={FILES[given]}), and a {wanted} file here"
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["plan", f"cluster={FILES['plan']}"], f"cluster = '{FILES['plan']}': is a plan file"),
+    (["plan", f"model={FILES['cluster']}"], f"model = '{FILES['cluster']}': is a cluster file"),
+    (["estimate", "--plan", FILES["model"]], f"--plan = '{FILES['model']}': is a model file"),
+], ids=["plan-cluster", "plan-model", "estimate-plan"])
+def test_the_cli_names_a_file_of_another_kind(argv, said, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert said in err and "Traceback" not in err, err

@@ -462,11 +462,11 @@ def _file_kind(path) -> list[str]:
     is none of these or unreadable."""
     import yaml
 
+    from lightning_hexiscale.config.suggest import file_kind
+
     try:
         data = yaml.safe_load(path.read_text())
     except (OSError, ValueError, yaml.YAMLError):  # UnicodeDecodeError is a ValueError
         data = None
-    keys = data.keys() if isinstance(data, dict) else ()
-    kind = next((kind for kind, key in (("plan", "pipelines"), ("cluster", "machines"), ("model", "hidden_size"))
-                 if key in keys), None)
+    kind = file_kind(data.keys()) if isinstance(data, dict) else None
     return [kind] if kind else ["cluster", "model", "plan"]

@@ -501,8 +501,9 @@ def load_yaml_node(path: str | Path, schema: type, key: str) -> DictConfig:
         raw = OmegaConf.masked_copy(raw, [k for k in raw if k != "defaults"])
     if len(raw) == 0:
         raise ConfigError(key, str(path), "the file is empty", f"describe the {key} in it; see {doc_page(key)}")
-    from lightning_hexiscale.config.suggest import check_interpolations, check_yaml_keys
+    from lightning_hexiscale.config.suggest import check_file_kind, check_interpolations, check_yaml_keys
 
+    check_file_kind(raw.keys(), "cluster" if schema is ClusterConfig else "model", key, str(path))
     check_yaml_keys(raw, schema, key, str(path))  # a typo (bandwith) names the closest key
     try:
         node = OmegaConf.merge(OmegaConf.structured(schema), raw)

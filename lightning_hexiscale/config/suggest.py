@@ -209,6 +209,27 @@ IDENTIFIERS = frozenset({"name", "gpu", "hostname"})
 ``name: 3090``, read back as written and are kept)."""
 
 
+FILE_MARKERS = {"plan": "pipelines", "cluster": "machines", "model": "hidden_size"}
+"""The top-level key that tells each kind of file apart (a plan has ``num_layers`` too, as a model)."""
+
+
+def file_kind(keys: Any) -> str | None:
+    """``plan``, ``cluster`` or ``model``: the kind of file whose top-level ``keys`` these are, by
+    :data:`FILE_MARKERS`; None when no marker is among them."""
+    names = {str(k) for k in keys}
+    return next((kind for kind, marker in FILE_MARKERS.items() if marker in names), None)
+
+
+def check_file_kind(keys: Any, wanted: str, key: str, path: str, error: type[ConfigError] = ConfigError) -> None:
+    """A ``wanted`` file (plan, cluster or model) whose top-level ``keys`` are those of another kind is
+    refused as that kind, e.g. ``cluster = 'p.yaml': is a plan file (it has pipelines:), not a cluster
+    file`` (it was the first of its keys the schema does not know: ``cluster.num_layers: no such key``)."""
+    kind = file_kind(keys)
+    if kind is not None and kind != wanted and FILE_MARKERS[wanted] not in {str(k) for k in keys}:
+        raise error(key, path, f"is a {kind} file (it has {FILE_MARKERS[kind]}:), not a {wanted} file",
+                    f"give it as the {kind} ({kind}={path}), and a {wanted} file here")
+
+
 def check_yaml_keys(raw: DictConfig, schema: type, key: str, path: str) -> None:
     """Every key of a YAML node ``raw`` (a cluster or model file) is a field of ``schema`` (nested
     dataclasses and lists of them included); ConfigError with the closest field otherwise. A name

@@ -464,6 +464,7 @@ class Plan:
         (``conf/plans/X.yaml``), so the shipped plans load from any working directory. ``key``: what
         named the file, for the errors about it (``--plan``, a recipe's ``plan``, ``HexiScaleStrategy(plan)``)."""
         from lightning_hexiscale.config.schema import check_name_or_path, is_file, packaged_file
+        from lightning_hexiscale.config.suggest import check_file_kind
 
         check_name_or_path(path, key, "conf/plans/case_study_llama2_13b.yaml", "Plan.from_dict(mapping)")
         path = Path(path)
@@ -487,6 +488,7 @@ class Plan:
                             "correct the syntax at the line and column named (quote values holding ':' or '#')") from None
         if not isinstance(data, dict):
             raise PlanError(key, str(path), "a plan file holds a mapping", "see conf/plans/ for examples")
+        check_file_kind(data.keys(), "plan", key, str(path), PlanError)
         # the keys of its errors read as validate()'s do (plan.pipelines[0].stages ...), whichever of the
         # two finds the fault: the file name prefixed them here only, and the same file gave both forms
         return cls.from_dict(data)
