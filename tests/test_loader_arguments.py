@@ -93,3 +93,11 @@ def test_the_cli_names_a_file_of_another_kind(argv, said, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert said in err and "Traceback" not in err, err
+
+
+def test_a_missing_path_object_is_shown_as_its_text():
+    """It was shown as PosixPath('nope.yaml')."""
+    from pathlib import Path
+
+    with pytest.raises(ConfigError, match=r"^cluster = 'nope\.yaml': no such preset or file"):
+        Cluster.load(Path("nope.yaml"))

@@ -319,7 +319,7 @@ def load_preset(group: str, name_or_path: str, schema: type) -> DictConfig:
             names = preset_names(group)
             fix = f"use a path or one of: {', '.join(names)}"
             near = difflib.get_close_matches(str(name_or_path), names, n=1, cutoff=0.6)
-            raise ConfigError(group, name_or_path, "no such preset or file",
+            raise ConfigError(group, str(name_or_path), "no such preset or file",
                               f"did you mean {near[0]!r}? (or {fix})" if near else fix)
     return load_yaml_node(p, schema, group)
 

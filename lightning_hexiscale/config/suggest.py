@@ -224,8 +224,9 @@ def check_file_kind(keys: Any, wanted: str, key: str, path: str, error: type[Con
     """A ``wanted`` file (plan, cluster or model) whose top-level ``keys`` are those of another kind is
     refused as that kind, e.g. ``cluster = 'p.yaml': is a plan file (it has pipelines:), not a cluster
     file`` (it was the first of its keys the schema does not know: ``cluster.num_layers: no such key``)."""
-    kind = file_kind(keys)
-    if kind is not None and kind != wanted and FILE_MARKERS[wanted] not in {str(k) for k in keys}:
+    names = {str(k) for k in keys}
+    kind = file_kind(names)
+    if kind is not None and kind != wanted and FILE_MARKERS[wanted] not in names:
         raise error(key, path, f"is a {kind} file (it has {FILE_MARKERS[kind]}:), not a {wanted} file",
                     f"give it as the {kind} ({kind}={path}), and a {wanted} file here")
 

@@ -65,7 +65,8 @@ class Workload:
         def number(v: Any) -> bool:  # numpy's numbers too; a bool is no size
             return isinstance(v, numbers.Real) and not isinstance(v, bool)
 
-        check_argument_types("Workload", (("model", self.model, LlamaConfig, "pass Workload(LlamaConfig.load('llama_tiny'))"),))
+        check_argument_types("Workload", (("model", self.model, LlamaConfig,
+                                           "pass Workload(LlamaConfig.load('llama_tiny'))"),))
         if not (number(self.memory_headroom) and 0.0 <= self.memory_headroom < 1.0):
             raise ConfigError("train.memory_headroom", self.memory_headroom, "must be a fraction in [0, 1)",
                               "use e.g. 0.05 to keep 5 % of every device free, or 0")
