@@ -101,3 +101,13 @@ def test_a_missing_path_object_is_shown_as_its_text():
 
     with pytest.raises(ConfigError, match=r"^cluster = 'nope\.yaml': no such preset or file"):
         Cluster.load(Path("nope.yaml"))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("command", ["discover", "profile"])
+def test_the_model_flag_is_named_as_typed_with_the_closest_preset(command, capsys):
+    """It was keyed 'model' and said did you mean 'llama_tiny'? (the recipe's key, the API's form)."""
+    assert main([command, "--local", "2", "--model", "lama_tiny"]) == 2
+    err = capsys.readouterr().err
+    assert ("--model = 'lama_tiny': no such preset or file. Fix: did you mean --model llama_tiny? (or use a path "
+            "or one of: ") in err, err
