@@ -111,3 +111,64 @@ def test_the_model_flag_is_named_as_typed_with_the_closest_preset(command, capsy
     err = capsys.readouterr().err
     assert ("--model = 'lama_tiny': no such preset or file. Fix: did you mean --model llama_tiny? (or use a path "
             "or one of: ") in err, err
+
+
+@pytest.mark.parametrize("key, written_as", [
+    ("--model", "--model llama_tiny"), ("model", "model=llama_tiny"),
+    ("LlamaLitModule(config)", "LlamaLitModule(config='llama_tiny')"),
+])
+def test_a_value_is_written_as_its_key_takes_it(key, written_as):
+    from lightning_hexiscale.config.suggest import written
+
+    assert written(key, "llama_tiny") == written_as
+
+
+@pytest.mark.parametrize("key, load, fix", [
+    ("--model", lambda v: LlamaConfig.load(v, key="--model"), "did you mean --model llama_tiny?"),
+    ("LlamaLitModule(config)", lambda v: _lit(v), "did you mean LlamaLitModule(config='llama_tiny')?"),
+], ids=["flag", "LlamaLitModule"])
+def test_a_misspelled_model_is_keyed_by_what_named_it(key, load, fix):
+    """LlamaLitModule('lama_tiny') was keyed 'model' (the recipe's key); discover's --model was re-keyed
+    by rewriting the API's fix text with a regex."""
+    with pytest.raises(ConfigError) as e:
+        load("lama_tiny")
+    assert (e.value.key, e.value.value) == (key, "lama_tiny") and e.value.fix.startswith(fix), e.value
+
+
+def test_a_plan_file_given_to_the_model_flag_is_keyed_by_the_flag():
+    with pytest.raises(ConfigError) as e:
+        LlamaConfig.load(FILES["plan"], key="--model")
+    assert (e.value.key, e.value.rule) == ("--model", "is a plan file (it has pipelines:), not a model file")
+
+
+def _lit(value):
+    from lightning_hexiscale.lightning.example import LlamaLitModule
+
+    return LlamaLitModule(value)
+
+
+@pytest.mark.parametrize("key, load, resume, use", [
+    ("model", lambda v: LlamaConfig.load(v), "resume it with trainer.resume=", "use model=hf:OUT"),
+    ("--model", lambda v: LlamaConfig.load(v, key="--model"), None, "use --model hf:OUT"),
+    ("LlamaLitModule(config)", lambda v: _lit(v), "resume it with trainer.fit(..., ckpt_path=",
+     "use LlamaLitModule(config='hf:OUT')"),
+], ids=["recipe", "flag", "LlamaLitModule"])
+def test_a_checkpoint_given_as_a_hugging_face_model_is_answered_in_the_callers_words(tmp_path, key, load, resume, use):
+    """The fixes said model=hf:OUT and trainer.resume= whoever had called (LlamaLitModule, discover --model)."""
+    (tmp_path / "COMPLETE").write_text("")
+    with pytest.raises(ConfigError) as e:
+        load(f"hf:{tmp_path}")
+    assert e.value.key == key and e.value.fix.endswith(use), e.value
+    assert e.value.fix.startswith(resume) if resume else e.value.fix.startswith("turn it into one"), e.value
+
+
+@pytest.mark.parametrize("key, fix", [("trainer.weights", "give the directory: trainer.weights={d}"),
+                                      ("model", "give the directory: model=hf:{d}"),
+                                      ("LlamaLitModule(config)", "give the directory: LlamaLitModule(config='hf:{d}')")])
+def test_a_weights_file_given_as_the_directory_names_the_directory_as_the_key_takes_it(tmp_path, key, fix):
+    from lightning_hexiscale.config.hf_model import read_hf_config
+
+    (tmp_path / "model.safetensors").write_text("")
+    with pytest.raises(ConfigError) as e:
+        read_hf_config(tmp_path / "model.safetensors", key)
+    assert e.value.key == key and e.value.fix == fix.format(d=tmp_path), e.value

@@ -18,7 +18,6 @@ times of that model (:mod:`lightning_hexiscale.profiling.layer_times`), written 
 from __future__ import annotations
 
 import argparse
-import re
 
 from lightning_hexiscale.cli.common import add_launch_args, add_precision_arg, positive_int, positive_seconds, resolve_precision, subcommand
 from lightning_hexiscale.errors import ConfigError
@@ -111,14 +110,7 @@ def layer_time_model(name: str, seq_len: int | None, tp: list[int] | None):
 
     from lightning_hexiscale.models.config import LlamaConfig
 
-    try:
-        model = LlamaConfig.load(name)
-    except ConfigError as e:
-        if e.key != "model":  # a fault inside the file names its own key (model.hidden_size)
-            raise
-        # the flag the user typed, not the recipe's key; a close preset as the flag would take it
-        fix = re.sub(r"^did you mean '([^']+)'\?", r"did you mean --model \1?", e.fix or "")
-        raise ConfigError("--model", e.value, e.rule, fix) from None
+    model = LlamaConfig.load(name, key="--model")  # keyed by the flag typed, not the recipe's 'model'
     if seq_len is not None:
         model = replace(model, seq_len=seq_len)
     model.check_measured_tp(tp or [])

@@ -37,26 +37,41 @@ LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_m
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
 
 
+def as_given(key: str, directory: str | Path) -> str:
+    """A Hugging Face ``directory`` as ``key`` takes it: ``trainer.weights=D`` (a bare directory),
+    ``model=hf:D``, ``--model hf:D``, ``LlamaLitModule(config='hf:D')`` (:func:`written`)."""
+    from lightning_hexiscale.config.suggest import written
+
+    return written(key, str(directory) if key == "trainer.weights" else f"{HF_PREFIX}{directory}")
+
+
 def read_hf_config(directory: str | Path, key: str = "model") -> dict[str, Any]:
-    """The parsed ``config.json`` of a LOCAL Hugging Face model directory (nothing is downloaded)."""
+    """The parsed ``config.json`` of a LOCAL Hugging Face model directory (nothing is downloaded).
+    ``key``: what named the directory (``model``, ``trainer.weights``, ``--model``,
+    ``LlamaLitModule(config)``); the errors are keyed by it and their fixes written as it takes a
+    directory (:func:`as_given`)."""
     d = expand_user(directory)
     f = d / "config.json"
     if is_file(d):  # e.g. the model.safetensors inside the directory
         raise ConfigError(key, str(directory), "is a file; a Hugging Face model is the directory holding config.json "
-                          "and *.safetensors", f"give the directory: model=hf:{d.parent} (or trainer.weights={d.parent})")
+                          "and *.safetensors", f"give the directory: {as_given(key, d.parent)}")
     if not is_dir(d):  # is_dir: a name longer than the OS allows is no directory (Path.is_dir raised OSError)
         raise ConfigError(key, str(directory), "no such local directory (nothing is downloaded)",
                           "point to a directory holding config.json and *.safetensors, e.g. one made by "
                           "`huggingface-cli download meta-llama/Llama-3.2-1B --local-dir DIR`")
     if not f.is_file():
         if (d / "COMPLETE").is_file() or (d / "meta.pt").is_file():  # the markers of runtime/checkpoint.py
+            # the recipe resumes by its key, a Lightning script by fit's ckpt_path; a flag (discover's
+            # --model) reads only the shape, so resuming is no answer there
+            resume = ("" if key.startswith("--") else f"resume it with trainer.fit(..., ckpt_path={str(d)!r}), or "
+                      if "(" in key else f"resume it with trainer.resume={d}, or ")
             raise ConfigError(key, str(d), "a checkpoint of the hexiscale strategy, not a Hugging Face model directory",
-                              f"resume it with trainer.resume={d}, or turn it into one with "
-                              f"`hexiscale export {d} --hf OUT` and use model=hf:OUT")
+                              f"{resume}turn it into one with `hexiscale export {d} --hf OUT` and use "
+                              f"{as_given(key, 'OUT')}")
         if (d / "adapter_config.json").is_file():  # what peft's save_pretrained writes: the LoRA matrices only
             raise ConfigError(key, str(d), "a PEFT (LoRA) adapter, not a model: it holds only the adapter's weights",
                               "merge it into its base model first: peft.PeftModel.from_pretrained(base, DIR)"
-                              ".merge_and_unload().save_pretrained(OUT), then use model=hf:OUT")
+                              f".merge_and_unload().save_pretrained(OUT), then use {as_given(key, 'OUT')}")
         raise ConfigError(key, str(d), "the directory has no config.json", "point to a Hugging Face model directory")
     try:
         data = json.loads(f.read_text())

@@ -309,9 +309,16 @@ def preset_names(group: str) -> list[str]:
     return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml") if not p.stem.startswith("_"))
 
 
-def load_preset(group: str, name_or_path: str, schema: type) -> DictConfig:
-    """A preset name (conf/<group>/NAME.yaml) or a path to a YAML file, checked against ``schema``."""
-    check_name_or_path(name_or_path, group, {"cluster": "cpu_hetero4", "model": "llama_tiny"}.get(group, "NAME"))
+def load_preset(group: str, name_or_path: str, schema: type, key: str | None = None) -> DictConfig:
+    """A preset name (conf/<group>/NAME.yaml) or a path to a YAML file, checked against ``schema``.
+
+    ``key``: what named it (a flag such as ``--model``), for the errors about the name and the whole
+    file; a close preset is then written as that key takes it (``did you mean --model llama_tiny?``,
+    :func:`~lightning_hexiscale.config.suggest.written`). Default: the group, as the API's loaders
+    (``Cluster.load``, ``LlamaConfig.load``) are called, with the preset's name quoted."""
+    from lightning_hexiscale.config.suggest import written
+
+    check_name_or_path(name_or_path, key or group, {"cluster": "cpu_hetero4", "model": "llama_tiny"}.get(group, "NAME"))
     p = Path(name_or_path)
     if not is_file(p):
         p = conf_dir() / group / f"{name_or_path}.yaml"
@@ -319,9 +326,10 @@ def load_preset(group: str, name_or_path: str, schema: type) -> DictConfig:
             names = preset_names(group)
             fix = f"use a path or one of: {', '.join(names)}"
             near = difflib.get_close_matches(str(name_or_path), names, n=1, cutoff=0.6)
-            raise ConfigError(group, str(name_or_path), "no such preset or file",
-                              f"did you mean {near[0]!r}? (or {fix})" if near else fix)
-    return load_yaml_node(p, schema, group)
+            meant = repr(near[0]) if near and key is None else written(key, near[0]) if near else ""
+            raise ConfigError(key or group, str(name_or_path), "no such preset or file",
+                              f"did you mean {meant}? (or {fix})" if near else fix)
+    return load_yaml_node(p, schema, group, named=key)
 
 
 def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "config") -> DictConfig:
@@ -487,23 +495,26 @@ def reapply_overrides(cfg: DictConfig, key: str, overrides: list[str] | tuple[st
                 raise ConfigError(k, v, clean_message(str(e)), f"see {doc_page(key)} for its keys") from None
 
 
-def load_yaml_node(path: str | Path, schema: type, key: str) -> DictConfig:
-    """Load one YAML file and check it against ``schema`` (unknown keys and wrong types fail)."""
+def load_yaml_node(path: str | Path, schema: type, key: str, named: str | None = None) -> DictConfig:
+    """Load one YAML file and check it against ``schema`` (unknown keys and wrong types fail).
+    ``key``: the file's group (``model``), the prefix of the keys inside it (``model.hidden_size``);
+    ``named``: what named the file, for the errors about the whole file (default ``key``)."""
+    named = named or key
     try:
         raw = OmegaConf.load(path)
     except Exception as e:
-        raise ConfigError(key, str(path), f"cannot read YAML ({e})",
+        raise ConfigError(named, str(path), f"cannot read YAML ({e})",
                           "correct the syntax at the line and column named (quote values holding ':' or '#')") from None
     if not isinstance(raw, DictConfig):
-        raise ConfigError(key, str(path), "the file holds a list, not a mapping of keys",
+        raise ConfigError(named, str(path), "the file holds a list, not a mapping of keys",
                           f"see {doc_page(key)} for the format and `hexiscale list` for the presets")
     if isinstance(raw, DictConfig) and "defaults" in raw:
         raw = OmegaConf.masked_copy(raw, [k for k in raw if k != "defaults"])
     if len(raw) == 0:
-        raise ConfigError(key, str(path), "the file is empty", f"describe the {key} in it; see {doc_page(key)}")
+        raise ConfigError(named, str(path), "the file is empty", f"describe the {key} in it; see {doc_page(key)}")
     from lightning_hexiscale.config.suggest import check_file_kind, check_interpolations, check_yaml_keys
 
-    check_file_kind(raw.keys(), "cluster" if schema is ClusterConfig else "model", key, str(path))
+    check_file_kind(raw.keys(), "cluster" if schema is ClusterConfig else "model", named, str(path))
     check_yaml_keys(raw, schema, key, str(path))  # a typo (bandwith) names the closest key
     try:
         node = OmegaConf.merge(OmegaConf.structured(schema), raw)

@@ -26,6 +26,18 @@ def closest(name: str, candidates: list[str]) -> list[str]:
     return difflib.get_close_matches(name, candidates, n=3, cutoff=0.6)
 
 
+def written(key: str, value: str) -> str:
+    """``value`` as the user gives it under ``key``: after a flag (``--model llama_tiny``), as the argument
+    of a call (key ``LlamaLitModule(config)``: ``LlamaLitModule(config='hf:/m')``), else as an override
+    (``model=llama_tiny``). So a fix reads in the words of the call that failed."""
+    if key.startswith("--"):
+        return f"{key} {value}"
+    call = re.fullmatch(r"([\w.]+)\((\w+)\)", key)
+    if call:
+        return f"{call[1]}({call[2]}={value!r})"
+    return f"{key}={value}"
+
+
 def unknown_key_error(key: str, value: Any, name: str, fields: list[str], schema: str) -> ConfigError:
     """The ConfigError for ``key`` (whose last part ``name`` is not among ``fields`` of ``schema``)."""
     parent = key[: -len(name)]

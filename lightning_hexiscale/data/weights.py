@@ -34,7 +34,6 @@ from pathlib import Path
 import torch
 
 from lightning_hexiscale.config.file_errors import expand_user
-from lightning_hexiscale.config.hf_model import read_hf_config
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.models.config import LlamaConfig
 
@@ -292,20 +291,16 @@ def load_hf(directory: str | Path, seq_len: int | None = None,
     ``config.json`` (``seq_len`` defaults to the pre-training context, see
     :meth:`LlamaConfig.from_hf`) and a lazy mapping global name -> full tensor (:class:`HFWeights`).
     ``key``: what named the directory, for the errors about it and its config.json."""
-    d = expand_user(directory)
-    config = LlamaConfig.from_hf(read_hf_config(d, key), f"hf:{d.resolve()}", seq_len,
-                                 where=str(d / "config.json"))
-    return config, HFWeights(d, config)
+    config = LlamaConfig.from_hf_dir(directory, seq_len, key)
+    return config, HFWeights(directory, config)
 
 
 def check_hf_config(directory: str | Path, config: LlamaConfig) -> LlamaConfig:
     """``config`` (e.g. a preset) against the directory's ``config.json``: a ConfigError names the
     first field that differs (shape, norm epsilon, RoPE theta and scaling, tied head) or a
     ``seq_len`` beyond the weights' context. Returns the directory's own config."""
-    d = expand_user(directory)
-    theirs = LlamaConfig.from_hf(read_hf_config(d, "trainer.weights"), f"hf:{d.resolve()}",
-                                 where=str(d / "config.json"))
-    config.check_matches(theirs, str(d))
+    theirs = LlamaConfig.from_hf_dir(directory, key="trainer.weights")
+    config.check_matches(theirs, str(expand_user(directory)))
     return theirs
 
 

@@ -62,7 +62,7 @@ class LlamaLitModule(pl.LightningModule):
             raise ConfigError("LlamaLitModule(config)", shown(config), f"is of type {type(config).__name__}; it must "
                               "be a LlamaConfig, a preset name, 'hf:/path/to/dir' or a transformers LlamaConfig",
                               "pass e.g. LlamaLitModule('llama_tiny')")
-        self.config = LlamaConfig.load(config) if isinstance(config, str) else config
+        self.config = LlamaConfig.load(config, key="LlamaLitModule(config)") if isinstance(config, str) else config
         _check_optimizer_args(lr, weight_decay, betas, warmup_steps, init_seed, dtype, eps)
         self.lr, self.weight_decay, self.betas, self.eps = lr, weight_decay, tuple(betas), eps
         self.warmup_steps, self.init_seed, self.param_dtype = warmup_steps, init_seed, dtype

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import MISSING as MISSING_FIELD
 from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 from typing import Any
 
 from lightning_hexiscale.config.file_errors import expand_user
@@ -415,18 +416,29 @@ class LlamaConfig:
         return cls(**d)
 
     @classmethod
-    def load(cls, name_or_path: str) -> LlamaConfig:
+    def load(cls, name_or_path: str, *, key: str | None = None) -> LlamaConfig:
         """A preset name (conf/model/NAME.yaml), a path to a model YAML, or ``hf:/path/to/dir``
-        (the shape of a local Hugging Face directory, from its config.json)."""
-        from lightning_hexiscale.config.hf_model import parse_hf_ref, read_hf_config
+        (the shape of a local Hugging Face directory, from its config.json). ``key``: what named it
+        (e.g. the flag ``--model``), for the errors about the name and the file as a whole; keys inside
+        the file keep their own names (``model.hidden_size``). Default ``model``."""
+        from lightning_hexiscale.config.hf_model import parse_hf_ref
         from lightning_hexiscale.config.schema import ModelConfig, check_name_or_path, load_preset
 
-        check_name_or_path(name_or_path, "model", "llama_tiny")  # before parse_hf_ref reads it as a str
+        check_name_or_path(name_or_path, key or "model", "llama_tiny")  # before parse_hf_ref reads it as a str
         hf_dir = parse_hf_ref(name_or_path)
         if hf_dir is not None:
-            d = expand_user(hf_dir)
-            return cls.from_hf(read_hf_config(d), f"hf:{d.resolve()}", where=str(d / "config.json"))
-        return cls.from_config(load_preset("model", name_or_path, ModelConfig))
+            return cls.from_hf_dir(hf_dir, key=key or "model")
+        return cls.from_config(load_preset("model", name_or_path, ModelConfig, key=key))
+
+    @classmethod
+    def from_hf_dir(cls, directory: str | Path, seq_len: int | None = None, key: str = "model") -> LlamaConfig:
+        """The shape of a LOCAL Hugging Face directory, from its config.json (:meth:`from_hf`), named
+        ``hf:<absolute dir>``. ``key``: what named the directory, for the errors about it
+        (:func:`~lightning_hexiscale.config.hf_model.read_hf_config`)."""
+        from lightning_hexiscale.config.hf_model import read_hf_config
+
+        d = expand_user(directory)
+        return cls.from_hf(read_hf_config(d, key), f"hf:{d.resolve()}", seq_len, where=str(d / "config.json"))
 
 
 def _show(v: Any) -> Any:
