@@ -15,21 +15,23 @@ from typing import Any
 from lightning_hexiscale.errors import ConfigError, shown
 
 
-def is_file(p: str | os.PathLike) -> bool:
-    """``Path(p).is_file()``, False for a name the OS refuses (longer than NAME_MAX: pathlib raises
-    OSError 'File name too long' there instead of answering)."""
+def _asks(p: str | os.PathLike, question) -> bool:
+    """``question(Path(p))``, False for a name the OS refuses (longer than NAME_MAX: pathlib raises
+    OSError 'File name too long' there instead of answering; an embedded NUL byte: ValueError)."""
     try:
-        return Path(p).is_file()
-    except (OSError, ValueError):  # ValueError: an embedded NUL byte
+        return question(Path(p))
+    except (OSError, ValueError):
         return False
+
+
+def is_file(p: str | os.PathLike) -> bool:
+    """``Path(p).is_file()``, False for a name the OS refuses (:func:`_asks`)."""
+    return _asks(p, Path.is_file)
 
 
 def is_dir(p: str | os.PathLike) -> bool:
-    """``Path(p).is_dir()``, False for a name the OS refuses (as :func:`is_file`)."""
-    try:
-        return Path(p).is_dir()
-    except (OSError, ValueError):
-        return False
+    """``Path(p).is_dir()``, False for a name the OS refuses (:func:`_asks`)."""
+    return _asks(p, Path.is_dir)
 
 
 def expand_user(p: str | os.PathLike) -> Path:
