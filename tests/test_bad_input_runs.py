@@ -94,6 +94,10 @@ RECIPE_CASES = {
                      ["data.path = ", "1001 bytes is not a whole number of uint16 tokens"]),
     "bin_without_path": (["data.kind=bin", "dry_run=false"], ["data.path = None: data.kind=bin reads a local file"]),
     "unknown_data_kind": (["data.kind=csv", "dry_run=false"], ["data.kind = 'csv'"]),
+    # dry_run=true skipped data.* and said "planned only"; the settings are checked, the file not
+    "unknown_data_kind_dry_run": (["data.kind=csv"], ["data.kind = 'csv': must be one of generated, text, bin"]),
+    "data_path_without_kind_dry_run": (["data.path=book.txt"], ["data.path = 'book.txt': data.kind=generated",
+                                                                "set data.kind=text"]),
     "empty_cluster_file": ([f"cluster={BAD}/cluster/empty.yaml"], ["cluster = ", "the file is empty"]),
     "duplicate_machine_names": ([f"cluster={BAD}/cluster/duplicate_names.yaml"],
                                 ["cluster.machines[1].name = 'a': machine names must be unique"]),
@@ -133,6 +137,16 @@ def test_recipe_rejects_bad_command_line(case, tmp_path, monkeypatch, capfd):
     for text in expected:
         assert text in errors[0], errors[0]
     assert "Initializing distributed" not in stderr + stdout  # refused before any rank started
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_a_dry_run_plans_for_a_data_file_that_is_elsewhere(tmp_path, monkeypatch, capfd):
+    """dry_run plans anywhere: the data file may be on the training machines only, so it is not read."""
+    code, stdout, stderr = run_recipe(["cluster=cpu_demo", "dry_run=true", "data.kind=text",
+                                       f"data.path={tmp_path}/on_the_cluster.txt", f"hydra.run.dir={tmp_path}"],
+                                      tmp_path, monkeypatch, capfd)
+    assert code == 0 and "dry_run=true: planned only." in stdout, stderr[-2000:]
 
 
 def run_recipe(argv: list[str], cwd: Path, monkeypatch, capfd) -> tuple[int, str, str]:

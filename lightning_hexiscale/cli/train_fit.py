@@ -26,6 +26,15 @@ def load_dataset(cfg: DictConfig, model):
                         vocab_size=model.vocab_size, dtype=d.get("dtype"))
 
 
+def check_data(cfg: DictConfig, model) -> None:
+    """``data.*`` as far as it can be checked without its file (:func:`~lightning_hexiscale.data.datasets.check_data_settings`):
+    what ``dry_run=true`` checks, since it plans anywhere, also where the file is not."""
+    from lightning_hexiscale.data.datasets import check_data_settings
+
+    d = cfg.data
+    check_data_settings(d.kind, d.path, model.vocab_size, d.get("dtype"))
+
+
 def make_data(cfg: DictConfig, model, global_batch: int, dataset=None, pipeline_batches=None):
     """(train, validation) DataLoaders of whole global batches: the last ``data.val_samples``
     sequences (at most a tenth) validate, the rest train, shuffled by the seed Lightning set.

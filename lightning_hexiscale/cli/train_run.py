@@ -13,7 +13,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from lightning_hexiscale.cli.common import with_cluster_file
-from lightning_hexiscale.cli.train_fit import check_logger, fit, load_dataset, quiet_logs
+from lightning_hexiscale.cli.train_fit import check_data, check_logger, fit, load_dataset, quiet_logs
 from lightning_hexiscale.cli.train_job import (HEXISCALE, AppName, apply_file_overrides, auto_cluster, is_multirun,
                                                cluster_file_given, is_rank_zero, output_dir, overrides_given, say)
 from lightning_hexiscale.cli.train_plan import (check_search_overrides, effective_config, launch_settings, make_plan,
@@ -187,6 +187,8 @@ def run(cfg: DictConfig, progress: JobWatch | None = None, app: AppName = HEXISC
 
         check_model(cfg.trainer.resume, model, key="trainer.resume")
     dataset = None if cfg.dry_run else load_dataset(cfg, model)
+    if cfg.dry_run:  # the file may be on the training machines only; the settings are checked here too
+        check_data(cfg, model)
     if auto_cluster() and "LOCAL_RANK" not in os.environ:  # cluster=auto (the default): discover, then plan
         from lightning_hexiscale.cli.train_discover import discover_for_train
         from lightning_hexiscale.lightning.plan_resolution import load_plan_arg

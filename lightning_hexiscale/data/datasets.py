@@ -225,10 +225,12 @@ def generated_corpus(num_samples: int, seq_len: int, seed: int = 0) -> TokenWind
     return TokenWindows(byte_tokenize(text), seq_len, BYTE_VOCAB, key="data")
 
 
-def make_dataset(kind: str, seq_len: int, *, path: str | None = None, num_samples: int = 512, seed: int = 0,
-                 vocab_size: int | None = None, dtype: str | None = None) -> TokenWindows:
-    """Dataset by kind: ``generated`` (default demo data), ``text`` (``path``: UTF-8 file, byte
-    tokens) or ``bin`` (``path``: token file of ``hexiscale prepare-data``, or raw ids of ``dtype``)."""
+def check_data_settings(kind: str, path: str | None = None, vocab_size: int | None = None,
+                        dtype: str | None = None) -> None:
+    """What :func:`make_dataset` refuses without reading a file: an unknown ``kind``, a ``path`` that
+    ``generated`` would never read, a ``dtype`` of a kind that reads no token ids, a file kind without
+    a ``path``, byte-level text for a vocabulary under 256. ``hexiscale train dry_run=true`` checks
+    these alone: the file itself may be on the training machines only."""
     if kind not in ("generated", "text", "bin"):
         raise ConfigError("data.kind", kind, "must be one of generated, text, bin", "use data.kind=generated")
     if kind == "generated" and path is not None:
@@ -241,14 +243,21 @@ def make_dataset(kind: str, seq_len: int, *, path: str | None = None, num_sample
     if dtype is not None and kind != "bin":
         raise ConfigError("data.dtype", dtype, f"only data.kind=bin reads token ids of a dtype, not data.kind={kind}",
                           "drop data.dtype, or set data.kind=bin for a file of raw token ids")
+    if kind != "generated" and path is None:
+        raise ConfigError("data.path", None, f"data.kind={kind} reads a local file", "set data.path=/path/to/file")
+    if kind == "text" and vocab_size is not None and vocab_size < BYTE_VOCAB:
+        raise ConfigError("model.vocab_size", vocab_size, "byte-level text needs a vocabulary of 256",
+                          "use a model with vocab_size >= 256")
+
+
+def make_dataset(kind: str, seq_len: int, *, path: str | None = None, num_samples: int = 512, seed: int = 0,
+                 vocab_size: int | None = None, dtype: str | None = None) -> TokenWindows:
+    """Dataset by kind: ``generated`` (default demo data), ``text`` (``path``: UTF-8 file, byte
+    tokens) or ``bin`` (``path``: token file of ``hexiscale prepare-data``, or raw ids of ``dtype``).
+    The settings are checked first (:func:`check_data_settings`), then the file."""
+    check_data_settings(kind, path, vocab_size, dtype)
     if kind == "generated":
         return generated_corpus(num_samples, seq_len, seed)
-    if path is None:
-        raise ConfigError("data.path", None, f"data.kind={kind} reads a local file", "set data.path=/path/to/file")
     if kind == "text":
-        ds = text_file_dataset(path, seq_len)
-        if vocab_size is not None and vocab_size < BYTE_VOCAB:
-            raise ConfigError("model.vocab_size", vocab_size, "byte-level text needs a vocabulary of 256",
-                              "use a model with vocab_size >= 256")
-        return ds
+        return text_file_dataset(path, seq_len)
     return TokenFileDataset(path, seq_len, vocab_size, dtype)
