@@ -27,8 +27,9 @@ def load_dataset(cfg: DictConfig, model):
 
 
 def check_data(cfg: DictConfig, model) -> None:
-    """``data.*`` as far as it can be checked without its file (:func:`~lightning_hexiscale.data.datasets.check_data_settings`):
-    what ``dry_run=true`` checks, since it plans anywhere, also where the file is not."""
+    """``data.*`` as far as it can be checked without its file
+    (:func:`~lightning_hexiscale.data.datasets.check_data_settings`): what ``dry_run=true`` checks,
+    since it plans anywhere, also where the file is not."""
     from lightning_hexiscale.data.datasets import check_data_settings
 
     d = cfg.data

@@ -326,9 +326,9 @@ def load_preset(group: str, name_or_path: str, schema: type, key: str | None = N
             names = preset_names(group)
             fix = f"use a path or one of: {', '.join(names)}"
             near = difflib.get_close_matches(str(name_or_path), names, n=1, cutoff=0.6)
-            meant = repr(near[0]) if near and key is None else written(key, near[0]) if near else ""
-            raise ConfigError(key or group, str(name_or_path), "no such preset or file",
-                              f"did you mean {meant}? (or {fix})" if near else fix)
+            if near:  # quoted for the API's loaders, else as the key takes it (--model llama_tiny)
+                fix = f"did you mean {repr(near[0]) if key is None else written(key, near[0])}? (or {fix})"
+            raise ConfigError(key or group, str(name_or_path), "no such preset or file", fix)
     return load_yaml_node(p, schema, group, named=key)
 
 
