@@ -172,3 +172,35 @@ def test_a_weights_file_given_as_the_directory_names_the_directory_as_the_key_ta
     with pytest.raises(ConfigError) as e:
         read_hf_config(tmp_path / "model.safetensors", key)
     assert e.value.key == key and e.value.fix == fix.format(d=tmp_path), e.value
+
+
+def _strategy(**kwargs):
+    from lightning_hexiscale.lightning import HexiScaleStrategy
+
+    return HexiScaleStrategy(**kwargs)
+
+
+@pytest.mark.parametrize("load, given, key, fix", [
+    (lambda v: LlamaConfig.load(v, key="--model"), "plan", "--model",
+     "give it as the plan (hexiscale train plan={f}), and a model file here"),
+    (lambda v: Plan.load(v, "--plan"), "cluster", "--plan", "give it as the cluster (cluster={f}), and a plan file here"),
+    (lambda v: _strategy(cluster=v), "plan", "HexiScaleStrategy(cluster)",
+     "give it as the plan (HexiScaleStrategy(plan='{f}')), and a cluster file here"),
+    (lambda v: _strategy(plan=v), "model", "HexiScaleStrategy(plan)",
+     "give it as the model (LlamaLitModule(config='{f}')), and a plan file here"),
+    (_lit, "cluster", "LlamaLitModule(config)",
+     "give it as the cluster (HexiScaleStrategy(cluster='{f}')), and a model file here"),
+], ids=["discover-model-flag", "estimate-plan-flag", "strategy-cluster", "strategy-plan", "LlamaLitModule"])
+def test_a_file_of_another_kind_is_sent_where_it_belongs_in_the_callers_words(load, given, key, fix):
+    """The fix said plan=p.yaml (the recipe's override) to discover's --model, which has no plan, and
+    to HexiScaleStrategy(cluster=...), whose sibling is HexiScaleStrategy(plan=...)."""
+    with pytest.raises(ConfigError) as e:
+        load(FILES[given])
+    assert (e.value.key, e.value.fix) == (key, fix.format(f=FILES[given])), e.value
+
+
+def test_a_misspelled_cluster_preset_is_written_as_the_strategy_takes_it():
+    with pytest.raises(ConfigError) as e:
+        _strategy(cluster="hetro3")
+    assert e.value.key == "HexiScaleStrategy(cluster)", e.value
+    assert e.value.fix.startswith("did you mean HexiScaleStrategy(cluster='hetero3')?"), e.value

@@ -428,11 +428,13 @@ class Cluster:
         return cls(name, devices, machines, bw, lat, cal, c.get("description", ""), nics, tables)
 
     @classmethod
-    def load(cls, name_or_path: str) -> Cluster:
-        """A preset name (conf/cluster/NAME.yaml) or a path to a cluster YAML."""
+    def load(cls, name_or_path: str, *, key: str | None = None) -> Cluster:
+        """A preset name (conf/cluster/NAME.yaml) or a path to a cluster YAML. ``key``: what named it
+        (``HexiScaleStrategy(cluster)``), so that the errors about the name or the whole file are
+        written as that key takes it (:func:`~lightning_hexiscale.config.schema.load_preset`)."""
         from lightning_hexiscale.config.schema import ClusterConfig, load_preset
 
-        return cls.from_config(load_preset("cluster", name_or_path, ClusterConfig))
+        return cls.from_config(load_preset("cluster", name_or_path, ClusterConfig, key))
 
 
 MAX_DEVICES_PER_MACHINE = 1024

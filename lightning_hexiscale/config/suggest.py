@@ -26,13 +26,17 @@ def closest(name: str, candidates: list[str]) -> list[str]:
     return difflib.get_close_matches(name, candidates, n=3, cutoff=0.6)
 
 
+CALL_KEY = re.compile(r"([\w.]+)\((\w+)\)")
+"""The key of a call's argument, as the errors name it: ``LlamaLitModule(config)``."""
+
+
 def written(key: str, value: str) -> str:
     """``value`` as the user gives it under ``key``: after a flag (``--model llama_tiny``), as the argument
     of a call (key ``LlamaLitModule(config)``: ``LlamaLitModule(config='hf:/m')``), else as an override
     (``model=llama_tiny``). So a fix reads in the words of the call that failed."""
     if key.startswith("--"):
         return f"{key} {value}"
-    call = re.fullmatch(r"([\w.]+)\((\w+)\)", key)
+    call = CALL_KEY.fullmatch(key)
     if call:
         return f"{call[1]}({call[2]}={value!r})"
     return f"{key}={value}"
@@ -240,7 +244,24 @@ def check_file_kind(keys: Any, wanted: str, key: str, path: str, error: type[Con
     kind = file_kind(names)
     if kind is not None and kind != wanted and FILE_MARKERS[wanted] not in names:
         raise error(key, path, f"is a {kind} file (it has {FILE_MARKERS[kind]}:), not a {wanted} file",
-                    f"give it as the {kind} ({kind}={path}), and a {wanted} file here")
+                    f"give it as the {kind} ({given_as(kind, key, path)}), and a {wanted} file here")
+
+
+CALL_FOR_KIND = {"plan": "HexiScaleStrategy(plan)", "cluster": "HexiScaleStrategy(cluster)",
+                 "model": "LlamaLitModule(config)"}
+"""The argument of the Python API that takes each kind of file."""
+
+
+def given_as(kind: str, key: str, path: str) -> str:
+    """Where a ``kind`` file (plan, cluster or model) goes, in the words of the ``key`` that was given
+    it instead: a call's argument (``HexiScaleStrategy(plan='p.yaml')``) after a call's, an override
+    (``plan=p.yaml``) after an override or ``--plan`` (estimate and calibrate take overrides beside it),
+    the training command after another flag (``discover``/``profile --model`` take no plan or cluster)."""
+    if CALL_KEY.fullmatch(key):
+        return written(CALL_FOR_KIND[kind], path)
+    if key.startswith("--") and key != "--plan":
+        return f"hexiscale train {kind}={path}"
+    return f"{kind}={path}"
 
 
 def check_yaml_keys(raw: DictConfig, schema: type, key: str, path: str) -> None:

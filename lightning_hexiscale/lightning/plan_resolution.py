@@ -24,6 +24,7 @@ import torch
 
 from lightning_hexiscale.config import catalog
 from lightning_hexiscale.config.cluster import Cluster
+from lightning_hexiscale.config.suggest import CALL_KEY
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.lightning.launch.guard import mark_agreed
 from lightning_hexiscale.lightning.step_adapter import frozen
@@ -41,7 +42,9 @@ def load_cluster_arg(cluster: str | Path | Cluster | None, key: str = "HexiScale
     YAML path, read now; ``"auto"`` stays ``"auto"`` (discovered at setup)."""
     if cluster is None or isinstance(cluster, Cluster) or cluster == AUTO:
         return cluster
-    try:
+    if CALL_KEY.fullmatch(key):  # a fix written as the call takes it: HexiScaleStrategy(cluster='hetero3')
+        return Cluster.load(str(cluster), key=key)
+    try:  # a plan file's meta.cluster: a field, not an override, so its fix stays quoted ('hetero3')
         return Cluster.load(str(cluster))
     except ConfigError as e:
         if e.key != "cluster":  # an error inside the file names its own key

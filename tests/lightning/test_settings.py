@@ -133,11 +133,11 @@ def test_a_misspelled_preset_names_the_closest_one():
     from lightning_hexiscale import Cluster
     from lightning_hexiscale.models.config import LlamaConfig
 
-    for load, wrong, meant in ((lambda v: HexiScaleStrategy(cluster=v), "hetro3", "hetero3"),
-                               (Cluster.load, "cpu_hetro4", "cpu_hetero4"), (LlamaConfig.load, "lama_tiny", "llama_tiny")):
+    for load, wrong, meant in ((lambda v: HexiScaleStrategy(cluster=v), "hetro3", "HexiScaleStrategy(cluster='hetero3')"),
+                               (Cluster.load, "cpu_hetro4", "'cpu_hetero4'"), (LlamaConfig.load, "lama_tiny", "'llama_tiny'")):
         with pytest.raises(ConfigError) as ei:
             load(wrong)
-        assert ei.value.fix.startswith(f"did you mean '{meant}'? (or use a path or one of: "), ei.value
+        assert ei.value.fix.startswith(f"did you mean {meant}? (or use a path or one of: "), ei.value
     with pytest.raises(ConfigError) as ei:
         Cluster.load("zzz")
     assert ei.value.fix.startswith("use a path or one of: ") and "did you mean" not in ei.value.fix, ei.value
