@@ -241,7 +241,7 @@ def test_efficiency_is_a_fraction_of_the_peak_it_names():
     """``gpu_types.<type>.efficiency``: at most 1 of a catalog type's datasheet peak; up to 10 of a
     declared flops, which may be a measured rate that training beats a little (what hexiscale
     calibrate fits on a profiled CPU cluster). 2**70 was accepted and priced every layer at ~0 s."""
-    from lightning_hexiscale.config.cluster import MAX_EFFICIENCY
+    from lightning_hexiscale.config.gpu_types import MAX_EFFICIENCY
     from lightning_hexiscale.errors import ConfigError
 
     def cluster(gpu, entry):

@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Optional
 import yaml
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from lightning_hexiscale.config.compose_errors import compose_error, hydra_quoted  # noqa: F401 (hydra_quoted: re-exported)
 from lightning_hexiscale.config.layer_table import LayerTableConfig
 from lightning_hexiscale.config.recipe import DataConfig, TrainerConfig
 from lightning_hexiscale.config.file_errors import (  # noqa: F401 (DOC_PAGES, is_file: re-exported)
@@ -41,7 +42,7 @@ class GpuTypeConfig:
     """Sustained fraction of ``flops`` the cost model assumes (FLOPs / (flops x efficiency)), as
     ``hexiscale calibrate`` fits it; null: not calibrated (CUDA plans use the roofline where the
     type has a ``memory_bandwidth``, else ``flops`` itself). In (0, 1] of a catalog type's datasheet
-    ``flops``; in (0, 10] of a ``flops`` given here (``config.cluster.check_efficiency``)."""
+    ``flops``; in (0, 10] of a ``flops`` given here (``config.gpu_types.check_efficiency``)."""
     hopper: Optional[bool] = None
     fp32_flops: Optional[str] = None
     """Peak FP32 throughput without tensor cores, e.g. "67 TFLOPS": what 32-true runs at."""
@@ -365,7 +366,8 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "con
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
             cfg = hydra_compose(config_name=config_name, overrides=rest)
     except Exception as e:  # Hydra wraps every composition error; keep its message, drop the traceback
-        error = _compose_error(e, rest)
+        error = compose_error(e, rest, preset_names,
+                              {n: v for n, v in globals().items() if dataclasses.is_dataclass(v)})
     finally:
         GlobalHydra.instance().clear()
     if error is not None or any(o.startswith("+") for o in rest):
@@ -573,88 +575,6 @@ def merge_error(e: Exception, data: Any, key: str, where: str) -> ConfigError:
                            else f"write it as a mapping of those keys (see {doc_page(key)})")
     return ConfigError(bad, found[1] if found else where, f"{clean_message(str(e))} (in {where})",
                        f"see {doc_page(key)} for the format of this file")
-
-
-def _compose_error(e: Exception, overrides: list[str]) -> ConfigError:
-    msg = clean_message(str(e))
-    cause = e.__cause__ or e.__context__
-    if cause is not None and str(cause) and str(cause) not in msg:
-        msg += ": " + clean_message(str(cause))
-    for group in ("cluster", "model", "train", "planner"):
-        if f"'{group}/" in msg or f"group {group}" in msg or f"{group}=" in msg:
-            fix = f"available {group} presets: {', '.join(preset_names(group))}"
-            value = next((o.split("=", 1)[1] for o in overrides if o.startswith(group + "=")), group)
-            msg = msg.split(" Available options")[0]
-            near = difflib.get_close_matches(value, preset_names(group), n=1, cutoff=0.6)
-            if near and value not in preset_names(group):  # a misspelled preset: the one it most likely meant
-                fix = f"did you mean {group}={near[0]}? ({fix})"
-            if group == "cluster" and value == "auto":  # not a preset: the train app and the strategy discover
-                fix = ("cluster=auto is for `hexiscale train` and HexiScaleStrategy; here discover first "
-                       "(`hexiscale discover --local 4 --model <model> --out my_cluster.yaml`), then pass "
-                       f"cluster=my_cluster.yaml, or a preset: {', '.join(preset_names(group))}")
-            return ConfigError(group, value, msg, fix)
-    # Lightning's checkpoint names (epoch=0-step=2.ckpt) carry '=': Hydra's grammar then needs the value quoted
-    unquoted = [o for o in overrides if o.count("=") > 1 and not re.match(r"^[^=]*=\s*['\"]", o)]
-    if unquoted and "mismatched input '='" in msg:
-        key, value = unquoted[0].split("=", 1)
-        return ConfigError(key, value, "a value containing '=' must be quoted in a Hydra override",
-                           f"quote it, e.g. {key}='{value}' (in a shell: \"{key}='{value}'\")")
-    # '+key=v' appends a key the config lacks; for one it has, Hydra's message names the whole command line
-    there = re.search(r"An item is already at '([^']+)'", msg)
-    added = next((o[1:] for o in overrides if there and o.startswith(f"+{there.group(1)}=")), None)
-    if added is not None:
-        return ConfigError(there.group(1), "+" + added, "'+' adds a key the configuration does not have, and this "
-                           "one is there already", f"drop the '+': {added}")
-    # a top-level key the root lacks (max_steps=3): Hydra names the whole command line and advises '+'
-    top = re.search(r"Could not override '(\w+)'.*Key '\1' not in '(\w+)'", msg)
-    root = globals().get(top.group(2)) if top else None
-    if top and dataclasses.is_dataclass(root):
-        from lightning_hexiscale.config.suggest import top_key_error
-
-        name = top.group(1)
-        value = next((o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+") == name), "...")
-        return top_key_error(name, value, root)
-    unreadable = _unparsable_override(overrides)
-    if unreadable is not None:  # Hydra named the whole command line and its lexer's state
-        key, value, reason = unreadable
-        quoted = f"{key}={hydra_quoted(value, always=True)}"
-        return ConfigError(key.lstrip("+~"), value, f"Hydra's override grammar cannot read this value ({reason})",
-                           f"quote it if it is a literal: {quoted} (in a shell: \"{quoted}\"); the grammar: "
-                           "https://hydra.cc/docs/advanced/override_grammar/basic/")
-    return ConfigError("overrides", " ".join(overrides), msg, "check key names against conf/ and the schemas in lightning_hexiscale/config/schema.py")
-
-
-_UNQUOTED = re.compile(r"[\w\-+./:@%]+")
-"""Characters a value may hold unquoted in a Hydra override whatever surrounds them (a subset of its grammar's)."""
-
-
-def hydra_quoted(value: str, always: bool = False) -> str:
-    """``value`` as a Hydra override writes it: as is when it holds only plain characters (letters,
-    digits, ``_-+./:@%``), else in single quotes with its own quotes escaped (``~``, ``#``, ``(`` or a
-    quote were the lexer's errors: ``trainer.weights=/data/t~x``)."""
-    if not always and _UNQUOTED.fullmatch(value):
-        return value
-    return "'" + value.replace("'", "\\'") + "'"
-
-
-def _unparsable_override(overrides: list[str]) -> tuple[str, str, str] | None:
-    """(key, value, Hydra's reason) of the first override Hydra's parser refuses on its own, or None."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
-    parser = OverridesParser.create()
-    for o in overrides:
-        if "=" not in o:
-            continue
-        try:
-            parser.parse_overrides([o])
-        except HydraException as e:
-            text = f"{e} {e.__cause__ or e.__context__ or ''}"  # a lexer's error: the character is in its context
-            reason = re.search(r"(token recognition error at: '.*'|mismatched input '.*?'|extraneous input '.*?'|"
-                               r"missing .*? at '.*?'|no viable alternative at input '.*?')", text)
-            key, _, value = o.partition("=")
-            return key, value, reason.group(1) if reason else clean_message(str(e)).split("\n")[0]
-    return None
 
 
 def to_container(cfg: Any) -> Any:

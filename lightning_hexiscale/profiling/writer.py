@@ -33,7 +33,7 @@ import numpy as np
 import yaml
 
 from lightning_hexiscale.config import catalog
-from lightning_hexiscale.config.cluster import check_efficiency
+from lightning_hexiscale.config.gpu_types import check_efficiency
 from lightning_hexiscale.config.units import format_bandwidth
 from lightning_hexiscale.profiling.fit import NicFit
 

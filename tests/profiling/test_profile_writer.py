@@ -88,7 +88,7 @@ def test_update_calibration_keeps_the_rest(tmp_path):
 
 
 def test_update_calibration_refuses_an_efficiency_the_loader_would(tmp_path):
-    """A fit past the loader's bound (config.cluster.check_efficiency) is refused before the file is
+    """A fit past the loader's bound (config.gpu_types.check_efficiency) is refused before the file is
     written: it was written, and the file then no longer loaded."""
     from lightning_hexiscale.errors import ConfigError
 
