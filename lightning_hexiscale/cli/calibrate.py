@@ -16,9 +16,9 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from lightning_hexiscale.cli.common import (add_launch_args, add_precision_arg, compose_plan_config, non_negative_int,
-                                            plan_override, plan_source, positive_int, resolve_precision,
-                                            subcommand)
+from lightning_hexiscale.cli.common import (add_launch_args, add_precision_arg, check_output_file,
+                                            compose_plan_config, non_negative_int, plan_override, plan_source,
+                                            positive_int, resolve_precision, subcommand)
 from lightning_hexiscale.cli.profile import add_layer_time_args
 from lightning_hexiscale.config.schema import is_file
 from lightning_hexiscale.errors import ConfigError
@@ -95,9 +95,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                           f"plan={given} with the same overrides; to calibrate: drop plan=")
     path = _cluster_file(args.overrides)
     if args.out is not None and args.local:  # before minutes of measuring (external launches: at the write)
-        from lightning_hexiscale.cli.common import check_output_file
-
-        check_output_file("--out", args.out, "cluster.yaml")
+        check_output_file("--out", args.out, "cluster.yaml", kind="cluster")
     cfg = compose(args.overrides)
     # Fit against the measured link latencies: take out a delta an earlier calibration added.
     cluster = with_calibration(Cluster.from_config(cfg.cluster), sync_latency_s=-previous_sync_latency(path))
@@ -117,6 +115,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     print(res.summary())
     out = Path(args.out) if args.out else path
     if out.resolve() != path.resolve():  # the copy gets a matrix file of its own: the fit rewrites it
+        check_output_file("--out", str(out), "cluster.yaml", kind="cluster")  # an external launch's first check
         out = copy_cluster(path, out)
     update_calibration(out, {"theta_ddp": res.theta_ddp}, res.efficiency, res.sync_latency_s)
     if res.layer_tables:

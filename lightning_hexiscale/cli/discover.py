@@ -113,7 +113,7 @@ def cmd_discover(args: argparse.Namespace) -> int:
 
     # before any rank starts; under an external launch rank 0 checks it inside discovery and every rank refuses alike
     if args.out is not None and args.local:
-        check_output_file("--out", args.out, "cluster.yaml")
+        check_output_file("--out", args.out, "cluster.yaml", kind="cluster")
     found = run_discover(args)
     er = env_rank() if not args.local else None
     if er is not None and er.rank != 0:  # an external launch: rank 0 prints

@@ -296,7 +296,7 @@ def check_plan_out(out: str, overrides: list[str], picture: str | None = None) -
     :func:`check_output_file` has refused a directory and a FIFO or device already."""
     import os
 
-    import yaml
+    from lightning_hexiscale.config.recipe import check_replaced_kind
 
     path = Path(out)
     if not path.exists():
@@ -312,16 +312,7 @@ def check_plan_out(out: str, overrides: list[str], picture: str | None = None) -
     if picture and Path(picture).exists() and os.path.samefile(picture, path):
         raise ConfigError("--out", out, "is also the --picture path: one file would replace the other",
                           "give the plan and the picture different paths (plan.yaml, plan.png)")
-    try:
-        text = path.read_text(encoding="utf-8")
-        data = yaml.safe_load(text) if text.strip() else {"pipelines": None}  # an empty file loses nothing
-    except (OSError, ValueError, yaml.YAMLError):
-        data = None
-    if not (isinstance(data, dict) and "pipelines" in data):  # no plan file: what it holds would be lost
-        raise ConfigError("--out", out, "exists and is not a plan file (it has no pipelines: key); writing the "
-                          "plan would replace what it holds",
-                          "give a new path, or the path of a plan file to replace (delete this file first if it "
-                          "is meant to go)")
+    check_replaced_kind("--out", out, "plan")  # notes or a config: what it holds would be lost
 
 
 def _write_file(flag: str, path: str, write) -> None:

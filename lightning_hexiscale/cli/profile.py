@@ -145,7 +145,7 @@ def _check_out_on_rank0(rank: int, out: str) -> None:
     error = None
     if rank == 0:
         try:
-            check_output_file("--out", out, "cluster.yaml")
+            check_output_file("--out", out, "cluster.yaml", kind="cluster")
         except ConfigError as e:
             error = e
     box = [error]
@@ -220,7 +220,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from lightning_hexiscale.profiling.writer import link_summary, write_cluster
 
     if args.local:  # before the measurement; an external launch's rank 0 checks it in _profile_rank
-        check_output_file("--out", args.out, "cluster.yaml")
+        check_output_file("--out", args.out, "cluster.yaml", kind="cluster")
     result = run_profile(args)
     if result is None:  # not rank 0 of an external launch: rank 0 writes
         return 0

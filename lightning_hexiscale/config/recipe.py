@@ -263,10 +263,12 @@ def check_values(cfg) -> None:
                           "for no clipping", "e.g. trainer.gradient_clip_val=1.0, or trainer.gradient_clip_val=null")
 
 
-def check_output_file(flag: str, path: str, example: str) -> None:
+def check_output_file(flag: str, path: str, example: str, kind: str | None = None) -> None:
     """``flag PATH`` names a file this command may write: checked before the work that fills it (a
     search, a measurement), so that a typo costs nothing. Missing folders are created when it is
-    written (as ``hexiscale profile`` and ``discover`` do); a folder, or a path below a file, is refused."""
+    written (as ``hexiscale profile`` and ``discover`` do); a folder, or a path below a file, is refused.
+    ``kind`` (``cluster``, ``plan``): the file written is of that kind, so an existing file it would
+    replace must be one too, or empty (:func:`check_replaced_kind`)."""
     from pathlib import Path
 
     from lightning_hexiscale.errors import ConfigError
@@ -286,6 +288,37 @@ def check_output_file(flag: str, path: str, example: str) -> None:
     refused = cannot_create_in(parent)
     if refused:
         raise ConfigError(flag, path, refused, "give a path inside a writable directory")
+    if kind is not None:
+        check_replaced_kind(flag, path, kind)
+
+
+def check_replaced_kind(flag: str, path: str, kind: str) -> None:
+    """An existing file at ``path`` that ``flag`` would replace with a ``kind`` file must be a ``kind``
+    file already (by its top-level keys: :data:`~lightning_hexiscale.config.suggest.FILE_MARKERS`) or
+    empty: ``hexiscale profile --out p.yaml`` replaced a plan file without a word."""
+    from pathlib import Path
+
+    import yaml
+
+    from lightning_hexiscale.config.suggest import FILE_MARKERS, file_kind
+    from lightning_hexiscale.errors import ConfigError
+
+    p = Path(path)
+    if not p.is_file():
+        return
+    try:
+        text = p.read_text(encoding="utf-8")
+        data = yaml.safe_load(text) if text.strip() else {FILE_MARKERS[kind]: None}  # empty: nothing is lost
+    except (OSError, ValueError, yaml.YAMLError):
+        data = None
+    found = file_kind(data) if isinstance(data, dict) else None
+    if found == kind:
+        return
+    what = (f"is a {found} file (it has {FILE_MARKERS[found]}:)" if found is not None
+            else f"is not a {kind} file (it has no {FILE_MARKERS[kind]}: key)")
+    raise ConfigError(flag, path, f"exists and {what}; writing the {kind} file there would replace what it holds",
+                      f"give a new path, or the path of a {kind} file to replace (delete this file first if it is "
+                      "meant to go)")
 
 
 def nearest_existing(path):

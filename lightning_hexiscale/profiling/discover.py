@@ -270,7 +270,7 @@ def _out_error(out: str | Path | None, cached: Path) -> ConfigError | None:
         return ConfigError("--out", str(out), "is the cache's matrix file, which the cached cluster file points to",
                            "give another path, e.g. --out cluster.yaml")
     try:
-        check_output_file("--out", str(out), "cluster.yaml")
+        check_output_file("--out", str(out), "cluster.yaml", kind="cluster")
     except ConfigError as e:
         return e
     return None
