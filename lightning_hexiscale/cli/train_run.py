@@ -85,9 +85,14 @@ def check_resume_alias(cfg: DictConfig) -> None:
     if alias == "best":
         raise ConfigError("trainer.resume", "best", "the recipe's ModelCheckpoint monitors no metric, so it keeps no "
                           "best checkpoint to resume", fix)
+    found = output_dir(cfg) / "checkpoints"
+    if (not cfg.trainer.resume and cfg.trainer.elastic is not True and not cfg.get("dry_run")
+            and any(found.glob("last*.ckpt"))):
+        # Lightning keeps the earlier run's last.ckpt and saves this one beside it (last-v1.ckpt)
+        say(f"{found} holds an earlier run's {', '.join(sorted(p.name for p in found.glob('last*.ckpt')))}: this "
+            "run starts from step 0 and saves its own beside it (trainer.resume=last continues the newest instead)")
     if alias != "last" or cfg.trainer.elastic is True:  # elastic refuses any trainer.resume itself
         return
-    found = output_dir(cfg) / "checkpoints"
     if any(found.glob("last*.ckpt")):
         return
     if _hydra_made_the_run_dir(cfg):
@@ -242,7 +247,9 @@ def print_metrics(metrics: dict | None, out: Path | None = None) -> None:
         return
     print("final metrics: " + ", ".join(f"{k}={float(v):.4f}" for k, v in sorted(metrics.items())), flush=True)
     if out is not None:
-        last = out / "checkpoints" / "last.ckpt"
+        # the newest: a run in a directory that held an earlier run's last.ckpt saved last-v1.ckpt beside it
+        saved = sorted((out / "checkpoints").glob("last*.ckpt"), key=lambda p: p.stat().st_mtime)
+        last = saved[-1] if saved else out / "checkpoints" / "last.ckpt"
         logs = sorted((out / "logs").glob("version_*"), key=lambda p: p.stat().st_mtime)
         where = [f"checkpoint: {last} (resume with trainer.resume={last})" if last.exists() else "no checkpoint",
                  f"logs: {logs[-1] if logs else out / 'logs'}"]
