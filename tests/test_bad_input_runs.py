@@ -98,6 +98,9 @@ RECIPE_CASES = {
     "unknown_data_kind_dry_run": (["data.kind=csv"], ["data.kind = 'csv': must be one of generated, text, bin"]),
     "data_path_without_kind_dry_run": (["data.path=book.txt"], ["data.path = 'book.txt': data.kind=generated",
                                                                 "set data.kind=text"]),
+    # uint8 passed a dry run ("planned only"): the width is a setting, checked without the file
+    "data_dtype_dry_run": (["data.kind=bin", "data.path=tokens.bin", "data.dtype=uint8"],
+                           ["data.dtype = 'uint8': must be one of uint16, uint32", "use uint16 or uint32"]),
     "empty_cluster_file": ([f"cluster={BAD}/cluster/empty.yaml"], ["cluster = ", "the file is empty"]),
     "duplicate_machine_names": ([f"cluster={BAD}/cluster/duplicate_names.yaml"],
                                 ["cluster.machines[1].name = 'a': machine names must be unique"]),

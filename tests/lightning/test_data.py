@@ -214,3 +214,12 @@ def test_a_token_file_is_not_read_as_text(tmp_path):
     with pytest.raises(ConfigError, match=r"train.bin': data.kind=text reads a UTF-8 text file.*Fix: set data.kind="
                                           r"bin"):
         text_file_dataset(tmp_path / "train.bin", 16)
+
+
+def test_a_token_width_is_checked_before_the_file_is_read():
+    """data.dtype=uint8 was refused only when the file was opened: a dry run (which reads no file) let it pass."""
+    from lightning_hexiscale.data.datasets import check_data_settings
+
+    with pytest.raises(ConfigError, match="data.dtype = 'uint8': must be one of uint16, uint32"):
+        check_data_settings("bin", "nowhere/tokens.bin", dtype="uint8")
+    check_data_settings("bin", "nowhere/tokens.bin", dtype="uint32")  # a width it reads: the file is not looked at

@@ -177,3 +177,16 @@ def test_a_plan_file_error_is_keyed_as_validate_keys_it(tmp_path, pipeline, key)
     with pytest.raises(PlanError) as ei:
         Plan.load(p).validate()
     assert ei.value.key == f"plan.pipelines[0].{key}", ei.value
+
+
+@pytest.mark.parametrize("layers,fix", [
+    ([(0, 2), (2, 2), (2, 4)], "give it at least one layer (the end is exclusive): layers: [2, 3], up to [2, 4]"),
+    ([(0, 2), (3, 4)], "start this stage at 2"),
+    ([(0, 4), (4, 4)], "remove this stage: the stages before it run every layer (up to 4)"),
+])
+def test_an_empty_or_misplaced_stage_is_told_what_to_change(layers, fix):
+    """An empty stage [2, 2] that starts where it should was told "start this stage at 2"."""
+    stages = tuple(Stage((i,), span) for i, span in enumerate(layers))
+    with pytest.raises(PlanError, match="stage layers must be non-empty") as e:
+        Plan(pipelines=(Pipeline(1, 1, stages),), num_layers=4).validate()
+    assert f"Fix: {fix}" in str(e.value), str(e.value)

@@ -317,10 +317,17 @@ class Plan:
                                         f"0..{cluster.num_devices - 1}", "use ids from the cluster")
                 start, end = st.layers
                 if start != expect or end <= start:
+                    if start != expect:
+                        fix = f"start this stage at {expect}"
+                    elif start >= self.num_layers:  # [8, 8] after stages that end at the last layer
+                        fix = (f"remove this stage: the stages before it run every layer (up to {self.num_layers}), "
+                               "or give it layers of theirs")
+                    else:  # [3, 3] starts right and is empty: "start this stage at 3" told nothing to change
+                        fix = (f"give it at least one layer (the end is exclusive): layers: [{start}, {start + 1}], "
+                               f"up to [{start}, {self.num_layers}]")
                     raise PlanError(f"{skey}.layers", list(st.layers),
                                     f"stage layers must be non-empty and continue at layer {expect} "
-                                    f"(each pipeline covers layers 0..{self.num_layers - 1} once, in order)",
-                                    f"start this stage at {expect}")
+                                    f"(each pipeline covers layers 0..{self.num_layers - 1} once, in order)", fix)
                 if end > self.num_layers:  # past the model: the fix is to end here, not to extend
                     raise PlanError(f"{skey}.layers", list(st.layers),
                                     f"the plan has {self.num_layers} layers (0..{self.num_layers - 1}); this stage "
