@@ -100,7 +100,24 @@ def add_layer_time_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layer-tp", type=int_list, default=None, metavar="T1,T2,...",
                    help="TP degrees of the layer times (default: powers of two up to the largest machine and "
                         "each machine's device count, at most the model's KV heads)")
-    p.add_argument("--layer-reps", type=positive_int, default=3, help="timed reps per layer-time case (default 3)")
+    p.add_argument("--layer-reps", type=positive_int, default=None,
+                   help=f"timed reps per layer-time case (default {LAYER_REPS})")
+
+
+LAYER_REPS = 3
+"""Timed reps per layer-time case when ``--layer-reps`` is not given."""
+
+
+def check_layer_time_flags(args: argparse.Namespace, needs: str, on: bool) -> None:
+    """The options of the layer-time measurement (``--layer-*``, and ``--seq-len`` where the command has
+    it) given while ``on`` is false (no ``needs`` flag): refused, as nothing would read them (``profile
+    --layer-tp 2`` without ``--model`` wrote a cluster file without layer times, silently)."""
+    for flag in ("--layer-micro-batches", "--layer-tp", "--layer-reps", "--seq-len"):
+        value = getattr(args, flag[2:].replace("-", "_"), None)
+        if value is not None and not on:
+            shown = ",".join(map(str, value)) if isinstance(value, list) else value
+            raise ConfigError(flag, shown, f"sets the layer-time measurement, which runs only with {needs}",
+                              f"add {needs}, or drop {flag}")
 
 
 def layer_time_model(name: str, seq_len: int | None, tp: list[int] | None):
@@ -204,7 +221,7 @@ def run_profile(args: argparse.Namespace):
     if getattr(args, "model", None):
         layer_opts = dict(model=layer_time_model(args.model, args.seq_len, args.layer_tp),
                           micro_batches=args.layer_micro_batches or [1, 2, 4], tp_degrees=args.layer_tp,
-                          reps=args.layer_reps)
+                          reps=args.layer_reps or LAYER_REPS)
     if args.local:
         check_local_matmul_size(args.matmul_size, args.local, opts["precision"])
         return run_local(args.local, _profile_rank, opts, layer_opts, timeout_s=args.timeout)[0]
@@ -219,6 +236,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from lightning_hexiscale.config.cluster import Cluster
     from lightning_hexiscale.profiling.writer import link_summary, write_cluster
 
+    check_layer_time_flags(args, "--model NAME", bool(args.model))
     if args.local:  # before the measurement; an external launch's rank 0 checks it in _profile_rank
         check_output_file("--out", args.out, "cluster.yaml", kind="cluster")
     result = run_profile(args)
