@@ -341,3 +341,12 @@ def test_replicate_refuses_a_bad_count_or_link(kwargs, key):
     with pytest.raises(ConfigError) as caught:
         Cluster.load("cpu_hetero4").replicate(**kwargs)
     assert caught.value.key == key and caught.value.fix
+
+
+@pytest.mark.parametrize("typed,meant", [("a800", "A800"), ("rtx4090", "RTX4090"), ("A8000", "A800"),
+                                         ("rtx-3090", "RTX-3090")])
+def test_an_unknown_gpu_name_in_another_case_or_misspelled_names_the_listed_one(typed, meant):
+    """gpu: a800 was "unknown GPU type" with the whole catalog and no hint (the closest-name match is case-sensitive)."""
+    with pytest.raises(ConfigError, match=rf"cluster.machines\[0\].gpu = '{typed}': unknown GPU type. Fix: did you mean "
+                                          rf"gpu: {meant}\? use one of"):
+        Cluster.from_config({"name": "x", "machines": [{"gpu": typed, "count": 1}]})

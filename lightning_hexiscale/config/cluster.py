@@ -295,7 +295,8 @@ class Cluster:
             gt = catalog.lookup(m["gpu"], extra)
             if gt is None:
                 raise ConfigError(f"{key}.gpu", m["gpu"], "unknown GPU type",
-                                  f"use one of {', '.join(catalog.known_names(extra))} or define it under gpu_types")
+                                  f"{_closest_type(str(m['gpu']), extra)}use one of "
+                                  f"{', '.join(catalog.known_names(extra))} or define it under gpu_types")
             if m.get("name") is not None and not str(m["name"]).strip():  # was silently renamed A800-0
                 raise ConfigError(f"{key}.name", m["name"], "a machine name must not be empty: machine_links, "
                                   "nics.to and the plan tables refer to machines by name",
@@ -373,6 +374,16 @@ class Cluster:
         from lightning_hexiscale.config.schema import ClusterConfig, load_preset
 
         return cls.from_config(load_preset("cluster", name_or_path, ClusterConfig, key))
+
+
+def _closest_type(name: str, extra: dict[str, catalog.GpuType]) -> str:
+    """``did you mean gpu: A800? `` for a type that is a listed name or alias in another case (``a800``,
+    ``rtx4090``: difflib's ratio is case-sensitive, so none was offered) or close to one; else ''."""
+    from lightning_hexiscale.config.suggest import closest
+
+    names = [*catalog.known_names(extra), *catalog.ALIASES]
+    near = [n for n in names if n.lower() == name.lower()] or closest(name, names)
+    return f"did you mean gpu: {near[0]}? " if near else ""
 
 
 MAX_DEVICES_PER_MACHINE = 1024
