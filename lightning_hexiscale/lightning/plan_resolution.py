@@ -205,6 +205,33 @@ def find_llama(module, fitting: bool = False) -> Llama:
     return frozen(llama, f"{type(module).__name__}.model") if fitting else llama
 
 
+def check_module_model(plan: Plan, module) -> None:
+    """Before any process starts: a given plan made for another model than the module's (its
+    ``meta.model_shape`` / ``meta.model``, :meth:`Plan.check_model`) is one error in the words of the
+    call. Each rank refused it after the launch, with a traceback per rank and a fix for the command
+    line. The model is known here when the module has built its :class:`Llama` already, or is a
+    :class:`LlamaLitModule` (which builds ``Llama(module.config)`` in ``configure_model``); any other
+    module is checked by every rank as before (:func:`find_llama`)."""
+    from lightning_hexiscale.errors import PlanError
+    from lightning_hexiscale.lightning.example import LlamaLitModule
+
+    built = getattr(module, "model", None)
+    if isinstance(built, Llama):
+        config = built.config
+    elif isinstance(module, LlamaLitModule) and isinstance(module.config, LlamaConfig):
+        config = module.config
+    else:
+        return
+    try:
+        plan.check_model(config)
+    except PlanError as e:
+        name = plan.meta.get("model")
+        theirs = f" ({type(module).__name__}({name!r}))" if isinstance(name, str) else ""
+        raise PlanError("HexiScaleStrategy(plan)", e.value, e.rule,
+                        f"train the model it was made for{theirs}, or plan for this one: HexiScaleStrategy() "
+                        f"searches a plan (hexiscale plan model={config.name} --out plan.yaml writes one)") from None
+
+
 def training_loader(arguments: dict[str, Any], module) -> Any:
     """The training DataLoader of a Trainer call, found where Lightning's fit loop will find it, and
     not consumed: ``train_dataloaders`` (a DataModule passed there is the datamodule), else the
