@@ -74,6 +74,7 @@ print("quiet", host.wait_for_gloo_workers(limit_s=5))
 """
 
 
+@pytest.mark.slow  # runs a two-rank job in a subprocess
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads thread states from Linux /proc")
 @pytest.mark.timeout(120)
 def test_finds_torchs_gloo_workers_of_a_held_group_and_sees_them_quiet(tmp_path):
