@@ -64,3 +64,18 @@ def searches(monkeypatch) -> list:
 
     monkeypatch.setattr(planner, "search", counted)
     return calls
+
+
+@pytest.fixture
+def no_measuring(monkeypatch):
+    """Every measurement that profile, discover and calibrate start fails the test: for refusals that
+    must come before minutes of measuring."""
+    from lightning_hexiscale.cli import discover, profile
+    from lightning_hexiscale.profiling import calibrate
+
+    def measured(*a, **k):
+        raise AssertionError("measured before the command line was checked")
+
+    monkeypatch.setattr(profile, "run_profile", measured)
+    monkeypatch.setattr(discover, "run_discover", measured)
+    monkeypatch.setattr(calibrate, "calibrate", measured)

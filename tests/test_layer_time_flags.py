@@ -15,18 +15,6 @@ from lightning_hexiscale.cli.main import main
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def no_measuring(monkeypatch):
-    from lightning_hexiscale.cli import profile
-    from lightning_hexiscale.profiling import calibrate
-
-    def measured(*a, **k):
-        raise AssertionError("measured although an option would be ignored")
-
-    monkeypatch.setattr(profile, "run_profile", measured)
-    monkeypatch.setattr(calibrate, "calibrate", measured)
-
-
 @pytest.mark.parametrize("flag,value,shown", [("--layer-tp", "2", "2"), ("--layer-micro-batches", "4,1", "1,4"),
                                               ("--layer-reps", "5", "5"), ("--seq-len", "64", "64")])
 def test_profile_refuses_layer_options_without_a_model(flag, value, shown, tmp_path, capsys, no_measuring):

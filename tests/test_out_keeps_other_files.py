@@ -34,20 +34,6 @@ def _commands(tmp: Path, out: Path) -> dict[str, list[str]]:
             "calibrate": ["calibrate", "--local", "2", "--out", str(out), f"cluster={cluster}", "model=llama_tiny"]}
 
 
-@pytest.fixture
-def no_measuring(monkeypatch):
-    """Every measurement these commands start fails the test: the refusal comes before it."""
-    from lightning_hexiscale.cli import discover, profile
-    from lightning_hexiscale.profiling import calibrate
-
-    def measured(*a, **k):
-        raise AssertionError("measured before checking --out")
-
-    monkeypatch.setattr(profile, "run_profile", measured)
-    monkeypatch.setattr(discover, "run_discover", measured)
-    monkeypatch.setattr(calibrate, "calibrate", measured)
-
-
 @pytest.mark.parametrize("content", sorted(CONTENTS))
 @pytest.mark.parametrize("command", ["profile", "discover", "calibrate"])
 def test_out_refuses_to_replace_a_file_of_another_kind(command, content, tmp_path, capsys, no_measuring):
