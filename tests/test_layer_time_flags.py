@@ -47,3 +47,14 @@ def test_the_options_pass_beside_the_flag_that_reads_them():
     check_layer_time_flags(given, "--model NAME", on=True)
     check_layer_time_flags(argparse.Namespace(layer_tp=None, layer_micro_batches=None, layer_reps=None),
                            "--layer-times", on=False)
+
+
+def test_a_seq_len_beyond_the_bound_is_keyed_by_the_flag_typed():
+    """--seq-len 100000000 was refused as model.seq_len with a fix about the model file."""
+    from lightning_hexiscale.cli.profile import layer_time_model
+    from lightning_hexiscale.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^--seq-len = 100000000: must be at most .*Fix: give a smaller --seq-len "
+                                          r"\(the model's own is 128\)"):
+        layer_time_model("llama_tiny", 100_000_000, None)
+    assert layer_time_model("llama_tiny", 64, None).seq_len == 64

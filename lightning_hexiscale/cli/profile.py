@@ -127,9 +127,15 @@ def layer_time_model(name: str, seq_len: int | None, tp: list[int] | None):
 
     from lightning_hexiscale.models.config import LlamaConfig
 
+    from lightning_hexiscale.errors import ConfigError
+
     model = LlamaConfig.load(name, key="--model")  # keyed by the flag typed, not the recipe's 'model'
     if seq_len is not None:
-        model = replace(model, seq_len=seq_len)
+        try:
+            model = replace(model, seq_len=seq_len)
+        except ConfigError as e:  # the model's check keys it model.seq_len, a key this command has not
+            raise ConfigError("--seq-len", seq_len, e.rule, f"give a smaller --seq-len (the model's own is "
+                              f"{model.seq_len}), or drop it to measure at that length") from None
     model.check_measured_tp(tp or [])
     return model
 
