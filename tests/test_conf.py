@@ -50,6 +50,10 @@ def test_root_config_defaults():
     ("train.global_batch=${train.nope}", "train.global_batch = '${train.nope}': cannot be resolved: Interpolation key "
                                          "'train.nope' not found"),
     # a section's key at the top: Hydra named the whole command line and advised +max_steps=3
+    # a group set to null: Hydra's "Config group override must be a string or a list" named no group
+    ("cluster=null", "cluster = 'null': a config group takes a preset, and null chooses none (every run needs one). "
+                     "Fix: name one, e.g. cluster=cpu_hetero4 (presets: case_study,"),
+    ("planner=NULL", "planner = 'NULL': a config group takes a preset, and null chooses none"),
     ("max_steps=3", "max_steps = '3': no such key at the top of the config (HexiScaleConfig). "
                     "Fix: did you mean trainer.max_steps? (e.g. trainer.max_steps=3)"),
     ("global_batch=8", "Fix: did you mean train.global_batch? (e.g. train.global_batch=8)"),

@@ -27,6 +27,15 @@ def compose_error(e: Exception, overrides: list[str], preset_names: Callable[[st
     cause = e.__cause__ or e.__context__
     if cause is not None and str(cause) and str(cause) not in msg:
         msg += ": " + clean_message(str(cause))
+    nulled = next((o for o in overrides if "override must be a string" in msg
+                   and re.fullmatch(r"(cluster|model|train|planner)=(?i:null)", o)), None)
+    if nulled is not None:  # Hydra's message names no group
+        group, value = nulled.split("=")
+        names = preset_names(group)
+        example = {"cluster": "cpu_hetero4", "model": "llama_tiny"}.get(group, names[0] if names else "default")
+        files = f", or a file: {group}=path/to/{group}.yaml" if group in ("cluster", "model") else ""
+        return ConfigError(group, value, "a config group takes a preset, and null chooses none (every run needs one)",
+                           f"name one, e.g. {group}={example} (presets: {', '.join(names)}){files}")
     for group in ("cluster", "model", "train", "planner"):
         if f"'{group}/" in msg or f"group {group}" in msg or f"{group}=" in msg:
             fix = f"available {group} presets: {', '.join(preset_names(group))}"
