@@ -52,7 +52,7 @@ def warn_search_only(overrides: list[str], plan_path: str) -> None:
 @subcommand("estimate", "estimate iteration time, throughput and memory of a plan (Appendix B cost model)", _estimate_args)
 def cmd_estimate(args: argparse.Namespace) -> int:
     from lightning_hexiscale.config.cluster import Cluster
-    from lightning_hexiscale.planner.cost.compute import warn_datasheet_pricing
+    from lightning_hexiscale.planner.cost.compute import warn_datasheet_pricing, warn_default_links
     from lightning_hexiscale.planner import Plan, SearchSettings, estimate, price_sources, workload_from_config
     from lightning_hexiscale.planner.plan import OtherClusterWarning, made_for_another_cluster
 
@@ -74,6 +74,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     plan.validate(cluster, workload.model, global_batch=gb)
     plan.check_model(workload.model)
     warn_datasheet_pricing(cluster, workload)
+    warn_default_links(cluster, plan.device_order)
     est = estimate(plan, cluster, workload)
     # what priced each device type; a layer table that does not match the run is refused here
     sources = price_sources(cluster, workload, plan)

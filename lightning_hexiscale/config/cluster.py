@@ -84,7 +84,8 @@ class Cluster:
 
     def __init__(self, name: str, devices: list[Device], machines: list[Machine], bandwidth: np.ndarray,
                  latency: np.ndarray, calibration: Calibration = Calibration(), description: str = "",
-                 nics: list[Nic] | tuple[Nic, ...] | None = None, layer_tables: tuple[LayerTable, ...] = ()):
+                 nics: list[Nic] | tuple[Nic, ...] | None = None, layer_tables: tuple[LayerTable, ...] = (),
+                 default_link_pairs: tuple[tuple[str, str], ...] = ()):
         n = len(devices)
         if n == 0:
             raise ConfigError("cluster.machines", [], "a cluster needs at least one device", "declare a machine")
@@ -119,6 +120,10 @@ class Cluster:
         self.calibration = calibration
         self.layer_tables = tuple(layer_tables)
         """Measured layer times (``layer_times`` of the cluster file; :mod:`.layer_table`)."""
+        self.default_link_pairs = tuple(default_link_pairs)
+        """Machine pairs (names) linked at :data:`DEFAULT_INTER_MACHINE` because the cluster file gave
+        no ``inter_machine.bandwidth``, no ``machine_links`` entry for them and no matrix file: a guess
+        that the planner names (``planner.cost.compute.warn_default_links``)."""
 
     # ---- views ---------------------------------------------------------------------------
     @property
@@ -182,7 +187,7 @@ class Cluster:
                 for nic in self.nics if any(d in remap for d in nic.devices)]
         return Cluster(f"{self.name}[{len(devices)}]", devs, machines, self.bandwidth[np.ix_(idx, idx)].copy(),
                        self.latency[np.ix_(idx, idx)].copy(), self.calibration, self.description, nics,
-                       self.layer_tables)
+                       self.layer_tables, tuple(p for p in self.default_link_pairs if p[0] in mid and p[1] in mid))
 
     def replicate(self, k: int, inter_bandwidth: float | None = None, inter_latency: float | None = None) -> Cluster:
         """k copies of this cluster joined by ``inter_bandwidth`` (bytes/s; default: this cluster's
@@ -343,7 +348,9 @@ class Cluster:
                                   "the plan tables refer to machines by name", "give each machine its own name")
         n = len(devices)
         inter = c.get("inter_machine") or {}
-        bw = np.full((n, n), parse_bandwidth(inter.get("bandwidth"), "cluster.inter_machine.bandwidth"))
+        inter_given = inter.get("bandwidth") is not None
+        bw = np.full((n, n), parse_bandwidth(inter["bandwidth"], "cluster.inter_machine.bandwidth") if inter_given
+                     else DEFAULT_INTER_MACHINE)
         lat = np.full((n, n), parse_time(inter.get("latency", "10us"), "cluster.inter_machine.latency"))
         for mi, m in enumerate(machines):
             ix = np.ix_(m.devices, m.devices)
@@ -357,6 +364,9 @@ class Cluster:
                 a, b = machines[x].devices, machines[y].devices
                 bw[np.ix_(a, b)] = bw[np.ix_(b, a)] = lb
                 lat[np.ix_(a, b)] = lat[np.ix_(b, a)] = ll
+        guessed = () if inter_given or c.get("matrix_file") else tuple(
+            (labels[x], labels[y]) for x in range(len(machines)) for y in range(x + 1, len(machines))
+            if (x, y) not in given)
         if c.get("matrix_file"):
             bw, lat = _load_matrices(c["matrix_file"], n)
         cal = Calibration(**{k: _theta(v, f"cluster.calibration.{k}") for k, v in (c.get("calibration") or {}).items()})
@@ -364,7 +374,7 @@ class Cluster:
         nics = build_nics([m.devices for m in machines], nic_decl, np.array([d.machine for d in devices]), bw,
                           toward=toward)
         tables = parse_layer_tables(c.get("layer_times"), {m.gpu_type for m in machines})
-        return cls(name, devices, machines, bw, lat, cal, c.get("description", ""), nics, tables)
+        return cls(name, devices, machines, bw, lat, cal, c.get("description", ""), nics, tables, guessed)
 
     @classmethod
     def load(cls, name_or_path: str, *, key: str | None = None) -> Cluster:
@@ -386,6 +396,9 @@ def _closest_type(name: str, extra: dict[str, catalog.GpuType]) -> str:
     return f"did you mean gpu: {near[0]}? " if near else ""
 
 
+DEFAULT_INTER_MACHINE = 1e9
+"""Bytes/s between machines when the cluster file gives no ``inter_machine.bandwidth`` (1 GB/s: a
+guess between 1 GbE and 10 GbE; the planner names the pairs it prices so)."""
 MAX_DEVICES_PER_MACHINE = 1024
 """GPUs one machine entry may declare (the largest single systems hold a few hundred)."""
 MAX_DEVICES = 16384

@@ -69,6 +69,16 @@ class LinkConfig:
 
 
 @dataclass
+class InterMachineConfig(LinkConfig):
+    """The link between GPUs of different machines, unless ``machine_links`` or a matrix file say
+    otherwise. ``bandwidth`` null (not given): priced at ``config.cluster.DEFAULT_INTER_MACHINE``
+    (1 GB/s), a guess, and the planner says so (``Cluster.default_link_pairs``); it was the
+    schema's silent default."""
+
+    bandwidth: Optional[str] = None
+
+
+@dataclass
 class NicConfig:
     """A machine's network interfaces (NICs): what its GPUs reach other machines through.
 
@@ -143,8 +153,8 @@ class ClusterConfig:
     name: str = MISSING
     description: str = ""
     machines: List[MachineConfig] = MISSING
-    inter_machine: LinkConfig = field(default_factory=lambda: LinkConfig(bandwidth="1 GB/s"))
-    """Default link between GPUs of different machines."""
+    inter_machine: InterMachineConfig = field(default_factory=InterMachineConfig)
+    """Default link between GPUs of different machines (bandwidth not given: 1 GB/s, with a notice)."""
     machine_links: List[MachineLinkConfig] = field(default_factory=list)
     gpu_types: Dict[str, GpuTypeConfig] = field(default_factory=dict)
     matrix_file: Optional[str] = None

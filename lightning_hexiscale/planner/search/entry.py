@@ -18,7 +18,7 @@ import time
 
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.errors import ConfigError, InfeasiblePlan, check_argument_types
-from lightning_hexiscale.planner.cost.compute import effective_cluster, warn_datasheet_pricing
+from lightning_hexiscale.planner.cost.compute import effective_cluster, warn_datasheet_pricing, warn_default_links
 from lightning_hexiscale.planner.cost.estimate import Workload, estimate
 from lightning_hexiscale.planner.cost.sources import check_measured_tp, price_sources
 from lightning_hexiscale.planner.plan import Plan
@@ -58,6 +58,7 @@ def search(cluster: Cluster, workload: Workload, global_batch: int,
     measured = check_measured_tp(cluster, workload, s.tp_degrees)  # read once: every SearchRun's StageRule
     priced = cluster
     warn_datasheet_pricing(cluster, workload)  # once per process: CUDA types priced from datasheets
+    warn_default_links(cluster)  # once per process: machine pairs at the default bandwidth
     cluster = effective_cluster(cluster, workload)  # the heuristics' device speeds follow the roofline
     # the search allocates millions of small tuples that live as long as its caches: a rarer
     # young-generation collection saves ~5% of the time on large clusters (restored afterwards)

@@ -1,0 +1,70 @@
+"""A cluster file without ``inter_machine.bandwidth`` is priced at 1 GB/s between its machines, as
+before, but no longer silently: the machine pairs so priced are recorded
+(``Cluster.default_link_pairs``) and the planner names them once (``DefaultLinkWarning``), with the
+commands that measure them. A bandwidth given, a ``machine_links`` entry or a matrix file is no
+guess; a plan inside one machine crosses no such link."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+from lightning_hexiscale.config.cluster import DEFAULT_INTER_MACHINE, Cluster
+from lightning_hexiscale.config.schema import compose, preset_names
+from lightning_hexiscale.planner.cost import compute
+from lightning_hexiscale.planner.cost.compute import DefaultLinkWarning, warn_default_links
+
+
+def _cluster(**extra) -> Cluster:
+    machines = [{"name": n, "gpu": g, "count": 2, "intra_bandwidth": "10 GB/s"}
+                for n, g in (("a", "CPU-FAST"), ("b", "CPU-SLOW"), ("c", "CPU-SLOW"))]
+    return Cluster.from_config({"name": "three", "machines": machines, **extra})
+
+
+@pytest.fixture(autouse=True)
+def _fresh_notices(monkeypatch):
+    monkeypatch.setattr(compute, "_LINKS_WARNED", set())  # said once per process: not by an earlier test
+
+
+def test_pairs_without_a_given_link_are_recorded_and_priced_at_the_default():
+    c = _cluster()
+    assert c.default_link_pairs == (("a", "b"), ("a", "c"), ("b", "c"))
+    assert c.bandwidth[0, 2] == DEFAULT_INTER_MACHINE == 1e9
+    linked = _cluster(machine_links=[{"machines": ["a", "b"], "bandwidth": "25 GB/s"}])
+    assert linked.default_link_pairs == (("a", "c"), ("b", "c")) and linked.bandwidth[0, 2] == 25e9
+    assert _cluster(inter_machine={"bandwidth": "1 GB/s"}).default_link_pairs == ()  # given, even at the default
+    assert _cluster(inter_machine={"latency": "50us"}).default_link_pairs != ()  # a latency alone is no bandwidth
+    assert c.subset([0, 1, 4]).default_link_pairs == (("a", "c"),)
+    one = Cluster.from_config({"name": "one", "machines": [{"gpu": "CPU-FAST", "count": 2, "intra_bandwidth": "1 GB/s"}]})
+    assert one.default_link_pairs == ()
+
+
+def test_the_planner_names_the_guessed_links_once_and_only_for_machines_a_plan_uses():
+    c = _cluster(machine_links=[{"machines": ["a", "b"], "bandwidth": "25 GB/s"}])
+    with pytest.warns(DefaultLinkWarning, match=r"cluster three: the links between machines \(a-c, b-c\) are priced "
+                                                r"at 1 GB/s, a guess: the cluster file gives no inter_machine.bandwidth. "
+                                                r"Measure them \(`hexiscale discover`"):
+        warn_default_links(c)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert warn_default_links(c) is None  # once per process
+        assert warn_default_links(c, devices=[0, 1, 2, 3]) is None  # a and b: their link is given
+        assert warn_default_links(_cluster(inter_machine={"bandwidth": "3 GB/s"})) is None
+
+
+def test_a_search_on_such_a_cluster_says_so():
+    from lightning_hexiscale.models.config import LlamaConfig
+    from lightning_hexiscale.planner import SearchSettings, Workload, search
+
+    with pytest.warns(DefaultLinkWarning, match="cluster three"):
+        search(_cluster(), Workload(LlamaConfig.load("llama_tiny"), device="cpu"), 6, SearchSettings(iterations=2))
+
+
+@pytest.mark.parametrize("name", preset_names("cluster"))
+def test_every_preset_gives_its_links(name):
+    """The presets are no guesses (a guard for the rule, and for a preset that forgets its links)."""
+    cluster = Cluster.from_config(compose([f"cluster={name}"]).cluster)
+    assert cluster.default_link_pairs == (), name
+    assert np.all(np.isfinite(cluster.bandwidth[~np.eye(cluster.num_devices, dtype=bool)]))
