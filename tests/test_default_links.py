@@ -68,3 +68,9 @@ def test_every_preset_gives_its_links(name):
     cluster = Cluster.from_config(compose([f"cluster={name}"]).cluster)
     assert cluster.default_link_pairs == (), name
     assert np.all(np.isfinite(cluster.bandwidth[~np.eye(cluster.num_devices, dtype=bool)]))
+
+
+def test_the_cluster_summary_says_which_links_are_the_default():
+    assert "between machines: 1 GB/s, the default (no inter_machine.bandwidth given) for 3 machine pairs" in \
+        _cluster().summary()
+    assert "between machines" not in _cluster(inter_machine={"bandwidth": "2 GB/s"}).summary()

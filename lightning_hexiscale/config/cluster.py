@@ -244,6 +244,10 @@ class Cluster:
             lines.append(f"  {m.name}: {len(m.devices)}x{m.gpu_type} "
                          f"({format_bytes(self.devices[d0].memory_bytes)} each), intra {intra}{nic}, "
                          f"devices {m.devices[0]}-{m.devices[-1]}")
+        if self.default_link_pairs:  # a guess: say so where the links are described
+            pairs = self.default_link_pairs
+            lines.append(f"  between machines: {format_bandwidth(DEFAULT_INTER_MACHINE)}, the default (no "
+                         f"inter_machine.bandwidth given) for {len(pairs)} machine pair{'s' * (len(pairs) != 1)}")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
