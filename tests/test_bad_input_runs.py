@@ -38,7 +38,7 @@ RECIPE_CASES = {
     # Hydra's own advice for the typo: it would add a key nothing reads and train the default 40 steps
     "key_typo_with_plus": (["+trainer.max_step=3"], ["trainer.max_step = '3': no such key in TrainerConfig",
                                                      "did you mean trainer.max_steps?"]),
-    "cluster_key_typo": (["cluster.inter_machine.bandwith=1GB/s"], ["no such key in LinkConfig",
+    "cluster_key_typo": (["cluster.inter_machine.bandwith=1GB/s"], ["no such key in InterMachineConfig",
                                                                     "did you mean cluster.inter_machine.bandwidth?"]),
     "cluster_file_key_typo": ([f"cluster={BAD}/cluster/key_typo.yaml"], ["cluster.inter_machine.bandwith",
                                                                           "did you mean bandwidth?"]),
