@@ -507,11 +507,24 @@ def reapply_overrides(cfg: DictConfig, key: str, overrides: list[str] | tuple[st
                 raise ConfigError(k, v, clean_message(str(e)), f"see {doc_page(key)} for its keys") from None
 
 
+def _scalar_document(path: str | Path) -> object | None:
+    """The value of a YAML file that reads as one scalar (``5``, ``llama_tiny``), else None."""
+    try:
+        value = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+    return value if isinstance(value, (str, int, float, bool)) else None
+
+
 def load_yaml_node(path: str | Path, schema: type, key: str, named: str | None = None) -> DictConfig:
     """Load one YAML file and check it against ``schema`` (unknown keys and wrong types fail).
     ``key``: the file's group (``model``), the prefix of the keys inside it (``model.hidden_size``);
     ``named``: what named the file, for the errors about the whole file (default ``key``)."""
     named = named or key
+    value = _scalar_document(path)
+    if value is not None:  # OmegaConf: "Invalid loaded object type: int", or a key 'llama_tiny' without a value
+        raise ConfigError(named, str(path), f"the file holds one value ({type(value).__name__} {value!r}), not a "
+                          f"mapping of keys", f"write the {key}'s keys in it (key: value per line); see {doc_page(key)}")
     try:
         raw = OmegaConf.load(path)
     except Exception as e:
