@@ -297,17 +297,26 @@ def optimizer_meta(optimizer: Optimizer) -> dict[str, Any]:
 def _refuse_what_is_not_a_checkpoint(p: Path, key: str) -> None:
     """A directory without the COMPLETE marker that is plainly something else, rather than an
     interrupted save: saying "partial checkpoint" there sends the user looking for a crash."""
-    inside = sorted(c.name for c in p.iterdir() if c.is_dir() and (c / COMPLETE).is_file())
-    if inside:
-        pick = "last.ckpt" if "last.ckpt" in inside else inside[-1]
-        raise ConfigError(key, str(p), f"a folder of checkpoints ({', '.join(inside[:4])}"
-                          f"{', ...' if len(inside) > 4 else ''}), not a checkpoint",
-                          f"give one of them, e.g. {p / pick}")
+    for folder in (p, p / "checkpoints"):  # p itself, or a run's output directory (trainer.resume=outputs/run)
+        saved = sorted(c.name for c in folder.iterdir() if c.is_dir() and (c / COMPLETE).is_file()) \
+            if folder.is_dir() else []
+        if saved:
+            pick = "last.ckpt" if "last.ckpt" in saved else saved[-1]
+            named = f"{', '.join(saved[:4])}{', ...' if len(saved) > 4 else ''}"
+            rule = (f"a folder of checkpoints ({named}), not a checkpoint" if folder == p else
+                    f"a run's directory, not a checkpoint: its checkpoints are in {folder} ({named})")
+            raise ConfigError(key, str(p), rule, f"give one of them, e.g. {folder / pick}")
     if (p / "config.json").is_file() and any(p.glob("*.safetensors")):
         raise ConfigError(key, str(p), "a Hugging Face model directory (config.json, *.safetensors), not a "
                           "checkpoint of the hexiscale strategy",
                           f"start training from its weights: model=hf:{p} (or trainer.weights={p}) in the recipe, "
                           f"LlamaLitModule('hf:{p}') in Python")
+    parts = [c.name for c in p.iterdir() if c.name in (".metadata", META, "model") or c.name.endswith(".distcp")]
+    if not parts and ".tmp-" not in p.name:  # nothing a save writes: no interrupted save either
+        rule = ("an empty directory, not a checkpoint" if not any(p.iterdir()) else f"holds none of a checkpoint's "
+                f"files ({COMPLETE}, .metadata, {META}, *.distcp): not a checkpoint, nor an interrupted save")
+        raise ConfigError(key, str(p), rule, "give the directory a hexiscale run saved, e.g. "
+                          "<output_dir>/checkpoints/last.ckpt (in the recipe, trainer.resume=last takes the newest)")
 
 
 def _is_consolidated(p: Path) -> bool:

@@ -190,7 +190,13 @@ def test_a_resume_path_that_is_no_checkpoint_is_refused_before_planning(tmp_path
     folder = tmp_path / "checkpoints"
     (folder / "last.ckpt").mkdir(parents=True)
     (folder / "last.ckpt" / "COMPLETE").write_text("hexiscale-checkpoint/2")
-    for bad, what in ((folder, "a folder of checkpoints"), (tmp_path, "partial checkpoint")):
+    empty, other = tmp_path / "empty", tmp_path / "logs"
+    empty.mkdir()
+    (other / "version_0").mkdir(parents=True)
+    # a run's directory, an empty one and one of logs were "partial checkpoint ... the save was interrupted"
+    run_dir = f"a run's directory, not a checkpoint: its checkpoints are in {re.escape(str(folder))} \\(last.ckpt\\)"
+    for bad, what in ((folder, "a folder of checkpoints"), (tmp_path, run_dir),
+                      (empty, "an empty directory, not a checkpoint"), (other, "holds none of a checkpoint's files")):
         cfg = compose(["cluster=cpu2", "model=llama_tiny", f"trainer.resume={bad}"])
         with pytest.raises(ConfigError, match=f"^trainer.resume = .*{what}"):
             train_run.check_early(cfg)
