@@ -33,14 +33,17 @@ class TokenWindows(Dataset):
     """
 
     def __init__(self, tokens: np.ndarray | torch.Tensor, seq_len: int, vocab_size: int | None = None,
-                 key: str = "data"):
+                 key: str = "data", source: str | None = None):
+        """``source``: the file the tokens came from, named as ``key``'s value in the errors."""
         if seq_len < 1:
             raise ConfigError(f"{key}.seq_len", seq_len, "must be a positive integer", "use the model's seq_len")
         self.tokens, self.seq_len = tokens, seq_len
         self.num_samples = (len(tokens) - 1) // seq_len
         if self.num_samples < 1:
-            raise ConfigError(key, f"{len(tokens)} tokens", f"needs at least seq_len + 1 = {seq_len + 1} tokens",
-                              "use a longer file or a shorter model.seq_len")
+            held = "is empty" if len(tokens) == 0 else f"holds {len(tokens)} tokens"
+            raise ConfigError(key, source if source is not None else f"{len(tokens)} tokens",
+                              (f"{held}, and one sample" if source is not None else "one sample") +
+                              f" needs seq_len + 1 = {seq_len + 1} tokens", "use a longer file or a shorter model.seq_len")
         if vocab_size is not None and len(tokens):
             top = int(np.asarray(tokens[: min(len(tokens), 1 << 20)]).max())
             if top >= vocab_size:
@@ -72,12 +75,11 @@ class TokenFileDataset(TokenWindows):
         from lightning_hexiscale.data.tokenize import index_path, is_index, read_index
 
         p = Path(path)
-        if not p.is_file():
-            raise ConfigError("data.path", str(p), "no such token file",
-                              "give a .bin file made by `hexiscale prepare-data` (or of uint16 ids)")
+        _check_data_file(p, "bin")
         if p.suffix == ".json" and is_index(p):
             raise ConfigError("data.path", str(p), "is the index of a token file, not its tokens",
                               f"give the token file beside it: data.path={p.with_suffix('.bin')}")
+        _check_data_format(p, "bin")
         # prepare-data's token files end in .bin: train.jsonl's "index" train.json is train.bin's
         self.index = read_index(p) if p.suffix == ".bin" else None
         if self.index is not None:
@@ -104,7 +106,41 @@ class TokenFileDataset(TokenWindows):
         if self.index is not None and size // item != int(self.index["num_tokens"]):
             raise ConfigError("data.path", str(p), f"holds {size // item} tokens but its index says "
                               f"{self.index['num_tokens']}", "tokenise again with `hexiscale prepare-data`")
-        super().__init__(np.memmap(p, dtype=np.dtype(dtype), mode="r"), seq_len, vocab_size, key="data.path")
+        super().__init__(np.memmap(p, dtype=np.dtype(dtype), mode="r"), seq_len, vocab_size, key="data.path",
+                         source=str(p))
+
+
+JSON_LINES = (".jsonl", ".ndjson", ".json")
+"""Suffixes of JSON (Lines) corpora: ``hexiscale prepare-data`` reads their text field."""
+TEXT_SUFFIXES = (".txt", ".md", ".csv", ".tsv", *JSON_LINES)
+"""Suffixes of text files, which data.kind=bin (token ids) does not read."""
+
+
+def _check_data_file(p: Path, kind: str) -> None:
+    """``data.path`` is a file, not missing and not a folder."""
+    if p.is_dir():
+        raise ConfigError("data.path", str(p), f"is a directory; data.kind={kind} reads one file",
+                          "give the path of the file itself" + (" (hexiscale prepare-data writes one .bin file from "
+                                                                 "many inputs)" if kind == "bin" else ""))
+    if not p.is_file():
+        raise ConfigError("data.path", str(p), f"no such {'text' if kind == 'text' else 'token'} file",
+                          "give the path of a local UTF-8 text file" if kind == "text" else
+                          "give a .bin file made by `hexiscale prepare-data` (or of uint16 ids)")
+
+
+def _check_data_format(p: Path, kind: str) -> None:
+    """``data.path`` is not a JSON (Lines) corpus read as text (its braces, keys and escapes would be
+    the training text) nor a text file read as token ids (two bytes of text per uint16 "token"), by
+    its suffix."""
+    prepare = f"hexiscale prepare-data {p} --tokenizer DIR --out data/train.bin, then data.kind=bin data.path=data/train.bin"
+    suffix = p.suffix.lower()
+    if kind == "text" and suffix in JSON_LINES:
+        raise ConfigError("data.path", str(p), f"is JSON ({suffix}); data.kind=text would train on its braces, keys "
+                          "and escapes as if they were the text", f"tokenise its text field: {prepare}")
+    if kind == "bin" and suffix in TEXT_SUFFIXES:
+        raise ConfigError("data.path", str(p), f"is a text file ({suffix}); data.kind=bin reads token ids, and its "
+                          "bytes would be read as ids", f"tokenise it: {prepare}" + ("" if suffix in JSON_LINES else
+                                                                                   "; or data.kind=text (byte tokens)"))
 
 
 def byte_tokenize(text: str) -> np.ndarray:
@@ -131,8 +167,8 @@ def text_file_dataset(path: str | Path, seq_len: int) -> TokenWindows:
     every rank: 0.5 GB for a 55 MB file.)
     """
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError("data.path", str(p), "no such text file", "give the path of a local UTF-8 text file")
+    _check_data_file(p, "text")
+    _check_data_format(p, "text")
     if p.suffix == ".bin":  # token ids, not text: uint16 ids below 128 would even pass as UTF-8
         raise ConfigError("data.path", str(p), "data.kind=text reads a UTF-8 text file (byte tokens); a .bin file "
                           "holds token ids", "set data.kind=bin for a token file of `hexiscale prepare-data`")
@@ -157,7 +193,7 @@ def text_file_dataset(path: str | Path, seq_len: int) -> TokenWindows:
                 tokens[n:n + len(data)] = np.frombuffer(data, dtype=np.uint8)
                 n += len(data)
         tokens = tokens[:n]
-    return TokenWindows(tokens, seq_len, BYTE_VOCAB, key="data.path")
+    return TokenWindows(tokens, seq_len, BYTE_VOCAB, key="data.path", source=str(p))
 
 
 def _check_utf8(p: Path) -> bool:

@@ -201,8 +201,8 @@ def test_a_token_file_reads_only_its_own_index(tmp_path):
     with pytest.raises(ConfigError, match=r"train.json': is the index of a token file, not its tokens. "
                                           r"Fix: give the token file beside it: data.path=.*train.bin"):
         TokenFileDataset(tmp_path / "train.json", 4)
-    np.arange(30, dtype=np.uint16).tofile(tmp_path / "train.jsonl")  # raw ids of another name: no index
-    ds = TokenFileDataset(tmp_path / "train.jsonl", 4)
+    np.arange(30, dtype=np.uint16).tofile(tmp_path / "train.u16")  # raw ids of another name: no index
+    ds = TokenFileDataset(tmp_path / "train.u16", 4)
     assert ds.index is None and len(ds) == 7
     assert TokenFileDataset(tmp_path / "train.bin", 4).index["num_tokens"] == 40
 
@@ -223,3 +223,37 @@ def test_a_token_width_is_checked_before_the_file_is_read():
     with pytest.raises(ConfigError, match="data.dtype = 'uint8': must be one of uint16, uint32"):
         check_data_settings("bin", "nowhere/tokens.bin", dtype="uint8")
     check_data_settings("bin", "nowhere/tokens.bin", dtype="uint32")  # a width it reads: the file is not looked at
+
+
+@pytest.mark.parametrize("kind,name,rule,fix", [
+    ("text", "c.jsonl", r"is JSON \(.jsonl\); data.kind=text would train on its braces",
+     r"tokenise its text field: hexiscale prepare-data .*c.jsonl --tokenizer DIR --out data/train.bin, then data.kind=bin"),
+    ("bin", "c.jsonl", r"is a text file \(.jsonl\); data.kind=bin reads token ids", r"tokenise it: hexiscale prepare-data"),
+    ("bin", "book.TXT", r"is a text file \(.txt\); data.kind=bin reads token ids", r"; or data.kind=text \(byte tokens\)"),
+    ("text", "folder", r"is a directory; data.kind=text reads one file", r"give the path of the file itself"),
+    ("bin", "folder", r"is a directory; data.kind=bin reads one file", r"hexiscale prepare-data writes one .bin file"),
+])
+def test_a_data_file_of_the_other_kind_or_a_folder_is_refused(tmp_path, kind, name, rule, fix):
+    """A JSON Lines corpus as data.kind=text trained on its JSON as text, and as data.kind=bin on its
+    bytes as token ids, silently; a folder was "no such text file"."""
+    from lightning_hexiscale.data.datasets import make_dataset
+
+    path = tmp_path / name
+    if name == "folder":
+        path.mkdir()
+    else:
+        path.write_text('{"text": "a document long enough to be many windows of sixteen tokens each"}\n' * 20)
+    with pytest.raises(ConfigError, match=rf"^data.path = '.*{name}': {rule}.*Fix: .*{fix}"):
+        make_dataset(kind, 16, path=str(path))
+
+
+def test_a_file_too_short_is_named_with_what_it_holds(tmp_path):
+    """It was ``data.path = '76 tokens': needs at least ...``: the value was not the file."""
+    short, empty = tmp_path / "short.txt", tmp_path / "empty.txt"
+    short.write_text("x" * 10)
+    empty.write_text("")
+    with pytest.raises(ConfigError, match=r"^data.path = '.*short.txt': holds 10 tokens, and one sample needs "
+                                          r"seq_len \+ 1 = 17 tokens"):
+        text_file_dataset(short, 16)
+    with pytest.raises(ConfigError, match=r"^data.path = '.*empty.txt': is empty, and one sample needs"):
+        text_file_dataset(empty, 16)
