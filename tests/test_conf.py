@@ -50,6 +50,9 @@ def test_root_config_defaults():
     ("train.global_batch=${train.nope}", "train.global_batch = '${train.nope}': cannot be resolved: Interpolation key "
                                          "'train.nope' not found"),
     # a section's key at the top: Hydra named the whole command line and advised +max_steps=3
+    # Python's list index: "no such key machines[0] ... did you mean machines?"
+    ("cluster.machines[0].count=2", "cluster.machines[0].count = '2': a Hydra override indexes a list with a dot, not "
+                                    "brackets. Fix: write cluster.machines.0.count=2"),
     # a group set to null: Hydra's "Config group override must be a string or a list" named no group
     ("cluster=null", "cluster = 'null': a config group takes a preset, and null chooses none (every run needs one). "
                      "Fix: name one, e.g. cluster=cpu_hetero4 (presets: case_study,"),

@@ -133,6 +133,11 @@ def check_override_key(cfg: DictConfig, override: str) -> None:
             raise ConfigError(key, value, f"no such key in {schema}", f"did you mean {moved[0]}?{others} "
                               f"(e.g. {moved[0]}={value})")
         bad = ".".join(parts[: i + 1])
+        indexed = re.fullmatch(r"(\w+)\[(\d+)\]", part)  # machines[1]: Python's index, not the grammar's
+        if indexed and isinstance(node.get(indexed[1]), ListConfig):
+            dotted = ".".join([*parts[:i], indexed[1], indexed[2], *parts[i + 1:]])
+            raise ConfigError(key, value, "a Hydra override indexes a list with a dot, not brackets",
+                              f"write {dotted}={value}")
         if bad in LIGHTNING_KEYS:
             raise ConfigError(bad, value if i == len(parts) - 1 else part, f"no such key in {schema}",
                               LIGHTNING_KEYS[bad])
