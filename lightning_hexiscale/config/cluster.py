@@ -12,6 +12,7 @@ two NICs it crosses, and concurrent transfers share a NIC in the cost model.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -85,7 +86,7 @@ class Cluster:
     def __init__(self, name: str, devices: list[Device], machines: list[Machine], bandwidth: np.ndarray,
                  latency: np.ndarray, calibration: Calibration = Calibration(), description: str = "",
                  nics: list[Nic] | tuple[Nic, ...] | None = None, layer_tables: tuple[LayerTable, ...] = (),
-                 default_link_pairs: tuple[tuple[str, str], ...] = ()):
+                 link_guess: frozenset[tuple[str, str]] | None = None):
         n = len(devices)
         if n == 0:
             raise ConfigError("cluster.machines", [], "a cluster needs at least one device", "declare a machine")
@@ -120,10 +121,11 @@ class Cluster:
         self.calibration = calibration
         self.layer_tables = tuple(layer_tables)
         """Measured layer times (``layer_times`` of the cluster file; :mod:`.layer_table`)."""
-        self.default_link_pairs = tuple(default_link_pairs)
-        """Machine pairs (names) linked at :data:`DEFAULT_INTER_MACHINE` because the cluster file gave
-        no ``inter_machine.bandwidth``, no ``machine_links`` entry for them and no matrix file: a guess
-        that the planner names (``planner.cost.compute.warn_default_links``)."""
+        self.link_guess = link_guess
+        """None when the links between machines were given (``inter_machine.bandwidth``, a matrix file);
+        else the cluster file gave no ``inter_machine.bandwidth`` and these are the machine pairs
+        (names) that ``machine_links`` set: every other pair is priced at :data:`DEFAULT_INTER_MACHINE`,
+        a guess that the planner names (:meth:`default_links`)."""
 
     # ---- views ---------------------------------------------------------------------------
     @property
@@ -187,7 +189,7 @@ class Cluster:
                 for nic in self.nics if any(d in remap for d in nic.devices)]
         return Cluster(f"{self.name}[{len(devices)}]", devs, machines, self.bandwidth[np.ix_(idx, idx)].copy(),
                        self.latency[np.ix_(idx, idx)].copy(), self.calibration, self.description, nics,
-                       self.layer_tables, tuple(p for p in self.default_link_pairs if p[0] in mid and p[1] in mid))
+                       self.layer_tables, self.link_guess)  # the machines keep their names
 
     def replicate(self, k: int, inter_bandwidth: float | None = None, inter_latency: float | None = None) -> Cluster:
         """k copies of this cluster joined by ``inter_bandwidth`` (bytes/s; default: this cluster's
@@ -228,6 +230,26 @@ class Cluster:
         return Cluster(f"{self.name}x{k}", devices, machines, bw, lat, self.calibration, self.description, nics,
                        self.layer_tables)
 
+    def default_links(self, machines: Collection[str] | None = None,
+                      limit: int | None = 3) -> tuple[tuple[tuple[str, str], ...], int]:
+        """The machine pairs priced at :data:`DEFAULT_INTER_MACHINE` because nothing gave their link
+        (:attr:`link_guess`), among ``machines`` (names; default all): the first ``limit`` of them (None:
+        all) in declaration order, and how many there are. Counted, not listed: a cluster of 16,384
+        one-GPU machines has 134 million pairs."""
+        if self.link_guess is None:
+            return (), 0
+        names = [m.name for m in self.machines if machines is None or m.name in machines]
+        inside = set(names)
+        total = len(names) * (len(names) - 1) // 2 - sum(a in inside and b in inside for a, b in self.link_guess)
+        first: list[tuple[str, str]] = []
+        for i, a in enumerate(names):  # stops after limit pairs (at most len(link_guess) + limit steps)
+            for b in names[i + 1:]:
+                if limit is not None and len(first) >= limit:
+                    return tuple(first), total
+                if (a, b) not in self.link_guess and (b, a) not in self.link_guess:
+                    first.append((a, b))
+        return tuple(first), total
+
     def summary(self) -> str:
         """One line per machine: name, GPUs, memory, intra link; then the inter-machine links."""
         n, k = self.num_devices, len(self.machines)  # "1 device on 1 machine", not "1 devices on 1 machines"
@@ -244,10 +266,10 @@ class Cluster:
             lines.append(f"  {m.name}: {len(m.devices)}x{m.gpu_type} "
                          f"({format_bytes(self.devices[d0].memory_bytes)} each), intra {intra}{nic}, "
                          f"devices {m.devices[0]}-{m.devices[-1]}")
-        if self.default_link_pairs:  # a guess: say so where the links are described
-            pairs = self.default_link_pairs
+        guessed = self.default_links(limit=0)[1]
+        if guessed:  # a guess: say so where the links are described
             lines.append(f"  between machines: {format_bandwidth(DEFAULT_INTER_MACHINE)}, the default (no "
-                         f"inter_machine.bandwidth given) for {len(pairs)} machine pair{'s' * (len(pairs) != 1)}")
+                         f"inter_machine.bandwidth given) for {guessed} machine pair{'s' * (guessed != 1)}")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -368,9 +390,8 @@ class Cluster:
                 a, b = machines[x].devices, machines[y].devices
                 bw[np.ix_(a, b)] = bw[np.ix_(b, a)] = lb
                 lat[np.ix_(a, b)] = lat[np.ix_(b, a)] = ll
-        guessed = () if inter_given or c.get("matrix_file") else tuple(
-            (labels[x], labels[y]) for x in range(len(machines)) for y in range(x + 1, len(machines))
-            if (x, y) not in given)
+        guessed = None if inter_given or c.get("matrix_file") else frozenset(
+            (labels[x], labels[y]) for x, y in given)
         if c.get("matrix_file"):
             bw, lat = _load_matrices(c["matrix_file"], n)
         cal = Calibration(**{k: _theta(v, f"cluster.calibration.{k}") for k, v in (c.get("calibration") or {}).items()})

@@ -72,7 +72,7 @@ class LinkConfig:
 class InterMachineConfig(LinkConfig):
     """The link between GPUs of different machines, unless ``machine_links`` or a matrix file say
     otherwise. ``bandwidth`` null (not given): priced at ``config.cluster.DEFAULT_INTER_MACHINE``
-    (1 GB/s), a guess, and the planner says so (``Cluster.default_link_pairs``); it was the
+    (1 GB/s), a guess, and the planner says so (``Cluster.default_links``); it was the
     schema's silent default."""
 
     bandwidth: Optional[str] = None

@@ -99,7 +99,7 @@ def with_calibration(cluster: Cluster, efficiency: dict[str, float] | None = Non
     latency = cluster.latency + sync_latency_s * (1.0 - np.eye(cluster.num_devices))
     return Cluster(cluster.name, devices, list(cluster.machines), cluster.bandwidth.copy(), latency,
                    calibration or cluster.calibration, cluster.description, cluster.nics,
-                   cluster.layer_tables if layer_tables is None else tuple(layer_tables), cluster.default_link_pairs)
+                   cluster.layer_tables if layer_tables is None else tuple(layer_tables), cluster.link_guess)
 
 
 def current_efficiency(cluster: Cluster) -> dict[str, float]:

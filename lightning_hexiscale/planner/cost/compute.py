@@ -184,7 +184,7 @@ def effective_cluster(cluster: Cluster, workload: Workload) -> Cluster:
     devices = [dataclasses.replace(d, flops=effective_flops(d, workload)) for d in cluster.devices]
     return Cluster(cluster.name, devices, list(cluster.machines), cluster.bandwidth.copy(), cluster.latency.copy(),
                    cluster.calibration, cluster.description, cluster.nics, cluster.layer_tables,
-                   cluster.default_link_pairs)
+                   cluster.link_guess)
 
 
 # ---- measured ----------------------------------------------------------------------------------------
@@ -289,25 +289,23 @@ class DefaultLinkWarning(UserWarning):
     """``hexiscale`` prints it as one line (``cli/main.py``)."""
 
 
-_LINKS_WARNED: set[tuple[str, tuple]] = set()
-"""(cluster name, pairs) the notice has named in this process."""
+_LINKS_WARNED: set[tuple[str, tuple, int]] = set()
+"""(cluster name, first pairs, count) the notice has named in this process."""
 
 
 def warn_default_links(cluster: Cluster, devices: Sequence[int] | None = None) -> str | None:
     """Warn once per process and cluster that machine pairs are priced at
     :data:`~lightning_hexiscale.config.cluster.DEFAULT_INTER_MACHINE` because the cluster file gave no
-    link for them (:attr:`Cluster.default_link_pairs`); returns the message, or None when no pair is
+    link for them (:meth:`Cluster.default_links`); returns the message, or None when no pair is
     (``devices``: only pairs of machines that hold some of them, e.g. a plan's). A user's cluster
     file without ``inter_machine`` was priced at 1 GB/s without a word, and a plan that crosses a
     25 GB/s link or a 1 GbE one is another plan."""
-    pairs = cluster.default_link_pairs
-    if devices is not None:
-        used = {cluster.machines[cluster.devices[d].machine].name for d in devices}
-        pairs = tuple(p for p in pairs if p[0] in used and p[1] in used)
-    if not pairs or (cluster.name, pairs) in _LINKS_WARNED:
+    used = None if devices is None else {cluster.machines[cluster.devices[d].machine].name for d in devices}
+    first, count = cluster.default_links(used)
+    if not count or (cluster.name, first, count) in _LINKS_WARNED:
         return None
-    _LINKS_WARNED.add((cluster.name, pairs))
-    named = ", ".join(f"{a}-{b}" for a, b in pairs[:3]) + (f" and {len(pairs) - 3} more" if len(pairs) > 3 else "")
+    _LINKS_WARNED.add((cluster.name, first, count))
+    named = ", ".join(f"{a}-{b}" for a, b in first) + (f" and {count - len(first)} more" if count > len(first) else "")
     msg = (f"cluster {cluster.name}: the links between machines ({named}) are priced at "
            f"{DEFAULT_INTER_MACHINE / 1e9:g} GB/s, a guess: the cluster file gives no inter_machine.bandwidth. "
            f"Measure them (`hexiscale discover` or `hexiscale profile` on the cluster) or set "
