@@ -127,8 +127,6 @@ def layer_time_model(name: str, seq_len: int | None, tp: list[int] | None):
 
     from lightning_hexiscale.models.config import LlamaConfig
 
-    from lightning_hexiscale.errors import ConfigError
-
     model = LlamaConfig.load(name, key="--model")  # keyed by the flag typed, not the recipe's 'model'
     if seq_len is not None:
         try:
