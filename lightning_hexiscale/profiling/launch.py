@@ -237,6 +237,30 @@ def env_rank() -> EnvRank | None:
     return None
 
 
+def check_rendezvous_env(er: EnvRank, environ=None) -> None:
+    """Refuse, before joining, an env:// rendezvous that cannot meet: no MASTER_PORT, or no
+    MASTER_ADDR in a SLURM job on several nodes. torchrun and Lightning's launcher set both; srun sets
+    neither, and the one-host default 127.0.0.1 would send every rank off the first node to a store on
+    its own host, where it waits out the whole timeout (10 minutes) instead of failing."""
+    e = os.environ if environ is None else environ
+    nodes = e.get("SLURM_NNODES", e.get("SLURM_JOB_NUM_NODES", "1"))
+    try:
+        nodes = int(nodes)
+    except ValueError:  # a malformed value proves nothing about the node count
+        nodes = 1
+    missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if not e.get(k)
+               and (k == "MASTER_PORT" or (er.launcher == "slurm" and nodes > 1))]
+    if not missing:
+        return
+    where = (f"under SLURM on {nodes} nodes" if "MASTER_ADDR" in missing else
+             f"under {er.launcher}")
+    raise RankFailure(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set {where}: "
+                      "the ranks could not find rank 0's rendezvous store. Fix: export "
+                      "MASTER_ADDR=<the first node's host name> (under SLURM: $(scontrol show hostnames "
+                      "\"$SLURM_JOB_NODELIST\" | head -n1)) and MASTER_PORT=<a free port, e.g. 29500> "
+                      "before srun (torchrun sets both)")
+
+
 def run_from_env(fn, *args, timeout_s: float = 600.0, backend: str | None = None):
     """Join the launcher's process group (env:// rendezvous), run ``fn(rank, world, *args)`` on this
     rank, destroy the group, return ``fn``'s value. One intra-op thread per rank on CPU."""
@@ -249,9 +273,8 @@ def run_from_env(fn, *args, timeout_s: float = 600.0, backend: str | None = None
         torch.cuda.set_device(er.local_rank % torch.cuda.device_count())
     else:
         torch.set_num_threads(1)
+    check_rendezvous_env(er)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    if "MASTER_PORT" not in os.environ:
-        raise RankFailure("MASTER_PORT is not set. Fix: export MASTER_ADDR and MASTER_PORT (torchrun sets them)")
     global _JOINED_GROUP
     _JOINED_GROUP = True
     dist.init_process_group(backend, init_method="env://", rank=er.rank, world_size=er.world,

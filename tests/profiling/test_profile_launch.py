@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from lightning_hexiscale.profiling.launch import RankFailure, env_rank, run_local
+from lightning_hexiscale.profiling.launch import EnvRank, RankFailure, check_rendezvous_env, env_rank, run_local
 
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
                "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")
@@ -32,6 +32,37 @@ def test_env_rank(clean_env, env, want):
         clean_env.setenv(k, v)
     got = env_rank()
     assert (None if got is None else (got.rank, got.world, got.local_rank, got.launcher)) == want
+
+
+SLURM = EnvRank(3, 8, 1, "slurm")
+
+
+@pytest.mark.parametrize("env,refused", [
+    ({"MASTER_PORT": "29500", "SLURM_NNODES": "1"}, None),  # one node: 127.0.0.1 is rank 0's host
+    ({"MASTER_PORT": "29500"}, None),  # no node count: srun on one node
+    ({"MASTER_ADDR": "n1", "MASTER_PORT": "29500", "SLURM_NNODES": "2"}, None),
+    ({"MASTER_PORT": "29500", "SLURM_NNODES": "2"}, "MASTER_ADDR is not set under SLURM on 2 nodes"),
+    ({"MASTER_PORT": "29500", "SLURM_JOB_NUM_NODES": "4"}, "MASTER_ADDR is not set under SLURM on 4 nodes"),
+    ({"MASTER_ADDR": "", "MASTER_PORT": "29500", "SLURM_NNODES": "2"}, "MASTER_ADDR is not set"),
+    ({"SLURM_NNODES": "2"}, "MASTER_ADDR and MASTER_PORT are not set under SLURM on 2 nodes"),
+    ({"MASTER_ADDR": "n1"}, "MASTER_PORT is not set under slurm"),
+])
+def test_a_rendezvous_that_cannot_meet_is_refused_before_joining(env, refused):
+    """srun sets neither MASTER_ADDR nor MASTER_PORT: on several nodes the default 127.0.0.1 sent
+    every rank off the first node to a store on its own host, to wait out the whole timeout."""
+    if refused is None:
+        check_rendezvous_env(SLURM, env)
+        return
+    with pytest.raises(RankFailure, match=refused) as info:
+        check_rendezvous_env(SLURM, env)
+    assert "Fix: export MASTER_ADDR=" in str(info.value) and "scontrol show hostnames" in str(info.value)
+
+
+def test_torchrun_without_master_port_is_refused_and_a_node_count_alone_needs_no_address():
+    torchrun = EnvRank(0, 2, 0, "torchrun")
+    check_rendezvous_env(torchrun, {"MASTER_PORT": "1", "SLURM_NNODES": "3"})  # torchrun inside SLURM
+    with pytest.raises(RankFailure, match="MASTER_PORT is not set under torchrun"):
+        check_rendezvous_env(torchrun, {})
 
 
 def _ok(rank, world):
