@@ -108,15 +108,41 @@ def launch_settings(cluster, plan, plan_file: Path, app: AppName) -> dict:
     if device_kind(types) == "cpu":  # emulated devices: one CPU process per device
         return {"accelerator": "cpu", "devices": launched_here, "num_nodes": 1}
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    launched = "WORLD_SIZE" in os.environ and ("TORCHELASTIC_RUN_ID" in os.environ or "SLURM_PROCID" in os.environ)
+    launched = launched_world(gpus) if gpus else None  # no GPU here: the message says what is needed
     if launched and gpus:
-        world = int(os.environ["WORLD_SIZE"])
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("SLURM_NTASKS_PER_NODE", gpus)))
+        world, local, nodes = launched
         if world in accepted_world_sizes(plan):
-            return {"accelerator": "gpu", "devices": local, "num_nodes": max(1, world // local)}
+            return {"accelerator": "gpu", "devices": local, "num_nodes": nodes}
     elif gpus >= launched_here and len({cluster.devices[d].machine for d in plan.launch_order}) == 1:
         return {"accelerator": "gpu", "devices": launched_here, "num_nodes": 1}
     raise HardwareMissing(hardware_message(cluster, plan, gpus, plan_file, app))
+
+
+def launched_world(gpus: int, environ=None) -> tuple[int, int, int] | None:
+    """(processes in the job, processes per node, nodes) when torchrun or srun started this process,
+    else None. torchrun: WORLD_SIZE and LOCAL_WORLD_SIZE. srun sets no WORLD_SIZE: SLURM_NTASKS, and
+    Lightning's SLURM environment takes ``devices`` from ``--ntasks-per-node`` (SLURM_NTASKS_PER_NODE)
+    and ``num_nodes`` from ``--nodes`` (SLURM_NNODES), refusing any other pair, and refuses
+    ``--ntasks`` without ``--ntasks-per-node``: that is refused here, before the plan is launched."""
+    e = os.environ if environ is None else environ
+    if "TORCHELASTIC_RUN_ID" in e and "WORLD_SIZE" in e:
+        world = int(e["WORLD_SIZE"])
+        local = int(e.get("LOCAL_WORLD_SIZE", gpus or world))
+        return world, local, max(1, world // max(1, local))
+    if "SLURM_PROCID" not in e or "SLURM_NTASKS" not in e:
+        return None
+    world = int(e["SLURM_NTASKS"])
+    nodes = int(e.get("SLURM_NNODES", e.get("SLURM_JOB_NUM_NODES", "1")))
+    per_node = e.get("SLURM_NTASKS_PER_NODE")
+    if per_node is None or not per_node.isdigit():
+        if world == 1:
+            return 1, 1, 1
+        raise HardwareMissing(
+            f"srun started {world} tasks on {nodes} node(s) without --ntasks-per-node "
+            f"(SLURM_NTASKS_PER_NODE = {per_node!r}): Lightning takes its devices per node from it and "
+            f"refuses --ntasks alone. Fix: srun --nodes={nodes} --ntasks-per-node=<GPUs per node> "
+            f"--gpus-per-node=<GPUs per node> (the same on every node; else launch with torchrun)")
+    return world, int(per_node), nodes
 
 
 def hardware_message(cluster, plan, local_gpus: int, plan_file: Path, app: AppName) -> str:
@@ -138,12 +164,18 @@ def hardware_message(cluster, plan, local_gpus: int, plan_file: Path, app: AppNa
     here = (f"{local_gpus} CUDA GPU(s) ({torch.cuda.get_device_name(0)})" if local_gpus else "no CUDA GPU")
     args = " ".join(o for o in overrides_given() if not o.startswith(("plan=", "hydra."))) or f"cluster={cluster.name}"
     nodes = len(machines)
+    counts = sorted(set(machines.values()))
+    if len(counts) == 1:  # Lightning under srun: --ntasks-per-node, the same on every node
+        srun_line = (f"  srun --nodes={nodes} --ntasks-per-node={counts[0]} --gpus-per-node={counts[0]} {app.srun} "
+                     f"{args} plan={plan_file}\n")
+    else:
+        srun_line = (f"  (not srun: Lightning under srun runs the same --ntasks-per-node on every node, and these "
+                     f"machines have {', '.join(map(str, counts))} GPUs)\n")
     return (f"cannot launch here: the plan runs {plan.world_size} processes, one per GPU, on {need} in {nodes} "
             f"machine(s) ({per_machine}); this machine has {here}.\n"
             f"Launch one process per GPU on the cluster, node k on machine k of cluster {cluster.name} "
             f"(device ids follow its machine order), with the plan above (copy it to every machine):\n"
             f"  torchrun --nnodes={nodes} --node-rank=<k> --nproc-per-node=<GPUs of machine k> "
             f"--master-addr=<machine 0> --master-port=29500 {app.torchrun} {args} plan={plan_file}\n"
-            f"  srun --nodes={nodes} --ntasks={len(plan.launch_order)} --gpus-per-task=1 {app.srun} {args} "
-            f"plan={plan_file}\n"
+            f"{srun_line}"
             f"or pass dry_run=true to plan only.")
