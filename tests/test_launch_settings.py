@@ -16,7 +16,7 @@ import torch
 from lightning_hexiscale.cli.train_job import HEXISCALE
 from lightning_hexiscale.cli.train_plan import HardwareMissing, hardware_message, launch_settings, launched_world
 from lightning_hexiscale.config.cluster import Cluster
-from lightning_hexiscale.planner.plan import Pipeline, Plan, Stage
+from lightning_hexiscale.planner import Pipeline, Plan, Stage
 
 LAUNCH_VARS = ("TORCHELASTIC_RUN_ID", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS",
                "SLURM_NTASKS_PER_NODE", "SLURM_NNODES", "SLURM_JOB_NUM_NODES")
