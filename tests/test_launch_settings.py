@@ -19,7 +19,7 @@ from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.planner import Pipeline, Plan, Stage
 
 LAUNCH_VARS = ("TORCHELASTIC_RUN_ID", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS",
-               "SLURM_NTASKS_PER_NODE", "SLURM_NNODES", "SLURM_JOB_NUM_NODES")
+               "SLURM_NTASKS_PER_NODE", "SLURM_NNODES", "SLURM_JOB_NUM_NODES", "SLURM_JOB_NAME")
 
 
 def _cluster(*counts: int) -> Cluster:
@@ -93,3 +93,32 @@ def test_the_message_prints_srun_in_lightnings_flags_only_for_equal_machines(gpu
     uneven = hardware_message(_cluster(2, 4), _plan_on(6), 0, Path("p.yaml"), HEXISCALE)
     assert "srun --nodes" not in uneven and "these machines have 2, 4 GPUs" in uneven, uneven
     assert "torchrun --nnodes=2" in uneven
+
+
+@pytest.mark.parametrize("env,launcher,want", [
+    # an interactive allocation (srun --pty bash, or a job named interactive): Lightning launches the
+    # processes itself, so the plan's devices on this machine are launched as without SLURM
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_JOB_NAME": "bash"}, None, None),
+    ({"SLURM_NTASKS": "8", "SLURM_JOB_NAME": "interactive", "TORCHELASTIC_RUN_ID": "x", "WORLD_SIZE": "4",
+      "LOCAL_WORLD_SIZE": "4"}, "torchrun", (4, 4, 1)),
+    # torchrun inside a batch job: Lightning looks for SLURM first, and so does the recipe
+    ({"SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_NNODES": "1", "SLURM_JOB_NAME": "job",
+      "TORCHELASTIC_RUN_ID": "x", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4"}, "slurm", (2, 2, 1)),
+])
+def test_the_launcher_is_the_one_lightning_detects(gpus, env, launcher, want):
+    from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
+
+    monkeypatch = gpus(4)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert launched_world(4) == want
+    lightning_sees = "slurm" if SLURMEnvironment.detect() else "torchrun" if TorchElasticEnvironment.detect() else None
+    assert lightning_sees == launcher
+
+
+def test_an_interactive_allocation_launches_the_local_gpus(gpus):
+    monkeypatch = gpus(4)
+    for k, v in {"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_JOB_NAME": "bash"}.items():
+        monkeypatch.setenv(k, v)
+    got = launch_settings(_cluster(4), _plan_on(4), Path("plan.yaml"), HEXISCALE)
+    assert got == {"accelerator": "gpu", "devices": 4, "num_nodes": 1}

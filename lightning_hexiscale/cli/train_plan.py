@@ -119,30 +119,36 @@ def launch_settings(cluster, plan, plan_file: Path, app: AppName) -> dict:
 
 
 def launched_world(gpus: int, environ=None) -> tuple[int, int, int] | None:
-    """(processes in the job, processes per node, nodes) when torchrun or srun started this process,
-    else None. torchrun: WORLD_SIZE and LOCAL_WORLD_SIZE. srun sets no WORLD_SIZE: SLURM_NTASKS, and
-    Lightning's SLURM environment takes ``devices`` from ``--ntasks-per-node`` (SLURM_NTASKS_PER_NODE)
-    and ``num_nodes`` from ``--nodes`` (SLURM_NNODES), refusing any other pair, and refuses
-    ``--ntasks`` without ``--ntasks-per-node``: that is refused here, before the plan is launched."""
+    """(processes in the job, processes per node, nodes) of the launcher Lightning's Trainer will see,
+    else None (a local launch). The same order and rules as Lightning's cluster environments, so that
+    the Trainer built from them is the one Lightning accepts:
+
+    - SLURM first, when ``SLURM_NTASKS`` is set and the job is not named ``bash`` or ``interactive``
+      (Lightning's interactive mode, where it launches the processes itself). srun sets no
+      WORLD_SIZE: the world is SLURM_NTASKS, ``devices`` ``--ntasks-per-node`` (SLURM_NTASKS_PER_NODE)
+      and ``num_nodes`` ``--nodes`` (SLURM_NNODES); Lightning refuses any other pair and ``--ntasks``
+      alone, which is refused here with the fix, before the plan is launched.
+    - torchrun: WORLD_SIZE and LOCAL_WORLD_SIZE."""
     e = os.environ if environ is None else environ
-    if "TORCHELASTIC_RUN_ID" in e and "WORLD_SIZE" in e:
-        world = int(e["WORLD_SIZE"])
-        local = int(e.get("LOCAL_WORLD_SIZE", gpus or world))
-        return world, local, max(1, world // max(1, local))
-    if "SLURM_PROCID" not in e or "SLURM_NTASKS" not in e:
-        return None
-    world = int(e["SLURM_NTASKS"])
-    nodes = int(e.get("SLURM_NNODES", e.get("SLURM_JOB_NUM_NODES", "1")))
-    per_node = e.get("SLURM_NTASKS_PER_NODE")
-    if per_node is None or not per_node.isdigit():
+    if "SLURM_NTASKS" in e and e.get("SLURM_JOB_NAME") not in ("bash", "interactive"):
+        world = int(e["SLURM_NTASKS"])
+        nodes = int(e.get("SLURM_NNODES", e.get("SLURM_JOB_NUM_NODES", "1")))
+        per_node = e.get("SLURM_NTASKS_PER_NODE")
+        if per_node is not None and per_node.isdigit():
+            return world, int(per_node), nodes
         if world == 1:
             return 1, 1, 1
         raise HardwareMissing(
             f"srun started {world} tasks on {nodes} node(s) without --ntasks-per-node "
             f"(SLURM_NTASKS_PER_NODE = {per_node!r}): Lightning takes its devices per node from it and "
             f"refuses --ntasks alone. Fix: srun --nodes={nodes} --ntasks-per-node=<GPUs per node> "
-            f"--gpus-per-node=<GPUs per node> (the same on every node; else launch with torchrun)")
-    return world, int(per_node), nodes
+            f"--gpus-per-node=<GPUs per node> (the same on every node; else launch with torchrun, in a job "
+            f"named interactive: srun --job-name=interactive)")
+    if "TORCHELASTIC_RUN_ID" in e and "WORLD_SIZE" in e:
+        world = int(e["WORLD_SIZE"])
+        local = int(e.get("LOCAL_WORLD_SIZE", gpus or world))
+        return world, local, max(1, world // max(1, local))
+    return None
 
 
 def hardware_message(cluster, plan, local_gpus: int, plan_file: Path, app: AppName) -> str:
