@@ -122,3 +122,23 @@ def test_an_interactive_allocation_launches_the_local_gpus(gpus):
         monkeypatch.setenv(k, v)
     got = launch_settings(_cluster(4), _plan_on(4), Path("plan.yaml"), HEXISCALE)
     assert got == {"accelerator": "gpu", "devices": 4, "num_nodes": 1}
+
+
+@pytest.mark.parametrize("env,popen_child,rank_zero", [
+    # Lightning's own children in an interactive allocation: they inherit the shell's SLURM_PROCID=0
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_JOB_NAME": "bash", "LOCAL_RANK": "1"}, True, False),
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_JOB_NAME": "bash"}, False, True),  # the shell's command
+    ({"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_JOB_NAME": "job", "LOCAL_RANK": "1"}, False, False),  # srun
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_JOB_NAME": "job", "LOCAL_RANK": "0"}, False, True),
+])
+def test_ranks_of_an_interactive_allocation_are_lightnings_not_sruns(gpus, env, popen_child, rank_zero):
+    """Every child of Lightning's launcher in ``srun --pty bash`` took itself for rank 0 (SLURM_PROCID=0) and
+    for a SLURM rank: each printed and wrote what rank 0 alone writes, and Ctrl-C was raised in each."""
+    from lightning_hexiscale.cli.train_job import is_popen_child, is_rank_zero
+
+    monkeypatch = gpus(0)
+    for k in ("RANK", "LOCAL_RANK", "NODE_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert (is_popen_child(), is_rank_zero()) == (popen_child, rank_zero)

@@ -38,11 +38,21 @@ HEXISCALE = AppName()
 RECIPE = AppName(prog="recipes/train.py", torchrun="recipes/train.py", srun="python recipes/train.py")
 
 
+def slurm_launched(environ=None) -> bool:
+    """srun started this process as one of the job's ranks: Lightning's rule (``SLURMEnvironment.detect``),
+    SLURM_NTASKS set and the job not named ``bash`` or ``interactive``. A shell in an interactive
+    allocation (``srun --pty bash``) has SLURM_PROCID=0 and SLURM_NTASKS too, and there Lightning
+    launches the processes itself, as without SLURM: its children inherit SLURM_PROCID=0."""
+    e = os.environ if environ is None else environ
+    return "SLURM_NTASKS" in e and e.get("SLURM_JOB_NAME") not in ("bash", "interactive")
+
+
 def is_rank_zero() -> bool:
     """The launching process or global rank 0 (popen children and torchrun/SLURM ranks have env vars)."""
-    for key in ("RANK", "SLURM_PROCID"):
-        if key in os.environ:
-            return int(os.environ[key]) == 0
+    if "RANK" in os.environ:
+        return int(os.environ["RANK"]) == 0
+    if slurm_launched() and "SLURM_PROCID" in os.environ:
+        return int(os.environ["SLURM_PROCID"]) == 0
     return int(os.environ.get("LOCAL_RANK", 0)) == 0 and int(os.environ.get("NODE_RANK", 0)) == 0
 
 
@@ -104,7 +114,7 @@ def output_dir(cfg: DictConfig) -> Path:
 def is_popen_child() -> bool:
     """A rank that Lightning's popen launcher started (it records Ctrl-C instead of raising it; rank 0
     ends the job)."""
-    return "LOCAL_RANK" in os.environ and "TORCHELASTIC_RUN_ID" not in os.environ and "SLURM_PROCID" not in os.environ
+    return "LOCAL_RANK" in os.environ and "TORCHELASTIC_RUN_ID" not in os.environ and not slurm_launched()
 
 
 # ---- the command line, before Hydra --------------------------------------------------------------
@@ -414,7 +424,7 @@ def take_auto_cluster(argv: list[str]) -> list[str]:
                           f"name the cluster it changes (cluster=cpu_demo {nested[0]}), or leave it out")
     if any(a in ("-m", "--multirun") for a in argv):
         raise ConfigError("cluster", value, "a sweep (-m) does not discover its cluster", AUTO_FIX)
-    if "TORCHELASTIC_RUN_ID" in os.environ or "SLURM_PROCID" in os.environ:
+    if "TORCHELASTIC_RUN_ID" in os.environ or slurm_launched():
         raise ConfigError("cluster", value, "hexiscale train discovers only the machine it runs on, not under "
                           "torchrun or SLURM", AUTO_FIX + " on every rank")
     os.environ[AUTO_ENV] = "given" if given else "default"

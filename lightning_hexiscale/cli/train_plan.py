@@ -13,7 +13,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from lightning_hexiscale.cli.common import explicit
-from lightning_hexiscale.cli.train_job import AppName, is_rank_zero, overrides_given
+from lightning_hexiscale.cli.train_job import AppName, is_rank_zero, overrides_given, slurm_launched
 from lightning_hexiscale.errors import HexiScaleError
 
 PLAN_OVERRIDES = ("schedule", "recompute", "dp_sharding", "micro_batch_size")
@@ -130,7 +130,7 @@ def launched_world(gpus: int, environ=None) -> tuple[int, int, int] | None:
       alone, which is refused here with the fix, before the plan is launched.
     - torchrun: WORLD_SIZE and LOCAL_WORLD_SIZE."""
     e = os.environ if environ is None else environ
-    if "SLURM_NTASKS" in e and e.get("SLURM_JOB_NAME") not in ("bash", "interactive"):
+    if slurm_launched(e):
         world = int(e["SLURM_NTASKS"])
         nodes = int(e.get("SLURM_NNODES", e.get("SLURM_JOB_NUM_NODES", "1")))
         per_node = e.get("SLURM_NTASKS_PER_NODE")

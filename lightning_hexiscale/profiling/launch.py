@@ -227,7 +227,9 @@ def env_rank() -> EnvRank | None:
     e = os.environ
     if "RANK" in e and "WORLD_SIZE" in e:
         return EnvRank(int(e["RANK"]), int(e["WORLD_SIZE"]), int(e.get("LOCAL_RANK", 0)), "torchrun")
-    if "SLURM_PROCID" in e and "SLURM_NTASKS" in e:
+    if "SLURM_PROCID" in e and "SLURM_NTASKS" in e and e.get("SLURM_JOB_NAME") not in ("bash", "interactive"):
+        # a shell in an interactive allocation (srun --pty bash) has SLURM_PROCID=0 too: not a launch
+        # of this command (Lightning's rule too), so --local N is what it is told to use
         return EnvRank(int(e["SLURM_PROCID"]), int(e["SLURM_NTASKS"]), int(e.get("SLURM_LOCALID", 0)), "slurm")
     if "LOCAL_RANK" in e and "WORLD_SIZE" in e:
         world = int(e["WORLD_SIZE"])

@@ -31,7 +31,7 @@ def _run(args: list[str], cwd: Path, cache: Path, timeout: float) -> subprocess.
     if not HEXISCALE.is_file():
         pytest.skip(f"no console script at {HEXISCALE} (package not installed in this environment)")
     env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "MASTER_PORT", "WORLD_SIZE", "RANK",
-                                                             "TORCHELASTIC_RUN_ID", "SLURM_PROCID", AUTO_ENV)}
+                                                             "TORCHELASTIC_RUN_ID", "SLURM_PROCID", "SLURM_NTASKS", AUTO_ENV)}
     env["HEXISCALE_CACHE_DIR"] = str(cache)
     return subprocess.run([str(HEXISCALE), "train", *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout)
@@ -73,7 +73,7 @@ def no_launcher(monkeypatch):
     """No launcher's variables, and the job's own (AUTO_ENV, FILES_ENV) put back as they were afterwards: a
     flag left set would make a later in-process run of the suite discover. (setenv first: delenv of an absent
     variable records nothing to undo.)"""
-    for key in (AUTO_ENV, FILES_ENV, "TORCHELASTIC_RUN_ID", "SLURM_PROCID"):
+    for key in (AUTO_ENV, FILES_ENV, "TORCHELASTIC_RUN_ID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_NAME"):
         monkeypatch.setenv(key, "")
         monkeypatch.delenv(key)
     return monkeypatch
@@ -97,14 +97,27 @@ def test_cluster_auto_is_refused_in_a_sweep_and_under_torchrun(no_launcher):
                                           r"does not discover.*cluster=my_cluster.yaml, or name a preset \(cluster=cpu_demo\)"):
         take_auto_cluster(["-m", "train.global_batch=8,16"])
     assert take_auto_cluster(["-m", "cluster=cpu2,cpu_hetero4"]) == ["-m", "cluster=cpu2,cpu_hetero4"]
-    for key in ("TORCHELASTIC_RUN_ID", "SLURM_PROCID"):
-        no_launcher.setenv(key, "0")
+    for launcher in ({"TORCHELASTIC_RUN_ID": "0"}, {"SLURM_PROCID": "0", "SLURM_NTASKS": "4"}):
+        for key, value in launcher.items():
+            no_launcher.setenv(key, value)
         for argv in (["cluster=auto"], ["model=llama_tiny"]):
             with pytest.raises(ConfigError, match=r"not under torchrun or SLURM.*cluster=my_cluster.yaml"):
                 take_auto_cluster(argv)
         assert take_auto_cluster(["cluster=cpu2"]) == ["cluster=cpu2"]
-        no_launcher.delenv(key)
+        for key in launcher:
+            no_launcher.delenv(key)
     assert os.environ.get(AUTO_ENV) is None
+
+
+def test_cluster_auto_discovers_in_an_interactive_allocation(no_launcher):
+    """A shell of ``srun --pty bash`` (or a job named interactive) has SLURM_PROCID=0 and SLURM_NTASKS too,
+    but nothing launched the command's ranks: Lightning launches them itself there, and the machine it
+    runs on is discovered as without SLURM (it was refused as a SLURM launch)."""
+    for name in ("bash", "interactive"):
+        for key, value in {"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_JOB_NAME": name}.items():
+            no_launcher.setenv(key, value)
+        assert take_auto_cluster(["model=llama_tiny"]) == ["model=llama_tiny"] and auto_cluster() == "default"
+        no_launcher.delenv(AUTO_ENV)
 
 
 def test_a_cluster_override_needs_a_named_cluster(no_launcher):

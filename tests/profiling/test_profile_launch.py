@@ -9,7 +9,7 @@ import pytest
 from lightning_hexiscale.profiling.launch import EnvRank, RankFailure, check_rendezvous_env, env_rank, run_local
 
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
-               "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")
+               "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_JOB_NAME")
 
 
 @pytest.fixture
@@ -23,6 +23,9 @@ def clean_env(monkeypatch):
     ({}, None),
     ({"RANK": "5", "WORLD_SIZE": "16", "LOCAL_RANK": "1"}, (5, 16, 1, "torchrun")),
     ({"SLURM_PROCID": "9", "SLURM_NTASKS": "32", "SLURM_LOCALID": "1"}, (9, 32, 1, "slurm")),
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_JOB_NAME": "bash"}, None),  # srun --pty bash
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_JOB_NAME": "interactive"}, None),
+    ({"SLURM_PROCID": "2", "SLURM_NTASKS": "4", "SLURM_JOB_NAME": "profile"}, (2, 4, 0, "slurm")),
     # Lightning's script launcher: LOCAL_RANK, NODE_RANK, WORLD_SIZE (+ LOCAL_WORLD_SIZE when multi-node)
     ({"LOCAL_RANK": "3", "WORLD_SIZE": "4"}, (3, 4, 3, "lightning")),
     ({"LOCAL_RANK": "2", "NODE_RANK": "1", "WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8"}, (10, 16, 2, "lightning")),
