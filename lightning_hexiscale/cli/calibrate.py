@@ -19,7 +19,8 @@ from pathlib import Path
 from lightning_hexiscale.cli.common import (add_launch_args, add_precision_arg, check_output_file,
                                             compose_plan_config, non_negative_int, plan_override, plan_source,
                                             positive_int, resolve_precision, subcommand)
-from lightning_hexiscale.cli.profile import LAYER_REPS, add_layer_time_args, check_layer_time_flags
+from lightning_hexiscale.cli.profile import (LAYER_MICRO_BATCHES, LAYER_REPS, add_layer_time_args,
+                                             check_layer_time_flags)
 from lightning_hexiscale.config.schema import is_file
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.profiling.check import STATS
@@ -106,7 +107,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     layer_opts = None
     if args.layer_times:
         model.check_measured_tp(args.layer_tp or [])
-        layer_opts = dict(micro_batches=args.layer_micro_batches or [1, 2, 4], tp_degrees=args.layer_tp,
+        layer_opts = dict(micro_batches=args.layer_micro_batches or list(LAYER_MICRO_BATCHES),
+                          tp_degrees=args.layer_tp,
                           reps=args.layer_reps or LAYER_REPS, stat=args.stat)
     res = calibrate(cluster, model, args.micro_batch, args.micro_batches, args.recompute, args.steps, args.warmup,
                     args.local, args.timeout, args.stat, precision, layer_opts)

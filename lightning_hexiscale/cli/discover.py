@@ -16,8 +16,8 @@ from __future__ import annotations
 import argparse
 
 from lightning_hexiscale.cli.common import add_precision_arg, positive_int, positive_seconds, resolve_precision, subcommand
-from lightning_hexiscale.cli.profile import (check_local_matmul_size, cluster_name, emulated_defaults, int_list,
-                                             layer_time_model, message_sizes)
+from lightning_hexiscale.cli.profile import (LAYER_MICRO_BATCHES, check_local_matmul_size, cluster_name,
+                                             emulated_defaults, int_list, layer_time_model, message_sizes)
 
 
 def _discover_args(p: argparse.ArgumentParser) -> None:
@@ -43,7 +43,7 @@ def _discover_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", type=positive_seconds, default=60.0, metavar="S",
                    help="seconds discovery should take; a warning names the longest phase when exceeded (default 60)")
     p.add_argument("--layer-micro-batches", type=int_list, default=None, metavar="M1,M2,...",
-                   help="micro-batch sizes of the layer times (default 1,2,4)")
+                   help=f"micro-batch sizes of the layer times (default {','.join(map(str, LAYER_MICRO_BATCHES))})")
     p.add_argument("--layer-tp", type=int_list, default=None, metavar="T1,T2,...",
                    help="TP degrees of the layer times (default: powers of two up to the largest machine and each "
                         "machine's device count, at most the model's KV heads)")
@@ -83,7 +83,8 @@ def run_discover(args: argparse.Namespace, model=None):
     args = emulated_defaults(args)
     if model is None:
         model = layer_time_model(args.model, args.seq_len, args.layer_tp)
-    opts = dict(precision=resolve_precision(args), micro_batches=args.layer_micro_batches or [1, 2, 4],
+    opts = dict(precision=resolve_precision(args),
+                micro_batches=args.layer_micro_batches or list(LAYER_MICRO_BATCHES),
                 tp_degrees=args.layer_tp, sizes=args.sizes, reps=args.reps, matmul_n=args.matmul_size,
                 matmul_time_s=args.matmul_time, layer_reps=args.layer_reps, rediscover=args.rediscover,
                 out=args.out, name=args.name, budget_s=args.budget, progress=args.progress)

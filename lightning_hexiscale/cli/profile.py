@@ -95,7 +95,8 @@ def int_list(text: str) -> list[int]:
 def add_layer_time_args(p: argparse.ArgumentParser) -> None:
     """Options of the layer-time measurement (``profile --model``, ``calibrate --layer-times``)."""
     p.add_argument("--layer-micro-batches", type=int_list, default=None, metavar="M1,M2,...",
-                   help="micro-batch sizes of the layer times (default 1,2,4; the cost model interpolates "
+                   help=f"micro-batch sizes of the layer times (default {','.join(map(str, LAYER_MICRO_BATCHES))}; "
+                        "the cost model interpolates "
                         "between them and scales the nearest per sequence outside them)")
     p.add_argument("--layer-tp", type=int_list, default=None, metavar="T1,T2,...",
                    help="TP degrees of the layer times (default: powers of two up to the largest machine and "
@@ -106,6 +107,10 @@ def add_layer_time_args(p: argparse.ArgumentParser) -> None:
 
 LAYER_REPS = 3
 """Timed reps per layer-time case when ``--layer-reps`` is not given."""
+
+LAYER_MICRO_BATCHES = (1, 2, 4)
+"""Micro-batch sizes of the layer times when ``--layer-micro-batches`` is not given (profile, discover,
+calibrate): the cost model interpolates between them and scales the nearest per sequence outside them."""
 
 
 def check_layer_time_flags(args: argparse.Namespace, needs: str, on: bool) -> None:
@@ -224,7 +229,7 @@ def run_profile(args: argparse.Namespace):
     layer_opts = None
     if getattr(args, "model", None):
         layer_opts = dict(model=layer_time_model(args.model, args.seq_len, args.layer_tp),
-                          micro_batches=args.layer_micro_batches or [1, 2, 4], tp_degrees=args.layer_tp,
+                          micro_batches=args.layer_micro_batches or list(LAYER_MICRO_BATCHES), tp_degrees=args.layer_tp,
                           reps=args.layer_reps or LAYER_REPS)
     if args.local:
         check_local_matmul_size(args.matmul_size, args.local, opts["precision"])
