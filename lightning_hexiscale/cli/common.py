@@ -301,8 +301,6 @@ def apply_train_overrides(plan, cfg, overrides: Sequence[str]):
 def check_outside_checkpoint(flag: str, path: str, checkpoint: str, example: str) -> None:
     """``flag PATH`` is not inside the checkpoint directory it is made from: a save replaces that
     directory whole (a newer last.ckpt), and a file or export written into it would go with it."""
-    from pathlib import Path
-
     from lightning_hexiscale.errors import ConfigError
 
     ckpt, out = expand_user(checkpoint).resolve(), expand_user(path).resolve()
