@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lightning_hexiscale.config.file_errors import expand_user, is_dir
 from lightning_hexiscale.config.schema import is_file as schema_is_file
+from lightning_hexiscale.runtime.host import slurm_launched
 
 
 @dataclass(frozen=True)
@@ -36,15 +37,6 @@ class AppName:
 
 HEXISCALE = AppName()
 RECIPE = AppName(prog="recipes/train.py", torchrun="recipes/train.py", srun="python recipes/train.py")
-
-
-def slurm_launched(environ=None) -> bool:
-    """srun started this process as one of the job's ranks: Lightning's rule (``SLURMEnvironment.detect``),
-    SLURM_NTASKS set and the job not named ``bash`` or ``interactive``. A shell in an interactive
-    allocation (``srun --pty bash``) has SLURM_PROCID=0 and SLURM_NTASKS too, and there Lightning
-    launches the processes itself, as without SLURM: its children inherit SLURM_PROCID=0."""
-    e = os.environ if environ is None else environ
-    return "SLURM_NTASKS" in e and e.get("SLURM_JOB_NAME") not in ("bash", "interactive")
 
 
 def is_rank_zero() -> bool:

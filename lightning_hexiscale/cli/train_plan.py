@@ -13,7 +13,8 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from lightning_hexiscale.cli.common import explicit
-from lightning_hexiscale.cli.train_job import AppName, is_rank_zero, overrides_given, slurm_launched
+from lightning_hexiscale.cli.train_job import AppName, is_rank_zero, overrides_given
+from lightning_hexiscale.runtime.host import slurm_launched
 from lightning_hexiscale.errors import HexiScaleError
 
 PLAN_OVERRIDES = ("schedule", "recompute", "dp_sharding", "micro_batch_size")
@@ -109,7 +110,7 @@ def launch_settings(cluster, plan, plan_file: Path, app: AppName) -> dict:
         return {"accelerator": "cpu", "devices": launched_here, "num_nodes": 1}
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     launched = launched_world(gpus) if gpus else None  # no GPU here: the message says what is needed
-    if launched and gpus:
+    if launched:
         world, local, nodes = launched
         if world in accepted_world_sizes(plan):
             return {"accelerator": "gpu", "devices": local, "num_nodes": nodes}

@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from lightning_hexiscale.errors import HexiScaleError
 from lightning_hexiscale.runtime.failure import is_peer_failure
-from lightning_hexiscale.runtime.host import exit_without_finalizing, fork_context
+from lightning_hexiscale.runtime.host import exit_without_finalizing, fork_context, slurm_launched
 
 
 _JOINED_GROUP = False
@@ -227,9 +227,7 @@ def env_rank() -> EnvRank | None:
     e = os.environ
     if "RANK" in e and "WORLD_SIZE" in e:
         return EnvRank(int(e["RANK"]), int(e["WORLD_SIZE"]), int(e.get("LOCAL_RANK", 0)), "torchrun")
-    if "SLURM_PROCID" in e and "SLURM_NTASKS" in e and e.get("SLURM_JOB_NAME") not in ("bash", "interactive"):
-        # a shell in an interactive allocation (srun --pty bash) has SLURM_PROCID=0 too: not a launch
-        # of this command (Lightning's rule too), so --local N is what it is told to use
+    if "SLURM_PROCID" in e and slurm_launched(e):  # not a shell of an interactive allocation: --local N there
         return EnvRank(int(e["SLURM_PROCID"]), int(e["SLURM_NTASKS"]), int(e.get("SLURM_LOCALID", 0)), "slurm")
     if "LOCAL_RANK" in e and "WORLD_SIZE" in e:
         world = int(e["WORLD_SIZE"])

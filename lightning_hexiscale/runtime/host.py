@@ -16,6 +16,7 @@ on it has ended.
   workers of groups still held elsewhere finish their last release before it finalizes.
 - :func:`exit_without_finalizing`: a command's end that skips the interpreter's finalization of torch
   and Lightning (seconds per process; see there).
+- :func:`slurm_launched`: whether srun started this process as one of a job's ranks (Lightning's rule).
 
 No torch import: the test suite uses :func:`host_slowdown` to scale its own time limits.
 """
@@ -34,6 +35,16 @@ from pathlib import Path
 SLOWDOWN_CAP = 10.0
 """Most :func:`host_slowdown` says by default: a load average can be inflated by processes waiting on
 I/O (a stalled network file system), and every wait it lengthens must stay bounded."""
+
+
+def slurm_launched(environ=None) -> bool:
+    """srun started this process as one of the job's ranks: Lightning's rule (``SLURMEnvironment.detect``),
+    SLURM_NTASKS set and the job not named ``bash`` or ``interactive``. A shell in an interactive
+    allocation (``srun --pty bash``) has SLURM_PROCID=0 and SLURM_NTASKS too, and there Lightning
+    launches the processes itself, as without SLURM: its children inherit SLURM_PROCID=0. One rule for
+    the recipe (rank 0, popen children, the Trainer's devices) and the profiling commands' launch."""
+    e = os.environ if environ is None else environ
+    return "SLURM_NTASKS" in e and e.get("SLURM_JOB_NAME") not in ("bash", "interactive")
 
 
 def usable_cores() -> int:

@@ -31,7 +31,8 @@ def _run(args: list[str], cwd: Path, cache: Path, timeout: float) -> subprocess.
     if not HEXISCALE.is_file():
         pytest.skip(f"no console script at {HEXISCALE} (package not installed in this environment)")
     env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "MASTER_PORT", "WORLD_SIZE", "RANK",
-                                                             "TORCHELASTIC_RUN_ID", "SLURM_PROCID", "SLURM_NTASKS", AUTO_ENV)}
+                                                             "TORCHELASTIC_RUN_ID", "SLURM_PROCID", "SLURM_NTASKS",
+                                                             AUTO_ENV)}
     env["HEXISCALE_CACHE_DIR"] = str(cache)
     return subprocess.run([str(HEXISCALE), "train", *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout)
