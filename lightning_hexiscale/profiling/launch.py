@@ -248,8 +248,8 @@ def check_rendezvous_env(er: EnvRank, environ=None) -> None:
         nodes = int(nodes)
     except ValueError:  # a malformed value proves nothing about the node count
         nodes = 1
-    missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if not e.get(k)
-               and (k == "MASTER_PORT" or (er.launcher == "slurm" and nodes > 1))]
+    needs_address = er.launcher == "slurm" and nodes > 1  # on one node 127.0.0.1 is rank 0's host
+    missing = [k for k, needed in (("MASTER_ADDR", needs_address), ("MASTER_PORT", True)) if needed and not e.get(k)]
     if not missing:
         return
     where = (f"under SLURM on {nodes} nodes" if "MASTER_ADDR" in missing else
