@@ -18,7 +18,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from lightning_hexiscale.cli.main import main
 from lightning_hexiscale.config.file_errors import expand_user
 from lightning_hexiscale.config.compose_errors import hydra_quoted
-from lightning_hexiscale.config.schema import compose, hf_model_overrides
+from lightning_hexiscale.config.overrides import hf_model_overrides
+from lightning_hexiscale.config.schema import compose
 
 NO_USER = "~no_such_user_of_this_machine"
 

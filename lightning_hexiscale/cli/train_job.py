@@ -251,7 +251,8 @@ def apply_file_overrides(cfg: DictConfig) -> None:
     """Replace the ``cluster`` / ``model`` nodes by the files :func:`take_file_overrides` took out, then
     apply the command line's ``cluster.*`` / ``model.*`` overrides to them again (Hydra applied them to
     the default preset the file replaces), as ``hexiscale plan`` does."""
-    from lightning_hexiscale.config.schema import ClusterConfig, ModelConfig, load_yaml_node, reapply_overrides
+    from lightning_hexiscale.config.overrides import reapply_overrides
+    from lightning_hexiscale.config.schema import ClusterConfig, ModelConfig, load_yaml_node
 
     for key, path in json.loads(os.environ.get(FILES_ENV, "{}")).items():
         node = load_yaml_node(path, ClusterConfig if key == "cluster" else ModelConfig, key)
@@ -435,7 +436,7 @@ def prepare_argv(argv: list[str]) -> list[str]:
     children re-run the checked command line) and takes ``cluster=auto`` (:func:`take_auto_cluster`) and
     ``cluster=``/``model=`` files out (torchrun
     and SLURM workers too: no launcher of ours took them out for them)."""
-    from lightning_hexiscale.config.schema import hf_model_overrides
+    from lightning_hexiscale.config.overrides import hf_model_overrides
 
     check_command_line(argv)
     argv = take_plan_model(take_auto_cluster(hf_model_overrides(argv)))

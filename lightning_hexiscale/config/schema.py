@@ -20,11 +20,12 @@ from typing import Any, Dict, List, Optional
 import yaml
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from lightning_hexiscale.config.compose_errors import compose_error, hydra_quoted  # noqa: F401 (hydra_quoted: re-exported)
+from lightning_hexiscale.config.compose_errors import compose_error
 from lightning_hexiscale.config.layer_table import LayerTableConfig
+from lightning_hexiscale.config.overrides import HF_PLACEHOLDER, hf_model_overrides, reapply_overrides
 from lightning_hexiscale.config.recipe import DataConfig, TrainerConfig
-from lightning_hexiscale.config.file_errors import (  # noqa: F401 (DOC_PAGES, is_file: re-exported)
-    DOC_PAGES, ENTRY_EXAMPLES, check_name_or_path, clean_message, doc_page, expand_user, is_file, locate_entry)
+from lightning_hexiscale.config.file_errors import (  # noqa: F401 (is_file: re-exported)
+    ENTRY_EXAMPLES, check_name_or_path, clean_message, doc_page, expand_user, is_file, locate_entry)
 from lightning_hexiscale.errors import ConfigError
 
 
@@ -164,10 +165,6 @@ class ClusterConfig:
     layer_times: List[LayerTableConfig] = field(default_factory=list)
     """Measured layer times per device type, TP degree and micro-batch size (``hexiscale profile
     --model``); see :mod:`lightning_hexiscale.config.layer_table` for the fields and units."""
-
-
-HF_PLACEHOLDER = "_hf"
-"""Model preset name that ``model=hf:/dir`` composes as (conf/model/_hf.yaml), filled from config.json."""
 
 
 @dataclass
@@ -441,34 +438,6 @@ def _check_override_keys(overrides: list[str], config_name: str) -> None:
         check_override_key(base, o)
 
 
-def hf_model_overrides(overrides: list[str]) -> list[str]:
-    """Rewrite ``model=hf:/dir`` into what Hydra can compose: ``model=_hf trainer.weights=/dir``
-    (``conf/model/_hf.yaml`` is the placeholder :func:`resolve_hf_model` fills from config.json).
-    ``trainer.weights`` given too must name the same directory."""
-    from lightning_hexiscale.config.hf_model import hf_dirs_of
-
-    out, hf_dir, written = [], None, ""
-    for o in overrides:
-        key, _, value = o.partition("=")
-        dirs = hf_dirs_of(value) if key == "model" else None
-        if dirs is None:
-            out.append(o)
-            continue
-        resolved = [str(expand_user(d).resolve()) for d in dirs]
-        hf_dir = ",".join(resolved)  # a -m sweep: one job per directory
-        written = ",".join(hydra_quoted(d) for d in resolved)  # a '~' or '#' in a directory's name: quoted
-        out.append(f"model={HF_PLACEHOLDER}")
-    if hf_dir is None:
-        return out
-    given = [o.partition("=")[2] for o in out if o.partition("=")[0] == "trainer.weights"]
-    if given and str(expand_user(given[-1]).resolve()) != hf_dir:
-        raise ConfigError("trainer.weights", given[-1], f"model=hf:{hf_dir} already starts from that directory's "
-                          "weights", "drop trainer.weights, or give the same directory")
-    if not given:
-        out.append(f"trainer.weights={written}")
-    return out
-
-
 def resolve_hf_model(cfg: DictConfig, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     """Fill the ``model=_hf`` placeholder from ``trainer.weights``/config.json (in place), then apply the
     explicit ``model.*`` overrides again (they were applied to the placeholder). Idempotent."""
@@ -493,18 +462,6 @@ def resolve_hf_model(cfg: DictConfig, overrides: list[str] | tuple[str, ...] = (
     OmegaConf.set_struct(cfg, True)
     reapply_overrides(cfg, "model", overrides)
     return cfg
-
-
-def reapply_overrides(cfg: DictConfig, key: str, overrides: list[str] | tuple[str, ...]) -> None:
-    """Apply ``key.x=v`` overrides to a node that replaced the composed one (a file or HF model)."""
-    for o in overrides:
-        k, _, v = o.partition("=")
-        k = k.lstrip("+")
-        if k.startswith(key + "."):
-            try:
-                OmegaConf.update(cfg, k, yaml.safe_load(v) if v else v, merge=True)
-            except Exception as e:
-                raise ConfigError(k, v, clean_message(str(e)), f"see {doc_page(key)} for its keys") from None
 
 
 def _scalar_document(path: str | Path) -> object | None:

@@ -75,7 +75,7 @@ def test_a_sweep_over_hf_models(tmp_path):
     """`-m model=hf:A,hf:B`: `hexiscale plan -m` composed each job with Hydra's escaped value
     (model=hf\\:A), which was taken for a model file ("no such file"); `recipes/train.py -m` made it
     trainer.weights=A,hf:B (the second job's directory was 'hf:B', "no such local directory")."""
-    from lightning_hexiscale.config.schema import hf_model_overrides
+    from lightning_hexiscale.config.overrides import hf_model_overrides
 
     import shutil
 
