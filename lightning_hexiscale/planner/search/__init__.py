@@ -30,11 +30,11 @@ _SETTINGS = "lightning_hexiscale.planner.search.settings"
 __all__ = ["CUTS", "Iteration", "LogEntry", "SearchResult", "SearchRun", "SearchSettings", "capacity_message",
            "dp_candidates", "first_sweep", "search", "subset_search"]
 __getattr__, __dir__ = lazy_exports(__name__, {
-    **{name: _TWO_PHASE for name in ("SearchRun", "first_sweep")},
+    "SearchRun": _TWO_PHASE,
     **{name: _ENTRY for name in ("search", "subset_search")},
     "capacity_message": "lightning_hexiscale.planner.search.infeasible",
     **{name: _SETTINGS for name in ("CUTS", "Iteration", "LogEntry", "SearchResult", "SearchSettings",
-                                    "dp_candidates")}})
+                                    "dp_candidates", "first_sweep")}})
 
 
 class _CallableSearch(types.ModuleType):

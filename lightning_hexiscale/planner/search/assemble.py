@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 
 from lightning_hexiscale.config.cluster import Cluster
-from lightning_hexiscale.config.units import format_bytes
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.planner.cost import model as cm
 from lightning_hexiscale.planner.cost.estimate import (Workload, hop_time, layer_times, stage_extra_times,

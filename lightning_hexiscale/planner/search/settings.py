@@ -20,7 +20,7 @@ MAX_ITERATIONS = 100_000
 LARGE_FROM = 64
 """Beyond this many devices a cluster is large. The two-phase search (:mod:`planner.search.two_phase`)
 then prunes layouts against the best plan so far (``two_phase._PRUNE``), sweeps the D_dp values coarse
-to fine (``two_phase.first_sweep``), drafts once per sharding and micro-batch size, takes DDP's layouts
+to fine (``first_sweep``), drafts once per sharding and micro-batch size, takes DDP's layouts
 from ZeRO-2's drafts and tries ZeRO-3 only when nothing else fits; the symmetric seeds
 (:mod:`planner.search.symmetric_seeds`) are drafted once per layout."""
 
@@ -210,3 +210,29 @@ def dp_candidates(num_devices: int, max_dp: int, num_machines: int) -> list[int]
         if 1 <= m <= max_dp:
             vals.add(m)
     return sorted(vals)
+
+
+def first_sweep(n: int, iterations: int, coarse_first: bool) -> list[int]:
+    """Indices of the D_dp candidates (ascending, ``n`` of them) the first iterations try, in order.
+
+    Every candidate when the iterations allow, else an even subsample. ``coarse_first`` (large
+    clusters, where layouts are pruned against the best plan so far): the middle one first, then
+    the middles of the two halves, and so on (breadth first), so that a good plan is found early
+    and the pruning skips the scoring of the hopeless D_dp values (the smallest ones, with
+    pipelines of hundreds of devices, at 1,024 GPUs) instead of scoring them before any bound is
+    known. The values tried are the same; only the order changes.
+    """
+    if n > iterations:
+        idx = sorted({int(round(i * (n - 1) / max(iterations - 1, 1))) for i in range(iterations)})
+    else:
+        idx = list(range(n))
+    if not coarse_first:
+        return idx
+    order, spans = [], [(0, len(idx) - 1)]
+    while spans:
+        lo, hi = spans.pop(0)
+        if lo <= hi:
+            mid = (lo + hi) // 2
+            order.append(idx[mid])
+            spans += [(lo, mid - 1), (mid + 1, hi)]
+    return order

@@ -55,7 +55,7 @@ from lightning_hexiscale.planner.search.infeasible import capacity_message
 from lightning_hexiscale.planner.search.partition import DeviceGraph, odd_machine_parts, partition
 from lightning_hexiscale.planner.search.regroup import regroup, replicas
 from lightning_hexiscale.planner.search.settings import (LARGE_FROM, Iteration, LogEntry, SearchResult,
-                                                         SearchSettings, dp_candidates)
+                                                         SearchSettings, dp_candidates, first_sweep)
 from lightning_hexiscale.planner.search.subsets import TRIAL_REFINE, name_idle, shrink
 from lightning_hexiscale.planner.search.symmetric_seeds import seed_symmetric
 from lightning_hexiscale.progress import Heartbeat, shown_as
@@ -69,32 +69,6 @@ _STARTS = 4
 """Layouts (the best for each number of pipelines, best first) the final local improvement starts from."""
 COLUMN = 0
 """``Iteration.unit`` of a peeled column (:meth:`SearchRun.columns`): one device per machine."""
-
-
-def first_sweep(n: int, iterations: int, coarse_first: bool) -> list[int]:
-    """Indices of the D_dp candidates (ascending, ``n`` of them) the first iterations try, in order.
-
-    Every candidate when the iterations allow, else an even subsample. ``coarse_first`` (large
-    clusters, where layouts are pruned against the best plan so far): the middle one first, then
-    the middles of the two halves, and so on (breadth first), so that a good plan is found early
-    and the pruning skips the scoring of the hopeless D_dp values (the smallest ones, with
-    pipelines of hundreds of devices, at 1,024 GPUs) instead of scoring them before any bound is
-    known. The values tried are the same; only the order changes.
-    """
-    if n > iterations:
-        idx = sorted({int(round(i * (n - 1) / max(iterations - 1, 1))) for i in range(iterations)})
-    else:
-        idx = list(range(n))
-    if not coarse_first:
-        return idx
-    order, spans = [], [(0, len(idx) - 1)]
-    while spans:
-        lo, hi = spans.pop(0)
-        if lo <= hi:
-            mid = (lo + hi) // 2
-            order.append(idx[mid])
-            spans += [(lo, mid - 1), (mid + 1, hi)]
-    return order
 
 
 def progress_kind(s: SearchSettings) -> str | None:

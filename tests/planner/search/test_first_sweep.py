@@ -1,4 +1,4 @@
-"""The first sweep of D_dp values (planner/search/two_phase.py first_sweep): the same values as the plain
+"""The first sweep of D_dp values (planner/search/settings.py first_sweep): the same values as the plain
 ascending sweep, coarse to fine on large clusters (so that the pruning against the best plan so far
 has a good plan early), ascending on small ones."""
 
@@ -7,7 +7,8 @@ import pytest
 from lightning_hexiscale.config.cluster import Cluster
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner import SearchSettings, Workload
-from lightning_hexiscale.planner.search.two_phase import SearchRun, first_sweep
+from lightning_hexiscale.planner.search.settings import first_sweep
+from lightning_hexiscale.planner.search.two_phase import SearchRun
 
 
 def _plain(n: int, iterations: int) -> list[int]:
