@@ -115,6 +115,11 @@ def unknown_command(word: str) -> str:
     return f"no command {word!r}. Fix: {fix} See hexiscale --help"
 
 
+JOINS_FROM_ENV = frozenset({"discover", "profile", "calibrate", "check-estimate"})
+"""Commands whose ranks join the launcher's process group themselves (without ``--local``): under srun
+their rendezvous comes from :mod:`lightning_hexiscale.cli.slurm_env`."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command_argv = None
@@ -152,6 +157,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             print(f"hexiscale {args.command}: error: {bare_word_error(o)}", file=sys.stderr)
             return 2
+    if args.command in JOINS_FROM_ENV and not getattr(args, "local", None):
+        from lightning_hexiscale.cli.slurm_env import fill_slurm_rendezvous
+
+        fill_slurm_rendezvous()  # srun sets no MASTER_ADDR/PORT: taken from SLURM's variables, as Lightning does
     default_show = warnings.showwarning
     warnings.showwarning = notice_printer(f"hexiscale {args.command}", default_show)
     try:

@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from lightning_hexiscale.errors import HexiScaleError
 from lightning_hexiscale.runtime.failure import is_peer_failure
-from lightning_hexiscale.runtime.host import exit_without_finalizing, fork_context, slurm_launched
+from lightning_hexiscale.runtime.host import exit_without_finalizing, fork_context, slurm_launched, slurm_nodes
 
 
 _JOINED_GROUP = False
@@ -240,14 +240,11 @@ def env_rank() -> EnvRank | None:
 def check_rendezvous_env(er: EnvRank, environ=None) -> None:
     """Refuse, before joining, an env:// rendezvous that cannot meet: no MASTER_PORT, or no
     MASTER_ADDR in a SLURM job on several nodes. torchrun and Lightning's launcher set both; srun sets
-    neither, and the one-host default 127.0.0.1 would send every rank off the first node to a store on
-    its own host, where it waits out the whole timeout (10 minutes) instead of failing."""
+    neither (the CLI fills them from SLURM's variables, :mod:`lightning_hexiscale.cli.slurm_env`, where
+    it finds them), and the one-host default 127.0.0.1 would send every rank off the first node to a
+    store on its own host, where it waits out the whole timeout (10 minutes) instead of failing."""
     e = os.environ if environ is None else environ
-    nodes = e.get("SLURM_NNODES", e.get("SLURM_JOB_NUM_NODES", "1"))
-    try:
-        nodes = int(nodes)
-    except ValueError:  # a malformed value proves nothing about the node count
-        nodes = 1
+    nodes = slurm_nodes(e)
     needs_address = er.launcher == "slurm" and nodes > 1  # on one node 127.0.0.1 is rank 0's host
     missing = [k for k, needed in (("MASTER_ADDR", needs_address), ("MASTER_PORT", True)) if needed and not e.get(k)]
     if not missing:

@@ -16,7 +16,8 @@ on it has ended.
   workers of groups still held elsewhere finish their last release before it finalizes.
 - :func:`exit_without_finalizing`: a command's end that skips the interpreter's finalization of torch
   and Lightning (seconds per process; see there).
-- :func:`slurm_launched`: whether srun started this process as one of a job's ranks (Lightning's rule).
+- :func:`slurm_launched`: whether srun started this process as one of a job's ranks (Lightning's rule);
+  :func:`slurm_nodes`: on how many nodes.
 
 No torch import: the test suite uses :func:`host_slowdown` to scale its own time limits.
 """
@@ -45,6 +46,16 @@ def slurm_launched(environ=None) -> bool:
     the recipe (rank 0, popen children, the Trainer's devices) and the profiling commands' launch."""
     e = os.environ if environ is None else environ
     return "SLURM_NTASKS" in e and e.get("SLURM_JOB_NAME") not in ("bash", "interactive")
+
+
+def slurm_nodes(environ=None) -> int:
+    """Nodes of this SLURM job step (``SLURM_NNODES``, else ``SLURM_JOB_NUM_NODES``), 1 where neither is
+    set or the value is not a whole number (which proves nothing about the node count)."""
+    e = os.environ if environ is None else environ
+    try:
+        return max(1, int(e.get("SLURM_NNODES", e.get("SLURM_JOB_NUM_NODES", "1"))))
+    except ValueError:
+        return 1
 
 
 def usable_cores() -> int:
