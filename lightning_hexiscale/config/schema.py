@@ -312,6 +312,21 @@ def packaged_file(path: str | Path) -> Path | None:
     return cand if cand is not None and is_file(cand) else None
 
 
+def matrix_file_path(cluster_file: str | Path, matrix_file: str | Path) -> Path:
+    """The file a cluster file's ``matrix_file`` names: an absolute path as written; a relative one
+    beside the cluster file first (a profiled cluster moves as a pair), then from the working
+    directory, then among the presets (:func:`packaged_file`). One rule for every reader and writer:
+    ``hexiscale calibrate`` rewrote the matrix file it looked up from the working directory only, so a
+    pair that loaded failed after the whole measurement, or rewrote another file of that name."""
+    m = Path(expand_user(str(matrix_file)))
+    if m.is_absolute():
+        return m
+    beside = Path(cluster_file).resolve().parent / m
+    if beside.is_file():
+        return beside
+    return m if m.is_file() else (packaged_file(m) or beside)
+
+
 def preset_names(group: str) -> list[str]:
     """Names of the YAML presets in conf/<group>/ (``_``-prefixed files are placeholders, not presets)."""
     return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml") if not p.stem.startswith("_"))
@@ -508,7 +523,7 @@ def load_yaml_node(path: str | Path, schema: type, key: str, named: str | None =
     # cluster (YAML + matrix) can be moved as a pair.
     if schema is ClusterConfig and node.matrix_file and not Path(node.matrix_file).is_absolute():
         beside = Path(path).resolve().parent / node.matrix_file
-        if beside.is_file():
+        if beside.is_file():  # else as written: the working directory, then conf/ (matrix_file_path's order)
             node.matrix_file = str(beside)
     return node
 

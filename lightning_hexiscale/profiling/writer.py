@@ -34,6 +34,7 @@ import yaml
 
 from lightning_hexiscale.config import catalog
 from lightning_hexiscale.config.gpu_types import check_efficiency
+from lightning_hexiscale.config.schema import matrix_file_path
 from lightning_hexiscale.config.units import format_bandwidth
 from lightning_hexiscale.profiling.fit import NicFit
 
@@ -243,7 +244,7 @@ def update_calibration(path: str | Path, calibration: dict[str, float], efficien
     if sync_latency_s is not None:
         if not (math.isfinite(sync_latency_s) and sync_latency_s >= 0):
             raise ValueError(f"sync latency must be a finite number >= 0 s, got {sync_latency_s}")
-        mpath = Path(doc["matrix_file"])
+        mpath = matrix_file_path(path, doc["matrix_file"])
         mdoc = yaml.safe_load(mpath.read_text())
         link = np.asarray(mdoc.get("latency_link_s", mdoc["latency_s"]), dtype=float)
         n = len(link)
@@ -301,9 +302,8 @@ def copy_cluster(src: str | Path, dst: str | Path, name: str | None = None) -> P
     dst.parent.mkdir(parents=True, exist_ok=True)
     mfile = doc.get("matrix_file")
     msrc = None
-    if mfile:  # a relative one is looked up beside its cluster file first, as the schema does
-        beside = src.resolve().parent / str(mfile)
-        msrc = Path(str(mfile)) if Path(str(mfile)).is_absolute() or not beside.is_file() else beside
+    if mfile:  # where the loader finds it (beside the cluster file first)
+        msrc = matrix_file_path(src, mfile)
     if msrc is None or not msrc.is_file():
         if renamed:
             atomic_write(dst, "\n".join(header) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=1 << 16))
@@ -323,9 +323,10 @@ def previous_sync_latency(path: str | Path) -> float:
     """The sync latency delta (s) a calibrated cluster file already added to its alphas (0 if none)."""
     doc = yaml.safe_load(Path(path).read_text())
     mfile = doc.get("matrix_file")
-    if not mfile or not Path(mfile).is_file():
+    mpath = matrix_file_path(path, mfile) if mfile else None
+    if mpath is None or not mpath.is_file():
         return 0.0
-    return float((yaml.safe_load(Path(mfile).read_text()) or {}).get("sync_latency_s", 0.0))
+    return float((yaml.safe_load(mpath.read_text()) or {}).get("sync_latency_s", 0.0))
 
 
 def link_summary(p: ProfileResult) -> str:
