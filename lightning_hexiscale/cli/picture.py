@@ -99,6 +99,48 @@ def check_picture_path(path: str | Path) -> Path:
     return path
 
 
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+"""The first 8 bytes of every PNG file (the PNG specification, section 5.2)."""
+
+
+def picture_kind(path: str | Path) -> str | None:
+    """What the regular file at ``path`` holds, by its first bytes: ``"png"`` (the PNG signature),
+    ``"svg"`` (XML text whose first 4 KiB open an ``<svg`` element: matplotlib writes the XML
+    declaration and a DOCTYPE first), ``"empty"``, or None (anything else, or unreadable)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return None
+    if not head.strip():
+        return "empty"
+    if head.startswith(PNG_SIGNATURE):
+        return "png"
+    text = head.decode("utf-8", errors="replace").lstrip("\ufeff \t\r\n")
+    return "svg" if text.startswith("<") and "<svg" in text else None
+
+
+def check_replaced_picture(path: str | Path, flag: str = "--picture") -> None:
+    """An existing file that ``flag PATH`` would replace must be a picture of the format written there
+    (PNG or SVG by the extension, told by its first bytes: :func:`picture_kind`) or empty: ``hexiscale plan
+    --picture notes.png`` replaced whatever the file held without a word. A picture is replaced, so that
+    re-running a command over its own earlier picture works."""
+    path = Path(path)
+    if not path.is_file():
+        return
+    wanted = path.suffix.lower()[1:]
+    found = picture_kind(path)
+    if found in (wanted, "empty"):
+        return
+    a = {"png": "a PNG", "svg": "an SVG"}
+    why = {"png": "it does not start with the PNG signature", "svg": "it is no XML text with an <svg> element"}
+    what = (f"is {a[found]} picture, not {a[wanted]} one" if found is not None
+            else f"is not {a[wanted]} picture ({why[wanted]})")
+    raise ConfigError(flag, str(path), f"exists and {what}; drawing the plan there would replace what it holds",
+                      f"give a new path, or the path of {a[wanted]} picture to replace (delete this file first if "
+                      "it is meant to go)")
+
+
 def draw_plan(plan, cluster, path: str | Path, title: str = "", estimate=None) -> None:
     """Draw ``plan`` (see the module doc) to ``path``, PNG or SVG by the extension; ``estimate``
     (the plan's :class:`~lightning_hexiscale.planner.cost.estimate.Estimate`) marks the bottleneck stage."""

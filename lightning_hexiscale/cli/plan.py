@@ -24,7 +24,8 @@ from typing import Any
 
 from lightning_hexiscale.cli.common import (axis_points, check_output_file, explicit, plan_override, subcommand,
                                            sweep_axes, with_cluster_file)
-from lightning_hexiscale.cli.picture import check_picture_path, draw_plan, plan_title  # noqa: F401 (also importable from here)
+from lightning_hexiscale.cli.picture import (check_picture_path, check_replaced_picture, draw_plan,  # noqa: F401 (also importable from here)
+                                            plan_title)
 from lightning_hexiscale.config.recipe import check_output_dir
 from lightning_hexiscale.config.units import format_flops, format_seconds
 from lightning_hexiscale.errors import ConfigError, HexiScaleError
@@ -227,6 +228,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.picture is not None:
         check_output_file("--picture", args.picture, "plan.png")
         check_picture_path(args.picture)
+        check_replaced_picture(args.picture)  # notes or a photo under a .png name: what it holds would be lost
     # --json too: the bar goes to stderr, and only on a terminal (two_phase.progress_kind), never into the JSON
     run = plan_once(overrides_of(args), args.baselines,
                     like_for_like=args.like_for_like, aware=args.aware_baselines,
