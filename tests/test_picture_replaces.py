@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 from lightning_hexiscale.cli.main import main
-from lightning_hexiscale.cli.picture import PNG_SIGNATURE
 
 ARGV = ["plan", "cluster=cpu_hetero4", "model=llama_tiny", "planner.iterations=1", "planner.progress=false"]
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 SVG = b'<?xml version="1.0" encoding="utf-8" standalone="no"?>\n<svg xmlns="http://www.w3.org/2000/svg"></svg>\n'
 
 REFUSED = {  # name -> (what is there, what the refusal says of it)
