@@ -53,6 +53,10 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
     if args.action == "info" and args.out is not None:  # argparse's optional OUT.pt swallows an override too
         raise ConfigError("OUT.pt", args.out, "hexiscale checkpoint info writes nothing and takes no overrides",
                           "run `hexiscale checkpoint info CKPT`, or `consolidate CKPT OUT.pt` to write a file")
+    if args.action == "info" and args.force:  # was ignored: info writes nothing for it to overwrite
+        raise ConfigError("--force", "with info", "lets consolidate overwrite OUT.pt; hexiscale checkpoint info writes "
+                          "nothing, so alone it changes nothing", "drop --force, or run `hexiscale checkpoint "
+                          "consolidate CKPT OUT.pt --force`")
     if args.action == "info":
         meta = ckpt.read_meta(args.ckpt)
         info = meta["hexiscale"]

@@ -62,17 +62,17 @@ def _args(p: argparse.ArgumentParser) -> None:
                    "megatron and galvatron choose their plan heterogeneity-unaware, as the real "
                    "systems do: ranked on a homogeneous belief of the cluster (mean FLOP/s, smallest memory, "
                    "median intra/inter links), then timed on the true cluster")
-    p.add_argument("--aware-baselines", action="store_true", help="let megatron and galvatron rank their "
+    p.add_argument("--aware-baselines", action="store_true", help="with --baselines: let megatron and galvatron rank their "
                    "candidates with the true (heterogeneous) cluster: the best plan of their restricted space, "
                    "a stronger opponent than the real systems (metis is heterogeneity-aware either way)")
-    p.add_argument("--like-for-like", action="store_true", help="give the baselines every dp sharding the search "
+    p.add_argument("--like-for-like", action="store_true", help="with --baselines: give the baselines every dp sharding the search "
                    "may use (default: their own, as the paper ran them: Megatron/Metis DDP, Galvatron ZeRO-3)")
     p.add_argument("--optimum", action="store_true", help="also compute the true optimum of the whole plan "
                    "space (planner/oracle/exact.py, exhaustive branch and bound; clusters of up to 8 devices) and "
                    "print how close the search's plan is to it")
-    p.add_argument("--optimum-time-limit", type=float, default=60.0, metavar="SECONDS",
-                   help="stop the optimum search after this long and report it incomplete, with the best plan "
-                   "found and a proven lower bound (default 60)")
+    p.add_argument("--optimum-time-limit", type=float, default=None, metavar="SECONDS",
+                   help="with --optimum: stop the optimum search after this long and report it incomplete, with "
+                   f"the best plan found and a proven lower bound (default {OPTIMUM_TIME_LIMIT_S:g})")
     p.add_argument("--out", metavar="PLAN.yaml", help="write the plan (YAML, or JSON for a .json path)")
     p.add_argument("--picture", metavar="PLAN.png", help="draw the plan (PNG or SVG by extension; needs matplotlib)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
@@ -80,6 +80,33 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--multirun", action="store_true",
                    help="sweep: comma-separated override values, cartesian product, one summary table")
     p.add_argument("--sweep-dir", metavar="DIR", help="multirun output folder (default outputs/plan-sweep-<timestamp>)")
+
+
+OPTIMUM_TIME_LIMIT_S = 60.0
+"""How long ``--optimum`` searches when ``--optimum-time-limit`` is not given."""
+
+DEPENDENT_FLAGS = (("aware_baselines", "--aware-baselines", "baselines",
+                    "ranks the baselines' candidates with the true cluster, but the baselines run only with --baselines"),
+                   ("like_for_like", "--like-for-like", "baselines",
+                    "widens the baselines' dp sharding, but the baselines run only with --baselines"),
+                   ("optimum_time_limit", "--optimum-time-limit", "optimum",
+                    "limits the search for the true optimum, which runs only with --optimum"))
+"""(attribute, flag, the attribute of the flag it modifies, the rule): a modifier given without that flag
+changed nothing (``--aware-baselines`` without ``--baselines`` ran no baselines, exit 0): refused."""
+
+
+def check_flag_pairs(args: argparse.Namespace) -> None:
+    """Refuse, before any work, a modifier flag given without the flag it modifies, and a
+    ``--optimum-time-limit`` that is no positive number of seconds."""
+    limit = args.optimum_time_limit
+    if limit is not None and not limit > 0:  # -1, 0 and nan: nothing would be searched
+        raise ConfigError("--optimum-time-limit", limit, "must be a positive number of seconds",
+                          f"use e.g. --optimum-time-limit {OPTIMUM_TIME_LIMIT_S:g}")
+    for attr, flag, parent_attr, rule in DEPENDENT_FLAGS:
+        value, parent = getattr(args, attr), f"--{parent_attr}"
+        if value not in (None, False) and not getattr(args, parent_attr):
+            raise ConfigError(flag, f"without {parent}" if value is True else value, f"{rule}: alone it changes nothing",
+                              f"add {parent}, or drop {flag}")
 
 
 def plan_once(overrides: list[str], with_baselines: bool, progress: bool | None = None,
@@ -204,6 +231,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                           "hexiscale estimate (and run by hexiscale train)",
                           f"to price that file: hexiscale estimate plan={given} with the same overrides; "
                           "to search: drop plan=")
+    check_flag_pairs(args)
     if args.multirun:
         if args.optimum:
             raise ConfigError("--optimum", "with -m", "the true optimum is computed for one plan, not a sweep",
@@ -232,7 +260,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     # --json too: the bar goes to stderr, and only on a terminal (two_phase.progress_kind), never into the JSON
     run = plan_once(overrides_of(args), args.baselines,
                     like_for_like=args.like_for_like, aware=args.aware_baselines,
-                    optimum_time_limit=args.optimum_time_limit if args.optimum else None)
+                    optimum_time_limit=(OPTIMUM_TIME_LIMIT_S if args.optimum_time_limit is None
+                                        else args.optimum_time_limit) if args.optimum else None)
     cluster, workload, res = run["cluster"], run["workload"], run["result"]
     plan, est = with_cluster_file(with_model_shape(res.plan, workload.model), overrides_of(args)), res.estimate
     if args.out:

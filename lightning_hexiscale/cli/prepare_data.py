@@ -16,7 +16,7 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer", required=True, metavar="DIR_OR_JSON",
                    help="a tokenizer.json, or a Hugging Face model directory holding one")
     p.add_argument("--out", required=True, metavar="DATA.bin", help="token file to write (its index goes to DATA.json)")
-    p.add_argument("--field", default="text", help="JSONL: the key holding each document's text (default: text)")
+    p.add_argument("--field", default=None, help="JSONL: the key holding each document's text (default: text)")
     p.add_argument("--format", dest="fmt", choices=["auto", "text", "jsonl"], default="auto",
                    help="input format (auto: .jsonl/.ndjson, and .json of one object per line, are JSONL; "
                    "anything else text)")

@@ -269,10 +269,11 @@ def is_index(path: Path) -> bool:
     return f'"format": "{INDEX_FORMAT}"'.encode() in head
 
 
-def prepare(inputs: Sequence[str | Path], tokenizer_path: str | Path, out: str | Path, *, field: str = "text",
+def prepare(inputs: Sequence[str | Path], tokenizer_path: str | Path, out: str | Path, *, field: str | None = None,
             fmt: str = "auto", eos: str | None = None, bos: bool = False, bos_token: str | None = None,
             chunk_bytes: int = DEFAULT_CHUNK_BYTES, progress: bool = True) -> dict[str, Any]:
-    """Tokenise ``inputs`` into ``out`` (+ its index, see the module doc); returns the index."""
+    """Tokenise ``inputs`` into ``out`` (+ its index, see the module doc); returns the index. ``field``:
+    the JSONL key holding the text (default ``text``); given while no input is JSONL, it is refused."""
     from tqdm.auto import tqdm
 
     files = [expand_user(p) for p in inputs]
@@ -295,6 +296,11 @@ def prepare(inputs: Sequence[str | Path], tokenizer_path: str | Path, out: str |
     if fmt not in ("auto", "text", "jsonl"):
         raise ConfigError("--format", fmt, "must be auto, text or jsonl", "use --format auto")
     kinds = [detect_format(p, fmt) for p in files]  # before anything is written
+    if field is not None and "jsonl" not in kinds:  # was ignored: every input read as text, the field unread
+        raise ConfigError("--field", field, f"names the JSONL key holding each document's text, but no input is "
+                          f"JSONL (--format {fmt}: {', '.join(sorted({p.suffix or p.name for p in files}))} read as "
+                          "text), so it changes nothing", "drop --field, or give JSONL inputs (.jsonl, or --format jsonl)")
+    field = "text" if field is None else field
     out = expand_user(out)
     if out.suffix != ".bin":
         raise ConfigError("--out", str(out), "the token file must end in .bin (its index is written beside it as .json)",
