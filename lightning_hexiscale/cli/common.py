@@ -220,10 +220,23 @@ def with_cluster_file(plan, overrides: Sequence[str]):
     return replace(plan, meta={**plan.meta, "cluster_file": str(Path(value).resolve())})
 
 
-def compose_plan_config(overrides: list[str], plan, source: str):
+class DefaultStandInWarning(UserWarning):
+    """A plan file names no cluster or model in its ``meta``, none was given as ``cluster=`` / ``model=``,
+    and ``cluster.*`` / ``model.*`` overrides build on the default preset instead."""
+
+    cli_notice = True
+    """Printed by the command line as one ``PROG: warning: ...`` line."""
+
+
+def compose_plan_config(overrides: list[str], plan, source: str, needs: Sequence[str] = ("cluster", "model")):
     """The config a plan file runs on: :func:`compose_for_plan`'s overrides, composed. A cluster or
     model the plan's meta names (none given on the command line) that does not load is blamed on
-    ``SOURCE: meta.KEY``, not on a ``cluster=`` the user never typed."""
+    ``SOURCE: meta.KEY``, not on a ``cluster=`` the user never typed. One of ``needs`` that neither the
+    meta nor the command line names (a plan written by hand, or its ``meta:`` deleted) was the demo's
+    default (cpu_demo, llama_demo) without a word: a ConfigError, or, where ``KEY.*`` overrides build on
+    the default preset (``model.hidden_size=64 ...``), a warning naming that preset."""
+    import warnings
+
     from lightning_hexiscale.config.schema import compose
     from lightning_hexiscale.errors import ConfigError
 
@@ -232,14 +245,29 @@ def compose_plan_config(overrides: list[str], plan, source: str):
     # a name that is no string was 'overrides = ...: Config group override must be a string'; '' was the default
     check_meta_record(plan.meta, tuple(k for k in ("cluster", "model") if not explicit(overrides, k)), f"{source}: meta")
     named = plan_meta_sources(plan.meta, overrides, where=f"{source}: meta")
+    unnamed = [k for k in needs if k not in named and not explicit(overrides, k)]
+    keyed = [k for k in unnamed if any(o.partition("=")[0].lstrip("+~").startswith(f"{k}.") for o in overrides)]
+    missing = [k for k in unnamed if k not in keyed]
+    keys = {"cluster": "meta.cluster or meta.cluster_file", "model": "meta.model"}
+    if missing:
+        example = {"cluster": "cluster=NAME|FILE.yaml", "model": "model=NAME|FILE.yaml|hf:DIR"}
+        raise ConfigError(missing[0], None, f"{source} names no {' and no '.join(missing)} ({', '.join(keys[k] for k in missing)}"
+                          f") and none was given on the command line; the defaults (the demo's) would stand in for "
+                          "what the plan was made for", f"pass {' '.join(example[k] for k in missing)}, the "
+                          f"{' and '.join(missing)} the plan was made for (or restore the plan's meta: section, which "
+                          "`hexiscale plan --out` writes)")
     taken = {k: meta_key for k, (meta_key, _) in named.items()}
     try:
-        return compose(compose_for_plan(overrides, plan.meta, where=f"{source}: meta"))
+        cfg = compose(compose_for_plan(overrides, plan.meta, where=f"{source}: meta"))
     except ConfigError as e:
         if e.key not in taken:
             raise
         raise ConfigError(f"{source}: meta.{taken[e.key]}", e.value, f"the plan file's meta names it (no {e.key}= "
                           f"was given): {e.rule}", f"{e.fix}; or pass {e.key}=NAME on the command line") from None
+    for k in keyed:
+        warnings.warn(f"{source} names no {k} ({keys[k]}) and no {k}= was given: the {k} is the default preset "
+                      f"{cfg[k].name} with the {k}.* overrides given; pass {k}=NAME to name it", DefaultStandInWarning)
+    return cfg
 
 
 def plan_override(overrides: Sequence[str]) -> str | None:

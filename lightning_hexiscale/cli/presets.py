@@ -34,6 +34,6 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     else:  # the plan's cluster (its meta), as estimate and train take it: it showed the default preset
         from lightning_hexiscale.planner import Plan
 
-        cfg = compose_plan_config(args.overrides, Plan.load(given, "plan"), given)
+        cfg = compose_plan_config(args.overrides, Plan.load(given, "plan"), given, needs=("cluster",))
     print(Cluster.from_config(cfg.cluster).summary())
     return 0

@@ -361,8 +361,10 @@ def test_the_trainer_precision_override_is_what_they_measure_in(monkeypatch, tmp
     plan.write_text(yaml.safe_dump(pure_dp_plan(2, MODEL, 1, 1, False).to_dict()))
     two_type_cluster(tmp_path)
     main(["calibrate", "--local", "4", f"cluster={tmp_path / 'c.yaml'}", "trainer.precision=64-true"])
-    main(["check-estimate", "--local", "2", "--plan", str(plan), "cluster=cpu2", "trainer.precision=64-true"])
+    # the plan has no meta: model= names the model it is checked on (without it: refused, not the default)
+    main(["check-estimate", "--local", "2", "--plan", str(plan), "cluster=cpu2", "model=llama_demo",
+          "trainer.precision=64-true"])
     assert seen == {"calibrate": "64-true", "check": "64-true"}
     assert main(["check-estimate", "--local", "2", "--precision", "32-true", "--plan", str(plan), "cluster=cpu2",
-                 "trainer.precision=64-true"]) == 2
+                 "model=llama_demo", "trainer.precision=64-true"]) == 2
     assert "--precision = '32-true': differs from trainer.precision=64-true" in capsys.readouterr().err
