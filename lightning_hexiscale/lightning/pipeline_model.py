@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 from torch import nn
 
-from lightning_hexiscale.errors import HexiScaleError
+from lightning_hexiscale.errors import ConfigError, HexiScaleError
 from lightning_hexiscale.lightning.launch.guard import mark_agreed
 from lightning_hexiscale.lightning.step_adapter import StepAdapter
 
@@ -91,6 +91,14 @@ class PipelineModel(nn.Module):
         return self._engine
 
     def forward(self, tokens: torch.Tensor) -> PipelineLogits:
+        try:  # before any communication of the step (train, eval, predict)
+            self._engine.check_tokens(tokens)
+        except ConfigError as e:
+            # Agreed: every rank holds rows of one length wherever the loader's rows have one (the
+            # pipelines' rows come from one loader; a pipeline's stages take the same rows), so rank
+            # 0 reports it once. Rows padded per pipeline to different lengths would leave some
+            # ranks in the step: they stop on the failure watch's RankFailure instead.
+            raise mark_agreed(e, list(range(self._engine.plan.world_size))) from None
         return PipelineLogits(tokens, list(range(self._engine.plan.world_size)))
 
     def loss(self, logits: PipelineLogits, targets: torch.Tensor) -> torch.Tensor:

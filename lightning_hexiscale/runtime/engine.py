@@ -145,8 +145,23 @@ class PipelineEngine:
         """Device of tensors reduced with the world group: NCCL reduces only CUDA tensors, gloo only CPU ones."""
         return reduction_device(self.device)
 
+    def check_tokens(self, tokens: torch.Tensor) -> None:
+        """Refuse input sequences longer than the model's ``seq_len`` S, before any communication:
+        the stage was built and the plan priced for S positions (activation memory grows with the
+        sequence, attention's time with its square), so rows of 4 S trained "fine" on a CPU and would
+        run out of memory on a GPU the plan said they fit. Shorter sequences cost less than priced: they pass."""
+        s = self.config.seq_len
+        if tokens.dim() >= 2 and tokens.shape[1] > s:
+            n = int(tokens.shape[1])
+            raise ConfigError("model.seq_len", s, f"the batch holds sequences of {n} input tokens (rows of {n + 1} with "
+                              f"the shifted targets), longer than the model and its plan were built for: memory and "
+                              f"step time are priced for {s}",
+                              f"give rows of at most {s + 1} tokens (seq_len + 1), or build the model for {n}: "
+                              f"model.seq_len={n} in the recipe, LlamaConfig(..., seq_len={n}) in Python, then plan again")
+
     def local_batch(self, tokens: torch.Tensor) -> torch.Tensor:
         """This pipeline's rows [offset_i, offset_i + b_i) of a global-batch tensor."""
+        self.check_tokens(tokens)
         if tokens.shape[0] != self.plan.global_batch:
             raise ConfigError("train.global_batch", tokens.shape[0],
                               f"the plan's pipelines take {[p.batch_size for p in self.plan.pipelines]} samples, "
@@ -179,16 +194,19 @@ class PipelineEngine:
     def eval_loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> float:
         """Global mean token loss of this pipeline's rows and every other pipeline's, forward only
         (collective; :func:`~lightning_hexiscale.runtime.forward_only.eval_loss`)."""
+        self.check_tokens(tokens)
         return eval_loss(self, tokens, targets)
 
     def eval_loss_and_rows(self, tokens: torch.Tensor, targets: torch.Tensor) -> tuple[float, int]:
         """:meth:`eval_loss` and the sequences of the world's batch it is the mean of (the same
         all-reduce; a trainer weighs the loss by them when it averages over batches)."""
+        self.check_tokens(tokens)
         return eval_loss_and_rows(self, tokens, targets)
 
     def predict_logits(self, tokens: torch.Tensor) -> torch.Tensor | None:
         """The whole batch's logits on plan rank 0, None elsewhere (collective;
         :func:`~lightning_hexiscale.runtime.forward_only.predict_logits`)."""
+        self.check_tokens(tokens)
         return predict_logits(self, tokens)
 
     @property

@@ -258,6 +258,15 @@ def _sampler_loader(kind: str):
     return DataLoader(ds, batch_size=None)
 
 
+def _long_rows():
+    """Rows of 2 x seq_len tokens: the plan priced memory and time for seq_len (they trained silently)."""
+    from torch.utils.data import DataLoader
+
+    from lightning_hexiscale.data import generated_corpus
+
+    return DataLoader(generated_corpus(12, 2 * TINY.seq_len), batch_size=6)
+
+
 API_CASES = {
     "unknown_cluster": (lambda t: HexiScaleStrategy(cluster="nonexistent"), ConfigError, "HexiScaleStrategy(cluster)"),
     "cluster_of_wrong_type": (lambda t: HexiScaleStrategy(cluster=123), ConfigError, "HexiScaleStrategy(cluster)"),
@@ -279,6 +288,7 @@ API_CASES = {
                                   "train_dataloader.batch_size"),
     "sampler_with_replacement": (lambda t: _fit(data=_sampler_loader("replacement")), ConfigError, "DataLoader.sampler"),
     "custom_sampler": (lambda t: _fit(data=_sampler_loader("weighted")), ConfigError, "DataLoader.sampler"),
+    "rows_longer_than_seq_len": (lambda t: _fit(data=_long_rows()), ConfigError, "model.seq_len"),
     "ckpt_nowhere": (lambda t: _fit(ckpt_path=str(t / "gone.ckpt")), ConfigError, "ckpt_path"),
     "ckpt_a_file": (lambda t: (t / "f.ckpt").write_text("x") and _fit(ckpt_path=str(t / "f.ckpt")), ConfigError,
                     "ckpt_path"),
