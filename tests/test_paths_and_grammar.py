@@ -32,7 +32,7 @@ def test_expand_user_leaves_a_tilde_of_no_user_as_written(monkeypatch, tmp_path)
 
 @pytest.mark.parametrize("argv, message", [
     (["plan", f"cluster={NO_USER}/c.yaml"], f"cluster = '{NO_USER}/c.yaml': no such file"),
-    (["plan", f"model=hf:{NO_USER}/m"], f"trainer.weights = '"),
+    (["plan", f"model=hf:{NO_USER}/m"], f"model = 'hf:{NO_USER}/m': no such local directory"),  # was keyed trainer.weights
     (["prepare-data", f"{NO_USER}/x.txt", "--tokenizer", f"{NO_USER}/t", "--out", f"{NO_USER}/o"],
      f"INPUT = '{NO_USER}/x.txt': no such file"),
     (["export", f"{NO_USER}/ck", "--hf", f"{NO_USER}/h"], f"ckpt_path = '{NO_USER}/ck': no such checkpoint"),

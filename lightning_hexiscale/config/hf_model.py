@@ -49,14 +49,15 @@ def read_hf_config(directory: str | Path, key: str = "model") -> dict[str, Any]:
     """The parsed ``config.json`` of a LOCAL Hugging Face model directory (nothing is downloaded).
     ``key``: what named the directory (``model``, ``trainer.weights``, ``--model``,
     ``LlamaLitModule(config)``); the errors are keyed by it and their fixes written as it takes a
-    directory (:func:`as_given`)."""
+    directory (:func:`as_given`); the directory is shown as that key takes it (``model = 'hf:/dir'``)."""
     d = expand_user(directory)
     f = d / "config.json"
+    shown = str(directory) if key == "trainer.weights" else f"{HF_PREFIX}{directory}"
     if is_file(d):  # e.g. the model.safetensors inside the directory
-        raise ConfigError(key, str(directory), "is a file; a Hugging Face model is the directory holding config.json "
+        raise ConfigError(key, shown, "is a file; a Hugging Face model is the directory holding config.json "
                           "and *.safetensors", f"give the directory: {as_given(key, d.parent)}")
     if not is_dir(d):  # is_dir: a name longer than the OS allows is no directory (Path.is_dir raised OSError)
-        raise ConfigError(key, str(directory), "no such local directory (nothing is downloaded)",
+        raise ConfigError(key, shown, "no such local directory (nothing is downloaded)",
                           "point to a directory holding config.json and *.safetensors, e.g. one made by "
                           "`huggingface-cli download meta-llama/Llama-3.2-1B --local-dir DIR`")
     if not f.is_file():
@@ -65,14 +66,14 @@ def read_hf_config(directory: str | Path, key: str = "model") -> dict[str, Any]:
             # --model) reads only the shape, so resuming is no answer there
             resume = ("" if key.startswith("--") else f"resume it with trainer.fit(..., ckpt_path={str(d)!r}), or "
                       if "(" in key else f"resume it with trainer.resume={d}, or ")
-            raise ConfigError(key, str(d), "a checkpoint of the hexiscale strategy, not a Hugging Face model directory",
+            raise ConfigError(key, shown, "a checkpoint of the hexiscale strategy, not a Hugging Face model directory",
                               f"{resume}turn it into one with `hexiscale export {d} --hf OUT` and use "
                               f"{as_given(key, 'OUT')}")
         if (d / "adapter_config.json").is_file():  # what peft's save_pretrained writes: the LoRA matrices only
-            raise ConfigError(key, str(d), "a PEFT (LoRA) adapter, not a model: it holds only the adapter's weights",
+            raise ConfigError(key, shown, "a PEFT (LoRA) adapter, not a model: it holds only the adapter's weights",
                               "merge it into its base model first: peft.PeftModel.from_pretrained(base, DIR)"
                               f".merge_and_unload().save_pretrained(OUT), then use {as_given(key, 'OUT')}")
-        raise ConfigError(key, str(d), "the directory has no config.json", "point to a Hugging Face model directory")
+        raise ConfigError(key, shown, "the directory has no config.json", "point to a Hugging Face model directory")
     try:
         data = json.loads(f.read_text())
     except ValueError as e:

@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lightning_hexiscale.config.compose_errors import hydra_quoted
 from lightning_hexiscale.config.file_errors import clean_message, doc_page, expand_user
-from lightning_hexiscale.config.hf_model import hf_dirs_of
+from lightning_hexiscale.config.hf_model import hf_dirs_of, read_hf_config
 from lightning_hexiscale.errors import ConfigError
 
 HF_PLACEHOLDER = "_hf"
@@ -28,7 +28,8 @@ HF_PLACEHOLDER = "_hf"
 def hf_model_overrides(overrides: list[str]) -> list[str]:
     """Rewrite ``model=hf:/dir`` into what Hydra can compose: ``model=_hf trainer.weights=/dir``
     (``conf/model/_hf.yaml`` is the placeholder :func:`~lightning_hexiscale.config.schema.resolve_hf_model` fills from config.json).
-    ``trainer.weights`` given too must name the same directory."""
+    ``trainer.weights`` given too must name the same directory. Each directory's config.json is read
+    here, so that a missing directory or a bad config.json is the error of ``model = 'hf:DIR'``."""
     out, hf_dir, written = [], None, ""
     for o in overrides:
         key, _, value = o.partition("=")
@@ -36,6 +37,8 @@ def hf_model_overrides(overrides: list[str]) -> list[str]:
         if dirs is None:
             out.append(o)
             continue
+        for d in dirs:  # keyed by model= here: read again below as trainer.weights, which the user never typed
+            read_hf_config(d, "model")
         resolved = [str(expand_user(d).resolve()) for d in dirs]
         hf_dir = ",".join(resolved)  # a -m sweep: one job per directory
         written = ",".join(hydra_quoted(d) for d in resolved)  # a '~' or '#' in a directory's name: quoted
