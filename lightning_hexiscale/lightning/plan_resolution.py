@@ -211,7 +211,8 @@ def check_module_model(plan: Plan, module) -> None:
     call. Each rank refused it after the launch, with a traceback per rank and a fix for the command
     line. The model is known here when the module has built its :class:`Llama` already, or is a
     :class:`LlamaLitModule` (which builds ``Llama(module.config)`` in ``configure_model``); any other
-    module is checked by every rank as before (:func:`find_llama`)."""
+    module is checked by every rank as before (:func:`find_llama`). Then the plan's rules that need the
+    model (:meth:`Plan.validate` with it: TP degrees within the heads) are checked here too."""
     from lightning_hexiscale.errors import PlanError
     from lightning_hexiscale.lightning.example import LlamaLitModule
 
@@ -230,6 +231,9 @@ def check_module_model(plan: Plan, module) -> None:
         raise PlanError("HexiScaleStrategy(plan)", e.value, e.rule,
                         f"train the model it was made for{theirs}, or plan for this one: HexiScaleStrategy() "
                         f"searches a plan (hexiscale plan model={config.name} --out plan.yaml writes one)") from None
+    # the model's own rules for a plan (TP degree within the KV heads, ...): each rank refused them
+    # after the launch, although the model and the plan are both known here
+    plan.validate(model=config)
 
 
 def training_loader(arguments: dict[str, Any], module) -> Any:

@@ -54,3 +54,20 @@ def test_the_model_the_plan_was_made_for_passes():
 def test_a_module_whose_model_is_unknown_before_setup_is_left_to_the_ranks():
     """No model to compare with: nothing is refused here (each rank checks once it has built one)."""
     _check(_strategy(), pl.LightningModule())
+
+
+def test_a_tp_degree_the_model_cannot_take_is_refused_before_the_launch():
+    """TP 3 over llama_tiny's 2 KV heads: each rank refused it after the launch (PlanError after the
+    processes started), though the module's model and the plan are both known before it."""
+    tiny = LlamaConfig.load("llama_tiny")
+    plan = plan_of([(4, 2, [([0, 1, 2], (0, tiny.num_layers))])], num_layers=tiny.num_layers)
+    strategy = HexiScaleStrategy(plan=plan)
+    pl.Trainer(strategy=strategy, accelerator="cpu", devices=3, max_steps=1, logger=False, enable_checkpointing=False,
+               enable_progress_bar=False, enable_model_summary=False)
+    with pytest.raises(PlanError, match=r"^plan\.pipelines\[0\]\.stages\[0\]\.devices .*Fix:"):
+        _check(strategy, LlamaLitModule("llama_tiny"))
+    ok = plan_of([(4, 2, [([0, 1], (0, tiny.num_layers))])], num_layers=tiny.num_layers)
+    strategy = HexiScaleStrategy(plan=ok)
+    pl.Trainer(strategy=strategy, accelerator="cpu", devices=2, max_steps=1, logger=False, enable_checkpointing=False,
+               enable_progress_bar=False, enable_model_summary=False)
+    _check(strategy, LlamaLitModule("llama_tiny"))
