@@ -101,6 +101,13 @@ RECIPE_CASES = {
     # uint8 passed a dry run ("planned only"): the width is a setting, checked without the file
     "data_dtype_dry_run": (["data.kind=bin", "data.path=tokens.bin", "data.dtype=uint8"],
                            ["data.dtype = 'uint8': must be one of uint16, uint32", "use uint16 or uint32"]),
+    # a dry run (a pre-launch check) said "planned only" to a data file that training then refused: where
+    # the file is here it is read as training reads it; a text file named as token ids is refused by name
+    "bin_odd_size_dry_run": (["data.kind=bin", "data.path={tmp}/odd.bin"],
+                             ["data.path = ", "1001 bytes is not a whole number of uint16 tokens"]),
+    "text_folder_dry_run": (["data.kind=text", "data.path={tmp}"], ["data.path = ", "is a directory; data.kind=text"]),
+    "bin_of_a_text_name_dry_run": (["data.kind=bin", "data.path=nowhere/notes.txt"],
+                                   ["data.path = 'nowhere/notes.txt': is a text file (.txt)"]),
     "empty_cluster_file": ([f"cluster={BAD}/cluster/empty.yaml"], ["cluster = ", "the file is empty"]),
     "duplicate_machine_names": ([f"cluster={BAD}/cluster/duplicate_names.yaml"],
                                 ["cluster.machines[1].name = 'a': machine names must be unique"]),

@@ -26,14 +26,25 @@ def load_dataset(cfg: DictConfig, model):
                         vocab_size=model.vocab_size, dtype=d.get("dtype"))
 
 
-def check_data(cfg: DictConfig, model) -> None:
-    """``data.*`` as far as it can be checked without its file
-    (:func:`~lightning_hexiscale.data.datasets.check_data_settings`): what ``dry_run=true`` checks,
-    since it plans anywhere, also where the file is not."""
+def check_data(cfg: DictConfig, model) -> str | None:
+    """What ``dry_run=true`` checks of ``data.*``: the settings
+    (:func:`~lightning_hexiscale.data.datasets.check_data_settings`), then, where ``data.path`` is on
+    this machine, the file itself as training reads it (a folder, a file too short for one sample, a
+    token file of the wrong size). A dry run plans anywhere, also where the file is not: then the
+    returned note says that the file was not checked (a dry run said "planned only" and the launch
+    then failed on the file)."""
+    from lightning_hexiscale.config.file_errors import expand_user
     from lightning_hexiscale.data.datasets import check_data_settings
 
     d = cfg.data
     check_data_settings(d.kind, d.path, model.vocab_size, d.get("dtype"))
+    if d.kind == "generated":
+        return None
+    if expand_user(str(d.path)).exists():
+        load_dataset(cfg, model)
+        return None
+    return (f"data.path {d.path} is not on this machine: its settings are checked, not the file (the training "
+            "machines must hold it)")
 
 
 def make_data(cfg: DictConfig, model, global_batch: int, dataset=None, pipeline_batches=None):

@@ -192,8 +192,10 @@ def run(cfg: DictConfig, progress: JobWatch | None = None, app: AppName = HEXISC
 
         check_model(cfg.trainer.resume, model, key="trainer.resume")
     dataset = None if cfg.dry_run else load_dataset(cfg, model)
-    if cfg.dry_run:  # the file may be on the training machines only; the settings are checked here too
-        check_data(cfg, model)
+    if cfg.dry_run:  # the file may be on the training machines only: checked where it is here
+        note = check_data(cfg, model)
+        if note:
+            say(note)
     if auto_cluster() and "LOCAL_RANK" not in os.environ:  # cluster=auto (the default): discover, then plan
         from lightning_hexiscale.cli.train_discover import discover_for_train
         from lightning_hexiscale.lightning.plan_resolution import load_plan_arg

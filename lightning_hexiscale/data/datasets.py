@@ -265,7 +265,8 @@ def check_data_settings(kind: str, path: str | None = None, vocab_size: int | No
                         dtype: str | None = None) -> None:
     """What :func:`make_dataset` refuses without reading a file: an unknown ``kind``, a ``path`` that
     ``generated`` would never read, a ``dtype`` of a kind that reads no token ids, a file kind without
-    a ``path``, a ``dtype`` other than uint16 / uint32, byte-level text for a vocabulary under 256. ``hexiscale train dry_run=true`` checks
+    a ``path``, a ``dtype`` other than uint16 / uint32, a text file (by its suffix) read as token ids or
+    JSON read as text, byte-level text for a vocabulary under 256. ``hexiscale train dry_run=true`` checks
     these alone: the file itself may be on the training machines only."""
     if kind not in ("generated", "text", "bin"):
         raise ConfigError("data.kind", kind, "must be one of generated, text, bin", "use data.kind=generated")
@@ -281,6 +282,8 @@ def check_data_settings(kind: str, path: str | None = None, vocab_size: int | No
                           "drop data.dtype, or set data.kind=bin for a file of raw token ids")
     if kind != "generated" and path is None:
         raise ConfigError("data.path", None, f"data.kind={kind} reads a local file", "set data.path=/path/to/file")
+    if kind != "generated":
+        _check_data_format(Path(path), kind)  # by its suffix: the file need not be here
     if dtype is not None and dtype not in TOKEN_DTYPES:  # a dry run said "planned only" to data.dtype=uint8
         raise ConfigError("data.dtype", dtype, f"must be one of {', '.join(TOKEN_DTYPES)} (the width of the file's "
                           "token ids)", "use uint16 or uint32, or drop it for a file of hexiscale prepare-data (its "
