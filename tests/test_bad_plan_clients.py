@@ -86,7 +86,7 @@ def test_a_train_override_of_the_wrong_type_beside_a_plan_names_the_type(capsys)
 
 # ---- paths that are no plan file, through the three clients --------------------------------------------
 NOT_A_FILE = {
-    "a_directory": (lambda tmp: (tmp / "plan.yaml").mkdir(), "no such plan file"),
+    "a_directory": (lambda tmp: (tmp / "plan.yaml").mkdir(), "is a directory, not a plan file"),
     "nothing_there": (lambda tmp: None, "no such plan file"),
 }
 

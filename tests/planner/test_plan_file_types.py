@@ -135,8 +135,9 @@ def test_json_is_strict_with_a_non_finite_meta_value(tmp_path):
 def test_a_key_given_twice_is_refused_not_overwritten(tmp_path, text, key):
     path = tmp_path / ("p.json" if text.startswith("{") else "p.yaml")
     path.write_text(text)
-    with pytest.raises(PlanError, match=f"key '{key}' is given twice"):
+    with pytest.raises(PlanError, match=f"key '{key}' is given twice") as caught:
         Plan.load(path)
+    assert f'in "{path}", line' in str(caught.value)  # the file by its path, not "<unicode string>"
     # YAML merge keys still read: explicit keys override what '<<' brings in
     path.write_text("num_layers: 4\npipelines:\n  - &p {batch_size: 2, micro_batch_size: 1, stages: [{devices: [0], "
                     "layers: [0, 4]}]}\n  - {<<: *p, batch_size: 4, stages: [{devices: [1], layers: [0, 4]}]}\n")

@@ -35,7 +35,7 @@ from lightning_hexiscale.planner.plan.model_check import (  # noqa: F401 (re-exp
     MODEL_SHAPE_FIELDS, check_meta_record, check_plan_model, model_shape)
 from lightning_hexiscale.planner.plan.yaml_io import (  # noqa: F401
     ClusterSource, OtherClusterWarning, UniqueKeyLoader, cluster_source, finite_or_null, made_for_another_cluster,
-    plain, write_atomically)
+    named_stream, plain, write_atomically)
 
 if TYPE_CHECKING:  # pragma: no cover
     from lightning_hexiscale.config.cluster import Cluster
@@ -478,7 +478,8 @@ class Plan:
         if not is_file(path):
             path = packaged_file(path) or path
         if not is_file(path):
-            raise PlanError(key, str(path), "no such plan file", "give the path of a plan YAML/JSON file")
+            raise PlanError(key, str(path), "is a directory, not a plan file" if path.is_dir() else "no such plan file",
+                            "give the path of a plan YAML/JSON file")
         try:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as e:  # a checkpoint, a picture, a gzip: was a UnicodeDecodeError traceback
@@ -489,7 +490,7 @@ class Plan:
             raise PlanError(key, str(path), f"cannot be read ({e.strerror})",
                             "give a readable plan YAML/JSON file") from None
         try:
-            data = yaml.load(text, Loader=UniqueKeyLoader)
+            data = yaml.load(named_stream(text, path), Loader=UniqueKeyLoader)
         except yaml.YAMLError as e:
             raise PlanError(key, str(path), f"not valid YAML/JSON ({e})",
                             "correct the syntax at the line and column named (quote values holding ':' or '#')") from None

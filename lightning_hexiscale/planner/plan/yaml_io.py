@@ -4,6 +4,7 @@ write that replaces a plan file and nothing else."""
 
 from __future__ import annotations
 
+import io
 import math
 import os
 from pathlib import Path
@@ -36,6 +37,14 @@ def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool 
 
 
 UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
+def named_stream(text: str, path: str | Path) -> io.StringIO:
+    """``text`` as a stream named ``path``: PyYAML's error marks name the stream (``in "plan.yaml",
+    line 3``), and a string is named ``"<unicode string>"``."""
+    stream = io.StringIO(text)
+    stream.name = str(path)
+    return stream
 
 
 def plain(value: Any) -> Any:
