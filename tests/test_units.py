@@ -87,3 +87,18 @@ def test_a_tiny_models_estimate_prints_no_zero_time_for_nonzero_work():
     assert "iteration 0.000 s" not in text and f"iteration {format_seconds(est.iteration_time_s)}," in text
     stage_row = text.splitlines()[2].split()
     assert all(cell.endswith("us") for cell in stage_row[4:9])  # compute to DP exposed, one unit
+
+
+@pytest.mark.parametrize("text,rule,fix", [
+    # read as 1 with the unit ",000 MB/s": "unknown bandwidth unit ',000 MB/s'" named no fix that helped
+    ("1,000 MB/s", "is written without thousands separators", '"1000 MB/s"'),
+    ("1,000,000 MB/s", "is written without thousands separators", '"1000000 MB/s"'),
+    ("10_000 GB/s", "is written without thousands separators", '"10000 GB/s"'),
+    ("1,5 GB/s", "is written with a decimal point, not a comma", '"1.5 GB/s"'),
+])
+def test_a_number_with_separators_is_named_with_its_plain_form(text, rule, fix):
+    from lightning_hexiscale.config.units import parse_bandwidth
+
+    with pytest.raises(ConfigError) as caught:
+        parse_bandwidth(text, key="cluster.inter_machine.bandwidth")
+    assert rule in str(caught.value) and f"Fix: write e.g. {fix}" in str(caught.value), str(caught.value)

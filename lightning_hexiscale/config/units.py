@@ -30,6 +30,14 @@ def _split(key: str, text: object, kind: str, example: str) -> tuple[float, str]
             raise ConfigError(key, text, f"a {kind} {rule}", f'write e.g. "{example}"')
         raise ConfigError(key, text, f"not a {kind}", f'write e.g. "{example}"')
     value, unit = float(m.group(1)), m.group(2).strip()
+    sep = re.match(r"[,_'](\d+)\s*(.*)", unit)
+    if sep and len(sep.group(1)) != 3 and unit[0] == ",":  # "1,5 GB/s": a decimal comma
+        raise ConfigError(key, text, f"a {kind} is written with a decimal point, not a comma",
+                          f'write e.g. "{m.group(1)}.{sep.group(1)} {sep.group(2)}"')
+    if sep:  # "1,000 MB/s" was read as 1 with the unit ",000 MB/s"
+        number, rest = re.fullmatch(r"([\d.,_'\s]*\d)\s*(.*)", s).groups()
+        plain = re.sub(r"[,_'\s]", "", number)
+        raise ConfigError(key, text, f"a {kind} is written without thousands separators", f'write e.g. "{plain} {rest}"')
     if not math.isfinite(value):  # "1e400 GB/s" reads as inf: the planner would divide by it or by zero
         raise ConfigError(key, text, f"a {kind} must be a finite number ({m.group(1)} overflows a float)",
                           f'write e.g. "{example}"')
