@@ -102,3 +102,13 @@ def test_a_number_with_separators_is_named_with_its_plain_form(text, rule, fix):
     with pytest.raises(ConfigError) as caught:
         parse_bandwidth(text, key="cluster.inter_machine.bandwidth")
     assert rule in str(caught.value) and f"Fix: write e.g. {fix}" in str(caught.value), str(caught.value)
+
+
+def test_the_fix_suggests_a_size_of_the_kind_asked_for(capsys):
+    """--chunk-size 0 was told 'write e.g. "80 GiB"' (a GPU's memory) for a tokenizer batch."""
+    from lightning_hexiscale.cli.main import main
+
+    assert main(["prepare-data", "in.txt", "--tokenizer", "tok", "--out", "o.bin", "--chunk-size", "0"]) == 2
+    assert 'Fix: write e.g. "16 MiB"' in capsys.readouterr().err
+    with pytest.raises(ConfigError, match='write e.g. "80 GiB"'):
+        parse_bytes("80", "memory")

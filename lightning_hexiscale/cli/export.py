@@ -35,7 +35,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from lightning_hexiscale.data.hf_export import check_export_target, check_tokenizer_dir, save_hf
     from lightning_hexiscale.runtime.checkpoint import load_llama
 
-    max_bytes = int(parse_bytes(args.max_shard_size, "--max-shard-size"))
+    max_bytes = int(parse_bytes(args.max_shard_size, "--max-shard-size", "5 GB"))
     check_export_target(args.hf, args.overwrite)  # before reading a checkpoint that may take minutes
     check_outside_checkpoint("--hf", args.hf, args.checkpoint, "hf")
     check_tokenizer_dir(args.tokenizer)

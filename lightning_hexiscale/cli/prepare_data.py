@@ -41,7 +41,7 @@ def cmd_prepare_data(args: argparse.Namespace) -> int:
         check_output_file("--out", str(path), "train.bin")
     index = prepare(args.inputs, args.tokenizer, args.out, field=args.field, fmt=args.fmt,
                     eos=args.eos, bos=args.bos or args.bos_token is not None, bos_token=args.bos_token,
-                    chunk_bytes=int(parse_bytes(args.chunk_size, "--chunk-size")), progress=not args.no_progress)
+                    chunk_bytes=int(parse_bytes(args.chunk_size, "--chunk-size", "16 MiB")), progress=not args.no_progress)
     docs = sum(s["documents"] for s in index["sources"])
     documents = f"{docs:,} document{'' if docs == 1 else 's'}"
     print(f"{index['num_tokens']:,} tokens ({documents}, {index['dtype']}, vocabulary {index['vocab_size']:,}) "

@@ -58,13 +58,14 @@ def _prefixed(unit: str, base: str) -> float | None:
     return None
 
 
-def parse_bytes(text: object, key: str = "memory") -> float:
-    """'80GB' -> 8e10, '24 GiB' -> 24 * 2**30, '512MiB' -> 512 * 2**20. Returns bytes."""
-    value, unit = _split(key, text, "size", "80 GiB")
+def parse_bytes(text: object, key: str = "memory", example: str = "80 GiB") -> float:
+    """'80GB' -> 8e10, '24 GiB' -> 24 * 2**30, '512MiB' -> 512 * 2**20. Returns bytes. ``example``: the
+    size the fix suggests (a GPU's memory by default; a chunk or a shard is far smaller)."""
+    value, unit = _split(key, text, "size", example)
     mult = _prefixed(unit, "B")
     if mult is None or unit.endswith("bps"):
         raise ConfigError(key, text, f"unknown size unit {unit!r}", "use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB")
-    return _positive(key, text, value * mult, "80 GiB")
+    return _positive(key, text, value * mult, example)
 
 
 def parse_bandwidth(text: object, key: str = "bandwidth") -> float:
