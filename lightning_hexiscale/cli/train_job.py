@@ -121,7 +121,7 @@ def check_overrides(argv: list[str]) -> None:
     multirun sweep (``cluster=a,b``) is checked one value at a time, the other keys at their first value.
     """
     from lightning_hexiscale.cli.common import axis_points, sweep_axes
-    from lightning_hexiscale.config.schema import compose, conf_dir
+    from lightning_hexiscale.config.schema import compose, conf_dir, is_group_choice
     from lightning_hexiscale.config.suggest import check_override_key
 
     args = [a for a in argv if not a.startswith("-") and "=" in a and not a.lstrip("+~").startswith("hydra.")]
@@ -139,7 +139,7 @@ def check_overrides(argv: list[str]) -> None:
         return compose([*where, *overrides], config_name=name)
 
     # the groups' presets alone (model=_hf needs its trainer.weights: the default model has the same schema)
-    base = check([a for a in first if "." not in a.split("=", 1)[0] and not a.startswith("model=_hf")])
+    base = check([a for a in first if is_group_choice(a) and not a.startswith("model=_hf")])
     for a in first:
         check_override_key(base, a)
     if not multirun:

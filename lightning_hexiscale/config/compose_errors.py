@@ -13,6 +13,7 @@ import re
 from typing import Callable
 
 from lightning_hexiscale.config.file_errors import clean_message
+from lightning_hexiscale.config.values import CONFIG_GROUPS
 from lightning_hexiscale.errors import ConfigError
 
 
@@ -78,6 +79,37 @@ def compose_error(e: Exception, overrides: list[str], preset_names: Callable[[st
                            f"quote it if it is a literal: {quoted} (in a shell: \"{quoted}\"); the grammar: "
                            "https://hydra.cc/docs/advanced/override_grammar/basic/")
     return ConfigError("overrides", " ".join(overrides), msg, "check key names against conf/ and the schemas in lightning_hexiscale/config/schema.py")
+
+
+GROUP_EXAMPLES = {"cluster": "cpu_hetero4", "model": "llama_tiny"}
+"""The preset a fix names for a group that has these (else the group's first preset)."""
+
+def group_value_error(override: str, preset_names: Callable[[str], list[str]]) -> ConfigError | None:
+    """The ConfigError for a config group given a number, a flag, a list or a mapping instead of one
+    preset's name (``planner=5``: Hydra's "Config group override must be a string or a list"; a list
+    chooses several presets, which Hydra merges or fails to load, and a run takes one); None otherwise."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    key, _, value = override.partition("=")
+    group = key.lstrip("+~")
+    if group not in CONFIG_GROUPS or key.startswith("~"):
+        return None
+    try:
+        (ov,) = OverridesParser.create().parse_overrides([override])
+        parsed = ov.value()
+    except HydraException:
+        return None
+    if parsed is None or isinstance(parsed, str) or ov.is_sweep_override():
+        return None  # null: compose_error's own case; a name: Hydra's lookup says whether it is one
+    what = ("a list" if isinstance(parsed, list) else "a mapping" if isinstance(parsed, dict)
+            else "a flag" if isinstance(parsed, bool) else "a number")
+    names = preset_names(group)
+    example = GROUP_EXAMPLES.get(group, names[0] if names else "default")
+    files = f", or a file: {group}=path/to/{group}.yaml" if group in GROUP_EXAMPLES else ""
+    many = "; to run several, sweep with -m where the command takes it" if isinstance(parsed, list) else ""
+    return ConfigError(group, value, f"a config group takes one preset's name, not {what}",
+                       f"name one, e.g. {group}={example} (presets: {', '.join(names)}){files}{many}")
 
 
 _UNQUOTED = re.compile(r"[\w\-+./:@%]+")

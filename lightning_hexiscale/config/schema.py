@@ -20,10 +20,11 @@ from typing import Any, Dict, List, Optional
 import yaml
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from lightning_hexiscale.config.compose_errors import compose_error
+from lightning_hexiscale.config.compose_errors import compose_error, group_value_error
 from lightning_hexiscale.config.layer_table import LayerTableConfig
 from lightning_hexiscale.config.overrides import HF_PLACEHOLDER, hf_model_overrides, reapply_overrides
 from lightning_hexiscale.config.recipe import DataConfig, TrainerConfig
+from lightning_hexiscale.config.values import CONFIG_GROUPS
 from lightning_hexiscale.config.file_errors import (  # noqa: F401 (is_file: re-exported)
     ENTRY_EXAMPLES, check_name_or_path, clean_message, doc_page, expand_user, is_file, locate_entry)
 from lightning_hexiscale.errors import ConfigError
@@ -277,6 +278,15 @@ def register_configs() -> None:
     cs.store(group="planner", name="base_planner", node=PlannerConfig)
 
 
+def is_group_choice(override: str) -> bool:
+    """``override`` chooses a preset (``cluster=cpu2``, a group of the user's own, ``hydra/launcher=...``),
+    as opposed to setting a key (``train.global_batch=8``) or a root value (``dry_run=true``, ``trainer=...``),
+    whose bad values must not stop the composition of the groups that the keys are checked against."""
+    name = override.partition("=")[0].lstrip("+~")
+    roots = {f.name for f in dataclasses.fields(HexiScaleConfig)}
+    return "." not in name and (name not in roots or name in CONFIG_GROUPS)
+
+
 def conf_dir() -> Path:
     """The presets directory: ``$HEXISCALE_CONF_DIR`` when set (an override), else the package data
     ``lightning_hexiscale/conf`` found through :mod:`importlib.resources`, so an installed wheel has its
@@ -376,6 +386,10 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "con
     from lightning_hexiscale.config.suggest import check_file_refs, check_interpolations
 
     check_file_refs(overrides, {g: preset_names(g) for g in ("cluster", "model")})
+    for o in overrides:  # model=[a,b]: Hydra merges both presets without a word, planner=5 is its raw message
+        error = group_value_error(o, preset_names)
+        if error is not None:
+            raise error
     for o in overrides:
         key, _, value = o.partition("=")
         if key in ("cluster", "model") and value.endswith((".yaml", ".yml")) and is_file(value):
@@ -440,7 +454,7 @@ def _check_override_keys(overrides: list[str], config_name: str) -> None:
     from lightning_hexiscale.config.suggest import check_override_key
 
     # the groups' presets alone (model=_hf needs its trainer.weights: the default model has the same schema)
-    groups = [o for o in overrides if "." not in o.partition("=")[0] and not o.startswith(("+", "~", f"model={HF_PLACEHOLDER}"))]
+    groups = [o for o in overrides if is_group_choice(o) and not o.startswith(("+", "~", f"model={HF_PLACEHOLDER}"))]
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):

@@ -18,6 +18,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from lightning_hexiscale.config.values import CONFIG_GROUPS, check_value_type
 from lightning_hexiscale.errors import ConfigError
 
 
@@ -90,11 +91,17 @@ def _typed_fields(node: Any) -> tuple[list[str], str] | None:
 
 def check_override_key(cfg: DictConfig, override: str) -> None:
     """``override`` (``[+|++|~]a.b.c=value``) names a key the composed ``cfg`` has, or one its typed
-    parent node could have; ConfigError with the closest field otherwise. Group selections
-    (``cluster=...``, no dot) and ``hydra.*`` are Hydra's to check."""
+    parent node could have; ConfigError with the closest field otherwise. A root value or section
+    (``dry_run=maybe``, ``trainer=5``) is checked against its type; group selections (``cluster=...``)
+    and ``hydra.*`` are Hydra's to check."""
     key, _, value = override.partition("=")
     key = key.lstrip("+~")
-    if "." not in key or key.startswith("hydra."):
+    if key.startswith("hydra."):
+        return
+    if "." not in key:
+        # dry_run=maybe, plan=[1,2], trainer=5: a value or section of the root, not a group's preset
+        if not override.startswith("~") and key in cfg and key not in CONFIG_GROUPS:
+            check_value_type(cfg, key, key, value)
         return
     node: Any = cfg
     parts = key.split(".")
@@ -191,38 +198,6 @@ def _check_fills_null(node: DictConfig, parts: list[str], i: int, value: str) ->
                       f"{sub.__name__} section (OmegaConf cannot merge into it)",
                       f"write the {parts[0]} in a file with {parts[i]}: {{...}} (start from its preset under conf/{parts[0]}/) "
                       f"and pass {parts[0]}=that_file.yaml")
-
-
-def check_value_type(parent: DictConfig, name: str, key: str, value: str) -> None:
-    """``value`` (as the command line gave it) converts to the type of ``parent[name]``; ConfigError
-    naming the key, the type and the current value as an example otherwise (Hydra's message named
-    every override of the command line and no fix)."""
-    import yaml
-
-    try:
-        parsed = yaml.safe_load(value) if value != "" else ""
-    except yaml.YAMLError:
-        return  # Hydra's grammar (quotes, lists, interpolations): Hydra reports it
-    if isinstance(parsed, (dict, list)) or parsed is None:
-        return
-    try:
-        parent.copy()[name] = parsed  # the typed node converts or refuses it, as Hydra's merge would
-    except Exception:  # noqa: BLE001 -- OmegaConf's ValidationError: the value does not fit the type
-        node = parent._get_node(name)
-        current = node._value()
-        # a field that is null now (train.micro_batch_size) names its type from its node: was "must be the
-        # field's type. Fix: see the configuration reference"
-        from omegaconf import BooleanNode, FloatNode, IntegerNode, StringNode
-
-        typed = {IntegerNode: "int", FloatNode: "float", BooleanNode: "bool", StringNode: "str"}
-        kind = type(current).__name__ if current is not None else next(
-            (k for cls, k in typed.items() if isinstance(node, cls)), "the field's type")
-        words = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}.get(kind, kind)
-        example = str(current).lower() if isinstance(current, bool) else current
-        fix = (f"e.g. {key}={example}" if current is not None else
-               f"give {words}, or null to leave it unset" if kind in ("int", "float", "bool", "str") else
-               "see the configuration reference")
-        raise ConfigError(key, value, f"must be {words}", fix) from None
 
 
 IDENTIFIERS = frozenset({"name", "gpu", "hostname"})
