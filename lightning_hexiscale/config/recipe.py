@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 from lightning_hexiscale.config.fast_path import DEFAULT_LOSS_CHUNK_BYTES
+from lightning_hexiscale.config.values import register_section_check
 
 
 MAX_VAL_SAMPLES = 2**27
@@ -261,6 +262,9 @@ def check_values(cfg) -> None:
     if t.gradient_clip_val is not None and not float(t.gradient_clip_val) > 0:
         raise ConfigError("trainer.gradient_clip_val", t.gradient_clip_val, "the clip norm must be positive, or null "
                           "for no clipping", "e.g. trainer.gradient_clip_val=1.0, or trainer.gradient_clip_val=null")
+
+
+register_section_check(("trainer", "data"), check_values)  # what a "did you mean" proposes passes these too
 
 
 def check_output_file(flag: str, path: str, example: str, kind: str | None = None) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from lightning_hexiscale.config.values import CONFIG_GROUPS, check_value_type
+from lightning_hexiscale.config.values import CONFIG_GROUPS, check_value_type, did_you_mean
 from lightning_hexiscale.errors import ConfigError
 
 
@@ -43,12 +43,15 @@ def written(key: str, value: str) -> str:
     return f"{key}={value}"
 
 
-def unknown_key_error(key: str, value: Any, name: str, fields: list[str], schema: str) -> ConfigError:
-    """The ConfigError for ``key`` (whose last part ``name`` is not among ``fields`` of ``schema``)."""
+def unknown_key_error(key: str, value: Any, name: str, fields: list[str], schema: str,
+                      root: DictConfig | None = None) -> ConfigError:
+    """The ConfigError for ``key`` (whose last part ``name`` is not among ``fields`` of ``schema``).
+    ``root``: the composed config, whose field the closest key is, for a value it takes in the fix
+    (:func:`did_you_mean`)."""
     parent = key[: -len(name)]
     near = closest(name, fields)
     if near:
-        fix = f"did you mean {parent}{near[0]}? (e.g. {parent}{near[0]}={value})" if value is not None else \
+        fix = did_you_mean(root, f"{parent}{near[0]}", value) if value is not None else \
             f"did you mean {near[0]}?" + (f" (or {', '.join(near[1:])})" if near[1:] else "")
     else:
         fix = f"the keys of {parent.rstrip('.') or 'the config'} are: {', '.join(fields)}"
@@ -137,8 +140,7 @@ def check_override_key(cfg: DictConfig, override: str) -> None:
         if elsewhere:  # the same name elsewhere beats a near name here (trainer.global_batch: not limit_val_batches)
             moved = [".".join([top, *parts[1:]]) for top in elsewhere]
             others = f" (or {', '.join(moved[1:])})" if moved[1:] else ""
-            raise ConfigError(key, value, f"no such key in {schema}", f"did you mean {moved[0]}?{others} "
-                              f"(e.g. {moved[0]}={value})")
+            raise ConfigError(key, value, f"no such key in {schema}", did_you_mean(cfg, moved[0], value, others))
         bad = ".".join(parts[: i + 1])
         indexed = re.fullmatch(r"(\w+)\[(\d+)\]", part)  # machines[1]: Python's index, not the grammar's
         if indexed and isinstance(node.get(indexed[1]), ListConfig):
@@ -148,7 +150,7 @@ def check_override_key(cfg: DictConfig, override: str) -> None:
         if bad in LIGHTNING_KEYS:
             raise ConfigError(bad, value if i == len(parts) - 1 else part, f"no such key in {schema}",
                               LIGHTNING_KEYS[bad])
-        raise unknown_key_error(bad, value if i == len(parts) - 1 else None, part, fields, schema)
+        raise unknown_key_error(bad, value if i == len(parts) - 1 else None, part, fields, schema, root=cfg)
 
 
 def top_key_error(name: str, value: str, schema: type) -> ConfigError:
@@ -169,13 +171,14 @@ def top_key_error(name: str, value: str, schema: type) -> ConfigError:
                 inner.setdefault(f.name, []).append(f"{section}.{f.name}")
     exact = inner.get(name, [])
     near = closest(name, top) or [inner[n][0] for n in closest(name, list(inner))]
+    defaults = OmegaConf.structured(schema)  # the fields' types and defaults, for a value the key takes
     if exact:  # the same name in a section beats a near name at the top (max_steps: not plan)
         others = f" (or {', '.join(exact[1:])})" if exact[1:] else ""
-        fix = f"did you mean {exact[0]}?{others} (e.g. {exact[0]}={value})"
+        fix = did_you_mean(defaults, exact[0], value, others)
     elif f"trainer.{name}" in LIGHTNING_KEYS:  # devices=4: Lightning's Trainer(devices=4), not use_all_devices
         fix = LIGHTNING_KEYS[f"trainer.{name}"]
     elif near:
-        fix = f"did you mean {near[0]}? (e.g. {near[0]}={value})"
+        fix = did_you_mean(defaults, near[0], value)
     else:
         fix = (f"the top-level keys are {', '.join(top)}; every other key is below one of them "
                "(e.g. train.global_batch=32, trainer.max_steps=100)")

@@ -1,4 +1,5 @@
-"""What a key takes: a value of the command line against its typed node (:func:`check_value_type`).
+"""What a key takes: a value of the command line against its typed node (:func:`check_value_type`), and
+the value a "did you mean" proposes for a key (:func:`did_you_mean`), which the key must take.
 
 OmegaConf's own refusals named the whole command line ("Error merging override dry_run=maybe") or the
 Python types ("Invalid type assigned: int is not a subclass of TrainerConfig") and no fix.
@@ -7,7 +8,7 @@ Python types ("Invalid type assigned: int is not a subclass of TrainerConfig") a
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -99,3 +100,74 @@ def _check_section_value(node: DictConfig | ListConfig, key: str, value: str, pa
     names = [str(k) for k in node]
     listed = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "") if names else "none yet"
     raise ConfigError(key, value, f"is {what}, not {given}", f"set its keys one at a time, e.g. {example} (its keys: {listed})")
+
+
+def did_you_mean(root: DictConfig | None, key: str, value: Any, others: str = "") -> str:
+    """The fix that proposes ``key`` for a key that does not exist, with ``value`` when ``key`` takes it,
+    else the rule ``key`` has and a value it takes: ``planner.recompute=maybe`` proposed
+    ``train.recompute=maybe``, which is refused in turn. ``root``: the composed config (or the schema's
+    defaults) whose field ``key`` is; ``others``: further candidates, written after the first."""
+    refused = None if root is None else _refusal(root, key, str(value))
+    if refused is None:
+        return f"did you mean {key}?{others} (e.g. {key}={value})"
+    rule, example = refused
+    return f"did you mean {key}?{others} ({key}: {rule}" + (f"; e.g. {key}={example})" if example is not None else ")")
+
+
+def _refusal(root: DictConfig, key: str, value: str) -> tuple[str, str | None] | None:
+    """(the rule, a value it takes: the current one) when ``key`` of ``root`` refuses ``value``, by its
+    type (:func:`check_value_type`) or by the checks its section passes before any process starts
+    (:func:`_section_check`); None when it takes it, or when ``key`` is not a field of ``root``."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parent_key, _, name = key.rpartition(".")
+    try:
+        parent = OmegaConf.select(root, parent_key, throw_on_missing=False) if parent_key else root
+    except Exception:  # noqa: BLE001 -- a key that does not select: nothing to say about its values
+        return None
+    if not isinstance(parent, DictConfig) or name not in parent:
+        return None
+    node = parent._get_node(name)
+    current = None if isinstance(node, (DictConfig, ListConfig)) or node._value() is None else as_override(node._value())
+    try:
+        check_value_type(parent, name, key, value)
+        check = _section_check(key.split(".")[0])
+        if check is None or "${" in value:
+            return None
+        # as Hydra reads it: yes is the text 'yes' there (YAML's flag), which train.recompute refuses
+        (override,) = OverridesParser.create().parse_overrides([f"{key}={value}"])
+        parsed = override.value()
+        changed = OmegaConf.create(OmegaConf.to_container(root, resolve=False))
+        OmegaConf.update(changed, key, parsed, merge=False)
+        try:
+            check(changed)
+        except ConfigError as e:
+            if e.key == key:
+                raise
+        except Exception:  # noqa: BLE001 -- another key's value (e.g. MISSING) stopped the check: not this key
+            return None
+    except ConfigError as e:
+        return e.rule, current
+    except HydraException:  # a value the grammar cannot read: its own error says so
+        return None
+    return None
+
+
+SECTION_CHECKS: dict[str, Callable[[DictConfig], None]] = {}
+"""Root section -> the check its values pass in a composed config before any process starts, raising a
+ConfigError keyed by the value's key: what a value the fix proposes must pass too. Each registers its own
+(:func:`register_section_check`): ``trainer``/``data`` the recipe's checks (``config/recipe.py``),
+``train``/``planner`` the search's settings, which the planner owns and this layer may not import
+(``cli/common.py``); unregistered, a proposed value is checked against its type alone."""
+
+
+def register_section_check(sections: tuple[str, ...], check: Callable[[DictConfig], None]) -> None:
+    """Check the values of each of ``sections`` with ``check`` (see :data:`SECTION_CHECKS`)."""
+    for section in sections:
+        SECTION_CHECKS[section] = check
+
+
+def _section_check(section: str) -> Callable[[DictConfig], None] | None:
+    """The check of ``section``'s values (:data:`SECTION_CHECKS`), or None."""
+    return SECTION_CHECKS.get(section)
