@@ -157,6 +157,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             print(f"hexiscale {args.command}: error: {bare_word_error(o)}", file=sys.stderr)
             return 2
+    if not getattr(args, "multirun", False):  # cluster=a,b without -m: a sweep, said in this command's words
+        from lightning_hexiscale.config.compose_errors import sweep_error
+
+        sweep = ("add -m to plan each value (hexiscale plan -m ...: one plan per value and one summary table)"
+                 if hasattr(args, "multirun") else
+                 f"hexiscale {args.command} takes one value per run (no -m): run it once per value; hexiscale plan -m "
+                 "sweeps plans and hexiscale train -m runs")
+        error = next((e for e in (sweep_error(o, sweep) for o in args.overrides) if e is not None), None)
+        if error is not None:
+            print(f"hexiscale {args.command}: error: {error}", file=sys.stderr)
+            return 2
     if args.command in JOINS_FROM_ENV and not getattr(args, "local", None):
         from lightning_hexiscale.cli.slurm_env import fill_slurm_rendezvous
 

@@ -121,6 +121,7 @@ def check_overrides(argv: list[str]) -> None:
     multirun sweep (``cluster=a,b``) is checked one value at a time, the other keys at their first value.
     """
     from lightning_hexiscale.cli.common import axis_points, sweep_axes
+    from lightning_hexiscale.config.compose_errors import sweep_error
     from lightning_hexiscale.config.schema import compose, conf_dir, is_group_choice
     from lightning_hexiscale.config.suggest import check_override_key
 
@@ -137,6 +138,11 @@ def check_overrides(argv: list[str]) -> None:
 
     def check(overrides: list[str]) -> DictConfig:
         return compose([*where, *overrides], config_name=name)
+
+    for a in args if not multirun else ():  # cluster=a,b without -m: a sweep (compose's own fix names no app)
+        error = sweep_error(a, "add -m (--multirun) to the command to run one job per value")
+        if error is not None:
+            raise error
 
     # the groups' presets alone (model=_hf needs its trainer.weights: the default model has the same schema)
     base = check([a for a in first if is_group_choice(a) and not a.startswith("model=_hf")])

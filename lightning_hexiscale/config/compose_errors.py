@@ -84,6 +84,44 @@ def compose_error(e: Exception, overrides: list[str], preset_names: Callable[[st
 GROUP_EXAMPLES = {"cluster": "cpu_hetero4", "model": "llama_tiny"}
 """The preset a fix names for a group that has these (else the group's first preset)."""
 
+SWEEP_FIX = ("to run each value, sweep with -m where the command takes it (hexiscale plan -m: one plan per value "
+             "and one table; hexiscale train -m: one run per value)")
+"""What :func:`compose_error` says of a sweep's values given to one run: the commands' own checks, which
+know whether they take -m, say it in their words (``cli/main.py``, ``cli/train_job.py``)."""
+
+
+def sweep_error(override: str, sweep: str) -> ConfigError | None:
+    """The ConfigError for ``override`` when it gives a sweep's values (``cluster=cpu_hetero4,cpu2``,
+    ``choice(..)``, ``range(..)``, ``glob(..)``) to a command run without ``-m``, which takes one value;
+    None for any other override. Hydra's "Ambiguous value ... To use it as a list, use key=[value1,value2]"
+    advised a list, which no group takes, and named no sweep. ``sweep``: the fix's first part, how this
+    command runs one job per value (or that it does not)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ValueType
+    from hydra.errors import HydraException
+
+    try:
+        (ov,) = OverridesParser.create().parse_overrides([override])
+    except HydraException:
+        return None
+    if not ov.is_sweep_override():
+        return None
+    key, _, value = override.partition("=")
+    key = key.lstrip("+~")
+    try:
+        values = [str(v) for v in ov.sweep_string_iterator()]
+    except Exception:  # noqa: BLE001 -- glob(..) and interval(..) list no values before a sweeper reads them
+        values = []
+    group = key in CONFIG_GROUPS
+    what = f"preset of {key}" if group else f"value of {key}"
+    listed = f" over {len(values)} values ({', '.join(values)})" if values else ""
+    fix = f"{sweep}; or one run: {key}={values[0]}" if values else sweep
+    if (not group and ov.value_type == ValueType.SIMPLE_CHOICE_SWEEP
+            and any(isinstance(v, str) for v in ov.value().list)):  # data.path=a,b.txt: commas of one text
+        fix += f"; if the commas belong to one value, quote it: {key}={hydra_quoted(value, always=True)}"
+    return ConfigError(key, value, f"one run takes one {what}, and this is a sweep{listed}", fix)
+
+
 def group_value_error(override: str, preset_names: Callable[[str], list[str]]) -> ConfigError | None:
     """The ConfigError for a config group given a number, a flag, a list or a mapping instead of one
     preset's name (``planner=5``: Hydra's "Config group override must be a string or a list"; a list

@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional
 import yaml
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from lightning_hexiscale.config.compose_errors import compose_error, group_value_error
+from lightning_hexiscale.config.compose_errors import SWEEP_FIX, compose_error, group_value_error, sweep_error
 from lightning_hexiscale.config.layer_table import LayerTableConfig
 from lightning_hexiscale.config.overrides import HF_PLACEHOLDER, hf_model_overrides, reapply_overrides
 from lightning_hexiscale.config.recipe import DataConfig, TrainerConfig
@@ -386,6 +386,10 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "con
     from lightning_hexiscale.config.suggest import check_file_refs, check_interpolations
 
     check_file_refs(overrides, {g: preset_names(g) for g in ("cluster", "model")})
+    for o in overrides:  # cluster=a,b: a sweep's values, which one composition cannot take (-m splits them first)
+        error = sweep_error(o, SWEEP_FIX)
+        if error is not None:
+            raise error
     for o in overrides:  # model=[a,b]: Hydra merges both presets without a word, planner=5 is its raw message
         error = group_value_error(o, preset_names)
         if error is not None:
