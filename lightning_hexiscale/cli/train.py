@@ -33,6 +33,7 @@ import warnings
 from collections.abc import Sequence
 
 from lightning_hexiscale.cli.common import notice_printer, subcommand, version_line
+from lightning_hexiscale.cli.train_hydra import check_hydra_overrides
 from lightning_hexiscale.cli.train_job import (AUTO_ENV, FILES_ENV, HEXISCALE, AppName, is_multirun, is_popen_child,
                                                is_rank_zero, not_run_line, prepare_argv, print_file_config, sweep_point)
 from lightning_hexiscale.errors import ElasticStop, HexiScaleError, TrainingFailure, TrainingInterrupted
@@ -237,6 +238,8 @@ def main(argv: Sequence[str] | None = None, app: AppName = HEXISCALE, launch_pre
         given = list(argv)
         try:
             argv = prepare_argv(argv)
+            if "LOCAL_RANK" not in os.environ:  # the launching process (popen children re-run the checked argv)
+                check_hydra_overrides(argv)  # hydra.* keys, and the run's directory before Hydra creates it
             if print_file_config(given):  # --cfg job with a cluster=/model= file: the file, not the preset it replaces
                 return 0
         except HexiScaleError as e:

@@ -95,12 +95,12 @@ def _typed_fields(node: Any) -> tuple[list[str], str] | None:
 def check_override_key(cfg: DictConfig, override: str) -> None:
     """``override`` (``[+|++|~]a.b.c=value``) names a key the composed ``cfg`` has, or one its typed
     parent node could have; ConfigError with the closest field otherwise. A root value or section
-    (``dry_run=maybe``, ``trainer=5``) is checked against its type; group selections (``cluster=...``)
-    and ``hydra.*`` are Hydra's to check."""
+    (``dry_run=maybe``, ``trainer=5``) is checked against its type; group selections (``cluster=...``) are
+    Hydra's to check, and ``hydra.*`` is checked only against a ``cfg`` that has Hydra's node."""
     key, _, value = override.partition("=")
     key = key.lstrip("+~")
-    if key.startswith("hydra."):
-        return
+    if key.startswith("hydra.") and "hydra" not in cfg:
+        return  # Hydra's own node, checked where it is composed (cli/train_hydra.py)
     if "." not in key:
         # dry_run=maybe, plan=[1,2], trainer=5: a value or section of the root, not a group's preset
         if not override.startswith("~") and key in cfg and key not in CONFIG_GROUPS:
@@ -132,8 +132,13 @@ def check_override_key(cfg: DictConfig, override: str) -> None:
             node = node[part]
             continue
         typed = _typed_fields(node)
-        if typed is None:
-            return  # a free mapping: any key
+        if typed is None:  # a free mapping: any key, added with '+' (Hydra: "Could not override ... Key 'FOO' is not in struct")
+            element = getattr(node._metadata, "element_type", None)
+            if not override.startswith(("+", "~")) and not dataclasses.is_dataclass(element):
+                where = ".".join(parts[:i])
+                raise ConfigError(key, value, f"{where} has no key {part}, and a key a mapping lacks is added with '+'",
+                                  f"write +{key}={value}")
+            return
         fields, schema = typed
         elsewhere = [top for top in cfg if i == 1 and top != parts[0] and isinstance(cfg[top], DictConfig)
                      and part in cfg[top]]  # train.lr for trainer.lr: the key is in another section
