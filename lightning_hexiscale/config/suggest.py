@@ -133,7 +133,7 @@ def check_override_key(cfg: DictConfig, override: str) -> None:
             continue
         typed = _typed_fields(node)
         if typed is None:  # a free mapping: any key, added with '+' (Hydra: "Could not override ... Key 'FOO' is not in struct")
-            element = getattr(node._metadata, "element_type", None)
+            element = getattr(node._metadata, "element_type", None)  # OmegaConf's: no public reader
             if not override.startswith(("+", "~")) and not dataclasses.is_dataclass(element):
                 where = ".".join(parts[:i])
                 raise ConfigError(key, value, f"{where} has no key {part}, and a key a mapping lacks is added with '+'",

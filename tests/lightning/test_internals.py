@@ -16,9 +16,11 @@ import lightning_hexiscale
 from lightning_hexiscale.lightning import internals
 
 PACKAGE = Path(lightning_hexiscale.__file__).parent
-KNOWN_OUTSIDE: set[tuple[str, str]] = set()
-"""Private Lightning names still used outside internals.py: none (the idle-rank switch read
-DDPStrategy's ``_timeout`` until it read ``strategy.settings.timeout``, as the strategy does)."""
+KNOWN_OUTSIDE: set[tuple[str, str]] = {("config/suggest.py", "_metadata")}
+"""Private Lightning names still used outside internals.py: none of Lightning's (the idle-rank switch
+read DDPStrategy's ``_timeout`` until it read ``strategy.settings.timeout``, as the strategy does).
+``_metadata`` in config/suggest.py is OmegaConf's (a DictConfig's ``element_type``, which OmegaConf
+offers no public reader of); the scan matches by name and Lightning has one of that name too."""
 
 
 def test_installed_lightning_has_every_attribute():

@@ -470,6 +470,7 @@ class Plan:
         """Read a plan file (YAML or JSON): a path, else a packaged preset written as in a checkout
         (``conf/plans/X.yaml``), so the shipped plans load from any working directory. ``key``: what
         named the file, for the errors about it (``--plan``, a recipe's ``plan``, ``HexiScaleStrategy(plan)``)."""
+        from lightning_hexiscale.config.file_errors import is_dir
         from lightning_hexiscale.config.schema import check_name_or_path, is_file, packaged_file
         from lightning_hexiscale.config.suggest import check_file_kind
 
@@ -478,7 +479,7 @@ class Plan:
         if not is_file(path):
             path = packaged_file(path) or path
         if not is_file(path):
-            raise PlanError(key, str(path), "is a directory, not a plan file" if path.is_dir() else "no such plan file",
+            raise PlanError(key, str(path), "is a directory, not a plan file" if is_dir(path) else "no such plan file",
                             "give the path of a plan YAML/JSON file")
         try:
             text = path.read_text(encoding="utf-8")
