@@ -12,7 +12,7 @@ from lightning_hexiscale.cli.train_job import RECIPE
 from lightning_hexiscale.config.recipe import check_values
 from lightning_hexiscale.config.schema import compose
 from lightning_hexiscale.errors import ConfigError
-from lightning_hexiscale.planner.search.settings import SearchSettings
+from lightning_hexiscale.planner import SearchSettings
 
 BASE = ["cluster=cpu_hetero4", "model=llama_tiny"]
 

@@ -18,11 +18,12 @@ from lightning_hexiscale.config.file_errors import expand_user
 from lightning_hexiscale.config.values import register_section_check
 from lightning_hexiscale.config.recipe import check_output_file  # noqa: F401 (the commands' name for it)
 
+
 def _search_settings_check(cfg) -> None:
     """``train.*`` and ``planner.*`` as the search reads them (recompute, schedule, the iterations' bounds...):
     the rules a value that a "did you mean" proposes must pass (:mod:`lightning_hexiscale.config.values`,
     which may not import the planner)."""
-    from lightning_hexiscale.planner.search.settings import SearchSettings
+    from lightning_hexiscale.planner import SearchSettings
 
     SearchSettings.from_config(cfg, dp_sharding_explicit=True)
 
