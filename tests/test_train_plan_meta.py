@@ -48,3 +48,28 @@ def test_train_runs_a_plan_for_its_meta_model_with_no_model_given(tmp_path, monk
                                 tmp_path, monkeypatch, capfd)
     assert code == 0, err[-2000:]
     assert "model=llama_tiny: the model the plan was made for" in out + err
+
+
+def test_a_plan_that_names_no_model_is_refused_unless_the_command_line_names_one(tmp_path):
+    """A plan without meta.model and meta.model_shape trained the default model (llama_demo) on a layout
+    made for another, without a word; it is refused naming ``model`` and the fix, as estimate refuses it."""
+    from lightning_hexiscale.cli.train_job import take_plan_model
+    from lightning_hexiscale.errors import ConfigError
+
+    data = yaml.safe_load(GOOD.read_text())
+    data["meta"] = {k: v for k, v in data["meta"].items() if k not in ("model", "model_shape")}
+    bare = tmp_path / "bare.yaml"
+    bare.write_text(yaml.safe_dump(data))
+    no_meta = tmp_path / "no_meta.yaml"
+    no_meta.write_text(yaml.safe_dump({k: v for k, v in data.items() if k != "meta"}))
+    for path in (bare, no_meta):
+        with pytest.raises(ConfigError) as e:
+            take_plan_model([f"plan={path}", "dry_run=true"])
+        assert e.value.key == "model" and "names no model" in e.value.rule and "model=NAME" in e.value.fix
+    for given in (["model=llama_tiny"], ["+model=llama_tiny"], ["model.hidden_size=64"], ["-cn", "mine"]):
+        assert take_plan_model([f"plan={bare}", *given]) == [f"plan={bare}", *given]
+    shaped = _plan(tmp_path, "my_model")  # a model file's name and the model's shape: the shape check judges
+    assert take_plan_model([f"plan={shaped}"]) == [f"plan={shaped}"]
+    odd = tmp_path / "odd.yaml"
+    odd.write_text(yaml.safe_dump({**data, "meta": 5}))  # the plan's own loading says what is wrong with it
+    assert take_plan_model([f"plan={odd}"]) == [f"plan={odd}"]

@@ -345,17 +345,42 @@ def plan_meta(argv: list[str]) -> tuple[str | None, dict]:
     return value, meta if isinstance(meta, dict) else {}
 
 
+def plan_reads(value: str) -> bool:
+    """Whether the plan file ``value`` reads as a YAML mapping whose ``meta``, if any, is a mapping (one
+    that does not is the run's own load_plan_arg's to explain)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(expand_user(value).read_text())
+    except (OSError, ValueError, yaml.YAMLError):
+        return False
+    return isinstance(data, dict) and isinstance(data.get("meta") or {}, dict)
+
+
 def take_plan_model(argv: list[str]) -> list[str]:
     """``model=NAME`` added when a ``plan=FILE`` names a model preset (``meta.model``) and the command line
     gives no ``model=``: the configuration reference promises that such a plan needs no ``model=``, as for
     ``hexiscale estimate --plan``; the default model (llama_tiny) was composed instead and the plan refused
     for its shape. A name that is no preset (a model file's ``model.name``) adds nothing: the run then says
-    which model the plan was made for. Popen ranks re-run the command line and add the same."""
+    which model the plan was made for. Popen ranks re-run the command line and add the same.
+
+    A plan file that names no model at all (no ``meta.model``, no ``meta.model_shape``: written by hand,
+    or its ``meta:`` deleted) with no ``model=`` nor ``model.*`` override and no primary config of the
+    user's (``-cn``) is a ConfigError naming ``model``: the default model (llama_demo) trained on a
+    layout made for something else without a word, as ``hexiscale estimate plan=`` refuses it too."""
     from lightning_hexiscale.config.schema import preset_names
+    from lightning_hexiscale.errors import ConfigError
 
     if any(a.partition("=")[0].lstrip("+~") == "model" for a in argv):
         return argv
     value, meta = plan_meta(argv)
+    if (value and not {"model", "model_shape"} & set(meta) and plan_reads(value)
+            and not any(a.lstrip("+~").startswith("model.") for a in argv)
+            and not any(a in ("-cn", "--config-name") or a.startswith("--config-name=") for a in argv)):
+        raise ConfigError("model", None, f"plan={value} names no model (no meta.model or meta.model_shape) and none "
+                          "was given on the command line; the default model would train on a layout made for "
+                          "another", "pass model=NAME|FILE.yaml|hf:DIR, the model the plan was made for (or "
+                          "restore the plan's meta: section, which `hexiscale plan --out` writes)")
     name = meta.get("model")
     if not isinstance(name, str) or name not in preset_names("model"):
         return argv
