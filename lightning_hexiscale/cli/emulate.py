@@ -21,6 +21,10 @@ import sys
 from lightning_hexiscale.cli.common import parse_number, subcommand
 
 
+DEFAULT_TIMEOUT_S = 3600.0
+"""``--timeout``'s default: an emulated run is stopped after an hour."""
+
+
 def _positive_float(text: str) -> float:
     """A finite number > 0 (``--cores``, ``--bw-scale``, ``--timeout``): ``inf`` would make every quota
     ``inf * 0`` = nan cores and every link unshaped."""
@@ -78,10 +82,18 @@ def _emulate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-quota-clock", dest="quota_clock", action="store_false",
                    help="no real-time sleepers enforcing the quotas every 0.5 ms: quotas are then enforced at the "
                         "kernel's tick and periods are 10 ms (see lightning_hexiscale/emulate/clock.py)")
-    p.add_argument("--timeout", type=_positive_float, default=3600.0, metavar="S",
+    p.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT_S, metavar="S",
                    help="stop every rank after S seconds (default 3600)")
     p.add_argument("--master-port", type=_port, default=None, metavar="PORT",
                    help="rank 0's rendezvous port (default: a free port)")
+
+
+def _setting_flags(args: argparse.Namespace) -> list[str]:
+    """The flags given that set up, measure or run an emulation (none of which ``--cleanup`` uses)."""
+    defaults = {"cores": None, "bw_scale": 1.0, "memory": False, "describe": False, "trim": True, "check": False,
+                "quota_clock": True, "timeout": DEFAULT_TIMEOUT_S, "master_port": None}
+    names = {"trim": "--no-trim", "quota_clock": "--no-quota-clock"}
+    return [names.get(k, "--" + k.replace("_", "-")) for k, v in defaults.items() if getattr(args, k) != v]
 
 
 def _prepare(emu, args: argparse.Namespace) -> bool:
@@ -129,6 +141,11 @@ def cmd_emulate(args: argparse.Namespace) -> int:
             raise EmulationError(f"--cleanup takes no CLUSTER or command (got {' '.join(extra)}): it removes what "
                                  "killed emulations left behind, and exits. Fix: run hexiscale emulate --cleanup "
                                  "alone, then the emulation")
+        flags = _setting_flags(args)
+        if flags:  # as ignored: nothing is measured or run, and the user would think they were applied
+            raise EmulationError(f"--cleanup takes no other flag (got {' '.join(flags)}): it removes what killed "
+                                 "emulations left behind, and exits. Fix: run hexiscale emulate --cleanup alone, "
+                                 "then the emulation with its flags")
 
         removed = remove_stale()
         print(f"removed {len(removed)} stale emulated cluster(s){': ' + ', '.join(removed) if removed else ''}")
@@ -143,6 +160,11 @@ def cmd_emulate(args: argparse.Namespace) -> int:
     emu = EmulatedCluster(args.cluster, cores=args.cores, bw_scale=args.bw_scale, memory=args.memory,
                           quota_clock=args.quota_clock)
     if args.describe:
+        if command or args.check:  # --describe exits first: the command never ran, with exit 0
+            given = "-- " + " ".join(command) if command else "--check"
+            raise EmulationError(f"--describe prints the rank table and runs nothing, so {given} would not run. "
+                                 "Fix: drop --describe to run it (the table is printed first anyway), or drop "
+                                 f"{'the command' if command else '--check'} to see the table alone")
         print(emu.describe())
         return 0
     if not command and not args.check:

@@ -271,6 +271,25 @@ def test_cli_a_command_without_the_double_dash_is_refused_with_the_fix(capsys):
     assert "'sleep 3': takes no overrides" in err and "goes after `--`" in err and "cluster=hetero3" not in err
 
 
+@pytest.mark.parametrize("argv, words", [
+    (["--cleanup", "--cores", "1"], "--cleanup takes no other flag (got --cores)"),
+    (["--cleanup", "--memory", "--no-trim", "--timeout", "5"], "(got --memory --no-trim --timeout)"),
+    (["--cleanup", "--describe"], "(got --describe)"),
+    (["emu_4to1", "--describe", "--", "sleep", "3"], "so -- sleep 3 would not run"),
+    (["emu_4to1", "--describe", "--check"], "so --check would not run"),
+])
+def test_cli_flags_that_would_do_nothing_are_refused(argv, words, capsys, monkeypatch):
+    """`--cleanup --cores 1 --memory` ignored every flag, and `--describe -- COMMAND` (or `--check`)
+    printed the table and exited 0 without running the command: refused, naming what would not happen."""
+    from lightning_hexiscale.cli.main import main
+    import lightning_hexiscale.emulate as emulate
+
+    monkeypatch.setattr(emulate, "remove_stale", lambda: pytest.fail("--cleanup removed before its flags were checked"))
+    assert main(["emulate", *argv]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "Fix: " in err and "Traceback" not in err
+
+
 def test_emulation_key_names_the_emulated_hardware():
     """Discovery caches by host names and device types, which an emulated cluster keeps whatever its
     quotas and links: the key (HEXISCALE_EMULATION, part of the fingerprint) tells them apart."""
