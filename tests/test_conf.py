@@ -43,6 +43,22 @@ def test_root_config_defaults():
                                                             "cannot be resolved"),
     # a list index past the end: OmegaConf's "dict is not a subclass of MachineConfig" named every override
     ("cluster.machines.5.count=2", "cluster.machines.5.count = '2': cluster.machines has 1 entry (index 0 to 0)"),
+    # a list's entry by its name: OmegaConf's "Index 'host' (str) is not an int" named every override
+    ("cluster.machines.host.count=4", "cluster.machines.host.count = '4': cluster.machines is a list, indexed by "
+                                      "position (0 to 0), not by a name like 'host'. Fix: write "
+                                      "cluster.machines.0.count=4 (cluster.machines.0 is host)"),
+    ("+cluster.machines.nope.count=4", "not by a name like 'nope'. Fix: index it by position (0 host): e.g. "
+                                       "cluster.machines.0.count=4"),
+    # an entry a typed mapping lacks: Hydra advised '+', which OmegaConf then refused ("dict is not a subclass")
+    ("cluster.gpu_types.CPU-FAST.flops=1TFLOPS", "cluster.gpu_types.CPU-FAST.flops = '1TFLOPS': cluster.gpu_types "
+                                                 "has no entry CPU-FAST (its entries: none); CPU-FAST is the catalog's "
+                                                 "built-in type (100 GFLOPS, 4.0 GiB), which a cluster file redefines "
+                                                 "under gpu_types, and an override cannot add an entry of GpuTypeConfig. "
+                                                 "Fix: write gpu_types: {CPU-FAST: {flops: ..., memory: ...}} in a "
+                                                 "cluster file"),
+    ("+cluster.gpu_types.X.flops=1TFLOPS", "cluster.gpu_types has no entry X (its entries: none); an override cannot "
+                                           "add an entry of GpuTypeConfig. Fix: write the new entry in a cluster file "
+                                           "and pass cluster=FILE.yaml"),
     # a key in a section the preset leaves null: OmegaConf's "'NoneType' object has no attribute 'get'"
     ("cluster.machines.0.nics.count=1", "cluster.machines.0.nics.count = '1': cluster.machines.0.nics is null here"),
     ("model.rope_scaling={factor: 8.0}", "model.rope_scaling = '{factor: 8.0}': model.rope_scaling is null here, and "

@@ -111,7 +111,7 @@ def check_override_key(cfg: DictConfig, override: str) -> None:
     for i, part in enumerate(parts):
         if isinstance(node, ListConfig):
             if not part.isdigit():
-                return  # OmegaConf's own message names the list
+                raise _list_by_name_error(node, parts, i, value)
             if int(part) >= len(node):  # OmegaConf: "Invalid type assigned: dict is not a subclass of MachineConfig"
                 raise ConfigError(".".join(parts), value, f"{'.'.join(parts[:i])} has {len(node)} "
                                   f"entr{'y' if len(node) == 1 else 'ies'} (index 0 to {len(node) - 1})",
@@ -134,8 +134,10 @@ def check_override_key(cfg: DictConfig, override: str) -> None:
         typed = _typed_fields(node)
         if typed is None:  # a free mapping: any key, added with '+' (Hydra: "Could not override ... Key 'FOO' is not in struct")
             element = getattr(node._metadata, "element_type", None)  # OmegaConf's: no public reader
-            if not override.startswith(("+", "~")) and not dataclasses.is_dataclass(element):
-                where = ".".join(parts[:i])
+            where = ".".join(parts[:i])
+            if dataclasses.is_dataclass(element) and not override.startswith("~"):
+                raise _missing_entry_error(cfg, node, parts, i, value, element)
+            if not override.startswith(("+", "~")):
                 raise ConfigError(key, value, f"{where} has no key {part}, and a key a mapping lacks is added with '+'",
                                   f"write +{key}={value}")
             return
@@ -156,6 +158,53 @@ def check_override_key(cfg: DictConfig, override: str) -> None:
             raise ConfigError(bad, value if i == len(parts) - 1 else part, f"no such key in {schema}",
                               LIGHTNING_KEYS[bad])
         raise unknown_key_error(bad, value if i == len(parts) - 1 else None, part, fields, schema, root=cfg)
+
+
+def _list_by_name_error(node: ListConfig, parts: list[str], i: int, value: str) -> ConfigError:
+    """``cluster.machines.big.count=1``: a list's entry named by its ``name`` (or any word), not its
+    position. OmegaConf said "Index 'big' (str) is not an int" under the whole command line; this names
+    the list, its entries by position and, where an entry has that name, the key to write."""
+    where, part = ".".join(parts[:i]), parts[i]
+    names = [entry.get("name") if isinstance(entry, DictConfig) else None for entry in node]
+    rest = ".".join(parts[i + 1:])
+    if part in names:
+        at = names.index(part)
+        fix = f"write {'.'.join([*parts[:i], str(at), *parts[i + 1:]])}={value} ({where}.{at} is {part})"
+    else:
+        shown = ", ".join(f"{n} {name}" if name is not None else str(n) for n, name in enumerate(names))
+        fix = (f"index it by position ({shown or 'it is empty'}): e.g. {where}.0" + (f".{rest}" if rest else "")
+               + f"={value}")
+    span = f"0 to {len(node) - 1}" if len(node) else "empty here"
+    return ConfigError(".".join(parts), value, f"{where} is a list, indexed by position ({span}), not by a name "
+                       f"like {part!r}", fix)
+
+
+def _missing_entry_error(cfg: DictConfig, node: DictConfig, parts: list[str], i: int, value: str,
+                         element: type) -> ConfigError:
+    """``cluster.gpu_types.X.flops=1`` where the mapping has no entry X: Hydra said "Key 'X' is not in
+    struct ... use +cluster.gpu_types.X.flops=1", and with '+' OmegaConf refuses the new entry anyway
+    ("dict is not a subclass of GpuTypeConfig"): a typed entry cannot be added by an override. This
+    names the entries there and the near one (any case), else says where a new entry is written."""
+    from lightning_hexiscale.config.catalog import lookup
+    from lightning_hexiscale.config.units import format_bytes, format_flops
+
+    where, part = ".".join(parts[:i]), parts[i]
+    entries = [str(k) for k in node.keys()]
+    near = [k for k in entries if k.lower() == part.lower()] or closest(part, entries)
+    rule = f"{where} has no entry {part} (its entries: {', '.join(entries) or 'none'})"
+    if near:
+        return ConfigError(".".join(parts), value, rule, did_you_mean(cfg, ".".join([*parts[:i], near[0], *parts[i + 1:]]),
+                                                                     value))
+    built_in = lookup(part) if where == "cluster.gpu_types" else None
+    if built_in is not None:  # cluster.gpu_types.A800.flops=...: the catalog's type, which a cluster file may redefine
+        rule += (f"; {part} is the catalog's built-in type ({format_flops(built_in.peak_flops)}, "
+                 f"{format_bytes(built_in.memory_bytes)}), which a cluster file redefines under gpu_types")
+        return ConfigError(".".join(parts), value, rule + f", and an override cannot add an entry of {element.__name__}",
+                           f"write gpu_types: {{{part}: {{flops: ..., memory: ...}}}} in a cluster file and pass "
+                           "cluster=FILE.yaml (`hexiscale cluster cluster=NAME` shows the preset to start from)")
+    return ConfigError(".".join(parts), value, rule + f"; an override cannot add an entry of {element.__name__}",
+                       f"write the new entry in a {parts[0]} file and pass {parts[0]}=FILE.yaml (`hexiscale "
+                       f"{parts[0]} {parts[0]}=NAME` shows the preset to start from), or change an entry it has")
 
 
 def top_key_error(name: str, value: str, schema: type) -> ConfigError:
@@ -342,7 +391,7 @@ def _check_container(child: Any, want: str | None, held: tuple[Any, bool], key: 
         example = ENTRY_EXAMPLES.get(getattr(entry, "__name__", ""), "").format(name="a")
         raise ConfigError(key, value, f"must be a list{f' of entries with the keys of {keys}' if keys else ''}, not {what} "
                           f"(in {path})", "write one entry per line, each starting with '- ', or the list on one line in "
-                          f"brackets" + (f", e.g. {name}: [{example}]" if example else f" (see {page})"))
+                          "brackets" + (f", e.g. {name}: [{example}]" if example else f" (see {page})"))
     rule = (f"must be a mapping of names to entries with the keys of {keys}" if keys and by_name
             else f"must be a mapping with the keys of {keys}" if keys else "must be a mapping")
     raise ConfigError(key, value, f"{rule}, not {what} (in {path})",
