@@ -470,6 +470,7 @@ def prepare_argv(argv: list[str]) -> list[str]:
     from lightning_hexiscale.config.overrides import hf_model_overrides
 
     check_command_line(argv)
+    argv = flags_first(argv)
     argv = take_plan_model(take_auto_cluster(hf_model_overrides(argv)))
     if "LOCAL_RANK" not in os.environ:
         check_overrides(argv)
@@ -521,6 +522,19 @@ def check_command_line(argv: list[str]) -> None:
     if len(modes) > 1:  # Hydra raised a ValueError with a traceback
         raise ConfigError("Hydra's flags", " ".join(modes.values()), "only one of --run, --multirun, --cfg, --info "
                           "and --shell-completion may be given", "drop all but one of them")
+
+
+def flags_first(argv: list[str]) -> list[str]:
+    """Hydra's flags (each with its value) moved before the overrides, in their order: Hydra's argparse
+    takes the overrides as one positional list, so ``train a=1 -m b=2`` ended in "unrecognized arguments:
+    b=2" (its usage, naming neither fix nor key), while ``plan a=1 -m b=2`` takes it. Run after
+    :func:`check_command_line`, which tells a flag's value from an override."""
+    flags, overrides, before = [], [], None
+    for a in argv:
+        is_value = before in HYDRA_VALUE_FLAGS or (before in ("--info", "-i") and a in HYDRA_INFO)
+        (flags if is_value or a.startswith("-") else overrides).append(a)
+        before = None if is_value else a
+    return [*flags, *overrides]
 
 
 def print_file_config(given: list[str]) -> bool:
