@@ -37,6 +37,7 @@ from lightning_hexiscale.config.gpu_types import check_efficiency
 from lightning_hexiscale.config.schema import matrix_file_path
 from lightning_hexiscale.config.units import format_bandwidth
 from lightning_hexiscale.profiling.fit import NicFit
+from lightning_hexiscale.profiling.yaml_blocks import rewrite_keys
 
 
 @dataclass
@@ -225,7 +226,6 @@ def update_calibration(path: str | Path, calibration: dict[str, float], efficien
     """
     path = Path(path)
     text = path.read_text()
-    header = [ln for ln in text.splitlines() if ln.startswith("#")]
     doc = yaml.safe_load(text)
     cal = dict(doc.get("calibration") or {})
     cal.update({k: float(v) for k, v in calibration.items()})
@@ -254,7 +254,7 @@ def update_calibration(path: str | Path, calibration: dict[str, float], efficien
         atomic_write(mpath, yaml.safe_dump(mdoc, sort_keys=False, width=1 << 16))
         notes.append(f"sync latency {sync_latency_s * 1e6:.0f} us added to every alpha in {mpath.name}")
     stamp = f"# Calibrated {datetime.datetime.now().isoformat(timespec='seconds')}: " + ", ".join(notes)
-    atomic_write(path, "\n".join(header + [stamp]) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=1 << 16))
+    atomic_write(path, rewrite_keys(text, doc, ("calibration", "gpu_types") if efficiency else ("calibration",), stamp))
 
 
 def update_layer_tables(path: str | Path, tables) -> None:
@@ -263,7 +263,6 @@ def update_layer_tables(path: str | Path, tables) -> None:
     the header comments."""
     path = Path(path)
     text = path.read_text()
-    header = [ln for ln in text.splitlines() if ln.startswith("#")]
     doc = yaml.safe_load(text)
     new = [t.to_config() for t in tables]
 
@@ -275,7 +274,7 @@ def update_layer_tables(path: str | Path, tables) -> None:
     doc["layer_times"] = [e for e in (doc.get("layer_times") or []) if ident(e) not in replaced] + new
     stamp = (f"# Layer times measured {datetime.datetime.now().isoformat(timespec='seconds')}: "
              + ", ".join(f"{t.gpu} {t.precision} {t.model_name or 'model'} ({len(t.rows)} rows)" for t in tables))
-    atomic_write(path, "\n".join(header + [stamp]) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=1 << 16))
+    atomic_write(path, rewrite_keys(text, doc, ("layer_times",), stamp))
 
 
 def copy_cluster(src: str | Path, dst: str | Path, name: str | None = None) -> Path:
@@ -291,13 +290,12 @@ def copy_cluster(src: str | Path, dst: str | Path, name: str | None = None) -> P
     text = src.read_text()
     doc = yaml.safe_load(text)
     doc = doc if isinstance(doc, dict) else {}
-    header = [ln for ln in text.splitlines() if ln.startswith("#")]
     renamed = name is not None and doc.get("name") != name
     if renamed:
         doc["name"] = name
     if dst == src.resolve():  # --out named the source itself: only the name may change
         if renamed:
-            atomic_write(dst, "\n".join(header) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=1 << 16))
+            atomic_write(dst, rewrite_keys(text, doc, ("name",)))
         return dst
     dst.parent.mkdir(parents=True, exist_ok=True)
     mfile = doc.get("matrix_file")
@@ -306,7 +304,7 @@ def copy_cluster(src: str | Path, dst: str | Path, name: str | None = None) -> P
         msrc = matrix_file_path(src, mfile)
     if msrc is None or not msrc.is_file():
         if renamed:
-            atomic_write(dst, "\n".join(header) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=1 << 16))
+            atomic_write(dst, rewrite_keys(text, doc, ("name",)))
         else:
             atomic_write(dst, text)
         return dst
@@ -314,8 +312,9 @@ def copy_cluster(src: str | Path, dst: str | Path, name: str | None = None) -> P
     atomic_write(mdst, msrc.read_text())
     doc["matrix_file"] = str(mdst)
     # the writer's header names the matrix file beside it: the copy's is mdst
-    header = [ln.replace(f"matrices in {msrc.name}.", f"matrices in {mdst.name}.") for ln in header]
-    atomic_write(dst, "\n".join(header) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=1 << 16))
+    text = "\n".join(ln.replace(f"matrices in {msrc.name}.", f"matrices in {mdst.name}.") if ln.startswith("#")
+                     else ln for ln in text.splitlines()) + "\n"
+    atomic_write(dst, rewrite_keys(text, doc, ("name", "matrix_file")))
     return dst
 
 
