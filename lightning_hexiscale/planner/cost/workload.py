@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -133,7 +134,15 @@ class Workload:
         ``cpu`` for emulated CPU devices, whose runtime has no NCCL buffers to price. Other fields
         (``memory_headroom``, ...) from ``kwargs``."""
         from lightning_hexiscale.config.recipe import device_kind, effective_precision
+        from lightning_hexiscale.errors import ConfigError, shown
 
+        # a str was read one letter a device ('CPU': three types C, P, U, so a 'cuda' workload), and
+        # no device at all was priced as CUDA: both without a word
+        if (isinstance(gpu_types, str) or not isinstance(gpu_types, Sequence) or not gpu_types
+                or not all(isinstance(t, str) for t in gpu_types)):
+            raise ConfigError("Workload.for_devices(gpu_types)", shown(gpu_types), "must be a non-empty list of "
+                              "device type names (one per device or machine)",
+                              "pass e.g. ['A800', 'A800'] or ['CPU'], or use Workload.for_cluster(model, cluster)")
         kwargs.setdefault("device", device_kind(gpu_types))
         return cls.from_precision(model, effective_precision(precision, gpu_types), **kwargs)
 
@@ -141,6 +150,11 @@ class Workload:
     def for_cluster(cls, model: LlamaConfig, cluster: Cluster, precision: str | None = None,
                     **kwargs: Any) -> Workload:
         """:meth:`for_devices` for the devices of ``cluster``."""
+        from lightning_hexiscale.config.cluster import Cluster
+        from lightning_hexiscale.errors import check_argument_types
+
+        check_argument_types("Workload.for_cluster", (("cluster", cluster, Cluster,  # a name was an AttributeError
+                                                       "pass a Cluster: Cluster.load(name_or_path)"),))
         return cls.for_devices(model, [d.gpu_type for d in cluster.devices], precision, **kwargs)
 
     @property

@@ -30,12 +30,12 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import yaml
 
-from lightning_hexiscale.errors import ConfigError, PlanError, check_argument_types
+from lightning_hexiscale.errors import ConfigError, PlanError, check_argument_types, shown
 from lightning_hexiscale.planner.plan.model_check import (  # noqa: F401 (re-exported)
     MODEL_SHAPE_FIELDS, check_meta_record, check_plan_model, model_shape)
 from lightning_hexiscale.planner.plan.yaml_io import (  # noqa: F401
     ClusterSource, OtherClusterWarning, UniqueKeyLoader, cluster_source, finite_or_null, made_for_another_cluster,
-    named_stream, plain, write_atomically)
+    check_plan_keys, named_stream, plain, write_atomically)
 
 if TYPE_CHECKING:  # pragma: no cover
     from lightning_hexiscale.config.cluster import Cluster
@@ -230,7 +230,12 @@ class Plan:
         return len(self.pipelines)
 
     def rank_of(self, device: int) -> int:
-        """Global rank that runs ``device``."""
+        """Global rank that runs ``device``; a PlanError naming the plan's devices for one that runs no
+        stage (an idle device, one the plan does not use, or no device id: tuple.index's ValueError before)."""
+        if isinstance(device, bool) or device not in self.device_order:
+            raise PlanError("Plan.rank_of(device)", shown(device), f"runs no stage of this plan: its stages run devices "
+                            f"{list(self.device_order)}" + (f" (idle: {list(self.idle_devices)})" if self.idle_devices
+                                                            else ""), "pass one of the plan's device ids")
         return self.device_order.index(device)
 
     # ---- validation ----------------------------------------------------------------------
@@ -415,17 +420,17 @@ class Plan:
     def from_dict(cls, data: dict[str, Any], source: str = "plan") -> Plan:
         """Build from the plan-file dict; unknown or missing keys raise :class:`PlanError`. The
         top-level ``recompute`` (default true) is every pipeline's unless the pipeline has its own."""
-        _keys(data, {"num_layers", "pipelines"}, {"schedule", "recompute", "dp_sharding", "reduce_dtype", "idle_devices", "meta"},
+        check_plan_keys(data, {"num_layers", "pipelines"}, {"schedule", "recompute", "dp_sharding", "reduce_dtype", "idle_devices", "meta"},
               source)
         pipes = []
         for i, p in enumerate(_listed(data["pipelines"], f"{source}.pipelines", "pipelines: [{batch_size: 8, "
                                       "micro_batch_size: 1, stages: [...]}]")):
             pkey = f"{source}.pipelines[{i}]"
-            _keys(p, {"batch_size", "micro_batch_size", "stages"}, {"recompute"}, pkey)
+            check_plan_keys(p, {"batch_size", "micro_batch_size", "stages"}, {"recompute"}, pkey)
             stages = []
             for j, s in enumerate(_listed(p["stages"], f"{pkey}.stages", "stages: [{devices: [0], layers: [0, 32]}]")):
                 skey = f"{pkey}.stages[{j}]"
-                _keys(s, {"devices", "layers"}, set(), skey)
+                check_plan_keys(s, {"devices", "layers"}, set(), skey)
                 layers = s["layers"]
                 if not isinstance(layers, (list, tuple)) or len(layers) != 2 or not all(_is_int(x) for x in layers):
                     raise PlanError(f"{skey}.layers", layers, "must be [start, end) with two integers",
@@ -462,7 +467,7 @@ class Plan:
     def save(self, path: str | Path) -> None:
         """Write YAML (or JSON for a .json path) atomically (:func:`write_atomically`: a directory, a
         FIFO or a failed write is a ConfigError; a link is followed)."""
-        text = self.to_json() if Path(path).suffix.lower() == ".json" else self.to_yaml()  # plan.JSON too
+        text = self.to_json() if str(path).lower().endswith(".json") else self.to_yaml()  # plan.JSON too
         write_atomically(path, text)
 
     @classmethod
@@ -505,6 +510,10 @@ class Plan:
     # ---- display -------------------------------------------------------------------------
     def table(self, cluster: Cluster | None = None) -> str:
         """A table like the paper's Tab. 7: pipeline, stage, GPUs, layers, TP (+ batch)."""
+        from lightning_hexiscale.config.cluster import Cluster
+
+        check_argument_types("Plan.table", (("cluster", cluster, (Cluster, type(None)),  # was an AttributeError
+                                             "pass a Cluster: Cluster.load(name_or_path), or None"),), PlanError)
         mixed = self.recompute is None  # then a column says which pipelines recompute
         rows = [("pipeline", "batch/mb", "stage", "GPUs", "layers", "#", "TP") + (("recompute",) if mixed else ())]
         for i, p in enumerate(self.pipelines):
@@ -580,21 +589,3 @@ def _is_int(x: Any) -> bool:
         return False
     return isinstance(x, numbers.Integral) or (isinstance(x, float) and x.is_integer())
 
-
-def _keys(data: Any, required: set[str], optional: set[str], where: str) -> None:
-    if not isinstance(data, dict):
-        raise PlanError(where, data, "expected a mapping", "see conf/plans/ for the plan file format")
-    unknown = set(data) - required - optional
-    if unknown:
-        import difflib
-
-        key = sorted(unknown, key=str)[0]
-        allowed = sorted(required | optional)
-        # a misspelling (micro_batch, layer, schedul) names the key it meant, as Hydra's config keys do
-        near = difflib.get_close_matches(str(key), [k for k in allowed if k not in data], n=1, cutoff=0.6)
-        raise PlanError(f"{where}.{key}", data[key], f"unknown key; allowed keys are {allowed}",
-                        f"did you mean {near[0]}? rename it" if near else "remove or rename it")
-    missing = required - set(data)
-    if missing:
-        raise PlanError(f"{where}.{sorted(missing)[0]}", None, "required key is missing",
-                        f"add {sorted(missing)[0]}: ... (see conf/plans/ for the plan file format)")

@@ -12,7 +12,7 @@ import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lightning_hexiscale.errors import HexiScaleError, PlanError
+from lightning_hexiscale.errors import HexiScaleError, PlanError, check_argument_types
 
 if TYPE_CHECKING:  # pragma: no cover
     from lightning_hexiscale.models.config import LlamaConfig
@@ -63,6 +63,11 @@ def model_shape(model: LlamaConfig) -> dict[str, Any]:
 
 def check_plan_model(plan: Any, model: LlamaConfig) -> None:
     """See :meth:`Plan.check_model` (``plan`` is a :class:`Plan`; not imported here, which imports this)."""
+    from lightning_hexiscale.models.config import LlamaConfig
+
+    if not isinstance(model, LlamaConfig):  # a preset name was an AttributeError ('str' has no 'name')
+        check_argument_types("Plan.check_model", (("model", model, LlamaConfig,
+                                                   "pass a LlamaConfig: LlamaConfig.load(name_or_path)"),), PlanError)
     shape, where = plan.meta.get("model_shape"), "meta.model_shape"
     name = plan.meta.get("model")
     if not isinstance(shape, dict):

@@ -1,6 +1,6 @@
 """YAML and JSON helpers of plan files: a loader that refuses a key given twice, ``meta`` in the
-plain types YAML and strict JSON write, the cluster a plan's ``meta`` says it was made for, and the
-write that replaces a plan file and nothing else."""
+plain types YAML and strict JSON write, the cluster a plan's ``meta`` says it was made for, the
+keys a plan file's mappings may hold, and the write that replaces a plan file and nothing else."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import yaml
+
+from lightning_hexiscale.errors import PlanError
 
 
 class UniqueKeyLoader(yaml.SafeLoader):
@@ -157,8 +159,11 @@ def write_atomically(path: str | Path, text: str, key: str = "Plan.save(path)") 
     kept: the rename put a plain file in the link's place, and a link to a directory, such as a
     checkout's ``conf``, was replaced by the plan). A directory, something that is no regular file (a
     FIFO, a device) and a failed write are a ConfigError naming ``key``; the temporary file goes."""
-    from lightning_hexiscale.errors import ConfigError
+    from lightning_hexiscale.errors import ConfigError, shown
 
+    if not isinstance(path, (str, os.PathLike)) or not str(path):  # None, 3: os.path's TypeError before
+        raise ConfigError(key, shown(path), "must be the path of a file (a str or a Path)",
+                          "pass e.g. 'plan.yaml' (or a .json path for JSON)")
     given, path = str(path), Path(os.path.realpath(path))
     if path.is_dir():
         raise ConfigError(key, given, "is a directory; a plan is written to a file",
@@ -175,3 +180,24 @@ def write_atomically(path: str | Path, text: str, key: str = "Plan.save(path)") 
             tmp.unlink()
         raise ConfigError(key, given, f"cannot be written ({e.strerror})",
                           "give a path in a writable directory") from None
+
+
+def check_plan_keys(data: Any, required: set[str], optional: set[str], where: str) -> None:
+    """A plan file's mapping at ``where`` has the ``required`` keys and no key but those and the
+    ``optional`` ones (a misspelt key names the one it meant); else a PlanError."""
+    if not isinstance(data, dict):
+        raise PlanError(where, data, "expected a mapping", "see conf/plans/ for the plan file format")
+    unknown = set(data) - required - optional
+    if unknown:
+        import difflib
+
+        key = sorted(unknown, key=str)[0]
+        allowed = sorted(required | optional)
+        # a misspelling (micro_batch, layer, schedul) names the key it meant, as Hydra's config keys do
+        near = difflib.get_close_matches(str(key), [k for k in allowed if k not in data], n=1, cutoff=0.6)
+        raise PlanError(f"{where}.{key}", data[key], f"unknown key; allowed keys are {allowed}",
+                        f"did you mean {near[0]}? rename it" if near else "remove or rename it")
+    missing = required - set(data)
+    if missing:
+        raise PlanError(f"{where}.{sorted(missing)[0]}", None, "required key is missing",
+                        f"add {sorted(missing)[0]}: ... (see conf/plans/ for the plan file format)")
