@@ -61,6 +61,18 @@ def check_name_or_path(value: Any, key: str, example: str, from_mapping: str | N
                           "must be a preset name or the path of a file", fix)
 
 
+def check_not_directory(value: str | os.PathLike, key: str, group: str) -> None:
+    """``value``, which names no preset or file of ``group``, is no directory either: a ConfigError saying
+    it is one (it was 'no such preset or file' for a directory that exists), with ``hf:DIR`` as the fix
+    for a Hugging Face model directory (one with a config.json)."""
+    if not is_dir(expand_user(value)):
+        return
+    fix = f"give the path of a {group} YAML file (or a preset name)"
+    if group == "model" and is_file(expand_user(value) / "config.json"):
+        fix = f"it holds a config.json: for a Hugging Face model directory write 'hf:{value}'"
+    raise ConfigError(key, str(value), f"is a directory, not a {group} file", fix)
+
+
 DOC_PAGES = {"cluster": "Clusters (docs/guide/clusters.md)", "model": "Models (docs/guide/models.md)"}
 """The documentation page of each file kind, for the fixes: a wheel user has the docs, not ``conf/``."""
 

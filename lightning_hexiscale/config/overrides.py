@@ -19,10 +19,29 @@ from omegaconf import DictConfig, OmegaConf
 from lightning_hexiscale.config.compose_errors import hydra_quoted
 from lightning_hexiscale.config.file_errors import clean_message, doc_page, expand_user
 from lightning_hexiscale.config.hf_model import hf_dirs_of, read_hf_config
-from lightning_hexiscale.errors import ConfigError
+from lightning_hexiscale.errors import ConfigError, shown
 
 HF_PLACEHOLDER = "_hf"
 """Model preset name that ``model=hf:/dir`` composes as (conf/model/_hf.yaml), filled from config.json."""
+
+
+def check_compose_arguments(overrides: object, config_name: object) -> None:
+    """``compose(overrides, config_name)``'s arguments: a list (or tuple) of ``key=value`` strings and a
+    config name. A str was read one character an override ('c l u s t e r = c p u 2'), None and a number
+    were a TypeError, a Path in the list an AttributeError, a number for the name Hydra's message keyed
+    ``overrides``."""
+    if isinstance(overrides, (str, bytes)) or not isinstance(overrides, (list, tuple)):
+        fix = (f"pass a list of overrides: compose({overrides.split()!r})" if isinstance(overrides, str)
+               else "pass a list of overrides, e.g. compose(['cluster=cpu_hetero4', 'train.global_batch=8']), or ()")
+        raise ConfigError("compose(overrides)", shown(overrides), "must be a list of key=value strings", fix)
+    for i, o in enumerate(overrides):
+        if not isinstance(o, str):
+            raise ConfigError(f"compose(overrides)[{i}]", shown(o), f"is of type {type(o).__name__}; an override is "
+                              "a key=value string", "write it as a string, e.g. 'cluster=cpu_hetero4' (a file: "
+                              "f'cluster={path}')")
+    if not isinstance(config_name, str) or not config_name.strip():
+        raise ConfigError("compose(config_name)", shown(config_name), "must be the name of a config (a str)",
+                          "leave it out for the package's config.yaml, or pass e.g. config_name='config'")
 
 
 def hf_model_overrides(overrides: list[str]) -> list[str]:

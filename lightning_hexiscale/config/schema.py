@@ -22,11 +22,13 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from lightning_hexiscale.config.compose_errors import SWEEP_FIX, compose_error, group_value_error, sweep_error
 from lightning_hexiscale.config.layer_table import LayerTableConfig
-from lightning_hexiscale.config.overrides import HF_PLACEHOLDER, hf_model_overrides, reapply_overrides
+from lightning_hexiscale.config.overrides import (HF_PLACEHOLDER, check_compose_arguments, hf_model_overrides,
+                                                  reapply_overrides)
 from lightning_hexiscale.config.recipe import DataConfig, TrainerConfig
 from lightning_hexiscale.config.values import CONFIG_GROUPS
 from lightning_hexiscale.config.file_errors import (  # noqa: F401 (is_file: re-exported)
-    ENTRY_EXAMPLES, check_name_or_path, clean_message, doc_page, expand_user, is_file, locate_entry)
+    ENTRY_EXAMPLES, check_name_or_path, check_not_directory, clean_message, doc_page, expand_user, is_file,
+    locate_entry)
 from lightning_hexiscale.errors import ConfigError
 
 
@@ -356,6 +358,7 @@ def load_preset(group: str, name_or_path: str, schema: type, key: str | None = N
     if not is_file(p):
         p = conf_dir() / group / f"{name_or_path}.yaml"
         if not is_file(p):
+            check_not_directory(name_or_path, key or group, group)  # was 'no such preset or file'
             names = preset_names(group)
             fix = f"use a path or one of: {', '.join(names)}"
             near = difflib.get_close_matches(str(name_or_path), names, n=1, cutoff=0.6)
@@ -379,6 +382,7 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "con
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
+    check_compose_arguments(overrides, config_name)
     register_configs()
     files: dict[str, str] = {}
     rest: list[str] = []
