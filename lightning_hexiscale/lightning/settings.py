@@ -98,6 +98,37 @@ def check_process_group_backend(backend: Any) -> None:
         raise ConfigError(_key("process_group_backend"), backend, rule, fix)
 
 
+def check_ddp_plugins(accelerator: Any, parallel_devices: Any, cluster_environment: Any, checkpoint_io: Any,
+                      precision_plugin: Any) -> None:
+    """DDPStrategy's other arguments, passed on as they are: Lightning's own objects (or None). A name
+    in their place was taken without a word and failed later: cluster_environment='slurm' as an
+    AttributeError ('str' object has no attribute 'set_global_rank') when the Trainer was built,
+    parallel_devices=3 as a TypeError there, checkpoint_io='x' / precision_plugin='bf16' only when
+    used, in every rank."""
+    from lightning.fabric.plugins.environments import ClusterEnvironment
+    from lightning.pytorch.accelerators import Accelerator
+    from lightning.pytorch.plugins.io import CheckpointIO
+    from lightning.pytorch.plugins.precision import Precision
+    from torch import device
+
+    from lightning_hexiscale.errors import check_argument_types
+
+    devices_ok = parallel_devices is None or (isinstance(parallel_devices, (list, tuple)) and len(parallel_devices) > 0
+                                              and all(isinstance(d, device) for d in parallel_devices))
+    if not devices_ok:
+        raise ConfigError(_key("parallel_devices"), shown(parallel_devices), "must be None or a list of torch.device",
+                          "leave it out (the Trainer's devices=... set it), or pass e.g. [torch.device('cpu')] * 4")
+    check_argument_types("HexiScaleStrategy", (
+        ("accelerator", accelerator, (Accelerator, type(None)), "leave it out and pass accelerator= to the Trainer "
+         "(Trainer(accelerator='cpu', strategy=HexiScaleStrategy(...)))"),
+        ("cluster_environment", cluster_environment, (ClusterEnvironment, type(None)), "leave it out (Lightning "
+         "detects torchrun and SLURM), or pass an instance, e.g. SLURMEnvironment()"),
+        ("checkpoint_io", checkpoint_io, (CheckpointIO, type(None)), "leave it out (the strategy's checkpoints are "
+         "its own), or pass a CheckpointIO instance"),
+        ("precision_plugin", precision_plugin, (Precision, type(None)), "leave it out and pass precision= to the "
+         "Trainer (Trainer(precision='bf16-mixed'))")))
+
+
 @dataclass(frozen=True)
 class StrategySettings:
     """The strategy's settings. Built from the constructor's arguments; some fields are normalised

@@ -59,7 +59,8 @@ from lightning_hexiscale.lightning.plan_check import DEFAULT_WARMUP as DEFAULT_P
 from lightning_hexiscale.lightning.plan_check import PlanCheck
 from lightning_hexiscale.lightning.plan_resolution import (AUTO, describe_local_devices, discover_cluster, find_llama,
                                                            plan_for, training_loader)
-from lightning_hexiscale.lightning.settings import StartMethod, StrategySettings, check_process_group_backend
+from lightning_hexiscale.lightning.settings import (StartMethod, StrategySettings, check_ddp_plugins,
+                                                   check_process_group_backend)
 from lightning_hexiscale.lightning.step_adapter import GradientMethods, state_to_device
 from lightning_hexiscale.lightning.strategy_checkpoints import CheckpointMethods, check_checkpoint_before_launch
 from lightning_hexiscale.models.config import LlamaConfig
@@ -105,6 +106,7 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, int
             async_checkpoint=async_checkpoint, elastic=elastic, watchdog=watchdog, watchdog_grace_s=watchdog_grace_s,
             compile=compile, fast_path=fast_path, timeout=timeout)
         check_process_group_backend(process_group_backend)  # DDPStrategy's argument: torch takes any name
+        check_ddp_plugins(accelerator, parallel_devices, cluster_environment, checkpoint_io, precision_plugin)
         self.settings = s
         """The checked arguments (frozen); the attributes below are run state."""
         super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,

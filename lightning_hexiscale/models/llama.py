@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lightning_hexiscale.errors import ConfigError, shown
 from lightning_hexiscale.models.attention import (  # noqa: F401 (re-exported: the kernels' old home)
     AttentionFn, attention, flash_attn_available, flash_attn_supported, sdpa_attention)
 from lightning_hexiscale.models.config import LlamaConfig
@@ -257,6 +258,9 @@ class Llama(nn.Module):
     """
 
     def __init__(self, config: LlamaConfig):
+        if not isinstance(config, LlamaConfig):  # a preset name was an AttributeError (no 'vocab_size')
+            raise ConfigError("Llama(config)", shown(config), f"is of type {type(config).__name__}; it must be a "
+                              "LlamaConfig", "pass Llama(LlamaConfig.load(name_or_path)), e.g. LlamaConfig.load('llama_tiny')")
         super().__init__()
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.hidden_size)

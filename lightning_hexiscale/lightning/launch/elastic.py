@@ -60,6 +60,12 @@ class ElasticSettings:
 
     def __post_init__(self) -> None:
         key = "HexiScaleStrategy(elastic)"
+        d = self.checkpoint_dir  # '' was the working directory without a word; 3 a TypeError at setup, in every rank
+        given = isinstance(d, (str, os.PathLike)) and bool(str(d).strip())
+        if not given or Path(d).is_file():
+            raise ConfigError(f"{key}.checkpoint_dir", shown(d), "is a file; it must be a directory" if given else
+                              "must be the path of a directory (shared by the nodes) for the elastic checkpoints",
+                              "pass e.g. elastic='ckpt/elastic' or ElasticSettings(checkpoint_dir='ckpt/elastic')")
         if isinstance(self.every_n_steps, bool) or not isinstance(self.every_n_steps, int) or self.every_n_steps < 0:
             raise ConfigError(f"{key}.every_n_steps", self.every_n_steps, "must be an integer >= 0",
                               "e.g. every_n_steps=50 (0: save only on SIGTERM)")
