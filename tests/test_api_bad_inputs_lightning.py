@@ -55,3 +55,19 @@ def test_llama_takes_a_llama_config(config):
     with pytest.raises(ConfigError, match=r"Llama\(config\) = .*it must be a LlamaConfig\. Fix: pass "
                                           r"Llama\(LlamaConfig.load\(name_or_path\)\)"):
         Llama(config)
+
+
+def test_llama_lit_module_takes_a_model_file_as_a_path(tmp_path):
+    # a str path worked and a pathlib.Path was refused ("is of type PosixPath"), while the strategy takes Paths
+    import shutil
+    from pathlib import Path
+
+    from lightning_hexiscale.config.schema import conf_dir
+    from lightning_hexiscale.lightning.example import LlamaLitModule
+
+    shutil.copy(conf_dir() / "model" / "llama_tiny.yaml", tmp_path / "mine.yaml")
+    module = LlamaLitModule(Path(tmp_path / "mine.yaml"))
+    assert module.config == LlamaLitModule(str(tmp_path / "mine.yaml")).config
+    assert module.config.hidden_size == LlamaLitModule("llama_tiny").config.hidden_size
+    with pytest.raises(ConfigError, match="is a directory"):
+        LlamaLitModule(Path(tmp_path))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 
 import lightning.pytorch as pl
 import torch
@@ -34,7 +35,8 @@ class LlamaLitModule(pl.LightningModule):
     """Causal LM training of :class:`Llama` with AdamW.
 
     Args:
-        config: the model shape: a :class:`LlamaConfig`, a preset name such as ``"llama_tiny"``, or
+        config: the model shape: a :class:`LlamaConfig`, a preset name such as ``"llama_tiny"``, a model
+            YAML file's path (str or Path), or
             ``"hf:/path/to/dir"`` (a local Hugging Face Llama directory: its config.json and weights), or
             a transformers ``LlamaConfig`` (``AutoConfig.from_pretrained(...)``: its shape only, the weights
             initialised from ``init_seed``).
@@ -48,10 +50,12 @@ class LlamaLitModule(pl.LightningModule):
             e.g. 1e-4 (or train in bf16-mixed / bf16-true).
     """
 
-    def __init__(self, config: LlamaConfig | str = "llama_tiny", lr: float = 3e-3, weight_decay: float = 0.1,
+    def __init__(self, config: LlamaConfig | str | os.PathLike = "llama_tiny", lr: float = 3e-3, weight_decay: float = 0.1,
                  betas: tuple[float, float] = (0.9, 0.95), warmup_steps: int = 0, init_seed: int = 0,
                  dtype: torch.dtype = torch.float32, eps: float = 1e-8):
         super().__init__()
+        if isinstance(config, os.PathLike):  # a model file as a Path, as HexiScaleStrategy(cluster=Path) takes one
+            config = os.fspath(config)
         if isinstance(config, str) and config.startswith(HF_PREFIX):
             from lightning_hexiscale.data.weights import load_hf
 
