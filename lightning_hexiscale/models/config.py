@@ -9,6 +9,7 @@ Llama 3.x adds two things to the Llama 2 shape: RoPE frequency scaling (:class:`
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import MISSING as MISSING_FIELD
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -163,6 +164,9 @@ class LlamaConfig:
                               "tables print it", "give it one, e.g. name: my_llama")
         for key in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size", "seq_len"):
             v = getattr(self, key)
+            if isinstance(v, numbers.Integral) and not isinstance(v, (int, bool)):  # numpy's int64: a plain int, as
+                v = int(v)  # a plan's meta.model_shape and YAML (safe_dump refused numpy's) need
+                object.__setattr__(self, key, v)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"model.{key}", v, "must be a positive integer",
                                   f"write a whole number >= 1 in the model file (or override model.{key}=N)")
