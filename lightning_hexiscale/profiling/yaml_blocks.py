@@ -48,6 +48,9 @@ def _top_level_spans(lines: list[str]) -> dict[str, tuple[int, int]] | None:
             continue
         if line.startswith(("---", "...", "%", "{", "[")):  # several documents, a directive, a flow mapping
             return None
+        if line.startswith("-") and (len(line) == 1 or line[1] in " \t") and current is not None:
+            last = i  # a list's item at column 0 under its key (PyYAML's own style): still the key's block
+            continue
         m = _KEY.match(line)
         if m is None:
             return None

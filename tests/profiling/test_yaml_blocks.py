@@ -89,3 +89,22 @@ def test_rewrite_keys_replaces_appends_removes_and_falls_back_where_it_cannot_sp
         changed = {**doc, "name": "n"} if "name" in doc else {**doc, "base": {"x": 2}}
         out = rewrite_keys(text, changed, ["name"] if "name" in doc else ["base"])
         assert yaml.safe_load(out) == changed, (text, out)
+
+
+def test_a_list_written_at_column_0_stays_its_keys_block():
+    """PyYAML writes a mapping's list without indenting its items (``machines:`` then ``- name: a``), and
+    people copy that style: the items belong to the key above them, and the file is still split."""
+    text = ("# ours\nname: lab\nmachines:\n- {name: a, gpu: BOX-A, count: 2}  # the big one\n-   name: b\n    gpu: BOX-B\n"
+            "# links\ninter_machine: {bandwidth: 1 Gbps}  # iperf\n")
+    doc = {**yaml.safe_load(text), "calibration": {"theta_ddp": 1.1}, "name": "lab2"}
+    out = rewrite_keys(text, doc, ["calibration", "name"])
+    assert yaml.safe_load(out) == doc
+    for line in ("- {name: a, gpu: BOX-A, count: 2}  # the big one", "# links",
+                 "inter_machine: {bandwidth: 1 Gbps}  # iperf", "# ours"):
+        assert line in out.splitlines(), out
+    doc2 = {**yaml.safe_load(text), "machines": [{"name": "c", "gpu": "BOX-A", "count": 1}]}
+    out2 = rewrite_keys(text, doc2, ["machines"])  # the whole list's block is replaced, items included
+    lines = out2.splitlines()
+    assert yaml.safe_load(out2) == doc2 and "# the big one" not in out2
+    assert lines[:2] == ["# ours", "name: lab"] and lines.index("# links") == lines.index("inter_machine: "
+                                                                                         "{bandwidth: 1 Gbps}  # iperf") - 1
