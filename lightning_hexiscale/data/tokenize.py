@@ -192,11 +192,15 @@ def _jsonl_pieces(path: Path, field: str, chunk_bytes: int) -> Iterator[tuple[li
                 record = json.loads(raw)
             except ValueError as e:
                 raise ConfigError("INPUT", f"{path}:{lineno}", f"not a JSON line ({e})", "fix the line or the file") from None
-            value = record.get(field) if isinstance(record, dict) else None
+            if not isinstance(record, dict):  # [1, 2] or "text": said '(keys: list)', as if a field were missing
+                kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(record), "a number")
+                raise ConfigError("INPUT", f"{path}:{lineno}", f"is {kind}, not a JSON object holding the text in a "
+                                  f"field ({field!r})", "write one object per line, e.g. {\"" + field + "\": \"...\"}")
+            value = record.get(field)
             if not isinstance(value, str):
-                keys = sorted(record)[:8] if isinstance(record, dict) else type(record).__name__
-                raise ConfigError("--field", field, f"{path}:{lineno} has no string field {field!r} (keys: {keys})",
-                                  "choose the field that holds the text: --field NAME")
+                held = "" if field not in record else f" ({field!r} holds {type(value).__name__} {str(value)[:40]!r})"
+                raise ConfigError("--field", field, f"{path}:{lineno} has no string field {field!r}{held} (keys: "
+                                  f"{sorted(record)[:8]})", "choose the field that holds the text: --field NAME")
             if not value.isascii():
                 _check_encodable(value, f"{path}:{lineno}", field)
             texts.append(value)

@@ -327,3 +327,21 @@ def test_into_a_pipe_tokenizing_writes_plain_lines_now_and_then(tmp_path, monkey
         assert not said, said
     if stream == "terminal":
         assert "tokenizing" in text and "\r" in text  # tqdm's bar
+
+
+@pytest.mark.parametrize("line, words", [
+    ("[1, 2]", r"INPUT = '.*c.jsonl:2': is an array, not a JSON object holding the text in a field \('text'\)\. "
+               r"Fix: write one object per line, e\.g\. \{\"text\": \"\.\.\.\"\}"),
+    ('"the cluster"', r"INPUT = '.*c.jsonl:2': is a string, not a JSON object"),
+    ("null", r"INPUT = '.*c.jsonl:2': is null, not a JSON object"),
+    ('{"text": 5}', r"--field = 'text': .*c.jsonl:2 has no string field 'text' \('text' holds int '5'\)"),
+])
+def test_a_line_that_is_no_object_or_holds_no_text_says_what_it_is(tmp_path, line, words):
+    """A line that was a JSON array said "has no string field 'text' (keys: list)", as if a key were
+    missing; one whose field holds a number listed that very field among the keys it lacked."""
+    tok, tok_path = make_tokenizer(tmp_path)
+    src = tmp_path / "c.jsonl"
+    src.write_text('{"text": "the model"}\n' + line + "\n")
+    with pytest.raises(ConfigError, match=words):
+        prepare([src], tok_path, tmp_path / "x.bin", progress=False)
+    assert not (tmp_path / "x.bin").exists()
