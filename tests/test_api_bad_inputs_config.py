@@ -51,3 +51,11 @@ def test_a_hugging_face_model_directory_is_given_as_hf(tmp_path):
     with pytest.raises(ConfigError, match=r"model = '.*': is a directory, not a model file\. Fix: it holds a "
                                           r"config.json: for a Hugging Face model directory write 'hf:"):
         LlamaConfig.load(str(tmp_path))
+
+
+@pytest.mark.parametrize("directory", [3, None, "", "  "])
+def test_from_hf_dir_names_a_directory_that_is_no_path(directory):
+    # 3 and None were pathlib's TypeError; '' read the working directory's config.json
+    with pytest.raises(ConfigError, match=r"LlamaConfig\.from_hf_dir\(directory\) = .*must be the path of a local "
+                                          r"Hugging Face model directory"):
+        LlamaConfig.from_hf_dir(directory)

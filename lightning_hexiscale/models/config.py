@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from dataclasses import MISSING as MISSING_FIELD
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -441,6 +442,10 @@ class LlamaConfig:
         (:func:`~lightning_hexiscale.config.hf_model.read_hf_config`)."""
         from lightning_hexiscale.config.hf_model import read_hf_config
 
+        if not isinstance(directory, (str, os.PathLike)) or not str(directory).strip():  # 3: pathlib's TypeError
+            raise ConfigError("LlamaConfig.from_hf_dir(directory)", shown(directory), "must be the path of a local "
+                              "Hugging Face model directory (a str or Path)",
+                              "pass e.g. LlamaConfig.from_hf_dir('/models/Llama-3.2-1B')")
         d = expand_user(directory)
         return cls.from_hf(read_hf_config(d, key), f"hf:{d.resolve()}", seq_len, where=str(d / "config.json"))
 

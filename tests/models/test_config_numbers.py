@@ -27,3 +27,4 @@ def test_numpy_integers_are_taken_as_ints():
 def test_what_is_no_positive_integer_is_still_refused(value):
     with pytest.raises(ConfigError, match=r"model\.hidden_size = .*must be a positive integer"):
         replace(LlamaConfig.load("llama_tiny"), hidden_size=value)
+
