@@ -53,9 +53,9 @@ def test_a_hugging_face_model_directory_is_given_as_hf(tmp_path):
         LlamaConfig.load(str(tmp_path))
 
 
-@pytest.mark.parametrize("directory", [3, None, "", "  "])
+@pytest.mark.parametrize("directory", [3, None, ["/models/x"]])
 def test_from_hf_dir_names_a_directory_that_is_no_path(directory):
-    # 3 and None were pathlib's TypeError; '' read the working directory's config.json
+    # they were pathlib's TypeError ('' stays the working directory: model=hf: says it has no config.json)
     with pytest.raises(ConfigError, match=r"LlamaConfig\.from_hf_dir\(directory\) = .*must be the path of a local "
                                           r"Hugging Face model directory"):
         LlamaConfig.from_hf_dir(directory)

@@ -442,7 +442,7 @@ class LlamaConfig:
         (:func:`~lightning_hexiscale.config.hf_model.read_hf_config`)."""
         from lightning_hexiscale.config.hf_model import read_hf_config
 
-        if not isinstance(directory, (str, os.PathLike)) or not str(directory).strip():  # 3: pathlib's TypeError
+        if not isinstance(directory, (str, os.PathLike)):  # 3, None: pathlib's TypeError
             raise ConfigError("LlamaConfig.from_hf_dir(directory)", shown(directory), "must be the path of a local "
                               "Hugging Face model directory (a str or Path)",
                               "pass e.g. LlamaConfig.from_hf_dir('/models/Llama-3.2-1B')")
