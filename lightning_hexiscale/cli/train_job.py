@@ -330,31 +330,23 @@ def config_cluster(argv: list[str]) -> str | None:
     return found.get(True, found.get(False))
 
 
-def plan_meta(argv: list[str]) -> tuple[str | None, dict]:
-    """``(FILE, its meta mapping)`` of the command line's ``plan=FILE``; ``{}`` for no plan, a plan file
-    that does not read (the run's own load_plan_arg says what is wrong with it) or no meta mapping."""
+def plan_meta(argv: list[str]) -> tuple[str | None, dict | None]:
+    """``(FILE, its meta mapping)`` of the command line's ``plan=FILE``; ``{}`` for no plan or a plan
+    without ``meta``; None for a plan file that does not read as a mapping, or whose meta is no mapping
+    (the run's own load_plan_arg says what is wrong with it)."""
     import yaml
 
     value = next((a.split("=", 1)[1] for a in argv if a.split("=", 1)[0] == "plan"), None)
-    if not value or not schema_is_file(value):
+    if not value:
         return value, {}
+    if not schema_is_file(value):
+        return value, None
     try:
-        meta = (yaml.safe_load(Path(value).read_text()) or {}).get("meta") or {}
-    except (OSError, ValueError, yaml.YAMLError, AttributeError):  # ValueError: not UTF-8 text
-        return value, {}
-    return value, meta if isinstance(meta, dict) else {}
-
-
-def plan_reads(value: str) -> bool:
-    """Whether the plan file ``value`` reads as a YAML mapping whose ``meta``, if any, is a mapping (one
-    that does not is the run's own load_plan_arg's to explain)."""
-    import yaml
-
-    try:
-        data = yaml.safe_load(expand_user(value).read_text())
-    except (OSError, ValueError, yaml.YAMLError):
-        return False
-    return isinstance(data, dict) and isinstance(data.get("meta") or {}, dict)
+        data = yaml.safe_load(Path(value).read_text())
+    except (OSError, ValueError, yaml.YAMLError):  # ValueError: not UTF-8 text
+        return value, None
+    meta = (data.get("meta") or {}) if isinstance(data, dict) else None
+    return value, meta if isinstance(meta, dict) else None
 
 
 def take_plan_model(argv: list[str]) -> list[str]:
@@ -374,7 +366,9 @@ def take_plan_model(argv: list[str]) -> list[str]:
     if any(a.partition("=")[0].lstrip("+~") == "model" for a in argv):
         return argv
     value, meta = plan_meta(argv)
-    if (value and not {"model", "model_shape"} & set(meta) and plan_reads(value)
+    if meta is None:
+        return argv
+    if (value and not {"model", "model_shape"} & set(meta)
             and not any(a.lstrip("+~").startswith("model.") for a in argv)
             and not any(a in ("-cn", "--config-name") or a.startswith("--config-name=") for a in argv)):
         raise ConfigError("model", None, f"plan={value} names no model (no meta.model or meta.model_shape) and none "
@@ -504,9 +498,8 @@ def check_command_line(argv: list[str]) -> None:
     from lightning_hexiscale.cli.common import bare_word_error
     from lightning_hexiscale.errors import ConfigError, HexiScaleError
 
-    before, modes = None, {}
-    for a in argv:
-        is_value = before in HYDRA_VALUE_FLAGS or (before in ("--info", "-i") and a in HYDRA_INFO)
+    modes = {}
+    for a, is_value in flag_values(argv):
         if not (is_value or a.startswith(("-", "~")) or "=" in a):
             raise bare_word_error(a)
         flag = a.partition("=")[0]  # --cfg=job: --cfg
@@ -518,7 +511,6 @@ def check_command_line(argv: list[str]) -> None:
         mode = None if is_value else HYDRA_MODES.get(flag)
         if mode:
             modes.setdefault(mode, flag)
-        before = None if is_value else a
     if len(modes) > 1:  # Hydra raised a ValueError with a traceback
         raise ConfigError("Hydra's flags", " ".join(modes.values()), "only one of --run, --multirun, --cfg, --info "
                           "and --shell-completion may be given", "drop all but one of them")
@@ -529,12 +521,20 @@ def flags_first(argv: list[str]) -> list[str]:
     takes the overrides as one positional list, so ``train a=1 -m b=2`` ended in "unrecognized arguments:
     b=2" (its usage, naming neither fix nor key), while ``plan a=1 -m b=2`` takes it. Run after
     :func:`check_command_line`, which tells a flag's value from an override."""
-    flags, overrides, before = [], [], None
+    flags, overrides = [], []
+    for a, is_value in flag_values(argv):
+        (flags if is_value or a.startswith("-") else overrides).append(a)
+    return [*flags, *overrides]
+
+
+def flag_values(argv: list[str]):
+    """``(word, whether it is the value of the flag before it)`` for each word of ``argv``: Hydra's flags
+    that take a value (``--cfg job``), and ``--info``'s optional one."""
+    before = None
     for a in argv:
         is_value = before in HYDRA_VALUE_FLAGS or (before in ("--info", "-i") and a in HYDRA_INFO)
-        (flags if is_value or a.startswith("-") else overrides).append(a)
+        yield a, is_value
         before = None if is_value else a
-    return [*flags, *overrides]
 
 
 def print_file_config(given: list[str]) -> bool:
