@@ -67,3 +67,12 @@ def test_workload_for_devices_takes_a_list_of_type_names(gpu_types):
                                           r"type names"):
         Workload.for_devices(LlamaConfig.load("llama_tiny"), gpu_types)
     assert Workload.for_devices(LlamaConfig.load("llama_tiny"), ["CPU"]).device == "cpu"
+
+
+@pytest.mark.parametrize("worth", ["x", 1, None])
+def test_search_worth_takes_a_bool(worth):
+    # was read as truthy or falsy: "x" and 1 ran the per-machine searches, None skipped them
+    from lightning_hexiscale.planner import search
+    cluster = Cluster.load("cpu_hetero4")
+    with pytest.raises(ConfigError, match=r"search\(worth\) = .*is of type \w+; it must be a bool\. Fix: pass worth=True"):
+        search(cluster, Workload(LlamaConfig.load("llama_tiny")), 8, worth=worth)

@@ -42,7 +42,9 @@ def search(cluster: Cluster, workload: Workload, global_batch: int,
     check_argument_types("search", (
         ("cluster", cluster, Cluster, "pass a Cluster: Cluster.load(name_or_path)"),
         ("workload", workload, Workload, "pass a Workload: Workload(LlamaConfig.load(name)) or workload_from_config(cfg)"),
-        ("settings", settings, (SearchSettings, type(None)), "pass SearchSettings(iterations=..., ...) or None")))
+        ("settings", settings, (SearchSettings, type(None)), "pass SearchSettings(iterations=..., ...) or None"),
+        # a truthy string or number would run the per-machine searches (minutes on a large cluster)
+        ("worth", worth, bool, "pass worth=True (also price the best plan without each machine) or False")))
     s = settings or SearchSettings()
     global_batch = global_batch_setting(global_batch)
     most_tp = min(workload.model.num_kv_heads, cluster.num_devices)
