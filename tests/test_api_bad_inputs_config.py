@@ -39,6 +39,14 @@ def test_compose_refuses_a_config_name_that_is_no_string():
         compose(config_name=3)
 
 
+@pytest.mark.parametrize("overrides", [(), ["cluster=cpu2"]])
+def test_compose_names_a_config_name_that_names_no_config(overrides):
+    # was keyed overrides = '': "Cannot find primary config 'nope'. Check that it's in your config search path"
+    with pytest.raises(ConfigError, match=r"compose\(config_name\) = 'nope': names no config in .*conf\. "
+                                          r"Fix: leave it out for config\.yaml, or pass one of: config"):
+        compose(overrides, config_name="nope")
+
+
 def test_a_cluster_directory_is_named_a_directory(tmp_path):
     # was "no such preset or file", of a directory that exists
     with pytest.raises(ConfigError, match=r"cluster = '.*': is a directory, not a cluster file\. Fix: give the path "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
+from pathlib import Path
 from typing import Callable
 
 from lightning_hexiscale.config.file_errors import clean_message
@@ -18,13 +19,17 @@ from lightning_hexiscale.errors import ConfigError
 
 
 def compose_error(e: Exception, overrides: list[str], preset_names: Callable[[str], list[str]],
-                  schemas: dict[str, type]) -> ConfigError:
+                  schemas: dict[str, type], config_name: str = "config", config_dir: Path | None = None) -> ConfigError:
     """The one ConfigError for Hydra's composition error ``e`` on ``overrides``: the group whose preset
     is unknown (with the closest of ``preset_names(group)``), a value holding '=' unquoted, a '+' on a
     key that exists, a top-level key the root lacks (the root is named by Hydra, looked up in
-    ``schemas``: name -> schema dataclass), a value the override grammar cannot read; else Hydra's
-    message."""
+    ``schemas``: name -> schema dataclass), a value the override grammar cannot read, a
+    ``config_name`` that ``config_dir`` lacks; else Hydra's message."""
     msg = clean_message(str(e))
+    if "Cannot find primary config" in msg and config_dir is not None:  # the config's name, no override
+        names = sorted(p.stem for p in config_dir.glob("*.yaml"))
+        return ConfigError("compose(config_name)", config_name, f"names no config in {config_dir}",
+                           f"leave it out for config.yaml, or pass one of: {', '.join(names)}")
     cause = e.__cause__ or e.__context__
     if cause is not None and str(cause) and str(cause) not in msg:
         msg += ": " + clean_message(str(cause))

@@ -411,7 +411,7 @@ def compose(overrides: list[str] | tuple[str, ...] = (), config_name: str = "con
             cfg = hydra_compose(config_name=config_name, overrides=rest)
     except Exception as e:  # Hydra wraps every composition error; keep its message, drop the traceback
         error = compose_error(e, rest, preset_names,
-                              {n: v for n, v in globals().items() if dataclasses.is_dataclass(v)})
+                              {n: v for n, v in globals().items() if dataclasses.is_dataclass(v)}, config_name, conf_dir())
     finally:
         GlobalHydra.instance().clear()
     if error is not None or any(o.startswith("+") for o in rest):
