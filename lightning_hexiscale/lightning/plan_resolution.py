@@ -205,6 +205,27 @@ def find_llama(module, fitting: bool = False) -> Llama:
     return frozen(llama, f"{type(module).__name__}.model") if fitting else llama
 
 
+def check_module_before_launch(plan: Plan | None, module) -> None:
+    """Before any process starts: a module that can hold no Llama when the strategy looks for it is
+    :func:`find_llama`'s error here, once (each rank raised it after the launch, and discovery); then
+    :func:`check_module_model` where a plan is given. A module may build its Llama in
+    ``configure_model`` (or the older ``configure_sharded_model``, or ``setup``) or hand it out from
+    ``llama()``: one that overrides any of them, or holds a Llama or an earlier call's stage as
+    ``self.model``, is left to the ranks."""
+    from lightning.pytorch.utilities.model_helpers import is_overridden
+
+    from lightning_hexiscale.lightning.pipeline_model import PipelineModel
+
+    if module is None:
+        return
+    later = any(is_overridden(hook, module) for hook in ("configure_model", "configure_sharded_model", "setup"))
+    if not (later or callable(getattr(module, "llama", None))
+            or isinstance(getattr(module, "model", None), (Llama, PipelineModel))):
+        find_llama(module)  # raises: no Llama now, and no hook that could build one
+    if plan is not None:
+        check_module_model(plan, module)
+
+
 def check_module_model(plan: Plan, module) -> None:
     """Before any process starts: a given plan made for another model than the module's (its
     ``meta.model_shape`` / ``meta.model``, :meth:`Plan.check_model`) is one error in the words of the

@@ -175,8 +175,7 @@ class HexiScaleStrategy(IdleRankMethods, CheckpointMethods, GradientMethods, int
         check_ckpt_path(arguments.get("ckpt_path"))
         check_checkpoint_before_launch(arguments.get("ckpt_path"), module, arguments.get("weights_only"))
         self._workload_precision()  # refuses a precision the runtime does not train in (16-mixed, ...)
-        if self.settings.plan is not None and module is not None:
-            plan_resolution.check_module_model(self.settings.plan, module)
+        plan_resolution.check_module_before_launch(self.settings.plan, module)
         if fitting and module is not None and not module.automatic_optimization:
             raise _manual_optimization_error()
         loader = arguments.get("train_dataloaders")

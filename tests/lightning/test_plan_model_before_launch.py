@@ -52,8 +52,13 @@ def test_the_model_the_plan_was_made_for_passes():
 
 
 def test_a_module_whose_model_is_unknown_before_setup_is_left_to_the_ranks():
-    """No model to compare with: nothing is refused here (each rank checks once it has built one)."""
-    _check(_strategy(), pl.LightningModule())
+    """No model to compare with: nothing is refused here (each rank checks once it has built one).
+    (A module with no Llama and no hook that could build one is refused: test_module_without_llama.)"""
+    class BuildsLater(pl.LightningModule):
+        def configure_model(self):  # builds its Llama on each rank, from a shape unknown here
+            raise AssertionError("not called before the launch")
+
+    _check(_strategy(), BuildsLater())
 
 
 def test_a_tp_degree_the_model_cannot_take_is_refused_before_the_launch():
