@@ -198,10 +198,14 @@ def find_llama(module, fitting: bool = False) -> Llama:
     ``configure_model``) or returns it from ``module.llama()``; in fit, every parameter trains (:func:`frozen`)."""
     llama = module.llama() if callable(getattr(module, "llama", None)) else getattr(module, "model", None)
     if not isinstance(llama, Llama):
+        # a Llama held under another name (self.net = Llama(...)): say where it is
+        elsewhere = [name for name, child in module.named_modules() if isinstance(child, Llama)] \
+            if isinstance(module, torch.nn.Module) else []
+        fix = (f"the module holds its Llama as self.{elsewhere[0]}: name it self.model, or return it from a "
+               f"llama() method" if elsewhere else "build it in configure_model: self.model = Llama(config)")
         raise ConfigError(f"{type(module).__name__}.model", type(llama).__name__,
                           "the hexiscale strategy turns the module's Llama into this rank's pipeline stage and "
-                          "finds it as self.model (or self.llama())",
-                          "build it in configure_model: self.model = Llama(config)")
+                          "finds it as self.model (or self.llama())", fix)
     return frozen(llama, f"{type(module).__name__}.model") if fitting else llama
 
 

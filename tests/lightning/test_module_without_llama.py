@@ -71,3 +71,16 @@ def test_a_module_holding_a_llama_passes():
     module = NoLlama()
     module.model = Llama(TINY)
     check_module_before_launch(None, module)
+
+
+class HoldsItElsewhere(NoLlama):
+    def __init__(self):
+        super().__init__()
+        self.net = Llama(TINY)
+
+
+def test_a_llama_under_another_name_is_pointed_at():
+    # the fix said "build it in configure_model" to a module that had built it, as self.net
+    with pytest.raises(ConfigError, match=r"HoldsItElsewhere.model = 'NoneType': .*Fix: the module holds its Llama "
+                                          r"as self.net: name it self.model, or return it from a llama\(\) method"):
+        check_module_before_launch(None, HoldsItElsewhere())
