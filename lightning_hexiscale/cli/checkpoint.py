@@ -59,6 +59,7 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
                           "consolidate CKPT OUT.pt --force`")
     if args.action == "info":
         meta = ckpt.read_meta(args.ckpt)
+        tensors, nbytes = ckpt.stored_tensors(args.ckpt)  # before any line: a damaged index is the one message
         info = meta["hexiscale"]
         plan = info.get("plan") or {}
         print(f"checkpoint   {args.ckpt}")
@@ -70,7 +71,6 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
               f"dp_sharding={plan.get('dp_sharding', '?')}")
         opt = info.get("optimizer")
         print(f"optimizer    {opt['class'] if opt else 'none (weights only)'}")
-        tensors, nbytes = ckpt.stored_tensors(args.ckpt)
         print(f"tensors      {tensors} ({nbytes / 1e6:.1f} MB)")
         return 0
     if args.out is None:

@@ -13,7 +13,8 @@ code on load. As torch (>= 2.6) and Lightning do, both are read ``weights_only``
   writer's ``_StorageInfo``), torch's ``Size``, dtypes, layouts and memory formats, and paths.
 
 Anything else (a pickled callable, an unknown class) is refused with a :class:`ConfigError` naming
-the file and the global, before anything of it runs. ``weights_only=False`` (``trainer.fit(...,
+the file and the global, before anything of it runs; a file that is no such pickle (empty, cut short,
+overwritten) is a ConfigError that says it is damaged. ``weights_only=False`` (``trainer.fit(...,
 weights_only=False)``, ``read_meta(path, weights_only=False)``, ``load_llama(path,
 weights_only=False)``) loads any pickle: only for checkpoints you trust.
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 import io
 import pickle
 import re
+import zipfile
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -50,15 +52,36 @@ def _refused(path: Path | str, what: str) -> ConfigError:
                        "with torch.serialization.add_safe_globals([...])")
 
 
+def _damaged(path: Path | str, e: Exception) -> ConfigError:
+    """A checkpoint file that is not the pickle a save wrote: empty, cut short or overwritten. Told
+    apart from a refused global, whose fix (trusting the file) would not help here."""
+    if Path(path).is_file() and Path(path).stat().st_size == 0:
+        what = "is empty (0 bytes)"
+    else:  # torch's weights-only message runs to a page and advises weights_only=False: its name only
+        detail = "" if isinstance(e, pickle.UnpicklingError) else (str(e).splitlines() or [""])[0].split(". ")[0][:100]
+        what = f"cannot be read ({type(e).__name__}{': ' + detail if detail else ''})"
+    return ConfigError("ckpt_path", str(path), f"{what}: the file is damaged or cut short (an interrupted copy, "
+                       "a full disk?)", "copy the checkpoint again from where it was saved, or use an earlier one")
+
+
 def load_meta(path: Path, weights_only: bool | None = None) -> dict[str, Any]:
     """``meta.pt`` (see the module doc for ``weights_only``)."""
-    if not weights_only_default(weights_only):
-        return torch.load(path, map_location="cpu", weights_only=False)
+    trusted = not weights_only_default(weights_only)
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=not trusted)
+    except (OSError, ImportError, AttributeError):
+        raise  # a path's error (the CLI names the path), or a class a trusted pickle names that is not here
     except pickle.UnpicklingError as e:
         found = re.search(r"GLOBAL (\S+)", str(e))
+        if trusted or not (found or zipfile.is_zipfile(path)):  # not what torch.save writes: a damaged file
+            raise _damaged(path, e) from None
         raise _refused(path, f"global {found.group(1)}" if found else "object beyond plain types") from None
+    except Exception as e:  # EOFError (empty), RuntimeError (a cut zip), KeyError (text): damaged
+        raise _damaged(path, e) from None
+
+
+class _Refused(pickle.UnpicklingError):
+    """A global the unpickler will not resolve (not a damaged file)."""
 
 
 class _MetadataUnpickler(pickle.Unpickler):
@@ -75,15 +98,19 @@ class _MetadataUnpickler(pickle.Unpickler):
             obj = super().find_class(module, name)
             if module not in _DCP_MODULES or isinstance(obj, type):  # DCP's classes, never its functions
                 return obj
-        raise pickle.UnpicklingError(f"global {module}.{name}")
+        raise _Refused(f"global {module}.{name}")
 
 
 def load_dcp_metadata(stream: BinaryIO, path: Path | str, weights_only: bool | None = None):
     """DCP's ``.metadata`` from an open stream (see the module doc for ``weights_only``)."""
-    if not weights_only_default(weights_only):
-        return pickle.load(stream)
     data = stream.read()
     try:
+        if not weights_only_default(weights_only):
+            return pickle.loads(data)
         return _MetadataUnpickler(io.BytesIO(data)).load()
-    except pickle.UnpicklingError as e:
+    except _Refused as e:
         raise _refused(path, str(e)) from None
+    except (ImportError, AttributeError):
+        raise  # a class this torch lacks (or a trusted pickle's): not a damaged file
+    except Exception as e:  # EOFError (empty), "invalid load key" or a memo error (not a pickle): damaged
+        raise _damaged(path, e) from None

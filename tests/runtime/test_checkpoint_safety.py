@@ -77,3 +77,23 @@ def test_a_pickled_callable_in_dcp_metadata_is_refused_unless_trusted(tmp_path):
     assert not marker.exists(), "the planted code ran"
     ckpt.RangeReader(str(path), weights_only=False).read_metadata()
     assert marker.exists()
+
+
+@pytest.mark.parametrize("name", [".metadata", ckpt.META])
+@pytest.mark.parametrize("content", [b"", b"hello\n", bytes(range(256)), "half"])
+def test_a_damaged_index_or_meta_is_said_to_be_damaged(tmp_path, capsys, name, content):
+    """An empty, cut or overwritten ``.metadata`` / ``meta.pt`` (an interrupted copy): was an EOFError or
+    KeyError traceback, or "it holds a pickled Memo value ..., which loading would have to execute" with
+    the advice to trust the file; now one message that the file is damaged, before anything is printed."""
+    from lightning_hexiscale.cli.main import main
+
+    path = real_checkpoint(tmp_path / "cut.ckpt")
+    whole = (path / name).read_bytes()
+    (path / name).write_bytes(whole[:len(whole) // 2] if content == "half" else content)
+    for weights_only in (None, False):
+        with pytest.raises(ConfigError, match=rf"ckpt_path = .*{name}'.*damaged or cut short.*Fix: copy the"):
+            ckpt.load_llama_state_dict(path, weights_only=weights_only)
+    assert main(["checkpoint", "info", str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "Traceback" not in err and "weights_only=False" not in err, err
+    assert err.count("error:") == 1 and "damaged or cut short" in err, err
