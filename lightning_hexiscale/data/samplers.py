@@ -297,6 +297,7 @@ def loader_shuffles(loader: DataLoader) -> bool:
     """
     from torch.utils.data.distributed import DistributedSampler
 
+    check_map_style(loader, "DataLoader")
     s = _sampler(loader)
     if isinstance(s, RandomSampler):
         if s.replacement or s.num_samples != len(loader.dataset):
@@ -313,6 +314,20 @@ def loader_shuffles(loader: DataLoader) -> bool:
                       "the hexiscale strategy cuts every global batch into per-pipeline slices and can only "
                       "replace RandomSampler / SequentialSampler (shuffle=True / False)",
                       "build the DataLoader with shuffle=True or False and no custom sampler")
+
+
+def check_map_style(loader: DataLoader, key: str) -> None:
+    """An IterableDataset cannot be cut by index: ConfigError keyed ``key.dataset`` (its sampler is
+    torch's placeholder, which the sampler check named as if the user had chosen it; an evaluation
+    loader's was a TypeError from ``len``)."""
+    from torch.utils.data import IterableDataset
+
+    if isinstance(loader.dataset, IterableDataset):
+        raise ConfigError(f"{key}.dataset", type(loader.dataset).__name__,
+                          "is an IterableDataset; the hexiscale strategy gives each pipeline its slice of every "
+                          "global batch by sample index, so it needs a map-style dataset (__getitem__ and __len__)",
+                          "index the data: a map-style Dataset, e.g. lightning_hexiscale.data.TokenFileDataset over "
+                          "a file from `hexiscale prepare-data`, or TokenWindows over a token array")
 
 
 def _batch_size(loader: DataLoader, key: str) -> int:
@@ -351,6 +366,7 @@ def plan_dataloader(loader: DataLoader, batch_sizes: Sequence[int], pipeline: in
     loader's (its ``generator``, else torch's global one), unless a fixed ``seed`` is given;
     ``agree`` makes every rank take rank 0's draw.
     """
+    check_map_style(loader, key)
     g = _batch_size(loader, key)
     plan_g = sum(batch_sizes)
     if drop_last and g != plan_g:

@@ -257,3 +257,20 @@ def test_a_file_too_short_is_named_with_what_it_holds(tmp_path):
         text_file_dataset(short, 16)
     with pytest.raises(ConfigError, match=r"^data.path = '.*empty.txt': is empty, and one sample needs"):
         text_file_dataset(empty, 16)
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        yield from (torch.zeros(17, dtype=torch.long) for _ in range(8))
+
+
+def test_an_iterable_dataset_is_named_as_such():
+    # was "DataLoader.sampler = '_InfiniteConstantSampler' ... Fix: ... no custom sampler" (none was given)
+    from lightning_hexiscale.data.samplers import check_train_loader
+
+    loader = DataLoader(_Stream(), batch_size=4)
+    with pytest.raises(ConfigError, match=r"DataLoader.dataset = '_Stream': is an IterableDataset; .*needs a map-style "
+                                          r"dataset \(__getitem__ and __len__\)\. Fix: index the data"):
+        check_train_loader(loader, 4)
+    with pytest.raises(ConfigError, match=r"val_dataloader.dataset = '_Stream': is an IterableDataset"):
+        plan_dataloader(loader, [2, 2], 0, drop_last=False, key="val_dataloader")  # was len()'s TypeError
