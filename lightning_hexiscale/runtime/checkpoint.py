@@ -58,7 +58,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.optim import Optimizer
 
-from lightning_hexiscale.errors import ConfigError
+from lightning_hexiscale.errors import ConfigError, HexiScaleError
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.runtime.checkpoint_io import PieceLoadPlanner, PieceSavePlanner, RangeReader
 from lightning_hexiscale.runtime.checkpoint_safety import load_meta
@@ -408,8 +408,14 @@ def _load(path: Path, pieces: list[Piece], group, reader: RangeReader | None = N
     reader = reader or RangeReader(str(path), weights_only)
     no_dist = not _distributed() if no_dist is None else no_dist
     with _quiet_no_dist(no_dist):
-        dcp_load({p.key: p.tensor for p in pieces}, storage_reader=reader,
-                 planner=PieceLoadPlanner(pieces, str(path)), process_group=group, no_dist=no_dist)
+        try:
+            dcp_load({p.key: p.tensor for p in pieces}, storage_reader=reader,
+                     planner=PieceLoadPlanner(pieces, str(path)), process_group=group, no_dist=no_dist)
+        except dcp.CheckpointException as e:  # DCP wraps each rank's error: ours (a ConfigError) is the message
+            ours = [exc for exc, _trace in e.failures.values() if isinstance(exc, HexiScaleError)]
+            if ours:
+                raise ours[0] from None
+            raise
     return reader
 
 

@@ -28,6 +28,7 @@ import dataclasses
 import io
 import itertools
 import math
+import os
 import re
 import sys
 import zipfile
@@ -173,6 +174,8 @@ class RangeReader(FileSystemReader):
             per_file.setdefault(self.storage_data[req.storage_index].relative_path, []).append(req)
         for rel, reqs in per_file.items():
             records: dict[int, _Record] = {}
+            self._check_shard(rel, max(self.storage_data[r.storage_index].offset +
+                                       self.storage_data[r.storage_index].length for r in reqs))
             with open(self.fs.concat_path(self.path, rel), "rb", buffering=0) as f:
                 for req in sorted(reqs, key=lambda r: self.storage_data[r.storage_index].offset):
                     if req.type != LoadItemType.TENSOR:
@@ -187,6 +190,19 @@ class RangeReader(FileSystemReader):
         fut: Future = Future()
         fut.set_result(None)
         return fut
+
+    def _check_shard(self, rel: str, needed: int) -> None:
+        """A shard file the index names must be there whole: a deleted or cut one (an interrupted copy)
+        was a FileNotFoundError or BadZipFile traceback inside DCP's CheckpointException."""
+        from lightning_hexiscale.errors import ConfigError
+
+        file = self.fs.concat_path(self.path, rel)
+        size = os.path.getsize(file) if os.path.isfile(file) else None
+        if size is None or size < needed:
+            what = "is missing" if size is None else f"holds {size} bytes, its index needs at least {needed}"
+            raise ConfigError("ckpt_path", str(self.path), f"the shard {rel} {what}: the checkpoint is damaged or "
+                              "cut short (an interrupted copy?)",
+                              "copy the checkpoint again from where it was saved, or use an earlier one")
 
     # ---- the zip record of one saved chunk -------------------------------------------------------
     def _record(self, f, rel: str, offset: int, length: int) -> _Record:
