@@ -11,7 +11,8 @@ on one device (``Trainer(accelerator="cpu", devices=1)``) and unchanged under
   or ``LlamaLitModule("hf:/path/to/dir")``, which takes the shape and the weights of that directory);
 - the loss is ``self.model.loss(self.model(tokens), targets)``: the mean token cross-entropy of the
   batch (under the strategy: of the global batch, the same value on every rank);
-- a batch is a (B, S + 1) tensor of token ids: inputs are [:, :-1], targets [:, 1:].
+- a batch is a (B, S + 1) tensor of token ids: inputs are [:, :-1], targets [:, 1:] (or a mapping
+  holding it as ``input_ids``, Hugging Face's style: :func:`token_batch`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,43 @@ from lightning_hexiscale.config.hf_model import HF_PREFIX
 from lightning_hexiscale.errors import ConfigError, shown
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.models.llama import Llama
+
+
+def token_batch(batch, key: str) -> torch.Tensor:
+    """The (B, S + 1) integer tensor of a batch: the tensor itself, the one tensor of a list or tuple
+    (``TensorDataset``'s rows), or a Hugging Face style mapping's ``input_ids`` (its targets are the
+    next tokens, ``input_ids[:, 1:]``, as a causal LM's ``labels=input_ids`` are). What the module
+    would not read as given (``labels`` other than ``input_ids``, padding in ``attention_mask``, any
+    other key) is a ConfigError rather than dropped; so is anything else (it was a TypeError or
+    IndexError from the slicing)."""
+    from collections.abc import Mapping
+
+    fix = ("collate each batch into a (batch, seq_len + 1) tensor of token ids, or write your own "
+           "training_step")
+    if isinstance(batch, (list, tuple)) and len(batch) == 1:
+        batch = batch[0]
+    if isinstance(batch, Mapping) and "input_ids" in batch:
+        ids, others = batch["input_ids"], sorted(str(k) for k in batch if k not in ("input_ids", "labels", "attention_mask"))
+        if others:
+            raise ConfigError(key, f"a mapping with {others}", "LlamaLitModule reads input_ids (and labels / "
+                              "attention_mask where they change nothing), no other key", fix)
+        labels, mask = batch.get("labels"), batch.get("attention_mask")
+        if labels is not None and not (torch.is_tensor(labels) and torch.is_tensor(ids) and torch.equal(labels, ids)):
+            raise ConfigError(f"{key}['labels']", "not input_ids", "LlamaLitModule trains every next token of "
+                              "input_ids (targets input_ids[:, 1:]); other labels (masked with -100, shifted) "
+                              "would not be read", "leave labels out of the batch, or write your own training_step")
+        if mask is not None and not (torch.is_tensor(mask) and bool((mask == 1).all())):
+            raise ConfigError(f"{key}['attention_mask']", "not all ones", "LlamaLitModule trains on whole "
+                              "rows; padded positions would be trained on as tokens", "pack the text into full rows "
+                              "(hexiscale prepare-data does), or write your own training_step")
+        batch = ids
+    if not (torch.is_tensor(batch) and batch.dim() == 2 and not batch.is_floating_point() and not batch.is_complex()
+            and batch.dtype != torch.bool and batch.shape[1] >= 2):
+        what = (f"a {batch.dim()}-D {str(batch.dtype).removeprefix('torch.')} tensor of shape {list(batch.shape)}"
+                if torch.is_tensor(batch) else f"a {type(batch).__name__}")
+        raise ConfigError(key, what, "a batch is a (batch, seq_len + 1) integer tensor of token ids: inputs "
+                          "[:, :-1], targets [:, 1:] (or a mapping holding it as input_ids)", fix)
+    return batch
 
 
 class LlamaLitModule(pl.LightningModule):
@@ -126,9 +164,10 @@ class LlamaLitModule(pl.LightningModule):
     @override
     def predict_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         """Logits of the inputs of a (B, S + 1) batch; under the strategy the whole batch's, on rank 0."""
-        return self(batch[:, :-1])
+        return self(token_batch(batch, f"{type(self).__name__}.predict_step(batch)")[:, :-1])
 
     def _loss(self, batch: torch.Tensor) -> torch.Tensor:
+        batch = token_batch(batch, f"{type(self).__name__}.{'training' if self.training else 'validation'}_step(batch)")
         tokens, targets = batch[:, :-1], batch[:, 1:]
         return self.model.loss(self.model(tokens), targets)
 
