@@ -56,3 +56,23 @@ def test_a_single_plan_refuses_a_sweep_dir(tmp_path, capsys, searches):
     captured = capsys.readouterr()
     assert "--sweep-dir = " in captured.err and "names the folder of a sweep (-m)" in captured.err
     assert "Fix:" in captured.err and not searches
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["checkpoint", "info", ""], "CKPT"),
+    (["checkpoint", "consolidate", "", "{tmp}/llama.pt"], "CKPT"),
+    (["checkpoint", "consolidate", "{tmp}/last.ckpt", ""], "OUT.pt"),
+    (["export", "", "--hf", "{tmp}/hf"], "CKPT"),
+    (["export", "{tmp}/last.ckpt", "--hf", ""], "--hf"),
+    (["export", "{tmp}/last.ckpt", "--hf", "{tmp}/hf", "--tokenizer", ""], "--tokenizer"),
+])
+def test_checkpoint_and_export_refuse_an_empty_path(argv, flag, tmp_path, monkeypatch, capsys):
+    """An empty path (an unset shell variable) was read as the working directory: an empty CKPT made
+    every output "inside the checkpoint ''" (the message named OUT.pt or --hf), and an empty OUT.pt,
+    --hf or --tokenizer was named '.' or the working directory's path. Now the empty one is named."""
+    (tmp_path / "last.ckpt").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {flag} = '': is empty; it names" in err and "Fix: give the path" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]

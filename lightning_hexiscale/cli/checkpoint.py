@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lightning_hexiscale.cli.common import check_output_file, check_outside_checkpoint, subcommand
+from lightning_hexiscale.cli.common import check_output_file, check_outside_checkpoint, refuse_empty_path, subcommand
 from lightning_hexiscale.errors import ConfigError
 
 ACTIONS = ("info", "consolidate")
@@ -50,6 +50,9 @@ def _args(p: argparse.ArgumentParser) -> None:
 def cmd_checkpoint(args: argparse.Namespace) -> int:
     from lightning_hexiscale.runtime import checkpoint as ckpt
 
+    refuse_empty_path("CKPT", args.ckpt, "the checkpoint directory",
+                      f"hexiscale checkpoint {args.action} run/checkpoints/last.ckpt{' llama.pt' if args.out else ''}")
+    refuse_empty_path("OUT.pt", args.out, "the file to write", f"hexiscale checkpoint consolidate {args.ckpt} llama.pt")
     if args.action == "info" and args.out is not None:  # argparse's optional OUT.pt swallows an override too
         raise ConfigError("OUT.pt", args.out, "hexiscale checkpoint info writes nothing and takes no overrides",
                           "run `hexiscale checkpoint info CKPT`, or `consolidate CKPT OUT.pt` to write a file")

@@ -340,6 +340,15 @@ def apply_train_overrides(plan, cfg, overrides: Sequence[str]):
 
 
 
+def refuse_empty_path(flag: str, path: str | None, what: str, example: str) -> None:
+    """``flag ''`` (an unset shell variable): Path('') is the working directory, which the checks after
+    this one then named as the value, or missed (an empty CKPT "contained" every output path)."""
+    from lightning_hexiscale.errors import ConfigError
+
+    if path is not None and not path.strip():
+        raise ConfigError(flag, path, f"is empty; it names {what}", f"give the path, e.g. {example}")
+
+
 def check_outside_checkpoint(flag: str, path: str, checkpoint: str, example: str) -> None:
     """``flag PATH`` is not inside the checkpoint directory it is made from: a save replaces that
     directory whole (a newer last.ckpt), and a file or export written into it would go with it."""

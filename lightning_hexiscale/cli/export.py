@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from lightning_hexiscale.cli.common import check_outside_checkpoint, subcommand
+from lightning_hexiscale.cli.common import check_outside_checkpoint, refuse_empty_path, subcommand
 
 
 def _export_args(p: argparse.ArgumentParser) -> None:
@@ -35,6 +35,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     from lightning_hexiscale.data.hf_export import check_export_target, check_tokenizer_dir, save_hf
     from lightning_hexiscale.runtime.checkpoint import load_llama
 
+    refuse_empty_path("CKPT", args.checkpoint, "the checkpoint directory",
+                      "hexiscale export run/checkpoints/last.ckpt --hf OUT")
+    refuse_empty_path("--hf", args.hf, "the directory to write", "--hf /models/tuned")
+    refuse_empty_path("--tokenizer", args.tokenizer, "the Hugging Face directory of the tokenizer",
+                      "--tokenizer /models/Llama-3.2-1B")
     max_bytes = int(parse_bytes(args.max_shard_size, "--max-shard-size", "5 GB"))
     check_export_target(args.hf, args.overwrite)  # before reading a checkpoint that may take minutes
     check_outside_checkpoint("--hf", args.hf, args.checkpoint, "hf")
