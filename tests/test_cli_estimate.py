@@ -278,3 +278,21 @@ def test_a_plan_made_on_a_cluster_file_is_estimated_and_trained_without_cluster_
     assert main(["plan", "cluster=cpu2", "model=llama_tiny", "train.global_batch=4", "planner.iterations=2",
                  "planner.progress=false", "--out", "q.yaml"]) == 0
     assert "cluster_file" not in yaml.safe_load((tmp_path / "q.yaml").read_text())["meta"]
+
+
+def test_check_estimate_runs_the_plan_with_the_train_overrides(monkeypatch, capsys):
+    """`hexiscale check-estimate --plan P train.schedule=gpipe train.recompute=false` ran and priced the
+    plan as written (1f1b, recompute on) without a word, where estimate and train apply them; a
+    train.global_batch the plan does not have ran the plan's. Now they change the plan, or are refused."""
+    from lightning_hexiscale.profiling import check
+
+    ran = []
+    monkeypatch.setattr(check, "check", lambda plan, *a, **k: ran.append(plan))  # None: nothing to print
+    plan = "conf/plans/hetero3_llama30b_tab7.yaml"
+    assert main(["check-estimate", "--plan", plan, "train.schedule=gpipe", "train.recompute=false",
+                 "train.micro_batch_size=4", "trainer.precision=bf16-true"]) == 0
+    (run,) = ran
+    assert run.schedule == "gpipe" and run.recompute is False and {p.micro_batch_size for p in run.pipelines} == {4}
+    assert main(["check-estimate", "--plan", plan, "train.global_batch=8", "trainer.precision=bf16-true"]) == 2
+    err = capsys.readouterr().err
+    assert "train.global_batch = 8: the plan's pipeline batches" in err and "Fix:" in err and len(ran) == 1, err

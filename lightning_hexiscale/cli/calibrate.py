@@ -16,9 +16,9 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from lightning_hexiscale.cli.common import (add_launch_args, add_precision_arg, check_output_file,
-                                            compose_plan_config, non_negative_int, plan_override, plan_source,
-                                            positive_int, resolve_precision, subcommand)
+from lightning_hexiscale.cli.common import (add_launch_args, add_precision_arg, apply_train_overrides,
+                                            check_output_file, compose_plan_config, explicit, non_negative_int,
+                                            plan_override, plan_source, positive_int, resolve_precision, subcommand)
 from lightning_hexiscale.cli.profile import (LAYER_MICRO_BATCHES, LAYER_REPS, add_layer_time_args,
                                              check_layer_time_flags)
 from lightning_hexiscale.config.schema import is_file
@@ -149,6 +149,11 @@ def cmd_check_estimate(args: argparse.Namespace) -> int:
     cfg = compose_plan_config(args.overrides, plan, path)
     cluster = Cluster.from_config(cfg.cluster)
     model = LlamaConfig.from_config(cfg.model)
+    # train.schedule / recompute / dp_sharding / micro_batch_size change the plan, as for estimate and train
+    # (they ran the plan as written without a word); a train.global_batch it does not have is refused
+    plan = apply_train_overrides(plan, cfg, args.overrides)
+    gb = cfg.train.global_batch if explicit(args.overrides, "train.global_batch") else None
+    plan.validate(cluster, model, global_batch=gb)
     if plan.dp_sharding != "ddp":
         print(f"note: the runtime all-reduces gradients (DDP); the plan says {plan.dp_sharding}, estimated as ddp")
         plan = replace(plan, dp_sharding="ddp")
