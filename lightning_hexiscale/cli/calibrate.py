@@ -152,8 +152,8 @@ def cmd_check_estimate(args: argparse.Namespace) -> int:
     # train.schedule / recompute / dp_sharding / micro_batch_size change the plan, as for estimate and train
     # (they ran the plan as written without a word); a train.global_batch it does not have is refused
     plan = apply_train_overrides(plan, cfg, args.overrides)
-    gb = cfg.train.global_batch if explicit(args.overrides, "train.global_batch") else None
-    plan.validate(cluster, model, global_batch=gb)
+    if explicit(args.overrides, "train.global_batch"):  # the rest of validate runs in check(), before any rank
+        plan.validate(cluster, model, global_batch=cfg.train.global_batch)
     if plan.dp_sharding != "ddp":
         print(f"note: the runtime all-reduces gradients (DDP); the plan says {plan.dp_sharding}, estimated as ddp")
         plan = replace(plan, dp_sharding="ddp")
