@@ -51,3 +51,25 @@ def test_prepare_data_refuses_a_field_for_text_inputs(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--field = 'body': " in err and "no input is JSONL" in err and "Fix: drop --field" in err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("given, said", [
+    (["train.recompute=true"], "train.recompute = True: calibrate times steps of its own, with recomputation off"),
+    (["train.recompute=false", "--recompute"], "train.recompute = False: calibrate times steps of its own, with "
+                                               "recomputation on"),
+    (["train.micro_batch_size=4"], "train.micro_batch_size = 4: calibrate times steps of its own, of --micro-batch 2"),
+    (["train.micro_batch_size=4", "--micro-batch", "3"], "Fix: pass --micro-batch 4"),
+    # agreeing with calibrate's own flags (one override list for plan and calibrate): the next check speaks
+    (["train.recompute=true", "--recompute", "train.micro_batch_size=2", "train.global_batch=8"],
+     "calibrate stores its fit in a profiled cluster file"),
+])
+def test_calibrate_refuses_train_settings_its_steps_do_not_follow(given, said, tmp_path, capsys, no_measuring):
+    """`hexiscale calibrate train.recompute=true` (or train.micro_batch_size=4) fitted steps without
+    recomputation (of micro-batch 2) without a word; calibrate's steps follow --recompute and --micro-batch."""
+    from pathlib import Path
+
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text((Path(__file__).resolve().parents[1] / "conf" / "cluster" / "cpu2.yaml").read_text())
+    assert main(["calibrate", "--local", "2", f"cluster={cluster}", "model=llama_tiny", *given]) == 2
+    err = capsys.readouterr().err
+    assert said in err and err.count("error:") == 1 and "Fix:" in err, err

@@ -78,6 +78,26 @@ def _check_calibratable(path: Path, cluster) -> None:
                           "cluster=c.yaml")
 
 
+def _check_step_overrides(args: argparse.Namespace, cfg) -> None:
+    """calibrate times steps of its own (--micro-batch, --recompute): a train.micro_batch_size or
+    train.recompute given beside them that disagrees was dropped without a word (the fit measured
+    other steps than the run's). The same override list, agreeing, passes."""
+    from lightning_hexiscale.planner.search.settings import recompute_setting
+
+    mb = cfg.train.micro_batch_size if explicit(args.overrides, "train.micro_batch_size") else None
+    if mb is not None and mb != args.micro_batch:
+        raise ConfigError("train.micro_batch_size", mb, f"calibrate times steps of its own, of --micro-batch "
+                          f"{args.micro_batch} sequences", f"pass --micro-batch {mb} to calibrate with the run's "
+                          "micro-batch (or drop train.micro_batch_size=)")
+    recompute = recompute_setting(cfg.train.recompute) if explicit(args.overrides, "train.recompute") else "auto"
+    if recompute != "auto" and recompute != args.recompute:
+        raise ConfigError("train.recompute", cfg.train.recompute, f"calibrate times steps of its own, with "
+                          f"recomputation {'on' if args.recompute else 'off'} (--recompute "
+                          f"{'given' if args.recompute else 'not given'})",
+                          f"{'add' if recompute else 'drop'} --recompute to calibrate as the run recomputes "
+                          "(or drop train.recompute=)")
+
+
 @subcommand("calibrate", "fit efficiency per device type, sync latency and theta_ddp to measured training steps; "
                          "store them in the cluster file", _calibrate_args)
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -99,6 +119,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.out is not None and args.local:  # before minutes of measuring (external launches: at the write)
         check_output_file("--out", args.out, "cluster.yaml", kind="cluster")
     cfg = compose(args.overrides)
+    _check_step_overrides(args, cfg)
     # Fit against the measured link latencies: take out a delta an earlier calibration added.
     cluster = with_calibration(Cluster.from_config(cfg.cluster), sync_latency_s=-previous_sync_latency(path))
     _check_calibratable(path, cluster)
