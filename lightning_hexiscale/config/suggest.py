@@ -477,10 +477,31 @@ def check_file_refs(overrides: list[str], presets: dict[str, list[str]]) -> None
                 is_dir = False
             if is_dir:
                 rule = "a directory, not a YAML file"
+                if key == "model" and (where / "config.json").is_file():  # a Hugging Face model directory
+                    raise ConfigError(key, value, rule + " (it holds a Hugging Face config.json)",
+                                      f"read it as one: model=hf:{value}")
             near = closest(where.stem, presets.get(key, []))
             fix = (f"check the path, or use the preset {near[0]} ({key}={near[0]})" if near
                    else f"check the path, or use a preset: {', '.join(presets.get(key, []))}")
             raise ConfigError(key, value, rule, fix)
+        names = ", ".join(presets.get(key, []))
+        if not value.strip():  # an unset shell variable: Hydra looked for "cluster/" among the presets
+            raise ConfigError(key, value, "is empty: it takes a preset name or a .yaml file",
+                              f"name one, e.g. {key}=path/to/{key}.yaml, or a preset: {names}")
+        if (value not in presets.get(key, []) and value.lower() not in ("auto", "null", "none") and "/" not in value
+                and not value.endswith((".yaml", ".yml"))):
+            # a name without a path that is no preset but is there in the working directory
+            where = expand_user(value)
+            if where.is_dir():
+                hf = key == "model" and (where / "config.json").is_file()
+                raise ConfigError(key, value, "names no preset; it is a directory here" +
+                                  (" holding a Hugging Face config.json" if hf else ", not a YAML file"),
+                                  f"read it as one: model=hf:{value}" if hf else
+                                  f"name the .yaml file inside it, e.g. {key}={value}/{key}.yaml, or a preset: {names}")
+            if where.is_file():
+                raise ConfigError(key, value, f"names no preset; it is a file here, but a {key} file is read only "
+                                  "when its name ends in .yaml or .yml", f"rename it to {value}.yaml and pass "
+                                  f"{key}={value}.yaml, or use a preset: {names}")
 
 
 def check_interpolations(cfg: DictConfig, prefix: str = "") -> None:
