@@ -154,6 +154,10 @@ def test_consolidate_into_a_safetensors_name_is_refused(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "error: OUT.pt = " in err and "not a safetensors file" in err and "model.pt" in err, err
     assert "hexiscale export" in err and "Traceback" not in err
+    # model.pt.safetensors: the fix named model.pt.pt
+    assert main(["checkpoint", "consolidate", str(tmp_path / "last.ckpt"), str(tmp_path / "model.pt.safetensors")]) == 2
+    err = capsys.readouterr().err
+    assert "name it model.pt," in err, err
 
 
 def test_a_consolidated_file_is_named_as_such(tmp_path, capsys):
