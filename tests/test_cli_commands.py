@@ -230,11 +230,16 @@ def test_train_help_lists_every_key_as_an_override_that_composes():
     (["--port", "-1"], "--port = -1", "a TCP port is 1-65535"),
     (["--port", "0"], "--port = 0", "a TCP port is 1-65535"),
     (["--host", "nonexistent.invalid"], "--host = 'nonexistent.invalid'", "no such host"),
+    (["--port", "abc"], "argument --port: 'abc'", "is not a port number, e.g. 29400"),  # was "invalid int value"
 ])
 def test_rendezvous_store_refuses_a_bad_port_or_host(argv, key, rule, capsys):
     """A port out of range was a pybind TypeError traceback; an unknown host printed C++ frames, then
     blamed the port ("pick a free port")."""
-    assert main(["rendezvous-store", *argv]) == 2
+    try:
+        code = main(["rendezvous-store", *argv])
+    except SystemExit as e:  # argparse's own refusal (a value its type rejects)
+        code = e.code
+    assert code == 2
     err = capsys.readouterr().err
     assert key in err and rule in err and "Traceback" not in err and "frame #" not in err, err
 
