@@ -84,8 +84,8 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
         raise ConfigError("OUT.pt", str(out), "is a directory", "give a file path such as llama.pt")
     if out.suffix == ".safetensors":  # a pickle under that name: safetensors then fails on its "header"
         raise ConfigError("OUT.pt", str(out), "consolidate writes a torch.save pickle, not a safetensors file",
-                          f"name it {out.stem if out.stem.endswith('.pt') else out.stem + '.pt'}, or write safetensors with "
-                          f"`hexiscale export {args.ckpt} --hf DIR` (a Hugging Face Llama directory)")
+                          f"name it {out.stem if out.stem.endswith('.pt') else out.stem + '.pt'}, or write "
+                          f"safetensors with `hexiscale export {args.ckpt} --hf DIR` (a Hugging Face Llama directory)")
     if out.exists() and not args.force:
         raise ConfigError("OUT.pt", str(out), "exists", "choose another path or pass --force")
     check_output_file("OUT.pt", str(out), "llama.pt")  # a folder below a file, or one we cannot write in

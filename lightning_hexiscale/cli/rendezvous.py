@@ -31,8 +31,8 @@ from lightning_hexiscale.cli.common import parse_number, subcommand
 
 def _args(p: argparse.ArgumentParser) -> None:
     # parse_number: "abc" was argparse's bare "invalid int value" with no example
-    p.add_argument("--port", type=lambda text: parse_number(text, int, "a port number", "29400"), default=29400, help="TCP port of the store (torchrun's --rdzv-endpoint "
-                   "HOST:PORT; default 29400)")
+    p.add_argument("--port", type=lambda text: parse_number(text, int, "a port number", "29400"), default=29400,
+                   help="TCP port of the store (torchrun's --rdzv-endpoint HOST:PORT; default 29400)")
     p.add_argument("--host", default="0.0.0.0", help="address to listen on (default: all interfaces)")
 
 
