@@ -46,7 +46,8 @@ def token_batch(batch, key: str) -> torch.Tensor:
     if isinstance(batch, (list, tuple)) and len(batch) == 1:
         batch = batch[0]
     if isinstance(batch, Mapping) and "input_ids" in batch:
-        ids, others = batch["input_ids"], sorted(str(k) for k in batch if k not in ("input_ids", "labels", "attention_mask"))
+        ids = batch["input_ids"]
+        others = sorted(str(k) for k in batch if k not in ("input_ids", "labels", "attention_mask"))
         if others:
             raise ConfigError(key, f"a mapping with {others}", "LlamaLitModule reads input_ids (and labels / "
                               "attention_mask where they change nothing), no other key", fix)
