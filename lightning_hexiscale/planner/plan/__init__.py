@@ -500,8 +500,10 @@ class Plan:
         except yaml.YAMLError as e:
             raise PlanError(key, str(path), f"not valid YAML/JSON ({e})",
                             "correct the syntax at the line and column named (quote values holding ':' or '#')") from None
-        if not isinstance(data, dict):
-            raise PlanError(key, str(path), "a plan file holds a mapping", "see conf/plans/ for examples")
+        if not isinstance(data, dict):  # an empty file was said to "hold a mapping" as if it held another thing
+            held = "is empty" if data is None else f"holds a {type(data).__name__}"
+            raise PlanError(key, str(path), f"{held}; a plan file holds a mapping (num_layers, pipelines, ...)",
+                            "write one with `hexiscale plan --out plan.yaml` (examples: conf/plans/)")
         check_file_kind(data.keys(), "plan", key, str(path), PlanError)
         # the keys of its errors read as validate()'s do (plan.pipelines[0].stages ...), whichever of the
         # two finds the fault: the file name prefixed them here only, and the same file gave both forms
