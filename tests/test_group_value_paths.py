@@ -29,8 +29,8 @@ def here(tmp_path, monkeypatch):
     ("model=noext", r"model = 'noext': names no preset; it is a file here, but a model file is read only"),
     ("cluster=", r"cluster = '': is empty: it takes a preset name or a \.yaml file\. Fix: name one, e\.g\. "
                  r"cluster=path/to/cluster\.yaml, or a preset: case_study"),
-    ("model=hfdir", r"model = 'hfdir': names no preset; it is a directory here holding a Hugging Face config\.json\. "
-                    r"Fix: read it as one: model=hf:hfdir"),
+    ("model=hfdir", r"model = 'hfdir': names no preset; it is a directory here, not a YAML file \(it holds a Hugging "
+                    r"Face config\.json\)\. Fix: read it as one: model=hf:hfdir"),
     ("model=./hfdir", r"model = '\./hfdir': a directory, not a YAML file \(it holds a Hugging Face config\.json\)\. "
                       r"Fix: read it as one: model=hf:\./hfdir"),
 ])

@@ -477,9 +477,7 @@ def check_file_refs(overrides: list[str], presets: dict[str, list[str]]) -> None
                 is_dir = False
             if is_dir:
                 rule = "a directory, not a YAML file"
-                if key == "model" and (where / "config.json").is_file():  # a Hugging Face model directory
-                    raise ConfigError(key, value, rule + " (it holds a Hugging Face config.json)",
-                                      f"read it as one: model=hf:{value}")
+                _refuse_hf_dir(key, value, where, rule)
             near = closest(where.stem, presets.get(key, []))
             fix = (f"check the path, or use the preset {near[0]} ({key}={near[0]})" if near
                    else f"check the path, or use a preset: {', '.join(presets.get(key, []))}")
@@ -493,15 +491,20 @@ def check_file_refs(overrides: list[str], presets: dict[str, list[str]]) -> None
             # a name without a path that is no preset but is there in the working directory
             where = expand_user(value)
             if where.is_dir():
-                hf = key == "model" and (where / "config.json").is_file()
-                raise ConfigError(key, value, "names no preset; it is a directory here" +
-                                  (" holding a Hugging Face config.json" if hf else ", not a YAML file"),
-                                  f"read it as one: model=hf:{value}" if hf else
-                                  f"name the .yaml file inside it, e.g. {key}={value}/{key}.yaml, or a preset: {names}")
+                rule = "names no preset; it is a directory here, not a YAML file"
+                _refuse_hf_dir(key, value, where, rule)
+                raise ConfigError(key, value, rule, f"name the .yaml file inside it, e.g. {key}={value}/{key}.yaml, "
+                                  f"or a preset: {names}")
             if where.is_file():
                 raise ConfigError(key, value, f"names no preset; it is a file here, but a {key} file is read only "
                                   "when its name ends in .yaml or .yml", f"rename it to {value}.yaml and pass "
                                   f"{key}={value}.yaml, or use a preset: {names}")
+
+
+def _refuse_hf_dir(key: str, value: str, where, rule: str) -> None:
+    """``model=DIR`` of a Hugging Face model directory (it holds config.json): the fix is ``model=hf:DIR``."""
+    if key == "model" and (where / "config.json").is_file():
+        raise ConfigError(key, value, f"{rule} (it holds a Hugging Face config.json)", f"read it as one: model=hf:{value}")
 
 
 def check_interpolations(cfg: DictConfig, prefix: str = "") -> None:
