@@ -21,13 +21,20 @@ demo: $(STAMP)
 	rm -rf outputs/demo
 	$(BIN)/python recipes/train.py cluster=cpu_demo trainer.max_steps=30 hydra.run.dir=outputs/demo
 
+# The suite runs on TEST_WORKERS pytest-xdist workers: about half of a serial run's time is spent
+# waiting (ranks starting, commands importing torch and Lightning, signals' grace periods), so two
+# workers on CI's two cores take about 16 minutes where one took 26. Waits and pytest timeouts are
+# scaled by the host's load (tests/slow_host.py). TEST_WORKERS=0 runs it in this one process.
+TEST_WORKERS ?= 2
+XDIST = -n $(TEST_WORKERS) --dist worksteal
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not timing" --durations=30
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not timing" --durations=30 $(XDIST)
 
 # The fast lane while editing: the tests that start no process (multi-process tests are marked
 # slow; under HEXISCALE_FAST_LANE=1 an unmarked test that starts one fails and says so).
 test-fast: $(STAMP)
-	HEXISCALE_FAST_LANE=1 $(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not timing" --durations=10
+	HEXISCALE_FAST_LANE=1 $(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not timing" --durations=10 $(XDIST)
 
 # Tests that assert the host's timings (the emulated cluster's FLOP/s ratios, latency): meaningful on
 # a quiet host only, as the benchmarks that rely on them check the same before measuring.

@@ -6,6 +6,7 @@ hang still fails."""
 from __future__ import annotations
 
 import gc
+import os
 
 import pytest
 
@@ -35,6 +36,23 @@ def pytest_collection_finish(session):
     for the whole session: freeze them, so that a collection walks only what the tests made since."""
     gc.collect()
     gc.freeze()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _own_discovery_cache(tmp_path_factory):
+    """Every test run discovers into a cache folder of its own (``$HEXISCALE_CACHE_DIR``, inherited by
+    the ranks and commands the tests start), never the user's ``~/.cache/lightning_hexiscale``: a
+    test then sees the same cache whatever ran on this host before (CI starts with none), and the
+    user's cache keeps only what the user discovered. Under ``make test``'s workers (pytest-xdist)
+    the base temporary folder, and so this cache, is per worker. Tests that test the cache folder
+    set or delete the variable themselves (monkeypatch restores this one)."""
+    old = os.environ.get("HEXISCALE_CACHE_DIR")
+    os.environ["HEXISCALE_CACHE_DIR"] = str(tmp_path_factory.mktemp("discovery-cache", numbered=False))
+    yield
+    if old is None:
+        os.environ.pop("HEXISCALE_CACHE_DIR", None)
+    else:
+        os.environ["HEXISCALE_CACHE_DIR"] = old
 
 
 @pytest.fixture(autouse=True)
