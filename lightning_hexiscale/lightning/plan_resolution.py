@@ -193,16 +193,36 @@ def _brief(plan: Plan) -> str:
             f"{[p.micro_batch_size for p in plan.pipelines]}, {plan.schedule}, {plan.dp_sharding}")
 
 
+def _hf_model_fix(model, name: str = "model") -> str | None:
+    """The fix for a Hugging Face transformers model where the strategy looks for its Llama (it
+    splits ``lightning_hexiscale.models.Llama`` only, whose parameters it names and shards): the same
+    weights as a Llama (``hf:DIR``, the model's ``name_or_path`` when that is a local directory), or,
+    for another architecture, that it is not one the strategy trains. None for anything else."""
+    if not isinstance(model, torch.nn.Module) or not type(model).__module__.startswith("transformers."):
+        return None
+    kind = getattr(getattr(model, "config", None), "model_type", None)
+    where = str(getattr(model, "name_or_path", "") or "")
+    where = where if where and Path(where).is_dir() else "DIR"
+    held = f"self.{name} is transformers' {type(model).__name__}"
+    if kind != "llama":
+        return (f"{held} ({kind!r}); the strategy trains Llama-shaped models as lightning_hexiscale's Llama: "
+                "use a Llama checkpoint, or another strategy for this one")
+    return (f"{held}; the strategy trains lightning_hexiscale's Llama: start from the same weights with "
+            f"LlamaLitModule('hf:{where}'), or build self.model = Llama(LlamaConfig.from_hf_dir('{where}')) in "
+            f"configure_model and call lightning_hexiscale.attach_weights(module, '{where}')")
+
+
 def find_llama(module, fitting: bool = False) -> Llama:
     """The contract: the LightningModule holds its :class:`Llama` as ``self.model`` (built in
     ``configure_model``) or returns it from ``module.llama()``; in fit, every parameter trains (:func:`frozen`)."""
     llama = module.llama() if callable(getattr(module, "llama", None)) else getattr(module, "model", None)
     if not isinstance(llama, Llama):
         # a Llama held under another name (self.net = Llama(...)): say where it is
-        elsewhere = [name for name, child in module.named_modules() if isinstance(child, Llama)] \
-            if isinstance(module, torch.nn.Module) else []
+        children = list(module.named_modules()) if isinstance(module, torch.nn.Module) else []
+        elsewhere = [name for name, child in children if isinstance(child, Llama)]
+        hf = _hf_model_fix(llama) or next((_hf_model_fix(c, name) for name, c in children if _hf_model_fix(c)), None)
         fix = (f"the module holds its Llama as self.{elsewhere[0]}: name it self.model, or return it from a "
-               f"llama() method" if elsewhere else "build it in configure_model: self.model = Llama(config)")
+               f"llama() method" if elsewhere else hf or "build it in configure_model: self.model = Llama(config)")
         raise ConfigError(f"{type(module).__name__}.model", type(llama).__name__,
                           "the hexiscale strategy turns the module's Llama into this rank's pipeline stage and "
                           "finds it as self.model (or self.llama())", fix)

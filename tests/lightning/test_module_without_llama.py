@@ -13,7 +13,7 @@ import torch
 from strategy_helpers import PG_TIMEOUT, TINY, loader
 
 from lightning_hexiscale.errors import ConfigError
-from lightning_hexiscale.lightning.plan_resolution import check_module_before_launch
+from lightning_hexiscale.lightning.plan_resolution import check_module_before_launch, find_llama
 from lightning_hexiscale.lightning.strategy import HexiScaleStrategy
 from lightning_hexiscale.models.llama import Llama
 
@@ -84,3 +84,43 @@ def test_a_llama_under_another_name_is_pointed_at():
     with pytest.raises(ConfigError, match=r"HoldsItElsewhere.model = 'NoneType': .*Fix: the module holds its Llama "
                                           r"as self.net: name it self.model, or return it from a llama\(\) method"):
         check_module_before_launch(None, HoldsItElsewhere())
+
+
+def _hf_llama(directory=None):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=2)
+    model = transformers.LlamaForCausalLM(config)
+    if directory is not None:
+        model.save_pretrained(directory)
+        model = transformers.LlamaForCausalLM.from_pretrained(directory)
+    return model
+
+
+def test_a_hugging_face_llama_is_pointed_at_the_same_weights_as_a_llama(tmp_path):
+    # the fix said "build it in configure_model: self.model = Llama(config)" to a module that had one
+    module = NoLlama()
+    module.model = _hf_llama(tmp_path / "hf")
+    with pytest.raises(ConfigError, match=r"NoLlama.model = 'LlamaForCausalLM': .*Fix: self.model is transformers' "
+                                          r"LlamaForCausalLM; the strategy trains lightning_hexiscale's Llama: start "
+                                          rf"from the same weights with LlamaLitModule\('hf:{tmp_path / 'hf'}'\)"):
+        check_module_before_launch(None, module)
+
+
+def test_a_hugging_face_model_built_in_configure_model_is_named_by_the_ranks_too():
+    # the ranks' check (after configure_model): an HF Llama held as self.net, not loaded from a folder
+    module = NoLlama()
+    module.net = _hf_llama()
+    with pytest.raises(ConfigError, match=r"NoLlama.model = 'NoneType': .*Fix: self.net is transformers' "
+                                          r"LlamaForCausalLM; .*LlamaLitModule\('hf:DIR'\).*attach_weights\(module, 'DIR'\)"):
+        find_llama(module)
+
+
+def test_a_hugging_face_model_of_another_architecture_is_said_to_be_one():
+    transformers = pytest.importorskip("transformers")
+    module = NoLlama()
+    module.model = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=32, n_embd=8, n_layer=1, n_head=2,
+                                                                        n_positions=16))
+    with pytest.raises(ConfigError, match=r"Fix: self.model is transformers' GPT2LMHeadModel \('gpt2'\); the "
+                                          r"strategy trains Llama-shaped models as lightning_hexiscale's Llama"):
+        check_module_before_launch(None, module)
