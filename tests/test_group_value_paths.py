@@ -44,3 +44,36 @@ def test_presets_and_a_misspelt_name_are_as_before(here):
     assert compose(["cluster=cpu2"]).cluster.name == "cpu2"
     with pytest.raises(ConfigError, match=r"cluster = 'cpu3': .*Could not find 'cluster/cpu3'.*did you mean cluster=cpu2"):
         compose(["cluster=cpu3"])
+
+
+@pytest.mark.parametrize("override, message", [
+    # a hub id: nothing is downloaded; the fix downloads it once and reads the folder, or names a preset of its shape
+    ("model=meta-llama/Llama-3.2-1B", r"model = 'meta-llama/Llama-3\.2-1B': names no file here; it looks like a "
+                                      r"Hugging Face model id, and nothing is downloaded\. Fix: download it once "
+                                      r"\(huggingface-cli download meta-llama/Llama-3\.2-1B --local-dir DIR\), then "
+                                      r"model=hf:DIR; or, for a model of its shape with fresh weights, the preset "
+                                      r"model=llama3_2_1b$"),
+    ("model=meta-llama/Meta-Llama-3-8B", r".*the preset model=llama3_8b$"),
+    ("model=TinyLlama/TinyLlama-1.1B-Chat-v1.0", r".*--local-dir DIR\), then model=hf:DIR$"),  # no preset alike
+    # a path: its whole name is matched (was the text before its first dot: 'Llama-3' -> llama_30b)
+    ("model=./models/Llama-3.2-1B", r"model = '\./models/Llama-3\.2-1B': no such file .*Fix: check the path, or use "
+                                    r"the preset llama3_2_1b \(model=llama3_2_1b\)$"),
+])
+def test_a_hugging_face_model_id_is_answered_as_one(here, override, message):
+    with pytest.raises(ConfigError, match="^" + message):
+        compose([override])
+
+
+def test_the_api_answers_a_hugging_face_model_id_in_its_own_words(here):
+    from lightning_hexiscale import LlamaLitModule
+    from lightning_hexiscale.models.config import LlamaConfig
+
+    with pytest.raises(ConfigError, match=r"^LlamaLitModule\(config\) = 'meta-llama/Llama-3\.2-1B': names no file "
+                                          r"here; it looks like a Hugging Face model id.*then "
+                                          r"LlamaLitModule\(config='hf:DIR'\); .*LlamaLitModule\(config='llama3_2_1b'\)$"):
+        LlamaLitModule("meta-llama/Llama-3.2-1B")
+    with pytest.raises(ConfigError, match=r"^model = 'meta-llama/Llama-3\.2-1B': .*then 'hf:DIR'; .*'llama3_2_1b'$"):
+        LlamaConfig.load("meta-llama/Llama-3.2-1B")
+    (here / "meta-llama").mkdir()  # a folder of that name here: no longer read as an id
+    with pytest.raises(ConfigError, match=r"no such preset or file"):
+        LlamaConfig.load("meta-llama/Llama-3.2-1B")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -41,6 +42,38 @@ def written(key: str, value: str) -> str:
     if call:
         return f"{call[1]}({call[2]}={value!r})"
     return f"{key}={value}"
+
+
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+"""A Hugging Face hub id, ``owner/name`` (``meta-llama/Llama-3.2-1B``): one slash, no path prefix."""
+
+
+def like_preset(name: str, presets: list[str]) -> str | None:
+    """The preset whose name is closest to ``name`` compared on letters and digits alone (difflib's
+    ratio >= 0.6): ``Llama-3.2-1B`` -> ``llama3_2_1b``, ``Meta-Llama-3-8B`` -> ``llama3_8b``."""
+    def bare(text: str) -> str:
+        return re.sub(r"[^a-z0-9]", "", text.lower())
+
+    scored = [(difflib.SequenceMatcher(None, bare(name), bare(p)).ratio(), p) for p in presets]
+    best = max(scored, default=(0.0, None))
+    return best[1] if best[0] >= 0.6 else None
+
+
+def check_hub_id(key: str, value: str, presets: list[str]) -> None:
+    """A model value shaped as a hub id (:data:`HUB_ID`) whose first part names nothing here (else it
+    is a path with a typo) is refused as one:
+    nothing is downloaded (it was "no such file", with a preset close to the text after its last dot).
+    The fix: download it once and read the folder with ``hf:DIR``; or a preset of a like name, for a
+    model of that shape trained from scratch."""
+    if not HUB_ID.fullmatch(value) or value.endswith((".yaml", ".yml")) or Path(value.split("/")[0]).exists():
+        return
+    near = like_preset(value.split("/", 1)[1], presets)
+    fix = (f"download it once (huggingface-cli download {value} --local-dir DIR), then "
+           + (written(key, "hf:DIR") if key else "'hf:DIR'"))
+    if near:
+        fix += f"; or, for a model of its shape with fresh weights, the preset {written(key, near) if key else repr(near)}"
+    raise ConfigError(key or "model", value, "names no file here; it looks like a Hugging Face model id, and "
+                      "nothing is downloaded", fix)
 
 
 def unknown_key_error(key: str, value: Any, name: str, fields: list[str], schema: str,
@@ -469,6 +502,8 @@ def check_file_refs(overrides: list[str], presets: dict[str, list[str]]) -> None
         if key not in ("cluster", "model") or value.startswith("hf:") or "," in value:
             continue
         if ("/" in value or value.endswith((".yaml", ".yml"))) and not is_file(expand_user(value)):
+            if key == "model":
+                check_hub_id(key, value, presets.get(key, []))
             where = expand_user(value)
             rule = "no such file" + (f" ({where.resolve()})" if not where.is_absolute() else "")
             try:
@@ -478,8 +513,8 @@ def check_file_refs(overrides: list[str], presets: dict[str, list[str]]) -> None
             if is_dir:
                 rule = "a directory, not a YAML file"
                 _refuse_hf_dir(key, value, where, rule)
-            near = closest(where.stem, presets.get(key, []))
-            fix = (f"check the path, or use the preset {near[0]} ({key}={near[0]})" if near
+            near = like_preset(where.name.removesuffix(".yaml").removesuffix(".yml"), presets.get(key, []))
+            fix = (f"check the path, or use the preset {near} ({key}={near})" if near
                    else f"check the path, or use a preset: {', '.join(presets.get(key, []))}")
             raise ConfigError(key, value, rule, fix)
         names = ", ".join(presets.get(key, []))
