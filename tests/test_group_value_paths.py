@@ -48,7 +48,7 @@ def test_presets_and_a_misspelt_name_are_as_before(here):
 
 @pytest.mark.parametrize("override, message", [
     # a hub id: nothing is downloaded; the fix downloads it once and reads the folder, or names a preset of its shape
-    ("model=meta-llama/Llama-3.2-1B", r"model = 'meta-llama/Llama-3\.2-1B': names no file here; it looks like a "
+    ("model=meta-llama/Llama-3.2-1B", r"model = 'meta-llama/Llama-3\.2-1B': names nothing here; it looks like a "
                                       r"Hugging Face model id, and nothing is downloaded\. Fix: download it once "
                                       r"\(huggingface-cli download meta-llama/Llama-3\.2-1B --local-dir DIR\), then "
                                       r"model=hf:DIR; or, for a model of its shape with fresh weights, the preset "
@@ -68,7 +68,7 @@ def test_the_api_answers_a_hugging_face_model_id_in_its_own_words(here):
     from lightning_hexiscale import LlamaLitModule
     from lightning_hexiscale.models.config import LlamaConfig
 
-    with pytest.raises(ConfigError, match=r"^LlamaLitModule\(config\) = 'meta-llama/Llama-3\.2-1B': names no file "
+    with pytest.raises(ConfigError, match=r"^LlamaLitModule\(config\) = 'meta-llama/Llama-3\.2-1B': names nothing "
                                           r"here; it looks like a Hugging Face model id.*then "
                                           r"LlamaLitModule\(config='hf:DIR'\); .*LlamaLitModule\(config='llama3_2_1b'\)$"):
         LlamaLitModule("meta-llama/Llama-3.2-1B")

@@ -61,6 +61,23 @@ def check_name_or_path(value: Any, key: str, example: str, from_mapping: str | N
                           "must be a preset name or the path of a file", fix)
 
 
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+"""A Hugging Face hub id, ``owner/name`` (``meta-llama/Llama-3.2-1B``): one slash, no path prefix."""
+
+
+def check_hub_id(key: str, value: str, then: str, also: str = "") -> None:
+    """``value`` (of a model or a tokenizer), shaped as a hub id (:data:`HUB_ID`), that names nothing
+    here (nor does its first part: else it is a path with a typo) is a ConfigError saying so: nothing
+    is downloaded. The fix downloads it once and goes on with ``then`` (the key's way to the folder,
+    ``model=hf:DIR``, ``--tokenizer DIR``), then ``also``. It was "no such file", or "no tokenizer.json
+    in this directory" of a directory that does not exist."""
+    if not HUB_ID.fullmatch(value) or value.endswith((".yaml", ".yml", ".json")) or Path(value.split("/")[0]).exists():
+        return
+    raise ConfigError(key, value, "names nothing here; it looks like a Hugging Face model id, and nothing is "
+                      "downloaded", f"download it once (huggingface-cli download {value} --local-dir DIR), then "
+                      f"{then}{also}")
+
+
 def check_not_directory(value: str | os.PathLike, key: str, group: str) -> None:
     """``value``, which names no preset or file of ``group``, is no directory either: a ConfigError saying
     it is one (it was 'no such preset or file' for a directory that exists), with ``hf:DIR`` as the fix

@@ -351,7 +351,7 @@ def load_preset(group: str, name_or_path: str, schema: type, key: str | None = N
     file; a close preset is then written as that key takes it (``did you mean --model llama_tiny?``,
     :func:`~lightning_hexiscale.config.suggest.written`). Default: the group, as the API's loaders
     (``Cluster.load``, ``LlamaConfig.load``) are called, with the preset's name quoted."""
-    from lightning_hexiscale.config.suggest import check_hub_id, written
+    from lightning_hexiscale.config.suggest import check_model_hub_id, written
 
     check_name_or_path(name_or_path, key or group, {"cluster": "cpu_hetero4", "model": "llama_tiny"}.get(group, "NAME"))
     p = Path(name_or_path)
@@ -361,7 +361,7 @@ def load_preset(group: str, name_or_path: str, schema: type, key: str | None = N
             check_not_directory(name_or_path, key or group, group)  # was 'no such preset or file'
             names = preset_names(group)
             if group == "model":
-                check_hub_id(key, str(name_or_path), names)
+                check_model_hub_id(key, str(name_or_path), names)
             fix = f"use a path or one of: {', '.join(names)}"
             near = difflib.get_close_matches(str(name_or_path), names, n=1, cutoff=0.6)
             if near:  # quoted for the API's loaders, else as the key takes it (--model llama_tiny)

@@ -14,11 +14,11 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
-from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from lightning_hexiscale.config.file_errors import check_hub_id
 from lightning_hexiscale.config.values import CONFIG_GROUPS, check_value_type, did_you_mean
 from lightning_hexiscale.errors import ConfigError
 
@@ -44,10 +44,6 @@ def written(key: str, value: str) -> str:
     return f"{key}={value}"
 
 
-HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
-"""A Hugging Face hub id, ``owner/name`` (``meta-llama/Llama-3.2-1B``): one slash, no path prefix."""
-
-
 def like_preset(name: str, presets: list[str]) -> str | None:
     """The preset whose name is closest to ``name`` compared on letters and digits alone (difflib's
     ratio >= 0.6): ``Llama-3.2-1B`` -> ``llama3_2_1b``, ``Meta-Llama-3-8B`` -> ``llama3_8b``."""
@@ -59,21 +55,14 @@ def like_preset(name: str, presets: list[str]) -> str | None:
     return best[1] if best[0] >= 0.6 else None
 
 
-def check_hub_id(key: str, value: str, presets: list[str]) -> None:
-    """A model value shaped as a hub id (:data:`HUB_ID`) whose first part names nothing here (else it
-    is a path with a typo) is refused as one:
-    nothing is downloaded (it was "no such file", with a preset close to the text after its last dot).
-    The fix: download it once and read the folder with ``hf:DIR``; or a preset of a like name, for a
-    model of that shape trained from scratch."""
-    if not HUB_ID.fullmatch(value) or value.endswith((".yaml", ".yml")) or Path(value.split("/")[0]).exists():
-        return
-    near = like_preset(value.split("/", 1)[1], presets)
-    fix = (f"download it once (huggingface-cli download {value} --local-dir DIR), then "
-           + (written(key, "hf:DIR") if key else "'hf:DIR'"))
-    if near:
-        fix += f"; or, for a model of its shape with fresh weights, the preset {written(key, near) if key else repr(near)}"
-    raise ConfigError(key or "model", value, "names no file here; it looks like a Hugging Face model id, and "
-                      "nothing is downloaded", fix)
+def check_model_hub_id(key: str | None, value: str, presets: list[str]) -> None:
+    """A model value shaped as a hub id (:func:`~.file_errors.check_hub_id`): the fix reads the
+    downloaded folder as ``hf:DIR``, or names a preset of a like name (:func:`like_preset`), for a
+    model of that shape with fresh weights. ``key`` None: the API's loaders (values quoted)."""
+    near = like_preset(value.split("/", 1)[-1], presets)
+    also = (f"; or, for a model of its shape with fresh weights, the preset "
+            f"{written(key, near) if key else repr(near)}" if near else "")
+    check_hub_id(key or "model", value, written(key, "hf:DIR") if key else "'hf:DIR'", also)
 
 
 def unknown_key_error(key: str, value: Any, name: str, fields: list[str], schema: str,
@@ -503,7 +492,7 @@ def check_file_refs(overrides: list[str], presets: dict[str, list[str]]) -> None
             continue
         if ("/" in value or value.endswith((".yaml", ".yml"))) and not is_file(expand_user(value)):
             if key == "model":
-                check_hub_id(key, value, presets.get(key, []))
+                check_model_hub_id(key, value, presets.get(key, []))
             where = expand_user(value)
             rule = "no such file" + (f" ({where.resolve()})" if not where.is_absolute() else "")
             try:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from lightning_hexiscale.config.file_errors import expand_user
+from lightning_hexiscale.config.file_errors import check_hub_id, expand_user
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.data.weights import expected_shapes, global_to_hf
@@ -132,6 +132,10 @@ def check_tokenizer_dir(tokenizer_dir: str | Path | None) -> Path | None:
         raise ConfigError("--tokenizer", str(tok), "is a file; the export copies the tokenizer files of a "
                           "directory and takes the bos/eos ids from its config.json",
                           f"give the directory holding it: --tokenizer {tok.parent}")
+    check_hub_id("--tokenizer", str(tokenizer_dir), "--tokenizer DIR")
+    if not tok.exists():  # was "no tokenizer.json or tokenizer.model in this directory"
+        raise ConfigError("--tokenizer", str(tok), "no such directory",
+                          "point to the HF model directory the checkpoint was trained from")
     if not tok.is_dir() or not any((tok / n).is_file() for n in ("tokenizer.json", "tokenizer.model")):
         raise ConfigError("--tokenizer", str(tok), "no tokenizer.json or tokenizer.model in this directory",
                           "point to the HF model directory the checkpoint was trained from")

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from lightning_hexiscale.config.file_errors import expand_user
+from lightning_hexiscale.config.file_errors import check_hub_id, expand_user
 from lightning_hexiscale.config.units import format_bytes
 from lightning_hexiscale.errors import ConfigError
 from lightning_hexiscale.progress import Heartbeat, shown_as
@@ -65,6 +65,10 @@ def load_tokenizer(path: str | Path):
 
     p = expand_user(path)
     f = p / "tokenizer.json" if p.is_dir() else p
+    check_hub_id("--tokenizer", str(path), "--tokenizer DIR")
+    if not p.exists():  # was "no tokenizer.json found", as if it were a directory without one
+        raise ConfigError("--tokenizer", str(path), "no such file or directory",
+                          "give a tokenizer.json file or a Hugging Face model directory with one")
     if not f.is_file():
         hint = (" (it has only a SentencePiece tokenizer.model: convert it once with transformers, "
                 "AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR))" if (p / "tokenizer.model").is_file() else "")

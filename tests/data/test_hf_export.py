@@ -145,3 +145,15 @@ def test_a_tokenizer_file_is_refused_with_its_directory(tmp_path, capsys):
     assert main(["export", str(tmp_path / "no.ckpt"), "--hf", str(tmp_path / "hf"), "--tokenizer",
                  str(tmp_path / "tok" / "tokenizer.json")]) == 2
     assert "error: --tokenizer = " in capsys.readouterr().err
+
+
+def test_a_hub_id_or_a_missing_directory_as_the_tokenizer_says_which(tmp_path, monkeypatch):
+    """They said "no tokenizer.json or tokenizer.model in this directory" of a directory that does not exist."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"--tokenizer = 'meta-llama/Llama-3\.2-1B': names nothing here; it looks "
+                                          r"like a Hugging Face model id.*then --tokenizer DIR$"):
+        save_hf(state(0), CONFIG, tmp_path / "hf", tokenizer_dir="meta-llama/Llama-3.2-1B")
+    with pytest.raises(ConfigError, match=r"--tokenizer = '.*nowhere': no such directory\. Fix: point to the HF model "
+                                          r"directory the checkpoint was trained from$"):
+        save_hf(state(0), CONFIG, tmp_path / "hf", tokenizer_dir=tmp_path / "nowhere")
+    assert not (tmp_path / "hf").exists()

@@ -345,3 +345,19 @@ def test_a_line_that_is_no_object_or_holds_no_text_says_what_it_is(tmp_path, lin
     with pytest.raises(ConfigError, match=words):
         prepare([src], tok_path, tmp_path / "x.bin", progress=False)
     assert not (tmp_path / "x.bin").exists()
+
+
+def test_a_hub_id_or_a_missing_path_as_the_tokenizer_says_which(tmp_path, monkeypatch, capsys):
+    """--tokenizer meta-llama/Llama-3.2-1B said "no tokenizer.json found" (nothing is downloaded, and
+    there was no directory to look in); a path to nothing said the same."""
+    monkeypatch.chdir(tmp_path)
+    src = write_jsonl(tmp_path / "c.jsonl", DOCS, field="text")
+    assert main(["prepare-data", str(src), "--tokenizer", "meta-llama/Llama-3.2-1B", "--out", "x.bin"]) == 2
+    err = capsys.readouterr().err
+    assert ("--tokenizer = 'meta-llama/Llama-3.2-1B': names nothing here; it looks like a Hugging Face model id, and "
+            "nothing is downloaded. Fix: download it once (huggingface-cli download meta-llama/Llama-3.2-1B "
+            "--local-dir DIR), then --tokenizer DIR") in err, err
+    with pytest.raises(ConfigError, match=r"--tokenizer = '.*nowhere': no such file or directory\. Fix: give a "
+                                          r"tokenizer\.json file or a Hugging Face model directory with one"):
+        prepare([src], tmp_path / "nowhere", tmp_path / "x.bin", progress=False)
+    assert not (tmp_path / "x.bin").exists()
