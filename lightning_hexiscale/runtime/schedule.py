@@ -30,8 +30,9 @@ Transport of one exchange (paper §3.2), on the two-rank link group of :func:`..
 - scatter/gather path, when both stages have the same TP degree t > 1: the tensor (equal on all
   ranks of the sending TP group) is flattened and cut into t chunks of c = ceil(n/t) elements; TP
   rank r sends chunk r to TP rank r of the other stage, and the receivers all-gather the chunks in
-  their TP group (:func:`~lightning_hexiscale.torch_compat.all_gather_single`). Each link then
-  carries 1/t of the bytes.
+  their TP group (:func:`~lightning_hexiscale.torch_compat.all_gather_single`; TP rank r is the
+  r-th device as the stage lists them, the gathered chunks come in ascending rank order and are put
+  back in TP-rank order where the two differ). Each link then carries 1/t of the bytes.
 
 Wire dtype: activations and activation gradients cross links (and TP broadcasts) in the autocast
 dtype under mixed precision (bf16 for ``bf16-mixed``: what the cost model prices, 2 bytes per
@@ -212,6 +213,13 @@ class PipelineExecutor:
         self.device, self.act_dtype = p.device, p.dtype
         self.wire_dtype = wire_dtype(self.act_dtype, autocast_dtype)
         self.links = {side: topology.link_group(side) for side in ("prev", "next")}
+        # The TP group's all-gather lays the chunks out in group-rank order, which torch makes the
+        # ascending order of the global ranks; chunk r belongs to TP rank r, the r-th device of the
+        # stage as the plan lists it (devices[0], the leader, may be any of them). Where the two
+        # orders differ, row r of the gathered (t, c) chunks is taken from this index.
+        here = self.role.stage_ranks
+        self.gather_order = (None if list(here) == sorted(here)
+                             else torch.tensor([sorted(here).index(r) for r in here], device=self.device))
         self.before_exchange: Callable[[], None] | None = None
         self.before_run: Callable[[], None] | None = None
         self.after_run: Callable[[], None] | None = None
@@ -244,6 +252,8 @@ class PipelineExecutor:
                 return None
             full = torch.empty(c * role.tp, dtype=wire, device=self.device)
             all_gather_single(full, got, group=tp_group)
+            if self.gather_order is not None:  # group-rank order -> TP-rank order (see __init__)
+                full = full.view(role.tp, c).index_select(0, self.gather_order).reshape(-1)
             return full[:n].view(shape)
         if link is not None:  # a leader
             peer, group = link
