@@ -46,3 +46,30 @@ def test_fit_of_a_random_plan_equals_single_process(tmp_path, seed):
     assert_matches(results, ref, atol=1e-6)
     for res in results:
         assert res["metrics"]["val_loss"] == pytest.approx(ref["metrics"]["val_loss"], abs=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("seed", SEEDS[:3])
+def test_a_checkpoint_of_one_random_plan_resumes_under_another_as_one_process(tmp_path, seed):
+    """Two steps under plan A with a checkpoint of each (Lightning's ModelCheckpoint, the strategy's
+    sharded save), then ``fit(ckpt_path=last)`` under plan B of the same global batch to step 4:
+    losses 3-4 and every parameter element equal four steps on one process (AdamW state, the
+    loader's position and the step counter all carried across plans)."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    a = random_plan(2000 + seed, TINY, max_world=4)
+    b = next(p for k in range(1, 10_000) if (p := random_plan(3000 + 100 * seed + k, TINY, max_world=4)).global_batch
+             == a.global_batch and p.to_dict()["pipelines"] != a.to_dict()["pipelines"])
+    g = a.global_batch
+    dirs = {d: tmp_path / d for d in ("ref", "a", "b", "ck")}
+    for d in dirs.values():
+        d.mkdir()
+    single_trainer(dirs["ref"], max_steps=4).fit(module(), loader(g * 4, g))
+    save = ModelCheckpoint(dirpath=str(dirs["ck"]), save_last=True, save_top_k=0, every_n_train_steps=1)
+    hexiscale_trainer(a, dirs["a"], max_steps=2, callbacks=[save], enable_checkpointing=True).fit(
+        module(), loader(g * 4, g))
+    hexiscale_trainer(b, dirs["b"], max_steps=4).fit(module(), loader(g * 4, g), ckpt_path=str(dirs["ck"] / "last.ckpt"))
+    ref = read_ranks(dirs["ref"], 1)[0]
+    ref["losses"] = ref["losses"][2:]
+    assert_matches(read_ranks(dirs["b"], b.world_size), ref, atol=1e-6)
