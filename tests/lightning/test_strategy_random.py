@@ -69,7 +69,8 @@ def test_a_checkpoint_of_one_random_plan_resumes_under_another_as_one_process(tm
     save = ModelCheckpoint(dirpath=str(dirs["ck"]), save_last=True, save_top_k=0, every_n_train_steps=1)
     hexiscale_trainer(a, dirs["a"], max_steps=2, callbacks=[save], enable_checkpointing=True).fit(
         module(), loader(g * 4, g))
-    hexiscale_trainer(b, dirs["b"], max_steps=4).fit(module(), loader(g * 4, g), ckpt_path=str(dirs["ck"] / "last.ckpt"))
+    last = str(dirs["ck"] / "last.ckpt")
+    hexiscale_trainer(b, dirs["b"], max_steps=4).fit(module(), loader(g * 4, g), ckpt_path=last)
     ref = read_ranks(dirs["ref"], 1)[0]
     ref["losses"] = ref["losses"][2:]
     assert_matches(read_ranks(dirs["b"], b.world_size), ref, atol=1e-6)
