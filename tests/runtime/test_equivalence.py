@@ -36,6 +36,17 @@ def make_optimizer(name: str, params):
     return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1)
 
 
+def run_steps(engine, optimizer, config: LlamaConfig, global_batch: int, steps: range) -> list[float]:
+    """Train ``engine`` on the global batches ``make_batch(config, global_batch, step)`` of ``steps``,
+    one optimizer step each; the loss of every step."""
+    losses = []
+    for step in steps:
+        tokens, targets = make_batch(config, global_batch, step)
+        losses.append(train_step(engine, tokens, targets))
+        optimizer.step()
+    return losses
+
+
 def bf16_reference_losses(config: LlamaConfig, global_batch: int, steps: int) -> list[float]:
     """The single-process run under CPU bf16 autocast (float32 weights, SGD): its loss per step."""
     model = Llama(config).init_weights(SEED)
@@ -74,11 +85,7 @@ def _worker(rank: int, world: int, plan_dict: dict, config: LlamaConfig, optimiz
     engine = PipelineEngine(plan, config, seed=SEED, dtype=dtype, autocast_dtype=autocast_dtype,
                             bucket_cap_bytes=bucket_cap_bytes)
     opt = make_optimizer(optimizer, engine.parameters())
-    losses = []
-    for step in range(steps):
-        tokens, targets = make_batch(config, plan.global_batch, step)
-        losses.append(train_step(engine, tokens, targets))
-        opt.step()
+    losses = run_steps(engine, opt, config, plan.global_batch, range(steps))
     gs = engine.grad_sync
     layout = [(ranks, gs._order_key((ranks, items)), sum(gs._view(*it).numel() for it in items))
               for ranks, items in gs.dp_buckets]

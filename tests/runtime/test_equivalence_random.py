@@ -17,9 +17,8 @@ import random
 
 import pytest
 import torch
-from test_equivalence import SEED, STEPS, assert_matches_reference, make_batch, make_optimizer, reference
+from test_equivalence import SEED, STEPS, assert_matches_reference, make_optimizer, reference, run_steps
 
-from grad_step import train_step
 from lightning_hexiscale.errors import PlanError
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner import Plan
@@ -72,11 +71,7 @@ def _worker(rank: int, world: int, plan_dict: dict, config: LlamaConfig, optimiz
     plan = Plan.from_dict(plan_dict)
     engine = PipelineEngine(plan, config, seed=SEED, dtype=torch.float64)
     opt = engine.wrap_optimizer(make_optimizer(optimizer, engine.parameters()))
-    losses = []
-    for step in range(STEPS):
-        tokens, targets = make_batch(config, plan.global_batch, step)
-        losses.append(train_step(engine, tokens, targets))
-        opt.step()
+    losses = run_steps(engine, opt, config, plan.global_batch, range(STEPS))
     return {"losses": losses, "shards": engine.local_shards()}
 
 

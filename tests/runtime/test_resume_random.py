@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_equivalence import SEED, STEPS, assert_matches_reference, make_batch, reference
+from test_equivalence import SEED, STEPS, assert_matches_reference, reference, run_steps
 from test_equivalence_random import random_plan
 
-from grad_step import train_step
 from lightning_hexiscale.models.config import LlamaConfig
 from lightning_hexiscale.planner import Plan
 from lightning_hexiscale.runtime import checkpoint as ckpt
@@ -37,9 +36,7 @@ def _engine(plan_dict: dict, config: LlamaConfig):
 
 def _save_worker(rank: int, world: int, plan_dict: dict, config: LlamaConfig, path: str) -> float:
     plan, engine, opt = _engine(plan_dict, config)
-    tokens, targets = make_batch(config, plan.global_batch, 0)
-    loss = train_step(engine, tokens, targets)
-    opt.step()
+    loss = run_steps(engine, opt, config, plan.global_batch, range(1))[0]
     ckpt.save(path, engine, getattr(opt, "user", opt), lightning_state={"global_step": 1})
     return loss
 
@@ -48,11 +45,7 @@ def _resume_worker(rank: int, world: int, plan_dict: dict, config: LlamaConfig, 
     plan, engine, opt = _engine(plan_dict, config)  # drawn from SEED: the load must overwrite all of it
     ckpt.load_model(path, engine)
     ckpt.load_optimizer(path, engine, opt)
-    losses = []
-    for step in range(1, STEPS):
-        tokens, targets = make_batch(config, plan.global_batch, step)
-        losses.append(train_step(engine, tokens, targets))
-        opt.step()
+    losses = run_steps(engine, opt, config, plan.global_batch, range(1, STEPS))
     return {"losses": losses, "shards": engine.local_shards()}
 
 
