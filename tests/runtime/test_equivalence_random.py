@@ -21,8 +21,7 @@ from test_equivalence import SEED, STEPS, assert_matches_reference, make_optimiz
 
 from lightning_hexiscale.errors import PlanError
 from lightning_hexiscale.models.config import LlamaConfig
-from lightning_hexiscale.planner import Plan
-from lightning_hexiscale.planner.plan import DP_SHARDINGS, SCHEDULES
+from lightning_hexiscale.planner import DP_SHARDINGS, SCHEDULES, Plan
 from lightning_hexiscale.runtime.engine import PipelineEngine
 
 SEEDS = range(12)
