@@ -301,16 +301,16 @@ def dp_edge_times(plan: Plan, i: int, j: int, cluster: Cluster, workload: Worklo
     ranks of the other pipelines that hold the same rows (all-reduce, or reduce-scatter +
     all-gather; the slowest rank of the stage counts), and the leader broadcasts the stage's
     replicated norms in its TP group after the sync. A tied embedding's first/last-stage exchange
-    (:func:`tied_exchange_s`) counts with the embedding sync of the first stage. All zero with one
-    pipeline, apart from that exchange."""
+    (:func:`tied_exchange_s`) counts with the embedding sync of the first stage. With one pipeline
+    only that exchange and, under ZeRO, the norms' broadcast (:func:`norms_broadcast_s`) remain."""
     pipes = plan.pipelines
     tied = tied_exchange_s(plan, i, cluster, workload) if j == 0 else 0.0
-    if len(pipes) == 1:
-        return tied, 0.0, 0.0
-    model = workload.model
-    red_bt, bt = wire_element_bytes(plan, workload)
     st = pipes[i].stages[j]
     first, last = j == 0, j == len(pipes[i].stages) - 1
+    if len(pipes) == 1:
+        return tied, 0.0, norms_broadcast_s(plan, st, last, cluster, workload)
+    model = workload.model
+    red_bt, bt = wire_element_bytes(plan, workload)
     bw, lat = cluster.bandwidth, cluster.latency
 
     def sync(params: float, holder) -> float:
@@ -328,12 +328,20 @@ def dp_edge_times(plan: Plan, i: int, j: int, cluster: Cluster, workload: Worklo
     t_emb = tied + (sync(model.embedding_params, lambda p: p.stages[0]) if first else 0.0)
     t_head = (sync(model.head_params, lambda p: p.stages[-1])  # LM head rows (+ the final norm, on leaders)
               if last and not model.tie_word_embeddings else 0.0)
-    t_norms = 0.0
-    if st.tp > 1:  # leader -> TP group: the replicated norms' gradients (ddp) or parameters (zero)
-        norms = (2 * st.num_layers + (1 if last else 0)) * model.hidden_size
-        nbytes = norms * (red_bt if plan.dp_sharding == "ddp" else bt)
-        t_norms = sum(lat[st.leader, d] + nbytes / (st.tp * bw[st.leader, d]) for d in st.devices[1:])
-    return float(t_emb), float(t_head), float(t_norms)
+    return float(t_emb), float(t_head), norms_broadcast_s(plan, st, last, cluster, workload)
+
+
+def norms_broadcast_s(plan: Plan, st, last: bool, cluster: Cluster, workload: Workload) -> float:
+    """Stage leader -> its TP group (t > 1), after the sync: the replicated norms' gradients (ddp,
+    only when there are pipelines to sum with) or parameters (ZeRO, whatever the pipelines: the
+    leader alone steps them); sum over the other members d of lat + bytes / (t * bw) in seconds."""
+    if st.tp == 1 or (plan.dp_sharding == "ddp" and plan.num_pipelines == 1):
+        return 0.0
+    red_bt, bt = wire_element_bytes(plan, workload)
+    norms = (2 * st.num_layers + (1 if last else 0)) * workload.model.hidden_size
+    nbytes = norms * (red_bt if plan.dp_sharding == "ddp" else bt)
+    bw, lat = cluster.bandwidth, cluster.latency
+    return float(sum(lat[st.leader, d] + nbytes / (st.tp * bw[st.leader, d]) for d in st.devices[1:]))
 
 
 def dp_edge_all(plan: Plan, cluster: Cluster, workload: Workload) -> dict[tuple[int, int], tuple[float, float, float]]:
@@ -345,8 +353,12 @@ def dp_edge_all(plan: Plan, cluster: Cluster, workload: Workload) -> dict[tuple[
     pipes = plan.pipelines
     P = len(pipes)
     tied = {i: t for i in range(P) if (t := tied_exchange_s(plan, i, cluster, workload)) > 0.0}
-    if P == 1:
-        return {(i, 0): (t, 0.0, 0.0) for i, t in tied.items()}
+    if P == 1:  # the tied exchange and, under ZeRO, the norms' broadcast (as dp_edge_times)
+        stages = pipes[0].stages
+        one = {(0, j): (tied.get(0, 0.0) if j == 0 else 0.0, 0.0,
+                        norms_broadcast_s(plan, st, j == len(stages) - 1, cluster, workload))
+               for j, st in enumerate(stages)}
+        return {key: v for key, v in one.items() if v != (0.0, 0.0, 0.0)}
     model = workload.model
     red_bt, bt = wire_element_bytes(plan, workload)
     bw, lat = cluster.bandwidth, cluster.latency
@@ -386,11 +398,8 @@ def dp_edge_all(plan: Plan, cluster: Cluster, workload: Workload) -> dict[tuple[
     for i, p in enumerate(pipes):
         for j, st in enumerate(p.stages):
             if st.tp > 1:  # leader -> TP group: the replicated norms (as dp_edge_times)
-                last = j == len(p.stages) - 1
-                norms = (2 * st.num_layers + (1 if last else 0)) * model.hidden_size
-                nbytes = norms * (red_bt if sh == "ddp" else bt)
-                t_norms = sum(lat[st.leader, d] + nbytes / (st.tp * bw[st.leader, d]) for d in st.devices[1:])
-                out.setdefault((i, j), [0.0, 0.0, 0.0])[2] = float(t_norms)
+                out.setdefault((i, j), [0.0, 0.0, 0.0])[2] = norms_broadcast_s(plan, st, j == len(p.stages) - 1,
+                                                                               cluster, workload)
     return {k: (float(v[0]), float(v[1]), float(v[2])) for k, v in out.items()}
 
 

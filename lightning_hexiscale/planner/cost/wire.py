@@ -31,9 +31,9 @@ or b_act; b_par = b_act, the dtype parameters are gathered in):
   LM head (last stage), plus, on the stage leader only, the replicated norms = n_local:
   ddp: all-reduce 2(k-1)/k*n_local*b_red, then the leader broadcasts the stage's replicated
   gradients in its TP group; zero2: reduce-scatter (k-1)/k*n_local*b_red, all-gather of the updated
-  parameters (k-1)/k*n_local*b_par, then the replicated parameters' TP broadcast at b_par. Exact
-  when k divides every bucket (the runtime pads each bucket to a multiple of k; fewer than k
-  elements per bucket). zero3's bytes are priced by the time model, not here; its block transfers
+  parameters (k-1)/k*n_local*b_par, then the replicated parameters' TP broadcast at b_par (also
+  with one pipeline, k = 1: under ZeRO only the leader steps them). Exact when k divides every
+  bucket (the runtime pads each bucket to a multiple of k: fewer than k elements per bucket more). zero3's bytes are priced by the time model, not here; its block transfers
   are counted by :func:`zero3_served_uses` (each use of a block by a device: one chunk from every
   holder of it in the other pipelines).
   A tied embedding (``tie_word_embeddings``) is one parameter: the first stages hold it for the
@@ -168,9 +168,12 @@ def wire_bytes(plan: Plan, model: LlamaConfig, act_bytes: int, reduce_bytes: int
                         if dst.tp > 1:
                             for d in dst.devices:
                                 out[d]["pp"] += n_mb * (dst.tp - 1) / dst.tp * m * b_act
-            if k == 1:
-                continue
             repl = stage_replicated_params(model, l, last)
+            if k == 1:
+                if plan.dp_sharding != "ddp" and t > 1:  # ZeRO: the leader alone steps them, even unshared
+                    for d in st.devices:
+                        out[d]["dp"] += (t - 1) / t * repl * b_par
+                continue
             for r, d in enumerate(st.devices):
                 n_local = (l * local_matrix_params(model, t, r) + local_vocab_params(model, t, r, first, last)
                            + (repl if r == 0 else 0))
