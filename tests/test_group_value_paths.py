@@ -70,7 +70,8 @@ def test_the_api_answers_a_hugging_face_model_id_in_its_own_words(here):
 
     with pytest.raises(ConfigError, match=r"^LlamaLitModule\(config\) = 'meta-llama/Llama-3\.2-1B': names nothing "
                                           r"here; it looks like a Hugging Face model id.*then "
-                                          r"LlamaLitModule\(config='hf:DIR'\); .*LlamaLitModule\(config='llama3_2_1b'\)$"):
+                                          r"LlamaLitModule\(config='hf:DIR'\); "
+                                          r".*LlamaLitModule\(config='llama3_2_1b'\)$"):
         LlamaLitModule("meta-llama/Llama-3.2-1B")
     with pytest.raises(ConfigError, match=r"^model = 'meta-llama/Llama-3\.2-1B': .*then 'hf:DIR'; .*'llama3_2_1b'$"):
         LlamaConfig.load("meta-llama/Llama-3.2-1B")

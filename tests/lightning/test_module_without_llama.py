@@ -112,7 +112,8 @@ def test_a_hugging_face_model_built_in_configure_model_is_named_by_the_ranks_too
     module = NoLlama()
     module.net = _hf_llama()
     with pytest.raises(ConfigError, match=r"NoLlama.model = 'NoneType': .*Fix: self.net is transformers' "
-                                          r"LlamaForCausalLM; .*LlamaLitModule\('hf:DIR'\).*attach_weights\(module, 'DIR'\)"):
+                                          r"LlamaForCausalLM; .*LlamaLitModule\('hf:DIR'\)"
+                                          r".*attach_weights\(module, 'DIR'\)"):
         find_llama(module)
 
 

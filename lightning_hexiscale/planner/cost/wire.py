@@ -33,9 +33,10 @@ or b_act; b_par = b_act, the dtype parameters are gathered in):
   gradients in its TP group; zero2: reduce-scatter (k-1)/k*n_local*b_red, all-gather of the updated
   parameters (k-1)/k*n_local*b_par, then the replicated parameters' TP broadcast at b_par (also
   with one pipeline, k = 1: under ZeRO only the leader steps them). Exact when k divides every
-  bucket (the runtime pads each bucket to a multiple of k: fewer than k elements per bucket more). zero3's bytes are priced by the time model, not here; its block transfers
-  are counted by :func:`zero3_served_uses` (each use of a block by a device: one chunk from every
-  holder of it in the other pipelines).
+  bucket (the runtime pads each bucket to a multiple of k: fewer than k elements per bucket more).
+  zero3's bytes are priced by the time model, not here; its block transfers are counted by
+  :func:`zero3_served_uses` (each use of a block by a device: one chunk from every holder of it in
+  the other pipelines).
   A tied embedding (``tie_word_embeddings``) is one parameter: the first stages hold it for the
   sync (a last stage's copy is not synchronised), and in every pipeline of 2+ stages each
   first-stage rank and last-stage rank whose vocabulary rows overlap exchange those rows
