@@ -90,15 +90,20 @@ def measured(traces, plan: Plan, name: str) -> dict[int, dict[str, float]]:
     return out
 
 
+def priced_and_moved(traces, drawn: Plan, config, **kw):
+    """Per configuration of CONFIGS: (name, plan, {device: priced bytes per class} from wire_bytes,
+    {rank: moved bytes per class} from the traces)."""
+    for name, _, sharding, reduce, (b_act, b_red, b_par) in CONFIGS:
+        plan = dataclasses.replace(drawn, dp_sharding=sharding, reduce_dtype=reduce)
+        yield name, plan, wire_bytes(plan, config, b_act, b_red, b_par, **kw), measured(traces, plan, name)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_runtime_moves_the_bytes_the_cost_model_prices(run_ranks_traced_fixture, tiny_gqa):
     _, traces = run_ranks_traced_fixture(PLAN.world_size, _worker, PLAN.to_dict(), tiny_gqa)
     assert nccl_semantics.replay(traces).ok
-    for name, _, sharding, reduce, (b_act, b_red, b_par) in CONFIGS:
-        plan = dataclasses.replace(PLAN, dp_sharding=sharding, reduce_dtype=reduce)
-        priced = wire_bytes(plan, tiny_gqa, b_act, b_red, b_par)
-        got = measured(traces, plan, name)
+    for name, plan, priced, got in priced_and_moved(traces, PLAN, tiny_gqa):
         for r, device in enumerate(plan.device_order):
             for cls in CLASSES:
                 assert got[r][cls] == pytest.approx(priced[device][cls], rel=1e-12), (name, r, cls, got[r], priced[device])

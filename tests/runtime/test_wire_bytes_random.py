@@ -13,14 +13,12 @@ most 0.1 % more. It found the broadcast of the replicated norms that ZeRO sends 
 
 from __future__ import annotations
 
-import dataclasses
-
 import nccl_semantics
 import pytest
 from test_equivalence_random import random_plan
-from test_wire_bytes import CONFIGS, _worker, measured
+from test_wire_bytes import _worker, priced_and_moved
 
-from lightning_hexiscale.planner.cost.wire import CLASSES, wire_bytes
+from lightning_hexiscale.planner.cost.wire import CLASSES
 
 SEEDS = range(8)
 
@@ -33,15 +31,12 @@ def test_a_random_plan_moves_the_bytes_the_cost_model_prices(run_ranks_traced_fi
     drawn = random_plan(700 + seed, config)
     _, traces = run_ranks_traced_fixture(drawn.world_size, _worker, drawn.to_dict(), config)
     assert nccl_semantics.replay(traces).ok
-    for name, _, sharding, reduce, (b_act, b_red, b_par) in CONFIGS:
-        plan = dataclasses.replace(drawn, dp_sharding=sharding, reduce_dtype=reduce)
-        priced = wire_bytes(plan, config, b_act, b_red, b_par)
-        got = measured(traces, plan, name)
+    for name, plan, priced, got in priced_and_moved(traces, drawn, config):
         for r, device in enumerate(plan.device_order):
             for cls in CLASSES:
                 want, moved = priced[device][cls], got[r][cls]
                 where = (name, f"rank {r}", cls, got[r], priced[device], plan.to_dict()["pipelines"])
-                if sharding == "zero2" and cls == "dp" and plan.num_pipelines > 1:
+                if plan.dp_sharding == "zero2" and cls == "dp" and plan.num_pipelines > 1:
                     assert want <= moved <= want * 1.001, where
                 else:
                     assert moved == pytest.approx(want, rel=1e-12, abs=1e-9), where
