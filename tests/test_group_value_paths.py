@@ -21,6 +21,21 @@ def here(tmp_path, monkeypatch):
     return tmp_path
 
 
+HUB_ID_CASES = [
+    # a hub id: nothing is downloaded; the fix downloads it once and reads the folder, or names a preset of its shape
+    ("model=meta-llama/Llama-3.2-1B", r"model = 'meta-llama/Llama-3\.2-1B': names nothing here; it looks like a "
+                                      r"Hugging Face model id, and nothing is downloaded\. Fix: download it once "
+                                      r"\(huggingface-cli download meta-llama/Llama-3\.2-1B --local-dir DIR\), then "
+                                      r"model=hf:DIR; or, for a model of its shape with fresh weights, the preset "
+                                      r"model=llama3_2_1b$"),
+    ("model=meta-llama/Meta-Llama-3-8B", r".*the preset model=llama3_8b$"),
+    ("model=TinyLlama/TinyLlama-1.1B-Chat-v1.0", r".*--local-dir DIR\), then model=hf:DIR$"),  # no preset alike
+    # a path: its whole name is matched (was the text before its first dot: 'Llama-3' -> llama_30b)
+    ("model=./models/Llama-3.2-1B", r"model = '\./models/Llama-3\.2-1B': no such file .*Fix: check the path, or use "
+                                    r"the preset llama3_2_1b \(model=llama3_2_1b\)$"),
+]
+
+
 @pytest.mark.parametrize("override, message", [
     ("cluster=adir", r"cluster = 'adir': names no preset; it is a directory here, not a YAML file\. Fix: name the "
                      r"\.yaml file inside it, e\.g\. cluster=adir/cluster\.yaml, or a preset: case_study"),
@@ -33,8 +48,10 @@ def here(tmp_path, monkeypatch):
                     r"Face config\.json\)\. Fix: read it as one: model=hf:hfdir"),
     ("model=./hfdir", r"model = '\./hfdir': a directory, not a YAML file \(it holds a Hugging Face config\.json\)\. "
                       r"Fix: read it as one: model=hf:\./hfdir"),
+    *HUB_ID_CASES,
 ])
 def test_a_group_value_that_is_a_path_here_says_what_it_is(here, override, message):
+    # also a Hugging Face hub id (HUB_ID_CASES): nothing is downloaded, and the fix says how to get it
     with pytest.raises(ConfigError, match="^" + message):
         compose([override])
 
@@ -44,24 +61,6 @@ def test_presets_and_a_misspelt_name_are_as_before(here):
     assert compose(["cluster=cpu2"]).cluster.name == "cpu2"
     with pytest.raises(ConfigError, match=r"cluster = 'cpu3': .*Could not find 'cluster/cpu3'.*did you mean cluster=cpu2"):
         compose(["cluster=cpu3"])
-
-
-@pytest.mark.parametrize("override, message", [
-    # a hub id: nothing is downloaded; the fix downloads it once and reads the folder, or names a preset of its shape
-    ("model=meta-llama/Llama-3.2-1B", r"model = 'meta-llama/Llama-3\.2-1B': names nothing here; it looks like a "
-                                      r"Hugging Face model id, and nothing is downloaded\. Fix: download it once "
-                                      r"\(huggingface-cli download meta-llama/Llama-3\.2-1B --local-dir DIR\), then "
-                                      r"model=hf:DIR; or, for a model of its shape with fresh weights, the preset "
-                                      r"model=llama3_2_1b$"),
-    ("model=meta-llama/Meta-Llama-3-8B", r".*the preset model=llama3_8b$"),
-    ("model=TinyLlama/TinyLlama-1.1B-Chat-v1.0", r".*--local-dir DIR\), then model=hf:DIR$"),  # no preset alike
-    # a path: its whole name is matched (was the text before its first dot: 'Llama-3' -> llama_30b)
-    ("model=./models/Llama-3.2-1B", r"model = '\./models/Llama-3\.2-1B': no such file .*Fix: check the path, or use "
-                                    r"the preset llama3_2_1b \(model=llama3_2_1b\)$"),
-])
-def test_a_hugging_face_model_id_is_answered_as_one(here, override, message):
-    with pytest.raises(ConfigError, match="^" + message):
-        compose([override])
 
 
 def test_the_api_answers_a_hugging_face_model_id_in_its_own_words(here):
