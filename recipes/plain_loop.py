@@ -1,0 +1,184 @@
+"""Train with the planner and the runtime in a plain PyTorch loop: no Lightning.
+
+    torchrun --standalone --nproc_per_node 4 recipes/plain_loop.py --cluster cpu_demo --steps 30
+
+What ``Trainer(strategy="hexiscale")`` does, written out for a loop of your own (the steps are
+numbered below): the cluster (a preset, a file, or ``auto``: the ranks measure it,
+:func:`~lightning_hexiscale.profiling.discover.discover_process_group`), a plan (the search on
+rank 0, or ``--plan FILE``) that rank 0 hands to every rank, this rank's stage
+(:class:`~lightning_hexiscale.runtime.engine.PipelineEngine`), and one ``engine.fit_step`` per
+global batch: every rank passes the same (G, S) batch and the engine cuts its pipeline's rows.
+``--save DIR`` writes a DCP checkpoint (``hexiscale export DIR --hf OUT`` writes Hugging Face files),
+``--resume DIR`` continues from one, under this plan or another. A plan that leaves devices idle
+runs too: their ranks take part in creating the process groups and wait at the end.
+
+One rank per device: CUDA GPUs under NCCL (``LOCAL_RANK``'s GPU), else CPU processes under gloo.
+Errors in the arguments, the cluster or the plan are printed once, by rank 0, and every rank exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+
+from lightning_hexiscale import Cluster, LlamaConfig, Plan, search
+from lightning_hexiscale.data import generated_corpus
+from lightning_hexiscale.errors import HexiScaleError
+from lightning_hexiscale.planner import SearchSettings, Workload
+from lightning_hexiscale.runtime import checkpoint
+from lightning_hexiscale.runtime.engine import PipelineEngine
+from lightning_hexiscale.runtime.topology import create_groups, rank_map
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        """Said once, by rank 0 (every rank parses the same arguments), then every rank exits 2."""
+        if os.environ.get("RANK", "0") == "0":
+            self.print_usage(sys.stderr)
+            print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = _Parser(description="train a Llama with a HexiScale plan in a plain PyTorch loop; launch "
+                                "with torchrun --nproc_per_node N (one process per device)")
+    p.add_argument("--cluster", default="auto", help="a cluster preset or YAML file, or auto (measured by the "
+                   "ranks and cached; default)")
+    p.add_argument("--model", default="llama_demo", help="a model preset, YAML file or hf:DIR (default llama_demo)")
+    p.add_argument("--plan", help="a plan file (hexiscale plan --out); default: the search's plan on the cluster")
+    p.add_argument("--global-batch", type=int, default=32, help="sequences per optimizer step (default 32)")
+    p.add_argument("--steps", type=int, default=30, help="optimizer steps (default 30)")
+    p.add_argument("--samples", type=int, default=1024, help="sequences of the generated corpus, reshuffled "
+                   "every epoch (default 1024)")
+    p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (default 3e-3)")
+    p.add_argument("--clip", type=float, default=1.0, help="clip the global gradient norm to this (0: off)")
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast over float32 weights (bf16-mixed)")
+    p.add_argument("--save", metavar="DIR", help="write a checkpoint here after the last step")
+    p.add_argument("--resume", metavar="DIR", help="load the weights and optimizer state of a checkpoint first")
+    args = p.parse_args(argv)
+    for flag, value in (("--global-batch", args.global_batch), ("--steps", args.steps), ("--samples", args.samples)):
+        if value < 1:
+            p.error(f"{flag} = {value}: must be a whole number >= 1 (e.g. {flag} 8)")
+    if not args.lr > 0 or args.clip < 0:
+        p.error(f"--lr = {args.lr}, --clip = {args.clip}: the rate must be > 0 and the clip >= 0 (0: no clipping)")
+    return args
+
+
+def make_plan(args: argparse.Namespace, config: LlamaConfig, world: int) -> tuple[Plan, Cluster | None]:
+    """Steps 1-2, collective: the cluster (discovered by every rank when ``auto``) and rank 0's plan,
+    the same on every rank. An error of rank 0 reaches every rank as the same message."""
+    precision = "bf16-mixed" if args.bf16 else None
+    cluster = None
+    if args.cluster == "auto" and args.plan is None:  # a plan file needs no cluster
+        from lightning_hexiscale.profiling.discover import discover_process_group
+
+        found = discover_process_group(config, precision=precision, progress=dist.get_rank() == 0)
+        cluster = Cluster.load(found.path) if dist.get_rank() == 0 else None
+    made: list = [None]
+    if dist.get_rank() == 0:
+        try:
+            if cluster is None and args.cluster != "auto":
+                cluster = Cluster.load(args.cluster, key="--cluster")
+            if args.plan is not None:  # checked against the cluster too where one is named
+                plan = Plan.load(args.plan, key="--plan").validate(cluster, config, global_batch=args.global_batch)
+            else:
+                workload = Workload.for_devices(config, [d.gpu_type for d in cluster.devices], precision)
+                plan = search(cluster, workload, args.global_batch, SearchSettings(progress=False)).plan
+            made[0] = ("plan", plan.to_dict())
+        except HexiScaleError as e:
+            made[0] = ("error", str(e))
+    dist.broadcast_object_list(made, src=0)
+    kind, value = made[0]
+    if kind == "error":
+        raise SystemExit(_fail(value))
+    plan = Plan.from_dict(value)
+    if world not in (plan.world_size, len(plan.launch_order)):
+        idle = f" ({len(plan.launch_order)} with the ones it leaves idle)" if plan.idle_devices else ""
+        raise SystemExit(_fail(f"the plan runs on {plan.world_size} devices{idle} and this job has {world} "
+                               f"processes. Fix: torchrun --nproc_per_node {len(plan.launch_order)}"))
+    return plan, cluster
+
+
+def _fail(message: str) -> int:
+    if dist.get_rank() == 0:
+        print(f"plain_loop: error: {message}", file=sys.stderr, flush=True)
+    dist.destroy_process_group()
+    return 2
+
+
+def train(args: argparse.Namespace, plan: Plan, config: LlamaConfig, device: torch.device) -> None:
+    """Steps 3-5 on a rank the plan uses: its stage, the optimizer, the loop."""
+    engine = PipelineEngine(plan, config, seed=0, device=device,  # step 3: this rank's stage (collective)
+                            autocast_dtype=torch.bfloat16 if args.bf16 else None)
+    # step 4: an ordinary optimizer over the stage's parameters; under ZeRO the engine steps a
+    # sharded copy of it (wrap_optimizer), so keep what it returns
+    optimizer = engine.wrap_optimizer(torch.optim.AdamW(engine.parameters(), lr=args.lr))
+    first = 0
+    if args.resume:
+        checkpoint.load_model(args.resume, engine, group=engine.topology.plan_group)
+        checkpoint.load_optimizer(args.resume, engine, optimizer, group=engine.topology.plan_group)
+        first = int(checkpoint.read_meta(args.resume).get("hexiscale", {}).get("step", 0))
+    lead = engine.topology.rank == 0
+    data = generated_corpus(max(args.samples, args.global_batch), config.seq_len)
+    for step, batch in global_batches(data, args.global_batch, first, first + args.steps):
+        tokens, targets = batch[:, :-1].to(device), batch[:, 1:].to(device)  # step 5: one fit_step per batch
+        done = engine.fit_step(tokens, targets, optimizer, clip_norm=args.clip or None)
+        if lead:
+            print(f"step {step + 1}: loss {done.loss:.4f}", flush=True)
+    if args.save:
+        checkpoint.save(args.save, engine, optimizer, extra={"step": first + args.steps},
+                        group=engine.topology.plan_group)
+        if lead:
+            print(f"saved {args.save} (Hugging Face files: hexiscale export {args.save} --hf OUT_DIR)", flush=True)
+
+
+def global_batches(data, global_batch: int, first: int, end: int):
+    """(step, batch) for steps ``first`` .. ``end - 1``: epochs of ``data`` shuffled with the epoch's
+    seed, the same on every rank (the engine keeps its pipeline's rows of each), and the same for a
+    run resumed at ``first`` as for one that trained through it."""
+    per_epoch = len(data) // global_batch
+    for epoch in range(first // per_epoch, (end - 1) // per_epoch + 1):
+        loader = DataLoader(data, batch_size=global_batch, shuffle=True, drop_last=True,
+                            generator=torch.Generator().manual_seed(epoch))
+        for k, batch in enumerate(loader):
+            if first <= epoch * per_epoch + k < end:
+                yield epoch * per_epoch + k, batch
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        print("plain_loop: error: run it under torchrun, one process per device: torchrun --standalone "
+              "--nproc_per_node 4 recipes/plain_loop.py", file=sys.stderr)
+        return 2
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    else:
+        torch.set_num_threads(1)  # CPU processes share the host's cores
+    dist.init_process_group("nccl" if cuda else "gloo")
+    try:
+        config = LlamaConfig.load(args.model, key="--model")
+    except HexiScaleError as e:
+        return _fail(str(e))
+    plan, cluster = make_plan(args, config, dist.get_world_size())
+    if dist.get_rank() == 0:
+        print(plan.table(cluster), flush=True)
+    ranks = rank_map(plan, dist.get_world_size())
+    if dist.get_rank() in ranks:
+        train(args, plan, config, device)
+    else:
+        create_groups(plan, config, ranks)  # a device the plan leaves idle: the group set-up, nothing else
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
