@@ -57,7 +57,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "every epoch (default 1024)")
     p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (default 3e-3)")
     p.add_argument("--clip", type=float, default=1.0, help="clip the global gradient norm to this (0: off)")
-    p.add_argument("--bf16", action="store_true", help="bf16 autocast over float32 weights (bf16-mixed)")
+    p.add_argument("--precision", choices=["32-true", "bf16-mixed"], help="float32, or bf16 autocast over float32 "
+                   "weights (default: bf16-mixed on CUDA GPUs, 32-true on CPU); the plan is priced in it")
     p.add_argument("--save", metavar="DIR", help="write a checkpoint here after the last step")
     p.add_argument("--resume", metavar="DIR", help="load the weights and optimizer state of a checkpoint first")
     args = p.parse_args(argv)
@@ -72,7 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def make_plan(args: argparse.Namespace, config: LlamaConfig, world: int) -> tuple[Plan, Cluster | None]:
     """Steps 1-2, collective: the cluster (discovered by every rank when ``auto``) and rank 0's plan,
     the same on every rank. An error of rank 0 reaches every rank as the same message."""
-    precision = "bf16-mixed" if args.bf16 else None
+    precision = args.precision
     cluster = None
     if args.cluster == "auto" and args.plan is None:  # a plan file needs no cluster
         from lightning_hexiscale.profiling.discover import discover_process_group
@@ -114,7 +115,7 @@ def _fail(message: str) -> int:
 def train(args: argparse.Namespace, plan: Plan, config: LlamaConfig, device: torch.device) -> None:
     """Steps 3-5 on a rank the plan uses: its stage, the optimizer, the loop."""
     engine = PipelineEngine(plan, config, seed=0, device=device,  # step 3: this rank's stage (collective)
-                            autocast_dtype=torch.bfloat16 if args.bf16 else None)
+                            autocast_dtype=torch.bfloat16 if args.precision == "bf16-mixed" else None)
     # step 4: an ordinary optimizer over the stage's parameters; under ZeRO the engine steps a
     # sharded copy of it (wrap_optimizer), so keep what it returns
     optimizer = engine.wrap_optimizer(torch.optim.AdamW(engine.parameters(), lr=args.lr))
@@ -157,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
               "--nproc_per_node 4 recipes/plain_loop.py", file=sys.stderr)
         return 2
     cuda = torch.cuda.is_available()
+    args.precision = args.precision or ("bf16-mixed" if cuda else "32-true")  # as the strategy's default
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
