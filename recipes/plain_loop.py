@@ -10,7 +10,7 @@ rank 0, or ``--plan FILE``) that rank 0 hands to every rank, this rank's stage
 global batch: every rank passes the same (G, S) batch and the engine cuts its pipeline's rows.
 ``--save DIR`` writes a DCP checkpoint (``hexiscale export DIR --hf OUT`` writes Hugging Face files),
 ``--resume DIR`` continues from one, under this plan or another. A plan that leaves devices idle
-runs too: their ranks take part in creating the process groups and wait at the end.
+runs too: their ranks take part in creating the process groups, then end.
 
 One rank per device: CUDA GPUs under NCCL (``LOCAL_RANK``'s GPU), else CPU processes under gloo.
 Errors in the arguments, the cluster or the plan are printed once, by rank 0, and every rank exits 2.
@@ -153,9 +153,12 @@ def global_batches(data, global_batch: int, first: int, end: int):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+    # torchrun's agent hosts the rendezvous store, so that a rank the plan leaves idle may end early
+    # (were the store rank 0's, an idle rank 0 would have to outlive the training); under SLURM: srun torchrun
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "RANK" not in os.environ:
         print("plain_loop: error: run it under torchrun, one process per device: torchrun --standalone "
-              "--nproc_per_node 4 recipes/plain_loop.py", file=sys.stderr)
+              "--nproc_per_node 4 recipes/plain_loop.py (on several machines: torchrun --nnodes N "
+              "--rdzv-endpoint HOST:PORT ..., e.g. under srun)", file=sys.stderr)
         return 2
     cuda = torch.cuda.is_available()
     args.precision = args.precision or ("bf16-mixed" if cuda else "32-true")  # as the strategy's default
@@ -176,8 +179,10 @@ def main(argv: list[str] | None = None) -> int:
     if dist.get_rank() in ranks:
         train(args, plan, config, device)
     else:
-        create_groups(plan, config, ranks)  # a device the plan leaves idle: the group set-up, nothing else
-    dist.barrier()
+        # a device the plan leaves idle: its part of the group set-up, then it ends (torchrun's agent
+        # hosts the store and waits for the others); no barrier at the end, where it would wait for a
+        # whole training run and exceed the process group's timeout (10 minutes under NCCL)
+        create_groups(plan, config, ranks)
     dist.destroy_process_group()
     return 0
 

@@ -114,7 +114,9 @@ def test_a_bad_flag_is_refused_before_any_process_group(capsys, monkeypatch, arg
 
 
 def test_outside_torchrun_it_says_how_to_launch(capsys, monkeypatch):
-    monkeypatch.delenv("RANK", raising=False)
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
-    code, _, err = run_script(SCRIPT, [], capsys)
-    assert code == 2 and "run it under torchrun" in err and "--nproc_per_node" in err, err
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    for env in ({}, {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}):  # srun-style
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        code, _, err = run_script(SCRIPT, [], capsys)
+        assert code == 2 and "run it under torchrun" in err and "--nproc_per_node" in err, err
