@@ -131,11 +131,21 @@ def train(args: argparse.Namespace, plan: Plan, config: LlamaConfig, device: tor
         done = engine.fit_step(tokens, targets, optimizer, clip_norm=args.clip or None)
         if lead:
             print(f"step {step + 1}: loss {done.loss:.4f}", flush=True)
+    held_out = held_out_batch(config, args.global_batch).to(device)  # forward only, every pipeline its rows
+    loss = engine.eval_loss(held_out[:, :-1], held_out[:, 1:])
+    if lead:
+        print(f"held-out loss {loss:.4f}", flush=True)
     if args.save:
         checkpoint.save(args.save, engine, optimizer, extra={"step": first + args.steps},
                         group=engine.topology.plan_group)
         if lead:
             print(f"saved {args.save} (Hugging Face files: hexiscale export {args.save} --hf OUT_DIR)", flush=True)
+
+
+def held_out_batch(config: LlamaConfig, global_batch: int) -> torch.Tensor:
+    """One global batch (G, S + 1) of generated text the training batches never hold (another seed)."""
+    rows = generated_corpus(global_batch, config.seq_len, seed=1)
+    return torch.stack([rows[i] for i in range(global_batch)])
 
 
 def global_batches(data, global_batch: int, first: int, end: int):

@@ -44,12 +44,12 @@ def _losses(out: str) -> dict[int, float]:
     return {int(k): float(v) for k, v in re.findall(r"^step (\d+): loss ([\d.]+)$", out, re.M)}
 
 
-def _reference(steps: int) -> list[float]:
+def _reference(steps: int) -> tuple[list[float], float]:
     """One process: the plain Llama, float32, AdamW (unfused) with the global-norm clip, on the
-    batches the recipe draws (its ``global_batches``)."""
+    batches the recipe draws (its ``global_batches``); the losses of the steps and the held-out loss."""
     sys.path.insert(0, str(SCRIPT.parent))
     try:
-        from plain_loop import global_batches
+        from plain_loop import global_batches, held_out_batch
     finally:
         sys.path.remove(str(SCRIPT.parent))
     config = LlamaConfig.load("llama_tiny")
@@ -63,7 +63,9 @@ def _reference(steps: int) -> list[float]:
         torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
         opt.step()
         losses.append(loss.item())
-    return losses
+    held_out = held_out_batch(config, G)
+    with torch.no_grad():
+        return losses, model.loss(model(held_out[:, :-1]), held_out[:, 1:]).item()
 
 
 # two pipelines of unequal batches under ZeRO-2, one of them a TP-2 stage led by device 3 behind a TP-1 stage
@@ -88,10 +90,12 @@ def test_trains_as_one_process_and_resumes_under_another_plan(tmp_path):
     assert "idle: 2xCPU-SMALL [2,3]" in resumed.stdout, resumed.stdout
     got = {**_losses(first.stdout), **_losses(resumed.stdout)}
     assert sorted(got) == [1, 2, 3, 4, 5], first.stdout + resumed.stdout
-    ref = _reference(5)
+    ref, ref_held_out = _reference(5)
     # printed to 4 decimals; the plans sum in other orders (float32)
     assert [got[k] for k in range(1, 6)] == pytest.approx(ref, abs=2e-3)
     assert ref[0] - ref[-1] > 0.5  # it trained: not a comparison of two untouched models
+    held_out = [float(v) for v in re.findall(r"^held-out loss ([\d.]+)$", resumed.stdout, re.M)]
+    assert held_out == [pytest.approx(ref_held_out, abs=2e-3)], resumed.stdout
 
 
 @pytest.mark.slow
