@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -28,7 +29,8 @@ from torch.utils.data import DataLoader
 
 from lightning_hexiscale import Cluster, LlamaConfig, Plan, search
 from lightning_hexiscale.data import generated_corpus
-from lightning_hexiscale.errors import HexiScaleError
+from lightning_hexiscale.config.recipe import check_output_dir
+from lightning_hexiscale.errors import ConfigError, HexiScaleError
 from lightning_hexiscale.planner import SearchSettings, Workload
 from lightning_hexiscale.runtime import checkpoint
 from lightning_hexiscale.runtime.engine import PipelineEngine
@@ -83,6 +85,7 @@ def make_plan(args: argparse.Namespace, config: LlamaConfig, world: int) -> tupl
     made: list = [None]
     if dist.get_rank() == 0:
         try:
+            check_paths(args, config)
             if cluster is None and args.cluster != "auto":
                 cluster = Cluster.load(args.cluster, key="--cluster")
             if args.plan is not None:  # checked against the cluster too where one is named
@@ -103,6 +106,19 @@ def make_plan(args: argparse.Namespace, config: LlamaConfig, world: int) -> tupl
         raise SystemExit(_fail(f"the plan runs on {plan.world_size} devices{idle} and this job has {world} "
                                f"processes. Fix: torchrun --nproc_per_node {len(plan.launch_order)}"))
     return plan, cluster
+
+
+def check_paths(args: argparse.Namespace, config: LlamaConfig) -> None:
+    """Before any training: ``--resume`` is a complete checkpoint of this model, and ``--save`` can be
+    written (else ConfigError; a save that failed would lose the run it ends)."""
+    if args.resume:
+        checkpoint.check_model(args.resume, config, key="--resume")
+    if args.save:
+        check_output_dir("--save", args.save, "save to a directory you can write, e.g. --save checkpoints/last")
+        try:
+            checkpoint.check_save_target(Path(args.save))
+        except ConfigError as e:  # named as this script takes it
+            raise ConfigError("--save", e.value, e.rule, e.fix) from None
 
 
 def _fail(message: str) -> int:

@@ -23,6 +23,7 @@ from slow_host import scaled
 
 from lightning_hexiscale import Llama, LlamaConfig, Plan
 from lightning_hexiscale.data import generated_corpus
+from lightning_hexiscale.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "recipes" / "plain_loop.py"
@@ -105,6 +106,38 @@ def test_a_job_of_the_wrong_size_is_one_clear_error(tmp_path):
     assert run.returncode != 0
     said = "the plan runs on 2 devices and this job has 3 processes. Fix: torchrun --nproc_per_node 2"
     assert (run.stdout + run.stderr).count(said) == 1, run.stderr[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_save_path_that_would_fail_is_refused_before_training(tmp_path):
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("mine")
+    run = _torchrun(2, "--cluster", "cpu2", "--steps", "1", "--save", "notes", cwd=tmp_path)
+    assert run.returncode != 0 and "step 1:" not in run.stdout
+    assert (run.stdout + run.stderr).count("--save = 'notes': an existing directory that is not a checkpoint") == 1
+    assert (tmp_path / "notes" / "todo.txt").read_text() == "mine"
+
+
+def _check_paths(**kwargs):
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        from plain_loop import check_paths, parse_args
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    args = parse_args([f"--{k}={v}" for k, v in kwargs.items()])
+    check_paths(args, LlamaConfig.load("llama_tiny"))
+
+
+@pytest.mark.parametrize("flag, value, said", [
+    ("resume", "nowhere", "--resume = 'nowhere': no such checkpoint"),
+    ("save", "/proc/nope/ck", "--save = '/proc/nope/ck': cannot "),
+    ("save", "{tmp}/file.txt/ck", "lies below"),
+])
+def test_the_paths_are_checked_first(tmp_path, flag, value, said):
+    (tmp_path / "file.txt").write_text("x")
+    with pytest.raises(ConfigError, match=re.escape(said)):
+        _check_paths(**{flag: value.format(tmp=tmp_path)})
 
 
 @pytest.mark.parametrize("args, said", [
