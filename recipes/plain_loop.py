@@ -21,13 +21,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from lightning_hexiscale import Cluster, LlamaConfig, Plan, search
+from lightning_hexiscale import Cluster, LlamaConfig, Plan, estimate, search
 from lightning_hexiscale.data import generated_corpus
 from lightning_hexiscale.config.recipe import check_output_dir
 from lightning_hexiscale.errors import ConfigError, HexiScaleError
@@ -72,9 +73,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def make_plan(args: argparse.Namespace, config: LlamaConfig, world: int) -> tuple[Plan, Cluster | None]:
-    """Steps 1-2, collective: the cluster (discovered by every rank when ``auto``) and rank 0's plan,
-    the same on every rank. An error of rank 0 reaches every rank as the same message."""
+def make_plan(args: argparse.Namespace, config: LlamaConfig, world: int) -> tuple[Plan, Cluster | None, float | None]:
+    """Steps 1-2, collective: the cluster (discovered by every rank when ``auto``), rank 0's plan and
+    its estimated step time in seconds (None without a cluster to price it on), the same on every
+    rank. An error of rank 0 reaches every rank as the same message."""
     precision = args.precision
     cluster = None
     if args.cluster == "auto" and args.plan is None:  # a plan file needs no cluster
@@ -88,24 +90,27 @@ def make_plan(args: argparse.Namespace, config: LlamaConfig, world: int) -> tupl
             check_paths(args, config)
             if cluster is None and args.cluster != "auto":
                 cluster = Cluster.load(args.cluster, key="--cluster")
+            workload = (Workload.for_devices(config, [d.gpu_type for d in cluster.devices], precision)
+                        if cluster is not None else None)
             if args.plan is not None:  # checked against the cluster too where one is named
                 plan = Plan.load(args.plan, key="--plan").validate(cluster, config, global_batch=args.global_batch)
+                priced = estimate(plan, cluster, workload).cost if cluster is not None else None
             else:
-                workload = Workload.for_devices(config, [d.gpu_type for d in cluster.devices], precision)
-                plan = search(cluster, workload, args.global_batch, SearchSettings(progress=False)).plan
-            made[0] = ("plan", plan.to_dict())
+                found = search(cluster, workload, args.global_batch, SearchSettings(progress=False))
+                plan, priced = found.plan, found.estimate.cost
+            made[0] = ("plan", (plan.to_dict(), priced))
         except HexiScaleError as e:
             made[0] = ("error", str(e))
     dist.broadcast_object_list(made, src=0)
     kind, value = made[0]
     if kind == "error":
         raise SystemExit(_fail(value))
-    plan = Plan.from_dict(value)
+    plan, priced = Plan.from_dict(value[0]), value[1]
     if world not in (plan.world_size, len(plan.launch_order)):
         idle = f" ({len(plan.launch_order)} with the ones it leaves idle)" if plan.idle_devices else ""
         raise SystemExit(_fail(f"the plan runs on {plan.world_size} devices{idle} and this job has {world} "
                                f"processes. Fix: torchrun --nproc_per_node {len(plan.launch_order)}"))
-    return plan, cluster
+    return plan, cluster, priced
 
 
 def check_paths(args: argparse.Namespace, config: LlamaConfig) -> None:
@@ -128,8 +133,10 @@ def _fail(message: str) -> int:
     return 2
 
 
-def train(args: argparse.Namespace, plan: Plan, config: LlamaConfig, device: torch.device) -> None:
-    """Steps 3-5 on a rank the plan uses: its stage, the optimizer, the loop."""
+def train(args: argparse.Namespace, plan: Plan, config: LlamaConfig, device: torch.device,
+          priced: float | None) -> None:
+    """Steps 3-5 on a rank the plan uses: its stage, the optimizer, the loop; at the end the measured
+    step time against ``priced``, the plan's estimate (the first step, warm-up, not counted)."""
     engine = PipelineEngine(plan, config, seed=0, device=device,  # step 3: this rank's stage (collective)
                             autocast_dtype=torch.bfloat16 if args.precision == "bf16-mixed" else None)
     # step 4: an ordinary optimizer over the stage's parameters; under ZeRO the engine steps a
@@ -142,11 +149,19 @@ def train(args: argparse.Namespace, plan: Plan, config: LlamaConfig, device: tor
         first = int(checkpoint.read_meta(args.resume).get("hexiscale", {}).get("step", 0))
     lead = engine.topology.rank == 0
     data = generated_corpus(max(args.samples, args.global_batch), config.seq_len)
+    seconds = []
     for step, batch in global_batches(data, args.global_batch, first, first + args.steps):
         tokens, targets = batch[:, :-1].to(device), batch[:, 1:].to(device)  # step 5: one fit_step per batch
-        done = engine.fit_step(tokens, targets, optimizer, clip_norm=args.clip or None)
+        start = time.perf_counter()
+        done = engine.fit_step(tokens, targets, optimizer, clip_norm=args.clip or None)  # returns after the update
+        seconds.append(time.perf_counter() - start)
         if lead:
             print(f"step {step + 1}: loss {done.loss:.4f}", flush=True)
+    if lead and priced and len(seconds) > 1:
+        n = len(seconds) - 1
+        measured = sum(seconds[1:]) / n
+        print(f"step time: measured {measured:.3g} s (mean of {n} step{'s' * (n > 1)} after the first), "
+              f"the plan's estimate {priced:.3g} s ({measured / priced - 1:+.0%})", flush=True)
     held_out = held_out_batch(config, args.global_batch).to(device)  # forward only, every pipeline its rows
     loss = engine.eval_loss(held_out[:, :-1], held_out[:, 1:])
     if lead:
@@ -198,12 +213,12 @@ def main(argv: list[str] | None = None) -> int:
         config = LlamaConfig.load(args.model, key="--model")
     except HexiScaleError as e:
         return _fail(str(e))
-    plan, cluster = make_plan(args, config, dist.get_world_size())
+    plan, cluster, priced = make_plan(args, config, dist.get_world_size())
     if dist.get_rank() == 0:
         print(plan.table(cluster), flush=True)
     ranks = rank_map(plan, dist.get_world_size())
     if dist.get_rank() in ranks:
-        train(args, plan, config, device)
+        train(args, plan, config, device, priced)
     else:
         # a device the plan leaves idle: its part of the group set-up, then it ends (torchrun's agent
         # hosts the store and waits for the others); no barrier at the end, where it would wait for a
