@@ -90,7 +90,7 @@ def test_trains_as_one_process_and_resumes_under_another_plan(tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "idle: 2xCPU-SMALL [2,3]" in resumed.stdout, resumed.stdout
     # the measured step time against the plan's estimate: where a cluster priced the plan, only there
-    assert re.search(r"^step time: measured [\d.e-]+ s \(mean of 1 steps after the first\), the plan's estimate "
+    assert re.search(r"^step time: measured [\d.e-]+ s \(mean of 1 step after the first\), the plan's estimate "
                      r"[\d.e-]+ s \([+-]\d+%\)$", resumed.stdout, re.M), resumed.stdout
     assert "step time:" not in first.stdout
     got = {**_losses(first.stdout), **_losses(resumed.stdout)}
