@@ -29,8 +29,8 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from lightning_hexiscale import Cluster, LlamaConfig, Plan, estimate, search
-from lightning_hexiscale.data import generated_corpus
 from lightning_hexiscale.config.recipe import check_output_dir
+from lightning_hexiscale.data import generated_corpus
 from lightning_hexiscale.errors import ConfigError, HexiScaleError
 from lightning_hexiscale.planner import SearchSettings, Workload
 from lightning_hexiscale.runtime import checkpoint
@@ -48,14 +48,14 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = _Parser(description="train a Llama with a HexiScale plan in a plain PyTorch loop; launch "
-                                "with torchrun --nproc_per_node N (one process per device)")
+    p = _Parser(description="train a Llama with a HexiScale plan in a plain PyTorch loop; launch with "
+                "torchrun --nproc_per_node N (one process per device)")
     p.add_argument("--cluster", default="auto", help="a cluster preset or YAML file, or auto (measured by the "
                    "ranks and cached; default)")
     p.add_argument("--model", default="llama_demo", help="a model preset, YAML file or hf:DIR (default llama_demo)")
     p.add_argument("--plan", help="a plan file (hexiscale plan --out); default: the search's plan on the cluster")
     p.add_argument("--global-batch", type=int, default=32, help="sequences per optimizer step (default 32)")
-    p.add_argument("--steps", type=int, default=30, help="optimizer steps (default 30)")
+    p.add_argument("--steps", type=int, default=30, help="optimizer steps (default 30; with --resume: this many more)")
     p.add_argument("--samples", type=int, default=1024, help="sequences of the generated corpus, reshuffled "
                    "every epoch (default 1024)")
     p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (default 3e-3)")
