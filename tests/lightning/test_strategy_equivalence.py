@@ -117,3 +117,37 @@ def test_validation_loss_is_weighted_by_the_global_batch(tmp_path, case):
     ref = single_trainer(tmp_path).validate(make(TINY, dtype=torch.float64, init_seed=7), val)[0]["val_loss"]
     got = hexiscale_trainer(plan, tmp_path).validate(make(TINY, dtype=torch.float64, init_seed=7), val)
     assert got[0]["val_loss"] == pytest.approx(ref, abs=1e-9)
+
+
+class _Tested(LlamaLitModule):
+    """A ``test_step`` as one-device code writes it (the loss of the batch, logged with sync_dist)."""
+
+    def test_step(self, batch, batch_idx):
+        loss = self._loss(batch)
+        self.log("test_loss", loss, sync_dist=True)
+        return loss
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_trainer_test_after_fit_equals_single_process(tmp_path):
+    """``trainer.test`` after ``fit`` with the same Trainer (pipelines of 1 and 2 ranks, test batches of
+    6, 6 and 5 sequences): the test loop runs the plan forward only, on the fit's weights. Forked
+    ranks keep those weights, so the call names the fit's last checkpoint, as the strategy's error
+    for ``ckpt_path=None`` says; one device tests its module in memory."""
+    plan = plan_of([(4, 2, [([0], (0, 4))]), (2, 1, [([1], (0, 2)), ([2], (2, 4))])])
+    train, test = loader(12, 6), loader(17, 6, seed=1)
+    for d in ("ref", "run", "untrained"):
+        (tmp_path / d).mkdir()
+    ref_trainer = single_trainer(tmp_path / "ref", max_steps=2)
+    model = _Tested(TINY, dtype=torch.float64, init_seed=7)
+    ref_trainer.fit(model, train)
+    ref = ref_trainer.test(model, test, verbose=False)[0]["test_loss"]
+    saving = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "run" / "ck", save_last=True)
+    trainer = hexiscale_trainer(plan, tmp_path / "run", max_steps=2, enable_checkpointing=True, callbacks=[saving])
+    model = _Tested(TINY, dtype=torch.float64, init_seed=7)
+    trainer.fit(model, train)
+    got = trainer.test(model, test, ckpt_path="last", verbose=False)[0]["test_loss"]
+    untrained = single_trainer(tmp_path / "untrained").test(_Tested(TINY, dtype=torch.float64, init_seed=7), test,
+                                                           verbose=False)[0]["test_loss"]
+    assert got == pytest.approx(ref, abs=1e-9) and abs(untrained - ref) > 1e-3
