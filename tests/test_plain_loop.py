@@ -161,3 +161,10 @@ def test_outside_torchrun_it_says_how_to_launch(capsys, monkeypatch):
             monkeypatch.setenv(k, v)
         code, _, err = run_script(SCRIPT, [], capsys)
         assert code == 2 and "run it under torchrun" in err and "--nproc_per_node" in err, err
+
+
+def test_help_says_how_to_launch_and_every_flag(capsys):
+    code, out, _ = run_script(SCRIPT, ["--help"], capsys)
+    assert code == 0 and "torchrun --nproc_per_node N" in out
+    for flag in ("--cluster", "--model", "--plan", "--global-batch", "--steps", "--precision", "--save", "--resume"):
+        assert flag in out
