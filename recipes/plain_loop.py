@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader
 from lightning_hexiscale import Cluster, LlamaConfig, Plan, estimate, search
 from lightning_hexiscale.config.recipe import check_output_dir
 from lightning_hexiscale.data import generated_corpus
-from lightning_hexiscale.errors import ConfigError, HexiScaleError
+from lightning_hexiscale.errors import ConfigError, HexiScaleError, PlanError
 from lightning_hexiscale.planner import SearchSettings, Workload
 from lightning_hexiscale.runtime import checkpoint
 from lightning_hexiscale.runtime.engine import PipelineEngine
@@ -106,10 +106,11 @@ def make_plan(args: argparse.Namespace, config: LlamaConfig, world: int) -> tupl
     if kind == "error":
         raise SystemExit(_fail(value))
     plan, priced = Plan.from_dict(value[0]), value[1]
-    if world not in (plan.world_size, len(plan.launch_order)):
-        idle = f" ({len(plan.launch_order)} with the ones it leaves idle)" if plan.idle_devices else ""
-        raise SystemExit(_fail(f"the plan runs on {plan.world_size} devices{idle} and this job has {world} "
-                               f"processes. Fix: torchrun --nproc_per_node {len(plan.launch_order)}"))
+    try:
+        rank_map(plan, world)  # the runtime's rule for the job's size
+    except PlanError as e:  # its fix, in torchrun's words
+        raise SystemExit(_fail(f"{e.key} = {e.value}: {e.rule}. Fix: torchrun --nproc_per_node "
+                               f"{len(plan.launch_order)}")) from None
     return plan, cluster, priced
 
 

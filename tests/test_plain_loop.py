@@ -108,7 +108,7 @@ def test_trains_as_one_process_and_resumes_under_another_plan(tmp_path):
 def test_a_job_of_the_wrong_size_is_one_clear_error(tmp_path):
     run = _torchrun(3, "--cluster", "cpu2", "--steps", "1", cwd=tmp_path)
     assert run.returncode != 0
-    said = "the plan runs on 2 devices and this job has 3 processes. Fix: torchrun --nproc_per_node 2"
+    said = "world_size = 3: the plan needs exactly 2 processes (devices [0, 1]). Fix: torchrun --nproc_per_node 2"
     assert (run.stdout + run.stderr).count(said) == 1, run.stderr[-3000:]
 
 
